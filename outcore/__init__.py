@@ -1,0 +1,42 @@
+"""outcore: train on array datasets far larger than RAM.
+
+Ingest images or arrays into chunked, compressed Zarr v3 stores with Dask, open them lazily, and stream
+them to training loops. The public names are listed in ``__all__``.
+"""
+
+from importlib.metadata import version
+
+from .dataset import Dataset, open_dataset
+from .errors import (
+    CorruptChunkError,
+    ImageError,
+    NotAStoreError,
+    OutcoreError,
+    SourceError,
+    StoreExistsError,
+    UnsafeStoreError,
+)
+from .ingest import from_arrays, ingest_dataframe, ingest_images
+from .store import Compression
+from .verify import verify
+from .writer import Writer
+
+__version__ = version("outcore")
+
+__all__ = [
+    "Compression",
+    "CorruptChunkError",
+    "Dataset",
+    "ImageError",
+    "NotAStoreError",
+    "OutcoreError",
+    "SourceError",
+    "StoreExistsError",
+    "UnsafeStoreError",
+    "Writer",
+    "from_arrays",
+    "ingest_dataframe",
+    "ingest_images",
+    "open_dataset",
+    "verify",
+]

@@ -1,0 +1,184 @@
+"""Write lazy field arrays into a new store: one task per shard file, in parallel, with a progress bar.
+
+Each task writes whole shards, so no two tasks ever touch the same file. The store is built in a
+staging folder and moved into place only when complete (`store.staged_store`). When samples were
+skipped (``on_error="skip"``) the written store is compacted into a second one without the holes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import zarr
+
+from .compute import run_tasks
+from .errors import SourceError
+from .store import (
+    ATTRS_KEY,
+    Compression,
+    FieldInfo,
+    Layout,
+    StoreAttrs,
+    create_field,
+    remove_path,
+    staged_store,
+)
+
+MAX_SKIPPED_IN_ATTRS = 100
+
+
+@dataclass(frozen=True)
+class FieldSource:
+    """A field to write: its lazy data (samples on axis 0) and what it is for."""
+
+    data: da.Array
+    info: FieldInfo
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    layout: Layout
+    compression: Compression
+    client: Any = None
+    progress: bool = True
+    overwrite: bool = False
+
+
+def build_store(
+    location: str | os.PathLike,
+    fields: Mapping[str, FieldSource],
+    options: BuildOptions,
+    *,
+    shuffled_on_write: bool,
+    seed: int | None,
+    source: str,
+    errors: da.Array | None = None,
+) -> Path:
+    """Write ``fields`` to a new store at ``location``; return its path.
+
+    ``errors`` (one string per sample, ``""`` when good) marks samples to leave out; they are listed in
+    the attributes and, in full, in a ``<store>.skipped.txt`` report beside the store.
+    """
+    location = Path(location)
+    with staged_store(location, options.overwrite) as staging:
+        raw = staging.with_name(staging.name + ".raw") if errors is not None else staging
+        try:
+            failures = _write_fields(raw, fields, errors, options, f"ingest → {location.name}")
+            if failures:
+                fields = _without(raw, fields, failures, len(next(iter(fields.values())).data))
+                _write_fields(staging, fields, None, options, f"compact → {location.name}")
+            elif raw != staging:
+                os.replace(raw, staging)
+        finally:
+            if raw != staging:
+                remove_path(raw)
+        messages = [message for _, message in failures]
+        attrs = StoreAttrs(
+            num_samples=len(next(iter(fields.values())).data),
+            chunk_size=options.layout.chunk_size,
+            fields={name: f.info for name, f in fields.items()},
+            shuffled_on_write=shuffled_on_write,
+            seed=seed,
+            provenance=provenance(source),
+            skipped=_skipped_summary(location, messages) if messages else None,
+        )
+        zarr.open_group(staging, mode="r+").attrs[ATTRS_KEY] = attrs.to_dict()
+    _write_report(location, messages)
+    return location
+
+
+def _write_fields(
+    directory: Path,
+    fields: Mapping[str, FieldSource],
+    errors: da.Array | None,
+    options: BuildOptions,
+    description: str,
+) -> list[tuple[int, str]]:
+    """Create the group at ``directory``, write every shard; return ``(index, message)`` of bad samples."""
+    num_samples = len(next(iter(fields.values())).data)
+    shard = options.layout.shard_size
+    group = zarr.open_group(directory, mode="w")
+    for name, field in fields.items():
+        if len(field.data) != num_samples:
+            raise SourceError(f"field {name!r} has {len(field.data)} samples, others have {num_samples}")
+        create_field(
+            group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout, options.compression
+        )
+    blocks = {name: _shard_blocks(field.data, shard) for name, field in fields.items()}
+    error_blocks = _shard_blocks(errors, shard) if errors is not None else None
+    starts = range(0, num_samples, shard)
+    write = dask.delayed(_write_shard, pure=False)
+    tasks = [
+        write(str(directory), start, {name: b[i] for name, b in blocks.items()},
+              error_blocks[i] if error_blocks is not None else None)
+        for i, start in enumerate(starts)
+    ]
+    weights = [min(shard, num_samples - start) for start in starts]
+    results = run_tasks(tasks, weights, client=options.client, progress=options.progress, description=description)
+    return [failure for shard_failures in results for failure in shard_failures]
+
+
+def _shard_blocks(data: da.Array, shard: int) -> np.ndarray:
+    whole = (shard,) + (-1,) * (data.ndim - 1)
+    return data.rechunk(whole).to_delayed(optimize_graph=False).ravel()
+
+
+def _write_shard(
+    directory: str, start: int, blocks: dict[str, np.ndarray], errors: np.ndarray | None
+) -> list[tuple[int, str]]:
+    group = zarr.open_group(directory, mode="r+")
+    for name, block in blocks.items():
+        group[name][start : start + len(block)] = block
+    if errors is None:
+        return []
+    return [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]
+
+
+def _without(
+    directory: Path, fields: Mapping[str, FieldSource], failures: list[tuple[int, str]], num_samples: int
+) -> dict[str, FieldSource]:
+    keep = np.setdiff1d(np.arange(num_samples), [index for index, _ in failures])
+    if keep.size == 0:
+        shown = "\n  ".join(message for _, message in failures[:5])
+        raise SourceError(f"all {num_samples} samples failed to load, e.g.:\n  {shown}")
+    return {
+        name: FieldSource(da.from_zarr(zarr.open_array(directory / name, mode="r"))[keep], field.info)
+        for name, field in fields.items()
+    }
+
+
+def provenance(source: str) -> dict[str, Any]:
+    return {
+        "source": source,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": {name: version(name) for name in ("outcore", "zarr", "numcodecs", "dask", "numpy", "pillow")},
+    }
+
+
+def report_path(location: Path) -> Path:
+    return location.with_name(location.name + ".skipped.txt")
+
+
+def _skipped_summary(location: Path, messages: list[str]) -> dict[str, Any]:
+    return {
+        "count": len(messages),
+        "examples": messages[:MAX_SKIPPED_IN_ATTRS],
+        "report": report_path(location).name,
+    }
+
+
+def _write_report(location: Path, messages: list[str]) -> None:
+    report = report_path(location)
+    if messages:
+        report.write_text("".join(f"{m}\n" for m in messages), encoding="utf-8")
+    elif report.exists():
+        report.unlink()

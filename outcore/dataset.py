@@ -1,0 +1,188 @@
+"""`Dataset`: a lazy, named view of an outcore store, and `open_dataset`."""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import warnings
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import zarr
+from dask.base import tokenize
+
+from .errors import NotAStoreError
+from .store import StoreAttrs, check_safe, decode_text, is_url, open_group, read_attrs, read_samples
+
+
+def open_dataset(location: str | os.PathLike) -> Dataset:
+    """Open an outcore store (a directory, a ``.zip`` file or an fsspec URL) lazily.
+
+    Nothing but metadata is read; stores that use pickle or object codecs are refused.
+
+    >>> ds = outcore.open_dataset("train.zarr")  # doctest: +SKIP
+    >>> ds["images"]  # doctest: +SKIP
+    dask.array<images, shape=(10000, 128, 128, 3), dtype=uint8, chunksize=(128, 128, 128, 3), ...>
+    """
+    where = str(location) if is_url(location) else os.fspath(location)
+    group = open_group(location, mode="r")
+    attrs = read_attrs(group, where)
+    check_safe(group, where)
+    return Dataset(group, attrs, where)
+
+
+class Dataset:
+    """The fields of a store as dask arrays sharing the sample axis and its chunking.
+
+    >>> len(ds), ds.fields, ds.chunk_size, ds.classes  # doctest: +SKIP
+    (10000, ('images', 'labels', 'path', 'source_index'), 128, ['cat', 'dog'])
+    """
+
+    def __init__(self, group: zarr.Group, attrs: StoreAttrs, location: str) -> None:
+        self._group = group
+        self.attrs = attrs
+        self.location = location
+        self._arrays: dict[str, da.Array] = {}
+        for name in attrs.fields:
+            self._check_field(name)
+
+    def _check_field(self, name: str) -> None:
+        if name not in self._group:
+            raise _malformed(self.location, f"field {name!r} is listed in the attributes but has no array")
+        array = self._group[name]
+        if array.shape[0] < len(self) or array.chunks[0] != self.chunk_size:
+            raise _malformed(
+                self.location,
+                f"field {name!r} has shape {array.shape} and chunks {array.chunks}; expected "
+                f"{len(self)} samples in chunks of {self.chunk_size}",
+            )
+        if array.shape[0] > len(self):
+            warnings.warn(
+                f"{self.location}: field {name!r} holds {array.shape[0]} samples but the store records "
+                f"{len(self)}; a write was interrupted and its last samples are ignored",
+                stacklevel=3,
+            )
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Field names, in the order they were written."""
+        return tuple(self.attrs.fields)
+
+    @property
+    def chunk_size(self) -> int:
+        """Samples per chunk, the unit of storage, reading and shuffling."""
+        return self.attrs.chunk_size
+
+    @property
+    def num_chunks(self) -> int:
+        return math.ceil(len(self) / self.chunk_size)
+
+    @property
+    def roles(self) -> dict[str, str]:
+        return {name: info.role for name, info in self.attrs.fields.items()}
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names of the first target field that has them (``[]`` if none); see `classes_of`."""
+        for name, info in self.attrs.fields.items():
+            if info.role == "target" and info.classes is not None:
+                return list(info.classes)
+        return []
+
+    def classes_of(self, field: str) -> list[str]:
+        """Class names of ``field`` in index order (``[]`` if it holds no class indices)."""
+        classes = self.attrs.fields[self._known(field)].classes
+        return list(classes) if classes is not None else []
+
+    def array(self, field: str) -> zarr.Array:
+        """The underlying ``zarr.Array`` of ``field`` (may hold more samples than ``len(ds)``)."""
+        return self._group[self._known(field)]
+
+    def __len__(self) -> int:
+        return self.attrs.num_samples
+
+    def __contains__(self, field: object) -> bool:
+        return field in self.attrs.fields
+
+    def __getitem__(self, field: str) -> da.Array:
+        """``field`` as a dask array chunked like the store; a corrupt chunk raises `CorruptChunkError`.
+
+        Text fields (``path``) come back as numpy strings, decoded chunk by chunk.
+        """
+        if field not in self._arrays:
+            array = self.array(field)
+            reader = _FieldReader(array, field, self.location, len(self))
+            lazy = da.from_array(
+                reader,
+                chunks=(self.chunk_size, *array.shape[1:]),
+                name=f"{field}-{tokenize(self.location, field, self.attrs.to_dict())}",
+                lock=False,
+                fancy=False,
+                asarray=False,
+                meta=np.empty((0,) * array.ndim, dtype=array.dtype),
+            )
+            if self.attrs.fields[field].encoding:
+                lazy = lazy.map_blocks(decode_text, drop_axis=1, dtype=f"<U{array.shape[1]}")
+            self._arrays[field] = lazy
+        return self._arrays[field]
+
+    def _known(self, field: str) -> str:
+        if field not in self.attrs.fields:
+            raise KeyError(f"no field {field!r} in {self.location}; fields: {list(self.attrs.fields)}")
+        return field
+
+    def _field_rows(self) -> list[tuple[str, str, str, str, str]]:
+        rows = []
+        for name, info in self.attrs.fields.items():
+            array = self.array(name)
+            classes = ", ".join(info.classes[:8]) + (", …" if len(info.classes) > 8 else "") if info.classes else ""
+            lazy = self[name]
+            rows.append((name, str(lazy.dtype), str(lazy.shape), info.role, classes))
+        return rows
+
+    def _summary(self) -> str:
+        parts = [f"{len(self):,} samples in {self.num_chunks:,} chunks of {self.chunk_size:,}"]
+        if self.attrs.shuffled_on_write:
+            parts.append(f"shuffled on write (seed {self.attrs.seed})")
+        if self.attrs.skipped:
+            parts.append(f"{self.attrs.skipped['count']:,} source files skipped")
+        return "; ".join(parts)
+
+    def __repr__(self) -> str:
+        rows = self._field_rows()
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        lines = [f"<outcore.Dataset {self.location!r}: {self._summary()}>"]
+        for row in rows:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+            lines.append("  " + "  ".join(cells) + (f"  classes: {row[4]}" if row[4] else ""))
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{h}</th>" for h in ("field", "dtype", "shape", "role", "classes"))
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in self._field_rows()
+        )
+        return (
+            f"<div><strong>outcore.Dataset</strong> <code>{html.escape(self.location)}</code><br>"
+            f"{html.escape(self._summary())}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+        )
+
+
+class _FieldReader:
+    """What dask reads a field through: ``array[key]``, with a corrupt chunk reported by name."""
+
+    def __init__(self, array: zarr.Array, field: str, where: str, num_samples: int) -> None:
+        self.array, self.field, self.where = array, field, where
+        self.shape = (num_samples, *array.shape[1:])
+        self.dtype = array.dtype
+        self.ndim = array.ndim
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        return read_samples(self.array, key, self.field, self.where)
+
+
+def _malformed(where: str, detail: str) -> NotAStoreError:
+    return NotAStoreError(f"{where}: {detail}; the store is damaged or was not written by outcore")

@@ -1,0 +1,39 @@
+"""The exceptions outcore raises. Each message names the file, field or chunk at fault and what to do."""
+
+from __future__ import annotations
+
+
+class OutcoreError(Exception):
+    """Base class of every error outcore raises on purpose."""
+
+
+class StoreExistsError(OutcoreError, FileExistsError):
+    """The target store exists and ``overwrite`` was not given."""
+
+
+class NotAStoreError(OutcoreError, ValueError):
+    """The path is missing, not a Zarr group, or not written by outcore."""
+
+
+class UnsafeStoreError(OutcoreError, ValueError):
+    """The store uses an object or pickle codec, which outcore refuses to read."""
+
+
+class CorruptChunkError(OutcoreError, ValueError):
+    """A chunk failed its checksum or could not be decompressed."""
+
+
+class SourceError(OutcoreError, ValueError):
+    """The ingest source (folder, CSV, DataFrame, arrays) is missing or malformed."""
+
+
+class ImageError(SourceError):
+    """One image file could not be decoded or fitted to the requested shape."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def __reduce__(self):  # keep both fields when a dask worker sends the error back
+        return (type(self), (self.path, self.reason))
