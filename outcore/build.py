@@ -159,7 +159,7 @@ def _without(
 def provenance(source: str) -> dict[str, Any]:
     return {
         "source": source,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "versions": {name: version(name) for name in ("outcore", "zarr", "numcodecs", "dask", "numpy", "pillow")},
     }
 

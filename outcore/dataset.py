@@ -29,7 +29,7 @@ def open_dataset(location: str | os.PathLike) -> Dataset:
     where = str(location) if is_url(location) else os.fspath(location)
     group = open_group(location, mode="r")
     attrs = read_attrs(group, where)
-    check_safe(group, where)
+    check_safe(group, list(attrs.fields), where)
     return Dataset(group, attrs, where)
 
 
@@ -86,7 +86,7 @@ class Dataset:
     @property
     def classes(self) -> list[str]:
         """Class names of the first target field that has them (``[]`` if none); see `classes_of`."""
-        for name, info in self.attrs.fields.items():
+        for info in self.attrs.fields.values():
             if info.role == "target" and info.classes is not None:
                 return list(info.classes)
         return []
@@ -136,7 +136,6 @@ class Dataset:
     def _field_rows(self) -> list[tuple[str, str, str, str, str]]:
         rows = []
         for name, info in self.attrs.fields.items():
-            array = self.array(name)
             classes = ", ".join(info.classes[:8]) + (", …" if len(info.classes) > 8 else "") if info.classes else ""
             lazy = self[name]
             rows.append((name, str(lazy.dtype), str(lazy.shape), info.role, classes))

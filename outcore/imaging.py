@@ -15,6 +15,7 @@ The rules, applied in this order:
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Literal
 
@@ -30,6 +31,8 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".
 
 _PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 _HIGH_DEPTH_MODES = ("I;16", "I;16B", "I;16L", "I", "F")
+# what Pillow raises for truncated, damaged or oversized files
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
 
 
 def parse_image_shape(shape: Sequence[int] | str) -> tuple[int, ...]:
@@ -93,7 +96,7 @@ def _decode(path: str, channels: int) -> np.ndarray:
         raise ImageError(path, "file not found") from None
     except UnidentifiedImageError:
         raise ImageError(path, "not an image file Pillow can read") from None
-    except Exception as error:  # Pillow raises many types for truncated or damaged files
+    except _DECODE_ERRORS as error:
         raise ImageError(path, f"cannot decode ({type(error).__name__}: {error})") from None
     if pixels.dtype not in IMAGE_DTYPES:
         raise ImageError(path, f"{pixels.dtype} samples are not supported; images must be 8 or 16 bit")

@@ -157,6 +157,8 @@ def from_arrays(
 
     ``roles`` defaults to ``"target"`` for fields named labels/label/targets/target/y, ``"input"`` for
     the first other field, and ``"other"`` for the rest. ``classes`` names the classes of label fields.
+    Strings (numpy ``U``/``S``) are stored as UTF-8 text fields. When shuffled on write, a
+    ``source_index`` field records each sample's position in the input.
 
     >>> ds = outcore.from_arrays({"images": x, "labels": y}, "train.zarr")  # doctest: +SKIP
     """
@@ -183,6 +185,8 @@ def from_arrays(
                           infos[name])
         for name, array in arrays.items()
     }
+    if shuffle_on_write and SOURCE_INDEX_FIELD not in fields:
+        fields[SOURCE_INDEX_FIELD] = FieldSource(_lazy(order, layout), FieldInfo("metadata"))
     options = BuildOptions(layout, Compression.parse(compressor), client, progress, overwrite)
     source = "arrays " + ", ".join(f"{name}: {type(a).__module__}.{type(a).__name__}" for name, a in arrays.items())
     build_store(store, fields, options, shuffled_on_write=shuffle_on_write,

@@ -8,13 +8,14 @@ group's ``outcore`` attribute (JSON only, see `StoreAttrs`) describes the fields
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import shutil
 import uuid
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,9 +24,11 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
 
-from .zipstore import RangeZipStore
 from .errors import CorruptChunkError, NotAStoreError, StoreExistsError, UnsafeStoreError
+from .zipstore import RangeZipStore
 
 FORMAT_VERSION = 1
 ATTRS_KEY = "outcore"
@@ -255,14 +258,23 @@ def read_attrs(group: zarr.Group, where: str) -> StoreAttrs:
     return StoreAttrs.from_dict(document, where)
 
 
-def check_safe(group: zarr.Group, where: str) -> None:
-    """Refuse any array whose codecs or data type would unpickle or evaluate stored bytes."""
-    for name, array in group.arrays():
-        metadata = array.metadata.to_dict()
+def check_safe(group: zarr.Group, fields: Iterable[str], where: str) -> None:
+    """Refuse a field whose codecs or data type would unpickle or evaluate stored bytes.
+
+    The raw JSON metadata is read, so such a codec is refused before Zarr even looks it up.
+    """
+    for name in fields:
+        raw = sync(group.store.get(f"{group.path}/{name}/zarr.json".lstrip("/"), default_buffer_prototype()))
+        if raw is None:
+            raw = sync(group.store.get(f"{group.path}/{name}/.zarray".lstrip("/"), default_buffer_prototype()))
+        if raw is None:
+            continue  # a missing field is reported by the Dataset with the expected shape
+        metadata = json.loads(raw.to_bytes())
         names = " ".join(_codec_names(metadata))
-        if _UNSAFE_CODECS.search(names) or np.dtype(array.dtype).kind == "O":
+        data_type = str(metadata.get("data_type", metadata.get("dtype", "")))
+        if _UNSAFE_CODECS.search(names) or _UNSAFE_CODECS.search(data_type) or data_type in ("|O", "string"):
             raise UnsafeStoreError(
-                f"{where}: field {name!r} uses an object or pickle codec ({names.strip() or array.dtype}); "
+                f"{where}: field {name!r} uses an object or pickle codec or data type ({names} {data_type}); "
                 "outcore never decodes such data. Rewrite the field with a fixed-size dtype."
             )
 
@@ -273,7 +285,7 @@ def _codec_names(node: Any) -> Iterator[str]:
             if isinstance(node.get(key), str):
                 yield node[key]
         for key, value in node.items():
-            if key in ("codecs", "compressor", "filters", "configuration", "index_codecs"):
+            if key in ("codecs", "compressor", "filters", "configuration", "index_codecs", "serializer"):
                 yield from _codec_names(value)
     elif isinstance(node, list):
         for item in node:

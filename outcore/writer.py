@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import zarr
@@ -113,7 +113,7 @@ class Writer:
             self.flush()
             self.closed = True
 
-    def __enter__(self) -> Writer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -143,7 +143,7 @@ class Writer:
     def _open_existing(self) -> None:
         group = open_group(self.location, mode="r+")
         attrs = read_attrs(group, str(self.location))
-        check_safe(group, str(self.location))
+        check_safe(group, list(attrs.fields), str(self.location))
         self._group, self._attrs = group, attrs
 
     @property

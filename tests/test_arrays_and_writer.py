@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import dask.array as da
+import h5py
+import numpy as np
+import pytest
+import zarr
+
+import outcore
+from outcore.errors import SourceError, StoreExistsError
+
+
+@pytest.fixture
+def arrays(rng):
+    return {"images": rng.integers(0, 256, (1000, 4, 4, 3), dtype=np.uint8), "labels": rng.integers(0, 10, 1000)}
+
+
+def _check_shuffled(ds, arrays, seed=0):
+    order = np.random.default_rng(seed).permutation(len(ds))
+    np.testing.assert_array_equal(ds["source_index"].compute(), order)
+    for name, values in arrays.items():
+        np.testing.assert_array_equal(ds[name].compute(), np.asarray(values)[order])
+
+
+def test_from_numpy(arrays, tmp_path):
+    ds = outcore.from_arrays(arrays, tmp_path / "a.zarr", chunk_size=64, progress=False)
+    _check_shuffled(ds, arrays)
+    assert ds.roles == {"images": "input", "labels": "target", "source_index": "metadata"}
+    assert ds.chunk_size == 64 and ds["images"].chunks[0][:2] == (64, 64)
+
+
+def test_from_dask_and_zarr(arrays, tmp_path):
+    lazy = {name: da.from_array(values, chunks=130) for name, values in arrays.items()}
+    _check_shuffled(outcore.from_arrays(lazy, tmp_path / "d.zarr", seed=3, progress=False), arrays, seed=3)
+    z = zarr.open_array(tmp_path / "plain.zarr", mode="w", shape=(1000, 4, 4, 3), dtype="uint8", chunks=(100, 4, 4, 3))
+    z[:] = arrays["images"]
+    ds = outcore.from_arrays({"images": z}, tmp_path / "z.zarr", shuffle_on_write=False, progress=False)
+    np.testing.assert_array_equal(ds["images"].compute(), arrays["images"])
+    assert "source_index" not in ds
+
+
+def test_from_h5py(arrays, tmp_path):
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        for name, values in arrays.items():
+            f.create_dataset(name, data=values, chunks=True)
+    with h5py.File(tmp_path / "data.h5", "r") as f:
+        ds = outcore.from_arrays({"images": f["images"], "labels": f["labels"]}, tmp_path / "h.zarr", progress=False)
+    _check_shuffled(ds, arrays)
+
+
+def test_from_arrays_errors(arrays, tmp_path):
+    with pytest.raises(SourceError, match="same number of samples"):
+        outcore.from_arrays({"a": np.zeros(3), "b": np.zeros(4)}, tmp_path / "x.zarr")
+    with pytest.raises(SourceError, match="dtype object"):
+        outcore.from_arrays({"a": np.array([{}, []], dtype=object)}, tmp_path / "x.zarr")
+    with pytest.raises(SourceError, match=r"\['nope'\]"):
+        outcore.from_arrays(arrays, tmp_path / "x.zarr", roles={"nope": "input"})
+    outcore.from_arrays(arrays, tmp_path / "x.zarr", progress=False)
+    with pytest.raises(StoreExistsError):
+        outcore.from_arrays(arrays, tmp_path / "x.zarr")
+
+
+def test_writer_uneven_batches_then_reopen_and_append(tmp_path, rng):
+    batches = [rng.normal(size=(n, 3)).astype(np.float32) for n in (1, 17, 5, 300, 2, 64)]
+    with outcore.Writer(tmp_path / "p.zarr", fields={"emb": ("float32", (3,)), "id": ("int64", ())},
+                        chunk_size=16) as writer:
+        start = 0
+        for batch in batches[:4]:
+            writer.append({"emb": batch, "id": np.arange(start, start + len(batch))})
+            start += len(batch)
+        assert len(writer) == 323
+    ds = outcore.open_dataset(tmp_path / "p.zarr")
+    assert len(ds) == 323 and ds.chunk_size == 16
+    with outcore.Writer(tmp_path / "p.zarr", append=True) as writer:
+        for batch in batches[4:]:
+            writer.append({"emb": batch, "id": np.arange(start, start + len(batch))})
+            start += len(batch)
+    ds = outcore.open_dataset(tmp_path / "p.zarr")
+    np.testing.assert_array_equal(ds["emb"].compute(), np.concatenate(batches))
+    np.testing.assert_array_equal(ds["id"].compute(), np.arange(389))
+    assert outcore.verify(tmp_path / "p.zarr", progress=False).ok
+
+
+def test_writer_is_readable_while_it_grows_and_infers_fields(tmp_path):
+    writer = outcore.Writer(tmp_path / "g.zarr", chunk_size=4)
+    writer.append({"x": np.arange(10, dtype=np.int32)})
+    shard = writer._shard_size
+    writer.append({"x": np.arange(10, shard + 3, dtype=np.int32)})
+    assert len(outcore.open_dataset(tmp_path / "g.zarr")) == shard  # one whole shard written so far
+    writer.close()
+    ds = outcore.open_dataset(tmp_path / "g.zarr")
+    np.testing.assert_array_equal(ds["x"].compute(), np.arange(shard + 3))
+    with pytest.raises(ValueError, match="closed"):
+        writer.append({"x": np.arange(2, dtype=np.int32)})
+
+
+def test_writer_errors(tmp_path):
+    with outcore.Writer(tmp_path / "w.zarr", fields={"x": ("float32", (2,))}) as writer:
+        with pytest.raises(SourceError, match=r"fields \['y'\]"):
+            writer.append({"y": np.zeros((1, 2))})
+        with pytest.raises(SourceError, match=r"shape \(3,\), the store's \(2,\)"):
+            writer.append({"x": np.zeros((1, 3))})
+        with pytest.raises(SourceError, match="cannot store complex128"):
+            writer.append({"x": np.zeros((1, 2), dtype=complex)})
+    with pytest.raises(StoreExistsError, match="append=True"):
+        outcore.Writer(tmp_path / "w.zarr")
+    with pytest.raises(ValueError, match="directory stores"):
+        outcore.Writer(tmp_path / "w.zarr.zip")
+
+
+def test_interrupted_writer_store_opens_with_recorded_samples(tmp_path):
+    with outcore.Writer(tmp_path / "c.zarr", chunk_size=4) as writer:
+        writer.append({"x": np.arange(8)})
+    zarr.open_group(tmp_path / "c.zarr", mode="r+")["x"].resize((12,))  # data written, count not yet updated
+    with pytest.warns(UserWarning, match="holds 12 samples but the store records 8"):
+        ds = outcore.open_dataset(tmp_path / "c.zarr")
+    np.testing.assert_array_equal(ds["x"].compute(), np.arange(8))

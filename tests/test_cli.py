@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+import outcore
+from outcore.cli import main
+
+
+def test_ingest_folder_then_info_and_verify(image_folder, tmp_path, capsys):
+    assert main(["ingest", str(image_folder), str(tmp_path / "t.zarr"), "--shape", "32x32x3", "--no-progress"]) == 0
+    assert len(outcore.open_dataset(tmp_path / "t.zarr")) == 20
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "t.zarr")]) == 0
+    info = capsys.readouterr().out
+    for expected in ("20 samples", "images", "20x32x32x3", "blosc(lz4:5:bitshuffle)+crc32c", "on disk", "ratio",
+                     "classes of 'labels' (3): cat, dog, owl", "provenance"):
+        assert expected in info
+    assert main(["verify", str(tmp_path / "t.zarr"), "--no-progress"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_ingest_csv_with_label_columns(image_folder, tmp_path):
+    names = sorted(p.relative_to(image_folder).as_posix() for p in image_folder.rglob("*.*"))
+    csv = image_folder / "labels.csv"
+    pd.DataFrame({"path": names, "bi": [i % 2 for i in range(20)], "multi": [n[:3] for n in names]}).to_csv(
+        csv, index=False)
+    code = main(["ingest", str(csv), str(tmp_path / "c.zarr.zip"), "--path-column", "path", "--label-columns",
+                 "bi,multi", "--shape", "24x24x3", "--compressor", "zstd:3", "--no-shuffle", "--no-progress"])
+    assert code == 0
+    ds = outcore.open_dataset(tmp_path / "c.zarr.zip")
+    assert ds.fields == ("images", "bi", "multi", "path", "source_index") and ds["images"].shape == (20, 24, 24, 3)
+    assert ds["bi"].compute().tolist() == [i % 2 for i in range(20)]
+
+
+def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
+    assert main(["ingest", str(tmp_path / "missing"), str(tmp_path / "x.zarr"), "--shape", "8x8x3"]) == 2
+    assert "outcore ingest: error: image folder" in capsys.readouterr().err
+    assert main(["info", str(tmp_path / "x.zarr")]) == 2
+
+
+def test_verify_fails_on_a_corrupt_store(image_folder, tmp_path, capsys):
+    main(["ingest", str(image_folder), str(tmp_path / "t.zarr"), "--shape", "32x32x3", "--no-progress"])
+    shard = next((tmp_path / "t.zarr" / "images" / "c").rglob("*"))
+    while shard.is_dir():
+        shard = next(shard.iterdir())
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x55
+    shard.write_bytes(bytes(data))
+    assert main(["verify", str(tmp_path / "t.zarr"), "--no-progress"]) == 1
+    assert "field 'images', chunk 0" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(240)
+def test_demo_runs_end_to_end_as_a_console_script(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "outcore.cli", "demo", "--workdir", str(tmp_path), "--per-class", "60", "--size", "32",
+         "--no-progress"], capture_output=True, text=True, check=True, timeout=220,
+    )
+    assert "chunks checked, OK" in result.stdout
+    accuracy = float(result.stdout.split("test accuracy: ")[1].split("%")[0])
+    assert accuracy > 40  # six classes: chance is 16.7 %
+    for name in ("train.zarr.zip", "val.zarr.zip", "test.zarr.zip", "test-predictions.zarr"):
+        assert (tmp_path / name).exists()
+    assert len(outcore.open_dataset(tmp_path / "test-predictions.zarr")) == 6 * 15

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+from PIL import Image
+
+from outcore.errors import ImageError
+from outcore.imaging import load_image, parse_image_dtype, parse_image_shape, parse_resize
+
+U8 = np.dtype("uint8")
+
+
+def _write(path: Path, pixels: np.ndarray, **kwargs) -> Path:
+    iio.imwrite(path, pixels, **kwargs)
+    return path
+
+
+@pytest.mark.parametrize("extension", [".jpg", ".png"])
+def test_rgb_pixels_equal_imageio_decode(tmp_path, rng, extension):
+    path = _write(tmp_path / f"a{extension}", rng.integers(0, 256, (20, 30, 3), dtype=np.uint8))
+    expected = iio.imread(path)
+    np.testing.assert_array_equal(load_image(str(path), (20, 30, 3), None, U8), expected)
+
+
+def test_greyscale_is_replicated_to_rgb_and_kept_as_one_channel(tmp_path, rng):
+    grey = rng.integers(0, 256, (10, 12), dtype=np.uint8)
+    path = _write(tmp_path / "g.png", grey)
+    np.testing.assert_array_equal(load_image(str(path), (10, 12, 3), None, U8), np.repeat(grey[..., None], 3, 2))
+    np.testing.assert_array_equal(load_image(str(path), (10, 12, 1), None, U8), grey[..., None])
+    np.testing.assert_array_equal(load_image(str(path), (10, 12), None, U8), grey)
+
+
+def test_rgba_alpha_is_dropped_or_kept(tmp_path, rng):
+    rgba = rng.integers(0, 256, (8, 9, 4), dtype=np.uint8)
+    path = _write(tmp_path / "a.png", rgba)
+    np.testing.assert_array_equal(load_image(str(path), (8, 9, 3), None, U8), rgba[..., :3])
+    np.testing.assert_array_equal(load_image(str(path), (8, 9, 4), None, U8), rgba)
+
+
+def test_sixteen_bit_greyscale_keeps_depth_or_scales_to_eight_bits(tmp_path):
+    deep = (np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000).astype(np.uint16)
+    path = _write(tmp_path / "d.png", deep)
+    np.testing.assert_array_equal(load_image(str(path), (8, 8), None, np.dtype("uint16")), deep)
+    expected = np.rint(deep.astype(np.float64) * 255 / 65535).astype(np.uint8)
+    np.testing.assert_array_equal(load_image(str(path), (8, 8), None, U8), expected)
+
+
+def test_eight_bit_to_sixteen_bit_spans_the_range(tmp_path):
+    path = _write(tmp_path / "e.png", np.array([[0, 255]], dtype=np.uint8))
+    np.testing.assert_array_equal(load_image(str(path), (1, 2), None, np.dtype("uint16")), [[0, 65535]])
+
+
+def test_fit_resizes_to_the_exact_shape_like_pillow(tmp_path, rng):
+    pixels = rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    path = _write(tmp_path / "a.png", pixels)
+    expected = np.asarray(Image.fromarray(pixels).resize((16, 32), Image.Resampling.BILINEAR))
+    np.testing.assert_array_equal(load_image(str(path), (32, 16, 3), "fit", U8), expected)
+
+
+def test_crop_keeps_the_centre_and_pad_keeps_everything(tmp_path):
+    # a 20x40 image: left half black, middle white band, right half black
+    pixels = np.zeros((20, 40, 3), dtype=np.uint8)
+    pixels[:, 15:25] = 255
+    path = _write(tmp_path / "band.png", pixels)
+    cropped = load_image(str(path), (20, 20, 3), "crop", U8)  # no scaling needed: the centre 20 columns
+    np.testing.assert_array_equal(cropped, pixels[:, 10:30])
+    padded = load_image(str(path), (40, 40, 3), "pad", U8)  # fits as 20x40 with 10 rows of zeros above/below
+    assert padded.shape == (40, 40, 3)
+    assert not padded[:10].any() and not padded[30:].any()
+    np.testing.assert_array_equal(padded[10:30], pixels)
+
+
+def test_wrong_size_without_resize_names_the_file(tmp_path, rng):
+    path = _write(tmp_path / "big.png", rng.integers(0, 256, (40, 60, 3), dtype=np.uint8))
+    with pytest.raises(ImageError, match=r"big\.png.*40x60, expected 32x32.*resize="):
+        load_image(str(path), (32, 32, 3), None, U8)
+
+
+def test_truncated_jpeg_and_non_image_name_the_file(tmp_path, rng):
+    good = _write(tmp_path / "good.jpg", rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    truncated = tmp_path / "truncated.jpg"
+    truncated.write_bytes(good.read_bytes()[:300])
+    text = tmp_path / "notes.jpg"
+    text.write_text("not a picture")
+    with pytest.raises(ImageError, match="truncated.jpg: cannot decode"):
+        load_image(str(truncated), (64, 64, 3), None, U8)
+    with pytest.raises(ImageError, match="notes.jpg: not an image"):
+        load_image(str(text), (64, 64, 3), None, U8)
+    with pytest.raises(ImageError, match="gone.jpg: file not found"):
+        load_image(str(tmp_path / "gone.jpg"), (64, 64, 3), None, U8)
+
+
+def test_exif_orientation_is_applied(tmp_path, rng):
+    pixels = rng.integers(0, 256, (10, 20, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    exif = image.getexif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    path = tmp_path / "rotated.png"
+    image.save(path, exif=exif)
+    assert load_image(str(path), (20, 10, 3), None, U8).shape == (20, 10, 3)
+
+
+@pytest.mark.parametrize(
+    ("parse", "value", "message"),
+    [
+        (parse_image_shape, "128x128x2", "2 channels"),
+        (parse_image_shape, "12by12", "HxW"),
+        (parse_image_shape, (0, 5), "positive"),
+        (parse_resize, "stretch", "resize='stretch'"),
+        (parse_image_dtype, "float32", "uint8 or uint16"),
+    ],
+)
+def test_bad_options_are_named(parse, value, message):
+    with pytest.raises(ValueError, match=message):
+        parse(value)
+
+
+def test_shape_strings_parse():
+    assert parse_image_shape("64x32") == (64, 32)
+    assert parse_image_shape([8, 8, 1]) == (8, 8, 1)

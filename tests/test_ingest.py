@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+import outcore
+from outcore.errors import ImageError, SourceError, StoreExistsError
+from outcore.info import describe
+
+
+def _expected_rgb(path: Path) -> np.ndarray:
+    """What imageio decodes, made RGB by the documented rules (grey replicated, alpha dropped)."""
+    pixels = iio.imread(path)
+    if pixels.ndim == 2:
+        pixels = np.repeat(pixels[..., None], 3, axis=2)
+    return pixels[..., :3]
+
+
+def test_folder_round_trip_with_shuffle_on_write(image_folder, tmp_path):
+    ds = outcore.ingest_images(image_folder, tmp_path / "train.zarr", shape=(32, 32, 3), progress=False)
+    files = sorted(p.relative_to(image_folder).as_posix() for p in image_folder.rglob("*.*"))
+    assert len(ds) == len(files) == 20
+    assert ds.classes == ["cat", "dog", "owl"]
+    assert ds.fields == ("images", "labels", "path", "source_index")
+    images, labels = ds["images"].compute(), ds["labels"].compute()
+    paths, source_index = ds["path"].compute(), ds["source_index"].compute()
+    np.testing.assert_array_equal(source_index, np.random.default_rng(0).permutation(20))
+    assert list(paths) == [files[i] for i in source_index]
+    for i, name in enumerate(paths):
+        np.testing.assert_array_equal(images[i], _expected_rgb(image_folder / name), err_msg=name)
+        assert ds.classes[labels[i]] == name.split("/")[0]
+    assert ds.attrs.shuffled_on_write and ds.attrs.seed == 0
+
+
+def test_class_sorted_folder_is_stored_in_random_order_unless_asked(image_folder, tmp_path):
+    shuffled = outcore.ingest_images(image_folder, tmp_path / "a.zarr", shape=(32, 32, 3), progress=False)
+    assert not np.all(np.diff(shuffled["labels"].compute()) >= 0)
+    ordered = outcore.ingest_images(image_folder, tmp_path / "b.zarr", shape=(32, 32, 3), shuffle_on_write=False,
+                                    progress=False)
+    assert list(ordered["path"].compute()) == sorted(ordered["path"].compute())
+    assert not ordered.attrs.shuffled_on_write and ordered.attrs.seed is None
+    again = outcore.ingest_images(image_folder, tmp_path / "c.zarr", shape=(32, 32, 3), seed=5, progress=False)
+    assert list(again["source_index"].compute()) != list(shuffled["source_index"].compute())
+
+
+def test_greyscale_store_and_resize(image_folder, tmp_path):
+    ds = outcore.ingest_images(image_folder, tmp_path / "g.zarr", shape=(16, 24), resize="fit", progress=False)
+    assert ds["images"].shape == (20, 16, 24) and ds["images"].dtype == np.uint8
+    name = ds["path"][0].compute()
+    expected = np.asarray(Image.open(image_folder / name).convert("L").resize((24, 16), Image.Resampling.BILINEAR))
+    np.testing.assert_array_equal(ds["images"][0].compute(), expected)
+
+
+def test_single_file_zip_store(image_folder, tmp_path):
+    ds = outcore.ingest_images(image_folder, tmp_path / "train.zarr.zip", shape=(32, 32, 3), progress=False)
+    directory = outcore.ingest_images(image_folder, tmp_path / "train.zarr", shape=(32, 32, 3), progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["photos", "train.zarr", "train.zarr.zip"]
+    np.testing.assert_array_equal(ds["images"].compute(), directory["images"].compute())
+
+
+def test_dataframe_and_csv_with_several_label_columns(image_folder, tmp_path):
+    names = sorted(p.relative_to(image_folder).as_posix() for p in image_folder.rglob("*.*"))[:12]
+    frame = pd.DataFrame({
+        "path": names,
+        "bi": [i % 2 == 0 for i in range(12)],
+        "multi": [n.split("/")[0] for n in names],
+        "score": np.linspace(0, 1, 12),
+    })
+    csv = image_folder / "labels.csv"
+    frame.to_csv(csv, index=False)
+    ds = outcore.ingest_dataframe(csv, tmp_path / "t.zarr", label_columns=["bi", "multi", "score"],
+                                  shape=(32, 32, 3), progress=False)
+    order = ds["source_index"].compute()
+    np.testing.assert_array_equal(ds["bi"].compute(), frame["bi"].to_numpy(dtype=np.int64)[order])
+    assert ds.classes_of("multi") == ["cat", "dog"] and ds.classes == ["cat", "dog"]
+    assert [ds.classes_of("multi")[k] for k in ds["multi"].compute()] == list(frame["multi"][order])
+    np.testing.assert_allclose(ds["score"].compute(), frame["score"].to_numpy()[order].astype(np.float32))
+    assert ds["score"].dtype == np.float32 and ds.roles["score"] == "target"
+    for i in (0, 5):
+        np.testing.assert_array_equal(ds["images"][i].compute(), _expected_rgb(image_folder / names[order[i]]))
+    from_frame = outcore.ingest_dataframe(frame, tmp_path / "f.zarr", label_columns=["multi"], root=image_folder,
+                                          shape=(32, 32, 3), progress=False)
+    np.testing.assert_array_equal(from_frame["images"].compute(), ds["images"].compute())
+
+
+def test_skip_bad_files_and_report_them(image_folder, tmp_path):
+    good = next(image_folder.glob("cat/*.jpg"))
+    (image_folder / "cat" / "truncated.jpg").write_bytes(good.read_bytes()[:200])
+    (image_folder / "dog" / "notes.png").write_text("not a picture")
+    ds = outcore.ingest_images(image_folder, tmp_path / "s.zarr", shape=(32, 32, 3), on_error="skip",
+                               chunk_size=4, progress=False)
+    assert len(ds) == 20
+    assert "cat/truncated.jpg" not in set(ds["path"].compute())
+    assert ds.attrs.skipped["count"] == 2
+    report = (tmp_path / "s.zarr.skipped.txt").read_text().splitlines()
+    assert len(report) == 2 and {Path(line.split(":")[0]).name for line in report} == {"truncated.jpg", "notes.png"}
+    paths, images = ds["path"].compute(), ds["images"].compute()
+    for i in (0, 7, 19):
+        np.testing.assert_array_equal(images[i], _expected_rgb(image_folder / paths[i]))
+    assert outcore.verify(tmp_path / "s.zarr", progress=False).ok
+    assert "skipped 2 source file(s)" in describe(ds)
+
+
+def test_bad_image_raises_and_leaves_no_store(image_folder, tmp_path):
+    (image_folder / "owl" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 definitely not a jpeg")
+    with pytest.raises(ImageError, match=r"owl/broken\.jpg: .*on_error='skip'"):
+        outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(32, 32, 3), progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["photos"]  # neither a store nor a staging folder
+
+
+def test_failed_overwrite_keeps_the_existing_store(image_folder, tmp_path):
+    first = outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(32, 32, 3), progress=False)
+    before = first["images"].compute()
+    with pytest.raises(StoreExistsError, match="overwrite"):
+        outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(32, 32, 3), progress=False)
+    (image_folder / "owl" / "broken.png").write_bytes(b"garbage")
+    with pytest.raises(ImageError, match="broken.png"):
+        outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(32, 32, 3), overwrite=True, progress=False)
+    np.testing.assert_array_equal(outcore.open_dataset(tmp_path / "x.zarr")["images"].compute(), before)
+    assert sorted(os.listdir(tmp_path)) == ["photos", "x.zarr"]
+
+
+def test_wrong_size_without_resize_names_the_file(image_folder, tmp_path):
+    iio.imwrite(image_folder / "dog" / "large.png", np.zeros((50, 40, 3), dtype=np.uint8))
+    with pytest.raises(ImageError, match=r"dog/large\.png: image is 50x40, expected 32x32"):
+        outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(32, 32, 3), resize=None, progress=False)
+
+
+def test_source_errors(tmp_path, image_folder):
+    with pytest.raises(SourceError, match="does not exist"):
+        outcore.ingest_images(tmp_path / "nope", tmp_path / "x.zarr", shape=(8, 8, 3))
+    (tmp_path / "empty" / "cat").mkdir(parents=True)
+    (tmp_path / "empty" / "cat" / "readme.txt").write_text("no images here")
+    with pytest.raises(SourceError, match="no image files"):
+        outcore.ingest_images(tmp_path / "empty", tmp_path / "x.zarr", shape=(8, 8, 3))
+    iio.imwrite(image_folder / "loose.png", np.zeros((32, 32, 3), dtype=np.uint8))
+    with pytest.raises(SourceError, match="'loose.png'.*class folder"):
+        outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(8, 8, 3))
+
+
+def test_csv_errors(tmp_path, image_folder):
+    csv = tmp_path / "labels.csv"
+    pd.DataFrame({"path": ["photos/cat/cat_000000.jpg", "photos/cat/missing.jpg"], "label": ["a", "b"]}).to_csv(
+        csv, index=False)
+    with pytest.raises(SourceError, match=r"1 of 2 files .* do not exist \(e\.g\. '.*missing\.jpg'\)"):
+        outcore.ingest_dataframe(csv, tmp_path / "x.zarr", label_columns=["label"], shape=(32, 32, 3))
+    ds = outcore.ingest_dataframe(csv, tmp_path / "x.zarr", label_columns=["label"], shape=(32, 32, 3),
+                                  on_error="skip", progress=False)
+    assert len(ds) == 1 and ds.attrs.skipped["count"] == 1 and "file not found" in ds.attrs.skipped["examples"][0]
+    with pytest.raises(SourceError, match=r"column\(s\) \['klass'\] not in CSV"):
+        outcore.ingest_dataframe(csv, tmp_path / "y.zarr", label_columns=["klass"], shape=(32, 32, 3))
+    with pytest.raises(SourceError, match="CSV file .* does not exist"):
+        outcore.ingest_dataframe(tmp_path / "nope.csv", tmp_path / "y.zarr", shape=(32, 32, 3))
+    frame = pd.DataFrame({"path": ["a.jpg", None], "label": [1, 2]})
+    with pytest.raises(SourceError, match="column 'path' is empty in rows 1"):
+        outcore.ingest_dataframe(frame, tmp_path / "y.zarr", shape=(32, 32, 3))
+
+
+def test_ten_thousand_images_make_tens_of_files(tmp_path, rng):
+    root = tmp_path / "many" / "all"
+    root.mkdir(parents=True)
+    for i in range(10_000):
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(root / f"{i:05d}.png")
+    ds = outcore.ingest_images(tmp_path / "many", tmp_path / "many.zarr", shape=(16, 16, 3), chunk_size=64,
+                               progress=False)
+    assert len(ds) == 10_000 and ds.num_chunks == 157
+    files = [f for _, _, names in os.walk(tmp_path / "many.zarr") for f in names]
+    assert len(files) <= 20, files

@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from zarr.storage import ZipStore
+
+import outcore
+from outcore.errors import CorruptChunkError, NotAStoreError, UnsafeStoreError
+from outcore.store import Compression, FieldInfo, Layout, StoreAttrs, decode_text, encode_text
+from outcore.zipstore import RangeZipStore
+
+
+@pytest.fixture
+def store(tmp_path: Path, rng) -> tuple[Path, dict[str, np.ndarray]]:
+    arrays = {
+        "images": rng.integers(0, 256, (300, 8, 8, 3), dtype=np.uint8),
+        "labels": rng.integers(0, 3, 300),
+    }
+    outcore.from_arrays(arrays, tmp_path / "s.zarr", classes={"labels": ["a", "b", "c"]}, chunk_size=32,
+                        shuffle_on_write=False, progress=False)
+    return tmp_path / "s.zarr", arrays
+
+
+def test_compression_parse_and_errors():
+    assert Compression.parse(None) == Compression("lz4", 5, "bitshuffle")
+    assert Compression.parse("zstd:3:shuffle") == Compression("zstd", 3, "shuffle")
+    assert str(Compression.parse("zstd")) == "zstd:5:bitshuffle"
+    for bad, message in [("gzip", "gzip"), ("zstd:12", "between 0 and 9"), ("zstd:x", "not an integer"),
+                         ("lz4:1:twist", "twist"), ("a:1:b:c", "CNAME")]:
+        with pytest.raises(ValueError, match=message):
+            Compression.parse(bad)
+
+
+def test_layout_targets_chunk_and_shard_bytes():
+    assert Layout.for_samples(128 * 128 * 3, 1_000_000) == Layout(128, 4096)
+    assert Layout.for_samples(8, 1000).chunk_size == 1024  # small samples: never beyond the data
+    assert Layout.for_samples(10, 100, chunk_size=7) == Layout(7, 105)
+    with pytest.raises(ValueError, match="positive"):
+        Layout.for_samples(10, 100, chunk_size=0)
+
+
+def test_attrs_round_trip_and_reject_newer_versions():
+    attrs = StoreAttrs(10, 4, {"x": FieldInfo("input"), "y": FieldInfo("target", ("a", "b"))}, True, 3, {"s": 1})
+    document = json.loads(json.dumps(attrs.to_dict()))
+    assert StoreAttrs.from_dict(document, "here") == attrs
+    with pytest.raises(NotAStoreError, match="format 2.*Upgrade"):
+        StoreAttrs.from_dict({**document, "format_version": 2}, "here")
+    with pytest.raises(NotAStoreError, match="malformed"):
+        StoreAttrs.from_dict({"format_version": 1}, "here")
+
+
+def test_text_round_trip_with_unicode():
+    names = np.array(["a.jpg", "dossier/été.png", ""])
+    encoded = encode_text(names)
+    assert encoded.dtype == np.uint8 and encoded.shape == (3, len("dossier/été.png".encode()))
+    np.testing.assert_array_equal(decode_text(encoded), names)
+
+
+def test_format_on_disk(store):
+    path, _ = store
+    group = zarr.open_group(path, mode="r")
+    meta = group["images"].metadata.to_dict()
+    sharding = meta["codecs"][0]
+    assert sharding["name"] == "sharding_indexed"
+    inner = [codec["name"] for codec in sharding["configuration"]["codecs"]]
+    assert inner == ["bytes", "blosc", "crc32c"]
+    assert group["images"].chunks == (32, 8, 8, 3) and group["labels"].chunks == (32,)
+    attrs = group.attrs["outcore"]
+    assert attrs["format_version"] == 1 and attrs["num_samples"] == 300 and attrs["chunk_size"] == 32
+    assert attrs["fields"]["labels"] == {"role": "target", "classes": ["a", "b", "c"]}
+    assert set(attrs["provenance"]["versions"]) >= {"outcore", "zarr", "dask", "numpy"}
+
+
+def test_plain_zarr_dask_and_xarray_read_the_store(store):
+    path, arrays = store
+    np.testing.assert_array_equal(zarr.open_group(path, mode="r")["images"][:], arrays["images"])
+    np.testing.assert_array_equal(da.from_zarr(str(path), component="labels").compute(), arrays["labels"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # xarray notes that consolidated metadata is absent
+        dataset = xr.open_zarr(path, consolidated=False)
+    np.testing.assert_array_equal(dataset["labels"].values, arrays["labels"])
+
+
+def test_zip_store_reads_like_the_directory(tmp_path, rng):
+    x = rng.integers(0, 256, (1000, 6, 6), dtype=np.uint8)
+    outcore.from_arrays({"x": x}, tmp_path / "s.zarr.zip", chunk_size=64, shuffle_on_write=False, progress=False)
+    assert (tmp_path / "s.zarr.zip").is_file()
+    ds = outcore.open_dataset(tmp_path / "s.zarr.zip")
+    np.testing.assert_array_equal(ds["x"].compute(), x)
+    plain = zarr.open_group(ZipStore(tmp_path / "s.zarr.zip", mode="r"), mode="r")
+    fast = zarr.open_group(RangeZipStore(tmp_path / "s.zarr.zip"), mode="r")
+    for start in (0, 64, 960):
+        np.testing.assert_array_equal(fast["x"][start : start + 64], plain["x"][start : start + 64])
+
+
+def test_corrupt_chunk_is_named(store):
+    path, _ = store
+    shard = path / "images" / "c" / "0" / "0" / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    data[40] ^= 0xFF  # inside the first inner chunk
+    shard.write_bytes(bytes(data))
+    ds = outcore.open_dataset(path)
+    np.testing.assert_array_equal(ds["labels"].compute().shape, (300,))  # other fields unaffected
+    with pytest.raises(CorruptChunkError, match=r"field 'images', chunk 0 \(samples 0\.\.31, in file images/c/0/0/0/0\)"):
+        ds["images"][:10].compute()
+    ds["images"][32:64].compute()  # the next chunk of the same shard file is intact
+    report = outcore.verify(path, progress=False)
+    assert not report.ok and len(report.problems) == 1 and "chunk 0" in report.problems[0]
+
+
+def test_not_a_store_errors(tmp_path):
+    with pytest.raises(NotAStoreError, match="does not exist"):
+        outcore.open_dataset(tmp_path / "missing.zarr")
+    zarr.open_group(tmp_path / "plain.zarr", mode="w").create_array("x", shape=(3,), dtype="int8")
+    with pytest.raises(NotAStoreError, match="not an outcore store"):
+        outcore.open_dataset(tmp_path / "plain.zarr")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(NotAStoreError, match="not a Zarr group"):
+        outcore.open_dataset(tmp_path / "folder")
+
+
+def test_pickle_codec_is_refused_before_any_read(store):
+    path, _ = store
+    meta_path = path / "labels" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    meta["codecs"][0]["configuration"]["codecs"].insert(1, {"name": "numcodecs.pickle"})
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(UnsafeStoreError, match="field 'labels' uses an object or pickle codec"):
+        outcore.open_dataset(path)
+
+
+def test_truncated_store_field_is_reported(store):
+    path, _ = store
+    group = zarr.open_group(path, mode="r+")
+    group["labels"].resize((100,))
+    with pytest.raises(NotAStoreError, match="field 'labels' has shape"):
+        outcore.open_dataset(path)
