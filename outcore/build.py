@@ -24,6 +24,7 @@ from .compute import run_tasks
 from .errors import SourceError
 from .store import (
     ATTRS_KEY,
+    WRITE_CONFIG,
     Compression,
     FieldInfo,
     Layout,
@@ -136,8 +137,9 @@ def _write_shard(
     directory: str, start: int, blocks: dict[str, np.ndarray], errors: np.ndarray | None
 ) -> list[tuple[int, str]]:
     group = zarr.open_group(directory, mode="r+")
-    for name, block in blocks.items():
-        group[name][start : start + len(block)] = block
+    with zarr.config.set(WRITE_CONFIG):
+        for name, block in blocks.items():
+            group[name][start : start + len(block)] = block
     if errors is None:
         return []
     return [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]

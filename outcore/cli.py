@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--label-columns", default="", help="comma-separated CSV label columns")
     ingest.add_argument("--root", help="folder that relative CSV paths start from (default: the CSV's)")
     ingest.add_argument("--chunk-size", type=int, help="samples per chunk (default: about 8 MiB of pixels)")
-    ingest.add_argument("--compressor", help="CNAME[:LEVEL[:SHUFFLE]], e.g. zstd:5:bitshuffle (default lz4:5)")
+    ingest.add_argument("--compressor", help="CNAME[:LEVEL[:SHUFFLE]], e.g. zstd:3:bitshuffle (default lz4:5:shuffle)")
     ingest.add_argument("--no-shuffle", action="store_true", help="keep source order instead of shuffling")
     ingest.add_argument("--seed", type=int, default=0, help="seed of the shuffle on write (default 0)")
     ingest.add_argument("--on-error", default="raise", choices=["raise", "skip"],

@@ -89,9 +89,10 @@ def _decode(path: str, channels: int) -> np.ndarray:
     """
     try:
         with Image.open(path) as image:
-            image = ImageOps.exif_transpose(image)
-            keep_depth = image.mode in _HIGH_DEPTH_MODES and channels == 1
-            pixels = np.asarray(image if keep_depth else image.convert(_PIL_MODES[channels]))
+            if "exif" in image.info or image.format == "TIFF":  # the only places an orientation lives
+                image = ImageOps.exif_transpose(image)
+            mode = image.mode if image.mode in _HIGH_DEPTH_MODES and channels == 1 else _PIL_MODES[channels]
+            pixels = np.asarray(image if image.mode == mode else image.convert(mode))
     except FileNotFoundError:
         raise ImageError(path, "file not found") from None
     except UnidentifiedImageError:

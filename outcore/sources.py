@@ -43,17 +43,13 @@ def scan_image_folder(root: str | os.PathLike, extensions: Sequence[str] = IMAGE
     root = Path(root)
     if not root.is_dir():
         raise SourceError(f"image folder {str(root)!r} does not exist or is not a folder")
-    suffixes = {e.lower() for e in extensions}
-    files = sorted(
-        p for p in root.rglob("*")
-        if p.suffix.lower() in suffixes and p.is_file() and not _hidden(p.relative_to(root))
-    )
-    if not files:
+    suffixes = tuple(e.lower() for e in extensions)
+    names = _image_names(root, suffixes)
+    if not names:
         raise SourceError(
             f"no image files ({', '.join(sorted(suffixes))}) found under {str(root)!r}; "
             "expected ROOT/<class>/<image> or ROOT/<image>"
         )
-    names = [p.relative_to(root).as_posix() for p in files]
     loose = [n for n in names if "/" not in n]
     nested = len(names) - len(loose)
     if loose and nested:
@@ -62,19 +58,25 @@ def scan_image_folder(root: str | os.PathLike, extensions: Sequence[str] = IMAGE
             "folders; move them into a class folder, or ingest a DataFrame of paths and labels instead"
         )
     description = f"image folder {root.absolute()}"
+    paths = [os.path.join(root.absolute(), *n.split("/")) for n in names]
     if loose:
-        return SourceTable([str(p.absolute()) for p in files], names, description=description)
+        return SourceTable(paths, names, description=description)
     class_of = [n.split("/", 1)[0] for n in names]
     classes = tuple(sorted(set(class_of)))
     index = {name: i for i, name in enumerate(classes)}
     labels = np.array([index[c] for c in class_of], dtype=np.int64)
-    return SourceTable(
-        [str(p.absolute()) for p in files], names, {"labels": labels}, {"labels": classes}, description=description
-    )
+    return SourceTable(paths, names, {"labels": labels}, {"labels": classes}, description=description)
 
 
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts)
+def _image_names(root: Path, suffixes: tuple[str, ...]) -> list[str]:
+    """Sorted '/'-separated paths, relative to ``root``, of the image files below it (hidden ones skipped)."""
+    names = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        prefix = os.path.relpath(folder, root).replace(os.sep, "/")
+        prefix = "" if prefix == "." else prefix + "/"
+        names += [prefix + f for f in files if f.lower().endswith(suffixes) and not f.startswith(".")]
+    return sorted(names)
 
 
 def table_from_dataframe(

@@ -16,6 +16,7 @@ from .build import provenance
 from .errors import SourceError, StoreExistsError
 from .store import (
     ATTRS_KEY,
+    WRITE_CONFIG,
     Compression,
     FieldInfo,
     Layout,
@@ -174,11 +175,12 @@ class Writer:
         start = self._written
         count = stop - start
         merged = {name: np.concatenate([b[name] for b in self._pending]) for name in self._attrs.fields}
-        for name, values in merged.items():
-            array = self._group[name]
-            if array.shape[0] < stop:
-                array.resize((stop, *array.shape[1:]))
-            array[start:stop] = values[:count]
+        with zarr.config.set(WRITE_CONFIG):
+            for name, values in merged.items():
+                array = self._group[name]
+                if array.shape[0] < stop:
+                    array.resize((stop, *array.shape[1:]))
+                array[start:stop] = values[:count]
         rest = {name: values[count:] for name, values in merged.items()}
         self._pending = [rest] if self._pending_count > count else []
         self._pending_count -= count

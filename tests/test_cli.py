@@ -16,7 +16,7 @@ def test_ingest_folder_then_info_and_verify(image_folder, tmp_path, capsys):
     capsys.readouterr()
     assert main(["info", str(tmp_path / "t.zarr")]) == 0
     info = capsys.readouterr().out
-    for expected in ("20 samples", "images", "20x32x32x3", "blosc(lz4:5:bitshuffle)+crc32c", "on disk", "ratio",
+    for expected in ("20 samples", "images", "20x32x32x3", "blosc(lz4:5:shuffle)+crc32c", "on disk", "ratio",
                      "classes of 'labels' (3): cat, dog, owl", "provenance"):
         assert expected in info
     assert main(["verify", str(tmp_path / "t.zarr"), "--no-progress"]) == 0

@@ -29,9 +29,9 @@ def store(tmp_path: Path, rng) -> tuple[Path, dict[str, np.ndarray]]:
 
 
 def test_compression_parse_and_errors():
-    assert Compression.parse(None) == Compression("lz4", 5, "bitshuffle")
-    assert Compression.parse("zstd:3:shuffle") == Compression("zstd", 3, "shuffle")
-    assert str(Compression.parse("zstd")) == "zstd:5:bitshuffle"
+    assert Compression.parse(None) == Compression("lz4", 5, "shuffle")
+    assert Compression.parse("zstd:3:bitshuffle") == Compression("zstd", 3, "bitshuffle")
+    assert str(Compression.parse("zstd")) == "zstd:5:shuffle"
     for bad, message in [("gzip", "gzip"), ("zstd:12", "between 0 and 9"), ("zstd:x", "not an integer"),
                          ("lz4:1:twist", "twist"), ("a:1:b:c", "CNAME")]:
         with pytest.raises(ValueError, match=message):
@@ -39,7 +39,7 @@ def test_compression_parse_and_errors():
 
 
 def test_layout_targets_chunk_and_shard_bytes():
-    assert Layout.for_samples(128 * 128 * 3, 1_000_000) == Layout(128, 4096)
+    assert Layout.for_samples(128 * 128 * 3, 1_000_000) == Layout(128, 2048)
     assert Layout.for_samples(8, 1000).chunk_size == 1024  # small samples: never beyond the data
     assert Layout.for_samples(10, 100, chunk_size=7) == Layout(7, 105)
     with pytest.raises(ValueError, match="positive"):
