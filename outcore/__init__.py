@@ -17,7 +17,7 @@ from .errors import (
     UnsafeStoreError,
 )
 from .ingest import from_arrays, ingest_dataframe, ingest_images
-from .store import Compression
+from .schema import Compression
 from .verify import verify
 from .writer import Writer
 

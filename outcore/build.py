@@ -1,7 +1,7 @@
 """Write lazy field arrays into a new store: one task per shard file, in parallel, with a progress bar.
 
 Each task writes whole shards, so no two tasks ever touch the same file. The store is built in a
-staging folder and moved into place only when complete (`store.staged_store`). When samples were
+staging folder and moved into place only when complete (`staging.staged_store`). When samples were
 skipped (``on_error="skip"``) the written store is compacted into a second one without the holes.
 """
 
@@ -22,17 +22,9 @@ import zarr
 
 from .compute import run_tasks
 from .errors import SourceError
-from .store import (
-    ATTRS_KEY,
-    WRITE_CONFIG,
-    Compression,
-    FieldInfo,
-    Layout,
-    StoreAttrs,
-    create_field,
-    remove_path,
-    staged_store,
-)
+from .schema import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs
+from .staging import remove_path, staged_store
+from .store import WRITE_CONFIG, create_field
 
 MAX_SKIPPED_IN_ATTRS = 100
 

@@ -14,7 +14,8 @@ import zarr
 from dask.base import tokenize
 
 from .errors import NotAStoreError
-from .store import StoreAttrs, check_safe, decode_text, is_url, open_group, read_attrs, read_samples
+from .schema import StoreAttrs, decode_text
+from .store import check_safe, is_url, open_group, read_attrs, read_samples
 
 
 def open_dataset(location: str | os.PathLike) -> Dataset:

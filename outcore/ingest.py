@@ -16,8 +16,8 @@ from .dataset import Dataset, open_dataset
 from .errors import SourceError
 from .imaging import ResizePolicy, parse_image_dtype, parse_image_shape, parse_resize
 from .loaders import image_array
+from .schema import TEXT_ENCODING, Compression, FieldInfo, Layout, encode_text
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
-from .store import TEXT_ENCODING, Compression, FieldInfo, Layout, encode_text
 
 IMAGE_FIELD = "images"
 PATH_FIELD = "path"

@@ -14,21 +14,9 @@ import zarr
 
 from .build import provenance
 from .errors import SourceError, StoreExistsError
-from .store import (
-    ATTRS_KEY,
-    WRITE_CONFIG,
-    Compression,
-    FieldInfo,
-    Layout,
-    StoreAttrs,
-    check_safe,
-    create_field,
-    is_url,
-    is_zip,
-    open_group,
-    read_attrs,
-    remove_path,
-)
+from .schema import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs
+from .staging import remove_path
+from .store import WRITE_CONFIG, check_safe, create_field, is_url, is_zip, open_group, read_attrs
 
 FieldSpec = tuple[Any, Sequence[int]]  # (dtype, shape of one sample)
 
@@ -70,6 +58,7 @@ class Writer:
         self._pending_count = 0
         self._group: zarr.Group | None = None
         self._attrs: StoreAttrs | None = None
+        self._shard_size = 0
         self.closed = False
         if append and self.location.exists():
             self._open_existing()
@@ -138,19 +127,15 @@ class Writer:
             name: FieldInfo(self._roles.get(name, "other"), tuple(self._classes[name]) if name in self._classes else None)
             for name in specs
         }
-        self._group = group
+        self._group, self._shard_size = group, layout.shard_size
         self._save_attrs(StoreAttrs(0, layout.chunk_size, infos, provenance=provenance("outcore.Writer")))
 
     def _open_existing(self) -> None:
         group = open_group(self.location, mode="r+")
         attrs = read_attrs(group, str(self.location))
         check_safe(group, list(attrs.fields), str(self.location))
-        self._group, self._attrs = group, attrs
-
-    @property
-    def _shard_size(self) -> int:
-        array = self._group[next(iter(self._attrs.fields))]
-        return (array.shards or array.chunks)[0]
+        first = group[next(iter(attrs.fields))]
+        self._group, self._attrs, self._shard_size = group, attrs, (first.shards or first.chunks)[0]
 
     def _checked(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         expected = set(self._attrs.fields)

@@ -13,7 +13,7 @@ from zarr.storage import ZipStore
 
 import outcore
 from outcore.errors import CorruptChunkError, NotAStoreError, UnsafeStoreError
-from outcore.store import Compression, FieldInfo, Layout, StoreAttrs, decode_text, encode_text
+from outcore.schema import Compression, FieldInfo, Layout, StoreAttrs, decode_text, encode_text
 from outcore.zipstore import RangeZipStore
 
 
