@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import outcore.imaging
-import outcore.store
+import outcore.schema
 import outcore.synthetic
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
@@ -28,7 +28,7 @@ def test_there_are_examples():
     assert len(EXAMPLES) >= 2
 
 
-@pytest.mark.parametrize("module", [outcore.store, outcore.imaging, outcore.synthetic], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [outcore.schema, outcore.imaging, outcore.synthetic], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     results = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert results.attempted > 0 and results.failed == 0
