@@ -1,6 +1,6 @@
 """Write lazy field arrays into a new store: one task per shard file, in parallel, with a progress bar.
 
-Each task writes whole shards, so no two tasks ever touch the same file. The store is built in a
+Each task writes a whole shard, so no two tasks ever touch the same file. The store is built in a
 staging folder and moved into place only when complete (`staging.staged_store`). When samples were
 skipped (``on_error="skip"``) the written store is compacted into a second one without the holes.
 """

@@ -20,32 +20,33 @@ def image_array(
     *,
     resize: ResizePolicy,
     dtype: np.dtype,
-    chunk_size: int,
+    block_size: int,
     on_error: str = "raise",
 ) -> tuple[da.Array, da.Array]:
     """Return ``(pixels, errors)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to ``shape``.
 
-    Nothing is read until the arrays are computed. With ``on_error="raise"`` the first bad file stops
-    the computation with an `ImageError` naming it; with ``"skip"`` a bad file gives zero pixels and
-    its message in ``errors[i]`` (``""`` for every good sample).
+    Each block of ``block_size`` samples is one task. Nothing is read until the arrays are computed.
+    With ``on_error="raise"`` the first bad file stops the computation with an `ImageError` naming
+    it; with ``"skip"`` a bad file gives zero pixels and its message in ``errors[i]`` (``""`` for every
+    good sample).
 
     >>> pixels, errors = image_array(files, (64, 64, 3), resize="crop", dtype=np.dtype("uint8"),
-    ...                              chunk_size=256)  # doctest: +SKIP
+    ...                              block_size=256)  # doctest: +SKIP
     >>> pixels.chunks[0][:2]  # doctest: +SKIP
     (256, 256)
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error={on_error!r} is not 'raise' or 'skip'")
     pixel_parts, error_parts = [], []
-    for start in range(0, len(paths), chunk_size):
-        chunk_paths = list(paths[start : start + chunk_size])
-        task = dask.delayed(_load_chunk, pure=True, nout=2)(chunk_paths, shape, resize, dtype, on_error)
-        pixel_parts.append(da.from_delayed(task[0], (len(chunk_paths), *shape), dtype=dtype))
-        error_parts.append(da.from_delayed(task[1], (len(chunk_paths),), dtype=ERROR_DTYPE))
+    for start in range(0, len(paths), block_size):
+        block_paths = list(paths[start : start + block_size])
+        task = dask.delayed(_load_block, pure=True, nout=2)(block_paths, shape, resize, dtype, on_error)
+        pixel_parts.append(da.from_delayed(task[0], (len(block_paths), *shape), dtype=dtype))
+        error_parts.append(da.from_delayed(task[1], (len(block_paths),), dtype=ERROR_DTYPE))
     return da.concatenate(pixel_parts), da.concatenate(error_parts)
 
 
-def _load_chunk(
+def _load_block(
     paths: list[str], shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str
 ) -> tuple[np.ndarray, np.ndarray]:
     pixels = np.zeros((len(paths), *shape), dtype=dtype)

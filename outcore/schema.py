@@ -24,6 +24,7 @@ ROLES = ("input", "target", "metadata", "other")
 TARGET_CHUNK_BYTES = 8 * 2**20
 TARGET_SHARD_BYTES = 128 * 2**20
 MAX_CHUNK_SIZE = 65536
+MIN_SHARDS = 8
 TEXT_ENCODING = "utf-8"
 _SHUFFLES = ("bitshuffle", "shuffle", "noshuffle")
 _CNAMES = ("zstd", "lz4", "lz4hc", "blosclz", "zlib")
@@ -97,14 +98,14 @@ class Layout:
     def for_samples(
         cls, sample_nbytes: int, num_samples: int | None, chunk_size: int | None = None
     ) -> Layout:
-        """Chunks of about 8 MiB (a power of two of samples) and shard files of about 128 MiB.
+        """Chunks of about 8 MiB (a power of two of samples) and shard files of at most about 128 MiB.
 
-        Each ingest task writes one whole shard, so the shard size bounds its memory; 128 MiB keeps
-        several shards in flight on small stores (docs/format.md) and a million 128x128 RGB images in
-        about 500 files per field.
+        Each ingest task decodes and writes one whole shard, so the shard size bounds a task's memory,
+        and small stores get at least ``MIN_SHARDS`` shards so that every core has work: 10,000 128x128
+        RGB images make 10 shard files per field, a million about 500.
 
         >>> Layout.for_samples(128 * 128 * 3, 10_000)
-        Layout(chunk_size=128, shard_size=2048)
+        Layout(chunk_size=128, shard_size=1024)
         """
         sample_nbytes = max(1, sample_nbytes)
         if chunk_size is None:
@@ -115,7 +116,8 @@ class Layout:
             raise ValueError(f"chunk_size={chunk_size} must be a positive number of samples")
         chunks_per_shard = _power_of_two_at_most(TARGET_SHARD_BYTES // (chunk_size * sample_nbytes), 1024)
         if num_samples:
-            chunks_per_shard = min(chunks_per_shard, math.ceil(num_samples / chunk_size))
+            chunks = math.ceil(num_samples / chunk_size)
+            chunks_per_shard = min(chunks_per_shard, _power_of_two_at_most(max(1, chunks // MIN_SHARDS), chunks))
         return cls(chunk_size, chunk_size * max(1, chunks_per_shard))
 
 

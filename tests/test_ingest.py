@@ -171,4 +171,4 @@ def test_ten_thousand_images_make_tens_of_files(tmp_path, rng):
                                progress=False)
     assert len(ds) == 10_000 and ds.num_chunks == 157
     files = [f for _, _, names in os.walk(tmp_path / "many.zarr") for f in names]
-    assert len(files) <= 20, files
+    assert 10 <= len(files) <= 50, files  # 4 fields x 10 shard files + metadata, not 4 x 157 chunk files

@@ -39,9 +39,10 @@ def test_compression_parse_and_errors():
 
 
 def test_layout_targets_chunk_and_shard_bytes():
-    assert Layout.for_samples(128 * 128 * 3, 1_000_000) == Layout(128, 2048)
-    assert Layout.for_samples(8, 1000).chunk_size == 1024  # small samples: never beyond the data
-    assert Layout.for_samples(10, 100, chunk_size=7) == Layout(7, 105)
+    assert Layout.for_samples(128 * 128 * 3, 1_000_000) == Layout(128, 2048)  # 128 MiB shards
+    assert Layout.for_samples(128 * 128 * 3, 10_000) == Layout(128, 1024)  # at least 8 shards
+    assert Layout.for_samples(8, 1000) == Layout(1024, 1024)  # small samples: never beyond the data
+    assert Layout.for_samples(10, 100, chunk_size=7) == Layout(7, 7)
     with pytest.raises(ValueError, match="positive"):
         Layout.for_samples(10, 100, chunk_size=0)
 
