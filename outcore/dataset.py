@@ -14,6 +14,7 @@ import zarr
 from dask.base import tokenize
 
 from .errors import NotAStoreError
+from .loader import BatchIterator
 from .schema import StoreAttrs, decode_text
 from .store import check_safe, is_url, open_group, read_attrs, read_samples
 
@@ -128,6 +129,15 @@ class Dataset:
                 lazy = lazy.map_blocks(decode_text, drop_axis=1, dtype=f"<U{array.shape[1]}")
             self._arrays[field] = lazy
         return self._arrays[field]
+
+    def batches(self, batch_size: int, **options: Any) -> BatchIterator:
+        """Iterate in batches, chunk-aware and shuffled: see `BatchIterator` for the options.
+
+        >>> for batch in ds.batches(batch_size=256, shuffle=True, seed=0):  # doctest: +SKIP
+        ...     batch["images"].shape
+        (256, 128, 128, 3)
+        """
+        return BatchIterator(self, batch_size, **options)
 
     def _known(self, field: str) -> str:
         if field not in self.attrs.fields:

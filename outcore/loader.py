@@ -1,0 +1,251 @@
+"""`BatchIterator`: batches in a chunk-aware shuffled order, read ahead by background threads.
+
+One producer thread walks the epoch plan (`outcore.shuffle`): it keeps chunk reads running ahead
+on a small thread pool (Zarr's codecs release the GIL), assembles each batch from the loaded chunks,
+applies the transform, and hands finished batches to the consumer through a queue of ``prefetch``
+batches. Chunks are dropped as soon as their last sample is emitted, so memory is bounded by
+``buffer_chunks + 1 + READ_AHEAD`` chunks plus ``prefetch`` batches, whatever the store's size.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .schema import decode_text
+from .shuffle import Consumer, EpochPlan, epoch_plan, span
+from .store import read_samples
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+Batch = dict[str, np.ndarray]
+Transform = Callable[[Batch, np.random.Generator], Batch]
+READ_AHEAD = 2  # chunks read beyond those the next batch needs
+READ_THREADS = 2
+
+
+class BatchIterator:
+    """Iterate ``dataset`` in batches: dicts of numpy arrays, one per field, samples on axis 0.
+
+    Every epoch yields each of this consumer's samples exactly once, in an order that depends only
+    on ``(seed, epoch, rank, world_size, worker, num_workers)``. A full pass moves to the next epoch;
+    `set_epoch` chooses one. `state_dict` after k batches, loaded into a new iterator (in any
+    process), continues with exactly the batches an uninterrupted run would have produced.
+
+    >>> it = ds.batches(batch_size=256, shuffle=True, seed=0)  # doctest: +SKIP
+    >>> for batch in it:  # doctest: +SKIP
+    ...     train_step(batch["images"], batch["labels"])
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        *,
+        fields: Sequence[str] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        buffer_chunks: int = 8,
+        prefetch: int = 2,
+        transform: Transform | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        drop_last: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be at least 1")
+        if prefetch < 1:
+            raise ValueError(f"prefetch={prefetch} must be at least 1")
+        if buffer_chunks < 0:
+            raise ValueError(f"buffer_chunks={buffer_chunks} must be 0 or more")
+        self.dataset = dataset
+        self.fields = tuple(fields) if fields is not None else dataset.fields
+        unknown = [f for f in self.fields if f not in dataset]
+        if unknown:
+            raise KeyError(f"no field(s) {unknown} in {dataset.location}; fields: {list(dataset.fields)}")
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.buffer_chunks, self.prefetch, self.transform, self.drop_last = buffer_chunks, prefetch, transform, drop_last
+        self.consumer = Consumer(rank, world_size, worker, num_workers)
+        self.epoch = 0
+        self.batches_done = 0  # batches of the current epoch already handed out
+        self._arrays = {name: dataset.array(name) for name in self.fields}
+        self._active: _Run | None = None
+
+    # -- epochs and resumption ------------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its first batch at the next iteration."""
+        self.epoch, self.batches_done = int(epoch), 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this iterator stands: a few integers, JSON-serialisable."""
+        return {"epoch": self.epoch, "batches_done": self.batches_done, **self._settings()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; the store and settings must match those it was taken with."""
+        mismatched = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
+        if mismatched:
+            raise ValueError(f"state does not match this iterator (saved, current): {mismatched}")
+        self.epoch, self.batches_done = int(state["epoch"]), int(state["batches_done"])
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "num_samples": len(self.dataset), "chunk_size": self.dataset.chunk_size, "batch_size": self.batch_size,
+            "shuffle": self.shuffle, "seed": self.seed, "buffer_chunks": self.buffer_chunks,
+            "drop_last": self.drop_last, "rank": self.consumer.rank, "world_size": self.consumer.world_size,
+            "worker": self.consumer.worker, "num_workers": self.consumer.num_workers,
+        }
+
+    # -- the plan ------------------------------------------------------------------------------------------
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """This consumer's samples of ``epoch`` (default: the current one) in emission order."""
+        return epoch_plan(
+            len(self.dataset), self.dataset.chunk_size, shuffle=self.shuffle, seed=self.seed,
+            epoch=self.epoch if epoch is None else epoch, buffer_chunks=self.buffer_chunks, consumer=self.consumer,
+        )
+
+    def __len__(self) -> int:
+        """Batches per epoch for this consumer."""
+        start, stop = span(len(self.dataset), self.consumer)
+        full, rest = divmod(stop - start, self.batch_size)
+        return full + (rest > 0 and not self.drop_last)
+
+    # -- iteration -------------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        self.close()
+        plan, total = self.plan(), len(self)
+        if self.batches_done >= total:  # a finished epoch: move on
+            self.set_epoch(self.epoch + 1)
+            plan = self.plan()
+        run = _Run(self, plan, self.epoch, self.batches_done, total)
+        self._active = run
+        try:
+            for batch in run:
+                self.batches_done += 1
+                yield batch
+            self.set_epoch(self.epoch + 1)
+        finally:
+            run.close()
+            if self._active is run:
+                self._active = None
+
+    def close(self) -> None:
+        """Stop the background threads of an unfinished iteration (also done on ``break``)."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+
+    # -- used by the producer thread ---------------------------------------------------------------------
+
+    def _read_chunk(self, chunk: int) -> Batch:
+        size = self.dataset.chunk_size
+        window = (slice(chunk * size, min(len(self.dataset), (chunk + 1) * size)),)
+        data = {}
+        for name, array in self._arrays.items():
+            values = read_samples(array, window, name, self.dataset.location)
+            data[name] = decode_text(values) if self.dataset.attrs.fields[name].encoding else values
+        return data
+
+    def _transform(self, batch: Batch, epoch: int, index: int) -> Batch:
+        if self.transform is None:
+            return batch
+        rng = np.random.default_rng([self.seed, epoch, self.consumer.index, index])
+        return self.transform(batch, rng)
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_DONE = object()
+
+
+class _Run:
+    """One pass over an epoch's batches: the producer thread, its read pool and its queue."""
+
+    def __init__(self, owner: BatchIterator, plan: EpochPlan, epoch: int, first_batch: int, total: int) -> None:
+        self.owner, self.plan, self.epoch = owner, plan, epoch
+        self.first_batch, self.total = first_batch, total
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=owner.prefetch)
+        self.stop = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="outcore-read")
+        self.thread = threading.Thread(target=self._produce, name="outcore-batches", daemon=True)
+        self.thread.start()
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            item = self.queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+
+    def close(self) -> None:
+        self.stop.set()
+        while self.thread.is_alive():
+            try:  # unblock a producer waiting for room in the queue
+                self.queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        try:
+            self._produce_batches()
+            self._put(_DONE)
+        except BaseException as error:  # handed to the consumer, which raises it
+            self._put(_Failure(error))
+
+    def _produce_batches(self) -> None:
+        owner, plan = self.owner, self.plan
+        chunk_size, batch_size = owner.dataset.chunk_size, owner.batch_size
+        slot = {int(c): j for j, c in enumerate(plan.chunks)}  # chunk id -> position in the read order
+        loaded: dict[int, Future[Batch]] = {}
+        next_read = 0
+        for index in range(self.first_batch, self.total):
+            if self.stop.is_set():
+                return
+            samples = plan.samples[index * batch_size : (index + 1) * batch_size]
+            chunks = samples // chunk_size
+            needed = max(slot[int(c)] for c in np.unique(chunks))
+            while next_read < len(plan.chunks) and next_read <= needed + READ_AHEAD:
+                loaded[next_read] = self.pool.submit(owner._read_chunk, int(plan.chunks[next_read]))
+                next_read += 1
+            batch = self._assemble(samples, chunks, {int(c): loaded[slot[int(c)]].result() for c in np.unique(chunks)})
+            for j in [j for j in loaded if plan.last_use[j] < (index + 1) * batch_size]:
+                del loaded[j]  # every sample of that chunk has been emitted
+            if not self._put(owner._transform(batch, self.epoch, index)):
+                return
+
+    def _assemble(self, samples: np.ndarray, chunks: np.ndarray, data: dict[int, Batch]) -> Batch:
+        local = samples - chunks * self.owner.dataset.chunk_size
+        batch = {}
+        for name in self.owner.fields:
+            first = next(iter(data.values()))[name]
+            out = np.empty((len(samples), *first.shape[1:]), dtype=first.dtype)
+            for chunk, values in data.items():
+                where = np.flatnonzero(chunks == chunk)
+                out[where] = values[name][local[where]]
+            batch[name] = out
+        return batch
