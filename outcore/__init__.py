@@ -17,6 +17,8 @@ from .errors import (
     UnsafeStoreError,
 )
 from .ingest import from_arrays, ingest_dataframe, ingest_images
+from .loader import BatchIterator
+from .quality import ShuffleQuality, shuffle_quality
 from .schema import Compression
 from .verify import verify
 from .writer import Writer
@@ -24,12 +26,14 @@ from .writer import Writer
 __version__ = version("outcore")
 
 __all__ = [
+    "BatchIterator",
     "Compression",
     "CorruptChunkError",
     "Dataset",
     "ImageError",
     "NotAStoreError",
     "OutcoreError",
+    "ShuffleQuality",
     "SourceError",
     "StoreExistsError",
     "UnsafeStoreError",
@@ -38,5 +42,6 @@ __all__ = [
     "ingest_dataframe",
     "ingest_images",
     "open_dataset",
+    "shuffle_quality",
     "verify",
 ]

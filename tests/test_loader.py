@@ -1,0 +1,202 @@
+"""BatchIterator on real stores: exact epochs, determinism, resumption in a new process, clean shutdown."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import outcore
+from outcore.errors import CorruptChunkError
+from outcore.transforms import BrightnessContrast, Compose, RandomCrop, RandomFlip
+
+
+@pytest.fixture
+def store(tmp_path, rng):
+    images = rng.integers(0, 256, (1000, 8, 8, 3), dtype=np.uint8)
+    ds = outcore.from_arrays({"images": images, "labels": np.arange(1000) % 7, "id": np.arange(1000)},
+                             tmp_path / "s.zarr", chunk_size=32, shuffle_on_write=False, progress=False)
+    return ds, images
+
+
+def _ids(batches):
+    return np.concatenate([b["id"] for b in batches])
+
+
+def _outcore_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("outcore")]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize(("batch_size", "drop_last"), [(64, False), (64, True), (1000, False), (4096, False), (7, False)])
+def test_an_epoch_yields_every_sample_once_with_matching_fields(store, shuffle, batch_size, drop_last):
+    ds, images = store
+    batches = list(ds.batches(batch_size, shuffle=shuffle, seed=3, drop_last=drop_last))
+    ids = _ids(batches)
+    expected = (1000 // batch_size) * batch_size if drop_last else 1000
+    assert len(ids) == expected == len(set(ids.tolist()))
+    assert all(len(b["id"]) == batch_size for b in batches[:-1])
+    assert len(batches) == len(ds.batches(batch_size, drop_last=drop_last))
+    for batch in batches[:3]:
+        np.testing.assert_array_equal(batch["images"], images[batch["id"]])
+        np.testing.assert_array_equal(batch["labels"], batch["id"] % 7)
+    if not shuffle:
+        np.testing.assert_array_equal(ids, np.arange(expected))
+
+
+def test_ranks_and_workers_split_an_epoch(store):
+    ds, _ = store
+    seen = [
+        _ids(ds.batches(50, seed=1, rank=rank, world_size=2, worker=worker, num_workers=3))
+        for rank in range(2) for worker in range(3)
+    ]
+    assert sorted(np.concatenate(seen).tolist()) == list(range(1000))
+    assert max(map(len, seen)) - min(map(len, seen)) <= 1
+
+
+def test_determinism_and_epochs(store):
+    ds, _ = store
+    first = _ids(ds.batches(64, seed=5))
+    np.testing.assert_array_equal(first, _ids(ds.batches(64, seed=5)))
+    it = ds.batches(64, seed=5)
+    epoch0, epoch1 = _ids(it), _ids(it)  # a full pass moves on to the next epoch
+    np.testing.assert_array_equal(epoch0, first)
+    assert not np.array_equal(epoch0, epoch1) and sorted(epoch1.tolist()) == list(range(1000))
+    it.set_epoch(0)
+    np.testing.assert_array_equal(_ids(it), first)
+
+
+def test_text_fields_come_as_strings(image_folder, tmp_path):
+    ds = outcore.ingest_images(image_folder, tmp_path / "p.zarr", shape=(16, 16, 3), chunk_size=4, progress=False)
+    batch = next(iter(ds.batches(6, fields=["path", "labels"], seed=0)))
+    assert set(batch) == {"path", "labels"} and batch["path"].dtype.kind == "U"
+    assert [ds.classes[k] for k in batch["labels"]] == [p.split("/")[0] for p in batch["path"]]
+
+
+RESUME_SCRIPT = """
+import hashlib, json, sys
+import outcore
+from outcore.transforms import BrightnessContrast, Compose, RandomFlip
+store, state_path, skip, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+it = outcore.open_dataset(store).batches(48, seed=11, buffer_chunks=3, prefetch=3,
+                                         transform=Compose([RandomFlip(), BrightnessContrast()]))
+it.set_epoch(2)
+if skip:
+    it.load_state_dict(json.load(open(state_path)))
+digests = []
+for i, batch in enumerate(it):
+    digests.append(hashlib.sha256(b"".join(batch[k].tobytes() for k in sorted(batch))).hexdigest())
+    if len(digests) == stop:
+        json.dump(it.state_dict(), open(state_path, "w"))
+        break
+print(json.dumps(digests))
+"""
+
+
+def _run_resume(*args):
+    result = subprocess.run([sys.executable, "-c", RESUME_SCRIPT, *map(str, args)], capture_output=True, text=True,
+                            check=True, timeout=120)
+    return json.loads(result.stdout)
+
+
+def test_resume_in_a_new_process_is_byte_exact(store, tmp_path):
+    ds, _ = store
+    state = tmp_path / "state.json"
+    uninterrupted = _run_resume(ds.location, tmp_path / "unused.json", 0, -1)
+    assert len(uninterrupted) == 21
+    head = _run_resume(ds.location, state, 0, 8)
+    assert json.loads(state.read_text())["batches_done"] == 8
+    tail = _run_resume(ds.location, state, 1, -1)
+    assert head + tail == uninterrupted
+
+
+def test_state_from_other_settings_is_refused(store):
+    ds, _ = store
+    state = ds.batches(64, seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed"):
+        ds.batches(64, seed=2).load_state_dict(state)
+
+
+def test_transform_is_seeded_per_batch(store):
+    ds, _ = store
+    augment = Compose([RandomCrop(6, padding=1), RandomFlip(), BrightnessContrast()])
+    a = list(ds.batches(100, seed=4, transform=augment))
+    b = list(ds.batches(100, seed=4, transform=augment))
+    assert a[0]["images"].shape == (100, 6, 6, 3)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x["images"], y["images"])
+    plain = list(ds.batches(100, seed=4))
+    assert not np.array_equal(a[0]["images"], plain[0]["images"][:, 1:7, 1:7])
+
+
+def test_break_and_exceptions_leave_no_thread_behind(store):
+    ds, _ = store
+    it = ds.batches(16, seed=0, prefetch=2)
+    for i, _batch in enumerate(it):
+        if i == 2:
+            break
+    assert _outcore_threads() == []
+    assert it.batches_done == 3
+
+    def failing(batch, rng):
+        raise RuntimeError("augmentation broke")
+
+    with pytest.raises(RuntimeError, match="augmentation broke"):
+        list(ds.batches(16, transform=failing))
+    assert _outcore_threads() == []
+    unfinished = iter(ds.batches(16))
+    next(unfinished)
+    unfinished.close()
+    assert _outcore_threads() == []
+
+
+def test_corrupt_chunk_is_named_in_the_consumer(store, tmp_path):
+    ds, _ = store
+    shard = tmp_path / "s.zarr" / "images" / "c" / "0" / "0" / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    data[50] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptChunkError, match=r"field 'images', chunk 0 "):
+        list(outcore.open_dataset(tmp_path / "s.zarr").batches(64, shuffle=False))
+    assert _outcore_threads() == []
+
+
+def _peak_while_iterating(ds):
+    tracemalloc.start()
+    try:
+        for _ in ds.batches(32, seed=0, buffer_chunks=4, prefetch=2):
+            pass
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_stays_flat_as_the_store_grows(tmp_path, rng):
+    chunk = rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8)  # 96 KiB chunks
+    sizes = {}
+    for name, chunks in (("small", 40), ("large", 160)):
+        images = np.concatenate([chunk] * chunks)
+        ds = outcore.from_arrays({"images": images}, tmp_path / f"{name}.zarr", chunk_size=32, progress=False)
+        sizes[name] = (images.nbytes, _peak_while_iterating(ds))
+    (small_bytes, small_peak), (large_bytes, large_peak) = sizes["small"], sizes["large"]
+    assert large_bytes == 4 * small_bytes
+    bound = (4 + 2 + 1 + 2) * chunk.nbytes + 2 * chunk.nbytes  # buffer + read-ahead chunks, queued batches
+    assert small_peak < 2 * bound and large_peak < 2 * bound, sizes
+    assert large_peak < 1.5 * small_peak, sizes  # flat in the dataset size
+    assert large_peak < large_bytes / 10
+
+
+def test_bad_options(store):
+    ds, _ = store
+    with pytest.raises(ValueError, match="batch_size=0"):
+        ds.batches(0)
+    with pytest.raises(KeyError, match="nope"):
+        ds.batches(8, fields=["nope"])
+    with pytest.raises(ValueError, match="rank=3"):
+        ds.batches(8, rank=3, world_size=2)
