@@ -214,7 +214,7 @@ class _Run:
         try:
             self._produce_batches()
             self._put(_DONE)
-        except BaseException as error:  # handed to the consumer, which raises it
+        except BaseException as error:  # noqa: BLE001 - any failure must reach the consumer, which raises it
             self._put(_Failure(error))
 
     def _produce_batches(self) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -157,7 +156,6 @@ def test_break_and_exceptions_leave_no_thread_behind(store):
 
 
 def test_corrupt_chunk_is_named_in_the_consumer(store, tmp_path):
-    ds, _ = store
     shard = tmp_path / "s.zarr" / "images" / "c" / "0" / "0" / "0" / "0"
     data = bytearray(shard.read_bytes())
     data[50] ^= 0xFF
