@@ -1,4 +1,4 @@
-"""The ``outcore`` command: ``ingest``, ``info``, ``verify`` and ``demo``."""
+"""The ``outcore`` command: ``ingest``, ``info``, ``verify``, ``bench`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("store", metavar="STORE")
     check.add_argument("--no-progress", action="store_true")
     check.set_defaults(run=_verify)
+
+    bench = commands.add_parser("bench", help="reading speed and shuffle quality of a store")
+    bench.add_argument("store", metavar="STORE")
+    bench.add_argument("--batch-size", type=int, default=256)
+    bench.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians are shown")
+    bench.set_defaults(run=_bench)
 
     demo = commands.add_parser("demo", help="generate images, ingest, inspect, train and predict end to end")
     demo.add_argument("--workdir", help="where to write (default: a temporary folder, removed afterwards)")
@@ -131,6 +137,23 @@ def _verify(args: argparse.Namespace) -> int:
     report = verify(args.store, progress=not args.no_progress)
     print(report)
     return 0 if report.ok else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import compare
+    from .dataset import open_dataset
+    from .quality import shuffle_quality
+
+    ds = open_dataset(args.store)
+    rows = compare(ds, batch_size=args.batch_size, repeats=args.repeats)
+    baseline = rows[0][1]
+    print(f"{ds.location}: {len(ds):,} samples, all fields, medians of {args.repeats} runs (warm cache)\n")
+    print(f"{'what':50s} {'samples/s':>10s} {'vs plain zarr':>14s}")
+    for name, rate in rows:
+        print(f"{name:50s} {rate:10.0f} {rate / baseline:14.2f}")
+    if any(role == "target" for role in ds.roles.values()) and len(ds) >= args.batch_size:
+        print("\nshuffle quality at these settings: " + str(shuffle_quality(ds, batch_size=args.batch_size)))
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .chunks import FieldChunks
 from .schema import decode_text
 from .shuffle import Consumer, EpochPlan, epoch_plan, span
-from .store import read_samples
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -76,7 +76,8 @@ class BatchIterator:
         self.consumer = Consumer(rank, world_size, worker, num_workers)
         self.epoch = 0
         self.batches_done = 0  # batches of the current epoch already handed out
-        self._arrays = {name: dataset.array(name) for name in self.fields}
+        self._readers = {name: FieldChunks(dataset.array(name), name, dataset.location, len(dataset))
+                         for name in self.fields}
         self._active: _Run | None = None
 
     # -- epochs and resumption ------------------------------------------------------------------------------
@@ -147,15 +148,6 @@ class BatchIterator:
 
     # -- used by the producer thread ---------------------------------------------------------------------
 
-    def _read_chunk(self, chunk: int) -> Batch:
-        size = self.dataset.chunk_size
-        window = (slice(chunk * size, min(len(self.dataset), (chunk + 1) * size)),)
-        data = {}
-        for name, array in self._arrays.items():
-            values = read_samples(array, window, name, self.dataset.location)
-            data[name] = decode_text(values) if self.dataset.attrs.fields[name].encoding else values
-        return data
-
     def _transform(self, batch: Batch, epoch: int, index: int) -> Batch:
         if self.transform is None:
             return batch
@@ -178,6 +170,7 @@ class _Run:
         self.owner, self.plan, self.epoch = owner, plan, epoch
         self.first_batch, self.total = first_batch, total
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=owner.prefetch)
+        self.spare: dict[str, list[np.ndarray]] = {name: [] for name in owner.fields}  # recycled chunk buffers
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="outcore-read")
         self.thread = threading.Thread(target=self._produce, name="outcore-batches", daemon=True)
@@ -221,7 +214,7 @@ class _Run:
         owner, plan = self.owner, self.plan
         chunk_size, batch_size = owner.dataset.chunk_size, owner.batch_size
         slot = {int(c): j for j, c in enumerate(plan.chunks)}  # chunk id -> position in the read order
-        loaded: dict[int, Future[Batch]] = {}
+        loaded: dict[int, Future[tuple[Batch, Batch]]] = {}
         next_read = 0
         for index in range(self.first_batch, self.total):
             if self.stop.is_set():
@@ -230,13 +223,29 @@ class _Run:
             chunks = samples // chunk_size
             needed = max(slot[int(c)] for c in np.unique(chunks))
             while next_read < len(plan.chunks) and next_read <= needed + READ_AHEAD:
-                loaded[next_read] = self.pool.submit(owner._read_chunk, int(plan.chunks[next_read]))
+                loaded[next_read] = self.pool.submit(self._read, int(plan.chunks[next_read]))
                 next_read += 1
-            batch = self._assemble(samples, chunks, {int(c): loaded[slot[int(c)]].result() for c in np.unique(chunks)})
+            data = {int(c): loaded[slot[int(c)]].result()[0] for c in np.unique(chunks)}
+            batch = self._assemble(samples, chunks, data)
             for j in [j for j in loaded if plan.last_use[j] < (index + 1) * batch_size]:
-                del loaded[j]  # every sample of that chunk has been emitted
+                for name, buffer in loaded.pop(j).result()[1].items():  # every sample of it has been emitted
+                    self.spare[name].append(buffer)
             if not self._put(owner._transform(batch, self.epoch, index)):
                 return
+
+    def _read(self, chunk: int) -> tuple[Batch, Batch]:
+        """Read a chunk of every field into recycled buffers: ``(values, buffers to recycle)``."""
+        values, buffers = {}, {}
+        for name, reader in self.owner._readers.items():
+            spare = self.spare[name]
+            buffer = spare.pop() if spare else reader.empty()
+            chunk_values = reader.read(chunk, out=buffer)
+            if self.owner.dataset.attrs.fields[name].encoding:
+                values[name] = decode_text(chunk_values)
+                spare.append(buffer)
+            else:
+                values[name], buffers[name] = chunk_values, buffer
+        return values, buffers
 
     def _assemble(self, samples: np.ndarray, chunks: np.ndarray, data: dict[int, Batch]) -> Batch:
         local = samples - chunks * self.owner.dataset.chunk_size

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import zipfile
 from typing import Any
 
@@ -27,6 +28,7 @@ class RangeZipStore(ZipStore):
         super().__init__(path, mode="r")
         self._members = _stored_members(os.fspath(path))
         self._fd: int | None = None
+        self._fd_lock = threading.Lock()
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
@@ -34,11 +36,18 @@ class RangeZipStore(ZipStore):
         member = self._members.get(key)
         if member is None:
             return await super().get(key, prototype, byte_range)
-        offset, size = member
-        start, stop = _resolve(byte_range, size)
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-        return prototype.buffer.from_bytes(os.pread(self._fd, stop - start, offset + start))
+        start, stop = _resolve(byte_range, member[1])
+        buffer = bytearray(stop - start)
+        self.read_range_into(key, start, memoryview(buffer))
+        return prototype.buffer.from_bytes(buffer)
+
+    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> int:
+        """Fill ``buffer`` from stored member ``key`` at ``offset`` (from its end when negative)."""
+        start, size = self._members[key]
+        with self._fd_lock:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+        return os.preadv(self._fd, [buffer], start + (offset if offset >= 0 else size + offset))
 
     def close(self) -> None:
         if self._fd is not None:
@@ -49,7 +58,12 @@ class RangeZipStore(ZipStore):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_fd"] = None
+        del state["_fd_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._fd_lock = threading.Lock()
 
 
 def _stored_members(path: str) -> dict[str, tuple[int, int]]:
