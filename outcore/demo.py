@@ -3,8 +3,8 @@
 1. write train/val/test image folders (six classes of generated shapes, JPEG);
 2. ingest each split into one single-file store (``train.zarr.zip`` …), in parallel, with progress;
 3. print ``outcore info`` of the training store and verify every checksum;
-4. train a nearest-centroid classifier by streaming the training store chunk by chunk, in random chunk
-   order, never holding more than one chunk of images in memory;
+4. train a nearest-centroid classifier on shuffled, augmented batches streamed from the training store
+   (`Dataset.batches`), with bounded memory;
 5. stream its test-set predictions into a new store with `Writer`, and report the test accuracy.
 """
 
@@ -19,6 +19,7 @@ from .dataset import Dataset, open_dataset
 from .info import describe
 from .ingest import ingest_images
 from .synthetic import SHAPE_CLASSES, write_image_folder
+from .transforms import RandomFlip
 from .verify import verify
 from .writer import Writer
 
@@ -41,7 +42,7 @@ def run_demo(workdir: str | Path, *, per_class: int = 400, size: int = 64, clien
     train, test = open_dataset(workdir / "train.zarr.zip"), open_dataset(workdir / "test.zarr.zip")
     print("\n" + describe(train) + "\n")
     print(verify(train.location, progress=progress))
-    centroids = _train_centroids(train, np.random.default_rng(0))
+    centroids = _train_centroids(train)
     accuracy = _predict_to_store(test, centroids, workdir / "test-predictions.zarr")
     print(f"\nnearest-centroid test accuracy: {accuracy:.1%} (chance {1 / len(SHAPE_CLASSES):.1%}); "
           f"predictions in {workdir / 'test-predictions.zarr'}; demo took {time.perf_counter() - started:.1f} s")
@@ -55,14 +56,14 @@ def _features(images: np.ndarray) -> np.ndarray:
     return pooled.mean(axis=(2, 4), dtype=np.float32).reshape(n, -1)
 
 
-def _train_centroids(ds: Dataset, rng: np.random.Generator) -> np.ndarray:
+def _train_centroids(ds: Dataset, epochs: int = 2) -> np.ndarray:
     sums = np.zeros((len(ds.classes), 8 * 8 * 3), dtype=np.float64)
     counts = np.zeros(len(ds.classes), dtype=np.int64)
-    for chunk in rng.permutation(ds.num_chunks):
-        window = slice(chunk * ds.chunk_size, (chunk + 1) * ds.chunk_size)
-        features, labels = _features(ds["images"][window].compute()), ds["labels"][window].compute()
-        np.add.at(sums, labels, features)
-        counts += np.bincount(labels, minlength=len(counts))
+    batches = ds.batches(128, fields=["images", "labels"], seed=0, transform=RandomFlip())
+    for _ in range(epochs):  # each pass is a new epoch: another order, other flips
+        for batch in batches:
+            np.add.at(sums, batch["labels"], _features(batch["images"]))
+            counts += np.bincount(batch["labels"], minlength=len(counts))
     return sums / np.maximum(counts, 1)[:, None]
 
 

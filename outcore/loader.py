@@ -248,13 +248,19 @@ class _Run:
         return values, buffers
 
     def _assemble(self, samples: np.ndarray, chunks: np.ndarray, data: dict[int, Batch]) -> Batch:
-        local = samples - chunks * self.owner.dataset.chunk_size
+        """Copy each sample once, straight from its chunk into the new batch (no temporaries)."""
+        local = (samples - chunks * self.owner.dataset.chunk_size).tolist()
         batch = {}
         for name in self.owner.fields:
             first = next(iter(data.values()))[name]
             out = np.empty((len(samples), *first.shape[1:]), dtype=first.dtype)
-            for chunk, values in data.items():
-                where = np.flatnonzero(chunks == chunk)
-                out[where] = values[name][local[where]]
+            if out.ndim == 1:  # scalars per sample: one vectorized gather per chunk is cheaper
+                for chunk, values in data.items():
+                    where = chunks == chunk
+                    out[where] = values[name][samples[where] - chunk * self.owner.dataset.chunk_size]
+            else:
+                sources = [data[c][name] for c in chunks.tolist()]
+                for i, (source, index) in enumerate(zip(sources, local, strict=True)):
+                    out[i] = source[index]
             batch[name] = out
         return batch
