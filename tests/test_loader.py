@@ -10,6 +10,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import outcore
 from outcore.errors import CorruptChunkError
@@ -198,3 +200,45 @@ def test_bad_options(store):
         ds.batches(8, fields=["nope"])
     with pytest.raises(ValueError, match="rank=3"):
         ds.batches(8, rank=3, world_size=2)
+
+
+def test_interpreter_exit_with_an_unfinished_iteration_does_not_hang(store):
+    ds, _ = store
+    code = ("import sys, outcore\n"
+            "it = iter(outcore.open_dataset(sys.argv[1]).batches(8, prefetch=1))\n"
+            "next(it)\n"
+            "print('left')\n")  # exits with the producer blocked on a full queue
+    result = subprocess.run([sys.executable, "-c", code, ds.location], capture_output=True, text=True, timeout=60,
+                            check=True)
+    assert result.stdout.strip() == "left"
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    stores = {}
+    for num_samples, chunk_size in [(1, 1), (37, 8), (37, 64), (500, 7), (500, 64), (999, 128)]:
+        path = tmp_path_factory.mktemp("layouts") / f"{num_samples}-{chunk_size}.zarr"
+        stores[num_samples, chunk_size] = outcore.from_arrays(
+            {"id": np.arange(num_samples)}, path, chunk_size=chunk_size, progress=False)
+    return stores
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), batch_size=st.integers(1, 300), buffer_chunks=st.integers(0, 10),
+       world_size=st.integers(1, 3), num_workers=st.integers(1, 3), shuffle=st.booleans(), drop_last=st.booleans())
+def test_iterator_epochs_cover_every_sample_once(layouts, data, batch_size, buffer_chunks, world_size, num_workers,
+                                                shuffle, drop_last):
+    ds = layouts[data.draw(st.sampled_from(sorted(layouts)))]
+    seen = []
+    for rank in range(world_size):
+        for worker in range(num_workers):
+            it = ds.batches(batch_size, shuffle=shuffle, seed=2, buffer_chunks=buffer_chunks, rank=rank,
+                            world_size=world_size, worker=worker, num_workers=num_workers, drop_last=drop_last)
+            batches = [b["id"] for b in it]
+            assert len(batches) == len(it)
+            assert all(len(b) == batch_size for b in (batches if drop_last else batches[:-1]))
+            seen.append(np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64))
+    everything = np.concatenate(seen)
+    assert len(everything) == len(set(everything.tolist()))
+    if not drop_last:
+        assert sorted(everything.tolist()) == list(range(len(ds)))
