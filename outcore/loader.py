@@ -10,6 +10,7 @@ batches. Chunks are dropped as soon as their last sample is emitted, so memory i
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -171,6 +172,7 @@ class _Run:
         self.first_batch, self.total = first_batch, total
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=owner.prefetch)
         self.spare: dict[str, list[np.ndarray]] = {name: [] for name in owner.fields}  # recycled chunk buffers
+        self.batch_buffers: dict[str, list[np.ndarray]] = {name: [] for name in owner.fields}
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="outcore-read")
         self.thread = threading.Thread(target=self._produce, name="outcore-batches", daemon=True)
@@ -247,13 +249,30 @@ class _Run:
                 values[name], buffers[name] = chunk_values, buffer
         return values, buffers
 
+    def _batch_buffer(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An array for the next batch: one the consumer no longer references, or a new one.
+
+        A batch array is reused only when nothing but this pool refers to it (no variable, list, view or
+        tensor of the consumer's), so handing out batches never overwrites data still in use, and a
+        steady loop allocates nothing.
+        """
+        pool = self.batch_buffers[name]
+        for buffer in pool:
+            # references: the pool's list, the loop variable and getrefcount's own argument
+            if sys.getrefcount(buffer) == 3 and buffer.shape == shape and buffer.dtype == dtype:
+                return buffer
+        buffer = np.empty(shape, dtype=dtype)
+        if len(pool) < self.owner.prefetch + 3:
+            pool.append(buffer)
+        return buffer
+
     def _assemble(self, samples: np.ndarray, chunks: np.ndarray, data: dict[int, Batch]) -> Batch:
         """Copy each sample once, straight from its chunk into the new batch (no temporaries)."""
         local = (samples - chunks * self.owner.dataset.chunk_size).tolist()
         batch = {}
         for name in self.owner.fields:
             first = next(iter(data.values()))[name]
-            out = np.empty((len(samples), *first.shape[1:]), dtype=first.dtype)
+            out = self._batch_buffer(name, (len(samples), *first.shape[1:]), first.dtype)
             if out.ndim == 1:  # scalars per sample: one vectorized gather per chunk is cheaper
                 for chunk, values in data.items():
                     where = chunks == chunk
