@@ -150,10 +150,15 @@ class JpegFolder:
 
 
 def peak_rss(store: Path) -> float:
-    """MiB of peak resident memory of a fresh process that iterates one shuffled epoch."""
-    code = ("import resource, sys, outcore\n"
+    """MiB of peak resident memory of a fresh process that iterates one shuffled epoch.
+
+    Read from the child's own VmHWM: ``ru_maxrss`` would report at least the parent's RSS, which Linux
+    carries over the fork and exec that start the child.
+    """
+    code = ("import sys, outcore\n"
             "for _ in outcore.open_dataset(sys.argv[1]).batches(256): pass\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+            "status = open('/proc/self/status').read()\n"
+            "print(int(status.split('VmHWM:')[1].split()[0]) / 1024)")
     return float(subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True, text=True,
                                 check=True).stdout)
 
