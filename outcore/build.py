@@ -67,7 +67,7 @@ def build_store(
         try:
             failures = _write_fields(raw, fields, errors, options, f"ingest → {location.name}")
             if failures:
-                fields = _without(raw, fields, failures, len(next(iter(fields.values())).data))
+                fields = _without(raw, fields, failures, _num_samples(fields))
                 _write_fields(staging, fields, None, options, f"compact → {location.name}")
             elif raw != staging:
                 os.replace(raw, staging)
@@ -76,7 +76,7 @@ def build_store(
                 remove_path(raw)
         messages = [message for _, message in failures]
         attrs = StoreAttrs(
-            num_samples=len(next(iter(fields.values())).data),
+            num_samples=_num_samples(fields),
             chunk_size=options.layout.chunk_size,
             fields={name: f.info for name, f in fields.items()},
             shuffled_on_write=shuffled_on_write,
@@ -97,7 +97,7 @@ def _write_fields(
     description: str,
 ) -> list[tuple[int, str]]:
     """Create the group at ``directory``, write every shard; return ``(index, message)`` of bad samples."""
-    num_samples = len(next(iter(fields.values())).data)
+    num_samples = _num_samples(fields)
     shard = options.layout.shard_size
     group = zarr.open_group(directory, mode="w")
     for name, field in fields.items():
@@ -118,6 +118,10 @@ def _write_fields(
     weights = [min(shard, num_samples - start) for start in starts]
     results = run_tasks(tasks, weights, client=options.client, progress=options.progress, description=description)
     return [failure for shard_failures in results for failure in shard_failures]
+
+
+def _num_samples(fields: Mapping[str, FieldSource]) -> int:
+    return len(next(iter(fields.values())).data)
 
 
 def _shard_blocks(data: da.Array, shard: int) -> np.ndarray:
