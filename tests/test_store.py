@@ -143,3 +143,22 @@ def test_truncated_store_field_is_reported(store):
     group["labels"].resize((100,))
     with pytest.raises(NotAStoreError, match="field 'labels' has shape"):
         outcore.open_dataset(path)
+
+
+def test_text_and_html_repr(store):
+    path, _ = store
+    ds = outcore.open_dataset(path)
+    text = repr(ds)
+    assert text.splitlines()[0] == f"<outcore.Dataset '{path}': 300 samples in 10 chunks of 32>"
+    assert "images  uint8  (300, 8, 8, 3)  input" in text and "classes: a, b, c" in text
+    html = ds._repr_html_()
+    assert "<table>" in html and "<td>images</td><td>uint8</td><td>(300, 8, 8, 3)</td><td>input</td>" in html
+
+
+def test_open_by_fsspec_url(store):
+    path, arrays = store
+    ds = outcore.open_dataset(f"file://{path}")
+    assert ds.location == f"file://{path}"
+    np.testing.assert_array_equal(ds["labels"].compute(), arrays["labels"])
+    batch = next(iter(ds.batches(300, shuffle=False)))  # URLs are read through zarr, not the direct reader
+    np.testing.assert_array_equal(batch["images"], arrays["images"])
