@@ -139,6 +139,36 @@ class Dataset:
         """
         return BatchIterator(self, batch_size, **options)
 
+    def keras(self, batch_size: int, **options: Any) -> Any:
+        """A ``keras.utils.PyDataset`` for ``model.fit``/``evaluate``/``predict``: see
+        `outcore.adapters.keras.KerasBatches` (``x=``, ``y=``, ``sample_weight=`` name fields).
+
+        >>> model.fit(ds.keras(256, x="images", y="labels"), epochs=5)  # doctest: +SKIP
+        """
+        from .adapters.keras import KerasBatches
+
+        return KerasBatches(self, batch_size, **options)
+
+    def tf(self, batch_size: int, **options: Any) -> Any:
+        """A ``tf.data.Dataset`` of ``(x, y)`` batches: see `outcore.adapters.tf.dataset`.
+
+        >>> ds.tf(256, x="images", y="labels").map(augment).prefetch(2)  # doctest: +SKIP
+        """
+        from .adapters.tf import dataset
+
+        return dataset(self, batch_size, **options)
+
+    def torch(self, batch_size: int, **options: Any) -> Any:
+        """A ``torch.utils.data.DataLoader`` of batches (dicts of tensors), sharded over its workers
+        and DDP ranks: see `outcore.adapters.torch.loader`.
+
+        >>> for batch in ds.torch(batch_size=256, num_workers=2):  # doctest: +SKIP
+        ...     ...
+        """
+        from .adapters.torch import loader
+
+        return loader(self, batch_size, **options)
+
     def _known(self, field: str) -> str:
         if field not in self.attrs.fields:
             raise KeyError(f"no field {field!r} in {self.location}; fields: {list(self.attrs.fields)}")

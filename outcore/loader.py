@@ -12,6 +12,8 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -80,6 +82,8 @@ class BatchIterator:
         self._readers = {name: FieldChunks(dataset.array(name), name, dataset.location, len(dataset))
                          for name in self.fields}
         self._active: _Run | None = None
+        self._stats = LoaderStats()
+        self._random_access = _ChunkCache(buffer_chunks + 2 + -(-batch_size // dataset.chunk_size))
 
     # -- epochs and resumption ------------------------------------------------------------------------------
 
@@ -141,6 +145,36 @@ class BatchIterator:
             if self._active is run:
                 self._active = None
 
+    def batch(self, index: int) -> Batch:
+        """Batch ``index`` of the current epoch, read on demand: for frameworks that ask for batches
+        by index, in any order and from several threads (Keras). Recently used chunks are cached, so
+        requests in roughly increasing order read each chunk once. Same batches as iterating.
+        """
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} is not in [0, {len(self)})")
+        epoch = self.epoch
+        plan = self._random_access.plan(self, epoch)
+        samples = plan.samples[index * self.batch_size : (index + 1) * self.batch_size]
+        chunk_size = self.dataset.chunk_size
+        data = {int(c): self._random_access.chunk(self, int(c)) for c in np.unique(samples // chunk_size)}
+        batch = _assemble(samples, chunk_size, data, self.fields, lambda _, shape, dtype: np.empty(shape, dtype))
+        return self._transform(batch, epoch, index)
+
+    def stats(self) -> dict[str, float]:
+        """Is the consumer waiting for data? Figures since the iterator was made (or `reset_stats`).
+
+        ``wait_mean_ms`` / ``wait_p95_ms``: time the consumer spent blocked on each batch (near 0 when
+        the loader keeps ahead); ``ready_mean``: batches already waiting when one was asked for (near
+        ``prefetch`` when the loader keeps ahead); ``wait_fraction``: waiting time / elapsed time.
+
+        >>> it.stats()  # doctest: +SKIP
+        {'batches': 171, 'samples': 44000, 'samples_per_s': 30510.2, 'wait_mean_ms': 0.4, ...}
+        """
+        return self._stats.summary()
+
+    def reset_stats(self) -> None:
+        self._stats = LoaderStats()
+
     def close(self) -> None:
         """Stop the background threads of an unfinished iteration (also done on ``break``)."""
         if self._active is not None:
@@ -154,6 +188,70 @@ class BatchIterator:
             return batch
         rng = np.random.default_rng([self.seed, epoch, self.consumer.index, index])
         return self.transform(batch, rng)
+
+
+class _ChunkCache:
+    """The epoch plan and the most recently used chunks, for `BatchIterator.batch`; thread-safe."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.lock = threading.Lock()
+        self.plans: dict[int, EpochPlan] = {}
+        self.chunks: OrderedDict[int, Batch] = OrderedDict()
+
+    def plan(self, owner: BatchIterator, epoch: int) -> EpochPlan:
+        with self.lock:
+            if epoch not in self.plans:
+                self.plans = {epoch: owner.plan(epoch)}
+            return self.plans[epoch]
+
+    def chunk(self, owner: BatchIterator, chunk: int) -> Batch:
+        with self.lock:
+            if chunk in self.chunks:
+                self.chunks.move_to_end(chunk)
+                return self.chunks[chunk]
+        values = {}
+        for name, reader in owner._readers.items():
+            raw = reader.read(chunk)
+            values[name] = decode_text(raw) if owner.dataset.attrs.fields[name].encoding else raw
+        with self.lock:
+            self.chunks[chunk] = values
+            while len(self.chunks) > self.capacity:
+                self.chunks.popitem(last=False)
+        return values
+
+
+class LoaderStats:
+    """Per-batch waits of the consumer, kept as a bounded window of the most recent batches."""
+
+    WINDOW = 10_000
+
+    def __init__(self) -> None:
+        self.waits: deque[float] = deque(maxlen=self.WINDOW)
+        self.ready: deque[int] = deque(maxlen=self.WINDOW)
+        self.batches = self.samples = 0
+        self.started: float | None = None
+
+    def record(self, wait: float, ready: int, samples: int) -> None:
+        if self.started is None:
+            self.started = time.perf_counter() - wait
+        self.batches += 1
+        self.samples += samples
+        self.waits.append(wait)
+        self.ready.append(ready)
+
+    def summary(self) -> dict[str, float]:
+        elapsed = time.perf_counter() - self.started if self.started is not None else 0.0
+        waits = np.array(self.waits or [0.0])
+        return {
+            "batches": self.batches,
+            "samples": self.samples,
+            "samples_per_s": self.samples / elapsed if elapsed else 0.0,
+            "wait_mean_ms": float(waits.mean() * 1e3),
+            "wait_p95_ms": float(np.percentile(waits, 95) * 1e3),
+            "wait_fraction": float(waits.sum() / elapsed) if elapsed else 0.0,
+            "ready_mean": float(np.mean(self.ready)) if self.ready else 0.0,
+        }
 
 
 class _Failure:
@@ -179,12 +277,16 @@ class _Run:
         self.thread.start()
 
     def __iter__(self) -> Iterator[Batch]:
+        stats = self.owner._stats
         while True:
+            began = time.perf_counter()
+            ready = self.queue.qsize()
             item = self.queue.get()
             if item is _DONE:
                 return
             if isinstance(item, _Failure):
                 raise item.error
+            stats.record(time.perf_counter() - began, ready, len(next(iter(item.values()))))
             yield item
 
     def close(self) -> None:
@@ -228,7 +330,7 @@ class _Run:
                 loaded[next_read] = self.pool.submit(self._read, int(plan.chunks[next_read]))
                 next_read += 1
             data = {int(c): loaded[slot[int(c)]].result()[0] for c in np.unique(chunks)}
-            batch = self._assemble(samples, chunks, data)
+            batch = _assemble(samples, chunk_size, data, owner.fields, self._batch_buffer)
             for j in [j for j in loaded if plan.last_use[j] < (index + 1) * batch_size]:
                 for name, buffer in loaded.pop(j).result()[1].items():  # every sample of it has been emitted
                     self.spare[name].append(buffer)
@@ -266,20 +368,26 @@ class _Run:
             pool.append(buffer)
         return buffer
 
-    def _assemble(self, samples: np.ndarray, chunks: np.ndarray, data: dict[int, Batch]) -> Batch:
-        """Copy each sample once, straight from its chunk into the new batch (no temporaries)."""
-        local = (samples - chunks * self.owner.dataset.chunk_size).tolist()
-        batch = {}
-        for name in self.owner.fields:
-            first = next(iter(data.values()))[name]
-            out = self._batch_buffer(name, (len(samples), *first.shape[1:]), first.dtype)
-            if out.ndim == 1:  # scalars per sample: one vectorized gather per chunk is cheaper
-                for chunk, values in data.items():
-                    where = chunks == chunk
-                    out[where] = values[name][samples[where] - chunk * self.owner.dataset.chunk_size]
-            else:
-                sources = [data[c][name] for c in chunks.tolist()]
-                for i, (source, index) in enumerate(zip(sources, local, strict=True)):
-                    out[i] = source[index]
-            batch[name] = out
-        return batch
+
+
+def _assemble(
+    samples: np.ndarray, chunk_size: int, data: dict[int, Batch], fields: Sequence[str],
+    allocate: Callable[[str, tuple[int, ...], np.dtype], np.ndarray],
+) -> Batch:
+    """Copy each sample once, straight from its chunk into the new batch (no temporaries)."""
+    chunks = samples // chunk_size
+    local = (samples - chunks * chunk_size).tolist()
+    batch = {}
+    for name in fields:
+        first = next(iter(data.values()))[name]
+        out = allocate(name, (len(samples), *first.shape[1:]), first.dtype)
+        if out.ndim == 1:  # scalars per sample: one vectorized gather per chunk is cheaper
+            for chunk, values in data.items():
+                where = chunks == chunk
+                out[where] = values[name][samples[where] - chunk * chunk_size]
+        else:
+            sources = [data[c][name] for c in chunks.tolist()]
+            for i, (source, index) in enumerate(zip(sources, local, strict=True)):
+                out[i] = source[index]
+        batch[name] = out
+    return batch

@@ -242,3 +242,18 @@ def test_iterator_epochs_cover_every_sample_once(layouts, data, batch_size, buff
     assert len(everything) == len(set(everything.tolist()))
     if not drop_last:
         assert sorted(everything.tolist()) == list(range(len(ds)))
+
+
+def test_random_access_batches_equal_iterated_batches(store):
+    ds, _ = store
+    augment = Compose([RandomFlip(), BrightnessContrast()])
+    it = ds.batches(48, seed=9, buffer_chunks=3, transform=augment)
+    it.set_epoch(2)
+    iterated = list(it)
+    it.set_epoch(2)
+    for index in reversed(range(len(it))):  # any order
+        batch = it.batch(index)
+        for name in batch:
+            np.testing.assert_array_equal(batch[name], iterated[index][name])
+    with pytest.raises(IndexError, match="batch 21"):
+        it.batch(21)

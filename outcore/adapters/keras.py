@@ -1,0 +1,92 @@
+"""Keras 3: a ``keras.utils.PyDataset`` that ``model.fit``, ``evaluate`` and ``predict`` take directly.
+
+Batch ``i`` of an epoch is the ``i``-th batch of `Dataset.batches`, read from the store when Keras
+asks for it — never an array that pretends to be small (Keras would load all of it). Each epoch end
+moves to the next epoch's order, so every epoch reshuffles, deterministically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..loader import Batch, BatchIterator
+
+try:
+    import keras
+except ImportError as error:  # pragma: no cover - exercised only without keras
+    raise ImportError("ds.keras() needs Keras 3: pip install 'outcore[tf]'") from error
+
+if TYPE_CHECKING:
+    from ..dataset import Dataset
+
+FieldSelection = str | Sequence[str] | Mapping[str, str]
+
+
+class KerasBatches(keras.utils.PyDataset):
+    """Batches as ``(x, y)`` or ``(x, y, sample_weight)``; ``x``/``y`` name a field, a list of fields
+    (a tuple goes to the model) or a dict of model input/output names to fields.
+
+    Keras asks for batches by index, from ``workers`` threads and not always in order, so each batch
+    is read on demand (`BatchIterator.batch`, with a cache of recent chunks): the same batches, in
+    the same epochs, as iterating the dataset. An epoch ends (and the next one's order is used) once
+    every batch of it has been served.
+
+    >>> model.fit(ds.keras(256, x="images", y="labels"), epochs=5,
+    ...           validation_data=val.keras(256, x="images", y="labels", shuffle=False))  # doctest: +SKIP
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
+                 sample_weight: str | None = None, workers: int = 2, max_queue_size: int = 10,
+                 **options: Any) -> None:
+        super().__init__(workers=workers, use_multiprocessing=False, max_queue_size=max_queue_size)
+        self.x, self.y, self.sample_weight = x, y, sample_weight
+        fields = [*_names(x), *(_names(y) if y is not None else []), *([sample_weight] if sample_weight else [])]
+        self.iterator = BatchIterator(dataset, batch_size, fields=list(dict.fromkeys(fields)), **options)
+        self._served: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.iterator)
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        if index < 0:
+            index += len(self)
+        batch = self.iterator.batch(index)
+        self._served.add(index)
+        inputs = (_select(batch, self.x),)
+        if self.y is None:
+            return inputs
+        targets = (_select(batch, self.y),)
+        return inputs + targets + ((batch[self.sample_weight],) if self.sample_weight else ())
+
+    def on_epoch_end(self) -> None:
+        if len(self._served) == len(self):  # Keras also calls this after peeking at a batch or two
+            self.set_epoch(self.iterator.epoch + 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.iterator.set_epoch(epoch)
+        self._served = set()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch to continue with: save it with the model checkpoint at the end of an epoch."""
+        return self.iterator.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.iterator.load_state_dict(state)
+        self._served = set()
+
+
+def _names(selection: FieldSelection) -> list[str]:
+    if isinstance(selection, str):
+        return [selection]
+    if isinstance(selection, Mapping):
+        return list(selection.values())
+    return list(selection)
+
+
+def _select(batch: Batch, selection: FieldSelection) -> Any:
+    if isinstance(selection, str):
+        return batch[selection]
+    if isinstance(selection, Mapping):
+        return {key: batch[field] for key, field in selection.items()}
+    return tuple(batch[field] for field in selection)
