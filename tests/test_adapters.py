@@ -162,3 +162,51 @@ def test_loader_stats(ids_store):
     assert stats["batches"] == 10 and stats["samples"] == 1000
     assert set(stats) >= {"samples_per_s", "wait_mean_ms", "wait_p95_ms", "wait_fraction", "ready_mean"}
     assert 0 <= stats["wait_fraction"] <= 1
+
+
+def test_keras_multi_input_dict_and_sample_weights(tmp_path, rng):
+    import keras
+
+    n = 256
+    a, b = rng.normal(size=(n, 4)).astype(np.float32), rng.normal(size=(n, 2)).astype(np.float32)
+    target = (a[:, 0] + b[:, 1] > 0).astype(np.int64)
+    weight = np.where(target == 1, 2.0, 1.0).astype(np.float32)
+    ds = outcore.from_arrays({"a": a, "b": b, "target": target, "weight": weight}, tmp_path / "m.zarr",
+                             progress=False)
+    data = ds.keras(64, x={"left": "a", "right": "b"}, y="target", sample_weight="weight")
+    x, _, w = data[0]
+    assert set(x) == {"left", "right"} and x["left"].shape == (64, 4) and w.dtype == np.float32
+    left, right = keras.Input((4,), name="left"), keras.Input((2,), name="right")
+    output = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()([left, right]))
+    model = keras.Model({"left": left, "right": right}, output)
+    model.compile("adam", "binary_crossentropy")
+    history = model.fit(data, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    pairs = ds.keras(64, x=("a", "b"), y=("target", "weight"))[1]
+    assert isinstance(pairs[0], tuple) and len(pairs[0]) == 2 and len(pairs[1]) == 2
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes:UserWarning")  # 2-core CI
+@pytest.mark.parametrize(("workers", "stop"), [(2, 7), (3, 1), (3, 16)])
+def test_torch_resume_mid_epoch_in_a_new_loader(ids_store, workers, stop):
+    loader = ids_store.torch(64, num_workers=workers, seed=5)
+    loader.set_epoch(3)
+    uninterrupted = [b["id"].numpy() for b in loader]
+    assert len(uninterrupted) == len(loader)
+    interrupted = ids_store.torch(64, num_workers=workers, seed=5)
+    interrupted.set_epoch(3)
+    head = []
+    for batch in interrupted:
+        head.append(batch["id"].numpy())
+        if len(head) == stop:
+            break
+    state = interrupted.state_dict()
+    assert state["epoch"] == 3 and state["batches_done"] == stop
+    resumed = ids_store.torch(64, num_workers=workers, seed=5)
+    resumed.load_state_dict(state)
+    tail = [b["id"].numpy() for b in resumed]
+    assert len(head) + len(tail) == len(uninterrupted)
+    for got, expected in zip(head + tail, uninterrupted, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ValueError, match="seed"):
+        ids_store.torch(64, num_workers=workers, seed=6).load_state_dict(state)

@@ -42,34 +42,45 @@ class TorchBatches(IterableDataset):
         self.location, self.batch_size, self.options = dataset.location, batch_size, options
         self.num_workers, self.channels_first = num_workers, channels_first
         self.rank, self.world_size = _distributed(rank, world_size)
-        self.epoch = 0
-        BatchIterator(dataset, batch_size, **options)  # check the options now, in the main process
+        self.epoch, self.batches_done = 0, 0  # batches_done: of this epoch, over all workers
+        self._probe = BatchIterator(dataset, batch_size, **options)  # checks the options in the main process
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order at the next iteration (call it before each epoch, as with
         ``DistributedSampler``, or let `OutcoreLoader` count epochs)."""
-        self.epoch = int(epoch)
+        self.epoch, self.batches_done = int(epoch), 0
 
-    def _iterator(self, worker: int, num_workers: int) -> BatchIterator:
-        from ..dataset import open_dataset
+    def resume(self, epoch: int, batches_done: int) -> None:
+        """Start the next iteration after the first ``batches_done`` batches of ``epoch``."""
+        self.epoch, self.batches_done = int(epoch), int(batches_done)
 
-        iterator = BatchIterator(open_dataset(self.location), self.batch_size, rank=self.rank,
-                                 world_size=self.world_size, worker=worker, num_workers=num_workers, **self.options)
-        iterator.set_epoch(self.epoch)
-        return iterator
+    def worker_batches(self) -> list[int]:
+        """Batches per epoch of each of the ``num_workers`` workers (of this rank)."""
+        workers = max(1, self.num_workers)
+        options = {k: v for k, v in self.options.items() if k in ("drop_last",)}
+        return [len(_sized(self._probe, self.rank, self.world_size, w, workers, self.batch_size, **options))
+                for w in range(workers)]
 
     def __len__(self) -> int:
-        """Batches this rank gets per epoch, over all ``num_workers`` workers."""
-        from ..dataset import open_dataset
-
-        dataset, workers = open_dataset(self.location), max(1, self.num_workers)
-        return sum(len(BatchIterator(dataset, self.batch_size, rank=self.rank, world_size=self.world_size,
-                                     worker=w, num_workers=workers, **self.options)) for w in range(workers))
+        """Batches this rank gets per epoch, over all workers."""
+        return sum(self.worker_batches())
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        from ..dataset import open_dataset
+
         info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        for batch in self._iterator(worker, num_workers):
+        loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        taken, first = _done_by_each(self.worker_batches(), self.batches_done)
+        # The DataLoader asks its worker 0 first; after a resume the next batch is due from worker
+        # `first` of the interrupted run, so loader worker w reads that run's share of worker w + first.
+        worker = (loader_worker + first) % num_workers
+        iterator = BatchIterator(open_dataset(self.location), self.batch_size, rank=self.rank,
+                                 world_size=self.world_size, worker=worker, num_workers=num_workers, **self.options)
+        if taken[worker] >= len(iterator):
+            return  # this worker's share was all delivered before the interruption
+        iterator.set_epoch(self.epoch)
+        iterator.batches_done = taken[worker]
+        for batch in iterator:
             yield {name: self._tensor(values) for name, values in batch.items()}
 
     def _tensor(self, values: np.ndarray) -> Any:
@@ -80,14 +91,31 @@ class TorchBatches(IterableDataset):
 
 
 class OutcoreLoader(DataLoader):
-    """A DataLoader over `TorchBatches` that moves to the next epoch after each complete pass."""
+    """A DataLoader over `TorchBatches` that counts epochs (the next pass is the next epoch) and can
+    resume mid-epoch: `state_dict` after k batches, `load_state_dict` in a new loader, and iteration
+    continues with exactly the batches the interrupted run would have produced."""
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
-        yield from super().__iter__()
+        for batch in super().__iter__():
+            self.dataset.batches_done += 1
+            yield batch
         self.dataset.set_epoch(self.dataset.epoch + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.dataset._probe.state_dict(), "epoch": self.dataset.epoch,
+                "batches_done": self.dataset.batches_done, "num_workers": self.num_workers,
+                "rank": self.dataset.rank, "world_size": self.dataset.world_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = self.state_dict()
+        mismatched = {k: (v, mine[k]) for k, v in state.items()
+                      if k not in ("epoch", "batches_done", "worker") and mine.get(k) != v}
+        if mismatched:
+            raise ValueError(f"state does not match this loader (saved, current): {mismatched}")
+        self.dataset.resume(state["epoch"], state["batches_done"])
 
 
 def loader(dataset: Dataset, batch_size: int, *, num_workers: int = 2, pin_memory: bool = False,
@@ -105,6 +133,26 @@ def loader(dataset: Dataset, batch_size: int, *, num_workers: int = 2, pin_memor
                            channels_first=channels_first, fields=fields, **options)
     return OutcoreLoader(batches, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
                          persistent_workers=False)
+
+
+def _sized(probe: BatchIterator, rank: int, world_size: int, worker: int, num_workers: int, batch_size: int,
+           **options: Any) -> BatchIterator:
+    return BatchIterator(probe.dataset, batch_size, fields=probe.fields[:1], rank=rank, world_size=world_size,
+                         worker=worker, num_workers=num_workers, **options)
+
+
+def _done_by_each(counts: list[int], done: int) -> tuple[list[int], int]:
+    """Split ``done`` batches among workers as the DataLoader hands them out — round robin over the
+    workers that still have batches — and say which worker's batch comes next."""
+    taken, worker = [0] * len(counts), 0
+    while done > 0 and any(t < c for t, c in zip(taken, counts, strict=True)):
+        if taken[worker] < counts[worker]:
+            taken[worker] += 1
+            done -= 1
+        worker = (worker + 1) % len(counts)
+    while sum(taken) < sum(counts) and taken[worker] >= counts[worker]:
+        worker = (worker + 1) % len(counts)
+    return taken, worker
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
