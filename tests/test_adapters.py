@@ -210,3 +210,29 @@ def test_torch_resume_mid_epoch_in_a_new_loader(ids_store, workers, stop):
         np.testing.assert_array_equal(got, expected)
     with pytest.raises(ValueError, match="seed"):
         ids_store.torch(64, num_workers=workers, seed=6).load_state_dict(state)
+
+
+def test_to_device_on_the_cpu_passes_batches_through(ids_store):
+    from outcore.adapters.torch import to_device
+
+    loader = ids_store.torch(100, num_workers=0, shuffle=False)
+    moved = [b["id"].numpy() for b in to_device(loader, "cpu")]
+    np.testing.assert_array_equal(np.concatenate(moved), ids_store["id"].compute())  # storage order
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU")
+def test_to_device_overlaps_copies_on_a_gpu(ids_store):
+    import torch
+
+    from outcore.adapters.torch import to_device
+
+    loader = ids_store.torch(100, num_workers=2, shuffle=False, pin_memory=True)
+    batches = list(to_device(loader, "cuda"))
+    assert all(b["id"].device.type == "cuda" for b in batches)
+    assert torch.equal(torch.cat([b["id"] for b in batches]).cpu(), torch.from_numpy(ids_store["id"].compute()))

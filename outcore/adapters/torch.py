@@ -8,7 +8,7 @@ into disjoint, complete, balanced parts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -162,3 +162,46 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if world_size is None:
         world_size = torch.distributed.get_world_size() if initialised else 1
     return rank, world_size
+
+
+def to_device(batches: Iterable[dict[str, Any]], device: str | Any = "cuda") -> Iterator[dict[str, Any]]:
+    """Yield ``batches`` with their tensors on ``device``; on CUDA, batch k+1 is copied on a side
+    stream while the caller computes on batch k, so host-to-device copies overlap compute.
+
+    Pair it with ``ds.torch(..., pin_memory=True)``: copies from pinned memory are asynchronous.
+
+    >>> for batch in to_device(ds.torch(256, pin_memory=True), "cuda"):  # doctest: +SKIP
+    ...     loss = model(batch["images"]).mean()
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        for batch in batches:
+            yield _moved(batch, device)
+        return
+    copies = torch.cuda.Stream(device)
+    compute = torch.cuda.current_stream(device)
+
+    def send(batch: dict[str, Any]) -> dict[str, Any]:
+        with torch.cuda.stream(copies):
+            return _moved(batch, device, non_blocking=True)
+
+    def ready(batch: dict[str, Any]) -> dict[str, Any]:
+        compute.wait_stream(copies)
+        for value in batch.values():
+            if isinstance(value, torch.Tensor):
+                value.record_stream(compute)  # keep its memory until the compute stream is done with it
+        return batch
+
+    pending = None
+    for batch in batches:
+        following = send(batch)
+        if pending is not None:
+            yield ready(pending)
+        pending = following
+    if pending is not None:
+        yield ready(pending)
+
+
+def _moved(batch: dict[str, Any], device: Any, non_blocking: bool = False) -> dict[str, Any]:
+    return {name: value.to(device, non_blocking=non_blocking) if isinstance(value, torch.Tensor) else value
+            for name, value in batch.items()}
