@@ -52,6 +52,8 @@ def test_torch_workers_and_ranks_share_an_epoch_exactly_once(ids_store):
 def test_torch_epochs_advance_and_set_epoch_repeats(ids_store):
     loader = ids_store.torch(100, num_workers=2, seed=4)
     first = np.concatenate([b["id"].numpy() for b in loader])
+    stats = loader.stats()
+    assert stats["batches"] == 10 and stats["samples"] == 1000 and 0 <= stats["wait_fraction"] <= 1
     second = np.concatenate([b["id"].numpy() for b in loader])
     assert not np.array_equal(first, second) and sorted(second.tolist()) == list(range(1000))
     loader.set_epoch(0)

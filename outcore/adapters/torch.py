@@ -8,12 +8,13 @@ into disjoint, complete, balanced parts.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..loader import BatchIterator
+from ..loader import BatchIterator, LoaderStats
 
 try:
     import torch
@@ -95,14 +96,30 @@ class OutcoreLoader(DataLoader):
     resume mid-epoch: `state_dict` after k batches, `load_state_dict` in a new loader, and iteration
     continues with exactly the batches the interrupted run would have produced."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stats = LoaderStats()
+
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in super().__iter__():
+        batches = super().__iter__()
+        while True:
+            asked = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            self._stats.record(time.perf_counter() - asked, 0, _batch_length(batch))
             self.dataset.batches_done += 1
             yield batch
         self.dataset.set_epoch(self.dataset.epoch + 1)
+
+    def stats(self) -> dict[str, float]:
+        """How long the training loop waited for each batch: see `BatchIterator.stats` (``ready_mean``
+        is not known through a DataLoader and reads 0)."""
+        return self._stats.summary()
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.dataset._probe.state_dict(), "epoch": self.dataset.epoch,
@@ -136,6 +153,10 @@ def loader(dataset: Dataset, batch_size: int, *, num_workers: int = 0, pin_memor
                            channels_first=channels_first, fields=fields, **options)
     return OutcoreLoader(batches, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
                          persistent_workers=False)
+
+
+def _batch_length(batch: dict[str, Any]) -> int:
+    return len(next(iter(batch.values())))
 
 
 def _sized(probe: BatchIterator, rank: int, world_size: int, worker: int, num_workers: int, batch_size: int,
