@@ -49,6 +49,16 @@ def test_torch_workers_and_ranks_share_an_epoch_exactly_once(ids_store):
     assert abs(len(seen[0]) - len(seen[1])) <= 1
 
 
+def test_torch_batches_in_a_plain_dataloader(ids_store):
+    import torch
+
+    from outcore.adapters.torch import TorchBatches
+
+    batches = TorchBatches(ids_store, 100, seed=1)  # built without knowing the DataLoader's workers
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=2)
+    assert sorted(np.concatenate([b["id"].numpy() for b in loader]).tolist()) == list(range(1000))
+
+
 def test_torch_epochs_advance_and_set_epoch_repeats(ids_store):
     loader = ids_store.torch(100, num_workers=2, seed=4)
     first = np.concatenate([b["id"].numpy() for b in loader])

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 class TorchBatches(IterableDataset):
     """Batches of ``dataset`` as dicts of tensors (text fields stay numpy strings).
 
-    Use it with ``DataLoader(batches, batch_size=None, num_workers=...)``, or through `loader`.
+    Use it with ``DataLoader(batches, batch_size=None, num_workers=...)`` (pass the same
+    ``num_workers`` here for an exact ``len``), or through `loader`.
     ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialised, else 0/1.
     ``channels_first`` turns 4-D fields from (N, H, W, C) into (N, C, H, W) views (no copy).
     """
@@ -55,9 +56,9 @@ class TorchBatches(IterableDataset):
         """Start the next iteration after the first ``batches_done`` batches of ``epoch``."""
         self.epoch, self.batches_done = int(epoch), int(batches_done)
 
-    def worker_batches(self) -> list[int]:
-        """Batches per epoch of each of the ``num_workers`` workers (of this rank)."""
-        workers = max(1, self.num_workers)
+    def worker_batches(self, num_workers: int | None = None) -> list[int]:
+        """Batches per epoch of each DataLoader worker of this rank (default: ``num_workers`` workers)."""
+        workers = max(1, self.num_workers if num_workers is None else num_workers)
         options = {k: v for k, v in self.options.items() if k in ("drop_last",)}
         return [len(_sized(self._probe, self.rank, self.world_size, w, workers, self.batch_size, **options))
                 for w in range(workers)]
@@ -71,7 +72,7 @@ class TorchBatches(IterableDataset):
 
         info = get_worker_info()
         loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        taken, first = _done_by_each(self.worker_batches(), self.batches_done)
+        taken, first = _done_by_each(self.worker_batches(num_workers), self.batches_done)
         # The DataLoader asks its worker 0 first; after a resume the next batch is due from worker
         # `first` of the interrupted run, so loader worker w reads that run's share of worker w + first.
         worker = (loader_worker + first) % num_workers
