@@ -1,10 +1,11 @@
 """`BatchIterator`: batches in a chunk-aware shuffled order, read ahead by background threads.
 
 One producer thread walks the epoch plan (`outcore.shuffle`): it keeps chunk reads running ahead
-on a small thread pool (Zarr's codecs release the GIL), assembles each batch from the loaded chunks,
-applies the transform, and hands finished batches to the consumer through a queue of ``prefetch``
-batches. Chunks are dropped as soon as their last sample is emitted, so memory is bounded by
-``buffer_chunks + 1 + READ_AHEAD`` chunks plus ``prefetch`` batches, whatever the store's size.
+on a small thread pool (`outcore.chunks` decodes outside the GIL), assembles each batch from the
+loaded chunks, applies the transform, and hands finished batches to the consumer through a queue of
+``prefetch`` batches. Chunks are dropped as soon as their last sample is emitted, so memory is
+bounded by about ``buffer_chunks + 2 + batch_size / chunk_size + READ_AHEAD`` chunks plus
+``prefetch`` batches, whatever the store's size.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 
 from .chunks import FieldChunks
 from .schema import decode_text
-from .shuffle import Consumer, EpochPlan, epoch_plan, span
+from .shuffle import Consumer, EpochPlan, batch_count, epoch_plan
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -81,6 +82,7 @@ class BatchIterator:
         self.batches_done = 0  # batches of the current epoch already handed out
         self._readers = {name: FieldChunks(dataset.array(name), name, dataset.location, len(dataset))
                          for name in self.fields}
+        self._text_fields = {name for name in self.fields if dataset.attrs.fields[name].encoding}
         self._active: _Run | None = None
         self._stats = LoaderStats()
         self._random_access = _ChunkCache(buffer_chunks + 2 + -(-batch_size // dataset.chunk_size))
@@ -121,9 +123,7 @@ class BatchIterator:
 
     def __len__(self) -> int:
         """Batches per epoch for this consumer."""
-        start, stop = span(len(self.dataset), self.consumer)
-        full, rest = divmod(stop - start, self.batch_size)
-        return full + (rest > 0 and not self.drop_last)
+        return batch_count(len(self.dataset), self.consumer, self.batch_size, self.drop_last)
 
     # -- iteration -------------------------------------------------------------------------------------------
 
@@ -183,6 +183,10 @@ class BatchIterator:
 
     # -- used by the producer thread ---------------------------------------------------------------------
 
+    def _decoded(self, name: str, values: np.ndarray) -> np.ndarray:
+        """A chunk's values as the consumer sees them: text fields as strings."""
+        return decode_text(values) if name in self._text_fields else values
+
     def _transform(self, batch: Batch, epoch: int, index: int) -> Batch:
         if self.transform is None:
             return batch
@@ -210,10 +214,7 @@ class _ChunkCache:
             if chunk in self.chunks:
                 self.chunks.move_to_end(chunk)
                 return self.chunks[chunk]
-        values = {}
-        for name, reader in owner._readers.items():
-            raw = reader.read(chunk)
-            values[name] = decode_text(raw) if owner.dataset.attrs.fields[name].encoding else raw
+        values = {name: owner._decoded(name, reader.read(chunk)) for name, reader in owner._readers.items()}
         with self.lock:
             self.chunks[chunk] = values
             while len(self.chunks) > self.capacity:
@@ -344,11 +345,11 @@ class _Run:
             spare = self.spare[name]
             buffer = spare.pop() if spare else reader.empty()
             chunk_values = reader.read(chunk, out=buffer)
-            if self.owner.dataset.attrs.fields[name].encoding:
-                values[name] = decode_text(chunk_values)
-                spare.append(buffer)
+            values[name] = self.owner._decoded(name, chunk_values)
+            if name in self.owner._text_fields:
+                spare.append(buffer)  # decoding copied the values: the buffer is free again
             else:
-                values[name], buffers[name] = chunk_values, buffer
+                buffers[name] = buffer
         return values, buffers
 
     def _batch_buffer(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

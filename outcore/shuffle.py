@@ -84,6 +84,17 @@ def span(num_samples: int, consumer: Consumer) -> tuple[int, int]:
     return start, start + base + (consumer.index < extra)
 
 
+def batch_count(num_samples: int, consumer: Consumer, batch_size: int, drop_last: bool = False) -> int:
+    """Batches per epoch of ``consumer``: its span in batches, the last one short unless ``drop_last``.
+
+    >>> batch_count(1000, Consumer(0, 3), 100)  # a span of 334 samples
+    4
+    """
+    start, stop = span(num_samples, consumer)
+    full, rest = divmod(stop - start, batch_size)
+    return full + (rest > 0 and not drop_last)
+
+
 def epoch_plan(
     num_samples: int,
     chunk_size: int,

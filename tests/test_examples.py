@@ -11,6 +11,7 @@ import pytest
 
 import outcore.imaging
 import outcore.schema
+import outcore.shuffle
 import outcore.synthetic
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
@@ -28,7 +29,7 @@ def test_there_are_examples():
     assert len(EXAMPLES) >= 2
 
 
-@pytest.mark.parametrize("module", [outcore.schema, outcore.imaging, outcore.synthetic], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [outcore.schema, outcore.imaging, outcore.synthetic, outcore.shuffle], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     results = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert results.attempted > 0 and results.failed == 0

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..loader import BatchIterator, LoaderStats
+from ..shuffle import Consumer, batch_count
 
 try:
     import torch
@@ -41,7 +42,8 @@ class TorchBatches(IterableDataset):
     def __init__(self, dataset: Dataset, batch_size: int, *, num_workers: int = 0, rank: int | None = None,
                  world_size: int | None = None, channels_first: bool = False, **options: Any) -> None:
         super().__init__()
-        self.location, self.batch_size, self.options = dataset.location, batch_size, options
+        self.location, self.num_samples, self.batch_size, self.options = (
+            dataset.location, len(dataset), batch_size, options)
         self.num_workers, self.channels_first = num_workers, channels_first
         self.rank, self.world_size = _distributed(rank, world_size)
         self.epoch, self.batches_done = 0, 0  # batches_done: of this epoch, over all workers
@@ -59,9 +61,8 @@ class TorchBatches(IterableDataset):
     def worker_batches(self, num_workers: int | None = None) -> list[int]:
         """Batches per epoch of each DataLoader worker of this rank (default: ``num_workers`` workers)."""
         workers = max(1, self.num_workers if num_workers is None else num_workers)
-        options = {k: v for k, v in self.options.items() if k in ("drop_last",)}
-        return [len(_sized(self._probe, self.rank, self.world_size, w, workers, self.batch_size, **options))
-                for w in range(workers)]
+        return [batch_count(self.num_samples, Consumer(self.rank, self.world_size, w, workers), self.batch_size,
+                            self.options.get("drop_last", False)) for w in range(workers)]
 
     def __len__(self) -> int:
         """Batches this rank gets per epoch, over all workers."""
@@ -158,12 +159,6 @@ def loader(dataset: Dataset, batch_size: int, *, num_workers: int = 0, pin_memor
 
 def _batch_length(batch: dict[str, Any]) -> int:
     return len(next(iter(batch.values())))
-
-
-def _sized(probe: BatchIterator, rank: int, world_size: int, worker: int, num_workers: int, batch_size: int,
-           **options: Any) -> BatchIterator:
-    return BatchIterator(probe.dataset, batch_size, fields=probe.fields[:1], rank=rank, world_size=world_size,
-                         worker=worker, num_workers=num_workers, **options)
 
 
 def _done_by_each(counts: list[int], done: int) -> tuple[list[int], int]:
