@@ -8,7 +8,14 @@ import pytest
 from PIL import Image
 
 from outcore.errors import ImageError
-from outcore.imaging import load_image, parse_image_dtype, parse_image_shape, parse_resize
+from outcore.imaging import (
+    _reduced_size,
+    decode_image,
+    load_image,
+    parse_image_dtype,
+    parse_image_shape,
+    parse_resize,
+)
 
 U8 = np.dtype("uint8")
 
@@ -121,3 +128,57 @@ def test_bad_options_are_named(parse, value, message):
 def test_shape_strings_parse():
     assert parse_image_shape("64x32") == (64, 32)
     assert parse_image_shape([8, 8, 1]) == (8, 8, 1)
+
+
+def _smooth(height: int, width: int) -> np.ndarray:
+    """A smooth colour picture: JPEG keeps it well, so resized decodes can be compared closely."""
+    y, x = np.mgrid[0:height, 0:width]
+    return np.stack([x * 255 // width, y * 255 // height, (x + y) * 255 // (height + width)], -1).astype(np.uint8)
+
+
+def test_libjpeg_turbo_path_gives_pillows_pixels(tmp_path):
+    path = _write(tmp_path / "a.jpg", _smooth(48, 64), quality=90)
+    expected = np.asarray(Image.open(path).convert("RGB"))
+    np.testing.assert_array_equal(decode_image(path.read_bytes(), (48, 64, 3), None, U8), expected)
+    assert np.array_equal(load_image(str(path), (48, 64, 3), None, U8), expected)
+
+
+@pytest.mark.parametrize(("shape", "channels"), [((64, 64, 3), 3), ((64, 64, 3), 1), ((32, 48, 1), 1)])
+def test_large_jpegs_are_decoded_reduced_and_stay_close_to_a_full_decode(tmp_path, shape, channels):
+    # colour → RGB goes through libjpeg-turbo; greyscale → RGB and grey → grey through Pillow's draft mode
+    source = _smooth(512, 768) if channels == 3 else _smooth(512, 768)[..., 0]
+    path = _write(tmp_path / "big.jpg", source, quality=95)
+    full = np.asarray(Image.open(path).convert("RGB" if shape[-1] == 3 else "L"))
+    scale = max(shape[0] / 512, shape[1] / 768)
+    resized = np.asarray(Image.fromarray(full).resize((round(768 * scale), round(512 * scale)),
+                                                     Image.Resampling.BILINEAR))
+    top, left = (resized.shape[0] - shape[0]) // 2, (resized.shape[1] - shape[1]) // 2
+    expected = resized[top : top + shape[0], left : left + shape[1]].reshape(shape)
+    decoded = decode_image(path.read_bytes(), shape, "crop", U8)
+    assert decoded.shape == shape
+    assert np.abs(decoded.astype(int) - expected).mean() < 2.0
+
+
+@pytest.mark.parametrize(
+    ("size", "target", "resize", "orientation", "reduced"),
+    [
+        ((512, 768), (64, 64), "crop", 1, (64, 96)),
+        ((512, 768), (64, 64), "pad", 1, (43, 64)),
+        ((512, 768), (64, 64), "fit", 1, (64, 64)),
+        ((512, 768), (64, 64), None, 1, (512, 768)),
+        ((768, 512), (32, 64), "crop", 6, (64, 43)),  # stored sideways: the target turns with it
+    ],
+)
+def test_reduced_size_is_what_the_resize_policy_needs(size, target, resize, orientation, reduced):
+    assert _reduced_size(size, target, resize, orientation) == reduced
+
+
+def test_exif_rotated_jpeg_is_upright(tmp_path):
+    pixels = _smooth(32, 48)
+    image = Image.fromarray(pixels)
+    exif = image.getexif()
+    exif[0x0112] = 6
+    path = tmp_path / "rotated.jpg"
+    image.save(path, exif=exif, quality=95)
+    upright = decode_image(path.read_bytes(), (48, 32, 3), None, U8)
+    assert np.abs(upright.astype(int) - np.rot90(pixels, -1)).mean() < 3.0
