@@ -21,6 +21,14 @@ import numpy as np
 import zarr
 
 from .compute import run_tasks
+from .encoded import (
+    blob_array,
+    chunk_capacity,
+    create_encoded_field,
+    ranges_name,
+    stored_nbytes,
+    write_encoded_shard,
+)
 from .errors import SourceError
 from .schema import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs
 from .staging import remove_path, staged_store
@@ -31,10 +39,15 @@ MAX_SKIPPED_IN_ATTRS = 100
 
 @dataclass(frozen=True)
 class FieldSource:
-    """A field to write: its lazy data (samples on axis 0) and what it is for."""
+    """A field to write: its lazy data (samples on axis 0) and what it is for.
+
+    For an encoded image field, ``data`` holds each sample's file as ``bytes`` and ``nbytes`` their
+    sizes, known before writing (they fix the size of each chunk's region, see `outcore.encoded`).
+    """
 
     data: da.Array
     info: FieldInfo
+    nbytes: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -103,16 +116,21 @@ def _write_fields(
     for name, field in fields.items():
         if len(field.data) != num_samples:
             raise SourceError(f"field {name!r} has {len(field.data)} samples, others have {num_samples}")
-        create_field(
-            group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout, options.compression
-        )
+        if field.nbytes is not None:
+            capacity = chunk_capacity(field.nbytes, options.layout.chunk_size)
+            create_encoded_field(group, name, num_samples, capacity, options.layout, options.compression)
+        else:
+            create_field(
+                group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout, options.compression
+            )
+    encoded = [name for name, field in fields.items() if field.nbytes is not None]
     blocks = {name: _shard_blocks(field.data, shard) for name, field in fields.items()}
     error_blocks = _shard_blocks(errors, shard) if errors is not None else None
     starts = range(0, num_samples, shard)
     write = dask.delayed(_write_shard, pure=False)
     tasks = [
         write(str(directory), start, {name: b[i] for name, b in blocks.items()},
-              error_blocks[i] if error_blocks is not None else None)
+              error_blocks[i] if error_blocks is not None else None, encoded, options.layout.chunk_size)
         for i, start in enumerate(starts)
     ]
     weights = [min(shard, num_samples - start) for start in starts]
@@ -130,12 +148,16 @@ def _shard_blocks(data: da.Array, shard: int) -> np.ndarray:
 
 
 def _write_shard(
-    directory: str, start: int, blocks: dict[str, np.ndarray], errors: np.ndarray | None
+    directory: str, start: int, blocks: dict[str, np.ndarray], errors: np.ndarray | None, encoded: list[str],
+    chunk_size: int,
 ) -> list[tuple[int, str]]:
     group = zarr.open_group(directory, mode="r+")
     with zarr.config.set(WRITE_CONFIG):
         for name, block in blocks.items():
-            group[name][start : start + len(block)] = block
+            if name in encoded:
+                write_encoded_shard(group, name, start, block, chunk_size)
+            else:
+                group[name][start : start + len(block)] = block
     if errors is None:
         return []
     return [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]
@@ -148,17 +170,24 @@ def _without(
     if keep.size == 0:
         shown = "\n  ".join(message for _, message in failures[:5])
         raise SourceError(f"all {num_samples} samples failed to load, e.g.:\n  {shown}")
-    return {
-        name: FieldSource(da.from_zarr(zarr.open_array(directory / name, mode="r"))[keep], field.info)
-        for name, field in fields.items()
-    }
+    group = zarr.open_group(directory, mode="r")
+    kept = {}
+    for name, field in fields.items():
+        if field.nbytes is not None:
+            block = group[ranges_name(name)].shards[0]
+            data = blob_array(str(directory), name, num_samples, block)[keep]
+            kept[name] = FieldSource(data, field.info, stored_nbytes(group, name, num_samples)[keep])
+        else:
+            kept[name] = FieldSource(da.from_zarr(group[name])[keep], field.info)
+    return kept
 
 
 def provenance(source: str) -> dict[str, Any]:
     return {
         "source": source,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "versions": {name: version(name) for name in ("outcore", "zarr", "numcodecs", "dask", "numpy", "pillow")},
+        "versions": {name: version(name) for name in (
+            "outcore", "zarr", "numcodecs", "dask", "numpy", "pillow", "simplejpeg")},
     }
 
 

@@ -31,11 +31,18 @@ _CHECKSUM_BYTES = 4
 
 
 class FieldChunks:
-    """``read(chunk)`` returns samples ``[chunk * chunk_size, ...)`` of one field as a numpy array."""
+    """``read(chunk)`` returns samples ``[chunk * chunk_size, ...)`` of one field as a numpy array.
 
-    def __init__(self, array: zarr.Array, field: str, where: str, num_samples: int) -> None:
+    ``samples`` — ``(num_samples, chunk_size)`` — names samples in errors when the array's own axis 0
+    is not the sample axis (the bytes of an encoded field: chunk ``k`` holds sample chunk ``k``).
+    """
+
+    def __init__(
+        self, array: zarr.Array, field: str, where: str, num_samples: int, *, samples: tuple[int, int] | None = None
+    ) -> None:
         self.array, self.field, self.where, self.num_samples = array, field, where, num_samples
         self.chunk_size = array.chunks[0]
+        self._samples = samples or (num_samples, self.chunk_size)
         self._layout = _direct_layout(array)
         self._indexes: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
@@ -97,8 +104,9 @@ class FieldChunks:
         return index
 
     def _corrupt(self, chunk: int, reason: str) -> CorruptChunkError:
-        first = chunk * self.chunk_size
-        last = min(self.num_samples, first + self.chunk_size) - 1
+        num_samples, chunk_size = self._samples
+        first = chunk * chunk_size
+        last = min(num_samples, first + chunk_size) - 1
         key = self._layout.key(chunk // self._layout.chunks_per_shard)
         return CorruptChunkError(
             f"{self.where}: field {self.field!r}, chunk {chunk} (samples {first}..{last}, in file {key}) is "

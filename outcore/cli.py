@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--resize", default="crop", choices=[p for p in RESIZE_POLICIES if p] + ["none"],
                         help="how to fit images of other sizes (default: crop; none: refuse them)")
     ingest.add_argument("--dtype", default="uint8", choices=["uint8", "uint16"])
+    ingest.add_argument("--images", default="pixels", choices=["pixels", "encoded", "both"],
+                        help="store decoded pixels (default), the files' encoded bytes (smaller; decoded while "
+                             "reading), or both")
     ingest.add_argument("--path-column", default="path", help="CSV column of image paths (default: path)")
     ingest.add_argument("--label-columns", default="", help="comma-separated CSV label columns")
     ingest.add_argument("--root", help="folder that relative CSV paths start from (default: the CSV's)")
@@ -104,6 +107,7 @@ def _ingest(args: argparse.Namespace) -> int:
         "shape": args.shape,
         "resize": None if args.resize == "none" else args.resize,
         "dtype": args.dtype,
+        "images": args.images,
         "chunk_size": args.chunk_size,
         "compressor": args.compressor,
         "shuffle_on_write": not args.no_shuffle,

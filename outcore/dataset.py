@@ -13,9 +13,11 @@ import numpy as np
 import zarr
 from dask.base import tokenize
 
+from .chunks import FieldChunks
+from .encoded import EncodedChunks, ranges_name
 from .errors import NotAStoreError
 from .loader import BatchIterator
-from .schema import StoreAttrs, decode_text
+from .schema import RANGES_SUFFIX, StoreAttrs, decode_text
 from .store import check_safe, is_url, open_group, read_attrs, read_samples
 
 
@@ -53,6 +55,13 @@ class Dataset:
     def _check_field(self, name: str) -> None:
         if name not in self._group:
             raise _malformed(self.location, f"field {name!r} is listed in the attributes but has no array")
+        if self.attrs.fields[name].is_image:
+            if ranges_name(name) not in self._group:
+                raise _malformed(self.location, f"encoded field {name!r} has no {ranges_name(name)!r} array")
+            data = self._group[name]
+            if data.shape[0] < self.num_chunks * data.chunks[0]:
+                raise _malformed(self.location, f"encoded field {name!r} holds too few bytes for {len(self)} samples")
+            name = ranges_name(name)
         array = self._group[name]
         if array.shape[0] < len(self) or array.chunks[0] != self.chunk_size:
             raise _malformed(
@@ -99,8 +108,20 @@ class Dataset:
         return list(classes) if classes is not None else []
 
     def array(self, field: str) -> zarr.Array:
-        """The underlying ``zarr.Array`` of ``field`` (may hold more samples than ``len(ds)``)."""
+        """The underlying ``zarr.Array`` of ``field`` (may hold more samples than ``len(ds)``); for an
+        encoded image field, its bytes, and its byte ranges under ``<field>_ranges`` (see `outcore.encoded`)."""
+        owner = field.removesuffix(RANGES_SUFFIX)
+        if field != owner and owner in self.attrs.fields and self.attrs.fields[owner].is_image:
+            return self._group[field]
         return self._group[self._known(field)]
+
+    def chunk_reader(self, field: str) -> FieldChunks | EncodedChunks:
+        """A reader of ``field`` chunk by chunk, as the batch iterator uses: ``reader.read(k)`` is chunk ``k``
+        (decoded, for an encoded image field)."""
+        info = self.attrs.fields[self._known(field)]
+        if info.is_image:
+            return EncodedChunks(self._group, field, self.location, len(self), info.decode)
+        return FieldChunks(self.array(field), field, self.location, len(self))
 
     def __len__(self) -> int:
         return self.attrs.num_samples
@@ -111,8 +132,17 @@ class Dataset:
     def __getitem__(self, field: str) -> da.Array:
         """``field`` as a dask array chunked like the store; a corrupt chunk raises `CorruptChunkError`.
 
-        Text fields (``path``) come back as numpy strings, decoded chunk by chunk.
+        Text fields (``path``) come back as numpy strings, and encoded image fields as decoded pixels,
+        decoded chunk by chunk.
         """
+        if field not in self._arrays and self.attrs.fields[self._known(field)].is_image:
+            reader = self.chunk_reader(field)
+            self._arrays[field] = da.from_array(
+                _ChunkView(reader, (len(self), *reader.decode.shape)),
+                chunks=(self.chunk_size, *reader.decode.shape),
+                name=f"{field}-{tokenize(self.location, field, self.attrs.to_dict())}",
+                lock=False, fancy=False, asarray=False, meta=np.empty((0,) * (1 + len(reader.decode.shape)), reader.dtype),
+            )
         if field not in self._arrays:
             array = self.array(field)
             reader = _FieldReader(array, field, self.location, len(self))
@@ -125,7 +155,7 @@ class Dataset:
                 asarray=False,
                 meta=np.empty((0,) * array.ndim, dtype=array.dtype),
             )
-            if self.attrs.fields[field].encoding:
+            if self.attrs.fields[field].is_text:
                 lazy = lazy.map_blocks(decode_text, drop_axis=1, dtype=f"<U{array.shape[1]}")
             self._arrays[field] = lazy
         return self._arrays[field]
@@ -179,7 +209,8 @@ class Dataset:
         for name, info in self.attrs.fields.items():
             classes = ", ".join(info.classes[:8]) + (", …" if len(info.classes) > 8 else "") if info.classes else ""
             lazy = self[name]
-            rows.append((name, str(lazy.dtype), str(lazy.shape), info.role, classes))
+            dtype = f"{lazy.dtype} (encoded)" if info.is_image else str(lazy.dtype)
+            rows.append((name, dtype, str(lazy.shape), info.role, classes))
         return rows
 
     def _summary(self) -> str:
@@ -222,6 +253,22 @@ class _FieldReader:
     def __getitem__(self, key: Any) -> np.ndarray:
         key = key if isinstance(key, tuple) else (key,)
         return read_samples(self.array, key, self.field, self.where)
+
+
+class _ChunkView:
+    """What dask reads an encoded field through: whole chunks from a `EncodedChunks` reader, then ``key``."""
+
+    def __init__(self, reader: EncodedChunks, shape: tuple[int, ...]) -> None:
+        self.reader, self.shape, self.dtype, self.ndim = reader, shape, reader.dtype, len(shape)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        start, stop, _ = key[0].indices(self.shape[0])
+        size = self.reader.chunk_size
+        first = start // size
+        parts = [self.reader.read(chunk) for chunk in range(first, max(first, -(-stop // size)))]
+        values = np.concatenate(parts) if parts else np.empty((0, *self.shape[1:]), self.dtype)
+        return values[(slice(start - first * size, stop - first * size, key[0].step), *key[1:])]
 
 
 def _malformed(where: str, detail: str) -> NotAStoreError:

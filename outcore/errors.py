@@ -23,6 +23,10 @@ class CorruptChunkError(OutcoreError, ValueError):
     """A chunk failed its checksum or could not be decompressed."""
 
 
+class SampleDecodeError(OutcoreError, ValueError):
+    """A sample of an encoded image field could not be decoded."""
+
+
 class SourceError(OutcoreError, ValueError):
     """The ingest source (folder, CSV, DataFrame, arrays) is missing or malformed."""
 

@@ -8,10 +8,13 @@ import math
 import zarr
 
 from .dataset import Dataset
+from .encoded import ranges_name
 
 
 def describe(ds: Dataset) -> str:
     """Fields, shapes, dtypes, chunking, codecs, size on disk and compression ratio, classes, provenance.
+
+    An encoded image field shows both sizes: ``decoded`` (its pixels) and ``on disk`` (the files).
 
     >>> print(describe(outcore.open_dataset("train.zarr")))  # doctest: +SKIP
     """
@@ -20,17 +23,25 @@ def describe(ds: Dataset) -> str:
     rows = [header]
     total_raw = total_stored = 0
     for name in ds.fields:
-        array = ds.array(name)
+        info, array = ds.attrs.fields[name], ds.array(name)
         stored = array.nbytes_stored()
-        raw = len(ds) * array.dtype.itemsize * math.prod(array.shape[1:])
+        if info.is_image:  # decoded size vs the files' bytes (and their ranges) as stored
+            ranges = ds.array(ranges_name(name))
+            stored += ranges.nbytes_stored()
+            raw, dtype, sample_shape = len(ds) * info.decode.nbytes, f"{info.decode.dtype} (encoded images)", \
+                info.decode.shape
+            array = ranges
+        else:
+            raw = len(ds) * array.dtype.itemsize * math.prod(array.shape[1:])
+            dtype, sample_shape = str(array.dtype) + (" (utf-8 text)" if info.is_text else ""), array.shape[1:]
         total_raw, total_stored = total_raw + raw, total_stored + stored
         rows.append((
             name,
-            str(array.dtype) + (" (utf-8 text)" if ds.attrs.fields[name].encoding else ""),
-            "x".join(map(str, (len(ds), *array.shape[1:]))),
+            dtype,
+            "x".join(map(str, (len(ds), *sample_shape))),
             str(array.chunks[0]),
             str((array.shards or array.chunks)[0]),
-            _codecs(array),
+            _codecs(ds.array(name)),
             _size(raw),
             _size(stored),
             f"{raw / stored:.1f}x" if stored else "-",

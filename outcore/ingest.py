@@ -16,10 +16,21 @@ from .dataset import Dataset, open_dataset
 from .errors import SourceError
 from .imaging import ResizePolicy, parse_image_dtype, parse_image_shape, parse_resize
 from .loaders import image_array
-from .schema import TEXT_ENCODING, Compression, FieldInfo, Layout, encode_text
+from .schema import (
+    IMAGE_ENCODING,
+    RANGES_SUFFIX,
+    TEXT_ENCODING,
+    Compression,
+    FieldInfo,
+    ImageDecode,
+    Layout,
+    encode_text,
+)
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
 
 IMAGE_FIELD = "images"
+ENCODED_FIELD = "images_encoded"
+IMAGE_STORAGE = ("pixels", "encoded", "both")
 PATH_FIELD = "path"
 SOURCE_INDEX_FIELD = "source_index"
 TARGET_NAMES = ("labels", "label", "targets", "target", "y")
@@ -32,6 +43,7 @@ def ingest_images(
     shape: Sequence[int] | str,
     resize: ResizePolicy = "crop",
     dtype: Any = "uint8",
+    images: str = "pixels",
     chunk_size: int | None = None,
     compressor: str | Compression | None = None,
     shuffle_on_write: bool = True,
@@ -47,6 +59,11 @@ def ingest_images(
     ``path`` (each sample's file, relative to ``source``) and ``source_index`` (its position in the
     sorted file list). With ``shuffle_on_write`` (the default) samples are stored in a random order
     drawn from ``seed``. A ``.zip`` store name writes a single file.
+
+    ``images`` chooses how the pictures are stored: ``"pixels"`` (decoded, ready to read),
+    ``"encoded"`` (the files' own bytes, several times smaller, decoded to ``shape`` while reading) or
+    ``"both"`` (pixels in ``images``, the files in ``images_encoded``). Every file is decoded at ingest
+    either way, so bad files are found now, not in the middle of training.
 
     >>> ds = outcore.ingest_images("photos/train", "train.zarr", shape=(128, 128, 3))  # doctest: +SKIP
     >>> ds.classes  # doctest: +SKIP
@@ -66,6 +83,7 @@ def ingest_dataframe(
     shape: Sequence[int] | str,
     resize: ResizePolicy = "crop",
     dtype: Any = "uint8",
+    images: str = "pixels",
     chunk_size: int | None = None,
     compressor: str | Compression | None = None,
     shuffle_on_write: bool = True,
@@ -79,7 +97,8 @@ def ingest_dataframe(
 
     Relative paths are taken from ``root`` (default: the CSV's folder, or the current folder for a
     DataFrame). String labels are stored as class indices with their names; numbers as they are.
-    Paths that do not exist are an error, or skipped and reported with ``on_error="skip"``.
+    Paths that do not exist are an error, or skipped and reported with ``on_error="skip"``. The other
+    keywords are those of `ingest_images`.
 
     >>> ds = outcore.ingest_dataframe("labels.csv", "train.zarr", path_column="path",
     ...                               label_columns=["label"], shape=(64, 64, 3))  # doctest: +SKIP
@@ -95,7 +114,7 @@ def ingest_dataframe(
 
 
 def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
-    names = ("shape", "resize", "dtype", "chunk_size", "compressor", "shuffle_on_write", "seed", "client",
+    names = ("shape", "resize", "dtype", "images", "chunk_size", "compressor", "shuffle_on_write", "seed", "client",
              "on_error", "overwrite", "progress")
     return {name: arguments[name] for name in names}
 
@@ -107,6 +126,7 @@ def _ingest_table(
     shape: Sequence[int] | str,
     resize: ResizePolicy,
     dtype: Any,
+    images: str,
     chunk_size: int | None,
     compressor: str | Compression | None,
     shuffle_on_write: bool,
@@ -117,18 +137,31 @@ def _ingest_table(
     progress: bool,
 ) -> Dataset:
     shape, resize, dtype = parse_image_shape(shape), parse_resize(resize), parse_image_dtype(dtype)
-    clash = set(table.labels) & {IMAGE_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD}
+    if images not in IMAGE_STORAGE:
+        raise ValueError(f"images={images!r} is not one of {IMAGE_STORAGE}")
+    reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD}
+    clash = {name for name in table.labels if name in reserved or name.removesuffix(RANGES_SUFFIX) in reserved}
     if clash:
         raise SourceError(f"label column(s) {sorted(clash)} clash with outcore's own field names; rename them")
+    # chunks hold about 8 MiB of decoded pixels even when files are stored: the shuffle buffer holds them decoded
     layout = Layout.for_samples(math.prod(shape) * dtype.itemsize, len(table), chunk_size)
     order = _sample_order(len(table), shuffle_on_write, seed)
+    paths = [table.paths[i] for i in order]
     # One task decodes a whole shard's images and the write task that needs them runs where they are:
     # decoded pixels (7x the JPEG bytes) never travel between workers.
-    pixels, errors = image_array(
-        [table.paths[i] for i in order], shape, resize=resize, dtype=dtype,
-        block_size=layout.shard_size, on_error=on_error,
+    pixels, files, errors = image_array(
+        paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
+        keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images],
     )
-    fields = {IMAGE_FIELD: FieldSource(pixels, FieldInfo("input"))}
+    fields = {}
+    if pixels is not None:
+        fields[IMAGE_FIELD] = FieldSource(pixels, FieldInfo("input"))
+    if files is not None:
+        decode = ImageDecode(shape, dtype.name, resize)
+        fields[ENCODED_FIELD if pixels is not None else IMAGE_FIELD] = FieldSource(
+            files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
+            nbytes=np.array([_file_size(path) for path in paths], dtype=np.int64),
+        )
     for name, values in table.labels.items():
         fields[name] = FieldSource(_lazy(values[order], layout), FieldInfo("target", table.classes.get(name)))
     fields[PATH_FIELD] = FieldSource(
@@ -194,6 +227,13 @@ def from_arrays(
     build_store(store, fields, options, shuffled_on_write=shuffle_on_write,
                 seed=seed if shuffle_on_write else None, source=source)
     return open_dataset(store)
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:  # reported by the loader, which skips the file or stops the ingest
+        return 0
 
 
 def _sample_order(num_samples: int, shuffle: bool, seed: int) -> np.ndarray:

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .chunks import FieldChunks
 from .schema import decode_text
 from .shuffle import Consumer, EpochPlan, batch_count, epoch_plan
 
@@ -80,9 +79,8 @@ class BatchIterator:
         self.consumer = Consumer(rank, world_size, worker, num_workers)
         self.epoch = 0
         self.batches_done = 0  # batches of the current epoch already handed out
-        self._readers = {name: FieldChunks(dataset.array(name), name, dataset.location, len(dataset))
-                         for name in self.fields}
-        self._text_fields = {name for name in self.fields if dataset.attrs.fields[name].encoding}
+        self._readers = {name: dataset.chunk_reader(name) for name in self.fields}
+        self._text_fields = {name for name in self.fields if dataset.attrs.fields[name].is_text}
         self._active: _Run | None = None
         self._stats = LoaderStats()
         self._random_access = _ChunkCache(buffer_chunks + 2 + -(-batch_size // dataset.chunk_size))

@@ -26,6 +26,8 @@ TARGET_SHARD_BYTES = 128 * 2**20
 MAX_CHUNK_SIZE = 65536
 MIN_SHARDS = 8
 TEXT_ENCODING = "utf-8"
+IMAGE_ENCODING = "image"
+RANGES_SUFFIX = "_ranges"
 _SHUFFLES = ("bitshuffle", "shuffle", "noshuffle")
 _CNAMES = ("zstd", "lz4", "lz4hc", "blosclz", "zlib")
 
@@ -126,19 +128,67 @@ def _power_of_two_at_most(value: int, cap: int) -> int:
 
 
 @dataclass(frozen=True)
+class ImageDecode:
+    """How an encoded image field decodes: to ``shape`` and ``dtype``, fitting other sizes by ``resize``."""
+
+    shape: tuple[int, ...]
+    dtype: str = "uint8"
+    resize: str | None = "crop"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one decoded sample."""
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
 class FieldInfo:
-    """What a field is for: its ``role``; for class labels, the class names in index order; for text,
-    its ``encoding`` (text is stored as zero-padded UTF-8 bytes, ``uint8`` of shape (N, max_bytes))."""
+    """What a field is for: its ``role``; for class labels, the class names in index order; its
+    ``encoding`` when its array does not hold the values themselves:
+
+    - ``"utf-8"``: text, stored as zero-padded UTF-8 bytes, ``uint8`` of shape (N, max_bytes);
+    - ``"image"``: encoded image files (JPEG, PNG, ...), decoded as ``decode`` says. The field's array
+      holds the bytes, one region of fixed capacity per chunk; the array ``<field>_ranges`` (N, 2)
+      gives each sample's ``[start, stop)`` in it (see `outcore.encoded`).
+    """
 
     role: str = "other"
     classes: tuple[str, ...] | None = None
     encoding: str | None = None
+    decode: ImageDecode | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"field role {self.role!r} is not one of {ROLES}")
-        if self.encoding not in (None, TEXT_ENCODING):
-            raise ValueError(f"field encoding {self.encoding!r} is not {TEXT_ENCODING!r}")
+        if self.encoding not in (None, TEXT_ENCODING, IMAGE_ENCODING):
+            raise ValueError(f"field encoding {self.encoding!r} is not {TEXT_ENCODING!r} or {IMAGE_ENCODING!r}")
+        if (self.encoding == IMAGE_ENCODING) != (self.decode is not None):
+            raise ValueError("an image-encoded field needs its decode settings, and only it has them")
+
+    @property
+    def is_text(self) -> bool:
+        return self.encoding == TEXT_ENCODING
+
+    @property
+    def is_image(self) -> bool:
+        return self.encoding == IMAGE_ENCODING
+
+    def to_dict(self) -> dict[str, Any]:
+        document = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v is not None}
+        if self.decode is not None:
+            document["decode"] = {**asdict(self.decode), "shape": list(self.decode.shape)}
+        return document
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any]) -> FieldInfo:
+        decode = document.get("decode")
+        return cls(
+            document.get("role", "other"),
+            _tuple_or_none(document.get("classes")),
+            document.get("encoding"),
+            ImageDecode(tuple(int(s) for s in decode["shape"]), str(decode["dtype"]), decode.get("resize"))
+            if decode is not None else None,
+        )
 
 
 def encode_text(values: np.ndarray) -> np.ndarray:
@@ -176,10 +226,7 @@ class StoreAttrs:
 
     def to_dict(self) -> dict[str, Any]:
         document = asdict(self)
-        document["fields"] = {
-            name: {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(info).items() if v is not None}
-            for name, info in self.fields.items()
-        }
+        document["fields"] = {name: info.to_dict() for name, info in self.fields.items()}
         return {k: v for k, v in document.items() if v is not None}
 
     @classmethod
@@ -191,10 +238,7 @@ class StoreAttrs:
                     f"{where} uses outcore store format {version}; this outcore reads up to "
                     f"{FORMAT_VERSION}. Upgrade outcore to open it."
                 )
-            fields = {
-                name: FieldInfo(info.get("role", "other"), _tuple_or_none(info.get("classes")), info.get("encoding"))
-                for name, info in document["fields"].items()
-            }
+            fields = {name: FieldInfo.from_dict(info) for name, info in document["fields"].items()}
             return cls(
                 num_samples=int(document["num_samples"]),
                 chunk_size=int(document["chunk_size"]),

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
+from .chunks import FieldChunks
 from .dataset import Dataset, open_dataset
-from .errors import CorruptChunkError
-from .store import read_samples
+from .encoded import EncodedChunks
+from .errors import CorruptChunkError, SampleDecodeError
 
 
 @dataclass
@@ -32,18 +33,20 @@ class VerifyReport:
 
 
 def verify(location: str | os.PathLike, *, progress: bool = True) -> VerifyReport:
-    """Decompress every chunk of every field (checksums included) and check labels against the classes.
+    """Decompress every chunk of every field (checksums included), decode every sample of encoded image
+    fields, and check labels against the classes.
 
     >>> print(outcore.verify("train.zarr"))  # doctest: +SKIP
     train.zarr: 316 chunks checked, OK
     """
     ds = open_dataset(location)
     report = VerifyReport(ds.location)
-    jobs = [(name, start) for name in ds.fields for start in range(0, len(ds), ds.chunk_size)]
+    readers = {name: ds.chunk_reader(name) for name in ds.fields}
+    jobs = [(name, chunk) for name in ds.fields for chunk in range(ds.num_chunks)]
     with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool, tqdm(
         total=len(jobs), desc=f"verify {ds.location}", unit="chunks", disable=not progress
     ) as bar:
-        for problem in pool.map(lambda job: _check_chunk(ds, *job), jobs):
+        for problem in pool.map(lambda job: _check_chunk(ds, readers[job[0]], *job), jobs):
             bar.update()
             report.chunks_checked += 1
             if problem:
@@ -51,11 +54,12 @@ def verify(location: str | os.PathLike, *, progress: bool = True) -> VerifyRepor
     return report
 
 
-def _check_chunk(ds: Dataset, name: str, start: int) -> str | None:
+def _check_chunk(ds: Dataset, reader: FieldChunks | EncodedChunks, name: str, chunk: int) -> str | None:
+    start = chunk * ds.chunk_size
     stop = min(len(ds), start + ds.chunk_size)
     try:
-        values = read_samples(ds.array(name), (slice(start, stop),), name, ds.location)
-    except CorruptChunkError as error:
+        values = reader.read(chunk)
+    except (CorruptChunkError, SampleDecodeError) as error:
         return str(error)
     classes = ds.classes_of(name)
     if classes and values.size and (values.min() < 0 or values.max() >= len(classes)):

@@ -134,6 +134,12 @@ class Writer:
         group = open_group(self.location, mode="r+")
         attrs = read_attrs(group, str(self.location))
         check_safe(group, list(attrs.fields), str(self.location))
+        encoded = [name for name, info in attrs.fields.items() if info.is_image]
+        if encoded:
+            raise SourceError(
+                f"{self.location} has encoded image field(s) {encoded}; a Writer appends arrays of numbers only. "
+                "Re-ingest the images with the new ones (outcore.ingest_dataframe takes a table of all the files)"
+            )
         first = group[next(iter(attrs.fields))]
         self._group, self._attrs, self._shard_size = group, attrs, (first.shards or first.chunks)[0]
 
