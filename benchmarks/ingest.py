@@ -81,7 +81,7 @@ def main() -> None:
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
         rows.append(("outcore ingest, LocalCluster 2 processes", timed(lambda: ingest(client), count, args.repeats)))
     jpeg_mib = sum(p.stat().st_size for p in files) / 2**20
     store_mib = sum(p.stat().st_size for p in (workdir / "ingest.zarr").rglob("*") if p.is_file()) / 2**20

@@ -138,7 +138,7 @@ class Dataset:
         if field not in self._arrays and self.attrs.fields[self._known(field)].is_image:
             reader = self.chunk_reader(field)
             self._arrays[field] = da.from_array(
-                _ChunkView(reader, (len(self), *reader.decode.shape)),
+                _ChunkView(self.location, field, reader, (len(self), *reader.decode.shape)),
                 chunks=(self.chunk_size, *reader.decode.shape),
                 name=f"{field}-{tokenize(self.location, field, self.attrs.to_dict())}",
                 lock=False, fancy=False, asarray=False, meta=np.empty((0,) * (1 + len(reader.decode.shape)), reader.dtype),
@@ -256,19 +256,27 @@ class _FieldReader:
 
 
 class _ChunkView:
-    """What dask reads an encoded field through: whole chunks from a `EncodedChunks` reader, then ``key``."""
+    """What dask reads an encoded field through: whole decoded chunks, then ``key``. It pickles as the
+    store's location, so dask can compute the field on a cluster's workers (each opens the store)."""
 
-    def __init__(self, reader: EncodedChunks, shape: tuple[int, ...]) -> None:
-        self.reader, self.shape, self.dtype, self.ndim = reader, shape, reader.dtype, len(shape)
+    def __init__(self, location: str, field: str, reader: EncodedChunks, shape: tuple[int, ...]) -> None:
+        self.location, self.field, self.shape = location, field, shape
+        self.dtype, self.ndim, self.chunk_size = reader.dtype, len(shape), reader.chunk_size
+        self._reader: EncodedChunks | None = reader
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_reader": None}
 
     def __getitem__(self, key: Any) -> np.ndarray:
+        if self._reader is None:
+            self._reader = open_dataset(self.location).chunk_reader(self.field)
         key = key if isinstance(key, tuple) else (key,)
         start, stop, _ = key[0].indices(self.shape[0])
-        size = self.reader.chunk_size
-        first = start // size
-        parts = [self.reader.read(chunk) for chunk in range(first, max(first, -(-stop // size)))]
+        first = start // self.chunk_size
+        parts = [self._reader.read(chunk) for chunk in range(first, max(first, -(-stop // self.chunk_size)))]
         values = np.concatenate(parts) if parts else np.empty((0, *self.shape[1:]), self.dtype)
-        return values[(slice(start - first * size, stop - first * size, key[0].step), *key[1:])]
+        offset = first * self.chunk_size
+        return values[(slice(start - offset, stop - offset, key[0].step), *key[1:])]
 
 
 def _malformed(where: str, detail: str) -> NotAStoreError:

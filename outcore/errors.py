@@ -27,6 +27,10 @@ class SampleDecodeError(OutcoreError, ValueError):
     """A sample of an encoded image field could not be decoded."""
 
 
+class ClusterError(OutcoreError, RuntimeError):
+    """The Dask cluster went away (or kept losing workers) while it was making batches."""
+
+
 class SourceError(OutcoreError, ValueError):
     """The ingest source (folder, CSV, DataFrame, arrays) is missing or malformed."""
 

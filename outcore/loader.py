@@ -5,7 +5,8 @@ on a small thread pool (`outcore.chunks` decodes outside the GIL), assembles eac
 loaded chunks, applies the transform, and hands finished batches to the consumer through a queue of
 ``prefetch`` batches. Chunks are dropped as soon as their last sample is emitted, so memory is
 bounded by about ``buffer_chunks + 2 + batch_size / chunk_size + READ_AHEAD`` chunks plus
-``prefetch`` batches, whatever the store's size.
+``prefetch`` batches, whatever the store's size. With a Dask client, the same plan runs as tasks on
+the cluster's workers instead (`outcore.cluster`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class BatchIterator:
     `set_epoch` chooses one. `state_dict` after k batches, loaded into a new iterator (in any
     process), continues with exactly the batches an uninterrupted run would have produced.
 
+    With ``client`` (a ``distributed.Client``) the cluster's workers read, decode and augment the
+    batches (`outcore.cluster`); they are identical to those of the local threads.
+
     >>> it = ds.batches(batch_size=256, shuffle=True, seed=0)  # doctest: +SKIP
     >>> for batch in it:  # doctest: +SKIP
     ...     train_step(batch["images"], batch["labels"])
@@ -62,6 +66,7 @@ class BatchIterator:
         worker: int = 0,
         num_workers: int = 1,
         drop_last: bool = False,
+        client: Any = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be at least 1")
@@ -77,13 +82,15 @@ class BatchIterator:
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.buffer_chunks, self.prefetch, self.transform, self.drop_last = buffer_chunks, prefetch, transform, drop_last
         self.consumer = Consumer(rank, world_size, worker, num_workers)
+        self.client = client
         self.epoch = 0
         self.batches_done = 0  # batches of the current epoch already handed out
         self._readers = {name: dataset.chunk_reader(name) for name in self.fields}
         self._text_fields = {name for name in self.fields if dataset.attrs.fields[name].is_text}
-        self._active: _Run | None = None
+        self._active: Run | None = None
         self._stats = LoaderStats()
         self._random_access = _ChunkCache(buffer_chunks + 2 + -(-batch_size // dataset.chunk_size))
+        self._stream = _Stream()
 
     # -- epochs and resumption ------------------------------------------------------------------------------
 
@@ -131,7 +138,12 @@ class BatchIterator:
         if self.batches_done >= total:  # a finished epoch: move on
             self.set_epoch(self.epoch + 1)
             plan = self.plan()
-        run = _Run(self, plan, self.epoch, self.batches_done, total)
+        if self.client is not None:
+            from .cluster import ClusterRun
+
+            run: Run = ClusterRun(self, plan, self.epoch, self.batches_done, total)
+        else:
+            run = _LocalRun(self, plan, self.epoch, self.batches_done, total)
         self._active = run
         try:
             for batch in run:
@@ -146,17 +158,21 @@ class BatchIterator:
     def batch(self, index: int) -> Batch:
         """Batch ``index`` of the current epoch, read on demand: for frameworks that ask for batches
         by index, in any order and from several threads (Keras). Recently used chunks are cached, so
-        requests in roughly increasing order read each chunk once. Same batches as iterating.
+        requests in roughly increasing order read each chunk once. Same batches as iterating. With a
+        ``client``, batches come from a cluster run started at the requested batch, so requests should
+        come in about increasing order (as Keras makes them).
         """
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} is not in [0, {len(self)})")
         epoch = self.epoch
+        if self.client is not None:
+            return self._stream.get(self, epoch, index)
         plan = self._random_access.plan(self, epoch)
         samples = plan.samples[index * self.batch_size : (index + 1) * self.batch_size]
         chunk_size = self.dataset.chunk_size
         data = {int(c): self._random_access.chunk(self, int(c)) for c in np.unique(samples // chunk_size)}
-        batch = _assemble(samples, chunk_size, data, self.fields, lambda _, shape, dtype: np.empty(shape, dtype))
-        return self._transform(batch, epoch, index)
+        batch = assemble(samples, chunk_size, data, self.fields, new_array)
+        return apply_transform(self.transform, batch, self.rng_key(epoch, index))
 
     def stats(self) -> dict[str, float]:
         """Is the consumer waiting for data? Figures since the iterator was made (or `reset_stats`).
@@ -178,18 +194,11 @@ class BatchIterator:
         if self._active is not None:
             self._active.close()
             self._active = None
+        self._stream.close()
 
-    # -- used by the producer thread ---------------------------------------------------------------------
-
-    def _decoded(self, name: str, values: np.ndarray) -> np.ndarray:
-        """A chunk's values as the consumer sees them: text fields as strings."""
-        return decode_text(values) if name in self._text_fields else values
-
-    def _transform(self, batch: Batch, epoch: int, index: int) -> Batch:
-        if self.transform is None:
-            return batch
-        rng = np.random.default_rng([self.seed, epoch, self.consumer.index, index])
-        return self.transform(batch, rng)
+    def rng_key(self, epoch: int, index: int) -> list[int]:
+        """The seed of batch ``index``'s augmentation generator: the same wherever the batch is made."""
+        return [self.seed, epoch, self.consumer.index, index]
 
 
 class _ChunkCache:
@@ -212,12 +221,49 @@ class _ChunkCache:
             if chunk in self.chunks:
                 self.chunks.move_to_end(chunk)
                 return self.chunks[chunk]
-        values = {name: owner._decoded(name, reader.read(chunk)) for name, reader in owner._readers.items()}
+        values = {name: as_consumed(reader.read(chunk), name in owner._text_fields)
+                  for name, reader in owner._readers.items()}
         with self.lock:
             self.chunks[chunk] = values
             while len(self.chunks) > self.capacity:
                 self.chunks.popitem(last=False)
         return values
+
+
+class _Stream:
+    """`BatchIterator.batch` with a client: batches of a cluster run, for requests in about increasing
+    order from several threads. A request behind the run, or far ahead of it, restarts it there."""
+
+    SKIP_AHEAD = 8  # batches a run may make unasked before a restart is cheaper
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.run: Run | None = None
+        self.batches: Iterator[Batch] = iter(())
+        self.epoch, self.next = -1, 0
+        self.ready: dict[int, Batch] = {}  # made before they were asked for
+
+    def get(self, owner: BatchIterator, epoch: int, index: int) -> Batch:
+        from .cluster import ClusterRun
+
+        with self.lock:
+            if epoch == self.epoch and index in self.ready:
+                return self.ready.pop(index)
+            if self.run is None or epoch != self.epoch or not self.next <= index <= self.next + self.SKIP_AHEAD:
+                self.close()
+                self.run = ClusterRun(owner, owner.plan(epoch), epoch, index, len(owner))
+                self.batches, self.epoch, self.next = iter(self.run), epoch, index
+            while True:
+                batch, made = next(self.batches), self.next
+                self.next += 1
+                if made == index:
+                    return batch
+                self.ready[made] = batch
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.close()
+        self.run, self.ready = None, {}
 
 
 class LoaderStats:
@@ -261,17 +307,15 @@ class _Failure:
 _DONE = object()
 
 
-class _Run:
-    """One pass over an epoch's batches: the producer thread, its read pool and its queue."""
+class Run:
+    """One pass over an epoch's batches: a producer thread that makes them (`_produce_batches`, by
+    a subclass) and a queue of ``prefetch`` finished batches that the consumer takes them from."""
 
     def __init__(self, owner: BatchIterator, plan: EpochPlan, epoch: int, first_batch: int, total: int) -> None:
         self.owner, self.plan, self.epoch = owner, plan, epoch
         self.first_batch, self.total = first_batch, total
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=owner.prefetch)
-        self.spare: dict[str, list[np.ndarray]] = {name: [] for name in owner.fields}  # recycled chunk buffers
-        self.batch_buffers: dict[str, list[np.ndarray]] = {name: [] for name in owner.fields}
         self.stop = threading.Event()
-        self.pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="outcore-read")
         self.thread = threading.Thread(target=self._produce, name="outcore-batches", daemon=True)
         self.thread.start()
 
@@ -295,7 +339,7 @@ class _Run:
                 self.queue.get(timeout=0.05)
             except queue.Empty:
                 pass
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self._release()
 
     def _put(self, item: Any) -> bool:
         while not self.stop.is_set():
@@ -314,6 +358,25 @@ class _Run:
             self._put(_Failure(error))
 
     def _produce_batches(self) -> None:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Free what the producer used, once it has stopped."""
+
+
+class _LocalRun(Run):
+    """Batches made in this process: chunk reads on a small thread pool, assembly on the producer thread."""
+
+    def __init__(self, owner: BatchIterator, plan: EpochPlan, epoch: int, first_batch: int, total: int) -> None:
+        self.spare: dict[str, list[np.ndarray]] = {name: [] for name in owner.fields}  # recycled chunk buffers
+        self.batch_buffers: dict[str, list[np.ndarray]] = {name: [] for name in owner.fields}
+        self.pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="outcore-read")
+        super().__init__(owner, plan, epoch, first_batch, total)
+
+    def _release(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _produce_batches(self) -> None:
         owner, plan = self.owner, self.plan
         chunk_size, batch_size = owner.dataset.chunk_size, owner.batch_size
         slot = {int(c): j for j, c in enumerate(plan.chunks)}  # chunk id -> position in the read order
@@ -329,11 +392,11 @@ class _Run:
                 loaded[next_read] = self.pool.submit(self._read, int(plan.chunks[next_read]))
                 next_read += 1
             data = {int(c): loaded[slot[int(c)]].result()[0] for c in np.unique(chunks)}
-            batch = _assemble(samples, chunk_size, data, owner.fields, self._batch_buffer)
+            batch = assemble(samples, chunk_size, data, owner.fields, self._batch_buffer)
             for j in [j for j in loaded if plan.last_use[j] < (index + 1) * batch_size]:
                 for name, buffer in loaded.pop(j).result()[1].items():  # every sample of it has been emitted
                     self.spare[name].append(buffer)
-            if not self._put(owner._transform(batch, self.epoch, index)):
+            if not self._put(apply_transform(owner.transform, batch, owner.rng_key(self.epoch, index))):
                 return
 
     def _read(self, chunk: int) -> tuple[Batch, Batch]:
@@ -343,7 +406,7 @@ class _Run:
             spare = self.spare[name]
             buffer = spare.pop() if spare else reader.empty()
             chunk_values = reader.read(chunk, out=buffer)
-            values[name] = self.owner._decoded(name, chunk_values)
+            values[name] = as_consumed(chunk_values, name in self.owner._text_fields)
             if name in self.owner._text_fields:
                 spare.append(buffer)  # decoding copied the values: the buffer is free again
             else:
@@ -368,8 +431,21 @@ class _Run:
         return buffer
 
 
+def as_consumed(values: np.ndarray, text: bool) -> np.ndarray:
+    """A chunk's values as the consumer sees them: text fields as strings."""
+    return decode_text(values) if text else values
 
-def _assemble(
+
+def apply_transform(transform: Transform | None, batch: Batch, rng_key: list[int]) -> Batch:
+    """``transform(batch, rng)`` with the generator seeded by `BatchIterator.rng_key`."""
+    return batch if transform is None else transform(batch, np.random.default_rng(rng_key))
+
+
+def new_array(_: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return np.empty(shape, dtype)
+
+
+def assemble(
     samples: np.ndarray, chunk_size: int, data: dict[int, Batch], fields: Sequence[str],
     allocate: Callable[[str, tuple[int, ...], np.dtype], np.ndarray],
 ) -> Batch:

@@ -23,9 +23,13 @@ from numpy.lib.stride_tricks import sliding_window_view
 from .loader import Batch, Transform
 
 
-def _replace(batch: Batch, field: str, values: np.ndarray) -> Batch:
+def _field(batch: Batch, field: str) -> np.ndarray:
     if field not in batch:
         raise KeyError(f"transform needs field {field!r}; the batch has {sorted(batch)}")
+    return batch[field]
+
+
+def _replace(batch: Batch, field: str, values: np.ndarray) -> Batch:
     return {**batch, field: values}
 
 
@@ -51,7 +55,7 @@ class RandomFlip:
     field: str = "images"
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
-        images = batch[self.field].copy()
+        images = _field(batch, self.field).copy()
         for axis, enabled in ((2, self.horizontal), (1, self.vertical)):
             if enabled:
                 chosen = rng.random(len(images)) < self.p
@@ -68,7 +72,7 @@ class RandomCrop:
     field: str = "images"
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
-        images = batch[self.field]
+        images = _field(batch, self.field)
         height, width = (self.size, self.size) if isinstance(self.size, int) else self.size
         pad = [(0, 0), (self.padding, self.padding), (self.padding, self.padding)] + [(0, 0)] * (images.ndim - 3)
         padded = np.pad(images, pad) if self.padding else images
@@ -91,7 +95,7 @@ class BrightnessContrast:
     field: str = "images"
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
-        images = batch[self.field]
+        images = _field(batch, self.field)
         top = float(np.iinfo(images.dtype).max) if images.dtype.kind in "ui" else 1.0
         shape = (len(images),) + (1,) * (images.ndim - 1)
         factor = rng.uniform(1 - self.contrast, 1 + self.contrast, size=shape).astype(np.float32)
@@ -112,7 +116,7 @@ class Normalize:
     field: str = "images"
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
-        images = batch[self.field]
+        images = _field(batch, self.field)
         scale = self.scale if self.scale is not None else (
             1 / np.iinfo(images.dtype).max if images.dtype.kind in "ui" else 1.0)
         mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
@@ -127,4 +131,4 @@ class Cast:
     field: str = "images"
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
-        return _replace(batch, self.field, batch[self.field].astype(self.dtype))
+        return _replace(batch, self.field, _field(batch, self.field).astype(self.dtype))

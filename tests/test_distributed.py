@@ -1,19 +1,64 @@
-"""Ingest on a real distributed.LocalCluster (worker processes, loopback only)."""
+"""Ingest and iteration on a real distributed.LocalCluster (worker processes, loopback only)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import time
+
+import cloudpickle
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
 import outcore
+from outcore import transforms
+from outcore.errors import ClusterError, NotAStoreError
+from outcore.synthetic import write_image_folder
+
+
+def augment(field: str) -> transforms.Compose:
+    return transforms.Compose([transforms.RandomCrop((24, 24), field=field), transforms.RandomFlip(field=field),
+                               transforms.BrightnessContrast(field=field)])
+
+
+class SlowAugment:
+    """`augment` of ``images_encoded`` and a pause, so that tasks are still running when a worker is killed."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, batch, rng):
+        time.sleep(self.seconds)
+        return augment("images_encoded")(batch, rng)
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
 
 
 @pytest.fixture(scope="module")
 def client():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """120 JPEGs stored both ways, in 15 chunks of 8."""
+    root = tmp_path_factory.mktemp("cluster")
+    write_image_folder(root / "src", 40, classes=("a", "b", "c"), size=(40, 48), extension=".jpg", seed=8)
+    return outcore.ingest_images(root / "src", root / "both.zarr", shape=(32, 32, 3), images="both", chunk_size=8,
+                                 progress=False)
+
+
+def _assert_same_batches(expected, got):
+    assert len(expected) == len(got)
+    for a, b in zip(expected, got, strict=True):
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
 def _assert_same_store(a, b):
@@ -47,3 +92,97 @@ def test_cluster_from_arrays(client, tmp_path, rng):
     local = outcore.from_arrays(arrays, tmp_path / "l.zarr", chunk_size=32, progress=False)
     remote = outcore.from_arrays(arrays, tmp_path / "c.zarr", chunk_size=32, client=client, progress=False)
     _assert_same_store(local, remote)
+
+
+def test_cluster_ingest_of_encoded_images_equals_local(client, image_folder, tmp_path):
+    options = {"shape": (32, 32, 3), "chunk_size": 4, "images": "both", "progress": False}
+    local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", **options)
+    remote = outcore.ingest_images(image_folder, tmp_path / "cluster.zarr", client=client, **options)
+    _assert_same_store(local, remote)
+    for name in ("images_encoded", "images_encoded_ranges"):
+        np.testing.assert_array_equal(local.array(name)[:], remote.array(name)[:], err_msg=name)
+
+
+@pytest.mark.parametrize("fields", [["images", "labels"], ["images_encoded", "labels", "path"]])
+def test_cluster_iteration_equals_local_iteration(client, photos, fields):
+    options = {"seed": 7, "buffer_chunks": 3, "transform": augment(fields[0]), "fields": fields}
+    local, remote = photos.batches(10, **options), photos.batches(10, client=client, **options)
+    for _ in range(2):  # two epochs, two orders
+        _assert_same_batches(list(local), list(remote))
+    shard = {"rank": 1, "world_size": 2, **options}
+    _assert_same_batches(list(photos.batches(10, **shard)), list(photos.batches(10, client=client, **shard)))
+    prefixes = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.task_prefixes))
+    assert {"outcore-chunk", "outcore-batch"} <= set(prefixes)  # as the dashboard shows them
+
+
+def test_killed_worker_mid_epoch_still_gives_every_sample_once_in_order(client, photos):
+    options = {"seed": 3, "buffer_chunks": 4, "transform": SlowAugment(0.03), "fields": ["images_encoded",
+                                                                                           "source_index"]}
+    expected = list(photos.batches(8, **options))
+    got = []
+    for i, batch in enumerate(photos.batches(8, client=client, **options)):
+        got.append(batch)
+        if i == 2:
+            pids = client.run(os.getpid)
+            os.kill(pids[min(pids)], signal.SIGKILL)
+    _assert_same_batches(expected, got)
+    order = np.concatenate([b["source_index"] for b in got])
+    assert sorted(order.tolist()) == list(range(len(photos)))
+    client.wait_for_workers(2, timeout=60)  # the nanny restarts the killed worker
+    assert pids[min(pids)] not in client.run(os.getpid).values()
+
+
+def test_lost_cluster_raises_and_the_state_resumes_without_it(photos):
+    options = {"seed": 5, "transform": SlowAugment(0.05), "fields": ["images_encoded", "labels"]}
+    expected = list(photos.batches(8, **options))
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        it = photos.batches(8, client=client, **options)
+        got = []
+        with pytest.raises(ClusterError, match=r"lost the Dask cluster.*state_dict\(\)"):
+            for batch in it:
+                got.append(batch)
+                if len(got) == 3:
+                    cluster.close()
+    state = it.state_dict()
+    assert state["batches_done"] == len(got) >= 3
+    resumed = photos.batches(8, **options)
+    resumed.load_state_dict(state)
+    _assert_same_batches(expected, got + list(resumed))
+
+
+def test_workers_that_cannot_see_the_store_say_so(client, photos, tmp_path):
+    moved = outcore.open_dataset(photos.location)
+    it = moved.batches(8, client=client)
+    moved.location = str(tmp_path / "elsewhere.zarr")  # what a worker without the shared filesystem sees
+    with pytest.raises(NotAStoreError, match="Dask worker .* cannot open the store.*every worker sees it"):
+        next(iter(it))
+
+
+def test_framework_adapters_take_the_client(client, photos):
+    import keras
+    import torch
+
+    options = {"seed": 2, "transform": augment("images_encoded")}  # x= and y= choose the fields of tf and keras
+    fields = ["images_encoded", "labels"]
+    expected = list(photos.batches(16, fields=fields, **options))
+    got = list(photos.torch(16, client=client, fields=fields, **options))
+    assert [b["images_encoded"].dtype for b in got] == [torch.uint8] * len(expected)
+    _assert_same_batches(expected, [{k: v.numpy() for k, v in b.items()} for b in got])
+    with pytest.raises(ValueError, match="num_workers=0"):
+        photos.torch(16, client=client, num_workers=2)
+
+    tf_batches = list(photos.tf(16, x="images_encoded", y="labels", client=client, **options).as_numpy_iterator())
+    _assert_same_batches(expected, [{"images_encoded": x, "labels": y} for x, y in tf_batches])
+
+    sequence = photos.keras(16, x="images_encoded", y="labels", client=client, **options)
+    for i in (0, 1, 3, 2, 4, 0):  # in order, a skip ahead, a step back: all served right
+        x, y = sequence[i]
+        np.testing.assert_array_equal(x, expected[i]["images_encoded"])
+        np.testing.assert_array_equal(y, expected[i]["labels"])
+    model = keras.Sequential([keras.Input((24, 24, 3)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
+                              keras.layers.Dense(3, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    history = model.fit(sequence, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2 and sequence.iterator.epoch == 2
+    sequence.iterator.close()

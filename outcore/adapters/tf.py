@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..loader import BatchIterator
+import numpy as np
+
+from ..loader import BatchIterator, apply_transform
 from .keras import FieldSelection, _names, _select
 
 try:
@@ -21,7 +23,8 @@ def dataset(ds: Dataset, batch_size: int, *, x: FieldSelection, y: FieldSelectio
             **options: Any) -> tf.data.Dataset:
     """Batches as ``x`` or ``(x, y)``, each field a tensor with a known ``element_spec``.
 
-    The batch dimension is static when ``drop_last=True``. Each pass over the dataset is the next
+    The batch dimension is static when ``drop_last=True``; the other dimensions are those the
+    ``transform`` (if any) gives a blank sample. Each pass over the dataset is the next
     epoch (a new order); the data comes batch by batch, with no per-sample Python work.
 
     >>> model.fit(ds.tf(256, x="images", y="labels").prefetch(2), epochs=3)  # doctest: +SKIP
@@ -30,10 +33,14 @@ def dataset(ds: Dataset, batch_size: int, *, x: FieldSelection, y: FieldSelectio
     iterator = BatchIterator(ds, batch_size, fields=fields, **options)
     batch_dim = batch_size if options.get("drop_last") else None
 
+    # what the transform makes of a batch (it may crop, cast, ...): shapes and dtypes from one blank sample
+    blank = {name: np.zeros((1, *ds[name].shape[1:]), ds[name].dtype) for name in fields}
+    example = apply_transform(options.get("transform"), blank, [0])
+
     def spec(field: str) -> tf.TensorSpec:
-        lazy = ds[field]
-        dtype = tf.string if lazy.dtype.kind in "US" else tf.as_dtype(lazy.dtype)
-        return tf.TensorSpec((batch_dim, *lazy.shape[1:]), dtype, name=field)
+        values = example[field]
+        dtype = tf.string if values.dtype.kind in "US" else tf.as_dtype(values.dtype)
+        return tf.TensorSpec((batch_dim, *values.shape[1:]), dtype, name=field)
 
     def structure(selection: FieldSelection) -> Any:
         return _select({name: spec(name) for name in fields}, selection)

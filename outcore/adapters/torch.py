@@ -29,6 +29,11 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
 if TYPE_CHECKING:
     from ..dataset import Dataset
 
+_CLIENT_IN_WORKERS = (
+    "with client=, the Dask workers read, decode and augment, and batches arrive in the main process: "
+    "use num_workers=0 (DataLoader worker processes cannot share the client)"
+)
+
 
 class TorchBatches(IterableDataset):
     """Batches of ``dataset`` as dicts of tensors (text fields stay numpy strings).
@@ -42,6 +47,8 @@ class TorchBatches(IterableDataset):
     def __init__(self, dataset: Dataset, batch_size: int, *, num_workers: int = 0, rank: int | None = None,
                  world_size: int | None = None, channels_first: bool = False, **options: Any) -> None:
         super().__init__()
+        if options.get("client") is not None and num_workers > 0:
+            raise ValueError(_CLIENT_IN_WORKERS)
         self.location, self.num_samples, self.batch_size, self.options = (
             dataset.location, len(dataset), batch_size, options)
         self.num_workers, self.channels_first = num_workers, channels_first
@@ -72,6 +79,8 @@ class TorchBatches(IterableDataset):
         from ..dataset import open_dataset
 
         info = get_worker_info()
+        if info is not None and self.options.get("client") is not None:
+            raise ValueError(_CLIENT_IN_WORKERS)
         loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         taken, first = _done_by_each(self.worker_batches(num_workers), self.batches_done)
         # The DataLoader asks its worker 0 first; after a resume the next batch is due from worker
@@ -143,7 +152,7 @@ def loader(dataset: Dataset, batch_size: int, *, num_workers: int = 0, pin_memor
     """A DataLoader of batches of ``dataset``, read by ``num_workers`` worker processes.
 
     ``options`` are those of `Dataset.batches` (shuffle, seed, buffer_chunks, prefetch, transform,
-    drop_last). Batches are made by outcore, so the DataLoader's own batching is off. outcore already
+    drop_last, client: with a Dask client, its workers make the batches and ``num_workers`` stays 0). Batches are made by outcore, so the DataLoader's own batching is off. outcore already
     reads ahead on background threads, so ``num_workers=0`` is the default: worker processes add a
     copy of every batch between processes (benchmarks/training.py measured 5 % of the time waiting
     for data with 0 workers, 21 % with 2, on 2 cores); use them for heavy per-batch Python transforms.
