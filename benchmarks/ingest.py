@@ -5,7 +5,8 @@
 Writes ``--images`` photo crops as quality-90 JPEGs (kept in ``--workdir`` for later runs), then
 measures, in one run, with medians over ``--repeats``:
 
-- decode alone: Pillow ``Image.open(...).load()`` of every file on one core, and ``imageio.v3.imread``;
+- decode alone, one core: outcore's decoder (libjpeg-turbo via simplejpeg, what the ingest runs),
+  Pillow ``Image.open(...).load()`` and ``imageio.v3.imread``;
 - ``outcore.ingest_images`` with the local default (threads, one per core);
 - ``outcore.ingest_images`` on a ``distributed.LocalCluster`` of 2 single-threaded worker processes.
 
@@ -16,37 +17,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import imageio.v3 as iio
+import numpy as np
+from common import prepare, print_table, timed
 from PIL import Image
 
 import outcore
-from outcore.synthetic import write_image_folder
-
-
-def timed(work: Callable[[], object], count: int, repeats: int) -> float:
-    """Median items per second of ``work`` over ``repeats`` runs."""
-    rates = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        work()
-        rates.append(count / (time.perf_counter() - began))
-    return statistics.median(rates)
-
-
-def prepare(folder: Path, images: int, size: int) -> list[Path]:
-    files = sorted(folder.rglob("*.jpg")) if folder.exists() else []
-    if len(files) != images:
-        shutil.rmtree(folder, ignore_errors=True)
-        print(f"writing {images} {size}x{size} JPEGs to {folder} …")
-        files = write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(size, size),
-                                   kind="photos", seed=0)
-    return files
+from outcore.imaging import load_image
 
 
 def main() -> None:
@@ -65,6 +44,10 @@ def main() -> None:
             with Image.open(path) as image:
                 image.load()
 
+    def decode_outcore() -> None:
+        for path in files:
+            load_image(str(path), shape, None, np.dtype("uint8"))
+
     def decode_imageio() -> None:
         for path in files:
             iio.imread(path)
@@ -74,6 +57,7 @@ def main() -> None:
                               client=client, progress=False)
 
     rows = [
+        ("decode only, outcore (libjpeg-turbo), 1 core", timed(decode_outcore, count, args.repeats)),
         ("decode only, Pillow, 1 core", timed(decode_pillow, count, args.repeats)),
         ("decode only, imageio.v3.imread, 1 core", timed(decode_imageio, count, args.repeats)),
         (f"outcore ingest, local threads ({os.cpu_count()})", timed(ingest, count, args.repeats)),
@@ -88,11 +72,7 @@ def main() -> None:
     decode = rows[0][1]
     print(f"\n{count} JPEGs of {args.size}x{args.size} ({jpeg_mib:.0f} MiB) -> store of {store_mib:.0f} MiB "
           f"({store_mib / jpeg_mib:.1f}x the JPEGs); medians of {args.repeats} runs\n")
-    header = f"{'what':45s} {'images/s':>9s} {'vs 1-core decode':>17s} {'vs 2-core decode':>17s}"
-    print(header)
-    print("-" * len(header))
-    for name, rate in rows:
-        print(f"{name:45s} {rate:9.0f} {rate / decode:17.2f} {rate / (2 * decode):17.2f}")
+    print_table(("what", "images/s"), rows, {"vs 1-core decode": decode, "vs 2-core decode": 2 * decode})
 
 
 if __name__ == "__main__":

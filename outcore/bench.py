@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .chunks import FieldChunks
+from PIL import Image
+
 from .dataset import Dataset
+from .encoded import ranges_name
 
 
 @dataclass(frozen=True)
@@ -30,18 +33,30 @@ def measure(name: str, work: Callable[[], int]) -> Measurement:
 
 
 def sequential_zarr(ds: Dataset, fields: Sequence[str]) -> int:
-    """Plain zarr: read the store front to back, one chunk per call and field."""
-    arrays = [ds.array(name) for name in fields]
+    """Plain zarr: read the store front to back, one chunk per call and field (encoded images: the
+    chunk's byte ranges and bytes, then each image decoded with Pillow)."""
     for start in range(0, len(ds), ds.chunk_size):
-        for array in arrays:
-            array[start : start + ds.chunk_size]
+        for name in fields:
+            if ds.attrs.fields[name].is_image:
+                _decode_with_pillow(ds, name, start)
+            else:
+                ds.array(name)[start : start + ds.chunk_size]
     return len(ds)
 
 
+def _decode_with_pillow(ds: Dataset, name: str, start: int) -> None:
+    ranges = ds.array(ranges_name(name))[start : start + ds.chunk_size]
+    low = int(ranges[0, 0])
+    data = ds.array(name)[low : int(ranges[-1, 1])]
+    for begin, end in ranges.tolist():
+        with Image.open(io.BytesIO(data[begin - low : end - low].tobytes())) as image:
+            image.load()
+
+
 def decompress_all(ds: Dataset, fields: Sequence[str], threads: int = 2) -> int:
-    """The ceiling: decompress every chunk into memory on ``threads`` threads, in storage order, with
-    outcore's direct chunk reader and no shuffling, batching or copying."""
-    readers = [FieldChunks(ds.array(name), name, ds.location, len(ds)) for name in fields]
+    """The ceiling: decompress (and decode) every chunk into memory on ``threads`` threads, in storage
+    order, with outcore's chunk readers and no shuffling, batching or copying."""
+    readers = [ds.chunk_reader(name) for name in fields]
     jobs = [(reader, chunk) for chunk in range(ds.num_chunks) for reader in readers]
     with ThreadPoolExecutor(threads) as pool:
         for _ in pool.map(lambda job: job[0].read(job[1]), jobs):

@@ -3,16 +3,18 @@
 ``ds.batches(..., client=client)`` turns the epoch plan (`outcore.shuffle`) into two kinds of tasks,
 submitted in plan order:
 
-- ``outcore-chunk-…``: read one chunk of every field and decode it (encoded images become pixels).
-  The worker opens the store itself — a path every worker sees, or an fsspec URL — so the data is
-  never sent from the consumer.
-- ``outcore-batch-…``: take one batch's samples from the chunk results it depends on and apply the
-  transform with the generator seeded by ``(seed, epoch, consumer, batch)``, exactly as the local
-  threads do: the batches are identical, pixel for pixel.
+- ``outcore-chunk-…``: read one chunk of every field. The worker opens the store itself — a path
+  every worker sees, or an fsspec URL — so the data is never sent from the consumer. Encoded images
+  stay encoded (`outcore.encoded.EncodedChunk`): when a batch task runs on another worker, only the
+  JPEG bytes travel, about 8x less than pixels.
+- ``outcore-batch-…``: take one batch's samples from the chunk results it depends on, decoding the
+  encoded ones, and apply the transform with the generator seeded by ``(seed, epoch, consumer,
+  batch)``, exactly as the local threads do: the batches are identical, pixel for pixel.
 
-At most ``prefetch`` batch tasks are pending, and chunk tasks run ahead of them by one per worker
-thread (so every worker has a chunk to decode); a chunk result is released as soon as the last batch
-that needs it has been submitted, so the cluster holds about ``buffer_chunks`` + threads chunks.
+At most ``prefetch`` + (worker threads) batch tasks are pending, so every worker thread has a batch
+to make while ``prefetch`` finished ones wait, and chunk reads run ahead of them by one more chunk per
+worker thread; a chunk result is released as soon as the last batch that needs it has been
+submitted, so the cluster holds about ``buffer_chunks`` + 2 x threads chunks.
 A background thread gathers finished batches in order into the consumer's queue.
 
 If a worker dies, Dask reruns its tasks (and recomputes the chunks it held) on the others: the epoch
@@ -35,12 +37,12 @@ from distributed import Future, KilledWorker, get_worker
 from distributed.client import ClosedClientError
 from distributed.comm import CommClosedError
 
+from .encoded import EncodedChunk, EncodedChunks
 from .errors import ClusterError, NotAStoreError
 from .loader import Batch, Run, Transform, apply_transform, as_consumed, assemble, new_array
 
 if TYPE_CHECKING:
     from .chunks import FieldChunks
-    from .encoded import EncodedChunks
     from .loader import BatchIterator
     from .shuffle import EpochPlan
 
@@ -82,7 +84,8 @@ class ClusterRun(Run):
         owner, plan, client = self.owner, self.plan, self.client
         chunk_size, batch_size = owner.dataset.chunk_size, owner.batch_size
         slot = {int(c): j for j, c in enumerate(plan.chunks)}
-        read_ahead = max(2, sum(client.nthreads().values()))
+        threads = max(1, sum(client.nthreads().values()))
+        read_ahead, in_flight = threads + 1, self.owner.prefetch + threads
         next_read = 0
         for index in range(self.first_batch, self.total):
             if self.stop.is_set():
@@ -102,7 +105,7 @@ class ClusterRun(Run):
             ))
             for j in [j for j in self.chunks if plan.last_use[j] < (index + 1) * batch_size]:
                 del self.chunks[j]  # its batches hold it on the cluster until they have run
-            if len(self.pending) >= self.owner.prefetch and not self._deliver():
+            if len(self.pending) >= in_flight and not self._deliver():
                 return
         while self.pending:
             if not self._deliver():
@@ -130,17 +133,22 @@ class ClusterRun(Run):
             self.client.cancel(futures)
 
 
-def read_chunk(store: StoreFields, chunk: int) -> Batch:
-    """On a worker: chunk ``chunk`` of every field, decoded."""
+def read_chunk(store: StoreFields, chunk: int) -> dict[str, np.ndarray | EncodedChunk]:
+    """On a worker: chunk ``chunk`` of every field; encoded images stay encoded until a batch takes them."""
     readers = _readers(store)
-    return {name: as_consumed(readers[name].read(chunk), name in store.text_fields) for name in store.fields}
+    return {
+        name: reader.read_encoded(chunk) if isinstance(reader, EncodedChunks)
+        else as_consumed(reader.read(chunk), name in store.text_fields)
+        for name, reader in ((name, readers[name]) for name in store.fields)
+    }
 
 
 def make_batch(
     samples: np.ndarray, chunk_size: int, chunks: list[int], fields: tuple[str, ...], transform: Transform | None,
-    rng_key: list[int], *values: Batch,
+    rng_key: list[int], *values: dict[str, np.ndarray | EncodedChunk],
 ) -> Batch:
-    """On a worker: one batch from the chunks it draws on, augmented as the local path would."""
+    """On a worker: one batch from the chunks it draws on (decoding its encoded samples), augmented as the
+    local path would."""
     batch = assemble(samples, chunk_size, dict(zip(chunks, values, strict=True)), fields, new_array)
     return apply_transform(transform, batch, rng_key)
 

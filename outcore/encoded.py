@@ -127,6 +127,49 @@ def _read_blobs(directory: str, name: str, start: int, stop: int) -> np.ndarray:
     return blobs
 
 
+class EncodedChunk:
+    """One chunk of an encoded field, not yet decoded: ``chunk[i]`` decodes its ``i``-th sample.
+
+    It is what a Dask worker passes to the batch tasks that need the chunk: the compressed bytes travel
+    between workers, and each sample is decoded once, by the task that puts it in a batch.
+    """
+
+    def __init__(self, region: np.ndarray, ranges: np.ndarray, decode: ImageDecode, context: tuple[str, str, int, int]):
+        self.region, self.ranges, self.decode = region, ranges, decode
+        self.where, self.field, self.chunk, self.first = context
+        self.dtype = np.dtype(decode.dtype)
+        self.shape = (len(ranges), *decode.shape)
+        self.ndim = len(self.shape)
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.decode_sample(index)
+
+    def decode_sample(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Sample ``index``, decoded (into ``out``, of the decoded sample's shape, when given)."""
+        start, stop = self.ranges[index].tolist()
+        if not 0 <= start <= stop <= len(self.region):
+            raise self._error(index, f"its byte range {start}..{stop} lies outside the chunk")
+        try:
+            return decode_image(self.region[start:stop].tobytes(), self.decode.shape, self.decode.resize, self.dtype,
+                                out=out)
+        except ImageError as error:
+            raise self._error(index, error.reason) from None
+
+    def decode_into(self, out: np.ndarray) -> np.ndarray:
+        for i in range(len(self)):
+            self.decode_sample(i, out[i])
+        return out[: len(self)]
+
+    def _error(self, index: int, reason: str) -> SampleDecodeError:
+        return SampleDecodeError(
+            f"{self.where}: field {self.field!r}, sample {self.first + index} (chunk {self.chunk}) cannot be decoded: "
+            f"{reason}. Find every such sample with `outcore verify {self.where}`, then re-ingest it from a good file."
+        )
+
+
 class EncodedChunks:
     """Like `outcore.chunks.FieldChunks`, for an encoded field: ``read(chunk)`` returns decoded samples.
 
@@ -151,24 +194,13 @@ class EncodedChunks:
 
     def read(self, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         """The chunk's samples, decoded (into ``out``, from `empty`, when given)."""
-        ranges = self.ranges.read(chunk) - chunk * self.capacity
         region = getattr(self._scratch, "region", None)
         if region is None:
             region = self._scratch.region = self.bytes.empty()
-        region = self.bytes.read(chunk, out=region)
-        out = self.empty() if out is None else out
-        first = chunk * self.chunk_size
-        for i, (start, stop) in enumerate(ranges.tolist()):
-            if not 0 <= start <= stop <= len(region):
-                raise self._error(first + i, chunk, f"its byte range {start}..{stop} lies outside the chunk")
-            try:
-                out[i] = decode_image(region[start:stop].tobytes(), self.decode.shape, self.decode.resize, self.dtype)
-            except ImageError as error:
-                raise self._error(first + i, chunk, error.reason) from None
-        return out[: len(ranges)]
+        return self.read_encoded(chunk, region).decode_into(self.empty() if out is None else out)
 
-    def _error(self, sample: int, chunk: int, reason: str) -> SampleDecodeError:
-        return SampleDecodeError(
-            f"{self.where}: field {self.field!r}, sample {sample} (chunk {chunk}) cannot be decoded: {reason}. "
-            f"Find every such sample with `outcore verify {self.where}`, then re-ingest it from a good file."
-        )
+    def read_encoded(self, chunk: int, region: np.ndarray | None = None) -> EncodedChunk:
+        """The chunk's bytes, to decode later (into ``region``, from ``self.bytes.empty()``, when given)."""
+        ranges = self.ranges.read(chunk) - chunk * self.capacity
+        region = self.bytes.read(chunk, out=region)[: int(ranges[:, 1].max(initial=0))]  # without the padding
+        return EncodedChunk(region, ranges, self.decode, (self.where, self.field, chunk, chunk * self.chunk_size))

@@ -94,9 +94,11 @@ def read_image_file(path: str) -> bytes:
 
 
 def decode_image(
-    data: bytes, shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, name: str = "image"
+    data: bytes, shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, name: str = "image",
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Decode encoded image bytes (JPEG, PNG, WebP, ...) to exactly ``shape`` and ``dtype``.
+    """Decode encoded image bytes (JPEG, PNG, WebP, ...) to exactly ``shape`` and ``dtype``, into
+    ``out`` (a C-contiguous array of that shape and dtype) when given.
 
     The same function decodes files at ingest and encoded fields at load time, so a pixel store and
     an encoded store of the same files give identical samples. ``name`` appears in errors.
@@ -105,13 +107,20 @@ def decode_image(
     (64, 64, 3)
     """
     channels = shape[2] if len(shape) == 3 else 1
-    pixels = _decode(data, channels, shape[:2], resize, name)
-    pixels = _convert_depth(pixels, dtype)
-    pixels = _fit(pixels, shape[:2], resize, name)
-    return pixels.reshape(shape)
+    in_place = out if out is not None and dtype == np.uint8 and out.flags.c_contiguous else None
+    pixels = _decode(data, channels, shape[:2], resize, name, in_place)
+    if pixels is in_place:  # libjpeg-turbo wrote the finished sample straight into ``out``
+        return out
+    pixels = _fit(_convert_depth(pixels, dtype), shape[:2], resize, name).reshape(shape)
+    if out is None:
+        return pixels
+    out[...] = pixels
+    return out
 
 
-def _decode(data: bytes, channels: int, target: tuple[int, int], resize: ResizePolicy, name: str) -> np.ndarray:
+def _decode(
+    data: bytes, channels: int, target: tuple[int, int], resize: ResizePolicy, name: str, out: np.ndarray | None
+) -> np.ndarray:
     """Decode the first frame, upright (EXIF orientation applied), as (h, w, channels).
 
     A JPEG larger than the target is decoded at a reduced size in the DCT domain (a scale of 1/2, 1/4
@@ -119,10 +128,11 @@ def _decode(data: bytes, channels: int, target: tuple[int, int], resize: ResizeP
     decode. Plain YCbCr/greyscale JPEGs go through libjpeg-turbo via simplejpeg, which is 1.7x faster
     than Pillow on 128x128 photos with identical pixels (benchmarks/cluster.py measures both); any
     other image through Pillow. Pillow is called directly: imageio's Pillow plugin runs the same
-    decoder with about twice the per-file overhead.
+    decoder with about twice the per-file overhead. A plain JPEG of exactly the target size is decoded
+    straight into ``out`` (and ``out`` returned) when given: one copy fewer.
     """
     try:
-        fast = _decode_plain_jpeg(data, channels, target, resize)
+        fast = _decode_plain_jpeg(data, channels, target, resize, out)
         if fast is not None:
             return fast
         with Image.open(io.BytesIO(data)) as image:
@@ -142,7 +152,7 @@ def _decode(data: bytes, channels: int, target: tuple[int, int], resize: ResizeP
 
 
 def _decode_plain_jpeg(
-    data: bytes, channels: int, target: tuple[int, int], resize: ResizePolicy
+    data: bytes, channels: int, target: tuple[int, int], resize: ResizePolicy, out: np.ndarray | None
 ) -> np.ndarray | None:
     """A YCbCr JPEG as RGB, or a greyscale JPEG as grey, through libjpeg-turbo; None for anything else."""
     if data[:3] != b"\xff\xd8\xff":
@@ -155,6 +165,9 @@ def _decode_plain_jpeg(
     wanted = {"YCbCr": (3, "RGB"), "Gray": (1, "GRAY")}.get(colorspace)
     if wanted is None or wanted[0] != channels:
         return None
+    if out is not None and (height, width) == target:
+        simplejpeg.decode_jpeg(data, colorspace=wanted[1], buffer=out)
+        return out
     min_height, min_width = _reduced_size((height, width), target, resize, 1)
     return simplejpeg.decode_jpeg(data, colorspace=wanted[1], min_height=min_height, min_width=min_width)
 

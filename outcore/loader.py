@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .encoded import EncodedChunk
 from .schema import decode_text
 from .shuffle import Consumer, EpochPlan, batch_count, epoch_plan
 
@@ -460,6 +461,9 @@ def assemble(
             for chunk, values in data.items():
                 where = chunks == chunk
                 out[where] = values[name][samples[where] - chunk * chunk_size]
+        elif isinstance(first, EncodedChunk):  # decoded straight into the batch
+            for i, (chunk, index) in enumerate(zip(chunks.tolist(), local, strict=True)):
+                data[chunk][name].decode_sample(index, out[i])
         else:
             sources = [data[c][name] for c in chunks.tolist()]
             for i, (source, index) in enumerate(zip(sources, local, strict=True)):

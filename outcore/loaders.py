@@ -66,16 +66,16 @@ def _load_block(
     for i, path in enumerate(paths):
         try:
             data = read_image_file(path)
-            decoded = decode_image(data, shape, resize, dtype, path)
+            decode_image(data, shape, resize, dtype, path, out=pixels[i] if pixels is not None else None)
         except ImageError as error:
             if on_error == "raise":
                 raise ImageError(
                     error.path, f"{error.reason}. Fix or remove the file, or pass on_error='skip' to skip it"
                 ) from None
             errors[i] = str(error)[: ERROR_DTYPE.itemsize // 4]
+            if pixels is not None:
+                pixels[i] = 0  # a failed decode may have written part of the sample
             continue
-        if pixels is not None:
-            pixels[i] = decoded
         if files is not None:
             files[i] = data
     return pixels, files, errors

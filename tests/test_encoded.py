@@ -9,6 +9,7 @@ import zarr
 
 import outcore
 from outcore import transforms
+from outcore.bench import compare
 from outcore.cli import main
 from outcore.errors import SampleDecodeError, SourceError
 from outcore.info import describe
@@ -128,3 +129,9 @@ def test_cli_ingests_encoded(image_folder, tmp_path, capsys):
                  "--no-progress"]) == 0
     assert "uint8 (encoded images)" in capsys.readouterr().out
     assert main(["verify", str(store), "--no-progress"]) == 0
+
+
+def test_bench_reads_encoded_fields_as_images(stores):
+    _, encoded = stores
+    rates = dict(compare(encoded, ["images", "labels"], batch_size=8, repeats=1))
+    assert len(rates) == 3 and all(rate > 0 for rate in rates.values())

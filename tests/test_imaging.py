@@ -182,3 +182,11 @@ def test_exif_rotated_jpeg_is_upright(tmp_path):
     image.save(path, exif=exif, quality=95)
     upright = decode_image(path.read_bytes(), (48, 32, 3), None, U8)
     assert np.abs(upright.astype(int) - np.rot90(pixels, -1)).mean() < 3.0
+
+
+@pytest.mark.parametrize("shape", [(48, 64, 3), (24, 32, 3), (48, 64)])
+def test_decoding_into_an_array_gives_the_same_pixels(tmp_path, shape):
+    data = _write(tmp_path / "a.jpg", _smooth(48, 64), quality=90).read_bytes()
+    out = np.full(shape, 7, dtype=np.uint8)
+    assert decode_image(data, shape, "crop", U8, out=out) is out
+    np.testing.assert_array_equal(out, decode_image(data, shape, "crop", U8))

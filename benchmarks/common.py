@@ -1,0 +1,42 @@
+"""What the benchmark scripts share: timing, the generated JPEG folders, and the printed table."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from outcore.synthetic import write_image_folder
+
+
+def timed(work: Callable[[], object], count: int, repeats: int) -> float:
+    """Median items per second of ``work`` over ``repeats`` runs."""
+    rates = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        work()
+        rates.append(count / (time.perf_counter() - began))
+    return statistics.median(rates)
+
+
+def prepare(folder: Path, images: int, size: int) -> list[Path]:
+    """``images`` photo crops of ``size`` x ``size`` as quality-90 JPEGs in ``folder`` (kept for later runs)."""
+    files = sorted(folder.rglob("*.jpg")) if folder.exists() else []
+    if len(files) != images:
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"writing {images} {size}x{size} JPEGs to {folder} …")
+        files = write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(size, size),
+                                   kind="photos", seed=0)
+    return files
+
+
+def print_table(columns: Sequence[str], rows: Sequence[tuple[str, float]], ratios: dict[str, float]) -> None:
+    """One row per measurement: its rate, then the rate divided by each of ``ratios``' values."""
+    width = max(len(name) for name, _ in rows)
+    header = f"{columns[0]:{width}s} {columns[1]:>10s}" + "".join(f" {label:>17s}" for label in ratios)
+    print(header)
+    print("-" * len(header))
+    for name, rate in rows:
+        print(f"{name:{width}s} {rate:10.0f}" + "".join(f" {rate / base:17.2f}" for base in ratios.values()))
