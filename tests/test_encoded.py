@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import imageio.v3 as iio
 import numpy as np
 import pytest
@@ -135,3 +137,11 @@ def test_bench_reads_encoded_fields_as_images(stores):
     _, encoded = stores
     rates = dict(compare(encoded, ["images", "labels"], batch_size=8, repeats=1))
     assert len(rates) == 3 and all(rate > 0 for rate in rates.values())
+
+
+def test_encoded_store_reads_by_fsspec_url(stores):
+    pixels, encoded = stores
+    remote = outcore.open_dataset(Path(encoded.location).absolute().as_uri())
+    np.testing.assert_array_equal(remote["images"].compute(), pixels["images"].compute())
+    first = next(iter(remote.batches(8, shuffle=False)))
+    np.testing.assert_array_equal(first["images"], pixels["images"][:8].compute())
