@@ -23,8 +23,8 @@ if __name__ == "__main__":  # worker processes import this file: start the clust
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         print("dashboard:", client.dashboard_link)
-        ds = outcore.ingest_images(workdir / "photos", workdir / "photos.zarr", shape=(64, 64, 3), images="encoded", chunk_size=32,
-                                   client=client, overwrite=True, progress=False)
+        ds = outcore.ingest_images(workdir / "photos", workdir / "photos.zarr", shape=(64, 64, 3), images="encoded",
+                                   chunk_size=32, client=client, overwrite=True, progress=False)
         print(ds)
 
         it = ds.batches(32, seed=0, transform=augment, client=client)
