@@ -8,10 +8,12 @@ from importlib.metadata import version
 
 from .dataset import Dataset, open_dataset
 from .errors import (
+    ClusterError,
     CorruptChunkError,
     ImageError,
     NotAStoreError,
     OutcoreError,
+    SampleDecodeError,
     SourceError,
     StoreExistsError,
     UnsafeStoreError,
@@ -27,12 +29,14 @@ __version__ = version("outcore")
 
 __all__ = [
     "BatchIterator",
+    "ClusterError",
     "Compression",
     "CorruptChunkError",
     "Dataset",
     "ImageError",
     "NotAStoreError",
     "OutcoreError",
+    "SampleDecodeError",
     "ShuffleQuality",
     "SourceError",
     "StoreExistsError",

@@ -41,6 +41,7 @@ def test_encoded_store_reads_exactly_like_the_pixel_store(stores):
         for name in a:
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     assert encoded.batches(6).batch(2)["images"].shape == (6, *SHAPE)
+    assert encoded.chunk_reader("images").direct  # outcore's own chunk reader, not zarr's
 
 
 def test_the_store_holds_the_files_bytes_readable_with_plain_zarr(stores, image_folder):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import outcore.encoded
 import outcore.imaging
 import outcore.schema
 import outcore.shuffle
@@ -29,7 +30,8 @@ def test_there_are_examples():
     assert len(EXAMPLES) >= 2
 
 
-@pytest.mark.parametrize("module", [outcore.schema, outcore.imaging, outcore.synthetic, outcore.shuffle], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [outcore.schema, outcore.imaging, outcore.synthetic, outcore.shuffle, outcore.encoded],
+                         ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     results = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert results.attempted > 0 and results.failed == 0
