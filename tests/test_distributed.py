@@ -14,6 +14,7 @@ from distributed import Client, LocalCluster
 
 import outcore
 from outcore import transforms
+from outcore.cli import main
 from outcore.errors import ClusterError, NotAStoreError
 from outcore.synthetic import write_image_folder
 
@@ -186,3 +187,13 @@ def test_framework_adapters_take_the_client(client, photos):
     history = model.fit(sequence, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2 and sequence.iterator.epoch == 2
     sequence.iterator.close()
+
+
+def test_cli_ingest_on_a_scheduler_address(client, image_folder, tmp_path, capsys):
+    store = tmp_path / "cli.zarr"
+    assert main(["ingest", str(image_folder), str(store), "--shape", "32x32x3", "--images", "encoded",
+                 "--chunk-size", "4", "--scheduler", client.scheduler.address, "--no-progress"]) == 0
+    assert "encoded images" in capsys.readouterr().out
+    local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", shape=(32, 32, 3), images="encoded",
+                                  chunk_size=4, progress=False)
+    _assert_same_store(local, outcore.open_dataset(store))
