@@ -125,7 +125,7 @@ def _decode(
 
     A JPEG larger than the target is decoded at a reduced size in the DCT domain (a scale of 1/2, 1/4
     or 1/8 that keeps it at least as large as `_fit` needs), which is several times faster than a full
-    decode. Plain YCbCr/greyscale JPEGs go through libjpeg-turbo via simplejpeg, which is 1.7x faster
+    decode. Plain YCbCr/greyscale JPEGs go through libjpeg-turbo via simplejpeg, which is 1.7-2.5x faster
     than Pillow on 128x128 photos with identical pixels (benchmarks/cluster.py measures both); any
     other image through Pillow. Pillow is called directly: imageio's Pillow plugin runs the same
     decoder with about twice the per-file overhead. A plain JPEG of exactly the target size is decoded
