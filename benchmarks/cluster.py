@@ -29,22 +29,15 @@ from pathlib import Path
 
 import imageio.v3 as iio
 import numpy as np
-import zarr
 from common import prepare, print_table, timed
 from distributed import Client, LocalCluster
 from PIL import Image
 
 import outcore
+from outcore.encoded import read_files
 from outcore.imaging import decode_image
 
 BATCH = 256
-
-
-def stored_files(ds: outcore.Dataset, field: str = "images") -> list[bytes]:
-    """The encoded samples' bytes, as the readers see them."""
-    group = zarr.open_group(ds.location, mode="r")
-    data, ranges = group[field][:], group[f"{field}_ranges"][:]
-    return [data[start:stop].tobytes() for start, stop in ranges]
 
 
 def store(source: Path, target: Path, shape: tuple[int, ...], images: str) -> outcore.Dataset:
@@ -138,7 +131,7 @@ def main() -> None:
     large_source = workdir / f"jpeg-{2 * args.size}-{args.large}"
     large_files = prepare(large_source, args.large, 2 * args.size)
 
-    blobs = stored_files(encoded)
+    blobs = read_files(encoded.array("images"), encoded.array("images_ranges"), 0, len(encoded))
     decoders = decoder_rates(blobs[: min(len(blobs), 5000)], shape, args.repeats)
     decode = decoders[0][1]
     large_blobs = [path.read_bytes() for path in large_files]

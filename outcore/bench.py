@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from .dataset import Dataset
-from .encoded import ranges_name
+from .encoded import ranges_name, read_files
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,9 @@ def sequential_zarr(ds: Dataset, fields: Sequence[str]) -> int:
 
 
 def _decode_with_pillow(ds: Dataset, name: str, start: int) -> None:
-    ranges = ds.array(ranges_name(name))[start : start + ds.chunk_size]
-    low = int(ranges[0, 0])
-    data = ds.array(name)[low : int(ranges[-1, 1])]
-    for begin, end in ranges.tolist():
-        with Image.open(io.BytesIO(data[begin - low : end - low].tobytes())) as image:
+    stop = min(len(ds), start + ds.chunk_size)
+    for blob in read_files(ds.array(name), ds.array(ranges_name(name)), start, stop):
+        with Image.open(io.BytesIO(blob)) as image:
             image.load()
 
 

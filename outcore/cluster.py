@@ -137,9 +137,9 @@ def read_chunk(store: StoreFields, chunk: int) -> dict[str, np.ndarray | Encoded
     """On a worker: chunk ``chunk`` of every field; encoded images stay encoded until a batch takes them."""
     readers = _readers(store)
     return {
-        name: reader.read_encoded(chunk) if isinstance(reader, EncodedChunks)
-        else as_consumed(reader.read(chunk), name in store.text_fields)
-        for name, reader in ((name, readers[name]) for name in store.fields)
+        name: readers[name].read_encoded(chunk) if isinstance(readers[name], EncodedChunks)
+        else as_consumed(readers[name].read(chunk), name in store.text_fields)
+        for name in store.fields
     }
 
 

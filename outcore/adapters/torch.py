@@ -152,9 +152,10 @@ def loader(dataset: Dataset, batch_size: int, *, num_workers: int = 0, pin_memor
     """A DataLoader of batches of ``dataset``, read by ``num_workers`` worker processes.
 
     ``options`` are those of `Dataset.batches` (shuffle, seed, buffer_chunks, prefetch, transform,
-    drop_last, client: with a Dask client, its workers make the batches and ``num_workers`` stays 0). Batches are made by outcore, so the DataLoader's own batching is off. outcore already
-    reads ahead on background threads, so ``num_workers=0`` is the default: worker processes add a
-    copy of every batch between processes (benchmarks/training.py measured 5 % of the time waiting
+    drop_last, client: with a Dask client, its workers make the batches and ``num_workers`` stays 0).
+    Batches are made by outcore, so the DataLoader's own batching is off. outcore already reads ahead
+    on background threads, so ``num_workers=0`` is the default: worker processes add a copy of every
+    batch between processes (benchmarks/training.py measured 5 % of the time waiting
     for data with 0 workers, 21 % with 2, on 2 cores); use them for heavy per-batch Python transforms.
 
     >>> for batch in ds.torch(batch_size=256, num_workers=2):  # doctest: +SKIP
