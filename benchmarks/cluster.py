@@ -34,7 +34,7 @@ from distributed import Client, LocalCluster
 from PIL import Image
 
 import outcore
-from outcore.encoded import read_files
+from outcore.storage import read_files
 from outcore.imaging import decode_image
 
 BATCH = 256

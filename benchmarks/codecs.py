@@ -20,7 +20,7 @@ import imageio.v3 as iio
 import numpy as np
 
 import outcore
-from outcore.synthetic import photo_crops
+from outcore.imaging.synthetic import photo_crops
 
 CODECS = [
     "lz4:5:bitshuffle", "lz4:5:shuffle", "lz4:5:noshuffle", "lz4hc:5:bitshuffle",
@@ -56,7 +56,7 @@ def main() -> None:
         for codec in CODECS:
             store = Path(tmp) / f"{codec.replace(':', '_')}.zarr"
             began = time.perf_counter()
-            ds = outcore.from_arrays({"images": images}, store, compressor=codec, shuffle_on_write=False,
+            ds = outcore.from_arrays({"images": images}, store, compression=codec, shuffle_on_write=False,
                                      progress=False)
             write_rate = len(images) / (time.perf_counter() - began)
             array = ds.array("images")

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from outcore.synthetic import write_image_folder
+from outcore.imaging.synthetic import write_image_folder
 
 
 def timed(work: Callable[[], object], count: int, repeats: int) -> float:

@@ -30,8 +30,8 @@ import dask.array as da
 import numpy as np
 
 import outcore
-from outcore.bench import compare
-from outcore.synthetic import photo_crops
+from outcore.cli.bench import compare
+from outcore.imaging.synthetic import photo_crops
 
 BATCH = 256
 CLASSES = 10

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 import outcore
-from outcore.synthetic import write_image_folder
+from outcore.imaging.synthetic import write_image_folder
 
 workdir = Path(sys.argv[1] if len(sys.argv) > 1 else "example-data")
 files = write_image_folder(workdir / "images", 20, classes=("a", "b"), size=(40, 40), extension=".png")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import outcore
-from outcore.synthetic import write_image_folder
+from outcore.imaging.synthetic import write_image_folder
 
 workdir = Path(sys.argv[1] if len(sys.argv) > 1 else "example-data")
 for split, seed in (("train", 0), ("val", 1)):

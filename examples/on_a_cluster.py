@@ -12,7 +12,7 @@ from pathlib import Path
 from distributed import Client, LocalCluster
 
 import outcore
-from outcore.synthetic import write_image_folder
+from outcore.imaging.synthetic import write_image_folder
 from outcore.transforms import BrightnessContrast, Compose, RandomCrop, RandomFlip
 
 if __name__ == "__main__":  # worker processes import this file: start the cluster only once

@@ -1,11 +1,15 @@
 """outcore: train on array datasets far larger than RAM.
 
 Ingest images or arrays into chunked, compressed Zarr v3 stores with Dask, open them lazily, and stream
-them to training loops. The public names are listed in ``__all__``.
+them to training loops. The public names are listed in ``__all__``; the layers they come from are the
+sub-packages, lowest first: `errors`, `format`, `storage`, `imaging`, `iterate`, `adapters`, `dataset`,
+`ingest`, `cli`, `testing` (docs/architecture.md).
 """
 
 from importlib.metadata import version
 
+from . import transforms
+from .cli import VerifyReport, verify
 from .dataset import Dataset, open_dataset
 from .errors import (
     ClusterError,
@@ -18,17 +22,15 @@ from .errors import (
     StoreExistsError,
     UnsafeStoreError,
 )
-from .ingest import from_arrays, ingest_dataframe, ingest_images
-from .loader import BatchIterator
-from .quality import ShuffleQuality, shuffle_quality
-from .schema import Compression
-from .verify import verify
-from .writer import Writer
+from .format import Compression
+from .ingest import Writer, from_arrays, ingest_dataframe, ingest_images
+from .iterate import BatchIterator, BatchKeywords, ShuffleQuality, shuffle_quality
 
 __version__ = version("outcore")
 
 __all__ = [
     "BatchIterator",
+    "BatchKeywords",
     "ClusterError",
     "Compression",
     "CorruptChunkError",
@@ -41,11 +43,13 @@ __all__ = [
     "SourceError",
     "StoreExistsError",
     "UnsafeStoreError",
+    "VerifyReport",
     "Writer",
     "from_arrays",
     "ingest_dataframe",
     "ingest_images",
     "open_dataset",
     "shuffle_quality",
+    "transforms",
     "verify",
 ]

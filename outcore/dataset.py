@@ -1,24 +1,27 @@
-"""`Dataset`: a lazy, named view of an outcore store, and `open_dataset`."""
+"""`Dataset`: the one object users hold — a lazy, named view of an outcore store — and `open_dataset`."""
 
 from __future__ import annotations
 
 import html
-import math
 import os
-import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import dask.array as da
 import numpy as np
 import zarr
 from dask.base import tokenize
 
-from .chunks import FieldChunks
-from .encoded import EncodedChunks, ranges_name
-from .errors import NotAStoreError
-from .loader import BatchIterator
-from .schema import RANGES_SUFFIX, StoreAttrs, decode_text
-from .store import check_safe, is_url, open_group, read_attrs, read_samples
+from .adapters.keywords import TorchKeywords
+from .adapters.selection import FieldSelection
+from .format import StoreAttrs, decode_text
+from .iterate import BatchIterator, BatchKeywords, BatchOptions, ChunkReader, chunk_reader, sample_spec
+from .storage import Store, open_store, read_samples
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from .adapters.keras import KerasBatches
+    from .adapters.torch import OutcoreLoader
 
 
 def open_dataset(location: str | os.PathLike) -> Dataset:
@@ -30,104 +33,25 @@ def open_dataset(location: str | os.PathLike) -> Dataset:
     >>> ds["images"]  # doctest: +SKIP
     dask.array<images, shape=(10000, 128, 128, 3), dtype=uint8, chunksize=(128, 128, 128, 3), ...>
     """
-    where = str(location) if is_url(location) else os.fspath(location)
-    group = open_group(location, mode="r")
-    attrs = read_attrs(group, where)
-    check_safe(group, list(attrs.fields), where)
-    return Dataset(group, attrs, where)
+    return Dataset.open(location)
 
 
-class Dataset:
-    """The fields of a store as dask arrays sharing the sample axis and its chunking.
+class Dataset(Store):
+    """The fields of a store as dask arrays sharing the sample axis and its chunking, and the ways to
+    train on them: `batches`, `keras`, `tf`, `torch`.
 
     >>> len(ds), ds.fields, ds.chunk_size, ds.classes  # doctest: +SKIP
     (10000, ('images', 'labels', 'path', 'source_index'), 128, ['cat', 'dog'])
     """
 
     def __init__(self, group: zarr.Group, attrs: StoreAttrs, location: str) -> None:
-        self._group = group
-        self.attrs = attrs
-        self.location = location
+        super().__init__(group, attrs, location)
         self._arrays: dict[str, da.Array] = {}
-        for name in attrs.fields:
-            self._check_field(name)
 
-    def _check_field(self, name: str) -> None:
-        if name not in self._group:
-            raise _malformed(self.location, f"field {name!r} is listed in the attributes but has no array")
-        if self.attrs.fields[name].is_image:
-            if ranges_name(name) not in self._group:
-                raise _malformed(self.location, f"encoded field {name!r} has no {ranges_name(name)!r} array")
-            data = self._group[name]
-            if data.shape[0] < self.num_chunks * data.chunks[0]:
-                raise _malformed(self.location, f"encoded field {name!r} holds too few bytes for {len(self)} samples")
-            name = ranges_name(name)
-        array = self._group[name]
-        if array.shape[0] < len(self) or array.chunks[0] != self.chunk_size:
-            raise _malformed(
-                self.location,
-                f"field {name!r} has shape {array.shape} and chunks {array.chunks}; expected "
-                f"{len(self)} samples in chunks of {self.chunk_size}",
-            )
-        if array.shape[0] > len(self):
-            warnings.warn(
-                f"{self.location}: field {name!r} holds {array.shape[0]} samples but the store records "
-                f"{len(self)}; a write was interrupted and its last samples are ignored",
-                stacklevel=3,
-            )
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        """Field names, in the order they were written."""
-        return tuple(self.attrs.fields)
-
-    @property
-    def chunk_size(self) -> int:
-        """Samples per chunk, the unit of storage, reading and shuffling."""
-        return self.attrs.chunk_size
-
-    @property
-    def num_chunks(self) -> int:
-        return math.ceil(len(self) / self.chunk_size)
-
-    @property
-    def roles(self) -> dict[str, str]:
-        return {name: info.role for name, info in self.attrs.fields.items()}
-
-    @property
-    def classes(self) -> list[str]:
-        """Class names of the first target field that has them (``[]`` if none); see `classes_of`."""
-        for info in self.attrs.fields.values():
-            if info.role == "target" and info.classes is not None:
-                return list(info.classes)
-        return []
-
-    def classes_of(self, field: str) -> list[str]:
-        """Class names of ``field`` in index order (``[]`` if it holds no class indices)."""
-        classes = self.attrs.fields[self._known(field)].classes
-        return list(classes) if classes is not None else []
-
-    def array(self, field: str) -> zarr.Array:
-        """The underlying ``zarr.Array`` of ``field`` (may hold more samples than ``len(ds)``); for an
-        encoded image field, its bytes, and its byte ranges under ``<field>_ranges`` (see `outcore.encoded`)."""
-        owner = field.removesuffix(RANGES_SUFFIX)
-        if field != owner and owner in self.attrs.fields and self.attrs.fields[owner].is_image:
-            return self._group[field]
-        return self._group[self._known(field)]
-
-    def chunk_reader(self, field: str) -> FieldChunks | EncodedChunks:
+    def chunk_reader(self, field: str) -> ChunkReader:
         """A reader of ``field`` chunk by chunk, as the batch iterator uses: ``reader.read(k)`` is chunk ``k``
-        (decoded, for an encoded image field)."""
-        info = self.attrs.fields[self._known(field)]
-        if info.is_image:
-            return EncodedChunks(self._group, field, self.location, len(self), info.decode)
-        return FieldChunks(self.array(field), field, self.location, len(self))
-
-    def __len__(self) -> int:
-        return self.attrs.num_samples
-
-    def __contains__(self, field: object) -> bool:
-        return field in self.attrs.fields
+        (decoded, for an encoded image field; UTF-8 bytes for a text field)."""
+        return chunk_reader(self, field)
 
     def __getitem__(self, field: str) -> da.Array:
         """``field`` as a dask array chunked like the store; a corrupt chunk raises `CorruptChunkError`.
@@ -135,74 +59,75 @@ class Dataset:
         Text fields (``path``) come back as numpy strings, and encoded image fields as decoded pixels,
         decoded chunk by chunk.
         """
-        if field not in self._arrays and self.attrs.fields[self._known(field)].is_image:
-            reader = self.chunk_reader(field)
-            self._arrays[field] = da.from_array(
-                _ChunkView(self.location, field, reader, (len(self), *reader.decode.shape)),
-                chunks=(self.chunk_size, *reader.decode.shape),
-                name=f"{field}-{tokenize(self.location, field, self.attrs.to_dict())}",
-                lock=False, fancy=False, asarray=False, meta=np.empty((0,) * (1 + len(reader.decode.shape)), reader.dtype),
-            )
         if field not in self._arrays:
-            array = self.array(field)
-            reader = _FieldReader(array, field, self.location, len(self))
-            lazy = da.from_array(
-                reader,
-                chunks=(self.chunk_size, *array.shape[1:]),
-                name=f"{field}-{tokenize(self.location, field, self.attrs.to_dict())}",
-                lock=False,
-                fancy=False,
-                asarray=False,
-                meta=np.empty((0,) * array.ndim, dtype=array.dtype),
-            )
-            if self.attrs.fields[field].is_text:
-                lazy = lazy.map_blocks(decode_text, drop_axis=1, dtype=f"<U{array.shape[1]}")
-            self._arrays[field] = lazy
+            self._arrays[field] = self._lazy(field)
         return self._arrays[field]
 
-    def batches(self, batch_size: int, **options: Any) -> BatchIterator:
-        """Iterate in batches, chunk-aware and shuffled: see `BatchIterator` for the options.
+    def _lazy(self, field: str) -> da.Array:
+        info = self.info(field)
+        shape, dtype = sample_spec(self, field)
+        name = f"{field}-{tokenize(self.location, field, self.attrs.to_dict())}"
+        if info.is_image:
+            view: Any = _DecodedView(self.location, field, self.chunk_size, (len(self), *shape), dtype)
+        else:
+            view = _FieldView(self.array(field), field, self.location, len(self))
+        lazy = da.from_array(view, chunks=(self.chunk_size, *view.shape[1:]), name=name, lock=False, fancy=False,
+                             asarray=False, meta=np.empty((0,) * view.ndim, view.dtype))
+        if info.is_text:
+            lazy = lazy.map_blocks(decode_text, drop_axis=1, dtype=dtype)
+        return lazy
+
+    def batches(self, batch_size: int, **options: Unpack[BatchKeywords]) -> BatchIterator:
+        """Iterate in batches, chunk-aware and shuffled, read ahead by background threads.
+
+        Options (all keywords; see `outcore.iterate.BatchKeywords`): ``fields`` (default all),
+        ``shuffle=True``, ``seed=0``, ``buffer_chunks=8``, ``prefetch=2``, ``transform=None``,
+        ``rank=0``, ``world_size=1``, ``drop_last=False``, ``client=None``.
 
         >>> for batch in ds.batches(batch_size=256, shuffle=True, seed=0):  # doctest: +SKIP
         ...     batch["images"].shape
         (256, 128, 128, 3)
         """
-        return BatchIterator(self, batch_size, **options)
+        return BatchIterator(self, BatchOptions.of(batch_size, options))
 
-    def keras(self, batch_size: int, **options: Any) -> Any:
-        """A ``keras.utils.PyDataset`` for ``model.fit``/``evaluate``/``predict``: see
-        `outcore.adapters.keras.KerasBatches` (``x=``, ``y=``, ``sample_weight=`` name fields).
+    def keras(self, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
+              sample_weight: str | None = None, workers: int = 2, max_queue_size: int = 10,
+              **options: Unpack[BatchKeywords]) -> KerasBatches:
+        """A ``keras.utils.PyDataset`` for ``model.fit``/``evaluate``/``predict``: ``x``, ``y`` and
+        ``sample_weight`` name fields; ``workers`` threads read batches; the other options are those of
+        `batches` (see `outcore.adapters.keras.KerasBatches`).
 
         >>> model.fit(ds.keras(256, x="images", y="labels"), epochs=5)  # doctest: +SKIP
         """
         from .adapters.keras import KerasBatches
 
-        return KerasBatches(self, batch_size, **options)
+        return KerasBatches(self, batch_size, x=x, y=y, sample_weight=sample_weight, workers=workers,
+                            max_queue_size=max_queue_size, **options)
 
-    def tf(self, batch_size: int, **options: Any) -> Any:
-        """A ``tf.data.Dataset`` of ``(x, y)`` batches: see `outcore.adapters.tf.dataset`.
+    def tf(self, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
+           **options: Unpack[BatchKeywords]) -> tf.data.Dataset:
+        """A ``tf.data.Dataset`` of ``x`` or ``(x, y)`` batches; the options are those of `batches` (see
+        `outcore.adapters.tf.dataset`).
 
         >>> ds.tf(256, x="images", y="labels").map(augment).prefetch(2)  # doctest: +SKIP
         """
         from .adapters.tf import dataset
 
-        return dataset(self, batch_size, **options)
+        return dataset(self, batch_size, x=x, y=y, **options)
 
-    def torch(self, batch_size: int, **options: Any) -> Any:
+    def torch(self, batch_size: int, *, channels_first: bool = False,
+              **options: Unpack[TorchKeywords]) -> OutcoreLoader:
         """A ``torch.utils.data.DataLoader`` of batches (dicts of tensors), sharded over its workers
-        and DDP ranks: see `outcore.adapters.torch.loader`.
+        and DDP ranks, resumable mid-epoch. The options are those of `batches`, and the DataLoader's own
+        (``num_workers=0``, ``pin_memory``, ``multiprocessing_context``, ...), passed to it as they are;
+        see `outcore.adapters.torch.loader`.
 
         >>> for batch in ds.torch(batch_size=256, num_workers=2):  # doctest: +SKIP
         ...     ...
         """
         from .adapters.torch import loader
 
-        return loader(self, batch_size, **options)
-
-    def _known(self, field: str) -> str:
-        if field not in self.attrs.fields:
-            raise KeyError(f"no field {field!r} in {self.location}; fields: {list(self.attrs.fields)}")
-        return field
+        return loader(self, batch_size, channels_first=channels_first, **options)
 
     def _field_rows(self) -> list[tuple[str, str, str, str, str]]:
         rows = []
@@ -241,7 +166,7 @@ class Dataset:
         )
 
 
-class _FieldReader:
+class _FieldView:
     """What dask reads a field through: ``array[key]``, with a corrupt chunk reported by name."""
 
     def __init__(self, array: zarr.Array, field: str, where: str, num_samples: int) -> None:
@@ -255,21 +180,21 @@ class _FieldReader:
         return read_samples(self.array, key, self.field, self.where)
 
 
-class _ChunkView:
+class _DecodedView:
     """What dask reads an encoded field through: whole decoded chunks, then ``key``. It pickles as the
     store's location, so dask can compute the field on a cluster's workers (each opens the store)."""
 
-    def __init__(self, location: str, field: str, reader: EncodedChunks, shape: tuple[int, ...]) -> None:
-        self.location, self.field, self.shape = location, field, shape
-        self.dtype, self.ndim, self.chunk_size = reader.dtype, len(shape), reader.chunk_size
-        self._reader: EncodedChunks | None = reader
+    def __init__(self, location: str, field: str, chunk_size: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.location, self.field, self.chunk_size = location, field, chunk_size
+        self.shape, self.dtype, self.ndim = shape, dtype, len(shape)
+        self._reader: ChunkReader | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_reader": None}
 
     def __getitem__(self, key: Any) -> np.ndarray:
         if self._reader is None:
-            self._reader = open_dataset(self.location).chunk_reader(self.field)
+            self._reader = chunk_reader(open_store(self.location), self.field)
         key = key if isinstance(key, tuple) else (key,)
         start, stop, _ = key[0].indices(self.shape[0])
         first = start // self.chunk_size
@@ -277,7 +202,3 @@ class _ChunkView:
         values = np.concatenate(parts) if parts else np.empty((0, *self.shape[1:]), self.dtype)
         offset = first * self.chunk_size
         return values[(slice(start - offset, stop - offset, key[0].step), *key[1:])]
-
-
-def _malformed(where: str, detail: str) -> NotAStoreError:
-    return NotAStoreError(f"{where}: {detail}; the store is damaged or was not written by outcore")

@@ -8,7 +8,7 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from outcore.synthetic import write_image_folder
+from outcore.testing import write_image_folder
 
 
 @pytest.fixture

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import numpy as np
 import pytest
 
 import outcore
-from outcore.synthetic import write_image_folder
+from outcore.testing import write_image_folder
 from outcore.transforms import Normalize
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -36,17 +37,65 @@ def ids_store(tmp_path):
 # -- PyTorch ------------------------------------------------------------------------------------------------
 
 
-def test_torch_workers_and_ranks_share_an_epoch_exactly_once(ids_store):
-    ids_store["images"][:10].compute()  # read in the parent before the workers fork
+START_METHODS = ["fork", "spawn", "forkserver"]
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_torch_workers_and_ranks_share_an_epoch_exactly_once(ids_store, start_method):
+    ids_store["images"][:10].compute()  # read in the parent before the workers start
     seen = []
     for rank in range(2):
-        loader = ids_store.torch(50, num_workers=2, rank=rank, world_size=2, seed=4)
+        loader = ids_store.torch(50, num_workers=2, rank=rank, world_size=2, seed=4,
+                                 multiprocessing_context=start_method)
         batches = list(loader)
-        assert len(batches) == len(loader)
+        assert len(batches) == len(loader) == 10  # every rank the same number of batches
         seen.append(np.concatenate([b["id"].numpy() for b in batches]))
-    everything = np.concatenate(seen)
-    assert sorted(everything.tolist()) == list(range(1000))
-    assert abs(len(seen[0]) - len(seen[1])) <= 1
+    assert sorted(np.concatenate(seen).tolist()) == list(range(1000))
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_torch_resume_mid_epoch_is_exact_for_every_start_method(ids_store, start_method):
+    def loader():
+        made = ids_store.torch(64, num_workers=2, seed=5, multiprocessing_context=start_method)
+        made.set_epoch(2)
+        return made
+
+    uninterrupted = [b["id"].numpy() for b in loader()]
+    interrupted, head = loader(), []
+    for batch in interrupted:
+        head.append(batch["id"].numpy())
+        if len(head) == 5:
+            break
+    state = json.loads(json.dumps(interrupted.state_dict()))  # saved with a checkpoint
+    resumed = loader()
+    resumed.load_state_dict(state)
+    tail = [b["id"].numpy() for b in resumed]
+    assert len(head + tail) == len(uninterrupted) == 16
+    for got, expected in zip(head + tail, uninterrupted, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_torch_passes_dataloader_keywords_through(ids_store):
+    loader = ids_store.torch(100, num_workers=2, prefetch_factor=3, timeout=60, worker_init_fn=_set_threads,
+                             multiprocessing_context="fork", seed=1)
+    assert (loader.prefetch_factor, loader.timeout, loader.worker_init_fn) == (3, 60, _set_threads)
+    assert sorted(np.concatenate([b["id"].numpy() for b in loader]).tolist()) == list(range(1000))
+    with pytest.raises(ValueError, match="persistent_workers=True is not supported"):
+        ids_store.torch(100, num_workers=2, persistent_workers=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_wrokers'"):
+        ids_store.torch(100, num_wrokers=2)
+
+
+def test_a_transform_that_cannot_pickle_is_named_before_spawned_workers_start(ids_store):
+    with pytest.raises(ValueError, match="started by 'spawn' receive the dataset pickled.*module level"):
+        ids_store.torch(100, num_workers=2, multiprocessing_context="spawn", transform=lambda batch, rng: batch)
+    ids_store.torch(100, num_workers=2, multiprocessing_context="fork", transform=lambda batch, rng: batch)
+
+
+def _set_threads(worker: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def test_torch_batches_in_a_plain_dataloader(ids_store):
@@ -213,7 +262,7 @@ def test_torch_resume_mid_epoch_in_a_new_loader(ids_store, workers, stop):
         if len(head) == stop:
             break
     state = interrupted.state_dict()
-    assert state["epoch"] == 3 and state["batches_done"] == stop
+    assert state["epoch"] == 3 and sum(state["positions"]) == stop
     resumed = ids_store.torch(64, num_workers=workers, seed=5)
     resumed.load_state_dict(state)
     tail = [b["id"].numpy() for b in resumed]

@@ -62,7 +62,7 @@ def test_from_arrays_errors(arrays, tmp_path):
 
 def test_writer_uneven_batches_then_reopen_and_append(tmp_path, rng):
     batches = [rng.normal(size=(n, 3)).astype(np.float32) for n in (1, 17, 5, 300, 2, 64)]
-    with outcore.Writer(tmp_path / "p.zarr", fields={"emb": ("float32", (3,)), "id": ("int64", ())},
+    with outcore.Writer(tmp_path / "p.zarr", specs={"emb": ("float32", (3,)), "id": ("int64", ())},
                         chunk_size=16) as writer:
         start = 0
         for batch in batches[:4]:
@@ -95,7 +95,7 @@ def test_writer_is_readable_while_it_grows_and_infers_fields(tmp_path):
 
 
 def test_writer_errors(tmp_path):
-    with outcore.Writer(tmp_path / "w.zarr", fields={"x": ("float32", (2,))}) as writer:
+    with outcore.Writer(tmp_path / "w.zarr", specs={"x": ("float32", (2,))}) as writer:
         with pytest.raises(SourceError, match=r"fields \['y'\]"):
             writer.append({"y": np.zeros((1, 2))})
         with pytest.raises(SourceError, match=r"shape \(3,\), the store's \(2,\)"):

@@ -7,7 +7,7 @@ import pytest
 import zarr
 
 import outcore
-from outcore.chunks import FieldChunks
+from outcore.storage import ShardReader
 from outcore.errors import CorruptChunkError
 
 
@@ -28,7 +28,7 @@ def test_direct_reads_equal_zarr_reads(store):
     path, _ = store
     ds = outcore.open_dataset(path)
     for name in ds.fields:
-        reader = FieldChunks(ds.array(name), name, ds.location, len(ds))
+        reader = ShardReader(ds.array(name), name, ds.location, len(ds))
         assert reader.direct
         for chunk in range(ds.num_chunks):
             expected = ds.array(name)[chunk * 32 : (chunk + 1) * 32]
@@ -38,9 +38,9 @@ def test_direct_reads_equal_zarr_reads(store):
 
 def test_uncompressed_store(tmp_path, rng):
     x = rng.integers(0, 1000, (100, 3))
-    ds = outcore.from_arrays({"x": x}, tmp_path / "n.zarr", compressor="none", chunk_size=16,
+    ds = outcore.from_arrays({"x": x}, tmp_path / "n.zarr", compression="none", chunk_size=16,
                              shuffle_on_write=False, progress=False)
-    reader = FieldChunks(ds.array("x"), "x", ds.location, len(ds))
+    reader = ShardReader(ds.array("x"), "x", ds.location, len(ds))
     assert reader.direct
     np.testing.assert_array_equal(np.concatenate([reader.read(c) for c in range(ds.num_chunks)]), x)
 
@@ -48,7 +48,7 @@ def test_uncompressed_store(tmp_path, rng):
 def test_other_layouts_fall_back_to_zarr(tmp_path, rng):
     array = zarr.create_array(tmp_path / "plain.zarr", shape=(50, 2), dtype="int32", chunks=(8, 2))
     array[:] = np.arange(100).reshape(50, 2)
-    reader = FieldChunks(array, "plain", "plain.zarr", 50)
+    reader = ShardReader(array, "plain", "plain.zarr", 50)
     assert not reader.direct
     np.testing.assert_array_equal(reader.read(6), np.arange(96, 100).reshape(2, 2))
 
@@ -62,11 +62,11 @@ def test_flipped_bits_name_the_chunk(tmp_path, rng):
     data[int(index[3, 0]) + 10] ^= 0x01  # inside chunk 3
     shard.write_bytes(bytes(data))
     assert ds.array("x").shards[0] == 8 * 32  # eight chunks per shard file
-    reader = FieldChunks(ds.array("x"), "x", ds.location, len(ds))
+    reader = ShardReader(ds.array("x"), "x", ds.location, len(ds))
     reader.read(2)
     with pytest.raises(CorruptChunkError, match=r"field 'x', chunk 3 \(samples 96\.\.127, in file x/c/0/0\).*crc32c"):
         reader.read(3)
     data[-2] ^= 0x01  # the shard index's own checksum
     shard.write_bytes(bytes(data))
     with pytest.raises(CorruptChunkError, match="shard index fails its checksum"):
-        FieldChunks(ds.array("x"), "x", ds.location, len(ds)).read(0)
+        ShardReader(ds.array("x"), "x", ds.location, len(ds)).read(0)

@@ -29,7 +29,7 @@ def test_ingest_csv_with_label_columns(image_folder, tmp_path):
     pd.DataFrame({"path": names, "bi": [i % 2 for i in range(20)], "multi": [n[:3] for n in names]}).to_csv(
         csv, index=False)
     code = main(["ingest", str(csv), str(tmp_path / "c.zarr.zip"), "--path-column", "path", "--label-columns",
-                 "bi,multi", "--shape", "24x24x3", "--compressor", "zstd:3", "--no-shuffle", "--no-progress"])
+                 "bi,multi", "--shape", "24x24x3", "--compression", "zstd:3", "--no-shuffle", "--no-progress"])
     assert code == 0
     ds = outcore.open_dataset(tmp_path / "c.zarr.zip")
     assert ds.fields == ("images", "bi", "multi", "path", "source_index") and ds["images"].shape == (20, 24, 24, 3)

@@ -16,7 +16,7 @@ import outcore
 from outcore import transforms
 from outcore.cli import main
 from outcore.errors import ClusterError, NotAStoreError
-from outcore.synthetic import write_image_folder
+from outcore.testing import write_image_folder
 
 
 def augment(field: str) -> transforms.Compose:

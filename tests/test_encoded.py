@@ -11,11 +11,11 @@ import zarr
 
 import outcore
 from outcore import transforms
-from outcore.bench import compare
+from outcore.cli.bench import compare
 from outcore.cli import main
 from outcore.errors import SampleDecodeError, SourceError
-from outcore.info import describe
-from outcore.synthetic import write_image_folder
+from outcore.cli import describe
+from outcore.testing import write_image_folder
 
 SHAPE = (32, 32, 3)
 AUGMENT = transforms.Compose([transforms.RandomCrop((24, 24)), transforms.RandomFlip(), transforms.BrightnessContrast()])

@@ -8,14 +8,8 @@ import pytest
 from PIL import Image
 
 from outcore.errors import ImageError
-from outcore.imaging import (
-    _reduced_size,
-    decode_image,
-    load_image,
-    parse_image_dtype,
-    parse_image_shape,
-    parse_resize,
-)
+from outcore.imaging import decode_image, load_image, parse_image_dtype, parse_image_shape, parse_resize
+from outcore.imaging.decode import _reduced_size
 
 U8 = np.dtype("uint8")
 

@@ -11,7 +11,7 @@ from PIL import Image
 
 import outcore
 from outcore.errors import ImageError, SourceError, StoreExistsError
-from outcore.info import describe
+from outcore.cli import describe
 
 
 def _expected_rgb(path: Path) -> np.ndarray:

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 import outcore
 from outcore.errors import CorruptChunkError
+from outcore.iterate import BatchIterator, BatchOptions
+from outcore.testing import corrupt_chunk
 from outcore.transforms import BrightnessContrast, Compose, RandomCrop, RandomFlip
 
 
@@ -51,10 +53,14 @@ def test_an_epoch_yields_every_sample_once_with_matching_fields(store, shuffle, 
         np.testing.assert_array_equal(ids, np.arange(expected))
 
 
+def _consumer_batches(ds, batch_size, *, worker, num_workers, **options):
+    return BatchIterator(ds, BatchOptions(batch_size, **options), worker=worker, num_workers=num_workers)
+
+
 def test_ranks_and_workers_split_an_epoch(store):
     ds, _ = store
     seen = [
-        _ids(ds.batches(50, seed=1, rank=rank, world_size=2, worker=worker, num_workers=3))
+        _ids(_consumer_batches(ds, 50, seed=1, rank=rank, world_size=2, worker=worker, num_workers=3))
         for rank in range(2) for worker in range(3)
     ]
     assert sorted(np.concatenate(seen).tolist()) == list(range(1000))
@@ -158,10 +164,7 @@ def test_break_and_exceptions_leave_no_thread_behind(store):
 
 
 def test_corrupt_chunk_is_named_in_the_consumer(store, tmp_path):
-    shard = tmp_path / "s.zarr" / "images" / "c" / "0" / "0" / "0" / "0"
-    data = bytearray(shard.read_bytes())
-    data[50] ^= 0xFF
-    shard.write_bytes(bytes(data))
+    corrupt_chunk(tmp_path / "s.zarr", "images", 0)
     with pytest.raises(CorruptChunkError, match=r"field 'images', chunk 0 "):
         list(outcore.open_dataset(tmp_path / "s.zarr").batches(64, shuffle=False))
     assert _outcore_threads() == []
@@ -226,22 +229,28 @@ def layouts(tmp_path_factory):
 @settings(max_examples=60, deadline=None)
 @given(data=st.data(), batch_size=st.integers(1, 300), buffer_chunks=st.integers(0, 10),
        world_size=st.integers(1, 3), num_workers=st.integers(1, 3), shuffle=st.booleans(), drop_last=st.booleans())
-def test_iterator_epochs_cover_every_sample_once(layouts, data, batch_size, buffer_chunks, world_size, num_workers,
-                                                shuffle, drop_last):
+def test_iterator_epochs_follow_the_sharding_rule(layouts, data, batch_size, buffer_chunks, world_size, num_workers,
+                                                  shuffle, drop_last):
     ds = layouts[data.draw(st.sampled_from(sorted(layouts)))]
-    seen = []
+    seen, rank_batches = [], []
     for rank in range(world_size):
+        rank_batches.append(0)
         for worker in range(num_workers):
-            it = ds.batches(batch_size, shuffle=shuffle, seed=2, buffer_chunks=buffer_chunks, rank=rank,
-                            world_size=world_size, worker=worker, num_workers=num_workers, drop_last=drop_last)
+            it = _consumer_batches(ds, batch_size, shuffle=shuffle, seed=2, buffer_chunks=buffer_chunks, rank=rank,
+                                   world_size=world_size, worker=worker, num_workers=num_workers, drop_last=drop_last)
             batches = [b["id"] for b in it]
             assert len(batches) == len(it)
             assert all(len(b) == batch_size for b in (batches if drop_last else batches[:-1]))
+            rank_batches[-1] += len(batches)
             seen.append(np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64))
-    everything = np.concatenate(seen)
-    assert len(everything) == len(set(everything.tolist()))
-    if not drop_last:
-        assert sorted(everything.tolist()) == list(range(len(ds)))
+    assert len(set(rank_batches)) == 1  # every rank the same number of batches: no DDP rank waits forever
+    counts = np.bincount(np.concatenate(seen), minlength=len(ds))
+    if drop_last:
+        assert counts.max() <= 1  # nothing repeated; up to world_size - 1 samples and short batches left out
+    else:  # the rank shares are padded by repeating samples from the start of the epoch's stream
+        total = world_size * -(-len(ds) // world_size)
+        assert counts.sum() == total and set(np.unique(counts)) <= {total // len(ds), total // len(ds) + 1}
+        assert (counts == total // len(ds) + 1).sum() == total % len(ds)
 
 
 def test_random_access_batches_equal_iterated_batches(store):

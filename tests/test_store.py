@@ -13,8 +13,8 @@ from zarr.storage import ZipStore
 
 import outcore
 from outcore.errors import CorruptChunkError, NotAStoreError, UnsafeStoreError
-from outcore.schema import Compression, FieldInfo, Layout, StoreAttrs, decode_text, encode_text
-from outcore.zipstore import RangeZipStore
+from outcore.format import Compression, FieldInfo, Layout, StoreAttrs, decode_text, encode_text
+from outcore.storage import RangeZipStore
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_pickle_codec_is_refused_before_any_read(store):
     meta = json.loads(meta_path.read_text())
     meta["codecs"][0]["configuration"]["codecs"].insert(1, {"name": "numcodecs.pickle"})
     meta_path.write_text(json.dumps(meta))
-    with pytest.raises(UnsafeStoreError, match="field 'labels' uses an object or pickle codec"):
+    with pytest.raises(UnsafeStoreError, match="array 'labels' uses an object or pickle codec"):
         outcore.open_dataset(path)
 
 

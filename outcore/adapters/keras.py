@@ -7,20 +7,16 @@ moves to the next epoch's order, so every epoch reshuffles, deterministically.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Unpack
 
-from ..loader import Batch, BatchIterator
+from ..iterate import BatchIterator, BatchKeywords, BatchOptions
+from ..storage import Store
+from .selection import FieldSelection, options_with_fields, select
 
 try:
     import keras
 except ImportError as error:  # pragma: no cover - exercised only without keras
     raise ImportError("ds.keras() needs Keras 3: pip install 'outcore[tf]'") from error
-
-if TYPE_CHECKING:
-    from ..dataset import Dataset
-
-FieldSelection = str | Sequence[str] | Mapping[str, str]
 
 
 class KerasBatches(keras.utils.PyDataset):
@@ -36,13 +32,13 @@ class KerasBatches(keras.utils.PyDataset):
     ...           validation_data=val.keras(256, x="images", y="labels", shuffle=False))  # doctest: +SKIP
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
+    def __init__(self, store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
                  sample_weight: str | None = None, workers: int = 2, max_queue_size: int = 10,
-                 **options: Any) -> None:
+                 **options: Unpack[BatchKeywords]) -> None:
         super().__init__(workers=workers, use_multiprocessing=False, max_queue_size=max_queue_size)
         self.x, self.y, self.sample_weight = x, y, sample_weight
-        fields = [*_names(x), *(_names(y) if y is not None else []), *([sample_weight] if sample_weight else [])]
-        self.iterator = BatchIterator(dataset, batch_size, fields=list(dict.fromkeys(fields)), **options)
+        self.iterator = BatchIterator(store, BatchOptions.of(batch_size, options_with_fields(options, x, y,
+                                                                                             sample_weight)))
         self._served: set[int] = set()
 
     def __len__(self) -> int:
@@ -53,10 +49,10 @@ class KerasBatches(keras.utils.PyDataset):
             index += len(self)
         batch = self.iterator.batch(index)
         self._served.add(index)
-        inputs = (_select(batch, self.x),)
+        inputs = (select(batch, self.x),)
         if self.y is None:
             return inputs
-        targets = (_select(batch, self.y),)
+        targets = (select(batch, self.y),)
         return inputs + targets + ((batch[self.sample_weight],) if self.sample_weight else ())
 
     def on_epoch_end(self) -> None:
@@ -74,19 +70,3 @@ class KerasBatches(keras.utils.PyDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iterator.load_state_dict(state)
         self._served = set()
-
-
-def _names(selection: FieldSelection) -> list[str]:
-    if isinstance(selection, str):
-        return [selection]
-    if isinstance(selection, Mapping):
-        return list(selection.values())
-    return list(selection)
-
-
-def _select(batch: Batch, selection: FieldSelection) -> Any:
-    if isinstance(selection, str):
-        return batch[selection]
-    if isinstance(selection, Mapping):
-        return {key: batch[field] for key, field in selection.items()}
-    return tuple(batch[field] for field in selection)

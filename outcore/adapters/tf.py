@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Unpack
 
 import numpy as np
 
-from ..loader import BatchIterator, apply_transform
-from .keras import FieldSelection, _names, _select
+from ..iterate import BatchIterator, BatchKeywords, BatchOptions, sample_spec
+from ..iterate.batch import apply_transform
+from ..storage import Store
+from .selection import FieldSelection, options_with_fields, select
 
 try:
     import tensorflow as tf
 except ImportError as error:  # pragma: no cover - exercised only without tensorflow
     raise ImportError("ds.tf() needs TensorFlow: pip install 'outcore[tf]'") from error
 
-if TYPE_CHECKING:
-    from ..dataset import Dataset
 
-
-def dataset(ds: Dataset, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
-            **options: Any) -> tf.data.Dataset:
+def dataset(store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
+            **options: Unpack[BatchKeywords]) -> tf.data.Dataset:
     """Batches as ``x`` or ``(x, y)``, each field a tensor with a known ``element_spec``.
 
     The batch dimension is static when ``drop_last=True``; the other dimensions are those the
@@ -29,13 +28,14 @@ def dataset(ds: Dataset, batch_size: int, *, x: FieldSelection, y: FieldSelectio
 
     >>> model.fit(ds.tf(256, x="images", y="labels").prefetch(2), epochs=3)  # doctest: +SKIP
     """
-    fields = list(dict.fromkeys([*_names(x), *(_names(y) if y is not None else [])]))
-    iterator = BatchIterator(ds, batch_size, fields=fields, **options)
-    batch_dim = batch_size if options.get("drop_last") else None
+    iterator = BatchIterator(store, BatchOptions.of(batch_size, options_with_fields(options, x, y)))
+    fields = iterator.fields
+    batch_dim = batch_size if iterator.options.drop_last else None
 
     # what the transform makes of a batch (it may crop, cast, ...): shapes and dtypes from one blank sample
-    blank = {name: np.zeros((1, *ds[name].shape[1:]), ds[name].dtype) for name in fields}
-    example = apply_transform(options.get("transform"), blank, [0])
+    blank = {name: np.zeros((1, *shape), dtype) for name, (shape, dtype) in
+             ((name, sample_spec(store, name)) for name in fields)}
+    example = apply_transform(iterator.options.transform, blank, [0])
 
     def spec(field: str) -> tf.TensorSpec:
         values = example[field]
@@ -43,13 +43,13 @@ def dataset(ds: Dataset, batch_size: int, *, x: FieldSelection, y: FieldSelectio
         return tf.TensorSpec((batch_dim, *values.shape[1:]), dtype, name=field)
 
     def structure(selection: FieldSelection) -> Any:
-        return _select({name: spec(name) for name in fields}, selection)
+        return select({name: spec(name) for name in fields}, selection)
 
     signature = structure(x) if y is None else (structure(x), structure(y))
 
     def generate() -> Iterator[Any]:
         for batch in iterator:
-            yield _select(batch, x) if y is None else (_select(batch, x), _select(batch, y))
+            yield select(batch, x) if y is None else (select(batch, x), select(batch, y))
 
     generated = tf.data.Dataset.from_generator(generate, output_signature=signature)
     return generated.apply(tf.data.experimental.assert_cardinality(len(iterator)))

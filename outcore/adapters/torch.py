@@ -1,21 +1,31 @@
 """PyTorch: an ``IterableDataset`` of whole batches, sharded over DataLoader workers and DDP ranks.
 
-Each DataLoader worker opens the store itself and starts its reader threads inside the worker, after
-the fork (a process that forks while holding running threads can deadlock its children), and reads
-only its share of the epoch: the ``(rank, worker)`` consumers of `outcore.shuffle` split every epoch
-into disjoint, complete, balanced parts.
+`TorchBatches` holds plain values only — where the store is, the batch options, the epoch and where
+each worker resumes — so a DataLoader may start its workers by fork, spawn or forkserver: each worker
+opens the store itself, starts its reader threads inside the worker (a process that forks while
+holding running threads can deadlock its children) and reads only its share of the epoch. The
+``(rank, worker)`` consumers of `outcore.iterate.plan` split every epoch into disjoint, balanced
+parts, and every rank gets the same number of batches (see the plan's sharding rule).
+
+Each batch says which worker's share it belongs to and its position there (`TorchBatch`);
+`OutcoreLoader` counts them, so its ``state_dict`` is the iterators' own positions, not a guess at
+how the DataLoader interleaves its workers.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import pickle
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Unpack
 
 import numpy as np
 
-from ..loader import BatchIterator, LoaderStats
-from ..shuffle import Consumer, batch_count
+from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, batch_count, rank_batch_count
+from ..iterate.stats import LoaderStats
+from ..storage import Store, open_store
+from .keywords import TorchKeywords, split_torch_keywords
 
 try:
     import torch
@@ -26,74 +36,91 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
         "build of torch first)"
     ) from error
 
-if TYPE_CHECKING:
-    from ..dataset import Dataset
-
 _CLIENT_IN_WORKERS = (
     "with client=, the Dask workers read, decode and augment, and batches arrive in the main process: "
     "use num_workers=0 (DataLoader worker processes cannot share the client)"
 )
 
 
-class TorchBatches(IterableDataset):
-    """Batches of ``dataset`` as dicts of tensors (text fields stay numpy strings).
+class TorchBatch(dict):
+    """A batch (field name -> tensor; text fields stay numpy strings) that knows where it comes from:
+    ``epoch``, ``worker`` (whose share of the rank's samples) and ``index`` (its position in that share)."""
 
-    Use it with ``DataLoader(batches, batch_size=None, num_workers=...)`` (pass the same
-    ``num_workers`` here for an exact ``len``), or through `loader`.
-    ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialised, else 0/1.
+    def __init__(self, values: dict[str, Any], epoch: int, worker: int, index: int) -> None:
+        super().__init__(values)
+        self.epoch, self.worker, self.index = epoch, worker, index
+
+
+class TorchBatches(IterableDataset):
+    """Batches of a store as `TorchBatch` dicts, for ``DataLoader(batches, batch_size=None, num_workers=n)``
+    (pass the same ``num_workers`` here for an exact ``len``; each worker reads its share of the epoch
+    whatever the count), or through `loader`.
+
     ``channels_first`` turns 4-D fields from (N, H, W, C) into (N, C, H, W) views (no copy).
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, *, num_workers: int = 0, rank: int | None = None,
-                 world_size: int | None = None, channels_first: bool = False, **options: Any) -> None:
+    def __init__(self, store: Store, batch_size: int, *, num_workers: int = 0, channels_first: bool = False,
+                 **keywords: Unpack[BatchKeywords]) -> None:
         super().__init__()
-        if options.get("client") is not None and num_workers > 0:
+        options = BatchOptions.of(batch_size, keywords)
+        if options.client is not None and num_workers > 0:
             raise ValueError(_CLIENT_IN_WORKERS)
-        self.location, self.num_samples, self.batch_size, self.options = (
-            dataset.location, len(dataset), batch_size, options)
+        for name in options.fields or ():
+            store.info(name)  # a KeyError naming the fields, here rather than in a worker
+        self.location, self.num_samples, self.options = store.location, len(store), options
         self.num_workers, self.channels_first = num_workers, channels_first
-        self.rank, self.world_size = _distributed(rank, world_size)
-        self.epoch, self.batches_done = 0, 0  # batches_done: of this epoch, over all workers
-        self._probe = BatchIterator(dataset, batch_size, **options)  # checks the options in the main process
+        self.epoch = 0
+        self.positions: tuple[int, ...] = ()  # batches each worker's share has delivered, when resuming
+        self.first_worker = 0  # the share whose batch the DataLoader's worker 0 makes first
+
+    @property
+    def shares(self) -> int:
+        return max(1, self.num_workers)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use epoch ``epoch``'s order at the next iteration (call it before each epoch, as with
-        ``DistributedSampler``, or let `OutcoreLoader` count epochs)."""
-        self.epoch, self.batches_done = int(epoch), 0
+        """Use epoch ``epoch``'s order, from its start, at the next iteration (call it before each epoch,
+        as with ``DistributedSampler``, or let `OutcoreLoader` count epochs)."""
+        self.epoch, self.positions, self.first_worker = int(epoch), (), 0
 
-    def resume(self, epoch: int, batches_done: int) -> None:
-        """Start the next iteration after the first ``batches_done`` batches of ``epoch``."""
-        self.epoch, self.batches_done = int(epoch), int(batches_done)
+    def resume(self, epoch: int, positions: Iterable[int], first_worker: int) -> None:
+        """Continue ``epoch`` with share ``w`` after its first ``positions[w]`` batches, share
+        ``first_worker`` first."""
+        positions = tuple(int(p) for p in positions)
+        if len(positions) != self.shares:
+            raise ValueError(f"{len(positions)} positions given for {self.shares} DataLoader worker shares")
+        self.epoch, self.positions, self.first_worker = int(epoch), positions, int(first_worker)
 
-    def worker_batches(self, num_workers: int | None = None) -> list[int]:
-        """Batches per epoch of each DataLoader worker of this rank (default: ``num_workers`` workers)."""
-        workers = max(1, self.num_workers if num_workers is None else num_workers)
-        return [batch_count(self.num_samples, Consumer(self.rank, self.world_size, w, workers), self.batch_size,
-                            self.options.get("drop_last", False)) for w in range(workers)]
+    def share_lengths(self) -> list[int]:
+        """Batches per epoch of each worker's share of this rank."""
+        return [batch_count(self.num_samples, self._consumer(w), self.options.batch_size, self.options.drop_last)
+                for w in range(self.shares)]
 
     def __len__(self) -> int:
-        """Batches this rank gets per epoch, over all workers."""
-        return sum(self.worker_batches())
+        """Batches this rank gets per epoch, over all workers: the same for every rank."""
+        options = self.options
+        return rank_batch_count(self.num_samples, options.rank, options.world_size, self.shares, options.batch_size,
+                                options.drop_last)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        from ..dataset import open_dataset
-
+    def __iter__(self) -> Iterator[TorchBatch]:
         info = get_worker_info()
-        if info is not None and self.options.get("client") is not None:
+        if info is not None and self.options.client is not None:
             raise ValueError(_CLIENT_IN_WORKERS)
         loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        taken, first = _done_by_each(self.worker_batches(num_workers), self.batches_done)
-        # The DataLoader asks its worker 0 first; after a resume the next batch is due from worker
-        # `first` of the interrupted run, so loader worker w reads that run's share of worker w + first.
-        worker = (loader_worker + first) % num_workers
-        iterator = BatchIterator(open_dataset(self.location), self.batch_size, rank=self.rank,
-                                 world_size=self.world_size, worker=worker, num_workers=num_workers, **self.options)
-        if taken[worker] >= len(iterator):
-            return  # this worker's share was all delivered before the interruption
+        if self.positions and num_workers != self.shares:
+            raise ValueError(f"the epoch was interrupted with {self.shares} DataLoader worker(s); it cannot resume "
+                             f"with {num_workers}: use num_workers={self.shares}")
+        worker = (loader_worker + self.first_worker) % num_workers
+        iterator = BatchIterator(open_store(self.location), self.options, worker=worker, num_workers=num_workers)
         iterator.set_epoch(self.epoch)
-        iterator.batches_done = taken[worker]
-        for batch in iterator:
-            yield {name: self._tensor(values) for name, values in batch.items()}
+        iterator.batches_done = self.positions[worker] if self.positions else 0
+        if iterator.batches_done >= len(iterator):
+            return  # this share was all delivered before the interruption
+        for index, batch in enumerate(iterator, start=iterator.batches_done):
+            yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch, worker,
+                             index)
+
+    def _consumer(self, worker: int) -> Consumer:
+        return Consumer(self.options.rank, self.options.world_size, worker, self.shares)
 
     def _tensor(self, values: np.ndarray) -> Any:
         if values.dtype.kind in "US":
@@ -105,27 +132,33 @@ class TorchBatches(IterableDataset):
 class OutcoreLoader(DataLoader):
     """A DataLoader over `TorchBatches` that counts epochs (the next pass is the next epoch) and can
     resume mid-epoch: `state_dict` after k batches, `load_state_dict` in a new loader, and iteration
-    continues with exactly the batches the interrupted run would have produced."""
+    continues with exactly the batches the interrupted run would have produced, in the same order."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    dataset: TorchBatches
+
+    def __init__(self, batches: TorchBatches, **dataloader_options: Any) -> None:
+        super().__init__(batches, batch_size=None, **dataloader_options)
         self._stats = LoaderStats()
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
-        batches = super().__iter__()
+        batches = self.dataset
+        lengths = batches.share_lengths()
+        positions = list(batches.positions) or [0] * batches.shares
+        batches_of = super().__iter__()
         while True:
             asked = time.perf_counter()
             try:
-                batch = next(batches)
+                batch = next(batches_of)
             except StopIteration:
                 break
             self._stats.record(time.perf_counter() - asked, 0, _batch_length(batch))
-            self.dataset.batches_done += 1
+            positions[batch.worker] = batch.index + 1
+            batches.positions, batches.first_worker = tuple(positions), _next_share(batch.worker, positions, lengths)
             yield batch
-        self.dataset.set_epoch(self.dataset.epoch + 1)
+        batches.set_epoch(batches.epoch + 1)
 
     def stats(self) -> dict[str, float]:
         """How long the training loop waited for each batch: see `BatchIterator.stats` (``ready_mean``
@@ -133,65 +166,90 @@ class OutcoreLoader(DataLoader):
         return self._stats.summary()
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.dataset._probe.state_dict(), "epoch": self.dataset.epoch,
-                "batches_done": self.dataset.batches_done, "num_workers": self.num_workers,
-                "rank": self.dataset.rank, "world_size": self.dataset.world_size}
+        """Where the epoch stands: the batches each worker's share has delivered, and whose batch is next."""
+        batches = self.dataset
+        return {**self._settings(), "epoch": batches.epoch,
+                "positions": list(batches.positions) or [0] * batches.shares, "first_worker": batches.first_worker}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mine = self.state_dict()
-        mismatched = {k: (v, mine[k]) for k, v in state.items()
-                      if k not in ("epoch", "batches_done", "worker") and mine.get(k) != v}
+        mismatched = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
         if mismatched:
             raise ValueError(f"state does not match this loader (saved, current): {mismatched}")
-        self.dataset.resume(state["epoch"], state["batches_done"])
+        self.dataset.resume(state["epoch"], state["positions"], state["first_worker"])
+
+    def _settings(self) -> dict[str, Any]:
+        batches = self.dataset
+        return {**batches.options.plan_settings(), "num_samples": batches.num_samples,
+                "num_workers": batches.num_workers}
 
 
-def loader(dataset: Dataset, batch_size: int, *, num_workers: int = 0, pin_memory: bool = False,
-           rank: int | None = None, world_size: int | None = None, channels_first: bool = False,
-           fields: Sequence[str] | None = None, **options: Any) -> OutcoreLoader:
-    """A DataLoader of batches of ``dataset``, read by ``num_workers`` worker processes.
+def loader(store: Store, batch_size: int, *, channels_first: bool = False,
+           **options: Unpack[TorchKeywords]) -> OutcoreLoader:
+    """A DataLoader of batches of ``store``, read by ``num_workers`` worker processes (default 0).
 
-    ``options`` are those of `Dataset.batches` (shuffle, seed, buffer_chunks, prefetch, transform,
-    drop_last, client: with a Dask client, its workers make the batches and ``num_workers`` stays 0).
-    Batches are made by outcore, so the DataLoader's own batching is off. outcore already reads ahead
-    on background threads, so ``num_workers=0`` is the default: worker processes add a copy of every
-    batch between processes (benchmarks/training.py measured 5 % of the time waiting
-    for data with 0 workers, 21 % with 2, on 2 cores); use them for heavy per-batch Python transforms.
+    The batch options are those of `Dataset.batches`; ``rank``/``world_size`` default to
+    ``torch.distributed``'s when it is initialised. Every other keyword goes to the DataLoader as it is
+    (``num_workers``, ``pin_memory``, ``multiprocessing_context``, ``prefetch_factor``, ...). Batches are
+    made by outcore, so the DataLoader's own batching is off. outcore already reads ahead on background
+    threads, so ``num_workers=0`` is the default: worker processes add a copy of every batch between
+    processes (benchmarks/training.py measured 5 % of the time waiting for data with 0 workers, 21 % with
+    2, on 2 cores); use them for heavy per-batch Python transforms. Workers may start by fork, spawn or
+    forkserver; with spawn and forkserver, the transform must pickle (defined at module level).
 
     >>> for batch in ds.torch(batch_size=256, num_workers=2):  # doctest: +SKIP
     ...     loss = model(batch["images"].float()).mean()
     """
-    batches = TorchBatches(dataset, batch_size, num_workers=num_workers, rank=rank, world_size=world_size,
-                           channels_first=channels_first, fields=fields, **options)
-    return OutcoreLoader(batches, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
-                         persistent_workers=False)
+    batch_keywords, dataloader_options = split_torch_keywords(options)
+    if dataloader_options.get("persistent_workers"):
+        raise ValueError(
+            "persistent_workers=True is not supported: each epoch's order and resume position reach the "
+            "DataLoader's workers when they start, so they start again every epoch"
+        )
+    rank, world_size = _distributed_rank()
+    batch_keywords.setdefault("rank", rank)
+    batch_keywords.setdefault("world_size", world_size)
+    num_workers = int(dataloader_options.get("num_workers", 0))
+    batches = TorchBatches(store, batch_size, num_workers=num_workers, channels_first=channels_first,
+                           **batch_keywords)
+    if num_workers > 0:
+        _check_picklable(batches, dataloader_options.get("multiprocessing_context"))
+    return OutcoreLoader(batches, **dataloader_options)
+
+
+def _check_picklable(batches: TorchBatches, context: Any) -> None:
+    """Workers started by spawn or forkserver receive the dataset pickled: say so now, not in a worker."""
+    method = context if isinstance(context, str) else (
+        context.get_start_method() if context is not None else multiprocessing.get_start_method())
+    if method == "fork":
+        return
+    try:
+        pickle.dumps(batches)
+    except Exception as error:  # noqa: BLE001 - whatever pickle raises, the message below says what to do
+        raise ValueError(
+            f"DataLoader workers started by {method!r} receive the dataset pickled, and this one cannot be "
+            f"({type(error).__name__}: {error}): define the transform at module level (not a lambda or a local "
+            "function), or use multiprocessing_context='fork'"
+        ) from None
 
 
 def _batch_length(batch: dict[str, Any]) -> int:
     return len(next(iter(batch.values())))
 
 
-def _done_by_each(counts: list[int], done: int) -> tuple[list[int], int]:
-    """Split ``done`` batches among workers as the DataLoader hands them out — round robin over the
-    workers that still have batches — and say which worker's batch comes next."""
-    taken, worker = [0] * len(counts), 0
-    while done > 0 and any(t < c for t, c in zip(taken, counts, strict=True)):
-        if taken[worker] < counts[worker]:
-            taken[worker] += 1
-            done -= 1
-        worker = (worker + 1) % len(counts)
-    while sum(taken) < sum(counts) and taken[worker] >= counts[worker]:
-        worker = (worker + 1) % len(counts)
-    return taken, worker
+def _next_share(last: int, positions: list[int], lengths: list[int]) -> int:
+    """The share the DataLoader takes its next batch from: it visits its workers in turn, skipping those
+    whose share is exhausted."""
+    for step in range(1, len(lengths) + 1):
+        share = (last + step) % len(lengths)
+        if positions[share] < lengths[share]:
+            return share
+    return 0
 
 
-def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if rank is None:
-        rank = torch.distributed.get_rank() if initialised else 0
-    if world_size is None:
-        world_size = torch.distributed.get_world_size() if initialised else 1
-    return rank, world_size
+def _distributed_rank() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 def to_device(batches: Iterable[dict[str, Any]], device: str | Any = "cuda") -> Iterator[dict[str, Any]]:

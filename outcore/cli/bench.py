@@ -1,0 +1,88 @@
+"""Reading speed of a store, measured side by side: behind ``outcore bench`` and benchmarks/iterate.py."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from PIL import Image
+
+from ..dataset import Dataset
+from ..format import ranges_name
+from ..storage import read_files
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    samples: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds
+
+
+def measure(name: str, work: Callable[[], int]) -> Measurement:
+    """Time ``work``, which returns how many samples it delivered."""
+    began = time.perf_counter()
+    samples = work()
+    return Measurement(name, samples, time.perf_counter() - began)
+
+
+def sequential_zarr(ds: Dataset, fields: Sequence[str]) -> int:
+    """Plain zarr: read the store front to back, one chunk per call and field (encoded images: the
+    chunk's byte ranges and bytes, then each image decoded with Pillow)."""
+    for start in range(0, len(ds), ds.chunk_size):
+        for name in fields:
+            if ds.attrs.fields[name].is_image:
+                _decode_with_pillow(ds, name, start)
+            else:
+                ds.array(name)[start : start + ds.chunk_size]
+    return len(ds)
+
+
+def _decode_with_pillow(ds: Dataset, name: str, start: int) -> None:
+    stop = min(len(ds), start + ds.chunk_size)
+    for blob in read_files(ds.array(name), ds.array(ranges_name(name)), start, stop):
+        with Image.open(io.BytesIO(blob)) as image:
+            image.load()
+
+
+def decompress_all(ds: Dataset, fields: Sequence[str], threads: int = 2) -> int:
+    """The ceiling: decompress (and decode) every chunk into memory on ``threads`` threads, in storage
+    order, with outcore's chunk readers and no shuffling, batching or copying."""
+    readers = [ds.chunk_reader(name) for name in fields]
+    jobs = [(reader, chunk) for chunk in range(ds.num_chunks) for reader in readers]
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(lambda job: job[0].read(job[1]), jobs):
+            pass
+    return len(ds)
+
+
+def shuffled_epoch(ds: Dataset, fields: Sequence[str], batch_size: int = 256, **options: object) -> int:
+    """One epoch of ``ds.batches`` with default settings unless ``options`` say otherwise."""
+    return sum(len(batch[fields[0]]) for batch in ds.batches(batch_size, fields=fields, **options))
+
+
+def compare(ds: Dataset, fields: Sequence[str] | None = None, batch_size: int = 256,
+            repeats: int = 3) -> list[tuple[str, float]]:
+    """Median samples/s of plain sequential zarr, outcore's shuffled epoch and the decompression ceiling.
+
+    A first sequential pass warms the page cache, so all three read from memory-cached files.
+    """
+    fields = list(fields or ds.fields)
+    sequential_zarr(ds, fields)
+    cases = {
+        "plain zarr, sequential, one chunk per call": lambda: sequential_zarr(ds, fields),
+        f"outcore ds.batches({batch_size}), shuffled, defaults": lambda: shuffled_epoch(ds, fields, batch_size),
+        "decompression ceiling (every chunk, 2 threads)": lambda: decompress_all(ds, fields),
+    }
+    results = []
+    for name, work in cases.items():
+        rates = sorted(measure(name, work).rate for _ in range(repeats))
+        results.append((name, rates[len(rates) // 2]))
+    return results

@@ -1,0 +1,168 @@
+"""The ``outcore`` command: ``ingest``, ``info``, ``verify``, ``bench`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..dataset import open_dataset
+from ..errors import OutcoreError
+from ..imaging import RESIZE_POLICIES
+from ..ingest import ingest_dataframe, ingest_images
+from ..iterate import shuffle_quality
+from .bench import compare
+from .demo import run_demo
+from .info import describe
+from .verify import verify
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``outcore`` console script; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except OutcoreError as error:
+        print(f"outcore {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="outcore", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    ingest = commands.add_parser(
+        "ingest", help="ingest an image folder or a CSV of image paths into a store",
+        description="SRC is a folder (ROOT/<class>/<image>, class from the sub-folder) or a CSV file with a "
+                    "column of image paths (relative to the CSV's folder or --root). STORE ending in .zip "
+                    "is written as one file.",
+    )
+    ingest.add_argument("source", metavar="SRC")
+    ingest.add_argument("store", metavar="STORE")
+    ingest.add_argument("--shape", required=True, help="sample shape, HxW or HxWxC (e.g. 128x128x3)")
+    ingest.add_argument("--resize", default="crop", choices=[p for p in RESIZE_POLICIES if p] + ["none"],
+                        help="how to fit images of other sizes (default: crop; none: refuse them)")
+    ingest.add_argument("--dtype", default="uint8", choices=["uint8", "uint16"])
+    ingest.add_argument("--images", default="pixels", choices=["pixels", "encoded", "both"],
+                        help="store decoded pixels (default), the files' encoded bytes (smaller; decoded while "
+                             "reading), or both")
+    ingest.add_argument("--path-column", default="path", help="CSV column of image paths (default: path)")
+    ingest.add_argument("--label-columns", default="", help="comma-separated CSV label columns")
+    ingest.add_argument("--root", help="folder that relative CSV paths start from (default: the CSV's)")
+    ingest.add_argument("--chunk-size", type=int, help="samples per chunk (default: about 8 MiB of pixels)")
+    ingest.add_argument("--compression",
+                        help="CNAME[:LEVEL[:SHUFFLE]], e.g. zstd:3:bitshuffle (default lz4:5:shuffle)")
+    ingest.add_argument("--no-shuffle", action="store_true", help="keep source order instead of shuffling")
+    ingest.add_argument("--seed", type=int, default=0, help="seed of the shuffle on write (default 0)")
+    ingest.add_argument("--on-error", default="raise", choices=["raise", "skip"],
+                        help="stop at the first bad image (raise) or skip and report bad images (skip)")
+    ingest.add_argument("--overwrite", action="store_true", help="replace STORE if it exists")
+    ingest.add_argument("--no-progress", action="store_true")
+    _add_scheduler(ingest)
+    ingest.set_defaults(run=_ingest)
+
+    info = commands.add_parser("info", help="describe a store: fields, chunks, codecs, sizes, classes")
+    info.add_argument("store", metavar="STORE")
+    info.set_defaults(run=_info)
+
+    check = commands.add_parser("verify", help="read every chunk and check checksums and labels")
+    check.add_argument("store", metavar="STORE")
+    check.add_argument("--no-progress", action="store_true")
+    check.set_defaults(run=_verify)
+
+    bench = commands.add_parser("bench", help="reading speed and shuffle quality of a store")
+    bench.add_argument("store", metavar="STORE")
+    bench.add_argument("--batch-size", type=int, default=256)
+    bench.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians are shown")
+    bench.set_defaults(run=_bench)
+
+    demo = commands.add_parser("demo", help="generate images, ingest, inspect, train and predict end to end")
+    demo.add_argument("--workdir", help="where to write (default: a temporary folder, removed afterwards)")
+    demo.add_argument("--per-class", type=int, default=400, help="training images per class (default 400)")
+    demo.add_argument("--size", type=int, default=64, help="image height and width (default 64)")
+    demo.add_argument("--no-progress", action="store_true")
+    _add_scheduler(demo)
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _add_scheduler(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="run on an existing Dask cluster (e.g. tcp://10.0.0.1:8786) instead of local threads")
+
+
+@contextmanager
+def _client(address: str | None) -> Any:
+    if address is None:
+        yield None
+        return
+    from distributed import Client  # the cluster framework, needed only with --scheduler
+
+    with Client(address) as client:
+        yield client
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    options = {
+        "shape": args.shape,
+        "resize": None if args.resize == "none" else args.resize,
+        "dtype": args.dtype,
+        "images": args.images,
+        "chunk_size": args.chunk_size,
+        "compression": args.compression,
+        "shuffle_on_write": not args.no_shuffle,
+        "seed": args.seed,
+        "on_error": args.on_error,
+        "overwrite": args.overwrite,
+        "progress": not args.no_progress,
+    }
+    with _client(args.scheduler) as client:
+        if Path(args.source).is_file():
+            labels = [c for c in args.label_columns.split(",") if c]
+            ds = ingest_dataframe(args.source, args.store, path_column=args.path_column, label_columns=labels,
+                                  root=args.root, client=client, **options)
+        else:
+            ds = ingest_images(args.source, args.store, client=client, **options)
+    print(describe(ds))
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    print(describe(open_dataset(args.store)))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    report = verify(args.store, progress=not args.no_progress)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    ds = open_dataset(args.store)
+    rows = compare(ds, batch_size=args.batch_size, repeats=args.repeats)
+    baseline = rows[0][1]
+    print(f"{ds.location}: {len(ds):,} samples, all fields, medians of {args.repeats} runs (warm cache)\n")
+    print(f"{'what':50s} {'samples/s':>10s} {'vs plain zarr':>14s}")
+    for name, rate in rows:
+        print(f"{name:50s} {rate:10.0f} {rate / baseline:14.2f}")
+    if any(role == "target" for role in ds.roles.values()) and len(ds) >= args.batch_size:
+        print("\nshuffle quality at these settings: " + str(shuffle_quality(ds, batch_size=args.batch_size)))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    with _client(args.scheduler) as client:
+        if args.workdir:
+            run_demo(args.workdir, per_class=args.per_class, size=args.size, client=client,
+                     progress=not args.no_progress)
+        else:
+            with tempfile.TemporaryDirectory(prefix="outcore-demo-") as workdir:
+                run_demo(workdir, per_class=args.per_class, size=args.size, client=client,
+                         progress=not args.no_progress)
+    return 0

@@ -1,0 +1,30 @@
+"""What is on disk, version 1: attributes, field layouts (pixel, encoded, text) and codec choices.
+
+Pure values and functions: no I/O policy and no dask. `outcore.storage` puts them on disk.
+"""
+
+from .attrs import ATTRS_KEY, FORMAT_VERSION, IMAGE_ENCODING, ROLES, FieldInfo, ImageDecode, StoreAttrs
+from .compression import Compression, unsafe_codecs
+from .encoded import RANGES_SUFFIX, chunk_capacity, pack_regions, ranges_name
+from .layout import Layout
+from .text import TEXT_ENCODING, decode_text, encode_text
+
+__all__ = [
+    "ATTRS_KEY",
+    "FORMAT_VERSION",
+    "IMAGE_ENCODING",
+    "RANGES_SUFFIX",
+    "ROLES",
+    "TEXT_ENCODING",
+    "Compression",
+    "FieldInfo",
+    "ImageDecode",
+    "Layout",
+    "StoreAttrs",
+    "chunk_capacity",
+    "decode_text",
+    "encode_text",
+    "pack_regions",
+    "ranges_name",
+    "unsafe_codecs",
+]

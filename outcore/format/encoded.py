@@ -1,0 +1,74 @@
+"""Encoded image fields: the files' own bytes (JPEG, PNG, WebP, ...), decoded when they are read.
+
+A pixel store of photos is about 7-9x larger on disk than the JPEGs it came from; for data larger than
+RAM on ordinary disks, storing the files' own bytes and decoding them while training is often faster
+overall, and always smaller. The layout keeps the chunk as the unit of I/O and shuffling, and uses only
+types that are in the Zarr v3 specification (zarr's variable-length bytes type is not, and warns so):
+
+- the field's array ``F`` is ``uint8`` of shape ``(num_chunks * capacity,)`` with chunks of
+  ``capacity`` bytes: sample chunk ``k`` stores its samples' bytes back to back in the region
+  ``[k * capacity, (k + 1) * capacity)``, zero-padded (compression squeezes the padding away);
+- ``F_ranges`` is ``int64`` of shape ``(N, 2)``, chunked like every other field: sample ``i``'s bytes
+  are ``F[F_ranges[i, 0]:F_ranges[i, 1]]``.
+
+Both arrays are sharded like the other fields, so one ingest task writes one shard file of each, and
+one chunk of samples is two ranged reads. ``capacity`` is the largest chunk's byte count, known before
+writing from the sizes of the source files.
+
+>>> import zarr, imageio.v3 as iio  # doctest: +SKIP
+>>> group = zarr.open_group("train.zarr", mode="r")  # doctest: +SKIP
+>>> start, stop = group["images_ranges"][7]  # doctest: +SKIP
+>>> iio.imread(group["images"][start:stop].tobytes()).shape  # doctest: +SKIP
+(375, 500, 3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+RANGES_SUFFIX = "_ranges"
+
+
+def ranges_name(field: str) -> str:
+    """The array holding each sample's byte range of encoded field ``field``.
+
+    >>> ranges_name("images")
+    'images_ranges'
+    """
+    return field + RANGES_SUFFIX
+
+
+def chunk_capacity(nbytes: np.ndarray, chunk_size: int) -> int:
+    """Bytes of the largest chunk's samples: the size of every chunk's region.
+
+    >>> chunk_capacity(np.array([5, 1, 2, 9, 3]), 2)
+    11
+    """
+    if len(nbytes) == 0:
+        return 1
+    return max(1, int(np.add.reduceat(np.asarray(nbytes, dtype=np.int64), np.arange(0, len(nbytes), chunk_size)).max()))
+
+
+def pack_regions(blobs: Sequence[bytes], chunk_size: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Samples' bytes packed into consecutive chunk regions: ``(regions, ranges)``, ranges relative to
+    the first region. Raise ``OverflowError`` naming the chunk (counted from 0) whose bytes do not fit.
+
+    >>> regions, ranges = pack_regions([b"ab", b"c", b"def"], 2, 4)
+    >>> regions.tobytes(), ranges.tolist()
+    (b'abc\\x00def\\x00', [[0, 2], [2, 3], [4, 7]])
+    """
+    num_chunks = -(-len(blobs) // chunk_size)
+    regions = np.zeros(num_chunks * capacity, dtype=np.uint8)
+    ranges = np.empty((len(blobs), 2), dtype=np.int64)
+    for k in range(num_chunks):
+        position = k * capacity
+        for i in range(k * chunk_size, min(len(blobs), (k + 1) * chunk_size)):
+            blob = blobs[i]
+            if position + len(blob) > (k + 1) * capacity:
+                raise OverflowError(k)
+            regions[position : position + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+            ranges[i] = position, position + len(blob)
+            position += len(blob)
+    return regions, ranges

@@ -1,0 +1,28 @@
+"""Text fields: strings stored as zero-padded UTF-8 bytes, ``uint8`` of shape (N, longest encoding).
+
+Zarr's string data types are not yet in the v3 specification (zarr warns when writing them);
+fixed-width bytes are, so every Zarr reader can read outcore's text fields.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+TEXT_ENCODING = "utf-8"
+
+
+def encode_text(values: np.ndarray) -> np.ndarray:
+    """Strings as zero-padded UTF-8 bytes.
+
+    >>> decode_text(encode_text(np.array(["a.jpg", "é.png"]))).tolist()
+    ['a.jpg', 'é.png']
+    """
+    encoded = np.char.encode(np.asarray(values).astype(str), TEXT_ENCODING)
+    width = max(1, encoded.dtype.itemsize)
+    return np.frombuffer(encoded.astype(f"S{width}").tobytes(), dtype=np.uint8).reshape(len(encoded), width)
+
+
+def decode_text(raw: np.ndarray) -> np.ndarray:
+    """The inverse of `encode_text`, for any leading shape."""
+    raw = np.ascontiguousarray(raw)
+    return np.char.decode(raw.view(f"S{raw.shape[-1]}")[..., 0], TEXT_ENCODING)

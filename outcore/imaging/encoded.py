@@ -1,0 +1,91 @@
+"""Decoding the chunks of an encoded image field: whole chunks for reading, or sample by sample into batches."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..errors import ImageError, SampleDecodeError
+from ..format import ImageDecode
+from ..storage import EncodedBytes, Store
+from .decode import decode_image
+
+
+class EncodedChunk:
+    """One chunk of an encoded field, not yet decoded: ``chunk[i]`` decodes its ``i``-th sample.
+
+    It is what a Dask worker passes to the batch tasks that need the chunk: the compressed bytes travel
+    between workers, and each sample is decoded once, by the task that puts it in a batch.
+    """
+
+    def __init__(self, region: np.ndarray, ranges: np.ndarray, decode: ImageDecode, context: tuple[str, str, int, int]):
+        self.region, self.ranges, self.decode = region, ranges, decode
+        self.where, self.field, self.chunk, self.first = context
+        self.dtype = np.dtype(decode.dtype)
+        self.shape = (len(ranges), *decode.shape)
+        self.ndim = len(self.shape)
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.decode_sample(index)
+
+    def decode_sample(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Sample ``index``, decoded (into ``out``, of the decoded sample's shape, when given)."""
+        start, stop = self.ranges[index].tolist()
+        if not 0 <= start <= stop <= len(self.region):
+            raise self._error(index, f"its byte range {start}..{stop} lies outside the chunk")
+        try:
+            return decode_image(self.region[start:stop].tobytes(), self.decode.shape, self.decode.resize, self.dtype,
+                                out=out)
+        except ImageError as error:
+            raise self._error(index, error.reason) from None
+
+    def decode_into(self, out: np.ndarray) -> np.ndarray:
+        for i in range(len(self)):
+            self.decode_sample(i, out[i])
+        return out[: len(self)]
+
+    def _error(self, index: int, reason: str) -> SampleDecodeError:
+        return SampleDecodeError(
+            f"{self.where}: field {self.field!r}, sample {self.first + index} (chunk {self.chunk}) cannot be decoded: "
+            f"{reason}. Find every such sample with `outcore verify {self.where}`, then re-ingest it from a good file."
+        )
+
+
+class DecodedChunks:
+    """The chunk reader of an encoded field: ``read(chunk)`` returns the chunk's samples, decoded.
+
+    The images are decoded one by one (the decoders release the GIL, so reader threads decode in
+    parallel). A sample that cannot be decoded raises `SampleDecodeError` naming the sample and its chunk.
+    """
+
+    def __init__(self, store: Store, field: str) -> None:
+        self.field, self.where = field, store.location
+        self.decode = store.info(field).decode
+        self.dtype = np.dtype(self.decode.dtype)
+        self.bytes = EncodedBytes(store.group, field, store.location, len(store))
+        self.chunk_size = self.bytes.chunk_size
+        self._scratch = threading.local()
+
+    @property
+    def direct(self) -> bool:
+        return self.bytes.direct
+
+    def empty(self) -> np.ndarray:
+        """A buffer for `read`: one chunk of decoded samples."""
+        return np.empty((self.chunk_size, *self.decode.shape), dtype=self.dtype)
+
+    def read(self, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The chunk's samples, decoded (into ``out``, from `empty`, when given)."""
+        region = getattr(self._scratch, "region", None)
+        if region is None:
+            region = self._scratch.region = self.bytes.empty()
+        return self.read_encoded(chunk, region).decode_into(self.empty() if out is None else out)
+
+    def read_encoded(self, chunk: int, region: np.ndarray | None = None) -> EncodedChunk:
+        """The chunk's bytes, to decode later (into ``region``, from ``self.bytes.empty()``, when given)."""
+        data, ranges = self.bytes.read(chunk, region)
+        return EncodedChunk(data, ranges, self.decode, (self.where, self.field, chunk, chunk * self.chunk_size))

@@ -1,0 +1,106 @@
+"""`from_arrays`: numpy, dask, zarr or h5py arrays that share their first axis, as the fields of a store."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..dataset import Dataset, open_dataset
+from ..errors import SourceError
+from ..format import TEXT_ENCODING, Compression, FieldInfo, Layout, encode_text
+from .build import BuildOptions, FieldSource, build_store
+from .permute import as_dask, write_order
+
+SOURCE_INDEX_FIELD = "source_index"
+TARGET_NAMES = ("labels", "label", "targets", "target", "y")
+
+
+def from_arrays(
+    arrays: Mapping[str, Any],
+    location: str | os.PathLike,
+    *,
+    roles: Mapping[str, str] | None = None,
+    classes: Mapping[str, Sequence[str]] | None = None,
+    chunk_size: int | None = None,
+    compression: str | Compression | None = None,
+    shuffle_on_write: bool = True,
+    seed: int = 0,
+    client: Any = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Dataset:
+    """Write arrays that share their first axis (numpy, dask, zarr or h5py) as the fields of a new store.
+
+    ``roles`` defaults to ``"target"`` for fields named labels/label/targets/target/y, ``"input"`` for
+    the first other field, and ``"other"`` for the rest. ``classes`` names the classes of label fields.
+    Strings (numpy ``U``/``S``) are stored as UTF-8 text fields. When shuffled on write, a
+    ``source_index`` field records each sample's position in the input; an on-disk or dask input is
+    shuffled through a scratch folder beside the store, in bounded memory (`outcore.ingest.permute`).
+    ``client`` (default: the active ``distributed.Client``, else local threads) runs the writing.
+
+    >>> ds = outcore.from_arrays({"images": x, "labels": y}, "train.zarr")  # doctest: +SKIP
+    """
+    if not arrays:
+        raise SourceError("from_arrays needs at least one field")
+    arrays = {name: a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a) for name, a in arrays.items()}
+    text_fields = {name for name, a in arrays.items() if np.dtype(a.dtype).kind in "US"}
+    for name in text_fields:
+        if not isinstance(arrays[name], np.ndarray):
+            raise SourceError(f"field {name!r} holds strings in a {type(arrays[name]).__name__}; pass a numpy array")
+        arrays[name] = encode_text(arrays[name])
+    lengths = {name: _length(name, a) for name, a in arrays.items()}
+    if len(set(lengths.values())) != 1:
+        raise SourceError(f"fields must have the same number of samples (axis 0); got {lengths}")
+    num_samples = next(iter(lengths.values()))
+    if num_samples == 0:
+        raise SourceError("the arrays have no samples")
+    sample_nbytes = sum(math.prod(np.shape(a)[1:]) * np.dtype(a.dtype).itemsize for a in arrays.values())
+    layout = Layout.for_samples(sample_nbytes, num_samples, chunk_size)
+    infos = _field_infos(list(arrays), roles or {}, classes or {}, text_fields)
+    order = write_order(num_samples, shuffle_on_write, seed)
+    fields = {name: FieldSource(array if shuffle_on_write else as_dask(array, layout.shard_size), infos[name])
+              for name, array in arrays.items()}
+    if shuffle_on_write and SOURCE_INDEX_FIELD not in fields:
+        fields[SOURCE_INDEX_FIELD] = FieldSource(np.arange(num_samples), FieldInfo("metadata"))
+    options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite)
+    source = "arrays " + ", ".join(f"{name}: {type(a).__module__}.{type(a).__name__}" for name, a in arrays.items())
+    build_store(location, fields, options, shuffled_on_write=shuffle_on_write,
+                seed=seed if shuffle_on_write else None, source=source, order=order if shuffle_on_write else None)
+    return open_dataset(location)
+
+
+def _length(name: str, array: Any) -> int:
+    shape = array.shape
+    if len(shape) == 0:
+        raise SourceError(f"field {name!r} is a scalar; fields need a sample axis first")
+    if np.dtype(array.dtype).kind == "O":
+        raise SourceError(f"field {name!r} has dtype object; use fixed-size numbers or strings")
+    return int(shape[0])
+
+
+def _field_infos(
+    names: list[str], roles: Mapping[str, str], classes: Mapping[str, Sequence[str]], text_fields: set[str]
+) -> dict[str, FieldInfo]:
+    unknown = (set(roles) | set(classes)) - set(names)
+    if unknown:
+        raise SourceError(f"roles/classes name field(s) {sorted(unknown)} that are not among {names}")
+    guessed: dict[str, str] = {}
+    for name in names:
+        if name in TARGET_NAMES:
+            guessed[name] = "target"
+        elif "input" not in guessed.values():
+            guessed[name] = "input"
+        else:
+            guessed[name] = "other"
+    return {
+        name: FieldInfo(
+            roles.get(name, guessed[name]),
+            tuple(classes[name]) if name in classes else None,
+            TEXT_ENCODING if name in text_fields else None,
+        )
+        for name in names
+    }

@@ -1,0 +1,253 @@
+"""Write lazy field arrays into a new store: one task per shard file, in parallel, with a progress bar.
+
+Each task writes a whole shard, so no two tasks ever touch the same file. The store is built in a
+staging folder and moved into place only when complete (`outcore.storage.staged_store`). Samples are
+written in a given order when asked (shuffle on write, `outcore.ingest.permute`). When samples were
+skipped (``on_error="skip"``) the written store is compacted into a second one without the holes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import zarr
+
+from ..errors import SourceError
+from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs, chunk_capacity, ranges_name
+from ..storage import (
+    WRITE_CONFIG,
+    create_encoded_field,
+    create_field,
+    read_files,
+    remove_path,
+    staged_store,
+    stored_nbytes,
+    write_encoded_shard,
+)
+from .decode_tasks import BLOB_DTYPE
+from .permute import free_bytes, permuted, scratch_bytes
+from .scheduler import run_tasks
+
+MAX_SKIPPED_IN_ATTRS = 100
+
+
+@dataclass(frozen=True)
+class FieldSource:
+    """A field to write: its lazy data (samples on axis 0) and what it is for.
+
+    ``data`` is a dask array, or, for a field written in another order than its source's (shuffle on
+    write), any array (numpy, dask, zarr, h5py). For an encoded image field, ``data`` holds each sample's
+    file as ``bytes`` and ``nbytes`` their sizes, known before writing (they fix the size of each
+    chunk's region, see `outcore.format.encoded`).
+    """
+
+    data: Any
+    info: FieldInfo
+    nbytes: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    layout: Layout
+    compression: Compression
+    client: Any = None
+    progress: bool = True
+    overwrite: bool = False
+
+
+def build_store(
+    location: str | os.PathLike,
+    fields: Mapping[str, FieldSource],
+    options: BuildOptions,
+    *,
+    shuffled_on_write: bool,
+    seed: int | None,
+    source: str,
+    errors: da.Array | None = None,
+    order: np.ndarray | None = None,
+) -> Path:
+    """Write ``fields`` to a new store at ``location``; return its path.
+
+    ``errors`` (one string per sample, ``""`` when good) marks samples to leave out; they are listed in
+    the attributes and, in full, in a ``<store>.skipped.txt`` report beside the store. With ``order``,
+    the store's sample ``i`` is the fields' sample ``order[i]``.
+    """
+    location = Path(location)
+    with staged_store(location, options.overwrite) as staging:
+        raw = staging.with_name(staging.name + ".raw") if errors is not None else staging
+        scratch = staging.with_name(staging.name + ".permute")
+        try:
+            if order is not None:
+                fields = _permuted(fields, order, options.layout.shard_size, scratch)
+            failures = _write_fields(raw, fields, errors, options, f"ingest → {location.name}")
+            if failures:
+                fields = _without(raw, fields, failures, _num_samples(fields))
+                _write_fields(staging, fields, None, options, f"compact → {location.name}")
+            elif raw != staging:
+                os.replace(raw, staging)
+        finally:
+            remove_path(scratch)
+            if raw != staging:
+                remove_path(raw)
+        messages = [message for _, message in failures]
+        attrs = StoreAttrs(
+            num_samples=_num_samples(fields),
+            chunk_size=options.layout.chunk_size,
+            fields={name: f.info for name, f in fields.items()},
+            shuffled_on_write=shuffled_on_write,
+            seed=seed,
+            provenance=provenance(source),
+            skipped=_skipped_summary(location, messages) if messages else None,
+        )
+        zarr.open_group(staging, mode="r+").attrs[ATTRS_KEY] = attrs.to_dict()
+    _write_report(location, messages)
+    return location
+
+
+def _write_fields(
+    directory: Path,
+    fields: Mapping[str, FieldSource],
+    errors: da.Array | None,
+    options: BuildOptions,
+    description: str,
+) -> list[tuple[int, str]]:
+    """Create the group at ``directory``, write every shard; return ``(index, message)`` of bad samples."""
+    num_samples = _num_samples(fields)
+    shard = options.layout.shard_size
+    group = zarr.open_group(directory, mode="w")
+    for name, field in fields.items():
+        if len(field.data) != num_samples:
+            raise SourceError(f"field {name!r} has {len(field.data)} samples, others have {num_samples}")
+        if field.nbytes is not None:
+            capacity = chunk_capacity(field.nbytes, options.layout.chunk_size)
+            create_encoded_field(group, name, num_samples, capacity, options.layout, options.compression)
+        else:
+            create_field(
+                group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout, options.compression
+            )
+    encoded = [name for name, field in fields.items() if field.nbytes is not None]
+    blocks = {name: _shard_blocks(field.data, shard) for name, field in fields.items()}
+    error_blocks = _shard_blocks(errors, shard) if errors is not None else None
+    starts = range(0, num_samples, shard)
+    write = dask.delayed(_write_shard, pure=False)
+    tasks = [
+        write(str(directory), start, {name: b[i] for name, b in blocks.items()},
+              error_blocks[i] if error_blocks is not None else None, encoded, options.layout.chunk_size)
+        for i, start in enumerate(starts)
+    ]
+    weights = [min(shard, num_samples - start) for start in starts]
+    results = run_tasks(tasks, weights, client=options.client, progress=options.progress, description=description)
+    return [failure for shard_failures in results for failure in shard_failures]
+
+
+def _permuted(fields: Mapping[str, FieldSource], order: np.ndarray, shard: int, scratch: Path) -> dict[str, FieldSource]:
+    needed = sum(scratch_bytes(field.data) for field in fields.values())
+    if needed > free_bytes(scratch.parent):
+        raise SourceError(
+            f"shuffling on write needs {needed / 2**30:.1f} GiB of scratch space beside the store, and "
+            f"{scratch.parent} has {free_bytes(scratch.parent) / 2**30:.1f} GiB free: free some, or pass "
+            "shuffle_on_write=False (iteration still shuffles, less thoroughly)"
+        )
+    if any(field.nbytes is not None for field in fields.values()):
+        raise SourceError("encoded image fields are written in their own order; they cannot be permuted")
+    return {name: FieldSource(permuted(field.data, order, shard, scratch), field.info) for name, field in fields.items()}
+
+
+def _num_samples(fields: Mapping[str, FieldSource]) -> int:
+    return len(next(iter(fields.values())).data)
+
+
+def _shard_blocks(data: da.Array, shard: int) -> np.ndarray:
+    whole = (shard,) + (-1,) * (data.ndim - 1)
+    return data.rechunk(whole).to_delayed(optimize_graph=False).ravel()
+
+
+def _write_shard(
+    directory: str, start: int, blocks: dict[str, np.ndarray], errors: np.ndarray | None, encoded: list[str],
+    chunk_size: int,
+) -> list[tuple[int, str]]:
+    group = zarr.open_group(directory, mode="r+")
+    with zarr.config.set(WRITE_CONFIG):
+        for name, block in blocks.items():
+            if name in encoded:
+                write_encoded_shard(group, name, start, block, chunk_size)
+            else:
+                group[name][start : start + len(block)] = block
+    if errors is None:
+        return []
+    return [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]
+
+
+def _without(
+    directory: Path, fields: Mapping[str, FieldSource], failures: list[tuple[int, str]], num_samples: int
+) -> dict[str, FieldSource]:
+    keep = np.setdiff1d(np.arange(num_samples), [index for index, _ in failures])
+    if keep.size == 0:
+        shown = "\n  ".join(message for _, message in failures[:5])
+        raise SourceError(f"all {num_samples} samples failed to load, e.g.:\n  {shown}")
+    group = zarr.open_group(directory, mode="r")
+    kept = {}
+    for name, field in fields.items():
+        if field.nbytes is not None:
+            block = group[ranges_name(name)].shards[0]
+            data = _blob_array(str(directory), name, num_samples, block)[keep]
+            kept[name] = FieldSource(data, field.info, stored_nbytes(group, name, num_samples)[keep])
+        else:
+            kept[name] = FieldSource(da.from_zarr(group[name])[keep], field.info)
+    return kept
+
+
+def _blob_array(directory: str, name: str, num_samples: int, block_size: int) -> da.Array:
+    """A field's stored files as a lazy object array of ``bytes``, one task per block of samples."""
+    read = dask.delayed(_read_blobs, pure=True)
+    parts = [
+        da.from_delayed(read(directory, name, start, min(num_samples, start + block_size)),
+                        (min(num_samples, start + block_size) - start,), dtype=BLOB_DTYPE)
+        for start in range(0, num_samples, block_size)
+    ]
+    return da.concatenate(parts)
+
+
+def _read_blobs(directory: str, name: str, start: int, stop: int) -> np.ndarray:
+    group = zarr.open_group(directory, mode="r")
+    blobs = np.empty(stop - start, dtype=BLOB_DTYPE)
+    blobs[:] = read_files(group[name], group[ranges_name(name)], start, stop)
+    return blobs
+
+
+def provenance(source: str) -> dict[str, Any]:
+    return {
+        "source": source,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "versions": {name: version(name) for name in (
+            "outcore", "zarr", "numcodecs", "dask", "numpy", "pillow", "simplejpeg")},
+    }
+
+
+def report_path(location: Path) -> Path:
+    return location.with_name(location.name + ".skipped.txt")
+
+
+def _skipped_summary(location: Path, messages: list[str]) -> dict[str, Any]:
+    return {
+        "count": len(messages),
+        "examples": messages[:MAX_SKIPPED_IN_ATTRS],
+        "report": report_path(location).name,
+    }
+
+
+def _write_report(location: Path, messages: list[str]) -> None:
+    report = report_path(location)
+    if messages:
+        report.write_text("".join(f"{m}\n" for m in messages), encoding="utf-8")
+    elif report.exists():
+        report.unlink()

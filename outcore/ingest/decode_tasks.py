@@ -1,0 +1,81 @@
+"""Delayed loaders: lazy, chunked Dask arrays of decoded images (and of their files' bytes), one
+``dask.delayed`` task per block of samples."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import dask
+import dask.array as da
+import numpy as np
+
+from ..errors import ImageError
+from ..imaging import ResizePolicy, decode_image, read_image_file
+
+BLOB_DTYPE = np.dtype(object)  # the bytes of one file per sample, between tasks (never stored as such)
+ERROR_DTYPE = np.dtype("<U400")  # one message per sample; "" when the sample decoded
+
+
+def image_array(
+    paths: Sequence[str],
+    shape: tuple[int, ...],
+    *,
+    resize: ResizePolicy,
+    dtype: np.dtype,
+    block_size: int,
+    on_error: str = "raise",
+    keep: tuple[str, ...] = ("pixels",),
+) -> tuple[da.Array | None, da.Array | None, da.Array]:
+    """Return ``(pixels, files, errors)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to ``shape``,
+    ``files[i]`` the file's bytes (an object array of ``bytes``); each is ``None`` unless in ``keep``.
+
+    Every file is decoded, whatever is kept, so a store of encoded files holds only files that decode.
+    Each block of ``block_size`` samples is one task. Nothing is read until the arrays are computed.
+    With ``on_error="raise"`` the first bad file stops the computation with an `ImageError` naming
+    it; with ``"skip"`` a bad file gives zero pixels, empty bytes and its message in ``errors[i]``
+    (``""`` for every good sample).
+
+    >>> pixels, _, errors = image_array(files, (64, 64, 3), resize="crop", dtype=np.dtype("uint8"),
+    ...                                 block_size=256)  # doctest: +SKIP
+    >>> pixels.chunks[0][:2]  # doctest: +SKIP
+    (256, 256)
+    """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error={on_error!r} is not 'raise' or 'skip'")
+    pixel_parts, file_parts, error_parts = [], [], []
+    for start in range(0, len(paths), block_size):
+        block_paths = list(paths[start : start + block_size])
+        task = dask.delayed(_load_block, pure=True, nout=3)(block_paths, shape, resize, dtype, on_error, keep)
+        pixel_parts.append(da.from_delayed(task[0], (len(block_paths), *shape), dtype=dtype))
+        file_parts.append(da.from_delayed(task[1], (len(block_paths),), dtype=BLOB_DTYPE))
+        error_parts.append(da.from_delayed(task[2], (len(block_paths),), dtype=ERROR_DTYPE))
+    return (
+        da.concatenate(pixel_parts) if "pixels" in keep else None,
+        da.concatenate(file_parts) if "files" in keep else None,
+        da.concatenate(error_parts),
+    )
+
+
+def _load_block(
+    paths: list[str], shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str,
+    keep: tuple[str, ...],
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
+    pixels = np.zeros((len(paths), *shape), dtype=dtype) if "pixels" in keep else None
+    files = np.full(len(paths), b"", dtype=BLOB_DTYPE) if "files" in keep else None
+    errors = np.zeros(len(paths), dtype=ERROR_DTYPE)
+    for i, path in enumerate(paths):
+        try:
+            data = read_image_file(path)
+            decode_image(data, shape, resize, dtype, path, out=pixels[i] if pixels is not None else None)
+        except ImageError as error:
+            if on_error == "raise":
+                raise ImageError(
+                    error.path, f"{error.reason}. Fix or remove the file, or pass on_error='skip' to skip it"
+                ) from None
+            errors[i] = str(error)[: ERROR_DTYPE.itemsize // 4]
+            if pixels is not None:
+                pixels[i] = 0  # a failed decode may have written part of the sample
+            continue
+        if files is not None:
+            files[i] = data
+    return pixels, files, errors

@@ -1,0 +1,182 @@
+"""Ingest pictures: an image folder (class = sub-folder) or a table of image paths and labels."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..dataset import Dataset, open_dataset
+from ..errors import SourceError
+from ..format import (
+    IMAGE_ENCODING,
+    RANGES_SUFFIX,
+    TEXT_ENCODING,
+    Compression,
+    FieldInfo,
+    ImageDecode,
+    Layout,
+    encode_text,
+)
+from ..imaging import ResizePolicy, parse_image_dtype, parse_image_shape, parse_resize
+from .arrays import SOURCE_INDEX_FIELD
+from .build import BuildOptions, FieldSource, build_store
+from .decode_tasks import image_array
+from .permute import as_dask, write_order
+from .sources import SourceTable, scan_image_folder, table_from_dataframe
+
+IMAGE_FIELD = "images"
+ENCODED_FIELD = "images_encoded"
+IMAGE_STORAGE = ("pixels", "encoded", "both")
+PATH_FIELD = "path"
+
+
+def ingest_images(
+    source: str | os.PathLike,
+    location: str | os.PathLike,
+    *,
+    shape: Sequence[int] | str,
+    resize: ResizePolicy = "crop",
+    dtype: Any = "uint8",
+    images: str = "pixels",
+    chunk_size: int | None = None,
+    compression: str | Compression | None = None,
+    shuffle_on_write: bool = True,
+    seed: int = 0,
+    client: Any = None,
+    on_error: str = "raise",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Dataset:
+    """Ingest a folder of images, labelled by sub-folder (``source/<class>/<image>``), into a new store
+    at ``location``.
+
+    The store gets fields ``images`` (N, H, W, C), ``labels`` (class indices; names in ``ds.classes``),
+    ``path`` (each sample's file, relative to ``source``) and ``source_index`` (its position in the
+    sorted file list). With ``shuffle_on_write`` (the default) samples are stored in a random order
+    drawn from ``seed``. A ``.zip`` location writes a single file. ``client`` (default: the active
+    ``distributed.Client``, else local threads) runs the decoding and writing.
+
+    ``images`` chooses how the pictures are stored: ``"pixels"`` (decoded, ready to read),
+    ``"encoded"`` (the files' own bytes, several times smaller, decoded to ``shape`` while reading) or
+    ``"both"`` (pixels in ``images``, the files in ``images_encoded``). Every file is decoded at ingest
+    either way, so bad files are found now, not in the middle of training.
+
+    >>> ds = outcore.ingest_images("photos/train", "train.zarr", shape=(128, 128, 3))  # doctest: +SKIP
+    >>> ds.classes  # doctest: +SKIP
+    ['cat', 'dog']
+    """
+    table = scan_image_folder(source)
+    return _ingest_table(table, location, **_image_options(locals()))
+
+
+def ingest_dataframe(
+    frame: pd.DataFrame | str | os.PathLike,
+    location: str | os.PathLike,
+    *,
+    path_column: str = "path",
+    label_columns: Sequence[str] = (),
+    root: str | os.PathLike | None = None,
+    shape: Sequence[int] | str,
+    resize: ResizePolicy = "crop",
+    dtype: Any = "uint8",
+    images: str = "pixels",
+    chunk_size: int | None = None,
+    compression: str | Compression | None = None,
+    shuffle_on_write: bool = True,
+    seed: int = 0,
+    client: Any = None,
+    on_error: str = "raise",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Dataset:
+    """Ingest the images listed in a DataFrame or CSV file, with one label field per ``label_columns``.
+
+    Relative paths are taken from ``root`` (default: the CSV's folder, or the current folder for a
+    DataFrame). String labels are stored as class indices with their names; numbers as they are.
+    Paths that do not exist are an error, or skipped and reported with ``on_error="skip"``. The other
+    keywords are those of `ingest_images`.
+
+    >>> ds = outcore.ingest_dataframe("labels.csv", "train.zarr", path_column="path",
+    ...                               label_columns=["label"], shape=(64, 64, 3))  # doctest: +SKIP
+    """
+    table = table_from_dataframe(frame, path_column, label_columns, root)
+    if table.missing and on_error == "raise":
+        shown = ", ".join(repr(p) for p in table.missing[:3])
+        raise SourceError(
+            f"{len(table.missing)} of {len(table)} files listed in {table.description} do not exist "
+            f"(e.g. {shown}); correct the paths or root=, or pass on_error='skip' to skip them"
+        )
+    return _ingest_table(table, location, **_image_options(locals()))
+
+
+def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
+    names = ("shape", "resize", "dtype", "images", "chunk_size", "compression", "shuffle_on_write", "seed", "client",
+             "on_error", "overwrite", "progress")
+    return {name: arguments[name] for name in names}
+
+
+def _ingest_table(
+    table: SourceTable,
+    location: str | os.PathLike,
+    *,
+    shape: Sequence[int] | str,
+    resize: ResizePolicy,
+    dtype: Any,
+    images: str,
+    chunk_size: int | None,
+    compression: str | Compression | None,
+    shuffle_on_write: bool,
+    seed: int,
+    client: Any,
+    on_error: str,
+    overwrite: bool,
+    progress: bool,
+) -> Dataset:
+    shape, resize, dtype = parse_image_shape(shape), parse_resize(resize), parse_image_dtype(dtype)
+    if images not in IMAGE_STORAGE:
+        raise ValueError(f"images={images!r} is not one of {IMAGE_STORAGE}")
+    reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD}
+    clash = {name for name in table.labels if name in reserved or name.removesuffix(RANGES_SUFFIX) in reserved}
+    if clash:
+        raise SourceError(f"label column(s) {sorted(clash)} clash with outcore's own field names; rename them")
+    # chunks hold about 8 MiB of decoded pixels even when files are stored: the shuffle buffer holds them decoded
+    layout = Layout.for_samples(math.prod(shape) * dtype.itemsize, len(table), chunk_size)
+    order = write_order(len(table), shuffle_on_write, seed)
+    paths = [table.paths[i] for i in order]
+    # One task decodes a whole shard's images and the write task that needs them runs where they are:
+    # decoded pixels (7x the JPEG bytes) never travel between workers.
+    pixels, files, errors = image_array(
+        paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
+        keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images],
+    )
+    fields = {}
+    if pixels is not None:
+        fields[IMAGE_FIELD] = FieldSource(pixels, FieldInfo("input"))
+    if files is not None:
+        decode = ImageDecode(shape, dtype.name, resize)
+        fields[ENCODED_FIELD if pixels is not None else IMAGE_FIELD] = FieldSource(
+            files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
+            nbytes=np.array([_file_size(path) for path in paths], dtype=np.int64),
+        )
+    for name, values in table.labels.items():
+        fields[name] = FieldSource(as_dask(values[order], layout.shard_size), FieldInfo("target", table.classes.get(name)))
+    fields[PATH_FIELD] = FieldSource(
+        as_dask(encode_text(np.array(table.names)[order]), layout.shard_size), FieldInfo("metadata", encoding=TEXT_ENCODING)
+    )
+    fields[SOURCE_INDEX_FIELD] = FieldSource(as_dask(order, layout.shard_size), FieldInfo("metadata"))
+    options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite)
+    build_store(location, fields, options, shuffled_on_write=shuffle_on_write, seed=seed if shuffle_on_write else None,
+                source=table.description, errors=errors)
+    return open_dataset(location)
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:  # reported by the loader, which skips the file or stops the ingest
+        return 0

@@ -1,0 +1,80 @@
+"""Where ingest tasks run: on a Dask cluster (the client given, or the active one), else on local
+threads, one per core; with a progress bar counted in samples."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import dask
+from dask.callbacks import Callback
+from dask.delayed import Delayed
+from tqdm.auto import tqdm
+
+
+def active_client(client: Any = None) -> Any:
+    """``client``, or else the active ``distributed.Client`` (as ``dask.compute`` would use), or ``None``.
+
+    >>> active_client() is None  # no distributed.Client in this process
+    True
+    """
+    if client is not None or "distributed" not in sys.modules:  # no client can exist without distributed
+        return client
+    from distributed import default_client
+
+    try:
+        return default_client()
+    except ValueError:
+        return None
+
+
+def run_tasks(
+    tasks: Sequence[Delayed],
+    weights: Sequence[int],
+    *,
+    client: Any = None,
+    progress: bool = True,
+    description: str = "",
+    unit: str = "samples",
+) -> list[Any]:
+    """Compute ``tasks`` and return their results in order; the bar advances by ``weights[i]`` per task.
+
+    With ``client`` (a ``distributed.Client``), or an active one, the tasks run on its cluster; without,
+    on a local thread pool with one thread per core.
+    """
+    client = active_client(client)
+    with tqdm(total=sum(weights), desc=description, unit=unit, disable=not progress, dynamic_ncols=True) as bar:
+        if client is not None:
+            return _run_on_cluster(tasks, weights, client, bar)
+        weight_of = {task.key: weight for task, weight in zip(tasks, weights, strict=True)}
+        with _ProgressCallback(weight_of, bar):
+            return list(dask.compute(*tasks, scheduler="threads", num_workers=os.cpu_count()))
+
+
+def _run_on_cluster(tasks: Sequence[Delayed], weights: Sequence[int], client: Any, bar: tqdm) -> list[Any]:
+    from distributed import as_completed
+
+    futures = client.compute(list(tasks))
+    weight_of = {future.key: weight for future, weight in zip(futures, weights, strict=True)}
+    try:
+        for future in as_completed(futures):
+            future.result()  # raise the first failure at once, with its traceback
+            bar.update(weight_of[future.key])
+        return client.gather(futures)
+    finally:
+        for future in futures:
+            future.cancel()
+
+
+class _ProgressCallback(Callback):
+    def __init__(self, weight_of: dict[Any, int], bar: tqdm) -> None:
+        super().__init__()
+        self._weight_of = weight_of
+        self._bar = bar
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        weight = self._weight_of.get(key)
+        if weight:
+            self._bar.update(weight)

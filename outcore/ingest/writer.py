@@ -1,0 +1,182 @@
+"""`Writer`: stream batches into a store without knowing the number of samples up front."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+import zarr
+
+from ..errors import SourceError, StoreExistsError
+from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs
+from ..storage import WRITE_CONFIG, create_field, is_url, is_zip, open_group, remove_path
+from ..storage.safety import check_safe, read_attrs
+from .build import provenance
+
+FieldSpec = tuple[Any, Sequence[int]]  # (dtype, shape of one sample)
+
+
+class Writer:
+    """Append batches of samples (dicts of arrays) to a store, e.g. model predictions batch by batch.
+
+    Batches may have any size. Samples are buffered and written a whole shard file at a time, and the
+    store's sample count is updated after each write, so the store is readable (and consistent) while
+    it grows and after a crash. ``specs`` maps field names to ``(dtype, sample_shape)``; when omitted,
+    the first batch defines them. ``append=True`` reopens an existing store and adds to it.
+
+    >>> with outcore.Writer("preds.zarr", specs={"emb": ("float32", (512,))}) as w:  # doctest: +SKIP
+    ...     for x in batches:
+    ...         w.append({"emb": model.predict(x)})
+    """
+
+    def __init__(
+        self,
+        location: str | os.PathLike,
+        specs: Mapping[str, FieldSpec] | None = None,
+        *,
+        append: bool = False,
+        overwrite: bool = False,
+        roles: Mapping[str, str] | None = None,
+        classes: Mapping[str, Sequence[str]] | None = None,
+        chunk_size: int | None = None,
+        compression: str | Compression | None = None,
+    ) -> None:
+        if is_url(location) or is_zip(location):
+            raise ValueError(
+                f"Writer writes local directory stores, not {str(location)!r}; write a directory, then "
+                "copy it into a .zip with outcore.from_arrays"
+            )
+        self.location = Path(location)
+        self._roles, self._classes = dict(roles or {}), dict(classes or {})
+        self._chunk_size, self._compression = chunk_size, Compression.parse(compression)
+        self._pending: list[dict[str, np.ndarray]] = []
+        self._pending_count = 0
+        self._group: zarr.Group | None = None
+        self._attrs: StoreAttrs | None = None
+        self._shard_size = 0
+        self.closed = False
+        if append and self.location.exists():
+            self._open_existing()
+        elif self.location.exists() and not overwrite:
+            raise StoreExistsError(
+                f"{self.location} already exists; pass append=True to add to it or overwrite=True to replace it"
+            )
+        else:
+            remove_path(self.location)
+            if specs is not None:
+                self._create({name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in specs.items()})
+
+    def __len__(self) -> int:
+        """Samples appended so far, written or still buffered."""
+        return self._written + self._pending_count
+
+    @property
+    def _written(self) -> int:
+        return self._attrs.num_samples if self._attrs else 0
+
+    def append(self, batch: Mapping[str, Any]) -> None:
+        """Add a batch: one array per field, all with the same length on axis 0."""
+        if self.closed:
+            raise ValueError(f"Writer for {self.location} is closed")
+        arrays = {name: np.asarray(values) for name, values in batch.items()}
+        if self._attrs is None:
+            self._create({name: (a.dtype, a.shape[1:]) for name, a in arrays.items()})
+        self._pending.append(self._checked(arrays))
+        self._pending_count += len(next(iter(arrays.values())))
+        shard = self._shard_size
+        while len(self) >= (self._written // shard + 1) * shard:
+            self._write_until((self._written // shard + 1) * shard)
+
+    def flush(self) -> None:
+        """Write every buffered sample now (a partial shard is rewritten by later flushes)."""
+        if self._pending_count:
+            self._write_until(len(self))
+
+    def close(self) -> None:
+        """Flush and close; the store is then complete. Closing twice is harmless."""
+        if not self.closed:
+            self.flush()
+            self.closed = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _create(self, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -> None:
+        if not specs:
+            raise SourceError("a Writer needs at least one field")
+        for name, (dtype, _) in specs.items():
+            if dtype.kind in "OUS":
+                raise SourceError(
+                    f"field {name!r} has dtype {dtype}; a Writer stores numbers (encode text with "
+                    "outcore.format.encode_text, or write it with outcore.from_arrays)"
+                )
+        sample_nbytes = sum(math.prod(shape) * dtype.itemsize for dtype, shape in specs.values())
+        layout = Layout.for_samples(sample_nbytes, None, self._chunk_size)
+        group = zarr.open_group(self.location, mode="w")
+        for name, (dtype, shape) in specs.items():
+            create_field(group, name, dtype, shape, 0, layout, self._compression)
+        infos = {
+            name: FieldInfo(self._roles.get(name, "other"), tuple(self._classes[name]) if name in self._classes else None)
+            for name in specs
+        }
+        self._group, self._shard_size = group, layout.shard_size
+        self._save_attrs(StoreAttrs(0, layout.chunk_size, infos, provenance=provenance("outcore.Writer")))
+
+    def _open_existing(self) -> None:
+        group = open_group(self.location, mode="r+")
+        attrs = read_attrs(group, str(self.location))
+        check_safe(group, list(attrs.fields), str(self.location))
+        encoded = [name for name, info in attrs.fields.items() if info.is_image]
+        if encoded:
+            raise SourceError(
+                f"{self.location} has encoded image field(s) {encoded}; a Writer appends arrays of numbers only. "
+                "Re-ingest the images with the new ones (outcore.ingest_dataframe takes a table of all the files)"
+            )
+        first = group[next(iter(attrs.fields))]
+        self._group, self._attrs, self._shard_size = group, attrs, (first.shards or first.chunks)[0]
+
+    def _checked(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        expected = set(self._attrs.fields)
+        if set(arrays) != expected:
+            raise SourceError(f"batch has fields {sorted(arrays)}; the store at {self.location} has {sorted(expected)}")
+        lengths = {name: len(a) if a.ndim else -1 for name, a in arrays.items()}
+        if len(set(lengths.values())) != 1 or -1 in lengths.values():
+            raise SourceError(f"batch fields must share their length on axis 0; got {lengths}")
+        checked = {}
+        for name, values in arrays.items():
+            array = self._group[name]
+            if values.shape[1:] != array.shape[1:]:
+                raise SourceError(
+                    f"field {name!r}: batch samples have shape {values.shape[1:]}, the store's {array.shape[1:]}"
+                )
+            if not np.can_cast(values.dtype, array.dtype, casting="same_kind"):
+                raise SourceError(f"field {name!r}: cannot store {values.dtype} values in a {array.dtype} field")
+            checked[name] = values.astype(array.dtype, copy=False)
+        return checked
+
+    def _write_until(self, stop: int) -> None:
+        start = self._written
+        count = stop - start
+        merged = {name: np.concatenate([b[name] for b in self._pending]) for name in self._attrs.fields}
+        with zarr.config.set(WRITE_CONFIG):
+            for name, values in merged.items():
+                array = self._group[name]
+                if array.shape[0] < stop:
+                    array.resize((stop, *array.shape[1:]))
+                array[start:stop] = values[:count]
+        rest = {name: values[count:] for name, values in merged.items()}
+        self._pending = [rest] if self._pending_count > count else []
+        self._pending_count -= count
+        self._save_attrs(dataclasses.replace(self._attrs, num_samples=stop))
+
+    def _save_attrs(self, attrs: StoreAttrs) -> None:
+        self._group.attrs[ATTRS_KEY] = attrs.to_dict()
+        self._attrs = attrs

@@ -1,0 +1,85 @@
+"""The options of a batch iteration: one validated value, and the keywords users pass to make it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, TypedDict
+
+from .batch import Transform
+
+
+class BatchKeywords(TypedDict, total=False):
+    """The keywords of `Dataset.batches`, which the framework adapters take too.
+
+    - ``fields``: the fields to read (default: all).
+    - ``shuffle``: chunk-aware shuffling (default ``True``); ``False`` reads in storage order.
+    - ``seed``: the seed of every epoch's order and of the transform's generators (default 0).
+    - ``buffer_chunks``: how many chunks a batch draws from (default 8): more mixes better and holds
+      more memory.
+    - ``prefetch``: finished batches kept ready ahead of the consumer (default 2).
+    - ``transform``: ``transform(batch, rng) -> batch`` run on each batch, ``rng`` seeded per batch.
+    - ``rank``, ``world_size``: this process's share of each epoch (defaults 0 and 1).
+    - ``drop_last``: leave out each consumer's short last batch (default ``False``).
+    - ``client``: a ``distributed.Client`` whose workers read, decode and augment (default: local threads).
+    """
+
+    fields: Sequence[str] | None
+    shuffle: bool
+    seed: int
+    buffer_chunks: int
+    prefetch: int
+    transform: Transform | None
+    rank: int
+    world_size: int
+    drop_last: bool
+    client: Any
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """The validated options of a batch iteration (see `BatchKeywords` for their meaning).
+
+    >>> BatchOptions(256, seed=3).plan_settings()["seed"]
+    3
+    """
+
+    batch_size: int
+    fields: tuple[str, ...] | None = None
+    shuffle: bool = True
+    seed: int = 0
+    buffer_chunks: int = 8
+    prefetch: int = 2
+    transform: Transform | None = None
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
+    client: Any = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size} must be at least 1")
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch={self.prefetch} must be at least 1")
+        if self.buffer_chunks < 0:
+            raise ValueError(f"buffer_chunks={self.buffer_chunks} must be 0 or more")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank={self.rank} must be in [0, world_size={self.world_size})")
+        if isinstance(self.fields, str):
+            raise TypeError(f"fields={self.fields!r} must be a list of field names, not one string")
+        if self.fields is not None:
+            object.__setattr__(self, "fields", tuple(self.fields))
+
+    @classmethod
+    def of(cls, batch_size: int, keywords: BatchKeywords) -> BatchOptions:
+        """Options from `BatchKeywords`; an unknown keyword is a ``TypeError`` that lists the known ones."""
+        known = set(BatchKeywords.__optional_keys__)
+        unknown = sorted(set(keywords) - known)
+        if unknown:
+            raise TypeError(f"unknown batch option(s) {unknown}; the options are {sorted(known)}")
+        return cls(batch_size, **keywords)
+
+    def plan_settings(self) -> dict[str, Any]:
+        """The options that decide each epoch's batches: a resumed iteration must use the same."""
+        kept = ("batch_size", "shuffle", "seed", "buffer_chunks", "drop_last", "rank", "world_size")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in kept}

@@ -1,0 +1,134 @@
+"""Vectorized, seeded batch augmentations: ``transform(batch, rng) -> batch``.
+
+Each transform works on one field of the batch dict (``"images"`` by default, samples on axis 0,
+``(N, H, W, C)``) for the whole batch at once, and draws its randomness only from ``rng``, which the
+iterator seeds from ``(seed, epoch, consumer, batch index)``: the same batch gets the same
+augmentation wherever and whenever it is produced. Batches are not modified in place.
+
+>>> import numpy as np
+>>> augment = Compose([RandomCrop(24, padding=4), RandomFlip(), Normalize(mean=0.5, std=0.25)])
+>>> batch = {"images": np.zeros((8, 24, 24, 3), np.uint8), "labels": np.arange(8)}
+>>> augment(batch, np.random.default_rng(0))["images"].dtype
+dtype('float32')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from .batch import Batch, Transform
+
+
+def _field(batch: Batch, field: str) -> np.ndarray:
+    if field not in batch:
+        raise KeyError(f"transform needs field {field!r}; the batch has {sorted(batch)}")
+    return batch[field]
+
+
+def _replace(batch: Batch, field: str, values: np.ndarray) -> Batch:
+    return {**batch, field: values}
+
+
+@dataclass(frozen=True)
+class Compose:
+    """Apply transforms in order."""
+
+    transforms: Sequence[Transform]
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        for transform in self.transforms:
+            batch = transform(batch, rng)
+        return batch
+
+
+@dataclass(frozen=True)
+class RandomFlip:
+    """Mirror each image left-right (and/or top-bottom) with probability ``p``."""
+
+    p: float = 0.5
+    horizontal: bool = True
+    vertical: bool = False
+    field: str = "images"
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        images = _field(batch, self.field).copy()
+        for axis, enabled in ((2, self.horizontal), (1, self.vertical)):
+            if enabled:
+                chosen = rng.random(len(images)) < self.p
+                images[chosen] = np.flip(images[chosen], axis=axis)
+        return _replace(batch, self.field, images)
+
+
+@dataclass(frozen=True)
+class RandomCrop:
+    """Zero-pad by ``padding`` pixels, then cut a random ``size`` window from each image."""
+
+    size: int | tuple[int, int]
+    padding: int = 0
+    field: str = "images"
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        images = _field(batch, self.field)
+        height, width = (self.size, self.size) if isinstance(self.size, int) else self.size
+        pad = [(0, 0), (self.padding, self.padding), (self.padding, self.padding)] + [(0, 0)] * (images.ndim - 3)
+        padded = np.pad(images, pad) if self.padding else images
+        if padded.shape[1] < height or padded.shape[2] < width:
+            raise ValueError(f"cannot crop {height}x{width} from images of {padded.shape[1]}x{padded.shape[2]}")
+        top = rng.integers(0, padded.shape[1] - height + 1, size=len(images))
+        left = rng.integers(0, padded.shape[2] - width + 1, size=len(images))
+        windows = sliding_window_view(padded, (height, width), axis=(1, 2))  # (N, H', W', ..., h, w)
+        crops = windows[np.arange(len(images)), top, left]  # (N, ..., h, w)
+        return _replace(batch, self.field, np.ascontiguousarray(np.moveaxis(crops, (-2, -1), (1, 2))))
+
+
+@dataclass(frozen=True)
+class BrightnessContrast:
+    """Scale contrast by a factor in ``1 ± contrast`` and shift brightness by ``± brightness`` of the
+    range, per image; results are clipped to the dtype's range (``[0, 1]`` for floats)."""
+
+    brightness: float = 0.2
+    contrast: float = 0.2
+    field: str = "images"
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        images = _field(batch, self.field)
+        top = float(np.iinfo(images.dtype).max) if images.dtype.kind in "ui" else 1.0
+        shape = (len(images),) + (1,) * (images.ndim - 1)
+        factor = rng.uniform(1 - self.contrast, 1 + self.contrast, size=shape).astype(np.float32)
+        shift = rng.uniform(-self.brightness, self.brightness, size=shape).astype(np.float32) * top
+        values = images.astype(np.float32)
+        mean = values.mean(axis=tuple(range(1, images.ndim)), keepdims=True)
+        adjusted = np.clip((values - mean) * factor + mean + shift, 0, top)
+        return _replace(batch, self.field, adjusted.astype(images.dtype) if images.dtype.kind in "ui" else adjusted)
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """``(x * scale - mean) / std`` as float32; ``scale`` defaults to 1/255 for uint8 and 1/65535 for uint16."""
+
+    mean: float | Sequence[float] = 0.0
+    std: float | Sequence[float] = 1.0
+    scale: float | None = None
+    field: str = "images"
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        images = _field(batch, self.field)
+        scale = self.scale if self.scale is not None else (
+            1 / np.iinfo(images.dtype).max if images.dtype.kind in "ui" else 1.0)
+        mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
+        return _replace(batch, self.field, (images.astype(np.float32) * np.float32(scale) - mean) / std)
+
+
+@dataclass(frozen=True)
+class Cast:
+    """Convert a field to ``dtype`` (e.g. float16 images, int32 labels)."""
+
+    dtype: str | np.dtype
+    field: str = "images"
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        return _replace(batch, self.field, _field(batch, self.field).astype(self.dtype))

@@ -1,0 +1,31 @@
+"""Bytes in and out: groups at a directory, a ``.zip`` file or an fsspec URL; the direct shard reader;
+staging and atomic commit; the checks made on open."""
+
+from .encoded import EncodedBytes, create_encoded_field, read_files, stored_nbytes, write_encoded_shard
+from .groups import WRITE_CONFIG, create_field, is_url, is_zip, open_group
+from .shard_reader import ShardReader, read_samples
+from .staging import pack_zip, remove_path, staged_store
+from .store import Store, open_store
+from .zipstore import RangeZipStore, stored_members
+
+__all__ = [
+    "WRITE_CONFIG",
+    "EncodedBytes",
+    "RangeZipStore",
+    "ShardReader",
+    "Store",
+    "create_encoded_field",
+    "create_field",
+    "is_url",
+    "is_zip",
+    "open_group",
+    "open_store",
+    "pack_zip",
+    "read_files",
+    "read_samples",
+    "remove_path",
+    "staged_store",
+    "stored_members",
+    "stored_nbytes",
+    "write_encoded_shard",
+]

@@ -1,0 +1,96 @@
+"""The bytes of encoded image fields on disk (layout: `outcore.format.encoded`): create, write, read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import zarr
+
+from ..errors import SourceError
+from ..format import Compression, Layout, pack_regions, ranges_name
+from .groups import create_field
+from .shard_reader import ShardReader
+
+
+def create_encoded_field(
+    group: zarr.Group, name: str, num_samples: int, capacity: int, layout: Layout, compression: Compression
+) -> None:
+    """Create a field's byte array and its ranges array."""
+    num_chunks = -(-num_samples // layout.chunk_size)
+    group.create_array(
+        name,
+        shape=(num_chunks * capacity,),
+        dtype=np.uint8,
+        chunks=(capacity,),
+        shards=(layout.chunks_per_shard * capacity,),
+        compressors=compression.codecs(),
+        fill_value=0,
+        dimension_names=(f"{name}_bytes",),
+    )
+    create_field(group, ranges_name(name), np.dtype(np.int64), (2,), num_samples, layout, compression)
+
+
+def write_encoded_shard(group: zarr.Group, name: str, start: int, blobs: Sequence[bytes], chunk_size: int) -> None:
+    """Write samples ``start, start + 1, ...`` (``start`` at a chunk boundary) into their chunks' regions."""
+    array = group[name]
+    capacity = array.chunks[0]
+    first_chunk = start // chunk_size
+    try:
+        regions, ranges = pack_regions(blobs, chunk_size, capacity)
+    except OverflowError as overflow:
+        raise SourceError(
+            f"field {name!r}: the files of chunk {first_chunk + overflow.args[0]} hold more bytes than their sizes "
+            f"said when the ingest began ({capacity} at most): a source file changed during the ingest; run it again"
+        ) from None
+    array[first_chunk * capacity : first_chunk * capacity + len(regions)] = regions
+    group[ranges_name(name)][start : start + len(blobs)] = ranges + first_chunk * capacity
+
+
+def stored_nbytes(group: zarr.Group, name: str, num_samples: int) -> np.ndarray:
+    """Each sample's number of encoded bytes."""
+    ranges = group[ranges_name(name)][:num_samples]
+    return ranges[:, 1] - ranges[:, 0]
+
+
+def read_files(data: zarr.Array, ranges: zarr.Array, start: int, stop: int) -> list[bytes]:
+    """The stored files of samples ``start .. stop - 1``, with plain zarr: their ranges, then one read of
+    the bytes that span them.
+
+    >>> read_files(ds.array("images"), ds.array("images_ranges"), 0, 2)  # doctest: +SKIP
+    [b'\\xff\\xd8\\xff\\xe0...', b'\\xff\\xd8\\xff\\xe0...']
+    """
+    spans = ranges[start:stop]
+    low, high = int(spans[:, 0].min()), int(spans[:, 1].max())
+    raw = data[low:high]
+    return [raw[begin - low : end - low].tobytes() for begin, end in spans.tolist()]
+
+
+class EncodedBytes:
+    """Chunk by chunk, the stored bytes of an encoded field: ``read(chunk)`` is ``(region, ranges)``,
+    the chunk's bytes (without padding) and each sample's ``[start, stop)`` in them.
+
+    A chunk costs two reads, through the direct shard reader: its ranges and its byte region.
+    """
+
+    def __init__(self, group: zarr.Group, field: str, where: str, num_samples: int) -> None:
+        self.field = field
+        self.ranges = ShardReader(group[ranges_name(field)], ranges_name(field), where, num_samples)
+        self.chunk_size = self.ranges.chunk_size
+        data = group[field]
+        self.capacity = data.chunks[0]
+        self.bytes = ShardReader(data, field, where, data.shape[0], samples=(num_samples, self.chunk_size))
+
+    @property
+    def direct(self) -> bool:
+        return self.bytes.direct and self.ranges.direct
+
+    def empty(self) -> np.ndarray:
+        """A buffer for `read`: one chunk's region."""
+        return self.bytes.empty()
+
+    def read(self, chunk: int, region: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The chunk's bytes (into ``region``, from `empty`, when given) and its samples' ranges in them."""
+        ranges = self.ranges.read(chunk) - chunk * self.capacity
+        data = self.bytes.read(chunk, out=region)[: int(ranges[:, 1].max(initial=0))]
+        return data, ranges

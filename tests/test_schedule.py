@@ -1,0 +1,41 @@
+"""The batch schedule, checked once for every reader that follows it (property tests)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from outcore.iterate.plan import Consumer, epoch_plan
+from outcore.iterate.schedule import batches_in, max_held, schedule
+
+
+@settings(max_examples=400, deadline=None)
+@given(num_samples=st.integers(0, 3000), chunk_size=st.integers(1, 300), buffer_chunks=st.integers(0, 12),
+       batch_size=st.integers(1, 300), read_ahead=st.integers(0, 6), world_size=st.integers(1, 3),
+       shuffle=st.booleans(), drop_last=st.booleans(), seed=st.integers(0, 2**31), data=st.data())
+def test_every_chunk_is_loaded_before_use_released_after_its_last_use_and_few_are_held(
+        num_samples, chunk_size, buffer_chunks, batch_size, read_ahead, world_size, shuffle, drop_last, seed, data):
+    consumer = Consumer(data.draw(st.integers(0, world_size - 1)), world_size)
+    plan = epoch_plan(num_samples, chunk_size, shuffle=shuffle, seed=seed, buffer_chunks=buffer_chunks,
+                      consumer=consumer, drop_last=drop_last)
+    total = batches_in(plan, batch_size, drop_last)
+    first_batch = data.draw(st.integers(0, total))  # a resumed run starts anywhere
+    steps = list(schedule(plan, batch_size, drop_last=drop_last, read_ahead=read_ahead, first_batch=first_batch))
+    assert [s.index for s in steps] == list(range(first_batch, total))
+    loaded, released, held_most = set(), set(), 0
+    bound = max_held(buffer_chunks, batch_size, chunk_size, read_ahead)
+    for step in steps:
+        assert not set(step.load) & (loaded | released)  # each slot loaded once, never after its release
+        assert list(step.load) == sorted(step.load)  # in stream order
+        loaded |= set(step.load)
+        assert set(step.slots.tolist()) <= loaded - released  # what the batch reads is loaded and held
+        assert (plan.chunks[step.slots] == step.samples // chunk_size).all()
+        held_most = max(held_most, len(loaded - released))
+        assert set(step.release) <= loaded - released
+        released |= set(step.release)
+        later = {slot for s in steps if s.index > step.index for slot in s.slots.tolist()}
+        assert not set(step.release) & later  # released only after its last use
+    assert loaded == released  # nothing left held at the end
+    assert held_most <= bound
+    assert [len(s.samples) for s in steps] == [min(batch_size, len(plan) - i * batch_size)
+                                               for i in range(first_batch, total)]
