@@ -11,10 +11,9 @@ import zarr
 
 import outcore
 from outcore import transforms
+from outcore.cli import describe, main
 from outcore.cli.bench import compare
-from outcore.cli import main
 from outcore.errors import SampleDecodeError, SourceError
-from outcore.cli import describe
 from outcore.testing import write_image_folder
 
 SHAPE = (32, 32, 3)

@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 import outcore
-from outcore.errors import ImageError, SourceError, StoreExistsError
 from outcore.cli import describe
+from outcore.errors import ImageError, SourceError, StoreExistsError
 
 
 def _expected_rgb(path: Path) -> np.ndarray:

@@ -23,6 +23,12 @@ def encode_text(values: np.ndarray) -> np.ndarray:
 
 
 def decode_text(raw: np.ndarray) -> np.ndarray:
-    """The inverse of `encode_text`, for any leading shape."""
+    """The inverse of `encode_text`, for any leading shape: strings of ``raw.shape[-1]`` characters at
+    most, so every block of a field decodes to the same dtype.
+
+    >>> decode_text(encode_text(np.array(["a", "bcd"]))[:1]).dtype
+    dtype('<U3')
+    """
     raw = np.ascontiguousarray(raw)
-    return np.char.decode(raw.view(f"S{raw.shape[-1]}")[..., 0], TEXT_ENCODING)
+    width = raw.shape[-1]
+    return np.char.decode(raw.view(f"S{width}")[..., 0], TEXT_ENCODING).astype(f"<U{width}")

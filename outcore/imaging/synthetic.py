@@ -16,6 +16,7 @@ from pathlib import Path
 
 import imageio.v3 as iio
 import numpy as np
+from PIL import Image
 
 SHAPE_CLASSES = ("disc", "square", "hstripes", "vstripes", "ring", "cross")
 _COLOURS = np.array([[220, 60, 50], [50, 160, 70], [60, 90, 210], [230, 190, 40], [160, 60, 180], [40, 180, 190]])
@@ -50,8 +51,7 @@ def shapes_image(label: int, size: tuple[int, int], rng: np.random.Generator) ->
 
 def photo_crops(count: int, size: tuple[int, int], rng: np.random.Generator) -> list[np.ndarray]:
     """``count`` random crops (random scale, random flip) of scikit-learn's sample photographs."""
-    from PIL import Image
-    from sklearn.datasets import load_sample_images
+    from sklearn.datasets import load_sample_images  # an optional dependency (the bench and dev extras)
 
     photos = load_sample_images().images
     crops = []

@@ -34,7 +34,7 @@ from ..storage import (
     write_encoded_shard,
 )
 from .decode_tasks import BLOB_DTYPE
-from .permute import free_bytes, permuted, scratch_bytes
+from .permute import Part, Permuted, free_bytes, scratch_bytes
 from .scheduler import run_tasks
 
 MAX_SKIPPED_IN_ATTRS = 100
@@ -159,16 +159,19 @@ def _permuted(fields: Mapping[str, FieldSource], order: np.ndarray, shard: int, 
         )
     if any(field.nbytes is not None for field in fields.values()):
         raise SourceError("encoded image fields are written in their own order; they cannot be permuted")
-    return {name: FieldSource(permuted(field.data, order, shard, scratch), field.info) for name, field in fields.items()}
+    return {name: FieldSource(Permuted(field.data, order, scratch), field.info) for name, field in fields.items()}
 
 
 def _num_samples(fields: Mapping[str, FieldSource]) -> int:
     return len(next(iter(fields.values())).data)
 
 
-def _shard_blocks(data: da.Array, shard: int) -> np.ndarray:
+def _shard_blocks(data: da.Array | Permuted, shard: int) -> list[Any]:
+    """One task per shard: its samples, or (shuffled on write) the `Part` that makes them."""
+    if isinstance(data, Permuted):
+        return data.parts(shard)
     whole = (shard,) + (-1,) * (data.ndim - 1)
-    return data.rechunk(whole).to_delayed(optimize_graph=False).ravel()
+    return list(data.rechunk(whole).to_delayed(optimize_graph=False).ravel())
 
 
 def _write_shard(
@@ -178,6 +181,8 @@ def _write_shard(
     group = zarr.open_group(directory, mode="r+")
     with zarr.config.set(WRITE_CONFIG):
         for name, block in blocks.items():
+            if isinstance(block, Part):  # shuffled on write: made here, so it never waits between tasks
+                block = block()
             if name in encoded:
                 write_encoded_shard(group, name, start, block, chunk_size)
             else:

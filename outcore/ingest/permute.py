@@ -18,41 +18,69 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import dask
 import dask.array as da
 import numpy as np
+from dask.delayed import Delayed
+
+_WRITE_BYTES = 4 * 2**20
 
 
-def permuted(array: Any, order: np.ndarray, shard_size: int, scratch: Path) -> da.Array:
-    """``array[order]`` as a dask array in blocks of ``shard_size`` samples, without the quadratic graph.
+@dataclass(frozen=True)
+class Permuted:
+    """``array[order]``, made shard by shard: `parts` are tasks that each compute to a `Part`, which the
+    task writing the shard calls, so no shard waits in memory between two tasks.
 
     ``array`` is numpy, dask, zarr or h5py with samples on axis 0; ``scratch`` is a folder for the
     external shuffle (created when needed).
     """
-    num_samples = len(order)
-    sample_shape, dtype = tuple(array.shape[1:]), np.dtype(array.dtype)
-    starts = range(0, num_samples, shard_size)
-    if isinstance(array, np.ndarray) and not isinstance(array, np.memmap):
-        source = dask.delayed(array, name=f"outcore-source-{uuid.uuid4().hex}", traverse=False)
-        take = dask.delayed(_take, pure=True)
-        parts = [take(source, order[start : start + shard_size]) for start in starts]
-    else:
-        parts = _external(as_dask(array, shard_size), order, shard_size, scratch)
-    return da.concatenate([
-        da.from_delayed(part, (min(shard_size, num_samples - start), *sample_shape), dtype=dtype)
-        for part, start in zip(parts, starts, strict=True)
-    ])
+
+    array: Any
+    order: np.ndarray
+    scratch: Path
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.order), *self.array.shape[1:])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.array.dtype)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def parts(self, shard_size: int) -> list[Delayed]:
+        """One task per shard of ``shard_size`` samples, computing to the `Part` that makes the shard."""
+        starts = range(0, len(self.order), shard_size)
+        if isinstance(self.array, np.ndarray) and not isinstance(self.array, np.memmap):
+            source = dask.delayed(self.array, name=f"outcore-source-{uuid.uuid4().hex}", traverse=False)
+            take = dask.delayed(_Take, pure=True)
+            return [take(source, self.order[start : start + shard_size]) for start in starts]
+        return _external(as_dask(self.array, shard_size), self.order, shard_size, self.scratch)
 
 
-def _take(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    return array[indices]
+class Part:
+    """Makes one shard's samples when called (inside the task that writes the shard)."""
+
+    def __call__(self) -> np.ndarray:
+        raise NotImplementedError
 
 
-def _external(source: da.Array, order: np.ndarray, shard_size: int, scratch: Path) -> list[Any]:
-    """The gather tasks of the two-pass shuffle, one per output shard (see the module docstring)."""
+class _Take(Part):
+    def __init__(self, array: np.ndarray, indices: np.ndarray) -> None:
+        self.array, self.indices = array, indices
+
+    def __call__(self) -> np.ndarray:
+        return self.array[self.indices]
+
+
+def _external(source: da.Array, order: np.ndarray, shard_size: int, scratch: Path) -> list[Delayed]:
+    """The gather parts of the two-pass shuffle, one per output shard (see the module docstring)."""
     num_samples, block_size = len(order), source.chunks[0][0]
     destination = np.empty(num_samples, dtype=np.int64)
     destination[order] = np.arange(num_samples)  # where each source sample goes
@@ -67,42 +95,49 @@ def _external(source: da.Array, order: np.ndarray, shard_size: int, scratch: Pat
     keys = np.concatenate([np.sort(destination[start : start + block_size]) + b * num_samples
                            for b, start in enumerate(range(0, num_samples, block_size))])
     shared_keys = dask.delayed(keys, name=f"outcore-keys-{uuid.uuid4().hex}", traverse=False)
-    gather = dask.delayed(_gather, pure=False)
+    gather = dask.delayed(_Gather, pure=False)
     row = (tuple(source.shape[1:]), np.dtype(source.dtype))
-    return [gather(barrier, shared_keys, folder, start, min(num_samples, start + shard_size), num_samples,
+    return [gather(barrier, shared_keys, folder, (start, min(num_samples, start + shard_size)), num_samples,
                    len(scattered), row)
             for start in range(0, num_samples, shard_size)]
 
 
 def _scatter(block: np.ndarray, destination: np.ndarray, path: Path) -> None:
-    """Write ``block``'s samples sorted by where they go."""
+    """Write ``block``'s samples sorted by where they go, a few MiB at a time (no second copy of the block)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.ascontiguousarray(block[np.argsort(destination, kind="stable")]).tofile(path)
+    sorted_rows = np.argsort(destination, kind="stable")
+    rows_per_write = max(1, _WRITE_BYTES // max(1, block[:1].nbytes))
+    with open(path, "wb") as file:
+        file.writelines(np.ascontiguousarray(block[sorted_rows[start : start + rows_per_write]]).data
+                        for start in range(0, len(sorted_rows), rows_per_write))
 
 
 def _all_done(*_: None) -> None:
     return None
 
 
-def _gather(
-    _: None, keys: np.ndarray, folder: Path, start: int, stop: int, num_samples: int, num_blocks: int,
-    row: tuple[tuple[int, ...], np.dtype],
-) -> np.ndarray:
+class _Gather(Part):
     """Output samples ``start .. stop - 1``: from each scratch file, the run of samples bound for them."""
-    sample_shape, dtype = row
-    out = np.empty((stop - start, *sample_shape), dtype=dtype)
-    row_bytes = int(np.prod(sample_shape, dtype=np.int64)) * dtype.itemsize
-    offsets = np.arange(num_blocks, dtype=np.int64) * num_samples
-    firsts = np.searchsorted(keys, offsets + start)
-    lasts = np.searchsorted(keys, offsets + stop)
-    block_starts = np.searchsorted(keys, offsets)
-    for b in np.flatnonzero(lasts > firsts).tolist():
-        first, count = int(firsts[b] - block_starts[b]), int(lasts[b] - firsts[b])
-        with open(folder / f"{b}.bin", "rb") as file:
-            file.seek(first * row_bytes)
-            values = np.fromfile(file, dtype=dtype, count=count * row_bytes // dtype.itemsize)
-        out[keys[firsts[b] : lasts[b]] - offsets[b] - start] = values.reshape(count, *sample_shape)
-    return out
+
+    def __init__(self, _: None, keys: np.ndarray, folder: Path, span: tuple[int, int], num_samples: int,
+                 num_blocks: int, row: tuple[tuple[int, ...], np.dtype]) -> None:
+        self.keys, self.folder, self.span, self.num_samples, self.num_blocks, self.row = (
+            keys, folder, span, num_samples, num_blocks, row)
+
+    def __call__(self) -> np.ndarray:
+        (start, stop), (sample_shape, dtype), keys = self.span, self.row, self.keys
+        out = np.empty((stop - start, *sample_shape), dtype=dtype)
+        row_bytes = int(np.prod(sample_shape, dtype=np.int64)) * dtype.itemsize
+        offsets = np.arange(self.num_blocks, dtype=np.int64) * self.num_samples
+        firsts, lasts = np.searchsorted(keys, offsets + start), np.searchsorted(keys, offsets + stop)
+        block_starts = np.searchsorted(keys, offsets)
+        for b in np.flatnonzero(lasts > firsts).tolist():
+            first, count = int(firsts[b] - block_starts[b]), int(lasts[b] - firsts[b])
+            with open(self.folder / f"{b}.bin", "rb") as file:
+                file.seek(first * row_bytes)
+                values = np.fromfile(file, dtype=dtype, count=count * row_bytes // dtype.itemsize)
+            out[keys[firsts[b] : lasts[b]] - offsets[b] - start] = values.reshape(count, *sample_shape)
+        return out
 
 
 def as_dask(array: Any, block_size: int) -> da.Array:

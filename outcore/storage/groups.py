@@ -52,11 +52,12 @@ def create_field(
     layout: Layout,
     compression: Compression,
 ) -> zarr.Array:
-    """Create one field array, sharded along the sample axis only."""
+    """Create one field array, sharded along the sample axis only, in little-endian byte order (samples
+    given in another order are converted when written)."""
     return group.create_array(
         name,
         shape=(num_samples, *sample_shape),
-        dtype=dtype,
+        dtype=np.dtype(dtype).newbyteorder("<"),
         chunks=(layout.chunk_size, *sample_shape),
         shards=(layout.shard_size, *sample_shape),
         compressors=compression.codecs(),

@@ -1,0 +1,124 @@
+"""The folders are the layers: a module imports only from its own layer and the layers below it, there
+are no import cycles, and an import inside a function is only ever there for an optional framework."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parent.parent / "outcore"
+LAYERS = ("errors", "format", "storage", "imaging", "iterate", "adapters", "dataset", "ingest", "cli", "testing")
+PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may import any layer
+# optional frameworks, imported only where used: distributed (clusters), scikit-learn (sample photographs)
+FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "sklearn")
+
+
+def _modules() -> dict[str, Path]:
+    return {".".join(("outcore", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
+            for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _layer(module: str) -> int:
+    part = module.split(".")[1] if module != "outcore" else "__init__"
+    return len(LAYERS) if part in PUBLIC else LAYERS.index(part)
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, bool]]:
+    """``(imported module, at module level)`` for every import of ``path``, relative ones resolved."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
+    local = {id(node) for function in ast.walk(tree) if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef)
+             for node in ast.walk(function)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) not in local) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([node.module] if node.module else [])])
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            found += [(name if name.removeprefix("outcore.").split(".")[0] in _submodules() else base,
+                       id(node) not in local) for name in names]
+    return found
+
+
+def _submodules() -> set[str]:
+    return {path.stem if path.parent == PACKAGE else path.parent.name for path in PACKAGE.rglob("*.py")}
+
+
+def _target(name: str, modules: dict[str, Path]) -> str | None:
+    """The outcore module ``name`` is (or is in), or None for another package."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _graph() -> dict[str, list[tuple[str, bool]]]:
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        graph[module] = [(target if (target := _target(name, modules)) else name, top)
+                         for name, top in _imports(module, path)]
+    return graph
+
+
+def test_every_module_imports_only_its_layer_and_the_layers_below():
+    modules, violations = _modules(), []
+    for module, imports in _graph().items():
+        for name, top in imports:
+            if name in modules and top and _layer(name) > _layer(module):
+                violations.append(f"{module} ({LAYERS[_layer(module)] if _layer(module) < len(LAYERS) else 'public'}) "
+                                  f"imports {name} ({LAYERS[_layer(name)]})")
+    assert violations == []
+    assert len(modules) > 40
+
+
+def test_there_are_no_import_cycles():
+    graph = {module: [name for name, top in imports if top and name in _modules() and name != module]
+             for module, imports in _graph().items()}
+    state: dict[str, str] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = "open"
+        for name in graph[module]:
+            if state.get(name) == "open" and not module.startswith(name + "."):  # a package's __init__ runs first
+                pytest.fail("import cycle: " + " -> ".join([*trail, module, name]))
+            if name not in state:
+                visit(name, [*trail, module])
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+
+
+def test_imports_inside_functions_are_only_for_optional_frameworks():
+    graph, modules = _graph(), _modules()
+    framework_modules = {module for module, imports in graph.items()
+                         if any(top and name.split(".")[0] in FRAMEWORKS for name, top in imports)}
+    late = [(module, name) for module, imports in graph.items() for name, top in imports if not top]
+    wrong = [f"{module} imports {name} inside a function" for module, name in late
+             if name.split(".")[0] not in FRAMEWORKS and name not in framework_modules]
+    assert wrong == []
+    assert {name for _, name in late if name in modules} == {"outcore.adapters.keras", "outcore.adapters.tf",
+                                                              "outcore.adapters.torch"}
+
+
+def layer_report() -> str:
+    """One line per layer: its modules and the layers it imports (``python tests/test_layers.py``)."""
+    graph, modules = _graph(), _modules()
+    lines = []
+    for index, layer in enumerate((*LAYERS, "public")):
+        members = sorted(m for m in modules if _layer(m) == index)
+        uses = sorted({LAYERS[_layer(n)] for m in members for n, top in graph[m]
+                       if top and n in modules and _layer(n) < index})
+        lines.append(f"{layer:9s} {len(members):2d} modules; imports {', '.join(uses) or 'nothing of outcore'}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(layer_report())
