@@ -34,8 +34,8 @@ from distributed import Client, LocalCluster
 from PIL import Image
 
 import outcore
-from outcore.storage import read_files
 from outcore.imaging import decode_image
+from outcore.storage import read_files
 
 BATCH = 256
 

@@ -8,6 +8,7 @@ import sys
 import time
 
 import cloudpickle
+import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -36,6 +37,11 @@ class SlowAugment:
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+
+
+def on_local_threads():
+    """While a client is active, ingest runs on its cluster unless dask's config says otherwise."""
+    return dask.config.set(scheduler="threads")
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +75,9 @@ def _assert_same_store(a, b):
 
 
 def test_cluster_ingest_equals_local_ingest(client, image_folder, tmp_path):
-    local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", shape=(32, 32, 3), chunk_size=4,
-                                  progress=False)
+    with on_local_threads():
+        local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", shape=(32, 32, 3), chunk_size=4,
+                                      progress=False)
     remote = outcore.ingest_images(image_folder, tmp_path / "cluster.zarr", shape=(32, 32, 3), chunk_size=4,
                                    client=client, progress=False)
     _assert_same_store(local, remote)
@@ -90,14 +97,31 @@ def test_cluster_skip_and_raise(client, image_folder, tmp_path):
 
 def test_cluster_from_arrays(client, tmp_path, rng):
     arrays = {"x": rng.normal(size=(500, 3)), "labels": rng.integers(0, 4, 500)}
-    local = outcore.from_arrays(arrays, tmp_path / "l.zarr", chunk_size=32, progress=False)
+    with on_local_threads():
+        local = outcore.from_arrays(arrays, tmp_path / "l.zarr", chunk_size=32, progress=False)
     remote = outcore.from_arrays(arrays, tmp_path / "c.zarr", chunk_size=32, client=client, progress=False)
     _assert_same_store(local, remote)
 
 
+def _tasks_run_by_workers(client) -> int:
+    return sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
+
+
+def test_ingest_uses_the_active_client_as_dask_does(client, tmp_path, rng):
+    arrays = {"x": rng.normal(size=(500, 3))}
+    before = _tasks_run_by_workers(client)
+    outcore.from_arrays(arrays, tmp_path / "active.zarr", chunk_size=32, progress=False)  # client=None
+    after = _tasks_run_by_workers(client)
+    assert after > before
+    with dask.config.set(scheduler="threads"):  # dask's way to say "not on the cluster"
+        outcore.from_arrays(arrays, tmp_path / "threads.zarr", chunk_size=32, progress=False)
+    assert _tasks_run_by_workers(client) == after
+
+
 def test_cluster_ingest_of_encoded_images_equals_local(client, image_folder, tmp_path):
     options = {"shape": (32, 32, 3), "chunk_size": 4, "images": "both", "progress": False}
-    local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", **options)
+    with on_local_threads():
+        local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", **options)
     remote = outcore.ingest_images(image_folder, tmp_path / "cluster.zarr", client=client, **options)
     _assert_same_store(local, remote)
     for name in ("images_encoded", "images_encoded_ranges"):

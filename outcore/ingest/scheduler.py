@@ -9,25 +9,25 @@ from collections.abc import Sequence
 from typing import Any
 
 import dask
+from dask.base import get_scheduler
 from dask.callbacks import Callback
 from dask.delayed import Delayed
 from tqdm.auto import tqdm
 
 
 def active_client(client: Any = None) -> Any:
-    """``client``, or else the active ``distributed.Client`` (as ``dask.compute`` would use), or ``None``.
+    """``client``, or else the ``distributed.Client`` that ``dask.compute`` would use (the active one,
+    unless ``dask.config.set(scheduler=...)`` says otherwise), or ``None``.
 
     >>> active_client() is None  # no distributed.Client in this process
     True
     """
     if client is not None or "distributed" not in sys.modules:  # no client can exist without distributed
         return client
-    from distributed import default_client
+    from distributed import Client
 
-    try:
-        return default_client()
-    except ValueError:
-        return None
+    owner = getattr(get_scheduler(), "__self__", None)
+    return owner if isinstance(owner, Client) else None
 
 
 def run_tasks(
@@ -41,8 +41,8 @@ def run_tasks(
 ) -> list[Any]:
     """Compute ``tasks`` and return their results in order; the bar advances by ``weights[i]`` per task.
 
-    With ``client`` (a ``distributed.Client``), or an active one, the tasks run on its cluster; without,
-    on a local thread pool with one thread per core.
+    With ``client`` (a ``distributed.Client``), or an active one (`active_client`), the tasks run on its
+    cluster; without, on a local thread pool with one thread per core.
     """
     client = active_client(client)
     with tqdm(total=sum(weights), desc=description, unit=unit, disable=not progress, dynamic_ncols=True) as bar:
