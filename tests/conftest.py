@@ -1,4 +1,4 @@
-"""Shared fixtures: small image folders written to disk with known pixels."""
+"""Shared fixtures: small image folders written to disk with known pixels, and small stores."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
+import outcore
 from outcore.testing import write_image_folder
+
+CLASSES = ("disc", "square", "hstripes")
 
 
 @pytest.fixture
@@ -26,3 +29,22 @@ def image_folder(tmp_path: Path) -> Path:
     iio.imwrite(root / "owl" / "grey.png", rng.integers(0, 256, (32, 32), dtype=np.uint8))
     iio.imwrite(root / "cat" / "alpha.png", rng.integers(0, 256, (32, 32, 4), dtype=np.uint8))
     return root
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    """Train and validation stores of three learnable classes of 32x32 pictures."""
+    root = tmp_path_factory.mktemp("splits")
+    write_image_folder(root / "train", 150, classes=CLASSES, size=(32, 32), seed=0)
+    write_image_folder(root / "val", 40, classes=CLASSES, size=(32, 32), seed=1)
+    train = outcore.ingest_images(root / "train", root / "train.zarr", shape=(32, 32, 3), chunk_size=32,
+                                  progress=False)
+    val = outcore.ingest_images(root / "val", root / "val.zarr", shape=(32, 32, 3), progress=False)
+    return train, val
+
+
+@pytest.fixture
+def ids_store(tmp_path):
+    """1,000 samples in chunks of 32 whose ``id`` field is their index."""
+    return outcore.from_arrays({"images": np.zeros((1000, 4, 4, 3), np.uint8), "id": np.arange(1000)},
+                               tmp_path / "ids.zarr", chunk_size=32, progress=False)

@@ -184,19 +184,25 @@ def test_workers_that_cannot_see_the_store_say_so(client, photos, tmp_path):
         next(iter(it))
 
 
-def test_framework_adapters_take_the_client(client, photos):
-    import keras
-    import torch
+ADAPTER_OPTIONS = {"seed": 2, "transform": augment("images_encoded")}  # x=, y= choose the fields of tf, keras
 
-    options = {"seed": 2, "transform": augment("images_encoded")}  # x= and y= choose the fields of tf and keras
+
+def test_torch_takes_the_client(client, photos):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
     fields = ["images_encoded", "labels"]
-    expected = list(photos.batches(16, fields=fields, **options))
-    got = list(photos.torch(16, client=client, fields=fields, **options))
+    expected = list(photos.batches(16, fields=fields, **ADAPTER_OPTIONS))
+    got = list(photos.torch(16, client=client, fields=fields, **ADAPTER_OPTIONS))
     assert [b["images_encoded"].dtype for b in got] == [torch.uint8] * len(expected)
     _assert_same_batches(expected, [{k: v.numpy() for k, v in b.items()} for b in got])
     with pytest.raises(ValueError, match="num_workers=0"):
         photos.torch(16, client=client, num_workers=2)
 
+
+def test_keras_and_tf_take_the_client(client, photos):
+    import keras
+
+    options = ADAPTER_OPTIONS
+    expected = list(photos.batches(16, fields=["images_encoded", "labels"], **options))
     tf_batches = list(photos.tf(16, x="images_encoded", y="labels", client=client, **options).as_numpy_iterator())
     _assert_same_batches(expected, [{"images_encoded": x, "labels": y} for x, y in tf_batches])
 
@@ -218,6 +224,7 @@ def test_cli_ingest_on_a_scheduler_address(client, image_folder, tmp_path, capsy
     assert main(["ingest", str(image_folder), str(store), "--shape", "32x32x3", "--images", "encoded",
                  "--chunk-size", "4", "--scheduler", client.scheduler.address, "--no-progress"]) == 0
     assert "encoded images" in capsys.readouterr().out
-    local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", shape=(32, 32, 3), images="encoded",
-                                  chunk_size=4, progress=False)
+    with on_local_threads():
+        local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", shape=(32, 32, 3), images="encoded",
+                                      chunk_size=4, progress=False)
     _assert_same_store(local, outcore.open_dataset(store))

@@ -266,3 +266,13 @@ def test_random_access_batches_equal_iterated_batches(store):
             np.testing.assert_array_equal(batch[name], iterated[index][name])
     with pytest.raises(IndexError, match="batch 21"):
         it.batch(21)
+
+
+def test_loader_stats(ids_store):
+    it = ids_store.batches(100)
+    for _ in it:
+        pass
+    stats = it.stats()
+    assert stats["batches"] == 10 and stats["samples"] == 1000
+    assert set(stats) >= {"samples_per_s", "wait_mean_ms", "wait_p95_ms", "wait_fraction", "ready_mean"}
+    assert 0 <= stats["wait_fraction"] <= 1

@@ -1,0 +1,105 @@
+"""Keras and TensorFlow with the real frameworks: model.fit, resume after an epoch, tf.data."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+import outcore
+from outcore.transforms import Normalize
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def _cnn():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((32, 32, 3)), keras.layers.Conv2D(8, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(3, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_keras_fit_with_validation_learns(splits):
+    train, val = splits
+    model = _cnn()
+    history = model.fit(train.keras(32, x="images", y="labels", transform=Normalize()), epochs=4, verbose=0,
+                        validation_data=val.keras(32, x="images", y="labels", shuffle=False, transform=Normalize()))
+    assert history.history["val_accuracy"][-1] > 0.5
+    predictions = model.predict(val.keras(32, x="images", shuffle=False, transform=Normalize()), verbose=0)
+    assert predictions.shape == (len(val), 3)
+
+
+def test_keras_resume_after_an_epoch_sees_the_same_batches(splits):
+    from outcore.adapters.keras import KerasBatches
+
+    train, _ = splits
+
+    class Recording(KerasBatches):
+        """Records what the model is fed, by (epoch, batch index)."""
+
+        def __init__(self, log):
+            super().__init__(train, 32, x="images", y="labels", transform=Normalize())
+            self.log = log
+
+        def __getitem__(self, index):
+            x, y = super().__getitem__(index)
+            self.log[self.iterator.epoch, index] = hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest()
+            return x, y
+
+    uninterrupted: dict = {}
+    _cnn().fit(Recording(uninterrupted), epochs=2, verbose=0)
+    first: dict = {}
+    data = Recording(first)
+    _cnn().fit(data, epochs=1, verbose=0)
+    state = data.state_dict()  # saved beside the model checkpoint
+    assert state["epoch"] == 1
+    resumed: dict = {}
+    again = Recording(resumed)
+    again.load_state_dict(state)
+    _cnn().fit(again, initial_epoch=1, epochs=2, verbose=0)
+    assert len(uninterrupted) == 2 * len(data)
+    assert {**first, **resumed} == uninterrupted
+    assert [first[0, i] for i in range(len(data))] != [resumed[1, i] for i in range(len(data))]
+
+
+def test_tf_data_pipeline(splits):
+    import keras
+    import tensorflow as tf
+
+    train, _ = splits
+    data = train.tf(32, x="images", y="labels", drop_last=True)
+    assert data.element_spec == (tf.TensorSpec((32, 32, 32, 3), tf.uint8, name="images"),
+                                 tf.TensorSpec((32,), tf.int64, name="labels"))
+    assert int(data.cardinality()) == len(train) // 32
+    scaled = data.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y)).prefetch(2)
+    history = _cnn().fit(scaled, epochs=3, verbose=0, shuffle=False)
+    assert history.history["accuracy"][-1] > 0.5
+    assert keras.backend.backend() == "tensorflow"
+
+
+def test_keras_multi_input_dict_and_sample_weights(tmp_path, rng):
+    import keras
+
+    n = 256
+    a, b = rng.normal(size=(n, 4)).astype(np.float32), rng.normal(size=(n, 2)).astype(np.float32)
+    target = (a[:, 0] + b[:, 1] > 0).astype(np.int64)
+    weight = np.where(target == 1, 2.0, 1.0).astype(np.float32)
+    ds = outcore.from_arrays({"a": a, "b": b, "target": target, "weight": weight}, tmp_path / "m.zarr",
+                             progress=False)
+    data = ds.keras(64, x={"left": "a", "right": "b"}, y="target", sample_weight="weight")
+    x, _, w = data[0]
+    assert set(x) == {"left", "right"} and x["left"].shape == (64, 4) and w.dtype == np.float32
+    left, right = keras.Input((4,), name="left"), keras.Input((2,), name="right")
+    output = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()([left, right]))
+    model = keras.Model({"left": left, "right": right}, output)
+    model.compile("adam", "binary_crossentropy")
+    history = model.fit(data, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    pairs = ds.keras(64, x=("a", "b"), y=("target", "weight"))[1]
+    assert isinstance(pairs[0], tuple) and len(pairs[0]) == 2 and len(pairs[1]) == 2
