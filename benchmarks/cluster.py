@@ -1,6 +1,7 @@
 """Decode on a Dask cluster: does reading an encoded (JPEG) store scale with workers?
 
-    python benchmarks/cluster.py [--images 20000] [--size 128] [--large 2000] [--repeats 3] [--workdir bench-data]
+    python benchmarks/cluster.py [--images 20000] [--size 128] [--large 2000] [--repeats 3] [--workers 1,2]
+                                 [--workdir bench-data]
 
 Writes ``--images`` photo crops as quality-90 JPEGs (kept in ``--workdir``), ingests them twice —
 ``images="encoded"`` (the JPEG bytes) and ``images="pixels"`` — and measures in one run, with medians
@@ -8,13 +9,13 @@ over ``--repeats`` full epochs (batch 256, shuffled, no transform):
 
 - decoders on one core, over the stored bytes: outcore's (libjpeg-turbo through simplejpeg, which
   every path below uses), Pillow, and ``imageio.v3.imread``;
-- an epoch of the encoded store with local threads, and on a ``distributed.LocalCluster`` of 1 and
-  of 2 single-threaded worker processes (``ds.batches(client=...)``);
+- an epoch of the encoded store with local threads, and on a ``distributed.LocalCluster`` of each of
+  ``--workers`` single-threaded worker processes (``ds.batches(client=...)``);
 - the same for the pixel store: what the cluster path costs when there is nothing to decode;
 - ``--large`` JPEGs of twice the size decoded to the same shape: JPEG DCT scaling against a full decode
   followed by the same resize.
 
-The cluster rows compare 2 workers with 1, and 2 workers with twice the one-core decode rate, twice:
+The cluster rows compare n workers with 1, and n workers with n times the one-core decode rate, twice:
 batches *delivered* to this process, and batches *made only* (a transform keeps one sample of each,
 so they are decoded and assembled in full on the workers but hardly travel). The gap between the two
 is the cost of shipping pixels to the consumer, bounded by the last row: blank batches gathered.
@@ -120,8 +121,10 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--large", type=int, default=2000, help="JPEGs of 2x --size for the DCT-scaling rows")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", default="1,2", help="LocalCluster sizes, comma-separated (1 first)")
     parser.add_argument("--workdir", default="bench-data")
     args = parser.parse_args()
+    sizes = [int(n) for n in args.workers.split(",")]
     workdir = Path(args.workdir)
     shape = (args.size, args.size, 3)
     source = workdir / f"jpeg-{args.size}-{args.images}"
@@ -140,16 +143,17 @@ def main() -> None:
             ("encoded store, local threads", epoch_rate(encoded, args.repeats)),
             ("pixel store, local threads", epoch_rate(pixels, args.repeats))]
     delivered, made = {}, {}
-    for workers in (1, 2):
+    for workers in sizes:
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                           dashboard_address=":0") as cluster, Client(cluster) as client:
             delivered[workers] = epoch_rate(encoded, args.repeats, client)
             made[workers] = epoch_rate(encoded, args.repeats, client, keep_one)
             rows += [(f"encoded store, LocalCluster {workers} worker(s), delivered", delivered[workers]),
                      (f"encoded store, LocalCluster {workers} worker(s), made only", made[workers])]
-            if workers == 2:
-                rows += [("pixel store, LocalCluster 2 workers, delivered", epoch_rate(pixels, args.repeats, client)),
-                         ("blank batches gathered from 2 workers (delivery bound)",
+            if workers == sizes[-1]:
+                rows += [(f"pixel store, LocalCluster {workers} workers, delivered",
+                          epoch_rate(pixels, args.repeats, client)),
+                         (f"blank batches gathered from {workers} workers (delivery bound)",
                           transfer_rate(client, shape, args.repeats))]
 
     jpeg_mib = sum(p.stat().st_size for p in files) / 2**20
@@ -159,14 +163,16 @@ def main() -> None:
     print_table(("what", "samples/s"), rows, {"vs 1-core decode": decode})
     rate = dict(rows)
     print()
+    scaling = [(f"{n} workers / 1 worker, {kind}", rates[n] / rates[sizes[0]])
+               for n in sizes[1:] for kind, rates in (("delivered", delivered), ("made only", made))]
+    efficiency = [(f"{n} workers {kind} / ({n} x 1-core decode)", rates[n] / (n * decode))
+                  for n in sizes[1:] for kind, rates in (("delivered", delivered), ("made only", made))]
     for what, value in [
-        ("2 workers / 1 worker, delivered (target >= 1.7)", delivered[2] / delivered[1]),
-        ("2 workers / 1 worker, made only (target >= 1.7)", made[2] / made[1]),
-        ("2 workers delivered / (2 x 1-core decode) (target >= 0.8)", delivered[2] / (2 * decode)),
-        ("2 workers made only / (2 x 1-core decode) (target >= 0.8)", made[2] / (2 * decode)),
+        *scaling,
+        *efficiency,
         ("DCT-scaled / full decode, 2x-size JPEGs", reduced[0][1] / reduced[1][1]),
         ("libjpeg-turbo / Pillow decode", decode / decoders[1][1]),
-        ("pixel store, cluster / local threads", rate["pixel store, LocalCluster 2 workers, delivered"]
+        ("pixel store, cluster / local threads", rate[f"pixel store, LocalCluster {sizes[-1]} workers, delivered"]
          / rate["pixel store, local threads"]),
     ]:
         print(f"{what:60s} {value:5.2f}")

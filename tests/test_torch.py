@@ -148,7 +148,10 @@ def test_to_device_on_the_cpu_passes_batches_through(ids_store):
 def test_to_device_overlaps_copies_on_a_gpu(ids_store):
     from outcore.adapters.torch import to_device
 
-    loader = ids_store.torch(100, num_workers=2, shuffle=False, pin_memory=True)
+    on_the_cpu = [b["id"] for b in ids_store.torch(100, num_workers=2, seed=3)]
+    loader = ids_store.torch(100, num_workers=2, seed=3, pin_memory=True)
     batches = list(to_device(loader, "cuda"))
     assert all(b["id"].device.type == "cuda" for b in batches)
-    assert torch.equal(torch.cat([b["id"] for b in batches]).cpu(), torch.from_numpy(ids_store["id"].compute()))
+    assert len(batches) == len(on_the_cpu) == 10  # the same batches, in the same order, on the GPU
+    for got, expected in zip(batches, on_the_cpu, strict=True):
+        assert torch.equal(got["id"].cpu(), expected)

@@ -25,6 +25,7 @@ gets a `ClusterError`; the iterator's `state_dict` then says how far it got, to 
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ class ClusterRun(Run):
         futures = [*self.pending, *self.chunks.values()]
         self.pending.clear()
         self.chunks.clear()
-        if futures and self.client.status == "running":
+        if futures and self.client.status == "running" and not sys.is_finalizing():
             self.client.cancel(futures)
 
 

@@ -6,6 +6,7 @@ through a queue of ``prefetch`` batches. `LocalRun` makes them in this process; 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -82,8 +83,10 @@ class Run:
             yield item
 
     def close(self) -> None:
+        """Stop the producer and free what it used. At interpreter exit the threads are frozen, not stopped
+        (Python 3.13 finalizes an unfinished generator after that): nothing is waited for then."""
         self.stop.set()
-        while self.thread.is_alive():
+        while self.thread.is_alive() and not sys.is_finalizing():
             try:  # unblock a producer waiting for room in the queue
                 self.queue.get(timeout=0.05)
             except queue.Empty:
@@ -147,7 +150,7 @@ class LocalRun(Run):
         super().__init__(work, stats)
 
     def _release(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown(wait=not sys.is_finalizing(), cancel_futures=True)
 
     def _produce_batches(self) -> None:
         work = self.work

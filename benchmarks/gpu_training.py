@@ -1,0 +1,163 @@
+"""Does a GPU training step wait for data? A real CNN on a CUDA GPU, fed by outcore and by a JPEG folder.
+
+    python benchmarks/gpu_training.py [--samples 20000] [--steps 150] [--workdir bench-data]
+
+Builds (once, in ``--workdir``) a store of ``--samples`` 128x128 photo crops with 10 labels and the same
+pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autocast, channels last) on
+112x112 random crops with random flips, batch 256, for ``--steps`` steps after a warm-up, fed by:
+
+- the same batch, already on the GPU (the ceiling: the GPU's own rate);
+- ``ds.torch(256, pin_memory=True)`` + ``to_device`` (reader threads, ``num_workers=0``), and with 4
+  DataLoader worker processes;
+- a JPEG-folder DataLoader (Pillow decode per sample, 8 worker processes), the usual baseline.
+
+Prints samples/s, the share of the step's time spent waiting for the next batch, and the ratio to
+the ceiling. Needs a CUDA GPU (it says so and stops without one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+import outcore
+from outcore.imaging.synthetic import photo_crops
+from outcore.transforms import Compose, RandomCrop, RandomFlip
+
+BATCH, SIZE, CROP, CLASSES = 256, 128, 112, 10
+AUGMENT = Compose([RandomCrop(CROP), RandomFlip()])
+
+
+def build(workdir: Path, samples: int) -> tuple[outcore.Dataset, Path]:
+    import imageio.v3 as iio
+
+    store, jpegs = workdir / f"gpu-{samples}.zarr", workdir / f"gpu-{samples}-jpeg"
+    if not store.exists():
+        print(f"building {store} and {jpegs} …", flush=True)
+        rng = np.random.default_rng(0)
+        images = np.stack(photo_crops(samples, (SIZE, SIZE), rng))
+        labels = rng.integers(0, CLASSES, samples)
+        outcore.from_arrays({"images": images, "labels": labels}, store, progress=False)
+        for i, (picture, label) in enumerate(zip(images, labels, strict=True)):
+            (jpegs / str(label)).mkdir(parents=True, exist_ok=True)
+            iio.imwrite(jpegs / str(label) / f"{i:06d}.jpg", picture, quality=90)
+    return outcore.open_dataset(store), jpegs
+
+
+def network():
+    import torch
+    from torch import nn
+
+    def stage(inputs: int, outputs: int) -> nn.Sequential:
+        return nn.Sequential(nn.Conv2d(inputs, outputs, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(outputs),
+                             nn.ReLU(inplace=True), nn.Conv2d(outputs, outputs, 3, padding=1, bias=False),
+                             nn.BatchNorm2d(outputs), nn.ReLU(inplace=True))
+
+    model = nn.Sequential(stage(3, 64), stage(64, 128), stage(128, 256), stage(256, 512),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, CLASSES))
+    return model.cuda().to(memory_format=torch.channels_last)
+
+
+class JpegFolder:
+    """torchvision's ImageFolder with its RandomCrop and flip, without torchvision: Pillow per sample."""
+
+    def __init__(self, root: Path) -> None:
+        self.files = sorted(root.rglob("*.jpg"))
+        self.labels = [int(p.parent.name) for p in self.files]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int):
+        from PIL import Image
+
+        rng = np.random.default_rng(index)
+        with Image.open(self.files[index]) as image:
+            pixels = np.asarray(image.convert("RGB"))
+        top, left = rng.integers(0, SIZE - CROP + 1, 2)
+        crop = pixels[top : top + CROP, left : left + CROP]
+        return np.ascontiguousarray(crop[:, ::-1] if rng.random() < 0.5 else crop), self.labels[index]
+
+
+def train(batches, steps: int) -> tuple[float, float]:
+    """Samples/s and the share of time spent waiting for batches, over ``steps`` steps after 10 warm-up steps."""
+    import torch
+
+    model = network()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1) * 255
+    iterator = iter(batches)
+    waited = samples = 0.0
+    for step in range(steps + 10):
+        if step == 10:
+            torch.cuda.synchronize()
+            began, waited, samples = time.perf_counter(), 0.0, 0
+        asked = time.perf_counter()
+        images, labels = next(iterator)
+        waited += time.perf_counter() - asked
+        x = ((images.permute(0, 3, 1, 2).float() - mean) / std).contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss.item()  # the step is done before the next batch is asked for, as in a logged training loop
+        samples += len(labels)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - began
+    return samples / elapsed, waited / elapsed
+
+
+def forever(make):
+    while True:
+        yield from make()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=20_000)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--workdir", default="bench-data")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to measure")
+        return
+    from outcore.adapters.torch import to_device
+
+    workdir = Path(args.workdir)
+    workdir.mkdir(exist_ok=True)
+    ds, jpegs = build(workdir, args.samples)
+
+    def pairs(loader):
+        return ((b["images"], b["labels"]) for b in to_device(loader, "cuda"))
+
+    jpeg_loader = torch.utils.data.DataLoader(JpegFolder(jpegs), batch_size=BATCH, shuffle=True, num_workers=8,
+                                              pin_memory=True, persistent_workers=True)
+    first = next(iter(ds.batches(BATCH, fields=["images", "labels"], transform=AUGMENT)))
+    resident = (torch.from_numpy(first["images"]).cuda(), torch.from_numpy(first["labels"]).cuda())
+    feeds = {
+        "the same batch, already on the GPU (ceiling)": lambda: forever(lambda: [resident]),
+        "outcore ds.torch, reader threads (num_workers=0)": lambda: forever(lambda: pairs(ds.torch(
+            BATCH, fields=["images", "labels"], transform=AUGMENT, pin_memory=True))),
+        "outcore ds.torch, 4 DataLoader workers": lambda: forever(lambda: pairs(ds.torch(
+            BATCH, fields=["images", "labels"], transform=AUGMENT, pin_memory=True, num_workers=4))),
+        "JPEG folder, Pillow, DataLoader, 8 workers": lambda: forever(lambda: (
+            (x.cuda(non_blocking=True), y.cuda(non_blocking=True)) for x, y in jpeg_loader)),
+    }
+    rows = [(name, *train(feed(), args.steps)) for name, feed in feeds.items()]
+    ceiling = rows[0][1]
+    print(f"\n{torch.cuda.get_device_name()}, {len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips, "
+          f"batch {BATCH}, bf16, {args.steps} steps\n")
+    print(f"{'fed by':52s} {'samples/s':>10s} {'waiting':>8s} {'of ceiling':>11s}")
+    for name, rate, waiting in rows:
+        print(f"{name:52s} {rate:10.0f} {waiting:8.1%} {rate / ceiling:11.2f}")
+
+
+if __name__ == "__main__":
+    main()
