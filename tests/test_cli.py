@@ -8,6 +8,7 @@ import pytest
 
 import outcore
 from outcore.cli import main
+from outcore.testing import corrupt_chunk
 
 
 def test_ingest_folder_then_info_and_verify(image_folder, tmp_path, capsys):
@@ -44,12 +45,7 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
 
 def test_verify_fails_on_a_corrupt_store(image_folder, tmp_path, capsys):
     main(["ingest", str(image_folder), str(tmp_path / "t.zarr"), "--shape", "32x32x3", "--no-progress"])
-    shard = next((tmp_path / "t.zarr" / "images" / "c").rglob("*"))
-    while shard.is_dir():
-        shard = next(shard.iterdir())
-    data = bytearray(shard.read_bytes())
-    data[100] ^= 0x55
-    shard.write_bytes(bytes(data))
+    corrupt_chunk(tmp_path / "t.zarr", "images", 0)
     assert main(["verify", str(tmp_path / "t.zarr"), "--no-progress"]) == 1
     assert "field 'images', chunk 0" in capsys.readouterr().out
 

@@ -15,6 +15,7 @@ import outcore
 from outcore.errors import CorruptChunkError, NotAStoreError, UnsafeStoreError
 from outcore.format import Compression, FieldInfo, Layout, StoreAttrs, decode_text, encode_text
 from outcore.storage import RangeZipStore
+from outcore.testing import corrupt_chunk
 
 
 @pytest.fixture
@@ -103,10 +104,7 @@ def test_zip_store_reads_like_the_directory(tmp_path, rng):
 
 def test_corrupt_chunk_is_named(store):
     path, _ = store
-    shard = path / "images" / "c" / "0" / "0" / "0" / "0"
-    data = bytearray(shard.read_bytes())
-    data[40] ^= 0xFF  # inside the first inner chunk
-    shard.write_bytes(bytes(data))
+    corrupt_chunk(path, "images", 0)
     ds = outcore.open_dataset(path)
     np.testing.assert_array_equal(ds["labels"].compute().shape, (300,))  # other fields unaffected
     with pytest.raises(CorruptChunkError, match=r"field 'images', chunk 0 \(samples 0\.\.31, in file images/c/0/0/0/0\)"):
