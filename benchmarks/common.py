@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: timing, the generated JPEG folders, and the printed table."""
+"""What the benchmark scripts share: timing, the generated JPEG folders, a JPEG-folder dataset, and the
+printed table."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from outcore.imaging.synthetic import write_image_folder
 
@@ -40,3 +43,29 @@ def print_table(columns: Sequence[str], rows: Sequence[tuple[str, float]], ratio
     print("-" * len(header))
     for name, rate in rows:
         print(f"{name:{width}s} {rate:10.0f}" + "".join(f" {rate / base:17.2f}" for base in ratios.values()))
+
+
+class JpegFolder:
+    """torchvision's ImageFolder, without torchvision: decode one JPEG per sample with Pillow (labels from
+    folders named by number); with ``crop``, a random ``crop`` x ``crop`` window and a random flip, seeded
+    by the sample's index, as torchvision's RandomCrop and RandomHorizontalFlip would do per sample."""
+
+    def __init__(self, root: Path, crop: int | None = None) -> None:
+        self.files = sorted(root.rglob("*.jpg"))
+        self.labels = [int(p.parent.name) for p in self.files]
+        self.crop = crop
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        from PIL import Image
+
+        with Image.open(self.files[index]) as image:
+            pixels = np.asarray(image.convert("RGB"))
+        if self.crop is None:
+            return pixels, self.labels[index]
+        rng = np.random.default_rng(index)
+        top, left = rng.integers(0, np.array(pixels.shape[:2]) - self.crop + 1)
+        window = pixels[top : top + self.crop, left : left + self.crop]
+        return np.ascontiguousarray(window[:, ::-1] if rng.random() < 0.5 else window), self.labels[index]

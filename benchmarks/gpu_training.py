@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import JpegFolder
 
 import outcore
 from outcore.imaging.synthetic import photo_crops
@@ -59,27 +60,6 @@ def network():
     model = nn.Sequential(stage(3, 64), stage(64, 128), stage(128, 256), stage(256, 512),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, CLASSES))
     return model.cuda().to(memory_format=torch.channels_last)
-
-
-class JpegFolder:
-    """torchvision's ImageFolder with its RandomCrop and flip, without torchvision: Pillow per sample."""
-
-    def __init__(self, root: Path) -> None:
-        self.files = sorted(root.rglob("*.jpg"))
-        self.labels = [int(p.parent.name) for p in self.files]
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int):
-        from PIL import Image
-
-        rng = np.random.default_rng(index)
-        with Image.open(self.files[index]) as image:
-            pixels = np.asarray(image.convert("RGB"))
-        top, left = rng.integers(0, SIZE - CROP + 1, 2)
-        crop = pixels[top : top + CROP, left : left + CROP]
-        return np.ascontiguousarray(crop[:, ::-1] if rng.random() < 0.5 else crop), self.labels[index]
 
 
 def train(batches, steps: int) -> tuple[float, float]:
@@ -137,8 +117,8 @@ def main() -> None:
     def pairs(loader):
         return ((b["images"], b["labels"]) for b in to_device(loader, "cuda"))
 
-    jpeg_loader = torch.utils.data.DataLoader(JpegFolder(jpegs), batch_size=BATCH, shuffle=True, num_workers=8,
-                                              pin_memory=True, persistent_workers=True)
+    jpeg_loader = torch.utils.data.DataLoader(JpegFolder(jpegs, crop=CROP), batch_size=BATCH, shuffle=True,
+                                              num_workers=8, pin_memory=True, persistent_workers=True)
     first = next(iter(ds.batches(BATCH, fields=["images", "labels"], transform=AUGMENT)))
     resident = (torch.from_numpy(first["images"]).cuda(), torch.from_numpy(first["labels"]).cuda())
     feeds = {

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import dask.array as da
 import numpy as np
+from common import JpegFolder
 
 import outcore
 from outcore.cli.bench import compare
@@ -130,23 +131,6 @@ class H5Samples:
         if self.file is None:
             self.file = h5py.File(self.path, "r")
         return self.file[self.images][index], self.file["labels"][index]
-
-
-class JpegFolder:
-    """torchvision's ImageFolder, without torchvision: decode one JPEG per sample with Pillow."""
-
-    def __init__(self, root: Path) -> None:
-        self.files = sorted(root.rglob("*.jpg"))
-        self.labels = [int(p.parent.name) for p in self.files]
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int):
-        from PIL import Image
-
-        with Image.open(self.files[index]) as image:
-            return np.array(image.convert("RGB")), self.labels[index]
 
 
 def peak_rss(store: Path) -> float:

@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 
 import dask.array as da
-import numpy as np
 import zarr
 from dask.callbacks import Callback
 
 import outcore
 import outcore.format.layout
 from outcore.ingest.permute import write_order
+from outcore.testing import write_h5_images
 
 
 class _Counted(Exception):
@@ -58,6 +58,7 @@ import outcore.format.layout
 outcore.format.layout.TARGET_SHARD_BYTES = 4 * 2**20
 import outcore
 from outcore.ingest.permute import write_order
+from outcore.testing import write_h5_images
 path, store, way = sys.argv[1], sys.argv[2], sys.argv[3]
 
 def rss(key):
@@ -86,19 +87,6 @@ def ingest(h5: Path, workdir: Path, way: str) -> dict[str, float]:
     return json.loads(result.stdout)
 
 
-def write_h5(path: Path, samples: int) -> None:
-    import h5py
-
-    if path.exists():
-        return
-    with h5py.File(path, "w") as f:
-        images = f.create_dataset("images", shape=(samples, 64, 64, 3), dtype="uint8", chunks=(64, 64, 64, 3))
-        for start in range(0, samples, 512):
-            stop = min(samples, start + 512)
-            images[start:stop] = np.random.default_rng(start).integers(0, 256, (stop - start, 64, 64, 3), np.uint8)
-        f.create_dataset("labels", data=np.arange(samples) % 10)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=24_000)
@@ -115,7 +103,8 @@ def main() -> None:
               f"{tasks_per_block(blocks, workdir, False):17.1f}")
 
     h5 = workdir / f"images-{args.samples}.h5"
-    write_h5(h5, args.samples)
+    if not h5.exists():
+        write_h5_images(h5, args.samples)
     size = args.samples * 64 * 64 * 3
     print(f"\nshuffle on write of {h5.name} ({size / 2**20:.0f} MiB of images, 4 MiB shards), fresh processes:\n")
     print(f"{'way':18s} {'seconds':>8s} {'extra peak MiB':>15s} {'file / extra':>13s}")

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from iterate import BATCH, JpegFolder, build, build_h5_and_jpegs
+from common import JpegFolder
+from iterate import BATCH, build, build_h5_and_jpegs
 
 import outcore
 

@@ -11,8 +11,9 @@ import pytest
 PACKAGE = Path(__file__).parent.parent / "outcore"
 LAYERS = ("errors", "format", "storage", "imaging", "iterate", "adapters", "dataset", "ingest", "cli", "testing")
 PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may import any layer
-# optional frameworks, imported only where used: distributed (clusters), scikit-learn (sample photographs)
-FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "sklearn")
+# optional frameworks, imported only where used: distributed (clusters), scikit-learn (sample photographs),
+# h5py (HDF5 sources in the test kit)
+FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "sklearn", "h5py")
 
 
 def _modules() -> dict[str, Path]:

@@ -81,18 +81,14 @@ def test_the_task_graph_grows_linearly_with_the_source_blocks(tmp_path, monkeypa
 
 RSS_SCRIPT = """
 import json, sys
-import h5py, numpy as np
+import h5py
 import outcore.format.layout
 outcore.format.layout.TARGET_SHARD_BYTES = 4 * 2**20  # the 128 MiB cap, scaled down with the data
 import outcore
+from outcore.testing import write_h5_images
 
 path, store, samples = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with h5py.File(path, "w") as f:
-    images = f.create_dataset("images", shape=(samples, 64, 64, 3), dtype="uint8", chunks=(64, 64, 64, 3))
-    for start in range(0, samples, 512):
-        stop = min(samples, start + 512)
-        images[start:stop] = np.random.default_rng(start).integers(0, 256, (stop - start, 64, 64, 3), np.uint8)
-    f.create_dataset("labels", data=np.arange(samples) % 10)
+write_h5_images(path, samples)
 
 def rss(key):
     return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024

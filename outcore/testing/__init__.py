@@ -9,7 +9,7 @@ conformance suite that every store kind passes, and hypothesis strategies.
 from ..imaging.synthetic import write_image_folder
 from .conformance import StoreConformance
 from .damage import chunk_location, corrupt_chunk
-from .stores import STORE_KINDS, make_store, sample_arrays
+from .stores import STORE_KINDS, make_store, sample_arrays, write_h5_images
 
 __all__ = [
     "STORE_KINDS",
@@ -18,5 +18,6 @@ __all__ = [
     "corrupt_chunk",
     "make_store",
     "sample_arrays",
+    "write_h5_images",
     "write_image_folder",
 ]

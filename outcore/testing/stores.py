@@ -46,3 +46,18 @@ def make_store(
     from_arrays(sample_arrays() if arrays is None else arrays, path, chunk_size=chunk_size,
                 shuffle_on_write=shuffle_on_write, progress=False, **options)
     return open_dataset(f"file://{path.absolute()}" if kind == "url" else path)
+
+
+def write_h5_images(path: str | Path, samples: int, shape: tuple[int, ...] = (64, 64, 3)) -> Path:
+    """An HDF5 file of ``samples`` random uint8 images of ``shape`` (dataset ``images``, chunks of 64
+    samples) and 10-class ``labels``, written 512 samples at a time: a source larger than memory."""
+    import h5py  # an optional dependency (the h5 and dev extras)
+
+    with h5py.File(path, "w") as file:
+        images = file.create_dataset("images", shape=(samples, *shape), dtype="uint8", chunks=(64, *shape))
+        for start in range(0, samples, 512):
+            stop = min(samples, start + 512)
+            images[start:stop] = np.random.default_rng(start).integers(0, 256, (stop - start, *shape), np.uint8)
+        file.create_dataset("labels", data=np.arange(samples) % 10)
+    return Path(path)
+
