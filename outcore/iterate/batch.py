@@ -9,6 +9,7 @@ import numpy as np
 
 from ..format import decode_text
 from ..imaging import EncodedChunk
+from .plan import Consumer
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
@@ -41,6 +42,15 @@ def assemble(
                 out[i] = source[index]
         batch[name] = decode_text(out) if name in text_fields else out
     return batch
+
+
+def batch_rng_key(seed: int, epoch: int, consumer: Consumer, index: int) -> tuple[int, ...]:
+    """The seed of batch ``index``'s augmentation generator: the same wherever the batch is made.
+
+    >>> batch_rng_key(0, 3, Consumer(1, 2), 7)
+    (0, 3, 1, 7)
+    """
+    return (seed, epoch, consumer.index, index)
 
 
 def apply_transform(transform: Transform | None, batch: Batch, rng_key: Sequence[int]) -> Batch:

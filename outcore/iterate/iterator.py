@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from ..storage import Store
-from .batch import Batch, ChunkValues, apply_transform, assemble
+from .batch import Batch, ChunkValues, apply_transform, assemble, batch_rng_key
 from .cluster import ClusterRun
 from .options import BatchOptions
 from .plan import Consumer, EpochPlan, batch_count, epoch_plan
 from .readers import ChunkReader, chunk_readers
-from .runs import LocalRun, Run, Work, batch_rng_key
+from .runs import LocalRun, Run, Work
 from .schedule import max_held
 from .stats import LoaderStats
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..storage import Store
-from .batch import Batch, apply_transform, assemble
+from .batch import Batch, apply_transform, assemble, batch_rng_key
 from .options import BatchOptions
 from .plan import Consumer, EpochPlan
 from .readers import ChunkReader
@@ -45,10 +45,6 @@ class Work:
     def rng_key(self, index: int) -> tuple[int, ...]:
         """The seed of batch ``index``'s augmentation generator: the same wherever the batch is made."""
         return batch_rng_key(self.options.seed, self.epoch, self.consumer, index)
-
-
-def batch_rng_key(seed: int, epoch: int, consumer: Consumer, index: int) -> tuple[int, ...]:
-    return (seed, epoch, consumer.index, index)
 
 
 class _Failure:
