@@ -15,7 +15,7 @@ from .adapters.keywords import TorchKeywords
 from .adapters.selection import FieldSelection
 from .format import StoreAttrs, decode_text
 from .iterate import BatchIterator, BatchKeywords, BatchOptions, ChunkReader, chunk_reader, sample_spec
-from .storage import Store, open_store, read_samples
+from .storage import Store, open_store
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -65,16 +65,14 @@ class Dataset(Store):
 
     def _lazy(self, field: str) -> da.Array:
         info = self.info(field)
-        shape, dtype = sample_spec(self, field)
+        reader = chunk_reader(self, field)
+        sample = reader.empty()[:0]  # what one chunk holds: pixels for encoded images, UTF-8 bytes for text
+        view = _ChunkView(self.location, field, self.chunk_size, (len(self), *sample.shape[1:]), sample.dtype, reader)
         name = f"{field}-{tokenize(self.location, field, self.attrs.to_dict())}"
-        if info.is_image:
-            view: Any = _DecodedView(self.location, field, self.chunk_size, (len(self), *shape), dtype)
-        else:
-            view = _FieldView(self.array(field), field, self.location, len(self))
         lazy = da.from_array(view, chunks=(self.chunk_size, *view.shape[1:]), name=name, lock=False, fancy=False,
-                             asarray=False, meta=np.empty((0,) * view.ndim, view.dtype))
+                             asarray=False, meta=sample)
         if info.is_text:
-            lazy = lazy.map_blocks(decode_text, drop_axis=1, dtype=dtype)
+            lazy = lazy.map_blocks(decode_text, drop_axis=1, dtype=sample_spec(self, field)[1])
         return lazy
 
     def batches(self, batch_size: int, **options: Unpack[BatchKeywords]) -> BatchIterator:
@@ -166,28 +164,16 @@ class Dataset(Store):
         )
 
 
-class _FieldView:
-    """What dask reads a field through: ``array[key]``, with a corrupt chunk reported by name."""
+class _ChunkView:
+    """What dask reads a field through: whole chunks from the field's chunk reader (so a missing or
+    corrupt chunk is an error naming it, and encoded images come decoded), then ``key``. It pickles as
+    the store's location, so dask can compute the field on a cluster's workers (each opens the store)."""
 
-    def __init__(self, array: zarr.Array, field: str, where: str, num_samples: int) -> None:
-        self.array, self.field, self.where = array, field, where
-        self.shape = (num_samples, *array.shape[1:])
-        self.dtype = array.dtype
-        self.ndim = array.ndim
-
-    def __getitem__(self, key: Any) -> np.ndarray:
-        key = key if isinstance(key, tuple) else (key,)
-        return read_samples(self.array, key, self.field, self.where)
-
-
-class _DecodedView:
-    """What dask reads an encoded field through: whole decoded chunks, then ``key``. It pickles as the
-    store's location, so dask can compute the field on a cluster's workers (each opens the store)."""
-
-    def __init__(self, location: str, field: str, chunk_size: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    def __init__(self, location: str, field: str, chunk_size: int, shape: tuple[int, ...], dtype: np.dtype,
+                 reader: ChunkReader) -> None:
         self.location, self.field, self.chunk_size = location, field, chunk_size
         self.shape, self.dtype, self.ndim = shape, dtype, len(shape)
-        self._reader: ChunkReader | None = None
+        self._reader: ChunkReader | None = reader
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_reader": None}

@@ -8,7 +8,7 @@ import pytest
 
 import outcore
 from outcore.cli import main
-from outcore.testing import corrupt_chunk
+from outcore.testing import corrupt_chunk, delete_shard, make_store
 
 
 def test_ingest_folder_then_info_and_verify(image_folder, tmp_path, capsys):
@@ -62,3 +62,14 @@ def test_demo_runs_end_to_end_as_a_console_script(tmp_path):
     for name in ("train.zarr.zip", "val.zarr.zip", "test.zarr.zip", "test-predictions.zarr"):
         assert (tmp_path / name).exists()
     assert len(outcore.open_dataset(tmp_path / "test-predictions.zarr")) == 6 * 15
+
+
+def test_info_and_verify_on_a_store_with_a_missing_shard(tmp_path, capsys):
+    ds = make_store(tmp_path, chunk_size=8)
+    key = delete_shard(ds.location, "labels", 1)
+    assert main(["info", ds.location]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and key in err and "outcore verify" in err
+    assert main(["verify", ds.location, "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "4 problem(s)" in out and out.count("its shard file is missing") == 4  # its four chunks

@@ -15,7 +15,7 @@ import outcore
 from outcore.errors import CorruptChunkError, NotAStoreError, UnsafeStoreError
 from outcore.format import Compression, FieldInfo, Layout, StoreAttrs, decode_text, encode_text
 from outcore.storage import RangeZipStore
-from outcore.testing import corrupt_chunk
+from outcore.testing import corrupt_chunk, make_store, shard_key
 
 
 @pytest.fixture
@@ -160,3 +160,13 @@ def test_open_by_fsspec_url(store):
     np.testing.assert_array_equal(ds["labels"].compute(), arrays["labels"])
     batch = next(iter(ds.batches(300, shuffle=False)))  # URLs are read through zarr, not the direct reader
     np.testing.assert_array_equal(batch["images"], arrays["images"])
+
+
+def test_a_shard_replaced_by_a_folder_is_named(tmp_path):
+    ds = make_store(tmp_path)
+    shard = tmp_path / "s.zarr" / shard_key(ds.location, "score", 2)
+    shard.unlink()
+    shard.mkdir()
+    with pytest.raises(CorruptChunkError, match=r"field 'score', chunk 2 .*a folder stands where the file should be"):
+        ds["score"].compute()
+

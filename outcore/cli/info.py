@@ -8,6 +8,7 @@ import math
 import zarr
 
 from ..dataset import Dataset
+from ..errors import CorruptChunkError
 from ..format import ranges_name
 
 
@@ -16,8 +17,17 @@ def describe(ds: Dataset) -> str:
 
     An encoded image field shows both sizes: ``decoded`` (its pixels) and ``on disk`` (the files).
 
+    A store whose shard files are not all there is refused with a `CorruptChunkError` naming them.
+
     >>> print(describe(outcore.open_dataset("train.zarr")))  # doctest: +SKIP
     """
+    missing = ds.missing_shards()
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise CorruptChunkError(
+            f"{ds.location}: {len(missing)} shard file(s) that its samples need are missing ({shown}); "
+            f"run `outcore verify {ds.location}` for every problem, and restore the files or re-create the store"
+        )
     lines = [repr(ds).splitlines()[0], ""]
     header = ("field", "dtype", "shape", "chunk", "shard", "codecs", "decoded", "on disk", "ratio", "role")
     rows = [header]

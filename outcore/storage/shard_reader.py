@@ -2,15 +2,22 @@
 
 Zarr's reader runs every read through one event-loop thread, reads the shard index again for each
 chunk and copies the bytes several times; on two cores it could not read faster with two threads than
-with one (benchmarks/iterate.py). For the layout outcore writes — a local directory or zip, sharded
-along the samples, codecs ``bytes → [blosc] → crc32c``, index ``bytes → crc32c`` at the end — this
-module reads the shard index once per shard and decodes each chunk with calls that release the GIL,
-directly into its output array, so reader threads really run in parallel. Any other layout falls back
-to Zarr itself (`ShardReader.direct` says which path is taken). Tests compare both paths.
+with one (benchmarks/iterate.py). For the layout outcore writes — sharded along the samples, codecs
+``bytes → [blosc] → crc32c``, index ``bytes → crc32c`` at the end — this module reads the shard index
+once per shard and decodes each chunk with calls that release the GIL, directly into its output array,
+so reader threads really run in parallel: from a local directory or zip with plain file reads, from
+any other store (fsspec URLs) through the store's ranged reads. Any other layout falls back to Zarr
+itself (`ShardReader.direct` says which path is taken). Tests compare both paths.
+
+It also knows what must exist. Every chunk a reader is asked for lies within the samples the store
+promises, so a missing shard file, a chunk its shard index says was never written, an index entry
+outside its file or overlapping another, and a file shorter than its index says are corruption,
+reported with the field, chunk and file — never read as fill values.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -21,6 +28,9 @@ import crc32c
 import numpy as np
 import zarr
 from numcodecs import blosc
+from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from ..errors import CorruptChunkError
@@ -28,7 +38,12 @@ from .zipstore import RangeZipStore
 
 _EMPTY = 2**64 - 1  # index entry of a chunk that was never written
 _CHECKSUM_BYTES = 4
+_BLOSC_OVERHEAD = 16  # the most Blosc adds to incompressible data
 _CORRUPTION = re.compile(r"checksum|decompress|blosc|corrupt", re.IGNORECASE)
+
+
+class _Unreadable(Exception):
+    """A shard file cannot be read as its index says; the reader names the chunk and file."""
 
 
 class ShardReader:
@@ -67,14 +82,16 @@ class ShardReader:
                 return values
             out[: len(values)] = values
             return out[: len(values)]
-        return self._read_direct(chunk, self.empty() if out is None else out)[: stop - start]
+        try:
+            return self._read_direct(chunk, self.empty() if out is None else out)[: stop - start]
+        except _Unreadable as error:
+            raise self._corrupt(chunk, str(error)) from None
 
     def _read_direct(self, chunk: int, out: np.ndarray) -> np.ndarray:
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
         offset, nbytes = self._index(shard)[inner]
         if offset == _EMPTY:
-            out[...] = self.array.metadata.fill_value
-            return out
+            raise _Unreadable("it was never written (its shard index has no entry for it)")
         scratch = getattr(self._scratch, "buffer", None)
         if scratch is None or len(scratch) < nbytes:
             scratch = self._scratch.buffer = bytearray(int(nbytes))
@@ -95,14 +112,23 @@ class ShardReader:
     def _index(self, shard: int) -> np.ndarray:
         index = self._indexes.get(shard)
         if index is None:
-            raw = bytearray(self._layout.index_bytes)
-            self._layout.read_into(shard, -len(raw), memoryview(raw))
+            layout = self._layout
+            size = layout.size(shard)
+            if size < layout.index_bytes:
+                raise _Unreadable(f"its shard file has {size} bytes, fewer than its index's {layout.index_bytes}")
+            raw = bytearray(layout.index_bytes)
+            layout.read_into(shard, -len(raw), memoryview(raw))
             if crc32c.crc32c(raw[:-_CHECKSUM_BYTES]).to_bytes(4, "little") != raw[-_CHECKSUM_BYTES:]:
-                raise self._corrupt(shard * self._layout.chunks_per_shard, "the shard index fails its checksum")
+                raise _Unreadable("the shard index fails its checksum")
             index = np.frombuffer(raw[:-_CHECKSUM_BYTES], dtype="<u8").reshape(-1, 2)
+            _check_index(index, size - layout.index_bytes, self._max_chunk_bytes())
             with self._lock:
                 self._indexes[shard] = index
         return index
+
+    def _max_chunk_bytes(self) -> int:
+        raw = self.chunk_size * math.prod(self.array.shape[1:]) * self.array.dtype.itemsize
+        return raw + _CHECKSUM_BYTES + (_BLOSC_OVERHEAD if self._layout.blosc else 0)
 
     def _corrupt(self, chunk: int, reason: str) -> CorruptChunkError:
         num_samples, chunk_size = self._samples
@@ -113,6 +139,19 @@ class ShardReader:
             f"{self.where}: field {self.field!r}, chunk {chunk} (samples {first}..{last}, in file {key}) is "
             f"corrupt: {reason}. Restore that file from a copy or re-create the store from its source."
         )
+
+
+def _check_index(index: np.ndarray, data_bytes: int, max_chunk_bytes: int) -> None:
+    """Refuse a shard index whose entries lie outside the file's data, overlap, or claim sizes no chunk has."""
+    written = index[index[:, 0] != _EMPTY]
+    offsets, sizes = written[:, 0], written[:, 1]
+    if (sizes < _CHECKSUM_BYTES).any() or (sizes > max_chunk_bytes).any():
+        raise _Unreadable(f"its shard index gives chunk sizes outside {_CHECKSUM_BYTES}..{max_chunk_bytes} bytes")
+    if (offsets > data_bytes).any() or (offsets + sizes > data_bytes).any():
+        raise _Unreadable(f"its shard index points beyond the file's {data_bytes} bytes of chunks")
+    ends = np.sort(offsets + sizes)
+    if (np.sort(offsets)[1:] < ends[:-1]).any():
+        raise _Unreadable("its shard index has chunks that overlap")
 
 
 class _DirectLayout:
@@ -127,15 +166,39 @@ class _DirectLayout:
     def key(self, shard: int) -> str:
         return "/".join([self.prefix, "c", str(shard)] + ["0"] * (self.ndim - 1))
 
+    def size(self, shard: int) -> int:
+        """The shard file's size in bytes; `_Unreadable` when it is missing or not a file."""
+        try:
+            size = self.files.size(self.key(shard))
+        except (FileNotFoundError, KeyError):
+            raise _Unreadable("its shard file is missing") from None
+        except OSError as error:
+            raise _Unreadable(f"its shard file cannot be read ({error.strerror or error})") from None
+        if size is None:
+            raise _Unreadable("its shard file is missing")
+        return size
+
     def read_into(self, shard: int, offset: int, buffer: memoryview) -> None:
         """Fill ``buffer`` from the shard file at ``offset`` (from its end when negative)."""
-        if self.files.read_into(self.key(shard), offset, buffer) != len(buffer):
-            raise OSError(f"shard file {self.key(shard)} is shorter than its index says")
+        try:
+            count = self.files.read_into(self.key(shard), offset, buffer)
+        except (FileNotFoundError, KeyError):
+            raise _Unreadable("its shard file is missing") from None
+        except OSError as error:
+            raise _Unreadable(f"its shard file cannot be read ({error.strerror or error})") from None
+        if count != len(buffer):
+            raise _Unreadable("its shard file is shorter than its index says")
 
 
 class _LocalFiles:
     def __init__(self, root: Path) -> None:
         self.root = root
+
+    def size(self, key: str) -> int:
+        path = self.root / key
+        if path.is_dir():
+            raise IsADirectoryError(21, "a folder stands where the file should be")
+        return path.stat().st_size
 
     def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
         with open(self.root / key, "rb", buffering=0) as file:
@@ -147,8 +210,30 @@ class _ZipFiles:
     def __init__(self, store: RangeZipStore) -> None:
         self.store = store
 
+    def size(self, key: str) -> int:
+        return self.store.member_size(key)
+
     def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
         return self.store.read_range_into(key, offset, buffer)
+
+
+class _StoreFiles:
+    """Any zarr store (fsspec URLs): sizes and ranged reads through the store itself."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def size(self, key: str) -> int | None:
+        return sync(self.store.getsize(key)) if sync(self.store.exists(key)) else None
+
+    def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
+        request = SuffixByteRequest(-offset) if offset < 0 else RangeByteRequest(offset, offset + len(buffer))
+        data = sync(self.store.get(key, default_buffer_prototype(), request))
+        if data is None:
+            raise FileNotFoundError(key)
+        raw = data.to_bytes()
+        buffer[: len(raw)] = raw
+        return len(raw)
 
 
 def _direct_layout(array: zarr.Array) -> _DirectLayout | None:
@@ -169,10 +254,10 @@ def _direct_layout(array: zarr.Array) -> _DirectLayout | None:
     store = array.store
     if isinstance(store, LocalStore):
         files: Any = _LocalFiles(Path(store.root))
-    elif isinstance(store, RangeZipStore):
+    elif isinstance(store, RangeZipStore) and store.stored_only:
         files = _ZipFiles(store)
     else:
-        return None
+        files = _StoreFiles(store)
     return _DirectLayout(array, files, "blosc" in inner)
 
 

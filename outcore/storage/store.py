@@ -8,6 +8,7 @@ import warnings
 from typing import Self
 
 import zarr
+from zarr.core.sync import sync
 
 from ..errors import NotAStoreError
 from ..format import RANGES_SUFFIX, FieldInfo, StoreAttrs, ranges_name
@@ -99,6 +100,19 @@ class Store:
             return self.group[field]
         self.info(field)
         return self.group[field]
+
+    def missing_shards(self) -> list[str]:
+        """The shard files the attributes promise that are not in the store (keys, as ``labels/c/3``)."""
+        missing = []
+        for name in self.array_names():
+            array = self.group[name]
+            encoded_bytes = name in self.attrs.fields and self.attrs.fields[name].is_image  # a region per chunk
+            needed = self.num_chunks * array.chunks[0] if encoded_bytes else len(self)
+            for shard in range(-(-needed // (array.shards or array.chunks)[0])):
+                key = "/".join([array.path, "c", str(shard)] + ["0"] * (array.ndim - 1))
+                if not sync(self.group.store.exists(key)):
+                    missing.append(key)
+        return missing
 
     def shard_reader(self, field: str) -> ShardReader:
         """A direct reader of ``field``'s stored chunks (bytes, for an encoded image field)."""

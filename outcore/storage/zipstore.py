@@ -27,6 +27,8 @@ class RangeZipStore(ZipStore):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path, mode="r")
         self._members = stored_members(os.fspath(path))
+        with zipfile.ZipFile(path) as archive:  # members compressed by another tool are read by zarr
+            self.stored_only = len(self._members) == sum(not info.is_dir() for info in archive.infolist())
         self._fd: int | None = None
         self._fd_lock = threading.Lock()
 
@@ -40,6 +42,10 @@ class RangeZipStore(ZipStore):
         buffer = bytearray(stop - start)
         self.read_range_into(key, start, memoryview(buffer))
         return prototype.buffer.from_bytes(buffer)
+
+    def member_size(self, key: str) -> int:
+        """The size of stored member ``key`` (a ``KeyError`` when there is none)."""
+        return self._members[key][1]
 
     def read_range_into(self, key: str, offset: int, buffer: memoryview) -> int:
         """Fill ``buffer`` from stored member ``key`` at ``offset`` (from its end when negative)."""

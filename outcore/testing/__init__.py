@@ -8,7 +8,14 @@ conformance suite that every store kind passes, and hypothesis strategies.
 
 from ..imaging.synthetic import write_image_folder
 from .conformance import StoreConformance
-from .damage import chunk_location, corrupt_chunk
+from .damage import (
+    chunk_location,
+    corrupt_chunk,
+    delete_shard,
+    rewrite_shard_index,
+    shard_key,
+    truncate_shard,
+)
 from .stores import STORE_KINDS, make_store, sample_arrays, write_h5_images
 
 __all__ = [
@@ -16,8 +23,12 @@ __all__ = [
     "StoreConformance",
     "chunk_location",
     "corrupt_chunk",
+    "delete_shard",
     "make_store",
+    "rewrite_shard_index",
     "sample_arrays",
+    "shard_key",
+    "truncate_shard",
     "write_h5_images",
     "write_image_folder",
 ]

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import zarr
 
-from ..cli import verify
-from ..dataset import Dataset
+from ..cli import describe, verify
+from ..dataset import Dataset, open_dataset
 from ..errors import CorruptChunkError
 from ..storage import RangeZipStore
-from .damage import corrupt_chunk
+from .damage import corrupt_chunk, delete_shard, rewrite_shard_index, truncate_shard
 from .stores import make_store, sample_arrays
 
 
@@ -38,7 +38,7 @@ class StoreConformance:
         ds = self.make(tmp_path)
         for name in ds.fields:
             reader = ds.shard_reader(name)
-            assert reader.direct or self.kind == "url"  # a URL is read directly where zarr maps it to files
+            assert reader.direct
             for chunk in range(ds.num_chunks):
                 expected = ds.array(name)[chunk * ds.chunk_size : (chunk + 1) * ds.chunk_size]
                 np.testing.assert_array_equal(reader.read(chunk), expected, err_msg=f"{name} chunk {chunk}")
@@ -70,3 +70,47 @@ class StoreConformance:
         ds["images"][:96].compute()  # the chunks before it are intact
         report = verify(ds.location, progress=False)
         assert len(report.problems) == 1 and "chunk 3" in report.problems[0]
+
+    def test_a_missing_shard_is_named_never_read_as_zeros(self, tmp_path: Path) -> None:
+        ds = self.make(tmp_path)
+        per_shard = ds.array("labels").shards[0] // ds.chunk_size
+        key = delete_shard(ds.location, "labels", 1)
+        ds = open_dataset(ds.location)  # a zip store is rewritten without the member: open it again
+        expected = rf"field 'labels', chunk {per_shard} .*in file {key}\) is corrupt: its shard file is missing"
+        with pytest.raises(CorruptChunkError, match=expected):
+            list(ds.batches(64, shuffle=False))
+        with pytest.raises(CorruptChunkError, match=expected):
+            ds["labels"].compute()
+        with pytest.raises(CorruptChunkError, match=f"shard file.*missing.*{key}"):
+            describe(ds)
+        report = verify(ds.location, progress=False)
+        missing = [p for p in report.problems if key in p]
+        assert len(report.problems) == len(missing) == per_shard  # every chunk of that file, nothing else
+
+    @pytest.mark.parametrize("size", [0, 3, 10, 200])
+    def test_a_truncated_shard_is_named(self, tmp_path: Path, size: int) -> None:
+        ds = self.make(tmp_path)
+        key = truncate_shard(ds.location, "images", 0, size)
+        ds = open_dataset(ds.location)
+        with pytest.raises(CorruptChunkError, match=rf"field 'images', chunk 0 .*in file {key}\) is corrupt"):
+            ds["images"][:5].compute()
+        assert not verify(ds.location, progress=False).ok
+
+    def test_a_forged_shard_index_is_refused(self, tmp_path: Path) -> None:
+        ds = self.make(tmp_path, chunk_size=8)  # four chunks per shard file
+
+        def point_chunk_1_at_chunk_0(index: np.ndarray) -> None:  # its samples would silently repeat
+            index[1] = index[0]
+
+        rewrite_shard_index(ds.location, "images", 0, point_chunk_1_at_chunk_0)
+        ds = open_dataset(ds.location)
+        with pytest.raises(CorruptChunkError, match=r"chunk 1 .* its shard index has chunks that overlap"):
+            ds.shard_reader("images").read(1)
+
+        def point_beyond_the_file(index: np.ndarray) -> None:
+            index[2, 0] = 2**40
+
+        rewrite_shard_index(ds.location, "labels", 0, point_beyond_the_file)
+        ds = open_dataset(ds.location)
+        with pytest.raises(CorruptChunkError, match=r"chunk 0 .* points beyond the file"):
+            ds.shard_reader("labels").read(0)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
+import crc32c
 import numpy as np
 
 from ..storage import open_group, stored_members
@@ -47,3 +50,62 @@ def corrupt_chunk(location: str | os.PathLike, field: str, chunk: int, *, at: in
         file.seek(-1, os.SEEK_CUR)
         file.write(bytes([value[0] ^ 0xFF]))
     return path
+
+
+def shard_key(location: str | os.PathLike, field: str, shard: int) -> str:
+    """The key of shard file ``shard`` of array ``field`` (``images/c/3/0/0/0``)."""
+    array = open_group(str(location).removeprefix("file://"), mode="r")[field]
+    return "/".join([field, "c", str(shard)] + ["0"] * (array.ndim - 1))
+
+
+def delete_shard(location: str | os.PathLike, field: str, shard: int) -> str:
+    """Remove shard file ``shard`` of array ``field`` (from a zip store too); return its key."""
+    key = shard_key(location, field, shard)
+    _rewrite(location, key, None)
+    return key
+
+
+def truncate_shard(location: str | os.PathLike, field: str, shard: int, size: int) -> str:
+    """Cut shard file ``shard`` of array ``field`` to its first ``size`` bytes; return its key."""
+    key = shard_key(location, field, shard)
+    _rewrite(location, key, lambda data: data[:size])
+    return key
+
+
+def _rewrite(location: str | os.PathLike, key: str, change: Callable[[bytes], bytes] | None) -> None:
+    """Replace member or file ``key`` by ``change(its bytes)``, or remove it when ``change`` is None."""
+    location = str(location).removeprefix("file://")
+    if not location.endswith(".zip"):
+        path = Path(location) / key
+        if change is None:
+            path.unlink()
+        else:
+            path.write_bytes(change(path.read_bytes()))
+        return
+    rewritten = Path(location + ".rewrite")
+    with zipfile.ZipFile(location) as source, zipfile.ZipFile(rewritten, "w", zipfile.ZIP_STORED) as target:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename == key:
+                if change is None:
+                    continue
+                data = change(data)
+            target.writestr(info.filename, data)
+    os.replace(rewritten, location)
+
+
+def rewrite_shard_index(location: str | os.PathLike, field: str, shard: int,
+                        change: Callable[[np.ndarray], None]) -> None:
+    """Let ``change`` edit shard ``shard``'s index of array ``field`` in place — an (n, 2) array of
+    (offset, nbytes) per chunk — and write it back with a valid checksum, as a forger would."""
+    array = open_group(str(location).removeprefix("file://"), mode="r")[field]
+    chunks_per_shard = array.shards[0] // array.chunks[0]
+
+    def forged(data: bytes) -> bytes:
+        cut = len(data) - (chunks_per_shard * _INDEX_ENTRY + _CHECKSUM)
+        index = np.frombuffer(data[cut:-_CHECKSUM], dtype="<u8").reshape(-1, 2).copy()
+        change(index)
+        raw = index.astype("<u8").tobytes()
+        return data[:cut] + raw + crc32c.crc32c(raw).to_bytes(_CHECKSUM, "little")
+
+    _rewrite(location, shard_key(location, field, shard), forged)
