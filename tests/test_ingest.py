@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 import outcore
-from outcore.cli import describe
+from outcore.cli import describe, main
 from outcore.errors import ImageError, SourceError, StoreExistsError
 
 
@@ -87,6 +87,46 @@ def test_dataframe_and_csv_with_several_label_columns(image_folder, tmp_path):
     from_frame = outcore.ingest_dataframe(frame, tmp_path / "f.zarr", label_columns=["multi"], root=image_folder,
                                           shape=(32, 32, 3), progress=False)
     np.testing.assert_array_equal(from_frame["images"].compute(), ds["images"].compute())
+
+
+def _csv_of(image_folder, column):
+    names = sorted(p.relative_to(image_folder).as_posix() for p in image_folder.rglob("*.*"))[: len(column)]
+    csv = image_folder / "labels.csv"
+    pd.DataFrame({"path": names, "label": column}).to_csv(csv, index=False)
+    return csv
+
+
+@pytest.mark.parametrize(("stray", "message"), [
+    ("x", r"holds numbers except in row 3 \('x'\).*label_dtype='class' \(--label-dtype class\)"),
+    (str(10**30), r"not int64 labels in row 3 \(1000000000000000000000000000000\).*label_dtype='float32'"),
+])
+def test_a_stray_cell_in_a_numeric_label_column_is_named_not_renumbered(image_folder, tmp_path, stray, message):
+    csv = _csv_of(image_folder, ["1", "2", "9", stray, "4", "5"])
+    with pytest.raises(SourceError, match=message):
+        outcore.ingest_dataframe(csv, tmp_path / "t.zarr", label_columns=["label"], shape=(8, 8, 3), progress=False)
+    assert not (tmp_path / "t.zarr").exists()
+    assert main(["ingest", str(csv), str(tmp_path / "c.zarr"), "--label-columns", "label", "--shape", "8x8x3",
+                 "--no-progress"]) == 2
+
+
+def test_label_dtype_says_what_a_column_holds_and_number_classes_sort_as_numbers(image_folder, tmp_path):
+    csv = _csv_of(image_folder, ["1", "2", "10", "x", "2", "10"])
+    ds = outcore.ingest_dataframe(csv, tmp_path / "t.zarr", label_columns=["label"], label_dtype="class",
+                                  shape=(8, 8, 3), shuffle_on_write=False, progress=False)
+    assert ds.classes_of("label") == ["1", "10", "2", "x"]  # not all numbers: sorted as text
+    assert ds["label"].compute().tolist() == [0, 2, 1, 3, 2, 1]
+    csv = _csv_of(image_folder, ["1", "2", "10", "2"])
+    assert main(["ingest", str(csv), str(tmp_path / "c.zarr"), "--label-columns", "label", "--label-dtype",
+                 "label=class", "--shape", "8x8x3", "--no-shuffle", "--no-progress"]) == 0
+    ds = outcore.open_dataset(tmp_path / "c.zarr")
+    assert ds.classes_of("label") == ["1", "2", "10"]  # every name a number: numeric order
+    assert ds["label"].compute().tolist() == [0, 1, 2, 1]
+    plain = outcore.ingest_dataframe(csv, tmp_path / "n.zarr", label_columns=["label"], shape=(8, 8, 3),
+                                     shuffle_on_write=False, progress=False)
+    assert plain["label"].dtype == np.int64 and plain["label"].compute().tolist() == [1, 2, 10, 2]
+    with pytest.raises(ValueError, match="label_dtype 'text'"):
+        outcore.ingest_dataframe(csv, tmp_path / "v.zarr", label_columns=["label"], label_dtype="text",
+                                 shape=(8, 8, 3))
 
 
 def test_skip_bad_files_and_report_them(image_folder, tmp_path):

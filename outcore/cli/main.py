@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                              "reading), or both")
     ingest.add_argument("--path-column", default="path", help="CSV column of image paths (default: path)")
     ingest.add_argument("--label-columns", default="", help="comma-separated CSV label columns")
+    ingest.add_argument("--label-dtype", help="what the label columns hold: class, int64 or float32, for all of "
+                                              "them or per column (label=class,weight=float32); default: the cells decide, "
+                                              "and a numeric column with a few other cells is an error")
     ingest.add_argument("--root", help="folder that relative CSV paths start from (default: the CSV's)")
     ingest.add_argument("--chunk-size", type=int, help="samples per chunk (default: about 8 MiB of pixels)")
     ingest.add_argument("--compression",
@@ -125,11 +128,17 @@ def _ingest(args: argparse.Namespace) -> int:
         if Path(args.source).is_file():
             labels = [c for c in args.label_columns.split(",") if c]
             ds = ingest_dataframe(args.source, args.store, path_column=args.path_column, label_columns=labels,
-                                  root=args.root, client=client, **options)
+                                  label_dtype=_label_dtype(args.label_dtype), root=args.root, client=client, **options)
         else:
             ds = ingest_images(args.source, args.store, client=client, **options)
     print(describe(ds))
     return 0
+
+
+def _label_dtype(text: str | None) -> str | dict[str, str] | None:
+    if text is None or "=" not in text:
+        return text
+    return dict(part.split("=", 1) for part in text.split(",") if part)
 
 
 def _info(args: argparse.Namespace) -> int:

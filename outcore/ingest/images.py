@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,7 @@ def ingest_dataframe(
     *,
     path_column: str = "path",
     label_columns: Sequence[str] = (),
+    label_dtype: str | Mapping[str, str] | None = None,
     root: str | os.PathLike | None = None,
     shape: Sequence[int] | str,
     resize: ResizePolicy = "crop",
@@ -97,14 +98,17 @@ def ingest_dataframe(
     """Ingest the images listed in a DataFrame or CSV file, with one label field per ``label_columns``.
 
     Relative paths are taken from ``root`` (default: the CSV's folder, or the current folder for a
-    DataFrame). String labels are stored as class indices with their names; numbers as they are.
+    DataFrame). String labels are stored as class indices with their names (sorted, numerically when
+    every name is a number); numbers as they are. A column of numbers with a few other cells is an error
+    naming the rows; ``label_dtype`` (``"class"``, ``"int64"``, ``"float32"``, or a dict per column)
+    says what a column holds instead of letting the cells decide.
     Paths that do not exist are an error, or skipped and reported with ``on_error="skip"``. The other
     keywords are those of `ingest_images`.
 
     >>> ds = outcore.ingest_dataframe("labels.csv", "train.zarr", path_column="path",
     ...                               label_columns=["label"], shape=(64, 64, 3))  # doctest: +SKIP
     """
-    table = table_from_dataframe(frame, path_column, label_columns, root)
+    table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype)
     if table.missing and on_error == "raise":
         shown = ", ".join(repr(p) for p in table.missing[:3])
         raise SourceError(

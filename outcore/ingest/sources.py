@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -79,17 +80,25 @@ def _image_names(root: Path, suffixes: tuple[str, ...]) -> list[str]:
     return sorted(names)
 
 
+LABEL_DTYPES = ("class", "int64", "float32")
+
+
 def table_from_dataframe(
     frame: pd.DataFrame | str | os.PathLike,
     path_column: str = "path",
     label_columns: Sequence[str] = (),
     root: str | os.PathLike | None = None,
+    label_dtype: str | Mapping[str, str] | None = None,
 ) -> SourceTable:
     """Read paths and labels from a DataFrame or a CSV file.
 
     Relative paths are resolved against ``root``, which defaults to the CSV's folder (or the current
-    folder for a DataFrame). String labels become class indices (classes sorted); numbers stay numbers.
-    Rows whose file does not exist are listed in ``missing``.
+    folder for a DataFrame). Rows whose file does not exist are listed in ``missing``. A label column
+    of numbers stays numbers (``int64``, or ``float32`` when some are fractional); a column of text
+    becomes class indices, classes sorted (numerically when every name is a number). A column that is
+    numbers except for a few cells is an error naming those rows, never a silent switch to classes:
+    ``label_dtype`` (``"class"``, ``"int64"`` or ``"float32"``, for all label columns or per column)
+    says what to do instead.
 
     >>> table_from_dataframe("labels.csv", "path", ["label"]).classes  # doctest: +SKIP
     {'label': ('cat', 'dog')}
@@ -111,6 +120,7 @@ def table_from_dataframe(
         raise SourceError(f"{where} has no rows")
     if frame[path_column].isna().any():
         raise SourceError(f"{where}: column {path_column!r} is empty in rows {_rows(frame[path_column].isna())}")
+    dtypes = _label_dtypes(label_dtype, label_columns)
     names = [str(p) for p in frame[path_column]]
     paths = [str((base / n).absolute()) for n in names]
     labels, classes = {}, {}
@@ -118,16 +128,66 @@ def table_from_dataframe(
         values = frame[column]
         if values.isna().any():
             raise SourceError(f"{where}: label column {column!r} is empty in rows {_rows(values.isna())}")
-        if pd.api.types.is_bool_dtype(values) or pd.api.types.is_integer_dtype(values):
-            labels[column] = values.to_numpy(dtype=np.int64)
-        elif pd.api.types.is_float_dtype(values):
-            labels[column] = values.to_numpy(dtype=np.float32)
-        else:
-            codes, uniques = pd.factorize(values.astype(str), sort=True)
-            labels[column] = codes.astype(np.int64)
-            classes[column] = tuple(uniques)
+        labels[column], found = _label_values(values, dtypes.get(column), f"{where}: label column {column!r}")
+        if found is not None:
+            classes[column] = found
     missing = [p for p in paths if not os.path.isfile(p)]
     return SourceTable(paths, names, labels, classes, missing, description=f"{where} (paths under {base.absolute()})")
+
+
+def _label_dtypes(label_dtype: str | Mapping[str, str] | None, columns: Sequence[str]) -> dict[str, str]:
+    chosen = {} if label_dtype is None else (
+        dict.fromkeys(columns, label_dtype) if isinstance(label_dtype, str) else dict(label_dtype))
+    for column, dtype in chosen.items():
+        if dtype not in LABEL_DTYPES:
+            raise ValueError(f"label_dtype {dtype!r} of {column!r} is not one of {LABEL_DTYPES}")
+        if column not in columns:
+            raise ValueError(f"label_dtype names {column!r}, which is not among the label columns {list(columns)}")
+    return chosen
+
+
+def _label_values(values: pd.Series, dtype: str | None, where: str) -> tuple[np.ndarray, tuple[str, ...] | None]:
+    """A label column as numbers, or as class indices with the class names (``None`` for numbers)."""
+    if dtype == "class" or (dtype is None and not _numeric_or_mostly(values)):
+        text = values.astype(str)
+        names = sorted(text.unique(), key=_class_order(text.unique()))
+        return text.map({name: i for i, name in enumerate(names)}).to_numpy(dtype=np.int64), tuple(names)
+    numbers = values.astype(np.int64) if pd.api.types.is_bool_dtype(values) else pd.to_numeric(values, errors="coerce")
+    _refuse(values, numbers.isna().to_numpy(), f"{where} holds numbers except in", "class")
+    if pd.api.types.is_integer_dtype(numbers) and dtype != "float32":
+        return numbers.to_numpy(dtype=np.int64), None
+    as_float = numbers.to_numpy(dtype=np.float64)
+    if dtype == "float32" or (dtype is None and not (as_float == np.round(as_float)).all()):
+        return as_float.astype(np.float32), None
+    not_int64 = ~np.isfinite(as_float) | (as_float != np.round(as_float)) | (np.abs(as_float) >= 2.0**63)
+    _refuse(values, not_int64, f"{where} holds values that are not int64 labels in", "float32")
+    return as_float.astype(np.int64), None
+
+
+def _refuse(values: pd.Series, bad: np.ndarray, what: str, instead: str) -> None:
+    """Name the rows (counted from 0, after the header) whose cells do not fit, and what to do."""
+    if bad.any():
+        shown = ", ".join(f"row {row} ({values.iloc[row]!r})" for row in np.flatnonzero(bad)[:5])
+        more = f" and {int(bad.sum()) - 5} more" if bad.sum() > 5 else ""
+        raise SourceError(f"{what} {shown}{more}: correct those cells, or pass label_dtype={instead!r} "
+                          f"(--label-dtype {instead}) to say what the column holds")
+
+
+def _numeric_or_mostly(values: pd.Series) -> bool:
+    """Whether a column is numbers, or numbers in at least half of its cells (a stray cell is an error)."""
+    if pd.api.types.is_bool_dtype(values) or pd.api.types.is_numeric_dtype(values):
+        return True
+    parsed = pd.to_numeric(values, errors="coerce")
+    return int(parsed.notna().sum()) * 2 >= len(values)
+
+
+def _class_order(names: Sequence[str]) -> Any:
+    """Sort class names as numbers when every one is a number ("2" before "10"), else as text."""
+    try:
+        numbers = {name: float(name) for name in names}
+    except ValueError:
+        return str
+    return lambda name: (numbers[name], name)
 
 
 def _rows(mask: pd.Series) -> str:
