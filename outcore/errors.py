@@ -7,6 +7,10 @@ class OutcoreError(Exception):
     """Base class of every error outcore raises on purpose."""
 
 
+class OutcoreWarning(UserWarning):
+    """Something outcore did on its own that the user should know of (it cleaned up after a dead run)."""
+
+
 class StoreExistsError(OutcoreError, FileExistsError):
     """The target store exists and ``overwrite`` was not given."""
 

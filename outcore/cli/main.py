@@ -65,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--on-error", default="raise", choices=["raise", "skip"],
                         help="stop at the first bad image (raise) or skip and report bad images (skip)")
     ingest.add_argument("--overwrite", action="store_true", help="replace STORE if it exists")
+    ingest.add_argument("--resume", action="store_true",
+                        help="continue an ingest of the same files and settings that was killed or interrupted")
     ingest.add_argument("--no-progress", action="store_true")
     _add_scheduler(ingest)
     ingest.set_defaults(run=_ingest)
@@ -122,6 +124,7 @@ def _ingest(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "on_error": args.on_error,
         "overwrite": args.overwrite,
+        "resume": args.resume,
         "progress": not args.no_progress,
     }
     with _client(args.scheduler) as client:

@@ -9,6 +9,7 @@ skipped (``on_error="skip"``) the written store is compacted into a second one w
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,10 +26,10 @@ from ..errors import SourceError
 from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs, chunk_capacity, ranges_name
 from ..storage import (
     WRITE_CONFIG,
+    Staging,
     create_encoded_field,
     create_field,
     read_files,
-    remove_path,
     staged_store,
     stored_nbytes,
     write_encoded_shard,
@@ -74,30 +75,29 @@ def build_store(
     source: str,
     errors: da.Array | None = None,
     order: np.ndarray | None = None,
+    manifest: dict[str, Any] | None = None,
+    resume: bool = False,
 ) -> Path:
     """Write ``fields`` to a new store at ``location``; return its path.
 
     ``errors`` (one string per sample, ``""`` when good) marks samples to leave out; they are listed in
     the attributes and, in full, in a ``<store>.skipped.txt`` report beside the store. With ``order``,
-    the store's sample ``i`` is the fields' sample ``order[i]``.
+    the store's sample ``i`` is the fields' sample ``order[i]``. With a ``manifest`` (what is written,
+    from what), each finished shard is recorded, and ``resume`` continues a dead run that had the same
+    manifest from its finished shards (`outcore.storage.staged_store`).
     """
     location = Path(location)
-    with staged_store(location, options.overwrite) as staging:
-        raw = staging.with_name(staging.name + ".raw") if errors is not None else staging
-        scratch = staging.with_name(staging.name + ".permute")
-        try:
-            if order is not None:
-                fields = _permuted(fields, order, options.layout.shard_size, scratch)
-            failures = _write_fields(raw, fields, errors, options, f"ingest → {location.name}")
-            if failures:
-                fields = _without(raw, fields, failures, _num_samples(fields))
-                _write_fields(staging, fields, None, options, f"compact → {location.name}")
-            elif raw != staging:
-                os.replace(raw, staging)
-        finally:
-            remove_path(scratch)
-            if raw != staging:
-                remove_path(raw)
+    with staged_store(location, options.overwrite, manifest=manifest, resume=resume) as staging:
+        raw = staging.scratch("raw") if errors is not None else staging.store
+        if order is not None:
+            fields = _permuted(fields, order, options.layout.shard_size, staging.scratch("permute"))
+        failures = _write_fields(raw, fields, errors, options, f"ingest → {location.name}",
+                                 staging if manifest is not None else None)
+        if failures:
+            fields = _without(raw, fields, failures, _num_samples(fields))
+            _write_fields(staging.store, fields, None, options, f"compact → {location.name}", None)
+        elif raw != staging.store:
+            os.replace(raw, staging.store)
         messages = [message for _, message in failures]
         attrs = StoreAttrs(
             num_samples=_num_samples(fields),
@@ -108,7 +108,7 @@ def build_store(
             provenance=provenance(source),
             skipped=_skipped_summary(location, messages) if messages else None,
         )
-        zarr.open_group(staging, mode="r+").attrs[ATTRS_KEY] = attrs.to_dict()
+        zarr.open_group(staging.store, mode="r+").attrs[ATTRS_KEY] = attrs.to_dict()
     _write_report(location, messages)
     return location
 
@@ -119,14 +119,43 @@ def _write_fields(
     errors: da.Array | None,
     options: BuildOptions,
     description: str,
+    staging: Staging | None,
 ) -> list[tuple[int, str]]:
-    """Create the group at ``directory``, write every shard; return ``(index, message)`` of bad samples."""
+    """Create the group at ``directory``, write every shard; return ``(index, message)`` of bad samples.
+
+    With ``staging``, each finished shard leaves a marker holding its bad samples, and the shards that a
+    resumed run finished are not written again.
+    """
     num_samples = _num_samples(fields)
-    shard = options.layout.shard_size
-    group = zarr.open_group(directory, mode="w")
     for name, field in fields.items():
         if len(field.data) != num_samples:
             raise SourceError(f"field {name!r} has {len(field.data)} samples, others have {num_samples}")
+    shard = options.layout.shard_size
+    starts = range(0, num_samples, shard)
+    markers = [staging.done(f"shard-{i}") if staging else None for i in range(len(starts))]
+    todo = [i for i, marker in enumerate(markers) if marker is None or not marker.exists()]
+    if len(todo) == len(starts):  # nothing written yet: (re)create the arrays
+        _create_fields(zarr.open_group(directory, mode="w"), fields, num_samples, options)
+    encoded = [name for name, field in fields.items() if field.nbytes is not None]
+    blocks = {name: _shard_blocks(field.data, shard) for name, field in fields.items()}
+    error_blocks = _shard_blocks(errors, shard) if errors is not None else None
+    write = dask.delayed(_write_shard, pure=False)
+    tasks = [
+        write(str(directory), starts[i], {name: b[i] for name, b in blocks.items()},
+              error_blocks[i] if error_blocks is not None else None, encoded, options.layout.chunk_size,
+              str(markers[i]) if markers[i] else None)
+        for i in todo
+    ]
+    weights = [min(shard, num_samples - starts[i]) for i in todo]
+    results = run_tasks(tasks, weights, client=options.client, progress=options.progress, description=description)
+    if staging is not None:
+        results = [[tuple(failure) for failure in json.loads(marker.read_text())] for marker in markers]
+    return [failure for shard_failures in results for failure in shard_failures]
+
+
+def _create_fields(group: zarr.Group, fields: Mapping[str, FieldSource], num_samples: int,
+                   options: BuildOptions) -> None:
+    for name, field in fields.items():
         if field.nbytes is not None:
             capacity = chunk_capacity(field.nbytes, options.layout.chunk_size)
             create_encoded_field(group, name, num_samples, capacity, options.layout, options.compression)
@@ -134,19 +163,6 @@ def _write_fields(
             create_field(
                 group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout, options.compression
             )
-    encoded = [name for name, field in fields.items() if field.nbytes is not None]
-    blocks = {name: _shard_blocks(field.data, shard) for name, field in fields.items()}
-    error_blocks = _shard_blocks(errors, shard) if errors is not None else None
-    starts = range(0, num_samples, shard)
-    write = dask.delayed(_write_shard, pure=False)
-    tasks = [
-        write(str(directory), start, {name: b[i] for name, b in blocks.items()},
-              error_blocks[i] if error_blocks is not None else None, encoded, options.layout.chunk_size)
-        for i, start in enumerate(starts)
-    ]
-    weights = [min(shard, num_samples - start) for start in starts]
-    results = run_tasks(tasks, weights, client=options.client, progress=options.progress, description=description)
-    return [failure for shard_failures in results for failure in shard_failures]
 
 
 def _permuted(fields: Mapping[str, FieldSource], order: np.ndarray, shard: int, scratch: Path) -> dict[str, FieldSource]:
@@ -176,8 +192,9 @@ def _shard_blocks(data: da.Array | Permuted, shard: int) -> list[Any]:
 
 def _write_shard(
     directory: str, start: int, blocks: dict[str, np.ndarray], errors: np.ndarray | None, encoded: list[str],
-    chunk_size: int,
+    chunk_size: int, marker: str | None,
 ) -> list[tuple[int, str]]:
+    """Write one shard of every field; then, with a ``marker`` path, record it as done (with its failures)."""
     group = zarr.open_group(directory, mode="r+")
     with zarr.config.set(WRITE_CONFIG):
         for name, block in blocks.items():
@@ -187,9 +204,12 @@ def _write_shard(
                 write_encoded_shard(group, name, start, block, chunk_size)
             else:
                 group[name][start : start + len(block)] = block
-    if errors is None:
-        return []
-    return [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]
+    failures = [] if errors is None else [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]
+    if marker is not None:
+        partial = f"{marker}.partial"
+        Path(partial).write_text(json.dumps(failures))
+        os.replace(partial, marker)  # a marker exists only once its shard is written
+    return failures
 
 
 def _without(

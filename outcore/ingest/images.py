@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -50,6 +52,7 @@ def ingest_images(
     client: Any = None,
     on_error: str = "raise",
     overwrite: bool = False,
+    resume: bool = False,
     progress: bool = True,
 ) -> Dataset:
     """Ingest a folder of images, labelled by sub-folder (``source/<class>/<image>``), into a new store
@@ -65,6 +68,11 @@ def ingest_images(
     ``"encoded"`` (the files' own bytes, several times smaller, decoded to ``shape`` while reading) or
     ``"both"`` (pixels in ``images``, the files in ``images_encoded``). Every file is decoded at ingest
     either way, so bad files are found now, not in the middle of training.
+
+    The store appears at ``location`` only when complete (replacing an old one with ``overwrite`` in
+    one step). An ingest that was killed or interrupted (Ctrl-C) keeps its finished shards beside the
+    target: ``resume=True`` continues it — when the files, labels and settings are the same — and
+    gives the store an uninterrupted run would have; otherwise the next ingest removes them, saying so.
 
     >>> ds = outcore.ingest_images("photos/train", "train.zarr", shape=(128, 128, 3))  # doctest: +SKIP
     >>> ds.classes  # doctest: +SKIP
@@ -93,6 +101,7 @@ def ingest_dataframe(
     client: Any = None,
     on_error: str = "raise",
     overwrite: bool = False,
+    resume: bool = False,
     progress: bool = True,
 ) -> Dataset:
     """Ingest the images listed in a DataFrame or CSV file, with one label field per ``label_columns``.
@@ -120,7 +129,7 @@ def ingest_dataframe(
 
 def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
     names = ("shape", "resize", "dtype", "images", "chunk_size", "compression", "shuffle_on_write", "seed", "client",
-             "on_error", "overwrite", "progress")
+             "on_error", "overwrite", "resume", "progress")
     return {name: arguments[name] for name in names}
 
 
@@ -139,6 +148,7 @@ def _ingest_table(
     client: Any,
     on_error: str,
     overwrite: bool,
+    resume: bool,
     progress: bool,
 ) -> Dataset:
     shape, resize, dtype = parse_image_shape(shape), parse_resize(resize), parse_image_dtype(dtype)
@@ -158,6 +168,7 @@ def _ingest_table(
         paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
         keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images],
     )
+    stats = [_file_stat(path) for path in paths]
     fields = {}
     if pixels is not None:
         fields[IMAGE_FIELD] = FieldSource(pixels, FieldInfo("input"))
@@ -165,7 +176,7 @@ def _ingest_table(
         decode = ImageDecode(shape, dtype.name, resize)
         fields[ENCODED_FIELD if pixels is not None else IMAGE_FIELD] = FieldSource(
             files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
-            nbytes=np.array([_file_size(path) for path in paths], dtype=np.int64),
+            nbytes=np.array([size for size, _ in stats], dtype=np.int64),
         )
     for name, values in table.labels.items():
         fields[name] = FieldSource(as_dask(values[order], layout.shard_size), FieldInfo("target", table.classes.get(name)))
@@ -174,13 +185,27 @@ def _ingest_table(
     )
     fields[SOURCE_INDEX_FIELD] = FieldSource(as_dask(order, layout.shard_size), FieldInfo("metadata"))
     options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite)
+    settings = (shape, resize, dtype.str, images, layout, str(options.compression), shuffle_on_write, seed, on_error)
     build_store(location, fields, options, shuffled_on_write=shuffle_on_write, seed=seed if shuffle_on_write else None,
-                source=table.description, errors=errors)
+                source=table.description, errors=errors, manifest=_manifest(table, paths, stats, settings),
+                resume=resume)
     return open_dataset(location)
 
 
-def _file_size(path: str) -> int:
+def _manifest(table: SourceTable, paths: list[str], stats: list[tuple[int, int]], settings: tuple) -> dict[str, str]:
+    """What a run writes, from what: the files in their stored order with their sizes and modification
+    times, the labels and names, and every setting. A resumed run must match it exactly."""
+    digest = hashlib.sha256(json.dumps([paths, stats, table.names, repr(settings)]).encode())
+    for name in sorted(table.labels):
+        digest.update(name.encode() + np.ascontiguousarray(table.labels[name]).tobytes())
+        digest.update(json.dumps(table.classes.get(name)).encode())
+    return {"ingest": "images", "fingerprint": digest.hexdigest()}
+
+
+def _file_stat(path: str) -> tuple[int, int]:
+    """``(size, modification time in ns)``; zeros for a file that cannot be read (the decoder reports it)."""
     try:
-        return os.stat(path).st_size
-    except OSError:  # reported by the loader, which skips the file or stops the ingest
-        return 0
+        stat = os.stat(path)
+    except OSError:
+        return 0, 0
+    return stat.st_size, stat.st_mtime_ns

@@ -4,7 +4,7 @@ staging and atomic commit; the checks made on open."""
 from .encoded import EncodedBytes, create_encoded_field, read_files, stored_nbytes, write_encoded_shard
 from .groups import WRITE_CONFIG, create_field, is_url, is_zip, open_group
 from .shard_reader import ShardReader, read_samples
-from .staging import pack_zip, remove_path, staged_store
+from .staging import Staging, pack_zip, remove_path, staged_store
 from .store import Store, open_store
 from .zipstore import RangeZipStore, stored_members
 
@@ -13,6 +13,7 @@ __all__ = [
     "EncodedBytes",
     "RangeZipStore",
     "ShardReader",
+    "Staging",
     "Store",
     "create_encoded_field",
     "create_field",

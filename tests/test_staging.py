@@ -1,0 +1,139 @@
+"""A store is complete or not there: atomic replacement, killed ingests, leftovers cleaned, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import outcore
+from outcore.errors import OutcoreWarning, StoreExistsError
+from outcore.imaging.synthetic import write_image_folder
+
+
+def test_overwrite_never_leaves_the_target_without_a_store(tmp_path):
+    target = tmp_path / "s.zarr"
+    outcore.from_arrays({"x": np.zeros(100)}, target, progress=False)
+    missing, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            if not (target / "zarr.json").exists():
+                missing.append(time.perf_counter())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for value in range(1, 16):
+            outcore.from_arrays({"x": np.full(100, value)}, target, overwrite=True, progress=False)
+    finally:
+        stop.set()
+        watcher.join()
+    assert missing == []
+    assert outcore.open_dataset(target)["x"].compute().tolist() == [15] * 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]  # nothing left beside it
+
+
+def test_a_store_left_between_two_renames_is_put_back(tmp_path):
+    """Where the system cannot swap two folders, a replace is two renames; a run dying between them
+    leaves the old store aside, and the next run restores it before anything else."""
+    outcore.from_arrays({"x": np.arange(10)}, tmp_path / "s.zarr", shuffle_on_write=False, progress=False)
+    os.replace(tmp_path / "s.zarr", tmp_path / ".s.zarr.previous-1234abcd")
+    with pytest.warns(OutcoreWarning, match="put back"), pytest.raises(StoreExistsError):
+        outcore.from_arrays({"x": np.arange(10)}, tmp_path / "s.zarr", progress=False)
+    assert outcore.open_dataset(tmp_path / "s.zarr")["x"].compute().tolist() == list(range(10))
+
+
+SLOW_INGEST = """
+import sys, time
+import outcore.ingest.build as build
+from outcore.cli import main
+
+write = build._write_shard
+def slowly(*args):  # every shard takes a while, so the test can kill the run between two of them
+    result = write(*args)
+    time.sleep(0.4)
+    return result
+build._write_shard = slowly
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _ingest_command(source, store, *extra):
+    return [str(source), str(store), "--shape", "16x16x3", "--chunk-size", "8", "--no-progress", "--on-error",
+            "skip", *extra]
+
+
+def _without_times(ds):
+    """The attributes but the creation time and the report's name (which follows the store's)."""
+    attrs = ds.attrs.to_dict()
+    attrs["provenance"].pop("created")
+    attrs["skipped"].pop("report")
+    return attrs
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("killed") / "src"
+    write_image_folder(root, 150, classes=("a", "b", "c"), size=(20, 20), seed=3)
+    (root / "b" / "broken.jpg").write_bytes(b"not a picture")  # skipped, and reported the same after a resume
+    return root
+
+
+def test_a_killed_ingest_leaves_no_store_and_resume_gives_the_uninterrupted_store(source, tmp_path):
+    store = tmp_path / "t.zarr"
+    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *_ingest_command(source, store)])
+    done = []
+    deadline = time.monotonic() + 120
+    while len(done) < 2 and time.monotonic() < deadline:
+        done = list(tmp_path.glob(".t.zarr.partial-*.run/done/shard-*.json"))
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert 2 <= len(done) and not store.exists()
+    run = next(tmp_path.glob(".t.zarr.partial-*.run"))
+    assert len(list((run / "done").glob("shard-*.json"))) < 8  # killed part-way: shards were left to do
+
+    from outcore.cli import main
+
+    assert main(["ingest", *_ingest_command(source, store, "--resume")]) == 0
+    resumed = outcore.open_dataset(store)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.zarr", "t.zarr.skipped.txt"]  # leftovers gone
+    assert main(["ingest", *_ingest_command(source, tmp_path / "u.zarr")]) == 0
+    uninterrupted = outcore.open_dataset(tmp_path / "u.zarr")
+    assert _without_times(resumed) == _without_times(uninterrupted) and resumed.attrs.skipped["count"] == 1
+    for name in resumed.fields:
+        np.testing.assert_array_equal(resumed[name].compute(), uninterrupted[name].compute(), err_msg=name)
+
+
+def test_the_next_run_removes_what_a_killed_one_left_and_says_so(source, tmp_path):
+    store = tmp_path / "t.zarr"
+    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *_ingest_command(source, store)])
+    while not list(tmp_path.glob(".t.zarr.partial-*.run/done/shard-*.json")):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    with pytest.warns(OutcoreWarning, match=r"removed what an interrupted ingest .* left behind.*--resume"):
+        outcore.ingest_images(source, store, shape=(16, 16, 3), chunk_size=8, on_error="skip", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.zarr", "t.zarr.skipped.txt"]
+
+
+def test_resume_with_other_files_or_settings_starts_again(source, tmp_path):
+    store = tmp_path / "t.zarr"
+    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *_ingest_command(source, store)])
+    while not list(tmp_path.glob(".t.zarr.partial-*.run/done/shard-*.json")):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    manifest = json.loads(next(tmp_path.glob(".t.zarr.partial-*.run/manifest.json")).read_text())
+    with pytest.warns(OutcoreWarning, match="removed what an interrupted ingest"):
+        ds = outcore.ingest_images(source, store, shape=(16, 16, 3), chunk_size=8, on_error="skip", seed=1,
+                                   resume=True, progress=False)  # another seed: another store, nothing to resume
+    assert manifest["fingerprint"] and ds.attrs.seed == 1 and len(ds) == 450
