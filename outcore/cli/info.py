@@ -64,6 +64,9 @@ def describe(ds: Dataset) -> str:
     for name in ds.fields:
         if ds.classes_of(name):
             lines.append(f"\nclasses of {name!r} ({len(ds.classes_of(name))}): {', '.join(ds.classes_of(name))}")
+    if ds.unpublished():
+        lines.append(f"\n{ds.unpublished():,} sample(s) written beyond the published count (a Writer still "
+                     "appending, or one that stopped before publishing them): readers ignore them")
     if ds.attrs.skipped:
         skipped = ds.attrs.skipped
         lines.append(f"\nskipped {skipped['count']} source file(s) (full list: {skipped.get('report')}):")

@@ -14,7 +14,16 @@ import zarr
 
 from ..errors import SourceError, StoreExistsError
 from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs
-from ..storage import WRITE_CONFIG, create_field, is_url, is_zip, open_group, remove_path
+from ..storage import (
+    WRITE_CONFIG,
+    create_field,
+    is_url,
+    is_zip,
+    make_durable,
+    open_group,
+    remove_path,
+    shard_path,
+)
 from ..storage.safety import check_safe, read_attrs
 from .build import provenance
 
@@ -24,9 +33,9 @@ FieldSpec = tuple[Any, Sequence[int]]  # (dtype, shape of one sample)
 class Writer:
     """Append batches of samples (dicts of arrays) to a store, e.g. model predictions batch by batch.
 
-    Batches may have any size. Samples are buffered and written a whole shard file at a time, and the
-    store's sample count is updated after each write, so the store is readable (and consistent) while
-    it grows and after a crash. ``specs`` maps field names to ``(dtype, sample_shape)``; when omitted,
+    Batches may have any size. Samples are buffered and written a whole shard file at a time (each file
+    replaced in one step), and the store's sample count is published only once the shards holding those
+    samples are on disk (fsync), so readers see a consistent prefix while it grows, and after a crash. ``specs`` maps field names to ``(dtype, sample_shape)``; when omitted,
     the first batch defines them. ``append=True`` reopens an existing store and adds to it.
 
     >>> with outcore.Writer("preds.zarr", specs={"emb": ("float32", (512,))}) as w:  # doctest: +SKIP
@@ -172,10 +181,12 @@ class Writer:
                 if array.shape[0] < stop:
                     array.resize((stop, *array.shape[1:]))
                 array[start:stop] = values[:count]
+                shards = range(start // self._shard_size, (stop - 1) // self._shard_size + 1)
+                make_durable([self.location / shard_path(array, shard) for shard in shards])
         rest = {name: values[count:] for name, values in merged.items()}
         self._pending = [rest] if self._pending_count > count else []
         self._pending_count -= count
-        self._save_attrs(dataclasses.replace(self._attrs, num_samples=stop))
+        self._save_attrs(dataclasses.replace(self._attrs, num_samples=stop))  # published once the shards are on disk
 
     def _save_attrs(self, attrs: StoreAttrs) -> None:
         self._group.attrs[ATTRS_KEY] = attrs.to_dict()

@@ -2,7 +2,7 @@
 staging and atomic commit; the checks made on open."""
 
 from .encoded import EncodedBytes, create_encoded_field, read_files, stored_nbytes, write_encoded_shard
-from .groups import WRITE_CONFIG, create_field, is_url, is_zip, open_group
+from .groups import WRITE_CONFIG, create_field, is_url, is_zip, make_durable, open_group, shard_path
 from .shard_reader import ShardReader, read_samples
 from .staging import Staging, pack_zip, remove_path, staged_store
 from .store import Store, open_store
@@ -19,12 +19,14 @@ __all__ = [
     "create_field",
     "is_url",
     "is_zip",
+    "make_durable",
     "open_group",
     "open_store",
     "pack_zip",
     "read_files",
     "read_samples",
     "remove_path",
+    "shard_path",
     "staged_store",
     "stored_members",
     "stored_nbytes",

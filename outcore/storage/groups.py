@@ -64,3 +64,20 @@ def create_field(
         fill_value=0,
         dimension_names=("sample", *[f"{name}_dim_{i}" for i in range(1, len(sample_shape) + 1)]),
     )
+
+
+def shard_path(array: zarr.Array, shard: int) -> str:
+    """The key of shard file ``shard`` of a field array, relative to the store (``images/c/3/0/0/0``)."""
+    return "/".join([array.path, "c", str(shard)] + ["0"] * (array.ndim - 1))
+
+
+def make_durable(paths: list[Path]) -> None:
+    """fsync files and the folders that name them, so that they survive a crash of the machine."""
+    for path in paths:
+        for target in (path, path.parent):
+            descriptor = os.open(target, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+

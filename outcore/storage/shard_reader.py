@@ -34,6 +34,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from ..errors import CorruptChunkError
+from .groups import shard_path
 from .zipstore import RangeZipStore
 
 _EMPTY = 2**64 - 1  # index entry of a chunk that was never written
@@ -82,8 +83,16 @@ class ShardReader:
                 return values
             out[: len(values)] = values
             return out[: len(values)]
+        out = self.empty() if out is None else out
         try:
-            return self._read_direct(chunk, self.empty() if out is None else out)[: stop - start]
+            return self._read_direct(chunk, out)[: stop - start]
+        except _Unreadable:
+            # A store that a Writer appends to replaces its last shard file as it grows: an index read
+            # before that no longer fits the file. Read the index again before calling anything corrupt.
+            with self._lock:
+                self._indexes.pop(chunk // self._layout.chunks_per_shard, None)
+        try:
+            return self._read_direct(chunk, out)[: stop - start]
         except _Unreadable as error:
             raise self._corrupt(chunk, str(error)) from None
 
@@ -99,14 +108,14 @@ class ShardReader:
         self._layout.read_into(shard, int(offset), payload)
         data = payload[:-_CHECKSUM_BYTES]
         if crc32c.crc32c(data).to_bytes(4, "little") != payload[-_CHECKSUM_BYTES:]:
-            raise self._corrupt(chunk, "stored and computed crc32c checksums differ")
+            raise _Unreadable("stored and computed crc32c checksums differ")
         try:
             if self._layout.blosc:
                 blosc.decompress(data, out)
             else:
                 out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
         except (RuntimeError, ValueError) as error:
-            raise self._corrupt(chunk, f"cannot decompress ({error})") from None
+            raise _Unreadable(f"cannot decompress ({error})") from None
         return out
 
     def _index(self, shard: int) -> np.ndarray:
@@ -158,13 +167,12 @@ class _DirectLayout:
     """Where a field's shard files are and how their chunks are encoded (outcore's layout only)."""
 
     def __init__(self, array: zarr.Array, files: Any, blosc_codec: bool) -> None:
-        self.files, self.blosc = files, blosc_codec
-        self.prefix, self.ndim = array.path, array.ndim
+        self.array, self.files, self.blosc = array, files, blosc_codec
         self.chunks_per_shard = array.shards[0] // array.chunks[0]
         self.index_bytes = 16 * self.chunks_per_shard + _CHECKSUM_BYTES
 
     def key(self, shard: int) -> str:
-        return "/".join([self.prefix, "c", str(shard)] + ["0"] * (self.ndim - 1))
+        return shard_path(self.array, shard)
 
     def size(self, shard: int) -> int:
         """The shard file's size in bytes; `_Unreadable` when it is missing or not a file."""
@@ -272,9 +280,8 @@ def read_samples(array: zarr.Array, selection: tuple[slice, ...], field_name: st
         start = selection[0].start or 0
         chunk_size, shard_size = array.chunks[0], (array.shards or array.chunks)[0]
         chunk = start // chunk_size
-        key = "/".join(["c", str(start // shard_size)] + ["0"] * (array.ndim - 1))
         raise CorruptChunkError(
             f"{where}: field {field_name!r}, chunk {chunk} (samples {chunk * chunk_size}.."
-            f"{min(array.shape[0], (chunk + 1) * chunk_size) - 1}, in file {field_name}/{key}) is corrupt: "
-            f"{error}. Restore that file from a copy or re-create the store from its source."
+            f"{min(array.shape[0], (chunk + 1) * chunk_size) - 1}, in file {shard_path(array, start // shard_size)}) "
+            f"is corrupt: {error}. Restore that file from a copy or re-create the store from its source."
         ) from error

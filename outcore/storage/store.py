@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import Self
 
 import zarr
@@ -12,7 +11,7 @@ from zarr.core.sync import sync
 
 from ..errors import NotAStoreError
 from ..format import RANGES_SUFFIX, FieldInfo, StoreAttrs, ranges_name
-from .groups import is_url, open_group
+from .groups import is_url, open_group, shard_path
 from .safety import check_safe, read_attrs
 from .shard_reader import ShardReader
 
@@ -101,6 +100,12 @@ class Store:
         self.info(field)
         return self.group[field]
 
+    def unpublished(self) -> int:
+        """Samples the arrays hold beyond the store's count: a Writer's appends not yet published (it is
+        writing, or stopped before publishing them). Readers never see them."""
+        lengths = [self.group[name].shape[0] for name, info in self.attrs.fields.items() if not info.is_image]
+        return max(lengths, default=len(self)) - len(self)
+
     def missing_shards(self) -> list[str]:
         """The shard files the attributes promise that are not in the store (keys, as ``labels/c/3``)."""
         missing = []
@@ -109,7 +114,7 @@ class Store:
             encoded_bytes = name in self.attrs.fields and self.attrs.fields[name].is_image  # a region per chunk
             needed = self.num_chunks * array.chunks[0] if encoded_bytes else len(self)
             for shard in range(-(-needed // (array.shards or array.chunks)[0])):
-                key = "/".join([array.path, "c", str(shard)] + ["0"] * (array.ndim - 1))
+                key = shard_path(array, shard)
                 if not sync(self.group.store.exists(key)):
                     missing.append(key)
         return missing
@@ -140,12 +145,6 @@ class Store:
                 self.location,
                 f"field {name!r} has shape {array.shape} and chunks {array.chunks}; expected "
                 f"{len(self)} samples in chunks of {self.chunk_size}",
-            )
-        if array.shape[0] > len(self):
-            warnings.warn(
-                f"{self.location}: field {name!r} holds {array.shape[0]} samples but the store records "
-                f"{len(self)}; a write was interrupted and its last samples are ignored",
-                stacklevel=4,
             )
 
 

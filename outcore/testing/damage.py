@@ -10,7 +10,7 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from ..storage import open_group, stored_members
+from ..storage import open_group, shard_path, stored_members
 
 _INDEX_ENTRY = 16  # (offset, nbytes) as two little-endian uint64 per chunk
 _CHECKSUM = 4
@@ -23,7 +23,7 @@ def chunk_location(location: str | os.PathLike, field: str, chunk: int) -> tuple
     array = open_group(location, mode="r")[field]
     chunks_per_shard = array.shards[0] // array.chunks[0]
     shard, inner = divmod(chunk, chunks_per_shard)
-    key = "/".join([field, "c", str(shard)] + ["0"] * (array.ndim - 1))
+    key = shard_path(array, shard)
     if location.endswith(".zip"):
         path, (base, size) = Path(location), stored_members(location)[key]
     else:
@@ -54,8 +54,7 @@ def corrupt_chunk(location: str | os.PathLike, field: str, chunk: int, *, at: in
 
 def shard_key(location: str | os.PathLike, field: str, shard: int) -> str:
     """The key of shard file ``shard`` of array ``field`` (``images/c/3/0/0/0``)."""
-    array = open_group(str(location).removeprefix("file://"), mode="r")[field]
-    return "/".join([field, "c", str(shard)] + ["0"] * (array.ndim - 1))
+    return shard_path(open_group(str(location).removeprefix("file://"), mode="r")[field], shard)
 
 
 def delete_shard(location: str | os.PathLike, field: str, shard: int) -> str:
