@@ -139,7 +139,7 @@ def test_truncated_store_field_is_reported(store):
     path, _ = store
     group = zarr.open_group(path, mode="r+")
     group["labels"].resize((100,))
-    with pytest.raises(NotAStoreError, match="field 'labels' has shape"):
+    with pytest.raises(NotAStoreError, match=r"array 'labels' .* holds fewer than the 300 it must"):
         outcore.open_dataset(path)
 
 
@@ -169,4 +169,77 @@ def test_a_shard_replaced_by_a_folder_is_named(tmp_path):
     shard.mkdir()
     with pytest.raises(CorruptChunkError, match=r"field 'score', chunk 2 .*a folder stands where the file should be"):
         ds["score"].compute()
+
+
+def _edit_attrs(path, change):
+    meta_path = path / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    change(meta["attributes"]["outcore"])
+    meta_path.write_text(json.dumps(meta))
+
+
+def _set(key, value):
+    return lambda attrs: attrs.__setitem__(key, value)
+
+
+def _set_field(field, key, value):
+    return lambda attrs: attrs["fields"][field].__setitem__(key, value)
+
+
+HOSTILE_ATTRS = [
+    (_set("format_version", 0), "format_version 0 is not one outcore ever wrote"),
+    (_set("format_version", "1"), "format_version '1' is not an integer"),
+    (_set("num_samples", -5), "num_samples -5 is not an integer in 0.."),
+    (_set("num_samples", 1999.7), "num_samples 1999.7 is not an integer"),
+    (_set("num_samples", True), "num_samples True is not an integer"),
+    (_set("chunk_size", 0), "chunk_size 0 is not an integer in 1.."),
+    (_set("fields", {}), "fields {} are not a non-empty object"),
+    (_set("fields", ["images"]), "are not a non-empty object of field names"),
+    (_set("seed", "zero"), "seed 'zero' is not an integer"),
+    (_set("shuffled_on_write", "yes"), "shuffled_on_write 'yes' is not true or false"),
+    (_set_field("labels", "role", "boss"), "role 'boss' is not one of"),
+    (_set_field("labels", "classes", "abc"), "classes 'abc' are not a list of names"),
+    (_set_field("images", "encoding", "base64"), "encoding 'base64' is not one of"),
+    (_set("num_samples", 2_000_000_000), "array 'images' .* holds fewer than the 2,000,000,000"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), HOSTILE_ATTRS, ids=[m.split()[0] + str(i) for i, (_, m) in
+                                                                      enumerate(HOSTILE_ATTRS)])
+def test_hostile_attributes_are_refused_naming_what_is_wrong(store, change, message):
+    path, _ = store
+    _edit_attrs(path, change)
+    with pytest.raises(NotAStoreError, match=message):
+        outcore.open_dataset(path)
+
+
+def test_arrays_that_disagree_with_the_attributes_are_refused(store):
+    path, _ = store
+    group = zarr.open_group(path, mode="r+")
+    group["labels"].resize((2_000_000_000,))  # consistent sizes, claiming far more than the store holds
+    _edit_attrs(path, _set("num_samples", 2_000_000_000))
+    group["images"].resize((2_000_000_000, 8, 8, 3))
+    with pytest.raises(NotAStoreError, match=r"the shard file images/c/\d+/0/0/0 holding its last sample is missing"):
+        outcore.open_dataset(path)
+
+
+def test_labels_retyped_to_floats_are_refused(tmp_path):
+    ds = outcore.from_arrays({"labels": np.arange(10)}, tmp_path / "f.zarr", classes={"labels": list("abcdefghij")},
+                             progress=False)
+    group = zarr.open_group(tmp_path / "f.zarr", mode="r+")
+    values = group["labels"][:]
+    del group["labels"]
+    group.create_array("labels", data=values.astype("float64"), chunks=(ds.chunk_size,))
+    with pytest.raises(NotAStoreError, match="has class names but holds float64"):
+        outcore.open_dataset(tmp_path / "f.zarr")
+
+
+def test_an_unsafe_codec_on_an_encoded_fields_ranges_is_refused(image_folder, tmp_path):
+    outcore.ingest_images(image_folder, tmp_path / "e.zarr", shape=(16, 16, 3), images="encoded", progress=False)
+    meta_path = tmp_path / "e.zarr" / "images_ranges" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    meta["data_type"] = "string"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(UnsafeStoreError, match="array 'images_ranges' uses an object or pickle codec"):
+        outcore.open_dataset(tmp_path / "e.zarr")
 

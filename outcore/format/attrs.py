@@ -19,6 +19,7 @@ from .text import TEXT_ENCODING
 
 FORMAT_VERSION = 1
 ATTRS_KEY = "outcore"
+MAX_SAMPLES = 2**48  # far beyond any data set, and small enough that counts and offsets stay exact
 ROLES = ("input", "target", "metadata", "other")
 IMAGE_ENCODING = "image"
 
@@ -77,14 +78,26 @@ class FieldInfo:
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any]) -> FieldInfo:
+        """Read and check one field's document; a ``ValueError`` names what is wrong."""
+        _expect(isinstance(document, Mapping), f"a field's description is {type(document).__name__}, not an object")
+        classes = document.get("classes")
+        if classes is not None:
+            _expect(isinstance(classes, list) and all(isinstance(c, str) for c in classes),
+                    f"classes {classes!r} are not a list of names")
         decode = document.get("decode")
-        return cls(
-            document.get("role", "other"),
-            _tuple_or_none(document.get("classes")),
-            document.get("encoding"),
-            ImageDecode(tuple(int(s) for s in decode["shape"]), str(decode["dtype"]), decode.get("resize"))
-            if decode is not None else None,
-        )
+        return cls(_choice(document.get("role", "other"), ROLES, "role"),
+                   None if classes is None else tuple(classes),
+                   _choice(document.get("encoding"), (None, TEXT_ENCODING, IMAGE_ENCODING), "encoding"),
+                   None if decode is None else _image_decode(decode))
+
+
+def _image_decode(document: Any) -> ImageDecode:
+    _expect(isinstance(document, Mapping), "an image field's decode settings are not an object")
+    shape = document.get("shape")
+    _expect(isinstance(shape, list) and len(shape) in (2, 3) and all(_is_int(s) and 0 < s <= 2**16 for s in shape)
+            and (len(shape) == 2 or shape[2] in (1, 3, 4)), f"decode shape {shape!r} is not (H, W) or (H, W, C)")
+    return ImageDecode(tuple(shape), _choice(document.get("dtype"), ("uint8", "uint16"), "decode dtype"),
+                       _choice(document.get("resize"), ("fit", "crop", "pad", None), "resize"))
 
 
 @dataclass(frozen=True)
@@ -107,29 +120,58 @@ class StoreAttrs:
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any], where: str) -> StoreAttrs:
+        """Read and check the document: every key of the right type and range, or `NotAStoreError`
+        naming what is wrong (a store of a newer format asks for a newer outcore)."""
         try:
-            version = int(document["format_version"])
+            _expect(isinstance(document, Mapping), f"they are {type(document).__name__}, not an object")
+            version = document.get("format_version")
+            _expect(_is_int(version), f"format_version {version!r} is not an integer")
             if version > FORMAT_VERSION:
                 raise NotAStoreError(
                     f"{where} uses outcore store format {version}; this outcore reads up to "
                     f"{FORMAT_VERSION}. Upgrade outcore to open it."
                 )
-            fields = {name: FieldInfo.from_dict(info) for name, info in document["fields"].items()}
+            _expect(version >= 1, f"format_version {version} is not one outcore ever wrote")
+            fields = document.get("fields")
+            _expect(isinstance(fields, Mapping) and len(fields) > 0 and all(isinstance(n, str) for n in fields),
+                    f"fields {fields!r} are not a non-empty object of field names")
+            seed, skipped = document.get("seed"), document.get("skipped")
+            _expect(seed is None or _is_int(seed), f"seed {seed!r} is not an integer")
+            _expect(skipped is None or isinstance(skipped, Mapping), "skipped is not an object")
+            shuffled = document.get("shuffled_on_write", False)
+            _expect(isinstance(shuffled, bool), f"shuffled_on_write {shuffled!r} is not true or false")
+            provenance = document.get("provenance", {})
+            _expect(isinstance(provenance, Mapping), "provenance is not an object")
             return cls(
-                num_samples=int(document["num_samples"]),
-                chunk_size=int(document["chunk_size"]),
-                fields=fields,
-                shuffled_on_write=bool(document.get("shuffled_on_write", False)),
-                seed=document.get("seed"),
-                provenance=dict(document.get("provenance", {})),
-                skipped=document.get("skipped"),
+                num_samples=_bounded(document.get("num_samples"), "num_samples", 0, MAX_SAMPLES),
+                chunk_size=_bounded(document.get("chunk_size"), "chunk_size", 1, 2**31 - 1),
+                fields={name: FieldInfo.from_dict(info) for name, info in fields.items()},
+                shuffled_on_write=shuffled,
+                seed=seed,
+                provenance=dict(provenance),
+                skipped=None if skipped is None else dict(skipped),
                 format_version=version,
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
+        except ValueError as error:
             if isinstance(error, NotAStoreError):
                 raise
-            raise NotAStoreError(f"{where} has malformed outcore attributes ({error!r})") from None
+            raise NotAStoreError(f"{where} has malformed outcore attributes: {error}") from None
 
 
-def _tuple_or_none(values: Any) -> tuple[str, ...] | None:
-    return None if values is None else tuple(str(v) for v in values)
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bounded(value: Any, name: str, low: int, high: int) -> int:
+    _expect(_is_int(value) and low <= value <= high, f"{name} {value!r} is not an integer in {low}..{high}")
+    return value
+
+
+def _choice(value: Any, allowed: tuple[Any, ...], name: str) -> Any:
+    _expect(value in allowed and (value is None or isinstance(value, str)), f"{name} {value!r} is not one of {allowed}")
+    return value
+
+
+def _expect(condition: bool, reason: str) -> None:
+    if not condition:
+        raise ValueError(reason)

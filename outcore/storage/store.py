@@ -6,6 +6,7 @@ import math
 import os
 from typing import Self
 
+import numpy as np
 import zarr
 from zarr.core.sync import sync
 
@@ -14,6 +15,11 @@ from ..format import RANGES_SUFFIX, FieldInfo, StoreAttrs, ranges_name
 from .groups import is_url, open_group, shard_path
 from .safety import check_safe, read_attrs
 from .shard_reader import ShardReader
+
+# Bounds on what a reader allocates for one chunk and one shard index. outcore writes chunks of about 8 MiB
+# and at most 1,024 chunks per shard: a store past these bounds was not written by it.
+MAX_CHUNK_BYTES = 2**30
+MAX_CHUNKS_PER_SHARD = 2**20
 
 
 def open_store(location: str | os.PathLike) -> Store:
@@ -130,22 +136,58 @@ class Store:
         return field in self.attrs.fields
 
     def _check_field(self, name: str) -> None:
-        if name not in self.group:
-            raise _malformed(self.location, f"field {name!r} is listed in the attributes but has no array")
-        if self.attrs.fields[name].is_image:
-            if ranges_name(name) not in self.group:
-                raise _malformed(self.location, f"encoded field {name!r} has no {ranges_name(name)!r} array")
-            data = self.group[name]
-            if data.shape[0] < self.num_chunks * data.chunks[0]:
-                raise _malformed(self.location, f"encoded field {name!r} holds too few bytes for {len(self)} samples")
-            name = ranges_name(name)
+        """The field's arrays agree with the attributes, and every size a reader allocates is bounded."""
+        info = self.attrs.fields[name]
+        if name not in self.group or (info.is_image and ranges_name(name) not in self.group):
+            missing = name if name not in self.group else ranges_name(name)
+            raise _malformed(self.location, f"field {name!r} is listed in the attributes but array {missing!r} is "
+                                            "not in the store")
+        if info.is_image:
+            data = self._array_of(name, dtype_kinds="u", ndim=1, length=self.num_chunks * self.group[name].chunks[0],
+                                  chunk_samples=None)
+            _require(self.location, data.dtype == np.uint8, f"encoded field {name!r} stores {data.dtype}, not bytes")
+            ranges = self._array_of(ranges_name(name), dtype_kinds="i", ndim=2, length=len(self),
+                                    chunk_samples=self.chunk_size)
+            _require(self.location, ranges.shape[1] == 2, f"{ranges_name(name)!r} is not (samples, 2)")
+            return
+        array = self._array_of(name, dtype_kinds="biuf", ndim=None, length=len(self), chunk_samples=self.chunk_size)
+        if info.is_text:
+            _require(self.location, array.dtype == np.uint8 and array.ndim == 2,
+                     f"text field {name!r} is {array.dtype} of {array.ndim} dimensions, not UTF-8 bytes (N, width)")
+        if info.classes is not None:
+            _require(self.location, array.dtype.kind in "iu",
+                     f"field {name!r} has class names but holds {array.dtype}, not class indices")
+
+    def _array_of(self, name: str, *, dtype_kinds: str, ndim: int | None, length: int,
+                  chunk_samples: int | None) -> zarr.Array:
+        """Array ``name``, checked: its data type; chunks of ``chunk_samples`` along the first axis only
+        (an encoded field's bytes: regions of any size), at most `MAX_CHUNK_BYTES` each; at least
+        ``length`` entries, and a shard file for the last (a store cannot claim more than it holds)."""
         array = self.group[name]
-        if array.shape[0] < len(self) or array.chunks[0] != self.chunk_size:
-            raise _malformed(
-                self.location,
-                f"field {name!r} has shape {array.shape} and chunks {array.chunks}; expected "
-                f"{len(self)} samples in chunks of {self.chunk_size}",
-            )
+        where = f"array {name!r} ({array.dtype}, shape {array.shape}, chunks {array.chunks})"
+        _require(self.location, array.dtype.kind in dtype_kinds, f"{where} has a data type outcore never writes")
+        _require(self.location, ndim is None or array.ndim == ndim, f"{where} has {array.ndim} dimensions")
+        shards = array.shards or array.chunks
+        _require(self.location, array.chunks[1:] == array.shape[1:] and shards[1:] == array.shape[1:],
+                 f"{where} is not chunked along its first axis only")
+        _require(self.location, chunk_samples is None or array.chunks[0] == chunk_samples,
+                 f"{where}: chunks of {array.chunks[0]} samples, the attributes say {chunk_samples}")
+        chunk_bytes = math.prod(array.chunks) * array.dtype.itemsize
+        _require(self.location, chunk_bytes <= MAX_CHUNK_BYTES and shards[0] % array.chunks[0] == 0
+                 and shards[0] // array.chunks[0] <= MAX_CHUNKS_PER_SHARD,
+                 f"{where}: chunks of {chunk_bytes:,} bytes in shards of {shards[0] // array.chunks[0]:,}")
+        _require(self.location, array.shape[0] >= length, f"{where} holds fewer than the {length:,} it must")
+        if length:
+            last = shard_path(array, (length - 1) // shards[0])
+            _require(self.location, sync(self.group.store.exists(last)),
+                     f"{where}: the shard file {last} holding its last sample is missing; the store claims more "
+                     "samples than it holds")
+        return array
+
+
+def _require(where: str, condition: bool, detail: str) -> None:
+    if not condition:
+        raise _malformed(where, detail)
 
 
 def _malformed(where: str, detail: str) -> NotAStoreError:
