@@ -20,6 +20,7 @@ from .errors import (
     OutcoreWarning,
     SampleDecodeError,
     SourceError,
+    StorageError,
     StoreExistsError,
     UnsafeStoreError,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "SampleDecodeError",
     "ShuffleQuality",
     "SourceError",
+    "StorageError",
     "StoreExistsError",
     "UnsafeStoreError",
     "VerifyReport",

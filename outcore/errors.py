@@ -15,6 +15,11 @@ class StoreExistsError(OutcoreError, FileExistsError):
     """The target store exists and ``overwrite`` was not given."""
 
 
+class StorageError(OutcoreError, OSError):
+    """Writing or reading a store's files failed at the system's level: no space left, no permission,
+    a file where a folder should be. The message names the path and what to do."""
+
+
 class NotAStoreError(OutcoreError, ValueError):
     """The path is missing, not a Zarr group, or not written by outcore."""
 

@@ -109,6 +109,14 @@ def test_a_stray_cell_in_a_numeric_label_column_is_named_not_renumbered(image_fo
                  "--no-progress"]) == 2
 
 
+@pytest.mark.parametrize(("text", "error"), [('path,label\n"a.jpg,1\nb.jpg,2,3,4\n', "ParserError"),
+                                             ("", "EmptyDataError")])
+def test_a_malformed_csv_is_one_clear_error(tmp_path, text, error):
+    (tmp_path / "bad.csv").write_text(text)
+    with pytest.raises(SourceError, match=f"cannot be read as a table \\({error}"):
+        outcore.ingest_dataframe(tmp_path / "bad.csv", tmp_path / "c.zarr", shape=(8, 8, 3))
+
+
 def test_label_dtype_says_what_a_column_holds_and_number_classes_sort_as_numbers(image_folder, tmp_path):
     csv = _csv_of(image_folder, ["1", "2", "10", "x", "2", "10"])
     ds = outcore.ingest_dataframe(csv, tmp_path / "t.zarr", label_columns=["label"], label_dtype="class",

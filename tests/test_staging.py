@@ -137,3 +137,41 @@ def test_resume_with_other_files_or_settings_starts_again(source, tmp_path):
         ds = outcore.ingest_images(source, store, shape=(16, 16, 3), chunk_size=8, on_error="skip", seed=1,
                                    resume=True, progress=False)  # another seed: another store, nothing to resume
     assert manifest["fingerprint"] and ds.attrs.seed == 1 and len(ds) == 450
+
+
+LIMITED = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))
+from outcore.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_write_the_system_refuses_is_one_line_and_leaves_nothing(source, tmp_path):
+    store = tmp_path / "t.zarr"
+    result = subprocess.run([sys.executable, "-c", LIMITED, "ingest", *_ingest_command(source, store)],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "outcore ingest: error: [Errno 27] writing the store" in line
+    assert f"Nothing was left at {store}" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_ends_quietly_and_keeps_the_shards_for_resume(source, tmp_path):
+    store = tmp_path / "t.zarr"
+    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *_ingest_command(source, store)],
+                               stderr=subprocess.PIPE, text=True)
+    while not list(tmp_path.glob(".t.zarr.partial-*.run/done/shard-*.json")):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert err.strip().splitlines()[-1] == ("outcore ingest: interrupted (the shards written so far are kept: the "
+                                            "same command with --resume continues)")
+    assert "Traceback" not in err and not store.exists()
+    from outcore.cli import main
+
+    assert main(["ingest", *_ingest_command(source, store, "--resume")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.zarr", "t.zarr.skipped.txt"]

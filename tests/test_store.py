@@ -243,3 +243,21 @@ def test_an_unsafe_codec_on_an_encoded_fields_ranges_is_refused(image_folder, tm
     with pytest.raises(UnsafeStoreError, match="array 'images_ranges' uses an object or pickle codec"):
         outcore.open_dataset(tmp_path / "e.zarr")
 
+
+
+def test_damaged_metadata_and_zip_files_are_one_clear_error(store, tmp_path):
+    path, _ = store
+    (path / "labels" / "zarr.json").write_text("{not json")
+    with pytest.raises(NotAStoreError, match="its metadata cannot be read .*JSONDecodeError.*restore it"):
+        outcore.open_dataset(path)
+    outcore.from_arrays({"x": np.arange(100)}, tmp_path / "z.zarr.zip", progress=False)
+    with open(tmp_path / "z.zarr.zip", "r+b") as file:
+        file.truncate(100)
+    with pytest.raises(NotAStoreError, match="is not a readable zip file .*truncated or damaged"):
+        outcore.open_dataset(tmp_path / "z.zarr.zip")
+
+
+def test_a_store_location_below_a_file_is_one_clear_error(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(outcore.StorageError, match="a file stands where a folder of the location should be"):
+        outcore.from_arrays({"x": np.arange(10)}, tmp_path / "afile" / "s.zarr", progress=False)

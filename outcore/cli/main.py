@@ -30,6 +30,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OutcoreError as error:
         print(f"outcore {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        kept = " (the shards written so far are kept: the same command with --resume continues)" \
+            if args.command == "ingest" else ""
+        print(f"outcore {args.command}: interrupted{kept}", file=sys.stderr)
+        return 130
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dask
@@ -49,8 +50,12 @@ def run_tasks(
         if client is not None:
             return _run_on_cluster(tasks, weights, client, bar)
         weight_of = {task.key: weight for task, weight in zip(tasks, weights, strict=True)}
-        with _ProgressCallback(weight_of, bar):
-            return list(dask.compute(*tasks, scheduler="threads", num_workers=os.cpu_count()))
+        pool = ThreadPoolExecutor(os.cpu_count(), thread_name_prefix="outcore-ingest")
+        try:
+            with _ProgressCallback(weight_of, bar):
+                return list(dask.compute(*tasks, scheduler="threads", pool=pool))
+        finally:  # after a failure, the tasks still running finish before anything cleans up after them
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _run_on_cluster(tasks: Sequence[Delayed], weights: Sequence[int], client: Any, bar: tqdm) -> list[Any]:

@@ -110,7 +110,11 @@ def table_from_dataframe(
         if not csv.is_file():
             raise SourceError(f"CSV file {str(csv)!r} does not exist")
         where, base = f"CSV {str(csv)!r}", Path(root) if root is not None else csv.parent
-        frame = pd.read_csv(csv)
+        try:
+            frame = pd.read_csv(csv)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+            raise SourceError(f"{where} cannot be read as a table ({type(error).__name__}: {error}); "
+                              "fix the file: a header line, then one line per image") from None
     if isinstance(label_columns, str):
         label_columns = [label_columns]
     absent = [c for c in [path_column, *label_columns] if c not in frame.columns]

@@ -4,6 +4,7 @@ and field arrays sharded along the sample axis."""
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,11 @@ def open_group(location: str | os.PathLike, mode: str = "r") -> zarr.Group:
     if is_zip(text) and not is_url(text):
         if mode != "r":
             raise ValueError(f"{text!r}: zip stores are read-only; write a directory store and pack it")
-        store = RangeZipStore(text)
+        try:
+            store = RangeZipStore(text)
+        except (zipfile.BadZipFile, OSError) as error:
+            raise NotAStoreError(f"{text!r} is not a readable zip file ({error}): it is truncated or damaged; "
+                                 "copy it again, or re-create it") from None
     try:
         return zarr.open_group(store, mode=mode)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError) as error:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import OutcoreWarning, StoreExistsError
+from ..errors import OutcoreWarning, StorageError, StoreExistsError
 from .groups import is_url, is_zip
 
 _RENAME_EXCHANGE = 2
@@ -69,7 +69,10 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
     if is_url(location):
         raise ValueError(f"cannot write to {location!r}: outcore writes stores to local paths only")
     target = Path(location).absolute()
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise storage_error(error, target) from None
     _restore_previous(target)
     if target.exists() and not overwrite:
         raise StoreExistsError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
@@ -91,9 +94,35 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
                 remove_path(staging.scratch(suffix))
         else:  # a failure, or nothing could continue this run: leave nothing behind
             _remove_run(staging.store)
+        if isinstance(error, OSError) and not isinstance(error, StorageError):
+            raise storage_error(error, target) from None
         raise
     finally:
         lock.close()
+
+
+def storage_error(error: OSError, location: Path) -> StorageError:
+    """``error`` as one line naming the store and what to do."""
+    advice = {
+        errno.ENOSPC: f"free some space there (it has {_free_mib(location):,.0f} MiB free), or write the store "
+                      "elsewhere",
+        errno.EDQUOT: "your disk quota is used up there: free some of it, or write the store elsewhere",
+        errno.EACCES: "you may not write there: choose another location, or change its permissions",
+        errno.EROFS: "that file system is read-only: write the store elsewhere",
+        errno.ENOTDIR: "a file stands where a folder of the location should be: choose another location",
+        errno.EEXIST: "a file stands where a folder of the location should be: choose another location",
+    }.get(error.errno, "check the location and the disk")
+    where = f" ({error.filename})" if error.filename else ""
+    return StorageError(error.errno, f"writing the store {location} failed: {error.strerror or error}{where}; "
+                                     f"{advice}. Nothing was left at {location}")
+
+
+def _free_mib(location: Path) -> float:
+    for folder in (location, *location.parents):
+        if folder.exists():
+            stats = os.statvfs(folder)
+            return stats.f_bavail * stats.f_frsize / 2**20
+    return 0.0
 
 
 def _start(target: Path, manifest: dict[str, Any] | None) -> Staging:
@@ -227,7 +256,9 @@ def _size(path: Path) -> int:
 
 
 def remove_path(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
+    """Remove a file or a folder tree; a folder that tasks still running on a cluster write into is
+    removed as far as it goes (the next run removes the rest: their lock is free by then)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
     elif path.exists() or path.is_symlink():
-        path.unlink()
+        path.unlink(missing_ok=True)

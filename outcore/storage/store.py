@@ -10,7 +10,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from ..errors import NotAStoreError
+from ..errors import NotAStoreError, OutcoreError
 from ..format import RANGES_SUFFIX, FieldInfo, StoreAttrs, ranges_name
 from .groups import is_url, open_group, shard_path
 from .safety import check_safe, read_attrs
@@ -42,8 +42,16 @@ class Store:
         with the sample count and chunking they say, and no array may use a pickle or object codec.
         """
         where = str(location) if is_url(location) else os.fspath(location)
-        group = open_group(location, mode="r")
-        return cls(group, read_attrs(group, where), where)
+        try:
+            group = open_group(location, mode="r")
+            return cls(group, read_attrs(group, where), where)
+        except (ValueError, KeyError, TypeError) as error:
+            if isinstance(error, OutcoreError):
+                raise
+            raise NotAStoreError(  # zarr could not parse a zarr.json, say, or a zip's directory
+                f"{where}: its metadata cannot be read ({type(error).__name__}: {error}); the store is damaged: "
+                "restore it from a copy or re-create it from its source"
+            ) from None
 
     def __init__(self, group: zarr.Group, attrs: StoreAttrs, location: str) -> None:
         self.attrs = attrs
