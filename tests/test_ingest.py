@@ -12,6 +12,7 @@ from PIL import Image
 import outcore
 from outcore.cli import describe, main
 from outcore.errors import ImageError, SourceError, StoreExistsError
+from outcore.testing import write_image_folder
 
 
 def _expected_rgb(path: Path) -> np.ndarray:
@@ -220,3 +221,26 @@ def test_ten_thousand_images_make_tens_of_files(tmp_path, rng):
     assert len(ds) == 10_000 and ds.num_chunks == 157
     files = [f for _, _, names in os.walk(tmp_path / "many.zarr") for f in names]
     assert 10 <= len(files) <= 50, files  # 4 fields x 10 shard files + metadata, not 4 x 157 chunk files
+
+
+def test_linked_class_folders_are_followed_and_loops_end(tmp_path):
+    write_image_folder(tmp_path / "elsewhere", 3, classes=("owl",), size=(16, 16))
+    root = tmp_path / "photos"
+    write_image_folder(root, 2, classes=("cat",), size=(16, 16))
+    (root / "owl").symlink_to(tmp_path / "elsewhere" / "owl", target_is_directory=True)
+    (root / "cat" / "again").symlink_to(root, target_is_directory=True)  # a loop
+    with pytest.warns(outcore.OutcoreWarning, match="a folder link that leads back"):
+        ds = outcore.ingest_images(root, tmp_path / "s.zarr", shape=(16, 16, 3), progress=False)
+    assert ds.classes == ["cat", "owl"] and len(ds) == 5
+
+
+def test_an_image_past_the_pixel_limit_is_a_bad_file(tmp_path):
+    root = tmp_path / "photos"
+    write_image_folder(root, 3, classes=("cat",), size=(16, 16))
+    iio.imwrite(root / "cat" / "huge.png", np.zeros((3000, 3000, 3), np.uint8))  # 9 million pixels
+    with pytest.raises(ImageError, match=r"huge.png: 3000x3000 is 9,000,000 pixels, more than the limit of 1,000,000"):
+        outcore.ingest_images(root, tmp_path / "r.zarr", shape=(16, 16, 3), max_pixels=1_000_000, progress=False)
+    ds = outcore.ingest_images(root, tmp_path / "s.zarr", shape=(16, 16, 3), max_pixels=1_000_000, on_error="skip",
+                               progress=False)
+    assert len(ds) == 3 and "more than the limit" in ds.attrs.skipped["examples"][0]
+    assert len(outcore.ingest_images(root, tmp_path / "t.zarr", shape=(16, 16, 3), progress=False)) == 4  # default

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..dataset import open_dataset
 from ..errors import OutcoreError
-from ..imaging import RESIZE_POLICIES
+from ..imaging import MAX_PIXELS, RESIZE_POLICIES
 from ..ingest import ingest_dataframe, ingest_images
 from ..iterate import shuffle_quality
 from .bench import compare
@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--seed", type=int, default=0, help="seed of the shuffle on write (default 0)")
     ingest.add_argument("--on-error", default="raise", choices=["raise", "skip"],
                         help="stop at the first bad image (raise) or skip and report bad images (skip)")
+    ingest.add_argument("--max-pixels", type=int, default=MAX_PIXELS,
+                        help=f"images of more pixels are bad files, as decompression bombs are (default {MAX_PIXELS:,}; "
+                             "0: no limit)")
     ingest.add_argument("--overwrite", action="store_true", help="replace STORE if it exists")
     ingest.add_argument("--resume", action="store_true",
                         help="continue an ingest of the same files and settings that was killed or interrupted")
@@ -128,6 +131,7 @@ def _ingest(args: argparse.Namespace) -> int:
         "shuffle_on_write": not args.no_shuffle,
         "seed": args.seed,
         "on_error": args.on_error,
+        "max_pixels": args.max_pixels or None,
         "overwrite": args.overwrite,
         "resume": args.resume,
         "progress": not args.no_progress,

@@ -4,6 +4,7 @@ generated pictures for demos, tests and benchmarks. Used by ingest and by the re
 from .decode import (
     IMAGE_DTYPES,
     IMAGE_EXTENSIONS,
+    MAX_PIXELS,
     decode_image,
     load_image,
     parse_image_dtype,
@@ -16,6 +17,7 @@ from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize
 __all__ = [
     "IMAGE_DTYPES",
     "IMAGE_EXTENSIONS",
+    "MAX_PIXELS",
     "RESIZE_POLICIES",
     "DecodedChunks",
     "EncodedChunk",

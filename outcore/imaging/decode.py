@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import math
 import struct
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,6 +32,7 @@ from ..errors import ImageError
 from .resize import ResizePolicy, fit
 
 IMAGE_DTYPES = (np.dtype("uint8"), np.dtype("uint16"))
+MAX_PIXELS = 89_478_485  # Pillow's own limit for decompression bombs (about 9459 x 9459)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 _PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
@@ -87,20 +89,22 @@ def read_image_file(path: str) -> bytes:
 
 def decode_image(
     data: bytes, shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, name: str = "image",
-    out: np.ndarray | None = None,
+    out: np.ndarray | None = None, max_pixels: int | None = MAX_PIXELS,
 ) -> np.ndarray:
     """Decode encoded image bytes (JPEG, PNG, WebP, ...) to exactly ``shape`` and ``dtype``, into
     ``out`` (a C-contiguous array of that shape and dtype) when given.
 
     The same function decodes files at ingest and encoded fields at load time, so a pixel store and
-    an encoded store of the same files give identical samples. ``name`` appears in errors.
+    an encoded store of the same files give identical samples. ``name`` appears in errors. An image
+    of more than ``max_pixels`` pixels (a decompression bomb, or a mistake) is an `ImageError` before
+    it is decoded; ``None`` lifts the limit.
 
     >>> decode_image(open("cat.jpg", "rb").read(), (64, 64, 3), "crop", np.dtype("uint8")).shape  # doctest: +SKIP
     (64, 64, 3)
     """
     channels = shape[2] if len(shape) == 3 else 1
     in_place = out if out is not None and dtype == np.uint8 and out.flags.c_contiguous else None
-    pixels = _decode(data, channels, shape[:2], resize, name, in_place)
+    pixels = _decode(data, channels, shape[:2], resize, name, in_place, max_pixels)
     if pixels is in_place:  # libjpeg-turbo wrote the finished sample straight into ``out``
         return out
     pixels = fit(_convert_depth(pixels, dtype), shape[:2], resize, name).reshape(shape)
@@ -111,7 +115,8 @@ def decode_image(
 
 
 def _decode(
-    data: bytes, channels: int, target: tuple[int, int], resize: ResizePolicy, name: str, out: np.ndarray | None
+    data: bytes, channels: int, target: tuple[int, int], resize: ResizePolicy, name: str, out: np.ndarray | None,
+    max_pixels: int | None,
 ) -> np.ndarray:
     """Decode the first frame, upright (EXIF orientation applied), as (h, w, channels).
 
@@ -124,10 +129,14 @@ def _decode(
     straight into ``out`` (and ``out`` returned) when given: one copy fewer.
     """
     try:
-        fast = _decode_plain_jpeg(data, channels, target, resize, out)
+        fast = _decode_plain_jpeg(data, channels, target, resize, out, name, max_pixels)
         if fast is not None:
             return fast
-        with Image.open(io.BytesIO(data)) as image:
+        with warnings.catch_warnings():  # the size is checked below, against the caller's limit
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(io.BytesIO(data))
+        with opened as image:
+            _check_size(image.size[1], image.size[0], max_pixels, name)
             if image.format == "JPEG" and resize is not None:
                 image.draft(image.mode, _reduced_size(image.size[::-1], target, resize, _orientation(image))[::-1])
             if "exif" in image.info or image.format == "TIFF":  # the only places an orientation lives
@@ -144,16 +153,18 @@ def _decode(
 
 
 def _decode_plain_jpeg(
-    data: bytes, channels: int, target: tuple[int, int], resize: ResizePolicy, out: np.ndarray | None
+    data: bytes, channels: int, target: tuple[int, int], resize: ResizePolicy, out: np.ndarray | None, name: str,
+    max_pixels: int | None,
 ) -> np.ndarray | None:
     """A YCbCr JPEG as RGB, or a greyscale JPEG as grey, through libjpeg-turbo; None for anything else."""
     if data[:3] != b"\xff\xd8\xff":
         return None
+    height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    _check_size(height, width, max_pixels, name)
     if _has_exif(data):
         with Image.open(io.BytesIO(data)) as image:
             if _orientation(image) != 1:
                 return None
-    height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     wanted = {"YCbCr": (3, "RGB"), "Gray": (1, "GRAY")}.get(colorspace)
     if wanted is None or wanted[0] != channels:
         return None
@@ -162,6 +173,12 @@ def _decode_plain_jpeg(
         return out
     min_height, min_width = _reduced_size((height, width), target, resize, 1)
     return simplejpeg.decode_jpeg(data, colorspace=wanted[1], min_height=min_height, min_width=min_width)
+
+
+def _check_size(height: int, width: int, max_pixels: int | None, name: str) -> None:
+    if max_pixels is not None and height * width > max_pixels:
+        raise ImageError(name, f"{width}x{height} is {height * width:,} pixels, more than the limit of {max_pixels:,} "
+                               "(max_pixels=, --max-pixels; a decompression bomb, or a picture to shrink first)")
 
 
 def _reduced_size(

@@ -10,7 +10,7 @@ import dask.array as da
 import numpy as np
 
 from ..errors import ImageError
-from ..imaging import ResizePolicy, decode_image, read_image_file
+from ..imaging import MAX_PIXELS, ResizePolicy, decode_image, read_image_file
 
 BLOB_DTYPE = np.dtype(object)  # the bytes of one file per sample, between tasks (never stored as such)
 ERROR_DTYPE = np.dtype("<U400")  # one message per sample; "" when the sample decoded
@@ -25,6 +25,7 @@ def image_array(
     block_size: int,
     on_error: str = "raise",
     keep: tuple[str, ...] = ("pixels",),
+    max_pixels: int | None = MAX_PIXELS,
 ) -> tuple[da.Array | None, da.Array | None, da.Array]:
     """Return ``(pixels, files, errors)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to ``shape``,
     ``files[i]`` the file's bytes (an object array of ``bytes``); each is ``None`` unless in ``keep``.
@@ -45,7 +46,8 @@ def image_array(
     pixel_parts, file_parts, error_parts = [], [], []
     for start in range(0, len(paths), block_size):
         block_paths = list(paths[start : start + block_size])
-        task = dask.delayed(_load_block, pure=True, nout=3)(block_paths, shape, resize, dtype, on_error, keep)
+        task = dask.delayed(_load_block, pure=True, nout=3)(block_paths, shape, resize, dtype, on_error, keep,
+                                                            max_pixels)
         pixel_parts.append(da.from_delayed(task[0], (len(block_paths), *shape), dtype=dtype))
         file_parts.append(da.from_delayed(task[1], (len(block_paths),), dtype=BLOB_DTYPE))
         error_parts.append(da.from_delayed(task[2], (len(block_paths),), dtype=ERROR_DTYPE))
@@ -58,7 +60,7 @@ def image_array(
 
 def _load_block(
     paths: list[str], shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str,
-    keep: tuple[str, ...],
+    keep: tuple[str, ...], max_pixels: int | None,
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
     pixels = np.zeros((len(paths), *shape), dtype=dtype) if "pixels" in keep else None
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE) if "files" in keep else None
@@ -66,7 +68,8 @@ def _load_block(
     for i, path in enumerate(paths):
         try:
             data = read_image_file(path)
-            decode_image(data, shape, resize, dtype, path, out=pixels[i] if pixels is not None else None)
+            decode_image(data, shape, resize, dtype, path, out=pixels[i] if pixels is not None else None,
+                         max_pixels=max_pixels)
         except ImageError as error:
             if on_error == "raise":
                 raise ImageError(

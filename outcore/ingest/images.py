@@ -24,7 +24,7 @@ from ..format import (
     Layout,
     encode_text,
 )
-from ..imaging import ResizePolicy, parse_image_dtype, parse_image_shape, parse_resize
+from ..imaging import MAX_PIXELS, ResizePolicy, parse_image_dtype, parse_image_shape, parse_resize
 from .arrays import SOURCE_INDEX_FIELD
 from .build import BuildOptions, FieldSource, build_store
 from .decode_tasks import image_array
@@ -51,6 +51,7 @@ def ingest_images(
     seed: int = 0,
     client: Any = None,
     on_error: str = "raise",
+    max_pixels: int | None = MAX_PIXELS,
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = True,
@@ -67,7 +68,8 @@ def ingest_images(
     ``images`` chooses how the pictures are stored: ``"pixels"`` (decoded, ready to read),
     ``"encoded"`` (the files' own bytes, several times smaller, decoded to ``shape`` while reading) or
     ``"both"`` (pixels in ``images``, the files in ``images_encoded``). Every file is decoded at ingest
-    either way, so bad files are found now, not in the middle of training.
+    either way, so bad files are found now, not in the middle of training; an image of more than
+    ``max_pixels`` pixels (a decompression bomb) counts as a bad file.
 
     The store appears at ``location`` only when complete (replacing an old one with ``overwrite`` in
     one step). An ingest that was killed or interrupted (Ctrl-C) keeps its finished shards beside the
@@ -100,6 +102,7 @@ def ingest_dataframe(
     seed: int = 0,
     client: Any = None,
     on_error: str = "raise",
+    max_pixels: int | None = MAX_PIXELS,
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = True,
@@ -129,7 +132,7 @@ def ingest_dataframe(
 
 def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
     names = ("shape", "resize", "dtype", "images", "chunk_size", "compression", "shuffle_on_write", "seed", "client",
-             "on_error", "overwrite", "resume", "progress")
+             "on_error", "max_pixels", "overwrite", "resume", "progress")
     return {name: arguments[name] for name in names}
 
 
@@ -147,6 +150,7 @@ def _ingest_table(
     seed: int,
     client: Any,
     on_error: str,
+    max_pixels: int | None,
     overwrite: bool,
     resume: bool,
     progress: bool,
@@ -166,7 +170,7 @@ def _ingest_table(
     # decoded pixels (7x the JPEG bytes) never travel between workers.
     pixels, files, errors = image_array(
         paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
-        keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images],
+        keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images], max_pixels=max_pixels,
     )
     stats = [_file_stat(path) for path in paths]
     fields = {}
@@ -185,7 +189,8 @@ def _ingest_table(
     )
     fields[SOURCE_INDEX_FIELD] = FieldSource(as_dask(order, layout.shard_size), FieldInfo("metadata"))
     options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite)
-    settings = (shape, resize, dtype.str, images, layout, str(options.compression), shuffle_on_write, seed, on_error)
+    settings = (shape, resize, dtype.str, images, layout, str(options.compression), shuffle_on_write, seed, on_error,
+                max_pixels)
     build_store(location, fields, options, shuffled_on_write=shuffle_on_write, seed=seed if shuffle_on_write else None,
                 source=table.description, errors=errors, manifest=_manifest(table, paths, stats, settings),
                 resume=resume)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import SourceError
+from ..errors import OutcoreWarning, SourceError
 from ..imaging import IMAGE_EXTENSIONS
 
 
@@ -70,9 +71,20 @@ def scan_image_folder(root: str | os.PathLike, extensions: Sequence[str] = IMAGE
 
 
 def _image_names(root: Path, suffixes: tuple[str, ...]) -> list[str]:
-    """Sorted '/'-separated paths, relative to ``root``, of the image files below it (hidden ones skipped)."""
-    names = []
-    for folder, subfolders, files in os.walk(root):
+    """Sorted '/'-separated paths, relative to ``root``, of the image files below it (hidden ones skipped).
+
+    Folder links are followed (a class folder is often a link to where the data lives); a link that
+    leads back into a folder already walked is skipped with an `OutcoreWarning`, so a loop ends.
+    """
+    names, seen = [], set()
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        stat = os.stat(folder)
+        if (stat.st_dev, stat.st_ino) in seen:
+            warnings.warn(f"skipped {folder}: a folder link that leads back to a folder already walked",
+                          OutcoreWarning, stacklevel=4)
+            subfolders[:] = []
+            continue
+        seen.add((stat.st_dev, stat.st_ino))
         subfolders[:] = [d for d in subfolders if not d.startswith(".")]
         prefix = os.path.relpath(folder, root).replace(os.sep, "/")
         prefix = "" if prefix == "." else prefix + "/"
