@@ -76,7 +76,9 @@ def test_format_on_disk(store):
     assert group["images"].chunks == (32, 8, 8, 3) and group["labels"].chunks == (32,)
     attrs = group.attrs["outcore"]
     assert attrs["format_version"] == 1 and attrs["num_samples"] == 300 and attrs["chunk_size"] == 32
-    assert attrs["fields"]["labels"] == {"role": "target", "classes": ["a", "b", "c"]}
+    assert attrs["fields"]["labels"] == {"role": "target", "classes": ["a", "b", "c"], "dtype": "int64",
+                                         "sample_shape": []}
+    assert attrs["fields"]["images"] == {"role": "input", "dtype": "uint8", "sample_shape": [8, 8, 3]}
     assert set(attrs["provenance"]["versions"]) >= {"outcore", "zarr", "dask", "numpy"}
 
 
@@ -230,6 +232,11 @@ def test_labels_retyped_to_floats_are_refused(tmp_path):
     values = group["labels"][:]
     del group["labels"]
     group.create_array("labels", data=values.astype("float64"), chunks=(ds.chunk_size,))
+    with pytest.raises(NotAStoreError, match="field 'labels' holds float64 but was written as int64"):
+        outcore.open_dataset(tmp_path / "f.zarr")
+    attrs = group.attrs["outcore"]
+    del attrs["fields"]["labels"]["dtype"]  # a store written before dtypes were recorded: its classes still say
+    group.attrs["outcore"] = attrs
     with pytest.raises(NotAStoreError, match="has class names but holds float64"):
         outcore.open_dataset(tmp_path / "f.zarr")
 

@@ -22,6 +22,8 @@ ATTRS_KEY = "outcore"
 MAX_SAMPLES = 2**48  # far beyond any data set, and small enough that counts and offsets stay exact
 ROLES = ("input", "target", "metadata", "other")
 IMAGE_ENCODING = "image"
+FIELD_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                "float32", "float64")
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,17 @@ class FieldInfo:
     - ``"image"``: encoded image files (JPEG, PNG, ...), decoded as ``decode`` says. The field's array
       holds the bytes, one region of fixed capacity per chunk; the array ``<field>_ranges`` (N, 2)
       gives each sample's ``[start, stop)`` in it (see `outcore.format.encoded`).
+
+    ``dtype`` and ``sample_shape`` record what the field's array holds (stores written before they
+    were recorded lack them), so that an array whose metadata was changed is refused on open.
     """
 
     role: str = "other"
     classes: tuple[str, ...] | None = None
     encoding: str | None = None
     decode: ImageDecode | None = None
+    dtype: str | None = None
+    sample_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -84,11 +91,15 @@ class FieldInfo:
         if classes is not None:
             _expect(isinstance(classes, list) and all(isinstance(c, str) for c in classes),
                     f"classes {classes!r} are not a list of names")
-        decode = document.get("decode")
+        decode, shape = document.get("decode"), document.get("sample_shape")
+        _expect(shape is None or (isinstance(shape, list) and all(_is_int(s) and 0 <= s <= 2**31 for s in shape)),
+                f"sample_shape {shape!r} is not a list of sizes")
         return cls(_choice(document.get("role", "other"), ROLES, "role"),
                    None if classes is None else tuple(classes),
                    _choice(document.get("encoding"), (None, TEXT_ENCODING, IMAGE_ENCODING), "encoding"),
-                   None if decode is None else _image_decode(decode))
+                   None if decode is None else _image_decode(decode),
+                   _choice(document.get("dtype"), (None, *FIELD_DTYPES), "dtype"),
+                   None if shape is None else tuple(shape))
 
 
 def _image_decode(document: Any) -> ImageDecode:

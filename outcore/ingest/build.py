@@ -8,6 +8,7 @@ skipped (``on_error="skip"``) the written store is compacted into a second one w
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -102,7 +103,7 @@ def build_store(
         attrs = StoreAttrs(
             num_samples=_num_samples(fields),
             chunk_size=options.layout.chunk_size,
-            fields={name: f.info for name, f in fields.items()},
+            fields={name: _recorded(f) for name, f in fields.items()},
             shuffled_on_write=shuffled_on_write,
             seed=seed,
             provenance=provenance(source),
@@ -163,6 +164,14 @@ def _create_fields(group: zarr.Group, fields: Mapping[str, FieldSource], num_sam
             create_field(
                 group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout, options.compression
             )
+
+
+def _recorded(field: FieldSource) -> FieldInfo:
+    """The field's attributes, with what its array holds (encoded images: their decode settings say)."""
+    if field.nbytes is not None:
+        return field.info
+    return dataclasses.replace(field.info, dtype=np.dtype(field.data.dtype).name,
+                               sample_shape=tuple(int(s) for s in field.data.shape[1:]))
 
 
 def _permuted(fields: Mapping[str, FieldSource], order: np.ndarray, shard: int, scratch: Path) -> dict[str, FieldSource]:

@@ -133,8 +133,9 @@ class Writer:
         for name, (dtype, shape) in specs.items():
             create_field(group, name, dtype, shape, 0, layout, self._compression)
         infos = {
-            name: FieldInfo(self._roles.get(name, "other"), tuple(self._classes[name]) if name in self._classes else None)
-            for name in specs
+            name: FieldInfo(self._roles.get(name, "other"), tuple(self._classes[name]) if name in self._classes else None,
+                            dtype=dtype.name, sample_shape=tuple(int(s) for s in shape))
+            for name, (dtype, shape) in specs.items()
         }
         self._group, self._shard_size = group, layout.shard_size
         self._save_attrs(StoreAttrs(0, layout.chunk_size, infos, provenance=provenance("outcore.Writer")))

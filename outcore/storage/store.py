@@ -45,7 +45,7 @@ class Store:
         try:
             group = open_group(location, mode="r")
             return cls(group, read_attrs(group, where), where)
-        except (ValueError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError, RecursionError) as error:
             if isinstance(error, OutcoreError):
                 raise
             raise NotAStoreError(  # zarr could not parse a zarr.json, say, or a zip's directory
@@ -159,6 +159,10 @@ class Store:
             _require(self.location, ranges.shape[1] == 2, f"{ranges_name(name)!r} is not (samples, 2)")
             return
         array = self._array_of(name, dtype_kinds="biuf", ndim=None, length=len(self), chunk_samples=self.chunk_size)
+        _require(self.location, info.dtype is None or array.dtype.name == info.dtype,
+                 f"field {name!r} holds {array.dtype} but was written as {info.dtype}")
+        _require(self.location, info.sample_shape is None or tuple(array.shape[1:]) == info.sample_shape,
+                 f"field {name!r} holds samples of shape {array.shape[1:]} but was written with {info.sample_shape}")
         if info.is_text:
             _require(self.location, array.dtype == np.uint8 and array.ndim == 2,
                      f"text field {name!r} is {array.dtype} of {array.ndim} dimensions, not UTF-8 bytes (N, width)")
