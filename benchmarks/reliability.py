@@ -276,27 +276,29 @@ HOSTILE: dict[str, Callable[[Path], None]] = {
 
 
 def hostile(workdir: Path) -> list[str]:
-    rows, outcomes = [], Counter()
+    rows, outcomes, peaks = [], Counter(), []
     for what, edit in HOSTILE.items():
         folder = workdir / "hostile"
         shutil.rmtree(folder, ignore_errors=True)
         ds = make_store(folder, chunk_size=8)
         edit(Path(ds.location))
         opened = _open_and_read(ds.location)
-        verdict = ("refused" if opened.returncode == 2 and opened.stdout.strip() == "" else
+        lines = opened.stderr.strip().splitlines()
+        verdict = ("refused" if opened.returncode == 2 and len(lines) == 1 else
                    "read, all correct" if opened.returncode == 0 else
                    "READ WRONG DATA" if opened.returncode == 3 else "FAILED")
-        peak = int(opened.stdout.split()[-1]) if opened.returncode == 0 and opened.stdout.strip() else None
+        peak = int(opened.stdout.split()[-1]) / 1024 if opened.returncode in (0, 2) else float("nan")
+        peaks.append(peak)
         outcomes[verdict] += 1
-        first = (opened.stderr.strip().splitlines() or [""])[-1][:110]
-        rows.append(f"{what:42s} {verdict:18s} {'' if peak is None else f'{peak / 1024:.0f} MiB'}  {first}")
-    rows.append(f"{len(HOSTILE)} hostile stores: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+        rows.append(f"{what:42s} {verdict:18s} {peak:5.0f} MiB  {(lines or [''])[-1][:100]}")
+    rows.append(f"{len(HOSTILE)} hostile stores: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+                + f"; peak memory {min(peaks):.0f}-{max(peaks):.0f} MiB")
     return rows
 
 
 def _open_and_read(location: str) -> subprocess.CompletedProcess:
-    """Open, read every field and one epoch under a 1 GiB data limit; prints peak RSS (KiB) when all went well;
-    exit 2 and one line on an outcore error; anything else is a failure."""
+    """Open, read every field and one epoch under a 1 GiB data limit; print the peak RSS (KiB); exit 2 and
+    one line on an outcore error, 3 on wrong data; anything else is a failure."""
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_DATA, (2**30, 2**30))\n"
             "import numpy as np, outcore\n"
             "from outcore.testing import sample_arrays\n"
@@ -308,8 +310,10 @@ def _open_and_read(location: str) -> subprocess.CompletedProcess:
             "        print('WRONG DATA', file=sys.stderr); sys.exit(3)\n"
             "    [b for b in ds.batches(16)]\n"
             "except outcore.OutcoreError as error:\n"
-            "    print(error, file=sys.stderr); sys.exit(2)\n"
-            "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])\n")
+            "    print(error, file=sys.stderr); code = 2\n"
+            "else:\n"
+            "    code = 0\n"
+            "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]); sys.exit(code)\n")
     try:
         return subprocess.run([sys.executable, "-c", code, location], capture_output=True, text=True, timeout=120,
                               check=False)
