@@ -73,3 +73,12 @@ def test_info_and_verify_on_a_store_with_a_missing_shard(tmp_path, capsys):
     assert main(["verify", ds.location, "--no-progress"]) == 1
     out = capsys.readouterr().out
     assert "4 problem(s)" in out and out.count("its shard file is missing") == 4  # its four chunks
+
+
+def test_verify_lists_damaged_metadata_as_a_problem(tmp_path, capsys):
+    ds = make_store(tmp_path)
+    (tmp_path / "s.zarr" / "labels" / "zarr.json").write_text("{not json")
+    assert main(["verify", ds.location, "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "1 problem(s)" in out and "its metadata cannot be read" in out
+    assert main(["verify", str(tmp_path / "nowhere.zarr")]) == 2  # no store at all: a usage error

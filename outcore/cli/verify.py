@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..dataset import Dataset, open_dataset
-from ..errors import CorruptChunkError, SampleDecodeError
+from ..errors import CorruptChunkError, NotAStoreError, SampleDecodeError, UnsafeStoreError
 from ..iterate import ChunkReader
+from ..storage import is_url
 
 
 @dataclass
@@ -33,12 +35,18 @@ class VerifyReport:
 
 def verify(location: str | os.PathLike, *, progress: bool = True) -> VerifyReport:
     """Decompress every chunk of every field (checksums included), decode every sample of encoded image
-    fields, and check labels against the classes.
+    fields, and check labels against the classes. A store whose metadata is damaged or inconsistent is
+    reported as such (it cannot be read further); a location with no store at all is a `NotAStoreError`.
 
     >>> print(outcore.verify("train.zarr"))  # doctest: +SKIP
     train.zarr: 316 chunks checked, OK
     """
-    ds = open_dataset(location)
+    try:
+        ds = open_dataset(location)
+    except (NotAStoreError, UnsafeStoreError) as error:
+        if not is_url(location) and not Path(location).exists():
+            raise
+        return VerifyReport(str(location), problems=[str(error)])
     report = VerifyReport(ds.location)
     readers = {name: ds.chunk_reader(name) for name in ds.fields}
     jobs = [(name, chunk) for name in ds.fields for chunk in range(ds.num_chunks)]
