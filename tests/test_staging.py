@@ -87,17 +87,21 @@ def source(tmp_path_factory):
     return root
 
 
+def _stop_part_way(source, store, shards: int = 1, how: int = signal.SIGKILL, **popen) -> subprocess.Popen:
+    """Start a slow CLI ingest into ``store``, and send it ``how`` once it has finished ``shards`` shards."""
+    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *_ingest_command(source, store)], **popen)
+    deadline = time.monotonic() + 120
+    while len(list(store.parent.glob(f".{store.name}.partial-*.run/done/shard-*.json"))) < shards:
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    process.send_signal(how)
+    return process
+
+
 def test_a_killed_ingest_leaves_no_store_and_resume_gives_the_uninterrupted_store(source, tmp_path):
     store = tmp_path / "t.zarr"
-    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *_ingest_command(source, store)])
-    done = []
-    deadline = time.monotonic() + 120
-    while len(done) < 2 and time.monotonic() < deadline:
-        done = list(tmp_path.glob(".t.zarr.partial-*.run/done/shard-*.json"))
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert 2 <= len(done) and not store.exists()
+    _stop_part_way(source, store, shards=2).wait()
+    assert not store.exists()
     run = next(tmp_path.glob(".t.zarr.partial-*.run"))
     assert len(list((run / "done").glob("shard-*.json"))) < 8  # killed part-way: shards were left to do
 
@@ -115,11 +119,7 @@ def test_a_killed_ingest_leaves_no_store_and_resume_gives_the_uninterrupted_stor
 
 def test_the_next_run_removes_what_a_killed_one_left_and_says_so(source, tmp_path):
     store = tmp_path / "t.zarr"
-    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *_ingest_command(source, store)])
-    while not list(tmp_path.glob(".t.zarr.partial-*.run/done/shard-*.json")):
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    _stop_part_way(source, store).wait()
     with pytest.warns(OutcoreWarning, match=r"removed what an interrupted ingest .* left behind.*--resume"):
         outcore.ingest_images(source, store, shape=(16, 16, 3), chunk_size=8, on_error="skip", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.zarr", "t.zarr.skipped.txt"]
@@ -127,11 +127,7 @@ def test_the_next_run_removes_what_a_killed_one_left_and_says_so(source, tmp_pat
 
 def test_resume_with_other_files_or_settings_starts_again(source, tmp_path):
     store = tmp_path / "t.zarr"
-    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *_ingest_command(source, store)])
-    while not list(tmp_path.glob(".t.zarr.partial-*.run/done/shard-*.json")):
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    _stop_part_way(source, store).wait()
     manifest = json.loads(next(tmp_path.glob(".t.zarr.partial-*.run/manifest.json")).read_text())
     with pytest.warns(OutcoreWarning, match="removed what an interrupted ingest"):
         ds = outcore.ingest_images(source, store, shape=(16, 16, 3), chunk_size=8, on_error="skip", seed=1,
@@ -161,11 +157,7 @@ def test_a_write_the_system_refuses_is_one_line_and_leaves_nothing(source, tmp_p
 
 def test_ctrl_c_ends_quietly_and_keeps_the_shards_for_resume(source, tmp_path):
     store = tmp_path / "t.zarr"
-    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *_ingest_command(source, store)],
-                               stderr=subprocess.PIPE, text=True)
-    while not list(tmp_path.glob(".t.zarr.partial-*.run/done/shard-*.json")):
-        time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
+    process = _stop_part_way(source, store, how=signal.SIGINT, stderr=subprocess.PIPE, text=True)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130
     assert err.strip().splitlines()[-1] == ("outcore ingest: interrupted (the shards written so far are kept: the "
