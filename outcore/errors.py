@@ -11,6 +11,10 @@ class OutcoreWarning(UserWarning):
     """Something outcore did on its own that the user should know of (it cleaned up after a dead run)."""
 
 
+class OptionError(OutcoreError, ValueError):
+    """An argument has a value outcore cannot use: the message names it and what it accepts."""
+
+
 class StoreExistsError(OutcoreError, FileExistsError):
     """The target store exists and ``overwrite`` was not given."""
 

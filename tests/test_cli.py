@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -41,6 +44,62 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert main(["ingest", str(tmp_path / "missing"), str(tmp_path / "x.zarr"), "--shape", "8x8x3"]) == 2
     assert "outcore ingest: error: image folder" in capsys.readouterr().err
     assert main(["info", str(tmp_path / "x.zarr")]) == 2
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    (["--shape", "128;128"], "error: --shape 128;128 is not of the form HxW or HxWxC"),
+    (["--shape", "128x128x2"], "error: --shape 128x128x2 has 2 channels"),
+    (["--shape", "16x16x3", "--compression", "zstd:12"], "compression level 12 is not between 0 and 9"),
+    (["--shape", "16x16x3", "--resize", "none"], "pass --resize crop (or --resize fit, --resize pad) to convert "
+                                                 "other sizes. Fix or remove the file, or pass --on-error skip"),
+    (["--shape", "16x16x3", "--resize", "none", "--on-error", "skip"], "all 20 samples failed to load; the first: "),
+    ([], "error: the following arguments are required: --shape (see outcore ingest --help)"),
+    (["--shape", "8x8", "--chunk-size", "many"], "argument --chunk-size: invalid int value: 'many'"),
+])
+def test_cli_errors_speak_in_flag_names_on_one_line(image_folder, tmp_path, capsys, arguments, expected):
+    assert _status(["ingest", str(image_folder), str(tmp_path / "x.zarr"), "--no-progress", *arguments]) == 2
+    error = capsys.readouterr().err
+    assert expected in error and error.count("\n") == 1 and "=" not in error.replace("--", ""), error
+
+
+def _status(argv: list[str]) -> int:
+    """The exit status of ``outcore ARGV``, whether argparse exits or `main` returns."""
+    try:
+        return main(argv)
+    except SystemExit as exited:
+        return exited.code
+
+
+def test_cli_version_and_help_speak_plainly(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out == f"outcore {outcore.__version__}\n"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "``" not in capsys.readouterr().out
+
+
+def test_an_unreachable_scheduler_is_one_line_after_the_timeout(image_folder, tmp_path, capsys):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    started = time.monotonic()
+    assert main(["ingest", str(image_folder), str(tmp_path / "x.zarr"), "--shape", "8x8", "--no-progress",
+                 "--scheduler", address, "--scheduler-timeout", "1"]) == 2
+    assert time.monotonic() - started < 15
+    error = capsys.readouterr().err
+    assert error.startswith(f"outcore ingest: error: no Dask scheduler answered at {address} within 1 s")
+    assert error.count("\n") == 1 and not (tmp_path / "x.zarr").exists()
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    store = make_store(tmp_path).location
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # like `outcore info STORE | head` once head has exited
+    result = subprocess.run([sys.executable, "-m", "outcore.cli", "info", str(store)], stdout=write_end,
+                            stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")
 
 
 def test_verify_fails_on_a_corrupt_store(image_folder, tmp_path, capsys):

@@ -22,6 +22,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, batch_count, rank_batch_count
 from ..iterate.stats import LoaderStats
 from ..storage import Store, open_store
@@ -64,7 +65,7 @@ class TorchBatches(IterableDataset):
         super().__init__()
         options = BatchOptions.of(batch_size, keywords)
         if options.client is not None and num_workers > 0:
-            raise ValueError(_CLIENT_IN_WORKERS)
+            raise OptionError(_CLIENT_IN_WORKERS)
         for name in options.fields or ():
             store.info(name)  # a KeyError naming the fields, here rather than in a worker
         self.location, self.num_samples, self.options = store.location, len(store), options
@@ -87,7 +88,7 @@ class TorchBatches(IterableDataset):
         ``first_worker`` first."""
         positions = tuple(int(p) for p in positions)
         if len(positions) != self.shares:
-            raise ValueError(f"{len(positions)} positions given for {self.shares} DataLoader worker shares")
+            raise OptionError(f"{len(positions)} positions given for {self.shares} DataLoader worker shares")
         self.epoch, self.positions, self.first_worker = int(epoch), positions, int(first_worker)
 
     def share_lengths(self) -> list[int]:
@@ -104,10 +105,10 @@ class TorchBatches(IterableDataset):
     def __iter__(self) -> Iterator[TorchBatch]:
         info = get_worker_info()
         if info is not None and self.options.client is not None:
-            raise ValueError(_CLIENT_IN_WORKERS)
+            raise OptionError(_CLIENT_IN_WORKERS)
         loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if self.positions and num_workers != self.shares:
-            raise ValueError(f"the epoch was interrupted with {self.shares} DataLoader worker(s); it cannot resume "
+            raise OptionError(f"the epoch was interrupted with {self.shares} DataLoader worker(s); it cannot resume "
                              f"with {num_workers}: use num_workers={self.shares}")
         worker = (loader_worker + self.first_worker) % num_workers
         iterator = BatchIterator(open_store(self.location), self.options, worker=worker, num_workers=num_workers)
@@ -174,7 +175,7 @@ class OutcoreLoader(DataLoader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mismatched = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
         if mismatched:
-            raise ValueError(f"state does not match this loader (saved, current): {mismatched}")
+            raise OptionError(f"state does not match this loader (saved, current): {mismatched}")
         self.dataset.resume(state["epoch"], state["positions"], state["first_worker"])
 
     def _settings(self) -> dict[str, Any]:
@@ -201,7 +202,7 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
     """
     batch_keywords, dataloader_options = split_torch_keywords(options)
     if dataloader_options.get("persistent_workers"):
-        raise ValueError(
+        raise OptionError(
             "persistent_workers=True is not supported: each epoch's order and resume position reach the "
             "DataLoader's workers when they start, so they start again every epoch"
         )
@@ -225,7 +226,7 @@ def _check_picklable(batches: TorchBatches, context: Any) -> None:
     try:
         pickle.dumps(batches)
     except Exception as error:  # noqa: BLE001 - whatever pickle raises, the message below says what to do
-        raise ValueError(
+        raise OptionError(
             f"DataLoader workers started by {method!r} receive the dataset pickled, and this one cannot be "
             f"({type(error).__name__}: {error}): define the transform at module level (not a lambda or a local "
             "function), or use multiprocessing_context='fork'"

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..dataset import open_dataset
-from ..errors import OutcoreError
+from ..errors import ClusterError, OutcoreError
 from ..imaging import MAX_PIXELS, RESIZE_POLICIES
 from ..ingest import ingest_dataframe, ingest_images
 from ..iterate import shuffle_quality
@@ -22,24 +25,64 @@ from .verify import verify
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``outcore`` console script; returns the exit status."""
+    """Entry point of the ``outcore`` console script; returns the exit status.
+
+    Every failure is one line on stderr, in the command's flag names, with exit status 2; Ctrl-C is
+    one line and 130; a closed pipe (``outcore info STORE | head``) ends quietly.
+    """
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         return args.run(args)
     except OutcoreError as error:
-        print(f"outcore {args.command}: error: {error}", file=sys.stderr)
+        print(f"outcore {args.command}: error: {in_flag_names(str(error), args.parser)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         kept = " (the shards written so far are kept: the same command with --resume continues)" \
             if args.command == "ingest" else ""
         print(f"outcore {args.command}: interrupted{kept}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away: nothing more to say, and nowhere to say it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a command killed by the closed pipe would
+
+
+def in_flag_names(message: str, parser: argparse.ArgumentParser) -> str:
+    """``message`` with the Python keyword spellings of ``parser``'s options written as its flags.
+
+    >>> parser = argparse.ArgumentParser()
+    >>> _ = parser.add_argument("--on-error"), parser.add_argument("--overwrite", action="store_true")
+    >>> in_flag_names("pass on_error='skip' to skip it, or overwrite=True", parser)
+    'pass --on-error skip to skip it, or --overwrite'
+    """
+    for action in parser._actions:  # argparse keeps its options only there
+        flags = [flag for flag in action.option_strings if flag.startswith("--")]
+        if not flags:
+            continue
+        pattern = rf"\b{action.dest}=(?:'([^']*)'|\"([^\"]*)\"|(\w+)\b)?"
+        message = re.sub(pattern, lambda match, flag=flags[0], action=action: _flag(flag, action, match), message)
+    return message
+
+
+def _flag(flag: str, action: argparse.Action, match: re.Match[str]) -> str:
+    value = next((group for group in match.groups() if group is not None), None)
+    if value is None or action.nargs == 0:  # a flag that takes no value: --overwrite
+        return flag
+    return f"{flag} {'none' if value == 'None' else value}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage mistakes as one line (the usage itself is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="outcore", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="outcore", description="Ingest image folders and CSVs into Zarr v3 stores, describe, "
+                                                 "verify and benchmark them, or run the end-to-end demo.")
+    parser.add_argument("--version", action="version", version=f"outcore {version('outcore')}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     ingest = commands.add_parser(
         "ingest", help="ingest an image folder or a CSV of image paths into a store",
@@ -77,22 +120,22 @@ def _parser() -> argparse.ArgumentParser:
                         help="continue an ingest of the same files and settings that was killed or interrupted")
     ingest.add_argument("--no-progress", action="store_true")
     _add_scheduler(ingest)
-    ingest.set_defaults(run=_ingest)
+    ingest.set_defaults(run=_ingest, parser=ingest)
 
     info = commands.add_parser("info", help="describe a store: fields, chunks, codecs, sizes, classes")
     info.add_argument("store", metavar="STORE")
-    info.set_defaults(run=_info)
+    info.set_defaults(run=_info, parser=info)
 
     check = commands.add_parser("verify", help="read every chunk and check checksums and labels")
     check.add_argument("store", metavar="STORE")
     check.add_argument("--no-progress", action="store_true")
-    check.set_defaults(run=_verify)
+    check.set_defaults(run=_verify, parser=check)
 
     bench = commands.add_parser("bench", help="reading speed and shuffle quality of a store")
     bench.add_argument("store", metavar="STORE")
     bench.add_argument("--batch-size", type=int, default=256)
     bench.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians are shown")
-    bench.set_defaults(run=_bench)
+    bench.set_defaults(run=_bench, parser=bench)
 
     demo = commands.add_parser("demo", help="generate images, ingest, inspect, train and predict end to end")
     demo.add_argument("--workdir", help="where to write (default: a temporary folder, removed afterwards)")
@@ -100,23 +143,33 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--size", type=int, default=64, help="image height and width (default 64)")
     demo.add_argument("--no-progress", action="store_true")
     _add_scheduler(demo)
-    demo.set_defaults(run=_demo)
+    demo.set_defaults(run=_demo, parser=demo)
     return parser
+
+
+SCHEDULER_TIMEOUT = 10.0  # seconds to wait for a --scheduler to answer
 
 
 def _add_scheduler(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", metavar="ADDRESS",
                         help="run on an existing Dask cluster (e.g. tcp://10.0.0.1:8786) instead of local threads")
+    parser.add_argument("--scheduler-timeout", metavar="SECONDS", type=float, default=SCHEDULER_TIMEOUT,
+                        help=f"how long to wait for the scheduler to answer (default {SCHEDULER_TIMEOUT:g})")
 
 
 @contextmanager
-def _client(address: str | None) -> Any:
-    if address is None:
+def _client(args: argparse.Namespace) -> Iterator[Any]:
+    if args.scheduler is None:
         yield None
         return
     from distributed import Client  # the cluster framework, needed only with --scheduler
 
-    with Client(address) as client:
+    try:
+        client = Client(args.scheduler, timeout=args.scheduler_timeout)
+    except (OSError, ValueError) as error:
+        raise ClusterError(f"no Dask scheduler answered at {args.scheduler} within {args.scheduler_timeout:g} s "
+                           f"({error}); start one (dask scheduler) or correct --scheduler") from None
+    with client:
         yield client
 
 
@@ -136,7 +189,7 @@ def _ingest(args: argparse.Namespace) -> int:
         "resume": args.resume,
         "progress": not args.no_progress,
     }
-    with _client(args.scheduler) as client:
+    with _client(args) as client:
         if Path(args.source).is_file():
             labels = [c for c in args.label_columns.split(",") if c]
             ds = ingest_dataframe(args.source, args.store, path_column=args.path_column, label_columns=labels,
@@ -178,7 +231,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    with _client(args.scheduler) as client:
+    with _client(args) as client:
         if args.workdir:
             run_demo(args.workdir, per_class=args.per_class, size=args.size, client=client,
                      progress=not args.no_progress)

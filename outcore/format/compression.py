@@ -9,6 +9,8 @@ from typing import Any
 
 from zarr.codecs import BloscCodec, Crc32cCodec
 
+from ..errors import OptionError
+
 _SHUFFLES = ("bitshuffle", "shuffle", "noshuffle")
 _CNAMES = ("zstd", "lz4", "lz4hc", "blosclz", "zlib")
 # codecs and data types that unpickle or evaluate stored bytes: refused in every store outcore opens
@@ -34,11 +36,11 @@ class Compression:
 
     def __post_init__(self) -> None:
         if self.cname not in _CNAMES + ("none",):
-            raise ValueError(f"compression {self.cname!r} is not one of {_CNAMES + ('none',)}")
+            raise OptionError(f"compression {self.cname!r} is not one of {_CNAMES + ('none',)}")
         if not 0 <= self.clevel <= 9:
-            raise ValueError(f"compression level {self.clevel} is not between 0 and 9")
+            raise OptionError(f"compression level {self.clevel} is not between 0 and 9")
         if self.shuffle not in _SHUFFLES:
-            raise ValueError(f"shuffle {self.shuffle!r} is not one of {_SHUFFLES}")
+            raise OptionError(f"shuffle {self.shuffle!r} is not one of {_SHUFFLES}")
 
     @classmethod
     def parse(cls, value: str | Compression | None) -> Compression:
@@ -49,11 +51,11 @@ class Compression:
             return value
         parts = str(value).split(":")
         if len(parts) > 3:
-            raise ValueError(f"compression {value!r} is not of the form CNAME[:LEVEL[:SHUFFLE]]")
+            raise OptionError(f"compression {value!r} is not of the form CNAME[:LEVEL[:SHUFFLE]]")
         try:
             level = int(parts[1]) if len(parts) > 1 else cls.clevel
         except ValueError:
-            raise ValueError(f"compression level {parts[1]!r} in {value!r} is not an integer") from None
+            raise OptionError(f"compression level {parts[1]!r} in {value!r} is not an integer") from None
         return cls(parts[0], level, parts[2] if len(parts) > 2 else cls.shuffle)
 
     def codecs(self) -> list[Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..errors import OptionError
+
 TARGET_CHUNK_BYTES = 8 * 2**20
 TARGET_SHARD_BYTES = 128 * 2**20
 MAX_CHUNK_SIZE = 65536
@@ -24,7 +26,7 @@ class Layout:
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.shard_size < self.chunk_size or self.shard_size % self.chunk_size:
-            raise ValueError(
+            raise OptionError(
                 f"chunk_size={self.chunk_size} must be >= 1 and divide shard_size={self.shard_size}"
             )
 
@@ -51,7 +53,7 @@ class Layout:
             chunk_size = _power_of_two_at_most(TARGET_CHUNK_BYTES // sample_nbytes, largest)
         chunk_size = int(chunk_size)
         if chunk_size < 1:
-            raise ValueError(f"chunk_size={chunk_size} must be a positive number of samples")
+            raise OptionError(f"chunk_size={chunk_size} must be a positive number of samples")
         chunks_per_shard = _power_of_two_at_most(TARGET_SHARD_BYTES // (chunk_size * sample_nbytes), 1024)
         if num_samples:
             chunks = math.ceil(num_samples / chunk_size)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import struct
 import warnings
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ import numpy as np
 import simplejpeg
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-from ..errors import ImageError
+from ..errors import ImageError, OptionError
 from .resize import ResizePolicy, fit
 
 IMAGE_DTYPES = (np.dtype("uint8"), np.dtype("uint16"))
@@ -42,28 +43,30 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Imag
 
 
 def parse_image_shape(shape: Sequence[int] | str) -> tuple[int, ...]:
-    """Validate a sample shape: ``(H, W)`` for greyscale or ``(H, W, C)`` with C in 1, 3, 4.
+    """Validate a sample shape: ``(H, W)`` for greyscale or ``(H, W, C)`` with C in 1, 3, 4; a string
+    separates the sizes with ``x`` or commas.
 
-    >>> parse_image_shape("128x128x3")
-    (128, 128, 3)
+    >>> parse_image_shape("128x128x3"), parse_image_shape("32,32")
+    ((128, 128, 3), (32, 32))
     """
+    given = shape
     if isinstance(shape, str):
         try:
-            shape = tuple(int(part) for part in shape.lower().split("x"))
+            shape = tuple(int(part) for part in re.split(r"[x,]", shape.lower().strip()))
         except ValueError:
-            raise ValueError(f"shape {shape!r} is not of the form HxW or HxWxC, e.g. 128x128x3") from None
+            raise OptionError(f"shape={given!r} is not of the form HxW or HxWxC, e.g. 128x128x3") from None
     shape = tuple(int(s) for s in shape)
     if len(shape) not in (2, 3) or any(s <= 0 for s in shape):
-        raise ValueError(f"shape {shape} must be (H, W) or (H, W, C) with positive sizes")
+        raise OptionError(f"shape={given!r} is not a height and width (and channels) of positive sizes")
     if len(shape) == 3 and shape[2] not in _PIL_MODES:
-        raise ValueError(f"shape {shape} has {shape[2]} channels; images have 1, 3 or 4")
+        raise OptionError(f"shape={given!r} has {shape[2]} channels; images have 1, 3 or 4")
     return shape
 
 
 def parse_image_dtype(dtype: np.typing.DTypeLike) -> np.dtype:
     dtype = np.dtype(dtype)
     if dtype not in IMAGE_DTYPES:
-        raise ValueError(f"image dtype {dtype} is not supported; use uint8 or uint16")
+        raise OptionError(f"image dtype {dtype} is not supported; use uint8 or uint16")
     return dtype
 
 

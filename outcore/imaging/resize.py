@@ -7,7 +7,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image
 
-from ..errors import ImageError
+from ..errors import ImageError, OptionError
 
 ResizePolicy = Literal["fit", "crop", "pad"] | None
 RESIZE_POLICIES: tuple[ResizePolicy, ...] = ("fit", "crop", "pad", None)
@@ -15,7 +15,7 @@ RESIZE_POLICIES: tuple[ResizePolicy, ...] = ("fit", "crop", "pad", None)
 
 def parse_resize(resize: ResizePolicy) -> ResizePolicy:
     if resize not in RESIZE_POLICIES:
-        raise ValueError(f"resize={resize!r} is not one of {RESIZE_POLICIES}")
+        raise OptionError(f"resize={resize!r} is not one of {RESIZE_POLICIES}")
     return resize
 
 
@@ -30,7 +30,7 @@ def fit(pixels: np.ndarray, size: tuple[int, int], resize: ResizePolicy, path: s
         raise ImageError(
             path,
             f"image is {height}x{width}, expected {target_h}x{target_w}; "
-            "pass resize='fit', 'crop' or 'pad' to convert other sizes",
+            "pass resize='crop' (or resize='fit', resize='pad') to convert other sizes",
         )
     if resize == "fit":
         return _resize(pixels, target_h, target_w)

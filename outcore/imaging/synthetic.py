@@ -18,6 +18,8 @@ import imageio.v3 as iio
 import numpy as np
 from PIL import Image
 
+from ..errors import OptionError
+
 SHAPE_CLASSES = ("disc", "square", "hstripes", "vstripes", "ring", "cross")
 _COLOURS = np.array([[220, 60, 50], [50, 160, 70], [60, 90, 210], [230, 190, 40], [160, 60, 180], [40, 180, 190]])
 
@@ -80,7 +82,7 @@ def write_image_folder(
     >>> write_image_folder("photos/train", 10, size=(32, 32))  # doctest: +SKIP
     """
     if kind not in ("shapes", "photos"):
-        raise ValueError(f"kind={kind!r} is not 'shapes' or 'photos'")
+        raise OptionError(f"kind={kind!r} is not 'shapes' or 'photos'")
     rng = np.random.default_rng(seed)
     files = []
     for label, name in enumerate(classes):

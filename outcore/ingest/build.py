@@ -226,8 +226,7 @@ def _without(
 ) -> dict[str, FieldSource]:
     keep = np.setdiff1d(np.arange(num_samples), [index for index, _ in failures])
     if keep.size == 0:
-        shown = "\n  ".join(message for _, message in failures[:5])
-        raise SourceError(f"all {num_samples} samples failed to load, e.g.:\n  {shown}")
+        raise SourceError(f"all {num_samples} samples failed to load; the first: {min(failures)[1]}")
     group = zarr.open_group(directory, mode="r")
     kept = {}
     for name, field in fields.items():

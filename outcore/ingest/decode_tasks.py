@@ -9,7 +9,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from ..errors import ImageError
+from ..errors import ImageError, OptionError
 from ..imaging import MAX_PIXELS, ResizePolicy, decode_image, read_image_file
 
 BLOB_DTYPE = np.dtype(object)  # the bytes of one file per sample, between tasks (never stored as such)
@@ -42,7 +42,7 @@ def image_array(
     (256, 256)
     """
     if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error={on_error!r} is not 'raise' or 'skip'")
+        raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")
     pixel_parts, file_parts, error_parts = [], [], []
     for start in range(0, len(paths), block_size):
         block_paths = list(paths[start : start + block_size])

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..dataset import Dataset, open_dataset
-from ..errors import SourceError
+from ..errors import OptionError, SourceError
 from ..format import (
     IMAGE_ENCODING,
     RANGES_SUFFIX,
@@ -157,7 +157,7 @@ def _ingest_table(
 ) -> Dataset:
     shape, resize, dtype = parse_image_shape(shape), parse_resize(resize), parse_image_dtype(dtype)
     if images not in IMAGE_STORAGE:
-        raise ValueError(f"images={images!r} is not one of {IMAGE_STORAGE}")
+        raise OptionError(f"images={images!r} is not one of {IMAGE_STORAGE}")
     reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD}
     clash = {name for name in table.labels if name in reserved or name.removesuffix(RANGES_SUFFIX) in reserved}
     if clash:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import OutcoreWarning, SourceError
+from ..errors import OptionError, OutcoreWarning, SourceError
 from ..imaging import IMAGE_EXTENSIONS
 
 
@@ -156,9 +156,9 @@ def _label_dtypes(label_dtype: str | Mapping[str, str] | None, columns: Sequence
         dict.fromkeys(columns, label_dtype) if isinstance(label_dtype, str) else dict(label_dtype))
     for column, dtype in chosen.items():
         if dtype not in LABEL_DTYPES:
-            raise ValueError(f"label_dtype {dtype!r} of {column!r} is not one of {LABEL_DTYPES}")
+            raise OptionError(f"label_dtype {dtype!r} of {column!r} is not one of {LABEL_DTYPES}")
         if column not in columns:
-            raise ValueError(f"label_dtype names {column!r}, which is not among the label columns {list(columns)}")
+            raise OptionError(f"label_dtype names {column!r}, which is not among the label columns {list(columns)}")
     return chosen
 
 
@@ -186,7 +186,7 @@ def _refuse(values: pd.Series, bad: np.ndarray, what: str, instead: str) -> None
         shown = ", ".join(f"row {row} ({values.iloc[row]!r})" for row in np.flatnonzero(bad)[:5])
         more = f" and {int(bad.sum()) - 5} more" if bad.sum() > 5 else ""
         raise SourceError(f"{what} {shown}{more}: correct those cells, or pass label_dtype={instead!r} "
-                          f"(--label-dtype {instead}) to say what the column holds")
+                          "to say what the column holds")
 
 
 def _numeric_or_mostly(values: pd.Series) -> bool:

@@ -12,7 +12,7 @@ from typing import Any, Self
 import numpy as np
 import zarr
 
-from ..errors import SourceError, StoreExistsError
+from ..errors import OptionError, SourceError, StoreExistsError
 from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs
 from ..storage import (
     WRITE_CONFIG,
@@ -56,7 +56,7 @@ class Writer:
         compression: str | Compression | None = None,
     ) -> None:
         if is_url(location) or is_zip(location):
-            raise ValueError(
+            raise OptionError(
                 f"Writer writes local directory stores, not {str(location)!r}; write a directory, then "
                 "copy it into a .zip with outcore.from_arrays"
             )

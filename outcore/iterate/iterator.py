@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError
 from ..storage import Store
 from .batch import Batch, ChunkValues, apply_transform, assemble, batch_rng_key
 from .cluster import ClusterRun
@@ -81,7 +82,7 @@ class BatchIterator:
         """Continue from ``state``; the store and settings must match those it was taken with."""
         mismatched = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
         if mismatched:
-            raise ValueError(f"state does not match this iterator (saved, current): {mismatched}")
+            raise OptionError(f"state does not match this iterator (saved, current): {mismatched}")
         self.epoch, self.batches_done = int(state["epoch"]), int(state["batches_done"])
 
     def _settings(self) -> dict[str, Any]:

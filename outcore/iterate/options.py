@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypedDict
 
+from ..errors import OptionError
 from .batch import Transform
 
 
@@ -58,13 +59,13 @@ class BatchOptions:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise ValueError(f"batch_size={self.batch_size} must be at least 1")
+            raise OptionError(f"batch_size={self.batch_size} must be at least 1")
         if self.prefetch < 1:
-            raise ValueError(f"prefetch={self.prefetch} must be at least 1")
+            raise OptionError(f"prefetch={self.prefetch} must be at least 1")
         if self.buffer_chunks < 0:
-            raise ValueError(f"buffer_chunks={self.buffer_chunks} must be 0 or more")
+            raise OptionError(f"buffer_chunks={self.buffer_chunks} must be 0 or more")
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank={self.rank} must be in [0, world_size={self.world_size})")
+            raise OptionError(f"rank={self.rank} must be in [0, world_size={self.world_size})")
         if isinstance(self.fields, str):
             raise TypeError(f"fields={self.fields!r} must be a list of field names, not one string")
         if self.fields is not None:

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import OptionError
+
 
 @dataclass(frozen=True)
 class Consumer:
@@ -43,9 +45,9 @@ class Consumer:
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank={self.rank} must be in [0, world_size={self.world_size})")
+            raise OptionError(f"rank={self.rank} must be in [0, world_size={self.world_size})")
         if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
-            raise ValueError(f"worker={self.worker} must be in [0, num_workers={self.num_workers})")
+            raise OptionError(f"worker={self.worker} must be in [0, num_workers={self.num_workers})")
 
     @property
     def index(self) -> int:
@@ -143,7 +145,7 @@ def epoch_plan(
     ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [0, 1, 2])
     """
     if num_samples < 0 or chunk_size < 1 or buffer_chunks < 0:
-        raise ValueError(
+        raise OptionError(
             f"need num_samples >= 0, chunk_size >= 1, buffer_chunks >= 0; "
             f"got {num_samples}, {chunk_size}, {buffer_chunks}"
         )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import OptionError
 from ..storage import Store
 from .plan import epoch_plan
 from .readers import chunk_reader
@@ -51,10 +52,10 @@ def shuffle_quality(
     """
     field = field or next((name for name, role in store.roles.items() if role == "target"), None)
     if field is None:
-        raise ValueError(f"{store.location} has no target field; name the label field with field=")
+        raise OptionError(f"{store.location} has no target field; name the label field with field=")
     batches = len(store) // batch_size
     if batches == 0:
-        raise ValueError(f"batch_size={batch_size} is larger than the store ({len(store)} samples)")
+        raise OptionError(f"batch_size={batch_size} is larger than the store ({len(store)} samples)")
     reader = chunk_reader(store, field)
     labels = np.concatenate([reader.read(chunk) for chunk in range(store.num_chunks)]).astype(np.int64)
     plan = epoch_plan(len(store), store.chunk_size, shuffle=True, seed=seed, epoch=epoch, buffer_chunks=buffer_chunks)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..errors import OptionError
 from .batch import Batch, Transform
 
 
@@ -77,7 +78,7 @@ class RandomCrop:
         pad = [(0, 0), (self.padding, self.padding), (self.padding, self.padding)] + [(0, 0)] * (images.ndim - 3)
         padded = np.pad(images, pad) if self.padding else images
         if padded.shape[1] < height or padded.shape[2] < width:
-            raise ValueError(f"cannot crop {height}x{width} from images of {padded.shape[1]}x{padded.shape[2]}")
+            raise OptionError(f"cannot crop {height}x{width} from images of {padded.shape[1]}x{padded.shape[2]}")
         top = rng.integers(0, padded.shape[1] - height + 1, size=len(images))
         left = rng.integers(0, padded.shape[2] - width + 1, size=len(images))
         windows = sliding_window_view(padded, (height, width), axis=(1, 2))  # (N, H', W', ..., h, w)

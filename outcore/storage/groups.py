@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ..errors import NotAStoreError
+from ..errors import NotAStoreError, OptionError
 from ..format import Compression, Layout
 from .zipstore import RangeZipStore
 
@@ -36,7 +36,7 @@ def open_group(location: str | os.PathLike, mode: str = "r") -> zarr.Group:
     store: Any = text
     if is_zip(text) and not is_url(text):
         if mode != "r":
-            raise ValueError(f"{text!r}: zip stores are read-only; write a directory store and pack it")
+            raise OptionError(f"{text!r}: zip stores are read-only; write a directory store and pack it")
         try:
             store = RangeZipStore(text)
         except (zipfile.BadZipFile, OSError) as error:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import OutcoreWarning, StorageError, StoreExistsError
+from ..errors import OptionError, OutcoreWarning, StorageError, StoreExistsError
 from .groups import is_url, is_zip
 
 _RENAME_EXCHANGE = 2
@@ -67,7 +67,7 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
     instead of started again.
     """
     if is_url(location):
-        raise ValueError(f"cannot write to {location!r}: outcore writes stores to local paths only")
+        raise OptionError(f"cannot write to {location!r}: outcore writes stores to local paths only")
     target = Path(location).absolute()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +75,7 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
         raise storage_error(error, target) from None
     _restore_previous(target)
     if target.exists() and not overwrite:
-        raise StoreExistsError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
+        raise StoreExistsError(f"{target} already exists; pass overwrite=True to replace it")
     staging, lock = _adopt_or_clean(target, manifest if resume else None)
     if staging is None:
         staging = _start(target, manifest)
