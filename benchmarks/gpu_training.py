@@ -124,9 +124,9 @@ def main() -> None:
     feeds = {
         "the same batch, already on the GPU (ceiling)": lambda: forever(lambda: [resident]),
         "outcore ds.torch, reader threads (num_workers=0)": lambda: forever(lambda: pairs(ds.torch(
-            BATCH, fields=["images", "labels"], transform=AUGMENT, pin_memory=True))),
+            BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT, pin_memory=True))),
         "outcore ds.torch, 4 DataLoader workers": lambda: forever(lambda: pairs(ds.torch(
-            BATCH, fields=["images", "labels"], transform=AUGMENT, pin_memory=True, num_workers=4))),
+            BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT, pin_memory=True, num_workers=4))),
         "JPEG folder, Pillow, DataLoader, 8 workers": lambda: forever(lambda: (
             (x.cuda(non_blocking=True), y.cuda(non_blocking=True)) for x, y in jpeg_loader)),
     }

@@ -89,13 +89,16 @@ class Dataset(Store):
         return BatchIterator(self, BatchOptions.of(batch_size, options))
 
     def keras(self, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
-              sample_weight: str | None = None, workers: int = 2, max_queue_size: int = 10,
+              sample_weight: str | None = "auto", workers: int = 2, max_queue_size: int = 10,
               **options: Unpack[BatchKeywords]) -> KerasBatches:
         """A ``keras.utils.PyDataset`` for ``model.fit``/``evaluate``/``predict``: ``x``, ``y`` and
-        ``sample_weight`` name fields; ``workers`` threads read batches; the other options are those of
-        `batches` (see `outcore.adapters.keras.KerasBatches`).
+        ``sample_weight`` name fields (by default the store's sample-weight field, with ``y``);
+        ``workers`` threads read batches; the other options are those of `batches`. ``(x, y)`` batches
+        are shuffled unless ``shuffle=False``; ``x`` alone (for ``predict``) comes in store order
+        unless ``shuffle=True`` (see `outcore.adapters.keras.KerasBatches`).
 
         >>> model.fit(ds.keras(256, x="images", y="labels"), epochs=5)  # doctest: +SKIP
+        >>> predictions = model.predict(ds.keras(256, x="images"))  # row i: sample i  # doctest: +SKIP
         """
         from .adapters.keras import KerasBatches
 
@@ -116,11 +119,12 @@ class Dataset(Store):
     def torch(self, batch_size: int, *, channels_first: bool = False,
               **options: Unpack[TorchKeywords]) -> OutcoreLoader:
         """A ``torch.utils.data.DataLoader`` of batches (dicts of tensors), sharded over its workers
-        and DDP ranks, resumable mid-epoch. The options are those of `batches`, and the DataLoader's own
+        and DDP ranks, resumable mid-epoch. As with a DataLoader, ``shuffle`` is off unless asked for
+        (batches in store order: predictions line up). The options are those of `batches`, and the DataLoader's own
         (``num_workers=0``, ``pin_memory``, ``multiprocessing_context``, ...), passed to it as they are;
         see `outcore.adapters.torch.loader`.
 
-        >>> for batch in ds.torch(batch_size=256, num_workers=2):  # doctest: +SKIP
+        >>> for batch in ds.torch(batch_size=256, shuffle=True, num_workers=2):  # doctest: +SKIP
         ...     ...
         """
         from .adapters.torch import loader

@@ -11,7 +11,7 @@ from PIL import Image
 
 import outcore
 from outcore.cli import describe, main
-from outcore.errors import ImageError, SourceError, StoreExistsError
+from outcore.errors import ImageError, OutcoreWarning, SourceError, StoreExistsError
 from outcore.testing import write_image_folder
 
 
@@ -85,8 +85,10 @@ def test_dataframe_and_csv_with_several_label_columns(image_folder, tmp_path):
     assert ds["score"].dtype == np.float32 and ds.roles["score"] == "target"
     for i in (0, 5):
         np.testing.assert_array_equal(ds["images"][i].compute(), _expected_rgb(image_folder / names[order[i]]))
-    from_frame = outcore.ingest_dataframe(frame, tmp_path / "f.zarr", label_columns=["multi"], root=image_folder,
-                                          shape=(32, 32, 3), progress=False)
+    with pytest.warns(OutcoreWarning, match=r"the DataFrame: column\(s\) \['bi', 'score'\] are not ingested; name "
+                                            r"them in label_columns= to keep them"):
+        from_frame = outcore.ingest_dataframe(frame, tmp_path / "f.zarr", label_columns=["multi"], root=image_folder,
+                                              shape=(32, 32, 3), progress=False)
     np.testing.assert_array_equal(from_frame["images"].compute(), ds["images"].compute())
 
 
@@ -244,3 +246,34 @@ def test_an_image_past_the_pixel_limit_is_a_bad_file(tmp_path):
                                progress=False)
     assert len(ds) == 3 and "more than the limit" in ds.attrs.skipped["examples"][0]
     assert len(outcore.ingest_images(root, tmp_path / "t.zarr", shape=(16, 16, 3), progress=False)) == 4  # default
+
+
+def test_class_folders_named_like_splits_are_refused(tmp_path):
+    write_image_folder(tmp_path / "photos" / "train", 2, classes=("cat", "dog"), size=(8, 8))
+    write_image_folder(tmp_path / "photos" / "val", 2, classes=("cat", "dog"), size=(8, 8))
+    with pytest.raises(SourceError, match=r"named like splits \(train, val\): ingest each split into a store of its "
+                                          r"own \('.*photos/train' into train.zarr and '.*photos/val' into val.zarr\)"):
+        outcore.ingest_images(tmp_path / "photos", tmp_path / "x.zarr", shape=(8, 8), progress=False)
+    assert not (tmp_path / "x.zarr").exists()
+    write_image_folder(tmp_path / "mixed", 2, classes=("cat", "test"), size=(8, 8))
+    with pytest.warns(OutcoreWarning, match="class folder named like a split \\('test'\\)"):
+        ds = outcore.ingest_images(tmp_path / "mixed", tmp_path / "m.zarr", shape=(8, 8), progress=False)
+    assert ds.classes == ["cat", "test"]
+
+
+def test_every_ingest_path_gives_fields_the_same_roles(image_folder, tmp_path):
+    values = {"images": np.zeros((8, 4, 4), np.uint8), "label": np.arange(8), "weight": np.ones(8, np.float32),
+              "extra": np.arange(8)}
+    expected = {"images": "input", "label": "target", "weight": "sample_weight", "extra": "other"}
+    assert outcore.from_arrays(values, tmp_path / "a.zarr", progress=False).roles == {**expected,
+                                                                                       "source_index": "metadata"}
+    with outcore.Writer(tmp_path / "w.zarr") as writer:
+        writer.append(values)
+    assert outcore.open_dataset(tmp_path / "w.zarr").roles == expected
+    names = sorted(p.relative_to(image_folder).as_posix() for p in image_folder.rglob("*.*"))
+    frame = pd.DataFrame({"path": names, "label": [n[:3] for n in names], "weight": np.linspace(1, 2, len(names))})
+    ds = outcore.ingest_dataframe(frame, tmp_path / "d.zarr", label_columns=["label", "weight"], root=image_folder,
+                                  shape=(8, 8, 3), progress=False)
+    assert ds.roles == {"images": "input", "label": "target", "weight": "sample_weight", "path": "metadata",
+                        "source_index": "metadata"}
+    assert ds["weight"].dtype == np.float32

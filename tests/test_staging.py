@@ -59,7 +59,7 @@ from outcore.cli import main
 write = build._write_shard
 def slowly(*args):  # every shard takes a while, so the test can kill the run between two of them
     result = write(*args)
-    time.sleep(0.4)
+    time.sleep(1.0)  # 8 shards on 2 threads: seconds left to stop the run after the first
     return result
 build._write_shard = slowly
 sys.exit(main(sys.argv[1:]))

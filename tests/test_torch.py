@@ -19,7 +19,7 @@ def test_torch_workers_and_ranks_share_an_epoch_exactly_once(ids_store, start_me
     ids_store["images"][:10].compute()  # read in the parent before the workers start
     seen = []
     for rank in range(2):
-        loader = ids_store.torch(50, num_workers=2, rank=rank, world_size=2, seed=4,
+        loader = ids_store.torch(50, num_workers=2, shuffle=True, rank=rank, world_size=2, seed=4,
                                  multiprocessing_context=start_method)
         batches = list(loader)
         assert len(batches) == len(loader) == 10  # every rank the same number of batches
@@ -30,7 +30,7 @@ def test_torch_workers_and_ranks_share_an_epoch_exactly_once(ids_store, start_me
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_torch_resume_mid_epoch_is_exact_for_every_start_method(ids_store, start_method):
     def loader():
-        made = ids_store.torch(64, num_workers=2, seed=5, multiprocessing_context=start_method)
+        made = ids_store.torch(64, num_workers=2, shuffle=True, seed=5, multiprocessing_context=start_method)
         made.set_epoch(2)
         return made
 
@@ -79,7 +79,7 @@ def test_torch_batches_in_a_plain_dataloader(ids_store):
 
 
 def test_torch_epochs_advance_and_set_epoch_repeats(ids_store):
-    loader = ids_store.torch(100, num_workers=2, seed=4)
+    loader = ids_store.torch(100, num_workers=2, shuffle=True, seed=4)
     first = np.concatenate([b["id"].numpy() for b in loader])
     stats = loader.stats()
     assert stats["batches"] == 10 and stats["samples"] == 1000 and 0 <= stats["wait_fraction"] <= 1
@@ -96,7 +96,8 @@ def test_torch_training_loop_learns(splits):
         torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3), torch.nn.ReLU(),
         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 3))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    loader = train.torch(32, num_workers=2, channels_first=True, fields=["images", "labels"], transform=Normalize())
+    loader = train.torch(32, num_workers=2, shuffle=True, channels_first=True, fields=["images", "labels"],
+                         transform=Normalize())
     for _ in range(3):
         for batch in loader:
             optimizer.zero_grad()
@@ -113,11 +114,11 @@ def test_torch_training_loop_learns(splits):
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes:UserWarning")  # 2-core CI
 @pytest.mark.parametrize(("workers", "stop"), [(2, 7), (3, 1), (3, 16)])
 def test_torch_resume_mid_epoch_in_a_new_loader(ids_store, workers, stop):
-    loader = ids_store.torch(64, num_workers=workers, seed=5)
+    loader = ids_store.torch(64, num_workers=workers, shuffle=True, seed=5)
     loader.set_epoch(3)
     uninterrupted = [b["id"].numpy() for b in loader]
     assert len(uninterrupted) == len(loader)
-    interrupted = ids_store.torch(64, num_workers=workers, seed=5)
+    interrupted = ids_store.torch(64, num_workers=workers, shuffle=True, seed=5)
     interrupted.set_epoch(3)
     head = []
     for batch in interrupted:
@@ -126,14 +127,14 @@ def test_torch_resume_mid_epoch_in_a_new_loader(ids_store, workers, stop):
             break
     state = interrupted.state_dict()
     assert state["epoch"] == 3 and sum(state["positions"]) == stop
-    resumed = ids_store.torch(64, num_workers=workers, seed=5)
+    resumed = ids_store.torch(64, num_workers=workers, shuffle=True, seed=5)
     resumed.load_state_dict(state)
     tail = [b["id"].numpy() for b in resumed]
     assert len(head) + len(tail) == len(uninterrupted)
     for got, expected in zip(head + tail, uninterrupted, strict=True):
         np.testing.assert_array_equal(got, expected)
     with pytest.raises(ValueError, match="seed"):
-        ids_store.torch(64, num_workers=workers, seed=6).load_state_dict(state)
+        ids_store.torch(64, num_workers=workers, shuffle=True, seed=6).load_state_dict(state)
 
 
 def test_to_device_on_the_cpu_passes_batches_through(ids_store):
@@ -148,8 +149,8 @@ def test_to_device_on_the_cpu_passes_batches_through(ids_store):
 def test_to_device_overlaps_copies_on_a_gpu(ids_store):
     from outcore.adapters.torch import to_device
 
-    on_the_cpu = [b["id"] for b in ids_store.torch(100, num_workers=2, seed=3)]
-    loader = ids_store.torch(100, num_workers=2, seed=3, pin_memory=True)
+    on_the_cpu = [b["id"] for b in ids_store.torch(100, num_workers=2, shuffle=True, seed=3)]
+    loader = ids_store.torch(100, num_workers=2, shuffle=True, seed=3, pin_memory=True)
     batches = list(to_device(loader, "cuda"))
     assert all(b["id"].device.type == "cuda" for b in batches)
     assert len(batches) == len(on_the_cpu) == 10  # the same batches, in the same order, on the GPU

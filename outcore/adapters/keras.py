@@ -19,6 +19,9 @@ except ImportError as error:  # pragma: no cover - exercised only without keras
     raise ImportError("ds.keras() needs Keras 3: pip install 'outcore[tf]'") from error
 
 
+AUTO = "auto"  # sample_weight: the store's sample-weight field, when it has one and y is given
+
+
 class KerasBatches(keras.utils.PyDataset):
     """Batches as ``(x, y)`` or ``(x, y, sample_weight)``; ``x``/``y`` name a field, a list of fields
     (a tuple goes to the model) or a dict of model input/output names to fields.
@@ -28,15 +31,25 @@ class KerasBatches(keras.utils.PyDataset):
     the same epochs, as iterating the dataset. An epoch ends (and the next one's order is used) once
     every batch of it has been served.
 
+    Training data (``y`` given) is shuffled unless ``shuffle=False``; inputs alone (``x`` only, what
+    ``model.predict`` takes) come in store order unless ``shuffle=True``, so predictions line up with
+    the store's labels and paths. With ``y``, the store's ``sample_weight`` field (the role) is the
+    sample weights unless ``sample_weight=None`` or another field is named.
+
     >>> model.fit(ds.keras(256, x="images", y="labels"), epochs=5,
     ...           validation_data=val.keras(256, x="images", y="labels", shuffle=False))  # doctest: +SKIP
+    >>> predictions = model.predict(test.keras(256, x="images"))  # row i is sample i  # doctest: +SKIP
     """
 
     def __init__(self, store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
-                 sample_weight: str | None = None, workers: int = 2, max_queue_size: int = 10,
+                 sample_weight: str | None = AUTO, workers: int = 2, max_queue_size: int = 10,
                  **options: Unpack[BatchKeywords]) -> None:
         super().__init__(workers=workers, use_multiprocessing=False, max_queue_size=max_queue_size)
+        if sample_weight == AUTO:
+            weights = [name for name, role in store.roles.items() if role == "sample_weight"]
+            sample_weight = weights[0] if y is not None and len(weights) == 1 else None
         self.x, self.y, self.sample_weight = x, y, sample_weight
+        options = {"shuffle": y is not None, **options}
         self.iterator = BatchIterator(store, BatchOptions.of(batch_size, options_with_fields(options, x, y,
                                                                                              sample_weight)))
         self._served: set[int] = set()

@@ -20,7 +20,9 @@ except ImportError as error:  # pragma: no cover - exercised only without tensor
 
 def dataset(store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
             **options: Unpack[BatchKeywords]) -> tf.data.Dataset:
-    """Batches as ``x`` or ``(x, y)``, each field a tensor with a known ``element_spec``.
+    """Batches as ``x`` or ``(x, y)``, each field a tensor with a known ``element_spec``. As with
+    `outcore.adapters.keras.KerasBatches`, ``(x, y)`` batches are shuffled unless ``shuffle=False`` and
+    ``x`` alone comes in store order unless ``shuffle=True``.
 
     The batch dimension is static when ``drop_last=True``; the other dimensions are those the
     ``transform`` (if any) gives a blank sample. Each pass over the dataset is the next
@@ -28,6 +30,7 @@ def dataset(store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelecti
 
     >>> model.fit(ds.tf(256, x="images", y="labels").prefetch(2), epochs=3)  # doctest: +SKIP
     """
+    options = {"shuffle": y is not None, **options}
     iterator = BatchIterator(store, BatchOptions.of(batch_size, options_with_fields(options, x, y)))
     fields = iterator.fields
     batch_dim = batch_size if iterator.options.drop_last else None

@@ -45,11 +45,12 @@ _CLIENT_IN_WORKERS = (
 
 class TorchBatch(dict):
     """A batch (field name -> tensor; text fields stay numpy strings) that knows where it comes from:
-    ``epoch``, ``worker`` (whose share of the rank's samples) and ``index`` (its position in that share)."""
+    ``epoch``, ``worker`` (whose share of the rank's samples), ``index`` (its position in that share)
+    and ``samples``, the store's indices of its samples (where each prediction belongs)."""
 
-    def __init__(self, values: dict[str, Any], epoch: int, worker: int, index: int) -> None:
+    def __init__(self, values: dict[str, Any], epoch: int, worker: int, index: int, samples: np.ndarray) -> None:
         super().__init__(values)
-        self.epoch, self.worker, self.index = epoch, worker, index
+        self.epoch, self.worker, self.index, self.samples = epoch, worker, index, samples
 
 
 class TorchBatches(IterableDataset):
@@ -116,9 +117,10 @@ class TorchBatches(IterableDataset):
         iterator.batches_done = self.positions[worker] if self.positions else 0
         if iterator.batches_done >= len(iterator):
             return  # this share was all delivered before the interruption
+        samples, size = iterator.plan(self.epoch).samples, self.options.batch_size
         for index, batch in enumerate(iterator, start=iterator.batches_done):
             yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch, worker,
-                             index)
+                             index, samples[index * size : (index + 1) * size])
 
     def _consumer(self, worker: int) -> Consumer:
         return Consumer(self.options.rank, self.options.world_size, worker, self.shares)
@@ -188,7 +190,10 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
            **options: Unpack[TorchKeywords]) -> OutcoreLoader:
     """A DataLoader of batches of ``store``, read by ``num_workers`` worker processes (default 0).
 
-    The batch options are those of `Dataset.batches`; ``rank``/``world_size`` default to
+    The batch options are those of `Dataset.batches`, but ``shuffle`` is off unless asked for, as in a
+    DataLoader: pass ``shuffle=True`` to train. Without it, and with ``num_workers=0``, batches come in
+    store order, so predictions line up with the store's labels and paths; DataLoader workers take
+    turns, so with more use each batch's ``samples``. ``rank``/``world_size`` default to
     ``torch.distributed``'s when it is initialised. Every other keyword goes to the DataLoader as it is
     (``num_workers``, ``pin_memory``, ``multiprocessing_context``, ``prefetch_factor``, ...). Batches are
     made by outcore, so the DataLoader's own batching is off. outcore already reads ahead on background
@@ -197,7 +202,7 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
     2, on 2 cores); use them for heavy per-batch Python transforms. Workers may start by fork, spawn or
     forkserver; with spawn and forkserver, the transform must pickle (defined at module level).
 
-    >>> for batch in ds.torch(batch_size=256, num_workers=2):  # doctest: +SKIP
+    >>> for batch in ds.torch(batch_size=256, shuffle=True, num_workers=2):  # doctest: +SKIP
     ...     loss = model(batch["images"].float()).mean()
     """
     batch_keywords, dataloader_options = split_torch_keywords(options)
@@ -207,6 +212,7 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
             "DataLoader's workers when they start, so they start again every epoch"
         )
     rank, world_size = _distributed_rank()
+    batch_keywords.setdefault("shuffle", False)
     batch_keywords.setdefault("rank", rank)
     batch_keywords.setdefault("world_size", world_size)
     num_workers = int(dataloader_options.get("num_workers", 0))

@@ -7,8 +7,10 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
@@ -33,7 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return args.run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = partial(_show_warning, args)
+            return args.run(args)
     except OutcoreError as error:
         print(f"outcore {args.command}: error: {in_flag_names(str(error), args.parser)}", file=sys.stderr)
         return 2
@@ -45,6 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout went away: nothing more to say, and nowhere to say it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a command killed by the closed pipe would
+
+
+def _show_warning(args: argparse.Namespace, message: Warning | str, *_: Any, **__: Any) -> None:
+    """A warning as one line, in flag names, like errors."""
+    print(f"outcore {args.command}: warning: {in_flag_names(str(message), args.parser)}", file=sys.stderr)
 
 
 def in_flag_names(message: str, parser: argparse.ArgumentParser) -> str:

@@ -3,7 +3,17 @@
 Pure values and functions: no I/O policy and no dask. `outcore.storage` puts them on disk.
 """
 
-from .attrs import ATTRS_KEY, FORMAT_VERSION, IMAGE_ENCODING, ROLES, FieldInfo, ImageDecode, StoreAttrs
+from .attrs import (
+    ATTRS_KEY,
+    FORMAT_VERSION,
+    IMAGE_ENCODING,
+    ROLES,
+    WEIGHT_NAMES,
+    FieldInfo,
+    ImageDecode,
+    StoreAttrs,
+    guess_roles,
+)
 from .compression import Compression, unsafe_codecs
 from .encoded import RANGES_SUFFIX, chunk_capacity, pack_regions, ranges_name
 from .layout import Layout
@@ -16,6 +26,7 @@ __all__ = [
     "RANGES_SUFFIX",
     "ROLES",
     "TEXT_ENCODING",
+    "WEIGHT_NAMES",
     "Compression",
     "FieldInfo",
     "ImageDecode",
@@ -24,6 +35,7 @@ __all__ = [
     "chunk_capacity",
     "decode_text",
     "encode_text",
+    "guess_roles",
     "pack_regions",
     "ranges_name",
     "unsafe_codecs",

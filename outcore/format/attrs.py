@@ -8,7 +8,7 @@ fields are for; docs/format.md is the full description. Pure values: no I/O here
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,7 +20,9 @@ from .text import TEXT_ENCODING
 FORMAT_VERSION = 1
 ATTRS_KEY = "outcore"
 MAX_SAMPLES = 2**48  # far beyond any data set, and small enough that counts and offsets stay exact
-ROLES = ("input", "target", "metadata", "other")
+ROLES = ("input", "target", "sample_weight", "metadata", "other")
+TARGET_NAMES = ("labels", "label", "targets", "target", "y")
+WEIGHT_NAMES = ("sample_weight", "sample_weights", "weight", "weights")
 IMAGE_ENCODING = "image"
 FIELD_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
                 "float32", "float64")
@@ -171,6 +173,27 @@ class StoreAttrs:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def guess_roles(names: Sequence[str], given: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each field's role: ``given`` ones as they are; fields named like labels (`TARGET_NAMES`) are
+    targets, fields named like weights (`WEIGHT_NAMES`) sample weights, the first other field the input,
+    the rest "other". Every ingest path (arrays, Writer, images) uses this one rule.
+
+    >>> guess_roles(["images", "labels", "weight", "path"], {"path": "metadata"})
+    {'images': 'input', 'labels': 'target', 'weight': 'sample_weight', 'path': 'metadata'}
+    """
+    roles = dict(given or {})
+    for name in names:
+        if name in roles:
+            continue
+        if name in TARGET_NAMES:
+            roles[name] = "target"
+        elif name in WEIGHT_NAMES:
+            roles[name] = "sample_weight"
+        else:
+            roles[name] = "other" if "input" in roles.values() else "input"
+    return {name: roles[name] for name in names}
 
 
 def _bounded(value: Any, name: str, low: int, high: int) -> int:

@@ -11,12 +11,11 @@ import numpy as np
 
 from ..dataset import Dataset, open_dataset
 from ..errors import SourceError
-from ..format import TEXT_ENCODING, Compression, FieldInfo, Layout, encode_text
+from ..format import TEXT_ENCODING, Compression, FieldInfo, Layout, encode_text, guess_roles
 from .build import BuildOptions, FieldSource, build_store
 from .permute import as_dask, write_order
 
 SOURCE_INDEX_FIELD = "source_index"
-TARGET_NAMES = ("labels", "label", "targets", "target", "y")
 
 
 def from_arrays(
@@ -35,8 +34,9 @@ def from_arrays(
 ) -> Dataset:
     """Write arrays that share their first axis (numpy, dask, zarr or h5py) as the fields of a new store.
 
-    ``roles`` defaults to ``"target"`` for fields named labels/label/targets/target/y, ``"input"`` for
-    the first other field, and ``"other"`` for the rest. ``classes`` names the classes of label fields.
+    ``roles`` defaults to ``"target"`` for fields named labels/label/targets/target/y,
+    ``"sample_weight"`` for fields named weight/weights/sample_weight(s), ``"input"`` for the first
+    other field, and ``"other"`` for the rest (`outcore.format.guess_roles`). ``classes`` names the classes of label fields.
     Strings (numpy ``U``/``S``) are stored as UTF-8 text fields. When shuffled on write, a
     ``source_index`` field records each sample's position in the input; an on-disk or dask input is
     shuffled through a scratch folder beside the store, in bounded memory (`outcore.ingest.permute`).
@@ -88,17 +88,10 @@ def _field_infos(
     unknown = (set(roles) | set(classes)) - set(names)
     if unknown:
         raise SourceError(f"roles/classes name field(s) {sorted(unknown)} that are not among {names}")
-    guessed: dict[str, str] = {}
-    for name in names:
-        if name in TARGET_NAMES:
-            guessed[name] = "target"
-        elif "input" not in guessed.values():
-            guessed[name] = "input"
-        else:
-            guessed[name] = "other"
+    guessed = guess_roles(names, roles)
     return {
         name: FieldInfo(
-            roles.get(name, guessed[name]),
+            guessed[name],
             tuple(classes[name]) if name in classes else None,
             TEXT_ENCODING if name in text_fields else None,
         )

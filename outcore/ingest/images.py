@@ -18,6 +18,7 @@ from ..format import (
     IMAGE_ENCODING,
     RANGES_SUFFIX,
     TEXT_ENCODING,
+    WEIGHT_NAMES,
     Compression,
     FieldInfo,
     ImageDecode,
@@ -183,7 +184,8 @@ def _ingest_table(
             nbytes=np.array([size for size, _ in stats], dtype=np.int64),
         )
     for name, values in table.labels.items():
-        fields[name] = FieldSource(as_dask(values[order], layout.shard_size), FieldInfo("target", table.classes.get(name)))
+        role = "sample_weight" if name in WEIGHT_NAMES and name not in table.classes else "target"
+        fields[name] = FieldSource(as_dask(values[order], layout.shard_size), FieldInfo(role, table.classes.get(name)))
     fields[PATH_FIELD] = FieldSource(
         as_dask(encode_text(np.array(table.names)[order]), layout.shard_size), FieldInfo("metadata", encoding=TEXT_ENCODING)
     )

@@ -65,9 +65,29 @@ def scan_image_folder(root: str | os.PathLike, extensions: Sequence[str] = IMAGE
         return SourceTable(paths, names, description=description)
     class_of = [n.split("/", 1)[0] for n in names]
     classes = tuple(sorted(set(class_of)))
+    _refuse_splits_as_classes(root, classes)
     index = {name: i for i, name in enumerate(classes)}
     labels = np.array([index[c] for c in class_of], dtype=np.int64)
     return SourceTable(paths, names, {"labels": labels}, {"labels": classes}, description=description)
+
+
+SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing", "eval"})
+
+
+def _refuse_splits_as_classes(root: Path, classes: Sequence[str]) -> None:
+    """Class folders named like splits (``train``, ``val``) mean the folder above the splits was given:
+    an error when two or more are, a warning for one."""
+    splits = [name for name in classes if name.lower() in SPLIT_NAMES]
+    if len(splits) >= 2:
+        shown = " and ".join(f"{str(root / name)!r} into {name}.zarr" for name in splits[:2])
+        raise SourceError(
+            f"the class folders of {str(root)!r} are named like splits ({', '.join(splits)}): ingest each "
+            f"split into a store of its own ({shown}); to use such names as classes, ingest a DataFrame of "
+            "paths and labels"
+        )
+    if splits:
+        warnings.warn(f"{str(root)!r} has a class folder named like a split ({splits[0]!r}); if it is one, ingest "
+                      "each split folder into a store of its own", OutcoreWarning, stacklevel=4)
 
 
 def _image_names(root: Path, suffixes: tuple[str, ...]) -> list[str]:
@@ -136,6 +156,10 @@ def table_from_dataframe(
         raise SourceError(f"{where} has no rows")
     if frame[path_column].isna().any():
         raise SourceError(f"{where}: column {path_column!r} is empty in rows {_rows(frame[path_column].isna())}")
+    unused = [str(c) for c in frame.columns if c not in (path_column, *label_columns)]
+    if unused:
+        warnings.warn(f"{where}: column(s) {unused} are not ingested; name them in label_columns= to keep them",
+                      OutcoreWarning, stacklevel=3)
     dtypes = _label_dtypes(label_dtype, label_columns)
     names = [str(p) for p in frame[path_column]]
     paths = [str((base / n).absolute()) for n in names]

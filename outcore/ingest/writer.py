@@ -13,7 +13,7 @@ import numpy as np
 import zarr
 
 from ..errors import OptionError, SourceError, StoreExistsError
-from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs
+from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs, guess_roles
 from ..storage import (
     WRITE_CONFIG,
     create_field,
@@ -35,8 +35,10 @@ class Writer:
 
     Batches may have any size. Samples are buffered and written a whole shard file at a time (each file
     replaced in one step), and the store's sample count is published only once the shards holding those
-    samples are on disk (fsync), so readers see a consistent prefix while it grows, and after a crash. ``specs`` maps field names to ``(dtype, sample_shape)``; when omitted,
-    the first batch defines them. ``append=True`` reopens an existing store and adds to it.
+    samples are on disk (fsync), so readers see a consistent prefix while it grows, and after a crash.
+    ``specs`` maps field names to ``(dtype, sample_shape)``; when omitted, the first batch defines them.
+    ``roles`` default as in `outcore.from_arrays`. ``append=True`` reopens an existing store and adds
+    to it.
 
     >>> with outcore.Writer("preds.zarr", specs={"emb": ("float32", (512,))}) as w:  # doctest: +SKIP
     ...     for x in batches:
@@ -132,8 +134,9 @@ class Writer:
         group = zarr.open_group(self.location, mode="w")
         for name, (dtype, shape) in specs.items():
             create_field(group, name, dtype, shape, 0, layout, self._compression)
+        roles = guess_roles(list(specs), self._roles)
         infos = {
-            name: FieldInfo(self._roles.get(name, "other"), tuple(self._classes[name]) if name in self._classes else None,
+            name: FieldInfo(roles[name], tuple(self._classes[name]) if name in self._classes else None,
                             dtype=dtype.name, sample_shape=tuple(int(s) for s in shape))
             for name, (dtype, shape) in specs.items()
         }
