@@ -103,3 +103,33 @@ def test_keras_multi_input_dict_and_sample_weights(tmp_path, rng):
     assert len(history.history["loss"]) == 2
     pairs = ds.keras(64, x=("a", "b"), y=("target", "weight"))[1]
     assert isinstance(pairs[0], tuple) and len(pairs[0]) == 2 and len(pairs[1]) == 2
+
+
+def test_predictions_line_up_with_the_store_labels_and_paths(tmp_path):
+    """A model that returns each picture's mean: predicting on the store gives sample i's label back at row i."""
+    import keras
+
+    n = 300
+    labels = np.random.default_rng(0).permutation(n)
+    images = np.broadcast_to(labels[:, None, None, None], (n, 4, 4, 1)).astype(np.float32)
+    paths = np.array([f"img_{label:03d}.png" for label in labels])
+    ds = outcore.from_arrays({"images": images, "labels": labels, "path": paths}, tmp_path / "p.zarr", chunk_size=16,
+                             progress=False)  # shuffled on write: store order is neither source nor label order
+    model = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.GlobalAveragePooling2D()])
+    predictions = model.predict(ds.keras(64, x="images"), verbose=0)[:, 0]
+    np.testing.assert_array_equal(predictions.astype(np.int64), ds["labels"].compute())
+    assert [f"img_{int(p):03d}.png" for p in predictions] == ds["path"].compute().tolist()
+    tf_predictions = model.predict(ds.tf(64, x="images"), verbose=0)[:, 0]
+    np.testing.assert_array_equal(tf_predictions.astype(np.int64), ds["labels"].compute())
+    training = ds.keras(64, x="images", y="labels")  # (x, y): shuffled unless shuffle=False
+    assert not np.array_equal(training[0][1], ds["labels"][:64].compute())
+    assert len(training[0]) == 2  # no sample-weight field in this store
+
+
+def test_the_store_sample_weight_field_is_used_without_naming_it(tmp_path):
+    ds = outcore.from_arrays({"x": np.zeros((64, 2), np.float32), "y": np.arange(64) % 2,
+                              "weight": np.linspace(1, 2, 64).astype(np.float32)}, tmp_path / "w.zarr",
+                             progress=False)
+    x, y, weight = ds.keras(16, x="x", y="y", shuffle=False)[0]
+    np.testing.assert_array_equal(weight, ds["weight"][:16].compute())
+    assert len(ds.keras(16, x="x", y="y", sample_weight=None)[0]) == 2 and len(ds.keras(16, x="x")[0]) == 1

@@ -156,3 +156,18 @@ def test_to_device_overlaps_copies_on_a_gpu(ids_store):
     assert len(batches) == len(on_the_cpu) == 10  # the same batches, in the same order, on the GPU
     for got, expected in zip(batches, on_the_cpu, strict=True):
         assert torch.equal(got["id"].cpu(), expected)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torch_batches_say_which_samples_they_hold_and_come_in_store_order(ids_store, workers):
+    ids = ids_store["id"].compute()  # the store was shuffled on write: ids[i] is sample i's source index
+    batches = list(ids_store.torch(64, num_workers=workers))  # no shuffle unless asked, as a DataLoader
+    for batch in batches:
+        np.testing.assert_array_equal(batch["id"].numpy(), ids[batch.samples])
+    order = np.concatenate([batch.samples for batch in batches])
+    assert sorted(order.tolist()) == list(range(1000))
+    if workers == 0:
+        assert order.tolist() == list(range(1000))  # predictions line up with the store's labels and paths
+    shuffled = next(iter(ids_store.torch(64, shuffle=True, seed=1)))
+    np.testing.assert_array_equal(shuffled["id"].numpy(), ids[shuffled.samples])
+    assert shuffled.samples.tolist() != list(range(64))
