@@ -130,6 +130,6 @@ def test_the_store_sample_weight_field_is_used_without_naming_it(tmp_path):
     ds = outcore.from_arrays({"x": np.zeros((64, 2), np.float32), "y": np.arange(64) % 2,
                               "weight": np.linspace(1, 2, 64).astype(np.float32)}, tmp_path / "w.zarr",
                              progress=False)
-    x, y, weight = ds.keras(16, x="x", y="y", shuffle=False)[0]
+    _, _, weight = ds.keras(16, x="x", y="y", shuffle=False)[0]
     np.testing.assert_array_equal(weight, ds["weight"][:16].compute())
     assert len(ds.keras(16, x="x", y="y", sample_weight=None)[0]) == 2 and len(ds.keras(16, x="x")[0]) == 1
