@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import os
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -13,12 +14,14 @@ from dask.base import tokenize
 
 from .adapters.keywords import TorchKeywords
 from .adapters.selection import FieldSelection
-from .format import StoreAttrs, decode_text
+from .format import StoreAttrs, class_flags, decode_text, dimension_names
 from .iterate import BatchIterator, BatchKeywords, BatchOptions, ChunkReader, chunk_reader, sample_spec
 from .storage import Store, open_store
+from .storage.report import FieldReport, field_reports, human_size
 
 if TYPE_CHECKING:
     import tensorflow as tf
+    import xarray as xr
 
     from .adapters.keras import KerasBatches
     from .adapters.torch import OutcoreLoader
@@ -158,14 +161,58 @@ class Dataset(Store):
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{h}</th>" for h in ("field", "dtype", "shape", "role", "classes"))
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in self._field_rows()
-        )
-        return (
-            f"<div><strong>outcore.Dataset</strong> <code>{html.escape(self.location)}</code><br>"
-            f"{html.escape(self._summary())}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
-        )
+        """Jupyter's view: what ``outcore info`` shows — every field's dtype, shape, chunking, codecs,
+        sizes decoded and on disk, ratio, role and classes — then notes and provenance."""
+        reports = field_reports(self)
+        header = ("field", "dtype", "shape", "chunk", "shard", "codecs", "decoded", "on disk", "ratio", "role",
+                  "classes")
+        rows = [(r.name, r.dtype, " × ".join(map(str, r.shape)), f"{r.chunk:,}", f"{r.shard:,}", r.codecs,
+                 human_size(r.decoded), human_size(r.stored), r.ratio, r.role, _classes_cell(r.classes))
+                for r in reports]
+        total = FieldReport("total", "", (), 0, 0, "", sum(r.decoded for r in reports),
+                            sum(r.stored for r in reports), "")
+        rows.append(("total", "", "", "", "", "", human_size(total.decoded), human_size(total.stored), total.ratio,
+                     "", ""))
+        notes = []
+        if self.unpublished():
+            notes.append(f"{self.unpublished():,} sample(s) written beyond the published count: readers ignore them")
+        if self.attrs.skipped:
+            notes.append(f"{self.attrs.skipped['count']:,} source file(s) skipped at ingest: "
+                         f"{self.attrs.skipped.get('report')}")
+        return "".join([
+            f"<div><strong>outcore.Dataset</strong> <code>{html.escape(self.location)}</code>: ",
+            html.escape(self._summary()),
+            "<table><thead><tr>", *(f"<th>{h}</th>" for h in header), "</tr></thead><tbody>",
+            *("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows),
+            "</tbody></table>",
+            *(f"<p>{html.escape(note)}</p>" for note in notes),
+            "<details><summary>provenance</summary><pre>",
+            html.escape(json.dumps(self.attrs.provenance, indent=2)), "</pre></details></div>",
+        ])
+
+    def to_xarray(self) -> xr.Dataset:
+        """The fields as a lazy ``xarray.Dataset`` with named dimensions (``sample``, ``height``,
+        ``width``, ``channel``, ...): text as strings, encoded images decoded, and each class-label
+        field's class names in its ``flag_meanings`` attribute (the CF convention).
+
+        >>> ds.to_xarray()["labels"].attrs["flag_meanings"]  # doctest: +SKIP
+        'cat dog'
+        """
+        import xarray as xr  # an optional dependency (the xarray extra)
+
+        lazy = {name: self[name] for name in self.fields}
+        dims = dimension_names({name: (array.dtype, array.shape[1:]) for name, array in lazy.items()})
+        variables = {}
+        for name, array in lazy.items():
+            classes = self.classes_of(name)
+            attrs = {"role": self.roles[name], **(class_flags(classes) if classes else {})}
+            variables[name] = xr.Variable(dims[name], array, attrs=attrs)
+        return xr.Dataset(variables, attrs={"source": self.location})
+
+
+def _classes_cell(classes: tuple[str, ...]) -> str:
+    shown = ", ".join(classes[:8]) + (", …" if len(classes) > 8 else "")
+    return f"{len(classes)}: {shown}" if classes else ""
 
 
 class _ChunkView:

@@ -184,7 +184,7 @@ def test_workers_that_cannot_see_the_store_say_so(client, photos, tmp_path):
         next(iter(it))
 
 
-ADAPTER_OPTIONS = {"seed": 2, "transform": augment("images_encoded")}  # x=, y= choose the fields of tf, keras
+ADAPTER_OPTIONS = {"shuffle": True, "seed": 2, "transform": augment("images_encoded")}  # x=, y= choose the fields
 
 
 def test_torch_takes_the_client(client, photos):

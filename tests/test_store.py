@@ -87,9 +87,45 @@ def test_plain_zarr_dask_and_xarray_read_the_store(store):
     np.testing.assert_array_equal(zarr.open_group(path, mode="r")["images"][:], arrays["images"])
     np.testing.assert_array_equal(da.from_zarr(str(path), component="labels").compute(), arrays["labels"])
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # xarray notes that consolidated metadata is absent
-        dataset = xr.open_zarr(path, consolidated=False)
+        warnings.simplefilter("error")  # consolidated metadata: no warning, named dimensions
+        dataset = xr.open_zarr(path)
+    assert dataset["images"].dims == ("sample", "height", "width", "channel")
+    assert dataset["labels"].attrs == {"flag_values": [0, 1, 2], "flag_meanings": "a b c"}
     np.testing.assert_array_equal(dataset["labels"].values, arrays["labels"])
+
+
+def test_a_zip_store_opens_in_plain_zarr_and_xarray_through_zipstore(tmp_path, rng):
+    x = rng.integers(0, 256, (100, 4, 4), dtype=np.uint8)
+    outcore.from_arrays({"x": x, "labels": np.arange(100) % 2}, tmp_path / "s.zarr.zip", progress=False,
+                        shuffle_on_write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dataset = xr.open_zarr(ZipStore(tmp_path / "s.zarr.zip", mode="r"))  # the README's one-liner
+    assert dataset["x"].dims == ("sample", "height", "width")
+    np.testing.assert_array_equal(dataset["x"].values, x)
+
+
+def test_to_xarray_has_strings_decoded_images_and_class_names(tmp_path):
+    paths = np.array(["cat/1.jpg", "dög/2.png", "owl/3.jpg"] * 10)
+    ds = outcore.from_arrays({"images": np.zeros((30, 4, 4, 3), np.uint8), "masks": np.ones((30, 2, 2, 1), np.uint8),
+                              "labels": np.arange(30) % 3, "path": paths}, tmp_path / "t.zarr",
+                             classes={"labels": ["cat", "big dog", "owl"]}, progress=False)
+    dataset = ds.to_xarray()
+    assert dict(dataset.sizes) == {"sample": 30, "height": 4, "width": 4, "channel": 3, "masks_height": 2,
+                                   "masks_width": 2, "masks_channel": 1}
+    assert dataset["path"].dims == ("sample",) and dataset["path"].values.tolist() == ds["path"].compute().tolist()
+    assert sorted(dataset["path"].values.tolist()) == sorted(paths.tolist())
+    assert dataset["labels"].attrs == {"role": "target", "flag_values": [0, 1, 2], "flag_meanings": "cat big_dog owl"}
+
+
+def test_a_writer_store_is_consolidated_as_it_grows(tmp_path):
+    with outcore.Writer(tmp_path / "w.zarr", classes={"label": ["no", "yes"]}) as writer:
+        writer.append({"label": np.array([0, 1, 1]), "score": np.array([0.5, 0.7, 0.9], np.float32)})
+        writer.flush()
+        assert xr.open_zarr(tmp_path / "w.zarr").sizes["sample"] == 3
+        writer.append({"label": np.array([0]), "score": np.array([0.1], np.float32)})
+    dataset = xr.open_zarr(tmp_path / "w.zarr")
+    assert dataset.sizes["sample"] == 4 and dataset["label"].attrs["flag_meanings"] == "no yes"
 
 
 def test_zip_store_reads_like_the_directory(tmp_path, rng):
@@ -152,7 +188,26 @@ def test_text_and_html_repr(store):
     assert text.splitlines()[0] == f"<outcore.Dataset '{path}': 300 samples in 10 chunks of 32>"
     assert "images  uint8  (300, 8, 8, 3)  input" in text and "classes: a, b, c" in text
     html = ds._repr_html_()
-    assert "<table>" in html and "<td>images</td><td>uint8</td><td>(300, 8, 8, 3)</td><td>input</td>" in html
+    for cell in ("images", "uint8", "300 × 8 × 8 × 3", "32", "blosc(lz4:5:shuffle)+crc32c", "56.2 KiB", "input",
+                 "labels", "target", "3: a, b, c", "total"):  # at least what outcore info shows
+        assert f"<td>{cell}</td>" in html, cell
+    assert "<th>on disk</th>" in html and "<th>ratio</th>" in html and "<summary>provenance</summary>" in html
+
+
+def test_progress_bars_in_a_notebook_without_ipywidgets_do_not_warn(monkeypatch):
+    import sys
+    import types
+
+    from outcore.ingest import progress_bar
+
+    kernel = types.SimpleNamespace(config={"IPKernelApp": {}})
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: kernel))
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)  # no ipywidgets
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with progress_bar(3, "test", "items") as bar:
+            bar.update(3)
+    assert type(bar).__module__ == "tqdm.std"
 
 
 def test_open_by_fsspec_url(store):

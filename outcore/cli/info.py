@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import math
-
-import zarr
 
 from ..dataset import Dataset
 from ..errors import CorruptChunkError
-from ..format import ranges_name
+from ..storage.report import FieldReport, field_reports, human_size
 
 
 def describe(ds: Dataset) -> str:
@@ -30,35 +27,11 @@ def describe(ds: Dataset) -> str:
         )
     lines = [repr(ds).splitlines()[0], ""]
     header = ("field", "dtype", "shape", "chunk", "shard", "codecs", "decoded", "on disk", "ratio", "role")
-    rows = [header]
-    total_raw = total_stored = 0
-    for name in ds.fields:
-        info, array = ds.attrs.fields[name], ds.array(name)
-        stored = array.nbytes_stored()
-        if info.is_image:  # decoded size vs the files' bytes (and their ranges) as stored
-            ranges = ds.array(ranges_name(name))
-            stored += ranges.nbytes_stored()
-            raw, dtype, sample_shape = len(ds) * info.decode.nbytes, f"{info.decode.dtype} (encoded images)", \
-                info.decode.shape
-            array = ranges
-        else:
-            raw = len(ds) * array.dtype.itemsize * math.prod(array.shape[1:])
-            dtype, sample_shape = str(array.dtype) + (" (utf-8 text)" if info.is_text else ""), array.shape[1:]
-        total_raw, total_stored = total_raw + raw, total_stored + stored
-        rows.append((
-            name,
-            dtype,
-            "x".join(map(str, (len(ds), *sample_shape))),
-            str(array.chunks[0]),
-            str((array.shards or array.chunks)[0]),
-            _codecs(ds.array(name)),
-            _size(raw),
-            _size(stored),
-            f"{raw / stored:.1f}x" if stored else "-",
-            ds.attrs.fields[name].role,
-        ))
-    rows.append(("total", "", "", "", "", "", _size(total_raw), _size(total_stored),
-                 f"{total_raw / total_stored:.1f}x" if total_stored else "-", ""))
+    reports = field_reports(ds)
+    rows = [header] + [(r.name, r.dtype, "x".join(map(str, r.shape)), str(r.chunk), str(r.shard), r.codecs,
+                        human_size(r.decoded), human_size(r.stored), r.ratio, r.role) for r in reports]
+    total = FieldReport("total", "", (), 0, 0, "", sum(r.decoded for r in reports), sum(r.stored for r in reports), "")
+    rows.append(("total", "", "", "", "", "", human_size(total.decoded), human_size(total.stored), total.ratio, ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     for name in ds.fields:
@@ -73,26 +46,3 @@ def describe(ds: Dataset) -> str:
         lines += [f"  {message}" for message in skipped["examples"][:10]]
     lines.append("\nprovenance: " + json.dumps(ds.attrs.provenance, indent=2))
     return "\n".join(lines)
-
-
-def _codecs(array: zarr.Array) -> str:
-    sharding = array.metadata.to_dict()["codecs"][0]
-    inner = sharding.get("configuration", {}).get("codecs", array.metadata.to_dict()["codecs"])
-    names = []
-    for codec in inner:
-        config = codec.get("configuration", {})
-        if codec["name"] == "blosc":
-            names.append(f"blosc({config['cname']}:{config['clevel']}:{config['shuffle']})")
-        elif codec["name"] != "bytes":
-            names.append(codec["name"])
-    return "+".join(names)
-
-
-def _size(nbytes: float) -> str:
-    if nbytes < 1024:
-        return f"{nbytes:.0f} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        nbytes /= 1024
-        if nbytes < 1024:
-            break
-    return f"{nbytes:.1f} {unit}"

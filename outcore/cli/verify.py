@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ..dataset import Dataset, open_dataset
 from ..errors import CorruptChunkError, NotAStoreError, SampleDecodeError, UnsafeStoreError
+from ..ingest import progress_bar
 from ..iterate import ChunkReader
 from ..storage import is_url
 
@@ -50,9 +50,8 @@ def verify(location: str | os.PathLike, *, progress: bool = True) -> VerifyRepor
     report = VerifyReport(ds.location)
     readers = {name: ds.chunk_reader(name) for name in ds.fields}
     jobs = [(name, chunk) for name in ds.fields for chunk in range(ds.num_chunks)]
-    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool, tqdm(
-        total=len(jobs), desc=f"verify {ds.location}", unit="chunks", disable=not progress
-    ) as bar:
+    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool, \
+            progress_bar(len(jobs), f"verify {ds.location}", "chunks", progress) as bar:
         for problem in pool.map(lambda job: _check_chunk(ds, readers[job[0]], *job), jobs):
             bar.update()
             report.chunks_checked += 1

@@ -12,9 +12,11 @@ from .attrs import (
     FieldInfo,
     ImageDecode,
     StoreAttrs,
+    class_flags,
     guess_roles,
 )
 from .compression import Compression, unsafe_codecs
+from .dims import SAMPLE_DIM, dimension_names
 from .encoded import RANGES_SUFFIX, chunk_capacity, pack_regions, ranges_name
 from .layout import Layout
 from .text import TEXT_ENCODING, decode_text, encode_text
@@ -25,6 +27,7 @@ __all__ = [
     "IMAGE_ENCODING",
     "RANGES_SUFFIX",
     "ROLES",
+    "SAMPLE_DIM",
     "TEXT_ENCODING",
     "WEIGHT_NAMES",
     "Compression",
@@ -33,7 +36,9 @@ __all__ = [
     "Layout",
     "StoreAttrs",
     "chunk_capacity",
+    "class_flags",
     "decode_text",
+    "dimension_names",
     "encode_text",
     "guess_roles",
     "pack_regions",

@@ -175,6 +175,16 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def class_flags(classes: Sequence[str]) -> dict[str, Any]:
+    """A class-label array's CF attributes: ``flag_values`` and ``flag_meanings`` (the class names, spaces
+    as underscores), which plain zarr and xarray readers show.
+
+    >>> class_flags(["cat", "big dog"])
+    {'flag_values': [0, 1], 'flag_meanings': 'cat big_dog'}
+    """
+    return {"flag_values": list(range(len(classes))), "flag_meanings": " ".join(c.replace(" ", "_") for c in classes)}
+
+
 def guess_roles(names: Sequence[str], given: Mapping[str, str] | None = None) -> dict[str, str]:
     """Each field's role: ``given`` ones as they are; fields named like labels (`TARGET_NAMES`) are
     targets, fields named like weights (`WEIGHT_NAMES`) sample weights, the first other field the input,

@@ -24,12 +24,23 @@ import numpy as np
 import zarr
 
 from ..errors import SourceError
-from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs, chunk_capacity, ranges_name
+from ..format import (
+    ATTRS_KEY,
+    Compression,
+    FieldInfo,
+    Layout,
+    StoreAttrs,
+    chunk_capacity,
+    dimension_names,
+    ranges_name,
+)
 from ..storage import (
     WRITE_CONFIG,
     Staging,
+    consolidate,
     create_encoded_field,
     create_field,
+    describe_classes,
     read_files,
     staged_store,
     stored_nbytes,
@@ -109,7 +120,10 @@ def build_store(
             provenance=provenance(source),
             skipped=_skipped_summary(location, messages) if messages else None,
         )
-        zarr.open_group(staging.store, mode="r+").attrs[ATTRS_KEY] = attrs.to_dict()
+        group = zarr.open_group(staging.store, mode="r+")
+        group.attrs[ATTRS_KEY] = attrs.to_dict()
+        describe_classes(group, attrs.fields)
+        consolidate(staging.store)
     _write_report(location, messages)
     return location
 
@@ -156,14 +170,15 @@ def _write_fields(
 
 def _create_fields(group: zarr.Group, fields: Mapping[str, FieldSource], num_samples: int,
                    options: BuildOptions) -> None:
+    dims = dimension_names({name: (field.data.dtype, field.data.shape[1:]) for name, field in fields.items()
+                            if field.nbytes is None})
     for name, field in fields.items():
         if field.nbytes is not None:
             capacity = chunk_capacity(field.nbytes, options.layout.chunk_size)
             create_encoded_field(group, name, num_samples, capacity, options.layout, options.compression)
         else:
-            create_field(
-                group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout, options.compression
-            )
+            create_field(group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout,
+                         options.compression, dims[name])
 
 
 def _recorded(field: FieldSource) -> FieldInfo:

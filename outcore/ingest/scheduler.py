@@ -3,6 +3,7 @@ threads, one per core; with a progress bar counted in samples."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -13,7 +14,21 @@ import dask
 from dask.base import get_scheduler
 from dask.callbacks import Callback
 from dask.delayed import Delayed
-from tqdm.auto import tqdm
+from tqdm import tqdm
+
+
+def progress_bar(total: int, description: str, unit: str, enabled: bool = True) -> tqdm:
+    """A tqdm bar: a widget in a Jupyter kernel that has ipywidgets, text everywhere else (never tqdm's
+    "IProgress not found" warning for a notebook without ipywidgets)."""
+    bar = tqdm
+    if _in_notebook() and importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.notebook import tqdm as bar
+    return bar(total=total, desc=description, unit=unit, disable=not enabled, dynamic_ncols=True)
+
+
+def _in_notebook() -> bool:
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return shell is not None and "IPKernelApp" in shell.config
 
 
 def active_client(client: Any = None) -> Any:
@@ -46,7 +61,7 @@ def run_tasks(
     cluster; without, on a local thread pool with one thread per core.
     """
     client = active_client(client)
-    with tqdm(total=sum(weights), desc=description, unit=unit, disable=not progress, dynamic_ncols=True) as bar:
+    with progress_bar(sum(weights), description, unit, progress) as bar:
         if client is not None:
             return _run_on_cluster(tasks, weights, client, bar)
         weight_of = {task.key: weight for task, weight in zip(tasks, weights, strict=True)}

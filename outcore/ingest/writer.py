@@ -13,10 +13,12 @@ import numpy as np
 import zarr
 
 from ..errors import OptionError, SourceError, StoreExistsError
-from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs, guess_roles
+from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs, dimension_names, guess_roles
 from ..storage import (
     WRITE_CONFIG,
+    consolidate,
     create_field,
+    describe_classes,
     is_url,
     is_zip,
     make_durable,
@@ -132,8 +134,9 @@ class Writer:
         sample_nbytes = sum(math.prod(shape) * dtype.itemsize for dtype, shape in specs.values())
         layout = Layout.for_samples(sample_nbytes, None, self._chunk_size)
         group = zarr.open_group(self.location, mode="w")
+        dims = dimension_names(specs)
         for name, (dtype, shape) in specs.items():
-            create_field(group, name, dtype, shape, 0, layout, self._compression)
+            create_field(group, name, dtype, shape, 0, layout, self._compression, dims[name])
         roles = guess_roles(list(specs), self._roles)
         infos = {
             name: FieldInfo(roles[name], tuple(self._classes[name]) if name in self._classes else None,
@@ -194,4 +197,7 @@ class Writer:
 
     def _save_attrs(self, attrs: StoreAttrs) -> None:
         self._group.attrs[ATTRS_KEY] = attrs.to_dict()
+        if self._attrs is None:
+            describe_classes(self._group, attrs.fields)
+        consolidate(self.location)  # for xarray: outcore's readers read the arrays' own metadata
         self._attrs = attrs

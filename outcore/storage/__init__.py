@@ -2,7 +2,17 @@
 staging and atomic commit; the checks made on open."""
 
 from .encoded import EncodedBytes, create_encoded_field, read_files, stored_nbytes, write_encoded_shard
-from .groups import WRITE_CONFIG, create_field, is_url, is_zip, make_durable, open_group, shard_path
+from .groups import (
+    WRITE_CONFIG,
+    consolidate,
+    create_field,
+    describe_classes,
+    is_url,
+    is_zip,
+    make_durable,
+    open_group,
+    shard_path,
+)
 from .shard_reader import ShardReader, read_samples
 from .staging import Staging, pack_zip, remove_path, staged_store
 from .store import Store, open_store
@@ -15,8 +25,10 @@ __all__ = [
     "ShardReader",
     "Staging",
     "Store",
+    "consolidate",
     "create_encoded_field",
     "create_field",
+    "describe_classes",
     "is_url",
     "is_zip",
     "make_durable",

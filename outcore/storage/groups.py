@@ -4,7 +4,9 @@ and field arrays sharded along the sample axis."""
 from __future__ import annotations
 
 import os
+import warnings
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,8 @@ import numpy as np
 import zarr
 
 from ..errors import NotAStoreError, OptionError
-from ..format import Compression, Layout
+from ..format import Compression, FieldInfo, Layout, class_flags
+from ..format import dimension_names as format_dimension_names
 from .zipstore import RangeZipStore
 
 # Zarr's default compares every chunk with the fill value before writing it, to skip empty chunks:
@@ -42,8 +45,8 @@ def open_group(location: str | os.PathLike, mode: str = "r") -> zarr.Group:
         except (zipfile.BadZipFile, OSError) as error:
             raise NotAStoreError(f"{text!r} is not a readable zip file ({error}): it is truncated or damaged; "
                                  "copy it again, or re-create it") from None
-    try:
-        return zarr.open_group(store, mode=mode)
+    try:  # the arrays' own metadata, never a consolidated copy that a growing store has outdated
+        return zarr.open_group(store, mode=mode, use_consolidated=False)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError) as error:
         raise NotAStoreError(f"{text!r} is not a Zarr group ({error})") from None
 
@@ -56,9 +59,11 @@ def create_field(
     num_samples: int,
     layout: Layout,
     compression: Compression,
+    dimension_names: Sequence[str] | None = None,
 ) -> zarr.Array:
     """Create one field array, sharded along the sample axis only, in little-endian byte order (samples
-    given in another order are converted when written)."""
+    given in another order are converted when written); ``dimension_names`` default to
+    `outcore.format.dimension_names` of this field alone."""
     return group.create_array(
         name,
         shape=(num_samples, *sample_shape),
@@ -67,8 +72,26 @@ def create_field(
         shards=(layout.shard_size, *sample_shape),
         compressors=compression.codecs(),
         fill_value=0,
-        dimension_names=("sample", *[f"{name}_dim_{i}" for i in range(1, len(sample_shape) + 1)]),
+        dimension_names=dimension_names or format_dimension_names({name: (dtype, sample_shape)})[name],
     )
+
+
+def describe_classes(group: zarr.Group, fields: Mapping[str, FieldInfo]) -> None:
+    """Give each class-label array its `outcore.format.class_flags`, so plain zarr and xarray readers see
+    what the numbers mean."""
+    for name, info in fields.items():
+        if info.classes:
+            group[name].attrs.update(class_flags(info.classes))
+
+
+def consolidate(location: str | os.PathLike) -> None:
+    """Copy every array's metadata into the group's ``zarr.json`` (zarr's consolidated metadata), so
+    ``xarray.open_zarr`` opens the store in one read and without a warning. outcore itself reads each
+    array's own metadata. The copy is marked ``must_understand: false``, so Zarr readers that do not
+    know it (it is zarr-python's, not yet the specification's, which zarr warns of) ignore it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Consolidated metadata is currently not part", UserWarning)
+        zarr.consolidate_metadata(str(location))
 
 
 def shard_path(array: zarr.Array, shard: int) -> str:
