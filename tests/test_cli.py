@@ -110,17 +110,24 @@ def test_verify_fails_on_a_corrupt_store(image_folder, tmp_path, capsys):
 
 
 @pytest.mark.timeout(240)
-def test_demo_runs_end_to_end_as_a_console_script(tmp_path):
+def test_demo_trains_on_real_photographs_and_keeps_what_it_says(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "outcore.cli", "demo", "--workdir", str(tmp_path), "--per-class", "60", "--size", "32",
-         "--no-progress"], capture_output=True, text=True, check=True, timeout=220,
+        [sys.executable, "-m", "outcore.cli", "demo", "--per-class", "60", "--size", "48", "--epochs", "3",
+         "--no-progress"], capture_output=True, text=True, check=True, timeout=220, cwd=tmp_path,
     )
-    assert "chunks checked, OK" in result.stdout
+    workdir = tmp_path / "outcore-demo"  # the default, kept after the demo
+    assert f"everything goes to {workdir}" in result.stdout and "chunks checked, OK" in result.stdout
+    assert "classes of 'labels' (6): astronaut, cat, china, coffee, flower, rocket" in result.stdout
+    assert "photographs' pixels barely compress without loss" in result.stdout
+    assert "waited for data" in result.stdout and "label TV distance per batch" in result.stdout
     accuracy = float(result.stdout.split("test accuracy: ")[1].split("%")[0])
-    assert accuracy > 40  # six classes: chance is 16.7 %
-    for name in ("train.zarr.zip", "val.zarr.zip", "test.zarr.zip", "test-predictions.zarr"):
-        assert (tmp_path / name).exists()
-    assert len(outcore.open_dataset(tmp_path / "test-predictions.zarr")) == 6 * 15
+    assert accuracy > 50  # six classes: chance is 16.7 %
+    predictions = outcore.open_dataset(workdir / "test-predictions.zarr")
+    test = outcore.open_dataset(workdir / "test.zarr.zip")
+    assert len(predictions) == len(test) == 6 * 15
+    measured = (predictions["predicted"].compute() == test["labels"].compute()).mean() * 100
+    assert abs(measured - accuracy) < 0.1  # the stored predictions line up with the test store's labels
+    assert "outcore ingest my_photos/train train.zarr --shape 48x48x3" in result.stdout
 
 
 def test_info_and_verify_on_a_store_with_a_missing_shard(tmp_path, capsys):

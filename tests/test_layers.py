@@ -12,8 +12,8 @@ PACKAGE = Path(__file__).parent.parent / "outcore"
 LAYERS = ("errors", "format", "storage", "imaging", "iterate", "adapters", "dataset", "ingest", "cli", "testing")
 PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may import any layer
 # optional frameworks, imported only where used: distributed (clusters), scikit-learn (sample photographs),
-# h5py (HDF5 sources in the test kit), xarray (Dataset.to_xarray)
-FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "sklearn", "h5py", "xarray")
+# scikit-image (the demo's photographs), h5py (HDF5 sources in the test kit), xarray (Dataset.to_xarray)
+FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "sklearn", "skimage", "h5py", "xarray")
 
 
 def _modules() -> dict[str, Path]:

@@ -6,7 +6,6 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -146,10 +145,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians are shown")
     bench.set_defaults(run=_bench, parser=bench)
 
-    demo = commands.add_parser("demo", help="generate images, ingest, inspect, train and predict end to end")
-    demo.add_argument("--workdir", help="where to write (default: a temporary folder, removed afterwards)")
-    demo.add_argument("--per-class", type=int, default=400, help="training images per class (default 400)")
-    demo.add_argument("--size", type=int, default=64, help="image height and width (default 64)")
+    demo = commands.add_parser("demo", help="cut sample photographs into classes, ingest, inspect, train a small "
+                                             "CNN and predict, end to end")
+    demo.add_argument("--workdir", default="outcore-demo",
+                      help="where the pictures, stores and predictions go, and stay (default: ./outcore-demo)")
+    demo.add_argument("--per-class", type=int, default=200, help="training pictures per class (default 200)")
+    demo.add_argument("--size", type=int, default=64, help="picture height and width (default 64)")
+    demo.add_argument("--epochs", type=int, default=3, help="training epochs (default 3)")
     demo.add_argument("--no-progress", action="store_true")
     _add_scheduler(demo)
     demo.set_defaults(run=_demo, parser=demo)
@@ -241,11 +243,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        if args.workdir:
-            run_demo(args.workdir, per_class=args.per_class, size=args.size, client=client,
-                     progress=not args.no_progress)
-        else:
-            with tempfile.TemporaryDirectory(prefix="outcore-demo-") as workdir:
-                run_demo(workdir, per_class=args.per_class, size=args.size, client=client,
-                         progress=not args.no_progress)
+        run_demo(args.workdir, per_class=args.per_class, size=args.size, epochs=args.epochs, client=client,
+                 progress=not args.no_progress)
     return 0

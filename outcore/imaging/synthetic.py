@@ -5,7 +5,9 @@ Two kinds of pictures:
 - ``"shapes"``: a noisy background with one class-specific figure (disc, square, stripes, ring, …) in a
   class-specific colour, at a random place and size: easy to learn, varied enough to compress like photos.
 - ``"photos"``: random crops of the photographs scikit-learn ships (``load_sample_images``), for realistic
-  codec and decode figures; every class draws from the same photos, so these carry no learnable label.
+  codec and decode figures; every class draws from the same photos, so these carry no learnable label;
+- ``"sample-photos"``: random crops of one photograph per class (`SAMPLE_PHOTOS`, which scikit-image
+  and scikit-learn ship): real pictures with a learnable label, for the demo.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from PIL import Image
 from ..errors import OptionError
 
 SHAPE_CLASSES = ("disc", "square", "hstripes", "vstripes", "ring", "cross")
+SAMPLE_PHOTOS = ("astronaut", "cat", "coffee", "rocket", "china", "flower")  # scikit-image's, then scikit-learn's
+KINDS = ("shapes", "photos", "sample-photos")
 _COLOURS = np.array([[220, 60, 50], [50, 160, 70], [60, 90, 210], [230, 190, 40], [160, 60, 180], [40, 180, 190]])
 
 
@@ -51,11 +55,31 @@ def shapes_image(label: int, size: tuple[int, int], rng: np.random.Generator) ->
     return np.clip(image, 0, 255).astype(np.uint8)
 
 
-def photo_crops(count: int, size: tuple[int, int], rng: np.random.Generator) -> list[np.ndarray]:
-    """``count`` random crops (random scale, random flip) of scikit-learn's sample photographs."""
-    from sklearn.datasets import load_sample_images  # an optional dependency (the bench and dev extras)
+def sample_photo(name: str) -> np.ndarray:
+    """One of `SAMPLE_PHOTOS` as RGB uint8 (optional dependencies: scikit-image, scikit-learn).
 
-    photos = load_sample_images().images
+    >>> sample_photo("cat").shape  # doctest: +SKIP
+    (300, 451, 3)
+    """
+    if name in ("china", "flower"):
+        from sklearn.datasets import (
+            load_sample_image,  # an optional dependency (the demo, bench and dev extras)
+        )
+
+        return load_sample_image(f"{name}.jpg")
+    import skimage.data  # an optional dependency (the demo and dev extras)
+
+    return getattr(skimage.data, name)()
+
+
+def photo_crops(count: int, size: tuple[int, int], rng: np.random.Generator,
+                photos: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+    """``count`` random crops (random scale, random flip) of ``photos`` (default: scikit-learn's sample
+    photographs), resized to ``size``."""
+    if photos is None:
+        from sklearn.datasets import load_sample_images  # an optional dependency (the bench and dev extras)
+
+        photos = load_sample_images().images
     crops = []
     for _ in range(count):
         photo = photos[rng.integers(len(photos))]
@@ -81,8 +105,8 @@ def write_image_folder(
 
     >>> write_image_folder("photos/train", 10, size=(32, 32))  # doctest: +SKIP
     """
-    if kind not in ("shapes", "photos"):
-        raise OptionError(f"kind={kind!r} is not 'shapes' or 'photos'")
+    if kind not in KINDS:
+        raise OptionError(f"kind={kind!r} is not one of {KINDS}")
     rng = np.random.default_rng(seed)
     files = []
     for label, name in enumerate(classes):
@@ -90,6 +114,8 @@ def write_image_folder(
         folder.mkdir(parents=True, exist_ok=True)
         if kind == "photos":
             pictures = photo_crops(per_class, size, rng)
+        elif kind == "sample-photos":
+            pictures = photo_crops(per_class, size, rng, [sample_photo(SAMPLE_PHOTOS[label % len(SAMPLE_PHOTOS)])])
         else:
             pictures = [shapes_image(label, size, rng) for _ in range(per_class)]
         for index, picture in enumerate(pictures):
