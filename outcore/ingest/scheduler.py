@@ -15,15 +15,14 @@ from dask.base import get_scheduler
 from dask.callbacks import Callback
 from dask.delayed import Delayed
 from tqdm import tqdm
+from tqdm.notebook import tqdm as notebook_tqdm
 
 
 def progress_bar(total: int, description: str, unit: str, enabled: bool = True) -> tqdm:
     """A tqdm bar: a widget in a Jupyter kernel that has ipywidgets, text everywhere else (never tqdm's
     "IProgress not found" warning for a notebook without ipywidgets)."""
-    bar = tqdm
-    if _in_notebook() and importlib.util.find_spec("ipywidgets") is not None:
-        from tqdm.notebook import tqdm as bar
-    return bar(total=total, desc=description, unit=unit, disable=not enabled, dynamic_ncols=True)
+    in_widgets = _in_notebook() and importlib.util.find_spec("ipywidgets") is not None
+    return (notebook_tqdm if in_widgets else tqdm)(total=total, desc=description, unit=unit, disable=not enabled, dynamic_ncols=True)
 
 
 def _in_notebook() -> bool:
