@@ -1,0 +1,112 @@
+"""The documentation runs: every Python and shell block of the site and the README is executed, page by
+page in a fresh folder that holds ``photos/train``, ``photos/val`` (three classes of JPEGs) and
+``labels.csv`` (``path``, ``label``, ``weight``); the site builds with ``mkdocs build --strict``.
+
+A block that cannot run here says why on the line before it: ``<!-- not run: needs a Dask scheduler -->``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from outcore.cli import main
+from outcore.errors import OutcoreWarning
+from outcore.testing import write_image_folder
+
+ROOT = Path(__file__).parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+CODE = ("python", "console", "bash")
+FENCE = re.compile(r"^```(\w*)\s*$")
+NOT_RUN = re.compile(r"^<!-- not run: (.+) -->$")
+
+
+@dataclass(frozen=True)
+class Block:
+    language: str
+    code: str
+    line: int
+    not_run: str | None
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced code blocks of ``page`` in Python or shell, with the reason given when one is not run."""
+    found, lines, i = [], page.read_text().splitlines(), 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if opening is None:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        marker = NOT_RUN.match(lines[i - 1]) if i else None
+        if opening.group(1) in CODE:
+            found.append(Block(opening.group(1), "\n".join(lines[i + 1 : end]), i + 1,
+                               marker.group(1) if marker else None))
+        i = end + 1
+    return found
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("docs-sources")
+    write_image_folder(root / "photos" / "train", 12, classes=("cat", "dog", "owl"), size=(48, 48), seed=0)
+    write_image_folder(root / "photos" / "val", 4, classes=("cat", "dog", "owl"), size=(48, 48), seed=1)
+    paths = sorted(p.relative_to(root).as_posix() for p in (root / "photos" / "train").rglob("*.jpg"))
+    pd.DataFrame({"path": paths, "label": [p.split("/")[2] for p in paths],
+                  "weight": [1.0 + (i % 2) for i in range(len(paths))]}).to_csv(root / "labels.csv", index=False)
+    return root
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_code_block_runs(page, sources, tmp_path, monkeypatch):
+    shutil.copytree(sources, tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    namespace: dict = {"__name__": "__docs__"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OutcoreWarning)  # pages show what outcore warns of; other warnings fail
+        _run(page, namespace)
+
+
+def _run(page: Path, namespace: dict) -> None:
+    for block in blocks(page):
+        where = f"{page.relative_to(ROOT)}:{block.line}"
+        if block.not_run is not None:
+            continue
+        if block.language == "python":
+            try:
+                exec(compile(block.code, where, "exec"), namespace)  # noqa: S102 - the documentation's own code
+            except ModuleNotFoundError as error:
+                if error.name != "torch":
+                    raise
+                pytest.skip(f"{where}: PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
+        else:
+            commands = _commands(block.code)
+            assert commands, f"{where}: a shell block runs its '$ ' lines; mark it not run, saying why"
+            for command in commands:
+                words = shlex.split(command, comments=True)
+                assert words[0] == "outcore", f"{where}: only outcore commands run here; mark the block not run"
+                assert main(words[1:]) == 0, f"{where}: {command}"
+
+
+def _commands(code: str) -> list[str]:
+    return [line.removeprefix("$ ") for line in code.splitlines() if line.startswith("$ ")]
+
+
+@pytest.mark.timeout(240)
+def test_the_site_builds_strictly(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=220, check=False,
+                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "api" / "index.html").exists() and (tmp_path / "howto" / "keras" / "index.html").exists()
