@@ -41,3 +41,21 @@ def test_docstring_examples(name):
     results = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert results.failed == 0
 
+
+
+@pytest.mark.timeout(280)
+def test_the_notebook_runs_and_shows_what_it_says():
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(Path(__file__).parent.parent / "examples" / "tour.ipynb", as_version=4)
+    NotebookClient(notebook, timeout=240, kernel_name="python3").execute()  # a failing cell raises
+    outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
+    html = [output["data"]["text/html"] for output in outputs if "text/html" in output.get("data", {})]
+    assert any("<th>on disk</th>" in page and "6: astronaut, cat, china" in page for page in html)
+    assert sum("image/png" in output.get("data", {}) for output in outputs) == 3  # batch grid, two plots
+    text = "".join(output.get("text", "") for output in outputs if output["output_type"] == "stream")
+    assert "label TV distance per batch" in text and "validation accuracy" in text
+    assert "IProgress" not in text and "ingest → train.zarr" in text  # a text progress bar, no warning
+    accuracy = float(text.split("validation accuracy ")[1].split("%")[0])
+    assert accuracy > 50  # six classes: chance is 16.7 %

@@ -52,9 +52,13 @@ def test_a_store_left_between_two_renames_is_put_back(tmp_path):
 
 
 SLOW_INGEST = """
-import sys, time
+import signal, sys, time
 import outcore.ingest.build as build
 from outcore.cli import main
+
+# as from a terminal: Ctrl-C raises KeyboardInterrupt (a process started from one that ignores SIGINT,
+# as the test runner may by the time this runs, would inherit the ignoring)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 write = build._write_shard
 def slowly(*args):  # every shard takes a while, so the test can kill the run between two of them
