@@ -17,7 +17,7 @@ from .adapters.selection import FieldSelection
 from .format import StoreAttrs, class_flags, decode_text, dimension_names
 from .iterate import BatchIterator, BatchKeywords, BatchOptions, ChunkReader, chunk_reader, sample_spec
 from .storage import Store, open_store
-from .storage.report import FieldReport, field_reports, human_size
+from .storage.report import field_reports, human_size, total
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -169,9 +169,8 @@ class Dataset(Store):
         rows = [(r.name, r.dtype, " × ".join(map(str, r.shape)), f"{r.chunk:,}", f"{r.shard:,}", r.codecs,
                  human_size(r.decoded), human_size(r.stored), r.ratio, r.role, _classes_cell(r.classes))
                 for r in reports]
-        total = FieldReport("total", "", (), 0, 0, "", sum(r.decoded for r in reports),
-                            sum(r.stored for r in reports), "")
-        rows.append(("total", "", "", "", "", "", human_size(total.decoded), human_size(total.stored), total.ratio,
+        summed = total(reports)
+        rows.append(("total", "", "", "", "", "", human_size(summed.decoded), human_size(summed.stored), summed.ratio,
                      "", ""))
         notes = []
         if self.unpublished():

@@ -6,7 +6,7 @@ import json
 
 from ..dataset import Dataset
 from ..errors import CorruptChunkError
-from ..storage.report import FieldReport, field_reports, human_size
+from ..storage.report import field_reports, human_size, total
 
 
 def describe(ds: Dataset) -> str:
@@ -30,8 +30,8 @@ def describe(ds: Dataset) -> str:
     reports = field_reports(ds)
     rows = [header] + [(r.name, r.dtype, "x".join(map(str, r.shape)), str(r.chunk), str(r.shard), r.codecs,
                         human_size(r.decoded), human_size(r.stored), r.ratio, r.role) for r in reports]
-    total = FieldReport("total", "", (), 0, 0, "", sum(r.decoded for r in reports), sum(r.stored for r in reports), "")
-    rows.append(("total", "", "", "", "", "", human_size(total.decoded), human_size(total.stored), total.ratio, ""))
+    summed = total(reports)
+    rows.append(("total", "", "", "", "", "", human_size(summed.decoded), human_size(summed.stored), summed.ratio, ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     for name in ds.fields:

@@ -61,6 +61,11 @@ def field_reports(store: Store) -> list[FieldReport]:
     return reports
 
 
+def total(reports: list[FieldReport]) -> FieldReport:
+    """The fields' sizes added up, as a report named ``total``."""
+    return FieldReport("total", "", (), 0, 0, "", sum(r.decoded for r in reports), sum(r.stored for r in reports), "")
+
+
 def codecs(array: zarr.Array) -> str:
     """The codecs inside an array's shards, e.g. ``"blosc(lz4:5:shuffle)+crc32c"``."""
     described = array.metadata.to_dict()["codecs"]
