@@ -1,6 +1,7 @@
 """Pictures: decoding (libjpeg-turbo, Pillow) with DCT scaling, resizing by policy, encoded chunks, and
 generated pictures for demos, tests and benchmarks. Used by ingest and by the read path."""
 
+from .crops import Box, center_crop_box, random_resized_crop_box
 from .decode import (
     IMAGE_DTYPES,
     IMAGE_EXTENSIONS,
@@ -12,21 +13,25 @@ from .decode import (
     read_image_file,
 )
 from .encoded import DecodedChunks, EncodedChunk
-from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize
+from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_boxes
 
 __all__ = [
     "IMAGE_DTYPES",
     "IMAGE_EXTENSIONS",
     "MAX_PIXELS",
     "RESIZE_POLICIES",
+    "Box",
     "DecodedChunks",
     "EncodedChunk",
     "ResizePolicy",
+    "center_crop_box",
     "decode_image",
     "fit",
     "load_image",
     "parse_image_dtype",
     "parse_image_shape",
     "parse_resize",
+    "random_resized_crop_box",
     "read_image_file",
+    "resize_boxes",
 ]

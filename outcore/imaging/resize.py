@@ -1,13 +1,18 @@
-"""Fit decoded pixels to a sample's (height, width): resize, crop the centre or pad, by policy."""
+"""Fit decoded pixels to a sample's (height, width): resize, crop the centre or pad, by policy; resize
+boxes of a batch (RandomResizedCrop)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import numpy as np
 from PIL import Image
 
 from ..errors import ImageError, OptionError
+from .crops import Box
 
 ResizePolicy = Literal["fit", "crop", "pad"] | None
 RESIZE_POLICIES: tuple[ResizePolicy, ...] = ("fit", "crop", "pad", None)
@@ -48,16 +53,49 @@ def fit(pixels: np.ndarray, size: tuple[int, int], resize: ResizePolicy, path: s
     return padded
 
 
-def _resize(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Antialiased bilinear resize with Pillow; 16-bit data is resized channel by channel in float."""
+def _resize(pixels: np.ndarray, height: int, width: int, box: Box | None = None) -> np.ndarray:
+    """Antialiased bilinear resize with Pillow of ``pixels`` (h, w, c), or of its ``box`` (top, left,
+    height, width); other than 8-bit data is resized channel by channel in float."""
+    region = None if box is None else (box[1], box[0], box[1] + box[3], box[0] + box[2])  # Pillow's order
     if pixels.dtype == np.uint8:
         image = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
-        resized = np.asarray(image.resize((width, height), Image.Resampling.BILINEAR))
+        resized = np.asarray(image.resize((width, height), Image.Resampling.BILINEAR, box=region))
         return resized.reshape(height, width, pixels.shape[2])
-    planes = [
+    planes = np.stack([
         np.asarray(Image.fromarray(pixels[..., c].astype(np.float32)).resize(
-            (width, height), Image.Resampling.BILINEAR))
+            (width, height), Image.Resampling.BILINEAR, box=region))
         for c in range(pixels.shape[2])
-    ]
+    ], axis=-1)
+    if pixels.dtype.kind not in "ui":
+        return planes.astype(pixels.dtype)
     info = np.iinfo(pixels.dtype)
-    return np.clip(np.rint(np.stack(planes, axis=-1)), info.min, info.max).astype(pixels.dtype)
+    return np.clip(np.rint(planes), info.min, info.max).astype(pixels.dtype)
+
+
+def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int]) -> np.ndarray:
+    """``boxes[i]`` of ``images[i]`` (N, H, W[, C]) resized to ``size``, into a new (N, *size[, C]) array.
+
+    >>> images = np.arange(2 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4)
+    >>> resize_boxes(images, [(0, 0, 2, 2), (2, 2, 2, 2)], (2, 2))[1].tolist()
+    [[26, 27], [30, 31]]
+    """
+    channels = images[..., None] if images.ndim == 3 else images
+    out = np.empty((len(images), *size, channels.shape[3]), images.dtype)
+
+    def resize(i: int) -> None:
+        out[i] = _resize(channels[i], size[0], size[1], boxes[i])
+
+    list(_pool().map(resize, range(len(images))))  # Pillow resizes outside the GIL: one thread per core
+    return out[..., 0] if images.ndim == 3 else out
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool() -> ThreadPoolExecutor:
+    """This process's resize threads (a process forked from another starts its own)."""
+    pid = os.getpid()
+    if pid not in _pools:
+        _pools.clear()
+        _pools[pid] = ThreadPoolExecutor(os.cpu_count(), thread_name_prefix="outcore-resize")
+    return _pools[pid]

@@ -21,6 +21,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import OptionError
+from ..imaging import center_crop_box, random_resized_crop_box, resize_boxes
 from .batch import Batch, Transform
 
 
@@ -84,6 +85,51 @@ class RandomCrop:
         windows = sliding_window_view(padded, (height, width), axis=(1, 2))  # (N, H', W', ..., h, w)
         crops = windows[np.arange(len(images)), top, left]  # (N, ..., h, w)
         return _replace(batch, self.field, np.ascontiguousarray(np.moveaxis(crops, (-2, -1), (1, 2))))
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Cut from each image a box of a random share of its area (``scale``) and aspect ratio
+    (``ratio``), and resize it to ``size`` (bilinear, antialiased): torchvision's rule, with its 10
+    tries and central fallback (`outcore.imaging.crops.random_resized_crop_box`).
+
+    >>> batch = {"images": np.zeros((4, 64, 48, 3), np.uint8)}
+    >>> RandomResizedCrop(32)(batch, np.random.default_rng(0))["images"].shape
+    (4, 32, 32, 3)
+    """
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    field: str = "images"
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        images = _field(batch, self.field)
+        height, width = images.shape[1:3]
+        boxes = [random_resized_crop_box(height, width, self.scale, self.ratio, rng) for _ in range(len(images))]
+        return _replace(batch, self.field, resize_boxes(images, boxes, _pair(self.size)))
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Cut the central ``size`` window of each image (validation's crop after a resize).
+
+    >>> batch = {"images": np.arange(2 * 4 * 4).reshape(2, 4, 4, 1)}
+    >>> CenterCrop(2)(batch, np.random.default_rng(0))["images"][0, :, :, 0].tolist()
+    [[5, 6], [9, 10]]
+    """
+
+    size: int | tuple[int, int]
+    field: str = "images"
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        images = _field(batch, self.field)
+        top, left, height, width = center_crop_box(*images.shape[1:3], _pair(self.size))
+        return _replace(batch, self.field, np.ascontiguousarray(images[:, top : top + height, left : left + width]))
+
+
+def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
 @dataclass(frozen=True)

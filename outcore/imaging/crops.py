@@ -1,0 +1,58 @@
+"""Crop boxes: where RandomResizedCrop and CenterCrop cut a picture (pure functions of its size).
+
+A box is ``(top, left, height, width)`` in the picture's pixels. The same boxes serve pixel fields
+(cut from the stored picture) and, drawn from a file's stored size, encoded fields.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import OptionError
+
+Box = tuple[int, int, int, int]
+
+
+def random_resized_crop_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
+                            rng: np.random.Generator) -> Box:
+    """A box of a random share of the area (``scale``) and a random aspect ratio (``ratio``, width over
+    height, drawn log-uniformly), at a random place; after 10 tries that do not fit, the largest
+    central box whose aspect ratio lies within ``ratio``. torchvision's ``RandomResizedCrop`` rule.
+
+    >>> random_resized_crop_box(300, 400, (0.08, 1.0), (3 / 4, 4 / 3), np.random.default_rng(0))
+    (28, 242, 137, 103)
+    >>> random_resized_crop_box(100, 400, (0.9, 1.0), (3 / 4, 4 / 3), np.random.default_rng(0))  # too wide
+    (0, 133, 100, 133)
+    """
+    area = height * width
+    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_low, log_high))
+        box_width = round(math.sqrt(target_area * aspect))
+        box_height = round(math.sqrt(target_area / aspect))
+        if 0 < box_width <= width and 0 < box_height <= height:
+            top = int(rng.integers(0, height - box_height + 1))
+            left = int(rng.integers(0, width - box_width + 1))
+            return top, left, box_height, box_width
+    aspect = width / height
+    if aspect < min(ratio):
+        box_width, box_height = width, round(width / min(ratio))
+    elif aspect > max(ratio):
+        box_width, box_height = round(height * max(ratio)), height
+    else:
+        box_width, box_height = width, height
+    return (height - box_height) // 2, (width - box_width) // 2, box_height, box_width
+
+
+def center_crop_box(height: int, width: int, size: tuple[int, int]) -> Box:
+    """The central ``size`` box, offsets rounded as torchvision's ``CenterCrop`` rounds them.
+
+    >>> center_crop_box(256, 320, (224, 224)), center_crop_box(257, 224, (224, 224))
+    ((16, 48, 224, 224), (16, 0, 224, 224))
+    """
+    if size[0] > height or size[1] > width:
+        raise OptionError(f"cannot cut a central {size[0]}x{size[1]} box from a {height}x{width} picture")
+    return round((height - size[0]) / 2), round((width - size[1]) / 2), size[0], size[1]

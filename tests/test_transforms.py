@@ -1,0 +1,112 @@
+"""RandomResizedCrop and CenterCrop: torchvision's box rule, exact pixels, determinism, every dtype."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+import outcore
+from outcore.imaging import center_crop_box, random_resized_crop_box
+from outcore.transforms import CenterCrop, Compose, Normalize, RandomFlip, RandomResizedCrop
+
+SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(height=st.integers(1, 600), width=st.integers(1, 600), seed=st.integers(0, 2**32 - 1))
+def test_boxes_lie_inside_and_follow_scale_and_ratio_unless_they_fall_back(height, width, seed):
+    top, left, box_height, box_width = random_resized_crop_box(height, width, SCALE, RATIO, np.random.default_rng(seed))
+    assert 0 <= top and top + box_height <= height and 0 <= left and left + box_width <= width
+    assert box_height > 0 and box_width > 0
+    central = (top, left) == ((height - box_height) // 2, (width - box_width) // 2)
+    if not central:  # a drawn box: its area and aspect within the ranges (up to the rounding to pixels)
+        area = box_height * box_width / (height * width)
+        assert SCALE[0] - 0.02 <= area <= SCALE[1] + 0.02 or min(box_height, box_width) < 20
+        aspect = box_width / box_height
+        assert RATIO[0] * 0.9 <= aspect <= RATIO[1] * 1.1 or min(box_height, box_width) < 20
+
+
+def test_the_fallback_is_the_largest_central_box_within_the_ratio():
+    rng = np.random.default_rng(0)
+    assert random_resized_crop_box(100, 400, (0.95, 1.0), RATIO, rng) == (0, 133, 100, 133)  # too wide
+    assert random_resized_crop_box(400, 100, (0.95, 1.0), RATIO, rng) == (133, 0, 133, 100)  # too tall
+    assert random_resized_crop_box(300, 300, (2.0, 3.0), RATIO, rng) == (0, 0, 300, 300)     # never fits
+
+
+def _torchvision_box_shape(height: int, width: int, draw: random.Random) -> tuple[int, int]:
+    """torchvision's ``RandomResizedCrop.get_params``, as its source writes it, with Python's random."""
+    area, log_ratio = height * width, (math.log(RATIO[0]), math.log(RATIO[1]))
+    for _ in range(10):
+        target_area = area * draw.uniform(*SCALE)
+        aspect = math.exp(draw.uniform(*log_ratio))
+        w = int(round(math.sqrt(target_area * aspect)))  # noqa: RUF046 - as torchvision writes it
+        h = int(round(math.sqrt(target_area / aspect)))  # noqa: RUF046
+        if 0 < w <= width and 0 < h <= height:
+            return h, w
+    return height, width
+
+
+@pytest.mark.parametrize(("height", "width"), [(480, 640), (500, 333), (224, 224)])
+def test_box_shapes_are_distributed_as_torchvision_draws_them(height, width):
+    rng, draw = np.random.default_rng(1), random.Random(2)
+    ours = np.array([random_resized_crop_box(height, width, SCALE, RATIO, rng)[2:] for _ in range(20000)])
+    theirs = np.array([_torchvision_box_shape(height, width, draw) for _ in range(20000)])
+    area = [s[:, 0] * s[:, 1] / (height * width) for s in (ours, theirs)]
+    aspect = [np.log(s[:, 1] / s[:, 0]) for s in (ours, theirs)]
+    assert abs(area[0].mean() - area[1].mean()) < 0.01 and abs(area[0].std() - area[1].std()) < 0.01
+    assert abs(aspect[0].mean() - aspect[1].mean()) < 0.01 and abs(aspect[0].std() - aspect[1].std()) < 0.01
+
+
+def test_random_resized_crop_is_the_box_resized_and_deterministic_per_rng():
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, (6, 60, 80, 3), dtype=np.uint8)
+    batch = {"images": images, "labels": np.arange(6)}
+    out = RandomResizedCrop(32)(batch, np.random.default_rng(9))
+    assert out["images"].shape == (6, 32, 32, 3) and out["labels"] is batch["labels"]
+    replay = np.random.default_rng(9)
+    for image, cropped in zip(images, out["images"], strict=True):
+        top, left, height, width = random_resized_crop_box(60, 80, SCALE, RATIO, replay)
+        expected = Image.fromarray(image).resize((32, 32), Image.Resampling.BILINEAR,
+                                                 box=(left, top, left + width, top + height))
+        np.testing.assert_array_equal(cropped, np.asarray(expected))
+    np.testing.assert_array_equal(RandomResizedCrop(32)(batch, np.random.default_rng(9))["images"], out["images"])
+    assert not np.array_equal(RandomResizedCrop(32)(batch, np.random.default_rng(10))["images"], out["images"])
+
+
+@pytest.mark.parametrize(("dtype", "shape"), [(np.uint8, (4, 40, 40)), (np.uint8, (4, 40, 40, 1)),
+                                              (np.uint8, (4, 40, 40, 4)), (np.uint16, (4, 40, 40, 3)),
+                                              (np.float32, (4, 40, 40, 3))])
+def test_random_resized_crop_keeps_dtype_and_channels(dtype, shape):
+    images = np.full(shape, 200, dtype)
+    out = RandomResizedCrop((16, 24))({"images": images}, np.random.default_rng(0))["images"]
+    assert out.dtype == dtype and out.shape == (4, 16, 24, *shape[3:])
+    np.testing.assert_allclose(out, 200)  # a flat picture stays flat whatever the box
+
+
+def test_center_crop_is_torchvision_s_central_window():
+    images = np.arange(2 * 7 * 9 * 1).reshape(2, 7, 9, 1)
+    out = CenterCrop((4, 4))({"images": images}, np.random.default_rng(0))["images"]
+    top, left, _, _ = center_crop_box(7, 9, (4, 4))
+    assert (top, left) == (2, 2)  # round(1.5) and round(2.5) go to the even neighbour, as in torchvision
+    np.testing.assert_array_equal(out, images[:, 2:6, 2:6])
+    with pytest.raises(outcore.OptionError, match="cannot cut a central 8x8 box from a 7x9 picture"):
+        CenterCrop(8)({"images": images}, np.random.default_rng(0))
+
+
+def test_imagenet_style_pipelines_run_in_the_iterator(tmp_path):
+    images = np.random.default_rng(0).integers(0, 256, (64, 48, 64, 3), dtype=np.uint8)
+    ds = outcore.from_arrays({"images": images, "labels": np.arange(64) % 4}, tmp_path / "s.zarr", chunk_size=16,
+                             progress=False)
+    train = Compose([RandomResizedCrop(32), RandomFlip(), Normalize(0.5, 0.25)])
+    first = [b["images"] for b in ds.batches(16, seed=1, transform=train)]
+    again = [b["images"] for b in ds.batches(16, seed=1, transform=train)]
+    assert all(a.shape == (16, 32, 32, 3) and a.dtype == np.float32 for a in first)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))  # per (seed, epoch, batch)
+    validation = next(iter(ds.batches(16, shuffle=False, transform=CenterCrop(40))))["images"]
+    np.testing.assert_array_equal(validation, ds["images"][:16].compute()[:, 4:44, 12:52])
