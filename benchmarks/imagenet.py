@@ -1,0 +1,254 @@
+"""The ImageNet-style workload: full-size JPEGs of varying size, read with RandomResizedCrop(224) and a
+horizontal flip (train), or resized to 256 and centre-cropped to 224 (validation), batches of 256.
+
+    python benchmarks/imagenet.py [--images 20000] [--workdir bench-data/imagenet] [--skip-validation]
+
+Writes (once, kept in ``--workdir``) an ImageNet-like folder: ``--images`` JPEGs in 6 class folders,
+crops of the photographs scikit-image and scikit-learn ship, short side 300-500 px, aspect 3:4 to 16:9
+(a quarter of them portrait), quality 85-95. Then measures one shuffled epoch of each loader, each in a
+fresh process, and prints images/s, the ratio to the DCT-scaled decode ceiling, the loader process's
+peak RSS and whether the epoch held every image exactly once:
+
+- the ceilings: a tight loop on every core (no loader, no batching) that decodes each file with
+  libjpeg-turbo, crops the box and resizes it to 224: at full size, and at the smallest DCT scale
+  (1/8 .. 1) that keeps the box at least 224 (what a loader fusing the crop with decoding could reach);
+- outcore today: an encoded store decoded at 256x256 (resize "crop": short side 256, centre), then
+  ``RandomResizedCrop(224)`` + ``RandomFlip`` on the batch (not the same augmentation: the box is drawn
+  from the 256 picture, not from the original); a pixel store at 256x256, the same transforms;
+- a torchvision-ImageFolder-style DataLoader (Pillow; 2 workers), the box drawn from the original as
+  torchvision draws it; the same with Pillow's ``draft()`` (JPEG DCT scaling in Pillow).
+
+Validation: the outcore stores with ``CenterCrop(224)`` (their 256 resize-crop is torchvision's
+``Resize(256)`` + ``CenterCrop(256)``), and the Pillow DataLoader with Resize(256) + CenterCrop(224).
+FFCV and NVIDIA DALI are measured when they import (neither installs from this machine's registry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import simplejpeg
+from PIL import Image
+
+import outcore
+from outcore.imaging import center_crop_box, random_resized_crop_box
+from outcore.imaging.synthetic import SAMPLE_PHOTOS, sample_photo
+from outcore.transforms import CenterCrop, Compose, RandomFlip, RandomResizedCrop
+
+BATCH, SIZE, SCALE, RATIO = 256, 224, (0.08, 1.0), (3 / 4, 4 / 3)
+TRAIN_LOADERS = ("ceiling: full decode + crop + resize, every core", "ceiling: DCT-scaled decode + crop + resize",
+                 "outcore encoded store @256 + RRC + flip", "outcore pixel store @256 + RRC + flip",
+                 "Pillow DataLoader, 2 workers, RRC + flip", "Pillow DataLoader + draft(), 2 workers, RRC + flip")
+VAL_LOADERS = ("outcore encoded store @256 + CenterCrop", "outcore pixel store @256 + CenterCrop",
+               "Pillow DataLoader, 2 workers, Resize(256) + CenterCrop")
+
+
+# -- the data ------------------------------------------------------------------------------------------
+
+def write_folder(root: Path, images: int) -> list[Path]:
+    files = sorted(root.rglob("*.jpg")) if root.exists() else []
+    if len(files) == images:
+        return files
+    print(f"writing {images} ImageNet-like JPEGs to {root} …", flush=True)
+    with ProcessPoolExecutor(os.cpu_count()) as pool:
+        list(pool.map(_write_part, [(root, part, images) for part in range(os.cpu_count() or 1)]))
+    return sorted(root.rglob("*.jpg"))
+
+
+def _write_part(job: tuple[Path, int, int]) -> None:
+    root, part, images = job
+    photos = [sample_photo(name) for name in SAMPLE_PHOTOS]
+    for index in range(part, images, os.cpu_count() or 1):
+        rng = np.random.default_rng(index)
+        label = index % len(SAMPLE_PHOTOS)
+        short, aspect = int(rng.integers(300, 501)), rng.uniform(4 / 3, 16 / 9)
+        height, width = (short, round(short * aspect)) if rng.random() < 0.75 else (round(short * aspect), short)
+        photo = photos[label]
+        crop_h = int(min(photo.shape[0], photo.shape[1] * height / width) * rng.uniform(0.5, 1.0))
+        crop_w = round(crop_h * width / height)
+        top = int(rng.integers(0, photo.shape[0] - crop_h + 1))
+        left = int(rng.integers(0, photo.shape[1] - crop_w + 1))
+        picture = Image.fromarray(photo[top : top + crop_h, left : left + crop_w]).resize((width, height),
+                                                                                         Image.Resampling.BICUBIC)
+        folder = root / SAMPLE_PHOTOS[label]
+        folder.mkdir(parents=True, exist_ok=True)
+        picture.save(folder / f"{index:07d}.jpg", quality=int(rng.integers(85, 96)))
+
+
+def build_stores(root: Path, workdir: Path) -> dict[str, float]:
+    """The encoded and pixel stores at 256x256, kept; returns the ingest rates of those built now."""
+    rates = {}
+    for images in ("encoded", "pixels"):
+        location = workdir / f"{images}-256.zarr"
+        if not location.exists():
+            began = time.perf_counter()
+            ds = outcore.ingest_images(root, location, shape=(256, 256, 3), images=images)
+            rates[images] = len(ds) / (time.perf_counter() - began)
+    return rates
+
+
+# -- the ceilings --------------------------------------------------------------------------------------
+
+def crop_file(path: str, scaled: bool, seed: int) -> np.ndarray:
+    """One file through RandomResizedCrop(224) + flip, decoded at full size or at the smallest DCT
+    scale that keeps the box at least 224 on both sides."""
+    data = Path(path).read_bytes()
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    rng = np.random.default_rng(seed)
+    top, left, box_h, box_w = random_resized_crop_box(height, width, SCALE, RATIO, rng)
+    need_h, need_w = (math.ceil(height * SIZE / box_h), math.ceil(width * SIZE / box_w)) if scaled else (0, 0)
+    pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=need_h, min_width=need_w)
+    fy, fx = pixels.shape[0] / height, pixels.shape[1] / width
+    region = (left * fx, top * fy, (left + box_w) * fx, (top + box_h) * fy)
+    out = Image.fromarray(pixels).resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=region)
+    return np.asarray(out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else out)
+
+
+def _crop_many(job: tuple[list[str], bool]) -> int:
+    paths, scaled = job
+    for seed, path in enumerate(paths):
+        crop_file(path, scaled, seed)
+    return len(paths)
+
+
+def ceiling(files: list[Path], scaled: bool) -> int:
+    parts = os.cpu_count() or 1
+    jobs = [([str(f) for f in files[i::parts]], scaled) for i in range(parts)]
+    with ProcessPoolExecutor(parts) as pool:
+        return sum(pool.map(_crop_many, jobs))
+
+
+# -- a torchvision-style DataLoader --------------------------------------------------------------------
+
+class PillowFolder:
+    """torchvision's ImageFolder with RandomResizedCrop + RandomHorizontalFlip (train) or Resize(256) +
+    CenterCrop(224) (validation), done with Pillow as torchvision does; ``draft`` lets Pillow's JPEG
+    decoder scale by 1/2..1/8 first."""
+
+    def __init__(self, files: list[Path], train: bool, draft: bool = False) -> None:
+        self.files, self.train, self.draft = files, train, draft
+        self.classes = sorted({p.parent.name for p in files})
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        rng = np.random.default_rng(index)
+        with Image.open(self.files[index]) as image:
+            width, height = image.size
+            if self.train:
+                top, left, box_h, box_w = random_resized_crop_box(height, width, SCALE, RATIO, rng)
+                if self.draft:
+                    image.draft("RGB", (math.ceil(width * SIZE / box_w), math.ceil(height * SIZE / box_h)))
+                fx, fy = image.size[0] / width, image.size[1] / height
+                region = (left * fx, top * fy, (left + box_w) * fx, (top + box_h) * fy)
+                out = image.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=region)
+                out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else out
+            else:
+                scale = 256 / min(width, height)
+                resized = image.convert("RGB").resize((round(width * scale), round(height * scale)),
+                                                      Image.Resampling.BILINEAR)
+                top, left, _, _ = center_crop_box(resized.size[1], resized.size[0], (SIZE, SIZE))
+                out = resized.crop((left, top, left + SIZE, top + SIZE))
+        return np.asarray(out), self.classes.index(self.files[index].parent.name)
+
+
+def pillow_epoch(files: list[Path], train: bool, draft: bool) -> tuple[int, int]:
+    import torch
+
+    loader = torch.utils.data.DataLoader(PillowFolder(files, train, draft), batch_size=BATCH, shuffle=True,
+                                         num_workers=2, generator=torch.Generator().manual_seed(0))
+    count = 0
+    for images, _ in loader:
+        count += len(images)
+    return count, count  # the sampler draws a permutation: every image once
+
+
+def outcore_epoch(location: Path, transform: object) -> tuple[int, int]:
+    ds = outcore.open_dataset(location)
+    seen = []
+    for batch in ds.batches(BATCH, fields=["images", "labels", "source_index"], seed=0, transform=transform):
+        seen.append(batch["source_index"])
+    indices = np.concatenate(seen)
+    return len(indices), len(np.unique(indices))
+
+
+# -- one measurement per process -----------------------------------------------------------------------
+
+def measure(name: str, workdir: Path, files: list[Path]) -> dict[str, float]:
+    train = Compose([RandomResizedCrop(SIZE), RandomFlip()])
+    work = {
+        TRAIN_LOADERS[0]: lambda: (ceiling(files, scaled=False),) * 2,
+        TRAIN_LOADERS[1]: lambda: (ceiling(files, scaled=True),) * 2,
+        TRAIN_LOADERS[2]: lambda: outcore_epoch(workdir / "encoded-256.zarr", train),
+        TRAIN_LOADERS[3]: lambda: outcore_epoch(workdir / "pixels-256.zarr", train),
+        TRAIN_LOADERS[4]: lambda: pillow_epoch(files, train=True, draft=False),
+        TRAIN_LOADERS[5]: lambda: pillow_epoch(files, train=True, draft=True),
+        VAL_LOADERS[0]: lambda: outcore_epoch(workdir / "encoded-256.zarr", CenterCrop(SIZE)),
+        VAL_LOADERS[1]: lambda: outcore_epoch(workdir / "pixels-256.zarr", CenterCrop(SIZE)),
+        VAL_LOADERS[2]: lambda: pillow_epoch(files, train=False, draft=False),
+    }[name]
+    began = time.perf_counter()
+    samples, unique = work()
+    elapsed = time.perf_counter() - began
+    status = Path("/proc/self/status").read_text()
+    return {"rate": samples / elapsed, "peak_mib": int(status.split("VmHWM:")[1].split()[0]) / 1024,
+            "exact": samples == unique == len(files)}
+
+
+def in_a_fresh_process(name: str, args: argparse.Namespace) -> dict[str, float]:
+    result = subprocess.run([sys.executable, __file__, "--workdir", str(args.workdir), "--images", str(args.images),
+                             "--measure", name], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def print_rows(title: str, rows: dict[str, dict[str, float]], ceiling_rate: float) -> None:
+    width = max(len(name) for name in rows)
+    print(f"\n{title}\n{'loader':{width}s} {'images/s':>9s} {'x ceiling':>10s} {'peak RSS':>9s}  exact epoch")
+    for name, row in rows.items():
+        print(f"{name:{width}s} {row['rate']:9.0f} {row['rate'] / ceiling_rate:10.2f} "
+              f"{row['peak_mib']:6.0f} MiB  {'yes' if row['exact'] else 'NO'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=20000)
+    parser.add_argument("--workdir", type=Path, default=Path("bench-data/imagenet"))
+    parser.add_argument("--skip-validation", action="store_true")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    root = args.workdir / "train"
+    files = write_folder(root, args.images)
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.workdir, files)))
+        return
+    sizes = [f.stat().st_size for f in files]
+    print(f"{len(files)} JPEGs, {sum(sizes) / 2**30:.2f} GiB, mean {np.mean(sizes) / 1024:.0f} KiB; "
+          f"{os.cpu_count()} cores")
+    for images, rate in build_stores(root, args.workdir).items():
+        print(f"ingest at 256x256, images={images}: {rate:,.0f} images/s")
+    for loader in ("ffcv", "nvidia.dali"):
+        try:
+            __import__(loader)
+            print(f"{loader} imports, but is not wired into this benchmark yet")
+        except ImportError as error:
+            print(f"{loader}: not measured ({error})")
+    train = {name: in_a_fresh_process(name, args) for name in TRAIN_LOADERS}
+    print_rows("train: RandomResizedCrop(224) + flip, batch 256, one shuffled epoch", train,
+               train[TRAIN_LOADERS[1]]["rate"])
+    if not args.skip_validation:
+        val = {name: in_a_fresh_process(name, args) for name in VAL_LOADERS}
+        print_rows("validation: resize 256 + CenterCrop(224), batch 256", val, train[TRAIN_LOADERS[1]]["rate"])
+
+
+if __name__ == "__main__":
+    main()
