@@ -140,6 +140,15 @@ def test_cluster_iteration_equals_local_iteration(client, photos, fields):
     assert {"outcore-chunk", "outcore-batch"} <= set(prefixes)  # as the dashboard shows them
 
 
+def test_cluster_workers_crop_while_decoding_as_local_threads_do(client, photos):
+    field = "images_encoded"
+    transform = transforms.Compose([transforms.RandomResizedCrop(20, field=field), transforms.RandomFlip(field=field)])
+    options = {"seed": 5, "transform": transform, "fields": [field, "labels"]}
+    local = list(photos.batches(10, **options))
+    _assert_same_batches(local, list(photos.batches(10, client=client, **options)))
+    assert local[0][field].shape == (10, 20, 20, 3)
+
+
 def test_killed_worker_mid_epoch_still_gives_every_sample_once_in_order(client, photos):
     options = {"seed": 3, "buffer_chunks": 4, "transform": SlowAugment(0.03), "fields": ["images_encoded",
                                                                                            "source_index"]}

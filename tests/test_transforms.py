@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -13,6 +14,7 @@ from PIL import Image
 
 import outcore
 from outcore.imaging import center_crop_box, random_resized_crop_box
+from outcore.testing import write_image_folder
 from outcore.transforms import CenterCrop, Compose, Normalize, RandomFlip, RandomResizedCrop
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
@@ -110,3 +112,58 @@ def test_imagenet_style_pipelines_run_in_the_iterator(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))  # per (seed, epoch, batch)
     validation = next(iter(ds.batches(16, shuffle=False, transform=CenterCrop(40))))["images"]
     np.testing.assert_array_equal(validation, ds["images"][:16].compute()[:, 4:44, 12:52])
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """JPEGs (and PNGs) of several sizes, stored as pixels (``images``) and as files (``images_encoded``)."""
+    root = tmp_path_factory.mktemp("fused")
+    for extension, sizes in ((".jpg", ((60, 80), (90, 50), (48, 48))), (".png", ((70, 64),))):
+        for k, size in enumerate(sizes):
+            write_image_folder(root / "src", 8, classes=(f"c{extension[1:]}{k}",), size=size, kind="photos",
+                               extension=extension, seed=k)
+    return outcore.ingest_images(root / "src", root / "both.zarr", shape=(48, 48, 3), images="both", chunk_size=8,
+                                 progress=False)
+
+
+def _epoch(ds, field, transform):
+    return [b[field] for b in ds.batches(8, fields=[field, "path"], seed=3, transform=transform)]
+
+
+@pytest.mark.parametrize("crop", [RandomResizedCrop(32), RandomResizedCrop((24, 40), scale=(0.5, 1.0)),
+                                  CenterCrop(40)])
+def test_a_crop_opening_the_transform_is_done_while_decoding_with_the_same_boxes(both, crop):
+    fused = _epoch(both, "images_encoded", dataclasses.replace(crop, field="images_encoded"))
+    unfused = _epoch(both, "images", crop)  # the pixel field: decoded at ingest, then the box resized
+    assert [f.shape for f in fused] == [u.shape for u in unfused]
+    difference = np.abs(np.concatenate(fused).astype(int) - np.concatenate(unfused).astype(int))
+    assert difference.mean() < 3 and np.percentile(difference, 99) < 40  # one resize from the file vs two
+
+
+def test_the_rest_of_the_transform_follows_the_fused_crop(both):
+    crop = RandomResizedCrop(32, field="images_encoded")
+    alone = _epoch(both, "images_encoded", crop)
+    flipped = _epoch(both, "images_encoded", Compose([crop, RandomFlip(p=1.0, field="images_encoded")]))
+    for a, f in zip(alone, flipped, strict=True):
+        np.testing.assert_array_equal(f, a[:, :, ::-1])
+    again = _epoch(both, "images_encoded", Compose([crop, RandomFlip(p=1.0, field="images_encoded")]))
+    assert all(np.array_equal(a, b) for a, b in zip(flipped, again, strict=True))
+
+
+def test_pictures_the_fused_path_cannot_read_are_cropped_after_decoding_exactly(both):
+    crop = RandomResizedCrop(32)
+    fused = both.batches(8, fields=["images_encoded", "path"], seed=3,
+                         transform=dataclasses.replace(crop, field="images_encoded"))
+    unfused = both.batches(8, fields=["images", "path"], seed=3, transform=crop)
+    for f, u in zip(fused, unfused, strict=True):
+        png = np.char.endswith(f["path"], ".png")
+        np.testing.assert_array_equal(f["images_encoded"][png], u["images"][png])  # PNGs: decode, then resize
+
+
+def test_random_access_gives_the_fused_batches_of_the_iteration(both):
+    transform = Compose([RandomResizedCrop(32, field="images_encoded"), RandomFlip(field="images_encoded")])
+    it = both.batches(8, fields=["images_encoded"], seed=3, transform=transform)
+    iterated = [b["images_encoded"] for b in it]
+    it.set_epoch(0)  # a full pass moved it to the next epoch
+    for index in (0, 3, len(iterated) - 1):
+        np.testing.assert_array_equal(it.batch(index)["images_encoded"], iterated[index])

@@ -13,7 +13,7 @@ from .decode import (
     read_image_file,
 )
 from .encoded import DecodedChunks, EncodedChunk
-from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_boxes
+from .resize import RESIZE_POLICIES, ResizePolicy, fit, for_each_in_threads, parse_resize, resize_boxes
 
 __all__ = [
     "IMAGE_DTYPES",
@@ -27,6 +27,7 @@ __all__ = [
     "center_crop_box",
     "decode_image",
     "fit",
+    "for_each_in_threads",
     "load_image",
     "parse_image_dtype",
     "parse_image_shape",

@@ -30,7 +30,9 @@ import simplejpeg
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ImageError, OptionError
-from .resize import ResizePolicy, fit
+from ..format import ImageDecode
+from .crops import Box
+from .resize import ResizePolicy, fit, resize_box
 
 IMAGE_DTYPES = (np.dtype("uint8"), np.dtype("uint16"))
 MAX_PIXELS = 89_478_485  # Pillow's own limit for decompression bombs (about 9459 x 9459)
@@ -115,6 +117,59 @@ def decode_image(
         return pixels
     out[...] = pixels
     return out
+
+
+def decode_region(
+    data: bytes, decode: ImageDecode, box: Box, size: tuple[int, int], out: np.ndarray, name: str = "image",
+) -> np.ndarray:
+    """``box`` of the sample ``decode_image(data, decode.shape, ...)`` would give, resized to ``size``
+    (bilinear, antialiased), into ``out`` — read from the file itself: the box is mapped back to the
+    file's pixels through the ``crop`` or ``fit`` resize, and a plain JPEG is decoded at the smallest
+    DCT scale that keeps the box at least ``size`` (one resize instead of two, less to decode). Other
+    images, policies and dtypes decode the sample and resize the box, which gives the same result.
+    """
+    region = _file_region(data, decode, box)
+    if region is None:
+        sample = decode_image(data, decode.shape, decode.resize, np.dtype(decode.dtype), name)
+        out[...] = resize_box(sample.reshape(*sample.shape[:2], -1), box, size).reshape(out.shape)
+        return out
+    (height, width), (y0, x0, y1, x1), colorspace = region
+    need_h = min(height, math.ceil(height * size[0] / (y1 - y0)))
+    need_w = min(width, math.ceil(width * size[1] / (x1 - x0)))
+    pixels = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=need_h, min_width=need_w)
+    fy, fx = pixels.shape[0] / height, pixels.shape[1] / width
+    image = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
+    resized = image.resize(size[::-1], Image.Resampling.BILINEAR, box=(x0 * fx, y0 * fy, x1 * fx, y1 * fy))
+    out[...] = np.asarray(resized).reshape(out.shape)
+    return out
+
+
+def _file_region(data: bytes, decode: ImageDecode, box: Box) -> tuple | None:
+    """``((height, width), (y0, x0, y1, x1), colorspace)``: the file's size and ``box`` in its pixels,
+    for a plain uint8 JPEG under the crop or fit policy; None where the fused path does not apply."""
+    channels = decode.shape[2] if len(decode.shape) == 3 else 1
+    wanted = {3: ("YCbCr", "RGB"), 1: ("Gray", "GRAY")}.get(channels)
+    plain_jpeg = data[:3] == b"\xff\xd8\xff" and wanted is not None
+    if decode.dtype != "uint8" or decode.resize not in ("crop", "fit") or not plain_jpeg:
+        return None
+    height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    if colorspace != wanted[0] or height * width > MAX_PIXELS:
+        return None
+    if _has_exif(data):
+        with Image.open(io.BytesIO(data)) as image:
+            if _orientation(image) != 1:
+                return None
+    target_h, target_w = decode.shape[:2]
+    if decode.resize == "fit":
+        sy, sx, top, left = target_h / height, target_w / width, 0, 0
+    else:  # as `fit` crops: scale to cover, then the centre
+        scale = max(target_h / height, target_w / width)
+        scaled_h, scaled_w = max(target_h, round(height * scale)), max(target_w, round(width * scale))
+        sy, sx = scaled_h / height, scaled_w / width
+        top, left = (scaled_h - target_h) // 2, (scaled_w - target_w) // 2
+    y, x, box_h, box_w = box
+    region = ((y + top) / sy, (x + left) / sx, (y + top + box_h) / sy, (x + left + box_w) / sx)
+    return (height, width), region, wanted[1]
 
 
 def _decode(

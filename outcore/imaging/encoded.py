@@ -9,7 +9,8 @@ import numpy as np
 from ..errors import ImageError, SampleDecodeError
 from ..format import ImageDecode
 from ..storage import EncodedBytes, Store
-from .decode import decode_image
+from .crops import Box
+from .decode import decode_image, decode_region
 
 
 class EncodedChunk:
@@ -34,14 +35,26 @@ class EncodedChunk:
 
     def decode_sample(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
         """Sample ``index``, decoded (into ``out``, of the decoded sample's shape, when given)."""
+        data = self._bytes(index)
+        try:
+            return decode_image(data, self.decode.shape, self.decode.resize, self.dtype, out=out)
+        except ImageError as error:
+            raise self._error(index, error.reason) from None
+
+    def decode_region(self, index: int, box: Box, size: tuple[int, int], out: np.ndarray) -> np.ndarray:
+        """``box`` of sample ``index`` (in the decoded sample's pixels) resized to ``size``, into ``out``,
+        decoded from the file as `outcore.imaging.decode.decode_region` does."""
+        data = self._bytes(index)
+        try:
+            return decode_region(data, self.decode, box, size, out)
+        except ImageError as error:
+            raise self._error(index, error.reason) from None
+
+    def _bytes(self, index: int) -> bytes:
         start, stop = self.ranges[index].tolist()
         if not 0 <= start <= stop <= len(self.region):
             raise self._error(index, f"its byte range {start}..{stop} lies outside the chunk")
-        try:
-            return decode_image(self.region[start:stop].tobytes(), self.decode.shape, self.decode.resize, self.dtype,
-                                out=out)
-        except ImageError as error:
-            raise self._error(index, error.reason) from None
+        return self.region[start:stop].tobytes()
 
     def decode_into(self, out: np.ndarray) -> np.ndarray:
         for i in range(len(self)):

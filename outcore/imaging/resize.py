@@ -4,7 +4,7 @@ boxes of a batch (RandomResizedCrop)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -72,6 +72,11 @@ def _resize(pixels: np.ndarray, height: int, width: int, box: Box | None = None)
     return np.clip(np.rint(planes), info.min, info.max).astype(pixels.dtype)
 
 
+def resize_box(pixels: np.ndarray, box: Box, size: tuple[int, int]) -> np.ndarray:
+    """``box`` of ``pixels`` (h, w, c) resized to ``size`` (bilinear, antialiased)."""
+    return _resize(pixels, size[0], size[1], box)
+
+
 def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int]) -> np.ndarray:
     """``boxes[i]`` of ``images[i]`` (N, H, W[, C]) resized to ``size``, into a new (N, *size[, C]) array.
 
@@ -85,8 +90,14 @@ def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int]
     def resize(i: int) -> None:
         out[i] = _resize(channels[i], size[0], size[1], boxes[i])
 
-    list(_pool().map(resize, range(len(images))))  # Pillow resizes outside the GIL: one thread per core
+    for_each_in_threads(resize, len(images))
     return out[..., 0] if images.ndim == 3 else out
+
+
+def for_each_in_threads(work: Callable[[int], None], count: int) -> None:
+    """``work(i)`` for ``i < count`` on this process's threads, one per core: for Pillow and libjpeg-turbo
+    calls, which run outside the GIL. The first exception is raised."""
+    list(_pool().map(work, range(count)))
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}

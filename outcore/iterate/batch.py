@@ -2,18 +2,82 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..format import decode_text
-from ..imaging import EncodedChunk
+from ..imaging import Box, EncodedChunk, for_each_in_threads
 from .plan import Consumer
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
 ChunkValues = Mapping[str, Any]  # field -> one chunk's values: an array, or an EncodedChunk to decode
+
+
+class Crop(Protocol):
+    """A transform that cuts one box per image and resizes it (`RandomResizedCrop`, `CenterCrop`): opening
+    a transform on an encoded field, it is done while decoding (`make_batch`)."""
+
+    field: str
+
+    @property
+    def output_size(self) -> tuple[int, int]: ...
+
+    def boxes(self, count: int, height: int, width: int, rng: np.random.Generator) -> list[Box]: ...
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch: ...
+
+
+def fused_crop(transform: Transform | None, encoded_fields: Collection[str]) -> tuple[Crop | None, Transform | None]:
+    """``(crop, rest)`` when ``transform`` opens with a `Crop` of an encoded field, else ``(None, transform)``.
+
+    >>> from outcore.transforms import Compose, RandomFlip, RandomResizedCrop
+    >>> fused_crop(Compose([RandomResizedCrop(224), RandomFlip()]), {"images"})[0]
+    RandomResizedCrop(size=224, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), field='images')
+    """
+    steps = list(getattr(transform, "transforms", [transform]))
+    first = steps[0] if steps else None
+    if not (hasattr(first, "boxes") and getattr(first, "field", None) in encoded_fields):
+        return None, transform
+    rest = steps[1:]
+    return first, (type(transform)(rest) if len(rest) > 1 else rest[0] if rest else None)
+
+
+def make_batch(
+    samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues], fields: Sequence[str],
+    text_fields: frozenset[str], transform: Transform | None, rng_key: Sequence[int],
+) -> Batch:
+    """`assemble` then the transform, seeded by ``rng_key``; a `Crop` that opens the transform on an encoded
+    field is done while decoding (each box read from the file, `EncodedChunk.decode_region`), with the
+    boxes the crop would have drawn on the decoded batch, so the rest of the transform sees the same
+    generator state."""
+    first = next(iter(data.values()))
+    encoded = {name for name in fields if isinstance(first[name], EncodedChunk)}
+    crop, rest = fused_crop(transform, encoded)
+    if crop is None:
+        return apply_transform(transform, assemble(samples, chunk_size, keys, data, fields, text_fields), rng_key)
+    rng = np.random.default_rng(list(rng_key))
+    decoded_shape = first[crop.field].shape[1:]
+    boxes = crop.boxes(len(samples), decoded_shape[0], decoded_shape[1], rng)
+    batch = assemble(samples, chunk_size, keys, data, [n for n in fields if n != crop.field], text_fields)
+    batch[crop.field] = _decode_regions(samples % chunk_size, keys, data, crop, boxes, decoded_shape)
+    batch = {name: batch[name] for name in fields}
+    return batch if rest is None else rest(batch, rng)
+
+
+def _decode_regions(local: np.ndarray, keys: np.ndarray, data: Mapping[int, ChunkValues], crop: Crop,
+                    boxes: list[Box], decoded_shape: tuple[int, ...]) -> np.ndarray:
+    first = next(iter(data.values()))[crop.field]
+    out = np.empty((len(local), *crop.output_size, *decoded_shape[2:]), first.dtype)
+    chunks, indices = keys.tolist(), local.tolist()
+
+    def decode(i: int) -> None:
+        data[chunks[i]][crop.field].decode_region(indices[i], boxes[i], crop.output_size, out[i])
+
+    for_each_in_threads(decode, len(local))
+    return out
 
 
 def assemble(

@@ -39,7 +39,7 @@ from dask.base import tokenize
 from ..errors import ClusterError, NotAStoreError
 from ..imaging import DecodedChunks
 from ..storage import open_store
-from .batch import Batch, ChunkValues, Transform, apply_transform, assemble
+from .batch import Batch, ChunkValues, Transform, make_batch
 from .readers import ChunkReader, chunk_readers
 from .runs import Run, Work
 from .stats import LoaderStats
@@ -86,7 +86,7 @@ class ClusterRun(Run):
                                                   key=f"outcore-chunk-{self.name}-{slot}")
             used = np.unique(step.slots).tolist()
             self.pending.append(client.submit(
-                make_batch, step.samples, work.store.chunk_size, step.slots, used, work.fields, work.text_fields,
+                batch_task, step.samples, work.store.chunk_size, step.slots, used, work.fields, work.text_fields,
                 work.options.transform, work.rng_key(step.index), *[self.chunks[slot] for slot in used],
                 key=f"outcore-batch-{self.name}-{step.index}",
             ))
@@ -136,14 +136,14 @@ def read_chunk(source: StoreFields, chunk: int) -> dict[str, ChunkValues]:
             for name, reader in readers.items()}
 
 
-def make_batch(
+def batch_task(
     samples: np.ndarray, chunk_size: int, slots: np.ndarray, used: list[int], fields: tuple[str, ...],
     text_fields: frozenset[str], transform: Transform | None, rng_key: tuple[int, ...], *values: ChunkValues,
 ) -> Batch:
     """On a worker: one batch from the chunks it draws on (decoding its encoded samples), augmented as the
     local path would."""
-    batch = assemble(samples, chunk_size, slots, dict(zip(used, values, strict=True)), fields, text_fields)
-    return apply_transform(transform, batch, rng_key)
+    return make_batch(samples, chunk_size, slots, dict(zip(used, values, strict=True)), fields, text_fields, transform,
+                      rng_key)
 
 
 @lru_cache(maxsize=8)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..storage import Store
-from .batch import Batch, ChunkValues, apply_transform, assemble, batch_rng_key
+from .batch import Batch, ChunkValues, batch_rng_key, make_batch
 from .cluster import ClusterRun
 from .options import BatchOptions
 from .plan import Consumer, EpochPlan, batch_count, epoch_plan
@@ -133,7 +133,7 @@ class BatchIterator:
     def readers(self) -> dict[str, ChunkReader]:
         """The fields' chunk readers, opened at the first read (so an unused iterator holds no file or lock)."""
         if self._readers is None:
-            self._readers = chunk_readers(self.store, self.fields)
+            self._readers = chunk_readers(self.store, self.fields, self.options.transform)
         return self._readers
 
     def batch(self, index: int) -> Batch:
@@ -152,9 +152,8 @@ class BatchIterator:
         samples = plan.samples[index * self.batch_size : (index + 1) * self.batch_size]
         chunks = samples // self.store.chunk_size
         data = {chunk: self._random_access.chunk(self, chunk) for chunk in np.unique(chunks).tolist()}
-        batch = assemble(samples, self.store.chunk_size, chunks, data, self.fields, self.text_fields)
-        return apply_transform(self.options.transform, batch, batch_rng_key(self.options.seed, epoch,
-                                                                            self.consumer, index))
+        return make_batch(samples, self.store.chunk_size, chunks, data, self.fields, self.text_fields,
+                          self.options.transform, batch_rng_key(self.options.seed, epoch, self.consumer, index))
 
     def stats(self) -> dict[str, float]:
         """Is the consumer waiting for data? Figures since the iterator was made (or `reset_stats`).

@@ -6,10 +6,26 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..imaging import DecodedChunks
+from ..imaging import DecodedChunks, EncodedChunk
 from ..storage import ShardReader, Store
+from .batch import Transform, fused_crop
 
-ChunkReader = ShardReader | DecodedChunks
+
+class EncodedChunks:
+    """The chunk reader of an encoded image field whose samples are decoded into the batches, cropped
+    while decoding (`outcore.iterate.batch.make_batch`): ``read(k)`` is chunk ``k`` as an `EncodedChunk`."""
+
+    def __init__(self, store: Store, field: str) -> None:
+        self.decoded = DecodedChunks(store, field)
+
+    def empty(self) -> np.ndarray:
+        return self.decoded.bytes.empty()
+
+    def read(self, chunk: int, out: np.ndarray | None = None) -> EncodedChunk:
+        return self.decoded.read_encoded(chunk, out)
+
+
+ChunkReader = ShardReader | DecodedChunks | EncodedChunks
 
 
 def chunk_reader(store: Store, field: str) -> ChunkReader:
@@ -20,8 +36,12 @@ def chunk_reader(store: Store, field: str) -> ChunkReader:
     return store.shard_reader(field)
 
 
-def chunk_readers(store: Store, fields: Sequence[str]) -> dict[str, ChunkReader]:
-    return {name: chunk_reader(store, name) for name in fields}
+def chunk_readers(store: Store, fields: Sequence[str], transform: Transform | None = None) -> dict[str, ChunkReader]:
+    """The readers of ``fields``; an encoded field that ``transform`` opens by cropping is read encoded
+    (`EncodedChunks`), to be cropped while decoding."""
+    crop, _ = fused_crop(transform, {name for name in fields if store.info(name).is_image})
+    return {name: EncodedChunks(store, name) if crop is not None and name == crop.field else chunk_reader(store, name)
+            for name in fields}
 
 
 def sample_spec(store: Store, field: str) -> tuple[tuple[int, ...], np.dtype]:

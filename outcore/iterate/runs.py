@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..storage import Store
-from .batch import Batch, apply_transform, assemble, batch_rng_key
+from .batch import Batch, batch_rng_key, make_batch
 from .options import BatchOptions
 from .plan import Consumer, EpochPlan
 from .readers import ChunkReader
@@ -158,10 +158,11 @@ class LocalRun(Run):
             for slot in step.load:
                 loading[slot] = self.pool.submit(self._read, int(work.plan.chunks[slot]))
             data = {slot: loading[slot].result()[0] for slot in np.unique(step.slots).tolist()}
-            batch = assemble(step.samples, chunk_size, step.slots, data, work.fields, text_fields)
+            batch = make_batch(step.samples, chunk_size, step.slots, data, work.fields, text_fields,
+                               work.options.transform, work.rng_key(step.index))
             for slot in step.release:
                 self.buffers.give(loading.pop(slot).result()[1])
-            if not self._put(apply_transform(work.options.transform, batch, work.rng_key(step.index))):
+            if not self._put(batch):
                 return
 
     def _read(self, chunk: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

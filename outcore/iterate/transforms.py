@@ -21,7 +21,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import OptionError
-from ..imaging import center_crop_box, random_resized_crop_box, resize_boxes
+from ..imaging import Box, center_crop_box, random_resized_crop_box, resize_boxes
 from .batch import Batch, Transform
 
 
@@ -103,11 +103,18 @@ class RandomResizedCrop:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     field: str = "images"
 
+    @property
+    def output_size(self) -> tuple[int, int]:
+        return _pair(self.size)
+
+    def boxes(self, count: int, height: int, width: int, rng: np.random.Generator) -> list[Box]:
+        """The boxes of ``count`` images of ``height`` x ``width`` (an encoded field's are cut while decoding)."""
+        return [random_resized_crop_box(height, width, self.scale, self.ratio, rng) for _ in range(count)]
+
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
-        height, width = images.shape[1:3]
-        boxes = [random_resized_crop_box(height, width, self.scale, self.ratio, rng) for _ in range(len(images))]
-        return _replace(batch, self.field, resize_boxes(images, boxes, _pair(self.size)))
+        boxes = self.boxes(len(images), *images.shape[1:3], rng)
+        return _replace(batch, self.field, resize_boxes(images, boxes, self.output_size))
 
 
 @dataclass(frozen=True)
@@ -122,9 +129,17 @@ class CenterCrop:
     size: int | tuple[int, int]
     field: str = "images"
 
+    @property
+    def output_size(self) -> tuple[int, int]:
+        return _pair(self.size)
+
+    def boxes(self, count: int, height: int, width: int, rng: np.random.Generator) -> list[Box]:
+        """The same central box for each of ``count`` images (an encoded field's is cut while decoding)."""
+        return [center_crop_box(height, width, self.output_size)] * count
+
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
-        top, left, height, width = center_crop_box(*images.shape[1:3], _pair(self.size))
+        top, left, height, width = center_crop_box(*images.shape[1:3], self.output_size)
         return _replace(batch, self.field, np.ascontiguousarray(images[:, top : top + height, left : left + width]))
 
 
