@@ -95,18 +95,13 @@ def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int]
 
 
 def for_each_in_threads(work: Callable[[int], None], count: int) -> None:
-    """``work(i)`` for ``i < count`` on this process's threads, one per core: for Pillow and libjpeg-turbo
-    calls, which run outside the GIL. The first exception is raised."""
-    list(_pool().map(work, range(count)))
-
-
-_pools: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool() -> ThreadPoolExecutor:
-    """This process's resize threads (a process forked from another starts its own)."""
-    pid = os.getpid()
-    if pid not in _pools:
-        _pools.clear()
-        _pools[pid] = ThreadPoolExecutor(os.cpu_count(), thread_name_prefix="outcore-resize")
-    return _pools[pid]
+    """``work(i)`` for ``i < count`` on one thread per core (for Pillow and libjpeg-turbo calls, which
+    run outside the GIL), started for the call and joined before it returns; the first exception is
+    raised."""
+    threads = min(count, os.cpu_count() or 1)
+    if threads <= 1:
+        for i in range(count):
+            work(i)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="outcore-resize") as pool:
+        list(pool.map(work, range(count)))

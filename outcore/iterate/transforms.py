@@ -121,9 +121,10 @@ class RandomResizedCrop:
 class CenterCrop:
     """Cut the central ``size`` window of each image (validation's crop after a resize).
 
-    >>> batch = {"images": np.arange(2 * 4 * 4).reshape(2, 4, 4, 1)}
-    >>> CenterCrop(2)(batch, np.random.default_rng(0))["images"][0, :, :, 0].tolist()
-    [[5, 6], [9, 10]]
+    >>> batch = {"images": np.arange(2 * 4 * 4).reshape(2, 4, 4)}
+    >>> images = CenterCrop(2)(batch, np.random.default_rng(0))["images"]
+    >>> images.shape, int(images[0, 0, 0]), int(images[1, 1, 1])
+    ((2, 2, 2), 5, 26)
     """
 
     size: int | tuple[int, int]
