@@ -18,9 +18,14 @@ peak RSS and whether the epoch held every image exactly once:
 - a torchvision-ImageFolder-style DataLoader (Pillow; 2 workers), the box drawn from the original as
   torchvision draws it; the same with Pillow's ``draft()`` (JPEG DCT scaling in Pillow).
 
+- NVIDIA DALI's CPU pipeline when it is installed (``pip install nvidia-dali-cuda120``): its file
+  reader (a shuffle buffer of 1,024, not a full shuffle), ``decoders.image_random_crop`` (decodes the
+  crop's region), resize, flip; 2 threads.
+
 Validation: the outcore stores with ``CenterCrop(224)`` (their 256 resize-crop is torchvision's
-``Resize(256)`` + ``CenterCrop(256)``), and the Pillow DataLoader with Resize(256) + CenterCrop(224).
-FFCV and NVIDIA DALI are measured when they import (neither installs from this machine's registry).
+``Resize(256)`` + ``CenterCrop(256)``), the Pillow DataLoader with Resize(256) + CenterCrop(224), and
+DALI's decode, resize and crop. FFCV does not build here (its sdist needs OpenCV and libjpeg-turbo
+headers).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ TRAIN_LOADERS = ("ceiling: full decode + crop + resize, every core", "ceiling: D
                  "Pillow DataLoader, 2 workers, RRC + flip", "Pillow DataLoader + draft(), 2 workers, RRC + flip")
 VAL_LOADERS = ("outcore encoded store @256 + CenterCrop", "outcore pixel store @256 + CenterCrop",
                "Pillow DataLoader, 2 workers, Resize(256) + CenterCrop")
+DALI_TRAIN, DALI_VAL = "DALI CPU pipeline, 2 threads, RRC + flip", "DALI CPU pipeline, 2 threads, Resize(256) + CenterCrop"
 
 
 # -- the data ------------------------------------------------------------------------------------------
@@ -173,6 +179,30 @@ def pillow_epoch(files: list[Path], train: bool, draft: bool) -> tuple[int, int]
     return count, count  # the sampler draws a permutation: every image once
 
 
+def dali_epoch(root: Path, train: bool) -> tuple[int, int]:
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=BATCH, num_threads=os.cpu_count(), device_id=None, seed=0)
+    def pipeline():
+        files, labels = fn.readers.file(file_root=str(root), random_shuffle=True, name="reader")
+        if train:
+            images = fn.decoders.image_random_crop(files, device="cpu", output_type=types.RGB,
+                                                   random_area=list(SCALE), random_aspect_ratio=list(RATIO),
+                                                   num_attempts=10)
+            images = fn.flip(fn.resize(images, resize_x=SIZE, resize_y=SIZE), horizontal=fn.random.coin_flip())
+        else:
+            images = fn.crop(fn.resize(fn.decoders.image(files, device="cpu", output_type=types.RGB),
+                                       resize_shorter=256), crop=(SIZE, SIZE))
+        return images, labels
+
+    built = pipeline()
+    built.build()
+    total, count = built.epoch_size("reader"), 0
+    while count < total:
+        count += len(built.run()[0])
+    return count, 0  # its reader wraps the last batch into the next epoch: not an exact epoch
+
+
 def outcore_epoch(location: Path, transform: object) -> tuple[int, int]:
     ds = outcore.open_dataset(location)
     seen = []
@@ -196,6 +226,8 @@ def measure(name: str, workdir: Path, files: list[Path]) -> dict[str, float]:
         VAL_LOADERS[0]: lambda: outcore_epoch(workdir / "encoded-256.zarr", CenterCrop(SIZE)),
         VAL_LOADERS[1]: lambda: outcore_epoch(workdir / "pixels-256.zarr", CenterCrop(SIZE)),
         VAL_LOADERS[2]: lambda: pillow_epoch(files, train=False, draft=False),
+        DALI_TRAIN: lambda: dali_epoch(workdir / "train", train=True),
+        DALI_VAL: lambda: dali_epoch(workdir / "train", train=False),
     }[name]
     began = time.perf_counter()
     samples, unique = work()
@@ -216,7 +248,7 @@ def print_rows(title: str, rows: dict[str, dict[str, float]], ceiling_rate: floa
     print(f"\n{title}\n{'loader':{width}s} {'images/s':>9s} {'x ceiling':>10s} {'peak RSS':>9s}  exact epoch")
     for name, row in rows.items():
         print(f"{name:{width}s} {row['rate']:9.0f} {row['rate'] / ceiling_rate:10.2f} "
-              f"{row['peak_mib']:6.0f} MiB  {'yes' if row['exact'] else 'NO'}")
+              f"{row['peak_mib']:6.0f} MiB  {'yes' if row['exact'] else 'no'}")
 
 
 def main() -> None:
@@ -236,17 +268,17 @@ def main() -> None:
           f"{os.cpu_count()} cores")
     for images, rate in build_stores(root, args.workdir).items():
         print(f"ingest at 256x256, images={images}: {rate:,.0f} images/s")
-    for loader in ("ffcv", "nvidia.dali"):
-        try:
-            __import__(loader)
-            print(f"{loader} imports, but is not wired into this benchmark yet")
-        except ImportError as error:
-            print(f"{loader}: not measured ({error})")
-    train = {name: in_a_fresh_process(name, args) for name in TRAIN_LOADERS}
+    try:
+        import nvidia.dali  # noqa: F401 - measured when installed
+        dali = True
+    except ImportError as error:
+        print(f"NVIDIA DALI: not measured ({error}; pip install nvidia-dali-cuda120)")
+        dali = False
+    train = {name: in_a_fresh_process(name, args) for name in TRAIN_LOADERS + ((DALI_TRAIN,) if dali else ())}
     print_rows("train: RandomResizedCrop(224) + flip, batch 256, one shuffled epoch", train,
                train[TRAIN_LOADERS[1]]["rate"])
     if not args.skip_validation:
-        val = {name: in_a_fresh_process(name, args) for name in VAL_LOADERS}
+        val = {name: in_a_fresh_process(name, args) for name in VAL_LOADERS + ((DALI_VAL,) if dali else ())}
         print_rows("validation: resize 256 + CenterCrop(224), batch 256", val, train[TRAIN_LOADERS[1]]["rate"])
 
 
