@@ -6,6 +6,7 @@ import hashlib
 import os
 
 import numpy as np
+import pytest
 
 import outcore
 from outcore.transforms import Normalize
@@ -133,3 +134,13 @@ def test_the_store_sample_weight_field_is_used_without_naming_it(tmp_path):
     _, _, weight = ds.keras(16, x="x", y="y", shuffle=False)[0]
     np.testing.assert_array_equal(weight, ds["weight"][:16].compute())
     assert len(ds.keras(16, x="x", y="y", sample_weight=None)[0]) == 2 and len(ds.keras(16, x="x")[0]) == 1
+
+
+def test_several_sample_weight_fields_are_an_error_not_a_guess(tmp_path):
+    ds = outcore.from_arrays({"x": np.zeros((32, 2), np.float32), "y": np.arange(32) % 2,
+                              "weight": np.ones(32, np.float32), "sample_weight": np.ones(32, np.float32)},
+                             tmp_path / "w.zarr", progress=False)
+    with pytest.raises(outcore.OptionError, match=r"2 sample-weight fields \['weight', 'sample_weight'\]"):
+        ds.keras(16, x="x", y="y")
+    assert len(ds.keras(16, x="x", y="y", sample_weight="weight")[0]) == 3
+    assert len(ds.keras(16, x="x", y="y", sample_weight=None)[0]) == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Unpack
 
+from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions
 from ..storage import Store
 from .selection import FieldSelection, options_with_fields, select
@@ -46,8 +47,7 @@ class KerasBatches(keras.utils.PyDataset):
                  **options: Unpack[BatchKeywords]) -> None:
         super().__init__(workers=workers, use_multiprocessing=False, max_queue_size=max_queue_size)
         if sample_weight == AUTO:
-            weights = [name for name, role in store.roles.items() if role == "sample_weight"]
-            sample_weight = weights[0] if y is not None and len(weights) == 1 else None
+            sample_weight = _store_sample_weight(store) if y is not None else None
         self.x, self.y, self.sample_weight = x, y, sample_weight
         options = {"shuffle": y is not None, **options}
         self.iterator = BatchIterator(store, BatchOptions.of(batch_size, options_with_fields(options, x, y,
@@ -83,3 +83,12 @@ class KerasBatches(keras.utils.PyDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iterator.load_state_dict(state)
         self._served = set()
+
+
+def _store_sample_weight(store: Store) -> str | None:
+    """The store's one field with the ``sample_weight`` role, or None; several is an error, not a guess."""
+    weights = [name for name, role in store.roles.items() if role == "sample_weight"]
+    if len(weights) > 1:
+        raise OptionError(f"{store.location} has {len(weights)} sample-weight fields {weights}: name the one to use "
+                          "with sample_weight=, or sample_weight=None for none")
+    return weights[0] if weights else None
