@@ -17,7 +17,7 @@ from .adapters.selection import FieldSelection
 from .format import StoreAttrs, class_flags, decode_text, dimension_names
 from .iterate import BatchIterator, BatchKeywords, BatchOptions, ChunkReader, chunk_reader, sample_spec
 from .storage import Store, open_store
-from .storage.report import field_reports, human_size, total
+from .storage.report import field_reports, human_size, stored_shapes, total, variable_shape
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -140,7 +140,11 @@ class Dataset(Store):
             classes = ", ".join(info.classes[:8]) + (", …" if len(info.classes) > 8 else "") if info.classes else ""
             lazy = self[name]
             dtype = f"{lazy.dtype} (encoded)" if info.is_image else str(lazy.dtype)
-            rows.append((name, dtype, str(lazy.shape), info.role, classes))
+            shape = str(lazy.shape)
+            if info.is_image and info.decode.variable:  # an object per picture: say what each holds
+                dtype = f"{info.decode.dtype} (encoded, own sizes)"
+                shape = "(" + ", ".join(map(str, (len(self), *variable_shape(stored_shapes(self, name))))) + ")"
+            rows.append((name, dtype, shape, info.role, classes))
         return rows
 
     def _summary(self) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, sample_spec
-from ..iterate.batch import apply_transform
+from ..iterate.batch import apply_transform, fused_crop
 from ..storage import Store
 from .selection import FieldSelection, options_with_fields, select
 
@@ -35,10 +35,15 @@ def dataset(store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelecti
     fields = iterator.fields
     batch_dim = batch_size if iterator.options.drop_last else None
 
-    # what the transform makes of a batch (it may crop, cast, ...): shapes and dtypes from one blank sample
+    # what the transform makes of a batch (it may crop, cast, ...): shapes and dtypes from one blank sample;
+    # a crop opening it on an encoded field is done while decoding, so its field starts at the crop's size
+    crop, rest = fused_crop(iterator.options.transform, {name for name in fields if store.info(name).is_image})
     blank = {name: np.zeros((1, *shape), dtype) for name, (shape, dtype) in
-             ((name, sample_spec(store, name)) for name in fields)}
-    example = apply_transform(iterator.options.transform, blank, [0])
+             ((name, sample_spec(store, name)) for name in fields if crop is None or name != crop.field)}
+    if crop is not None:
+        shape, dtype = sample_spec(store, crop.field)
+        blank[crop.field] = np.zeros((1, *crop.output_size, *shape[2:]), dtype)
+    example = apply_transform(rest, blank, [0])
 
     def spec(field: str) -> tf.TensorSpec:
         values = example[field]

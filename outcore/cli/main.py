@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from ..dataset import open_dataset
 from ..errors import ClusterError, OutcoreError
-from ..imaging import MAX_PIXELS, RESIZE_POLICIES
+from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, RESIZE_POLICIES
 from ..ingest import ingest_dataframe, ingest_images
 from ..iterate import shuffle_quality
 from .bench import compare
@@ -100,13 +100,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     ingest.add_argument("source", metavar="SRC")
     ingest.add_argument("store", metavar="STORE")
-    ingest.add_argument("--shape", required=True, help="sample shape, HxW or HxWxC (e.g. 128x128x3)")
+    ingest.add_argument("--shape", required=True,
+                        help="sample shape, HxW or HxWxC (e.g. 128x128x3), or any: each picture keeps its own size "
+                             "(with --images encoded; crop it while reading)")
     ingest.add_argument("--resize", default="crop", choices=[p for p in RESIZE_POLICIES if p] + ["none"],
                         help="how to fit images of other sizes (default: crop; none: refuse them)")
     ingest.add_argument("--dtype", default="uint8", choices=["uint8", "uint16"])
     ingest.add_argument("--images", default="pixels", choices=["pixels", "encoded", "both"],
                         help="store decoded pixels (default), the files' encoded bytes (smaller; decoded while "
                              "reading), or both")
+    ingest.add_argument("--max-side", type=int,
+                        help="with --images encoded: pictures whose longer side is larger are resized to it and "
+                             "re-encoded once (default: every file's bytes kept)")
+    ingest.add_argument("--quality", type=int, default=DEFAULT_QUALITY,
+                        help=f"JPEG quality of pictures re-encoded by --max-side (default {DEFAULT_QUALITY})")
     ingest.add_argument("--path-column", default="path", help="CSV column of image paths (default: path)")
     ingest.add_argument("--label-columns", default="", help="comma-separated CSV label columns")
     ingest.add_argument("--label-dtype", help="what the label columns hold: class, int64 or float32, for all of "
@@ -190,6 +197,8 @@ def _ingest(args: argparse.Namespace) -> int:
         "resize": None if args.resize == "none" else args.resize,
         "dtype": args.dtype,
         "images": args.images,
+        "max_side": args.max_side,
+        "quality": args.quality,
         "chunk_size": args.chunk_size,
         "compression": args.compression,
         "shuffle_on_write": not args.no_shuffle,

@@ -17,7 +17,15 @@ from .attrs import (
 )
 from .compression import Compression, unsafe_codecs
 from .dims import SAMPLE_DIM, dimension_names
-from .encoded import RANGES_SUFFIX, chunk_capacity, pack_regions, ranges_name
+from .encoded import (
+    RANGES_SUFFIX,
+    SHAPES_SUFFIX,
+    chunk_capacity,
+    companion_names,
+    pack_regions,
+    ranges_name,
+    shapes_name,
+)
 from .layout import Layout
 from .text import TEXT_ENCODING, decode_text, encode_text
 
@@ -28,6 +36,7 @@ __all__ = [
     "RANGES_SUFFIX",
     "ROLES",
     "SAMPLE_DIM",
+    "SHAPES_SUFFIX",
     "TEXT_ENCODING",
     "WEIGHT_NAMES",
     "Compression",
@@ -37,11 +46,13 @@ __all__ = [
     "StoreAttrs",
     "chunk_capacity",
     "class_flags",
+    "companion_names",
     "decode_text",
     "dimension_names",
     "encode_text",
     "guess_roles",
     "pack_regions",
     "ranges_name",
+    "shapes_name",
     "unsafe_codecs",
 ]

@@ -30,16 +30,29 @@ FIELD_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "u
 
 @dataclass(frozen=True)
 class ImageDecode:
-    """How an encoded image field decodes: to ``shape`` and ``dtype``, fitting other sizes by ``resize``."""
+    """How an encoded image field decodes: to ``shape`` and ``dtype``, fitting other sizes by ``resize``.
 
-    shape: tuple[int, ...]
+    A ``shape`` of ``(None, None, C)`` keeps every picture at its own size (each sample's shape is stored
+    beside the bytes, `outcore.format.encoded`); ``resize`` is then unused.
+    """
+
+    shape: tuple[int | None, ...]
     dtype: str = "uint8"
     resize: str | None = "crop"
 
     @property
-    def nbytes(self) -> int:
-        """Bytes of one decoded sample."""
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+    def variable(self) -> bool:
+        """Whether samples keep their own sizes (``shape=None`` at ingest)."""
+        return self.shape[0] is None
+
+    @property
+    def channels(self) -> int:
+        return self.shape[2] if len(self.shape) == 3 else 1
+
+    @property
+    def nbytes(self) -> int | None:
+        """Bytes of one decoded sample; None when sizes vary."""
+        return None if self.variable else math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -107,8 +120,10 @@ class FieldInfo:
 def _image_decode(document: Any) -> ImageDecode:
     _expect(isinstance(document, Mapping), "an image field's decode settings are not an object")
     shape = document.get("shape")
-    _expect(isinstance(shape, list) and len(shape) in (2, 3) and all(_is_int(s) and 0 < s <= 2**16 for s in shape)
-            and (len(shape) == 2 or shape[2] in (1, 3, 4)), f"decode shape {shape!r} is not (H, W) or (H, W, C)")
+    _expect(isinstance(shape, list) and len(shape) in (2, 3) and (len(shape) == 2 or shape[2] in (1, 3, 4))
+            and (all(_is_int(s) and 0 < s <= 2**16 for s in shape)
+                 or (shape[:2] == [None, None] and all(_is_int(s) for s in shape[2:]))),
+            f"decode shape {shape!r} is not (H, W) or (H, W, C), with null sizes when they vary")
     return ImageDecode(tuple(shape), _choice(document.get("dtype"), ("uint8", "uint16"), "decode dtype"),
                        _choice(document.get("resize"), ("fit", "crop", "pad", None), "resize"))
 

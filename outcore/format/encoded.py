@@ -11,7 +11,11 @@ types that are in the Zarr v3 specification (zarr's variable-length bytes type i
 - ``F_ranges`` is ``int64`` of shape ``(N, 2)``, chunked like every other field: sample ``i``'s bytes
   are ``F[F_ranges[i, 0]:F_ranges[i, 1]]``.
 
-Both arrays are sharded like the other fields, so one ingest task writes one shard file of each, and
+- for a field of pictures of varying sizes (``shape=None`` at ingest), ``F_shapes`` is ``int32`` of
+  shape ``(N, 3)``, chunked like every other field: sample ``i`` decodes to an array of shape
+  ``F_shapes[i]`` (height, width, channels; upright, as its EXIF orientation says).
+
+All arrays are sharded like the other fields, so one ingest task writes one shard file of each, and
 one chunk of samples is two ranged reads. ``capacity`` is the largest chunk's byte count, known before
 writing from the sizes of the source files.
 
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 RANGES_SUFFIX = "_ranges"
+SHAPES_SUFFIX = "_shapes"
 
 
 def ranges_name(field: str) -> str:
@@ -38,6 +43,24 @@ def ranges_name(field: str) -> str:
     'images_ranges'
     """
     return field + RANGES_SUFFIX
+
+
+def shapes_name(field: str) -> str:
+    """The array holding each sample's decoded shape, for an encoded field of pictures of varying sizes.
+
+    >>> shapes_name("images")
+    'images_shapes'
+    """
+    return field + SHAPES_SUFFIX
+
+
+def companion_names(field: str, variable: bool) -> list[str]:
+    """The arrays beside an encoded field's bytes: its ranges, and its samples' shapes when they vary.
+
+    >>> companion_names("images", variable=True)
+    ['images_ranges', 'images_shapes']
+    """
+    return [ranges_name(field), shapes_name(field)] if variable else [ranges_name(field)]
 
 
 def chunk_capacity(nbytes: np.ndarray, chunk_size: int) -> int:

@@ -14,8 +14,10 @@ from .decode import (
 )
 from .encoded import DecodedChunks, EncodedChunk
 from .resize import RESIZE_POLICIES, ResizePolicy, fit, for_each_in_threads, parse_resize, resize_boxes
+from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
 
 __all__ = [
+    "DEFAULT_QUALITY",
     "IMAGE_DTYPES",
     "IMAGE_EXTENSIONS",
     "MAX_PIXELS",
@@ -25,7 +27,9 @@ __all__ = [
     "EncodedChunk",
     "ResizePolicy",
     "center_crop_box",
+    "check_max_side",
     "decode_image",
+    "encode_image",
     "fit",
     "for_each_in_threads",
     "load_image",
@@ -35,4 +39,5 @@ __all__ = [
     "random_resized_crop_box",
     "read_image_file",
     "resize_boxes",
+    "shrink_image",
 ]

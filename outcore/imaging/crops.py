@@ -1,6 +1,7 @@
 """Crop boxes: where RandomResizedCrop and CenterCrop cut a picture (pure functions of its size).
 
-A box is ``(top, left, height, width)`` in the picture's pixels. The same boxes serve pixel fields
+A box is ``(top, left, height, width)`` in the picture's pixels (whole pixels, except where a resize
+before the crop puts its edges between them). The same boxes serve pixel fields
 (cut from the stored picture) and, drawn from a file's stored size, encoded fields.
 """
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from ..errors import OptionError
 
-Box = tuple[int, int, int, int]
+Box = tuple[float, float, float, float]  # integers, but for CenterCrop's resize
 
 
 def random_resized_crop_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
@@ -47,12 +48,27 @@ def random_resized_crop_box(height: int, width: int, scale: tuple[float, float],
     return (height - box_height) // 2, (width - box_width) // 2, box_height, box_width
 
 
-def center_crop_box(height: int, width: int, size: tuple[int, int]) -> Box:
-    """The central ``size`` box, offsets rounded as torchvision's ``CenterCrop`` rounds them.
+def center_crop_box(height: int, width: int, size: tuple[int, int], resize: int | None = None) -> Box:
+    """The central ``size`` box, offsets rounded as torchvision's ``CenterCrop`` rounds them. With
+    ``resize``, the box that torchvision's ``Resize(resize)`` (shorter side to ``resize``, the longer
+    truncated) then ``CenterCrop(size)`` cuts, in the original picture's pixels (fractional): resizing
+    it to ``size`` gives the same picture with one resize instead of two.
 
     >>> center_crop_box(256, 320, (224, 224)), center_crop_box(257, 224, (224, 224))
     ((16, 48, 224, 224), (16, 0, 224, 224))
+    >>> [round(v, 2) for v in center_crop_box(375, 500, (224, 224), resize=256)]
+    [23.44, 85.94, 328.12, 328.12]
     """
+    if resize is not None:
+        if resize < max(size):
+            raise OptionError(f"CenterCrop(size={size}, resize={resize}): resize must be at least the crop size")
+        short, long = sorted((height, width))
+        resized_long = int(resize * long / short)
+        resized = (resize, resized_long) if height <= width else (resized_long, resize)
+        top, left, box_height, box_width = center_crop_box(*resized, size)
+        sy, sx = height / resized[0], width / resized[1]
+        return top * sy, left * sx, box_height * sy, box_width * sx
     if size[0] > height or size[1] > width:
-        raise OptionError(f"cannot cut a central {size[0]}x{size[1]} box from a {height}x{width} picture")
+        raise OptionError(f"cannot cut a central {size[0]}x{size[1]} box from a {height}x{width} picture; "
+                          "CenterCrop(size, resize=...) resizes pictures first")
     return round((height - size[0]) / 2), round((width - size[1]) / 2), size[0], size[1]

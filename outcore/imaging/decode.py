@@ -44,25 +44,32 @@ _HIGH_DEPTH_MODES = ("I;16", "I;16B", "I;16L", "I", "F")
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
 
 
-def parse_image_shape(shape: Sequence[int] | str) -> tuple[int, ...]:
+def parse_image_shape(shape: Sequence[int | None] | str | None) -> tuple[int | None, ...]:
     """Validate a sample shape: ``(H, W)`` for greyscale or ``(H, W, C)`` with C in 1, 3, 4; a string
-    separates the sizes with ``x`` or commas.
+    separates the sizes with ``x`` or commas. ``None`` (or ``"any"``) keeps every picture at its own size
+    with 3 channels (``"none"`` too, as the command line says it); ``(None, None, C)`` with C channels.
 
-    >>> parse_image_shape("128x128x3"), parse_image_shape("32,32")
-    ((128, 128, 3), (32, 32))
+    >>> parse_image_shape("128x128x3"), parse_image_shape("32,32"), parse_image_shape(None)
+    ((128, 128, 3), (32, 32), (None, None, 3))
     """
     given = shape
+    if shape is None or (isinstance(shape, str) and shape.strip().lower() in ("any", "none")):
+        return (None, None, 3)
     if isinstance(shape, str):
         try:
             shape = tuple(int(part) for part in re.split(r"[x,]", shape.lower().strip()))
         except ValueError:
-            raise OptionError(f"shape={given!r} is not of the form HxW or HxWxC, e.g. 128x128x3") from None
-    shape = tuple(int(s) for s in shape)
-    if len(shape) not in (2, 3) or any(s <= 0 for s in shape):
+            raise OptionError(f"shape={given!r} is not of the form HxW or HxWxC, e.g. 128x128x3, or any") from None
+    shape = tuple(shape)
+    if len(shape) == 3 and shape[:2] == (None, None):
+        sizes = (int(shape[2]),)
+    else:
+        shape = sizes = tuple(int(s) for s in shape)
+    if len(shape) not in (2, 3) or any(s <= 0 for s in sizes):
         raise OptionError(f"shape={given!r} is not a height and width (and channels) of positive sizes")
     if len(shape) == 3 and shape[2] not in _PIL_MODES:
         raise OptionError(f"shape={given!r} has {shape[2]} channels; images have 1, 3 or 4")
-    return shape
+    return (*shape[:2], int(shape[2])) if len(shape) == 3 else shape
 
 
 def parse_image_dtype(dtype: np.typing.DTypeLike) -> np.dtype:
@@ -93,11 +100,12 @@ def read_image_file(path: str) -> bytes:
 
 
 def decode_image(
-    data: bytes, shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, name: str = "image",
+    data: bytes, shape: tuple[int | None, ...], resize: ResizePolicy, dtype: np.dtype, name: str = "image",
     out: np.ndarray | None = None, max_pixels: int | None = MAX_PIXELS,
 ) -> np.ndarray:
     """Decode encoded image bytes (JPEG, PNG, WebP, ...) to exactly ``shape`` and ``dtype``, into
-    ``out`` (a C-contiguous array of that shape and dtype) when given.
+    ``out`` (a C-contiguous array of that shape and dtype) when given. A shape of ``(None, None, C)``
+    keeps the picture's own (upright) size; ``out``, when given, must then be of that size.
 
     The same function decodes files at ingest and encoded fields at load time, so a pixel store and
     an encoded store of the same files give identical samples. ``name`` appears in errors. An image
@@ -108,11 +116,17 @@ def decode_image(
     (64, 64, 3)
     """
     channels = shape[2] if len(shape) == 3 else 1
-    in_place = out if out is not None and dtype == np.uint8 and out.flags.c_contiguous else None
-    pixels = _decode(data, channels, shape[:2], resize, name, in_place, max_pixels)
-    if pixels is in_place:  # libjpeg-turbo wrote the finished sample straight into ``out``
-        return out
-    pixels = fit(_convert_depth(pixels, dtype), shape[:2], resize, name).reshape(shape)
+    if shape[0] is None:  # its own size
+        pixels = _convert_depth(_decode(data, channels, None, None, name, None, max_pixels), dtype)
+        if out is not None and out.shape[:2] != pixels.shape[:2]:
+            raise ImageError(name, f"the file is {pixels.shape[0]}x{pixels.shape[1]}, its stored shape says "
+                                   f"{out.shape[0]}x{out.shape[1]}")
+    else:
+        in_place = out if out is not None and dtype == np.uint8 and out.flags.c_contiguous else None
+        pixels = _decode(data, channels, shape[:2], resize, name, in_place, max_pixels)
+        if pixels is in_place:  # libjpeg-turbo wrote the finished sample straight into ``out``
+            return out
+        pixels = fit(_convert_depth(pixels, dtype), shape[:2], resize, name).reshape(shape)
     if out is None:
         return pixels
     out[...] = pixels
@@ -121,19 +135,24 @@ def decode_image(
 
 def decode_region(
     data: bytes, decode: ImageDecode, box: Box, size: tuple[int, int], out: np.ndarray, name: str = "image",
+    stored: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """``box`` of the sample ``decode_image(data, decode.shape, ...)`` would give, resized to ``size``
     (bilinear, antialiased), into ``out`` — read from the file itself: the box is mapped back to the
-    file's pixels through the ``crop`` or ``fit`` resize, and a plain JPEG is decoded at the smallest
-    DCT scale that keeps the box at least ``size`` (one resize instead of two, less to decode). Other
-    images, policies and dtypes decode the sample and resize the box, which gives the same result.
+    file's pixels through the ``crop`` or ``fit`` resize (or taken as it is, for pictures kept at their
+    own size), and a plain JPEG is decoded at the smallest DCT scale that keeps the box at least ``size``
+    (one resize instead of two, less to decode). Other images, policies and dtypes decode the sample and
+    resize the box, which gives the same result. ``stored`` is the size a picture kept at its own size
+    was recorded with at ingest: a file of another size is an `ImageError`.
     """
     region = _file_region(data, decode, box)
     if region is None:
         sample = decode_image(data, decode.shape, decode.resize, np.dtype(decode.dtype), name)
+        _check_stored(sample.shape[:2], stored, name)
         out[...] = resize_box(sample.reshape(*sample.shape[:2], -1), box, size).reshape(out.shape)
         return out
     (height, width), (y0, x0, y1, x1), colorspace = region
+    _check_stored((height, width), stored, name)
     need_h = min(height, math.ceil(height * size[0] / (y1 - y0)))
     need_w = min(width, math.ceil(width * size[1] / (x1 - x0)))
     pixels = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=need_h, min_width=need_w)
@@ -144,13 +163,41 @@ def decode_region(
     return out
 
 
+def upright_size(data: bytes, name: str = "image", max_pixels: int | None = MAX_PIXELS) -> tuple[int, int]:
+    """The ``(height, width)`` a file decodes to (after its EXIF orientation), read from its header; a file
+    that is not a picture, or of more than ``max_pixels`` pixels, is an `ImageError` naming ``name``.
+
+    >>> upright_size(open("portrait.jpg", "rb").read())  # doctest: +SKIP
+    (640, 480)
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(io.BytesIO(data))
+        with opened as image:
+            width, height = image.size
+            _check_size(height, width, max_pixels, name)
+            sideways = _orientation(image) in (5, 6, 7, 8) or (
+                image.format == "TIFF" and image.getexif().get(ExifTags.Base.Orientation, 1) in (5, 6, 7, 8))
+    except UnidentifiedImageError:
+        raise ImageError(name, "not an image file Pillow can read") from None
+    except _DECODE_ERRORS as error:
+        raise ImageError(name, f"cannot decode ({type(error).__name__}: {error})") from None
+    return (width, height) if sideways else (height, width)
+
+
+def _check_stored(size: tuple[int, int], stored: tuple[int, int] | None, name: str) -> None:
+    if stored is not None and tuple(size) != tuple(stored):
+        raise ImageError(name, f"the file is {size[0]}x{size[1]}, its stored shape says {stored[0]}x{stored[1]}")
+
+
 def _file_region(data: bytes, decode: ImageDecode, box: Box) -> tuple | None:
     """``((height, width), (y0, x0, y1, x1), colorspace)``: the file's size and ``box`` in its pixels,
-    for a plain uint8 JPEG under the crop or fit policy; None where the fused path does not apply."""
-    channels = decode.shape[2] if len(decode.shape) == 3 else 1
-    wanted = {3: ("YCbCr", "RGB"), 1: ("Gray", "GRAY")}.get(channels)
+    for a plain uint8 JPEG kept at its size or under the crop or fit policy; None where the fused path
+    does not apply."""
+    wanted = {3: ("YCbCr", "RGB"), 1: ("Gray", "GRAY")}.get(decode.channels)
     plain_jpeg = data[:3] == b"\xff\xd8\xff" and wanted is not None
-    if decode.dtype != "uint8" or decode.resize not in ("crop", "fit") or not plain_jpeg:
+    if decode.dtype != "uint8" or not (decode.variable or decode.resize in ("crop", "fit")) or not plain_jpeg:
         return None
     height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     if colorspace != wanted[0] or height * width > MAX_PIXELS:
@@ -159,6 +206,9 @@ def _file_region(data: bytes, decode: ImageDecode, box: Box) -> tuple | None:
         with Image.open(io.BytesIO(data)) as image:
             if _orientation(image) != 1:
                 return None
+    y, x, box_h, box_w = box
+    if decode.variable:
+        return (height, width), (y, x, y + box_h, x + box_w), wanted[1]
     target_h, target_w = decode.shape[:2]
     if decode.resize == "fit":
         sy, sx, top, left = target_h / height, target_w / width, 0, 0
@@ -167,13 +217,12 @@ def _file_region(data: bytes, decode: ImageDecode, box: Box) -> tuple | None:
         scaled_h, scaled_w = max(target_h, round(height * scale)), max(target_w, round(width * scale))
         sy, sx = scaled_h / height, scaled_w / width
         top, left = (scaled_h - target_h) // 2, (scaled_w - target_w) // 2
-    y, x, box_h, box_w = box
     region = ((y + top) / sy, (x + left) / sx, (y + top + box_h) / sy, (x + left + box_w) / sx)
     return (height, width), region, wanted[1]
 
 
 def _decode(
-    data: bytes, channels: int, target: tuple[int, int], resize: ResizePolicy, name: str, out: np.ndarray | None,
+    data: bytes, channels: int, target: tuple[int, int] | None, resize: ResizePolicy, name: str, out: np.ndarray | None,
     max_pixels: int | None,
 ) -> np.ndarray:
     """Decode the first frame, upright (EXIF orientation applied), as (h, w, channels).
@@ -211,7 +260,7 @@ def _decode(
 
 
 def _decode_plain_jpeg(
-    data: bytes, channels: int, target: tuple[int, int], resize: ResizePolicy, out: np.ndarray | None, name: str,
+    data: bytes, channels: int, target: tuple[int, int] | None, resize: ResizePolicy, out: np.ndarray | None, name: str,
     max_pixels: int | None,
 ) -> np.ndarray | None:
     """A YCbCr JPEG as RGB, or a greyscale JPEG as grey, through libjpeg-turbo; None for anything else."""
@@ -240,14 +289,16 @@ def _check_size(height: int, width: int, max_pixels: int | None, name: str) -> N
 
 
 def _reduced_size(
-    size: tuple[int, int], target: tuple[int, int], resize: ResizePolicy, orientation: int
+    size: tuple[int, int], target: tuple[int, int] | None, resize: ResizePolicy, orientation: int
 ) -> tuple[int, int]:
     """The smallest (h, w) a stored image of ``size`` may be decoded at for `fit` to reach ``target``."""
     height, width = size
+    if resize is None:
+        return size
     if orientation in (5, 6, 7, 8):  # stored sideways: the target applies to the transposed image
         target = target[::-1]
-    if resize is None or resize == "fit":
-        return (height, width) if resize is None else target
+    if resize == "fit":
+        return target
     scale = (max if resize == "crop" else min)(target[0] / height, target[1] / width)
     return math.ceil(height * scale), math.ceil(width * scale)
 

@@ -20,8 +20,9 @@ class EncodedChunk:
     between workers, and each sample is decoded once, by the task that puts it in a batch.
     """
 
-    def __init__(self, region: np.ndarray, ranges: np.ndarray, decode: ImageDecode, context: tuple[str, str, int, int]):
-        self.region, self.ranges, self.decode = region, ranges, decode
+    def __init__(self, region: np.ndarray, ranges: np.ndarray, decode: ImageDecode, context: tuple[str, str, int, int],
+                 shapes: np.ndarray | None = None):
+        self.region, self.ranges, self.decode, self.shapes = region, ranges, decode, shapes
         self.where, self.field, self.chunk, self.first = context
         self.dtype = np.dtype(decode.dtype)
         self.shape = (len(ranges), *decode.shape)
@@ -33,9 +34,17 @@ class EncodedChunk:
     def __getitem__(self, index: int) -> np.ndarray:
         return self.decode_sample(index)
 
+    def sample_shape(self, index: int) -> tuple[int, ...]:
+        """The shape sample ``index`` decodes to (its own, for pictures kept at their size)."""
+        if self.shapes is None:
+            return self.decode.shape
+        return tuple(self.shapes[index].tolist()) if len(self.decode.shape) == 3 else tuple(self.shapes[index, :2].tolist())
+
     def decode_sample(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
         """Sample ``index``, decoded (into ``out``, of the decoded sample's shape, when given)."""
         data = self._bytes(index)
+        if out is None and self.shapes is not None:
+            out = np.empty(self.sample_shape(index), self.dtype)
         try:
             return decode_image(data, self.decode.shape, self.decode.resize, self.dtype, out=out)
         except ImageError as error:
@@ -45,8 +54,9 @@ class EncodedChunk:
         """``box`` of sample ``index`` (in the decoded sample's pixels) resized to ``size``, into ``out``,
         decoded from the file as `outcore.imaging.decode.decode_region` does."""
         data = self._bytes(index)
+        stored = None if self.shapes is None else self.sample_shape(index)[:2]
         try:
-            return decode_region(data, self.decode, box, size, out)
+            return decode_region(data, self.decode, box, size, out, stored=stored)
         except ImageError as error:
             raise self._error(index, error.reason) from None
 
@@ -57,8 +67,13 @@ class EncodedChunk:
         return self.region[start:stop].tobytes()
 
     def decode_into(self, out: np.ndarray) -> np.ndarray:
+        """Every sample decoded into ``out``: one array of samples, or, for pictures kept at their size,
+        an object array of one array per sample."""
         for i in range(len(self)):
-            self.decode_sample(i, out[i])
+            if out.dtype == object:
+                out[i] = self.decode_sample(i)
+            else:
+                self.decode_sample(i, out[i])
         return out[: len(self)]
 
     def _error(self, index: int, reason: str) -> SampleDecodeError:
@@ -69,17 +84,21 @@ class EncodedChunk:
 
 
 class DecodedChunks:
-    """The chunk reader of an encoded field: ``read(chunk)`` returns the chunk's samples, decoded.
+    """The chunk reader of an encoded field: ``read(chunk)`` returns the chunk's samples, decoded — for
+    pictures kept at their own size, as an object array of one array per sample.
 
     The images are decoded one by one (the decoders release the GIL, so reader threads decode in
-    parallel). A sample that cannot be decoded raises `SampleDecodeError` naming the sample and its chunk.
+    parallel). A sample that cannot be decoded, or whose size is not the one stored for it, raises
+    `SampleDecodeError` naming the sample and its chunk. ``decode`` (of the same channels and dtype)
+    decodes to another shape than the stored settings say, e.g. pictures kept at their size to one size.
     """
 
-    def __init__(self, store: Store, field: str) -> None:
+    def __init__(self, store: Store, field: str, decode: ImageDecode | None = None) -> None:
         self.field, self.where = field, store.location
-        self.decode = store.info(field).decode
+        stored = store.info(field).decode
+        self.decode = stored if decode is None else decode
         self.dtype = np.dtype(self.decode.dtype)
-        self.bytes = EncodedBytes(store.group, field, store.location, len(store))
+        self.bytes = EncodedBytes(store.group, field, store.location, len(store), variable=stored.variable)
         self.chunk_size = self.bytes.chunk_size
         self._scratch = threading.local()
 
@@ -88,7 +107,9 @@ class DecodedChunks:
         return self.bytes.direct
 
     def empty(self) -> np.ndarray:
-        """A buffer for `read`: one chunk of decoded samples."""
+        """A buffer for `read`: one chunk of decoded samples (one object per sample when sizes vary)."""
+        if self.decode.variable:
+            return np.empty(self.chunk_size, dtype=object)
         return np.empty((self.chunk_size, *self.decode.shape), dtype=self.dtype)
 
     def read(self, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -101,4 +122,5 @@ class DecodedChunks:
     def read_encoded(self, chunk: int, region: np.ndarray | None = None) -> EncodedChunk:
         """The chunk's bytes, to decode later (into ``region``, from ``self.bytes.empty()``, when given)."""
         data, ranges = self.bytes.read(chunk, region)
-        return EncodedChunk(data, ranges, self.decode, (self.where, self.field, chunk, chunk * self.chunk_size))
+        shapes = self.bytes.read_shapes(chunk) if self.decode.variable else None
+        return EncodedChunk(data, ranges, self.decode, (self.where, self.field, chunk, chunk * self.chunk_size), shapes)

@@ -12,7 +12,7 @@ import dataclasses
 import datetime
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -33,6 +33,7 @@ from ..format import (
     chunk_capacity,
     dimension_names,
     ranges_name,
+    shapes_name,
 )
 from ..storage import (
     WRITE_CONFIG,
@@ -47,7 +48,7 @@ from ..storage import (
     write_encoded_shard,
 )
 from .decode_tasks import BLOB_DTYPE
-from .permute import Part, Permuted, free_bytes, scratch_bytes
+from .permute import Part, Permuted, as_dask, free_bytes, scratch_bytes
 from .scheduler import run_tasks
 
 MAX_SKIPPED_IN_ATTRS = 100
@@ -60,12 +61,17 @@ class FieldSource:
     ``data`` is a dask array, or, for a field written in another order than its source's (shuffle on
     write), any array (numpy, dask, zarr, h5py). For an encoded image field, ``data`` holds each sample's
     file as ``bytes`` and ``nbytes`` their sizes, known before writing (they fix the size of each
-    chunk's region, see `outcore.format.encoded`).
+    chunk's region, see `outcore.format.encoded`); for pictures kept at their own size, ``shapes``
+    (N, 3) is what each decodes to.
     """
 
     data: Any
     info: FieldInfo
     nbytes: np.ndarray | None = None
+    shapes: np.ndarray | None = None
+
+
+Prepare = Callable[[Path], tuple[dict[str, FieldSource], "da.Array | None"]]
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ class BuildOptions:
 
 def build_store(
     location: str | os.PathLike,
-    fields: Mapping[str, FieldSource],
+    fields: Mapping[str, FieldSource] | Prepare,
     options: BuildOptions,
     *,
     shuffled_on_write: bool,
@@ -96,10 +102,14 @@ def build_store(
     the attributes and, in full, in a ``<store>.skipped.txt`` report beside the store. With ``order``,
     the store's sample ``i`` is the fields' sample ``order[i]``. With a ``manifest`` (what is written,
     from what), each finished shard is recorded, and ``resume`` continues a dead run that had the same
-    manifest from its finished shards (`outcore.storage.staged_store`).
+    manifest from its finished shards (`outcore.storage.staged_store`). ``fields`` may be a function
+    making ``(fields, errors)`` given a scratch folder of the run, for sources prepared before they are
+    written (pictures re-encoded smaller, `outcore.ingest.survey`); the folder is kept for ``resume``.
     """
     location = Path(location)
     with staged_store(location, options.overwrite, manifest=manifest, resume=resume) as staging:
+        if callable(fields):
+            fields, errors = fields(staging.scratch("prepared"))
         raw = staging.scratch("raw") if errors is not None else staging.store
         if order is not None:
             fields = _permuted(fields, order, options.layout.shard_size, staging.scratch("permute"))
@@ -153,6 +163,9 @@ def _write_fields(
         _create_fields(zarr.open_group(directory, mode="w"), fields, num_samples, options)
     encoded = [name for name, field in fields.items() if field.nbytes is not None]
     blocks = {name: _shard_blocks(field.data, shard) for name, field in fields.items()}
+    for name, field in fields.items():
+        if field.shapes is not None:  # written as a plain array beside the field's bytes
+            blocks[shapes_name(name)] = _shard_blocks(as_dask(field.shapes, shard), shard)
     error_blocks = _shard_blocks(errors, shard) if errors is not None else None
     write = dask.delayed(_write_shard, pure=False)
     tasks = [
@@ -175,7 +188,8 @@ def _create_fields(group: zarr.Group, fields: Mapping[str, FieldSource], num_sam
     for name, field in fields.items():
         if field.nbytes is not None:
             capacity = chunk_capacity(field.nbytes, options.layout.chunk_size)
-            create_encoded_field(group, name, num_samples, capacity, options.layout, options.compression)
+            create_encoded_field(group, name, num_samples, capacity, options.layout, options.compression,
+                                 variable=field.shapes is not None)
         else:
             create_field(group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout,
                          options.compression, dims[name])
@@ -248,7 +262,8 @@ def _without(
         if field.nbytes is not None:
             block = group[ranges_name(name)].shards[0]
             data = _blob_array(str(directory), name, num_samples, block)[keep]
-            kept[name] = FieldSource(data, field.info, stored_nbytes(group, name, num_samples)[keep])
+            shapes = None if field.shapes is None else field.shapes[keep]
+            kept[name] = FieldSource(data, field.info, stored_nbytes(group, name, num_samples)[keep], shapes)
         else:
             kept[name] = FieldSource(da.from_zarr(group[name])[keep], field.info)
     return kept

@@ -9,7 +9,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from ..errors import ImageError, OptionError
+from ..errors import ImageError, OptionError, SourceError
 from ..imaging import MAX_PIXELS, ResizePolicy, decode_image, read_image_file
 
 BLOB_DTYPE = np.dtype(object)  # the bytes of one file per sample, between tasks (never stored as such)
@@ -72,9 +72,7 @@ def _load_block(
                          max_pixels=max_pixels)
         except ImageError as error:
             if on_error == "raise":
-                raise ImageError(
-                    error.path, f"{error.reason}. Fix or remove the file, or pass on_error='skip' to skip it"
-                ) from None
+                raise bad_file(error) from None
             errors[i] = str(error)[: ERROR_DTYPE.itemsize // 4]
             if pixels is not None:
                 pixels[i] = 0  # a failed decode may have written part of the sample
@@ -82,3 +80,34 @@ def _load_block(
         if files is not None:
             files[i] = data
     return pixels, files, errors
+
+
+def bad_file(error: ImageError) -> ImageError:
+    """The error that stops an ingest at a bad file, saying what to do."""
+    return ImageError(error.path, f"{error.reason}. Fix or remove the file, or pass on_error='skip' to skip it")
+
+
+def file_array(paths: Sequence[str], nbytes: np.ndarray, block_size: int) -> da.Array:
+    """``files[i]``: the bytes of ``paths[i]`` (``b""`` where the path is ``""``), read without decoding, one
+    task per block; a file whose size is no longer ``nbytes[i]`` is a `SourceError` (it changed during
+    the ingest)."""
+    read = dask.delayed(_read_block, pure=True)
+    parts = [da.from_delayed(read(list(paths[start : start + block_size]), nbytes[start : start + block_size]),
+                             (len(paths[start : start + block_size]),), dtype=BLOB_DTYPE)
+             for start in range(0, len(paths), block_size)]
+    return da.concatenate(parts)
+
+
+def _read_block(paths: list[str], nbytes: np.ndarray) -> np.ndarray:
+    files = np.full(len(paths), b"", dtype=BLOB_DTYPE)
+    for i, path in enumerate(paths):
+        if not path:
+            continue
+        try:
+            files[i] = read_image_file(path)
+        except ImageError as error:
+            raise SourceError(f"{path}: {error.reason} since the ingest began; run it again") from None
+        if len(files[i]) != nbytes[i]:
+            raise SourceError(f"{path} changed during the ingest ({nbytes[i]} bytes when it was decoded, "
+                              f"{len(files[i])} now); run the ingest again")
+    return files

@@ -7,8 +7,10 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import dask.array as da
 import numpy as np
 import pandas as pd
 
@@ -17,6 +19,7 @@ from ..errors import OptionError, SourceError
 from ..format import (
     IMAGE_ENCODING,
     RANGES_SUFFIX,
+    SHAPES_SUFFIX,
     TEXT_ENCODING,
     WEIGHT_NAMES,
     Compression,
@@ -25,12 +28,21 @@ from ..format import (
     Layout,
     encode_text,
 )
-from ..imaging import MAX_PIXELS, ResizePolicy, parse_image_dtype, parse_image_shape, parse_resize
+from ..imaging import (
+    DEFAULT_QUALITY,
+    MAX_PIXELS,
+    ResizePolicy,
+    check_max_side,
+    parse_image_dtype,
+    parse_image_shape,
+    parse_resize,
+)
 from .arrays import SOURCE_INDEX_FIELD
 from .build import BuildOptions, FieldSource, build_store
-from .decode_tasks import image_array
+from .decode_tasks import file_array, image_array
 from .permute import as_dask, write_order
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
+from .survey import SurveyOptions, survey_images
 
 IMAGE_FIELD = "images"
 ENCODED_FIELD = "images_encoded"
@@ -42,10 +54,12 @@ def ingest_images(
     source: str | os.PathLike,
     location: str | os.PathLike,
     *,
-    shape: Sequence[int] | str,
+    shape: Sequence[int | None] | str | None,
     resize: ResizePolicy = "crop",
     dtype: Any = "uint8",
     images: str = "pixels",
+    max_side: int | None = None,
+    quality: int = DEFAULT_QUALITY,
     chunk_size: int | None = None,
     compression: str | Compression | None = None,
     shuffle_on_write: bool = True,
@@ -72,6 +86,11 @@ def ingest_images(
     either way, so bad files are found now, not in the middle of training; an image of more than
     ``max_pixels`` pixels (a decompression bomb) counts as a bad file.
 
+    Encoded pictures can keep their own sizes: ``shape=None`` (or ``(None, None, C)``) stores each one's
+    shape beside its bytes, for crops drawn from the whole picture while reading (``RandomResizedCrop``,
+    fused with decoding). ``max_side`` caps them: a picture whose longer side is larger is resized to
+    it and re-encoded once, as a JPEG of ``quality`` (PNG for 4 channels); the others keep their bytes.
+
     The store appears at ``location`` only when complete (replacing an old one with ``overwrite`` in
     one step). An ingest that was killed or interrupted (Ctrl-C) keeps its finished shards beside the
     target: ``resume=True`` continues it — when the files, labels and settings are the same — and
@@ -80,6 +99,8 @@ def ingest_images(
     >>> ds = outcore.ingest_images("photos/train", "train.zarr", shape=(128, 128, 3))  # doctest: +SKIP
     >>> ds.classes  # doctest: +SKIP
     ['cat', 'dog']
+    >>> imagenet = outcore.ingest_images("imagenet/train", "train.zarr", shape=None, images="encoded",
+    ...                                  max_side=512)  # doctest: +SKIP
     """
     table = scan_image_folder(source)
     return _ingest_table(table, location, **_image_options(locals()))
@@ -93,10 +114,12 @@ def ingest_dataframe(
     label_columns: Sequence[str] = (),
     label_dtype: str | Mapping[str, str] | None = None,
     root: str | os.PathLike | None = None,
-    shape: Sequence[int] | str,
+    shape: Sequence[int | None] | str | None,
     resize: ResizePolicy = "crop",
     dtype: Any = "uint8",
     images: str = "pixels",
+    max_side: int | None = None,
+    quality: int = DEFAULT_QUALITY,
     chunk_size: int | None = None,
     compression: str | Compression | None = None,
     shuffle_on_write: bool = True,
@@ -132,8 +155,8 @@ def ingest_dataframe(
 
 
 def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
-    names = ("shape", "resize", "dtype", "images", "chunk_size", "compression", "shuffle_on_write", "seed", "client",
-             "on_error", "max_pixels", "overwrite", "resume", "progress")
+    names = ("shape", "resize", "dtype", "images", "max_side", "quality", "chunk_size", "compression",
+             "shuffle_on_write", "seed", "client", "on_error", "max_pixels", "overwrite", "resume", "progress")
     return {name: arguments[name] for name in names}
 
 
@@ -141,10 +164,12 @@ def _ingest_table(
     table: SourceTable,
     location: str | os.PathLike,
     *,
-    shape: Sequence[int] | str,
+    shape: Sequence[int | None] | str | None,
     resize: ResizePolicy,
     dtype: Any,
     images: str,
+    max_side: int | None,
+    quality: int,
     chunk_size: int | None,
     compression: str | Compression | None,
     shuffle_on_write: bool,
@@ -159,30 +184,24 @@ def _ingest_table(
     shape, resize, dtype = parse_image_shape(shape), parse_resize(resize), parse_image_dtype(dtype)
     if images not in IMAGE_STORAGE:
         raise OptionError(f"images={images!r} is not one of {IMAGE_STORAGE}")
+    check_max_side(max_side, quality, dtype)
+    variable = shape[0] is None
+    if (variable or max_side is not None) and images != "encoded":
+        raise OptionError("shape=None and max_side= store the pictures as files: pass images='encoded'")
     reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD}
-    clash = {name for name in table.labels if name in reserved or name.removesuffix(RANGES_SUFFIX) in reserved}
+    clash = {name for name in table.labels
+             if name in reserved or name.removesuffix(RANGES_SUFFIX) in reserved or name.removesuffix(SHAPES_SUFFIX) in reserved}
     if clash:
         raise SourceError(f"label column(s) {sorted(clash)} clash with outcore's own field names; rename them")
-    # chunks hold about 8 MiB of decoded pixels even when files are stored: the shuffle buffer holds them decoded
-    layout = Layout.for_samples(math.prod(shape) * dtype.itemsize, len(table), chunk_size)
     order = write_order(len(table), shuffle_on_write, seed)
     paths = [table.paths[i] for i in order]
-    # One task decodes a whole shard's images and the write task that needs them runs where they are:
-    # decoded pixels (7x the JPEG bytes) never travel between workers.
-    pixels, files, errors = image_array(
-        paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
-        keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images], max_pixels=max_pixels,
-    )
     stats = [_file_stat(path) for path in paths]
+    # chunks hold about 8 MiB of decoded pixels even when files are stored: the shuffle buffer holds them
+    # decoded; pictures of varying sizes are only ever cropped while decoding, so their chunks hold about
+    # 2 MiB of files
+    sample_nbytes = 4 * sum(size for size, _ in stats) // max(1, len(stats)) if variable else math.prod(shape) * dtype.itemsize
+    layout = Layout.for_samples(sample_nbytes, len(table), chunk_size)
     fields = {}
-    if pixels is not None:
-        fields[IMAGE_FIELD] = FieldSource(pixels, FieldInfo("input"))
-    if files is not None:
-        decode = ImageDecode(shape, dtype.name, resize)
-        fields[ENCODED_FIELD if pixels is not None else IMAGE_FIELD] = FieldSource(
-            files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
-            nbytes=np.array([size for size, _ in stats], dtype=np.int64),
-        )
     for name, values in table.labels.items():
         role = "sample_weight" if name in WEIGHT_NAMES and name not in table.classes else "target"
         fields[name] = FieldSource(as_dask(values[order], layout.shard_size), FieldInfo(role, table.classes.get(name)))
@@ -191,11 +210,41 @@ def _ingest_table(
     )
     fields[SOURCE_INDEX_FIELD] = FieldSource(as_dask(order, layout.shard_size), FieldInfo("metadata"))
     options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite)
-    settings = (shape, resize, dtype.str, images, layout, str(options.compression), shuffle_on_write, seed, on_error,
-                max_pixels)
-    build_store(location, fields, options, shuffled_on_write=shuffle_on_write, seed=seed if shuffle_on_write else None,
-                source=table.description, errors=errors, manifest=_manifest(table, paths, stats, settings),
-                resume=resume)
+    settings = (shape, resize, dtype.str, images, max_side, quality, layout, str(options.compression), shuffle_on_write,
+                seed, on_error, max_pixels)
+    decode = ImageDecode(shape, dtype.name, None if variable else resize)
+    if variable or max_side is not None:
+        survey = SurveyOptions(decode.channels, dtype, max_side, quality, on_error, max_pixels)
+
+        def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array]:
+            found = survey_images(paths, survey, scratch, client=client, progress=progress,
+                                  description=f"survey → {Path(location).name}")
+            files = FieldSource(file_array(found.paths, found.nbytes, layout.shard_size),
+                                FieldInfo("input", encoding=IMAGE_ENCODING, decode=decode), found.nbytes,
+                                found.shapes if variable else None)
+            return {IMAGE_FIELD: files, **fields}, as_dask(found.errors, layout.shard_size)
+
+        build_store(location, prepare, options, shuffled_on_write=shuffle_on_write,
+                    seed=seed if shuffle_on_write else None, source=table.description,
+                    manifest=_manifest(table, paths, stats, settings), resume=resume)
+        return open_dataset(location)
+    # One task decodes a whole shard's images and the write task that needs them runs where they are:
+    # decoded pixels (7x the JPEG bytes) never travel between workers.
+    pixels, files, errors = image_array(
+        paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
+        keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images], max_pixels=max_pixels,
+    )
+    images_fields = {}
+    if pixels is not None:
+        images_fields[IMAGE_FIELD] = FieldSource(pixels, FieldInfo("input"))
+    if files is not None:
+        images_fields[ENCODED_FIELD if pixels is not None else IMAGE_FIELD] = FieldSource(
+            files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
+            nbytes=np.array([size for size, _ in stats], dtype=np.int64),
+        )
+    build_store(location, {**images_fields, **fields}, options, shuffled_on_write=shuffle_on_write,
+                seed=seed if shuffle_on_write else None, source=table.description, errors=errors,
+                manifest=_manifest(table, paths, stats, settings), resume=resume)
     return open_dataset(location)
 
 

@@ -25,7 +25,7 @@ class Crop(Protocol):
     @property
     def output_size(self) -> tuple[int, int]: ...
 
-    def boxes(self, count: int, height: int, width: int, rng: np.random.Generator) -> list[Box]: ...
+    def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> list[Box]: ...
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch: ...
 
@@ -59,24 +59,24 @@ def make_batch(
     if crop is None:
         return apply_transform(transform, assemble(samples, chunk_size, keys, data, fields, text_fields), rng_key)
     rng = np.random.default_rng(list(rng_key))
-    decoded_shape = first[crop.field].shape[1:]
-    boxes = crop.boxes(len(samples), decoded_shape[0], decoded_shape[1], rng)
+    chunks, local = keys.tolist(), (samples % chunk_size).tolist()
+    sizes = [data[key][crop.field].sample_shape(index)[:2] for key, index in zip(chunks, local, strict=True)]
+    boxes = crop.boxes(sizes, rng)
     batch = assemble(samples, chunk_size, keys, data, [n for n in fields if n != crop.field], text_fields)
-    batch[crop.field] = _decode_regions(samples % chunk_size, keys, data, crop, boxes, decoded_shape)
+    batch[crop.field] = _decode_regions(chunks, local, data, crop, boxes)
     batch = {name: batch[name] for name in fields}
     return batch if rest is None else rest(batch, rng)
 
 
-def _decode_regions(local: np.ndarray, keys: np.ndarray, data: Mapping[int, ChunkValues], crop: Crop,
-                    boxes: list[Box], decoded_shape: tuple[int, ...]) -> np.ndarray:
+def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, ChunkValues], crop: Crop,
+                    boxes: list[Box]) -> np.ndarray:
     first = next(iter(data.values()))[crop.field]
-    out = np.empty((len(local), *crop.output_size, *decoded_shape[2:]), first.dtype)
-    chunks, indices = keys.tolist(), local.tolist()
+    out = np.empty((len(indices), *crop.output_size, *first.decode.shape[2:]), first.dtype)
 
     def decode(i: int) -> None:
         data[chunks[i]][crop.field].decode_region(indices[i], boxes[i], crop.output_size, out[i])
 
-    for_each_in_threads(decode, len(local))
+    for_each_in_threads(decode, len(indices))
     return out
 
 

@@ -23,7 +23,7 @@ from .batch import Batch, ChunkValues, batch_rng_key, make_batch
 from .cluster import ClusterRun
 from .options import BatchOptions
 from .plan import Consumer, EpochPlan, batch_count, epoch_plan
-from .readers import ChunkReader, chunk_readers
+from .readers import ChunkReader, check_batchable, chunk_readers
 from .runs import LocalRun, Run, Work
 from .schedule import max_held
 from .stats import LoaderStats
@@ -54,6 +54,7 @@ class BatchIterator:
         unknown = [f for f in self.fields if f not in store]
         if unknown:
             raise KeyError(f"no field(s) {unknown} in {store.location}; fields: {list(store.fields)}")
+        check_batchable(store, self.fields, options.transform)
         self.text_fields = frozenset(name for name in self.fields if store.info(name).is_text)
         self.consumer = Consumer(options.rank, options.world_size, worker, num_workers)
         self.epoch = 0

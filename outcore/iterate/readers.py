@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import OptionError
 from ..imaging import DecodedChunks, EncodedChunk
 from ..storage import ShardReader, Store
 from .batch import Transform, fused_crop
@@ -42,6 +43,20 @@ def chunk_readers(store: Store, fields: Sequence[str], transform: Transform | No
     crop, _ = fused_crop(transform, {name for name in fields if store.info(name).is_image})
     return {name: EncodedChunks(store, name) if crop is not None and name == crop.field else chunk_reader(store, name)
             for name in fields}
+
+
+def check_batchable(store: Store, fields: Sequence[str], transform: Transform | None) -> None:
+    """Refuse, as an `OptionError` saying what to do, a field of pictures of varying sizes that
+    ``transform`` does not open by cropping: only the crop gives its batches one size."""
+    crop, _ = fused_crop(transform, {name for name in fields if store.info(name).is_image})
+    for name in fields:
+        info = store.info(name)
+        if info.is_image and info.decode.variable and (crop is None or crop.field != name):
+            raise OptionError(
+                f"field {name!r} of {store.location} holds pictures of varying sizes: batches need one size, so "
+                f"open transform= with RandomResizedCrop(224, field={name!r}) or CenterCrop(224, resize=256, "
+                f"field={name!r}), or leave it out with fields=; ds[{name!r}][i] reads one picture at its size"
+            )
 
 
 def sample_spec(store: Store, field: str) -> tuple[tuple[int, ...], np.dtype]:

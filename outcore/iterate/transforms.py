@@ -107,40 +107,49 @@ class RandomResizedCrop:
     def output_size(self) -> tuple[int, int]:
         return _pair(self.size)
 
-    def boxes(self, count: int, height: int, width: int, rng: np.random.Generator) -> list[Box]:
-        """The boxes of ``count`` images of ``height`` x ``width`` (an encoded field's are cut while decoding)."""
-        return [random_resized_crop_box(height, width, self.scale, self.ratio, rng) for _ in range(count)]
+    def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> list[Box]:
+        """One box per image of ``(height, width)`` in ``sizes``, drawn in order (an encoded field's boxes
+        are drawn from its stored sizes and cut while decoding)."""
+        return [random_resized_crop_box(height, width, self.scale, self.ratio, rng) for height, width in sizes]
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
-        boxes = self.boxes(len(images), *images.shape[1:3], rng)
+        boxes = self.boxes([images.shape[1:3]] * len(images), rng)
         return _replace(batch, self.field, resize_boxes(images, boxes, self.output_size))
 
 
 @dataclass(frozen=True)
 class CenterCrop:
-    """Cut the central ``size`` window of each image (validation's crop after a resize).
+    """Cut the central ``size`` window of each image; with ``resize``, of the image whose shorter side
+    was first resized to ``resize`` — validation's ``Resize(256)`` then ``CenterCrop(224)`` is
+    ``CenterCrop(224, resize=256)``, one resize of the central box (pictures of varying sizes need it).
 
     >>> batch = {"images": np.arange(2 * 4 * 4).reshape(2, 4, 4)}
     >>> images = CenterCrop(2)(batch, np.random.default_rng(0))["images"]
     >>> images.shape, int(images[0, 0, 0]), int(images[1, 1, 1])
     ((2, 2, 2), 5, 26)
+    >>> CenterCrop(2, resize=4)({"images": np.zeros((1, 8, 12, 3), np.uint8)}, None)["images"].shape
+    (1, 2, 2, 3)
     """
 
     size: int | tuple[int, int]
+    resize: int | None = None
     field: str = "images"
 
     @property
     def output_size(self) -> tuple[int, int]:
         return _pair(self.size)
 
-    def boxes(self, count: int, height: int, width: int, rng: np.random.Generator) -> list[Box]:
-        """The same central box for each of ``count`` images (an encoded field's is cut while decoding)."""
-        return [center_crop_box(height, width, self.output_size)] * count
+    def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> list[Box]:
+        """The central box of each image of ``(height, width)`` in ``sizes`` (an encoded field's are cut
+        while decoding)."""
+        return [center_crop_box(height, width, self.output_size, self.resize) for height, width in sizes]
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
-        top, left, height, width = center_crop_box(*images.shape[1:3], self.output_size)
+        top, left, height, width = box = center_crop_box(*images.shape[1:3], self.output_size, self.resize)
+        if (height, width) != self.output_size:
+            return _replace(batch, self.field, resize_boxes(images, [box] * len(images), self.output_size))
         return _replace(batch, self.field, np.ascontiguousarray(images[:, top : top + height, left : left + width]))
 
 

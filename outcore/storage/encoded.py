@@ -8,15 +8,16 @@ import numpy as np
 import zarr
 
 from ..errors import SourceError
-from ..format import Compression, Layout, pack_regions, ranges_name
+from ..format import SAMPLE_DIM, Compression, Layout, pack_regions, ranges_name, shapes_name
 from .groups import create_field
 from .shard_reader import ShardReader
 
 
 def create_encoded_field(
-    group: zarr.Group, name: str, num_samples: int, capacity: int, layout: Layout, compression: Compression
+    group: zarr.Group, name: str, num_samples: int, capacity: int, layout: Layout, compression: Compression,
+    variable: bool = False,
 ) -> None:
-    """Create a field's byte array and its ranges array."""
+    """Create a field's byte array, its ranges array and, for pictures of varying sizes, its shapes array."""
     num_chunks = -(-num_samples // layout.chunk_size)
     group.create_array(
         name,
@@ -29,6 +30,9 @@ def create_encoded_field(
         dimension_names=(f"{name}_bytes",),
     )
     create_field(group, ranges_name(name), np.dtype(np.int64), (2,), num_samples, layout, compression)
+    if variable:
+        create_field(group, shapes_name(name), np.dtype(np.int32), (3,), num_samples, layout, compression,
+                     (SAMPLE_DIM, "height_width_channel"))
 
 
 def write_encoded_shard(group: zarr.Group, name: str, start: int, blobs: Sequence[bytes], chunk_size: int) -> None:
@@ -68,18 +72,20 @@ def read_files(data: zarr.Array, ranges: zarr.Array, start: int, stop: int) -> l
 
 class EncodedBytes:
     """Chunk by chunk, the stored bytes of an encoded field: ``read(chunk)`` is ``(region, ranges)``,
-    the chunk's bytes (without padding) and each sample's ``[start, stop)`` in them.
+    the chunk's bytes (without padding) and each sample's ``[start, stop)`` in them; for pictures of
+    varying sizes, ``read_shapes(chunk)`` is each sample's decoded shape.
 
-    A chunk costs two reads, through the direct shard reader: its ranges and its byte region.
+    A chunk costs two reads (three when sizes vary), through the direct shard reader.
     """
 
-    def __init__(self, group: zarr.Group, field: str, where: str, num_samples: int) -> None:
+    def __init__(self, group: zarr.Group, field: str, where: str, num_samples: int, variable: bool = False) -> None:
         self.field = field
         self.ranges = ShardReader(group[ranges_name(field)], ranges_name(field), where, num_samples)
         self.chunk_size = self.ranges.chunk_size
         data = group[field]
         self.capacity = data.chunks[0]
         self.bytes = ShardReader(data, field, where, data.shape[0], samples=(num_samples, self.chunk_size))
+        self.shapes = ShardReader(group[shapes_name(field)], shapes_name(field), where, num_samples) if variable else None
 
     @property
     def direct(self) -> bool:
@@ -94,3 +100,7 @@ class EncodedBytes:
         ranges = self.ranges.read(chunk) - chunk * self.capacity
         data = self.bytes.read(chunk, out=region)[: int(ranges[:, 1].max(initial=0))]
         return data, ranges
+
+    def read_shapes(self, chunk: int) -> np.ndarray | None:
+        """The decoded shape of each of the chunk's samples, (n, 3); None when the field has one shape."""
+        return None if self.shapes is None else self.shapes.read(chunk)

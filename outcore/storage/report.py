@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import zarr
 
-from ..format import ranges_name
+from ..format import companion_names, ranges_name, shapes_name
 from .store import Store
 
 
@@ -19,7 +20,7 @@ class FieldReport:
 
     name: str
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]
     chunk: int
     shard: int
     codecs: str
@@ -37,7 +38,8 @@ class FieldReport:
 def field_reports(store: Store) -> list[FieldReport]:
     """A `FieldReport` per field (reads metadata and file sizes, no chunk).
 
-    An encoded image field's ``decoded`` size is its pixels', ``stored`` its files' bytes and ranges.
+    An encoded image field's ``decoded`` size is its pixels', ``stored`` its files' bytes and ranges (and
+    shapes: pictures kept at their own size show each size's range, e.g. ``"300..500"``).
 
     >>> [(r.name, r.shape, r.ratio) for r in field_reports(outcore.open_dataset("train.zarr"))]  # doctest: +SKIP
     [('images', (1000, 64, 64, 3), '3.1x'), ('labels', (1000,), '0.4x'), ...]
@@ -46,11 +48,16 @@ def field_reports(store: Store) -> list[FieldReport]:
     for name in store.fields:
         info, array = store.info(name), store.array(name)
         stored = array.nbytes_stored()
-        if info.is_image:  # decoded pixels vs the files' bytes and their ranges as stored
+        if info.is_image:  # decoded pixels vs the files' bytes and their ranges (and shapes) as stored
             counted = store.array(ranges_name(name))
-            stored += counted.nbytes_stored()
+            stored += sum(store.array(companion).nbytes_stored()
+                          for companion in companion_names(name, info.decode.variable))
             dtype, sample_shape = f"{info.decode.dtype} (encoded images)", info.decode.shape
-            decoded = len(store) * info.decode.nbytes
+            decoded = len(store) * (info.decode.nbytes or 0)
+            if info.decode.variable:
+                shapes = stored_shapes(store, name)
+                sample_shape = variable_shape(shapes)
+                decoded = int(shapes.astype(np.int64).prod(axis=1).sum()) * np.dtype(info.decode.dtype).itemsize
         else:
             counted = array
             dtype, sample_shape = str(array.dtype) + (" (utf-8 text)" if info.is_text else ""), array.shape[1:]
@@ -59,6 +66,23 @@ def field_reports(store: Store) -> list[FieldReport]:
                                    (counted.shards or counted.chunks)[0], codecs(array), decoded, stored, info.role,
                                    info.classes or ()))
     return reports
+
+
+def stored_shapes(store: Store, name: str) -> np.ndarray:
+    """The decoded shape of each sample of a field of pictures kept at their own size, (N, 3)."""
+    return store.array(shapes_name(name))[: len(store)]
+
+
+def variable_shape(shapes: np.ndarray) -> tuple[int | str, ...]:
+    """A sample shape for pictures of varying sizes: each size as its range.
+
+    >>> variable_shape(np.array([[300, 500, 3], [400, 333, 3]]))
+    ('300..400', '333..500', 3)
+    """
+    if len(shapes) == 0:
+        return ("0", "0", 0)
+    low, high = shapes.min(axis=0).tolist(), shapes.max(axis=0).tolist()
+    return (*(f"{a}..{b}" if a != b else str(a) for a, b in zip(low[:2], high[:2], strict=True)), high[2])
 
 
 def total(reports: list[FieldReport]) -> FieldReport:

@@ -11,7 +11,15 @@ import zarr
 from zarr.core.sync import sync
 
 from ..errors import NotAStoreError, OutcoreError
-from ..format import RANGES_SUFFIX, FieldInfo, StoreAttrs, ranges_name
+from ..format import (
+    RANGES_SUFFIX,
+    SHAPES_SUFFIX,
+    FieldInfo,
+    StoreAttrs,
+    companion_names,
+    ranges_name,
+    shapes_name,
+)
 from .groups import is_url, open_group, shard_path
 from .safety import check_safe, read_attrs
 from .shard_reader import ShardReader
@@ -99,18 +107,20 @@ class Store:
         return self.attrs.fields[field]
 
     def array_names(self) -> list[str]:
-        """Every array the fields are stored in (an encoded image field has two)."""
+        """Every array the fields are stored in (an encoded image field has two, or three when its sizes vary)."""
         names = []
         for name, info in self.attrs.fields.items():
-            names += [name, ranges_name(name)] if info.is_image else [name]
+            names += [name, *companion_names(name, info.decode.variable)] if info.is_image else [name]
         return names
 
     def array(self, field: str) -> zarr.Array:
         """The underlying ``zarr.Array`` of ``field`` (may hold more samples than ``len(store)``); for an
-        encoded image field, its bytes, and its byte ranges under ``<field>_ranges``."""
-        owner = field.removesuffix(RANGES_SUFFIX)
-        if field != owner and owner in self.attrs.fields and self.attrs.fields[owner].is_image:
-            return self.group[field]
+        encoded image field, its bytes, its byte ranges under ``<field>_ranges`` and, when its sizes vary,
+        its samples' shapes under ``<field>_shapes``."""
+        for suffix in (RANGES_SUFFIX, SHAPES_SUFFIX):
+            owner = field.removesuffix(suffix)
+            if field != owner and owner in self.attrs.fields and field in self.array_names():
+                return self.group[field]
         self.info(field)
         return self.group[field]
 
@@ -146,8 +156,9 @@ class Store:
     def _check_field(self, name: str) -> None:
         """The field's arrays agree with the attributes, and every size a reader allocates is bounded."""
         info = self.attrs.fields[name]
-        if name not in self.group or (info.is_image and ranges_name(name) not in self.group):
-            missing = name if name not in self.group else ranges_name(name)
+        needed = [name, *companion_names(name, info.decode.variable)] if info.is_image else [name]
+        missing = next((array for array in needed if array not in self.group), None)
+        if missing is not None:
             raise _malformed(self.location, f"field {name!r} is listed in the attributes but array {missing!r} is "
                                             "not in the store")
         if info.is_image:
@@ -157,6 +168,10 @@ class Store:
             ranges = self._array_of(ranges_name(name), dtype_kinds="i", ndim=2, length=len(self),
                                     chunk_samples=self.chunk_size)
             _require(self.location, ranges.shape[1] == 2, f"{ranges_name(name)!r} is not (samples, 2)")
+            if info.decode.variable:
+                shapes = self._array_of(shapes_name(name), dtype_kinds="i", ndim=2, length=len(self),
+                                        chunk_samples=self.chunk_size)
+                _require(self.location, shapes.shape[1] == 3, f"{shapes_name(name)!r} is not (samples, 3)")
             return
         array = self._array_of(name, dtype_kinds="biuf", ndim=None, length=len(self), chunk_samples=self.chunk_size)
         _require(self.location, info.dtype is None or array.dtype.name == info.dtype,

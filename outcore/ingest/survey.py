@@ -1,0 +1,102 @@
+"""Before writing pictures kept at their own size (``shape=None``) or capped (``max_side=``): every file is
+decoded once, in parallel, its shape recorded, and the ones whose longer side exceeds ``max_side`` are
+re-encoded smaller into the run's scratch folder. The store's byte regions are then sized exactly from
+what will be stored (`outcore.format.encoded`), and the write reads files without decoding them again.
+
+The survey is saved in the scratch folder, so an interrupted ingest resumed (``resume=True``) does not
+decode again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import dask
+import numpy as np
+
+from ..errors import ImageError
+from ..imaging import MAX_PIXELS, read_image_file, shrink_image
+from .decode_tasks import ERROR_DTYPE, bad_file
+from .scheduler import run_tasks
+
+JPEG_START = b"\xff\xd8"
+BLOCK = 64  # files per task: small enough to balance, large enough that scheduling costs little
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What to store for each file: ``paths`` (the file, or its smaller copy; ``""`` for a bad file),
+    ``shapes`` (N, 3) as decoded, ``nbytes`` to store, and ``errors`` (``""`` for every good file)."""
+
+    paths: list[str]
+    shapes: np.ndarray
+    nbytes: np.ndarray
+    errors: np.ndarray
+
+
+@dataclass(frozen=True)
+class SurveyOptions:
+    channels: int
+    dtype: np.dtype
+    max_side: int | None
+    quality: int
+    on_error: str = "raise"
+    max_pixels: int | None = MAX_PIXELS
+
+
+def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *, client: object = None,
+                  progress: bool = True, description: str = "survey") -> Survey:
+    """Decode every file of ``paths`` once (on ``client``, or local threads, with a progress bar); return
+    what to store for each, smaller copies written under ``scratch``. A bad file raises `ImageError`
+    naming it, or, with ``on_error="skip"``, is recorded in ``errors``.
+
+    >>> survey = survey_images(paths, SurveyOptions(3, np.dtype("uint8"), 512, 90), Path(".scratch"))  # doctest: +SKIP
+    >>> survey.shapes[0]  # doctest: +SKIP
+    array([375, 500,   3], dtype=int32)
+    """
+    saved = scratch / "survey.npz"
+    if saved.exists():  # a resumed run: its survey is done
+        with np.load(saved, allow_pickle=False) as survey:
+            return Survey(survey["paths"].tolist(), survey["shapes"], survey["nbytes"], survey["errors"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    starts = range(0, len(paths), BLOCK)
+    survey = dask.delayed(_survey_block, pure=False)
+    tasks = [survey(list(paths[start : start + BLOCK]), start, options, str(scratch)) for start in starts]
+    weights = [min(BLOCK, len(paths) - start) for start in starts]
+    blocks = run_tasks(tasks, weights, client=client, progress=progress, description=description, unit="files")
+    result = Survey(
+        [path for block in blocks for path in block[0]],
+        np.concatenate([block[1] for block in blocks]) if blocks else np.zeros((0, 3), np.int32),
+        np.concatenate([block[2] for block in blocks]) if blocks else np.zeros(0, np.int64),
+        np.concatenate([block[3] for block in blocks]) if blocks else np.zeros(0, ERROR_DTYPE),
+    )
+    partial = scratch / "survey.partial.npz"
+    np.savez(partial, paths=np.array(result.paths, dtype=str), shapes=result.shapes, nbytes=result.nbytes,
+             errors=result.errors)
+    os.replace(partial, saved)
+    return result
+
+
+def _survey_block(paths: list[str], start: int, options: SurveyOptions,
+                  scratch: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    stored, shapes = list(paths), np.zeros((len(paths), 3), np.int32)
+    nbytes, errors = np.zeros(len(paths), np.int64), np.zeros(len(paths), ERROR_DTYPE)
+    for i, path in enumerate(paths):
+        try:
+            data = read_image_file(path)
+            shape, smaller = shrink_image(data, options.channels, options.dtype, options.max_side, options.quality,
+                                          path, options.max_pixels)
+        except ImageError as error:
+            if options.on_error == "raise":
+                raise bad_file(error) from None
+            stored[i], errors[i] = "", str(error)[: ERROR_DTYPE.itemsize // 4]
+            continue
+        if smaller is not None:
+            suffix = ".jpg" if smaller.startswith(JPEG_START) else ".png"
+            stored[i] = os.path.join(scratch, f"{start + i}{suffix}")
+            Path(stored[i]).write_bytes(smaller)
+        shapes[i], nbytes[i] = shape, len(data) if smaller is None else len(smaller)
+    return stored, shapes, nbytes, errors

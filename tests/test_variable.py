@@ -1,0 +1,227 @@
+"""Encoded fields of pictures kept at their own size (``shape=None``), capped by ``max_side``, cropped
+while decoding."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from PIL import Image
+
+import outcore
+from outcore import transforms
+from outcore.cli import main
+from outcore.errors import OptionError
+from outcore.imaging import decode_image, resize_boxes
+from outcore.imaging.synthetic import sample_photo
+from outcore.iterate.batch import batch_rng_key
+
+SIZES = [(60, 80), (80, 60), (45, 100), (100, 45), (64, 64), (37, 90), (90, 51), (120, 70)]
+
+
+def _write_pictures(root: Path, per_class: int = 8) -> dict[str, tuple[int, int]]:
+    """JPEGs cut from a real photograph at the sizes above (a PNG, a greyscale JPEG and an EXIF-rotated
+    JPEG among them); return each file's upright size by name."""
+    photo = np.asarray(Image.fromarray(sample_photo("astronaut")).resize((1024, 1024), Image.BILINEAR))
+    sizes = {}
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(("a", "b")):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            height, width = SIZES[(i + label) % len(SIZES)]
+            top, left = rng.integers(0, 1024 - 120, size=2)
+            pixels = photo[top : top + height, left : left + width]
+            path = root / name / f"{i}.jpg"
+            if (label, i) == (0, 1):
+                path = path.with_suffix(".png")
+                Image.fromarray(pixels).save(path)
+            elif (label, i) == (0, 2):
+                Image.fromarray(pixels).convert("L").save(path, quality=95)
+            elif (label, i) == (1, 3):  # stored sideways, shown upright: the file is width x height
+                exif = Image.Exif()
+                exif[0x0112] = 6
+                Image.fromarray(np.ascontiguousarray(np.rot90(pixels, 1))).save(path, quality=95, exif=exif)
+            else:
+                Image.fromarray(pixels).save(path, quality=95)
+            sizes[f"{name}/{path.name}"] = (height, width)
+    return sizes
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    root = tmp_path_factory.mktemp("variable") / "src"
+    return root, _write_pictures(root)
+
+
+@pytest.fixture(scope="module")
+def store(pictures, tmp_path_factory):
+    root, _ = pictures
+    return outcore.ingest_images(root, tmp_path_factory.mktemp("stores") / "own.zarr", shape=None, images="encoded",
+                                 chunk_size=4, progress=False)
+
+
+def _decoded(data: bytes) -> np.ndarray:
+    return decode_image(data, (None, None, 3), None, np.dtype("uint8"))
+
+
+def test_each_picture_keeps_its_bytes_and_its_upright_shape(pictures, store):
+    root, sizes = pictures
+    group = zarr.open_group(store.location, mode="r")
+    shapes, ranges = group["images_shapes"][:], group["images_ranges"][:]
+    for i, name in enumerate(store["path"].compute()):
+        start, stop = ranges[i]
+        assert group["images"][start:stop].tobytes() == (root / name).read_bytes(), name
+        assert tuple(shapes[i]) == (*sizes[name], 3), name
+        picture = store["images"][i].compute()
+        np.testing.assert_array_equal(picture, _decoded((root / name).read_bytes()), err_msg=name)
+    assert store.info("images").decode.shape == (None, None, 3)
+    assert store["images"].shape == (16,) and store["images"].dtype == object
+    assert "(16, 37..120, 45..100, 3)" in repr(store) and "own sizes" in repr(store)
+    assert "16x37..120x45..100x3" in outcore.cli.describe(store)
+    assert outcore.verify(store.location, progress=False).ok
+
+
+def test_random_resized_crop_is_drawn_from_each_pictures_size_and_cut_while_decoding(pictures, store):
+    root, _ = pictures
+    crop = transforms.RandomResizedCrop(24, scale=(0.3, 1.0))
+    options = {"seed": 3, "buffer_chunks": 2, "transform": transforms.Compose([crop, transforms.RandomFlip()])}
+    batches = list(store.batches(5, **options))
+    again = list(store.batches(5, **options))
+    assert [b["images"].shape for b in batches] == [(5, 24, 24, 3)] * 3 + [(1, 24, 24, 3)]
+    for a, b in zip(batches, again, strict=True):
+        np.testing.assert_array_equal(a["images"], b["images"])
+    assert sorted(np.concatenate([b["source_index"] for b in batches]).tolist()) == list(range(16))
+    # the same boxes cut from each decoded picture: one resize instead of a DCT-scaled decode and one resize
+    iterator = store.batches(5, seed=3, buffer_chunks=2, transform=crop)
+    first = next(iter(iterator))
+    pictures = [_decoded((root / path).read_bytes()) for path in first["path"]]
+    boxes = crop.boxes([p.shape[:2] for p in pictures], np.random.default_rng(list(batch_rng_key(3, 0, iterator.consumer, 0))))
+    for i, path in enumerate(first["path"]):
+        expected = resize_boxes(pictures[i][None], [boxes[i]], (24, 24))[0]
+        difference = np.abs(first["images"][i].astype(int) - expected.astype(int)).mean()
+        assert difference < 3, (path, difference)
+
+
+def test_center_crop_after_resizing_the_shorter_side(pictures, store):
+    root, _ = pictures
+    batch = next(iter(store.batches(16, shuffle=False, transform=transforms.CenterCrop(24, resize=28))))
+    for i, path in enumerate(batch["path"]):
+        picture = Image.fromarray(_decoded((root / path).read_bytes()))
+        short, long = sorted(picture.size)  # torchvision's Resize(28): the longer side truncated
+        size = (28, int(28 * long / short)) if picture.size[0] == short else (int(28 * long / short), 28)
+        resized = picture.resize(size, Image.BILINEAR)
+        left, top = round((resized.size[0] - 24) / 2), round((resized.size[1] - 24) / 2)
+        expected = np.asarray(resized.crop((left, top, left + 24, top + 24)))
+        assert np.abs(batch["images"][i].astype(int) - expected.astype(int)).mean() < 6, path
+
+
+def test_batches_without_a_crop_are_refused_with_what_to_do(store):
+    with pytest.raises(OptionError, match="varying sizes.*RandomResizedCrop"):
+        store.batches(4)
+    with pytest.raises(OptionError, match="varying sizes"):
+        store.batches(4, transform=transforms.Compose([transforms.RandomFlip(), transforms.RandomResizedCrop(8)]))
+    labels = next(iter(store.batches(4, fields=["labels"], shuffle=False)))["labels"]
+    assert labels.shape == (4,)
+
+
+def test_a_file_that_does_not_match_its_stored_shape_is_named(pictures, store, tmp_path):
+    root, _ = pictures
+    copy = outcore.ingest_images(root, tmp_path / "copy.zarr", shape=None, images="encoded", chunk_size=4,
+                                 progress=False)
+    shapes = zarr.open_group(copy.location, mode="r+")["images_shapes"]
+    shapes[5] = [shapes[5][0] + 1, shapes[5][1], 3]
+    report = outcore.verify(copy.location, progress=False)
+    assert not report.ok and "sample 5 (chunk 1)" in report.problems[0] and "stored shape" in report.problems[0]
+    damaged = outcore.open_dataset(copy.location)
+    with pytest.raises(outcore.errors.SampleDecodeError, match="sample 5 .*stored shape"):
+        list(damaged.batches(16, shuffle=False, transform=transforms.RandomResizedCrop(8)))
+
+
+def test_max_side_shrinks_only_the_larger_pictures(pictures, tmp_path):
+    root, sizes = pictures
+    ds = outcore.ingest_images(root, tmp_path / "capped.zarr", shape=None, images="encoded", max_side=64,
+                               quality=92, chunk_size=4, progress=False)
+    group = zarr.open_group(ds.location, mode="r")
+    shapes, ranges = group["images_shapes"][:], group["images_ranges"][:]
+    shrunk = 0
+    for i, name in enumerate(ds["path"].compute()):
+        height, width = sizes[name]
+        stored = group["images"][ranges[i, 0] : ranges[i, 1]].tobytes()
+        if max(height, width) <= 64:
+            assert stored == (root / name).read_bytes() and tuple(shapes[i]) == (height, width, 3)
+            continue
+        shrunk += 1
+        scale = 64 / max(height, width)
+        assert tuple(shapes[i]) == (round(height * scale), round(width * scale), 3), name
+        assert stored[:3] == b"\xff\xd8\xff" and Image.open(io.BytesIO(stored)).size == (shapes[i][1], shapes[i][0])
+        reference = np.asarray(Image.fromarray(_decoded((root / name).read_bytes())).resize(
+            (int(shapes[i][1]), int(shapes[i][0])), Image.BILINEAR))
+        assert np.abs(_decoded(stored).astype(int) - reference.astype(int)).mean() < 8, name  # 4:2:0 JPEG of a tiny picture
+    assert shrunk == sum(max(size) > 64 for size in sizes.values()) > 0
+    assert outcore.verify(ds.location, progress=False).ok
+
+
+def test_max_side_on_a_fixed_shape_store_decodes_to_that_shape(pictures, tmp_path):
+    root, _ = pictures
+    ds = outcore.ingest_images(root, tmp_path / "fixed.zarr", shape=(32, 32, 3), images="encoded", max_side=48,
+                               progress=False)
+    assert ds["images"].shape == (16, 32, 32, 3) and "images_shapes" not in zarr.open_group(ds.location, mode="r")
+    assert outcore.verify(ds.location, progress=False).ok
+
+
+def test_bad_files_are_skipped_and_reported_as_everywhere(pictures, tmp_path):
+    root, _ = pictures
+    source = tmp_path / "src"
+    source.mkdir()
+    for folder in root.iterdir():
+        (source / folder.name).symlink_to(folder)
+    (source / "c").mkdir()
+    (source / "c" / "broken.jpg").write_bytes(b"\xff\xd8\xff not a picture")
+    (source / "c" / "fine.jpg").write_bytes((root / "a" / "0.jpg").read_bytes())
+    with pytest.raises(outcore.errors.ImageError, match="broken.jpg.*on_error='skip'"):
+        outcore.ingest_images(source, tmp_path / "raise.zarr", shape=None, images="encoded", progress=False)
+    assert not (tmp_path / "raise.zarr").exists()
+    ds = outcore.ingest_images(source, tmp_path / "skip.zarr", shape=None, images="encoded", max_side=50,
+                               on_error="skip", progress=False)
+    assert len(ds) == 17 and ds.attrs.skipped["count"] == 1
+    assert "c/broken.jpg" not in set(ds["path"].compute())
+    assert outcore.verify(ds.location, progress=False).ok
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"shape": None}, "images='encoded'"),
+    ({"shape": (None, None, 3), "images": "both"}, "images='encoded'"),
+    ({"shape": (32, 32, 3), "max_side": 64}, "images='encoded'"),
+    ({"shape": None, "images": "encoded", "max_side": 0}, "max_side=0"),
+    ({"shape": None, "images": "encoded", "max_side": 64, "quality": 101}, "quality=101"),
+    ({"shape": None, "images": "encoded", "max_side": 64, "dtype": "uint16"}, "8-bit"),
+])
+def test_settings_that_cannot_work_are_refused_before_anything_is_read(pictures, tmp_path, options, message):
+    root, _ = pictures
+    with pytest.raises(OptionError, match=message):
+        outcore.ingest_images(root, tmp_path / "never.zarr", progress=False, **options)
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_command_line_ingests_pictures_at_their_own_size(pictures, tmp_path, capsys):
+    root, _ = pictures
+    target = tmp_path / "cli.zarr"
+    assert main(["ingest", str(root), str(target), "--shape", "any", "--images", "encoded", "--max-side", "64",
+                 "--no-progress"]) == 0
+    assert re.search(r"16x\d+\.\.64x\d+\.\.64x3 ", capsys.readouterr().out)
+    assert main(["ingest", str(root), str(tmp_path / "no.zarr"), "--shape", "any", "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip().endswith("pass --images encoded")
+
+
+def test_tf_and_torch_batches_of_cropped_pictures(store):
+    crop = transforms.Compose([transforms.RandomResizedCrop(16), transforms.Normalize()])
+    tf_batches = store.tf(4, x="images", y="labels", transform=crop, drop_last=True)
+    assert tuple(tf_batches.element_spec[0].shape) == (4, 16, 16, 3)
+    assert next(iter(tf_batches))[0].shape == (4, 16, 16, 3)
+    loader = store.torch(4, shuffle=True, num_workers=2, transform=crop, fields=["images", "labels"])
+    shapes = {tuple(batch["images"].shape) for batch in loader}
+    assert shapes == {(4, 16, 16, 3)}
