@@ -12,9 +12,14 @@ peak RSS and whether the epoch held every image exactly once:
 - the ceilings: a tight loop on every core (no loader, no batching) that decodes each file with
   libjpeg-turbo, crops the box and resizes it to 224: at full size, and at the smallest DCT scale
   (1/8 .. 1) that keeps the box at least 224 (what a loader fusing the crop with decoding could reach);
-- outcore today: an encoded store decoded at 256x256 (resize "crop": short side 256, centre), then
-  ``RandomResizedCrop(224)`` + ``RandomFlip`` on the batch (not the same augmentation: the box is drawn
-  from the 256 picture, not from the original); a pixel store at 256x256, the same transforms;
+- outcore, the ImageNet way: an encoded store of the files as they are (``shape=None``: each picture at
+  its own size), read with ``Compose([RandomResizedCrop(224), RandomFlip()])``: the box is drawn from
+  each picture's stored size and cut while decoding (DCT-scaled); the same store with ``max_side=512``
+  (pictures larger re-encoded once at ingest, quality 90), with its own ceiling (the same loop on its
+  files);
+- outcore with one size chosen at ingest: an encoded store decoded at 256x256 (resize "crop": short side
+  256, centre), and a pixel store at 256x256, then the same transform on the 256 picture (not the same
+  augmentation: the box is drawn from the 256 picture, not from the original);
 - a torchvision-ImageFolder-style DataLoader (Pillow; 2 workers), the box drawn from the original as
   torchvision draws it; the same with Pillow's ``draft()`` (JPEG DCT scaling in Pillow).
 
@@ -22,15 +27,17 @@ peak RSS and whether the epoch held every image exactly once:
   reader (a shuffle buffer of 1,024, not a full shuffle), ``decoders.image_random_crop`` (decodes the
   crop's region), resize, flip; 2 threads.
 
-Validation: the outcore stores with ``CenterCrop(224)`` (their 256 resize-crop is torchvision's
-``Resize(256)`` + ``CenterCrop(256)``), the Pillow DataLoader with Resize(256) + CenterCrop(224), and
-DALI's decode, resize and crop. FFCV does not build here (its sdist needs OpenCV and libjpeg-turbo
+Validation: the stores of pictures at their own size with ``CenterCrop(224, resize=256)`` (torchvision's
+``Resize(256)`` + ``CenterCrop(224)`` as one resize of the central box, cut while decoding), the 256x256
+stores with ``CenterCrop(224)`` (their 256 resize-crop is ``Resize(256)`` + ``CenterCrop(256)``), the
+Pillow DataLoader with Resize(256) + CenterCrop(224), and DALI's decode, resize and crop. FFCV does not build here (its sdist needs OpenCV and libjpeg-turbo
 headers).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -47,13 +54,23 @@ from PIL import Image
 import outcore
 from outcore.imaging import center_crop_box, random_resized_crop_box
 from outcore.imaging.synthetic import SAMPLE_PHOTOS, sample_photo
+from outcore.storage import read_files
 from outcore.transforms import CenterCrop, Compose, RandomFlip, RandomResizedCrop
 
 BATCH, SIZE, SCALE, RATIO = 256, 224, (0.08, 1.0), (3 / 4, 4 / 3)
+MAX_SIDE = 512
+STORES = {"own": {"shape": None, "images": "encoded"},
+          f"own-{MAX_SIDE}": {"shape": None, "images": "encoded", "max_side": MAX_SIDE},
+          "encoded-256": {"shape": (256, 256, 3), "images": "encoded"},
+          "pixels-256": {"shape": (256, 256, 3), "images": "pixels"}}
 TRAIN_LOADERS = ("ceiling: full decode + crop + resize, every core", "ceiling: DCT-scaled decode + crop + resize",
+                 f"ceiling: DCT-scaled, the max_side={MAX_SIDE} files",
+                 "outcore encoded, own sizes, RRC fused + flip", f"outcore encoded, max_side={MAX_SIDE}, RRC fused + flip",
                  "outcore encoded store @256 + RRC + flip", "outcore pixel store @256 + RRC + flip",
                  "Pillow DataLoader, 2 workers, RRC + flip", "Pillow DataLoader + draft(), 2 workers, RRC + flip")
-VAL_LOADERS = ("outcore encoded store @256 + CenterCrop", "outcore pixel store @256 + CenterCrop",
+VAL_LOADERS = ("outcore encoded, own sizes, CenterCrop(224, resize=256) fused",
+               f"outcore encoded, max_side={MAX_SIDE}, CenterCrop(224, resize=256) fused",
+               "outcore encoded store @256 + CenterCrop", "outcore pixel store @256 + CenterCrop",
                "Pillow DataLoader, 2 workers, Resize(256) + CenterCrop")
 DALI_TRAIN, DALI_VAL = "DALI CPU pipeline, 2 threads, RRC + flip", "DALI CPU pipeline, 2 threads, Resize(256) + CenterCrop"
 
@@ -90,24 +107,24 @@ def _write_part(job: tuple[Path, int, int]) -> None:
         picture.save(folder / f"{index:07d}.jpg", quality=int(rng.integers(85, 96)))
 
 
-def build_stores(root: Path, workdir: Path) -> dict[str, float]:
-    """The encoded and pixel stores at 256x256, kept; returns the ingest rates of those built now."""
-    rates = {}
-    for images in ("encoded", "pixels"):
-        location = workdir / f"{images}-256.zarr"
+def build_stores(root: Path, workdir: Path) -> dict[str, tuple[float, int]]:
+    """The stores (`STORES`), kept; returns the ingest rate and size on disk of those built now."""
+    built = {}
+    for name, options in STORES.items():
+        location = workdir / f"{name}.zarr"
         if not location.exists():
             began = time.perf_counter()
-            ds = outcore.ingest_images(root, location, shape=(256, 256, 3), images=images)
-            rates[images] = len(ds) / (time.perf_counter() - began)
-    return rates
+            ds = outcore.ingest_images(root, location, **options)
+            rate = len(ds) / (time.perf_counter() - began)
+            built[name] = rate, sum(f.stat().st_size for f in location.rglob("*") if f.is_file())
+    return built
 
 
 # -- the ceilings --------------------------------------------------------------------------------------
 
-def crop_file(path: str, scaled: bool, seed: int) -> np.ndarray:
+def crop_file(data: bytes, scaled: bool, seed: int) -> np.ndarray:
     """One file through RandomResizedCrop(224) + flip, decoded at full size or at the smallest DCT
     scale that keeps the box at least 224 on both sides."""
-    data = Path(path).read_bytes()
     height, width, _, _ = simplejpeg.decode_jpeg_header(data)
     rng = np.random.default_rng(seed)
     top, left, box_h, box_w = random_resized_crop_box(height, width, SCALE, RATIO, rng)
@@ -119,16 +136,33 @@ def crop_file(path: str, scaled: bool, seed: int) -> np.ndarray:
     return np.asarray(out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else out)
 
 
-def _crop_many(job: tuple[list[str], bool]) -> int:
-    paths, scaled = job
-    for seed, path in enumerate(paths):
-        crop_file(path, scaled, seed)
-    return len(paths)
+def _crop_many(job: tuple[list[str] | tuple[str, int, int], bool]) -> int:
+    """Files by path, or a store's files ``(location, start, stop)``, each read then cropped."""
+    source, scaled = job
+    if isinstance(source, tuple):
+        ds = outcore.open_dataset(source[0])
+        files = (read_files(ds.array("images"), ds.array("images_ranges"), i, i + 1)[0] for i in range(*source[1:]))
+    else:
+        files = (Path(path).read_bytes() for path in source)
+    count = 0
+    for seed, data in enumerate(files):
+        crop_file(data, scaled, seed)
+        count += 1
+    return count
 
 
 def ceiling(files: list[Path], scaled: bool) -> int:
     parts = os.cpu_count() or 1
     jobs = [([str(f) for f in files[i::parts]], scaled) for i in range(parts)]
+    with ProcessPoolExecutor(parts) as pool:
+        return sum(pool.map(_crop_many, jobs))
+
+
+def store_ceiling(location: Path) -> int:
+    """The DCT-scaled ceiling over the files a store holds (one part of its samples per core)."""
+    parts, count = os.cpu_count() or 1, len(outcore.open_dataset(location))
+    bounds = np.linspace(0, count, parts + 1).astype(int)
+    jobs = [((str(location), int(a), int(b)), True) for a, b in itertools.pairwise(bounds)]
     with ProcessPoolExecutor(parts) as pool:
         return sum(pool.map(_crop_many, jobs))
 
@@ -159,9 +193,9 @@ class PillowFolder:
                 region = (left * fx, top * fy, (left + box_w) * fx, (top + box_h) * fy)
                 out = image.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=region)
                 out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else out
-            else:
+            else:  # torchvision's Resize(256): the shorter side to 256, the longer truncated
                 scale = 256 / min(width, height)
-                resized = image.convert("RGB").resize((round(width * scale), round(height * scale)),
+                resized = image.convert("RGB").resize((int(width * scale), int(height * scale)),
                                                       Image.Resampling.BILINEAR)
                 top, left, _, _ = center_crop_box(resized.size[1], resized.size[0], (SIZE, SIZE))
                 out = resized.crop((left, top, left + SIZE, top + SIZE))
@@ -215,17 +249,22 @@ def outcore_epoch(location: Path, transform: object) -> tuple[int, int]:
 # -- one measurement per process -----------------------------------------------------------------------
 
 def measure(name: str, workdir: Path, files: list[Path]) -> dict[str, float]:
-    train = Compose([RandomResizedCrop(SIZE), RandomFlip()])
+    train, val = Compose([RandomResizedCrop(SIZE), RandomFlip()]), CenterCrop(SIZE, resize=256)
     work = {
         TRAIN_LOADERS[0]: lambda: (ceiling(files, scaled=False),) * 2,
         TRAIN_LOADERS[1]: lambda: (ceiling(files, scaled=True),) * 2,
-        TRAIN_LOADERS[2]: lambda: outcore_epoch(workdir / "encoded-256.zarr", train),
-        TRAIN_LOADERS[3]: lambda: outcore_epoch(workdir / "pixels-256.zarr", train),
-        TRAIN_LOADERS[4]: lambda: pillow_epoch(files, train=True, draft=False),
-        TRAIN_LOADERS[5]: lambda: pillow_epoch(files, train=True, draft=True),
-        VAL_LOADERS[0]: lambda: outcore_epoch(workdir / "encoded-256.zarr", CenterCrop(SIZE)),
-        VAL_LOADERS[1]: lambda: outcore_epoch(workdir / "pixels-256.zarr", CenterCrop(SIZE)),
-        VAL_LOADERS[2]: lambda: pillow_epoch(files, train=False, draft=False),
+        TRAIN_LOADERS[2]: lambda: (store_ceiling(workdir / f"own-{MAX_SIDE}.zarr"),) * 2,
+        TRAIN_LOADERS[3]: lambda: outcore_epoch(workdir / "own.zarr", train),
+        TRAIN_LOADERS[4]: lambda: outcore_epoch(workdir / f"own-{MAX_SIDE}.zarr", train),
+        TRAIN_LOADERS[5]: lambda: outcore_epoch(workdir / "encoded-256.zarr", train),
+        TRAIN_LOADERS[6]: lambda: outcore_epoch(workdir / "pixels-256.zarr", train),
+        TRAIN_LOADERS[7]: lambda: pillow_epoch(files, train=True, draft=False),
+        TRAIN_LOADERS[8]: lambda: pillow_epoch(files, train=True, draft=True),
+        VAL_LOADERS[0]: lambda: outcore_epoch(workdir / "own.zarr", val),
+        VAL_LOADERS[1]: lambda: outcore_epoch(workdir / f"own-{MAX_SIDE}.zarr", val),
+        VAL_LOADERS[2]: lambda: outcore_epoch(workdir / "encoded-256.zarr", CenterCrop(SIZE)),
+        VAL_LOADERS[3]: lambda: outcore_epoch(workdir / "pixels-256.zarr", CenterCrop(SIZE)),
+        VAL_LOADERS[4]: lambda: pillow_epoch(files, train=False, draft=False),
         DALI_TRAIN: lambda: dali_epoch(workdir / "train", train=True),
         DALI_VAL: lambda: dali_epoch(workdir / "train", train=False),
     }[name]
@@ -243,11 +282,15 @@ def in_a_fresh_process(name: str, args: argparse.Namespace) -> dict[str, float]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def print_rows(title: str, rows: dict[str, dict[str, float]], ceiling_rate: float) -> None:
+def print_rows(title: str, rows: dict[str, dict[str, float]], ceiling_rate: float, pillow: str, dali: str) -> None:
+    """Images/s, and ratios to the DCT-scaled ceiling, the Pillow DataLoader and DALI (when measured)."""
     width = max(len(name) for name in rows)
-    print(f"\n{title}\n{'loader':{width}s} {'images/s':>9s} {'x ceiling':>10s} {'peak RSS':>9s}  exact epoch")
+    print(f"\n{title}\n{'loader':{width}s} {'images/s':>9s} {'x ceiling':>10s} {'x Pillow DL':>12s} {'x DALI':>7s} "
+          f"{'peak RSS':>9s}  exact epoch")
     for name, row in rows.items():
-        print(f"{name:{width}s} {row['rate']:9.0f} {row['rate'] / ceiling_rate:10.2f} "
+        versus = [f"{row['rate'] / rows[other]['rate']:{w}.2f}" if other in rows else f"{'-':>{w}s}"
+                  for other, w in ((pillow, 12), (dali, 7))]
+        print(f"{name:{width}s} {row['rate']:9.0f} {row['rate'] / ceiling_rate:10.2f} {' '.join(versus)} "
               f"{row['peak_mib']:6.0f} MiB  {'yes' if row['exact'] else 'no'}")
 
 
@@ -256,6 +299,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=20000)
     parser.add_argument("--workdir", type=Path, default=Path("bench-data/imagenet"))
     parser.add_argument("--skip-validation", action="store_true")
+    parser.add_argument("--only", help="measure only the loaders whose names contain this text (and the ceilings)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     root = args.workdir / "train"
@@ -266,20 +310,24 @@ def main() -> None:
     sizes = [f.stat().st_size for f in files]
     print(f"{len(files)} JPEGs, {sum(sizes) / 2**30:.2f} GiB, mean {np.mean(sizes) / 1024:.0f} KiB; "
           f"{os.cpu_count()} cores")
-    for images, rate in build_stores(root, args.workdir).items():
-        print(f"ingest at 256x256, images={images}: {rate:,.0f} images/s")
+    for name, (rate, size) in build_stores(root, args.workdir).items():
+        print(f"ingest {name}.zarr ({STORES[name]}): {rate:,.0f} images/s, {size / 2**30:.2f} GiB")
     try:
         import nvidia.dali  # noqa: F401 - measured when installed
         dali = True
     except ImportError as error:
         print(f"NVIDIA DALI: not measured ({error}; pip install nvidia-dali-cuda120)")
         dali = False
-    train = {name: in_a_fresh_process(name, args) for name in TRAIN_LOADERS + ((DALI_TRAIN,) if dali else ())}
+    def chosen(names: tuple[str, ...]) -> list[str]:
+        return [name for name in names if not args.only or args.only in name or name == TRAIN_LOADERS[1]]
+
+    train = {name: in_a_fresh_process(name, args) for name in chosen(TRAIN_LOADERS + ((DALI_TRAIN,) if dali else ()))}
     print_rows("train: RandomResizedCrop(224) + flip, batch 256, one shuffled epoch", train,
-               train[TRAIN_LOADERS[1]]["rate"])
+               train[TRAIN_LOADERS[1]]["rate"], TRAIN_LOADERS[7], DALI_TRAIN)
     if not args.skip_validation:
-        val = {name: in_a_fresh_process(name, args) for name in VAL_LOADERS + ((DALI_VAL,) if dali else ())}
-        print_rows("validation: resize 256 + CenterCrop(224), batch 256", val, train[TRAIN_LOADERS[1]]["rate"])
+        val = {name: in_a_fresh_process(name, args) for name in chosen(VAL_LOADERS + ((DALI_VAL,) if dali else ()))}
+        print_rows("validation: resize 256 + CenterCrop(224), batch 256", val, train[TRAIN_LOADERS[1]]["rate"],
+                   VAL_LOADERS[4], DALI_VAL)
 
 
 if __name__ == "__main__":

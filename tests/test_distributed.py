@@ -149,6 +149,21 @@ def test_cluster_workers_crop_while_decoding_as_local_threads_do(client, photos)
     assert local[0][field].shape == (10, 20, 20, 3)
 
 
+def test_cluster_surveys_pictures_of_their_own_size_and_crops_them_as_local_threads_do(client, tmp_path):
+    write_image_folder(tmp_path / "src", 12, classes=("a", "b"), size=(40, 56), kind="photos", seed=2)
+    write_image_folder(tmp_path / "src", 12, classes=("c",), size=(72, 48), kind="photos", seed=3)
+    options = {"shape": None, "images": "encoded", "max_side": 64, "chunk_size": 4, "progress": False}
+    with on_local_threads():
+        local = outcore.ingest_images(tmp_path / "src", tmp_path / "local.zarr", **options)
+    remote = outcore.ingest_images(tmp_path / "src", tmp_path / "cluster.zarr", client=client, **options)
+    for name in ("images", "images_ranges", "images_shapes", "labels", "path"):
+        np.testing.assert_array_equal(local.array(name)[:], remote.array(name)[:], err_msg=name)
+    assert {tuple(shape) for shape in remote.array("images_shapes")[:]} == {(40, 56, 3), (64, 43, 3)}
+    transform = transforms.Compose([transforms.RandomResizedCrop(24), transforms.RandomFlip()])
+    batches = {"seed": 1, "transform": transform, "fields": ["images", "labels"]}
+    _assert_same_batches(list(remote.batches(8, **batches)), list(remote.batches(8, client=client, **batches)))
+
+
 def test_killed_worker_mid_epoch_still_gives_every_sample_once_in_order(client, photos):
     options = {"seed": 3, "buffer_chunks": 4, "transform": SlowAugment(0.03), "fields": ["images_encoded",
                                                                                            "source_index"]}

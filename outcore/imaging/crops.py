@@ -57,7 +57,7 @@ def center_crop_box(height: int, width: int, size: tuple[int, int], resize: int 
     >>> center_crop_box(256, 320, (224, 224)), center_crop_box(257, 224, (224, 224))
     ((16, 48, 224, 224), (16, 0, 224, 224))
     >>> [round(v, 2) for v in center_crop_box(375, 500, (224, 224), resize=256)]
-    [23.44, 85.94, 328.12, 328.12]
+    [23.44, 85.04, 328.12, 328.45]
     """
     if resize is not None:
         if resize < max(size):
