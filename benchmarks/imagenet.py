@@ -139,9 +139,10 @@ def crop_file(data: bytes, scaled: bool, seed: int) -> np.ndarray:
 def _crop_many(job: tuple[list[str] | tuple[str, int, int], bool]) -> int:
     """Files by path, or a store's files ``(location, start, stop)``, each read then cropped."""
     source, scaled = job
-    if isinstance(source, tuple):
-        ds = outcore.open_dataset(source[0])
-        files = (read_files(ds.array("images"), ds.array("images_ranges"), i, i + 1)[0] for i in range(*source[1:]))
+    if isinstance(source, tuple):  # read in blocks of BATCH files: one ranged read each
+        ds, (start, stop) = outcore.open_dataset(source[0]), source[1:]
+        files = (data for block in range(start, stop, BATCH)
+                 for data in read_files(ds.array("images"), ds.array("images_ranges"), block, min(stop, block + BATCH)))
     else:
         files = (Path(path).read_bytes() for path in source)
     count = 0

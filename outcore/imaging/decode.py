@@ -135,7 +135,7 @@ def decode_image(
 
 def decode_region(
     data: bytes, decode: ImageDecode, box: Box, size: tuple[int, int], out: np.ndarray, name: str = "image",
-    stored: tuple[int, int] | None = None,
+    stored: tuple[int, int] | None = None, flip: tuple[bool, bool] = (False, False),
 ) -> np.ndarray:
     """``box`` of the sample ``decode_image(data, decode.shape, ...)`` would give, resized to ``size``
     (bilinear, antialiased), into ``out`` — read from the file itself: the box is mapped back to the
@@ -143,13 +143,15 @@ def decode_region(
     own size), and a plain JPEG is decoded at the smallest DCT scale that keeps the box at least ``size``
     (one resize instead of two, less to decode). Other images, policies and dtypes decode the sample and
     resize the box, which gives the same result. ``stored`` is the size a picture kept at its own size
-    was recorded with at ingest: a file of another size is an `ImageError`.
+    was recorded with at ingest: a file of another size is an `ImageError`. ``flip`` mirrors the result
+    left-right, top-bottom.
     """
     region = _file_region(data, decode, box)
     if region is None:
         sample = decode_image(data, decode.shape, decode.resize, np.dtype(decode.dtype), name)
         _check_stored(sample.shape[:2], stored, name)
-        out[...] = resize_box(sample.reshape(*sample.shape[:2], -1), box, size).reshape(out.shape)
+        resized = resize_box(sample.reshape(*sample.shape[:2], -1), box, size)
+        out[...] = resized[::-1 if flip[1] else 1, ::-1 if flip[0] else 1].reshape(out.shape)
         return out
     (height, width), (y0, x0, y1, x1), colorspace = region
     _check_stored((height, width), stored, name)
@@ -159,6 +161,9 @@ def decode_region(
     fy, fx = pixels.shape[0] / height, pixels.shape[1] / width
     image = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
     resized = image.resize(size[::-1], Image.Resampling.BILINEAR, box=(x0 * fx, y0 * fy, x1 * fx, y1 * fy))
+    for mirrored, how in zip(flip, (Image.Transpose.FLIP_LEFT_RIGHT, Image.Transpose.FLIP_TOP_BOTTOM), strict=True):
+        if mirrored:
+            resized = resized.transpose(how)
     out[...] = np.asarray(resized).reshape(out.shape)
     return out
 

@@ -50,13 +50,14 @@ class EncodedChunk:
         except ImageError as error:
             raise self._error(index, error.reason) from None
 
-    def decode_region(self, index: int, box: Box, size: tuple[int, int], out: np.ndarray) -> np.ndarray:
-        """``box`` of sample ``index`` (in the decoded sample's pixels) resized to ``size``, into ``out``,
-        decoded from the file as `outcore.imaging.decode.decode_region` does."""
+    def decode_region(self, index: int, box: Box, size: tuple[int, int], out: np.ndarray,
+                      flip: tuple[bool, bool] = (False, False)) -> np.ndarray:
+        """``box`` of sample ``index`` (in the decoded sample's pixels) resized to ``size`` and mirrored as
+        ``flip`` says, into ``out``, decoded from the file as `outcore.imaging.decode.decode_region` does."""
         data = self._bytes(index)
         stored = None if self.shapes is None else self.sample_shape(index)[:2]
         try:
-            return decode_region(data, self.decode, box, size, out, stored=stored)
+            return decode_region(data, self.decode, box, size, out, stored=stored, flip=flip)
         except ImageError as error:
             raise self._error(index, error.reason) from None
 

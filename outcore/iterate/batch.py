@@ -30,6 +30,15 @@ class Crop(Protocol):
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch: ...
 
 
+class Flip(Protocol):
+    """A transform that mirrors images at random (`RandomFlip`): right after a crop done while decoding,
+    each box is mirrored as it is decoded."""
+
+    field: str
+
+    def draw(self, count: int, rng: np.random.Generator) -> np.ndarray: ...
+
+
 def fused_crop(transform: Transform | None, encoded_fields: Collection[str]) -> tuple[Crop | None, Transform | None]:
     """``(crop, rest)`` when ``transform`` opens with a `Crop` of an encoded field, else ``(None, transform)``.
 
@@ -45,14 +54,24 @@ def fused_crop(transform: Transform | None, encoded_fields: Collection[str]) -> 
     return first, (type(transform)(rest) if len(rest) > 1 else rest[0] if rest else None)
 
 
+def _fused_flip(rest: Transform | None, field: str) -> tuple[Flip | None, Transform | None]:
+    """``(flip, rest)`` when ``rest`` opens with a `Flip` of ``field``, else ``(None, rest)``."""
+    steps = list(getattr(rest, "transforms", [rest])) if rest is not None else []
+    first = steps[0] if steps else None
+    if not (hasattr(first, "draw") and getattr(first, "field", None) == field):
+        return None, rest
+    steps = steps[1:]
+    return first, (type(rest)(steps) if len(steps) > 1 else steps[0] if steps else None)
+
+
 def make_batch(
     samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues], fields: Sequence[str],
     text_fields: frozenset[str], transform: Transform | None, rng_key: Sequence[int],
 ) -> Batch:
     """`assemble` then the transform, seeded by ``rng_key``; a `Crop` that opens the transform on an encoded
     field is done while decoding (each box read from the file, `EncodedChunk.decode_region`), with the
-    boxes the crop would have drawn on the decoded batch, so the rest of the transform sees the same
-    generator state."""
+    boxes the crop would have drawn on the decoded batch, and so is a `Flip` of that field right after
+    it (each box mirrored as it is decoded), so the rest of the transform sees the same generator state."""
     first = next(iter(data.values()))
     encoded = {name for name in fields if isinstance(first[name], EncodedChunk)}
     crop, rest = fused_crop(transform, encoded)
@@ -62,19 +81,21 @@ def make_batch(
     chunks, local = keys.tolist(), (samples % chunk_size).tolist()
     sizes = [data[key][crop.field].sample_shape(index)[:2] for key, index in zip(chunks, local, strict=True)]
     boxes = crop.boxes(sizes, rng)
+    flip, rest = _fused_flip(rest, crop.field)
+    flips = flip.draw(len(samples), rng).tolist() if flip is not None else [(False, False)] * len(samples)
     batch = assemble(samples, chunk_size, keys, data, [n for n in fields if n != crop.field], text_fields)
-    batch[crop.field] = _decode_regions(chunks, local, data, crop, boxes)
+    batch[crop.field] = _decode_regions(chunks, local, data, crop, boxes, flips)
     batch = {name: batch[name] for name in fields}
     return batch if rest is None else rest(batch, rng)
 
 
 def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, ChunkValues], crop: Crop,
-                    boxes: list[Box]) -> np.ndarray:
+                    boxes: list[Box], flips: list[tuple[bool, bool]]) -> np.ndarray:
     first = next(iter(data.values()))[crop.field]
     out = np.empty((len(indices), *crop.output_size, *first.decode.shape[2:]), first.dtype)
 
     def decode(i: int) -> None:
-        data[chunks[i]][crop.field].decode_region(indices[i], boxes[i], crop.output_size, out[i])
+        data[chunks[i]][crop.field].decode_region(indices[i], boxes[i], crop.output_size, out[i], flips[i])
 
     for_each_in_threads(decode, len(indices))
     return out

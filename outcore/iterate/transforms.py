@@ -56,13 +56,22 @@ class RandomFlip:
     vertical: bool = False
     field: str = "images"
 
-    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
-        images = _field(batch, self.field).copy()
-        for axis, enabled in ((2, self.horizontal), (1, self.vertical)):
+    def draw(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        """Which of ``count`` images to mirror: (count, 2) booleans, left-right then top-bottom (a crop
+        fused with decoding mirrors each box as it is decoded)."""
+        flips = np.zeros((count, 2), dtype=bool)
+        for column, enabled in enumerate((self.horizontal, self.vertical)):
             if enabled:
-                chosen = rng.random(len(images)) < self.p
-                images[chosen] = np.flip(images[chosen], axis=axis)
-        return _replace(batch, self.field, images)
+                flips[:, column] = rng.random(count) < self.p
+        return flips
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        images = _field(batch, self.field)
+        flips = self.draw(len(images), rng)
+        out = np.empty_like(images)
+        for i, (left_right, top_bottom) in enumerate(flips.tolist()):  # one copy of each image
+            out[i] = images[i, ::-1 if top_bottom else 1, ::-1 if left_right else 1]
+        return _replace(batch, self.field, out)
 
 
 @dataclass(frozen=True)
