@@ -300,7 +300,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=20000)
     parser.add_argument("--workdir", type=Path, default=Path("bench-data/imagenet"))
     parser.add_argument("--skip-validation", action="store_true")
-    parser.add_argument("--only", help="measure only the loaders whose names contain this text (and the ceilings)")
+    parser.add_argument("--only", help="measure only the loaders whose names contain one of these comma-separated texts "
+                             "(and the DCT-scaled ceiling)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     root = args.workdir / "train"
@@ -320,7 +321,8 @@ def main() -> None:
         print(f"NVIDIA DALI: not measured ({error}; pip install nvidia-dali-cuda120)")
         dali = False
     def chosen(names: tuple[str, ...]) -> list[str]:
-        return [name for name in names if not args.only or args.only in name or name == TRAIN_LOADERS[1]]
+        wanted = [text for text in args.only.split(",") if text] if args.only else []
+        return [name for name in names if not wanted or any(w in name for w in wanted) or name == TRAIN_LOADERS[1]]
 
     train = {name: in_a_fresh_process(name, args) for name in chosen(TRAIN_LOADERS + ((DALI_TRAIN,) if dali else ()))}
     print_rows("train: RandomResizedCrop(224) + flip, batch 256, one shuffled epoch", train,

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import zarr
 from PIL import Image
@@ -225,3 +226,14 @@ def test_tf_and_torch_batches_of_cropped_pictures(store):
     loader = store.torch(4, shuffle=True, num_workers=2, transform=crop, fields=["images", "labels"])
     shapes = {tuple(batch["images"].shape) for batch in loader}
     assert shapes == {(4, 16, 16, 3)}
+
+
+def test_a_table_of_paths_ingests_the_same_way_and_xarray_sees_one_picture_per_sample(pictures, store, tmp_path):
+    root, sizes = pictures
+    table = pd.DataFrame({"path": sorted(sizes), "label": [name.split("/")[0] for name in sorted(sizes)]})
+    ds = outcore.ingest_dataframe(table, tmp_path / "table.zarr", root=root, label_columns=["label"], shape=None,
+                                  images="encoded", shuffle_on_write=False, progress=False)
+    for i, name in enumerate(sorted(sizes)):
+        assert tuple(ds.array("images_shapes")[i]) == (*sizes[name], 3)
+    view = ds.to_xarray()
+    assert view["images"].dims == ("sample",) and view["images"][3].values.item().shape == (*sizes[sorted(sizes)[3]], 3)
