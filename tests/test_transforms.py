@@ -150,11 +150,17 @@ def test_the_rest_of_the_transform_follows_the_fused_crop(both):
     assert all(np.array_equal(a, b) for a, b in zip(flipped, again, strict=True))
 
 
-def test_pictures_the_fused_path_cannot_read_are_cropped_after_decoding_exactly(both):
+@pytest.mark.parametrize("flip", [None, RandomFlip(vertical=True)])
+def test_pictures_the_fused_path_cannot_read_are_cropped_after_decoding_exactly(both, flip):
+    """With a flip after the crop, mirrored while decoding: the same draws, the same pictures."""
     crop = RandomResizedCrop(32)
-    fused = both.batches(8, fields=["images_encoded", "path"], seed=3,
-                         transform=dataclasses.replace(crop, field="images_encoded"))
-    unfused = both.batches(8, fields=["images", "path"], seed=3, transform=crop)
+
+    def pipeline(field):
+        steps = [dataclasses.replace(step, field=field) for step in (crop, flip) if step is not None]
+        return Compose(steps) if len(steps) > 1 else steps[0]
+
+    fused = both.batches(8, fields=["images_encoded", "path"], seed=3, transform=pipeline("images_encoded"))
+    unfused = both.batches(8, fields=["images", "path"], seed=3, transform=pipeline("images"))
     for f, u in zip(fused, unfused, strict=True):
         png = np.char.endswith(f["path"], ".png")
         np.testing.assert_array_equal(f["images_encoded"][png], u["images"][png])  # PNGs: decode, then resize

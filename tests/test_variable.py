@@ -236,4 +236,4 @@ def test_a_table_of_paths_ingests_the_same_way_and_xarray_sees_one_picture_per_s
     for i, name in enumerate(sorted(sizes)):
         assert tuple(ds.array("images_shapes")[i]) == (*sizes[name], 3)
     view = ds.to_xarray()
-    assert view["images"].dims == ("sample",) and view["images"][3].values.item().shape == (*sizes[sorted(sizes)[3]], 3)
+    assert view["images"].dims == ("sample",) and view["images"][3].values.shape == (*sizes[sorted(sizes)[3]], 3)
