@@ -218,6 +218,11 @@ def test_the_command_line_ingests_pictures_at_their_own_size(pictures, tmp_path,
     assert capsys.readouterr().err.strip().endswith("pass --images encoded")
 
 
+def test_bench_reads_pictures_at_their_own_size_as_training_does(store, capsys):
+    assert main(["bench", store.location, "--batch-size", "4", "--repeats", "1", "--crop", "16"]) == 0
+    assert "shuffled, crop 16 + flip" in capsys.readouterr().out
+
+
 def test_tf_and_torch_batches_of_cropped_pictures(store):
     crop = transforms.Compose([transforms.RandomResizedCrop(16), transforms.Normalize()])
     tf_batches = store.tf(4, x="images", y="labels", transform=crop, drop_last=True)

@@ -12,6 +12,7 @@ from PIL import Image
 
 from ..dataset import Dataset
 from ..format import ranges_name
+from ..iterate.transforms import Compose, RandomFlip, RandomResizedCrop
 from ..storage import read_files
 
 
@@ -69,16 +70,24 @@ def shuffled_epoch(ds: Dataset, fields: Sequence[str], batch_size: int = 256, **
 
 
 def compare(ds: Dataset, fields: Sequence[str] | None = None, batch_size: int = 256,
-            repeats: int = 3) -> list[tuple[str, float]]:
+            repeats: int = 3, crop: int = 224) -> list[tuple[str, float]]:
     """Median samples/s of plain sequential zarr, outcore's shuffled epoch and the decompression ceiling.
 
-    A first sequential pass warms the page cache, so all three read from memory-cached files.
+    A first sequential pass warms the page cache, so all three read from memory-cached files. A field
+    of pictures at their own size is read as training reads it: ``RandomResizedCrop(crop)`` and a flip,
+    done while decoding.
     """
     fields = list(fields or ds.fields)
     sequential_zarr(ds, fields)
+    variable = [name for name in fields if ds.info(name).is_image and ds.info(name).decode.variable]
+    epoch, transform = f"outcore ds.batches({batch_size}), shuffled, defaults", None
+    if variable:
+        transform = Compose([RandomResizedCrop(crop, field=variable[0]), RandomFlip(field=variable[0])])
+        fields = [name for name in fields if name not in variable[1:]]
+        epoch = f"outcore ds.batches({batch_size}), shuffled, crop {crop} + flip"
     cases = {
         "plain zarr, sequential, one chunk per call": lambda: sequential_zarr(ds, fields),
-        f"outcore ds.batches({batch_size}), shuffled, defaults": lambda: shuffled_epoch(ds, fields, batch_size),
+        epoch: lambda: shuffled_epoch(ds, fields, batch_size, transform=transform),
         "decompression ceiling (every chunk, 2 threads)": lambda: decompress_all(ds, fields),
     }
     results = []

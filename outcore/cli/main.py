@@ -150,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("store", metavar="STORE")
     bench.add_argument("--batch-size", type=int, default=256)
     bench.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians are shown")
+    bench.add_argument("--crop", type=int, default=224,
+                       help="pictures kept at their own size are read with RandomResizedCrop(CROP) and a flip "
+                            "(default 224)")
     bench.set_defaults(run=_bench, parser=bench)
 
     demo = commands.add_parser("demo", help="cut sample photographs into classes, ingest, inspect, train a small "
@@ -239,7 +242,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     ds = open_dataset(args.store)
-    rows = compare(ds, batch_size=args.batch_size, repeats=args.repeats)
+    rows = compare(ds, batch_size=args.batch_size, repeats=args.repeats, crop=args.crop)
     baseline = rows[0][1]
     print(f"{ds.location}: {len(ds):,} samples, all fields, medians of {args.repeats} runs (warm cache)\n")
     print(f"{'what':50s} {'samples/s':>10s} {'vs plain zarr':>14s}")
