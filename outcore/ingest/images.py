@@ -185,35 +185,22 @@ def _ingest_table(
     if images not in IMAGE_STORAGE:
         raise OptionError(f"images={images!r} is not one of {IMAGE_STORAGE}")
     check_max_side(max_side, quality, dtype)
-    variable = shape[0] is None
-    if (variable or max_side is not None) and images != "encoded":
+    surveyed = shape[0] is None or max_side is not None  # what is stored is known only once decoded
+    if surveyed and images != "encoded":
         raise OptionError("shape=None and max_side= store the pictures as files: pass images='encoded'")
-    reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD}
-    clash = {name for name in table.labels
-             if name in reserved or name.removesuffix(RANGES_SUFFIX) in reserved or name.removesuffix(SHAPES_SUFFIX) in reserved}
-    if clash:
-        raise SourceError(f"label column(s) {sorted(clash)} clash with outcore's own field names; rename them")
+    _check_label_names(table)
     order = write_order(len(table), shuffle_on_write, seed)
     paths = [table.paths[i] for i in order]
     stats = [_file_stat(path) for path in paths]
-    # chunks hold about 8 MiB of decoded pixels even when files are stored: the shuffle buffer holds them
-    # decoded; pictures of varying sizes are only ever cropped while decoding, so their chunks hold about
-    # 2 MiB of files
-    sample_nbytes = 4 * sum(size for size, _ in stats) // max(1, len(stats)) if variable else math.prod(shape) * dtype.itemsize
-    layout = Layout.for_samples(sample_nbytes, len(table), chunk_size)
-    fields = {}
-    for name, values in table.labels.items():
-        role = "sample_weight" if name in WEIGHT_NAMES and name not in table.classes else "target"
-        fields[name] = FieldSource(as_dask(values[order], layout.shard_size), FieldInfo(role, table.classes.get(name)))
-    fields[PATH_FIELD] = FieldSource(
-        as_dask(encode_text(np.array(table.names)[order]), layout.shard_size), FieldInfo("metadata", encoding=TEXT_ENCODING)
-    )
-    fields[SOURCE_INDEX_FIELD] = FieldSource(as_dask(order, layout.shard_size), FieldInfo("metadata"))
+    layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), chunk_size)
+    fields = _table_fields(table, order, layout.shard_size)
     options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite)
     settings = (shape, resize, dtype.str, images, max_side, quality, layout, str(options.compression), shuffle_on_write,
                 seed, on_error, max_pixels)
-    decode = ImageDecode(shape, dtype.name, None if variable else resize)
-    if variable or max_side is not None:
+    decode = ImageDecode(shape, dtype.name, None if shape[0] is None else resize)
+    run = {"shuffled_on_write": shuffle_on_write, "seed": seed if shuffle_on_write else None,
+           "source": table.description, "manifest": _manifest(table, paths, stats, settings), "resume": resume}
+    if surveyed:
         survey = SurveyOptions(decode.channels, dtype, max_side, quality, on_error, max_pixels)
 
         def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array]:
@@ -221,12 +208,10 @@ def _ingest_table(
                                   description=f"survey → {Path(location).name}")
             files = FieldSource(file_array(found.paths, found.nbytes, layout.shard_size),
                                 FieldInfo("input", encoding=IMAGE_ENCODING, decode=decode), found.nbytes,
-                                found.shapes if variable else None)
+                                found.shapes if decode.variable else None)
             return {IMAGE_FIELD: files, **fields}, as_dask(found.errors, layout.shard_size)
 
-        build_store(location, prepare, options, shuffled_on_write=shuffle_on_write,
-                    seed=seed if shuffle_on_write else None, source=table.description,
-                    manifest=_manifest(table, paths, stats, settings), resume=resume)
+        build_store(location, prepare, options, **run)
         return open_dataset(location)
     # One task decodes a whole shard's images and the write task that needs them runs where they are:
     # decoded pixels (7x the JPEG bytes) never travel between workers.
@@ -242,10 +227,39 @@ def _ingest_table(
             files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
             nbytes=np.array([size for size, _ in stats], dtype=np.int64),
         )
-    build_store(location, {**images_fields, **fields}, options, shuffled_on_write=shuffle_on_write,
-                seed=seed if shuffle_on_write else None, source=table.description, errors=errors,
-                manifest=_manifest(table, paths, stats, settings), resume=resume)
+    build_store(location, {**images_fields, **fields}, options, errors=errors, **run)
     return open_dataset(location)
+
+
+def _check_label_names(table: SourceTable) -> None:
+    """Label columns may not take the names of outcore's own fields or of their arrays."""
+    reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD}
+    clash = {name for name in table.labels
+             if {name, name.removesuffix(RANGES_SUFFIX), name.removesuffix(SHAPES_SUFFIX)} & reserved}
+    if clash:
+        raise SourceError(f"label column(s) {sorted(clash)} clash with outcore's own field names; rename them")
+
+
+def _layout_sample_nbytes(shape: tuple[int | None, ...], dtype: np.dtype, stats: list[tuple[int, int]]) -> int:
+    """The sample size chunks are laid out for: about 8 MiB of decoded pixels per chunk, even when files
+    are stored (the shuffle buffer holds them decoded); pictures kept at their own size are only ever
+    cropped while decoding, so their chunks hold about 2 MiB of files."""
+    if shape[0] is None:
+        return 4 * sum(size for size, _ in stats) // max(1, len(stats))
+    return math.prod(shape) * dtype.itemsize
+
+
+def _table_fields(table: SourceTable, order: np.ndarray, block_size: int) -> dict[str, FieldSource]:
+    """The fields beside the pictures: labels, ``path`` and ``source_index``, in the stored order."""
+    fields = {}
+    for name, values in table.labels.items():
+        role = "sample_weight" if name in WEIGHT_NAMES and name not in table.classes else "target"
+        fields[name] = FieldSource(as_dask(values[order], block_size), FieldInfo(role, table.classes.get(name)))
+    fields[PATH_FIELD] = FieldSource(
+        as_dask(encode_text(np.array(table.names)[order]), block_size), FieldInfo("metadata", encoding=TEXT_ENCODING)
+    )
+    fields[SOURCE_INDEX_FIELD] = FieldSource(as_dask(order, block_size), FieldInfo("metadata"))
+    return fields
 
 
 def _manifest(table: SourceTable, paths: list[str], stats: list[tuple[int, int]], settings: tuple) -> dict[str, str]:
