@@ -2,6 +2,7 @@
 horizontal flip (train), or resized to 256 and centre-cropped to 224 (validation), batches of 256.
 
     python benchmarks/imagenet.py [--images 20000] [--workdir bench-data/imagenet] [--skip-validation]
+                                  [--only "own sizes,max_side,Pillow,DALI"]
 
 Writes (once, kept in ``--workdir``) an ImageNet-like folder: ``--images`` JPEGs in 6 class folders,
 crops of the photographs scikit-image and scikit-learn ship, short side 300-500 px, aspect 3:4 to 16:9
