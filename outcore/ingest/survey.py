@@ -39,6 +39,9 @@ class Survey:
 
 @dataclass(frozen=True)
 class SurveyOptions:
+    """How to survey: decode to ``channels`` and ``dtype``; shrink past ``max_side`` at ``quality``; as
+    `ingest_images` says for ``on_error`` and ``max_pixels``."""
+
     channels: int
     dtype: np.dtype
     max_side: int | None
