@@ -83,7 +83,6 @@ def compare(ds: Dataset, fields: Sequence[str] | None = None, batch_size: int = 
     epoch, transform = f"outcore ds.batches({batch_size}), shuffled, defaults", None
     if variable:
         transform = Compose([RandomResizedCrop(crop, field=variable[0]), RandomFlip(field=variable[0])])
-        fields = [name for name in fields if name not in variable[1:]]
         epoch = f"outcore ds.batches({batch_size}), shuffled, crop {crop} + flip"
     cases = {
         "plain zarr, sequential, one chunk per call": lambda: sequential_zarr(ds, fields),

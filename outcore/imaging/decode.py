@@ -23,7 +23,8 @@ import math
 import re
 import struct
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import simplejpeg
@@ -61,10 +62,13 @@ def parse_image_shape(shape: Sequence[int | None] | str | None) -> tuple[int | N
         except ValueError:
             raise OptionError(f"shape={given!r} is not of the form HxW or HxWxC, e.g. 128x128x3, or any") from None
     shape = tuple(shape)
-    if len(shape) == 3 and shape[:2] == (None, None):
-        sizes = (int(shape[2]),)
-    else:
-        shape = sizes = tuple(int(s) for s in shape)
+    try:
+        if len(shape) == 3 and shape[:2] == (None, None):
+            sizes = (int(shape[2]),)
+        else:
+            shape = sizes = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise OptionError(f"shape={given!r} is not sizes, or (None, None, C) for pictures at their own size") from None
     if len(shape) not in (2, 3) or any(s <= 0 for s in sizes):
         raise OptionError(f"shape={given!r} is not a height and width (and channels) of positive sizes")
     if len(shape) == 3 and shape[2] not in _PIL_MODES:
@@ -118,9 +122,7 @@ def decode_image(
     channels = shape[2] if len(shape) == 3 else 1
     if shape[0] is None:  # its own size
         pixels = _convert_depth(_decode(data, channels, None, None, name, None, max_pixels), dtype)
-        if out is not None and out.shape[:2] != pixels.shape[:2]:
-            raise ImageError(name, f"the file is {pixels.shape[0]}x{pixels.shape[1]}, its stored shape says "
-                                   f"{out.shape[0]}x{out.shape[1]}")
+        _check_stored(pixels.shape[:2], None if out is None else out.shape[:2], name)
     else:
         in_place = out if out is not None and dtype == np.uint8 and out.flags.c_contiguous else None
         pixels = _decode(data, channels, shape[:2], resize, name, in_place, max_pixels)
@@ -168,6 +170,32 @@ def decode_region(
     return out
 
 
+@contextmanager
+def _decode_errors(name: str) -> Iterator[None]:
+    """What the decoders raise for a damaged or unreadable file, as an `ImageError` naming ``name``."""
+    try:
+        yield
+    except ImageError:  # already says what is wrong with the file
+        raise
+    except UnidentifiedImageError:
+        raise ImageError(name, "not an image file Pillow can read") from None
+    except _DECODE_ERRORS as error:
+        raise ImageError(name, f"cannot decode ({type(error).__name__}: {error})") from None
+
+
+@contextmanager
+def _opened(data: bytes, name: str, max_pixels: int | None) -> Iterator[Image.Image]:
+    """The file opened by Pillow (header read, pixels not yet), refused past ``max_pixels``; what Pillow
+    raises while it is used is an `ImageError` naming ``name``."""
+    with _decode_errors(name):
+        with warnings.catch_warnings():  # the size is checked here, against the caller's limit
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(io.BytesIO(data))
+        with opened as image:
+            _check_size(image.size[1], image.size[0], max_pixels, name)
+            yield image
+
+
 def upright_size(data: bytes, name: str = "image", max_pixels: int | None = MAX_PIXELS) -> tuple[int, int]:
     """The ``(height, width)`` a file decodes to (after its EXIF orientation), read from its header; a file
     that is not a picture, or of more than ``max_pixels`` pixels, is an `ImageError` naming ``name``.
@@ -175,19 +203,10 @@ def upright_size(data: bytes, name: str = "image", max_pixels: int | None = MAX_
     >>> upright_size(open("portrait.jpg", "rb").read())  # doctest: +SKIP
     (640, 480)
     """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            opened = Image.open(io.BytesIO(data))
-        with opened as image:
-            width, height = image.size
-            _check_size(height, width, max_pixels, name)
-            sideways = _orientation(image) in (5, 6, 7, 8) or (
-                image.format == "TIFF" and image.getexif().get(ExifTags.Base.Orientation, 1) in (5, 6, 7, 8))
-    except UnidentifiedImageError:
-        raise ImageError(name, "not an image file Pillow can read") from None
-    except _DECODE_ERRORS as error:
-        raise ImageError(name, f"cannot decode ({type(error).__name__}: {error})") from None
+    with _opened(data, name, max_pixels) as image:
+        width, height = image.size
+        sideways = _orientation(image) in (5, 6, 7, 8) or (
+            image.format == "TIFF" and image.getexif().get(ExifTags.Base.Orientation, 1) in (5, 6, 7, 8))
     return (width, height) if sideways else (height, width)
 
 
@@ -240,25 +259,17 @@ def _decode(
     decoder with about twice the per-file overhead. A plain JPEG of exactly the target size is decoded
     straight into ``out`` (and ``out`` returned) when given: one copy fewer.
     """
-    try:
+    with _decode_errors(name):
         fast = _decode_plain_jpeg(data, channels, target, resize, out, name, max_pixels)
-        if fast is not None:
-            return fast
-        with warnings.catch_warnings():  # the size is checked below, against the caller's limit
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            opened = Image.open(io.BytesIO(data))
-        with opened as image:
-            _check_size(image.size[1], image.size[0], max_pixels, name)
-            if image.format == "JPEG" and resize is not None:
-                image.draft(image.mode, _reduced_size(image.size[::-1], target, resize, _orientation(image))[::-1])
-            if "exif" in image.info or image.format == "TIFF":  # the only places an orientation lives
-                image = ImageOps.exif_transpose(image)
-            mode = image.mode if image.mode in _HIGH_DEPTH_MODES and channels == 1 else _PIL_MODES[channels]
-            pixels = np.asarray(image if image.mode == mode else image.convert(mode))
-    except UnidentifiedImageError:
-        raise ImageError(name, "not an image file Pillow can read") from None
-    except _DECODE_ERRORS as error:
-        raise ImageError(name, f"cannot decode ({type(error).__name__}: {error})") from None
+    if fast is not None:
+        return fast
+    with _opened(data, name, max_pixels) as image:
+        if image.format == "JPEG" and resize is not None:
+            image.draft(image.mode, _reduced_size(image.size[::-1], target, resize, _orientation(image))[::-1])
+        if "exif" in image.info or image.format == "TIFF":  # the only places an orientation lives
+            image = ImageOps.exif_transpose(image)
+        mode = image.mode if image.mode in _HIGH_DEPTH_MODES and channels == 1 else _PIL_MODES[channels]
+        pixels = np.asarray(image if image.mode == mode else image.convert(mode))
     if pixels.dtype not in IMAGE_DTYPES:
         raise ImageError(name, f"{pixels.dtype} samples are not supported; images must be 8 or 16 bit")
     return pixels.reshape(pixels.shape[0], pixels.shape[1], channels)

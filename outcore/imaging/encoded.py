@@ -90,16 +90,14 @@ class DecodedChunks:
 
     The images are decoded one by one (the decoders release the GIL, so reader threads decode in
     parallel). A sample that cannot be decoded, or whose size is not the one stored for it, raises
-    `SampleDecodeError` naming the sample and its chunk. ``decode`` (of the same channels and dtype)
-    decodes to another shape than the stored settings say, e.g. pictures kept at their size to one size.
+    `SampleDecodeError` naming the sample and its chunk.
     """
 
-    def __init__(self, store: Store, field: str, decode: ImageDecode | None = None) -> None:
+    def __init__(self, store: Store, field: str) -> None:
         self.field, self.where = field, store.location
-        stored = store.info(field).decode
-        self.decode = stored if decode is None else decode
+        self.decode = store.info(field).decode
         self.dtype = np.dtype(self.decode.dtype)
-        self.bytes = EncodedBytes(store.group, field, store.location, len(store), variable=stored.variable)
+        self.bytes = EncodedBytes(store.group, field, store.location, len(store), variable=self.decode.variable)
         self.chunk_size = self.bytes.chunk_size
         self._scratch = threading.local()
 
