@@ -46,22 +46,23 @@ def fused_crop(transform: Transform | None, encoded_fields: Collection[str]) -> 
     >>> fused_crop(Compose([RandomResizedCrop(224), RandomFlip()]), {"images"})[0]
     RandomResizedCrop(size=224, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), field='images')
     """
-    steps = list(getattr(transform, "transforms", [transform]))
-    first = steps[0] if steps else None
-    if not (hasattr(first, "boxes") and getattr(first, "field", None) in encoded_fields):
-        return None, transform
-    rest = steps[1:]
-    return first, (type(transform)(rest) if len(rest) > 1 else rest[0] if rest else None)
+    return _split_head(transform, "boxes", encoded_fields)
 
 
 def _fused_flip(rest: Transform | None, field: str) -> tuple[Flip | None, Transform | None]:
     """``(flip, rest)`` when ``rest`` opens with a `Flip` of ``field``, else ``(None, rest)``."""
-    steps = list(getattr(rest, "transforms", [rest])) if rest is not None else []
+    return _split_head(rest, "draw", {field})
+
+
+def _split_head(transform: Transform | None, method: str, fields: Collection[str]) -> tuple[Any, Transform | None]:
+    """``(first, rest)`` when ``transform`` (or the first step of a `Compose`) has ``method`` and works on
+    one of ``fields``, else ``(None, transform)``; ``rest`` is what is left (None for nothing)."""
+    steps = list(getattr(transform, "transforms", [transform])) if transform is not None else []
     first = steps[0] if steps else None
-    if not (hasattr(first, "draw") and getattr(first, "field", None) == field):
-        return None, rest
-    steps = steps[1:]
-    return first, (type(rest)(steps) if len(steps) > 1 else steps[0] if steps else None)
+    if not (hasattr(first, method) and getattr(first, "field", None) in fields):
+        return None, transform
+    rest = steps[1:]
+    return first, (type(transform)(rest) if len(rest) > 1 else rest[0] if rest else None)
 
 
 def make_batch(
