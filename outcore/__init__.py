@@ -2,7 +2,7 @@
 
 Ingest images or arrays into chunked, compressed Zarr v3 stores with Dask, open them lazily, and stream
 them to training loops. The public names are listed in ``__all__``; the layers they come from are the
-sub-packages, lowest first: `errors`, `format`, `storage`, `imaging`, `iterate`, `adapters`, `dataset`,
+sub-packages, lowest first: `errors`, `seeds`, `threads`, `format`, `storage`, `imaging`, `iterate`, `adapters`, `dataset`,
 `ingest`, `cli`, `testing` (docs/architecture.md).
 """
 
@@ -15,6 +15,7 @@ from .errors import (
     ClusterError,
     CorruptChunkError,
     ImageError,
+    IterationClosedError,
     NotAStoreError,
     OptionError,
     OutcoreError,
@@ -22,12 +23,14 @@ from .errors import (
     SampleDecodeError,
     SourceError,
     StorageError,
+    StoreBusyError,
     StoreExistsError,
     UnsafeStoreError,
 )
 from .format import Compression
 from .ingest import Writer, from_arrays, ingest_dataframe, ingest_images
 from .iterate import BatchIterator, BatchKeywords, ShuffleQuality, shuffle_quality
+from .threads import available_cpus, set_threads, thread_count
 
 __version__ = version("outcore")
 
@@ -39,6 +42,7 @@ __all__ = [
     "CorruptChunkError",
     "Dataset",
     "ImageError",
+    "IterationClosedError",
     "NotAStoreError",
     "OptionError",
     "OutcoreError",
@@ -47,15 +51,19 @@ __all__ = [
     "ShuffleQuality",
     "SourceError",
     "StorageError",
+    "StoreBusyError",
     "StoreExistsError",
     "UnsafeStoreError",
     "VerifyReport",
     "Writer",
+    "available_cpus",
     "from_arrays",
     "ingest_dataframe",
     "ingest_images",
     "open_dataset",
+    "set_threads",
     "shuffle_quality",
+    "thread_count",
     "transforms",
     "verify",
 ]

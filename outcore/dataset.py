@@ -92,21 +92,20 @@ class Dataset(Store):
         return BatchIterator(self, BatchOptions.of(batch_size, options))
 
     def keras(self, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
-              sample_weight: str | None = "auto", workers: int = 2, max_queue_size: int = 10,
-              **options: Unpack[BatchKeywords]) -> KerasBatches:
+              sample_weight: str | None = "auto", **options: Unpack[BatchKeywords]) -> KerasBatches:
         """A ``keras.utils.PyDataset`` for ``model.fit``/``evaluate``/``predict``: ``x``, ``y`` and
-        ``sample_weight`` name fields (by default the store's sample-weight field, with ``y``);
-        ``workers`` threads read batches; the other options are those of `batches`. ``(x, y)`` batches
-        are shuffled unless ``shuffle=False``; ``x`` alone (for ``predict``) comes in store order
-        unless ``shuffle=True`` (see `outcore.adapters.keras.KerasBatches`).
+        ``sample_weight`` name fields (by default the store's sample-weight field, with ``y``); the
+        other options are those of `batches`. ``(x, y)`` batches are shuffled unless ``shuffle=False``;
+        ``x`` alone (for ``predict``) comes in store order unless ``shuffle=True``. Each epoch reads the
+        store once, in outcore's seeded order, whatever order Keras asks in (see
+        `outcore.adapters.keras.KerasBatches`).
 
         >>> model.fit(ds.keras(256, x="images", y="labels"), epochs=5)  # doctest: +SKIP
         >>> predictions = model.predict(ds.keras(256, x="images"))  # row i: sample i  # doctest: +SKIP
         """
         from .adapters.keras import KerasBatches
 
-        return KerasBatches(self, batch_size, x=x, y=y, sample_weight=sample_weight, workers=workers,
-                            max_queue_size=max_queue_size, **options)
+        return KerasBatches(self, batch_size, x=x, y=y, sample_weight=sample_weight, **options)
 
     def tf(self, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
            **options: Unpack[BatchKeywords]) -> tf.data.Dataset:

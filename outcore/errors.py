@@ -19,6 +19,10 @@ class StoreExistsError(OutcoreError, FileExistsError):
     """The target store exists and ``overwrite`` was not given."""
 
 
+class StoreBusyError(OutcoreError, RuntimeError):
+    """Another writer (in this process or another) holds the store: one writer at a time."""
+
+
 class StorageError(OutcoreError, OSError):
     """Writing or reading a store's files failed at the system's level: no space left, no permission,
     a file where a folder should be. The message names the path and what to do."""
@@ -38,6 +42,11 @@ class CorruptChunkError(OutcoreError, ValueError):
 
 class SampleDecodeError(OutcoreError, ValueError):
     """A sample of an encoded image field could not be decoded."""
+
+
+class IterationClosedError(OutcoreError, RuntimeError):
+    """A batch was asked of an iteration that was closed meanwhile (``close()``, or a new ``iter()`` of the
+    same iterator): it will make no more batches."""
 
 
 class ClusterError(OutcoreError, RuntimeError):

@@ -239,7 +239,7 @@ def test_keras_and_tf_take_the_client(client, photos):
                               keras.layers.Dense(3, activation="softmax")])
     model.compile("adam", "sparse_categorical_crossentropy")
     history = model.fit(sequence, epochs=2, verbose=0)
-    assert len(history.history["loss"]) == 2 and sequence.iterator.epoch == 2
+    assert len(history.history["loss"]) == 2 and sequence.epoch == 2
     sequence.iterator.close()
 
 

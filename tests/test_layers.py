@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).parent.parent / "outcore"
-LAYERS = ("errors", "format", "storage", "imaging", "iterate", "adapters", "dataset", "ingest", "cli", "testing")
+LAYERS = ("errors", "seeds", "threads", "format", "storage", "imaging", "iterate", "adapters", "dataset", "ingest", "cli", "testing")
 PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may import any layer
 # optional frameworks, imported only where used: distributed (clusters), scikit-learn (sample photographs),
 # scikit-image (the demo's photographs), h5py (HDF5 sources in the test kit), xarray (Dataset.to_xarray)

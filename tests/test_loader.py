@@ -33,7 +33,11 @@ def _ids(batches):
 
 
 def _outcore_threads():
-    return [t.name for t in threading.enumerate() if t.name.startswith("outcore")]
+    """outcore's threads other than the process's one pool (which lives as long as the process, with at
+    most `outcore.thread_count()` threads)."""
+    names = [t.name for t in threading.enumerate() if t.name.startswith("outcore")]
+    assert len([n for n in names if n.startswith("outcore-pool")]) <= outcore.thread_count()
+    return [n for n in names if not n.startswith("outcore-pool")]
 
 
 @pytest.mark.parametrize("shuffle", [True, False])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from outcore.iterate.plan import Consumer, epoch_plan
-from outcore.iterate.schedule import batches_in, max_held, schedule
+from outcore.iterate.plan import Consumer, EpochPlan, batches_in
+from outcore.iterate.schedule import max_held, schedule
 
 
 @settings(max_examples=400, deadline=None)
@@ -16,12 +16,15 @@ from outcore.iterate.schedule import batches_in, max_held, schedule
 def test_every_chunk_is_loaded_before_use_released_after_its_last_use_and_few_are_held(
         num_samples, chunk_size, buffer_chunks, batch_size, read_ahead, world_size, shuffle, drop_last, seed, data):
     consumer = Consumer(data.draw(st.integers(0, world_size - 1)), world_size)
-    plan = epoch_plan(num_samples, chunk_size, shuffle=shuffle, seed=seed, buffer_chunks=buffer_chunks,
-                      consumer=consumer, drop_last=drop_last)
-    total = batches_in(plan, batch_size, drop_last)
+    plan = EpochPlan(num_samples, chunk_size, shuffle=shuffle, seed=seed, buffer_chunks=buffer_chunks,
+                     consumer=consumer, drop_last=drop_last)
+    total = batches_in(len(plan), batch_size, drop_last)
     first_batch = data.draw(st.integers(0, total))  # a resumed run starts anywhere
-    steps = list(schedule(plan, batch_size, drop_last=drop_last, read_ahead=read_ahead, first_batch=first_batch))
-    assert [s.index for s in steps] == list(range(first_batch, total))
+    stop_batch = data.draw(st.sampled_from([None, first_batch + 1]))  # to the end, or one batch (random access)
+    steps = list(schedule(plan, batch_size, drop_last=drop_last, read_ahead=read_ahead, first_batch=first_batch,
+                          stop_batch=stop_batch))
+    last = total if stop_batch is None else min(total, stop_batch)
+    assert [s.index for s in steps] == list(range(first_batch, last))
     loaded, released, held_most = set(), set(), 0
     bound = max_held(buffer_chunks, batch_size, chunk_size, read_ahead)
     for step in steps:
@@ -29,6 +32,7 @@ def test_every_chunk_is_loaded_before_use_released_after_its_last_use_and_few_ar
         assert list(step.load) == sorted(step.load)  # in stream order
         loaded |= set(step.load)
         assert set(step.slots.tolist()) <= loaded - released  # what the batch reads is loaded and held
+        assert set(step.load) <= {slot for s in steps for slot in s.slots.tolist()}  # nothing read in vain
         assert (plan.chunks[step.slots] == step.samples // chunk_size).all()
         held_most = max(held_most, len(loaded - released))
         assert set(step.release) <= loaded - released
@@ -38,4 +42,4 @@ def test_every_chunk_is_loaded_before_use_released_after_its_last_use_and_few_ar
     assert loaded == released  # nothing left held at the end
     assert held_most <= bound
     assert [len(s.samples) for s in steps] == [min(batch_size, len(plan) - i * batch_size)
-                                               for i in range(first_batch, total)]
+                                               for i in range(first_batch, last)]

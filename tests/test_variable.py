@@ -19,7 +19,7 @@ from outcore.cli import main
 from outcore.errors import OptionError
 from outcore.imaging import decode_image, resize_boxes
 from outcore.imaging.synthetic import sample_photo
-from outcore.iterate.batch import batch_rng_key
+from outcore.iterate.batch import batch_rng_key, transform_generator
 
 SIZES = [(60, 80), (80, 60), (45, 100), (100, 45), (64, 64), (37, 90), (90, 51), (120, 70)]
 
@@ -100,11 +100,11 @@ def test_random_resized_crop_is_drawn_from_each_pictures_size_and_cut_while_deco
     iterator = store.batches(5, seed=3, buffer_chunks=2, transform=crop)
     first = next(iter(iterator))
     pictures = [_decoded((root / path).read_bytes()) for path in first["path"]]
-    boxes = crop.boxes([p.shape[:2] for p in pictures], np.random.default_rng(list(batch_rng_key(3, 0, iterator.consumer, 0))))
+    boxes = crop.boxes([p.shape[:2] for p in pictures], transform_generator(batch_rng_key(3, 0, iterator.consumer, 0)))
     for i, path in enumerate(first["path"]):
         expected = resize_boxes(pictures[i][None], [boxes[i]], (24, 24))[0]
         difference = np.abs(first["images"][i].astype(int) - expected.astype(int)).mean()
-        assert difference < 3, (path, difference)
+        assert difference < 5, (path, difference)  # DCT-scaled decoding differs a little from a full one
 
 
 def test_center_crop_after_resizing_the_shorter_side(pictures, store):

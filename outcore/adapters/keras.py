@@ -1,16 +1,32 @@
 """Keras 3: a ``keras.utils.PyDataset`` that ``model.fit``, ``evaluate`` and ``predict`` take directly.
 
-Batch ``i`` of an epoch is the ``i``-th batch of `Dataset.batches`, read from the store when Keras
-asks for it — never an array that pretends to be small (Keras would load all of it). Each epoch end
-moves to the next epoch's order, so every epoch reshuffles, deterministically.
+Keras asks a PyDataset for its batches by index: in order for ``evaluate`` and ``predict``, in a random
+order of its own for ``fit(shuffle=True)`` (Keras' default). Reading batches in a random order would
+read every chunk again for each batch that draws on it (about ``buffer_chunks`` times an epoch), so
+`KerasBatches` serves the epoch's batches from one scheduled pass over the store (`Dataset.batches`),
+which reads each chunk once:
+
+- an index asked for the first time in an epoch gets the pass's next batch when the batches are
+  shuffled (outcore's seeded order: Keras' ``shuffle`` then only changes which index it names, not
+  which batches come or in which order), or when it is the next index in order;
+- an unshuffled dataset asked out of order (``predict`` through threads of your own) reads that
+  batch on demand, so row ``i`` is always sample ``i``;
+- an index asked again in the same epoch gets the same batch again, read on demand, and so does one
+  asked outside an epoch (between Keras' ``on_epoch_end`` and ``on_epoch_begin``, when Keras peeks at
+  batches to learn their shapes, or a call of your own): batch ``i`` of the epoch's order.
+
+So every epoch serves each batch of outcore's order exactly once, whatever order Keras asks in. An
+epoch ends (and the next one's order is used) when Keras ends an epoch in which every index was served.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from typing import Any, Unpack
 
 from ..errors import OptionError
-from ..iterate import BatchIterator, BatchKeywords, BatchOptions
+from ..iterate import Batch, BatchIterator, BatchKeywords, BatchOptions
 from ..storage import Store
 from .selection import FieldSelection, options_with_fields, select
 
@@ -27,10 +43,9 @@ class KerasBatches(keras.utils.PyDataset):
     """Batches as ``(x, y)`` or ``(x, y, sample_weight)``; ``x``/``y`` name a field, a list of fields
     (a tuple goes to the model) or a dict of model input/output names to fields.
 
-    Keras asks for batches by index, from ``workers`` threads and not always in order, so each batch
-    is read on demand (`BatchIterator.batch`, with a cache of recent chunks): the same batches, in
-    the same epochs, as iterating the dataset. An epoch ends (and the next one's order is used) once
-    every batch of it has been served.
+    Each epoch is one pass over the store in outcore's order (see the module docstring): Keras' own
+    ``workers`` are not used (requests come one at a time; outcore reads and decodes ahead on its own
+    threads, ``prefetch`` batches deep).
 
     Training data (``y`` given) is shuffled unless ``shuffle=False``; inputs alone (``x`` only, what
     ``model.predict`` takes) come in store order unless ``shuffle=True``, so predictions line up with
@@ -43,46 +58,112 @@ class KerasBatches(keras.utils.PyDataset):
     """
 
     def __init__(self, store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
-                 sample_weight: str | None = AUTO, workers: int = 2, max_queue_size: int = 10,
-                 **options: Unpack[BatchKeywords]) -> None:
-        super().__init__(workers=workers, use_multiprocessing=False, max_queue_size=max_queue_size)
+                 sample_weight: str | None = AUTO, **options: Unpack[BatchKeywords]) -> None:
+        super().__init__(workers=1, use_multiprocessing=False)
         if sample_weight == AUTO:
             sample_weight = _store_sample_weight(store) if y is not None else None
         self.x, self.y, self.sample_weight = x, y, sample_weight
         options = {"shuffle": y is not None, **options}
         self.iterator = BatchIterator(store, BatchOptions.of(batch_size, options_with_fields(options, x, y,
                                                                                              sample_weight)))
-        self._served: set[int] = set()
+        self._lock = threading.Lock()
+        self._epoch = _Epoch(self.iterator, 0)
+        self._in_epoch = False  # between Keras' on_epoch_begin and on_epoch_end
 
     def __len__(self) -> int:
         return len(self.iterator)
 
+    @property
+    def epoch(self) -> int:
+        return self._epoch.number
+
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         if index < 0:
             index += len(self)
-        batch = self.iterator.batch(index)
-        self._served.add(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} is not in [0, {len(self)})")
+        with self._lock:
+            epoch, in_epoch = self._epoch, self._in_epoch
+            batch = epoch.serve(index) if in_epoch else None
+        if batch is None:  # outside an epoch, asked again, or out of order without shuffling: read on demand
+            batch = self.iterator.batch(epoch.assigned[index] if in_epoch else index, epoch.number)
         inputs = (select(batch, self.x),)
         if self.y is None:
             return inputs
         targets = (select(batch, self.y),)
         return inputs + targets + ((batch[self.sample_weight],) if self.sample_weight else ())
 
+    def on_epoch_begin(self) -> None:
+        """Keras starts an epoch: its requests are served from the pass (before, Keras only peeks)."""
+        with self._lock:
+            self._in_epoch = True
+
     def on_epoch_end(self) -> None:
-        if len(self._served) == len(self):  # Keras also calls this after peeking at a batch or two
-            self.set_epoch(self.iterator.epoch + 1)
+        """Keras ends an epoch: move to the next one if every batch of this one was served (Keras also
+        calls this after peeking at a batch or two)."""
+        with self._lock:
+            self._in_epoch = False
+            if len(self._epoch.assigned) == len(self):
+                self._start(self._epoch.number + 1)
 
     def set_epoch(self, epoch: int) -> None:
-        self.iterator.set_epoch(epoch)
-        self._served = set()
+        with self._lock:
+            self._start(int(epoch))
+
+    def _start(self, epoch: int) -> None:
+        self._epoch.close()
+        self._epoch = _Epoch(self.iterator, epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """The epoch to continue with: save it with the model checkpoint at the end of an epoch."""
-        return self.iterator.state_dict()
+        """The epoch to continue with, from its start: save it with the model checkpoint at the end of an
+        epoch (Keras resumes epoch by epoch)."""
+        return {"epoch": self.epoch, "batches_done": 0, **self.iterator.settings()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.iterator.load_state_dict(state)
-        self._served = set()
+        """Continue with the epoch ``state`` names, from its start."""
+        self.iterator.load_state_dict({**state, "batches_done": 0})
+        self.set_epoch(state["epoch"])
+
+    def stats(self) -> dict[str, float]:
+        """Is Keras waiting for data? See `BatchIterator.stats`."""
+        return self.iterator.stats()
+
+
+class _Epoch:
+    """One epoch's serving: which index got which batch of the pass (``assigned``), and the pass."""
+
+    def __init__(self, iterator: BatchIterator, number: int) -> None:
+        self.iterator, self.number = iterator, number
+        self.assigned: dict[int, int] = {}  # index -> position of its batch in the epoch's order
+        self.taken: set[int] = set()  # positions read on demand for an unshuffled dataset: the pass skips them
+        self.position = 0  # the position of the pass's next batch
+        self._pass: Iterator[Batch] | None = None
+
+    def serve(self, index: int) -> Batch | None:
+        """The batch for ``index`` from the pass, or None when it is to be read on demand (at
+        ``assigned[index]``)."""
+        if index in self.assigned:
+            return None
+        while self.position in self.taken:
+            self._next()
+        if self.iterator.options.shuffle or index == self.position:
+            self.assigned[index] = self.position
+            return self._next()
+        self.assigned[index] = index
+        self.taken.add(index)
+        return None
+
+    def _next(self) -> Batch:
+        if self._pass is None:
+            self.iterator.set_epoch(self.number)
+            self.iterator.batches_done = self.position
+            self._pass = iter(self.iterator)
+        self.position += 1
+        return next(self._pass)
+
+    def close(self) -> None:
+        if self._pass is not None:
+            self._pass.close()
 
 
 def _store_sample_weight(store: Store) -> str | None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any, Unpack
 
 import numpy as np
 
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, sample_spec
-from ..iterate.batch import apply_transform, fused_crop
+from ..iterate.batch import apply_transform
 from ..storage import Store
 from .selection import FieldSelection, options_with_fields, select
 
@@ -31,19 +32,19 @@ def dataset(store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelecti
     >>> model.fit(ds.tf(256, x="images", y="labels").prefetch(2), epochs=3)  # doctest: +SKIP
     """
     options = {"shuffle": y is not None, **options}
-    iterator = BatchIterator(store, BatchOptions.of(batch_size, options_with_fields(options, x, y)))
-    fields = iterator.fields
-    batch_dim = batch_size if iterator.options.drop_last else None
+    batch_options = BatchOptions.of(batch_size, options_with_fields(options, x, y))
+    iterator = BatchIterator(store, batch_options)
+    made = iterator.recipe
+    batch_dim = batch_size if batch_options.drop_last else None
 
     # what the transform makes of a batch (it may crop, cast, ...): shapes and dtypes from one blank sample;
     # a crop opening it on an encoded field is done while decoding, so its field starts at the crop's size
-    crop, rest = fused_crop(iterator.options.transform, {name for name in fields if store.info(name).is_image})
     blank = {name: np.zeros((1, *shape), dtype) for name, (shape, dtype) in
-             ((name, sample_spec(store, name)) for name in fields if crop is None or name != crop.field)}
-    if crop is not None:
-        shape, dtype = sample_spec(store, crop.field)
-        blank[crop.field] = np.zeros((1, *crop.output_size, *shape[2:]), dtype)
-    example = apply_transform(rest, blank, [0])
+             ((name, sample_spec(store, name)) for name in made.fields if name != made.crop_field)}
+    if made.crop is not None:
+        shape, dtype = sample_spec(store, made.crop.field)
+        blank[made.crop.field] = np.zeros((1, *made.crop.output_size, *shape[2:]), dtype)
+    example = apply_transform(made.rest, blank, [0])
 
     def spec(field: str) -> tf.TensorSpec:
         values = example[field]
@@ -51,12 +52,16 @@ def dataset(store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelecti
         return tf.TensorSpec((batch_dim, *values.shape[1:]), dtype, name=field)
 
     def structure(selection: FieldSelection) -> Any:
-        return select({name: spec(name) for name in fields}, selection)
+        return select({name: spec(name) for name in made.fields}, selection)
 
     signature = structure(x) if y is None else (structure(x), structure(y))
+    epochs = itertools.count()
 
     def generate() -> Iterator[Any]:
-        for batch in iterator:
+        # each pass is the next epoch, with an iterator of its own: two passes at once do not interfere
+        one_pass = BatchIterator(store, batch_options)
+        one_pass.set_epoch(next(epochs))
+        for batch in one_pass:
             yield select(batch, x) if y is None else (select(batch, x), select(batch, y))
 
     generated = tf.data.Dataset.from_generator(generate, output_signature=signature)

@@ -1,15 +1,9 @@
-"""PyTorch: an ``IterableDataset`` of whole batches, sharded over DataLoader workers and DDP ranks.
+"""PyTorch: `loader`, a ``DataLoader`` of outcore batches (`OutcoreLoader`) over `TorchBatches`.
 
-`TorchBatches` holds plain values only — where the store is, the batch options, the epoch and where
-each worker resumes — so a DataLoader may start its workers by fork, spawn or forkserver: each worker
-opens the store itself, starts its reader threads inside the worker (a process that forks while
-holding running threads can deadlock its children) and reads only its share of the epoch. The
-``(rank, worker)`` consumers of `outcore.iterate.plan` split every epoch into disjoint, balanced
-parts, and every rank gets the same number of batches (see the plan's sharding rule).
-
-Each batch says which worker's share it belongs to and its position there (`TorchBatch`);
-`OutcoreLoader` counts them, so its ``state_dict`` is the iterators' own positions, not a guess at
-how the DataLoader interleaves its workers.
+`OutcoreLoader` counts epochs and the batches each worker's share has delivered (each batch says
+whose share it is and its position there), so its ``state_dict`` is the iterators' own positions, not
+a guess at how the DataLoader interleaves its workers. A ``collate_fn`` gets each outcore batch (a
+`TorchBatch`), as a DataLoader with ``batch_size=None`` gives it each item.
 """
 
 from __future__ import annotations
@@ -17,119 +11,49 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any, Unpack
-
-import numpy as np
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, Unpack
 
 from ..errors import OptionError
-from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, batch_count, rank_batch_count
+from ..iterate.options import check_state
 from ..iterate.stats import LoaderStats
-from ..storage import Store, open_store
+from ..storage import Store
 from .keywords import TorchKeywords, split_torch_keywords
+from .torch_batches import TorchBatch, TorchBatches
+from .torch_device import to_device
 
 try:
-    import torch
-    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+    from torch.utils.data import DataLoader
+    from torch.utils.data._utils.collate import default_convert
 except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError(
         "ds.torch() needs PyTorch: pip install 'outcore[torch]' (on a CPU-only machine, install the CPU "
         "build of torch first)"
     ) from error
 
-_CLIENT_IN_WORKERS = (
-    "with client=, the Dask workers read, decode and augment, and batches arrive in the main process: "
-    "use num_workers=0 (DataLoader worker processes cannot share the client)"
-)
+__all__ = ["OutcoreLoader", "TorchBatch", "TorchBatches", "loader", "to_device"]
 
 
-class TorchBatch(dict):
-    """A batch (field name -> tensor; text fields stay numpy strings) that knows where it comes from:
-    ``epoch``, ``worker`` (whose share of the rank's samples), ``index`` (its position in that share)
-    and ``samples``, the store's indices of its samples (where each prediction belongs)."""
+class Delivered(NamedTuple):
+    """What a worker hands the loader: the collated ``value`` and whose batch it was (pinned with it,
+    as a named tuple, when ``pin_memory`` is on)."""
 
-    def __init__(self, values: dict[str, Any], epoch: int, worker: int, index: int, samples: np.ndarray) -> None:
-        super().__init__(values)
-        self.epoch, self.worker, self.index, self.samples = epoch, worker, index, samples
+    value: Any
+    worker: int
+    index: int
+    size: int
 
 
-class TorchBatches(IterableDataset):
-    """Batches of a store as `TorchBatch` dicts, for ``DataLoader(batches, batch_size=None, num_workers=n)``
-    (pass the same ``num_workers`` here for an exact ``len``; each worker reads its share of the epoch
-    whatever the count), or through `loader`.
+class Collate:
+    """The DataLoader's ``collate_fn``: the user's (default: tensors kept as they are) on each `TorchBatch`,
+    wrapped with where the batch comes from. Pickles with the user's function (spawn, forkserver)."""
 
-    ``channels_first`` turns 4-D fields from (N, H, W, C) into (N, C, H, W) views (no copy).
-    """
+    def __init__(self, function: Callable[[TorchBatch], Any] | None) -> None:
+        self.function = function
 
-    def __init__(self, store: Store, batch_size: int, *, num_workers: int = 0, channels_first: bool = False,
-                 **keywords: Unpack[BatchKeywords]) -> None:
-        super().__init__()
-        options = BatchOptions.of(batch_size, keywords)
-        if options.client is not None and num_workers > 0:
-            raise OptionError(_CLIENT_IN_WORKERS)
-        for name in options.fields or ():
-            store.info(name)  # a KeyError naming the fields, here rather than in a worker
-        self.location, self.num_samples, self.options = store.location, len(store), options
-        self.num_workers, self.channels_first = num_workers, channels_first
-        self.epoch = 0
-        self.positions: tuple[int, ...] = ()  # batches each worker's share has delivered, when resuming
-        self.first_worker = 0  # the share whose batch the DataLoader's worker 0 makes first
-
-    @property
-    def shares(self) -> int:
-        return max(1, self.num_workers)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use epoch ``epoch``'s order, from its start, at the next iteration (call it before each epoch,
-        as with ``DistributedSampler``, or let `OutcoreLoader` count epochs)."""
-        self.epoch, self.positions, self.first_worker = int(epoch), (), 0
-
-    def resume(self, epoch: int, positions: Iterable[int], first_worker: int) -> None:
-        """Continue ``epoch`` with share ``w`` after its first ``positions[w]`` batches, share
-        ``first_worker`` first."""
-        positions = tuple(int(p) for p in positions)
-        if len(positions) != self.shares:
-            raise OptionError(f"{len(positions)} positions given for {self.shares} DataLoader worker shares")
-        self.epoch, self.positions, self.first_worker = int(epoch), positions, int(first_worker)
-
-    def share_lengths(self) -> list[int]:
-        """Batches per epoch of each worker's share of this rank."""
-        return [batch_count(self.num_samples, self._consumer(w), self.options.batch_size, self.options.drop_last)
-                for w in range(self.shares)]
-
-    def __len__(self) -> int:
-        """Batches this rank gets per epoch, over all workers: the same for every rank."""
-        options = self.options
-        return rank_batch_count(self.num_samples, options.rank, options.world_size, self.shares, options.batch_size,
-                                options.drop_last)
-
-    def __iter__(self) -> Iterator[TorchBatch]:
-        info = get_worker_info()
-        if info is not None and self.options.client is not None:
-            raise OptionError(_CLIENT_IN_WORKERS)
-        loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        if self.positions and num_workers != self.shares:
-            raise OptionError(f"the epoch was interrupted with {self.shares} DataLoader worker(s); it cannot resume "
-                             f"with {num_workers}: use num_workers={self.shares}")
-        worker = (loader_worker + self.first_worker) % num_workers
-        iterator = BatchIterator(open_store(self.location), self.options, worker=worker, num_workers=num_workers)
-        iterator.set_epoch(self.epoch)
-        iterator.batches_done = self.positions[worker] if self.positions else 0
-        if iterator.batches_done >= len(iterator):
-            return  # this share was all delivered before the interruption
-        samples, size = iterator.plan(self.epoch).samples, self.options.batch_size
-        for index, batch in enumerate(iterator, start=iterator.batches_done):
-            yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch, worker,
-                             index, samples[index * size : (index + 1) * size])
-
-    def _consumer(self, worker: int) -> Consumer:
-        return Consumer(self.options.rank, self.options.world_size, worker, self.shares)
-
-    def _tensor(self, values: np.ndarray) -> Any:
-        if values.dtype.kind in "US":
-            return values
-        tensor = torch.from_numpy(values)
-        return tensor.permute(0, 3, 1, 2) if self.channels_first and tensor.ndim == 4 else tensor
+    def __call__(self, batch: TorchBatch) -> Delivered:
+        value = default_convert(batch) if self.function is None else self.function(batch)
+        return Delivered(value, batch.worker, batch.index, len(next(iter(batch.values()))))
 
 
 class OutcoreLoader(DataLoader):
@@ -139,8 +63,9 @@ class OutcoreLoader(DataLoader):
 
     dataset: TorchBatches
 
-    def __init__(self, batches: TorchBatches, **dataloader_options: Any) -> None:
-        super().__init__(batches, batch_size=None, **dataloader_options)
+    def __init__(self, batches: TorchBatches, *, collate_fn: Callable[[TorchBatch], Any] | None = None,
+                 **dataloader_options: Any) -> None:
+        super().__init__(batches, batch_size=None, collate_fn=Collate(collate_fn), **dataloader_options)
         self._stats = LoaderStats()
 
     def set_epoch(self, epoch: int) -> None:
@@ -148,19 +73,21 @@ class OutcoreLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         batches = self.dataset
+        batches.resolve_rank()  # before the workers start: they receive it
         lengths = batches.share_lengths()
         positions = list(batches.positions) or [0] * batches.shares
         batches_of = super().__iter__()
         while True:
             asked = time.perf_counter()
             try:
-                batch = next(batches_of)
+                delivered = next(batches_of)
             except StopIteration:
                 break
-            self._stats.record(time.perf_counter() - asked, 0, _batch_length(batch))
-            positions[batch.worker] = batch.index + 1
-            batches.positions, batches.first_worker = tuple(positions), _next_share(batch.worker, positions, lengths)
-            yield batch
+            self._stats.record(time.perf_counter() - asked, 0, delivered.size)
+            positions[delivered.worker] = delivered.index + 1
+            batches.positions = tuple(positions)
+            batches.first_worker = _next_share(delivered.worker, positions, lengths)
+            yield delivered.value
         batches.set_epoch(batches.epoch + 1)
 
     def stats(self) -> dict[str, float]:
@@ -175,13 +102,12 @@ class OutcoreLoader(DataLoader):
                 "positions": list(batches.positions) or [0] * batches.shares, "first_worker": batches.first_worker}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mismatched = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
-        if mismatched:
-            raise OptionError(f"state does not match this loader (saved, current): {mismatched}")
+        check_state(state, self._settings(), "loader")
         self.dataset.resume(state["epoch"], state["positions"], state["first_worker"])
 
     def _settings(self) -> dict[str, Any]:
         batches = self.dataset
+        batches.resolve_rank()
         return {**batches.options.plan_settings(), "num_samples": batches.num_samples,
                 "num_workers": batches.num_workers}
 
@@ -194,7 +120,9 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
     DataLoader: pass ``shuffle=True`` to train. Without it, and with ``num_workers=0``, batches come in
     store order, so predictions line up with the store's labels and paths; DataLoader workers take
     turns, so with more use each batch's ``samples``. ``rank``/``world_size`` default to
-    ``torch.distributed``'s when it is initialised. Every other keyword goes to the DataLoader as it is
+    ``torch.distributed``'s when each iteration starts (so the loader may be built before
+    ``init_process_group``). A ``collate_fn`` gets each batch (a `TorchBatch`) and returns what the
+    loop receives. Every other keyword goes to the DataLoader as it is
     (``num_workers``, ``pin_memory``, ``multiprocessing_context``, ``prefetch_factor``, ...). Batches are
     made by outcore, so the DataLoader's own batching is off. outcore already reads ahead on background
     threads, so ``num_workers=0`` is the default: worker processes add a copy of every batch between
@@ -211,10 +139,7 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
             "persistent_workers=True is not supported: each epoch's order and resume position reach the "
             "DataLoader's workers when they start, so they start again every epoch"
         )
-    rank, world_size = _distributed_rank()
     batch_keywords.setdefault("shuffle", False)
-    batch_keywords.setdefault("rank", rank)
-    batch_keywords.setdefault("world_size", world_size)
     num_workers = int(dataloader_options.get("num_workers", 0))
     batches = TorchBatches(store, batch_size, num_workers=num_workers, channels_first=channels_first,
                            **batch_keywords)
@@ -239,10 +164,6 @@ def _check_picklable(batches: TorchBatches, context: Any) -> None:
         ) from None
 
 
-def _batch_length(batch: dict[str, Any]) -> int:
-    return len(next(iter(batch.values())))
-
-
 def _next_share(last: int, positions: list[int], lengths: list[int]) -> int:
     """The share the DataLoader takes its next batch from: it visits its workers in turn, skipping those
     whose share is exhausted."""
@@ -251,52 +172,3 @@ def _next_share(last: int, positions: list[int], lengths: list[int]) -> int:
         if positions[share] < lengths[share]:
             return share
     return 0
-
-
-def _distributed_rank() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-def to_device(batches: Iterable[dict[str, Any]], device: str | Any = "cuda") -> Iterator[dict[str, Any]]:
-    """Yield ``batches`` with their tensors on ``device``; on CUDA, batch k+1 is copied on a side
-    stream while the caller computes on batch k, so host-to-device copies overlap compute.
-
-    Pair it with ``ds.torch(..., pin_memory=True)``: copies from pinned memory are asynchronous.
-
-    >>> for batch in to_device(ds.torch(256, pin_memory=True), "cuda"):  # doctest: +SKIP
-    ...     loss = model(batch["images"]).mean()
-    """
-    device = torch.device(device)
-    if device.type != "cuda":
-        for batch in batches:
-            yield _moved(batch, device)
-        return
-    copies = torch.cuda.Stream(device)
-    compute = torch.cuda.current_stream(device)
-
-    def send(batch: dict[str, Any]) -> dict[str, Any]:
-        with torch.cuda.stream(copies):
-            return _moved(batch, device, non_blocking=True)
-
-    def ready(batch: dict[str, Any]) -> dict[str, Any]:
-        compute.wait_stream(copies)
-        for value in batch.values():
-            if isinstance(value, torch.Tensor):
-                value.record_stream(compute)  # keep its memory until the compute stream is done with it
-        return batch
-
-    pending = None
-    for batch in batches:
-        following = send(batch)
-        if pending is not None:
-            yield ready(pending)
-        pending = following
-    if pending is not None:
-        yield ready(pending)
-
-
-def _moved(batch: dict[str, Any], device: Any, non_blocking: bool = False) -> dict[str, Any]:
-    return {name: value.to(device, non_blocking=non_blocking) if isinstance(value, torch.Tensor) else value
-            for name, value in batch.items()}

@@ -13,7 +13,7 @@ from .decode import (
     read_image_file,
 )
 from .encoded import DecodedChunks, EncodedChunk
-from .resize import RESIZE_POLICIES, ResizePolicy, fit, for_each_in_threads, parse_resize, resize_boxes
+from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_boxes
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "decode_image",
     "encode_image",
     "fit",
-    "for_each_in_threads",
     "load_image",
     "parse_image_dtype",
     "parse_image_shape",

@@ -3,15 +3,14 @@ boxes of a batch (RandomResizedCrop)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
 from PIL import Image
 
 from ..errors import ImageError, OptionError
+from ..threads import for_each
 from .crops import Box
 
 ResizePolicy = Literal["fit", "crop", "pad"] | None
@@ -90,18 +89,5 @@ def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int]
     def resize(i: int) -> None:
         out[i] = _resize(channels[i], size[0], size[1], boxes[i])
 
-    for_each_in_threads(resize, len(images))
+    for_each(resize, len(images))
     return out[..., 0] if images.ndim == 3 else out
-
-
-def for_each_in_threads(work: Callable[[int], None], count: int) -> None:
-    """``work(i)`` for ``i < count`` on one thread per core (for Pillow and libjpeg-turbo calls, which
-    run outside the GIL), started for the call and joined before it returns; the first exception is
-    raised."""
-    threads = min(count, os.cpu_count() or 1)
-    if threads <= 1:
-        for i in range(count):
-            work(i)
-        return
-    with ThreadPoolExecutor(threads, thread_name_prefix="outcore-resize") as pool:
-        list(pool.map(work, range(count)))

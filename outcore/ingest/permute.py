@@ -27,6 +27,8 @@ import dask.array as da
 import numpy as np
 from dask.delayed import Delayed
 
+from ..seeds import Domain, generator
+
 _WRITE_BYTES = 4 * 2**20
 
 
@@ -172,4 +174,4 @@ def write_order(num_samples: int, shuffle: bool, seed: int) -> np.ndarray:
     """
     if not shuffle:
         return np.arange(num_samples, dtype=np.int64)
-    return np.random.default_rng(seed).permutation(num_samples).astype(np.int64)
+    return generator(Domain.WRITE_ORDER, seed).permutation(num_samples).astype(np.int64)

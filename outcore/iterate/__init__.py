@@ -4,9 +4,9 @@ them (local threads or a Dask cluster), `BatchIterator`, batch transforms and sh
 from .batch import Batch, Transform
 from .iterator import BatchIterator
 from .options import BatchKeywords, BatchOptions
-from .plan import Consumer, EpochPlan, batch_count, epoch_plan, rank_batch_count
+from .plan import Consumer, EpochPlan, batch_count, batches_in, rank_batch_count
 from .quality import ShuffleQuality, shuffle_quality
-from .readers import ChunkReader, chunk_reader, sample_spec
+from .readers import ChunkReader, chunk_reader, recipe, sample_spec
 from .schedule import BatchStep, max_held, schedule
 
 __all__ = [
@@ -21,10 +21,11 @@ __all__ = [
     "ShuffleQuality",
     "Transform",
     "batch_count",
+    "batches_in",
     "chunk_reader",
-    "epoch_plan",
     "max_held",
     "rank_batch_count",
+    "recipe",
     "sample_spec",
     "schedule",
     "shuffle_quality",

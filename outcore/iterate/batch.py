@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..format import decode_text
-from ..imaging import Box, EncodedChunk, for_each_in_threads
+from ..imaging import Box, EncodedChunk
+from ..seeds import Domain, generator
+from ..threads import for_each
 from .plan import Consumer
 
 Batch = dict[str, np.ndarray]
@@ -49,11 +52,6 @@ def fused_crop(transform: Transform | None, encoded_fields: Collection[str]) -> 
     return _split_head(transform, "boxes", encoded_fields)
 
 
-def _fused_flip(rest: Transform | None, field: str) -> tuple[Flip | None, Transform | None]:
-    """``(flip, rest)`` when ``rest`` opens with a `Flip` of ``field``, else ``(None, rest)``."""
-    return _split_head(rest, "draw", {field})
-
-
 def _split_head(transform: Transform | None, method: str, fields: Collection[str]) -> tuple[Any, Transform | None]:
     """``(first, rest)`` when ``transform`` (or the first step of a `Compose`) has ``method`` and works on
     one of ``fields``, else ``(None, transform)``; ``rest`` is what is left (None for nothing)."""
@@ -65,29 +63,59 @@ def _split_head(transform: Transform | None, method: str, fields: Collection[str
     return first, (type(transform)(rest) if len(rest) > 1 else rest[0] if rest else None)
 
 
-def make_batch(
-    samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues], fields: Sequence[str],
-    text_fields: frozenset[str], transform: Transform | None, rng_key: Sequence[int],
-) -> Batch:
-    """`assemble` then the transform, seeded by ``rng_key``; a `Crop` that opens the transform on an encoded
-    field is done while decoding (each box read from the file, `EncodedChunk.decode_region`), with the
-    boxes the crop would have drawn on the decoded batch, and so is a `Flip` of that field right after
-    it (each box mirrored as it is decoded), so the rest of the transform sees the same generator state."""
-    first = next(iter(data.values()))
-    encoded = {name for name in fields if isinstance(first[name], EncodedChunk)}
-    crop, rest = fused_crop(transform, encoded)
+@dataclass(frozen=True)
+class Recipe:
+    """How a batch is made from loaded chunks, decided once per iteration: the ``fields`` (those in
+    ``text_fields`` decoded to strings), the `Crop` done while decoding its encoded field and the `Flip`
+    right after it (both None when the transform does not open so), and the ``rest`` of the transform.
+
+    >>> Recipe(("labels",), frozenset(), None).crop is None
+    True
+    """
+
+    fields: tuple[str, ...]
+    text_fields: frozenset[str]
+    transform: Transform | None
+    crop: Crop | None = None
+    flip: Flip | None = None
+    rest: Transform | None = None
+
+    @classmethod
+    def of(cls, fields: Sequence[str], text_fields: Collection[str], encoded_fields: Collection[str],
+           transform: Transform | None) -> Recipe:
+        """The recipe of ``fields`` with ``transform``; ``encoded_fields`` are those stored as files."""
+        crop, rest = fused_crop(transform, encoded_fields)
+        flip = None
+        if crop is not None:
+            flip, rest = _split_head(rest, "draw", {crop.field})
+        return cls(tuple(fields), frozenset(text_fields), transform, crop, flip, rest)
+
+    @property
+    def crop_field(self) -> str | None:
+        """The encoded field cut while decoding, if any."""
+        return None if self.crop is None else self.crop.field
+
+
+def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues],
+               rng_key: Sequence[int]) -> Batch:
+    """`assemble` then the transform, seeded by ``rng_key``; the recipe's `Crop` is done while decoding
+    (each box read from the file, `EncodedChunk.decode_region`), with the boxes the crop would have drawn
+    on the decoded batch, and so is its `Flip` (each box mirrored as it is decoded), so the rest of the
+    transform sees the same generator state."""
+    crop = recipe.crop
     if crop is None:
-        return apply_transform(transform, assemble(samples, chunk_size, keys, data, fields, text_fields), rng_key)
-    rng = np.random.default_rng(list(rng_key))
+        return apply_transform(recipe.transform, assemble(samples, chunk_size, keys, data, recipe.fields,
+                                                          recipe.text_fields), rng_key)
+    rng = transform_generator(rng_key)
     chunks, local = keys.tolist(), (samples % chunk_size).tolist()
     sizes = [data[key][crop.field].sample_shape(index)[:2] for key, index in zip(chunks, local, strict=True)]
     boxes = crop.boxes(sizes, rng)
-    flip, rest = _fused_flip(rest, crop.field)
-    flips = flip.draw(len(samples), rng).tolist() if flip is not None else [(False, False)] * len(samples)
-    batch = assemble(samples, chunk_size, keys, data, [n for n in fields if n != crop.field], text_fields)
+    flips = recipe.flip.draw(len(samples), rng).tolist() if recipe.flip is not None else [(False, False)] * len(samples)
+    batch = assemble(samples, chunk_size, keys, data, [n for n in recipe.fields if n != crop.field],
+                     recipe.text_fields)
     batch[crop.field] = _decode_regions(chunks, local, data, crop, boxes, flips)
-    batch = {name: batch[name] for name in fields}
-    return batch if rest is None else rest(batch, rng)
+    batch = {name: batch[name] for name in recipe.fields}
+    return batch if recipe.rest is None else recipe.rest(batch, rng)
 
 
 def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, ChunkValues], crop: Crop,
@@ -98,7 +126,7 @@ def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, Ch
     def decode(i: int) -> None:
         data[chunks[i]][crop.field].decode_region(indices[i], boxes[i], crop.output_size, out[i], flips[i])
 
-    for_each_in_threads(decode, len(indices))
+    for_each(decode, len(indices))
     return out
 
 
@@ -131,7 +159,8 @@ def assemble(
 
 
 def batch_rng_key(seed: int, epoch: int, consumer: Consumer, index: int) -> tuple[int, ...]:
-    """The seed of batch ``index``'s augmentation generator: the same wherever the batch is made.
+    """The key of batch ``index``'s augmentation generator (`transform_generator`): the same wherever
+    the batch is made.
 
     >>> batch_rng_key(0, 3, Consumer(1, 2), 7)
     (0, 3, 1, 7)
@@ -139,6 +168,11 @@ def batch_rng_key(seed: int, epoch: int, consumer: Consumer, index: int) -> tupl
     return (seed, epoch, consumer.index, index)
 
 
+def transform_generator(rng_key: Sequence[int]) -> np.random.Generator:
+    """The generator a batch's transform draws from, in the transform's own seed domain."""
+    return generator(Domain.TRANSFORM, *rng_key)
+
+
 def apply_transform(transform: Transform | None, batch: Batch, rng_key: Sequence[int]) -> Batch:
-    """``transform(batch, rng)`` with the generator seeded by ``rng_key`` (`BatchIterator.rng_key`)."""
-    return batch if transform is None else transform(batch, np.random.default_rng(list(rng_key)))
+    """``transform(batch, rng)`` with the generator of ``rng_key`` (`transform_generator`)."""
+    return batch if transform is None else transform(batch, transform_generator(rng_key))

@@ -39,8 +39,8 @@ from dask.base import tokenize
 from ..errors import ClusterError, NotAStoreError
 from ..imaging import DecodedChunks
 from ..storage import open_store
-from .batch import Batch, ChunkValues, Transform, make_batch
-from .readers import ChunkReader, chunk_readers
+from .batch import Batch, ChunkValues, Recipe, make_batch
+from .readers import ChunkReader, chunk_reader
 from .runs import Run, Work
 from .stats import LoaderStats
 
@@ -60,11 +60,11 @@ class ClusterRun(Run):
     def __init__(self, work: Work, stats: LoaderStats) -> None:
         store = work.store
         self.client = work.options.client
-        self.source = StoreFields(store.location, work.fields, tokenize(store.location, store.attrs.to_dict()))
+        self.source = StoreFields(store.location, work.recipe.fields, tokenize(store.location, store.attrs.to_dict()))
         self.name = f"{uuid4().hex[:8]}-e{work.epoch}"  # task keys: outcore-chunk-<name>-<chunk>, outcore-batch-<name>-<i>
         self.chunks: dict[int, Any] = {}  # slot -> future of its chunk
         self.pending: deque[Any] = deque()
-        self.delivered = 0
+        self.gathered = 0
         super().__init__(work, stats)
 
     def _produce_batches(self) -> None:
@@ -84,10 +84,9 @@ class ClusterRun(Run):
                 chunk = int(work.plan.chunks[slot])
                 self.chunks[slot] = client.submit(read_chunk, self.source, chunk,
                                                   key=f"outcore-chunk-{self.name}-{slot}")
-            used = np.unique(step.slots).tolist()
             self.pending.append(client.submit(
-                batch_task, step.samples, work.store.chunk_size, step.slots, used, work.fields, work.text_fields,
-                work.options.transform, work.rng_key(step.index), *[self.chunks[slot] for slot in used],
+                batch_task, work.recipe, step.samples, work.store.chunk_size, step.slots, step.used,
+                work.rng_key(step.index), *[self.chunks[slot] for slot in step.used],
                 key=f"outcore-batch-{self.name}-{step.index}",
             ))
             for slot in step.release:
@@ -100,11 +99,11 @@ class ClusterRun(Run):
 
     def _deliver(self) -> bool:
         batch = self.pending.popleft().result()
-        self.delivered += 1
+        self.gathered += 1
         return self._put(batch)
 
     def _lost(self, error: BaseException) -> ClusterError:
-        index = self.work.first_batch + self.delivered
+        index = self.work.first_batch + self.gathered
         return ClusterError(
             f"lost the Dask cluster while making batch {index} of epoch {self.work.epoch} "
             f"({type(error).__name__}: {error}). The batches before it were delivered, and the iterator's "
@@ -136,14 +135,11 @@ def read_chunk(source: StoreFields, chunk: int) -> dict[str, ChunkValues]:
             for name, reader in readers.items()}
 
 
-def batch_task(
-    samples: np.ndarray, chunk_size: int, slots: np.ndarray, used: list[int], fields: tuple[str, ...],
-    text_fields: frozenset[str], transform: Transform | None, rng_key: tuple[int, ...], *values: ChunkValues,
-) -> Batch:
+def batch_task(recipe: Recipe, samples: np.ndarray, chunk_size: int, slots: np.ndarray, used: list[int],
+               rng_key: tuple[int, ...], *values: ChunkValues) -> Batch:
     """On a worker: one batch from the chunks it draws on (decoding its encoded samples), augmented as the
     local path would."""
-    return make_batch(samples, chunk_size, slots, dict(zip(used, values, strict=True)), fields, text_fields, transform,
-                      rng_key)
+    return make_batch(recipe, samples, chunk_size, slots, dict(zip(used, values, strict=True)), rng_key)
 
 
 @lru_cache(maxsize=8)
@@ -157,7 +153,7 @@ def _readers(source: StoreFields) -> dict[str, ChunkReader]:
             "themselves: put it where every worker sees it at the same path (a shared filesystem), or open "
             "it by URL (s3://…, gs://…)"
         ) from None
-    return chunk_readers(store, source.fields)
+    return {name: chunk_reader(store, name) for name in source.fields}
 
 
 def _worker_address() -> str:

@@ -84,3 +84,16 @@ class BatchOptions:
         """The options that decide each epoch's batches: a resumed iteration must use the same."""
         kept = ("batch_size", "shuffle", "seed", "buffer_chunks", "drop_last", "rank", "world_size")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name in kept}
+
+
+def check_state(state: dict[str, Any], settings: dict[str, Any], what: str) -> None:
+    """Refuse a saved ``state`` whose settings differ from ``settings`` (those that fix the order), naming them.
+
+    >>> check_state({"seed": 1}, {"seed": 2}, "iterator")
+    Traceback (most recent call last):
+    ...
+    outcore.errors.OptionError: state does not match this iterator (saved, current): {'seed': (1, 2)}
+    """
+    mismatched = {k: (state.get(k), v) for k, v in settings.items() if state.get(k) != v}
+    if mismatched:
+        raise OptionError(f"state does not match this {what} (saved, current): {mismatched}")

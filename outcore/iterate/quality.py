@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import OptionError
+from ..seeds import Domain, generator
 from ..storage import Store
-from .plan import epoch_plan
+from .plan import EpochPlan
 from .readers import chunk_reader
 
 
@@ -58,9 +59,9 @@ def shuffle_quality(
         raise OptionError(f"batch_size={batch_size} is larger than the store ({len(store)} samples)")
     reader = chunk_reader(store, field)
     labels = np.concatenate([reader.read(chunk) for chunk in range(store.num_chunks)]).astype(np.int64)
-    plan = epoch_plan(len(store), store.chunk_size, shuffle=True, seed=seed, epoch=epoch, buffer_chunks=buffer_chunks)
-    permutation = np.random.default_rng([seed, epoch, 2]).permutation(len(store))
-    return ShuffleQuality(_mean_tv(labels, plan.samples, batch_size), _mean_tv(labels, permutation, batch_size),
+    plan = EpochPlan(len(store), store.chunk_size, shuffle=True, seed=seed, epoch=epoch, buffer_chunks=buffer_chunks)
+    permutation = generator(Domain.REFERENCE, seed, epoch).permutation(len(store))
+    return ShuffleQuality(_mean_tv(labels, plan.take(0, len(plan))[0], batch_size), _mean_tv(labels, permutation, batch_size),
                           batches)
 
 

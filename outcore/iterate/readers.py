@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import OptionError
 from ..imaging import DecodedChunks, EncodedChunk
 from ..storage import ShardReader, Store
-from .batch import Transform, fused_crop
+from .batch import Recipe, Transform
 
 
 class EncodedChunks:
@@ -37,26 +37,27 @@ def chunk_reader(store: Store, field: str) -> ChunkReader:
     return store.shard_reader(field)
 
 
-def chunk_readers(store: Store, fields: Sequence[str], transform: Transform | None = None) -> dict[str, ChunkReader]:
-    """The readers of ``fields``; an encoded field that ``transform`` opens by cropping is read encoded
-    (`EncodedChunks`), to be cropped while decoding."""
-    crop, _ = fused_crop(transform, {name for name in fields if store.info(name).is_image})
-    return {name: EncodedChunks(store, name) if crop is not None and name == crop.field else chunk_reader(store, name)
-            for name in fields}
-
-
-def check_batchable(store: Store, fields: Sequence[str], transform: Transform | None) -> None:
-    """Refuse, as an `OptionError` saying what to do, a field of pictures of varying sizes that
-    ``transform`` does not open by cropping: only the crop gives its batches one size."""
-    crop, _ = fused_crop(transform, {name for name in fields if store.info(name).is_image})
-    for name in fields:
-        info = store.info(name)
-        if info.is_image and info.decode.variable and (crop is None or crop.field != name):
+def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> Recipe:
+    """How batches of ``fields`` of ``store`` are made with ``transform`` (`Recipe`); a field of pictures of
+    varying sizes that ``transform`` does not open by cropping is an `OptionError` saying what to do
+    (only the crop gives its batches one size)."""
+    encoded = [name for name in fields if store.info(name).is_image]
+    made = Recipe.of(fields, [name for name in fields if store.info(name).is_text], encoded, transform)
+    for name in encoded:
+        if store.info(name).decode.variable and made.crop_field != name:
             raise OptionError(
                 f"field {name!r} of {store.location} holds pictures of varying sizes: batches need one size, so "
                 f"open transform= with RandomResizedCrop(224, field={name!r}) or CenterCrop(224, resize=256, "
                 f"field={name!r}), or leave it out with fields=; ds[{name!r}][i] reads one picture at its size"
             )
+    return made
+
+
+def chunk_readers(store: Store, recipe: Recipe) -> dict[str, ChunkReader]:
+    """The readers of the recipe's fields; the encoded field it crops while decoding is read encoded
+    (`EncodedChunks`)."""
+    return {name: EncodedChunks(store, name) if name == recipe.crop_field else chunk_reader(store, name)
+            for name in recipe.fields}
 
 
 def sample_spec(store: Store, field: str) -> tuple[tuple[int, ...], np.dtype]:

@@ -1,6 +1,8 @@
-"""Runs: one pass over an epoch's batches, made by a producer thread and handed to the consumer
-through a queue of ``prefetch`` batches. `LocalRun` makes them in this process; `ClusterRun`
-(`outcore.iterate.cluster`) on a Dask cluster. Both follow the same schedule (`outcore.iterate.schedule`).
+"""Runs: one pass over batches ``first_batch, ...`` of an epoch, made by a producer thread and handed to
+the consumer through a queue of ``prefetch`` batches. `LocalRun` makes them in this process; `ClusterRun`
+(`outcore.iterate.cluster`) on a Dask cluster. Both follow the same schedule (`outcore.iterate.schedule`)
+and make each batch with `outcore.iterate.batch.make_batch`: one path, whether the batches are iterated,
+resumed or asked for one by one.
 """
 
 from __future__ import annotations
@@ -10,40 +12,45 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..errors import IterationClosedError
 from ..storage import Store
-from .batch import Batch, batch_rng_key, make_batch
+from ..threads import submit, thread_count
+from .batch import Batch, Recipe, batch_rng_key, make_batch
 from .options import BatchOptions
 from .plan import Consumer, EpochPlan
 from .readers import ChunkReader
 from .schedule import BatchStep, schedule
 from .stats import LoaderStats
 
+WAKE_SECONDS = 0.05  # how often a blocked consumer or producer looks whether its run was closed
+
 
 @dataclass(frozen=True)
 class Work:
-    """What a run makes: batches ``first_batch, ...`` of ``plan``, epoch ``epoch`` of ``consumer``."""
+    """What a run makes: batches ``first_batch, ..., stop_batch - 1`` (default: to the end) of ``plan``,
+    epoch ``epoch`` of ``consumer``, as ``recipe`` says."""
 
     store: Store
-    fields: tuple[str, ...]
-    text_fields: frozenset[str]
+    recipe: Recipe
     options: BatchOptions
     consumer: Consumer
     epoch: int
     plan: EpochPlan
     first_batch: int
+    stop_batch: int | None = None
 
     def steps(self, read_ahead: int) -> Iterator[BatchStep]:
         return schedule(self.plan, self.options.batch_size, drop_last=self.options.drop_last,
-                        read_ahead=read_ahead, first_batch=self.first_batch)
+                        read_ahead=read_ahead, first_batch=self.first_batch, stop_batch=self.stop_batch)
 
     def rng_key(self, index: int) -> tuple[int, ...]:
-        """The seed of batch ``index``'s augmentation generator: the same wherever the batch is made."""
+        """The key of batch ``index``'s augmentation generator: the same wherever the batch is made."""
         return batch_rng_key(self.options.seed, self.epoch, self.consumer, index)
 
 
@@ -57,12 +64,14 @@ _DONE = object()
 
 class Run:
     """A producer thread that makes the batches (`_produce_batches`, by a subclass) and a queue of
-    ``prefetch`` finished batches that the consumer takes them from."""
+    ``prefetch`` finished batches that the consumer takes them from. Closing the run stops the
+    producer; a consumer waiting for a batch of a closed run gets `IterationClosedError` at once."""
 
     def __init__(self, work: Work, stats: LoaderStats) -> None:
         self.work, self.stats = work, stats
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=work.options.prefetch)
         self.stop = threading.Event()
+        self.delivered = 0
         self.thread = threading.Thread(target=self._produce, name="outcore-batches", daemon=True)
         self.thread.start()
 
@@ -70,21 +79,35 @@ class Run:
         while True:
             began = time.perf_counter()
             ready = self.queue.qsize()
-            item = self.queue.get()
+            item = self._take()
             if item is _DONE:
                 return
             if isinstance(item, _Failure):
                 raise item.error
+            self.delivered += 1
             self.stats.record(time.perf_counter() - began, ready, len(next(iter(item.values()))))
             yield item
+
+    def _take(self) -> Any:
+        while True:
+            try:
+                return self.queue.get(timeout=WAKE_SECONDS)
+            except queue.Empty:
+                if self.stop.is_set():
+                    index = self.work.first_batch + self.delivered
+                    raise IterationClosedError(
+                        f"the iteration was closed (close(), or a new iter() of the same iterator) while batch "
+                        f"{index} of epoch {self.work.epoch} was awaited; iterate again to continue from there "
+                        "(state_dict() says where)"
+                    ) from None
 
     def close(self) -> None:
         """Stop the producer and free what it used. At interpreter exit the threads are frozen, not stopped
         (Python 3.13 finalizes an unfinished generator after that): nothing is waited for then."""
         self.stop.set()
-        while self.thread.is_alive() and not sys.is_finalizing():
+        while self.thread.is_alive() and not sys.is_finalizing() and self.thread is not threading.current_thread():
             try:  # unblock a producer waiting for room in the queue
-                self.queue.get(timeout=0.05)
+                self.queue.get(timeout=WAKE_SECONDS)
             except queue.Empty:
                 pass
         self._release()
@@ -92,7 +115,7 @@ class Run:
     def _put(self, item: Any) -> bool:
         while not self.stop.is_set():
             try:
-                self.queue.put(item, timeout=0.05)
+                self.queue.put(item, timeout=WAKE_SECONDS)
                 return True
             except queue.Full:
                 continue
@@ -134,38 +157,39 @@ class ChunkBuffers:
 
 
 class LocalRun(Run):
-    """Batches made in this process: chunk reads on a small thread pool, assembly on the producer thread."""
-
-    READ_AHEAD = 2  # slots read beyond those the next batch needs
-    READ_THREADS = 2
+    """Batches made in this process: chunk reads and decodes on the process's thread pool
+    (`outcore.threads`), each batch put together on the producer thread. Reads run ``read_ahead``
+    slots ahead of the batch being made: one per pool thread (at least 2), so every thread has a chunk
+    to read."""
 
     def __init__(self, work: Work, stats: LoaderStats, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
         self.buffers = ChunkBuffers(readers)
-        self.pool = ThreadPoolExecutor(max_workers=self.READ_THREADS, thread_name_prefix="outcore-read")
+        self.loading: dict[int, Future[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}
+        self.read_ahead = 0 if work.stop_batch == work.first_batch + 1 else max(2, thread_count())
         super().__init__(work, stats)
 
     def _release(self) -> None:
-        self.pool.shutdown(wait=not sys.is_finalizing(), cancel_futures=True)
+        for future in self.loading.values():
+            future.cancel()
+        self.loading.clear()
 
     def _produce_batches(self) -> None:
         work = self.work
-        text_fields, chunk_size = work.text_fields, work.store.chunk_size
-        loading: dict[int, Future[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]] = {}
-        for step in work.steps(self.READ_AHEAD):
+        for step in work.steps(self.read_ahead):
             if self.stop.is_set():
                 return
             for slot in step.load:
-                loading[slot] = self.pool.submit(self._read, int(work.plan.chunks[slot]))
-            data = {slot: loading[slot].result()[0] for slot in np.unique(step.slots).tolist()}
-            batch = make_batch(step.samples, chunk_size, step.slots, data, work.fields, text_fields,
-                               work.options.transform, work.rng_key(step.index))
+                self.loading[slot] = submit(self._read, int(work.plan.chunks[slot]))
+            data = {slot: self.loading[slot].result()[0] for slot in step.used}
+            batch = make_batch(work.recipe, step.samples, work.store.chunk_size, step.slots, data,
+                               work.rng_key(step.index))
             for slot in step.release:
-                self.buffers.give(loading.pop(slot).result()[1])
+                self.buffers.give(self.loading.pop(slot).result()[1])
             if not self._put(batch):
                 return
 
-    def _read(self, chunk: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def _read(self, chunk: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Chunk ``chunk`` of every field, read into the run's buffers: ``(values, buffers)``."""
         buffers = {name: self.buffers.take(name) for name in self.readers}
         return {name: reader.read(chunk, out=buffers[name]) for name, reader in self.readers.items()}, buffers

@@ -1,10 +1,12 @@
 """The batch schedule: from an epoch plan to, per batch, its samples, the chunks to load before it and
 the chunks to release after it. Pure: the local reader threads and the Dask cluster both follow it.
 
-Slots (a consumer's stretches of the stream, `EpochPlan.slots`) are loaded in stream order, each at
-most once, ``read_ahead`` slots beyond the last one the batch needs, skipping slots that no batch from
-here on uses (after a resume, or past the end with ``drop_last``). A slot is released after the last
-batch that uses it. So, at any time, at most `max_held` slots are loaded and not yet released.
+Slots (a consumer's stretches of the stream, `EpochPlan.chunks`) are loaded in stream order, each at
+most once, ``read_ahead`` slots beyond the last one the batch needs, skipping slots that no batch of
+the run uses (after a resume, past the end with ``drop_last``, or outside a one-batch run). A slot is
+released after the last batch of the run that uses it. So, at any time, at most `max_held` slots are
+loaded and not yet released. The schedule keeps one count per slot and the plan's windows in use:
+its memory does not grow with the samples.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import EpochPlan
+from .plan import EpochPlan, batches_in
 
 
 @dataclass(frozen=True)
@@ -29,16 +31,10 @@ class BatchStep:
     load: tuple[int, ...]
     release: tuple[int, ...]
 
-
-def batches_in(plan: EpochPlan, batch_size: int, drop_last: bool) -> int:
-    """How many batches the plan makes: the last one short, or dropped with ``drop_last``.
-
-    >>> from outcore.iterate.plan import epoch_plan
-    >>> batches_in(epoch_plan(10, 4), 4, drop_last=False), batches_in(epoch_plan(10, 4), 4, drop_last=True)
-    (3, 2)
-    """
-    full, rest = divmod(len(plan), batch_size)
-    return full + (rest > 0 and not drop_last)
+    @property
+    def used(self) -> list[int]:
+        """The slots the batch reads from, in increasing order."""
+        return np.unique(self.slots).tolist()
 
 
 def max_held(buffer_chunks: int, batch_size: int, chunk_size: int, read_ahead: int) -> int:
@@ -50,27 +46,30 @@ def max_held(buffer_chunks: int, batch_size: int, chunk_size: int, read_ahead: i
     return buffer_chunks + 2 + math.ceil(batch_size / chunk_size) + read_ahead
 
 
-def schedule(
-    plan: EpochPlan, batch_size: int, *, drop_last: bool = False, read_ahead: int = 2, first_batch: int = 0
-) -> Iterator[BatchStep]:
-    """The steps of batches ``first_batch, ...`` of ``plan`` (see the module docstring).
+def schedule(plan: EpochPlan, batch_size: int, *, drop_last: bool = False, read_ahead: int = 2, first_batch: int = 0,
+             stop_batch: int | None = None) -> Iterator[BatchStep]:
+    """The steps of batches ``first_batch, ..., stop_batch - 1`` (default: to the epoch's end) of ``plan``
+    (see the module docstring).
 
-    >>> from outcore.iterate.plan import epoch_plan
-    >>> [(s.load, s.release) for s in schedule(epoch_plan(10, 4, shuffle=False), 4, read_ahead=0)]
+    >>> from outcore.iterate.plan import EpochPlan
+    >>> [(s.load, s.release) for s in schedule(EpochPlan(10, 4, shuffle=False), 4, read_ahead=0)]
     [((0,), (0,)), ((1,), (1,)), ((2,), (2,))]
     """
-    total = batches_in(plan, batch_size, drop_last)
-    emitted = min(len(plan), total * batch_size)
-    last_use = np.full(len(plan.chunks), -1, dtype=np.int64)  # -1: no batch uses the slot
-    np.maximum.at(last_use, plan.slots[:emitted], np.arange(emitted))
+    total = batches_in(len(plan), batch_size, drop_last)
+    stop_batch = total if stop_batch is None else min(total, stop_batch)
+    if first_batch >= stop_batch:
+        return
+    start, end = first_batch * batch_size, min(len(plan), stop_batch * batch_size)
+    remaining = plan.emitted_before(end) - plan.emitted_before(start)  # each slot's samples in this run
     next_slot, held = 0, []
-    for index in range(first_batch, total):
-        start, stop = index * batch_size, min(emitted, (index + 1) * batch_size)
-        slots = plan.slots[start:stop]
+    for index in range(first_batch, stop_batch):
+        low, high = index * batch_size, min(end, (index + 1) * batch_size)
+        samples, slots = plan.take(low, high)
         horizon = min(len(plan.chunks), int(slots.max()) + 1 + read_ahead)
-        load = tuple(j for j in range(next_slot, horizon) if last_use[j] >= start)
+        load = tuple(j for j in range(next_slot, horizon) if remaining[j] > 0)
         next_slot = max(next_slot, horizon)
         held += load
-        release = tuple(j for j in held if last_use[j] < stop or index == total - 1)
+        np.subtract.at(remaining, slots, 1)
+        release = tuple(j for j in held if remaining[j] == 0 or index == stop_batch - 1)
         held = [j for j in held if j not in release]
-        yield BatchStep(index, plan.samples[start:stop], slots, load, release)
+        yield BatchStep(index, samples, slots, load, release)

@@ -1,0 +1,57 @@
+"""PyTorch: batches moved to a device, the next one copied while the current one is used."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+try:
+    import torch
+except ImportError as error:  # pragma: no cover - exercised only without torch
+    raise ImportError(
+        "ds.torch() needs PyTorch: pip install 'outcore[torch]' (on a CPU-only machine, install the CPU "
+        "build of torch first)"
+    ) from error
+
+
+def to_device(batches: Iterable[dict[str, Any]], device: str | Any = "cuda") -> Iterator[dict[str, Any]]:
+    """Yield ``batches`` with their tensors on ``device``; on CUDA, batch k+1 is copied on a side
+    stream while the caller computes on batch k, so host-to-device copies overlap compute.
+
+    Pair it with ``ds.torch(..., pin_memory=True)``: copies from pinned memory are asynchronous.
+
+    >>> for batch in to_device(ds.torch(256, pin_memory=True), "cuda"):  # doctest: +SKIP
+    ...     loss = model(batch["images"]).mean()
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        for batch in batches:
+            yield _moved(batch, device)
+        return
+    copies = torch.cuda.Stream(device)
+    compute = torch.cuda.current_stream(device)
+
+    def send(batch: dict[str, Any]) -> dict[str, Any]:
+        with torch.cuda.stream(copies):
+            return _moved(batch, device, non_blocking=True)
+
+    def ready(batch: dict[str, Any]) -> dict[str, Any]:
+        compute.wait_stream(copies)
+        for value in batch.values():
+            if isinstance(value, torch.Tensor):
+                value.record_stream(compute)  # keep its memory until the compute stream is done with it
+        return batch
+
+    pending = None
+    for batch in batches:
+        following = send(batch)
+        if pending is not None:
+            yield ready(pending)
+        pending = following
+    if pending is not None:
+        yield ready(pending)
+
+
+def _moved(batch: dict[str, Any], device: Any, non_blocking: bool = False) -> dict[str, Any]:
+    return {name: value.to(device, non_blocking=non_blocking) if isinstance(value, torch.Tensor) else value
+            for name, value in batch.items()}

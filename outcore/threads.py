@@ -1,0 +1,167 @@
+"""The process's one pool of threads for reading, decoding and resizing, sized from the CPUs it may use.
+
+``os.cpu_count()`` counts the host's cores: a job given 8 CPUs of a 96-core machine (Slurm, a
+Kubernetes limit, ``taskset``) would start 96 threads where 8 can run. `available_cpus` reads the
+CPU affinity and the cgroup CPU quota instead. One pool, made when first used and kept for the
+process's life, serves every chunk read, decode and resize, so a process never runs more of them at
+once than `thread_count` says: by default the available CPUs, divided among the DataLoader workers
+when a process is one of them (`share_cpus`), so that their total stays within the CPUs; the
+``OUTCORE_THREADS`` environment variable or `set_threads` choose another number.
+
+A forked child does not inherit running threads: the pool is made again in the child when it is
+first used there. Work that a pool thread hands to `for_each` runs on that thread, so the pool never
+waits on itself.
+
+>>> for_each(print, 2)  # doctest: +SKIP
+0
+1
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .errors import OptionError
+
+ENVIRONMENT = "OUTCORE_THREADS"
+
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
+_chosen: int | None = None  # set_threads
+_shares = 1  # share_cpus: the processes this one shares its CPUs with (itself included)
+_in_pool = threading.local()
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on: its CPU affinity, capped by the cgroup's CPU quota (v2
+    ``cpu.max`` or v1 ``cpu.cfs_quota_us``), at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    return max(1, min(cpus, math.ceil(quota)) if quota else cpus)
+
+
+def _cgroup_quota() -> float | None:
+    """CPUs allowed by the cgroup's quota, or None when it sets none (or cannot be read)."""
+    for path, parse in ((Path("/sys/fs/cgroup/cpu.max"), _cpu_max),
+                        (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), _cfs_quota)):
+        try:
+            return parse(path)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _cpu_max(path: Path) -> float | None:
+    quota, period = path.read_text().split()[:2]
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _cfs_quota(path: Path) -> float | None:
+    quota = int(path.read_text())
+    period = int((path.parent / "cpu.cfs_period_us").read_text())
+    return None if quota <= 0 else quota / period
+
+
+def thread_count() -> int:
+    """How many threads the pool has: `set_threads`'s number, else ``OUTCORE_THREADS``, else the
+    available CPUs divided among the processes that share them (`share_cpus`)."""
+    if _chosen is not None:
+        return _chosen
+    chosen = os.environ.get(ENVIRONMENT)
+    if chosen:
+        try:
+            return _checked(int(chosen), ENVIRONMENT)
+        except ValueError:
+            raise OptionError(f"{ENVIRONMENT}={chosen!r} must be a whole number of threads, 1 or more") from None
+    return max(1, available_cpus() // _shares)
+
+
+def set_threads(count: int | None) -> None:
+    """Use ``count`` threads from now on (None: back to the default). Read by the next read or decode.
+
+    >>> outcore.set_threads(4)  # doctest: +SKIP
+    """
+    global _chosen
+    _chosen = None if count is None else _checked(count, "set_threads")
+    _replace_pool()
+
+
+def share_cpus(processes: int) -> None:
+    """This process is one of ``processes`` that share the CPUs (DataLoader workers): take its part."""
+    global _shares
+    _shares = max(1, int(processes))
+    _replace_pool()
+
+
+def _checked(count: int, name: str) -> int:
+    if int(count) < 1:
+        raise OptionError(f"{name}: {count} threads; use 1 or more")
+    return int(count)
+
+
+def _replace_pool() -> None:
+    global _pool
+    with _lock:
+        old, _pool = _pool, None
+    if old is not None and _pool_pid == os.getpid():
+        old.shutdown(wait=False)
+
+
+def pool() -> ThreadPoolExecutor:
+    """The process's pool (made now if this process has none yet, e.g. in a forked child)."""
+    global _pool, _pool_pid
+    with _lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(thread_count(), thread_name_prefix="outcore-pool",
+                                       initializer=_mark_pool_thread)
+            _pool_pid = os.getpid()
+        return _pool
+
+
+def _mark_pool_thread() -> None:
+    _in_pool.active = True
+
+
+def in_pool() -> bool:
+    """Whether the calling thread is one of the pool's."""
+    return getattr(_in_pool, "active", False)
+
+
+def submit(work: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``work(*args)`` on the pool."""
+    return pool().submit(work, *args)
+
+
+def for_each(work: Callable[[int], None], count: int) -> None:
+    """``work(i)`` for ``i < count`` on the pool (for Pillow, libjpeg-turbo and Blosc calls, which run
+    outside the GIL); returns when all are done, raising the first exception. On a pool thread, or with
+    one thread, the calls run on the calling thread."""
+    if count <= 1 or in_pool() or thread_count() == 1:
+        for i in range(count):
+            work(i)
+        return
+    futures = [submit(work, i) for i in range(count)]
+    try:
+        for future in futures:
+            future.result()
+    finally:
+        for future in futures:
+            future.cancel()
+
+
+def _forget_after_fork() -> None:
+    global _pool, _lock
+    _pool, _lock = None, threading.Lock()  # the parent's threads (and their locks) do not exist here
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
