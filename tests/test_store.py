@@ -15,7 +15,7 @@ import outcore
 from outcore.errors import CorruptChunkError, NotAStoreError, UnsafeStoreError
 from outcore.format import Compression, FieldInfo, Layout, StoreAttrs, decode_text, encode_text
 from outcore.storage import RangeZipStore
-from outcore.testing import corrupt_chunk, make_store, shard_key
+from outcore.testing import corrupt_chunk, make_store, replace_chunk, shard_key
 
 
 @pytest.fixture
@@ -323,3 +323,33 @@ def test_a_store_location_below_a_file_is_one_clear_error(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(outcore.StorageError, match="a file stands where a folder of the location should be"):
         outcore.from_arrays({"x": np.arange(10)}, tmp_path / "afile" / "s.zarr", progress=False)
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 255, 256 * 4 * 4 - 1, 256 * 4 * 4 + 16])
+def test_a_blosc_frame_of_another_length_is_corruption_everywhere(tmp_path, length):
+    """A frame with valid checksums that decompresses to fewer (or more) bytes than its chunk read as zeros,
+    then as the previous chunk's values (reused buffers), and verify said OK."""
+    from numcodecs import blosc
+
+    values = np.arange(1024 * 4 * 4, dtype=np.uint8).reshape(1024, 4, 4) + 1  # no zeros: zeros would show
+    ds = outcore.from_arrays({"x": values}, tmp_path / "f.zarr", chunk_size=256, shuffle_on_write=False,
+                             compression="zstd", progress=False)
+    replace_chunk(tmp_path / "f.zarr", "x", 2, blosc.compress(bytes(length), b"zstd", 5))
+    ds = outcore.open_dataset(tmp_path / "f.zarr")
+    named = r"field 'x', chunk 2 \(samples 512..767"
+    with pytest.raises(CorruptChunkError, match=named):
+        list(ds.batches(256, shuffle=False))
+    with pytest.raises(CorruptChunkError, match=named):
+        list(ds.batches(100, seed=1))  # shuffled: other chunks first, into the buffers chunk 2 would reuse
+    with pytest.raises(CorruptChunkError, match=named):
+        ds["x"].compute()
+    report = outcore.verify(tmp_path / "f.zarr")
+    assert not report.ok and "chunk 2" in str(report)
+
+
+def test_a_frame_that_is_not_blosc_is_corruption(tmp_path):
+    ds = outcore.from_arrays({"x": np.ones((512, 8), np.float32)}, tmp_path / "g.zarr", chunk_size=256,
+                             progress=False)
+    replace_chunk(tmp_path / "g.zarr", "x", 1, b"not a blosc frame at all, but long enough")
+    with pytest.raises(CorruptChunkError, match=r"chunk 1 .* is corrupt: "):
+        list(outcore.open_dataset(tmp_path / "g.zarr").batches(256, shuffle=False))

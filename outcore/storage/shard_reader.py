@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import struct
 import threading
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,9 @@ from .zipstore import RangeZipStore
 _EMPTY = 2**64 - 1  # index entry of a chunk that was never written
 _CHECKSUM_BYTES = 4
 _BLOSC_OVERHEAD = 16  # the most Blosc adds to incompressible data
-_CORRUPTION = re.compile(r"checksum|decompress|blosc|corrupt", re.IGNORECASE)
+_BLOSC_HEADER = struct.Struct("<III")  # nbytes, blocksize, cbytes: bytes 4..15 of a Blosc frame
+# what zarr raises for a damaged chunk: a checksum, a codec, or a chunk that decodes to another size
+_CORRUPTION = re.compile(r"checksum|decompress|blosc|corrupt|cannot reshape", re.IGNORECASE)
 
 
 class _Unreadable(Exception):
@@ -111,6 +114,7 @@ class ShardReader:
             raise _Unreadable("stored and computed crc32c checksums differ")
         try:
             if self._layout.blosc:
+                _check_frame(data, out.nbytes)
                 blosc.decompress(data, out)
             else:
                 out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
@@ -148,6 +152,18 @@ class ShardReader:
             f"{self.where}: field {self.field!r}, chunk {chunk} (samples {first}..{last}, in file {key}) is "
             f"corrupt: {reason}. Restore that file from a copy or re-create the store from its source."
         )
+
+
+def _check_frame(frame: memoryview, chunk_nbytes: int) -> None:
+    """Refuse a Blosc frame that does not decompress to exactly one chunk, or whose header misstates its
+    own length: Blosc would fill only part of the chunk, leaving zeros or an earlier chunk's values."""
+    if len(frame) < _BLOSC_HEADER.size + 4:
+        raise _Unreadable(f"its Blosc frame has {len(frame)} bytes, fewer than a Blosc header")
+    nbytes, _, cbytes = _BLOSC_HEADER.unpack_from(frame, 4)
+    if nbytes != chunk_nbytes:
+        raise _Unreadable(f"its Blosc frame holds {nbytes} bytes where the chunk has {chunk_nbytes}")
+    if cbytes != len(frame):
+        raise _Unreadable(f"its Blosc frame says it has {cbytes} bytes where {len(frame)} are stored")
 
 
 def _check_index(index: np.ndarray, data_bytes: int, max_chunk_bytes: int) -> None:

@@ -108,3 +108,21 @@ def rewrite_shard_index(location: str | os.PathLike, field: str, shard: int,
         return data[:cut] + raw + crc32c.crc32c(raw).to_bytes(_CHECKSUM, "little")
 
     _rewrite(location, shard_key(location, field, shard), forged)
+
+
+def replace_chunk(location: str | os.PathLike, field: str, chunk: int, payload: bytes) -> None:
+    """Store ``payload`` (the codecs' output, before the crc32c) as chunk ``chunk`` of array ``field``, with a
+    valid checksum and shard index, as a buggy writer or a forger would: the store passes every checksum."""
+    array = open_group(str(location).removeprefix("file://"), mode="r")[field]
+    chunks_per_shard = array.shards[0] // array.chunks[0]
+    shard, inner = divmod(chunk, chunks_per_shard)
+
+    def forged(data: bytes) -> bytes:
+        cut = len(data) - (chunks_per_shard * _INDEX_ENTRY + _CHECKSUM)
+        index = np.frombuffer(data[cut:-_CHECKSUM], dtype="<u8").reshape(-1, 2).copy()
+        stored = payload + crc32c.crc32c(payload).to_bytes(_CHECKSUM, "little")
+        index[inner] = (cut, len(stored))
+        raw = index.astype("<u8").tobytes()
+        return data[:cut] + stored + raw + crc32c.crc32c(raw).to_bytes(_CHECKSUM, "little")
+
+    _rewrite(location, shard_key(location, field, shard), forged)
