@@ -13,6 +13,7 @@ import zarr
 import outcore
 from outcore.cli import describe
 from outcore.errors import SourceError, StoreExistsError
+from outcore.seeds import Domain, generator
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def arrays(rng):
 
 
 def _check_shuffled(ds, arrays, seed=0):
-    order = np.random.default_rng(seed).permutation(len(ds))
+    order = generator(Domain.WRITE_ORDER, seed).permutation(len(ds))
     np.testing.assert_array_equal(ds["source_index"].compute(), order)
     for name, values in arrays.items():
         np.testing.assert_array_equal(ds[name].compute(), np.asarray(values)[order])
@@ -111,6 +112,43 @@ def test_writer_errors(tmp_path):
         outcore.Writer(tmp_path / "w.zarr")
     with pytest.raises(ValueError, match="directory stores"):
         outcore.Writer(tmp_path / "w.zarr.zip")
+
+
+def test_a_cast_that_changes_values_is_refused_naming_field_and_dtypes(tmp_path):
+    """int64 300 appended to an int8 field was stored as 44 (numpy's same_kind casting)."""
+    with outcore.Writer(tmp_path / "c.zarr", specs={"label": ("int8", ()), "score": ("float32", ()),
+                                                    "count": ("uint16", ())}) as writer:
+        writer.append({"label": np.array([1, 2]), "score": np.array([0.1, 0.2]), "count": np.array([3, 4])})
+        with pytest.raises(SourceError, match=r"field 'label': the int64 values 1\.\.300 do not fit its int8"):
+            writer.append({"label": np.array([1, 300]), "score": np.zeros(2), "count": np.zeros(2, int)})
+        with pytest.raises(SourceError, match=r"field 'count': the int64 values -1\.\.0 do not fit its uint16"):
+            writer.append({"label": np.zeros(2, int), "score": np.zeros(2), "count": np.array([-1, 0])})
+        with pytest.raises(SourceError, match=r"field 'score': some float64 values are beyond the range of its float32"):
+            writer.append({"label": np.zeros(2, int), "score": np.array([1e300, 0]), "count": np.zeros(2, int)})
+        with pytest.raises(SourceError, match=r"field 'label': cannot store float64 values in its int8 field"):
+            writer.append({"label": np.array([1.5, 2]), "score": np.zeros(2), "count": np.zeros(2, int)})
+    ds = outcore.open_dataset(tmp_path / "c.zarr")
+    assert ds["label"].compute().tolist() == [1, 2] and ds["count"].compute().tolist() == [3, 4]
+    np.testing.assert_allclose(ds["score"].compute(), [0.1, 0.2], rtol=1e-6)  # float64 rounded to float32: kept
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_store(tmp_path):
+    import subprocess
+    import sys
+
+    first = outcore.Writer(tmp_path / "s.zarr", specs={"x": ("int32", ())})
+    first.append({"x": np.arange(3)})
+    with pytest.raises(outcore.StoreBusyError, match="another Writer"):
+        outcore.Writer(tmp_path / "s.zarr", append=True)
+    with pytest.raises(outcore.StoreBusyError, match="another Writer"):
+        outcore.Writer(tmp_path / "s.zarr", overwrite=True)
+    other = subprocess.run([sys.executable, "-c", "import outcore, sys; outcore.Writer(sys.argv[1], append=True)",
+                            str(tmp_path / "s.zarr")], capture_output=True, text=True, timeout=120)
+    assert other.returncode != 0 and "StoreBusyError" in other.stderr  # another process: refused too
+    first.close()
+    with outcore.Writer(tmp_path / "s.zarr", append=True) as second:
+        second.append({"x": np.arange(3, 5)})
+    assert outcore.open_dataset(tmp_path / "s.zarr")["x"].compute().tolist() == [0, 1, 2, 3, 4]
 
 
 def test_interrupted_writer_store_opens_with_recorded_samples(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -12,7 +13,7 @@ from typing import Any, Self
 import numpy as np
 import zarr
 
-from ..errors import OptionError, SourceError, StoreExistsError
+from ..errors import OptionError, SourceError, StoreBusyError, StoreExistsError
 from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs, dimension_names, guess_roles
 from ..storage import (
     WRITE_CONFIG,
@@ -72,6 +73,7 @@ class Writer:
         self._group: zarr.Group | None = None
         self._attrs: StoreAttrs | None = None
         self._shard_size = 0
+        self._lock_file: Any = None
         self.closed = False
         if append and self.location.exists():
             self._open_existing()
@@ -80,6 +82,9 @@ class Writer:
                 f"{self.location} already exists; pass append=True to add to it or overwrite=True to replace it"
             )
         else:
+            if self.location.is_dir():
+                self._lock()  # not while another Writer writes it
+                self._unlock()
             remove_path(self.location)
             if specs is not None:
                 self._create({name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in specs.items()})
@@ -113,8 +118,11 @@ class Writer:
     def close(self) -> None:
         """Flush and close; the store is then complete. Closing twice is harmless."""
         if not self.closed:
-            self.flush()
-            self.closed = True
+            try:
+                self.flush()
+            finally:
+                self.closed = True
+                self._unlock()
 
     def __enter__(self) -> Self:
         return self
@@ -134,6 +142,7 @@ class Writer:
         sample_nbytes = sum(math.prod(shape) * dtype.itemsize for dtype, shape in specs.values())
         layout = Layout.for_samples(sample_nbytes, None, self._chunk_size)
         group = zarr.open_group(self.location, mode="w")
+        self._lock()
         dims = dimension_names(specs)
         for name, (dtype, shape) in specs.items():
             create_field(group, name, dtype, shape, 0, layout, self._compression, dims[name])
@@ -146,7 +155,28 @@ class Writer:
         self._group, self._shard_size = group, layout.shard_size
         self._save_attrs(StoreAttrs(0, layout.chunk_size, infos, provenance=provenance("outcore.Writer")))
 
+    def _lock(self) -> None:
+        """Hold the store's writer lock (``.<name>.writer-lock`` beside the store: zarr warns of files in a
+        group that are not its own) while this Writer is open. The file is never removed: a removed lock
+        file could be locked by two writers through two inodes."""
+        file = open(self.location.with_name(f".{self.location.name}.writer-lock"), "a+")  # noqa: SIM115 - until close()
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.close()
+            raise StoreBusyError(
+                f"another Writer (in this process or another) is writing {self.location}: close it first; "
+                "two writers would interleave their shards and sample counts"
+            ) from None
+        self._lock_file = file
+
+    def _unlock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()  # the lock goes with the file; the empty file stays (see `_lock`)
+            self._lock_file = None
+
     def _open_existing(self) -> None:
+        self._lock()
         group = open_group(self.location, mode="r+")
         attrs = read_attrs(group, str(self.location))
         check_safe(group, list(attrs.fields), str(self.location))
@@ -173,9 +203,7 @@ class Writer:
                 raise SourceError(
                     f"field {name!r}: batch samples have shape {values.shape[1:]}, the store's {array.shape[1:]}"
                 )
-            if not np.can_cast(values.dtype, array.dtype, casting="same_kind"):
-                raise SourceError(f"field {name!r}: cannot store {values.dtype} values in a {array.dtype} field")
-            checked[name] = values.astype(array.dtype, copy=False)
+            checked[name] = _cast(name, values, np.dtype(array.dtype))
         return checked
 
     def _write_until(self, stop: int) -> None:
@@ -201,3 +229,37 @@ class Writer:
             describe_classes(self._group, attrs.fields)
         consolidate(self.location)  # for xarray: outcore's readers read the arrays' own metadata
         self._attrs = attrs
+
+
+def _cast(name: str, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``values`` as ``dtype``; a cast that would change a value (an integer out of range, an integer
+    a float cannot hold exactly, a float beyond the range of a smaller float, a float into an integer
+    field) is a `SourceError` naming the field and both dtypes. Floats rounding into a smaller float
+    type (float64 predictions into a float32 field) are allowed: that is what float storage does.
+
+    >>> _cast("labels", np.array([300]), np.dtype("int8"))
+    Traceback (most recent call last):
+    ...
+    outcore.errors.SourceError: field 'labels': the int64 values 300..300 do not fit its int8 dtype (-128..127); store them in a wider field, or convert them yourself
+    """
+    source, target = values.dtype.kind, dtype.kind
+    if values.size == 0 or (source == target == "b"):
+        return values.astype(dtype, copy=False)
+    checked = (source in "biu" and target in "iufc") or (source == "f" and target in "fc") or source == target == "c"
+    if not (checked or np.can_cast(values.dtype, dtype, casting="safe")):
+        raise SourceError(f"field {name!r}: cannot store {values.dtype} values in its {dtype} field")
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = values.astype(dtype)
+    if source in "biu" and target in "iu":
+        info = np.iinfo(dtype)
+        low, high = values.min(), values.max()
+        if low < info.min or high > info.max:
+            raise SourceError(f"field {name!r}: the {values.dtype} values {low}..{high} do not fit its {dtype} dtype "
+                              f"({info.min}..{info.max}); store them in a wider field, or convert them yourself")
+    elif source in "biu" and target in "fc":  # integers into floats: only those the float holds exactly
+        if not np.array_equal(cast.astype(values.dtype), values):
+            raise SourceError(f"field {name!r}: some {values.dtype} values cannot be held exactly by its {dtype} "
+                              "dtype; store them in an integer or wider field")
+    elif checked and (np.isfinite(values) & ~np.isfinite(cast)).any():  # floats: rounding yes, overflow no
+        raise SourceError(f"field {name!r}: some {values.dtype} values are beyond the range of its {dtype} dtype")
+    return cast
