@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -39,6 +40,35 @@ def test_overwrite_never_leaves_the_target_without_a_store(tmp_path):
     assert missing == []
     assert outcore.open_dataset(target)["x"].compute().tolist() == [15] * 100
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]  # nothing left beside it
+
+
+def test_a_run_folder_is_never_seen_unlocked_by_a_concurrent_run(tmp_path, monkeypatch):
+    """A run's folder was visible before it was locked: another run starting in that instant took it for a
+    dead run and removed it. Here a second run cleans up at the worst moment of the first's start."""
+    from outcore.storage import staging
+
+    target = tmp_path / "s.zarr"
+    real_lock, cleanups = staging._lock, []
+
+    def lock_after_a_rival_cleans_up(run):
+        with warnings.catch_warnings(record=True):
+            cleanups.append(staging._adopt_or_clean(target, None))  # what a concurrent run does first
+        return real_lock(run)
+
+    monkeypatch.setattr(staging, "_lock", lock_after_a_rival_cleans_up)
+    ds = outcore.from_arrays({"x": np.arange(100)}, target, progress=False)
+    assert cleanups and sorted(ds["x"].compute().tolist()) == list(range(100))
+
+
+@pytest.mark.parametrize("name", ["data[1].zarr", "d*.zarr", "what?.zarr"])
+def test_target_names_are_not_glob_patterns(tmp_path, name):
+    """``data[1].zarr`` matched ``.data1.zarr.partial-*``: a run on one target removed another's files."""
+    other = tmp_path / ".data1.zarr.partial-12345678"
+    other.mkdir()
+    (tmp_path / ".dz.zarr.partial-12345678").mkdir()
+    outcore.from_arrays({"x": np.arange(10)}, tmp_path / name, progress=False)
+    assert other.exists() and (tmp_path / ".dz.zarr.partial-12345678").exists()
+    assert sorted(outcore.open_dataset(tmp_path / name)["x"].compute().tolist()) == list(range(10))
 
 
 def test_a_store_left_between_two_renames_is_put_back(tmp_path):

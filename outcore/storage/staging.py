@@ -8,6 +8,10 @@ Linux's ``renameat2(RENAME_EXCHANGE)`` swaps the two, so at every instant the ta
 old store or the new one; elsewhere two renames leave the old store at ``.<name>.previous-<id>``
 between them, and the next run puts it back if it was left there.
 
+A run's folder is made and locked as ``.<name>.starting-<id>`` and only then renamed into view, so
+no run ever finds another's folder unlocked; target names are escaped in every pattern (a store named
+``data[1].zarr`` is not the pattern ``data1.zarr``).
+
 The next run on the same target finds what dead runs left (their lock is free) and removes it, with
 a warning saying what and how much — or, with ``resume=True``, continues the run whose manifest
 matches its own, keeping the shards it finished.
@@ -18,9 +22,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import glob
 import json
 import os
 import shutil
+import time
 import uuid
 import warnings
 import zipfile
@@ -34,6 +40,7 @@ from ..errors import OptionError, OutcoreWarning, StorageError, StoreExistsError
 from .groups import is_url, is_zip
 
 _RENAME_EXCHANGE = 2
+STARTING_SECONDS = 60  # a run's folder is renamed into view within milliseconds of being made
 _AT_FDCWD = -100
 
 
@@ -78,8 +85,7 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
         raise StoreExistsError(f"{target} already exists; pass overwrite=True to replace it")
     staging, lock = _adopt_or_clean(target, manifest if resume else None)
     if staging is None:
-        staging = _start(target, manifest)
-        lock = _lock(staging.run)
+        staging, lock = _start(target, manifest)
     try:
         yield staging
         built = staging.store
@@ -125,19 +131,30 @@ def _free_mib(location: Path) -> float:
     return 0.0
 
 
-def _start(target: Path, manifest: dict[str, Any] | None) -> Staging:
-    store = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
+def _start(target: Path, manifest: dict[str, Any] | None) -> tuple[Staging, Any]:
+    """A new run: its folder is made and locked under a name no other run looks at, then renamed into
+    view, so no run ever sees it unlocked (and takes it for a dead one)."""
+    run_id = uuid.uuid4().hex[:8]
+    store = target.parent / f".{target.name}.partial-{run_id}"
     run = store.with_name(store.name + ".run")
-    (run / "done").mkdir(parents=True)
+    hidden = target.parent / f".{target.name}.starting-{run_id}"
+    (hidden / "done").mkdir(parents=True)
+    lock = _lock(hidden)
     if manifest is not None:
-        (run / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
-    return Staging(store, run, resumed=False)
+        (hidden / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
+    os.rename(hidden, run)  # the open lock file moves with its folder: still held
+    return Staging(store, run, resumed=False), lock
 
 
 def _adopt_or_clean(target: Path, manifest: dict[str, Any] | None) -> tuple[Staging | None, Any]:
     """Continue the dead run whose manifest is ``manifest`` (if any); remove what other dead runs left."""
     adopted, lock = None, None
-    for run in sorted(target.parent.glob(f".{target.name}.partial-*.run")):
+    name = glob.escape(target.name)  # a name like data[1].zarr is not a pattern
+    for starting in sorted(target.parent.glob(f".{name}.starting-*")):  # runs that died before they were seen
+        if time.time() - starting.stat().st_mtime > STARTING_SECONDS and (held := _try_lock(starting)) is not None:
+            held.close()
+            _remove_leftovers(starting, target)
+    for run in sorted(target.parent.glob(f".{name}.partial-*.run")):
         held = _try_lock(run)
         if held is None:
             warnings.warn(f"another ingest is writing {target} now (its files: {run.with_suffix('')}*); the one "
@@ -150,7 +167,7 @@ def _adopt_or_clean(target: Path, manifest: dict[str, Any] | None) -> tuple[Stag
         resumable = manifest is None and _manifest(run) is not None
         _remove_leftovers(run.with_suffix(""), target, "; resume=True (--resume) continues such a run instead of "
                           "removing it" if resumable else "")
-    for store in sorted(target.parent.glob(f".{target.name}.partial-*")):  # runs older than run folders
+    for store in sorted(target.parent.glob(f".{name}.partial-*")):  # runs older than run folders
         if not store.name.endswith(".run") and not store.with_name(_run_name(store)).exists():
             _remove_leftovers(store, target)
     return adopted, lock
@@ -163,7 +180,7 @@ def _run_name(path: Path) -> str:
 
 
 def _remove_leftovers(store: Path, target: Path, advice: str = "") -> None:
-    paths = list(store.parent.glob(store.name + "*"))
+    paths = list(store.parent.glob(glob.escape(store.name) + "*"))
     size = sum(_size(p) for p in paths)
     for path in paths:
         remove_path(path)
@@ -197,7 +214,7 @@ def _try_lock(run: Path) -> Any:
 
 
 def _remove_run(store: Path) -> None:
-    for path in store.parent.glob(store.name + "*"):
+    for path in store.parent.glob(glob.escape(store.name) + "*"):
         remove_path(path)
 
 
@@ -238,7 +255,7 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def _restore_previous(target: Path) -> None:
     """After a run died between the two renames of a replace, put the old store back (or drop it)."""
-    for previous in sorted(target.parent.glob(f".{target.name}.previous-*")):
+    for previous in sorted(target.parent.glob(f".{glob.escape(target.name)}.previous-*")):
         if target.exists():
             remove_path(previous)
             warnings.warn(f"removed {previous}, the store {target} held before an interrupted replace",
