@@ -199,3 +199,21 @@ def test_several_sample_weight_fields_are_an_error_not_a_guess(tmp_path):
         ds.keras(16, x="x", y="y")
     assert len(ds.keras(16, x="x", y="y", sample_weight="weight")[0]) == 3
     assert len(ds.keras(16, x="x", y="y", sample_weight=None)[0]) == 2
+
+
+def test_two_passes_of_a_tf_dataset_at_once_both_finish(tmp_path):
+    """ds.tf() shared one iterator between its passes: a second iter() closed the first, whose consumer
+    then waited forever. Each pass is now an epoch of its own."""
+    ds = outcore.from_arrays({"x": np.arange(640)}, tmp_path / "t.zarr", chunk_size=32, shuffle_on_write=False,
+                             progress=False)
+    data = ds.tf(64, x="x", shuffle=True)
+    first, second = iter(data), iter(data)
+    seen = {"first": [], "second": []}
+    for _ in range(len(ds) // 64):
+        seen["first"].append(next(first).numpy())
+        seen["second"].append(next(second).numpy())
+    for name in seen:
+        assert sorted(np.concatenate(seen[name]).tolist()) == list(range(640)), name
+    assert not np.array_equal(np.concatenate(seen["first"]), np.concatenate(seen["second"]))  # epochs 0 and 1
+    with pytest.raises(StopIteration):
+        next(first)

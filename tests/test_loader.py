@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -280,3 +281,94 @@ def test_loader_stats(ids_store):
     assert stats["batches"] == 10 and stats["samples"] == 1000
     assert set(stats) >= {"samples_per_s", "wait_mean_ms", "wait_p95_ms", "wait_fraction", "ready_mean"}
     assert 0 <= stats["wait_fraction"] <= 1
+
+
+def _slow(batch, rng):
+    time.sleep(1.5)  # the producer is busy: the consumer waits on the queue
+    return batch
+
+
+@pytest.mark.parametrize("closing", ["close", "iter again"])
+def test_a_consumer_waiting_on_a_closed_iteration_ends_within_a_second(store, closing):
+    """close() (or a second iter() of the same iterator) while the consumer waited for a batch: the
+    producer's end marker was refused and the consumer blocked in queue.get() forever."""
+    ds, _ = store
+    it = ds.batches(100, transform=_slow, prefetch=1)
+    first = iter(it)
+    outcome = {}
+
+    def consume():
+        try:
+            for _ in first:
+                pass
+        except outcore.IterationClosedError as error:
+            outcome["error"], outcome["at"] = error, time.perf_counter()
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.3)
+    closed_at = time.perf_counter()
+    if closing == "close":
+        it.close()
+    else:
+        second = iter(it)
+        next(second)  # starts the new run, which closes the first
+    consumer.join(timeout=10)
+    assert not consumer.is_alive()
+    assert "closed" in str(outcome["error"]) and "batch 0 of epoch 0" in str(outcome["error"])
+    assert outcome["at"] - closed_at < 1 + (1.5 if closing == "iter again" else 0)  # + the new run's first batch
+    it.close()
+
+
+def test_seed_domains_do_not_collide(store):
+    """default_rng([s, 0, 0]) is default_rng(s): epoch 0's chunk order, the write order and batch 0's
+    augmentation drew the same stream."""
+    from outcore.ingest.permute import write_order
+    from outcore.iterate.batch import transform_generator
+    from outcore.iterate.plan import chunk_order
+    from outcore.seeds import Domain, generator
+
+    n = 64
+    draws = [chunk_order(n, shuffle=True, seed=0, epoch=0), write_order(n, shuffle=True, seed=0),
+             transform_generator((0, 0, 0, 0)).permutation(n), generator(Domain.REFERENCE, 0, 0).permutation(n),
+             generator(Domain.CHUNK_ORDER, 0, 0, 0).permutation(n)]
+    assert len({tuple(d.tolist()) for d in draws}) == len(draws)
+    assert np.random.default_rng([0, 0, 0]).permutation(n).tolist() == np.random.default_rng(0).permutation(n).tolist()
+
+
+def test_one_pool_of_threads_whatever_the_batches(tmp_path, rng):
+    """The fused crop started a pool of os.cpu_count() threads per batch; now every read, decode and
+    resize of the process shares one pool of outcore.thread_count() threads."""
+    from outcore.testing import write_image_folder
+    from outcore.transforms import RandomResizedCrop
+
+    write_image_folder(tmp_path / "photos", 64, classes=("a", "b"), size=(48, 40), seed=0)
+    ds = outcore.ingest_images(tmp_path / "photos", tmp_path / "p.zarr", shape=None, images="encoded",
+                               chunk_size=8, progress=False)
+    seen, started = set(), set()
+    for batch in ds.batches(16, transform=Compose([RandomResizedCrop(24), RandomFlip()])):
+        assert batch["images"].shape == (len(batch["images"]), 24, 24, 3)
+        now = {t for t in threading.enumerate() if t.name.startswith("outcore")}
+        started |= {t.ident for t in now}
+        seen.add(len(now))
+    pool = {t.ident for t in threading.enumerate() if t.name.startswith("outcore-pool")}
+    assert max(seen) <= outcore.thread_count() + 1  # the pool, and the run's producer thread
+    assert len(started) <= outcore.thread_count() + 4  # threads are not started per batch (4 runs' producers)
+    assert pool and len(pool) <= outcore.thread_count()
+
+
+def test_the_thread_count_follows_affinity_and_the_knob(monkeypatch):
+    from outcore import threads
+
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0})
+    assert threads.available_cpus() == 1
+    monkeypatch.setenv("OUTCORE_THREADS", "3")
+    assert outcore.thread_count() == 3
+    outcore.set_threads(2)
+    try:
+        assert outcore.thread_count() == 2
+    finally:
+        outcore.set_threads(None)
+    monkeypatch.setenv("OUTCORE_THREADS", "none")
+    with pytest.raises(outcore.OptionError, match="OUTCORE_THREADS='none'"):
+        outcore.thread_count()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -171,3 +173,57 @@ def test_torch_batches_say_which_samples_they_hold_and_come_in_store_order(ids_s
     shuffled = next(iter(ids_store.torch(64, shuffle=True, seed=1)))
     np.testing.assert_array_equal(shuffled["id"].numpy(), ids[shuffled.samples])
     assert shuffled.samples.tolist() != list(range(64))
+
+
+def _ids_and_weight(batch):  # a collate_fn at module level: spawned workers receive it pickled
+    return batch["id"], float(batch["id"].float().mean())
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_collate_fn_gets_each_outcore_batch(ids_store, start_method):
+    """collate_fn was accepted, then failed with AttributeError: it now gets each TorchBatch, as a
+    DataLoader with batch_size=None gives it each item, and the loader still counts and resumes."""
+    loader = ids_store.torch(100, num_workers=2, shuffle=True, seed=2, collate_fn=_ids_and_weight,
+                             multiprocessing_context=start_method, pin_memory=False)
+    collated = list(loader)
+    assert len(collated) == 10 and all(isinstance(mean, float) for _, mean in collated)
+    plain = [b["id"] for b in ids_store.torch(100, num_workers=2, shuffle=True, seed=2,
+                                              multiprocessing_context=start_method)]
+    for (ids, mean), expected in zip(collated, plain, strict=True):
+        assert torch.equal(ids, expected) and mean == pytest.approx(float(expected.float().mean()))
+    assert loader.state_dict()["epoch"] == 1  # counted as always
+
+
+RANKS_SCRIPT = """
+import json, os, sys
+import numpy as np
+import torch.distributed as dist
+import outcore
+
+rank = int(sys.argv[2])
+loader = outcore.open_dataset(sys.argv[1]).torch(50, shuffle=True, seed=3, num_workers=int(sys.argv[4]))
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[3], rank=rank, world_size=2)
+ids = [b["id"].tolist() for b in loader]
+print(json.dumps({"rank": rank, "len": len(loader), "ids": sum(ids, [])}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_built_before_init_process_group_shards_by_rank(ids_store, workers):
+    """The rank was read when the loader was built: before init_process_group, every rank got the whole
+    epoch. Two gloo processes on loopback now read disjoint halves."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    ranks = [subprocess.Popen([sys.executable, "-c", RANKS_SCRIPT, ids_store.location, str(rank), port,
+                               str(workers)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(2)]
+    outputs = [rank.communicate(timeout=240) for rank in ranks]
+    assert all(rank.returncode == 0 for rank in ranks), [err[-2000:] for _, err in outputs]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert [r["len"] for r in results] == [10, 10]
+    first, second = (set(r["ids"]) for r in results)
+    assert len(first) == len(second) == 500 and not first & second and first | second == set(range(1000))

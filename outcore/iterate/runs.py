@@ -103,7 +103,10 @@ class Run:
 
     def close(self) -> None:
         """Stop the producer and free what it used. At interpreter exit the threads are frozen, not stopped
-        (Python 3.13 finalizes an unfinished generator after that): nothing is waited for then."""
+        (Python 3.13 finalizes an unfinished generator after that): nothing is waited for then. Closing a
+        run that is closed, or being closed by another thread, returns at once."""
+        if self.stop.is_set():
+            return
         self.stop.set()
         while self.thread.is_alive() and not sys.is_finalizing() and self.thread is not threading.current_thread():
             try:  # unblock a producer waiting for room in the queue
