@@ -143,7 +143,8 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_store(tmp_path):
     with pytest.raises(outcore.StoreBusyError, match="another Writer"):
         outcore.Writer(tmp_path / "s.zarr", overwrite=True)
     other = subprocess.run([sys.executable, "-c", "import outcore, sys; outcore.Writer(sys.argv[1], append=True)",
-                            str(tmp_path / "s.zarr")], capture_output=True, text=True, timeout=120)
+                            str(tmp_path / "s.zarr")], check=False, capture_output=True, text=True,
+                           timeout=120)
     assert other.returncode != 0 and "StoreBusyError" in other.stderr  # another process: refused too
     first.close()
     with outcore.Writer(tmp_path / "s.zarr", append=True) as second:

@@ -212,8 +212,8 @@ def test_two_passes_of_a_tf_dataset_at_once_both_finish(tmp_path):
     for _ in range(len(ds) // 64):
         seen["first"].append(next(first).numpy())
         seen["second"].append(next(second).numpy())
-    for name in seen:
-        assert sorted(np.concatenate(seen[name]).tolist()) == list(range(640)), name
+    for name, batches in seen.items():
+        assert sorted(np.concatenate(batches).tolist()) == list(range(640)), name
     assert not np.array_equal(np.concatenate(seen["first"]), np.concatenate(seen["second"]))  # epochs 0 and 1
     with pytest.raises(StopIteration):
         next(first)

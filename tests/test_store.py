@@ -348,8 +348,7 @@ def test_a_blosc_frame_of_another_length_is_corruption_everywhere(tmp_path, leng
 
 
 def test_a_frame_that_is_not_blosc_is_corruption(tmp_path):
-    ds = outcore.from_arrays({"x": np.ones((512, 8), np.float32)}, tmp_path / "g.zarr", chunk_size=256,
-                             progress=False)
+    outcore.from_arrays({"x": np.ones((512, 8), np.float32)}, tmp_path / "g.zarr", chunk_size=256, progress=False)
     replace_chunk(tmp_path / "g.zarr", "x", 1, b"not a blosc frame at all, but long enough")
     with pytest.raises(CorruptChunkError, match=r"chunk 1 .* is corrupt: "):
         list(outcore.open_dataset(tmp_path / "g.zarr").batches(256, shuffle=False))
