@@ -99,8 +99,13 @@ def test_there_are_no_import_cycles():
 
 def test_imports_inside_functions_are_only_for_optional_frameworks():
     graph, modules = _graph(), _modules()
-    framework_modules = {module for module, imports in graph.items()
-                         if any(top and name.split(".")[0] in FRAMEWORKS for name, top in imports)}
+    framework_modules: set[str] = set()  # modules that import a framework at module level, themselves or through others
+    while True:
+        found = {module for module, imports in graph.items()
+                 if any(top and (name.split(".")[0] in FRAMEWORKS or name in framework_modules) for name, top in imports)}
+        if found == framework_modules:
+            break
+        framework_modules = found
     late = [(module, name) for module, imports in graph.items() for name, top in imports if not top]
     wrong = [f"{module} imports {name} inside a function" for module, name in late
              if name.split(".")[0] not in FRAMEWORKS and name not in framework_modules]

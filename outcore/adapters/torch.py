@@ -21,15 +21,7 @@ from ..storage import Store
 from .keywords import TorchKeywords, split_torch_keywords
 from .torch_batches import TorchBatch, TorchBatches
 from .torch_device import to_device
-
-try:
-    from torch.utils.data import DataLoader
-    from torch.utils.data._utils.collate import default_convert
-except ImportError as error:  # pragma: no cover - exercised only without torch
-    raise ImportError(
-        "ds.torch() needs PyTorch: pip install 'outcore[torch]' (on a CPU-only machine, install the CPU "
-        "build of torch first)"
-    ) from error
+from .torch_module import DataLoader, default_convert
 
 __all__ = ["OutcoreLoader", "TorchBatch", "TorchBatches", "loader", "to_device"]
 

@@ -25,15 +25,7 @@ from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, batch_count, rank_batch_count
 from ..storage import Store, open_store
 from ..threads import share_cpus
-
-try:
-    import torch
-    from torch.utils.data import IterableDataset, get_worker_info
-except ImportError as error:  # pragma: no cover - exercised only without torch
-    raise ImportError(
-        "ds.torch() needs PyTorch: pip install 'outcore[torch]' (on a CPU-only machine, install the CPU "
-        "build of torch first)"
-    ) from error
+from .torch_module import IterableDataset, get_worker_info, torch
 
 CLIENT_IN_WORKERS = (
     "with client=, the Dask workers read, decode and augment, and batches arrive in the main process: "

@@ -5,13 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-try:
-    import torch
-except ImportError as error:  # pragma: no cover - exercised only without torch
-    raise ImportError(
-        "ds.torch() needs PyTorch: pip install 'outcore[torch]' (on a CPU-only machine, install the CPU "
-        "build of torch first)"
-    ) from error
+from .torch_module import torch
 
 
 def to_device(batches: Iterable[dict[str, Any]], device: str | Any = "cuda") -> Iterator[dict[str, Any]]:
