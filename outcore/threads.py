@@ -36,6 +36,7 @@ _pool: ThreadPoolExecutor | None = None
 _pool_pid = 0
 _chosen: int | None = None  # set_threads
 _shares = 1  # share_cpus: the processes this one shares its CPUs with (itself included)
+_cap: int | None = None  # cap_threads: a worker of a Dask cluster uses at most its own threads
 _in_pool = threading.local()
 
 
@@ -83,7 +84,8 @@ def thread_count() -> int:
             return _checked(int(chosen), ENVIRONMENT)
         except ValueError:
             raise OptionError(f"{ENVIRONMENT}={chosen!r} must be a whole number of threads, 1 or more") from None
-    return max(1, available_cpus() // _shares)
+    shared = max(1, available_cpus() // _shares)
+    return shared if _cap is None else min(shared, _cap)
 
 
 def set_threads(count: int | None) -> None:
@@ -101,6 +103,15 @@ def share_cpus(processes: int) -> None:
     global _shares
     _shares = max(1, int(processes))
     _replace_pool()
+
+
+def cap_threads(count: int) -> None:
+    """Use at most ``count`` threads by default (a Dask worker: the threads its cluster gave it, so that the
+    workers of a machine together stay within its CPUs); `set_threads` and ``OUTCORE_THREADS`` still win."""
+    global _cap
+    if _cap != max(1, int(count)):
+        _cap = max(1, int(count))
+        _replace_pool()
 
 
 def _checked(count: int, name: str) -> int:

@@ -75,6 +75,13 @@ class Writer:
         self._shard_size = 0
         self._lock_file: Any = None
         self.closed = False
+        try:
+            self._open(specs, append, overwrite)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _open(self, specs: Mapping[str, FieldSpec] | None, append: bool, overwrite: bool) -> None:
         if append and self.location.exists():
             self._open_existing()
         elif self.location.exists() and not overwrite:

@@ -39,6 +39,7 @@ from dask.base import tokenize
 from ..errors import ClusterError, NotAStoreError
 from ..imaging import DecodedChunks
 from ..storage import open_store
+from ..threads import available_cpus, cap_threads
 from .batch import Batch, ChunkValues, Recipe, make_batch
 from .readers import ChunkReader, chunk_reader
 from .runs import Run, Work
@@ -138,13 +139,16 @@ def read_chunk(source: StoreFields, chunk: int) -> dict[str, ChunkValues]:
 def batch_task(recipe: Recipe, samples: np.ndarray, chunk_size: int, slots: np.ndarray, used: list[int],
                rng_key: tuple[int, ...], *values: ChunkValues) -> Batch:
     """On a worker: one batch from the chunks it draws on (decoding its encoded samples), augmented as the
-    local path would."""
+    local path would, on as many threads as the cluster gave the worker."""
+    cap_threads(_worker_threads())
     return make_batch(recipe, samples, chunk_size, slots, dict(zip(used, values, strict=True)), rng_key)
 
 
 @lru_cache(maxsize=8)
 def _readers(source: StoreFields) -> dict[str, ChunkReader]:
-    """The worker's readers of a store, opened once per worker process (shard indexes stay cached)."""
+    """The worker's readers of a store, opened once per worker process (shard indexes stay cached); its
+    reads and decodes use as many threads as the cluster gave the worker."""
+    cap_threads(_worker_threads())
     try:
         store = open_store(source.location)
     except NotAStoreError as error:
@@ -154,6 +158,15 @@ def _readers(source: StoreFields) -> dict[str, ChunkReader]:
             "it by URL (s3://…, gs://…)"
         ) from None
     return {name: chunk_reader(store, name) for name in source.fields}
+
+
+def _worker_threads() -> int:
+    from distributed import get_worker
+
+    try:
+        return get_worker().state.nthreads
+    except ValueError:  # not in a worker
+        return available_cpus()
 
 
 def _worker_address() -> str:
