@@ -101,8 +101,9 @@ def set_threads(count: int | None) -> None:
 def share_cpus(processes: int) -> None:
     """This process is one of ``processes`` that share the CPUs (DataLoader workers): take its part."""
     global _shares
-    _shares = max(1, int(processes))
-    _replace_pool()
+    if _shares != max(1, int(processes)):
+        _shares = max(1, int(processes))
+        _replace_pool()
 
 
 def cap_threads(count: int) -> None:
