@@ -352,3 +352,21 @@ def test_a_frame_that_is_not_blosc_is_corruption(tmp_path):
     replace_chunk(tmp_path / "g.zarr", "x", 1, b"not a blosc frame at all, but long enough")
     with pytest.raises(CorruptChunkError, match=r"chunk 1 .* is corrupt: "):
         list(outcore.open_dataset(tmp_path / "g.zarr").batches(256, shuffle=False))
+
+
+def test_fuzzed_frame_lengths_are_all_refused_by_the_reader(tmp_path):
+    """Every frame length from 0 to a chunk's bytes and beyond, checksums valid: the chunk reader (what the
+    iterator, ds[field] and verify use) refuses each one but the chunk's own size."""
+    from numcodecs import blosc
+
+    values = (np.arange(64 * 8, dtype=np.uint8).reshape(64, 8) % 251) + 1
+    outcore.from_arrays({"x": values}, tmp_path / "z.zarr", chunk_size=16, shuffle_on_write=False, progress=False)
+    nbytes = 16 * 8
+    for length in range(nbytes + 20):
+        replace_chunk(tmp_path / "z.zarr", "x", 1, blosc.compress(bytes(length), b"lz4", 5))
+        reader = outcore.open_dataset(tmp_path / "z.zarr").chunk_reader("x")
+        if length == nbytes:
+            assert (reader.read(1) == 0).all()  # the chunk's own size: a valid (all-zero) chunk
+            continue
+        with pytest.raises(CorruptChunkError, match=r"chunk 1 .*Blosc frame holds"):
+            reader.read(1)

@@ -227,3 +227,19 @@ def test_a_loader_built_before_init_process_group_shards_by_rank(ids_store, work
     assert [r["len"] for r in results] == [10, 10]
     first, second = (set(r["ids"]) for r in results)
     assert len(first) == len(second) == 500 and not first & second and first | second == set(range(1000))
+
+
+def _record_threads(batch, rng):  # at module level: spawned workers receive it pickled
+    import outcore
+
+    return {**batch, "threads": np.full(len(batch["id"]), outcore.thread_count())}
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_dataloader_workers_share_the_cpus(ids_store, start_method):
+    """Each DataLoader worker reads and decodes on its share of the CPUs: together they stay within them."""
+    import outcore
+
+    loader = ids_store.torch(100, num_workers=2, transform=_record_threads, multiprocessing_context=start_method)
+    counts = {int(t) for batch in loader for t in batch["threads"]}
+    assert counts == {max(1, outcore.available_cpus() // 2)}

@@ -8,6 +8,7 @@ from typing import Any, TypedDict
 
 from ..errors import OptionError
 from .batch import Transform
+from .plan import Consumer
 
 
 class BatchKeywords(TypedDict, total=False):
@@ -64,8 +65,7 @@ class BatchOptions:
             raise OptionError(f"prefetch={self.prefetch} must be at least 1")
         if self.buffer_chunks < 0:
             raise OptionError(f"buffer_chunks={self.buffer_chunks} must be 0 or more")
-        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise OptionError(f"rank={self.rank} must be in [0, world_size={self.world_size})")
+        Consumer(self.rank, self.world_size)  # checks the rank
         if isinstance(self.fields, str):
             raise TypeError(f"fields={self.fields!r} must be a list of field names, not one string")
         if self.fields is not None:
