@@ -162,14 +162,17 @@ class ChunkBuffers:
 class LocalRun(Run):
     """Batches made in this process: chunk reads and decodes on the process's thread pool
     (`outcore.threads`), each batch put together on the producer thread. Reads run ``read_ahead``
-    slots ahead of the batch being made: one per pool thread (at least 2), so every thread has a chunk
-    to read."""
+    slots ahead of the batch being made: one per pool thread, so every thread has a chunk to read, from
+    2 to `MAX_READ_AHEAD` (memory: each is a chunk held)."""
+
+    MAX_READ_AHEAD = 8
 
     def __init__(self, work: Work, stats: LoaderStats, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
         self.buffers = ChunkBuffers(readers)
         self.loading: dict[int, Future[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}
-        self.read_ahead = 0 if work.stop_batch == work.first_batch + 1 else max(2, thread_count())
+        one_batch = work.stop_batch == work.first_batch + 1
+        self.read_ahead = 0 if one_batch else min(self.MAX_READ_AHEAD, max(2, thread_count()))
         super().__init__(work, stats)
 
     def _release(self) -> None:
