@@ -205,7 +205,8 @@ class EpochPlan:
                 dealt = self._first[slot] + np.arange(self.slot_sizes[slot])
                 if self.mixed:
                     dealt = dealt[generator(Domain.BUFFER_SHUFFLE, *self._key, slot).permutation(len(dealt))]
-                self._cache = {j: v for j, v in self._cache.items() if j > slot - self.window - 2}
+                near = self.window + 2  # the slots a window or two around this one draws on
+                self._cache = {j: v for j, v in self._cache.items() if abs(j - slot) <= near}
                 self._cache[slot] = dealt
         ends = np.cumsum(self.deals[slot])
         return dealt[ends[d] - self.deals[slot, d] : ends[d]]
