@@ -30,6 +30,8 @@ from typing import Any
 from .errors import OptionError
 
 ENVIRONMENT = "OUTCORE_THREADS"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+OWN_CGROUP = Path("/proc/self/cgroup")  # which cgroup(s) this process is in
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -41,8 +43,8 @@ _in_pool = threading.local()
 
 
 def available_cpus() -> int:
-    """The CPUs this process may run on: its CPU affinity, capped by the cgroup's CPU quota (v2
-    ``cpu.max`` or v1 ``cpu.cfs_quota_us``), at least 1."""
+    """The CPUs this process may run on: its CPU affinity, capped by its cgroups' CPU quota (v2
+    ``cpu.max`` or v1 ``cpu.cfs_quota_us``, the process's cgroup and its ancestors), at least 1."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
@@ -52,14 +54,37 @@ def available_cpus() -> int:
 
 
 def _cgroup_quota() -> float | None:
-    """CPUs allowed by the cgroup's quota, or None when it sets none (or cannot be read)."""
-    for path, parse in ((Path("/sys/fs/cgroup/cpu.max"), _cpu_max),
-                        (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), _cfs_quota)):
+    """CPUs allowed by the CPU quotas of this process's cgroup and its ancestors (the smallest), or None
+    when none sets one (or none can be read)."""
+    quotas = []
+    for path in _cgroup_cpu_files():
         try:
-            return parse(path)
-        except (OSError, ValueError):
+            quota = _cpu_max(path) if path.name == "cpu.max" else _cfs_quota(path)
+        except (OSError, ValueError, IndexError):
             continue
-    return None
+        if quota:
+            quotas.append(quota)
+    return min(quotas) if quotas else None
+
+
+def _cgroup_cpu_files() -> list[Path]:
+    """The quota files of this process's cgroup and its ancestors: v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``."""
+    try:
+        lines = OWN_CGROUP.read_text().splitlines()
+    except OSError:
+        return []
+    files = []
+    for line in lines:
+        _, controllers, where = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy
+            top, name = CGROUP_ROOT, "cpu.max"
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own hierarchy
+            top, name = CGROUP_ROOT / controllers, "cpu.cfs_quota_us"
+        else:
+            continue
+        folder = top / where.strip("/")
+        files += [path / name for path in (folder, *folder.parents) if path == top or top in path.parents]
+    return files
 
 
 def _cpu_max(path: Path) -> float | None:
