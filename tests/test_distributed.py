@@ -252,3 +252,32 @@ def test_cli_ingest_on_a_scheduler_address(client, image_folder, tmp_path, capsy
         local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", shape=(32, 32, 3), images="encoded",
                                       chunk_size=4, progress=False)
     _assert_same_store(local, outcore.open_dataset(store))
+
+
+def _slow_on_the_worker(batch, rng):
+    time.sleep(4)
+    return batch
+
+
+def test_closing_a_cluster_iteration_never_waits_on_the_cluster(client, photos):
+    """The gathering thread waited on a batch task's result however long it took: close() (and the
+    consumer waiting on the run) waited with it."""
+    import threading
+
+    it = photos.batches(8, fields=["labels"], transform=_slow_on_the_worker, client=client, prefetch=1)
+    outcome = {}
+
+    def consume():
+        try:
+            next(iter(it))
+        except outcore.IterationClosedError:
+            outcome["closed at"] = time.perf_counter()
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.5)
+    began = time.perf_counter()
+    it.close()
+    closed = time.perf_counter() - began
+    consumer.join(timeout=10)
+    assert closed < 2 and outcome["closed at"] - began < 2  # the batch task still has seconds to run

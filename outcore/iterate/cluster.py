@@ -42,7 +42,7 @@ from ..storage import open_store
 from ..threads import available_cpus, cap_threads
 from .batch import Batch, ChunkValues, Recipe, make_batch
 from .readers import ChunkReader, chunk_reader
-from .runs import Run, Work
+from .runs import WAKE_SECONDS, Run, Work
 from .stats import LoaderStats
 
 
@@ -99,6 +99,12 @@ class ClusterRun(Run):
                 return
 
     def _deliver(self) -> bool:
+        """Hand the oldest pending batch to the consumer once it is made; False when the run was closed
+        meanwhile (a closed run never waits on the cluster)."""
+        future = self.pending[0]
+        while not future.done():
+            if self.stop.wait(WAKE_SECONDS):
+                return False
         batch = self.pending.popleft().result()
         self.gathered += 1
         return self._put(batch)
