@@ -12,6 +12,7 @@ import numpy as np
 from ..dataset import Dataset, open_dataset
 from ..errors import SourceError
 from ..format import TEXT_ENCODING, Compression, FieldInfo, Layout, encode_text, guess_roles
+from ..storage import local_target
 from .build import BuildOptions, FieldSource, build_store
 from .permute import as_dask, write_order
 
@@ -44,6 +45,7 @@ def from_arrays(
 
     >>> ds = outcore.from_arrays({"images": x, "labels": y}, "train.zarr")  # doctest: +SKIP
     """
+    local_target(location)  # before any work: a URL is refused, never made a local folder
     if not arrays:
         raise SourceError("from_arrays needs at least one field")
     arrays = {name: a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a) for name, a in arrays.items()}

@@ -42,6 +42,7 @@ from ..storage import (
     create_encoded_field,
     create_field,
     describe_classes,
+    local_target,
     read_files,
     staged_store,
     stored_nbytes,
@@ -106,7 +107,7 @@ def build_store(
     making ``(fields, errors)`` given a scratch folder of the run, for sources prepared before they are
     written (pictures re-encoded smaller, `outcore.ingest.survey`); the folder is kept for ``resume``.
     """
-    location = Path(location)
+    location = local_target(location)
     with staged_store(location, options.overwrite, manifest=manifest, resume=resume) as staging:
         if callable(fields):
             fields, errors = fields(staging.scratch("prepared"))

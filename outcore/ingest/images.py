@@ -37,6 +37,7 @@ from ..imaging import (
     parse_image_shape,
     parse_resize,
 )
+from ..storage import local_target
 from .arrays import SOURCE_INDEX_FIELD
 from .build import BuildOptions, FieldSource, build_store
 from .decode_tasks import file_array, image_array
@@ -102,6 +103,7 @@ def ingest_images(
     >>> imagenet = outcore.ingest_images("imagenet/train", "train.zarr", shape=None, images="encoded",
     ...                                  max_side=512)  # doctest: +SKIP
     """
+    local_target(location)  # before any work: a URL is refused, never made a local folder
     table = scan_image_folder(source)
     return _ingest_table(table, location, **_image_options(locals()))
 
@@ -144,6 +146,7 @@ def ingest_dataframe(
     >>> ds = outcore.ingest_dataframe("labels.csv", "train.zarr", path_column="path",
     ...                               label_columns=["label"], shape=(64, 64, 3))  # doctest: +SKIP
     """
+    local_target(location)
     table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype)
     if table.missing and on_error == "raise":
         shown = ", ".join(repr(p) for p in table.missing[:3])

@@ -14,7 +14,7 @@ from .groups import (
     shard_path,
 )
 from .shard_reader import ShardReader, read_samples
-from .staging import Staging, pack_zip, remove_path, staged_store
+from .staging import Staging, local_target, pack_zip, remove_path, staged_store
 from .store import Store, open_store
 from .zipstore import RangeZipStore, stored_members
 
@@ -31,6 +31,7 @@ __all__ = [
     "describe_classes",
     "is_url",
     "is_zip",
+    "local_target",
     "make_durable",
     "open_group",
     "open_store",

@@ -73,9 +73,7 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
     interrupted (Ctrl-C, or killed), and with ``resume`` a dead run with the same manifest is continued
     instead of started again.
     """
-    if is_url(location):
-        raise OptionError(f"cannot write to {location!r}: outcore writes stores to local paths only")
-    target = Path(location).absolute()
+    target = local_target(location).absolute()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -105,6 +103,21 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
         raise
     finally:
         lock.close()
+
+
+def local_target(location: str | os.PathLike) -> Path:
+    """``location`` as the local path a store is written to; a URL is an `OptionError` (``Path`` would
+    make ``s3://bucket/x.zarr`` a local folder named ``s3:/bucket/x.zarr``).
+
+    >>> local_target("s3://bucket/x.zarr")
+    Traceback (most recent call last):
+    ...
+    outcore.errors.OptionError: cannot write to 's3://bucket/x.zarr': outcore writes stores to local paths; write the store to a local disk, then copy it to the object store (a .zip store is one file to copy)
+    """
+    if is_url(location):
+        raise OptionError(f"cannot write to {str(location)!r}: outcore writes stores to local paths; write the store "
+                          "to a local disk, then copy it to the object store (a .zip store is one file to copy)")
+    return Path(location)
 
 
 def storage_error(error: OSError, location: Path) -> StorageError:
