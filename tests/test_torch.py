@@ -63,9 +63,11 @@ def test_torch_passes_dataloader_keywords_through(ids_store):
 
 
 def test_a_transform_that_cannot_pickle_is_named_before_spawned_workers_start(ids_store):
-    with pytest.raises(ValueError, match="started by 'spawn' receive the dataset pickled.*module level"):
+    with pytest.raises(ValueError, match="started by 'spawn' receive the dataset .* pickled.*module level"):
         ids_store.torch(100, num_workers=2, multiprocessing_context="spawn", transform=lambda batch, rng: batch)
     ids_store.torch(100, num_workers=2, multiprocessing_context="fork", transform=lambda batch, rng: batch)
+    with pytest.raises(ValueError, match="receive the collate_fn pickled.*module level"):
+        ids_store.torch(100, num_workers=2, multiprocessing_context="spawn", collate_fn=lambda batch: batch)
 
 
 def _set_threads(worker: int) -> None:

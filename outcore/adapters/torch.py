@@ -136,24 +136,26 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
     batches = TorchBatches(store, batch_size, num_workers=num_workers, channels_first=channels_first,
                            **batch_keywords)
     if num_workers > 0:
-        _check_picklable(batches, dataloader_options.get("multiprocessing_context"))
+        _check_picklable(batches, dataloader_options.get("collate_fn"), dataloader_options.get("multiprocessing_context"))
     return OutcoreLoader(batches, **dataloader_options)
 
 
-def _check_picklable(batches: TorchBatches, context: Any) -> None:
-    """Workers started by spawn or forkserver receive the dataset pickled: say so now, not in a worker."""
+def _check_picklable(batches: TorchBatches, collate_fn: Any, context: Any) -> None:
+    """Workers started by spawn or forkserver receive the dataset and the collate_fn pickled: say so now, not
+    in a worker."""
     method = context if isinstance(context, str) else (
         context.get_start_method() if context is not None else multiprocessing.get_start_method())
     if method == "fork":
         return
-    try:
-        pickle.dumps(batches)
-    except Exception as error:  # noqa: BLE001 - whatever pickle raises, the message below says what to do
-        raise OptionError(
-            f"DataLoader workers started by {method!r} receive the dataset pickled, and this one cannot be "
-            f"({type(error).__name__}: {error}): define the transform at module level (not a lambda or a local "
-            "function), or use multiprocessing_context='fork'"
-        ) from None
+    for what, value in (("the dataset (with its transform)", batches), ("the collate_fn", collate_fn)):
+        try:
+            pickle.dumps(value)
+        except Exception as error:  # noqa: BLE001 - whatever pickle raises, the message below says what to do
+            raise OptionError(
+                f"DataLoader workers started by {method!r} receive {what} pickled, and it cannot be "
+                f"({type(error).__name__}: {error}): define the transform and collate_fn at module level (not "
+                "a lambda or a local function), or use multiprocessing_context='fork'"
+            ) from None
 
 
 def _next_share(last: int, positions: list[int], lengths: list[int]) -> int:
