@@ -158,11 +158,13 @@ class EpochPlan:
                 self.slot_sizes, np.full(self.window, 1 / self.window)).astype(np.int64)
         else:
             self.deals = self.slot_sizes[:, None]
+        self._deal_ends = np.cumsum(self.deals, axis=1)
         window_sizes = np.zeros(len(self.chunks) + self.window - 1, dtype=np.int64)
         for d in range(self.window):
             window_sizes[d : d + len(self.chunks)] += self.deals[:, d]
         self.window_ends = np.cumsum(window_sizes)
         self._cache: dict[int, np.ndarray] = {}  # slot -> its samples' local indices, in dealing order
+        self._windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # window -> (samples, slots)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -179,14 +181,28 @@ class EpochPlan:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         first = int(np.searchsorted(self.window_ends, start, side="right"))
         last = int(np.searchsorted(self.window_ends, stop - 1, side="right"))
-        parts = [self.window_contents(w) for w in range(first, last + 1)]
-        offset = start - (int(self.window_ends[first - 1]) if first else 0)
-        samples = np.concatenate([p[0] for p in parts])[offset : offset + stop - start]
-        slots = np.concatenate([p[1] for p in parts])[offset : offset + stop - start]
-        return samples, slots
+        samples, slots = [], []
+        for w in range(first, last + 1):
+            begin = int(self.window_ends[w - 1]) if w else 0
+            low, high = max(start, begin) - begin, min(stop, int(self.window_ends[w])) - begin
+            window_samples, window_slots = self.window_contents(w)
+            samples.append(window_samples[low:high])
+            slots.append(window_slots[low:high])
+        return (samples[0], slots[0]) if len(samples) == 1 else (np.concatenate(samples), np.concatenate(slots))
 
     def window_contents(self, w: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(samples, slots)`` of window ``w``, in emission order."""
+        """``(samples, slots)`` of window ``w``, in emission order (the last few are kept: consecutive
+        batches draw on the same window)."""
+        with self._lock:
+            made = self._windows.get(w)
+        if made is None:
+            made = self._make_window(w)
+            with self._lock:
+                self._windows = {v: m for v, m in self._windows.items() if abs(v - w) <= 2}
+                self._windows[w] = made
+        return made
+
+    def _make_window(self, w: int) -> tuple[np.ndarray, np.ndarray]:
         low = max(0, w - self.window + 1)
         slots = np.arange(low, min(w + 1, len(self.chunks)))
         groups = [self._dealt(int(j), w - int(j)) for j in slots]
@@ -208,8 +224,8 @@ class EpochPlan:
                 near = self.window + 2  # the slots a window or two around this one draws on
                 self._cache = {j: v for j, v in self._cache.items() if abs(j - slot) <= near}
                 self._cache[slot] = dealt
-        ends = np.cumsum(self.deals[slot])
-        return dealt[ends[d] - self.deals[slot, d] : ends[d]]
+        end = int(self._deal_ends[slot, d])
+        return dealt[end - int(self.deals[slot, d]) : end]
 
     def emitted_before(self, position: int) -> np.ndarray:
         """How many samples of each slot are emitted before ``position``."""

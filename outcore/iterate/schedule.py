@@ -69,7 +69,7 @@ def schedule(plan: EpochPlan, batch_size: int, *, drop_last: bool = False, read_
         load = tuple(j for j in range(next_slot, horizon) if remaining[j] > 0)
         next_slot = max(next_slot, horizon)
         held += load
-        np.subtract.at(remaining, slots, 1)
+        remaining -= np.bincount(slots, minlength=len(remaining))
         release = tuple(j for j in held if remaining[j] == 0 or index == stop_batch - 1)
         held = [j for j in held if j not in release]
         yield BatchStep(index, samples, slots, load, release)
