@@ -188,7 +188,7 @@ class EpochPlan:
             window_samples, window_slots = self.window_contents(w)
             samples.append(window_samples[low:high])
             slots.append(window_slots[low:high])
-        return (samples[0], slots[0]) if len(samples) == 1 else (np.concatenate(samples), np.concatenate(slots))
+        return np.concatenate(samples), np.concatenate(slots)  # copies: the windows stay as made
 
     def window_contents(self, w: int) -> tuple[np.ndarray, np.ndarray]:
         """``(samples, slots)`` of window ``w``, in emission order (the last few are kept: consecutive
