@@ -199,11 +199,18 @@ def test_a_collate_fn_gets_each_outcore_batch(ids_store, start_method):
 RANKS_SCRIPT = """
 import json, os, sys
 import numpy as np
+import torch
 import torch.distributed as dist
 import outcore
+from outcore.adapters.torch import TorchBatches
 
-rank = int(sys.argv[2])
-loader = outcore.open_dataset(sys.argv[1]).torch(50, shuffle=True, seed=3, num_workers=int(sys.argv[4]))
+rank, workers, how = int(sys.argv[2]), int(sys.argv[4]), sys.argv[5]
+ds = outcore.open_dataset(sys.argv[1])
+if how == "loader":
+    loader = ds.torch(50, shuffle=True, seed=3, num_workers=workers)
+else:  # a plain DataLoader over TorchBatches, its workers spawned: they do not inherit the process group
+    loader = torch.utils.data.DataLoader(TorchBatches(ds, 50, shuffle=True, seed=3, num_workers=workers),
+                                         batch_size=None, num_workers=workers, multiprocessing_context="spawn")
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[3], rank=rank, world_size=2)
 ids = [b["id"].tolist() for b in loader]
 print(json.dumps({"rank": rank, "len": len(loader), "ids": sum(ids, [])}))
@@ -211,8 +218,8 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_loader_built_before_init_process_group_shards_by_rank(ids_store, workers):
+@pytest.mark.parametrize(("how", "workers"), [("loader", 0), ("loader", 2), ("plain", 2)])
+def test_a_loader_built_before_init_process_group_shards_by_rank(ids_store, how, workers):
     """The rank was read when the loader was built: before init_process_group, every rank got the whole
     epoch. Two gloo processes on loopback now read disjoint halves."""
     import socket
@@ -221,7 +228,7 @@ def test_a_loader_built_before_init_process_group_shards_by_rank(ids_store, work
         free.bind(("127.0.0.1", 0))
         port = str(free.getsockname()[1])
     ranks = [subprocess.Popen([sys.executable, "-c", RANKS_SCRIPT, ids_store.location, str(rank), port,
-                               str(workers)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(workers), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in range(2)]
     outputs = [rank.communicate(timeout=240) for rank in ranks]
     assert all(rank.returncode == 0 for rank in ranks), [err[-2000:] for _, err in outputs]

@@ -15,7 +15,6 @@ The rank and world size are those given, or else ``torch.distributed``'s when an
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any, Unpack
 
@@ -78,6 +77,15 @@ class TorchBatches(IterableDataset):
             self.options = dataclasses.replace(self.options, rank=rank, world_size=world_size)
             self.resolved = True
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for DataLoader workers started by spawn or forkserver, which do not inherit the process
+        group: the rank and world size go with it, resolved here, in the process that starts them."""
+        state = dict(self.__dict__)
+        if not state["resolved"]:
+            rank, world_size = distributed_rank()
+            state.update(options=dataclasses.replace(self.options, rank=rank, world_size=world_size), resolved=True)
+        return state
+
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order, from its start, at the next iteration (call it before each epoch,
         as with ``DistributedSampler``, or let `OutcoreLoader` count epochs)."""
@@ -111,7 +119,7 @@ class TorchBatches(IterableDataset):
             raise OptionError(CLIENT_IN_WORKERS)
         else:
             share_cpus(info.num_workers)
-            if not self.resolved:  # a plain DataLoader: the loader did not resolve it before the workers started
+            if not self.resolved:  # a plain DataLoader's forked worker: the group it inherited
                 self.resolve_rank()
         loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if self.positions and num_workers != self.shares:
@@ -139,11 +147,7 @@ class TorchBatches(IterableDataset):
 
 
 def distributed_rank() -> tuple[int, int]:
-    """``(rank, world_size)`` of the initialised ``torch.distributed`` process group; in a DataLoader
-    worker started by spawn or forkserver (which does not inherit the group), those ``torchrun`` sets in
-    the environment; else ``(0, 1)``."""
+    """``(rank, world_size)`` of the initialised ``torch.distributed`` process group, else ``(0, 1)``."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    if get_worker_info() is not None and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return 0, 1
