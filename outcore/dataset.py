@@ -5,7 +5,8 @@ from __future__ import annotations
 import html
 import json
 import os
-from typing import TYPE_CHECKING, Any, Unpack
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 import dask.array as da
 import numpy as np
@@ -16,7 +17,7 @@ from .adapters.keywords import TorchKeywords
 from .adapters.selection import FieldSelection
 from .format import StoreAttrs, class_flags, decode_text, dimension_names
 from .iterate import BatchIterator, BatchKeywords, BatchOptions, ChunkReader, chunk_reader, sample_spec
-from .storage import Store, open_store
+from .storage import ChunkCache, Store, is_object_url, is_url
 from .storage.report import field_reports, human_size, stored_shapes, total, variable_shape
 
 if TYPE_CHECKING:
@@ -27,16 +28,33 @@ if TYPE_CHECKING:
     from .adapters.torch import OutcoreLoader
 
 
-def open_dataset(location: str | os.PathLike) -> Dataset:
-    """Open an outcore store (a directory, a ``.zip`` file or an fsspec URL) lazily.
+def open_dataset(
+    location: str | os.PathLike,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    cache_dir: str | os.PathLike | Literal[False] | None = None,
+    cache_size: int | str | None = None,
+) -> Dataset:
+    """Open an outcore store lazily: a directory, a ``.zip`` file, or a URL.
 
     Nothing but metadata is read; stores that use pickle or object codecs are refused.
+
+    An object store (``s3://``, ``gs://``, ``az://``, ``https://``) is configured by ``storage_options``
+    (obstore's settings: ``endpoint``, ``region``, ``access_key_id``, ``client_options={...}``) or the
+    standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...). Its chunks are kept in the
+    node's cache at ``cache_dir`` (default ``$OUTCORE_CACHE_DIR``; ``False``: none) of at most
+    ``cache_size`` bytes (``"50GiB"``; default ``$OUTCORE_CACHE_SIZE``, else 20 GiB), which every process
+    of the machine shares.
 
     >>> ds = outcore.open_dataset("train.zarr")  # doctest: +SKIP
     >>> ds["images"]  # doctest: +SKIP
     dask.array<images, shape=(10000, 128, 128, 3), dtype=uint8, chunksize=(128, 128, 128, 3), ...>
+    >>> ds = outcore.open_dataset("s3://bucket/train.zarr", cache_dir="/scratch/cache")  # doctest: +SKIP
     """
-    return Dataset.open(location)
+    cache = None
+    if cache_dir is not False and is_url(location) and is_object_url(str(location)):
+        cache = ChunkCache.from_environment(cache_dir, cache_size)
+    return Dataset.open(location, storage_options=storage_options, cache=cache)
 
 
 class Dataset(Store):
@@ -70,7 +88,7 @@ class Dataset(Store):
         info = self.info(field)
         reader = chunk_reader(self, field)
         sample = reader.empty()[:0]  # what one chunk holds: pixels for encoded images, UTF-8 bytes for text
-        view = _ChunkView(self.location, field, self.chunk_size, (len(self), *sample.shape[1:]), sample.dtype, reader)
+        view = _ChunkView(self.opener, field, self.chunk_size, (len(self), *sample.shape[1:]), sample.dtype, reader)
         name = f"{field}-{tokenize(self.location, field, self.attrs.to_dict())}"
         lazy = da.from_array(view, chunks=(self.chunk_size, *view.shape[1:]), name=name, lock=False, fancy=False,
                              asarray=False, meta=sample)
@@ -220,11 +238,12 @@ def _classes_cell(classes: tuple[str, ...]) -> str:
 class _ChunkView:
     """What dask reads a field through: whole chunks from the field's chunk reader (so a missing or
     corrupt chunk is an error naming it, and encoded images come decoded), then ``key``. It pickles as
-    the store's location, so dask can compute the field on a cluster's workers (each opens the store)."""
+    the store's opener (location and settings), so dask can compute the field on a cluster's workers
+    (each opens the store)."""
 
-    def __init__(self, location: str, field: str, chunk_size: int, shape: tuple[int, ...], dtype: np.dtype,
-                 reader: ChunkReader) -> None:
-        self.location, self.field, self.chunk_size = location, field, chunk_size
+    def __init__(self, opener: Callable[[], Store], field: str, chunk_size: int, shape: tuple[int, ...],
+                 dtype: np.dtype, reader: ChunkReader) -> None:
+        self.opener, self.field, self.chunk_size = opener, field, chunk_size
         self.shape, self.dtype, self.ndim = shape, dtype, len(shape)
         self._reader: ChunkReader | None = reader
 
@@ -233,7 +252,7 @@ class _ChunkView:
 
     def __getitem__(self, key: Any) -> np.ndarray:
         if self._reader is None:
-            self._reader = chunk_reader(open_store(self.location), self.field)
+            self._reader = chunk_reader(self.opener(), self.field)
         key = key if isinstance(key, tuple) else (key,)
         start, stop, _ = key[0].indices(self.shape[0])
         first = start // self.chunk_size

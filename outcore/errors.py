@@ -49,6 +49,15 @@ class IterationClosedError(OutcoreError, RuntimeError):
     same iterator): it will make no more batches."""
 
 
+class RemoteError(OutcoreError, OSError):
+    """An object store could not be read (or written) within the bounded retries: the network, the endpoint
+    or the credentials; the message names the object."""
+
+
+class StoreChangedError(OutcoreError, RuntimeError):
+    """A store in an object store was rewritten while it was being read: open it again."""
+
+
 class ClusterError(OutcoreError, RuntimeError):
     """The Dask cluster went away (or kept losing workers) while it was making batches."""
 

@@ -30,6 +30,8 @@ from typing import Any
 from .errors import OptionError
 
 ENVIRONMENT = "OUTCORE_THREADS"
+IO_ENVIRONMENT = "OUTCORE_IO_THREADS"
+IO_THREADS = 16  # requests to an object store in flight at once, by default: see `io_thread_count`
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 OWN_CGROUP = Path("/proc/self/cgroup")  # which cgroup(s) this process is in
 
@@ -40,6 +42,8 @@ _chosen: int | None = None  # set_threads
 _shares = 1  # share_cpus: the processes this one shares its CPUs with (itself included)
 _cap: int | None = None  # cap_threads: a worker of a Dask cluster uses at most its own threads
 _in_pool = threading.local()
+_io_pool: ThreadPoolExecutor | None = None
+_io_pool_pid = 0
 
 
 def available_cpus() -> int:
@@ -196,9 +200,34 @@ def for_each(work: Callable[[int], None], count: int) -> None:
             future.cancel()
 
 
+def io_thread_count() -> int:
+    """How many requests to an object store a process keeps in flight: ``OUTCORE_IO_THREADS``, else
+    `IO_THREADS`. They wait on the network, not the CPUs: to hide a latency ``L`` at a bandwidth ``B``
+    with chunks of ``C`` bytes, about ``L * B / C`` must be in flight (20 ms at 1 GB/s with 2 MB chunks:
+    10)."""
+    chosen = os.environ.get(IO_ENVIRONMENT)
+    if not chosen:
+        return IO_THREADS
+    try:
+        return _checked(int(chosen), IO_ENVIRONMENT)
+    except ValueError:
+        raise OptionError(f"{IO_ENVIRONMENT}={chosen!r} must be a whole number of threads, 1 or more") from None
+
+
+def submit_io(work: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``work(*args)`` on the process's pool of `io_thread_count` threads for requests to object stores
+    (apart from the CPU pool, so that waiting on the network never holds a CPU thread)."""
+    global _io_pool, _io_pool_pid
+    with _lock:
+        if _io_pool is None or _io_pool_pid != os.getpid():
+            _io_pool = ThreadPoolExecutor(io_thread_count(), thread_name_prefix="outcore-io")
+            _io_pool_pid = os.getpid()
+        return _io_pool.submit(work, *args)
+
+
 def _forget_after_fork() -> None:
-    global _pool, _lock
-    _pool, _lock = None, threading.Lock()  # the parent's threads (and their locks) do not exist here
+    global _pool, _io_pool, _lock
+    _pool, _io_pool, _lock = None, None, threading.Lock()  # the parent's threads (and locks) do not exist here
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

@@ -111,6 +111,14 @@ class DecodedChunks:
             return np.empty(self.chunk_size, dtype=object)
         return np.empty((self.chunk_size, *self.decode.shape), dtype=self.dtype)
 
+    @property
+    def remote(self) -> bool:
+        return self.bytes.remote
+
+    def prefetch(self, chunk: int) -> None:
+        """Fetch the chunk's stored bytes now, for the `read` that follows (object stores)."""
+        self.bytes.prefetch(chunk)
+
     def read(self, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         """The chunk's samples, decoded (into ``out``, from `empty`, when given)."""
         region = getattr(self._scratch, "region", None)

@@ -22,6 +22,13 @@ class EncodedChunks:
     def empty(self) -> np.ndarray:
         return self.decoded.bytes.empty()
 
+    @property
+    def remote(self) -> bool:
+        return self.decoded.remote
+
+    def prefetch(self, chunk: int) -> None:
+        self.decoded.prefetch(chunk)
+
     def read(self, chunk: int, out: np.ndarray | None = None) -> EncodedChunk:
         return self.decoded.read_encoded(chunk, out)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import IterationClosedError
 from ..storage import Store
-from ..threads import submit, thread_count
+from ..threads import io_thread_count, submit, submit_io, thread_count
 from .batch import Batch, Recipe, batch_rng_key, make_batch
 from .options import BatchOptions
 from .plan import Consumer, EpochPlan
@@ -163,7 +163,9 @@ class LocalRun(Run):
     """Batches made in this process: chunk reads and decodes on the process's thread pool
     (`outcore.threads`), each batch put together on the producer thread. Reads run ``read_ahead``
     slots ahead of the batch being made: one per pool thread, so every thread has a chunk to read, from
-    2 to `MAX_READ_AHEAD` (memory: each is a chunk held)."""
+    2 to `MAX_READ_AHEAD` (memory: each is a chunk held). From an object store, each slot's stored
+    bytes are fetched on the I/O threads as soon as it is scheduled, `io_thread_count` slots ahead,
+    so that many requests are in flight while the CPU threads decode."""
 
     MAX_READ_AHEAD = 8
 
@@ -171,8 +173,10 @@ class LocalRun(Run):
         self.readers = readers
         self.buffers = ChunkBuffers(readers)
         self.loading: dict[int, Future[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}
+        self.remote = any(reader.remote for reader in readers.values())
         one_batch = work.stop_batch == work.first_batch + 1
-        self.read_ahead = 0 if one_batch else min(self.MAX_READ_AHEAD, max(2, thread_count()))
+        local_ahead = min(self.MAX_READ_AHEAD, max(2, thread_count()))
+        self.read_ahead = 0 if one_batch else io_thread_count() if self.remote else local_ahead
         super().__init__(work, stats)
 
     def _release(self) -> None:
@@ -186,6 +190,8 @@ class LocalRun(Run):
             if self.stop.is_set():
                 return
             for slot in step.load:
+                if self.remote:
+                    submit_io(self._prefetch, int(work.plan.chunks[slot]))
                 self.loading[slot] = submit(self._read, int(work.plan.chunks[slot]))
             data = {slot: self.loading[slot].result()[0] for slot in step.used}
             batch = make_batch(work.recipe, step.samples, work.store.chunk_size, step.slots, data,
@@ -194,6 +200,10 @@ class LocalRun(Run):
                 self.buffers.give(self.loading.pop(slot).result()[1])
             if not self._put(batch):
                 return
+
+    def _prefetch(self, chunk: int) -> None:
+        for reader in self.readers.values():
+            reader.prefetch(chunk)
 
     def _read(self, chunk: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Chunk ``chunk`` of every field, read into the run's buffers: ``(values, buffers)``."""

@@ -1,6 +1,8 @@
-"""Bytes in and out: groups at a directory, a ``.zip`` file or an fsspec URL; the direct shard reader;
-staging and atomic commit; the checks made on open."""
+"""Bytes in and out: groups at a directory, a ``.zip`` file or a URL (object stores read by outcore
+itself, through a node-local cache); the direct shard reader; staging and atomic commit; the checks
+made on open."""
 
+from .cache import CacheUsage, ChunkCache
 from .encoded import EncodedBytes, create_encoded_field, read_files, stored_nbytes, write_encoded_shard
 from .groups import (
     WRITE_CONFIG,
@@ -13,6 +15,7 @@ from .groups import (
     open_group,
     shard_path,
 )
+from .remote import RemoteStore, is_object_url, redact
 from .shard_reader import ShardReader, read_samples
 from .staging import Staging, local_target, pack_zip, remove_path, staged_store
 from .store import Store, open_store
@@ -20,8 +23,11 @@ from .zipstore import RangeZipStore, stored_members
 
 __all__ = [
     "WRITE_CONFIG",
+    "CacheUsage",
+    "ChunkCache",
     "EncodedBytes",
     "RangeZipStore",
+    "RemoteStore",
     "ShardReader",
     "Staging",
     "Store",
@@ -29,6 +35,7 @@ __all__ = [
     "create_encoded_field",
     "create_field",
     "describe_classes",
+    "is_object_url",
     "is_url",
     "is_zip",
     "local_target",
@@ -38,6 +45,7 @@ __all__ = [
     "pack_zip",
     "read_files",
     "read_samples",
+    "redact",
     "remove_path",
     "shard_path",
     "staged_store",

@@ -95,6 +95,16 @@ class EncodedBytes:
         """A buffer for `read`: one chunk's region."""
         return self.bytes.empty()
 
+    @property
+    def remote(self) -> bool:
+        return self.bytes.remote
+
+    def prefetch(self, chunk: int) -> None:
+        """Fetch the chunk's stored bytes now, for the `read` that follows (see `ShardReader.prefetch`)."""
+        for reader in (self.ranges, self.bytes, self.shapes):
+            if reader is not None:
+                reader.prefetch(chunk)
+
     def read(self, chunk: int, region: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The chunk's bytes (into ``region``, from `empty`, when given) and its samples' ranges in them."""
         ranges = self.ranges.read(chunk) - chunk * self.capacity

@@ -16,6 +16,8 @@ import zarr
 from ..errors import NotAStoreError, OptionError
 from ..format import Compression, FieldInfo, Layout, class_flags
 from ..format import dimension_names as format_dimension_names
+from .cache import ChunkCache
+from .remote import RemoteStore, is_object_url, redact
 from .zipstore import RangeZipStore
 
 # Zarr's default compares every chunk with the fill value before writing it, to skip empty chunks:
@@ -31,13 +33,23 @@ def is_zip(location: str | os.PathLike) -> bool:
     return str(location).endswith(".zip")
 
 
-def open_group(location: str | os.PathLike, mode: str = "r") -> zarr.Group:
-    """Open the Zarr group at a directory, a ``.zip`` file or an fsspec URL."""
+def open_group(location: str | os.PathLike, mode: str = "r", *, storage_options: Mapping[str, Any] | None = None,
+               cache: ChunkCache | None = None) -> zarr.Group:
+    """Open the Zarr group at a directory, a ``.zip`` file, an object store URL (``s3://``, ``gs://``,
+    ``az://``, ``https://``: a `RemoteStore`, reading through ``cache``) or another fsspec URL."""
     text = str(location)
     if not is_url(text) and not Path(text).exists():
         raise NotAStoreError(f"no store at {text!r}: the path does not exist")
     store: Any = text
-    if is_zip(text) and not is_url(text):
+    if is_url(text) and is_object_url(text):
+        if is_zip(text):
+            raise OptionError(f"{redact(text)}: a zip store is read from a local disk; copy it there, or upload "
+                              "the store as a folder (outcore writes folders to object stores)")
+        store = RemoteStore(text, storage_options, cache=cache, read_only=mode == "r")
+    elif is_url(text) and storage_options:
+        store = zarr.storage.FsspecStore.from_url(text, storage_options=dict(storage_options),
+                                                  read_only=mode == "r")
+    elif is_zip(text) and not is_url(text):
         if mode != "r":
             raise OptionError(f"{text!r}: zip stores are read-only; write a directory store and pack it")
         try:
@@ -48,7 +60,8 @@ def open_group(location: str | os.PathLike, mode: str = "r") -> zarr.Group:
     try:  # the arrays' own metadata, never a consolidated copy that a growing store has outdated
         return zarr.open_group(store, mode=mode, use_consolidated=False)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError) as error:
-        raise NotAStoreError(f"{text!r} is not a Zarr group ({error})") from None
+        where = redact(text) if is_url(text) else text
+        raise NotAStoreError(f"{where!r} is not a Zarr group ({error})") from None
 
 
 def create_field(

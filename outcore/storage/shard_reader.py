@@ -34,8 +34,9 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
-from ..errors import CorruptChunkError
+from ..errors import CorruptChunkError, OutcoreError
 from .groups import shard_path
+from .remote import RemoteStore
 from .zipstore import RangeZipStore
 
 _EMPTY = 2**64 - 1  # index entry of a chunk that was never written
@@ -75,6 +76,25 @@ class ShardReader:
     def empty(self) -> np.ndarray:
         """A buffer that `read` can fill: a whole chunk of this field."""
         return np.empty((self.chunk_size, *self.array.shape[1:]), dtype=self.array.dtype)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the chunks come from an object store (where `prefetch` pays)."""
+        return self._layout is not None and hasattr(self._layout.files, "prefetch")
+
+    def prefetch(self, chunk: int) -> None:
+        """Fetch the chunk's stored bytes now (its shard index first, if this reader has not read it), so
+        that the `read` that follows finds them; nothing for local files. Run on an I/O thread
+        (`outcore.threads.submit_io`): it waits on the network. A failure here is left to that `read`."""
+        if not self.remote:
+            return
+        shard, inner = divmod(chunk, self._layout.chunks_per_shard)
+        try:
+            offset, nbytes = self._index(shard)[inner]
+        except (_Unreadable, OutcoreError, OSError):
+            return
+        if offset != _EMPTY:
+            self._layout.files.prefetch(self._layout.key(shard), int(offset), int(nbytes))
 
     def read(self, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         """The chunk's samples; decoded into ``out`` (from `empty`) when given."""
@@ -196,6 +216,8 @@ class _DirectLayout:
             size = self.files.size(self.key(shard))
         except (FileNotFoundError, KeyError):
             raise _Unreadable("its shard file is missing") from None
+        except OutcoreError:  # an object store that cannot be reached, or a store rewritten meanwhile
+            raise
         except OSError as error:
             raise _Unreadable(f"its shard file cannot be read ({error.strerror or error})") from None
         if size is None:
@@ -208,6 +230,8 @@ class _DirectLayout:
             count = self.files.read_into(self.key(shard), offset, buffer)
         except (FileNotFoundError, KeyError):
             raise _Unreadable("its shard file is missing") from None
+        except OutcoreError:
+            raise
         except OSError as error:
             raise _Unreadable(f"its shard file cannot be read ({error.strerror or error})") from None
         if count != len(buffer):
@@ -276,8 +300,10 @@ def _direct_layout(array: zarr.Array) -> _DirectLayout | None:
             and np.dtype(array.dtype).byteorder in ("=", "|", "<")):
         return None
     store = array.store
-    if isinstance(store, LocalStore):
-        files: Any = _LocalFiles(Path(store.root))
+    if isinstance(store, RemoteStore):
+        files: Any = store.files
+    elif isinstance(store, LocalStore):
+        files = _LocalFiles(Path(store.root))
     elif isinstance(store, RangeZipStore) and store.stored_only:
         files = _ZipFiles(store)
     else:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Self
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, Self
 
 import numpy as np
 import zarr
@@ -20,7 +22,9 @@ from ..format import (
     ranges_name,
     shapes_name,
 )
+from .cache import ChunkCache
 from .groups import is_url, open_group, shard_path
+from .remote import redact
 from .safety import check_safe, read_attrs
 from .shard_reader import ShardReader
 
@@ -30,9 +34,10 @@ MAX_CHUNK_BYTES = 2**30
 MAX_CHUNKS_PER_SHARD = 2**20
 
 
-def open_store(location: str | os.PathLike) -> Store:
-    """Open the store at ``location`` (a directory, a ``.zip`` file or an fsspec URL) for reading."""
-    return Store.open(location)
+def open_store(location: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None,
+               cache: ChunkCache | None = None) -> Store:
+    """Open the store at ``location`` (a directory, a ``.zip`` file or a URL) for reading."""
+    return Store.open(location, storage_options=storage_options, cache=cache)
 
 
 class Store:
@@ -43,16 +48,21 @@ class Store:
     """
 
     @classmethod
-    def open(cls, location: str | os.PathLike) -> Self:
-        """Open the store at ``location`` (a directory, a ``.zip`` file or an fsspec URL) for reading.
+    def open(cls, location: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None,
+             cache: ChunkCache | None = None) -> Self:
+        """Open the store at ``location`` for reading: a directory, a ``.zip`` file, an object store URL
+        (``s3://``, ``gs://``, ``az://``, ``https://``; configured by ``storage_options`` or the standard
+        environment, read through ``cache``) or another fsspec URL.
 
         Only metadata is read. The attributes must be outcore's, every array they promise must be there
         with the sample count and chunking they say, and no array may use a pickle or object codec.
         """
-        where = str(location) if is_url(location) else os.fspath(location)
+        where = redact(str(location)) if is_url(location) else os.fspath(location)
         try:
-            group = open_group(location, mode="r")
-            return cls(group, read_attrs(group, where), where)
+            group = open_group(location, mode="r", storage_options=storage_options, cache=cache)
+            store = cls(group, read_attrs(group, where), where)
+            store.opener = partial(cls.open, str(location), storage_options=storage_options, cache=cache)
+            return store
         except (ValueError, KeyError, TypeError, RecursionError) as error:
             if isinstance(error, OutcoreError):
                 raise
@@ -65,6 +75,7 @@ class Store:
         self.attrs = attrs
         self.location = location
         self.group = group
+        self.opener: Callable[[], Store] = partial(type(self).open, location)  # opens it again, as it was
         check_safe(group, self.array_names(), location)
         for name in attrs.fields:
             self._check_field(name)

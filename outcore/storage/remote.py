@@ -1,0 +1,265 @@
+"""Stores in object stores (``s3://``, ``gs://``, ``az://``, ``https://``), read through obstore.
+
+A `RemoteStore` is a zarr store (zarr reads the metadata through it) that also reads byte ranges of
+shard files for the direct shard reader (`RemoteFiles`): each shard file's size and version (ETag) are
+asked once per process, then every range is read with ``If-Match`` on that version, so a store
+rewritten remotely while it is read is an error (`StoreChangedError`), never old bytes mixed with
+new ones. Ranges go through the node's `ChunkCache` when one is given.
+
+Settings come from ``storage_options`` (obstore's: ``endpoint``, ``region``, ``access_key_id``, ...,
+``client_options={...}``) or the standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+...). They are kept out of every message and repr. The obstore client is made lazily in each process
+(after a fork or in a spawned worker), never shared across processes.
+
+>>> store = RemoteStore("s3://bucket/train.zarr", {"region": "eu-west-1"})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from zarr.storage import ObjectStore
+
+from ..errors import OptionError, RemoteError, StoreChangedError
+from .cache import ChunkCache
+
+SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
+ATTEMPTS = 5  # tries of one ranged read before it is an error
+DEADLINE_SECONDS = 120.0  # the most one ranged read may take, its retries included
+BACKOFF_SECONDS = 0.2  # the first retry's wait (doubling, with jitter)
+PREFETCHED = 64  # fetched ranges waiting to be read, at most, per store and process
+CLIENT_DEFAULTS = {"timeout": "30s", "connect_timeout": "5s"}  # per request; storage_options may change them
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
+
+def is_object_url(location: str) -> bool:
+    """Whether ``location`` names an object store outcore reads itself (``s3://``, ``gs://``, ...)."""
+    return urlsplit(location).scheme.lower() in SCHEMES
+
+
+def redact(url: str) -> str:
+    """``url`` without a user name, password or query (which may hold a signature)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+@dataclass(frozen=True)
+class Version:
+    """What a shard file is: its size in bytes and its ETag (the object's version)."""
+
+    size: int
+    etag: str
+
+
+class RemoteStore(ObjectStore):
+    """The zarr store of a store in an object store, with outcore's ranged reads (`files`).
+
+    Pickles as its URL, its settings and its cache; each process makes its own client when it first
+    reads, and keeps the versions of the shard files it has seen (they travel with it when pickled, so
+    DataLoader and Dask workers read the same version of the store as the process that opened it).
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
+                 cache: ChunkCache | None = None, read_only: bool = True) -> None:
+        self.url = url.rstrip("/")
+        self._options = dict(storage_options or {})
+        self.cache = cache
+        self._pid = os.getpid()
+        super().__init__(_client(self.url, self._options), read_only=read_only)
+        self.files = RemoteFiles(self)
+
+    @property
+    def client(self) -> Any:
+        """The obstore client of this process (made again after a fork)."""
+        if self._pid != os.getpid():
+            self.store, self._pid = _client(self.url, self._options), os.getpid()
+        return self.store
+
+    def with_read_only(self, read_only: bool = False) -> RemoteStore:
+        return RemoteStore(self.url, self._options, cache=self.cache, read_only=read_only)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "options": self._options, "cache": self.cache, "read_only": self.read_only,
+                "versions": self.files.versions()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["options"], cache=state["cache"], read_only=state["read_only"])
+        self.files.remember(state["versions"])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemoteStore) and (self.url, self._options) == (other.url, other._options)
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    def __repr__(self) -> str:
+        return f"RemoteStore({redact(self.url)!r})"
+
+    __str__ = __repr__
+
+
+class RemoteFiles:
+    """The shard files of a `RemoteStore`, as the direct shard reader reads them: ``size(key)`` and
+    ``read_into(key, offset, buffer)``, through the cache, each read retried within a bounded time."""
+
+    def __init__(self, store: RemoteStore) -> None:
+        self.remote = store
+        self._versions: dict[str, Version] = {}
+        self._lock = threading.Lock()
+        self._fetched: OrderedDict[tuple[str, int, int], Future[memoryview]] = OrderedDict()
+
+    def versions(self) -> dict[str, Version]:
+        with self._lock:
+            return dict(self._versions)
+
+    def remember(self, versions: Mapping[str, Version]) -> None:
+        with self._lock:
+            self._versions.update(versions)
+
+    def version(self, key: str) -> Version:
+        """The shard file's size and ETag, asked of the object store the first time only."""
+        known = self._versions.get(key)
+        if known is None:
+            import obstore
+
+            meta = self._call(key, "ask the size of", lambda: obstore.head(self.remote.client, key))
+            known = Version(int(meta["size"]), str(meta.get("e_tag") or meta.get("version") or ""))
+            with self._lock:
+                known = self._versions.setdefault(key, known)
+        return known
+
+    def size(self, key: str) -> int:
+        return self.version(key).size
+
+    def prefetch(self, key: str, offset: int, nbytes: int) -> None:
+        """Fetch ``nbytes`` of the file from ``offset`` now, for the `read_into` that will ask for them.
+        At most `PREFETCHED` ranges wait to be read; older ones are dropped (a run that stopped early)."""
+        version = self.version(key)
+        span = (key, offset, min(version.size, offset + nbytes))
+        future: Future[memoryview] = Future()
+        with self._lock:
+            if span in self._fetched:
+                return
+            self._fetched[span] = future
+            while len(self._fetched) > PREFETCHED:
+                self._fetched.popitem(last=False)
+        try:
+            future.set_result(self._read(key, span[1], span[2], version))
+        except BaseException as error:  # noqa: BLE001 - the read that asks for these bytes raises it
+            future.set_exception(error)
+
+    def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
+        """Fill ``buffer`` with the file's bytes from ``offset`` (from its end when negative)."""
+        version = self.version(key)
+        start = version.size + offset if offset < 0 else offset
+        stop = min(version.size, start + len(buffer))
+        if start < 0 or stop <= start:
+            return 0
+        with self._lock:
+            fetched = self._fetched.pop((key, start, stop), None)
+        data = fetched.result() if fetched is not None else self._read(key, start, stop, version)
+        buffer[: len(data)] = data
+        return len(data)
+
+    def _read(self, key: str, start: int, stop: int, version: Version) -> memoryview:
+        """Bytes ``start..stop - 1`` of the file, through the cache when there is one."""
+        cache = self.remote.cache
+        if cache is None:
+            return self._get(key, start, stop, version)
+        name = f"{self.remote.url}/{key}@{version.etag}:{start}-{stop}"
+        return cache.get_or_fetch(name, stop - start, lambda: self._get(key, start, stop, version))
+
+    def _get(self, key: str, start: int, stop: int, version: Version) -> memoryview:
+        import obstore
+
+        options: dict[str, Any] = {"range": (start, stop)}
+        if version.etag:
+            options["if_match"] = version.etag
+        result = self._call(key, f"read bytes {start}..{stop - 1} of",
+                            lambda: obstore.get(self.remote.client, key, options=options).bytes())
+        data = memoryview(result)
+        if len(data) != stop - start:
+            raise RemoteError(f"{self._where(key)}: asked for {stop - start} bytes, received {len(data)}; "
+                              "the object store or a proxy cut the answer short: try again")
+        return data
+
+    def _call(self, key: str, what: str, request: Any) -> Any:
+        """``request()`` with retries: up to `ATTEMPTS` tries within `DEADLINE_SECONDS`, waiting a doubling,
+        jittered backoff between them. A missing file is `FileNotFoundError`, a changed one
+        `StoreChangedError`, and anything else still failing at the end one `RemoteError`."""
+        import obstore.exceptions as failures
+
+        began = time.monotonic()
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return request()
+            except (FileNotFoundError, failures.NotFoundError):
+                raise FileNotFoundError(key) from None
+            except failures.PreconditionError:
+                raise StoreChangedError(
+                    f"{self._where(key)} changed after the store was opened (it was rewritten remotely): open the "
+                    "dataset again to read the new store"
+                ) from None
+            except (failures.PermissionDeniedError, failures.UnauthenticatedError) as error:
+                raise RemoteError(f"cannot {what} {self._where(key)}: access denied ({type(error).__name__}); "
+                                  "check the credentials (storage_options= or AWS_ACCESS_KEY_ID, ...)") from None
+            except (OSError, failures.BaseError) as error:
+                waited = time.monotonic() - began
+                pause = BACKOFF_SECONDS * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
+                if attempt == ATTEMPTS or waited + pause > DEADLINE_SECONDS:
+                    reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+                    raise RemoteError(
+                        f"cannot {what} {self._where(key)}: {attempt} tries over {waited:.1f} s failed (last: "
+                        f"{reason}); check the network and the endpoint, then iterate again (state_dict() says "
+                        "where to resume)"
+                    ) from None
+                time.sleep(pause)
+        raise AssertionError("unreachable")
+
+    def _where(self, key: str) -> str:
+        return f"{redact(self.remote.url)}/{key}"
+
+
+def _client(url: str, options: Mapping[str, Any]) -> Any:
+    """An obstore client for ``url``: ``options`` as obstore's ``from_url`` takes them, plain HTTP allowed
+    when the endpoint asks for it, outcore's timeouts where none are given."""
+    try:
+        from obstore.store import from_url
+    except ImportError:
+        raise OptionError(
+            f"{redact(url)}: reading object stores needs obstore: pip install 'outcore[remote]'"
+        ) from None
+    settings = dict(options)
+    client = {**CLIENT_DEFAULTS, **dict(settings.pop("client_options", None) or {})}
+    endpoint = str(settings.get("endpoint") or settings.get("endpoint_url")
+                   or next((os.environ[v] for v in _ENDPOINT_VARIABLES if os.environ.get(v)), ""))
+    if "endpoint_url" in settings:
+        settings["endpoint"] = settings.pop("endpoint_url")
+    if endpoint.startswith("http://") or urlsplit(url).scheme == "http":
+        client.setdefault("allow_http", True)
+    # obstore's own retries serve zarr's metadata reads; the ranged reads are retried by RemoteFiles._call too
+    retry = settings.pop("retry_config", None) or {
+        "max_retries": 3, "retry_timeout": timedelta(seconds=DEADLINE_SECONDS / 4),
+        "backoff": {"init_backoff": timedelta(seconds=BACKOFF_SECONDS), "max_backoff": timedelta(seconds=5),
+                    "base": 2.0}}
+    try:
+        return from_url(url, client_options=client, retry_config=retry, **settings)
+    except Exception as error:  # obstore's configuration errors share no base class
+        if type(error).__module__.startswith("obstore") or isinstance(error, ValueError | TypeError):
+            keys = ", ".join(sorted(options)) or "none"
+            raise OptionError(f"{redact(url)}: the object store cannot be set up from storage_options (keys: "
+                              f"{keys}) and the environment: {type(error).__name__}; see obstore's from_url "
+                              "for the settings of this kind of store") from None
+        raise

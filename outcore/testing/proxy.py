@@ -1,0 +1,216 @@
+"""`FaultProxy`: an HTTP/1.1 proxy on loopback that puts a slow or failing network between a client and
+an object store (moto's server, in the tests and benchmarks): added latency, a bandwidth cap, 5xx
+answers, connection resets and stalls mid-body, each set while it runs. It also counts the requests
+and bytes that went through, so tests can say what an epoch fetched.
+
+It understands just enough HTTP for an S3 API: requests with a ``Content-Length`` body (or none), and
+answers with a ``Content-Length``. Every socket has a timeout and every loop ends when the proxy is
+closed: nothing it starts outlives it.
+
+>>> with FaultProxy("127.0.0.1", moto_port) as proxy:  # doctest: +SKIP
+...     proxy.latency = 0.02                 # 20 ms before each request is forwarded
+...     proxy.bandwidth = 100e6              # bytes per second, all connections together
+...     proxy.fail(2, status=503)            # the next two requests get "503 Slow Down"
+...     ds = outcore.open_dataset("s3://data/train.zarr", storage_options={"endpoint": proxy.url})
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+SOCKET_SECONDS = 30.0  # the longest any socket of the proxy waits
+PIECE = 64 * 1024  # bytes sent at a time (the bandwidth cap's grain)
+
+
+@dataclass
+class Traffic:
+    """What went through the proxy: requests by method, GETs by object key, body bytes sent back."""
+
+    requests: Counter = field(default_factory=Counter)
+    gets: Counter = field(default_factory=Counter)
+    ranges: Counter = field(default_factory=Counter)
+    bytes_sent: int = 0
+
+
+class FaultProxy:
+    """Forwards HTTP requests from ``127.0.0.1:<port>`` to ``upstream_host:upstream_port``; see the module
+    docstring. Use as a context manager, or call `close`."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.latency = 0.0
+        self.bandwidth: float | None = None
+        self.traffic = Traffic()
+        self._faults: list[tuple[str, float]] = []  # ("status", 503) / ("reset", 0) / ("stall", seconds)
+        self._lock = threading.Lock()
+        self._next_send = 0.0  # when the shared link is free again (the bandwidth cap)
+        self._closed = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self._threads: list[threading.Thread] = []
+        self._accepting = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
+        self._accepting.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fail(self, count: int, status: int = 503) -> None:
+        """Answer the next ``count`` requests with ``status`` instead of forwarding them."""
+        self._add(count, ("status", status))
+
+    def reset(self, count: int) -> None:
+        """Close the connection of the next ``count`` requests without an answer."""
+        self._add(count, ("reset", 0.0))
+
+    def stall(self, count: int, seconds: float) -> None:
+        """Send half the body of the next ``count`` answers, then nothing for ``seconds`` (then close)."""
+        self._add(count, ("stall", seconds))
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._accepting.join(SOCKET_SECONDS)
+        self._listener.close()
+        for thread in list(self._threads):
+            thread.join(SOCKET_SECONDS)
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _add(self, count: int, fault: tuple[str, float]) -> None:
+        with self._lock:
+            self._faults += [fault] * count
+
+    def _next_fault(self) -> tuple[str, float] | None:
+        with self._lock:
+            return self._faults.pop(0) if self._faults else None
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(client,), name="fault-proxy-connection", daemon=True)
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            thread.start()
+
+    def _serve(self, client: socket.socket) -> None:
+        """Forward the requests of one client connection, one at a time, over one upstream connection."""
+        client.settimeout(SOCKET_SECONDS)
+        upstream: socket.socket | None = None
+        client_input = client.makefile("rb")
+        try:
+            while not self._closed.is_set():
+                request = _read_message(client_input, head_only_body=False)
+                if request is None:
+                    return
+                head, body = request
+                method, target = head.split(b" ", 2)[:2]
+                fault = self._next_fault()
+                self._count(method.decode(), target.decode(), head)
+                if fault is not None and fault[0] == "reset":
+                    client.shutdown(socket.SHUT_RDWR)
+                    return
+                if fault is not None and fault[0] == "status":
+                    self._answer_status(client, int(fault[1]))
+                    continue
+                if self.latency:
+                    time.sleep(self.latency)
+                answer = None
+                for _ in range(2):  # the upstream may have closed a kept-alive connection: open another
+                    if upstream is None:
+                        upstream = socket.create_connection(self.upstream, timeout=SOCKET_SECONDS)
+                        upstream_input = upstream.makefile("rb")
+                    try:
+                        upstream.sendall(head + body)
+                        answer = _read_message(upstream_input, head_only_body=method == b"HEAD")
+                    except OSError:
+                        answer = None
+                    if answer is not None:
+                        break
+                    upstream_input.close()
+                    upstream.close()
+                    upstream = None
+                if answer is None:
+                    return
+                answer_head, answer_body = answer
+                client.sendall(answer_head)
+                if fault is not None and fault[0] == "stall":
+                    self._send(client, answer_body[: len(answer_body) // 2])
+                    self._closed.wait(fault[1])
+                    return
+                self._send(client, answer_body)
+        except OSError:
+            return
+        finally:
+            client_input.close()
+            client.close()
+            if upstream is not None:
+                upstream_input.close()
+                upstream.close()
+
+    def _count(self, method: str, target: str, head: bytes) -> None:
+        with self._lock:
+            self.traffic.requests[method] += 1
+            if method == "GET":
+                key = target.split("?", 1)[0]
+                self.traffic.gets[key] += 1
+                ranges = [line for line in head.split(b"\r\n") if line.lower().startswith(b"range:")]
+                self.traffic.ranges[(key, ranges[0].split(b":", 1)[1].strip().decode() if ranges else "")] += 1
+
+    def _answer_status(self, client: socket.socket, status: int) -> None:
+        body = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code><Message>injected</Message></Error>"
+        client.sendall(f"HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}"
+                       "\r\n\r\n".encode() + body)
+
+    def _send(self, client: socket.socket, body: bytes) -> None:
+        for start in range(0, len(body), PIECE):
+            piece = body[start:start + PIECE]
+            if self.bandwidth:
+                with self._lock:
+                    begin = max(time.monotonic(), self._next_send)
+                    self._next_send = begin + len(piece) / self.bandwidth
+                pause = begin - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+            client.sendall(piece)
+            with self._lock:
+                self.traffic.bytes_sent += len(piece)
+
+
+def _read_message(stream: object, *, head_only_body: bool) -> tuple[bytes, bytes] | None:
+    """One HTTP message from ``stream``: its head (through the blank line) and its body (``Content-Length``
+    bytes; none for the answer to a HEAD). None when the connection ends first."""
+    lines = []
+    while True:
+        line = stream.readline(65536)  # type: ignore[attr-defined]
+        if not line:
+            return None
+        lines.append(line)
+        if line in (b"\r\n", b"\n"):
+            break
+        if len(lines) > 200:
+            raise OSError("an HTTP head of over 200 lines")
+    head = b"".join(lines)
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    body = b"" if head_only_body else stream.read(length)  # type: ignore[attr-defined]
+    return head, body
