@@ -13,7 +13,9 @@ LAYERS = ("errors", "seeds", "threads", "format", "storage", "imaging", "iterate
 PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may import any layer
 # optional frameworks, imported only where used: distributed (clusters), scikit-learn (sample photographs),
 # scikit-image (the demo's photographs), h5py (HDF5 sources in the test kit), xarray (Dataset.to_xarray)
-FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "sklearn", "skimage", "h5py", "xarray")
+# optional packages (frameworks, and the object-store client and test server), imported where they are used
+FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "sklearn", "skimage", "h5py", "xarray", "obstore", "moto",
+              "boto3")
 
 
 def _modules() -> dict[str, Path]:

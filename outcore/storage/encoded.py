@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import zarr
@@ -75,17 +75,19 @@ class EncodedBytes:
     the chunk's bytes (without padding) and each sample's ``[start, stop)`` in them; for pictures of
     varying sizes, ``read_shapes(chunk)`` is each sample's decoded shape.
 
-    A chunk costs two reads (three when sizes vary), through the direct shard reader.
+    A chunk costs two reads (three when sizes vary), through the direct shard reader. ``arrays(name)``
+    is the store's array ``name`` (`outcore.storage.Store.array`).
     """
 
-    def __init__(self, group: zarr.Group, field: str, where: str, num_samples: int, variable: bool = False) -> None:
+    def __init__(self, arrays: Callable[[str], zarr.Array], field: str, where: str, num_samples: int,
+                 variable: bool = False) -> None:
         self.field = field
-        self.ranges = ShardReader(group[ranges_name(field)], ranges_name(field), where, num_samples)
+        self.ranges = ShardReader(arrays(ranges_name(field)), ranges_name(field), where, num_samples)
         self.chunk_size = self.ranges.chunk_size
-        data = group[field]
+        data = arrays(field)
         self.capacity = data.chunks[0]
         self.bytes = ShardReader(data, field, where, data.shape[0], samples=(num_samples, self.chunk_size))
-        self.shapes = ShardReader(group[shapes_name(field)], shapes_name(field), where, num_samples) if variable else None
+        self.shapes = ShardReader(arrays(shapes_name(field)), shapes_name(field), where, num_samples) if variable else None
 
     @property
     def direct(self) -> bool:

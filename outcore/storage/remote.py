@@ -87,6 +87,25 @@ class RemoteStore(ObjectStore):
             self.store, self._pid = _client(self.url, self._options), os.getpid()
         return self.store
 
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        """zarr's reads (metadata): obstore's retries, then one `RemoteError` naming the object."""
+        try:
+            return await super().get(key, prototype, byte_range)
+        except Exception as error:  # noqa: BLE001 - obstore's errors share no base class with OSError
+            raise self._translated("read", key, error) from None
+
+    async def exists(self, key: str) -> bool:
+        try:
+            return await super().exists(key)
+        except Exception as error:  # noqa: BLE001
+            raise self._translated("look for", key, error) from None
+
+    def _translated(self, what: str, key: str, error: Exception) -> Exception:
+        """An obstore error other than a missing object, as the `RemoteError` naming it; any other as it is."""
+        if type(error).__module__.startswith("obstore") and not isinstance(error, FileNotFoundError):
+            return self.files.failure(what, key, error)
+        return error
+
     def with_read_only(self, read_only: bool = False) -> RemoteStore:
         return RemoteStore(self.url, self._options, cache=self.cache, read_only=read_only)
 
@@ -219,14 +238,20 @@ class RemoteFiles:
                 waited = time.monotonic() - began
                 pause = BACKOFF_SECONDS * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
                 if attempt == ATTEMPTS or waited + pause > DEADLINE_SECONDS:
-                    reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-                    raise RemoteError(
-                        f"cannot {what} {self._where(key)}: {attempt} tries over {waited:.1f} s failed (last: "
-                        f"{reason}); check the network and the endpoint, then iterate again (state_dict() says "
-                        "where to resume)"
-                    ) from None
+                    raise self.failure(what, key, error, attempt, waited) from None
                 time.sleep(pause)
         raise AssertionError("unreachable")
+
+    def failure(self, what: str, key: str, error: BaseException, tries: int | None = None,
+                waited: float = 0.0) -> RemoteError:
+        """The error of a request to ``key`` that kept failing (``tries`` times, or as often as the client's
+        own retries allow): what, where, and what to do."""
+        reason = str(error).splitlines()[0][:240] if str(error) else type(error).__name__
+        attempts = f"{tries} tries over {waited:.1f} s" if tries else "the client's retries"
+        return RemoteError(
+            f"cannot {what} {self._where(key)}: {attempts} failed (last: {reason}); check the network and the "
+            "endpoint, then iterate again (state_dict() says where to resume)"
+        )
 
     def _where(self, key: str) -> str:
         return f"{redact(self.remote.url)}/{key}"

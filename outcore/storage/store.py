@@ -14,8 +14,6 @@ from zarr.core.sync import sync
 
 from ..errors import NotAStoreError, OutcoreError
 from ..format import (
-    RANGES_SUFFIX,
-    SHAPES_SUFFIX,
     FieldInfo,
     StoreAttrs,
     companion_names,
@@ -76,6 +74,7 @@ class Store:
         self.location = location
         self.group = group
         self.opener: Callable[[], Store] = partial(type(self).open, location)  # opens it again, as it was
+        self._zarr_arrays: dict[str, zarr.Array] = {}  # opened once: from an object store, each open is a request
         check_safe(group, self.array_names(), location)
         for name in attrs.fields:
             self._check_field(name)
@@ -128,12 +127,11 @@ class Store:
         """The underlying ``zarr.Array`` of ``field`` (may hold more samples than ``len(store)``); for an
         encoded image field, its bytes, its byte ranges under ``<field>_ranges`` and, when its sizes vary,
         its samples' shapes under ``<field>_shapes``."""
-        for suffix in (RANGES_SUFFIX, SHAPES_SUFFIX):
-            owner = field.removesuffix(suffix)
-            if field != owner and owner in self.attrs.fields and field in self.array_names():
-                return self.group[field]
-        self.info(field)
-        return self.group[field]
+        if field not in self._zarr_arrays:
+            if field not in self.array_names():
+                self.info(field)  # the KeyError naming the fields
+            self._zarr_arrays[field] = self.group[field]
+        return self._zarr_arrays[field]
 
     def unpublished(self) -> int:
         """Samples the arrays hold beyond the store's count: a Writer's appends not yet published (it is

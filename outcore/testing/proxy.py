@@ -21,6 +21,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Self
 
 SOCKET_SECONDS = 30.0  # the longest any socket of the proxy waits
 PIECE = 64 * 1024  # bytes sent at a time (the bandwidth cap's grain)
@@ -83,7 +84,7 @@ class FaultProxy:
         for thread in list(self._threads):
             thread.join(SOCKET_SECONDS)
 
-    def __enter__(self) -> FaultProxy:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:

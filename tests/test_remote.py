@@ -1,0 +1,309 @@
+"""Stores in an object store: a real S3 API (moto's server on loopback), reached directly or through a
+fault-injecting proxy of outcore's own; the node-local cache shared by processes, bounded, crash-safe."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import outcore
+from outcore.storage import ChunkCache
+from outcore.storage import remote as remote_module
+from outcore.testing import write_image_folder
+from outcore.testing.proxy import FaultProxy
+from outcore.testing.s3 import S3Server, upload
+
+pytest.importorskip("obstore", reason="object stores are read through obstore: pip install 'outcore[remote]'")
+pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
+
+SECRET = "do-not-show-this-secret-9f2c"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with S3Server() as server:
+        server.create_bucket("data")
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stores(s3, tmp_path_factory):
+    """A local store of numbers (8 chunks of 500 samples) and of JPEG bytes, each
+    uploaded to the S3 server."""
+    root = tmp_path_factory.mktemp("remote")
+    rng = np.random.default_rng(0)
+    numbers = outcore.from_arrays(
+        {"x": rng.normal(size=(4000, 6, 6)).astype("f4"), "label": np.arange(4000) % 7, "id": np.arange(4000)},
+        root / "numbers.zarr", chunk_size=500, progress=False)
+    write_image_folder(root / "photos", 30, classes=("a", "b"), size=(24, 24), seed=3)
+    photos = outcore.ingest_images(root / "photos", root / "photos.zarr", shape=(24, 24, 3), images="encoded",
+                                   chunk_size=16, progress=False)
+    for local in (numbers, photos):
+        upload(local.location, f"s3://data/{Path(local.location).name}", s3.options)
+    return {"numbers": numbers, "photos": photos}
+
+
+@pytest.fixture
+def proxy(s3):
+    with FaultProxy(s3.host, s3.port) as running:
+        yield running
+
+
+def _open(name, endpoint_options, **kwargs):
+    return outcore.open_dataset(f"s3://data/{name}", storage_options=endpoint_options, **kwargs)
+
+
+def _via(proxy, s3):
+    return {**s3.options, "endpoint": proxy.url}
+
+
+def _epoch(ds, seed=1, epoch=0):
+    batches = ds.batches(100, shuffle=True, seed=seed)
+    batches.set_epoch(epoch)
+    return list(batches)
+
+
+def _same(first, second):
+    assert len(first) == len(second) > 0
+    for a, b in zip(first, second, strict=True):
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+
+
+def _stored_bytes(ds) -> int:
+    """The bytes of the store's shard files."""
+    return sum(p.stat().st_size for p in Path(ds.location).rglob("*") if p.is_file() and p.name != "zarr.json")
+
+
+def _file_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in (folder / "blobs").rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_epochs_read_from_s3_equal_local_epochs(stores, s3, tmp_path, cached):
+    cache = tmp_path / "cache" if cached else False
+    remote = _open("numbers.zarr", s3.options, cache_dir=cache)
+    assert len(remote) == 4000 and remote.fields == stores["numbers"].fields
+    for epoch in range(2):
+        _same(_epoch(remote, epoch=epoch), _epoch(stores["numbers"], epoch=epoch))
+    np.testing.assert_array_equal(remote["x"][1234:1777].compute(), stores["numbers"]["x"][1234:1777].compute())
+    photos = _open("photos.zarr", s3.options, cache_dir=cache)
+    _same(list(photos.batches(8, seed=2)), list(stores["photos"].batches(8, seed=2)))
+
+
+def test_a_second_epoch_runs_from_a_full_cache_with_the_server_gone(stores, s3, tmp_path):
+    with FaultProxy(s3.host, s3.port) as proxy:
+        remote = _open("numbers.zarr", _via(proxy, s3), cache_dir=tmp_path / "cache")
+        first = _epoch(remote)
+        fetched = proxy.traffic.bytes_sent
+    second = _epoch(remote, epoch=1)  # the proxy is closed: nothing can be fetched
+    _same(first, _epoch(stores["numbers"]))
+    _same(second, _epoch(stores["numbers"], epoch=1))
+    stored = _stored_bytes(stores["numbers"])
+    assert fetched < 1.1 * stored  # the first epoch fetched about the store, never whole shards twice
+
+
+def _read_epoch(endpoint_options, cache_dir, seed):
+    ds = outcore.open_dataset("s3://data/numbers.zarr", storage_options=endpoint_options, cache_dir=cache_dir)
+    return sum(int(batch["id"].sum()) for batch in ds.batches(250, seed=seed))
+
+
+def test_four_processes_sharing_a_cache_fetch_each_range_once(stores, s3, proxy, tmp_path):
+    proxy.latency = 0.01  # so that the processes ask for the same chunks at about the same time
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(4) as pool:
+        totals = pool.starmap(_read_epoch, [(_via(proxy, s3), tmp_path / "cache", seed) for seed in range(4)])
+    assert totals == [sum(range(4000))] * 4
+    ranged = {key: count for key, count in proxy.traffic.ranges.items() if key[1]}
+    assert ranged and max(ranged.values()) == 1, {k: v for k, v in ranged.items() if v > 1}
+
+
+def test_a_cache_smaller_than_an_epoch_stays_within_its_bound_and_loses_nothing(stores, s3, tmp_path):
+    bound = _stored_bytes(stores["numbers"]) // 4
+    remote = _open("numbers.zarr", s3.options, cache_dir=tmp_path / "cache", cache_size=bound)
+    cache = remote.group.store.cache
+    for epoch in range(3):
+        _same(_epoch(remote, epoch=epoch), _epoch(stores["numbers"], epoch=epoch))
+        usage = cache.usage()
+        assert 0 < usage.bytes <= bound and _file_bytes(tmp_path / "cache") <= bound
+        assert usage.bytes == _file_bytes(tmp_path / "cache")
+
+
+_KILLED_READER = """
+import sys, outcore
+ds = outcore.open_dataset("s3://data/numbers.zarr", storage_options={options!r}, cache_dir={cache!r})
+for i, batch in enumerate(ds.batches(50, seed=9)):
+    print(i, flush=True)
+"""
+
+
+def test_a_killed_reader_leaves_a_consistent_cache(stores, s3, proxy, tmp_path):
+    proxy.latency = 0.02
+    cache_dir = tmp_path / "cache"
+    script = _KILLED_READER.format(options=_via(proxy, s3), cache=str(cache_dir))
+    reader = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(8):  # a few batches in, with fetches in flight
+            assert reader.stdout.readline(), "the reader ended before it could be killed"
+    finally:
+        reader.send_signal(signal.SIGKILL)
+        reader.wait(30)
+        reader.stdout.close()
+    with sqlite3.connect(cache_dir / "index.sqlite") as db:
+        left = db.execute("SELECT COUNT(*) FROM entries WHERE state != 1").fetchone()[0]
+    cache = ChunkCache(cache_dir)
+    usage = cache.usage()  # opening reconciles what the killed process left
+    with sqlite3.connect(cache_dir / "index.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM entries WHERE state != 1").fetchone()[0] == 0
+    assert usage.bytes == _file_bytes(cache_dir) > 0
+    assert not list((cache_dir / "tmp").iterdir())
+    remote = _open("numbers.zarr", s3.options, cache_dir=cache_dir)
+    _same(_epoch(remote, seed=9), _epoch(stores["numbers"], seed=9))
+    print(f"entries left mid-write by the killed reader: {left}")
+
+
+def test_a_store_rewritten_remotely_is_detected_never_mixed(stores, s3, tmp_path):
+    local = stores["numbers"]
+    upload(local.location, "s3://data/changing.zarr", s3.options)
+    cache_dir = tmp_path / "cache"
+    before = _open("changing.zarr", s3.options, cache_dir=cache_dir)
+    _same(_epoch(before), _epoch(local))
+    uncached = _open("changing.zarr", s3.options, cache_dir=False)
+    uncached["id"][:10].compute()  # its shard versions are known from here on
+
+    changed = outcore.from_arrays({"x": np.ones((4000, 6, 6), "f4"), "label": np.arange(4000) % 7,
+                                   "id": np.arange(4000)[::-1].copy()},
+                                  tmp_path / "changed.zarr", chunk_size=500, progress=False)
+    upload(changed.location, "s3://data/changing.zarr", s3.options)
+    after = _open("changing.zarr", s3.options, cache_dir=cache_dir)  # the same cache: new versions, new entries
+    _same(_epoch(after), _epoch(changed))
+    with pytest.raises(outcore.StoreChangedError, match=r"s3://data/changing.zarr/id/c/\d+ changed after the store"):
+        _epoch(uncached)
+
+
+@pytest.mark.parametrize("fault", ["503", "reset", "stall"])
+def test_passing_faults_are_retried_and_change_nothing(stores, s3, proxy, fault, tmp_path):
+    options = {**_via(proxy, s3), "client_options": {"timeout": "2s"}}
+    remote = _open("numbers.zarr", options, cache_dir=False)
+    {"503": lambda: proxy.fail(3, status=503), "reset": lambda: proxy.reset(3),
+     "stall": lambda: proxy.stall(2, seconds=10)}[fault]()
+    began = time.monotonic()
+    _same(_epoch(remote), _epoch(stores["numbers"]))
+    assert time.monotonic() - began < 30
+
+
+def test_a_lasting_fault_is_one_clear_error_within_the_bound(stores, s3, proxy, monkeypatch):
+    monkeypatch.setattr(remote_module, "DEADLINE_SECONDS", 3.0)
+    options = {**_via(proxy, s3), "client_options": {"timeout": "1s"}, "secret_access_key": SECRET}
+    remote = _open("numbers.zarr", options, cache_dir=False)
+    _epoch(remote)  # the metadata and the shard versions are known from here on
+    proxy.fail(10_000, status=503)
+    began = time.monotonic()
+    with pytest.raises(outcore.RemoteError, match=r"cannot read bytes \d+\.\.\d+ of s3://data/numbers.zarr/"
+                                                  r"\w+/c/[\d/]+: \d tries over [\d.]+ s failed") as raised:
+        _epoch(remote, epoch=1)
+    assert time.monotonic() - began < 3.0 + 3.0 / 4 + 2  # outcore's deadline, plus obstore's retries of one try
+    with pytest.raises(outcore.RemoteError, match=r"cannot read s3://data/numbers.zarr/zarr.json: the client's"):
+        _open("numbers.zarr", options)  # the metadata too
+    assert SECRET not in str(raised.value) and SECRET not in repr(remote) and SECRET not in str(remote.group.store)
+    proxy.clear_faults()
+
+
+def test_credentials_never_show(stores, s3):
+    options = {**s3.options, "secret_access_key": SECRET}
+    with pytest.raises(outcore.NotAStoreError) as missing:
+        _open("nothing-here.zarr", options)
+    remote = _open("numbers.zarr", {**s3.options, "secret_access_key": SECRET}, cache_dir=False)
+    shown = [str(missing.value), repr(remote), str(remote), remote._repr_html_(), repr(remote.group.store),
+             str(remote.attrs.to_dict())]
+    assert not [text for text in shown if SECRET in text]
+    copy = pickle.loads(pickle.dumps(remote))  # workers get the settings, and read
+    np.testing.assert_array_equal(copy["id"][:5].compute(), stores["numbers"]["id"][:5].compute())
+
+
+def test_clients_are_made_again_in_forked_children(stores, s3, tmp_path):
+    remote = _open("numbers.zarr", s3.options, cache_dir=tmp_path / "cache")
+    _epoch(remote)  # the parent's client and cache connections exist before the fork
+    context = multiprocessing.get_context("fork")
+    with context.Pool(2) as pool:
+        totals = pool.map(_sum_of_ids, [remote, remote])
+    assert totals == [sum(range(4000))] * 2
+
+
+def _sum_of_ids(ds):
+    return sum(int(batch["id"].sum()) for batch in ds.batches(300, seed=4))
+
+
+def test_a_zip_in_an_object_store_is_refused_with_what_to_do(s3):
+    with pytest.raises(outcore.OptionError, match="copy it there, or upload the store as a folder"):
+        outcore.open_dataset("s3://data/train.zarr.zip", storage_options=s3.options)
+
+
+# -- the cache alone
+
+
+def test_the_cache_evicts_the_least_recently_used_within_its_bound(tmp_path):
+    cache = ChunkCache(tmp_path, max_bytes=1000)
+    for i in range(5):
+        assert bytes(cache.get_or_fetch(f"k{i}", 296, lambda i=i: bytes([i]) * 296)) == bytes([i]) * 296
+    assert cache.usage().entries == 3 and cache.usage().bytes == 900 == _file_bytes(tmp_path)
+    fetched = []
+    assert bytes(cache.get_or_fetch("k2", 296, lambda: fetched.append(2) or b"")) == bytes([2]) * 296
+    assert fetched == [] and cache.counts.hits == 1
+    cache.get_or_fetch("big", 2000, lambda: b"x" * 2000)  # larger than the cache: returned, not kept
+    assert cache.usage().entries == 3
+
+
+def test_a_damaged_cache_entry_is_fetched_again(tmp_path):
+    cache = ChunkCache(tmp_path, max_bytes=10_000)
+    cache.get_or_fetch("key", 100, lambda: b"a" * 100)
+    entry = next(p for p in (tmp_path / "blobs").rglob("*") if p.is_file())
+    entry.write_bytes(entry.read_bytes()[:-1] + b"b")
+    assert bytes(cache.get_or_fetch("key", 100, lambda: b"a" * 100)) == b"a" * 100
+    assert cache.counts.misses == 2
+
+
+def test_entries_of_a_dead_writer_are_removed_by_the_next_process(tmp_path):
+    cache = ChunkCache(tmp_path, max_bytes=10_000)
+    cache.get_or_fetch("kept", 100, lambda: b"k" * 100)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    pid = int(dead.stdout)
+    with sqlite3.connect(tmp_path / "index.sqlite") as db:  # what a writer killed mid-write leaves
+        db.execute("INSERT INTO entries VALUES ('lost', 'ab/cd', 500, 0, ?, ?)", (pid, time.time()))
+        db.execute("UPDATE total SET bytes = bytes + 500")
+    (tmp_path / "blobs" / "ab").mkdir(exist_ok=True)
+    (tmp_path / "blobs" / "ab" / "cd").write_bytes(b"z" * 500)
+    (tmp_path / "tmp" / f"abcd.{pid}.1").write_bytes(b"z" * 200)
+    fresh = ChunkCache(tmp_path, max_bytes=10_000)
+    assert fresh.usage().entries == 1 and fresh.usage().bytes == 104 == _file_bytes(tmp_path)
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_cache_sizes_parse_and_bad_ones_are_named(tmp_path):
+    assert ChunkCache(tmp_path, "1.5GiB").max_bytes == 3 * 2**29
+    assert ChunkCache(tmp_path, "500MB").max_bytes == 500 * 10**6
+    with pytest.raises(outcore.OptionError, match="cache size '12 parsecs'"):
+        ChunkCache(tmp_path, "12 parsecs")
+
+
+def test_the_cache_folder_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTCORE_CACHE_DIR", str(tmp_path / "env-cache"))
+    monkeypatch.setenv("OUTCORE_CACHE_SIZE", "1MiB")
+    cache = ChunkCache.from_environment(None, None)
+    assert cache.directory == tmp_path / "env-cache" and cache.max_bytes == 2**20
+    assert ChunkCache.from_environment(tmp_path / "given", "2MiB").max_bytes == 2 * 2**20
+    monkeypatch.delenv("OUTCORE_CACHE_DIR")
+    assert ChunkCache.from_environment(None, None) is None
+    assert os.environ.get("OUTCORE_CACHE_DIR") is None
