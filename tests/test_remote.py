@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import re
 import signal
 import sqlite3
 import subprocess
@@ -232,13 +233,18 @@ def test_credentials_never_show(stores, s3):
     np.testing.assert_array_equal(copy["id"][:5].compute(), stores["numbers"]["id"][:5].compute())
 
 
-def test_clients_are_made_again_in_forked_children(stores, s3, tmp_path):
-    remote = _open("numbers.zarr", s3.options, cache_dir=tmp_path / "cache")
-    _epoch(remote)  # the parent's client and cache connections exist before the fork
-    context = multiprocessing.get_context("fork")
+@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+def test_child_processes_read_or_say_why_they_cannot(stores, s3, tmp_path, start_method):
+    """obstore hangs in a process forked after it was used: such a child gets a clear error at once."""
+    remote = _open("numbers.zarr", s3.options, cache_dir=False)  # no cache: the children must fetch
+    _epoch(remote)  # the parent's client exists before the children start
+    context = multiprocessing.get_context(start_method)
     with context.Pool(2) as pool:
-        totals = pool.map(_sum_of_ids, [remote, remote])
-    assert totals == [sum(range(4000))] * 2
+        if start_method == "fork":
+            with pytest.raises(outcore.OptionError, match="cannot run in a process forked after it was used"):
+                pool.map(_sum_of_ids, [remote, remote], chunksize=1)
+        else:
+            assert pool.map(_sum_of_ids, [remote, remote]) == [sum(range(4000))] * 2
 
 
 def _sum_of_ids(ds):
@@ -307,3 +313,49 @@ def test_the_cache_folder_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("OUTCORE_CACHE_DIR")
     assert ChunkCache.from_environment(None, None) is None
     assert os.environ.get("OUTCORE_CACHE_DIR") is None
+
+
+# -- the command line
+
+
+def test_the_commands_read_object_stores_and_show_the_cache(stores, s3, tmp_path, monkeypatch, capsys):
+    from outcore.cli import main
+
+    for name, value in s3.environment.items():
+        monkeypatch.setenv(name, value)
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert main(["info", "s3://data/numbers.zarr"]) == 0
+    assert "4,000 samples in 8 chunks of 500" in capsys.readouterr().out
+    assert main(["verify", "s3://data/numbers.zarr", "--no-progress", *cache]) == 0
+    assert capsys.readouterr().out.strip() == "s3://data/numbers.zarr: 32 chunks checked, OK"
+    assert main(["bench", "s3://data/numbers.zarr", "--repeats", "1", *cache]) == 0
+    assert "one more shuffled epoch: 0 requests, 0.0 MB fetched (0.00x the store); cache: " in capsys.readouterr().out
+    assert main(["bench", "s3://data/numbers.zarr", "--repeats", "1", "--no-cache"]) == 0
+    assert re.search(r"one more shuffled epoch: \d+ requests, [\d.]+ MB fetched \((0\.9\d|1\.0\d)x the store\)\n",
+                     capsys.readouterr().out)
+    assert main(["cache", *cache]) == 0
+    assert re.fullmatch(rf"{tmp_path}/cache: \d+ entries, [\d.]+ MiB of 20,480 MiB \(0%\)\n", capsys.readouterr().out)
+    assert main(["cache", *cache, "--clear"]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path}/cache: 0 entries")
+    assert main(["info", "s3://data/numbers.zarr", "--storage-option", "region"]) == 2
+    assert "--storage-option 'region': give KEY=VALUE" in capsys.readouterr().err
+    assert main(["cache", "--cache-dir", str(tmp_path)]) == 2
+    assert "holds no outcore cache (no index.sqlite there); check --cache-dir" in capsys.readouterr().err
+
+
+# -- DataLoader workers
+
+
+@pytest.mark.parametrize("start_method", [None, "spawn"])
+def test_dataloader_workers_read_an_object_store_through_one_cache(stores, s3, tmp_path, start_method):
+    pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
+    remote = _open("numbers.zarr", s3.options, cache_dir=tmp_path / "cache")
+    remote["id"][:3].compute()  # the parent's client exists before the workers start
+    with pytest.raises(outcore.OptionError, match="multiprocessing_context='fork' with a store in an object store"):
+        remote.torch(250, num_workers=2, multiprocessing_context="fork")
+    given = {} if start_method is None else {"multiprocessing_context": start_method}  # default: forkserver
+    loader = remote.torch(250, num_workers=2, shuffle=True, seed=6, **given)
+    ids = np.concatenate([batch["id"].numpy() for batch in loader])
+    assert sorted(ids.tolist()) == list(range(4000))
+    again = ChunkCache(tmp_path / "cache").usage()
+    assert again.entries >= 3 * 8  # the workers' chunks, in the one cache

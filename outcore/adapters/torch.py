@@ -17,7 +17,8 @@ from typing import Any, NamedTuple, Unpack
 from ..errors import OptionError
 from ..iterate.options import check_state
 from ..iterate.stats import LoaderStats
-from ..storage import Store
+from ..storage import RemoteStore, Store
+from ..storage.remote import FORKED_AFTER_USE
 from .keywords import TorchKeywords, split_torch_keywords
 from .torch_batches import TorchBatch, TorchBatches
 from .torch_device import to_device
@@ -120,7 +121,8 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
     threads, so ``num_workers=0`` is the default: worker processes add a copy of every batch between
     processes (benchmarks/training.py measured 5 % of the time waiting for data with 0 workers, 21 % with
     2, on 2 cores); use them for heavy per-batch Python transforms. Workers may start by fork, spawn or
-    forkserver; with spawn and forkserver, the transform must pickle (defined at module level).
+    forkserver; with spawn and forkserver, the transform must pickle (defined at module level). Workers
+    reading an object store start by forkserver unless told spawn (its client cannot run after a fork).
 
     >>> for batch in ds.torch(batch_size=256, shuffle=True, num_workers=2):  # doctest: +SKIP
     ...     loss = model(batch["images"].float()).mean()
@@ -133,11 +135,22 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
         )
     batch_keywords.setdefault("shuffle", False)
     num_workers = int(dataloader_options.get("num_workers", 0))
+    if num_workers > 0 and isinstance(store.group.store, RemoteStore):
+        _start_without_fork(dataloader_options)
     batches = TorchBatches(store, batch_size, num_workers=num_workers, channels_first=channels_first,
                            **batch_keywords)
     if num_workers > 0:
         _check_picklable(batches, dataloader_options.get("collate_fn"), dataloader_options.get("multiprocessing_context"))
     return OutcoreLoader(batches, **dataloader_options)
+
+
+def _start_without_fork(dataloader_options: dict[str, Any]) -> None:
+    """Workers reading an object store start by forkserver (the default then) or spawn: obstore cannot run
+    in a process forked after it was used (`outcore.storage.remote.FORKED_AFTER_USE`)."""
+    context = dataloader_options.setdefault("multiprocessing_context", "forkserver")
+    method = context if isinstance(context, str) else context.get_start_method()
+    if method == "fork":
+        raise OptionError(f"multiprocessing_context='fork' with a store in an object store: {FORKED_AFTER_USE}")
 
 
 def _check_picklable(batches: TorchBatches, collate_fn: Any, context: Any) -> None:

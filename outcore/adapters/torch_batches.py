@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, batch_count, rank_batch_count
-from ..storage import Store, open_store
+from ..storage import Store
 from ..threads import share_cpus
 from .torch_module import IterableDataset, get_worker_info, torch
 
@@ -61,6 +61,7 @@ class TorchBatches(IterableDataset):
         for name in options.fields or ():
             store.info(name)  # a KeyError naming the fields, here rather than in a worker
         self.location, self.num_samples, self.options = store.location, len(store), options
+        self.opener = store.opener  # each worker opens the store itself, with the settings it was opened with
         self.num_workers, self.channels_first = num_workers, channels_first
         self.epoch = 0
         self.positions: tuple[int, ...] = ()  # batches each worker's share has delivered, when resuming
@@ -126,7 +127,7 @@ class TorchBatches(IterableDataset):
             raise OptionError(f"the epoch was interrupted with {self.shares} DataLoader worker(s); it cannot resume "
                              f"with {num_workers}: use num_workers={self.shares}")
         worker = (loader_worker + self.first_worker) % num_workers
-        iterator = BatchIterator(open_store(self.location), self.options, worker=worker, num_workers=num_workers)
+        iterator = BatchIterator(self.opener(), self.options, worker=worker, num_workers=num_workers)
         iterator.set_epoch(self.epoch)
         iterator.batches_done = self.positions[worker] if self.positions else 0
         if iterator.batches_done >= len(iterator):

@@ -6,7 +6,7 @@ import io
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from PIL import Image
 
@@ -14,6 +14,7 @@ from ..dataset import Dataset
 from ..format import ranges_name
 from ..iterate.transforms import Compose, RandomFlip, RandomResizedCrop
 from ..storage import read_files
+from ..storage.report import field_reports, total
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,26 @@ def decompress_all(ds: Dataset, fields: Sequence[str], threads: int = 2) -> int:
 def shuffled_epoch(ds: Dataset, fields: Sequence[str], batch_size: int = 256, **options: object) -> int:
     """One epoch of ``ds.batches`` with default settings unless ``options`` say otherwise."""
     return sum(len(batch[fields[0]]) for batch in ds.batches(batch_size, fields=fields, **options))
+
+
+def epoch_traffic(ds: Dataset, batch_size: int = 256) -> str:
+    """One shuffled epoch of a store in an object store, and what it asked of the store and the cache.
+
+    >>> epoch_traffic(outcore.open_dataset("s3://bucket/train.zarr"))  # doctest: +SKIP
+    '312 requests, 1,250.0 MB fetched (1.00x the store); cache: 0 hits, 310 misses'
+    """
+    store = ds.group.store
+    before, cache = replace(store.files.traffic), store.cache
+    hits, misses = (cache.counts.hits, cache.counts.misses) if cache is not None else (0, 0)
+    shuffled_epoch(ds, list(ds.fields), batch_size, seed=1)
+    traffic = store.files.traffic
+    fetched = traffic.bytes - before.bytes
+    stored = total(field_reports(ds)).stored
+    line = (f"{traffic.requests - before.requests:,} requests, {fetched / 1e6:,.1f} MB fetched "
+            f"({fetched / max(1, stored):.2f}x the store)")
+    if cache is not None:
+        line += f"; cache: {cache.counts.hits - hits:,} hits, {cache.counts.misses - misses:,} misses"
+    return line
 
 
 def compare(ds: Dataset, fields: Sequence[str] | None = None, batch_size: int = 256,

@@ -1,4 +1,4 @@
-"""The ``outcore`` command: ``ingest``, ``info``, ``verify``, ``bench`` and ``demo``."""
+"""The ``outcore`` command: ``ingest``, ``info``, ``verify``, ``bench``, ``cache`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..dataset import open_dataset
-from ..errors import ClusterError, OutcoreError
+from ..errors import ClusterError, OptionError, OutcoreError
 from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, RESIZE_POLICIES
 from ..ingest import ingest_dataframe, ingest_images
 from ..iterate import shuffle_quality
-from .bench import compare
+from ..storage import ChunkCache, RemoteStore
+from ..storage.cache import ENVIRONMENT
+from .bench import compare, epoch_traffic
 from .demo import run_demo
 from .info import describe
 from .verify import verify
@@ -139,11 +141,13 @@ def _parser() -> argparse.ArgumentParser:
 
     info = commands.add_parser("info", help="describe a store: fields, chunks, codecs, sizes, classes")
     info.add_argument("store", metavar="STORE")
+    _add_remote(info)
     info.set_defaults(run=_info, parser=info)
 
     check = commands.add_parser("verify", help="read every chunk and check checksums and labels")
     check.add_argument("store", metavar="STORE")
     check.add_argument("--no-progress", action="store_true")
+    _add_remote(check)
     check.set_defaults(run=_verify, parser=check)
 
     bench = commands.add_parser("bench", help="reading speed and shuffle quality of a store")
@@ -153,7 +157,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--crop", type=int, default=224,
                        help="pictures kept at their own size are read with RandomResizedCrop(CROP) and a flip "
                             "(default 224)")
+    _add_remote(bench)
     bench.set_defaults(run=_bench, parser=bench)
+
+    cache = commands.add_parser("cache", help="show or clear the node's cache of object-store chunks")
+    cache.add_argument("--cache-dir", help=f"the cache folder (default: ${ENVIRONMENT})")
+    cache.add_argument("--clear", action="store_true", help="remove every entry no process is writing")
+    cache.set_defaults(run=_cache, parser=cache)
 
     demo = commands.add_parser("demo", help="cut sample photographs into classes, ingest, inspect, train a small "
                                              "CNN and predict, end to end")
@@ -169,6 +179,27 @@ def _parser() -> argparse.ArgumentParser:
 
 
 SCHEDULER_TIMEOUT = 10.0  # seconds to wait for a --scheduler to answer
+
+
+def _add_remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage-option", metavar="KEY=VALUE", action="append", default=[], dest="storage_options",
+                        help="a setting of the object store (endpoint=..., region=..., skip_signature=true); "
+                             "repeat for more. Default: the standard environment (AWS_ENDPOINT_URL, ...)")
+    parser.add_argument("--cache-dir", help=f"the node's cache of object-store chunks (default: ${ENVIRONMENT})")
+    parser.add_argument("--cache-size", help="the cache's bound, e.g. 50GiB (default: $OUTCORE_CACHE_SIZE or 20 GiB)")
+    parser.add_argument("--no-cache", action="store_true", help="read an object store without the cache")
+
+
+def _open_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`open_dataset`'s keywords from the --storage-option, --cache-dir, --cache-size and --no-cache flags."""
+    options = {}
+    for item in args.storage_options:
+        key, sign, value = item.partition("=")
+        if not sign or not key:
+            raise OptionError(f"--storage-option {item!r}: give KEY=VALUE, e.g. --storage-option region=eu-west-1")
+        options[key.strip()] = value.strip()
+    return {"storage_options": options or None, "cache_dir": False if args.no_cache else args.cache_dir,
+            "cache_size": args.cache_size}
 
 
 def _add_scheduler(parser: argparse.ArgumentParser) -> None:
@@ -230,18 +261,28 @@ def _label_dtype(text: str | None) -> str | dict[str, str] | None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    print(describe(open_dataset(args.store)))
+    print(describe(open_dataset(args.store, **_open_options(args))))
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
-    report = verify(args.store, progress=not args.no_progress)
+    report = verify(args.store, progress=not args.no_progress, **_open_options(args))
     print(report)
     return 0 if report.ok else 1
 
 
+def _cache(args: argparse.Namespace) -> int:
+    cache = ChunkCache.from_environment(args.cache_dir, None)
+    if cache is None:
+        raise OptionError(f"no cache folder: give cache_dir=DIR, or set ${ENVIRONMENT}")
+    if not (cache.directory / "index.sqlite").exists():
+        raise OptionError(f"{cache.directory} holds no outcore cache (no index.sqlite there); check cache_dir=")
+    print(cache.clear() if args.clear else cache.usage())
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
-    ds = open_dataset(args.store)
+    ds = open_dataset(args.store, **_open_options(args))
     rows = compare(ds, batch_size=args.batch_size, repeats=args.repeats, crop=args.crop)
     baseline = rows[0][1]
     print(f"{ds.location}: {len(ds):,} samples, all fields, medians of {args.repeats} runs (warm cache)\n")
@@ -250,6 +291,8 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{name:50s} {rate:10.0f} {rate / baseline:14.2f}")
     if any(role == "target" for role in ds.roles.values()) and len(ds) >= args.batch_size:
         print("\nshuffle quality at these settings: " + str(shuffle_quality(ds, batch_size=args.batch_size)))
+    if isinstance(ds.group.store, RemoteStore):
+        print("\none more shuffled epoch: " + epoch_traffic(ds, args.batch_size))
     return 0
 
 

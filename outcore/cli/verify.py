@@ -6,6 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,16 +34,17 @@ class VerifyReport:
         return "\n".join([f"{self.location}: {self.chunks_checked} chunks checked, {verdict}", *self.problems])
 
 
-def verify(location: str | os.PathLike, *, progress: bool = True) -> VerifyReport:
+def verify(location: str | os.PathLike, *, progress: bool = True, **open_options: Any) -> VerifyReport:
     """Decompress every chunk of every field (checksums included), decode every sample of encoded image
     fields, and check labels against the classes. A store whose metadata is damaged or inconsistent is
     reported as such (it cannot be read further); a location with no store at all is a `NotAStoreError`.
+    ``open_options`` go to `outcore.open_dataset` (``storage_options``, ``cache_dir``, ...).
 
     >>> print(outcore.verify("train.zarr"))  # doctest: +SKIP
     train.zarr: 316 chunks checked, OK
     """
     try:
-        ds = open_dataset(location)
+        ds = open_dataset(location, **open_options)
     except (NotAStoreError, UnsafeStoreError) as error:
         if not is_url(location) and not Path(location).exists():
             raise

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import sys
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import CancelledError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 from uuid import uuid4
@@ -38,7 +39,7 @@ from dask.base import tokenize
 
 from ..errors import ClusterError, NotAStoreError
 from ..imaging import DecodedChunks
-from ..storage import open_store
+from ..storage import Store
 from ..threads import available_cpus, cap_threads
 from .batch import Batch, ChunkValues, Recipe, make_batch
 from .readers import ChunkReader, chunk_reader
@@ -48,11 +49,13 @@ from .stats import LoaderStats
 
 @dataclass(frozen=True)
 class StoreFields:
-    """What a worker reads: ``fields`` of the store at ``location`` (``identity`` tells rewritten stores apart)."""
+    """What a worker reads: ``fields`` of the store at ``location``, opened by ``opener`` (with the settings it
+    was opened with); ``identity`` tells rewritten stores apart."""
 
     location: str
     fields: tuple[str, ...]
     identity: str
+    opener: Callable[[], Store] = field(compare=False, repr=False)
 
 
 class ClusterRun(Run):
@@ -61,7 +64,8 @@ class ClusterRun(Run):
     def __init__(self, work: Work, stats: LoaderStats) -> None:
         store = work.store
         self.client = work.options.client
-        self.source = StoreFields(store.location, work.recipe.fields, tokenize(store.location, store.attrs.to_dict()))
+        self.source = StoreFields(store.location, work.recipe.fields, tokenize(store.location, store.attrs.to_dict()),
+                                  store.opener)
         self.name = f"{uuid4().hex[:8]}-e{work.epoch}"  # task keys: outcore-chunk-<name>-<chunk>, outcore-batch-<name>-<i>
         self.chunks: dict[int, Any] = {}  # slot -> future of its chunk
         self.pending: deque[Any] = deque()
@@ -156,7 +160,7 @@ def _readers(source: StoreFields) -> dict[str, ChunkReader]:
     reads and decodes use as many threads as the cluster gave the worker."""
     cap_threads(_worker_threads())
     try:
-        store = open_store(source.location)
+        store = source.opener()
     except NotAStoreError as error:
         raise NotAStoreError(
             f"Dask worker {_worker_address()} cannot open the store: {error}. Workers read the store "

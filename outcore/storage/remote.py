@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.storage import ObjectStore
 
 from ..errors import OptionError, RemoteError, StoreChangedError
@@ -40,6 +41,14 @@ BACKOFF_SECONDS = 0.2  # the first retry's wait (doubling, with jitter)
 PREFETCHED = 64  # fetched ranges waiting to be read, at most, per store and process
 CLIENT_DEFAULTS = {"timeout": "30s", "connect_timeout": "5s"}  # per request; storage_options may change them
 _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+FORKED_AFTER_USE = (
+    "obstore, which reads object stores, cannot run in a process forked after it was used (its runtime's "
+    "threads are not in the child, and its requests would hang): start DataLoader workers and other "
+    "processes with multiprocessing_context='forkserver' or 'spawn' (ds.torch() does so by default for "
+    "object stores)"
+)
+_used = False  # obstore was used in this process
+_forked_after_use = False  # this process was forked from one that had used it
 
 
 def is_object_url(location: str) -> bool:
@@ -53,6 +62,15 @@ def redact(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+@dataclass
+class Traffic:
+    """What this process asked of the object store for one store: requests made (HEADs and ranged GETs,
+    retries included) and bytes received."""
+
+    requests: int = 0
+    bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,29 +94,48 @@ class RemoteStore(ObjectStore):
         self.url = url.rstrip("/")
         self._options = dict(storage_options or {})
         self.cache = cache
-        self._pid = os.getpid()
-        super().__init__(_client(self.url, self._options), read_only=read_only)
+        self._client, self._pid = None, 0
+        Store.__init__(self, read_only=read_only)  # not ObjectStore's, which wants a client now: made when used
         self.files = RemoteFiles(self)
 
-    @property
-    def client(self) -> Any:
-        """The obstore client of this process (made again after a fork)."""
-        if self._pid != os.getpid():
-            self.store, self._pid = _client(self.url, self._options), os.getpid()
-        return self.store
+    @property  # type: ignore[override]
+    def store(self) -> Any:
+        """The obstore client of this process: a forked child makes its own (the parent's runs on threads
+        the child does not have)."""
+        if self._client is None or self._pid != os.getpid():
+            self._client, self._pid = _client(self.url, self._options), os.getpid()
+        return self._client
+
+    @store.setter
+    def store(self, client: Any) -> None:
+        self._client, self._pid = client, os.getpid()
 
     async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-        """zarr's reads (metadata): obstore's retries, then one `RemoteError` naming the object."""
+        """zarr's reads (metadata), through obstore's blocking calls: its asynchronous ones run on a runtime
+        that a forked child (a DataLoader worker) cannot use. Retried by obstore, then one `RemoteError`."""
+        import obstore
+
+        options = {} if byte_range is None else {"range": _obstore_range(byte_range)}
         try:
-            return await super().get(key, prototype, byte_range)
+            return prototype.buffer.from_bytes(obstore.get(self.store, key, options=options).bytes())
+        except FileNotFoundError:
+            return None
         except Exception as error:  # noqa: BLE001 - obstore's errors share no base class with OSError
             raise self._translated("read", key, error) from None
 
     async def exists(self, key: str) -> bool:
+        import obstore
+
         try:
-            return await super().exists(key)
+            obstore.head(self.store, key)
+            return True
+        except FileNotFoundError:
+            return False
         except Exception as error:  # noqa: BLE001
             raise self._translated("look for", key, error) from None
+
+    async def getsize(self, key: str) -> int:
+        return self.files.size(key)
 
     def _translated(self, what: str, key: str, error: Exception) -> Exception:
         """An obstore error other than a missing object, as the `RemoteError` naming it; any other as it is."""
@@ -138,6 +175,7 @@ class RemoteFiles:
         self._versions: dict[str, Version] = {}
         self._lock = threading.Lock()
         self._fetched: OrderedDict[tuple[str, int, int], Future[memoryview]] = OrderedDict()
+        self.traffic = Traffic()
 
     def versions(self) -> dict[str, Version]:
         with self._lock:
@@ -153,7 +191,7 @@ class RemoteFiles:
         if known is None:
             import obstore
 
-            meta = self._call(key, "ask the size of", lambda: obstore.head(self.remote.client, key))
+            meta = self._call(key, "ask the size of", lambda: obstore.head(self.remote.store, key))
             known = Version(int(meta["size"]), str(meta.get("e_tag") or meta.get("version") or ""))
             with self._lock:
                 known = self._versions.setdefault(key, known)
@@ -207,8 +245,10 @@ class RemoteFiles:
         if version.etag:
             options["if_match"] = version.etag
         result = self._call(key, f"read bytes {start}..{stop - 1} of",
-                            lambda: obstore.get(self.remote.client, key, options=options).bytes())
+                            lambda: obstore.get(self.remote.store, key, options=options).bytes())
         data = memoryview(result)
+        with self._lock:
+            self.traffic.bytes += len(data)
         if len(data) != stop - start:
             raise RemoteError(f"{self._where(key)}: asked for {stop - start} bytes, received {len(data)}; "
                               "the object store or a proxy cut the answer short: try again")
@@ -222,6 +262,8 @@ class RemoteFiles:
 
         began = time.monotonic()
         for attempt in range(1, ATTEMPTS + 1):
+            with self._lock:
+                self.traffic.requests += 1
             try:
                 return request()
             except (FileNotFoundError, failures.NotFoundError):
@@ -257,9 +299,33 @@ class RemoteFiles:
         return f"{redact(self.remote.url)}/{key}"
 
 
+def _obstore_range(request: Any) -> Any:
+    """zarr's byte request as obstore's ``range`` option."""
+    if isinstance(request, RangeByteRequest):
+        return (request.start, request.end)
+    if isinstance(request, OffsetByteRequest):
+        return {"offset": request.offset}
+    if isinstance(request, SuffixByteRequest):
+        return {"suffix": request.suffix}
+    raise TypeError(f"unexpected byte request {request!r}")
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_use
+    _forked_after_use = _forked_after_use or _used
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _client(url: str, options: Mapping[str, Any]) -> Any:
     """An obstore client for ``url``: ``options`` as obstore's ``from_url`` takes them, plain HTTP allowed
-    when the endpoint asks for it, outcore's timeouts where none are given."""
+    when the endpoint asks for it, outcore's timeouts where none are given. In a process forked after
+    obstore was used, an `OptionError` saying how to start it instead (never a hang)."""
+    global _used
+    if _forked_after_use:
+        raise OptionError(f"{redact(url)}: {FORKED_AFTER_USE}")
+    _used = True
     try:
         from obstore.store import from_url
     except ImportError:
