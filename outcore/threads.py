@@ -44,6 +44,8 @@ _cap: int | None = None  # cap_threads: a worker of a Dask cluster uses at most 
 _in_pool = threading.local()
 _io_pool: ThreadPoolExecutor | None = None
 _io_pool_pid = 0
+_request_pool: ThreadPoolExecutor | None = None
+_request_pool_pid = 0
 
 
 def available_cpus() -> int:
@@ -225,9 +227,22 @@ def submit_io(work: Callable[..., Any], *args: Any) -> Future[Any]:
         return _io_pool.submit(work, *args)
 
 
+def submit_request(work: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``work(*args)`` on the process's pool for single requests that a caller waits on with a deadline (an
+    I/O thread asking twice for a slow answer): apart from the I/O pool, so a waiting I/O thread never
+    waits on a request queued behind it."""
+    global _request_pool, _request_pool_pid
+    with _lock:
+        if _request_pool is None or _request_pool_pid != os.getpid():
+            _request_pool = ThreadPoolExecutor(2 * io_thread_count(), thread_name_prefix="outcore-request")
+            _request_pool_pid = os.getpid()
+        return _request_pool.submit(work, *args)
+
+
 def _forget_after_fork() -> None:
-    global _pool, _io_pool, _lock
-    _pool, _io_pool, _lock = None, None, threading.Lock()  # the parent's threads (and locks) do not exist here
+    global _pool, _io_pool, _request_pool, _lock
+    _pool, _io_pool, _request_pool = None, None, None  # the parent's threads (and locks) do not exist here
+    _lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

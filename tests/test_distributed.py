@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from functools import partial
 
 import cloudpickle
 import dask
@@ -204,6 +205,7 @@ def test_workers_that_cannot_see_the_store_say_so(client, photos, tmp_path):
     moved = outcore.open_dataset(photos.location)
     it = moved.batches(8, client=client)
     moved.location = str(tmp_path / "elsewhere.zarr")  # what a worker without the shared filesystem sees
+    moved.opener = partial(outcore.open_dataset, moved.location)
     with pytest.raises(NotAStoreError, match="Dask worker .* cannot open the store.*every worker sees it"):
         next(iter(it))
 

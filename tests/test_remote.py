@@ -204,6 +204,16 @@ def test_passing_faults_are_retried_and_change_nothing(stores, s3, proxy, fault,
     assert time.monotonic() - began < 30
 
 
+def test_a_stalled_answer_is_asked_again_beside_it(stores, s3, proxy, monkeypatch):
+    monkeypatch.setattr(remote_module, "HEDGE_SECONDS", 0.3)
+    remote = _open("numbers.zarr", _via(proxy, s3), cache_dir=False)  # the default 30 s request timeout
+    _epoch(remote)  # metadata, shard sizes and indexes known: what follows are chunk reads
+    proxy.stall(2, seconds=20)
+    began = time.monotonic()
+    _same(_epoch(remote, epoch=1), _epoch(stores["numbers"], epoch=1))
+    assert time.monotonic() - began < 10 and remote.group.store.files.traffic.hedged >= 2
+
+
 def test_a_lasting_fault_is_one_clear_error_within_the_bound(stores, s3, proxy, monkeypatch):
     monkeypatch.setattr(remote_module, "DEADLINE_SECONDS", 3.0)
     options = {**_via(proxy, s3), "client_options": {"timeout": "1s"}, "secret_access_key": SECRET}

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,12 +32,14 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByt
 from zarr.storage import ObjectStore
 
 from ..errors import OptionError, RemoteError, StoreChangedError
+from ..threads import submit_request
 from .cache import ChunkCache
 
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
 ATTEMPTS = 5  # tries of one ranged read before it is an error
 DEADLINE_SECONDS = 120.0  # the most one ranged read may take, its retries included
 BACKOFF_SECONDS = 0.2  # the first retry's wait (doubling, with jitter)
+HEDGE_SECONDS = 2.0  # a ranged read not answered by then is asked a second time, beside the first
 PREFETCHED = 64  # fetched ranges waiting to be read, at most, per store and process
 CLIENT_DEFAULTS = {"timeout": "30s", "connect_timeout": "5s"}  # per request; storage_options may change them
 _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -67,10 +69,11 @@ def redact(url: str) -> str:
 @dataclass
 class Traffic:
     """What this process asked of the object store for one store: requests made (HEADs and ranged GETs,
-    retries included) and bytes received."""
+    retries included; second requests for late answers counted apart) and bytes received."""
 
     requests: int = 0
     bytes: int = 0
+    hedged: int = 0  # requests asked a second time, their first answer being late
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ class RemoteFiles:
         self._versions: dict[str, Version] = {}
         self._lock = threading.Lock()
         self._fetched: OrderedDict[tuple[str, int, int], Future[memoryview]] = OrderedDict()
+        self._unasked: OrderedDict[tuple[str, int, int], None] = OrderedDict()  # read before their prefetch came
         self.traffic = Traffic()
 
     def versions(self) -> dict[str, Version]:
@@ -209,6 +213,9 @@ class RemoteFiles:
         with self._lock:
             if span in self._fetched:
                 return
+            if span in self._unasked:  # its read came first and fetched it: nothing to do
+                del self._unasked[span]
+                return
             self._fetched[span] = future
             while len(self._fetched) > PREFETCHED:
                 self._fetched.popitem(last=False)
@@ -226,6 +233,10 @@ class RemoteFiles:
             return 0
         with self._lock:
             fetched = self._fetched.pop((key, start, stop), None)
+            if fetched is None:
+                self._unasked[(key, start, stop)] = None
+                while len(self._unasked) > 4 * PREFETCHED:
+                    self._unasked.popitem(last=False)
         data = fetched.result() if fetched is not None else self._read(key, start, stop, version)
         buffer[: len(data)] = data
         return len(data)
@@ -244,8 +255,8 @@ class RemoteFiles:
         options: dict[str, Any] = {"range": (start, stop)}
         if version.etag:
             options["if_match"] = version.etag
-        result = self._call(key, f"read bytes {start}..{stop - 1} of",
-                            lambda: obstore.get(self.remote.store, key, options=options).bytes())
+        result = self._call(key, f"read bytes {start}..{stop - 1} of", lambda: self._hedged(
+            lambda: obstore.get(self.remote.store, key, options=options).bytes()))
         data = memoryview(result)
         with self._lock:
             self.traffic.bytes += len(data)
@@ -253,6 +264,20 @@ class RemoteFiles:
             raise RemoteError(f"{self._where(key)}: asked for {stop - start} bytes, received {len(data)}; "
                               "the object store or a proxy cut the answer short: try again")
         return data
+
+    def _hedged(self, request: Any) -> Any:
+        """``request()``; when it has not answered within `HEDGE_SECONDS` (a stalled connection, a slow
+        server), the same request again beside it: the first answer wins, a failure waits for the other."""
+        first = submit_request(request)
+        if wait([first], timeout=HEDGE_SECONDS).done:
+            return first.result()
+        second = submit_request(request)
+        with self._lock:
+            self.traffic.hedged += 1
+        winner = next(iter(wait([first, second], return_when=FIRST_COMPLETED).done))
+        if winner.exception() is None:
+            return winner.result()
+        return (second if winner is first else first).result()
 
     def _call(self, key: str, what: str, request: Any) -> Any:
         """``request()`` with retries: up to `ATTEMPTS` tries within `DEADLINE_SECONDS`, waiting a doubling,
