@@ -42,6 +42,7 @@ MIN_FREE_FRACTION = 0.05  # the cache never fills its disk past 95 %
 STALE_SECONDS = 300.0  # an entry still being written after this long belongs to a process that is gone
 WAIT_SECONDS = 120.0  # the longest a reader waits for an entry another process is fetching
 _CHECKSUM = 4
+_SETUP_LOCK = threading.Lock()
 _WRITING, _READY, _REMOVING = 0, 1, 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -184,15 +185,8 @@ class ChunkCache:
         if db is not None and self._local.pid == os.getpid():
             return db
         try:
-            (self.directory / "blobs").mkdir(parents=True, exist_ok=True)
-            (self.directory / "tmp").mkdir(exist_ok=True)
-            db = sqlite3.connect(self.directory / "index.sqlite", timeout=WAIT_SECONDS, isolation_level=None,
-                                 check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            with _transaction(db):
-                for statement in filter(str.strip, _SCHEMA.split(";")):
-                    db.execute(statement)
+            with _SETUP_LOCK:  # threads of one process set up their connections one at a time
+                db = self._connect()
         except (OSError, sqlite3.Error) as error:
             raise StorageError(f"the cache folder {self.directory} cannot be used ({error}); give another with "
                                f"cache_dir= or ${ENVIRONMENT}, or cache_dir=False for none") from None
@@ -200,6 +194,29 @@ class ChunkCache:
         if self._reconciled != os.getpid():
             self._reconciled = os.getpid()
             self.reconcile()
+        return db
+
+    def _connect(self) -> sqlite3.Connection:
+        """A connection to the index, made in WAL mode with the tables in place. Switching to WAL takes the
+        database alone, which SQLite does not wait for: another process doing so is waited for here, in
+        bounded tries."""
+        (self.directory / "blobs").mkdir(parents=True, exist_ok=True)
+        (self.directory / "tmp").mkdir(exist_ok=True)
+        db = sqlite3.connect(self.directory / "index.sqlite", timeout=WAIT_SECONDS, isolation_level=None,
+                             check_same_thread=False)
+        for attempt in range(200):
+            try:
+                if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError:
+                if attempt == 199:
+                    raise
+                time.sleep(0.05)
+        db.execute("PRAGMA synchronous=NORMAL")
+        with _transaction(db):
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                db.execute(statement)
         return db
 
     def _read(self, name: str) -> memoryview | None:
@@ -324,6 +341,14 @@ class _transaction:
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+def _new_setup_lock() -> None:
+    global _SETUP_LOCK
+    _SETUP_LOCK = threading.Lock()  # a forked child does not have the thread that may have held it
+
+
+os.register_at_fork(after_in_child=_new_setup_lock)
 
 
 def _alive(pid: int) -> bool:
