@@ -40,7 +40,8 @@ SIZE_ENVIRONMENT = "OUTCORE_CACHE_SIZE"
 DEFAULT_MAX_BYTES = 20 * 2**30
 MIN_FREE_FRACTION = 0.05  # the cache never fills its disk past 95 %
 STALE_SECONDS = 300.0  # an entry still being written after this long belongs to a process that is gone
-WAIT_SECONDS = 120.0  # the longest a reader waits for an entry another process is fetching
+WAIT_SECONDS = 120.0
+USE_SECONDS = 10.0  # an entry's last use is written again only when older than this  # the longest a reader waits for an entry another process is fetching
 _CHECKSUM = 4
 _SETUP_LOCK = threading.Lock()
 _WRITING, _READY, _REMOVING = 0, 1, 2
@@ -124,13 +125,20 @@ class ChunkCache:
     def __repr__(self) -> str:
         return f"ChunkCache({str(self.directory)!r}, max_bytes={self.max_bytes:,})"
 
-    def get_or_fetch(self, name: str, size: int, fetch: Callable[[], bytes | memoryview]) -> memoryview:
-        """The entry ``name`` (``size`` bytes): read from the cache, or fetched with ``fetch()`` and kept.
-        Fetched once across the node: a reader that finds another fetching it waits for that fetch."""
+    def holds(self, name: str) -> bool:
+        """Whether entry ``name`` is in the cache, ready to read."""
+        row = self._db().execute("SELECT state FROM entries WHERE name = ?", (name,)).fetchone()
+        return row is not None and row[0] == _READY
+
+    def get_or_fetch(self, name: str, size: int, fetch: Callable[[], bytes | memoryview],
+                     out: memoryview | None = None) -> memoryview:
+        """The entry ``name`` (``size`` bytes): read from the cache (into ``out`` when given), or fetched with
+        ``fetch()`` and kept. Fetched once across the node: a reader that finds another fetching it waits
+        for that fetch."""
         deadline = time.monotonic() + WAIT_SECONDS
         pause = 0.002
         while True:
-            data = self._read(name)
+            data = self._read(name, size, out)
             if data is not None:
                 self.counts.hits += 1
                 return data
@@ -149,7 +157,10 @@ class ChunkCache:
         self.counts.fetched_bytes += len(data)
         if claim == "mine":
             self._write(name, data)
-        return data
+        if out is None:
+            return data
+        out[: len(data)] = data
+        return out[: len(data)]
 
     def usage(self) -> CacheUsage:
         rows = self._db().execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries").fetchone()
@@ -219,21 +230,27 @@ class ChunkCache:
                 db.execute(statement)
         return db
 
-    def _read(self, name: str) -> memoryview | None:
+    def _read(self, name: str, size: int, out: memoryview | None) -> memoryview | None:
+        """Entry ``name``'s ``size`` bytes, read into ``out`` (else a new buffer); None when it is not there,
+        or fails its checksum (then it is dropped)."""
         db = self._db()
-        row = db.execute("SELECT file, state FROM entries WHERE name = ?", (name,)).fetchone()
+        row = db.execute("SELECT file, state, used FROM entries WHERE name = ?", (name,)).fetchone()
         if row is None or row[1] != _READY:
             return None
+        data = (out if out is not None else memoryview(bytearray(size)))[:size]
         try:
-            raw = (self.directory / "blobs" / row[0]).read_bytes()
+            with open(self.directory / "blobs" / row[0], "rb", buffering=0) as entry:
+                checksum = entry.read(_CHECKSUM)
+                count = entry.readinto(data)
+                extra = entry.read(1)
         except FileNotFoundError:  # evicted since, or deleted by hand: fetch it again
             self._drop(name, _READY)
             return None
-        data = memoryview(raw)[_CHECKSUM:]
-        if len(raw) < _CHECKSUM or crc32c.crc32c(data).to_bytes(4, "little") != raw[:_CHECKSUM]:
+        if count != size or extra or crc32c.crc32c(data).to_bytes(4, "little") != checksum:
             self._drop(name, _READY)
             return None
-        db.execute("UPDATE entries SET used = ? WHERE name = ?", (time.time(), name))
+        if time.time() - row[2] > USE_SECONDS:  # least recently used, to within USE_SECONDS: one write less a read
+            db.execute("UPDATE entries SET used = ? WHERE name = ?", (time.time(), name))
         return data
 
     def _claim(self, name: str, size: int) -> str:

@@ -20,7 +20,7 @@ import os
 import random
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
@@ -180,6 +180,7 @@ class RemoteFiles:
         self._fetched: OrderedDict[tuple[str, int, int], Future[memoryview]] = OrderedDict()
         self._unasked: OrderedDict[tuple[str, int, int], None] = OrderedDict()  # read before their prefetch came
         self.traffic = Traffic()
+        self._durations: deque[float] = deque(maxlen=64)  # of recent ranged reads, for `_hedge_after`
 
     def versions(self) -> dict[str, Version]:
         with self._lock:
@@ -209,6 +210,9 @@ class RemoteFiles:
         At most `PREFETCHED` ranges wait to be read; older ones are dropped (a run that stopped early)."""
         version = self.version(key)
         span = (key, offset, min(version.size, offset + nbytes))
+        cache = self.remote.cache
+        if cache is not None and cache.holds(self._name(key, span[1], span[2], version)):
+            return  # on the local disk: the read reads it there, straight into its buffer
         future: Future[memoryview] = Future()
         with self._lock:
             if span in self._fetched:
@@ -237,17 +241,28 @@ class RemoteFiles:
                 self._unasked[(key, start, stop)] = None
                 while len(self._unasked) > 4 * PREFETCHED:
                     self._unasked.popitem(last=False)
-        data = fetched.result() if fetched is not None else self._read(key, start, stop, version)
+        if fetched is None:
+            return len(self._read(key, start, stop, version, buffer))
+        data = fetched.result()
         buffer[: len(data)] = data
         return len(data)
 
-    def _read(self, key: str, start: int, stop: int, version: Version) -> memoryview:
-        """Bytes ``start..stop - 1`` of the file, through the cache when there is one."""
+    def _read(self, key: str, start: int, stop: int, version: Version, out: memoryview | None = None) -> memoryview:
+        """Bytes ``start..stop - 1`` of the file, through the cache when there is one (into ``out`` when
+        given)."""
         cache = self.remote.cache
-        if cache is None:
-            return self._get(key, start, stop, version)
-        name = f"{self.remote.url}/{key}@{version.etag}:{start}-{stop}"
-        return cache.get_or_fetch(name, stop - start, lambda: self._get(key, start, stop, version))
+        if cache is not None:
+            return cache.get_or_fetch(self._name(key, start, stop, version), stop - start,
+                                      lambda: self._get(key, start, stop, version), out)
+        data = self._get(key, start, stop, version)
+        if out is None:
+            return data
+        out[: len(data)] = data
+        return out[: len(data)]
+
+    def _name(self, key: str, start: int, stop: int, version: Version) -> str:
+        """The cache's name of a byte range of one version of a file."""
+        return f"{self.remote.url}/{key}@{version.etag}:{start}-{stop}"
 
     def _get(self, key: str, start: int, stop: int, version: Version) -> memoryview:
         import obstore
@@ -266,18 +281,33 @@ class RemoteFiles:
         return data
 
     def _hedged(self, request: Any) -> Any:
-        """``request()``; when it has not answered within `HEDGE_SECONDS` (a stalled connection, a slow
+        """``request()``; when it has not answered within `_hedge_after` (a stalled connection, a slow
         server), the same request again beside it: the first answer wins, a failure waits for the other."""
+        began = time.monotonic()
         first = submit_request(request)
-        if wait([first], timeout=HEDGE_SECONDS).done:
+        if wait([first], timeout=self._hedge_after()).done:
+            self._took(time.monotonic() - began)
             return first.result()
         second = submit_request(request)
         with self._lock:
             self.traffic.hedged += 1
         winner = next(iter(wait([first, second], return_when=FIRST_COMPLETED).done))
         if winner.exception() is None:
+            self._took(time.monotonic() - began)
             return winner.result()
         return (second if winner is first else first).result()
+
+    def _hedge_after(self) -> float:
+        """How long an answer may take before it is asked again: `HEDGE_SECONDS`, or 3 times the median of the
+        recent answers when they are slower (a busy link slows every answer alike: asking twice would only
+        add to it; a stall slows one)."""
+        with self._lock:
+            recent = sorted(self._durations)
+        return max(HEDGE_SECONDS, 3 * recent[len(recent) // 2]) if len(recent) >= 8 else HEDGE_SECONDS
+
+    def _took(self, seconds: float) -> None:
+        with self._lock:
+            self._durations.append(seconds)
 
     def _call(self, key: str, what: str, request: Any) -> Any:
         """``request()`` with retries: up to `ATTEMPTS` tries within `DEADLINE_SECONDS`, waiting a doubling,
