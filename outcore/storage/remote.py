@@ -40,6 +40,7 @@ ATTEMPTS = 5  # tries of one ranged read before it is an error
 DEADLINE_SECONDS = 120.0  # the most one ranged read may take, its retries included
 BACKOFF_SECONDS = 0.2  # the first retry's wait (doubling, with jitter)
 HEDGE_SECONDS = 2.0  # a ranged read not answered by then is asked a second time, beside the first
+HEDGE_SHARE = 0.05  # at most this share of the requests are asked twice
 PREFETCHED = 64  # fetched ranges waiting to be read, at most, per store and process
 CLIENT_DEFAULTS = {"timeout": "30s", "connect_timeout": "5s"}  # per request; storage_options may change them
 _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -285,9 +286,11 @@ class RemoteFiles:
         server), the same request again beside it: the first answer wins, a failure waits for the other."""
         began = time.monotonic()
         first = submit_request(request)
-        if wait([first], timeout=self._hedge_after()).done:
+        after = self._hedge_after()
+        if after is None or wait([first], timeout=after).done:
+            result = first.result()
             self._took(time.monotonic() - began)
-            return first.result()
+            return result
         second = submit_request(request)
         with self._lock:
             self.traffic.hedged += 1
@@ -297,13 +300,17 @@ class RemoteFiles:
             return winner.result()
         return (second if winner is first else first).result()
 
-    def _hedge_after(self) -> float:
+    def _hedge_after(self) -> float | None:
         """How long an answer may take before it is asked again: `HEDGE_SECONDS`, or 3 times the median of the
         recent answers when they are slower (a busy link slows every answer alike: asking twice would only
-        add to it; a stall slows one)."""
+        add to it; a stall slows one). None (wait for the request's own timeout) until 8 answers are known,
+        or when `HEDGE_SHARE` of the requests were asked twice already."""
         with self._lock:
             recent = sorted(self._durations)
-        return max(HEDGE_SECONDS, 3 * recent[len(recent) // 2]) if len(recent) >= 8 else HEDGE_SECONDS
+            spent = self.traffic.hedged > HEDGE_SHARE * self.traffic.requests
+        if len(recent) < 8 or spent:
+            return None
+        return max(HEDGE_SECONDS, 3 * recent[len(recent) // 2])
 
     def _took(self, seconds: float) -> None:
         with self._lock:
