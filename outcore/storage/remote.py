@@ -181,7 +181,7 @@ class RemoteFiles:
         self._fetched: OrderedDict[tuple[str, int, int], Future[memoryview]] = OrderedDict()
         self._unasked: OrderedDict[tuple[str, int, int], None] = OrderedDict()  # read before their prefetch came
         self.traffic = Traffic()
-        self._durations: deque[float] = deque(maxlen=64)  # of recent ranged reads, for `_hedge_after`
+        self._durations: deque[tuple[float, int]] = deque(maxlen=64)  # of recent ranged reads, for `_hedge_after`
 
     def versions(self) -> dict[str, Version]:
         with self._lock:
@@ -272,7 +272,7 @@ class RemoteFiles:
         if version.etag:
             options["if_match"] = version.etag
         result = self._call(key, f"read bytes {start}..{stop - 1} of", lambda: self._hedged(
-            lambda: obstore.get(self.remote.store, key, options=options).bytes()))
+            lambda: obstore.get(self.remote.store, key, options=options).bytes(), stop - start))
         data = memoryview(result)
         with self._lock:
             self.traffic.bytes += len(data)
@@ -281,40 +281,41 @@ class RemoteFiles:
                               "the object store or a proxy cut the answer short: try again")
         return data
 
-    def _hedged(self, request: Any) -> Any:
+    def _hedged(self, request: Any, nbytes: int) -> Any:
         """``request()``; when it has not answered within `_hedge_after` (a stalled connection, a slow
         server), the same request again beside it: the first answer wins, a failure waits for the other."""
         began = time.monotonic()
         first = submit_request(request)
-        after = self._hedge_after()
+        after = self._hedge_after(nbytes)
         if after is None or wait([first], timeout=after).done:
             result = first.result()
-            self._took(time.monotonic() - began)
+            self._took(time.monotonic() - began, nbytes)
             return result
         second = submit_request(request)
         with self._lock:
             self.traffic.hedged += 1
         winner = next(iter(wait([first, second], return_when=FIRST_COMPLETED).done))
         if winner.exception() is None:
-            self._took(time.monotonic() - began)
+            self._took(time.monotonic() - began, nbytes)
             return winner.result()
         return (second if winner is first else first).result()
 
-    def _hedge_after(self) -> float | None:
-        """How long an answer may take before it is asked again: `HEDGE_SECONDS`, or 3 times the median of the
-        recent answers when they are slower (a busy link slows every answer alike: asking twice would only
-        add to it; a stall slows one). None (wait for the request's own timeout) until 8 answers are known,
-        or when `HEDGE_SHARE` of the requests were asked twice already."""
+    def _hedge_after(self, nbytes: int) -> float | None:
+        """How long an answer of ``nbytes`` may take before it is asked again: `HEDGE_SECONDS`, or 3 times
+        the median of the recent answers (each scaled up to ``nbytes`` when it was smaller) when that is
+        longer: a busy link slows every answer alike, and asking twice would only add to it; a stall slows
+        one. None (wait for the request's own timeout) until 8 answers are known, or once `HEDGE_SHARE` of
+        the requests were asked twice."""
         with self._lock:
-            recent = sorted(self._durations)
+            recent = sorted(seconds * max(1.0, nbytes / size) for seconds, size in self._durations)
             spent = self.traffic.hedged > HEDGE_SHARE * self.traffic.requests
         if len(recent) < 8 or spent:
             return None
         return max(HEDGE_SECONDS, 3 * recent[len(recent) // 2])
 
-    def _took(self, seconds: float) -> None:
+    def _took(self, seconds: float, nbytes: int) -> None:
         with self._lock:
-            self._durations.append(seconds)
+            self._durations.append((seconds, max(1, nbytes)))
 
     def _call(self, key: str, what: str, request: Any) -> Any:
         """``request()`` with retries: up to `ATTEMPTS` tries within `DEADLINE_SECONDS`, waiting a doubling,
