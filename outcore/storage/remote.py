@@ -4,12 +4,14 @@ A `RemoteStore` is a zarr store (zarr reads the metadata through it) that also r
 shard files for the direct shard reader (`RemoteFiles`): each shard file's size and version (ETag) are
 asked once per process, then every range is read with ``If-Match`` on that version, so a store
 rewritten remotely while it is read is an error (`StoreChangedError`), never old bytes mixed with
-new ones. Ranges go through the node's `ChunkCache` when one is given.
+new ones. Ranges go through the node's `ChunkCache` when one is given; a range not answered in time is
+asked again beside the first request (`RemoteFiles._hedged`).
 
 Settings come from ``storage_options`` (obstore's: ``endpoint``, ``region``, ``access_key_id``, ...,
 ``client_options={...}``) or the standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
-...). They are kept out of every message and repr. The obstore client is made lazily in each process
-(after a fork or in a spawned worker), never shared across processes.
+...). They are kept out of every message and repr. The obstore client is made lazily in each process,
+never shared across processes; obstore cannot run in a process forked after it was used, which gets a
+clear `OptionError` instead of a hang (`FORKED_AFTER_USE`).
 
 >>> store = RemoteStore("s3://bucket/train.zarr", {"region": "eu-west-1"})  # doctest: +SKIP
 """
@@ -104,8 +106,8 @@ class RemoteStore(ObjectStore):
 
     @property  # type: ignore[override]
     def store(self) -> Any:
-        """The obstore client of this process: a forked child makes its own (the parent's runs on threads
-        the child does not have)."""
+        """The obstore client of this process, made when first used (a process forked after obstore was used
+        gets an `OptionError` instead: obstore's requests would hang there, see `FORKED_AFTER_USE`)."""
         if self._client is None or self._pid != os.getpid():
             self._client, self._pid = _client(self.url, self._options), os.getpid()
         return self._client
@@ -115,8 +117,8 @@ class RemoteStore(ObjectStore):
         self._client, self._pid = client, os.getpid()
 
     async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-        """zarr's reads (metadata), through obstore's blocking calls: its asynchronous ones run on a runtime
-        that a forked child (a DataLoader worker) cannot use. Retried by obstore, then one `RemoteError`."""
+        """zarr's reads (the metadata: a few small objects), through obstore's blocking calls, retried by
+        obstore, then one `RemoteError` naming the object."""
         import obstore
 
         options = {} if byte_range is None else {"range": _obstore_range(byte_range)}
