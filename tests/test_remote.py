@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -161,11 +162,11 @@ def test_a_killed_reader_leaves_a_consistent_cache(stores, s3, proxy, tmp_path):
         reader.send_signal(signal.SIGKILL)
         reader.wait(30)
         reader.stdout.close()
-    with sqlite3.connect(cache_dir / "index.sqlite") as db:
+    with closing(sqlite3.connect(cache_dir / "index.sqlite")) as db:
         left = db.execute("SELECT COUNT(*) FROM entries WHERE state != 1").fetchone()[0]
     cache = ChunkCache(cache_dir)
     usage = cache.usage()  # opening reconciles what the killed process left
-    with sqlite3.connect(cache_dir / "index.sqlite") as db:
+    with closing(sqlite3.connect(cache_dir / "index.sqlite")) as db:
         assert db.execute("SELECT COUNT(*) FROM entries WHERE state != 1").fetchone()[0] == 0
     assert usage.bytes == _file_bytes(cache_dir) > 0
     assert not list((cache_dir / "tmp").iterdir())
@@ -296,7 +297,7 @@ def test_entries_of_a_dead_writer_are_removed_by_the_next_process(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
     pid = int(dead.stdout)
-    with sqlite3.connect(tmp_path / "index.sqlite") as db:  # what a writer killed mid-write leaves
+    with closing(sqlite3.connect(tmp_path / "index.sqlite")) as db, db:  # what a writer killed mid-write leaves
         db.execute("INSERT INTO entries VALUES ('lost', 'ab/cd', 500, 0, ?, ?)", (pid, time.time()))
         db.execute("UPDATE total SET bytes = bytes + 500")
     (tmp_path / "blobs" / "ab").mkdir(exist_ok=True)

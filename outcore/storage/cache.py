@@ -26,6 +26,7 @@ import shutil
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,8 @@ class ChunkCache:
         self.counts = CacheCounts()
         self._local = threading.local()
         self._reconciled = 0  # the pid that reconciled the folder last in this object
+        self._connections: list[tuple[int, sqlite3.Connection]] = []  # every thread's, to close them
+        weakref.finalize(self, _close_connections, self._connections)
 
     @classmethod
     def from_environment(cls, directory: str | os.PathLike | None, max_bytes: int | str | None) -> ChunkCache | None:
@@ -202,6 +205,8 @@ class ChunkCache:
             raise StorageError(f"the cache folder {self.directory} cannot be used ({error}); give another with "
                                f"cache_dir= or ${ENVIRONMENT}, or cache_dir=False for none") from None
         self._local.db, self._local.pid = db, os.getpid()
+        with _SETUP_LOCK:
+            self._connections.append((os.getpid(), db))
         if self._reconciled != os.getpid():
             self._reconciled = os.getpid()
             self.reconcile()
@@ -358,6 +363,20 @@ class _transaction:
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+_INHERITED: list[sqlite3.Connection] = []  # connections a forked child got from its parent: never closed
+
+
+def _close_connections(connections: list[tuple[int, sqlite3.Connection]]) -> None:
+    """Close this process's connections of a cache no longer used. Those a forked child inherited are kept
+    open (closing them would release the parent's locks on the index) and referenced for good."""
+    for pid, db in connections:
+        if pid == os.getpid():
+            db.close()
+        else:
+            _INHERITED.append(db)
+    connections.clear()
 
 
 def _new_setup_lock() -> None:
