@@ -52,7 +52,7 @@ def test_a_run_folder_is_never_seen_unlocked_by_a_concurrent_run(tmp_path, monke
 
     def lock_after_a_rival_cleans_up(run):
         with warnings.catch_warnings(record=True):
-            cleanups.append(staging._adopt_or_clean(target, None))  # what a concurrent run does first
+            cleanups.append(staging._adopt_or_clean(target, None, str(target)))  # what a concurrent run does first
         return real_lock(run)
 
     monkeypatch.setattr(staging, "_lock", lock_after_a_rival_cleans_up)

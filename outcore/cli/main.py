@@ -98,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
         "ingest", help="ingest an image folder or a CSV of image paths into a store",
         description="SRC is a folder (ROOT/<class>/<image>, class from the sub-folder) or a CSV file with a "
                     "column of image paths (relative to the CSV's folder or --root). STORE ending in .zip "
-                    "is written as one file.",
+                    "is written as one file; an object store URL (s3://bucket/train.zarr, gs://, az://) gets "
+                    "the store uploaded as it is written and published once complete.",
     )
     ingest.add_argument("source", metavar="SRC")
     ingest.add_argument("store", metavar="STORE")
@@ -136,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--resume", action="store_true",
                         help="continue an ingest of the same files and settings that was killed or interrupted")
     ingest.add_argument("--no-progress", action="store_true")
+    _add_storage_options(ingest)
     _add_scheduler(ingest)
     ingest.set_defaults(run=_ingest, parser=ingest)
 
@@ -181,10 +183,14 @@ def _parser() -> argparse.ArgumentParser:
 SCHEDULER_TIMEOUT = 10.0  # seconds to wait for a --scheduler to answer
 
 
-def _add_remote(parser: argparse.ArgumentParser) -> None:
+def _add_storage_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage-option", metavar="KEY=VALUE", action="append", default=[], dest="storage_options",
                         help="a setting of the object store (endpoint=..., region=..., skip_signature=true); "
                              "repeat for more. Default: the standard environment (AWS_ENDPOINT_URL, ...)")
+
+
+def _add_remote(parser: argparse.ArgumentParser) -> None:
+    _add_storage_options(parser)
     parser.add_argument("--cache-dir", help=f"the node's cache of object-store chunks (default: ${ENVIRONMENT})")
     parser.add_argument("--cache-size", help="the cache's bound, e.g. 50GiB (default: $OUTCORE_CACHE_SIZE or 20 GiB)")
     parser.add_argument("--no-cache", action="store_true", help="read an object store without the cache")
@@ -192,14 +198,19 @@ def _add_remote(parser: argparse.ArgumentParser) -> None:
 
 def _open_options(args: argparse.Namespace) -> dict[str, Any]:
     """`open_dataset`'s keywords from the --storage-option, --cache-dir, --cache-size and --no-cache flags."""
+    return {"storage_options": _storage_options(args), "cache_dir": False if args.no_cache else args.cache_dir,
+            "cache_size": args.cache_size}
+
+
+def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
+    """The --storage-option flags as ``storage_options``."""
     options = {}
     for item in args.storage_options:
         key, sign, value = item.partition("=")
         if not sign or not key:
             raise OptionError(f"--storage-option {item!r}: give KEY=VALUE, e.g. --storage-option region=eu-west-1")
         options[key.strip()] = value.strip()
-    return {"storage_options": options or None, "cache_dir": False if args.no_cache else args.cache_dir,
-            "cache_size": args.cache_size}
+    return options or None
 
 
 def _add_scheduler(parser: argparse.ArgumentParser) -> None:
@@ -242,6 +253,7 @@ def _ingest(args: argparse.Namespace) -> int:
         "overwrite": args.overwrite,
         "resume": args.resume,
         "progress": not args.no_progress,
+        "storage_options": _storage_options(args),
     }
     with _client(args) as client:
         if Path(args.source).is_file():

@@ -12,7 +12,7 @@ import numpy as np
 from ..dataset import Dataset, open_dataset
 from ..errors import SourceError
 from ..format import TEXT_ENCODING, Compression, FieldInfo, Layout, encode_text, guess_roles
-from ..storage import local_target
+from ..storage import check_target
 from .build import BuildOptions, FieldSource, build_store
 from .permute import as_dask, write_order
 
@@ -32,6 +32,7 @@ def from_arrays(
     client: Any = None,
     overwrite: bool = False,
     progress: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Dataset:
     """Write arrays that share their first axis (numpy, dask, zarr or h5py) as the fields of a new store.
 
@@ -45,7 +46,7 @@ def from_arrays(
 
     >>> ds = outcore.from_arrays({"images": x, "labels": y}, "train.zarr")  # doctest: +SKIP
     """
-    local_target(location)  # before any work: a URL is refused, never made a local folder
+    check_target(location)  # before any work: a URL outcore cannot write to is refused, never made a local folder
     if not arrays:
         raise SourceError("from_arrays needs at least one field")
     arrays = {name: a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a) for name, a in arrays.items()}
@@ -68,11 +69,11 @@ def from_arrays(
               for name, array in arrays.items()}
     if shuffle_on_write and SOURCE_INDEX_FIELD not in fields:
         fields[SOURCE_INDEX_FIELD] = FieldSource(np.arange(num_samples), FieldInfo("metadata"))
-    options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite)
+    options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite, storage_options)
     source = "arrays " + ", ".join(f"{name}: {type(a).__module__}.{type(a).__name__}" for name, a in arrays.items())
     build_store(location, fields, options, shuffled_on_write=shuffle_on_write,
                 seed=seed if shuffle_on_write else None, source=source, order=order if shuffle_on_write else None)
-    return open_dataset(location)
+    return open_dataset(location, storage_options=storage_options)
 
 
 def _length(name: str, array: Any) -> int:

@@ -1,7 +1,9 @@
 """Write lazy field arrays into a new store: one task per shard file, in parallel, with a progress bar.
 
 Each task writes a whole shard, so no two tasks ever touch the same file. The store is built in a
-staging folder and moved into place only when complete (`outcore.storage.staged_store`). Samples are
+staging folder and moved into place only when complete (`outcore.storage.staged_store`); a store bound
+for an object store has each shard uploaded by the task that wrote it, and is published once complete
+(`outcore.storage.upload`). Samples are
 written in a given order when asked (shuffle on write, `outcore.ingest.permute`). When samples were
 skipped (``on_error="skip"``) the written store is compacted into a second one without the holes.
 """
@@ -38,11 +40,11 @@ from ..format import (
 from ..storage import (
     WRITE_CONFIG,
     Staging,
+    Upload,
     consolidate,
     create_encoded_field,
     create_field,
     describe_classes,
-    local_target,
     read_files,
     staged_store,
     stored_nbytes,
@@ -82,6 +84,7 @@ class BuildOptions:
     client: Any = None
     progress: bool = True
     overwrite: bool = False
+    storage_options: Mapping[str, Any] | None = None  # of an object store location
 
 
 def build_store(
@@ -96,8 +99,9 @@ def build_store(
     order: np.ndarray | None = None,
     manifest: dict[str, Any] | None = None,
     resume: bool = False,
-) -> Path:
-    """Write ``fields`` to a new store at ``location``; return its path.
+) -> str | Path:
+    """Write ``fields`` to a new store at ``location`` (a local path, or an object store URL reached with
+    ``options.storage_options``); return its location.
 
     ``errors`` (one string per sample, ``""`` when good) marks samples to leave out; they are listed in
     the attributes and, in full, in a ``<store>.skipped.txt`` report beside the store. With ``order``,
@@ -107,18 +111,20 @@ def build_store(
     making ``(fields, errors)`` given a scratch folder of the run, for sources prepared before they are
     written (pictures re-encoded smaller, `outcore.ingest.survey`); the folder is kept for ``resume``.
     """
-    location = local_target(location)
-    with staged_store(location, options.overwrite, manifest=manifest, resume=resume) as staging:
+    name = store_name(location)
+    with staged_store(location, options.overwrite, manifest=manifest, resume=resume,
+                      storage_options=dict(options.storage_options or {})) as staging:
         if callable(fields):
             fields, errors = fields(staging.scratch("prepared"))
         raw = staging.scratch("raw") if errors is not None else staging.store
         if order is not None:
             fields = _permuted(fields, order, options.layout.shard_size, staging.scratch("permute"))
-        failures = _write_fields(raw, fields, errors, options, f"ingest → {location.name}",
-                                 staging if manifest is not None else None)
+        failures = _write_fields(raw, fields, errors, options, f"ingest → {name}",
+                                 staging if manifest is not None else None,
+                                 staging.upload if raw == staging.store else None)
         if failures:
             fields = _without(raw, fields, failures, _num_samples(fields))
-            _write_fields(staging.store, fields, None, options, f"compact → {location.name}", None)
+            _write_fields(staging.store, fields, None, options, f"compact → {name}", None, staging.upload)
         elif raw != staging.store:
             os.replace(raw, staging.store)
         messages = [message for _, message in failures]
@@ -129,13 +135,16 @@ def build_store(
             shuffled_on_write=shuffled_on_write,
             seed=seed,
             provenance=provenance(source),
-            skipped=_skipped_summary(location, messages) if messages else None,
+            skipped=_skipped_summary(name, messages) if messages else None,
         )
         group = zarr.open_group(staging.store, mode="r+")
         group.attrs[ATTRS_KEY] = attrs.to_dict()
         describe_classes(group, attrs.fields)
         consolidate(staging.store)
-    _write_report(location, messages)
+        if staging.upload:
+            staging.upload.put_report(report_name(name), "".join(f"{m}\n" for m in messages))
+    if not staging.upload:
+        _write_report(Path(location), messages)
     return location
 
 
@@ -146,11 +155,13 @@ def _write_fields(
     options: BuildOptions,
     description: str,
     staging: Staging | None,
+    upload: Upload | None,
 ) -> list[tuple[int, str]]:
     """Create the group at ``directory``, write every shard; return ``(index, message)`` of bad samples.
 
     With ``staging``, each finished shard leaves a marker holding its bad samples, and the shards that a
-    resumed run finished are not written again.
+    resumed run finished are not written again. With ``upload``, each finished shard is uploaded (by
+    the task that wrote it) before its marker is left.
     """
     num_samples = _num_samples(fields)
     for name, field in fields.items():
@@ -172,7 +183,7 @@ def _write_fields(
     tasks = [
         write(str(directory), starts[i], {name: b[i] for name, b in blocks.items()},
               error_blocks[i] if error_blocks is not None else None, encoded, options.layout.chunk_size,
-              str(markers[i]) if markers[i] else None)
+              str(markers[i]) if markers[i] else None, (upload, i) if upload else None)
         for i in todo
     ]
     weights = [min(shard, num_samples - starts[i]) for i in todo]
@@ -231,9 +242,10 @@ def _shard_blocks(data: da.Array | Permuted, shard: int) -> list[Any]:
 
 def _write_shard(
     directory: str, start: int, blocks: dict[str, np.ndarray], errors: np.ndarray | None, encoded: list[str],
-    chunk_size: int, marker: str | None,
+    chunk_size: int, marker: str | None, upload: tuple[Upload, int] | None,
 ) -> list[tuple[int, str]]:
-    """Write one shard of every field; then, with a ``marker`` path, record it as done (with its failures)."""
+    """Write one shard of every field; with ``upload`` (where to, which shard), upload it; then, with a
+    ``marker`` path, record it as done (with its failures)."""
     group = zarr.open_group(directory, mode="r+")
     with zarr.config.set(WRITE_CONFIG):
         for name, block in blocks.items():
@@ -244,6 +256,8 @@ def _write_shard(
             else:
                 group[name][start : start + len(block)] = block
     failures = [] if errors is None else [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]
+    if upload is not None:
+        upload[0].put_shard(Path(directory), upload[1])
     if marker is not None:
         partial = f"{marker}.partial"
         Path(partial).write_text(json.dumps(failures))
@@ -297,15 +311,25 @@ def provenance(source: str) -> dict[str, Any]:
     }
 
 
+def store_name(location: str | os.PathLike) -> str:
+    """The last part of a store's path or URL: ``train.zarr``."""
+    return str(location).rstrip("/").rpartition("/")[2]
+
+
+def report_name(name: str) -> str:
+    """The name of the report of skipped samples beside the store ``name``."""
+    return f"{name}.skipped.txt"
+
+
 def report_path(location: Path) -> Path:
-    return location.with_name(location.name + ".skipped.txt")
+    return location.with_name(report_name(location.name))
 
 
-def _skipped_summary(location: Path, messages: list[str]) -> dict[str, Any]:
+def _skipped_summary(name: str, messages: list[str]) -> dict[str, Any]:
     return {
         "count": len(messages),
         "examples": messages[:MAX_SKIPPED_IN_ATTRS],
-        "report": report_path(location).name,
+        "report": report_name(name),
     }
 
 

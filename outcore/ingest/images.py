@@ -37,9 +37,9 @@ from ..imaging import (
     parse_image_shape,
     parse_resize,
 )
-from ..storage import local_target
+from ..storage import check_target
 from .arrays import SOURCE_INDEX_FIELD
-from .build import BuildOptions, FieldSource, build_store
+from .build import BuildOptions, FieldSource, build_store, store_name
 from .decode_tasks import file_array, image_array
 from .permute import as_dask, write_order
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
@@ -71,6 +71,7 @@ def ingest_images(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Dataset:
     """Ingest a folder of images, labelled by sub-folder (``source/<class>/<image>``), into a new store
     at ``location``.
@@ -103,7 +104,7 @@ def ingest_images(
     >>> imagenet = outcore.ingest_images("imagenet/train", "train.zarr", shape=None, images="encoded",
     ...                                  max_side=512)  # doctest: +SKIP
     """
-    local_target(location)  # before any work: a URL is refused, never made a local folder
+    check_target(location)  # before any work: a URL outcore cannot write to is refused, never made a local folder
     table = scan_image_folder(source)
     return _ingest_table(table, location, **_image_options(locals()))
 
@@ -132,6 +133,7 @@ def ingest_dataframe(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Dataset:
     """Ingest the images listed in a DataFrame or CSV file, with one label field per ``label_columns``.
 
@@ -146,7 +148,7 @@ def ingest_dataframe(
     >>> ds = outcore.ingest_dataframe("labels.csv", "train.zarr", path_column="path",
     ...                               label_columns=["label"], shape=(64, 64, 3))  # doctest: +SKIP
     """
-    local_target(location)
+    check_target(location)
     table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype)
     if table.missing and on_error == "raise":
         shown = ", ".join(repr(p) for p in table.missing[:3])
@@ -159,7 +161,8 @@ def ingest_dataframe(
 
 def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
     names = ("shape", "resize", "dtype", "images", "max_side", "quality", "chunk_size", "compression",
-             "shuffle_on_write", "seed", "client", "on_error", "max_pixels", "overwrite", "resume", "progress")
+             "shuffle_on_write", "seed", "client", "on_error", "max_pixels", "overwrite", "resume", "progress",
+             "storage_options")
     return {name: arguments[name] for name in names}
 
 
@@ -183,6 +186,7 @@ def _ingest_table(
     overwrite: bool,
     resume: bool,
     progress: bool,
+    storage_options: Mapping[str, Any] | None,
 ) -> Dataset:
     shape, resize, dtype = parse_image_shape(shape), parse_resize(resize), parse_image_dtype(dtype)
     if images not in IMAGE_STORAGE:
@@ -192,12 +196,13 @@ def _ingest_table(
     if surveyed and images != "encoded":
         raise OptionError("shape=None and max_side= store the pictures as files: pass images='encoded'")
     _check_label_names(table)
+    skip = on_error == "skip"
     order = write_order(len(table), shuffle_on_write, seed)
     paths = [table.paths[i] for i in order]
     stats = [_file_stat(path) for path in paths]
     layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), chunk_size)
     fields = _table_fields(table, order, layout.shard_size)
-    options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite)
+    options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite, storage_options)
     settings = (shape, resize, dtype.str, images, max_side, quality, layout, str(options.compression), shuffle_on_write,
                 seed, on_error, max_pixels)
     decode = ImageDecode(shape, dtype.name, None if shape[0] is None else resize)
@@ -208,14 +213,14 @@ def _ingest_table(
 
         def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array]:
             found = survey_images(paths, survey, scratch, client=client, progress=progress,
-                                  description=f"survey → {Path(location).name}")
+                                  description=f"survey → {store_name(location)}")
             files = FieldSource(file_array(found.paths, found.nbytes, layout.shard_size),
                                 FieldInfo("input", encoding=IMAGE_ENCODING, decode=decode), found.nbytes,
                                 found.shapes if decode.variable else None)
-            return {IMAGE_FIELD: files, **fields}, as_dask(found.errors, layout.shard_size)
+            return {IMAGE_FIELD: files, **fields}, as_dask(found.errors, layout.shard_size) if skip else None
 
         build_store(location, prepare, options, **run)
-        return open_dataset(location)
+        return open_dataset(location, storage_options=storage_options)
     # One task decodes a whole shard's images and the write task that needs them runs where they are:
     # decoded pixels (7x the JPEG bytes) never travel between workers.
     pixels, files, errors = image_array(
@@ -230,8 +235,10 @@ def _ingest_table(
             files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
             nbytes=np.array([size for size, _ in stats], dtype=np.int64),
         )
-    build_store(location, {**images_fields, **fields}, options, errors=errors, **run)
-    return open_dataset(location)
+    # with on_error="raise" a bad file stops the ingest: no sample is left out, and each shard is final
+    # (uploaded as soon as it is written, for an object store) instead of kept for compaction
+    build_store(location, {**images_fields, **fields}, options, errors=errors if skip else None, **run)
+    return open_dataset(location, storage_options=storage_options)
 
 
 def _check_label_names(table: SourceTable) -> None:

@@ -17,8 +17,9 @@ from .groups import (
 )
 from .remote import RemoteStore, is_object_url, redact
 from .shard_reader import ShardReader, read_samples
-from .staging import Staging, local_target, pack_zip, remove_path, staged_store
+from .staging import Staging, check_target, local_target, pack_zip, remove_path, staged_store
 from .store import Store, open_store
+from .upload import Upload
 from .zipstore import RangeZipStore, stored_members
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "ShardReader",
     "Staging",
     "Store",
+    "Upload",
+    "check_target",
     "consolidate",
     "create_encoded_field",
     "create_field",

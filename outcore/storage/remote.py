@@ -4,7 +4,9 @@ A `RemoteStore` is a zarr store (zarr reads the metadata through it) that also r
 shard files for the direct shard reader (`RemoteFiles`): each shard file's size and version (ETag) are
 asked once per process, then every range is read with ``If-Match`` on that version, so a store
 rewritten remotely while it is read is an error (`StoreChangedError`), never old bytes mixed with
-new ones. Ranges go through the node's `ChunkCache` when one is given; a range not answered in time is
+new ones; a store outcore published (`outcore.storage.upload`) also names its generation in each
+object's metadata, and an answer of another generation than the group's ``zarr.json`` is that error
+too (a shard replaced before this process first asked for it). Ranges go through the node's `ChunkCache` when one is given; a range not answered in time is
 asked again beside the first request (`RemoteFiles._hedged`).
 
 Settings come from ``storage_options`` (obstore's: ``endpoint``, ``region``, ``access_key_id``, ...,
@@ -37,6 +39,7 @@ from ..errors import OptionError, RemoteError, StoreChangedError
 from ..threads import submit_request
 from .cache import ChunkCache
 
+GENERATION = "outcore-generation"  # object metadata: the id of the run that wrote the object
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
 ATTEMPTS = 5  # tries of one ranged read before it is an error
 DEADLINE_SECONDS = 120.0  # the most one ranged read may take, its retries included
@@ -100,6 +103,7 @@ class RemoteStore(ObjectStore):
         self.url = url.rstrip("/")
         self._options = dict(storage_options or {})
         self.cache = cache
+        self.generation: str | None = None  # of the group's zarr.json, once read: every answer must match it
         self._client, self._pid = None, 0
         Store.__init__(self, read_only=read_only)  # not ObjectStore's, which wants a client now: made when used
         self.files = RemoteFiles(self)
@@ -123,11 +127,16 @@ class RemoteStore(ObjectStore):
 
         options = {} if byte_range is None else {"range": _obstore_range(byte_range)}
         try:
-            return prototype.buffer.from_bytes(obstore.get(self.store, key, options=options).bytes())
+            result = obstore.get(self.store, key, options=options)
+            data = result.bytes()
         except FileNotFoundError:
             return None
         except Exception as error:  # noqa: BLE001 - obstore's errors share no base class with OSError
             raise self._translated("read", key, error) from None
+        if key == "zarr.json" and self.generation is None:
+            self.generation = result.attributes.get(GENERATION)
+        self.files.check_generation(key, result.attributes)
+        return prototype.buffer.from_bytes(data)
 
     async def exists(self, key: str) -> bool:
         import obstore
@@ -154,11 +163,12 @@ class RemoteStore(ObjectStore):
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "options": self._options, "cache": self.cache, "read_only": self.read_only,
-                "versions": self.files.versions()}
+                "versions": self.files.versions(), "generation": self.generation}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["options"], cache=state["cache"], read_only=state["read_only"])
         self.files.remember(state["versions"])
+        self.generation = state["generation"]
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RemoteStore) and (self.url, self._options) == (other.url, other._options)
@@ -264,8 +274,19 @@ class RemoteFiles:
         return out[: len(data)]
 
     def _name(self, key: str, start: int, stop: int, version: Version) -> str:
-        """The cache's name of a byte range of one version of a file."""
-        return f"{self.remote.url}/{key}@{version.etag}:{start}-{stop}"
+        """The cache's name of a byte range of one version of a file, in one generation of the store."""
+        generation = f"#{self.remote.generation}" if self.remote.generation else ""
+        return f"{self.remote.url}/{key}@{version.etag}{generation}:{start}-{stop}"
+
+    def check_generation(self, key: str, attributes: Mapping[str, Any]) -> None:
+        """`StoreChangedError` when an answer for ``key`` comes from another generation of the store than
+        the one opened (an overwrite being published, `outcore.storage.upload`)."""
+        found, expected = attributes.get(GENERATION), self.remote.generation
+        if found and expected and found != expected:
+            raise StoreChangedError(
+                f"{self._where(key)} belongs to another version of the store than the one opened (it is being "
+                "replaced, or was): open the dataset again to read the new store"
+            )
 
     def _get(self, key: str, start: int, stop: int, version: Version) -> memoryview:
         import obstore
@@ -273,9 +294,14 @@ class RemoteFiles:
         options: dict[str, Any] = {"range": (start, stop)}
         if version.etag:
             options["if_match"] = version.etag
-        result = self._call(key, f"read bytes {start}..{stop - 1} of", lambda: self._hedged(
-            lambda: obstore.get(self.remote.store, key, options=options).bytes(), stop - start))
-        data = memoryview(result)
+        def request() -> tuple[Mapping[str, Any], Any]:  # the body too: a stall mid-body is a late answer
+            result = obstore.get(self.remote.store, key, options=options)
+            return result.attributes, result.bytes()
+
+        attributes, body = self._call(key, f"read bytes {start}..{stop - 1} of",
+                                      lambda: self._hedged(request, stop - start))
+        self.check_generation(key, attributes)
+        data = memoryview(body)
         with self._lock:
             self.traffic.bytes += len(data)
         if len(data) != stop - start:

@@ -15,11 +15,16 @@ no run ever finds another's folder unlocked; target names are escaped in every p
 The next run on the same target finds what dead runs left (their lock is free) and removes it, with
 a warning saying what and how much — or, with ``resume=True``, continues the run whose manifest
 matches its own, keeping the shards it finished.
+
+A store bound for an object store is built the same way in a local folder standing for its URL
+(`outcore.storage.upload.local_mirror`), its shards uploaded as they finish and the store published
+there by `outcore.storage.upload.Upload` instead of renamed into place.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import fcntl
 import glob
@@ -36,8 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import OptionError, OutcoreWarning, StorageError, StoreExistsError
+from ..errors import OptionError, OutcoreError, OutcoreWarning, StorageError, StoreExistsError
 from .groups import is_url, is_zip
+from .remote import is_object_url, redact
+from .upload import Upload, clean_leftovers, local_mirror
 
 _RENAME_EXCHANGE = 2
 STARTING_SECONDS = 60  # a run's folder is renamed into view within milliseconds of being made
@@ -47,11 +54,13 @@ _AT_FDCWD = -100
 @dataclass(frozen=True)
 class Staging:
     """Where a run builds its store: ``store`` (the directory that becomes it), the run's folder ``run``
-    (manifest, done shards), and whether it ``resumed`` a dead run's work."""
+    (manifest, done shards), whether it ``resumed`` a dead run's work, and for a store bound for an
+    object store, its ``upload`` (where finished shards go)."""
 
     store: Path
     run: Path
     resumed: bool
+    upload: Upload | None = None
 
     def scratch(self, suffix: str) -> Path:
         """A scratch path of this run, removed with it: ``.<name>.partial-<id>.<suffix>``."""
@@ -64,33 +73,43 @@ class Staging:
 
 @contextmanager
 def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict[str, Any] | None = None,
-                 resume: bool = False) -> Iterator[Staging]:
+                 resume: bool = False, storage_options: dict[str, Any] | None = None) -> Iterator[Staging]:
     """Yield a `Staging` to build a store in; move it to ``location`` only when the block succeeds.
 
     A failed ingest leaves no store at ``location`` (nor touches an existing one); a ``.zip`` location
-    gets the finished directory packed into one file (entries stored, not recompressed). ``manifest``
-    says what the run writes, from what: a run that has one keeps its finished shards when it is
-    interrupted (Ctrl-C, or killed), and with ``resume`` a dead run with the same manifest is continued
-    instead of started again.
+    gets the finished directory packed into one file (entries stored, not recompressed); an object
+    store URL (``s3://``, ``gs://``, ``az://``, reached with ``storage_options``) gets the store
+    uploaded and published (`outcore.storage.upload`). ``manifest`` says what the run writes, from
+    what: a run that has one keeps its finished shards when it is interrupted (Ctrl-C, or killed), and
+    with ``resume`` a dead run with the same manifest is continued instead of started again.
     """
-    target = local_target(location).absolute()
+    remote = _upload(location, storage_options)
+    target = local_mirror(str(location)) if remote else local_target(location).absolute()
+    shown = redact(str(location)) if remote else str(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise storage_error(error, target) from None
     _restore_previous(target)
-    if target.exists() and not overwrite:
-        raise StoreExistsError(f"{target} already exists; pass overwrite=True to replace it")
-    staging, lock = _adopt_or_clean(target, manifest if resume else None)
+    if (remote.exists() if remote else target.exists()) and not overwrite:
+        raise StoreExistsError(f"{shown} already exists; pass overwrite=True to replace it")
+    here, live = _runs(target)
+    staging, lock = _adopt_or_clean(target, manifest if resume else None, shown)
     if staging is None:
         staging, lock = _start(target, manifest)
+    if remote:
+        staging = dataclasses.replace(staging, upload=remote.for_run(_run_id(staging.store)))
+        clean_leftovers(remote, here, live, keep=staging.upload.run)
     try:
         yield staging
-        built = staging.store
-        if is_zip(target):
-            built = staging.scratch("zip")
-            pack_zip(staging.store, built)
-        _replace(built, target)
+        if staging.upload:
+            staging.upload.publish(staging.store)
+        else:
+            built = staging.store
+            if is_zip(target):
+                built = staging.scratch("zip")
+                pack_zip(staging.store, built)
+            _replace(built, target)
         _remove_run(staging.store)
     except BaseException as error:
         if manifest is not None and isinstance(error, KeyboardInterrupt):  # keep the finished shards to resume
@@ -98,25 +117,72 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
                 remove_path(staging.scratch(suffix))
         else:  # a failure, or nothing could continue this run: leave nothing behind
             _remove_run(staging.store)
-        if isinstance(error, OSError) and not isinstance(error, StorageError):
+            if staging.upload:
+                _discard(staging.upload)
+        if isinstance(error, OSError) and not isinstance(error, OutcoreError):
             raise storage_error(error, target) from None
         raise
     finally:
         lock.close()
 
 
+def check_target(location: str | os.PathLike) -> None:
+    """Refuse, before any work, a location no store can be written to (a URL that is not an object
+    store's, a zip or https:// object URL)."""
+    _upload(location, None)
+    if not is_object_url(str(location)):
+        local_target(location)
+
+
+def _upload(location: str | os.PathLike, storage_options: dict[str, Any] | None) -> Upload | None:
+    """The upload of a store bound for an object store (its run named later), else None."""
+    if not (is_url(location) and is_object_url(str(location))):
+        return None
+    if is_zip(location):
+        raise OptionError(f"cannot write {redact(str(location))}: outcore writes folder stores to object stores "
+                          "(a zip store is read from a local disk); drop the .zip")
+    return Upload(str(location), storage_options, run="")
+
+
+def _discard(upload: Upload) -> None:
+    """Remove a failed run's staged objects; when that fails too, the next run on the target does."""
+    try:
+        upload.discard()
+    except OutcoreError as error:
+        warnings.warn(f"could not remove the objects of the failed upload under {upload.staging}/ ({error}); "
+                      "the next ingest of the same location removes them", OutcoreWarning, stacklevel=4)
+
+
+def _runs(target: Path) -> tuple[set[str], set[str]]:
+    """The runs of ``target`` that have run folders here, and those of them a live process holds."""
+    here, live = set(), set()
+    for run in target.parent.glob(f".{glob.escape(target.name)}.partial-*.run"):
+        here.add(_run_id(run))
+        held = _try_lock(run)
+        if held is None:
+            live.add(_run_id(run))
+        else:
+            held.close()
+    return here, live
+
+
+def _run_id(path: Path) -> str:
+    """The id of the run a path belongs to (``.<name>.partial-<id>[.suffix]``)."""
+    return path.name.partition(".partial-")[2].split(".")[0]
+
+
 def local_target(location: str | os.PathLike) -> Path:
     """``location`` as the local path a store is written to; a URL is an `OptionError` (``Path`` would
-    make ``s3://bucket/x.zarr`` a local folder named ``s3:/bucket/x.zarr``).
+    make ``ftp://host/x.zarr`` a local folder named ``ftp:/host/x.zarr``).
 
-    >>> local_target("s3://bucket/x.zarr")
+    >>> local_target("ftp://host/x.zarr")
     Traceback (most recent call last):
     ...
-    outcore.errors.OptionError: cannot write to 's3://bucket/x.zarr': outcore writes stores to local paths; write the store to a local disk, then copy it to the object store (a .zip store is one file to copy)
+    outcore.errors.OptionError: cannot write to 'ftp://host/x.zarr': outcore writes stores to local paths and to object stores (s3://, gs://, az://); copy the store there yourself
     """
     if is_url(location):
-        raise OptionError(f"cannot write to {str(location)!r}: outcore writes stores to local paths; write the store "
-                          "to a local disk, then copy it to the object store (a .zip store is one file to copy)")
+        raise OptionError(f"cannot write to {redact(str(location))!r}: outcore writes stores to local paths and to "
+                          "object stores (s3://, gs://, az://); copy the store there yourself")
     return Path(location)
 
 
@@ -159,18 +225,19 @@ def _start(target: Path, manifest: dict[str, Any] | None) -> tuple[Staging, Any]
     return Staging(store, run, resumed=False), lock
 
 
-def _adopt_or_clean(target: Path, manifest: dict[str, Any] | None) -> tuple[Staging | None, Any]:
-    """Continue the dead run whose manifest is ``manifest`` (if any); remove what other dead runs left."""
+def _adopt_or_clean(target: Path, manifest: dict[str, Any] | None, shown: str) -> tuple[Staging | None, Any]:
+    """Continue the dead run whose manifest is ``manifest`` (if any); remove what other dead runs left,
+    saying so of the store ``shown`` (the target, or the URL it stands for)."""
     adopted, lock = None, None
     name = glob.escape(target.name)  # a name like data[1].zarr is not a pattern
     for starting in sorted(target.parent.glob(f".{name}.starting-*")):  # runs that died before they were seen
         if time.time() - starting.stat().st_mtime > STARTING_SECONDS and (held := _try_lock(starting)) is not None:
             held.close()
-            _remove_leftovers(starting, target)
+            _remove_leftovers(starting, shown)
     for run in sorted(target.parent.glob(f".{name}.partial-*.run")):
         held = _try_lock(run)
         if held is None:
-            warnings.warn(f"another ingest is writing {target} now (its files: {run.with_suffix('')}*); the one "
+            warnings.warn(f"another ingest is writing {shown} now (its files: {run.with_suffix('')}*); the one "
                           "that finishes last leaves its store there", OutcoreWarning, stacklevel=4)
             continue
         if adopted is None and manifest is not None and _manifest(run) == manifest:
@@ -178,21 +245,20 @@ def _adopt_or_clean(target: Path, manifest: dict[str, Any] | None) -> tuple[Stag
             continue
         held.close()
         resumable = manifest is None and _manifest(run) is not None
-        _remove_leftovers(run.with_suffix(""), target, "; resume=True (--resume) continues such a run instead of "
+        _remove_leftovers(run.with_suffix(""), shown, "; resume=True (--resume) continues such a run instead of "
                           "removing it" if resumable else "")
     for store in sorted(target.parent.glob(f".{name}.partial-*")):  # runs older than run folders
         if not store.name.endswith(".run") and not store.with_name(_run_name(store)).exists():
-            _remove_leftovers(store, target)
+            _remove_leftovers(store, shown)
     return adopted, lock
 
 
 def _run_name(path: Path) -> str:
     """The run folder of any of a run's paths: ``.<name>.partial-<id>.run``."""
-    head, _, rest = path.name.partition(".partial-")
-    return f"{head}.partial-{rest.split('.')[0]}.run"
+    return f"{path.name.partition('.partial-')[0]}.partial-{_run_id(path)}.run"
 
 
-def _remove_leftovers(store: Path, target: Path, advice: str = "") -> None:
+def _remove_leftovers(store: Path, target: str, advice: str = "") -> None:
     paths = list(store.parent.glob(glob.escape(store.name) + "*"))
     size = sum(_size(p) for p in paths)
     for path in paths:

@@ -12,7 +12,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from ..errors import NotAStoreError, OutcoreError
+from ..errors import NotAStoreError, OutcoreError, StoreChangedError
 from ..format import (
     FieldInfo,
     StoreAttrs,
@@ -22,7 +22,7 @@ from ..format import (
 )
 from .cache import ChunkCache
 from .groups import is_url, open_group, shard_path
-from .remote import redact
+from .remote import RemoteStore, redact
 from .safety import check_safe, read_attrs
 from .shard_reader import ShardReader
 
@@ -47,19 +47,26 @@ class Store:
 
     @classmethod
     def open(cls, location: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None,
-             cache: ChunkCache | None = None) -> Self:
+             cache: ChunkCache | None = None, generation: str | None = None) -> Self:
         """Open the store at ``location`` for reading: a directory, a ``.zip`` file, an object store URL
         (``s3://``, ``gs://``, ``az://``, ``https://``; configured by ``storage_options`` or the standard
         environment, read through ``cache``) or another fsspec URL.
 
         Only metadata is read. The attributes must be outcore's, every array they promise must be there
         with the sample count and chunking they say, and no array may use a pickle or object codec.
+        With ``generation`` (a worker opening the store its parent opened), an object store's store
+        must still be that generation (`outcore.storage.upload`), else `StoreChangedError`.
         """
         where = redact(str(location)) if is_url(location) else os.fspath(location)
         try:
             group = open_group(location, mode="r", storage_options=storage_options, cache=cache)
+            found = group.store.generation if isinstance(group.store, RemoteStore) else None
+            if generation is not None and found != generation:
+                raise StoreChangedError(f"{where} was replaced after it was opened (by another ingest): open the "
+                                        "dataset again to read the new store")
             store = cls(group, read_attrs(group, where), where)
-            store.opener = partial(cls.open, str(location), storage_options=storage_options, cache=cache)
+            store.opener = partial(cls.open, str(location), storage_options=storage_options, cache=cache,
+                                   generation=found)
             return store
         except (ValueError, KeyError, TypeError, RecursionError) as error:
             if isinstance(error, OutcoreError):
