@@ -227,18 +227,23 @@ def test_readers_of_a_growing_store_see_a_consistent_prefix(tmp_path):
     assert len(reads) >= 20 and len(set(reads)) >= 5  # many reads, of many different lengths
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/x.zarr", "gs://bucket/x.zarr.zip", "az://c/x.zarr"])
-def test_a_url_is_never_written_as_a_local_folder(tmp_path, monkeypatch, url):
-    """Path("s3://bucket/x.zarr") is the local folder s3:/bucket/x.zarr: from_arrays wrote one there."""
+@pytest.mark.parametrize(("url", "why"), [
+    ("memory://x.zarr", "outcore writes stores to local paths and to object stores"),
+    ("ftp://host/x.zarr", "outcore writes stores to local paths and to object stores"),
+    ("gs://bucket/x.zarr.zip", "outcore writes folder stores to object stores"),
+])
+def test_a_url_outcore_cannot_write_is_never_written_as_a_local_folder(tmp_path, monkeypatch, url, why):
+    """Path("s3://bucket/x.zarr") is the local folder s3:/bucket/x.zarr: from_arrays once wrote one there.
+    Object stores are written for real (tests/test_upload.py); other URLs are refused before any work."""
     import pandas as pd
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(outcore.OptionError, match="outcore writes stores to local paths"):
+    with pytest.raises(outcore.OptionError, match=why):
         outcore.from_arrays({"x": np.arange(10)}, url, progress=False)
-    with pytest.raises(outcore.OptionError, match="outcore writes stores to local paths"):
+    with pytest.raises(outcore.OptionError, match=why):
         outcore.ingest_images(tmp_path, url, shape=(8, 8, 3), progress=False)
-    with pytest.raises(outcore.OptionError, match="outcore writes stores to local paths"):
+    with pytest.raises(outcore.OptionError, match=why):
         outcore.ingest_dataframe(pd.DataFrame({"path": ["a.jpg"]}), url, shape=(8, 8, 3), progress=False)
-    with pytest.raises(outcore.OptionError, match="local directory stores"):
+    with pytest.raises(outcore.OptionError, match="Writer writes directory stores, locally or to object stores"):
         outcore.Writer(url)
     assert list(tmp_path.iterdir()) == []

@@ -253,3 +253,39 @@ def test_locations_that_cannot_be_written_are_refused_before_any_work(location, 
     with pytest.raises(OptionError, match=message):
         outcore.from_arrays({"x": np.arange(10)}, location, progress=False)
     assert not Path("ftp:").exists() and not Path("https:").exists()
+
+
+def _rows(start: int, stop: int) -> dict[str, np.ndarray]:
+    ids = np.arange(start, stop)
+    return {"v": np.repeat(ids[:, None], 3, axis=1).astype("f4"), "id": ids}
+
+
+def test_a_writer_grows_a_store_in_s3_that_readers_read_up_to_its_count(s3, staging):
+    url = "s3://uploads/grown.zarr"
+    specs = {"v": ("float32", (3,)), "id": ("int64", ())}
+
+    def read():
+        ds = outcore.open_dataset(url, storage_options=s3.options, cache_dir=False)
+        return ds["id"].compute() if len(ds) else np.array([], dtype="int64")
+
+    with outcore.Writer(url, specs, storage_options=s3.options, chunk_size=50) as writer:
+        shard = writer._shard_size
+        assert len(read()) == 0  # an empty store is there from the start
+        writer.append(_rows(0, shard + 10))
+        np.testing.assert_array_equal(read(), np.arange(shard))  # the full shard is published, the rest waits
+        kept = [p for p in staging.rglob("*") if p.is_file() and "/c/" in p.as_posix()]
+        assert kept == []  # a full shard is in the object store only
+        writer.flush()
+        np.testing.assert_array_equal(read(), np.arange(shard + 10))
+    with outcore.Writer(url, append=True, storage_options=s3.options) as writer:
+        writer.append(_rows(shard + 10, 2 * shard + 5))
+    np.testing.assert_array_equal(read(), np.arange(2 * shard + 5))
+    ds = outcore.open_dataset(url, storage_options=s3.options, cache_dir=False)
+    np.testing.assert_array_equal(ds["v"][:, 1].compute(), np.arange(2 * shard + 5))
+    assert len({o["generation"] for o in _objects(s3, "grown.zarr").values()}) == 1  # appends keep the generation
+    with pytest.raises(StoreExistsError, match=r"s3://uploads/grown.zarr already exists; pass append=True"):
+        outcore.Writer(url, specs, storage_options=s3.options)
+    with outcore.Writer(url, specs, storage_options=s3.options, overwrite=True) as writer:
+        writer.append(_rows(100, 130))
+    np.testing.assert_array_equal(read(), np.arange(100, 130))
+    assert len({o["generation"] for o in _objects(s3, "grown.zarr").values()}) == 1  # nothing of the old store

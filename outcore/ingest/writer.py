@@ -6,6 +6,7 @@ import dataclasses
 import fcntl
 import math
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -17,17 +18,21 @@ from ..errors import OptionError, SourceError, StoreBusyError, StoreExistsError
 from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs, dimension_names, guess_roles
 from ..storage import (
     WRITE_CONFIG,
+    Upload,
     consolidate,
     create_field,
     describe_classes,
+    is_object_url,
     is_url,
     is_zip,
     make_durable,
     open_group,
+    redact,
     remove_path,
     shard_path,
 )
 from ..storage.safety import check_safe, read_attrs
+from ..storage.upload import local_mirror
 from .build import provenance
 
 FieldSpec = tuple[Any, Sequence[int]]  # (dtype, shape of one sample)
@@ -42,6 +47,11 @@ class Writer:
     ``specs`` maps field names to ``(dtype, sample_shape)``; when omitted, the first batch defines them.
     ``roles`` default as in `outcore.from_arrays`. ``append=True`` reopens an existing store and adds
     to it.
+
+    An object store URL (``s3://bucket/preds.zarr``, reached with ``storage_options``) works the same:
+    the Writer keeps the shard it is filling on the local disk (`outcore.storage.upload.staging_root`)
+    and uploads each shard when it is written, then the metadata with the new sample count. Only one
+    Writer may write a store: on an object store, no lock can keep a Writer of another machine out.
 
     >>> with outcore.Writer("preds.zarr", specs={"emb": ("float32", (512,))}) as w:  # doctest: +SKIP
     ...     for x in batches:
@@ -59,13 +69,16 @@ class Writer:
         classes: Mapping[str, Sequence[str]] | None = None,
         chunk_size: int | None = None,
         compression: str | Compression | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if is_url(location) or is_zip(location):
+        if is_zip(location) or (is_url(location) and not is_object_url(str(location))):
             raise OptionError(
-                f"Writer writes local directory stores, not {str(location)!r}; write a directory, then "
-                "copy it into a .zip with outcore.from_arrays"
+                f"Writer writes directory stores, locally or to object stores (s3://, gs://, az://), not "
+                f"{redact(str(location))!r}; write a directory, then copy it into a .zip with outcore.from_arrays"
             )
-        self.location = Path(location)
+        self._upload = Upload(str(location), storage_options, run=uuid.uuid4().hex[:8]) if is_url(location) else None
+        self.location = local_mirror(str(location)) if self._upload else Path(location)
+        self._shown = redact(str(location)) if self._upload else str(location)
         self._roles, self._classes = dict(roles or {}), dict(classes or {})
         self._chunk_size, self._compression = chunk_size, Compression.parse(compression)
         self._pending: list[dict[str, np.ndarray]] = []
@@ -82,17 +95,20 @@ class Writer:
             raise
 
     def _open(self, specs: Mapping[str, FieldSpec] | None, append: bool, overwrite: bool) -> None:
-        if append and self.location.exists():
+        exists = self._upload.exists() if self._upload else self.location.exists()
+        if append and exists:
             self._open_existing()
-        elif self.location.exists() and not overwrite:
+        elif exists and not overwrite:
             raise StoreExistsError(
-                f"{self.location} already exists; pass append=True to add to it or overwrite=True to replace it"
+                f"{self._shown} already exists; pass append=True to add to it or overwrite=True to replace it"
             )
         else:
-            if self.location.is_dir():
+            if self.location.is_dir() or self._upload:
                 self._lock()  # not while another Writer writes it
                 self._unlock()
             remove_path(self.location)
+            if self._upload and exists:
+                self._upload.clear()
             if specs is not None:
                 self._create({name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in specs.items()})
 
@@ -107,7 +123,7 @@ class Writer:
     def append(self, batch: Mapping[str, Any]) -> None:
         """Add a batch: one array per field, all with the same length on axis 0."""
         if self.closed:
-            raise ValueError(f"Writer for {self.location} is closed")
+            raise ValueError(f"Writer for {self._shown} is closed")
         arrays = {name: np.asarray(values) for name, values in batch.items()}
         if self._attrs is None:
             self._create({name: (a.dtype, a.shape[1:]) for name, a in arrays.items()})
@@ -130,6 +146,8 @@ class Writer:
             finally:
                 self.closed = True
                 self._unlock()
+                if self._upload:  # all of it is in the object store: the local copy goes
+                    remove_path(self.location)
 
     def __enter__(self) -> Self:
         return self
@@ -148,8 +166,8 @@ class Writer:
                 )
         sample_nbytes = sum(math.prod(shape) * dtype.itemsize for dtype, shape in specs.values())
         layout = Layout.for_samples(sample_nbytes, None, self._chunk_size)
-        group = zarr.open_group(self.location, mode="w")
         self._lock()
+        group = zarr.open_group(self.location, mode="w")
         dims = dimension_names(specs)
         for name, (dtype, shape) in specs.items():
             create_field(group, name, dtype, shape, 0, layout, self._compression, dims[name])
@@ -166,13 +184,14 @@ class Writer:
         """Hold the store's writer lock (``.<name>.writer-lock`` beside the store: zarr warns of files in a
         group that are not its own) while this Writer is open. The file is never removed: a removed lock
         file could be locked by two writers through two inodes."""
+        self.location.parent.mkdir(parents=True, exist_ok=True)
         file = open(self.location.with_name(f".{self.location.name}.writer-lock"), "a+")  # noqa: SIM115 - until close()
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             file.close()
             raise StoreBusyError(
-                f"another Writer (in this process or another) is writing {self.location}: close it first; "
+                f"another Writer (in this process or another) is writing {self._shown}: close it first; "
                 "two writers would interleave their shards and sample counts"
             ) from None
         self._lock_file = file
@@ -184,13 +203,21 @@ class Writer:
 
     def _open_existing(self) -> None:
         self._lock()
+        if self._upload:  # the metadata, and the shard the next samples go to
+            remove_path(self.location)
+            self._upload = self._upload.for_run(self._upload.generation() or self._upload.run)
+            self._upload.fetch(self.location, None)
+            attrs = read_attrs(open_group(self.location, mode="r"), self._shown)
+            first = open_group(self.location, mode="r")[next(iter(attrs.fields))]
+            shard = (first.shards or first.chunks)[0]
+            self._upload.fetch(self.location, attrs.num_samples // shard if attrs.num_samples % shard else None)
         group = open_group(self.location, mode="r+")
-        attrs = read_attrs(group, str(self.location))
-        check_safe(group, list(attrs.fields), str(self.location))
+        attrs = read_attrs(group, self._shown)
+        check_safe(group, list(attrs.fields), self._shown)
         encoded = [name for name, info in attrs.fields.items() if info.is_image]
         if encoded:
             raise SourceError(
-                f"{self.location} has encoded image field(s) {encoded}; a Writer appends arrays of numbers only. "
+                f"{self._shown} has encoded image field(s) {encoded}; a Writer appends arrays of numbers only. "
                 "Re-ingest the images with the new ones (outcore.ingest_dataframe takes a table of all the files)"
             )
         first = group[next(iter(attrs.fields))]
@@ -199,7 +226,7 @@ class Writer:
     def _checked(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         expected = set(self._attrs.fields)
         if set(arrays) != expected:
-            raise SourceError(f"batch has fields {sorted(arrays)}; the store at {self.location} has {sorted(expected)}")
+            raise SourceError(f"batch has fields {sorted(arrays)}; the store at {self._shown} has {sorted(expected)}")
         lengths = {name: len(a) if a.ndim else -1 for name, a in arrays.items()}
         if len(set(lengths.values())) != 1 or -1 in lengths.values():
             raise SourceError(f"batch fields must share their length on axis 0; got {lengths}")
@@ -217,24 +244,36 @@ class Writer:
         start = self._written
         count = stop - start
         merged = {name: np.concatenate([b[name] for b in self._pending]) for name in self._attrs.fields}
+        shards = range(start // self._shard_size, (stop - 1) // self._shard_size + 1)
+        written: list[tuple[int, str]] = []  # (shard, file)
         with zarr.config.set(WRITE_CONFIG):
             for name, values in merged.items():
                 array = self._group[name]
                 if array.shape[0] < stop:
                     array.resize((stop, *array.shape[1:]))
                 array[start:stop] = values[:count]
-                shards = range(start // self._shard_size, (stop - 1) // self._shard_size + 1)
-                make_durable([self.location / shard_path(array, shard) for shard in shards])
+                written += [(shard, shard_path(array, shard)) for shard in shards]
+        if not self._upload:
+            make_durable([self.location / path for _, path in written])
         rest = {name: values[count:] for name, values in merged.items()}
         self._pending = [rest] if self._pending_count > count else []
         self._pending_count -= count
-        self._save_attrs(dataclasses.replace(self._attrs, num_samples=stop))  # published once the shards are on disk
+        # published once the shards are on disk (or in the object store)
+        self._save_attrs(dataclasses.replace(self._attrs, num_samples=stop), [path for _, path in written])
+        if self._upload:  # full shards are final: only the one being filled stays on the local disk
+            for shard, path in written:
+                if shard < stop // self._shard_size:
+                    (self.location / path).unlink()
 
-    def _save_attrs(self, attrs: StoreAttrs) -> None:
+    def _save_attrs(self, attrs: StoreAttrs, written: Sequence[str] = ()) -> None:
+        """Publish ``attrs`` (the sample count) after the shard files ``written`` (on an object store,
+        uploaded first)."""
         self._group.attrs[ATTRS_KEY] = attrs.to_dict()
         if self._attrs is None:
             describe_classes(self._group, attrs.fields)
         consolidate(self.location)  # for xarray: outcore's readers read the arrays' own metadata
+        if self._upload:
+            self._upload.put_grown(self.location, list(written))
         self._attrs = attrs
 
 

@@ -95,15 +95,61 @@ class Upload:
         old = set(self._keys(self.target))
         self._each(staged, lambda key: self._request(key, "copy", lambda: self._copy(
             f"{self.staging}/{key}", f"{self.target}/{key}")))
-        metadata = sorted((p for p in directory.rglob(METADATA)), key=lambda p: -len(p.parts))  # the group's last
-        new = set()
-        for path in metadata:
-            key = f"{self.target}/{path.relative_to(directory).as_posix()}"
-            self._put_file(path, key)
-            new.add(key)
-        new.update(f"{self.target}/{key}" for key in staged)
+        new = {f"{self.target}/{key}" for key in staged} | self._put_metadata(directory)
         self._delete(sorted(old - new))
         self.discard()
+
+    def put_grown(self, directory: Path, data: list[str]) -> None:
+        """Put a growing store's new files straight into the target (a `outcore.Writer`'s): ``data``
+        (paths relative to ``directory``) first, then the arrays' metadata, the group's last: its sample
+        count is published once the shards holding those samples are there."""
+        self._each(data, lambda relative: self._put_file(directory / relative, f"{self.target}/{relative}"))
+        self._put_metadata(directory)
+
+    def fetch(self, directory: Path, shard: int | None) -> None:
+        """Copy the target's metadata into ``directory``, and with ``shard``, that shard of each array (a
+        growing store's last one, which its Writer completes)."""
+        for key in self._keys(self.target):
+            if key.endswith(f"/{METADATA}") or key == f"{self.target}/{METADATA}":
+                self._fetch(key, directory)
+        if shard is not None:
+            for _, array in zarr.open_group(directory, mode="r").arrays():
+                try:
+                    self._fetch(f"{self.target}/{shard_path(array, shard)}", directory)
+                except FileNotFoundError:
+                    continue  # a shard not written yet
+
+    def _fetch(self, key: str, directory: Path) -> None:
+        path = directory / key[len(self.target) + 1:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes(self._request(key, "download", lambda: self._get(key))))
+
+    def generation(self) -> str | None:
+        """The generation of the store published at the target (None: none, or not written by outcore)."""
+        import obstore
+
+        key = f"{self.target}/{METADATA}"
+        try:
+            result = self._request(key, "read", lambda: obstore.get(self._bucket.store, key))
+        except FileNotFoundError:
+            return None
+        return result.attributes.get(GENERATION)
+
+    def clear(self) -> None:
+        """Delete the store at the target, its group's ``zarr.json`` first (no reader opens it half gone)."""
+        keys = list(self._keys(self.target))
+        root = f"{self.target}/{METADATA}"
+        self._delete([key for key in keys if key == root])
+        self._delete([key for key in keys if key != root])
+
+    def _put_metadata(self, directory: Path) -> set[str]:
+        """Put every ``zarr.json`` of ``directory`` into the target, the group's last; return their keys."""
+        keys = set()
+        for path in sorted(directory.rglob(METADATA), key=lambda p: -len(p.parts)):  # the group's last
+            key = f"{self.target}/{path.relative_to(directory).as_posix()}"
+            self._put_file(path, key)
+            keys.add(key)
+        return keys
 
     def put_report(self, name: str, text: str) -> None:
         """Put ``text`` as the object ``name`` beside the store (the report of skipped samples); an empty
@@ -151,6 +197,11 @@ class Upload:
 
         obstore.put(self._bucket.store, key, data, attributes={GENERATION: self.run})
 
+    def _get(self, key: str) -> Any:
+        import obstore
+
+        return obstore.get(self._bucket.store, key).bytes()
+
     def _copy(self, source: str, target: str) -> None:
         import obstore
 
@@ -178,6 +229,8 @@ class Upload:
     def _delete(self, keys: list[str]) -> None:
         import obstore
 
+        if not keys:
+            return
         for start in range(0, len(keys), 1000):  # S3 deletes at most 1,000 objects a request
             batch = keys[start:start + 1000]
             self._request(batch[0], "delete", lambda batch=batch: obstore.delete(self._bucket.store, batch))
