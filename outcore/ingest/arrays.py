@@ -42,7 +42,8 @@ def from_arrays(
     Strings (numpy ``U``/``S``) are stored as UTF-8 text fields. When shuffled on write, a
     ``source_index`` field records each sample's position in the input; an on-disk or dask input is
     shuffled through a scratch folder beside the store, in bounded memory (`outcore.ingest.permute`).
-    ``client`` (default: the active ``distributed.Client``, else local threads) runs the writing.
+    ``client`` (default: the active ``distributed.Client``, else local threads) runs the writing. An
+    object store URL is written as `outcore.ingest_images` says, with ``storage_options``.
 
     >>> ds = outcore.from_arrays({"images": x, "labels": y}, "train.zarr")  # doctest: +SKIP
     """

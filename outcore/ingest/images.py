@@ -79,7 +79,9 @@ def ingest_images(
     The store gets fields ``images`` (N, H, W, C), ``labels`` (class indices; names in ``ds.classes``),
     ``path`` (each sample's file, relative to ``source``) and ``source_index`` (its position in the
     sorted file list). With ``shuffle_on_write`` (the default) samples are stored in a random order
-    drawn from ``seed``. A ``.zip`` location writes a single file. ``client`` (default: the active
+    drawn from ``seed``. A ``.zip`` location writes a single file; an object store URL (``s3://``,
+    ``gs://``, ``az://``, reached with ``storage_options`` or the standard environment) gets each shard
+    uploaded as it is written and the store published once complete (`outcore.storage.upload`). ``client`` (default: the active
     ``distributed.Client``, else local threads) runs the decoding and writing.
 
     ``images`` chooses how the pictures are stored: ``"pixels"`` (decoded, ready to read),
