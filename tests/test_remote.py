@@ -370,3 +370,30 @@ def test_dataloader_workers_read_an_object_store_through_one_cache(stores, s3, t
     assert sorted(ids.tolist()) == list(range(4000))
     again = ChunkCache(tmp_path / "cache").usage()
     assert again.entries >= 3 * 8  # the workers' chunks, in the one cache
+
+
+def test_chunks_stored_back_to_back_are_asked_in_one_request(s3, proxy, tmp_path):
+    rng = np.random.default_rng(5)
+    local = outcore.from_arrays({"x": rng.normal(size=(4000, 6, 6)).astype("f4"), "id": np.arange(4000)},
+                                tmp_path / "adjacent.zarr", chunk_size=100, progress=False)
+    upload(local.location, "s3://data/adjacent.zarr", s3.options)
+    remote = _open("adjacent.zarr", _via(proxy, s3), cache_dir=False)
+    # in order, 4 chunks a batch: each step of the schedule asks for the 4 chunks of one shard file
+    _same(list(remote.batches(400, shuffle=False)), list(local.batches(400, shuffle=False)))
+    chunks = {}  # shard file -> its chunks' byte ranges, as stored
+    for name in local.fields:
+        reader = local.shard_reader(name)
+        for chunk in range(local.num_chunks):
+            shard, inner = divmod(chunk, reader._layout.chunks_per_shard)
+            offset, nbytes = reader._index(shard)[inner]
+            chunks.setdefault(reader._layout.key(shard), []).append((int(offset), int(offset + nbytes - 1)))
+    requests = covered = 0
+    for key, spans in proxy.traffic.ranges:
+        if "/c/" in key and spans:
+            first, last = (int(end) for end in spans.removeprefix("bytes=").split("-"))
+            inside = sum(first <= start and end <= last for start, end in chunks[key.split("adjacent.zarr/")[1]])
+            requests += inside > 0  # not a read of the shard's index
+            covered += inside
+    assert reader._layout.chunks_per_shard == 4 and len(chunks) == 10 * len(local.fields)
+    assert covered == local.num_chunks * len(local.fields)  # every chunk fetched, none twice
+    assert requests == len(chunks)  # the 4 chunks of each shard file in one request

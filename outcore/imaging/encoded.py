@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -115,9 +116,9 @@ class DecodedChunks:
     def remote(self) -> bool:
         return self.bytes.remote
 
-    def prefetch(self, chunk: int) -> None:
-        """Fetch the chunk's stored bytes now, for the `read` that follows (object stores)."""
-        self.bytes.prefetch(chunk)
+    def prefetch(self, chunks: Sequence[int]) -> None:
+        """Fetch the chunks' stored bytes now, for the `read` calls that follow (object stores)."""
+        self.bytes.prefetch(chunks)
 
     def read(self, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         """The chunk's samples, decoded (into ``out``, from `empty`, when given)."""

@@ -26,8 +26,8 @@ class EncodedChunks:
     def remote(self) -> bool:
         return self.decoded.remote
 
-    def prefetch(self, chunk: int) -> None:
-        self.decoded.prefetch(chunk)
+    def prefetch(self, chunks: Sequence[int]) -> None:
+        self.decoded.prefetch(chunks)
 
     def read(self, chunk: int, out: np.ndarray | None = None) -> EncodedChunk:
         return self.decoded.read_encoded(chunk, out)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import IterationClosedError
 from ..storage import Store
-from ..threads import io_thread_count, submit, submit_io, thread_count
+from ..threads import io_thread_count, submit, thread_count
 from .batch import Batch, Recipe, batch_rng_key, make_batch
 from .options import BatchOptions
 from .plan import Consumer, EpochPlan
@@ -189,9 +189,9 @@ class LocalRun(Run):
         for step in work.steps(self.read_ahead):
             if self.stop.is_set():
                 return
+            if self.remote and step.load:  # asked for now, chunks stored back to back in one request
+                self._prefetch([int(work.plan.chunks[slot]) for slot in step.load])
             for slot in step.load:
-                if self.remote:
-                    submit_io(self._prefetch, int(work.plan.chunks[slot]))
                 self.loading[slot] = submit(self._read, int(work.plan.chunks[slot]))
             data = {slot: self.loading[slot].result()[0] for slot in step.used}
             batch = make_batch(work.recipe, step.samples, work.store.chunk_size, step.slots, data,
@@ -201,9 +201,9 @@ class LocalRun(Run):
             if not self._put(batch):
                 return
 
-    def _prefetch(self, chunk: int) -> None:
+    def _prefetch(self, chunks: list[int]) -> None:
         for reader in self.readers.values():
-            reader.prefetch(chunk)
+            reader.prefetch(chunks)
 
     def _read(self, chunk: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Chunk ``chunk`` of every field, read into the run's buffers: ``(values, buffers)``."""

@@ -101,11 +101,11 @@ class EncodedBytes:
     def remote(self) -> bool:
         return self.bytes.remote
 
-    def prefetch(self, chunk: int) -> None:
-        """Fetch the chunk's stored bytes now, for the `read` that follows (see `ShardReader.prefetch`)."""
+    def prefetch(self, chunks: Sequence[int]) -> None:
+        """Fetch the chunks' stored bytes now, for the `read` calls that follow (see `ShardReader.prefetch`)."""
         for reader in (self.ranges, self.bytes, self.shapes):
             if reader is not None:
-                reader.prefetch(chunk)
+                reader.prefetch(chunks)
 
     def read(self, chunk: int, region: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The chunk's bytes (into ``region``, from `empty`, when given) and its samples' ranges in them."""

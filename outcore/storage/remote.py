@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from datetime import timedelta
@@ -47,6 +47,7 @@ BACKOFF_SECONDS = 0.2  # the first retry's wait (doubling, with jitter)
 HEDGE_SECONDS = 2.0  # a ranged read not answered by then is asked a second time, beside the first
 HEDGE_SHARE = 0.05  # at most this share of the requests are asked twice
 PREFETCHED = 64  # fetched ranges waiting to be read, at most, per store and process
+COALESCED_BYTES = 8 * 2**20  # the most one request fetches for chunks stored back to back
 CLIENT_DEFAULTS = {"timeout": "30s", "connect_timeout": "5s"}  # per request; storage_options may change them
 _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 FORKED_AFTER_USE = (
@@ -218,28 +219,54 @@ class RemoteFiles:
     def size(self, key: str) -> int:
         return self.version(key).size
 
-    def prefetch(self, key: str, offset: int, nbytes: int) -> None:
-        """Fetch ``nbytes`` of the file from ``offset`` now, for the `read_into` that will ask for them.
-        At most `PREFETCHED` ranges wait to be read; older ones are dropped (a run that stopped early)."""
+    def ask(self, key: str, spans: Sequence[tuple[int, int]]) -> Callable[[], None] | None:
+        """Say that byte ranges of the file will be read (``(offset, nbytes)``, stored back to back, see
+        `coalesce`); return the work that fetches them, one request a run of back-to-back ranges (None:
+        nothing to fetch; those on the local disk or already asked for are left out). From now on a
+        `read_into` of one of them waits for that work instead of asking the object store itself. At most
+        `PREFETCHED` ranges wait to be read; older ones are dropped (a run that stopped early)."""
         version = self.version(key)
-        span = (key, offset, min(version.size, offset + nbytes))
         cache = self.remote.cache
-        if cache is not None and cache.holds(self._name(key, span[1], span[2], version)):
-            return  # on the local disk: the read reads it there, straight into its buffer
-        future: Future[memoryview] = Future()
-        with self._lock:
-            if span in self._fetched:
-                return
-            if span in self._unasked:  # its read came first and fetched it: nothing to do
-                del self._unasked[span]
-                return
-            self._fetched[span] = future
-            while len(self._fetched) > PREFETCHED:
-                self._fetched.popitem(last=False)
-        try:
-            future.set_result(self._read(key, span[1], span[2], version))
-        except BaseException as error:  # noqa: BLE001 - the read that asks for these bytes raises it
-            future.set_exception(error)
+        wanted: dict[int, tuple[int, int, Future[memoryview]]] = {}
+        for offset, nbytes in spans:
+            start, stop = offset, min(version.size, offset + nbytes)
+            if cache is not None and cache.holds(self._name(key, start, stop, version)):
+                continue  # on the local disk: the read reads it there, straight into its buffer
+            future: Future[memoryview] = Future()
+            with self._lock:
+                if (key, start, stop) in self._fetched:
+                    continue
+                if (key, start, stop) in self._unasked:  # its read came first and fetched it: nothing to do
+                    del self._unasked[(key, start, stop)]
+                    continue
+                self._fetched[(key, start, stop)] = future
+                while len(self._fetched) > PREFETCHED:
+                    self._fetched.popitem(last=False)
+            wanted[start] = (start, stop, future)
+        if not wanted:
+            return None
+        runs = coalesce([(start, stop - start) for start, stop, _ in wanted.values()], limit=None)
+        return lambda: [self._fetch_run(key, version, [wanted[offset] for offset, _ in run]) for run in runs]
+
+    def _fetch_run(self, key: str, version: Version, run: list[tuple[int, int, Future[memoryview]]]) -> None:
+        """Fetch ranges stored back to back with one request (each kept in the cache by itself)."""
+        joined: list[memoryview] = []
+
+        def whole() -> memoryview:
+            if not joined:
+                joined.append(self._get(key, run[0][0], run[-1][1], version))
+            return joined[0]
+
+        for start, stop, future in run:
+            try:
+                begin = start - run[0][0]
+                fetch = (lambda begin=begin, end=begin + stop - start: whole()[begin:end])
+                cache = self.remote.cache
+                data = cache.get_or_fetch(self._name(key, start, stop, version), stop - start, fetch) \
+                    if cache is not None else fetch()
+                future.set_result(data)
+            except BaseException as error:  # noqa: BLE001 - the read that asks for these bytes raises it
+                future.set_exception(error)
 
     def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
         """Fill ``buffer`` with the file's bytes from ``offset`` (from its end when negative)."""
@@ -330,12 +357,13 @@ class RemoteFiles:
 
     def _hedge_after(self, nbytes: int) -> float | None:
         """How long an answer of ``nbytes`` may take before it is asked again: `HEDGE_SECONDS`, or 3 times
-        the median of the recent answers (each scaled up to ``nbytes`` when it was smaller) when that is
-        longer: a busy link slows every answer alike, and asking twice would only add to it; a stall slows
-        one. None (wait for the request's own timeout) until 8 answers are known, or once `HEDGE_SHARE` of
-        the requests were asked twice."""
+        the median of the recent answers of at least a quarter of its size when that is longer (a busy
+        link slows every answer alike, and asking twice would only add to it; a stall slows one; small
+        answers, such as shard indexes, say little of a large one's time). None (wait for the request's
+        own timeout) until 8 such answers are known, or once `HEDGE_SHARE` of the requests were asked
+        twice."""
         with self._lock:
-            recent = sorted(seconds * max(1.0, nbytes / size) for seconds, size in self._durations)
+            recent = sorted(seconds for seconds, size in self._durations if 4 * size >= nbytes)
             spent = self.traffic.hedged > HEDGE_SHARE * self.traffic.requests
         if len(recent) < 8 or spent:
             return None
@@ -388,6 +416,29 @@ class RemoteFiles:
 
     def _where(self, key: str) -> str:
         return f"{redact(self.remote.url)}/{key}"
+
+
+def coalesce(spans: Sequence[tuple[int, int]], limit: int | None = COALESCED_BYTES) -> list[list[tuple[int, int]]]:
+    """``spans`` (``(offset, nbytes)`` of one file) grouped into runs stored back to back, each asked in
+    one request: adjacent ranges coalesce (up to ``limit`` bytes a run), distant ones do not (a gap
+    would be fetched for nothing).
+
+    >>> coalesce([(200, 100), (0, 100), (100, 100), (1000, 50)])
+    [[(0, 100), (100, 100), (200, 100)], [(1000, 50)]]
+    >>> coalesce([(0, 100), (100, 100)], limit=150)
+    [[(0, 100)], [(100, 100)]]
+    """
+    runs: list[list[tuple[int, int]]] = []
+    size = 0
+    for offset, nbytes in sorted(set(spans)):
+        last = runs[-1][-1] if runs else None
+        if last is not None and offset == last[0] + last[1] and (limit is None or size + nbytes <= limit):
+            runs[-1].append((offset, nbytes))
+            size += nbytes
+        else:
+            runs.append([(offset, nbytes)])
+            size = nbytes
+    return runs
 
 
 def _obstore_range(request: Any) -> Any:

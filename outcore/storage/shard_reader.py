@@ -22,6 +22,7 @@ import os
 import re
 import struct
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,9 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from ..errors import CorruptChunkError, OutcoreError
+from ..threads import submit_io
 from .groups import shard_path
-from .remote import RemoteStore
+from .remote import RemoteStore, coalesce
 from .zipstore import RangeZipStore
 
 _EMPTY = 2**64 - 1  # index entry of a chunk that was never written
@@ -80,21 +82,37 @@ class ShardReader:
     @property
     def remote(self) -> bool:
         """Whether the chunks come from an object store (where `prefetch` pays)."""
-        return self._layout is not None and hasattr(self._layout.files, "prefetch")
+        return self._layout is not None and hasattr(self._layout.files, "ask")
 
-    def prefetch(self, chunk: int) -> None:
-        """Fetch the chunk's stored bytes now (its shard index first, if this reader has not read it), so
-        that the `read` that follows finds them; nothing for local files. Run on an I/O thread
-        (`outcore.threads.submit_io`): it waits on the network. A failure here is left to that `read`."""
+    def prefetch(self, chunks: Sequence[int]) -> None:
+        """Have the chunks' stored bytes fetched on I/O threads (`outcore.threads.submit_io`), so that the
+        `read` calls that follow find them; nothing for local files. Chunks stored back to back in a shard
+        file are asked in one request (`coalesce`). Chunks of shards whose index is known are asked for
+        before this returns (a `read` then waits for that request instead of making its own); the others
+        once an I/O thread has read their index. A failure here is left to the `read`."""
         if not self.remote:
             return
-        shard, inner = divmod(chunk, self._layout.chunks_per_shard)
-        try:
-            offset, nbytes = self._index(shard)[inner]
-        except (_Unreadable, OutcoreError, OSError):
-            return
-        if offset != _EMPTY:
-            self._layout.files.prefetch(self._layout.key(shard), int(offset), int(nbytes))
+        known: dict[int, list[int]] = {}
+        unknown: dict[int, list[int]] = {}
+        for chunk in chunks:
+            shard, inner = divmod(chunk, self._layout.chunks_per_shard)
+            (known if shard in self._indexes else unknown).setdefault(shard, []).append(inner)
+        self._ask(known)
+        if unknown:
+            submit_io(self._ask, unknown)
+
+    def _ask(self, chunks: dict[int, list[int]]) -> None:
+        """Ask for chunks (inner positions by shard), reading the shards' indexes first where needed."""
+        for shard, inner in chunks.items():
+            try:
+                index = self._index(shard)
+            except (_Unreadable, OutcoreError, OSError):
+                return  # the reads meet the failure themselves
+            spans = [(int(offset), int(nbytes)) for offset, nbytes in index[inner] if offset != _EMPTY]
+            for run in coalesce(spans):
+                fetch = self._layout.files.ask(self._layout.key(shard), run)
+                if fetch is not None:
+                    submit_io(fetch)
 
     def read(self, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         """The chunk's samples; decoded into ``out`` (from `empty`) when given."""
