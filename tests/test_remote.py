@@ -308,6 +308,23 @@ def test_entries_of_a_dead_writer_are_removed_by_the_next_process(tmp_path):
     assert not list((tmp_path / "tmp").iterdir())
 
 
+def test_a_cache_that_cannot_keep_ranges_says_so_once_and_loses_nothing(tmp_path, monkeypatch):
+    small = ChunkCache(tmp_path / "small", max_bytes=50)
+    with pytest.warns(outcore.OutcoreWarning, match=r"cache .*small has no room for a range of 100 bytes"):
+        assert bytes(small.get_or_fetch("big", 100, lambda: b"b" * 100)) == b"b" * 100
+    assert bytes(small.get_or_fetch("big", 100, lambda: b"b" * 100)) == b"b" * 100  # told once: no warning now
+    failing = ChunkCache(tmp_path / "failing", max_bytes=10_000)
+
+    def full_disk(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.warns(outcore.OutcoreWarning, match=r"cannot keep what is fetched \(No space left on device\)"):
+        assert bytes(failing.get_or_fetch("a", 10, lambda: b"a" * 10)) == b"a" * 10
+    monkeypatch.undo()
+    assert failing.usage().entries == 0 and failing.usage().bytes == 0  # nothing counted that is not there
+
+
 def test_cache_sizes_parse_and_bad_ones_are_named(tmp_path):
     assert ChunkCache(tmp_path, "1.5GiB").max_bytes == 3 * 2**29
     assert ChunkCache(tmp_path, "500MB").max_bytes == 500 * 10**6

@@ -26,6 +26,7 @@ import shutil
 import sqlite3
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,15 +35,15 @@ from typing import Any
 
 import crc32c
 
-from ..errors import OptionError, StorageError
+from ..errors import OptionError, OutcoreWarning, StorageError
 
 ENVIRONMENT = "OUTCORE_CACHE_DIR"
 SIZE_ENVIRONMENT = "OUTCORE_CACHE_SIZE"
 DEFAULT_MAX_BYTES = 20 * 2**30
 MIN_FREE_FRACTION = 0.05  # the cache never fills its disk past 95 %
 STALE_SECONDS = 300.0  # an entry still being written after this long belongs to a process that is gone
-WAIT_SECONDS = 120.0
-USE_SECONDS = 10.0  # an entry's last use is written again only when older than this  # the longest a reader waits for an entry another process is fetching
+WAIT_SECONDS = 120.0  # the longest a reader waits for an entry another process is fetching
+USE_SECONDS = 10.0  # an entry's last use is written again only when older than this
 _CHECKSUM = 4
 _SETUP_LOCK = threading.Lock()
 _WRITING, _READY, _REMOVING = 0, 1, 2
@@ -108,6 +109,7 @@ class ChunkCache:
         self._local = threading.local()
         self._reconciled = 0  # the pid that reconciled the folder last in this object
         self._connections: list[tuple[int, sqlite3.Connection]] = []  # every thread's, to close them
+        self._warned: set[str] = set()  # the kinds of trouble already told of (`_warn_once`)
         weakref.finalize(self, _close_connections, self._connections)
 
     @classmethod
@@ -146,6 +148,11 @@ class ChunkCache:
                 self.counts.hits += 1
                 return data
             claim = self._claim(name, size)
+            if claim == "no room":
+                self._warn_once("no room", f"the cache {self.directory} has no room for a range of {size:,} bytes "
+                                "(its size is smaller, or its disk is 95 % full and nothing can be evicted): such "
+                                "ranges are read from the object store each time; give a larger cache_size=, "
+                                "or free space on that disk")
             if claim == "mine" or claim == "no room" or time.monotonic() > deadline:
                 break
             time.sleep(pause)  # another process or thread is fetching it
@@ -318,11 +325,21 @@ class ChunkCache:
                 out.write(data)
             target.parent.mkdir(exist_ok=True)
             os.replace(partial, target)
-        except OSError:  # a full or failing disk: the bytes are still returned, only not kept
+        except OSError as error:  # a full or failing disk: the bytes are still returned, only not kept
             partial.unlink(missing_ok=True)
             self._drop(name, _WRITING)
+            reason = error.strerror or str(error)
+            self._warn_once("write", f"the cache {self.directory} cannot keep what is fetched ({reason}): reading "
+                            "goes on from the object store, fetching it again each epoch; free space on that disk, "
+                            "or give another cache_dir=")
             return
         db.execute("UPDATE entries SET state = ?, used = ? WHERE name = ?", (_READY, time.time(), name))
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        """An `OutcoreWarning` the first time this process meets ``kind`` of trouble with this cache."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(message, OutcoreWarning, stacklevel=4)
 
     def _drop(self, name: str, state: int) -> None:
         """Remove entry ``name`` if it is still in ``state``."""
