@@ -12,7 +12,11 @@ MB/s. One shuffled epoch (batch 256) each, medians of ``--repeats``:
   or over what the proxy passes of whole shards when that is less);
 - the second epoch from a full cache (the proxy closed: nothing can be fetched);
 - a cache of 25 % of the store, 3 epochs: each against a cold unbounded epoch, the cache's largest size;
-- 4 processes sharing one cache, one epoch each: bytes fetched over the store's bytes.
+- 4 processes sharing one cache, one epoch each: bytes fetched over the store's bytes;
+- with ``--peers PYTHON`` (a Python that has litdata and mosaicml-streaming, see
+  ``benchmarks/remote_peers.py``): LitData and Mosaic streaming reading the same samples from the same
+  endpoint at 0 and 20 ms, cold and from their caches (unbounded, as outcore's), each in a process of
+  its own, beside outcore's cold epoch in a process of its own; peak memory of each process.
 
 moto is a Python server: its own rate on this machine is measured too (a plain sequential read of every
 shard through obstore, 16 at a time) and is the real ceiling of the cold rows.
@@ -21,13 +25,16 @@ shard through obstore, 16 at a time) and is the real ceiling of the cold rows.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import statistics
+import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from iterate import BATCH, build
 
 import outcore
@@ -54,6 +61,32 @@ def server_rate(options: dict, url: str, keys: list[str]) -> float:
     return total / (time.perf_counter() - began)
 
 
+def _own_process_epochs(url: str, options: dict, cache_dir: str) -> tuple[float, float, float]:
+    """A cold epoch and a cached one in a process of its own: (samples/s, samples/s, peak MiB)."""
+    import resource
+
+    ds = outcore.open_dataset(url, storage_options=options, cache_dir=cache_dir)
+    cold, cached = epoch_rate(ds), epoch_rate(ds)
+    return cold, cached, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peer_rates(python: str, peer: str, samples: Path, endpoint: str, via: str, workdir: Path) -> dict[str, float]:
+    """What ``benchmarks/remote_peers.py`` measured of ``peer`` (run by ``python``)."""
+    script = Path(__file__).with_name("remote_peers.py")
+    done = subprocess.run([python, str(script), peer, "--samples", str(samples), "--endpoint", endpoint, "--via", via,
+                           "--workdir", str(workdir)], capture_output=True, text=True, timeout=3600, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{peer} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def export_samples(ds: outcore.Dataset, path: Path) -> Path:
+    """The store's images and labels as one .npz for the peers to write in their formats (kept)."""
+    if not path.exists():
+        np.savez(path, images=ds["images"].compute(), labels=ds["labels"].compute())
+    return path
+
+
 def _shared_epoch(url: str, options: dict, cache_dir: str, seed: int) -> int:
     ds = outcore.open_dataset(url, storage_options=options, cache_dir=cache_dir)
     return sum(len(batch["labels"]) for batch in ds.batches(BATCH, shuffle=True, seed=seed))
@@ -66,6 +99,7 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=100.0, help="MB/s cap of the proxied link")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default="bench-data")
+    parser.add_argument("--peers", metavar="PYTHON", help="a Python with litdata and mosaicml-streaming: compare them")
     args = parser.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(exist_ok=True)
@@ -129,6 +163,21 @@ def main() -> None:
             rate = sum(counts) / (time.perf_counter() - began)
             rows.append(("4 processes, one shared cache, one epoch each", rate,
                          f"{proxy.traffic.bytes_sent / stored:.2f}x the store fetched"))
+
+            if args.peers:
+                samples = export_samples(local, workdir / "peer-samples.npz")
+                for latency in (0.0, 0.02):
+                    proxy.latency = latency
+                    shown = f"{latency * 1e3:.0f} ms"
+                    with context.Pool(1) as pool:
+                        cold, cached, peak = pool.apply(_own_process_epochs, (url, via, f"{scratch}/own-{shown}"))
+                    rows.append((f"outcore, own process, {shown}: cold / cached", cold,
+                                 f"cached {cached:,.0f}; peak {peak:,.0f} MiB"))
+                    for peer in ("litdata", "mosaic"):
+                        measured = peer_rates(args.peers, peer, samples, server.endpoint, proxy.url, workdir)
+                        said = (f"cached {measured['cached']:,.0f}; peak {measured['peak_rss_mib']:,.0f} MiB; outcore "
+                                f"{cold / measured['cold']:.2f}x cold, {cached / measured['cached']:.2f}x cached")
+                        rows.append((f"{peer}, {shown}: cold / cached", measured["cold"], said))
 
     print(f"\n{len(local):,} samples of {args.size}x{args.size}x3 uint8, {stored / 1e6:.0f} MB stored, batch {BATCH}, "
           f"2 cores; link limit {link_rate:,.0f} samples/s (the cap, or what the proxy passed if less); medians "

@@ -1,0 +1,139 @@
+"""LitData and Mosaic streaming reading the samples of ``benchmarks/remote.py`` from the same S3 endpoint.
+
+Run by ``benchmarks/remote.py --peers PYTHON`` with a Python that has them (they need their own
+environment: ``pip install torch==2.13.0`` first, then ``pip install --no-deps litdata
+mosaicml-streaming`` and their light dependencies; torchvision, which Mosaic imports for its vision
+datasets only, is stood in for, as there is no CPU build of it here; LitData's client is told to allow
+the loopback server's plain http, which it refuses by default). Writes each peer's own format once
+(kept in ``--workdir``), uploads it, then reads one shuffled epoch (batch 256, no worker processes, like
+outcore's default) through ``--via`` into an empty cache, and a second epoch from that cache. Prints
+one JSON line: samples/s of each, and the process's peak memory.
+
+    python benchmarks/remote_peers.py mosaic --samples bench-data/peer-samples.npz --endpoint URL --via URL
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+BATCH = 256
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _stand_in_for_torchvision() -> None:
+    """Mosaic streaming imports torchvision for its vision datasets, which this benchmark does not use."""
+    vision = types.ModuleType("torchvision")
+    datasets = types.ModuleType("torchvision.datasets")
+    transforms = types.ModuleType("torchvision.transforms")
+    functional = types.ModuleType("torchvision.transforms.functional")
+    datasets.VisionDataset = type("VisionDataset", (), {})
+    datasets.CIFAR10 = type("CIFAR10", (), {})
+    functional.to_tensor = lambda picture: picture
+    vision.datasets, vision.transforms, transforms.functional = datasets, transforms, functional
+    for module in (vision, datasets, transforms, functional):
+        module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+        sys.modules[module.__name__] = module
+
+
+def _upload(folder: Path, bucket: str, prefix: str, endpoint: str) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint)
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+
+
+def _mosaic(samples: dict[str, np.ndarray], args: argparse.Namespace) -> dict[str, float]:
+    _stand_in_for_torchvision()
+    from streaming import MDSWriter, StreamingDataset
+    from torch.utils.data import DataLoader
+
+    written = Path(args.workdir) / "peer-mds"
+    if not (written / "index.json").exists():
+        shutil.rmtree(written, ignore_errors=True)
+        with MDSWriter(out=str(written), columns={"image": "ndarray:uint8", "label": "int"}, size_limit="64mb") as out:
+            for image, label in zip(samples["images"], samples["labels"], strict=True):
+                out.write({"image": image, "label": int(label)})
+    _upload(written, args.bucket, "mds", args.endpoint)
+    os.environ["S3_ENDPOINT_URL"] = args.via
+    rates = {}
+    with tempfile.TemporaryDirectory(dir=args.workdir) as cache:
+        for name in ("cold", "cached"):
+            dataset = StreamingDataset(remote=f"s3://{args.bucket}/mds", local=cache, shuffle=True, shuffle_seed=1,
+                                       batch_size=BATCH, cache_limit=None)
+            rates[name] = _epoch(DataLoader(dataset, batch_size=BATCH, num_workers=0), "label")
+            del dataset
+    return rates
+
+
+def _litdata(samples: dict[str, np.ndarray], args: argparse.Namespace) -> dict[str, float]:
+    import litdata
+    from litdata.streaming import downloader
+
+    # LitData's object-store client refuses a plain-http endpoint (the loopback server) unless told
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
+
+    written = Path(args.workdir) / "peer-litdata"
+    if not (written / "index.json").exists():
+        shutil.rmtree(written, ignore_errors=True)
+        litdata.optimize(fn=_litdata_sample, inputs=list(range(len(samples["labels"]))), output_dir=str(written),
+                         chunk_bytes="64MB", num_workers=2, mode="overwrite")
+    _upload(written, args.bucket, "litdata", args.endpoint)
+    options = {"endpoint_url": args.via, "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
+               "region_name": "us-east-1"}
+    rates = {}
+    with tempfile.TemporaryDirectory(dir=args.workdir) as cache:
+        for name in ("cold", "cached"):
+            dataset = litdata.StreamingDataset(f"s3://{args.bucket}/litdata", cache_dir=cache, shuffle=True, seed=1,
+                                               storage_options=options, max_cache_size="100GB")
+            rates[name] = _epoch(litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=0), "label")
+    return rates
+
+
+_SAMPLES: dict[str, np.ndarray] = {}
+
+
+def _litdata_sample(index: int) -> dict[str, object]:
+    if not _SAMPLES:
+        _SAMPLES.update(np.load(os.environ["PEER_SAMPLES"]))
+    return {"image": _SAMPLES["images"][index], "label": int(_SAMPLES["labels"][index])}
+
+
+def _epoch(loader: object, label: str) -> float:
+    began = time.perf_counter()
+    count = sum(len(batch[label]) for batch in loader)
+    return count / (time.perf_counter() - began)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("peer", choices=["mosaic", "litdata"])
+    parser.add_argument("--samples", required=True, help="an .npz of images (N, H, W, C) uint8 and labels (N,)")
+    parser.add_argument("--endpoint", required=True, help="the S3 server itself (uploads)")
+    parser.add_argument("--via", required=True, help="the endpoint the epochs are read through (the proxy)")
+    parser.add_argument("--bucket", default="data")
+    parser.add_argument("--workdir", default="bench-data")
+    args = parser.parse_args()
+    os.environ.update(CREDENTIALS)
+    os.environ["PEER_SAMPLES"] = str(Path(args.samples).absolute())
+    samples = dict(np.load(args.samples))
+    rates = (_mosaic if args.peer == "mosaic" else _litdata)(samples, args)
+    rates["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(rates))
+
+
+if __name__ == "__main__":
+    main()
