@@ -63,11 +63,15 @@ def server_rate(options: dict, url: str, keys: list[str]) -> float:
 
 def _own_process_epochs(url: str, options: dict, cache_dir: str) -> tuple[float, float, float]:
     """A cold epoch and a cached one in a process of its own: (samples/s, samples/s, peak MiB)."""
-    import resource
-
     ds = outcore.open_dataset(url, storage_options=options, cache_dir=cache_dir)
     cold, cached = epoch_rate(ds), epoch_rate(ds)
-    return cold, cached, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return cold, cached, peak_mib()
+
+
+def peak_mib() -> float:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited across exec)."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
 
 
 def peer_rates(python: str, peer: str, samples: Path, endpoint: str, via: str, workdir: Path) -> dict[str, float]:
@@ -96,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=128)
-    parser.add_argument("--bandwidth", type=float, default=100.0, help="MB/s cap of the proxied link")
+    parser.add_argument("--bandwidth", type=float, default=100.0, help="MB/s cap of the proxied link (0: none)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default="bench-data")
     parser.add_argument("--peers", metavar="PYTHON", help="a Python with litdata and mosaicml-streaming: compare them")
@@ -117,12 +121,13 @@ def main() -> None:
         keys = [p.relative_to(local.location).as_posix() for p in files]
         served = server_rate(server.options, url, keys)
         print(f"moto serves {served / 1e6:.0f} MB/s of whole shards on this machine (16 requests in flight)")
-        link_rate = len(local) / (stored / (args.bandwidth * 1e6))
+        cap = f"{args.bandwidth:.0f} MB/s cap" if args.bandwidth else "no cap"
+        link_rate = len(local) / (stored / (args.bandwidth * 1e6)) if args.bandwidth else float("inf")
         with FaultProxy(server.host, server.port) as proxy:
             via = {**server.options, "endpoint": proxy.url}
             proxy.bandwidth = args.bandwidth * 1e6
             through = server_rate(via, url, keys)
-            print(f"through the proxy at its {args.bandwidth:.0f} MB/s cap: {through / 1e6:.0f} MB/s of whole shards")
+            print(f"through the proxy ({cap}): {through / 1e6:.0f} MB/s of whole shards")
             link_rate = min(link_rate, len(local) / (stored / through))
             for latency in (0.0, 0.02):
                 proxy.latency = latency
@@ -131,7 +136,7 @@ def main() -> None:
                 rate = statistics.median(epoch_rate(cold) for _ in range(args.repeats))
                 fetched = (proxy.traffic.bytes_sent - before) / args.repeats / stored
                 ceiling = min(local_rate, link_rate)
-                rows.append((f"cold, no cache, {latency * 1e3:.0f} ms, {args.bandwidth:.0f} MB/s cap", rate,
+                rows.append((f"cold, no cache, {latency * 1e3:.0f} ms, {cap}", rate,
                              f"{rate / ceiling:.2f} of min(local, link); {fetched:.2f}x the store fetched"))
             proxy.latency = 0.0
             cold_rate = rows[1][1]

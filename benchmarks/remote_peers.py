@@ -18,7 +18,6 @@ import argparse
 import importlib.machinery
 import json
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -131,7 +130,8 @@ def main() -> None:
     os.environ["PEER_SAMPLES"] = str(Path(args.samples).absolute())
     samples = dict(np.load(args.samples))
     rates = (_mosaic if args.peer == "mosaic" else _litdata)(samples, args)
-    rates["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    status = Path("/proc/self/status").read_text()  # VmHWM: unlike ru_maxrss, not inherited across exec
+    rates["peak_rss_mib"] = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
     print(json.dumps(rates))
 
 

@@ -193,7 +193,12 @@ def for_each(work: Callable[[int], None], count: int) -> None:
         for i in range(count):
             work(i)
         return
-    futures = [submit(work, i) for i in range(count)]
+    wait_all([submit(work, i) for i in range(count)])
+
+
+def wait_all(futures: list[Future[Any]]) -> None:
+    """Wait for every one of ``futures``, raising the first exception (the others not started yet are
+    cancelled then)."""
     try:
         for future in futures:
             future.result()

@@ -298,7 +298,8 @@ def test_entries_of_a_dead_writer_are_removed_by_the_next_process(tmp_path):
                           check=True)
     pid = int(dead.stdout)
     with closing(sqlite3.connect(tmp_path / "index.sqlite")) as db, db:  # what a writer killed mid-write leaves
-        db.execute("INSERT INTO entries VALUES ('lost', 'ab/cd', 500, 0, ?, ?)", (pid, time.time()))
+        db.execute("INSERT INTO entries (name, file, size, state, owner, used) VALUES ('lost', 'ab/cd', 500, 0, ?, ?)",
+                   (pid, time.time()))
         db.execute("UPDATE total SET bytes = bytes + 500")
     (tmp_path / "blobs" / "ab").mkdir(exist_ok=True)
     (tmp_path / "blobs" / "ab" / "cd").write_bytes(b"z" * 500)
@@ -387,6 +388,33 @@ def test_dataloader_workers_read_an_object_store_through_one_cache(stores, s3, t
     assert sorted(ids.tolist()) == list(range(4000))
     again = ChunkCache(tmp_path / "cache").usage()
     assert again.entries >= 3 * 8  # the workers' chunks, in the one cache
+
+
+def _hits_per_epoch(url, options, cache_dir, bound, epochs, local):
+    remote = outcore.open_dataset(url, storage_options=options, cache_dir=cache_dir, cache_size=bound)
+    cache, hits = remote.group.store.cache, []
+    for epoch in range(epochs):
+        before = cache.counts.hits
+        _same(_epoch(remote, epoch=epoch), _epoch(local, epoch=epoch))  # nothing lost
+        hits.append(cache.counts.hits - before)
+        assert cache.usage().bytes <= bound
+    return hits
+
+
+def test_a_small_cache_keeps_the_chunks_the_next_epoch_reads_first(s3, tmp_path, monkeypatch):
+    rng = np.random.default_rng(6)
+    local = outcore.from_arrays({"x": rng.normal(size=(8000, 10, 10)).astype("f4")}, tmp_path / "belady.zarr",
+                                chunk_size=25, shuffle_on_write=False, progress=False)  # 320 chunks, 80 in the cache
+    upload(local.location, "s3://data/belady.zarr", s3.options)
+    stored = sum(p.stat().st_size for p in Path(local.location).rglob("*") if "/c/" in p.as_posix())
+    bound = stored // 4
+    url = "s3://data/belady.zarr"
+    told = _hits_per_epoch(url, s3.options, tmp_path / "told", bound, 3, local)
+    monkeypatch.setattr(ChunkCache, "expect", lambda *_: None)  # least recently used only
+    untold = _hits_per_epoch(url, s3.options, tmp_path / "untold", bound, 3, local)
+    room = local.num_chunks // 4  # chunks the cache holds
+    assert min(told[1:]) >= 0.8 * room, (told, untold, room)  # about all that fits is read from the cache
+    assert sum(told[1:]) > 3 * sum(untold[1:]), (told, untold)  # least recently used: a few (measured: 6x fewer)
 
 
 def test_chunks_stored_back_to_back_are_asked_in_one_request(s3, proxy, tmp_path):

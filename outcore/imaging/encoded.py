@@ -120,6 +120,10 @@ class DecodedChunks:
         """Fetch the chunks' stored bytes now, for the `read` calls that follow (object stores)."""
         self.bytes.prefetch(chunks)
 
+    def expect(self, chunk: int, when: float) -> None:
+        """Tell the node's cache when the chunk will be read next (object stores)."""
+        self.bytes.expect(chunk, when)
+
     def read(self, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         """The chunk's samples, decoded (into ``out``, from `empty`, when given)."""
         region = getattr(self._scratch, "region", None)

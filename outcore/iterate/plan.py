@@ -76,6 +76,22 @@ def chunk_order(num_chunks: int, *, shuffle: bool, seed: int, epoch: int) -> np.
     return generator(Domain.CHUNK_ORDER, seed, epoch).permutation(num_chunks).astype(np.int64)
 
 
+def next_use(num_chunks: int, *, shuffle: bool, seed: int, epoch: int, consumers: int = 1) -> np.ndarray:
+    """When each chunk is read again, in epochs: ``epoch + 1`` plus how far into its consumer's share of
+    the next epoch it comes (the ``consumers`` read their shares side by side). A cache smaller than the
+    store keeps the chunks read soonest (`outcore.storage.ChunkCache.expect`).
+
+    >>> next_use(4, shuffle=False, seed=0, epoch=0).tolist()
+    [1.0, 1.25, 1.5, 1.75]
+    >>> next_use(4, shuffle=False, seed=0, epoch=0, consumers=2).tolist()
+    [1.0, 1.5, 1.0, 1.5]
+    """
+    order = chunk_order(num_chunks, shuffle=shuffle, seed=seed, epoch=epoch + 1)
+    position = np.empty(num_chunks, dtype=np.float64)
+    position[order] = np.arange(num_chunks)
+    return epoch + 1 + (position * consumers / max(1, num_chunks)) % 1.0
+
+
 def rank_samples(num_samples: int, world_size: int, drop_last: bool) -> int:
     """Samples every rank gets per epoch: the same for all ranks (see the module docstring).
 

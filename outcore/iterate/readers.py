@@ -29,6 +29,9 @@ class EncodedChunks:
     def prefetch(self, chunks: Sequence[int]) -> None:
         self.decoded.prefetch(chunks)
 
+    def expect(self, chunk: int, when: float) -> None:
+        self.decoded.expect(chunk, when)
+
     def read(self, chunk: int, out: np.ndarray | None = None) -> EncodedChunk:
         return self.decoded.read_encoded(chunk, out)
 

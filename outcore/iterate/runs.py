@@ -23,7 +23,7 @@ from ..storage import Store
 from ..threads import io_thread_count, submit, thread_count
 from .batch import Batch, Recipe, batch_rng_key, make_batch
 from .options import BatchOptions
-from .plan import Consumer, EpochPlan
+from .plan import Consumer, EpochPlan, next_use
 from .readers import ChunkReader
 from .schedule import BatchStep, schedule
 from .stats import LoaderStats
@@ -177,6 +177,11 @@ class LocalRun(Run):
         one_batch = work.stop_batch == work.first_batch + 1
         local_ahead = min(self.MAX_READ_AHEAD, max(2, thread_count()))
         self.read_ahead = 0 if one_batch else io_thread_count() if self.remote else local_ahead
+        self.next_use = None  # from an object store: when each chunk is read again, for the node's cache
+        if self.remote:
+            options = work.options
+            self.next_use = next_use(work.store.num_chunks, shuffle=options.shuffle, seed=options.seed,
+                                     epoch=work.epoch, consumers=work.consumer.count)
         super().__init__(work, stats)
 
     def _release(self) -> None:
@@ -208,4 +213,8 @@ class LocalRun(Run):
     def _read(self, chunk: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Chunk ``chunk`` of every field, read into the run's buffers: ``(values, buffers)``."""
         buffers = {name: self.buffers.take(name) for name in self.readers}
-        return {name: reader.read(chunk, out=buffers[name]) for name, reader in self.readers.items()}, buffers
+        values = {name: reader.read(chunk, out=buffers[name]) for name, reader in self.readers.items()}
+        if self.next_use is not None:
+            for reader in self.readers.values():
+                reader.expect(chunk, float(self.next_use[chunk]))
+        return values, buffers

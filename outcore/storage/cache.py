@@ -4,8 +4,9 @@ One folder holds the entries (files under ``blobs/``) and an SQLite index of the
 in WAL mode, so DataLoader workers, ranks and separate jobs share it safely). Its rules:
 
 - **Bounded.** The bytes of the entries never exceed ``max_bytes``, and an entry is not written when it
-  would leave less than `MIN_FREE_FRACTION` of the disk free. Room is made by evicting the least
-  recently used entries; an entry being written is never evicted.
+  would leave less than `MIN_FREE_FRACTION` of the disk free. Room is made by evicting entries whose
+  next use nobody told (`expect`), least recently used first, then those read again the latest (the
+  iterator knows when from the next epoch's order); an entry being written is never evicted.
 - **Fetched once.** `get_or_fetch` claims a missing entry before fetching it: another process or thread
   that needs it meanwhile waits for it instead of fetching it again.
 - **Checked.** Each entry starts with the crc32c of its bytes; an entry that fails it is dropped and
@@ -50,7 +51,7 @@ _WRITING, _READY, _REMOVING = 0, 1, 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
     name TEXT PRIMARY KEY, file TEXT NOT NULL, size INTEGER NOT NULL,
-    state INTEGER NOT NULL, owner INTEGER NOT NULL, used REAL NOT NULL);
+    state INTEGER NOT NULL, owner INTEGER NOT NULL, used REAL NOT NULL, next REAL);
 CREATE INDEX IF NOT EXISTS entries_by_use ON entries (state, used);
 CREATE TABLE IF NOT EXISTS total (id INTEGER PRIMARY KEY CHECK (id = 0), bytes INTEGER NOT NULL);
 INSERT OR IGNORE INTO total VALUES (0, 0);
@@ -172,6 +173,12 @@ class ChunkCache:
         out[: len(data)] = data
         return out[: len(data)]
 
+    def expect(self, name: str, when: float) -> None:
+        """Say when entry ``name`` will be read next (in epochs, `outcore.iterate.plan.next_use`): when room
+        is needed, entries whose next use is unknown go first, least recently used first, then those
+        read again the latest."""
+        self._db().execute("UPDATE entries SET next = ? WHERE name = ? AND state = ?", (when, name, _READY))
+
     def usage(self) -> CacheUsage:
         rows = self._db().execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries").fetchone()
         return CacheUsage(str(self.directory), rows[0], rows[1], self.max_bytes)
@@ -240,6 +247,8 @@ class ChunkCache:
         with _transaction(db):
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 db.execute(statement)
+            if "next" not in {row[1] for row in db.execute("PRAGMA table_info(entries)")}:  # made by an older outcore
+                db.execute("ALTER TABLE entries ADD COLUMN next REAL")
         return db
 
     def _read(self, name: str, size: int, out: memoryview | None) -> memoryview | None:
@@ -294,8 +303,8 @@ class ChunkCache:
             disk = shutil.disk_usage(self.directory)
             needed = max(total + stored - self.max_bytes, int(MIN_FREE_FRACTION * disk.total) - disk.free + stored)
             if needed > 0:
-                for victim in db.execute("SELECT name, file, size FROM entries WHERE state = ? ORDER BY used",
-                                         (_READY,)):
+                for victim in db.execute("SELECT name, file, size FROM entries WHERE state = ? "
+                                         "ORDER BY next IS NOT NULL, next DESC, used", (_READY,)):
                     victims.append(victim)
                     needed -= victim[2]
                     if needed <= 0:
@@ -305,7 +314,7 @@ class ChunkCache:
                     return "no room"
                 db.executemany("UPDATE entries SET state = ? WHERE name = ?", [(_REMOVING, v[0]) for v in victims])
             file = hashlib.sha256(name.encode()).hexdigest()
-            db.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
+            db.execute("INSERT INTO entries (name, file, size, state, owner, used) VALUES (?, ?, ?, ?, ?, ?)",
                        (name, f"{file[:2]}/{file[2:]}", stored, _WRITING, os.getpid(), time.time()))
             db.execute("UPDATE total SET bytes = bytes + ?", (stored,))
         return "mine"

@@ -107,6 +107,12 @@ class EncodedBytes:
             if reader is not None:
                 reader.prefetch(chunks)
 
+    def expect(self, chunk: int, when: float) -> None:
+        """Tell the node's cache when the chunk will be read next (see `ShardReader.expect`)."""
+        for reader in (self.ranges, self.bytes, self.shapes):
+            if reader is not None:
+                reader.expect(chunk, when)
+
     def read(self, chunk: int, region: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The chunk's bytes (into ``region``, from `empty`, when given) and its samples' ranges in them."""
         ranges = self.ranges.read(chunk) - chunk * self.capacity

@@ -268,6 +268,13 @@ class RemoteFiles:
             except BaseException as error:  # noqa: BLE001 - the read that asks for these bytes raises it
                 future.set_exception(error)
 
+    def expect(self, key: str, offset: int, nbytes: int, when: float) -> None:
+        """Tell the cache when these bytes of the file will be read next (`ChunkCache.expect`)."""
+        cache = self.remote.cache
+        if cache is not None:
+            version = self.version(key)
+            cache.expect(self._name(key, offset, min(version.size, offset + nbytes), version), when)
+
     def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
         """Fill ``buffer`` with the file's bytes from ``offset`` (from its end when negative)."""
         version = self.version(key)

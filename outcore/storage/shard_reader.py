@@ -101,6 +101,15 @@ class ShardReader:
         if unknown:
             submit_io(self._ask, unknown)
 
+    def expect(self, chunk: int, when: float) -> None:
+        """Tell the node's cache when the chunk (read already) will be read next; nothing for local files."""
+        if not self.remote:
+            return
+        shard, inner = divmod(chunk, self._layout.chunks_per_shard)
+        index = self._indexes.get(shard)
+        if index is not None and index[inner][0] != _EMPTY:
+            self._layout.files.expect(self._layout.key(shard), int(index[inner][0]), int(index[inner][1]), when)
+
     def _ask(self, chunks: dict[int, list[int]]) -> None:
         """Ask for chunks (inner positions by shard), reading the shards' indexes first where needed."""
         for shard, inner in chunks.items():

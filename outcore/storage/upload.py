@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import zarr
 
 from ..errors import OptionError, OutcoreWarning
-from ..threads import submit_io
+from ..threads import submit_io, wait_all
 from .groups import shard_path
 from .remote import GENERATION, RemoteStore, redact
 
@@ -236,13 +236,8 @@ class Upload:
             self._request(batch[0], "delete", lambda batch=batch: obstore.delete(self._bucket.store, batch))
 
     def _each(self, keys: list[str], work: Callable[[str], Any]) -> None:
-        futures = [submit_io(work, key) for key in keys]
-        try:
-            for future in futures:
-                future.result()
-        finally:
-            for future in futures:
-                future.cancel()
+        """``work(key)`` for every key, on the I/O threads (requests in flight together)."""
+        wait_all([submit_io(work, key) for key in keys])
 
     def _request(self, key: str, what: str, request: Callable[[], Any]) -> Any:
         """``request()`` retried within a bounded time, then one `RemoteError` naming the object."""
