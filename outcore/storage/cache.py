@@ -151,9 +151,9 @@ class ChunkCache:
             claim = self._claim(name, size)
             if claim == "no room":
                 self._warn_once("no room", f"the cache {self.directory} has no room for a range of {size:,} bytes "
-                                "(its size is smaller, or its disk is 95 % full and nothing can be evicted): such "
-                                "ranges are read from the object store each time; give a larger cache_size=, "
-                                "or free space on that disk")
+                                "(the ranges being fetched at once fill it, or the range is larger than it, or its "
+                                "disk is 95 % full): such ranges are read without being kept; give a larger "
+                                "cache_size=, or free space on that disk")
             if claim == "mine" or claim == "no room" or time.monotonic() > deadline:
                 break
             time.sleep(pause)  # another process or thread is fetching it
