@@ -110,7 +110,7 @@ class Upload:
         """Copy the target's metadata into ``directory``, and with ``shard``, that shard of each array (a
         growing store's last one, which its Writer completes)."""
         for key in self._keys(self.target):
-            if key.endswith(f"/{METADATA}") or key == f"{self.target}/{METADATA}":
+            if key.endswith(f"/{METADATA}"):
                 self._fetch(key, directory)
         if shard is not None:
             for _, array in zarr.open_group(directory, mode="r").arrays():
