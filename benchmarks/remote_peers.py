@@ -55,7 +55,7 @@ def _upload(folder: Path, bucket: str, prefix: str, endpoint: str) -> None:
             client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
 
 
-def _mosaic(samples: dict[str, np.ndarray], args: argparse.Namespace) -> dict[str, float]:
+def _mosaic(args: argparse.Namespace) -> dict[str, float]:
     _stand_in_for_torchvision()
     from streaming import MDSWriter, StreamingDataset
     from torch.utils.data import DataLoader
@@ -63,6 +63,7 @@ def _mosaic(samples: dict[str, np.ndarray], args: argparse.Namespace) -> dict[st
     written = Path(args.workdir) / "peer-mds"
     if not (written / "index.json").exists():
         shutil.rmtree(written, ignore_errors=True)
+        samples = dict(np.load(args.samples))
         with MDSWriter(out=str(written), columns={"image": "ndarray:uint8", "label": "int"}, size_limit="64mb") as out:
             for image, label in zip(samples["images"], samples["labels"], strict=True):
                 out.write({"image": image, "label": int(label)})
@@ -78,7 +79,7 @@ def _mosaic(samples: dict[str, np.ndarray], args: argparse.Namespace) -> dict[st
     return rates
 
 
-def _litdata(samples: dict[str, np.ndarray], args: argparse.Namespace) -> dict[str, float]:
+def _litdata(args: argparse.Namespace) -> dict[str, float]:
     import litdata
     from litdata.streaming import downloader
 
@@ -88,7 +89,8 @@ def _litdata(samples: dict[str, np.ndarray], args: argparse.Namespace) -> dict[s
     written = Path(args.workdir) / "peer-litdata"
     if not (written / "index.json").exists():
         shutil.rmtree(written, ignore_errors=True)
-        litdata.optimize(fn=_litdata_sample, inputs=list(range(len(samples["labels"]))), output_dir=str(written),
+        count = len(np.load(args.samples)["labels"])
+        litdata.optimize(fn=_litdata_sample, inputs=list(range(count)), output_dir=str(written),
                          chunk_bytes="64MB", num_workers=2, mode="overwrite")
     _upload(written, args.bucket, "litdata", args.endpoint)
     options = {"endpoint_url": args.via, "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
@@ -128,8 +130,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.update(CREDENTIALS)
     os.environ["PEER_SAMPLES"] = str(Path(args.samples).absolute())
-    samples = dict(np.load(args.samples))
-    rates = (_mosaic if args.peer == "mosaic" else _litdata)(samples, args)
+    rates = (_mosaic if args.peer == "mosaic" else _litdata)(args)  # the samples are loaded only to write
     status = Path("/proc/self/status").read_text()  # VmHWM: unlike ru_maxrss, not inherited across exec
     rates["peak_rss_mib"] = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
     print(json.dumps(rates))
