@@ -104,6 +104,27 @@ def test_cluster_from_arrays(client, tmp_path, rng):
     _assert_same_store(local, remote)
 
 
+def test_cluster_ingest_to_s3_uploads_from_the_workers(client, image_folder, tmp_path, monkeypatch):
+    pytest.importorskip("obstore", reason="object stores are written through obstore: pip install 'outcore[remote]'")
+    pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
+    from outcore.testing.s3 import S3Server
+
+    monkeypatch.setenv("OUTCORE_STAGING_DIR", str(tmp_path / "staging"))
+    with on_local_threads():
+        local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", shape=(32, 32, 3), chunk_size=4,
+                                      progress=False)
+    before = _tasks_run_by_workers(client)
+    with S3Server() as server:
+        server.create_bucket("cluster")
+        remote = outcore.ingest_images(image_folder, "s3://cluster/train.zarr", shape=(32, 32, 3), chunk_size=4,
+                                       client=client, storage_options=server.options, progress=False)
+        _assert_same_store(local, outcore.open_dataset("s3://cluster/train.zarr", storage_options=server.options,
+                                                       cache_dir=False))
+        assert len(remote) == len(local)
+    assert _tasks_run_by_workers(client) > before  # the workers wrote and uploaded the shards
+    assert not [p for p in (tmp_path / "staging").rglob("*") if p.is_file() and "/c/" in p.as_posix()]
+
+
 def _tasks_run_by_workers(client) -> int:
     return sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
 
