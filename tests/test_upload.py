@@ -289,3 +289,17 @@ def test_a_writer_grows_a_store_in_s3_that_readers_read_up_to_its_count(s3, stag
         writer.append(_rows(100, 130))
     np.testing.assert_array_equal(read(), np.arange(100, 130))
     assert len({o["generation"] for o in _objects(s3, "grown.zarr").values()}) == 1  # nothing of the old store
+
+
+def test_appending_to_a_store_whose_last_shard_is_gone_is_an_error_not_zeros(s3):
+    import obstore
+    from obstore.store import from_url
+
+    url = "s3://uploads/holed.zarr"
+    with outcore.Writer(url, {"v": ("float32", (3,)), "id": ("int64", ())}, storage_options=s3.options,
+                        chunk_size=50) as writer:
+        writer.append(_rows(0, writer._shard_size + 10))  # the last shard holds 10 published samples
+    bucket = from_url("s3://uploads", client_options={"allow_http": True}, **s3.options)
+    obstore.delete(bucket, "holed.zarr/id/c/1")
+    with pytest.raises(outcore.CorruptChunkError, match=r"s3://uploads/holed.zarr/id/c/1 is missing, but the store"):
+        outcore.Writer(url, append=True, storage_options=s3.options)

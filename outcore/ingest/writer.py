@@ -207,8 +207,9 @@ class Writer:
             remove_path(self.location)
             self._upload = self._upload.for_run(self._upload.generation() or self._upload.run)
             self._upload.fetch(self.location, None)
-            attrs = read_attrs(open_group(self.location, mode="r"), self._shown)
-            first = open_group(self.location, mode="r")[next(iter(attrs.fields))]
+            fetched = open_group(self.location, mode="r")
+            attrs = read_attrs(fetched, self._shown)
+            first = fetched[next(iter(attrs.fields))]
             shard = (first.shards or first.chunks)[0]
             self._upload.fetch(self.location, attrs.num_samples // shard if attrs.num_samples % shard else None)
         group = open_group(self.location, mode="r+")

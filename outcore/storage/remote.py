@@ -6,8 +6,9 @@ asked once per process, then every range is read with ``If-Match`` on that versi
 rewritten remotely while it is read is an error (`StoreChangedError`), never old bytes mixed with
 new ones; a store outcore published (`outcore.storage.upload`) also names its generation in each
 object's metadata, and an answer of another generation than the group's ``zarr.json`` is that error
-too (a shard replaced before this process first asked for it). Ranges go through the node's `ChunkCache` when one is given; a range not answered in time is
-asked again beside the first request (`RemoteFiles._hedged`).
+too (a shard replaced before this process first asked for it). Ranges go through the node's
+`ChunkCache` when one is given; a range not answered in time is asked again beside the first request
+(`RemoteFiles._hedged`).
 
 Settings come from ``storage_options`` (obstore's: ``endpoint``, ``region``, ``access_key_id``, ...,
 ``client_options={...}``) or the standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
@@ -257,11 +258,11 @@ class RemoteFiles:
                 joined.append(self._get(key, run[0][0], run[-1][1], version))
             return joined[0]
 
+        cache = self.remote.cache
         for start, stop, future in run:
             try:
                 begin = start - run[0][0]
                 fetch = (lambda begin=begin, end=begin + stop - start: whole()[begin:end])
-                cache = self.remote.cache
                 data = cache.get_or_fetch(self._name(key, start, stop, version), stop - start, fetch) \
                     if cache is not None else fetch()
                 future.set_result(data)

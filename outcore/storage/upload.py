@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import zarr
 
-from ..errors import OptionError, OutcoreWarning
+from ..errors import CorruptChunkError, OptionError, OutcoreWarning
 from ..threads import submit_io, wait_all
 from .groups import shard_path
 from .remote import GENERATION, RemoteStore, redact
@@ -108,16 +108,21 @@ class Upload:
 
     def fetch(self, directory: Path, shard: int | None) -> None:
         """Copy the target's metadata into ``directory``, and with ``shard``, that shard of each array (a
-        growing store's last one, which its Writer completes)."""
+        growing store's last one, which its Writer completes: it holds published samples, so a missing
+        one is a `CorruptChunkError`, never a shard of fill values)."""
         for key in self._keys(self.target):
             if key.endswith(f"/{METADATA}"):
                 self._fetch(key, directory)
         if shard is not None:
             for _, array in zarr.open_group(directory, mode="r").arrays():
+                key = f"{self.target}/{shard_path(array, shard)}"
                 try:
-                    self._fetch(f"{self.target}/{shard_path(array, shard)}", directory)
+                    self._fetch(key, directory)
                 except FileNotFoundError:
-                    continue  # a shard not written yet
+                    raise CorruptChunkError(
+                        f"{redact(self.url)}/{key[len(self.target) + 1:]} is missing, but the store says it holds "
+                        "samples: the store is damaged; restore it from a copy, or write it again"
+                    ) from None
 
     def _fetch(self, key: str, directory: Path) -> None:
         path = directory / key[len(self.target) + 1:]
