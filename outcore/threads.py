@@ -31,7 +31,7 @@ from .errors import OptionError
 
 ENVIRONMENT = "OUTCORE_THREADS"
 IO_ENVIRONMENT = "OUTCORE_IO_THREADS"
-IO_THREADS = 16  # requests to an object store in flight at once, by default: see `io_thread_count`
+IO_THREADS = 64  # the most requests to object stores in flight at once, by default: see `io_thread_count`
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 OWN_CGROUP = Path("/proc/self/cgroup")  # which cgroup(s) this process is in
 
@@ -208,13 +208,19 @@ def wait_all(futures: list[Future[Any]]) -> None:
 
 
 def io_thread_count() -> int:
-    """How many requests to an object store a process keeps in flight: ``OUTCORE_IO_THREADS``, else
-    `IO_THREADS`. They wait on the network, not the CPUs: to hide a latency ``L`` at a bandwidth ``B``
-    with chunks of ``C`` bytes, about ``L * B / C`` must be in flight (20 ms at 1 GB/s with 2 MB chunks:
-    10)."""
+    """The most requests to object stores a process has in flight at once (its I/O threads, which wait
+    on the network, not the CPUs): `chosen_io_threads`, else `IO_THREADS`."""
+    return chosen_io_threads() or IO_THREADS
+
+
+def chosen_io_threads() -> int | None:
+    """``OUTCORE_IO_THREADS``: when set, the requests a process keeps in flight, fixed. Unset (None), the
+    number follows the measured latency and bandwidth (`outcore.storage.pace`): to hide a latency ``L``
+    at a bandwidth ``B`` with chunks of ``C`` bytes, about ``L * B / C`` must be in flight (20 ms at
+    1 GB/s with 2 MB chunks: 10)."""
     chosen = os.environ.get(IO_ENVIRONMENT)
     if not chosen:
-        return IO_THREADS
+        return None
     try:
         return _checked(int(chosen), IO_ENVIRONMENT)
     except ValueError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import cycle
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,3 +45,28 @@ def test_every_chunk_is_loaded_before_use_released_after_its_last_use_and_few_ar
     assert held_most <= bound
     assert [len(s.samples) for s in steps] == [min(batch_size, len(plan) - i * batch_size)
                                                for i in range(first_batch, last)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(num_samples=st.integers(1, 3000), chunk_size=st.integers(1, 300), batch_size=st.integers(1, 300),
+       read_ahead=st.integers(0, 4), grain=st.integers(1, 16), shuffle=st.booleans(), seed=st.integers(0, 2**31),
+       depths=st.lists(st.integers(1, 40), min_size=1, max_size=20), data=st.data())
+def test_every_slot_used_is_fetched_once_in_order_before_its_load_and_within_the_depth(
+        num_samples, chunk_size, batch_size, read_ahead, grain, shuffle, seed, depths, data):
+    plan = EpochPlan(num_samples, chunk_size, shuffle=shuffle, seed=seed)
+    first_batch = data.draw(st.integers(0, batches_in(len(plan), batch_size, False) - 1))
+    asked = cycle(depths)  # the depth changes as it is measured
+    used = []
+    steps = schedule(plan, batch_size, read_ahead=read_ahead, first_batch=first_batch,
+                     fetch_ahead=lambda: used.append(next(asked)) or used[-1], fetch_grain=grain)
+    fetched: list[int] = []
+    loaded: set[int] = set()
+    for step in steps:
+        fetched += step.fetch
+        loaded |= set(step.load)
+        assert loaded <= set(fetched)  # a slot's bytes are asked for no later than it is loaded
+        beyond = [slot for slot in step.fetch if slot not in loaded]
+        if beyond:  # never further than the depth (rounded up to the grain) past the last slot loaded
+            assert max(beyond) < max(loaded, default=-1) + 1 + used[-1] + min(grain, used[-1])
+    assert fetched == sorted(set(fetched))  # each once, in stream order
+    assert set(fetched) == loaded  # only slots that the run loads

@@ -11,7 +11,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import IterationClosedError
 from ..storage import Store
-from ..threads import io_thread_count, submit, thread_count
+from ..threads import submit, thread_count
 from .batch import Batch, Recipe, batch_rng_key, make_batch
 from .options import BatchOptions
 from .plan import Consumer, EpochPlan, next_use
@@ -45,9 +45,10 @@ class Work:
     first_batch: int
     stop_batch: int | None = None
 
-    def steps(self, read_ahead: int) -> Iterator[BatchStep]:
-        return schedule(self.plan, self.options.batch_size, drop_last=self.options.drop_last,
-                        read_ahead=read_ahead, first_batch=self.first_batch, stop_batch=self.stop_batch)
+    def steps(self, read_ahead: int, fetch_ahead: Callable[[], int] | None = None) -> Iterator[BatchStep]:
+        return schedule(self.plan, self.options.batch_size, drop_last=self.options.drop_last, read_ahead=read_ahead,
+                        first_batch=self.first_batch, stop_batch=self.stop_batch, fetch_ahead=fetch_ahead,
+                        fetch_grain=self.store.chunks_per_shard)
 
     def rng_key(self, index: int) -> tuple[int, ...]:
         """The key of batch ``index``'s augmentation generator: the same wherever the batch is made."""
@@ -163,9 +164,10 @@ class LocalRun(Run):
     """Batches made in this process: chunk reads and decodes on the process's thread pool
     (`outcore.threads`), each batch put together on the producer thread. Reads run ``read_ahead``
     slots ahead of the batch being made: one per pool thread, so every thread has a chunk to read, from
-    2 to `MAX_READ_AHEAD` (memory: each is a chunk held). From an object store, each slot's stored
-    bytes are fetched on the I/O threads as soon as it is scheduled, `io_thread_count` slots ahead,
-    so that many requests are in flight while the CPU threads decode."""
+    2 to `MAX_READ_AHEAD` (memory: each is a chunk held). From an object store, the slots' stored bytes
+    are fetched on the I/O threads further ahead still, as many slots as hide the measured latency
+    (`outcore.storage.RemoteFiles.fetch_ahead`), so that many requests are in flight while the CPU
+    threads decode."""
 
     MAX_READ_AHEAD = 8
 
@@ -175,8 +177,9 @@ class LocalRun(Run):
         self.loading: dict[int, Future[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}
         self.remote = any(reader.remote for reader in readers.values())
         one_batch = work.stop_batch == work.first_batch + 1
-        local_ahead = min(self.MAX_READ_AHEAD, max(2, thread_count()))
-        self.read_ahead = 0 if one_batch else io_thread_count() if self.remote else local_ahead
+        self.read_ahead = 0 if one_batch else min(self.MAX_READ_AHEAD, max(2, thread_count()))
+        files = getattr(work.store.group.store, "files", None)  # an object store's (RemoteFiles)
+        self.fetch_ahead = files.fetch_ahead if self.remote and files is not None and not one_batch else None
         self.next_use = None  # from an object store: when each chunk is read again, for the node's cache
         if self.remote:
             options = work.options
@@ -191,11 +194,12 @@ class LocalRun(Run):
 
     def _produce_batches(self) -> None:
         work = self.work
-        for step in work.steps(self.read_ahead):
+        for step in work.steps(self.read_ahead, self.fetch_ahead):
             if self.stop.is_set():
                 return
-            if self.remote and step.load:  # asked for now, chunks stored back to back in one request
-                self._prefetch([int(work.plan.chunks[slot]) for slot in step.load])
+            fetch = step.fetch if self.fetch_ahead is not None else step.load if self.remote else ()
+            if fetch:  # asked for now, chunks stored back to back in one request
+                self._prefetch([int(work.plan.chunks[slot]) for slot in fetch])
             for slot in step.load:
                 self.loading[slot] = submit(self._read, int(work.plan.chunks[slot]))
             data = {slot: self.loading[slot].result()[0] for slot in step.used}

@@ -25,7 +25,7 @@ import os
 import random
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
@@ -37,8 +37,9 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByt
 from zarr.storage import ObjectStore
 
 from ..errors import OptionError, RemoteError, StoreChangedError
-from ..threads import submit_request
+from ..threads import chosen_io_threads, submit_request
 from .cache import ChunkCache
+from .pace import Pace
 
 GENERATION = "outcore-generation"  # object metadata: the id of the run that wrote the object
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
@@ -47,7 +48,7 @@ DEADLINE_SECONDS = 120.0  # the most one ranged read may take, its retries inclu
 BACKOFF_SECONDS = 0.2  # the first retry's wait (doubling, with jitter)
 HEDGE_SECONDS = 2.0  # a ranged read not answered by then is asked a second time, beside the first
 HEDGE_SHARE = 0.05  # at most this share of the requests are asked twice
-PREFETCHED = 64  # fetched ranges waiting to be read, at most, per store and process
+PREFETCHED = 1024  # ranges asked for and waiting to be read, at most, per store and process (see `Pace`)
 COALESCED_BYTES = 8 * 2**20  # the most one request fetches for chunks stored back to back
 CLIENT_DEFAULTS = {"timeout": "30s", "connect_timeout": "5s"}  # per request; storage_options may change them
 _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -195,7 +196,8 @@ class RemoteFiles:
         self._fetched: OrderedDict[tuple[str, int, int], Future[memoryview]] = OrderedDict()
         self._unasked: OrderedDict[tuple[str, int, int], None] = OrderedDict()  # read before their prefetch came
         self.traffic = Traffic()
-        self._durations: deque[tuple[float, int]] = deque(maxlen=64)  # of recent ranged reads, for `_hedge_after`
+        self.pace = Pace()  # the measured request time and delivery rate: how far ahead to fetch
+        self._spans: dict[str, tuple[int, int]] = {}  # per array: ranges asked for and their bytes
 
     def versions(self) -> dict[str, Version]:
         with self._lock:
@@ -220,6 +222,16 @@ class RemoteFiles:
     def size(self, key: str) -> int:
         return self.version(key).size
 
+    def fetch_ahead(self) -> int:
+        """Slots (a chunk of every field) to fetch ahead of the reads: ``OUTCORE_IO_THREADS`` when set,
+        else as many as hide the measured latency (`outcore.storage.pace.Pace.ahead`)."""
+        chosen = chosen_io_threads()
+        if chosen is not None:
+            return chosen
+        with self._lock:
+            slot_bytes = sum(total / count for count, total in self._spans.values())
+        return self.pace.ahead(slot_bytes)
+
     def ask(self, key: str, spans: Sequence[tuple[int, int]]) -> Callable[[], None] | None:
         """Say that byte ranges of the file will be read (``(offset, nbytes)``, stored back to back, see
         `coalesce`); return the work that fetches them, one request a run of back-to-back ranges (None:
@@ -229,6 +241,10 @@ class RemoteFiles:
         version = self.version(key)
         cache = self.remote.cache
         wanted: dict[int, tuple[int, int, Future[memoryview]]] = {}
+        array = key.rsplit("/c/", 1)[0]
+        with self._lock:
+            count, total = self._spans.get(array, (0, 0))
+            self._spans[array] = (count + len(spans), total + sum(nbytes for _, nbytes in spans))
         for offset, nbytes in spans:
             start, stop = offset, min(version.size, offset + nbytes)
             if cache is not None and cache.holds(self._name(key, start, stop, version)):
@@ -352,14 +368,14 @@ class RemoteFiles:
         after = self._hedge_after(nbytes)
         if after is None or wait([first], timeout=after).done:
             result = first.result()
-            self._took(time.monotonic() - began, nbytes)
+            self.pace.took(began, time.monotonic(), nbytes)
             return result
         second = submit_request(request)
         with self._lock:
             self.traffic.hedged += 1
         winner = next(iter(wait([first, second], return_when=FIRST_COMPLETED).done))
         if winner.exception() is None:
-            self._took(time.monotonic() - began, nbytes)
+            self.pace.took(began, time.monotonic(), nbytes)
             return winner.result()
         return (second if winner is first else first).result()
 
@@ -370,16 +386,12 @@ class RemoteFiles:
         answers, such as shard indexes, say little of a large one's time). None (wait for the request's
         own timeout) until 8 such answers are known, or once `HEDGE_SHARE` of the requests were asked
         twice."""
+        recent = sorted(self.pace.times(at_least=nbytes / 4))
         with self._lock:
-            recent = sorted(seconds for seconds, size in self._durations if 4 * size >= nbytes)
             spent = self.traffic.hedged > HEDGE_SHARE * self.traffic.requests
         if len(recent) < 8 or spent:
             return None
         return max(HEDGE_SECONDS, 3 * recent[len(recent) // 2])
-
-    def _took(self, seconds: float, nbytes: int) -> None:
-        with self._lock:
-            self._durations.append((seconds, max(1, nbytes)))
 
     def _call(self, key: str, what: str, request: Any) -> Any:
         """``request()`` with retries: up to `ATTEMPTS` tries within `DEADLINE_SECONDS`, waiting a doubling,

@@ -101,6 +101,12 @@ class Store:
         return math.ceil(len(self) / self.chunk_size)
 
     @property
+    def chunks_per_shard(self) -> int:
+        """Chunks of each field stored in one shard file (1 when the arrays are not sharded)."""
+        array = self.array(self.fields[0])
+        return array.shards[0] // array.chunks[0] if array.shards else 1
+
+    @property
     def roles(self) -> dict[str, str]:
         return {name: info.role for name, info in self.attrs.fields.items()}
 

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Any, Self
 
 SOCKET_SECONDS = 30.0  # the longest any socket of the proxy waits
 PIECE = 64 * 1024  # bytes sent at a time (the bandwidth cap's grain)
@@ -29,12 +29,15 @@ PIECE = 64 * 1024  # bytes sent at a time (the bandwidth cap's grain)
 
 @dataclass
 class Traffic:
-    """What went through the proxy: requests by method, GETs by object key, body bytes sent back."""
+    """What went through the proxy: requests by method, GETs by object key, body bytes sent back, and the
+    most requests it served at once (from receiving one to the end of its answer)."""
 
     requests: Counter = field(default_factory=Counter)
     gets: Counter = field(default_factory=Counter)
     ranges: Counter = field(default_factory=Counter)
     bytes_sent: int = 0
+    in_flight: int = 0
+    most_in_flight: int = 0
 
 
 class FaultProxy:
@@ -113,7 +116,7 @@ class FaultProxy:
     def _serve(self, client: socket.socket) -> None:
         """Forward the requests of one client connection, one at a time, over one upstream connection."""
         client.settimeout(SOCKET_SECONDS)
-        upstream: socket.socket | None = None
+        upstream = _Upstream(self.upstream)
         client_input = client.makefile("rb")
         try:
             while not self._closed.is_set():
@@ -122,51 +125,47 @@ class FaultProxy:
                     return
                 head, body = request
                 method, target = head.split(b" ", 2)[:2]
-                fault = self._next_fault()
                 self._count(method.decode(), target.decode(), head)
-                if fault is not None and fault[0] == "reset":
-                    client.shutdown(socket.SHUT_RDWR)
-                    return
-                if fault is not None and fault[0] == "status":
-                    self._answer_status(client, int(fault[1]))
-                    continue
-                if self.latency:
-                    time.sleep(self.latency)
-                answer = None
-                for _ in range(2):  # the upstream may have closed a kept-alive connection: open another
-                    if upstream is None:
-                        upstream = socket.create_connection(self.upstream, timeout=SOCKET_SECONDS)
-                        upstream_input = upstream.makefile("rb")
-                    try:
-                        upstream.sendall(head + body)
-                        answer = _read_message(upstream_input, head_only_body=method == b"HEAD")
-                    except OSError:
-                        answer = None
-                    if answer is not None:
-                        break
-                    upstream_input.close()
-                    upstream.close()
-                    upstream = None
-                if answer is None:
-                    return
-                answer_head, answer_body = answer
-                client.sendall(answer_head)
-                if fault is not None and fault[0] == "stall":
-                    self._send(client, answer_body[: len(answer_body) // 2])
-                    self._closed.wait(fault[1])
-                    return
-                self._send(client, answer_body)
+                try:
+                    if not self._answer(client, upstream, head, body, method == b"HEAD"):
+                        return
+                finally:
+                    with self._lock:
+                        self.traffic.in_flight -= 1
         except OSError:
             return
         finally:
             client_input.close()
             client.close()
-            if upstream is not None:
-                upstream_input.close()
-                upstream.close()
+            upstream.close()
+
+    def _answer(self, client: socket.socket, upstream: _Upstream, head: bytes, body: bytes, is_head: bool) -> bool:
+        """Answer one request, with the next fault if one is set; False when the connection is to end."""
+        fault = self._next_fault()
+        if fault is not None and fault[0] == "reset":
+            client.shutdown(socket.SHUT_RDWR)
+            return False
+        if fault is not None and fault[0] == "status":
+            self._answer_status(client, int(fault[1]))
+            return True
+        if self.latency:
+            time.sleep(self.latency)
+        answer = upstream.ask(head + body, is_head)
+        if answer is None:
+            return False
+        answer_head, answer_body = answer
+        client.sendall(answer_head)
+        if fault is not None and fault[0] == "stall":
+            self._send(client, answer_body[: len(answer_body) // 2])
+            self._closed.wait(fault[1])
+            return False
+        self._send(client, answer_body)
+        return True
 
     def _count(self, method: str, target: str, head: bytes) -> None:
         with self._lock:
+            self.traffic.in_flight += 1
+            self.traffic.most_in_flight = max(self.traffic.most_in_flight, self.traffic.in_flight)
             self.traffic.requests[method] += 1
             if method == "GET":
                 key = target.split("?", 1)[0]
@@ -192,6 +191,37 @@ class FaultProxy:
             client.sendall(piece)
             with self._lock:
                 self.traffic.bytes_sent += len(piece)
+
+
+class _Upstream:
+    """One kept-alive connection to the upstream server, opened again when the server closed it."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.address = address
+        self.socket: socket.socket | None = None
+        self.input: Any = None
+
+    def ask(self, request: bytes, is_head: bool) -> tuple[bytes, bytes] | None:
+        """The upstream's answer to ``request`` (None: the upstream closed twice in a row)."""
+        for _ in range(2):  # the upstream may have closed a kept-alive connection: open another
+            if self.socket is None:
+                self.socket = socket.create_connection(self.address, timeout=SOCKET_SECONDS)
+                self.input = self.socket.makefile("rb")
+            try:
+                self.socket.sendall(request)
+                answer = _read_message(self.input, head_only_body=is_head)
+            except OSError:
+                answer = None
+            if answer is not None:
+                return answer
+            self.close()
+        return None
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.input.close()
+            self.socket.close()
+            self.socket = None
 
 
 def _read_message(stream: object, *, head_only_body: bool) -> tuple[bytes, bytes] | None:
