@@ -231,9 +231,12 @@ def submit_io(work: Callable[..., Any], *args: Any) -> Future[Any]:
     """``work(*args)`` on the process's pool of `io_thread_count` threads for requests to object stores
     (apart from the CPU pool, so that waiting on the network never holds a CPU thread)."""
     global _io_pool, _io_pool_pid
+    size = io_thread_count()
     with _lock:
-        if _io_pool is None or _io_pool_pid != os.getpid():
-            _io_pool = ThreadPoolExecutor(io_thread_count(), thread_name_prefix="outcore-io")
+        if _io_pool is None or _io_pool_pid != os.getpid() or _io_pool._max_workers != size:
+            if _io_pool is not None and _io_pool_pid == os.getpid():
+                _io_pool.shutdown(wait=False)  # OUTCORE_IO_THREADS changed: what it runs finishes, no more
+            _io_pool = ThreadPoolExecutor(size, thread_name_prefix="outcore-io")
             _io_pool_pid = os.getpid()
         return _io_pool.submit(work, *args)
 

@@ -21,9 +21,11 @@ import pytest
 import outcore
 from outcore.storage import ChunkCache
 from outcore.storage import remote as remote_module
+from outcore.storage.pace import START_AHEAD
 from outcore.testing import write_image_folder
 from outcore.testing.proxy import FaultProxy
 from outcore.testing.s3 import S3Server, upload
+from outcore.threads import thread_count
 
 pytest.importorskip("obstore", reason="object stores are read through obstore: pip install 'outcore[remote]'")
 pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
@@ -362,7 +364,8 @@ def test_the_commands_read_object_stores_and_show_the_cache(stores, s3, tmp_path
     assert main(["bench", "s3://data/numbers.zarr", "--repeats", "1", *cache]) == 0
     assert "one more shuffled epoch: 0 requests, 0.0 MB fetched (0.00x the store); cache: " in capsys.readouterr().out
     assert main(["bench", "s3://data/numbers.zarr", "--repeats", "1", "--no-cache"]) == 0
-    assert re.search(r"one more shuffled epoch: \d+ requests, [\d.]+ MB fetched \((0\.9\d|1\.0\d)x the store\)\n",
+    assert re.search(r"one more shuffled epoch: \d+ requests, [\d.]+ MB fetched \((0\.9\d|1\.0\d)x the store\); "
+                     r"fetching \d+ chunks ahead \(a request: \d+ ms, at best [\d.,]+ MB/s\)\n",
                      capsys.readouterr().out)
     assert main(["cache", *cache]) == 0
     assert re.fullmatch(rf"{tmp_path}/cache: \d+ entries, [\d.]+ MiB of 20,480 MiB \(0%\)\n", capsys.readouterr().out)
@@ -446,3 +449,22 @@ def test_chunks_stored_back_to_back_are_asked_in_one_request(s3, proxy, tmp_path
     # the 4 chunks of each shard file in one request (120 chunks, 30 shard files): the reads of the first
     # step can outrun the asking for shards whose index is not read yet, and make a few requests more
     assert len(chunks) <= requests <= 1.25 * len(chunks), requests
+
+
+@pytest.mark.parametrize("chosen", [None, "2"])
+def test_requests_in_flight_follow_the_measured_latency_or_the_knob(s3, proxy, tmp_path, monkeypatch, chosen):
+    if chosen:
+        monkeypatch.setenv("OUTCORE_IO_THREADS", chosen)
+    local = outcore.from_arrays({"x": np.random.default_rng(2).normal(size=(3000, 6, 6)).astype("f4")},
+                                tmp_path / "deep.zarr", chunk_size=25, progress=False)
+    upload(local.location, f"s3://data/deep-{chosen}.zarr", s3.options)
+    remote = _open(f"deep-{chosen}.zarr", _via(proxy, s3), cache_dir=False)
+    proxy.latency = 0.05 if chosen else 0.2  # each request waits: a few in flight leave the reader waiting
+    _same(_epoch(remote), _epoch(local))
+    files = remote.group.store.files
+    if chosen:  # the I/O threads' requests, and the CPU threads' for chunks not fetched ahead in time
+        assert proxy.traffic.most_in_flight <= 2 + thread_count()
+        assert files.fetch_ahead() == 2
+    else:  # from the 8 requests it starts with, deeper as the delivery rate grows with the depth
+        assert files.fetch_ahead() >= 2 * START_AHEAD, files.pace.measured()
+        assert proxy.traffic.most_in_flight >= 2 * START_AHEAD

@@ -74,7 +74,7 @@ def epoch_traffic(ds: Dataset, batch_size: int = 256) -> str:
     """One shuffled epoch of a store in an object store, and what it asked of the store and the cache.
 
     >>> epoch_traffic(outcore.open_dataset("s3://bucket/train.zarr"))  # doctest: +SKIP
-    '312 requests, 1,250.0 MB fetched (1.00x the store); cache: 0 hits, 310 misses'
+    '312 requests, 1,250.0 MB fetched (1.00x the store); cache: 0 hits, 310 misses; fetching 24 chunks ahead (a ...'
     """
     store = ds.group.store
     before, cache = replace(store.files.traffic), store.cache
@@ -87,6 +87,11 @@ def epoch_traffic(ds: Dataset, batch_size: int = 256) -> str:
             f"({fetched / max(1, stored):.2f}x the store)")
     if cache is not None:
         line += f"; cache: {cache.counts.hits - hits:,} hits, {cache.counts.misses - misses:,} misses"
+    measured = store.files.pace.measured()
+    if measured is not None:
+        seconds, rate = measured
+        line += (f"; fetching {store.files.fetch_ahead()} chunks ahead (a request: {seconds * 1e3:,.0f} ms, "
+                 f"at best {rate / 1e6:,.1f} MB/s)")
     return line
 
 
