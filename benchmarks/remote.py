@@ -10,6 +10,8 @@ MB/s. One shuffled epoch (batch 256) each, medians of ``--repeats``:
 - local disk (warm page cache): the ceiling;
 - cold, no cache, at 0 ms and 20 ms: against the lesser of local disk and the link (store bytes over the cap,
   or over what the proxy passes of whole shards when that is less);
+- cold at 20 and 60 ms with the depth measured (`outcore.storage.pace`) against fixed depths of 4 and 16
+  chunks (``OUTCORE_IO_THREADS``; 16 was the fixed default before the depth was measured);
 - the second epoch from a full cache (the proxy closed: nothing can be fetched);
 - a cache of 25 % of the store, 3 epochs: each against a cold unbounded epoch, the cache's largest size;
 - 4 processes sharing one cache, one epoch each: bytes fetched over the store's bytes;
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import subprocess
 import tempfile
@@ -151,6 +154,17 @@ def main() -> None:
                 ceiling = min(local_rate, link_rate)
                 rows.append((f"cold, no cache, {latency * 1e3:.0f} ms, {cap}", rate,
                              f"{rate / ceiling:.2f} of min(local, link); {fetched:.2f}x the store fetched"))
+            for latency in (0.02, 0.06):  # the measured depth against fixed ones (OUTCORE_IO_THREADS)
+                proxy.latency = latency
+                for chosen in ("", "4", "16"):
+                    os.environ["OUTCORE_IO_THREADS"] = chosen
+                    cold = outcore.open_dataset(url, storage_options=via, cache_dir=False)
+                    rate = statistics.median(epoch_rate(cold) for _ in range(args.repeats))
+                    depth = f"{chosen} chunks ahead, fixed" if chosen else \
+                        f"measured: {cold.group.store.files.fetch_ahead()} chunks ahead"
+                    rows.append((f"cold, {latency * 1e3:.0f} ms, {depth}", rate,
+                                 f"{rate / min(local_rate, link_rate):.2f} of min(local, link)"))
+            os.environ.pop("OUTCORE_IO_THREADS")
             proxy.latency = 0.0
             cold_rate = rows[1][1]
             cached = outcore.open_dataset(url, storage_options=via, cache_dir=f"{scratch}/full")

@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import zipfile
 from contextlib import closing
 from pathlib import Path
 
@@ -22,7 +23,10 @@ import outcore
 from outcore.storage import ChunkCache
 from outcore.storage import remote as remote_module
 from outcore.storage.pace import START_AHEAD
+from outcore.storage.remote_zip import READ_BYTES
+from outcore.storage.staging import pack_zip
 from outcore.testing import write_image_folder
+from outcore.testing.http import StaticServer
 from outcore.testing.proxy import FaultProxy
 from outcore.testing.s3 import S3Server, upload
 from outcore.threads import thread_count
@@ -265,9 +269,60 @@ def _sum_of_ids(ds):
     return sum(int(batch["id"].sum()) for batch in ds.batches(300, seed=4))
 
 
-def test_a_zip_in_an_object_store_is_refused_with_what_to_do(s3):
-    with pytest.raises(outcore.OptionError, match="copy it there, or upload the store as a folder"):
-        outcore.open_dataset("s3://data/train.zarr.zip", storage_options=s3.options)
+@pytest.fixture(scope="module")
+def zips(stores, s3, tmp_path_factory):
+    """The stores packed into zip files as outcore packs them, each uploaded as one object."""
+    root = tmp_path_factory.mktemp("zips")
+    for name, local in stores.items():
+        pack_zip(Path(local.location), root / f"{name}.zarr.zip")
+        upload(root / f"{name}.zarr.zip", f"s3://data/{name}.zarr.zip", s3.options)
+    return root
+
+
+@pytest.mark.parametrize("name", ["numbers", "photos"])
+def test_a_zip_in_an_object_store_is_read_by_ranges(stores, zips, s3, proxy, tmp_path, name):
+    local, size = stores[name], (zips / f"{name}.zarr.zip").stat().st_size
+    remote = _open(f"{name}.zarr.zip", _via(proxy, s3), cache_dir=False)
+    for epoch in range(2):
+        _same(_epoch(remote, epoch=epoch), _epoch(local, epoch=epoch))
+    field = local.fields[0]
+    np.testing.assert_array_equal(remote[field][5:37].compute(), local[field][5:37].compute())
+    gets = [(key, span) for (key, span), count in proxy.traffic.ranges.items() for _ in range(count)]
+    assert {key for key, _ in gets} == {f"/data/{name}.zarr.zip"} and all(span for _, span in gets)  # ranges only
+    assert proxy.traffic.bytes_sent < 2.2 * size + 2 * READ_BYTES  # two epochs, the directory read in pieces
+    cached = _open(f"{name}.zarr.zip", _via(proxy, s3), cache_dir=tmp_path / "cache")  # through the node's cache
+    _same(_epoch(cached), _epoch(local))
+    requests = sum(proxy.traffic.requests.values())
+    _same(_epoch(pickle.loads(pickle.dumps(cached))), _epoch(local))  # as a worker would: directory known
+    assert sum(proxy.traffic.requests.values()) == requests
+
+
+def test_a_zip_that_cannot_be_read_by_ranges_is_named(stores, s3, tmp_path):
+    deflated = tmp_path / "deflated.zarr.zip"
+    with zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(Path(stores["numbers"].location).rglob("*")):
+            if path.is_file():
+                archive.write(path, path.relative_to(stores["numbers"].location).as_posix())
+    upload(deflated, "s3://data/deflated.zarr.zip", s3.options)
+    with pytest.raises(outcore.OptionError, match=r"member 'zarr.json' of s3://data/deflated.zarr.zip is compressed.*"
+                                                  r"zip -0 -r"):
+        _open("deflated.zarr.zip", s3.options)
+    (tmp_path / "cut.zarr.zip").write_bytes(deflated.read_bytes()[:-100])  # its directory cut off
+    upload(tmp_path / "cut.zarr.zip", "s3://data/cut.zarr.zip", s3.options)
+    with pytest.raises(outcore.NotAStoreError, match=r"s3://data/cut.zarr.zip is not a readable zip file"):
+        _open("cut.zarr.zip", s3.options)
+
+
+@pytest.mark.parametrize("name", ["numbers.zarr", "numbers.zarr.zip"])
+def test_a_store_served_over_plain_http_is_read(stores, zips, tmp_path, name):
+    local = stores["numbers"]
+    (tmp_path / "numbers.zarr").symlink_to(local.location)
+    (tmp_path / "numbers.zarr.zip").symlink_to(zips / "numbers.zarr.zip")
+    with StaticServer(tmp_path) as server:  # a web server, or a CDN
+        remote = outcore.open_dataset(f"{server.url}/{name}", cache_dir=tmp_path / "cache")
+        _same(_epoch(remote), _epoch(local))
+        np.testing.assert_array_equal(remote["x"][90:130].compute(), local["x"][90:130].compute())
+    _same(_epoch(remote, epoch=1), _epoch(local, epoch=1))  # the server gone: from the cache
 
 
 # -- the cache alone

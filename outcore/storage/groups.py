@@ -36,15 +36,13 @@ def is_zip(location: str | os.PathLike) -> bool:
 def open_group(location: str | os.PathLike, mode: str = "r", *, storage_options: Mapping[str, Any] | None = None,
                cache: ChunkCache | None = None) -> zarr.Group:
     """Open the Zarr group at a directory, a ``.zip`` file, an object store URL (``s3://``, ``gs://``,
-    ``az://``, ``https://``: a `RemoteStore`, reading through ``cache``) or another fsspec URL."""
+    ``az://``, ``https://``, of a folder or a ``.zip``: a `RemoteStore`, reading through ``cache``) or
+    another fsspec URL."""
     text = str(location)
     if not is_url(text) and not Path(text).exists():
         raise NotAStoreError(f"no store at {text!r}: the path does not exist")
     store: Any = text
-    if is_url(text) and is_object_url(text):
-        if is_zip(text):
-            raise OptionError(f"{redact(text)}: a zip store is read from a local disk; copy it there, or upload "
-                              "the store as a folder (outcore writes folders to object stores)")
+    if is_url(text) and is_object_url(text):  # a folder, or a zip read by ranges (`outcore.storage.remote_zip`)
         store = RemoteStore(text, storage_options, cache=cache, read_only=mode == "r")
     elif is_url(text) and storage_options:
         store = zarr.storage.FsspecStore.from_url(text, storage_options=dict(storage_options),

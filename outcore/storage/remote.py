@@ -26,7 +26,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,6 +40,8 @@ from ..errors import OptionError, RemoteError, StoreChangedError
 from ..threads import chosen_io_threads, submit_request
 from .cache import ChunkCache
 from .pace import Pace
+from .remote_zip import RemoteZip
+from .zipstore import byte_span
 
 GENERATION = "outcore-generation"  # object metadata: the id of the run that wrote the object
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
@@ -87,10 +89,13 @@ class Traffic:
 
 @dataclass(frozen=True)
 class Version:
-    """What a shard file is: its size in bytes and its ETag (the object's version)."""
+    """What a shard file is: its size in bytes and its ETag (the object's version); for a member of a zip
+    store, the zip ``object`` it lies in, at ``offset``, and the zip's ETag."""
 
     size: int
     etag: str
+    object: str = ""
+    offset: int = 0
 
 
 class RemoteStore(ObjectStore):
@@ -110,13 +115,20 @@ class RemoteStore(ObjectStore):
         self._client, self._pid = None, 0
         Store.__init__(self, read_only=read_only)  # not ObjectStore's, which wants a client now: made when used
         self.files = RemoteFiles(self)
+        self.zip: RemoteZip | None = None  # a zip store: its members are ranges of one object
+        self._client_url = self.url
+        if urlsplit(self.url).path.endswith(".zip"):
+            if not read_only:
+                raise OptionError(f"{redact(self.url)}: zip stores are read-only; write a folder store")
+            self._client_url, name = self.url.rsplit("/", 1)
+            self.zip = RemoteZip(self.files, name, redact(self.url))
 
     @property  # type: ignore[override]
     def store(self) -> Any:
         """The obstore client of this process, made when first used (a process forked after obstore was used
         gets an `OptionError` instead: obstore's requests would hang there, see `FORKED_AFTER_USE`)."""
         if self._client is None or self._pid != os.getpid():
-            self._client, self._pid = _client(self.url, self._options), os.getpid()
+            self._client, self._pid = _client(self._client_url, self._options), os.getpid()
         return self._client
 
     @store.setter
@@ -128,6 +140,8 @@ class RemoteStore(ObjectStore):
         obstore, then one `RemoteError` naming the object."""
         import obstore
 
+        if self.zip is not None:
+            return self._get_member(key, prototype, byte_range)
         options = {} if byte_range is None else {"range": _obstore_range(byte_range)}
         try:
             result = obstore.get(self.store, key, options=options)
@@ -141,9 +155,20 @@ class RemoteStore(ObjectStore):
         self.files.check_generation(key, result.attributes)
         return prototype.buffer.from_bytes(data)
 
+    def _get_member(self, key: str, prototype: Any, byte_range: Any) -> Any:
+        """A member of a zip store (or a range of it), read as a range of the zip object."""
+        try:
+            version = self.files.version(key)
+        except FileNotFoundError:
+            return None
+        start, stop = byte_span(byte_range, version.size)
+        return prototype.buffer.from_bytes(bytes(self.files.read_object(key, start, stop - start, version)))
+
     async def exists(self, key: str) -> bool:
         import obstore
 
+        if self.zip is not None:
+            return key in self.zip.members()
         try:
             obstore.head(self.store, key)
             return True
@@ -161,17 +186,46 @@ class RemoteStore(ObjectStore):
             return self.files.failure(what, key, error)
         return error
 
+    async def list(self) -> AsyncIterator[str]:
+        if self.zip is None:
+            async for key in super().list():
+                yield key
+            return
+        for key in self.zip.members():
+            yield key
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        if self.zip is None:
+            async for key in super().list_prefix(prefix):
+                yield key
+            return
+        for key in self.zip.members():
+            if key.startswith(prefix):
+                yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        if self.zip is None:
+            async for key in super().list_dir(prefix):
+                yield key
+            return
+        start = prefix.rstrip("/") + "/" if prefix else ""
+        for name in sorted({key[len(start):].split("/", 1)[0] for key in self.zip.members() if key.startswith(start)}):
+            yield name
+
     def with_read_only(self, read_only: bool = False) -> RemoteStore:
         return RemoteStore(self.url, self._options, cache=self.cache, read_only=read_only)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "options": self._options, "cache": self.cache, "read_only": self.read_only,
-                "versions": self.files.versions(), "generation": self.generation}
+                "versions": self.files.versions(), "generation": self.generation,
+                "zip": self.zip.members() if self.zip is not None else None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["options"], cache=state["cache"], read_only=state["read_only"])
         self.files.remember(state["versions"])
         self.generation = state["generation"]
+        if self.zip is not None:
+            self.zip.remember(state["zip"])
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RemoteStore) and (self.url, self._options) == (other.url, other._options)
@@ -208,16 +262,30 @@ class RemoteFiles:
             self._versions.update(versions)
 
     def version(self, key: str) -> Version:
-        """The shard file's size and ETag, asked of the object store the first time only."""
+        """The file's size and ETag (and, in a zip store, where it lies in the zip), asked of the object store
+        the first time only."""
         known = self._versions.get(key)
         if known is None:
-            import obstore
-
-            meta = self._call(key, "ask the size of", lambda: obstore.head(self.remote.store, key))
-            known = Version(int(meta["size"]), str(meta.get("e_tag") or meta.get("version") or ""))
+            known = self._locate(key)
             with self._lock:
                 known = self._versions.setdefault(key, known)
         return known
+
+    def _locate(self, key: str) -> Version:
+        zip_store = self.remote.zip
+        if zip_store is not None and key != zip_store.name:
+            container = self.version(zip_store.name)
+            offset, size = zip_store.locate(key, container)
+            return Version(size, container.etag, zip_store.name, offset)
+        import obstore
+
+        meta = self._call(key, "ask the size of", lambda: obstore.head(self.remote.store, key))
+        return Version(int(meta["size"]), str(meta.get("e_tag") or meta.get("version") or ""))
+
+    def read_object(self, key: str, offset: int, nbytes: int, version: Version) -> memoryview:
+        """Bytes ``offset..offset + nbytes - 1`` of the file (fewer at its end), through the cache."""
+        stop = min(version.size, offset + nbytes)
+        return self._read(key, offset, stop, version) if stop > offset else memoryview(b"")
 
     def size(self, key: str) -> int:
         return self.version(key).size
@@ -342,11 +410,13 @@ class RemoteFiles:
     def _get(self, key: str, start: int, stop: int, version: Version) -> memoryview:
         import obstore
 
-        options: dict[str, Any] = {"range": (start, stop)}
+        options: dict[str, Any] = {"range": (version.offset + start, version.offset + stop)}
         if version.etag:
             options["if_match"] = version.etag
+        target = version.object or key  # a member of a zip store: a range of the zip
+
         def request() -> tuple[Mapping[str, Any], Any]:  # the body too: a stall mid-body is a late answer
-            result = obstore.get(self.remote.store, key, options=options)
+            result = obstore.get(self.remote.store, target, options=options)
             return result.attributes, result.bytes()
 
         attributes, body = self._call(key, f"read bytes {start}..{stop - 1} of",

@@ -38,7 +38,7 @@ class RangeZipStore(ZipStore):
         member = self._members.get(key)
         if member is None:
             return await super().get(key, prototype, byte_range)
-        start, stop = _resolve(byte_range, member[1])
+        start, stop = byte_span(byte_range, member[1])
         buffer = bytearray(stop - start)
         self.read_range_into(key, start, memoryview(buffer))
         return prototype.buffer.from_bytes(buffer)
@@ -87,7 +87,8 @@ def stored_members(path: str) -> dict[str, tuple[int, int]]:
     return members
 
 
-def _resolve(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
+def byte_span(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
+    """zarr's byte request of an object of ``size`` bytes as ``(start, stop)``."""
     if byte_range is None:
         return 0, size
     if isinstance(byte_range, RangeByteRequest):

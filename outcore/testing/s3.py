@@ -69,11 +69,15 @@ class S3Server:
 
 def upload(local: str | os.PathLike, url: str, storage_options: dict[str, Any], threads: int = 8) -> int:
     """Copy every file of the local store folder ``local`` to ``url`` (``s3://bucket/prefix``), the
-    metadata last; returns the bytes sent."""
+    metadata last, or a single-file store (a ``.zip``) to the object ``url``; returns the bytes sent."""
     from obstore import put
     from obstore.store import from_url
 
     root = Path(local)
+    if root.is_file():
+        parent, name = url.rsplit("/", 1)
+        put(from_url(parent, client_options={"allow_http": True}, **storage_options), name, root)
+        return root.stat().st_size
     store = from_url(url, client_options={"allow_http": True}, **storage_options)
     files = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: p.name == "zarr.json")
     data = [p for p in files if p.name != "zarr.json"]
