@@ -297,6 +297,18 @@ def test_a_zip_in_an_object_store_is_read_by_ranges(stores, zips, s3, proxy, tmp
     assert sum(proxy.traffic.requests.values()) == requests
 
 
+def test_a_zip64_store_with_long_local_headers_is_read(stores, s3, tmp_path):
+    local = stores["numbers"]
+    packed = tmp_path / "wide.zarr.zip"  # local headers with zip64 extra fields the central directory lacks
+    with zipfile.ZipFile(packed, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for path in sorted(Path(local.location).rglob("*")):
+            if path.is_file():
+                with archive.open(path.relative_to(local.location).as_posix(), "w", force_zip64=True) as member:
+                    member.write(path.read_bytes())
+    upload(packed, "s3://data/wide.zarr.zip", s3.options)
+    _same(_epoch(_open("wide.zarr.zip", s3.options, cache_dir=False)), _epoch(local))
+
+
 def test_a_zip_that_cannot_be_read_by_ranges_is_named(stores, s3, tmp_path):
     deflated = tmp_path / "deflated.zarr.zip"
     with zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as archive:
