@@ -287,6 +287,7 @@ def test_a_zip_in_an_object_store_is_read_by_ranges(stores, zips, s3, proxy, tmp
         _same(_epoch(remote, epoch=epoch), _epoch(local, epoch=epoch))
     field = local.fields[0]
     np.testing.assert_array_equal(remote[field][5:37].compute(), local[field][5:37].compute())
+    assert sorted(remote.group.array_keys()) == sorted(local.group.array_keys())  # listed from the directory
     gets = [(key, span) for (key, span), count in proxy.traffic.ranges.items() for _ in range(count)]
     assert {key for key, _ in gets} == {f"/data/{name}.zarr.zip"} and all(span for _, span in gets)  # ranges only
     assert proxy.traffic.bytes_sent < 2.2 * size + 2 * READ_BYTES  # two epochs, the directory read in pieces

@@ -187,11 +187,7 @@ class RemoteStore(ObjectStore):
         return error
 
     async def list(self) -> AsyncIterator[str]:
-        if self.zip is None:
-            async for key in super().list():
-                yield key
-            return
-        for key in self.zip.members():
+        async for key in self.list_prefix(""):
             yield key
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
