@@ -129,6 +129,12 @@ def set_threads(count: int | None) -> None:
     _replace_pool()
 
 
+def sharing() -> int:
+    """The processes that share this one's CPUs and memory (the DataLoader workers of one loader, `share_cpus`),
+    itself included: 1 by default."""
+    return _shares
+
+
 def share_cpus(processes: int) -> None:
     """This process is one of ``processes`` that share the CPUs (DataLoader workers): take its part."""
     global _shares

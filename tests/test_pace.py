@@ -54,6 +54,7 @@ def test_the_depth_stays_within_its_bounds():
     for i in range(64):  # 1 s each, huge rate
         pace.took(1 + i * 0.001, 2 + i * 0.001, 64 * MB)
     assert pace.ahead(64 * MB) == BYTES_AHEAD // (64 * MB)  # bytes fetched ahead wait in memory: bounded
+    assert pace.ahead(MB, budget=BYTES_AHEAD // 8) == BYTES_AHEAD // 8 // MB  # a DataLoader worker of 8
     assert pace.ahead(1) == MAX_AHEAD
 
 

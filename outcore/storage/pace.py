@@ -6,8 +6,9 @@ own transfer), and the object store delivers at best ``B`` bytes/s (the highest 
 ``B × T`` bytes in flight hide the latency. `Pace` asks for `GAIN` times that: a run held back by the
 latency sees its rate grow with its depth, so the depth grows again (doubling, as in TCP's slow start)
 until the link or the consumer is the limit; then ``B`` stops growing and so does the depth. The depth
-is bounded in slots (`MAX_AHEAD`) and in bytes (`BYTES_AHEAD`: fetched bytes wait in memory until
-read). ``OUTCORE_IO_THREADS`` fixes the number of requests in flight instead.
+is bounded in slots (`MAX_AHEAD`) and in bytes (`BYTES_AHEAD` a process, shared among the DataLoader
+workers of one loader: fetched bytes wait in memory until read). ``OUTCORE_IO_THREADS`` fixes the
+number of requests in flight instead.
 
 >>> pace = Pace()
 >>> for i in range(16):  # 1 MB answers taking 50 ms each, 8 at a time: 160 MB/s
@@ -71,12 +72,12 @@ class Pace:
             times = times or [answered - asked for asked, answered, _ in self._answers]
             return min(times), max(rate for _, rate in self._rates)
 
-    def ahead(self, slot_bytes: float) -> int:
+    def ahead(self, slot_bytes: float, budget: int = BYTES_AHEAD) -> int:
         """Slots to fetch ahead when each holds ``slot_bytes`` stored bytes: `GAIN` × rate × request time
         worth of them (the time of answers of at least a quarter of a slot), within `MIN_AHEAD` to
-        `MAX_AHEAD` slots and `BYTES_AHEAD`; `START_AHEAD` until measured."""
+        `MAX_AHEAD` slots and ``budget`` bytes; `START_AHEAD` until measured."""
         slot_bytes = max(1.0, slot_bytes)
-        most = max(MIN_AHEAD, min(MAX_AHEAD, int(BYTES_AHEAD // slot_bytes)))
+        most = max(MIN_AHEAD, min(MAX_AHEAD, int(budget // slot_bytes)))
         measured = self.measured(at_least=slot_bytes / 4)
         if measured is None:
             return min(START_AHEAD, most)

@@ -37,9 +37,9 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByt
 from zarr.storage import ObjectStore
 
 from ..errors import OptionError, RemoteError, StoreChangedError
-from ..threads import chosen_io_threads, submit_request
+from ..threads import chosen_io_threads, sharing, submit_request
 from .cache import ChunkCache
-from .pace import Pace
+from .pace import BYTES_AHEAD, Pace
 from .remote_zip import RemoteZip
 from .zipstore import byte_span
 
@@ -288,13 +288,14 @@ class RemoteFiles:
 
     def fetch_ahead(self) -> int:
         """Slots (a chunk of every field) to fetch ahead of the reads: ``OUTCORE_IO_THREADS`` when set,
-        else as many as hide the measured latency (`outcore.storage.pace.Pace.ahead`)."""
+        else as many as hide the measured latency (`outcore.storage.pace.Pace.ahead`), within this
+        process's part of `BYTES_AHEAD` (the DataLoader workers of one loader share it)."""
         chosen = chosen_io_threads()
         if chosen is not None:
             return chosen
         with self._lock:
             slot_bytes = sum(total / count for count, total in self._spans.values())
-        return self.pace.ahead(slot_bytes)
+        return self.pace.ahead(slot_bytes, budget=BYTES_AHEAD // sharing())
 
     def ask(self, key: str, spans: Sequence[tuple[int, int]]) -> Callable[[], None] | None:
         """Say that byte ranges of the file will be read (``(offset, nbytes)``, stored back to back, see
