@@ -6,7 +6,8 @@ asked once per process, then every range is read with ``If-Match`` on that versi
 rewritten remotely while it is read is an error (`StoreChangedError`), never old bytes mixed with
 new ones; a store outcore published (`outcore.storage.upload`) also names its generation in each
 object's metadata, and an answer of another generation than the group's ``zarr.json`` is that error
-too (a shard replaced before this process first asked for it). Ranges go through the node's
+too (a shard replaced before this process first asked for it). A zip store (``.../train.zarr.zip``)
+is read as ranges of its one object (`outcore.storage.remote_zip`). Ranges go through the node's
 `ChunkCache` when one is given; a range not answered in time is asked again beside the first request
 (`RemoteFiles._hedged`).
 
@@ -214,7 +215,7 @@ class RemoteStore(ObjectStore):
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "options": self._options, "cache": self.cache, "read_only": self.read_only,
                 "versions": self.files.versions(), "generation": self.generation,
-                "zip": self.zip.members() if self.zip is not None else None}
+                "zip": self.zip.known() if self.zip is not None else None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["options"], cache=state["cache"], read_only=state["read_only"])

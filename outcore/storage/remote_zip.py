@@ -58,6 +58,11 @@ class RemoteZip:
                 self._members = self._read_directory()
             return self._members
 
+    def known(self) -> dict[str, Member] | None:
+        """The members if the directory was read already (None otherwise: nothing is asked)."""
+        with self._lock:
+            return self._members
+
     def remember(self, members: dict[str, Member] | None) -> None:
         with self._lock:
             self._members = self._members or members
