@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -56,8 +57,49 @@ def test_torch_passes_dataloader_keywords_through(ids_store):
                              multiprocessing_context="fork", seed=1)
     assert (loader.prefetch_factor, loader.timeout, loader.worker_init_fn) == (3, 60, _set_threads)
     assert sorted(np.concatenate([b["id"].numpy() for b in loader]).tolist()) == list(range(1000))
-    with pytest.raises(ValueError, match="persistent_workers=True is not supported"):
-        ids_store.torch(100, num_workers=2, persistent_workers=True)
+
+
+def _ids_and_worker(batch):  # at module level: spawned workers receive it pickled
+    return batch["id"].numpy(), os.getpid()
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_persistent_workers_follow_each_epoch_and_resume(ids_store, start_method):
+    def loader(persistent, collate_fn=None):
+        return ids_store.torch(64, num_workers=2, shuffle=True, seed=5, multiprocessing_context=start_method,
+                               persistent_workers=persistent, collate_fn=collate_fn)
+
+    fresh = loader(False)
+    expected = [[b["id"].numpy() for b in fresh] for _ in range(2)]  # epochs 0 and 1, counted by the loader
+    fresh.set_epoch(7)
+    expected.append([b["id"].numpy() for b in fresh])
+    kept = loader(True, _ids_and_worker)
+    epochs, workers = [], set()
+    for epoch in range(3):
+        if epoch == 2:
+            kept.set_epoch(7)
+        delivered = list(kept)
+        epochs.append([ids for ids, _ in delivered])
+        workers |= {pid for _, pid in delivered}
+    assert len(workers) == 2  # the same two processes served every epoch
+    for got, want in zip(epochs, expected, strict=True):
+        assert len(got) == len(want) == 16
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+    interrupted, head = loader(True), []  # stopped mid-epoch, then resumed by persistent workers
+    interrupted.set_epoch(7)
+    for batch in interrupted:
+        head.append(batch["id"].numpy())
+        if len(head) == 5:
+            break
+    resumed = loader(True)
+    resumed.load_state_dict(json.loads(json.dumps(interrupted.state_dict())))
+    tail = [b["id"].numpy() for b in resumed]
+    rest = [b["id"].numpy() for b in interrupted]  # the interrupted loader's own workers continue too
+    for got in (head + tail, head + rest):
+        assert len(got) == 16
+        for a, b in zip(got, expected[2], strict=True):
+            np.testing.assert_array_equal(a, b)
     with pytest.raises(TypeError, match="unexpected keyword argument 'num_wrokers'"):
         ids_store.torch(100, num_wrokers=2)
 

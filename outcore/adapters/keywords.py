@@ -12,8 +12,8 @@ class TorchKeywords(BatchKeywords, total=False):
     """`BatchKeywords`, and these, passed to ``torch.utils.data.DataLoader`` as they are:
 
     ``num_workers``, ``pin_memory``, ``multiprocessing_context``, ``prefetch_factor``, ``worker_init_fn``,
-    ``timeout``, ``generator``, ``pin_memory_device``, ``in_order``, ``collate_fn``. (``persistent_workers``
-    is refused: workers learn each epoch's order and resume position when they start.)
+    ``timeout``, ``generator``, ``pin_memory_device``, ``in_order``, ``collate_fn``, ``persistent_workers``
+    (workers kept across epochs read each epoch's start from shared memory and keep the store open).
     """
 
     num_workers: int

@@ -10,11 +10,16 @@ number of batches (see the plan's sharding rule).
 
 The rank and world size are those given, or else ``torch.distributed``'s when an iteration starts (or
 ``len`` is asked): a loader built before ``init_process_group`` still shards.
+
+Workers that persist across epochs (``persistent_workers=True``) received the dataset once: the epoch
+and where each share resumes reach them through a small shared array (`EpochBoard`) that the loader
+writes before each iteration, and each keeps its store open from one epoch to the next.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 from collections.abc import Iterable, Iterator
 from typing import Any, Unpack
 
@@ -42,6 +47,23 @@ class TorchBatch(dict):
         self.epoch, self.worker, self.index, self.samples = epoch, worker, index, samples
 
 
+class EpochBoard:
+    """Where the next iteration starts (its epoch, the share the DataLoader's worker 0 makes first, and each
+    share's resume position), in shared memory made by the process that starts the workers, so that
+    persistent workers read it at each epoch. Pickles only while workers are being started."""
+
+    def __init__(self, shares: int, context: Any) -> None:
+        self.shares = shares
+        self.values = context.RawArray("q", 3 + shares)  # epoch, first worker, resuming, positions...
+
+    def write(self, epoch: int, first_worker: int, positions: tuple[int, ...]) -> None:
+        self.values[: 3 + self.shares] = [epoch, first_worker, int(bool(positions)), *(positions or (0,) * self.shares)]
+
+    def read(self) -> tuple[int, int, tuple[int, ...]]:
+        values = list(self.values)
+        return values[0], values[1], tuple(values[3:]) if values[2] else ()
+
+
 class TorchBatches(IterableDataset):
     """Batches of a store as `TorchBatch` dicts, for ``DataLoader(batches, batch_size=None, num_workers=n)``
     (pass the same ``num_workers`` here for an exact ``len``; each worker reads its share of the epoch
@@ -66,6 +88,21 @@ class TorchBatches(IterableDataset):
         self.epoch = 0
         self.positions: tuple[int, ...] = ()  # batches each worker's share has delivered, when resuming
         self.first_worker = 0  # the share whose batch the DataLoader's worker 0 makes first
+        self.board: EpochBoard | None = None  # for persistent workers: `persist`
+        self._store: Store | None = None  # a worker's store, opened once (persistent workers keep it)
+
+    def persist(self, context: Any = None) -> None:
+        """Prepare for DataLoader workers that persist across epochs, started by ``context`` (a start method's
+        name, a multiprocessing context, or None: the default): they read each iteration's start from an
+        `EpochBoard` that `publish` writes."""
+        if isinstance(context, str) or context is None:
+            context = multiprocessing.get_context(context)
+        self.board = EpochBoard(self.shares, context)
+
+    def publish(self) -> None:
+        """Write where the next iteration starts for persistent workers (nothing without them)."""
+        if self.board is not None:
+            self.board.write(self.epoch, self.first_worker, self.positions)
 
     @property
     def shares(self) -> int:
@@ -82,6 +119,7 @@ class TorchBatches(IterableDataset):
         """Pickled for DataLoader workers started by spawn or forkserver, which do not inherit the process
         group: the rank and world size go with it, resolved here, in the process that starts them."""
         state = dict(self.__dict__)
+        state["_store"] = None  # each worker opens its own
         if not state["resolved"]:
             rank, world_size = distributed_rank()
             state.update(options=dataclasses.replace(self.options, rank=rank, world_size=world_size), resolved=True)
@@ -123,11 +161,15 @@ class TorchBatches(IterableDataset):
             if not self.resolved:  # a plain DataLoader's forked worker: the group it inherited
                 self.resolve_rank()
         loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None and self.board is not None:  # a persistent worker: this iteration's start
+            self.epoch, self.first_worker, self.positions = self.board.read()
         if self.positions and num_workers != self.shares:
             raise OptionError(f"the epoch was interrupted with {self.shares} DataLoader worker(s); it cannot resume "
                              f"with {num_workers}: use num_workers={self.shares}")
         worker = (loader_worker + self.first_worker) % num_workers
-        iterator = BatchIterator(self.opener(), self.options, worker=worker, num_workers=num_workers)
+        if self._store is None or info is None:
+            self._store = self.opener()
+        iterator = BatchIterator(self._store, self.options, worker=worker, num_workers=num_workers)
         iterator.set_epoch(self.epoch)
         iterator.batches_done = self.positions[worker] if self.positions else 0
         if iterator.batches_done >= len(iterator):
