@@ -4,8 +4,8 @@ latency, sized from what this process measured, the way TCP's BBR sizes its wind
 A request takes ``T`` seconds when nothing queues before it (the fastest recent one: latency plus its
 own transfer), and the object store delivers at best ``B`` bytes/s (the highest recent rate). About
 ``B × T`` bytes in flight hide the latency. `Pace` asks for `GAIN` times that: a run held back by the
-latency sees its rate grow with its depth, so the depth grows again (doubling, as in TCP's slow start)
-until the link or the consumer is the limit; then ``B`` stops growing and so does the depth. The depth
+latency sees its rate grow with its depth, so the depth grows again (as in TCP's slow start, though
+more gently: rates are measured over half a second) until the link or the consumer is the limit; then ``B`` stops growing and so does the depth. The depth
 is bounded in slots (`MAX_AHEAD`) and in bytes (`BYTES_AHEAD` a process, shared among the DataLoader
 workers of one loader: fetched bytes wait in memory until read). ``OUTCORE_IO_THREADS`` fixes the
 number of requests in flight instead.
