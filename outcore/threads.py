@@ -44,6 +44,7 @@ _cap: int | None = None  # cap_threads: a worker of a Dask cluster uses at most 
 _in_pool = threading.local()
 _io_pool: ThreadPoolExecutor | None = None
 _io_pool_pid = 0
+_io_pool_size = 0
 _request_pool: ThreadPoolExecutor | None = None
 _request_pool_pid = 0
 
@@ -236,14 +237,14 @@ def chosen_io_threads() -> int | None:
 def submit_io(work: Callable[..., Any], *args: Any) -> Future[Any]:
     """``work(*args)`` on the process's pool of `io_thread_count` threads for requests to object stores
     (apart from the CPU pool, so that waiting on the network never holds a CPU thread)."""
-    global _io_pool, _io_pool_pid
+    global _io_pool, _io_pool_pid, _io_pool_size
     size = io_thread_count()
     with _lock:
-        if _io_pool is None or _io_pool_pid != os.getpid() or _io_pool._max_workers != size:
+        if _io_pool is None or _io_pool_pid != os.getpid() or _io_pool_size != size:
             if _io_pool is not None and _io_pool_pid == os.getpid():
                 _io_pool.shutdown(wait=False)  # OUTCORE_IO_THREADS changed: what it runs finishes, no more
             _io_pool = ThreadPoolExecutor(size, thread_name_prefix="outcore-io")
-            _io_pool_pid = os.getpid()
+            _io_pool_pid, _io_pool_size = os.getpid(), size
         return _io_pool.submit(work, *args)
 
 
