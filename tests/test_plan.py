@@ -1,169 +1,229 @@
-"""Shuffle plans: permutations, determinism, balanced shards with equal batch counts, the order rule
-against a plain reference implementation (property tests), and memory that does not grow with the samples."""
+"""Shuffle plans: elastic global steps (the same on any number of ranks), equal batch counts, each rank
+reading its own share of the chunks, the order rule against a plain reference implementation (property
+tests), and memory that does not grow with the samples."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from outcore.iterate.plan import Consumer, EpochPlan, batch_count, chunk_order, rank_batch_count, span
+from outcore.errors import OptionError
+from outcore.iterate.plan import Consumer, EpochPlan, EpochSteps, chunk_order
 from outcore.seeds import Domain, generator
 
 layouts = st.tuples(st.integers(0, 3000), st.integers(1, 300)).filter(lambda t: t[0] < 60 * t[1])
 
 
-def _all(plan):
-    return plan.take(0, len(plan))
-
-
 def _samples(plan):
-    return _all(plan)[0]
+    return plan.take(0, len(plan))[0]
 
 
-def _plans(num_samples, chunk_size, world_size, num_workers, **options):
-    return [
-        EpochPlan(num_samples, chunk_size, consumer=Consumer(rank, world_size, worker, num_workers), **options)
-        for rank in range(world_size)
-        for worker in range(num_workers)
-    ]
+def _rank_plans(num_samples, chunk_size, global_batch, world_size, **options):
+    return [EpochPlan(num_samples, chunk_size, batch_size=global_batch // world_size, rank=rank,
+                      world_size=world_size, **options) for rank in range(world_size)]
+
+
+def _global_steps(plans):
+    """Per global step: the sorted samples of the ranks' own streams, and the repeated ones."""
+    steps = []
+    for k in range(plans[0].steps):
+        own, repeated = [], []
+        for plan in plans:
+            samples = plan.step(k)[0]
+            if plan._pad is not None and k == plan.steps - 1:
+                samples, repeated = samples[:-1], [*repeated, int(samples[-1])]
+            own.append(samples)
+        steps.append((np.sort(np.concatenate(own)), repeated))
+    return steps
+
+
+@settings(max_examples=200, deadline=None)
+@given(layout=layouts, batch=st.integers(1, 80), buffer_chunks=st.integers(0, 40), streams=st.sampled_from([8, 16, 24]),
+       seed=st.integers(0, 2**31), epoch=st.integers(0, 50), drop_last=st.booleans())
+def test_global_steps_are_the_same_on_1_2_4_and_8_ranks(layout, batch, buffer_chunks, streams, seed, epoch, drop_last):
+    num_samples, chunk_size = layout
+    global_batch, shuffle = 8 * batch, True
+    options = {"shuffle": shuffle, "seed": seed, "epoch": epoch, "buffer_chunks": buffer_chunks, "streams": streams,
+               "drop_last": drop_last}
+    reference = _global_steps(_rank_plans(num_samples, chunk_size, global_batch, 1, **options))
+    steps = num_samples // global_batch if drop_last else -(-num_samples // global_batch)
+    assert len(reference) == steps
+    every = np.concatenate([own for own, _ in reference] + [np.empty(0, np.int64)])
+    if drop_last:
+        assert len(every) == steps * global_batch and len(np.unique(every)) == len(every)
+    else:
+        assert np.array_equal(np.sort(every), np.arange(num_samples))  # every sample exactly once
+    stream_start = chunk_order(-(-num_samples // chunk_size), shuffle=shuffle, seed=seed, epoch=epoch)
+    for world_size in (2, 4, 8):
+        plans = _rank_plans(num_samples, chunk_size, global_batch, world_size, **options)
+        by_step = _global_steps(plans)
+        assert [own.tolist() for own, _ in by_step] == [own.tolist() for own, _ in reference]
+        per_rank = math.ceil(num_samples / world_size) if not drop_last else steps * global_batch // world_size
+        assert {len(plan) for plan in plans} == {per_rank}  # DistributedSampler's counts
+        assert {plan.steps for plan in plans} == {steps}
+        for k in range(steps):  # equal batches on every rank at every step
+            assert len({len(plan.step(k)[0]) for plan in plans}) == 1
+        repeated = by_step[-1][1] if by_step else []
+        assert len(repeated) == (world_size * per_rank - num_samples if not drop_last else 0)
+        stream = [int(c) * chunk_size + i for c in stream_start for i in range(min(chunk_size, num_samples -
+                                                                                    int(c) * chunk_size))]
+        assert repeated == [stream[q % num_samples] for q in range(len(repeated))]  # the stream's first samples
+
+
+@settings(max_examples=100, deadline=None)
+@given(layout=layouts.filter(lambda t: t[0] >= 1), batch=st.integers(1, 80), world_size=st.sampled_from([1, 2, 4, 8]),
+       buffer_chunks=st.integers(0, 40), seed=st.integers(0, 1000))
+def test_each_rank_reads_its_own_share_of_the_chunks(layout, batch, world_size, buffer_chunks, seed):
+    """Ranks' slots cover the store once, but for the chunks cut between two streams and the repeats."""
+    num_samples, chunk_size = layout
+    plans = _rank_plans(num_samples, chunk_size, 8 * batch, world_size, seed=seed, buffer_chunks=buffer_chunks)
+    chunks = math.ceil(num_samples / chunk_size)
+    slots = sum(len(plan.chunks) for plan in plans)
+    assert slots <= chunks + 8 + world_size  # 8 streams: 7 cuts between them (+1 slack), a repeat per rank
+    for plan in plans:
+        samples, slots_of = plan.take(0, len(plan))
+        assert np.array_equal(plan.chunks[slots_of], samples // chunk_size)  # each sample from its slot
+        assert np.array_equal(np.bincount(slots_of, minlength=len(plan.chunks)), plan.slot_sizes)
 
 
 @settings(max_examples=300, deadline=None)
-@given(layout=layouts, buffer_chunks=st.integers(0, 12), world_size=st.integers(1, 5), num_workers=st.integers(1, 4),
-       shuffle=st.booleans(), seed=st.integers(0, 2**31), epoch=st.integers(0, 50), drop_last=st.booleans())
-def test_consumers_share_an_epoch_by_the_documented_rule(layout, buffer_chunks, world_size, num_workers, shuffle,
-                                                         seed, epoch, drop_last):
+@given(steps=st.integers(0, 500), workers=st.integers(1, 16), first=st.integers(0, 600))
+def test_loader_workers_take_turns_at_every_step_once(steps, workers, first):
+    turns = [list(Consumer(0, 1, w, workers).steps(steps, first)) for w in range(workers)]
+    assert sorted(s for t in turns for s in t) == list(range(first, steps))
+    merged = [turns[i % workers][i // workers] for i in range(max(0, steps - first))]  # the DataLoader's order
+    assert merged == list(range(first, steps))
+
+
+@settings(max_examples=100, deadline=None)
+@given(layout=layouts, batch_size=st.integers(1, 100), world_size=st.integers(1, 6), drop_last=st.booleans())
+def test_without_shuffle_each_rank_reads_its_part_of_the_store_in_order(layout, batch_size, world_size, drop_last):
     num_samples, chunk_size = layout
-    plans = _plans(num_samples, chunk_size, world_size, num_workers, shuffle=shuffle, seed=seed, epoch=epoch,
-                   buffer_chunks=buffer_chunks, drop_last=drop_last)
-    per_rank = num_samples // world_size if drop_last else -(-num_samples // world_size)
-    counts = np.bincount(np.concatenate([_samples(p) for p in plans]), minlength=num_samples)
-    assert counts.sum() == world_size * per_rank
-    if world_size == 1 or num_samples % world_size == 0:
-        assert (counts == 1).all()  # every sample exactly once
-    elif drop_last:
-        assert counts.max() <= 1  # fewer than world_size samples left out
-    else:
-        assert counts.min() >= 1  # every sample, fewer than world_size of them twice (or more, if N < world_size)
-    for rank in range(world_size):
-        sizes = [len(p) for p in plans[rank * num_workers : (rank + 1) * num_workers]]
-        assert sum(sizes) == per_rank and max(sizes) - min(sizes) <= 1
-    for plan in plans:
-        samples, slots = _all(plan)
-        assert np.array_equal(plan.chunks[slots], samples // chunk_size)  # each sample from its slot
-        if not shuffle:
-            np.testing.assert_array_equal(samples, samples[np.argsort(slots, kind="stable")])
-
-
-@settings(max_examples=500, deadline=None)
-@given(num_samples=st.integers(0, 5000), world_size=st.integers(1, 16), num_workers=st.integers(1, 8),
-       batch_size=st.integers(1, 600), drop_last=st.booleans())
-def test_every_rank_gets_the_same_number_of_batches(num_samples, world_size, num_workers, batch_size, drop_last):
-    counts = {rank_batch_count(num_samples, rank, world_size, num_workers, batch_size, drop_last)
-              for rank in range(world_size)}
-    assert len(counts) == 1
+    plans = [EpochPlan(num_samples, chunk_size, batch_size=batch_size, shuffle=False, rank=rank,
+                       world_size=world_size, drop_last=drop_last) for rank in range(world_size)]
+    orders = [_samples(plan) for plan in plans]
+    for plan, order in zip(plans, orders, strict=True):
+        own = order[:-1] if plan._pad is not None else order
+        assert (np.diff(own) == 1).all()  # storage order, so predictions line up with the store's rows
+    joined = np.concatenate([o[:-1] if p._pad is not None else o for p, o in zip(plans, orders, strict=True)] +
+                            [np.empty(0, np.int64)])
+    assert np.array_equal(joined, np.arange(len(joined)))
 
 
 def test_the_reported_ddp_hang_is_gone():
     """1,023 samples on 2 ranks at batch 256 with drop_last gave 2 batches on rank 0 and 1 on rank 1."""
-    assert [batch_count(1023, Consumer(r, 2), 256, drop_last=True) for r in range(2)] == [1, 1]
-    assert [batch_count(1023, Consumer(r, 2), 256) for r in range(2)] == [2, 2]
+    assert [p.steps for p in _rank_plans(1023, 64, 512, 2, drop_last=True)] == [1, 1]
+    assert [p.steps for p in _rank_plans(1023, 64, 512, 2)] == [2, 2]
+    assert [len(p) for p in _rank_plans(1023, 64, 512, 2)] == [512, 512]
 
 
 def test_same_seed_and_epoch_same_order_other_epochs_differ():
-    first = _samples(EpochPlan(5000, 64, seed=7, epoch=3))
-    np.testing.assert_array_equal(first, _samples(EpochPlan(5000, 64, seed=7, epoch=3)))
-    assert not np.array_equal(first, _samples(EpochPlan(5000, 64, seed=7, epoch=4)))
-    assert not np.array_equal(first, _samples(EpochPlan(5000, 64, seed=8, epoch=3)))
+    def order(**options):
+        return _samples(EpochPlan(5000, 64, batch_size=100, **options))
+
+    first = order(seed=7, epoch=3)
+    np.testing.assert_array_equal(first, order(seed=7, epoch=3))
+    assert not np.array_equal(first, order(seed=7, epoch=4))
+    assert not np.array_equal(first, order(seed=8, epoch=3))
 
 
-def test_ranks_get_equal_shares_padded_from_the_start_of_the_stream():
-    plans = _plans(1001, 10, 4, 1, seed=1)
-    assert [len(p) for p in plans] == [251] * 4
-    stream_start = _samples(EpochPlan(1001, 10, seed=1, buffer_chunks=0))[:3]
-    repeated = sorted(set(_samples(plans[3]).tolist()) & set(_samples(plans[0]).tolist()))
-    assert repeated == sorted(stream_start.tolist())  # the 3 padded samples are the stream's first 3
-    for a in range(3):
-        for b in range(a + 1, 3):
-            assert not set(_samples(plans[a]).tolist()) & set(_samples(plans[b]).tolist())
-    assert span(10, Consumer(2, 4)) == (6, 9) and span(10, Consumer(2, 4), drop_last=True) == (4, 6)
-
-
-def test_buffer_mixes_chunks_and_zero_buffer_keeps_chunks_whole():
-    whole = EpochPlan(1000, 100, seed=0, buffer_chunks=0)
-    runs = _samples(whole).reshape(10, 100) // 100
-    assert all(len(set(run.tolist())) == 1 for run in runs)  # chunk after chunk
-    mixed = EpochPlan(1000, 100, seed=0, buffer_chunks=4)
-    assert len(set((_samples(mixed)[100:200] // 100).tolist())) >= 3
+def test_a_step_draws_on_every_stream_and_zero_buffer_keeps_chunks_whole_within_a_stream():
+    plan = EpochPlan(8000, 100, batch_size=80, seed=0, buffer_chunks=0)
+    pieces = plan.step(3)[0].reshape(8, 10) // 100
+    assert all(len(set(piece.tolist())) == 1 for piece in pieces)  # each stream's ten from one chunk
+    assert len(set(pieces[:, 0].tolist())) == 8  # eight streams, eight chunks
+    mixed = EpochPlan(8000, 100, batch_size=80, seed=0, buffer_chunks=32).step(20)[0].reshape(8, 10) // 100
+    assert max(len(set(piece.tolist())) for piece in mixed) >= 3  # a buffer of 4 chunks per stream
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="rank=2"):
+    with pytest.raises(OptionError, match="rank=2"):
         Consumer(2, 2)
-    with pytest.raises(ValueError, match="worker=-1"):
+    with pytest.raises(OptionError, match="worker=-1"):
         Consumer(0, 1, -1, 2)
-    with pytest.raises(ValueError, match="chunk_size >= 1"):
-        EpochPlan(10, 0)
+    with pytest.raises(OptionError, match="chunk_size >= 1"):
+        EpochPlan(10, 0, batch_size=1)
+    with pytest.raises(OptionError, match=r"world_size=3 does not divide streams=8.*streams=24"):
+        EpochPlan(10, 2, batch_size=1, rank=0, world_size=3)
 
 
-def reference_order(num_samples, chunk_size, *, shuffle, seed, epoch, buffer_chunks, consumer, drop_last):
-    """The order rule written plainly, one sample at a time (O(samples)): the chunk order, the consumer's
-    span of the stream cut into slots, each slot's samples dealt to windows by the documented draws,
-    every window emitted in its permuted order."""
-    order = chunk_order(-(-num_samples // chunk_size), shuffle=shuffle, seed=seed, epoch=epoch)
-    stream = [int(c) * chunk_size + i for c in order for i in range(min(chunk_size, num_samples - c * chunk_size))]
-    start, stop = span(num_samples, consumer, drop_last)
-    slots, previous = [], None  # slot of each span position: a new slot at each chunk (or lap) change
-    for position in range(start, stop):
-        stretch = position // num_samples * len(order) + order.tolist().index(stream[position % num_samples] //
-                                                                             chunk_size)
-        if stretch != previous:
-            slots.append([])
-            previous = stretch
-        slots[-1].append(stream[position % num_samples])
+def reference_rank(num_samples, chunk_size, *, batch_size, shuffle, seed, epoch, buffer_chunks, rank, world_size,
+                   drop_last, streams):
+    """The order rule written plainly, one sample at a time (O(samples)): the chunk order, the streams'
+    spans, each cut into slots whose samples are dealt to windows by the documented draws, every window
+    emitted in its permuted order; then the rank's streams' pieces, step after step, and the repeat."""
+    order = chunk_order(-(-num_samples // chunk_size), shuffle=shuffle, seed=seed, epoch=epoch).tolist()
+    stream = [c * chunk_size + i for c in order for i in range(min(chunk_size, num_samples - c * chunk_size))]
+    global_batch, streams = batch_size * world_size, streams if shuffle else world_size
+    steps = num_samples // global_batch if drop_last else -(-num_samples // global_batch)
+    if steps == 0:
+        return []
+    takes = [(s + 1) * global_batch // streams - s * global_batch // streams for s in range(streams)]
+    rest = global_batch if drop_last else num_samples - (steps - 1) * global_batch
+    last = [(s + 1) * rest // streams - s * rest // streams for s in range(streams)]
+    lengths = [(steps - 1) * t + z for t, z in zip(takes, last, strict=True)]
     mixed = shuffle and buffer_chunks > 0
-    if not mixed:
-        return [s for slot in slots for s in slot]
-    key = (seed, epoch, consumer.index, consumer.count)
-    deals = generator(Domain.BUFFER_SHUFFLE, *key).multinomial([len(s) for s in slots], [1 / buffer_chunks] *
-                                                               buffer_chunks) if slots else []
-    windows = [[] for _ in range(len(slots) + buffer_chunks)]
-    for j, slot in enumerate(slots):
-        dealt = [slot[i] for i in generator(Domain.BUFFER_SHUFFLE, *key, j).permutation(len(slot))]
-        for d, count in enumerate(deals[j]):
-            windows[j + d] += dealt[:count]
-            dealt = dealt[count:]
+    window = -(-buffer_chunks // streams) if mixed else 1
     emitted = []
-    for w, window in enumerate(windows):
-        emitted += [window[i] for i in generator(Domain.WINDOW_ORDER, *key, w).permutation(len(window))]
-    return emitted
+    for s in range(streams):
+        start = sum(lengths[:s])
+        slots, previous = [], None  # a new slot at each chunk change
+        for sample in stream[start : start + lengths[s]]:
+            if sample // chunk_size != previous:
+                slots.append([])
+                previous = sample // chunk_size
+            slots[-1].append(sample)
+        if not mixed:
+            emitted.append([sample for slot in slots for sample in slot])
+            continue
+        key = (seed, epoch, s, streams)
+        deals = generator(Domain.BUFFER_SHUFFLE, *key).multinomial([len(x) for x in slots], [1 / window] * window) \
+            if slots else []
+        windows = [[] for _ in range(len(slots) + window)]
+        for j, slot in enumerate(slots):
+            dealt = [slot[i] for i in generator(Domain.BUFFER_SHUFFLE, *key, j).permutation(len(slot))]
+            for d, count in enumerate(deals[j]):
+                windows[j + d] += dealt[:count]
+                dealt = dealt[count:]
+        emitted.append([w[i] for v, w in enumerate(windows)
+                        for i in generator(Domain.WINDOW_ORDER, *key, v).permutation(len(w))])
+    own = range(rank * streams // world_size, (rank + 1) * streams // world_size)
+    out = []
+    for k in range(steps):
+        for s in own:
+            begin = k * takes[s]
+            out += emitted[s][begin : begin + (takes[s] if k < steps - 1 else last[s])]
+    counts = [sum(last[s] for s in range(r * streams // world_size, (r + 1) * streams // world_size))
+              for r in range(world_size)]
+    short = [c < max(counts) for c in counts]
+    if short[rank] and not drop_last:
+        out.append(stream[sum(short[:rank])])
+    return out
 
 
 @settings(max_examples=150, deadline=None)
 @given(layout=st.tuples(st.integers(0, 700), st.integers(1, 64)).filter(lambda t: t[0] < 40 * t[1]),
-       buffer_chunks=st.integers(0, 6), world_size=st.integers(1, 3), num_workers=st.integers(1, 3),
-       shuffle=st.booleans(), seed=st.integers(0, 1000), epoch=st.integers(0, 5), drop_last=st.booleans(),
-       data=st.data())
-def test_the_lazy_plan_follows_the_plain_rule(layout, buffer_chunks, world_size, num_workers, shuffle, seed, epoch,
-                                             drop_last, data):
+       batch_size=st.integers(1, 50), buffer_chunks=st.integers(0, 20), world_size=st.sampled_from([1, 2, 4]),
+       streams=st.sampled_from([4, 8]), shuffle=st.booleans(), seed=st.integers(0, 1000), epoch=st.integers(0, 5),
+       drop_last=st.booleans(), data=st.data())
+def test_the_lazy_plan_follows_the_plain_rule(layout, batch_size, buffer_chunks, world_size, streams, shuffle, seed,
+                                             epoch, drop_last, data):
     num_samples, chunk_size = layout
-    consumer = Consumer(data.draw(st.integers(0, world_size - 1)), world_size,
-                        data.draw(st.integers(0, num_workers - 1)), num_workers)
-    options = {"shuffle": shuffle, "seed": seed, "epoch": epoch, "buffer_chunks": buffer_chunks, "consumer": consumer,
-                   "drop_last": drop_last}
-    expected = reference_order(num_samples, chunk_size, **options)
+    options = {"batch_size": batch_size, "shuffle": shuffle, "seed": seed, "epoch": epoch,
+               "buffer_chunks": buffer_chunks, "rank": data.draw(st.integers(0, world_size - 1)),
+               "world_size": world_size, "drop_last": drop_last, "streams": streams}
+    expected = reference_rank(num_samples, chunk_size, **options)
     plan = EpochPlan(num_samples, chunk_size, **options)
     assert _samples(plan).tolist() == expected
     start = data.draw(st.integers(0, len(plan)))
     stop = data.draw(st.integers(start, len(plan)))
-    samples, _slots = plan.take(start, stop)
-    assert samples.tolist() == expected[start:stop]
-    assert np.array_equal(np.bincount(_all(plan)[1][:start], minlength=len(plan.chunks)), plan.emitted_before(start))
-    if shuffle and buffer_chunks:  # a sample of slot j is emitted between chunk-times j and j + buffer_chunks
-        window = np.searchsorted(plan.window_ends, np.arange(len(plan)), side="right")
-        assert ((window >= _all(plan)[1]) & (window < _all(plan)[1] + buffer_chunks)).all()
+    assert plan.take(start, stop)[0].tolist() == expected[start:stop]
+    slots = plan.take(0, len(plan))[1]
+    assert np.array_equal(np.bincount(slots[:start], minlength=len(plan.chunks)), plan.emitted_before(start))
 
 
 def test_a_plan_of_a_hundred_million_samples_is_small_and_quick():
@@ -171,9 +231,17 @@ def test_a_plan_of_a_hundred_million_samples_is_small_and_quick():
     import tracemalloc
 
     tracemalloc.start()
-    plan = EpochPlan(100_000_000, 65536, seed=3, buffer_chunks=8)
+    plan = EpochPlan(100_000_000, 65536, batch_size=256, seed=3, buffer_chunks=64)
     samples, _ = plan.take(0, 256)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert len(plan) == 100_000_000 and len(np.unique(samples)) == 256
     assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB"  # a per-sample plan would be 800 MiB per array
+
+
+def test_epoch_steps_share_every_step_evenly():
+    steps = EpochSteps(1000, 24, 16)
+    assert steps.takes.sum() == 24 and set(steps.takes.tolist()) == {1, 2}
+    for world_size in (1, 2, 4, 8, 16):
+        assert {steps.rank_batch(0, r, world_size) for r in range(world_size)} == {24 // world_size} or \
+            24 % world_size  # 16 ranks cannot share a batch of 24 evenly: the global batch is batch_size x 16

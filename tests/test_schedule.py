@@ -7,28 +7,29 @@ from itertools import cycle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from outcore.iterate.plan import Consumer, EpochPlan, batches_in
+from outcore.iterate.plan import Consumer, EpochPlan
 from outcore.iterate.schedule import max_held, schedule
 
 
 @settings(max_examples=400, deadline=None)
 @given(num_samples=st.integers(0, 3000), chunk_size=st.integers(1, 300), buffer_chunks=st.integers(0, 12),
-       batch_size=st.integers(1, 300), read_ahead=st.integers(0, 6), world_size=st.integers(1, 3),
-       shuffle=st.booleans(), drop_last=st.booleans(), seed=st.integers(0, 2**31), data=st.data())
+       batch_size=st.integers(1, 300), read_ahead=st.integers(0, 6), world_size=st.sampled_from([1, 2, 4]),
+       streams=st.sampled_from([4, 8]), shuffle=st.booleans(), drop_last=st.booleans(), seed=st.integers(0, 2**31),
+       workers=st.integers(1, 5), data=st.data())
 def test_every_chunk_is_loaded_before_use_released_after_its_last_use_and_few_are_held(
-        num_samples, chunk_size, buffer_chunks, batch_size, read_ahead, world_size, shuffle, drop_last, seed, data):
-    consumer = Consumer(data.draw(st.integers(0, world_size - 1)), world_size)
-    plan = EpochPlan(num_samples, chunk_size, shuffle=shuffle, seed=seed, buffer_chunks=buffer_chunks,
-                     consumer=consumer, drop_last=drop_last)
-    total = batches_in(len(plan), batch_size, drop_last)
-    first_batch = data.draw(st.integers(0, total))  # a resumed run starts anywhere
-    stop_batch = data.draw(st.sampled_from([None, first_batch + 1]))  # to the end, or one batch (random access)
-    steps = list(schedule(plan, batch_size, drop_last=drop_last, read_ahead=read_ahead, first_batch=first_batch,
-                          stop_batch=stop_batch))
-    last = total if stop_batch is None else min(total, stop_batch)
-    assert [s.index for s in steps] == list(range(first_batch, last))
+        num_samples, chunk_size, buffer_chunks, batch_size, read_ahead, world_size, streams, shuffle, drop_last, seed,
+        workers, data):
+    plan = EpochPlan(num_samples, chunk_size, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                     buffer_chunks=buffer_chunks, rank=data.draw(st.integers(0, world_size - 1)),
+                     world_size=world_size, drop_last=drop_last, streams=streams)
+    first_batch = data.draw(st.integers(0, plan.steps))  # a resumed run starts anywhere
+    kind = data.draw(st.sampled_from(["rest", "one", "turns"]))  # to the end, one batch, a loader worker's turns
+    turns = Consumer(0, 1, data.draw(st.integers(0, workers - 1)), workers).steps(plan.steps, first_batch)
+    wanted = {"rest": range(first_batch, plan.steps), "one": range(first_batch, first_batch + 1), "turns": turns}[kind]
+    steps = list(schedule(plan, wanted, read_ahead=read_ahead))
+    assert [s.index for s in steps] == [i for i in wanted if i < plan.steps]
     loaded, released, held_most = set(), set(), 0
-    bound = max_held(buffer_chunks, batch_size, chunk_size, read_ahead)
+    bound = max_held(plan, read_ahead)
     for step in steps:
         assert not set(step.load) & (loaded | released)  # each slot loaded once, never after its release
         assert list(step.load) == sorted(step.load)  # in stream order
@@ -43,8 +44,7 @@ def test_every_chunk_is_loaded_before_use_released_after_its_last_use_and_few_ar
         assert not set(step.release) & later  # released only after its last use
     assert loaded == released  # nothing left held at the end
     assert held_most <= bound
-    assert [len(s.samples) for s in steps] == [min(batch_size, len(plan) - i * batch_size)
-                                               for i in range(first_batch, last)]
+    assert [len(s.samples) for s in steps] == [min(batch_size, len(plan) - s.index * batch_size) for s in steps]
 
 
 @settings(max_examples=300, deadline=None)
@@ -53,11 +53,11 @@ def test_every_chunk_is_loaded_before_use_released_after_its_last_use_and_few_ar
        depths=st.lists(st.integers(1, 40), min_size=1, max_size=20), data=st.data())
 def test_every_slot_used_is_fetched_once_in_order_before_its_load_and_within_the_depth(
         num_samples, chunk_size, batch_size, read_ahead, grain, shuffle, seed, depths, data):
-    plan = EpochPlan(num_samples, chunk_size, shuffle=shuffle, seed=seed)
-    first_batch = data.draw(st.integers(0, batches_in(len(plan), batch_size, False) - 1))
+    plan = EpochPlan(num_samples, chunk_size, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    first_batch = data.draw(st.integers(0, plan.steps - 1))
     asked = cycle(depths)  # the depth changes as it is measured
     used = []
-    steps = schedule(plan, batch_size, read_ahead=read_ahead, first_batch=first_batch,
+    steps = schedule(plan, range(first_batch, plan.steps), read_ahead=read_ahead,
                      fetch_ahead=lambda: used.append(next(asked)) or used[-1], fetch_grain=grain)
     fetched: list[int] = []
     loaded: set[int] = set()

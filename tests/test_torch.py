@@ -52,6 +52,58 @@ def test_torch_resume_mid_epoch_is_exact_for_every_start_method(ids_store, start
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes:UserWarning")  # 2-core CI
+def test_batches_are_the_same_whatever_the_number_of_workers(ids_store):
+    def epoch(workers, **keywords):
+        loader = ids_store.torch(40, num_workers=workers, shuffle=True, seed=9, collate_fn=_step_and_ids, **keywords)
+        loader.set_epoch(1)
+        return list(loader)
+
+    expected = epoch(0)
+    assert [step for step, _ in expected] == list(range(25))
+    for workers in (1, 2, 3):
+        assert epoch(workers) == expected
+    assert sorted(epoch(2, in_order=False, prefetch_factor=4)) == expected  # each step's batch, in any order
+
+
+def _step_and_ids(batch):  # at module level: spawned workers receive it pickled
+    return batch.index, batch["id"].tolist()
+
+
+def test_a_state_saved_on_4_ranks_resumes_on_2_and_on_8_each_sample_once(ids_store):
+    """Ranks simulated in one process (rank=, world_size=): 4 ranks of 20 stop after 5 of 13 global steps;
+    any rank's state loads on 2 ranks of 40, or 8 of 10, and the job sees every sample exactly once."""
+    def ranks(world_size):
+        return [ids_store.torch(80 // world_size, shuffle=True, seed=2, rank=rank, world_size=world_size,
+                                num_workers=rank % 2) for rank in range(world_size)]
+
+    def steps(loaders, first=0):
+        """The union of the ranks' batches at each global step (sorted ids)."""
+        per_rank = [[b["id"].tolist() for b in loader] for loader in loaders]
+        assert len({len(batches) for batches in per_rank}) == 1  # equal step counts on every rank
+        return [sorted(i for batches in per_rank for i in batches[k]) for k in range(len(per_rank[0]))]
+
+    uninterrupted = steps(ranks(4))
+    assert len(uninterrupted) == 13 and sorted(i for step in uninterrupted for i in step) == list(range(1000))
+    interrupted = ranks(4)
+    head = [[] for _ in range(5)]
+    for loader in interrupted:
+        for k, batch in enumerate(loader):
+            head[k] += batch["id"].tolist()
+            if k == 4:
+                break
+    states = [json.loads(json.dumps(loader.state_dict())) for loader in interrupted]
+    assert all(state == states[0] for state in states)  # the same on every rank
+    for world_size in (2, 8, 1):
+        resumed = ranks(world_size)
+        for loader in resumed:
+            loader.load_state_dict(states[3])
+        tail = steps(resumed)
+        assert [sorted(h) for h in head] + tail == uninterrupted  # the same global steps, each sample once
+    with pytest.raises(ValueError, match="global_batch_size"):
+        ids_store.torch(30, shuffle=True, seed=2, rank=0, world_size=2).load_state_dict(states[0])
+
+
 def test_torch_passes_dataloader_keywords_through(ids_store):
     loader = ids_store.torch(100, num_workers=2, prefetch_factor=3, timeout=60, worker_init_fn=_set_threads,
                              multiprocessing_context="fork", seed=1)
@@ -172,13 +224,14 @@ def test_torch_resume_mid_epoch_in_a_new_loader(ids_store, workers, stop):
         if len(head) == stop:
             break
     state = interrupted.state_dict()
-    assert state["epoch"] == 3 and sum(state["positions"]) == stop
-    resumed = ids_store.torch(64, num_workers=workers, shuffle=True, seed=5)
-    resumed.load_state_dict(state)
-    tail = [b["id"].numpy() for b in resumed]
-    assert len(head) + len(tail) == len(uninterrupted)
-    for got, expected in zip(head + tail, uninterrupted, strict=True):
-        np.testing.assert_array_equal(got, expected)
+    assert state["epoch"] == 3 and state["step"] == stop and state["skip"] == []
+    for resumed_workers in (workers, 0, 1):  # with the same number of workers, or another
+        resumed = ids_store.torch(64, num_workers=resumed_workers, shuffle=True, seed=5)
+        resumed.load_state_dict(state)
+        tail = [b["id"].numpy() for b in resumed]
+        assert len(head) + len(tail) == len(uninterrupted)
+        for got, expected in zip(head + tail, uninterrupted, strict=True):
+            np.testing.assert_array_equal(got, expected)
     with pytest.raises(ValueError, match="seed"):
         ids_store.torch(64, num_workers=workers, shuffle=True, seed=6).load_state_dict(state)
 
@@ -211,9 +264,7 @@ def test_torch_batches_say_which_samples_they_hold_and_come_in_store_order(ids_s
     for batch in batches:
         np.testing.assert_array_equal(batch["id"].numpy(), ids[batch.samples])
     order = np.concatenate([batch.samples for batch in batches])
-    assert sorted(order.tolist()) == list(range(1000))
-    if workers == 0:
-        assert order.tolist() == list(range(1000))  # predictions line up with the store's labels and paths
+    assert order.tolist() == list(range(1000))  # predictions line up with the store's labels and paths
     shuffled = next(iter(ids_store.torch(64, shuffle=True, seed=1)))
     np.testing.assert_array_equal(shuffled["id"].numpy(), ids[shuffled.samples])
     assert shuffled.samples.tolist() != list(range(64))
@@ -294,3 +345,63 @@ def test_dataloader_workers_share_the_cpus(ids_store, start_method):
     loader = ids_store.torch(100, num_workers=2, transform=_record_threads, multiprocessing_context=start_method)
     counts = {int(t) for batch in loader for t in batch["threads"]}
     assert counts == {max(1, outcore.available_cpus() // 2)}
+
+
+TORCHRUN_SCRIPT = """
+import json, sys
+import torch.distributed as dist
+import outcore
+
+store, global_batch, stop, state_path, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo")
+rank, world_size = dist.get_rank(), dist.get_world_size()
+loader = outcore.open_dataset(store).torch(global_batch // world_size, shuffle=True, seed=11, num_workers=rank % 2)
+loader.set_epoch(4)
+if stop == 0:
+    with open(state_path) as saved:
+        loader.load_state_dict(json.load(saved))
+batches = []
+for batch in loader:
+    batches.append(batch["id"].tolist())
+    if len(batches) == stop:
+        if rank == world_size - 1:  # any rank's state will do: they are the same
+            with open(state_path, "w") as saved:
+                json.dump(loader.state_dict(), saved)
+        break
+with open(f"{out}.{rank}", "w") as result:
+    json.dump({"len": len(loader), "batches": batches}, result)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def _torchrun(tmp_path, processes, *arguments):
+    """Run TORCHRUN_SCRIPT under torchrun with ``processes`` gloo processes on loopback; each rank's result."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    out = tmp_path / f"run{processes}"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+                           str(processes), "--master-addr", "127.0.0.1", "--master-port", port, str(script),
+                           *map(str, arguments), str(out)], check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((tmp_path / f"run{processes}.{rank}").read_text()) for rank in range(processes)]
+
+
+def test_torchrun_stopped_at_4_processes_resumes_at_2_with_every_sample_once(ids_store, tmp_path):
+    """torchrun, gloo on loopback: 4 processes (workers on odd ranks) stop after 5 of 10 global steps of
+    100 and save a state; 2 processes load it and finish the epoch: every sample exactly once, and every
+    rank of each run made the same number of batches."""
+    state = tmp_path / "state.json"
+    first = _torchrun(tmp_path, 4, ids_store.location, 100, 5, state)
+    assert [len(rank["batches"]) for rank in first] == [5] * 4 and {rank["len"] for rank in first} == {10}
+    second = _torchrun(tmp_path, 2, ids_store.location, 100, 0, state)
+    assert [len(rank["batches"]) for rank in second] == [5] * 2
+    seen = [i for run in (first, second) for rank in run for batch in rank["batches"] for i in batch]
+    assert sorted(seen) == list(range(1000))
+    for rank in second:
+        assert all(len(batch) == 50 for batch in rank["batches"])

@@ -1,9 +1,10 @@
 """PyTorch: `loader`, a ``DataLoader`` of outcore batches (`OutcoreLoader`) over `TorchBatches`.
 
-`OutcoreLoader` counts epochs and the batches each worker's share has delivered (each batch says
-whose share it is and its position there), so its ``state_dict`` is the iterators' own positions, not
-a guess at how the DataLoader interleaves its workers. A ``collate_fn`` gets each outcore batch (a
-`TorchBatch`), as a DataLoader with ``batch_size=None`` gives it each item.
+`OutcoreLoader` counts epochs and the steps delivered (each batch says its step), so its ``state_dict``
+is the global position in the epoch: the first step not delivered (and, with ``in_order=False``, the
+later ones already delivered). Each worker's position follows from it, so the state loads with any
+number of workers, and on any number of ranks with the same global batch size. A ``collate_fn`` gets
+each outcore batch (a `TorchBatch`), as a DataLoader with ``batch_size=None`` gives it each item.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ __all__ = ["OutcoreLoader", "TorchBatch", "TorchBatches", "loader", "to_device"]
 
 
 class Delivered(NamedTuple):
-    """What a worker hands the loader: the collated ``value`` and whose batch it was (pinned with it,
-    as a named tuple, when ``pin_memory`` is on)."""
+    """What a worker hands the loader: the collated ``value``, its ``step`` and ``size`` (pinned with it, as
+    a named tuple, when ``pin_memory`` is on)."""
 
     value: Any
-    worker: int
-    index: int
+    step: int
     size: int
 
 
@@ -46,13 +46,14 @@ class Collate:
 
     def __call__(self, batch: TorchBatch) -> Delivered:
         value = default_convert(batch) if self.function is None else self.function(batch)
-        return Delivered(value, batch.worker, batch.index, len(next(iter(batch.values()))))
+        return Delivered(value, batch.index, len(next(iter(batch.values()))))
 
 
 class OutcoreLoader(DataLoader):
     """A DataLoader over `TorchBatches` that counts epochs (the next pass is the next epoch) and can
-    resume mid-epoch: `state_dict` after k batches, `load_state_dict` in a new loader, and iteration
-    continues with exactly the batches the interrupted run would have produced, in the same order."""
+    resume mid-epoch: `state_dict` after k batches, `load_state_dict` in a new loader (with any number of
+    workers, on any number of ranks with the same global batch size), and iteration continues with
+    exactly the global steps the interrupted run would have made, in the same order."""
 
     dataset: TorchBatches
 
@@ -68,8 +69,7 @@ class OutcoreLoader(DataLoader):
         batches = self.dataset
         batches.resolve_rank()  # before the workers start: they receive it
         batches.publish()  # for workers that persist across epochs
-        lengths = batches.share_lengths()
-        positions = list(batches.positions) or [0] * batches.shares
+        ahead = set(batches.skip)  # steps delivered after the first one not delivered
         batches_of = super().__iter__()
         while True:
             asked = time.perf_counter()
@@ -78,9 +78,12 @@ class OutcoreLoader(DataLoader):
             except StopIteration:
                 break
             self._stats.record(time.perf_counter() - asked, 0, delivered.size)
-            positions[delivered.worker] = delivered.index + 1
-            batches.positions = tuple(positions)
-            batches.first_worker = _next_share(delivered.worker, positions, lengths)
+            ahead.add(delivered.step)
+            step = batches.step
+            while step in ahead:
+                ahead.remove(step)
+                step += 1
+            batches.step, batches.skip = step, tuple(sorted(ahead))
             yield delivered.value
         batches.set_epoch(batches.epoch + 1)
 
@@ -90,20 +93,21 @@ class OutcoreLoader(DataLoader):
         return self._stats.summary()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the epoch stands: the batches each worker's share has delivered, and whose batch is next."""
+        """Where the epoch stands: the first step not delivered, the later ones delivered (``skip``: only with
+        ``in_order=False``) and the settings that fix the order. The same on every rank, JSON-serialisable."""
         batches = self.dataset
-        return {**self._settings(), "epoch": batches.epoch,
-                "positions": list(batches.positions) or [0] * batches.shares, "first_worker": batches.first_worker}
+        return {**self._settings(), "epoch": batches.epoch, "step": batches.step, "skip": list(batches.skip)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``, saved by any rank of a run with the same global batch size and order
+        settings (any number of ranks and workers)."""
         check_state(state, self._settings(), "loader")
-        self.dataset.resume(state["epoch"], state["positions"], state["first_worker"])
+        self.dataset.resume(state["epoch"], state["step"], state.get("skip", ()))
 
     def _settings(self) -> dict[str, Any]:
         batches = self.dataset
         batches.resolve_rank()
-        return {**batches.options.plan_settings(), "num_samples": batches.num_samples,
-                "num_workers": batches.num_workers}
+        return {**batches.options.plan_settings(), "num_samples": batches.num_samples}
 
 
 def loader(store: Store, batch_size: int, *, channels_first: bool = False,
@@ -171,12 +175,3 @@ def _check_picklable(batches: TorchBatches, collate_fn: Any, context: Any) -> No
                 "a lambda or a local function), or use multiprocessing_context='fork'"
             ) from None
 
-
-def _next_share(last: int, positions: list[int], lengths: list[int]) -> int:
-    """The share the DataLoader takes its next batch from: it visits its workers in turn, skipping those
-    whose share is exhausted."""
-    for step in range(1, len(lengths) + 1):
-        share = (last + step) % len(lengths)
-        if positions[share] < lengths[share]:
-            return share
-    return 0

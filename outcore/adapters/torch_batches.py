@@ -4,16 +4,18 @@
 each worker resumes — so a DataLoader may start its workers by fork, spawn or forkserver: each worker
 opens the store itself, reads and decodes on its own share of the CPUs (`outcore.threads.share_cpus`),
 started inside the worker (a process that forks while holding running threads can deadlock its
-children), and reads only its share of the epoch. The ``(rank, worker)`` consumers of
-`outcore.iterate.plan` split every epoch into disjoint, balanced parts, and every rank gets the same
-number of batches (see the plan's sharding rule).
+children), and makes its turns of the rank's batches: worker ``w`` of ``n`` makes batches ``w, w + n, ...``
+(from where the epoch resumes), the order in which the DataLoader asks its workers, so the rank's
+batches are the same whatever the number of workers. Ranks read disjoint shares of each epoch and make
+the same number of batches (`outcore.iterate.plan`); the union of their batches at each step depends
+on the global batch size only, so a state saved on some number of ranks and workers resumes on others.
 
 The rank and world size are those given, or else ``torch.distributed``'s when an iteration starts (or
 ``len`` is asked): a loader built before ``init_process_group`` still shards.
 
 Workers that persist across epochs (``persistent_workers=True``) received the dataset once: the epoch
-and where each share resumes reach them through a small shared array (`EpochBoard`) that the loader
-writes before each iteration, and each keeps its store open from one epoch to the next.
+and where it resumes reach them through a small shared array (`EpochBoard`) that the loader writes
+before each iteration, and each keeps its store open from one epoch to the next.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from typing import Any, Unpack
 import numpy as np
 
 from ..errors import OptionError
-from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, batch_count, rank_batch_count
+from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, EpochSteps
 from ..storage import Store
 from ..threads import share_cpus
 from .torch_module import IterableDataset, get_worker_info, torch
 
+BOARD_CAPACITY = 64  # batches per worker that a DataLoader with in_order=False may deliver ahead of the oldest one
 CLIENT_IN_WORKERS = (
     "with client=, the Dask workers read, decode and augment, and batches arrive in the main process: "
     "use num_workers=0 (DataLoader worker processes cannot share the client)"
@@ -39,8 +42,8 @@ CLIENT_IN_WORKERS = (
 
 class TorchBatch(dict):
     """A batch (field name -> tensor; text fields stay numpy strings) that knows where it comes from:
-    ``epoch``, ``worker`` (whose share of the rank's samples), ``index`` (its position in that share)
-    and ``samples``, the store's indices of its samples (where each prediction belongs)."""
+    ``epoch``, ``worker`` (the loader worker that made it), ``index`` (its step: the rank's batch ``index``
+    of the epoch) and ``samples``, the store's indices of its samples (where each prediction belongs)."""
 
     def __init__(self, values: dict[str, Any], epoch: int, worker: int, index: int, samples: np.ndarray) -> None:
         super().__init__(values)
@@ -48,26 +51,29 @@ class TorchBatch(dict):
 
 
 class EpochBoard:
-    """Where the next iteration starts (its epoch, the share the DataLoader's worker 0 makes first, and each
-    share's resume position), in shared memory made by the process that starts the workers, so that
+    """Where the next iteration starts (its epoch, the first step not delivered, and the later steps already
+    delivered, at most ``capacity``), in shared memory made by the process that starts the workers, so that
     persistent workers read it at each epoch. Pickles only while workers are being started."""
 
-    def __init__(self, shares: int, context: Any) -> None:
-        self.shares = shares
-        self.values = context.RawArray("q", 3 + shares)  # epoch, first worker, resuming, positions...
+    def __init__(self, capacity: int, context: Any) -> None:
+        self.capacity = capacity
+        self.values = context.RawArray("q", 3 + capacity)  # epoch, step, count of skipped, skipped steps...
 
-    def write(self, epoch: int, first_worker: int, positions: tuple[int, ...]) -> None:
-        self.values[: 3 + self.shares] = [epoch, first_worker, int(bool(positions)), *(positions or (0,) * self.shares)]
+    def write(self, epoch: int, step: int, skip: tuple[int, ...]) -> None:
+        if len(skip) > self.capacity:
+            raise OptionError(f"{len(skip)} batches were delivered out of order, more than the {self.capacity} "
+                              "persistent workers can be told of: resume without persistent_workers")
+        self.values[: 3 + len(skip)] = [epoch, step, len(skip), *skip]
 
     def read(self) -> tuple[int, int, tuple[int, ...]]:
-        values = list(self.values)
-        return values[0], values[1], tuple(values[3:]) if values[2] else ()
+        epoch, step, count = self.values[:3]
+        return epoch, step, tuple(self.values[3 : 3 + count])
 
 
 class TorchBatches(IterableDataset):
     """Batches of a store as `TorchBatch` dicts, for ``DataLoader(batches, batch_size=None, num_workers=n)``
-    (pass the same ``num_workers`` here for an exact ``len``; each worker reads its share of the epoch
-    whatever the count), or through `outcore.adapters.torch.loader`.
+    (the workers take turns at the rank's batches, whatever their number), or through
+    `outcore.adapters.torch.loader`.
 
     ``channels_first`` turns 4-D fields from (N, H, W, C) into (N, C, H, W) views (no copy).
     """
@@ -86,8 +92,8 @@ class TorchBatches(IterableDataset):
         self.opener = store.opener  # each worker opens the store itself, with the settings it was opened with
         self.num_workers, self.channels_first = num_workers, channels_first
         self.epoch = 0
-        self.positions: tuple[int, ...] = ()  # batches each worker's share has delivered, when resuming
-        self.first_worker = 0  # the share whose batch the DataLoader's worker 0 makes first
+        self.step = 0  # the first of the epoch's batches not delivered yet: the DataLoader's worker 0 makes it
+        self.skip: tuple[int, ...] = ()  # later batches already delivered (by a DataLoader with in_order=False)
         self.board: EpochBoard | None = None  # for persistent workers: `persist`
         self._store: Store | None = None  # a worker's store, opened once (persistent workers keep it)
 
@@ -97,16 +103,12 @@ class TorchBatches(IterableDataset):
         `EpochBoard` that `publish` writes."""
         if isinstance(context, str) or context is None:
             context = multiprocessing.get_context(context)
-        self.board = EpochBoard(self.shares, context)
+        self.board = EpochBoard(BOARD_CAPACITY * max(1, self.num_workers), context)
 
     def publish(self) -> None:
         """Write where the next iteration starts for persistent workers (nothing without them)."""
         if self.board is not None:
-            self.board.write(self.epoch, self.first_worker, self.positions)
-
-    @property
-    def shares(self) -> int:
-        return max(1, self.num_workers)
+            self.board.write(self.epoch, self.step, self.skip)
 
     def resolve_rank(self) -> None:
         """Take the rank and world size from ``torch.distributed`` now, unless they were given."""
@@ -128,27 +130,18 @@ class TorchBatches(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order, from its start, at the next iteration (call it before each epoch,
         as with ``DistributedSampler``, or let `OutcoreLoader` count epochs)."""
-        self.epoch, self.positions, self.first_worker = int(epoch), (), 0
+        self.epoch, self.step, self.skip = int(epoch), 0, ()
 
-    def resume(self, epoch: int, positions: Iterable[int], first_worker: int) -> None:
-        """Continue ``epoch`` with share ``w`` after its first ``positions[w]`` batches, share
-        ``first_worker`` first."""
-        positions = tuple(int(p) for p in positions)
-        if len(positions) != self.shares:
-            raise OptionError(f"{len(positions)} positions given for {self.shares} DataLoader worker shares")
-        self.epoch, self.positions, self.first_worker = int(epoch), positions, int(first_worker)
-
-    def share_lengths(self) -> list[int]:
-        """Batches per epoch of each worker's share of this rank."""
-        return [batch_count(self.num_samples, self._consumer(w), self.options.batch_size, self.options.drop_last)
-                for w in range(self.shares)]
+    def resume(self, epoch: int, step: int, skip: Iterable[int] = ()) -> None:
+        """Continue ``epoch`` from the rank's batch ``step``, leaving out the later batches ``skip`` (already
+        delivered)."""
+        self.epoch, self.step, self.skip = int(epoch), int(step), tuple(sorted(int(s) for s in skip))
 
     def __len__(self) -> int:
-        """Batches this rank gets per epoch, over all workers: the same for every rank."""
+        """Batches this rank gets per epoch: the same for every rank, whatever the number of workers."""
         self.resolve_rank()
         options = self.options
-        return rank_batch_count(self.num_samples, options.rank, options.world_size, self.shares, options.batch_size,
-                                options.drop_last)
+        return EpochSteps(self.num_samples, options.global_batch_size, options.streams, options.drop_last).steps
 
     def __iter__(self) -> Iterator[TorchBatch]:
         info = get_worker_info()
@@ -162,25 +155,22 @@ class TorchBatches(IterableDataset):
                 self.resolve_rank()
         loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None and self.board is not None:  # a persistent worker: this iteration's start
-            self.epoch, self.first_worker, self.positions = self.board.read()
-        if self.positions and num_workers != self.shares:
-            raise OptionError(f"the epoch was interrupted with {self.shares} DataLoader worker(s); it cannot resume "
-                             f"with {num_workers}: use num_workers={self.shares}")
-        worker = (loader_worker + self.first_worker) % num_workers
+            self.epoch, self.step, self.skip = self.board.read()
         if self._store is None or info is None:
             self._store = self.opener()
-        iterator = BatchIterator(self._store, self.options, worker=worker, num_workers=num_workers)
-        iterator.set_epoch(self.epoch)
-        iterator.batches_done = self.positions[worker] if self.positions else 0
-        if iterator.batches_done >= len(iterator):
-            return  # this share was all delivered before the interruption
-        plan, size = iterator.plan(self.epoch), self.options.batch_size
-        for index, batch in enumerate(iterator, start=iterator.batches_done):
-            yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch, worker,
-                             index, plan.take(index * size, (index + 1) * size)[0])
-
-    def _consumer(self, worker: int) -> Consumer:
-        return Consumer(self.options.rank, self.options.world_size, worker, self.shares)
+        iterator = BatchIterator(self._store, self.options)
+        turns = Consumer(self.options.rank, self.options.world_size, loader_worker, num_workers)
+        skip = set(self.skip)
+        steps = [step for step in turns.steps(len(iterator), self.step) if step not in skip]
+        if not steps:
+            return  # this worker's turns were all delivered before the interruption
+        plan, run = iterator.plan(self.epoch), iterator.run(self.epoch, steps)
+        try:
+            for step, batch in zip(steps, run, strict=False):
+                yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch,
+                                 loader_worker, step, plan.step(step)[0])
+        finally:
+            run.close()
 
     def _tensor(self, values: np.ndarray) -> Any:
         if values.dtype.kind in "US":

@@ -4,12 +4,13 @@ them (local threads or a Dask cluster), `BatchIterator`, batch transforms and sh
 from .batch import Batch, Transform
 from .iterator import BatchIterator
 from .options import BatchKeywords, BatchOptions
-from .plan import Consumer, EpochPlan, batch_count, batches_in, rank_batch_count
+from .plan import DEFAULT_STREAMS, Consumer, EpochPlan, EpochSteps, batches_in
 from .quality import ShuffleQuality, shuffle_quality
 from .readers import ChunkReader, chunk_reader, recipe, sample_spec
 from .schedule import BatchStep, max_held, schedule
 
 __all__ = [
+    "DEFAULT_STREAMS",
     "Batch",
     "BatchIterator",
     "BatchKeywords",
@@ -18,13 +19,12 @@ __all__ = [
     "ChunkReader",
     "Consumer",
     "EpochPlan",
+    "EpochSteps",
     "ShuffleQuality",
     "Transform",
-    "batch_count",
     "batches_in",
     "chunk_reader",
     "max_held",
-    "rank_batch_count",
     "recipe",
     "sample_spec",
     "schedule",

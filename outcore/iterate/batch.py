@@ -12,7 +12,6 @@ from ..format import decode_text
 from ..imaging import Box, EncodedChunk
 from ..seeds import Domain, generator
 from ..threads import for_each
-from .plan import Consumer
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
@@ -158,14 +157,14 @@ def assemble(
     return batch
 
 
-def batch_rng_key(seed: int, epoch: int, consumer: Consumer, index: int) -> tuple[int, ...]:
-    """The key of batch ``index``'s augmentation generator (`transform_generator`): the same wherever
-    the batch is made.
+def batch_rng_key(seed: int, epoch: int, rank: int, step: int) -> tuple[int, ...]:
+    """The key of the augmentation generator (`transform_generator`) of ``rank``'s batch at ``step``: the
+    same wherever the batch is made, by whichever loader worker.
 
-    >>> batch_rng_key(0, 3, Consumer(1, 2), 7)
+    >>> batch_rng_key(0, 3, 1, 7)
     (0, 3, 1, 7)
     """
-    return (seed, epoch, consumer.index, index)
+    return (seed, epoch, rank, step)
 
 
 def transform_generator(rng_key: Sequence[int]) -> np.random.Generator:

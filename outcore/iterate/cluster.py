@@ -8,8 +8,8 @@ of tasks, submitted in plan order:
   stay encoded (`outcore.imaging.EncodedChunk`): when a batch task runs on another worker, only the
   JPEG bytes travel, about 8x less than pixels.
 - ``outcore-batch-…``: take one batch's samples from the chunk results it depends on, decoding the
-  encoded ones, and apply the transform with the generator seeded by ``(seed, epoch, consumer,
-  batch)``, exactly as the local threads do: the batches are identical, pixel for pixel.
+  encoded ones, and apply the transform with the generator seeded by ``(seed, epoch, rank,
+  step)``, exactly as the local threads do: the batches are identical, pixel for pixel.
 
 At most ``prefetch`` + (worker threads) batch tasks are pending, so every worker thread has a batch
 to make while ``prefetch`` finished ones wait, and chunk reads run ahead of them by one more chunk per
@@ -87,8 +87,8 @@ class ClusterRun(Run):
                 return
             for slot in step.load:
                 chunk = int(work.plan.chunks[slot])
-                self.chunks[slot] = client.submit(read_chunk, self.source, chunk,
-                                                  key=f"outcore-chunk-{self.name}-{slot}")
+                self.chunks[slot] = client.submit(read_chunk, self.source, chunk,  # slots of one chunk share it
+                                                  key=f"outcore-chunk-{self.name}-{chunk}")
             self.pending.append(client.submit(
                 batch_task, work.recipe, step.samples, work.store.chunk_size, step.slots, step.used,
                 work.rng_key(step.index), *[self.chunks[slot] for slot in step.used],
@@ -114,7 +114,7 @@ class ClusterRun(Run):
         return self._put(batch)
 
     def _lost(self, error: BaseException) -> ClusterError:
-        index = self.work.first_batch + self.gathered
+        index = self.work.batches[self.gathered]
         return ClusterError(
             f"lost the Dask cluster while making batch {index} of epoch {self.work.epoch} "
             f"({type(error).__name__}: {error}). The batches before it were delivered, and the iterator's "

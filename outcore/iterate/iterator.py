@@ -10,14 +10,14 @@ Dask client, the same schedule runs as tasks on the cluster's workers instead (`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..storage import Store
 from .batch import Batch
 from .cluster import ClusterRun
 from .options import BatchOptions, check_state
-from .plan import Consumer, EpochPlan, batch_count
+from .plan import EpochPlan, EpochSteps
 from .readers import ChunkReader, chunk_readers, recipe
 from .runs import LocalRun, Run, Work
 from .stats import LoaderStats
@@ -26,17 +26,18 @@ from .stats import LoaderStats
 class BatchIterator:
     """Iterate a store in batches: dicts of numpy arrays, one per field, samples on axis 0.
 
-    Every epoch yields each of this consumer's samples exactly once, in an order that depends only
-    on ``(seed, epoch, rank, world_size, worker, num_workers)``. A full pass moves to the next epoch;
-    `set_epoch` chooses one. `state_dict` after k batches, loaded into a new iterator (in any
-    process), continues with exactly the batches an uninterrupted run would have produced. Every batch
-    is made of new arrays: keep them as long as you like.
+    Every epoch yields each of this rank's samples exactly once, in an order that depends only on
+    ``(seed, epoch, rank, world_size, batch_size, streams)``; the union of the ranks' batches at each step
+    depends on the global batch size (``batch_size x world_size``) only, not on the number of ranks
+    (`outcore.iterate.plan`). A full pass moves to the next epoch; `set_epoch` chooses one. `state_dict`
+    after k batches, loaded into a new iterator (in any process, on any number of ranks with the same
+    global batch size), continues with exactly the global steps an uninterrupted run would have made.
+    Every batch is made of new arrays: keep them as long as you like.
 
     One iteration runs at a time: a new ``iter()`` closes the one before, and a consumer still waiting
     on that one gets `outcore.IterationClosedError` (as does one waiting when `close` is called).
 
-    Made by `Dataset.batches`; ``worker`` of ``num_workers`` says which share of the rank's samples
-    this iterator reads when a rank runs several loader workers (the torch adapter sets them). With a
+    Made by `Dataset.batches`. With a
     ``client`` in the options, the cluster's workers read, decode and augment the batches
     (`outcore.iterate.cluster`); they are identical to those of the local threads.
 
@@ -45,14 +46,13 @@ class BatchIterator:
     ...     train_step(batch["images"], batch["labels"])
     """
 
-    def __init__(self, store: Store, options: BatchOptions, *, worker: int = 0, num_workers: int = 1) -> None:
+    def __init__(self, store: Store, options: BatchOptions) -> None:
         self.store, self.options = store, options
         fields = options.fields if options.fields is not None else store.fields
         unknown = [f for f in fields if f not in store]
         if unknown:
             raise KeyError(f"no field(s) {unknown} in {store.location}; fields: {list(store.fields)}")
         self.recipe = recipe(store, fields, options.transform)
-        self.consumer = Consumer(options.rank, options.world_size, worker, num_workers)
         self.epoch = 0
         self.batches_done = 0  # batches of the current epoch already handed out
         self._readers: dict[str, ChunkReader] | None = None  # opened at the first read
@@ -84,23 +84,23 @@ class BatchIterator:
 
     def settings(self) -> dict[str, Any]:
         """What fixes the order of every epoch: a state must have been taken with the same."""
-        return {"num_samples": len(self.store), "chunk_size": self.store.chunk_size, **self.options.plan_settings(),
-                "worker": self.consumer.worker, "num_workers": self.consumer.num_workers}
+        return {"num_samples": len(self.store), "chunk_size": self.store.chunk_size, **self.options.plan_settings()}
 
     # -- the plan ------------------------------------------------------------------------------------------
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
-        """This consumer's samples of ``epoch`` (default: the current one) in emission order."""
+        """This rank's samples of ``epoch`` (default: the current one) in emission order."""
         options = self.options
         return EpochPlan(
-            len(self.store), self.store.chunk_size, shuffle=options.shuffle, seed=options.seed,
-            epoch=self.epoch if epoch is None else epoch, buffer_chunks=options.buffer_chunks,
-            consumer=self.consumer, drop_last=options.drop_last,
+            len(self.store), self.store.chunk_size, batch_size=options.batch_size, shuffle=options.shuffle,
+            seed=options.seed, epoch=self.epoch if epoch is None else epoch, buffer_chunks=options.buffer_chunks,
+            rank=options.rank, world_size=options.world_size, drop_last=options.drop_last, streams=options.streams,
         )
 
     def __len__(self) -> int:
-        """Batches per epoch for this consumer."""
-        return batch_count(len(self.store), self.consumer, self.batch_size, self.options.drop_last)
+        """Batches per epoch of this rank: the same on every rank (the global steps)."""
+        options = self.options
+        return EpochSteps(len(self.store), options.global_batch_size, options.streams, options.drop_last).steps
 
     # -- iteration -------------------------------------------------------------------------------------------
 
@@ -122,8 +122,12 @@ class BatchIterator:
                 self._active = None
 
     def _run(self, epoch: int, first_batch: int, stop_batch: int | None = None) -> Run:
-        work = Work(self.store, self.recipe, self.options, self.consumer, epoch, self.plan(epoch), first_batch,
-                    stop_batch)
+        return self.run(epoch, range(len(self))[first_batch:stop_batch])
+
+    def run(self, epoch: int, steps: Sequence[int]) -> Run:
+        """A run making the rank's batches ``steps`` (increasing) of ``epoch``: iterate it for the batches,
+        close it when done (a DataLoader worker makes its turns so)."""
+        work = Work(self.store, self.recipe, self.options, epoch, self.plan(epoch), steps)
         if self.options.client is not None:
             return ClusterRun(work, self._stats)
         return LocalRun(work, self._stats, self.readers)

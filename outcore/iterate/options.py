@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 
 from ..errors import OptionError
 from .batch import Transform
-from .plan import Consumer
+from .plan import DEFAULT_STREAMS, Consumer, check_streams
 
 
 class BatchKeywords(TypedDict, total=False):
@@ -17,12 +17,16 @@ class BatchKeywords(TypedDict, total=False):
     - ``fields``: the fields to read (default: all).
     - ``shuffle``: chunk-aware shuffling (default ``True``); ``False`` reads in storage order.
     - ``seed``: the seed of every epoch's order and of the transform's generators (default 0).
-    - ``buffer_chunks``: how many chunks a batch draws from (default 8): more mixes better and holds
-      more memory.
+    - ``buffer_chunks``: how many chunks a global batch draws from, at least one per stream (default 8):
+      more mixes better and holds more memory.
+    - ``streams``: the canonical streams an epoch is made of (default 8): the batches of every global step
+      are the same on any number of ranks dividing it (1, 2, 4, 8), and a state saved on one resumes
+      on another; a step draws on at least one chunk per stream, so more streams hold more memory.
     - ``prefetch``: finished batches kept ready ahead of the consumer (default 2).
     - ``transform``: ``transform(batch, rng) -> batch`` run on each batch, ``rng`` seeded per batch.
     - ``rank``, ``world_size``: this process's share of each epoch (defaults 0 and 1).
-    - ``drop_last``: leave out each consumer's short last batch (default ``False``).
+    - ``drop_last``: leave out the short last global step (default ``False``: every rank gets
+      ``ceil(N / world_size)`` samples, the short ones repeating one sample).
     - ``client``: a ``distributed.Client`` whose workers read, decode and augment (default: local threads).
     """
 
@@ -34,6 +38,7 @@ class BatchKeywords(TypedDict, total=False):
     transform: Transform | None
     rank: int
     world_size: int
+    streams: int
     drop_last: bool
     client: Any
 
@@ -55,6 +60,7 @@ class BatchOptions:
     transform: Transform | None = None
     rank: int = 0
     world_size: int = 1
+    streams: int = DEFAULT_STREAMS
     drop_last: bool = False
     client: Any = None
 
@@ -66,6 +72,8 @@ class BatchOptions:
         if self.buffer_chunks < 0:
             raise OptionError(f"buffer_chunks={self.buffer_chunks} must be 0 or more")
         Consumer(self.rank, self.world_size)  # checks the rank
+        if self.shuffle:  # without, each rank reads its part of the store in order: one stream per rank
+            check_streams(self.streams, self.world_size)
         if isinstance(self.fields, str):
             raise TypeError(f"fields={self.fields!r} must be a list of field names, not one string")
         if self.fields is not None:
@@ -80,10 +88,17 @@ class BatchOptions:
             raise TypeError(f"unknown batch option(s) {unknown}; the options are {sorted(known)}")
         return cls(batch_size, **keywords)
 
+    @property
+    def global_batch_size(self) -> int:
+        """The samples of a global step: ``batch_size`` on each of ``world_size`` ranks."""
+        return self.batch_size * self.world_size
+
     def plan_settings(self) -> dict[str, Any]:
-        """The options that decide each epoch's batches: a resumed iteration must use the same."""
-        kept = ("batch_size", "shuffle", "seed", "buffer_chunks", "drop_last", "rank", "world_size")
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in kept}
+        """The options that decide each epoch's global steps: a resumed iteration must use the same (on any
+        number of ranks: the global batch size, not each rank's, must match)."""
+        kept = ("shuffle", "seed", "buffer_chunks", "streams", "drop_last")
+        return {"global_batch_size": self.global_batch_size,
+                **{f.name: getattr(self, f.name) for f in fields(self) if f.name in kept}}
 
 
 def check_state(state: dict[str, Any], settings: dict[str, Any], what: str) -> None:

@@ -1,33 +1,37 @@
-"""Shuffle plans: which samples each consumer reads in an epoch, and in which order. Pure, and lazy:
-a plan holds O(chunks) integers, and makes the samples of any stretch of the epoch on demand.
+"""Shuffle plans: which samples each rank reads in an epoch, and in which order. Pure, and lazy: a plan
+holds O(chunks) integers, and makes the samples of any stretch of the epoch on demand.
 
-A *consumer* is one (rank, worker) pair: ``world_size`` training processes times ``num_workers``
-loader workers each. The plan for an epoch is built in three steps, all seeded by ``(seed, epoch)``,
+The order is elastic: it is fixed by the *global* batch (``batch_size x world_size``) and a number of
+canonical ``streams`` (default `DEFAULT_STREAMS`), not by how many ranks or loader workers read it, so
+the samples of every global step (the union of the ranks' batches at that step) are the same on 1, 2, 4
+or 8 ranks and with any number of DataLoader workers, and a run stopped at step ``k`` resumes at step
+``k`` on another number of ranks. An epoch is built in three steps, all seeded by ``(seed, epoch)``,
 each use of randomness in its own seed domain (`outcore.seeds`):
 
 1. **Chunk order.** The store's chunks are permuted (storage order when ``shuffle=False``), giving
    a stream of all samples that is contiguous within each chunk.
-2. **Sharding.** Every rank gets the same number of samples, so that every rank makes the same number
-   of batches (a rank with one batch more would wait forever at its first collective operation):
-   ``ceil(N / world_size)`` samples each, the last ranks repeating up to ``world_size - 1`` samples from
-   the start of the stream, or, with ``drop_last``, ``floor(N / world_size)`` each, up to
-   ``world_size - 1`` samples from the end of the stream left out (torch's ``DistributedSampler`` rule).
-   With one rank, nothing is repeated or left out. Each rank's span is cut into one contiguous span per
-   worker, of near-equal sizes (differing by one sample at most). A consumer's span, cut at chunk
-   boundaries, is its list of *slots*: slot ``j`` is the ``j``-th stretch of one chunk it reads.
-3. **Buffer shuffle** (``shuffle`` with ``buffer_chunks = B > 0``). Each slot's samples are dealt at
-   random to the *windows* ``j, j + 1, ..., j + B - 1`` (a multinomial draw of how many go to each,
-   then a seeded permutation of the slot says which), and the epoch emits window after window, each in
-   a seeded random order. This is the rule "sample of slot ``j`` gets the key ``j + B * u``, ``u``
-   uniform in [0, 1); emit in key order", drawn window by window: a sample of slot ``j`` is emitted
-   between chunk-times ``j`` and ``j + B``, so a reader that loads slots in order holds a bounded
-   number of chunks at once (`outcore.iterate.schedule`), and every batch draws from about ``B``
-   chunks. Without the buffer shuffle each window is one slot, in stream order.
+2. **Streams and steps** (`EpochSteps`). The epoch has ``S = ceil(N / G)`` global steps of ``G``
+   samples (``floor`` with ``drop_last``, which leaves out the short last one), the last one short.
+   Stream ``s`` of ``C`` gives ``floor((s + 1) G / C) - floor(s G / C)`` samples to every step (and its
+   share of the last one, by the same rule on its size), and is the contiguous span of the chunk stream
+   that makes those samples, buffer-shuffled on its own (`outcore.iterate.stream`, seeded by the
+   stream's number; each stream's buffer is ``ceil(buffer_chunks / C)`` chunks, so a step draws on
+   about ``max(buffer_chunks, C)`` chunks). Rank ``r`` of ``W`` owns streams ``[r C / W, (r + 1) C / W)``
+   (``W`` must divide ``C``): by the rule above its streams give exactly ``G / W`` samples to every full
+   step, so it reads only its own share of the chunks, and its batch at step ``k`` is its streams'
+   samples of step ``k``, stream after stream.
+3. **Equal counts.** Every rank makes the same number of batches (a rank with one batch more would
+   wait forever at its first collective operation): ``S``. In the short last step the ranks' shares
+   differ by one sample at most; the ranks short of one repeat the first samples of the epoch's chunk
+   stream, one each (torch's ``DistributedSampler`` rule), so every rank gets ``ceil(N / W)`` samples;
+   with one rank, nothing is repeated.
 
-Window sizes are known from the draws alone (O(slots x B) integers), so finding the samples of
-emission positions ``[start, stop)`` costs a binary search and the windows that cover them: a plan
-starts, resumes mid-epoch or answers a batch by index without making the whole epoch's order. The
-result is a function of ``(seed, epoch, rank, world_size, worker, num_workers)`` and the store's
+Without ``shuffle`` there is one stream per rank (``C = W``): each rank reads its contiguous part of the
+store in storage order, so predictions line up with the store's rows (the steps then depend on ``W``).
+
+Loader workers of a rank make whole batches of the rank, taking turns (worker ``w`` of ``n`` makes
+steps ``w, w + n, ...``, as a DataLoader asks them), so the batches do not depend on their number.
+The result is a function of ``(seed, epoch, rank, world_size, batch_size, streams)`` and the store's
 ``(num_samples, chunk_size)`` only, so it can be recomputed anywhere: that is what makes resuming
 mid-epoch and running on other processes exact.
 """
@@ -35,13 +39,15 @@ mid-epoch and running on other processes exact.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import OptionError
 from ..seeds import Domain, generator
+from .stream import StreamPlan, _slots
+
+DEFAULT_STREAMS = 8  # global steps the same on 1, 2, 4 and 8 ranks
 
 
 @dataclass(frozen=True)
@@ -59,14 +65,32 @@ class Consumer:
         if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
             raise OptionError(f"worker={self.worker} must be in [0, num_workers={self.num_workers})")
 
-    @property
-    def index(self) -> int:
-        """Position among all ``world_size * num_workers`` consumers (rank-major)."""
-        return self.rank * self.num_workers + self.worker
+    def steps(self, total: int, first: int = 0) -> range:
+        """The rank's steps of ``[first, total)`` this worker makes: the workers take turns, from ``first``.
 
-    @property
-    def count(self) -> int:
-        return self.world_size * self.num_workers
+        >>> list(Consumer(worker=1, num_workers=3).steps(10, first=2))
+        [3, 6, 9]
+        """
+        return range(first + self.worker, max(first, total), self.num_workers)
+
+
+def check_streams(streams: int, world_size: int) -> None:
+    """A world size the streams cannot be shared among is an `OptionError` saying what to do.
+
+    >>> check_streams(8, 3)
+    Traceback (most recent call last):
+    ...
+    outcore.errors.OptionError: world_size=3 does not divide streams=8: the order of an epoch is ...
+    """
+    if streams < 1:
+        raise OptionError(f"streams={streams} must be at least 1")
+    if streams % world_size:
+        raise OptionError(
+            f"world_size={world_size} does not divide streams={streams}: the order of an epoch is made of "
+            f"streams that the ranks share, so pass streams= a multiple of every world size you run on (e.g. "
+            f"streams={math.lcm(streams, world_size)}), the same in every run that resumes another; it changes "
+            "the order"
+        )
 
 
 def chunk_order(num_chunks: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
@@ -77,9 +101,9 @@ def chunk_order(num_chunks: int, *, shuffle: bool, seed: int, epoch: int) -> np.
 
 
 def next_use(num_chunks: int, *, shuffle: bool, seed: int, epoch: int, consumers: int = 1) -> np.ndarray:
-    """When each chunk is read again, in epochs: ``epoch + 1`` plus how far into its consumer's share of
-    the next epoch it comes (the ``consumers`` read their shares side by side). A cache smaller than the
-    store keeps the chunks read soonest (`outcore.storage.ChunkCache.expect`).
+    """When each chunk is read again, in epochs: ``epoch + 1`` plus how far into its stream of the next
+    epoch it comes (the ``consumers`` streams are read side by side). A cache smaller than the store
+    keeps the chunks read soonest (`outcore.storage.ChunkCache.expect`).
 
     >>> next_use(4, shuffle=False, seed=0, epoch=0).tolist()
     [1.0, 1.25, 1.5, 1.75]
@@ -92,28 +116,6 @@ def next_use(num_chunks: int, *, shuffle: bool, seed: int, epoch: int, consumers
     return epoch + 1 + (position * consumers / max(1, num_chunks)) % 1.0
 
 
-def rank_samples(num_samples: int, world_size: int, drop_last: bool) -> int:
-    """Samples every rank gets per epoch: the same for all ranks (see the module docstring).
-
-    >>> rank_samples(1023, 2, drop_last=False), rank_samples(1023, 2, drop_last=True)
-    (512, 511)
-    """
-    return num_samples // world_size if drop_last else -(-num_samples // world_size)
-
-
-def span(num_samples: int, consumer: Consumer, drop_last: bool = False) -> tuple[int, int]:
-    """``[start, stop)`` of the consumer's positions in the epoch's stream; positions from ``num_samples``
-    on repeat the stream from its start. Spans of a rank's workers are near-equal and contiguous.
-
-    >>> span(10, Consumer(1, 4)), span(10, Consumer(1, 4), drop_last=True)
-    ((3, 6), (2, 4))
-    """
-    per_rank = rank_samples(num_samples, consumer.world_size, drop_last)
-    base, extra = divmod(per_rank, consumer.num_workers)
-    start = consumer.rank * per_rank + consumer.worker * base + min(consumer.worker, extra)
-    return start, start + base + (consumer.worker < extra)
-
-
 def batches_in(samples: int, batch_size: int, drop_last: bool = False) -> int:
     """How many batches ``samples`` samples make: the last one short, or dropped with ``drop_last``.
 
@@ -124,70 +126,180 @@ def batches_in(samples: int, batch_size: int, drop_last: bool = False) -> int:
     return full + (rest > 0 and not drop_last)
 
 
-def batch_count(num_samples: int, consumer: Consumer, batch_size: int, drop_last: bool = False) -> int:
-    """Batches per epoch of ``consumer``: its span in batches, the last one short unless ``drop_last``.
+def _even(total: int, parts: int) -> np.ndarray:
+    """``total`` cut in ``parts`` by ``floor((i + 1) total / parts) - floor(i total / parts)``: any ``W``
+    dividing ``parts`` and ``total`` sees sums of ``total / W`` over consecutive groups of ``parts / W``."""
+    edges = np.arange(parts + 1, dtype=np.int64) * total // parts
+    return np.diff(edges)
 
-    >>> batch_count(1000, Consumer(0, 3), 100)  # a span of 334 samples
-    4
+
+@dataclass(frozen=True)
+class EpochSteps:
+    """How an epoch of ``num_samples`` is cut into global steps of ``global_batch`` samples and shared among
+    ``streams`` (see the module docstring): ``steps`` steps; stream ``s`` gives ``takes[s]`` samples to
+    each full step, ``last[s]`` to the last one, and reads span ``[starts[s], starts[s] + lengths[s])``.
+
+    >>> steps = EpochSteps(1000, 256, 8)
+    >>> steps.steps, steps.takes.tolist(), steps.last.tolist()
+    (4, [32, 32, 32, 32, 32, 32, 32, 32], [29, 29, 29, 29, 29, 29, 29, 29])
+    >>> steps.rank_batch(3, 0, 2), steps.rank_batch(3, 1, 2)  # the last step: 116 and 116 of 232
+    (116, 116)
     """
-    start, stop = span(num_samples, consumer, drop_last)
-    return batches_in(stop - start, batch_size, drop_last)
 
+    num_samples: int
+    global_batch: int
+    streams: int
+    drop_last: bool = False
 
-def rank_batch_count(num_samples: int, rank: int, world_size: int, num_workers: int, batch_size: int,
-                     drop_last: bool = False) -> int:
-    """Batches per epoch of one rank, over all its workers: the same for every rank.
+    def __post_init__(self) -> None:
+        if self.num_samples < 0 or self.global_batch < 1:
+            raise OptionError(f"need num_samples >= 0 and a batch of 1 or more; got {self.num_samples}, "
+                              f"{self.global_batch}")
+        check_streams(self.streams, 1)
 
-    >>> [rank_batch_count(1023, r, 2, 1, 256, drop_last=True) for r in range(2)]
-    [1, 1]
-    """
-    return sum(batch_count(num_samples, Consumer(rank, world_size, w, num_workers), batch_size, drop_last)
-               for w in range(num_workers))
+    @property
+    def steps(self) -> int:
+        return batches_in(self.num_samples, self.global_batch, self.drop_last)
+
+    @property
+    def takes(self) -> np.ndarray:
+        return _even(self.global_batch, self.streams)
+
+    @property
+    def last(self) -> np.ndarray:
+        """Each stream's samples in the last step."""
+        if self.steps == 0:
+            return np.zeros(self.streams, np.int64)
+        return _even(self.num_samples - (self.steps - 1) * self.global_batch if not self.drop_last
+                     else self.global_batch, self.streams)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.maximum(self.steps - 1, 0) * self.takes + self.last
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+
+    def rank_streams(self, rank: int, world_size: int) -> range:
+        check_streams(self.streams, world_size)
+        per_rank = self.streams // world_size
+        return range(rank * per_rank, (rank + 1) * per_rank)
+
+    def rank_batch(self, step: int, rank: int, world_size: int) -> int:
+        """Samples of rank ``rank``'s own streams in step ``step`` (before the last step's repeats)."""
+        shares = self.last if step == self.steps - 1 else self.takes
+        return int(shares[self.rank_streams(rank, world_size)].sum())
+
+    def padded(self, world_size: int) -> int:
+        """Samples of every rank in the last step, with the repeats: ``ceil(last step / world_size)``."""
+        return -(-int(self.last.sum()) // world_size) if self.steps else 0
 
 
 class EpochPlan:
-    """One consumer's epoch (see the module docstring): ``len(plan)`` samples in emission order, made on
-    demand by `take`; ``chunks[j]`` is the store chunk of slot ``j`` and ``slot_sizes[j]`` how many of its
-    samples the consumer reads (a chunk appears in two slots only when a rank repeats samples).
+    """One rank's epoch (see the module docstring): ``len(plan)`` samples in emission order, batch ``k``
+    at positions ``[k * batch_size, (k + 1) * batch_size)``, made on demand by `take`; ``chunks[j]`` is
+    the store chunk of slot ``j`` and ``slot_sizes[j]`` how many of its samples the rank reads. Slots are
+    numbered in the order the rank first reads them (a chunk appears in two slots only when it is cut
+    between two streams, or holds a repeated sample).
 
-    >>> plan = EpochPlan(10, 4, shuffle=False)
+    >>> plan = EpochPlan(10, 4, batch_size=4, shuffle=False)  # storage order
     >>> plan.take(0, len(plan))[0].tolist(), plan.chunks.tolist()
     ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [0, 1, 2])
+    >>> plan = EpochPlan(10, 4, batch_size=4, buffer_chunks=0, streams=2)  # stream 0: 5 samples, stream 1: 5
+    >>> [plan.step(k)[0].tolist() for k in range(plan.steps)]
+    [[0, 1, 5, 6], [2, 3, 7, 8], [4, 9]]
     """
 
-    def __init__(self, num_samples: int, chunk_size: int, *, shuffle: bool = True, seed: int = 0, epoch: int = 0,
-                 buffer_chunks: int = 8, consumer: Consumer = Consumer(), drop_last: bool = False) -> None:
-        if num_samples < 0 or chunk_size < 1 or buffer_chunks < 0:
-            raise OptionError(
-                f"need num_samples >= 0, chunk_size >= 1, buffer_chunks >= 0; "
-                f"got {num_samples}, {chunk_size}, {buffer_chunks}"
-            )
-        self.chunk_size = chunk_size
-        self.mixed = shuffle and buffer_chunks > 0
-        self.window = buffer_chunks if self.mixed else 1  # B: the windows a slot's samples are dealt to
-        self._key = (seed, epoch, consumer.index, consumer.count)
+    def __init__(self, num_samples: int, chunk_size: int, *, batch_size: int, shuffle: bool = True, seed: int = 0,
+                 epoch: int = 0, buffer_chunks: int = 8, rank: int = 0, world_size: int = 1,
+                 drop_last: bool = False, streams: int = DEFAULT_STREAMS) -> None:
+        if chunk_size < 1 or buffer_chunks < 0 or batch_size < 1:
+            raise OptionError(f"need chunk_size >= 1, buffer_chunks >= 0 and batch_size >= 1; got {chunk_size}, "
+                              f"{buffer_chunks}, {batch_size}")
+        Consumer(rank, world_size)
+        streams = streams if shuffle else world_size
+        self.layout = EpochSteps(num_samples, batch_size * world_size, streams, drop_last)
+        self.chunk_size, self.batch_size, self.rank, self.world_size = chunk_size, batch_size, rank, world_size
+        mixed = shuffle and buffer_chunks > 0
+        self.window = -(-buffer_chunks // streams) if mixed else 1
         order = chunk_order(math.ceil(num_samples / chunk_size), shuffle=shuffle, seed=seed, epoch=epoch)
-        self.chunks, self._first, self.slot_sizes = _slots(num_samples, chunk_size, order,
-                                                           span(num_samples, consumer, drop_last))
-        if self.mixed:  # how many samples of slot j go to window j + d: (slots, B)
-            self.deals = generator(Domain.BUFFER_SHUFFLE, *self._key).multinomial(
-                self.slot_sizes, np.full(self.window, 1 / self.window)).astype(np.int64)
-        else:
-            self.deals = self.slot_sizes[:, None]
-        self._deal_ends = np.cumsum(self.deals, axis=1)
-        window_sizes = np.zeros(len(self.chunks) + self.window - 1, dtype=np.int64)
-        for d in range(self.window):
-            window_sizes[d : d + len(self.chunks)] += self.deals[:, d]
-        self.window_ends = np.cumsum(window_sizes)
-        self._cache: dict[int, np.ndarray] = {}  # slot -> its samples' local indices, in dealing order
-        self._windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # window -> (samples, slots)
-        self._lock = threading.Lock()
+        layout, owned = self.layout, self.layout.rank_streams(rank, world_size)
+        self.streams = [StreamPlan(num_samples, chunk_size, order, (int(layout.starts[s]),
+                                                                    int(layout.starts[s] + layout.lengths[s])),
+                                   window=self.window, mixed=mixed, key=(seed, epoch, s, streams)) for s in owned]
+        self.takes, self.last = layout.takes[owned], layout.last[owned]
+        self.steps = layout.steps
+        self._pad = self._repeat(num_samples, order)
+        self._number_slots()
+
+    def _repeat(self, num_samples: int, order: np.ndarray) -> tuple[int, int] | None:
+        """``(chunk, local index)`` of the sample this rank repeats in the last step, if it is short of one."""
+        layout = self.layout
+        if not layout.steps or self.world_size == 1:
+            return None
+        last = layout.steps - 1
+        short = [layout.rank_batch(last, r, self.world_size) < layout.padded(self.world_size)
+                 for r in range(self.rank + 1)]
+        if not short[-1]:
+            return None
+        position = sum(short) - 1  # the ranks short of one repeat the chunk stream's first samples, in rank order
+        chunks, first, _ = _slots(num_samples, self.chunk_size, order, (position, position + 1))
+        return int(chunks[0]), int(first[0])
+
+    def _number_slots(self) -> None:
+        """Rank slots: every stream's slots (and the repeat's), numbered by the step they are first read at."""
+        keys, chunks, sizes = [], [], []
+        for i, stream in enumerate(self.streams):
+            take = int(self.takes[i])
+            first = stream.first_emitted()
+            step = np.minimum(first // take, self.steps - 1) if take else np.full(len(first), self.steps - 1)
+            keys.append(np.stack([step, np.full(len(step), i), np.arange(len(step))], axis=1))
+            chunks.append(stream.chunks)
+            sizes.append(stream.slot_sizes)
+        if self._pad is not None:
+            keys.append(np.array([[self.steps - 1, len(self.streams), 0]]))
+            chunks.append(np.array([self._pad[0]]))
+            sizes.append(np.array([1]))
+        keys_all = np.concatenate(keys) if keys else np.empty((0, 3), np.int64)
+        rank_order = np.lexsort(keys_all.T[::-1])  # by step, then stream, then slot
+        self.chunks = np.concatenate(chunks)[rank_order].astype(np.int64)
+        self.slot_sizes = np.concatenate(sizes)[rank_order].astype(np.int64)
+        number = np.empty(len(rank_order), np.int64)
+        number[rank_order] = np.arange(len(rank_order))
+        bounds = np.cumsum([0] + [len(c) for c in chunks])
+        self._numbers = [number[bounds[i] : bounds[i + 1]] for i in range(len(chunks))]
 
     def __len__(self) -> int:
-        return int(self.slot_sizes.sum())
+        if not self.steps:
+            return 0
+        return (self.steps - 1) * self.batch_size + self.layout.padded(self.world_size) if not self.layout.drop_last \
+            else self.steps * self.batch_size
 
     def __repr__(self) -> str:
-        return f"EpochPlan({len(self)} samples in {len(self.chunks)} slots, window {self.window})"
+        return (f"EpochPlan({len(self)} samples in {self.steps} batches of {self.batch_size}, {len(self.chunks)} "
+                f"slots, {len(self.streams)} streams)")
+
+    def _pieces(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each own stream's ``[start, stop)`` in step ``step``."""
+        if step < self.steps - 1:
+            return step * self.takes, (step + 1) * self.takes
+        return step * self.takes, step * self.takes + self.last
+
+    def step(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(samples, slots)`` of batch ``step``: each stream's samples of the step, then the repeat."""
+        starts, stops = self._pieces(step)
+        samples, slots = [], []
+        for i, stream in enumerate(self.streams):
+            stream_samples, stream_slots = stream.take(int(starts[i]), int(stops[i]))
+            samples.append(stream_samples)
+            slots.append(self._numbers[i][stream_slots])
+        if self._pad is not None and step == self.steps - 1:
+            samples.append(np.array([self._pad[0] * self.chunk_size + self._pad[1]]))
+            slots.append(self._numbers[-1])
+        if not samples:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        return np.concatenate(samples).astype(np.int64), np.concatenate(slots).astype(np.int64)
 
     def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(samples, slots)`` of emission positions ``[start, stop)``: the store's sample index and the
@@ -195,82 +307,24 @@ class EpochPlan:
         start, stop = max(0, start), min(len(self), stop)
         if start >= stop:
             return np.empty(0, np.int64), np.empty(0, np.int64)
-        first = int(np.searchsorted(self.window_ends, start, side="right"))
-        last = int(np.searchsorted(self.window_ends, stop - 1, side="right"))
         samples, slots = [], []
-        for w in range(first, last + 1):
-            begin = int(self.window_ends[w - 1]) if w else 0
-            low, high = max(start, begin) - begin, min(stop, int(self.window_ends[w])) - begin
-            window_samples, window_slots = self.window_contents(w)
-            samples.append(window_samples[low:high])
-            slots.append(window_slots[low:high])
-        return np.concatenate(samples), np.concatenate(slots)  # copies: the windows stay as made
-
-    def window_contents(self, w: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(samples, slots)`` of window ``w``, in emission order (the last few are kept: consecutive
-        batches draw on the same window)."""
-        with self._lock:
-            made = self._windows.get(w)
-        if made is None:
-            made = self._make_window(w)
-            with self._lock:
-                self._windows = {v: m for v, m in self._windows.items() if abs(v - w) <= 2}
-                self._windows[w] = made
-        return made
-
-    def _make_window(self, w: int) -> tuple[np.ndarray, np.ndarray]:
-        low = max(0, w - self.window + 1)
-        slots = np.arange(low, min(w + 1, len(self.chunks)))
-        groups = [self._dealt(int(j), w - int(j)) for j in slots]
-        local = np.concatenate(groups) if groups else np.empty(0, np.int64)
-        owner = np.repeat(slots, [len(g) for g in groups])
-        if self.mixed:
-            permutation = generator(Domain.WINDOW_ORDER, *self._key, w).permutation(len(local))
-            local, owner = local[permutation], owner[permutation]
-        return self.chunks[owner] * self.chunk_size + local, owner
-
-    def _dealt(self, slot: int, d: int) -> np.ndarray:
-        """The local indices of slot ``slot``'s samples dealt to window ``slot + d``."""
-        with self._lock:
-            dealt = self._cache.get(slot)
-            if dealt is None:
-                dealt = self._first[slot] + np.arange(self.slot_sizes[slot])
-                if self.mixed:
-                    dealt = dealt[generator(Domain.BUFFER_SHUFFLE, *self._key, slot).permutation(len(dealt))]
-                near = self.window + 2  # the slots a window or two around this one draws on
-                self._cache = {j: v for j, v in self._cache.items() if abs(j - slot) <= near}
-                self._cache[slot] = dealt
-        end = int(self._deal_ends[slot, d])
-        return dealt[end - int(self.deals[slot, d]) : end]
+        for step in range(start // self.batch_size, (stop - 1) // self.batch_size + 1):
+            step_samples, step_slots = self.step(step)
+            low = max(start - step * self.batch_size, 0)
+            high = stop - step * self.batch_size
+            samples.append(step_samples[low:high])
+            slots.append(step_slots[low:high])
+        return np.concatenate(samples), np.concatenate(slots)
 
     def emitted_before(self, position: int) -> np.ndarray:
         """How many samples of each slot are emitted before ``position``."""
         done = np.zeros(len(self.chunks), dtype=np.int64)
-        w = int(np.searchsorted(self.window_ends, position, side="right"))  # the window holding ``position``
-        for d in range(self.window):  # windows before ``w`` are whole
-            count = max(0, min(len(self.chunks), w - d))
-            done[:count] += self.deals[:count, d]
-        if position < len(self):
-            before = position - (int(self.window_ends[w - 1]) if w else 0)
-            done += np.bincount(self.window_contents(w)[1][:before], minlength=len(self.chunks))
+        if position >= len(self):
+            return self.slot_sizes.copy()
+        step, offset = divmod(position, self.batch_size)
+        starts, stops = self._pieces(step)
+        into = np.cumsum(np.concatenate([[0], stops - starts]))[:-1]  # where each piece starts in the batch
+        for i, stream in enumerate(self.streams):
+            count = int(starts[i]) + int(np.clip(offset - into[i], 0, stops[i] - starts[i]))
+            done[self._numbers[i]] += stream.emitted_before(count)
         return done
-
-
-def _slots(num_samples: int, chunk_size: int, order: np.ndarray, bounds: tuple[int, int]
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The consumer's slots: each one's store chunk, first local index and size, from its stream span
-    ``bounds``; positions from ``num_samples`` on repeat the stream from its start."""
-    start, stop = bounds
-    if start >= stop or num_samples == 0:
-        return (np.empty(0, np.int64),) * 3
-    sizes = np.minimum(chunk_size, num_samples - order * chunk_size)
-    ends = np.cumsum(sizes)
-    laps = range(start // num_samples, (stop - 1) // num_samples + 1)
-    cuts = np.concatenate([lap * num_samples + np.concatenate([[0], ends]) for lap in laps])
-    cuts = np.unique(np.clip(cuts, start, stop))
-    begins = cuts[:-1]
-    _lap, position = np.divmod(begins, num_samples)
-    stretch = np.searchsorted(ends, position, side="right")
-    chunks = order[stretch]
-    first = position - (ends[stretch] - sizes[stretch])
-    return chunks.astype(np.int64), first.astype(np.int64), np.diff(cuts).astype(np.int64)

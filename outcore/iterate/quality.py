@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import OptionError
 from ..seeds import Domain, generator
 from ..storage import Store
-from .plan import EpochPlan
+from .plan import DEFAULT_STREAMS, EpochPlan
 from .readers import chunk_reader
 
 
@@ -43,8 +43,11 @@ def shuffle_quality(
     buffer_chunks: int = 8,
     seed: int = 0,
     epoch: int = 0,
+    world_size: int = 1,
+    streams: int = DEFAULT_STREAMS,
 ) -> ShuffleQuality:
-    """Score the shuffled order of ``ds.batches(...)`` with these settings on a label ``field``.
+    """Score the shuffled order of ``ds.batches(...)`` with these settings on a label ``field``: every
+    rank's batches of ``batch_size`` when the epoch is shared by ``world_size`` ranks.
 
     Only the labels are read. ``field`` defaults to the first target field.
 
@@ -59,10 +62,12 @@ def shuffle_quality(
         raise OptionError(f"batch_size={batch_size} is larger than the store ({len(store)} samples)")
     reader = chunk_reader(store, field)
     labels = np.concatenate([reader.read(chunk) for chunk in range(store.num_chunks)]).astype(np.int64)
-    plan = EpochPlan(len(store), store.chunk_size, shuffle=True, seed=seed, epoch=epoch, buffer_chunks=buffer_chunks)
+    plans = [EpochPlan(len(store), store.chunk_size, batch_size=batch_size, shuffle=True, seed=seed, epoch=epoch,
+                       buffer_chunks=buffer_chunks, rank=rank, world_size=world_size, streams=streams)
+             for rank in range(world_size)]
     permutation = generator(Domain.REFERENCE, seed, epoch).permutation(len(store))
-    return ShuffleQuality(_mean_tv(labels, plan.take(0, len(plan))[0], batch_size), _mean_tv(labels, permutation, batch_size),
-                          batches)
+    outcore = np.mean([_mean_tv(labels, plan.take(0, len(plan))[0], batch_size) for plan in plans])
+    return ShuffleQuality(float(outcore), _mean_tv(labels, permutation, batch_size), batches)
 
 
 def _mean_tv(labels: np.ndarray, order: np.ndarray, batch_size: int) -> float:

@@ -1,4 +1,4 @@
-"""Runs: one pass over batches ``first_batch, ...`` of an epoch, made by a producer thread and handed to
+"""Runs: one pass over some of an epoch's batches (its ``steps``), made by a producer thread and handed to
 the consumer through a queue of ``prefetch`` batches. `LocalRun` makes them in this process; `ClusterRun`
 (`outcore.iterate.cluster`) on a Dask cluster. Both follow the same schedule (`outcore.iterate.schedule`)
 and make each batch with `outcore.iterate.batch.make_batch`: one path, whether the batches are iterated,
@@ -11,7 +11,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +23,7 @@ from ..storage import Store
 from ..threads import submit, thread_count
 from .batch import Batch, Recipe, batch_rng_key, make_batch
 from .options import BatchOptions
-from .plan import Consumer, EpochPlan, next_use
+from .plan import EpochPlan, next_use
 from .readers import ChunkReader
 from .schedule import BatchStep, schedule
 from .stats import LoaderStats
@@ -33,26 +33,23 @@ WAKE_SECONDS = 0.05  # how often a blocked consumer or producer looks whether it
 
 @dataclass(frozen=True)
 class Work:
-    """What a run makes: batches ``first_batch, ..., stop_batch - 1`` (default: to the end) of ``plan``,
-    epoch ``epoch`` of ``consumer``, as ``recipe`` says."""
+    """What a run makes: the rank's batches ``steps`` (increasing) of ``plan``, epoch ``epoch``, as
+    ``recipe`` says."""
 
     store: Store
     recipe: Recipe
     options: BatchOptions
-    consumer: Consumer
     epoch: int
     plan: EpochPlan
-    first_batch: int
-    stop_batch: int | None = None
+    batches: Sequence[int]
 
     def steps(self, read_ahead: int, fetch_ahead: Callable[[], int] | None = None) -> Iterator[BatchStep]:
-        return schedule(self.plan, self.options.batch_size, drop_last=self.options.drop_last, read_ahead=read_ahead,
-                        first_batch=self.first_batch, stop_batch=self.stop_batch, fetch_ahead=fetch_ahead,
+        return schedule(self.plan, self.batches, read_ahead=read_ahead, fetch_ahead=fetch_ahead,
                         fetch_grain=self.store.chunks_per_shard)
 
-    def rng_key(self, index: int) -> tuple[int, ...]:
-        """The key of batch ``index``'s augmentation generator: the same wherever the batch is made."""
-        return batch_rng_key(self.options.seed, self.epoch, self.consumer, index)
+    def rng_key(self, step: int) -> tuple[int, ...]:
+        """The key of batch ``step``'s augmentation generator: the same wherever the batch is made."""
+        return batch_rng_key(self.options.seed, self.epoch, self.options.rank, step)
 
 
 class _Failure:
@@ -95,7 +92,7 @@ class Run:
                 return self.queue.get(timeout=WAKE_SECONDS)
             except queue.Empty:
                 if self.stop.is_set():
-                    index = self.work.first_batch + self.delivered
+                    index = self.work.batches[self.delivered]
                     raise IterationClosedError(
                         f"the iteration was closed (close(), or a new iter() of the same iterator) while batch "
                         f"{index} of epoch {self.work.epoch} was awaited; iterate again to continue from there "
@@ -177,9 +174,10 @@ class LocalRun(Run):
     def __init__(self, work: Work, stats: LoaderStats, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
         self.buffers = ChunkBuffers(readers)
-        self.loading: dict[int, Future[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}
+        self.loading: dict[int, Future[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}  # by chunk
+        self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
         self.remote = any(reader.remote for reader in readers.values())
-        one_batch = work.stop_batch == work.first_batch + 1
+        one_batch = len(work.batches) == 1
         local_ahead = min(self.MAX_READ_AHEAD, max(2, thread_count()))
         self.read_ahead = 0 if one_batch else self.REMOTE_READ_AHEAD if self.remote else local_ahead
         files = getattr(work.store.group.store, "files", None)  # an object store's (RemoteFiles)
@@ -188,7 +186,7 @@ class LocalRun(Run):
         if self.remote:
             options = work.options
             self.next_use = next_use(work.store.num_chunks, shuffle=options.shuffle, seed=options.seed,
-                                     epoch=work.epoch, consumers=work.consumer.count)
+                                     epoch=work.epoch, consumers=work.plan.layout.streams)
         super().__init__(work, stats)
 
     def _release(self) -> None:
@@ -203,14 +201,22 @@ class LocalRun(Run):
                 return
             fetch = step.fetch if self.fetch_ahead is not None else step.load if self.remote else ()
             if fetch:  # asked for now, chunks stored back to back in one request
-                self._prefetch([int(work.plan.chunks[slot]) for slot in fetch])
+                self._prefetch(list(dict.fromkeys(int(work.plan.chunks[slot]) for slot in fetch)))
+            chunks = work.plan.chunks
             for slot in step.load:
-                self.loading[slot] = submit(self._read, int(work.plan.chunks[slot]))
-            data = {slot: self.loading[slot].result()[0] for slot in step.used}
+                chunk = int(chunks[slot])
+                if chunk not in self.loading:
+                    self.loading[chunk] = submit(self._read, chunk)
+                self.slots_held[chunk] = self.slots_held.get(chunk, 0) + 1
+            data = {slot: self.loading[int(chunks[slot])].result()[0] for slot in step.used}
             batch = make_batch(work.recipe, step.samples, work.store.chunk_size, step.slots, data,
                                work.rng_key(step.index))
             for slot in step.release:
-                self.buffers.give(self.loading.pop(slot).result()[1])
+                chunk = int(chunks[slot])
+                self.slots_held[chunk] -= 1
+                if not self.slots_held[chunk]:
+                    del self.slots_held[chunk]
+                    self.buffers.give(self.loading.pop(chunk).result()[1])
             if not self._put(batch):
                 return
 

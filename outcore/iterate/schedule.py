@@ -1,9 +1,9 @@
 """The batch schedule: from an epoch plan to, per batch, its samples, the chunks to load before it and
 the chunks to release after it. Pure: the local reader threads and the Dask cluster both follow it.
 
-Slots (a consumer's stretches of the stream, `EpochPlan.chunks`) are loaded in stream order, each at
+Slots (a rank's stretches of the chunk stream, `EpochPlan.chunks`) are loaded in the order it first reads them, each at
 most once, ``read_ahead`` slots beyond the last one the batch needs, skipping slots that no batch of
-the run uses (after a resume, past the end with ``drop_last``, or outside a one-batch run). With
+the run uses (after a resume, in another loader worker's batches, or outside a one-batch run). With
 ``fetch_ahead`` (from an object store), slots are also named for fetching (their stored bytes asked
 for, nothing decoded) that many slots beyond those loaded, each once, as the depth is at that step,
 up to a multiple of ``fetch_grain`` (the chunks of a shard file, asked together when read in order;
@@ -16,12 +16,12 @@ its memory does not grow with the samples.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import EpochPlan, batches_in
+from .plan import EpochPlan
 
 
 @dataclass(frozen=True)
@@ -43,37 +43,45 @@ class BatchStep:
         return np.unique(self.slots).tolist()
 
 
-def max_held(buffer_chunks: int, batch_size: int, chunk_size: int, read_ahead: int) -> int:
-    """The most slots a reader following `schedule` holds at once.
-
-    >>> max_held(8, 256, 128, 2)
-    14
-    """
-    return buffer_chunks + 2 + math.ceil(batch_size / chunk_size) + read_ahead
-
-
-def schedule(plan: EpochPlan, batch_size: int, *, drop_last: bool = False, read_ahead: int = 2, first_batch: int = 0,
-             stop_batch: int | None = None, fetch_ahead: Callable[[], int] | None = None,
-             fetch_grain: int = 1) -> Iterator[BatchStep]:
-    """The steps of batches ``first_batch, ..., stop_batch - 1`` (default: to the epoch's end) of ``plan``
-    (see the module docstring).
+def max_held(plan: EpochPlan, read_ahead: int) -> int:
+    """The most slots a reader of ``plan`` following `schedule` holds at once: per stream, its buffer, two
+    slots it is between and those its share of a batch spans; the repeated sample's slot; the read-ahead.
 
     >>> from outcore.iterate.plan import EpochPlan
-    >>> [(s.load, s.release) for s in schedule(EpochPlan(10, 4, shuffle=False), 4, read_ahead=0)]
+    >>> max_held(EpochPlan(10_000, 128, batch_size=256), 2)  # 8 streams of 32 samples a batch, buffers of 1
+    35
+    """
+    spans = sum(math.ceil(int(take) / plan.chunk_size) for take in plan.takes)
+    return len(plan.streams) * (plan.window + 2) + spans + 1 + read_ahead
+
+
+def schedule(plan: EpochPlan, steps: Sequence[int], *, read_ahead: int = 2, fetch_ahead: Callable[[], int] | None = None,
+             fetch_grain: int = 1) -> Iterator[BatchStep]:
+    """The steps of batches ``steps`` of ``plan`` (increasing; a loader worker's take turns: see
+    `outcore.iterate.plan.Consumer.steps`), as the module docstring says.
+
+    >>> from outcore.iterate.plan import EpochPlan
+    >>> plan = EpochPlan(10, 4, batch_size=4, shuffle=False, streams=1)
+    >>> [(s.load, s.release) for s in schedule(plan, range(3), read_ahead=0)]
     [((0,), (0,)), ((1,), (1,)), ((2,), (2,))]
-    >>> [s.fetch for s in schedule(EpochPlan(10, 2, shuffle=False), 4, read_ahead=0, fetch_ahead=lambda: 1)]
+    >>> [s.fetch for s in schedule(EpochPlan(10, 2, batch_size=4, shuffle=False, streams=1), range(3), read_ahead=0,
+    ...                            fetch_ahead=lambda: 1)]
     [(0, 1, 2), (3, 4), ()]
     """
-    total = batches_in(len(plan), batch_size, drop_last)
-    stop_batch = total if stop_batch is None else min(total, stop_batch)
-    if first_batch >= stop_batch:
+    steps = [step for step in steps if step < plan.steps] if not isinstance(steps, range) else \
+        range(steps.start, min(steps.stop, plan.steps), steps.step)
+    if not steps:
         return
-    start, end = first_batch * batch_size, min(len(plan), stop_batch * batch_size)
-    remaining = plan.emitted_before(end) - plan.emitted_before(start)  # each slot's samples in this run
+    size = plan.batch_size
+    if isinstance(steps, range) and steps.step == 1:  # each slot's samples in this run
+        remaining = plan.emitted_before(steps.stop * size) - plan.emitted_before(steps.start * size)
+    else:
+        remaining = np.zeros(len(plan.chunks), np.int64)
+        for index in steps:
+            remaining += np.bincount(plan.step(index)[1], minlength=len(remaining))
     next_slot, next_fetch, held = 0, 0, []
-    for index in range(first_batch, stop_batch):
-        low, high = index * batch_size, min(end, (index + 1) * batch_size)
-        samples, slots = plan.take(low, high)
+    for index in steps:
+        samples, slots = plan.step(index)
         horizon = min(len(plan.chunks), int(slots.max()) + 1 + read_ahead)
         load = tuple(j for j in range(next_slot, horizon) if remaining[j] > 0)
         next_slot = max(next_slot, horizon)
@@ -86,6 +94,6 @@ def schedule(plan: EpochPlan, batch_size: int, *, drop_last: bool = False, read_
             next_fetch = max(next_fetch, reach)
         held += load
         remaining -= np.bincount(slots, minlength=len(remaining))
-        release = tuple(j for j in held if remaining[j] == 0 or index == stop_batch - 1)
+        release = tuple(j for j in held if remaining[j] == 0 or index == steps[-1])
         held = [j for j in held if j not in release]
         yield BatchStep(index, samples, slots, load, release, fetch)

@@ -2,7 +2,7 @@
 
 Each transform works on one field of the batch dict (``"images"`` by default, samples on axis 0,
 ``(N, H, W, C)``) for the whole batch at once, and draws its randomness only from ``rng``, which the
-iterator seeds from ``(seed, epoch, consumer, batch index)``: the same batch gets the same
+iterator seeds from ``(seed, epoch, rank, step)``: the same batch gets the same
 augmentation wherever and whenever it is produced. Batches are not modified in place.
 
 >>> import numpy as np

@@ -1,0 +1,100 @@
+"""Elastic order: what reading the same global steps on 1, 2, 4 and 8 ranks costs, from the plans alone.
+
+    python benchmarks/elastic.py [--samples 1281167] [--chunk 64] [--batch 1024] [--buffer 8] [--epochs 2]
+
+For each world size W (global batch ``--batch``, so ``--batch / W`` per rank), with the default 8 streams:
+
+- whether every global step (the union of the ranks' batches) holds the same samples as on one rank;
+- chunk reads per rank over ``chunks / W`` (each rank reads its own share; the target is <= 1.1);
+- the most chunks a rank holds while following its schedule (measured step by step) against the bound of
+  the previous, per-rank order (``buffer_chunks + 2 + ceil(batch / chunk) + read_ahead``; the target is
+  within 2x);
+- shuffle quality: the mean label total-variation distance of the global batches and of each rank's
+  batches, over that of a full random permutation (1.0 is as good; the target is <= 1.2), on a store
+  shuffled on write (random labels) and on a class-sorted one (1,000 classes in order).
+
+No store is read: the plans and schedules are pure, so the figures are exact for any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+from outcore.iterate.plan import EpochPlan
+from outcore.iterate.schedule import schedule
+from outcore.seeds import Domain, generator
+
+READ_AHEAD = 8  # the most a local run reads ahead
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=1_281_167)
+    parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1024, help="the global batch")
+    parser.add_argument("--buffer", type=int, default=8)
+    parser.add_argument("--classes", type=int, default=1000)
+    parser.add_argument("--epochs", type=int, default=2)
+    args = parser.parse_args()
+    n, chunk = args.samples, args.chunk
+    sorted_labels = np.arange(n) * args.classes // n
+    mixed_labels = generator(Domain.REFERENCE, 99).permutation(sorted_labels)
+    print(f"{n:,} samples in chunks of {chunk} ({math.ceil(n / chunk):,} chunks), global batch {args.batch}, "
+          f"buffer_chunks {args.buffer}, 8 streams, {args.epochs} epochs")
+    print("| ranks | steps identical | chunk reads per rank / (chunks / W) | most chunks held per rank (old bound) "
+          "| TV ratio global, shuffled store | per rank | TV ratio global, class-sorted store | per rank |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    reference: list[list[np.ndarray]] = []
+    for world_size in (1, 2, 4, 8):
+        batch = args.batch // world_size
+        identical, reads, held, quality = True, [], [], {"mixed": [], "sorted": []}
+        for epoch in range(args.epochs):
+            plans = [EpochPlan(n, chunk, batch_size=batch, seed=1, epoch=epoch, buffer_chunks=args.buffer, rank=r,
+                               world_size=world_size) for r in range(world_size)]
+            orders = [plan.take(0, len(plan))[0] for plan in plans]
+            steps = [np.sort(np.concatenate([order[k * batch : (k + 1) * batch] for order in orders]))
+                     for k in range(plans[0].steps)]
+            if world_size == 1:
+                reference.append(steps)
+            else:
+                identical &= all(np.array_equal(a, b) for a, b in zip(steps, reference[epoch], strict=True))
+            for plan in plans:
+                reads.append(len(plan.chunks) / (math.ceil(n / chunk) / world_size))
+                held.append(_most_held(plan))
+            for name, labels in (("mixed", mixed_labels), ("sorted", sorted_labels)):
+                full = _tv(labels, generator(Domain.REFERENCE, 1, epoch).permutation(n), args.batch)
+                full_rank = _tv(labels, generator(Domain.REFERENCE, 1, epoch).permutation(n), batch)
+                global_tv = np.mean([_tv(labels, step, len(step)) for step in steps[:-1]])
+                rank_tv = np.mean([_tv(labels, order, batch) for order in orders])
+                quality[name].append((global_tv / full, rank_tv / full_rank))
+        old = args.buffer + 2 + math.ceil(batch / chunk) + READ_AHEAD
+        cells = [f"{np.mean([q[i] for q in quality[name]]):.2f}" for name in ("mixed", "sorted") for i in (0, 1)]
+        print(f"| {world_size} | {'yes' if identical else 'NO'} | {max(reads):.3f} | {max(held)} ({old}) | "
+              + " | ".join(cells) + " |")
+
+
+def _most_held(plan: EpochPlan) -> int:
+    held, most = set(), 0
+    for step in schedule(plan, range(plan.steps), read_ahead=READ_AHEAD):
+        held |= set(step.load)
+        most = max(most, len(held))
+        held -= set(step.release)
+    return most
+
+
+def _tv(labels: np.ndarray, order: np.ndarray, batch: int) -> float:
+    """Mean total-variation distance between each full batch's label histogram and the whole store's."""
+    classes = int(labels.max()) + 1
+    batches = len(order) // batch
+    ordered = labels[order[: batches * batch]].reshape(batches, batch)
+    counts = np.zeros((batches, classes))
+    np.add.at(counts, (np.arange(batches)[:, None], ordered), 1)
+    overall = np.bincount(labels, minlength=classes) / len(labels)
+    return float(0.5 * np.abs(counts / batch - overall).sum(axis=1).mean())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""One stream of an epoch: a contiguous span of the epoch's chunk stream, buffer-shuffled. Pure, and lazy:
+a stream holds O(slots x window) integers, and makes the samples of any stretch of it on demand.
+
+The span, cut at chunk boundaries, is a list of *slots*: slot ``j`` is the ``j``-th stretch of one chunk
+it reads. With the buffer shuffle (``window = B``), each slot's samples are dealt at random to the
+*windows* ``j, j + 1, ..., j + B - 1`` (a multinomial draw of how many go to each, then a seeded
+permutation of the slot says which), and the stream emits window after window, each in a seeded random
+order. This is the rule "sample of slot ``j`` gets the key ``j + B * u``, ``u`` uniform in [0, 1); emit
+in key order", drawn window by window: a sample of slot ``j`` is emitted between chunk-times ``j`` and
+``j + B``, so a reader that loads slots in order holds a bounded number of chunks at once
+(`outcore.iterate.schedule`). Without the buffer shuffle each window is one slot, in stream order.
+
+Window sizes are known from the draws alone, so finding the samples of emission positions
+``[start, stop)`` costs a binary search and the windows that cover them.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..seeds import Domain, generator
+
+
+class StreamPlan:
+    """The samples of span ``bounds`` of the chunk stream ``order`` (chunk indices) in emission order, made
+    on demand by `take`; ``chunks[j]`` is the store chunk of slot ``j`` and ``slot_sizes[j]`` how many of its
+    samples the stream reads. ``key`` seeds the draws (each stream its own); ``mixed`` turns the buffer
+    shuffle on, over ``window`` windows.
+
+    >>> stream = StreamPlan(10, 4, np.arange(3), (2, 9), window=1, mixed=False, key=(0,))
+    >>> stream.take(0, len(stream))[0].tolist(), stream.chunks.tolist()
+    ([2, 3, 4, 5, 6, 7, 8], [0, 1, 2])
+    """
+
+    def __init__(self, num_samples: int, chunk_size: int, order: np.ndarray, bounds: tuple[int, int], *,
+                 window: int, mixed: bool, key: tuple[int, ...]) -> None:
+        self.chunk_size, self.mixed, self.window, self._key = chunk_size, mixed, window, key
+        self.chunks, self._first, self.slot_sizes = _slots(num_samples, chunk_size, order, bounds)
+        if mixed:  # how many samples of slot j go to window j + d: (slots, window)
+            self.deals = generator(Domain.BUFFER_SHUFFLE, *key).multinomial(
+                self.slot_sizes, np.full(window, 1 / window)).astype(np.int64)
+        else:
+            self.deals = self.slot_sizes[:, None]
+        self._deal_ends = np.cumsum(self.deals, axis=1)
+        window_sizes = np.zeros(len(self.chunks) + self.deals.shape[1] - 1, dtype=np.int64)
+        for d in range(self.deals.shape[1]):
+            window_sizes[d : d + len(self.chunks)] += self.deals[:, d]
+        self.window_ends = np.cumsum(window_sizes)
+        self._cache: dict[int, np.ndarray] = {}  # slot -> its samples' local indices, in dealing order
+        self._windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # window -> (samples, slots)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self.slot_sizes.sum())
+
+    def __repr__(self) -> str:
+        return f"StreamPlan({len(self)} samples in {len(self.chunks)} slots, window {self.window})"
+
+    def first_emitted(self) -> np.ndarray:
+        """The emission position of the window where each slot's first sample is emitted."""
+        if not len(self.chunks):
+            return np.empty(0, np.int64)
+        first_window = np.arange(len(self.chunks)) + np.argmax(self.deals > 0, axis=1)
+        return np.concatenate([[0], self.window_ends])[first_window]
+
+    def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(samples, slots)`` of emission positions ``[start, stop)``: the store's sample index and the
+        slot it is read from, for each."""
+        start, stop = max(0, start), min(len(self), stop)
+        if start >= stop:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        first = int(np.searchsorted(self.window_ends, start, side="right"))
+        last = int(np.searchsorted(self.window_ends, stop - 1, side="right"))
+        samples, slots = [], []
+        for w in range(first, last + 1):
+            begin = int(self.window_ends[w - 1]) if w else 0
+            low, high = max(start, begin) - begin, min(stop, int(self.window_ends[w])) - begin
+            window_samples, window_slots = self.window_contents(w)
+            samples.append(window_samples[low:high])
+            slots.append(window_slots[low:high])
+        return np.concatenate(samples), np.concatenate(slots)  # copies: the windows stay as made
+
+    def window_contents(self, w: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(samples, slots)`` of window ``w``, in emission order (the last few are kept: consecutive
+        batches draw on the same window)."""
+        with self._lock:
+            made = self._windows.get(w)
+        if made is None:
+            made = self._make_window(w)
+            with self._lock:
+                self._windows = {v: m for v, m in self._windows.items() if abs(v - w) <= 2}
+                self._windows[w] = made
+        return made
+
+    def _make_window(self, w: int) -> tuple[np.ndarray, np.ndarray]:
+        low = max(0, w - self.window + 1)
+        slots = np.arange(low, min(w + 1, len(self.chunks)))
+        groups = [self._dealt(int(j), w - int(j)) for j in slots]
+        local = np.concatenate(groups) if groups else np.empty(0, np.int64)
+        owner = np.repeat(slots, [len(g) for g in groups])
+        if self.mixed:
+            permutation = generator(Domain.WINDOW_ORDER, *self._key, w).permutation(len(local))
+            local, owner = local[permutation], owner[permutation]
+        return self.chunks[owner] * self.chunk_size + local, owner
+
+    def _dealt(self, slot: int, d: int) -> np.ndarray:
+        """The local indices of slot ``slot``'s samples dealt to window ``slot + d``."""
+        with self._lock:
+            dealt = self._cache.get(slot)
+            if dealt is None:
+                dealt = self._first[slot] + np.arange(self.slot_sizes[slot])
+                if self.mixed:
+                    dealt = dealt[generator(Domain.BUFFER_SHUFFLE, *self._key, slot).permutation(len(dealt))]
+                near = self.window + 2  # the slots a window or two around this one draws on
+                self._cache = {j: v for j, v in self._cache.items() if abs(j - slot) <= near}
+                self._cache[slot] = dealt
+        end = int(self._deal_ends[slot, d])
+        return dealt[end - int(self.deals[slot, d]) : end]
+
+    def emitted_before(self, position: int) -> np.ndarray:
+        """How many samples of each slot are emitted before ``position``."""
+        done = np.zeros(len(self.chunks), dtype=np.int64)
+        w = int(np.searchsorted(self.window_ends, position, side="right"))  # the window holding ``position``
+        for d in range(self.deals.shape[1]):  # windows before ``w`` are whole
+            count = max(0, min(len(self.chunks), w - d))
+            done[:count] += self.deals[:count, d]
+        if position < len(self):
+            before = position - (int(self.window_ends[w - 1]) if w else 0)
+            done += np.bincount(self.window_contents(w)[1][:before], minlength=len(self.chunks))
+        return done
+
+
+def _slots(num_samples: int, chunk_size: int, order: np.ndarray, bounds: tuple[int, int]
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The slots of stream span ``bounds``: each one's store chunk, first local index and size; positions
+    from ``num_samples`` on repeat the stream from its start."""
+    start, stop = bounds
+    if start >= stop or num_samples == 0:
+        return (np.empty(0, np.int64),) * 3
+    sizes = np.minimum(chunk_size, num_samples - order * chunk_size)
+    ends = np.cumsum(sizes)
+    laps = range(start // num_samples, (stop - 1) // num_samples + 1)
+    cuts = np.concatenate([lap * num_samples + np.concatenate([[0], ends]) for lap in laps])
+    cuts = np.unique(np.clip(cuts, start, stop))
+    begins = cuts[:-1]
+    _lap, position = np.divmod(begins, num_samples)
+    stretch = np.searchsorted(ends, position, side="right")
+    chunks = order[stretch]
+    first = position - (ends[stretch] - sizes[stretch])
+    return chunks.astype(np.int64), first.astype(np.int64), np.diff(cuts).astype(np.int64)
