@@ -5,7 +5,8 @@
 For each world size W (global batch ``--batch``, so ``--batch / W`` per rank), with the default 8 streams:
 
 - whether every global step (the union of the ranks' batches) holds the same samples as on one rank;
-- chunk reads per rank over ``chunks / W`` (each rank reads its own share; the target is <= 1.1);
+- chunk reads per rank over ``chunks / W`` (each rank reads its own share; the target is <= 1.1), and the
+  same with ``--workers`` DataLoader workers, each reading the chunks its turns at the rank's batches draw on;
 - the most chunks a rank holds while following its schedule (measured step by step) against the bound of
   the previous, per-rank order (``buffer_chunks + 2 + ceil(batch / chunk) + read_ahead``; the target is
   within 2x);
@@ -23,7 +24,7 @@ import math
 
 import numpy as np
 
-from outcore.iterate.plan import EpochPlan
+from outcore.iterate.plan import Consumer, EpochPlan
 from outcore.iterate.schedule import schedule
 from outcore.seeds import Domain, generator
 
@@ -38,19 +39,21 @@ def main() -> None:
     parser.add_argument("--buffer", type=int, default=8)
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=4)
     args = parser.parse_args()
     n, chunk = args.samples, args.chunk
     sorted_labels = np.arange(n) * args.classes // n
     mixed_labels = generator(Domain.REFERENCE, 99).permutation(sorted_labels)
     print(f"{n:,} samples in chunks of {chunk} ({math.ceil(n / chunk):,} chunks), global batch {args.batch}, "
           f"buffer_chunks {args.buffer}, 8 streams, {args.epochs} epochs")
-    print("| ranks | steps identical | chunk reads per rank / (chunks / W) | most chunks held per rank (old bound) "
+    print(f"| ranks | steps identical | chunk reads per rank / (chunks / W) | with {args.workers} workers "
+          "| most chunks held per rank (old bound) "
           "| TV ratio global, shuffled store | per rank | TV ratio global, class-sorted store | per rank |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     reference: list[list[np.ndarray]] = []
     for world_size in (1, 2, 4, 8):
         batch = args.batch // world_size
-        identical, reads, held, quality = True, [], [], {"mixed": [], "sorted": []}
+        identical, reads, worker_reads, held, quality = True, [], [], [], {"mixed": [], "sorted": []}
         for epoch in range(args.epochs):
             plans = [EpochPlan(n, chunk, batch_size=batch, seed=1, epoch=epoch, buffer_chunks=args.buffer, rank=r,
                                world_size=world_size) for r in range(world_size)]
@@ -62,7 +65,10 @@ def main() -> None:
             else:
                 identical &= all(np.array_equal(a, b) for a, b in zip(steps, reference[epoch], strict=True))
             for plan in plans:
-                reads.append(len(plan.chunks) / (math.ceil(n / chunk) / world_size))
+                share = math.ceil(n / chunk) / world_size
+                reads.append(len(plan.chunks) / share)
+                turns = [Consumer(worker=w, num_workers=args.workers).steps(plan.steps) for w in range(args.workers)]
+                worker_reads.append(sum(_loads(plan, steps) for steps in turns) / share)
                 held.append(_most_held(plan))
             for name, labels in (("mixed", mixed_labels), ("sorted", sorted_labels)):
                 full = _tv(labels, generator(Domain.REFERENCE, 1, epoch).permutation(n), args.batch)
@@ -72,8 +78,13 @@ def main() -> None:
                 quality[name].append((global_tv / full, rank_tv / full_rank))
         old = args.buffer + 2 + math.ceil(batch / chunk) + READ_AHEAD
         cells = [f"{np.mean([q[i] for q in quality[name]]):.2f}" for name in ("mixed", "sorted") for i in (0, 1)]
-        print(f"| {world_size} | {'yes' if identical else 'NO'} | {max(reads):.3f} | {max(held)} ({old}) | "
+        print(f"| {world_size} | {'yes' if identical else 'NO'} | {max(reads):.3f} | {max(worker_reads):.2f} | "
+              f"{max(held)} ({old}) | "
               + " | ".join(cells) + " |")
+
+
+def _loads(plan: EpochPlan, steps: range) -> int:
+    return sum(len(step.load) for step in schedule(plan, steps, read_ahead=0))
 
 
 def _most_held(plan: EpochPlan) -> int:
