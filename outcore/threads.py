@@ -32,6 +32,7 @@ from .errors import OptionError
 ENVIRONMENT = "OUTCORE_THREADS"
 IO_ENVIRONMENT = "OUTCORE_IO_THREADS"
 IO_THREADS = 64  # the most requests to object stores in flight at once, by default: see `io_thread_count`
+BLOCKS_PER_THREAD = 4  # for_each: runs of items per thread, enough to even out uneven items
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 OWN_CGROUP = Path("/proc/self/cgroup")  # which cgroup(s) this process is in
 
@@ -194,13 +195,20 @@ def submit(work: Callable[..., Any], *args: Any) -> Future[Any]:
 
 def for_each(work: Callable[[int], None], count: int) -> None:
     """``work(i)`` for ``i < count`` on the pool (for Pillow, libjpeg-turbo and Blosc calls, which run
-    outside the GIL); returns when all are done, raising the first exception. On a pool thread, or with
-    one thread, the calls run on the calling thread."""
+    outside the GIL), in `BLOCKS_PER_THREAD` runs of consecutive ``i`` per thread; returns when all are
+    done, raising the first exception. On a pool thread, or with one thread, the calls run on the calling
+    thread."""
     if count <= 1 or in_pool() or thread_count() == 1:
         for i in range(count):
             work(i)
         return
-    wait_all([submit(work, i) for i in range(count)])
+    blocks = min(count, BLOCKS_PER_THREAD * thread_count())  # a task per item costs ~10 % of a JPEG decode
+
+    def run(block: int) -> None:
+        for i in range(block * count // blocks, (block + 1) * count // blocks):
+            work(i)
+
+    wait_all([submit(run, block) for block in range(blocks)])
 
 
 def wait_all(futures: list[Future[Any]]) -> None:

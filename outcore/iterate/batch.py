@@ -129,6 +129,13 @@ def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, Ch
     return out
 
 
+def _decode_samples(sources: list[EncodedChunk], indices: list[int], out: np.ndarray) -> None:
+    def decode(i: int) -> None:
+        sources[i].decode_sample(indices[i], out[i])
+
+    for_each(decode, len(indices))
+
+
 def assemble(
     samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues], fields: Sequence[str],
     text_fields: frozenset[str],
@@ -146,9 +153,8 @@ def assemble(
             for key, values in data.items():
                 where = keys == key
                 out[where] = values[name][samples[where] % chunk_size]
-        elif isinstance(first, EncodedChunk):  # decoded straight into the batch
-            for i, (key, index) in enumerate(zip(keys.tolist(), local, strict=True)):
-                data[key][name].decode_sample(index, out[i])
+        elif isinstance(first, EncodedChunk):  # decoded straight into the batch, on the thread pool
+            _decode_samples([data[key][name] for key in keys.tolist()], local, out)
         else:
             sources = [data[key][name] for key in keys.tolist()]
             for i, (source, index) in enumerate(zip(sources, local, strict=True)):

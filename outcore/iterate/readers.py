@@ -13,8 +13,11 @@ from .batch import Recipe, Transform
 
 
 class EncodedChunks:
-    """The chunk reader of an encoded image field whose samples are decoded into the batches, cropped
-    while decoding (`outcore.iterate.batch.make_batch`): ``read(k)`` is chunk ``k`` as an `EncodedChunk`."""
+    """The chunk reader of an encoded image field as the iterator reads it: ``read(k)`` is chunk ``k`` as an
+    `EncodedChunk`, whose samples are decoded straight into the batches that use them (cropped while
+    decoding when the transform opens with a crop, `outcore.iterate.batch.make_batch`). A chunk's samples
+    are decoded once each, by the batch that holds them, whoever else reads the chunk (a loader worker
+    whose turns use a few of its samples decodes only those), and chunks are held encoded."""
 
     def __init__(self, store: Store, field: str) -> None:
         self.decoded = DecodedChunks(store, field)
@@ -64,9 +67,8 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> 
 
 
 def chunk_readers(store: Store, recipe: Recipe) -> dict[str, ChunkReader]:
-    """The readers of the recipe's fields; the encoded field it crops while decoding is read encoded
-    (`EncodedChunks`)."""
-    return {name: EncodedChunks(store, name) if name == recipe.crop_field else chunk_reader(store, name)
+    """The readers of the recipe's fields; encoded image fields are read encoded (`EncodedChunks`)."""
+    return {name: EncodedChunks(store, name) if store.info(name).is_image else chunk_reader(store, name)
             for name in recipe.fields}
 
 
