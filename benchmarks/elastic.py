@@ -4,7 +4,8 @@
 
 For each world size W (global batch ``--batch``, so ``--batch / W`` per rank), with the default 8 streams:
 
-- whether every global step (the union of the ranks' batches) holds the same samples as on one rank;
+- whether every global step (the union of the ranks' batches, less the last step's documented repeats)
+  holds the same samples as on one rank;
 - chunk reads per rank over ``chunks / W`` (each rank reads its own share; the target is <= 1.1), and the
   same with ``--workers`` DataLoader workers, each reading the chunks its turns at the rank's batches draw on;
 - the most chunks a rank holds while following its schedule (measured step by step) against the bound of
@@ -25,6 +26,7 @@ import math
 import numpy as np
 
 from outcore.iterate.plan import Consumer, EpochPlan
+from outcore.iterate.quality import mean_label_tv
 from outcore.iterate.schedule import schedule
 from outcore.seeds import Domain, generator
 
@@ -58,8 +60,9 @@ def main() -> None:
             plans = [EpochPlan(n, chunk, batch_size=batch, seed=1, epoch=epoch, buffer_chunks=args.buffer, rank=r,
                                world_size=world_size) for r in range(world_size)]
             orders = [plan.take(0, len(plan))[0] for plan in plans]
-            steps = [np.sort(np.concatenate([order[k * batch : (k + 1) * batch] for order in orders]))
-                     for k in range(plans[0].steps)]
+            own = [order[: len(order) - plan.repeats] for plan, order in zip(plans, orders, strict=True)]
+            steps = [np.sort(np.concatenate([order[k * batch : (k + 1) * batch] for order in own]))
+                     for k in range(plans[0].steps)]  # the documented repeats left out
             if world_size == 1:
                 reference.append(steps)
             else:
@@ -71,10 +74,10 @@ def main() -> None:
                 worker_reads.append(sum(_loads(plan, steps) for steps in turns) / share)
                 held.append(_most_held(plan))
             for name, labels in (("mixed", mixed_labels), ("sorted", sorted_labels)):
-                full = _tv(labels, generator(Domain.REFERENCE, 1, epoch).permutation(n), args.batch)
-                full_rank = _tv(labels, generator(Domain.REFERENCE, 1, epoch).permutation(n), batch)
-                global_tv = np.mean([_tv(labels, step, len(step)) for step in steps[:-1]])
-                rank_tv = np.mean([_tv(labels, order, batch) for order in orders])
+                full = mean_label_tv(labels, generator(Domain.REFERENCE, 1, epoch).permutation(n), args.batch)
+                full_rank = mean_label_tv(labels, generator(Domain.REFERENCE, 1, epoch).permutation(n), batch)
+                global_tv = np.mean([mean_label_tv(labels, step, len(step)) for step in steps[:-1]])
+                rank_tv = np.mean([mean_label_tv(labels, order, batch) for order in orders])
                 quality[name].append((global_tv / full, rank_tv / full_rank))
         old = args.buffer + 2 + math.ceil(batch / chunk) + READ_AHEAD
         cells = [f"{np.mean([q[i] for q in quality[name]]):.2f}" for name in ("mixed", "sorted") for i in (0, 1)]
@@ -94,17 +97,6 @@ def _most_held(plan: EpochPlan) -> int:
         most = max(most, len(held))
         held -= set(step.release)
     return most
-
-
-def _tv(labels: np.ndarray, order: np.ndarray, batch: int) -> float:
-    """Mean total-variation distance between each full batch's label histogram and the whole store's."""
-    classes = int(labels.max()) + 1
-    batches = len(order) // batch
-    ordered = labels[order[: batches * batch]].reshape(batches, batch)
-    counts = np.zeros((batches, classes))
-    np.add.at(counts, (np.arange(batches)[:, None], ordered), 1)
-    overall = np.bincount(labels, minlength=classes) / len(labels)
-    return float(0.5 * np.abs(counts / batch - overall).sum(axis=1).mean())
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def _global_steps(plans):
         own, repeated = [], []
         for plan in plans:
             samples = plan.step(k)[0]
-            if plan._pad is not None and k == plan.steps - 1:
+            if plan.repeats and k == plan.steps - 1:
                 samples, repeated = samples[:-1], [*repeated, int(samples[-1])]
             own.append(samples)
         steps.append((np.sort(np.concatenate(own)), repeated))
@@ -107,9 +107,9 @@ def test_without_shuffle_each_rank_reads_its_part_of_the_store_in_order(layout, 
                        world_size=world_size, drop_last=drop_last) for rank in range(world_size)]
     orders = [_samples(plan) for plan in plans]
     for plan, order in zip(plans, orders, strict=True):
-        own = order[:-1] if plan._pad is not None else order
+        own = order[: len(order) - plan.repeats]
         assert (np.diff(own) == 1).all()  # storage order, so predictions line up with the store's rows
-    joined = np.concatenate([o[:-1] if p._pad is not None else o for p, o in zip(plans, orders, strict=True)] +
+    joined = np.concatenate([o[: len(o) - p.repeats] for p, o in zip(plans, orders, strict=True)] +
                             [np.empty(0, np.int64)])
     assert np.array_equal(joined, np.arange(len(joined)))
 

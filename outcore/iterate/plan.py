@@ -270,6 +270,11 @@ class EpochPlan:
         bounds = np.cumsum([0] + [len(c) for c in chunks])
         self._numbers = [number[bounds[i] : bounds[i + 1]] for i in range(len(chunks))]
 
+    @property
+    def repeats(self) -> int:
+        """Samples this rank repeats at the end of its last batch (0 or 1) to make its share equal."""
+        return int(self._pad is not None)
+
     def __len__(self) -> int:
         if not self.steps:
             return 0

@@ -66,11 +66,17 @@ def shuffle_quality(
                        buffer_chunks=buffer_chunks, rank=rank, world_size=world_size, streams=streams)
              for rank in range(world_size)]
     permutation = generator(Domain.REFERENCE, seed, epoch).permutation(len(store))
-    outcore = np.mean([_mean_tv(labels, plan.take(0, len(plan))[0], batch_size) for plan in plans])
-    return ShuffleQuality(float(outcore), _mean_tv(labels, permutation, batch_size), batches)
+    outcore = np.mean([mean_label_tv(labels, plan.take(0, len(plan))[0], batch_size) for plan in plans])
+    return ShuffleQuality(float(outcore), mean_label_tv(labels, permutation, batch_size), batches)
 
 
-def _mean_tv(labels: np.ndarray, order: np.ndarray, batch_size: int) -> float:
+def mean_label_tv(labels: np.ndarray, order: np.ndarray, batch_size: int) -> float:
+    """The mean total-variation distance between the label histogram of each full batch of ``order`` (sample
+    indices) and that of all ``labels``.
+
+    >>> mean_label_tv(np.array([0, 0, 1, 1]), np.array([0, 2, 1, 3]), 2)
+    0.0
+    """
     _, codes = np.unique(labels, return_inverse=True)
     classes = int(codes.max()) + 1
     batches = len(order) // batch_size
