@@ -405,3 +405,39 @@ def test_torchrun_stopped_at_4_processes_resumes_at_2_with_every_sample_once(ids
     assert sorted(seen) == list(range(1000))
     for rank in second:
         assert all(len(batch) == 50 for batch in rank["batches"])
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata 0.11 on torch 2.13
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torchdata_stateful_dataloader_resumes_torch_batches_mid_epoch(ids_store, workers):
+    """torchdata's StatefulDataLoader asks each worker's TorchBatches for its state and gives it back on load."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+    from outcore.adapters.torch import TorchBatches
+
+    def loader():
+        batches = TorchBatches(ids_store, 64, shuffle=True, seed=5, num_workers=workers)
+        batches.set_epoch(2)
+        return stateful.StatefulDataLoader(batches, batch_size=None, num_workers=workers)
+
+    uninterrupted = [b["id"].tolist() for b in loader()]
+    assert len(uninterrupted) == 16
+    for stop in (1, 5):
+        interrupted, head = loader(), []
+        for batch in interrupted:
+            head.append(batch["id"].tolist())
+            if len(head) == stop:
+                break
+        state = interrupted.state_dict()
+        next_turns = sorted(part["step"] for part in _dataset_states(state))  # each worker's next batch
+        assert next_turns == ([stop] if workers == 0 else {1: [0, 2], 5: [5, 6]}[stop])  # 0: worker 1 from the start
+        resumed = loader()
+        resumed.load_state_dict(state)
+        assert head + [b["id"].tolist() for b in resumed] == uninterrupted
+
+
+def _dataset_states(state):
+    """The ``dataset_state`` parts of a StatefulDataLoader state, wherever torchdata keeps them."""
+    if not isinstance(state, dict):
+        return []
+    found = [state["dataset_state"]] if isinstance(state.get("dataset_state"), dict) else []
+    return found + [part for value in state.values() for part in _dataset_states(value)]

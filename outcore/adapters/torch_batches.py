@@ -94,6 +94,7 @@ class TorchBatches(IterableDataset):
         self.epoch = 0
         self.step = 0  # the first of the epoch's batches not delivered yet: the DataLoader's worker 0 makes it
         self.skip: tuple[int, ...] = ()  # later batches already delivered (by a DataLoader with in_order=False)
+        self.own_turn = False  # ``step`` is this worker's next turn (a StatefulDataLoader's worker state), not the rank's
         self.board: EpochBoard | None = None  # for persistent workers: `persist`
         self._store: Store | None = None  # a worker's store, opened once (persistent workers keep it)
 
@@ -130,12 +131,29 @@ class TorchBatches(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order, from its start, at the next iteration (call it before each epoch,
         as with ``DistributedSampler``, or let `OutcoreLoader` count epochs)."""
-        self.epoch, self.step, self.skip = int(epoch), 0, ()
+        self.epoch, self.step, self.skip, self.own_turn = int(epoch), 0, (), False
 
     def resume(self, epoch: int, step: int, skip: Iterable[int] = ()) -> None:
         """Continue ``epoch`` from the rank's batch ``step``, leaving out the later batches ``skip`` (already
         delivered)."""
-        self.epoch, self.step, self.skip = int(epoch), int(step), tuple(sorted(int(s) for s in skip))
+        self.epoch, self.step, self.own_turn = int(epoch), int(step), False
+        self.skip = tuple(sorted(int(s) for s in skip))
+
+    def state_dict(self) -> dict[str, Any]:
+        """torchdata's ``Stateful`` protocol, for ``StatefulDataLoader(batches, batch_size=None, num_workers=n)``,
+        which asks each worker for its part: the epoch and the next batch that worker makes (in the main
+        process, the next batch). Each part is loaded into the same worker by `load_state_dict`. For a
+        state that loads with any number of workers and ranks, use `OutcoreLoader.state_dict`.
+
+        >>> batches.state_dict()  # doctest: +SKIP
+        {'epoch': 2, 'step': 7, 'own_turn': True}
+        """
+        return {"epoch": self.epoch, "step": self.step, "own_turn": self.own_turn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue as `state_dict` says: a worker from its next batch, taking turns as before."""
+        self.epoch, self.step, self.skip = int(state["epoch"]), int(state["step"]), ()
+        self.own_turn = bool(state["own_turn"])
 
     def __len__(self) -> int:
         """Batches this rank gets per epoch: the same for every rank, whatever the number of workers."""
@@ -155,18 +173,20 @@ class TorchBatches(IterableDataset):
                 self.resolve_rank()
         loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None and self.board is not None:  # a persistent worker: this iteration's start
-            self.epoch, self.step, self.skip = self.board.read()
+            (self.epoch, self.step, self.skip), self.own_turn = self.board.read(), False
         if self._store is None or info is None:
             self._store = self.opener()
         iterator = BatchIterator(self._store, self.options)
         turns = Consumer(self.options.rank, self.options.world_size, loader_worker, num_workers)
+        first = self.step - loader_worker if self.own_turn else self.step  # a worker's own state: its next turn
         skip = set(self.skip)
-        steps = [step for step in turns.steps(len(iterator), self.step) if step not in skip]
+        steps = [step for step in turns.steps(len(iterator), first) if step not in skip]
         if not steps:
             return  # this worker's turns were all delivered before the interruption
         plan, run = iterator.plan(self.epoch), iterator.run(self.epoch, steps)
         try:
             for step, batch in zip(steps, run, strict=False):
+                self.step, self.own_turn = step + num_workers, True  # what `state_dict` says once this is delivered
                 yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch,
                                  loader_worker, step, plan.step(step)[0])
         finally:
