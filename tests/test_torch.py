@@ -104,6 +104,17 @@ def test_a_state_saved_on_4_ranks_resumes_on_2_and_on_8_each_sample_once(ids_sto
         ids_store.torch(30, shuffle=True, seed=2, rank=0, world_size=2).load_state_dict(states[0])
 
 
+def test_a_pass_stopped_at_its_last_batch_moves_to_the_next_epoch(ids_store):
+    """Lightning takes len(loader) batches and never asks for the end: the next pass was left empty."""
+    import itertools
+
+    loader = ids_store.torch(100, shuffle=True, seed=3)
+    first = [b["id"].tolist() for b in itertools.islice(loader, len(loader))]
+    second = [b["id"].tolist() for b in itertools.islice(loader, len(loader))]
+    assert len(second) == 10 and loader.state_dict()["epoch"] == 1 and second != first
+    assert sorted(i for batch in second for i in batch) == list(range(1000))
+
+
 def test_torch_passes_dataloader_keywords_through(ids_store):
     loader = ids_store.torch(100, num_workers=2, prefetch_factor=3, timeout=60, worker_init_fn=_set_threads,
                              multiprocessing_context="fork", seed=1)
@@ -441,3 +452,70 @@ def _dataset_states(state):
         return []
     found = [state["dataset_state"]] if isinstance(state.get("dataset_state"), dict) else []
     return found + [part for value in state.values() for part in _dataset_states(value)]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's hints (workers, logging intervals) on a tiny run
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # Lightning 2.6's own use of torch 2.13's deprecated pytree API
+def test_lightning_epochs_and_a_mid_epoch_checkpoint(ids_store, tmp_path):
+    """Lightning stops each epoch at len(loader), and keeps the loader's state in its checkpoints: a run
+    stopped after 13 of 20 steps resumes with exactly the 7 batches the uninterrupted run made next."""
+    lightning = pytest.importorskip("lightning", reason="PyTorch Lightning is not installed")
+    seen = []
+
+    class Model(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, index):
+            seen.append((self.current_epoch, batch["id"].tolist()))
+            return self.layer(batch["id"][:, None].float()).pow(2).mean() * 0
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+        def train_dataloader(self):
+            return ids_store.torch(100, shuffle=True, seed=1, fields=["id"])
+
+    class Crash(lightning.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 13:
+                trainer.save_checkpoint(tmp_path / "step13.ckpt")
+                raise SystemExit("stopped")
+
+    def trainer(*callbacks):
+        return lightning.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                 enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks))
+
+    trainer().fit(Model())
+    uninterrupted, seen[:] = list(seen), []
+    assert [epoch for epoch, _ in uninterrupted] == [0] * 10 + [1] * 10
+    for epoch in (0, 1):
+        assert sorted(i for e, ids in uninterrupted if e == epoch for i in ids) == list(range(1000))
+    with pytest.raises(SystemExit):
+        trainer(Crash()).fit(Model())
+    head, seen[:] = list(seen), []
+    trainer().fit(Model(), ckpt_path=tmp_path / "step13.ckpt")
+    assert len(head) == 13 and head + seen == uninterrupted
+
+
+def test_accelerate_checkpoints_the_loader_with_save_state(ids_store, tmp_path):
+    accelerate = pytest.importorskip("accelerate", reason="Hugging Face Accelerate is not installed")
+
+    def run(stop=None, resume=False):
+        accelerator = accelerate.Accelerator(cpu=True)
+        loader = ids_store.torch(100, shuffle=True, seed=1, fields=["id"])
+        accelerator.register_for_checkpointing(loader)
+        if resume:
+            accelerator.load_state(tmp_path / "state")
+        ids = []
+        for batch in loader:
+            ids.append(batch["id"].tolist())
+            if len(ids) == stop:
+                accelerator.save_state(tmp_path / "state")
+                break
+        return ids
+
+    uninterrupted = run()
+    head, tail = run(stop=4), run(resume=True)
+    assert len(uninterrupted) == 10 and len(head) == 4 and head + tail == uninterrupted

@@ -68,8 +68,10 @@ class OutcoreLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         batches = self.dataset
         batches.resolve_rank()  # before the workers start: they receive it
+        if batches.step >= len(batches):  # the last pass stopped at its last batch (Lightning stops at len())
+            batches.set_epoch(batches.epoch + 1)
         batches.publish()  # for workers that persist across epochs
-        ahead = set(batches.skip)  # steps delivered after the first one not delivered
+        step, ahead = batches.step, set(batches.skip)  # the first step not delivered, those delivered after it
         batches_of = super().__iter__()
         while True:
             asked = time.perf_counter()
@@ -79,11 +81,10 @@ class OutcoreLoader(DataLoader):
                 break
             self._stats.record(time.perf_counter() - asked, 0, delivered.size)
             ahead.add(delivered.step)
-            step = batches.step
             while step in ahead:
                 ahead.remove(step)
                 step += 1
-            batches.step, batches.skip = step, tuple(sorted(ahead))
+            batches.resume(batches.epoch, step, ahead)
             yield delivered.value
         batches.set_epoch(batches.epoch + 1)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Unpack
 
 import numpy as np
@@ -43,9 +43,12 @@ CLIENT_IN_WORKERS = (
 class TorchBatch(dict):
     """A batch (field name -> tensor; text fields stay numpy strings) that knows where it comes from:
     ``epoch``, ``worker`` (the loader worker that made it), ``index`` (its step: the rank's batch ``index``
-    of the epoch) and ``samples``, the store's indices of its samples (where each prediction belongs)."""
+    of the epoch) and ``samples``, the store's indices of its samples (where each prediction belongs).
+    ``TorchBatch(values)`` alone, as frameworks rebuild a mapping they moved to a device (Lightning,
+    Accelerate), knows none of them (None)."""
 
-    def __init__(self, values: dict[str, Any], epoch: int, worker: int, index: int, samples: np.ndarray) -> None:
+    def __init__(self, values: Mapping[str, Any], epoch: int | None = None, worker: int | None = None,
+                 index: int | None = None, samples: np.ndarray | None = None) -> None:
         super().__init__(values)
         self.epoch, self.worker, self.index, self.samples = epoch, worker, index, samples
 
