@@ -96,6 +96,11 @@ def test_keras_resume_after_an_epoch_sees_the_same_batches(splits):
     _cnn().fit(again, initial_epoch=1, epochs=2, verbose=0)
     assert {**first, **resumed} == uninterrupted and len(uninterrupted[1]) == len(data)
     assert uninterrupted[0] != uninterrupted[1]
+    on_two_ranks = train.keras(16, x="images", y="labels", transform=Normalize(), rank=1, world_size=2)
+    on_two_ranks.load_state_dict(state)  # the same global batch (16 x 2): the run goes on on two ranks
+    assert on_two_ranks.state_dict()["epoch"] == 1
+    with pytest.raises(ValueError, match="global_batch_size"):
+        train.keras(16, x="images", y="labels", transform=Normalize()).load_state_dict(state)
 
 
 def test_a_keras_fit_epoch_reads_the_store_about_once(tmp_path):
