@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from functools import partial
@@ -304,3 +305,51 @@ def test_closing_a_cluster_iteration_never_waits_on_the_cluster(client, photos):
     closed = time.perf_counter() - began
     consumer.join(timeout=10)
     assert closed < 2 and outcome["closed at"] - began < 2  # the batch task still has seconds to run
+
+
+def test_two_dask_worker_processes_with_disks_of_their_own_ingest_and_read_one_store(image_folder, tmp_path,
+                                                                                      monkeypatch):
+    """A stand-in for two nodes: `dask scheduler` and two `dask worker` processes, each with scratch, staging
+    and node-cache folders of its own ($OUTCORE_CACHE_DIR, $OUTCORE_STAGING_DIR), ingest into an S3 API and
+    read the store back: the batches are a local store's, and each node caches in its own folder."""
+    pytest.importorskip("obstore", reason="object stores are written through obstore: pip install 'outcore[remote]'")
+    pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
+    from outcore.testing.s3 import S3Server
+
+    with on_local_threads():
+        local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", shape=(32, 32, 3), chunk_size=2,
+                                      progress=False)
+    address_file = tmp_path / "scheduler.json"
+    started = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                 "--port", "0", "--no-dashboard", "--scheduler-file", str(address_file)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        for node in ("a", "b"):
+            folders = {"OUTCORE_CACHE_DIR": tmp_path / node / "cache", "OUTCORE_STAGING_DIR": tmp_path / node / "staging"}
+            started.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(address_file),
+                 "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard", "--name", node,
+                 "--local-directory", str(tmp_path / node / "scratch")],
+                env={**os.environ, **{k: str(v) for k, v in folders.items()}},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60
+        while not address_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        monkeypatch.setenv("OUTCORE_CACHE_DIR", str(tmp_path / "trainer" / "cache"))  # the training node's
+        with Client(scheduler_file=str(address_file), timeout=60) as client, S3Server() as server:
+            client.wait_for_workers(2, timeout=60)
+            server.create_bucket("nodes")
+            outcore.ingest_images(image_folder, "s3://nodes/train.zarr", shape=(32, 32, 3), chunk_size=2,
+                                  client=client, storage_options=server.options, progress=False)
+            remote = outcore.open_dataset("s3://nodes/train.zarr", storage_options=server.options)
+            _assert_same_batches(list(local.batches(4, seed=3)), list(remote.batches(4, seed=3, client=client)))
+            ran = client.run(lambda dask_worker: (dask_worker.name, dask_worker.state.executed_count))
+    finally:
+        for process in started:
+            process.terminate()
+        for process in started:
+            process.wait(timeout=60)
+    assert sorted(name for name, count in ran.values() if count) == ["a", "b"]  # both nodes worked
+    for node in ("a", "b"):  # each read through its own cache
+        assert [p for p in (tmp_path / node / "cache").rglob("*") if p.is_file()], node
+    assert not [p for p in tmp_path.rglob("staging/**/c/*") if p.is_file()]  # shards uploaded, none left

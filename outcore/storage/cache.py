@@ -101,8 +101,10 @@ def parse_size(text: str | int) -> int:
 class ChunkCache:
     """A bounded, crash-safe cache of byte ranges in ``directory``, shared by the node's processes."""
 
-    def __init__(self, directory: str | os.PathLike, max_bytes: int | str = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, directory: str | os.PathLike, max_bytes: int | str = DEFAULT_MAX_BYTES, *,
+                 node_default: bool = False) -> None:
         self.directory = Path(directory).expanduser().absolute()
+        self.node_default = node_default  # the reading node's $OUTCORE_CACHE_DIR: each node resolves its own
         self.max_bytes = parse_size(max_bytes)
         if self.max_bytes <= 0:
             raise OptionError(f"cache_size={max_bytes!r}: give a positive number of bytes")
@@ -120,13 +122,18 @@ class ChunkCache:
         folder = directory if directory is not None else os.environ.get(ENVIRONMENT) or None
         if folder is None:
             return None
-        return cls(folder, max_bytes if max_bytes is not None else os.environ.get(SIZE_ENVIRONMENT) or DEFAULT_MAX_BYTES)
+        return cls(folder, max_bytes if max_bytes is not None else os.environ.get(SIZE_ENVIRONMENT) or DEFAULT_MAX_BYTES,
+                   node_default=directory is None)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"directory": self.directory, "max_bytes": self.max_bytes}
+        return {"directory": self.directory, "max_bytes": self.max_bytes, "node_default": self.node_default}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["directory"], state["max_bytes"])
+        """A cache chosen by ``$OUTCORE_CACHE_DIR`` is, in a process on another node (a Dask worker), that
+        node's own ``$OUTCORE_CACHE_DIR`` when it has one."""
+        node_default = state.get("node_default", False)
+        directory = (node_default and os.environ.get(ENVIRONMENT)) or state["directory"]
+        self.__init__(directory, state["max_bytes"], node_default=node_default)
 
     def __repr__(self) -> str:
         return f"ChunkCache({str(self.directory)!r}, max_bytes={self.max_bytes:,})"
