@@ -38,7 +38,6 @@ from ..format import (
     shapes_name,
 )
 from ..storage import (
-    WRITE_CONFIG,
     Staging,
     Upload,
     consolidate,
@@ -48,6 +47,7 @@ from ..storage import (
     read_files,
     staged_store,
     stored_nbytes,
+    writable,
     write_encoded_shard,
 )
 from .decode_tasks import BLOB_DTYPE
@@ -247,14 +247,13 @@ def _write_shard(
     """Write one shard of every field; with ``upload`` (where to, which shard), upload it; then, with a
     ``marker`` path, record it as done (with its failures)."""
     group = zarr.open_group(directory, mode="r+")
-    with zarr.config.set(WRITE_CONFIG):
-        for name, block in blocks.items():
-            if isinstance(block, Part):  # shuffled on write: made here, so it never waits between tasks
-                block = block()
-            if name in encoded:
-                write_encoded_shard(group, name, start, block, chunk_size)
-            else:
-                group[name][start : start + len(block)] = block
+    for name, block in blocks.items():
+        if isinstance(block, Part):  # shuffled on write: made here, so it never waits between tasks
+            block = block()
+        if name in encoded:
+            write_encoded_shard(group, name, start, block, chunk_size)
+        else:
+            writable(group[name])[start : start + len(block)] = block
     failures = [] if errors is None else [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]
     if upload is not None:
         upload[0].put_shard(Path(directory), upload[1])

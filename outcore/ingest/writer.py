@@ -17,7 +17,6 @@ import zarr
 from ..errors import OptionError, SourceError, StoreBusyError, StoreExistsError
 from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs, dimension_names, guess_roles
 from ..storage import (
-    WRITE_CONFIG,
     Upload,
     consolidate,
     create_field,
@@ -30,6 +29,7 @@ from ..storage import (
     redact,
     remove_path,
     shard_path,
+    writable,
 )
 from ..storage.safety import check_safe, read_attrs
 from ..storage.upload import local_mirror
@@ -247,13 +247,12 @@ class Writer:
         merged = {name: np.concatenate([b[name] for b in self._pending]) for name in self._attrs.fields}
         shards = range(start // self._shard_size, (stop - 1) // self._shard_size + 1)
         written: list[tuple[int, str]] = []  # (shard, file)
-        with zarr.config.set(WRITE_CONFIG):
-            for name, values in merged.items():
-                array = self._group[name]
-                if array.shape[0] < stop:
-                    array.resize((stop, *array.shape[1:]))
-                array[start:stop] = values[:count]
-                written += [(shard, shard_path(array, shard)) for shard in shards]
+        for name, values in merged.items():
+            array = self._group[name]
+            if array.shape[0] < stop:
+                array.resize((stop, *array.shape[1:]))
+            writable(array)[start:stop] = values[:count]
+            written += [(shard, shard_path(array, shard)) for shard in shards]
         if not self._upload:
             make_durable([self.location / path for _, path in written])
         rest = {name: values[count:] for name, values in merged.items()}

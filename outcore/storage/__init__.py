@@ -5,7 +5,6 @@ made on open."""
 from .cache import CacheUsage, ChunkCache
 from .encoded import EncodedBytes, create_encoded_field, read_files, stored_nbytes, write_encoded_shard
 from .groups import (
-    WRITE_CONFIG,
     consolidate,
     create_field,
     describe_classes,
@@ -14,6 +13,7 @@ from .groups import (
     make_durable,
     open_group,
     shard_path,
+    writable,
 )
 from .remote import RemoteStore, is_object_url, redact
 from .shard_reader import ShardReader, read_samples
@@ -23,7 +23,6 @@ from .upload import Upload
 from .zipstore import RangeZipStore, stored_members
 
 __all__ = [
-    "WRITE_CONFIG",
     "CacheUsage",
     "ChunkCache",
     "EncodedBytes",
@@ -54,5 +53,6 @@ __all__ = [
     "staged_store",
     "stored_members",
     "stored_nbytes",
+    "writable",
     "write_encoded_shard",
 ]

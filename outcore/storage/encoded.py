@@ -9,7 +9,7 @@ import zarr
 
 from ..errors import SourceError
 from ..format import SAMPLE_DIM, Compression, Layout, pack_regions, ranges_name, shapes_name
-from .groups import create_field
+from .groups import create_field, writable
 from .shard_reader import ShardReader
 
 
@@ -47,8 +47,8 @@ def write_encoded_shard(group: zarr.Group, name: str, start: int, blobs: Sequenc
             f"field {name!r}: the files of chunk {first_chunk + overflow.args[0]} hold more bytes than their sizes "
             f"said when the ingest began ({capacity} at most): a source file changed during the ingest; run it again"
         ) from None
-    array[first_chunk * capacity : first_chunk * capacity + len(regions)] = regions
-    group[ranges_name(name)][start : start + len(blobs)] = ranges + first_chunk * capacity
+    writable(array)[first_chunk * capacity : first_chunk * capacity + len(regions)] = regions
+    writable(group[ranges_name(name)])[start : start + len(blobs)] = ranges + first_chunk * capacity
 
 
 def stored_nbytes(group: zarr.Group, name: str, num_samples: int) -> np.ndarray:

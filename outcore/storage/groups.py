@@ -20,9 +20,18 @@ from .cache import ChunkCache
 from .remote import RemoteStore, is_object_url, redact
 from .zipstore import RangeZipStore
 
-# Zarr's default compares every chunk with the fill value before writing it, to skip empty chunks:
-# that check made writes 3x slower (benchmarked), and samples are never all fill values.
-WRITE_CONFIG = {"array.write_empty_chunks": True}
+
+def writable(array: zarr.Array) -> zarr.Array:
+    """``array`` writing every chunk, even one of fill values only. Zarr's default compares every chunk with
+    the fill value and skips empty ones: that check made writes 3x slower (benchmarked), and a shard of
+    zeros (labels of one class, black pictures) would be left unwritten, which outcore's readers take for
+    a lost file. Set on the array, not in zarr's global config, which threads writing at once would
+    restore under each other's feet (a shard of zeros went missing so).
+
+    >>> writable(zarr.zeros((4,), chunks=(2,))).config.write_empty_chunks
+    True
+    """
+    return array.with_config({"write_empty_chunks": True})
 
 
 def is_url(location: str | os.PathLike) -> bool:
