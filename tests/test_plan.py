@@ -201,7 +201,7 @@ def reference_rank(num_samples, chunk_size, *, batch_size, shuffle, seed, epoch,
               for r in range(world_size)]
     short = [c < max(counts) for c in counts]
     if short[rank] and not drop_last:
-        out.append(stream[sum(short[:rank])])
+        out.append(stream[sum(short[:rank]) % num_samples])  # fewer samples than ranks: the stream again
     return out
 
 

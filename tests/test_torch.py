@@ -227,6 +227,8 @@ def test_torch_resume_mid_epoch_in_a_new_loader(ids_store, workers, stop):
     loader.set_epoch(3)
     uninterrupted = [b["id"].numpy() for b in loader]
     assert len(uninterrupted) == len(loader)
+    if stop == len(uninterrupted):  # stopped after the epoch's last batch: a new pass is the next epoch
+        uninterrupted += [b["id"].numpy() for b in loader]
     interrupted = ids_store.torch(64, num_workers=workers, shuffle=True, seed=5)
     interrupted.set_epoch(3)
     head = []
