@@ -160,7 +160,7 @@ def test_cluster_iteration_equals_local_iteration(client, photos, fields):
     shard = {"rank": 1, "world_size": 2, **options}
     _assert_same_batches(list(photos.batches(10, **shard)), list(photos.batches(10, client=client, **shard)))
     prefixes = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.task_prefixes))
-    assert {"outcore-chunk", "outcore-batch"} <= set(prefixes)  # as the dashboard shows them
+    assert "outcore-span" in prefixes  # as the dashboard shows them
 
 
 def test_cluster_workers_crop_while_decoding_as_local_threads_do(client, photos):

@@ -16,6 +16,7 @@ from ..threads import for_each
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
 ChunkValues = Mapping[str, Any]  # field -> one chunk's values: an array, or an EncodedChunk to decode
+Empty = Callable[[tuple[int, ...], np.dtype], np.ndarray]  # makes a batch's arrays: np.empty, or shared memory
 
 
 class Crop(Protocol):
@@ -96,31 +97,32 @@ class Recipe:
 
 
 def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues],
-               rng_key: Sequence[int]) -> Batch:
+               rng_key: Sequence[int], empty: Empty = np.empty) -> Batch:
     """`assemble` then the transform, seeded by ``rng_key``; the recipe's `Crop` is done while decoding
     (each box read from the file, `EncodedChunk.decode_region`), with the boxes the crop would have drawn
     on the decoded batch, and so is its `Flip` (each box mirrored as it is decoded), so the rest of the
-    transform sees the same generator state."""
+    transform sees the same generator state. The batch's arrays are made by ``empty`` (a Dask worker's
+    go to shared memory: `outcore.iterate.shared`)."""
     crop = recipe.crop
     if crop is None:
         return apply_transform(recipe.transform, assemble(samples, chunk_size, keys, data, recipe.fields,
-                                                          recipe.text_fields), rng_key)
+                                                          recipe.text_fields, empty), rng_key)
     rng = transform_generator(rng_key)
     chunks, local = keys.tolist(), (samples % chunk_size).tolist()
     sizes = [data[key][crop.field].sample_shape(index)[:2] for key, index in zip(chunks, local, strict=True)]
     boxes = crop.boxes(sizes, rng)
     flips = recipe.flip.draw(len(samples), rng).tolist() if recipe.flip is not None else [(False, False)] * len(samples)
     batch = assemble(samples, chunk_size, keys, data, [n for n in recipe.fields if n != crop.field],
-                     recipe.text_fields)
-    batch[crop.field] = _decode_regions(chunks, local, data, crop, boxes, flips)
+                     recipe.text_fields, empty)
+    batch[crop.field] = _decode_regions(chunks, local, data, crop, boxes, flips, empty)
     batch = {name: batch[name] for name in recipe.fields}
     return batch if recipe.rest is None else recipe.rest(batch, rng)
 
 
 def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, ChunkValues], crop: Crop,
-                    boxes: list[Box], flips: list[tuple[bool, bool]]) -> np.ndarray:
+                    boxes: list[Box], flips: list[tuple[bool, bool]], empty: Empty) -> np.ndarray:
     first = next(iter(data.values()))[crop.field]
-    out = np.empty((len(indices), *crop.output_size, *first.decode.shape[2:]), first.dtype)
+    out = empty((len(indices), *crop.output_size, *first.decode.shape[2:]), first.dtype)
 
     def decode(i: int) -> None:
         data[chunks[i]][crop.field].decode_region(indices[i], boxes[i], crop.output_size, out[i], flips[i])
@@ -138,17 +140,17 @@ def _decode_samples(sources: list[EncodedChunk], indices: list[int], out: np.nda
 
 def assemble(
     samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues], fields: Sequence[str],
-    text_fields: frozenset[str],
+    text_fields: frozenset[str], empty: Empty = np.empty,
 ) -> Batch:
     """A new batch of ``samples``: sample ``i`` is copied once, straight from chunk ``data[keys[i]]`` into
     the batch (no temporaries); encoded images are decoded into the batch, text fields decoded to strings.
-    The batch's arrays are always new: nothing the caller is handed is ever written again.
+    The batch's arrays are always new (made by ``empty``): nothing the caller is handed is ever written again.
     """
     local = (samples % chunk_size).tolist()
     batch = {}
     for name in fields:
         first = next(iter(data.values()))[name]
-        out = np.empty((len(samples), *first.shape[1:]), first.dtype)
+        out = (np.empty if name in text_fields else empty)((len(samples), *first.shape[1:]), first.dtype)
         if out.ndim == 1:  # scalars per sample: one vectorized gather per chunk is cheaper
             for key, values in data.items():
                 where = keys == key

@@ -1,33 +1,40 @@
-"""Batches made on a Dask cluster: its workers read, decode and augment; the consumer only receives.
+"""Batches made on a Dask cluster: its workers read, decode, augment and assemble; the consumer only receives.
 
-``ds.batches(..., client=client)`` turns the batch schedule (`outcore.iterate.schedule`) into two kinds
-of tasks, submitted in plan order:
+``ds.batches(..., client=client)`` cuts the rank's batches into **spans** of consecutive batches (about
+`SPAN_SAMPLES` samples each) and submits one task per span, in order: the worker that runs it opens
+the store itself (a path every worker sees, or an object-store URL, so the data is never sent from
+the consumer), reads the chunks its batches draw on, each once, following the batch schedule
+(`outcore.iterate.schedule`), and makes the batches exactly as the local threads do (the transform's
+generator seeded by ``(seed, epoch, rank, step)``): the batches are identical, pixel for pixel.
 
-- ``outcore-chunk-…``: read one chunk of every field. The worker opens the store itself — a path
-  every worker sees, or an fsspec URL — so the data is never sent from the consumer. Encoded images
-  stay encoded (`outcore.imaging.EncodedChunk`): when a batch task runs on another worker, only the
-  JPEG bytes travel, about 8x less than pixels.
-- ``outcore-batch-…``: take one batch's samples from the chunk results it depends on, decoding the
-  encoded ones, and apply the transform with the generator seeded by ``(seed, epoch, rank,
-  step)``, exactly as the local threads do: the batches are identical, pixel for pixel.
+Why spans: a Dask task costs its worker about 1-3 ms of event-loop work (messages, bookkeeping)
+whatever it does, and a task that needs another task's result adds a transfer. A span is one task and
+no transfer: that cost is spread over a thousand samples, so a worker spends about what the decoding
+itself needs (`benchmarks/cluster.py` measures both). The price: a chunk whose samples fall in two
+spans is read by both (its compressed bytes; small next to decoding for encoded images, more for
+pixel stores, where local threads are the faster path anyway).
 
-At most ``prefetch`` + (worker threads) batch tasks are pending, so every worker thread has a batch
-to make while ``prefetch`` finished ones wait, and chunk reads run ahead of them by one more chunk per
-worker thread; a chunk result is released as soon as the last batch that needs it has been
-submitted, so the cluster holds at most `outcore.iterate.schedule.max_held` chunks (read-ahead:
-threads + 1).
-A background thread gathers finished batches in order into the consumer's queue.
+Delivery: a worker on the consumer's machine makes each batch straight into shared memory and sends
+only the files' names (`outcore.iterate.shared`); the consumer maps them, without a copy or a socket. A
+worker elsewhere sends the batch over Dask's sockets. Either way the batches are the same.
 
-If a worker dies, Dask reruns its tasks (and recomputes the chunks it held) on the others: the epoch
-still yields every sample once, in the planned order. If the whole cluster goes away, the consumer
-gets a `ClusterError`; the iterator's `state_dict` then says how far it got, to resume elsewhere.
+At most twice as many spans as the cluster has worker threads are submitted and not yet received
+(measured on 16 cores: 10 % faster at 8 workers than one more span than threads, since spans finish out
+of order and only the oldest can be handed over), so every worker thread has a span to make while
+finished ones wait: at most that many times `SPAN_BYTES` of batches are held. Several consumers (the ranks of a job, each with its own
+``rank``) can share one cluster: each submits its own spans, of its own share of the epoch.
+
+If a worker dies, Dask reruns its spans on the others: the epoch still yields every sample once, in
+the planned order. If the whole cluster goes away, the consumer gets a `ClusterError`; the iterator's
+`state_dict` then says how far it got, to resume elsewhere.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -38,13 +45,16 @@ import numpy as np
 from dask.base import tokenize
 
 from ..errors import ClusterError, NotAStoreError
-from ..imaging import DecodedChunks
 from ..storage import Store
 from ..threads import available_cpus, cap_threads
-from .batch import Batch, ChunkValues, Recipe, make_batch
-from .readers import ChunkReader, chunk_reader
-from .runs import WAKE_SECONDS, Run, Work
+from .batch import Batch, Recipe, make_batch
+from .readers import ChunkReader, chunk_readers, sample_bytes
+from .runs import WAKE_SECONDS, ChunkBuffers, Run, Work
+from .shared import Mailbox, SharedBatch, Slot
 from .stats import LoaderStats
+
+SPAN_SAMPLES = 2048  # samples per task: Dask's per-task cost becomes a small part of the work
+SPAN_BYTES = 32 << 20  # but no more batch bytes than this per task: finished spans wait in memory
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,31 @@ class StoreFields:
     opener: Callable[[], Store] = field(compare=False, repr=False)
 
 
+@dataclass(frozen=True)
+class SpanStep:
+    """One batch of a span: step ``index``, its ``samples``, the chunk each is read from and the key of its
+    transform's generator."""
+
+    index: int
+    samples: np.ndarray
+    chunks: np.ndarray
+    rng_key: tuple[int, ...]
+
+
+def span_batches(batch_size: int, sample_bytes: int, batches: int, threads: int) -> int:
+    """How many batches a task makes: `SPAN_SAMPLES` samples' worth, as long as they hold at most
+    `SPAN_BYTES`, and no fewer than two spans per worker thread when the run is short (so that every
+    thread has work); at least one.
+
+    >>> span_batches(256, 128 * 128 * 3, 5000, 8), span_batches(64, 224 * 224 * 3, 5000, 8)
+    (2, 3)
+    >>> span_batches(256, 128 * 128 * 3, 20, 8), span_batches(4096, 8, 5000, 8)
+    (1, 1)
+    """
+    by_bytes = SPAN_BYTES // max(1, batch_size * sample_bytes)
+    return max(1, min(math.ceil(SPAN_SAMPLES / batch_size), by_bytes, batches // (2 * threads)))
+
+
 class ClusterRun(Run):
     """One pass over an epoch's batches, made by the workers of the options' ``client``."""
 
@@ -66,9 +101,9 @@ class ClusterRun(Run):
         self.client = work.options.client
         self.source = StoreFields(store.location, work.recipe.fields, tokenize(store.location, store.attrs.to_dict()),
                                   store.opener)
-        self.name = f"{uuid4().hex[:8]}-e{work.epoch}"  # task keys: outcore-chunk-<name>-<chunk>, outcore-batch-<name>-<i>
-        self.chunks: dict[int, Any] = {}  # slot -> future of its chunk
-        self.pending: deque[Any] = deque()
+        self.name = f"{uuid4().hex[:8]}-e{work.epoch}"  # task keys: outcore-span-<name>-<first step>
+        self.mailbox = Mailbox.open()
+        self.pending: deque[Any] = deque()  # futures of the spans submitted, in order
         self.gathered = 0
         super().__init__(work, stats)
 
@@ -79,39 +114,45 @@ class ClusterRun(Run):
             raise self._lost(error) from error
 
     def _submit_and_gather(self) -> None:
-        work, client = self.work, self.client
-        threads = max(1, sum(client.nthreads().values()))
-        in_flight = work.options.prefetch + threads
-        for step in work.steps(read_ahead=threads + 1):
+        work = self.work
+        threads = max(1, sum(self.client.nthreads().values()))
+        span = span_batches(work.options.batch_size, sample_bytes(work.store, work.recipe), len(work.batches), threads)
+        steps: list[SpanStep] = []
+        for step in work.steps(read_ahead=0):
             if self.stop.is_set():
                 return
-            for slot in step.load:
-                chunk = int(work.plan.chunks[slot])
-                self.chunks[slot] = client.submit(read_chunk, self.source, chunk,  # slots of one chunk share it
-                                                  key=f"outcore-chunk-{self.name}-{chunk}")
-            self.pending.append(client.submit(
-                batch_task, work.recipe, step.samples, work.store.chunk_size, step.slots, step.used,
-                work.rng_key(step.index), *[self.chunks[slot] for slot in step.used],
-                key=f"outcore-batch-{self.name}-{step.index}",
-            ))
-            for slot in step.release:
-                del self.chunks[slot]  # its batches hold it on the cluster until they have run
-            if len(self.pending) >= in_flight and not self._deliver():
+            steps.append(SpanStep(step.index, step.samples, work.plan.chunks[step.slots], work.rng_key(step.index)))
+            if len(steps) == span:
+                self._submit(steps)
+                steps = []
+            if len(self.pending) >= 2 * threads and not self._deliver():
                 return
+        if steps:
+            self._submit(steps)
         while self.pending:
             if not self._deliver():
                 return
 
+    def _submit(self, steps: list[SpanStep]) -> None:
+        slot = None if self.mailbox is None else self.mailbox.slot
+        self.pending.append(self.client.submit(
+            make_span, self.source, self.work.recipe, self.work.store.chunk_size, steps, slot,
+            key=f"outcore-span-{self.name}-{steps[0].index}",
+        ))
+
     def _deliver(self) -> bool:
-        """Hand the oldest pending batch to the consumer once it is made; False when the run was closed
-        meanwhile (a closed run never waits on the cluster)."""
+        """Hand the oldest pending span's batches to the consumer once it is made; False when the run was
+        closed meanwhile (a closed run never waits on the cluster)."""
         future = self.pending[0]
         while not future.done():
             if self.stop.wait(WAKE_SECONDS):
                 return False
-        batch = self.pending.popleft().result()
-        self.gathered += 1
-        return self._put(batch)
+        made = self.pending.popleft().result()
+        for batch in made:
+            self.gathered += 1
+            if not self._put(self.mailbox.receive(batch) if self.mailbox is not None else batch):
+                return False
+        return True
 
     def _lost(self, error: BaseException) -> ClusterError:
         index = self.work.batches[self.gathered]
@@ -123,11 +164,12 @@ class ClusterRun(Run):
         )
 
     def _release(self) -> None:
-        futures = [*self.pending, *self.chunks.values()]
+        futures = list(self.pending)
         self.pending.clear()
-        self.chunks.clear()
         if futures and self.client.status == "running" and not sys.is_finalizing():
             self.client.cancel(futures)
+        if self.mailbox is not None:
+            self.mailbox.close()
 
 
 def _cluster_lost() -> tuple[type[BaseException], ...]:
@@ -139,26 +181,38 @@ def _cluster_lost() -> tuple[type[BaseException], ...]:
     return (CancelledError, ClosedClientError, CommClosedError, KilledWorker, TimeoutError)
 
 
-def read_chunk(source: StoreFields, chunk: int) -> dict[str, ChunkValues]:
-    """On a worker: chunk ``chunk`` of every field; encoded images stay encoded until a batch takes them."""
-    readers = _readers(source)
-    return {name: reader.read_encoded(chunk) if isinstance(reader, DecodedChunks) else reader.read(chunk)
-            for name, reader in readers.items()}
-
-
-def batch_task(recipe: Recipe, samples: np.ndarray, chunk_size: int, slots: np.ndarray, used: list[int],
-               rng_key: tuple[int, ...], *values: ChunkValues) -> Batch:
-    """On a worker: one batch from the chunks it draws on (decoding its encoded samples), augmented as the
-    local path would, on as many threads as the cluster gave the worker."""
+def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, steps: Sequence[SpanStep],
+              slot: Slot | None) -> list[SharedBatch | Batch]:
+    """On a worker: the span's batches, each chunk read once (and its buffer reused once no later batch of the
+    span needs it), made as the local path makes them, on as many threads as the cluster gave the worker;
+    into the consumer's shared memory when this worker sees it (`outcore.iterate.shared`)."""
     cap_threads(_worker_threads())
-    return make_batch(recipe, samples, chunk_size, slots, dict(zip(used, values, strict=True)), rng_key)
+    readers = _readers(source)
+    last_use = {int(chunk): i for i, step in enumerate(steps) for chunk in np.unique(step.chunks)}
+    if any(reader.remote for reader in readers.values()):  # the span's bytes asked for at once, in order
+        for reader in readers.values():
+            reader.prefetch(list(last_use))
+    buffers = ChunkBuffers(readers)
+    loaded: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
+    made: list[SharedBatch | Batch] = []
+    for i, step in enumerate(steps):
+        for chunk in np.unique(step.chunks).tolist():
+            if chunk not in loaded:
+                taken = {name: buffers.take(name) for name in readers}
+                loaded[chunk] = ({name: reader.read(chunk, out=taken[name]) for name, reader in readers.items()}, taken)
+        arena = slot.arena() if slot is not None else None
+        batch = make_batch(recipe, step.samples, chunk_size, step.chunks, {c: v for c, (v, _) in loaded.items()},
+                           step.rng_key, np.empty if arena is None else arena.empty)
+        made.append(batch if arena is None else arena.publish(batch))
+        for chunk in [c for c, last in last_use.items() if last == i]:
+            buffers.give(loaded.pop(chunk)[1])
+    return made
 
 
 @lru_cache(maxsize=8)
 def _readers(source: StoreFields) -> dict[str, ChunkReader]:
-    """The worker's readers of a store, opened once per worker process (shard indexes stay cached); its
-    reads and decodes use as many threads as the cluster gave the worker."""
-    cap_threads(_worker_threads())
+    """The worker's readers of a store's fields as the iterator reads them, opened once per worker process
+    (shard indexes stay cached)."""
     try:
         store = source.opener()
     except NotAStoreError as error:
@@ -167,7 +221,7 @@ def _readers(source: StoreFields) -> dict[str, ChunkReader]:
             "themselves: put it where every worker sees it at the same path (a shared filesystem), or open "
             "it by URL (s3://…, gs://…)"
         ) from None
-    return {name: chunk_reader(store, name) for name in source.fields}
+    return chunk_readers(store, source.fields)
 
 
 def _worker_threads() -> int:

@@ -136,7 +136,7 @@ class BatchIterator:
     def readers(self) -> dict[str, ChunkReader]:
         """The fields' chunk readers, opened at the first read (so an unused iterator holds no file or lock)."""
         if self._readers is None:
-            self._readers = chunk_readers(self.store, self.recipe)
+            self._readers = chunk_readers(self.store, self.recipe.fields)
         return self._readers
 
     def batch(self, index: int, epoch: int | None = None) -> Batch:

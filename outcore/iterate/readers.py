@@ -66,10 +66,10 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> 
     return made
 
 
-def chunk_readers(store: Store, recipe: Recipe) -> dict[str, ChunkReader]:
-    """The readers of the recipe's fields; encoded image fields are read encoded (`EncodedChunks`)."""
+def chunk_readers(store: Store, fields: Sequence[str]) -> dict[str, ChunkReader]:
+    """The readers of ``fields`` as batches read them; encoded image fields are read encoded (`EncodedChunks`)."""
     return {name: EncodedChunks(store, name) if store.info(name).is_image else chunk_reader(store, name)
-            for name in recipe.fields}
+            for name in fields}
 
 
 def sample_spec(store: Store, field: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -81,3 +81,15 @@ def sample_spec(store: Store, field: str) -> tuple[tuple[int, ...], np.dtype]:
     if info.is_text:
         return (), np.dtype(f"<U{array.shape[1]}")
     return tuple(array.shape[1:]), np.dtype(array.dtype)
+
+
+def sample_bytes(store: Store, recipe: Recipe) -> int:
+    """The bytes one sample takes in a batch of ``recipe`` before the rest of its transform (a crop done while
+    decoding counts at its output size)."""
+    total = 0
+    for name in recipe.fields:
+        shape, dtype = sample_spec(store, name)
+        if name == recipe.crop_field:
+            shape = (*recipe.crop.output_size, *shape[2:])
+        total += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return total
