@@ -1,185 +1,256 @@
-"""Decode on a Dask cluster: does reading an encoded (JPEG) store scale with workers?
+"""Decode on a Dask cluster: what a worker spends per sample, how fast batches reach the consumer, how it scales.
 
-    python benchmarks/cluster.py [--images 20000] [--size 128] [--large 2000] [--repeats 3] [--workers 1,2]
-                                 [--workdir bench-data]
+    python benchmarks/cluster.py [--images 20000] [--copies 1] [--size 128] [--repeats 3] [--workers 1,2]
+                                 [--consumers 2] [--workdir bench-data]
 
-Writes ``--images`` photo crops as quality-90 JPEGs (kept in ``--workdir``), ingests them twice —
-``images="encoded"`` (the JPEG bytes) and ``images="pixels"`` — and measures in one run, with medians
-over ``--repeats`` full epochs (batch 256, shuffled, no transform):
+Writes ``--images`` photo crops as quality-90 JPEGs (kept in ``--workdir``), ingests them as an encoded
+store (``images="encoded"``: the JPEG bytes; with ``--copies n``, each file n times, as hard links, for
+epochs long enough to keep many workers busy) and measures in one run, with medians over ``--repeats``
+shuffled epochs (batch 256, no transform):
 
-- decoders on one core, over the stored bytes: outcore's (libjpeg-turbo through simplejpeg, which
-  every path below uses), Pillow, and ``imageio.v3.imread``;
-- an epoch of the encoded store with local threads, and on a ``distributed.LocalCluster`` of each of
-  ``--workers`` single-threaded worker processes (``ds.batches(client=...)``);
-- the same for the pixel store: what the cluster path costs when there is nothing to decode;
-- ``--large`` JPEGs of twice the size decoded to the same shape: JPEG DCT scaling against a full decode
-  followed by the same resize.
+- **bare decode**: each worker of a cluster, all at once, decodes stored JPEGs (read beforehand) into
+  batch arrays in a tight loop: the CPU a sample needs at the least, on the same cores, under the same load;
+- **an epoch on a** ``distributed.LocalCluster`` of each of ``--workers`` single-threaded worker
+  processes (``ds.batches(client=...)``): samples/s delivered to this process; the CPU its workers spent
+  per sample (their processes' user + system time, event loops included) against the bare decode; the
+  consumer's CPU per sample (this process: the scheduler of a LocalCluster runs here too); and the
+  rate against ``n`` workers' bare decode (1.00: the cluster costs nothing beyond decoding); and once
+  more for the largest cluster with Dask's statistical profiler off (``distributed.worker.profile.enabled``);
+- **delivery**: blank batches of the same shape made on every worker of the largest cluster and received
+  here: through shared memory (what a consumer on the workers' machine gets) and over Dask's sockets
+  (``OUTCORE_SHARED_MEMORY=0``, or a consumer on another machine), in GB/s;
+- **several consumers**: ``--consumers`` processes, ranks of one job, each reading its share of the epoch
+  from the largest cluster at once: their total rate against one consumer alone;
+- for comparison, the same store read with local threads in this process.
 
-The cluster rows compare n workers with 1, and n workers with n times the one-core decode rate, twice:
-batches *delivered* to this process, and batches *made only* (a transform keeps one sample of each,
-so they are decoded and assembled in full on the workers but hardly travel). The gap between the two
-is the cost of shipping pixels to the consumer, bounded by the last row: blank batches gathered.
+Scaling needs more cores than workers (the consumer and the scheduler need theirs): run ``--workers
+1,2,4,8`` on a 16-core machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import json
 import os
+import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-import imageio.v3 as iio
+import dask
 import numpy as np
-from common import prepare, print_table, timed
+import psutil
+from common import prepare
 from distributed import Client, LocalCluster
-from PIL import Image
 
 import outcore
 from outcore.imaging import decode_image
+from outcore.iterate.shared import Mailbox, Slot
 from outcore.storage import read_files
 
 BATCH = 256
 
 
-def store(source: Path, target: Path, shape: tuple[int, ...], images: str) -> outcore.Dataset:
+def encoded_store(source: Path, target: Path, shape: tuple[int, ...]) -> outcore.Dataset:
     if target.exists():
         ds = outcore.open_dataset(target)
         if ds.attrs.provenance.get("source", "").endswith(str(source.absolute())) and ds["images"].shape[1:] == shape:
             return ds
-    print(f"ingesting {source} -> {target} ({images}) …")
-    return outcore.ingest_images(source, target, shape=shape, images=images, overwrite=True)
+    print(f"ingesting {source} -> {target} …", flush=True)
+    return outcore.ingest_images(source, target, shape=shape, images="encoded", overwrite=True)
 
 
-def keep_one(batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """A transform that drops all but one sample: the batch is made in full, but hardly travels."""
-    return {name: values[:1] for name, values in batch.items()}
+def linked_copies(source: Path, copies: int) -> Path:
+    """``source``'s files ``copies`` times over, as hard links in a folder beside it (``source`` for 1)."""
+    if copies == 1:
+        return source
+    target = source.with_name(f"{source.name}-x{copies}")
+    if not target.exists():
+        making = target.with_name(f"{target.name}.making")
+        for path in sorted(source.rglob("*.jpg")):
+            folder = making / path.parent.relative_to(source)
+            folder.mkdir(parents=True, exist_ok=True)
+            for copy in range(copies):
+                os.link(path, folder / f"{copy}-{path.name}")
+        making.rename(target)
+    return target
 
 
-def epoch_rate(ds: outcore.Dataset, repeats: int, client: Client | None = None, transform: object = None) -> float:
-    """Median samples/s of full shuffled epochs (after one warm-up batch: imports, store opening)."""
-    it = ds.batches(BATCH, fields=["images", "labels"], client=client, prefetch=4, transform=transform)
-    next(iter(it))
+def bare_decode(location: str, count: int, repeats: int) -> float:
+    """On a worker: CPU seconds per sample to decode ``count`` stored JPEGs into batch arrays (median of
+    ``repeats`` passes; the bytes are read beforehand)."""
+    ds = outcore.open_dataset(location)
+    blobs = read_files(ds.array("images"), ds.array("images_ranges"), 0, count)
+    shape, dtype = ds["images"].shape[1:], np.dtype("uint8")
+    costs = []
+    for _ in range(repeats):
+        began = time.thread_time()
+        for start in range(0, count, BATCH):
+            out = np.empty((min(BATCH, count - start), *shape), dtype)
+            for i, blob in enumerate(blobs[start : start + BATCH]):
+                decode_image(blob, shape, "crop", dtype, out=out[i])
+        costs.append((time.thread_time() - began) / count)
+    return statistics.median(costs)
+
+
+def on_every_worker(client: Client, function: object, *args: object) -> list[object]:
+    """``function(*args)`` on every worker at once (one task each), their answers."""
+    futures = [client.submit(function, *args, workers=[address], pure=False, allow_other_workers=False)
+               for address in client.scheduler_info()["workers"]]
+    return client.gather(futures)
+
+
+def workers_cpu(client: Client) -> float:
+    """CPU seconds (user + system) the workers' processes have used so far, together."""
+    return sum(client.run(lambda: sum(psutil.Process().cpu_times()[:2])).values())
+
+
+def epoch(ds: outcore.Dataset, client: Client | None, repeats: int) -> dict[str, float]:
+    """Samples/s of full shuffled epochs (median), and the workers' and this process's CPU per sample."""
+    it = ds.batches(BATCH, fields=["images", "labels"], client=client, prefetch=4)
+    next(iter(it))  # imports, store opening
     it.close()
-
-    def epoch() -> None:
-        for _ in it:
-            pass
-
-    return timed(epoch, len(ds), repeats)
-
-
-def transfer_rate(client: Client, shape: tuple[int, ...], repeats: int) -> float:
-    """Samples/s of blank batches made on the workers and gathered: what delivery to the consumer allows."""
-    def gather() -> None:
-        futures = [client.submit(np.full, (BATCH, *shape), 1, np.uint8, pure=False) for _ in range(40)]
-        for future in futures:
-            future.result()
-
-    return timed(gather, 40 * BATCH, repeats)
+    rates, worker, consumer = [], [], []
+    for _ in range(repeats):
+        cpu, mine, began = workers_cpu(client) if client else 0.0, time.process_time(), time.perf_counter()
+        samples = sum(len(batch["labels"]) for batch in it)
+        rates.append(samples / (time.perf_counter() - began))
+        consumer.append((time.process_time() - mine) / samples)
+        worker.append(((workers_cpu(client) - cpu) if client else 0.0) / samples)
+    return {"rate": statistics.median(rates), "worker": statistics.median(worker),
+            "consumer": statistics.median(consumer)}
 
 
-def decoder_rates(blobs: list[bytes], shape: tuple[int, ...], repeats: int) -> list[tuple[str, float]]:
-    def outcore_decoder() -> None:
-        for blob in blobs:
-            decode_image(blob, shape, "crop", np.dtype("uint8"))
-
-    def pillow() -> None:
-        for blob in blobs:
-            with Image.open(io.BytesIO(blob)) as image:
-                np.asarray(image.convert("RGB"))
-
-    def imageio() -> None:
-        for blob in blobs:
-            iio.imread(blob)
-
-    return [
-        ("decode, outcore (libjpeg-turbo via simplejpeg), 1 core", timed(outcore_decoder, len(blobs), repeats)),
-        ("decode, Pillow, 1 core", timed(pillow, len(blobs), repeats)),
-        ("decode, imageio.v3.imread, 1 core", timed(imageio, len(blobs), repeats)),
-    ]
+def blank_batches(slot: Slot | None, shape: tuple[int, ...], count: int) -> list[object]:
+    """On a worker: ``count`` batches of ones, made as a batch task makes them (into shared memory when the
+    consumer is on this machine)."""
+    made = []
+    for _ in range(count):
+        arena = slot.arena() if slot is not None else None
+        images = (np.empty if arena is None else arena.empty)((BATCH, *shape), np.dtype("uint8"))
+        images.fill(1)
+        batch = {"images": images}
+        made.append(batch if arena is None else arena.publish(batch))
+    return made
 
 
-def reduced_rates(blobs: list[bytes], shape: tuple[int, ...], repeats: int) -> list[tuple[str, float]]:
-    def reduced() -> None:
-        for blob in blobs:
-            decode_image(blob, shape, "crop", np.dtype("uint8"))
+def delivery(client: Client, shape: tuple[int, ...], shared: bool, repeats: int) -> float:
+    """GB/s of blank batches made on every worker and received (and read once) here."""
+    mailbox = Mailbox.open() if shared else None
+    workers = len(client.scheduler_info()["workers"])
+    per_worker = max(2, 64 // workers)
+    slot = None if mailbox is None else mailbox.slot
+    rates = []
+    try:
+        for _ in range(repeats + 1):  # the first warms the recycled files up
+            began, received = time.perf_counter(), 0
+            for made in on_every_worker(client, blank_batches, slot, shape, per_worker):
+                for batch in made:
+                    images = (mailbox.receive(batch) if mailbox else batch)["images"]
+                    received += int(images.max()) * images.nbytes
+                    del images
+            rates.append(received / (time.perf_counter() - began) / 1e9)
+    finally:
+        if mailbox is not None:
+            mailbox.close()
+    return statistics.median(rates[1:])
 
-    def full_then_resize() -> None:
-        for blob in blobs:
-            with Image.open(io.BytesIO(blob)) as image:
-                image.convert("RGB").resize(shape[1::-1], Image.Resampling.BILINEAR)
 
-    return [
-        ("2x-size JPEG -> shape, DCT-scaled decode + resize", timed(reduced, len(blobs), repeats)),
-        ("2x-size JPEG -> shape, full decode + resize (Pillow)", timed(full_then_resize, len(blobs), repeats)),
-    ]
+CONSUMER = """
+import sys, time, outcore
+from distributed import Client
+address, location, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+with Client(address) as client:
+    ds = outcore.open_dataset(location)
+    it = ds.batches({batch} // world, fields=["images", "labels"], client=client, prefetch=4, rank=rank, world_size=world)
+    next(iter(it)); it.close()
+    print("ready", flush=True); sys.stdin.readline()
+    began = time.perf_counter()
+    samples = sum(len(b["labels"]) for b in it)
+    print(samples / (time.perf_counter() - began), flush=True)
+"""
+
+
+def consumers(address: str, location: str, count: int) -> float:
+    """Total samples/s of ``count`` consumer processes (ranks of one job) reading one epoch from one cluster,
+    started together once each has opened the store."""
+    script = CONSUMER.format(batch=BATCH)
+    procs = [subprocess.Popen([sys.executable, "-c", script, address, location, str(rank), str(count)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for rank in range(count)]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "ready"
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    rates = [float(proc.stdout.readline()) for proc in procs]
+    for proc in procs:
+        proc.wait()
+    return sum(rates)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=20_000)
+    parser.add_argument("--copies", type=int, default=1, help="ingest each JPEG this many times (longer epochs)")
     parser.add_argument("--size", type=int, default=128)
-    parser.add_argument("--large", type=int, default=2000, help="JPEGs of 2x --size for the DCT-scaling rows")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", default="1,2", help="LocalCluster sizes, comma-separated (1 first)")
+    parser.add_argument("--consumers", type=int, default=2, help="consumer processes sharing the largest cluster")
     parser.add_argument("--workdir", default="bench-data")
+    parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     sizes = [int(n) for n in args.workers.split(",")]
     workdir = Path(args.workdir)
     shape = (args.size, args.size, 3)
     source = workdir / f"jpeg-{args.size}-{args.images}"
-    files = prepare(source, args.images, args.size)
-    encoded = store(source, workdir / f"encoded-{args.size}-{args.images}.zarr", shape, "encoded")
-    pixels = store(source, workdir / f"pixels-{args.size}-{args.images}.zarr", shape, "pixels")
-    large_source = workdir / f"jpeg-{2 * args.size}-{args.large}"
-    large_files = prepare(large_source, args.large, 2 * args.size)
+    prepare(source, args.images, args.size)
+    source = linked_copies(source, args.copies)
+    ds = encoded_store(source, workdir / f"encoded-{source.name}.zarr", shape)
+    location = str(Path(ds.location).absolute())
+    probe = min(len(ds), 2048)
 
-    blobs = read_files(encoded.array("images"), encoded.array("images_ranges"), 0, len(encoded))
-    decoders = decoder_rates(blobs[: min(len(blobs), 5000)], shape, args.repeats)
-    decode = decoders[0][1]
-    large_blobs = [path.read_bytes() for path in large_files]
-    reduced = reduced_rates(large_blobs, shape, args.repeats)
-    rows = [*decoders, *reduced,
-            ("encoded store, local threads", epoch_rate(encoded, args.repeats)),
-            ("pixel store, local threads", epoch_rate(pixels, args.repeats))]
-    delivered, made = {}, {}
-    for workers in sizes:
-        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
-            delivered[workers] = epoch_rate(encoded, args.repeats, client)
-            made[workers] = epoch_rate(encoded, args.repeats, client, keep_one)
-            rows += [(f"encoded store, LocalCluster {workers} worker(s), delivered", delivered[workers]),
-                     (f"encoded store, LocalCluster {workers} worker(s), made only", made[workers])]
+    local = epoch(ds, None, args.repeats)
+    results: dict[str, object] = {"cores": os.cpu_count(), "local threads": local["rate"], "clusters": {}}
+    print(f"{len(ds)} JPEGs of {args.size}x{args.size} ({args.copies} cop(ies) of {args.images}); {os.cpu_count()} cores; batch {BATCH}; medians of "
+          f"{args.repeats}\n")
+    print(f"local threads in this process: {local['rate']:.0f} samples/s\n")
+    header = (f"{'workers':>17s} {'samples/s':>10s} {'vs 1 worker':>11s} {'vs n x bare':>11s} "
+              f"{'bare us':>8s} {'worker us':>9s} {'worker/bare':>11s} {'consumer us':>11s}")
+    print(header)
+    print("-" * len(header), flush=True)
+    first = None
+    for workers, profiler in [*((n, True) for n in sizes), (sizes[-1], False)]:
+        with dask.config.set({"distributed.worker.profile.enabled": profiler}), \
+                LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                             dashboard_address=":0") as cluster, Client(cluster) as client:
+            bare = statistics.median(on_every_worker(client, bare_decode, location, probe, args.repeats))
+            got = epoch(ds, client, args.repeats)
+            first = first or got["rate"]
+            row = {**got, "bare": bare}
+            label = f"{workers}" if profiler else f"{workers} (profiler off)"
+            print(f"{label:>17s} {got['rate']:10.0f} {got['rate'] / first:11.2f} {got['rate'] * bare / workers:11.2f} "
+                  f"{bare * 1e6:8.0f} {got['worker'] * 1e6:9.0f} {got['worker'] / bare:11.2f} "
+                  f"{got['consumer'] * 1e6:11.0f}", flush=True)
+            if not profiler:
+                results["profiler off"] = row
+                continue
             if workers == sizes[-1]:
-                rows += [(f"pixel store, LocalCluster {workers} workers, delivered",
-                          epoch_rate(pixels, args.repeats, client)),
-                         (f"blank batches gathered from {workers} workers (delivery bound)",
-                          transfer_rate(client, shape, args.repeats))]
-
-    jpeg_mib = sum(p.stat().st_size for p in files) / 2**20
-    print(f"\n{len(files)} JPEGs of {args.size}x{args.size} ({jpeg_mib:.0f} MiB): encoded store "
-          f"{_mib(encoded.location):.0f} MiB, pixel store {_mib(pixels.location):.0f} MiB; {os.cpu_count()} cores; "
-          f"batch {BATCH}; medians of {args.repeats} runs\n")
-    print_table(("what", "samples/s"), rows, {"vs 1-core decode": decode})
-    rate = dict(rows)
-    print()
-    scaling = [(f"{n} workers / 1 worker, {kind}", rates[n] / rates[sizes[0]])
-               for n in sizes[1:] for kind, rates in (("delivered", delivered), ("made only", made))]
-    efficiency = [(f"{n} workers {kind} / ({n} x 1-core decode)", rates[n] / (n * decode))
-                  for n in sizes[1:] for kind, rates in (("delivered", delivered), ("made only", made))]
-    for what, value in [
-        *scaling,
-        *efficiency,
-        ("DCT-scaled / full decode, 2x-size JPEGs", reduced[0][1] / reduced[1][1]),
-        ("libjpeg-turbo / Pillow decode", decode / decoders[1][1]),
-        ("pixel store, cluster / local threads", rate[f"pixel store, LocalCluster {sizes[-1]} workers, delivered"]
-         / rate["pixel store, local threads"]),
-    ]:
-        print(f"{what:60s} {value:5.2f}")
-
-
-def _mib(location: str) -> float:
-    return sum(p.stat().st_size for p in Path(location).rglob("*") if p.is_file()) / 2**20
+                row["shared GB/s"] = delivery(client, shape, True, args.repeats)
+                row["sockets GB/s"] = delivery(client, shape, False, args.repeats)
+                if args.consumers > 1:
+                    row["consumers"] = {1: consumers(cluster.scheduler_address, location, 1),
+                                        args.consumers: consumers(cluster.scheduler_address, location, args.consumers)}
+            results["clusters"][workers] = row
+    last = results["clusters"][sizes[-1]]
+    print(f"\ndelivery from {sizes[-1]} workers (blank {BATCH}x{args.size}x{args.size}x3 batches, received and read): "
+          f"shared memory {last['shared GB/s']:.2f} GB/s, sockets {last['sockets GB/s']:.2f} GB/s")
+    if "consumers" in last:
+        alone, together = last["consumers"][1], last["consumers"][args.consumers]
+        print(f"{args.consumers} consumers sharing {sizes[-1]} workers: {together:.0f} samples/s together, "
+              f"{together / alone:.2f}x one consumer alone ({alone:.0f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
 
 
 if __name__ == "__main__":
