@@ -353,3 +353,74 @@ def test_two_dask_worker_processes_with_disks_of_their_own_ingest_and_read_one_s
     for node in ("a", "b"):  # each read through its own cache
         assert [p for p in (tmp_path / node / "cache").rglob("*") if p.is_file()], node
     assert not [p for p in tmp_path.rglob("staging/**/c/*") if p.is_file()]  # shards uploaded, none left
+
+
+@pytest.fixture(scope="module")
+def frames(tmp_path_factory):
+    """96 frames of 64x64x3 (batches of 32 hold 384 KiB of them: large enough for shared memory)."""
+    rng = np.random.default_rng(4)
+    arrays = {"frames": rng.integers(0, 255, (96, 64, 64, 3), dtype=np.uint8), "index": np.arange(96)}
+    return outcore.from_arrays(arrays, tmp_path_factory.mktemp("frames") / "frames.zarr", chunk_size=8,
+                               progress=False)
+
+
+def _mapped(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory is a mapped file (shared memory)."""
+    import mmap
+
+    base = array
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return True
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return False
+
+
+def _our_mailboxes() -> list[str]:
+    from outcore.iterate.shared import PREFIX, SHARED_ROOT
+
+    return [p.name for p in SHARED_ROOT.glob(f"{PREFIX}{os.getpid()}-*")]
+
+
+def _double(batch, rng):
+    return {**batch, "frames": batch["frames"].astype(np.float32) * 2}
+
+
+@pytest.mark.parametrize("transform", [None, _double])
+def test_cluster_batches_arrive_through_shared_memory_and_equal_local_ones_over_sockets_too(
+        client, frames, monkeypatch, transform):
+    options = {"seed": 2, "buffer_chunks": 3, "transform": transform}
+    local = list(frames.batches(32, **options))
+    shared = list(frames.batches(32, client=client, **options))
+    _assert_same_batches(local, shared)
+    assert all(_mapped(batch["frames"]) for batch in shared)  # made by the workers straight into /dev/shm
+    assert not _our_mailboxes()  # the run's folder went with it
+    monkeypatch.setenv("OUTCORE_SHARED_MEMORY", "0")
+    sockets = list(frames.batches(32, client=client, **options))
+    _assert_same_batches(local, sockets)
+    assert not any(_mapped(batch["frames"]) for batch in sockets)
+
+
+RANK = """
+import sys
+import numpy as np
+import outcore
+from distributed import Client
+address, location, rank, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+with Client(address, timeout=60) as client:
+    batches = outcore.open_dataset(location).batches(8, seed=6, rank=rank, world_size=2, client=client)
+    np.save(out, np.stack([batch["index"] for batch in batches]))
+"""
+
+
+def test_two_consumer_processes_share_one_cluster_each_with_its_share_of_the_epoch(client, frames, tmp_path):
+    address = client.scheduler.address
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, address, frames.location, str(rank),
+                               str(tmp_path / f"rank{rank}.npy")]) for rank in range(2)]
+    for process in ranks:
+        assert process.wait(timeout=240) == 0
+    got = [np.load(tmp_path / f"rank{rank}.npy") for rank in range(2)]
+    for rank in range(2):
+        expected = [batch["index"] for batch in frames.batches(8, seed=6, rank=rank, world_size=2)]
+        np.testing.assert_array_equal(got[rank], np.stack(expected))
+    assert sorted(np.concatenate([g.ravel() for g in got]).tolist()) == list(range(96))  # each sample once

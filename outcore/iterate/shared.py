@@ -117,13 +117,14 @@ class Arena:
         """A free file of ``size`` bytes, taken (renamed ``name``: another worker taking it too fails) and
         mapped; None when there is none."""
         assert self.folder is not None
-        for entry in os.scandir(self.folder):
-            if entry.name.startswith(f"{FREE}{size}-"):
-                try:
-                    os.rename(entry.path, self.folder / name)
-                except OSError:  # taken by another worker first
-                    continue
-                return _mapped(self.folder / name, size, create=False, populate=True)
+        with os.scandir(self.folder) as entries:
+            free = [entry.path for entry in entries if entry.name.startswith(f"{FREE}{size}-")]
+        for path in free:
+            try:
+                os.rename(path, self.folder / name)
+            except OSError:  # taken by another worker first
+                continue
+            return _mapped(self.folder / name, size, create=False, populate=True)
         return None
 
     def publish(self, batch: dict[str, np.ndarray]) -> SharedBatch:

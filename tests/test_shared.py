@@ -1,0 +1,155 @@
+"""Batches handed from workers to the consumer through shared memory (`outcore.iterate.shared`)."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from outcore.iterate import shared
+from outcore.iterate.shared import FREE, LOCK, SHARED_MIN_BYTES, Mailbox, SharedArray, Slot
+
+BIG = (SHARED_MIN_BYTES // 3 + 1, 3)  # a uint8 array just large enough to go through a file
+
+
+def mapped(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory is a mapped file."""
+    base = array
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return True
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return False
+
+
+def files(mailbox: Mailbox) -> list[str]:
+    return sorted(name for name in os.listdir(mailbox.folder) if name != LOCK)
+
+
+@pytest.fixture
+def mailbox(tmp_path):
+    box = Mailbox.open(tmp_path)
+    yield box
+    box.close()
+
+
+def made(mailbox: Mailbox, value: int, shape=BIG) -> shared.SharedBatch:
+    """What a worker returns: a batch of ``value`` made in the arena, and a small field beside it."""
+    arena = mailbox.slot.arena()
+    images = arena.empty(shape, np.dtype("uint8"))
+    images.fill(value)
+    labels = arena.empty((8,), np.dtype("int64"))
+    labels[:] = np.arange(8)
+    return arena.publish({"images": images, "labels": labels})
+
+
+def test_a_batch_made_in_the_arena_arrives_as_mapped_memory_without_a_copy(mailbox):
+    handle = made(mailbox, 7)
+    assert isinstance(handle.fields["images"], SharedArray)  # only its name travels
+    assert isinstance(handle.fields["labels"], np.ndarray)  # small: in the answer itself
+    batch = mailbox.receive(handle)
+    assert mapped(batch["images"]) and batch["images"].shape == BIG and (batch["images"] == 7).all()
+    np.testing.assert_array_equal(batch["labels"], np.arange(8))
+    batch["images"][0, 0] = 1  # the consumer owns it: writable
+    assert batch["images"][0, 0] == 1
+
+
+def test_a_file_is_made_again_only_once_the_consumer_dropped_every_array_of_it(mailbox):
+    held = mailbox.receive(made(mailbox, 1))["images"]
+    view = held[:10]
+    del held
+    gc.collect()
+    second = mailbox.receive(made(mailbox, 2))  # the first file is still in use (by the view): a new one
+    assert (view == 1).all() and (second["images"] == 2).all()
+    assert len(files(mailbox)) == 2
+    del view, second
+    gc.collect()
+    assert all(name.startswith(FREE) for name in files(mailbox))  # both free for the next batches
+    third = mailbox.receive(made(mailbox, 3))
+    assert (third["images"] == 3).all()
+    assert len(files(mailbox)) == 2  # made in a recycled file, not a new one
+
+
+def test_arrays_a_transform_made_are_copied_into_shared_memory_and_unused_files_freed(mailbox):
+    arena = mailbox.slot.arena()
+    made_here = arena.empty(BIG, np.dtype("uint8"))
+    made_here.fill(4)
+    handle = arena.publish({"images": made_here.astype(np.float32) / 2})  # the transform's new array
+    assert isinstance(handle.fields["images"], SharedArray)
+    batch = mailbox.receive(handle)
+    assert batch["images"].dtype == np.float32 and (batch["images"] == 2).all() and mapped(batch["images"])
+    assert [name for name in files(mailbox) if name.startswith(FREE)]  # the unused uint8 file
+
+
+def test_without_room_in_shared_memory_arrays_travel_as_plain_memory(mailbox, monkeypatch):
+    def full(descriptor, offset, size):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    handle = made(mailbox, 5)
+    assert isinstance(handle.fields["images"], np.ndarray)
+    batch = mailbox.receive(handle)
+    assert (batch["images"] == 5).all() and not mapped(batch["images"])
+    assert files(mailbox) == []
+
+
+def test_a_worker_that_does_not_see_the_folder_sends_plain_arrays(tmp_path):
+    arena = Slot(str(tmp_path / "on-another-machine")).arena()
+    images = arena.empty(BIG, np.dtype("uint8"))
+    images.fill(3)
+    handle = arena.publish({"images": images})
+    assert isinstance(handle.fields["images"], np.ndarray) and (handle.fields["images"] == 3).all()
+
+
+def test_shared_memory_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTCORE_SHARED_MEMORY", "0")
+    assert Mailbox.open(tmp_path) is None
+
+
+def test_closing_removes_the_folder_and_batches_received_stay_valid(tmp_path):
+    box = Mailbox.open(tmp_path)
+    batch = box.receive(made(box, 9))
+    box.close()
+    assert not box.folder.exists()
+    assert (batch["images"] == 9).all()
+
+
+def test_a_taken_batch_whose_file_went_is_a_named_cluster_error(mailbox):
+    handle = made(mailbox, 1)
+    (mailbox.folder / handle.fields["images"].name).unlink()
+    with pytest.raises(shared.ClusterError, match="OUTCORE_SHARED_MEMORY=0"):
+        mailbox.receive(handle)
+
+
+OWNER = """
+import sys, time
+from pathlib import Path
+from outcore.iterate.shared import Mailbox
+box = Mailbox.open(Path(sys.argv[1]))
+print(box.folder, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_consumers_folder_is_removed_by_the_next_mailbox_and_a_live_ones_kept(tmp_path):
+    owners = [subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    try:
+        killed, alive = (owner.stdout.readline().strip() for owner in owners)
+        owners[0].send_signal(signal.SIGKILL)
+        owners[0].wait(timeout=30)
+        assert os.path.isdir(killed)  # left behind
+        box = Mailbox.open(tmp_path)
+        assert not os.path.exists(killed) and os.path.isdir(alive)
+        box.close()
+    finally:
+        for owner in owners:
+            owner.kill()
+            owner.wait(timeout=30)
+            owner.stdout.close()
