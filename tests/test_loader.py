@@ -237,7 +237,7 @@ def test_iterator_epochs_follow_the_sharding_rule(layouts, data, batch_size, buf
     seen, rank_batches = [], []
     for rank in range(world_size):
         it = ds.batches(batch_size, shuffle=shuffle, seed=2, buffer_chunks=buffer_chunks, rank=rank,
-                        world_size=world_size, streams=24, drop_last=drop_last)
+                        world_size=world_size, drop_last=drop_last, **({"streams": 24} if shuffle else {}))
         batches = [b["id"] for b in it]
         assert len(batches) == len(it)
         assert all(len(b) == batch_size for b in (batches if drop_last else batches[:-1]))

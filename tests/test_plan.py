@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outcore.errors import OptionError
+from outcore.iterate import BatchOptions
 from outcore.iterate.plan import Consumer, EpochPlan, EpochSteps, chunk_order
 from outcore.seeds import Domain, generator
 
@@ -149,6 +150,8 @@ def test_bad_arguments():
         EpochPlan(10, 0, batch_size=1)
     with pytest.raises(OptionError, match=r"world_size=3 does not divide streams=8.*streams=24"):
         EpochPlan(10, 2, batch_size=1, rank=0, world_size=3)
+    with pytest.raises(OptionError, match=r"streams=4 orders shuffled epochs.*leave streams= out"):
+        BatchOptions.of(8, {"shuffle": False, "streams": 4})  # it would change nothing: never silently
 
 
 def reference_rank(num_samples, chunk_size, *, batch_size, shuffle, seed, epoch, buffer_chunks, rank, world_size,

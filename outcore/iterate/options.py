@@ -81,11 +81,17 @@ class BatchOptions:
 
     @classmethod
     def of(cls, batch_size: int, keywords: BatchKeywords) -> BatchOptions:
-        """Options from `BatchKeywords`; an unknown keyword is a ``TypeError`` that lists the known ones."""
+        """Options from `BatchKeywords`; an unknown keyword is a ``TypeError`` that lists the known ones, and
+        ``streams`` without ``shuffle`` (where it would change nothing) an `OptionError`."""
         known = set(BatchKeywords.__optional_keys__)
         unknown = sorted(set(keywords) - known)
         if unknown:
             raise TypeError(f"unknown batch option(s) {unknown}; the options are {sorted(known)}")
+        if "streams" in keywords and not keywords.get("shuffle", True):
+            raise OptionError(
+                f"streams={keywords['streams']} orders shuffled epochs; with shuffle=False each rank reads its part "
+                "of the store in storage order, whatever streams says: leave streams= out"
+            )
         return cls(batch_size, **keywords)
 
     @property

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..seeds import Domain, generator
-from .stream import StreamPlan, _slots
+from .stream import StreamPlan, span_slots
 
 DEFAULT_STREAMS = 8  # global steps the same on 1, 2, 4 and 8 ranks
 
@@ -244,7 +244,7 @@ class EpochPlan:
         if not short[-1]:
             return None
         position = sum(short) - 1  # the ranks short of one repeat the chunk stream's first samples, in rank order
-        chunks, first, _ = _slots(num_samples, self.chunk_size, order, (position, position + 1))
+        chunks, first, _ = span_slots(num_samples, self.chunk_size, order, (position, position + 1))
         return int(chunks[0]), int(first[0])
 
     def _number_slots(self) -> None:

@@ -37,7 +37,7 @@ class StreamPlan:
     def __init__(self, num_samples: int, chunk_size: int, order: np.ndarray, bounds: tuple[int, int], *,
                  window: int, mixed: bool, key: tuple[int, ...]) -> None:
         self.chunk_size, self.mixed, self.window, self._key = chunk_size, mixed, window, key
-        self.chunks, self._first, self.slot_sizes = _slots(num_samples, chunk_size, order, bounds)
+        self.chunks, self._first, self.slot_sizes = span_slots(num_samples, chunk_size, order, bounds)
         if mixed:  # how many samples of slot j go to window j + d: (slots, window)
             self.deals = generator(Domain.BUFFER_SHUFFLE, *key).multinomial(
                 self.slot_sizes, np.full(window, 1 / window)).astype(np.int64)
@@ -132,7 +132,7 @@ class StreamPlan:
         return done
 
 
-def _slots(num_samples: int, chunk_size: int, order: np.ndarray, bounds: tuple[int, int]
+def span_slots(num_samples: int, chunk_size: int, order: np.ndarray, bounds: tuple[int, int]
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The slots of stream span ``bounds``: each one's store chunk, first local index and size; positions
     from ``num_samples`` on repeat the stream from its start."""
