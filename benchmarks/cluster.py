@@ -9,7 +9,8 @@ epochs long enough to keep many workers busy) and measures in one run, with medi
 shuffled epochs (batch 256, no transform):
 
 - **bare decode**: each worker of a cluster, all at once, decodes stored JPEGs (read beforehand) into
-  batch arrays in a tight loop: the CPU a sample needs at the least, on the same cores, under the same load;
+  batch arrays in a tight loop, each pass over other samples (an epoch's inputs are not in the caches
+  either): the CPU a sample needs at the least, on the same cores, under the same load;
 - **an epoch on a** ``distributed.LocalCluster`` of each of ``--workers`` single-threaded worker
   processes (``ds.batches(client=...)``): samples/s delivered to this process; the CPU its workers spent
   per sample (their processes' user + system time, event loops included) against the bare decode; the
@@ -77,27 +78,29 @@ def linked_copies(source: Path, copies: int) -> Path:
     return target
 
 
-def bare_decode(location: str, count: int, repeats: int) -> float:
-    """On a worker: CPU seconds per sample to decode ``count`` stored JPEGs into batch arrays (median of
-    ``repeats`` passes; the bytes are read beforehand)."""
+def bare_decode(location: str, count: int, repeats: int, worker: int) -> float:
+    """On worker ``worker``: CPU seconds per sample to decode stored JPEGs into batch arrays (median of
+    ``repeats`` passes over ``count`` samples each, a stretch of its own per worker and pass: inputs not
+    in the caches, as an epoch's are not; the bytes are read beforehand)."""
     ds = outcore.open_dataset(location)
-    blobs = read_files(ds.array("images"), ds.array("images_ranges"), 0, count)
     shape, dtype = ds["images"].shape[1:], np.dtype("uint8")
     costs = []
-    for _ in range(repeats):
+    for repeat in range(repeats):
+        start = (worker * repeats + repeat) * count % max(1, len(ds) - count)
+        blobs = read_files(ds.array("images"), ds.array("images_ranges"), start, start + count)
         began = time.thread_time()
-        for start in range(0, count, BATCH):
-            out = np.empty((min(BATCH, count - start), *shape), dtype)
-            for i, blob in enumerate(blobs[start : start + BATCH]):
+        for low in range(0, count, BATCH):
+            out = np.empty((min(BATCH, count - low), *shape), dtype)
+            for i, blob in enumerate(blobs[low : low + BATCH]):
                 decode_image(blob, shape, "crop", dtype, out=out[i])
         costs.append((time.thread_time() - began) / count)
     return statistics.median(costs)
 
 
 def on_every_worker(client: Client, function: object, *args: object) -> list[object]:
-    """``function(*args)`` on every worker at once (one task each), their answers."""
-    futures = [client.submit(function, *args, workers=[address], pure=False, allow_other_workers=False)
-               for address in client.scheduler_info()["workers"]]
+    """``function(*args, i)`` on every worker ``i`` at once (one task each), their answers."""
+    futures = [client.submit(function, *args, i, workers=[address], pure=False, allow_other_workers=False)
+               for i, address in enumerate(client.scheduler_info()["workers"])]
     return client.gather(futures)
 
 
@@ -122,7 +125,7 @@ def epoch(ds: outcore.Dataset, client: Client | None, repeats: int) -> dict[str,
             "consumer": statistics.median(consumer)}
 
 
-def blank_batches(slot: Slot | None, shape: tuple[int, ...], count: int) -> list[object]:
+def blank_batches(slot: Slot | None, shape: tuple[int, ...], count: int, worker: int) -> list[object]:
     """On a worker: ``count`` batches of ones, made as a batch task makes them (into shared memory when the
     consumer is on this machine)."""
     made = []
@@ -208,7 +211,7 @@ def main() -> None:
     source = linked_copies(source, args.copies)
     ds = encoded_store(source, workdir / f"encoded-{source.name}.zarr", shape)
     location = str(Path(ds.location).absolute())
-    probe = min(len(ds), 2048)
+    probe = min(len(ds), 4096)
 
     local = epoch(ds, None, args.repeats)
     results: dict[str, object] = {"cores": os.cpu_count(), "local threads": local["rate"], "clusters": {}}
