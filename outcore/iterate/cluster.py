@@ -9,8 +9,9 @@ generator seeded by ``(seed, epoch, rank, step)``): the batches are identical, p
 
 Why spans: a Dask task costs its worker about 1-3 ms of event-loop work (messages, bookkeeping)
 whatever it does, and a task that needs another task's result adds a transfer. A span is one task and
-no transfer: that cost is spread over a thousand samples, so a worker spends about what the decoding
-itself needs (`benchmarks/cluster.py` measures both). The price: a chunk whose samples fall in two
+no transfer: that cost is spread over hundreds of samples, and a worker spends 1.2-1.35x what the
+decoding itself needs, against 1.4-1.95x with a task per chunk and per batch (`benchmarks/cluster.py`
+measures both). The price: a chunk whose samples fall in two
 spans is read by both (its compressed bytes; small next to decoding for encoded images, more for
 pixel stores, where local threads are the faster path anyway).
 
