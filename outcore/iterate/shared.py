@@ -34,7 +34,6 @@ a lock on a file in its folder for its life, and a new mailbox removes the folde
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import mmap
 import os
 import shutil
@@ -47,6 +46,11 @@ from uuid import uuid4
 import numpy as np
 
 from ..errors import ClusterError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no /dev/shm either; batches travel over sockets
+    fcntl = None  # type: ignore[assignment]
 
 SHARED_ROOT = Path("/dev/shm")
 ENVIRONMENT = "OUTCORE_SHARED_MEMORY"
@@ -158,7 +162,7 @@ class Mailbox:
     def open(cls, root: Path = SHARED_ROOT) -> Mailbox | None:
         """A new mailbox under ``root``, after removing those their consumers left behind; None if
         shared memory is off or ``root`` cannot be written."""
-        if os.environ.get(ENVIRONMENT, "1") == "0" or not os.access(root, os.W_OK):
+        if os.environ.get(ENVIRONMENT, "1") == "0" or fcntl is None or not os.access(root, os.W_OK):
             return None
         _sweep(root)
         name = f"{os.getpid()}-{uuid4().hex[:8]}"
