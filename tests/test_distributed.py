@@ -19,6 +19,7 @@ import outcore
 from outcore import transforms
 from outcore.cli import main
 from outcore.errors import ClusterError, NotAStoreError
+from outcore.iterate.shared import is_mapped
 from outcore.testing import write_image_folder
 
 
@@ -364,18 +365,6 @@ def frames(tmp_path_factory):
                                progress=False)
 
 
-def _mapped(array: np.ndarray) -> bool:
-    """Whether ``array``'s memory is a mapped file (shared memory)."""
-    import mmap
-
-    base = array
-    while base is not None:
-        if isinstance(base, mmap.mmap):
-            return True
-        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
-    return False
-
-
 def _our_mailboxes() -> list[str]:
     from outcore.iterate.shared import PREFIX, SHARED_ROOT
 
@@ -393,12 +382,12 @@ def test_cluster_batches_arrive_through_shared_memory_and_equal_local_ones_over_
     local = list(frames.batches(32, **options))
     shared = list(frames.batches(32, client=client, **options))
     _assert_same_batches(local, shared)
-    assert all(_mapped(batch["frames"]) for batch in shared)  # made by the workers straight into /dev/shm
+    assert all(is_mapped(batch["frames"]) for batch in shared)  # made by the workers straight into /dev/shm
     assert not _our_mailboxes()  # the run's folder went with it
     monkeypatch.setenv("OUTCORE_SHARED_MEMORY", "0")
     sockets = list(frames.batches(32, client=client, **options))
     _assert_same_batches(local, sockets)
-    assert not any(_mapped(batch["frames"]) for batch in sockets)
+    assert not any(is_mapped(batch["frames"]) for batch in sockets)
 
 
 RANK = """

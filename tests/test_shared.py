@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import mmap
 import os
 import signal
 import subprocess
@@ -13,19 +12,9 @@ import numpy as np
 import pytest
 
 from outcore.iterate import shared
-from outcore.iterate.shared import FREE, LOCK, SHARED_MIN_BYTES, Mailbox, SharedArray, Slot
+from outcore.iterate.shared import FREE, LOCK, SHARED_MIN_BYTES, Mailbox, SharedArray, Slot, is_mapped
 
 BIG = (SHARED_MIN_BYTES // 3 + 1, 3)  # a uint8 array just large enough to go through a file
-
-
-def mapped(array: np.ndarray) -> bool:
-    """Whether ``array``'s memory is a mapped file."""
-    base = array
-    while base is not None:
-        if isinstance(base, mmap.mmap):
-            return True
-        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
-    return False
 
 
 def files(mailbox: Mailbox) -> list[str]:
@@ -54,7 +43,7 @@ def test_a_batch_made_in_the_arena_arrives_as_mapped_memory_without_a_copy(mailb
     assert isinstance(handle.fields["images"], SharedArray)  # only its name travels
     assert isinstance(handle.fields["labels"], np.ndarray)  # small: in the answer itself
     batch = mailbox.receive(handle)
-    assert mapped(batch["images"]) and batch["images"].shape == BIG and (batch["images"] == 7).all()
+    assert is_mapped(batch["images"]) and batch["images"].shape == BIG and (batch["images"] == 7).all()
     np.testing.assert_array_equal(batch["labels"], np.arange(8))
     batch["images"][0, 0] = 1  # the consumer owns it: writable
     assert batch["images"][0, 0] == 1
@@ -83,7 +72,7 @@ def test_arrays_a_transform_made_are_copied_into_shared_memory_and_unused_files_
     handle = arena.publish({"images": made_here.astype(np.float32) / 2})  # the transform's new array
     assert isinstance(handle.fields["images"], SharedArray)
     batch = mailbox.receive(handle)
-    assert batch["images"].dtype == np.float32 and (batch["images"] == 2).all() and mapped(batch["images"])
+    assert batch["images"].dtype == np.float32 and (batch["images"] == 2).all() and is_mapped(batch["images"])
     assert [name for name in files(mailbox) if name.startswith(FREE)]  # the unused uint8 file
 
 
@@ -95,7 +84,7 @@ def test_without_room_in_shared_memory_arrays_travel_as_plain_memory(mailbox, mo
     handle = made(mailbox, 5)
     assert isinstance(handle.fields["images"], np.ndarray)
     batch = mailbox.receive(handle)
-    assert (batch["images"] == 5).all() and not mapped(batch["images"])
+    assert (batch["images"] == 5).all() and not is_mapped(batch["images"])
     assert files(mailbox) == []
 
 

@@ -237,3 +237,17 @@ def _sweep(root: Path) -> None:
             continue
         shutil.rmtree(folder, ignore_errors=True)
 
+
+
+def is_mapped(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory is a mapped file: a batch a worker handed over through shared memory.
+
+    >>> is_mapped(np.zeros(3))
+    False
+    """
+    base: Any = array
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return True
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return False
