@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from functools import partial
+from pathlib import Path
 
 import cloudpickle
 import dask
@@ -365,10 +366,11 @@ def frames(tmp_path_factory):
                                progress=False)
 
 
-def _our_mailboxes() -> list[str]:
-    from outcore.iterate.shared import PREFIX, SHARED_ROOT
+def _our_mailboxes(spare: bool = False) -> list[Path]:
+    """This process's mailbox folders in /dev/shm (or its folder of spare files)."""
+    from outcore.iterate.shared import PREFIX, SHARED_ROOT, SPARE
 
-    return [p.name for p in SHARED_ROOT.glob(f"{PREFIX}{os.getpid()}-*")]
+    return [p for p in SHARED_ROOT.glob(f"{PREFIX}{os.getpid()}-*") if (SPARE in p.name) == spare]
 
 
 def _double(batch, rng):
@@ -383,7 +385,8 @@ def test_cluster_batches_arrive_through_shared_memory_and_equal_local_ones_over_
     shared = list(frames.batches(32, client=client, **options))
     _assert_same_batches(local, shared)
     assert all(is_mapped(batch["frames"]) for batch in shared)  # made by the workers straight into /dev/shm
-    assert not _our_mailboxes()  # the run's folder went with it
+    assert not _our_mailboxes()  # the run's folder went with it; its free files wait for the next epoch
+    assert [p for folder in _our_mailboxes(spare=True) for p in folder.iterdir() if p.name.startswith("free-")]
     monkeypatch.setenv("OUTCORE_SHARED_MEMORY", "0")
     sockets = list(frames.batches(32, client=client, **options))
     _assert_same_batches(local, sockets)

@@ -109,6 +109,19 @@ def test_closing_removes_the_folder_and_batches_received_stay_valid(tmp_path):
     assert (batch["images"] == 9).all()
 
 
+def test_the_next_mailbox_of_the_process_starts_with_the_free_files_of_the_last(tmp_path):
+    first = Mailbox.open(tmp_path)
+    first.receive(made(first, 1))  # dropped at once: its file is free
+    gc.collect()
+    freed = [name for name in files(first) if name.startswith(FREE)]
+    first.close()
+    second = Mailbox.open(tmp_path)  # the next epoch's run
+    assert [name for name in files(second) if name.startswith(FREE)] == freed
+    batch = second.receive(made(second, 2))
+    assert (batch["images"] == 2).all() and not [name for name in files(second) if name.startswith(FREE)]
+    second.close()
+
+
 def test_a_taken_batch_whose_file_went_is_a_named_cluster_error(mailbox):
     handle = made(mailbox, 1)
     (mailbox.folder / handle.fields["images"].name).unlink()

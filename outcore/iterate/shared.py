@@ -18,9 +18,11 @@ small array (under `SHARED_MIN_BYTES`) puts the array in the `SharedBatch` itsel
 over its sockets: the batches are the same either way. ``OUTCORE_SHARED_MEMORY=0`` turns the shared
 path off.
 
-The folder goes when the run closes. A consumer killed before that leaves it behind: each mailbox holds
-a lock on a file in its folder for its life, and a new mailbox removes the folders whose lock is free
-(their consumer is gone), so nothing piles up.
+The folder goes when the run closes; its free files wait in a spare folder of the consumer's process
+for the next run (the next epoch), which starts with reused memory, and go when the process exits.
+A consumer killed before that leaves its folders behind: each holds a lock on a file in it for its
+life, and a new mailbox removes the folders whose lock is free (their consumer is gone), so nothing
+piles up.
 
 >>> mailbox = Mailbox.open()  # in the consumer (None without /dev/shm)
 >>> arena = mailbox.slot.arena()  # on a worker, for one batch
@@ -33,6 +35,7 @@ a lock on a file in its folder for its life, and a new mailbox removes the folde
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import mmap
 import os
@@ -57,6 +60,7 @@ ENVIRONMENT = "OUTCORE_SHARED_MEMORY"
 PREFIX = "outcore-batches-"
 LOCK = "owner.lock"
 FREE = "free-"  # a recycled file: free-<size>-<name>
+SPARE = "spare-"  # a process's folder of free files between its mailboxes: outcore-batches-<pid>-spare-<id>
 POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 SHARED_MIN_BYTES = 1 << 18  # smaller arrays travel in the task's answer: a file costs more than they do
 
@@ -160,12 +164,21 @@ class Mailbox:
 
     @classmethod
     def open(cls, root: Path = SHARED_ROOT) -> Mailbox | None:
-        """A new mailbox under ``root``, after removing those their consumers left behind; None if
-        shared memory is off or ``root`` cannot be written."""
+        """A new mailbox under ``root``, after removing those their consumers left behind, holding the free
+        files this process's earlier mailboxes left (an epoch's run then starts with reused memory);
+        None if shared memory is off or ``root`` cannot be written."""
         if os.environ.get(ENVIRONMENT, "1") == "0" or fcntl is None or not os.access(root, os.W_OK):
             return None
         _sweep(root)
-        name = f"{os.getpid()}-{uuid4().hex[:8]}"
+        mailbox = cls._made(root)
+        spare = _spares(root)
+        if mailbox is not None and spare is not None:
+            _move_free(spare.folder, mailbox.folder)
+        return mailbox
+
+    @classmethod
+    def _made(cls, root: Path, kind: str = "") -> Mailbox | None:
+        name = f"{os.getpid()}-{kind}{uuid4().hex[:8]}"
         making, folder = root / f".{name}", root / f"{PREFIX}{name}"  # locked before a sweep can see it
         try:
             making.mkdir(mode=0o700)
@@ -178,7 +191,7 @@ class Mailbox:
         return cls(folder, lock)
 
     def receive(self, made: SharedBatch | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The batch a worker made: its files mapped into this process (and their names removed)."""
+        """The batch a worker made, its files mapped into this process."""
         if not isinstance(made, SharedBatch):
             return made
         return {name: self._take(value) if isinstance(value, SharedArray) else value
@@ -201,9 +214,39 @@ class Mailbox:
         return np.frombuffer(mapped, dtype, count).reshape(shared.shape)
 
     def close(self) -> None:
-        """Remove the folder and what is left in it (batches made and never taken)."""
+        """Keep the free files for this process's next mailbox, and remove the folder with what is left in
+        it (batches still held by the consumer, whose memory lives on while they do; batches made and
+        never taken; files a worker may still be writing)."""
+        spare = _spares(self.folder.parent)
+        if spare is not None and spare is not self:
+            _move_free(self.folder, spare.folder)
         shutil.rmtree(self.folder, ignore_errors=True)
         self._lock.close()
+
+
+_spare: dict[Path, tuple[int, Mailbox | None]] = {}  # root -> (pid, this process's folder of spare files)
+
+
+def _spares(root: Path) -> Mailbox | None:
+    """This process's folder under ``root`` for free files between mailboxes (made when first needed,
+    removed at exit; a killed process's is swept like a mailbox)."""
+    pid, spare = _spare.get(root, (0, None))
+    if pid != os.getpid():  # none yet, or the parent's (a forked child)
+        spare = Mailbox._made(root, SPARE)
+        _spare[root] = (os.getpid(), spare)
+        if spare is not None:
+            atexit.register(spare.close)
+    return spare
+
+
+def _move_free(source: Path, target: Path) -> None:
+    """Move the free files of folder ``source`` into ``target`` (one filesystem: renames)."""
+    free: list[str] = []
+    with contextlib.suppress(OSError), os.scandir(source) as entries:
+        free = [entry.name for entry in entries if entry.name.startswith(FREE)]
+    for name in free:
+        with contextlib.suppress(OSError):  # taken meanwhile by a worker still running
+            os.rename(source / name, target / name)
 
 
 def _mapped(path: Path, size: int, *, create: bool, populate: bool) -> mmap.mmap:
