@@ -1,6 +1,6 @@
 """Does a GPU training step wait for data? A real CNN on a CUDA GPU, fed by outcore and by a JPEG folder.
 
-    python benchmarks/gpu_training.py [--samples 20000] [--steps 150] [--workdir bench-data]
+    python benchmarks/gpu_training.py [--samples 20000] [--steps 150] [--cluster-workers 0] [--workdir bench-data]
 
 Builds (once, in ``--workdir``) a store of ``--samples`` 128x128 photo crops with 10 labels and the same
 pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autocast, channels last) on
@@ -9,7 +9,10 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
 - the same batch, already on the GPU (the ceiling: the GPU's own rate);
 - ``ds.torch(256, pin_memory=True)`` + ``to_device`` (reader threads, ``num_workers=0``), and with 4
   DataLoader worker processes;
-- a JPEG-folder DataLoader (Pillow decode per sample, 8 worker processes), the usual baseline.
+- a JPEG-folder DataLoader (Pillow decode per sample, 8 worker processes), the usual baseline;
+- with ``--cluster-workers n``: an encoded store of the JPEG folder, decoded, cropped and flipped by a
+  ``LocalCluster`` of n single-threaded workers (``ds.torch(..., client=client)``), batches handed over
+  through shared memory.
 
 Prints samples/s, the share of the step's time spent waiting for the next batch, and the ratio to
 the ceiling. Needs a CUDA GPU (it says so and stops without one).
@@ -101,6 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--cluster-workers", type=int, default=0, help="also feed from a LocalCluster of n workers")
     parser.add_argument("--workdir", default="bench-data")
     args = parser.parse_args()
     import torch
@@ -130,6 +134,18 @@ def main() -> None:
         "JPEG folder, Pillow, DataLoader, 8 workers": lambda: forever(lambda: (
             (x.cuda(non_blocking=True), y.cuda(non_blocking=True)) for x, y in jpeg_loader)),
     }
+    if args.cluster_workers:
+        from distributed import Client, LocalCluster
+
+        encoded = workdir / f"gpu-{args.samples}-encoded.zarr"
+        jpeg_store = outcore.open_dataset(encoded) if encoded.exists() else outcore.ingest_images(
+            jpegs, encoded, shape=(SIZE, SIZE, 3), images="encoded", progress=False)
+        cluster = LocalCluster(n_workers=args.cluster_workers, threads_per_worker=1, processes=True,
+                               host="127.0.0.1", dashboard_address=":0")
+        client = Client(cluster)
+        feeds[f"outcore ds.torch, JPEG store, LocalCluster of {args.cluster_workers} workers"] = lambda: forever(
+            lambda: pairs(jpeg_store.torch(BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT,
+                                           pin_memory=True, client=client)))
     rows = [(name, *train(feed(), args.steps)) for name, feed in feeds.items()]
     ceiling = rows[0][1]
     print(f"\n{torch.cuda.get_device_name()}, {len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips, "
