@@ -1,12 +1,13 @@
 """Decode on a Dask cluster: what a worker spends per sample, how fast batches reach the consumer, how it scales.
 
     python benchmarks/cluster.py [--images 20000] [--copies 1] [--size 128] [--repeats 3] [--workers 1,2]
-                                 [--consumers 2] [--workdir bench-data]
+                                 [--consumers 2] [--crop-flip] [--workdir bench-data]
 
 Writes ``--images`` photo crops as quality-90 JPEGs (kept in ``--workdir``), ingests them as an encoded
 store (``images="encoded"``: the JPEG bytes; with ``--copies n``, each file n times, as hard links, for
 epochs long enough to keep many workers busy) and measures in one run, with medians over ``--repeats``
-shuffled epochs (batch 256, no transform):
+shuffled epochs (batch 256, no transform; with ``--crop-flip``, a random crop of 7/8 of the side and a
+flip, cut while decoding, whose cost then counts against the plain bare decode):
 
 - **bare decode**: each worker of a cluster, all at once, decodes stored JPEGs (read beforehand) into
   batch arrays in a tight loop, each pass over other samples (an epoch's inputs are not in the caches
@@ -47,8 +48,10 @@ from distributed import Client, LocalCluster
 
 import outcore
 from outcore.imaging import decode_image
+from outcore.iterate import Transform
 from outcore.iterate.shared import Mailbox, Slot
 from outcore.storage import read_files
+from outcore.transforms import Compose, RandomCrop, RandomFlip
 
 BATCH = 256
 
@@ -109,9 +112,9 @@ def workers_cpu(client: Client) -> float:
     return sum(client.run(lambda: sum(psutil.Process().cpu_times()[:2])).values())
 
 
-def epoch(ds: outcore.Dataset, client: Client | None, repeats: int) -> dict[str, float]:
+def epoch(ds: outcore.Dataset, client: Client | None, repeats: int, transform: Transform | None) -> dict[str, float]:
     """Samples/s of full shuffled epochs (median), and the workers' and this process's CPU per sample."""
-    it = ds.batches(BATCH, fields=["images", "labels"], client=client, prefetch=4)
+    it = ds.batches(BATCH, fields=["images", "labels"], client=client, prefetch=4, transform=transform)
     next(iter(it))  # imports, store opening
     it.close()
     rates, worker, consumer = [], [], []
@@ -200,6 +203,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", default="1,2", help="LocalCluster sizes, comma-separated (1 first)")
     parser.add_argument("--consumers", type=int, default=2, help="consumer processes sharing the largest cluster")
+    parser.add_argument("--crop-flip", action="store_true", help="a random crop and flip, cut while decoding")
     parser.add_argument("--workdir", default="bench-data")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -213,9 +217,11 @@ def main() -> None:
     location = str(Path(ds.location).absolute())
     probe = min(len(ds), 4096)
 
-    local = epoch(ds, None, args.repeats)
+    transform = Compose([RandomCrop(args.size * 7 // 8), RandomFlip()]) if args.crop_flip else None
+    local = epoch(ds, None, args.repeats, transform)
     results: dict[str, object] = {"cores": os.cpu_count(), "local threads": local["rate"], "clusters": {}}
-    print(f"{len(ds)} JPEGs of {args.size}x{args.size} ({args.copies} cop(ies) of {args.images}); {os.cpu_count()} cores; batch {BATCH}; medians of "
+    print(f"{len(ds)} JPEGs of {args.size}x{args.size} ({args.copies} cop(ies) of {args.images}); "
+          f"{'crop + flip; ' if transform else ''}{os.cpu_count()} cores; batch {BATCH}; medians of "
           f"{args.repeats}\n")
     print(f"local threads in this process: {local['rate']:.0f} samples/s\n")
     header = (f"{'workers':>17s} {'samples/s':>10s} {'vs 1 worker':>11s} {'vs n x bare':>11s} "
@@ -228,7 +234,7 @@ def main() -> None:
                 LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                              dashboard_address=":0") as cluster, Client(cluster) as client:
             bare = statistics.median(on_every_worker(client, bare_decode, location, probe, args.repeats))
-            got = epoch(ds, client, args.repeats)
+            got = epoch(ds, client, args.repeats, transform)
             first = first or got["rate"]
             row = {**got, "bare": bare}
             label = f"{workers}" if profiler else f"{workers} (profiler off)"
