@@ -189,23 +189,26 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, steps: Seque
     into the consumer's shared memory when this worker sees it (`outcore.iterate.shared`)."""
     cap_threads(_worker_threads())
     readers = _readers(source)
-    last_use = {int(chunk): i for i, step in enumerate(steps) for chunk in np.unique(step.chunks)}
+    used = [np.unique(step.chunks).tolist() for step in steps]
+    last_use = {chunk: i for i, chunks in enumerate(used) for chunk in chunks}
+    released: list[list[int]] = [[] for _ in steps]  # after each batch, the chunks no later one needs
+    for chunk, i in last_use.items():
+        released[i].append(chunk)
     if any(reader.remote for reader in readers.values()):  # the span's bytes asked for at once, in order
         for reader in readers.values():
             reader.prefetch(list(last_use))
     buffers = ChunkBuffers(readers)
     loaded: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
     made: list[SharedBatch | Batch] = []
-    for i, step in enumerate(steps):
-        for chunk in np.unique(step.chunks).tolist():
+    for step, chunks, release in zip(steps, used, released, strict=True):
+        for chunk in chunks:
             if chunk not in loaded:
-                taken = {name: buffers.take(name) for name in readers}
-                loaded[chunk] = ({name: reader.read(chunk, out=taken[name]) for name, reader in readers.items()}, taken)
+                loaded[chunk] = buffers.read(chunk)
         arena = slot.arena() if slot is not None else None
         batch = make_batch(recipe, step.samples, chunk_size, step.chunks, {c: v for c, (v, _) in loaded.items()},
                            step.rng_key, np.empty if arena is None else arena.empty)
         made.append(batch if arena is None else arena.publish(batch))
-        for chunk in [c for c, last in last_use.items() if last == i]:
+        for chunk in release:
             buffers.give(loaded.pop(chunk)[1])
     return made
 

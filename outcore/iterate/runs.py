@@ -156,6 +156,12 @@ class ChunkBuffers:
             for field, buffer in buffers.items():
                 self.free[field].append(buffer)
 
+    def read(self, chunk: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Chunk ``chunk`` of every field, read into buffers taken here: ``(values, buffers)``; `give` the
+        buffers back once no batch needs the values."""
+        buffers = {name: self.take(name) for name in self.readers}
+        return {name: reader.read(chunk, out=buffers[name]) for name, reader in self.readers.items()}, buffers
+
 
 class LocalRun(Run):
     """Batches made in this process: chunk reads and decodes on the process's thread pool
@@ -226,9 +232,8 @@ class LocalRun(Run):
 
     def _read(self, chunk: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Chunk ``chunk`` of every field, read into the run's buffers: ``(values, buffers)``."""
-        buffers = {name: self.buffers.take(name) for name in self.readers}
-        values = {name: reader.read(chunk, out=buffers[name]) for name, reader in self.readers.items()}
+        read = self.buffers.read(chunk)
         if self.next_use is not None:
             for reader in self.readers.values():
                 reader.expect(chunk, float(self.next_use[chunk]))
-        return values, buffers
+        return read
