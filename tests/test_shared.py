@@ -7,10 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
+from outcore.errors import OutcoreWarning
 from outcore.iterate import shared
 from outcore.iterate.shared import FREE, LOCK, SHARED_MIN_BYTES, Mailbox, SharedArray, Slot, is_mapped
 
@@ -83,9 +85,13 @@ def test_without_room_in_shared_memory_arrays_travel_as_plain_memory(mailbox, mo
     monkeypatch.setattr(os, "posix_fallocate", full)
     handle = made(mailbox, 5)
     assert isinstance(handle.fields["images"], np.ndarray)
-    batch = mailbox.receive(handle)
+    with pytest.warns(OutcoreWarning, match=r"no room in .* for batches in shared memory.*--shm-size"):
+        batch = mailbox.receive(handle)
     assert (batch["images"] == 5).all() and not is_mapped(batch["images"])
     assert files(mailbox) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mailbox.receive(made(mailbox, 6))  # said once per run, not per batch
 
 
 def test_a_worker_that_does_not_see_the_folder_sends_plain_arrays(tmp_path):
@@ -94,6 +100,7 @@ def test_a_worker_that_does_not_see_the_folder_sends_plain_arrays(tmp_path):
     images.fill(3)
     handle = arena.publish({"images": images})
     assert isinstance(handle.fields["images"], np.ndarray) and (handle.fields["images"] == 3).all()
+    assert not handle.no_room  # another machine: sockets are the way, nothing to warn of
 
 
 def test_shared_memory_can_be_turned_off(tmp_path, monkeypatch):

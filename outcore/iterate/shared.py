@@ -11,7 +11,8 @@ zeroed on first use: measured at 6x the cost of writing reused memory, a fifth o
 when every array of a batch is gone from the consumer (its mapping is freed), the file is renamed
 ``free-<size>-...`` and the next batch of that size is made in it. Nothing the consumer still holds
 is ever written again. A new file's room is reserved with ``posix_fallocate``, so a full
-``/dev/shm`` (Docker's default is 64 MB) means plain memory for that array, never a crash.
+``/dev/shm`` (Docker's default is 64 MB) means plain memory for that array, never a crash, and an
+`OutcoreWarning` (once per run) saying so.
 
 A worker that cannot see the folder (another machine, another container), finds no room, or makes a
 small array (under `SHARED_MIN_BYTES`) puts the array in the `SharedBatch` itself, which Dask sends
@@ -40,6 +41,7 @@ import contextlib
 import mmap
 import os
 import shutil
+import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +50,7 @@ from uuid import uuid4
 
 import numpy as np
 
-from ..errors import ClusterError
+from ..errors import ClusterError, OutcoreWarning
 
 try:
     import fcntl
@@ -73,12 +75,18 @@ class SharedArray:
     dtype: str
     shape: tuple[int, ...]
 
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
 
 @dataclass(frozen=True)
 class SharedBatch:
-    """A batch whose arrays (all or some: the others travel in ``fields`` themselves) wait in the mailbox."""
+    """A batch whose arrays (all or some: the others travel in ``fields`` themselves) wait in the mailbox;
+    ``no_room``: the worker saw the mailbox but found no room there for an array it sends itself."""
 
     fields: dict[str, SharedArray | np.ndarray]
+    no_room: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,7 @@ class Arena:
         self.folder = folder
         self.prefix = uuid4().hex[:12]
         self.made: dict[int, tuple[SharedArray, np.ndarray]] = {}  # id(array) -> its file (and it, to keep the id)
+        self.no_room = False
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A new uninitialized array: in a file of the mailbox (a recycled one of its size, if any) when
@@ -116,6 +125,7 @@ class Arena:
         except OSError:  # no room (a small /dev/shm), or the run was closed meanwhile: plain memory
             with contextlib.suppress(OSError):
                 (self.folder / name).unlink()
+            self.no_room = True
             return np.empty(shape, dtype)
         array = np.frombuffer(mapped, dtype, size // dtype.itemsize).reshape(shape)
         self.made[id(array)] = (SharedArray(name, dtype.str, tuple(shape)), array)
@@ -149,9 +159,9 @@ class Arena:
         kept = {shared.name for shared in fields.values() if isinstance(shared, SharedArray)}
         for shared, _ in self.made.values():
             if shared.name not in kept and self.folder is not None:
-                _free(self.folder, shared.name, int(np.prod(shared.shape)) * np.dtype(shared.dtype).itemsize)
+                _free(self.folder, shared.name, shared.nbytes)
         self.made.clear()
-        return SharedBatch(fields)
+        return SharedBatch(fields, self.no_room)
 
 
 class Mailbox:
@@ -161,6 +171,7 @@ class Mailbox:
     def __init__(self, folder: Path, lock: Any) -> None:
         self.folder, self._lock = folder, lock
         self.slot = Slot(str(folder))
+        self.warned = False
 
     @classmethod
     def open(cls, root: Path = SHARED_ROOT) -> Mailbox | None:
@@ -194,6 +205,14 @@ class Mailbox:
         """The batch a worker made, its files mapped into this process."""
         if not isinstance(made, SharedBatch):
             return made
+        if made.no_room and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"no room in {self.folder.parent} for batches in shared memory: workers on this machine send "
+                "them over sockets instead (the same batches, slower). Give it room (docker run --shm-size=2g, "
+                f"a memory-backed /dev/shm on Kubernetes), or set {ENVIRONMENT}=0 to choose sockets",
+                OutcoreWarning, stacklevel=2,
+            )
         return {name: self._take(value) if isinstance(value, SharedArray) else value
                 for name, value in made.fields.items()}
 
@@ -201,16 +220,16 @@ class Mailbox:
         """The array in file ``shared.name``, mapped; the file is freed for another batch once the
         mapping is (when the consumer has dropped every array of it)."""
         dtype = np.dtype(shared.dtype)
-        count = int(np.prod(shared.shape, dtype=np.int64))
+        count = shared.nbytes // dtype.itemsize
         try:
-            mapped = _mapped(self.folder / shared.name, count * dtype.itemsize, create=False, populate=False)
+            mapped = _mapped(self.folder / shared.name, shared.nbytes, create=False, populate=False)
         except OSError as error:
             raise ClusterError(
                 f"a worker's batch in shared memory is gone ({error}): something removed files of "
                 f"{self.folder} while the run was using it. Set {ENVIRONMENT}=0 to have batches sent over "
                 "sockets instead"
             ) from None
-        weakref.finalize(mapped, _free, self.folder, shared.name, count * dtype.itemsize)
+        weakref.finalize(mapped, _free, self.folder, shared.name, shared.nbytes)
         return np.frombuffer(mapped, dtype, count).reshape(shared.shape)
 
     def close(self) -> None:
