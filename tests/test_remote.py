@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import pickle
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -15,6 +16,7 @@ import time
 import zipfile
 from contextlib import closing
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -379,6 +381,23 @@ def test_entries_of_a_dead_writer_are_removed_by_the_next_process(tmp_path):
     fresh = ChunkCache(tmp_path, max_bytes=10_000)
     assert fresh.usage().entries == 1 and fresh.usage().bytes == 104 == _file_bytes(tmp_path)
     assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_the_cache_leaves_5_percent_of_its_disk_free_or_4_gib_when_that_is_less(tmp_path, monkeypatch):
+    def disk(total: int, free: int) -> None:
+        monkeypatch.setattr(shutil, "disk_usage", lambda _: SimpleNamespace(total=total, used=total - free, free=free))
+
+    cache = ChunkCache(tmp_path, max_bytes=10_000)
+    disk(total=40 * 2**30, free=2 * 2**30 + 500)  # an entry of 996 bytes (+ its checksum) would leave < 2 GiB
+    with pytest.warns(outcore.OutcoreWarning, match=r"no room for a range of 996 bytes .*less than 2.0 GiB free"):
+        assert bytes(cache.get_or_fetch("a", 996, lambda: b"a" * 996)) == b"a" * 996  # returned, not kept
+    assert cache.usage().entries == 0
+    disk(total=40 * 2**30, free=2 * 2**30 + 1000)
+    cache.get_or_fetch("a", 996, lambda: b"a" * 996)
+    assert cache.usage().entries == 1
+    disk(total=2**41, free=4 * 2**30 + 1000)  # a shared 2 TiB disk: 4 GiB is all it keeps free, not 102
+    cache.get_or_fetch("b", 996, lambda: b"b" * 996)
+    assert cache.usage().entries == 2
 
 
 def test_a_cache_that_cannot_keep_ranges_says_so_once_and_loses_nothing(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ One folder holds the entries (files under ``blobs/``) and an SQLite index of the
 in WAL mode, so DataLoader workers, ranks and separate jobs share it safely). Its rules:
 
 - **Bounded.** The bytes of the entries never exceed ``max_bytes``, and an entry is not written when it
-  would leave less than `MIN_FREE_FRACTION` of the disk free. Room is made by evicting entries whose
+  would leave less free on its disk than `min_free_bytes` (5 % of the disk, at most 4 GiB). Room is made by evicting entries whose
   next use nobody told (`expect`), least recently used first, then those read again the latest (the
   iterator knows when from the next epoch's order); an entry being written is never evicted.
 - **Fetched once.** `get_or_fetch` claims a missing entry before fetching it: another process or thread
@@ -41,7 +41,8 @@ from ..errors import OptionError, OutcoreWarning, StorageError
 ENVIRONMENT = "OUTCORE_CACHE_DIR"
 SIZE_ENVIRONMENT = "OUTCORE_CACHE_SIZE"
 DEFAULT_MAX_BYTES = 20 * 2**30
-MIN_FREE_FRACTION = 0.05  # the cache never fills its disk past 95 %
+MIN_FREE_FRACTION = 0.05  # the cache leaves this much of its disk free ...
+MIN_FREE_CAP = 4 * 2**30  # ... or this much, when less: 5 % of a shared 2 TB disk is not the cache's to keep
 STALE_SECONDS = 300.0  # an entry still being written after this long belongs to a process that is gone
 WAIT_SECONDS = 120.0  # the longest a reader waits for an entry another process is fetching
 USE_SECONDS = 10.0  # an entry's last use is written again only when older than this
@@ -96,6 +97,15 @@ def parse_size(text: str | int) -> int:
     except (ValueError, KeyError):
         raise OptionError(f"cache size {text!r}: give bytes, or a number with KB, MB, GB, TB, KiB, MiB, GiB "
                           "or TiB") from None
+
+
+def min_free_bytes(directory: str | os.PathLike[str]) -> int:
+    """The free space the cache leaves on the disk of ``directory``: 5 % of it, at most 4 GiB.
+
+    >>> min_free_bytes("/") <= MIN_FREE_CAP
+    True
+    """
+    return min(int(MIN_FREE_FRACTION * shutil.disk_usage(directory).total), MIN_FREE_CAP)
 
 
 class ChunkCache:
@@ -159,8 +169,9 @@ class ChunkCache:
             if claim == "no room":
                 self._warn_once("no room", f"the cache {self.directory} has no room for a range of {size:,} bytes "
                                 "(the ranges being fetched at once fill it, or the range is larger than it, or its "
-                                "disk is 95 % full): such ranges are read without being kept; give a larger "
-                                "cache_size=, or free space on that disk")
+                                f"disk has less than {min_free_bytes(self.directory) / 2**30:.1f} GiB free): such "
+                                "ranges are read without being kept; give a larger cache_size=, or free space on "
+                                "that disk")
             if claim == "mine" or claim == "no room" or time.monotonic() > deadline:
                 break
             time.sleep(pause)  # another process or thread is fetching it
@@ -307,8 +318,8 @@ class ChunkCache:
             if victims:  # its writer is gone: remove what it left, then claim it again
                 return "taken"
             total = db.execute("SELECT bytes FROM total").fetchone()[0]
-            disk = shutil.disk_usage(self.directory)
-            needed = max(total + stored - self.max_bytes, int(MIN_FREE_FRACTION * disk.total) - disk.free + stored)
+            free = shutil.disk_usage(self.directory).free
+            needed = max(total + stored - self.max_bytes, min_free_bytes(self.directory) - free + stored)
             if needed > 0:
                 for victim in db.execute("SELECT name, file, size FROM entries WHERE state = ? "
                                          "ORDER BY next IS NOT NULL, next DESC, used", (_READY,)):
