@@ -7,7 +7,7 @@ Writes ``--images`` photo crops as quality-90 JPEGs (kept in ``--workdir``), ing
 store (``images="encoded"``: the JPEG bytes; with ``--copies n``, each file n times, as hard links, for
 epochs long enough to keep many workers busy) and measures in one run, with medians over ``--repeats``
 shuffled epochs (batch 256, no transform; with ``--crop-flip``, a random crop of 7/8 of the side and a
-flip, cut while decoding, whose cost then counts against the plain bare decode):
+flip, batch transforms after decoding, whose cost then counts against the plain bare decode):
 
 - **bare decode**: each worker of a cluster, all at once, decodes stored JPEGs (read beforehand) into
   batch arrays in a tight loop, each pass over other samples (an epoch's inputs are not in the caches
@@ -203,7 +203,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", default="1,2", help="LocalCluster sizes, comma-separated (1 first)")
     parser.add_argument("--consumers", type=int, default=2, help="consumer processes sharing the largest cluster")
-    parser.add_argument("--crop-flip", action="store_true", help="a random crop and flip, cut while decoding")
+    parser.add_argument("--crop-flip", action="store_true", help="a random crop and flip after decoding")
     parser.add_argument("--workdir", default="bench-data")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()

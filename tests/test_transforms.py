@@ -1,4 +1,5 @@
-"""RandomResizedCrop and CenterCrop: torchvision's box rule, exact pixels, determinism, every dtype."""
+"""RandomResizedCrop and CenterCrop: torchvision's box rule, exact pixels, determinism, every dtype; RandomCrop and
+RandomFlip: the pixels of padding and slicing each image."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from PIL import Image
 import outcore
 from outcore.imaging import center_crop_box, random_resized_crop_box
 from outcore.testing import write_image_folder
-from outcore.transforms import CenterCrop, Compose, Normalize, RandomFlip, RandomResizedCrop
+from outcore.transforms import CenterCrop, Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 
@@ -32,6 +33,35 @@ def test_boxes_lie_inside_and_follow_scale_and_ratio_unless_they_fall_back(heigh
         assert SCALE[0] - 0.02 <= area <= SCALE[1] + 0.02 or min(box_height, box_width) < 20
         aspect = box_width / box_height
         assert RATIO[0] * 0.9 <= aspect <= RATIO[1] * 1.1 or min(box_height, box_width) < 20
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.tuples(st.integers(1, 5), st.integers(1, 12), st.integers(1, 12)), channels=st.sampled_from([(), (1,), (3,), (4,)]),
+       dtype=st.sampled_from(["uint8", "uint16", "float32"]), padding=st.integers(0, 6), crop=st.integers(1, 12),
+       seed=st.integers(0, 2**32 - 1))
+def test_random_crop_is_a_window_of_the_zero_padded_image(shape, channels, dtype, padding, crop, seed):
+    images = np.random.default_rng(seed).integers(1, 200, (*shape, *channels)).astype(dtype)
+    height, width = min(crop, shape[1] + 2 * padding), min(crop + 1, shape[2] + 2 * padding)
+    cropped = RandomCrop((height, width), padding=padding)({"images": images}, np.random.default_rng(seed))["images"]
+    rng = np.random.default_rng(seed)  # the same draws, by the definition: pad, then cut
+    padded = np.pad(images, [(0, 0), (padding, padding), (padding, padding)] + [(0, 0)] * len(channels))
+    tops = rng.integers(0, padded.shape[1] - height + 1, size=len(images))
+    lefts = rng.integers(0, padded.shape[2] - width + 1, size=len(images))
+    expected = np.stack([padded[i, t : t + height, x : x + width] for i, (t, x) in enumerate(zip(tops, lefts))])
+    assert cropped.dtype == images.dtype and cropped.flags.c_contiguous
+    np.testing.assert_array_equal(cropped, expected)
+
+
+@settings(max_examples=100, deadline=None)
+@given(shape=st.tuples(st.integers(1, 6), st.integers(1, 9), st.integers(1, 9)), channels=st.sampled_from([(), (1,), (3,), (2, 2)]),
+       horizontal=st.booleans(), vertical=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_random_flip_mirrors_exactly_the_images_it_draws(shape, channels, horizontal, vertical, seed):
+    images = np.random.default_rng(seed).integers(0, 255, (*shape, *channels)).astype(np.uint8)
+    flip = RandomFlip(horizontal=horizontal, vertical=vertical)
+    flipped = flip({"images": images}, np.random.default_rng(seed))["images"]
+    draws = flip.draw(len(images), np.random.default_rng(seed))
+    expected = [images[i, ::-1 if top_bottom else 1, ::-1 if left_right else 1] for i, (left_right, top_bottom) in enumerate(draws)]
+    np.testing.assert_array_equal(flipped, np.stack(expected))
 
 
 def test_the_fallback_is_the_largest_central_box_within_the_ratio():

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import OptionError
 from ..imaging import Box, center_crop_box, random_resized_crop_box, resize_boxes
@@ -70,8 +69,23 @@ class RandomFlip:
         flips = self.draw(len(images), rng)
         out = np.empty_like(images)
         for i, (left_right, top_bottom) in enumerate(flips.tolist()):  # one copy of each image
-            out[i] = images[i, ::-1 if top_bottom else 1, ::-1 if left_right else 1]
+            image = images[i, ::-1] if top_bottom else images[i]
+            if left_right:
+                _mirror_into(out[i], image)
+            else:
+                out[i] = image
         return _replace(batch, self.field, out)
+
+
+def _mirror_into(out: np.ndarray, image: np.ndarray) -> None:
+    """``image`` (H, W, ...) mirrored left-right into ``out``, one channel at a time: numpy copies a
+    reversed row of whole pixels a few bytes per step, about 3x slower than each channel's row."""
+    if image.ndim == 2:
+        out[...] = image[:, ::-1]
+        return
+    mirrored, target = image[:, ::-1].reshape(*image.shape[:2], -1), out.reshape(*out.shape[:2], -1)
+    for channel in range(target.shape[2]):
+        target[:, :, channel] = mirrored[:, :, channel]
 
 
 @dataclass(frozen=True)
@@ -84,16 +98,18 @@ class RandomCrop:
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
-        height, width = (self.size, self.size) if isinstance(self.size, int) else self.size
-        pad = [(0, 0), (self.padding, self.padding), (self.padding, self.padding)] + [(0, 0)] * (images.ndim - 3)
-        padded = np.pad(images, pad) if self.padding else images
-        if padded.shape[1] < height or padded.shape[2] < width:
-            raise OptionError(f"cannot crop {height}x{width} from images of {padded.shape[1]}x{padded.shape[2]}")
-        top = rng.integers(0, padded.shape[1] - height + 1, size=len(images))
-        left = rng.integers(0, padded.shape[2] - width + 1, size=len(images))
-        windows = sliding_window_view(padded, (height, width), axis=(1, 2))  # (N, H', W', ..., h, w)
-        crops = windows[np.arange(len(images)), top, left]  # (N, ..., h, w)
-        return _replace(batch, self.field, np.ascontiguousarray(np.moveaxis(crops, (-2, -1), (1, 2))))
+        (height, width), pad = _pair(self.size), self.padding
+        rows, columns = images.shape[1], images.shape[2]
+        if rows + 2 * pad < height or columns + 2 * pad < width:
+            raise OptionError(f"cannot crop {height}x{width} from images of {rows + 2 * pad}x{columns + 2 * pad}")
+        tops = rng.integers(0, rows + 2 * pad - height + 1, size=len(images)) - pad  # in the image's own pixels
+        lefts = rng.integers(0, columns + 2 * pad - width + 1, size=len(images)) - pad
+        out = (np.zeros if pad else np.empty)((len(images), height, width, *images.shape[3:]), images.dtype)
+        for i, (top, left) in enumerate(zip(tops.tolist(), lefts.tolist(), strict=True)):  # the window's part inside
+            y0, y1, x0, x1 = max(top, 0), min(top + height, rows), max(left, 0), min(left + width, columns)
+            if y0 < y1 and x0 < x1:  # else the window lies in the zero padding
+                out[i, y0 - top : y1 - top, x0 - left : x1 - left] = images[i, y0:y1, x0:x1]
+        return _replace(batch, self.field, out)
 
 
 @dataclass(frozen=True)
