@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -206,6 +207,38 @@ def test_killed_worker_mid_epoch_still_gives_every_sample_once_in_order(client, 
     assert pids[min(pids)] not in client.run(os.getpid).values()
 
 
+def _spans_of_epoch(client, epoch: int) -> list[str]:
+    """This client's span tasks of ``epoch``: keys ``outcore-span-<run>-e<epoch>-<first step>``."""
+    return [key for key in list(client.futures) if str(key).startswith("outcore-span-") and f"-e{epoch}-" in str(key)]
+
+
+def _soon(condition, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def test_from_its_second_epoch_on_a_cluster_run_starts_the_next_epoch_as_it_drains(client, photos):
+    options = {"seed": 4, "buffer_chunks": 2, "fields": ["images_encoded", "labels"]}
+    local = photos.batches(16, **options)
+    expected = [list(local) for _ in range(3)]
+    it = photos.batches(16, client=client, **options)
+    for epoch in range(3):
+        got = list(it)
+        _assert_same_batches(expected[epoch], got)
+        if epoch == 0:  # a first pass may be the only one (a prediction): it starts nothing
+            assert not _spans_of_epoch(client, 1)
+        else:  # submitted while this epoch drained, made while its last batches were consumed
+            assert _soon(lambda epoch=epoch: _spans_of_epoch(client, epoch + 1))
+    it.set_epoch(7)  # not the epoch started ahead: that run is dropped, epoch 7 made from its start
+    local.set_epoch(7)
+    _assert_same_batches(list(local), list(it))
+    assert _soon(lambda: not _spans_of_epoch(client, 3))
+    it.close()  # and the one started for epoch 8 goes with the iterator
+    assert _soon(lambda: not _spans_of_epoch(client, 8))
+
+
 def test_lost_cluster_raises_and_the_state_resumes_without_it(photos):
     options = {"seed": 5, "transform": SlowAugment(0.05), "fields": ["images_encoded", "labels"]}
     expected = list(photos.batches(8, **options))
@@ -241,9 +274,18 @@ def test_torch_takes_the_client(client, photos):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
     fields = ["images_encoded", "labels"]
     expected = list(photos.batches(16, fields=fields, **ADAPTER_OPTIONS))
-    got = list(photos.torch(16, client=client, fields=fields, **ADAPTER_OPTIONS))
+    loader = photos.torch(16, client=client, fields=fields, **ADAPTER_OPTIONS)
+    got = list(loader)
     assert [b["images_encoded"].dtype for b in got] == [torch.uint8] * len(expected)
     _assert_same_batches(expected, [{k: v.numpy() for k, v in b.items()} for b in got])
+    local = photos.batches(16, fields=fields, **ADAPTER_OPTIONS)
+    list(local)
+    for _ in range(2):  # the next epochs: the third's run started while the second drained
+        _assert_same_batches(list(local), [{k: v.numpy() for k, v in b.items()} for b in loader])
+    assert _soon(lambda: _spans_of_epoch(client, 3))
+    del loader
+    gc.collect()
+    assert _soon(lambda: not _spans_of_epoch(client, 3))  # a loader dropped takes that run with it
     with pytest.raises(ValueError, match="num_workers=0"):
         photos.torch(16, client=client, num_workers=2)
 

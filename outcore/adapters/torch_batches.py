@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, EpochSteps
+from ..iterate.runs import NextEpoch
 from ..storage import Store
 from ..threads import share_cpus
 from .torch_module import IterableDataset, get_worker_info, torch
@@ -100,6 +101,8 @@ class TorchBatches(IterableDataset):
         self.own_turn = False  # ``step`` is this worker's next turn (a StatefulDataLoader's worker state), not the rank's
         self.board: EpochBoard | None = None  # for persistent workers: `persist`
         self._store: Store | None = None  # a worker's store, opened once (persistent workers keep it)
+        self._next: NextEpoch | None = None  # with a client: the next epoch's run, started as a pass drains
+        self._passes = 0  # full passes in this process: from the first on, a cluster starts the next one early
 
     def persist(self, context: Any = None) -> None:
         """Prepare for DataLoader workers that persist across epochs, started by ``context`` (a start method's
@@ -125,7 +128,7 @@ class TorchBatches(IterableDataset):
         """Pickled for DataLoader workers started by spawn or forkserver, which do not inherit the process
         group: the rank and world size go with it, resolved here, in the process that starts them."""
         state = dict(self.__dict__)
-        state["_store"] = None  # each worker opens its own
+        state["_store"] = state["_next"] = None  # each worker opens its own store
         if not state["resolved"]:
             rank, world_size = distributed_rank()
             state.update(options=dataclasses.replace(self.options, rank=rank, world_size=world_size), resolved=True)
@@ -186,12 +189,18 @@ class TorchBatches(IterableDataset):
         steps = [step for step in turns.steps(len(iterator), first) if step not in skip]
         if not steps:
             return  # this worker's turns were all delivered before the interruption
-        plan, run = iterator.plan(self.epoch), iterator.run(self.epoch, steps)
+        if self.options.client is not None and self._next is None:
+            self._next = NextEpoch()
+        ahead = self._next.take(self.epoch, steps) if self._next is not None else None
+        plan, run = iterator.plan(self.epoch), ahead or iterator.run(self.epoch, steps)
         try:
             for step, batch in zip(steps, run, strict=False):
                 self.step, self.own_turn = step + num_workers, True  # what `state_dict` says once this is delivered
+                if self._next is not None and self._passes:
+                    self._next.offer(run, lambda: iterator.run(self.epoch + 1, range(len(iterator))))
                 yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch,
                                  loader_worker, step, plan.step(step)[0])
+            self._passes += 1
         finally:
             run.close()
 

@@ -25,6 +25,9 @@ of order and only the oldest can be handed over), so every worker thread has a s
 finished ones wait: at most that many times `SPAN_BYTES` of batches are held. Several consumers (the ranks of a job, each with its own
 ``rank``) can share one cluster: each submits its own spans, of its own share of the epoch.
 
+From an iterator's second epoch on, the next epoch's run starts once this one has submitted its last
+span (`outcore.iterate.runs.NextEpoch`), so workers do not wait at epoch boundaries.
+
 If a worker dies, Dask reruns its spans on the others: the epoch still yields every sample once, in
 the planned order. If the whole cluster goes away, the consumer gets a `ClusterError`; the iterator's
 `state_dict` then says how far it got, to resume elsewhere.
@@ -130,6 +133,7 @@ class ClusterRun(Run):
                 return
         if steps:
             self._submit(steps)
+        self.under_way.set()
         while self.pending:
             if not self._deliver():
                 return

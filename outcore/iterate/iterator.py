@@ -19,7 +19,7 @@ from .cluster import ClusterRun
 from .options import BatchOptions, check_state
 from .plan import EpochPlan, EpochSteps
 from .readers import ChunkReader, chunk_readers, recipe
-from .runs import LocalRun, Run, Work
+from .runs import LocalRun, NextEpoch, Run, Work
 from .stats import LoaderStats
 
 
@@ -39,7 +39,9 @@ class BatchIterator:
 
     Made by `Dataset.batches`. With a
     ``client`` in the options, the cluster's workers read, decode and augment the batches
-    (`outcore.iterate.cluster`); they are identical to those of the local threads.
+    (`outcore.iterate.cluster`); they are identical to those of the local threads. From the second epoch
+    on, a cluster starts the next epoch as this one drains (`outcore.iterate.runs.NextEpoch`): `close`
+    the iterator when done.
 
     >>> it = ds.batches(batch_size=256, shuffle=True, seed=0)  # doctest: +SKIP
     >>> for batch in it:  # doctest: +SKIP
@@ -57,6 +59,8 @@ class BatchIterator:
         self.batches_done = 0  # batches of the current epoch already handed out
         self._readers: dict[str, ChunkReader] | None = None  # opened at the first read
         self._active: Run | None = None
+        self._next = NextEpoch()  # a cluster run's next epoch, started as it drains
+        self._epochs_finished = 0  # full passes of this iterator: from the first on, the next epoch starts early
         self._stats = LoaderStats()
 
     @property
@@ -107,22 +111,23 @@ class BatchIterator:
     def __iter__(self) -> Iterator[Batch]:
         if self.batches_done >= len(self):  # a finished epoch: move on
             self.set_epoch(self.epoch + 1)
-        run = self._run(self.epoch, self.batches_done)
+        steps = range(len(self))[self.batches_done :]
+        run = self._next.take(self.epoch, steps) or self.run(self.epoch, steps)
         previous, self._active = self._active, run
         if previous is not None:
             previous.close()
         try:
             for batch in run:
                 self.batches_done += 1
+                if self._epochs_finished:
+                    self._next.offer(run, lambda: self.run(self.epoch + 1, range(len(self))))
                 yield batch
+            self._epochs_finished += 1
             self.set_epoch(self.epoch + 1)
         finally:
             run.close()
             if self._active is run:
                 self._active = None
-
-    def _run(self, epoch: int, first_batch: int, stop_batch: int | None = None) -> Run:
-        return self.run(epoch, range(len(self))[first_batch:stop_batch])
 
     def run(self, epoch: int, steps: Sequence[int]) -> Run:
         """A run making the rank's batches ``steps`` (increasing) of ``epoch``: iterate it for the batches,
@@ -146,7 +151,7 @@ class BatchIterator:
         """
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} is not in [0, {len(self)})")
-        run = self._run(self.epoch if epoch is None else epoch, index, index + 1)
+        run = self.run(self.epoch if epoch is None else epoch, [index])
         try:
             return next(iter(run))
         finally:
@@ -170,6 +175,7 @@ class BatchIterator:
     def close(self) -> None:
         """Stop the background threads of an unfinished iteration (also done on ``break``); a consumer
         waiting on it gets `outcore.IterationClosedError`."""
+        self._next.close()
         if self._active is not None:
             self._active.close()
             self._active = None

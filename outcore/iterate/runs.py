@@ -11,6 +11,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class Run:
         self.work, self.stats = work, stats
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=work.options.prefetch)
         self.stop = threading.Event()
+        self.under_way = threading.Event()  # set by a run whose batches are made elsewhere once all are asked for
         self.delivered = 0
         self.thread = threading.Thread(target=self._produce, name="outcore-batches", daemon=True)
         self.thread.start()
@@ -134,6 +136,47 @@ class Run:
 
     def _release(self) -> None:
         """Free what the producer used, once it has stopped."""
+
+
+class NextEpoch:
+    """The run of the next epoch, started while a cluster run of this one drains: once the last spans are
+    submitted, workers that finish theirs would wait for the consumer to start the next epoch (with short
+    epochs, a large share of each). `offer` starts it then; `take` hands it to the next iteration if it is
+    that epoch's, from its first batch, and closes it otherwise. Only from an iterator's second epoch on:
+    a single pass (a prediction) never makes batches it will not use. Closed with its owner.
+
+    >>> ahead = NextEpoch()  # doctest: +SKIP
+    >>> ahead.offer(run, lambda: iterator.run(epoch + 1, range(len(iterator))))  # doctest: +SKIP
+    >>> ahead.take(epoch + 1, range(len(iterator))) or iterator.run(...)  # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self._held: list[Run] = []
+        self.finalizer = weakref.finalize(self, _close_runs, self._held)
+
+    def offer(self, current: Run, start: Callable[[], Run]) -> None:
+        """Start the next epoch's run with ``start()`` if ``current`` has all its batches under way and
+        none was started yet."""
+        if not self._held and current.under_way.is_set() and not current.stop.is_set():
+            self._held.append(start())
+
+    def take(self, epoch: int, steps: Sequence[int]) -> Run | None:
+        """The run started for ``epoch`` if it makes exactly ``steps``; None (and that run closed) otherwise."""
+        if not self._held:
+            return None
+        run = self._held.pop()
+        if run.work.epoch == epoch and list(run.work.batches) == list(steps):
+            return run
+        run.close()
+        return None
+
+    def close(self) -> None:
+        _close_runs(self._held)
+
+
+def _close_runs(runs: list[Run]) -> None:
+    while runs:
+        runs.pop().close()
 
 
 class ChunkBuffers:
