@@ -388,15 +388,16 @@ dist.destroy_process_group()
 """
 
 
-def _torchrun(tmp_path, processes, *arguments):
-    """Run TORCHRUN_SCRIPT under torchrun with ``processes`` gloo processes on loopback; each rank's result."""
+def _torchrun(tmp_path, processes, *arguments, script_text=TORCHRUN_SCRIPT):
+    """Run ``script_text`` under torchrun with ``processes`` gloo processes on loopback; each rank's result
+    (the JSON it wrote to ``<its last argument>.<rank>``)."""
     import socket
 
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = str(free.getsockname()[1])
     script = tmp_path / "train.py"
-    script.write_text(TORCHRUN_SCRIPT)
+    script.write_text(script_text)
     out = tmp_path / f"run{processes}"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
                            str(processes), "--master-addr", "127.0.0.1", "--master-port", port, str(script),
@@ -499,6 +500,56 @@ def test_lightning_epochs_and_a_mid_epoch_checkpoint(ids_store, tmp_path):
     head, seen[:] = list(seen), []
     trainer().fit(Model(), ckpt_path=tmp_path / "step13.ckpt")
     assert len(head) == 13 and head + seen == uninterrupted
+
+
+LIGHTNING_DDP_SCRIPT = """
+import json, sys, warnings
+warnings.filterwarnings("ignore")  # Lightning 2.6 on torch 2.13: its own deprecated calls
+import torch
+import lightning as L
+import outcore
+
+store, out = sys.argv[1], sys.argv[2]
+seen = []
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch, index):
+        seen.append((self.current_epoch, batch["id"].tolist()))
+        return self.layer(batch["id"][:, None].float()).pow(2).mean() * 0
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    def train_dataloader(self):
+        return outcore.open_dataset(store).torch(50, shuffle=True, seed=1, fields=["id"])
+
+
+trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Model())
+with open(f"{out}.{trainer.global_rank}", "w") as result:
+    json.dump(seen, result)
+"""
+
+
+def test_lightning_ddp_on_2_processes_makes_the_global_steps_of_one(ids_store, tmp_path):
+    """Lightning's DDP under torchrun (gloo on loopback) leaves the loader's sharding to outcore: each rank
+    makes 10 steps an epoch, and at every step the two ranks' batches together are the batch one process
+    makes with the same global batch; every sample once an epoch."""
+    pytest.importorskip("lightning", reason="PyTorch Lightning is not installed")
+    ranks = _torchrun(tmp_path, 2, ids_store.location, script_text=LIGHTNING_DDP_SCRIPT)
+    one = ids_store.batches(100, shuffle=True, seed=1, fields=["id"])
+    for epoch in (0, 1):
+        steps = [[ids for e, ids in rank if e == epoch] for rank in ranks]
+        assert [len(rank_steps) for rank_steps in steps] == [10, 10]
+        global_steps = [sorted(a + b) for a, b in zip(*steps, strict=True)]
+        assert global_steps == [sorted(batch["id"].tolist()) for batch in one]
+        assert sorted(i for batch in global_steps for i in batch) == list(range(1000))
 
 
 def test_accelerate_checkpoints_the_loader_with_save_state(ids_store, tmp_path):
