@@ -308,7 +308,9 @@ def test_keras_and_tf_take_the_client(client, photos):
     model.compile("adam", "sparse_categorical_crossentropy")
     history = model.fit(sequence, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2 and sequence.epoch == 2
+    assert _soon(lambda: _spans_of_epoch(client, 2))  # started while the second epoch drained
     sequence.iterator.close()
+    assert _soon(lambda: not _spans_of_epoch(client, 2))
 
 
 def test_cli_ingest_on_a_scheduler_address(client, image_folder, tmp_path, capsys):

@@ -193,14 +193,15 @@ class TorchBatches(IterableDataset):
             self._next = NextEpoch()
         ahead = self._next.take(self.epoch, steps) if self._next is not None else None
         plan, run = iterator.plan(self.epoch), ahead or iterator.run(self.epoch, steps)
+        total = len(iterator)
         try:
             for step, batch in zip(steps, run, strict=False):
                 self.step, self.own_turn = step + num_workers, True  # what `state_dict` says once this is delivered
                 if self._next is not None and self._passes:
-                    self._next.offer(run, lambda: iterator.run(self.epoch + 1, range(len(iterator))))
+                    self._next.offer(run, lambda: iterator.run(self.epoch + 1, range(total)))
+                self._passes += step == total - 1  # the epoch's last batch (Lightning asks no further)
                 yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch,
                                  loader_worker, step, plan.step(step)[0])
-            self._passes += 1
         finally:
             run.close()
 

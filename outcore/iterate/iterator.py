@@ -111,7 +111,8 @@ class BatchIterator:
     def __iter__(self) -> Iterator[Batch]:
         if self.batches_done >= len(self):  # a finished epoch: move on
             self.set_epoch(self.epoch + 1)
-        steps = range(len(self))[self.batches_done :]
+        total = len(self)
+        steps = range(total)[self.batches_done :]
         run = self._next.take(self.epoch, steps) or self.run(self.epoch, steps)
         previous, self._active = self._active, run
         if previous is not None:
@@ -120,9 +121,9 @@ class BatchIterator:
             for batch in run:
                 self.batches_done += 1
                 if self._epochs_finished:
-                    self._next.offer(run, lambda: self.run(self.epoch + 1, range(len(self))))
+                    self._next.offer(run, lambda: self.run(self.epoch + 1, range(total)))
+                self._epochs_finished += self.batches_done == total  # handed its last batch (Keras asks no further)
                 yield batch
-            self._epochs_finished += 1
             self.set_epoch(self.epoch + 1)
         finally:
             run.close()
