@@ -21,6 +21,10 @@ flip, batch transforms after decoding, whose cost then counts against the plain 
 - **delivery**: blank batches of the same shape made on every worker of the largest cluster and received
   here: through shared memory (what a consumer on the workers' machine gets) and over Dask's sockets
   (``OUTCORE_SHARED_MEMORY=0``, or a consumer on another machine), in GB/s;
+- **epoch boundaries**: on the largest cluster, epochs of 10 batches (a store of the first 2,560 JPEGs)
+  with a 10 ms pause per batch standing for a training step, median of epochs 2-7: the next epoch
+  started as one drains (`outcore.iterate.runs.NextEpoch`, what outcore does) against started when the
+  consumer asks for it (``NextEpoch.offer`` patched out), interleaved ``--repeats`` times;
 - **several consumers**: ``--consumers`` processes, ranks of one job, each reading its share of the epoch
   from the largest cluster at once: their total rate against one consumer alone;
 - for comparison, the same store read with local threads in this process.
@@ -32,6 +36,7 @@ Scaling needs more cores than workers (the consumer and the scheduler need their
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -39,6 +44,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import dask
 import numpy as np
@@ -49,11 +55,14 @@ from distributed import Client, LocalCluster
 import outcore
 from outcore.imaging import decode_image
 from outcore.iterate import Transform
+from outcore.iterate.runs import NextEpoch
 from outcore.iterate.shared import Mailbox, Slot
 from outcore.storage import read_files
 from outcore.transforms import Compose, RandomCrop, RandomFlip
 
 BATCH = 256
+STEP_SECONDS = 0.01  # a training step, in the epoch-boundary rows
+SHORT_EPOCH = 10  # batches per epoch in the epoch-boundary rows
 
 
 def encoded_store(source: Path, target: Path, shape: tuple[int, ...]) -> outcore.Dataset:
@@ -79,6 +88,35 @@ def linked_copies(source: Path, copies: int) -> Path:
                 os.link(path, folder / f"{copy}-{path.name}")
         making.rename(target)
     return target
+
+
+def linked_subset(source: Path, count: int) -> Path:
+    """The first ``count`` of ``source``'s files, as hard links in a folder beside it."""
+    target = source.with_name(f"{source.name}-first{count}")
+    if not target.exists():
+        making = target.with_name(f"{target.name}.making")
+        for path in sorted(source.rglob("*.jpg"))[:count]:
+            folder = making / path.parent.relative_to(source)
+            folder.mkdir(parents=True, exist_ok=True)
+            os.link(path, folder / path.name)
+        making.rename(target)
+    return target
+
+
+def short_epochs(ds: outcore.Dataset, client: Client, ahead: bool, epochs: int = 8) -> float:
+    """Samples/s of epochs 2.. of ``ds`` (a few batches each) with a 10 ms pause per batch standing for a
+    training step, with the next epoch started as one drains (``ahead``, what outcore does) or not."""
+    it = ds.batches(BATCH, fields=["images", "labels"], client=client, prefetch=4)
+    rates = []
+    with contextlib.nullcontext() if ahead else mock.patch.object(NextEpoch, "offer", lambda *_: None):
+        for _ in range(epochs):
+            began, samples = time.perf_counter(), 0
+            for batch in it:
+                samples += len(batch["labels"])
+                time.sleep(STEP_SECONDS)
+            rates.append(samples / (time.perf_counter() - began))
+        it.close()
+    return statistics.median(rates[2:])
 
 
 def bare_decode(location: str, count: int, repeats: int, worker: int) -> float:
@@ -216,6 +254,8 @@ def main() -> None:
     ds = encoded_store(source, workdir / f"encoded-{source.name}.zarr", shape)
     location = str(Path(ds.location).absolute())
     probe = min(len(ds), 4096)
+    subset = linked_subset(source, BATCH * SHORT_EPOCH)
+    short = encoded_store(subset, workdir / f"encoded-{subset.name}.zarr", shape)
 
     transform = Compose([RandomCrop(args.size * 7 // 8), RandomFlip()]) if args.crop_flip else None
     local = epoch(ds, None, args.repeats, transform)
@@ -247,6 +287,9 @@ def main() -> None:
             if workers == sizes[-1]:
                 row["shared GB/s"] = delivery(client, shape, True, args.repeats)
                 row["sockets GB/s"] = delivery(client, shape, False, args.repeats)
+                runs = [(ahead, short_epochs(short, client, ahead)) for _ in range(args.repeats) for ahead in (True, False)]
+                row["short epochs"] = {key: statistics.median(rate for ahead, rate in runs if ahead == (key == "ahead"))
+                                       for key in ("ahead", "not ahead")}
                 if args.consumers > 1:
                     row["consumers"] = {1: consumers(cluster.scheduler_address, location, 1),
                                         args.consumers: consumers(cluster.scheduler_address, location, args.consumers)}
@@ -254,6 +297,10 @@ def main() -> None:
     last = results["clusters"][sizes[-1]]
     print(f"\ndelivery from {sizes[-1]} workers (blank {BATCH}x{args.size}x{args.size}x3 batches, received and read): "
           f"shared memory {last['shared GB/s']:.2f} GB/s, sockets {last['sockets GB/s']:.2f} GB/s")
+    boundary = last["short epochs"]
+    print(f"epoch boundaries on {sizes[-1]} workers (epochs of {SHORT_EPOCH} batches, a {STEP_SECONDS * 1e3:.0f} ms "
+          f"step each, epochs 2-7): next epoch started as one drains {boundary['ahead']:.0f} samples/s, not "
+          f"{boundary['not ahead']:.0f}: {boundary['ahead'] / boundary['not ahead']:.2f}x")
     if "consumers" in last:
         alone, together = last["consumers"][1], last["consumers"][args.consumers]
         print(f"{args.consumers} consumers sharing {sizes[-1]} workers: {together:.0f} samples/s together, "
