@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -463,22 +464,12 @@ def test_lightning_epochs_and_a_mid_epoch_checkpoint(ids_store, tmp_path):
     """Lightning stops each epoch at len(loader), and keeps the loader's state in its checkpoints: a run
     stopped after 13 of 20 steps resumes with exactly the 7 batches the uninterrupted run made next."""
     lightning = pytest.importorskip("lightning", reason="PyTorch Lightning is not installed")
+    from lightning_model import IdsModel
+
     seen = []
 
-    class Model(lightning.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-
-        def training_step(self, batch, index):
-            seen.append((self.current_epoch, batch["id"].tolist()))
-            return self.layer(batch["id"][:, None].float()).pow(2).mean() * 0
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.0)
-
-        def train_dataloader(self):
-            return ids_store.torch(100, shuffle=True, seed=1, fields=["id"])
+    def model():
+        return IdsModel(lambda: ids_store.torch(100, shuffle=True, seed=1, fields=["id"]), seen)
 
     class Crash(lightning.Callback):
         def on_train_batch_end(self, trainer, *args):
@@ -490,48 +481,32 @@ def test_lightning_epochs_and_a_mid_epoch_checkpoint(ids_store, tmp_path):
         return lightning.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                                  enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks))
 
-    trainer().fit(Model())
+    trainer().fit(model())
     uninterrupted, seen[:] = list(seen), []
     assert [epoch for epoch, _ in uninterrupted] == [0] * 10 + [1] * 10
     for epoch in (0, 1):
         assert sorted(i for e, ids in uninterrupted if e == epoch for i in ids) == list(range(1000))
     with pytest.raises(SystemExit):
-        trainer(Crash()).fit(Model())
+        trainer(Crash()).fit(model())
     head, seen[:] = list(seen), []
-    trainer().fit(Model(), ckpt_path=tmp_path / "step13.ckpt")
+    trainer().fit(model(), ckpt_path=tmp_path / "step13.ckpt")
     assert len(head) == 13 and head + seen == uninterrupted
 
 
 LIGHTNING_DDP_SCRIPT = """
 import json, sys, warnings
 warnings.filterwarnings("ignore")  # Lightning 2.6 on torch 2.13: its own deprecated calls
-import torch
-import lightning as L
+import lightning
 import outcore
 
-store, out = sys.argv[1], sys.argv[2]
+store, tests, out = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, tests)
+from lightning_model import IdsModel
+
 seen = []
-
-
-class Model(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-
-    def training_step(self, batch, index):
-        seen.append((self.current_epoch, batch["id"].tolist()))
-        return self.layer(batch["id"][:, None].float()).pow(2).mean() * 0
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.0)
-
-    def train_dataloader(self):
-        return outcore.open_dataset(store).torch(50, shuffle=True, seed=1, fields=["id"])
-
-
-trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", logger=False,
-                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-trainer.fit(Model())
+trainer = lightning.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(IdsModel(lambda: outcore.open_dataset(store).torch(50, shuffle=True, seed=1, fields=["id"]), seen))
 with open(f"{out}.{trainer.global_rank}", "w") as result:
     json.dump(seen, result)
 """
@@ -542,7 +517,7 @@ def test_lightning_ddp_on_2_processes_makes_the_global_steps_of_one(ids_store, t
     makes 10 steps an epoch, and at every step the two ranks' batches together are the batch one process
     makes with the same global batch; every sample once an epoch."""
     pytest.importorskip("lightning", reason="PyTorch Lightning is not installed")
-    ranks = _torchrun(tmp_path, 2, ids_store.location, script_text=LIGHTNING_DDP_SCRIPT)
+    ranks = _torchrun(tmp_path, 2, ids_store.location, Path(__file__).parent, script_text=LIGHTNING_DDP_SCRIPT)
     one = ids_store.batches(100, shuffle=True, seed=1, fields=["id"])
     for epoch in (0, 1):
         steps = [[ids for e, ids in rank if e == epoch] for rank in ranks]
