@@ -99,13 +99,13 @@ def parse_size(text: str | int) -> int:
                           "or TiB") from None
 
 
-def min_free_bytes(directory: str | os.PathLike[str]) -> int:
-    """The free space the cache leaves on the disk of ``directory``: 5 % of it, at most 4 GiB.
+def min_free_bytes(disk_bytes: int) -> int:
+    """The free space the cache leaves on a disk of ``disk_bytes``: 5 % of it, at most 4 GiB.
 
-    >>> min_free_bytes("/") <= MIN_FREE_CAP
-    True
+    >>> min_free_bytes(40 * 2**30) / 2**30, min_free_bytes(2**41) / 2**30
+    (2.0, 4.0)
     """
-    return min(int(MIN_FREE_FRACTION * shutil.disk_usage(directory).total), MIN_FREE_CAP)
+    return min(int(MIN_FREE_FRACTION * disk_bytes), MIN_FREE_CAP)
 
 
 class ChunkCache:
@@ -169,7 +169,7 @@ class ChunkCache:
             if claim == "no room":
                 self._warn_once("no room", f"the cache {self.directory} has no room for a range of {size:,} bytes "
                                 "(the ranges being fetched at once fill it, or the range is larger than it, or its "
-                                f"disk has less than {min_free_bytes(self.directory) / 2**30:.1f} GiB free): such "
+                                f"disk has less than {min_free_bytes(shutil.disk_usage(self.directory).total) / 2**30:.1f} GiB free): such "
                                 "ranges are read without being kept; give a larger cache_size=, or free space on "
                                 "that disk")
             if claim == "mine" or claim == "no room" or time.monotonic() > deadline:
@@ -318,8 +318,8 @@ class ChunkCache:
             if victims:  # its writer is gone: remove what it left, then claim it again
                 return "taken"
             total = db.execute("SELECT bytes FROM total").fetchone()[0]
-            free = shutil.disk_usage(self.directory).free
-            needed = max(total + stored - self.max_bytes, min_free_bytes(self.directory) - free + stored)
+            disk = shutil.disk_usage(self.directory)
+            needed = max(total + stored - self.max_bytes, min_free_bytes(disk.total) - disk.free + stored)
             if needed > 0:
                 for victim in db.execute("SELECT name, file, size FROM entries WHERE state = ? "
                                          "ORDER BY next IS NOT NULL, next DESC, used", (_READY,)):
