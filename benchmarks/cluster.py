@@ -24,7 +24,7 @@ flip, batch transforms after decoding, whose cost then counts against the plain 
 - **epoch boundaries**: on the largest cluster, epochs of 10 batches (a store of the first 2,560 JPEGs)
   with a 10 ms pause per batch standing for a training step, median of epochs 2-7: the next epoch
   started as one drains (`outcore.iterate.runs.NextEpoch`, what outcore does) against started when the
-  consumer asks for it (``NextEpoch.offer`` patched out), interleaved ``--repeats`` times;
+  consumer asks for it (``NextEpoch.handed`` patched out), interleaved ``--repeats`` times;
 - **several consumers**: ``--consumers`` processes, ranks of one job, each reading its share of the epoch
   from the largest cluster at once: their total rate against one consumer alone;
 - for comparison, the same store read with local threads in this process.
@@ -108,7 +108,7 @@ def short_epochs(ds: outcore.Dataset, client: Client, ahead: bool, epochs: int =
     training step, with the next epoch started as one drains (``ahead``, what outcore does) or not."""
     it = ds.batches(BATCH, fields=["images", "labels"], client=client, prefetch=4)
     rates = []
-    with contextlib.nullcontext() if ahead else mock.patch.object(NextEpoch, "offer", lambda *_: None):
+    with contextlib.nullcontext() if ahead else mock.patch.object(NextEpoch, "handed", lambda *_: None):
         for _ in range(epochs):
             began, samples = time.perf_counter(), 0
             for batch in it:

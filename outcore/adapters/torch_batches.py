@@ -102,7 +102,6 @@ class TorchBatches(IterableDataset):
         self.board: EpochBoard | None = None  # for persistent workers: `persist`
         self._store: Store | None = None  # a worker's store, opened once (persistent workers keep it)
         self._next: NextEpoch | None = None  # with a client: the next epoch's run, started as a pass drains
-        self._passes = 0  # full passes in this process: from the first on, a cluster starts the next one early
 
     def persist(self, context: Any = None) -> None:
         """Prepare for DataLoader workers that persist across epochs, started by ``context`` (a start method's
@@ -197,9 +196,8 @@ class TorchBatches(IterableDataset):
         try:
             for step, batch in zip(steps, run, strict=False):
                 self.step, self.own_turn = step + num_workers, True  # what `state_dict` says once this is delivered
-                if self._next is not None and self._passes:
-                    self._next.offer(run, lambda: iterator.run(self.epoch + 1, range(total)))
-                self._passes += step == total - 1  # the epoch's last batch (Lightning asks no further)
+                if self._next is not None:
+                    self._next.handed(run, step == total - 1, lambda: iterator.run(self.epoch + 1, range(total)))
                 yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch,
                                  loader_worker, step, plan.step(step)[0])
         finally:

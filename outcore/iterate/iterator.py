@@ -60,7 +60,6 @@ class BatchIterator:
         self._readers: dict[str, ChunkReader] | None = None  # opened at the first read
         self._active: Run | None = None
         self._next = NextEpoch()  # a cluster run's next epoch, started as it drains
-        self._epochs_finished = 0  # full passes of this iterator: from the first on, the next epoch starts early
         self._stats = LoaderStats()
 
     @property
@@ -120,9 +119,7 @@ class BatchIterator:
         try:
             for batch in run:
                 self.batches_done += 1
-                if self._epochs_finished:
-                    self._next.offer(run, lambda: self.run(self.epoch + 1, range(total)))
-                self._epochs_finished += self.batches_done == total  # handed its last batch (Keras asks no further)
+                self._next.handed(run, self.batches_done == total, lambda: self.run(self.epoch + 1, range(total)))
                 yield batch
             self.set_epoch(self.epoch + 1)
         finally:

@@ -141,24 +141,27 @@ class Run:
 class NextEpoch:
     """The run of the next epoch, started while a cluster run of this one drains: once the last spans are
     submitted, workers that finish theirs would wait for the consumer to start the next epoch (with short
-    epochs, a large share of each). `offer` starts it then; `take` hands it to the next iteration if it is
-    that epoch's, from its first batch, and closes it otherwise. Only from an iterator's second epoch on:
-    a single pass (a prediction) never makes batches it will not use. Closed with its owner.
+    epochs, a large share of each). `handed` starts it then; `take` hands it to the next iteration if it is
+    that epoch's, from its first batch, and closes it otherwise. Only from its owner's second epoch on: a
+    single pass (a prediction) never makes batches it will not use. Closed with its owner.
 
     >>> ahead = NextEpoch()  # doctest: +SKIP
-    >>> ahead.offer(run, lambda: iterator.run(epoch + 1, range(len(iterator))))  # doctest: +SKIP
+    >>> ahead.handed(run, last, lambda: iterator.run(epoch + 1, range(len(iterator))))  # doctest: +SKIP
     >>> ahead.take(epoch + 1, range(len(iterator))) or iterator.run(...)  # doctest: +SKIP
     """
 
     def __init__(self) -> None:
         self._held: list[Run] = []
-        self.finalizer = weakref.finalize(self, _close_runs, self._held)
+        self._epochs_done = 0  # epochs whose last batch was handed out
+        weakref.finalize(self, _close_runs, self._held)
 
-    def offer(self, current: Run, start: Callable[[], Run]) -> None:
-        """Start the next epoch's run with ``start()`` if ``current`` has all its batches under way and
-        none was started yet."""
-        if not self._held and current.under_way.is_set() and not current.stop.is_set():
+    def handed(self, current: Run, last: bool, start: Callable[[], Run]) -> None:
+        """A batch of ``current`` was handed out (``last``: its epoch's last; Keras and Lightning ask no
+        further): from the second epoch on, start the next epoch's run with ``start()`` once ``current`` has
+        all its batches under way, if none was started yet."""
+        if self._epochs_done and not self._held and current.under_way.is_set() and not current.stop.is_set():
             self._held.append(start())
+        self._epochs_done += last
 
     def take(self, epoch: int, steps: Sequence[int]) -> Run | None:
         """The run started for ``epoch`` if it makes exactly ``steps``; None (and that run closed) otherwise."""
