@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from outcore.errors import OptionError
 from outcore.transforms import Normalize
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
@@ -547,3 +548,13 @@ def test_accelerate_checkpoints_the_loader_with_save_state(ids_store, tmp_path):
     uninterrupted = run()
     head, tail = run(stop=4), run(resume=True)
     assert len(uninterrupted) == 10 and len(head) == 4 and head + tail == uninterrupted
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_accelerate_prepare_of_the_loader_is_refused_naming_the_recipe(ids_store, num_workers):
+    accelerate = pytest.importorskip("accelerate", reason="Hugging Face Accelerate is not installed")
+    loader = ids_store.torch(100, shuffle=True, seed=1, fields=["id"], num_workers=num_workers)
+    prepared = accelerate.Accelerator(cpu=True).prepare(loader)
+    with pytest.raises(OptionError, match=r"do not prepare the loader.*docs/howto/trainers\.md"):
+        next(iter(prepared))
+    assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(1000))  # the loader still works

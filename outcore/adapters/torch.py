@@ -60,6 +60,7 @@ class OutcoreLoader(DataLoader):
     def __init__(self, batches: TorchBatches, *, collate_fn: Callable[[TorchBatch], Any] | None = None,
                  **dataloader_options: Any) -> None:
         super().__init__(batches, batch_size=None, collate_fn=Collate(collate_fn), **dataloader_options)
+        batches.loader_passes = 0  # from now on it is read in this loader's passes only
         self._stats = LoaderStats()
 
     def set_epoch(self, epoch: int) -> None:
@@ -72,20 +73,24 @@ class OutcoreLoader(DataLoader):
             batches.set_epoch(batches.epoch + 1)
         batches.publish()  # for workers that persist across epochs
         step, ahead = batches.step, set(batches.skip)  # the first step not delivered, those delivered after it
-        batches_of = super().__iter__()
-        while True:
-            asked = time.perf_counter()
-            try:
-                delivered = next(batches_of)
-            except StopIteration:
-                break
-            self._stats.record(time.perf_counter() - asked, 0, delivered.size)
-            ahead.add(delivered.step)
-            while step in ahead:
-                ahead.remove(step)
-                step += 1
-            batches.resume(batches.epoch, step, ahead)
-            yield delivered.value
+        batches.loader_passes += 1  # before the workers start: they receive it
+        try:
+            batches_of = super().__iter__()
+            while True:
+                asked = time.perf_counter()
+                try:
+                    delivered = next(batches_of)
+                except StopIteration:
+                    break
+                self._stats.record(time.perf_counter() - asked, 0, delivered.size)
+                ahead.add(delivered.step)
+                while step in ahead:
+                    ahead.remove(step)
+                    step += 1
+                batches.resume(batches.epoch, step, ahead)
+                yield delivered.value
+        finally:
+            batches.loader_passes -= 1
         batches.set_epoch(batches.epoch + 1)
 
     def stats(self) -> dict[str, float]:

@@ -35,6 +35,13 @@ from ..threads import share_cpus
 from .torch_module import IterableDataset, get_worker_info, torch
 
 BOARD_CAPACITY = 64  # batches per worker that a DataLoader with in_order=False may deliver ahead of the oldest one
+REBUILT = (
+    "a DataLoader rebuilt from the loader of ds.torch(...) (accelerator.prepare(loader) or a framework's "
+    "setup_dataloaders does that) would read this rank's share of each batch and then shard it again, "
+    "losing or repeating samples: do not prepare the loader; prepare the model and optimizer, iterate the "
+    "loader as it is and move each batch to the device (docs/howto/trainers.md). For a DataLoader of your "
+    "own, use DataLoader(outcore.adapters.torch.TorchBatches(...), batch_size=None)"
+)
 CLIENT_IN_WORKERS = (
     "with client=, the Dask workers read, decode and augment, and batches arrive in the main process: "
     "use num_workers=0 (DataLoader worker processes cannot share the client)"
@@ -102,6 +109,7 @@ class TorchBatches(IterableDataset):
         self.board: EpochBoard | None = None  # for persistent workers: `persist`
         self._store: Store | None = None  # a worker's store, opened once (persistent workers keep it)
         self._next: NextEpoch | None = None  # with a client: the next epoch's run, started as a pass drains
+        self.loader_passes: int | None = None  # an OutcoreLoader's: its passes under way (read in those only)
 
     def persist(self, context: Any = None) -> None:
         """Prepare for DataLoader workers that persist across epochs, started by ``context`` (a start method's
@@ -167,6 +175,8 @@ class TorchBatches(IterableDataset):
         return EpochSteps(self.num_samples, options.global_batch_size, options.streams, options.drop_last).steps
 
     def __iter__(self) -> Iterator[TorchBatch]:
+        if self.loader_passes == 0:  # an OutcoreLoader's batches, iterated outside its passes
+            raise OptionError(REBUILT)
         info = get_worker_info()
         if info is None:
             self.resolve_rank()  # in the main process: the process group as it is now
