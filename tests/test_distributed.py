@@ -24,6 +24,8 @@ from outcore.errors import ClusterError, NotAStoreError
 from outcore.iterate.shared import is_mapped
 from outcore.testing import write_image_folder
 
+pytestmark = pytest.mark.e2e  # starts a LocalCluster of worker processes: see conftest.py
+
 
 def augment(field: str) -> transforms.Compose:
     return transforms.Compose([transforms.RandomCrop((24, 24), field=field), transforms.RandomFlip(field=field),

@@ -33,6 +33,8 @@ from outcore.testing.proxy import FaultProxy
 from outcore.testing.s3 import S3Server, upload
 from outcore.threads import thread_count
 
+pytestmark = pytest.mark.e2e  # starts an S3 server (moto): see conftest.py
+
 pytest.importorskip("obstore", reason="object stores are read through obstore: pip install 'outcore[remote]'")
 pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
 

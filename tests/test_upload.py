@@ -20,6 +20,8 @@ from outcore.storage import upload as upload_module
 from outcore.testing import write_image_folder
 from outcore.testing.s3 import S3Server
 
+pytestmark = pytest.mark.e2e  # starts an S3 server (moto): see conftest.py
+
 pytest.importorskip("obstore", reason="object stores are written through obstore: pip install 'outcore[remote]'")
 pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
 
