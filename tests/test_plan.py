@@ -91,6 +91,32 @@ def test_each_rank_reads_its_own_share_of_the_chunks(layout, batch, world_size, 
         assert np.array_equal(np.bincount(slots_of, minlength=len(plan.chunks)), plan.slot_sizes)
 
 
+@settings(max_examples=150, deadline=None)
+@given(layout=layouts.filter(lambda t: t[0] >= 1), data=st.data(), batch=st.integers(1, 40),
+       buffer_chunks=st.integers(0, 40), seed=st.integers(0, 1000), shuffle=st.booleans())
+def test_a_subset_is_read_like_a_store_of_its_samples(layout, data, batch, buffer_chunks, seed, shuffle):
+    """Every selected sample once an epoch, the same global steps on 1, 2, 4 and 8 ranks, each sample from
+    a slot of its chunk, no slot of a chunk with none selected; all indices make the store's own plan."""
+    num_samples, chunk_size = layout
+    chosen = data.draw(st.sets(st.integers(0, num_samples - 1), min_size=1, max_size=num_samples))
+    indices = np.array(sorted(chosen), dtype=np.int64)
+    options = {"seed": seed, "buffer_chunks": buffer_chunks, "shuffle": shuffle, "indices": indices}
+    reference = _global_steps(_rank_plans(num_samples, chunk_size, 8 * batch, 1, **options))
+    every = np.concatenate([own for own, _ in reference])
+    assert np.array_equal(np.sort(every), indices)
+    if shuffle:
+        for world_size in (2, 4, 8):
+            by_step = _global_steps(_rank_plans(num_samples, chunk_size, 8 * batch, world_size, **options))
+            assert [own.tolist() for own, _ in by_step] == [own.tolist() for own, _ in reference]
+    plan = _rank_plans(num_samples, chunk_size, 8 * batch, 1, **options)[0]
+    samples, slots_of = plan.take(0, len(plan))
+    assert np.array_equal(plan.chunks[slots_of], samples // chunk_size)
+    assert set(plan.chunks.tolist()) == set((indices // chunk_size).tolist())
+    whole = {**options, "indices": np.arange(num_samples)}
+    assert np.array_equal(_samples(_rank_plans(num_samples, chunk_size, 8 * batch, 1, **whole)[0]),
+                          _samples(_rank_plans(num_samples, chunk_size, 8 * batch, 1, **{**options, "indices": None})[0]))
+
+
 @settings(max_examples=300, deadline=None)
 @given(steps=st.integers(0, 500), workers=st.integers(1, 16), first=st.integers(0, 600))
 def test_loader_workers_take_turns_at_every_step_once(steps, workers, first):

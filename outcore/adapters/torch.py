@@ -113,7 +113,7 @@ class OutcoreLoader(DataLoader):
     def _settings(self) -> dict[str, Any]:
         batches = self.dataset
         batches.resolve_rank()
-        return {**batches.options.plan_settings(), "num_samples": batches.num_samples}
+        return {**batches.options.plan_settings(), "num_samples": batches.store_samples}
 
 
 def loader(store: Store, batch_size: int, *, channels_first: bool = False,

@@ -55,6 +55,7 @@ class BatchIterator:
         if unknown:
             raise KeyError(f"no field(s) {unknown} in {store.location}; fields: {list(store.fields)}")
         self.recipe = recipe(store, fields, options.transform)
+        self.num_samples = options.num_samples(len(store))  # an epoch's: the store's, or the subset's
         self.epoch = 0
         self.batches_done = 0  # batches of the current epoch already handed out
         self._readers: dict[str, ChunkReader] | None = None  # opened at the first read
@@ -98,12 +99,13 @@ class BatchIterator:
             len(self.store), self.store.chunk_size, batch_size=options.batch_size, shuffle=options.shuffle,
             seed=options.seed, epoch=self.epoch if epoch is None else epoch, buffer_chunks=options.buffer_chunks,
             rank=options.rank, world_size=options.world_size, drop_last=options.drop_last, streams=options.streams,
+            indices=None if options.indices is None else options.indices.indices,
         )
 
     def __len__(self) -> int:
         """Batches per epoch of this rank: the same on every rank (the global steps)."""
         options = self.options
-        return EpochSteps(len(self.store), options.global_batch_size, options.streams, options.drop_last).steps
+        return EpochSteps(self.num_samples, options.global_batch_size, options.streams, options.drop_last).steps
 
     # -- iteration -------------------------------------------------------------------------------------------
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypedDict
+
+import numpy as np
 
 from ..errors import OptionError
 from .batch import Transform
@@ -28,6 +31,8 @@ class BatchKeywords(TypedDict, total=False):
     - ``drop_last``: leave out the short last global step (default ``False``: every rank gets
       ``ceil(N / world_size)`` samples, the short ones repeating one sample).
     - ``client``: a ``distributed.Client`` whose workers read, decode and augment (default: local threads).
+    - ``indices``: iterate only these samples (store indices, each once; e.g. a k-fold's part), read chunk
+      by chunk like the whole store, with every guarantee of it (`Subset`). Default: all.
     """
 
     fields: Sequence[str] | None
@@ -41,6 +46,53 @@ class BatchKeywords(TypedDict, total=False):
     streams: int
     drop_last: bool
     client: Any
+    indices: Sequence[int] | np.ndarray | None
+
+
+class Subset:
+    """The samples an iteration is restricted to (``indices=``): store indices, each once, in any order
+    (an epoch is made of them as a set: in store order without ``shuffle``). ``digest`` identifies them in
+    a saved state (a state of another subset does not load).
+
+    >>> Subset([7, 2, 5]).indices.tolist(), len(Subset(range(10)))
+    ([2, 5, 7], 10)
+    >>> Subset([1, 1])
+    Traceback (most recent call last):
+    ...
+    outcore.errors.OptionError: indices= holds sample 1 more than once: give each sample once
+    """
+
+    def __init__(self, indices: Sequence[int] | np.ndarray) -> None:
+        values = np.asarray(indices)
+        if values.ndim != 1 or not (values.dtype.kind in "iu" or values.size == 0):
+            raise OptionError(f"indices= must be a 1-D sequence of sample indices (integers); got an array of "
+                              f"dtype {values.dtype} and shape {values.shape}")
+        ordered = np.sort(values.astype(np.int64))
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        if len(repeated):
+            raise OptionError(f"indices= holds sample {int(repeated[0])} more than once: give each sample once")
+        ordered.setflags(write=False)
+        self.indices = ordered
+        self.digest = hashlib.sha1(ordered.tobytes()).hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Subset) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __repr__(self) -> str:
+        return f"Subset({len(self)} samples, digest {self.digest})"
+
+    def check(self, num_samples: int) -> None:
+        """An index outside the store is an `OptionError` naming it."""
+        if len(self) and (self.indices[0] < 0 or self.indices[-1] >= num_samples):
+            bad = int(self.indices[0] if self.indices[0] < 0 else self.indices[-1])
+            raise OptionError(f"indices= holds sample {bad}, outside the store's {num_samples:,} samples "
+                              f"[0, {num_samples})")
 
 
 @dataclass(frozen=True)
@@ -63,6 +115,7 @@ class BatchOptions:
     streams: int = DEFAULT_STREAMS
     drop_last: bool = False
     client: Any = None
+    indices: Subset | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -78,6 +131,8 @@ class BatchOptions:
             raise TypeError(f"fields={self.fields!r} must be a list of field names, not one string")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
+        if self.indices is not None and not isinstance(self.indices, Subset):
+            object.__setattr__(self, "indices", Subset(self.indices))
 
     @classmethod
     def of(cls, batch_size: int, keywords: BatchKeywords) -> BatchOptions:
@@ -94,6 +149,13 @@ class BatchOptions:
             )
         return cls(batch_size, **keywords)
 
+    def num_samples(self, store_samples: int) -> int:
+        """The samples of an epoch of a store of ``store_samples``: all, or the subset's (checked against it)."""
+        if self.indices is None:
+            return store_samples
+        self.indices.check(store_samples)
+        return len(self.indices)
+
     @property
     def global_batch_size(self) -> int:
         """The samples of a global step: ``batch_size`` on each of ``world_size`` ranks."""
@@ -103,8 +165,10 @@ class BatchOptions:
         """The options that decide each epoch's global steps: a resumed iteration must use the same (on any
         number of ranks: the global batch size, not each rank's, must match)."""
         kept = ("shuffle", "seed", "buffer_chunks", "streams", "drop_last")
+        subset = {} if self.indices is None else {"indices": {"samples": len(self.indices),
+                                                              "digest": self.indices.digest}}
         return {"global_batch_size": self.global_batch_size,
-                **{f.name: getattr(self, f.name) for f in fields(self) if f.name in kept}}
+                **{f.name: getattr(self, f.name) for f in fields(self) if f.name in kept}, **subset}
 
 
 def check_state(state: dict[str, Any], settings: dict[str, Any], what: str) -> None:

@@ -31,9 +31,12 @@ store in storage order, so predictions line up with the store's rows (the steps 
 
 Loader workers of a rank make whole batches of the rank, taking turns (worker ``w`` of ``n`` makes
 steps ``w, w + n, ...``, as a DataLoader asks them), so the batches do not depend on their number.
-The result is a function of ``(seed, epoch, rank, world_size, batch_size, streams)`` and the store's
-``(num_samples, chunk_size)`` only, so it can be recomputed anywhere: that is what makes resuming
-mid-epoch and running on other processes exact.
+A subset (``indices``) is read the same way: the chunk stream holds only each chunk's selected samples
+(`outcore.iterate.stream.Selection`), so it is read chunk by chunk, chunks with none selected not at all.
+
+The result is a function of ``(seed, epoch, rank, world_size, batch_size, streams)``, the store's
+``(num_samples, chunk_size)`` and the subset only, so it can be recomputed anywhere: that is what makes
+resuming mid-epoch and running on other processes exact.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..seeds import Domain, generator
-from .stream import StreamPlan, span_slots
+from .stream import Selection, StreamPlan, span_slots
 
 DEFAULT_STREAMS = 8  # global steps the same on 1, 2, 4 and 8 ranks
 
@@ -201,7 +204,8 @@ class EpochPlan:
     at positions ``[k * batch_size, (k + 1) * batch_size)``, made on demand by `take`; ``chunks[j]`` is
     the store chunk of slot ``j`` and ``slot_sizes[j]`` how many of its samples the rank reads. Slots are
     numbered in the order the rank first reads them (a chunk appears in two slots only when it is cut
-    between two streams, or holds a repeated sample).
+    between two streams, or holds a repeated sample). With ``indices`` (sorted, unique store indices),
+    the epoch is made of those samples only.
 
     >>> plan = EpochPlan(10, 4, batch_size=4, shuffle=False)  # storage order
     >>> plan.take(0, len(plan))[0].tolist(), plan.chunks.tolist()
@@ -209,32 +213,34 @@ class EpochPlan:
     >>> plan = EpochPlan(10, 4, batch_size=4, buffer_chunks=0, streams=2)  # stream 0: 5 samples, stream 1: 5
     >>> [plan.step(k)[0].tolist() for k in range(plan.steps)]
     [[0, 1, 5, 6], [2, 3, 7, 8], [4, 9]]
+    >>> EpochPlan(10, 4, batch_size=4, shuffle=False, indices=np.array([1, 2, 9])).take(0, 3)[0].tolist()
+    [1, 2, 9]
     """
 
     def __init__(self, num_samples: int, chunk_size: int, *, batch_size: int, shuffle: bool = True, seed: int = 0,
                  epoch: int = 0, buffer_chunks: int = 8, rank: int = 0, world_size: int = 1,
-                 drop_last: bool = False, streams: int = DEFAULT_STREAMS) -> None:
+                 drop_last: bool = False, streams: int = DEFAULT_STREAMS, indices: np.ndarray | None = None) -> None:
         if chunk_size < 1 or buffer_chunks < 0 or batch_size < 1:
             raise OptionError(f"need chunk_size >= 1, buffer_chunks >= 0 and batch_size >= 1; got {chunk_size}, "
                               f"{buffer_chunks}, {batch_size}")
         Consumer(rank, world_size)
+        selection = Selection(num_samples, chunk_size, indices)
         streams = streams if shuffle else world_size
-        self.layout = EpochSteps(num_samples, batch_size * world_size, streams, drop_last)
+        self.layout = EpochSteps(len(selection), batch_size * world_size, streams, drop_last)
         self.chunk_size, self.batch_size, self.rank, self.world_size = chunk_size, batch_size, rank, world_size
         mixed = shuffle and buffer_chunks > 0
         self.window = -(-buffer_chunks // streams) if mixed else 1
         order = chunk_order(math.ceil(num_samples / chunk_size), shuffle=shuffle, seed=seed, epoch=epoch)
         layout, owned = self.layout, self.layout.rank_streams(rank, world_size)
-        self.streams = [StreamPlan(num_samples, chunk_size, order, (int(layout.starts[s]),
-                                                                    int(layout.starts[s] + layout.lengths[s])),
+        self.streams = [StreamPlan(selection, order, (int(layout.starts[s]), int(layout.starts[s] + layout.lengths[s])),
                                    window=self.window, mixed=mixed, key=(seed, epoch, s, streams)) for s in owned]
         self.takes, self.last = layout.takes[owned], layout.last[owned]
         self.steps = layout.steps
-        self._pad = self._repeat(num_samples, order)
+        self._pad = self._repeat(selection, order)
         self._number_slots()
 
-    def _repeat(self, num_samples: int, order: np.ndarray) -> tuple[int, int] | None:
-        """``(chunk, local index)`` of the sample this rank repeats in the last step, if it is short of one."""
+    def _repeat(self, selection: Selection, order: np.ndarray) -> tuple[int, int] | None:
+        """``(chunk, sample)`` of the sample this rank repeats in the last step, if it is short of one."""
         layout = self.layout
         if not layout.steps or self.world_size == 1:
             return None
@@ -244,8 +250,8 @@ class EpochPlan:
         if not short[-1]:
             return None
         position = sum(short) - 1  # the ranks short of one repeat the chunk stream's first samples, in rank order
-        chunks, first, _ = span_slots(num_samples, self.chunk_size, order, (position, position + 1))
-        return int(chunks[0]), int(first[0])
+        chunks, first, _ = span_slots(selection, order, (position, position + 1))
+        return int(chunks[0]), int(selection.sample(chunks, first)[0])
 
     def _number_slots(self) -> None:
         """Rank slots: every stream's slots (and the repeat's), numbered by the step they are first read at."""
@@ -300,7 +306,7 @@ class EpochPlan:
             samples.append(stream_samples)
             slots.append(self._numbers[i][stream_slots])
         if self._pad is not None and step == self.steps - 1:
-            samples.append(np.array([self._pad[0] * self.chunk_size + self._pad[1]]))
+            samples.append(np.array([self._pad[1]]))
             slots.append(self._numbers[-1])
         if not samples:
             return np.empty(0, np.int64), np.empty(0, np.int64)

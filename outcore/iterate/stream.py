@@ -17,27 +17,65 @@ Window sizes are known from the draws alone, so finding the samples of emission 
 from __future__ import annotations
 
 import threading
+from functools import cached_property
 
 import numpy as np
 
 from ..seeds import Domain, generator
 
 
-class StreamPlan:
-    """The samples of span ``bounds`` of the chunk stream ``order`` (chunk indices) in emission order, made
-    on demand by `take`; ``chunks[j]`` is the store chunk of slot ``j`` and ``slot_sizes[j]`` how many of its
-    samples the stream reads. ``key`` seeds the draws (each stream its own); ``mixed`` turns the buffer
-    shuffle on, over ``window`` windows.
+class Selection:
+    """The samples an epoch is made of, chunk by chunk: all ``num_samples`` of a store in chunks of
+    ``chunk_size``, or only ``indices`` (sorted, unique: a subset). The chunk stream of an epoch holds, for
+    each chunk in the epoch's chunk order, the chunk's selected samples (none for a chunk with none
+    selected), so a subset is read chunk by chunk like the whole store.
 
-    >>> stream = StreamPlan(10, 4, np.arange(3), (2, 9), window=1, mixed=False, key=(0,))
+    >>> part = Selection(10, 4, np.array([1, 2, 9]))
+    >>> len(part), part.sizes.tolist(), part.sample(np.array([0, 2]), np.array([1, 0])).tolist()
+    (3, [2, 0, 1], [2, 9])
+    """
+
+    def __init__(self, num_samples: int, chunk_size: int, indices: np.ndarray | None = None) -> None:
+        self.num_samples, self.chunk_size, self.indices = num_samples, chunk_size, indices
+
+    def __len__(self) -> int:
+        return self.num_samples if self.indices is None else len(self.indices)
+
+    @cached_property
+    def sizes(self) -> np.ndarray:
+        """How many samples of each of the store's chunks are selected."""
+        chunks = -(-self.num_samples // self.chunk_size)
+        if self.indices is None:
+            return np.minimum(self.chunk_size, self.num_samples - np.arange(chunks, dtype=np.int64) * self.chunk_size)
+        return np.bincount(self.indices // self.chunk_size, minlength=chunks).astype(np.int64)
+
+    @cached_property
+    def _offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+
+    def sample(self, chunks: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """The store's index of selected sample ``local`` (counted among the chunk's selected ones) of each
+        of ``chunks``."""
+        if self.indices is None:
+            return chunks * self.chunk_size + local
+        return self.indices[self._offsets[chunks] + local]
+
+
+class StreamPlan:
+    """The samples of span ``bounds`` of the chunk stream ``order`` (chunk indices) of the ``selection`` in
+    emission order, made on demand by `take`; ``chunks[j]`` is the store chunk of slot ``j`` and
+    ``slot_sizes[j]`` how many of its samples the stream reads. ``key`` seeds the draws (each stream its
+    own); ``mixed`` turns the buffer shuffle on, over ``window`` windows.
+
+    >>> stream = StreamPlan(Selection(10, 4), np.arange(3), (2, 9), window=1, mixed=False, key=(0,))
     >>> stream.take(0, len(stream))[0].tolist(), stream.chunks.tolist()
     ([2, 3, 4, 5, 6, 7, 8], [0, 1, 2])
     """
 
-    def __init__(self, num_samples: int, chunk_size: int, order: np.ndarray, bounds: tuple[int, int], *,
+    def __init__(self, selection: Selection, order: np.ndarray, bounds: tuple[int, int], *,
                  window: int, mixed: bool, key: tuple[int, ...]) -> None:
-        self.chunk_size, self.mixed, self.window, self._key = chunk_size, mixed, window, key
-        self.chunks, self._first, self.slot_sizes = span_slots(num_samples, chunk_size, order, bounds)
+        self.selection, self.mixed, self.window, self._key = selection, mixed, window, key
+        self.chunks, self._first, self.slot_sizes = span_slots(selection, order, bounds)
         if mixed:  # how many samples of slot j go to window j + d: (slots, window)
             self.deals = generator(Domain.BUFFER_SHUFFLE, *key).multinomial(
                 self.slot_sizes, np.full(window, 1 / window)).astype(np.int64)
@@ -103,7 +141,7 @@ class StreamPlan:
         if self.mixed:
             permutation = generator(Domain.WINDOW_ORDER, *self._key, w).permutation(len(local))
             local, owner = local[permutation], owner[permutation]
-        return self.chunks[owner] * self.chunk_size + local, owner
+        return self.selection.sample(self.chunks[owner], local), owner
 
     def _dealt(self, slot: int, d: int) -> np.ndarray:
         """The local indices of slot ``slot``'s samples dealt to window ``slot + d``."""
@@ -132,14 +170,16 @@ class StreamPlan:
         return done
 
 
-def span_slots(num_samples: int, chunk_size: int, order: np.ndarray, bounds: tuple[int, int]
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The slots of stream span ``bounds``: each one's store chunk, first local index and size; positions
-    from ``num_samples`` on repeat the stream from its start."""
+def span_slots(selection: Selection, order: np.ndarray, bounds: tuple[int, int]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The slots of stream span ``bounds`` of the chunk stream ``order``: each one's store chunk, first
+    local index (among the chunk's selected samples) and size; positions from ``len(selection)`` on repeat
+    the stream from its start. Chunks with no sample selected make no slot."""
     start, stop = bounds
+    num_samples = len(selection)
     if start >= stop or num_samples == 0:
         return (np.empty(0, np.int64),) * 3
-    sizes = np.minimum(chunk_size, num_samples - order * chunk_size)
+    sizes = selection.sizes[order]
     ends = np.cumsum(sizes)
     laps = range(start // num_samples, (stop - 1) // num_samples + 1)
     cuts = np.concatenate([lap * num_samples + np.concatenate([[0], ends]) for lap in laps])
