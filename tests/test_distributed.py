@@ -168,6 +168,13 @@ def test_cluster_iteration_equals_local_iteration(client, photos, fields):
     assert "outcore-span" in prefixes  # as the dashboard shows them
 
 
+def test_a_subset_on_the_cluster_is_the_subset_on_local_threads(client, photos):
+    options = {"seed": 3, "indices": list(range(5, 120, 3)), "fields": ["images_encoded", "labels"]}
+    local = list(photos.batches(8, **options))
+    assert sum(len(b["labels"]) for b in local) == 39
+    _assert_same_batches(local, list(photos.batches(8, client=client, **options)))
+
+
 def test_cluster_workers_crop_while_decoding_as_local_threads_do(client, photos):
     field = "images_encoded"
     transform = transforms.Compose([transforms.RandomResizedCrop(20, field=field), transforms.RandomFlip(field=field)])

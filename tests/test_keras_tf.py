@@ -222,3 +222,27 @@ def test_two_passes_of_a_tf_dataset_at_once_both_finish(tmp_path):
     assert not np.array_equal(np.concatenate(seen["first"]), np.concatenate(seen["second"]))  # epochs 0 and 1
     with pytest.raises(StopIteration):
         next(first)
+
+
+def test_k_folds_by_indices_fit_and_predict_each_held_out_fold_in_store_order(tmp_path):
+    import keras
+    from sklearn.model_selection import KFold
+
+    n = 300
+    labels = np.random.default_rng(1).permutation(n)
+    images = np.broadcast_to(labels[:, None, None, None], (n, 4, 4, 1)).astype(np.float32)
+    ds = outcore.from_arrays({"images": images, "labels": labels}, tmp_path / "k.zarr", chunk_size=16, progress=False)
+    stored = ds["labels"].compute()
+    mean = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.GlobalAveragePooling2D()])
+    trained = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Flatten(), keras.layers.Dense(1)])
+    trained.compile("sgd", "mse")
+    for train, held_out in KFold(3, shuffle=True, random_state=0).split(np.arange(n)):
+        fold = ds.keras(32, x="images", y="labels", indices=train)
+        assert len(fold) == -(-len(train) // 32)
+        seen = np.concatenate([fold[i][1] for i in range(len(fold))])
+        assert sorted(seen.tolist()) == sorted(stored[train].tolist())  # the fold's samples, each once
+        trained.fit(fold, epochs=1, verbose=0)
+        predicted = mean.predict(ds.keras(64, x="images", indices=held_out), verbose=0)[:, 0]
+        np.testing.assert_array_equal(predicted.astype(np.int64), stored[np.sort(held_out)])  # row i: i-th index
+        by_tf = mean.predict(ds.tf(64, x="images", indices=held_out), verbose=0)[:, 0]
+        np.testing.assert_array_equal(by_tf.astype(np.int64), stored[np.sort(held_out)])

@@ -393,3 +393,54 @@ def test_the_thread_count_follows_affinity_and_the_knob(monkeypatch):
     monkeypatch.setenv("OUTCORE_THREADS", "none")
     with pytest.raises(outcore.OptionError, match="OUTCORE_THREADS='none'"):
         outcore.thread_count()
+
+
+@pytest.fixture(scope="module")
+def in_order(tmp_path_factory):
+    """1,000 samples in chunks of 50, stored in order: sample i's ``id`` is i."""
+    return outcore.from_arrays({"x": np.zeros((1000, 2), np.float32), "id": np.arange(1000)},
+                               tmp_path_factory.mktemp("subset") / "s.zarr", chunk_size=50, shuffle_on_write=False,
+                               progress=False)
+
+
+def test_a_subset_epoch_is_its_samples_once_and_resumes_exactly(in_order):
+    subset = np.random.default_rng(3).choice(1000, 337, replace=False)
+    it = in_order.batches(40, indices=subset, seed=2, fields=["id"])
+    assert len(it) == 9
+    epochs = [[b["id"].tolist() for b in it] for _ in range(2)]
+    for epoch in epochs:
+        assert sorted(i for batch in epoch for i in batch) == sorted(subset.tolist())
+    assert epochs[0] != epochs[1]  # a new order each epoch
+    again = in_order.batches(40, indices=subset[::-1], seed=2, fields=["id"])  # a set: its order does not matter
+    assert [b["id"].tolist() for b in again] == epochs[0]
+    head = in_order.batches(40, indices=subset, seed=2, fields=["id"])
+    first = [b["id"].tolist() for _, b in zip(range(4), head)]
+    tail = in_order.batches(40, indices=subset, seed=2, fields=["id"])
+    tail.load_state_dict(json.loads(json.dumps(head.state_dict())))
+    assert first + [b["id"].tolist() for b in tail] == epochs[0]
+    ranks = [in_order.batches(20, indices=subset, seed=2, fields=["id"], rank=r, world_size=2) for r in range(2)]
+    steps = [sorted(a["id"].tolist() + b["id"].tolist()) for a, b in zip(*ranks, strict=True)]
+    assert steps[:-1] == [sorted(batch) for batch in epochs[0][:-1]]  # the global steps of one rank
+    for other in ({"indices": subset[:-1]}, {}):
+        with pytest.raises(outcore.OptionError, match="indices"):
+            in_order.batches(40, seed=2, fields=["id"], **other).load_state_dict(head.state_dict())
+    in_order_run = in_order.batches(40, indices=subset, shuffle=False, fields=["id"])
+    assert [i for b in in_order_run for i in b["id"].tolist()] == sorted(subset.tolist())  # store order
+
+
+def test_a_subset_reads_only_the_chunks_that_hold_its_samples(in_order):
+    it = in_order.batches(16, indices=[*range(100, 130), 777, 990, 999], seed=1, fields=["id"])
+    reader = it.readers["id"]
+    read, original = [], reader.read
+    reader.read = lambda chunk, **keywords: read.append(chunk) or original(chunk, **keywords)
+    assert sorted(i for b in it for i in b["id"].tolist()) == [*range(100, 130), 777, 990, 999]
+    assert sorted(read) == [2, 15, 19]  # each once
+
+
+def test_a_subset_outside_the_store_or_repeating_a_sample_is_refused(in_order):
+    with pytest.raises(outcore.OptionError, match=r"sample 1000, outside the store's 1,000 samples"):
+        in_order.batches(10, indices=[3, 1000])
+    with pytest.raises(outcore.OptionError, match="sample 3 more than once"):
+        in_order.batches(10, indices=[3, 4, 3])
+    with pytest.raises(outcore.OptionError, match="integers"):
+        in_order.batches(10, indices=[0.5, 2.0])

@@ -558,3 +558,11 @@ def test_accelerate_prepare_of_the_loader_is_refused_naming_the_recipe(ids_store
     with pytest.raises(OptionError, match=r"do not prepare the loader.*docs/howto/trainers\.md"):
         next(iter(prepared))
     assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(1000))  # the loader still works
+
+
+def test_a_subset_through_dataloader_workers_makes_the_iterators_batches(ids_store):
+    subset = np.random.default_rng(5).choice(1000, 410, replace=False)
+    expected = [b["id"].tolist() for b in ids_store.batches(50, indices=subset, seed=4, fields=["id"])]
+    loader = ids_store.torch(50, indices=subset, shuffle=True, seed=4, fields=["id"], num_workers=2)
+    assert len(loader) == 9 and [b["id"].tolist() for b in loader] == expected
+    assert loader.state_dict()["indices"]["samples"] == 410

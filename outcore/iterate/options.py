@@ -165,10 +165,9 @@ class BatchOptions:
         """The options that decide each epoch's global steps: a resumed iteration must use the same (on any
         number of ranks: the global batch size, not each rank's, must match)."""
         kept = ("shuffle", "seed", "buffer_chunks", "streams", "drop_last")
-        subset = {} if self.indices is None else {"indices": {"samples": len(self.indices),
-                                                              "digest": self.indices.digest}}
+        subset = None if self.indices is None else {"samples": len(self.indices), "digest": self.indices.digest}
         return {"global_batch_size": self.global_batch_size,
-                **{f.name: getattr(self, f.name) for f in fields(self) if f.name in kept}, **subset}
+                **{f.name: getattr(self, f.name) for f in fields(self) if f.name in kept}, "indices": subset}
 
 
 def check_state(state: dict[str, Any], settings: dict[str, Any], what: str) -> None:
