@@ -30,7 +30,7 @@ from .errors import (
     UnsafeStoreError,
 )
 from .format import Compression
-from .ingest import Writer, from_arrays, ingest_dataframe, ingest_images
+from .ingest import Writer, from_arrays, ingest_dataframe, ingest_images, ingest_splits
 from .iterate import BatchIterator, BatchKeywords, ShuffleQuality, shuffle_quality
 from .threads import available_cpus, set_threads, thread_count
 
@@ -64,6 +64,7 @@ __all__ = [
     "from_arrays",
     "ingest_dataframe",
     "ingest_images",
+    "ingest_splits",
     "open_dataset",
     "set_threads",
     "shuffle_quality",

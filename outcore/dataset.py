@@ -19,6 +19,7 @@ from .format import StoreAttrs, class_flags, decode_text, dimension_names
 from .iterate import BatchIterator, BatchKeywords, BatchOptions, ChunkReader, chunk_reader, sample_spec
 from .storage import ChunkCache, Store, is_object_url, is_url
 from .storage.report import field_reports, human_size, stored_shapes, total, variable_shape
+from .storage.splits import split_location
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -34,8 +35,10 @@ def open_dataset(
     storage_options: Mapping[str, Any] | None = None,
     cache_dir: str | os.PathLike | Literal[False] | None = None,
     cache_size: int | str | None = None,
+    split: str | None = None,
 ) -> Dataset:
-    """Open an outcore store lazily: a directory, a ``.zip`` file, or a URL.
+    """Open an outcore store lazily: a directory, a ``.zip`` file, or a URL; or split ``split`` of a folder
+    of splits (made by `outcore.ingest_splits`).
 
     Nothing but metadata is read; stores that use pickle or object codecs are refused.
 
@@ -50,7 +53,9 @@ def open_dataset(
     >>> ds["images"]  # doctest: +SKIP
     dask.array<images, shape=(10000, 128, 128, 3), dtype=uint8, chunksize=(128, 128, 128, 3), ...>
     >>> ds = outcore.open_dataset("s3://bucket/train.zarr", cache_dir="/scratch/cache")  # doctest: +SKIP
+    >>> val = outcore.open_dataset("photos-splits", split="val")  # doctest: +SKIP
     """
+    location = split_location(location, split)
     cache = None
     if cache_dir is not False and is_url(location) and is_object_url(str(location)):
         cache = ChunkCache.from_environment(cache_dir, cache_size)

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from ..dataset import open_dataset
 from ..errors import ClusterError, OptionError, OutcoreError
 from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, RESIZE_POLICIES
-from ..ingest import ingest_dataframe, ingest_images
+from ..ingest import ingest_dataframe, ingest_images, ingest_splits
 from ..iterate import shuffle_quality
 from ..storage import ChunkCache, RemoteStore
 from ..storage.cache import ENVIRONMENT
@@ -99,10 +99,16 @@ def _parser() -> argparse.ArgumentParser:
         description="SRC is a folder (ROOT/<class>/<image>, class from the sub-folder) or a CSV file with a "
                     "column of image paths (relative to the CSV's folder or --root). STORE ending in .zip "
                     "is written as one file; an object store URL (s3://bucket/train.zarr, gs://, az://) gets "
-                    "the store uploaded as it is written and published once complete.",
+                    "the store uploaded as it is written and published once complete. With --split or "
+                    "--split-column, STORE is a folder that gets one store per split and splits.json.",
     )
     ingest.add_argument("source", metavar="SRC")
     ingest.add_argument("store", metavar="STORE")
+    ingest.add_argument("--split", metavar="NAME=FRACTION,...|folders",
+                        help="one store per split in the folder STORE: fractions (train=0.8,val=0.1,test=0.1; each "
+                             "file's split from a hash of its path and --seed) or 'folders' (SRC/<split>/<class>/...)")
+    ingest.add_argument("--split-column", help="CSV column of each row's split name: one store per split")
+    ingest.add_argument("--zip", action="store_true", help="with --split: write each split as one .zip file")
     ingest.add_argument("--shape", required=True,
                         help="sample shape, HxW or HxWxC (e.g. 128x128x3), or any: each picture keeps its own size "
                              "(with --images encoded; crop it while reading)")
@@ -255,6 +261,8 @@ def _ingest(args: argparse.Namespace) -> int:
         "progress": not args.no_progress,
         "storage_options": _storage_options(args),
     }
+    if args.split is not None or args.split_column is not None:
+        return _ingest_splits(args, options)
     with _client(args) as client:
         if Path(args.source).is_file():
             labels = [c for c in args.label_columns.split(",") if c]
@@ -263,6 +271,19 @@ def _ingest(args: argparse.Namespace) -> int:
         else:
             ds = ingest_images(args.source, args.store, client=client, **options)
     print(describe(ds))
+    return 0
+
+
+def _ingest_splits(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    labels = [c for c in args.label_columns.split(",") if c]
+    with _client(args) as client:
+        stores = ingest_splits(args.source, args.store, split=args.split or "folders", split_column=args.split_column,
+                               path_column=args.path_column, label_columns=labels,
+                               label_dtype=_label_dtype(args.label_dtype), root=args.root, zip=args.zip,
+                               client=client, **options)
+    for name, ds in stores.items():
+        print(f"{name}: {len(ds):,} samples in {ds.location}")
+    print(f"index: {Path(args.store) / 'splits.json'}; open one with outcore.open_dataset({args.store!r}, split=...)")
     return 0
 
 

@@ -4,6 +4,7 @@ shuffled on write in bounded memory; and `Writer`, which appends batches to a gr
 from .arrays import from_arrays
 from .images import ingest_dataframe, ingest_images
 from .scheduler import active_client, progress_bar
+from .splits import ingest_splits
 from .writer import Writer
 
-__all__ = ["Writer", "active_client", "from_arrays", "ingest_dataframe", "ingest_images", "progress_bar"]
+__all__ = ["Writer", "active_client", "from_arrays", "ingest_dataframe", "ingest_images", "ingest_splits", "progress_bar"]

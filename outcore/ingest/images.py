@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -153,19 +154,40 @@ def ingest_dataframe(
     check_target(location)
     table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype)
     if table.missing and on_error == "raise":
-        shown = ", ".join(repr(p) for p in table.missing[:3])
-        raise SourceError(
-            f"{len(table.missing)} of {len(table)} files listed in {table.description} do not exist "
-            f"(e.g. {shown}); correct the paths or root=, or pass on_error='skip' to skip them"
-        )
+        raise missing_files_error(table)
     return _ingest_table(table, location, **_image_options(locals()))
 
 
+def missing_files_error(table: SourceTable) -> SourceError:
+    """The error for files a table lists that do not exist (with ``on_error="raise"``)."""
+    shown = ", ".join(repr(p) for p in table.missing[:3])
+    return SourceError(
+        f"{len(table.missing)} of {len(table)} files listed in {table.description} do not exist "
+        f"(e.g. {shown}); correct the paths or root=, or pass on_error='skip' to skip them"
+    )
+
+
+IMAGE_OPTIONS = ("shape", "resize", "dtype", "images", "max_side", "quality", "chunk_size", "compression",
+                 "shuffle_on_write", "seed", "client", "on_error", "max_pixels", "overwrite", "resume", "progress",
+                 "storage_options")
+
+
 def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
-    names = ("shape", "resize", "dtype", "images", "max_side", "quality", "chunk_size", "compression",
-             "shuffle_on_write", "seed", "client", "on_error", "max_pixels", "overwrite", "resume", "progress",
-             "storage_options")
-    return {name: arguments[name] for name in names}
+    return {name: arguments[name] for name in IMAGE_OPTIONS}
+
+
+def ingest_table(table: SourceTable, location: str | os.PathLike, **options: Any) -> Dataset:
+    """Ingest the files of ``table`` into a store at ``location``, with the keywords of `ingest_images`
+    (``shape`` required; the others default as there)."""
+    unknown = sorted(set(options) - set(IMAGE_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown ingest option(s) {unknown}; the options are {sorted(IMAGE_OPTIONS)}")
+    if "shape" not in options:
+        raise TypeError("ingest needs shape= (e.g. shape=(128, 128, 3), or None to keep each picture's size)")
+    defaults = {name: parameter.default for name, parameter in inspect.signature(ingest_images).parameters.items()
+                if name in IMAGE_OPTIONS and parameter.default is not inspect.Parameter.empty}
+    check_target(location)
+    return _ingest_table(table, location, **{**defaults, **options})
 
 
 def _ingest_table(

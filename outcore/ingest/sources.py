@@ -82,8 +82,8 @@ def _refuse_splits_as_classes(root: Path, classes: Sequence[str]) -> None:
         shown = " and ".join(f"{str(root / name)!r} into {name}.zarr" for name in splits[:2])
         raise SourceError(
             f"the class folders of {str(root)!r} are named like splits ({', '.join(splits)}): ingest each "
-            f"split into a store of its own ({shown}); to use such names as classes, ingest a DataFrame of "
-            "paths and labels"
+            f"split into a store of its own ({shown}), or all at once with ingest_splits({str(root)!r}, "
+            "folder, split='folders'); to use such names as classes, ingest a DataFrame of paths and labels"
         )
     if splits:
         warnings.warn(f"{str(root)!r} has a class folder named like a split ({splits[0]!r}); if it is one, ingest "
@@ -121,8 +121,10 @@ def table_from_dataframe(
     label_columns: Sequence[str] = (),
     root: str | os.PathLike | None = None,
     label_dtype: str | Mapping[str, str] | None = None,
+    read_elsewhere: Sequence[str] = (),
 ) -> SourceTable:
-    """Read paths and labels from a DataFrame or a CSV file.
+    """Read paths and labels from a DataFrame or a CSV file (``read_elsewhere``: columns used otherwise,
+    e.g. a split column, not warned about as left out).
 
     Relative paths are resolved against ``root``, which defaults to the CSV's folder (or the current
     folder for a DataFrame). Rows whose file does not exist are listed in ``missing``. A label column
@@ -156,7 +158,7 @@ def table_from_dataframe(
         raise SourceError(f"{where} has no rows")
     if frame[path_column].isna().any():
         raise SourceError(f"{where}: column {path_column!r} is empty in rows {_rows(frame[path_column].isna())}")
-    unused = [str(c) for c in frame.columns if c not in (path_column, *label_columns)]
+    unused = [str(c) for c in frame.columns if c not in (path_column, *label_columns, *read_elsewhere)]
     if unused:
         warnings.warn(f"{where}: column(s) {unused} are not ingested; name them in label_columns= to keep them",
                       OutcoreWarning, stacklevel=3)

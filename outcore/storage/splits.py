@@ -1,0 +1,33 @@
+"""Folders of splits: ``splits.json`` names each split's store (written by `outcore.ingest_splits`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import NotAStoreError, OptionError
+from .groups import is_url
+
+SPLITS_INDEX = "splits.json"
+INDEX_FORMAT = "outcore-splits"
+
+
+def split_location(location: str | os.PathLike, split: str | None) -> str | os.PathLike:
+    """The store of ``split`` in a folder of splits (``splits.json``); ``location`` itself when it is not
+    one and no split is asked for. A folder of splits opened without ``split``, or an unknown split, is
+    an `OptionError` naming the splits."""
+    index_path = None if is_url(location) else Path(location) / SPLITS_INDEX
+    if index_path is None or not index_path.is_file():
+        if split is not None:
+            raise NotAStoreError(f"{str(location)!r} is not a folder of splits (it has no {SPLITS_INDEX}): "
+                                 "open it without split=")
+        return location
+    index = json.loads(index_path.read_text())
+    if index.get("format") != INDEX_FORMAT:
+        raise NotAStoreError(f"{index_path} is not an outcore splits index")
+    splits = index["splits"]
+    if split not in splits:
+        raise OptionError(f"{str(location)!r} is a folder of splits {list(splits)}: pass split= one of them"
+                          if split is None else f"no split {split!r} in {str(location)!r}; splits: {list(splits)}")
+    return str(Path(location) / splits[split]["store"])
