@@ -203,3 +203,21 @@ def test_random_access_gives_the_fused_batches_of_the_iteration(both):
     it.set_epoch(0)  # a full pass moved it to the next epoch
     for index in (0, 3, len(iterated) - 1):
         np.testing.assert_array_equal(it.batch(index)["images_encoded"], iterated[index])
+
+
+@pytest.mark.parametrize("flip", [None, RandomFlip(p=1.0)])
+def test_a_centre_crop_of_files_of_the_store_shape_is_their_stored_pixels_exactly(both, flip):
+    """48x48 JPEGs in a 48x48 store: the box is cut from the file's decoded pixels as they are, no resize."""
+
+    def pipeline(field):
+        crop = CenterCrop(40, field=field)
+        return crop if flip is None else Compose([crop, dataclasses.replace(flip, field=field)])
+
+    fused = both.batches(8, fields=["images_encoded", "path"], seed=3, transform=pipeline("images_encoded"))
+    unfused = both.batches(8, fields=["images", "path"], seed=3, transform=pipeline("images"))
+    compared = 0
+    for f, u in zip(fused, unfused, strict=True):
+        same_size = np.char.startswith(f["path"], "cjpg2/")
+        np.testing.assert_array_equal(f["images_encoded"][same_size], u["images"][same_size])
+        compared += int(same_size.sum())
+    assert compared == 8

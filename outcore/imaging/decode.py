@@ -161,8 +161,14 @@ def decode_region(
     need_w = min(width, math.ceil(width * size[1] / (x1 - x0)))
     pixels = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=need_h, min_width=need_w)
     fy, fx = pixels.shape[0] / height, pixels.shape[1] / width
+    scaled = (x0 * fx, y0 * fy, x1 * fx, y1 * fy)
+    if all(float(edge).is_integer() for edge in scaled) and (scaled[3] - scaled[1], scaled[2] - scaled[0]) == size:
+        left, top, right, bottom = (int(edge) for edge in scaled)  # the box as it is: a resize would copy it
+        window = pixels[top:bottom, left:right][::-1 if flip[1] else 1, ::-1 if flip[0] else 1]
+        out[...] = window.reshape(out.shape)
+        return out
     image = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
-    resized = image.resize(size[::-1], Image.Resampling.BILINEAR, box=(x0 * fx, y0 * fy, x1 * fx, y1 * fy))
+    resized = image.resize(size[::-1], Image.Resampling.BILINEAR, box=scaled)
     for mirrored, how in zip(flip, (Image.Transpose.FLIP_LEFT_RIGHT, Image.Transpose.FLIP_TOP_BOTTOM), strict=True):
         if mirrored:
             resized = resized.transpose(how)
