@@ -32,6 +32,7 @@ from .errors import (
 from .format import Compression
 from .ingest import Writer, from_arrays, ingest_dataframe, ingest_images, ingest_splits
 from .iterate import BatchIterator, BatchKeywords, ShuffleQuality, shuffle_quality
+from .mixture import Mixture, mix
 from .threads import available_cpus, set_threads, thread_count
 
 __version__ = version("outcore")
@@ -45,6 +46,7 @@ __all__ = [
     "Dataset",
     "ImageError",
     "IterationClosedError",
+    "Mixture",
     "NotAStoreError",
     "OptionError",
     "OutcoreError",
@@ -65,6 +67,7 @@ __all__ = [
     "ingest_dataframe",
     "ingest_images",
     "ingest_splits",
+    "mix",
     "open_dataset",
     "set_threads",
     "shuffle_quality",

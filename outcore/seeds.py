@@ -31,6 +31,7 @@ class Domain(IntEnum):
     TRANSFORM = 4  # a batch's augmentation draws
     WRITE_ORDER = 5  # shuffle-on-write: where each source sample is stored
     REFERENCE = 6  # the full random permutation that shuffle quality is compared with
+    MIXTURE = 7  # a mixture: which samples of a source an epoch takes, and each source's seed
 
 
 def generator(domain: Domain, *key: int) -> np.random.Generator:

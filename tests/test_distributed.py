@@ -175,6 +175,12 @@ def test_a_subset_on_the_cluster_is_the_subset_on_local_threads(client, photos):
     _assert_same_batches(local, list(photos.batches(8, client=client, **options)))
 
 
+def test_a_mixture_on_the_cluster_is_the_mixture_on_local_threads(client, photos):
+    mixture = outcore.mix({"a": photos, "b": photos}, weights={"a": 0.75, "b": 0.25})  # two draws of one store
+    options = {"seed": 2, "fields": ["images_encoded", "labels"]}
+    _assert_same_batches(list(mixture.batches(8, **options)), list(mixture.batches(8, client=client, **options)))
+
+
 def test_cluster_workers_crop_while_decoding_as_local_threads_do(client, photos):
     field = "images_encoded"
     transform = transforms.Compose([transforms.RandomResizedCrop(20, field=field), transforms.RandomFlip(field=field)])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).parent.parent / "outcore"
-LAYERS = ("errors", "seeds", "threads", "format", "storage", "imaging", "iterate", "adapters", "dataset", "ingest", "cli", "testing")
+LAYERS = ("errors", "seeds", "threads", "format", "storage", "imaging", "iterate", "adapters", "dataset", "mixture", "ingest", "cli", "testing")
 PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may import any layer
 # optional frameworks, imported only where used: distributed (clusters), scikit-learn (sample photographs),
 # scikit-image (the demo's photographs), h5py (HDF5 sources in the test kit), xarray (Dataset.to_xarray)
@@ -113,7 +113,7 @@ def test_imports_inside_functions_are_only_for_optional_frameworks():
              if name.split(".")[0] not in FRAMEWORKS and name not in framework_modules]
     assert wrong == []
     assert {name for _, name in late if name in modules} == {"outcore.adapters.keras", "outcore.adapters.tf",
-                                                              "outcore.adapters.torch"}
+                                                              "outcore.adapters.torch", "outcore.adapters.torch_mixture"}
 
 
 def layer_report() -> str:

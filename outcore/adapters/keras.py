@@ -26,9 +26,8 @@ from collections.abc import Iterator
 from typing import Any, Unpack
 
 from ..errors import OptionError
-from ..iterate import Batch, BatchIterator, BatchKeywords, BatchOptions
-from ..storage import Store
-from .selection import FieldSelection, options_with_fields, select
+from ..iterate import Batch, BatchIterator, BatchKeywords
+from .selection import BatchSource, FieldSelection, options_with_fields, select
 
 try:
     import keras
@@ -57,15 +56,14 @@ class KerasBatches(keras.utils.PyDataset):
     >>> predictions = model.predict(test.keras(256, x="images"))  # row i is sample i  # doctest: +SKIP
     """
 
-    def __init__(self, store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
+    def __init__(self, store: BatchSource, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
                  sample_weight: str | None = AUTO, **options: Unpack[BatchKeywords]) -> None:
         super().__init__(workers=1, use_multiprocessing=False)
         if sample_weight == AUTO:
             sample_weight = _store_sample_weight(store) if y is not None else None
         self.x, self.y, self.sample_weight = x, y, sample_weight
         options = {"shuffle": y is not None, **options}
-        self.iterator = BatchIterator(store, BatchOptions.of(batch_size, options_with_fields(options, x, y,
-                                                                                             sample_weight)))
+        self.iterator = store.batches(batch_size, **options_with_fields(options, x, y, sample_weight))
         self._lock = threading.Lock()
         self._epoch = _Epoch(self.iterator, 0)
         self._in_epoch = False  # between Keras' on_epoch_begin and on_epoch_end
@@ -166,7 +164,7 @@ class _Epoch:
             self._pass.close()
 
 
-def _store_sample_weight(store: Store) -> str | None:
+def _store_sample_weight(store: BatchSource) -> str | None:
     """The store's one field with the ``sample_weight`` role, or None; several is an error, not a guess."""
     weights = [name for name, role in store.roles.items() if role == "sample_weight"]
     if len(weights) > 1:

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..iterate import Batch, BatchKeywords
 
 FieldSelection = str | Sequence[str] | Mapping[str, str]
+
+
+class BatchSource(Protocol):
+    """What the Keras and tf.data adapters read: a `outcore.Dataset` or an `outcore.Mixture`."""
+
+    @property
+    def location(self) -> str: ...
+
+    @property
+    def roles(self) -> dict[str, str]: ...
+
+    def batches(self, batch_size: int, **options: Any) -> Any: ...
 
 
 def selected_fields(*selections: FieldSelection | None) -> list[str]:

@@ -8,10 +8,10 @@ from typing import Any, Unpack
 
 import numpy as np
 
-from ..iterate import BatchIterator, BatchKeywords, BatchOptions, sample_spec
+from ..iterate import BatchKeywords, BatchOptions, recipe, sample_spec
 from ..iterate.batch import apply_transform
 from ..storage import Store
-from .selection import FieldSelection, options_with_fields, select
+from .selection import BatchSource, FieldSelection, options_with_fields, select
 
 try:
     import tensorflow as tf
@@ -19,7 +19,7 @@ except ImportError as error:  # pragma: no cover - exercised only without tensor
     raise ImportError("ds.tf() needs TensorFlow: pip install 'outcore[tf]'") from error
 
 
-def dataset(store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
+def dataset(source: BatchSource, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
             **options: Unpack[BatchKeywords]) -> tf.data.Dataset:
     """Batches as ``x`` or ``(x, y)``, each field a tensor with a known ``element_spec``. As with
     `outcore.adapters.keras.KerasBatches`, ``(x, y)`` batches are shuffled unless ``shuffle=False`` and
@@ -31,10 +31,11 @@ def dataset(store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelecti
 
     >>> model.fit(ds.tf(256, x="images", y="labels").prefetch(2), epochs=3)  # doctest: +SKIP
     """
-    options = {"shuffle": y is not None, **options}
-    batch_options = BatchOptions.of(batch_size, options_with_fields(options, x, y))
-    iterator = BatchIterator(store, batch_options)
-    made = iterator.recipe
+    options = options_with_fields({"shuffle": y is not None, **options}, x, y)
+    batch_options = BatchOptions.of(batch_size, options)
+    iterator = source.batches(batch_size, **options)
+    store: Store = source if isinstance(source, Store) else source.spec_store  # a mixture: its sources' fields
+    made = recipe(store, iterator.fields, batch_options.transform)
     batch_dim = batch_size if batch_options.drop_last else None
 
     # what the transform makes of a batch (it may crop, cast, ...): shapes and dtypes from one blank sample;
@@ -59,7 +60,7 @@ def dataset(store: Store, batch_size: int, *, x: FieldSelection, y: FieldSelecti
 
     def generate() -> Iterator[Any]:
         # each pass is the next epoch, with an iterator of its own: two passes at once do not interfere
-        one_pass = BatchIterator(store, batch_options)
+        one_pass = source.batches(batch_size, **options)
         one_pass.set_epoch(next(epochs))
         for batch in one_pass:
             yield select(batch, x) if y is None else (select(batch, x), select(batch, y))

@@ -215,10 +215,16 @@ class TorchBatches(IterableDataset):
             run.close()
 
     def _tensor(self, values: np.ndarray) -> Any:
-        if values.dtype.kind in "US":
-            return values
-        tensor = torch.from_numpy(values)
-        return tensor.permute(0, 3, 1, 2) if self.channels_first and tensor.ndim == 4 else tensor
+        return as_tensor(values, self.channels_first)
+
+
+def as_tensor(values: np.ndarray, channels_first: bool) -> Any:
+    """A batch's field as a tensor sharing its memory (text stays numpy strings); with ``channels_first``,
+    4-D fields as (N, C, H, W) views."""
+    if values.dtype.kind in "US":
+        return values
+    tensor = torch.from_numpy(values)
+    return tensor.permute(0, 3, 1, 2) if channels_first and tensor.ndim == 4 else tensor
 
 
 def distributed_rank() -> tuple[int, int]:

@@ -52,7 +52,8 @@ class BatchKeywords(TypedDict, total=False):
 class Subset:
     """The samples an iteration is restricted to (``indices=``): store indices, each once, in any order
     (an epoch is made of them as a set: in store order without ``shuffle``). ``digest`` identifies them in
-    a saved state (a state of another subset does not load).
+    a saved state (a state of another subset does not load). With ``repeats`` (a mixture's sources), an
+    index may come several times: the sample is then read that many times an epoch (its chunk once).
 
     >>> Subset([7, 2, 5]).indices.tolist(), len(Subset(range(10)))
     ([2, 5, 7], 10)
@@ -62,14 +63,14 @@ class Subset:
     outcore.errors.OptionError: indices= holds sample 1 more than once: give each sample once
     """
 
-    def __init__(self, indices: Sequence[int] | np.ndarray) -> None:
+    def __init__(self, indices: Sequence[int] | np.ndarray, *, repeats: bool = False) -> None:
         values = np.asarray(indices)
         if values.ndim != 1 or not (values.dtype.kind in "iu" or values.size == 0):
             raise OptionError(f"indices= must be a 1-D sequence of sample indices (integers); got an array of "
                               f"dtype {values.dtype} and shape {values.shape}")
         ordered = np.sort(values.astype(np.int64))
         repeated = ordered[1:][ordered[1:] == ordered[:-1]]
-        if len(repeated):
+        if len(repeated) and not repeats:
             raise OptionError(f"indices= holds sample {int(repeated[0])} more than once: give each sample once")
         ordered.setflags(write=False)
         self.indices = ordered

@@ -1,6 +1,7 @@
-"""Subsets and splits: what a k-fold epoch reads against the whole store, and what a hash split gives each class.
+"""Subsets, splits and mixtures: a k-fold epoch's reads against the whole store, what a hash split gives each
+class, and a 90/10 mixture's shares and rate against its sources alone.
 
-    python benchmarks/subsets.py [--samples 40000] [--folds 5] [--repeats 3] [--files 3000] [--workdir bench-data]
+    python benchmarks/combine.py [--samples 40000] [--folds 5] [--repeats 3] [--files 3000] [--workdir bench-data]
 
 1. **Subsets** (``indices=``): a store of ``--samples`` 64x64x3 photo crops (chunks of about 8 MiB, shuffled on
    write) read in shuffled epochs of batch 256 on a warm page cache, medians of ``--repeats``, interleaved:
@@ -10,6 +11,9 @@
    the rate against the whole store's (a subset is read chunk by chunk: the ceiling is 1.00).
 2. **Splits** (`outcore.ingest_splits`, ``train=0.8,val=0.1,test=0.1``, seed 0): ``--files`` JPEGs in 3
    classes cut by a hash of each path; each split's share of each class, against the fraction asked for.
+3. **Mixtures** (`outcore.mix`, weights 0.9/0.1): the store above with one of a tenth of its size (other
+   crops), batch 256: samples/s of a mixture epoch against each source alone (medians of ``--repeats``,
+   interleaved; the ceiling is the slower of the sources' rates), and the shares measured over an epoch.
 """
 
 from __future__ import annotations
@@ -31,13 +35,13 @@ BATCH = 256
 FRACTIONS = {"train": 0.8, "val": 0.1, "test": 0.1}
 
 
-def _store(workdir: Path, samples: int) -> outcore.Dataset:
-    location = workdir / f"subsets-{samples}.zarr"
+def _store(workdir: Path, samples: int, seed: int = 0) -> outcore.Dataset:
+    location = workdir / f"subsets-{samples}-{seed}.zarr"
     if location.exists():
         return outcore.open_dataset(location)
     print(f"writing {samples} 64x64x3 photo crops to {location} …")
-    images = np.stack(photo_crops(samples, (64, 64), np.random.default_rng(0)))
-    labels = np.random.default_rng(0).integers(0, 10, samples)
+    images = np.stack(photo_crops(samples, (64, 64), np.random.default_rng(seed)))
+    labels = np.random.default_rng(seed).integers(0, 10, samples)
     return outcore.from_arrays({"images": images, "labels": labels}, location, progress=False)
 
 
@@ -97,6 +101,40 @@ def splits(workdir: Path, files: int) -> None:
     print(f"\none standard deviation of the share of a class of {per_class} ({noise})")
 
 
+def _rate(iterator) -> tuple[float, dict[str, int]]:
+    began, count = time.perf_counter(), 0
+    for batch in iterator:
+        count += len(batch["labels"])
+    return count / (time.perf_counter() - began), count
+
+
+def mixtures(workdir: Path, samples: int, repeats: int) -> None:
+    base, curated = _store(workdir, samples), _store(workdir, samples // 10, seed=1)
+    weights = {"base": 0.9, "curated": 0.1}
+    mixture = outcore.mix({"base": base, "curated": curated}, weights=weights)
+    cases = {"base alone": lambda e: base.batches(BATCH, seed=e, fields=["images", "labels"]),
+             "curated alone": lambda e: curated.batches(BATCH, seed=e, fields=["images", "labels"]),
+             "mixture 90/10": lambda e: mixture.batches(BATCH, seed=e, fields=["images", "labels"])}
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for repeat in range(repeats):
+        for name, make in cases.items():
+            rates[name].append(_rate(make(repeat))[0])
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    print(f"\nmixture of {len(base):,} and {len(curated):,} samples of 64x64x3, weights {weights}, batch {BATCH}; "
+          f"medians of {repeats} epochs\n")
+    print_table(["read", "samples/s"], list(medians.items()),
+                {"vs base alone": medians["base alone"], "vs curated alone": medians["curated alone"]})
+    it = mixture.batches(BATCH, seed=0, fields=["images", "labels"])
+    for _ in it:
+        pass
+    stats = it.stats()
+    total = stats["samples_base"] + stats["samples_curated"]
+    print(f"\nover one epoch ({len(it)} batches): base {stats['samples_base']:,} ({stats['samples_base'] / total:.4f}), "
+          f"curated {stats['samples_curated']:,} ({stats['samples_curated'] / total:.4f}); per batch "
+          f"{mixture.layout(BATCH).per_batch.tolist()}; curated samples repeated "
+          f"{stats['samples_curated'] / len(curated):.2f}x an epoch")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=40_000)
@@ -108,6 +146,7 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     subsets(args.workdir, args.samples, args.folds, args.repeats)
     splits(args.workdir, args.files)
+    mixtures(args.workdir, args.samples, args.repeats)
 
 
 if __name__ == "__main__":
