@@ -100,6 +100,10 @@ def test_the_command_splits_a_csv_by_its_column_into_zip_files(photos, tmp_path,
     val = outcore.open_dataset(tmp_path / "out", split="val")
     assert val.location.endswith("val.zip") and _paths(val) == set(files[::5])
     assert json.loads((tmp_path / "out" / "splits.json").read_text())["rule"] == {"column": "split"}
+    assert main(["info", str(tmp_path / "out")]) == 2
+    assert "a folder of splits ['train', 'val']: pass --split one of them" in capsys.readouterr().err
+    assert main(["info", str(tmp_path / "out"), "--split", "val"]) == 0 and "val.zip" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "out"), "--split", "train", "--no-progress"]) == 0
 
 
 def test_bad_splits_are_named(photos, tmp_path, capsys):

@@ -200,12 +200,14 @@ def _add_remote(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", help=f"the node's cache of object-store chunks (default: ${ENVIRONMENT})")
     parser.add_argument("--cache-size", help="the cache's bound, e.g. 50GiB (default: $OUTCORE_CACHE_SIZE or 20 GiB)")
     parser.add_argument("--no-cache", action="store_true", help="read an object store without the cache")
+    parser.add_argument("--split", help="STORE is a folder of splits (made by ingest --split): the one to read")
 
 
 def _open_options(args: argparse.Namespace) -> dict[str, Any]:
-    """`open_dataset`'s keywords from the --storage-option, --cache-dir, --cache-size and --no-cache flags."""
+    """`open_dataset`'s keywords from the --storage-option, --cache-dir, --cache-size, --no-cache and --split
+    flags."""
     return {"storage_options": _storage_options(args), "cache_dir": False if args.no_cache else args.cache_dir,
-            "cache_size": args.cache_size}
+            "cache_size": args.cache_size, "split": args.split}
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
