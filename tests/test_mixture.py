@@ -114,8 +114,6 @@ def test_sources_that_cannot_be_mixed_are_named(sources, tmp_path):
         outcore.mix(sources, weights={"base": 1.0})
     with pytest.raises(OptionError, match="indices= selects samples of one store"):
         outcore.mix(sources).batches(10, indices=[1, 2])
-    with pytest.raises(OptionError, match="num_workers=0"):
-        outcore.mix(sources).torch(10, num_workers=2)
 
 
 def test_keras_fits_and_tf_and_torch_read_a_mixture(sources):
@@ -130,6 +128,8 @@ def test_keras_fits_and_tf_and_torch_read_a_mixture(sources):
     through_tf = [y.numpy() for _, y in mixture.tf(50, x="x", y="id")]
     assert len(through_tf) == 22 and all(Counter(_source_of(y)) == {"base": 45, "curated": 5} for y in through_tf)
     torch = pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
+    with pytest.raises(OptionError, match="num_workers=0"):
+        mixture.torch(10, num_workers=2)
     loader = mixture.torch(50, seed=2, fields=["id", "x"])
     batches = [b["id"].tolist() for b in loader]
     assert isinstance(next(iter(loader))["x"], torch.Tensor)
