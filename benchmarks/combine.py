@@ -12,8 +12,9 @@ class, and a 90/10 mixture's shares and rate against its sources alone.
 2. **Splits** (`outcore.ingest_splits`, ``train=0.8,val=0.1,test=0.1``, seed 0): ``--files`` JPEGs in 3
    classes cut by a hash of each path; each split's share of each class, against the fraction asked for.
 3. **Mixtures** (`outcore.mix`, weights 0.9/0.1): the store above with one of a tenth of its size (other
-   crops), batch 256: samples/s of a mixture epoch against each source alone (medians of ``--repeats``,
-   interleaved; the ceiling is the slower of the sources' rates), and the shares measured over an epoch.
+   crops), and two stores of 128x128 JPEGs kept encoded (``--samples / 4`` and a tenth of that), batch
+   256: samples/s of a mixture epoch against each source alone (medians of ``--repeats``, interleaved;
+   the ceiling is the slower of the sources' rates), and the shares measured over an epoch.
 """
 
 from __future__ import annotations
@@ -108,31 +109,45 @@ def _rate(iterator) -> tuple[float, dict[str, int]]:
     return count / (time.perf_counter() - began), count
 
 
+def _encoded(workdir: Path, files: int, seed: int) -> outcore.Dataset:
+    """``files`` 128x128 photo crops as JPEGs, in a store of their bytes (decoded while reading)."""
+    location = workdir / f"encoded-{files}-{seed}.zarr"
+    if location.exists():
+        return outcore.open_dataset(location)
+    folder = workdir / f"jpegs-{files}-{seed}"
+    shutil.rmtree(folder, ignore_errors=True)
+    print(f"writing {files} 128x128 JPEGs to {folder} …")
+    write_image_folder(folder, files // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos", seed=seed)
+    return outcore.ingest_images(folder, location, shape=(128, 128, 3), images="encoded", progress=False)
+
+
 def mixtures(workdir: Path, samples: int, repeats: int) -> None:
-    base, curated = _store(workdir, samples), _store(workdir, samples // 10, seed=1)
     weights = {"base": 0.9, "curated": 0.1}
-    mixture = outcore.mix({"base": base, "curated": curated}, weights=weights)
-    cases = {"base alone": lambda e: base.batches(BATCH, seed=e, fields=["images", "labels"]),
-             "curated alone": lambda e: curated.batches(BATCH, seed=e, fields=["images", "labels"]),
-             "mixture 90/10": lambda e: mixture.batches(BATCH, seed=e, fields=["images", "labels"])}
-    rates: dict[str, list[float]] = {name: [] for name in cases}
-    for repeat in range(repeats):
-        for name, make in cases.items():
-            rates[name].append(_rate(make(repeat))[0])
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    print(f"\nmixture of {len(base):,} and {len(curated):,} samples of 64x64x3, weights {weights}, batch {BATCH}; "
-          f"medians of {repeats} epochs\n")
-    print_table(["read", "samples/s"], list(medians.items()),
-                {"vs base alone": medians["base alone"], "vs curated alone": medians["curated alone"]})
-    it = mixture.batches(BATCH, seed=0, fields=["images", "labels"])
-    for _ in it:
-        pass
-    stats = it.stats()
-    total = stats["samples_base"] + stats["samples_curated"]
-    print(f"\nover one epoch ({len(it)} batches): base {stats['samples_base']:,} ({stats['samples_base'] / total:.4f}), "
-          f"curated {stats['samples_curated']:,} ({stats['samples_curated'] / total:.4f}); per batch "
-          f"{mixture.layout(BATCH).per_batch.tolist()}; curated samples repeated "
-          f"{stats['samples_curated'] / len(curated):.2f}x an epoch")
+    pairs = {"64x64x3 pixels": (_store(workdir, samples), _store(workdir, samples // 10, seed=1)),
+             "128x128 JPEGs, encoded": (_encoded(workdir, samples // 4, 0), _encoded(workdir, samples // 40, 1))}
+    for kind, (base, curated) in pairs.items():
+        mixture = outcore.mix({"base": base, "curated": curated}, weights=weights)
+        cases = {"base alone": lambda e, ds=base: ds.batches(BATCH, seed=e, fields=["images", "labels"]),
+                 "curated alone": lambda e, ds=curated: ds.batches(BATCH, seed=e, fields=["images", "labels"]),
+                 "mixture 90/10": lambda e, ds=mixture: ds.batches(BATCH, seed=e, fields=["images", "labels"])}
+        rates: dict[str, list[float]] = {name: [] for name in cases}
+        for repeat in range(repeats):  # interleaved
+            for name, make in cases.items():
+                rates[name].append(_rate(make(repeat))[0])
+        medians = {name: statistics.median(values) for name, values in rates.items()}
+        print(f"\nmixture of {len(base):,} and {len(curated):,} samples ({kind}), weights {weights}, batch {BATCH}; "
+              f"medians of {repeats} epochs\n")
+        print_table(["read", "samples/s"], list(medians.items()),
+                    {"vs base alone": medians["base alone"], "vs curated alone": medians["curated alone"]})
+        it = mixture.batches(BATCH, seed=0, fields=["images", "labels"])
+        for _ in it:
+            pass
+        stats = it.stats()
+        total = stats["samples_base"] + stats["samples_curated"]
+        print(f"\nover one epoch ({len(it)} batches): base {stats['samples_base']:,} "
+              f"({stats['samples_base'] / total:.4f}), curated {stats['samples_curated']:,} "
+              f"({stats['samples_curated'] / total:.4f}); per batch {mixture.layout(BATCH).per_batch.tolist()}; "
+              f"curated samples repeated {stats['samples_curated'] / len(curated):.2f}x an epoch")
 
 
 def main() -> None:
