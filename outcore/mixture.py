@@ -64,9 +64,7 @@ class Mixture:
         given = self.weights if self.weights is not None else self.repeats or {}
         what = "weight" if self.weights is not None else "repeats"
         parts = ", ".join(f"{name} ({len(ds):,} samples, {what} {given[name]:g})" for name, ds in self.sources.items())
-        length = self.epoch_samples if self.epoch_samples is not None else (
-            sum(len(ds) for ds in self.sources.values()) if self.weights is not None
-            else round(sum(len(ds) * float(self.repeats[name]) for name, ds in self.sources.items())))
+        length = self.layout(1).steps  # at a batch of one, an epoch's steps are its samples
         return f"<outcore.Mixture of {parts}; epochs of about {length:,} samples>"
 
     @property

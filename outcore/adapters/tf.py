@@ -8,7 +8,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
-from ..iterate import BatchKeywords, BatchOptions, recipe, sample_spec
+from ..iterate import BatchKeywords, recipe, sample_spec
 from ..iterate.batch import apply_transform
 from ..storage import Store
 from .selection import BatchSource, FieldSelection, options_with_fields, select
@@ -32,8 +32,8 @@ def dataset(source: BatchSource, batch_size: int, *, x: FieldSelection, y: Field
     >>> model.fit(ds.tf(256, x="images", y="labels").prefetch(2), epochs=3)  # doctest: +SKIP
     """
     options = options_with_fields({"shuffle": y is not None, **options}, x, y)
-    batch_options = BatchOptions.of(batch_size, options)
     iterator = source.batches(batch_size, **options)
+    batch_options = iterator.options
     store: Store = source if isinstance(source, Store) else source.spec_store  # a mixture: its sources' fields
     made = recipe(store, iterator.fields, batch_options.transform)
     batch_dim = batch_size if batch_options.drop_last else None

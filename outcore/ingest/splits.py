@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..dataset import Dataset
 from ..errors import OptionError, SourceError
 from ..storage import is_url
 from ..storage.splits import INDEX_FORMAT, SPLITS_INDEX
@@ -141,7 +142,7 @@ def ingest_splits(
     zip: bool = False,
     seed: int = 0,
     **options: Any,
-) -> dict[str, Any]:
+) -> dict[str, Dataset]:
     """Ingest ``source`` into one store per split in ``folder`` (``<split>.zarr``, or ``<split>.zip`` with
     ``zip=True``) and an index, ``splits.json``; return the stores by split name.
 
@@ -197,7 +198,7 @@ def ingest_splits(
     return stores
 
 
-def _write_index(folder: Path, stores: Mapping[str, Any], rule: dict[str, Any], suffix: str) -> None:
+def _write_index(folder: Path, stores: Mapping[str, Dataset], rule: dict[str, Any], suffix: str) -> None:
     """``splits.json``: how the splits were made, and each one's store, count and count per class."""
     first = next(iter(stores.values()))
     target = next((field for field, info in first.attrs.fields.items()

@@ -204,8 +204,8 @@ class EpochPlan:
     at positions ``[k * batch_size, (k + 1) * batch_size)``, made on demand by `take`; ``chunks[j]`` is
     the store chunk of slot ``j`` and ``slot_sizes[j]`` how many of its samples the rank reads. Slots are
     numbered in the order the rank first reads them (a chunk appears in two slots only when it is cut
-    between two streams, or holds a repeated sample). With ``indices`` (sorted, unique store indices),
-    the epoch is made of those samples only.
+    between two streams, or holds a repeated sample). With ``indices`` (sorted store indices: a subset,
+    or a mixture's source, whose indices may repeat), the epoch is made of those samples only.
 
     >>> plan = EpochPlan(10, 4, batch_size=4, shuffle=False)  # storage order
     >>> plan.take(0, len(plan))[0].tolist(), plan.chunks.tolist()

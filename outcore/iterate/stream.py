@@ -26,9 +26,10 @@ from ..seeds import Domain, generator
 
 class Selection:
     """The samples an epoch is made of, chunk by chunk: all ``num_samples`` of a store in chunks of
-    ``chunk_size``, or only ``indices`` (sorted, unique: a subset). The chunk stream of an epoch holds, for
-    each chunk in the epoch's chunk order, the chunk's selected samples (none for a chunk with none
-    selected), so a subset is read chunk by chunk like the whole store.
+    ``chunk_size``, or only ``indices`` (sorted: a subset; a mixture's may repeat one, which is then read
+    that many times). The chunk stream of an epoch holds, for each chunk in the epoch's chunk order, the
+    chunk's selected samples (none for a chunk with none selected), so a subset is read chunk by chunk
+    like the whole store.
 
     >>> part = Selection(10, 4, np.array([1, 2, 9]))
     >>> len(part), part.sizes.tolist(), part.sample(np.array([0, 2]), np.array([1, 0])).tolist()
