@@ -444,3 +444,5 @@ def test_a_subset_outside_the_store_or_repeating_a_sample_is_refused(in_order):
         in_order.batches(10, indices=[3, 4, 3])
     with pytest.raises(outcore.OptionError, match="integers"):
         in_order.batches(10, indices=[0.5, 2.0])
+    with pytest.raises(outcore.OptionError, match="indices= is empty"):
+        in_order.batches(10, indices=[])

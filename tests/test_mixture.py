@@ -114,6 +114,13 @@ def test_sources_that_cannot_be_mixed_are_named(sources, tmp_path):
         outcore.mix(sources, weights={"base": 1.0})
     with pytest.raises(OptionError, match="indices= selects samples of one store"):
         outcore.mix(sources).batches(10, indices=[1, 2])
+    extra = outcore.from_arrays({"x": np.zeros((50, 2), np.float32), "id": 400_000 + np.arange(50),
+                                 "labels": np.arange(50) % 2, "weight": np.ones(50, np.float32)}, tmp_path / "w.zarr",
+                                classes={"labels": ("a", "b")}, shuffle_on_write=False, progress=False)
+    with pytest.warns(outcore.OutcoreWarning, match=r"left out: \{'extra': \['weight'\]\}"):
+        it = outcore.mix({**sources, "extra": extra}).batches(100)
+    assert it.fields == ("x", "id", "labels")
+    assert outcore.mix({**sources, "extra": extra}).batches(100, fields=["x", "id"]).fields == ("x", "id")  # chosen
 
 
 def test_keras_fits_and_tf_and_torch_read_a_mixture(sources):

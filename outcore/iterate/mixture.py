@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import OptionError, OutcoreWarning
 from ..seeds import Domain, generator
 from ..storage import Store
 from .batch import Batch
@@ -222,11 +223,17 @@ class MixtureIterator:
 
 
 def _common_fields(stores: Mapping[str, Store], fields: tuple[str, ...] | None) -> tuple[str, ...]:
-    """The fields a mixture reads (default: those every source has), each with one sample shape and dtype,
-    and one class list, in every source: anything else is an `OptionError` naming the sources."""
+    """The fields a mixture reads (default: those every source has, with an `OutcoreWarning` naming those
+    left out), each with one sample shape and dtype, and one class list, in every source: anything else is
+    an `OptionError` naming the sources."""
     first = next(iter(stores.values()))
     if fields is None:
         fields = tuple(name for name in first.fields if all(name in store for store in stores.values()))
+        left_out = {source: [name for name in store.fields if name not in fields] for source, store in stores.items()}
+        left_out = {source: names for source, names in left_out.items() if names}
+        if left_out:
+            warnings.warn(f"the mixture reads the fields every source has, {list(fields)}; left out: {left_out} "
+                          "(pass fields= to choose them)", OutcoreWarning, stacklevel=4)
     for name in fields:
         missing = [source for source, store in stores.items() if name not in store]
         if missing:

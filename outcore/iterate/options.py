@@ -72,6 +72,8 @@ class Subset:
         repeated = ordered[1:][ordered[1:] == ordered[:-1]]
         if len(repeated) and not repeats:
             raise OptionError(f"indices= holds sample {int(repeated[0])} more than once: give each sample once")
+        if not len(ordered):
+            raise OptionError("indices= is empty: an epoch of no samples (check how the subset was made)")
         ordered.setflags(write=False)
         self.indices = ordered
         self.digest = hashlib.sha1(ordered.tobytes()).hexdigest()[:16]
