@@ -57,6 +57,11 @@ def test_fractions_cut_a_folder_into_disjoint_reproducible_splits_with_one_class
         outcore.open_dataset(tmp_path / "out", split="dev")
     with pytest.raises(outcore.NotAStoreError, match="not a folder of splits"):
         outcore.open_dataset(tmp_path / "out" / "val.zarr", split="val")
+    with pytest.raises(OptionError, match="split= reads a local folder of splits"):
+        outcore.open_dataset("s3://bucket/out", split="val")
+    (tmp_path / "out" / "splits.json").write_text("{not json")
+    with pytest.raises(outcore.NotAStoreError, match=r"splits.json is not a readable outcore splits index"):
+        outcore.open_dataset(tmp_path / "out", split="val")
 
 
 def test_a_file_keeps_its_split_when_files_are_added(photos, tmp_path):

@@ -17,16 +17,25 @@ def split_location(location: str | os.PathLike, split: str | None) -> str | os.P
     """The store of ``split`` in a folder of splits (``splits.json``); ``location`` itself when it is not
     one and no split is asked for. A folder of splits opened without ``split``, or an unknown split, is
     an `OptionError` naming the splits."""
-    index_path = None if is_url(location) else Path(location) / SPLITS_INDEX
-    if index_path is None or not index_path.is_file():
+    if is_url(location):
+        if split is not None:
+            raise OptionError(f"split= reads a local folder of splits; {str(location)!r} is a URL: open the "
+                              "split's store by its own URL")
+        return location
+    index_path = Path(location) / SPLITS_INDEX
+    if not index_path.is_file():
         if split is not None:
             raise NotAStoreError(f"{str(location)!r} is not a folder of splits (it has no {SPLITS_INDEX}): "
                                  "open it without split=")
         return location
-    index = json.loads(index_path.read_text())
-    if index.get("format") != INDEX_FORMAT:
-        raise NotAStoreError(f"{index_path} is not an outcore splits index")
-    splits = index["splits"]
+    try:
+        index = json.loads(index_path.read_text())
+        splits = index["splits"] if index.get("format") == INDEX_FORMAT else None
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        splits = None
+    if not isinstance(splits, dict):
+        raise NotAStoreError(f"{index_path} is not a readable outcore splits index: write it again with "
+                             "ingest_splits(..., overwrite=True)")
     if split not in splits:
         raise OptionError(f"{str(location)!r} is a folder of splits {list(splits)}: pass split= one of them"
                           if split is None else f"no split {split!r} in {str(location)!r}; splits: {list(splits)}")
