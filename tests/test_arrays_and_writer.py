@@ -138,9 +138,9 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_store(tmp_path):
 
     first = outcore.Writer(tmp_path / "s.zarr", specs={"x": ("int32", ())})
     first.append({"x": np.arange(3)})
-    with pytest.raises(outcore.StoreBusyError, match="another Writer"):
+    with pytest.raises(outcore.StoreBusyError, match="another writer"):
         outcore.Writer(tmp_path / "s.zarr", append=True)
-    with pytest.raises(outcore.StoreBusyError, match="another Writer"):
+    with pytest.raises(outcore.StoreBusyError, match="another writer"):
         outcore.Writer(tmp_path / "s.zarr", overwrite=True)
     other = subprocess.run([sys.executable, "-c", "import outcore, sys; outcore.Writer(sys.argv[1], append=True)",
                             str(tmp_path / "s.zarr")], check=False, capture_output=True, text=True,

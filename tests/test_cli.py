@@ -36,7 +36,7 @@ def test_ingest_csv_with_label_columns(image_folder, tmp_path):
                  "bi,multi", "--shape", "24x24x3", "--compression", "zstd:3", "--no-shuffle", "--no-progress"])
     assert code == 0
     ds = outcore.open_dataset(tmp_path / "c.zarr.zip")
-    assert ds.fields == ("images", "bi", "multi", "path", "source_index") and ds["images"].shape == (20, 24, 24, 3)
+    assert ds.fields == ("images", "bi", "multi", "path", "source_index", "file_stat", "file_digest") and ds["images"].shape == (20, 24, 24, 3)
     assert ds["bi"].compute().tolist() == [i % 2 for i in range(20)]
 
 

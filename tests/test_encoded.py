@@ -30,7 +30,7 @@ def stores(image_folder, tmp_path):
 
 def test_encoded_store_reads_exactly_like_the_pixel_store(stores):
     pixels, encoded = stores
-    assert encoded.fields == pixels.fields == ("images", "labels", "path", "source_index")
+    assert encoded.fields == pixels.fields == ("images", "labels", "path", "source_index", "file_stat", "file_digest")
     assert encoded.attrs.fields["images"].is_image and encoded["images"].shape == (20, *SHAPE)
     np.testing.assert_array_equal(encoded["images"].compute(), pixels["images"].compute())
     np.testing.assert_array_equal(encoded["images"][5:11].compute(), pixels["images"][5:11].compute())

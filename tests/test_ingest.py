@@ -29,7 +29,7 @@ def test_folder_round_trip_with_shuffle_on_write(image_folder, tmp_path):
     files = sorted(p.relative_to(image_folder).as_posix() for p in image_folder.rglob("*.*"))
     assert len(ds) == len(files) == 20
     assert ds.classes == ["cat", "dog", "owl"]
-    assert ds.fields == ("images", "labels", "path", "source_index")
+    assert ds.fields == ("images", "labels", "path", "source_index", "file_stat", "file_digest")
     images, labels = ds["images"].compute(), ds["labels"].compute()
     paths, source_index = ds["path"].compute(), ds["source_index"].compute()
     np.testing.assert_array_equal(source_index, generator(Domain.WRITE_ORDER, 0).permutation(20))
@@ -223,7 +223,7 @@ def test_ten_thousand_images_make_tens_of_files(tmp_path, rng):
                                progress=False)
     assert len(ds) == 10_000 and ds.num_chunks == 157
     files = [f for _, _, names in os.walk(tmp_path / "many.zarr") for f in names]
-    assert 10 <= len(files) <= 50, files  # 4 fields x 10 shard files + metadata, not 4 x 157 chunk files
+    assert 10 <= len(files) <= 80, files  # 6 fields x 10 shard files + metadata, not 6 x 157 chunk files
 
 
 def test_linked_class_folders_are_followed_and_loops_end(tmp_path):
@@ -276,5 +276,5 @@ def test_every_ingest_path_gives_fields_the_same_roles(image_folder, tmp_path):
     ds = outcore.ingest_dataframe(frame, tmp_path / "d.zarr", label_columns=["label", "weight"], root=image_folder,
                                   shape=(8, 8, 3), progress=False)
     assert ds.roles == {"images": "input", "label": "target", "weight": "sample_weight", "path": "metadata",
-                        "source_index": "metadata"}
+                        "source_index": "metadata", "file_stat": "metadata", "file_digest": "metadata"}
     assert ds["weight"].dtype == np.float32

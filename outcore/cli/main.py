@@ -142,6 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--overwrite", action="store_true", help="replace STORE if it exists")
     ingest.add_argument("--resume", action="store_true",
                         help="continue an ingest of the same files and settings that was killed or interrupted")
+    ingest.add_argument("--append", action="store_true",
+                        help="add to STORE the files it does not hold yet (same settings as it was made with)")
+    ingest.add_argument("--by-content", action="store_true",
+                        help="with --append: know stored files by their bytes, not by path, size and time")
     ingest.add_argument("--no-progress", action="store_true")
     _add_storage_options(ingest)
     _add_scheduler(ingest)
@@ -260,11 +264,14 @@ def _ingest(args: argparse.Namespace) -> int:
         "max_pixels": args.max_pixels or None,
         "overwrite": args.overwrite,
         "resume": args.resume,
+        "append": args.append,
+        "by_content": args.by_content,
         "progress": not args.no_progress,
         "storage_options": _storage_options(args),
     }
     if args.split is not None or args.split_column is not None:
         return _ingest_splits(args, options)
+    before = len(open_dataset(args.store)) if args.append and Path(args.store).exists() else 0
     with _client(args) as client:
         if Path(args.source).is_file():
             labels = [c for c in args.label_columns.split(",") if c]
@@ -273,6 +280,8 @@ def _ingest(args: argparse.Namespace) -> int:
         else:
             ds = ingest_images(args.source, args.store, client=client, **options)
     print(describe(ds))
+    if args.append:
+        print(f"appended {len(ds) - before:,} samples ({before:,} before)")
     return 0
 
 

@@ -11,14 +11,16 @@ import numpy as np
 TEXT_ENCODING = "utf-8"
 
 
-def encode_text(values: np.ndarray) -> np.ndarray:
-    """Strings as zero-padded UTF-8 bytes.
+def encode_text(values: np.ndarray, min_width: int = 1) -> np.ndarray:
+    """Strings as zero-padded UTF-8 bytes: as many as the longest takes, and at least ``min_width``.
 
     >>> decode_text(encode_text(np.array(["a.jpg", "é.png"]))).tolist()
     ['a.jpg', 'é.png']
+    >>> encode_text(np.array(["a"]), min_width=4)
+    array([[97,  0,  0,  0]], dtype=uint8)
     """
     encoded = np.char.encode(np.asarray(values).astype(str), TEXT_ENCODING)
-    width = max(1, encoded.dtype.itemsize)
+    width = max(1, min_width, encoded.dtype.itemsize)
     return np.frombuffer(encoded.astype(f"S{width}").tobytes(), dtype=np.uint8).reshape(len(encoded), width)
 
 

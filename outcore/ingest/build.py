@@ -99,6 +99,7 @@ def build_store(
     order: np.ndarray | None = None,
     manifest: dict[str, Any] | None = None,
     resume: bool = False,
+    recipe: dict[str, Any] | None = None,
 ) -> str | Path:
     """Write ``fields`` to a new store at ``location`` (a local path, or an object store URL reached with
     ``options.storage_options``); return its location.
@@ -110,6 +111,8 @@ def build_store(
     manifest from its finished shards (`outcore.storage.staged_store`). ``fields`` may be a function
     making ``(fields, errors)`` given a scratch folder of the run, for sources prepared before they are
     written (pictures re-encoded smaller, `outcore.ingest.survey`); the folder is kept for ``resume``.
+    ``recipe`` (the settings that made the samples, e.g. an image ingest's shape) is recorded in the
+    provenance, for an append to make its samples alike.
     """
     name = store_name(location)
     with staged_store(location, options.overwrite, manifest=manifest, resume=resume,
@@ -134,7 +137,7 @@ def build_store(
             fields={name: _recorded(f) for name, f in fields.items()},
             shuffled_on_write=shuffled_on_write,
             seed=seed,
-            provenance=provenance(source),
+            provenance=provenance(source, recipe),
             skipped=_skipped_summary(name, messages) if messages else None,
         )
         group = zarr.open_group(staging.store, mode="r+")
@@ -301,9 +304,11 @@ def _read_blobs(directory: str, name: str, start: int, stop: int) -> np.ndarray:
     return blobs
 
 
-def provenance(source: str) -> dict[str, Any]:
+def provenance(source: str, recipe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Where a store (or a part appended to it) came from, when, and with what versions and settings."""
     return {
         "source": source,
+        **({"recipe": recipe} if recipe else {}),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "versions": {name: version(name) for name in (
             "outcore", "zarr", "numcodecs", "dask", "numpy", "pillow", "simplejpeg")},

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import dask
@@ -14,6 +15,16 @@ from ..imaging import MAX_PIXELS, ResizePolicy, decode_image, read_image_file
 
 BLOB_DTYPE = np.dtype(object)  # the bytes of one file per sample, between tasks (never stored as such)
 ERROR_DTYPE = np.dtype("<U400")  # one message per sample; "" when the sample decoded
+DIGEST_SIZE = 16  # bytes of a file's BLAKE2b digest (`file_digest`)
+
+
+def file_digest(data: bytes) -> np.ndarray:
+    """A file's content digest as stored in the ``file_digest`` field: BLAKE2b of 16 bytes, as ``uint8``.
+
+    >>> file_digest(b"abc")[:4]
+    array([207,  71,  35, 240], dtype=uint8)
+    """
+    return np.frombuffer(hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest(), dtype=np.uint8)
 
 
 def image_array(
@@ -26,9 +37,10 @@ def image_array(
     on_error: str = "raise",
     keep: tuple[str, ...] = ("pixels",),
     max_pixels: int | None = MAX_PIXELS,
-) -> tuple[da.Array | None, da.Array | None, da.Array]:
-    """Return ``(pixels, files, errors)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to ``shape``,
-    ``files[i]`` the file's bytes (an object array of ``bytes``); each is ``None`` unless in ``keep``.
+) -> tuple[da.Array | None, da.Array | None, da.Array, da.Array]:
+    """Return ``(pixels, files, errors, digests)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to
+    ``shape``, ``files[i]`` the file's bytes (an object array of ``bytes``), each ``None`` unless in
+    ``keep``; ``digests[i]`` is the file's `file_digest` (zeros for a bad file).
 
     Every file is decoded, whatever is kept, so a store of encoded files holds only files that decode.
     Each block of ``block_size`` samples is one task. Nothing is read until the arrays are computed.
@@ -36,35 +48,38 @@ def image_array(
     it; with ``"skip"`` a bad file gives zero pixels, empty bytes and its message in ``errors[i]``
     (``""`` for every good sample).
 
-    >>> pixels, _, errors = image_array(files, (64, 64, 3), resize="crop", dtype=np.dtype("uint8"),
+    >>> pixels, _, errors, _ = image_array(files, (64, 64, 3), resize="crop", dtype=np.dtype("uint8"),
     ...                                 block_size=256)  # doctest: +SKIP
     >>> pixels.chunks[0][:2]  # doctest: +SKIP
     (256, 256)
     """
     if on_error not in ("raise", "skip"):
         raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")
-    pixel_parts, file_parts, error_parts = [], [], []
+    pixel_parts, file_parts, error_parts, digest_parts = [], [], [], []
     for start in range(0, len(paths), block_size):
         block_paths = list(paths[start : start + block_size])
-        task = dask.delayed(_load_block, pure=True, nout=3)(block_paths, shape, resize, dtype, on_error, keep,
+        task = dask.delayed(_load_block, pure=True, nout=4)(block_paths, shape, resize, dtype, on_error, keep,
                                                             max_pixels)
         pixel_parts.append(da.from_delayed(task[0], (len(block_paths), *shape), dtype=dtype))
         file_parts.append(da.from_delayed(task[1], (len(block_paths),), dtype=BLOB_DTYPE))
         error_parts.append(da.from_delayed(task[2], (len(block_paths),), dtype=ERROR_DTYPE))
+        digest_parts.append(da.from_delayed(task[3], (len(block_paths), DIGEST_SIZE), dtype=np.uint8))
     return (
         da.concatenate(pixel_parts) if "pixels" in keep else None,
         da.concatenate(file_parts) if "files" in keep else None,
         da.concatenate(error_parts),
+        da.concatenate(digest_parts),
     )
 
 
 def _load_block(
     paths: list[str], shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str,
     keep: tuple[str, ...], max_pixels: int | None,
-) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray]:
     pixels = np.zeros((len(paths), *shape), dtype=dtype) if "pixels" in keep else None
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE) if "files" in keep else None
     errors = np.zeros(len(paths), dtype=ERROR_DTYPE)
+    digests = np.zeros((len(paths), DIGEST_SIZE), dtype=np.uint8)
     for i, path in enumerate(paths):
         try:
             data = read_image_file(path)
@@ -77,9 +92,10 @@ def _load_block(
             if pixels is not None:
                 pixels[i] = 0  # a failed decode may have written part of the sample
             continue
+        digests[i] = file_digest(data)
         if files is not None:
             files[i] = data
-    return pixels, files, errors
+    return pixels, files, errors, digests
 
 
 def bad_file(error: ImageError) -> ImageError:

@@ -39,17 +39,24 @@ from ..imaging import (
     parse_resize,
 )
 from ..storage import check_target
+from .append import append_table
 from .arrays import SOURCE_INDEX_FIELD
 from .build import BuildOptions, FieldSource, build_store, store_name
 from .decode_tasks import file_array, image_array
+from .fields import (
+    ENCODED_FIELD,
+    FILE_DIGEST_FIELD,
+    FILE_STAT_FIELD,
+    IMAGE_FIELD,
+    PATH_FIELD,
+    PATH_WIDTH,
+    file_stat,
+)
 from .permute import as_dask, write_order
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
 from .survey import SurveyOptions, survey_images
 
-IMAGE_FIELD = "images"
-ENCODED_FIELD = "images_encoded"
 IMAGE_STORAGE = ("pixels", "encoded", "both")
-PATH_FIELD = "path"
 
 
 def ingest_images(
@@ -71,6 +78,8 @@ def ingest_images(
     max_pixels: int | None = MAX_PIXELS,
     overwrite: bool = False,
     resume: bool = False,
+    append: bool = False,
+    by_content: bool = False,
     progress: bool = True,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Dataset:
@@ -101,6 +110,12 @@ def ingest_images(
     target: ``resume=True`` continues it — when the files, labels and settings are the same — and
     gives the store an uninterrupted run would have; otherwise the next ingest removes them, saying so.
 
+    ``append=True`` adds to the store (made by an earlier ingest, with the same settings) the files it
+    does not hold yet, known by path, size and modification time (``by_content=True``: by their bytes,
+    so a file renamed or only touched is not added again); new classes extend the class list, old
+    numbers kept; the new part is shuffled within itself; readers see the old count or the new one
+    (`outcore.ingest.append`). A stored file that changed is an error naming it.
+
     >>> ds = outcore.ingest_images("photos/train", "train.zarr", shape=(128, 128, 3))  # doctest: +SKIP
     >>> ds.classes  # doctest: +SKIP
     ['cat', 'dog']
@@ -109,7 +124,7 @@ def ingest_images(
     """
     check_target(location)  # before any work: a URL outcore cannot write to is refused, never made a local folder
     table = scan_image_folder(source)
-    return _ingest_table(table, location, **_image_options(locals()))
+    return _ingest_or_append(table, location, _image_options(locals()), append, by_content)
 
 
 def ingest_dataframe(
@@ -135,6 +150,8 @@ def ingest_dataframe(
     max_pixels: int | None = MAX_PIXELS,
     overwrite: bool = False,
     resume: bool = False,
+    append: bool = False,
+    by_content: bool = False,
     progress: bool = True,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Dataset:
@@ -155,7 +172,7 @@ def ingest_dataframe(
     table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype)
     if table.missing and on_error == "raise":
         raise missing_files_error(table)
-    return _ingest_table(table, location, **_image_options(locals()))
+    return _ingest_or_append(table, location, _image_options(locals()), append, by_content)
 
 
 def missing_files_error(table: SourceTable) -> SourceError:
@@ -176,9 +193,20 @@ def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
     return {name: arguments[name] for name in IMAGE_OPTIONS}
 
 
-def ingest_table(table: SourceTable, location: str | os.PathLike, **options: Any) -> Dataset:
+def _ingest_or_append(table: SourceTable, location: str | os.PathLike, options: dict[str, Any], append: bool,
+                      by_content: bool) -> Dataset:
+    if append:
+        return append_table(table, location, _ingest_table, options, by_content=by_content)
+    if by_content:
+        raise OptionError("by_content=True says how an append tells new files from stored ones: pass append=True")
+    return _ingest_table(table, location, **options)
+
+
+def ingest_table(table: SourceTable, location: str | os.PathLike, *, append: bool = False, by_content: bool = False,
+                 classes: Mapping[str, Sequence[str]] | None = None, **options: Any) -> Dataset:
     """Ingest the files of ``table`` into a store at ``location``, with the keywords of `ingest_images`
-    (``shape`` required; the others default as there)."""
+    (``shape`` required; the others default as there); with ``append``, add them to it, ending with the
+    class lists ``classes`` when given (`outcore.ingest.append.append_table`)."""
     unknown = sorted(set(options) - set(IMAGE_OPTIONS))
     if unknown:
         raise TypeError(f"unknown ingest option(s) {unknown}; the options are {sorted(IMAGE_OPTIONS)}")
@@ -187,7 +215,10 @@ def ingest_table(table: SourceTable, location: str | os.PathLike, **options: Any
     defaults = {name: parameter.default for name, parameter in inspect.signature(ingest_images).parameters.items()
                 if name in IMAGE_OPTIONS and parameter.default is not inspect.Parameter.empty}
     check_target(location)
-    return _ingest_table(table, location, **{**defaults, **options})
+    options = {**defaults, **options}
+    if append:
+        return append_table(table, location, _ingest_table, options, by_content=by_content, classes=classes)
+    return _ingest_or_append(table, location, options, False, by_content)
 
 
 def _ingest_table(
@@ -223,15 +254,18 @@ def _ingest_table(
     skip = on_error == "skip"
     order = write_order(len(table), shuffle_on_write, seed)
     paths = [table.paths[i] for i in order]
-    stats = [_file_stat(path) for path in paths]
+    stats = [file_stat(path) for path in paths]
     layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), chunk_size)
-    fields = _table_fields(table, order, layout.shard_size)
+    fields = _table_fields(table, order, stats, layout.shard_size)
     options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite, storage_options)
     settings = (shape, resize, dtype.str, images, max_side, quality, layout, str(options.compression), shuffle_on_write,
                 seed, on_error, max_pixels)
     decode = ImageDecode(shape, dtype.name, None if shape[0] is None else resize)
+    recipe = {"shape": list(shape), "resize": resize, "dtype": dtype.name, "images": images, "max_side": max_side,
+              "quality": quality, "max_pixels": max_pixels}
     run = {"shuffled_on_write": shuffle_on_write, "seed": seed if shuffle_on_write else None,
-           "source": table.description, "manifest": _manifest(table, paths, stats, settings), "resume": resume}
+           "source": table.description, "manifest": _manifest(table, paths, stats, settings), "resume": resume,
+           "recipe": recipe}
     if surveyed:
         survey = SurveyOptions(decode.channels, dtype, max_side, quality, on_error, max_pixels)
 
@@ -241,13 +275,15 @@ def _ingest_table(
             files = FieldSource(file_array(found.paths, found.nbytes, layout.shard_size),
                                 FieldInfo("input", encoding=IMAGE_ENCODING, decode=decode), found.nbytes,
                                 found.shapes if decode.variable else None)
-            return {IMAGE_FIELD: files, **fields}, as_dask(found.errors, layout.shard_size) if skip else None
+            digests = FieldSource(as_dask(found.digests, layout.shard_size), FieldInfo("metadata"))
+            return ({IMAGE_FIELD: files, **fields, FILE_DIGEST_FIELD: digests},
+                    as_dask(found.errors, layout.shard_size) if skip else None)
 
         build_store(location, prepare, options, **run)
         return open_dataset(location, storage_options=storage_options)
     # One task decodes a whole shard's images and the write task that needs them runs where they are:
     # decoded pixels (7x the JPEG bytes) never travel between workers.
-    pixels, files, errors = image_array(
+    pixels, files, errors, digests = image_array(
         paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
         keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images], max_pixels=max_pixels,
     )
@@ -261,13 +297,14 @@ def _ingest_table(
         )
     # with on_error="raise" a bad file stops the ingest: no sample is left out, and each shard is final
     # (uploaded as soon as it is written, for an object store) instead of kept for compaction
+    fields[FILE_DIGEST_FIELD] = FieldSource(digests, FieldInfo("metadata"))
     build_store(location, {**images_fields, **fields}, options, errors=errors if skip else None, **run)
     return open_dataset(location, storage_options=storage_options)
 
 
 def _check_label_names(table: SourceTable) -> None:
     """Label columns may not take the names of outcore's own fields or of their arrays."""
-    reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD}
+    reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD, FILE_STAT_FIELD, FILE_DIGEST_FIELD}
     clash = {name for name in table.labels
              if {name, name.removesuffix(RANGES_SUFFIX), name.removesuffix(SHAPES_SUFFIX)} & reserved}
     if clash:
@@ -283,16 +320,21 @@ def _layout_sample_nbytes(shape: tuple[int | None, ...], dtype: np.dtype, stats:
     return math.prod(shape) * dtype.itemsize
 
 
-def _table_fields(table: SourceTable, order: np.ndarray, block_size: int) -> dict[str, FieldSource]:
-    """The fields beside the pictures: labels, ``path`` and ``source_index``, in the stored order."""
+def _table_fields(table: SourceTable, order: np.ndarray, stats: list[tuple[int, int]],
+                  block_size: int) -> dict[str, FieldSource]:
+    """The fields beside the pictures, in the stored order: labels, ``path``, ``source_index`` and
+    ``file_stat`` (what an append compares to find the files that are new)."""
     fields = {}
     for name, values in table.labels.items():
         role = "sample_weight" if name in WEIGHT_NAMES and name not in table.classes else "target"
         fields[name] = FieldSource(as_dask(values[order], block_size), FieldInfo(role, table.classes.get(name)))
     fields[PATH_FIELD] = FieldSource(
-        as_dask(encode_text(np.array(table.names)[order]), block_size), FieldInfo("metadata", encoding=TEXT_ENCODING)
+        as_dask(encode_text(np.array(table.names)[order], PATH_WIDTH), block_size),
+        FieldInfo("metadata", encoding=TEXT_ENCODING),
     )
     fields[SOURCE_INDEX_FIELD] = FieldSource(as_dask(order, block_size), FieldInfo("metadata"))
+    fields[FILE_STAT_FIELD] = FieldSource(as_dask(np.array(stats, dtype=np.int64).reshape(-1, 2), block_size),
+                                          FieldInfo("metadata"))
     return fields
 
 
@@ -304,12 +346,3 @@ def _manifest(table: SourceTable, paths: list[str], stats: list[tuple[int, int]]
         digest.update(name.encode() + np.ascontiguousarray(table.labels[name]).tobytes())
         digest.update(json.dumps(table.classes.get(name)).encode())
     return {"ingest": "images", "fingerprint": digest.hexdigest()}
-
-
-def _file_stat(path: str) -> tuple[int, int]:
-    """``(size, modification time in ns)``; zeros for a file that cannot be read (the decoder reports it)."""
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return 0, 0
-    return stat.st_size, stat.st_mtime_ns

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..dataset import Dataset
+from ..dataset import Dataset, open_dataset
 from ..errors import OptionError, SourceError
 from ..storage import is_url
 from ..storage.splits import INDEX_FORMAT, SPLITS_INDEX
@@ -141,6 +141,8 @@ def ingest_splits(
     root: str | os.PathLike | None = None,
     zip: bool = False,
     seed: int = 0,
+    append: bool = False,
+    by_content: bool = False,
     **options: Any,
 ) -> dict[str, Dataset]:
     """Ingest ``source`` into one store per split in ``folder`` (``<split>.zarr``, or ``<split>.zip`` with
@@ -154,6 +156,10 @@ def ingest_splits(
     ``<split>/<class>/<image>`` layout. ``split_column`` takes each CSV row's split from that column
     instead. Every store gets the classes of all splits. ``seed`` also seeds each store's shuffle on
     write; the other keywords are those of `ingest_images` (``shape`` is required), for every split.
+
+    ``append=True`` adds the files the stores lack, each to its split (by the same rule, which must be
+    the one ``splits.json`` records), and gives every store the same grown class list (`ingest_images`
+    says how new files are told from stored ones, and ``by_content``).
 
     >>> stores = outcore.ingest_splits("photos", "photos-splits", split={"train": 0.8, "val": 0.2},
     ...                                shape=(128, 128, 3))  # doctest: +SKIP
@@ -192,10 +198,30 @@ def ingest_splits(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     suffix = ".zip" if zip else ".zarr"
-    stores = {name: ingest_table(part, folder / f"{name}{suffix}", seed=seed, **options)
+    grow = {"append": True, "by_content": by_content, "classes": _grown_classes(folder, tables, rule)} \
+        if append else {"by_content": by_content}
+    stores = {name: ingest_table(part, folder / f"{name}{suffix}", seed=seed, **grow, **options)
               for name, part in tables.items()}
     _write_index(folder, stores, rule, suffix)
     return stores
+
+
+def _grown_classes(folder: Path, tables: Mapping[str, SourceTable], rule: dict[str, Any]) -> dict[str, list[str]]:
+    """For an append: each class field's list in every split's store, the stored list extended by the new
+    classes of all splits (sorted), so that a label keeps one meaning across the splits."""
+    index = folder / SPLITS_INDEX
+    if not index.exists():
+        return {name: list(classes) for name, classes in next(iter(tables.values())).classes.items()}
+    recorded = json.loads(index.read_text())
+    if recorded.get("rule") != json.loads(json.dumps(rule)):
+        raise OptionError(f"{folder} was split by {recorded.get('rule')}, not {rule}: append with the same split "
+                          "rule, so that every file keeps its split")
+    stored = open_dataset(folder / recorded["splits"][next(iter(recorded["splits"]))]["store"])
+    grown = {}
+    for name, classes in next(iter(tables.values())).classes.items():
+        old = list(stored.attrs.fields[name].classes or ())
+        grown[name] = old + sorted(set(classes) - set(old))
+    return grown
 
 
 def _write_index(folder: Path, stores: Mapping[str, Dataset], rule: dict[str, Any], suffix: str) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ImageError
 from ..imaging import MAX_PIXELS, read_image_file, shrink_image
-from .decode_tasks import ERROR_DTYPE, bad_file
+from .decode_tasks import DIGEST_SIZE, ERROR_DTYPE, bad_file, file_digest
 from .scheduler import run_tasks
 
 JPEG_START = b"\xff\xd8"
@@ -29,12 +29,14 @@ BLOCK = 64  # files per task: small enough to balance, large enough that schedul
 @dataclass(frozen=True)
 class Survey:
     """What to store for each file: ``paths`` (the file, or its smaller copy; ``""`` for a bad file),
-    ``shapes`` (N, 3) as decoded, ``nbytes`` to store, and ``errors`` (``""`` for every good file)."""
+    ``shapes`` (N, 3) as decoded, ``nbytes`` to store, ``errors`` (``""`` for every good file) and
+    ``digests`` (N, 16), each source file's `outcore.ingest.decode_tasks.file_digest`."""
 
     paths: list[str]
     shapes: np.ndarray
     nbytes: np.ndarray
     errors: np.ndarray
+    digests: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,11 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
     array([375, 500,   3], dtype=int32)
     """
     saved = scratch / "survey.npz"
-    if saved.exists():  # a resumed run: its survey is done
+    if saved.exists():  # a resumed run: its survey is done (unless an older outcore saved it without digests)
         with np.load(saved, allow_pickle=False) as survey:
-            return Survey(survey["paths"].tolist(), survey["shapes"], survey["nbytes"], survey["errors"])
+            if "digests" in survey.files:
+                return Survey(survey["paths"].tolist(), survey["shapes"], survey["nbytes"], survey["errors"],
+                              survey["digests"])
     scratch.mkdir(parents=True, exist_ok=True)
     starts = range(0, len(paths), BLOCK)
     survey = dask.delayed(_survey_block, pure=False)
@@ -75,18 +79,20 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
         np.concatenate([block[1] for block in blocks]) if blocks else np.zeros((0, 3), np.int32),
         np.concatenate([block[2] for block in blocks]) if blocks else np.zeros(0, np.int64),
         np.concatenate([block[3] for block in blocks]) if blocks else np.zeros(0, ERROR_DTYPE),
+        np.concatenate([block[4] for block in blocks]) if blocks else np.zeros((0, DIGEST_SIZE), np.uint8),
     )
     partial = scratch / "survey.partial.npz"
     np.savez(partial, paths=np.array(result.paths, dtype=str), shapes=result.shapes, nbytes=result.nbytes,
-             errors=result.errors)
+             errors=result.errors, digests=result.digests)
     os.replace(partial, saved)
     return result
 
 
 def _survey_block(paths: list[str], start: int, options: SurveyOptions,
-                  scratch: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+                  scratch: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     stored, shapes = list(paths), np.zeros((len(paths), 3), np.int32)
     nbytes, errors = np.zeros(len(paths), np.int64), np.zeros(len(paths), ERROR_DTYPE)
+    digests = np.zeros((len(paths), DIGEST_SIZE), np.uint8)
     for i, path in enumerate(paths):
         try:
             data = read_image_file(path)
@@ -102,4 +108,5 @@ def _survey_block(paths: list[str], start: int, options: SurveyOptions,
             stored[i] = os.path.join(scratch, f"{start + i}{suffix}")
             Path(stored[i]).write_bytes(smaller)
         shapes[i], nbytes[i] = shape, len(data) if smaller is None else len(smaller)
-    return stored, shapes, nbytes, errors
+        digests[i] = file_digest(data)
+    return stored, shapes, nbytes, errors, digests

@@ -9,7 +9,7 @@ import os
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, Any, Self
 
 import numpy as np
 import zarr
@@ -181,20 +181,7 @@ class Writer:
         self._save_attrs(StoreAttrs(0, layout.chunk_size, infos, provenance=provenance("outcore.Writer")))
 
     def _lock(self) -> None:
-        """Hold the store's writer lock (``.<name>.writer-lock`` beside the store: zarr warns of files in a
-        group that are not its own) while this Writer is open. The file is never removed: a removed lock
-        file could be locked by two writers through two inodes."""
-        self.location.parent.mkdir(parents=True, exist_ok=True)
-        file = open(self.location.with_name(f".{self.location.name}.writer-lock"), "a+")  # noqa: SIM115 - until close()
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            file.close()
-            raise StoreBusyError(
-                f"another Writer (in this process or another) is writing {self._shown}: close it first; "
-                "two writers would interleave their shards and sample counts"
-            ) from None
-        self._lock_file = file
+        self._lock_file = writer_lock(self.location, self._shown)
 
     def _unlock(self) -> None:
         if self._lock_file is not None:
@@ -238,7 +225,7 @@ class Writer:
                 raise SourceError(
                     f"field {name!r}: batch samples have shape {values.shape[1:]}, the store's {array.shape[1:]}"
                 )
-            checked[name] = _cast(name, values, np.dtype(array.dtype))
+            checked[name] = cast_values(name, values, np.dtype(array.dtype))
         return checked
 
     def _write_until(self, stop: int) -> None:
@@ -277,13 +264,31 @@ class Writer:
         self._attrs = attrs
 
 
-def _cast(name: str, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def writer_lock(location: Path, shown: str) -> IO[str]:
+    """Hold the writer lock of the store at ``location`` (``.<name>.writer-lock`` beside it: zarr warns of
+    files in a group that are not its own) until the returned file is closed; `StoreBusyError` while
+    another writer (a `Writer`, an append) holds it. The file is never removed: a removed lock file
+    could be locked by two writers through two inodes."""
+    location.parent.mkdir(parents=True, exist_ok=True)
+    file = open(location.with_name(f".{location.name}.writer-lock"), "a+")  # noqa: SIM115 - the caller closes it
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.close()
+        raise StoreBusyError(
+            f"another writer (a Writer or an append, in this process or another) is writing {shown}: let it "
+            "finish first; two writers would interleave their shards and sample counts"
+        ) from None
+    return file
+
+
+def cast_values(name: str, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """``values`` as ``dtype``; a cast that would change a value (an integer out of range, an integer
     a float cannot hold exactly, a float beyond the range of a smaller float, a float into an integer
     field) is a `SourceError` naming the field and both dtypes. Floats rounding into a smaller float
     type (float64 predictions into a float32 field) are allowed: that is what float storage does.
 
-    >>> _cast("labels", np.array([300]), np.dtype("int8"))
+    >>> cast_values("labels", np.array([300]), np.dtype("int8"))
     Traceback (most recent call last):
     ...
     outcore.errors.SourceError: field 'labels': the int64 values 300..300 do not fit its int8 dtype (-128..127); store them in a wider field, or convert them yourself

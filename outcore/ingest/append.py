@@ -1,0 +1,504 @@
+"""Add new files to an image store in place: ``ingest_images(..., append=True)``, ``outcore ingest --append``.
+
+Which files are new is decided against what the store records of its own: ``path``, and ``file_stat``
+(size and modification time); with ``by_content``, ``file_digest`` (a file renamed or only touched is
+then known by its bytes). A stored file whose size or time changed is an error naming it: an append
+adds files, it never replaces one silently. The new files are then
+
+1. ingested on their own into a part store beside the target, with the store's own settings (decoded in
+   parallel, shuffled within themselves, bad files skipped or refused, resumable: `outcore.ingest.build`);
+2. spliced onto the store: the shards from the store's last, partial, one on are written into a splice
+   folder beside it, the partial shard's old samples first (the same bytes again), in the store's own
+   array settings; encoded pictures are placed so that every chunk's files fit its region;
+3. published: each shard file replaces the store's in one step (a reader of the old count reads the
+   same old samples from it), then each array's metadata with its new shape, and last the group's,
+   holding the new sample count, the grown class lists (old numbers kept) and the part's provenance.
+
+Readers see the old count or the new one, never a mix. A killed append leaves the store as it was (at
+most with shard files past its count, which nothing reads); running it again finishes it, the part's
+ingest resuming where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dask
+import numpy as np
+import zarr
+
+from ..dataset import Dataset, open_dataset
+from ..errors import OptionError, OutcoreWarning, SourceError
+from ..format import ATTRS_KEY, StoreAttrs, decode_text, encode_text, ranges_name, shapes_name
+from ..imaging import parse_image_dtype, parse_image_shape, parse_resize
+from ..storage import (
+    consolidate,
+    describe_classes,
+    is_url,
+    is_zip,
+    make_durable,
+    open_group,
+    read_files,
+    remove_path,
+    stored_nbytes,
+    writable,
+    write_encoded_shard,
+)
+from ..storage.safety import check_safe, read_attrs
+from ..threads import available_cpus
+from .arrays import SOURCE_INDEX_FIELD
+from .build import MAX_SKIPPED_IN_ATTRS, provenance, report_path
+from .decode_tasks import file_digest
+from .fields import FILE_DIGEST_FIELD, FILE_STAT_FIELD, PATH_FIELD, file_stat
+from .scheduler import run_tasks
+from .sources import SourceTable
+from .writer import cast_values, writer_lock
+
+Ingest = Callable[..., Dataset]  # `images._ingest_table`: a table into a new store, with the image options
+LABEL_ROLES = ("target", "sample_weight")
+MAX_SHOWN = 3  # files named in a message
+
+
+@dataclass(frozen=True)
+class StoredFiles:
+    """What a store records of its files: ``names`` (relative paths), ``stats`` (N, 2: size, mtime in ns),
+    ``digests`` (N, 16, read only for ``by_content``) and each label field's values."""
+
+    names: np.ndarray
+    stats: np.ndarray
+    digests: np.ndarray | None
+    labels: dict[str, np.ndarray]
+
+
+def append_table(
+    table: SourceTable,
+    location: str | os.PathLike,
+    ingest: Ingest,
+    options: dict[str, Any],
+    *,
+    by_content: bool = False,
+    classes: Mapping[str, Sequence[str]] | None = None,
+) -> Dataset:
+    """Add the files of ``table`` that the store at ``location`` lacks (see the module); return the store.
+
+    ``ingest(table, location, **options)`` writes a store of ``table`` with the image ``options`` (those
+    of `outcore.ingest_images`, checked against the settings the store was made with). ``classes`` are
+    the class lists the store should end with (each its old list extended; `ingest_splits` gives every
+    split the same), by default the old lists extended by the new files' classes, sorted.
+    """
+    if is_url(location) or is_zip(location):
+        raise OptionError(f"append adds to a local directory store, not {str(location)!r}: append to the "
+                          "directory, then pack or upload it")
+    if options["overwrite"]:
+        raise OptionError("append=True adds to the store and overwrite=True replaces it: pass one of them")
+    target = Path(location)
+    if not target.exists():  # the first run of a recurring append: an ordinary ingest
+        return ingest(_part_table(table, np.arange(len(table)), dict(classes or table.classes)), target, **options)
+    lock = writer_lock(target, str(target))
+    try:
+        group = open_group(target, mode="r")
+        attrs = read_attrs(group, str(target))
+        check_safe(group, list(group.array_keys()), str(target))
+        _check_recipe(attrs, options, str(target))
+        stored = _stored_files(group, attrs, str(target), by_content)
+        labels = label_fields(attrs)
+        new = _new_rows(table, stored, labels, attrs, by_content, str(target))
+        grown = _grown_classes(attrs, table, new, classes, str(target))
+        if len(new) == 0:
+            if grown != {name: attrs.fields[name].classes for name in grown}:
+                _save_attrs(target, _with_classes(attrs, grown))
+            return open_dataset(target)
+        _check_fits(group, table, new, attrs, labels, str(target))
+        part_table = _part_table(table, new, grown)
+        part = target.with_name(f".{target.name}.append.zarr")
+        ingest(part_table, part, **{**options, "overwrite": True, "resume": True, "storage_options": None})
+        _splice(target, part, attrs, grown, _next_source_index(group, attrs), options)
+        remove_path(part)
+        remove_path(report_path(part))
+    finally:
+        lock.close()
+    return open_dataset(target)
+
+
+def label_fields(attrs: StoreAttrs) -> list[str]:
+    """The fields of an image store that came from the source's labels (folders, or a table's columns)."""
+    return [name for name, info in attrs.fields.items() if info.role in LABEL_ROLES]
+
+
+def _check_recipe(attrs: StoreAttrs, options: dict[str, Any], shown: str) -> None:
+    """The options that make samples must be those the store's samples were made with."""
+    recipe = attrs.provenance.get("recipe")
+    if not recipe or FILE_STAT_FIELD not in attrs.fields:
+        raise OptionError(
+            f"{shown} does not record its files' sizes and times (it was not made by an image ingest of this "
+            "outcore version), so the new files cannot be told from the old: ingest all of them again once "
+            "(overwrite=True); later runs can append"
+        )
+    shape = parse_image_shape(options["shape"])
+    given = {"shape": list(shape), "dtype": parse_image_dtype(options["dtype"]).name, "images": options["images"],
+             "resize": parse_resize(options["resize"]), "max_side": options["max_side"], "quality": options["quality"]}
+    relevant = [name for name in given if name != "quality" or recipe.get("max_side") is not None]
+    if shape[0] is None:
+        relevant.remove("resize")
+    for name in relevant:
+        if given[name] != recipe.get(name):
+            stored = ",".join("none" if s is None else str(s) for s in recipe["shape"]) if name == "shape" \
+                else recipe.get(name)
+            raise OptionError(f"{shown} was made with {name} {stored!r}, not {given[name]!r}: append with the "
+                              f"store's settings ({name}={stored!r}) so that old and new samples are alike")
+
+
+def _stored_files(group: zarr.Group, attrs: StoreAttrs, shown: str, by_content: bool) -> StoredFiles:
+    count = attrs.num_samples
+    if by_content and FILE_DIGEST_FIELD not in attrs.fields:
+        raise OptionError(f"{shown} records no file digests: append without by_content=True")
+    labels = {name: group[name][:count] for name in label_fields(attrs)}
+    return StoredFiles(decode_text(group[PATH_FIELD][:count]), group[FILE_STAT_FIELD][:count],
+                       group[FILE_DIGEST_FIELD][:count] if by_content else None, labels)
+
+
+def _new_rows(table: SourceTable, stored: StoredFiles, labels: list[str], attrs: StoreAttrs, by_content: bool,
+              shown: str) -> np.ndarray:
+    """The rows of ``table`` to add; a stored file that changed, or whose label did, is a `SourceError`."""
+    if sorted(table.labels) != sorted(labels):
+        raise SourceError(f"the source has label field(s) {sorted(table.labels)}, {shown} has {sorted(labels)}: "
+                          "append from a source of the same columns")
+    where = {name: i for i, name in enumerate(stored.names.tolist())}
+    known = np.array([where.get(name, -1) for name in table.names], dtype=np.int64)
+    old = known >= 0
+    now = np.array([file_stat(path) for path in table.paths], dtype=np.int64).reshape(-1, 2)
+    changed = old & (now != stored.stats[np.maximum(known, 0)]).any(axis=1) if len(stored.names) else old
+    new = ~old
+    if by_content:
+        hashed = np.flatnonzero(changed | new)
+        seen = {digest.tobytes() for digest in stored.digests}
+        for i, digest in zip(hashed, _digests([table.paths[i] for i in hashed]), strict=True):
+            if old[i]:  # only its time changed, or its bytes too
+                changed[i] = digest.tobytes() != stored.digests[known[i]].tobytes()
+            else:  # a renamed or copied file is not added again, nor two copies of one new file
+                new[i] = digest.tobytes() not in seen
+                seen.add(digest.tobytes())
+    if changed.any():
+        rows = np.flatnonzero(changed)[:MAX_SHOWN]
+        shown_files = ", ".join(f"{table.names[i]!r} ({stored.stats[known[i], 0]} → {now[i, 0]} bytes)" for i in rows)
+        advice = "" if by_content else ", or by_content=True when only their times changed"
+        raise SourceError(f"{changed.sum()} file(s) of {shown} changed since they were ingested (e.g. {shown_files}); "
+                          f"an append adds files, it does not replace them: ingest all again with overwrite=True{advice}")
+    _check_labels(table, stored, known, attrs, shown)
+    gone = len(stored.names) - len(set(known[old].tolist()))
+    if gone:
+        examples = sorted(set(stored.names.tolist()) - {table.names[i] for i in np.flatnonzero(old)})[:MAX_SHOWN]
+        warnings.warn(f"{gone} file(s) of {shown} are no longer in {table.description} (e.g. {examples}); "
+                      "their samples stay in the store", OutcoreWarning, stacklevel=4)
+    return np.flatnonzero(new)
+
+
+def _digests(paths: list[str]) -> np.ndarray:
+    """The files' `file_digest`, read and hashed on a few threads (hashing releases the GIL)."""
+    def digest(path: str) -> np.ndarray:
+        with open(path, "rb") as file:
+            return file_digest(file.read())
+    with ThreadPoolExecutor(max(1, available_cpus())) as pool:
+        found = list(pool.map(digest, paths))
+    return np.array(found, dtype=np.uint8).reshape(-1, 16)
+
+
+def _check_labels(table: SourceTable, stored: StoredFiles, known: np.ndarray, attrs: StoreAttrs, shown: str) -> None:
+    """A stored file's label in the source must be the one stored (a relabelled CSV is an error)."""
+    rows = np.flatnonzero(known >= 0)
+    for name, values in table.labels.items():
+        stored_classes, source_classes = attrs.fields[name].classes, table.classes.get(name)
+        if (stored_classes is None) != (source_classes is None):
+            kind = "class names" if source_classes is not None else "numbers"
+            raise SourceError(f"label field {name!r}: the source holds {kind}, {shown} does not; append from "
+                              "a source whose labels are alike (label_dtype= says what a column holds)")
+        before, after = stored.labels[name][known[rows]], values[rows]
+        if stored_classes is not None:
+            before, after = np.array(stored_classes)[before], np.array(source_classes)[after]
+        differ = np.flatnonzero(before != after)
+        if len(differ):
+            j = differ[0]
+            raise SourceError(f"label field {name!r}: {len(differ)} stored file(s) have another label in the source "
+                              f"(e.g. {table.names[rows[j]]!r}: {before[j].item()!r} stored, {after[j].item()!r} now); "
+                              "an append adds files, it does not relabel them: ingest all again with overwrite=True")
+
+
+def _grown_classes(attrs: StoreAttrs, table: SourceTable, new: np.ndarray,
+                   classes: Mapping[str, Sequence[str]] | None, shown: str) -> dict[str, tuple[str, ...]]:
+    """Each class field's list after the append: the old names in their order, then the new ones."""
+    grown = {}
+    for name, names in table.classes.items():
+        old = attrs.fields[name].classes
+        if classes is not None and name in classes:
+            wanted = tuple(classes[name])
+        else:
+            added = sorted(set(np.array(names)[table.labels[name][new]].tolist()) - set(old)) if len(new) else []
+            wanted = (*old, *added)
+        if wanted[: len(old)] != old:
+            raise OptionError(f"label field {name!r}: the classes {list(wanted)} do not start with those of "
+                              f"{shown} ({list(old)}); an append keeps the old numbers")
+        grown[name] = wanted
+    return grown
+
+
+def _check_fits(group: zarr.Group, table: SourceTable, new: np.ndarray, attrs: StoreAttrs, labels: list[str],
+                shown: str) -> None:
+    """Refuse, before decoding anything, new paths longer than the store's path field holds and
+    numeric labels its fields cannot hold."""
+    width = group[PATH_FIELD].shape[1]
+    longest = max(new, key=lambda i: len(table.names[i].encode()))
+    if len(table.names[longest].encode()) > width:
+        raise SourceError(f"{table.names[longest]!r} is longer than the {width} bytes the path field of {shown} "
+                          "holds: ingest all the files again with overwrite=True (new stores hold 256 bytes or more)")
+    for name in labels:
+        if attrs.fields[name].classes is None:
+            cast_values(name, table.labels[name][new], np.dtype(group[name].dtype))
+
+
+def _part_table(table: SourceTable, new: np.ndarray, grown: Mapping[str, Sequence[str]]) -> SourceTable:
+    """The new files, with class labels numbered as in the grown lists."""
+    labels = {}
+    for name, values in table.labels.items():
+        if name in grown:
+            number = {c: i for i, c in enumerate(grown[name])}
+            values = np.array([number[c] for c in np.array(table.classes[name])[values[new]]], dtype=np.int64)
+        else:
+            values = values[new]
+        labels[name] = values
+    return SourceTable([table.paths[i] for i in new], [table.names[i] for i in new], labels,
+                       {name: tuple(names) for name, names in grown.items()}, description=table.description)
+
+
+def _next_source_index(group: zarr.Group, attrs: StoreAttrs) -> int:
+    """Where the part's ``source_index`` numbers start: after every number the store holds."""
+    return int(group[SOURCE_INDEX_FIELD][: attrs.num_samples].max(initial=-1)) + 1
+
+
+def _with_classes(attrs: StoreAttrs, grown: dict[str, tuple[str, ...]]) -> StoreAttrs:
+    fields = {name: dataclasses.replace(info, classes=grown[name]) if name in grown else info
+              for name, info in attrs.fields.items()}
+    return dataclasses.replace(attrs, fields=fields)
+
+
+def _save_attrs(target: Path, attrs: StoreAttrs) -> None:
+    group = open_group(target, mode="r+")
+    describe_classes(group, attrs.fields)
+    group.attrs[ATTRS_KEY] = attrs.to_dict()
+    consolidate(target)
+
+
+# --- the splice ---------------------------------------------------------------------------------------
+
+
+def _splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[str, tuple[str, ...]],
+            first_source_index: int, options: dict[str, Any]) -> None:
+    """Write the part's samples after the store's (see the module), then publish them."""
+    store, part = open_group(target, mode="r"), open_group(part_location, mode="r")
+    part_attrs = read_attrs(part, str(part_location))
+    if set(part_attrs.fields) != set(attrs.fields):
+        raise SourceError(f"the appended part has fields {sorted(part_attrs.fields)}, {target} has "
+                          f"{sorted(attrs.fields)}: it was made with other settings; append with the store's")
+    count, added = attrs.num_samples, part_attrs.num_samples
+    total, first = count + added, store[next(iter(attrs.fields))]
+    shard = (first.shards or first.chunks)[0]
+    start = count // shard * shard
+    encoded = [name for name, info in attrs.fields.items() if info.is_image]
+    order = _fitting_order(store, part, encoded, count, added, attrs.chunk_size, str(target))
+    splice = target.with_name(f".{target.name}.append-splice")
+    remove_path(splice)
+    _copy_metadata(target, splice, store, encoded, total, attrs.chunk_size)
+    spec = _Splice(str(target), str(part_location), str(splice), sorted(attrs.fields), count, order,
+                   attrs.chunk_size, encoded, first_source_index)
+    write = dask.delayed(_splice_shard, pure=False)
+    bounds = [(s, min(total, s + shard)) for s in range(start, total, shard)]
+    run_tasks([write(spec, a, b) for a, b in bounds], [b - max(a, count) for a, b in bounds],
+              client=options["client"], progress=options["progress"], description=f"append → {target.name}")
+    appended = {**provenance(part_attrs.provenance.get("source", "")), "first_sample": count, "samples": added,
+                "shuffled_on_write": part_attrs.shuffled_on_write, "seed": part_attrs.seed}
+    history = [*attrs.provenance.get("appended", []), appended]
+    new_attrs = dataclasses.replace(_with_classes(attrs, grown), num_samples=total,
+                                    provenance={**attrs.provenance, "appended": history},
+                                    skipped=_merged_skipped(target, part_location, attrs, part_attrs))
+    group = open_group(splice, mode="r+")
+    describe_classes(group, new_attrs.fields)
+    group.attrs[ATTRS_KEY] = new_attrs.to_dict()
+    consolidate(splice)
+    _publish(splice, target)
+    remove_path(splice)
+
+
+def _fitting_order(store: zarr.Group, part: zarr.Group, encoded: list[str], count: int, added: int,
+                   chunk_size: int, shown: str) -> np.ndarray:
+    """The order of the part's samples after the store's: the part's own (shuffled on write), with the
+    fewest swaps that make every chunk's encoded files fit its region (`fitting_order`)."""
+    order = np.arange(added)
+    for name in encoded:
+        used = int(stored_nbytes(store, name, count)[count // chunk_size * chunk_size :].sum())
+        capacity, nbytes = store[name].chunks[0], stored_nbytes(part, name, added)
+        if name == encoded[0]:
+            order = fitting_order(nbytes, count, used, chunk_size, capacity, name, shown)
+        elif _chunk_loads(nbytes[order], count, used, chunk_size).max() > capacity:
+            raise SourceError(f"field {name!r}: the appended files do not fit the chunks of {shown}; ingest all "
+                              "the files again with overwrite=True")
+    return order
+
+
+def _chunk_loads(nbytes: np.ndarray, first: int, used: int, chunk_size: int) -> np.ndarray:
+    slots = (first + np.arange(len(nbytes))) // chunk_size - first // chunk_size
+    loads = np.bincount(slots, weights=nbytes, minlength=int(slots[-1]) + 1 if len(slots) else 1).astype(np.int64)
+    loads[0] += used
+    return loads
+
+
+def fitting_order(nbytes: np.ndarray, first: int, used: int, chunk_size: int, capacity: int, name: str = "images",
+                  shown: str = "the store") -> np.ndarray:
+    """An order of samples of ``nbytes`` bytes, placed from sample ``first`` of a store on (the chunk
+    ``first`` falls in already holds ``used`` bytes), in which each chunk's bytes fit ``capacity``: the
+    given order, with a sample of a chunk over capacity swapped for a smaller one of the chunk with the
+    most room, as few times as needed. A `SourceError` when no swap can make them fit.
+
+    >>> fitting_order(np.array([9, 9, 1, 1]), 0, 0, 2, 10).tolist()
+    [0, 2, 1, 3]
+    """
+    order = np.arange(len(nbytes))
+    slots = (first + order) // chunk_size - first // chunk_size
+    loads = _chunk_loads(nbytes, first, used, chunk_size)
+    for _ in range(len(nbytes) + 1):
+        over = np.flatnonzero(loads > capacity)
+        if not over.size:
+            return order
+        chunk, donor = over[0], int(np.argmin(loads))
+        mine, theirs = np.flatnonzero(slots == chunk), np.flatnonzero(slots == donor)
+        big = mine[np.argmax(nbytes[order[mine]])]
+        small = theirs[np.argmin(nbytes[order[theirs]])]
+        delta = int(nbytes[order[big]] - nbytes[order[small]])
+        if delta <= 0 or loads[donor] + delta > capacity:
+            break
+        order[[big, small]] = order[[small, big]]
+        loads[chunk] -= delta
+        loads[donor] += delta
+    raise SourceError(f"field {name!r}: the appended files are larger than the chunks of {shown} have room for "
+                      f"({capacity} bytes a chunk, sized at ingest by its largest): ingest all the files again "
+                      "with overwrite=True")
+
+
+def _copy_metadata(target: Path, splice: Path, store: zarr.Group, encoded: list[str], total: int,
+                   chunk_size: int) -> None:
+    """The store's group and array metadata in ``splice``, each array's shape grown to ``total`` samples
+    (an encoded field's bytes to as many chunk regions)."""
+    splice.mkdir(parents=True)
+    shutil.copyfile(target / "zarr.json", splice / "zarr.json")
+    for name in store.array_keys():
+        document = json.loads((target / name / "zarr.json").read_text())
+        if name in encoded:  # chunk regions of bytes
+            shape = [-(-total // chunk_size) * store[name].chunks[0]]
+        else:
+            shape = [total, *document["shape"][1:]]
+        (splice / name).mkdir()
+        (splice / name / "zarr.json").write_text(json.dumps({**document, "shape": shape}, indent=2))
+
+
+@dataclass(frozen=True)
+class _Splice:
+    """What every splice task needs: the three folders, the fields, the store's count, the part's order,
+    the chunk size, the encoded fields and the first ``source_index`` of the part."""
+
+    target: str
+    part: str
+    splice: str
+    fields: list[str]
+    count: int
+    order: np.ndarray
+    chunk_size: int
+    encoded: list[str]
+    first_source_index: int
+
+
+def _splice_shard(spec: _Splice, start: int, stop: int) -> None:
+    """Write samples ``start .. stop - 1`` (a shard) of the grown store into the splice folder: the
+    store's own up to its count, then the part's in ``spec.order``."""
+    store, part = open_group(spec.target, mode="r"), open_group(spec.part, mode="r")
+    splice = open_group(spec.splice, mode="r+")
+    old = slice(start, min(stop, spec.count))
+    rows = spec.order[max(start, spec.count) - spec.count : stop - spec.count]
+    for name in spec.fields:
+        if name in spec.encoded:
+            blobs = read_files(store[name], store[ranges_name(name)], old.start, old.stop) if old.stop > old.start \
+                else []
+            write_encoded_shard(splice, name, start, blobs + _take_files(part, name, rows), spec.chunk_size)
+            if shapes_name(name) in splice:
+                _write_rows(splice[shapes_name(name)], start, store[shapes_name(name)][old],
+                            _take(part[shapes_name(name)], rows))
+            continue
+        new = _take(part[name], rows)
+        target_array = splice[name]
+        if name == PATH_FIELD:
+            new = encode_text(decode_text(new), target_array.shape[1])
+        elif name == SOURCE_INDEX_FIELD:
+            new = new + spec.first_source_index
+        _write_rows(target_array, start, store[name][old], new.astype(target_array.dtype, copy=False))
+
+
+def _write_rows(array: zarr.Array, start: int, old: np.ndarray, new: np.ndarray) -> None:
+    writable(array)[start : start + len(old) + len(new)] = np.concatenate([old, new.astype(old.dtype)])
+
+
+def _runs(rows: np.ndarray) -> list[tuple[int, int]]:
+    """``rows`` sorted, as runs ``[start, stop)`` of consecutive numbers."""
+    ordered = np.unique(rows)
+    breaks = np.flatnonzero(np.diff(ordered) != 1) + 1
+    return [(int(run[0]), int(run[-1]) + 1) for run in np.split(ordered, breaks) if len(run)]
+
+
+def _take(array: zarr.Array, rows: np.ndarray) -> np.ndarray:
+    """``array[rows]``, read as a few runs of consecutive rows (the part's order is its own but for swaps)."""
+    if len(rows) == 0:
+        return np.zeros((0, *array.shape[1:]), dtype=array.dtype)
+    runs = _runs(rows)
+    values = np.concatenate([array[a:b] for a, b in runs])
+    position = np.concatenate([np.arange(a, b) for a, b in runs])
+    return values[np.searchsorted(position, rows)]
+
+
+def _take_files(part: zarr.Group, name: str, rows: np.ndarray) -> list[bytes]:
+    files: dict[int, bytes] = {}
+    for a, b in _runs(rows):
+        files.update(zip(range(a, b), read_files(part[name], part[ranges_name(name)], a, b), strict=True))
+    return [files[int(row)] for row in rows]
+
+
+def _publish(splice: Path, target: Path) -> None:
+    """Move the splice folder's shard files into the store, then its arrays' metadata, then its group's:
+    each file in one step, each made durable before the next kind is moved."""
+    shards = [Path(folder, name).relative_to(splice) for folder, _, names in os.walk(splice) for name in names
+              if name != "zarr.json"]
+    metadata = [Path(name, "zarr.json") for name in os.listdir(splice) if (splice / name).is_dir()]
+    for kind in (shards, metadata, [Path("zarr.json")]):
+        make_durable([splice / path for path in kind])
+        for path in kind:
+            (target / path).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(splice / path, target / path)
+        make_durable([target / path for path in kind])
+
+
+def _merged_skipped(target: Path, part_location: Path, attrs: StoreAttrs,
+                    part_attrs: StoreAttrs) -> dict[str, Any] | None:
+    """The store's record of skipped files, with the part's added (and its report appended to the store's)."""
+    if not part_attrs.skipped:
+        return attrs.skipped
+    report = report_path(part_location)
+    if report.exists():
+        with open(report_path(target), "a", encoding="utf-8") as file:
+            file.write(report.read_text(encoding="utf-8"))
+    before = attrs.skipped or {"count": 0, "examples": [], "report": report_path(target).name}
+    examples = [*before["examples"], *part_attrs.skipped["examples"]][:MAX_SKIPPED_IN_ATTRS]
+    return {**before, "count": before["count"] + part_attrs.skipped["count"], "examples": examples}
