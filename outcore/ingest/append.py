@@ -363,8 +363,8 @@ def fitting_order(nbytes: np.ndarray, first: int, used: int, chunk_size: int, ca
                   shown: str = "the store") -> np.ndarray:
     """An order of samples of ``nbytes`` bytes, placed from sample ``first`` of a store on (the chunk
     ``first`` falls in already holds ``used`` bytes), in which each chunk's bytes fit ``capacity``: the
-    given order, with a sample of a chunk over capacity swapped for a smaller one of the chunk with the
-    most room, as few times as needed. A `SourceError` when no swap can make them fit.
+    given order, but for a few swaps of a sample of a chunk over capacity with a smaller one of the chunk
+    with the most room. A `SourceError` when the swaps found cannot make them fit.
 
     >>> fitting_order(np.array([9, 9, 1, 1]), 0, 0, 2, 10).tolist()
     [0, 2, 1, 3]
@@ -372,23 +372,41 @@ def fitting_order(nbytes: np.ndarray, first: int, used: int, chunk_size: int, ca
     order = np.arange(len(nbytes))
     slots = (first + order) // chunk_size - first // chunk_size
     loads = _chunk_loads(nbytes, first, used, chunk_size)
-    for _ in range(len(nbytes) + 1):
+    for _ in range(4 * len(nbytes) + 8):
         over = np.flatnonzero(loads > capacity)
         if not over.size:
             return order
         chunk, donor = over[0], int(np.argmin(loads))
-        mine, theirs = np.flatnonzero(slots == chunk), np.flatnonzero(slots == donor)
-        big = mine[np.argmax(nbytes[order[mine]])]
-        small = theirs[np.argmin(nbytes[order[theirs]])]
-        delta = int(nbytes[order[big]] - nbytes[order[small]])
-        if delta <= 0 or loads[donor] + delta > capacity:
+        swap = _swap(nbytes[order], np.flatnonzero(slots == chunk), np.flatnonzero(slots == donor),
+                     int(loads[chunk] - capacity), int(capacity - loads[donor]))
+        if swap is None:
             break
+        big, small = swap
+        delta = int(nbytes[order[big]] - nbytes[order[small]])
         order[[big, small]] = order[[small, big]]
         loads[chunk] -= delta
         loads[donor] += delta
     raise SourceError(f"field {name!r}: the appended files are larger than the chunks of {shown} have room for "
                       f"({capacity} bytes a chunk, sized at ingest by its largest): ingest all the files again "
                       "with overwrite=True")
+
+
+def _swap(sizes: np.ndarray, mine: np.ndarray, theirs: np.ndarray, excess: int, spare: int) -> tuple[int, int] | None:
+    """Positions ``(a, b)`` of ``mine`` and ``theirs`` whose exchange moves from 1 to ``spare`` bytes to
+    theirs: ``excess`` or more if any pair can, else as many as can be."""
+    theirs = theirs[np.argsort(sizes[theirs], kind="stable")]
+    sorted_sizes = sizes[theirs]
+    best: tuple[int, int, int] | None = None  # (bytes moved, a, b)
+    for a in mine:
+        i = int(np.searchsorted(sorted_sizes, sizes[a] - spare))  # the largest move that still fits
+        if i == len(theirs) or sorted_sizes[i] >= sizes[a]:
+            continue
+        moved = int(sizes[a] - sorted_sizes[i])
+        if moved >= excess:
+            return int(a), int(theirs[i])
+        if best is None or moved > best[0]:
+            best = (moved, int(a), int(theirs[i]))
+    return None if best is None else best[1:]
 
 
 def _copy_metadata(target: Path, splice: Path, store: zarr.Group, encoded: list[str], total: int,
