@@ -192,10 +192,20 @@ def test_bad_new_files_are_skipped_and_reported_beside_the_old_ones(photos, tmp_
     add_photos(photos, ("cat",), 3, seed=4, prefix="new_")
     (photos / "cat" / "new_broken.jpg").write_bytes(b"not a picture")
     grown = ingest(photos, store, append=True, on_error="skip")
-    assert len(grown) == 33 and grown.attrs.skipped["count"] == 1
-    assert "new_broken.jpg" in (tmp_path / "s.zarr.skipped.txt").read_text()
+    report = tmp_path / "s.zarr.skipped.txt"
+    assert len(grown) == 33 and grown.attrs.skipped["count"] == 1 and "new_broken.jpg" in report.read_text()
+    assert len(ingest(photos, store, append=True)) == 33  # a file skipped before, unchanged, is not tried again
+    broken = photos / "cat" / "new_broken.jpg"
+    later = report.stat().st_mtime_ns + 10**9
+    os.utime(broken, ns=(later, later))  # modified since: tried again, and still bad
     with pytest.raises(SourceError, match="new_broken.jpg"):
         ingest(photos, store, append=True)
+    again = ingest(photos, store, append=True, on_error="skip")
+    assert len(again) == 33 and again.attrs.skipped["count"] == 1 and report.read_text().count("new_broken") == 1
+    shutil.copy(photos / "cat" / "cat_000001.jpg", broken)  # mended
+    os.utime(broken, ns=(later + 10**9, later + 10**9))
+    mended = ingest(photos, store, append=True, on_error="skip")
+    assert len(mended) == 34 and mended.attrs.skipped is None and not report.exists()
 
 
 @pytest.mark.parametrize(("nbytes", "used"), [([9, 9, 1, 1, 5, 5], 0), ([8, 8, 3, 2, 2, 1], 4)])

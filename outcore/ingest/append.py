@@ -56,7 +56,7 @@ from ..storage import (
 from ..storage.safety import check_safe, read_attrs
 from ..threads import available_cpus
 from .arrays import SOURCE_INDEX_FIELD
-from .build import MAX_SKIPPED_IN_ATTRS, provenance, report_path
+from .build import AllSkippedError, provenance, report_path, skipped_summary, write_report
 from .decode_tasks import file_digest
 from .fields import FILE_DIGEST_FIELD, FILE_STAT_FIELD, PATH_FIELD, file_stat
 from .scheduler import run_tasks
@@ -111,7 +111,7 @@ def append_table(
         _check_recipe(attrs, options, str(target))
         stored = _stored_files(group, attrs, str(target), by_content)
         labels = label_fields(attrs)
-        new = _new_rows(table, stored, labels, attrs, by_content, str(target))
+        new = _not_skipped_before(target, table, _new_rows(table, stored, labels, attrs, by_content, str(target)))
         grown = _grown_classes(attrs, table, new, classes, str(target))
         if len(new) == 0:
             if grown != {name: attrs.fields[name].classes for name in grown}:
@@ -120,8 +120,16 @@ def append_table(
         _check_fits(group, table, new, attrs, labels, str(target))
         part_table = _part_table(table, new, grown)
         part = target.with_name(f".{target.name}.append.zarr")
-        ingest(part_table, part, **{**options, "overwrite": True, "resume": True, "storage_options": None})
-        _splice(target, part, attrs, grown, _next_source_index(group, attrs), options)
+        tried = set(part_table.paths)
+        try:
+            ingest(part_table, part, **{**options, "overwrite": True, "resume": True, "storage_options": None})
+        except AllSkippedError as error:  # every new file is bad: only the record of skipped files changes
+            skipped = _merged_skipped(target, error.messages, tried)
+            _save_attrs(target, dataclasses.replace(_with_classes(attrs, grown),
+                                                    skipped=_summary(target, skipped)))
+            write_report(target, skipped)
+            return open_dataset(target)
+        _splice(target, part, attrs, grown, _next_source_index(group, attrs), tried, options)
         remove_path(part)
         remove_path(report_path(part))
     finally:
@@ -200,6 +208,19 @@ def _new_rows(table: SourceTable, stored: StoredFiles, labels: list[str], attrs:
         warnings.warn(f"{gone} file(s) of {shown} are no longer in {table.description} (e.g. {examples}); "
                       "their samples stay in the store", OutcoreWarning, stacklevel=4)
     return np.flatnonzero(new)
+
+
+def _not_skipped_before(target: Path, table: SourceTable, new: np.ndarray) -> np.ndarray:
+    """``new`` without the files an earlier run skipped as bad (named in the store's report) that were not
+    modified since: they would fail again. A file modified since is tried again."""
+    report = report_path(target)
+    if not report.exists() or not len(new):
+        return new
+    written = report.stat().st_mtime_ns
+    paths = {table.paths[i]: i for i in new}
+    again = {paths[path] for line in report.read_text(encoding="utf-8").splitlines()
+             if (path := _named(line, paths)) is not None and file_stat(path)[1] <= written}
+    return np.array([i for i in new if i not in again], dtype=np.int64)
 
 
 def _digests(paths: list[str]) -> np.ndarray:
@@ -300,16 +321,17 @@ def _save_attrs(target: Path, attrs: StoreAttrs) -> None:
 
 
 def _splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[str, tuple[str, ...]],
-            first_source_index: int, options: dict[str, Any]) -> None:
-    """Write the part's samples after the store's (see the module), then publish them."""
+            first_source_index: int, tried: set[str], options: dict[str, Any]) -> None:
+    """Write the part's samples after the store's (see the module), then publish them; ``tried`` are the
+    files the part was made of."""
     store, part = open_group(target, mode="r"), open_group(part_location, mode="r")
     part_attrs = read_attrs(part, str(part_location))
     if set(part_attrs.fields) != set(attrs.fields):
         raise SourceError(f"the appended part has fields {sorted(part_attrs.fields)}, {target} has "
                           f"{sorted(attrs.fields)}: it was made with other settings; append with the store's")
     count, added = attrs.num_samples, part_attrs.num_samples
-    total, first = count + added, store[next(iter(attrs.fields))]
-    shard = (first.shards or first.chunks)[0]
+    total, paths = count + added, store[PATH_FIELD]  # an array of samples (an encoded field's is of bytes)
+    shard = (paths.shards or paths.chunks)[0]
     start = count // shard * shard
     encoded = [name for name, info in attrs.fields.items() if info.is_image]
     order = _fitting_order(store, part, encoded, count, added, attrs.chunk_size, str(target))
@@ -325,14 +347,18 @@ def _splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[st
     appended = {**provenance(part_attrs.provenance.get("source", "")), "first_sample": count, "samples": added,
                 "shuffled_on_write": part_attrs.shuffled_on_write, "seed": part_attrs.seed}
     history = [*attrs.provenance.get("appended", []), appended]
+    part_report = report_path(part_location)
+    skipped = _merged_skipped(target, part_report.read_text(encoding="utf-8").splitlines()
+                              if part_report.exists() else [], tried)
     new_attrs = dataclasses.replace(_with_classes(attrs, grown), num_samples=total,
                                     provenance={**attrs.provenance, "appended": history},
-                                    skipped=_merged_skipped(target, part_location, attrs, part_attrs))
+                                    skipped=_summary(target, skipped))
     group = open_group(splice, mode="r+")
     describe_classes(group, new_attrs.fields)
     group.attrs[ATTRS_KEY] = new_attrs.to_dict()
     consolidate(splice)
     _publish(splice, target)
+    write_report(target, skipped)
     remove_path(splice)
 
 
@@ -508,15 +534,23 @@ def _publish(splice: Path, target: Path) -> None:
         make_durable([target / path for path in kind])
 
 
-def _merged_skipped(target: Path, part_location: Path, attrs: StoreAttrs,
-                    part_attrs: StoreAttrs) -> dict[str, Any] | None:
-    """The store's record of skipped files, with the part's added (and its report appended to the store's)."""
-    if not part_attrs.skipped:
-        return attrs.skipped
-    report = report_path(part_location)
-    if report.exists():
-        with open(report_path(target), "a", encoding="utf-8") as file:
-            file.write(report.read_text(encoding="utf-8"))
-    before = attrs.skipped or {"count": 0, "examples": [], "report": report_path(target).name}
-    examples = [*before["examples"], *part_attrs.skipped["examples"]][:MAX_SKIPPED_IN_ATTRS]
-    return {**before, "count": before["count"] + part_attrs.skipped["count"], "examples": examples}
+def _merged_skipped(target: Path, added: list[str], tried: set[str]) -> list[str]:
+    """The messages of the store's skipped files after the append: those of the files ``tried`` again
+    (skipped before, modified since) leave, ``added`` (the part's) join."""
+    report = report_path(target)
+    before = report.read_text(encoding="utf-8").splitlines() if report.exists() else []
+    return [line for line in before if _named(line, tried) is None] + added
+
+
+def _summary(target: Path, skipped: list[str]) -> dict[str, Any] | None:
+    return skipped_summary(target.name, skipped) if skipped else None
+
+
+def _named(message: str, paths: Mapping[str, Any] | set[str]) -> str | None:
+    """The one of ``paths`` a skip message (``"<path>: <reason>"``) is about, if any."""
+    position = message.find(": ")
+    while position >= 0:
+        if message[:position] in paths:
+            return message[:position]
+        position = message.find(": ", position + 1)
+    return None

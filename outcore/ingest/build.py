@@ -57,6 +57,14 @@ from .scheduler import run_tasks
 MAX_SKIPPED_IN_ATTRS = 100
 
 
+class AllSkippedError(SourceError):
+    """Every sample of an ingest failed to load (with ``on_error="skip"``): ``messages`` say why, one each."""
+
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__(f"all {len(messages)} samples failed to load; the first: {messages[0]}")
+        self.messages = messages
+
+
 @dataclass(frozen=True)
 class FieldSource:
     """A field to write: its lazy data (samples on axis 0) and what it is for.
@@ -138,7 +146,7 @@ def build_store(
             shuffled_on_write=shuffled_on_write,
             seed=seed,
             provenance=provenance(source, recipe),
-            skipped=_skipped_summary(name, messages) if messages else None,
+            skipped=skipped_summary(name, messages) if messages else None,
         )
         group = zarr.open_group(staging.store, mode="r+")
         group.attrs[ATTRS_KEY] = attrs.to_dict()
@@ -147,7 +155,7 @@ def build_store(
         if staging.upload:
             staging.upload.put_report(report_name(name), "".join(f"{m}\n" for m in messages))
     if not staging.upload:
-        _write_report(Path(location), messages)
+        write_report(Path(location), messages)
     return location
 
 
@@ -272,7 +280,7 @@ def _without(
 ) -> dict[str, FieldSource]:
     keep = np.setdiff1d(np.arange(num_samples), [index for index, _ in failures])
     if keep.size == 0:
-        raise SourceError(f"all {num_samples} samples failed to load; the first: {min(failures)[1]}")
+        raise AllSkippedError([message for _, message in sorted(failures)])
     group = zarr.open_group(directory, mode="r")
     kept = {}
     for name, field in fields.items():
@@ -329,7 +337,8 @@ def report_path(location: Path) -> Path:
     return location.with_name(report_name(location.name))
 
 
-def _skipped_summary(name: str, messages: list[str]) -> dict[str, Any]:
+def skipped_summary(name: str, messages: list[str]) -> dict[str, Any]:
+    """The attributes' record of the samples left out of the store ``name``, ``messages`` saying why."""
     return {
         "count": len(messages),
         "examples": messages[:MAX_SKIPPED_IN_ATTRS],
@@ -337,7 +346,8 @@ def _skipped_summary(name: str, messages: list[str]) -> dict[str, Any]:
     }
 
 
-def _write_report(location: Path, messages: list[str]) -> None:
+def write_report(location: Path, messages: list[str]) -> None:
+    """The report of skipped samples beside the store at ``location``: ``messages``, one a line (none: no report)."""
     report = report_path(location)
     if messages:
         report.write_text("".join(f"{m}\n" for m in messages), encoding="utf-8")
