@@ -82,6 +82,23 @@ def test_an_append_adds_exactly_the_new_files_and_keeps_every_old_sample(photos,
     assert sorted(seen.tolist()) == sorted(grown["source_index"].compute().tolist())
 
 
+def test_pictures_kept_at_their_own_sizes_grow_like_a_fresh_ingest_and_open_in_xarray(photos, tmp_path):
+    store, options = tmp_path / "s.zarr", {"shape": None, "images": "encoded", "max_side": 20, "progress": False}
+    outcore.ingest_images(photos, store, chunk_size=4, **options)
+    write_image_folder(tmp_path / "big", 3, classes=("cat",), size=(40, 30), seed=8)  # shrunk to max_side
+    for file in (tmp_path / "big" / "cat").iterdir():
+        shutil.copy(file, photos / "cat" / f"big_{file.name}")
+    grown = outcore.ingest_images(photos, store, append=True, **options)
+    whole = outcore.ingest_images(photos, tmp_path / "whole.zarr", **options)
+    for name in ("images_shapes", "file_digest"):
+        expected = dict(zip(whole["path"].compute().tolist(), whole.array(name)[:], strict=True))
+        for path, value in zip(grown["path"].compute().tolist(), grown.array(name)[:], strict=True):
+            np.testing.assert_array_equal(value, expected[path], err_msg=f"{name} of {path}")
+    assert outcore.verify(store, progress=False).ok
+    xr = pytest.importorskip("xarray")
+    assert xr.open_zarr(store)["path"].shape[0] == len(grown) == 33
+
+
 def test_the_new_part_is_shuffled_within_itself_by_the_seed(photos, tmp_path):
     add = []
     for seed in (0, 0, 1):
@@ -125,7 +142,8 @@ def test_a_changed_or_relabelled_file_is_named_and_by_content_tells_a_touch_from
     ingest(photos, store)
     touched = photos / "cat" / "cat_000001.jpg"
     os.utime(touched, ns=(10**18, 10**18))
-    with pytest.raises(SourceError, match=r"1 file\(s\) of .* changed since .*'cat/cat_000001.jpg'.*by_content=True"):
+    with pytest.raises(SourceError, match=r"1 file\(s\) of .* changed since .*'cat/cat_000001.jpg' \(modified since\)"
+                                          r".*by_content=True"):
         ingest(photos, store, append=True)
     renamed = photos / "cat" / "renamed.jpg"
     shutil.copy(photos / "cat" / "cat_000002.jpg", renamed)

@@ -105,36 +105,39 @@ def append_table(
         return ingest(_part_table(table, np.arange(len(table)), dict(classes or table.classes)), target, **options)
     lock = writer_lock(target, str(target))
     try:
-        group = open_group(target, mode="r")
-        attrs = read_attrs(group, str(target))
-        check_safe(group, list(group.array_keys()), str(target))
-        _check_recipe(attrs, options, str(target))
-        stored = _stored_files(group, attrs, str(target), by_content)
-        labels = label_fields(attrs)
-        new = _not_skipped_before(target, table, _new_rows(table, stored, labels, attrs, by_content, str(target)))
-        grown = _grown_classes(attrs, table, new, classes, str(target))
-        if len(new) == 0:
-            if grown != {name: attrs.fields[name].classes for name in grown}:
-                _save_attrs(target, _with_classes(attrs, grown))
-            return open_dataset(target)
-        _check_fits(group, table, new, attrs, labels, str(target))
-        part_table = _part_table(table, new, grown)
-        part = target.with_name(f".{target.name}.append.zarr")
-        tried = set(part_table.paths)
-        try:
-            ingest(part_table, part, **{**options, "overwrite": True, "resume": True, "storage_options": None})
-        except AllSkippedError as error:  # every new file is bad: only the record of skipped files changes
-            skipped = _merged_skipped(target, error.messages, tried)
-            _save_attrs(target, dataclasses.replace(_with_classes(attrs, grown),
-                                                    skipped=_summary(target, skipped)))
-            write_report(target, skipped)
-            return open_dataset(target)
-        _splice(target, part, attrs, grown, _next_source_index(group, attrs), tried, options)
-        remove_path(part)
-        remove_path(report_path(part))
+        _append(table, target, ingest, options, by_content, classes)
     finally:
         lock.close()
     return open_dataset(target)
+
+
+def _append(table: SourceTable, target: Path, ingest: Ingest, options: dict[str, Any], by_content: bool,
+            classes: Mapping[str, Sequence[str]] | None) -> None:
+    group = open_group(target, mode="r")
+    attrs = read_attrs(group, str(target))
+    check_safe(group, list(group.array_keys()), str(target))
+    _check_recipe(attrs, options, str(target))
+    stored = _stored_files(group, attrs, str(target), by_content)
+    labels = label_fields(attrs)
+    new = _not_skipped_before(target, table, _new_rows(table, stored, labels, attrs, by_content, str(target)))
+    grown = _grown_classes(attrs, table, new, classes, str(target))
+    if len(new) == 0:
+        if grown != {name: attrs.fields[name].classes for name in grown}:
+            _save_attrs(target, _with_classes(attrs, grown))
+        return
+    _check_fits(group, table, new, attrs, labels, str(target))
+    part_table = _part_table(table, new, grown)
+    part, tried = target.with_name(f".{target.name}.append.zarr"), set(part_table.paths)
+    try:
+        ingest(part_table, part, **{**options, "overwrite": True, "resume": True, "storage_options": None})
+    except AllSkippedError as error:  # every new file is bad: only the record of skipped files changes
+        skipped = _merged_skipped(target, error.messages, tried)
+        _save_attrs(target, dataclasses.replace(_with_classes(attrs, grown), skipped=_summary(target, skipped)))
+        write_report(target, skipped)
+        return
+    _splice(target, part, attrs, grown, _next_source_index(group, attrs), tried, options)
+    remove_path(part)
+    remove_path(report_path(part))
 
 
 def label_fields(attrs: StoreAttrs) -> list[str]:
@@ -197,7 +200,7 @@ def _new_rows(table: SourceTable, stored: StoredFiles, labels: list[str], attrs:
                 seen.add(digest.tobytes())
     if changed.any():
         rows = np.flatnonzero(changed)[:MAX_SHOWN]
-        shown_files = ", ".join(f"{table.names[i]!r} ({stored.stats[known[i], 0]} → {now[i, 0]} bytes)" for i in rows)
+        shown_files = ", ".join(f"{table.names[i]!r} ({_change(stored.stats[known[i]], now[i])})" for i in rows)
         advice = "" if by_content else ", or by_content=True when only their times changed"
         raise SourceError(f"{changed.sum()} file(s) of {shown} changed since they were ingested (e.g. {shown_files}); "
                           f"an append adds files, it does not replace them: ingest all again with overwrite=True{advice}")
@@ -208,6 +211,11 @@ def _new_rows(table: SourceTable, stored: StoredFiles, labels: list[str], attrs:
         warnings.warn(f"{gone} file(s) of {shown} are no longer in {table.description} (e.g. {examples}); "
                       "their samples stay in the store", OutcoreWarning, stacklevel=4)
     return np.flatnonzero(new)
+
+
+def _change(before: np.ndarray, now: np.ndarray) -> str:
+    """How a file's ``(size, mtime)`` changed, in words."""
+    return f"{before[0]} → {now[0]} bytes" if before[0] != now[0] else "modified since"
 
 
 def _not_skipped_before(target: Path, table: SourceTable, new: np.ndarray) -> np.ndarray:
@@ -393,7 +401,7 @@ def fitting_order(nbytes: np.ndarray, first: int, used: int, chunk_size: int, ca
     with the most room. A `SourceError` when the swaps found cannot make them fit.
 
     >>> fitting_order(np.array([9, 9, 1, 1]), 0, 0, 2, 10).tolist()
-    [0, 2, 1, 3]
+    [2, 1, 0, 3]
     """
     order = np.arange(len(nbytes))
     slots = (first + order) // chunk_size - first // chunk_size
