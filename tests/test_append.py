@@ -182,6 +182,8 @@ def test_other_settings_and_stores_that_cannot_grow_are_refused_by_name(photos, 
         outcore.ingest_images(photos, store, shape=(32, 32, 3), progress=False, append=True)
     with pytest.raises(OptionError, match="made with images 'pixels'"):
         ingest(photos, store, images="encoded", append=True)
+    with pytest.raises(OptionError, match="leave out compression='zstd'"):
+        ingest(photos, store, compression="zstd", append=True)
     with pytest.raises(OptionError, match="pass one of them"):
         ingest(photos, store, append=True, overwrite=True)
     with pytest.raises(OptionError, match="pass append=True"):

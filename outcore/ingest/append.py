@@ -166,6 +166,10 @@ def _check_recipe(attrs: StoreAttrs, options: dict[str, Any], shown: str) -> Non
                 else recipe.get(name)
             raise OptionError(f"{shown} was made with {name} {stored!r}, not {given[name]!r}: append with the "
                               f"store's settings ({name}={stored!r}) so that old and new samples are alike")
+    for name, value in (("chunk_size", attrs.chunk_size), ("compression", None)):
+        if options[name] is not None and options[name] != value:
+            raise OptionError(f"an append writes {shown}'s chunks as they are (chunk size {attrs.chunk_size}, its "
+                              f"own compression): leave out {name}={options[name]!r}")
 
 
 def _stored_files(group: zarr.Group, attrs: StoreAttrs, shown: str, by_content: bool) -> StoredFiles:
