@@ -257,8 +257,6 @@ def _check_labels(table: SourceTable, stored: StoredFiles, known: np.ndarray, at
         before, after = stored.labels[name][known[rows]], values[rows]
         if stored_classes is not None:
             before, after = np.array(stored_classes)[before], np.array(source_classes)[after]
-        else:  # as stored: 0.1 read from a CSV is not float32's 0.1
-            after = after.astype(before.dtype)
         differ = np.flatnonzero(before != after)
         if len(differ):
             j = differ[0]
