@@ -73,7 +73,7 @@ class StoredFiles:
     """What a store records of its files: ``names`` (relative paths), ``stats`` (N, 2: size, mtime in ns),
     ``digests`` (N, 16, read only for ``by_content``) and each label field's values."""
 
-    names: np.ndarray
+    names: list[str]
     stats: np.ndarray
     digests: np.ndarray | None
     labels: dict[str, np.ndarray]
@@ -177,8 +177,17 @@ def _stored_files(group: zarr.Group, attrs: StoreAttrs, shown: str, by_content: 
     if by_content and FILE_DIGEST_FIELD not in attrs.fields:
         raise OptionError(f"{shown} records no file digests: append without by_content=True")
     labels = {name: group[name][:count] for name in label_fields(attrs)}
-    return StoredFiles(decode_text(group[PATH_FIELD][:count]), group[FILE_STAT_FIELD][:count],
+    return StoredFiles(_stored_names(group[PATH_FIELD], count), group[FILE_STAT_FIELD][:count],
                        group[FILE_DIGEST_FIELD][:count] if by_content else None, labels)
+
+
+def _stored_names(paths: zarr.Array, count: int, block: int = 65_536) -> list[str]:
+    """The first ``count`` paths, decoded a block at a time: as one numpy array of fixed-width strings
+    (4 bytes a character, 256 characters or more) a million paths would take a gigabyte."""
+    names: list[str] = []
+    for start in range(0, count, block):
+        names += decode_text(paths[start : min(count, start + block)]).tolist()
+    return names
 
 
 def _new_rows(table: SourceTable, stored: StoredFiles, labels: list[str], attrs: StoreAttrs, by_content: bool,
@@ -187,7 +196,7 @@ def _new_rows(table: SourceTable, stored: StoredFiles, labels: list[str], attrs:
     if sorted(table.labels) != sorted(labels):
         raise SourceError(f"the source has label field(s) {sorted(table.labels)}, {shown} has {sorted(labels)}: "
                           "append from a source of the same columns")
-    where = {name: i for i, name in enumerate(stored.names.tolist())}
+    where = {name: i for i, name in enumerate(stored.names)}
     known = np.array([where.get(name, -1) for name in table.names], dtype=np.int64)
     old = known >= 0
     now = np.array([file_stat(path) for path in table.paths], dtype=np.int64).reshape(-1, 2)
@@ -211,7 +220,7 @@ def _new_rows(table: SourceTable, stored: StoredFiles, labels: list[str], attrs:
     _check_labels(table, stored, known, attrs, shown)
     gone = len(stored.names) - len(set(known[old].tolist()))
     if gone:
-        examples = sorted(set(stored.names.tolist()) - {table.names[i] for i in np.flatnonzero(old)})[:MAX_SHOWN]
+        examples = sorted(set(stored.names) - {table.names[i] for i in np.flatnonzero(old)})[:MAX_SHOWN]
         warnings.warn(f"{gone} file(s) of {shown} are no longer in {table.description} (e.g. {examples}); "
                       "their samples stay in the store", OutcoreWarning, stacklevel=4)
     return np.flatnonzero(new)
