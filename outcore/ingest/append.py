@@ -389,7 +389,8 @@ def _fitting_order(store: zarr.Group, part: zarr.Group, encoded: list[str], coun
     fewest swaps that make every chunk's encoded files fit its region (`fitting_order`)."""
     order = np.arange(added)
     for name in encoded:
-        used = int(stored_nbytes(store, name, count)[count // chunk_size * chunk_size :].sum())
+        ranges = store[ranges_name(name)][count // chunk_size * chunk_size : count]  # the last chunk's
+        used = int((ranges[:, 1] - ranges[:, 0]).sum())
         capacity, nbytes = store[name].chunks[0], stored_nbytes(part, name, added)
         if name == encoded[0]:
             order = fitting_order(nbytes, count, used, chunk_size, capacity, name, shown)
