@@ -156,6 +156,21 @@ def test_cluster_ingest_of_encoded_images_equals_local(client, image_folder, tmp
         np.testing.assert_array_equal(local.array(name)[:], remote.array(name)[:], err_msg=name)
 
 
+def test_cluster_append_equals_local_append(client, image_folder, tmp_path):
+    options = {"shape": (32, 32, 3), "chunk_size": 4, "images": "both", "progress": False}
+    with on_local_threads():
+        for name in ("local.zarr", "cluster.zarr"):
+            outcore.ingest_images(image_folder, tmp_path / name, **options)
+    write_image_folder(image_folder, 3, classes=("yak", "zebu"), size=(40, 40), seed=5)
+    with on_local_threads():
+        local = outcore.ingest_images(image_folder, tmp_path / "local.zarr", append=True, **options)
+    remote = outcore.ingest_images(image_folder, tmp_path / "cluster.zarr", client=client, append=True, **options)
+    assert len(remote) == 26 and remote.classes == ["cat", "dog", "owl", "yak", "zebu"]
+    _assert_same_store(local, remote)
+    for name in ("images_encoded", "images_encoded_ranges"):
+        np.testing.assert_array_equal(local.array(name)[:], remote.array(name)[:], err_msg=name)
+
+
 @pytest.mark.parametrize("fields", [["images", "labels"], ["images_encoded", "labels", "path"]])
 def test_cluster_iteration_equals_local_iteration(client, photos, fields):
     options = {"seed": 7, "buffer_chunks": 3, "transform": augment(fields[0]), "fields": fields}
