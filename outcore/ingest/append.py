@@ -332,6 +332,7 @@ def _with_classes(attrs: StoreAttrs, grown: dict[str, tuple[str, ...]]) -> Store
 
 
 def _save_attrs(target: Path, attrs: StoreAttrs) -> None:
+    """Write ``attrs`` (and the class flags of the label arrays) into the group at ``target``."""
     group = open_group(target, mode="r+")
     describe_classes(group, attrs.fields)
     group.attrs[ATTRS_KEY] = attrs.to_dict()
@@ -365,22 +366,25 @@ def _splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[st
     bounds = [(s, min(total, s + shard)) for s in range(start, total, shard)]
     run_tasks([write(spec, a, b) for a, b in bounds], [b - max(a, count) for a, b in bounds],
               client=options["client"], progress=options["progress"], description=f"append → {target.name}")
-    appended = {**provenance(part_attrs.provenance.get("source", "")), "first_sample": count, "samples": added,
-                "shuffled_on_write": part_attrs.shuffled_on_write, "seed": part_attrs.seed}
-    history = [*attrs.provenance.get("appended", []), appended]
     part_report = report_path(part_location)
     skipped = _merged_skipped(target, part_report.read_text(encoding="utf-8").splitlines()
                               if part_report.exists() else [], tried)
-    new_attrs = dataclasses.replace(_with_classes(attrs, grown), num_samples=total,
-                                    provenance={**attrs.provenance, "appended": history},
-                                    skipped=_summary(target, skipped))
-    group = open_group(splice, mode="r+")
-    describe_classes(group, new_attrs.fields)
-    group.attrs[ATTRS_KEY] = new_attrs.to_dict()
-    consolidate(splice)
+    _save_attrs(splice, _grown_attrs(attrs, part_attrs, grown, _summary(target, skipped)))
     _publish(splice, target)
     write_report(target, skipped)
     remove_path(splice)
+
+
+def _grown_attrs(attrs: StoreAttrs, part_attrs: StoreAttrs, grown: dict[str, tuple[str, ...]],
+                 skipped: dict[str, Any] | None) -> StoreAttrs:
+    """The store's attributes once the part is added: its count, class lists, provenance and skip record."""
+    appended = {**provenance(part_attrs.provenance.get("source", "")), "first_sample": attrs.num_samples,
+                "samples": part_attrs.num_samples, "shuffled_on_write": part_attrs.shuffled_on_write,
+                "seed": part_attrs.seed}
+    return dataclasses.replace(_with_classes(attrs, grown), num_samples=attrs.num_samples + part_attrs.num_samples,
+                               provenance={**attrs.provenance, "appended": [*attrs.provenance.get("appended", []),
+                                                                            appended]},
+                               skipped=skipped)
 
 
 def _fitting_order(store: zarr.Group, part: zarr.Group, encoded: list[str], count: int, added: int,
