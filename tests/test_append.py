@@ -338,3 +338,8 @@ def test_splits_grow_each_by_its_own_new_files_with_one_class_list(photos, tmp_p
     assert index["classes"] == ["cat", "dog", "ant"]
     with pytest.raises(OptionError, match="append with the same split rule"):
         outcore.ingest_splits(photos, folder, append=True, **{**options, "seed": 5})
+    add_photos(photos, ("dog",), 4, seed=10, prefix="newer_")
+    assert main(["ingest", str(photos), str(folder), "--split", "train=0.7,val=0.3", "--shape", "24,24,3",
+                 "--append", "--no-progress"]) == 0
+    index = json.loads((folder / "splits.json").read_text())
+    assert sum(entry["samples"] for entry in index["splits"].values()) == 50
