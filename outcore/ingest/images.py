@@ -194,9 +194,9 @@ def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ingest_or_append(table: SourceTable, location: str | os.PathLike, options: dict[str, Any], append: bool,
-                      by_content: bool) -> Dataset:
+                      by_content: bool, classes: Mapping[str, Sequence[str]] | None = None) -> Dataset:
     if append:
-        return append_table(table, location, _ingest_table, options, by_content=by_content)
+        return append_table(table, location, _ingest_table, options, by_content=by_content, classes=classes)
     if by_content:
         raise OptionError("by_content=True says how an append tells new files from stored ones: pass append=True")
     return _ingest_table(table, location, **options)
@@ -215,10 +215,7 @@ def ingest_table(table: SourceTable, location: str | os.PathLike, *, append: boo
     defaults = {name: parameter.default for name, parameter in inspect.signature(ingest_images).parameters.items()
                 if name in IMAGE_OPTIONS and parameter.default is not inspect.Parameter.empty}
     check_target(location)
-    options = {**defaults, **options}
-    if append:
-        return append_table(table, location, _ingest_table, options, by_content=by_content, classes=classes)
-    return _ingest_or_append(table, location, options, False, by_content)
+    return _ingest_or_append(table, location, {**defaults, **options}, append, by_content, classes)
 
 
 def _ingest_table(
