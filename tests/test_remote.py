@@ -538,8 +538,9 @@ def test_chunks_stored_back_to_back_are_asked_in_one_request(s3, proxy, tmp_path
     assert reader._layout.chunks_per_shard == 4 and len(chunks) == 10 * len(local.fields)
     assert covered == local.num_chunks * len(local.fields)  # every chunk fetched, none twice
     # the 4 chunks of each shard file in one request (120 chunks, 30 shard files): the reads of the first
-    # step can outrun the asking for shards whose index is not read yet, and make a few requests more
-    assert len(chunks) <= requests <= 1.25 * len(chunks), requests
+    # steps can outrun the asking for shards whose index is not read yet, and make a few requests more (38
+    # once on a loaded machine); asked one by one, the chunks would take 120
+    assert len(chunks) <= requests <= 1.5 * len(chunks), requests
 
 
 @pytest.mark.parametrize("chosen", [None, "2"])
