@@ -27,7 +27,6 @@ import os
 import shutil
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ import zarr
 from ..dataset import Dataset, open_dataset
 from ..errors import OptionError, OutcoreWarning, SourceError
 from ..format import ATTRS_KEY, StoreAttrs, decode_text, encode_text, ranges_name, shapes_name
-from ..imaging import parse_image_dtype, parse_image_shape, parse_resize
+from ..imaging import parse_image_dtype, parse_image_shape, parse_resize, read_image_file
 from ..storage import (
     consolidate,
     describe_classes,
@@ -54,10 +53,10 @@ from ..storage import (
     write_encoded_shard,
 )
 from ..storage.safety import check_safe, read_attrs
-from ..threads import available_cpus
+from ..threads import for_each
 from .arrays import SOURCE_INDEX_FIELD
 from .build import AllSkippedError, provenance, report_path, skipped_summary, write_report
-from .decode_tasks import file_digest
+from .decode_tasks import DIGEST_SIZE, file_digest
 from .fields import FILE_DIGEST_FIELD, FILE_STAT_FIELD, PATH_FIELD, file_stat
 from .scheduler import run_tasks
 from .sources import SourceTable
@@ -245,13 +244,14 @@ def _not_skipped_before(target: Path, table: SourceTable, new: np.ndarray) -> np
 
 
 def _digests(paths: list[str]) -> np.ndarray:
-    """The files' `file_digest`, read and hashed on a few threads (hashing releases the GIL)."""
-    def digest(path: str) -> np.ndarray:
-        with open(path, "rb") as file:
-            return file_digest(file.read())
-    with ThreadPoolExecutor(max(1, available_cpus())) as pool:
-        found = list(pool.map(digest, paths))
-    return np.array(found, dtype=np.uint8).reshape(-1, 16)
+    """The files' `file_digest`, read and hashed on outcore's threads (hashing releases the GIL)."""
+    digests = np.zeros((len(paths), DIGEST_SIZE), dtype=np.uint8)
+
+    def digest(i: int) -> None:
+        digests[i] = file_digest(read_image_file(paths[i]))
+
+    for_each(digest, len(paths))
+    return digests
 
 
 def _check_labels(table: SourceTable, stored: StoredFiles, known: np.ndarray, attrs: StoreAttrs, shown: str) -> None:
