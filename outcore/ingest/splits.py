@@ -28,7 +28,7 @@ import pandas as pd
 from ..dataset import Dataset, open_dataset
 from ..errors import OptionError, SourceError
 from ..storage import is_url
-from ..storage.splits import INDEX_FORMAT, SPLITS_INDEX
+from ..storage.splits import INDEX_FORMAT, SPLITS_INDEX, read_index
 from .images import ingest_table, missing_files_error
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
 
@@ -209,10 +209,9 @@ def ingest_splits(
 def _grown_classes(folder: Path, tables: Mapping[str, SourceTable], rule: dict[str, Any]) -> dict[str, list[str]]:
     """For an append: each class field's list in every split's store, the stored list extended by the new
     classes of all splits (sorted), so that a label keeps one meaning across the splits."""
-    index = folder / SPLITS_INDEX
-    if not index.exists():
+    if not (folder / SPLITS_INDEX).exists():
         return {name: list(classes) for name, classes in next(iter(tables.values())).classes.items()}
-    recorded = json.loads(index.read_text())
+    recorded = read_index(folder)
     if recorded.get("rule") != json.loads(json.dumps(rule)):
         raise OptionError(f"{folder} was split by {recorded.get('rule')}, not {rule}: append with the same split "
                           "rule, so that every file keeps its split")
