@@ -240,6 +240,9 @@ def _not_skipped_before(target: Path, table: SourceTable, new: np.ndarray) -> np
     paths = {table.paths[i]: i for i in new}
     again = {paths[path] for line in report.read_text(encoding="utf-8").splitlines()
              if (path := _named(line, paths)) is not None and file_stat(path)[1] <= written}
+    if again:
+        warnings.warn(f"{len(again)} file(s) that an earlier run skipped as bad (listed in {report}) are not tried "
+                      "again: they were not modified since", OutcoreWarning, stacklevel=4)
     return np.array([i for i in new if i not in again], dtype=np.int64)
 
 
