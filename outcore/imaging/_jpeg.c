@@ -1,0 +1,456 @@
+/* outcore.imaging._jpeg: a box of a JPEG, decoded from the file's rows and columns that the box needs
+ * (libjpeg-turbo's partial decoding: jpeg_crop_scanline, jpeg_skip_scanlines), at a DCT scale of M/8,
+ * and resized (bilinear, antialiased) straight into the caller's array; the GIL is released throughout.
+ *
+ * The pixels are those of decoding the whole picture at that scale, then cutting: the decoded window
+ * reaches MARGIN pixels past what is used, where chroma upsampling sees the crop's edge instead of the
+ * picture's. The resize is the triangle filter widened by the downscale factor, normalised, in 22-bit
+ * fixed point, one pass per axis (columns first) with 8-bit rounding between them: the same arithmetic
+ * as Pillow's Image.resize(..., BILINEAR, box=...), which tests/test_native.py checks value for value.
+ *
+ * Built by setup.py when a libjpeg-turbo (1.5 or later) and its headers are found; outcore.imaging.native
+ * falls back to simplejpeg and Pillow without it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+#define MARGIN 2          /* pixels decoded past a window's edges: fancy upsampling there sees the crop's edge */
+#define PRECISION_BITS 22 /* fixed-point weights: 8-bit samples times weights summing to 1 fit in 32 bits */
+#define MESSAGE_SIZE 200
+
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
+#define RESIZE_CLONES __attribute__((target_clones("avx2", "default"))) /* chosen at load time by the CPU */
+#else
+#define RESIZE_CLONES
+#endif
+
+typedef struct {
+    struct jpeg_error_mgr manager;
+    jmp_buf escape;
+    char message[JMSG_LENGTH_MAX];
+} Errors;
+
+static void on_error(j_common_ptr cinfo) {
+    Errors *errors = (Errors *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, errors->message);
+    longjmp(errors->escape, 1);
+}
+
+static void on_message(j_common_ptr cinfo, int level) {
+    if (level < 0) /* a warning: corrupt data, which libjpeg would paper over with grey; the full decode refuses it too */
+        on_error(cinfo);
+}
+
+/* The taps of one axis of a resize: output pixel i is the weighted sum of input pixels first[i] .. first[i] + count[i]. */
+typedef struct {
+    int size, width; /* output pixels, taps kept per output pixel */
+    int *first, *count;
+    int32_t *weights;
+} Taps;
+
+static void taps_free(Taps *taps) {
+    free(taps->first);
+    free(taps->count);
+    free(taps->weights);
+}
+
+static double triangle(double x) {
+    x = fabs(x);
+    return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+/* The taps that resize [start, end) of an axis of `limit` pixels to `size` pixels; 0, or -1 out of memory. */
+static int taps_plan(Taps *taps, double start, double end, int limit, int size) {
+    float first = (float)start, last = (float)end; /* a box's edges and their difference are single precision, as in Pillow */
+    float span = last - first;
+    start = first;
+    double scale = (double)span / size;
+    double stretch = scale < 1.0 ? 1.0 : scale; /* the filter widens when shrinking: antialiasing */
+    double support = stretch, inverse = 1.0 / stretch;
+    int width = (int)ceil(support) * 2 + 1;
+    double *raw = malloc(width * sizeof(double));
+    taps->size = size;
+    taps->width = width;
+    taps->first = malloc(size * sizeof(int));
+    taps->count = malloc(size * sizeof(int));
+    taps->weights = calloc((size_t)size * width, sizeof(int32_t));
+    if (!raw || !taps->first || !taps->count || !taps->weights) {
+        free(raw);
+        taps_free(taps);
+        return -1;
+    }
+    for (int i = 0; i < size; i++) {
+        double center = start + (i + 0.5) * scale;
+        int low = (int)(center - support + 0.5), high = (int)(center + support + 0.5);
+        if (low < 0)
+            low = 0;
+        if (high > limit)
+            high = limit;
+        int count = high > low ? high - low : 0;
+        if (count > width)
+            count = width;
+        double total = 0.0;
+        for (int j = 0; j < count; j++) {
+            raw[j] = triangle((j + low - center + 0.5) * inverse);
+            total += raw[j];
+        }
+        for (int j = 0; j < count; j++) {
+            double weight = total != 0.0 ? raw[j] / total : raw[j];
+            taps->weights[(size_t)i * width + j] =
+                (int32_t)(weight < 0 ? weight * (1 << PRECISION_BITS) - 0.5 : weight * (1 << PRECISION_BITS) + 0.5);
+        }
+        taps->first[i] = low;
+        taps->count[i] = count;
+    }
+    free(raw);
+    return 0;
+}
+
+/* The input pixels [low, high) that the taps read. */
+static void taps_span(const Taps *taps, int *low, int *high) {
+    *low = taps->first[0];
+    *high = taps->first[0] + taps->count[0];
+    for (int i = 0; i < taps->size; i++) {
+        if (taps->first[i] < *low)
+            *low = taps->first[i];
+        if (taps->first[i] + taps->count[i] > *high)
+            *high = taps->first[i] + taps->count[i];
+    }
+}
+
+/* Whether a box (top, left, bottom, right) is not empty and lies within a picture, in single precision as
+ * the taps see it (an edge computed as 375 * (188 / 375.0) is 188). */
+static int box_inside(const double *box, double height, double width) {
+    float top = (float)box[0], left = (float)box[1], bottom = (float)box[2], right = (float)box[3];
+    return top >= 0 && left >= 0 && bottom <= height && right <= width && bottom > top && right > left;
+}
+
+static inline uint8_t clip8(int32_t value) {
+    value >>= PRECISION_BITS;
+    return value < 0 ? 0 : value > 255 ? 255 : (uint8_t)value;
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define OUTCORE_AVX2
+#include <immintrin.h>
+
+/* 8 bytes from `at`, or those of them before `end` (zeros after): a row's last pixels are not over-read. */
+__attribute__((target("avx2"))) static inline __m128i load8(const uint8_t *at, const uint8_t *end) {
+    if (at + 8 <= end)
+        return _mm_loadl_epi64((const __m128i *)at);
+    uint8_t bytes[8] = {0};
+    memcpy(bytes, at, end - at < 8 ? (size_t)(end - at) : 8);
+    return _mm_loadl_epi64((const __m128i *)bytes);
+}
+
+/* columns_pass for RGB on AVX2: two taps a step, a pixel's three channels in the lanes of one half each. The
+ * same integer sums as the scalar loop, in another order: the same bytes. */
+__attribute__((target("avx2"))) static void columns_rgb_avx2(const uint8_t *line, size_t bytes, int left,
+                                                             const Taps *columns, uint8_t *into) {
+    const uint8_t *end = line + bytes;
+    const __m128i spread = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i half = _mm_set1_epi32(1 << (PRECISION_BITS - 1));
+    for (int x = 0; x < columns->size; x++) {
+        const int32_t *weights = columns->weights + (size_t)x * columns->width;
+        const uint8_t *pixel = line + (size_t)(columns->first[x] - left) * 3;
+        int count = columns->count[x], j = 0;
+        __m256i sums = _mm256_setzero_si256();
+        for (; j + 1 < count; j += 2) {
+            __m256i values = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(load8(pixel + 3 * j, end), spread));
+            __m256i scales = _mm256_setr_epi32(weights[j], weights[j], weights[j], weights[j], weights[j + 1],
+                                               weights[j + 1], weights[j + 1], weights[j + 1]);
+            sums = _mm256_add_epi32(sums, _mm256_mullo_epi32(values, scales));
+        }
+        __m128i sum = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1)), half);
+        if (j < count) {
+            __m128i values = _mm_cvtepu8_epi32(_mm_shuffle_epi8(load8(pixel + 3 * j, end), spread));
+            sum = _mm_add_epi32(sum, _mm_mullo_epi32(values, _mm_set1_epi32(weights[j])));
+        }
+        __m128i clipped = _mm_srai_epi32(sum, PRECISION_BITS);
+        clipped = _mm_packus_epi16(_mm_packs_epi32(clipped, clipped), clipped); /* to 0..255, as clip8 */
+        uint32_t rgb = (uint32_t)_mm_cvtsi128_si32(clipped);
+        into[x * 3] = (uint8_t)rgb;
+        into[x * 3 + 1] = (uint8_t)(rgb >> 8);
+        into[x * 3 + 2] = (uint8_t)(rgb >> 16);
+    }
+}
+#endif
+
+/* One row (`line`, `bytes` long, its first pixel at column `left`) through the column taps into `into`. */
+static void columns_pass(const uint8_t *line, size_t bytes, int left, int channels, const Taps *columns, uint8_t *into) {
+#ifdef OUTCORE_AVX2
+    if (channels == 3 && __builtin_cpu_supports("avx2")) {
+        columns_rgb_avx2(line, bytes, left, columns, into);
+        return;
+    }
+#endif
+    (void)bytes;
+    for (int x = 0; x < columns->size; x++) {
+        const int32_t *weights = columns->weights + (size_t)x * columns->width;
+        const uint8_t *pixel = line + (size_t)(columns->first[x] - left) * channels;
+        for (int c = 0; c < channels; c++) {
+            int32_t sum = 1 << (PRECISION_BITS - 1);
+            for (int j = 0; j < columns->count[x]; j++)
+                sum += pixel[(size_t)j * channels + c] * weights[j];
+            into[x * channels + c] = clip8(sum);
+        }
+    }
+}
+
+/* Resize through the taps: `source` (rows of `stride` bytes, `channels` deep, its origin at pixel (top, left)
+ * of the axes the taps index) into `out` (rows.size x columns.size x channels, C order), mirrored as asked. */
+RESIZE_CLONES static int resize(const uint8_t *source, size_t stride, int top, int left, int channels, const Taps *rows,
+                  const Taps *columns, uint8_t *out, int flip_x, int flip_y) {
+    int row_low, row_high;
+    taps_span(rows, &row_low, &row_high);
+    size_t across = (size_t)columns->size * channels;
+    uint8_t *middle = malloc((size_t)(row_high - row_low) * across);
+    int32_t *sums = malloc(across * sizeof(int32_t));
+    if (!middle || !sums) {
+        free(middle);
+        free(sums);
+        return -1;
+    }
+    for (int y = row_low; y < row_high; y++) /* columns first, only the rows the second pass reads */
+        columns_pass(source + (size_t)(y - top) * stride, stride, left, channels, columns,
+                     middle + (size_t)(y - row_low) * across);
+    for (int y = 0; y < rows->size; y++) { /* then rows: tap by tap over a whole row, which vectorises */
+        const int32_t *weights = rows->weights + (size_t)y * rows->width;
+        for (size_t k = 0; k < across; k++)
+            sums[k] = 1 << (PRECISION_BITS - 1);
+        for (int j = 0; j < rows->count[y]; j++) {
+            const uint8_t *line = middle + (size_t)(rows->first[y] + j - row_low) * across;
+            int32_t weight = weights[j];
+            for (size_t k = 0; k < across; k++)
+                sums[k] += line[k] * weight;
+        }
+        uint8_t *into = out + (size_t)(flip_y ? rows->size - 1 - y : y) * across;
+        if (flip_x) {
+            for (int x = 0; x < columns->size; x++)
+                for (int c = 0; c < channels; c++)
+                    into[(size_t)(columns->size - 1 - x) * channels + c] = clip8(sums[(size_t)x * channels + c]);
+        } else {
+            for (size_t k = 0; k < across; k++)
+                into[k] = clip8(sums[k]);
+        }
+    }
+    free(middle);
+    free(sums);
+    return 0;
+}
+
+typedef struct {
+    const uint8_t *data;
+    size_t size;
+    int scale, channels;
+    double box[4]; /* top, left, bottom, right, in the scaled picture's pixels */
+    int height, width; /* the output's */
+} Request;
+
+/* What a crop_resize holds while it runs, on the heap: the error handler frees it after a longjmp. */
+typedef struct {
+    struct jpeg_decompress_struct cinfo;
+    Errors errors;
+    Taps rows, columns;
+    uint8_t *pixels;
+    JSAMPROW *lines;
+} Work;
+
+static void work_free(Work *work) {
+    jpeg_destroy_decompress(&work->cinfo);
+    free(work->pixels);
+    free(work->lines);
+    taps_free(&work->rows);
+    taps_free(&work->columns);
+    free(work);
+}
+
+static void fail(Work *work, const char *message) {
+    snprintf(work->errors.message, JMSG_LENGTH_MAX, "%s", message);
+    longjmp(work->errors.escape, 1);
+}
+
+/* Decode what the resize of `request` reads, then resize it into `out`; 0, or -1 with `message` set. */
+static int crop_resize(const Request *request, uint8_t *out, int flip_x, int flip_y, char *message) {
+    Work *const work = calloc(1, sizeof(Work));
+    if (work == NULL) {
+        snprintf(message, MESSAGE_SIZE, "out of memory");
+        return -1;
+    }
+    struct jpeg_decompress_struct *cinfo = &work->cinfo;
+    cinfo->err = jpeg_std_error(&work->errors.manager);
+    work->errors.manager.error_exit = on_error;
+    work->errors.manager.emit_message = on_message;
+    if (setjmp(work->errors.escape)) {
+        snprintf(message, MESSAGE_SIZE, "%s", work->errors.message);
+        work_free(work);
+        return -1;
+    }
+    jpeg_create_decompress(cinfo);
+    jpeg_mem_src(cinfo, request->data, (unsigned long)request->size);
+    jpeg_read_header(cinfo, TRUE);
+    if (cinfo->jpeg_color_space != (request->channels == 1 ? JCS_GRAYSCALE : JCS_YCbCr))
+        fail(work, request->channels == 1 ? "not a greyscale JPEG" : "not a YCbCr JPEG");
+    cinfo->out_color_space = request->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    cinfo->scale_num = request->scale;
+    cinfo->scale_denom = 8;
+    cinfo->dct_method = JDCT_ISLOW;
+    cinfo->do_fancy_upsampling = TRUE;
+    jpeg_start_decompress(cinfo);
+    const double *box = request->box;
+    if (!box_inside(box, cinfo->output_height, cinfo->output_width))
+        fail(work, "the box lies outside the scaled picture");
+    if (taps_plan(&work->rows, box[0], box[2], cinfo->output_height, request->height) ||
+        taps_plan(&work->columns, box[1], box[3], cinfo->output_width, request->width))
+        fail(work, "out of memory");
+    int top, bottom, left, right;
+    taps_span(&work->rows, &top, &bottom);
+    taps_span(&work->columns, &left, &right);
+    JDIMENSION x = left > MARGIN ? left - MARGIN : 0;
+    JDIMENSION end = right + MARGIN < (int)cinfo->output_width ? (JDIMENSION)(right + MARGIN) : cinfo->output_width;
+    JDIMENSION across = end - x;
+    if (across < cinfo->output_width)
+        jpeg_crop_scanline(cinfo, &x, &across); /* moves x back to an iMCU's edge */
+    if (top > MARGIN)
+        jpeg_skip_scanlines(cinfo, top - MARGIN);
+    int first = cinfo->output_scanline, count = bottom - first;
+    size_t stride = (size_t)cinfo->output_width * request->channels;
+    work->pixels = malloc(count * stride);
+    work->lines = malloc(count * sizeof(JSAMPROW));
+    if (!work->pixels || !work->lines)
+        fail(work, "out of memory");
+    for (int i = 0; i < count; i++)
+        work->lines[i] = work->pixels + i * stride;
+    while ((int)cinfo->output_scanline < bottom) /* the rows below the box are not decoded */
+        jpeg_read_scanlines(cinfo, work->lines + (cinfo->output_scanline - first), bottom - cinfo->output_scanline);
+    int failed = resize(work->pixels, stride, first, (int)x, request->channels, &work->rows, &work->columns, out,
+                        flip_x, flip_y);
+    if (failed)
+        snprintf(message, MESSAGE_SIZE, "out of memory");
+    work_free(work);
+    return failed;
+}
+
+/* The buffer of an array (C order, with its shape), writable when asked; 0, or -1 with an exception set. */
+static int array_buffer(PyObject *array, Py_buffer *view, int writable) {
+    return PyObject_GetBuffer(array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0));
+}
+
+static PyObject *py_crop_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"data", "scale", "box", "out", "flip_x", "flip_y", NULL};
+    Py_buffer data, out;
+    PyObject *out_array;
+    Request request;
+    int flip_x = 0, flip_y = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*i(dddd)O|pp:crop_resize", keywords, &data, &request.scale,
+                                     &request.box[0], &request.box[1], &request.box[2], &request.box[3], &out_array,
+                                     &flip_x, &flip_y))
+        return NULL;
+    if (array_buffer(out_array, &out, 1) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (request.scale < 1 || request.scale > 8) {
+        PyErr_Format(PyExc_ValueError, "scale=%d is not a DCT scale in 1..8 (eighths)", request.scale);
+    } else if (out.ndim != 3 || strcmp(out.format, "B") ||
+               (out.shape[2] != 1 && out.shape[2] != 3)) {
+        PyErr_SetString(PyExc_ValueError, "out must be a C-contiguous uint8 array of shape (height, width, 1 or 3)");
+    } else {
+        char message[MESSAGE_SIZE] = "";
+        request.data = data.buf;
+        request.size = data.len;
+        request.height = (int)out.shape[0];
+        request.width = (int)out.shape[1];
+        request.channels = (int)out.shape[2];
+        int failed;
+        Py_BEGIN_ALLOW_THREADS failed = crop_resize(&request, out.buf, flip_x, flip_y, message);
+        Py_END_ALLOW_THREADS if (failed) PyErr_SetString(PyExc_ValueError, message);
+        else result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *py_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"source", "box", "out", "flip_x", "flip_y", NULL};
+    Py_buffer source, out;
+    PyObject *source_array, *out_array;
+    double box[4];
+    int flip_x = 0, flip_y = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O(dddd)O|pp:resize", keywords, &source_array, &box[0], &box[1],
+                                     &box[2], &box[3], &out_array, &flip_x, &flip_y))
+        return NULL;
+    if (array_buffer(source_array, &source, 0) < 0)
+        return NULL;
+    if (array_buffer(out_array, &out, 1) < 0) {
+        PyBuffer_Release(&source);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (source.ndim != 3 || out.ndim != 3 || strcmp(source.format, "B") || strcmp(out.format, "B") ||
+        source.shape[2] != out.shape[2] || (out.shape[2] != 1 && out.shape[2] != 3)) {
+        PyErr_SetString(PyExc_ValueError, "source and out must be C-contiguous uint8 arrays (height, width, channels)");
+    } else if (!box_inside(box, (double)source.shape[0], (double)source.shape[1])) {
+        PyErr_SetString(PyExc_ValueError, "the box lies outside the source");
+    } else {
+        Taps rows = {0}, columns = {0};
+        int channels = (int)source.shape[2], failed;
+        Py_BEGIN_ALLOW_THREADS failed = taps_plan(&rows, box[0], box[2], (int)source.shape[0], (int)out.shape[0]) ||
+                                        taps_plan(&columns, box[1], box[3], (int)source.shape[1], (int)out.shape[1]) ||
+                                        resize(source.buf, (size_t)source.shape[1] * channels, 0, 0, channels, &rows,
+                                               &columns, out.buf, flip_x, flip_y);
+        Py_END_ALLOW_THREADS taps_free(&rows);
+        taps_free(&columns);
+        if (failed)
+            PyErr_NoMemory();
+        else
+            result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&source);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"crop_resize", (PyCFunction)(void (*)(void))py_crop_resize, METH_VARARGS | METH_KEYWORDS,
+     "crop_resize(data, scale, box, out, flip_x=False, flip_y=False)\n--\n\n"
+     "Decode the JPEG `data` at `scale`/8 (only the rows and columns the box needs), resize `box` (top, left,\n"
+     "bottom, right, in the scaled picture's pixels) into `out` (height, width, 1 or 3; uint8), mirrored as asked.\n"
+     "A damaged file, or one of another colour space than `out` asks, raises ValueError."},
+    {"resize", (PyCFunction)(void (*)(void))py_resize, METH_VARARGS | METH_KEYWORDS,
+     "resize(source, box, out, flip_x=False, flip_y=False)\n--\n\n"
+     "Resize `box` (top, left, bottom, right) of `source` (height, width, channels; uint8) into `out`,\n"
+     "antialiased bilinear, as Pillow's Image.resize(..., BILINEAR, box=...) does."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg", "Cropped JPEG decoding and resizing.", -1, methods};
+
+PyMODINIT_FUNC PyInit__jpeg(void) {
+    PyObject *created = PyModule_Create(&module);
+    if (created == NULL)
+        return NULL;
+#ifdef LIBJPEG_TURBO_VERSION
+#define OUTCORE_STRING(x) #x
+#define OUTCORE_VERSION(x) OUTCORE_STRING(x)
+    const char *version = OUTCORE_VERSION(LIBJPEG_TURBO_VERSION);
+#else
+    const char *version = "unknown";
+#endif
+    if (PyModule_AddStringConstant(created, "LIBJPEG_TURBO_VERSION", version) < 0) {
+        Py_DECREF(created);
+        return NULL;
+    }
+    return created;
+}

@@ -1,0 +1,59 @@
+"""Build outcore's one C extension, ``outcore.imaging._jpeg`` (cropped JPEG decoding), when it can be built.
+
+It needs a C compiler and libjpeg-turbo 1.5 or later with its headers (Debian/Ubuntu ``libjpeg62-turbo-dev``
+or ``libjpeg-turbo8-dev``, Fedora ``libjpeg-turbo-devel``, Homebrew ``jpeg-turbo``, conda ``libjpeg-turbo``),
+found through ``pkg-config libjpeg``, the ``OUTCORE_JPEG_PREFIX`` environment variable (a folder with
+``include/`` and ``lib/``), an active conda environment or Homebrew. Without them the install goes on
+without the extension, saying so, and outcore decodes with simplejpeg and Pillow instead (the same pixels,
+slower); ``outcore info --system`` shows which. ``OUTCORE_NATIVE=0`` skips the build.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+SOURCE = "outcore/imaging/_jpeg.c"
+
+
+def jpeg_paths() -> tuple[list[str], list[str]]:
+    """(include folders, library folders) where libjpeg-turbo's headers and library may be."""
+    if shutil.which("pkg-config"):
+        found = subprocess.run(["pkg-config", "--cflags-only-I", "--libs-only-L", "libjpeg"], capture_output=True,
+                               text=True, check=False)
+        if found.returncode == 0:
+            words = found.stdout.split()
+            return [w[2:] for w in words if w.startswith("-I")], [w[2:] for w in words if w.startswith("-L")]
+    prefixes = [os.environ.get("OUTCORE_JPEG_PREFIX"), os.environ.get("CONDA_PREFIX"),
+                "/opt/homebrew/opt/jpeg-turbo", "/usr/local/opt/jpeg-turbo"]
+    prefixes = [Path(p) for p in prefixes if p and (Path(p) / "include" / "jpeglib.h").exists()]
+    return [str(p / "include") for p in prefixes], [str(p / "lib") for p in prefixes]
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that reports a failed build and goes on: the extension is optional."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as error:  # a missing compiler or header shows as one of many distutils errors
+            print(f"outcore: the C extension {ext.name} was not built ({error}); outcore will decode JPEGs with "
+                  "simplejpeg and Pillow (same pixels, slower). Install libjpeg-turbo's headers and a C compiler "
+                  "to build it.", file=sys.stderr)
+
+
+def extensions() -> list[Extension]:
+    if os.environ.get("OUTCORE_NATIVE", "1") == "0":
+        return []
+    include_dirs, library_dirs = jpeg_paths()
+    return [Extension("outcore.imaging._jpeg", [SOURCE], include_dirs=include_dirs, library_dirs=library_dirs,
+                      libraries=["jpeg"], extra_compile_args=["-O3", "-ffp-contract=off"] if os.name != "nt" else [])]
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
