@@ -18,6 +18,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, CompileError, ExecError, LinkError, PlatformError
 
 SOURCE = "outcore/imaging/_jpeg.c"
 
@@ -37,12 +38,13 @@ def jpeg_paths() -> tuple[list[str], list[str]]:
 
 
 class OptionalBuildExt(build_ext):
-    """build_ext that reports a failed build and goes on: the extension is optional."""
+    """build_ext that reports a failed build and goes on without that extension: it is optional."""
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
-        except Exception as error:  # a missing compiler or header shows as one of many distutils errors
+        except (CCompilerError, CompileError, ExecError, LinkError, PlatformError, OSError) as error:
+            self.extensions = [other for other in self.extensions if other is not ext]  # nothing to copy or install
             print(f"outcore: the C extension {ext.name} was not built ({error}); outcore will decode JPEGs with "
                   "simplejpeg and Pillow (same pixels, slower). Install libjpeg-turbo's headers and a C compiler "
                   "to build it.", file=sys.stderr)

@@ -11,11 +11,13 @@ fresh process, and prints images/s, the ratio to the DCT-scaled decode ceiling, 
 peak RSS and whether the epoch held every image exactly once:
 
 - the ceilings: a tight loop on every core (no loader, no batching) that decodes each file with
-  libjpeg-turbo, crops the box and resizes it to 224: at full size, and at the smallest DCT scale
-  (1/8 .. 1) that keeps the box at least 224 (what a loader fusing the crop with decoding could reach);
+  libjpeg-turbo, crops the box and resizes it to 224 (Pillow): at full size, and at the smallest DCT scale
+  of 1/8, 1/4, 1/2 and 1 that keeps the box at least 224 (the ratios are to this one); and, where outcore's
+  C extension is built, the same loop decoding only the box's rows and columns (what the fused path does);
 - outcore, the ImageNet way: an encoded store of the files as they are (``shape=None``: each picture at
   its own size), read with ``Compose([RandomResizedCrop(224), RandomFlip()])``: the box is drawn from
-  each picture's stored size and cut while decoding (DCT-scaled); the same store with ``max_side=512``
+  each picture's stored size and cut while decoding (DCT-scaled; only the box's rows and columns with the
+  C extension, and again with ``OUTCORE_NATIVE=0``, without it); the same store with ``max_side=512``
   (pictures larger re-encoded once at ingest, quality 90), with its own ceiling (the same loop on its
   files);
 - outcore with one size chosen at ingest: an encoded store decoded at 256x256 (resize "crop": short side
@@ -53,7 +55,8 @@ import simplejpeg
 from PIL import Image
 
 import outcore
-from outcore.imaging import center_crop_box, random_resized_crop_box
+from outcore.imaging import center_crop_box, native, random_resized_crop_box
+from outcore.imaging.decode import dct_scale
 from outcore.imaging.synthetic import SAMPLE_PHOTOS, sample_photo
 from outcore.storage import read_files
 from outcore.transforms import CenterCrop, Compose, RandomFlip, RandomResizedCrop
@@ -64,12 +67,16 @@ STORES = {"own": {"shape": None, "images": "encoded"},
           f"own-{MAX_SIDE}": {"shape": None, "images": "encoded", "max_side": MAX_SIDE},
           "encoded-256": {"shape": (256, 256, 3), "images": "encoded"},
           "pixels-256": {"shape": (256, 256, 3), "images": "pixels"}}
+FALLBACK = f"{native.ENVIRONMENT}=0"  # a loader measured with this in its name runs without the C extension
 TRAIN_LOADERS = ("ceiling: full decode + crop + resize, every core", "ceiling: DCT-scaled decode + crop + resize",
                  f"ceiling: DCT-scaled, the max_side={MAX_SIDE} files",
-                 "outcore encoded, own sizes, RRC fused + flip", f"outcore encoded, max_side={MAX_SIDE}, RRC fused + flip",
+                 "ceiling: cropped decode + resize (C extension)",
+                 "outcore encoded, own sizes, RRC fused + flip", f"outcore encoded, own sizes, RRC fused + flip, {FALLBACK}",
+                 f"outcore encoded, max_side={MAX_SIDE}, RRC fused + flip",
                  "outcore encoded store @256 + RRC + flip", "outcore pixel store @256 + RRC + flip",
                  "Pillow DataLoader, 2 workers, RRC + flip", "Pillow DataLoader + draft(), 2 workers, RRC + flip")
 VAL_LOADERS = ("outcore encoded, own sizes, CenterCrop(224, resize=256) fused",
+               f"outcore encoded, own sizes, CenterCrop(224, resize=256) fused, {FALLBACK}",
                f"outcore encoded, max_side={MAX_SIDE}, CenterCrop(224, resize=256) fused",
                "outcore encoded store @256 + CenterCrop", "outcore pixel store @256 + CenterCrop",
                "Pillow DataLoader, 2 workers, Resize(256) + CenterCrop")
@@ -123,23 +130,33 @@ def build_stores(root: Path, workdir: Path) -> dict[str, tuple[float, int]]:
 
 # -- the ceilings --------------------------------------------------------------------------------------
 
-def crop_file(data: bytes, scaled: bool, seed: int) -> np.ndarray:
-    """One file through RandomResizedCrop(224) + flip, decoded at full size or at the smallest DCT
-    scale that keeps the box at least 224 on both sides."""
+def crop_file(data: bytes, how: str, seed: int) -> np.ndarray:
+    """One file through RandomResizedCrop(224) + flip: decoded at full size (``how="full"``), or at the
+    smallest DCT scale of 1/8, 1/4, 1/2 and 1 that keeps the box at least 224 on both sides (``"scaled"``),
+    then resized with Pillow; or (``"cropped"``) only the box's rows and columns at that scale, resized,
+    by the C extension."""
     height, width, _, _ = simplejpeg.decode_jpeg_header(data)
     rng = np.random.default_rng(seed)
     top, left, box_h, box_w = random_resized_crop_box(height, width, SCALE, RATIO, rng)
-    need_h, need_w = (math.ceil(height * SIZE / box_h), math.ceil(width * SIZE / box_w)) if scaled else (0, 0)
-    pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=need_h, min_width=need_w)
-    fy, fx = pixels.shape[0] / height, pixels.shape[1] / width
+    need = (math.ceil(height * SIZE / box_h), math.ceil(width * SIZE / box_w))
+    eighths = 8 if how == "full" else dct_scale((height, width), need)
+    scaled = (math.ceil(height * eighths / 8), math.ceil(width * eighths / 8))
+    fy, fx = scaled[0] / height, scaled[1] / width
+    flip = rng.random() < 0.5
+    if how == "cropped":
+        out = np.empty((SIZE, SIZE, 3), np.uint8)
+        native.extension.crop_resize(data, eighths, (top * fy, left * fx, (top + box_h) * fy, (left + box_w) * fx),
+                                     out, flip)
+        return out
+    pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=scaled[0], min_width=scaled[1])
     region = (left * fx, top * fy, (left + box_w) * fx, (top + box_h) * fy)
     out = Image.fromarray(pixels).resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=region)
-    return np.asarray(out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else out)
+    return np.asarray(out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out)
 
 
-def _crop_many(job: tuple[list[str] | tuple[str, int, int], bool]) -> int:
-    """Files by path, or a store's files ``(location, start, stop)``, each read then cropped."""
-    source, scaled = job
+def _crop_many(job: tuple[list[str] | tuple[str, int, int], str]) -> int:
+    """Files by path, or a store's files ``(location, start, stop)``, each read then cropped (`crop_file`)."""
+    source, how = job
     if isinstance(source, tuple):  # read in blocks of BATCH files: one ranged read each
         ds, (start, stop) = outcore.open_dataset(source[0]), source[1:]
         files = (data for block in range(start, stop, BATCH)
@@ -148,14 +165,14 @@ def _crop_many(job: tuple[list[str] | tuple[str, int, int], bool]) -> int:
         files = (Path(path).read_bytes() for path in source)
     count = 0
     for seed, data in enumerate(files):
-        crop_file(data, scaled, seed)
+        crop_file(data, how, seed)
         count += 1
     return count
 
 
-def ceiling(files: list[Path], scaled: bool) -> int:
+def ceiling(files: list[Path], how: str) -> int:
     parts = os.cpu_count() or 1
-    jobs = [([str(f) for f in files[i::parts]], scaled) for i in range(parts)]
+    jobs = [([str(f) for f in files[i::parts]], how) for i in range(parts)]
     with ProcessPoolExecutor(parts) as pool:
         return sum(pool.map(_crop_many, jobs))
 
@@ -164,7 +181,7 @@ def store_ceiling(location: Path) -> int:
     """The DCT-scaled ceiling over the files a store holds (one part of its samples per core)."""
     parts, count = os.cpu_count() or 1, len(outcore.open_dataset(location))
     bounds = np.linspace(0, count, parts + 1).astype(int)
-    jobs = [((str(location), int(a), int(b)), True) for a, b in itertools.pairwise(bounds)]
+    jobs = [((str(location), int(a), int(b)), "scaled") for a, b in itertools.pairwise(bounds)]
     with ProcessPoolExecutor(parts) as pool:
         return sum(pool.map(_crop_many, jobs))
 
@@ -253,20 +270,23 @@ def outcore_epoch(location: Path, transform: object) -> tuple[int, int]:
 def measure(name: str, workdir: Path, files: list[Path]) -> dict[str, float]:
     train, val = Compose([RandomResizedCrop(SIZE), RandomFlip()]), CenterCrop(SIZE, resize=256)
     work = {
-        TRAIN_LOADERS[0]: lambda: (ceiling(files, scaled=False),) * 2,
-        TRAIN_LOADERS[1]: lambda: (ceiling(files, scaled=True),) * 2,
+        TRAIN_LOADERS[0]: lambda: (ceiling(files, "full"),) * 2,
+        TRAIN_LOADERS[1]: lambda: (ceiling(files, "scaled"),) * 2,
         TRAIN_LOADERS[2]: lambda: (store_ceiling(workdir / f"own-{MAX_SIDE}.zarr"),) * 2,
-        TRAIN_LOADERS[3]: lambda: outcore_epoch(workdir / "own.zarr", train),
-        TRAIN_LOADERS[4]: lambda: outcore_epoch(workdir / f"own-{MAX_SIDE}.zarr", train),
-        TRAIN_LOADERS[5]: lambda: outcore_epoch(workdir / "encoded-256.zarr", train),
-        TRAIN_LOADERS[6]: lambda: outcore_epoch(workdir / "pixels-256.zarr", train),
-        TRAIN_LOADERS[7]: lambda: pillow_epoch(files, train=True, draft=False),
-        TRAIN_LOADERS[8]: lambda: pillow_epoch(files, train=True, draft=True),
+        TRAIN_LOADERS[3]: lambda: (ceiling(files, "cropped"),) * 2,
+        TRAIN_LOADERS[4]: lambda: outcore_epoch(workdir / "own.zarr", train),
+        TRAIN_LOADERS[5]: lambda: outcore_epoch(workdir / "own.zarr", train),
+        TRAIN_LOADERS[6]: lambda: outcore_epoch(workdir / f"own-{MAX_SIDE}.zarr", train),
+        TRAIN_LOADERS[7]: lambda: outcore_epoch(workdir / "encoded-256.zarr", train),
+        TRAIN_LOADERS[8]: lambda: outcore_epoch(workdir / "pixels-256.zarr", train),
+        TRAIN_LOADERS[9]: lambda: pillow_epoch(files, train=True, draft=False),
+        TRAIN_LOADERS[10]: lambda: pillow_epoch(files, train=True, draft=True),
         VAL_LOADERS[0]: lambda: outcore_epoch(workdir / "own.zarr", val),
-        VAL_LOADERS[1]: lambda: outcore_epoch(workdir / f"own-{MAX_SIDE}.zarr", val),
-        VAL_LOADERS[2]: lambda: outcore_epoch(workdir / "encoded-256.zarr", CenterCrop(SIZE)),
-        VAL_LOADERS[3]: lambda: outcore_epoch(workdir / "pixels-256.zarr", CenterCrop(SIZE)),
-        VAL_LOADERS[4]: lambda: pillow_epoch(files, train=False, draft=False),
+        VAL_LOADERS[1]: lambda: outcore_epoch(workdir / "own.zarr", val),
+        VAL_LOADERS[2]: lambda: outcore_epoch(workdir / f"own-{MAX_SIDE}.zarr", val),
+        VAL_LOADERS[3]: lambda: outcore_epoch(workdir / "encoded-256.zarr", CenterCrop(SIZE)),
+        VAL_LOADERS[4]: lambda: outcore_epoch(workdir / "pixels-256.zarr", CenterCrop(SIZE)),
+        VAL_LOADERS[5]: lambda: pillow_epoch(files, train=False, draft=False),
         DALI_TRAIN: lambda: dali_epoch(workdir / "train", train=True),
         DALI_VAL: lambda: dali_epoch(workdir / "train", train=False),
     }[name]
@@ -279,8 +299,9 @@ def measure(name: str, workdir: Path, files: list[Path]) -> dict[str, float]:
 
 
 def in_a_fresh_process(name: str, args: argparse.Namespace) -> dict[str, float]:
+    environment = dict(os.environ, **({native.ENVIRONMENT: "0"} if FALLBACK in name else {}))
     result = subprocess.run([sys.executable, __file__, "--workdir", str(args.workdir), "--images", str(args.images),
-                             "--measure", name], capture_output=True, text=True, check=True)
+                             "--measure", name], capture_output=True, text=True, check=True, env=environment)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -312,7 +333,7 @@ def main() -> None:
         return
     sizes = [f.stat().st_size for f in files]
     print(f"{len(files)} JPEGs, {sum(sizes) / 2**30:.2f} GiB, mean {np.mean(sizes) / 1024:.0f} KiB; "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores; JPEG boxes: {native.backend()}")
     for name, (rate, size) in build_stores(root, args.workdir).items():
         print(f"ingest {name}.zarr ({STORES[name]}): {rate:,.0f} images/s, {size / 2**30:.2f} GiB")
     try:
@@ -323,15 +344,16 @@ def main() -> None:
         dali = False
     def chosen(names: tuple[str, ...]) -> list[str]:
         wanted = [text for text in args.only.split(",") if text] if args.only else []
-        return [name for name in names if not wanted or any(w in name for w in wanted) or name == TRAIN_LOADERS[1]]
+        return [name for name in names if (not wanted or any(w in name for w in wanted) or name == TRAIN_LOADERS[1])
+                and (native.extension is not None or FALLBACK not in name and name != TRAIN_LOADERS[3])]
 
     train = {name: in_a_fresh_process(name, args) for name in chosen(TRAIN_LOADERS + ((DALI_TRAIN,) if dali else ()))}
     print_rows("train: RandomResizedCrop(224) + flip, batch 256, one shuffled epoch", train,
-               train[TRAIN_LOADERS[1]]["rate"], TRAIN_LOADERS[7], DALI_TRAIN)
+               train[TRAIN_LOADERS[1]]["rate"], TRAIN_LOADERS[9], DALI_TRAIN)
     if not args.skip_validation:
         val = {name: in_a_fresh_process(name, args) for name in chosen(VAL_LOADERS + ((DALI_VAL,) if dali else ()))}
         print_rows("validation: resize 256 + CenterCrop(224), batch 256", val, train[TRAIN_LOADERS[1]]["rate"],
-                   VAL_LOADERS[4], DALI_VAL)
+                   VAL_LOADERS[5], DALI_VAL)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
-"""`describe`: the full text report behind ``outcore info``."""
+"""`describe`: the full text report behind ``outcore info``; `system_report`, behind ``outcore info --system``."""
 
 from __future__ import annotations
 
 import json
+import platform
+from importlib.metadata import PackageNotFoundError, version
 
 from ..dataset import Dataset
 from ..errors import CorruptChunkError
+from ..imaging import native
 from ..storage.report import field_reports, human_size, total
+from ..threads import available_cpus, thread_count
 
 
 def describe(ds: Dataset) -> str:
@@ -46,3 +50,28 @@ def describe(ds: Dataset) -> str:
         lines += [f"  {message}" for message in skipped["examples"][:10]]
     lines.append("\nprovenance: " + json.dumps(ds.attrs.provenance, indent=2))
     return "\n".join(lines)
+
+
+def system_report() -> str:
+    """What outcore runs on in this process: versions, the JPEG decoder behind fused crops (the C extension
+    or simplejpeg and Pillow), CPUs and threads.
+
+    >>> print(system_report())  # doctest: +SKIP
+    outcore 0.1.0 on Python 3.11.9 (Linux x86_64)
+    JPEG boxes: C extension (libjpeg-turbo 2.1.5; cropped decoding, AVX2 resize)
+    ...
+    """
+    where = f"{platform.system()} {platform.machine()}"
+    lines = [f"outcore {_version('outcore')} on Python {platform.python_version()} ({where})",
+             f"JPEG boxes: {native.backend()}",
+             f"CPUs available: {available_cpus()}, decode threads: {thread_count()}"]
+    packages = ("numpy", "zarr", "dask", "distributed", "pillow", "simplejpeg", "torch", "tensorflow-cpu", "keras")
+    lines.append("packages: " + ", ".join(f"{name} {_version(name)}" for name in packages))
+    return "\n".join(lines)
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"

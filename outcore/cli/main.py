@@ -16,14 +16,14 @@ from typing import Any, NoReturn
 
 from ..dataset import open_dataset
 from ..errors import ClusterError, OptionError, OutcoreError
-from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, RESIZE_POLICIES
+from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, RESIZE_POLICIES, native
 from ..ingest import ingest_dataframe, ingest_images, ingest_splits
 from ..iterate import shuffle_quality
 from ..storage import ChunkCache, RemoteStore
 from ..storage.cache import ENVIRONMENT
 from .bench import compare, epoch_traffic
 from .demo import run_demo
-from .info import describe
+from .info import describe, system_report
 from .verify import verify
 
 
@@ -151,8 +151,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_scheduler(ingest)
     ingest.set_defaults(run=_ingest, parser=ingest)
 
-    info = commands.add_parser("info", help="describe a store: fields, chunks, codecs, sizes, classes")
-    info.add_argument("store", metavar="STORE")
+    info = commands.add_parser("info", help="describe a store: fields, chunks, codecs, sizes, classes; or, with "
+                                            "--system, this machine's outcore (versions, JPEG decoder, threads)")
+    info.add_argument("store", metavar="STORE", nargs="?")
+    info.add_argument("--system", action="store_true",
+                      help="what outcore runs on here: versions, the JPEG decoder (C extension or not), threads")
     _add_remote(info)
     info.set_defaults(run=_info, parser=info)
 
@@ -305,7 +308,12 @@ def _label_dtype(text: str | None) -> str | dict[str, str] | None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    print(describe(open_dataset(args.store, **_open_options(args))))
+    if args.system:
+        print(system_report())
+    if args.store is not None:
+        print(("\n" if args.system else "") + describe(open_dataset(args.store, **_open_options(args))))
+    elif not args.system:
+        raise OptionError("outcore info needs a STORE to describe, or --system")
     return 0
 
 
@@ -329,7 +337,8 @@ def _bench(args: argparse.Namespace) -> int:
     ds = open_dataset(args.store, **_open_options(args))
     rows = compare(ds, batch_size=args.batch_size, repeats=args.repeats, crop=args.crop)
     baseline = rows[0][1]
-    print(f"{ds.location}: {len(ds):,} samples, all fields, medians of {args.repeats} runs (warm cache)\n")
+    print(f"{ds.location}: {len(ds):,} samples, all fields, medians of {args.repeats} runs (warm cache)")
+    print(f"JPEG boxes decoded by: {native.backend()}\n")
     print(f"{'what':50s} {'samples/s':>10s} {'vs plain zarr':>14s}")
     for name, rate in rows:
         print(f"{name:50s} {rate:10.0f} {rate / baseline:14.2f}")

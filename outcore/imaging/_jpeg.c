@@ -448,7 +448,13 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
 #else
     const char *version = "unknown";
 #endif
-    if (PyModule_AddStringConstant(created, "LIBJPEG_TURBO_VERSION", version) < 0) {
+#ifdef OUTCORE_AVX2
+    const char *simd = __builtin_cpu_supports("avx2") ? "AVX2" : "scalar";
+#else
+    const char *simd = "scalar";
+#endif
+    if (PyModule_AddStringConstant(created, "LIBJPEG_TURBO_VERSION", version) < 0 ||
+        PyModule_AddStringConstant(created, "SIMD", simd) < 0) {
         Py_DECREF(created);
         return NULL;
     }

@@ -11,6 +11,7 @@ from PIL import Image
 
 from ..errors import ImageError, OptionError
 from ..threads import for_each
+from . import native
 from .crops import Box
 
 ResizePolicy = Literal["fit", "crop", "pad"] | None
@@ -52,28 +53,73 @@ def fit(pixels: np.ndarray, size: tuple[int, int], resize: ResizePolicy, path: s
     return padded
 
 
-def _resize(pixels: np.ndarray, height: int, width: int, box: Box | None = None) -> np.ndarray:
-    """Antialiased bilinear resize with Pillow of ``pixels`` (h, w, c), or of its ``box`` (top, left,
-    height, width); other than 8-bit data is resized channel by channel in float."""
-    region = None if box is None else (box[1], box[0], box[1] + box[3], box[0] + box[2])  # Pillow's order
+def _resize(pixels: np.ndarray, height: int, width: int, box: Box | None = None, out: np.ndarray | None = None,
+            flip: tuple[bool, bool] = (False, False)) -> np.ndarray:
+    """``box`` (top, left, height, width; the whole picture by default) of ``pixels`` (h, w, c) resized to
+    (height, width), as `resize_edges` does."""
+    box = (0, 0, pixels.shape[0], pixels.shape[1]) if box is None else box
+    return resize_edges(pixels, (box[0], box[1], box[0] + box[2], box[1] + box[3]), (height, width), out, flip)
+
+
+def resize_edges(pixels: np.ndarray, edges: tuple[float, float, float, float], size: tuple[int, int],
+                 out: np.ndarray | None = None, flip: tuple[bool, bool] = (False, False)) -> np.ndarray:
+    """The region of ``pixels`` (h, w, c) between ``edges`` (top, left, bottom, right) resized to ``size``,
+    antialiased bilinear, mirrored left-right and top-bottom as ``flip`` says, into ``out`` when given.
+    Other than 8-bit data is resized channel by channel in float.
+
+    >>> resize_edges(np.arange(16, dtype=np.uint8).reshape(4, 4, 1), (0, 0, 2, 4), (1, 2))[..., 0].tolist()
+    [[4, 5]]
+    """
     if pixels.dtype == np.uint8:
-        image = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
-        resized = np.asarray(image.resize((width, height), Image.Resampling.BILINEAR, box=region))
-        return resized.reshape(height, width, pixels.shape[2])
+        return _resize_uint8(pixels, size, edges, out, flip)
+    region = (edges[1], edges[0], edges[3], edges[2])  # Pillow's order
     planes = np.stack([
         np.asarray(Image.fromarray(pixels[..., c].astype(np.float32)).resize(
-            (width, height), Image.Resampling.BILINEAR, box=region))
+            size[::-1], Image.Resampling.BILINEAR, box=region))
         for c in range(pixels.shape[2])
     ], axis=-1)
-    if pixels.dtype.kind not in "ui":
-        return planes.astype(pixels.dtype)
-    info = np.iinfo(pixels.dtype)
-    return np.clip(np.rint(planes), info.min, info.max).astype(pixels.dtype)
+    if pixels.dtype.kind in "ui":
+        info = np.iinfo(pixels.dtype)
+        planes = np.clip(np.rint(planes), info.min, info.max)
+    return _placed(planes.astype(pixels.dtype), out, flip)
 
 
-def resize_box(pixels: np.ndarray, box: Box, size: tuple[int, int]) -> np.ndarray:
-    """``box`` of ``pixels`` (h, w, c) resized to ``size`` (bilinear, antialiased)."""
-    return _resize(pixels, size[0], size[1], box)
+def _resize_uint8(pixels: np.ndarray, size: tuple[int, int], edges: tuple[float, float, float, float],
+                  out: np.ndarray | None, flip: tuple[bool, bool]) -> np.ndarray:
+    """Pillow's antialiased bilinear filter, columns first, then rows (8-bit rounding between): by the C
+    extension where it is built, else by Pillow one axis at a time. Pillow's own two-axis resize may take
+    the axes in either order, and which depends on its version; this order is outcore's, always."""
+    height, width = size
+    channels = pixels.shape[2]
+    if native.extension is not None and channels in (1, 3):  # RGBA goes through Pillow: it premultiplies alpha
+        direct = out is not None and out.flags.c_contiguous and out.size == height * width * channels
+        target = out.reshape(height, width, channels) if direct else np.empty((height, width, channels), np.uint8)
+        native.extension.resize(np.ascontiguousarray(pixels), edges, target, *flip)
+        return target.reshape(out.shape) if direct else _placed(target, out, (False, False))
+    image = Image.fromarray(pixels[..., 0] if channels == 1 else pixels)
+    columns = image.resize((width, image.height), Image.Resampling.BILINEAR, box=(edges[1], 0, edges[3], image.height))
+    rows = columns.resize((width, height), Image.Resampling.BILINEAR, box=(0, edges[0], width, edges[2]))
+    return _placed(np.asarray(rows).reshape(height, width, channels), out, flip)
+
+
+def _placed(resized: np.ndarray, out: np.ndarray | None, flip: tuple[bool, bool]) -> np.ndarray:
+    """``resized`` mirrored as ``flip`` says, written into ``out`` when given."""
+    mirrored = resized[::-1 if flip[1] else 1, ::-1 if flip[0] else 1]
+    if out is None:
+        return mirrored
+    out[...] = mirrored.reshape(out.shape)
+    return out
+
+
+def resize_box(pixels: np.ndarray, box: Box, size: tuple[int, int], out: np.ndarray | None = None,
+               flip: tuple[bool, bool] = (False, False)) -> np.ndarray:
+    """``box`` of ``pixels`` (h, w, c) resized to ``size`` (bilinear, antialiased), mirrored as ``flip``
+    (left-right, top-bottom) says, into ``out`` when given.
+
+    >>> resize_box(np.arange(16, dtype=np.uint8).reshape(4, 4, 1), (0, 0, 2, 2), (1, 1))[..., 0].tolist()
+    [[4]]
+    """
+    return _resize(pixels, size[0], size[1], box, out, flip)
 
 
 def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int]) -> np.ndarray:
@@ -87,7 +133,7 @@ def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int]
     out = np.empty((len(images), *size, channels.shape[3]), images.dtype)
 
     def resize(i: int) -> None:
-        out[i] = _resize(channels[i], size[0], size[1], boxes[i])
+        _resize(channels[i], size[0], size[1], boxes[i], out[i])
 
     for_each(resize, len(images))
     return out[..., 0] if images.ndim == 3 else out

@@ -1,0 +1,35 @@
+"""outcore's C extension, chosen at import: cropped JPEG decoding and resizing in C when it was built (see
+setup.py), simplejpeg and Pillow otherwise. Both give the same pixels; `backend` says which runs.
+
+``OUTCORE_NATIVE=0`` in the environment turns the extension off (to compare, or to rule it out).
+
+>>> backend()  # doctest: +SKIP
+'C extension (libjpeg-turbo 2.1.5; cropped decoding, AVX2 resize)'
+"""
+
+from __future__ import annotations
+
+import os
+
+ENVIRONMENT = "OUTCORE_NATIVE"
+
+try:
+    from . import _jpeg as extension
+except ImportError as error:  # not built: no compiler or no libjpeg-turbo headers at install
+    extension = None
+    _why_not = f"not built ({error}; see setup.py: it needs libjpeg-turbo's headers and a C compiler)"
+else:
+    _why_not = ""
+if os.environ.get(ENVIRONMENT, "1") == "0":
+    extension, _why_not = None, f"turned off by {ENVIRONMENT}=0"
+
+
+def backend() -> str:
+    """What decodes JPEG boxes and resizes them in this process, in words (``outcore info --system``).
+
+    >>> backend().split(" (")[0] in ("C extension", "simplejpeg and Pillow")
+    True
+    """
+    if extension is None:
+        return f"simplejpeg and Pillow ({_why_not})"
+    return f"C extension (libjpeg-turbo {extension.LIBJPEG_TURBO_VERSION}; cropped decoding, {extension.SIMD} resize)"

@@ -1,0 +1,251 @@
+"""The C extension (outcore.imaging._jpeg) against what it replaces: the same pixels, value for value.
+
+Cropped decoding is compared with decoding the whole file at the same DCT scale (simplejpeg) and cutting;
+the resize with Pillow's antialiased bilinear filter, one axis at a time (columns, then rows). Both paths of
+`decode_region` and `resize_edges` (extension, fallback) are run in one session, so CI tests both.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import simplejpeg
+from PIL import Image
+
+from outcore.errors import ImageError
+from outcore.format import ImageDecode
+from outcore.imaging import native
+from outcore.imaging.decode import dct_scale, decode_region, upright_size
+from outcore.imaging.resize import resize_edges
+from outcore.imaging.synthetic import sample_photo
+
+built = pytest.mark.skipif(native.extension is None, reason=f"the C extension is not here: {native.backend()}")
+
+
+def _jpeg(pixels: np.ndarray, **options) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90, **options)
+    return buffer.getvalue()
+
+
+def _photo(height: int, width: int) -> np.ndarray:
+    return np.asarray(Image.fromarray(sample_photo("astronaut")).resize((width, height)))
+
+
+FILES = {  # name: (bytes, channels)
+    "4:2:0": (_jpeg(_photo(375, 500), subsampling=2), 3),
+    "4:2:2": (_jpeg(_photo(301, 417), subsampling=1), 3),
+    "4:4:4": (_jpeg(_photo(250, 333), subsampling=0), 3),
+    "progressive": (_jpeg(_photo(333, 250), subsampling=2, progressive=True), 3),
+    "restart markers": (_jpeg(_photo(257, 391), subsampling=2, restart_marker_blocks=3), 3),
+    "greyscale": (_jpeg(np.asarray(Image.fromarray(_photo(211, 307)).convert("L"))), 1),
+}
+
+
+def _reference(data: bytes, channels: int, eighths: int, edges, size, flip) -> np.ndarray:
+    """Decode all of the file at ``eighths``/8, then resize the box with Pillow, columns then rows."""
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    scaled = (math.ceil(height * eighths / 8), math.ceil(width * eighths / 8))
+    pixels = simplejpeg.decode_jpeg(data, colorspace="RGB" if channels == 3 else "GRAY", min_height=scaled[0],
+                                    min_width=scaled[1])
+    assert pixels.shape[:2] == scaled
+    image = Image.fromarray(pixels[..., 0] if channels == 1 else pixels)
+    top, left, bottom, right = edges
+    columns = image.resize((size[1], scaled[0]), Image.Resampling.BILINEAR, box=(left, 0, right, scaled[0]))
+    rows = np.asarray(columns.resize(size[::-1], Image.Resampling.BILINEAR, box=(0, top, size[1], bottom)))
+    rows = rows.reshape(*size, channels)
+    return rows[::-1 if flip[1] else 1, ::-1 if flip[0] else 1]
+
+
+def _boxes(height: int, width: int, rng: np.random.Generator):
+    """Boxes at every edge and corner, the whole picture, single pixels and rows, and random ones (some
+    with fractional edges), in the scaled picture's pixels."""
+    yield 0, 0, height, width
+    yield 0, 0, 1, 1
+    yield height - 1, width - 1, height, width
+    yield 0, width - 17, 23, width  # top right
+    yield height - 19, 0, height, 31  # bottom left
+    yield height // 2, 0, height // 2 + 1, width  # one row
+    yield 0, width // 3, height, width // 3 + 1  # one column
+    for _ in range(12):
+        box_h, box_w = rng.uniform(1, height), rng.uniform(1, width)
+        top, left = rng.uniform(0, height - box_h), rng.uniform(0, width - box_w)
+        yield top, left, top + box_h, left + box_w
+
+
+@built
+@pytest.mark.parametrize("name", list(FILES))
+def test_a_cropped_decode_gives_the_pixels_of_a_full_decode_then_cut(name):
+    data, channels = FILES[name]
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    rng = np.random.default_rng(len(name))
+    for eighths in range(1, 9):
+        scaled = (math.ceil(height * eighths / 8), math.ceil(width * eighths / 8))
+        for k, edges in enumerate(_boxes(*scaled, rng)):
+            size = (int(rng.integers(1, 120)), int(rng.integers(1, 120))) if k % 3 else (7, 224)
+            flip = (bool(k % 2), bool(k % 4 == 1))
+            out = np.full((*size, channels), 7, np.uint8)
+            native.extension.crop_resize(data, eighths, edges, out, *flip)
+            expected = _reference(data, channels, eighths, edges, size, flip)
+            assert np.array_equal(out, expected), (name, eighths, edges, size, flip)
+
+
+@built
+def test_the_resize_is_pillows_antialiased_bilinear_one_axis_at_a_time():
+    rng = np.random.default_rng(0)
+    for trial in range(400):
+        height, width = (int(v) for v in rng.integers(1, 200, 2))
+        channels = (1, 3)[trial % 2]
+        pixels = rng.integers(0, 256, (height, width, channels), dtype=np.uint8)
+        box_h, box_w = rng.uniform(0.5, height), rng.uniform(0.5, width)
+        top, left = rng.uniform(0, height - box_h), rng.uniform(0, width - box_w)
+        if trial % 4 == 0:
+            top, left, box_h, box_w = int(top), int(left), max(1, int(box_h)), max(1, int(box_w))
+        size = (int(rng.integers(1, 250)), int(rng.integers(1, 250)))
+        image = Image.fromarray(pixels[..., 0] if channels == 1 else pixels)
+        columns = image.resize((size[1], height), Image.Resampling.BILINEAR, box=(left, 0, left + box_w, height))
+        expected = np.asarray(columns.resize(size[::-1], Image.Resampling.BILINEAR,
+                                             box=(0, top, size[1], top + box_h))).reshape(*size, channels)
+        out = np.empty((*size, channels), np.uint8)
+        native.extension.resize(pixels, (top, left, top + box_h, left + box_w), out)
+        assert np.array_equal(out, expected), (pixels.shape, (top, left, box_h, box_w), size)
+
+
+@pytest.fixture(params=["extension", "fallback"])
+def backend(request, monkeypatch):
+    """Each test below runs with the C extension (where built) and with simplejpeg and Pillow."""
+    if request.param == "extension" and native.extension is None:
+        pytest.skip(f"the C extension is not here: {native.backend()}")
+    if request.param == "fallback":
+        monkeypatch.setattr(native, "extension", None)
+    return request.param
+
+
+def _exif_rotated(pixels: np.ndarray) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90 degrees clockwise
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90, exif=exif)
+    return buffer.getvalue()
+
+
+def _cmyk(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).convert("CMYK").save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def _png(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+OTHER_FILES = {"exif rotated": _exif_rotated(_photo(120, 160)), "cmyk": _cmyk(_photo(120, 160)),
+               "png": _png(_photo(120, 160))}
+
+
+def _regions(data: bytes, decode: ImageDecode) -> list[np.ndarray]:
+    rng = np.random.default_rng(5)
+    height, width = upright_size(data) if decode.variable else decode.shape[:2]
+    results = []
+    for k in range(20):
+        box_h, box_w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
+        box = (int(rng.integers(0, height - box_h + 1)), int(rng.integers(0, width - box_w + 1)), box_h, box_w)
+        out = np.zeros((24, 40, decode.channels), np.uint8)
+        results.append(decode_region(data, decode, box, (24, 40), out, flip=(bool(k % 2), bool(k % 3 == 0))))
+    return results
+
+
+@pytest.mark.parametrize("name", ["4:2:0", "progressive", "greyscale", "exif rotated", "cmyk", "png"])
+@pytest.mark.parametrize("decode", [ImageDecode((None, None, 3), "uint8", None), ImageDecode((64, 64, 3), "uint8", "crop"),
+                                    ImageDecode((48, 80, 3), "uint8", "fit")], ids=["own size", "crop", "fit"])
+def test_both_paths_give_the_same_regions(name, decode, monkeypatch):
+    data = FILES[name][0] if name in FILES else OTHER_FILES[name]
+    if name == "greyscale":
+        decode = ImageDecode((*decode.shape[:2], 1), "uint8", decode.resize)
+    if native.extension is None:
+        pytest.skip(f"the C extension is not here: {native.backend()}")
+    with_extension = _regions(data, decode)
+    monkeypatch.setattr(native, "extension", None)
+    without = _regions(data, decode)
+    assert all(np.array_equal(a, b) for a, b in zip(with_extension, without, strict=True))
+
+
+def test_a_damaged_box_is_an_image_error_naming_the_file(backend):
+    data = FILES["4:2:0"][0]
+    truncated = data[: len(data) // 2]
+    decode = ImageDecode((None, None, 3), "uint8", None)
+    out = np.empty((32, 32, 3), np.uint8)
+    with pytest.raises(ImageError, match="cat/broken.jpg.*cannot decode"):
+        decode_region(truncated, decode, (300, 0, 75, 500), (32, 32), out, name="cat/broken.jpg")
+    with pytest.raises(ImageError, match="cat/junk.jpg"):
+        decode_region(b"\xff\xd8\xff" + bytes(500), decode, (0, 0, 10, 10), (32, 32), out, name="cat/junk.jpg")
+
+
+@built
+def test_only_the_rows_a_box_needs_are_decoded():
+    """A file damaged below the box still gives the box, exact: its rows are never read (outcore verify,
+    which decodes every file whole, finds the damage)."""
+    data = FILES["4:2:0"][0]
+    truncated = data[: int(len(data) * 0.6)]
+    out = np.empty((32, 32, 3), np.uint8)
+    native.extension.crop_resize(truncated, 8, (0, 0, 40, 500), out)
+    np.testing.assert_array_equal(out, _reference(data, 3, 8, (0, 0, 40, 500), (32, 32), (False, False)))
+    with pytest.raises(ValueError, match="Premature end"):
+        native.extension.crop_resize(truncated, 8, (300, 0, 375, 500), out)
+
+
+@built
+@pytest.mark.parametrize(("arguments", "message"), [
+    ((FILES["4:2:0"][0], 9, (0, 0, 10, 10), np.empty((4, 4, 3), np.uint8)), "scale=9"),
+    ((FILES["4:2:0"][0], 8, (0, 0, 400, 10), np.empty((4, 4, 3), np.uint8)), "outside"),
+    ((FILES["4:2:0"][0], 8, (0, 0, 10, 10), np.empty((4, 4, 3), np.float32)), "uint8"),
+    ((FILES["4:2:0"][0], 8, (0, 0, 10, 10), np.empty((4, 4, 1), np.uint8)), "not a greyscale JPEG"),
+    ((FILES["greyscale"][0], 8, (0, 0, 10, 10), np.empty((4, 4, 3), np.uint8)), "not a YCbCr JPEG"),
+])
+def test_wrong_arguments_are_value_errors(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        native.extension.crop_resize(*arguments)
+
+
+def test_resizes_give_the_same_pixels_either_way(backend):
+    rng = np.random.default_rng(3)
+    pixels = rng.integers(0, 256, (50, 70, 3), dtype=np.uint8)
+    out = resize_edges(pixels, (3.25, 1.5, 41.0, 66.75), (32, 24), flip=(True, False))
+    image = Image.fromarray(pixels)
+    columns = image.resize((24, 50), Image.Resampling.BILINEAR, box=(1.5, 0, 66.75, 50))
+    expected = np.asarray(columns.resize((24, 32), Image.Resampling.BILINEAR, box=(0, 3.25, 24, 41.0)))[:, ::-1]
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(("size", "need", "eighths"), [
+    ((375, 500), (47, 63), 1), ((375, 500), (48, 63), 2), ((375, 500), (94, 1), 2), ((375, 500), (95, 1), 4),
+    ((375, 500), (188, 250), 4), ((375, 500), (189, 1), 8), ((375, 500), (375, 500), 8), ((7, 500), (1, 1), 8),
+])
+def test_dct_scales_are_the_fast_ones(size, need, eighths):
+    assert dct_scale(size, need) == eighths
+
+
+def _has_libjpeg_headers() -> bool:
+    if shutil.which("pkg-config"):
+        found = subprocess.run(["pkg-config", "--exists", "libjpeg"], check=False)
+        if found.returncode == 0:
+            return True
+    return any(Path(folder, "jpeglib.h").exists() for folder in ("/usr/include", "/usr/local/include"))
+
+
+@pytest.mark.skipif(not _has_libjpeg_headers() or not shutil.which("cc") or os.environ.get(native.ENVIRONMENT) == "0",
+                    reason="no libjpeg-turbo headers or no C compiler here (or OUTCORE_NATIVE=0): no extension")
+def test_the_install_builds_the_extension_where_it_can():
+    """Where libjpeg-turbo's headers and a compiler are, ``pip install`` builds the extension: a silently
+    failed build would fall back to the slower path unnoticed."""
+    assert native.extension is not None, native.backend()
+    assert native.backend().startswith("C extension (libjpeg-turbo")
