@@ -143,6 +143,8 @@ static inline uint8_t clip8(int32_t value) {
 #define OUTCORE_AVX2
 #include <immintrin.h>
 
+static int has_avx2; /* whether this CPU has AVX2: set when the module loads */
+
 /* 8 bytes from `at`, or those of them before `end` (zeros after): a row's last pixels are not over-read. */
 __attribute__((target("avx2"))) static inline __m128i load8(const uint8_t *at, const uint8_t *end) {
     if (at + 8 <= end)
@@ -188,7 +190,7 @@ __attribute__((target("avx2"))) static void columns_rgb_avx2(const uint8_t *line
 /* One row (`line`, `bytes` long, its first pixel at column `left`) through the column taps into `into`. */
 static void columns_pass(const uint8_t *line, size_t bytes, int left, int channels, const Taps *columns, uint8_t *into) {
 #ifdef OUTCORE_AVX2
-    if (channels == 3 && __builtin_cpu_supports("avx2")) {
+    if (channels == 3 && has_avx2) {
         columns_rgb_avx2(line, bytes, left, columns, into);
         return;
     }
@@ -449,7 +451,8 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
     const char *version = "unknown";
 #endif
 #ifdef OUTCORE_AVX2
-    const char *simd = __builtin_cpu_supports("avx2") ? "AVX2" : "scalar";
+    has_avx2 = __builtin_cpu_supports("avx2");
+    const char *simd = has_avx2 ? "AVX2" : "scalar";
 #else
     const char *simd = "scalar";
 #endif
