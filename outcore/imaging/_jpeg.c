@@ -108,8 +108,16 @@ static int taps_plan(Taps *taps, double start, double end, int limit, int size) 
             taps->weights[(size_t)i * width + j] =
                 (int32_t)(weight < 0 ? weight * (1 << PRECISION_BITS) - 0.5 : weight * (1 << PRECISION_BITS) + 0.5);
         }
-        taps->first[i] = low;
-        taps->count[i] = count;
+        int32_t *weights = taps->weights + (size_t)i * width;
+        int skip = 0;
+        while (count > 1 && weights[count - 1] == 0) /* taps of weight 0 add nothing: an identity keeps one */
+            count--;
+        while (skip < count - 1 && weights[skip] == 0)
+            skip++;
+        if (skip > 0)
+            memmove(weights, weights + skip, (count - skip) * sizeof(int32_t));
+        taps->first[i] = low + skip;
+        taps->count[i] = count - skip;
     }
     free(raw);
     return 0;
