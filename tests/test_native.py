@@ -23,7 +23,7 @@ from PIL import Image
 from outcore.errors import ImageError
 from outcore.format import ImageDecode
 from outcore.imaging import native
-from outcore.imaging.decode import dct_scale, decode_region, upright_size
+from outcore.imaging.decode import dct_scale, decode_image, decode_region, upright_size
 from outcore.imaging.resize import resize_edges
 from outcore.imaging.synthetic import sample_photo
 
@@ -178,6 +178,24 @@ def test_both_paths_give_the_same_regions(name, decode, monkeypatch):
     monkeypatch.setattr(native, "extension", None)
     without = _regions(data, decode)
     assert all(np.array_equal(a, b) for a, b in zip(with_extension, without, strict=True))
+
+
+@pytest.mark.parametrize("name", ["4:2:0", "4:2:2", "progressive", "greyscale", "exif rotated", "cmyk", "png"])
+@pytest.mark.parametrize("resize", ["crop", "fit", "pad"])
+def test_both_paths_give_the_same_samples(name, resize, monkeypatch):
+    """Whole samples (ingest, encoded fields read without a crop): with the extension, a plain JPEG under
+    ``crop`` or ``fit`` is decoded only where the policy keeps it, and resized once, into ``out``."""
+    data, channels = FILES[name] if name in FILES else (OTHER_FILES[name], 3)
+    shapes = [(64, 64, channels), (37, 90, channels), (200, 150, channels)]
+    if native.extension is None:
+        pytest.skip(f"the C extension is not here: {native.backend()}")
+    with_extension = [decode_image(data, shape, resize, np.dtype("uint8")) for shape in shapes]
+    into = [decode_image(data, shape, resize, np.dtype("uint8"), out=np.empty(shape, np.uint8)) for shape in shapes]
+    monkeypatch.setattr(native, "extension", None)
+    without = [decode_image(data, shape, resize, np.dtype("uint8")) for shape in shapes]
+    for a, b, c in zip(with_extension, into, without, strict=True):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, c)
 
 
 def test_a_damaged_box_is_an_image_error_naming_the_file(backend):

@@ -34,7 +34,7 @@ from ..errors import ImageError, OptionError
 from ..format import ImageDecode
 from . import native
 from .crops import Box
-from .resize import ResizePolicy, fit, resize_edges
+from .resize import ResizePolicy, cover, cover_box, fit, resize_edges
 
 IMAGE_DTYPES = (np.dtype("uint8"), np.dtype("uint16"))
 MAX_PIXELS = 89_478_485  # Pillow's own limit for decompression bombs (about 9459 x 9459)
@@ -127,8 +127,8 @@ def decode_image(
         _check_stored(pixels.shape[:2], None if out is None else out.shape[:2], name)
     else:
         in_place = out if out is not None and dtype == np.uint8 and out.flags.c_contiguous else None
-        pixels = _decode(data, channels, shape[:2], resize, name, in_place, max_pixels)
-        if pixels is in_place:  # libjpeg-turbo wrote the finished sample straight into ``out``
+        pixels = _decode(data, channels, shape[:2], resize, name, in_place, max_pixels, finish=dtype == np.uint8)
+        if pixels is in_place:  # libjpeg-turbo (or the C extension) wrote the finished sample into ``out``
             return out
         pixels = fit(_convert_depth(pixels, dtype), shape[:2], resize, name).reshape(shape)
     if out is None:
@@ -265,17 +265,14 @@ def _file_region(data: bytes, decode: ImageDecode, box: Box) -> tuple | None:
     if decode.resize == "fit":
         sy, sx, top, left = target_h / height, target_w / width, 0, 0
     else:  # as `fit` crops: scale to cover, then the centre
-        scale = max(target_h / height, target_w / width)
-        scaled_h, scaled_w = max(target_h, round(height * scale)), max(target_w, round(width * scale))
-        sy, sx = scaled_h / height, scaled_w / width
-        top, left = (scaled_h - target_h) // 2, (scaled_w - target_w) // 2
+        sy, sx, top, left = cover((height, width), (target_h, target_w))
     region = ((y + top) / sy, (x + left) / sx, (y + top + box_h) / sy, (x + left + box_w) / sx)
     return (height, width), region, wanted[1]
 
 
 def _decode(
     data: bytes, channels: int, target: tuple[int, int] | None, resize: ResizePolicy, name: str, out: np.ndarray | None,
-    max_pixels: int | None,
+    max_pixels: int | None, finish: bool = False,
 ) -> np.ndarray:
     """Decode the first frame, upright (EXIF orientation applied), as (h, w, channels).
 
@@ -285,10 +282,12 @@ def _decode(
     than Pillow on 128x128 photos with identical pixels (benchmarks/cluster.py measures both); any
     other image through Pillow. Pillow is called directly: imageio's Pillow plugin runs the same
     decoder with about twice the per-file overhead. A plain JPEG of exactly the target size is decoded
-    straight into ``out`` (and ``out`` returned) when given: one copy fewer.
+    straight into ``out`` (and ``out`` returned) when given: one copy fewer. With ``finish`` (8-bit
+    samples), a plain JPEG under the ``crop`` or ``fit`` policy is returned finished, at the target size
+    (into ``out`` when given), where the C extension decodes only the part the policy keeps.
     """
     with _decode_errors(name):
-        fast = _decode_plain_jpeg(data, channels, target, resize, out, name, max_pixels)
+        fast = _decode_plain_jpeg(data, channels, target, resize, out, name, max_pixels, finish)
     if fast is not None:
         return fast
     with _opened(data, name, max_pixels) as image:
@@ -305,7 +304,7 @@ def _decode(
 
 def _decode_plain_jpeg(
     data: bytes, channels: int, target: tuple[int, int] | None, resize: ResizePolicy, out: np.ndarray | None, name: str,
-    max_pixels: int | None,
+    max_pixels: int | None, finish: bool = False,
 ) -> np.ndarray | None:
     """A YCbCr JPEG as RGB, or a greyscale JPEG as grey, through libjpeg-turbo; None for anything else."""
     if data[:3] != b"\xff\xd8\xff":
@@ -323,8 +322,13 @@ def _decode_plain_jpeg(
         simplejpeg.decode_jpeg(data, colorspace=wanted[1], buffer=out)
         return out
     eighths = dct_scale((height, width), _reduced_size((height, width), target, resize, 1))
-    return simplejpeg.decode_jpeg(data, colorspace=wanted[1], min_height=math.ceil(height * eighths / 8),
-                                  min_width=math.ceil(width * eighths / 8))
+    scaled = (math.ceil(height * eighths / 8), math.ceil(width * eighths / 8))
+    if finish and native.extension is not None and resize in ("crop", "fit"):  # `fit` of the part kept, in C
+        edges = cover_box(scaled, target) if resize == "crop" else (0, 0, *scaled)
+        finished = out if out is not None else np.empty((*target, channels), np.uint8)
+        native.extension.crop_resize(data, eighths, edges, finished.reshape(*target, channels))
+        return finished
+    return simplejpeg.decode_jpeg(data, colorspace=wanted[1], min_height=scaled[0], min_width=scaled[1])
 
 
 def _check_size(height: int, width: int, max_pixels: int | None, name: str) -> None:

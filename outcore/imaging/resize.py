@@ -40,10 +40,7 @@ def fit(pixels: np.ndarray, size: tuple[int, int], resize: ResizePolicy, path: s
     if resize == "fit":
         return _resize(pixels, target_h, target_w)
     if resize == "crop":
-        scale = max(target_h / height, target_w / width)
-        scaled = _resize(pixels, max(target_h, round(height * scale)), max(target_w, round(width * scale)))
-        top, left = (scaled.shape[0] - target_h) // 2, (scaled.shape[1] - target_w) // 2
-        return scaled[top : top + target_h, left : left + target_w]
+        return resize_edges(pixels, cover_box((height, width), size), size)
     scale = min(target_h / height, target_w / width)
     scaled_h = min(target_h, max(1, round(height * scale)))
     scaled_w = min(target_w, max(1, round(width * scale)))
@@ -51,6 +48,27 @@ def fit(pixels: np.ndarray, size: tuple[int, int], resize: ResizePolicy, path: s
     top, left = (target_h - scaled_h) // 2, (target_w - scaled_w) // 2
     padded[top : top + scaled_h, left : left + scaled_w] = _resize(pixels, scaled_h, scaled_w)
     return padded
+
+
+def cover(size: tuple[int, int], target: tuple[int, int]) -> tuple[float, float, int, int]:
+    """``(sy, sx, top, left)``: how the ``crop`` policy scales a picture of ``size`` to cover ``target``
+    (the scaled picture's sides over the picture's) and where it cuts the centre (in scaled pixels)."""
+    height, width = size
+    target_h, target_w = target
+    scale = max(target_h / height, target_w / width)
+    scaled_h, scaled_w = max(target_h, round(height * scale)), max(target_w, round(width * scale))
+    return scaled_h / height, scaled_w / width, (scaled_h - target_h) // 2, (scaled_w - target_w) // 2
+
+
+def cover_box(size: tuple[int, int], target: tuple[int, int]) -> tuple[float, float, float, float]:
+    """The edges (top, left, bottom, right) of a picture of ``size`` that the ``crop`` policy keeps:
+    resized to ``target``, they are the picture scaled to cover it with the centre cut, in one resize.
+
+    >>> cover_box((300, 400), (150, 150))
+    (0.0, 50.0, 300.0, 350.0)
+    """
+    sy, sx, top, left = cover(size, target)
+    return top / sy, left / sx, (top + target[0]) / sy, (left + target[1]) / sx
 
 
 def _resize(pixels: np.ndarray, height: int, width: int, box: Box | None = None, out: np.ndarray | None = None,
