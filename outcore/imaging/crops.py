@@ -16,6 +16,15 @@ from ..errors import OptionError
 Box = tuple[float, float, float, float]  # integers, but for CenterCrop's resize
 
 
+def box_edges(box: Box) -> tuple[float, float, float, float]:
+    """A box's edges: (top, left, bottom, right).
+
+    >>> box_edges((2, 3, 10, 20))
+    (2, 3, 12, 23)
+    """
+    return box[0], box[1], box[0] + box[2], box[1] + box[3]
+
+
 def random_resized_crop_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
                             rng: np.random.Generator) -> Box:
     """A box of a random share of the area (``scale``) and a random aspect ratio (``ratio``, width over

@@ -33,8 +33,8 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 from ..errors import ImageError, OptionError
 from ..format import ImageDecode
 from . import native
-from .crops import Box
-from .resize import ResizePolicy, cover, cover_box, fit, resize_edges
+from .crops import Box, box_edges
+from .resize import ResizePolicy, cover, cover_box, fit, resize_edges, written_into
 
 IMAGE_DTYPES = (np.dtype("uint8"), np.dtype("uint16"))
 MAX_PIXELS = 89_478_485  # Pillow's own limit for decompression bombs (about 9459 x 9459)
@@ -157,7 +157,7 @@ def decode_region(
     if region is None:
         sample = decode_image(data, decode.shape, decode.resize, np.dtype(decode.dtype), name)
         _check_stored(sample.shape[:2], stored, name)
-        return resize_edges(sample.reshape(*sample.shape[:2], -1), _edges(box), size, out, flip)
+        return resize_edges(sample.reshape(*sample.shape[:2], -1), box_edges(box), size, out, flip)
     (height, width), (y0, x0, y1, x1), colorspace = region
     _check_stored((height, width), stored, name)
     need = (min(height, math.ceil(height * size[0] / (y1 - y0))), min(width, math.ceil(width * size[1] / (x1 - x0))))
@@ -169,12 +169,8 @@ def decode_region(
         with _decode_errors(name):
             pixels = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=scaled[0], min_width=scaled[1])
         return resize_edges(pixels, edges, size, out, flip)
-    direct = out.flags.c_contiguous and out.dtype == np.uint8
-    target = out.reshape(*size, -1) if direct else np.empty((*size, 3 if colorspace == "RGB" else 1), np.uint8)
-    with _decode_errors(name):  # only the rows and columns the box needs are decoded
-        native.extension.crop_resize(data, eighths, edges, target, *flip)
-    if not direct:
-        out[...] = target.reshape(out.shape)
+    with _decode_errors(name), written_into(out, (*size, 3 if colorspace == "RGB" else 1)) as target:
+        native.extension.crop_resize(data, eighths, edges, target, *flip)  # only the box's rows and columns
     return out
 
 
@@ -192,10 +188,6 @@ def dct_scale(size: tuple[int, int], need: tuple[int, int]) -> int:
         if all(math.ceil(side * eighths / 8) >= least for side, least in zip(size, need, strict=True)):
             return eighths
     return 8
-
-
-def _edges(box: Box) -> tuple[float, float, float, float]:
-    return box[0], box[1], box[0] + box[2], box[1] + box[3]
 
 
 @contextmanager

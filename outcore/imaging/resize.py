@@ -3,7 +3,8 @@ boxes of a batch (RandomResizedCrop)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Literal
 
 import numpy as np
@@ -12,7 +13,7 @@ from PIL import Image
 from ..errors import ImageError, OptionError
 from ..threads import for_each
 from . import native
-from .crops import Box
+from .crops import Box, box_edges
 
 ResizePolicy = Literal["fit", "crop", "pad"] | None
 RESIZE_POLICIES: tuple[ResizePolicy, ...] = ("fit", "crop", "pad", None)
@@ -76,7 +77,7 @@ def _resize(pixels: np.ndarray, height: int, width: int, box: Box | None = None,
     """``box`` (top, left, height, width; the whole picture by default) of ``pixels`` (h, w, c) resized to
     (height, width), as `resize_edges` does."""
     box = (0, 0, pixels.shape[0], pixels.shape[1]) if box is None else box
-    return resize_edges(pixels, (box[0], box[1], box[0] + box[2], box[1] + box[3]), (height, width), out, flip)
+    return resize_edges(pixels, box_edges(box), (height, width), out, flip)
 
 
 def resize_edges(pixels: np.ndarray, edges: tuple[float, float, float, float], size: tuple[int, int],
@@ -110,14 +111,24 @@ def _resize_uint8(pixels: np.ndarray, size: tuple[int, int], edges: tuple[float,
     height, width = size
     channels = pixels.shape[2]
     if native.extension is not None and channels in (1, 3):  # RGBA goes through Pillow: it premultiplies alpha
-        direct = out is not None and out.flags.c_contiguous and out.size == height * width * channels
-        target = out.reshape(height, width, channels) if direct else np.empty((height, width, channels), np.uint8)
-        native.extension.resize(np.ascontiguousarray(pixels), edges, target, *flip)
-        return target.reshape(out.shape) if direct else _placed(target, out, (False, False))
+        with written_into(out, (height, width, channels)) as target:
+            native.extension.resize(np.ascontiguousarray(pixels), edges, target, *flip)
+        return target if out is None else out
     image = Image.fromarray(pixels[..., 0] if channels == 1 else pixels)
     columns = image.resize((width, image.height), Image.Resampling.BILINEAR, box=(edges[1], 0, edges[3], image.height))
     rows = columns.resize((width, height), Image.Resampling.BILINEAR, box=(0, edges[0], width, edges[2]))
     return _placed(np.asarray(rows).reshape(height, width, channels), out, flip)
+
+
+@contextmanager
+def written_into(out: np.ndarray | None, shape: tuple[int, int, int]) -> Iterator[np.ndarray]:
+    """A C-contiguous uint8 array of ``shape`` for C code to write: ``out`` itself (reshaped) where it can
+    be, else a new one, copied into ``out`` (when given) afterwards."""
+    direct = out is not None and out.flags.c_contiguous and out.dtype == np.uint8 and out.size == np.prod(shape)
+    target = out.reshape(shape) if direct else np.empty(shape, np.uint8)
+    yield target
+    if out is not None and not direct:
+        out[...] = target.reshape(out.shape)
 
 
 def _placed(resized: np.ndarray, out: np.ndarray | None, flip: tuple[bool, bool]) -> np.ndarray:
