@@ -7,6 +7,7 @@ the resize with Pillow's antialiased bilinear filter, one axis at a time (column
 
 from __future__ import annotations
 
+import importlib
 import io
 import math
 import os
@@ -20,7 +21,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from outcore.errors import ImageError
+from outcore.errors import ImageError, OutcoreWarning
 from outcore.format import ImageDecode
 from outcore.imaging import native
 from outcore.imaging.decode import dct_scale, decode_image, decode_region, upright_size
@@ -296,3 +297,25 @@ def test_an_install_without_a_working_compiler_goes_on_without_the_extension(tmp
 def _without_native_switch(**settings: str) -> dict[str, str]:
     """This process's environment with ``settings``, less ``OUTCORE_NATIVE`` (which would skip the build)."""
     return {**{k: v for k, v in os.environ.items() if k != native.ENVIRONMENT}, **settings}
+
+
+class _Unloadable:
+    """A finder that makes the extension fail to load, as a build whose libjpeg has gone would."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "outcore.imaging._jpeg":
+            raise ImportError("libjpeg.so.62: cannot open shared object file")
+
+
+def test_an_extension_that_cannot_load_is_a_named_warning(monkeypatch):
+    monkeypatch.delenv(native.ENVIRONMENT, raising=False)
+    monkeypatch.delitem(sys.modules, "outcore.imaging._jpeg", raising=False)
+    monkeypatch.delattr(sys.modules["outcore.imaging"], "_jpeg", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_Unloadable(), *sys.meta_path])
+    try:
+        with pytest.warns(OutcoreWarning, match="built but cannot load.*libjpeg.so.62.*reinstall"):
+            importlib.reload(native)
+        assert native.extension is None and "cannot load" in native.backend()
+    finally:
+        monkeypatch.undo()
+        importlib.reload(native)

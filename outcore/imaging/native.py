@@ -10,14 +10,23 @@ setup.py), simplejpeg and Pillow otherwise. Both give the same pixels; `backend`
 from __future__ import annotations
 
 import os
+import warnings
+
+from ..errors import OutcoreWarning
 
 ENVIRONMENT = "OUTCORE_NATIVE"
 
 try:
     from . import _jpeg as extension
-except ImportError as error:  # not built: no compiler or no libjpeg-turbo headers at install
+except ModuleNotFoundError as error:  # not built: no compiler or no libjpeg-turbo headers at install
     extension = None
     _why_not = f"not built ({error}; see setup.py: it needs libjpeg-turbo's headers and a C compiler)"
+except ImportError as error:  # built, but it cannot load (libjpeg gone since, another interpreter's build)
+    extension = None
+    _why_not = f"built but cannot load ({error})"
+    warnings.warn(OutcoreWarning(f"outcore's C extension {_why_not}: JPEGs are decoded whole with simplejpeg and "
+                                 "Pillow (the same pixels, slower); reinstall outcore where libjpeg-turbo is"),
+                  stacklevel=2)
 else:
     _why_not = ""
 if os.environ.get(ENVIRONMENT, "1") == "0":
