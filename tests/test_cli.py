@@ -11,6 +11,7 @@ import pytest
 
 import outcore
 from outcore.cli import main
+from outcore.imaging import native
 from outcore.testing import corrupt_chunk, delete_shard, make_store
 
 
@@ -44,6 +45,14 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert main(["ingest", str(tmp_path / "missing"), str(tmp_path / "x.zarr"), "--shape", "8x8x3"]) == 2
     assert "outcore ingest: error: image folder" in capsys.readouterr().err
     assert main(["info", str(tmp_path / "x.zarr")]) == 2
+    capsys.readouterr()
+    assert main(["info"]) == 2
+    assert capsys.readouterr().err.strip() == "outcore info: error: outcore info needs a STORE to describe, or --system"
+
+
+def test_info_system_names_the_jpeg_decoder(capsys):
+    assert main(["info", "--system"]) == 0
+    assert f"JPEG boxes: {native.backend()}" in capsys.readouterr().out.splitlines()
 
 
 @pytest.mark.parametrize(("arguments", "expected"), [
