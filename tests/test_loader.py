@@ -18,7 +18,7 @@ import outcore
 from outcore.errors import CorruptChunkError
 from outcore.iterate import EpochPlan, max_held
 from outcore.testing import corrupt_chunk
-from outcore.transforms import BrightnessContrast, Compose, RandomCrop, RandomFlip
+from outcore.transforms import BrightnessContrast, Compose, RandomCrop, RandomFlip, RandomResizedCrop
 
 
 @pytest.fixture
@@ -141,6 +141,30 @@ def test_transform_is_seeded_per_batch(store):
         np.testing.assert_array_equal(x["images"], y["images"])
     plain = list(ds.batches(100, seed=4))
     assert not np.array_equal(a[0]["images"], plain[0]["images"][:, 1:7, 1:7])
+
+
+def _augmented_steps(ds, world_size, transform, batch):
+    """Per global step: each sample's id and its augmented image, over the ranks' batches."""
+    ranks = [list(ds.batches(batch // world_size, seed=5, buffer_chunks=4, transform=transform, rank=r,
+                             world_size=world_size)) for r in range(world_size)]
+    steps = []
+    for batches in zip(*ranks, strict=True):
+        ids = np.concatenate([b["id"] for b in batches])
+        images = np.concatenate([b["images"] for b in batches])
+        steps.append({int(i): images[j].tobytes() for j, i in enumerate(ids)})
+    return steps
+
+
+@pytest.mark.parametrize("transform", [Compose([RandomCrop(6, padding=1), RandomFlip(), BrightnessContrast()]),
+                                       RandomResizedCrop(5)])
+def test_a_global_step_is_augmented_alike_on_any_number_of_ranks(store, transform):
+    """Each stream's piece of a step draws from a generator of its own: a run resumed on another number of
+    ranks sees the same augmented samples at every step (a repeated sample aside), not only the same samples."""
+    ds, _ = store
+    one = _augmented_steps(ds, 1, transform, 96)
+    assert len(one) == 11 and len({image for step in one for image in step.values()}) > 900
+    for world_size in (2, 4, 8):
+        assert _augmented_steps(ds, world_size, transform, 96) == one, world_size
 
 
 def test_break_and_exceptions_leave_no_thread_behind(store):

@@ -28,6 +28,19 @@ def _rank_plans(num_samples, chunk_size, global_batch, world_size, **options):
                       world_size=world_size, **options) for rank in range(world_size)]
 
 
+def _pieces_by_key(plans, step):
+    """The samples of each own stream's piece of global step ``step``, by the piece's key (a stream's number)."""
+    pieces = {}
+    for plan in plans:
+        samples, start = plan.step(step)[0], 0
+        for key, count in plan.pieces(step):
+            if key < plan.layout.streams:
+                pieces[key] = samples[start : start + count].tolist()
+            start += count
+        assert start == len(samples)  # the pieces cut the rank's batch
+    return pieces
+
+
 def _global_steps(plans):
     """Per global step: the sorted samples of the ranks' own streams, and the repeated ones."""
     steps = []
@@ -63,6 +76,9 @@ def test_global_steps_are_the_same_on_1_2_4_and_8_ranks(layout, batch, buffer_ch
         plans = _rank_plans(num_samples, chunk_size, global_batch, world_size, **options)
         by_step = _global_steps(plans)
         assert [own.tolist() for own, _ in by_step] == [own.tolist() for own, _ in reference]
+        one_rank = _rank_plans(num_samples, chunk_size, global_batch, 1, **options)
+        for k in range(steps):  # and each stream's piece, augmented with its own generator, too
+            assert _pieces_by_key(plans, k) == _pieces_by_key(one_rank, k)
         per_rank = math.ceil(num_samples / world_size) if not drop_last else steps * global_batch // world_size
         assert {len(plan) for plan in plans} == {per_rank}  # DistributedSampler's counts
         assert {plan.steps for plan in plans} == {steps}
@@ -89,6 +105,28 @@ def test_each_rank_reads_its_own_share_of_the_chunks(layout, batch, world_size, 
         samples, slots_of = plan.take(0, len(plan))
         assert np.array_equal(plan.chunks[slots_of], samples // chunk_size)  # each sample from its slot
         assert np.array_equal(np.bincount(slots_of, minlength=len(plan.chunks)), plan.slot_sizes)
+
+
+@settings(max_examples=100, deadline=None)
+@given(layout=layouts.filter(lambda t: t[0] >= 1), batch=st.integers(1, 80), world_size=st.sampled_from([1, 2, 4, 8]),
+       buffer_chunks=st.integers(0, 40), seed=st.integers(0, 1000), parts=st.integers(1, 8), drop_last=st.booleans())
+def test_loader_workers_parts_make_the_ranks_batches_and_read_its_chunks_once(layout, batch, world_size,
+                                                                                buffer_chunks, seed, parts, drop_last):
+    """Part w of n of every batch (a DataLoader worker's, with OutcoreLoader): the parts, in order, are the
+    rank's batch, piece for piece, and together they read the rank's chunks as often as the rank does."""
+    num_samples, chunk_size = layout
+    options = {"seed": seed, "buffer_chunks": buffer_chunks, "drop_last": drop_last,
+               "batch_size": 8 * batch // world_size, "rank": world_size - 1, "world_size": world_size}
+    rank = EpochPlan(num_samples, chunk_size, **options)
+    parts = min(parts, 8 // world_size)
+    split = [EpochPlan(num_samples, chunk_size, part=(w, parts), **options) for w in range(parts)]
+    for k in range(rank.steps):
+        assert np.concatenate([plan.step(k)[0] for plan in split]).tolist() == rank.step(k)[0].tolist()
+        assert sum((plan.pieces(k) for plan in split), ()) == rank.pieces(k)
+    assert sum(len(plan.chunks) for plan in split) == len(rank.chunks)
+    assert sorted(np.concatenate([plan.chunks for plan in split]).tolist()) == sorted(rank.chunks.tolist())
+    with pytest.raises(OptionError, match="at most"):
+        EpochPlan(num_samples, chunk_size, part=(0, 8 // world_size + 1), **options)
 
 
 @settings(max_examples=150, deadline=None)

@@ -19,7 +19,7 @@ from outcore.cli import main
 from outcore.errors import OptionError
 from outcore.imaging import decode_image, resize_boxes
 from outcore.imaging.synthetic import sample_photo
-from outcore.iterate.batch import batch_rng_key, transform_generator
+from outcore.iterate.batch import batch_draws, transform_generator
 
 SIZES = [(60, 80), (80, 60), (45, 100), (100, 45), (64, 64), (37, 90), (90, 51), (120, 70)]
 
@@ -100,11 +100,28 @@ def test_random_resized_crop_is_drawn_from_each_pictures_size_and_cut_while_deco
     iterator = store.batches(5, seed=3, buffer_chunks=2, transform=crop)
     first = next(iter(iterator))
     pictures = [_decoded((root / path).read_bytes()) for path in first["path"]]
-    boxes = crop.boxes([p.shape[:2] for p in pictures], transform_generator(batch_rng_key(3, 0, 0, 0)))
+    sizes, boxes = [p.shape[:2] for p in pictures], []
+    for count, key in batch_draws(3, 0, 0, iterator.plan(0).pieces(0)):  # each piece's boxes from its generator
+        boxes += crop.boxes(sizes[len(boxes) : len(boxes) + count], transform_generator(key))
     for i, path in enumerate(first["path"]):
         expected = resize_boxes(pictures[i][None], [boxes[i]], (24, 24))[0]
         difference = np.abs(first["images"][i].astype(int) - expected.astype(int)).mean()
         assert difference < 5, (path, difference)  # DCT-scaled decoding differs a little from a full one
+
+
+def test_crops_cut_while_decoding_are_the_same_on_any_number_of_ranks(store):
+    crop = transforms.Compose([transforms.RandomResizedCrop(24, scale=(0.3, 1.0)), transforms.RandomFlip()])
+
+    def steps(world_size):
+        ranks = [list(store.batches(8 // world_size, seed=3, transform=crop, rank=r, world_size=world_size))
+                 for r in range(world_size)]
+        return [{int(i): image.tobytes() for b in batches for i, image in zip(b["source_index"], b["images"],
+                                                                              strict=True)}
+                for batches in zip(*ranks, strict=True)]
+
+    one = steps(1)
+    assert [len(step) for step in one] == [8, 8]
+    assert steps(2) == one and steps(4) == one
 
 
 def test_center_crop_after_resizing_the_shorter_side(pictures, store):

@@ -15,6 +15,7 @@ from ..threads import for_each
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
+Draws = Sequence[tuple[int, tuple[int, ...]]]  # each piece of a batch: (samples, its generator's key), in order
 ChunkValues = Mapping[str, Any]  # field -> one chunk's values: an array, or an EncodedChunk to decode
 Empty = Callable[[tuple[int, ...], np.dtype], np.ndarray]  # makes a batch's arrays: np.empty, or shared memory
 
@@ -63,14 +64,31 @@ def _split_head(transform: Transform | None, method: str, fields: Collection[str
     return first, (type(transform)(rest) if len(rest) > 1 else rest[0] if rest else None)
 
 
+def _split_tail(transform: Transform | None) -> tuple[Transform | None, Transform | None]:
+    """``(head, tail)`` of ``transform``: ``tail`` its last steps with ``random = False`` (None for none)."""
+    steps = list(getattr(transform, "transforms", [transform])) if transform is not None else []
+    cut = len(steps)
+    while cut and getattr(steps[cut - 1], "random", True) is False:
+        cut -= 1
+
+    def joined(part: list[Any]) -> Transform | None:
+        return None if not part else part[0] if len(part) == 1 else type(transform)(part)
+
+    return joined(steps[:cut]), joined(steps[cut:])
+
+
 @dataclass(frozen=True)
 class Recipe:
     """How a batch is made from loaded chunks, decided once per iteration: the ``fields`` (those in
     ``text_fields`` decoded to strings), the `Crop` done while decoding its encoded field and the `Flip`
-    right after it (both None when the transform does not open so), and the ``rest`` of the transform.
+    right after it (both None when the transform does not open so), and the ``rest`` of the transform: its
+    steps up to the last that draws from the generator (``per_piece``), and those after (``after``, steps
+    with ``random = False``, as `Normalize`: they run once on the joined batch, `make_batch`).
 
-    >>> Recipe(("labels",), frozenset(), None).crop is None
-    True
+    >>> from outcore.transforms import Compose, Normalize, RandomFlip
+    >>> recipe = Recipe.of(["images"], (), (), Compose([RandomFlip(), Normalize()]))
+    >>> recipe.per_piece, recipe.after
+    (RandomFlip(p=0.5, horizontal=True, vertical=False, field='images'), Normalize(mean=0.0, std=1.0, scale=None, field='images'))
     """
 
     fields: tuple[str, ...]
@@ -79,6 +97,8 @@ class Recipe:
     crop: Crop | None = None
     flip: Flip | None = None
     rest: Transform | None = None
+    per_piece: Transform | None = None
+    after: Transform | None = None
 
     @classmethod
     def of(cls, fields: Sequence[str], text_fields: Collection[str], encoded_fields: Collection[str],
@@ -88,7 +108,7 @@ class Recipe:
         flip = None
         if crop is not None:
             flip, rest = _split_head(rest, "draw", {crop.field})
-        return cls(tuple(fields), frozenset(text_fields), transform, crop, flip, rest)
+        return cls(tuple(fields), frozenset(text_fields), transform, crop, flip, rest, *_split_tail(rest))
 
     @property
     def crop_field(self) -> str | None:
@@ -97,26 +117,68 @@ class Recipe:
 
 
 def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues],
-               rng_key: Sequence[int], empty: Empty = np.empty) -> Batch:
-    """`assemble` then the transform, seeded by ``rng_key``; the recipe's `Crop` is done while decoding
-    (each box read from the file, `EncodedChunk.decode_region`), with the boxes the crop would have drawn
-    on the decoded batch, and so is its `Flip` (each box mirrored as it is decoded), so the rest of the
-    transform sees the same generator state. The batch's arrays are made by ``empty`` (a Dask worker's
-    go to shared memory: `outcore.iterate.shared`)."""
+               draws: Draws, empty: Empty = np.empty) -> Batch:
+    """`assemble` then the transform, piece by piece: ``draws`` holds each piece's ``(samples, key)``
+    (`batch_draws`), and each piece of the batch is transformed with a generator of its key, the pieces
+    joined in order; the transform's last steps that draw nothing (`Recipe.after`) run once on the joined
+    batch. The recipe's `Crop` is done while decoding (each box read from the file,
+    `EncodedChunk.decode_region`), with the boxes the crop would have drawn on the decoded piece, and so is
+    its `Flip` (each box mirrored as it is decoded), so the rest of the transform sees the same generator
+    state. The batch's arrays are made by ``empty`` (a Dask worker's go to shared memory:
+    `outcore.iterate.shared`)."""
+    if recipe.transform is None:
+        return assemble(samples, chunk_size, keys, data, recipe.fields, recipe.text_fields, empty)
+    rngs = [transform_generator(key) for _, key in draws]
+    bounds = np.cumsum([0, *(count for count, _ in draws)]).tolist()
+    if bounds[-1] != len(samples):
+        raise ValueError(f"the pieces {[count for count, _ in draws]} do not add up to the batch's {len(samples)}")
+    per_piece, after = recipe.per_piece, recipe.after
+    joined = len(draws) > 1 and per_piece is not None  # the pieces' results joined into new arrays
+    returned = empty if after is None else np.empty  # makes the arrays handed back as they are
+    made = np.empty if joined else returned
+    if recipe.crop is None:
+        batch = assemble(samples, chunk_size, keys, data, recipe.fields, recipe.text_fields, made)
+    else:
+        batch = _assemble_cropped(recipe, samples, chunk_size, keys, data, bounds, rngs, made)
+    if per_piece is not None:
+        pieces = [per_piece({name: values[low:high] for name, values in batch.items()}, rng)
+                  for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True)]
+        batch = join(pieces, returned) if joined else pieces[0]
+    return batch if after is None else after(batch, None)
+
+
+def _assemble_cropped(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.ndarray,
+                      data: Mapping[int, ChunkValues], bounds: list[int], rngs: list[np.random.Generator],
+                      empty: Empty) -> Batch:
+    """The batch with the recipe's crop (and flip) done while decoding, their draws made piece by piece."""
     crop = recipe.crop
-    if crop is None:
-        return apply_transform(recipe.transform, assemble(samples, chunk_size, keys, data, recipe.fields,
-                                                          recipe.text_fields, empty), rng_key)
-    rng = transform_generator(rng_key)
     chunks, local = keys.tolist(), (samples % chunk_size).tolist()
     sizes = [data[key][crop.field].sample_shape(index)[:2] for key, index in zip(chunks, local, strict=True)]
-    boxes = crop.boxes(sizes, rng)
-    flips = recipe.flip.draw(len(samples), rng).tolist() if recipe.flip is not None else [(False, False)] * len(samples)
+    boxes: list[Box] = []
+    flips: list[tuple[bool, bool]] = []
+    for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True):
+        boxes += crop.boxes(sizes[low:high], rng)
+        flips += recipe.flip.draw(high - low, rng).tolist() if recipe.flip is not None else [(False, False)] * (high - low)
     batch = assemble(samples, chunk_size, keys, data, [n for n in recipe.fields if n != crop.field],
                      recipe.text_fields, empty)
     batch[crop.field] = _decode_regions(chunks, local, data, crop, boxes, flips, empty)
-    batch = {name: batch[name] for name in recipe.fields}
-    return batch if recipe.rest is None else recipe.rest(batch, rng)
+    return {name: batch[name] for name in recipe.fields}
+
+
+def join(pieces: Sequence[Batch], empty: Empty = np.empty) -> Batch:
+    """The pieces of a batch, field by field, in order, as one batch (arrays made by ``empty``; text stays numpy).
+
+    >>> join([{"x": np.arange(2)}, {"x": np.arange(3)}])["x"].tolist()
+    [0, 1, 0, 1, 2]
+    """
+    batch = {}
+    for name in pieces[0]:
+        parts = [piece[name] for piece in pieces]
+        first = parts[0]
+        make = np.empty if first.dtype.kind in "USO" else empty
+        out = make((sum(len(part) for part in parts), *first.shape[1:]), first.dtype)
+        batch[name] = np.concatenate(parts, out=out)
+    return batch
 
 
 def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, ChunkValues], crop: Crop,
@@ -165,14 +227,15 @@ def assemble(
     return batch
 
 
-def batch_rng_key(seed: int, epoch: int, rank: int, step: int) -> tuple[int, ...]:
-    """The key of the augmentation generator (`transform_generator`) of ``rank``'s batch at ``step``: the
-    same wherever the batch is made, by whichever loader worker.
+def batch_draws(seed: int, epoch: int, step: int, pieces: Sequence[tuple[int, int]]) -> Draws:
+    """The ``(samples, key)`` of each piece of a batch at ``step`` (`EpochPlan.pieces`' ``(key, samples)``):
+    its augmentation generator's key (`transform_generator`) is the piece's stream and the step, not the rank
+    or loader worker that makes it, so a global step is augmented alike on any number of either.
 
-    >>> batch_rng_key(0, 3, 1, 7)
-    (0, 3, 1, 7)
+    >>> batch_draws(0, 3, 7, ((2, 32), (3, 32)))
+    ((32, (0, 3, 7, 2)), (32, (0, 3, 7, 3)))
     """
-    return (seed, epoch, rank, step)
+    return tuple((count, (seed, epoch, step, key)) for key, count in pieces)
 
 
 def transform_generator(rng_key: Sequence[int]) -> np.random.Generator:

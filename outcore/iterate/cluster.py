@@ -4,8 +4,8 @@
 `SPAN_SAMPLES` samples each) and submits one task per span, in order: the worker that runs it opens
 the store itself (a path every worker sees, or an object-store URL, so the data is never sent from
 the consumer), reads the chunks its batches draw on, each once, following the batch schedule
-(`outcore.iterate.schedule`), and makes the batches exactly as the local threads do (the transform's
-generator seeded by ``(seed, epoch, rank, step)``): the batches are identical, pixel for pixel.
+(`outcore.iterate.schedule`), and makes the batches exactly as the local threads do (each piece's
+transform generator seeded by ``(seed, epoch, step, stream)``): the batches are identical, pixel for pixel.
 
 Why spans: a Dask task costs its worker about 1-3 ms of event-loop work (messages, bookkeeping)
 whatever it does, and a task that needs another task's result adds a transfer. A span is one task and
@@ -51,7 +51,7 @@ from dask.base import tokenize
 from ..errors import ClusterError, NotAStoreError
 from ..storage import Store
 from ..threads import available_cpus, cap_threads
-from .batch import Batch, Recipe, make_batch
+from .batch import Batch, Draws, Recipe, make_batch
 from .readers import ChunkReader, chunk_readers, sample_bytes
 from .runs import WAKE_SECONDS, ChunkBuffers, Run, Work
 from .shared import Mailbox, SharedBatch, Slot
@@ -74,13 +74,13 @@ class StoreFields:
 
 @dataclass(frozen=True)
 class SpanStep:
-    """One batch of a span: step ``index``, its ``samples``, the chunk each is read from and the key of its
-    transform's generator."""
+    """One batch of a span: step ``index``, its ``samples``, the chunk each is read from and its pieces' draws
+    (`outcore.iterate.batch.batch_draws`)."""
 
     index: int
     samples: np.ndarray
     chunks: np.ndarray
-    rng_key: tuple[int, ...]
+    draws: Draws
 
 
 def span_batches(batch_size: int, sample_bytes: int, batches: int, threads: int) -> int:
@@ -125,7 +125,7 @@ class ClusterRun(Run):
         for step in work.steps(read_ahead=0):
             if self.stop.is_set():
                 return
-            steps.append(SpanStep(step.index, step.samples, work.plan.chunks[step.slots], work.rng_key(step.index)))
+            steps.append(SpanStep(step.index, step.samples, work.plan.chunks[step.slots], work.draws(step)))
             if len(steps) == span:
                 self._submit(steps)
                 steps = []
@@ -210,7 +210,7 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, steps: Seque
                 loaded[chunk] = buffers.read(chunk)
         arena = slot.arena() if slot is not None else None
         batch = make_batch(recipe, step.samples, chunk_size, step.chunks, {c: v for c, (v, _) in loaded.items()},
-                           step.rng_key, np.empty if arena is None else arena.empty)
+                           step.draws, np.empty if arena is None else arena.empty)
         made.append(batch if arena is None else arena.publish(batch))
         for chunk in release:
             buffers.give(loaded.pop(chunk)[1])

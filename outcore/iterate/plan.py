@@ -29,8 +29,11 @@ each use of randomness in its own seed domain (`outcore.seeds`):
 Without ``shuffle`` there is one stream per rank (``C = W``): each rank reads its contiguous part of the
 store in storage order, so predictions line up with the store's rows (the steps then depend on ``W``).
 
-Loader workers of a rank make whole batches of the rank, taking turns (worker ``w`` of ``n`` makes
-steps ``w, w + n, ...``, as a DataLoader asks them), so the batches do not depend on their number.
+Loader workers of a rank either make whole batches of the rank, taking turns (worker ``w`` of ``n`` makes
+steps ``w, w + n, ...``, as a DataLoader asks them), or, with ``part=(w, n)``, worker ``w`` makes its
+**part** of every batch: the samples of its share of the rank's streams, so that each worker reads only
+its streams' chunks (`outcore.adapters.torch.OutcoreLoader` joins the parts); either way the batches do
+not depend on their number.
 A subset (``indices``) is read the same way: the chunk stream holds only each chunk's selected samples
 (`outcore.iterate.stream.Selection`), so it is read chunk by chunk, chunks with none selected not at all.
 
@@ -199,13 +202,26 @@ class EpochSteps:
         return -(-int(self.last.sum()) // world_size) if self.steps else 0
 
 
+def part_streams(streams: range, part: int, parts: int) -> range:
+    """The streams of part ``part`` of ``parts`` of a rank's ``streams``: a consecutive share (at least one).
+
+    >>> part_streams(range(8, 16), 1, 3), part_streams(range(8), 0, 1)
+    (range(10, 13), range(0, 8))
+    """
+    if not 0 <= part < parts <= len(streams):
+        raise OptionError(f"part {part} of {parts}: a rank's {len(streams)} streams make at most {len(streams)} parts")
+    return streams[part * len(streams) // parts : (part + 1) * len(streams) // parts]
+
+
 class EpochPlan:
     """One rank's epoch (see the module docstring): ``len(plan)`` samples in emission order, batch ``k``
     at positions ``[k * batch_size, (k + 1) * batch_size)``, made on demand by `take`; ``chunks[j]`` is
     the store chunk of slot ``j`` and ``slot_sizes[j]`` how many of its samples the rank reads. Slots are
     numbered in the order the rank first reads them (a chunk appears in two slots only when it is cut
     between two streams, or holds a repeated sample). With ``indices`` (sorted store indices: a subset,
-    or a mixture's source, whose indices may repeat), the epoch is made of those samples only.
+    or a mixture's source, whose indices may repeat), the epoch is made of those samples only. With ``part``,
+    ``(w, n)``, the plan makes part ``w`` of each batch: its streams' samples (`part_streams`), the repeat in
+    the last part; positions still count the rank's batches of ``batch_size``.
 
     >>> plan = EpochPlan(10, 4, batch_size=4, shuffle=False)  # storage order
     >>> plan.take(0, len(plan))[0].tolist(), plan.chunks.tolist()
@@ -219,7 +235,8 @@ class EpochPlan:
 
     def __init__(self, num_samples: int, chunk_size: int, *, batch_size: int, shuffle: bool = True, seed: int = 0,
                  epoch: int = 0, buffer_chunks: int = 8, rank: int = 0, world_size: int = 1,
-                 drop_last: bool = False, streams: int = DEFAULT_STREAMS, indices: np.ndarray | None = None) -> None:
+                 drop_last: bool = False, streams: int = DEFAULT_STREAMS, indices: np.ndarray | None = None,
+                 part: tuple[int, int] = (0, 1)) -> None:
         if chunk_size < 1 or buffer_chunks < 0 or batch_size < 1:
             raise OptionError(f"need chunk_size >= 1, buffer_chunks >= 0 and batch_size >= 1; got {chunk_size}, "
                               f"{buffer_chunks}, {batch_size}")
@@ -231,16 +248,18 @@ class EpochPlan:
         mixed = shuffle and buffer_chunks > 0
         self.window = -(-buffer_chunks // streams) if mixed else 1
         order = chunk_order(math.ceil(num_samples / chunk_size), shuffle=shuffle, seed=seed, epoch=epoch)
-        layout, owned = self.layout, self.layout.rank_streams(rank, world_size)
+        layout, owned = self.layout, part_streams(self.layout.rank_streams(rank, world_size), *part)
         self.streams = [StreamPlan(selection, order, (int(layout.starts[s]), int(layout.starts[s] + layout.lengths[s])),
                                    window=self.window, mixed=mixed, key=(seed, epoch, s, streams)) for s in owned]
+        self.stream_numbers = tuple(owned)
         self.takes, self.last = layout.takes[owned], layout.last[owned]
         self.steps = layout.steps
-        self._pad = self._repeat(selection, order)
+        self._pad = self._repeat(selection, order) if part[0] == part[1] - 1 else None  # the last part's
         self._number_slots()
 
-    def _repeat(self, selection: Selection, order: np.ndarray) -> tuple[int, int] | None:
-        """``(chunk, sample)`` of the sample this rank repeats in the last step, if it is short of one."""
+    def _repeat(self, selection: Selection, order: np.ndarray) -> tuple[int, int, int] | None:
+        """``(chunk, sample, position)`` of the sample this rank repeats in the last step, if it is short of
+        one: the chunk stream's sample ``position``."""
         layout = self.layout
         if not layout.steps or self.world_size == 1:
             return None
@@ -251,7 +270,7 @@ class EpochPlan:
             return None
         position = sum(short) - 1  # the ranks short of one repeat the chunk stream's first samples, in rank order
         chunks, first, _ = span_slots(selection, order, (position, position + 1))
-        return int(chunks[0]), int(selection.sample(chunks, first)[0])
+        return int(chunks[0]), int(selection.sample(chunks, first)[0]), position
 
     def _number_slots(self) -> None:
         """Rank slots: every stream's slots (and the repeat's), numbered by the step they are first read at."""
@@ -311,6 +330,25 @@ class EpochPlan:
         if not samples:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         return np.concatenate(samples).astype(np.int64), np.concatenate(slots).astype(np.int64)
+
+    def pieces(self, step: int) -> tuple[tuple[int, int], ...]:
+        """``(key, samples)`` of each piece of batch ``step``, in the batch's order: each own stream's share,
+        keyed by the stream's number in the epoch, then the repeat, keyed ``streams + position`` (its place in
+        the chunk stream); empty pieces left out. A batch is augmented piece by piece, each piece drawing from
+        a generator of its key (`outcore.iterate.batch.batch_draws`), so the samples of a global step are
+        augmented alike on any number of ranks and loader workers.
+
+        >>> EpochPlan(10, 4, batch_size=4, buffer_chunks=0, streams=2).pieces(2)
+        ((0, 1), (1, 1))
+        >>> [EpochPlan(9, 4, batch_size=2, streams=2, rank=r, world_size=2).pieces(2) for r in (0, 1)]  # 1 sample left
+        [((2, 1),), ((1, 1),)]
+        """
+        starts, stops = self._pieces(step)
+        pieces = [(number, int(stop - start)) for number, start, stop in zip(self.stream_numbers, starts, stops,
+                                                                               strict=True)]
+        if self._pad is not None and step == self.steps - 1:
+            pieces.append((self.layout.streams + self._pad[2], 1))
+        return tuple(piece for piece in pieces if piece[1])
 
     def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(samples, slots)`` of emission positions ``[start, stop)``: the store's sample index and the

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import IterationClosedError
 from ..storage import Store
 from ..threads import submit, thread_count
-from .batch import Batch, Recipe, batch_rng_key, make_batch
+from .batch import Batch, Draws, Recipe, batch_draws, make_batch
 from .options import BatchOptions
 from .plan import EpochPlan, next_use
 from .readers import ChunkReader
@@ -48,9 +48,9 @@ class Work:
         return schedule(self.plan, self.batches, read_ahead=read_ahead, fetch_ahead=fetch_ahead,
                         fetch_grain=self.store.chunks_per_shard)
 
-    def rng_key(self, step: int) -> tuple[int, ...]:
-        """The key of batch ``step``'s augmentation generator: the same wherever the batch is made."""
-        return batch_rng_key(self.options.seed, self.epoch, self.options.rank, step)
+    def draws(self, step: BatchStep) -> Draws:
+        """The pieces of ``step``'s batch and their augmentation generators' keys: the same wherever it is made."""
+        return batch_draws(self.options.seed, self.epoch, step.index, step.pieces)
 
 
 class _Failure:
@@ -262,7 +262,7 @@ class LocalRun(Run):
                 self.slots_held[chunk] = self.slots_held.get(chunk, 0) + 1
             data = {slot: self.loading[int(chunks[slot])].result()[0] for slot in step.used}
             batch = make_batch(work.recipe, step.samples, work.store.chunk_size, step.slots, data,
-                               work.rng_key(step.index))
+                               work.draws(step))
             for slot in step.release:
                 chunk = int(chunks[slot])
                 self.slots_held[chunk] -= 1

@@ -28,7 +28,8 @@ from .plan import EpochPlan
 class BatchStep:
     """Batch ``index``: its ``samples`` and the ``slots`` they are read from (one per sample); the slots
     to ``load`` before making it (in order), those to ``release`` once it is made, and those to ``fetch``
-    now (asked of an object store, in order, `schedule`'s ``fetch_ahead``)."""
+    now (asked of an object store, in order, `schedule`'s ``fetch_ahead``); its ``pieces``, augmented
+    each with a generator of its own (`EpochPlan.pieces`)."""
 
     index: int
     samples: np.ndarray
@@ -36,6 +37,7 @@ class BatchStep:
     load: tuple[int, ...]
     release: tuple[int, ...]
     fetch: tuple[int, ...] = ()
+    pieces: tuple[tuple[int, int], ...] = ()
 
     @property
     def used(self) -> list[int]:
@@ -96,4 +98,4 @@ def schedule(plan: EpochPlan, steps: Sequence[int], *, read_ahead: int = 2, fetc
         remaining -= np.bincount(slots, minlength=len(remaining))
         release = tuple(j for j in held if remaining[j] == 0 or index == steps[-1])
         held = [j for j in held if j not in release]
-        yield BatchStep(index, samples, slots, load, release, fetch)
+        yield BatchStep(index, samples, slots, load, release, fetch, plan.pieces(index))

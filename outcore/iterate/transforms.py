@@ -1,9 +1,11 @@
 """Vectorized, seeded batch augmentations: ``transform(batch, rng) -> batch``.
 
 Each transform works on one field of the batch dict (``"images"`` by default, samples on axis 0,
-``(N, H, W, C)``) for the whole batch at once, and draws its randomness only from ``rng``, which the
-iterator seeds from ``(seed, epoch, rank, step)``: the same batch gets the same
-augmentation wherever and whenever it is produced. Batches are not modified in place.
+``(N, H, W, C)``) for the whole batch at once, and draws its randomness only from ``rng``. The iterator
+calls it on each stream's piece of a batch, with a generator seeded from ``(seed, epoch, step, stream)``
+(`outcore.iterate.batch.make_batch`): the same samples get the same augmentation wherever and whenever
+they are produced, on any number of ranks. A transform whose ``random`` is False (`Normalize`, `Cast`)
+draws nothing: at the end of a pipeline it runs once on the whole batch. Batches are not modified in place.
 
 >>> import numpy as np
 >>> augment = Compose([RandomCrop(24, padding=4), RandomFlip(), Normalize(mean=0.5, std=0.25)])
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -211,6 +214,7 @@ class Normalize:
     std: float | Sequence[float] = 1.0
     scale: float | None = None
     field: str = "images"
+    random: ClassVar[bool] = False  # draws nothing from ``rng``: run once per batch, not per piece
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
@@ -226,6 +230,7 @@ class Cast:
 
     dtype: str | np.dtype
     field: str = "images"
+    random: ClassVar[bool] = False
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         return _replace(batch, self.field, _field(batch, self.field).astype(self.dtype))
