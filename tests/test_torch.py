@@ -72,6 +72,48 @@ def _step_and_ids(batch):  # at module level: spawned workers receive it pickled
     return batch.index, batch["id"].tolist()
 
 
+def _id_noise(batch, rng):  # an augmentation: each sample's draw depends on the generator of its piece
+    return {**batch, "noise": rng.random(len(batch["id"]))}
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes:UserWarning")  # 2-core CI
+@pytest.mark.parametrize("workers", [2, 4])
+def test_loader_workers_each_read_only_their_streams_chunks(ids_store, monkeypatch, tmp_path, workers):
+    """Workers taking turns at whole batches each read the chunks of their batches (1.4-3x the rank's share
+    between them); making a part of every batch each, they read the rank's share once between them, and
+    the batches, augmentation included, are those of a loader without workers."""
+    from outcore.iterate.runs import LocalRun
+
+    log = tmp_path / "reads"
+    log.mkdir()
+    read = LocalRun._read
+
+    def logged(self, chunk):  # runs in the forked workers
+        with open(log / str(os.getpid()), "a") as file:
+            file.write(f"{chunk}\n")
+        return read(self, chunk)
+
+    monkeypatch.setattr(LocalRun, "_read", logged)
+
+    def epoch(num_workers):
+        forked = {"multiprocessing_context": "fork"} if num_workers else {}
+        loader = ids_store.torch(24, num_workers=num_workers, shuffle=True, seed=3, buffer_chunks=4,
+                                 transform=_id_noise, **forked)
+        return [(b["id"].tolist(), b["noise"].tolist()) for b in loader]
+
+    expected = epoch(0)
+    # the rank's plan: the chunks it reads, once each but for those cut between two streams
+    rank_reads = len(ids_store.batches(24, shuffle=True, seed=3, buffer_chunks=4).plan(0).chunks)
+    for path in log.iterdir():
+        path.unlink()
+    got = epoch(workers)
+    assert got == expected
+    reads = [path.read_text().split() for path in log.iterdir()]
+    assert len(reads) == workers
+    assert sum(len(r) for r in reads) == rank_reads  # was 1.4-3x with workers taking turns
+    assert len(set().union(*map(set, reads))) == 32  # every chunk of the store
+
+
 def test_a_state_saved_on_4_ranks_resumes_on_2_and_on_8_each_sample_once(ids_store):
     """Ranks simulated in one process (rank=, world_size=): 4 ranks of 20 stop after 5 of 13 global steps;
     any rank's state loads on 2 ranks of 40, or 8 of 10, and the job sees every sample exactly once."""
@@ -124,28 +166,28 @@ def test_torch_passes_dataloader_keywords_through(ids_store):
     assert sorted(np.concatenate([b["id"].numpy() for b in loader]).tolist()) == list(range(1000))
 
 
-def _ids_and_worker(batch):  # at module level: spawned workers receive it pickled
-    return batch["id"].numpy(), os.getpid()
+def _with_worker(batch, rng):  # at module level: spawned workers receive it pickled
+    return {**batch, "pid": np.full(len(batch["id"]), os.getpid())}
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_persistent_workers_follow_each_epoch_and_resume(ids_store, start_method):
-    def loader(persistent, collate_fn=None):
+    def loader(persistent, transform=None):
         return ids_store.torch(64, num_workers=2, shuffle=True, seed=5, multiprocessing_context=start_method,
-                               persistent_workers=persistent, collate_fn=collate_fn)
+                               persistent_workers=persistent, transform=transform)
 
     fresh = loader(False)
     expected = [[b["id"].numpy() for b in fresh] for _ in range(2)]  # epochs 0 and 1, counted by the loader
     fresh.set_epoch(7)
     expected.append([b["id"].numpy() for b in fresh])
-    kept = loader(True, _ids_and_worker)
+    kept = loader(True, _with_worker)
     epochs, workers = [], set()
     for epoch in range(3):
         if epoch == 2:
             kept.set_epoch(7)
         delivered = list(kept)
-        epochs.append([ids for ids, _ in delivered])
-        workers |= {pid for _, pid in delivered}
+        epochs.append([b["id"].numpy() for b in delivered])
+        workers |= {int(pid) for b in delivered for pid in b["pid"]}
     assert len(workers) == 2  # the same two processes served every epoch
     for got, want in zip(epochs, expected, strict=True):
         assert len(got) == len(want) == 16

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Unpack
 
+import numpy as np
+
 from ..errors import OptionError
 from ..iterate.options import check_state
 from ..iterate.stats import LoaderStats
@@ -23,30 +25,62 @@ from ..storage.remote import FORKED_AFTER_USE
 from .keywords import TorchKeywords, split_torch_keywords
 from .torch_batches import TorchBatch, TorchBatches
 from .torch_device import to_device
-from .torch_module import DataLoader, default_convert
+from .torch_module import DataLoader, default_convert, torch
 
 __all__ = ["OutcoreLoader", "TorchBatch", "TorchBatches", "loader", "to_device"]
 
 
 class Delivered(NamedTuple):
     """What a worker hands the loader: the collated ``value``, its ``step`` and ``size`` (pinned with it, as
-    a named tuple, when ``pin_memory`` is on)."""
+    a named tuple, when ``pin_memory`` is on); for a part of a batch (`TorchBatches.split_batches`), its
+    ``part`` and ``samples``, and ``value`` the part's fields, collated once the parts are joined."""
 
     value: Any
     step: int
     size: int
+    part: int | None = None
+    samples: Any = None
 
 
 class Collate:
     """The DataLoader's ``collate_fn``: the user's (default: tensors kept as they are) on each `TorchBatch`,
-    wrapped with where the batch comes from. Pickles with the user's function (spawn, forkserver)."""
+    wrapped with where the batch comes from; a part of a batch passes as it is, to be joined and collated
+    by the loader (`join_parts`). Pickles with the user's function (spawn, forkserver)."""
 
     def __init__(self, function: Callable[[TorchBatch], Any] | None) -> None:
         self.function = function
 
     def __call__(self, batch: TorchBatch) -> Delivered:
-        value = default_convert(batch) if self.function is None else self.function(batch)
-        return Delivered(value, batch.index, len(next(iter(batch.values()))))
+        size = len(next(iter(batch.values()))) if batch else 0
+        if batch.part is not None:
+            return Delivered(dict(batch), batch.index, size, batch.part, batch.samples)
+        return Delivered(self.collated(batch), batch.index, size)
+
+    def collated(self, batch: TorchBatch) -> Any:
+        return default_convert(batch) if self.function is None else self.function(batch)
+
+
+def join_parts(parts: list[Delivered], epoch: int) -> TorchBatch:
+    """The `TorchBatch` that the workers' ``parts`` of one batch make, in the order of their parts: each field
+    joined (into pinned memory where the parts were pinned), text as numpy strings.
+
+    >>> part = lambda p, x: Delivered({"x": torch.tensor(x)}, 0, len(x), p, np.array(x))
+    >>> batch = join_parts([part(1, [3]), part(0, [1, 2])], epoch=0)
+    >>> batch["x"].tolist(), batch.samples.tolist(), batch.index
+    ([1, 2, 3], [1, 2, 3], 0)
+    """
+    parts = sorted((part for part in parts if part.size), key=lambda part: part.part)
+    values = {}
+    for name in parts[0].value:
+        pieces = [part.value[name] for part in parts]
+        if isinstance(pieces[0], np.ndarray):  # text
+            values[name] = np.concatenate(pieces)
+            continue
+        first = pieces[0]
+        out = torch.empty((sum(len(piece) for piece in pieces), *first.shape[1:]), dtype=first.dtype,
+                          pin_memory=first.is_pinned())
+        values[name] = torch.cat(pieces, out=out)
+    return TorchBatch(values, epoch, None, parts[0].step, np.concatenate([part.samples for part in parts]))
 
 
 class OutcoreLoader(DataLoader):
@@ -74,14 +108,23 @@ class OutcoreLoader(DataLoader):
         batches.publish()  # for workers that persist across epochs
         step, ahead = batches.step, set(batches.skip)  # the first step not delivered, those delivered after it
         batches.loader_passes += 1  # before the workers start: they receive it
+        if self.num_workers:
+            batches.split_batches()  # before the workers start: they receive it
+        parts: dict[int, list[Delivered]] = {}  # a batch's parts delivered so far, by its step
         try:
             batches_of = super().__iter__()
+            asked = time.perf_counter()
             while True:
-                asked = time.perf_counter()
                 try:
                     delivered = next(batches_of)
                 except StopIteration:
                     break
+                if delivered.part is not None:
+                    parts.setdefault(delivered.step, []).append(delivered)
+                    if len(parts[delivered.step]) < batches.parts:
+                        continue
+                    batch = join_parts(parts.pop(delivered.step), batches.epoch)
+                    delivered = Delivered(self.collate_fn.collated(batch), batch.index, len(batch.samples))
                 self._stats.record(time.perf_counter() - asked, 0, delivered.size)
                 ahead.add(delivered.step)
                 while step in ahead:
@@ -89,9 +132,14 @@ class OutcoreLoader(DataLoader):
                     step += 1
                 batches.resume(batches.epoch, step, ahead)
                 yield delivered.value
+                asked = time.perf_counter()
         finally:
             batches.loader_passes -= 1
         batches.set_epoch(batches.epoch + 1)
+
+    def __len__(self) -> int:
+        """The rank's batches per epoch (workers making parts of each deliver more items to the DataLoader)."""
+        return len(self.dataset)
 
     def stats(self) -> dict[str, float]:
         """How long the training loop waited for each batch: see `BatchIterator.stats` (``ready_mean``

@@ -92,14 +92,15 @@ class BatchIterator:
 
     # -- the plan ------------------------------------------------------------------------------------------
 
-    def plan(self, epoch: int | None = None) -> EpochPlan:
-        """This rank's samples of ``epoch`` (default: the current one) in emission order."""
+    def plan(self, epoch: int | None = None, part: tuple[int, int] = (0, 1)) -> EpochPlan:
+        """This rank's samples of ``epoch`` (default: the current one) in emission order (with ``part``, those of
+        that part of each batch: `EpochPlan`)."""
         options = self.options
         return EpochPlan(
             len(self.store), self.store.chunk_size, batch_size=options.batch_size, shuffle=options.shuffle,
             seed=options.seed, epoch=self.epoch if epoch is None else epoch, buffer_chunks=options.buffer_chunks,
             rank=options.rank, world_size=options.world_size, drop_last=options.drop_last, streams=options.streams,
-            indices=None if options.indices is None else options.indices.indices,
+            indices=None if options.indices is None else options.indices.indices, part=part,
         )
 
     def __len__(self) -> int:
@@ -129,10 +130,10 @@ class BatchIterator:
             if self._active is run:
                 self._active = None
 
-    def run(self, epoch: int, steps: Sequence[int]) -> Run:
-        """A run making the rank's batches ``steps`` (increasing) of ``epoch``: iterate it for the batches,
-        close it when done (a DataLoader worker makes its turns so)."""
-        work = Work(self.store, self.recipe, self.options, epoch, self.plan(epoch), steps)
+    def run(self, epoch: int, steps: Sequence[int], part: tuple[int, int] = (0, 1)) -> Run:
+        """A run making the rank's batches ``steps`` (increasing) of ``epoch`` (with ``part``, that part of each):
+        iterate it for the batches, close it when done (a DataLoader worker makes its turns or its parts so)."""
+        work = Work(self.store, self.recipe, self.options, epoch, self.plan(epoch, part), steps)
         if self.options.client is not None:
             return ClusterRun(work, self._stats)
         return LocalRun(work, self._stats, self.readers)
