@@ -123,6 +123,8 @@ def test_loader_workers_parts_make_the_ranks_batches_and_read_its_chunks_once(la
     for k in range(rank.steps):
         assert np.concatenate([plan.step(k)[0] for plan in split]).tolist() == rank.step(k)[0].tolist()
         assert sum((plan.pieces(k) for plan in split), ()) == rank.pieces(k)
+        sizes = [len(plan.step(k)[0]) for plan in split]
+        assert [plan.placement(k) for plan in split] == [(sum(sizes[:w]), len(rank.step(k)[0])) for w in range(parts)]
     assert sum(len(plan.chunks) for plan in split) == len(rank.chunks)
     assert sorted(np.concatenate([plan.chunks for plan in split]).tolist()) == sorted(rank.chunks.tolist())
     with pytest.raises(OptionError, match="at most"):

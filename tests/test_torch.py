@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import outcore
 from outcore.errors import OptionError
-from outcore.transforms import Normalize
+from outcore.transforms import BrightnessContrast, Compose, Normalize, RandomFlip
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
 
@@ -76,12 +77,36 @@ def _id_noise(batch, rng):  # an augmentation: each sample's draw depends on the
     return {**batch, "noise": rng.random(len(batch["id"]))}
 
 
+@pytest.fixture
+def pictures_store(tmp_path):
+    """960 random 32x32 pictures in chunks of 32, and their ``id``: a batch of 96 pictures is large enough
+    for shared memory."""
+    images = np.random.default_rng(0).integers(0, 256, (960, 32, 32, 3), dtype=np.uint8)
+    return outcore.from_arrays({"images": images, "id": np.arange(960)}, tmp_path / "pictures.zarr",
+                               chunk_size=32, progress=False)
+
+
+def _augmented(batch, rng):  # at module level: spawned workers receive it pickled
+    return Compose([RandomFlip(), BrightnessContrast()])(_id_noise(batch, rng), rng)
+
+
+def _epoch(store, num_workers, **options):
+    """Each batch of an epoch of ``store`` as plain lists, and how many batches held are mapped from shared memory."""
+    context = {"multiprocessing_context": options.pop("context", "fork")} if num_workers else {}
+    loader = store.torch(96, num_workers=num_workers, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented,
+                         **context, **options)
+    batches = list(loader)
+    mapped = len(list(loader._mailbox.folder.glob("taken-*"))) if loader._mailbox is not None else 0
+    return [(b.index, b["id"].tolist(), b["noise"].tolist(), b["images"].numpy().tobytes()) for b in batches], mapped
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes:UserWarning")  # 2-core CI
 @pytest.mark.parametrize("workers", [2, 4])
-def test_loader_workers_each_read_only_their_streams_chunks(ids_store, monkeypatch, tmp_path, workers):
+def test_loader_workers_each_read_only_their_streams_chunks(pictures_store, monkeypatch, tmp_path, workers):
     """Workers taking turns at whole batches each read the chunks of their batches (1.4-3x the rank's share
-    between them); making a part of every batch each, they read the rank's share once between them, and
-    the batches, augmentation included, are those of a loader without workers."""
+    between them); making a part of every batch each, written side by side in shared memory, they read the
+    rank's share once between them, and the batches, augmentation included, are those of a loader without
+    workers, mapped rather than copied."""
     from outcore.iterate.runs import LocalRun
 
     log = tmp_path / "reads"
@@ -95,24 +120,51 @@ def test_loader_workers_each_read_only_their_streams_chunks(ids_store, monkeypat
 
     monkeypatch.setattr(LocalRun, "_read", logged)
 
-    def epoch(num_workers):
-        forked = {"multiprocessing_context": "fork"} if num_workers else {}
-        loader = ids_store.torch(24, num_workers=num_workers, shuffle=True, seed=3, buffer_chunks=4,
-                                 transform=_id_noise, **forked)
-        return [(b["id"].tolist(), b["noise"].tolist()) for b in loader]
-
-    expected = epoch(0)
+    expected, _ = _epoch(pictures_store, 0)
     # the rank's plan: the chunks it reads, once each but for those cut between two streams
-    rank_reads = len(ids_store.batches(24, shuffle=True, seed=3, buffer_chunks=4).plan(0).chunks)
+    rank_reads = len(pictures_store.batches(96, shuffle=True, seed=3, buffer_chunks=4).plan(0).chunks)
     for path in log.iterdir():
         path.unlink()
-    got = epoch(workers)
-    assert got == expected
+    assert _epoch(pictures_store, workers) == (expected, 10)  # every batch's pictures mapped
     reads = [path.read_text().split() for path in log.iterdir()]
     assert len(reads) == workers
     assert sum(len(r) for r in reads) == rank_reads  # was 1.4-3x with workers taking turns
-    assert len(set().union(*map(set, reads))) == 32  # every chunk of the store
+    assert len(set().union(*map(set, reads))) == 30  # every chunk of the store
 
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_loader_workers_parts_for_every_start_method_resume_and_in_any_order(pictures_store, start_method):
+    """Parts of each batch by spawned and forkserver workers too; persistent workers across passes, one
+    stopped mid-epoch and resumed; in_order=False; channels_first. Nothing is left in shared memory."""
+    expected, _ = _epoch(pictures_store, 0)
+    assert _epoch(pictures_store, 2, context=start_method) == (expected, 10)
+    unordered, mapped = _epoch(pictures_store, 2, context=start_method, in_order=False, prefetch_factor=4)
+    assert sorted(unordered) == expected and mapped == 10
+    loader = pictures_store.torch(96, num_workers=2, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented,
+                                  multiprocessing_context=start_method, persistent_workers=True, channels_first=True)
+    head = []
+    for batch in loader:
+        head.append(batch)
+        if len(head) == 4:
+            break
+    folder = loader._mailbox.folder
+    loader.load_state_dict(loader.state_dict())
+    tail = list(loader)  # the same workers, a new pass: what the first left unasked is removed
+    assert [b.index for b in head + tail] == list(range(10))
+    for got, want in zip(head + tail, expected, strict=True):
+        assert got["images"].shape == (len(want[1]), 3, 32, 32)  # (N, C, H, W) views of the mapped batch
+        assert got["id"].tolist() == want[1]
+        assert got["images"].permute(0, 2, 3, 1).numpy().tobytes() == want[3]
+    del head, tail, got, batch
+    assert not [name for name in os.listdir(folder) if not name.startswith("free-") and name != "owner.lock"]
+    del loader
+    assert not folder.exists()
+
+
+def test_loader_workers_take_turns_without_shared_memory(pictures_store, monkeypatch):
+    monkeypatch.setenv("OUTCORE_SHARED_MEMORY", "0")
+    expected, _ = _epoch(pictures_store, 0)
+    assert _epoch(pictures_store, 2) == (expected, 0)  # whole batches, sent by the DataLoader
 
 def test_a_state_saved_on_4_ranks_resumes_on_2_and_on_8_each_sample_once(ids_store):
     """Ranks simulated in one process (rank=, world_size=): 4 ranks of 20 stop after 5 of 13 global steps;

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Unpack
 
@@ -19,11 +20,12 @@ import numpy as np
 
 from ..errors import OptionError
 from ..iterate.options import check_state
+from ..iterate.shared import Mailbox, SharedArray, Slot
 from ..iterate.stats import LoaderStats
 from ..storage import RemoteStore, Store
 from ..storage.remote import FORKED_AFTER_USE
 from .keywords import TorchKeywords, split_torch_keywords
-from .torch_batches import TorchBatch, TorchBatches
+from .torch_batches import PART_FILE, TorchBatch, TorchBatches, as_tensor
 from .torch_device import to_device
 from .torch_module import DataLoader, default_convert, torch
 
@@ -51,35 +53,38 @@ class Collate:
         self.function = function
 
     def __call__(self, batch: TorchBatch) -> Delivered:
-        size = len(next(iter(batch.values()))) if batch else 0
         if batch.part is not None:
-            return Delivered(dict(batch), batch.index, size, batch.part, batch.samples)
-        return Delivered(self.collated(batch), batch.index, size)
+            return Delivered(dict(batch), batch.index, len(batch.samples), batch.part, batch.samples)
+        return Delivered(self.collated(batch), batch.index, len(next(iter(batch.values()))))
 
     def collated(self, batch: TorchBatch) -> Any:
         return default_convert(batch) if self.function is None else self.function(batch)
 
 
-def join_parts(parts: list[Delivered], epoch: int) -> TorchBatch:
-    """The `TorchBatch` that the workers' ``parts`` of one batch make, in the order of their parts: each field
-    joined (into pinned memory where the parts were pinned), text as numpy strings.
+def join_parts(parts: list[Delivered], epoch: int, mailbox: Mailbox | None, channels_first: bool) -> TorchBatch:
+    """The `TorchBatch` that the workers' ``parts`` of one batch make, in the order of their parts: a field
+    the workers wrote side by side in shared memory is mapped from ``mailbox`` (parts sent as arrays, where
+    there was no room, are copied into it); others are joined.
 
-    >>> part = lambda p, x: Delivered({"x": torch.tensor(x)}, 0, len(x), p, np.array(x))
-    >>> batch = join_parts([part(1, [3]), part(0, [1, 2])], epoch=0)
+    >>> part = lambda p, x: Delivered({"x": np.array(x)}, 0, len(x), p, np.array(x))
+    >>> batch = join_parts([part(1, [3]), part(0, [1, 2])], epoch=0, mailbox=None, channels_first=False)
     >>> batch["x"].tolist(), batch.samples.tolist(), batch.index
     ([1, 2, 3], [1, 2, 3], 0)
     """
     parts = sorted((part for part in parts if part.size), key=lambda part: part.part)
+    offsets = np.cumsum([0, *(part.size for part in parts)]).tolist()
     values = {}
     for name in parts[0].value:
         pieces = [part.value[name] for part in parts]
-        if isinstance(pieces[0], np.ndarray):  # text
-            values[name] = np.concatenate(pieces)
-            continue
-        first = pieces[0]
-        out = torch.empty((sum(len(piece) for piece in pieces), *first.shape[1:]), dtype=first.dtype,
-                          pin_memory=first.is_pinned())
-        values[name] = torch.cat(pieces, out=out)
+        shared = next((piece for piece in pieces if isinstance(piece, SharedArray)), None)
+        if shared is None or mailbox is None:
+            array = np.concatenate(pieces)
+        else:
+            array = mailbox.take(shared)
+            for piece, offset in zip(pieces, offsets, strict=False):
+                if not isinstance(piece, SharedArray):
+                    array[offset : offset + len(piece)] = piece
+        values[name] = as_tensor(array, channels_first)
     return TorchBatch(values, epoch, None, parts[0].step, np.concatenate([part.samples for part in parts]))
 
 
@@ -96,6 +101,8 @@ class OutcoreLoader(DataLoader):
         super().__init__(batches, batch_size=None, collate_fn=Collate(collate_fn), **dataloader_options)
         batches.loader_passes = 0  # from now on it is read in this loader's passes only
         self._stats = LoaderStats()
+        self._mailbox: Mailbox | None = None  # where workers making parts of each batch write them (`_slot`)
+        self._no_mailbox = False
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -105,26 +112,16 @@ class OutcoreLoader(DataLoader):
         batches.resolve_rank()  # before the workers start: they receive it
         if batches.step >= len(batches):  # the last pass stopped at its last batch (Lightning stops at len())
             batches.set_epoch(batches.epoch + 1)
+        if self.num_workers:  # before the workers start: they receive it
+            batches.split_batches(self._slot())
+        batches.passes += 1
         batches.publish()  # for workers that persist across epochs
         step, ahead = batches.step, set(batches.skip)  # the first step not delivered, those delivered after it
         batches.loader_passes += 1  # before the workers start: they receive it
-        if self.num_workers:
-            batches.split_batches()  # before the workers start: they receive it
-        parts: dict[int, list[Delivered]] = {}  # a batch's parts delivered so far, by its step
+        batches_of = self._whole(super().__iter__())
         try:
-            batches_of = super().__iter__()
             asked = time.perf_counter()
-            while True:
-                try:
-                    delivered = next(batches_of)
-                except StopIteration:
-                    break
-                if delivered.part is not None:
-                    parts.setdefault(delivered.step, []).append(delivered)
-                    if len(parts[delivered.step]) < batches.parts:
-                        continue
-                    batch = join_parts(parts.pop(delivered.step), batches.epoch)
-                    delivered = Delivered(self.collate_fn.collated(batch), batch.index, len(batch.samples))
+            for delivered in batches_of:
                 self._stats.record(time.perf_counter() - asked, 0, delivered.size)
                 ahead.add(delivered.step)
                 while step in ahead:
@@ -135,7 +132,52 @@ class OutcoreLoader(DataLoader):
                 asked = time.perf_counter()
         finally:
             batches.loader_passes -= 1
+            batches_of.close()  # its DataLoader iterator goes, and with it workers that do not persist
+            self._remove_parts(None)
         batches.set_epoch(batches.epoch + 1)
+
+    def _whole(self, delivered: Iterator[Delivered]) -> Iterator[Delivered]:
+        """The DataLoader's items as whole batches: the parts of a batch are joined (`join_parts`) once all
+        have come, and collated; at the first, the files earlier passes' workers left are removed."""
+        batches, parts, first = self.dataset, {}, True
+        for item in delivered:
+            if item.part is None:
+                yield item
+                continue
+            if first:
+                self._remove_parts(batches.passes)
+                first = False
+            parts.setdefault(item.step, []).append(item)
+            if len(parts[item.step]) == batches.parts:
+                batch = join_parts(parts.pop(item.step), batches.epoch, self._mailbox, batches.channels_first)
+                yield Delivered(self.collate_fn.collated(self._pinned(batch)), batch.index, len(batch.samples))
+
+    def _remove_parts(self, current: int | None) -> None:
+        """Remove the files of batches that passes other than ``current`` made and never delivered (a pass
+        stopped early; workers still writing when it stopped)."""
+        if self._mailbox is None:
+            return
+        for left in self._mailbox.folder.glob(f"{PART_FILE}*"):
+            if current is None or not left.name.startswith(f"{PART_FILE}{current}-"):
+                left.unlink(missing_ok=True)
+
+    def _slot(self) -> Slot | None:
+        """Where the workers write the parts of this pass's batches: a folder in shared memory made for the
+        loader's life (None without one: the workers then take turns at whole batches)."""
+        if self._mailbox is None and not self._no_mailbox:
+            self._mailbox = Mailbox.open()
+            self._no_mailbox = self._mailbox is None
+            if self._mailbox is not None:
+                weakref.finalize(self, self._mailbox.close)
+        return None if self._mailbox is None else self._mailbox.slot
+
+    def _pinned(self, batch: TorchBatch) -> TorchBatch:
+        """``batch`` in pinned memory when the loader pins (a DataLoader pins what its workers send, and the
+        parts' batches are mapped here)."""
+        if not (self.pin_memory and torch.cuda.is_available()):
+            return batch
+        values = {name: value.pin_memory() if isinstance(value, torch.Tensor) else value for name, value in batch.items()}
+        return TorchBatch(values, batch.epoch, batch.worker, batch.index, batch.samples)
 
     def __len__(self) -> int:
         """The rank's batches per epoch (workers making parts of each deliver more items to the DataLoader)."""

@@ -29,11 +29,14 @@ import numpy as np
 
 from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, EpochSteps
+from ..iterate.plan import EpochPlan
 from ..iterate.runs import NextEpoch
+from ..iterate.shared import SHARED_MIN_BYTES, SharedArray, Slot
 from ..storage import Store
 from ..threads import share_cpus
 from .torch_module import IterableDataset, get_worker_info, torch
 
+PART_FILE = "part-p"  # files of a batch that loader workers write parts of: part-p<pass>-e<epoch>-s<step>-<field>
 BOARD_CAPACITY = 64  # batches per worker that a DataLoader with in_order=False may deliver ahead of the oldest one
 REBUILT = (
     "a DataLoader rebuilt from the loader of ds.torch(...) (accelerator.prepare(loader) or a framework's "
@@ -69,17 +72,18 @@ class EpochBoard:
 
     def __init__(self, capacity: int, context: Any) -> None:
         self.capacity = capacity
-        self.values = context.RawArray("q", 3 + capacity)  # epoch, step, count of skipped, skipped steps...
+        self.values = context.RawArray("q", 4 + capacity)  # pass, epoch, step, count of skipped, skipped steps...
 
-    def write(self, epoch: int, step: int, skip: tuple[int, ...]) -> None:
+    def write(self, passes: int, epoch: int, step: int, skip: tuple[int, ...]) -> None:
         if len(skip) > self.capacity:
             raise OptionError(f"{len(skip)} batches were delivered out of order, more than the {self.capacity} "
                               "persistent workers can be told of: resume without persistent_workers")
-        self.values[: 3 + len(skip)] = [epoch, step, len(skip), *skip]
+        self.values[: 4 + len(skip)] = [passes, epoch, step, len(skip), *skip]
 
-    def read(self) -> tuple[int, int, tuple[int, ...]]:
-        epoch, step, count = self.values[:3]
-        return epoch, step, tuple(self.values[3 : 3 + count])
+    def read(self) -> tuple[int, int, int, tuple[int, ...]]:
+        """``(pass, epoch, step, skip)``: the loader's pass number and where it starts."""
+        passes, epoch, step, count = self.values[:4]
+        return passes, epoch, step, tuple(self.values[4 : 4 + count])
 
 
 class TorchBatches(IterableDataset):
@@ -109,6 +113,8 @@ class TorchBatches(IterableDataset):
         self.skip: tuple[int, ...] = ()  # later batches already delivered (by a DataLoader with in_order=False)
         self.own_turn = False  # ``step`` is this worker's next turn (a StatefulDataLoader's worker state), not the rank's
         self.parts = 1  # with more (`split_batches`), each worker makes its part of every batch
+        self.slot: Slot | None = None  # where the workers write the parts of each batch, side by side
+        self.passes = 0  # the loader's passes begun: names the files of this pass's batches
         self.board: EpochBoard | None = None  # for persistent workers: `persist`
         self._store: Store | None = None  # a worker's store, opened once (persistent workers keep it)
         self._next: NextEpoch | None = None  # with a client: the next epoch's run, started as a pass drains
@@ -125,16 +131,19 @@ class TorchBatches(IterableDataset):
     def publish(self) -> None:
         """Write where the next iteration starts for persistent workers (nothing without them)."""
         if self.board is not None:
-            self.board.write(self.epoch, self.step, self.skip)
+            self.board.write(self.passes, self.epoch, self.step, self.skip)
 
-    def split_batches(self) -> None:
-        """Have the DataLoader's workers each make a part of every batch (`EpochPlan`'s ``part``) where the
-        rank's streams can be shared among them, for a loader that joins the parts (`OutcoreLoader`): each
-        worker then reads only its own streams' chunks, instead of the chunks of every batch it makes (workers
-        taking turns read the chunks that straddle consecutive batches once each: 1.4-3x the rank's share)."""
+    def split_batches(self, slot: Slot | None) -> None:
+        """Have the DataLoader's workers each make a part of every batch (`EpochPlan`'s ``part``), written
+        side by side into one file of ``slot`` per field, where the rank's streams can be shared among them
+        and there is a slot (shared memory), for a loader that maps the batches (`OutcoreLoader`): each
+        worker then reads only its own streams' chunks, instead of the chunks of every batch it makes
+        (workers taking turns read the chunks that straddle consecutive batches once each: 1.4-3x the
+        rank's share), and no batch is copied between processes."""
         options = self.options
         streams = options.streams // options.world_size if options.shuffle else 1
-        self.parts = self.num_workers if 2 <= self.num_workers <= streams else 1
+        self.parts = self.num_workers if 2 <= self.num_workers <= streams and slot is not None else 1
+        self.slot = slot if self.parts > 1 else None
 
     def resolve_rank(self) -> None:
         """Take the rank and world size from ``torch.distributed`` now, unless they were given."""
@@ -200,7 +209,7 @@ class TorchBatches(IterableDataset):
                 self.resolve_rank()
         loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None and self.board is not None:  # a persistent worker: this iteration's start
-            (self.epoch, self.step, self.skip), self.own_turn = self.board.read(), False
+            (self.passes, self.epoch, self.step, self.skip), self.own_turn = self.board.read(), False
         if self._store is None or info is None:
             self._store = self.opener()
         iterator = BatchIterator(self._store, self.options)
@@ -240,10 +249,25 @@ class TorchBatches(IterableDataset):
         try:
             for step in steps:
                 batch = next(batches) if plan.pieces(step) else {}
-                yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch,
-                                 part[0], step, plan.step(step)[0], part[0])
+                values = {name: self._shared(name, array, step, plan) for name, array in batch.items()}
+                yield TorchBatch(values, self.epoch, part[0], step, plan.step(step)[0], part[0])
         finally:
             run.close()
+
+    def _shared(self, name: str, part: np.ndarray, step: int, plan: EpochPlan) -> np.ndarray | SharedArray:
+        """Field ``name`` of this worker's part of batch ``step``: written at its rows of the batch's file in
+        shared memory (a `SharedArray` saying where), or, if small, text, or without room, as it is (the
+        loader joins the parts and makes the tensors: `outcore.adapters.torch.join_parts`)."""
+        offset, size = plan.placement(step)
+        shape = (size, *part.shape[1:])
+        if part.dtype.kind in "USO" or part[:1].nbytes * size < SHARED_MIN_BYTES:
+            return part
+        file = f"{PART_FILE}{self.passes}-e{self.epoch}-s{step}-{name}"
+        try:
+            self.slot.joint(file, shape, part.dtype)[offset : offset + len(part)] = part
+        except OSError:  # no room in shared memory: the loader copies this part into the batch
+            return part
+        return SharedArray(file, part.dtype.str, shape)
 
     def _tensor(self, values: np.ndarray) -> Any:
         return as_tensor(values, self.channels_first)

@@ -350,6 +350,17 @@ class EpochPlan:
             pieces.append((self.layout.streams + self._pad[2], 1))
         return tuple(piece for piece in pieces if piece[1])
 
+    def placement(self, step: int) -> tuple[int, int]:
+        """``(offset, size)``: where this part's samples of batch ``step`` start in the rank's batch, and the
+        rank's batch's size (a whole plan's part starts at 0).
+
+        >>> [EpochPlan(100, 10, batch_size=16, streams=4, part=(w, 2)).placement(6) for w in (0, 1)]  # 4 left
+        [(0, 4), (2, 4)]
+        """
+        first = self.layout.rank_streams(self.rank, self.world_size).start
+        shares = self.layout.last if step == self.steps - 1 else self.layout.takes
+        return int(shares[first : self.stream_numbers[0]].sum()), min(self.batch_size, len(self) - step * self.batch_size)
+
     def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(samples, slots)`` of emission positions ``[start, stop)``: the store's sample index and the
         slot it is read from, for each."""

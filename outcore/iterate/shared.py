@@ -100,6 +100,29 @@ class Slot:
         folder = Path(self.folder)
         return Arena(folder if folder.is_dir() else None)
 
+    def joint(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The array of file ``name`` that several processes write parts of (each its own rows: DataLoader
+        workers making parts of a batch, `outcore.adapters.torch`): made by the first to ask (in a free
+        file of its size, if any), mapped by the others. An `OSError` where the folder has no room, or the
+        file was made with another size (the parts disagree on the batch's shape)."""
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        folder = Path(self.folder)
+        path, private = folder / name, folder / f".{uuid4().hex[:12]}"
+        if not path.exists():
+            if not Arena(folder)._recycled_as(private, size):
+                _mapped(private, size, create=True, populate=False).close()
+            try:
+                os.link(private, path)  # atomic: fails where another process made it first
+            except FileExistsError:
+                _free(folder, private.name, size)
+            else:
+                private.unlink()
+        if path.stat().st_size != size:
+            raise OSError(f"{name} holds {path.stat().st_size} bytes, not the {size} of {shape} {dtype}")
+        return np.frombuffer(_mapped(path, size, create=False, populate=True), dtype, size // dtype.itemsize
+                             ).reshape(shape)
+
 
 class Arena:
     """Allocates one batch's arrays as files of the mailbox (``empty``) and says where they are
@@ -132,18 +155,24 @@ class Arena:
         return array
 
     def _recycled(self, name: str, size: int) -> mmap.mmap | None:
-        """A free file of ``size`` bytes, taken (renamed ``name``: another worker taking it too fails) and
-        mapped; None when there is none."""
+        """A free file of ``size`` bytes, taken (`_recycled_as`) and mapped; None when there is none."""
+        assert self.folder is not None
+        if not self._recycled_as(self.folder / name, size):
+            return None
+        return _mapped(self.folder / name, size, create=False, populate=True)
+
+    def _recycled_as(self, path: Path, size: int) -> bool:
+        """Whether a free file of ``size`` bytes was taken, renamed ``path`` (another worker taking it too fails)."""
         assert self.folder is not None
         with os.scandir(self.folder) as entries:
             free = [entry.path for entry in entries if entry.name.startswith(f"{FREE}{size}-")]
-        for path in free:
+        for candidate in free:
             try:
-                os.rename(path, self.folder / name)
+                os.rename(candidate, path)
             except OSError:  # taken by another worker first
                 continue
-            return _mapped(self.folder / name, size, create=False, populate=True)
-        return None
+            return True
+        return False
 
     def publish(self, batch: dict[str, np.ndarray]) -> SharedBatch:
         """The batch as the consumer will find it: arrays made by `empty` by file name, others copied into
@@ -216,6 +245,23 @@ class Mailbox:
         return {name: self._take(value) if isinstance(value, SharedArray) else value
                 for name, value in made.fields.items()}
 
+    def take(self, shared: SharedArray) -> np.ndarray:
+        """The array in file ``shared.name`` (written by workers: `Slot.joint`), mapped into this process,
+        its name taken at once (no worker opens it by name again); freed for another batch once dropped."""
+        taken = f"taken-{uuid4().hex[:12]}"
+        try:
+            os.rename(self.folder / shared.name, self.folder / taken)
+        except OSError as error:
+            raise self._gone(error) from None
+        return self._take(SharedArray(taken, shared.dtype, shared.shape))
+
+    def _gone(self, error: OSError) -> ClusterError:
+        return ClusterError(
+            f"a worker's batch in shared memory is gone ({error}): something removed files of "
+            f"{self.folder} while the run was using it. Set {ENVIRONMENT}=0 to have batches sent over "
+            "sockets instead"
+        )
+
     def _take(self, shared: SharedArray) -> np.ndarray:
         """The array in file ``shared.name``, mapped; the file is freed for another batch once the
         mapping is (when the consumer has dropped every array of it)."""
@@ -224,11 +270,7 @@ class Mailbox:
         try:
             mapped = _mapped(self.folder / shared.name, shared.nbytes, create=False, populate=False)
         except OSError as error:
-            raise ClusterError(
-                f"a worker's batch in shared memory is gone ({error}): something removed files of "
-                f"{self.folder} while the run was using it. Set {ENVIRONMENT}=0 to have batches sent over "
-                "sockets instead"
-            ) from None
+            raise self._gone(error) from None
         weakref.finalize(mapped, _free, self.folder, shared.name, shared.nbytes)
         return np.frombuffer(mapped, dtype, count).reshape(shared.shape)
 
