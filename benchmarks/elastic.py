@@ -7,7 +7,9 @@ For each world size W (global batch ``--batch``, so ``--batch / W`` per rank), w
 - whether every global step (the union of the ranks' batches, less the last step's documented repeats)
   holds the same samples as on one rank;
 - chunk reads per rank over ``chunks / W`` (each rank reads its own share; the target is <= 1.1), and the
-  same with ``--workers`` DataLoader workers, each reading the chunks its turns at the rank's batches draw on;
+  same with ``--workers`` DataLoader workers, each making its part of every batch (its share of the rank's
+  streams, where the rank has one for each: `outcore.adapters.torch`), or taking turns at whole batches,
+  each reading the chunks its turns draw on;
 - the most chunks a rank holds while following its schedule (measured step by step) against the bound of
   the previous, per-rank order (``buffer_chunks + 2 + ceil(batch / chunk) + read_ahead``; the target is
   within 2x);
@@ -48,14 +50,15 @@ def main() -> None:
     mixed_labels = generator(Domain.REFERENCE, 99).permutation(sorted_labels)
     print(f"{n:,} samples in chunks of {chunk} ({math.ceil(n / chunk):,} chunks), global batch {args.batch}, "
           f"buffer_chunks {args.buffer}, 8 streams, {args.epochs} epochs")
-    print(f"| ranks | steps identical | chunk reads per rank / (chunks / W) | with {args.workers} workers "
-          "| most chunks held per rank (old bound) "
+    print(f"| ranks | steps identical | chunk reads per rank / (chunks / W) | {args.workers} workers making parts "
+          f"| {args.workers} workers taking turns | most chunks held per rank (old bound) "
           "| TV ratio global, shuffled store | per rank | TV ratio global, class-sorted store | per rank |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     reference: list[list[np.ndarray]] = []
     for world_size in (1, 2, 4, 8):
         batch = args.batch // world_size
-        identical, reads, worker_reads, held, quality = True, [], [], [], {"mixed": [], "sorted": []}
+        identical, reads, part_reads, worker_reads, held = True, [], [], [], []
+        quality: dict[str, list[tuple[float, float]]] = {"mixed": [], "sorted": []}
         for epoch in range(args.epochs):
             plans = [EpochPlan(n, chunk, batch_size=batch, seed=1, epoch=epoch, buffer_chunks=args.buffer, rank=r,
                                world_size=world_size) for r in range(world_size)]
@@ -67,9 +70,13 @@ def main() -> None:
                 reference.append(steps)
             else:
                 identical &= all(np.array_equal(a, b) for a, b in zip(steps, reference[epoch], strict=True))
-            for plan in plans:
+            parts = args.workers if args.workers <= 8 // world_size else 0  # a stream for each worker, else turns
+            for rank, plan in enumerate(plans):
                 share = math.ceil(n / chunk) / world_size
                 reads.append(len(plan.chunks) / share)
+                part_reads.append(sum(len(EpochPlan(n, chunk, batch_size=batch, seed=1, epoch=epoch, rank=rank,
+                                                    buffer_chunks=args.buffer, world_size=world_size,
+                                                    part=(w, parts)).chunks) for w in range(parts)) / share)
                 turns = [Consumer(worker=w, num_workers=args.workers).steps(plan.steps) for w in range(args.workers)]
                 worker_reads.append(sum(_loads(plan, steps) for steps in turns) / share)
                 held.append(_most_held(plan))
@@ -81,7 +88,9 @@ def main() -> None:
                 quality[name].append((global_tv / full, rank_tv / full_rank))
         old = args.buffer + 2 + math.ceil(batch / chunk) + READ_AHEAD
         cells = [f"{np.mean([q[i] for q in quality[name]]):.2f}" for name in ("mixed", "sorted") for i in (0, 1)]
-        print(f"| {world_size} | {'yes' if identical else 'NO'} | {max(reads):.3f} | {max(worker_reads):.2f} | "
+        parts_cell = f"{max(part_reads):.3f}" if parts else "(turns: fewer streams than workers)"
+        print(f"| {world_size} | {'yes' if identical else 'NO'} | {max(reads):.3f} | {parts_cell} | "
+              f"{max(worker_reads):.2f} | "
               f"{max(held)} ({old}) | "
               + " | ".join(cells) + " |")
 

@@ -59,7 +59,7 @@ def main() -> None:
             os.environ["OUTCORE_SHARED_MEMORY"] = shared
             rates[name].append(_epoch(ds, args.batch, workers, epoch))
     plan = ds.batches(args.batch, shuffle=True, seed=0).plan(0)
-    chunks = ds.store.num_chunks
+    chunks = -(-len(ds) // CHUNK)
     turns = sum(sum(len(step.load) for step in schedule(plan, Consumer(worker=w, num_workers=n).steps(plan.steps),
                                                           read_ahead=0)) for w in range(n))
     parts = sum(len(EpochPlan(len(ds), CHUNK, batch_size=args.batch, seed=0, part=(w, n)).chunks) for w in range(n))

@@ -212,20 +212,25 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
 
     The batch options are those of `Dataset.batches`, but ``shuffle`` is off unless asked for, as in a
     DataLoader: pass ``shuffle=True`` to train. Without it, and with ``num_workers=0``, batches come in
-    store order, so predictions line up with the store's labels and paths; DataLoader workers take
-    turns, so with more use each batch's ``samples``. ``rank``/``world_size`` default to
-    ``torch.distributed``'s when each iteration starts (so the loader may be built before
-    ``init_process_group``). A ``collate_fn`` gets each batch (a `TorchBatch`) and returns what the
-    loop receives. Every other keyword goes to the DataLoader as it is
+    store order, so predictions line up with the store's labels and paths; with workers, use each batch's
+    ``samples``. ``rank``/``world_size`` default to ``torch.distributed``'s when each iteration starts (so
+    the loader may be built before ``init_process_group``). A ``collate_fn`` gets each batch (a
+    `TorchBatch`) and returns what the loop receives. Every other keyword goes to the DataLoader as it is
     (``num_workers``, ``pin_memory``, ``multiprocessing_context``, ``prefetch_factor``,
     ``persistent_workers``: workers kept across epochs follow each epoch and resume, and keep the store
-    open, ...). Batches are
-    made by outcore, so the DataLoader's own batching is off. outcore already reads ahead on background
-    threads, so ``num_workers=0`` is the default: worker processes add a copy of every batch between
-    processes (benchmarks/training.py measured 5 % of the time waiting for data with 0 workers, 21 % with
-    2, on 2 cores); use them for heavy per-batch Python transforms. Workers may start by fork, spawn or
-    forkserver; with spawn and forkserver, the transform must pickle (defined at module level). Workers
-    reading an object store start by forkserver unless told spawn (its client cannot run after a fork).
+    open, ...). Batches are made by outcore, so the DataLoader's own batching is off.
+
+    Workers: where the rank has a stream for each (``streams / world_size`` of them, 8 by default on one
+    rank) and the machine has shared memory (``/dev/shm``), each worker makes **its part of every batch**
+    (the samples of its streams, read from its streams' chunks only), written straight into the batch's
+    memory beside the other workers' parts, and the loader maps the batch: no chunk is read twice, no
+    batch is copied between processes, and ``collate_fn`` runs on the whole batch in this process.
+    Elsewhere the workers take turns at whole batches, which the DataLoader sends over (each worker then
+    reads the chunks its batches draw on: 1.4-3x the rank's share between them). ``num_workers=0`` is the
+    default: outcore already reads and decodes on a pool of threads; workers help where per-batch Python
+    work in the transform holds the GIL. Workers may start by fork, spawn or forkserver; with spawn and
+    forkserver, the transform must pickle (defined at module level). Workers reading an object store start
+    by forkserver unless told spawn (its client cannot run after a fork).
 
     >>> for batch in ds.torch(batch_size=256, shuffle=True, num_workers=2):  # doctest: +SKIP
     ...     loss = model(batch["images"].float()).mean()

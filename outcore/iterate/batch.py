@@ -166,18 +166,21 @@ def _assemble_cropped(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys
 
 
 def join(pieces: Sequence[Batch], empty: Empty = np.empty) -> Batch:
-    """The pieces of a batch, field by field, in order, as one batch (arrays made by ``empty``; text stays numpy).
+    """The pieces of a batch, field by field, in order, as one batch (arrays made by ``empty``; text as wide
+    as its widest piece).
 
-    >>> join([{"x": np.arange(2)}, {"x": np.arange(3)}])["x"].tolist()
-    [0, 1, 0, 1, 2]
+    >>> join([{"x": np.arange(2), "t": np.array(["a"])}, {"x": np.arange(3), "t": np.array(["bcd"])}])
+    {'x': array([0, 1, 0, 1, 2]), 't': array(['a', 'bcd'], dtype='<U3')}
     """
     batch = {}
     for name in pieces[0]:
         parts = [piece[name] for piece in pieces]
         first = parts[0]
-        make = np.empty if first.dtype.kind in "USO" else empty
-        out = make((sum(len(part) for part in parts), *first.shape[1:]), first.dtype)
-        batch[name] = np.concatenate(parts, out=out)
+        if first.dtype.kind in "USO":
+            batch[name] = np.concatenate(parts)
+            continue
+        out = empty((sum(len(part) for part in parts), *first.shape[1:]), first.dtype)
+        batch[name] = np.concatenate(parts, out=out, casting="no")
     return batch
 
 
