@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-from outcore.errors import OutcoreWarning
+from outcore.errors import ClusterError, OutcoreWarning
 from outcore.iterate import shared
 from outcore.iterate.shared import FREE, LOCK, SHARED_MIN_BYTES, Mailbox, SharedArray, Slot, is_mapped
 
@@ -162,3 +162,26 @@ def test_a_killed_consumers_folder_is_removed_by_the_next_mailbox_and_a_live_one
             owner.kill()
             owner.wait(timeout=30)
             owner.stdout.close()
+
+
+def test_a_joint_file_takes_each_workers_rows_and_is_never_written_once_taken(mailbox):
+    """DataLoader workers write their parts of a batch side by side (`Slot.joint`): the first makes the
+    file (from a free one of its size when there is one), the others map it; once the loader takes it, its
+    name is gone, so nothing writes the memory the loader handed out."""
+    slot = Slot(str(mailbox.folder))
+    shape = (4, 1 << 16)
+    slot.joint("batch", shape, np.dtype("uint8"))[:2] = 1
+    slot.joint("batch", shape, np.dtype("uint8"))[2:] = 2
+    with pytest.raises(OSError, match="not the"):  # a part that disagrees on the batch's shape
+        slot.joint("batch", (5, 1 << 16), np.dtype("uint8"))
+    taken = mailbox.take(SharedArray("batch", "|u1", shape))
+    assert taken[:, 0].tolist() == [1, 1, 2, 2] and "batch" not in files(mailbox)
+    slot.joint("batch", shape, np.dtype("uint8"))[:] = 7  # a later batch of the same name: another file
+    assert taken[:, 0].tolist() == [1, 1, 2, 2]
+    del taken
+    gc.collect()
+    assert [name for name in files(mailbox) if name.startswith(FREE)]  # freed for the next batch of its size
+    slot.joint("again", shape, np.dtype("uint8"))
+    assert not [name for name in files(mailbox) if name.startswith(FREE)]  # ... which took it
+    with pytest.raises(ClusterError, match="gone"):
+        mailbox.take(SharedArray("never-made", "|u1", shape))

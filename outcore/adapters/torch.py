@@ -77,9 +77,10 @@ def join_parts(parts: list[Delivered], epoch: int, mailbox: Mailbox | None, chan
     for name in parts[0].value:
         pieces = [part.value[name] for part in parts]
         shared = next((piece for piece in pieces if isinstance(piece, SharedArray)), None)
-        if shared is None or mailbox is None:
+        if shared is None:
             array = np.concatenate(pieces)
         else:
+            assert mailbox is not None  # workers write parts in shared memory only where the loader has a mailbox
             array = mailbox.take(shared)
             for piece, offset in zip(pieces, offsets, strict=False):
                 if not isinstance(piece, SharedArray):

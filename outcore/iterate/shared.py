@@ -110,7 +110,7 @@ class Slot:
         folder = Path(self.folder)
         path, private = folder / name, folder / f".{uuid4().hex[:12]}"
         if not path.exists():
-            if not Arena(folder)._recycled_as(private, size):
+            if not _take_free(folder, private.name, size):
                 _mapped(private, size, create=True, populate=False).close()
             try:
                 os.link(private, path)  # atomic: fails where another process made it first
@@ -155,24 +155,11 @@ class Arena:
         return array
 
     def _recycled(self, name: str, size: int) -> mmap.mmap | None:
-        """A free file of ``size`` bytes, taken (`_recycled_as`) and mapped; None when there is none."""
+        """A free file of ``size`` bytes, taken (`_take_free`) and mapped; None when there is none."""
         assert self.folder is not None
-        if not self._recycled_as(self.folder / name, size):
+        if not _take_free(self.folder, name, size):
             return None
         return _mapped(self.folder / name, size, create=False, populate=True)
-
-    def _recycled_as(self, path: Path, size: int) -> bool:
-        """Whether a free file of ``size`` bytes was taken, renamed ``path`` (another worker taking it too fails)."""
-        assert self.folder is not None
-        with os.scandir(self.folder) as entries:
-            free = [entry.path for entry in entries if entry.name.startswith(f"{FREE}{size}-")]
-        for candidate in free:
-            try:
-                os.rename(candidate, path)
-            except OSError:  # taken by another worker first
-                continue
-            return True
-        return False
 
     def publish(self, batch: dict[str, np.ndarray]) -> SharedBatch:
         """The batch as the consumer will find it: arrays made by `empty` by file name, others copied into
@@ -322,6 +309,20 @@ def _mapped(path: Path, size: int, *, create: bool, populate: bool) -> mmap.mmap
         return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | (POPULATE if populate else 0))
     finally:
         os.close(descriptor)
+
+
+def _take_free(folder: Path, name: str, size: int) -> bool:
+    """Whether a free file of ``size`` bytes in ``folder`` was taken, renamed ``name`` (another worker taking
+    it too fails)."""
+    with os.scandir(folder) as entries:
+        free = [entry.path for entry in entries if entry.name.startswith(f"{FREE}{size}-")]
+    for candidate in free:
+        try:
+            os.rename(candidate, folder / name)
+        except OSError:  # taken by another worker first
+            continue
+        return True
+    return False
 
 
 def _free(folder: Path, name: str, size: int) -> None:
