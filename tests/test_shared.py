@@ -164,24 +164,33 @@ def test_a_killed_consumers_folder_is_removed_by_the_next_mailbox_and_a_live_one
             owner.stdout.close()
 
 
-def test_a_joint_file_takes_each_workers_rows_and_is_never_written_once_taken(mailbox):
-    """DataLoader workers write their parts of a batch side by side (`Slot.joint`): the first makes the
-    file (from a free one of its size when there is one), the others map it; once the loader takes it, its
-    name is gone, so nothing writes the memory the loader handed out."""
-    slot = Slot(str(mailbox.folder))
-    shape = (4, 1 << 16)
-    slot.joint("batch", shape, np.dtype("uint8"))[:2] = 1
-    slot.joint("batch", shape, np.dtype("uint8"))[2:] = 2
-    with pytest.raises(OSError, match="not the"):  # a part that disagrees on the batch's shape
-        slot.joint("batch", (5, 1 << 16), np.dtype("uint8"))
-    taken = mailbox.take(SharedArray("batch", "|u1", shape))
-    assert taken[:, 0].tolist() == [1, 1, 2, 2] and "batch" not in files(mailbox)
-    slot.joint("batch", shape, np.dtype("uint8"))[:] = 7  # a later batch of the same name: another file
-    assert taken[:, 0].tolist() == [1, 1, 2, 2]
-    del taken
+def test_parts_of_a_batch_are_written_side_by_side_and_never_once_taken(mailbox):
+    """Workers making parts of a batch (`Part`) write their rows of one file per field: the first makes it
+    (from a free one of its size when there is one), the others map it; once the consumer takes it, its
+    name is gone, so nothing writes the memory the consumer handed out."""
+    shape = (2, 1 << 16)
+
+    def part(offset, value, batch="b", width=1 << 16):
+        arena = mailbox.slot.arena(shared.Part(batch, offset, 4))
+        images = arena.empty((2, width), np.dtype("uint8"), field="images")
+        images.fill(value)
+        return arena.publish({"images": images, "labels": np.full(2, value)})
+
+    parts = [part(0, 1), part(2, 2)]
+    assert parts[0].fields["images"] == parts[1].fields["images"] == SharedArray("b-images", "|u1", (4, 1 << 16))
+    batch = shared.join_parts(parts, [2, 2], mailbox)
+    assert batch["images"][:, 0].tolist() == [1, 1, 2, 2] and batch["labels"].tolist() == [1, 1, 2, 2]
+    assert "b-images" not in files(mailbox)
+    part(0, 7)  # a later batch of the same name: another file
+    assert batch["images"][:, 0].tolist() == [1, 1, 2, 2]
+    wrong = part(2, 3, width=1 << 17)  # a part that disagrees on the batch's shape
+    with pytest.raises(ClusterError, match="disagree"):
+        shared.join_parts([part(0, 7), wrong], [2, 2], mailbox)
+    del batch
     gc.collect()
-    assert [name for name in files(mailbox) if name.startswith(FREE)]  # freed for the next batch of its size
-    slot.joint("again", shape, np.dtype("uint8"))
-    assert not [name for name in files(mailbox) if name.startswith(FREE)]  # ... which took it
+    free = [name for name in files(mailbox) if name.startswith(FREE)]
+    assert len(free) == 2  # both batches taken, freed for the next batches of their size
+    part(0, 5, batch="again")
+    assert len([name for name in files(mailbox) if name.startswith(FREE)]) == 1  # ... which took one
     with pytest.raises(ClusterError, match="gone"):
         mailbox.take(SharedArray("never-made", "|u1", shape))

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..iterate.options import check_state
-from ..iterate.shared import Mailbox, SharedArray, Slot
+from ..iterate.shared import Mailbox, Slot, join_parts
 from ..iterate.stats import LoaderStats
 from ..storage import RemoteStore, Store
 from ..storage.remote import FORKED_AFTER_USE
@@ -35,7 +35,7 @@ __all__ = ["OutcoreLoader", "TorchBatch", "TorchBatches", "loader", "to_device"]
 class Delivered(NamedTuple):
     """What a worker hands the loader: the collated ``value``, its ``step`` and ``size`` (pinned with it, as
     a named tuple, when ``pin_memory`` is on); for a part of a batch (`TorchBatches.split_batches`), its
-    ``part`` and ``samples``, and ``value`` the part's fields, collated once the parts are joined."""
+    ``part`` and ``samples``, and ``value`` the part's fields, collated once the parts are `joined`."""
 
     value: Any
     step: int
@@ -47,7 +47,7 @@ class Delivered(NamedTuple):
 class Collate:
     """The DataLoader's ``collate_fn``: the user's (default: tensors kept as they are) on each `TorchBatch`,
     wrapped with where the batch comes from; a part of a batch passes as it is, to be joined and collated
-    by the loader (`join_parts`). Pickles with the user's function (spawn, forkserver)."""
+    by the loader (`joined`). Pickles with the user's function (spawn, forkserver)."""
 
     def __init__(self, function: Callable[[TorchBatch], Any] | None) -> None:
         self.function = function
@@ -61,32 +61,19 @@ class Collate:
         return default_convert(batch) if self.function is None else self.function(batch)
 
 
-def join_parts(parts: list[Delivered], epoch: int, mailbox: Mailbox | None, channels_first: bool) -> TorchBatch:
-    """The `TorchBatch` that the workers' ``parts`` of one batch make, in the order of their parts: a field
-    the workers wrote side by side in shared memory is mapped from ``mailbox`` (parts sent as arrays, where
-    there was no room, are copied into it); others are joined.
+def joined(parts: list[Delivered], epoch: int, mailbox: Mailbox | None, channels_first: bool) -> TorchBatch:
+    """The `TorchBatch` that the workers' ``parts`` of one batch make, in the order of their parts
+    (`outcore.iterate.shared.join_parts`: mapped from shared memory where the workers wrote it).
 
     >>> part = lambda p, x: Delivered({"x": np.array(x)}, 0, len(x), p, np.array(x))
-    >>> batch = join_parts([part(1, [3]), part(0, [1, 2])], epoch=0, mailbox=None, channels_first=False)
+    >>> batch = joined([part(1, [3]), part(0, [1, 2])], epoch=0, mailbox=None, channels_first=False)
     >>> batch["x"].tolist(), batch.samples.tolist(), batch.index
     ([1, 2, 3], [1, 2, 3], 0)
     """
     parts = sorted((part for part in parts if part.size), key=lambda part: part.part)
-    offsets = np.cumsum([0, *(part.size for part in parts)]).tolist()
-    values = {}
-    for name in parts[0].value:
-        pieces = [part.value[name] for part in parts]
-        shared = next((piece for piece in pieces if isinstance(piece, SharedArray)), None)
-        if shared is None:
-            array = np.concatenate(pieces)
-        else:
-            assert mailbox is not None  # workers write parts in shared memory only where the loader has a mailbox
-            array = mailbox.take(shared)
-            for piece, offset in zip(pieces, offsets, strict=False):
-                if not isinstance(piece, SharedArray):
-                    array[offset : offset + len(piece)] = piece
-        values[name] = as_tensor(array, channels_first)
-    return TorchBatch(values, epoch, None, parts[0].step, np.concatenate([part.samples for part in parts]))
+    values = join_parts([part.value for part in parts], [part.size for part in parts], mailbox)
+    return TorchBatch({name: as_tensor(array, channels_first) for name, array in values.items()}, epoch, None,
+                      parts[0].step, np.concatenate([part.samples for part in parts]))
 
 
 class OutcoreLoader(DataLoader):
@@ -138,8 +125,8 @@ class OutcoreLoader(DataLoader):
         batches.set_epoch(batches.epoch + 1)
 
     def _whole(self, delivered: Iterator[Delivered]) -> Iterator[Delivered]:
-        """The DataLoader's items as whole batches: the parts of a batch are joined (`join_parts`) once all
-        have come, and collated; at the first, the files earlier passes' workers left are removed."""
+        """The DataLoader's items as whole batches: the parts of a batch are joined once all
+        have come (`joined`), and collated; at the first, the files earlier passes' workers left are removed."""
         batches, parts, first = self.dataset, {}, True
         for item in delivered:
             if item.part is None:
@@ -150,7 +137,7 @@ class OutcoreLoader(DataLoader):
                 first = False
             parts.setdefault(item.step, []).append(item)
             if len(parts[item.step]) == batches.parts:
-                batch = join_parts(parts.pop(item.step), batches.epoch, self._mailbox, batches.channels_first)
+                batch = joined(parts.pop(item.step), batches.epoch, self._mailbox, batches.channels_first)
                 yield Delivered(self.collate_fn.collated(self._pinned(batch)), batch.index, len(batch.samples))
 
     def _remove_parts(self, current: int | None) -> None:

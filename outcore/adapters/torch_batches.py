@@ -29,9 +29,8 @@ import numpy as np
 
 from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, EpochSteps
-from ..iterate.plan import EpochPlan
 from ..iterate.runs import NextEpoch
-from ..iterate.shared import SHARED_MIN_BYTES, SharedArray, Slot
+from ..iterate.shared import Part, Slot
 from ..storage import Store
 from ..threads import share_cpus
 from .torch_module import IterableDataset, get_worker_info, torch
@@ -249,25 +248,10 @@ class TorchBatches(IterableDataset):
         try:
             for step in steps:
                 batch = next(batches) if plan.pieces(step) else {}
-                values = {name: self._shared(name, array, step, plan) for name, array in batch.items()}
-                yield TorchBatch(values, self.epoch, part[0], step, plan.step(step)[0], part[0])
+                arena = self.slot.arena(Part(f"{PART_FILE}{self.passes}-e{self.epoch}-s{step}", *plan.placement(step)))
+                yield TorchBatch(arena.publish(batch).fields, self.epoch, part[0], step, plan.step(step)[0], part[0])
         finally:
             run.close()
-
-    def _shared(self, name: str, part: np.ndarray, step: int, plan: EpochPlan) -> np.ndarray | SharedArray:
-        """Field ``name`` of this worker's part of batch ``step``: written at its rows of the batch's file in
-        shared memory (a `SharedArray` saying where), or, if small, text, or without room, as it is (the
-        loader joins the parts and makes the tensors: `outcore.adapters.torch.join_parts`)."""
-        offset, size = plan.placement(step)
-        shape = (size, *part.shape[1:])
-        if part.dtype.kind in "USO" or part[:1].nbytes * size < SHARED_MIN_BYTES:
-            return part
-        file = f"{PART_FILE}{self.passes}-e{self.epoch}-s{step}-{name}"
-        try:
-            self.slot.joint(file, shape, part.dtype)[offset : offset + len(part)] = part
-        except OSError:  # no room in shared memory: the loader copies this part into the batch
-            return part
-        return SharedArray(file, part.dtype.str, shape)
 
     def _tensor(self, values: np.ndarray) -> Any:
         return as_tensor(values, self.channels_first)

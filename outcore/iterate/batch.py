@@ -17,7 +17,17 @@ Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
 Draws = Sequence[tuple[int, tuple[int, ...]]]  # each piece of a batch: (samples, its generator's key), in order
 ChunkValues = Mapping[str, Any]  # field -> one chunk's values: an array, or an EncodedChunk to decode
-Empty = Callable[[tuple[int, ...], np.dtype], np.ndarray]  # makes a batch's arrays: np.empty, or shared memory
+
+
+class Empty(Protocol):
+    """Makes a batch's array of field ``field``: `plain` memory, or shared memory (`outcore.iterate.shared`)."""
+
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray: ...
+
+
+def plain(shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray:
+    """A new array in plain memory: the default `Empty`."""
+    return np.empty(shape, dtype)
 
 
 class Crop(Protocol):
@@ -117,7 +127,7 @@ class Recipe:
 
 
 def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues],
-               draws: Draws, empty: Empty = np.empty) -> Batch:
+               draws: Draws, empty: Empty = plain) -> Batch:
     """`assemble` then the transform, piece by piece: ``draws`` holds each piece's ``(samples, key)``
     (`batch_draws`), and each piece of the batch is transformed with a generator of its key, the pieces
     joined in order; the transform's last steps that draw nothing (`Recipe.after`) run once on the joined
@@ -134,8 +144,8 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
         raise ValueError(f"the pieces {[count for count, _ in draws]} do not add up to the batch's {len(samples)}")
     per_piece, after = recipe.per_piece, recipe.after
     joined = len(draws) > 1 and per_piece is not None  # the pieces' results joined into new arrays
-    returned = empty if after is None else np.empty  # makes the arrays handed back as they are
-    made = np.empty if joined else returned
+    returned = empty if after is None else plain  # makes the arrays handed back as they are
+    made = plain if joined else returned
     if recipe.crop is None:
         batch = assemble(samples, chunk_size, keys, data, recipe.fields, recipe.text_fields, made)
     else:
@@ -165,7 +175,7 @@ def _assemble_cropped(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys
     return {name: batch[name] for name in recipe.fields}
 
 
-def join(pieces: Sequence[Batch], empty: Empty = np.empty) -> Batch:
+def join(pieces: Sequence[Batch], empty: Empty = plain) -> Batch:
     """The pieces of a batch, field by field, in order, as one batch (arrays made by ``empty``; text as wide
     as its widest piece).
 
@@ -179,7 +189,7 @@ def join(pieces: Sequence[Batch], empty: Empty = np.empty) -> Batch:
         if first.dtype.kind in "USO":
             batch[name] = np.concatenate(parts)
             continue
-        out = empty((sum(len(part) for part in parts), *first.shape[1:]), first.dtype)
+        out = empty((sum(len(part) for part in parts), *first.shape[1:]), first.dtype, field=name)
         batch[name] = np.concatenate(parts, out=out, casting="no")
     return batch
 
@@ -187,7 +197,7 @@ def join(pieces: Sequence[Batch], empty: Empty = np.empty) -> Batch:
 def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, ChunkValues], crop: Crop,
                     boxes: list[Box], flips: list[tuple[bool, bool]], empty: Empty) -> np.ndarray:
     first = next(iter(data.values()))[crop.field]
-    out = empty((len(indices), *crop.output_size, *first.decode.shape[2:]), first.dtype)
+    out = empty((len(indices), *crop.output_size, *first.decode.shape[2:]), first.dtype, field=crop.field)
 
     def decode(i: int) -> None:
         data[chunks[i]][crop.field].decode_region(indices[i], boxes[i], crop.output_size, out[i], flips[i])
@@ -205,7 +215,7 @@ def _decode_samples(sources: list[EncodedChunk], indices: list[int], out: np.nda
 
 def assemble(
     samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues], fields: Sequence[str],
-    text_fields: frozenset[str], empty: Empty = np.empty,
+    text_fields: frozenset[str], empty: Empty = plain,
 ) -> Batch:
     """A new batch of ``samples``: sample ``i`` is copied once, straight from chunk ``data[keys[i]]`` into
     the batch (no temporaries); encoded images are decoded into the batch, text fields decoded to strings.
@@ -215,7 +225,8 @@ def assemble(
     batch = {}
     for name in fields:
         first = next(iter(data.values()))[name]
-        out = (np.empty if name in text_fields else empty)((len(samples), *first.shape[1:]), first.dtype)
+        shape = (len(samples), *first.shape[1:])
+        out = np.empty(shape, first.dtype) if name in text_fields else empty(shape, first.dtype, field=name)
         if out.ndim == 1:  # scalars per sample: one vectorized gather per chunk is cheaper
             for key, values in data.items():
                 where = keys == key

@@ -51,7 +51,7 @@ from dask.base import tokenize
 from ..errors import ClusterError, NotAStoreError
 from ..storage import Store
 from ..threads import available_cpus, cap_threads
-from .batch import Batch, Draws, Recipe, make_batch
+from .batch import Batch, Draws, Recipe, make_batch, plain
 from .readers import ChunkReader, chunk_readers, sample_bytes
 from .runs import WAKE_SECONDS, ChunkBuffers, Run, Work
 from .shared import Mailbox, SharedBatch, Slot
@@ -210,7 +210,7 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, steps: Seque
                 loaded[chunk] = buffers.read(chunk)
         arena = slot.arena() if slot is not None else None
         batch = make_batch(recipe, step.samples, chunk_size, step.chunks, {c: v for c, (v, _) in loaded.items()},
-                           step.draws, np.empty if arena is None else arena.empty)
+                           step.draws, plain if arena is None else arena.empty)
         made.append(batch if arena is None else arena.publish(batch))
         for chunk in release:
             buffers.give(loaded.pop(chunk)[1])

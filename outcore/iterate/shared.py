@@ -43,6 +43,7 @@ import os
 import shutil
 import warnings
 import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,53 +96,46 @@ class Slot:
 
     folder: str
 
-    def arena(self) -> Arena:
-        """The allocator of one batch's arrays: in the folder when this process sees it, else plain memory."""
+    def arena(self, part: Part | None = None) -> Arena:
+        """The allocator of one batch's arrays (or of one ``part`` of a batch): in the folder when this
+        process sees it, else plain memory."""
         folder = Path(self.folder)
-        return Arena(folder if folder.is_dir() else None)
+        return Arena(folder if folder.is_dir() else None, part)
 
-    def joint(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """The array of file ``name`` that several processes write parts of (each its own rows: DataLoader
-        workers making parts of a batch, `outcore.adapters.torch`): made by the first to ask (in a free
-        file of its size, if any), mapped by the others. An `OSError` where the folder has no room, or the
-        file was made with another size (the parts disagree on the batch's shape)."""
-        dtype = np.dtype(dtype)
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        folder = Path(self.folder)
-        path, private = folder / name, folder / f".{uuid4().hex[:12]}"
-        if not path.exists():
-            if not _take_free(folder, private.name, size):
-                _mapped(private, size, create=True, populate=False).close()
-            try:
-                os.link(private, path)  # atomic: fails where another process made it first
-            except FileExistsError:
-                _free(folder, private.name, size)
-            else:
-                private.unlink()
-        if path.stat().st_size != size:
-            raise OSError(f"{name} holds {path.stat().st_size} bytes, not the {size} of {shape} {dtype}")
-        return np.frombuffer(_mapped(path, size, create=False, populate=True), dtype, size // dtype.itemsize
-                             ).reshape(shape)
+
+@dataclass(frozen=True)
+class Part:
+    """A worker's part of a batch of ``size`` samples: its rows ``[offset, offset + n)`` of the batch's files
+    ``<batch>-<field>``, which the other parts' workers write beside it (`Arena`)."""
+
+    batch: str
+    offset: int
+    size: int
 
 
 class Arena:
     """Allocates one batch's arrays as files of the mailbox (``empty``) and says where they are
     (``publish``); without a folder, or room in it, arrays are plain memory and travel in the
-    `SharedBatch` itself."""
+    `SharedBatch` itself. With a `Part`, the arrays are the part's rows of the batch's files, one per
+    field, that the workers making the other parts write too (`join_parts` puts the batch together)."""
 
-    def __init__(self, folder: Path | None) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path | None, part: Part | None = None) -> None:
+        self.folder, self.part = folder, part
         self.prefix = uuid4().hex[:12]
         self.made: dict[int, tuple[SharedArray, np.ndarray]] = {}  # id(array) -> its file (and it, to keep the id)
         self.no_room = False
 
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """A new uninitialized array: in a file of the mailbox (a recycled one of its size, if any) when
-        there is a mailbox with room for it and the array is not small; else in plain memory."""
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray:
+        """A new uninitialized array (of field ``field``): in a file of the mailbox (a recycled one of its
+        size, if any) when there is a mailbox with room for it and the array is not small (the whole
+        batch's, for a part); else in plain memory."""
         dtype = np.dtype(dtype)
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        rows = shape[0] if self.part is None else self.part.size
+        size = int(np.prod((rows, *shape[1:]), dtype=np.int64)) * dtype.itemsize
         if self.folder is None or size < SHARED_MIN_BYTES or dtype.hasobject:
             return np.empty(shape, dtype)
+        if self.part is not None:
+            return self._part_of(f"{self.part.batch}-{field}", shape, dtype, size)
         name = f"{self.prefix}-{len(self.made)}"
         try:
             mapped = self._recycled(name, size) or _mapped(self.folder / name, size, create=True, populate=True)
@@ -153,6 +147,32 @@ class Arena:
         array = np.frombuffer(mapped, dtype, size // dtype.itemsize).reshape(shape)
         self.made[id(array)] = (SharedArray(name, dtype.str, tuple(shape)), array)
         return array
+
+    def _part_of(self, name: str, shape: tuple[int, ...], dtype: np.dtype, size: int) -> np.ndarray:
+        """This part's rows of file ``name`` of the whole batch: made by the first worker to ask (in a free file
+        of its size, if any), mapped by the others; plain memory without room, or where the file was made
+        with another size (the parts disagree on the batch's shape: `join_parts` then says so)."""
+        assert self.folder is not None and self.part is not None
+        path, private = self.folder / name, f".{uuid4().hex[:12]}"
+        try:
+            if not path.exists():
+                if not _take_free(self.folder, private, size):
+                    _mapped(self.folder / private, size, create=True, populate=False).close()
+                try:
+                    os.link(self.folder / private, path)  # atomic: fails where another worker made it first
+                except FileExistsError:
+                    _free(self.folder, private, size)
+                else:
+                    (self.folder / private).unlink()
+            if path.stat().st_size != size:
+                return np.empty(shape, dtype)
+            whole = np.frombuffer(_mapped(path, size, create=False, populate=True), dtype, size // dtype.itemsize)
+        except OSError:  # no room (a small /dev/shm), or the run was closed meanwhile
+            self.no_room = True
+            return np.empty(shape, dtype)
+        rows = whole.reshape(self.part.size, *shape[1:])[self.part.offset : self.part.offset + shape[0]]
+        self.made[id(rows)] = (SharedArray(name, dtype.str, (self.part.size, *shape[1:])), rows)
+        return rows
 
     def _recycled(self, name: str, size: int) -> mmap.mmap | None:
         """A free file of ``size`` bytes, taken (`_take_free`) and mapped; None when there is none."""
@@ -168,13 +188,13 @@ class Arena:
         fields: dict[str, SharedArray | np.ndarray] = {}
         for name, array in batch.items():
             if id(array) not in self.made:
-                copy = self.empty(array.shape, array.dtype)
+                copy = self.empty(array.shape, array.dtype, field=name)
                 copy[...] = array
                 array = copy
             fields[name] = self.made[id(array)][0] if id(array) in self.made else array
         kept = {shared.name for shared in fields.values() if isinstance(shared, SharedArray)}
         for shared, _ in self.made.values():
-            if shared.name not in kept and self.folder is not None:
+            if shared.name not in kept and self.folder is not None and self.part is None:
                 _free(self.folder, shared.name, shared.nbytes)
         self.made.clear()
         return SharedBatch(fields, self.no_room)
@@ -221,20 +241,26 @@ class Mailbox:
         """The batch a worker made, its files mapped into this process."""
         if not isinstance(made, SharedBatch):
             return made
-        if made.no_room and not self.warned:
+        if made.no_room:
+            self.warn_no_room()
+        return {name: self._take(value) if isinstance(value, SharedArray) else value
+                for name, value in made.fields.items()}
+
+    def warn_no_room(self) -> None:
+        """Say once that workers found no room here: an `OutcoreWarning` naming what to do."""
+        if not self.warned:
             self.warned = True
             warnings.warn(
                 f"no room in {self.folder.parent} for batches in shared memory: workers on this machine send "
                 "them over sockets instead (the same batches, slower). Give it room (docker run --shm-size=2g, "
                 f"a memory-backed /dev/shm on Kubernetes), or set {ENVIRONMENT}=0 to choose sockets",
-                OutcoreWarning, stacklevel=2,
+                OutcoreWarning, stacklevel=3,
             )
-        return {name: self._take(value) if isinstance(value, SharedArray) else value
-                for name, value in made.fields.items()}
 
     def take(self, shared: SharedArray) -> np.ndarray:
-        """The array in file ``shared.name`` (written by workers: `Slot.joint`), mapped into this process,
-        its name taken at once (no worker opens it by name again); freed for another batch once dropped."""
+        """The array in file ``shared.name`` (a batch that workers wrote parts of: `Part`), mapped into this
+        process, its name taken at once (no worker opens it by name again); freed for another batch once
+        dropped."""
         taken = f"taken-{uuid4().hex[:12]}"
         try:
             os.rename(self.folder / shared.name, self.folder / taken)
@@ -309,6 +335,38 @@ def _mapped(path: Path, size: int, *, create: bool, populate: bool) -> mmap.mmap
         return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | (POPULATE if populate else 0))
     finally:
         os.close(descriptor)
+
+
+def join_parts(parts: Sequence[SharedBatch | Mapping[str, np.ndarray]], sizes: Sequence[int],
+               mailbox: Mailbox | None) -> dict[str, np.ndarray]:
+    """The batch that workers' ``parts`` of it make (in order, ``sizes`` samples each; `Part`): a field
+    written side by side in shared memory is mapped from ``mailbox``, the parts sent as arrays (small, or
+    without room) copied into it or joined.
+
+    >>> join_parts([{"x": np.arange(2)}, {"x": np.arange(3)}], [2, 3], None)["x"].tolist()
+    [0, 1, 0, 1, 2]
+    """
+    fields = [part.fields if isinstance(part, SharedBatch) else part for part in parts]
+    if mailbox is not None and any(isinstance(part, SharedBatch) and part.no_room for part in parts):
+        mailbox.warn_no_room()
+    offsets = np.cumsum([0, *sizes]).tolist()
+    batch = {}
+    for name in fields[0]:
+        pieces = [part[name] for part in fields]
+        shared = next((piece for piece in pieces if isinstance(piece, SharedArray)), None)
+        if shared is None:
+            batch[name] = np.concatenate(pieces)
+            continue
+        if mailbox is None or any(isinstance(piece, SharedArray) and piece != shared for piece in pieces):
+            raise ClusterError(f"the parts of a batch disagree on field {name!r}: {pieces}")
+        batch[name] = whole = mailbox.take(shared)
+        for piece, offset, size in zip(pieces, offsets[:-1], sizes, strict=True):
+            if not isinstance(piece, SharedArray):
+                if piece.shape[1:] != whole.shape[1:] or len(piece) != size:
+                    raise ClusterError(f"the parts of a batch disagree on the shape of field {name!r}: "
+                                       f"{piece.shape} against {whole.shape}")
+                whole[offset : offset + size] = piece
+    return batch
 
 
 def _take_free(folder: Path, name: str, size: int) -> bool:
