@@ -95,13 +95,7 @@ class BatchIterator:
     def plan(self, epoch: int | None = None, part: tuple[int, int] = (0, 1)) -> EpochPlan:
         """This rank's samples of ``epoch`` (default: the current one) in emission order (with ``part``, those of
         that part of each batch: `EpochPlan`)."""
-        options = self.options
-        return EpochPlan(
-            len(self.store), self.store.chunk_size, batch_size=options.batch_size, shuffle=options.shuffle,
-            seed=options.seed, epoch=self.epoch if epoch is None else epoch, buffer_chunks=options.buffer_chunks,
-            rank=options.rank, world_size=options.world_size, drop_last=options.drop_last, streams=options.streams,
-            indices=None if options.indices is None else options.indices.indices, part=part,
-        )
+        return self.options.plan(len(self.store), self.store.chunk_size, self.epoch if epoch is None else epoch, part)
 
     def __len__(self) -> int:
         """Batches per epoch of this rank: the same on every rank (the global steps)."""

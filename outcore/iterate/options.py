@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import OptionError
 from .batch import Transform
-from .plan import DEFAULT_STREAMS, Consumer, check_streams
+from .plan import DEFAULT_STREAMS, Consumer, EpochPlan, check_streams
 
 
 class BatchKeywords(TypedDict, total=False):
@@ -163,6 +163,15 @@ class BatchOptions:
     def global_batch_size(self) -> int:
         """The samples of a global step: ``batch_size`` on each of ``world_size`` ranks."""
         return self.batch_size * self.world_size
+
+    def plan(self, num_samples: int, chunk_size: int, epoch: int, part: tuple[int, int] = (0, 1)) -> EpochPlan:
+        """This rank's `EpochPlan` of ``epoch`` of a store of ``num_samples`` in chunks of ``chunk_size`` (with
+        ``part``, that part of each batch)."""
+        return EpochPlan(
+            num_samples, chunk_size, batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+            buffer_chunks=self.buffer_chunks, rank=self.rank, world_size=self.world_size, drop_last=self.drop_last,
+            streams=self.streams, indices=None if self.indices is None else self.indices.indices, part=part,
+        )
 
     def plan_settings(self) -> dict[str, Any]:
         """The options that decide each epoch's global steps: a resumed iteration must use the same (on any
