@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import outcore
-from outcore.errors import OptionError
+from outcore.errors import OptionError, OutcoreWarning
 from outcore.transforms import BrightnessContrast, Compose, Normalize, RandomFlip
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
@@ -159,6 +159,18 @@ def test_loader_workers_parts_for_every_start_method_resume_and_in_any_order(pic
     assert not [name for name in os.listdir(folder) if not name.startswith("free-") and name != "owner.lock"]
     del loader
     assert not folder.exists()
+
+
+def test_loader_workers_without_room_in_shared_memory_send_their_parts_and_it_is_said(pictures_store, monkeypatch):
+    from outcore.iterate import shared
+
+    def full(path, size, *, create, populate):  # a /dev/shm with no room: what posix_fallocate says
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shared, "_mapped", full)  # in the forked workers
+    expected, _ = _epoch(pictures_store, 0)
+    with pytest.warns(OutcoreWarning, match="no room .* for batches in shared memory"):
+        assert _epoch(pictures_store, 2) == (expected, 0)  # the same batches, joined by the loader
 
 
 def test_loader_workers_take_turns_without_shared_memory(pictures_store, monkeypatch):

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..iterate.options import check_state
-from ..iterate.shared import Mailbox, Slot, join_parts
+from ..iterate.shared import Mailbox, SharedBatch, Slot, join_parts
 from ..iterate.stats import LoaderStats
 from ..storage import RemoteStore, Store
 from ..storage.remote import FORKED_AFTER_USE
@@ -54,7 +54,8 @@ class Collate:
 
     def __call__(self, batch: TorchBatch) -> Delivered:
         if batch.part is not None:
-            return Delivered(dict(batch), batch.index, len(batch.samples), batch.part, batch.samples)
+            return Delivered(SharedBatch(dict(batch), batch.no_room), batch.index, len(batch.samples), batch.part,
+                             batch.samples)
         return Delivered(self.collated(batch), batch.index, len(next(iter(batch.values()))))
 
     def collated(self, batch: TorchBatch) -> Any:
@@ -65,7 +66,7 @@ def joined(parts: list[Delivered], epoch: int, mailbox: Mailbox | None, channels
     """The `TorchBatch` that the workers' ``parts`` of one batch make, in the order of their parts
     (`outcore.iterate.shared.join_parts`: mapped from shared memory where the workers wrote it).
 
-    >>> part = lambda p, x: Delivered({"x": np.array(x)}, 0, len(x), p, np.array(x))
+    >>> part = lambda p, x: Delivered(SharedBatch({"x": np.array(x)}), 0, len(x), p, np.array(x))
     >>> batch = joined([part(1, [3]), part(0, [1, 2])], epoch=0, mailbox=None, channels_first=False)
     >>> batch["x"].tolist(), batch.samples.tolist(), batch.index
     ([1, 2, 3], [1, 2, 3], 0)

@@ -6,7 +6,10 @@ opens the store itself, reads and decodes on its own share of the CPUs (`outcore
 started inside the worker (a process that forks while holding running threads can deadlock its
 children), and makes its turns of the rank's batches: worker ``w`` of ``n`` makes batches ``w, w + n, ...``
 (from where the epoch resumes), the order in which the DataLoader asks its workers, so the rank's
-batches are the same whatever the number of workers. Ranks read disjoint shares of each epoch and make
+batches are the same whatever the number of workers. Under `outcore.adapters.torch.OutcoreLoader`, where
+the rank has a stream for each worker and there is shared memory (`split_batches`), worker ``w`` makes
+instead part ``w`` of every batch, written at its rows of the batch's files in shared memory
+(`outcore.iterate.shared.Part`), and the loader joins the parts: each worker reads only its streams' chunks. Ranks read disjoint shares of each epoch and make
 the same number of batches (`outcore.iterate.plan`); the union of their batches at each step depends
 on the global batch size only, so a state saved on some number of ranks and workers resumes on others.
 
@@ -62,6 +65,7 @@ class TorchBatch(dict):
         super().__init__(values)
         self.epoch, self.worker, self.index, self.samples = epoch, worker, index, samples
         self.part = part  # a worker's part of batch ``index`` (`TorchBatches.parts`), for the loader to join
+        self.no_room = False  # the part's worker found no room for it in shared memory (the loader says so)
 
 
 class EpochBoard:
@@ -249,7 +253,10 @@ class TorchBatches(IterableDataset):
             for step in steps:
                 batch = next(batches) if plan.pieces(step) else {}
                 arena = self.slot.arena(Part(f"{PART_FILE}{self.passes}-e{self.epoch}-s{step}", *plan.placement(step)))
-                yield TorchBatch(arena.publish(batch).fields, self.epoch, part[0], step, plan.step(step)[0], part[0])
+                made = arena.publish(batch)
+                values = TorchBatch(made.fields, self.epoch, part[0], step, plan.step(step)[0], part[0])
+                values.no_room = made.no_room
+                yield values
         finally:
             run.close()
 
