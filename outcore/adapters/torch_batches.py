@@ -32,8 +32,9 @@ import numpy as np
 
 from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, EpochSteps
+from ..iterate.batch import Empty
 from ..iterate.runs import NextEpoch
-from ..iterate.shared import Part, Slot
+from ..iterate.shared import Arena, Part, SharedBatch, Slot
 from ..storage import Store
 from ..threads import share_cpus
 from .torch_module import IterableDataset, get_worker_info, torch
@@ -246,14 +247,21 @@ class TorchBatches(IterableDataset):
         plan = iterator.plan(self.epoch, part)
         skip = set(self.skip)
         steps = [step for step in range(self.step, len(iterator)) if step not in skip]
-        made = [step for step in steps if plan.pieces(step)]  # the steps where this part has samples
-        run = iterator.run(self.epoch, made, part)
+        arenas: dict[int, Arena] = {}  # each step's, made as the run makes its batch into the batch's files
+
+        def allocate(step: int) -> Empty:
+            arenas[step] = self.slot.arena(Part(f"{PART_FILE}{self.passes}-e{self.epoch}-s{step}",
+                                                *plan.placement(step)))
+            return arenas[step].empty
+
+        run = iterator.run(self.epoch, [step for step in steps if plan.pieces(step)], part, allocate)
         batches = iter(run)
         try:
-            for step in steps:
-                batch = next(batches) if plan.pieces(step) else {}
-                arena = self.slot.arena(Part(f"{PART_FILE}{self.passes}-e{self.epoch}-s{step}", *plan.placement(step)))
-                made = arena.publish(batch)
+            for step in steps:  # a step where this part has no samples comes as an empty part
+                made = SharedBatch({})
+                if plan.pieces(step):
+                    batch = next(batches)  # made (its arena too) by the run's producer thread
+                    made = arenas.pop(step).publish(batch)
                 values = TorchBatch(made.fields, self.epoch, part[0], step, plan.step(step)[0], part[0])
                 values.no_room = made.no_room
                 yield values

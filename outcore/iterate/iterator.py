@@ -10,11 +10,11 @@ Dask client, the same schedule runs as tasks on the cluster's workers instead (`
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..storage import Store
-from .batch import Batch
+from .batch import Batch, Empty
 from .cluster import ClusterRun
 from .options import BatchOptions, check_state
 from .plan import EpochPlan, EpochSteps
@@ -124,10 +124,12 @@ class BatchIterator:
             if self._active is run:
                 self._active = None
 
-    def run(self, epoch: int, steps: Sequence[int], part: tuple[int, int] = (0, 1)) -> Run:
-        """A run making the rank's batches ``steps`` (increasing) of ``epoch`` (with ``part``, that part of each):
-        iterate it for the batches, close it when done (a DataLoader worker makes its turns or its parts so)."""
-        work = Work(self.store, self.recipe, self.options, epoch, self.plan(epoch, part), steps)
+    def run(self, epoch: int, steps: Sequence[int], part: tuple[int, int] = (0, 1),
+            allocator: Callable[[int], Empty] | None = None) -> Run:
+        """A run making the rank's batches ``steps`` (increasing) of ``epoch`` (with ``part``, that part of each;
+        with ``allocator``, each step's arrays made by what it gives for the step): iterate it for the
+        batches, close it when done (a DataLoader worker makes its turns or its parts so)."""
+        work = Work(self.store, self.recipe, self.options, epoch, self.plan(epoch, part), steps, allocator)
         if self.options.client is not None:
             return ClusterRun(work, self._stats)
         return LocalRun(work, self._stats, self.readers)

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import IterationClosedError
 from ..storage import Store
 from ..threads import submit, thread_count
-from .batch import Batch, Draws, Recipe, batch_draws, make_batch
+from .batch import Batch, Draws, Empty, Recipe, batch_draws, make_batch, plain
 from .options import BatchOptions
 from .plan import EpochPlan, next_use
 from .readers import ChunkReader
@@ -35,7 +35,7 @@ WAKE_SECONDS = 0.05  # how often a blocked consumer or producer looks whether it
 @dataclass(frozen=True)
 class Work:
     """What a run makes: the rank's batches ``steps`` (increasing) of ``plan``, epoch ``epoch``, as
-    ``recipe`` says."""
+    ``recipe`` says; ``allocator`` gives, for a step, what makes its batch's arrays (`plain` memory without)."""
 
     store: Store
     recipe: Recipe
@@ -43,6 +43,7 @@ class Work:
     epoch: int
     plan: EpochPlan
     batches: Sequence[int]
+    allocator: Callable[[int], Empty] | None = None
 
     def steps(self, read_ahead: int, fetch_ahead: Callable[[], int] | None = None) -> Iterator[BatchStep]:
         return schedule(self.plan, self.batches, read_ahead=read_ahead, fetch_ahead=fetch_ahead,
@@ -262,7 +263,7 @@ class LocalRun(Run):
                 self.slots_held[chunk] = self.slots_held.get(chunk, 0) + 1
             data = {slot: self.loading[int(chunks[slot])].result()[0] for slot in step.used}
             batch = make_batch(work.recipe, step.samples, work.store.chunk_size, step.slots, data,
-                               work.draws(step))
+                               work.draws(step), plain if work.allocator is None else work.allocator(step.index))
             for slot in step.release:
                 chunk = int(chunks[slot])
                 self.slots_held[chunk] -= 1
