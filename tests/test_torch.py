@@ -161,6 +161,26 @@ def test_loader_workers_parts_for_every_start_method_resume_and_in_any_order(pic
     assert not folder.exists()
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes:UserWarning")  # 2-core CI
+@pytest.mark.parametrize("options", [{"drop_last": True}, {"indices": np.arange(5, 650, 3)}, {"rank": 1, "world_size": 2}])
+def test_loader_workers_parts_with_text_subsets_ranks_and_uneven_parts(tmp_path, options):
+    """3 workers share 8 (or 4) streams unevenly; text comes as strings as wide as the batch's widest."""
+    paths = np.array([f"file-{i}" + "x" * (i % 7) for i in range(700)])
+    images = np.random.default_rng(1).integers(0, 256, (700, 32, 32, 3), dtype=np.uint8)
+    store = outcore.from_arrays({"images": images, "id": np.arange(700), "path": paths}, tmp_path / "text.zarr",
+                                chunk_size=32, progress=False)
+
+    def epoch(workers):
+        context = {"multiprocessing_context": "fork"} if workers else {}
+        loader = store.torch(96, num_workers=workers, shuffle=True, seed=1, **context, **options)
+        return [(b["id"].tolist(), b["path"].tolist(), b["images"].numpy().tobytes()) for b in loader], loader
+
+    expected, _ = epoch(0)
+    got, loader = epoch(3)
+    assert got == expected and loader.dataset.parts == 3
+    assert all(path == paths[i] for ids, batch_paths, _ in got for i, path in zip(ids, batch_paths, strict=True))
+
+
 def test_loader_workers_without_room_in_shared_memory_send_their_parts_and_it_is_said(pictures_store, monkeypatch):
     from outcore.iterate import shared
 
