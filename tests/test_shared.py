@@ -194,3 +194,22 @@ def test_parts_of_a_batch_are_written_side_by_side_and_never_once_taken(mailbox)
     assert len([name for name in files(mailbox) if name.startswith(FREE)]) == 1  # ... which took one
     with pytest.raises(ClusterError, match="gone"):
         mailbox.take(SharedArray("never-made", "|u1", shape))
+
+
+def test_parts_of_text_keep_their_widths_and_parts_of_other_dtypes_are_refused(mailbox):
+    """Text never goes into a batch's shared file (each part is as wide as its own widest string: copied into
+    the first part's width it would be cut short); parts that disagree on a dtype are an error, not a cast."""
+    rows = SHARED_MIN_BYTES // 4  # the batch's text is large enough for shared memory
+
+    def part(offset, text, numbers):
+        arena = mailbox.slot.arena(shared.Part("t", offset, 2 * rows))
+        return arena.publish({"path": np.full(rows, text), "x": numbers})
+
+    parts = [part(0, "a", np.zeros((rows, 64), np.uint8)), part(rows, "bcd", np.ones((rows, 64), np.uint8))]
+    assert not isinstance(parts[0].fields["path"], SharedArray)
+    batch = shared.join_parts(parts, [rows, rows], mailbox)
+    assert batch["path"].dtype == np.dtype("<U3") and batch["path"][[0, -1]].tolist() == ["a", "bcd"]
+    assert batch["x"][[0, -1], 0].tolist() == [0, 1]
+    other = [{"x": np.zeros(2, np.int32)}, {"x": np.zeros(2, np.int64)}]
+    with pytest.raises(TypeError, match="Cannot cast"):
+        shared.join_parts(other, [2, 2], mailbox)

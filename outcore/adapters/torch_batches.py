@@ -6,11 +6,11 @@ opens the store itself, reads and decodes on its own share of the CPUs (`outcore
 started inside the worker (a process that forks while holding running threads can deadlock its
 children), and makes its turns of the rank's batches: worker ``w`` of ``n`` makes batches ``w, w + n, ...``
 (from where the epoch resumes), the order in which the DataLoader asks its workers, so the rank's
-batches are the same whatever the number of workers. Under `outcore.adapters.torch.OutcoreLoader`, where
-the rank has a stream for each worker and there is shared memory (`split_batches`), worker ``w`` makes
-instead part ``w`` of every batch, written at its rows of the batch's files in shared memory
-(`outcore.iterate.shared.Part`), and the loader joins the parts: each worker reads only its streams' chunks. Ranks read disjoint shares of each epoch and make
-the same number of batches (`outcore.iterate.plan`); the union of their batches at each step depends
+batches are the same whatever the number of workers. Under `outcore.adapters.torch.OutcoreLoader`,
+where the rank has a stream for each worker and there is shared memory (`split_batches`), worker ``w``
+makes instead part ``w`` of every batch, written at its rows of the batch's files in shared memory
+(`outcore.iterate.shared.Part`), and the loader joins the parts: each worker reads only its streams'
+chunks. Ranks read disjoint shares of each epoch and make the same number of batches (`outcore.iterate.plan`); the union of their batches at each step depends
 on the global batch size only, so a state saved on some number of ranks and workers resumes on others.
 
 The rank and world size are those given, or else ``torch.distributed``'s when an iteration starts (or

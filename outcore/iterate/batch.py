@@ -66,25 +66,30 @@ def fused_crop(transform: Transform | None, encoded_fields: Collection[str]) -> 
 def _split_head(transform: Transform | None, method: str, fields: Collection[str]) -> tuple[Any, Transform | None]:
     """``(first, rest)`` when ``transform`` (or the first step of a `Compose`) has ``method`` and works on
     one of ``fields``, else ``(None, transform)``; ``rest`` is what is left (None for nothing)."""
-    steps = list(getattr(transform, "transforms", [transform])) if transform is not None else []
+    steps = _steps(transform)
     first = steps[0] if steps else None
     if not (hasattr(first, method) and getattr(first, "field", None) in fields):
         return None, transform
-    rest = steps[1:]
-    return first, (type(transform)(rest) if len(rest) > 1 else rest[0] if rest else None)
+    return first, _composed(transform, steps[1:])
 
 
 def _split_tail(transform: Transform | None) -> tuple[Transform | None, Transform | None]:
     """``(head, tail)`` of ``transform``: ``tail`` its last steps with ``random = False`` (None for none)."""
-    steps = list(getattr(transform, "transforms", [transform])) if transform is not None else []
+    steps = _steps(transform)
     cut = len(steps)
     while cut and getattr(steps[cut - 1], "random", True) is False:
         cut -= 1
+    return _composed(transform, steps[:cut]), _composed(transform, steps[cut:])
 
-    def joined(part: list[Any]) -> Transform | None:
-        return None if not part else part[0] if len(part) == 1 else type(transform)(part)
 
-    return joined(steps[:cut]), joined(steps[cut:])
+def _steps(transform: Transform | None) -> list[Any]:
+    """The steps of ``transform``: a `Compose`'s, or itself (none for None)."""
+    return list(getattr(transform, "transforms", [transform])) if transform is not None else []
+
+
+def _composed(like: Transform | None, steps: list[Any]) -> Transform | None:
+    """``steps`` as one transform: None, the only step, or a composition of the kind of ``like``."""
+    return None if not steps else steps[0] if len(steps) == 1 else type(like)(steps)
 
 
 @dataclass(frozen=True)
@@ -182,16 +187,23 @@ def join(pieces: Sequence[Batch], empty: Empty = plain) -> Batch:
     >>> join([{"x": np.arange(2), "t": np.array(["a"])}, {"x": np.arange(3), "t": np.array(["bcd"])}])
     {'x': array([0, 1, 0, 1, 2]), 't': array(['a', 'bcd'], dtype='<U3')}
     """
-    batch = {}
-    for name in pieces[0]:
-        parts = [piece[name] for piece in pieces]
-        first = parts[0]
-        if first.dtype.kind in "USO":
-            batch[name] = np.concatenate(parts)
-            continue
-        out = empty((sum(len(part) for part in parts), *first.shape[1:]), first.dtype, field=name)
-        batch[name] = np.concatenate(parts, out=out, casting="no")
-    return batch
+    return {name: join_field([piece[name] for piece in pieces], name, empty) for name in pieces[0]}
+
+
+def join_field(parts: Sequence[np.ndarray], field: str, empty: Empty = plain) -> np.ndarray:
+    """Field ``field``'s ``parts`` as one array made by ``empty``, never cast (a ``TypeError`` where the parts
+    disagree on their dtype); text as wide as its widest part.
+
+    >>> join_field([np.arange(2, dtype=np.int32), np.arange(2)], "x")
+    Traceback (most recent call last):
+    ...
+    TypeError: Cannot cast array data from dtype('int64') to dtype('int32') according to the rule 'no'
+    """
+    first = parts[0]
+    if first.dtype.kind in "USO":
+        return np.concatenate(parts)
+    out = empty((sum(len(part) for part in parts), *first.shape[1:]), first.dtype, field=field)
+    return np.concatenate(parts, out=out, casting="no")
 
 
 def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, ChunkValues], crop: Crop,

@@ -52,6 +52,7 @@ from uuid import uuid4
 import numpy as np
 
 from ..errors import ClusterError, OutcoreWarning
+from .batch import join_field
 
 try:
     import fcntl
@@ -133,6 +134,8 @@ class Arena:
         rows = shape[0] if self.part is None else self.part.size
         size = int(np.prod((rows, *shape[1:]), dtype=np.int64)) * dtype.itemsize
         if self.folder is None or size < SHARED_MIN_BYTES or dtype.hasobject:
+            return np.empty(shape, dtype)
+        if self.part is not None and dtype.kind in "US":  # text: each part as wide as its own widest
             return np.empty(shape, dtype)
         if self.part is not None:
             return self._part_of(f"{self.part.batch}-{field}", shape, dtype, size)
@@ -355,16 +358,16 @@ def join_parts(parts: Sequence[SharedBatch | Mapping[str, np.ndarray]], sizes: S
         pieces = [part[name] for part in fields]
         shared = next((piece for piece in pieces if isinstance(piece, SharedArray)), None)
         if shared is None:
-            batch[name] = np.concatenate(pieces)
+            batch[name] = join_field(pieces, name)
             continue
         if mailbox is None or any(isinstance(piece, SharedArray) and piece != shared for piece in pieces):
             raise ClusterError(f"the parts of a batch disagree on field {name!r}: {pieces}")
         batch[name] = whole = mailbox.take(shared)
         for piece, offset, size in zip(pieces, offsets[:-1], sizes, strict=True):
             if not isinstance(piece, SharedArray):
-                if piece.shape[1:] != whole.shape[1:] or len(piece) != size:
-                    raise ClusterError(f"the parts of a batch disagree on the shape of field {name!r}: "
-                                       f"{piece.shape} against {whole.shape}")
+                if piece.shape[1:] != whole.shape[1:] or len(piece) != size or piece.dtype != whole.dtype:
+                    raise ClusterError(f"the parts of a batch disagree on field {name!r}: {piece.dtype}{piece.shape} "
+                                       f"against {whole.dtype}{whole.shape}")
                 whole[offset : offset + size] = piece
     return batch
 
