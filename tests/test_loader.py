@@ -242,6 +242,18 @@ def test_interpreter_exit_with_an_unfinished_iteration_does_not_hang(store):
     assert result.stdout.strip() == "left"
 
 
+def test_interpreter_exit_stops_the_producers_before_finalizing(store):
+    ds, _ = store
+    code = ("import atexit, sys, threading, outcore\n"
+            "it = iter(outcore.open_dataset(sys.argv[1]).batches(8, prefetch=1))\n"
+            "next(it)\n"
+            "atexit._run_exitfuncs()\n"  # what the interpreter runs at exit, before it finalizes
+            "print([t.name for t in threading.enumerate() if t.name == 'outcore-batches'])\n")
+    result = subprocess.run([sys.executable, "-c", code, ds.location], capture_output=True, text=True, timeout=60,
+                            check=True)
+    assert result.stdout.strip() == "[]"  # no daemon thread left in native code when the interpreter ends it
+
+
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
     stores = {}

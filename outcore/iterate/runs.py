@@ -7,6 +7,7 @@ resumed or asked for one by one.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import sys
 import threading
@@ -30,6 +31,7 @@ from .schedule import BatchStep, schedule
 from .stats import LoaderStats
 
 WAKE_SECONDS = 0.05  # how often a blocked consumer or producer looks whether its run was closed
+EXIT_SECONDS = 2.0  # the longest the interpreter's exit waits for the producers to stop
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,22 @@ class Work:
         return batch_draws(self.options.seed, self.epoch, step.index, step.pieces)
 
 
+_producing: weakref.WeakSet[Run] = weakref.WeakSet()  # runs whose producer may still be running
+
+
+@atexit.register
+def _stop_producers() -> None:
+    """Stop every producer before the interpreter finalizes. A daemon thread still running then is ended
+    where it next takes the GIL, which may be deep in a codec's or numpy's native code: glibc unwinds
+    it, and a C++ frame on the way can abort the whole process (SIGABRT at exit, rarely)."""
+    runs = list(_producing)
+    for run in runs:
+        run.stop.set()
+    deadline = time.monotonic() + EXIT_SECONDS
+    for run in runs:
+        run.thread.join(max(0.0, deadline - time.monotonic()))
+
+
 class _Failure:
     def __init__(self, error: BaseException) -> None:
         self.error = error
@@ -74,6 +92,7 @@ class Run:
         self.under_way = threading.Event()  # set by a run whose batches are made elsewhere once all are asked for
         self.delivered = 0
         self.thread = threading.Thread(target=self._produce, name="outcore-batches", daemon=True)
+        _producing.add(self)
         self.thread.start()
 
     def __iter__(self) -> Iterator[Batch]:
