@@ -30,7 +30,8 @@ PIECE = 64 * 1024  # bytes sent at a time (the bandwidth cap's grain)
 @dataclass
 class Traffic:
     """What went through the proxy: requests by method, GETs by object key, body bytes sent back, and the
-    most requests it served at once (from receiving one to the end of its answer)."""
+    most requests it held at once (from receiving one until its answer is ready to send: once sent, the
+    client may ask again before this count would see the answer go)."""
 
     requests: Counter = field(default_factory=Counter)
     gets: Counter = field(default_factory=Counter)
@@ -126,12 +127,8 @@ class FaultProxy:
                 head, body = request
                 method, target = head.split(b" ", 2)[:2]
                 self._count(method.decode(), target.decode(), head)
-                try:
-                    if not self._answer(client, upstream, head, body, method == b"HEAD"):
-                        return
-                finally:
-                    with self._lock:
-                        self.traffic.in_flight -= 1
+                if not self._answer(client, upstream, head, body, method == b"HEAD"):
+                    return
         except OSError:
             return
         finally:
@@ -142,15 +139,22 @@ class FaultProxy:
     def _answer(self, client: socket.socket, upstream: _Upstream, head: bytes, body: bytes, is_head: bool) -> bool:
         """Answer one request, with the next fault if one is set; False when the connection is to end."""
         fault = self._next_fault()
+        try:
+            if fault is not None and fault[0] in ("reset", "status"):
+                answer = None
+            else:
+                if self.latency:
+                    time.sleep(self.latency)
+                answer = upstream.ask(head + body, is_head)
+        finally:  # answered: from here on the client may have it, and ask again before this thread runs on
+            with self._lock:
+                self.traffic.in_flight -= 1
         if fault is not None and fault[0] == "reset":
             client.shutdown(socket.SHUT_RDWR)
             return False
         if fault is not None and fault[0] == "status":
             self._answer_status(client, int(fault[1]))
             return True
-        if self.latency:
-            time.sleep(self.latency)
-        answer = upstream.ask(head + body, is_head)
         if answer is None:
             return False
         answer_head, answer_body = answer
