@@ -63,13 +63,16 @@ _producing: weakref.WeakSet[Run] = weakref.WeakSet()  # runs whose producer may 
 def _stop_producers() -> None:
     """Stop every producer before the interpreter finalizes. A daemon thread still running then is ended
     where it next takes the GIL, which may be deep in a codec's or numpy's native code: glibc unwinds
-    it, and a C++ frame on the way can abort the whole process (SIGABRT at exit, rarely)."""
-    runs = list(_producing)
+    it, and a C++ frame on the way can abort the whole process (SIGABRT at exit, rarely). What they used is
+    freed as `Run.close` frees it (the shared-memory folders of cluster runs)."""
+    runs = [run for run in _producing if not run.stop.is_set()]  # the others were closed, or are being closed
     for run in runs:
         run.stop.set()
     deadline = time.monotonic() + EXIT_SECONDS
     for run in runs:
         run.thread.join(max(0.0, deadline - time.monotonic()))
+    for run in runs:
+        run._release()
 
 
 class _Failure:
