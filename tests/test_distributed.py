@@ -23,6 +23,7 @@ from outcore.cli import main
 from outcore.errors import ClusterError, NotAStoreError
 from outcore.iterate.shared import is_mapped
 from outcore.testing import write_image_folder
+from outcore.testing.reads import chunk_reads, count_chunk_reads
 
 pytestmark = pytest.mark.e2e  # starts a LocalCluster of worker processes: see conftest.py
 
@@ -181,6 +182,37 @@ def test_cluster_iteration_equals_local_iteration(client, photos, fields):
     _assert_same_batches(list(photos.batches(10, **shard)), list(photos.batches(10, client=client, **shard)))
     prefixes = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.task_prefixes))
     assert "outcore-span" in prefixes  # as the dashboard shows them
+
+
+@pytest.mark.parametrize(("samples", "batch", "shard"), [(37, 3, {}), (37, 5, {"drop_last": True}),
+                                                      (100, 6, {"rank": 1, "world_size": 2}), (9, 4, {})])
+def test_lanes_make_the_local_batches_whatever_the_layout(client, tmp_path, samples, batch, shard):
+    # 2 worker threads: 2 lanes, each its 4 streams' part of every batch; a lane may have no part of a step
+    ds = outcore.from_arrays({"index": np.arange(samples), "x": np.arange(samples * 6.0).reshape(samples, 2, 3)},
+                             tmp_path / "layout.zarr", chunk_size=4, progress=False)
+    options = {"seed": 5, "buffer_chunks": 2, **shard}
+    for epoch in range(2):
+        local = ds.batches(batch, **options)
+        local.set_epoch(epoch)
+        remote = ds.batches(batch, client=client, **options)
+        remote.set_epoch(epoch)
+        _assert_same_batches(list(local), list(remote))
+
+
+def test_lanes_read_each_chunk_once_an_epoch(client, tmp_path, monkeypatch):
+    from outcore.iterate import cluster
+
+    monkeypatch.setattr(cluster, "SPAN_SAMPLES", 16)  # spans of one batch: a chunk's samples are in several
+    ds = outcore.from_arrays({"index": np.arange(2048)}, tmp_path / "reads.zarr", chunk_size=32, progress=False)
+    options = {"seed": 4, "buffer_chunks": 8}
+    client.run(count_chunk_reads)
+    _assert_same_batches(list(ds.batches(32, **options)), list(ds.batches(32, client=client, **options)))
+    reads = sum(client.run(chunk_reads).values())
+    iterator = ds.batches(32, **options)
+    once = sum(len(np.unique(iterator.plan(0, (lane, 2)).chunks)) for lane in range(2))  # a chunk per lane it feeds
+    spans = sum(len(np.unique(iterator.plan(0).step(k)[1])) for k in range(len(iterator)))  # a span's own reads
+    assert spans > 3 * once  # without the chunks a lane's span leaves for its next one on the worker
+    assert once <= reads <= 1.1 * once, (reads, once)  # (a span Dask moved to the other worker reads its own)
 
 
 def test_a_subset_on_the_cluster_is_the_subset_on_local_threads(client, photos):

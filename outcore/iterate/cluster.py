@@ -1,23 +1,31 @@
 """Batches made on a Dask cluster: its workers read, decode, augment and assemble; the consumer only receives.
 
-``ds.batches(..., client=client)`` cuts the rank's batches into **spans** of consecutive batches (about
-`SPAN_SAMPLES` samples each) and submits one task per span, in order: the worker that runs it opens
-the store itself (a path every worker sees, or an object-store URL, so the data is never sent from
-the consumer), reads the chunks its batches draw on, each once, following the batch schedule
-(`outcore.iterate.schedule`), and makes the batches exactly as the local threads do (each piece's
-transform generator seeded by ``(seed, epoch, step, stream)``): the batches are identical, pixel for pixel.
+``ds.batches(..., client=client)`` cuts the rank's batches into **lanes** (`Lanes`): one per worker thread
+of the cluster, at most one per stream of the rank's epoch order. A lane makes its part of every batch:
+its share of the rank's streams (`outcore.iterate.plan.part_streams`), so each stream's chunks are read
+by one lane, in order. Each lane's parts are cut into **spans** of consecutive batches (about
+`SPAN_SAMPLES` samples each) and each span is one task: the worker that runs it opens the store itself
+(a path every worker sees, or an object-store URL, so the data is never sent from the consumer), reads
+the chunks its parts draw on, following the batch schedule (`outcore.iterate.schedule`), and makes the
+parts exactly as the local threads make batches (each piece's transform generator seeded by
+``(seed, epoch, step, stream)``): the batches are identical, pixel for pixel.
+
+Each chunk is read once an epoch: a lane's spans go to one worker (where there are as many lanes as
+threads), which keeps the chunks a span leaves for the lane's next span (`Carries`). Cut into spans of
+whole batches instead, a chunk whose samples fall in several spans (a stream's chunk feeds several
+batches) was read by each: 2.9x the store per epoch at 128x128 JPEGs in batches of 256, 2.8x at
+ImageNet's sizes. A span run elsewhere (its worker died, or Dask moved it) reads what it needs itself.
 
 Why spans: a Dask task costs its worker about 1-3 ms of event-loop work (messages, bookkeeping)
 whatever it does, and a task that needs another task's result adds a transfer. A span is one task and
 no transfer: that cost is spread over hundreds of samples, and a worker spends 1.2-1.35x what the
 decoding itself needs, against 1.4-1.95x with a task per chunk and per batch (`benchmarks/cluster.py`
-measures both). The price: a chunk whose samples fall in two
-spans is read by both (its compressed bytes; small next to decoding for encoded images, more for
-pixel stores, where local threads are the faster path anyway).
+measures both).
 
-Delivery: a worker on the consumer's machine makes each batch straight into shared memory and sends
-only the files' names (`outcore.iterate.shared`); the consumer maps them, without a copy or a socket. A
-worker elsewhere sends the batch over Dask's sockets. Either way the batches are the same.
+Delivery: a worker on the consumer's machine makes each part straight into its rows of the batch's
+files in shared memory and sends only the files' names (`outcore.iterate.shared`); the consumer maps
+them once every lane's part is there, without a copy or a socket. A worker elsewhere sends its parts
+over Dask's sockets and the consumer joins them. Either way the batches are the same.
 
 At most twice as many spans as the cluster has worker threads are submitted and not yet received
 (measured on 16 cores: 10 % faster at 8 workers than one more span than threads, since spans finish out
@@ -37,8 +45,9 @@ from __future__ import annotations
 
 import math
 import sys
-from collections import deque
-from collections.abc import Callable, Sequence
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -52,13 +61,16 @@ from ..errors import ClusterError, NotAStoreError
 from ..storage import Store
 from ..threads import available_cpus, cap_threads
 from .batch import Batch, Draws, Recipe, make_batch, plain
+from .plan import EpochPlan
 from .readers import ChunkReader, chunk_readers, sample_bytes
 from .runs import WAKE_SECONDS, ChunkBuffers, Run, Work
-from .shared import Mailbox, SharedBatch, Slot
+from .schedule import schedule
+from .shared import Mailbox, Part, SharedBatch, Slot, join_parts
 from .stats import LoaderStats
 
 SPAN_SAMPLES = 2048  # samples per task: Dask's per-task cost becomes a small part of the work
 SPAN_BYTES = 32 << 20  # but no more batch bytes than this per task: finished spans wait in memory
+CARRIES_PER_THREAD = 4  # chunks left for a lane's next span: at most this many lanes' worth per worker thread
 
 
 @dataclass(frozen=True)
@@ -74,27 +86,109 @@ class StoreFields:
 
 @dataclass(frozen=True)
 class SpanStep:
-    """One batch of a span: step ``index``, its ``samples``, the chunk each is read from and its pieces' draws
-    (`outcore.iterate.batch.batch_draws`)."""
+    """A lane's part of one batch: step ``index``, its ``samples``, the chunk each is read from and its pieces'
+    draws (`outcore.iterate.batch.batch_draws`); the chunks no later part of the lane reads (``release``,
+    freed once it is made); ``offset``: where the part starts in the batch of ``size`` samples."""
 
     index: int
     samples: np.ndarray
     chunks: np.ndarray
     draws: Draws
+    release: tuple[int, ...]
+    offset: int
+    size: int
 
 
-def span_batches(batch_size: int, sample_bytes: int, batches: int, threads: int) -> int:
-    """How many batches a task makes: `SPAN_SAMPLES` samples' worth, as long as they hold at most
-    `SPAN_BYTES`, and no fewer than two spans per worker thread when the run is short (so that every
-    thread has work); at least one.
+@dataclass(frozen=True)
+class Span:
+    """One task: lane ``lane``'s parts of consecutive batches, the ``number``-th span of the lane in run
+    ``run``; ``parts`` when the batches are made of several lanes' parts (else each part is the batch)."""
+
+    run: str
+    lane: int
+    number: int
+    steps: tuple[SpanStep, ...]
+    parts: bool
+
+    def carry(self, number: int) -> tuple[str, int, int]:
+        """The key of the chunks this lane's ``number``-th span finds left by the one before it."""
+        return self.run, self.lane, number
+
+    def part(self, step: SpanStep) -> Part | None:
+        return Part(f"{LANE_FILE}{self.run}-s{step.index}", step.offset, step.size) if self.parts else None
+
+
+LANE_FILE = "lanes-"  # files of a batch that lanes write parts of: lanes-<run>-s<step>-<field>
+
+
+def span_batches(part_size: int, sample_bytes: int, batches: int, threads: int) -> int:
+    """How many batches a task makes parts of ``part_size`` samples of: `SPAN_SAMPLES` samples' worth, as long
+    as they hold at most `SPAN_BYTES`, and no fewer than two tasks per worker thread of its lane when the
+    run is short (so that every thread has work); at least one.
 
     >>> span_batches(256, 128 * 128 * 3, 5000, 8), span_batches(64, 224 * 224 * 3, 5000, 8)
     (2, 3)
     >>> span_batches(256, 128 * 128 * 3, 20, 8), span_batches(4096, 8, 5000, 8)
     (1, 1)
     """
-    by_bytes = SPAN_BYTES // max(1, batch_size * sample_bytes)
-    return max(1, min(math.ceil(SPAN_SAMPLES / batch_size), by_bytes, batches // (2 * threads)))
+    by_bytes = SPAN_BYTES // max(1, part_size * sample_bytes)
+    return max(1, min(math.ceil(SPAN_SAMPLES / part_size), by_bytes, batches // (2 * threads)))
+
+
+class Lanes:
+    """The run's batches cut into ``count`` lanes, each making its part of every batch: its share of the rank's
+    streams (`outcore.iterate.plan.part_streams`), so that each stream's chunks are read by one lane,
+    in order. One lane per worker thread, at most one per stream; a lane's spans go to one worker (where
+    the chunks its previous span left wait), when there are as many lanes as threads (with more threads
+    than streams, spans go wherever Dask sends them, and a chunk whose samples fall in two spans is read
+    by both).
+
+    >>> Lanes.count_for(streams=8, threads=4), Lanes.count_for(streams=8, threads=16)
+    (4, 8)
+    """
+
+    def __init__(self, work: Work, threads: dict[str, int]) -> None:
+        total = max(1, sum(threads.values()))
+        self.count = self.count_for(len(work.plan.streams), total)
+        store, options = work.store, work.options
+        self.plans = [work.plan] if self.count == 1 else [
+            options.plan(len(store), store.chunk_size, work.epoch, (lane, self.count)) for lane in range(self.count)]
+        seats = [address for address in sorted(threads) for _ in range(threads[address])]
+        self.workers = [seats[lane] for lane in range(self.count)] if self.count == len(seats) else None
+        self.span = span_batches(math.ceil(options.batch_size / self.count), sample_bytes(store, work.recipe),
+                                 len(work.batches), math.ceil(total / self.count))
+        self.schedules = [_lane_steps(work, plan) for plan in self.plans]
+        self.next: list[SpanStep | None] = [next(steps, None) for steps in self.schedules]
+
+    @staticmethod
+    def count_for(streams: int, threads: int) -> int:
+        return max(1, min(streams, threads))
+
+    def spans(self, run: str, number: int, last: int) -> list[Span]:
+        """Each lane's ``number``-th span: its parts of the batches up to step ``last`` not made yet (the lanes
+        with samples in them)."""
+        made = []
+        for lane, steps in enumerate(self.schedules):
+            parts = []
+            while (step := self.next[lane]) is not None and step.index <= last:
+                parts.append(step)
+                self.next[lane] = next(steps, None)
+            if parts:
+                made.append(Span(run, lane, number, tuple(parts), self.count > 1))
+        return made
+
+
+def _lane_steps(work: Work, plan: EpochPlan) -> Iterator[SpanStep]:
+    """The lane's parts of the run's batches, in order (those where it has samples), with the chunks each
+    frees (a chunk is released when no slot of the lane that holds it is used again)."""
+    held: set[int] = set()
+    for step in schedule(plan, [step for step in work.batches if plan.pieces(step)], read_ahead=0):
+        held |= set(step.load)
+        held -= set(step.release)
+        still = {int(plan.chunks[slot]) for slot in held}
+        release = tuple(sorted({int(plan.chunks[slot]) for slot in step.release} - still))
+        yield SpanStep(step.index, step.samples, plan.chunks[step.slots], work.draws(step), release,
+                       *plan.placement(step.index))
 
 
 class ClusterRun(Run):
@@ -105,9 +199,9 @@ class ClusterRun(Run):
         self.client = work.options.client
         self.source = StoreFields(store.location, work.recipe.fields, tokenize(store.location, store.attrs.to_dict()),
                                   store.opener)
-        self.name = f"{uuid4().hex[:8]}-e{work.epoch}"  # task keys: outcore-span-<name>-<first step>
+        self.name = f"{uuid4().hex[:8]}-e{work.epoch}"  # task keys: outcore-span-<name>-<first step>-<lane>
         self.mailbox = Mailbox.open()
-        self.pending: deque[Any] = deque()  # futures of the spans submitted, in order
+        self.pending: deque[tuple[Sequence[int], list[tuple[Span, Any]]]] = deque()  # steps, each lane's span, future
         self.gathered = 0
         super().__init__(work, stats)
 
@@ -119,45 +213,56 @@ class ClusterRun(Run):
 
     def _submit_and_gather(self) -> None:
         work = self.work
-        threads = max(1, sum(self.client.nthreads().values()))
-        span = span_batches(work.options.batch_size, sample_bytes(work.store, work.recipe), len(work.batches), threads)
-        steps: list[SpanStep] = []
-        for step in work.steps(read_ahead=0):
+        threads = self.client.nthreads()
+        lanes = Lanes(work, threads)
+        in_flight = math.ceil(2 * max(1, sum(threads.values())) / lanes.count)  # spans of every lane
+        for number, first in enumerate(range(0, len(work.batches), lanes.span)):
             if self.stop.is_set():
                 return
-            steps.append(SpanStep(step.index, step.samples, work.plan.chunks[step.slots], work.draws(step)))
-            if len(steps) == span:
-                self._submit(steps)
-                steps = []
-            if len(self.pending) >= 2 * threads and not self._deliver():
+            steps = work.batches[first : first + lanes.span]
+            spans = lanes.spans(self.name, number, steps[-1])
+            self.pending.append((steps, [(span, self._submit(span, lanes)) for span in spans]))
+            if len(self.pending) >= in_flight and not self._deliver():
                 return
-        if steps:
-            self._submit(steps)
         self.under_way.set()
         while self.pending:
             if not self._deliver():
                 return
 
-    def _submit(self, steps: list[SpanStep]) -> None:
+    def _submit(self, span: Span, lanes: Lanes) -> Any:
         slot = None if self.mailbox is None else self.mailbox.slot
-        self.pending.append(self.client.submit(
-            make_span, self.source, self.work.recipe, self.work.store.chunk_size, steps, slot,
-            key=f"outcore-span-{self.name}-{steps[0].index}",
-        ))
+        return self.client.submit(
+            make_span, self.source, self.work.recipe, self.work.store.chunk_size, span, slot,
+            key=f"outcore-span-{self.name}-{span.steps[0].index}-l{span.lane}",
+            workers=None if lanes.workers is None else [lanes.workers[span.lane]], allow_other_workers=True,
+        )
 
     def _deliver(self) -> bool:
-        """Hand the oldest pending span's batches to the consumer once it is made; False when the run was
-        closed meanwhile (a closed run never waits on the cluster)."""
-        future = self.pending[0]
-        while not future.done():
-            if self.stop.wait(WAKE_SECONDS):
-                return False
-        made = self.pending.popleft().result()
-        for batch in made:
+        """Hand the oldest pending span's batches to the consumer once every lane has made its parts; False
+        when the run was closed meanwhile (a closed run never waits on the cluster)."""
+        steps, spans = self.pending[0]
+        for _, future in spans:
+            while not future.done():
+                if self.stop.wait(WAKE_SECONDS):
+                    return False
+        self.pending.popleft()
+        parts: dict[int, list[tuple[SpanStep, SharedBatch | Batch]]] = {step: [] for step in steps}
+        for span, future in spans:  # lanes in order: their parts in the batch's order
+            for step, made in zip(span.steps, future.result(), strict=True):
+                parts[step.index].append((step, made))
+        whole = not any(span.parts for span, _ in spans)  # one lane: its parts are the batches
+        for step in steps:
             self.gathered += 1
-            if not self._put(self.mailbox.receive(batch) if self.mailbox is not None else batch):
+            if not self._put(self._batch(parts[step], whole)):
                 return False
         return True
+
+    def _batch(self, parts: list[tuple[SpanStep, SharedBatch | Batch]], whole: bool) -> Batch:
+        """The batch the lanes' ``parts`` make: mapped from shared memory where the workers wrote it."""
+        if whole:
+            made = parts[0][1]
+            return self.mailbox.receive(made) if self.mailbox is not None else made
+        return join_parts([made for _, made in parts], [len(step.samples) for step, _ in parts], self.mailbox)
 
     def _lost(self, error: BaseException) -> ClusterError:
         index = self.work.batches[self.gathered]
@@ -169,7 +274,7 @@ class ClusterRun(Run):
         )
 
     def _release(self) -> None:
-        futures = list(self.pending)
+        futures = [future for _, spans in self.pending for _, future in spans]
         self.pending.clear()
         if futures and self.client.status == "running" and not sys.is_finalizing():
             self.client.cancel(futures)
@@ -186,35 +291,61 @@ def _cluster_lost() -> tuple[type[BaseException], ...]:
     return (CancelledError, ClosedClientError, CommClosedError, KilledWorker, TimeoutError)
 
 
-def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, steps: Sequence[SpanStep],
+def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span,
               slot: Slot | None) -> list[SharedBatch | Batch]:
-    """On a worker: the span's batches, each chunk read once (and its buffer reused once no later batch of the
-    span needs it), made as the local path makes them, on as many threads as the cluster gave the worker;
-    into the consumer's shared memory when this worker sees it (`outcore.iterate.shared`)."""
+    """On a worker: the span's parts of batches (whole batches for a run of one lane), made as the local path
+    makes them, on as many threads as the cluster gave the worker; into the consumer's shared memory when
+    this worker sees it (`outcore.iterate.shared`). Each chunk is read once: those the lane's previous
+    span left on this worker are taken from it, and those a later span of the lane reads again are left
+    for it (a span run elsewhere reads them itself)."""
     cap_threads(_worker_threads())
     readers = _readers(source)
-    used = [np.unique(step.chunks).tolist() for step in steps]
-    last_use = {chunk: i for i, chunks in enumerate(used) for chunk in chunks}
-    released: list[list[int]] = [[] for _ in steps]  # after each batch, the chunks no later one needs
-    for chunk, i in last_use.items():
-        released[i].append(chunk)
+    loaded = _carries.take(span.carry(span.number))
     if any(reader.remote for reader in readers.values()):  # the span's bytes asked for at once, in order
+        first_use = dict.fromkeys(chunk for step in span.steps for chunk in step.chunks.tolist() if chunk not in loaded)
         for reader in readers.values():
-            reader.prefetch(list(last_use))
+            reader.prefetch(list(first_use))
     buffers = ChunkBuffers(readers)
-    loaded: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
     made: list[SharedBatch | Batch] = []
-    for step, chunks, release in zip(steps, used, released, strict=True):
-        for chunk in chunks:
+    for step in span.steps:
+        for chunk in np.unique(step.chunks).tolist():
             if chunk not in loaded:
                 loaded[chunk] = buffers.read(chunk)
-        arena = slot.arena() if slot is not None else None
+        arena = slot.arena(span.part(step)) if slot is not None else None
         batch = make_batch(recipe, step.samples, chunk_size, step.chunks, {c: v for c, (v, _) in loaded.items()},
                            step.draws, plain if arena is None else arena.empty)
         made.append(batch if arena is None else arena.publish(batch))
-        for chunk in release:
-            buffers.give(loaded.pop(chunk)[1])
+        for chunk in step.release:
+            if chunk in loaded:
+                buffers.give(loaded.pop(chunk)[1])
+    if loaded:
+        _carries.put(span.carry(span.number + 1), loaded, CARRIES_PER_THREAD * _worker_threads())
     return made
+
+
+class Carries:
+    """The chunks spans leave on a worker for their lane's next span (`make_span`), by ``(run, lane, number)``:
+    at most ``most`` of them, the oldest dropped first (a run closed early leaves its lanes'), and a lane's
+    older ones dropped when its next span takes its own (left by a span that ran out of turn)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.kept: OrderedDict[tuple[str, int, int], dict[int, Any]] = OrderedDict()
+
+    def take(self, key: tuple[str, int, int]) -> dict[int, Any]:
+        with self.lock:
+            for older in [k for k in self.kept if k[:2] == key[:2] and k[2] < key[2]]:
+                del self.kept[older]
+            return self.kept.pop(key, {})
+
+    def put(self, key: tuple[str, int, int], loaded: dict[int, Any], most: int) -> None:
+        with self.lock:
+            self.kept[key] = loaded
+            while len(self.kept) > most:
+                self.kept.popitem(last=False)
+
+
+_carries = Carries()  # this worker process's
 
 
 @lru_cache(maxsize=8)
