@@ -184,7 +184,7 @@ def test_loader_workers_parts_with_text_subsets_ranks_and_uneven_parts(tmp_path,
 def test_loader_workers_without_room_in_shared_memory_send_their_parts_and_it_is_said(pictures_store, monkeypatch):
     from outcore.iterate import shared
 
-    def full(path, size, *, create, populate):  # a /dev/shm with no room: what posix_fallocate says
+    def full(path, size, *, create, populate, start=0):  # a /dev/shm with no room: what posix_fallocate says
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(shared, "_mapped", full)  # in the forked workers

@@ -167,13 +167,16 @@ class Arena:
                     _free(self.folder, private, size)
                 else:
                     (self.folder / private).unlink()
-            if path.stat().st_size != size:
+            row = size // self.part.size
+            first, last = self.part.offset * row, (self.part.offset + shape[0]) * row  # only this part's pages
+            if path.stat().st_size != size or not first < last <= size:
                 return np.empty(shape, dtype)
-            whole = np.frombuffer(_mapped(path, size, create=False, populate=True), dtype, size // dtype.itemsize)
+            start = first - first % mmap.ALLOCATIONGRANULARITY
+            mapped = _mapped(path, last - start, create=False, populate=True, start=start)
         except OSError:  # no room (a small /dev/shm), or the run was closed meanwhile
             self.no_room = True
             return np.empty(shape, dtype)
-        rows = whole.reshape(self.part.size, *shape[1:])[self.part.offset : self.part.offset + shape[0]]
+        rows = np.frombuffer(mapped, dtype, (last - first) // dtype.itemsize, first - start).reshape(shape)
         self.made[id(rows)] = (SharedArray(name, dtype.str, (self.part.size, *shape[1:])), rows)
         return rows
 
@@ -326,16 +329,16 @@ def _move_free(source: Path, target: Path) -> None:
             os.rename(source / name, target / name)
 
 
-def _mapped(path: Path, size: int, *, create: bool, populate: bool) -> mmap.mmap:
-    """``size`` bytes of file ``path`` mapped for reading and writing; ``create`` makes the file and reserves
-    its room first (``posix_fallocate``: no room is an ``OSError`` now, not a crash when written);
-    ``populate`` maps its pages at once (one call instead of a fault per page, for a file about to be
-    written)."""
+def _mapped(path: Path, size: int, *, create: bool, populate: bool, start: int = 0) -> mmap.mmap:
+    """``size`` bytes of file ``path`` mapped for reading and writing (from byte ``start``, a multiple of
+    ``mmap.ALLOCATIONGRANULARITY``); ``create`` makes the file and reserves its room first
+    (``posix_fallocate``: no room is an ``OSError`` now, not a crash when written); ``populate`` maps its
+    pages at once (one call instead of a fault per page, for a file about to be written)."""
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL if create else os.O_RDWR, 0o600)
     try:
         if create:
             os.posix_fallocate(descriptor, 0, size)
-        return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | (POPULATE if populate else 0))
+        return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | (POPULATE if populate else 0), offset=start)
     finally:
         os.close(descriptor)
 
