@@ -231,10 +231,10 @@ class ClusterRun(Run):
 
     def _submit(self, span: Span, lanes: Lanes) -> Any:
         slot = None if self.mailbox is None else self.mailbox.slot
+        pinned = {} if lanes.workers is None else {"workers": [lanes.workers[span.lane]], "allow_other_workers": True}
         return self.client.submit(
             make_span, self.source, self.work.recipe, self.work.store.chunk_size, span, slot,
-            key=f"outcore-span-{self.name}-{span.steps[0].index}-l{span.lane}",
-            workers=None if lanes.workers is None else [lanes.workers[span.lane]], allow_other_workers=True,
+            key=f"outcore-span-{self.name}-{span.steps[0].index}-l{span.lane}", **pinned,
         )
 
     def _deliver(self) -> bool:
