@@ -185,9 +185,11 @@ def test_cluster_iteration_equals_local_iteration(client, photos, fields):
 
 
 @pytest.mark.parametrize(("samples", "batch", "shard"), [(37, 3, {}), (37, 5, {"drop_last": True}),
-                                                      (100, 6, {"rank": 1, "world_size": 2}), (9, 4, {})])
+                                                      (100, 6, {"rank": 1, "world_size": 2}), (9, 4, {}),
+                                                      (37, 5, {"shuffle": False}), (37, 5, {"streams": 1})])
 def test_lanes_make_the_local_batches_whatever_the_layout(client, tmp_path, samples, batch, shard):
-    # 2 worker threads: 2 lanes, each its 4 streams' part of every batch; a lane may have no part of a step
+    # 2 worker threads: 2 lanes, each its 4 streams' part of every batch; a lane may have no part of a step;
+    # with one stream (storage order, or streams=1), one lane, its spans on any worker
     ds = outcore.from_arrays({"index": np.arange(samples), "x": np.arange(samples * 6.0).reshape(samples, 2, 3)},
                              tmp_path / "layout.zarr", chunk_size=4, progress=False)
     options = {"seed": 5, "buffer_chunks": 2, **shard}
