@@ -15,7 +15,8 @@ flip, batch transforms after decoding, whose cost then counts against the plain 
 - **an epoch on a** ``distributed.LocalCluster`` of each of ``--workers`` single-threaded worker
   processes (``ds.batches(client=...)``): samples/s delivered to this process; the CPU its workers spent
   per sample (their processes' user + system time, event loops included) against the bare decode; the
-  consumer's CPU per sample (this process: the scheduler of a LocalCluster runs here too); and the
+  consumer's CPU per sample (this process: the scheduler of a LocalCluster runs here too); the chunks
+  read per epoch over the store's (``reads``: 1.00 is each once; `outcore.testing.reads`); and the
   rate against ``n`` workers' bare decode (1.00: the cluster costs nothing beyond decoding); and once
   more for the largest cluster with Dask's statistical profiler off (``distributed.worker.profile.enabled``);
 - **delivery**: blank batches of the same shape made on every worker of the largest cluster and received
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -58,6 +60,7 @@ from outcore.iterate import Transform
 from outcore.iterate.runs import NextEpoch
 from outcore.iterate.shared import Mailbox, Slot
 from outcore.storage import read_files
+from outcore.testing.reads import chunk_reads, count_chunk_reads
 from outcore.transforms import Compose, RandomCrop, RandomFlip
 
 BATCH = 256
@@ -151,10 +154,15 @@ def workers_cpu(client: Client) -> float:
 
 
 def epoch(ds: outcore.Dataset, client: Client | None, repeats: int, transform: Transform | None) -> dict[str, float]:
-    """Samples/s of full shuffled epochs (median), and the workers' and this process's CPU per sample."""
+    """Samples/s of full shuffled epochs (median), the workers' and this process's CPU per sample, and the
+    chunks read per epoch over the store's (with the next epoch's first spans, started as one drains)."""
     it = ds.batches(BATCH, fields=["images", "labels"], client=client, prefetch=4, transform=transform)
     next(iter(it))  # imports, store opening
     it.close()
+    if client is None:
+        count_chunk_reads()
+    else:
+        client.run(count_chunk_reads)
     rates, worker, consumer = [], [], []
     for _ in range(repeats):
         cpu, mine, began = workers_cpu(client) if client else 0.0, time.process_time(), time.perf_counter()
@@ -162,8 +170,9 @@ def epoch(ds: outcore.Dataset, client: Client | None, repeats: int, transform: T
         rates.append(samples / (time.perf_counter() - began))
         consumer.append((time.process_time() - mine) / samples)
         worker.append(((workers_cpu(client) - cpu) if client else 0.0) / samples)
+    reads = sum(client.run(chunk_reads).values()) if client else chunk_reads()
     return {"rate": statistics.median(rates), "worker": statistics.median(worker),
-            "consumer": statistics.median(consumer)}
+            "consumer": statistics.median(consumer), "reads": reads / (repeats * math.ceil(len(ds) / ds.chunk_size))}
 
 
 def blank_batches(slot: Slot | None, shape: tuple[int, ...], count: int, worker: int) -> list[object]:
@@ -263,9 +272,9 @@ def main() -> None:
     print(f"{len(ds)} JPEGs of {args.size}x{args.size} ({args.copies} cop(ies) of {args.images}); "
           f"{'crop + flip; ' if transform else ''}{os.cpu_count()} cores; batch {BATCH}; medians of "
           f"{args.repeats}\n")
-    print(f"local threads in this process: {local['rate']:.0f} samples/s\n")
+    print(f"local threads in this process: {local['rate']:.0f} samples/s, chunk reads / chunks {local['reads']:.2f}\n")
     header = (f"{'workers':>17s} {'samples/s':>10s} {'vs 1 worker':>11s} {'vs n x bare':>11s} "
-              f"{'bare us':>8s} {'worker us':>9s} {'worker/bare':>11s} {'consumer us':>11s}")
+              f"{'bare us':>8s} {'worker us':>9s} {'worker/bare':>11s} {'consumer us':>11s} {'reads':>6s}")
     print(header)
     print("-" * len(header), flush=True)
     first = None
@@ -280,7 +289,7 @@ def main() -> None:
             label = f"{workers}" if profiler else f"{workers} (profiler off)"
             print(f"{label:>17s} {got['rate']:10.0f} {got['rate'] / first:11.2f} {got['rate'] * bare / workers:11.2f} "
                   f"{bare * 1e6:8.0f} {got['worker'] * 1e6:9.0f} {got['worker'] / bare:11.2f} "
-                  f"{got['consumer'] * 1e6:11.0f}", flush=True)
+                  f"{got['consumer'] * 1e6:11.0f} {got['reads']:6.2f}", flush=True)
             if not profiler:
                 results["profiler off"] = row
                 continue
