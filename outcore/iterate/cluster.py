@@ -101,18 +101,19 @@ class SpanStep:
 
 @dataclass(frozen=True)
 class Span:
-    """One task: lane ``lane``'s parts of consecutive batches, the ``number``-th span of the lane in run
-    ``run``; ``parts`` when the batches are made of several lanes' parts (else each part is the batch)."""
+    """One task: lane ``lane``'s parts of consecutive batches of run ``run``, after the lane's span that ended
+    with step ``follows`` (-1: none); ``parts`` when the batches are made of several lanes' parts (else
+    each part is the batch)."""
 
     run: str
     lane: int
-    number: int
+    follows: int
     steps: tuple[SpanStep, ...]
     parts: bool
 
-    def carry(self, number: int) -> tuple[str, int, int]:
-        """The key of the chunks this lane's ``number``-th span finds left by the one before it."""
-        return self.run, self.lane, number
+    def carry(self, after: int) -> tuple[str, int, int]:
+        """The key of the chunks the lane's span ending with step ``after`` left for the next one."""
+        return self.run, self.lane, after
 
     def part(self, step: SpanStep) -> Part | None:
         return Part(f"{LANE_FILE}{self.run}-s{step.index}", step.offset, step.size) if self.parts else None
@@ -159,14 +160,15 @@ class Lanes:
                                  len(work.batches), math.ceil(total / self.count))
         self.schedules = [_lane_steps(work, plan) for plan in self.plans]
         self.next: list[SpanStep | None] = [next(steps, None) for steps in self.schedules]
+        self.ended = [-1] * self.count  # each lane's last step submitted
 
     @staticmethod
     def count_for(streams: int, threads: int) -> int:
         return max(1, min(streams, threads))
 
-    def spans(self, run: str, number: int, last: int) -> list[Span]:
-        """Each lane's ``number``-th span: its parts of the batches up to step ``last`` not made yet (the lanes
-        with samples in them)."""
+    def spans(self, run: str, last: int) -> list[Span]:
+        """Each lane's next span: its parts of the batches up to step ``last`` not made yet (the lanes with
+        samples in them)."""
         made = []
         for lane, steps in enumerate(self.schedules):
             parts = []
@@ -174,7 +176,8 @@ class Lanes:
                 parts.append(step)
                 self.next[lane] = next(steps, None)
             if parts:
-                made.append(Span(run, lane, number, tuple(parts), self.count > 1))
+                made.append(Span(run, lane, self.ended[lane], tuple(parts), self.count > 1))
+                self.ended[lane] = parts[-1].index
         return made
 
 
@@ -216,11 +219,11 @@ class ClusterRun(Run):
         threads = self.client.nthreads()
         lanes = Lanes(work, threads)
         in_flight = math.ceil(2 * max(1, sum(threads.values())) / lanes.count)  # spans of every lane
-        for number, first in enumerate(range(0, len(work.batches), lanes.span)):
+        for first in range(0, len(work.batches), lanes.span):
             if self.stop.is_set():
                 return
             steps = work.batches[first : first + lanes.span]
-            spans = lanes.spans(self.name, number, steps[-1])
+            spans = lanes.spans(self.name, steps[-1])
             self.pending.append((steps, [(span, self._submit(span, lanes)) for span in spans]))
             if len(self.pending) >= in_flight and not self._deliver():
                 return
@@ -300,7 +303,7 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span,
     for it (a span run elsewhere reads them itself)."""
     cap_threads(_worker_threads())
     readers = _readers(source)
-    loaded = _carries.take(span.carry(span.number))
+    loaded = _carries.take(span.carry(span.follows))
     if any(reader.remote for reader in readers.values()):  # the span's bytes asked for at once, in order
         first_use = dict.fromkeys(chunk for step in span.steps for chunk in step.chunks.tolist() if chunk not in loaded)
         for reader in readers.values():
@@ -319,12 +322,12 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span,
             if chunk in loaded:
                 buffers.give(loaded.pop(chunk)[1])
     if loaded:
-        _carries.put(span.carry(span.number + 1), loaded, CARRIES_PER_THREAD * _worker_threads())
+        _carries.put(span.carry(span.steps[-1].index), loaded, CARRIES_PER_THREAD * _worker_threads())
     return made
 
 
 class Carries:
-    """The chunks spans leave on a worker for their lane's next span (`make_span`), by ``(run, lane, number)``:
+    """The chunks spans leave on a worker for their lane's next span (`make_span`), by ``(run, lane, last step)``:
     at most ``most`` of them, the oldest dropped first (a run closed early leaves its lanes'), and a lane's
     older ones dropped when its next span takes its own (left by a span that ran out of turn)."""
 
