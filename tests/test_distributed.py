@@ -217,6 +217,23 @@ def test_lanes_read_each_chunk_once_an_epoch(client, tmp_path, monkeypatch):
     assert once <= reads <= 1.1 * once, (reads, once)  # (a span Dask moved to the other worker reads its own)
 
 
+def test_lanes_ask_an_object_store_for_each_chunk_once_an_epoch(client, tmp_path, monkeypatch):
+    from outcore.iterate import cluster
+    from outcore.testing.proxy import FaultProxy
+    from outcore.testing.s3 import S3Server, upload
+
+    monkeypatch.setattr(cluster, "SPAN_SAMPLES", 16)  # spans of one batch: a chunk's samples are in several
+    values = np.random.default_rng(3).normal(size=(2048, 16, 16)).astype("f4")  # incompressible
+    local = outcore.from_arrays({"x": values}, tmp_path / "local.zarr", chunk_size=32, progress=False)
+    with S3Server() as server, FaultProxy(server.host, server.port) as proxy:
+        server.create_bucket("lanes")
+        stored = upload(local.location, "s3://lanes/x.zarr", server.options)
+        remote = outcore.open_dataset("s3://lanes/x.zarr", storage_options={**server.options, "endpoint": proxy.url},
+                                      cache_dir=False)  # every chunk read asks the store again
+        _assert_same_batches(list(local.batches(32, seed=4)), list(remote.batches(32, seed=4, client=client)))
+        assert proxy.traffic.bytes_sent <= 1.2 * stored, (proxy.traffic.bytes_sent, stored)  # each chunk once
+
+
 def test_a_subset_on_the_cluster_is_the_subset_on_local_threads(client, photos):
     options = {"seed": 3, "indices": list(range(5, 120, 3)), "fields": ["images_encoded", "labels"]}
     local = list(photos.batches(8, **options))
