@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import outcore
 from outcore.iterate import cluster
-from outcore.iterate.cluster import Carries, Lanes
+from outcore.iterate.cluster import Carries, Lanes, _with_pieces
 from outcore.iterate.runs import Work
 
 
@@ -25,7 +25,7 @@ def stores(tmp_path_factory):
     return made
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(data=st.data(), batch_size=st.integers(1, 120), threads=st.integers(1, 9), world_size=st.sampled_from([1, 2]),
        streams=st.sampled_from([2, 8]), shuffle=st.booleans(), drop_last=st.booleans(), span_samples=st.integers(1, 300))
 def test_lanes_make_every_batch_side_by_side_and_read_each_chunk_once(
@@ -43,6 +43,8 @@ def test_lanes_make_every_batch_side_by_side_and_read_each_chunk_once(
     assert lanes.count == min(len(plan.streams), threads)
     assert lanes.workers == (sorted(seats) if lanes.count == threads else None)  # pinned: a lane per thread
 
+    for lane_plan in lanes.plans:  # the steps a lane has samples in, found without asking each
+        assert list(_with_pieces(lane_plan, resumed)) == [step for step in resumed if lane_plan.pieces(step)]
     made: dict[int, list] = {step: [] for step in resumed}
     for first in range(0, len(resumed), lanes.span):
         for span in lanes.spans("run", resumed[min(first + lanes.span, len(resumed)) - 1]):
