@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import outcore
 from outcore.iterate import cluster
-from outcore.iterate.cluster import Carries, Lanes, _with_pieces
+from outcore.iterate.cluster import Carries, Lanes
 from outcore.iterate.runs import Work
 
 
@@ -44,7 +44,7 @@ def test_lanes_make_every_batch_side_by_side_and_read_each_chunk_once(
     assert lanes.workers == (sorted(seats) if lanes.count == threads else None)  # pinned: a lane per thread
 
     for lane_plan in lanes.plans:  # the steps a lane has samples in, found without asking each
-        assert list(_with_pieces(lane_plan, resumed)) == [step for step in resumed if lane_plan.pieces(step)]
+        assert list(lane_plan.with_samples(resumed)) == [step for step in resumed if lane_plan.pieces(step)]
     made: dict[int, list] = {step: [] for step in resumed}
     for first in range(0, len(resumed), lanes.span):
         for span in lanes.spans("run", resumed[min(first + lanes.span, len(resumed)) - 1]):

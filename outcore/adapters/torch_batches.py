@@ -246,7 +246,8 @@ class TorchBatches(IterableDataset):
         worker's streams none) comes as a batch with no fields, so that the loader counts every part."""
         plan = iterator.plan(self.epoch, part)
         skip = set(self.skip)
-        steps = [step for step in range(self.step, len(iterator)) if step not in skip]
+        rest = range(self.step, len(iterator))
+        steps = [step for step in rest if step not in skip] if skip else rest
         arenas: dict[int, Arena] = {}  # each step's, made as the run makes its batch into the batch's files
 
         def allocate(step: int) -> Empty:
@@ -254,7 +255,7 @@ class TorchBatches(IterableDataset):
                                                 *plan.placement(step)))
             return arenas[step].empty
 
-        run = iterator.run(self.epoch, [step for step in steps if plan.pieces(step)], part, allocate)
+        run = iterator.run(self.epoch, plan.with_samples(steps), part, allocate)
         batches = iter(run)
         try:
             for step in steps:  # a step where this part has no samples comes as an empty part

@@ -185,32 +185,13 @@ def _lane_steps(work: Work, plan: EpochPlan) -> Iterator[SpanStep]:
     """The lane's parts of the run's batches, in order (those where it has samples), with the chunks each
     frees (a chunk is released when no slot of the lane that holds it is used again)."""
     held: set[int] = set()
-    for step in schedule(plan, _with_pieces(plan, work.batches), read_ahead=0):
+    for step in schedule(plan, plan.with_samples(work.batches), read_ahead=0):
         held |= set(step.load)
         held -= set(step.release)
         still = {int(plan.chunks[slot]) for slot in held}
         release = tuple(sorted({int(plan.chunks[slot]) for slot in step.release} - still))
         yield SpanStep(step.index, step.samples, plan.chunks[step.slots], work.draws(step), release,
                        *plan.placement(step.index))
-
-
-def _with_pieces(plan: EpochPlan, batches: Sequence[int]) -> Sequence[int]:
-    """The steps of ``batches`` where the lane has samples; a range where ``batches`` is one (the schedule of a
-    range starts at once; of a list, it first counts every step's samples). The full steps all give a
-    lane the same share, so they all have samples or none; the short last step may differ.
-
-    >>> _with_pieces(EpochPlan(9, 4, batch_size=4, streams=8, part=(0, 2)), range(3))  # 1 sample left
-    range(0, 2)
-    """
-    if not (isinstance(batches, range) and batches.step == 1):
-        return [step for step in batches if plan.pieces(step)]
-    last = plan.steps - 1
-    full, tail = last > 0 and bool(plan.pieces(0)), last >= 0 and bool(plan.pieces(last))
-    if full == tail:
-        return batches if full else range(0)
-    if full:  # every step but the short last one
-        return range(batches.start, min(batches.stop, last))
-    return [last] if last in batches else []
 
 
 class ClusterRun(Run):

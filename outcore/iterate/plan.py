@@ -45,6 +45,7 @@ resuming mid-epoch and running on other processes exact.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -349,6 +350,24 @@ class EpochPlan:
         if self._pad is not None and step == self.steps - 1:
             pieces.append((self.layout.streams + self._pad[2], 1))
         return tuple(piece for piece in pieces if piece[1])
+
+    def with_samples(self, steps: Sequence[int]) -> Sequence[int]:
+        """The steps of ``steps`` where this plan (a part's) has samples; a range where ``steps`` is one (the
+        schedule of a range starts at once; of a list, it first counts every step's samples). The full steps
+        all give a part the same share, so they all have samples or none; the short last step may differ.
+
+        >>> EpochPlan(9, 4, batch_size=4, streams=8, part=(0, 2)).with_samples(range(3))  # 1 sample left
+        range(0, 2)
+        """
+        if not (isinstance(steps, range) and steps.step == 1):
+            return [step for step in steps if self.pieces(step)]
+        last = self.steps - 1
+        full, tail = last > 0 and bool(self.pieces(0)), last >= 0 and bool(self.pieces(last))
+        if full == tail:
+            return steps if full else range(0)
+        if full:  # every step but the short last one
+            return range(steps.start, min(steps.stop, last))
+        return [last] if last in steps else []
 
     def placement(self, step: int) -> tuple[int, int]:
         """``(offset, size)``: where this part's samples of batch ``step`` start in the rank's batch, and the
