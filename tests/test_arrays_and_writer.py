@@ -3,6 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import dask.array as da
 import h5py
@@ -14,6 +15,7 @@ import outcore
 from outcore.cli import describe
 from outcore.errors import SourceError, StoreExistsError
 from outcore.seeds import Domain, generator
+from outcore.storage.groups import shard_path
 
 
 @pytest.fixture
@@ -173,6 +175,60 @@ def test_an_open_reader_of_a_growing_store_reads_a_replaced_shard_right(tmp_path
     writer.flush()
     assert reader.read(2).tolist() == [32, 33, 34, 35, 36]  # the reader's store still has 37 samples
     writer.close()
+
+
+REPLACING = """
+import os
+import sys
+import time
+
+target, versions = sys.argv[1], [open(path, "rb").read() for path in sys.argv[2:]]
+deadline = time.monotonic() + 20
+for count in range(100_000):  # as a Writer replaces its last shard file, in one rename, at every flush
+    if count % 100 == 0 and (os.path.exists(target + ".stop") or time.monotonic() > deadline):
+        break
+    with open(target + ".new", "wb") as file:
+        file.write(versions[count % len(versions)])
+    os.replace(target + ".new", target)
+"""
+
+
+def test_a_shard_file_replaced_again_and_again_is_never_called_corrupt(tmp_path):
+    """A process replaces a shard file as fast as it can with its two versions (37 and 74 samples, the
+    chunk of samples 32..47 different in each); readers reading its index and chunks meanwhile, each with
+    its own index, must read the 37 samples right every time: the index and the size it is checked against
+    come from one version of the file, and a chunk that fails on a newer version is read again."""
+    with outcore.Writer(tmp_path / "g.zarr", chunk_size=16) as writer:
+        writer.append({"x": np.arange(37)})
+        writer.flush()
+        ds = outcore.open_dataset(tmp_path / "g.zarr")
+        shard = tmp_path / "g.zarr" / shard_path(ds.shard_reader("x").array, 0)
+        (tmp_path / "short").write_bytes(shard.read_bytes())
+        writer.append({"x": np.arange(37, 74)})
+    replacer = subprocess.Popen([sys.executable, "-c", REPLACING, str(shard), str(tmp_path / "short"), str(shard)])
+    problems, reads = [], [0]
+
+    def read_in_a_loop():
+        while replacer.poll() is None and reads[0] < 4_000:
+            reader = ds.shard_reader("x")  # a new reader reads the shard's index anew
+            try:
+                values = [reader.read(chunk).tolist() for chunk in (2, 0, 2, 1, 2)]
+            except outcore.CorruptChunkError as error:
+                problems.append(str(error))
+                continue
+            if values != [list(range(32, 37)), list(range(16)), list(range(32, 37)), list(range(16, 32)),
+                          list(range(32, 37))]:
+                problems.append(f"wrong values {values}")
+            reads[0] += 1
+
+    readers = [threading.Thread(target=read_in_a_loop) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    Path(f"{shard}.stop").touch()
+    assert replacer.wait(timeout=30) == 0
+    assert problems[:3] == [] and reads[0] >= 1_000, f"{len(problems)} problems"
 
 
 GROWING = """

@@ -526,7 +526,7 @@ def test_chunks_stored_back_to_back_are_asked_in_one_request(s3, proxy, tmp_path
         reader = local.shard_reader(name)
         for chunk in range(local.num_chunks):
             shard, inner = divmod(chunk, reader._layout.chunks_per_shard)
-            offset, nbytes = reader._index(shard)[inner]
+            offset, nbytes = reader._index(shard).entries[inner]
             chunks.setdefault(reader._layout.key(shard), []).append((int(offset), int(offset + nbytes - 1)))
     requests = covered = 0
     for key, spans in proxy.traffic.ranges:

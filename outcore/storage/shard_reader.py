@@ -17,14 +17,16 @@ reported with the field, chunk and file — never read as fill values.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
+import stat
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import crc32c
 import numpy as np
@@ -53,6 +55,13 @@ class _Unreadable(Exception):
     """A shard file cannot be read as its index says; the reader names the chunk and file."""
 
 
+class _ShardIndex(NamedTuple):
+    """A shard file's index, ``(offset, nbytes)`` per chunk, and the `_ShardFile.stamp` of the file it was read from."""
+
+    entries: np.ndarray
+    stamp: Hashable
+
+
 class ShardReader:
     """``read(chunk)`` returns samples ``[chunk * chunk_size, ...)`` of one field as a numpy array.
 
@@ -67,7 +76,7 @@ class ShardReader:
         self.chunk_size = array.chunks[0]
         self._samples = samples or (num_samples, self.chunk_size)
         self._layout = _direct_layout(array)
-        self._indexes: dict[int, np.ndarray] = {}
+        self._indexes: dict[int, _ShardIndex] = {}
         self._lock = threading.Lock()
         self._scratch = threading.local()  # one reusable read buffer per thread: no allocation per chunk
 
@@ -106,15 +115,16 @@ class ShardReader:
         if not self.remote:
             return
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
-        index = self._indexes.get(shard)
-        if index is not None and index[inner][0] != _EMPTY:
-            self._layout.files.expect(self._layout.key(shard), int(index[inner][0]), int(index[inner][1]), when)
+        known = self._indexes.get(shard)
+        if known is not None and known.entries[inner][0] != _EMPTY:
+            offset, nbytes = known.entries[inner]
+            self._layout.files.expect(self._layout.key(shard), int(offset), int(nbytes), when)
 
     def _ask(self, chunks: dict[int, list[int]]) -> None:
         """Ask for chunks (inner positions by shard), reading the shards' indexes first where needed."""
         for shard, inner in chunks.items():
             try:
-                index = self._index(shard)
+                index = self._index(shard).entries
             except (_Unreadable, OutcoreError, OSError):
                 return  # the reads meet the failure themselves
             spans = [(int(offset), int(nbytes)) for offset, nbytes in index[inner] if offset != _EMPTY]
@@ -136,26 +146,32 @@ class ShardReader:
         out = self.empty() if out is None else out
         try:
             return self._read_direct(chunk, out)[: stop - start]
-        except _Unreadable:
-            # A store that a Writer appends to replaces its last shard file as it grows: an index read
-            # before that no longer fits the file. Read the index again before calling anything corrupt.
-            with self._lock:
-                self._indexes.pop(chunk // self._layout.chunks_per_shard, None)
-        try:
-            return self._read_direct(chunk, out)[: stop - start]
         except _Unreadable as error:
             raise self._corrupt(chunk, str(error)) from None
 
     def _read_direct(self, chunk: int, out: np.ndarray) -> np.ndarray:
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
-        offset, nbytes = self._index(shard)[inner]
+        with self._layout.opened(shard) as file:
+            known = self._indexes.get(shard)
+            if known is not None:
+                try:
+                    return self._read_chunk(file, known.entries[inner], out)
+                except _Unreadable:
+                    if file.stamp() == known.stamp:
+                        raise
+            # No index yet, or the file was replaced since its index was read: a Writer appending replaces
+            # its last shard file (in one rename) at every flush. The index and the chunk of this one version.
+            return self._read_chunk(file, self._read_index(shard, file).entries[inner], out)
+
+    def _read_chunk(self, file: _ShardFile, entry: np.ndarray, out: np.ndarray) -> np.ndarray:
+        offset, nbytes = entry
         if offset == _EMPTY:
             raise _Unreadable("it was never written (its shard index has no entry for it)")
         scratch = getattr(self._scratch, "buffer", None)
         if scratch is None or len(scratch) < nbytes:
             scratch = self._scratch.buffer = bytearray(int(nbytes))
         payload = memoryview(scratch)[: int(nbytes)]
-        self._layout.read_into(shard, int(offset), payload)
+        file.read_into(int(offset), payload)
         data = payload[:-_CHECKSUM_BYTES]
         if crc32c.crc32c(data).to_bytes(4, "little") != payload[-_CHECKSUM_BYTES:]:
             raise _Unreadable("stored and computed crc32c checksums differ")
@@ -169,22 +185,27 @@ class ShardReader:
             raise _Unreadable(f"cannot decompress ({error})") from None
         return out
 
-    def _index(self, shard: int) -> np.ndarray:
-        index = self._indexes.get(shard)
-        if index is None:
-            layout = self._layout
-            size = layout.size(shard)
-            if size < layout.index_bytes:
-                raise _Unreadable(f"its shard file has {size} bytes, fewer than its index's {layout.index_bytes}")
-            raw = bytearray(layout.index_bytes)
-            layout.read_into(shard, -len(raw), memoryview(raw))
-            if crc32c.crc32c(raw[:-_CHECKSUM_BYTES]).to_bytes(4, "little") != raw[-_CHECKSUM_BYTES:]:
-                raise _Unreadable("the shard index fails its checksum")
-            index = np.frombuffer(raw[:-_CHECKSUM_BYTES], dtype="<u8").reshape(-1, 2)
-            _check_index(index, size - layout.index_bytes, self._max_chunk_bytes())
-            with self._lock:
-                self._indexes[shard] = index
-        return index
+    def _index(self, shard: int) -> _ShardIndex:
+        known = self._indexes.get(shard)
+        if known is None:
+            with self._layout.opened(shard) as file:
+                known = self._read_index(shard, file)
+        return known
+
+    def _read_index(self, shard: int, file: _ShardFile) -> _ShardIndex:
+        size, index_bytes = file.size(), self._layout.index_bytes
+        if size < index_bytes:
+            raise _Unreadable(f"its shard file has {size} bytes, fewer than its index's {index_bytes}")
+        raw = bytearray(index_bytes)
+        file.read_into(size - index_bytes, memoryview(raw))
+        if crc32c.crc32c(raw[:-_CHECKSUM_BYTES]).to_bytes(4, "little") != raw[-_CHECKSUM_BYTES:]:
+            raise _Unreadable("the shard index fails its checksum")
+        index = np.frombuffer(raw[:-_CHECKSUM_BYTES], dtype="<u8").reshape(-1, 2)
+        _check_index(index, size - index_bytes, self._max_chunk_bytes())
+        known = _ShardIndex(index, file.stamp())
+        with self._lock:
+            self._indexes[shard] = known
+        return known
 
     def _max_chunk_bytes(self) -> int:
         raw = self.chunk_size * math.prod(self.array.shape[1:]) * self.array.dtype.itemsize
@@ -237,48 +258,81 @@ class _DirectLayout:
     def key(self, shard: int) -> str:
         return shard_path(self.array, shard)
 
-    def size(self, shard: int) -> int:
-        """The shard file's size in bytes; `_Unreadable` when it is missing or not a file."""
+    @contextlib.contextmanager
+    def opened(self, shard: int) -> Iterator[_ShardFile]:
+        """The shard file, open: all read through it comes from one version of the file."""
+        with _unreadable_when_missing():
+            file = _ShardFile(self.files, self.key(shard))
         try:
-            size = self.files.size(self.key(shard))
-        except (FileNotFoundError, KeyError):
-            raise _Unreadable("its shard file is missing") from None
-        except OutcoreError:  # an object store that cannot be reached, or a store rewritten meanwhile
-            raise
-        except OSError as error:
-            raise _Unreadable(f"its shard file cannot be read ({error.strerror or error})") from None
+            yield file
+        finally:
+            file.close()
+
+
+class _ShardFile:
+    """One shard file, open. A local file is read through one file descriptor, so a file that a Writer
+    replaces meanwhile (whole, in one rename) is read from one version or the other, never a mix; an
+    object store pins the versions it reads itself (`RemoteFiles`), a zip's members do not change."""
+
+    def __init__(self, files: Any, key: str) -> None:
+        self.files, self.key = files, key
+        self._fd = os.open(files.root / key, os.O_RDONLY) if isinstance(files, _LocalFiles) else None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
+    def size(self) -> int:
+        """The file's size in bytes; `_Unreadable` when it is missing or not a file."""
+        with _unreadable_when_missing():
+            if self._fd is not None:
+                status = os.fstat(self._fd)
+                if stat.S_ISDIR(status.st_mode):
+                    raise IsADirectoryError(21, "a folder stands where the file should be")
+                return status.st_size
+            size = self.files.size(self.key)
         if size is None:
             raise _Unreadable("its shard file is missing")
         return size
 
-    def read_into(self, shard: int, offset: int, buffer: memoryview) -> None:
-        """Fill ``buffer`` from the shard file at ``offset`` (from its end when negative)."""
-        try:
-            count = self.files.read_into(self.key(shard), offset, buffer)
-        except (FileNotFoundError, KeyError):
-            raise _Unreadable("its shard file is missing") from None
-        except OutcoreError:
-            raise
-        except OSError as error:
-            raise _Unreadable(f"its shard file cannot be read ({error.strerror or error})") from None
+    def stamp(self) -> Hashable:
+        """What tells this version of the file from the one a Writer replaces it with: a local file's
+        inode, modification time and size; any other's size."""
+        if self._fd is None:
+            return self.size()
+        status = os.fstat(self._fd)
+        return status.st_ino, status.st_mtime_ns, status.st_size
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` from the file at ``offset``."""
+        with _unreadable_when_missing():
+            if self._fd is not None:
+                count = os.preadv(self._fd, [buffer], offset)
+            else:
+                count = self.files.read_into(self.key, offset, buffer)
         if count != len(buffer):
             raise _Unreadable("its shard file is shorter than its index says")
 
 
+@contextlib.contextmanager
+def _unreadable_when_missing() -> Iterator[None]:
+    """A shard file that is missing or cannot be read as `_Unreadable`; an object store that cannot be
+    reached, or a store rewritten meanwhile, as the `OutcoreError` it is."""
+    try:
+        yield
+    except (FileNotFoundError, KeyError):
+        raise _Unreadable("its shard file is missing") from None
+    except OutcoreError:
+        raise
+    except OSError as error:
+        raise _Unreadable(f"its shard file cannot be read ({error.strerror or error})") from None
+
+
 class _LocalFiles:
+    """The shard files of a store in a local folder (read through `_ShardFile`'s file descriptors)."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
-
-    def size(self, key: str) -> int:
-        path = self.root / key
-        if path.is_dir():
-            raise IsADirectoryError(21, "a folder stands where the file should be")
-        return path.stat().st_size
-
-    def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
-        with open(self.root / key, "rb", buffering=0) as file:
-            file.seek(offset, os.SEEK_END if offset < 0 else os.SEEK_SET)
-            return file.readinto(buffer)
 
 
 class _ZipFiles:
