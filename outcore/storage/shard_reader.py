@@ -12,7 +12,10 @@ itself (`ShardReader.direct` says which path is taken). Tests compare both paths
 It also knows what must exist. Every chunk a reader is asked for lies within the samples the store
 promises, so a missing shard file, a chunk its shard index says was never written, an index entry
 outside its file or overlapping another, and a file shorter than its index says are corruption,
-reported with the field, chunk and file — never read as fill values.
+reported with the field, chunk and file — never read as fill values. A Writer growing the store
+replaces its last shard file (in one rename) at every flush: a shard's index and the chunks read with
+it come from one open file, so a reader sees one version or the next, and an index that no longer fits
+its file is read anew, never taken for corruption.
 """
 
 from __future__ import annotations
