@@ -20,16 +20,15 @@ its file is read anew, never taken for corruption.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
 import stat
 import struct
 import threading
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 import crc32c
 import numpy as np
@@ -261,39 +260,45 @@ class _DirectLayout:
     def key(self, shard: int) -> str:
         return shard_path(self.array, shard)
 
-    @contextlib.contextmanager
-    def opened(self, shard: int) -> Iterator[_ShardFile]:
-        """The shard file, open: all read through it comes from one version of the file."""
-        with _unreadable_when_missing():
-            file = _ShardFile(self.files, self.key(shard))
-        try:
-            yield file
-        finally:
-            file.close()
+    def opened(self, shard: int) -> _ShardFile:
+        """The shard file, open (a context manager): all read through it comes from one version of the file."""
+        return _ShardFile(self.files, self.key(shard))
 
 
 class _ShardFile:
     """One shard file, open. A local file is read through one file descriptor, so a file that a Writer
     replaces meanwhile (whole, in one rename) is read from one version or the other, never a mix; an
-    object store pins the versions it reads itself (`RemoteFiles`), a zip's members do not change."""
+    object store pins the versions it reads itself (`RemoteFiles`), a zip's members do not change.
+    Every failure to read it is an `_Unreadable` (an object store's own is the `OutcoreError` it is)."""
 
     def __init__(self, files: Any, key: str) -> None:
-        self.files, self.key = files, key
-        self._fd = os.open(files.root / key, os.O_RDONLY) if isinstance(files, _LocalFiles) else None
+        self.files, self.key, self._fd = files, key, None
+        if isinstance(files, _LocalFiles):
+            try:
+                self._fd = os.open(files.root / key, os.O_RDONLY)
+            except OSError as error:
+                raise _unreadable(error) from None
 
-    def close(self) -> None:
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
         if self._fd is not None:
             os.close(self._fd)
 
     def size(self) -> int:
-        """The file's size in bytes; `_Unreadable` when it is missing or not a file."""
-        with _unreadable_when_missing():
+        """The file's size in bytes."""
+        try:
             if self._fd is not None:
                 status = os.fstat(self._fd)
                 if stat.S_ISDIR(status.st_mode):
                     raise IsADirectoryError(21, "a folder stands where the file should be")
                 return status.st_size
             size = self.files.size(self.key)
+        except OutcoreError:
+            raise
+        except (OSError, KeyError) as error:
+            raise _unreadable(error) from None
         if size is None:
             raise _Unreadable("its shard file is missing")
         return size
@@ -308,27 +313,23 @@ class _ShardFile:
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         """Fill ``buffer`` from the file at ``offset``."""
-        with _unreadable_when_missing():
+        try:
             if self._fd is not None:
                 count = os.preadv(self._fd, [buffer], offset)
             else:
                 count = self.files.read_into(self.key, offset, buffer)
+        except OutcoreError:
+            raise
+        except (OSError, KeyError) as error:
+            raise _unreadable(error) from None
         if count != len(buffer):
             raise _Unreadable("its shard file is shorter than its index says")
 
 
-@contextlib.contextmanager
-def _unreadable_when_missing() -> Iterator[None]:
-    """A shard file that is missing or cannot be read as `_Unreadable`; an object store that cannot be
-    reached, or a store rewritten meanwhile, as the `OutcoreError` it is."""
-    try:
-        yield
-    except (FileNotFoundError, KeyError):
-        raise _Unreadable("its shard file is missing") from None
-    except OutcoreError:
-        raise
-    except OSError as error:
-        raise _Unreadable(f"its shard file cannot be read ({error.strerror or error})") from None
+def _unreadable(error: OSError | KeyError) -> _Unreadable:
+    if isinstance(error, (FileNotFoundError, KeyError)):
+        return _Unreadable("its shard file is missing")
+    return _Unreadable(f"its shard file cannot be read ({error.strerror or error})")
 
 
 class _LocalFiles:
