@@ -183,8 +183,8 @@ import sys
 import time
 
 target, versions = sys.argv[1], [open(path, "rb").read() for path in sys.argv[2:]]
-deadline = time.monotonic() + 20
-for count in range(100_000):  # as a Writer replaces its last shard file, in one rename, at every flush
+deadline = time.monotonic() + 60
+for count in range(10_000_000):  # as a Writer replaces its last shard file, in one rename, at every flush
     if count % 100 == 0 and (os.path.exists(target + ".stop") or time.monotonic() > deadline):
         break
     with open(target + ".new", "wb") as file:
