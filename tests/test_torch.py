@@ -398,6 +398,18 @@ def test_to_device_overlaps_copies_on_a_gpu(ids_store):
         assert torch.equal(got["id"].cpu(), expected)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(("workers", "streams"), [(0, 8), (2, 8), (2, 1)])  # threads, parts, turns
+def test_pin_memory_pins_every_batch_however_it_was_made(ids_store, workers, streams):
+    expected = [b["id"] for b in ids_store.torch(100, num_workers=workers, shuffle=True, seed=3, streams=streams)]
+    loader = ids_store.torch(100, num_workers=workers, shuffle=True, seed=3, streams=streams, pin_memory=True)
+    batches = list(loader)
+    assert all(b["id"].is_pinned() for b in batches)  # workers making parts: pinned once joined
+    assert len(batches) == len(expected) == 10
+    for got, wanted in zip(batches, expected, strict=True):
+        assert torch.equal(got["id"], wanted)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_torch_batches_say_which_samples_they_hold_and_come_in_store_order(ids_store, workers):
     ids = ids_store["id"].compute()  # the store was shuffled on write: ids[i] is sample i's source index
