@@ -225,7 +225,7 @@ class ClusterRun(Run):
             steps = work.batches[first : first + lanes.span]
             spans = lanes.spans(self.name, steps[-1])
             self.pending.append((steps, [(span, self._submit(span, lanes)) for span in spans]))
-            if len(self.pending) >= in_flight and not self._deliver():
+            if len(self.pending) > in_flight and not self._deliver():  # in_flight stay submitted meanwhile
                 return
         self.under_way.set()
         while self.pending:
@@ -237,8 +237,13 @@ class ClusterRun(Run):
         pinned = {} if lanes.workers is None else {"workers": [lanes.workers[span.lane]], "allow_other_workers": True}
         return self.client.submit(
             make_span, self.source, self.work.recipe, self.work.store.chunk_size, span, slot,
-            key=f"outcore-span-{self.name}-{span.steps[0].index}-l{span.lane}", **pinned,
+            key=f"outcore-span-{self.name}-{span.steps[0].index}-l{span.lane}", priority=self._priority(span), **pinned,
         )
+
+    def _priority(self, span: Span) -> int:
+        """Dask's priority of ``span`` (higher runs first): a worker runs a lane's spans in order, whatever was
+        submitted since, so each takes the chunks the one before left (`Carries`); an epoch's before the next's."""
+        return -(self.work.epoch * self.work.plan.steps + span.steps[0].index)
 
     def _deliver(self) -> bool:
         """Hand the oldest pending span's batches to the consumer once every lane has made its parts; False

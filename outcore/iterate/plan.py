@@ -255,6 +255,10 @@ class EpochPlan:
         self.stream_numbers = tuple(owned)
         self.takes, self.last = layout.takes[owned], layout.last[owned]
         self.steps = layout.steps
+        before = slice(layout.rank_streams(rank, world_size).start, owned.start)  # the rank's streams before the part's
+        self._offsets = int(layout.takes[before].sum()), int(layout.last[before].sum())  # in a full step, in the last
+        self._length = 0 if not self.steps else self.steps * batch_size if drop_last else \
+            (self.steps - 1) * batch_size + layout.padded(world_size)
         self._pad = self._repeat(selection, order) if part[0] == part[1] - 1 else None  # the last part's
         self._number_slots()
 
@@ -302,10 +306,7 @@ class EpochPlan:
         return int(self._pad is not None)
 
     def __len__(self) -> int:
-        if not self.steps:
-            return 0
-        return (self.steps - 1) * self.batch_size + self.layout.padded(self.world_size) if not self.layout.drop_last \
-            else self.steps * self.batch_size
+        return self._length
 
     def __repr__(self) -> str:
         return (f"EpochPlan({len(self)} samples in {self.steps} batches of {self.batch_size}, {len(self.chunks)} "
@@ -376,9 +377,8 @@ class EpochPlan:
         >>> [EpochPlan(100, 10, batch_size=16, streams=4, part=(w, 2)).placement(6) for w in (0, 1)]  # 4 left
         [(0, 4), (2, 4)]
         """
-        first = self.layout.rank_streams(self.rank, self.world_size).start
-        shares = self.layout.last if step == self.steps - 1 else self.layout.takes
-        return int(shares[first : self.stream_numbers[0]].sum()), min(self.batch_size, len(self) - step * self.batch_size)
+        offset = self._offsets[step == self.steps - 1]
+        return offset, min(self.batch_size, self._length - step * self.batch_size)
 
     def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(samples, slots)`` of emission positions ``[start, stop)``: the store's sample index and the
