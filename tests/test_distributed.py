@@ -21,6 +21,7 @@ import outcore
 from outcore import transforms
 from outcore.cli import main
 from outcore.errors import ClusterError, NotAStoreError
+from outcore.iterate import cluster
 from outcore.iterate.shared import is_mapped
 from outcore.testing import write_image_folder
 from outcore.testing.reads import chunk_reads, count_chunk_reads
@@ -66,6 +67,12 @@ def photos(tmp_path_factory):
     write_image_folder(root / "src", 40, classes=("a", "b", "c"), size=(40, 48), extension=".jpg", seed=8)
     return outcore.ingest_images(root / "src", root / "both.zarr", shape=(32, 32, 3), images="both", chunk_size=8,
                                  progress=False)
+
+
+def _lanes_from_a_disk_too(monkeypatch):
+    """Cluster runs cut into lanes as from an object store (`outcore.iterate.cluster.Lanes.count_for`), from a
+    store on disk too."""
+    monkeypatch.setattr(cluster.Lanes, "count_for", staticmethod(lambda _, streams, threads: min(streams, threads)))
 
 
 def _assert_same_batches(expected, got):
@@ -187,9 +194,11 @@ def test_cluster_iteration_equals_local_iteration(client, photos, fields):
 @pytest.mark.parametrize(("samples", "batch", "shard"), [(37, 3, {}), (37, 5, {"drop_last": True}),
                                                       (100, 6, {"rank": 1, "world_size": 2}), (9, 4, {}),
                                                       (37, 5, {"shuffle": False}), (37, 5, {"streams": 1})])
-def test_lanes_make_the_local_batches_whatever_the_layout(client, tmp_path, samples, batch, shard):
+def test_lanes_make_the_local_batches_whatever_the_layout(client, tmp_path, monkeypatch, samples, batch, shard):
     # 2 worker threads: 2 lanes, each its 4 streams' part of every batch; a lane may have no part of a step;
-    # with one stream (storage order, or streams=1), one lane, its spans on any worker
+    # with one stream (storage order, or streams=1), one lane, its spans on any worker. Lanes are for object
+    # stores (test_lanes_ask_an_object_store_for_each_chunk_once_an_epoch): here, on a disk, as they are there
+    _lanes_from_a_disk_too(monkeypatch)
     ds = outcore.from_arrays({"index": np.arange(samples), "x": np.arange(samples * 6.0).reshape(samples, 2, 3)},
                              tmp_path / "layout.zarr", chunk_size=4, progress=False)
     options = {"seed": 5, "buffer_chunks": 2, **shard}
@@ -201,24 +210,30 @@ def test_lanes_make_the_local_batches_whatever_the_layout(client, tmp_path, samp
         _assert_same_batches(list(local), list(remote))
 
 
-def test_lanes_read_each_chunk_once_an_epoch(client, tmp_path, monkeypatch):
-    from outcore.iterate import cluster
-
+def test_lanes_read_each_chunk_once_an_epoch_and_whole_batches_from_a_disk_read_each_span_its_own(
+        client, tmp_path, monkeypatch):
     monkeypatch.setattr(cluster, "SPAN_SAMPLES", 16)  # spans of one batch: a chunk's samples are in several
     ds = outcore.from_arrays({"index": np.arange(2048)}, tmp_path / "reads.zarr", chunk_size=32, progress=False)
     options = {"seed": 4, "buffer_chunks": 8}
-    client.run(count_chunk_reads)
-    _assert_same_batches(list(ds.batches(32, **options)), list(ds.batches(32, client=client, **options)))
-    reads = sum(client.run(chunk_reads).values())
     iterator = ds.batches(32, **options)
     once = sum(len(np.unique(iterator.plan(0, (lane, 2)).chunks)) for lane in range(2))  # a chunk per lane it feeds
     spans = sum(len(np.unique(iterator.plan(0).step(k)[1])) for k in range(len(iterator)))  # a span's own reads
-    assert spans > 3 * once  # without the chunks a lane's span leaves for its next one on the worker
-    assert once <= reads <= 1.1 * once, (reads, once)  # (a span Dask moved to the other worker reads its own)
+
+    def reads() -> int:
+        client.run(count_chunk_reads)
+        _assert_same_batches(list(ds.batches(32, **options)), list(ds.batches(32, client=client, **options)))
+        return sum(client.run(chunk_reads).values())
+
+    assert spans > 3 * once
+    # from a disk: one lane, spans of whole batches on either worker, each reading the chunks its batch draws
+    # on but those the lane's previous span left, if it ran on the same worker
+    assert once < reads() <= spans
+    _lanes_from_a_disk_too(monkeypatch)
+    got = reads()  # lanes, as an object store gets: each lane's spans on one worker, passing their chunks on
+    assert once <= got <= 1.1 * once, (got, once)  # (a span Dask moved to the other worker reads its own)
 
 
 def test_lanes_ask_an_object_store_for_each_chunk_once_an_epoch(client, tmp_path, monkeypatch):
-    from outcore.iterate import cluster
     from outcore.testing.proxy import FaultProxy
     from outcore.testing.s3 import S3Server, upload
 

@@ -39,7 +39,7 @@ def test_lanes_make_every_batch_side_by_side_and_read_each_chunk_once(
     work = Work(it.store, it.recipe, it.options, 0, plan, resumed)
     seats = {f"tcp://127.0.0.1:{port}": 1 for port in range(threads)}
     with mock.patch.object(cluster, "SPAN_SAMPLES", span_samples):  # spans of any length
-        lanes = Lanes(work, seats)
+        lanes = Lanes(work, seats, min(len(plan.streams), threads))
     assert lanes.count == min(len(plan.streams), threads)
     assert lanes.workers == (sorted(seats) if lanes.count == threads else None)  # pinned: a lane per thread
 

@@ -58,7 +58,7 @@ import numpy as np
 from dask.base import tokenize
 
 from ..errors import ClusterError, NotAStoreError
-from ..storage import Store
+from ..storage import Store, is_object_url
 from ..threads import available_cpus, cap_threads
 from .batch import Batch, Draws, Recipe, make_batch, plain
 from .plan import EpochPlan
@@ -142,15 +142,12 @@ class Lanes:
     in order. One lane per worker thread, at most one per stream; a lane's spans go to one worker (where
     the chunks its previous span left wait), when there are as many lanes as threads (with more threads
     than streams, spans go wherever Dask sends them, and a chunk whose samples fall in two spans is read
-    by both).
-
-    >>> Lanes.count_for(streams=8, threads=4), Lanes.count_for(streams=8, threads=16)
-    (4, 8)
+    by both). Where the workers read a disk, one lane makes whole batches (`count_for`).
     """
 
-    def __init__(self, work: Work, threads: dict[str, int]) -> None:
+    def __init__(self, work: Work, threads: dict[str, int], count: int) -> None:
         total = max(1, sum(threads.values()))
-        self.count = self.count_for(len(work.plan.streams), total)
+        self.count = count
         store, options = work.store, work.options
         self.plans = [work.plan] if self.count == 1 else [
             options.plan(len(store), store.chunk_size, work.epoch, (lane, self.count)) for lane in range(self.count)]
@@ -163,8 +160,17 @@ class Lanes:
         self.ended = [-1] * self.count  # each lane's last step submitted
 
     @staticmethod
-    def count_for(streams: int, threads: int) -> int:
-        return max(1, min(streams, threads))
+    def count_for(location: str, streams: int, threads: int) -> int:
+        """One lane per worker thread, at most one per stream, where the workers read an object store (each
+        chunk asked for and paid once); one lane, spans of whole batches, from a disk, where a chunk read
+        again comes from the page cache and lanes cost more than they save: on 16 cores, 8 pinned lanes
+        delivered 0.81x the whole batches at 1.1x the worker CPU per sample (their parts of 32 samples, and
+        every batch waits for its slowest lane; `benchmarks/cluster.py`, docs/benchmarks.md).
+
+        >>> [Lanes.count_for("s3://bucket/train.zarr", 8, threads) for threads in (4, 16)], Lanes.count_for("train.zarr", 8, 4)
+        ([4, 8], 1)
+        """
+        return max(1, min(streams, threads)) if is_object_url(location) else 1
 
     def spans(self, run: str, last: int) -> list[Span]:
         """Each lane's next span: its parts of the batches up to step ``last`` not made yet (the lanes with
@@ -217,7 +223,7 @@ class ClusterRun(Run):
     def _submit_and_gather(self) -> None:
         work = self.work
         threads = self.client.nthreads()
-        lanes = Lanes(work, threads)
+        lanes = Lanes(work, threads, Lanes.count_for(work.store.location, len(work.plan.streams), sum(threads.values())))
         in_flight = math.ceil(2 * max(1, sum(threads.values())) / lanes.count)  # spans of every lane
         for first in range(0, len(work.batches), lanes.span):
             if self.stop.is_set():
