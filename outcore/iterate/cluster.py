@@ -1,37 +1,41 @@
 """Batches made on a Dask cluster: its workers read, decode, augment and assemble; the consumer only receives.
 
-``ds.batches(..., client=client)`` cuts the rank's batches into **lanes** (`Lanes`): one per worker thread
-of the cluster, at most one per stream of the rank's epoch order. A lane makes its part of every batch:
-its share of the rank's streams (`outcore.iterate.plan.part_streams`), so each stream's chunks are read
-by one lane, in order. Each lane's parts are cut into **spans** of consecutive batches (about
-`SPAN_SAMPLES` samples each) and each span is one task: the worker that runs it opens the store itself
-(a path every worker sees, or an object-store URL, so the data is never sent from the consumer), reads
-the chunks its parts draw on, following the batch schedule (`outcore.iterate.schedule`), and makes the
-parts exactly as the local threads make batches (each piece's transform generator seeded by
+``ds.batches(..., client=client)`` cuts the rank's batches into **spans** of consecutive batches (about
+`SPAN_SAMPLES` samples each), one task each: the worker that runs it opens the store itself (a path
+every worker sees, or an object-store URL, so the data is never sent from the consumer), reads the
+chunks its batches draw on, following the batch schedule (`outcore.iterate.schedule`), and makes them
+exactly as the local threads make batches (each piece's transform generator seeded by
 ``(seed, epoch, step, stream)``): the batches are identical, pixel for pixel.
 
-Each chunk is read once an epoch: a lane's spans go to one worker (where there are as many lanes as
-threads), which keeps the chunks a span leaves for the lane's next span (`Carries`). Cut into spans of
-whole batches instead, a chunk whose samples fall in several spans (a stream's chunk feeds several
-batches) was read by each: 2.9x the store per epoch at 128x128 JPEGs in batches of 256, 2.8x at
-ImageNet's sizes. A span run elsewhere (its worker died, or Dask moved it) reads what it needs itself.
+From an object store, the batches are first cut into **lanes** (`Lanes`): one per worker thread of the
+cluster, at most one per stream of the rank's epoch order. A lane makes its part of every batch: its
+share of the rank's streams (`outcore.iterate.plan.part_streams`), so each stream's chunks are read by
+one lane, in order, and its parts are cut into spans. A lane's spans go to one worker (where there are
+as many lanes as threads), which keeps the chunks a span leaves for the lane's next span (`Carries`):
+each chunk is asked for once an epoch. Cut into spans of whole batches, a chunk whose samples fall in
+several spans (a stream's chunk feeds several batches) is read by each: 2.9-3.4x the store per epoch
+at 128x128 JPEGs in batches of 256, 2.8x at ImageNet's sizes. From a disk those reads come from the page
+cache and lanes cost more than they save (`Lanes.count_for`). A span run elsewhere (its worker died,
+or Dask moved it) reads what it needs itself.
 
 Why spans: a Dask task costs its worker about 1-3 ms of event-loop work (messages, bookkeeping)
 whatever it does, and a task that needs another task's result adds a transfer. A span is one task and
-no transfer: that cost is spread over hundreds of samples, and a worker spends 1.2-1.35x what the
+no transfer: that cost is spread over hundreds of samples, and a worker spends 1.15-1.45x what the
 decoding itself needs, against 1.4-1.95x with a task per chunk and per batch (`benchmarks/cluster.py`
 measures both).
 
-Delivery: a worker on the consumer's machine makes each part straight into its rows of the batch's
-files in shared memory and sends only the files' names (`outcore.iterate.shared`); the consumer maps
-them once every lane's part is there, without a copy or a socket. A worker elsewhere sends its parts
+Delivery: a worker on the consumer's machine makes each batch (or part, straight into its rows) in the
+batch's files in shared memory and sends only the files' names (`outcore.iterate.shared`); the consumer
+maps them once every lane's part is there, without a copy or a socket. A worker elsewhere sends its parts
 over Dask's sockets and the consumer joins them. Either way the batches are the same.
 
-At most twice as many spans as the cluster has worker threads are submitted and not yet received
-(measured on 16 cores: 10 % faster at 8 workers than one more span than threads, since spans finish out
-of order and only the oldest can be handed over), so every worker thread has a span to make while
-finished ones wait: at most that many times `SPAN_BYTES` of batches are held. Several consumers (the ranks of a job, each with its own
-``rank``) can share one cluster: each submits its own spans, of its own share of the epoch.
+Twice as many spans as the cluster has worker threads stay submitted while the oldest (a span of every
+lane) is handed over (measured on 16 cores: 10 % faster at 8 workers than one more span than threads,
+since spans finish out of order and only the oldest can be handed over), so every worker thread has a
+span to make while finished ones wait: at most that many times `SPAN_BYTES` of batches, and a span
+of every lane more, are held. Spans carry Dask priorities by (epoch, step): a worker runs them in
+order. Several consumers (the ranks of a job, each with its own ``rank``) can share one cluster: each
+submits its own spans, of its own share of the epoch.
 
 From an iterator's second epoch on, the next epoch's run starts once this one has submitted its last
 span (`outcore.iterate.runs.NextEpoch`), so workers do not wait at epoch boundaries.
