@@ -39,8 +39,8 @@ def test_lanes_make_every_batch_side_by_side_and_read_each_chunk_once(
     work = Work(it.store, it.recipe, it.options, 0, plan, resumed)
     seats = {f"tcp://127.0.0.1:{port}": 1 for port in range(threads)}
     with mock.patch.object(cluster, "SPAN_SAMPLES", span_samples):  # spans of any length
-        lanes = Lanes(work, seats, min(len(plan.streams), threads))
-    assert lanes.count == min(len(plan.streams), threads)
+        lanes = Lanes(work, seats, Lanes.count_for("s3://bucket/store.zarr", len(plan.streams), threads))
+    assert lanes.count == min(len(plan.streams), threads)  # from an object store: a lane per thread and stream
     assert lanes.workers == (sorted(seats) if lanes.count == threads else None)  # pinned: a lane per thread
 
     for lane_plan in lanes.plans:  # the steps a lane has samples in, found without asking each
@@ -68,6 +68,12 @@ def test_lanes_make_every_batch_side_by_side_and_read_each_chunk_once(
         assert reads[lane] <= len(lane_plan.chunks)
         if not resumed.start:
             assert reads[lane] >= len(np.unique(lane_plan.chunks))
+
+
+@pytest.mark.parametrize("location", ["train.zarr", "/data/train.zarr.zip", "file:///data/train.zarr"])
+def test_a_store_on_disk_gets_one_lane_of_whole_batches(location):
+    assert [Lanes.count_for(location, streams, threads) for streams, threads in [(8, 4), (8, 16), (1, 2)]] == [1, 1, 1]
+    assert Lanes.count_for("gs://bucket/train.zarr", 8, 16) == 8
 
 
 def test_carries_hand_a_lane_its_chunks_once_and_keep_few():
