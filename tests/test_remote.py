@@ -220,7 +220,7 @@ def test_a_stalled_answer_is_asked_again_beside_it(stores, s3, proxy, monkeypatc
     monkeypatch.setattr(remote_module, "HEDGE_SECONDS", 0.3)
     remote = _open("numbers.zarr", _via(proxy, s3), cache_dir=False)  # the default 30 s request timeout
     _epoch(remote)  # metadata, shard sizes and indexes known: what follows are chunk reads
-    proxy.stall(2, seconds=20)
+    proxy.stall(2, seconds=20, smallest=1024)  # chunks, not the 20-byte shard indexes read again each epoch
     began = time.monotonic()
     _same(_epoch(remote, epoch=1), _epoch(stores["numbers"], epoch=1))
     assert time.monotonic() - began < 10 and remote.group.store.files.traffic.hedged >= 2

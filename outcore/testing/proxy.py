@@ -50,7 +50,8 @@ class FaultProxy:
         self.latency = 0.0
         self.bandwidth: float | None = None
         self.traffic = Traffic()
-        self._faults: list[tuple[str, float]] = []  # ("status", 503) / ("reset", 0) / ("stall", seconds)
+        self._faults: list[tuple[str, float]] = []  # ("status", 503) / ("reset", 0)
+        self._stalls: list[tuple[float, int]] = []  # (seconds, the smallest answer body stalled)
         self._lock = threading.Lock()
         self._next_send = 0.0  # when the shared link is free again (the bandwidth cap)
         self._closed = threading.Event()
@@ -73,13 +74,17 @@ class FaultProxy:
         """Close the connection of the next ``count`` requests without an answer."""
         self._add(count, ("reset", 0.0))
 
-    def stall(self, count: int, seconds: float) -> None:
-        """Send half the body of the next ``count`` answers, then nothing for ``seconds`` (then close)."""
-        self._add(count, ("stall", seconds))
+    def stall(self, count: int, seconds: float, smallest: int = 0) -> None:
+        """Send half the body of the next ``count`` answers of ``smallest`` bytes or more, then nothing for
+        ``seconds`` (then close). A ``smallest`` above a shard index's size stalls chunk reads only: a client
+        may ask for an index twice at once (a read-ahead beside a read) and never wait for a stalled one."""
+        with self._lock:
+            self._stalls += [(seconds, smallest)] * count
 
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._stalls.clear()
 
     def close(self) -> None:
         self._closed.set()
@@ -159,12 +164,20 @@ class FaultProxy:
             return False
         answer_head, answer_body = answer
         client.sendall(answer_head)
-        if fault is not None and fault[0] == "stall":
+        stall = self._next_stall(len(answer_body))
+        if stall is not None:
             self._send(client, answer_body[: len(answer_body) // 2])
-            self._closed.wait(fault[1])
+            self._closed.wait(stall)
             return False
         self._send(client, answer_body)
         return True
+
+    def _next_stall(self, size: int) -> float | None:
+        """The seconds to stall an answer of ``size`` bytes for, if the next stall takes it."""
+        with self._lock:
+            if self._stalls and size >= self._stalls[0][1]:
+                return self._stalls.pop(0)[0]
+        return None
 
     def _count(self, method: str, target: str, head: bytes) -> None:
         with self._lock:
