@@ -227,8 +227,9 @@ class ClusterRun(Run):
     def _submit_and_gather(self) -> None:
         work = self.work
         threads = self.client.nthreads()
-        lanes = Lanes(work, threads, Lanes.count_for(work.store.location, len(work.plan.streams), sum(threads.values())))
-        in_flight = math.ceil(2 * max(1, sum(threads.values())) / lanes.count)  # spans of every lane
+        total = max(1, sum(threads.values()))
+        lanes = Lanes(work, threads, Lanes.count_for(work.store.location, len(work.plan.streams), total))
+        in_flight = math.ceil(2 * total / lanes.count)  # spans of every lane
         for first in range(0, len(work.batches), lanes.span):
             if self.stop.is_set():
                 return
