@@ -21,7 +21,7 @@ import outcore
 from outcore import transforms
 from outcore.cli import main
 from outcore.errors import ClusterError, NotAStoreError
-from outcore.iterate import cluster
+from outcore.iterate import cluster, mappings
 from outcore.iterate.shared import is_mapped
 from outcore.testing import write_image_folder
 from outcore.testing.reads import chunk_reads, count_chunk_reads
@@ -548,6 +548,56 @@ def test_cluster_batches_arrive_through_shared_memory_and_equal_local_ones_over_
     sockets = list(frames.batches(32, client=client, **options))
     _assert_same_batches(local, sockets)
     assert not any(is_mapped(batch["frames"]) for batch in sockets)
+
+
+
+def _recording(original, inodes: list[int]):
+    """`mappings.map_file` that records the inode of each file it maps in ``inodes``."""
+    def map_file(path, *args, **kwargs):
+        mapped = original(path, *args, **kwargs)
+        inodes.append(path.stat().st_ino)
+        return mapped
+
+    return map_file
+
+
+def _count_mappings() -> None:
+    """In a worker: record the inode of every file it maps from now on (`_mapped_inodes` says them)."""
+    from outcore.iterate import mappings
+
+    mappings.mapped_inodes, mappings.original_map_file = [], mappings.map_file
+    mappings.map_file = _recording(mappings.map_file, mappings.mapped_inodes)
+
+
+def _mapped_inodes() -> list[int]:
+    from outcore.iterate import mappings
+
+    mappings.map_file = mappings.original_map_file
+    return mappings.mapped_inodes
+
+
+def test_cluster_workers_and_the_consumer_map_each_shared_file_once_as_it_comes_back(
+        client, tmp_path, monkeypatch):
+    """Mapping a batch's file costs its page tables (`outcore.iterate.mappings`): over a run of 60 batches in
+    spans of 2, each worker and the consumer map each recycled file once, and the batches are the local ones."""
+    rng = np.random.default_rng(5)
+    arrays = {"frames": rng.integers(0, 255, (1920, 64, 64, 3), dtype=np.uint8), "index": np.arange(1920)}
+    with on_local_threads():
+        ds = outcore.from_arrays(arrays, tmp_path / "long.zarr", chunk_size=32, progress=False)
+    monkeypatch.setattr(cluster, "SPAN_SAMPLES", 64)
+    consumer: list[int] = []
+    monkeypatch.setattr(mappings, "map_file", _recording(mappings.map_file, consumer))
+    client.run(_count_mappings)
+    try:
+        got = [(batch["index"].copy(), batch["frames"].copy()) for batch in ds.batches(32, seed=3, client=client)]
+    finally:
+        workers = client.run(_mapped_inodes)
+    local = [(batch["index"], batch["frames"]) for batch in ds.batches(32, seed=3)]
+    for (index, frames), (expected_index, expected_frames) in zip(got, local, strict=True):
+        np.testing.assert_array_equal(index, expected_index)
+        np.testing.assert_array_equal(frames, expected_frames)
+    assert len(got) == 60 and len(consumer) == len(set(consumer)) < 30
+    assert all(len(inodes) == len(set(inodes)) for inodes in workers.values()), workers
 
 
 RANK = """

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from outcore.errors import ClusterError, OutcoreWarning
-from outcore.iterate import shared
+from outcore.iterate import mappings, shared
 from outcore.iterate.shared import FREE, LOCK, SHARED_MIN_BYTES, Mailbox, SharedArray, Slot, is_mapped
 
 BIG = (SHARED_MIN_BYTES // 3 + 1, 3)  # a uint8 array just large enough to go through a file
@@ -213,3 +213,22 @@ def test_parts_of_text_keep_their_widths_and_parts_of_other_dtypes_are_refused(m
     other = [{"x": np.zeros(2, np.int32)}, {"x": np.zeros(2, np.int64)}]
     with pytest.raises(TypeError, match="Cannot cast"):
         shared.join_parts(other, [2, 2], mailbox)
+
+
+def test_a_file_that_comes_back_is_written_and_read_through_the_mapping_kept(tmp_path, monkeypatch):
+    """Each file is mapped once (in one process, the worker's arena and the consumer share the mapping) and
+    each batch still reads as made; a batch the consumer holds is never written again; the next epoch's
+    mailbox keeps the mappings of the free files it takes over."""
+    mapped = []
+    original = mappings.map_file
+    monkeypatch.setattr(mappings, "map_file", lambda path, *a, **k: mapped.append(path.name) or original(path, *a, **k))
+    first = Mailbox.open(tmp_path)
+    held = first.receive(made(first, 200))["images"]
+    for value in range(20):
+        assert (first.receive(made(first, value))["images"] == value).all()
+        gc.collect()  # each dropped: its file free for the next
+    assert (held == 200).all() and len(files(first)) == 2 and len(mapped) == 2
+    first.close()
+    second = Mailbox.open(tmp_path)
+    assert (second.receive(made(second, 21))["images"] == 21).all() and len(mapped) == 2
+    second.close()

@@ -8,9 +8,10 @@ the consumer maps the files, and has the batch without a copy or a socket.
 
 Files are recycled, because fresh shared memory is slow to touch (every page is allocated and
 zeroed on first use: measured at 6x the cost of writing reused memory, a fifth of a JPEG decode):
-when every array of a batch is gone from the consumer (its mapping is freed), the file is renamed
-``free-<size>-...`` and the next batch of that size is made in it. Nothing the consumer still holds
-is ever written again. A new file's room is reserved with ``posix_fallocate``, so a full
+when every array of a batch is gone from the consumer, the file is renamed ``free-<size>-...`` and
+the next batch of that size is made in it. Nothing the consumer still holds is ever written again.
+Mapping a file costs too (its page tables): workers and consumer keep their mappings of the files
+they have seen (`outcore.iterate.mappings`), and a worker takes back its own free files first. A new file's room is reserved with ``posix_fallocate``, so a full
 ``/dev/shm`` (Docker's default is 64 MB) means plain memory for that array, never a crash, and an
 `OutcoreWarning` (once per run) saying so.
 
@@ -43,7 +44,7 @@ import os
 import shutil
 import warnings
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ import numpy as np
 
 from ..errors import ClusterError, OutcoreWarning
 from .batch import join_field
+from .mappings import kept_mappings, map_file
 
 try:
     import fcntl
@@ -65,7 +67,6 @@ PREFIX = "outcore-batches-"
 LOCK = "owner.lock"
 FREE = "free-"  # a recycled file: free-<size>-<name>
 SPARE = "spare-"  # a process's folder of free files between its mailboxes: outcore-batches-<pid>-spare-<id>
-POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 SHARED_MIN_BYTES = 1 << 18  # smaller arrays travel in the task's answer: a file costs more than they do
 
 
@@ -141,10 +142,8 @@ class Arena:
             return self._part_of(f"{self.part.batch}-{field}", shape, dtype, size)
         name = f"{self.prefix}-{len(self.made)}"
         try:
-            mapped = self._recycled(name, size) or _mapped(self.folder / name, size, create=True, populate=True)
+            mapped = self._recycled(name, size) or self._new(name, size)
         except OSError:  # no room (a small /dev/shm), or the run was closed meanwhile: plain memory
-            with contextlib.suppress(OSError):
-                (self.folder / name).unlink()
             self.no_room = True
             return np.empty(shape, dtype)
         array = np.frombuffer(mapped, dtype, size // dtype.itemsize).reshape(shape)
@@ -159,8 +158,8 @@ class Arena:
         path, private = self.folder / name, f".{uuid4().hex[:12]}"
         try:
             if not path.exists():
-                if not _take_free(self.folder, private, size):
-                    _mapped(self.folder / private, size, create=True, populate=False).close()
+                if _take_free(self.folder, private, size) is None:
+                    map_file(self.folder / private, size, create=True, populate=False).close()
                 try:
                     os.link(self.folder / private, path)  # atomic: fails where another worker made it first
                 except FileExistsError:
@@ -169,10 +168,11 @@ class Arena:
                     (self.folder / private).unlink()
             row = size // self.part.size
             first, last = self.part.offset * row, (self.part.offset + shape[0]) * row  # only this part's pages
-            if path.stat().st_size != size or not first < last <= size:
+            status = path.stat()
+            if status.st_size != size or not first < last <= size:
                 return np.empty(shape, dtype)
             start = first - first % mmap.ALLOCATIONGRANULARITY
-            mapped = _mapped(path, last - start, create=False, populate=True, start=start)
+            mapped = kept_mappings.map(self.folder, name, last - start, start=start, inode=status.st_ino)
         except OSError:  # no room (a small /dev/shm), or the run was closed meanwhile
             self.no_room = True
             return np.empty(shape, dtype)
@@ -181,11 +181,28 @@ class Arena:
         return rows
 
     def _recycled(self, name: str, size: int) -> mmap.mmap | None:
-        """A free file of ``size`` bytes, taken (`_take_free`) and mapped; None when there is none."""
+        """A free file of ``size`` bytes, taken (`_take_free`: one this process has mapped before, if any)
+        and mapped; None when there is none."""
         assert self.folder is not None
-        if not _take_free(self.folder, name, size):
+        inode = _take_free(self.folder, name, size, kept_mappings.kept(self.folder))
+        if inode is None:
             return None
-        return _mapped(self.folder / name, size, create=False, populate=True)
+        try:
+            return kept_mappings.map(self.folder, name, size, inode=inode)
+        except OSError:
+            _free(self.folder, name, size)  # back with the free files: a mailbox's files are never removed one by one
+            raise
+
+    def _new(self, name: str, size: int) -> mmap.mmap:
+        """A new file of ``size`` bytes, its room reserved, mapped (a file no one else knows of yet: removed
+        if that fails)."""
+        assert self.folder is not None
+        try:
+            return kept_mappings.map(self.folder, name, size, create=True)
+        except OSError:
+            with contextlib.suppress(OSError):
+                (self.folder / name).unlink()
+            raise
 
     def publish(self, batch: dict[str, np.ndarray]) -> SharedBatch:
         """The batch as the consumer will find it: arrays made by `empty` by file name, others copied into
@@ -282,16 +299,17 @@ class Mailbox:
         )
 
     def _take(self, shared: SharedArray) -> np.ndarray:
-        """The array in file ``shared.name``, mapped; the file is freed for another batch once the
-        mapping is (when the consumer has dropped every array of it)."""
+        """The array in file ``shared.name``, mapped (the mapping kept from the file's last batch, if any);
+        the file is freed for another batch once the consumer has dropped every array of it (its views
+        keep the array this returns a view of alive)."""
         dtype = np.dtype(shared.dtype)
-        count = shared.nbytes // dtype.itemsize
         try:
-            mapped = _mapped(self.folder / shared.name, shared.nbytes, create=False, populate=False)
+            mapped = kept_mappings.map(self.folder, shared.name, shared.nbytes)
         except OSError as error:
             raise self._gone(error) from None
-        weakref.finalize(mapped, _free, self.folder, shared.name, shared.nbytes)
-        return np.frombuffer(mapped, dtype, count).reshape(shared.shape)
+        array = np.frombuffer(mapped, dtype, shared.nbytes // dtype.itemsize)
+        weakref.finalize(array, _free, self.folder, shared.name, shared.nbytes)
+        return array.reshape(shared.shape)
 
     def close(self) -> None:
         """Keep the free files for this process's next mailbox, and remove the folder with what is left in
@@ -300,6 +318,7 @@ class Mailbox:
         spare = _spares(self.folder.parent)
         if spare is not None and spare is not self:
             _move_free(self.folder, spare.folder)
+        kept_mappings.drop(self.folder)
         shutil.rmtree(self.folder, ignore_errors=True)
         self._lock.close()
 
@@ -320,27 +339,15 @@ def _spares(root: Path) -> Mailbox | None:
 
 
 def _move_free(source: Path, target: Path) -> None:
-    """Move the free files of folder ``source`` into ``target`` (one filesystem: renames)."""
-    free: list[str] = []
+    """Move the free files of folder ``source`` into ``target`` (one filesystem: renames), and this process's
+    mappings of them."""
+    free: list[tuple[str, int]] = []
     with contextlib.suppress(OSError), os.scandir(source) as entries:
-        free = [entry.name for entry in entries if entry.name.startswith(FREE)]
-    for name in free:
+        free = [(entry.name, entry.inode()) for entry in entries if entry.name.startswith(FREE)]
+    for name, inode in free:
         with contextlib.suppress(OSError):  # taken meanwhile by a worker still running
             os.rename(source / name, target / name)
-
-
-def _mapped(path: Path, size: int, *, create: bool, populate: bool, start: int = 0) -> mmap.mmap:
-    """``size`` bytes of file ``path`` mapped for reading and writing (from byte ``start``, a multiple of
-    ``mmap.ALLOCATIONGRANULARITY``); ``create`` makes the file and reserves its room first
-    (``posix_fallocate``: no room is an ``OSError`` now, not a crash when written); ``populate`` maps its
-    pages at once (one call instead of a fault per page, for a file about to be written)."""
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL if create else os.O_RDWR, 0o600)
-    try:
-        if create:
-            os.posix_fallocate(descriptor, 0, size)
-        return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | (POPULATE if populate else 0), offset=start)
-    finally:
-        os.close(descriptor)
+            kept_mappings.move(source, target, inode)
 
 
 def join_parts(parts: Sequence[SharedBatch | Mapping[str, np.ndarray]], sizes: Sequence[int],
@@ -375,18 +382,20 @@ def join_parts(parts: Sequence[SharedBatch | Mapping[str, np.ndarray]], sizes: S
     return batch
 
 
-def _take_free(folder: Path, name: str, size: int) -> bool:
-    """Whether a free file of ``size`` bytes in ``folder`` was taken, renamed ``name`` (another worker taking
-    it too fails)."""
+def _take_free(folder: Path, name: str, size: int, mine: Collection[int] = ()) -> int | None:
+    """The inode of the free file of ``size`` bytes in ``folder`` taken, renamed ``name`` (another worker
+    taking it too fails), one of inodes ``mine`` if any is free; None when none was."""
     with os.scandir(folder) as entries:
-        free = [entry.path for entry in entries if entry.name.startswith(f"{FREE}{size}-")]
-    for candidate in free:
+        listing = {entry.inode(): entry.name for entry in entries}
+    kept_mappings.prune(folder, set(listing))  # the files that left it (with the spare files of a run closed)
+    free = [inode for inode, entry in listing.items() if entry.startswith(f"{FREE}{size}-")]
+    for inode in sorted(free, key=lambda inode: inode not in mine):
         try:
-            os.rename(candidate, folder / name)
+            os.rename(folder / listing[inode], folder / name)
         except OSError:  # taken by another worker first
             continue
-        return True
-    return False
+        return inode
+    return None
 
 
 def _free(folder: Path, name: str, size: int) -> None:
