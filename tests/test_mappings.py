@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import shutil
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -53,8 +54,12 @@ def test_a_gone_folder_and_the_files_that_left_one_are_forgotten(folder, tmp_pat
     assert kept.folders == {}
 
 
-def test_an_idle_process_lets_go_of_a_removed_folders_mappings_by_itself(folder, monkeypatch):
-    """A mapping keeps a removed file's memory: a worker that makes no more batches still lets go of it."""
+def test_an_idle_worker_lets_go_of_a_removed_folders_mappings_by_itself(folder, monkeypatch):
+    """A mapping keeps a removed file's memory: a worker that makes no more batches still lets go of it; the
+    consumer removes its folders itself and starts no thread."""
+    quiet = KeptMappings()
+    quiet.map(folder, "b", SIZE, create=True, watch=False)
+    assert quiet.pruner is None
     monkeypatch.setattr(mappings, "PRUNE_SECONDS", 0.05)
     kept = KeptMappings()
     kept.map(folder, "a", SIZE, create=True)
@@ -70,10 +75,11 @@ def _count_in_child(queue):
 
 
 def test_a_forked_child_starts_with_no_mappings_and_a_free_lock(folder):
-    kept_mappings.map(folder, "a", SIZE, create=True)
+    kept_mappings.map(folder, "a", SIZE, create=True, watch=False)
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    with kept_mappings.lock:  # held at the fork, as another thread may hold it
+    with kept_mappings.lock, warnings.catch_warnings():  # held at the fork, as another thread may hold it
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: forking with threads running (other tests')
         child = context.Process(target=_count_in_child, args=(queue,))
         child.start()
     assert queue.get(timeout=30) == (0, True)

@@ -11,8 +11,9 @@ An inode number names a file only while the file exists (a new file may get a re
 a mapping is kept for a file of a folder only, and the files of a mailbox's folder are never removed
 one by one while it exists. They are renamed in it, moved to the consumer's spare folder (which moves
 their mappings along, `KeptMappings.move`), or removed with the whole folder; the mappings of a folder
-go with it (`drop`, and `prune` for the folders a process did not remove itself, which a background
-thread also runs every `PRUNE_SECONDS` while any are kept: a mapping keeps a removed file's memory).
+go with it (`drop` where the process removes it, `prune` for the folders of a consumer elsewhere, which a
+worker's thread also runs every `PRUNE_SECONDS` while it keeps any: a mapping keeps a removed file's
+memory).
 
 >>> import shutil, tempfile
 >>> folder = Path(tempfile.mkdtemp(dir="/dev/shm"))
@@ -60,9 +61,11 @@ class KeptMappings:
         self.pruner: threading.Thread | None = None
 
     def map(self, folder: Path, name: str, size: int, *, create: bool = False, start: int = 0,
-            inode: int | None = None) -> mmap.mmap:
+            inode: int | None = None, watch: bool = True) -> mmap.mmap:
         """File ``name`` of ``folder`` mapped as `map_file` maps it (pages filled at once): the mapping kept
-        from the last time, if any (``inode``: the file's, when the caller knows it)."""
+        from the last time, if any (``inode``: the file's, when the caller knows it). ``watch``: the folder
+        may go without this process knowing (a worker's; not the consumer's own), so `prune` runs every
+        `PRUNE_SECONDS` on a thread while its mappings are kept."""
         path = folder / name
         if not create:
             key = (os.stat(path).st_ino if inode is None else inode, start, size)
@@ -74,7 +77,7 @@ class KeptMappings:
         key = (os.stat(path).st_ino, start, size) if create else key
         with self.lock:
             self.folders.setdefault(folder, {})[key] = mapped
-            if self.pruner is None or not self.pruner.is_alive():
+            if watch and (self.pruner is None or not self.pruner.is_alive()):
                 self.pruner = threading.Thread(target=self._prune_while_kept, name="outcore-mappings", daemon=True)
                 self.pruner.start()
         return mapped
