@@ -4,6 +4,8 @@ byte orders, and names corrupt chunks."""
 from __future__ import annotations
 
 import tempfile
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -76,3 +78,44 @@ def test_chunk_location_finds_the_chunk_bytes_in_zip_stores_too(tmp_path, rng):
             file.seek(offset)
             stored = file.read(nbytes)
         assert stored[:-4] == x[160:192].tobytes()  # uncompressed: the samples, then their crc32c
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_threads_that_need_a_shard_index_at_once_read_it_once(tmp_path, rng, monkeypatch, fails):
+    """A read-ahead and a read needing a shard's index together: one reads it, the other waits and takes its
+    index, or its error (an object store would be asked twice, or pay the failure's deadline twice)."""
+    ds = outcore.from_arrays({"x": rng.integers(0, 256, (512, 4), dtype=np.uint8)}, tmp_path / "i.zarr",
+                             chunk_size=32, shuffle_on_write=False, progress=False)
+    reader = ds.shard_reader("x")
+    original, entered, release, calls = reader._read_index_now, threading.Event(), threading.Event(), []
+
+    def slow(shard, file):
+        calls.append(shard)
+        entered.set()
+        assert release.wait(10)
+        if fails:
+            raise CorruptChunkError("the index, unreadable")
+        return original(shard, file)
+
+    monkeypatch.setattr(reader, "_read_index_now", slow)
+    results = []
+
+    def read(chunk):
+        try:
+            results.append(reader.read(chunk))
+        except CorruptChunkError as error:
+            results.append(error)
+
+    first = threading.Thread(target=read, args=(0,))
+    first.start()
+    assert entered.wait(10)
+    second = threading.Thread(target=read, args=(1,))
+    second.start()
+    time.sleep(0.5)  # the second waits on the first's read of the index
+    release.set()
+    first.join(10), second.join(10)
+    assert calls == [0] and len(results) == 2
+    if fails:
+        assert all(isinstance(result, CorruptChunkError) for result in results)
+    else:
+        assert sorted(result[0, 0] for result in results) == sorted(ds["x"][[0, 32], 0].compute())

@@ -29,7 +29,7 @@ from outcore.storage.remote_zip import READ_BYTES
 from outcore.storage.staging import pack_zip
 from outcore.testing import write_image_folder
 from outcore.testing.http import StaticServer
-from outcore.testing.proxy import FaultProxy
+from outcore.testing.proxy import FaultProxy, Traffic
 from outcore.testing.s3 import S3Server, upload
 from outcore.threads import thread_count
 
@@ -225,6 +225,29 @@ def test_a_stalled_answer_is_asked_again_beside_it(stores, s3, proxy, monkeypatc
     _same(_epoch(remote, epoch=1), _epoch(stores["numbers"], epoch=1))
     assert time.monotonic() - began < 10 and remote.group.store.files.traffic.hedged >= 2
 
+
+
+def test_an_iterator_asks_for_each_shard_index_once_when_a_read_ahead_and_a_read_meet(stores, s3, proxy):
+    """A new iterator reads each shard file's index (a few bytes at its end) again; its read-ahead (on an I/O
+    thread) and its first read of the shard need it at once: one request, the other waits for it."""
+    remote = _open("numbers.zarr", _via(proxy, s3), cache_dir=False)
+    _epoch(remote)  # metadata and shard versions known
+    proxy.traffic = Traffic()
+    proxy.latency = 0.2  # the read-ahead's request is still out when the read needs the index
+    try:
+        _same(_epoch(remote, epoch=1), _epoch(stores["numbers"], epoch=1))
+    finally:
+        proxy.latency = 0.0
+    x = remote.array("x")
+    index_bytes = 16 * (x.shards[0] // x.chunks[0]) + 4
+    asked = {key: count for (key, ranges), count in proxy.traffic.ranges.items()
+             if ranges and _range_length(ranges) == index_bytes}
+    assert asked and set(asked.values()) == {1}, asked
+
+
+def _range_length(header: str) -> int:
+    first, last = header.removeprefix("bytes=").split("-")
+    return int(last) - int(first) + 1
 
 def test_a_lasting_fault_is_one_clear_error_within_the_bound(stores, s3, proxy, monkeypatch):
     monkeypatch.setattr(remote_module, "DEADLINE_SECONDS", 3.0)

@@ -20,6 +20,7 @@ its file is read anew, never taken for corruption.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -27,6 +28,7 @@ import stat
 import struct
 import threading
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Self
 
@@ -64,6 +66,16 @@ class _ShardIndex(NamedTuple):
     stamp: Hashable
 
 
+@dataclass
+class _IndexRead:
+    """A shard index being read by one thread, for the others that need it meanwhile (`ShardReader._read_index`)."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    stamp: Hashable | None = None  # the version of the file it was read from (`_ShardFile.stamp`)
+    index: _ShardIndex | None = None
+    error: BaseException | None = None
+
+
 class ShardReader:
     """``read(chunk)`` returns samples ``[chunk * chunk_size, ...)`` of one field as a numpy array.
 
@@ -79,6 +91,7 @@ class ShardReader:
         self._samples = samples or (num_samples, self.chunk_size)
         self._layout = _direct_layout(array)
         self._indexes: dict[int, _ShardIndex] = {}
+        self._reading: dict[int, _IndexRead] = {}  # the shards whose index a thread is reading
         self._lock = threading.Lock()
         self._scratch = threading.local()  # one reusable read buffer per thread: no allocation per chunk
 
@@ -195,6 +208,36 @@ class ShardReader:
         return known
 
     def _read_index(self, shard: int, file: _ShardFile) -> _ShardIndex:
+        """The shard's index, read from ``file``; once per shard when threads need it at once (a read-ahead
+        and a read): the others wait for the one reading it and take its index or its error, if of their
+        version of the file (a growing store's may have been replaced between their openings); else they
+        read their own."""
+        with self._lock:
+            reading, first = self._reading.get(shard), shard not in self._reading
+            if first:
+                reading = self._reading[shard] = _IndexRead()
+        if not first:
+            reading.done.wait()
+            if reading.stamp is not None and reading.stamp == file.stamp():
+                if reading.error is not None:
+                    raise reading.error
+                return reading.index
+            return self._read_index_now(shard, file)
+        try:
+            reading.index = self._read_index_now(shard, file)
+            reading.stamp = reading.index.stamp
+            return reading.index
+        except BaseException as error:
+            reading.error = error
+            with contextlib.suppress(Exception):  # the others, not knowing the version, read their own
+                reading.stamp = file.stamp()
+            raise
+        finally:
+            with self._lock:
+                del self._reading[shard]
+            reading.done.set()
+
+    def _read_index_now(self, shard: int, file: _ShardFile) -> _ShardIndex:
         size, index_bytes = file.size(), self._layout.index_bytes
         if size < index_bytes:
             raise _Unreadable(f"its shard file has {size} bytes, fewer than its index's {index_bytes}")
