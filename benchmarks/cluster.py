@@ -16,7 +16,10 @@ flip, batch transforms after decoding, whose cost then counts against the plain 
   processes (``ds.batches(client=...)``): samples/s delivered to this process; the CPU its workers spent
   per sample (their processes' user + system time, event loops included) against the bare decode; the
   consumer's CPU per sample (this process: the scheduler of a LocalCluster runs here too); the chunks
-  read per epoch over the store's (``reads``: 1.00 is each once; `outcore.testing.reads`); and the
+  read per epoch over the store's (``reads``: 1.00 is each once; `outcore.testing.reads`); the most
+  shared memory this process's batch files held at once (``shm MiB``, sampled every 20 ms: batches
+  waiting, held, and free for the next; the bound is twice the worker threads' spans of at most 32 MiB,
+  the consumer's ``prefetch`` batches, and at an epoch's end the next epoch's first spans); and the
   rate against ``n`` workers' bare decode (1.00: the cluster costs nothing beyond decoding); and once
   more for the largest cluster with Dask's statistical profiler off (``distributed.worker.profile.enabled``);
 - **delivery**: blank batches of the same shape made on every worker of the largest cluster and received
@@ -44,8 +47,10 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Self
 from unittest import mock
 
 import dask
@@ -58,7 +63,7 @@ import outcore
 from outcore.imaging import decode_image
 from outcore.iterate import Transform
 from outcore.iterate.runs import NextEpoch
-from outcore.iterate.shared import Mailbox, Slot
+from outcore.iterate.shared import LOCK, PREFIX, SHARED_ROOT, Mailbox, Slot
 from outcore.storage import read_files
 from outcore.testing.reads import chunk_reads, count_chunk_reads
 from outcore.transforms import Compose, RandomCrop, RandomFlip
@@ -153,6 +158,32 @@ def workers_cpu(client: Client) -> float:
     return sum(client.run(lambda: sum(psutil.Process().cpu_times()[:2])).values())
 
 
+class SharedPeak:
+    """The most bytes this process's batch folders in /dev/shm held at once, sampled every 20 ms while open."""
+
+    def __init__(self) -> None:
+        self.peak, self.done = 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.02):
+            held = 0
+            for folder in SHARED_ROOT.glob(f"{PREFIX}{os.getpid()}-*"):
+                with contextlib.suppress(OSError), os.scandir(folder) as entries:
+                    for entry in entries:
+                        with contextlib.suppress(OSError):  # taken, freed or removed meanwhile
+                            held += entry.stat().st_size if entry.name != LOCK else 0
+            self.peak = max(self.peak, held)
+
+
 def epoch(ds: outcore.Dataset, client: Client | None, repeats: int, transform: Transform | None) -> dict[str, float]:
     """Samples/s of full shuffled epochs (median), the workers' and this process's CPU per sample, and the
     chunks read per epoch over the store's (with the next epoch's first spans, started as one drains)."""
@@ -164,15 +195,17 @@ def epoch(ds: outcore.Dataset, client: Client | None, repeats: int, transform: T
     else:
         client.run(count_chunk_reads)
     rates, worker, consumer = [], [], []
-    for _ in range(repeats):
-        cpu, mine, began = workers_cpu(client) if client else 0.0, time.process_time(), time.perf_counter()
-        samples = sum(len(batch["labels"]) for batch in it)
-        rates.append(samples / (time.perf_counter() - began))
-        consumer.append((time.process_time() - mine) / samples)
-        worker.append(((workers_cpu(client) - cpu) if client else 0.0) / samples)
+    with SharedPeak() as shared:
+        for _ in range(repeats):
+            cpu, mine, began = workers_cpu(client) if client else 0.0, time.process_time(), time.perf_counter()
+            samples = sum(len(batch["labels"]) for batch in it)
+            rates.append(samples / (time.perf_counter() - began))
+            consumer.append((time.process_time() - mine) / samples)
+            worker.append(((workers_cpu(client) - cpu) if client else 0.0) / samples)
     reads = sum(client.run(chunk_reads).values()) if client else chunk_reads()
     return {"rate": statistics.median(rates), "worker": statistics.median(worker),
-            "consumer": statistics.median(consumer), "reads": reads / (repeats * math.ceil(len(ds) / ds.chunk_size))}
+            "consumer": statistics.median(consumer), "reads": reads / (repeats * math.ceil(len(ds) / ds.chunk_size)),
+            "shm MiB": shared.peak / 2**20}
 
 
 def blank_batches(slot: Slot | None, shape: tuple[int, ...], count: int, worker: int) -> list[object]:
@@ -274,7 +307,8 @@ def main() -> None:
           f"{args.repeats}\n")
     print(f"local threads in this process: {local['rate']:.0f} samples/s, chunk reads / chunks {local['reads']:.2f}\n")
     header = (f"{'workers':>17s} {'samples/s':>10s} {'vs 1 worker':>11s} {'vs n x bare':>11s} "
-              f"{'bare us':>8s} {'worker us':>9s} {'worker/bare':>11s} {'consumer us':>11s} {'reads':>6s}")
+              f"{'bare us':>8s} {'worker us':>9s} {'worker/bare':>11s} {'consumer us':>11s} {'reads':>6s} "
+              f"{'shm MiB':>8s}")
     print(header)
     print("-" * len(header), flush=True)
     first = None
@@ -289,7 +323,7 @@ def main() -> None:
             label = f"{workers}" if profiler else f"{workers} (profiler off)"
             print(f"{label:>17s} {got['rate']:10.0f} {got['rate'] / first:11.2f} {got['rate'] * bare / workers:11.2f} "
                   f"{bare * 1e6:8.0f} {got['worker'] * 1e6:9.0f} {got['worker'] / bare:11.2f} "
-                  f"{got['consumer'] * 1e6:11.0f} {got['reads']:6.2f}", flush=True)
+                  f"{got['consumer'] * 1e6:11.0f} {got['reads']:6.2f} {got['shm MiB']:8.0f}", flush=True)
             if not profiler:
                 results["profiler off"] = row
                 continue

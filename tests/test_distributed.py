@@ -579,7 +579,8 @@ def _mapped_inodes() -> list[int]:
 def test_cluster_workers_and_the_consumer_map_each_shared_file_once_as_it_comes_back(
         client, tmp_path, monkeypatch):
     """Mapping a batch's file costs its page tables (`outcore.iterate.mappings`): over a run of 60 batches in
-    spans of 2, each worker and the consumer map each recycled file once, and the batches are the local ones."""
+    spans of 2, each worker and the consumer map each recycled file once, and the batches are the local ones;
+    once the run's folder is gone, the workers let go of their mappings of it without another span."""
     rng = np.random.default_rng(5)
     arrays = {"frames": rng.integers(0, 255, (1920, 64, 64, 3), dtype=np.uint8), "index": np.arange(1920)}
     with on_local_threads():
@@ -598,6 +599,14 @@ def test_cluster_workers_and_the_consumer_map_each_shared_file_once_as_it_comes_
         np.testing.assert_array_equal(frames, expected_frames)
     assert len(got) == 60 and len(consumer) == len(set(consumer)) < 30
     assert all(len(inodes) == len(set(inodes)) for inodes in workers.values()), workers
+    # the run closed, its folder went: idle workers let go of their mappings of it (the files' memory)
+    assert _soon(lambda: not any(client.run(_kept_folders).values()), seconds=10 * mappings.PRUNE_SECONDS)
+
+
+def _kept_folders() -> int:
+    from outcore.iterate.mappings import kept_mappings
+
+    return len(kept_mappings.folders)
 
 
 RANK = """

@@ -5,13 +5,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
-import time
-import warnings
 
 import numpy as np
 import pytest
 
-from outcore.iterate import mappings, shared
+from outcore.iterate import shared
 from outcore.iterate.mappings import KeptMappings, kept_mappings
 
 SIZE = 1 << 16
@@ -54,32 +52,15 @@ def test_a_gone_folder_and_the_files_that_left_one_are_forgotten(folder, tmp_pat
     assert kept.folders == {}
 
 
-def test_an_idle_worker_lets_go_of_a_removed_folders_mappings_by_itself(folder, monkeypatch):
-    """A mapping keeps a removed file's memory: a worker that makes no more batches still lets go of it; the
-    consumer removes its folders itself and starts no thread."""
-    quiet = KeptMappings()
-    quiet.map(folder, "b", SIZE, create=True, watch=False)
-    assert quiet.pruner is None
-    monkeypatch.setattr(mappings, "PRUNE_SECONDS", 0.05)
-    kept = KeptMappings()
-    kept.map(folder, "a", SIZE, create=True)
-    shutil.rmtree(folder)
-    deadline = time.monotonic() + 10
-    while kept.folders and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert kept.folders == {} and kept.pruner is None  # and the thread is gone with them
-
-
 def _count_in_child(queue):
     queue.put((len(kept_mappings.folders), kept_mappings.lock.acquire(timeout=5)))
 
 
 def test_a_forked_child_starts_with_no_mappings_and_a_free_lock(folder):
-    kept_mappings.map(folder, "a", SIZE, create=True, watch=False)
+    kept_mappings.map(folder, "a", SIZE, create=True)
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    with kept_mappings.lock, warnings.catch_warnings():  # held at the fork, as another thread may hold it
-        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: forking with threads running (other tests')
+    with kept_mappings.lock:  # held at the fork, as another thread may hold it
         child = context.Process(target=_count_in_child, args=(queue,))
         child.start()
     assert queue.get(timeout=30) == (0, True)

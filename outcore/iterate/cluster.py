@@ -65,6 +65,7 @@ from ..errors import ClusterError, NotAStoreError
 from ..storage import Store, is_object_url
 from ..threads import available_cpus, cap_threads
 from .batch import Batch, Draws, Recipe, make_batch, plain
+from .mappings import PRUNE_SECONDS, kept_mappings
 from .plan import EpochPlan
 from .readers import ChunkReader, chunk_readers, sample_bytes
 from .runs import WAKE_SECONDS, ChunkBuffers, Run, Work
@@ -75,6 +76,7 @@ from .stats import LoaderStats
 SPAN_SAMPLES = 2048  # samples per task: Dask's per-task cost becomes a small part of the work
 SPAN_BYTES = 32 << 20  # but no more batch bytes than this per task: finished spans wait in memory
 CARRIES_PER_THREAD = 4  # chunks left for a lane's next span: at most this many lanes' worth per worker thread
+PRUNING = "outcore-mappings"  # a worker's periodic callback: `_prune_mappings_on_this_worker`
 
 
 @dataclass(frozen=True)
@@ -318,6 +320,8 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span,
     span left on this worker are taken from it, and those a later span of the lane reads again are left
     for it (a span run elsewhere reads them itself)."""
     cap_threads(_worker_threads())
+    if slot is not None:
+        _prune_mappings_on_this_worker()
     readers = _readers(source)
     loaded = _carries.take(span.carry(span.follows))
     if any(reader.remote for reader in readers.values()):  # the span's bytes asked for at once, in order
@@ -380,6 +384,28 @@ def _readers(source: StoreFields) -> dict[str, ChunkReader]:
             "it by URL (s3://…, gs://…)"
         ) from None
     return chunk_readers(store, source.fields)
+
+
+def _prune_mappings_on_this_worker() -> None:
+    """Have this Dask worker let go of its mappings of the batch folders gone (their consumer's run closed,
+    or the consumer ended) every `PRUNE_SECONDS`, on its event loop (`outcore.iterate.mappings`): an idle
+    worker's mappings would keep those files' memory until its next span."""
+    from distributed import get_worker
+    from tornado.ioloop import PeriodicCallback
+
+    try:
+        worker = get_worker()
+    except ValueError:  # not in a worker
+        return
+    if PRUNING in worker.periodic_callbacks:
+        return
+
+    def start() -> None:  # on the worker's event loop; stopped with the worker's other periodic callbacks
+        if PRUNING not in worker.periodic_callbacks:
+            worker.periodic_callbacks[PRUNING] = PeriodicCallback(kept_mappings.prune, PRUNE_SECONDS * 1000)
+            worker.periodic_callbacks[PRUNING].start()
+
+    worker.loop.add_callback(start)
 
 
 def _worker_threads() -> int:

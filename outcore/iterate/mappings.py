@@ -11,9 +11,9 @@ An inode number names a file only while the file exists (a new file may get a re
 a mapping is kept for a file of a folder only, and the files of a mailbox's folder are never removed
 one by one while it exists. They are renamed in it, moved to the consumer's spare folder (which moves
 their mappings along, `KeptMappings.move`), or removed with the whole folder; the mappings of a folder
-go with it (`drop` where the process removes it, `prune` for the folders of a consumer elsewhere, which a
-worker's thread also runs every `PRUNE_SECONDS` while it keeps any: a mapping keeps a removed file's
-memory).
+go with it: `drop` where the process removes it; `prune` for a consumer's folders seen by a worker, run
+as the worker takes a free file and, on a Dask worker, every `PRUNE_SECONDS` on its event loop (a
+mapping keeps a removed file's memory; an idle worker lets go of it there).
 
 >>> import shutil, tempfile
 >>> folder = Path(tempfile.mkdtemp(dir="/dev/shm"))
@@ -31,11 +31,10 @@ import contextlib
 import mmap
 import os
 import threading
-import time
 from pathlib import Path
 
 POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
-PRUNE_SECONDS = 2.0  # how soon an idle process lets go of the mappings of a removed folder's files
+PRUNE_SECONDS = 2.0  # how soon an idle Dask worker lets go of the mappings of a removed folder's files
 
 
 def map_file(path: Path, size: int, *, create: bool, populate: bool, start: int = 0) -> mmap.mmap:
@@ -58,14 +57,11 @@ class KeptMappings:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.folders: dict[Path, dict[tuple[int, int, int], mmap.mmap]] = {}
-        self.pruner: threading.Thread | None = None
 
     def map(self, folder: Path, name: str, size: int, *, create: bool = False, start: int = 0,
-            inode: int | None = None, watch: bool = True) -> mmap.mmap:
+            inode: int | None = None) -> mmap.mmap:
         """File ``name`` of ``folder`` mapped as `map_file` maps it (pages filled at once): the mapping kept
-        from the last time, if any (``inode``: the file's, when the caller knows it). ``watch``: the folder
-        may go without this process knowing (a worker's; not the consumer's own), so `prune` runs every
-        `PRUNE_SECONDS` on a thread while its mappings are kept."""
+        from the last time, if any (``inode``: the file's, when the caller knows it)."""
         path = folder / name
         if not create:
             key = (os.stat(path).st_ino if inode is None else inode, start, size)
@@ -77,9 +73,6 @@ class KeptMappings:
         key = (os.stat(path).st_ino, start, size) if create else key
         with self.lock:
             self.folders.setdefault(folder, {})[key] = mapped
-            if watch and (self.pruner is None or not self.pruner.is_alive()):
-                self.pruner = threading.Thread(target=self._prune_while_kept, name="outcore-mappings", daemon=True)
-                self.pruner.start()
         return mapped
 
     def kept(self, folder: Path) -> set[int]:
@@ -113,17 +106,8 @@ class KeptMappings:
                 del self.folders[gone]
 
     def reset(self) -> None:
-        """Forget everything (in a forked child: the parent's lock may have been held, its thread is not here)."""
-        self.lock, self.folders, self.pruner = threading.Lock(), {}, None
-
-    def _prune_while_kept(self) -> None:
-        while True:
-            time.sleep(PRUNE_SECONDS)
-            self.prune()
-            with self.lock:
-                if not self.folders:
-                    self.pruner = None
-                    return
+        """Forget everything (in a forked child, where the parent's lock may have been held by another thread)."""
+        self.lock, self.folders = threading.Lock(), {}
 
 
 kept_mappings = KeptMappings()  # this process's

@@ -304,7 +304,7 @@ class Mailbox:
         keep the array this returns a view of alive)."""
         dtype = np.dtype(shared.dtype)
         try:
-            mapped = kept_mappings.map(self.folder, shared.name, shared.nbytes, watch=False)  # close() drops them
+            mapped = kept_mappings.map(self.folder, shared.name, shared.nbytes)
         except OSError as error:
             raise self._gone(error) from None
         array = np.frombuffer(mapped, dtype, shared.nbytes // dtype.itemsize)
