@@ -44,9 +44,11 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -222,8 +224,10 @@ def blank_batches(slot: Slot | None, shape: tuple[int, ...], count: int, worker:
 
 
 def delivery(client: Client, shape: tuple[int, ...], shared: bool, repeats: int) -> float:
-    """GB/s of blank batches made on every worker and received (and read once) here."""
-    mailbox = Mailbox.open() if shared else None
+    """GB/s of blank batches made on every worker and received (and read once) here (in a shared-memory
+    folder of its own, removed after: its many files would be kept for the epochs measured next)."""
+    root = Path(tempfile.mkdtemp(dir=SHARED_ROOT))
+    mailbox = Mailbox.open(root) if shared else None
     workers = len(client.scheduler_info()["workers"])
     per_worker = max(2, 64 // workers)
     slot = None if mailbox is None else mailbox.slot
@@ -240,6 +244,7 @@ def delivery(client: Client, shape: tuple[int, ...], shared: bool, repeats: int)
     finally:
         if mailbox is not None:
             mailbox.close()
+        shutil.rmtree(root)
     return statistics.median(rates[1:])
 
 
