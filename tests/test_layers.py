@@ -11,11 +11,12 @@ import pytest
 PACKAGE = Path(__file__).parent.parent / "outcore"
 LAYERS = ("errors", "seeds", "threads", "format", "storage", "imaging", "iterate", "adapters", "dataset", "mixture", "ingest", "cli", "testing")
 PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may import any layer
-# optional frameworks, imported only where used: distributed (clusters), scikit-learn (sample photographs),
-# scikit-image (the demo's photographs), h5py (HDF5 sources in the test kit), xarray (Dataset.to_xarray)
+# optional frameworks, imported only where used: distributed (clusters; tornado, its event loop, for a
+# worker's periodic callback), scikit-learn (sample photographs), scikit-image (the demo's photographs),
+# h5py (HDF5 sources in the test kit), xarray (Dataset.to_xarray)
 # optional packages (frameworks, and the object-store client and test server), imported where they are used
-FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "sklearn", "skimage", "h5py", "xarray", "obstore", "moto",
-              "boto3")
+FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "tornado", "sklearn", "skimage", "h5py", "xarray",
+              "obstore", "moto", "boto3")
 
 
 def _modules() -> dict[str, Path]:
