@@ -232,3 +232,19 @@ def test_a_file_that_comes_back_is_written_and_read_through_the_mapping_kept(tmp
     second = Mailbox.open(tmp_path)
     assert (second.receive(made(second, 21))["images"] == 21).all() and len(mapped) == 2
     second.close()
+
+
+def test_a_run_keeps_the_free_files_it_used_not_the_most_the_process_ever_held(tmp_path):
+    first = Mailbox.open(tmp_path)
+    held = [first.receive(made(first, value)) for value in range(3)]  # three held at once: three files
+    del held
+    gc.collect()
+    first.close()
+    second = Mailbox.open(tmp_path)
+    assert len([name for name in files(second) if name.startswith(FREE)]) == 3  # taken over
+    assert (second.receive(made(second, 4))["images"] == 4).all()  # a short run: one batch, one file
+    gc.collect()
+    second.close()
+    third = Mailbox.open(tmp_path)
+    assert len([name for name in files(third) if name.startswith(FREE)]) == 1  # the two never needed went
+    third.close()

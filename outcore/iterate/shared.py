@@ -20,8 +20,10 @@ small array (under `SHARED_MIN_BYTES`) puts the array in the `SharedBatch` itsel
 over its sockets: the batches are the same either way. ``OUTCORE_SHARED_MEMORY=0`` turns the shared
 path off.
 
-The folder goes when the run closes; its free files wait in a spare folder of the consumer's process
-for the next run (the next epoch), which starts with reused memory, and go when the process exits.
+The folder goes when the run closes; the free files it received batches in wait in a spare folder of
+the consumer's process for the next run (the next epoch), which starts with reused memory, and go when
+the process exits (free files a run took over and never needed go with its folder: a process keeps
+what its last run used, not the most it ever held).
 A consumer killed before that leaves its folders behind: each holds a lock on a file in it for its
 life, and a new mailbox removes the folders whose lock is free (their consumer is gone), so nothing
 piles up.
@@ -231,6 +233,7 @@ class Mailbox:
         self.folder, self._lock = folder, lock
         self.slot = Slot(str(folder))
         self.warned = False
+        self.used: set[int] = set()  # the inodes of the files batches were received in
 
     @classmethod
     def open(cls, root: Path = SHARED_ROOT) -> Mailbox | None:
@@ -304,20 +307,23 @@ class Mailbox:
         keep the array this returns a view of alive)."""
         dtype = np.dtype(shared.dtype)
         try:
-            mapped = kept_mappings.map(self.folder, shared.name, shared.nbytes)
+            inode = os.stat(self.folder / shared.name).st_ino
+            mapped = kept_mappings.map(self.folder, shared.name, shared.nbytes, inode=inode)
         except OSError as error:
             raise self._gone(error) from None
+        self.used.add(inode)
         array = np.frombuffer(mapped, dtype, shared.nbytes // dtype.itemsize)
         weakref.finalize(array, _free, self.folder, shared.name, shared.nbytes)
         return array.reshape(shared.shape)
 
     def close(self) -> None:
-        """Keep the free files for this process's next mailbox, and remove the folder with what is left in
-        it (batches still held by the consumer, whose memory lives on while they do; batches made and
-        never taken; files a worker may still be writing)."""
+        """Keep the free files this run received batches in for this process's next mailbox, and remove
+        the folder with what is left in it (free files taken over and never needed: a process keeps what
+        its last run used, not the most it ever held; batches still held by the consumer, whose memory
+        lives on while they do; batches made and never taken; files a worker may still be writing)."""
         spare = _spares(self.folder.parent)
         if spare is not None and spare is not self:
-            _move_free(self.folder, spare.folder)
+            _move_free(self.folder, spare.folder, self.used)
         kept_mappings.drop(self.folder)
         shutil.rmtree(self.folder, ignore_errors=True)
         self._lock.close()
@@ -338,12 +344,13 @@ def _spares(root: Path) -> Mailbox | None:
     return spare
 
 
-def _move_free(source: Path, target: Path) -> None:
-    """Move the free files of folder ``source`` into ``target`` (one filesystem: renames), and this process's
-    mappings of them."""
+def _move_free(source: Path, target: Path, only: Collection[int] | None = None) -> None:
+    """Move the free files of folder ``source`` (those of inodes ``only``, when given) into ``target`` (one
+    filesystem: renames), and this process's mappings of them."""
     free: list[tuple[str, int]] = []
     with contextlib.suppress(OSError), os.scandir(source) as entries:
-        free = [(entry.name, entry.inode()) for entry in entries if entry.name.startswith(FREE)]
+        free = [(entry.name, entry.inode()) for entry in entries
+                if entry.name.startswith(FREE) and (only is None or entry.inode() in only)]
     for name, inode in free:
         with contextlib.suppress(OSError):  # taken meanwhile by a worker still running
             os.rename(source / name, target / name)
