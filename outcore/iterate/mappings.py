@@ -1,4 +1,4 @@
-"""Mappings of shared-memory files, kept by each process for the next batch made in or read from the same file.
+"""Mappings of shared-memory files, kept by each process for the next batch made in or read from a file.
 
 Mapping a batch's file costs its page tables, whoever maps it: on 2 cores, a 12.6 MB batch (256 x 128
 x 128 x 3) took 1.5 ms to map filled at once (``MAP_POPULATE``) and 3.2 ms filled page by page as it is

@@ -11,9 +11,9 @@ zeroed on first use: measured at 6x the cost of writing reused memory, a fifth o
 when every array of a batch is gone from the consumer, the file is renamed ``free-<size>-...`` and
 the next batch of that size is made in it. Nothing the consumer still holds is ever written again.
 Mapping a file costs too (its page tables): workers and consumer keep their mappings of the files
-they have seen (`outcore.iterate.mappings`), and a worker takes back its own free files first. A new file's room is reserved with ``posix_fallocate``, so a full
-``/dev/shm`` (Docker's default is 64 MB) means plain memory for that array, never a crash, and an
-`OutcoreWarning` (once per run) saying so.
+they have seen (`outcore.iterate.mappings`), and a worker takes back its own free files first. A new
+file's room is reserved with ``posix_fallocate``, so a full ``/dev/shm`` (Docker's default is 64 MB)
+means plain memory for that array, never a crash, and an `OutcoreWarning` (once per run) saying so.
 
 A worker that cannot see the folder (another machine, another container), finds no room, or makes a
 small array (under `SHARED_MIN_BYTES`) puts the array in the `SharedBatch` itself, which Dask sends
@@ -192,7 +192,7 @@ class Arena:
         try:
             return kept_mappings.map(self.folder, name, size, inode=inode)
         except OSError:
-            _free(self.folder, name, size)  # back with the free files: a mailbox's files are never removed one by one
+            _free(self.folder, name, size)  # back with the free ones: a mailbox's files are never removed one by one
             raise
 
     def _new(self, name: str, size: int) -> mmap.mmap:
