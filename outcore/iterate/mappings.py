@@ -94,14 +94,10 @@ class KeptMappings:
         with self.lock:
             self.folders.pop(folder, None)
 
-    def prune(self, folder: Path | None = None, inodes: set[int] | None = None) -> None:
-        """Forget the mappings of folders that are gone and, with ``inodes`` (a listing of ``folder``), those
-        of ``folder``'s files that have left it."""
+    def prune(self) -> None:
+        """Forget the mappings of the folders that are gone (a file leaves a folder only as its consumer
+        closes it: then to its spare folder, which the consumer's own `move` follows)."""
         with self.lock:
-            if folder is not None and inodes is not None and folder in self.folders:
-                kept = self.folders[folder]
-                for key in [key for key in kept if key[0] not in inodes]:
-                    del kept[key]
             for gone in [known for known, kept in self.folders.items() if not kept or not known.is_dir()]:
                 del self.folders[gone]
 

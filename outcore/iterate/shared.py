@@ -394,7 +394,7 @@ def _take_free(folder: Path, name: str, size: int, mine: Collection[int] = ()) -
     taking it too fails), one of inodes ``mine`` if any is free; None when none was."""
     with os.scandir(folder) as entries:
         listing = {entry.inode(): entry.name for entry in entries}
-    kept_mappings.prune(folder, set(listing))  # the files that left it (with the spare files of a run closed)
+    kept_mappings.prune()  # the folders of runs closed since
     free = [inode for inode, entry in listing.items() if entry.startswith(f"{FREE}{size}-")]
     for inode in sorted(free, key=lambda inode: inode not in mine):
         try:
