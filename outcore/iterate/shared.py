@@ -393,12 +393,11 @@ def _take_free(folder: Path, name: str, size: int, mine: Collection[int] = ()) -
     """The inode of the free file of ``size`` bytes in ``folder`` taken, renamed ``name`` (another worker
     taking it too fails), one of inodes ``mine`` if any is free; None when none was."""
     with os.scandir(folder) as entries:
-        listing = {entry.inode(): entry.name for entry in entries}
+        free = {entry.inode(): entry.name for entry in entries if entry.name.startswith(f"{FREE}{size}-")}
     kept_mappings.prune()  # the folders of runs closed since
-    free = [inode for inode, entry in listing.items() if entry.startswith(f"{FREE}{size}-")]
     for inode in sorted(free, key=lambda inode: inode not in mine):
         try:
-            os.rename(folder / listing[inode], folder / name)
+            os.rename(folder / free[inode], folder / name)
         except OSError:  # taken by another worker first
             continue
         return inode
