@@ -414,6 +414,23 @@ def test_available_cpus_follow_the_cgroup_quota(tmp_path, monkeypatch, lines, fi
     assert threads.available_cpus() == cpus
 
 
+def test_the_cgroup_quota_is_read_again_only_after_a_while(tmp_path, monkeypatch):
+    """The thread count is asked for at every batch: the quota's files are not read every time."""
+    from outcore import threads
+
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "cpu.max").write_text("300000 100000")
+    (tmp_path / "self-cgroup").write_text("0::/job\n")
+    monkeypatch.setattr(threads, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(threads, "OWN_CGROUP", tmp_path / "self-cgroup")
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert threads.available_cpus() == 3
+    (tmp_path / "job" / "cpu.max").write_text("200000 100000")
+    assert threads.available_cpus() == 3  # read a moment ago
+    monkeypatch.setattr(threads, "QUOTA_SECONDS", 0.0)
+    assert threads.available_cpus() == 2
+
+
 def test_the_thread_count_follows_affinity_and_the_knob(monkeypatch):
     from outcore import threads
 
