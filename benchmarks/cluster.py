@@ -14,7 +14,8 @@ flip, batch transforms after decoding, whose cost then counts against the plain 
   either): the CPU a sample needs at the least, on the same cores, under the same load;
 - **an epoch on a** ``distributed.LocalCluster`` of each of ``--workers`` single-threaded worker
   processes (``ds.batches(client=...)``): samples/s delivered to this process; the CPU its workers spent
-  per sample (their processes' user + system time, event loops included) against the bare decode; the
+  per sample (their processes' user + system time, event loops included) against the bare decode, and
+  the part their event loops took (``loop us``: Dask's messages, heartbeats and monitors); the
   consumer's CPU per sample (this process: the scheduler of a LocalCluster runs here too); the chunks
   read per epoch over the store's (``reads``: 1.00 is each once; `outcore.testing.reads`); the most
   shared memory this process's batch files held at once (``shm MiB``, sampled every 20 ms: batches
@@ -155,9 +156,11 @@ def on_every_worker(client: Client, function: object, *args: object) -> list[obj
     return client.gather(futures)
 
 
-def workers_cpu(client: Client) -> float:
-    """CPU seconds (user + system) the workers' processes have used so far, together."""
-    return sum(client.run(lambda: sum(psutil.Process().cpu_times()[:2])).values())
+def workers_cpu(client: Client) -> tuple[float, float]:
+    """CPU seconds (user + system) the workers' processes have used so far, together, and the part their event
+    loops' threads used (`Client.run` calls a function on the worker's event loop)."""
+    used = client.run(lambda: (sum(psutil.Process().cpu_times()[:2]), time.thread_time())).values()
+    return sum(process for process, _ in used), sum(loop for _, loop in used)
 
 
 class SharedPeak:
@@ -196,16 +199,18 @@ def epoch(ds: outcore.Dataset, client: Client | None, repeats: int, transform: T
         count_chunk_reads()
     else:
         client.run(count_chunk_reads)
-    rates, worker, consumer = [], [], []
+    rates, worker, loop, consumer = [], [], [], []
     with SharedPeak() as shared:
         for _ in range(repeats):
-            cpu, mine, began = workers_cpu(client) if client else 0.0, time.process_time(), time.perf_counter()
+            cpu, mine, began = workers_cpu(client) if client else (0.0, 0.0), time.process_time(), time.perf_counter()
             samples = sum(len(batch["labels"]) for batch in it)
             rates.append(samples / (time.perf_counter() - began))
             consumer.append((time.process_time() - mine) / samples)
-            worker.append(((workers_cpu(client) - cpu) if client else 0.0) / samples)
+            spent = workers_cpu(client) if client else (0.0, 0.0)
+            worker.append((spent[0] - cpu[0]) / samples)
+            loop.append((spent[1] - cpu[1]) / samples)
     reads = sum(client.run(chunk_reads).values()) if client else chunk_reads()
-    return {"rate": statistics.median(rates), "worker": statistics.median(worker),
+    return {"rate": statistics.median(rates), "worker": statistics.median(worker), "loop": statistics.median(loop),
             "consumer": statistics.median(consumer), "reads": reads / (repeats * math.ceil(len(ds) / ds.chunk_size)),
             "shm MiB": shared.peak / 2**20}
 
@@ -312,7 +317,7 @@ def main() -> None:
           f"{args.repeats}\n")
     print(f"local threads in this process: {local['rate']:.0f} samples/s, chunk reads / chunks {local['reads']:.2f}\n")
     header = (f"{'workers':>17s} {'samples/s':>10s} {'vs 1 worker':>11s} {'vs n x bare':>11s} "
-              f"{'bare us':>8s} {'worker us':>9s} {'worker/bare':>11s} {'consumer us':>11s} {'reads':>6s} "
+              f"{'bare us':>8s} {'worker us':>9s} {'loop us':>7s} {'worker/bare':>11s} {'consumer us':>11s} {'reads':>6s} "
               f"{'shm MiB':>8s}")
     print(header)
     print("-" * len(header), flush=True)
@@ -327,7 +332,7 @@ def main() -> None:
             row = {**got, "bare": bare}
             label = f"{workers}" if profiler else f"{workers} (profiler off)"
             print(f"{label:>17s} {got['rate']:10.0f} {got['rate'] / first:11.2f} {got['rate'] * bare / workers:11.2f} "
-                  f"{bare * 1e6:8.0f} {got['worker'] * 1e6:9.0f} {got['worker'] / bare:11.2f} "
+                  f"{bare * 1e6:8.0f} {got['worker'] * 1e6:9.0f} {got['loop'] * 1e6:7.1f} {got['worker'] / bare:11.2f} "
                   f"{got['consumer'] * 1e6:11.0f} {got['reads']:6.2f} {got['shm MiB']:8.0f}", flush=True)
             if not profiler:
                 results["profiler off"] = row
