@@ -71,7 +71,7 @@ def _cgroup_quota() -> float | None:
     a Dask worker about 1 % of its time)."""
     global _quota_read
     now, files = time.monotonic(), (CGROUP_ROOT, OWN_CGROUP)
-    if _quota_read is None or _quota_read[1] != files or now - _quota_read[0] > QUOTA_SECONDS:
+    if _quota_read is None or _quota_read[1] != files or now - _quota_read[0] >= QUOTA_SECONDS:
         _quota_read = (now, files, _read_cgroup_quota())
     return _quota_read[2]
 
