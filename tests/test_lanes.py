@@ -70,6 +70,18 @@ def test_lanes_make_every_batch_side_by_side_and_read_each_chunk_once(
             assert reads[lane] >= len(np.unique(lane_plan.chunks))
 
 
+def test_small_clusters_make_larger_spans_within_the_bytes_spans_may_hold(tmp_path):
+    """Fewer, larger tasks where few spans are in flight (two per thread): up to twice SPAN_BYTES each, while
+    they hold at most HELD_BYTES together; larger clusters keep spans of SPAN_BYTES."""
+    ds = outcore.from_arrays({"index": np.arange(4096)}, tmp_path / "s.zarr", chunk_size=64, progress=False)
+    it = ds.batches(16, seed=1)  # batches of 256 bytes (the index and the source index)
+    work = Work(it.store, it.recipe, it.options, 0, it.plan(0), range(len(it)))
+    with mock.patch.multiple(cluster, SPAN_SAMPLES=10_000, SPAN_BYTES=1024, HELD_BYTES=8192):
+        spans = {threads: Lanes(work, {f"tcp://127.0.0.1:{port}": 1 for port in range(threads)}, 1).span
+                 for threads in (1, 2, 4, 16)}
+    assert spans == {1: 8, 2: 8, 4: 4, 16: 4}  # 2048 bytes (4 spans in flight, 8192 together), then 1024
+
+
 @pytest.mark.parametrize("location", ["train.zarr", "/data/train.zarr.zip", "file:///data/train.zarr"])
 def test_a_store_on_disk_gets_one_lane_of_whole_batches(location):
     assert [Lanes.count_for(location, streams, threads) for streams, threads in [(8, 4), (8, 16), (1, 2)]] == [1, 1, 1]
