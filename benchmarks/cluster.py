@@ -19,7 +19,7 @@ flip, batch transforms after decoding, whose cost then counts against the plain 
   consumer's CPU per sample (this process: the scheduler of a LocalCluster runs here too); the chunks
   read per epoch over the store's (``reads``: 1.00 is each once; `outcore.testing.reads`); the most
   shared memory this process's batch files held at once (``shm MiB``, sampled every 20 ms: batches
-  waiting, held, and free for the next; the bound is twice the worker threads' spans of at most 32 MiB,
+  waiting, held, and free for the next; the bound is twice the worker threads' spans (`span_bytes`),
   the consumer's ``prefetch`` batches, and at an epoch's end the next epoch's first spans); and the
   rate against ``n`` workers' bare decode (1.00: the cluster costs nothing beyond decoding); and once
   more for the largest cluster with Dask's statistical profiler off (``distributed.worker.profile.enabled``);
