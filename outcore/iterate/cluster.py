@@ -147,10 +147,10 @@ def span_batches(part_size: int, sample_bytes: int, batches: int, threads: int, 
 
 def span_bytes(threads: int) -> int:
     """The most batch bytes a task makes on a cluster of ``threads`` worker threads: `SPAN_BYTES`, or up to
-    twice that where the spans in flight (two per thread) hold less than `HELD_BYTES` together. Fewer,
-    larger tasks on small clusters: on 2 cores, 1-2 workers making 64 MiB spans spent about half the
-    event-loop work per sample and read each chunk 1.8 times an epoch instead of 2.6 (a chunk's samples
-    fall in fewer spans), for 3-22 % more samples/s (`benchmarks/cluster.py`, docs/benchmarks.md).
+    twice that where the spans in flight (two per thread) hold less than `HELD_BYTES` together. Half the
+    tasks on small clusters: on 2 cores, a worker's event loop spent a third less per sample, and 2
+    workers read each chunk 1.8 times an epoch instead of 2.5 (a chunk's samples fall in fewer spans),
+    for 2-10 % more samples/s (`benchmarks/cluster.py`, docs/benchmarks.md).
 
     >>> [span_bytes(threads) >> 20 for threads in (1, 2, 4, 16)]
     [64, 64, 32, 32]
