@@ -32,10 +32,10 @@ over Dask's sockets and the consumer joins them. Either way the batches are the 
 Twice as many spans as the cluster has worker threads stay submitted while the oldest (a span of every
 lane) is handed over (measured on 16 cores: 10 % faster at 8 workers than one more span than threads,
 since spans finish out of order and only the oldest can be handed over), so every worker thread has a
-span to make while finished ones wait: at most that many times `span_bytes` of batches (32 MiB, up to 64 MiB
-on clusters of 1-3 threads), and a span of every lane more, are held. Spans carry Dask priorities by (epoch, step): a worker runs them in
-order. Several consumers (the ranks of a job, each with its own ``rank``) can share one cluster: each
-submits its own spans, of its own share of the epoch.
+span to make while finished ones wait: at most that many times `span_bytes` of batches (32 MiB, up to 64
+MiB on clusters of 1-3 threads), and a span of every lane more, are held. Spans carry Dask priorities by
+(epoch, step): a worker runs them in order. Several consumers (the ranks of a job, each with its own
+``rank``) can share one cluster: each submits its own spans, of its own share of the epoch.
 
 From an iterator's second epoch on, the next epoch's run starts once this one has submitted its last
 span (`outcore.iterate.runs.NextEpoch`), so workers do not wait at epoch boundaries.
