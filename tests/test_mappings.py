@@ -35,7 +35,7 @@ def test_a_file_renamed_in_its_folder_is_mapped_once_and_others_each_their_own(f
     assert kept.map(folder, "b", SIZE // 2) is not first  # another size: another mapping
 
 
-def test_files_moved_keep_their_mappings_and_a_gone_folders_are_forgotten(folder, tmp_path):
+def test_files_moved_keep_their_mappings_and_gone_folders_are_forgotten(folder, tmp_path):
     kept = KeptMappings()
     stays = kept.map(folder, "b", SIZE, create=True)
     inode = os.stat(folder / "b").st_ino
