@@ -1,7 +1,7 @@
 """Decode on a Dask cluster: what a worker spends per sample, how fast batches reach the consumer, how it scales.
 
     python benchmarks/cluster.py [--images 20000] [--copies 1] [--size 128] [--repeats 3] [--workers 1,2]
-                                 [--consumers 2] [--crop-flip] [--workdir bench-data]
+                                 [--settings dask,outcore] [--consumers 2] [--crop-flip] [--workdir bench-data]
 
 Writes ``--images`` photo crops as quality-90 JPEGs (kept in ``--workdir``), ingests them as an encoded
 store (``images="encoded"``: the JPEG bytes; with ``--copies n``, each file n times, as hard links, for
@@ -21,10 +21,12 @@ flip, batch transforms after decoding, whose cost then counts against the plain 
   shared memory this process's batch files held at once (``shm MiB``, sampled every 20 ms: batches
   waiting, held, and free for the next; the bound is twice the worker threads' spans (`span_bytes`),
   the consumer's ``prefetch`` batches, and at an epoch's end the next epoch's first spans); and the
-  rate against ``n`` workers' bare decode (1.00: the cluster costs nothing beyond decoding); and once
-  more for the largest cluster with Dask's statistical profiler off (``distributed.worker.profile.enabled``);
-- **delivery**: blank batches of the same shape made on every worker of the largest cluster and received
-  here: through shared memory (what a consumer on the workers' machine gets) and over Dask's sockets
+  rate against ``n`` workers' bare decode (1.00: the cluster costs nothing beyond decoding); each
+  cluster started with each of ``--settings``, in turn: ``dask``, Dask's defaults, and ``outcore``,
+  `outcore.WORKER_CONFIG` (no statistical profiler, a tick a second);
+- **delivery**: blank batches of the same shape made on every worker of the largest cluster (started
+  with the first of ``--settings``, as are the two measures below) and received here: through shared
+  memory (what a consumer on the workers' machine gets) and over Dask's sockets
   (``OUTCORE_SHARED_MEMORY=0``, or a consumer on another machine), in GB/s;
 - **epoch boundaries**: on the largest cluster, epochs of 10 batches (a store of the first 2,560 JPEGs)
   with a 10 ms pause per batch standing for a training step, median of epochs 2-7: the next epoch
@@ -74,6 +76,7 @@ from outcore.transforms import Compose, RandomCrop, RandomFlip
 BATCH = 256
 STEP_SECONDS = 0.01  # a training step, in the epoch-boundary rows
 SHORT_EPOCH = 10  # batches per epoch in the epoch-boundary rows
+SETTINGS = {"dask": {}, "outcore": outcore.WORKER_CONFIG}  # the workers' Dask settings (--settings)
 
 
 def encoded_store(source: Path, target: Path, shape: tuple[int, ...]) -> outcore.Dataset:
@@ -285,6 +288,19 @@ def consumers(address: str, location: str, count: int) -> float:
     return sum(rates)
 
 
+def largest(client: Client, address: str, location: str, short: outcore.Dataset, shape: tuple[int, ...],
+            args: argparse.Namespace) -> dict[str, object]:
+    """On the largest cluster: delivery through shared memory and over sockets, epoch boundaries, consumers."""
+    found: dict[str, object] = {"shared GB/s": delivery(client, shape, True, args.repeats),
+                                "sockets GB/s": delivery(client, shape, False, args.repeats)}
+    runs = [(ahead, short_epochs(short, client, ahead)) for _ in range(args.repeats) for ahead in (True, False)]
+    found["short epochs"] = {key: statistics.median(rate for ahead, rate in runs if ahead == (key == "ahead"))
+                             for key in ("ahead", "not ahead")}
+    if args.consumers > 1:
+        found["consumers"] = {1: consumers(address, location, 1), args.consumers: consumers(address, location, args.consumers)}
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=20_000)
@@ -295,6 +311,8 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, default=2, help="consumer processes sharing the largest cluster")
     parser.add_argument("--crop-flip", action="store_true", help="a random crop and flip after decoding")
     parser.add_argument("--workdir", default="bench-data")
+    parser.add_argument("--settings", default="dask,outcore",
+                        help="the workers' Dask settings, comma-separated: dask (its defaults), outcore (WORKER_CONFIG)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     sizes = [int(n) for n in args.workers.split(",")]
@@ -321,33 +339,23 @@ def main() -> None:
               f"{'shm MiB':>8s}")
     print(header)
     print("-" * len(header), flush=True)
-    first = None
-    for workers, profiler in [*((n, True) for n in sizes), (sizes[-1], False)]:
-        with dask.config.set({"distributed.worker.profile.enabled": profiler}), \
-                LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                             dashboard_address=":0") as cluster, Client(cluster) as client:
-            bare = statistics.median(on_every_worker(client, bare_decode, location, probe, args.repeats))
-            got = epoch(ds, client, args.repeats, transform)
-            first = first or got["rate"]
-            row = {**got, "bare": bare}
-            label = f"{workers}" if profiler else f"{workers} (profiler off)"
-            print(f"{label:>17s} {got['rate']:10.0f} {got['rate'] / first:11.2f} {got['rate'] * bare / workers:11.2f} "
-                  f"{bare * 1e6:8.0f} {got['worker'] * 1e6:9.0f} {got['loop'] * 1e6:7.1f} {got['worker'] / bare:11.2f} "
-                  f"{got['consumer'] * 1e6:11.0f} {got['reads']:6.2f} {got['shm MiB']:8.0f}", flush=True)
-            if not profiler:
-                results["profiler off"] = row
-                continue
-            if workers == sizes[-1]:
-                row["shared GB/s"] = delivery(client, shape, True, args.repeats)
-                row["sockets GB/s"] = delivery(client, shape, False, args.repeats)
-                runs = [(ahead, short_epochs(short, client, ahead)) for _ in range(args.repeats) for ahead in (True, False)]
-                row["short epochs"] = {key: statistics.median(rate for ahead, rate in runs if ahead == (key == "ahead"))
-                                       for key in ("ahead", "not ahead")}
-                if args.consumers > 1:
-                    row["consumers"] = {1: consumers(cluster.scheduler_address, location, 1),
-                                        args.consumers: consumers(cluster.scheduler_address, location, args.consumers)}
-            results["clusters"][workers] = row
-    last = results["clusters"][sizes[-1]]
+    first, kinds = None, args.settings.split(",")
+    for workers in sizes:
+        for kind in kinds:
+            with dask.config.set(SETTINGS[kind]), \
+                    LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                 dashboard_address=":0") as cluster, Client(cluster) as client:
+                bare = statistics.median(on_every_worker(client, bare_decode, location, probe, args.repeats))
+                got = epoch(ds, client, args.repeats, transform)
+                first = first or got["rate"]
+                print(f"{f'{workers}, {kind}':>17s} {got['rate']:10.0f} {got['rate'] / first:11.2f} "
+                      f"{got['rate'] * bare / workers:11.2f} {bare * 1e6:8.0f} {got['worker'] * 1e6:9.0f} "
+                      f"{got['loop'] * 1e6:7.1f} {got['worker'] / bare:11.2f} {got['consumer'] * 1e6:11.0f} "
+                      f"{got['reads']:6.2f} {got['shm MiB']:8.0f}", flush=True)
+                results["clusters"].setdefault(kind, {})[workers] = {**got, "bare": bare}
+                if workers == sizes[-1] and kind == kinds[0]:
+                    results["largest"] = largest(client, cluster.scheduler_address, location, short, shape, args)
+    last = results["largest"]
     print(f"\ndelivery from {sizes[-1]} workers (blank {BATCH}x{args.size}x{args.size}x3 batches, received and read): "
           f"shared memory {last['shared GB/s']:.2f} GB/s, sockets {last['sockets GB/s']:.2f} GB/s")
     boundary = last["short epochs"]

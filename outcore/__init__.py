@@ -31,13 +31,21 @@ from .errors import (
 )
 from .format import Compression
 from .ingest import Writer, from_arrays, ingest_dataframe, ingest_images, ingest_splits
-from .iterate import BatchIterator, BatchKeywords, ShuffleQuality, shuffle_quality
+from .iterate import (
+    WORKER_CONFIG,
+    BatchIterator,
+    BatchKeywords,
+    ShuffleQuality,
+    shuffle_quality,
+    worker_environment,
+)
 from .mixture import Mixture, mix
 from .threads import available_cpus, set_threads, thread_count
 
 __version__ = version("outcore")
 
 __all__ = [
+    "WORKER_CONFIG",
     "BatchIterator",
     "BatchKeywords",
     "ClusterError",
@@ -74,4 +82,5 @@ __all__ = [
     "thread_count",
     "transforms",
     "verify",
+    "worker_environment",
 ]

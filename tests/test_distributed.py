@@ -55,9 +55,27 @@ def on_local_threads():
 
 @pytest.fixture(scope="module")
 def client():
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    """Two single-threaded workers with the settings outcore recommends (the tests that start their own
+    clusters run with Dask's defaults)."""
+    with dask.config.set(outcore.WORKER_CONFIG), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                         dashboard_address=":0") as cluster, Client(cluster) as client:
         yield client
+
+
+def _runs_with_outcores_settings(dask_worker) -> bool:
+    """Whether a worker runs as `outcore.WORKER_CONFIG` says: no statistical profiler, a tick a second."""
+    callbacks = dask_worker.periodic_callbacks
+    return "profile" not in callbacks and callbacks["tick"].callback_time == 1000
+
+
+def test_workers_started_within_outcores_settings_run_with_them(client):
+    assert list(client.run(_runs_with_outcores_settings).values()) == [True, True]
+
+
+def test_the_worker_settings_read_back_from_their_environment_variables():
+    collected = dask.config.collect_env(outcore.worker_environment())
+    assert {key: dask.config.get(key, config=collected) for key in outcore.WORKER_CONFIG} == outcore.WORKER_CONFIG
 
 
 @pytest.fixture(scope="module")
@@ -467,8 +485,9 @@ def test_closing_a_cluster_iteration_never_waits_on_the_cluster(client, photos):
 def test_two_dask_worker_processes_with_disks_of_their_own_ingest_and_read_one_store(image_folder, tmp_path,
                                                                                       monkeypatch):
     """A stand-in for two nodes: `dask scheduler` and two `dask worker` processes, each with scratch, staging
-    and node-cache folders of its own ($OUTCORE_CACHE_DIR, $OUTCORE_STAGING_DIR), ingest into an S3 API and
-    read the store back: the batches are a local store's, and each node caches in its own folder."""
+    and node-cache folders of its own ($OUTCORE_CACHE_DIR, $OUTCORE_STAGING_DIR) and outcore's Dask settings
+    in its environment (`outcore.worker_environment`), ingest into an S3 API and read the store back: the
+    batches are a local store's, and each node caches in its own folder."""
     pytest.importorskip("obstore", reason="object stores are written through obstore: pip install 'outcore[remote]'")
     pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
     from outcore.testing.s3 import S3Server
@@ -487,7 +506,7 @@ def test_two_dask_worker_processes_with_disks_of_their_own_ingest_and_read_one_s
                 [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(address_file),
                  "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard", "--name", node,
                  "--local-directory", str(tmp_path / node / "scratch")],
-                env={**os.environ, **{k: str(v) for k, v in folders.items()}},
+                env={**os.environ, **outcore.worker_environment(), **{k: str(v) for k, v in folders.items()}},
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 60
         while not address_file.exists() and time.monotonic() < deadline:
@@ -501,6 +520,7 @@ def test_two_dask_worker_processes_with_disks_of_their_own_ingest_and_read_one_s
             remote = outcore.open_dataset("s3://nodes/train.zarr", storage_options=server.options)
             _assert_same_batches(list(local.batches(4, seed=3)), list(remote.batches(4, seed=3, client=client)))
             ran = client.run(lambda dask_worker: (dask_worker.name, dask_worker.state.executed_count))
+            assert list(client.run(_runs_with_outcores_settings).values()) == [True, True]  # from their environment
     finally:
         for process in started:
             process.terminate()

@@ -2,6 +2,7 @@
 them (local threads or a Dask cluster), `BatchIterator`, batch transforms and shuffle quality."""
 
 from .batch import Batch, Transform
+from .cluster import WORKER_CONFIG, worker_environment
 from .iterator import BatchIterator
 from .options import BatchKeywords, BatchOptions
 from .plan import DEFAULT_STREAMS, Consumer, EpochPlan, EpochSteps, batches_in
@@ -11,6 +12,7 @@ from .schedule import BatchStep, max_held, schedule
 
 __all__ = [
     "DEFAULT_STREAMS",
+    "WORKER_CONFIG",
     "Batch",
     "BatchIterator",
     "BatchKeywords",
@@ -29,4 +31,5 @@ __all__ = [
     "sample_spec",
     "schedule",
     "shuffle_quality",
+    "worker_environment",
 ]

@@ -79,6 +79,30 @@ HELD_BYTES = 256 << 20  # spans in flight may hold this much together, where spa
 CARRIES_PER_THREAD = 4  # chunks left for a lane's next span: at most this many lanes' worth per worker thread
 PRUNING = "outcore-mappings"  # a worker's periodic callback: `_prune_mappings_on_this_worker`
 
+WORKER_CONFIG: dict[str, object] = {
+    "distributed.worker.profile.enabled": False,  # a sample of every thread's stack 100 times a second
+    "distributed.admin.tick.interval": "1s",  # the event loop's lag measured 50 times a second
+}
+"""Dask settings for workers that read and decode for outcore: a worker's event loop wakes up for
+Dask's statistical profiler every 10 ms and for its tick every 20 ms, whatever it does. An idle
+worker's loop took 44 ms of CPU a second with Dask's defaults, 9 with these (2 cores): at 12,000
+samples a second, 3 µs a sample, 5 % of a 128x128 JPEG decode (`benchmarks/cluster.py` compares
+both). The dashboard's profile page then stays empty, and an event loop blocked for more than
+``distributed.admin.tick.limit`` (3 s) is still reported. Set them where the workers start:
+``with dask.config.set(outcore.WORKER_CONFIG):`` around ``LocalCluster(...)`` (its workers inherit the
+settings), or in their environment (`worker_environment`)."""
+
+
+def worker_environment() -> dict[str, str]:
+    """`WORKER_CONFIG` as environment variables, for workers started elsewhere (``dask worker``,
+    dask-jobqueue's ``job_script_prologue``, dask-kubernetes' ``env=``).
+
+    >>> worker_environment()["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"]
+    'False'
+    """
+    return {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value)
+            for key, value in WORKER_CONFIG.items()}
+
 
 @dataclass(frozen=True)
 class StoreFields:
