@@ -572,61 +572,71 @@ def test_cluster_batches_arrive_through_shared_memory_and_equal_local_ones_over_
 
 
 def _recording(original, inodes: list[int]):
-    """`mappings.map_file` that records the inode of each file it maps in ``inodes``."""
-    def map_file(path, *args, **kwargs):
-        mapped = original(path, *args, **kwargs)
-        inodes.append(path.stat().st_ino)
+    """`mappings.map_descriptor` that records the inode of each file it maps in ``inodes``."""
+    def map_descriptor(descriptor, *args, **kwargs):
+        mapped = original(descriptor, *args, **kwargs)
+        inodes.append(os.fstat(descriptor).st_ino)
         return mapped
 
-    return map_file
+    return map_descriptor
 
 
 def _count_mappings() -> None:
     """In a worker: record the inode of every file it maps from now on (`_mapped_inodes` says them)."""
     from outcore.iterate import mappings
 
-    mappings.mapped_inodes, mappings.original_map_file = [], mappings.map_file
-    mappings.map_file = _recording(mappings.map_file, mappings.mapped_inodes)
+    mappings.mapped_inodes, mappings.original_map_descriptor = [], mappings.map_descriptor
+    mappings.map_descriptor = _recording(mappings.map_descriptor, mappings.mapped_inodes)
 
 
 def _mapped_inodes() -> list[int]:
     from outcore.iterate import mappings
 
-    mappings.map_file = mappings.original_map_file
+    mappings.map_descriptor = mappings.original_map_descriptor
     return mappings.mapped_inodes
+
+
+def _kept_mappings() -> int:
+    from outcore.iterate.mappings import kept_mappings
+
+    return len(kept_mappings.kept)
 
 
 def test_cluster_workers_and_the_consumer_map_each_shared_file_once_as_it_comes_back(
         client, tmp_path, monkeypatch):
-    """Mapping a batch's file costs its page tables (`outcore.iterate.mappings`): over a run of 60 batches in
-    spans of 2, each worker and the consumer map each recycled file once, and the batches are the local ones;
-    once the run's folder is gone, the workers let go of their mappings of it without another span."""
+    """Mapping a batch's file costs its page tables (`outcore.iterate.mappings`): over three epochs of 60
+    batches in spans of 2, each worker and the consumer map each recycled file once (the first epoch's
+    free files come back in the third epoch's folder, through the consumer's spare folder), and the batches
+    are the local ones; once the files are removed, the workers let go of their mappings without another span."""
+    from outcore.iterate.shared import SHARED_ROOT, _spare
+
     rng = np.random.default_rng(5)
     arrays = {"frames": rng.integers(0, 255, (1920, 64, 64, 3), dtype=np.uint8), "index": np.arange(1920)}
     with on_local_threads():
         ds = outcore.from_arrays(arrays, tmp_path / "long.zarr", chunk_size=32, progress=False)
     monkeypatch.setattr(cluster, "SPAN_SAMPLES", 64)
     consumer: list[int] = []
-    monkeypatch.setattr(mappings, "map_file", _recording(mappings.map_file, consumer))
+    monkeypatch.setattr(mappings, "map_descriptor", _recording(mappings.map_descriptor, consumer))
     client.run(_count_mappings)
+    it = ds.batches(32, seed=3, client=client)
     try:
-        got = [(batch["index"].copy(), batch["frames"].copy()) for batch in ds.batches(32, seed=3, client=client)]
+        got = [(batch["index"].copy(), batch["frames"].copy()) for _ in range(3) for batch in it]
     finally:
+        it.close()
         workers = client.run(_mapped_inodes)
-    local = [(batch["index"], batch["frames"]) for batch in ds.batches(32, seed=3)]
-    for (index, frames), (expected_index, expected_frames) in zip(got, local, strict=True):
+    local = ds.batches(32, seed=3)
+    expected = [(batch["index"], batch["frames"]) for _ in range(3) for batch in local]
+    for (index, frames), (expected_index, expected_frames) in zip(got, expected, strict=True):
         np.testing.assert_array_equal(index, expected_index)
         np.testing.assert_array_equal(frames, expected_frames)
-    assert len(got) == 60 and len(consumer) == len(set(consumer)) < 30
+    assert len(got) == 180 and len(consumer) == len(set(consumer)) < 40
     assert all(len(inodes) == len(set(inodes)) for inodes in workers.values()), workers
-    # the run closed, its folder went: idle workers let go of their mappings of it (the files' memory)
-    assert _soon(lambda: not any(client.run(_kept_folders).values()), seconds=10 * mappings.PRUNE_SECONDS)
-
-
-def _kept_folders() -> int:
-    from outcore.iterate.mappings import kept_mappings
-
-    return len(kept_mappings.folders)
+    assert any(set(inodes) & set(consumer) for inodes in workers.values())  # the same files, on both sides
+    # the runs closed and their folders went; the free files wait in the consumer's spare folder for its
+    # next run. Once that goes too (as the consumer ends), idle workers let go of their mappings (the memory)
+    _pid, spare = _spare.pop(SHARED_ROOT)
+    spare.close()
+    assert _soon(lambda: not any(client.run(_kept_mappings).values()), seconds=10 * mappings.PRUNE_SECONDS)
 
 
 RANK = """

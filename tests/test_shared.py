@@ -220,8 +220,9 @@ def test_a_file_that_comes_back_is_written_and_read_through_the_mapping_kept(tmp
     each batch still reads as made; a batch the consumer holds is never written again; the next epoch's
     mailbox keeps the mappings of the free files it takes over."""
     mapped = []
-    original = mappings.map_file
-    monkeypatch.setattr(mappings, "map_file", lambda path, *a, **k: mapped.append(path.name) or original(path, *a, **k))
+    original = mappings.map_descriptor
+    monkeypatch.setattr(mappings, "map_descriptor",
+                        lambda descriptor, *a, **k: mapped.append(descriptor) or original(descriptor, *a, **k))
     first = Mailbox.open(tmp_path)
     held = first.receive(made(first, 200))["images"]
     for value in range(20):

@@ -184,10 +184,10 @@ def test_loader_workers_parts_with_text_subsets_ranks_and_uneven_parts(tmp_path,
 def test_loader_workers_without_room_in_shared_memory_send_their_parts_and_it_is_said(pictures_store, monkeypatch):
     from outcore.iterate import mappings
 
-    def full(path, size, *, create, populate, start=0):  # a /dev/shm with no room: what posix_fallocate says
+    def full(path, size, *, create):  # a /dev/shm with no room: what posix_fallocate says
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(mappings, "map_file", full)  # in the forked workers
+    monkeypatch.setattr(mappings, "open_file", full)  # in the forked workers
     expected, _ = _epoch(pictures_store, 0)
     with pytest.warns(OutcoreWarning, match="no room .* for batches in shared memory"):
         assert _epoch(pictures_store, 2) == (expected, 0)  # the same batches, joined by the loader

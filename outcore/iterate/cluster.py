@@ -427,9 +427,9 @@ def _readers(source: StoreFields) -> dict[str, ChunkReader]:
 
 
 def _prune_mappings_on_this_worker() -> None:
-    """Have this Dask worker let go of its mappings of the batch folders gone (their consumer's run closed,
-    or the consumer ended) every `PRUNE_SECONDS`, on its event loop (`outcore.iterate.mappings`): an idle
-    worker's mappings would keep those files' memory until its next span."""
+    """Have this Dask worker let go of its mappings of the batch files removed (with their consumer's run
+    folder, or as the consumer ended) every `PRUNE_SECONDS`, on its event loop (`outcore.iterate.mappings`):
+    an idle worker's mappings would keep those files' memory until its next span."""
     from distributed import get_worker
     from tornado.ioloop import PeriodicCallback
 

@@ -4,25 +4,27 @@ Mapping a batch's file costs its page tables, whoever maps it: on 2 cores, a 12.
 x 128 x 3) took 1.5 ms to map filled at once (``MAP_POPULATE``) and 3.2 ms filled page by page as it is
 read, against 0.3 ms to write all of it through a mapping kept: about 6 µs a sample on the worker that
 writes it and 12 µs on the consumer that reads it, a tenth of a JPEG decode. The files of a mailbox
-are recycled (`outcore.iterate.shared`), so each comes back every few batches: `KeptMappings` keeps a
-process's mapping of each file, by folder and inode, and hands it out again when the file comes back.
+are recycled (`outcore.iterate.shared`), so each comes back every few batches, and in the next runs of
+its consumer: `KeptMappings` keeps a process's mapping of each file, with a descriptor of it, and hands
+it out again when the file comes back, under whatever name and in whatever folder.
 
-An inode number names a file only while the file exists (a new file may get a removed one's number):
-a mapping is kept for a file of a folder only, and the files of a mailbox's folder are never removed
-one by one while it exists. They are renamed in it, moved to the consumer's spare folder (which moves
-their mappings along, `KeptMappings.move`), or removed with the whole folder; the mappings of a folder
-go with it: `drop` where the process removes it; `prune` for a consumer's folders seen by a worker, run
-as the worker takes a free file and, on a Dask worker, every `PRUNE_SECONDS` on its event loop (a
-mapping keeps a removed file's memory; an idle worker lets go of it there).
+A file is known by its device and inode. An inode number names one file as long as a process maps
+it: the mapping holds the file, which keeps its number even once removed (on tmpfs numbers only
+grow, elsewhere a number is given again only once its file is freed). So a mapping found for the
+device and inode of the file at a path is a mapping of that very file. A mapping is let go of once its
+file is removed (no name left: ``st_nlink`` of the descriptor kept is 0), by `prune`: run as a worker
+takes a free file, on a Dask worker every `PRUNE_SECONDS` on its event loop (a mapping keeps a removed
+file's memory; an idle worker lets go of it there), and as a consumer closes a mailbox.
 
 >>> import shutil, tempfile
 >>> folder = Path(tempfile.mkdtemp(dir="/dev/shm"))
 >>> kept = KeptMappings()
->>> first = kept.map(folder, "a", 4096, create=True)
->>> os.rename(folder / "a", folder / "b")  # the file, recycled under another name
->>> kept.map(folder, "b", 4096) is first
+>>> first = kept.map(folder / "a", 4096, create=True)
+>>> (folder / "next").mkdir(); os.rename(folder / "a", folder / "next" / "b")  # recycled elsewhere, renamed
+>>> kept.map(folder / "next" / "b", 4096) is first
 True
->>> kept.drop(folder); shutil.rmtree(folder)
+>>> shutil.rmtree(folder); kept.prune(); len(kept.kept)
+0
 """
 
 from __future__ import annotations
@@ -34,76 +36,99 @@ import threading
 from pathlib import Path
 
 POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
-PRUNE_SECONDS = 2.0  # how soon an idle Dask worker lets go of the mappings of a removed folder's files
+PRUNE_SECONDS = 2.0  # how soon an idle Dask worker lets go of the mappings of removed files
+
+Key = tuple[int, int, int, int]  # a file's device and inode, and the part of it mapped: (start, size)
+
+
+def open_file(path: Path, size: int, *, create: bool) -> int:
+    """A descriptor of file ``path``, open for reading and writing; ``create`` makes the file and reserves
+    ``size`` bytes of room first (``posix_fallocate``: no room is an ``OSError`` now, not a crash when
+    written, and the file is removed again)."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL if create else os.O_RDWR, 0o600)
+    if create:
+        try:
+            os.posix_fallocate(descriptor, 0, size)
+        except OSError:
+            os.close(descriptor)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+    return descriptor
 
 
 def map_file(path: Path, size: int, *, create: bool, populate: bool, start: int = 0) -> mmap.mmap:
     """``size`` bytes of file ``path`` mapped for reading and writing (from byte ``start``, a multiple of
-    ``mmap.ALLOCATIONGRANULARITY``); ``create`` makes the file and reserves its room first
-    (``posix_fallocate``: no room is an ``OSError`` now, not a crash when written); ``populate`` maps its
-    pages at once (one call instead of a fault per page, for a file about to be written or read whole)."""
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL if create else os.O_RDWR, 0o600)
+    ``mmap.ALLOCATIONGRANULARITY``), the file made first with ``create`` (`open_file`); ``populate`` maps
+    its pages at once (one call instead of a fault per page, for a file about to be written or read whole)."""
+    descriptor = open_file(path, size, create=create)
     try:
-        if create:
-            os.posix_fallocate(descriptor, 0, size)
-        return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | (POPULATE if populate else 0), offset=start)
+        return map_descriptor(descriptor, size, start=start, populate=populate)
     finally:
         os.close(descriptor)
 
 
+def map_descriptor(descriptor: int, size: int, *, start: int, populate: bool) -> mmap.mmap:
+    """``size`` bytes of the open file ``descriptor`` mapped (every new mapping of outcore's is made here)."""
+    return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | (POPULATE if populate else 0), offset=start)
+
+
 class KeptMappings:
-    """A process's mappings of the files of shared-memory folders, by ``(inode, start, size)`` in each folder."""
+    """A process's mappings of shared-memory files (pages filled at once), each with a descriptor of its file,
+    by ``(device, inode, start, size)``."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.folders: dict[Path, dict[tuple[int, int, int], mmap.mmap]] = {}
+        self.kept: dict[Key, tuple[mmap.mmap, int]] = {}
 
-    def map(self, folder: Path, name: str, size: int, *, create: bool = False, start: int = 0,
-            inode: int | None = None) -> mmap.mmap:
-        """File ``name`` of ``folder`` mapped as `map_file` maps it (pages filled at once): the mapping kept
-        from the last time, if any (``inode``: the file's, when the caller knows it)."""
-        path = folder / name
+    def map(self, path: Path, size: int, *, create: bool = False, start: int = 0,
+            status: os.stat_result | None = None) -> mmap.mmap:
+        """``size`` bytes of file ``path`` from byte ``start``, mapped as `map_file` maps them: the mapping kept
+        from the last time the file was mapped here, if any (``status``: the file's, when the caller has it);
+        ``create`` makes the file (`open_file`)."""
         if not create:
-            key = (os.stat(path).st_ino if inode is None else inode, start, size)
+            status = os.stat(path) if status is None else status
             with self.lock:
-                mapped = self.folders.get(folder, {}).get(key)
-            if mapped is not None:
-                return mapped
-        mapped = map_file(path, size, create=create, populate=True, start=start)
-        key = (os.stat(path).st_ino, start, size) if create else key
+                found = self.kept.get((status.st_dev, status.st_ino, start, size))
+            if found is not None:
+                return found[0]
+        descriptor = open_file(path, size, create=create)
+        try:
+            mapped = map_descriptor(descriptor, size, start=start, populate=True)
+            opened = os.fstat(descriptor)
+        except BaseException:
+            os.close(descriptor)
+            raise
         with self.lock:
-            self.folders.setdefault(folder, {})[key] = mapped
+            replaced = self.kept.get(key := (opened.st_dev, opened.st_ino, start, size))
+            self.kept[key] = (mapped, descriptor)
+        if replaced is not None:  # mapped by two threads at once: one is kept
+            os.close(replaced[1])
         return mapped
 
-    def kept(self, folder: Path) -> set[int]:
-        """The inodes of ``folder``'s files this process keeps a mapping of."""
+    def inodes(self) -> set[int]:
+        """The inodes of the files this process keeps a mapping of."""
         with self.lock:
-            return {inode for inode, _, _ in self.folders.get(folder, {})}
-
-    def move(self, source: Path, target: Path, inode: int) -> None:
-        """The file of ``inode`` moved from folder ``source`` to ``target``: so do its mappings."""
-        with self.lock:
-            kept = self.folders.get(source, {})
-            for key in [key for key in kept if key[0] == inode]:
-                self.folders.setdefault(target, {})[key] = kept.pop(key)
-            if not kept:
-                self.folders.pop(source, None)
-
-    def drop(self, folder: Path) -> None:
-        """Forget ``folder``'s mappings (it is about to go; arrays still using one keep it alive)."""
-        with self.lock:
-            self.folders.pop(folder, None)
+            return {inode for _, inode, _, _ in self.kept}
 
     def prune(self) -> None:
-        """Forget the mappings of the folders that are gone (a file leaves a folder only as its consumer
-        closes it: then to its spare folder, which the consumer's own `move` follows)."""
+        """Let go of the mappings of the files removed since (arrays still using one keep it alive)."""
         with self.lock:
-            for gone in [known for known, kept in self.folders.items() if not kept or not known.is_dir()]:
-                del self.folders[gone]
+            kept = list(self.kept.items())
+        gone = [(key, held) for key, held in kept if os.fstat(held[1]).st_nlink == 0]
+        with self.lock:
+            for key, held in gone:
+                if self.kept.get(key) is held:
+                    del self.kept[key]
+                    os.close(held[1])
 
     def reset(self) -> None:
-        """Forget everything (in a forked child, where the parent's lock may have been held by another thread)."""
-        self.lock, self.folders = threading.Lock(), {}
+        """Forget everything (in a forked child, where the parent's lock may have been held by another thread),
+        closing the child's copies of the descriptors."""
+        for _, descriptor in self.kept.values():
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+        self.lock, self.kept = threading.Lock(), {}
 
 
 kept_mappings = KeptMappings()  # this process's

@@ -174,7 +174,7 @@ class Arena:
             if status.st_size != size or not first < last <= size:
                 return np.empty(shape, dtype)
             start = first - first % mmap.ALLOCATIONGRANULARITY
-            mapped = kept_mappings.map(self.folder, name, last - start, start=start, inode=status.st_ino)
+            mapped = kept_mappings.map(path, last - start, start=start, status=status)
         except OSError:  # no room (a small /dev/shm), or the run was closed meanwhile
             self.no_room = True
             return np.empty(shape, dtype)
@@ -186,13 +186,12 @@ class Arena:
         """A free file of ``size`` bytes, taken (`_take_free`: one this process has mapped before, if any)
         and mapped; None when there is none."""
         assert self.folder is not None
-        inode = _take_free(self.folder, name, size, kept_mappings.kept(self.folder))
-        if inode is None:
+        if _take_free(self.folder, name, size, kept_mappings.inodes()) is None:
             return None
         try:
-            return kept_mappings.map(self.folder, name, size, inode=inode)
+            return kept_mappings.map(self.folder / name, size)
         except OSError:
-            _free(self.folder, name, size)  # back with the free ones: a mailbox's files are never removed one by one
+            _free(self.folder, name, size)  # back with the free ones, for another batch
             raise
 
     def _new(self, name: str, size: int) -> mmap.mmap:
@@ -200,7 +199,7 @@ class Arena:
         if that fails)."""
         assert self.folder is not None
         try:
-            return kept_mappings.map(self.folder, name, size, create=True)
+            return kept_mappings.map(self.folder / name, size, create=True)
         except OSError:
             with contextlib.suppress(OSError):
                 (self.folder / name).unlink()
@@ -307,11 +306,11 @@ class Mailbox:
         keep the array this returns a view of alive)."""
         dtype = np.dtype(shared.dtype)
         try:
-            inode = os.stat(self.folder / shared.name).st_ino
-            mapped = kept_mappings.map(self.folder, shared.name, shared.nbytes, inode=inode)
+            status = os.stat(self.folder / shared.name)
+            mapped = kept_mappings.map(self.folder / shared.name, shared.nbytes, status=status)
         except OSError as error:
             raise self._gone(error) from None
-        self.used.add(inode)
+        self.used.add(status.st_ino)
         array = np.frombuffer(mapped, dtype, shared.nbytes // dtype.itemsize)
         weakref.finalize(array, _free, self.folder, shared.name, shared.nbytes)
         return array.reshape(shared.shape)
@@ -324,9 +323,9 @@ class Mailbox:
         spare = _spares(self.folder.parent)
         if spare is not None and spare is not self:
             _move_free(self.folder, spare.folder, self.used)
-        kept_mappings.drop(self.folder)
         shutil.rmtree(self.folder, ignore_errors=True)
         self._lock.close()
+        kept_mappings.prune()  # the mappings of the files that went with the folder
 
 
 _spare: dict[Path, tuple[int, Mailbox | None]] = {}  # root -> (pid, this process's folder of spare files)
@@ -346,15 +345,14 @@ def _spares(root: Path) -> Mailbox | None:
 
 def _move_free(source: Path, target: Path, only: Collection[int] | None = None) -> None:
     """Move the free files of folder ``source`` (those of inodes ``only``, when given) into ``target`` (one
-    filesystem: renames), and this process's mappings of them."""
-    free: list[tuple[str, int]] = []
+    filesystem: renames; the mappings of them kept by any process stay good, `outcore.iterate.mappings`)."""
+    free: list[str] = []
     with contextlib.suppress(OSError), os.scandir(source) as entries:
-        free = [(entry.name, entry.inode()) for entry in entries
+        free = [entry.name for entry in entries
                 if entry.name.startswith(FREE) and (only is None or entry.inode() in only)]
-    for name, inode in free:
+    for name in free:
         with contextlib.suppress(OSError):  # taken meanwhile by a worker still running
             os.rename(source / name, target / name)
-            kept_mappings.move(source, target, inode)
 
 
 def join_parts(parts: Sequence[SharedBatch | Mapping[str, np.ndarray]], sizes: Sequence[int],
@@ -394,7 +392,7 @@ def _take_free(folder: Path, name: str, size: int, mine: Collection[int] = ()) -
     taking it too fails), one of inodes ``mine`` if any is free; None when none was."""
     with os.scandir(folder) as entries:
         free = {entry.inode(): entry.name for entry in entries if entry.name.startswith(f"{FREE}{size}-")}
-    kept_mappings.prune()  # the folders of runs closed since
+    kept_mappings.prune()  # the files removed since (with the folders of runs closed)
     for inode in sorted(free, key=lambda inode: inode not in mine):
         try:
             os.rename(folder / free[inode], folder / name)
