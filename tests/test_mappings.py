@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -64,6 +66,32 @@ def test_a_new_file_in_the_place_of_a_removed_one_is_mapped_anew(folder):
     new = kept.map(folder / "a", SIZE, create=True)
     assert new is not old and (np.frombuffer(new, np.uint8)[:4] == 0).all()
     assert kept.map(folder / "a", SIZE) is new
+
+
+def test_a_kept_mapping_is_handed_out_only_for_its_own_file(folder):
+    """Were another file given a kept file's inode number (tmpfs wraps 32-bit numbers after 4 billion
+    files), it is mapped anew: here the new file's status is made to carry the kept file's number."""
+    kept = KeptMappings()
+    old = kept.map(folder / "a", SIZE, create=True)
+    np.frombuffer(old, np.uint8)[:4] = 9
+    (folder / "new").write_bytes(bytes(SIZE))
+
+    def as_if_numbered_like(path, other):
+        status = os.stat(path)
+        return SimpleNamespace(st_dev=status.st_dev, st_ino=os.stat(other).st_ino, st_ctime_ns=status.st_ctime_ns,
+                               st_size=status.st_size)
+
+    time.sleep(0.05)  # past the filesystem's clock tick
+    os.rename(folder / "a", folder / "a-kept")  # still named, changed after the new file was made
+    first = kept.map(folder / "new", SIZE, status=as_if_numbered_like(folder / "new", folder / "a-kept"))
+    assert first is not old and (np.frombuffer(first, np.uint8)[:4] == 0).all()
+    gone = os.stat(folder / "a-kept")
+    (folder / "a-kept").unlink()  # removed: its number could be given again
+    (folder / "newer").write_bytes(bytes(SIZE))
+    status = os.stat(folder / "newer")
+    as_if = SimpleNamespace(st_dev=status.st_dev, st_ino=gone.st_ino, st_ctime_ns=gone.st_ctime_ns, st_size=SIZE)
+    assert kept.map(folder / "newer", SIZE, status=as_if) is not old
+    assert kept.map(folder / "new", SIZE) is first  # its own file: handed out
 
 
 def _count_in_child(queue):

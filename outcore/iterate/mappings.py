@@ -8,13 +8,15 @@ are recycled (`outcore.iterate.shared`), so each comes back every few batches, a
 its consumer: `KeptMappings` keeps a process's mapping of each file, with a descriptor of it, and hands
 it out again when the file comes back, under whatever name and in whatever folder.
 
-A file is known by its device and inode. An inode number names one file as long as a process maps
-it: the mapping holds the file, which keeps its number even once removed (on tmpfs numbers only
-grow, elsewhere a number is given again only once its file is freed). So a mapping found for the
-device and inode of the file at a path is a mapping of that very file. A mapping is let go of once its
-file is removed (no name left: ``st_nlink`` of the descriptor kept is 0), by `prune`: run as a worker
-takes a free file, on a Dask worker every `PRUNE_SECONDS` on its event loop (a mapping keeps a removed
-file's memory; an idle worker lets go of it there), and as a consumer closes a mailbox.
+A file is known by its device and inode number. While a process maps a file, the mapping holds it and
+no other file gets its number: filesystems give a number again only once its file is freed, and tmpfs
+counts numbers up, but without ``inode64`` it counts in 32 bits and wraps after 4 billion files (made
+by any program). So a kept mapping found for the device and inode of the file at a path is handed out
+only when its descriptor says it is that very file (`_same_file`: still named, changed at the same
+time, of the same size); otherwise the file is mapped anew. A mapping is let go of once its file is
+removed (no name left: ``st_nlink`` of the descriptor kept is 0), by `prune`: run as a worker takes a
+free file, on a Dask worker every `PRUNE_SECONDS` on its event loop (a mapping keeps a removed file's
+memory; an idle worker lets go of it there), and as a consumer closes a mailbox.
 
 >>> import shutil, tempfile
 >>> folder = Path(tempfile.mkdtemp(dir="/dev/shm"))
@@ -73,6 +75,16 @@ def map_descriptor(descriptor: int, size: int, *, start: int, populate: bool) ->
     return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | (POPULATE if populate else 0), offset=start)
 
 
+def _same_file(descriptor: int, status: os.stat_result) -> bool:
+    """Whether ``descriptor`` is open on the file ``status`` describes, not on another of its device and inode
+    number (removed, or under a number tmpfs gave again): still named, changed at the same time (a rename
+    changes it), of the same size. A file changed between the two looks (written by another process) is
+    mapped anew: a cost, never a wrong mapping."""
+    kept = os.fstat(descriptor)
+    return kept.st_nlink > 0 and (kept.st_dev, kept.st_ino, kept.st_ctime_ns, kept.st_size) == (
+        status.st_dev, status.st_ino, status.st_ctime_ns, status.st_size)
+
+
 class KeptMappings:
     """A process's mappings of shared-memory files (pages filled at once), each with a descriptor of its file,
     by ``(device, inode, start, size)``."""
@@ -88,10 +100,10 @@ class KeptMappings:
         ``create`` makes the file (`open_file`)."""
         if not create:
             status = os.stat(path) if status is None else status
-            with self.lock:
+            with self.lock:  # a descriptor is closed only under the lock
                 found = self.kept.get((status.st_dev, status.st_ino, start, size))
-            if found is not None:
-                return found[0]
+                if found is not None and _same_file(found[1], status):
+                    return found[0]
         descriptor = open_file(path, size, create=create)
         try:
             mapped = map_descriptor(descriptor, size, start=start, populate=True)
@@ -102,8 +114,8 @@ class KeptMappings:
         with self.lock:
             replaced = self.kept.get(key := (opened.st_dev, opened.st_ino, start, size))
             self.kept[key] = (mapped, descriptor)
-        if replaced is not None:  # mapped by two threads at once: one is kept
-            os.close(replaced[1])
+            if replaced is not None:  # another file of that number before, or mapped by two threads at once
+                os.close(replaced[1])
         return mapped
 
     def inodes(self) -> set[int]:
@@ -113,14 +125,9 @@ class KeptMappings:
 
     def prune(self) -> None:
         """Let go of the mappings of the files removed since (arrays still using one keep it alive)."""
-        with self.lock:
-            kept = list(self.kept.items())
-        gone = [(key, held) for key, held in kept if os.fstat(held[1]).st_nlink == 0]
-        with self.lock:
-            for key, held in gone:
-                if self.kept.get(key) is held:
-                    del self.kept[key]
-                    os.close(held[1])
+        with self.lock:  # held throughout: a descriptor is closed only once out of `kept`, under the lock
+            for key in [key for key, (_, descriptor) in self.kept.items() if os.fstat(descriptor).st_nlink == 0]:
+                os.close(self.kept.pop(key)[1])
 
     def reset(self) -> None:
         """Forget everything (in a forked child, where the parent's lock may have been held by another thread),
