@@ -59,20 +59,11 @@ def open_file(path: Path, size: int, *, create: bool) -> int:
     return descriptor
 
 
-def map_file(path: Path, size: int, *, create: bool, populate: bool, start: int = 0) -> mmap.mmap:
-    """``size`` bytes of file ``path`` mapped for reading and writing (from byte ``start``, a multiple of
-    ``mmap.ALLOCATIONGRANULARITY``), the file made first with ``create`` (`open_file`); ``populate`` maps
-    its pages at once (one call instead of a fault per page, for a file about to be written or read whole)."""
-    descriptor = open_file(path, size, create=create)
-    try:
-        return map_descriptor(descriptor, size, start=start, populate=populate)
-    finally:
-        os.close(descriptor)
-
-
-def map_descriptor(descriptor: int, size: int, *, start: int, populate: bool) -> mmap.mmap:
-    """``size`` bytes of the open file ``descriptor`` mapped (every new mapping of outcore's is made here)."""
-    return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | (POPULATE if populate else 0), offset=start)
+def map_descriptor(descriptor: int, size: int, *, start: int) -> mmap.mmap:
+    """``size`` bytes of the open file ``descriptor`` mapped for reading and writing, from byte ``start`` (a
+    multiple of ``mmap.ALLOCATIONGRANULARITY``), its pages mapped at once (one call instead of a fault per
+    page: a batch's file is written or read whole). Every new mapping of outcore's is made here."""
+    return mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED | POPULATE, offset=start)
 
 
 def _same_file(descriptor: int, status: os.stat_result) -> bool:
@@ -95,9 +86,9 @@ class KeptMappings:
 
     def map(self, path: Path, size: int, *, create: bool = False, start: int = 0,
             status: os.stat_result | None = None) -> mmap.mmap:
-        """``size`` bytes of file ``path`` from byte ``start``, mapped as `map_file` maps them: the mapping kept
-        from the last time the file was mapped here, if any (``status``: the file's, when the caller has it);
-        ``create`` makes the file (`open_file`)."""
+        """``size`` bytes of file ``path`` from byte ``start``, mapped with their pages filled (`map_descriptor`):
+        the mapping kept from the last time the file was mapped here, if any (``status``: the file's, when
+        the caller has it); ``create`` makes the file (`open_file`)."""
         if not create:
             status = os.stat(path) if status is None else status
             with self.lock:  # a descriptor is closed only under the lock
@@ -106,7 +97,7 @@ class KeptMappings:
                     return found[0]
         descriptor = open_file(path, size, create=create)
         try:
-            mapped = map_descriptor(descriptor, size, start=start, populate=True)
+            mapped = map_descriptor(descriptor, size, start=start)
             opened = os.fstat(descriptor)
         except BaseException:
             os.close(descriptor)

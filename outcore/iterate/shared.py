@@ -56,7 +56,7 @@ import numpy as np
 
 from ..errors import ClusterError, OutcoreWarning
 from .batch import join_field
-from .mappings import kept_mappings, map_file
+from .mappings import kept_mappings, open_file
 
 try:
     import fcntl
@@ -161,7 +161,7 @@ class Arena:
         try:
             if not path.exists():
                 if _take_free(self.folder, private, size) is None:
-                    map_file(self.folder / private, size, create=True, populate=False).close()
+                    os.close(open_file(self.folder / private, size, create=True))  # made, its room reserved
                 try:
                     os.link(self.folder / private, path)  # atomic: fails where another worker made it first
                 except FileExistsError:
