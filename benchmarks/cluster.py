@@ -315,6 +315,8 @@ def main() -> None:
                         help="the workers' Dask settings, comma-separated: dask (its defaults), outcore (WORKER_CONFIG)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
+    if unknown := set(args.settings.split(",")) - set(SETTINGS):
+        parser.error(f"--settings {args.settings}: {', '.join(sorted(unknown))} is not one of {', '.join(SETTINGS)}")
     sizes = [int(n) for n in args.workers.split(",")]
     workdir = Path(args.workdir)
     shape = (args.size, args.size, 3)
