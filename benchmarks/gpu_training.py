@@ -11,8 +11,8 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
   DataLoader worker processes;
 - a JPEG-folder DataLoader (Pillow decode per sample, 8 worker processes), the usual baseline;
 - with ``--cluster-workers n``: an encoded store of the JPEG folder, decoded, cropped and flipped by a
-  ``LocalCluster`` of n single-threaded workers (``ds.torch(..., client=client)``), batches handed over
-  through shared memory.
+  ``LocalCluster`` of n single-threaded workers started with `outcore.WORKER_CONFIG` (``ds.torch(...,
+  client=client)``), batches handed over through shared memory.
 
 Prints samples/s, the share of the step's time spent waiting for the next batch, and the ratio to
 the ceiling. Needs a CUDA GPU (it says so and stops without one).
@@ -135,13 +135,15 @@ def main() -> None:
             (x.cuda(non_blocking=True), y.cuda(non_blocking=True)) for x, y in jpeg_loader)),
     }
     if args.cluster_workers:
+        import dask
         from distributed import Client, LocalCluster
 
         encoded = workdir / f"gpu-{args.samples}-encoded.zarr"
         jpeg_store = outcore.open_dataset(encoded) if encoded.exists() else outcore.ingest_images(
             jpegs, encoded, shape=(SIZE, SIZE, 3), images="encoded", progress=False)
-        cluster = LocalCluster(n_workers=args.cluster_workers, threads_per_worker=1, processes=True,
-                               host="127.0.0.1", dashboard_address=":0")
+        with dask.config.set(outcore.WORKER_CONFIG):
+            cluster = LocalCluster(n_workers=args.cluster_workers, threads_per_worker=1, processes=True,
+                                   host="127.0.0.1", dashboard_address=":0")
         client = Client(cluster)
         feeds[f"outcore ds.torch, JPEG store, LocalCluster of {args.cluster_workers} workers"] = lambda: forever(
             lambda: pairs(jpeg_store.torch(BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT,
