@@ -100,6 +100,31 @@ def test_a_cropped_decode_gives_the_pixels_of_a_full_decode_then_cut(name):
 
 
 @built
+@pytest.mark.parametrize("name", list(FILES))
+def test_a_box_of_whole_pixels_at_its_own_size_is_the_decoded_pixels_cut_and_mirrored(name):
+    """A plain crop (a box of whole pixels resized to its own size: RandomCrop) is copied, not resampled:
+    the same bytes as decoding the whole picture and cutting, flipped every way."""
+    data, channels = FILES[name]
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    rng = np.random.default_rng(len(name))
+    for eighths in (1, 2, 4, 8):
+        scaled = (math.ceil(height * eighths / 8), math.ceil(width * eighths / 8))
+        whole = simplejpeg.decode_jpeg(data, colorspace="RGB" if channels == 3 else "GRAY", min_height=scaled[0],
+                                       min_width=scaled[1]).reshape(*scaled, channels)
+        boxes = [(0, 0, *scaled), (0, 0, 1, 1), (scaled[0] - 5, scaled[1] - 3, scaled[0], scaled[1])]
+        for _ in range(6):
+            box_h, box_w = int(rng.integers(1, scaled[0] + 1)), int(rng.integers(1, scaled[1] + 1))
+            top, left = int(rng.integers(0, scaled[0] - box_h + 1)), int(rng.integers(0, scaled[1] - box_w + 1))
+            boxes.append((top, left, top + box_h, left + box_w))
+        for top, left, bottom, right in boxes:
+            for flip in ((False, False), (True, False), (False, True), (True, True)):
+                out = np.full((bottom - top, right - left, channels), 7, np.uint8)
+                native.extension.crop_resize(data, eighths, (top, left, bottom, right), out, *flip)
+                expected = whole[top:bottom, left:right][::-1 if flip[1] else 1, ::-1 if flip[0] else 1]
+                assert np.array_equal(out, expected), (name, eighths, (top, left, bottom, right), flip)
+
+
+@built
 def test_the_resize_is_pillows_antialiased_bilinear_one_axis_at_a_time():
     rng = np.random.default_rng(0)
     for trial in range(400):
