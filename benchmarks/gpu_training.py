@@ -14,8 +14,10 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
   ``LocalCluster`` of n single-threaded workers started with `outcore.WORKER_CONFIG` (``ds.torch(...,
   client=client)``), batches handed over through shared memory.
 
-Prints samples/s, the share of the step's time spent waiting for the next batch, and the ratio to
-the ceiling. Needs a CUDA GPU (it says so and stops without one).
+Each loader is made once and iterated epoch after epoch, as a training loop does (its DataLoader
+workers, where it has them, kept across epochs, as the Pillow DataLoader's are). Prints samples/s, the
+share of the step's time spent waiting for the next batch, and the ratio to the ceiling. Needs a CUDA
+GPU (it says so and stops without one).
 """
 
 from __future__ import annotations
@@ -95,9 +97,11 @@ def train(batches, steps: int) -> tuple[float, float]:
     return samples / elapsed, waited / elapsed
 
 
-def forever(make):
+def epochs(loader, move=lambda batch: batch):
+    """``loader``'s batches, each through ``move``, epoch after epoch: the same loader iterated again, as a
+    training loop does."""
     while True:
-        yield from make()
+        yield from (move(batch) for batch in loader)
 
 
 def main() -> None:
@@ -118,21 +122,24 @@ def main() -> None:
     workdir.mkdir(exist_ok=True)
     ds, jpegs = build(workdir, args.samples)
 
-    def pairs(loader):
-        return ((b["images"], b["labels"]) for b in to_device(loader, "cuda"))
+    def on_gpu(loader):
+        """(images, labels) of ``loader``'s batches on the GPU, epoch after epoch."""
+        while True:
+            yield from ((b["images"], b["labels"]) for b in to_device(loader, "cuda"))
 
     jpeg_loader = torch.utils.data.DataLoader(JpegFolder(jpegs, crop=CROP), batch_size=BATCH, shuffle=True,
                                               num_workers=8, pin_memory=True, persistent_workers=True)
     first = next(iter(ds.batches(BATCH, fields=["images", "labels"], transform=AUGMENT)))
     resident = (torch.from_numpy(first["images"]).cuda(), torch.from_numpy(first["labels"]).cuda())
     feeds = {
-        "the same batch, already on the GPU (ceiling)": lambda: forever(lambda: [resident]),
-        "outcore ds.torch, reader threads (num_workers=0)": lambda: forever(lambda: pairs(ds.torch(
-            BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT, pin_memory=True))),
-        "outcore ds.torch, 4 DataLoader workers": lambda: forever(lambda: pairs(ds.torch(
-            BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT, pin_memory=True, num_workers=4))),
-        "JPEG folder, Pillow, DataLoader, 8 workers": lambda: forever(lambda: (
-            (x.cuda(non_blocking=True), y.cuda(non_blocking=True)) for x, y in jpeg_loader)),
+        "the same batch, already on the GPU (ceiling)": lambda: epochs([resident]),
+        "outcore ds.torch, reader threads (num_workers=0)": lambda: on_gpu(ds.torch(
+            BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT, pin_memory=True)),
+        "outcore ds.torch, 4 DataLoader workers": lambda: on_gpu(ds.torch(
+            BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT, pin_memory=True, num_workers=4,
+            persistent_workers=True)),
+        "JPEG folder, Pillow, DataLoader, 8 workers": lambda: epochs(
+            jpeg_loader, lambda pair: (pair[0].cuda(non_blocking=True), pair[1].cuda(non_blocking=True))),
     }
     if args.cluster_workers:
         import dask
@@ -145,9 +152,9 @@ def main() -> None:
             cluster = LocalCluster(n_workers=args.cluster_workers, threads_per_worker=1, processes=True,
                                    host="127.0.0.1", dashboard_address=":0")
         client = Client(cluster)
-        feeds[f"outcore ds.torch, JPEG store, LocalCluster of {args.cluster_workers} workers"] = lambda: forever(
-            lambda: pairs(jpeg_store.torch(BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT,
-                                           pin_memory=True, client=client)))
+        feeds[f"outcore ds.torch, JPEG store, LocalCluster of {args.cluster_workers} workers"] = lambda: on_gpu(
+            jpeg_store.torch(BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT, pin_memory=True,
+                             client=client))
     rows = [(name, *train(feed(), args.steps)) for name, feed in feeds.items()]
     ceiling = rows[0][1]
     print(f"\n{torch.cuda.get_device_name()}, {len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips, "
