@@ -1,7 +1,8 @@
 """Decode on a Dask cluster: what a worker spends per sample, how fast batches reach the consumer, how it scales.
 
     python benchmarks/cluster.py [--images 20000] [--copies 1] [--size 128] [--repeats 3] [--workers 1,2]
-                                 [--settings dask,outcore] [--consumers 2] [--crop-flip] [--workdir bench-data]
+                                 [--settings dask,outcore] [--scheduler here] [--consumers 2] [--crop-flip]
+                                 [--workdir bench-data]
 
 Writes ``--images`` photo crops as quality-90 JPEGs (kept in ``--workdir``), ingests them as an encoded
 store (``images="encoded"``: the JPEG bytes; with ``--copies n``, each file n times, as hard links, for
@@ -23,7 +24,11 @@ flip, batch transforms after decoding, whose cost then counts against the plain 
   the consumer's ``prefetch`` batches, and at an epoch's end the next epoch's first spans); and the
   rate against ``n`` workers' bare decode (1.00: the cluster costs nothing beyond decoding); each
   cluster started with each of ``--settings``, in turn: ``dask``, Dask's defaults, and ``outcore``,
-  `outcore.WORKER_CONFIG` (no statistical profiler, a tick a second);
+  `outcore.WORKER_CONFIG` (no statistical profiler, a tick a second); and with each of ``--scheduler``:
+  ``here``, a ``LocalCluster`` (its scheduler, and the nannies of its workers, run in this process, on
+  the event loop of this process's client), ``apart``, distributed's ``SubprocessCluster`` (experimental
+  there: the scheduler and each worker in processes of their own; the scheduler's CPU then counts
+  nowhere in the table);
 - **delivery**: blank batches of the same shape made on every worker of the largest cluster (started
   with the first of ``--settings``, as are the two measures below) and received here: through shared
   memory (what a consumer on the workers' machine gets) and over Dask's sockets
@@ -54,6 +59,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 from unittest import mock
@@ -63,6 +69,7 @@ import numpy as np
 import psutil
 from common import prepare
 from distributed import Client, LocalCluster
+from distributed.deploy.subprocess import SubprocessCluster
 
 import outcore
 from outcore.imaging import decode_image
@@ -77,6 +84,23 @@ BATCH = 256
 STEP_SECONDS = 0.01  # a training step, in the epoch-boundary rows
 SHORT_EPOCH = 10  # batches per epoch in the epoch-boundary rows
 SETTINGS = {"dask": {}, "outcore": outcore.WORKER_CONFIG}  # the workers' Dask settings (--settings)
+SCHEDULERS = ("here", "apart")  # where the cluster's scheduler runs (--scheduler)
+
+
+@contextlib.contextmanager
+def started(workers: int, settings: str, scheduler: str) -> Iterator[tuple[LocalCluster | SubprocessCluster, Client]]:
+    """A cluster of ``workers`` single-threaded worker processes with the Dask ``settings`` named, its
+    scheduler in this process (``here``: a ``LocalCluster``) or in a process of its own (``apart``: a
+    ``SubprocessCluster``, whose processes take the settings from their environment), and a client of it
+    once every worker is in."""
+    environment = outcore.worker_environment() if settings == "outcore" and scheduler == "apart" else {}
+    with dask.config.set(SETTINGS[settings]), mock.patch.dict(os.environ, environment):
+        cluster = (LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                dashboard_address=":0") if scheduler == "here" else
+                   SubprocessCluster(host="127.0.0.1", n_workers=workers, threads_per_worker=1, dashboard_address=None))
+        with cluster, Client(cluster) as client:
+            client.wait_for_workers(workers, timeout=120)
+            yield cluster, client
 
 
 def encoded_store(source: Path, target: Path, shape: tuple[int, ...]) -> outcore.Dataset:
@@ -313,10 +337,14 @@ def main() -> None:
     parser.add_argument("--workdir", default="bench-data")
     parser.add_argument("--settings", default="dask,outcore",
                         help="the workers' Dask settings, comma-separated: dask (its defaults), outcore (WORKER_CONFIG)")
+    parser.add_argument("--scheduler", default="here",
+                        help="where each cluster's scheduler runs, comma-separated: here (LocalCluster), apart "
+                             "(SubprocessCluster)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
-    if unknown := set(args.settings.split(",")) - set(SETTINGS):
-        parser.error(f"--settings {args.settings}: {', '.join(sorted(unknown))} is not one of {', '.join(SETTINGS)}")
+    for option, given, known in (("--settings", args.settings, SETTINGS), ("--scheduler", args.scheduler, SCHEDULERS)):
+        if unknown := set(given.split(",")) - set(known):
+            parser.error(f"{option} {given}: {', '.join(sorted(unknown))} is not one of {', '.join(known)}")
     sizes = [int(n) for n in args.workers.split(",")]
     workdir = Path(args.workdir)
     shape = (args.size, args.size, 3)
@@ -341,21 +369,21 @@ def main() -> None:
               f"{'shm MiB':>8s}")
     print(header)
     print("-" * len(header), flush=True)
-    first, kinds = None, args.settings.split(",")
+    first, kinds = None, [(kind, where) for where in args.scheduler.split(",") for kind in args.settings.split(",")]
     for workers in sizes:
-        for kind in kinds:
-            with dask.config.set(SETTINGS[kind]), \
-                    LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                 dashboard_address=":0") as cluster, Client(cluster) as client:
+        for kind, where in kinds:
+            with started(workers, kind, where) as (cluster, client):
                 bare = statistics.median(on_every_worker(client, bare_decode, location, probe, args.repeats))
                 got = epoch(ds, client, args.repeats, transform)
                 first = first or got["rate"]
-                print(f"{f'{workers}, {kind}':>17s} {got['rate']:10.0f} {got['rate'] / first:11.2f} "
+                name = f"{workers}, {kind}" + (", apart" if where == "apart" else "")
+                print(f"{name:>17s} {got['rate']:10.0f} {got['rate'] / first:11.2f} "
                       f"{got['rate'] * bare / workers:11.2f} {bare * 1e6:8.0f} {got['worker'] * 1e6:9.0f} "
                       f"{got['loop'] * 1e6:7.1f} {got['worker'] / bare:11.2f} {got['consumer'] * 1e6:11.0f} "
                       f"{got['reads']:6.2f} {got['shm MiB']:8.0f}", flush=True)
-                results["clusters"].setdefault(kind, {})[workers] = {**got, "bare": bare}
-                if workers == sizes[-1] and kind == kinds[0]:
+                results["clusters"].setdefault(kind if where == "here" else f"{kind}, apart", {})[workers] = {
+                    **got, "bare": bare}
+                if workers == sizes[-1] and (kind, where) == kinds[0]:
                     results["largest"] = largest(client, cluster.scheduler_address, location, short, shape, args)
     last = results["largest"]
     print(f"\ndelivery from {sizes[-1]} workers (blank {BATCH}x{args.size}x{args.size}x3 batches, received and read): "
