@@ -73,9 +73,14 @@ def test_every_code_block_runs(page, sources, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
     namespace: dict = {"__name__": "__docs__"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", OutcoreWarning)  # pages show what outcore warns of; other warnings fail
-        _run(page, namespace)
+    environment = dict(os.environ)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OutcoreWarning)  # pages show what outcore warns of; other warnings fail
+            _run(page, namespace)
+    finally:  # a page may set variables (`outcore.worker_environment()`): they end with it
+        os.environ.clear()
+        os.environ.update(environment)
 
 
 def _run(page: Path, namespace: dict) -> None:
