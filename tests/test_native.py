@@ -102,8 +102,9 @@ def test_a_cropped_decode_gives_the_pixels_of_a_full_decode_then_cut(name):
 @built
 @pytest.mark.parametrize("name", list(FILES))
 def test_a_box_of_whole_pixels_at_its_own_size_is_the_decoded_pixels_cut_and_mirrored(name):
-    """A plain crop (a box of whole pixels resized to its own size: RandomCrop) is copied, not resampled:
-    the same bytes as decoding the whole picture and cutting, flipped every way."""
+    """A plain crop (a box of whole pixels resized to its own size: CenterCrop without resize on pictures
+    kept at their size) is copied, not resampled: the same bytes as decoding the whole picture and cutting,
+    flipped every way."""
     data, channels = FILES[name]
     height, width, _, _ = simplejpeg.decode_jpeg_header(data)
     rng = np.random.default_rng(len(name))
