@@ -251,8 +251,6 @@ static void columns_pass(const uint8_t *line, size_t bytes, int left, int channe
  * of the axes the taps index) into `out` (rows.size x columns.size x channels, C order), mirrored as asked. */
 RESIZE_CLONES static int resize(const uint8_t *source, size_t stride, int top, int left, int channels, const Taps *rows,
                   const Taps *columns, uint8_t *out, int flip_x, int flip_y) {
-    int row_low, row_high;
-    taps_span(rows, &row_low, &row_high);
     size_t across = (size_t)columns->size * channels;
     if (taps_copy(rows) && taps_copy(columns)) { /* a plain crop: its pixels copied (58 us, not 91, at 112x112) */
         for (int y = 0; y < rows->size; y++) {
@@ -265,6 +263,8 @@ RESIZE_CLONES static int resize(const uint8_t *source, size_t stride, int top, i
         }
         return 0;
     }
+    int row_low, row_high;
+    taps_span(rows, &row_low, &row_high);
     uint8_t *middle = malloc((size_t)(row_high - row_low) * across);
     int32_t *sums = malloc(across * sizeof(int32_t));
     if (!middle || !sums) {
