@@ -100,6 +100,9 @@ def started(workers: int, settings: str, scheduler: str) -> Iterator[tuple[Local
                    SubprocessCluster(host="127.0.0.1", n_workers=workers, threads_per_worker=1, dashboard_address=None))
         with cluster, Client(cluster) as client:
             client.wait_for_workers(workers, timeout=120)
+            profiled = set(client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values())
+            if profiled != {settings == "dask"}:  # a row of the other settings would be silently wrong
+                raise RuntimeError(f"the workers of a {scheduler} cluster did not start with --settings {settings}")
             yield cluster, client
 
 
