@@ -184,8 +184,9 @@ def dct_scale(size: tuple[int, int], need: tuple[int, int]) -> int:
     """
     if min(size) < 8:  # a tiny picture: every scale would give it the same size
         return 8
-    for eighths in DCT_SCALES:
-        if all(math.ceil(side * eighths / 8) >= least for side, least in zip(size, need, strict=True)):
+    (height, width), (least_height, least_width) = size, need
+    for eighths in DCT_SCALES:  # plain arithmetic: called once a sample
+        if -(-height * eighths // 8) >= least_height and -(-width * eighths // 8) >= least_width:
             return eighths
     return 8
 
