@@ -15,6 +15,7 @@ from PIL import Image
 
 import outcore
 from outcore.imaging import center_crop_box, random_resized_crop_box
+from outcore.iterate.batch import Recipe
 from outcore.testing import write_image_folder
 from outcore.transforms import CenterCrop, Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
 
@@ -221,3 +222,26 @@ def test_a_centre_crop_of_files_of_the_store_shape_is_their_stored_pixels_exactl
         np.testing.assert_array_equal(f["images_encoded"][same_size], u["images"][same_size])
         compared += int(same_size.sum())
     assert compared == 8
+
+
+@pytest.mark.parametrize(("padding", "flip"), [(0, None), (0, RandomFlip(p=1.0)), (5, RandomFlip(vertical=True))])
+def test_a_random_crop_is_cut_while_decoding_with_the_windows_of_the_pixel_store(both, padding, flip):
+    """The same windows as on the stored pixels: exactly their pixels for files of the store's shape and
+    PNGs, within a resize's difference for files decoded to it at a DCT scale."""
+
+    def pipeline(field):
+        crop = RandomCrop(40, padding=padding, field=field)
+        return crop if flip is None else Compose([crop, dataclasses.replace(flip, field=field)])
+
+    assert Recipe.of(["images_encoded"], (), {"images_encoded"}, pipeline("images_encoded")).crop == RandomCrop(
+        40, padding=padding, field="images_encoded")
+    fused = both.batches(8, fields=["images_encoded", "path"], seed=3, transform=pipeline("images_encoded"))
+    unfused = both.batches(8, fields=["images", "path"], seed=3, transform=pipeline("images"))
+    compared = 0
+    for f, u in zip(fused, unfused, strict=True):
+        exact = np.char.startswith(f["path"], "cjpg2/") | np.char.endswith(f["path"], ".png")
+        np.testing.assert_array_equal(f["images_encoded"][exact], u["images"][exact])
+        difference = np.abs(f["images_encoded"][~exact].astype(int) - u["images"][~exact].astype(int))
+        assert difference.mean() < 3
+        compared += int(exact.sum())
+    assert compared == 16

@@ -109,6 +109,35 @@ def test_random_resized_crop_is_drawn_from_each_pictures_size_and_cut_while_deco
         assert difference < 5, (path, difference)  # DCT-scaled decoding differs a little from a full one
 
 
+def test_random_crop_windows_are_drawn_from_each_pictures_size_and_cut_exactly_while_decoding(pictures, store):
+    """Windows past the edges (the padding) are zeros there, mirrored with the window: every picture, JPEG,
+    greyscale, EXIF-rotated and PNG alike, is its decoded pixels padded, cut and mirrored."""
+    root, _ = pictures
+    crop, flip = transforms.RandomCrop(40, padding=6), transforms.RandomFlip(vertical=True)
+    iterator = store.batches(16, seed=5, transform=transforms.Compose([crop, flip]))
+    batch = next(iter(iterator))
+    assert batch["images"].shape == (16, 40, 40, 3)
+    pictures = [_decoded((root / path).read_bytes()) for path in batch["path"]]
+    boxes, flips = [], []
+    for count, key in batch_draws(5, 0, 0, iterator.plan(0).pieces(0)):  # each piece: its boxes, then its flips
+        rng = transform_generator(key)
+        boxes += crop.boxes([p.shape[:2] for p in pictures[len(boxes) : len(boxes) + count]], rng)
+        flips += flip.draw(count, rng).tolist()
+    padded_somewhere = 0
+    for i, (top, left, height, width) in enumerate(boxes):
+        padded = np.pad(pictures[i], [(6, 6), (6, 6), (0, 0)])
+        window = padded[top + 6 : top + 6 + height, left + 6 : left + 6 + width]
+        expected = window[:: -1 if flips[i][1] else 1, :: -1 if flips[i][0] else 1]
+        np.testing.assert_array_equal(batch["images"][i], expected, err_msg=batch["path"][i])
+        padded_somewhere += not (0 <= top <= pictures[i].shape[0] - 40 and 0 <= left <= pictures[i].shape[1] - 40)
+    assert padded_somewhere and any(left_right for left_right, _ in flips) and any(bottom for _, bottom in flips)
+
+
+def test_a_random_crop_larger_than_a_padded_picture_is_refused_with_its_size(store):
+    with pytest.raises(OptionError, match="cannot cut 50x50 from an image of 37x90 padded by 0"):
+        list(store.batches(16, shuffle=False, transform=transforms.RandomCrop(50)))
+
+
 def test_crops_cut_while_decoding_are_the_same_on_any_number_of_ranks(store):
     crop = transforms.Compose([transforms.RandomResizedCrop(24, scale=(0.3, 1.0)), transforms.RandomFlip()])
 

@@ -1,7 +1,7 @@
 """Pictures: decoding (libjpeg-turbo, Pillow) with DCT scaling, resizing by policy, encoded chunks, and
 generated pictures for demos, tests and benchmarks. Used by ingest and by the read path."""
 
-from .crops import Box, center_crop_box, random_resized_crop_box
+from .crops import Box, center_crop_box, random_resized_crop_box, window_part, within
 from .decode import (
     IMAGE_DTYPES,
     IMAGE_EXTENSIONS,
@@ -39,4 +39,6 @@ __all__ = [
     "read_image_file",
     "resize_boxes",
     "shrink_image",
+    "window_part",
+    "within",
 ]

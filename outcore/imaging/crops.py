@@ -1,8 +1,9 @@
-"""Crop boxes: where RandomResizedCrop and CenterCrop cut a picture (pure functions of its size).
+"""Crop boxes: where RandomResizedCrop, CenterCrop and RandomCrop cut a picture (pure functions of its size).
 
 A box is ``(top, left, height, width)`` in the picture's pixels (whole pixels, except where a resize
 before the crop puts its edges between them). The same boxes serve pixel fields
-(cut from the stored picture) and, drawn from a file's stored size, encoded fields.
+(cut from the stored picture) and, drawn from a file's stored size, encoded fields. A RandomCrop window
+may lie past the picture's edges, by its padding: zeros there (`window_part`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,43 @@ def box_edges(box: Box) -> tuple[float, float, float, float]:
     (2, 3, 12, 23)
     """
     return box[0], box[1], box[0] + box[2], box[1] + box[3]
+
+
+def within(box: Box, size: tuple[int, int]) -> bool:
+    """Whether ``box`` lies inside a picture of ``size`` (h, w).
+
+    >>> within((0, 2, 4, 3), (4, 5)), within((-1, 0, 2, 2), (4, 5))
+    (True, False)
+    """
+    top, left, bottom, right = box_edges(box)
+    return top >= 0 and left >= 0 and bottom <= size[0] and right <= size[1]
+
+
+def window_part(window: Box, size: tuple[int, int],
+                flip: tuple[bool, bool] = (False, False)) -> tuple[Box, tuple[slice, slice]] | None:
+    """The part of ``window`` (whole pixels, cut at its own size: `RandomCrop`'s, past the edges by its
+    padding) that lies inside a picture of ``size`` (h, w), and the rows and columns of the window it fills,
+    with the window mirrored as ``flip`` (left-right, top-bottom) says; None where none of it does.
+
+    >>> window_part((-2, 3, 4, 4), (10, 5))
+    ((0, 3, 2, 2), (slice(2, 4, None), slice(0, 2, None)))
+    >>> window_part((-2, 3, 4, 4), (10, 5), flip=(True, False))[1]
+    (slice(2, 4, None), slice(2, 4, None))
+    >>> window_part((-4, 0, 4, 4), (10, 5)) is None
+    True
+    """
+    top, left, height, width = (int(side) for side in window)
+    y0, y1, x0, x1 = max(top, 0), min(top + height, size[0]), max(left, 0), min(left + width, size[1])
+    if y0 >= y1 or x0 >= x1:
+        return None
+    rows = _placed(y0 - top, y1 - top, height, flip[1])
+    columns = _placed(x0 - left, x1 - left, width, flip[0])
+    return (y0, x0, y1 - y0, x1 - x0), (rows, columns)
+
+
+def _placed(low: int, high: int, length: int, mirrored: bool) -> slice:
+    """Where ``[low, high)`` of a line of ``length`` lands, with the line mirrored or not."""
+    return slice(length - high, length - low) if mirrored else slice(low, high)
 
 
 def random_resized_crop_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import ImageError, SampleDecodeError
 from ..format import ImageDecode
 from ..storage import EncodedBytes, Store
-from .crops import Box
+from .crops import Box, window_part, within
 from .decode import decode_image, decode_region
 
 
@@ -54,13 +54,22 @@ class EncodedChunk:
     def decode_region(self, index: int, box: Box, size: tuple[int, int], out: np.ndarray,
                       flip: tuple[bool, bool] = (False, False)) -> np.ndarray:
         """``box`` of sample ``index`` (in the decoded sample's pixels) resized to ``size`` and mirrored as
-        ``flip`` says, into ``out``, decoded from the file as `outcore.imaging.decode.decode_region` does."""
-        data = self._bytes(index)
-        stored = None if self.shapes is None else self.sample_shape(index)[:2]
+        ``flip`` says, into ``out``, decoded from the file as `outcore.imaging.decode.decode_region` does. A
+        window past the sample's edges (cut at its own size: `RandomCrop`'s padding) is zeros there."""
+        data, picture = self._bytes(index), self.sample_shape(index)[:2]
+        stored = None if self.shapes is None else picture
+        target = out
+        if not within(box, picture):
+            out[...] = 0
+            if (part := window_part(box, picture, flip)) is None:
+                return out
+            box, (rows, columns) = part
+            size, target = box[2:], out[rows, columns]
         try:
-            return decode_region(data, self.decode, box, size, out, stored=stored, flip=flip)
+            decode_region(data, self.decode, box, size, target, stored=stored, flip=flip)
         except ImageError as error:
             raise self._error(index, error.reason) from None
+        return out
 
     def _bytes(self, index: int) -> bytes:
         start, stop = self.ranges[index].tolist()

@@ -31,8 +31,9 @@ def plain(shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarra
 
 
 class Crop(Protocol):
-    """A transform that cuts one box per image and resizes it (`RandomResizedCrop`, `CenterCrop`): opening
-    a transform on an encoded field, it is done while decoding (`make_batch`)."""
+    """A transform that cuts one box per image and resizes it to ``output_size`` (`RandomResizedCrop`,
+    `CenterCrop`; `RandomCrop`'s windows, at their own size, may lie past the edges): opening a transform on
+    an encoded field, it is done while decoding (`make_batch`)."""
 
     field: str
 

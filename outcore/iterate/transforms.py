@@ -23,7 +23,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import OptionError
-from ..imaging import Box, center_crop_box, random_resized_crop_box, resize_boxes
+from ..imaging import Box, center_crop_box, random_resized_crop_box, resize_boxes, window_part
 from .batch import Batch, Transform
 
 
@@ -93,25 +93,47 @@ def _mirror_into(out: np.ndarray, image: np.ndarray) -> None:
 
 @dataclass(frozen=True)
 class RandomCrop:
-    """Zero-pad by ``padding`` pixels, then cut a random ``size`` window from each image."""
+    """Zero-pad by ``padding`` pixels, then cut a random ``size`` window from each image. Opening a
+    transform on an encoded field, each window is cut while decoding (only its pixels are decoded).
+
+    >>> batch = {"images": np.arange(2 * 3 * 3).reshape(2, 3, 3)}
+    >>> RandomCrop(2, padding=1).boxes([(3, 3)] * 2, np.random.default_rng(0))  # (top, left, height, width)
+    [(2, 1, 2, 2), (1, 0, 2, 2)]
+    >>> RandomCrop(2, padding=1)(batch, np.random.default_rng(0))["images"][0].tolist()  # its last row padding
+    [[7, 8], [0, 0]]
+    """
 
     size: int | tuple[int, int]
     padding: int = 0
     field: str = "images"
 
+    @property
+    def output_size(self) -> tuple[int, int]:
+        return _pair(self.size)
+
+    def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> list[Box]:
+        """The window of each image of ``(height, width)`` in ``sizes``, drawn in order (every top, then every
+        left): ``(top, left, height, width)`` in the image's own pixels, past its edges by up to ``padding``
+        (zeros there). An encoded field's are drawn from its stored sizes and cut while decoding."""
+        (height, width), pad = self.output_size, self.padding
+        rows, columns = np.asarray(sizes, dtype=np.int64).reshape(-1, 2).T
+        small = (rows + 2 * pad < height) | (columns + 2 * pad < width)
+        if small.any():
+            at = int(np.argmax(small))
+            raise OptionError(f"RandomCrop cannot cut {height}x{width} from an image of {rows[at]}x{columns[at]} "
+                              f"padded by {pad}: crop less, or pad more")
+        tops = rng.integers(0, rows + 2 * pad - height + 1) - pad  # the draws of a scalar bound, image by image
+        lefts = rng.integers(0, columns + 2 * pad - width + 1) - pad
+        return [(top, left, height, width) for top, left in zip(tops.tolist(), lefts.tolist(), strict=True)]
+
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
-        (height, width), pad = _pair(self.size), self.padding
-        rows, columns = images.shape[1], images.shape[2]
-        if rows + 2 * pad < height or columns + 2 * pad < width:
-            raise OptionError(f"cannot crop {height}x{width} from images of {rows + 2 * pad}x{columns + 2 * pad}")
-        tops = rng.integers(0, rows + 2 * pad - height + 1, size=len(images)) - pad  # in the image's own pixels
-        lefts = rng.integers(0, columns + 2 * pad - width + 1, size=len(images)) - pad
-        out = (np.zeros if pad else np.empty)((len(images), height, width, *images.shape[3:]), images.dtype)
-        for i, (top, left) in enumerate(zip(tops.tolist(), lefts.tolist(), strict=True)):  # the window's part inside
-            y0, y1, x0, x1 = max(top, 0), min(top + height, rows), max(left, 0), min(left + width, columns)
-            if y0 < y1 and x0 < x1:  # else the window lies in the zero padding
-                out[i, y0 - top : y1 - top, x0 - left : x1 - left] = images[i, y0:y1, x0:x1]
+        boxes = self.boxes([images.shape[1:3]] * len(images), rng)
+        out = (np.zeros if self.padding else np.empty)((len(images), *self.output_size, *images.shape[3:]), images.dtype)
+        for i, box in enumerate(boxes):  # the window's part inside the image (none: all padding)
+            if (part := window_part(box, images.shape[1:3])) is not None:
+                (top, left, height, width), (rows, columns) = part
+                out[i, rows, columns] = images[i, top : top + height, left : left + width]
         return _replace(batch, self.field, out)
 
 
