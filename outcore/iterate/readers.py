@@ -60,8 +60,8 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> 
         if store.info(name).decode.variable and made.crop_field != name:
             raise OptionError(
                 f"field {name!r} of {store.location} holds pictures of varying sizes: batches need one size, so "
-                f"open transform= with RandomResizedCrop(224, field={name!r}) or CenterCrop(224, resize=256, "
-                f"field={name!r}), or leave it out with fields=; ds[{name!r}][i] reads one picture at its size"
+                f"open transform= with RandomResizedCrop(224, field={name!r}), CenterCrop(224, resize=256, "
+                f"field={name!r}) or RandomCrop(224, field={name!r}), or leave it out with fields=; ds[{name!r}][i] reads one picture at its size"
             )
     return made
 

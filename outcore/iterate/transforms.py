@@ -99,7 +99,8 @@ class RandomCrop:
     >>> batch = {"images": np.arange(2 * 3 * 3).reshape(2, 3, 3)}
     >>> RandomCrop(2, padding=1).boxes([(3, 3)] * 2, np.random.default_rng(0))  # (top, left, height, width)
     [(2, 1, 2, 2), (1, 0, 2, 2)]
-    >>> RandomCrop(2, padding=1)(batch, np.random.default_rng(0))["images"][0].tolist()  # its last row padding
+    >>> windows = RandomCrop(2, padding=1)(batch, np.random.default_rng(0))["images"]
+    >>> windows[0].tolist()  # rows 2 and 3 (the padding) of the first image, columns 1 and 2
     [[7, 8], [0, 0]]
     """
 
