@@ -61,7 +61,8 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> 
             raise OptionError(
                 f"field {name!r} of {store.location} holds pictures of varying sizes: batches need one size, so "
                 f"open transform= with RandomResizedCrop(224, field={name!r}), CenterCrop(224, resize=256, "
-                f"field={name!r}) or RandomCrop(224, field={name!r}), or leave it out with fields=; ds[{name!r}][i] reads one picture at its size"
+                f"field={name!r}) or RandomCrop(224, field={name!r}), or leave it out with fields=; "
+                f"ds[{name!r}][i] reads one picture at its size"
             )
     return made
 

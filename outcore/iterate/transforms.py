@@ -123,14 +123,15 @@ class RandomCrop:
             at = int(np.argmax(small))
             raise OptionError(f"RandomCrop cannot cut {height}x{width} from an image of {rows[at]}x{columns[at]} "
                               f"padded by {pad}: crop less, or pad more")
-        tops = rng.integers(0, rows + 2 * pad - height + 1) - pad  # the draws of a scalar bound, image by image
+        tops = rng.integers(0, rows + 2 * pad - height + 1) - pad  # bounds image by image, drawn as one bound is
         lefts = rng.integers(0, columns + 2 * pad - width + 1) - pad
         return [(top, left, height, width) for top, left in zip(tops.tolist(), lefts.tolist(), strict=True)]
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         boxes = self.boxes([images.shape[1:3]] * len(images), rng)
-        out = (np.zeros if self.padding else np.empty)((len(images), *self.output_size, *images.shape[3:]), images.dtype)
+        shape = (len(images), *self.output_size, *images.shape[3:])
+        out = (np.zeros if self.padding else np.empty)(shape, images.dtype)
         for i, box in enumerate(boxes):  # the window's part inside the image (none: all padding)
             if (part := window_part(box, images.shape[1:3])) is not None:
                 (top, left, height, width), (rows, columns) = part
