@@ -7,8 +7,9 @@
 Writes ``--images`` photo crops as quality-90 JPEGs (kept in ``--workdir``), ingests them as an encoded
 store (``images="encoded"``: the JPEG bytes; with ``--copies n``, each file n times, as hard links, for
 epochs long enough to keep many workers busy) and measures in one run, with medians over ``--repeats``
-shuffled epochs (batch 256, no transform; with ``--crop-flip``, a random crop of 7/8 of the side and a
-flip, batch transforms after decoding, whose cost then counts against the plain bare decode):
+shuffled epochs, each iterator's first two not counted, as a training run's epochs follow one another
+(batch 256, no transform; with ``--crop-flip``, a random crop of 7/8 of the side and a flip, cut while
+decoding, whose cost then counts against the plain bare decode):
 
 - **bare decode**: each worker of a cluster, all at once, decodes stored JPEGs (read beforehand) into
   batch arrays in a tight loop, each pass over other samples (an epoch's inputs are not in the caches
@@ -29,6 +30,11 @@ flip, batch transforms after decoding, whose cost then counts against the plain 
   the event loop of this process's client), ``apart``, distributed's ``SubprocessCluster`` (experimental
   there: the scheduler and each worker in processes of their own; the scheduler's CPU then counts
   nowhere in the table);
+- **the workers' wall time** in each of those epochs, from the scheduler's task stream (`worker_time`):
+  the share spent running spans, waiting between two (for the consumer to submit the next, or for the
+  scheduler to send it), and before the epoch's first span or after its last (``edges``); the gaps
+  between a worker's spans and the spans' lengths (median and 90th percentile): where the idle share of
+  a large cluster goes;
 - **delivery**: blank batches of the same shape made on every worker of the largest cluster (started
   with the first of ``--settings``, as are the two measures below) and received here: through shared
   memory (what a consumer on the workers' machine gets) and over Dask's sockets
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -68,7 +75,7 @@ import dask
 import numpy as np
 import psutil
 from common import prepare
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, get_task_stream
 from distributed.deploy.subprocess import SubprocessCluster
 
 import outcore
@@ -220,29 +227,79 @@ class SharedPeak:
 
 
 def epoch(ds: outcore.Dataset, client: Client | None, repeats: int, transform: Transform | None) -> dict[str, float]:
-    """Samples/s of full shuffled epochs (median), the workers' and this process's CPU per sample, and the
-    chunks read per epoch over the store's (with the next epoch's first spans, started as one drains)."""
+    """Samples/s of full shuffled epochs (median), the workers' and this process's CPU per sample, the chunks
+    read per epoch over the store's (with the next epoch's first spans, started as one drains), and where the
+    workers' time went (`worker_time`). The iterator's first two epochs are not measured: its epochs from
+    the third on are what a training run spends most of its time in, each started as the one before drains
+    (`NextEpoch`, from the second epoch on). On 2 cores, 2 workers, 1-second epochs, after one batch taken
+    and the iterator closed (as this benchmark did until 2026-11-26): the first epoch delivered 0.75x the
+    later ones (each worker waited 130-150 ms for its first span, behind the spans of the closed epoch,
+    and idled up to 60 ms at its end, no next epoch started), the second 0.92x (waits of 30 ms)."""
     it = ds.batches(BATCH, fields=["images", "labels"], client=client, prefetch=4, transform=transform)
-    next(iter(it))  # imports, store opening
-    it.close()
+    for _ in range(2):
+        for _ in it:
+            pass
     if client is None:
         count_chunk_reads()
     else:
         client.run(count_chunk_reads)
-    rates, worker, loop, consumer = [], [], [], []
-    with SharedPeak() as shared:
+    rates, worker, loop, consumer, windows = [], [], [], [], []
+    with SharedPeak() as shared, get_task_stream(client) if client else contextlib.nullcontext() as stream:
         for _ in range(repeats):
             cpu, mine, began = workers_cpu(client) if client else (0.0, 0.0), time.process_time(), time.perf_counter()
+            window = time.time()
             samples = sum(len(batch["labels"]) for batch in it)
+            windows.append((window, time.time()))
             rates.append(samples / (time.perf_counter() - began))
             consumer.append((time.process_time() - mine) / samples)
             spent = workers_cpu(client) if client else (0.0, 0.0)
             worker.append((spent[0] - cpu[0]) / samples)
             loop.append((spent[1] - cpu[1]) / samples)
+        if client:  # the spans running as the last epoch ended enter the task stream once they finish
+            settled(client)
     reads = sum(client.run(chunk_reads).values()) if client else chunk_reads()
+    timeline = worker_time(stream.data, windows, list(client.scheduler_info()["workers"])) if client else {}
     return {"rate": statistics.median(rates), "worker": statistics.median(worker), "loop": statistics.median(loop),
             "consumer": statistics.median(consumer), "reads": reads / (repeats * math.ceil(len(ds) / ds.chunk_size)),
-            "shm MiB": shared.peak / 2**20}
+            "shm MiB": shared.peak / 2**20, **timeline}
+
+
+def settled(client: Client, seconds: float = 60.0) -> None:
+    """Wait until no worker of ``client`` runs or holds a task (at most ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while any(client.processing().values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def worker_time(tasks: list[dict], windows: list[tuple[float, float]], workers: list[str]) -> dict[str, float]:
+    """Where the workers' wall time went in the epochs ``windows`` (``time.time()`` at each epoch's start and
+    end), from the scheduler's task stream: the share spent running spans (``busy``), waiting between two
+    (``between``: for a span's submission, or for the scheduler to send it), and before an epoch's first span
+    or after its last (``edges``), medians over the epochs; the gaps between a worker's spans and the spans'
+    lengths, in seconds (medians and 90th percentiles over every epoch's)."""
+    runs: dict[str, list[tuple[float, float]]] = {worker: [] for worker in workers}
+    for task in tasks:
+        if str(task["key"]).startswith("outcore-span-") and task["worker"] in runs:
+            runs[task["worker"]] += [(part["start"], part["stop"]) for part in task["startstops"]
+                                     if part["action"] == "compute"]
+    shares: dict[str, list[float]] = {"busy": [], "between": [], "edges": []}
+    gaps, lengths = [], []
+    for low, high in windows:
+        spent = dict.fromkeys(shares, 0.0)
+        for intervals in runs.values():
+            inside = sorted((max(start, low), min(stop, high)) for start, stop in intervals if stop > low and start < high)
+            busy = sum(stop - start for start, stop in inside)
+            edges = (inside[0][0] - low) + (high - inside[-1][1]) if inside else high - low
+            spent["busy"] += busy
+            spent["edges"] += edges
+            spent["between"] += (high - low) - busy - edges
+            gaps += [max(0.0, later[0] - earlier[1]) for earlier, later in itertools.pairwise(inside)]
+            lengths += [stop - start for start, stop in inside[1:-1]]  # whole spans: not cut by the window
+        for name, values in shares.items():
+            values.append(spent[name] / (len(runs) * (high - low)))
+    quantiles = {f"{name} {q}": float(np.percentile(values, q)) if values else math.nan
+                 for name, values in (("gap", gaps), ("span", lengths)) for q in (50, 90)}
+    return {**{name: statistics.median(values) for name, values in shares.items()}, **quantiles}
 
 
 def blank_batches(slot: Slot | None, shape: tuple[int, ...], count: int, worker: int) -> list[object]:
@@ -372,6 +429,7 @@ def main() -> None:
               f"{'shm MiB':>8s}")
     print(header)
     print("-" * len(header), flush=True)
+    timelines: list[tuple[str, dict[str, float]]] = []
     first, kinds = None, [(kind, where) for where in args.scheduler.split(",") for kind in args.settings.split(",")]
     for workers in sizes:
         for kind, where in kinds:
@@ -386,8 +444,19 @@ def main() -> None:
                       f"{got['reads']:6.2f} {got['shm MiB']:8.0f}", flush=True)
                 results["clusters"].setdefault(kind if where == "here" else f"{kind}, apart", {})[workers] = {
                     **got, "bare": bare}
+                timelines.append((name, got))
                 if workers == sizes[-1] and (kind, where) == kinds[0]:
                     results["largest"] = largest(client, cluster.scheduler_address, location, short, shape, args)
+    print(f"\nthe workers' wall time in each epoch (the scheduler's task stream, medians of {args.repeats}): running "
+          "spans, waiting between two, before an epoch's first or after its last; gaps between spans and spans' "
+          "lengths in ms (median / 90th percentile)\n")
+    header = f"{'workers':>17s} {'busy':>6s} {'between':>8s} {'edges':>6s} {'gap ms':>13s} {'span ms':>13s}"
+    print(header)
+    print("-" * len(header))
+    for name, got in timelines:
+        print(f"{name:>17s} {got['busy']:6.1%} {got['between']:8.1%} {got['edges']:6.1%} "
+              f"{got['gap 50'] * 1e3:6.1f} / {got['gap 90'] * 1e3:4.0f} {got['span 50'] * 1e3:6.0f} / "
+              f"{got['span 90'] * 1e3:4.0f}")
     last = results["largest"]
     print(f"\ndelivery from {sizes[-1]} workers (blank {BATCH}x{args.size}x{args.size}x3 batches, received and read): "
           f"shared memory {last['shared GB/s']:.2f} GB/s, sockets {last['sockets GB/s']:.2f} GB/s")
