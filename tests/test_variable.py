@@ -138,8 +138,9 @@ def test_a_random_crop_larger_than_a_padded_picture_is_refused_with_its_size(sto
         list(store.batches(16, shuffle=False, transform=transforms.RandomCrop(50)))
 
 
-def test_crops_cut_while_decoding_are_the_same_on_any_number_of_ranks(store):
-    crop = transforms.Compose([transforms.RandomResizedCrop(24, scale=(0.3, 1.0)), transforms.RandomFlip()])
+@pytest.mark.parametrize("crop", [transforms.RandomResizedCrop(24, scale=(0.3, 1.0)), transforms.RandomCrop(40, padding=4)])
+def test_crops_cut_while_decoding_are_the_same_on_any_number_of_ranks(store, crop):
+    crop = transforms.Compose([crop, transforms.RandomFlip()])
 
     def steps(world_size):
         ranks = [list(store.batches(8 // world_size, seed=3, transform=crop, rank=r, world_size=world_size))
