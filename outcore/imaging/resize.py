@@ -84,11 +84,17 @@ def resize_edges(pixels: np.ndarray, edges: tuple[float, float, float, float], s
                  out: np.ndarray | None = None, flip: tuple[bool, bool] = (False, False)) -> np.ndarray:
     """The region of ``pixels`` (h, w, c) between ``edges`` (top, left, bottom, right) resized to ``size``,
     antialiased bilinear, mirrored left-right and top-bottom as ``flip`` says, into ``out`` when given.
-    Other than 8-bit data is resized channel by channel in float.
+    Other than 8-bit data is resized channel by channel in float. A region of whole pixels at its own size
+    (a plain crop) is its pixels as they are: what the filter gives them, and, for RGBA, what Pillow's
+    premultiplied alpha would not (it changes the colour of translucent pixels).
 
     >>> resize_edges(np.arange(16, dtype=np.uint8).reshape(4, 4, 1), (0, 0, 2, 4), (1, 2))[..., 0].tolist()
     [[4, 5]]
     """
+    top, left, bottom, right = edges
+    if (bottom - top, right - left) == tuple(size) and float(top).is_integer() and float(left).is_integer():
+        region = pixels[int(top) : int(bottom), int(left) : int(right)]
+        return _placed(region if out is not None else region.copy(), out, flip)
     if pixels.dtype == np.uint8:
         return _resize_uint8(pixels, size, edges, out, flip)
     region = (edges[1], edges[0], edges[3], edges[2])  # Pillow's order
