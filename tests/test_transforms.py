@@ -247,22 +247,23 @@ def test_a_random_crop_is_cut_while_decoding_with_the_windows_of_the_pixel_store
     assert compared == 16
 
 
-@pytest.fixture(scope="module")
-def translucent(tmp_path_factory):
-    """RGBA PNGs of random colour and alpha, stored as pixels and as files, four channels kept."""
-    root = tmp_path_factory.mktemp("rgba")
+@pytest.fixture(scope="module", params=[((30, 30, 4), "uint8"), ((30, 30), "uint16")], ids=["rgba", "grey16"])
+def translucent(tmp_path_factory, request):
+    """PNGs of random RGBA (four channels kept), or 16-bit greyscale, stored as pixels and as files."""
+    shape, dtype = request.param
+    root = tmp_path_factory.mktemp("png")
     rng = np.random.default_rng(0)
     (root / "src" / "a").mkdir(parents=True)
     for i in range(12):
-        Image.fromarray(rng.integers(0, 256, (30, 30, 4), dtype=np.uint8)).save(root / "src" / "a" / f"{i}.png")
-    return outcore.ingest_images(root / "src", root / "rgba.zarr", shape=(30, 30, 4), images="both", chunk_size=4,
-                                 progress=False)
+        Image.fromarray(rng.integers(0, np.iinfo(dtype).max, shape, dtype=dtype)).save(root / "src" / "a" / f"{i}.png")
+    return outcore.ingest_images(root / "src", root / "both.zarr", shape=shape, dtype=dtype, images="both",
+                                 chunk_size=4, progress=False)
 
 
 @pytest.mark.parametrize("crop", [CenterCrop(20), RandomCrop(24, padding=3)])
 def test_plain_crops_of_translucent_pictures_keep_their_colours(translucent, crop):
-    """A box at its own size is the pixels as they are: Pillow's resize premultiplies alpha, which moved the
-    colour of translucent pixels by up to 247 in a fused plain crop."""
+    """A box at its own size is the pixels as they are, for every kind of picture: Pillow's resize
+    premultiplies alpha, which moved the colour of translucent pixels by up to 247 in a fused plain crop."""
 
     def pipeline(field):
         return Compose([dataclasses.replace(crop, field=field), RandomFlip(field=field)])
@@ -270,6 +271,6 @@ def test_plain_crops_of_translucent_pictures_keep_their_colours(translucent, cro
     fused = [b["images_encoded"] for b in translucent.batches(4, fields=["images_encoded"], seed=1,
                                                               transform=pipeline("images_encoded"))]
     unfused = [b["images"] for b in translucent.batches(4, fields=["images"], seed=1, transform=pipeline("images"))]
-    assert fused[0].shape[-1] == 4
+    assert fused[0].shape[1:3] == crop.output_size and fused[0].dtype == translucent["images"].dtype
     for f, u in zip(fused, unfused, strict=True):
         np.testing.assert_array_equal(f, u)
