@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import outcore
-from outcore.imaging import center_crop_box, random_resized_crop_box
+from outcore.imaging import center_crop_box, random_resized_crop_box, within
 from outcore.iterate.batch import Recipe
 from outcore.testing import write_image_folder
 from outcore.transforms import CenterCrop, Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
@@ -34,6 +34,17 @@ def test_boxes_lie_inside_and_follow_scale_and_ratio_unless_they_fall_back(heigh
         assert SCALE[0] - 0.02 <= area <= SCALE[1] + 0.02 or min(box_height, box_width) < 20
         aspect = box_width / box_height
         assert RATIO[0] * 0.9 <= aspect <= RATIO[1] * 1.1 or min(box_height, box_width) < 20
+
+
+@settings(max_examples=500, deadline=None)
+@given(height=st.integers(100, 2000), width=st.integers(100, 2000), size=st.tuples(st.integers(1, 100), st.integers(1, 100)),
+       more=st.integers(0, 60))
+def test_central_boxes_after_a_resize_lie_within_the_picture(height, width, size, more):
+    """Their edges are computed in floating point (511.00000000000006 of a 511-pixel side): a fused crop
+    must take them for boxes inside the picture, not for `RandomCrop` windows past its edges."""
+    box = center_crop_box(height, width, size, resize=max(size) + more)
+    assert within(box, (height, width)), box
+    assert -1e-9 < box[0] and box[0] + box[2] < height + 1e-9
 
 
 @settings(max_examples=200, deadline=None)

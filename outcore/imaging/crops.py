@@ -26,14 +26,18 @@ def box_edges(box: Box) -> tuple[float, float, float, float]:
     return box[0], box[1], box[0] + box[2], box[1] + box[3]
 
 
-def within(box: Box, size: tuple[int, int]) -> bool:
-    """Whether ``box`` lies inside a picture of ``size`` (h, w).
+ROUNDING = 1e-6  # pixels: how far a box computed in floating point may pass a picture's edges and lie within
 
-    >>> within((0, 2, 4, 3), (4, 5)), within((-1, 0, 2, 2), (4, 5))
-    (True, False)
+
+def within(box: Box, size: tuple[int, int]) -> bool:
+    """Whether ``box`` lies inside a picture of ``size`` (h, w), its edges rounded off by up to `ROUNDING`
+    (`center_crop_box` with ``resize`` gives edges such as 511.00000000000006 of a 511-pixel side).
+
+    >>> within((0, 2, 4, 3), (4, 5)), within((-1, 0, 2, 2), (4, 5)), within((0, 0, 4.0000000000001, 5), (4, 5))
+    (True, False, True)
     """
     top, left, bottom, right = box_edges(box)
-    return top >= 0 and left >= 0 and bottom <= size[0] and right <= size[1]
+    return min(top, left) > -ROUNDING and bottom < size[0] + ROUNDING and right < size[1] + ROUNDING
 
 
 def window_part(window: Box, size: tuple[int, int],
