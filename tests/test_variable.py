@@ -133,9 +133,17 @@ def test_random_crop_windows_are_drawn_from_each_pictures_size_and_cut_exactly_w
     assert padded_somewhere and any(left_right for left_right, _ in flips) and any(bottom for _, bottom in flips)
 
 
-def test_a_random_crop_larger_than_a_padded_picture_is_refused_with_its_size(store):
-    with pytest.raises(OptionError, match="cannot cut 50x50 from an image of 37x90 padded by 0"):
-        list(store.batches(16, shuffle=False, transform=transforms.RandomCrop(50)))
+@pytest.mark.parametrize("crop", [transforms.RandomCrop(50), transforms.CenterCrop(50)])
+def test_a_crop_larger_than_a_picture_names_the_picture(store, crop):
+    with pytest.raises(OptionError, match=r"field 'images', sample (\d+) \(chunk (\d+)\): .*50x50") as raised:
+        list(store.batches(16, shuffle=False, transform=crop))
+    sample, chunk = map(int, re.search(r"sample (\d+) \(chunk (\d+)\)", str(raised.value)).groups())
+    height, width = _shapes(store)[sample][:2]
+    assert chunk == sample // 4 and min(height, width) < 50 and f"{height}x{width}" in str(raised.value)
+
+
+def _shapes(store) -> list[tuple[int, ...]]:
+    return [tuple(shape) for shape in zarr.open_group(store.location, mode="r")["images_shapes"][:].tolist()]
 
 
 @pytest.mark.parametrize("crop", [transforms.RandomResizedCrop(24, scale=(0.3, 1.0)), transforms.RandomCrop(40, padding=4)])

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..errors import OptionError
 from ..format import decode_text
 from ..imaging import Box, EncodedChunk
 from ..seeds import Domain, generator
@@ -173,12 +174,29 @@ def _assemble_cropped(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys
     boxes: list[Box] = []
     flips: list[tuple[bool, bool]] = []
     for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True):
-        boxes += crop.boxes(sizes[low:high], rng)
+        try:
+            boxes += crop.boxes(sizes[low:high], rng)
+        except OptionError as error:  # a picture too small for the crop: name it
+            raise _too_small(error, crop, [data[key][crop.field] for key in chunks[low:high]], local[low:high],
+                             sizes[low:high]) from None
         flips += recipe.flip.draw(high - low, rng).tolist() if recipe.flip is not None else [(False, False)] * (high - low)
     batch = assemble(samples, chunk_size, keys, data, [n for n in recipe.fields if n != crop.field],
                      recipe.text_fields, empty)
     batch[crop.field] = _decode_regions(chunks, local, data, crop, boxes, flips, empty)
     return {name: batch[name] for name in recipe.fields}
+
+
+def _too_small(error: OptionError, crop: Crop, sources: list[EncodedChunk], indices: list[int],
+               sizes: list[tuple[int, int]]) -> OptionError:
+    """``error`` (the crop cannot cut its box from a picture of ``sizes``), naming the first picture it
+    cannot cut from."""
+    for source, index, size in zip(sources, indices, sizes, strict=True):
+        try:
+            crop.boxes([size], np.random.default_rng(0))
+        except OptionError:
+            return OptionError(f"{source.where}: field {crop.field!r}, sample {source.first + index} (chunk "
+                               f"{source.chunk}): {error}")
+    return error
 
 
 def join(pieces: Sequence[Batch], empty: Empty = plain) -> Batch:
