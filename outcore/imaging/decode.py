@@ -346,7 +346,14 @@ def _reduced_size(
 
 
 def _has_exif(data: bytes) -> bool:
-    """Whether a JPEG's header segments hold EXIF metadata (where an orientation could be)."""
+    """Whether a JPEG's header segments hold EXIF metadata (where an orientation could be): asked once per
+    file read, by the C extension where it is built (0.1 µs, not 2)."""
+    native_has_exif = getattr(native.extension, "has_exif", None)  # None: not built (or built before it was)
+    return _exif_in_segments(data) if native_has_exif is None else native_has_exif(data)
+
+
+def _exif_in_segments(data: bytes) -> bool:
+    """`_has_exif`, segment by segment in Python."""
     position = 2
     while position + 4 <= len(data) and data[position] == 0xFF:
         marker = data[position + 1]
