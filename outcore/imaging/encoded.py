@@ -87,10 +87,14 @@ class EncodedChunk:
                 self.decode_sample(i, out[i])
         return out[: len(self)]
 
+    def sample_name(self, index: int) -> str:
+        """Sample ``index`` in an error's words: ``<store>: field 'images', sample 12 (chunk 3)``."""
+        return f"{self.where}: field {self.field!r}, sample {self.first + index} (chunk {self.chunk})"
+
     def _error(self, index: int, reason: str) -> SampleDecodeError:
         return SampleDecodeError(
-            f"{self.where}: field {self.field!r}, sample {self.first + index} (chunk {self.chunk}) cannot be decoded: "
-            f"{reason}. Find every such sample with `outcore verify {self.where}`, then re-ingest it from a good file."
+            f"{self.sample_name(index)} cannot be decoded: {reason}. Find every such sample with "
+            f"`outcore verify {self.where}`, then re-ingest it from a good file."
         )
 
 

@@ -194,8 +194,7 @@ def _too_small(error: OptionError, crop: Crop, sources: list[EncodedChunk], indi
         try:
             crop.boxes([size], np.random.default_rng(0))
         except OptionError:
-            return OptionError(f"{source.where}: field {crop.field!r}, sample {source.first + index} (chunk "
-                               f"{source.chunk}): {error}")
+            return OptionError(f"{source.sample_name(index)}: {error}")
     return error
 
 
