@@ -9,7 +9,7 @@ when a process is one of them (`share_cpus`), so that their total stays within t
 ``OUTCORE_THREADS`` environment variable or `set_threads` choose another number.
 
 A forked child does not inherit running threads: the pool is made again in the child when it is
-first used there. Work that a pool thread hands to `for_each` runs on that thread, so the pool never
+first used there. Work that a pool thread hands to `for_each` (or `for_each_run`) runs on that thread, so the pool never
 waits on itself.
 
 >>> for_each(print, 2)  # doctest: +SKIP
@@ -208,20 +208,34 @@ def submit(work: Callable[..., Any], *args: Any) -> Future[Any]:
 
 def for_each(work: Callable[[int], None], count: int) -> None:
     """``work(i)`` for ``i < count`` on the pool (for Pillow, libjpeg-turbo and Blosc calls, which run
-    outside the GIL), in `BLOCKS_PER_THREAD` runs of consecutive ``i`` per thread; returns when all are
-    done, raising the first exception. On a pool thread, or with one thread, the calls run on the calling
-    thread."""
-    if count <= 1 or in_pool() or thread_count() == 1:
-        for i in range(count):
+    outside the GIL), in runs of consecutive ``i`` (`for_each_run`); returns when all are done, raising
+    the first exception."""
+
+    def run(start: int, stop: int) -> None:
+        for i in range(start, stop):
             work(i)
+
+    for_each_run(run, count)
+
+
+def for_each_run(work: Callable[[int, int], None], count: int) -> None:
+    """``work(start, stop)`` over runs of consecutive ``i < count`` that cover them all once, on the pool:
+    `BLOCKS_PER_THREAD` runs per thread (a task per item costs ~10 % of a JPEG decode), or the one run
+    ``(0, count)`` on the calling thread when that is a pool thread or the pool has one thread. Returns
+    when all are done, raising the first exception.
+
+    >>> for_each_run(lambda start, stop: print(start, stop), 3)  # doctest: +SKIP
+    0 1
+    1 2
+    2 3
+    """
+    if count <= 0:
         return
-    blocks = min(count, BLOCKS_PER_THREAD * thread_count())  # a task per item costs ~10 % of a JPEG decode
-
-    def run(block: int) -> None:
-        for i in range(block * count // blocks, (block + 1) * count // blocks):
-            work(i)
-
-    wait_all([submit(run, block) for block in range(blocks)])
+    if count == 1 or in_pool() or thread_count() == 1:
+        work(0, count)
+        return
+    blocks = min(count, BLOCKS_PER_THREAD * thread_count())
+    wait_all([submit(work, block * count // blocks, (block + 1) * count // blocks) for block in range(blocks)])
 
 
 def wait_all(futures: list[Future[Any]]) -> None:

@@ -23,10 +23,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from outcore.errors import ImageError, OutcoreWarning
+from outcore.errors import ImageError, OutcoreWarning, SampleDecodeError
 from outcore.format import ImageDecode
-from outcore.imaging import native
-from outcore.imaging.decode import _exif_in_segments, dct_scale, decode_image, decode_region, upright_size
+from outcore.format.encoded import pack_regions
+from outcore.imaging import EncodedChunk, native
+from outcore.imaging.decode import (
+    _exif_in_segments,
+    dct_scale,
+    decode_image,
+    decode_plain_jpegs,
+    decode_region,
+    upright_size,
+)
 from outcore.imaging.resize import resize_edges
 from outcore.imaging.synthetic import sample_photo
 
@@ -180,9 +188,9 @@ def backend(request, monkeypatch):
     return request.param
 
 
-def _exif_rotated(pixels: np.ndarray) -> bytes:
+def _exif_rotated(pixels: np.ndarray, orientation: int = 6) -> bytes:
     exif = Image.Exif()
-    exif[0x0112] = 6  # rotated 90 degrees clockwise
+    exif[0x0112] = orientation  # 6: rotated 90 degrees clockwise, 3: upside down
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="JPEG", quality=90, exif=exif)
     return buffer.getvalue()
@@ -247,6 +255,102 @@ def test_both_paths_give_the_same_samples(name, resize, monkeypatch):
     for a, b, c in zip(with_extension, into, without, strict=True):
         np.testing.assert_array_equal(a, c)
         np.testing.assert_array_equal(b, c)
+
+
+def _same_size_files(channels: int) -> dict[str, bytes]:
+    """Files for a chunk of 96x128 samples: plain JPEGs of that size of every kind (decoded together in C),
+    and others `decode_image` decodes (other sizes, colour spaces, formats, an EXIF orientation)."""
+    photo = _photo(96, 128) if channels == 3 else np.asarray(Image.fromarray(_photo(96, 128)).convert("L"))
+    files = {"4:2:0": _jpeg(photo, subsampling=2), "other size": _jpeg(_photo(60, 90) if channels == 3 else photo[:60]),
+             "png": _png(photo), "exif rotated": _exif_rotated(np.ascontiguousarray(photo.swapaxes(0, 1))),
+             "exif upside down": _exif_rotated(photo, 3)}
+    if channels == 3:
+        files |= {"4:2:2": _jpeg(photo, subsampling=1), "4:4:4": _jpeg(photo, subsampling=0), "cmyk": _cmyk(photo),
+                  "progressive": _jpeg(photo, subsampling=2, progressive=True),
+                  "restart markers": _jpeg(photo, subsampling=2, restart_marker_blocks=3)}
+    else:
+        files |= {"greyscale progressive": _jpeg(photo, progressive=True), "rgb": _jpeg(_photo(96, 128))}
+    return files
+
+
+PLAIN = {"4:2:0", "4:2:2", "4:4:4", "progressive", "restart markers", "greyscale progressive"}
+
+
+@built
+@pytest.mark.parametrize("channels", [3, 1])
+def test_plain_jpegs_decoded_together_are_decode_images_samples(channels):
+    """decode_each: each plain JPEG of the rows' size decoded into its row (rows in any order), the same pixels
+    as `decode_image`; every other file left, its row untouched."""
+    files = _same_size_files(channels)
+    names = [*files, *files]  # each file twice: samples are not rows
+    region, ranges = pack_regions([files[name] for name in names], len(names), 1 << 20)
+    samples = np.arange(len(names))[::-1].copy()
+    rows = np.roll(np.arange(len(names)), 3)
+    out = np.full((len(names), 96, 128, channels), 7, np.uint8)
+    left = native.extension.decode_each(region, ranges, samples, out, rows)
+    assert sorted(names[samples[k]] for k in left) == sorted(name for name in names if name not in PLAIN)
+    for k, (sample, row) in enumerate(zip(samples, rows, strict=True)):
+        expected = decode_image(files[names[sample]], (96, 128, channels), "crop", np.dtype("uint8"))
+        if k in left:
+            assert (out[row] == 7).all()
+        else:
+            np.testing.assert_array_equal(out[row], expected, err_msg=names[sample])
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_a_chunk_decodes_into_any_rows_as_decode_image_does(channels, backend):
+    """EncodedChunk.decode_samples: the plain JPEGs together (with the extension), the others one by one; the
+    same samples either way, grey ones into rows of one channel or none."""
+    files = _same_size_files(channels)
+    region, ranges = pack_regions(list(files.values()), len(files), 1 << 20)
+    for shape in [(96, 128, channels)] + ([(96, 128)] if channels == 1 else []):
+        chunk = EncodedChunk(region, ranges, ImageDecode(shape, "uint8", "crop"), ("s.zarr", "images", 2, 40))
+        samples, rows = np.array([4, 0, 2, 1, 3]), np.array([1, 3, 0, 4, 2])
+        out = np.zeros((5, *shape), np.uint8)
+        chunk.decode_samples(samples, out, rows)
+        for sample, row in zip(samples, rows, strict=True):
+            expected = decode_image(list(files.values())[sample], shape, "crop", np.dtype("uint8"))
+            np.testing.assert_array_equal(out[row], expected)
+
+
+def test_a_damaged_file_among_plain_ones_is_named(backend):
+    """A truncated JPEG, junk and a byte range outside the chunk, between plain JPEGs: the error names the
+    sample and says what is wrong, as decoding it alone does."""
+    good = _jpeg(_photo(96, 128))
+    blobs = [good, good[: len(good) // 2], good, b"\xff\xd8\xff" + bytes(300)]
+    region, ranges = pack_regions(blobs, 4, 1 << 20)
+    chunk = EncodedChunk(region, ranges, ImageDecode((96, 128, 3), "uint8", "crop"), ("s.zarr", "images", 2, 40))
+    out = np.empty((4, 96, 128, 3), np.uint8)
+    for sample, reason in ((1, "cannot decode .ValueError: Premature end of JPEG file"), (3, "cannot decode")):
+        with pytest.raises(SampleDecodeError, match=f"s.zarr: field 'images', sample {40 + sample} .chunk 2. cannot be "
+                                                    f"decoded: {reason}"):
+            chunk.decode_samples(np.array([0, sample, 2]), out, np.array([0, 1, 2]))
+    outside = ranges.copy()
+    outside[2] = (len(region) - 10, len(region) + 10)
+    chunk = EncodedChunk(region, outside, ImageDecode((96, 128, 3), "uint8", "crop"), ("s.zarr", "images", 2, 40))
+    with pytest.raises(SampleDecodeError, match="sample 42 .chunk 2. .*byte range .* outside the chunk"):
+        chunk.decode_samples(np.array([0, 2]), out, np.array([0, 1]))
+
+
+def test_what_decode_each_cannot_take_is_left_to_decode_image():
+    """Other dtypes and layouts, and no extension at all: every position left, for `decode_image`."""
+    region, ranges = pack_regions([_jpeg(_photo(8, 8))], 1, 4096)
+    one = np.array([0])
+    for out in (np.empty((1, 8, 8, 3), np.uint16), np.empty((1, 8, 16, 3), np.uint8)[:, :, ::2],
+                np.empty((1, 8, 8, 4), np.uint8), np.empty((1, 64), np.uint8)):
+        assert list(decode_plain_jpegs(region, ranges, one, out, one)) == [0]
+
+
+@built
+@pytest.mark.parametrize(("arguments", "error", "message"), [
+    ((np.array([5]), np.array([0])), IndexError, "sample 5 or row 0 out of range"),
+    ((np.array([0]), np.array([2])), IndexError, "sample 0 or row 2 out of range"),
+    ((np.array([0], np.int32), np.array([0])), ValueError, "int64"),
+])
+def test_decode_each_refuses_samples_and_rows_it_has_not(arguments, error, message):
+    region, ranges = pack_regions([_jpeg(_photo(8, 8))], 1, 4096)
+    with pytest.raises(error, match=message):
+        native.extension.decode_each(region, ranges, *arguments[:1], np.empty((2, 8, 8, 3), np.uint8), *arguments[1:])
 
 
 def test_a_damaged_box_is_an_image_error_naming_the_file(backend):

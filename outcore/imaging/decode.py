@@ -137,6 +137,27 @@ def decode_image(
     return out
 
 
+def decode_plain_jpegs(region: np.ndarray, ranges: np.ndarray, samples: np.ndarray, out: np.ndarray,
+                       rows: np.ndarray) -> Sequence[int]:
+    """Decode files ``samples`` of a chunk's bytes (file ``i`` is ``region[ranges[i, 0]:ranges[i, 1]]``) into
+    rows ``rows`` of ``out`` (``(n, height, width[, channels])``, uint8, C-contiguous) where `decode_image`
+    would decode them straight into the row: plain JPEGs of exactly that size (YCbCr for RGB, greyscale for
+    grey, no EXIF), the same pixels. All at once in the C extension (`native`), outside the GIL: 5 µs a
+    sample less than `decode_image` on 128x128 photos. Returns the positions ``k`` it left, for `decode_image`:
+    other files, damaged ones (whose errors `decode_image` words), and every one without the extension.
+
+    >>> out = np.empty((2, 64, 64, 3), np.uint8)
+    >>> left = decode_plain_jpegs(region, ranges, np.array([0, 5]), out, np.array([0, 1]))  # doctest: +SKIP
+    """
+    decode_each = getattr(native.extension, "decode_each", None)  # None: not built (or built before it was)
+    pixels = out.reshape(*out.shape[:3], -1) if out.ndim in (3, 4) else out
+    if (decode_each is None or out.dtype != np.uint8 or not out.flags.c_contiguous or pixels.ndim != 4
+            or pixels.shape[3] not in (1, 3) or pixels.shape[1] * pixels.shape[2] > MAX_PIXELS):
+        return range(len(samples))
+    return decode_each(region, np.ascontiguousarray(ranges, np.int64), np.ascontiguousarray(samples, np.int64),
+                       pixels, np.ascontiguousarray(rows, np.int64))
+
+
 def decode_region(
     data: bytes, decode: ImageDecode, box: Box, size: tuple[int, int], out: np.ndarray, name: str = "image",
     stored: tuple[int, int] | None = None, flip: tuple[bool, bool] = (False, False),

@@ -11,7 +11,7 @@ from ..errors import ImageError, SampleDecodeError
 from ..format import ImageDecode
 from ..storage import EncodedBytes, Store
 from .crops import Box, window_part, within
-from .decode import decode_image, decode_region
+from .decode import decode_image, decode_plain_jpegs, decode_region
 
 
 class EncodedChunk:
@@ -51,6 +51,15 @@ class EncodedChunk:
         except ImageError as error:
             raise self._error(index, error.reason) from None
 
+    def decode_samples(self, samples: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
+        """Samples ``samples[k]`` decoded into ``out[rows[k]]``, for every ``k``: the plain JPEGs of the
+        field's shape all at once (`decode_plain_jpegs`), any others one by one as `decode_sample` does."""
+        left: Sequence[int] = range(len(samples))
+        if self.shapes is None and out.shape[1:] == self.decode.shape:
+            left = decode_plain_jpegs(self.region, self.ranges, samples, out, rows)
+        for k in left:
+            self.decode_sample(int(samples[k]), out[rows[k]])
+
     def decode_region(self, index: int, box: Box, size: tuple[int, int], out: np.ndarray,
                       flip: tuple[bool, bool] = (False, False)) -> np.ndarray:
         """``box`` of sample ``index`` (in the decoded sample's pixels) resized to ``size`` and mirrored as
@@ -80,11 +89,12 @@ class EncodedChunk:
     def decode_into(self, out: np.ndarray) -> np.ndarray:
         """Every sample decoded into ``out``: one array of samples, or, for pictures kept at their size,
         an object array of one array per sample."""
+        if out.dtype != object:
+            everyone = np.arange(len(self))
+            self.decode_samples(everyone, out, everyone)
+            return out[: len(self)]
         for i in range(len(self)):
-            if out.dtype == object:
-                out[i] = self.decode_sample(i)
-            else:
-                self.decode_sample(i, out[i])
+            out[i] = self.decode_sample(i)
         return out[: len(self)]
 
     def sample_name(self, index: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -12,7 +13,7 @@ from ..errors import OptionError
 from ..format import decode_text
 from ..imaging import Box, EncodedChunk
 from ..seeds import Domain, generator
-from ..threads import for_each
+from ..threads import for_each, for_each_run
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
@@ -236,11 +237,20 @@ def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, Ch
     return out
 
 
-def _decode_samples(sources: list[EncodedChunk], indices: list[int], out: np.ndarray) -> None:
-    def decode(i: int) -> None:
-        sources[i].decode_sample(indices[i], out[i])
+def _decode_samples(keys: np.ndarray, local: np.ndarray, data: Mapping[int, ChunkValues], field: str,
+                    out: np.ndarray) -> None:
+    """Sample ``local[i]`` of chunk ``keys[i]`` decoded into ``out[i]``, for every ``i``, on the thread pool:
+    the rows taken in order of their chunk, each thread's run of them a call per chunk
+    (`EncodedChunk.decode_samples`: plain JPEGs decoded together in C)."""
+    order = np.argsort(keys, kind="stable")
+    chunks, samples = keys[order], local[order]
 
-    for_each(decode, len(indices))
+    def decode(start: int, stop: int) -> None:
+        changes = start + 1 + np.flatnonzero(chunks[start + 1 : stop] != chunks[start : stop - 1])  # a new chunk's first row
+        for low, high in itertools.pairwise([start, *changes.tolist(), stop]):
+            data[int(chunks[low])][field].decode_samples(samples[low:high], out, order[low:high])
+
+    for_each_run(decode, len(keys))
 
 
 def assemble(
@@ -251,7 +261,6 @@ def assemble(
     the batch (no temporaries); encoded images are decoded into the batch, text fields decoded to strings.
     The batch's arrays are always new (made by ``empty``): nothing the caller is handed is ever written again.
     """
-    local = (samples % chunk_size).tolist()
     batch = {}
     for name in fields:
         first = next(iter(data.values()))[name]
@@ -262,10 +271,10 @@ def assemble(
                 where = keys == key
                 out[where] = values[name][samples[where] % chunk_size]
         elif isinstance(first, EncodedChunk):  # decoded straight into the batch, on the thread pool
-            _decode_samples([data[key][name] for key in keys.tolist()], local, out)
+            _decode_samples(keys, samples % chunk_size, data, name, out)
         else:
             sources = [data[key][name] for key in keys.tolist()]
-            for i, (source, index) in enumerate(zip(sources, local, strict=True)):
+            for i, (source, index) in enumerate(zip(sources, (samples % chunk_size).tolist(), strict=True)):
                 out[i] = source[index]
         batch[name] = decode_text(out) if name in text_fields else out
     return batch
