@@ -12,8 +12,9 @@ shuffled epochs, each iterator's first two not counted, as a training run's epoc
 decoding, whose cost then counts against the plain bare decode):
 
 - **bare decode**: each worker of a cluster, all at once, decodes stored JPEGs (read beforehand) into
-  batch arrays in a tight loop, each pass over other samples (an epoch's inputs are not in the caches
-  either): the CPU a sample needs at the least, on the same cores, under the same load;
+  batch arrays in a tight loop, as outcore decodes fastest (a batch's plain JPEGs together, in C), each
+  pass over other samples (an epoch's inputs are not in the caches either): the CPU a sample needs at
+  the least, on the same cores, under the same load;
 - **an epoch on a** ``distributed.LocalCluster`` of each of ``--workers`` single-threaded worker
   processes (``ds.batches(client=...)``): samples/s delivered to this process; the CPU its workers spent
   per sample (their processes' user + system time, event loops included) against the bare decode, and
@@ -79,7 +80,9 @@ from distributed import Client, LocalCluster, get_task_stream
 from distributed.deploy.subprocess import SubprocessCluster
 
 import outcore
+from outcore.format.encoded import pack_regions
 from outcore.imaging import decode_image
+from outcore.imaging.decode import decode_plain_jpegs
 from outcore.iterate import Transform
 from outcore.iterate.runs import NextEpoch
 from outcore.iterate.shared import LOCK, PREFIX, SHARED_ROOT, Mailbox, Slot
@@ -170,18 +173,22 @@ def short_epochs(ds: outcore.Dataset, client: Client, ahead: bool, epochs: int =
 def bare_decode(location: str, count: int, repeats: int, worker: int) -> float:
     """On worker ``worker``: CPU seconds per sample to decode stored JPEGs into batch arrays (median of
     ``repeats`` passes over ``count`` samples each, a stretch of its own per worker and pass: inputs not
-    in the caches, as an epoch's are not; the bytes are read beforehand)."""
+    in the caches, as an epoch's are not; the bytes are read and packed a batch to a buffer beforehand),
+    the fastest way outcore decodes them: the plain JPEGs of a batch together in C (`decode_plain_jpegs`),
+    any others one by one (`decode_image`, also all of them without the C extension)."""
     ds = outcore.open_dataset(location)
     shape, dtype = ds["images"].shape[1:], np.dtype("uint8")
     costs = []
     for repeat in range(repeats):
         start = (worker * repeats + repeat) * count % max(1, len(ds) - count)
         blobs = read_files(ds.array("images"), ds.array("images_ranges"), start, start + count)
+        batches = [blobs[low : low + BATCH] for low in range(0, count, BATCH)]
+        batches = [(files, *pack_regions(files, len(files), sum(map(len, files)))) for files in batches]
         began = time.thread_time()
-        for low in range(0, count, BATCH):
-            out = np.empty((min(BATCH, count - low), *shape), dtype)
-            for i, blob in enumerate(blobs[low : low + BATCH]):
-                decode_image(blob, shape, "crop", dtype, out=out[i])
+        for files, region, ranges in batches:
+            out, rows = np.empty((len(files), *shape), dtype), np.arange(len(files))
+            for i in decode_plain_jpegs(region, ranges, rows, out, rows):
+                decode_image(files[i], shape, "crop", dtype, out=out[i])
         costs.append((time.thread_time() - began) / count)
     return statistics.median(costs)
 
