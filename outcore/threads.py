@@ -9,8 +9,8 @@ when a process is one of them (`share_cpus`), so that their total stays within t
 ``OUTCORE_THREADS`` environment variable or `set_threads` choose another number.
 
 A forked child does not inherit running threads: the pool is made again in the child when it is
-first used there. Work that a pool thread hands to `for_each` (or `for_each_run`) runs on that thread, so the pool never
-waits on itself.
+first used there. Work that a pool thread hands to `for_each` (or `for_each_run`) runs on that
+thread, so the pool never waits on itself.
 
 >>> for_each(print, 2)  # doctest: +SKIP
 0

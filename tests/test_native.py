@@ -29,6 +29,7 @@ from outcore.format.encoded import pack_regions
 from outcore.imaging import EncodedChunk, native
 from outcore.imaging.decode import (
     _exif_in_segments,
+    crop_plain_jpegs,
     dct_scale,
     decode_image,
     decode_plain_jpegs,
@@ -351,6 +352,71 @@ def test_decode_each_refuses_samples_and_rows_it_has_not(arguments, error, messa
     region, ranges = pack_regions([_jpeg(_photo(8, 8))], 1, 4096)
     with pytest.raises(error, match=message):
         native.extension.decode_each(region, ranges, *arguments[:1], np.empty((2, 8, 8, 3), np.uint8), *arguments[1:])
+
+
+def _boxes_in(pictures: list[tuple[int, int]], size: tuple[int, int], rng: np.random.Generator) -> list[tuple]:
+    """A box in each picture, of every kind: whole pixels and fractions, small and large (every DCT scale),
+    and windows of ``size`` past the edges (RandomCrop's padding, cut at its own size)."""
+    boxes = []
+    for k, (height, width) in enumerate(pictures):
+        box_h, box_w = rng.uniform(1, height), rng.uniform(1, width)
+        box = (rng.uniform(0, height - box_h), rng.uniform(0, width - box_w), box_h, box_w)
+        if k % 3 == 0:  # whole pixels, as RandomCrop's windows
+            box = (int(box[0]), int(box[1]), max(1, int(box_h)), max(1, int(box_w)))
+        if k % 7 == 0:
+            box = (-3, width - size[1] + 4, *size)
+        boxes.append(box)
+    return boxes
+
+
+@pytest.mark.parametrize("stored", ["fixed", "own size"])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_boxes_of_a_chunk_cut_together_are_decode_regions_boxes(stored, channels, backend):
+    """EncodedChunk.decode_regions: the boxes inside plain JPEGs cut together in C (with the extension), the
+    others one by one; each the pixels `decode_region` gives it alone, at every DCT scale, flipped or not."""
+    files = _same_size_files(channels)
+    blobs = list(files.values())
+    region, ranges = pack_regions(blobs, len(blobs), 1 << 20)
+    if stored == "fixed":
+        decode, shapes = ImageDecode((96, 128, channels), "uint8", "crop"), None
+    else:  # each file's own upright size, as ingest records it
+        decode = ImageDecode((None, None, channels), "uint8", None)
+        shapes = np.array([(*upright_size(blob), channels) for blob in blobs], np.int64)
+    chunk = EncodedChunk(region, ranges, decode, ("s.zarr", "images", 0, 0), shapes)
+    rng = np.random.default_rng(11)
+    samples = rng.integers(0, len(blobs), 60)
+    pictures = [chunk.sample_shape(int(i))[:2] for i in samples]
+    flips = [(bool(k % 2), bool(k % 5 == 0)) for k in range(len(samples))]
+    for size in ((24, 40), (96, 128), (7, 5)):
+        boxes = _boxes_in(pictures, size, rng)
+        rows = rng.permutation(len(samples))
+        out = np.full((len(samples), *size, channels), 7, np.uint8)
+        chunk.decode_regions(samples, boxes, size, out, rows, flips)
+        for k, sample in enumerate(samples):
+            expected = chunk.decode_region(int(sample), boxes[k], size, np.full((*size, channels), 9, np.uint8), flips[k])
+            np.testing.assert_array_equal(out[rows[k]], expected, err_msg=f"{list(files)[sample]}, box {boxes[k]}")
+
+
+@built
+def test_crop_each_leaves_what_decode_region_must_do_itself():
+    """Other files, a file of another size than its sample's, a box past the edges, a picture over the
+    pixel limit: left, their rows untouched."""
+    files = _same_size_files(3)
+    names = list(files)
+    region, ranges = pack_regions(list(files.values()), len(files), 1 << 20)
+    samples = np.arange(len(names))
+    sizes = np.tile([96, 128], (len(names), 1))
+    boxes = np.tile([8.0, 8.0, 64.0, 64.0], (len(names), 1))
+    out = np.full((len(names), 32, 32, 3), 7, np.uint8)
+    left = crop_plain_jpegs(region, ranges, samples, sizes, boxes, out, samples, np.zeros((len(names), 2), np.uint8))
+    assert sorted(names[k] for k in left) == sorted(name for name in names if name not in PLAIN)
+    assert all((out[k] == 7).all() for k in left) and not any((out[k] == 7).all() for k in samples if k not in left)
+    plain = names.index("4:2:0")
+    for size, box, why in (((96, 127), (8, 8, 64, 64), "another size"), ((96, 128), (40, 8, 64, 64), "past the edge"),
+                           ((9500, 9500), (8, 8, 64, 64), "over the pixel limit")):
+        left = crop_plain_jpegs(region, ranges, np.array([plain]), np.array([size]), np.array([box], np.float64), out,
+                                np.array([0]), np.zeros((1, 2), np.uint8))
+        assert list(left) == [0], why
 
 
 def test_a_damaged_box_is_an_image_error_naming_the_file(backend):

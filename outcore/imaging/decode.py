@@ -150,12 +150,46 @@ def decode_plain_jpegs(region: np.ndarray, ranges: np.ndarray, samples: np.ndarr
     >>> left = decode_plain_jpegs(region, ranges, np.array([0, 5]), out, np.array([0, 1]))  # doctest: +SKIP
     """
     decode_each = getattr(native.extension, "decode_each", None)  # None: not built (or built before it was)
-    pixels = out.reshape(*out.shape[:3], -1) if out.ndim in (3, 4) else out
-    if (decode_each is None or out.dtype != np.uint8 or not out.flags.c_contiguous or pixels.ndim != 4
-            or pixels.shape[3] not in (1, 3) or pixels.shape[1] * pixels.shape[2] > MAX_PIXELS):
+    pixels = _rows_for_c(out)
+    if decode_each is None or pixels is None or pixels.shape[1] * pixels.shape[2] > MAX_PIXELS:
         return range(len(samples))
-    return decode_each(region, np.ascontiguousarray(ranges, np.int64), np.ascontiguousarray(samples, np.int64),
-                       pixels, np.ascontiguousarray(rows, np.int64))
+    return decode_each(region, _int64(ranges), _int64(samples), pixels, _int64(rows))
+
+
+def crop_plain_jpegs(region: np.ndarray, ranges: np.ndarray, samples: np.ndarray, sizes: np.ndarray,
+                     boxes: np.ndarray, out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> Sequence[int]:
+    """`decode_region` for many boxes of a chunk's files at once, where it crops in C: box ``boxes[k]`` (top,
+    left, height, width; inside the picture) of file ``samples[k]`` (file ``i`` is ``region[ranges[i, 0]:
+    ranges[i, 1]]``), a plain JPEG of ``sizes[k]`` (height, width) and the box in its own pixels, resized to
+    the size of ``out``'s rows (uint8, C-contiguous) into ``out[rows[k]]``, mirrored as ``flips[k]`` (left-right,
+    top-bottom) says. The same pixels, without the 11 µs of Python a sample around each call. Returns the
+    positions ``k`` it left, for `decode_region`: other files (of another size, colour space or format, with
+    EXIF, more than `MAX_PIXELS`), damaged ones, and every one without the extension.
+
+    >>> out = np.empty((1, 112, 112, 3), np.uint8)
+    >>> left = crop_plain_jpegs(region, ranges, np.array([3]), np.array([[128, 128]]), np.array([[0, 16, 112, 112]]),
+    ...                         out, np.array([0]), np.array([[1, 0]]))  # doctest: +SKIP
+    """
+    crop_each = getattr(native.extension, "crop_each", None)  # None: not built (or built before it was)
+    pixels = _rows_for_c(out)
+    if crop_each is None or pixels is None:
+        return range(len(samples))
+    sizes = np.where((np.prod(sizes, axis=1) <= MAX_PIXELS)[:, None], sizes, 0)  # 0: left, for decode_region to refuse
+    return crop_each(region, _int64(ranges), _int64(samples), pixels, _int64(rows), _int64(sizes),
+                     np.ascontiguousarray(boxes, np.float64), np.ascontiguousarray(flips, np.uint8))
+
+
+def _rows_for_c(out: np.ndarray) -> np.ndarray | None:
+    """``out`` as the C extension's calls take a batch's rows, (n, height, width, 1 or 3) uint8 C-contiguous
+    (a view); None where it is not such an array."""
+    if out.dtype != np.uint8 or not out.flags.c_contiguous or out.ndim not in (3, 4):
+        return None
+    pixels = out.reshape(*out.shape[:3], -1)
+    return pixels if pixels.shape[3] in (1, 3) else None
+
+
+def _int64(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values, np.int64)
 
 
 def decode_region(

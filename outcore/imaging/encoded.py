@@ -11,7 +11,7 @@ from ..errors import ImageError, SampleDecodeError
 from ..format import ImageDecode
 from ..storage import EncodedBytes, Store
 from .crops import Box, window_part, within
-from .decode import decode_image, decode_plain_jpegs, decode_region
+from .decode import crop_plain_jpegs, decode_image, decode_plain_jpegs, decode_region
 
 
 class EncodedChunk:
@@ -79,6 +79,22 @@ class EncodedChunk:
         except ImageError as error:
             raise self._error(index, error.reason) from None
         return out
+
+    def decode_regions(self, samples: np.ndarray, boxes: Sequence[Box], size: tuple[int, int], out: np.ndarray,
+                       rows: np.ndarray, flips: Sequence[tuple[bool, bool]]) -> None:
+        """``boxes[k]`` of sample ``samples[k]`` resized to ``size`` and mirrored as ``flips[k]`` says, into
+        ``out[rows[k]]``, for every ``k``, as `decode_region` does: the boxes inside plain JPEGs of their
+        sample's size all at once (`crop_plain_jpegs`), any others one by one."""
+        left: Sequence[int] = range(len(samples))
+        if self.dtype == np.uint8 and (self.decode.variable or self.decode.resize in ("crop", "fit")):
+            pictures = np.tile(self.decode.shape[:2], (len(samples), 1)) if self.shapes is None else self.shapes[samples, :2]
+            inside = np.array([within(box, picture) for box, picture in zip(boxes, pictures.tolist(), strict=True)], bool)
+            cut = np.flatnonzero(inside)
+            missed = crop_plain_jpegs(self.region, self.ranges, samples[cut], pictures[cut],
+                                      np.asarray(boxes, np.float64)[cut], out, rows[cut], np.asarray(flips, np.uint8)[cut])
+            left = sorted([*np.flatnonzero(~inside).tolist(), *cut[list(missed)].tolist()])
+        for k in left:
+            self.decode_region(int(samples[k]), boxes[k], size, out[rows[k]], flips[k])
 
     def _bytes(self, index: int) -> bytes:
         start, stop = self.ranges[index].tolist()

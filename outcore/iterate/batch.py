@@ -13,7 +13,7 @@ from ..errors import OptionError
 from ..format import decode_text
 from ..imaging import Box, EncodedChunk
 from ..seeds import Domain, generator
-from ..threads import for_each, for_each_run
+from ..threads import for_each_run
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
@@ -183,7 +183,7 @@ def _assemble_cropped(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys
         flips += recipe.flip.draw(high - low, rng).tolist() if recipe.flip is not None else [(False, False)] * (high - low)
     batch = assemble(samples, chunk_size, keys, data, [n for n in recipe.fields if n != crop.field],
                      recipe.text_fields, empty)
-    batch[crop.field] = _decode_regions(chunks, local, data, crop, boxes, flips, empty)
+    batch[crop.field] = _decode_regions(keys, samples % chunk_size, data, crop, boxes, flips, empty)
     return {name: batch[name] for name in recipe.fields}
 
 
@@ -225,32 +225,41 @@ def join_field(parts: Sequence[np.ndarray], field: str, empty: Empty = plain) ->
     return np.concatenate(parts, out=out, casting="no")
 
 
-def _decode_regions(chunks: list[int], indices: list[int], data: Mapping[int, ChunkValues], crop: Crop,
+def _decode_regions(keys: np.ndarray, local: np.ndarray, data: Mapping[int, ChunkValues], crop: Crop,
                     boxes: list[Box], flips: list[tuple[bool, bool]], empty: Empty) -> np.ndarray:
+    """Box ``boxes[i]`` of sample ``local[i]`` of chunk ``keys[i]`` resized to the crop's size and mirrored as
+    ``flips[i]`` says, for every ``i``, into a new array (made by ``empty``), on the thread pool
+    (`EncodedChunk.decode_regions`: plain JPEGs cut together in C)."""
     first = next(iter(data.values()))[crop.field]
-    out = empty((len(indices), *crop.output_size, *first.decode.shape[2:]), first.dtype, field=crop.field)
+    out = empty((len(local), *crop.output_size, *first.decode.shape[2:]), first.dtype, field=crop.field)
 
-    def decode(i: int) -> None:
-        data[chunks[i]][crop.field].decode_region(indices[i], boxes[i], crop.output_size, out[i], flips[i])
+    def decode(chunk: int, rows: np.ndarray) -> None:
+        data[chunk][crop.field].decode_regions(local[rows], [boxes[i] for i in rows.tolist()], crop.output_size, out,
+                                               rows, [flips[i] for i in rows.tolist()])
 
-    for_each(decode, len(indices))
+    _by_chunk(keys, decode)
     return out
 
 
 def _decode_samples(keys: np.ndarray, local: np.ndarray, data: Mapping[int, ChunkValues], field: str,
                     out: np.ndarray) -> None:
-    """Sample ``local[i]`` of chunk ``keys[i]`` decoded into ``out[i]``, for every ``i``, on the thread pool:
-    the rows taken in order of their chunk, each thread's run of them a call per chunk
+    """Sample ``local[i]`` of chunk ``keys[i]`` decoded into ``out[i]``, for every ``i``, on the thread pool
     (`EncodedChunk.decode_samples`: plain JPEGs decoded together in C)."""
-    order = np.argsort(keys, kind="stable")
-    chunks, samples = keys[order], local[order]
+    _by_chunk(keys, lambda chunk, rows: data[chunk][field].decode_samples(local[rows], out, rows))
 
-    def decode(start: int, stop: int) -> None:
+
+def _by_chunk(keys: np.ndarray, work: Callable[[int, np.ndarray], None]) -> None:
+    """``work(chunk, rows)`` over a batch's rows (``keys[i]``: the chunk of row ``i``), on the thread pool: the
+    rows taken in order of their chunk, each thread's run of them (`for_each_run`) a call per chunk."""
+    order = np.argsort(keys, kind="stable")
+    chunks = keys[order]
+
+    def run(start: int, stop: int) -> None:
         changes = start + 1 + np.flatnonzero(chunks[start + 1 : stop] != chunks[start : stop - 1])  # a new chunk's first row
         for low, high in itertools.pairwise([start, *changes.tolist(), stop]):
-            data[int(chunks[low])][field].decode_samples(samples[low:high], out, order[low:high])
+            work(int(chunks[low]), order[low:high])
 
-    for_each_run(decode, len(keys))
+    for_each_run(run, len(keys))
 
 
 def assemble(
