@@ -315,6 +315,17 @@ typedef struct {
     int file_height, file_width; /* > 0: box is in the pixels of a file of this size, scale chosen here (plan) */
 } Request;
 
+/* Whether a JPEG's colour space is the one decoded to `channels` (YCbCr to RGB, greyscale to grey), and the
+ * decoder set to decode it as simplejpeg does (accurate integer IDCT, fancy upsampling). */
+static int decode_as(struct jpeg_decompress_struct *cinfo, int channels) {
+    if (cinfo->jpeg_color_space != (channels == 1 ? JCS_GRAYSCALE : JCS_YCbCr))
+        return 0;
+    cinfo->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    cinfo->dct_method = JDCT_ISLOW;
+    cinfo->do_fancy_upsampling = TRUE;
+    return 1;
+}
+
 /* decode.py's dct_scale: the smallest of 1/8, 1/4, 1/2 and 1 (in eighths) at which a picture of height x
  * width decodes to at least need_height x need_width. */
 static int dct_scale(long height, long width, double need_height, double need_width) {
@@ -384,7 +395,7 @@ static int crop_resize(const Request *request, uint8_t *out, int flip_x, int fli
     jpeg_create_decompress(cinfo);
     jpeg_mem_src(cinfo, request->data, (unsigned long)request->size);
     jpeg_read_header(cinfo, TRUE);
-    if (cinfo->jpeg_color_space != (request->channels == 1 ? JCS_GRAYSCALE : JCS_YCbCr))
+    if (!decode_as(cinfo, request->channels))
         fail(work, request->channels == 1 ? "not a greyscale JPEG" : "not a YCbCr JPEG");
     int scale = request->scale;
     double box[4] = {request->box[0], request->box[1], request->box[2], request->box[3]};
@@ -394,11 +405,8 @@ static int crop_resize(const Request *request, uint8_t *out, int flip_x, int fli
             fail(work, "the file is of another size");
         plan(request->file_height, request->file_width, request->height, request->width, request->box, &scale, box);
     }
-    cinfo->out_color_space = request->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
     cinfo->scale_num = scale;
     cinfo->scale_denom = 8;
-    cinfo->dct_method = JDCT_ISLOW;
-    cinfo->do_fancy_upsampling = TRUE;
     jpeg_start_decompress(cinfo);
     if (!box_inside(box, cinfo->output_height, cinfo->output_width))
         fail(work, "the box lies outside the scaled picture");
@@ -499,6 +507,12 @@ static PyObject *py_has_exif(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(found);
 }
 
+/* Whether `data` opens as a JPEG and holds no EXIF (where an orientation could be): what decode_each and
+ * crop_each take; anything else is left to decode.py. */
+static int plain_jpeg(const uint8_t *data, size_t size) {
+    return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF && !has_exif(data, size);
+}
+
 /* One decoder kept for a whole decode_each call: each file read into it and let go of again. */
 typedef struct {
     struct jpeg_decompress_struct cinfo;
@@ -510,7 +524,7 @@ typedef struct {
 static int decode_whole(Decoder *decoder, const uint8_t *data, size_t size, int height, int width, int channels,
                         uint8_t *out, JSAMPROW *lines) {
     struct jpeg_decompress_struct *cinfo = &decoder->cinfo;
-    if (size < 3 || data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF || has_exif(data, size))
+    if (!plain_jpeg(data, size))
         return 0;
     if (setjmp(decoder->errors.escape)) {
         jpeg_abort_decompress(cinfo);
@@ -518,14 +532,11 @@ static int decode_whole(Decoder *decoder, const uint8_t *data, size_t size, int 
     }
     jpeg_mem_src(cinfo, data, (unsigned long)size);
     jpeg_read_header(cinfo, TRUE);
-    if (cinfo->jpeg_color_space != (channels == 1 ? JCS_GRAYSCALE : JCS_YCbCr) ||
-        cinfo->image_height != (JDIMENSION)height || cinfo->image_width != (JDIMENSION)width) {
+    if (!decode_as(cinfo, channels) || cinfo->image_height != (JDIMENSION)height ||
+        cinfo->image_width != (JDIMENSION)width) {
         jpeg_abort_decompress(cinfo);
         return 0;
     }
-    cinfo->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
-    cinfo->dct_method = JDCT_ISLOW;
-    cinfo->do_fancy_upsampling = TRUE;
     jpeg_start_decompress(cinfo);
     size_t stride = (size_t)width * channels;
     for (int y = 0; y < height; y++)
@@ -596,8 +607,7 @@ static void crop_all(const Each *each, uint8_t *done) {
                            .file_height = (int)each->sizes[2 * k], .file_width = (int)each->sizes[2 * k + 1]};
         char message[MESSAGE_SIZE];
         done[k] = request.file_height > 0 && request.file_width > 0 && file_of(each, k, &request.data, &request.size) &&
-                  request.size >= 3 && !memcmp(request.data, "\xff\xd8\xff", 3) &&
-                  !has_exif(request.data, request.size) &&
+                  plain_jpeg(request.data, request.size) &&
                   crop_resize(&request, each->out + bytes * each->rows[k], each->flips[2 * k], each->flips[2 * k + 1],
                               message) == 0;
     }
