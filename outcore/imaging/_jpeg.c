@@ -34,6 +34,11 @@
 #define MARGIN 2          /* pixels decoded past a window's edges: fancy upsampling there sees the crop's edge */
 #define PRECISION_BITS 22 /* fixed-point weights: 8-bit samples times weights summing to 1 fit in 32 bits */
 #define MESSAGE_SIZE 200
+/* Rows libjpeg decodes into for a resize start ROW_LEAD bytes past a multiple of ROW_ALIGN: libjpeg-turbo's
+ * SIMD colour conversion writes rows that start on a multiple of 32 bytes with non-temporal stores, past the
+ * caches, and the resize would read them back from memory. */
+#define ROW_ALIGN 32
+#define ROW_LEAD 16
 
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
 #define RESIZE_CLONES __attribute__((target_clones("avx2", "default"))) /* chosen at load time by the CPU */
@@ -424,16 +429,17 @@ static int crop_resize(const Request *request, uint8_t *out, int flip_x, int fli
     if (top > MARGIN)
         jpeg_skip_scanlines(cinfo, top - MARGIN);
     int first = cinfo->output_scanline, count = bottom - first;
-    size_t stride = (size_t)cinfo->output_width * request->channels;
-    work->pixels = malloc(count * stride);
+    size_t stride = ((size_t)cinfo->output_width * request->channels + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+    work->pixels = malloc(count * stride + ROW_ALIGN);
     work->lines = malloc(count * sizeof(JSAMPROW));
     if (!work->pixels || !work->lines)
         fail(work, "out of memory");
+    uint8_t *pixels = work->pixels + (ROW_ALIGN + ROW_LEAD - (uintptr_t)work->pixels % ROW_ALIGN) % ROW_ALIGN;
     for (int i = 0; i < count; i++)
-        work->lines[i] = work->pixels + i * stride;
+        work->lines[i] = pixels + i * stride;
     while ((int)cinfo->output_scanline < bottom) /* the rows below the box are not decoded */
         jpeg_read_scanlines(cinfo, work->lines + (cinfo->output_scanline - first), bottom - cinfo->output_scanline);
-    int failed = resize(work->pixels, stride, first, (int)x, request->channels, &work->rows, &work->columns, out,
+    int failed = resize(pixels, stride, first, (int)x, request->channels, &work->rows, &work->columns, out,
                         flip_x, flip_y);
     if (failed)
         snprintf(message, MESSAGE_SIZE, "out of memory");
