@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,9 +28,26 @@ class Empty(Protocol):
     def __call__(self, shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray: ...
 
 
+# A batch's array starts LEAD bytes past a multiple of ALIGN, in plain or shared memory: libjpeg-turbo's SIMD
+# colour conversion writes a decoded row that starts on a multiple of 32 bytes with non-temporal stores, which
+# bypass the caches and cost 8 % more per 128x128 JPEG on 2 cores (59.8 against 55.3 µs). numpy's arrays
+# start at either, as malloc places them (two batches in three on a multiple of 32, measured).
+ALIGN, LEAD = 32, 16
+
+
 def plain(shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray:
-    """A new array in plain memory: the default `Empty`."""
-    return np.empty(shape, dtype)
+    """A new array in plain memory, starting `LEAD` bytes past a multiple of `ALIGN`: the default `Empty`.
+
+    >>> plain((4, 3), np.dtype("float32")).ctypes.data % ALIGN == LEAD
+    True
+    """
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        return np.empty(shape, dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    memory = np.empty(nbytes + ALIGN, np.uint8)
+    start = (LEAD - memory.ctypes.data) % ALIGN
+    return memory[start : start + nbytes].view(dtype).reshape(shape)
 
 
 class Crop(Protocol):

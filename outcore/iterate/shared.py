@@ -55,7 +55,7 @@ from uuid import uuid4
 import numpy as np
 
 from ..errors import ClusterError, OutcoreWarning
-from .batch import join_field
+from .batch import LEAD, join_field, plain
 from .mappings import kept_mappings, open_file
 
 try:
@@ -70,11 +70,6 @@ LOCK = "owner.lock"
 FREE = "free-"  # a recycled file: free-<size>-<name>
 SPARE = "spare-"  # a process's folder of free files between its mailboxes: outcore-batches-<pid>-spare-<id>
 SHARED_MIN_BYTES = 1 << 18  # smaller arrays travel in the task's answer: a file costs more than they do
-# An array starts LEAD bytes into its file, as numpy's own large arrays start 16 bytes into theirs (malloc's
-# header), never on a multiple of 32: libjpeg-turbo's SIMD colour conversion writes rows at such addresses
-# with non-temporal stores, which bypass the caches and cost 8 % more per decoded 128x128 JPEG on 2 cores
-# (59.8 against 55.3 µs), so a worker would decode into its batch files slower than local threads do.
-LEAD = 16
 
 
 @dataclass(frozen=True)
@@ -91,7 +86,7 @@ class SharedArray:
 
     @property
     def file_size(self) -> int:
-        """The size of its file: the array's bytes, `LEAD` bytes into it."""
+        """The size of its file: the array's bytes, `LEAD` bytes into it (as plain batch arrays start)."""
         return LEAD + self.nbytes
 
 
@@ -147,9 +142,9 @@ class Arena:
         rows = shape[0] if self.part is None else self.part.size
         size = int(np.prod((rows, *shape[1:]), dtype=np.int64)) * dtype.itemsize
         if self.folder is None or size < SHARED_MIN_BYTES or dtype.hasobject:
-            return np.empty(shape, dtype)
+            return plain(shape, dtype)
         if self.part is not None and dtype.kind in "US":  # text: each part as wide as its own widest
-            return np.empty(shape, dtype)
+            return plain(shape, dtype)
         if self.part is not None:
             return self._part_of(f"{self.part.batch}-{field}", shape, dtype, size)
         name = f"{self.prefix}-{len(self.made)}"
@@ -157,7 +152,7 @@ class Arena:
             mapped = self._recycled(name, LEAD + size) or self._new(name, LEAD + size)
         except OSError:  # no room (a small /dev/shm), or the run was closed meanwhile: plain memory
             self.no_room = True
-            return np.empty(shape, dtype)
+            return plain(shape, dtype)
         array = np.frombuffer(mapped, dtype, size // dtype.itemsize, LEAD).reshape(shape)
         self.made[id(array)] = (SharedArray(name, dtype.str, tuple(shape)), array)
         return array
@@ -183,12 +178,12 @@ class Arena:
             last = first + shape[0] * row
             status = path.stat()
             if status.st_size != file_size or not first < last <= file_size:
-                return np.empty(shape, dtype)
+                return plain(shape, dtype)
             start = first - first % mmap.ALLOCATIONGRANULARITY
             mapped = kept_mappings.map(path, last - start, start=start, status=status)
         except OSError:  # no room (a small /dev/shm), or the run was closed meanwhile
             self.no_room = True
-            return np.empty(shape, dtype)
+            return plain(shape, dtype)
         rows = np.frombuffer(mapped, dtype, (last - first) // dtype.itemsize, first - start).reshape(shape)
         self.made[id(rows)] = (SharedArray(name, dtype.str, (self.part.size, *shape[1:])), rows)
         return rows
