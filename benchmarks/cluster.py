@@ -84,6 +84,7 @@ from outcore.format.encoded import pack_regions
 from outcore.imaging import decode_image
 from outcore.imaging.decode import decode_plain_jpegs
 from outcore.iterate import Transform
+from outcore.iterate.batch import plain
 from outcore.iterate.runs import NextEpoch
 from outcore.iterate.shared import LOCK, PREFIX, SHARED_ROOT, Mailbox, Slot
 from outcore.storage import read_files
@@ -175,7 +176,8 @@ def bare_decode(location: str, count: int, repeats: int, worker: int) -> float:
     ``repeats`` passes over ``count`` samples each, a stretch of its own per worker and pass: inputs not
     in the caches, as an epoch's are not; the bytes are read and packed a batch to a buffer beforehand),
     the fastest way outcore decodes them: the plain JPEGs of a batch together in C (`decode_plain_jpegs`),
-    any others one by one (`decode_image`, also all of them without the C extension)."""
+    any others one by one (`decode_image`, also all of them without the C extension), into a new batch
+    array each time, placed as outcore places its batches (`outcore.iterate.batch.plain`)."""
     ds = outcore.open_dataset(location)
     shape, dtype = ds["images"].shape[1:], np.dtype("uint8")
     costs = []
@@ -186,7 +188,7 @@ def bare_decode(location: str, count: int, repeats: int, worker: int) -> float:
         batches = [(files, *pack_regions(files, len(files), sum(map(len, files)))) for files in batches]
         began = time.thread_time()
         for files, region, ranges in batches:
-            out, rows = np.empty((len(files), *shape), dtype), np.arange(len(files))
+            out, rows = plain((len(files), *shape), dtype), np.arange(len(files))
             for i in decode_plain_jpegs(region, ranges, rows, out, rows):
                 decode_image(files[i], shape, "crop", dtype, out=out[i])
         costs.append((time.thread_time() - began) / count)
