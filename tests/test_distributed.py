@@ -396,6 +396,15 @@ def test_workers_that_cannot_see_the_store_say_so(client, photos, tmp_path):
         next(iter(it))
 
 
+def test_workers_of_another_outcore_version_make_no_batches_and_say_so(client, photos, monkeypatch):
+    """Another version may decode other pixels or lay batches out otherwise in shared memory: the consumer's
+    version goes with every span, and a worker of another one refuses it, naming both."""
+    monkeypatch.setattr(cluster, "VERSION", "0.0.1")  # this process's (the consumer's) version, not the workers'
+    with pytest.raises(ClusterError, match=r"Dask worker .* runs outcore \S+ and the process reading the batches "
+                                           r"outcore 0\.0\.1.*Install the same outcore"):
+        next(iter(photos.batches(8, client=client)))
+
+
 ADAPTER_OPTIONS = {"shuffle": True, "seed": 2, "transform": augment("images_encoded")}  # x=, y= choose the fields
 
 

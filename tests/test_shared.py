@@ -98,6 +98,16 @@ def test_batch_arrays_in_shared_memory_start_16_bytes_past_a_multiple_of_32_as_p
     assert whole.ctypes.data % 32 == 16 and whole[:, 0].tolist() == [1, 1, 2, 2] and (whole[3] == 2).all()
 
 
+def test_a_batch_file_of_another_size_than_its_array_is_refused_not_read(mailbox, monkeypatch):
+    """A worker of another outcore version (another `LEAD`) would leave the array elsewhere in its file: the
+    consumer checks the file's size against what the array needs and names the mismatch."""
+    monkeypatch.setattr(shared, "LEAD", 0)  # the worker's version
+    handle = made(mailbox, 7)
+    monkeypatch.undo()
+    with pytest.raises(ClusterError, match=r"holds \d+ bytes where a \|u1.* makes \d+: a worker of another outcore"):
+        mailbox.receive(handle)
+
+
 def test_without_room_in_shared_memory_arrays_travel_as_plain_memory(mailbox, monkeypatch):
     def full(descriptor, offset, size):
         raise OSError(28, "No space left on device")

@@ -41,7 +41,8 @@ From an iterator's second epoch on, the next epoch's run starts once this one ha
 span (`outcore.iterate.runs.NextEpoch`), so workers do not wait at epoch boundaries.
 
 If a worker dies, Dask reruns its spans on the others: the epoch still yields every sample once, in
-the planned order. If the whole cluster goes away, the consumer gets a `ClusterError`; the iterator's
+the planned order. A worker of another outcore version than the consumer's makes no span (`make_span`
+raises a `ClusterError` naming both). If the whole cluster goes away, the consumer gets a `ClusterError`; the iterator's
 `state_dict` then says how far it got, to resume elsewhere.
 """
 
@@ -55,6 +56,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib.metadata import version
 from typing import Any
 from uuid import uuid4
 
@@ -78,6 +80,7 @@ SPAN_BYTES = 32 << 20  # but no more batch bytes than this per task (`span_bytes
 HELD_BYTES = 256 << 20  # spans in flight may hold this much together, where spans of SPAN_BYTES hold less
 CARRIES_PER_THREAD = 4  # chunks left for a lane's next span: at most this many lanes' worth per worker thread
 PRUNING = "outcore-mappings"  # a worker's periodic callback: `_prune_mappings_on_this_worker`
+VERSION = version("outcore")  # a worker makes spans only for a consumer of its own version (`make_span`)
 
 WORKER_CONFIG: dict[str, object] = {
     "distributed.worker.profile.enabled": False,  # a sample of every thread's stack 100 times a second
@@ -289,7 +292,7 @@ class ClusterRun(Run):
         slot = None if self.mailbox is None else self.mailbox.slot
         pinned = {} if lanes.workers is None else {"workers": [lanes.workers[span.lane]], "allow_other_workers": True}
         return self.client.submit(
-            make_span, self.source, self.work.recipe, self.work.store.chunk_size, span, slot,
+            make_span, self.source, self.work.recipe, self.work.store.chunk_size, span, slot, VERSION,
             key=f"outcore-span-{self.name}-{span.steps[0].index}-l{span.lane}", priority=self._priority(span), **pinned,
         )
 
@@ -352,13 +355,21 @@ def _cluster_lost() -> tuple[type[BaseException], ...]:
     return (CancelledError, ClosedClientError, CommClosedError, KilledWorker, TimeoutError)
 
 
-def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span,
-              slot: Slot | None) -> list[SharedBatch | Batch]:
+def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span, slot: Slot | None,
+              consumer_version: str) -> list[SharedBatch | Batch]:
     """On a worker: the span's parts of batches (whole batches for a run of one lane), made as the local path
     makes them, on as many threads as the cluster gave the worker; into the consumer's shared memory when
     this worker sees it (`outcore.iterate.shared`). Each chunk is read once: those the lane's previous
     span left on this worker are taken from it, and those a later span of the lane reads again are left
-    for it (a span run elsewhere reads them itself)."""
+    for it (a span run elsewhere reads them itself). A worker whose outcore is not the consumer's
+    (``consumer_version``) makes nothing: a `ClusterError` says so (another version may make other pixels,
+    or lay batches out otherwise in shared memory)."""
+    if consumer_version != VERSION:
+        raise ClusterError(
+            f"Dask worker {_worker_address()} runs outcore {VERSION} and the process reading the batches "
+            f"outcore {consumer_version}: batches are made only by the version that reads them. Install the "
+            "same outcore on the workers and the consumer"
+        )
     cap_threads(_worker_threads())
     if slot is not None:
         _prune_mappings_on_this_worker()

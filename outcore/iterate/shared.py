@@ -313,6 +313,12 @@ class Mailbox:
         dtype = np.dtype(shared.dtype)
         try:
             status = os.stat(self.folder / shared.name)
+            if status.st_size != shared.file_size:
+                raise ClusterError(
+                    f"a worker's batch file {shared.name} in {self.folder} holds {status.st_size} bytes where a "
+                    f"{shared.dtype}{shared.shape} array makes {shared.file_size}: a worker of another outcore "
+                    "version wrote it. Install the same outcore on the workers and the consumer"
+                )
             mapped = kept_mappings.map(self.folder / shared.name, shared.file_size, status=status)
         except OSError as error:
             raise self._gone(error) from None
