@@ -279,3 +279,24 @@ def test_a_run_keeps_the_free_files_it_used_not_the_most_the_process_ever_held(t
     third = Mailbox.open(tmp_path)
     assert len([name for name in files(third) if name.startswith(FREE)]) == 1  # the two never needed went
     third.close()
+
+
+def test_a_run_closing_while_the_next_is_open_hands_it_its_free_files(tmp_path):
+    """The next epoch's run opens its mailbox as this one drains (`NextEpoch`): the free files this run
+    leaves go to it, to be written again, not to a spare folder it no longer looks at."""
+    first = Mailbox.open(tmp_path)
+    held = [first.receive(made(first, value)) for value in range(2)]
+    inodes = {os.stat(first.folder / name).st_ino for name in files(first)}
+    second = Mailbox.open(tmp_path)  # the next epoch's, opened before the first closes
+    (tmp_path / "elsewhere").mkdir()
+    other_root = Mailbox.open(tmp_path / "elsewhere")  # newer, but under another root: no heir of the first
+    del held
+    gc.collect()
+    first.close()
+    free = [name for name in files(second) if name.startswith(FREE)]
+    assert {os.stat(second.folder / name).st_ino for name in free} == inodes and not files(other_root)
+    batches = [second.receive(made(second, value)) for value in (3, 4)]  # made in them, no new file
+    assert {os.stat(second.folder / name).st_ino for name in files(second)} == inodes
+    assert [int(batch["images"][0, 0]) for batch in batches] == [3, 4]
+    other_root.close()
+    second.close()

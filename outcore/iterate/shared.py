@@ -20,10 +20,11 @@ small array (under `SHARED_MIN_BYTES`) puts the array in the `SharedBatch` itsel
 over its sockets: the batches are the same either way. ``OUTCORE_SHARED_MEMORY=0`` turns the shared
 path off.
 
-The folder goes when the run closes; the free files it received batches in wait in a spare folder of
-the consumer's process for the next run (the next epoch), which starts with reused memory, and go when
-the process exits (free files a run took over and never needed go with its folder: a process keeps
-what its last run used, not the most it ever held).
+The folder goes when the run closes; the free files it received batches in go to the process's newest
+mailbox still open (the next epoch's run, started as this one drains), or wait in a spare folder of the
+consumer's process for the next run, which starts with reused memory, and go when the process exits
+(free files a run took over and never needed go with its folder: a process keeps what its last run
+used, not the most it ever held).
 A consumer killed before that leaves its folders behind: each holds a lock on a file in it for its
 life, and a new mailbox removes the folders whose lock is free (their consumer is gone), so nothing
 piles up.
@@ -44,6 +45,7 @@ import contextlib
 import mmap
 import os
 import shutil
+import threading
 import warnings
 import weakref
 from collections.abc import Collection, Mapping, Sequence
@@ -252,6 +254,9 @@ class Mailbox:
         spare = _spares(root)
         if mailbox is not None and spare is not None:
             _move_free(spare.folder, mailbox.folder)
+        if mailbox is not None:
+            with _open_lock:
+                _open.append((os.getpid(), mailbox))
         return mailbox
 
     @classmethod
@@ -328,19 +333,25 @@ class Mailbox:
         return array.reshape(shared.shape)
 
     def close(self) -> None:
-        """Keep the free files this run received batches in for this process's next mailbox, and remove
-        the folder with what is left in it (free files taken over and never needed: a process keeps what
-        its last run used, not the most it ever held; batches still held by the consumer, whose memory
-        lives on while they do; batches made and never taken; files a worker may still be writing)."""
-        spare = _spares(self.folder.parent)
-        if spare is not None and spare is not self:
-            _move_free(self.folder, spare.folder, self.used)
+        """Hand the free files this run received batches in to this process's newest mailbox still open (the
+        next epoch's), or keep them for its next one, and remove the folder with what is left in it (free
+        files taken over and never needed: a process keeps what its last run used, not the most it ever
+        held; batches still held by the consumer, whose memory lives on while they do; batches made and never
+        taken; files a worker may still be writing)."""
+        with _open_lock:
+            _open[:] = [(pid, box) for pid, box in _open if box is not self and pid == os.getpid()]
+            heirs = [box for _, box in _open if box.folder.parent == self.folder.parent]
+        heir = heirs[-1] if heirs else _spares(self.folder.parent)
+        if heir is not None and heir is not self:
+            _move_free(self.folder, heir.folder, self.used)
         shutil.rmtree(self.folder, ignore_errors=True)
         self._lock.close()
         kept_mappings.prune()  # the mappings of the files that went with the folder
 
 
 _spare: dict[Path, tuple[int, Mailbox | None]] = {}  # root -> (pid, this process's folder of spare files)
+_open: list[tuple[int, Mailbox]] = []  # the mailboxes open now (and the pid of their process), oldest first
+_open_lock = threading.Lock()
 
 
 def _spares(root: Path) -> Mailbox | None:
