@@ -41,9 +41,9 @@ From an iterator's second epoch on, the next epoch's run starts once this one ha
 span (`outcore.iterate.runs.NextEpoch`), so workers do not wait at epoch boundaries.
 
 If a worker dies, Dask reruns its spans on the others: the epoch still yields every sample once, in
-the planned order. A worker of another outcore version than the consumer's makes no span (`make_span`
-raises a `ClusterError` naming both). If the whole cluster goes away, the consumer gets a `ClusterError`; the iterator's
-`state_dict` then says how far it got, to resume elsewhere.
+the planned order. If the whole cluster goes away, the consumer gets a `ClusterError`; the iterator's
+`state_dict` then says how far it got, to resume elsewhere. A worker of another outcore version than
+the consumer's makes no span: `make_span` raises a `ClusterError` naming both.
 """
 
 from __future__ import annotations
