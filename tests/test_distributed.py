@@ -491,6 +491,53 @@ def test_closing_a_cluster_iteration_never_waits_on_the_cluster(client, photos):
     assert closed < 2 and outcome["closed at"] - began < 2  # the batch task still has seconds to run
 
 
+class CountedPause:
+    """A transform that counts the batches it is given (a character each in file ``path``) and pauses (a
+    batch of samples from several chunks is given in pieces, one per chunk)."""
+
+    def __init__(self, path: Path, seconds: float) -> None:
+        self.path, self.seconds = path, seconds
+
+    def __call__(self, batch, rng):
+        with open(self.path, "a") as made:
+            made.write("x")
+        time.sleep(self.seconds)
+        return batch
+
+
+def test_workers_stop_the_spans_of_a_closed_run_after_the_batch_under_way(client, photos, tmp_path):
+    """A running Dask task cannot be cancelled: the spans of a closed run went on making batches nobody
+    takes, on workers other runs and consumers share. A worker that sees the run's folder in shared memory
+    stops once the consumer removes it."""
+    made = tmp_path / "made"
+    it = photos.batches(2, fields=["labels"], shuffle=False, transform=CountedPause(made, 0.1), client=client,
+                        prefetch=1)  # 60 batches of one chunk each in 4 spans of 15, all submitted
+    next(iter(it))  # once the first two spans are made
+    time.sleep(0.5)  # the last two under way: 5 batches each
+    it.close()
+    time.sleep(2.5)  # the last two would be made 1.5 s after they started
+    assert 30 < len(made.read_text()) <= 30 + 2 * 8  # of the last two's 30 batches, each made 5 to 8
+
+
+def test_a_run_whose_folder_in_shared_memory_is_removed_under_it_says_so(client, photos, tmp_path):
+    """The workers stop its spans as they would a closed run's: the consumer, still reading, names the cause."""
+    import glob
+    import shutil
+
+    ours = f"/dev/shm/outcore-batches-{os.getpid()}-*"
+    before = set(glob.glob(ours))
+    it = photos.batches(2, fields=["labels"], shuffle=False, transform=CountedPause(tmp_path / "made", 0.1),
+                        client=client, prefetch=1)
+    batches = iter(it)
+    next(batches)  # the first two spans of 15 made, the last two under way
+    (folder,) = [name for name in set(glob.glob(ours)) - before if "spare" not in name]
+    shutil.rmtree(folder)
+    with pytest.raises(ClusterError, match=r"shared memory is gone \(a worker stopped span outcore-span-\S+ of "
+                                           r"the run, its folder gone\): something removed files of"):
+        list(batches)
+    it.close()
+
+
 def test_two_dask_worker_processes_with_disks_of_their_own_ingest_and_read_one_store(image_folder, tmp_path,
                                                                                       monkeypatch):
     """A stand-in for two nodes: `dask scheduler` and two `dask worker` processes, each with scratch, staging

@@ -312,8 +312,12 @@ class ClusterRun(Run):
         self.pending.popleft()
         parts: dict[int, list[tuple[SpanStep, SharedBatch | Batch]]] = {step: [] for step in steps}
         for span, future in spans:  # lanes in order: their parts in the batch's order
-            for step, made in zip(span.steps, future.result(), strict=True):
-                parts[step.index].append((step, made))
+            made = future.result()
+            if len(made) < len(span.steps):  # its worker found the run's folder gone while it was open
+                assert self.mailbox is not None
+                raise self.mailbox.gone(f"a worker stopped span {future.key} of the run, its folder gone")
+            for step, part in zip(span.steps, made, strict=True):
+                parts[step.index].append((step, part))
         whole = not any(span.parts for span, _ in spans)  # one lane: its parts are the batches
         for step in steps:
             self.gathered += 1
@@ -361,9 +365,11 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span, 
     makes them, on as many threads as the cluster gave the worker; into the consumer's shared memory when
     this worker sees it (`outcore.iterate.shared`). Each chunk is read once: those the lane's previous
     span left on this worker are taken from it, and those a later span of the lane reads again are left
-    for it (a span run elsewhere reads them itself). A worker whose outcore is not the consumer's
-    (``consumer_version``) makes nothing: a `ClusterError` says so (another version may make other pixels,
-    or lay batches out otherwise in shared memory)."""
+    for it (a span run elsewhere reads them itself). A worker that sees the consumer's folder in shared
+    memory stops once it goes (the run was closed: the rest of the span would go unused) and returns the
+    batches made so far. A worker whose outcore is not the consumer's (``consumer_version``) makes
+    nothing: a `ClusterError` says so (another version may make other pixels, or lay batches out
+    otherwise in shared memory)."""
     if consumer_version != VERSION:
         raise ClusterError(
             f"Dask worker {_worker_address()} runs outcore {VERSION} and the process reading the batches "
@@ -381,7 +387,10 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span, 
             reader.prefetch(list(first_use))
     buffers = ChunkBuffers(readers)
     made: list[SharedBatch | Batch] = []
+    seen = slot is not None and slot.seen()
     for step in span.steps:
+        if made and seen and not slot.seen():  # the consumer closed the run: nobody would take the rest
+            return made
         for chunk in np.unique(step.chunks).tolist():
             if chunk not in loaded:
                 loaded[chunk] = buffers.read(chunk)

@@ -107,11 +107,15 @@ class Slot:
 
     folder: str
 
+    def seen(self) -> bool:
+        """Whether this process sees the folder: it is on the consumer's machine, and the consumer's run is
+        open (its folder goes when it closes)."""
+        return Path(self.folder).is_dir()
+
     def arena(self, part: Part | None = None) -> Arena:
         """The allocator of one batch's arrays (or of one ``part`` of a batch): in the folder when this
         process sees it, else plain memory."""
-        folder = Path(self.folder)
-        return Arena(folder if folder.is_dir() else None, part)
+        return Arena(Path(self.folder) if self.seen() else None, part)
 
 
 @dataclass(frozen=True)
@@ -301,10 +305,11 @@ class Mailbox:
         try:
             os.rename(self.folder / shared.name, self.folder / taken)
         except OSError as error:
-            raise self._gone(error) from None
+            raise self.gone(error) from None
         return self._take(SharedArray(taken, shared.dtype, shared.shape))
 
-    def _gone(self, error: OSError) -> ClusterError:
+    def gone(self, error: OSError | str) -> ClusterError:
+        """The error of a run whose files in shared memory went while it used them."""
         return ClusterError(
             f"a worker's batch in shared memory is gone ({error}): something removed files of "
             f"{self.folder} while the run was using it. Set {ENVIRONMENT}=0 to have batches sent over "
@@ -326,7 +331,7 @@ class Mailbox:
                 )
             mapped = kept_mappings.map(self.folder / shared.name, shared.file_size, status=status)
         except OSError as error:
-            raise self._gone(error) from None
+            raise self.gone(error) from None
         self.used.add(status.st_ino)
         array = np.frombuffer(mapped, dtype, shared.nbytes // dtype.itemsize, LEAD)
         weakref.finalize(array, _free, self.folder, shared.name, shared.file_size)
