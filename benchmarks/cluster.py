@@ -39,7 +39,9 @@ decoding, whose cost then counts against the plain bare decode):
 - **delivery**: blank batches of the same shape made on every worker of the largest cluster (started
   with the first of ``--settings``, as are the two measures below) and received here: through shared
   memory (what a consumer on the workers' machine gets) and over Dask's sockets
-  (``OUTCORE_SHARED_MEMORY=0``, or a consumer on another machine), in GB/s;
+  (``OUTCORE_SHARED_MEMORY=0``, or a consumer on another machine): taken as outcore takes them (straight
+  from workers on this machine, `outcore.iterate.cluster.straight_from_workers`) and through the
+  scheduler (Dask's default, and outcore's for workers elsewhere), in GB/s;
 - **epoch boundaries**: on the largest cluster, epochs of 10 batches (a store of the first 2,560 JPEGs)
   with a 10 ms pause per batch standing for a training step, median of epochs 2-7: the next epoch
   started as one drains (`outcore.iterate.runs.NextEpoch`, what outcore does) against started when the
@@ -85,6 +87,7 @@ from outcore.imaging import decode_image
 from outcore.imaging.decode import decode_plain_jpegs
 from outcore.iterate import Transform
 from outcore.iterate.batch import plain
+from outcore.iterate.cluster import straight_from_workers
 from outcore.iterate.runs import NextEpoch
 from outcore.iterate.shared import LOCK, PREFIX, SHARED_ROOT, Mailbox, Slot
 from outcore.storage import read_files
@@ -195,11 +198,12 @@ def bare_decode(location: str, count: int, repeats: int, worker: int) -> float:
     return statistics.median(costs)
 
 
-def on_every_worker(client: Client, function: object, *args: object) -> list[object]:
-    """``function(*args, i)`` on every worker ``i`` at once (one task each), their answers."""
+def on_every_worker(client: Client, function: object, *args: object, direct: bool | None = None) -> list[object]:
+    """``function(*args, i)`` on every worker ``i`` at once (one task each), their answers (taken straight from
+    the workers, or through the scheduler: ``direct``, Dask's default when None)."""
     futures = [client.submit(function, *args, i, workers=[address], pure=False, allow_other_workers=False)
                for i, address in enumerate(client.scheduler_info()["workers"])]
-    return client.gather(futures)
+    return client.gather(futures, direct=direct)
 
 
 def workers_cpu(client: Client) -> tuple[float, float]:
@@ -328,9 +332,10 @@ def blank_batches(slot: Slot | None, shape: tuple[int, ...], count: int, worker:
     return made
 
 
-def delivery(client: Client, shape: tuple[int, ...], shared: bool, repeats: int) -> float:
+def delivery(client: Client, shape: tuple[int, ...], shared: bool, repeats: int, direct: bool | None = None) -> float:
     """GB/s of blank batches made on every worker and received (and read once) here (in a shared-memory
-    folder of its own, removed after: its many files would be kept for the epochs measured next)."""
+    folder of its own, removed after: its many files would be kept for the epochs measured next; else
+    over sockets, straight from the workers or through the scheduler: ``direct``)."""
     root = Path(tempfile.mkdtemp(dir=SHARED_ROOT))
     mailbox = Mailbox.open(root) if shared else None
     workers = len(client.scheduler_info()["workers"])
@@ -340,7 +345,7 @@ def delivery(client: Client, shape: tuple[int, ...], shared: bool, repeats: int)
     try:
         for _ in range(repeats + 1):  # the first warms the recycled files up
             began, received = time.perf_counter(), 0
-            for made in on_every_worker(client, blank_batches, slot, shape, per_worker):
+            for made in on_every_worker(client, blank_batches, slot, shape, per_worker, direct=direct):
                 for batch in made:
                     images = (mailbox.receive(batch) if mailbox else batch)["images"]
                     received += int(images.max()) * images.nbytes
@@ -388,8 +393,10 @@ def consumers(address: str, location: str, count: int) -> float:
 def largest(client: Client, address: str, location: str, short: outcore.Dataset, shape: tuple[int, ...],
             args: argparse.Namespace) -> dict[str, object]:
     """On the largest cluster: delivery through shared memory and over sockets, epoch boundaries, consumers."""
+    straight = straight_from_workers(client, client.scheduler_info()["workers"])
     found: dict[str, object] = {"shared GB/s": delivery(client, shape, True, args.repeats),
-                                "sockets GB/s": delivery(client, shape, False, args.repeats)}
+                                "sockets GB/s": delivery(client, shape, False, args.repeats, direct=straight),
+                                "relayed GB/s": delivery(client, shape, False, args.repeats, direct=False)}
     runs = [(ahead, short_epochs(short, client, ahead)) for _ in range(args.repeats) for ahead in (True, False)]
     found["short epochs"] = {key: statistics.median(rate for ahead, rate in runs if ahead == (key == "ahead"))
                              for key in ("ahead", "not ahead")}
@@ -472,7 +479,8 @@ def main() -> None:
               f"{got['span 90'] * 1e3:4.0f}")
     last = results["largest"]
     print(f"\ndelivery from {sizes[-1]} workers (blank {BATCH}x{args.size}x{args.size}x3 batches, received and read): "
-          f"shared memory {last['shared GB/s']:.2f} GB/s, sockets {last['sockets GB/s']:.2f} GB/s")
+          f"shared memory {last['shared GB/s']:.2f} GB/s, sockets {last['sockets GB/s']:.2f} GB/s (as outcore takes "
+          f"them), through the scheduler {last['relayed GB/s']:.2f} GB/s")
     boundary = last["short epochs"]
     print(f"epoch boundaries on {sizes[-1]} workers (epochs of {SHORT_EPOCH} batches, a {STEP_SECONDS * 1e3:.0f} ms "
           f"step each, epochs 2-7): next epoch started as one drains {boundary['ahead']:.0f} samples/s, not "
