@@ -40,8 +40,8 @@ decoding, whose cost then counts against the plain bare decode):
   with the first of ``--settings``, as are the two measures below) and received here: through shared
   memory (what a consumer on the workers' machine gets) and over Dask's sockets
   (``OUTCORE_SHARED_MEMORY=0``, or a consumer on another machine): taken as outcore takes them (straight
-  from workers on this machine, `outcore.iterate.cluster.straight_from_workers`) and through the
-  scheduler (Dask's default, and outcore's for workers elsewhere), in GB/s;
+  from the workers it reaches, `outcore.iterate.direct`) and through the scheduler (Dask's default, and
+  outcore's for workers it does not reach), in GB/s;
 - **epoch boundaries**: on the largest cluster, epochs of 10 batches (a store of the first 2,560 JPEGs)
   with a 10 ms pause per batch standing for a training step, median of epochs 2-7: the next epoch
   started as one drains (`outcore.iterate.runs.NextEpoch`, what outcore does) against started when the
@@ -87,7 +87,7 @@ from outcore.imaging import decode_image
 from outcore.imaging.decode import decode_plain_jpegs
 from outcore.iterate import Transform
 from outcore.iterate.batch import plain
-from outcore.iterate.cluster import straight_from_workers
+from outcore.iterate.direct import straight_from_workers
 from outcore.iterate.runs import NextEpoch
 from outcore.iterate.shared import LOCK, PREFIX, SHARED_ROOT, Mailbox, Slot
 from outcore.storage import read_files

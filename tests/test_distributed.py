@@ -21,7 +21,7 @@ import outcore
 from outcore import transforms
 from outcore.cli import main
 from outcore.errors import ClusterError, NotAStoreError
-from outcore.iterate import cluster, mappings
+from outcore.iterate import cluster, direct, mappings
 from outcore.iterate.shared import is_mapped
 from outcore.testing import write_image_folder
 from outcore.testing.reads import chunk_reads, count_chunk_reads
@@ -626,10 +626,11 @@ def test_cluster_batches_arrive_through_shared_memory_and_equal_local_ones_over_
     assert not any(is_mapped(batch["frames"]) for batch in sockets)
 
 
-def test_batches_over_sockets_come_straight_from_workers_on_this_machine(client, frames, monkeypatch):
+def test_batches_over_sockets_come_straight_from_the_workers_the_consumer_reaches(client, frames, monkeypatch):
     """Without shared memory a span's batches crossed the scheduler on their way from its worker to the
-    consumer: from workers on the consumer's machine they now come straight (2-2.5x the rate), from others
-    through the scheduler, unless the client says otherwise (``Client(direct_to_workers=...)``)."""
+    consumer: from workers the consumer reaches (on its machine, or taking a connection) they now come
+    straight (2-2.5x the rate), from others through the scheduler, and as the client says where it was
+    told (``Client(direct_to_workers=...)``)."""
     monkeypatch.setenv("OUTCORE_SHARED_MEMORY", "0")
     scheduler, relayed = client.cluster.scheduler, []
     gather = scheduler.handlers["gather"]
@@ -638,12 +639,40 @@ def test_batches_over_sockets_come_straight_from_workers_on_this_machine(client,
         relayed.append(keys)
         return gather(keys=keys, serializers=serializers)
 
+    def through_the_scheduler() -> bool:
+        relayed.clear()
+        batches = list(frames.batches(32, seed=2, client=client))
+        _assert_same_batches(straight, batches)
+        return bool(relayed)
+
     monkeypatch.setitem(scheduler.handlers, "gather", relaying)
-    straight = list(frames.batches(32, seed=2, client=client))
-    assert not relayed
+    straight = list(frames.batches(32, seed=2))
+    assert not through_the_scheduler()  # workers on this machine
     monkeypatch.setattr(client, "direct_to_workers", False)
-    _assert_same_batches(straight, list(frames.batches(32, seed=2, client=client)))
-    assert relayed  # told so, through the scheduler
+    assert through_the_scheduler()  # told so
+    monkeypatch.setattr(client, "direct_to_workers", None)
+    monkeypatch.setattr(direct, "on_this_machine", lambda address: False)  # as if elsewhere: each one tried
+    assert not through_the_scheduler()
+    monkeypatch.setattr(direct, "reachable", lambda address: False)
+    assert through_the_scheduler()
+
+
+def test_a_worker_address_is_reachable_where_it_takes_a_connection(monkeypatch):
+    """Workers elsewhere: one connection tried per address, answers kept (`outcore.iterate.direct`)."""
+    import socket
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(direct, "_local_hosts", lambda: frozenset())  # 127.0.0.1 as if another machine's
+    direct.reachable.cache_clear()
+    with socket.create_server(("127.0.0.1", 0)) as listening, socket.create_server(("127.0.0.1", 0)) as closed:
+        open_port, closed_port = listening.getsockname()[1], closed.getsockname()[1]
+        closed.close()  # its port now refuses connections
+        told = SimpleNamespace(direct_to_workers=None)
+        assert direct.straight_from_workers(told, [f"tcp://127.0.0.1:{open_port}"])
+        assert not direct.straight_from_workers(told, [f"tcp://127.0.0.1:{open_port}", f"tcp://127.0.0.1:{closed_port}"])
+        assert direct.reachable.cache_info().misses == 2  # the open address tried once
+        assert not direct.straight_from_workers(told, [])
+    direct.reachable.cache_clear()
 
 
 def _recording(original, inodes: list[int]):

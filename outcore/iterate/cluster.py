@@ -52,7 +52,7 @@ import math
 import sys
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -67,6 +67,7 @@ from ..errors import ClusterError, NotAStoreError
 from ..storage import Store, is_object_url
 from ..threads import available_cpus, cap_threads
 from .batch import Batch, Draws, Recipe, make_batch, plain
+from .direct import straight_from_workers
 from .mappings import PRUNE_SECONDS, kept_mappings
 from .plan import EpochPlan
 from .readers import ChunkReader, chunk_readers, sample_bytes
@@ -350,43 +351,6 @@ class ClusterRun(Run):
             self.client.cancel(futures)
         if self.mailbox is not None:
             self.mailbox.close()
-
-
-def straight_from_workers(client: Any, workers: Collection[str]) -> bool:
-    """Whether the consumer takes the spans' batches straight from the ``workers`` (their addresses) rather
-    than through the scheduler: as the client was told (``Client(..., direct_to_workers=True)``, for
-    workers on other machines that this one reaches), else where they all run on this machine. Over
-    sockets (no shared memory), straight from 2 workers on 2 cores is 2-2.5x the rate at a third of the
-    consumer's CPU; through the scheduler, every batch crosses it (`benchmarks/cluster.py`).
-
-    >>> from types import SimpleNamespace
-    >>> told = SimpleNamespace(direct_to_workers=None)
-    >>> straight_from_workers(told, ["tcp://127.0.0.1:40001"]), straight_from_workers(told, ["tcp://203.0.113.5:40001"])
-    (True, False)
-    """
-    if client.direct_to_workers is not None:
-        return bool(client.direct_to_workers)
-    return bool(workers) and all(_on_this_machine(address) for address in workers)
-
-
-def _on_this_machine(address: str) -> bool:
-    from distributed.comm import get_address_host
-
-    try:
-        return get_address_host(address) in _local_hosts()
-    except ValueError:  # an address of a kind that names no host, or another process's in-process one
-        return False
-
-
-@lru_cache(maxsize=1)
-def _local_hosts() -> frozenset[str]:
-    """The addresses of this machine's network interfaces (loopback included), and its names."""
-    import socket
-
-    import psutil
-
-    interfaces = {entry.address for entries in psutil.net_if_addrs().values() for entry in entries}
-    return frozenset(interfaces | {"localhost", socket.gethostname()})
 
 
 def _cluster_lost() -> tuple[type[BaseException], ...]:
