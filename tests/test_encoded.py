@@ -45,11 +45,12 @@ def test_encoded_store_reads_exactly_like_the_pixel_store(stores):
 
 def test_batches_start_16_bytes_past_a_multiple_of_32_where_the_decoder_writes_plain_stores(stores):
     """libjpeg-turbo writes rows that start on a multiple of 32 bytes with non-temporal stores, 8 % slower per
-    decoded sample (`outcore.iterate.batch.LEAD`); numpy's arrays start there two times in three."""
+    decoded sample (`outcore.imaging.LEAD`); numpy's arrays start there two times in three."""
     crop = transforms.Compose([transforms.RandomCrop((24, 24)), transforms.RandomFlip()])  # cut while decoding
     for transform in (None, crop):
         starts = {batch["images"].ctypes.data % 32 for batch in stores[1].batches(2, shuffle=True, transform=transform)}
         assert starts == {16}, transform
+    assert stores[1].chunk_reader("images").empty().ctypes.data % 32 == 16  # whole chunks, for ds["images"]
 
 
 def test_the_store_holds_the_files_bytes_readable_with_plain_zarr(stores, image_folder):

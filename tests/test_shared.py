@@ -81,7 +81,7 @@ def test_arrays_a_transform_made_are_copied_into_shared_memory_and_unused_files_
 def test_batch_arrays_in_shared_memory_start_16_bytes_past_a_multiple_of_32_as_plain_ones_do(mailbox):
     """libjpeg-turbo writes rows that start on a multiple of 32 bytes with non-temporal stores, 8 % slower per
     decoded sample here: a batch's arrays, whole or in parts, never start there, for the worker writing them
-    or the consumer reading them (`outcore.iterate.batch.LEAD`)."""
+    or the consumer reading them (`outcore.imaging.LEAD`)."""
     arena = mailbox.slot.arena()
     images = arena.empty(BIG, np.dtype("uint8"))
     assert images.ctypes.data % 32 == 16

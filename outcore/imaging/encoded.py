@@ -11,7 +11,7 @@ from ..errors import ImageError, SampleDecodeError
 from ..format import ImageDecode
 from ..storage import EncodedBytes, Store
 from .crops import Box, window_part, within
-from .decode import crop_plain_jpegs, decode_image, decode_plain_jpegs, decode_region
+from .decode import crop_plain_jpegs, decode_image, decode_plain_jpegs, decode_region, empty_for_decoding
 
 
 class EncodedChunk:
@@ -149,7 +149,7 @@ class DecodedChunks:
         """A buffer for `read`: one chunk of decoded samples (one object per sample when sizes vary)."""
         if self.decode.variable:
             return np.empty(self.chunk_size, dtype=object)
-        return np.empty((self.chunk_size, *self.decode.shape), dtype=self.dtype)
+        return empty_for_decoding((self.chunk_size, *self.decode.shape), self.dtype)
 
     @property
     def remote(self) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -12,7 +11,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..format import decode_text
-from ..imaging import Box, EncodedChunk
+from ..imaging import Box, EncodedChunk, empty_for_decoding
 from ..seeds import Domain, generator
 from ..threads import for_each_run
 
@@ -28,26 +27,10 @@ class Empty(Protocol):
     def __call__(self, shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray: ...
 
 
-# A batch's array starts LEAD bytes past a multiple of ALIGN, in plain or shared memory: libjpeg-turbo's SIMD
-# colour conversion writes a decoded row that starts on a multiple of 32 bytes with non-temporal stores, which
-# bypass the caches and cost 8 % more per 128x128 JPEG on 2 cores (59.8 against 55.3 µs). numpy's arrays
-# start at either, as malloc places them (two batches in three on a multiple of 32, measured).
-ALIGN, LEAD = 32, 16
-
-
 def plain(shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray:
-    """A new array in plain memory, starting `LEAD` bytes past a multiple of `ALIGN`: the default `Empty`.
-
-    >>> plain((4, 3), np.dtype("float32")).ctypes.data % ALIGN == LEAD
-    True
-    """
-    dtype = np.dtype(dtype)
-    if dtype.hasobject:
-        return np.empty(shape, dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    memory = np.empty(nbytes + ALIGN, np.uint8)
-    start = (LEAD - memory.ctypes.data) % ALIGN
-    return memory[start : start + nbytes].view(dtype).reshape(shape)
+    """A new array in plain memory, where the decoders write fastest (`outcore.imaging.empty_for_decoding`):
+    the default `Empty`."""
+    return empty_for_decoding(shape, dtype)
 
 
 class Crop(Protocol):

@@ -57,7 +57,8 @@ from uuid import uuid4
 import numpy as np
 
 from ..errors import ClusterError, OutcoreWarning
-from .batch import LEAD, join_field, plain
+from ..imaging import LEAD
+from .batch import join_field, plain
 from .mappings import kept_mappings, open_file
 
 try:
