@@ -171,7 +171,8 @@ def _assemble_cropped(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys
                       empty: Empty) -> Batch:
     """The batch with the recipe's crop (and flip) done while decoding, their draws made piece by piece."""
     crop = recipe.crop
-    chunks, local = keys.tolist(), (samples % chunk_size).tolist()
+    within_chunk = samples % chunk_size
+    chunks, local = keys.tolist(), within_chunk.tolist()
     sizes = [data[key][crop.field].sample_shape(index)[:2] for key, index in zip(chunks, local, strict=True)]
     boxes: list[Box] = []
     flips: list[tuple[bool, bool]] = []
@@ -184,7 +185,7 @@ def _assemble_cropped(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys
         flips += recipe.flip.draw(high - low, rng).tolist() if recipe.flip is not None else [(False, False)] * (high - low)
     batch = assemble(samples, chunk_size, keys, data, [n for n in recipe.fields if n != crop.field],
                      recipe.text_fields, empty)
-    batch[crop.field] = _decode_regions(keys, samples % chunk_size, data, crop, boxes, flips, empty)
+    batch[crop.field] = _decode_regions(keys, within_chunk, data, crop, boxes, flips, empty)
     return {name: batch[name] for name in recipe.fields}
 
 

@@ -38,11 +38,13 @@ def straight_from_workers(client: Any, workers: Collection[str]) -> bool:
     reaches every worker (on its machine, or accepting a connection)."""
     if client.direct_to_workers is not None:
         return bool(client.direct_to_workers)
+    if not workers:
+        return False
     elsewhere = [address for address in workers if not on_this_machine(address)]
-    if elsewhere:
-        with ThreadPoolExecutor(min(16, len(elsewhere))) as pool:  # unknown addresses tried at once
-            return bool(workers) and all(pool.map(reachable, elsewhere))
-    return bool(workers)
+    if not elsewhere:
+        return True
+    with ThreadPoolExecutor(min(16, len(elsewhere))) as pool:  # unknown addresses tried at once
+        return all(pool.map(reachable, elsewhere))
 
 
 def on_this_machine(address: str) -> bool:

@@ -154,14 +154,14 @@ class Arena:
             return plain(shape, dtype)
         if self.part is not None:
             return self._part_of(f"{self.part.batch}-{field}", shape, dtype, size)
-        name = f"{self.prefix}-{len(self.made)}"
+        shared = SharedArray(f"{self.prefix}-{len(self.made)}", dtype.str, tuple(shape))
         try:
-            mapped = self._recycled(name, LEAD + size) or self._new(name, LEAD + size)
+            mapped = self._recycled(shared.name, shared.file_size) or self._new(shared.name, shared.file_size)
         except OSError:  # no room (a small /dev/shm), or the run was closed meanwhile: plain memory
             self.no_room = True
             return plain(shape, dtype)
         array = np.frombuffer(mapped, dtype, size // dtype.itemsize, LEAD).reshape(shape)
-        self.made[id(array)] = (SharedArray(name, dtype.str, tuple(shape)), array)
+        self.made[id(array)] = (shared, array)
         return array
 
     def _part_of(self, name: str, shape: tuple[int, ...], dtype: np.dtype, size: int) -> np.ndarray:
