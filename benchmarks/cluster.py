@@ -1,8 +1,8 @@
 """Decode on a Dask cluster: what a worker spends per sample, how fast batches reach the consumer, how it scales.
 
     python benchmarks/cluster.py [--images 20000] [--copies 1] [--size 128] [--repeats 3] [--workers 1,2]
-                                 [--settings dask,outcore] [--scheduler here] [--consumers 2] [--crop-flip]
-                                 [--workdir bench-data]
+                                 [--settings dask,outcore] [--scheduler here] [--span-mib auto] [--consumers 2]
+                                 [--crop-flip] [--workdir bench-data]
 
 Writes ``--images`` photo crops as quality-90 JPEGs (kept in ``--workdir``), ingests them as an encoded
 store (``images="encoded"``: the JPEG bytes; with ``--copies n``, each file n times, as hard links, for
@@ -22,7 +22,7 @@ decoding, whose cost then counts against the plain bare decode):
   consumer's CPU per sample (this process: the scheduler of a LocalCluster runs here too); the chunks
   read per epoch over the store's (``reads``: 1.00 is each once; `outcore.testing.reads`); the most
   shared memory this process's batch files held at once (``shm MiB``, sampled every 20 ms: batches
-  waiting, held, and free for the next; the bound is twice the worker threads' spans (`span_bytes`),
+  waiting, held, and free for the next; the bound is twice the worker threads' spans (`SPAN_BYTES` each),
   the consumer's ``prefetch`` batches, and at an epoch's end the next epoch's first spans); and the
   rate against ``n`` workers' bare decode (1.00: the cluster costs nothing beyond decoding); each
   cluster started with each of ``--settings``, in turn: ``dask``, Dask's defaults, and ``outcore``,
@@ -30,7 +30,9 @@ decoding, whose cost then counts against the plain bare decode):
   ``here``, a ``LocalCluster`` (its scheduler, and the nannies of its workers, run in this process, on
   the event loop of this process's client), ``apart``, distributed's ``SubprocessCluster`` (experimental
   there: the scheduler and each worker in processes of their own; the scheduler's CPU then counts
-  nowhere in the table);
+  nowhere in the table); and on each cluster, with each of ``--span-mib``: ``auto``, spans of at most
+  outcore's `outcore.iterate.cluster.SPAN_BYTES` of batches (64 MiB), or of that many MiB (fewer,
+  larger tasks against more shared memory held: ``shm MiB``);
 - **the workers' wall time** in each of those epochs, from the scheduler's task stream (`worker_time`):
   the share spent running spans, waiting between two (for the consumer to submit the next, or for the
   scheduler to send it), and before the epoch's first span or after its last (``edges``); the gaps
@@ -117,6 +119,13 @@ def started(workers: int, settings: str, scheduler: str) -> Iterator[tuple[Local
             if profiled != {settings == "dask"}:  # a row of the other settings would be silently wrong
                 raise RuntimeError(f"the workers of a {scheduler} cluster did not start with --settings {settings}")
             yield cluster, client
+
+
+def spans_of(mib: str) -> contextlib.AbstractContextManager[object]:
+    """Spans of ``mib`` MiB of batches on every cluster while open (``auto``: as outcore chooses them)."""
+    if mib == "auto":
+        return contextlib.nullcontext()
+    return mock.patch("outcore.iterate.cluster.SPAN_BYTES", int(mib) << 20)
 
 
 def encoded_store(source: Path, target: Path, shape: tuple[int, ...]) -> outcore.Dataset:
@@ -419,11 +428,16 @@ def main() -> None:
     parser.add_argument("--scheduler", default="here",
                         help="where each cluster's scheduler runs, comma-separated: here (LocalCluster), apart "
                              "(SubprocessCluster)")
+    parser.add_argument("--span-mib", default="auto",
+                        help="batch bytes per span on each cluster, comma-separated: auto (outcore's choice), or MiB")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     for option, given, known in (("--settings", args.settings, SETTINGS), ("--scheduler", args.scheduler, SCHEDULERS)):
         if unknown := set(given.split(",")) - set(known):
             parser.error(f"{option} {given}: {', '.join(sorted(unknown))} is not one of {', '.join(known)}")
+    spans = args.span_mib.split(",")
+    if unknown := [span for span in spans if span != "auto" and not span.isdigit()]:
+        parser.error(f"--span-mib {args.span_mib}: {', '.join(unknown)} is neither auto nor a whole number of MiB")
     sizes = [int(n) for n in args.workers.split(",")]
     workdir = Path(args.workdir)
     shape = (args.size, args.size, 3)
@@ -443,7 +457,7 @@ def main() -> None:
           f"{'crop + flip; ' if transform else ''}{os.cpu_count()} cores; batch {BATCH}; medians of "
           f"{args.repeats}\n")
     print(f"local threads in this process: {local['rate']:.0f} samples/s, chunk reads / chunks {local['reads']:.2f}\n")
-    header = (f"{'workers':>17s} {'samples/s':>10s} {'vs 1 worker':>11s} {'vs n x bare':>11s} "
+    header = (f"{'workers':>22s} {'samples/s':>10s} {'vs 1 worker':>11s} {'vs n x bare':>11s} "
               f"{'bare us':>8s} {'worker us':>9s} {'loop us':>7s} {'worker/bare':>11s} {'consumer us':>11s} {'reads':>6s} "
               f"{'shm MiB':>8s}")
     print(header)
@@ -452,28 +466,30 @@ def main() -> None:
     first, kinds = None, [(kind, where) for where in args.scheduler.split(",") for kind in args.settings.split(",")]
     for workers in sizes:
         for kind, where in kinds:
-            with started(workers, kind, where) as (cluster, client):
+            with started(workers, kind, where) as (running, client):
                 bare = statistics.median(on_every_worker(client, bare_decode, location, probe, args.repeats))
-                got = epoch(ds, client, args.repeats, transform)
-                first = first or got["rate"]
-                name = f"{workers}, {kind}" + (", apart" if where == "apart" else "")
-                print(f"{name:>17s} {got['rate']:10.0f} {got['rate'] / first:11.2f} "
-                      f"{got['rate'] * bare / workers:11.2f} {bare * 1e6:8.0f} {got['worker'] * 1e6:9.0f} "
-                      f"{got['loop'] * 1e6:7.1f} {got['worker'] / bare:11.2f} {got['consumer'] * 1e6:11.0f} "
-                      f"{got['reads']:6.2f} {got['shm MiB']:8.0f}", flush=True)
-                results["clusters"].setdefault(kind if where == "here" else f"{kind}, apart", {})[workers] = {
-                    **got, "bare": bare}
-                timelines.append((name, got))
+                for span in spans:
+                    with spans_of(span):
+                        got = epoch(ds, client, args.repeats, transform)
+                    first = first or got["rate"]
+                    name = f"{workers}, {kind}" + (", apart" if where == "apart" else "") + (
+                        f", {span}M" if span != "auto" else "")
+                    print(f"{name:>22s} {got['rate']:10.0f} {got['rate'] / first:11.2f} "
+                          f"{got['rate'] * bare / workers:11.2f} {bare * 1e6:8.0f} {got['worker'] * 1e6:9.0f} "
+                          f"{got['loop'] * 1e6:7.1f} {got['worker'] / bare:11.2f} {got['consumer'] * 1e6:11.0f} "
+                          f"{got['reads']:6.2f} {got['shm MiB']:8.0f}", flush=True)
+                    results["clusters"].setdefault(name.split(", ", 1)[1], {})[workers] = {**got, "bare": bare}
+                    timelines.append((name, got))
                 if workers == sizes[-1] and (kind, where) == kinds[0]:
-                    results["largest"] = largest(client, cluster.scheduler_address, location, short, shape, args)
+                    results["largest"] = largest(client, running.scheduler_address, location, short, shape, args)
     print(f"\nthe workers' wall time in each epoch (the scheduler's task stream, medians of {args.repeats}): running "
           "spans, waiting between two, before an epoch's first or after its last; gaps between spans and spans' "
           "lengths in ms (median / 90th percentile)\n")
-    header = f"{'workers':>17s} {'busy':>6s} {'between':>8s} {'edges':>6s} {'gap ms':>13s} {'span ms':>13s}"
+    header = f"{'workers':>22s} {'busy':>6s} {'between':>8s} {'edges':>6s} {'gap ms':>13s} {'span ms':>13s}"
     print(header)
     print("-" * len(header))
     for name, got in timelines:
-        print(f"{name:>17s} {got['busy']:6.1%} {got['between']:8.1%} {got['edges']:6.1%} "
+        print(f"{name:>22s} {got['busy']:6.1%} {got['between']:8.1%} {got['edges']:6.1%} "
               f"{got['gap 50'] * 1e3:6.1f} / {got['gap 90'] * 1e3:4.0f} {got['span 50'] * 1e3:6.0f} / "
               f"{got['span 90'] * 1e3:4.0f}")
     last = results["largest"]

@@ -70,16 +70,16 @@ def test_lanes_make_every_batch_side_by_side_and_read_each_chunk_once(
             assert reads[lane] >= len(np.unique(lane_plan.chunks))
 
 
-def test_small_clusters_make_larger_spans_within_the_bytes_spans_may_hold(tmp_path):
-    """Fewer, larger tasks where few spans are in flight (two per thread): up to twice SPAN_BYTES each, while
-    they hold at most HELD_BYTES together; larger clusters keep spans of SPAN_BYTES."""
+def test_spans_hold_at_most_span_bytes_whatever_the_cluster_and_two_per_thread_in_a_short_run(tmp_path):
+    """A span makes as many batches as SPAN_BYTES holds (SPAN_SAMPLES permitting), on a cluster of any size,
+    and fewer where the run has fewer than two such spans per worker thread."""
     ds = outcore.from_arrays({"index": np.arange(4096)}, tmp_path / "s.zarr", chunk_size=64, progress=False)
-    it = ds.batches(16, seed=1)  # batches of 256 bytes (the index and the source index)
+    it = ds.batches(16, seed=1)  # 256 batches of 256 bytes (the index and the source index)
     work = Work(it.store, it.recipe, it.options, 0, it.plan(0), range(len(it)))
-    with mock.patch.multiple(cluster, SPAN_SAMPLES=10_000, SPAN_BYTES=1024, HELD_BYTES=8192):
+    with mock.patch.multiple(cluster, SPAN_SAMPLES=10_000, SPAN_BYTES=2048):
         spans = {threads: Lanes(work, {f"tcp://127.0.0.1:{port}": 1 for port in range(threads)}, 1).span
-                 for threads in (1, 2, 4, 16)}
-    assert spans == {1: 8, 2: 8, 4: 4, 16: 4}  # 2048 bytes (4 spans in flight, 8192 together), then 1024
+                 for threads in (1, 2, 4, 16, 32)}
+    assert spans == {1: 8, 2: 8, 4: 8, 16: 8, 32: 4}  # 2048 bytes, then 256 batches // (2 x 32 threads)
 
 
 @pytest.mark.parametrize("location", ["train.zarr", "/data/train.zarr.zip", "file:///data/train.zarr"])

@@ -32,8 +32,8 @@ over Dask's sockets and the consumer joins them. Either way the batches are the 
 Twice as many spans as the cluster has worker threads stay submitted while the oldest (a span of every
 lane) is handed over (measured on 16 cores: 10 % faster at 8 workers than one more span than threads,
 since spans finish out of order and only the oldest can be handed over), so every worker thread has a
-span to make while finished ones wait: at most that many times `span_bytes` of batches (32 MiB, up to 64
-MiB on clusters of 1-3 threads), and a span of every lane more, are held. Spans carry Dask priorities by
+span to make while finished ones wait: at most that many times `SPAN_BYTES` of batches (64 MiB: 128 MiB
+a worker thread), and a span of every lane more, are held. Spans carry Dask priorities by
 (epoch, step): a worker runs them in order. Several consumers (the ranks of a job, each with its own
 ``rank``) can share one cluster: each submits its own spans, of its own share of the epoch.
 
@@ -77,8 +77,7 @@ from .shared import Mailbox, Part, SharedBatch, Slot, join_parts
 from .stats import LoaderStats
 
 SPAN_SAMPLES = 2048  # samples per task: Dask's per-task cost becomes a small part of the work
-SPAN_BYTES = 32 << 20  # but no more batch bytes than this per task (`span_bytes`): finished spans wait in memory
-HELD_BYTES = 256 << 20  # spans in flight may hold this much together, where spans of SPAN_BYTES hold less
+SPAN_BYTES = 64 << 20  # but no more batch bytes than this per task (`span_batches`): finished spans wait in memory
 CARRIES_PER_THREAD = 4  # chunks left for a lane's next span: at most this many lanes' worth per worker thread
 PRUNING = "outcore-mappings"  # a worker's periodic callback: `_prune_mappings_on_this_worker`
 VERSION = version("outcore")  # a worker makes spans only for a consumer of its own version (`make_span`)
@@ -157,33 +156,24 @@ class Span:
 LANE_FILE = "lanes-"  # files of a batch that lanes write parts of: lanes-<run>-s<step>-<field>
 
 
-def span_batches(part_size: int, sample_bytes: int, batches: int, threads: int, limit: int = SPAN_BYTES) -> int:
+def span_batches(part_size: int, sample_bytes: int, batches: int, threads: int) -> int:
     """How many batches a task makes parts of ``part_size`` samples of: `SPAN_SAMPLES` samples' worth, as long
-    as they hold at most ``limit`` bytes (`span_bytes`), and no fewer than two tasks per worker thread of its
-    lane when the run is short (so that every thread has work); at least one.
+    as they hold at most `SPAN_BYTES`, and no fewer than two tasks per worker thread of its lane when the
+    run is short (so that every thread has work); at least one.
+
+    Spans of 64 MiB rather than 32 halve the tasks (a Dask task costs its worker's event loop and the
+    scheduler a few ms, whatever it does) and, from a disk, the chunks read by two spans, at twice the
+    shared memory held: on 2 cores, 4 workers delivered 6-19 % more samples/s (three runs), their event
+    loops at 3.5-4.2 µs a sample instead of 6.7-8.1, and spans of 128 MiB were no faster
+    (`benchmarks/cluster.py --span-mib`, docs/benchmarks.md).
 
     >>> span_batches(256, 128 * 128 * 3, 5000, 8), span_batches(64, 224 * 224 * 3, 5000, 8)
-    (2, 3)
+    (5, 6)
     >>> span_batches(256, 128 * 128 * 3, 20, 8), span_batches(4096, 8, 5000, 8)
     (1, 1)
-    >>> span_batches(256, 128 * 128 * 3, 5000, 2, limit=span_bytes(2))
-    5
     """
-    by_bytes = limit // max(1, part_size * sample_bytes)
+    by_bytes = SPAN_BYTES // max(1, part_size * sample_bytes)
     return max(1, min(math.ceil(SPAN_SAMPLES / part_size), by_bytes, batches // (2 * threads)))
-
-
-def span_bytes(threads: int) -> int:
-    """The most batch bytes a task makes on a cluster of ``threads`` worker threads: `SPAN_BYTES`, or up to
-    twice that where the spans in flight (two per thread) hold less than `HELD_BYTES` together. Half the
-    tasks on small clusters: on 2 cores, a worker's event loop spent a third less per sample, and 2
-    workers read each chunk 1.8 times an epoch instead of 2.5 (a chunk's samples fall in fewer spans),
-    for 2-10 % more samples/s (`benchmarks/cluster.py`, docs/benchmarks.md).
-
-    >>> [span_bytes(threads) >> 20 for threads in (1, 2, 4, 16)]
-    [64, 64, 32, 32]
-    """
-    return max(SPAN_BYTES, min(2 * SPAN_BYTES, HELD_BYTES // (2 * max(1, threads))))
 
 
 class Lanes:
@@ -204,7 +194,7 @@ class Lanes:
         seats = [address for address in sorted(threads) for _ in range(threads[address])]
         self.workers = [seats[lane] for lane in range(self.count)] if self.count == len(seats) else None
         self.span = span_batches(math.ceil(options.batch_size / self.count), sample_bytes(store, work.recipe),
-                                 len(work.batches), math.ceil(total / self.count), span_bytes(total))
+                                 len(work.batches), math.ceil(total / self.count))
         self.schedules = [_lane_steps(work, plan) for plan in self.plans]
         self.next: list[SpanStep | None] = [next(steps, None) for steps in self.schedules]
         self.ended = [-1] * self.count  # each lane's last step submitted
