@@ -1,7 +1,7 @@
 """Batches made on a Dask cluster: its workers read, decode, augment and assemble; the consumer only receives.
 
-``ds.batches(..., client=client)`` cuts the rank's batches into **spans** of consecutive batches (about
-`SPAN_SAMPLES` samples each), one task each: the worker that runs it opens the store itself (a path
+``ds.batches(..., client=client)`` cuts the rank's batches into **spans** of consecutive batches (up to
+`SPAN_BYTES` of batches, at most `SPAN_SAMPLES` samples), one task each: the worker that runs it opens the store itself (a path
 every worker sees, or an object-store URL, so the data is never sent from the consumer), reads the
 chunks its batches draw on, following the batch schedule (`outcore.iterate.schedule`), and makes them
 exactly as the local threads make batches (each piece's transform generator seeded by
@@ -20,9 +20,9 @@ or Dask moved it) reads what it needs itself.
 
 Why spans: a Dask task costs its worker about 1-3 ms of event-loop work (messages, bookkeeping)
 whatever it does, and a task that needs another task's result adds a transfer. A span is one task and
-no transfer: that cost is spread over hundreds of samples, and a worker spends 1.15-1.45x what the
-decoding itself needs, against 1.4-1.95x with a task per chunk and per batch (`benchmarks/cluster.py`
-measures both).
+no transfer: that cost is spread over a thousand samples or more, and on 2 cores a worker spends
+1.06-1.12x what the decoding itself needs (`benchmarks/cluster.py`), against 1.4-1.95x with a task per
+chunk and per batch.
 
 Delivery: a worker on the consumer's machine makes each batch (or part, straight into its rows) in the
 batch's files in shared memory and sends only the files' names (`outcore.iterate.shared`); the consumer
@@ -76,8 +76,8 @@ from .schedule import schedule
 from .shared import Mailbox, Part, SharedBatch, Slot, join_parts
 from .stats import LoaderStats
 
-SPAN_SAMPLES = 2048  # samples per task: Dask's per-task cost becomes a small part of the work
-SPAN_BYTES = 64 << 20  # but no more batch bytes than this per task (`span_batches`): finished spans wait in memory
+SPAN_BYTES = 64 << 20  # batch bytes per task (`span_batches`): Dask's per-task cost is a small part of the work
+SPAN_SAMPLES = 16_384  # but no more samples: a span's steps (17 bytes a sample) travel with its task
 CARRIES_PER_THREAD = 4  # chunks left for a lane's next span: at most this many lanes' worth per worker thread
 PRUNING = "outcore-mappings"  # a worker's periodic callback: `_prune_mappings_on_this_worker`
 VERSION = version("outcore")  # a worker makes spans only for a consumer of its own version (`make_span`)
@@ -157,20 +157,22 @@ LANE_FILE = "lanes-"  # files of a batch that lanes write parts of: lanes-<run>-
 
 
 def span_batches(part_size: int, sample_bytes: int, batches: int, threads: int) -> int:
-    """How many batches a task makes parts of ``part_size`` samples of: `SPAN_SAMPLES` samples' worth, as long
-    as they hold at most `SPAN_BYTES`, and no fewer than two tasks per worker thread of its lane when the
-    run is short (so that every thread has work); at least one.
+    """How many batches a task makes parts of ``part_size`` samples of: as many as `SPAN_BYTES` holds, of at
+    most `SPAN_SAMPLES` samples together, and no fewer than two tasks per worker thread of its lane when
+    the run is short (so that every thread has work); at least one.
 
     Spans of 64 MiB rather than 32 halve the tasks (a Dask task costs its worker's event loop and the
     scheduler a few ms, whatever it does) and, from a disk, the chunks read by two spans, at twice the
     shared memory held: on 2 cores, 4 workers delivered 6-19 % more samples/s (three runs), their event
     loops at 3.5-4.2 µs a sample instead of 6.7-8.1, and spans of 128 MiB were no faster
-    (`benchmarks/cluster.py --span-mib`, docs/benchmarks.md).
+    (`benchmarks/cluster.py --span-mib`, docs/benchmarks.md). Pictures of 64x64 and 32x32 get spans of
+    64 MiB too, no longer cut at 2,048 samples: 2 workers delivered 7-18 % more samples/s at 64x64 and
+    14-25 % more at 32x32 (two runs each).
 
     >>> span_batches(256, 128 * 128 * 3, 5000, 8), span_batches(64, 224 * 224 * 3, 5000, 8)
     (5, 6)
-    >>> span_batches(256, 128 * 128 * 3, 20, 8), span_batches(4096, 8, 5000, 8)
-    (1, 1)
+    >>> span_batches(256, 128 * 128 * 3, 20, 8), span_batches(256, 32 * 32 * 3, 5000, 8), span_batches(4096, 8, 5000, 8)
+    (1, 64, 4)
     """
     by_bytes = SPAN_BYTES // max(1, part_size * sample_bytes)
     return max(1, min(math.ceil(SPAN_SAMPLES / part_size), by_bytes, batches // (2 * threads)))
