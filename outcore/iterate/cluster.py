@@ -1,11 +1,12 @@
 """Batches made on a Dask cluster: its workers read, decode, augment and assemble; the consumer only receives.
 
 ``ds.batches(..., client=client)`` cuts the rank's batches into **spans** of consecutive batches (up to
-`SPAN_BYTES` of batches, at most `SPAN_SAMPLES` samples), one task each: the worker that runs it opens the store itself (a path
-every worker sees, or an object-store URL, so the data is never sent from the consumer), reads the
-chunks its batches draw on, following the batch schedule (`outcore.iterate.schedule`), and makes them
-exactly as the local threads make batches (each piece's transform generator seeded by
-``(seed, epoch, step, stream)``): the batches are identical, pixel for pixel.
+`SPAN_BYTES` of batches, at most `SPAN_SAMPLES` samples), one task each: the worker that runs it opens
+the store itself (a path every worker sees, or an object-store URL, so the data is never sent from the
+consumer), reads the chunks its batches draw on, following the batch schedule
+(`outcore.iterate.schedule`), and makes them exactly as the local threads make batches (each piece's
+transform generator seeded by ``(seed, epoch, step, stream)``): the batches are identical, pixel for
+pixel.
 
 From an object store, the batches are first cut into **lanes** (`Lanes`): one per worker thread of the
 cluster, at most one per stream of the rank's epoch order. A lane makes its part of every batch: its
