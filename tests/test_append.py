@@ -13,6 +13,7 @@ import textwrap
 import numpy as np
 import pandas as pd
 import pytest
+from optional import need
 
 import outcore
 from outcore.cli import main
@@ -95,7 +96,7 @@ def test_pictures_kept_at_their_own_sizes_grow_like_a_fresh_ingest_and_open_in_x
         for path, value in zip(grown["path"].compute().tolist(), grown.array(name)[:], strict=True):
             np.testing.assert_array_equal(value, expected[path], err_msg=f"{name} of {path}")
     assert outcore.verify(store, progress=False).ok
-    xr = pytest.importorskip("xarray")
+    xr = need("xarray")
     assert xr.open_zarr(store)["path"].shape[0] == len(grown) == 33
 
 

@@ -16,6 +16,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from optional import need
 
 import outcore
 from outcore import transforms
@@ -139,8 +140,8 @@ def test_cluster_from_arrays(client, tmp_path, rng):
 
 
 def test_cluster_ingest_to_s3_uploads_from_the_workers(client, image_folder, tmp_path, monkeypatch):
-    pytest.importorskip("obstore", reason="object stores are written through obstore: pip install 'outcore[remote]'")
-    pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
+    need("obstore")
+    need("moto.server")
     from outcore.testing.s3 import S3Server
 
     monkeypatch.setenv("OUTCORE_STAGING_DIR", str(tmp_path / "staging"))
@@ -409,7 +410,7 @@ ADAPTER_OPTIONS = {"shuffle": True, "seed": 2, "transform": augment("images_enco
 
 
 def test_torch_takes_the_client(client, photos):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
+    torch = need("torch")
     fields = ["images_encoded", "labels"]
     expected = list(photos.batches(16, fields=fields, **ADAPTER_OPTIONS))
     loader = photos.torch(16, client=client, fields=fields, **ADAPTER_OPTIONS)
@@ -544,8 +545,8 @@ def test_two_dask_worker_processes_with_disks_of_their_own_ingest_and_read_one_s
     and node-cache folders of its own ($OUTCORE_CACHE_DIR, $OUTCORE_STAGING_DIR) and outcore's Dask settings
     in its environment (`outcore.worker_environment`), ingest into an S3 API and read the store back: the
     batches are a local store's, and each node caches in its own folder."""
-    pytest.importorskip("obstore", reason="object stores are written through obstore: pip install 'outcore[remote]'")
-    pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
+    need("obstore")
+    need("moto.server")
     from outcore.testing.s3 import S3Server
 
     with on_local_threads():

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from optional import INSTALL, TRAINERS, reason, required
 
 from outcore.cli import main
 from outcore.errors import OutcoreWarning
@@ -67,7 +68,15 @@ def sources(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def _page(page: Path):
+    """``page`` as a test parameter: marked ``trainers`` where its code imports one of that extra's modules."""
+    code = "\n".join(block.code for block in blocks(page) if block.not_run is None)
+    imports = set(re.findall(r"^\s*(?:import|from) (\w+)", code, re.MULTILINE))
+    marks = [pytest.mark.trainers] if imports & set(TRAINERS) else []
+    return pytest.param(page, marks=marks, id=str(page.relative_to(ROOT)))
+
+
+@pytest.mark.parametrize("page", [_page(page) for page in PAGES])
 def test_every_code_block_runs(page, sources, tmp_path, monkeypatch):
     shutil.copytree(sources, tmp_path, dirs_exist_ok=True)
     monkeypatch.chdir(tmp_path)
@@ -92,9 +101,10 @@ def _run(page: Path, namespace: dict) -> None:
             try:
                 exec(compile(block.code, where, "exec"), namespace)  # noqa: S102 - the documentation's own code
             except ModuleNotFoundError as error:
-                if error.name != "torch":
+                optional = (error.name or "").partition(".")[0]
+                if optional not in INSTALL or optional in required():
                     raise
-                pytest.skip(f"{where}: PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
+                pytest.skip(f"{where}: {reason(optional)}")  # an optional package: say how to install it
         else:
             commands = _commands(block.code)
             assert commands, f"{where}: a shell block runs its '$ ' lines; mark it not run, saying why"

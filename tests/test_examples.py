@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from optional import need
 
 import outcore
 
@@ -45,7 +46,7 @@ def test_docstring_examples(name):
 
 @pytest.mark.timeout(280)
 def test_the_notebook_runs_and_shows_what_it_says():
-    nbformat = pytest.importorskip("nbformat")
+    nbformat = need("nbformat")
     from nbclient import NotebookClient
 
     notebook = nbformat.read(Path(__file__).parent.parent / "examples" / "tour.ipynb", as_version=4)

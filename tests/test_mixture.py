@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from optional import need
 
 import outcore
 from outcore.errors import OptionError
@@ -134,7 +135,7 @@ def test_keras_fits_and_tf_and_torch_read_a_mixture(sources):
     assert len(history.history["loss"]) == 2 and fit.stats()["samples_curated"] == 2 * 110
     through_tf = [y.numpy() for _, y in mixture.tf(50, x="x", y="id")]
     assert len(through_tf) == 22 and all(Counter(_source_of(y)) == {"base": 45, "curated": 5} for y in through_tf)
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
+    torch = need("torch")
     with pytest.raises(OptionError, match="num_workers=0"):
         mixture.torch(10, num_workers=2)
     loader = mixture.torch(50, seed=2, fields=["id", "x"])

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from optional import need
 
 import outcore
 from outcore.storage import ChunkCache
@@ -36,8 +37,8 @@ from outcore.threads import thread_count
 
 pytestmark = pytest.mark.e2e  # starts an S3 server (moto): see conftest.py
 
-pytest.importorskip("obstore", reason="object stores are read through obstore: pip install 'outcore[remote]'")
-pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
+need("obstore")
+need("moto.server")
 
 SECRET = "do-not-show-this-secret-9f2c"
 
@@ -520,7 +521,7 @@ def test_the_commands_read_object_stores_and_show_the_cache(stores, s3, tmp_path
 
 @pytest.mark.parametrize("start_method", [None, "spawn"])
 def test_dataloader_workers_read_an_object_store_through_one_cache(stores, s3, tmp_path, start_method):
-    pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
+    need("torch")
     remote = _open("numbers.zarr", s3.options, cache_dir=tmp_path / "cache")
     remote["id"][:3].compute()  # the parent's client exists before the workers start
     with pytest.raises(outcore.OptionError, match="multiprocessing_context='fork' with a store in an object store"):

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from optional import need
 
 import outcore
 from outcore.errors import OptionError, OutcoreWarning
 from outcore.transforms import BrightnessContrast, Compose, Normalize, RandomFlip
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
+torch = need("torch")
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 
@@ -561,11 +562,12 @@ def test_torchrun_stopped_at_4_processes_resumes_at_2_with_every_sample_once(ids
         assert all(len(batch) == 50 for batch in rank["batches"])
 
 
+@pytest.mark.trainers
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata 0.11 on torch 2.13
 @pytest.mark.parametrize("workers", [0, 2])
 def test_torchdata_stateful_dataloader_resumes_torch_batches_mid_epoch(ids_store, workers):
     """torchdata's StatefulDataLoader asks each worker's TorchBatches for its state and gives it back on load."""
-    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+    stateful = need("torchdata.stateful_dataloader")
     from outcore.adapters.torch import TorchBatches
 
     def loader():
@@ -597,12 +599,13 @@ def _dataset_states(state):
     return found + [part for value in state.values() for part in _dataset_states(value)]
 
 
+@pytest.mark.trainers
 @pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's hints (workers, logging intervals) on a tiny run
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # Lightning 2.6's own use of torch 2.13's deprecated pytree API
 def test_lightning_epochs_and_a_mid_epoch_checkpoint(ids_store, tmp_path):
     """Lightning stops each epoch at len(loader), and keeps the loader's state in its checkpoints: a run
     stopped after 13 of 20 steps resumes with exactly the 7 batches the uninterrupted run made next."""
-    lightning = pytest.importorskip("lightning", reason="PyTorch Lightning is not installed")
+    lightning = need("lightning")
     from lightning_model import IdsModel
 
     seen = []
@@ -651,11 +654,12 @@ with open(f"{out}.{trainer.global_rank}", "w") as result:
 """
 
 
+@pytest.mark.trainers
 def test_lightning_ddp_on_2_processes_makes_the_global_steps_of_one(ids_store, tmp_path):
     """Lightning's DDP under torchrun (gloo on loopback) leaves the loader's sharding to outcore: each rank
     makes 10 steps an epoch, and at every step the two ranks' batches together are the batch one process
     makes with the same global batch; every sample once an epoch."""
-    pytest.importorskip("lightning", reason="PyTorch Lightning is not installed")
+    need("lightning")
     ranks = _torchrun(tmp_path, 2, ids_store.location, Path(__file__).parent, script_text=LIGHTNING_DDP_SCRIPT)
     one = ids_store.batches(100, shuffle=True, seed=1, fields=["id"])
     for epoch in (0, 1):
@@ -666,8 +670,9 @@ def test_lightning_ddp_on_2_processes_makes_the_global_steps_of_one(ids_store, t
         assert sorted(i for batch in global_steps for i in batch) == list(range(1000))
 
 
+@pytest.mark.trainers
 def test_accelerate_checkpoints_the_loader_with_save_state(ids_store, tmp_path):
-    accelerate = pytest.importorskip("accelerate", reason="Hugging Face Accelerate is not installed")
+    accelerate = need("accelerate")
 
     def run(stop=None, resume=False):
         accelerator = accelerate.Accelerator(cpu=True)
@@ -688,9 +693,10 @@ def test_accelerate_checkpoints_the_loader_with_save_state(ids_store, tmp_path):
     assert len(uninterrupted) == 10 and len(head) == 4 and head + tail == uninterrupted
 
 
+@pytest.mark.trainers
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_accelerate_prepare_of_the_loader_is_refused_naming_the_recipe(ids_store, num_workers):
-    accelerate = pytest.importorskip("accelerate", reason="Hugging Face Accelerate is not installed")
+    accelerate = need("accelerate")
     loader = ids_store.torch(100, shuffle=True, seed=1, fields=["id"], num_workers=num_workers)
     prepared = accelerate.Accelerator(cpu=True).prepare(loader)
     with pytest.raises(OptionError, match=r"do not prepare the loader.*docs/howto/trainers\.md"):

@@ -13,6 +13,7 @@ from pathlib import Path
 import dask.array as da
 import numpy as np
 import pytest
+from optional import need
 
 import outcore
 from outcore.errors import NotAStoreError, OptionError, OutcoreWarning, StoreChangedError, StoreExistsError
@@ -22,8 +23,8 @@ from outcore.testing.s3 import S3Server
 
 pytestmark = pytest.mark.e2e  # starts an S3 server (moto): see conftest.py
 
-pytest.importorskip("obstore", reason="object stores are written through obstore: pip install 'outcore[remote]'")
-pytest.importorskip("moto.server", reason="the tests' S3 API is moto's server: pip install 'moto[server]'")
+need("obstore")
+need("moto.server")
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import zarr
+from optional import need
 from PIL import Image
 
 import outcore
@@ -288,7 +289,7 @@ def test_tf_batches_of_cropped_pictures(store):
 
 
 def test_torch_workers_crop_pictures_at_their_own_size(store):
-    pytest.importorskip("torch", reason="PyTorch is not installed (its CPU wheel exists for Python 3.11 only)")
+    need("torch")
     loader = store.torch(4, shuffle=True, num_workers=2, transform=CROP, fields=["images", "labels"])
     assert {tuple(batch["images"].shape) for batch in loader} == {(4, 16, 16, 3)}
 
