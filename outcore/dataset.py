@@ -106,10 +106,10 @@ class Dataset(Store):
 
         Options (all keywords; see `outcore.iterate.BatchKeywords`): ``fields`` (default all),
         ``shuffle=True``, ``seed=0``, ``buffer_chunks=8``, ``prefetch=2``, ``transform=None``,
-        ``rank=0``, ``world_size=1``, ``streams=8``, ``drop_last=False``, ``client=None``, ``indices=None``
-        (a subset: docs/iterate.md). The batches of every
-        global step are the same on any number of ranks dividing ``streams`` for the same global batch size
-        (``batch_size x world_size``): pass ``batch_size=G // world_size``.
+        ``rank=0``, ``world_size=1`` (any number), ``streams`` (default 8, or the least multiple of 8 and
+        ``world_size``), ``drop_last=False``, ``client=None``, ``indices=None`` (a subset: docs/iterate.md).
+        The batches of every global step are the same on any number of ranks dividing ``streams`` for the
+        same global batch size (``batch_size x world_size``): pass ``batch_size=G // world_size``.
 
         >>> for batch in ds.batches(batch_size=256, shuffle=True, seed=0):  # doctest: +SKIP
         ...     batch["images"].shape

@@ -144,6 +144,21 @@ def test_tf_data_pipeline(splits):
     assert keras.backend.backend() == "tensorflow"
 
 
+@pytest.mark.parametrize("world_size", [3, 6])
+def test_keras_and_tf_take_any_world_size_with_the_default_options(ids_store, world_size):
+    """``rank=``/``world_size=`` on 3 and 6 ranks (8 streams refused them): each rank's PyDataset and
+    tf.data pipeline the same length, and together every sample once an epoch, as `batches` makes them."""
+    keras_ranks = [ids_store.keras(16, x="id", rank=r, world_size=world_size, shuffle=True) for r in range(world_size)]
+    tf_ranks = [ids_store.tf(16, x="id", rank=r, world_size=world_size, shuffle=True) for r in range(world_size)]
+    assert len({len(each) for each in keras_ranks}) == 1
+    assert {int(each.cardinality()) for each in tf_ranks} == {len(keras_ranks[0])}
+    expected = [[b["id"].tolist() for b in ids_store.batches(16, rank=r, world_size=world_size)]
+                for r in range(world_size)]
+    assert [[each[k][0].tolist() for k in range(len(each))] for each in keras_ranks] == expected  # (x,) batches
+    assert [[x.numpy().tolist() for x in each] for each in tf_ranks] == expected
+    assert {i for rank in expected for batch in rank for i in batch} == set(range(1000))
+
+
 def test_keras_multi_input_dict_and_sample_weights(tmp_path, rng):
     import keras
 

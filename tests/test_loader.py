@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 import outcore
 from outcore.errors import CorruptChunkError
 from outcore.iterate import EpochPlan, max_held
+from outcore.iterate.mixture import epoch_samples_of
 from outcore.testing import corrupt_chunk
 from outcore.transforms import BrightnessContrast, Compose, RandomCrop, RandomFlip, RandomResizedCrop
 
@@ -66,6 +68,37 @@ def test_ranks_split_an_epoch(store):
     seen = [_ids(ds.batches(50, seed=1, rank=rank, world_size=2)) for rank in range(2)]
     assert sorted(np.concatenate(seen).tolist()) == list(range(1000))
     assert len(seen[0]) == len(seen[1]) == 500
+
+
+@pytest.mark.parametrize("world_size", [3, 6, 16, 24])
+def test_any_world_size_runs_with_the_default_options_whole_subsets_and_mixtures(ids_store, world_size):
+    """The default options on 3, 6, 16 and 24 ranks (8 streams refused them): the same number of batches
+    on every rank, every sample once an epoch with DistributedSampler's repeats; a subset's samples once;
+    a mixture's sources each once; a state of each resumes on a rank of the same world size."""
+    def epoch(make):
+        ranks = [make(rank) for rank in range(world_size)]
+        batches = [[b["id"].tolist() for b in it] for it in ranks]
+        assert len({len(each) for each in batches}) == 1 and len(batches[0]) == len(ranks[0])
+        return [i for each in batches for batch in each for i in batch]
+
+    seen = epoch(lambda rank: ids_store.batches(8, shuffle=True, seed=3, rank=rank, world_size=world_size))
+    assert set(seen) == set(range(1000)) and len(seen) == world_size * -(-1000 // world_size)
+    ids = ids_store["id"].compute()  # the store's rows hold the ids in a shuffled order
+    subset = np.arange(7, 1000, 3)
+    seen = epoch(lambda rank: ids_store.batches(4, indices=subset, seed=3, rank=rank, world_size=world_size))
+    assert set(seen) == set(ids[subset].tolist()) and len(seen) == world_size * -(-len(subset) // world_size)
+    mixture = outcore.mix({"a": ids_store, "b": ids_store})
+    seen = epoch(lambda rank: mixture.batches(8, seed=3, rank=rank, world_size=world_size, fields=["id"]))
+    layout = mixture.layout(8, world_size=world_size)
+    assert Counter(seen) == sum((Counter(ids[epoch_samples_of(1000, int(layout.per_epoch[s]), 3, 0, s)].tolist())
+                                 for s in (0, 1)), Counter())
+    it = ids_store.batches(8, seed=3, rank=world_size - 1, world_size=world_size)
+    head = [b["id"].tolist() for _, b in zip(range(2), it, strict=False)]
+    tail = ids_store.batches(8, seed=3, rank=world_size - 1, world_size=world_size)
+    tail.load_state_dict(json.loads(json.dumps(it.state_dict())))
+    assert head + [b["id"].tolist() for b in tail] == [b["id"].tolist() for b in
+                                                       ids_store.batches(8, seed=3, rank=world_size - 1,
+                                                                         world_size=world_size)]
 
 
 def test_determinism_and_epochs(store):
@@ -273,7 +306,7 @@ def test_iterator_epochs_follow_the_sharding_rule(layouts, data, batch_size, buf
     seen, rank_batches = [], []
     for rank in range(world_size):
         it = ds.batches(batch_size, shuffle=shuffle, seed=2, buffer_chunks=buffer_chunks, rank=rank,
-                        world_size=world_size, drop_last=drop_last, **({"streams": 24} if shuffle else {}))
+                        world_size=world_size, drop_last=drop_last)  # default streams: any world size runs
         batches = [b["id"] for b in it]
         assert len(batches) == len(it)
         assert all(len(b) == batch_size for b in (batches if drop_last else batches[:-1]))

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from outcore.errors import OptionError
 from outcore.iterate import BatchOptions
-from outcore.iterate.plan import Consumer, EpochPlan, EpochSteps, chunk_order
+from outcore.iterate.plan import Consumer, EpochPlan, EpochSteps, chunk_order, default_streams
+from outcore.iterate.schedule import max_held
 from outcore.seeds import Domain, generator
 
 layouts = st.tuples(st.integers(0, 3000), st.integers(1, 300)).filter(lambda t: t[0] < 60 * t[1])
@@ -89,6 +90,70 @@ def test_global_steps_are_the_same_on_1_2_4_and_8_ranks(layout, batch, buffer_ch
         stream = [int(c) * chunk_size + i for c in stream_start for i in range(min(chunk_size, num_samples -
                                                                                     int(c) * chunk_size))]
         assert repeated == [stream[q % num_samples] for q in range(len(repeated))]  # the stream's first samples
+
+
+@settings(max_examples=150, deadline=None)
+@given(layout=layouts.filter(lambda t: t[0] >= 1), batch=st.integers(1, 40), world_size=st.integers(1, 64),
+       buffer_chunks=st.integers(0, 40), seed=st.integers(0, 1000), drop_last=st.booleans())
+def test_every_world_size_runs_with_the_default_options(layout, batch, world_size, buffer_chunks, seed, drop_last):
+    """Any number of ranks, default options: the same number of batches on every rank, equal at every step;
+    every sample once an epoch (the short ranks repeating one in the last step); the global steps of one
+    process with the same streams; and per rank no more streams, chunks held or chunks read than one
+    process reading a batch of the rank's size holds and reads of its share."""
+    num_samples, chunk_size = layout
+    keywords = {"seed": seed, "buffer_chunks": buffer_chunks, "drop_last": drop_last}
+    plans = [BatchOptions(batch, rank=rank, world_size=world_size, **keywords).plan(num_samples, chunk_size, 0)
+             for rank in range(world_size)]
+    steps = num_samples // (batch * world_size) if drop_last else -(-num_samples // (batch * world_size))
+    assert {plan.steps for plan in plans} == {steps}
+    for k in range(steps):
+        assert len({len(plan.step(k)[0]) for plan in plans}) == 1
+    seen = np.concatenate([_samples(plan) for plan in plans] + [np.empty(0, np.int64)])
+    if drop_last:
+        assert len(seen) == steps * batch * world_size and len(np.unique(seen)) == len(seen)
+    else:
+        assert len(seen) == world_size * -(-num_samples // world_size)
+        assert np.array_equal(np.unique(seen), np.arange(num_samples))
+    one = BatchOptions(batch * world_size, streams=default_streams(world_size), **keywords).plan(num_samples, chunk_size, 0)
+    assert [own.tolist() for own, _ in _global_steps(plans)] == [own.tolist() for own, _ in _global_steps([one])]
+    alone = BatchOptions(batch, **keywords).plan(num_samples, chunk_size, 0)  # today's one process
+    for plan in plans:
+        assert len(plan.streams) <= 8 and max_held(plan, 2) <= max_held(alone, 2)
+        share = math.ceil(len(plan) / chunk_size)
+        assert len(plan.chunks) <= share + len(plan.streams) + 2  # its share, and the cuts between its streams
+
+
+@settings(max_examples=100, deadline=None)
+@given(layout=layouts.filter(lambda t: t[0] >= 1), batch=st.integers(1, 40), world_size=st.sampled_from([1, 2, 4, 8]),
+       seed=st.integers(0, 1000), buffer_chunks=st.integers(0, 40))
+def test_the_default_order_on_1_2_4_and_8_ranks_is_the_order_of_8_streams(layout, batch, world_size, seed,
+                                                                          buffer_chunks):
+    num_samples, chunk_size = layout
+    for rank in range(world_size):
+        options = {"rank": rank, "world_size": world_size, "seed": seed, "buffer_chunks": buffer_chunks}
+        default = BatchOptions(batch, **options).plan(num_samples, chunk_size, 3)
+        eight = BatchOptions(batch, streams=8, **options).plan(num_samples, chunk_size, 3)
+        assert _samples(default).tolist() == _samples(eight).tolist()
+        assert default.chunks.tolist() == eight.chunks.tolist()
+
+
+@pytest.mark.parametrize(("saved_on", "resumed_on", "streams"), [(6, 4, 24), (3, 2, 24), (6, 12, 24), (16, 8, 16),
+                                                                  (8, 2, 8), (24, 1, 24)])
+def test_a_default_order_resumes_on_any_world_size_dividing_its_streams(saved_on, resumed_on, streams):
+    saved = BatchOptions(96 // saved_on, world_size=saved_on)
+    resumed = BatchOptions(96 // resumed_on, world_size=resumed_on).resuming(saved.plan_settings())
+    assert saved.canonical_streams == resumed.canonical_streams == streams
+    assert resumed.plan_settings() == saved.plan_settings()
+
+
+@pytest.mark.parametrize(("saved_on", "resumed_on", "hint"), [(8, 16, 16), (6, 5, 120), (16, 3, 48), (1, 3, 24)])
+def test_a_resume_the_saved_order_cannot_make_says_which_streams_to_pass_from_the_first_run(saved_on, resumed_on, hint):
+    saved = BatchOptions(48, world_size=saved_on).plan_settings()
+    with pytest.raises(OptionError, match=rf"order of {saved['streams']} streams, which world_size={resumed_on} cannot "
+                                          rf"share.*streams={hint}\) from the first run on"):
+        BatchOptions(48, world_size=resumed_on).resuming(saved)
+    with pytest.raises(OptionError, match=r"not the streams=96 asked for"):
+        BatchOptions(48, streams=96).resuming(saved)  # never a silent change of order
 
 
 @settings(max_examples=100, deadline=None)
@@ -215,7 +280,9 @@ def test_bad_arguments():
     with pytest.raises(OptionError, match="chunk_size >= 1"):
         EpochPlan(10, 0, batch_size=1)
     with pytest.raises(OptionError, match=r"world_size=3 does not divide streams=8.*streams=24"):
-        EpochPlan(10, 2, batch_size=1, rank=0, world_size=3)
+        EpochPlan(10, 2, batch_size=1, rank=0, world_size=3, streams=8)
+    with pytest.raises(OptionError, match=r"world_size=3 does not divide streams=8.*streams=24"):
+        BatchOptions(10, world_size=3, streams=8)
     with pytest.raises(OptionError, match=r"streams=4 orders shuffled epochs.*leave streams= out"):
         BatchOptions.of(8, {"shuffle": False, "streams": 4})  # it would change nothing: never silently
 

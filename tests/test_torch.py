@@ -233,6 +233,42 @@ def test_a_state_saved_on_4_ranks_resumes_on_2_and_on_8_each_sample_once(ids_sto
         ids_store.torch(30, shuffle=True, seed=2, rank=0, world_size=2).load_state_dict(states[0])
 
 
+def test_a_state_saved_on_6_ranks_with_the_defaults_resumes_where_its_streams_allow(ids_store):
+    """6 ranks of 16 with the default options (24 streams; 8 streams refused 6 ranks), DataLoader workers
+    0 to 2: every sample once an epoch, equal step counts; a state saved after 4 of 11 global steps resumes
+    on 4, 3, 12 or 1 ranks (they divide 24) with the same global steps, and 16 ranks are refused naming
+    the streams to pass from the first run on."""
+    def ranks(world_size):
+        return [ids_store.torch(96 // world_size, shuffle=True, seed=7, rank=rank, world_size=world_size,
+                                num_workers=rank % 3) for rank in range(world_size)]
+
+    def steps(loaders):
+        per_rank = [[b["id"].tolist() for b in loader] for loader in loaders]
+        assert len({len(batches) for batches in per_rank}) == 1
+        return [sorted(i for batches in per_rank for i in batches[k]) for k in range(len(per_rank[0]))]
+
+    def once(epoch):
+        """An epoch's global steps, the last one without its repeats (which depend on the world size)."""
+        before = {i for step in epoch[:-1] for i in step}
+        return [*epoch[:-1], [i for i in epoch[-1] if i not in before]]
+
+    uninterrupted = steps(ranks(6))
+    assert len(uninterrupted) == 11 and {i for step in uninterrupted for i in step} == set(range(1000))
+    interrupted, head = ranks(6), [[] for _ in range(4)]
+    for loader in interrupted:
+        for k, batch in zip(range(4), loader, strict=False):
+            head[k] += batch["id"].tolist()
+    state = json.loads(json.dumps(interrupted[5].state_dict()))
+    assert state["streams"] == 24
+    for world_size in (4, 3, 12, 1):
+        resumed = ranks(world_size)
+        for loader in resumed:
+            loader.load_state_dict(state)
+        assert once([sorted(h) for h in head] + steps(resumed)) == once(uninterrupted), world_size
+    with pytest.raises(OptionError, match=r"24 streams, which world_size=16 cannot share.*streams=48\)"):
+        ids_store.torch(6, shuffle=True, seed=7, rank=0, world_size=16).load_state_dict(state)
+
+
 def test_a_pass_stopped_at_its_last_batch_moves_to_the_next_epoch(ids_store):
     """Lightning takes len(loader) batches and never asks for the end: the next pass was left empty."""
     import itertools

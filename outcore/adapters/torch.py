@@ -185,7 +185,11 @@ class OutcoreLoader(DataLoader):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``, saved by any rank of a run with the same global batch size and order
-        settings (any number of ranks and workers)."""
+        settings (any number of ranks and workers that divides its streams; left out, ``streams`` are the
+        state's: `BatchOptions.resuming`)."""
+        batches = self.dataset
+        batches.resolve_rank()
+        batches.options = batches.options.resuming(state)
         check_state(state, self._settings(), "loader")
         self.dataset.resume(state["epoch"], state["step"], state.get("skip", ()))
 

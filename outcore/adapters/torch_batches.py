@@ -31,7 +31,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from ..errors import OptionError
-from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, EpochSteps
+from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer
 from ..iterate.batch import Empty
 from ..iterate.runs import NextEpoch
 from ..iterate.shared import Arena, Part, SharedBatch, Slot
@@ -145,7 +145,7 @@ class TorchBatches(IterableDataset):
         (workers taking turns read the chunks that straddle consecutive batches once each: 1.4-3x the
         rank's share), and no batch is copied between processes."""
         options = self.options
-        streams = options.streams // options.world_size if options.shuffle else 1
+        streams = options.canonical_streams // options.world_size
         self.parts = self.num_workers if 2 <= self.num_workers <= streams and slot is not None else 1
         self.slot = slot if self.parts > 1 else None
 
@@ -196,8 +196,7 @@ class TorchBatches(IterableDataset):
     def __len__(self) -> int:
         """Batches this rank gets per epoch: the same for every rank, whatever the number of workers."""
         self.resolve_rank()
-        options = self.options
-        return EpochSteps(self.num_samples, options.global_batch_size, options.streams, options.drop_last).steps
+        return self.options.steps(self.num_samples)
 
     def __iter__(self) -> Iterator[TorchBatch]:
         if self.loader_passes == 0:  # an OutcoreLoader's batches, iterated outside its passes

@@ -17,7 +17,7 @@ from ..storage import Store
 from .batch import Batch, Empty
 from .cluster import ClusterRun
 from .options import BatchOptions, check_state
-from .plan import EpochPlan, EpochSteps
+from .plan import EpochPlan
 from .readers import ChunkReader, chunk_readers, recipe
 from .runs import LocalRun, NextEpoch, Run, Work
 from .stats import LoaderStats
@@ -82,7 +82,12 @@ class BatchIterator:
         return {"epoch": self.epoch, "batches_done": self.batches_done, **self.settings()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``; the store and settings must match those it was taken with."""
+        """Continue from ``state``; the store and settings must match those it was taken with (left out,
+        ``streams`` are the state's: `BatchOptions.resuming`)."""
+        options = self.options.resuming(state)
+        if options != self.options:  # a next epoch started ahead was made in another order
+            self._next.close()
+            self.options = options
         check_state(state, self.settings(), "iterator")
         self.epoch, self.batches_done = int(state["epoch"]), int(state["batches_done"])
 
@@ -99,8 +104,7 @@ class BatchIterator:
 
     def __len__(self) -> int:
         """Batches per epoch of this rank: the same on every rank (the global steps)."""
-        options = self.options
-        return EpochSteps(self.num_samples, options.global_batch_size, options.streams, options.drop_last).steps
+        return self.options.steps(self.num_samples)
 
     # -- iteration -------------------------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypedDict
@@ -11,7 +13,7 @@ import numpy as np
 
 from ..errors import OptionError
 from .batch import Transform
-from .plan import DEFAULT_STREAMS, Consumer, EpochPlan, check_streams
+from .plan import Consumer, EpochPlan, batches_in, check_streams, default_streams
 
 
 class BatchKeywords(TypedDict, total=False):
@@ -22,9 +24,11 @@ class BatchKeywords(TypedDict, total=False):
     - ``seed``: the seed of every epoch's order and of the transform's generators (default 0).
     - ``buffer_chunks``: how many chunks a global batch draws from, at least one per stream (default 8):
       more mixes better and holds more memory.
-    - ``streams``: the canonical streams an epoch is made of (default 8): the batches of every global step
-      are the same on any number of ranks dividing it (1, 2, 4, 8), and a state saved on one resumes
-      on another; a step draws on at least one chunk per stream, so more streams hold more memory.
+    - ``streams``: the canonical streams an epoch is made of (default: 8, or the least multiple of 8 and
+      ``world_size``, `outcore.iterate.plan.default_streams`, so that any number of ranks runs): the batches
+      of every global step are the same on any number of ranks dividing it (1, 2, 4, 8 by default), and a
+      state saved on one resumes on another (left out, the state's streams are taken); a step draws on at
+      least one chunk per stream, so more streams per rank hold more memory.
     - ``prefetch``: finished batches kept ready ahead of the consumer (default 2).
     - ``transform``: ``transform(batch, rng) -> batch`` run on each batch, ``rng`` seeded per batch.
     - ``rank``, ``world_size``: this process's share of each epoch (defaults 0 and 1).
@@ -43,7 +47,7 @@ class BatchKeywords(TypedDict, total=False):
     transform: Transform | None
     rank: int
     world_size: int
-    streams: int
+    streams: int | None
     drop_last: bool
     client: Any
     indices: Sequence[int] | np.ndarray | None
@@ -115,7 +119,7 @@ class BatchOptions:
     transform: Transform | None = None
     rank: int = 0
     world_size: int = 1
-    streams: int = DEFAULT_STREAMS
+    streams: int | None = None  # as given: `canonical_streams` is what an epoch is made of
     drop_last: bool = False
     client: Any = None
     indices: Subset | None = None
@@ -128,7 +132,7 @@ class BatchOptions:
         if self.buffer_chunks < 0:
             raise OptionError(f"buffer_chunks={self.buffer_chunks} must be 0 or more")
         Consumer(self.rank, self.world_size)  # checks the rank
-        if self.shuffle:  # without, each rank reads its part of the store in order: one stream per rank
+        if self.shuffle and self.streams is not None:  # without, each rank reads its part of the store in order
             check_streams(self.streams, self.world_size)
         if isinstance(self.fields, str):
             raise TypeError(f"fields={self.fields!r} must be a list of field names, not one string")
@@ -160,9 +164,56 @@ class BatchOptions:
         return len(self.indices)
 
     @property
+    def canonical_streams(self) -> int:
+        """The streams each epoch is made of: ``streams`` as given, else the default for ``world_size``
+        (`outcore.iterate.plan.default_streams`); one per rank without ``shuffle``.
+
+        >>> BatchOptions(32, world_size=6).canonical_streams, BatchOptions(32, world_size=6, streams=12).canonical_streams
+        (24, 12)
+        """
+        if not self.shuffle:
+            return self.world_size
+        return default_streams(self.world_size) if self.streams is None else self.streams
+
+    def resuming(self, state: dict[str, Any]) -> BatchOptions:
+        """These options, made to continue ``state``: with ``streams`` left out, the streams the state's order
+        was made of, where this world size can share them (the default differs between world sizes); a
+        state whose streams it cannot share is an `OptionError` saying what to pass from the first run on.
+
+        >>> BatchOptions(32, world_size=2).resuming({"streams": 24}).canonical_streams
+        24
+        >>> BatchOptions(32, world_size=16).resuming({"streams": 8})
+        Traceback (most recent call last):
+        ...
+        outcore.errors.OptionError: the state was saved from an epoch order of 8 streams, which world_size=16 ...
+        """
+        saved = state.get("streams")
+        if not self.shuffle or saved is None or saved == self.canonical_streams:
+            return self
+        if self.streams is None and saved % self.world_size == 0:
+            return dataclasses.replace(self, streams=saved)
+        how = ("which world_size={w} cannot share" if saved % self.world_size else "not the streams={given} asked for"
+               ).format(w=self.world_size, given=self.streams)
+        raise OptionError(
+            f"the state was saved from an epoch order of {saved} streams, {how}: a resume continues the saved "
+            f"order, on a number of ranks that divides its streams. To resume on other world sizes, pass "
+            f"streams= a multiple of every world size you will run on (e.g. streams={math.lcm(saved, self.world_size)})"
+            " from the first run on (it changes the order), or resume on a world size dividing "
+            f"{saved}"
+        )
+
+    @property
     def global_batch_size(self) -> int:
         """The samples of a global step: ``batch_size`` on each of ``world_size`` ranks."""
         return self.batch_size * self.world_size
+
+    def steps(self, num_samples: int) -> int:
+        """Global steps (each rank's batches) of an epoch of ``num_samples``: the same on every rank.
+
+        >>> BatchOptions(100, world_size=3).steps(1000), BatchOptions(100, world_size=3, drop_last=True).steps(1000)
+        (4, 3)
+        """
+        return batches_in(num_samples, self.global_batch_size, self.drop_last)
 
     def plan(self, num_samples: int, chunk_size: int, epoch: int, part: tuple[int, int] = (0, 1)) -> EpochPlan:
         """This rank's `EpochPlan` of ``epoch`` of a store of ``num_samples`` in chunks of ``chunk_size`` (with
@@ -170,15 +221,15 @@ class BatchOptions:
         return EpochPlan(
             num_samples, chunk_size, batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=epoch,
             buffer_chunks=self.buffer_chunks, rank=self.rank, world_size=self.world_size, drop_last=self.drop_last,
-            streams=self.streams, indices=None if self.indices is None else self.indices.indices, part=part,
+            streams=self.canonical_streams, indices=None if self.indices is None else self.indices.indices, part=part,
         )
 
     def plan_settings(self) -> dict[str, Any]:
         """The options that decide each epoch's global steps: a resumed iteration must use the same (on any
         number of ranks: the global batch size, not each rank's, must match)."""
-        kept = ("shuffle", "seed", "buffer_chunks", "streams", "drop_last")
+        kept = ("shuffle", "seed", "buffer_chunks", "drop_last")
         subset = None if self.indices is None else {"samples": len(self.indices), "digest": self.indices.digest}
-        return {"global_batch_size": self.global_batch_size,
+        return {"global_batch_size": self.global_batch_size, "streams": self.canonical_streams,
                 **{f.name: getattr(self, f.name) for f in fields(self) if f.name in kept}, "indices": subset}
 
 

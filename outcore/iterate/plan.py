@@ -2,10 +2,11 @@
 holds O(chunks) integers, and makes the samples of any stretch of the epoch on demand.
 
 The order is elastic: it is fixed by the *global* batch (``batch_size x world_size``) and a number of
-canonical ``streams`` (default `DEFAULT_STREAMS`), not by how many ranks or loader workers read it, so
-the samples of every global step (the union of the ranks' batches at that step) are the same on 1, 2, 4
-or 8 ranks and with any number of DataLoader workers, and a run stopped at step ``k`` resumes at step
-``k`` on another number of ranks. An epoch is built in three steps, all seeded by ``(seed, epoch)``,
+canonical ``streams`` (default `default_streams`: 8, or the least multiple of 8 and the world size), not
+by how many ranks or loader workers read it, so the samples of every global step (the union of the
+ranks' batches at that step) are the same on every number of ranks dividing ``streams`` (1, 2, 4 and 8
+by default) and with any number of DataLoader workers, and a run stopped at step ``k`` resumes at step
+``k`` on another such number of ranks. An epoch is built in three steps, all seeded by ``(seed, epoch)``,
 each use of randomness in its own seed domain (`outcore.seeds`):
 
 1. **Chunk order.** The store's chunks are permuted (storage order when ``shuffle=False``), giving
@@ -79,6 +80,21 @@ class Consumer:
         [3, 6, 9]
         """
         return range(first + self.worker, max(first, total), self.num_workers)
+
+
+def default_streams(world_size: int) -> int:
+    """The canonical streams of an epoch on ``world_size`` ranks when ``streams=`` is left out: the least
+    multiple of `DEFAULT_STREAMS` and ``world_size``. Every world size runs; the order is the same on 1, 2, 4
+    and 8 ranks (8 streams), and a run on 3, 6, 12 or 24 ranks (24 streams) resumes on any of those and on
+    1, 2, 4 or 8. Each rank has ``8 / gcd(8, world_size)`` streams (8 at most, as on one rank), so what a
+    rank holds and reads stays within one rank's.
+
+    >>> [default_streams(w) for w in (1, 2, 4, 8, 3, 6, 12, 16, 24, 1024)]
+    [8, 8, 8, 8, 24, 24, 24, 16, 24, 1024]
+    """
+    if world_size < 1:
+        raise OptionError(f"world_size={world_size} must be at least 1")
+    return math.lcm(DEFAULT_STREAMS, world_size)
 
 
 def check_streams(streams: int, world_size: int) -> None:
@@ -236,14 +252,14 @@ class EpochPlan:
 
     def __init__(self, num_samples: int, chunk_size: int, *, batch_size: int, shuffle: bool = True, seed: int = 0,
                  epoch: int = 0, buffer_chunks: int = 8, rank: int = 0, world_size: int = 1,
-                 drop_last: bool = False, streams: int = DEFAULT_STREAMS, indices: np.ndarray | None = None,
+                 drop_last: bool = False, streams: int | None = None, indices: np.ndarray | None = None,
                  part: tuple[int, int] = (0, 1)) -> None:
         if chunk_size < 1 or buffer_chunks < 0 or batch_size < 1:
             raise OptionError(f"need chunk_size >= 1, buffer_chunks >= 0 and batch_size >= 1; got {chunk_size}, "
                               f"{buffer_chunks}, {batch_size}")
         Consumer(rank, world_size)
         selection = Selection(num_samples, chunk_size, indices)
-        streams = streams if shuffle else world_size
+        streams = world_size if not shuffle else default_streams(world_size) if streams is None else streams
         self.layout = EpochSteps(len(selection), batch_size * world_size, streams, drop_last)
         self.chunk_size, self.batch_size, self.rank, self.world_size = chunk_size, batch_size, rank, world_size
         mixed = shuffle and buffer_chunks > 0

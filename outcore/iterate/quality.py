@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import OptionError
 from ..seeds import Domain, generator
 from ..storage import Store
-from .plan import DEFAULT_STREAMS, EpochPlan
+from .plan import EpochPlan
 from .readers import chunk_reader
 
 
@@ -44,7 +44,7 @@ def shuffle_quality(
     seed: int = 0,
     epoch: int = 0,
     world_size: int = 1,
-    streams: int = DEFAULT_STREAMS,
+    streams: int | None = None,
 ) -> ShuffleQuality:
     """Score the shuffled order of ``ds.batches(...)`` with these settings on a label ``field``: every
     rank's batches of ``batch_size`` when the epoch is shared by ``world_size`` ranks.
