@@ -1,11 +1,13 @@
-"""Elastic order: what reading the same global steps on 1, 2, 4 and 8 ranks costs, from the plans alone.
+"""Elastic order: what reading the same global steps on any number of ranks costs, from the plans alone.
 
     python benchmarks/elastic.py [--samples 1281167] [--chunk 64] [--batch 1024] [--buffer 8] [--epochs 2]
+                                 [--world-sizes 1,2,4,8,3,6,16,64]
 
-For each world size W (global batch ``--batch``, so ``--batch / W`` per rank), with the default 8 streams:
+For each world size W (``--batch // W`` per rank), with the default streams (`default_streams`: 8, or the
+least multiple of 8 and W):
 
 - whether every global step (the union of the ranks' batches, less the last step's documented repeats)
-  holds the same samples as on one rank;
+  holds the same samples as on one rank with the same global batch and streams;
 - chunk reads per rank over ``chunks / W`` (each rank reads its own share; the target is <= 1.1), and the
   same with ``--workers`` DataLoader workers, each making its part of every batch (its share of the rank's
   streams, where the rank has one for each: `outcore.adapters.torch`), or taking turns at whole batches,
@@ -27,7 +29,7 @@ import math
 
 import numpy as np
 
-from outcore.iterate.plan import Consumer, EpochPlan
+from outcore.iterate.plan import Consumer, EpochPlan, default_streams
 from outcore.iterate.quality import mean_label_tv
 from outcore.iterate.schedule import schedule
 from outcore.seeds import Domain, generator
@@ -44,33 +46,32 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--world-sizes", default="1,2,4,8,3,6,16,64")
     args = parser.parse_args()
     n, chunk = args.samples, args.chunk
     sorted_labels = np.arange(n) * args.classes // n
     mixed_labels = generator(Domain.REFERENCE, 99).permutation(sorted_labels)
     print(f"{n:,} samples in chunks of {chunk} ({math.ceil(n / chunk):,} chunks), global batch {args.batch}, "
-          f"buffer_chunks {args.buffer}, 8 streams, {args.epochs} epochs")
-    print(f"| ranks | steps identical | chunk reads per rank / (chunks / W) | {args.workers} workers making parts "
-          f"| {args.workers} workers taking turns | most chunks held per rank (old bound) "
+          f"buffer_chunks {args.buffer}, default streams, {args.epochs} epochs")
+    print(f"| ranks | streams | steps as on 1 rank | chunk reads per rank / (chunks / W) | {args.workers} workers making "
+          f"parts | {args.workers} workers taking turns | most chunks held per rank (old bound) "
           "| TV ratio global, shuffled store | per rank | TV ratio global, class-sorted store | per rank |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    reference: list[list[np.ndarray]] = []
-    for world_size in (1, 2, 4, 8):
-        batch = args.batch // world_size
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for world_size in (int(w) for w in args.world_sizes.split(",")):
+        batch, streams = args.batch // world_size, default_streams(world_size)
         identical, reads, part_reads, worker_reads, held = True, [], [], [], []
         quality: dict[str, list[tuple[float, float]]] = {"mixed": [], "sorted": []}
         for epoch in range(args.epochs):
             plans = [EpochPlan(n, chunk, batch_size=batch, seed=1, epoch=epoch, buffer_chunks=args.buffer, rank=r,
                                world_size=world_size) for r in range(world_size)]
             orders = [plan.take(0, len(plan))[0] for plan in plans]
-            own = [order[: len(order) - plan.repeats] for plan, order in zip(plans, orders, strict=True)]
-            steps = [np.sort(np.concatenate([order[k * batch : (k + 1) * batch] for order in own]))
-                     for k in range(plans[0].steps)]  # the documented repeats left out
-            if world_size == 1:
-                reference.append(steps)
-            else:
-                identical &= all(np.array_equal(a, b) for a, b in zip(steps, reference[epoch], strict=True))
-            parts = args.workers if args.workers <= 8 // world_size else 0  # a stream for each worker, else turns
+            steps = _global_steps(plans, orders, batch)
+            if world_size > 1:
+                alone = EpochPlan(n, chunk, batch_size=batch * world_size, seed=1, epoch=epoch, streams=streams,
+                                  buffer_chunks=args.buffer)
+                reference = _global_steps([alone], [alone.take(0, len(alone))[0]], batch * world_size)
+                identical &= all(np.array_equal(a, b) for a, b in zip(steps, reference, strict=True))
+            parts = args.workers if args.workers <= streams // world_size else 0  # a stream each, else turns
             for rank, plan in enumerate(plans):
                 share = math.ceil(n / chunk) / world_size
                 reads.append(len(plan.chunks) / share)
@@ -89,10 +90,18 @@ def main() -> None:
         old = args.buffer + 2 + math.ceil(batch / chunk) + READ_AHEAD
         cells = [f"{np.mean([q[i] for q in quality[name]]):.2f}" for name in ("mixed", "sorted") for i in (0, 1)]
         parts_cell = f"{max(part_reads):.3f}" if parts else "(turns: fewer streams than workers)"
-        print(f"| {world_size} | {'yes' if identical else 'NO'} | {max(reads):.3f} | {parts_cell} | "
+        print(f"| {world_size} | {streams} | {'—' if world_size == 1 else 'yes' if identical else 'NO'} | "
+              f"{max(reads):.3f} | {parts_cell} | "
               f"{max(worker_reads):.2f} | "
               f"{max(held)} ({old}) | "
               + " | ".join(cells) + " |")
+
+
+def _global_steps(plans: list[EpochPlan], orders: list[np.ndarray], batch: int) -> list[np.ndarray]:
+    """The union of the ranks' batches at each step, sorted, the last step's documented repeats left out."""
+    own = [order[: len(order) - plan.repeats] for plan, order in zip(plans, orders, strict=True)]
+    return [np.sort(np.concatenate([order[k * batch : (k + 1) * batch] for order in own]))
+            for k in range(plans[0].steps)]
 
 
 def _loads(plan: EpochPlan, steps: range) -> int:

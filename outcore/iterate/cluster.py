@@ -53,7 +53,7 @@ import math
 import sys
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -69,12 +69,13 @@ from ..storage import Store, is_object_url
 from ..threads import available_cpus, cap_threads
 from .batch import Batch, Draws, Recipe, make_batch, plain
 from .direct import straight_from_workers
+from .hedge import Hedges
 from .mappings import PRUNE_SECONDS, kept_mappings
 from .plan import EpochPlan
 from .readers import ChunkReader, chunk_readers, sample_bytes
 from .runs import WAKE_SECONDS, ChunkBuffers, Run, Work
 from .schedule import schedule
-from .shared import Mailbox, Part, SharedBatch, Slot, join_parts
+from .shared import Mailbox, Part, SharedArray, SharedBatch, Slot, join_parts
 from .stats import LoaderStats
 
 SPAN_BYTES = 64 << 20  # batch bytes per task (`span_batches`): Dask's per-task cost is a small part of the work
@@ -256,6 +257,8 @@ class ClusterRun(Run):
         self.pending: deque[tuple[Sequence[int], list[tuple[Span, Any]]]] = deque()  # steps, each lane's span, future
         self.gathered = 0
         self.direct = False  # spans' results taken straight from the workers (`straight_from_workers`)
+        self.lanes: Lanes | None = None
+        self.hedges = Hedges(self.client, stats, self._gather)
         super().__init__(work, stats)
 
     def _produce_batches(self) -> None:
@@ -269,14 +272,14 @@ class ClusterRun(Run):
         threads = self.client.nthreads()
         self.direct = straight_from_workers(self.client, threads)
         total = max(1, sum(threads.values()))
-        lanes = Lanes(work, threads, Lanes.count_for(work.store.location, len(work.plan.streams), total))
+        self.lanes = lanes = Lanes(work, threads, Lanes.count_for(work.store.location, len(work.plan.streams), total))
         in_flight = math.ceil(2 * total / lanes.count)  # spans of every lane
         for first in range(0, len(work.batches), lanes.span):
             if self.stop.is_set():
                 return
             steps = work.batches[first : first + lanes.span]
             spans = lanes.spans(self.name, steps[-1])
-            self.pending.append((steps, [(span, self._submit(span, lanes)) for span in spans]))
+            self.pending.append((steps, [(span, self._submit(span)) for span in spans]))
             if len(self.pending) > in_flight and not self._deliver():  # in_flight stay submitted meanwhile
                 return
         self.under_way.set()
@@ -284,13 +287,20 @@ class ClusterRun(Run):
             if not self._deliver():
                 return
 
-    def _submit(self, span: Span, lanes: Lanes) -> Any:
+    def _submit(self, span: Span, only: Collection[str] = ()) -> Any:
+        """Submit ``span``: to its lane's worker where lanes are pinned (not to a suspect: `outcore.iterate.hedge`),
+        or again, to the workers ``only``, when it was late."""
         slot = None if self.mailbox is None else self.mailbox.slot
-        pinned = {} if lanes.workers is None else {"workers": [lanes.workers[span.lane]], "allow_other_workers": True}
-        return self.client.submit(
-            make_span, self.source, self.work.recipe, self.work.store.chunk_size, span, slot, VERSION,
-            key=f"outcore-span-{self.name}-{span.steps[0].index}-l{span.lane}", priority=self._priority(span), **pinned,
-        )
+        pinned, key = {}, f"outcore-span-{self.name}-{span.steps[0].index}-l{span.lane}"
+        if only:
+            pinned, key = {"workers": list(only), "allow_other_workers": False}, f"{key}-again"
+        elif self.lanes is not None and self.lanes.workers is not None:
+            worker = self.lanes.workers[span.lane]
+            pinned = {} if worker in self.hedges.suspects else {"workers": [worker], "allow_other_workers": True}
+        future = self.client.submit(make_span, self.source, self.work.recipe, self.work.store.chunk_size, span, slot,
+                                    VERSION, key=key, priority=self._priority(span), **pinned)
+        self.stats.spans.started(future)
+        return future
 
     def _priority(self, span: Span) -> int:
         """Dask's priority of ``span`` (higher runs first): a worker runs a lane's spans in order, whatever was
@@ -298,28 +308,39 @@ class ClusterRun(Run):
         return -(self.work.epoch * self.work.plan.steps + span.steps[0].index)
 
     def _deliver(self) -> bool:
-        """Hand the oldest pending span's batches to the consumer once every lane has made its parts; False
-        when the run was closed meanwhile (a closed run never waits on the cluster)."""
+        """Hand the oldest pending span's batches to the consumer once every lane has made its parts (a span
+        late by far more than the others' made again elsewhere: `outcore.iterate.hedge`); False when the run
+        was closed meanwhile (a closed run never waits on the cluster)."""
         steps, spans = self.pending[0]
-        for _, future in spans:
-            while not future.done():
-                if self.stop.wait(WAKE_SECONDS):
-                    return False
-        self.pending.popleft()
         parts: dict[int, list[tuple[SpanStep, SharedBatch | Batch]]] = {step: [] for step in steps}
         for span, future in spans:  # lanes in order: their parts in the batch's order
-            made = self.client.gather(future, direct=self.direct)
+            result = self.hedges.result(future, lambda only, span=span: self._submit(span, only), self.stop, WAKE_SECONDS)
+            if result is None:
+                return False
+            worker, made = result
             if len(made) < len(span.steps):  # its worker found the run's folder gone while it was open
                 assert self.mailbox is not None
                 raise self.mailbox.gone(f"a worker stopped span {future.key} of the run, its folder gone")
+            self.stats.delivered(worker, self._route(made), len(made))
             for step, part in zip(span.steps, made, strict=True):
                 parts[step.index].append((step, part))
+        self.pending.popleft()
         whole = not any(span.parts for span, _ in spans)  # one lane: its parts are the batches
         for step in steps:
             self.gathered += 1
             if not self._put(self._batch(parts[step], whole)):
                 return False
         return True
+
+    def _gather(self, future: Any) -> tuple[str, list[SharedBatch | Batch]]:
+        return self.client.gather(future, direct=self.direct)
+
+    def _route(self, made: list[SharedBatch | Batch]) -> str:
+        """How a span's batches came: in shared memory (their large arrays), or over sockets."""
+        if any(isinstance(batch, SharedBatch) and any(isinstance(value, SharedArray) for value in batch.fields.values())
+               for batch in made):
+            return "shared_memory"
+        return "straight" if self.direct else "through_scheduler"
 
     def _batch(self, parts: list[tuple[SpanStep, SharedBatch | Batch]], whole: bool) -> Batch:
         """The batch the lanes' ``parts`` make: mapped from shared memory where the workers wrote it."""
@@ -338,8 +359,9 @@ class ClusterRun(Run):
         )
 
     def _release(self) -> None:
-        futures = [future for _, spans in self.pending for _, future in spans]
+        futures = [future for _, spans in self.pending for _, future in spans] + self.hedges.left
         self.pending.clear()
+        self.hedges.left = []
         if futures and self.client.status == "running" and not sys.is_finalizing():
             self.client.cancel(futures)
         if self.mailbox is not None:
@@ -356,9 +378,9 @@ def _cluster_lost() -> tuple[type[BaseException], ...]:
 
 
 def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span, slot: Slot | None,
-              consumer_version: str) -> list[SharedBatch | Batch]:
-    """On a worker: the span's parts of batches (whole batches for a run of one lane), made as the local path
-    makes them, on as many threads as the cluster gave the worker; into the consumer's shared memory when
+              consumer_version: str) -> tuple[str, list[SharedBatch | Batch]]:
+    """On a worker: this worker's address and the span's parts of batches (whole batches for a run of one
+    lane), made as the local path makes them, on as many threads as the cluster gave the worker; into the consumer's shared memory when
     this worker sees it (`outcore.iterate.shared`). Each chunk is read once: those the lane's previous
     span left on this worker are taken from it, and those a later span of the lane reads again are left
     for it (a span run elsewhere reads them itself). A worker that sees the consumer's folder in shared
@@ -386,7 +408,7 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span, 
     seen = slot is not None and slot.seen()
     for step in span.steps:
         if made and seen and not slot.seen():  # the consumer closed the run: nobody would take the rest
-            return made
+            return _worker_address(), made
         for chunk in np.unique(step.chunks).tolist():
             if chunk not in loaded:
                 loaded[chunk] = buffers.read(chunk)
@@ -399,7 +421,7 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span, 
                 buffers.give(loaded.pop(chunk)[1])
     if loaded:
         _carries.put(span.carry(span.steps[-1].index), loaded, CARRIES_PER_THREAD * _worker_threads())
-    return made
+    return _worker_address(), made
 
 
 class Carries:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 
 import numpy as np
+
+from .hedge import SpanClock
+
+ROUTES = ("shared_memory", "straight", "through_scheduler")  # how a cluster's batches reach the consumer
 
 
 class LoaderStats:
@@ -18,6 +22,9 @@ class LoaderStats:
         self.ready: deque[int] = deque(maxlen=self.WINDOW)
         self.batches = self.samples = 0
         self.started: float | None = None
+        self.routes: Counter[tuple[str, str]] = Counter()  # (worker address, route) -> batches (or parts) delivered
+        self.spans = SpanClock()  # a cluster's spans: how long they take (`outcore.iterate.hedge`)
+        self.hedged = 0  # spans made again elsewhere because they were late
 
     def record(self, wait: float, ready: int, samples: int) -> None:
         if self.started is None:
@@ -27,9 +34,15 @@ class LoaderStats:
         self.waits.append(wait)
         self.ready.append(ready)
 
+    def delivered(self, worker: str, route: str, count: int) -> None:
+        """``count`` batches (or lanes' parts of batches) made by ``worker`` reached the consumer by ``route``."""
+        self.routes[worker, route] += count
+
     def summary(self) -> dict[str, float]:
         elapsed = time.perf_counter() - self.started if self.started is not None else 0.0
         waits = np.array(self.waits or [0.0])
+        cluster = {f"batches_{route}": sum(n for (_, way), n in self.routes.items() if way == route)
+                   for route in ROUTES} | {"spans_hedged": self.hedged} if self.routes else {}
         return {
             "batches": self.batches,
             "samples": self.samples,
@@ -38,4 +51,5 @@ class LoaderStats:
             "wait_p95_ms": float(np.percentile(waits, 95) * 1e3),
             "wait_fraction": float(waits.sum() / elapsed) if elapsed else 0.0,
             "ready_mean": float(np.mean(self.ready)) if self.ready else 0.0,
+            **cluster,
         }

@@ -1,0 +1,135 @@
+"""Spans made again elsewhere when they are late (hedged), so that a worker that vanishes stalls an epoch for
+seconds, not for Dask's timeouts.
+
+A machine whose link is cut, or that freezes, neither answers nor closes its connections: Dask notices
+only after its connect timeout (30 s: the consumer waits that long for a span's batches that worker
+holds) or the scheduler's worker TTL (minutes, for the spans it runs). Measured across emulated hosts
+(`outcore.testing.hosts`), a link cut mid-epoch stalled the epoch 30.4 s.
+
+So the consumer waits for a span at most `SpanClock.late` seconds: `HEDGE_FACTOR` times the median time
+of the iterator's recent spans from submission to their batches (`HEDGE_SECONDS` at least,
+`FIRST_SECONDS` before any was timed). A span still awaited then, whose worker is known (the one running
+it, or holding its batches), is submitted again to the other workers, and that worker becomes a
+**suspect** for the run: the spans it runs or holds are made again at once, without waiting, and no lane
+is pinned to it any more. Whichever copy's batches come first are used: the copies make the same
+batches, pixel for pixel (a span is a pure function of its steps). A span that is merely queued (every
+worker busy) is not hedged: that would only add work. A failure is raised only when no copy is left.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+from concurrent.futures import Future as Fetch
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .stats import LoaderStats
+
+HEDGE_SECONDS = 2.0  # a span is never hedged sooner
+HEDGE_FACTOR = 4.0  # ... nor before this many times a recent span's time (its median)
+FIRST_SECONDS = 10.0  # before any span was timed (the first spans also open the store on every worker)
+RECENT = 32  # spans whose times are kept
+
+
+class SpanClock:
+    """Times of an iterator's recent spans, from submission to their batches being ready, across its runs.
+
+    >>> clock = SpanClock()
+    >>> clock.late(), clock.record(0.2), clock.record(0.8), clock.record(1.0), clock.late()
+    (10.0, None, None, None, 3.2)
+    """
+
+    def __init__(self) -> None:
+        self.times: deque[float] = deque(maxlen=RECENT)
+
+    def record(self, seconds: float) -> None:
+        self.times.append(seconds)
+
+    def started(self, future: Any) -> None:
+        """Time the span of Dask future ``future`` from now to its end."""
+        began = time.monotonic()
+        future.add_done_callback(lambda _: self.record(time.monotonic() - began))
+
+    def late(self) -> float:
+        """How long the consumer waits for a span before it is made again elsewhere."""
+        if not self.times:
+            return FIRST_SECONDS
+        return max(HEDGE_SECONDS, HEDGE_FACTOR * statistics.median(self.times))
+
+
+class Hedges:
+    """One cluster run's spans as their batches are taken (`result`): fetched on threads (a fetch from a
+    vanished worker returns only after Dask's connect timeout), made again elsewhere when late, timed and
+    counted in ``stats`` (`LoaderStats`). ``gather(future)`` takes a finished span's result; ``again(workers)``
+    submits the span again, to those workers only."""
+
+    def __init__(self, client: Any, stats: LoaderStats, gather: Callable[[Any], Any]) -> None:
+        self.client, self.stats, self.gather = client, stats, gather
+        self.suspects: set[str] = set()
+        self.left: list[Any] = []  # copies that lost: cancelled with the run
+
+    def result(self, future: Any, again: Callable[[Collection[str]], Any], stop: threading.Event, wake: float) -> Any:
+        """The result of the span of ``future``, from whichever copy comes first; None once ``stop`` is set
+        (looked at every ``wake`` seconds). A failure is raised once every copy has failed."""
+        copies: list[Any] = [future]
+        fetches: dict[str, Fetch] = {}  # copy's key -> taking its result
+        suspect = bool(self.suspects) and self._runner(future) in self.suspects
+        deadline = time.monotonic() + (0.0 if suspect else self.stats.spans.late())
+        while True:
+            for copy in copies:
+                if copy.key not in fetches and copy.done():
+                    fetches[copy.key] = self._fetch(copy)
+            for key, fetch in fetches.items():
+                if fetch.done() and fetch.exception() is None:
+                    self.left += [copy for copy in copies if copy.key != key]
+                    return fetch.result()
+            if len(fetches) == len(copies) and all(fetch.done() for fetch in fetches.values()):
+                raise fetches[future.key].exception()
+            if time.monotonic() > deadline:
+                deadline = self._hedge(future, copies, again)
+            if stop.wait(wake):
+                return None
+
+    def _hedge(self, future: Any, copies: list[Any], again: Callable[[Collection[str]], Any]) -> float:
+        """Make ``future``'s span again on the workers but its own and the suspects, if it has a worker (else
+        it is queued, not late); the next deadline (none once hedged)."""
+        worker = self._runner(future)
+        if worker is None:
+            return time.monotonic() + self.stats.spans.late()
+        self.suspects.add(worker)
+        others = [address for address in self.client.nthreads() if address not in self.suspects]
+        if others:
+            copies.append(again(others))
+            self.stats.hedged += 1
+        return float("inf")
+
+    def _fetch(self, copy: Any) -> Fetch:
+        """Take ``copy``'s result on a thread of its own (daemon: a fetch from a vanished worker ends only with
+        Dask's connect timeout, and must not hold up the interpreter's exit)."""
+        fetch: Fetch = Fetch()
+
+        def take() -> None:
+            try:
+                fetch.set_result(self.gather(copy))
+            except BaseException as error:  # noqa: BLE001 - handed to the consumer, who raises it
+                fetch.set_exception(error)
+
+        threading.Thread(target=take, name="outcore-gather", daemon=True).start()
+        return fetch
+
+    def _runner(self, future: Any) -> str | None:
+        """The worker holding ``future``'s result, or else running it (None: still queued)."""
+        if future.done():
+            return self._holder(future)
+        for worker, keys in self.client.processing().items():
+            if future.key in keys:
+                return worker
+        return None
+
+    def _holder(self, future: Any) -> str | None:
+        holders = self.client.who_has(future).get(future.key) or ()
+        return next(iter(holders), None)
