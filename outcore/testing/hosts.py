@@ -2,12 +2,13 @@
 
 Each host is a network namespace with an address of its own on a bridge (in a namespace of its own too:
 the machine's own network is left as it is), and each process started on a host runs in a mount namespace
-where ``/dev/shm`` is the host's own (a tmpfs) and ``TMPDIR`` the host's own folder, as on separate
-machines: a process on one host reaches the others only through their addresses, and sees their shared
-memory and scratch folders not at all. Every other folder (a store every host reads, as over NFS) is
-shared. Processes are started with the commands users type (``dask scheduler``, ``dask worker ADDRESS``,
-``torchrun``, ``outcore ingest``); `Host.cut` takes a host's link down, as a machine that vanishes without
-closing its connections.
+where ``/dev/shm`` is the host's own (a tmpfs), ``TMPDIR`` and ``HOME`` are the host's own folders, and
+its hostname (``host0``, ``host1``, ...) its own, which every host resolves (``/etc/hosts``), as on
+separate machines: a process on one host reaches the others only through their addresses, and sees
+their shared memory, scratch folders and home (outcore's default staging and cache folders) not at all.
+Every other folder (a store every host reads, as over NFS) is shared. Processes are started with the
+commands users type (``dask scheduler``, ``dask worker ADDRESS``, ``torchrun``, ``outcore ingest``);
+`Host.cut` takes a host's link down, as a machine that vanishes without closing its connections.
 
 >>> with Hosts(3, tmp_path) as hosts:  # doctest: +SKIP
 ...     scheduler = hosts[0].start(["dask", "scheduler", "--host", hosts[0].address])
@@ -22,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -40,7 +42,7 @@ def unavailable() -> str | None:
         return "emulated hosts need Linux network and mount namespaces"
     if os.geteuid() != 0:
         return "emulated hosts need root (network and mount namespaces): run the tests as root, as CI does"
-    for tool in ("ip", "mount", "umount"):
+    for tool in ("ip", "mount", "umount", "unshare", "hostname"):
         if shutil.which(tool) is None:
             return f"emulated hosts need {tool!r} (Debian: iproute2, mount)"
     probe = f"outcore-probe-{uuid4().hex[:8]}"
@@ -53,26 +55,30 @@ def unavailable() -> str | None:
 
 class Host:
     """One emulated machine: ``address`` on the hosts' network, its own ``/dev/shm`` (``shm``, seen from
-    outside at that folder) and ``tmp`` (its ``TMPDIR``: scratch, staging and cache folders)."""
+    outside at that folder), ``tmp`` (its ``TMPDIR``: Dask's scratch folders) and ``home`` (its ``HOME``:
+    outcore's default staging and cache folders)."""
 
-    def __init__(self, index: int, namespace: str, root: Path) -> None:
-        self.index, self.namespace, self.root = index, namespace, root
+    def __init__(self, index: int, namespace: str, root: Path, names: Path) -> None:
+        self.index, self.namespace, self.root, self.names = index, namespace, root, names
         self.name = f"host{index}"
         self.address = f"{SUBNET}.{index + 1}"
-        self.shm, self.tmp = root / "shm", root / "tmp"
+        self.shm, self.home = root / "shm", root / "home"
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"outcore-{self.name}-"))  # short: forkserver's socket lives there
         self.processes: list[subprocess.Popen] = []
 
     def __repr__(self) -> str:
         return f"Host({self.name}, {self.address})"
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` as run on this host: in its network namespace, with its ``/dev/shm``."""
-        return ["ip", "netns", "exec", self.namespace, "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"',
-                str(self.shm), *argv]
+        """``argv`` as run on this host: in its network namespace, with its hostname, ``/etc/hosts`` and
+        ``/dev/shm``."""
+        setup = 'hostname "$0" && mount --bind "$1" /dev/shm && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
+        return ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "sh", "-c", setup, self.name,
+                str(self.shm), str(self.names), *argv]
 
     def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """This process's environment, with the host's ``TMPDIR`` and ``extra``."""
-        return {**os.environ, "TMPDIR": str(self.tmp), **(extra or {})}
+        """This process's environment, with the host's ``TMPDIR`` and ``HOME``, and ``extra``."""
+        return {**os.environ, "TMPDIR": str(self.tmp), "HOME": str(self.home), **(extra or {})}
 
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, log: Path | None = None,
               cwd: Path | None = None) -> subprocess.Popen:
@@ -133,15 +139,18 @@ class Hosts:
         self.switch = f"outcore-{token}-switch"
         self.hosts: list[Host] = []
         self._mounted: list[Path] = []
+        names = Path(root) / "hosts"  # every host's /etc/hosts
+        names.parent.mkdir(parents=True, exist_ok=True)
+        names.write_text("127.0.0.1 localhost\n" + "".join(f"{SUBNET}.{i + 1} host{i}\n" for i in range(count)))
         try:
             _ip("netns", "add", self.switch)
             _ip("-n", self.switch, "link", "add", "bridge0", "type", "bridge")
             _ip("-n", self.switch, "link", "set", "bridge0", "up")
             for index in range(count):
-                host = Host(index, f"outcore-{token}-{index}", Path(root) / f"host{index}")
+                host = Host(index, f"outcore-{token}-{index}", Path(root) / f"host{index}", names)
                 self.hosts.append(host)
                 self._wire(host, f"port{index}")
-                for folder in (host.shm, host.tmp):
+                for folder in (host.shm, host.home):
                     folder.mkdir(parents=True, exist_ok=True)
                 subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={shm_size},mode=1777", "tmpfs", str(host.shm)],
                                check=True, capture_output=True)
@@ -177,6 +186,8 @@ class Hosts:
         self._mounted.clear()
         for namespace in [host.namespace for host in self.hosts] + [self.switch]:
             subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, check=False)
+        for host in self.hosts:
+            shutil.rmtree(host.tmp, ignore_errors=True)
         self.hosts.clear()
 
     def __enter__(self) -> Self:
