@@ -7,7 +7,9 @@ datasets only, is stood in for, as there is no CPU build of it here; LitData's c
 the loopback server's plain http, which it refuses by default). Writes each peer's own format once
 (kept in ``--workdir``), uploads it, then reads one shuffled epoch (batch 256, no worker processes, like
 outcore's default) through ``--via`` into an empty cache, and a second epoch from that cache. Prints
-one JSON line: samples/s of each, and the process's peak memory.
+one JSON line: samples/s of each, and the process's peak memory. With ``--workers N``, one DataLoader of
+N workers (the peer's own loader, its defaults otherwise) reads ``--epochs`` epochs in a row, the first
+into the empty cache; ``epochs`` then holds each epoch's first batch (seconds) and samples/s.
 
     python benchmarks/remote_peers.py mosaic --samples bench-data/peer-samples.npz --endpoint URL --via URL
 """
@@ -57,7 +59,7 @@ def _upload(folder: Path, bucket: str, prefix: str, endpoint: str) -> None:
 
 def _mosaic(args: argparse.Namespace) -> dict[str, float]:
     _stand_in_for_torchvision()
-    from streaming import MDSWriter, StreamingDataset
+    from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
     from torch.utils.data import DataLoader
 
     written = Path(args.workdir) / "peer-mds"
@@ -71,11 +73,14 @@ def _mosaic(args: argparse.Namespace) -> dict[str, float]:
     os.environ["S3_ENDPOINT_URL"] = args.via
     rates = {}
     with tempfile.TemporaryDirectory(dir=args.workdir) as cache:
+        def dataset() -> StreamingDataset:
+            return StreamingDataset(remote=f"s3://{args.bucket}/mds", local=cache, shuffle=True, shuffle_seed=1,
+                                    batch_size=BATCH, cache_limit=None)
+
+        if args.workers:
+            return _epochs(StreamingDataLoader(dataset(), batch_size=BATCH, num_workers=args.workers), args.epochs)
         for name in ("cold", "cached"):
-            dataset = StreamingDataset(remote=f"s3://{args.bucket}/mds", local=cache, shuffle=True, shuffle_seed=1,
-                                       batch_size=BATCH, cache_limit=None)
-            rates[name] = _epoch(DataLoader(dataset, batch_size=BATCH, num_workers=0), "label")
-            del dataset
+            rates[name] = _epoch(DataLoader(dataset(), batch_size=BATCH, num_workers=0), "label")
     return rates
 
 
@@ -83,8 +88,10 @@ def _litdata(args: argparse.Namespace) -> dict[str, float]:
     import litdata
     from litdata.streaming import downloader
 
-    # LitData's object-store client refuses a plain-http endpoint (the loopback server) unless told
+    # LitData's object-store client refuses a plain-http endpoint (the loopback server) unless told, here and
+    # in DataLoader workers however they start
     downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
+    os.environ["AWS_ALLOW_HTTP"] = "true"
 
     written = Path(args.workdir) / "peer-litdata"
     if not (written / "index.json").exists():
@@ -97,10 +104,15 @@ def _litdata(args: argparse.Namespace) -> dict[str, float]:
                "region_name": "us-east-1"}
     rates = {}
     with tempfile.TemporaryDirectory(dir=args.workdir) as cache:
+        def dataset() -> litdata.StreamingDataset:
+            return litdata.StreamingDataset(f"s3://{args.bucket}/litdata", cache_dir=cache, shuffle=True, seed=1,
+                                            storage_options=options, max_cache_size="100GB")
+
+        if args.workers:
+            return _epochs(litdata.StreamingDataLoader(dataset(), batch_size=BATCH, num_workers=args.workers),
+                           args.epochs)
         for name in ("cold", "cached"):
-            dataset = litdata.StreamingDataset(f"s3://{args.bucket}/litdata", cache_dir=cache, shuffle=True, seed=1,
-                                               storage_options=options, max_cache_size="100GB")
-            rates[name] = _epoch(litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=0), "label")
+            rates[name] = _epoch(litdata.StreamingDataLoader(dataset(), batch_size=BATCH, num_workers=0), "label")
     return rates
 
 
@@ -119,6 +131,18 @@ def _epoch(loader: object, label: str) -> float:
     return count / (time.perf_counter() - began)
 
 
+def _epochs(loader: object, epochs: int) -> dict[str, object]:
+    """``epochs`` passes of one loader: each one's first batch (seconds) and samples/s, and the samples."""
+    measured = []
+    for _ in range(epochs):
+        began, first, count = time.perf_counter(), None, 0
+        for batch in loader:
+            first = time.perf_counter() - began if first is None else first
+            count += len(batch["label"])
+        measured.append({"first": first, "rate": count / (time.perf_counter() - began), "samples": count})
+    return {"epochs": measured}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("peer", choices=["mosaic", "litdata"])
@@ -127,6 +151,8 @@ def main() -> None:
     parser.add_argument("--via", required=True, help="the endpoint the epochs are read through (the proxy)")
     parser.add_argument("--bucket", default="data")
     parser.add_argument("--workdir", default="bench-data")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (0: the two-epoch rates)")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of one loader, with --workers")
     args = parser.parse_args()
     os.environ.update(CREDENTIALS)
     os.environ["PEER_SAMPLES"] = str(Path(args.samples).absolute())

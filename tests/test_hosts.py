@@ -81,11 +81,10 @@ def hosts(tmp_path):
 def start_cluster(hosts: Hosts, workers: tuple[int, ...] = (1, 2), env: dict[str, str] | None = None) -> str:
     """``dask scheduler`` on host 0, ``dask worker ADDRESS`` (one thread, outcore's worker settings, ``env``)
     on each of ``workers``; the scheduler's address."""
-    scheduler = f"tcp://{hosts[0].address}:{PORT}"
-    hosts[0].start([str(BIN / "dask"), "scheduler", "--host", hosts[0].address, "--port", str(PORT),
-                    "--no-dashboard"])
+    scheduler = f"tcp://{hosts[0].name}:{PORT}"
+    hosts[0].start([str(BIN / "dask"), "scheduler", "--host", hosts[0].name, "--port", str(PORT), "--no-dashboard"])
     for index in workers:
-        hosts[index].start([str(BIN / "dask"), "worker", scheduler, "--host", hosts[index].address, "--nthreads", "1",
+        hosts[index].start([str(BIN / "dask"), "worker", scheduler, "--host", hosts[index].name, "--nthreads", "1",
                             "--no-dashboard"], env={**outcore.worker_environment(), **(env or {})})
     return scheduler
 
@@ -114,11 +113,16 @@ def local_epochs(ds, rank: int = 0, world_size: int = 1) -> list[list[str]]:
     return [digests(it) for _ in range(2)]
 
 
+def host_of(worker: str, hosts: Hosts) -> str:
+    """The name of the host of the Dask address ``worker`` (which names it or its address)."""
+    return next(h.name for h in hosts if f"//{h.address}:" in worker or f"//{h.name}:" in worker)
+
+
 def routes_by_host(run: dict, hosts: Hosts) -> dict[str, dict[str, int]]:
     """Batches delivered, by the host of the worker that made them and by route."""
     found: dict[str, dict[str, int]] = {}
     for worker, route, count in run["routes"]:
-        host = next(h.name for h in hosts if f"//{h.address}:" in worker)
+        host = host_of(worker, hosts)
         found.setdefault(host, {}).setdefault(route, 0)
         found[host][route] += count
     return found
@@ -221,7 +225,7 @@ def store_digest(location: str) -> dict:
 
 def s3_environment(hosts: Hosts) -> dict[str, str]:
     """moto's S3 server on host 0, as the standard environment names it."""
-    return {"AWS_ENDPOINT_URL": f"http://{hosts[0].address}:{S3_PORT}", "AWS_ACCESS_KEY_ID": "testing",
+    return {"AWS_ENDPOINT_URL": f"http://{hosts[0].name}:{S3_PORT}", "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
 
 
@@ -241,7 +245,7 @@ def test_outcore_ingest_on_a_scheduler_across_hosts_equals_a_local_ingest(hosts,
     write_image_folder(photos, 20, classes=("a", "b", "c"), size=(40, 40), seed=5)
     local = outcore.ingest_images(photos, tmp_path / "local.zarr", shape=(32, 32, 3), chunk_size=8, progress=False)
     s3 = s3_environment(hosts)
-    hosts[0].start([str(BIN / "moto_server"), "-H", hosts[0].address, "-p", str(S3_PORT)])
+    hosts[0].start([str(BIN / "moto_server"), "-H", hosts[0].name, "-p", str(S3_PORT)])
     scheduler = start_cluster(hosts, env=s3)
     wait_for(lambda: hosts[1].run([sys.executable, "-c", BUCKET], timeout=60, env=s3).returncode == 0, 60,
              "the S3 server on host 0 answering")
@@ -254,8 +258,7 @@ def test_outcore_ingest_on_a_scheduler_across_hosts_equals_a_local_ingest(hosts,
         assert json.loads(read.stdout.strip().splitlines()[-1]) == store_digest(local.location), target
     executed = hosts[1].run([sys.executable, "-c", EXECUTED, scheduler], timeout=60)
     counts = json.loads(executed.stdout.strip().splitlines()[-1])
-    assert sorted(worker.split(":")[1] for worker, count in counts.items() if count) == \
-        [f"//{hosts[1].address}", f"//{hosts[2].address}"]  # both hosts' workers wrote
+    assert sorted(host_of(worker, hosts) for worker, count in counts.items() if count) == ["host1", "host2"]
     assert sorted(p.name for p in shared.iterdir()) == ["photos", "train.zarr"]
     for host in hosts:
         assert leftovers(host) == [], host
@@ -342,7 +345,7 @@ def test_torchrun_across_3_hosts_resumes_on_2_with_every_sample_once(hosts, tmp_
     store = local.location
     if source == "s3":
         env = s3_environment(hosts)
-        hosts[0].start([str(BIN / "moto_server"), "-H", hosts[0].address, "-p", str(S3_PORT)],
+        hosts[0].start([str(BIN / "moto_server"), "-H", hosts[0].name, "-p", str(S3_PORT)],
                        log=tmp_path / "moto.log")
         wait_for(lambda: hosts[1].run([sys.executable, "-c", BUCKET], timeout=60, env=env).returncode == 0, 60,
                  "the S3 server on host 0 answering")

@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection
+from concurrent.futures import FIRST_COMPLETED, wait
 from concurrent.futures import Future as Fetch
 from typing import TYPE_CHECKING, Any
 
@@ -75,37 +76,38 @@ class Hedges:
     def result(self, future: Any, again: Callable[[Collection[str]], Any], stop: threading.Event, wake: float) -> Any:
         """The result of the span of ``future``, from whichever copy comes first; None once ``stop`` is set
         (looked at every ``wake`` seconds). A failure is raised once every copy has failed."""
-        copies: list[Any] = [future]
-        fetches: dict[str, Fetch] = {}  # copy's key -> taking its result
+        copies = {future.key: future}
+        fetches = {future.key: self._fetch(future)}  # each copy's result, taken as soon as it is made
         suspect = bool(self.suspects) and self._runner(future) in self.suspects
         deadline = time.monotonic() + (0.0 if suspect else self.stats.spans.late())
         while True:
-            for copy in copies:
-                if copy.key not in fetches and copy.done():
-                    fetches[copy.key] = self._fetch(copy)
             for key, fetch in fetches.items():
                 if fetch.done() and fetch.exception() is None:
-                    self.left += [copy for copy in copies if copy.key != key]
+                    self.left += [copy for other, copy in copies.items() if other != key]
                     return fetch.result()
-            if len(fetches) == len(copies) and all(fetch.done() for fetch in fetches.values()):
+            pending = [fetch for fetch in fetches.values() if not fetch.done()]
+            if not pending:
                 raise fetches[future.key].exception()
-            if time.monotonic() > deadline:
-                deadline = self._hedge(future, copies, again)
-            if stop.wait(wake):
+            wait(pending, timeout=max(0.0, min(wake, deadline - time.monotonic())), return_when=FIRST_COMPLETED)
+            if stop.is_set():
                 return None
+            if time.monotonic() >= deadline:
+                copy, deadline = self._hedge(future, again)
+                if copy is not None:
+                    copies[copy.key], fetches[copy.key] = copy, self._fetch(copy)
 
-    def _hedge(self, future: Any, copies: list[Any], again: Callable[[Collection[str]], Any]) -> float:
-        """Make ``future``'s span again on the workers but its own and the suspects, if it has a worker (else
-        it is queued, not late); the next deadline (none once hedged)."""
+    def _hedge(self, future: Any, again: Callable[[Collection[str]], Any]) -> tuple[Any, float]:
+        """``future``'s span made again on the workers but its own and the suspects, if it has a worker (else
+        it is queued, not late): the copy (None if there is none) and the next deadline (none once hedged)."""
         worker = self._runner(future)
         if worker is None:
-            return time.monotonic() + self.stats.spans.late()
+            return None, time.monotonic() + self.stats.spans.late()
         self.suspects.add(worker)
         others = [address for address in self.client.nthreads() if address not in self.suspects]
-        if others:
-            copies.append(again(others))
-            self.stats.hedged += 1
-        return float("inf")
+        if not others:
+            return None, float("inf")
+        self.stats.hedged += 1
+        return again(others), float("inf")
 
     def _fetch(self, copy: Any) -> Fetch:
         """Take ``copy``'s result on a thread of its own (daemon: a fetch from a vanished worker ends only with

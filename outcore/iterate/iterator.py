@@ -163,7 +163,11 @@ class BatchIterator:
 
         ``wait_mean_ms`` / ``wait_p95_ms``: time the consumer spent blocked on each batch (near 0 when
         the loader keeps ahead); ``ready_mean``: batches already waiting when one was asked for (near
-        ``prefetch`` when the loader keeps ahead); ``wait_fraction``: waiting time / elapsed time.
+        ``prefetch`` when the loader keeps ahead); ``wait_fraction``: waiting time / elapsed time. With a
+        ``client``, also how the cluster's batches (or lanes' parts) reached this process:
+        ``batches_shared_memory`` (from workers on this machine), ``batches_straight`` (over sockets
+        straight from their workers), ``batches_through_scheduler``; and ``spans_hedged``: spans made
+        again on other workers because theirs was late (`outcore.iterate.hedge`).
 
         >>> it.stats()  # doctest: +SKIP
         {'batches': 171, 'samples': 44000, 'samples_per_s': 30510.2, 'wait_mean_ms': 0.4, ...}
