@@ -17,13 +17,11 @@ import pytest
 
 import outcore
 from outcore.testing import write_image_folder
-from outcore.testing.hosts import Hosts, unavailable, wait_for
+from outcore.testing.hosts import Hosts, command, unavailable, wait_for
 
 WHY = unavailable()
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(WHY is not None, reason=WHY or "")]
 
-BIN = Path(sys.executable).parent  # the commands users type: dask, outcore, torchrun
-PORT = 8786
 BATCH = 32
 
 CONSUMER = """
@@ -78,17 +76,6 @@ def hosts(tmp_path):
         yield made
 
 
-def start_cluster(hosts: Hosts, workers: tuple[int, ...] = (1, 2), env: dict[str, str] | None = None) -> str:
-    """``dask scheduler`` on host 0, ``dask worker ADDRESS`` (one thread, outcore's worker settings, ``env``)
-    on each of ``workers``; the scheduler's address."""
-    scheduler = f"tcp://{hosts[0].name}:{PORT}"
-    hosts[0].start([str(BIN / "dask"), "scheduler", "--host", hosts[0].name, "--port", str(PORT), "--no-dashboard"])
-    for index in workers:
-        hosts[index].start([str(BIN / "dask"), "worker", scheduler, "--host", hosts[index].name, "--nthreads", "1",
-                            "--no-dashboard"], env={**outcore.worker_environment(), **(env or {})})
-    return scheduler
-
-
 def consume(host, folder: Path, **args) -> tuple[object, Path]:
     """Start the consumer script on ``host`` (its arguments: ``args``), writing into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -133,7 +120,7 @@ def test_batches_across_hosts_are_the_local_ones_in_shared_memory_on_the_consume
     """Scheduler on host 0, a worker on each of hosts 1 and 2, the training process on host 1 with
     ``client=``: two epochs of the batches of local threads; host 1's worker hands its batches over in
     shared memory, host 2's over sockets straight from the worker, and both make some."""
-    scheduler = start_cluster(hosts)
+    scheduler = hosts.start_dask()
     run = result(*consume(hosts[1], tmp_path / "run", store=pictures.location, scheduler=scheduler))
     assert [epoch["digests"] for epoch in run["epochs"]] == local_epochs(pictures)
     routes = routes_by_host(run, hosts)
@@ -151,7 +138,7 @@ def _pause_then(hosts, folder: Path, action) -> float:
 
 
 def test_a_host_whose_worker_is_killed_mid_epoch_changes_no_batch(hosts, pictures, tmp_path):
-    scheduler = start_cluster(hosts)
+    scheduler = hosts.start_dask()
     process, folder = consume(hosts[1], tmp_path / "run", store=pictures.location, scheduler=scheduler, pause=[1, 3])
     _pause_then(hosts, folder, hosts[2].stop)  # SIGKILL: the worker and its nanny
     run = result(process, folder)
@@ -163,7 +150,7 @@ def test_a_host_cut_off_mid_epoch_changes_no_batch_and_stalls_the_epoch_seconds_
     """Host 2's link taken down mid-epoch (it vanishes without closing its connections): the batches do
     not change, and the epoch waits at most 10 s (it waited 30 s, Dask's connect timeout, for the spans
     host 2 held): the late spans are made again on host 1 (`outcore.iterate.hedge`)."""
-    scheduler = start_cluster(hosts)
+    scheduler = hosts.start_dask()
     process, folder = consume(hosts[1], tmp_path / "run", store=pictures.location, scheduler=scheduler, pause=[1, 3])
     _pause_then(hosts, folder, hosts[2].cut)
     run = result(process, folder)
@@ -177,7 +164,7 @@ def test_two_training_processes_on_two_hosts_share_one_cluster(hosts, pictures, 
     """Rank 0 on host 1 and rank 1 on host 2, one cluster (a worker on each): each gets the batches local
     threads make for its rank (together every sample once an epoch: `tests/test_loader.py`); each takes
     its own host's batches in shared memory and the other's over sockets."""
-    scheduler = start_cluster(hosts)
+    scheduler = hosts.start_dask()
     started = [consume(hosts[1 + rank], tmp_path / f"rank{rank}", store=pictures.location, scheduler=scheduler,
                        rank=rank, world_size=2) for rank in (0, 1)]
     runs = [result(*each) for each in started]
@@ -245,12 +232,12 @@ def test_outcore_ingest_on_a_scheduler_across_hosts_equals_a_local_ingest(hosts,
     write_image_folder(photos, 20, classes=("a", "b", "c"), size=(40, 40), seed=5)
     local = outcore.ingest_images(photos, tmp_path / "local.zarr", shape=(32, 32, 3), chunk_size=8, progress=False)
     s3 = s3_environment(hosts)
-    hosts[0].start([str(BIN / "moto_server"), "-H", hosts[0].name, "-p", str(S3_PORT)])
-    scheduler = start_cluster(hosts, env=s3)
+    hosts[0].start([command("moto_server"), "-H", hosts[0].name, "-p", str(S3_PORT)])
+    scheduler = hosts.start_dask(env=s3)
     wait_for(lambda: hosts[1].run([sys.executable, "-c", BUCKET], timeout=60, env=s3).returncode == 0, 60,
              "the S3 server on host 0 answering")
     for target in (str(shared / "train.zarr"), "s3://photos/train.zarr"):
-        done = hosts[1].run([str(BIN / "outcore"), "ingest", str(photos), target, "--shape", "32x32x3",
+        done = hosts[1].run([command("outcore"), "ingest", str(photos), target, "--shape", "32x32x3",
                              "--chunk-size", "8", "--scheduler", scheduler, "--no-progress"], timeout=180, env=s3)
         assert done.returncode == 0, done.stdout[-3000:]
         read = hosts[1].run([sys.executable, "-c", DIGEST, target], timeout=120, env=s3)
@@ -308,7 +295,7 @@ def torchrun(hosts: list, folder: Path, job: str, env: dict[str, str], **args) -
     (folder / "train.py").write_text(TRAINER)
     (folder / "args.json").write_text(json.dumps({"folder": str(folder), "resume": None, "stop": None, **args}))
     endpoint = f"{hosts[0].name}:{RENDEZVOUS_PORT}"
-    started = [host.start([str(BIN / "torchrun"), "--nnodes", str(len(hosts)), "--nproc-per-node", "2",
+    started = [host.start([command("torchrun"), "--nnodes", str(len(hosts)), "--nproc-per-node", "2",
                            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", job,
                            str(folder / "train.py"), str(folder / "args.json")],
                           env={"OUTCORE_CACHE_DIR": str(host.home / "cache"), **env})
@@ -345,7 +332,7 @@ def test_torchrun_across_3_hosts_resumes_on_2_with_every_sample_once(hosts, tmp_
     store = local.location
     if source == "s3":
         env = s3_environment(hosts)
-        hosts[0].start([str(BIN / "moto_server"), "-H", hosts[0].name, "-p", str(S3_PORT)],
+        hosts[0].start([command("moto_server"), "-H", hosts[0].name, "-p", str(S3_PORT)],
                        log=tmp_path / "moto.log")
         wait_for(lambda: hosts[1].run([sys.executable, "-c", BUCKET], timeout=60, env=env).returncode == 0, 60,
                  "the S3 server on host 0 answering")

@@ -14,6 +14,7 @@ import pickle
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from multiprocessing import forkserver
 from typing import Any, NamedTuple, Unpack
 
 import numpy as np
@@ -270,8 +271,6 @@ def preload_forkserver() -> None:
 
     >>> preload_forkserver()  # doctest: +SKIP
     """
-    from multiprocessing import forkserver
-
     preloaded = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
     forkserver.set_forkserver_preload(preloaded + [name for name in WORKER_MODULES if name not in preloaded])
     forkserver.ensure_running()  # it imports them meanwhile (building a model, say): not at the first batch

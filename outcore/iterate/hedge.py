@@ -18,48 +18,29 @@ worker busy) is not hedged: that would only add work. A failure is raised only w
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection
 from concurrent.futures import FIRST_COMPLETED, wait
 from concurrent.futures import Future as Fetch
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .stats import LoaderStats
+from .stats import LoaderStats, SpanClock
 
 HEDGE_SECONDS = 2.0  # a span is never hedged sooner
 HEDGE_FACTOR = 4.0  # ... nor before this many times a recent span's time (its median)
 FIRST_SECONDS = 10.0  # before any span was timed (the first spans also open the store on every worker)
-RECENT = 32  # spans whose times are kept
 
 
-class SpanClock:
-    """Times of an iterator's recent spans, from submission to their batches being ready, across its runs.
+def late(clock: SpanClock) -> float:
+    """How long the consumer waits for a span before it is made again elsewhere.
 
     >>> clock = SpanClock()
-    >>> clock.late(), clock.record(0.2), clock.record(0.8), clock.record(1.0), clock.late()
+    >>> late(clock), clock.record(0.2), clock.record(0.8), clock.record(1.0), late(clock)
     (10.0, None, None, None, 3.2)
     """
-
-    def __init__(self) -> None:
-        self.times: deque[float] = deque(maxlen=RECENT)
-
-    def record(self, seconds: float) -> None:
-        self.times.append(seconds)
-
-    def started(self, future: Any) -> None:
-        """Time the span of Dask future ``future`` from now to its end."""
-        began = time.monotonic()
-        future.add_done_callback(lambda _: self.record(time.monotonic() - began))
-
-    def late(self) -> float:
-        """How long the consumer waits for a span before it is made again elsewhere."""
-        if not self.times:
-            return FIRST_SECONDS
-        return max(HEDGE_SECONDS, HEDGE_FACTOR * statistics.median(self.times))
+    median = clock.median()
+    return FIRST_SECONDS if median is None else max(HEDGE_SECONDS, HEDGE_FACTOR * median)
 
 
 class Hedges:
@@ -79,7 +60,7 @@ class Hedges:
         copies = {future.key: future}
         fetches = {future.key: self._fetch(future)}  # each copy's result, taken as soon as it is made
         suspect = bool(self.suspects) and self._runner(future) in self.suspects
-        deadline = time.monotonic() + (0.0 if suspect else self.stats.spans.late())
+        deadline = time.monotonic() + (0.0 if suspect else late(self.stats.spans))
         while True:
             for key, fetch in fetches.items():
                 if fetch.done() and fetch.exception() is None:
@@ -101,7 +82,7 @@ class Hedges:
         it is queued, not late): the copy (None if there is none) and the next deadline (none once hedged)."""
         worker = self._runner(future)
         if worker is None:
-            return None, time.monotonic() + self.stats.spans.late()
+            return None, time.monotonic() + late(self.stats.spans)
         self.suspects.add(worker)
         others = [address for address in self.client.nthreads() if address not in self.suspects]
         if not others:

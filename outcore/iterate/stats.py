@@ -2,14 +2,41 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import Counter, deque
+from typing import Any
 
 import numpy as np
 
-from .hedge import SpanClock
-
 ROUTES = ("shared_memory", "straight", "through_scheduler")  # how a cluster's batches reach the consumer
+
+
+class SpanClock:
+    """Times of an iterator's recent cluster spans, from submission to their batches being ready, across its
+    runs (`outcore.iterate.hedge` waits for a span against them).
+
+    >>> clock = SpanClock()
+    >>> clock.median(), clock.record(0.2), clock.record(0.8), clock.record(1.0), clock.median()
+    (None, None, None, None, 0.8)
+    """
+
+    RECENT = 32  # spans whose times are kept
+
+    def __init__(self) -> None:
+        self.times: deque[float] = deque(maxlen=self.RECENT)
+
+    def record(self, seconds: float) -> None:
+        self.times.append(seconds)
+
+    def started(self, future: Any) -> None:
+        """Time the span of Dask future ``future`` from now to its end."""
+        began = time.monotonic()
+        future.add_done_callback(lambda _: self.record(time.monotonic() - began))
+
+    def median(self) -> float | None:
+        """The median time of the recent spans (None before any ended)."""
+        return statistics.median(self.times) if self.times else None
 
 
 class LoaderStats:
@@ -23,7 +50,7 @@ class LoaderStats:
         self.batches = self.samples = 0
         self.started: float | None = None
         self.routes: Counter[tuple[str, str]] = Counter()  # (worker address, route) -> batches (or parts) delivered
-        self.spans = SpanClock()  # a cluster's spans: how long they take (`outcore.iterate.hedge`)
+        self.spans = SpanClock()  # a cluster's spans: how long they take
         self.hedged = 0  # spans made again elsewhere because they were late
 
     def record(self, wait: float, ready: int, samples: int) -> None:

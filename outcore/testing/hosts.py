@@ -31,6 +31,7 @@ from typing import Self
 from uuid import uuid4
 
 from ..errors import OptionError
+from ..iterate.cluster import worker_environment
 
 SUBNET = "10.88.0"  # hosts are SUBNET.1, SUBNET.2, ...: addresses inside the namespaces Hosts makes only
 INTERFACE = "eth0"  # each host's link to the bridge
@@ -169,6 +170,19 @@ class Hosts:
         _ip("-n", host.namespace, "link", "set", INTERFACE, "up")
         _ip("-n", host.namespace, "link", "set", "lo", "up")
 
+    def start_dask(self, scheduler: int = 0, workers: Sequence[int] = (1, 2), *, threads: int = 1, port: int = 8786,
+                   env: Mapping[str, str] | None = None) -> str:
+        """``dask scheduler`` on host ``scheduler`` and ``dask worker ADDRESS`` (``threads`` threads, outcore's
+        worker settings and ``env`` in its environment) on each host of ``workers``; the scheduler's address
+        (by the host's name, which every host resolves)."""
+        address = f"tcp://{self[scheduler].name}:{port}"
+        self[scheduler].start([command("dask"), "scheduler", "--host", self[scheduler].name, "--port", str(port),
+                               "--no-dashboard"])
+        for index in workers:
+            self[index].start([command("dask"), "worker", address, "--host", self[index].name, "--nthreads",
+                               str(threads), "--no-dashboard"], env={**worker_environment(), **(env or {})})
+        return address
+
     def __getitem__(self, index: int) -> Host:
         return self.hosts[index]
 
@@ -195,6 +209,12 @@ class Hosts:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def command(name: str) -> str:
+    """The command ``name`` (``dask``, ``outcore``, ``torchrun``) of this Python's environment, else the PATH's."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else name
 
 
 def wait_for(condition, seconds: float, what: str, interval: float = 0.1) -> None:
