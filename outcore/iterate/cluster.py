@@ -56,7 +56,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib.metadata import version
 from typing import Any
 from uuid import uuid4
@@ -288,8 +288,8 @@ class ClusterRun(Run):
                 return
 
     def _submit(self, span: Span, only: Collection[str] = ()) -> Any:
-        """Submit ``span``: to its lane's worker where lanes are pinned (not to a suspect: `outcore.iterate.hedge`),
-        or again, to the workers ``only``, when it was late."""
+        """Submit ``span``: to its lane's worker where lanes are pinned (not to a suspect:
+        `outcore.iterate.hedge`), or again, to the workers ``only``, when it was late."""
         slot = None if self.mailbox is None else self.mailbox.slot
         pinned, key = {}, f"outcore-span-{self.name}-{span.steps[0].index}-l{span.lane}"
         if only:
@@ -314,7 +314,7 @@ class ClusterRun(Run):
         steps, spans = self.pending[0]
         parts: dict[int, list[tuple[SpanStep, SharedBatch | Batch]]] = {step: [] for step in steps}
         for span, future in spans:  # lanes in order: their parts in the batch's order
-            result = self.hedges.result(future, lambda only, span=span: self._submit(span, only), self.stop, WAKE_SECONDS)
+            result = self.hedges.result(future, partial(self._submit, span), self.stop, WAKE_SECONDS)
             if result is None:
                 return False
             worker, made = result
@@ -337,8 +337,9 @@ class ClusterRun(Run):
 
     def _route(self, made: list[SharedBatch | Batch]) -> str:
         """How a span's batches came: in shared memory (their large arrays), or over sockets."""
-        if any(isinstance(batch, SharedBatch) and any(isinstance(value, SharedArray) for value in batch.fields.values())
-               for batch in made):
+        shared = (isinstance(value, SharedArray) for batch in made if isinstance(batch, SharedBatch)
+                  for value in batch.fields.values())
+        if any(shared):
             return "shared_memory"
         return "straight" if self.direct else "through_scheduler"
 
@@ -380,8 +381,8 @@ def _cluster_lost() -> tuple[type[BaseException], ...]:
 def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span, slot: Slot | None,
               consumer_version: str) -> tuple[str, list[SharedBatch | Batch]]:
     """On a worker: this worker's address and the span's parts of batches (whole batches for a run of one
-    lane), made as the local path makes them, on as many threads as the cluster gave the worker; into the consumer's shared memory when
-    this worker sees it (`outcore.iterate.shared`). Each chunk is read once: those the lane's previous
+    lane), made as the local path makes them, on as many threads as the cluster gave the worker; into the
+    consumer's shared memory when this worker sees it (`outcore.iterate.shared`). Each chunk is read once: those the lane's previous
     span left on this worker are taken from it, and those a later span of the lane reads again are left
     for it (a span run elsewhere reads them itself). A worker that sees the consumer's folder in shared
     memory stops once it goes (the run was closed: the rest of the span would go unused) and returns the

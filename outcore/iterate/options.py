@@ -192,14 +192,16 @@ class BatchOptions:
             return self
         if self.streams is None and saved % self.world_size == 0:
             return dataclasses.replace(self, streams=saved)
-        how = ("which world_size={w} cannot share" if saved % self.world_size else "not the streams={given} asked for"
-               ).format(w=self.world_size, given=self.streams)
+        if saved % self.world_size:
+            how = f"which world_size={self.world_size} cannot share"
+        else:
+            how = f"not the streams={self.streams} asked for"
+        hint = math.lcm(saved, self.world_size)
         raise OptionError(
             f"the state was saved from an epoch order of {saved} streams, {how}: a resume continues the saved "
-            f"order, on a number of ranks that divides its streams. To resume on other world sizes, pass "
-            f"streams= a multiple of every world size you will run on (e.g. streams={math.lcm(saved, self.world_size)})"
-            " from the first run on (it changes the order), or resume on a world size dividing "
-            f"{saved}"
+            "order, on a number of ranks that divides its streams. To resume on other world sizes, pass streams= "
+            f"a multiple of every world size you will run on (e.g. streams={hint}) from the first run on (it "
+            f"changes the order), or resume on a world size dividing {saved}"
         )
 
     @property
