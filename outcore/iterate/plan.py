@@ -89,8 +89,8 @@ def default_streams(world_size: int) -> int:
     1, 2, 4 or 8. Each rank has ``8 / gcd(8, world_size)`` streams (8 at most, as on one rank), so what a
     rank holds and reads stays within one rank's.
 
-    >>> [default_streams(w) for w in (1, 2, 4, 8, 3, 6, 12, 16, 24, 1024)]
-    [8, 8, 8, 8, 24, 24, 24, 16, 24, 1024]
+    >>> tuple(default_streams(w) for w in (1, 2, 4, 8, 3, 6, 12, 16, 24, 1024))
+    (8, 8, 8, 8, 24, 24, 24, 16, 24, 1024)
     """
     if world_size < 1:
         raise OptionError(f"world_size={world_size} must be at least 1")

@@ -10,10 +10,18 @@ Every other folder (a store every host reads, as over NFS) is shared. Processes 
 commands users type (``dask scheduler``, ``dask worker ADDRESS``, ``torchrun``, ``outcore ingest``);
 `Host.cut` takes a host's link down, as a machine that vanishes without closing its connections.
 
->>> with Hosts(3, tmp_path) as hosts:  # doctest: +SKIP
-...     scheduler = hosts[0].start(["dask", "scheduler", "--host", hosts[0].address])
-...     worker = hosts[1].start(["dask", "worker", f"tcp://{hosts[0].address}:8786"])
-...     hosts[2].run([sys.executable, "train.py"], timeout=120)
+A pytest fixture of three hosts, and a test that trains on host 2 against a cluster on hosts 0 and 1:
+
+>>> @pytest.fixture  # doctest: +SKIP
+... def hosts(tmp_path):
+...     why = unavailable()
+...     if why:
+...         pytest.skip(why)
+...     with Hosts(3, tmp_path / "hosts") as made:
+...         yield made
+>>> scheduler = hosts.start_dask(scheduler=0, workers=[1])  # "tcp://host0:8786"  # doctest: +SKIP
+>>> done = hosts[2].run([sys.executable, "train.py", scheduler], timeout=120)  # doctest: +SKIP
+>>> hosts[1].cut()  # host 1 vanishes  # doctest: +SKIP
 """
 
 from __future__ import annotations
