@@ -238,6 +238,26 @@ def for_each_run(work: Callable[[int, int], None], count: int) -> None:
     wait_all([submit(work, block * count // blocks, (block + 1) * count // blocks) for block in range(blocks)])
 
 
+def on_own_thread(work: Callable[[], Any], name: str) -> Future[Any]:
+    """``work()`` on a daemon thread of its own, named ``name``: its result, or its failure, when it ends. For
+    a call that may block for long (a fetch from a vanished machine, worker processes starting), which must
+    not hold a pool thread, nor the interpreter's exit.
+
+    >>> on_own_thread(lambda: 6 * 7, "example").result()
+    42
+    """
+    done: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(work())
+        except BaseException as error:  # noqa: BLE001 - handed to whoever takes the result
+            done.set_exception(error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done
+
+
 def wait_all(futures: list[Future[Any]]) -> None:
     """Wait for every one of ``futures``, raising the first exception (the others not started yet are
     cancelled then)."""

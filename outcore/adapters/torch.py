@@ -255,8 +255,7 @@ def _start_without_fork(dataloader_options: dict[str, Any]) -> None:
     imports them once, before it forks any (`preload_forkserver`), and the workers persist across epochs
     unless told ``persistent_workers=False`` (their store, client and cache stay open: a warm cache's epoch
     then starts in 0.02-0.03 s, against 2.4 s with new workers each epoch; docs/benchmarks.md)."""
-    context = dataloader_options.setdefault("multiprocessing_context", "forkserver")
-    method = context if isinstance(context, str) else context.get_start_method()
+    method = start_method(dataloader_options.setdefault("multiprocessing_context", "forkserver"))
     if method == "fork":
         raise OptionError(f"multiprocessing_context='fork' with a store in an object store: {FORKED_AFTER_USE}")
     if method == "forkserver":
@@ -276,11 +275,18 @@ def preload_forkserver() -> None:
     forkserver.ensure_running()  # it imports them meanwhile (building a model, say): not at the first batch
 
 
+def start_method(context: Any) -> str:
+    """How DataLoader workers given ``multiprocessing_context=context`` start: its name, the context's, or
+    (None) this process's default."""
+    if isinstance(context, str):
+        return context
+    return context.get_start_method() if context is not None else multiprocessing.get_start_method()
+
+
 def _check_picklable(batches: TorchBatches, collate_fn: Any, context: Any) -> None:
     """Workers started by spawn or forkserver receive the dataset and the collate_fn pickled: say so now, not
     in a worker."""
-    method = context if isinstance(context, str) else (
-        context.get_start_method() if context is not None else multiprocessing.get_start_method())
+    method = start_method(context)
     if method == "fork":
         return
     for what, value in (("the dataset (with its transform)", batches), ("the collate_fn", collate_fn)):

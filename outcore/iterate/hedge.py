@@ -23,8 +23,10 @@ import time
 from collections.abc import Callable, Collection
 from concurrent.futures import FIRST_COMPLETED, wait
 from concurrent.futures import Future as Fetch
+from functools import partial
 from typing import Any
 
+from ..threads import on_own_thread
 from .stats import LoaderStats, SpanClock
 
 HEDGE_SECONDS = 2.0  # a span is never hedged sooner
@@ -91,18 +93,9 @@ class Hedges:
         return again(others), float("inf")
 
     def _fetch(self, copy: Any) -> Fetch:
-        """Take ``copy``'s result on a thread of its own (daemon: a fetch from a vanished worker ends only with
-        Dask's connect timeout, and must not hold up the interpreter's exit)."""
-        fetch: Fetch = Fetch()
-
-        def take() -> None:
-            try:
-                fetch.set_result(self.gather(copy))
-            except BaseException as error:  # noqa: BLE001 - handed to the consumer, who raises it
-                fetch.set_exception(error)
-
-        threading.Thread(target=take, name="outcore-gather", daemon=True).start()
-        return fetch
+        """Take ``copy``'s result on a thread of its own (a fetch from a vanished worker ends only with Dask's
+        connect timeout)."""
+        return on_own_thread(partial(self.gather, copy), "outcore-gather")
 
     def _runner(self, future: Any) -> str | None:
         """The worker holding ``future``'s result, or else running it (None: still queued)."""
