@@ -6,7 +6,7 @@ only after its connect timeout (30 s: the consumer waits that long for a span's 
 holds) or the scheduler's worker TTL (minutes, for the spans it runs). Measured across emulated hosts
 (`outcore.testing.hosts`), a link cut mid-epoch stalled the epoch 30.4 s.
 
-So the consumer waits for a span at most `SpanClock.late` seconds: `HEDGE_FACTOR` times the median time
+So the consumer waits for a span at most `late` seconds: `HEDGE_FACTOR` times the median time
 of the iterator's recent spans from submission to their batches (`HEDGE_SECONDS` at least,
 `FIRST_SECONDS` before any was timed). A span still awaited then, whose worker is known (the one running
 it, or holding its batches), is submitted again to the other workers, and that worker becomes a
