@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import outcore
-from outcore.errors import CorruptChunkError
+from outcore.errors import CorruptChunkError, OptionError
 from outcore.iterate import EpochPlan, max_held
 from outcore.iterate.mixture import epoch_samples_of
 from outcore.testing import corrupt_chunk
@@ -157,11 +157,41 @@ def test_resume_in_a_new_process_is_byte_exact(store, tmp_path):
     assert head + tail == uninterrupted
 
 
-def test_state_from_other_settings_is_refused(store):
-    ds, _ = store
-    state = ds.batches(64, seed=1).state_dict()
-    with pytest.raises(ValueError, match="seed"):
-        ds.batches(64, seed=2).load_state_dict(state)
+SETTINGS_CHANGED = {  # a setting a resume must match -> options that change only it, and what the refusal names
+    "seed": ({"seed": 2}, "seed"),
+    "buffer_chunks": ({"buffer_chunks": 4}, "buffer_chunks"),
+    "shuffle": ({"shuffle": False}, "shuffle"),
+    "drop_last": ({"drop_last": True}, "drop_last"),
+    "streams": ({"streams": 16}, "streams=16"),
+    "indices": ({"indices": range(0, 1000, 2)}, "indices"),
+    "global_batch_size": ({"batch_size": 32}, "global_batch_size"),
+    "num_samples": ({"store": "fewer"}, "num_samples"),
+    "chunk_size": ({"store": "other chunks"}, "chunk_size"),
+}
+
+
+def test_every_setting_of_a_state_is_checked_on_load(ids_store, tmp_path):
+    """For each setting that fixes an epoch's order (every key of `BatchIterator.settings`), a state loaded
+    with that one setting changed is refused, naming it: in batches and in ds.torch's loader."""
+    base = {"seed": 1, "buffer_chunks": 8, "shuffle": True, "drop_last": False}
+    stores = {"fewer": outcore.from_arrays({"id": np.arange(999)}, tmp_path / "fewer.zarr", chunk_size=32,
+                                           progress=False),
+              "other chunks": outcore.from_arrays({"id": np.arange(1000)}, tmp_path / "other.zarr", chunk_size=64,
+                                                  progress=False)}
+    it = ids_store.batches(64, **base)
+    next(iter(it))
+    state = json.loads(json.dumps(it.state_dict()))
+    assert set(SETTINGS_CHANGED) == set(it.settings())  # a new setting needs its case here
+    for change, named in SETTINGS_CHANGED.values():
+        options = {**base, **change}
+        store = stores[options.pop("store")] if "store" in options else ids_store
+        batch_size = options.pop("batch_size", 64)
+        with pytest.raises(OptionError, match=named):
+            store.batches(batch_size, **options).load_state_dict(state)
+        loader = store.torch(batch_size, fields=["id"], **options)
+        loader_state = {**ids_store.torch(64, fields=["id"], **base).state_dict(), "step": 1}
+        with pytest.raises(OptionError, match=named):
+            loader.load_state_dict(loader_state)
 
 
 def test_transform_is_seeded_per_batch(store):

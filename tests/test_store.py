@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import struct
 import warnings
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import outcore
 from outcore.errors import CorruptChunkError, NotAStoreError, UnsafeStoreError
 from outcore.format import Compression, FieldInfo, Layout, StoreAttrs, decode_text, encode_text
 from outcore.storage import RangeZipStore
-from outcore.testing import corrupt_chunk, make_store, replace_chunk, shard_key
+from outcore.testing import chunk_location, corrupt_chunk, make_store, replace_chunk, shard_key
 
 
 @pytest.fixture
@@ -150,6 +151,60 @@ def test_corrupt_chunk_is_named(store):
     ds["images"][32:64].compute()  # the next chunk of the same shard file is intact
     report = outcore.verify(path, progress=False)
     assert not report.ok and len(report.problems) == 1 and "chunk 0" in report.problems[0]
+
+
+def test_damage_in_a_later_shard_names_that_shard_file(store):
+    path, _ = store  # 10 shard files of one chunk each
+    key = shard_key(path, "images", 5)
+    corrupt_chunk(path, "images", 5)
+    ds = outcore.open_dataset(path)
+    with pytest.raises(CorruptChunkError, match=rf"chunk 5 \(samples 160\.\.191, in file {key}\)"):
+        list(ds.batches(32, shuffle=False))
+    report = outcore.verify(path, progress=False)
+    assert not report.ok and len(report.problems) == 1 and key in report.problems[0]
+    assert key == "images/c/5/0/0/0"
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_the_crc32c_check_alone_catches_damage_it_is_the_only_guard_for(tmp_path, compression):
+    """A flipped byte of a chunk's stored checksum (its bytes intact: Blosc decodes them) and, uncompressed,
+    of the chunk's bytes themselves (nothing else looks at them): the crc32c check refuses the chunk."""
+    values = (np.arange(64 * 8, dtype=np.uint8).reshape(64, 8) % 251) + 1
+    location = tmp_path / "c.zarr"
+    outcore.from_arrays({"x": values}, location, chunk_size=16, compression=compression, shuffle_on_write=False,
+                        progress=False)
+    _, _, nbytes = chunk_location(location, "x", 2)
+    for at in [nbytes - 1] + ([3] if compression == "none" else []):
+        corrupt_chunk(location, "x", 2, at=at)
+        reader = outcore.open_dataset(location).chunk_reader("x")
+        with pytest.raises(CorruptChunkError, match=r"chunk 2 .*crc32c checksums differ"):
+            reader.read(2)
+        np.testing.assert_array_equal(reader.read(1), values[16:32])  # its neighbours are intact
+        corrupt_chunk(location, "x", 2, at=at)  # flipped back
+        np.testing.assert_array_equal(outcore.open_dataset(location).chunk_reader("x").read(2), values[32:48])
+
+
+@pytest.mark.parametrize("damage", ["trailing bytes", "an overstated length"])
+def test_a_blosc_frame_that_says_another_length_than_is_stored_is_corruption(tmp_path, damage):
+    """numcodecs decodes a frame with trailing bytes as if it were whole (one whose header overstates its
+    length it refuses, saying only "error -1"): the reader compares the frame's own length (its cbytes) with
+    what is stored, and names the chunk either way."""
+    from numcodecs import blosc
+
+    values = np.repeat(np.arange(1, 9, dtype=np.uint8), 64).reshape(64, 8)  # compresses: room for more bytes
+    location = tmp_path / "b.zarr"
+    outcore.from_arrays({"x": values}, location, chunk_size=16, shuffle_on_write=False, progress=False)
+    frame = bytearray(blosc.compress(values[16:32].tobytes(), b"lz4", 5))
+    if damage == "trailing bytes":
+        stored, said = bytes(frame) + b"trailing", len(frame)
+    else:
+        struct.pack_into("<I", frame, 12, len(frame) + 8)
+        stored, said = bytes(frame), len(frame) + 8
+    if damage == "trailing bytes":  # numcodecs alone takes it for the chunk
+        assert np.frombuffer(blosc.decompress(stored), np.uint8).tobytes() == values[16:32].tobytes()
+    replace_chunk(location, "x", 1, stored)
+    with pytest.raises(CorruptChunkError, match=rf"chunk 1 .*says it has {said} bytes where {len(stored)} are"):
+        outcore.open_dataset(location).chunk_reader("x").read(1)
 
 
 def test_not_a_store_errors(tmp_path):

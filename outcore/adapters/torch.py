@@ -191,13 +191,15 @@ class OutcoreLoader(DataLoader):
         batches = self.dataset
         batches.resolve_rank()
         batches.options = batches.options.resuming(state)
+        state = {"chunk_size": batches.chunk_size, **state}  # a state saved before 0.1.0 does not record it
         check_state(state, self._settings(), "loader")
         self.dataset.resume(state["epoch"], state["step"], state.get("skip", ()))
 
     def _settings(self) -> dict[str, Any]:
         batches = self.dataset
         batches.resolve_rank()
-        return {**batches.options.plan_settings(), "num_samples": batches.store_samples}
+        return {**batches.options.plan_settings(), "num_samples": batches.store_samples,
+                "chunk_size": batches.chunk_size}
 
 
 def loader(store: Store, batch_size: int, *, channels_first: bool = False,

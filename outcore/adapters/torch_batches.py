@@ -109,6 +109,7 @@ class TorchBatches(IterableDataset):
         for name in options.fields or ():
             store.info(name)  # a KeyError naming the fields, here rather than in a worker
         self.location, self.store_samples, self.options = store.location, len(store), options
+        self.chunk_size = store.chunk_size  # with the store's samples, what a resumed order is made of
         self.num_samples = options.num_samples(len(store))  # an epoch's: the store's, or the subset's
         self.opener = store.opener  # each worker opens the store itself, with the settings it was opened with
         self.num_workers, self.channels_first = num_workers, channels_first
