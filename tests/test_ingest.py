@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
+from rules import write_order
 
 import outcore
 from outcore.cli import describe, main
 from outcore.errors import ImageError, OutcoreWarning, SourceError, StoreExistsError
-from outcore.seeds import Domain, generator
 from outcore.testing import write_image_folder
 
 
@@ -32,7 +32,7 @@ def test_folder_round_trip_with_shuffle_on_write(image_folder, tmp_path):
     assert ds.fields == ("images", "labels", "path", "source_index", "file_stat", "file_digest")
     images, labels = ds["images"].compute(), ds["labels"].compute()
     paths, source_index = ds["path"].compute(), ds["source_index"].compute()
-    np.testing.assert_array_equal(source_index, generator(Domain.WRITE_ORDER, 0).permutation(20))
+    np.testing.assert_array_equal(source_index, write_order(20, 0))  # the documented rule
     assert list(paths) == [files[i] for i in source_index]
     for i, name in enumerate(paths):
         np.testing.assert_array_equal(images[i], _expected_rgb(image_folder / name), err_msg=name)

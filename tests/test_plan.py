@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rules import BUFFER_SHUFFLE, WINDOW_ORDER, chunk_permutation, seeded
 
 from outcore.errors import OptionError
 from outcore.iterate import BatchOptions
-from outcore.iterate.plan import Consumer, EpochPlan, EpochSteps, chunk_order, default_streams
+from outcore.iterate.plan import Consumer, EpochPlan, EpochSteps, default_streams
 from outcore.iterate.schedule import max_held
-from outcore.seeds import Domain, generator
 
 layouts = st.tuples(st.integers(0, 3000), st.integers(1, 300)).filter(lambda t: t[0] < 60 * t[1])
 
@@ -72,7 +72,7 @@ def test_global_steps_are_the_same_on_1_2_4_and_8_ranks(layout, batch, buffer_ch
         assert len(every) == steps * global_batch and len(np.unique(every)) == len(every)
     else:
         assert np.array_equal(np.sort(every), np.arange(num_samples))  # every sample exactly once
-    stream_start = chunk_order(-(-num_samples // chunk_size), shuffle=shuffle, seed=seed, epoch=epoch)
+    stream_start = chunk_permutation(-(-num_samples // chunk_size), shuffle=shuffle, seed=seed, epoch=epoch)
     for world_size in (2, 4, 8):
         plans = _rank_plans(num_samples, chunk_size, global_batch, world_size, **options)
         by_step = _global_steps(plans)
@@ -292,7 +292,7 @@ def reference_rank(num_samples, chunk_size, *, batch_size, shuffle, seed, epoch,
     """The order rule written plainly, one sample at a time (O(samples)): the chunk order, the streams'
     spans, each cut into slots whose samples are dealt to windows by the documented draws, every window
     emitted in its permuted order; then the rank's streams' pieces, step after step, and the repeat."""
-    order = chunk_order(-(-num_samples // chunk_size), shuffle=shuffle, seed=seed, epoch=epoch).tolist()
+    order = chunk_permutation(-(-num_samples // chunk_size), shuffle=shuffle, seed=seed, epoch=epoch)
     stream = [c * chunk_size + i for c in order for i in range(min(chunk_size, num_samples - c * chunk_size))]
     global_batch, streams = batch_size * world_size, streams if shuffle else world_size
     steps = num_samples // global_batch if drop_last else -(-num_samples // global_batch)
@@ -317,16 +317,16 @@ def reference_rank(num_samples, chunk_size, *, batch_size, shuffle, seed, epoch,
             emitted.append([sample for slot in slots for sample in slot])
             continue
         key = (seed, epoch, s, streams)
-        deals = generator(Domain.BUFFER_SHUFFLE, *key).multinomial([len(x) for x in slots], [1 / window] * window) \
+        deals = seeded(BUFFER_SHUFFLE, *key).multinomial([len(x) for x in slots], [1 / window] * window) \
             if slots else []
         windows = [[] for _ in range(len(slots) + window)]
         for j, slot in enumerate(slots):
-            dealt = [slot[i] for i in generator(Domain.BUFFER_SHUFFLE, *key, j).permutation(len(slot))]
+            dealt = [slot[i] for i in seeded(BUFFER_SHUFFLE, *key, j).permutation(len(slot))]
             for d, count in enumerate(deals[j]):
                 windows[j + d] += dealt[:count]
                 dealt = dealt[count:]
         emitted.append([w[i] for v, w in enumerate(windows)
-                        for i in generator(Domain.WINDOW_ORDER, *key, v).permutation(len(w))])
+                        for i in seeded(WINDOW_ORDER, *key, v).permutation(len(w))])
     own = range(rank * streams // world_size, (rank + 1) * streams // world_size)
     out = []
     for k in range(steps):
