@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rules import TRANSFORM, chunk_permutation, seeded, write_order
+from rules import MIXTURE, TRANSFORM, chunk_permutation, seeded, write_order
 
 import outcore
 from outcore.iterate import BatchOptions
+from outcore.iterate.mixture import epoch_samples_of
 from outcore.iterate.plan import chunk_order
 from outcore.transforms import RandomFlip, RandomResizedCrop
 
@@ -67,3 +68,27 @@ def test_a_transforms_draws_are_pinned(tmp_path):
     batch = next(iter(ds.batches(8, shuffle=False, transform=RandomFlip())))
     mirrored = [int(not np.array_equal(batch["images"][i], pictures[batch["id"][i]])) for i in range(8)]
     assert mirrored == [1, 0, 0, 1, 0, 1, 1, 0]
+
+
+def test_a_mixtures_draws_are_pinned_and_follow_the_documented_rule(tmp_path):
+    """A source asked for 13 samples of its 10 gives each once and 3 drawn without replacement from the
+    generator of (seed, epoch, source); each source reads with a seed of its own drawn from (seed, source)."""
+    assert epoch_samples_of(10, 13, 0, 0, 0).tolist() == [0, 1, 2, 3, 3, 4, 5, 6, 6, 7, 7, 8, 9]
+    assert epoch_samples_of(10, 13, 0, 1, 1).tolist() == [0, 1, 2, 2, 3, 3, 4, 5, 5, 6, 7, 8, 9]
+    drawn = seeded(MIXTURE, 0, 1, 1).choice(10, 3, replace=False)
+    assert sorted(np.concatenate([np.arange(10), drawn]).tolist()) == epoch_samples_of(10, 13, 0, 1, 1).tolist()
+    a = outcore.from_arrays({"id": np.arange(40), "labels": np.arange(40) % 4}, tmp_path / "a.zarr", chunk_size=8,
+                            shuffle_on_write=False, progress=False)
+    b = outcore.from_arrays({"id": 100 + np.arange(12), "labels": np.arange(12) % 4}, tmp_path / "b.zarr",
+                            chunk_size=4, shuffle_on_write=False, progress=False)
+    mixture = outcore.mix({"a": a, "b": b}, weights={"a": 0.75, "b": 0.25})
+    assert next(iter(mixture.batches(8, seed=3, fields=["id"])))["id"].tolist() == [34, 38, 31, 21, 14, 5, 111, 106]
+
+
+def test_the_shuffle_quality_reference_is_pinned(tmp_path):
+    """The full random permutation `shuffle_quality` compares with is drawn from (seed, epoch) in a domain
+    of its own: its score on this store is pinned."""
+    ds = outcore.from_arrays({"id": np.arange(40), "labels": np.arange(40) % 4}, tmp_path / "q.zarr", chunk_size=8,
+                             shuffle_on_write=False, progress=False)
+    quality = outcore.shuffle_quality(ds, batch_size=8, buffer_chunks=2)
+    assert (round(quality.outcore, 4), round(quality.random, 4), quality.batches) == (0.325, 0.225, 5)
