@@ -5,23 +5,29 @@
 For each module below, every place where one small change makes another program (a comparison or
 arithmetic operator swapped, a number off by one, ``and``/``or`` swapped, a ``not`` dropped, ``True``/
 ``False`` swapped) is a mutant; ``--per-module`` of them, drawn with ``--seed``, are applied one at a time
-(in place, the file restored after each) and the module's tests run (``-x``: the first failure kills the
-mutant). A mutant the tests do not kill **survives**. Prints a table per module and each survivor, to be
-read: a survivor is either a missing test or a change that makes no difference (an equivalent mutant),
-and which it is must be said.
+and the module's tests run (``-x``: the first failure kills the mutant). A mutant the tests do not kill
+**survives**. Prints a table per module and each survivor, to be read: a survivor is either a missing test
+or a change that makes no difference (an equivalent mutant), and which it is must be said.
 
-Refuses to run when the modules have uncommitted changes (it restores them from what it read).
+Mutants are made in a scratch copy of the working tree (its files, as CI copies them, and the C extension
+built here), imported from there (``PYTHONPATH``) and deleted at the end: the working tree is never
+written, so a run that is killed leaves nothing behind. The unmutated tests must pass in the copy first.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tokenize
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,14 +85,31 @@ def _compiles(source: str) -> bool:
     return True
 
 
-def killed(tests: list[str], timeout: float) -> bool:
-    """Whether the tests fail (or do not finish) on the mutated code."""
+@contextmanager
+def scratch_copy() -> Iterator[Path]:
+    """The working tree's files (tracked, and untracked but not ignored) and built extensions, in a new folder."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    built = [str(path.relative_to(ROOT)) for path in (ROOT / "outcore").rglob("*.so")]
+    with tempfile.TemporaryDirectory(prefix="outcore-mutants.") as folder:
+        for name in [*(n.decode() for n in listed if n), *built]:
+            target = Path(folder, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if (ROOT / name).is_file():
+                shutil.copy2(ROOT / name, target)
+        yield Path(folder)
+
+
+def passes(copy: Path, tests: list[str], timeout: float) -> bool:
+    """Whether the tests pass (in time) on the copy's code, imported from the copy, in this process and in
+    every process the tests start."""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(copy), os.environ.get("PYTHONPATH")]))}
     try:
         done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                              cwd=ROOT, capture_output=True, timeout=timeout, check=False)
+                              cwd=copy, env=environment, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return True
-    return done.returncode != 0
+        return False
+    return done.returncode == 0
 
 
 def main() -> None:
@@ -97,36 +120,18 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a test run may take (then: killed)")
     parser.add_argument("--list", action="store_true", help="only list the mutants drawn")
     args = parser.parse_args()
-    names = args.modules.split(",")
-    changed = subprocess.run(["git", "diff", "--quiet", "--", *(MODULES[n][0] for n in names)], cwd=ROOT, check=False)
-    if changed.returncode and not args.list:
-        raise SystemExit("commit or stash the changes of the modules first: each mutant is applied in place")
-    rows = []
-    for name in names:
-        path, tests = MODULES[name]
-        file = ROOT / path
-        source = file.read_text()
-        every = mutants(source)
-        drawn = sorted(random.Random(f"{args.seed}-{name}").sample(every, min(args.per_module, len(every))),
-                       key=lambda m: (m.line, m.column))
-        survivors = []
-        began = time.monotonic()
-        for mutant in drawn:
-            if args.list:
-                print(f"{path} {mutant}")
-                continue
-            try:
-                file.write_text(mutant.apply(source))
-                doctests = f"tests/test_examples.py::test_docstring_examples[{_module(path)}]"
-                if not killed([*tests, doctests], args.timeout):
-                    survivors.append(mutant)
-            finally:
-                file.write_text(source)
-            print(f"{path} {mutant}: {'SURVIVED' if survivors and survivors[-1] is mutant else 'killed'}",
-                  flush=True)
-        rows.append((path, len(every), len(drawn), survivors, time.monotonic() - began))
+    drawn = {}
+    for name in args.modules.split(","):
+        path, _ = MODULES[name]
+        every = mutants((ROOT / path).read_text())
+        drawn[name] = (len(every), sorted(random.Random(f"{args.seed}-{name}").sample(every, min(args.per_module, len(every))),
+                                          key=lambda m: (m.line, m.column)))
     if args.list:
+        for name, (_, chosen) in drawn.items():
+            print("\n".join(f"{MODULES[name][0]} {mutant}" for mutant in chosen))
         return
+    with scratch_copy() as copy:
+        rows = [run_module(copy, name, every, chosen, args.timeout) for name, (every, chosen) in drawn.items()]
     print("\n| module | mutants in it | drawn | killed | survived | minutes |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for path, every, drawn, survivors, seconds in rows:
@@ -136,6 +141,24 @@ def main() -> None:
     for path, _, _, survivors, _ in rows:
         for mutant in survivors:
             print(f"  {path} {mutant}: {(ROOT / path).read_text().splitlines()[mutant.line - 1].strip()}")
+
+
+def run_module(copy: Path, name: str, every: int, chosen: list[Mutant], timeout: float) -> tuple:
+    """Each mutant of one module applied in the copy in turn, and its tests run; the module restored after."""
+    path, tests = MODULES[name]
+    tests = [*tests, f"tests/test_examples.py::test_docstring_examples[{_module(path)}]"]
+    file, source = copy / path, (copy / path).read_text()
+    began = time.monotonic()
+    if not passes(copy, tests, timeout):
+        raise SystemExit(f"{path}: its tests fail without a mutant: {' '.join(tests)}")
+    survivors = []
+    for mutant in chosen:
+        file.write_text(mutant.apply(source))
+        survived = passes(copy, tests, timeout)
+        survivors += [mutant] if survived else []
+        print(f"{path} {mutant}: {'SURVIVED' if survived else 'killed'}", flush=True)
+    file.write_text(source)
+    return path, every, len(chosen), survivors, time.monotonic() - began
 
 
 def _module(path: str) -> str:

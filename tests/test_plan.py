@@ -14,6 +14,7 @@ from rules import BUFFER_SHUFFLE, WINDOW_ORDER, chunk_permutation, seeded
 
 from outcore.errors import OptionError
 from outcore.iterate import BatchOptions
+from outcore.iterate.options import Subset
 from outcore.iterate.plan import Consumer, EpochPlan, EpochSteps, default_streams
 from outcore.iterate.schedule import max_held
 
@@ -192,8 +193,40 @@ def test_loader_workers_parts_make_the_ranks_batches_and_read_its_chunks_once(la
         assert [plan.placement(k) for plan in split] == [(sum(sizes[:w]), len(rank.step(k)[0])) for w in range(parts)]
     assert sum(len(plan.chunks) for plan in split) == len(rank.chunks)
     assert sorted(np.concatenate([plan.chunks for plan in split]).tolist()) == sorted(rank.chunks.tolist())
+    for plan in split:  # the quick answer for a range of steps is the one of looking at every step
+        assert list(plan.with_samples(range(rank.steps))) == [k for k in range(rank.steps) if plan.pieces(k)]
+        if buffer_chunks == 0:
+            _assert_slots_numbered_by_first_step(plan)
     with pytest.raises(OptionError, match="at most"):
         EpochPlan(num_samples, chunk_size, part=(0, 8 // world_size + 1), **options)
+
+
+def _assert_slots_numbered_by_first_step(plan):
+    """A plan's slots are numbered 0, 1, ... in the order of the step each is first needed at (the order its
+    chunks are read ahead in): without a shuffle buffer a slot is needed when its first sample is taken, so a
+    slot first taken at a later step never has a smaller number."""
+    first_step = {}
+    for k in range(plan.steps):
+        for slot in plan.step(k)[1].tolist():
+            first_step.setdefault(slot, k)
+    assert sorted(first_step) == list(range(len(plan.chunks)))
+    steps = [first_step[slot] for slot in range(len(plan.chunks))]
+    assert steps == sorted(steps)
+
+
+def test_the_steps_with_samples_of_a_two_step_plan_are_both():
+    plan = EpochPlan(8, 2, batch_size=4, streams=2, part=(0, 1))
+    assert list(plan.with_samples(range(2))) == [0, 1]
+
+
+def test_a_subset_is_its_set_of_samples_and_an_index_outside_the_store_is_named():
+    assert Subset([5, 1, 3]) == Subset([1, 3, 5]) and hash(Subset([5, 1, 3])) == hash(Subset([1, 3, 5]))
+    assert Subset([1, 3, 5]) != Subset([1, 3, 6]) and Subset([1, 3]) != [1, 3]
+    assert BatchOptions(2, indices=[4, 0]) == BatchOptions(2, indices=[0, 4])
+    Subset([0, 2, 9]).check(10)
+    for indices, bad in (([0, 1, 2, 10], 10), ([-1, 3, 4], -1), ([3, 12, 4], 12)):
+        with pytest.raises(OptionError, match=rf"indices= holds sample {bad}, outside the store's 10 samples"):
+            Subset(indices).check(10)
 
 
 @settings(max_examples=150, deadline=None)
