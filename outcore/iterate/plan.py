@@ -123,7 +123,7 @@ def chunk_order(num_chunks: int, *, shuffle: bool, seed: int, epoch: int) -> np.
     return generator(Domain.CHUNK_ORDER, seed, epoch).permutation(num_chunks).astype(np.int64)
 
 
-def next_use(num_chunks: int, *, shuffle: bool, seed: int, epoch: int, consumers: int = 2) -> np.ndarray:
+def next_use(num_chunks: int, *, shuffle: bool, seed: int, epoch: int, consumers: int = 1) -> np.ndarray:
     """When each chunk is read again, in epochs: ``epoch + 1`` plus how far into its stream of the next
     epoch it comes (the ``consumers`` streams are read side by side). A cache smaller than the store
     keeps the chunks read soonest (`outcore.storage.ChunkCache.expect`).
