@@ -5,12 +5,14 @@
 Builds (once, kept in ``--workdir``) a store of ``--samples`` photo crops (128x128x3 uint8, 2.2 GB
 decoded) with random labels, the same pictures in an HDF5 file (raw, and gzip-compressed) and as a
 JPEG folder, then
-measures with batch 256 on a warm cache (medians of ``--repeats``):
+measures with batch 256 on a warm cache (medians of ``--repeats`` rounds that take every row in turn;
+each row's rate is its samples over the time from its call to its last batch, start-up included):
 
-- plain zarr sequential read, one chunk per call; outcore's shuffled epoch; the decompression ceiling;
+- plain zarr sequential read, one chunk per call; outcore's shuffled epoch; the decompression ceiling
+  (on as many threads as outcore reads with);
 - dask fancy indexing of a random permutation per batch; h5py per-sample random reads in a torch
-  DataLoader (2 workers); a torch ImageFolder-style JPEG DataLoader (2 workers): these three on a
-  limited number of batches, being slow;
+  DataLoader (one worker per core); a torch ImageFolder-style JPEG DataLoader (one worker per core):
+  these on a limited number of batches, being slow;
 - peak RSS of a fresh process iterating one epoch, for this store and one 4x larger;
 - shuffle quality on label stores of the same layout: shuffled on write, and class-sorted, for
   several ``buffer_chunks``.
@@ -19,20 +21,21 @@ measures with batch 256 on a warm cache (medians of ``--repeats``):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dask.array as da
 import numpy as np
-from common import JpegFolder
+from common import JpegFolder, interleaved
 
 import outcore
-from outcore.cli.bench import compare
+from outcore.cli.bench import decompress_all, sequential_zarr, shuffled_epoch
 from outcore.imaging.synthetic import photo_crops
+from outcore.threads import available_cpus, thread_count
 
 BATCH = 256
 CLASSES = 10
@@ -83,16 +86,12 @@ def build_h5_and_jpegs(ds: outcore.Dataset, workdir: Path) -> tuple[Path, Path]:
     return h5, jpegs
 
 
-def timed_batches(iterator, count: int, size_of) -> float:
-    iterator = iter(iterator)
-    size_of(next(iterator))  # the first batch pays for start-up
-    began, samples = time.perf_counter(), 0
-    for _ in range(count):
-        samples += size_of(next(iterator))
-    return samples / (time.perf_counter() - began)
+def first_batches(iterator, count: int) -> int:
+    """Samples in the first ``count`` batches of ``(images, labels)`` batches."""
+    return sum(len(batch[1]) for batch in itertools.islice(iterator, count))
 
 
-def dask_fancy_indexing(ds: outcore.Dataset, count: int) -> float:
+def dask_fancy_indexing(ds: outcore.Dataset, count: int) -> int:
     images, labels = da.from_zarr(ds.array("images")), da.from_zarr(ds.array("labels"))
     order = np.random.default_rng(0).permutation(len(ds))
 
@@ -101,15 +100,16 @@ def dask_fancy_indexing(ds: outcore.Dataset, count: int) -> float:
             index = order[start : start + BATCH]
             yield da.compute(images[index], labels[index])
 
-    return timed_batches(batches(), count, lambda b: len(b[1]))
+    return first_batches(batches(), count)
 
 
-def torch_loader_rate(dataset, count: int) -> float:
+def torch_loader(dataset, count: int) -> int:
+    """Samples of the first ``count`` shuffled batches of a DataLoader with a worker per core."""
     import torch
 
-    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=2,
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=available_cpus(),
                                          generator=torch.Generator().manual_seed(0))
-    return timed_batches(loader, count, lambda b: len(b[1]))
+    return first_batches(loader, count)
 
 
 class H5Samples:
@@ -174,15 +174,20 @@ def main() -> None:
     ds = outcore.open_dataset(build(workdir, args.samples, args.size))
     h5, jpegs = build_h5_and_jpegs(ds, workdir)
 
-    rows = compare(ds, ["images", "labels"], BATCH, args.repeats)
-    rows.append(("dask fancy indexing, random permutation per batch", dask_fancy_indexing(ds, 8)))
-    rows.append(("h5py per-sample reads, torch DataLoader, 2 workers", torch_loader_rate(H5Samples(h5), 20)))
-    rows.append(("  the same, gzip-compressed HDF5, chunks of 8 samples",
-                 torch_loader_rate(H5Samples(h5, "images_gzip"), 4)))
-    rows.append(("JPEG folder, torch DataLoader, 2 workers", torch_loader_rate(JpegFolder(jpegs), 30)))
+    fields, cores = ["images", "labels"], available_cpus()
+    sequential_zarr(ds, fields)  # the page cache warmed: every row reads from memory
+    rows = list(interleaved({
+        "plain zarr, sequential, one chunk per call": lambda: sequential_zarr(ds, fields),
+        f"outcore ds.batches({BATCH}), shuffled, defaults": lambda: shuffled_epoch(ds, fields, BATCH),
+        f"decompression ceiling (every chunk, {thread_count()} threads)": lambda: decompress_all(ds, fields),
+        "dask fancy indexing, random permutation per batch": lambda: dask_fancy_indexing(ds, 8),
+        f"h5py per-sample reads, torch DataLoader, {cores} workers": lambda: torch_loader(H5Samples(h5), 20),
+        "  the same, gzip-compressed HDF5, chunks of 8 samples": lambda: torch_loader(H5Samples(h5, "images_gzip"), 4),
+        f"JPEG folder, torch DataLoader, {cores} workers": lambda: torch_loader(JpegFolder(jpegs), 30),
+    }, args.repeats).items())
     decoded = ds["images"].nbytes / 1e9
     print(f"\n{len(ds):,} samples of {args.size}x{args.size}x3 uint8 ({decoded:.2f} GB decoded), batch {BATCH}, "
-          f"2 cores, warm cache; medians of {args.repeats} runs for the first three rows\n")
+          f"{cores} cores, warm cache; medians of {args.repeats} rounds, each row in turn\n")
     outcore_rate = rows[1][1]
     print(f"{'what':56s} {'samples/s':>10s} {'vs plain zarr':>14s} {'outcore is':>11s}")
     for name, rate in rows:

@@ -15,6 +15,7 @@ from outcore.cli import describe, main
 from outcore.cli.bench import compare
 from outcore.errors import SampleDecodeError, SourceError
 from outcore.testing import write_image_folder
+from outcore.threads import set_threads
 
 SHAPE = (32, 32, 3)
 AUGMENT = transforms.Compose([transforms.RandomCrop((24, 24)), transforms.RandomFlip(), transforms.BrightnessContrast()])
@@ -143,10 +144,15 @@ def test_cli_ingests_encoded(image_folder, tmp_path, capsys):
     assert main(["verify", str(store), "--no-progress"]) == 0
 
 
-def test_bench_reads_encoded_fields_as_images(stores):
+def test_bench_reads_encoded_fields_as_images_and_its_ceiling_uses_outcore_s_threads(stores):
     _, encoded = stores
-    rates = dict(compare(encoded, ["images", "labels"], batch_size=8, repeats=1))
+    set_threads(3)
+    try:
+        rates = dict(compare(encoded, ["images", "labels"], batch_size=8, repeats=2))
+    finally:
+        set_threads(None)
     assert len(rates) == 3 and all(rate > 0 for rate in rates.values())
+    assert "decompression ceiling (every chunk, 3 threads)" in rates
 
 
 def test_encoded_store_reads_by_fsspec_url(stores):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ from ..format import ranges_name
 from ..iterate.transforms import Compose, RandomFlip, RandomResizedCrop
 from ..storage import read_files
 from ..storage.report import field_reports, total
+from ..threads import thread_count
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,13 @@ def _decode_with_pillow(ds: Dataset, name: str, start: int) -> None:
             image.load()
 
 
-def decompress_all(ds: Dataset, fields: Sequence[str], threads: int = 2) -> int:
-    """The ceiling: decompress (and decode) every chunk into memory on ``threads`` threads, in storage
-    order, with outcore's chunk readers and no shuffling, batching or copying."""
+def decompress_all(ds: Dataset, fields: Sequence[str], threads: int | None = None) -> int:
+    """The ceiling: decompress (and decode) every chunk into memory on ``threads`` threads (default: as many
+    as outcore reads with, `outcore.threads.thread_count`), in storage order, with outcore's chunk readers
+    and no shuffling, batching or copying."""
     readers = [ds.chunk_reader(name) for name in fields]
     jobs = [(reader, chunk) for chunk in range(ds.num_chunks) for reader in readers]
-    with ThreadPoolExecutor(threads) as pool:
+    with ThreadPoolExecutor(threads or thread_count()) as pool:
         for _ in pool.map(lambda job: job[0].read(job[1]), jobs):
             pass
     return len(ds)
@@ -97,7 +100,9 @@ def epoch_traffic(ds: Dataset, batch_size: int = 256) -> str:
 
 def compare(ds: Dataset, fields: Sequence[str] | None = None, batch_size: int = 256,
             repeats: int = 3, crop: int = 224) -> list[tuple[str, float]]:
-    """Median samples/s of plain sequential zarr, outcore's shuffled epoch and the decompression ceiling.
+    """Median samples/s of plain sequential zarr, outcore's shuffled epoch and the decompression ceiling
+    (on as many threads as outcore reads with), timed in turns: ``repeats`` rounds of each, so that a
+    machine busy for a while slows all three alike.
 
     A first sequential pass warms the page cache, so all three read from memory-cached files. A field
     of pictures at their own size is read as training reads it: ``RandomResizedCrop(crop)`` and a flip,
@@ -113,10 +118,10 @@ def compare(ds: Dataset, fields: Sequence[str] | None = None, batch_size: int = 
     cases = {
         "plain zarr, sequential, one chunk per call": lambda: sequential_zarr(ds, fields),
         epoch: lambda: shuffled_epoch(ds, fields, batch_size, transform=transform),
-        "decompression ceiling (every chunk, 2 threads)": lambda: decompress_all(ds, fields),
+        f"decompression ceiling (every chunk, {thread_count()} threads)": lambda: decompress_all(ds, fields),
     }
-    results = []
-    for name, work in cases.items():
-        rates = sorted(measure(name, work).rate for _ in range(repeats))
-        results.append((name, rates[len(rates) // 2]))
-    return results
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, work in cases.items():
+            rates[name].append(measure(name, work).rate)
+    return [(name, statistics.median(measured)) for name, measured in rates.items()]
