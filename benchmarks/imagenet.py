@@ -7,13 +7,18 @@ horizontal flip (train), or resized to 256 and centre-cropped to 224 (validation
 Writes (once, kept in ``--workdir``) an ImageNet-like folder: ``--images`` JPEGs in 6 class folders,
 crops of the photographs scikit-image and scikit-learn ship, short side 300-500 px, aspect 3:4 to 16:9
 (a quarter of them portrait), quality 85-95. Then measures one shuffled epoch of each loader, each in a
-fresh process, and prints images/s, the ratio to the DCT-scaled decode ceiling, the loader process's
-peak RSS and whether the epoch held every image exactly once:
+fresh process, and prints images/s, the ratio to the row's own ceiling (named in the row), the loader
+process's peak RSS and whether the epoch held every image exactly once (checked from the indices it
+delivered; "-" where a loader cannot say which images it delivered):
 
-- the ceilings: a tight loop on every core (no loader, no batching) that decodes each file with
-  libjpeg-turbo, crops the box and resizes it to 224 (Pillow): at full size, and at the smallest DCT scale
-  of 1/8, 1/4, 1/2 and 1 that keeps the box at least 224 (the ratios are to this one); and, where outcore's
-  C extension is built, the same loop decoding only the box's rows and columns (what the fused path does);
+- the ceilings: a tight loop on every core this process may use (one process per core, no loader, no
+  batching) that reads each file, decodes it with libjpeg-turbo, cuts the box and resizes it to 224, the
+  way a loader row does: at full size (Pillow resize: the Pillow DataLoader's ceiling), at the smallest
+  DCT scale of 1/8, 1/4, 1/2 and 1 that keeps the box at least 224 (Pillow resize: the ceiling of outcore
+  without its C extension and of Pillow's ``draft()``), and, where outcore's C extension is built,
+  decoding only the box's rows and columns (the ceiling of outcore's fused path and of DALI's
+  ``image_random_crop``), over the folder's files and over each encoded store's files; for validation the
+  same loops cut the central box of ``Resize(256)`` + ``CenterCrop(224)``;
 - outcore, the ImageNet way: an encoded store of the files as they are (``shape=None``: each picture at
   its own size), read with ``Compose([RandomResizedCrop(224), RandomFlip()])``: the box is drawn from
   each picture's stored size and cut while decoding (DCT-scaled; only the box's rows and columns with the
@@ -23,12 +28,12 @@ peak RSS and whether the epoch held every image exactly once:
 - outcore with one size chosen at ingest: an encoded store decoded at 256x256 (resize "crop": short side
   256, centre), and a pixel store at 256x256, then the same transform on the 256 picture (not the same
   augmentation: the box is drawn from the 256 picture, not from the original);
-- a torchvision-ImageFolder-style DataLoader (Pillow; 2 workers), the box drawn from the original as
-  torchvision draws it; the same with Pillow's ``draft()`` (JPEG DCT scaling in Pillow).
+- a torchvision-ImageFolder-style DataLoader (Pillow; a worker per core), the box drawn from the original
+  as torchvision draws it; the same with Pillow's ``draft()`` (JPEG DCT scaling in Pillow).
 
 - NVIDIA DALI's CPU pipeline when it is installed (``pip install nvidia-dali-cuda120``): its file
   reader (a shuffle buffer of 1,024, not a full shuffle), ``decoders.image_random_crop`` (decodes the
-  crop's region), resize, flip; 2 threads.
+  crop's region), resize, flip; a thread per core.
 
 Validation: the stores of pictures at their own size with ``CenterCrop(224, resize=256)`` (torchvision's
 ``Resize(256)`` + ``CenterCrop(224)`` as one resize of the central box, cut while decoding), the 256x256
@@ -59,6 +64,7 @@ from outcore.imaging import center_crop_box, native, random_resized_crop_box
 from outcore.imaging.decode import dct_scale
 from outcore.imaging.synthetic import SAMPLE_PHOTOS, sample_photo
 from outcore.storage import read_files
+from outcore.threads import available_cpus
 from outcore.transforms import CenterCrop, Compose, RandomFlip, RandomResizedCrop
 
 BATCH, SIZE, SCALE, RATIO = 256, 224, (0.08, 1.0), (3 / 4, 4 / 3)
@@ -68,19 +74,42 @@ STORES = {"own": {"shape": None, "images": "encoded"},
           "encoded-256": {"shape": (256, 256, 3), "images": "encoded"},
           "pixels-256": {"shape": (256, 256, 3), "images": "pixels"}}
 FALLBACK = f"{native.ENVIRONMENT}=0"  # a loader measured with this in its name runs without the C extension
-TRAIN_LOADERS = ("ceiling: full decode + crop + resize, every core", "ceiling: DCT-scaled decode + crop + resize",
-                 f"ceiling: DCT-scaled, the max_side={MAX_SIDE} files",
-                 "ceiling: cropped decode + resize (C extension)",
-                 "outcore encoded, own sizes, RRC fused + flip", f"outcore encoded, own sizes, RRC fused + flip, {FALLBACK}",
-                 f"outcore encoded, max_side={MAX_SIDE}, RRC fused + flip",
-                 "outcore encoded store @256 + RRC + flip", "outcore pixel store @256 + RRC + flip",
-                 "Pillow DataLoader, 2 workers, RRC + flip", "Pillow DataLoader + draft(), 2 workers, RRC + flip")
-VAL_LOADERS = ("outcore encoded, own sizes, CenterCrop(224, resize=256) fused",
-               f"outcore encoded, own sizes, CenterCrop(224, resize=256) fused, {FALLBACK}",
-               f"outcore encoded, max_side={MAX_SIDE}, CenterCrop(224, resize=256) fused",
-               "outcore encoded store @256 + CenterCrop", "outcore pixel store @256 + CenterCrop",
-               "Pillow DataLoader, 2 workers, Resize(256) + CenterCrop")
-DALI_TRAIN, DALI_VAL = "DALI CPU pipeline, 2 threads, RRC + flip", "DALI CPU pipeline, 2 threads, Resize(256) + CenterCrop"
+CORES = available_cpus()
+HOW = {"full": "full decode + crop + resize", "scaled": "DCT-scaled decode + crop + resize",
+       "cropped": "cropped decode + resize (C extension)"}
+SOURCES = {"files": "the files", f"own-{MAX_SIDE}": f"the max_side={MAX_SIDE} files", "encoded-256": "the @256 files"}
+
+
+def ceiling_name(source: str, how: str, train: bool) -> str:
+    """The row of the ceiling: ``how`` (`HOW`) over ``source``'s files (`SOURCES`), train or validation box."""
+    return f"ceiling{'' if train else ' (validation box)'}: {HOW[how]}, {SOURCES[source]}, {CORES} processes"
+
+
+# each loader: (source, how) of its own ceiling (the tight loop doing its work on its files), or None
+BEST = "cropped" if native.extension is not None else "scaled"
+PILLOW_TRAIN = f"Pillow DataLoader, {CORES} workers, RRC + flip"
+PILLOW_VAL = f"Pillow DataLoader, {CORES} workers, Resize(256) + CenterCrop"
+TRAIN_LOADERS = {
+    "outcore encoded, own sizes, RRC fused + flip": ("files", BEST),
+    f"outcore encoded, own sizes, RRC fused + flip, {FALLBACK}": ("files", "scaled"),
+    f"outcore encoded, max_side={MAX_SIDE}, RRC fused + flip": (f"own-{MAX_SIDE}", BEST),
+    "outcore encoded store @256 + RRC + flip": ("encoded-256", BEST),
+    "outcore pixel store @256 + RRC + flip": None,
+    PILLOW_TRAIN: ("files", "full"),
+    f"Pillow DataLoader + draft(), {CORES} workers, RRC + flip": ("files", "scaled"),
+}
+VAL_LOADERS = {
+    "outcore encoded, own sizes, CenterCrop(224, resize=256) fused": ("files", BEST),
+    f"outcore encoded, own sizes, CenterCrop(224, resize=256) fused, {FALLBACK}": ("files", "scaled"),
+    f"outcore encoded, max_side={MAX_SIDE}, CenterCrop(224, resize=256) fused": (f"own-{MAX_SIDE}", BEST),
+    "outcore encoded store @256 + CenterCrop": ("encoded-256", BEST),
+    "outcore pixel store @256 + CenterCrop": None,
+    PILLOW_VAL: ("files", "full"),
+}
+DALI_TRAIN = f"DALI CPU pipeline, {CORES} threads, RRC + flip"
+DALI_VAL = f"DALI CPU pipeline, {CORES} threads, Resize(256) + CenterCrop"
+DALI_CEILINGS = {DALI_TRAIN: ("files", "cropped"),  # image_random_crop decodes the crop's region
+                 DALI_VAL: ("files", "full")}  # its validation decodes whole pictures
 
 
 # -- the data ------------------------------------------------------------------------------------------
@@ -90,15 +119,15 @@ def write_folder(root: Path, images: int) -> list[Path]:
     if len(files) == images:
         return files
     print(f"writing {images} ImageNet-like JPEGs to {root} …", flush=True)
-    with ProcessPoolExecutor(os.cpu_count()) as pool:
-        list(pool.map(_write_part, [(root, part, images) for part in range(os.cpu_count() or 1)]))
+    with ProcessPoolExecutor(CORES) as pool:
+        list(pool.map(_write_part, [(root, part, images) for part in range(CORES)]))
     return sorted(root.rglob("*.jpg"))
 
 
 def _write_part(job: tuple[Path, int, int]) -> None:
     root, part, images = job
     photos = [sample_photo(name) for name in SAMPLE_PHOTOS]
-    for index in range(part, images, os.cpu_count() or 1):
+    for index in range(part, images, CORES):
         rng = np.random.default_rng(index)
         label = index % len(SAMPLE_PHOTOS)
         short, aspect = int(rng.integers(300, 501)), rng.uniform(4 / 3, 16 / 9)
@@ -130,19 +159,22 @@ def build_stores(root: Path, workdir: Path) -> dict[str, tuple[float, int]]:
 
 # -- the ceilings --------------------------------------------------------------------------------------
 
-def crop_file(data: bytes, how: str, seed: int) -> np.ndarray:
-    """One file through RandomResizedCrop(224) + flip: decoded at full size (``how="full"``), or at the
-    smallest DCT scale of 1/8, 1/4, 1/2 and 1 that keeps the box at least 224 on both sides (``"scaled"``),
-    then resized with Pillow; or (``"cropped"``) only the box's rows and columns at that scale, resized,
-    by the C extension."""
+def crop_file(data: bytes, how: str, seed: int, train: bool = True) -> np.ndarray:
+    """One file through RandomResizedCrop(224) + flip (``train``), or through the central box of Resize(256)
+    + CenterCrop(224): decoded at full size (``how="full"``), or at the smallest DCT scale of 1/8, 1/4, 1/2
+    and 1 that keeps the box at least 224 on both sides (``"scaled"``), then resized with Pillow; or
+    (``"cropped"``) only the box's rows and columns at that scale, resized, by the C extension."""
     height, width, _, _ = simplejpeg.decode_jpeg_header(data)
     rng = np.random.default_rng(seed)
-    top, left, box_h, box_w = random_resized_crop_box(height, width, SCALE, RATIO, rng)
+    if train:
+        top, left, box_h, box_w = random_resized_crop_box(height, width, SCALE, RATIO, rng)
+    else:
+        top, left, box_h, box_w = center_crop_box(height, width, (SIZE, SIZE), resize=256)
     need = (math.ceil(height * SIZE / box_h), math.ceil(width * SIZE / box_w))
     eighths = 8 if how == "full" else dct_scale((height, width), need)
     scaled = (math.ceil(height * eighths / 8), math.ceil(width * eighths / 8))
     fy, fx = scaled[0] / height, scaled[1] / width
-    flip = rng.random() < 0.5
+    flip = train and rng.random() < 0.5
     if how == "cropped":
         out = np.empty((SIZE, SIZE, 3), np.uint8)
         native.extension.crop_resize(data, eighths, (top * fy, left * fx, (top + box_h) * fy, (left + box_w) * fx),
@@ -154,9 +186,9 @@ def crop_file(data: bytes, how: str, seed: int) -> np.ndarray:
     return np.asarray(out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out)
 
 
-def _crop_many(job: tuple[list[str] | tuple[str, int, int], str]) -> int:
+def _crop_many(job: tuple[list[str] | tuple[str, int, int], str, bool]) -> int:
     """Files by path, or a store's files ``(location, start, stop)``, each read then cropped (`crop_file`)."""
-    source, how = job
+    source, how, train = job
     if isinstance(source, tuple):  # read in blocks of BATCH files: one ranged read each
         ds, (start, stop) = outcore.open_dataset(source[0]), source[1:]
         files = (data for block in range(start, stop, BATCH)
@@ -165,25 +197,24 @@ def _crop_many(job: tuple[list[str] | tuple[str, int, int], str]) -> int:
         files = (Path(path).read_bytes() for path in source)
     count = 0
     for seed, data in enumerate(files):
-        crop_file(data, how, seed)
+        crop_file(data, how, seed, train)
         count += 1
     return count
 
 
-def ceiling(files: list[Path], how: str) -> int:
-    parts = os.cpu_count() or 1
-    jobs = [([str(f) for f in files[i::parts]], how) for i in range(parts)]
-    with ProcessPoolExecutor(parts) as pool:
-        return sum(pool.map(_crop_many, jobs))
-
-
-def store_ceiling(location: Path) -> int:
-    """The DCT-scaled ceiling over the files a store holds (one part of its samples per core)."""
-    parts, count = os.cpu_count() or 1, len(outcore.open_dataset(location))
-    bounds = np.linspace(0, count, parts + 1).astype(int)
-    jobs = [((str(location), int(a), int(b)), "scaled") for a, b in itertools.pairwise(bounds)]
-    with ProcessPoolExecutor(parts) as pool:
-        return sum(pool.map(_crop_many, jobs))
+def ceiling(workdir: Path, files: list[Path], source: str, how: str, train: bool) -> tuple[int, float]:
+    """`crop_file` over ``source``'s files ("files": the folder's; else the store of that name), one part
+    per process, a process per core: (images, seconds), timed once every process has started."""
+    if source == "files":
+        jobs = [([str(f) for f in files[i::CORES]], how, train) for i in range(CORES)]
+    else:
+        location = workdir / f"{source}.zarr"
+        bounds = np.linspace(0, len(outcore.open_dataset(location)), CORES + 1).astype(int)
+        jobs = [((str(location), int(a), int(b)), how, train) for a, b in itertools.pairwise(bounds)]
+    with ProcessPoolExecutor(CORES) as pool:
+        list(pool.map(math.sqrt, range(CORES)))
+        began = time.perf_counter()
+        return sum(pool.map(_crop_many, jobs)), time.perf_counter() - began
 
 
 # -- a torchvision-style DataLoader --------------------------------------------------------------------
@@ -218,24 +249,23 @@ class PillowFolder:
                                                       Image.Resampling.BILINEAR)
                 top, left, _, _ = center_crop_box(resized.size[1], resized.size[0], (SIZE, SIZE))
                 out = resized.crop((left, top, left + SIZE, top + SIZE))
-        return np.asarray(out), self.classes.index(self.files[index].parent.name)
+        return np.asarray(out), self.classes.index(self.files[index].parent.name), index
 
 
 def pillow_epoch(files: list[Path], train: bool, draft: bool) -> tuple[int, int]:
+    """(images delivered, distinct images among them) of one epoch of the Pillow DataLoader."""
     import torch
 
     loader = torch.utils.data.DataLoader(PillowFolder(files, train, draft), batch_size=BATCH, shuffle=True,
-                                         num_workers=2, generator=torch.Generator().manual_seed(0))
-    count = 0
-    for images, _ in loader:
-        count += len(images)
-    return count, count  # the sampler draws a permutation: every image once
+                                         num_workers=CORES, generator=torch.Generator().manual_seed(0))
+    indices = np.concatenate([index.numpy() for _, _, index in loader])
+    return len(indices), len(np.unique(indices))
 
 
-def dali_epoch(root: Path, train: bool) -> tuple[int, int]:
+def dali_epoch(root: Path, train: bool) -> tuple[int, None]:
     from nvidia.dali import fn, pipeline_def, types
 
-    @pipeline_def(batch_size=BATCH, num_threads=os.cpu_count(), device_id=None, seed=0)
+    @pipeline_def(batch_size=BATCH, num_threads=CORES, device_id=None, seed=0)
     def pipeline():
         files, labels = fn.readers.file(file_root=str(root), random_shuffle=True, name="reader")
         if train:
@@ -253,7 +283,7 @@ def dali_epoch(root: Path, train: bool) -> tuple[int, int]:
     total, count = built.epoch_size("reader"), 0
     while count < total:
         count += len(built.run()[0])
-    return count, 0  # its reader wraps the last batch into the next epoch: not an exact epoch
+    return count, None  # which files it delivered is not known here (its reader wraps the last batch)
 
 
 def outcore_epoch(location: Path, transform: object) -> tuple[int, int]:
@@ -268,34 +298,33 @@ def outcore_epoch(location: Path, transform: object) -> tuple[int, int]:
 # -- one measurement per process -----------------------------------------------------------------------
 
 def measure(name: str, workdir: Path, files: list[Path]) -> dict[str, float]:
+    """One row, measured in this process: images/s, peak RSS and whether the epoch was exact (None: a
+    ceiling, or a loader that does not say which images it delivered)."""
     train, val = Compose([RandomResizedCrop(SIZE), RandomFlip()]), CenterCrop(SIZE, resize=256)
-    work = {
-        TRAIN_LOADERS[0]: lambda: (ceiling(files, "full"),) * 2,
-        TRAIN_LOADERS[1]: lambda: (ceiling(files, "scaled"),) * 2,
-        TRAIN_LOADERS[2]: lambda: (store_ceiling(workdir / f"own-{MAX_SIDE}.zarr"),) * 2,
-        TRAIN_LOADERS[3]: lambda: (ceiling(files, "cropped"),) * 2,
-        TRAIN_LOADERS[4]: lambda: outcore_epoch(workdir / "own.zarr", train),
-        TRAIN_LOADERS[5]: lambda: outcore_epoch(workdir / "own.zarr", train),
-        TRAIN_LOADERS[6]: lambda: outcore_epoch(workdir / f"own-{MAX_SIDE}.zarr", train),
-        TRAIN_LOADERS[7]: lambda: outcore_epoch(workdir / "encoded-256.zarr", train),
-        TRAIN_LOADERS[8]: lambda: outcore_epoch(workdir / "pixels-256.zarr", train),
-        TRAIN_LOADERS[9]: lambda: pillow_epoch(files, train=True, draft=False),
-        TRAIN_LOADERS[10]: lambda: pillow_epoch(files, train=True, draft=True),
-        VAL_LOADERS[0]: lambda: outcore_epoch(workdir / "own.zarr", val),
-        VAL_LOADERS[1]: lambda: outcore_epoch(workdir / "own.zarr", val),
-        VAL_LOADERS[2]: lambda: outcore_epoch(workdir / f"own-{MAX_SIDE}.zarr", val),
-        VAL_LOADERS[3]: lambda: outcore_epoch(workdir / "encoded-256.zarr", CenterCrop(SIZE)),
-        VAL_LOADERS[4]: lambda: outcore_epoch(workdir / "pixels-256.zarr", CenterCrop(SIZE)),
-        VAL_LOADERS[5]: lambda: pillow_epoch(files, train=False, draft=False),
-        DALI_TRAIN: lambda: dali_epoch(workdir / "train", train=True),
-        DALI_VAL: lambda: dali_epoch(workdir / "train", train=False),
-    }[name]
-    began = time.perf_counter()
-    samples, unique = work()
-    elapsed = time.perf_counter() - began
+    own, capped = workdir / "own.zarr", workdir / f"own-{MAX_SIDE}.zarr"
+    ceilings = {ceiling_name(source, how, is_train): (source, how, is_train) for source in SOURCES for how in HOW
+                for is_train in (True, False)}
+    if name in ceilings:
+        (samples, elapsed), unique = ceiling(workdir, files, *ceilings[name]), None
+    else:
+        names = [*TRAIN_LOADERS, *VAL_LOADERS]
+        work = dict(zip(names, [
+            lambda: outcore_epoch(own, train), lambda: outcore_epoch(own, train), lambda: outcore_epoch(capped, train),
+            lambda: outcore_epoch(workdir / "encoded-256.zarr", train),
+            lambda: outcore_epoch(workdir / "pixels-256.zarr", train),
+            lambda: pillow_epoch(files, train=True, draft=False), lambda: pillow_epoch(files, train=True, draft=True),
+            lambda: outcore_epoch(own, val), lambda: outcore_epoch(own, val), lambda: outcore_epoch(capped, val),
+            lambda: outcore_epoch(workdir / "encoded-256.zarr", CenterCrop(SIZE)),
+            lambda: outcore_epoch(workdir / "pixels-256.zarr", CenterCrop(SIZE)),
+            lambda: pillow_epoch(files, train=False, draft=False),
+        ], strict=True)) | {DALI_TRAIN: lambda: dali_epoch(workdir / "train", train=True),
+                            DALI_VAL: lambda: dali_epoch(workdir / "train", train=False)}
+        began = time.perf_counter()
+        samples, unique = work[name]()
+        elapsed = time.perf_counter() - began
     status = Path("/proc/self/status").read_text()
     return {"rate": samples / elapsed, "peak_mib": int(status.split("VmHWM:")[1].split()[0]) / 1024,
-            "exact": samples == unique == len(files)}
+            "exact": None if unique is None else samples == unique == len(files)}
 
 
 def in_a_fresh_process(name: str, args: argparse.Namespace) -> dict[str, float]:
@@ -305,16 +334,31 @@ def in_a_fresh_process(name: str, args: argparse.Namespace) -> dict[str, float]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def print_rows(title: str, rows: dict[str, dict[str, float]], ceiling_rate: float, pillow: str, dali: str) -> None:
-    """Images/s, and ratios to the DCT-scaled ceiling, the Pillow DataLoader and DALI (when measured)."""
+def run_table(title: str, loaders: dict[str, tuple[str, str] | None], train: bool, args: argparse.Namespace,
+              pillow: str, dali: str) -> None:
+    """Each chosen loader and each ceiling its rows name, a fresh process each; the table: images/s, the
+    ratio to the row's own ceiling, to the Pillow DataLoader and to DALI (when measured), peak RSS, exact."""
+    own = {name: None if where is None else ceiling_name(*where, train) for name, where in loaders.items()}
+    wanted = [name for name in own if chosen(name, args)]
+    ceilings = sorted({own[name] for name in wanted if own[name]}, key=list(map(str, own.values())).index)
+    rows = {name: in_a_fresh_process(name, args) for name in [*ceilings, *wanted]}
     width = max(len(name) for name in rows)
-    print(f"\n{title}\n{'loader':{width}s} {'images/s':>9s} {'x ceiling':>10s} {'x Pillow DL':>12s} {'x DALI':>7s} "
-          f"{'peak RSS':>9s}  exact epoch")
+    print(f"\n{title}\n{'loader':{width}s} {'images/s':>9s} {'x its ceiling':>14s} {'x Pillow DL':>12s} "
+          f"{'x DALI':>7s} {'peak RSS':>9s}  exact epoch")
     for name, row in rows.items():
-        versus = [f"{row['rate'] / rows[other]['rate']:{w}.2f}" if other in rows else f"{'-':>{w}s}"
-                  for other, w in ((pillow, 12), (dali, 7))]
-        print(f"{name:{width}s} {row['rate']:9.0f} {row['rate'] / ceiling_rate:10.2f} {' '.join(versus)} "
-              f"{row['peak_mib']:6.0f} MiB  {'yes' if row['exact'] else 'no'}")
+        versus = [f"{row['rate'] / rows[other]['rate']:{w}.2f}" if other and other in rows and other != name
+                  else f"{'-':>{w}s}" for other, w in ((own.get(name), 14), (pillow, 12), (dali, 7))]
+        exact = "-" if row["exact"] is None else "yes" if row["exact"] else "NO"
+        print(f"{name:{width}s} {row['rate']:9.0f} {' '.join(versus)} {row['peak_mib']:6.0f} MiB  {exact}")
+    for name in rows:
+        if own.get(name):
+            print(f"  {name}: its ceiling is '{own[name]}'")
+
+
+def chosen(name: str, args: argparse.Namespace) -> bool:
+    """Whether ``--only`` asks for this loader and this machine can run it (the C extension's rows)."""
+    wanted = [text for text in args.only.split(",") if text] if args.only else []
+    return (not wanted or any(w in name for w in wanted)) and (native.extension is not None or FALLBACK not in name)
 
 
 def main() -> None:
@@ -323,7 +367,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("bench-data/imagenet"))
     parser.add_argument("--skip-validation", action="store_true")
     parser.add_argument("--only", help="measure only the loaders whose names contain one of these comma-separated texts "
-                             "(and the DCT-scaled ceiling)")
+                        "(and their ceilings)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     root = args.workdir / "train"
@@ -333,27 +377,20 @@ def main() -> None:
         return
     sizes = [f.stat().st_size for f in files]
     print(f"{len(files)} JPEGs, {sum(sizes) / 2**30:.2f} GiB, mean {np.mean(sizes) / 1024:.0f} KiB; "
-          f"{os.cpu_count()} cores; JPEG boxes: {native.backend()}")
+          f"{CORES} cores; JPEG boxes: {native.backend()}")
     for name, (rate, size) in build_stores(root, args.workdir).items():
         print(f"ingest {name}.zarr ({STORES[name]}): {rate:,.0f} images/s, {size / 2**30:.2f} GiB")
     try:
         import nvidia.dali  # noqa: F401 - measured when installed
-        dali = True
+        dali = DALI_CEILINGS
     except ImportError as error:
         print(f"NVIDIA DALI: not measured ({error}; pip install nvidia-dali-cuda120)")
-        dali = False
-    def chosen(names: tuple[str, ...]) -> list[str]:
-        wanted = [text for text in args.only.split(",") if text] if args.only else []
-        return [name for name in names if (not wanted or any(w in name for w in wanted) or name == TRAIN_LOADERS[1])
-                and (native.extension is not None or FALLBACK not in name and name != TRAIN_LOADERS[3])]
-
-    train = {name: in_a_fresh_process(name, args) for name in chosen(TRAIN_LOADERS + ((DALI_TRAIN,) if dali else ()))}
-    print_rows("train: RandomResizedCrop(224) + flip, batch 256, one shuffled epoch", train,
-               train[TRAIN_LOADERS[1]]["rate"], TRAIN_LOADERS[9], DALI_TRAIN)
+        dali = {}
+    run_table("train: RandomResizedCrop(224) + flip, batch 256, one shuffled epoch",
+              TRAIN_LOADERS | {k: v for k, v in dali.items() if k == DALI_TRAIN}, True, args, PILLOW_TRAIN, DALI_TRAIN)
     if not args.skip_validation:
-        val = {name: in_a_fresh_process(name, args) for name in chosen(VAL_LOADERS + ((DALI_VAL,) if dali else ()))}
-        print_rows("validation: resize 256 + CenterCrop(224), batch 256", val, train[TRAIN_LOADERS[1]]["rate"],
-                   VAL_LOADERS[5], DALI_VAL)
+        run_table("validation: Resize(256) + CenterCrop(224), batch 256",
+                  VAL_LOADERS | {k: v for k, v in dali.items() if k == DALI_VAL}, False, args, PILLOW_VAL, DALI_VAL)
 
 
 if __name__ == "__main__":

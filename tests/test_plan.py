@@ -214,6 +214,15 @@ def _assert_slots_numbered_by_first_step(plan):
     assert steps == sorted(steps)
 
 
+@pytest.mark.parametrize("num_samples, chunk_size", [(50, 1), (100, 3), (333, 7), (1000, 16)])
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_slots_are_numbered_by_the_step_they_are_first_needed(num_samples, chunk_size, world_size):
+    for batch_size, seed in ((8 // world_size, 0), (40 // world_size, 1)):
+        for rank in range(world_size):
+            _assert_slots_numbered_by_first_step(EpochPlan(num_samples, chunk_size, batch_size=batch_size, seed=seed,
+                                                           buffer_chunks=0, rank=rank, world_size=world_size))
+
+
 def test_the_steps_with_samples_of_a_two_step_plan_are_both():
     plan = EpochPlan(8, 2, batch_size=4, streams=2, part=(0, 1))
     assert list(plan.with_samples(range(2))) == [0, 1]
