@@ -125,3 +125,25 @@ def test_the_site_builds_strictly(tmp_path):
                             env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "api" / "index.html").exists() and (tmp_path / "howto" / "keras" / "index.html").exists()
+
+
+FIGURE = re.compile(r"(?<![\w.,-])\d[\d,.]*(?:-\d[\d,.]*)?(?:x\b| %| MiB\b| µs\b)")
+
+
+def _quoted_figures(markdown: str) -> set[str]:
+    """The ratios, percentages, memory sizes and times a page's prose quotes (code blocks left out)."""
+    return set(FIGURE.findall(re.sub(r"```.*?```", "", markdown, flags=re.S)))
+
+
+def test_every_figure_readme_quotes_is_in_the_benchmarks_table_of_them_with_its_command_and_commit():
+    quoted = _quoted_figures((ROOT / "README.md").read_text())
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    table = page.split("## The figures README quotes", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| README")]
+    assert {"3.0x", "273x", "0.4-0.5 %"} <= quoted  # the pattern finds README's figures
+    missing = sorted(figure for figure in quoted if not any(figure in row.split(" | ")[0] for row in rows))
+    assert not missing, f"README quotes figures docs/benchmarks.md's table of them lacks: {missing}"
+    for row in rows[1:]:
+        cells = row.strip("|").split(" | ")
+        assert re.search(r"`python benchmarks/\w+\.py", cells[2]), f"no command: {row}"
+        assert re.search(r"\b[0-9a-f]{7}\b, \d{4}-\d\d-\d\d", cells[3]), f"no commit and date: {row}"
