@@ -280,6 +280,13 @@ def test_credentials_never_show(stores, s3):
     np.testing.assert_array_equal(copy["id"][:5].compute(), stores["numbers"]["id"][:5].compute())
 
 
+def test_a_process_makes_its_client_once_and_errors_not_of_obstore_pass_through(stores, s3):
+    store = _open("numbers.zarr", s3.options, cache_dir=False).group.store
+    assert store.store is store.store  # one client a process, not one a request
+    bug = TypeError("a bug, not a fault of the object store")
+    assert store._translated("read", "zarr.json", bug) is bug  # raised as it is, never as a RemoteError
+
+
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_child_processes_read(stores, s3, start_method):
     remote = _open("numbers.zarr", s3.options, cache_dir=False)  # no cache: the children must fetch
