@@ -37,7 +37,7 @@ MODULES = {  # short name -> (file, the tests that cover it)
     "options": ("outcore/iterate/options.py", ["tests/test_plan.py", "tests/test_loader.py"]),
     "shard_reader": ("outcore/storage/shard_reader.py", ["tests/test_store.py", "tests/test_chunks.py",
                                                          "tests/test_conformance.py"]),
-    "remote": ("outcore/storage/remote.py", ["tests/test_remote.py"]),
+    "remote": ("outcore/storage/remote.py", ["tests/test_remote.py", "tests/test_upload.py"]),
     "writer": ("outcore/ingest/writer.py", ["tests/test_arrays_and_writer.py"]),
     "seeds": ("outcore/seeds.py", ["tests/test_golden.py", "tests/test_plan.py"]),
 }
