@@ -15,6 +15,7 @@ from rules import write_order
 import outcore
 from outcore.cli import describe
 from outcore.errors import SourceError, StoreExistsError
+from outcore.ingest.writer import cast_values
 from outcore.storage.groups import shard_path
 
 
@@ -322,3 +323,19 @@ def test_shards_of_zeros_are_written_without_touching_zarrs_global_config(tmp_pa
     writer.close()
     for store in (ds, outcore.open_dataset(tmp_path / "appended.zarr")):
         assert sum(len(batch["x"]) for batch in store.batches(8)) == len(store)  # no shard reads as lost
+
+
+def test_values_are_cast_into_a_field_only_where_every_value_survives():
+    """Floats into a narrower float field (rounding, no overflow), integers into floats that hold them
+    exactly; complex numbers into a real field, overflow and inexact integers are refused, naming the field."""
+    np.testing.assert_array_equal(cast_values("score", np.array([1.5, -2.25]), np.dtype("float32")), [1.5, -2.25])
+    np.testing.assert_array_equal(cast_values("score", np.array([3, 2**24]), np.dtype("float32")), [3, 2**24])
+    np.testing.assert_array_equal(cast_values("label", np.array([3, 200]), np.dtype("uint8")), [3, 200])
+    with pytest.raises(SourceError, match=r"field 'score': cannot store complex128 values in its float32 field"):
+        cast_values("score", np.array([1 + 2j]), np.dtype("float32"))
+    with pytest.raises(SourceError, match=r"field 'score': some float64 values are beyond the range of its float32"):
+        cast_values("score", np.array([1e40]), np.dtype("float32"))
+    with pytest.raises(SourceError, match=r"field 'score': some int64 values cannot be held exactly by its float32"):
+        cast_values("score", np.array([2**24 + 1]), np.dtype("float32"))
+    with pytest.raises(SourceError, match=r"field 'label': the int64 values -1..3 do not fit its uint8 dtype"):
+        cast_values("label", np.array([-1, 3]), np.dtype("uint8"))

@@ -132,7 +132,7 @@ FIGURE = re.compile(r"(?<![\w.,-])\d[\d,.]*(?:-\d[\d,.]*)?(?:x\b| %| MiB\b| µs\
 
 def _quoted_figures(markdown: str) -> set[str]:
     """The ratios, percentages, memory sizes and times a page's prose quotes (code blocks left out)."""
-    return set(FIGURE.findall(re.sub(r"```.*?```", "", markdown, flags=re.S)))
+    return set(FIGURE.findall(re.sub(r"```.*?```", "", markdown, flags=re.DOTALL)))
 
 
 def test_every_figure_readme_quotes_is_in_the_benchmarks_table_of_them_with_its_command_and_commit():

@@ -15,7 +15,7 @@ from zarr.storage import ZipStore
 import outcore
 from outcore.errors import CorruptChunkError, NotAStoreError, UnsafeStoreError
 from outcore.format import Compression, FieldInfo, Layout, StoreAttrs, decode_text, encode_text
-from outcore.storage import RangeZipStore
+from outcore.storage import RangeZipStore, read_samples
 from outcore.testing import chunk_location, corrupt_chunk, make_store, replace_chunk, shard_key
 
 
@@ -425,3 +425,15 @@ def test_fuzzed_frame_lengths_are_all_refused_by_the_reader(tmp_path):
             continue
         with pytest.raises(CorruptChunkError, match=r"chunk 1 .*Blosc frame holds"):
             reader.read(1)
+
+
+def test_a_damaged_chunk_read_through_zarr_is_named_by_its_number(tmp_path):
+    """An array outside outcore's layout (here zstd chunks, unsharded) is read through zarr; its damaged
+    chunk is named by number, samples and file all the same."""
+    array = zarr.create_array(zarr.storage.LocalStore(tmp_path / "x"), shape=(64, 4), chunks=(8, 4), dtype="uint8")
+    array[:] = np.arange(256, dtype=np.uint8).reshape(64, 4)
+    (tmp_path / "x" / "c" / "5" / "0").write_bytes(b"not a zstd frame at all, but long enough")
+    array = zarr.open_array(zarr.storage.LocalStore(tmp_path / "x"))
+    np.testing.assert_array_equal(read_samples(array, (slice(32, 40),), "x", "here"), array[32:40])
+    with pytest.raises(CorruptChunkError, match=r"here: field 'x', chunk 5 \(samples 40\.\.47, in file .*c/5/0\)"):
+        read_samples(array, (slice(40, 48),), "x", "here")
