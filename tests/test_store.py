@@ -437,3 +437,14 @@ def test_a_damaged_chunk_read_through_zarr_is_named_by_its_number(tmp_path):
     np.testing.assert_array_equal(read_samples(array, (slice(32, 40),), "x", "here"), array[32:40])
     with pytest.raises(CorruptChunkError, match=r"here: field 'x', chunk 5 \(samples 40\.\.47, in file .*c/5/0\)"):
         read_samples(array, (slice(40, 48),), "x", "here")
+
+
+def test_a_chunk_larger_than_its_codec_can_make_is_refused_by_the_shard_index(tmp_path):
+    """The most a chunk can take: its raw bytes, Blosc's 16-byte header (incompressible data) and the
+    crc32c. An index entry one byte larger is refused before the chunk is read, naming the bound."""
+    values = np.random.default_rng(0).integers(0, 256, (16, 8, 8, 3), dtype=np.uint8)  # incompressible
+    outcore.from_arrays({"x": values}, tmp_path / "s.zarr", chunk_size=4, shuffle_on_write=False, progress=False)
+    most = 4 * 8 * 8 * 3 + 16 + 4
+    replace_chunk(tmp_path / "s.zarr", "x", 1, bytes(most - 4 + 1))
+    with pytest.raises(CorruptChunkError, match=rf"chunk 1 .*chunk sizes outside 4\.\.{most} bytes"):
+        list(outcore.open_dataset(tmp_path / "s.zarr").batches(4, shuffle=False))
