@@ -359,11 +359,10 @@ class RemoteFiles:
             cache.expect(self._name(key, offset, min(version.size, offset + nbytes), version), when)
 
     def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
-        """Fill ``buffer`` with the file's bytes from ``offset`` (from its end when negative)."""
+        """Fill ``buffer`` with the file's bytes from ``offset``."""
         version = self.version(key)
-        start = version.size + offset if offset < 0 else offset
-        stop = min(version.size, start + len(buffer))
-        if start < 0 or stop <= start:
+        start, stop = offset, min(version.size, offset + len(buffer))
+        if stop <= start:
             return 0
         with self._lock:
             fetched = self._fetched.pop((key, start, stop), None)

@@ -36,7 +36,7 @@ import crc32c
 import numpy as np
 import zarr
 from numcodecs import blosc
-from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+from zarr.abc.store import RangeByteRequest
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
@@ -403,7 +403,7 @@ class _StoreFiles:
         return sync(self.store.getsize(key)) if sync(self.store.exists(key)) else None
 
     def read_into(self, key: str, offset: int, buffer: memoryview) -> int:
-        request = SuffixByteRequest(-offset) if offset < 0 else RangeByteRequest(offset, offset + len(buffer))
+        request = RangeByteRequest(offset, offset + len(buffer))
         data = sync(self.store.get(key, default_buffer_prototype(), request))
         if data is None:
             raise FileNotFoundError(key)
