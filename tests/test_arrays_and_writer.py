@@ -96,9 +96,11 @@ def test_writer_is_readable_while_it_grows_and_infers_fields(tmp_path):
     shard = writer._shard_size
     writer.append({"x": np.arange(10, shard + 3, dtype=np.int32)})
     assert len(outcore.open_dataset(tmp_path / "g.zarr")) == shard  # one whole shard written so far
+    writer.append({"x": np.arange(shard + 3, 3 * shard + 5, dtype=np.int32)})
+    assert len(outcore.open_dataset(tmp_path / "g.zarr")) == 3 * shard  # each shard written once it is whole
     writer.close()
     ds = outcore.open_dataset(tmp_path / "g.zarr")
-    np.testing.assert_array_equal(ds["x"].compute(), np.arange(shard + 3))
+    np.testing.assert_array_equal(ds["x"].compute(), np.arange(3 * shard + 5))
     with pytest.raises(ValueError, match="closed"):
         writer.append({"x": np.arange(2, dtype=np.int32)})
 
