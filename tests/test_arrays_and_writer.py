@@ -341,3 +341,14 @@ def test_values_are_cast_into_a_field_only_where_every_value_survives():
         cast_values("score", np.array([2**24 + 1]), np.dtype("float32"))
     with pytest.raises(SourceError, match=r"field 'label': the int64 values -1..3 do not fit its uint8 dtype"):
         cast_values("label", np.array([-1, 3]), np.dtype("uint8"))
+
+
+def test_a_writer_sizes_chunks_and_shards_by_the_bytes_of_a_sample(tmp_path):
+    """Chunks of the most samples (a power of two) within 8 MiB, shards within 128 MiB (format.md)."""
+    with outcore.Writer(tmp_path / "l.zarr", specs={"x": ("float32", (64, 64, 3)), "y": ("int8", ())}) as writer:
+        writer.append({"x": np.zeros((2, 64, 64, 3), np.float32), "y": np.zeros(2, np.int8)})
+    array = outcore.open_dataset(tmp_path / "l.zarr").array("x")
+    sample = 64 * 64 * 3 * 4 + 1
+    chunk, shard = array.chunks[0], array.shards[0]
+    assert chunk * sample <= 8 * 2**20 < 2 * chunk * sample
+    assert shard * sample <= 128 * 2**20 < 2 * shard * sample
