@@ -352,3 +352,26 @@ def test_a_writer_sizes_chunks_and_shards_by_the_bytes_of_a_sample(tmp_path):
     chunk, shard = array.chunks[0], array.shards[0]
     assert chunk * sample <= 8 * 2**20 < 2 * chunk * sample
     assert shard * sample <= 128 * 2**20 < 2 * shard * sample
+
+
+def test_a_writer_makes_each_shard_durable_before_it_publishes_the_count(tmp_path, monkeypatch):
+    """fsync of the shard files, then the new sample count: a machine that loses power never shows
+    samples whose bytes were not on the disk."""
+    from outcore.ingest import writer as writer_module
+
+    events = []
+    monkeypatch.setattr(writer_module, "make_durable", lambda paths: events.append(("durable", len(paths))))
+    saving = writer_module.Writer._save_attrs
+
+    def save(self, attrs, written=()):
+        events.append(("count", attrs.num_samples))
+        saving(self, attrs, written)
+
+    monkeypatch.setattr(writer_module.Writer, "_save_attrs", save)
+    writer = outcore.Writer(tmp_path / "d.zarr", chunk_size=4)
+    writer.append({"x": np.arange(10, dtype=np.int32)})
+    shard = writer._shard_size
+    writer.append({"x": np.arange(10, shard + 3, dtype=np.int32)})  # the first shard is whole: written
+    writer.close()
+    published = events.index(("count", shard))
+    assert events[published - 1] == ("durable", 1)  # its one file made durable just before
