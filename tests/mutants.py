@@ -140,8 +140,8 @@ def main() -> None:
     total, alive = sum(r[2] for r in rows), sum(len(r[3]) for r in rows)
     print(f"\nsurvivors: {alive} of {total} ({alive / max(1, total):.0%})")
     for path, _, _, survivors, _ in rows:
-        for mutant in survivors:
-            print(f"  {path} {mutant}: {(ROOT / path).read_text().splitlines()[mutant.line - 1].strip()}")
+        for mutant, line in survivors:
+            print(f"  {path} {mutant}: {line.strip()}")
 
 
 def run_module(copy: Path, name: str, every: int, chosen: list[Mutant], timeout: float | None) -> tuple:
@@ -158,7 +158,7 @@ def run_module(copy: Path, name: str, every: int, chosen: list[Mutant], timeout:
     for mutant in chosen:
         file.write_text(mutant.apply(source))
         survived = passes(copy, tests, timeout)
-        survivors += [mutant] if survived else []
+        survivors += [(mutant, source.splitlines()[mutant.line - 1])] if survived else []
         print(f"{path} {mutant}: {'SURVIVED' if survived else 'killed'}", flush=True)
     file.write_text(source)
     return path, every, len(chosen), survivors, time.monotonic() - began
