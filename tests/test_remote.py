@@ -285,6 +285,10 @@ def test_a_process_makes_its_client_once_and_errors_not_of_obstore_pass_through(
     assert store.store is store.store  # one client a process, not one a request
     bug = TypeError("a bug, not a fault of the object store")
     assert store._translated("read", "zarr.json", bug) is bug  # raised as it is, never as a RemoteError
+    for cause in (OSError("connection reset"), OSError("connection reset\n  caused by: a long chain")):
+        failure = store.files.failure("read", "x/c/0", cause, 3, 1.5)
+        assert isinstance(failure, outcore.RemoteError) and "connection reset" in str(failure)
+        assert "caused by" not in str(failure) and "3 tries over 1.5 s" in str(failure)
 
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
