@@ -135,8 +135,8 @@ def main() -> None:
         rows = [run_module(copy, name, every, chosen, args.timeout) for name, (every, chosen) in drawn.items()]
     print("\n| module | mutants in it | drawn | killed | survived | minutes |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for path, every, drawn, survivors, seconds in rows:
-        print(f"| {path} | {every} | {drawn} | {drawn - len(survivors)} | {len(survivors)} | {seconds / 60:.1f} |")
+    for path, every, count, survivors, seconds in rows:
+        print(f"| {path} | {every} | {count} | {count - len(survivors)} | {len(survivors)} | {seconds / 60:.1f} |")
     total, alive = sum(r[2] for r in rows), sum(len(r[3]) for r in rows)
     print(f"\nsurvivors: {alive} of {total} ({alive / max(1, total):.0%})")
     for path, _, _, survivors, _ in rows:

@@ -333,6 +333,7 @@ def test_values_are_cast_into_a_field_only_where_every_value_survives():
     np.testing.assert_array_equal(cast_values("score", np.array([1.5, -2.25]), np.dtype("float32")), [1.5, -2.25])
     np.testing.assert_array_equal(cast_values("score", np.array([3, 2**24]), np.dtype("float32")), [3, 2**24])
     np.testing.assert_array_equal(cast_values("label", np.array([3, 200]), np.dtype("uint8")), [3, 200])
+    np.testing.assert_array_equal(cast_values("z", np.array([1 + 2j]), np.dtype("complex64")), [1 + 2j])
     with pytest.raises(SourceError, match=r"field 'score': cannot store complex128 values in its float32 field"):
         cast_values("score", np.array([1 + 2j]), np.dtype("float32"))
     with pytest.raises(SourceError, match=r"field 'score': some float64 values are beyond the range of its float32"):
