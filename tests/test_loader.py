@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from optional import need
 
 import outcore
 from outcore.errors import CorruptChunkError, OptionError
@@ -170,28 +171,39 @@ SETTINGS_CHANGED = {  # a setting a resume must match -> options that change onl
 }
 
 
-def test_every_setting_of_a_state_is_checked_on_load(ids_store, tmp_path):
-    """For each setting that fixes an epoch's order (every key of `BatchIterator.settings`), a state loaded
-    with that one setting changed is refused, naming it: in batches and in ds.torch's loader."""
-    base = {"seed": 1, "buffer_chunks": 8, "shuffle": True, "drop_last": False}
+BASE = {"seed": 1, "buffer_chunks": 8, "shuffle": True, "drop_last": False}
+
+
+def _each_setting_changed(ids_store, tmp_path):
+    """``(store, batch_size, options, named)`` for each setting that fixes an epoch's order (every key of
+    `BatchIterator.settings`), changed alone from ``BASE``."""
     stores = {"fewer": outcore.from_arrays({"id": np.arange(999)}, tmp_path / "fewer.zarr", chunk_size=32,
                                            progress=False),
               "other chunks": outcore.from_arrays({"id": np.arange(1000)}, tmp_path / "other.zarr", chunk_size=64,
                                                   progress=False)}
-    it = ids_store.batches(64, **base)
+    assert set(SETTINGS_CHANGED) == set(ids_store.batches(64, **BASE).settings())  # a new setting needs its case
+    for change, named in SETTINGS_CHANGED.values():
+        options = {**BASE, **change}
+        store = stores[options.pop("store")] if "store" in options else ids_store
+        yield store, options.pop("batch_size", 64), options, named
+
+
+def test_every_setting_of_a_state_is_checked_on_load(ids_store, tmp_path):
+    """A state loaded with any one setting changed is refused, naming it."""
+    it = ids_store.batches(64, **BASE)
     next(iter(it))
     state = json.loads(json.dumps(it.state_dict()))
-    assert set(SETTINGS_CHANGED) == set(it.settings())  # a new setting needs its case here
-    for change, named in SETTINGS_CHANGED.values():
-        options = {**base, **change}
-        store = stores[options.pop("store")] if "store" in options else ids_store
-        batch_size = options.pop("batch_size", 64)
+    for store, batch_size, options, named in _each_setting_changed(ids_store, tmp_path):
         with pytest.raises(OptionError, match=named):
             store.batches(batch_size, **options).load_state_dict(state)
-        loader = store.torch(batch_size, fields=["id"], **options)
-        loader_state = {**ids_store.torch(64, fields=["id"], **base).state_dict(), "step": 1}
+
+
+def test_every_setting_of_a_state_is_checked_on_load_by_torchs_loader(ids_store, tmp_path):
+    need("torch")
+    state = {**ids_store.torch(64, fields=["id"], **BASE).state_dict(), "step": 1}
+    for store, batch_size, options, named in _each_setting_changed(ids_store, tmp_path):
         with pytest.raises(OptionError, match=named):
-            loader.load_state_dict(loader_state)
+            store.torch(batch_size, fields=["id"], **options).load_state_dict(state)
 
 
 def test_transform_is_seeded_per_batch(store):
