@@ -1,33 +1,15 @@
-"""What the benchmark scripts share: timing (medians of runs taken in turns), the cores measured on, the
-generated JPEG folders, a JPEG-folder dataset, and the printed table."""
+"""What the benchmark scripts share: the generated JPEG folders, a JPEG-folder dataset, and the printed
+table (timing in turns is `outcore.cli.bench.interleaved`, which `outcore bench` uses too)."""
 
 from __future__ import annotations
 
 import shutil
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from outcore.imaging.synthetic import write_image_folder
-
-
-def interleaved(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
-    """Median items per second of each case, over ``repeats`` rounds that run every case in turn (a machine
-    busy for a while then slows every case alike, not one). A case returns how many items it did.
-
-    >>> interleaved({"a": lambda: 10, "b": lambda: 20}, 3)  # doctest: +SKIP
-    {'a': 412345.1, 'b': 803333.3}
-    """
-    rates: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, work in cases.items():
-            began = time.perf_counter()
-            done = work()
-            rates[name].append(done / (time.perf_counter() - began))
-    return {name: statistics.median(measured) for name, measured in rates.items()}
 
 
 def prepare(folder: Path, images: int, size: int) -> list[Path]:

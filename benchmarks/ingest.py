@@ -23,10 +23,11 @@ from pathlib import Path
 
 import imageio.v3 as iio
 import numpy as np
-from common import interleaved, prepare, print_table
+from common import prepare, print_table
 from PIL import Image
 
 import outcore
+from outcore.cli.bench import interleaved
 from outcore.imaging import load_image
 from outcore.threads import available_cpus
 

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import dask.array as da
 import numpy as np
-from common import JpegFolder, interleaved
+from common import JpegFolder
 
 import outcore
-from outcore.cli.bench import decompress_all, sequential_zarr, shuffled_epoch
+from outcore.cli.bench import decompress_all, interleaved, sequential_zarr, shuffled_epoch
 from outcore.imaging.synthetic import photo_crops
 from outcore.threads import available_cpus, thread_count
 

@@ -7,7 +7,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from PIL import Image
 
@@ -19,22 +19,20 @@ from ..storage.report import field_reports, total
 from ..threads import thread_count
 
 
-@dataclass(frozen=True)
-class Measurement:
-    name: str
-    samples: int
-    seconds: float
+def interleaved(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+    """Median items per second of each case, over ``repeats`` rounds that run every case in turn (a machine
+    busy for a while then slows every case alike, not one). A case returns how many items it did.
 
-    @property
-    def rate(self) -> float:
-        return self.samples / self.seconds
-
-
-def measure(name: str, work: Callable[[], int]) -> Measurement:
-    """Time ``work``, which returns how many samples it delivered."""
-    began = time.perf_counter()
-    samples = work()
-    return Measurement(name, samples, time.perf_counter() - began)
+    >>> interleaved({"a": lambda: 10, "b": lambda: 20}, 3)  # doctest: +SKIP
+    {'a': 412345.1, 'b': 803333.3}
+    """
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, work in cases.items():
+            began = time.perf_counter()
+            done = work()
+            rates[name].append(done / (time.perf_counter() - began))
+    return {name: statistics.median(measured) for name, measured in rates.items()}
 
 
 def sequential_zarr(ds: Dataset, fields: Sequence[str]) -> int:
@@ -120,8 +118,4 @@ def compare(ds: Dataset, fields: Sequence[str] | None = None, batch_size: int = 
         epoch: lambda: shuffled_epoch(ds, fields, batch_size, transform=transform),
         f"decompression ceiling (every chunk, {thread_count()} threads)": lambda: decompress_all(ds, fields),
     }
-    rates: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, work in cases.items():
-            rates[name].append(measure(name, work).rate)
-    return [(name, statistics.median(measured)) for name, measured in rates.items()]
+    return list(interleaved(cases, repeats).items())
