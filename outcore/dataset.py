@@ -18,6 +18,7 @@ from .adapters.selection import FieldSelection
 from .format import StoreAttrs, class_flags, decode_text, dimension_names
 from .iterate import BatchIterator, BatchKeywords, BatchOptions, ChunkReader, chunk_reader, sample_spec
 from .storage import ChunkCache, Store, is_object_url, is_url
+from .storage.pins import Pins
 from .storage.report import field_reports, human_size, stored_shapes, total, variable_shape
 from .storage.splits import split_location
 
@@ -70,8 +71,8 @@ class Dataset(Store):
     (10000, ('images', 'labels', 'path', 'source_index'), 128, ['cat', 'dog'])
     """
 
-    def __init__(self, group: zarr.Group, attrs: StoreAttrs, location: str) -> None:
-        super().__init__(group, attrs, location)
+    def __init__(self, group: zarr.Group, attrs: StoreAttrs, location: str, pins: Pins | None = None) -> None:
+        super().__init__(group, attrs, location, pins)
         self._arrays: dict[str, da.Array] = {}
 
     def chunk_reader(self, field: str) -> ChunkReader:

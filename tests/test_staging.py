@@ -109,9 +109,11 @@ def _ingest_command(source, store, *extra, images=PIXELS):
 
 
 def _without_times(ds):
-    """The attributes but the creation time and the report's name (which follows the store's)."""
+    """The attributes but the creation time, the generation (each store's own) and the report's name (which
+    follows the store's)."""
     attrs = ds.attrs.to_dict()
     attrs["provenance"].pop("created")
+    attrs.pop("generation")
     attrs["skipped"].pop("report")
     return attrs
 
@@ -176,6 +178,46 @@ def test_resume_with_other_files_or_settings_starts_again(source, tmp_path):
     assert manifest["fingerprint"] and ds.attrs.seed == 1 and len(ds) == 450
 
 
+def test_resume_of_a_finished_store_returns_it_saying_so(source, tmp_path, capsys):
+    """A kill that landed after the commit, or the command run twice: the store made by the same files,
+    labels and settings is returned as it is, not refused for want of --overwrite."""
+    from outcore.cli import main
+
+    store = tmp_path / "t.zarr"
+    assert main(["ingest", *_ingest_command(source, store)]) == 0
+    made = store.stat().st_ino, outcore.open_dataset(store).attrs.generation
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # the command shows warnings as lines, which pytest makes errors
+        assert main(["ingest", *_ingest_command(source, store, "--resume")]) == 0
+    assert capsys.readouterr().err.strip() == (f"outcore ingest: warning: {store} is already complete (an ingest of "
+                                               "the same files, labels and settings finished it): nothing to resume")
+    assert (store.stat().st_ino, outcore.open_dataset(store).attrs.generation) == made  # untouched
+    with pytest.warns(OutcoreWarning, match="already complete"):
+        ds = outcore.ingest_images(source, store, shape=(16, 16, 3), chunk_size=8, on_error="skip", resume=True,
+                                   progress=False)
+    assert len(ds) == 450 and ds.attrs.generation == made[1]
+
+
+def test_resume_of_a_store_another_ingest_made_says_what_differs(source, tmp_path):
+    store = tmp_path / "t.zarr"
+    outcore.ingest_images(source, store, shape=(16, 16, 3), chunk_size=8, on_error="skip", progress=False)
+    with pytest.raises(StoreExistsError, match=r"not made by this ingest \(seed was 0, now 1; shape was \(16, 16, "
+                                               r"3\), now \(12, 12, 3\)\).*pass overwrite=True"):
+        outcore.ingest_images(source, store, shape=(12, 12, 3), chunk_size=8, on_error="skip", seed=1, resume=True,
+                              progress=False)
+    (source / "a" / "extra.jpg").write_bytes((source / "a" / next(iter(sorted(os.listdir(source / "a"))))).read_bytes())
+    try:
+        with pytest.raises(StoreExistsError, match=r"451 files then, 452 now"):
+            outcore.ingest_images(source, store, shape=(16, 16, 3), chunk_size=8, on_error="skip", resume=True,
+                                  progress=False)
+    finally:
+        (source / "a" / "extra.jpg").unlink()
+    outcore.from_arrays({"x": np.arange(3)}, tmp_path / "arrays.zarr", progress=False)
+    with pytest.raises(StoreExistsError, match="it records no manifest of an ingest like this one"):
+        outcore.ingest_images(source, tmp_path / "arrays.zarr", shape=(16, 16, 3), resume=True, progress=False)
+
+
 LIMITED = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
@@ -208,3 +250,48 @@ def test_ctrl_c_ends_quietly_and_keeps_the_shards_for_resume(source, tmp_path):
 
     assert main(["ingest", *_ingest_command(source, store, "--resume")]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.zarr", "t.zarr.skipped.txt"]
+
+
+COMMAND = "import sys, outcore_command; sys.exit(outcore_command.main())"  # what the console script runs
+INTERRUPTED_LINES = {"outcore: interrupted", ("outcore ingest: interrupted (the shards written so far are kept: "
+                                               "the same command with --resume continues)")}
+
+
+def _start_command(source, store) -> subprocess.Popen:
+    """The command, started as from a terminal: with Ctrl-C's default action (a test runner may ignore SIGINT,
+    which a child would inherit; a handled signal is reset to its default in the child)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen([sys.executable, "-c", COMMAND, "ingest", *_ingest_command(source, store)],
+                                stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(scope="module")
+def command_seconds(source, tmp_path_factory):
+    """How long the whole command takes here, start-up included."""
+    started = time.monotonic()
+    process = _start_command(source, tmp_path_factory.mktemp("timed") / "t.zarr")
+    assert process.wait(timeout=120) == 0, process.stderr.read()
+    process.stderr.close()
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("moment", [0.0, 0.01, 0.03, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.85, 0.92, 0.97, 1.0])
+def test_ctrl_c_at_any_instant_of_the_command_is_one_line_and_130(source, tmp_path, command_seconds, moment):
+    """From the interpreter's start-up (importing outcore takes a second or more) to the end of the
+    ingest, a Ctrl-C at ``moment`` of the command's time is one line on stderr and exit status 130, never
+    a traceback; before Python takes Ctrl-C and once it has given it back (its last instants, the work
+    done), the process ends by the signal (a shell says 130), silently."""
+    process = _start_command(source, tmp_path / "t.zarr")
+    time.sleep(moment * command_seconds)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    if process.returncode == -signal.SIGINT:  # before Python takes Ctrl-C, or after it gives it back at its exit
+        assert err == "", err
+    elif process.returncode == 0:  # it finished first: nothing was interrupted
+        assert moment >= 0.6, err  # (the time measured varies: a run may end sooner)
+    else:
+        assert process.returncode == 130 and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1 and err.strip() in INTERRUPTED_LINES, err

@@ -280,7 +280,9 @@ def test_a_shard_replaced_by_a_folder_is_named(tmp_path):
     shard.unlink()
     shard.mkdir()
     with pytest.raises(CorruptChunkError, match=r"field 'score', chunk 2 .*a folder stands where the file should be"):
-        ds["score"].compute()
+        outcore.open_dataset(ds.location)["score"].compute()
+    with pytest.raises(outcore.StoreChangedError, match=r"score/c/2/0 is not the one it was when the store was opened"):
+        ds["score"].compute()  # opened before: its file was replaced since
 
 
 def _edit_attrs(path, change):

@@ -8,6 +8,7 @@ fields are for; docs/format.md is the full description. Pure values: no I/O here
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -130,7 +131,12 @@ def _image_decode(document: Any) -> ImageDecode:
 
 @dataclass(frozen=True)
 class StoreAttrs:
-    """The JSON document stored under the group attribute ``outcore``."""
+    """The JSON document stored under the group attribute ``outcore``.
+
+    ``generation`` names the store: made anew for each store created (an ingest, an overwrite, a Writer),
+    kept by appends, which keep its samples in place; a reader holding a store checks it
+    (`outcore.storage.pins`). Stores written before outcore recorded it have none.
+    """
 
     num_samples: int
     chunk_size: int
@@ -140,6 +146,7 @@ class StoreAttrs:
     provenance: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, Any] | None = None
     format_version: int = FORMAT_VERSION
+    generation: str | None = field(default_factory=lambda: uuid.uuid4().hex)
 
     def to_dict(self) -> dict[str, Any]:
         document = asdict(self)
@@ -170,6 +177,8 @@ class StoreAttrs:
             _expect(isinstance(shuffled, bool), f"shuffled_on_write {shuffled!r} is not true or false")
             provenance = document.get("provenance", {})
             _expect(isinstance(provenance, Mapping), "provenance is not an object")
+            generation = document.get("generation")
+            _expect(generation is None or isinstance(generation, str), f"generation {generation!r} is not a string")
             return cls(
                 num_samples=_bounded(document.get("num_samples"), "num_samples", 0, MAX_SAMPLES),
                 chunk_size=_bounded(document.get("chunk_size"), "chunk_size", 1, 2**31 - 1),
@@ -179,6 +188,7 @@ class StoreAttrs:
                 provenance=dict(provenance),
                 skipped=None if skipped is None else dict(skipped),
                 format_version=version,
+                generation=generation,
             )
         except ValueError as error:
             if isinstance(error, NotAStoreError):

@@ -137,7 +137,8 @@ class DecodedChunks:
         self.field, self.where = field, store.location
         self.decode = store.info(field).decode
         self.dtype = np.dtype(self.decode.dtype)
-        self.bytes = EncodedBytes(store.array, field, store.location, len(store), variable=self.decode.variable)
+        self.bytes = EncodedBytes(store.array, field, store.location, len(store), variable=self.decode.variable,
+                                  pins=store.pins)
         self.chunk_size = self.bytes.chunk_size
         self._scratch = threading.local()
 

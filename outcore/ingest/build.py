@@ -52,6 +52,7 @@ from ..storage import (
 )
 from .decode_tasks import BLOB_DTYPE
 from .permute import Part, Permuted, as_dask, free_bytes, scratch_bytes
+from .resume import resume_finished
 from .scheduler import run_tasks
 
 MAX_SKIPPED_IN_ATTRS = 100
@@ -116,13 +117,17 @@ def build_store(
     the attributes and, in full, in a ``<store>.skipped.txt`` report beside the store. With ``order``,
     the store's sample ``i`` is the fields' sample ``order[i]``. With a ``manifest`` (what is written,
     from what), each finished shard is recorded, and ``resume`` continues a dead run that had the same
-    manifest from its finished shards (`outcore.storage.staged_store`). ``fields`` may be a function
+    manifest from its finished shards (`outcore.storage.staged_store`), or, when the store at ``location``
+    is the one such a run finished, returns it (`outcore.ingest.resume`). ``fields`` may be a function
     making ``(fields, errors)`` given a scratch folder of the run, for sources prepared before they are
     written (pictures re-encoded smaller, `outcore.ingest.survey`); the folder is kept for ``resume``.
     ``recipe`` (the settings that made the samples, e.g. an image ingest's shape) is recorded in the
     provenance, for an append to make its samples alike.
     """
     name = store_name(location)
+    if resume and manifest is not None and not options.overwrite \
+            and resume_finished(location, manifest, options.storage_options):
+        return location
     with staged_store(location, options.overwrite, manifest=manifest, resume=resume,
                       storage_options=dict(options.storage_options or {})) as staging:
         if callable(fields):
@@ -145,7 +150,7 @@ def build_store(
             fields={name: _recorded(f) for name, f in fields.items()},
             shuffled_on_write=shuffled_on_write,
             seed=seed,
-            provenance=provenance(source, recipe),
+            provenance={**provenance(source, recipe), **({"manifest": manifest} if manifest else {})},
             skipped=skipped_summary(name, messages) if messages else None,
         )
         group = zarr.open_group(staging.store, mode="r+")

@@ -255,13 +255,14 @@ def _ingest_table(
     layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), chunk_size)
     fields = _table_fields(table, order, stats, layout.shard_size)
     options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite, storage_options)
-    settings = (shape, resize, dtype.str, images, max_side, quality, layout, str(options.compression), shuffle_on_write,
-                seed, on_error, max_pixels)
+    settings = {"shape": shape, "resize": resize, "dtype": dtype.str, "images": images, "max_side": max_side,
+                "quality": quality, "layout": layout, "compression": str(options.compression),
+                "shuffle_on_write": shuffle_on_write, "seed": seed, "on_error": on_error, "max_pixels": max_pixels}
     decode = ImageDecode(shape, dtype.name, None if shape[0] is None else resize)
     recipe = {"shape": list(shape), "resize": resize, "dtype": dtype.name, "images": images, "max_side": max_side,
               "quality": quality, "max_pixels": max_pixels}
     run = {"shuffled_on_write": shuffle_on_write, "seed": seed if shuffle_on_write else None,
-           "source": table.description, "manifest": _manifest(table, paths, stats, settings), "resume": resume,
+           "source": table.description, "manifest": _manifest(table, order, paths, stats, settings), "resume": resume,
            "recipe": recipe}
     if surveyed:
         survey = SurveyOptions(decode.channels, dtype, max_side, quality, on_error, max_pixels)
@@ -335,11 +336,17 @@ def _table_fields(table: SourceTable, order: np.ndarray, stats: list[tuple[int, 
     return fields
 
 
-def _manifest(table: SourceTable, paths: list[str], stats: list[tuple[int, int]], settings: tuple) -> dict[str, str]:
-    """What a run writes, from what: the files in their stored order with their sizes and modification
-    times, the labels and names, and every setting. A resumed run must match it exactly."""
-    digest = hashlib.sha256(json.dumps([paths, stats, table.names, repr(settings)]).encode())
+def _manifest(table: SourceTable, order: np.ndarray, paths: list[str], stats: list[tuple[int, int]],
+              settings: dict[str, Any]) -> dict[str, Any]:
+    """What a run writes, from what: the files in the source's order with their sizes and modification
+    times (``paths`` and ``stats`` are in the stored ``order``, which the seed setting makes), the labels
+    and names, and every setting. A resumed run must match it exactly; the parts apart, so that a
+    mismatch can say which differs (`outcore.ingest.resume.manifest_differences`)."""
+    files = sorted(zip(order.tolist(), paths, stats, strict=True))
+    labels = hashlib.sha256(json.dumps(table.names).encode())
     for name in sorted(table.labels):
-        digest.update(name.encode() + np.ascontiguousarray(table.labels[name]).tobytes())
-        digest.update(json.dumps(table.classes.get(name)).encode())
-    return {"ingest": "images", "fingerprint": digest.hexdigest()}
+        labels.update(name.encode() + np.ascontiguousarray(table.labels[name]).tobytes())
+        labels.update(json.dumps(table.classes.get(name)).encode())
+    return {"ingest": "images", "files": len(paths),
+            "fingerprint": hashlib.sha256(json.dumps(files).encode()).hexdigest(),
+            "labels": labels.hexdigest(), "settings": {name: repr(value) for name, value in settings.items()}}

@@ -10,6 +10,7 @@ import zarr
 from ..errors import SourceError
 from ..format import SAMPLE_DIM, Compression, Layout, pack_regions, ranges_name, shapes_name
 from .groups import create_field, writable
+from .pins import Pins
 from .shard_reader import ShardReader
 
 
@@ -80,14 +81,16 @@ class EncodedBytes:
     """
 
     def __init__(self, arrays: Callable[[str], zarr.Array], field: str, where: str, num_samples: int,
-                 variable: bool = False) -> None:
+                 variable: bool = False, pins: Pins | None = None) -> None:
         self.field = field
-        self.ranges = ShardReader(arrays(ranges_name(field)), ranges_name(field), where, num_samples)
+        self.ranges = ShardReader(arrays(ranges_name(field)), ranges_name(field), where, num_samples, pins=pins)
         self.chunk_size = self.ranges.chunk_size
         data = arrays(field)
         self.capacity = data.chunks[0]
-        self.bytes = ShardReader(data, field, where, data.shape[0], samples=(num_samples, self.chunk_size))
-        self.shapes = ShardReader(arrays(shapes_name(field)), shapes_name(field), where, num_samples) if variable else None
+        self.bytes = ShardReader(data, field, where, data.shape[0], samples=(num_samples, self.chunk_size),
+                                 pins=pins)
+        self.shapes = (ShardReader(arrays(shapes_name(field)), shapes_name(field), where, num_samples, pins=pins)
+                       if variable else None)
 
     @property
     def direct(self) -> bool:

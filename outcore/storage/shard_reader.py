@@ -44,6 +44,7 @@ from zarr.storage import LocalStore
 from ..errors import CorruptChunkError, OutcoreError
 from ..threads import submit_io
 from .groups import shard_path
+from .pins import Pins, stamp_of
 from .remote import RemoteStore, coalesce
 from .zipstore import RangeZipStore
 
@@ -84,12 +85,13 @@ class ShardReader:
     """
 
     def __init__(
-        self, array: zarr.Array, field: str, where: str, num_samples: int, *, samples: tuple[int, int] | None = None
+        self, array: zarr.Array, field: str, where: str, num_samples: int, *, samples: tuple[int, int] | None = None,
+        pins: Pins | None = None,
     ) -> None:
         self.array, self.field, self.where, self.num_samples = array, field, where, num_samples
         self.chunk_size = array.chunks[0]
         self._samples = samples or (num_samples, self.chunk_size)
-        self._layout = _direct_layout(array)
+        self._layout = _direct_layout(array, pins)
         self._indexes: dict[int, _ShardIndex] = {}
         self._reading: dict[int, _IndexRead] = {}  # the shards whose index a thread is reading
         self._lock = threading.Lock()
@@ -162,13 +164,17 @@ class ShardReader:
         try:
             return self._read_direct(chunk, out)[: stop - start]
         except _Unreadable as error:
+            pins = getattr(self._layout.files, "pins", None)
+            replaced = pins.replaced() if pins else None  # a file rewritten in place as it was read
+            if replaced:
+                raise pins.changed(self._layout.key(chunk // self._layout.chunks_per_shard), replaced) from None
             raise self._corrupt(chunk, str(error)) from None
 
     def _read_direct(self, chunk: int, out: np.ndarray) -> np.ndarray:
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
         with self._layout.opened(shard) as file:
             known = self._indexes.get(shard)
-            if known is not None:
+            if known is not None and (not file.local or known.stamp == file.stamp()):  # a local stamp costs nothing
                 try:
                     return self._read_chunk(file, known.entries[inner], out)
                 except _Unreadable:
@@ -248,6 +254,7 @@ class ShardReader:
         index = np.frombuffer(raw[:-_CHECKSUM_BYTES], dtype="<u8").reshape(-1, 2)
         _check_index(index, size - index_bytes, self._max_chunk_bytes())
         known = _ShardIndex(index, file.stamp())
+        file.check_growth(index)
         with self._lock:
             self._indexes[shard] = known
         return known
@@ -320,7 +327,15 @@ class _ShardFile:
             try:
                 self._fd = os.open(files.root / key, os.O_RDONLY)
             except OSError as error:
-                raise _unreadable(error) from None
+                changed = files.pins.missing(key) if files.pins and isinstance(error, FileNotFoundError) else None
+                raise (changed or _unreadable(error)) from None
+            self._opened = os.fstat(self._fd)
+            if files.pins:
+                try:
+                    files.pins.check(key, self._opened)
+                except OutcoreError:
+                    os.close(self._fd)
+                    raise
 
     def __enter__(self) -> Self:
         return self
@@ -346,13 +361,19 @@ class _ShardFile:
             raise _Unreadable("its shard file is missing")
         return size
 
+    @property
+    def local(self) -> bool:
+        return self._fd is not None
+
     def stamp(self) -> Hashable:
         """What tells this version of the file from the one a Writer replaces it with: a local file's
         inode, modification time and size; any other's size."""
-        if self._fd is None:
-            return self.size()
-        status = os.fstat(self._fd)
-        return status.st_ino, status.st_mtime_ns, status.st_size
+        return self.size() if self._fd is None else stamp_of(self._opened)
+
+    def check_growth(self, index: np.ndarray) -> None:
+        """A local file of another version than the one pinned must be the pinned one grown (`Pins.check_growth`)."""
+        if self._fd is not None and self.files.pins:
+            self.files.pins.check_growth(self.key, stamp_of(self._opened), index)
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         """Fill ``buffer`` from the file at ``offset``."""
@@ -365,6 +386,8 @@ class _ShardFile:
             raise
         except (OSError, KeyError) as error:
             raise _unreadable(error) from None
+        if self._fd is not None and self.files.pins and stamp_of(os.fstat(self._fd)) != stamp_of(self._opened):
+            raise self.files.pins.changed(self.key, "it was written to while it was read")
         if count != len(buffer):
             raise _Unreadable("its shard file is shorter than its index says")
 
@@ -376,10 +399,11 @@ def _unreadable(error: OSError | KeyError) -> _Unreadable:
 
 
 class _LocalFiles:
-    """The shard files of a store in a local folder (read through `_ShardFile`'s file descriptors)."""
+    """The shard files of a store in a local folder (read through `_ShardFile`'s file descriptors), and
+    what was pinned of them when the store was opened (`outcore.storage.pins`)."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, pins: Pins | None) -> None:
+        self.root, self.pins = root, pins
 
 
 class _ZipFiles:
@@ -412,7 +436,7 @@ class _StoreFiles:
         return len(raw)
 
 
-def _direct_layout(array: zarr.Array) -> _DirectLayout | None:
+def _direct_layout(array: zarr.Array, pins: Pins | None) -> _DirectLayout | None:
     metadata = array.metadata.to_dict()
     codecs = metadata.get("codecs") or [{}]
     if metadata.get("zarr_format") != 3 or len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
@@ -431,7 +455,7 @@ def _direct_layout(array: zarr.Array) -> _DirectLayout | None:
     if isinstance(store, RemoteStore):
         files: Any = store.files
     elif isinstance(store, LocalStore):
-        files = _LocalFiles(Path(store.root))
+        files = _LocalFiles(Path(store.root), pins)
     elif isinstance(store, RangeZipStore) and store.stored_only:
         files = _ZipFiles(store)
     else:

@@ -6,11 +6,13 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
 import zarr
 from zarr.core.sync import sync
+from zarr.storage import LocalStore
 
 from ..errors import NotAStoreError, OutcoreError, StoreChangedError
 from ..format import (
@@ -22,9 +24,11 @@ from ..format import (
 )
 from .cache import ChunkCache
 from .groups import is_url, open_group, shard_path
+from .pins import Pins
 from .remote import RemoteStore, redact
 from .safety import check_safe, read_attrs
 from .shard_reader import ShardReader
+from .zipstore import RangeZipStore
 
 # Bounds on what a reader allocates for one chunk and one shard index. outcore writes chunks of about 8 MiB
 # and at most 1,024 chunks per shard: a store past these bounds was not written by it.
@@ -47,15 +51,17 @@ class Store:
 
     @classmethod
     def open(cls, location: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None,
-             cache: ChunkCache | None = None, generation: str | None = None) -> Self:
+             cache: ChunkCache | None = None, generation: str | None = None, pins: Pins | None = None) -> Self:
         """Open the store at ``location`` for reading: a directory, a ``.zip`` file, an object store URL
         (``s3://``, ``gs://``, ``az://``, ``https://``; configured by ``storage_options`` or the standard
         environment, read through ``cache``) or another fsspec URL.
 
         Only metadata is read. The attributes must be outcore's, every array they promise must be there
         with the sample count and chunking they say, and no array may use a pickle or object codec.
-        With ``generation`` (a worker opening the store its parent opened), an object store's store
-        must still be that generation (`outcore.storage.upload`), else `StoreChangedError`.
+        A local store's shard files are pinned (`outcore.storage.pins`): reading one that was replaced
+        since is `StoreChangedError`. A worker opening the store its parent opened passes the parent's
+        ``pins`` (a local store) or ``generation`` (an object store's, `outcore.storage.upload`): the
+        store must still be the one the parent opened, else `StoreChangedError`.
         """
         where = redact(str(location)) if is_url(location) else os.fspath(location)
         try:
@@ -64,9 +70,13 @@ class Store:
             if generation is not None and found != generation:
                 raise StoreChangedError(f"{where} was replaced after it was opened (by another ingest): open the "
                                         "dataset again to read the new store")
-            store = cls(group, read_attrs(group, where), where)
+            attrs = read_attrs(group, where)
+            if pins is not None and attrs.generation != pins.generation:
+                raise StoreChangedError(f"{where} was replaced after it was opened (the store there now is another "
+                                        "one): open the dataset again to read the store that is there now")
+            store = cls(group, attrs, where, pins)
             store.opener = partial(cls.open, str(location), storage_options=storage_options, cache=cache,
-                                   generation=found)
+                                   generation=found, pins=store.pins)
             return store
         except (ValueError, KeyError, TypeError, RecursionError) as error:
             if isinstance(error, OutcoreError):
@@ -76,7 +86,7 @@ class Store:
                 "restore it from a copy or re-create it from its source"
             ) from None
 
-    def __init__(self, group: zarr.Group, attrs: StoreAttrs, location: str) -> None:
+    def __init__(self, group: zarr.Group, attrs: StoreAttrs, location: str, pins: Pins | None = None) -> None:
         self.attrs = attrs
         self.location = location
         self.group = group
@@ -85,6 +95,30 @@ class Store:
         check_safe(group, self.array_names(), location)
         for name in attrs.fields:
             self._check_field(name)
+        self.pins = pins if pins is not None else self._pin()
+
+    def _pin(self) -> Pins | None:
+        """The stamps of a local directory store's shard files (`outcore.storage.pins`); of a zip store, its
+        generation only (its file is read through the descriptor opened with it); ``None`` elsewhere (an
+        object store pins versions itself)."""
+        if isinstance(self.group.store, RangeZipStore):  # its reads come from the file opened
+            return Pins(Path(self.group.store.path), self.attrs.generation, {})
+        if not isinstance(self.group.store, LocalStore):
+            return None
+        shards = {}
+        for name in self.array_names():
+            array = self.group[name]
+            count = -(-self._needed(name) // (array.shards or array.chunks)[0])
+            index_bytes = 16 * (array.shards[0] // array.chunks[0]) + 4 if array.shards else 0
+            for shard in range(count):
+                shards[shard_path(array, shard)] = index_bytes if shard == count - 1 else 0
+        return Pins.take(Path(self.group.store.root), self.attrs.generation, shards)
+
+    def _needed(self, name: str) -> int:
+        """Entries of array ``name`` that the store's samples use: one per sample, or for an encoded image
+        field's bytes, a whole region per chunk."""
+        encoded_bytes = name in self.attrs.fields and self.attrs.fields[name].is_image
+        return self.num_chunks * self.group[name].chunks[0] if encoded_bytes else len(self)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -157,9 +191,7 @@ class Store:
         missing = []
         for name in self.array_names():
             array = self.group[name]
-            encoded_bytes = name in self.attrs.fields and self.attrs.fields[name].is_image  # a region per chunk
-            needed = self.num_chunks * array.chunks[0] if encoded_bytes else len(self)
-            for shard in range(-(-needed // (array.shards or array.chunks)[0])):
+            for shard in range(-(-self._needed(name) // (array.shards or array.chunks)[0])):
                 key = shard_path(array, shard)
                 if not sync(self.group.store.exists(key)):
                     missing.append(key)
@@ -167,7 +199,7 @@ class Store:
 
     def shard_reader(self, field: str) -> ShardReader:
         """A direct reader of ``field``'s stored chunks (bytes, for an encoded image field)."""
-        return ShardReader(self.array(field), field, self.location, len(self))
+        return ShardReader(self.array(field), field, self.location, len(self), pins=self.pins)
 
     def __len__(self) -> int:
         return self.attrs.num_samples

@@ -12,7 +12,7 @@ import os
 import struct
 import threading
 import zipfile
-from typing import Any
+from typing import Any, BinaryIO
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
@@ -22,14 +22,19 @@ _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # the fixed 30 bytes before a member
 
 
 class RangeZipStore(ZipStore):
-    """``ZipStore(path, mode="r")`` with direct range reads of stored members; others read as usual."""
+    """``ZipStore(path, mode="r")`` with direct range reads of stored members; others read as usual.
+
+    The file is opened once, when the store is: a zip file replaced at its path meanwhile (by a copy, a
+    move, a new ingest) is not read, the ranges come from the file opened.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path, mode="r")
-        self._members = stored_members(os.fspath(path))
-        with zipfile.ZipFile(path) as archive:  # members compressed by another tool are read by zarr
-            self.stored_only = len(self._members) == sum(not info.is_dir() for info in archive.infolist())
-        self._fd: int | None = None
+        self._fd: int | None = os.open(path, os.O_RDONLY)
+        with os.fdopen(os.dup(self._fd), "rb") as raw:
+            self._members = stored_members(raw)
+            with zipfile.ZipFile(raw) as archive:  # members compressed by another tool are read by zarr
+                self.stored_only = len(self._members) == sum(not info.is_dir() for info in archive.infolist())
         self._fd_lock = threading.Lock()
 
     async def get(
@@ -72,10 +77,10 @@ class RangeZipStore(ZipStore):
         self._fd_lock = threading.Lock()
 
 
-def stored_members(path: str) -> dict[str, tuple[int, int]]:
-    """Map each uncompressed member to (offset of its bytes in the file, size)."""
+def stored_members(raw: BinaryIO) -> dict[str, tuple[int, int]]:
+    """Map each uncompressed member of the zip file open as ``raw`` to (offset of its bytes in the file, size)."""
     members = {}
-    with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:
+    with zipfile.ZipFile(raw) as archive:
         for info in archive.infolist():
             if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
                 continue

@@ -25,7 +25,8 @@ def chunk_location(location: str | os.PathLike, field: str, chunk: int) -> tuple
     shard, inner = divmod(chunk, chunks_per_shard)
     key = shard_path(array, shard)
     if location.endswith(".zip"):
-        path, (base, size) = Path(location), stored_members(location)[key]
+        with open(location, "rb") as raw:
+            path, (base, size) = Path(location), stored_members(raw)[key]
     else:
         path, base, size = Path(location) / key, 0, (Path(location) / key).stat().st_size
     index_bytes = chunks_per_shard * _INDEX_ENTRY
@@ -38,17 +39,21 @@ def chunk_location(location: str | os.PathLike, field: str, chunk: int) -> tuple
 
 def corrupt_chunk(location: str | os.PathLike, field: str, chunk: int, *, at: int = 10) -> Path:
     """Flip the bits of one byte, ``at`` bytes into chunk ``chunk`` of array ``field``, on disk (directory
-    and zip stores; the byte is clamped to the chunk); return the file changed.
+    and zip stores; the byte is clamped to the chunk); return the file changed. The file keeps its
+    modification time, as it does when the disk flips a bit: a reader that opened the store before
+    finds a corrupt chunk, not another version of the file.
 
     >>> corrupt_chunk("train.zarr", "images", 3)  # doctest: +SKIP
     PosixPath('train.zarr/images/c/0/0/0/0')
     """
     path, offset, nbytes = chunk_location(location, field, chunk)
+    status = path.stat()
     with open(path, "r+b") as file:
         file.seek(offset + min(at, nbytes - 1))
         value = file.read(1)
         file.seek(-1, os.SEEK_CUR)
         file.write(bytes([value[0] ^ 0xFF]))
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
     return path
 
 

@@ -1,0 +1,61 @@
+"""The ``outcore`` console script: at any instant, from the first, Ctrl-C ends it with one line and exit
+status 130, never a traceback.
+
+It lives outside the ``outcore`` package because it must run before ``import outcore`` (NumPy, Dask,
+Zarr: a second or more on a loaded machine), which a Ctrl-C would otherwise break off with a traceback.
+The first Ctrl-C raises ``KeyboardInterrupt`` as usual: the command stops, cleans up and says so in one
+line (`outcore.cli.main`), or, while outcore is still being imported, this script does. A Ctrl-C after
+that (a second one while the first is handled, or one while the interpreter shuts down) exits at once,
+with 130 and nothing more said.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from types import FrameType
+
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+
+
+def main() -> int:
+    """Run the ``outcore`` command; return its exit status."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started to ignore it (a shell's background job)
+        from outcore.cli.main import main as run
+
+        return run()
+    signal.signal(signal.SIGINT, _first_interrupt)
+    try:
+        from outcore.cli.main import main as run
+
+        return run()
+    except KeyboardInterrupt:  # before the command could take it: importing outcore, reading the arguments
+        print("outcore: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    finally:  # the interpreter shuts down next (threads joined): a Ctrl-C there ends it at once
+        if signal.getsignal(signal.SIGINT) is _first_interrupt:
+            signal.signal(signal.SIGINT, _interrupted_at_exit)
+
+
+def _first_interrupt(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGINT, _exit_now)  # its line is said by whoever catches the KeyboardInterrupt
+    raise KeyboardInterrupt
+
+
+def _interrupted_at_exit(signum: int, frame: FrameType | None) -> None:
+    print("outcore: interrupted", file=sys.stderr)
+    _exit_now(signum, frame)
+
+
+def _exit_now(signum: int, frame: FrameType | None) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(INTERRUPTED)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
