@@ -10,7 +10,7 @@ from .adapters.selection import FieldSelection
 from .dataset import Dataset
 from .errors import OptionError
 from .iterate import BatchKeywords, BatchOptions
-from .iterate.mixture import MixtureIterator, MixtureLayout
+from .iterate.mixture import MixtureIterator, MixtureLayout, warn_uneven
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -22,10 +22,16 @@ if TYPE_CHECKING:
 def mix(sources: Mapping[str, Dataset], *, weights: Mapping[str, float] | None = None,
         repeats: Mapping[str, float] | None = None, epoch_samples: int | None = None) -> Mixture:
     """Read ``sources`` as one dataset: by ``weights`` (each batch holds the sources in those shares), or by
-    ``repeats`` (source ``s`` gives about ``repeats[s]`` times its samples an epoch; default 1 each: every
-    sample of every source once an epoch). An epoch is ``epoch_samples`` samples (default: the sources'
-    sizes added up), rounded to whole batches; a source asked for more than it has repeats its samples,
-    one asked for fewer gives other samples each epoch (`outcore.iterate.mixture`).
+    ``repeats`` (source ``s`` gives about ``repeats[s]`` times its samples an epoch; default 1 each). An
+    epoch is ``epoch_samples`` samples (default: the sources' sizes added up), rounded to whole batches; a
+    source asked for more than it has repeats its samples, one asked for fewer gives other samples each
+    epoch (`outcore.iterate.mixture`).
+
+    A batch holds each source in a fixed share, so an epoch of ``S`` batches gives each source ``S`` times
+    its share: its size, every sample once, only when the sizes are in the batch's proportions. Otherwise
+    a few samples of a source repeat and a few of another wait for the next epoch (others each epoch);
+    ``mixture.layout(batch_size)`` gives the counts, and with the default repeats an `OutcoreWarning` says
+    so when the batches are made.
 
     >>> mixture = outcore.mix({"base": base, "curated": curated}, weights={"base": 0.9, "curated": 0.1})
     ...                                                                     # doctest: +SKIP
@@ -47,7 +53,8 @@ class Mixture:
                               "({'base': outcore.open_dataset(...), ...})")
         if weights is not None and repeats is not None:
             raise OptionError("mix() takes weights= or repeats=, not both")
-        if weights is None and repeats is None:
+        self.concatenated = weights is None and repeats is None  # the default: each source's size an epoch
+        if self.concatenated:
             repeats = dict.fromkeys(self.sources, 1.0)
         given = weights if weights is not None else repeats or {}
         if set(given) != set(self.sources) or any(float(value) < 0 for value in given.values()) \
@@ -88,8 +95,11 @@ class Mixture:
     def batches(self, batch_size: int, **options: Unpack[BatchKeywords]) -> MixtureIterator:
         """Iterate in batches of ``batch_size`` samples, each source's share of every batch read by its own
         chunk-aware iterator (`outcore.iterate.mixture.MixtureIterator`); the options of `Dataset.batches`."""
-        return MixtureIterator(self.sources, BatchOptions.of(batch_size, options), weights=self.weights,
-                               repeats=self.repeats, epoch_samples=self.epoch_samples)
+        iterator = MixtureIterator(self.sources, BatchOptions.of(batch_size, options), weights=self.weights,
+                                   repeats=self.repeats, epoch_samples=self.epoch_samples)
+        if self.concatenated and self.epoch_samples is None:
+            warn_uneven(self.sources, iterator.layout, batch_size)
+        return iterator
 
     def keras(self, batch_size: int, *, x: FieldSelection, y: FieldSelection | None = None,
               sample_weight: str | None = "auto", **options: Unpack[BatchKeywords]) -> KerasBatches:

@@ -5,6 +5,7 @@ errors, and the adapters (Keras fit, tf.data, a DataLoader)."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -14,8 +15,8 @@ from hypothesis import strategies as st
 from optional import need
 
 import outcore
-from outcore.errors import OptionError
-from outcore.iterate.mixture import MixtureLayout, epoch_samples_of
+from outcore.errors import OptionError, OutcoreWarning
+from outcore.iterate.mixture import MixtureLayout, epoch_samples_of, warn_uneven
 
 
 def _store(path, count, offset, classes=("a", "b"), shape=(2,)):
@@ -45,6 +46,43 @@ def test_a_layout_apportions_every_batch_and_makes_whole_epochs(sizes, data, bat
     assert layout.per_batch.sum() == batch and (np.abs(layout.per_batch - shares) < 1).all()
     assert layout.steps == max(1, round(sum(sizes) / (batch * world_size)))
     assert (layout.per_epoch == layout.steps * world_size * layout.per_batch).all()
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=4), batch=st.integers(1, 300),
+       world_size=st.sampled_from([1, 2, 3, 8]), seed=st.integers(0, 3))
+def test_the_default_gives_each_source_what_its_warning_says(sizes, batch, world_size, seed):
+    """The default (repeats of 1) keeps each batch's shares: every sample of every source once an epoch
+    exactly when the shares make each source's size, and otherwise a warning giving each source's count,
+    which an epoch's samples then hold: each sample that count // size times, the rest once."""
+    layout = MixtureLayout.of(tuple(sizes), batch_size=batch, world_size=world_size, repeats=(1.0,) * len(sizes))
+    sources = {f"s{i}": range(size) for i, size in enumerate(sizes)}
+    exact = layout.per_epoch.tolist() == sizes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_uneven(sources, layout, batch)
+    assert (not caught) == exact
+    for i, (name, size) in enumerate(zip(sources, sizes, strict=True)):
+        count = int(layout.per_epoch[i])
+        if caught:
+            assert f"{name} {count:,} (" in str(caught[0].message)
+        drawn = Counter(epoch_samples_of(size, count, seed, 0, i).tolist())
+        assert sum(drawn.values()) == count and set(drawn) <= set(range(size))
+        assert set(drawn.values()) <= {count // size, count // size + 1}
+        if count >= size:
+            assert len(drawn) == size  # none left out
+        assert abs(count - size) <= world_size * (layout.steps + int(layout.per_batch[i]))  # a share a step, at most
+
+
+def test_the_default_warns_saying_what_an_epoch_gives_each_source(tmp_path):
+    uneven = outcore.mix({"a": _store(tmp_path / "a.zarr", 1003, 0), "b": _store(tmp_path / "b.zarr", 500, 100_000)})
+    with pytest.warns(OutcoreWarning, match=r"a batch of 10 holds 7 of a and 3 of b samples, so an epoch of 150 "
+                                            r"batches gives a 1,050 \(47 of its 1,003 samples twice\), b 450 \(50 "
+                                            r"of its 500 samples left for another epoch\)"):
+        it = uneven.batches(10, seed=0, fields=["id"])
+    ids = Counter(i for b in it for i in b["id"].tolist())
+    assert sum(1 for i in ids if i < 100_000) == 1003 and sorted(ids.values()).count(2) == 47
+    assert sum(1 for i in ids if i >= 100_000) == 450
 
 
 def test_every_batch_holds_each_source_in_its_share_and_an_epoch_its_drawn_samples(sources):
@@ -118,10 +156,12 @@ def test_sources_that_cannot_be_mixed_are_named(sources, tmp_path):
     extra = outcore.from_arrays({"x": np.zeros((50, 2), np.float32), "id": 400_000 + np.arange(50),
                                  "labels": np.arange(50) % 2, "weight": np.ones(50, np.float32)}, tmp_path / "w.zarr",
                                 classes={"labels": ("a", "b")}, shuffle_on_write=False, progress=False)
+    three = {"base": 0.9, "curated": 0.05, "extra": 0.05}
     with pytest.warns(outcore.OutcoreWarning, match=r"left out: \{'extra': \['weight'\]\}"):
-        it = outcore.mix({**sources, "extra": extra}).batches(100)
+        it = outcore.mix({**sources, "extra": extra}, weights=three).batches(100)
     assert it.fields == ("x", "id", "labels")
-    assert outcore.mix({**sources, "extra": extra}).batches(100, fields=["x", "id"]).fields == ("x", "id")  # chosen
+    assert outcore.mix({**sources, "extra": extra}, weights=three).batches(100, fields=["x", "id"]).fields == \
+        ("x", "id")  # chosen
 
 
 def test_keras_fits_and_tf_and_torch_read_a_mixture(sources):

@@ -6,8 +6,9 @@ epoch is ``S`` global steps (``round(L / (B W))``, at least one) of a length ``L
 sizes added up), so source ``s`` gives ``n_s = S W b_s`` samples an epoch: every sample ``n_s // N_s``
 times and ``n_s % N_s`` others drawn without replacement, seeded by ``(seed, epoch, s)``: a source
 smaller than its share is repeated, a larger one is sub-sampled, with other samples each epoch.
-With ``repeats`` instead of weights, ``n_s`` is about ``repeats[s] x N_s`` (1: each sample once an
-epoch) and the weights follow from it.
+With ``repeats`` instead of weights, ``n_s`` is about ``repeats[s] x N_s`` and the weights follow from
+it: ``S W b_s``, a whole number of shares, is ``repeats[s] x N_s`` only when the sizes are in the
+batch's proportions (`warn_uneven` says so for the default repeats of 1).
 
 Each source is read by a `BatchIterator` of its own over that multiset of its samples (a subset with
 repeats: `outcore.iterate.options.Subset`), with its share ``b_s`` as batch size, so every source is
@@ -80,6 +81,32 @@ class MixtureLayout:
         per_batch = apportion(batch_size, shares)
         steps = max(1, round(length / (batch_size * world_size)))
         return cls(per_batch, steps, steps * world_size * per_batch)
+
+
+def warn_uneven(sources: Mapping[str, Store], layout: MixtureLayout, batch_size: int) -> None:
+    """An `OutcoreWarning` when a mixture's epochs do not give each source its size (the default repeats
+    of 1 ask for every sample once), saying what they give instead.
+
+    >>> warn_uneven({"a": range(1003), "b": range(500)}, MixtureLayout.of((1003, 500), batch_size=10,
+    ...             repeats=(1, 1)), 10)  # doctest: +SKIP
+    OutcoreWarning: mix(): a batch of 10 holds 7 of a and 3 of b, so an epoch of 150 batches gives a 1,050 ...
+    """
+    sizes = [len(store) for store in sources.values()]
+    if list(layout.per_epoch) == sizes:
+        return
+    shares = " and ".join(f"{count} of {name}" for name, count in zip(sources, layout.per_batch, strict=True))
+    gives = []
+    for name, size, count in zip(sources, sizes, layout.per_epoch.tolist(), strict=True):
+        if count > size:
+            gives.append(f"{name} {count:,} ({count - size:,} of its {size:,} samples twice)")
+        elif count < size:
+            gives.append(f"{name} {count:,} ({size - count:,} of its {size:,} samples left for another epoch)")
+        else:
+            gives.append(f"{name} {count:,} (each sample once)")
+    warnings.warn(f"mix(): a batch of {batch_size} holds {shares} samples, so an epoch of {layout.steps:,} batches "
+                  f"gives {', '.join(gives)}; which samples differs each epoch. A batch holds each source in a fixed "
+                  "share: every sample once an epoch needs sizes in those proportions. Pass repeats= or weights= "
+                  "to choose (this warning is for the default)", OutcoreWarning, stacklevel=3)
 
 
 def epoch_samples_of(size: int, count: int, seed: int, epoch: int, source: int) -> np.ndarray:
