@@ -1,5 +1,6 @@
 """Trust, measured: killed ingests, damaged stores, hostile stores, a growing store read while it grows,
-and bad inputs — each tried for real (real processes, real SIGKILLs, real files), counted, in one run.
+bad inputs, stores replaced under their readers and disks that fail while read — each tried for real
+(real processes, real SIGKILLs, real files, a fault layer in the C library's calls), counted, in one run.
 
     python benchmarks/reliability.py [--kills 30] [--soak 20] [--workdir bench-data]
 
@@ -10,7 +11,9 @@ something is wrong, so a failure here is a bug report.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import random
 import shutil
 import signal
@@ -434,11 +437,111 @@ def _verdict(what: str, result: subprocess.CompletedProcess) -> str:
     return f"{what:58s} {kind:15s} {line[:100] if result.returncode else ''}"
 
 
+# -- 6. stores replaced under their readers ------------------------------------------------------------------
+
+
+def _numbers(sign: int) -> dict[str, np.ndarray]:
+    """Store A holds 0, 1, 2, ...; store B the same negated: a sample of B read as A's shows."""
+    return {"y": sign * np.arange(2000), "x": sign * np.ones((2000, 16), np.float32)}
+
+
+def _copy_file_by_file(target: Path, other: Path) -> None:
+    """As rsync does: each file copied to a temporary name beside its target, then renamed over it."""
+    for source in sorted(other.rglob("*")):
+        if source.is_file():
+            path = target / source.relative_to(other)
+            shutil.copyfile(source, path.with_name(f".{path.name}.tmp"))
+            path.with_name(f".{path.name}.tmp").replace(path)
+
+
+def _move(target: Path, other: Path) -> None:
+    target.rename(target.with_name("old.zarr"))
+    shutil.copytree(other, target.with_name("moved.zarr"))
+    target.with_name("moved.zarr").rename(target)
+
+
+REPLACEMENTS: dict[str, Callable[[Path, Path], object]] = {
+    "ingest with overwrite=True": lambda target, other: outcore.from_arrays(
+        _numbers(-1), target, chunk_size=50, overwrite=True, progress=False),
+    "cp -r of another store over it": lambda target, other: subprocess.run(
+        ["cp", "-r", f"{other}/.", f"{target}/"], check=True),
+    "a file-by-file copy (rsync's renames)": _copy_file_by_file,
+    "mv of another store into its place": _move,
+}
+
+
+def replaced(workdir: Path) -> list[str]:
+    root = workdir / "replaced"
+    rows = []
+    for what, replace in REPLACEMENTS.items():
+        shutil.rmtree(root, ignore_errors=True)
+        other = outcore.from_arrays(_numbers(-1), root / "b.zarr", chunk_size=50, progress=False).location
+        ds = outcore.from_arrays(_numbers(1), root / "a.zarr", chunk_size=50, progress=False)
+        batches = iter(ds.batches(50, seed=0, prefetch=1, buffer_chunks=2))
+        seen = [next(batches)["y"] for _ in range(3)]
+        replace(root / "a.zarr", Path(other))
+        try:
+            seen += [batch["y"] for batch in batches]
+            ids = np.concatenate(seen)
+            outcome = f"SILENT: {int((ids < 0).sum())} of {len(ids)} samples from the new store"
+        except outcore.StoreChangedError as error:
+            ids = np.concatenate(seen)
+            outcome = f"StoreChangedError after {len(ids)} samples, all of the old store: {str(error)[:60]}..."
+            if (ids < 0).any():
+                outcome = "WRONG: " + outcome
+        rows.append(f"{what:42s} {outcome}")
+    return rows
+
+
+# -- 7. disks that fail while reading ------------------------------------------------------------------------
+
+
+FAULTY_READ = """
+import json, sys, time
+import numpy as np
+import outcore
+started = time.monotonic()
+try:
+    ds = outcore.open_dataset(sys.argv[1])
+    ids = np.concatenate([batch["y"] for batch in ds.batches(100, seed=0)])
+    print("exact epoch" if sorted(ids.tolist()) == list(range(len(ds))) else "WRONG SAMPLES",
+          f"({time.monotonic() - started:.2f} s)")
+except outcore.OutcoreError as error:
+    print(type(error).__name__, f"({time.monotonic() - started:.2f} s):", str(error)[:110])
+"""
+
+
+def read_faults(workdir: Path) -> list[str]:
+    from outcore.testing.faults import fault_environment, fault_library
+
+    library = fault_library(workdir)
+    if library is None:
+        return ["skipped: no C compiler to build the fault layer (outcore.testing.faults)"]
+    store = outcore.from_arrays(_numbers(1), workdir / "faulty.zarr", chunk_size=100, overwrite=True,
+                                progress=False).location
+    cases = [("EIO on reads, 3 times", {"error": errno.EIO, "times": 3}),
+             ("EAGAIN on reads, 3 times", {"error": errno.EAGAIN, "times": 3}),
+             ("ESTALE on reads, 3 times", {"error": errno.ESTALE, "times": 3}),
+             ("ESTALE on opens, 3 times", {"error": errno.ESTALE, "on": "open", "times": 3}),
+             ("EINTR on reads, 3 times", {"error": errno.EINTR, "times": 3}),
+             ("short reads, every read", {"short": True}),
+             ("EIO on every read of one shard", {"error": errno.EIO}),
+             ("ESTALE on every read of one shard", {"error": errno.ESTALE})]
+    rows = []
+    for what, faults in cases:
+        match = "faulty.zarr/y/c/3" if "one shard" in what else "faulty.zarr/y/c/"
+        env = {**dict(os.environ), **fault_environment(library, match, **faults)}
+        result = subprocess.run([sys.executable, "-c", FAULTY_READ, store], capture_output=True, text=True, env=env,
+                                timeout=120, check=False)
+        rows.append(f"{what:36s} {(result.stdout.strip() or 'TRACEBACK ' + result.stderr[-200:])}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--soak", type=float, default=20.0, help="seconds of the growing-store soak")
-    parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run, comma-separated")
+    parser.add_argument("--parts", default="1,2,3,4,5,6,7", help="which parts to run, comma-separated")
     parser.add_argument("--workdir", default="bench-data")
     args = parser.parse_args()
     workdir = Path(args.workdir) / "reliability"
@@ -450,6 +553,8 @@ def main() -> None:
         ("3. hostile stores, each opened and read under a 1 GiB data limit", lambda: hostile(workdir)),
         ("4. a growing store read while it grows", lambda: soak(workdir, args.soak)),
         ("5. bad inputs through the CLI", lambda: bad_inputs(workdir)),
+        ("6. stores replaced under a running epoch", lambda: replaced(workdir)),
+        ("7. disks that fail while reading (a fault layer loaded with LD_PRELOAD)", lambda: read_faults(workdir)),
     ]
     for title, part in [parts[int(n) - 1] for n in args.parts.split(",")]:
         began = time.perf_counter()

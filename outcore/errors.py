@@ -25,7 +25,8 @@ class StoreBusyError(OutcoreError, RuntimeError):
 
 class StorageError(OutcoreError, OSError):
     """Writing or reading a store's files failed at the system's level: no space left, no permission,
-    a file where a folder should be. The message names the path and what to do."""
+    a file where a folder should be, a disk that cannot read a sector (after bounded tries). The message
+    names the path (and the field and chunk being read) and what to do."""
 
 
 class NotAStoreError(OutcoreError, ValueError):
@@ -55,7 +56,8 @@ class RemoteError(OutcoreError, OSError):
 
 
 class StoreChangedError(OutcoreError, RuntimeError):
-    """A store in an object store was rewritten while it was being read: open it again."""
+    """The store was replaced (overwritten, copied or moved over, rewritten in an object store) after it was
+    opened: the reader stops rather than read another store's bytes. Open it again."""
 
 
 class ClusterError(OutcoreError, RuntimeError):

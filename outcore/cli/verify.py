@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset import Dataset, open_dataset
-from ..errors import CorruptChunkError, NotAStoreError, SampleDecodeError, UnsafeStoreError
+from ..errors import CorruptChunkError, NotAStoreError, SampleDecodeError, StorageError, UnsafeStoreError
 from ..ingest import progress_bar
 from ..iterate import ChunkReader
 from ..storage import is_url
@@ -67,7 +67,7 @@ def _check_chunk(ds: Dataset, reader: ChunkReader, name: str, chunk: int) -> str
     stop = min(len(ds), start + ds.chunk_size)
     try:
         values = reader.read(chunk)
-    except (CorruptChunkError, SampleDecodeError) as error:
+    except (CorruptChunkError, SampleDecodeError, StorageError) as error:  # StorageError: the disk failed it
         return str(error)
     classes = ds.classes_of(name)
     if classes and values.size and (values.min() < 0 or values.max() >= len(classes)):

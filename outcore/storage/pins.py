@@ -24,12 +24,14 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import StoreChangedError
 from ..format import ATTRS_KEY
+from .failures import retried
 
 _EMPTY = 2**64 - 1  # a shard index's entry of a chunk never written
 Stamp = tuple[int, int, int]  # inode, modification time (ns), size: what tells one version of a file from another
@@ -62,16 +64,12 @@ class Pins:
         files, growing = {}, {}
         for key, index_bytes in shards.items():
             try:
-                fd = os.open(root / key, os.O_RDONLY)
+                stamp, entries = retried(partial(_pin, root / key, index_bytes), str(root), f"shard file {key}")
             except FileNotFoundError:
                 continue
-            try:
-                status = os.fstat(fd)
-                files[key] = stamp_of(status)
-                if index_bytes:
-                    growing[key] = _entries(os.pread(fd, index_bytes, status.st_size - index_bytes), index_bytes)
-            finally:
-                os.close(fd)
+            files[key] = stamp
+            if index_bytes:
+                growing[key] = entries
         return cls(root, generation, files, growing)
 
     def check(self, key: str, status: os.stat_result) -> None:
@@ -134,3 +132,15 @@ def _entries(raw: bytes, index_bytes: int) -> np.ndarray | None:
     if len(raw) != index_bytes:
         return None
     return np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2).copy()
+
+
+def _pin(path: Path, index_bytes: int) -> tuple[Stamp, np.ndarray | None]:
+    """The file's stamp, and with ``index_bytes``, the shard index at its end (read through one opening)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        status = os.fstat(fd)
+        if not index_bytes:
+            return stamp_of(status), None
+        return stamp_of(status), _entries(os.pread(fd, index_bytes, max(0, status.st_size - index_bytes)), index_bytes)
+    finally:
+        os.close(fd)

@@ -27,6 +27,7 @@ import re
 import stat
 import struct
 import threading
+import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from zarr.storage import LocalStore
 
 from ..errors import CorruptChunkError, OutcoreError
 from ..threads import submit_io
+from .failures import PAUSES, TRIES, read_failure, transient
 from .groups import shard_path
 from .pins import Pins, stamp_of
 from .remote import RemoteStore, coalesce
@@ -58,6 +60,14 @@ _CORRUPTION = re.compile(r"checksum|decompress|blosc|corrupt|cannot reshape", re
 
 class _Unreadable(Exception):
     """A shard file cannot be read as its index says; the reader names the chunk and file."""
+
+
+class _Failed(Exception):
+    """The system failed a read of a shard file (``error``); the reader tries again or names it."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _ShardIndex(NamedTuple):
@@ -142,7 +152,7 @@ class ShardReader:
         for shard, inner in chunks.items():
             try:
                 index = self._index(shard).entries
-            except (_Unreadable, OutcoreError, OSError):
+            except (_Unreadable, _Failed, OutcoreError, OSError):
                 return  # the reads meet the failure themselves
             spans = [(int(offset), int(nbytes)) for offset, nbytes in index[inner] if offset != _EMPTY]
             for run in coalesce(spans):
@@ -162,13 +172,25 @@ class ShardReader:
             return out[: len(values)]
         out = self.empty() if out is None else out
         try:
-            return self._read_direct(chunk, out)[: stop - start]
+            return self._read_retried(chunk, out)[: stop - start]
         except _Unreadable as error:
             pins = getattr(self._layout.files, "pins", None)
             replaced = pins.replaced() if pins else None  # a file rewritten in place as it was read
             if replaced:
                 raise pins.changed(self._layout.key(chunk // self._layout.chunks_per_shard), replaced) from None
             raise self._corrupt(chunk, str(error)) from None
+
+    def _read_retried(self, chunk: int, out: np.ndarray) -> np.ndarray:
+        """`_read_direct`, from the file's opening again while the system's failures may pass
+        (`outcore.storage.failures`); one that does not is a `StorageError` naming the chunk and file."""
+        for attempt in range(TRIES):
+            try:
+                return self._read_direct(chunk, out)
+            except _Failed as failed:
+                if not transient(failed.error) or attempt == TRIES - 1:
+                    raise read_failure(self.where, self._what(chunk), failed.error, attempt + 1) from None
+                time.sleep(PAUSES[attempt])
+        raise AssertionError("unreachable")
 
     def _read_direct(self, chunk: int, out: np.ndarray) -> np.ndarray:
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
@@ -263,14 +285,18 @@ class ShardReader:
         raw = self.chunk_size * math.prod(self.array.shape[1:]) * self.array.dtype.itemsize
         return raw + _CHECKSUM_BYTES + (_BLOSC_OVERHEAD if self._layout.blosc else 0)
 
-    def _corrupt(self, chunk: int, reason: str) -> CorruptChunkError:
+    def _what(self, chunk: int) -> str:
+        """``field 'x', chunk 3 (samples 96..127, in file x/c/0/0)``"""
         num_samples, chunk_size = self._samples
         first = chunk * chunk_size
         last = min(num_samples, first + chunk_size) - 1
         key = self._layout.key(chunk // self._layout.chunks_per_shard)
+        return f"field {self.field!r}, chunk {chunk} (samples {first}..{last}, in file {key})"
+
+    def _corrupt(self, chunk: int, reason: str) -> CorruptChunkError:
         return CorruptChunkError(
-            f"{self.where}: field {self.field!r}, chunk {chunk} (samples {first}..{last}, in file {key}) is "
-            f"corrupt: {reason}. Restore that file from a copy or re-create the store from its source."
+            f"{self.where}: {self._what(chunk)} is corrupt: {reason}. Restore that file from a copy or re-create "
+            "the store from its source."
         )
 
 
@@ -376,12 +402,19 @@ class _ShardFile:
             self.files.pins.check_growth(self.key, stamp_of(self._opened), index)
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
-        """Fill ``buffer`` from the file at ``offset``."""
+        """Fill ``buffer`` from the file at ``offset`` (a read that returns less is continued: a file server
+        may; one that returns nothing means the file ends there)."""
+        count = 0
         try:
-            if self._fd is not None:
-                count = os.preadv(self._fd, [buffer], offset)
-            else:
-                count = self.files.read_into(self.key, offset, buffer)
+            while count < len(buffer):
+                part = buffer[count:]
+                if self._fd is not None:
+                    got = os.preadv(self._fd, [part], offset + count)
+                else:
+                    got = self.files.read_into(self.key, offset + count, part)
+                if got == 0:
+                    break
+                count += got
         except OutcoreError:
             raise
         except (OSError, KeyError) as error:
@@ -392,10 +425,13 @@ class _ShardFile:
             raise _Unreadable("its shard file is shorter than its index says")
 
 
-def _unreadable(error: OSError | KeyError) -> _Unreadable:
+def _unreadable(error: OSError | KeyError) -> _Unreadable | _Failed:
+    """A missing file or a folder in its place is the store's damage; any other failure the system's."""
     if isinstance(error, (FileNotFoundError, KeyError)):
         return _Unreadable("its shard file is missing")
-    return _Unreadable(f"its shard file cannot be read ({error.strerror or error})")
+    if isinstance(error, IsADirectoryError):
+        return _Unreadable(f"its shard file cannot be read ({error.strerror or error})")
+    return _Failed(error)
 
 
 class _LocalFiles:

@@ -1,0 +1,97 @@
+"""Disks that fail while a store is read, made by a fault-injecting file layer (`outcore.testing.faults`,
+loaded with LD_PRELOAD into a reading process): transient failures (EIO, EAGAIN, a stale NFS handle on
+open or read, EINTR) are tried again and the epoch is exact; short reads are continued; a failure that
+stays is one `StorageError` naming the store, field, chunk and file, the system's reason and what to do,
+within a second; `verify` lists it. Never a hang, never a wrong sample."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import outcore
+from outcore.testing.faults import fault_environment, fault_library
+
+READ = """
+import json, sys, time
+import numpy as np
+import outcore
+
+started = time.monotonic()
+try:
+    ds = outcore.open_dataset(sys.argv[1])
+    ids = np.concatenate([batch["id"] for batch in ds.batches(100, seed=0)]).tolist()
+    x = ds["x"].compute()
+    print(json.dumps({"ids": ids, "x_ok": bool((x[:, 0] == ds["id"].compute()).all()),
+                      "seconds": time.monotonic() - started}))
+except outcore.OutcoreError as error:
+    print(json.dumps({"error": type(error).__name__, "message": str(error), "seconds": time.monotonic() - started}))
+"""
+N = 4000
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    built = fault_library(tmp_path_factory.mktemp("faults"))
+    if built is None or not sys.platform.startswith("linux"):
+        pytest.skip("the fault layer needs Linux and a C compiler (cc), which this machine lacks")
+    return built
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    ids = np.arange(N)
+    return outcore.from_arrays({"x": np.repeat(ids[:, None], 4, axis=1).astype(np.float32), "id": ids},
+                               tmp_path_factory.mktemp("faulty") / "s.zarr", chunk_size=100, progress=False).location
+
+
+def read_with_faults(library, store, match, error=errno.EIO, **faults) -> dict:
+    env = {**os.environ, **fault_environment(library, f"s.zarr/{match}", error, **faults)}
+    result = subprocess.run([sys.executable, "-c", READ, store], capture_output=True, text=True, env=env,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(("error", "on"), [(errno.EIO, "read"), (errno.EAGAIN, "read"), (errno.ESTALE, "read"),
+                                           (errno.EINTR, "read"), (errno.ESTALE, "open"), (errno.EIO, "open")])
+def test_transient_failures_are_tried_again_and_the_epoch_is_exact(library, store, error, on):
+    got = read_with_faults(library, store, "id/c/", error, on=on, times=3)  # three failures, then reads succeed
+    assert "error" not in got, got
+    assert sorted(got["ids"]) == list(range(N)) and got["x_ok"]
+
+
+def test_short_reads_are_continued(library, store):
+    got = read_with_faults(library, store, "", short=True)  # every read of every file returns half
+    assert sorted(got["ids"]) == list(range(N)) and got["x_ok"]
+
+
+@pytest.mark.parametrize(("error", "reason", "advice"), [
+    (errno.EIO, r"Input/output error \(EIO\) 4 times", "check the disk"),
+    (errno.ESTALE, r"Stale file handle \(ESTALE\) 4 times", "check the mount"),
+    (errno.EAGAIN, r"Resource temporarily unavailable \(EAGAIN\) 4 times", "check the file system"),
+    (errno.EACCES, r"Permission denied \(EACCES\);", "check the file system"),
+])
+def test_a_failure_that_stays_is_named_within_a_second(library, store, error, reason, advice):
+    got = read_with_faults(library, store, "x/c/5", error)  # every read of one shard file fails
+    assert got["error"] == "StorageError", got
+    assert re.search(rf"{store}: field 'x', chunk 2\d \(samples \d+\.\.\d+, in file x/c/5/0\) cannot be read: "
+                     rf"{reason}.*{advice}", got["message"]), got["message"]
+    assert got["seconds"] < 5  # four tries, 0.62 s of pauses: never a hang
+
+
+def test_verify_lists_a_shard_the_disk_cannot_read(library, store):
+    code = "import sys, outcore; print(outcore.verify(sys.argv[1], progress=False))"
+    env = {**os.environ, **fault_environment(library, "s.zarr/id/c/2", errno.EIO)}
+    result = subprocess.run([sys.executable, "-c", code, store], capture_output=True, text=True, env=env,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "field 'id', chunk 8 (samples 800..899, in file id/c/2) cannot be read: Input/output error" in result.stdout
+
