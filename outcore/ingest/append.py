@@ -36,7 +36,7 @@ import numpy as np
 import zarr
 
 from ..dataset import Dataset, open_dataset
-from ..errors import OptionError, OutcoreWarning, SourceError
+from ..errors import OptionError, OutcoreError, OutcoreWarning, SourceError, StorageError
 from ..format import ATTRS_KEY, StoreAttrs, decode_text, encode_text, ranges_name, shapes_name
 from ..imaging import parse_image_dtype, parse_image_shape, parse_resize, read_image_file
 from ..storage import (
@@ -53,6 +53,7 @@ from ..storage import (
     write_encoded_shard,
 )
 from ..storage.safety import check_safe, read_attrs
+from ..storage.staging import storage_error
 from ..threads import for_each
 from .arrays import SOURCE_INDEX_FIELD
 from .build import AllSkippedError, provenance, report_path, skipped_summary, write_report
@@ -105,9 +106,28 @@ def append_table(
     lock = writer_lock(target, str(target))
     try:
         _append(table, target, ingest, options, by_content, classes)
+    except OSError as error:
+        if isinstance(error, OutcoreError) and not isinstance(error, StorageError):
+            raise
+        raise _append_failed(error, target) from None
     finally:
         lock.close()
     return open_dataset(target)
+
+
+def _append_failed(error: OSError, target: Path) -> StorageError:
+    """A write the system refused while appending (a full disk): the store keeps its samples (its count is
+    published last); the splice folder goes, the part ingested so far stays for the next run to go on from."""
+    remove_path(target.with_name(f".{target.name}.append-splice"))
+    part = target.with_name(f".{target.name}.append.zarr")
+    count = read_attrs(open_group(target, mode="r"), str(target)).num_samples
+    goes_on = ""
+    if part.exists():
+        size = sum(file.stat().st_size for file in part.rglob("*") if file.is_file())
+        goes_on = f", which goes on from the new files' part ingested so far ({part}, {size / 2**20:.1f} MiB)"
+    reason = OSError(error.errno, os.strerror(error.errno)) if error.errno else error
+    return storage_error(reason, target, f"It keeps its {count:,} samples as they were (an append publishes its "
+                                         f"count last): free some space, then run the same append again{goes_on}")
 
 
 def _append(table: SourceTable, target: Path, ingest: Ingest, options: dict[str, Any], by_content: bool,

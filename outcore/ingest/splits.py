@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..dataset import Dataset, open_dataset
-from ..errors import OptionError, SourceError
+from ..errors import OptionError, SourceError, StorageError
 from ..storage import is_url
 from ..storage.splits import INDEX_FORMAT, SPLITS_INDEX, read_index
 from .images import ingest_table, missing_files_error
@@ -200,8 +200,17 @@ def ingest_splits(
     suffix = ".zip" if zip else ".zarr"
     grow = {"append": True, "by_content": by_content, "classes": _grown_classes(folder, tables, rule)} \
         if append else {"by_content": by_content}
-    stores = {name: ingest_table(part, folder / f"{name}{suffix}", seed=seed, **grow, **options)
-              for name, part in tables.items()}
+    stores: dict[str, Dataset] = {}
+    for name, part in tables.items():
+        try:
+            stores[name] = ingest_table(part, folder / f"{name}{suffix}", seed=seed, **grow, **options)
+        except StorageError as error:  # a full disk, say: the splits written are kept, and a resume keeps them
+            if not stores or append:
+                raise
+            raise StorageError(error.errno, f"{error.strerror}. The splits written before it are kept "
+                                            f"({', '.join(stores)}): free some space, then run the same ingest "
+                                            "with resume=True, which keeps them as they are and writes the "
+                                            "others") from None
     _write_index(folder, stores, rule, suffix)
     return stores
 

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import math
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Self
 
 import numpy as np
 import zarr
 
-from ..errors import OptionError, SourceError, StoreBusyError, StoreExistsError
+from ..errors import OptionError, OutcoreError, SourceError, StoreBusyError, StoreExistsError
 from ..format import ATTRS_KEY, Compression, FieldInfo, Layout, StoreAttrs, dimension_names, guess_roles
 from ..storage import (
     Upload,
@@ -32,6 +33,7 @@ from ..storage import (
     writable,
 )
 from ..storage.safety import check_safe, read_attrs
+from ..storage.staging import storage_error
 from ..storage.upload import local_mirror
 from .build import provenance
 
@@ -87,6 +89,7 @@ class Writer:
         self._attrs: StoreAttrs | None = None
         self._shard_size = 0
         self._lock_file: Any = None
+        self._made = False  # whether this Writer created the store (not append=True to one that was there)
         self.closed = False
         try:
             self._open(specs, append, overwrite)
@@ -110,7 +113,8 @@ class Writer:
             if self._upload and exists:
                 self._upload.clear()
             if specs is not None:
-                self._create({name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in specs.items()})
+                with self._writing():
+                    self._create({name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in specs.items()})
 
     def __len__(self) -> int:
         """Samples appended so far, written or still buffered."""
@@ -126,17 +130,41 @@ class Writer:
             raise ValueError(f"Writer for {self._shown} is closed")
         arrays = {name: np.asarray(values) for name, values in batch.items()}
         if self._attrs is None:
-            self._create({name: (a.dtype, a.shape[1:]) for name, a in arrays.items()})
+            with self._writing():
+                self._create({name: (a.dtype, a.shape[1:]) for name, a in arrays.items()})
         self._pending.append(self._checked(arrays))
         self._pending_count += len(next(iter(arrays.values())))
         shard = self._shard_size
-        while len(self) >= (self._written // shard + 1) * shard:
-            self._write_until((self._written // shard + 1) * shard)
+        with self._writing():
+            while len(self) >= (self._written // shard + 1) * shard:
+                self._write_until((self._written // shard + 1) * shard)
 
     def flush(self) -> None:
         """Write every buffered sample now (a partial shard is rewritten by later flushes)."""
-        if self._pending_count:
-            self._write_until(len(self))
+        if self._pending_count and not self.closed:
+            with self._writing():
+                self._write_until(len(self))
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Writes the system refuses (a full disk, a quota, permissions) end the Writer with one
+        `StorageError` naming the store and what it keeps: the samples published before (each shard is
+        replaced in one step, the count published after it), or nothing, for a store it made that holds
+        none, which is removed so that the same Writer can run again."""
+        try:
+            yield
+        except OSError as error:
+            if isinstance(error, OutcoreError):
+                raise
+            self.closed, self._pending, self._pending_count = True, [], 0
+            if self._upload is None and self._made and not self._written:
+                remove_path(self.location)
+                kept = None
+            else:
+                kept = (f"It keeps the {self._written:,} samples published before, readable as they are: free "
+                        "some space, then a Writer with append=True goes on from there")
+            self._unlock()
+            raise storage_error(error, self.location, kept) from None
 
     def close(self) -> None:
         """Flush and close; the store is then complete. Closing twice is harmless."""
@@ -167,6 +195,7 @@ class Writer:
         sample_nbytes = sum(math.prod(shape) * dtype.itemsize for dtype, shape in specs.values())
         layout = Layout.for_samples(sample_nbytes, None, self._chunk_size)
         self._lock()
+        self._made = True
         group = zarr.open_group(self.location, mode="w")
         dims = dimension_names(specs)
         for name, (dtype, shape) in specs.items():

@@ -21,6 +21,7 @@ in WAL mode, so DataLoader workers, ranks and separate jobs share it safely). It
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -45,6 +46,7 @@ MIN_FREE_FRACTION = 0.05  # the cache leaves this much of its disk free ...
 MIN_FREE_CAP = 4 * 2**30  # ... or this much, when less: 5 % of a shared 2 TB disk is not the cache's to keep
 STALE_SECONDS = 300.0  # an entry still being written after this long belongs to a process that is gone
 WAIT_SECONDS = 120.0  # the longest a reader waits for an entry another process is fetching
+FULL_SECONDS = 1.0  # how long a cache whose disk was found full is left alone before it is tried again
 USE_SECONDS = 10.0  # an entry's last use is written again only when older than this
 _CHECKSUM = 4
 _SETUP_LOCK = threading.Lock()
@@ -123,6 +125,7 @@ class ChunkCache:
         self._reconciled = 0  # the pid that reconciled the folder last in this object
         self._connections: list[tuple[int, sqlite3.Connection]] = []  # every thread's, to close them
         self._warned: set[str] = set()  # the kinds of trouble already told of (`_warn_once`)
+        self._full_until = 0.0  # its disk was found full: until then, read without it (`_warn_full`)
         weakref.finalize(self, _close_connections, self._connections)
 
     @classmethod
@@ -161,18 +164,26 @@ class ChunkCache:
         deadline = time.monotonic() + WAIT_SECONDS
         pause = 0.002
         while True:
-            data = self._read(name, size, out)
+            try:
+                if time.monotonic() < self._full_until:
+                    raise OSError(errno.ENOSPC, "No space left on device")  # found so a moment ago
+                data = self._read(name, size, out)
+                claim = "hit" if data is not None else self._claim(name, size)
+            except (OSError, sqlite3.Error) as error:
+                if not _disk_full(error):
+                    raise
+                self._warn_full(error)
+                data, claim = None, "full"
             if data is not None:
                 self.counts.hits += 1
                 return data
-            claim = self._claim(name, size)
             if claim == "no room":
                 self._warn_once("no room", f"the cache {self.directory} has no room for a range of {size:,} bytes "
                                 "(the ranges being fetched at once fill it, or the range is larger than it, or its "
                                 f"disk has less than {min_free_bytes(shutil.disk_usage(self.directory).total) / 2**30:.1f} GiB free): such "
                                 "ranges are read without being kept; give a larger cache_size=, or free space on "
                                 "that disk")
-            if claim == "mine" or claim == "no room" or time.monotonic() > deadline:
+            if claim in ("mine", "no room", "full") or time.monotonic() > deadline:
                 break
             time.sleep(pause)  # another process or thread is fetching it
             pause = min(0.05, pause * 2)
@@ -185,7 +196,12 @@ class ChunkCache:
             raise
         self.counts.fetched_bytes += len(data)
         if claim == "mine":
-            self._write(name, data)
+            try:
+                self._write(name, data)
+            except (OSError, sqlite3.Error) as error:
+                if not _disk_full(error):
+                    raise
+                self._warn_full(error)
         if out is None:
             return data
         out[: len(data)] = data
@@ -234,6 +250,8 @@ class ChunkCache:
             with _SETUP_LOCK:  # threads of one process set up their connections one at a time
                 db = self._connect()
         except (OSError, sqlite3.Error) as error:
+            if _disk_full(error):  # it may have room later: `get_or_fetch` reads without it meanwhile
+                raise
             raise StorageError(f"the cache folder {self.directory} cannot be used ({error}); give another with "
                                f"cache_dir= or ${ENVIRONMENT}, or cache_dir=False for none") from None
         self._local.db, self._local.pid = db, os.getpid()
@@ -257,8 +275,8 @@ class ChunkCache:
                 if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                     db.execute("PRAGMA journal_mode=WAL")
                 break
-            except sqlite3.OperationalError:
-                if attempt == 199:
+            except sqlite3.OperationalError as error:
+                if attempt == 199 or _disk_full(error):
                     raise
                 time.sleep(0.05)
         db.execute("PRAGMA synchronous=NORMAL")
@@ -355,12 +373,17 @@ class ChunkCache:
         except OSError as error:  # a full or failing disk: the bytes are still returned, only not kept
             partial.unlink(missing_ok=True)
             self._drop(name, _WRITING)
-            reason = error.strerror or str(error)
-            self._warn_once("write", f"the cache {self.directory} cannot keep what is fetched ({reason}): reading "
-                            "goes on from the object store, fetching it again each epoch; free space on that disk, "
-                            "or give another cache_dir=")
+            self._warn_full(error)
             return
         db.execute("UPDATE entries SET state = ?, used = ? WHERE name = ?", (_READY, time.time(), name))
+
+    def _warn_full(self, error: OSError | sqlite3.Error) -> None:
+        """Say once that the cache's disk is full, and read without the cache for `FULL_SECONDS`."""
+        self._full_until = time.monotonic() + FULL_SECONDS
+        reason = getattr(error, "strerror", None) or str(error)
+        self._warn_once("write", f"the cache {self.directory} cannot keep what is fetched ({reason}): reading "
+                        "goes on from the object store, fetching it again each epoch; free space on that disk, "
+                        "or give another cache_dir=")
 
     def _warn_once(self, kind: str, message: str) -> None:
         """An `OutcoreWarning` the first time this process meets ``kind`` of trouble with this cache."""
@@ -393,6 +416,13 @@ class ChunkCache:
             for name, _, size in rows:
                 if db.execute("DELETE FROM entries WHERE name = ? AND state = ?", (name, _REMOVING)).rowcount:
                     db.execute("UPDATE total SET bytes = bytes - ?", (size,))
+
+
+def _disk_full(error: OSError | sqlite3.Error) -> bool:
+    """Whether ``error`` says the cache's disk (or quota) is full: the cache then reads without keeping."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return "full" in str(error)  # sqlite3: "database or disk is full"
 
 
 class _transaction:

@@ -186,8 +186,9 @@ def local_target(location: str | os.PathLike) -> Path:
     return Path(location)
 
 
-def storage_error(error: OSError, location: Path) -> StorageError:
-    """``error`` as one line naming the store and what to do."""
+def storage_error(error: OSError, location: Path, kept: str | None = None) -> StorageError:
+    """``error`` as one line naming the store and what to do, and what is ``kept`` of it (default: nothing
+    was left at ``location``)."""
     advice = {
         errno.ENOSPC: f"free some space there (it has {_free_mib(location):,.0f} MiB free), or write the store "
                       "elsewhere",
@@ -198,8 +199,9 @@ def storage_error(error: OSError, location: Path) -> StorageError:
         errno.EEXIST: "a file stands where a folder of the location should be: choose another location",
     }.get(error.errno, "check the location and the disk")
     where = f" ({error.filename})" if error.filename else ""
+    kept = kept or f"Nothing was left at {location}"
     return StorageError(error.errno, f"writing the store {location} failed: {error.strerror or error}{where}; "
-                                     f"{advice}. Nothing was left at {location}")
+                                     f"{advice}. {kept}")
 
 
 def _free_mib(location: Path) -> float:
