@@ -24,6 +24,7 @@ INSTALL = {  # top-level module -> (the package, how to install it)
     "torchdata": ("torchdata", f'pip install -e ".[trainers]", {TORCH_FIRST}'),
     "obstore": ("obstore (object stores)", 'pip install -e ".[remote]"'),
     "moto": ("moto's S3 server", 'pip install -e ".[dev]"'),
+    "jax": ("JAX (Keras' JAX backend)", 'pip install -e ".[dev]"'),
     "nbformat": ("nbformat", 'pip install -e ".[dev]"'),
     "xarray": ("xarray", 'pip install -e ".[xarray]"'),
 }

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from optional import need
 
 import outcore
 from outcore.transforms import Normalize
@@ -79,6 +83,99 @@ def test_keras_fit_is_fed_outcore_order_whatever_order_keras_asks_in(splits):
     for epoch in (0, 1):
         assert log[epoch] == _hashes(train, epoch, seed=5)
     assert log[0] != log[1]
+
+
+BACKEND_RUN = """
+import json, sys
+import numpy as np
+import keras, outcore
+from outcore.adapters.keras import KerasBatches
+from outcore.testing.reads import chunk_reads, count_chunk_reads
+
+ds = outcore.open_dataset(sys.argv[1])
+events = []
+
+
+class Recorded(KerasBatches):
+    def __getitem__(self, index):
+        batch = super().__getitem__(index)
+        events.append(("get", batch[-1].tolist()))  # the ids (y) of fit and evaluate
+        return batch
+
+    def on_epoch_begin(self):
+        events.append(("begin",))
+        super().on_epoch_begin()
+
+    def on_epoch_end(self):
+        events.append(("end",))
+        super().on_epoch_end()
+
+
+def plain_reads(epochs, **options):
+    count_chunk_reads()
+    iterator = ds.batches(10, fields=["x", "id"], **options)
+    for epoch in epochs:
+        iterator.set_epoch(epoch)
+        for _ in iterator:
+            pass
+    return chunk_reads()
+
+
+plain = {"fit": plain_reads([0, 1], seed=3), "evaluate": plain_reads([0], shuffle=False)}
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+count_chunk_reads()
+fit = Recorded(ds, 10, x="x", y="id", seed=3)
+model.fit(fit, epochs=2, verbose=0)
+fit_reads = chunk_reads()
+count_chunk_reads()
+model.evaluate(Recorded(ds, 10, x="x", y="id", shuffle=False), verbose=0)
+evaluate_reads = chunk_reads()
+predicted = model.predict(Recorded(ds, 10, x="x"), verbose=0)
+print(json.dumps({"events": events, "fit_reads": fit_reads, "evaluate_reads": evaluate_reads, "plain": plain,
+                  "predicted": len(predicted)}))
+"""
+
+
+def _served(events: list) -> list[list[list[int]]]:
+    """The batches served inside each epoch Keras ran (a one-batch epoch before the first is its peek)."""
+    epochs, current = [], None
+    for event in events:
+        if event[0] == "begin":
+            current = []
+        elif event[0] == "end":
+            if current is not None:
+                epochs.append(current)
+            current = None
+        elif current is not None:
+            current.append(event[1])
+    return epochs
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch", "tensorflow"])
+def test_fit_and_evaluate_get_exactly_outcores_order_under_each_keras_backend(tmp_path, backend):
+    """Keras' JAX and torch backends peek at a batch in a one-batch epoch before the first: that batch is the
+    epoch's first, read once, and the model is fed ds.batches' order exactly; TensorFlow peeks outside."""
+    if backend != "tensorflow":
+        need(backend)
+    ids = np.arange(160)
+    ds = outcore.from_arrays({"x": np.repeat(ids[:, None], 4, axis=1).astype(np.float32), "id": ids},
+                             tmp_path / "s.zarr", chunk_size=20, shuffle_on_write=False, progress=False)
+    result = subprocess.run([sys.executable, "-c", BACKEND_RUN, str(ds.location)], capture_output=True, text=True,
+                            env={**os.environ, "KERAS_BACKEND": backend}, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    epochs = [epoch for epoch in _served(got["events"]) if len(epoch) > 1]
+    expected = []
+    for epoch in (0, 1):
+        iterator = ds.batches(10, fields=["x", "id"], seed=3)
+        iterator.set_epoch(epoch)
+        expected.append([batch["id"].tolist() for batch in iterator])
+    assert epochs[:2] == expected  # fit: outcore's order, each batch once, epoch by epoch
+    assert epochs[2] == [list(range(start, start + 10)) for start in range(0, 160, 10)]  # evaluate: store order
+    if backend != "tensorflow":  # the chunks ds.batches reads, no more (TensorFlow's peeks are read on demand)
+        assert (got["fit_reads"], got["evaluate_reads"]) == (got["plain"]["fit"], got["plain"]["evaluate"])
+    assert got["predicted"] == 160
 
 
 def test_keras_resume_after_an_epoch_sees_the_same_batches(splits):

@@ -12,8 +12,12 @@ which reads each chunk once:
 - an unshuffled dataset asked out of order (``predict`` through threads of your own) reads that
   batch on demand, so row ``i`` is always sample ``i``;
 - an index asked again in the same epoch gets the same batch again, read on demand, and so does one
-  asked outside an epoch (between Keras' ``on_epoch_end`` and ``on_epoch_begin``, when Keras peeks at
-  batches to learn their shapes, or a call of your own): batch ``i`` of the epoch's order.
+  asked outside an epoch (between Keras' ``on_epoch_end`` and ``on_epoch_begin``, when TensorFlow's
+  Keras peeks at batches to learn their shapes, or a call of your own): batch ``i`` of the epoch's order;
+- a batch Keras peeks at inside an epoch of its own before the first (the JAX and torch backends build
+  the model from one batch in a one-batch epoch: `_peeking`) is the pass's first batch, kept and
+  served again to the first index the real epoch asks for: so it is read once, and trained on in
+  its place.
 
 So every epoch serves each batch of outcore's order exactly once, whatever order Keras asks in. An
 epoch ends (and the next one's order is used) when Keras ends an epoch in which every index was served.
@@ -21,6 +25,7 @@ epoch ends (and the next one's order is used) when Keras ends an epoch in which 
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any, Unpack
@@ -82,7 +87,7 @@ class KerasBatches(keras.utils.PyDataset):
             raise IndexError(f"batch {index} is not in [0, {len(self)})")
         with self._lock:
             epoch, in_epoch = self._epoch, self._in_epoch
-            batch = epoch.serve(index) if in_epoch else None
+            batch = (epoch.peek(index) if _peeking() else epoch.serve(index)) if in_epoch else None
         if batch is None:  # outside an epoch, asked again, or out of order without shuffling: read on demand
             batch = self.iterator.batch(epoch.assigned[index] if in_epoch else index, epoch.number)
         inputs = (select(batch, self.x),)
@@ -135,6 +140,7 @@ class _Epoch:
         self.assigned: dict[int, int] = {}  # index -> position of its batch in the epoch's order
         self.taken: set[int] = set()  # positions read on demand for an unshuffled dataset: the pass skips them
         self.position = 0  # the position of the pass's next batch
+        self.peeked: dict[int, Batch] = {}  # batches of the pass Keras peeked at, by position, to serve again
         self._pass: Iterator[Batch] | None = None
 
     def serve(self, index: int) -> Batch | None:
@@ -142,6 +148,10 @@ class _Epoch:
         ``assigned[index]``)."""
         if index in self.assigned:
             return None
+        first = min(self.peeked, default=None)
+        if first is not None and (self.iterator.options.shuffle or index == first):
+            self.assigned[index] = first
+            return self.peeked.pop(first)
         while self.position in self.taken:
             self._next()
         if self.iterator.options.shuffle or index == self.position:
@@ -150,6 +160,15 @@ class _Epoch:
         self.assigned[index] = index
         self.taken.add(index)
         return None
+
+    def peek(self, index: int) -> Batch | None:
+        """The batch for a peek at ``index``: the pass's next one, kept for the index the epoch asks first
+        (for an unshuffled dataset, only when ``index`` is that position; else None: read on demand)."""
+        if index in self.assigned or not (self.iterator.options.shuffle or index == self.position):
+            return None
+        position = self.position
+        self.peeked[position] = self._next()
+        return self.peeked[position]
 
     def _next(self) -> Batch:
         if self._pass is None:
@@ -162,6 +181,19 @@ class _Epoch:
     def close(self) -> None:
         if self._pass is not None:
             self._pass.close()
+
+
+def _peeking() -> bool:
+    """Whether Keras asks for a batch to build the model from it (its trainer's ``_symbolic_build``: the
+    JAX and torch backends do so inside a one-batch epoch before the first), not to train on it."""
+    frame = sys._getframe(2)
+    for _ in range(16):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_symbolic_build" and frame.f_globals.get("__name__", "").startswith("keras"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _store_sample_weight(store: BatchSource) -> str | None:
