@@ -22,6 +22,7 @@ ingest resuming where it stopped.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import os
 import shutil
@@ -439,11 +440,24 @@ def fitting_order(nbytes: np.ndarray, first: int, used: int, chunk_size: int, ca
     """An order of samples of ``nbytes`` bytes, placed from sample ``first`` of a store on (the chunk
     ``first`` falls in already holds ``used`` bytes), in which each chunk's bytes fit ``capacity``: the
     given order, but for a few swaps of a sample of a chunk over capacity with a smaller one of the chunk
-    with the most room. A `SourceError` when the swaps found cannot make them fit.
+    with the most room; when swaps cannot make them fit, a packing of all of them (`_packed`). A
+    `SourceError` when that does not fit either.
 
     >>> fitting_order(np.array([9, 9, 1, 1]), 0, 0, 2, 10).tolist()
     [2, 1, 0, 3]
     """
+    swapped = _swapped(nbytes, first, used, chunk_size, capacity)
+    if swapped is None:
+        swapped = _packed(nbytes, first, used, chunk_size, capacity)
+    if swapped is None:
+        raise SourceError(f"field {name!r}: the appended files are larger than the chunks of {shown} have room "
+                          f"for ({capacity} bytes a chunk, sized at ingest by its largest): ingest all the files "
+                          "again with overwrite=True")
+    return swapped
+
+
+def _swapped(nbytes: np.ndarray, first: int, used: int, chunk_size: int, capacity: int) -> np.ndarray | None:
+    """The given order with a few swaps that make every chunk fit (see `fitting_order`), or None."""
     order = np.arange(len(nbytes))
     slots = (first + order) // chunk_size - first // chunk_size
     loads = _chunk_loads(nbytes, first, used, chunk_size)
@@ -455,15 +469,40 @@ def fitting_order(nbytes: np.ndarray, first: int, used: int, chunk_size: int, ca
         swap = _swap(nbytes[order], np.flatnonzero(slots == chunk), np.flatnonzero(slots == donor),
                      int(loads[chunk] - capacity), int(capacity - loads[donor]))
         if swap is None:
-            break
+            return None
         big, small = swap
         delta = int(nbytes[order[big]] - nbytes[order[small]])
         order[[big, small]] = order[[small, big]]
         loads[chunk] -= delta
         loads[donor] += delta
-    raise SourceError(f"field {name!r}: the appended files are larger than the chunks of {shown} have room for "
-                      f"({capacity} bytes a chunk, sized at ingest by its largest): ingest all the files again "
-                      "with overwrite=True")
+    return None
+
+
+def _packed(nbytes: np.ndarray, first: int, used: int, chunk_size: int, capacity: int) -> np.ndarray | None:
+    """An order in which every chunk fits, found by packing: the samples, largest first, each into the chunk
+    with the most room left that has a place left (each chunk takes as many samples as its place in the
+    store gives it), then each chunk's samples in the given order (the part's shuffled one); None when
+    that leaves a chunk over ``capacity``.
+
+    >>> _packed(np.array([6, 6, 5, 5, 1, 1]), 0, 0, 3, 12).tolist()
+    [0, 2, 4, 1, 3, 5]
+    """
+    count = len(nbytes)
+    chunk_of = (first + np.arange(count)) // chunk_size - first // chunk_size
+    places = np.bincount(chunk_of).tolist()
+    room = [capacity - (used if chunk == 0 else 0) for chunk in range(len(places))]
+    most_room = [(-room[chunk], chunk) for chunk in range(len(places))]
+    heapq.heapify(most_room)
+    for sample in np.argsort(-nbytes, kind="stable").tolist():
+        _, chunk = heapq.heappop(most_room)
+        chunk_of[sample] = chunk
+        room[chunk] -= int(nbytes[sample])
+        places[chunk] -= 1
+        if places[chunk]:
+            heapq.heappush(most_room, (-room[chunk], chunk))
+    if min(room) < 0:
+        return None
+    return np.lexsort((np.arange(count), chunk_of))
 
 
 def _swap(sizes: np.ndarray, mine: np.ndarray, theirs: np.ndarray, excess: int, spare: int) -> tuple[int, int] | None:
