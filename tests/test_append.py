@@ -269,6 +269,35 @@ def test_appends_of_files_like_the_stores_own_are_never_refused():
         assert _chunk_loads(new[order], first, used, 16).max() <= capacity
 
 
+def test_pictures_larger_than_the_chunks_have_room_for_grow_the_room_once(tmp_path):
+    """New photos five times the store's side: no order fits the chunks' room, so the encoded field is written
+    again with room for its fullest chunk (saying what it cost), the other fields' files kept (hard links);
+    every old sample is the same, the store verifies, a reader opened before stops naming the field's file."""
+    photos, store = tmp_path / "photos", tmp_path / "s.zarr"
+    write_image_folder(photos, 20, classes=("a", "b"), size=(32, 32), kind="photos", seed=1)
+    old = ingest(photos, store, images="both")
+    before = {name: by_path(old, name) for name in ("images", "images_encoded", "labels")}
+    labels_file = store / "labels" / "c" / "0"
+    labels_inode = os.stat(labels_file).st_ino
+    for file in write_image_folder(tmp_path / "big", 6, classes=("a", "c"), size=(160, 160), kind="photos", seed=2):
+        (photos / file.parent.name).mkdir(exist_ok=True)
+        file.rename(photos / file.parent.name / f"big_{file.name}")
+    room = old.array("images_encoded").chunks[0]
+    with pytest.warns(outcore.OutcoreWarning, match=rf"grew the room of field\(s\) 'images_encoded' from {room:,} to "
+                                            r"[\d,]+ bytes a chunk, writing those fields again \([\d.]+ MiB written"):
+        grown = ingest(photos, store, images="both", append=True)
+    assert len(grown) == 52 and grown.array("images_encoded").chunks[0] > room
+    assert not outcore.verify(store, progress=False).problems
+    for name, values in before.items():
+        after = by_path(grown, name)
+        assert all(np.array_equal(after[path], value) for path, value in values.items()), name
+    assert os.stat(labels_file).st_ino == labels_inode  # kept, not copied: a reader opened before reads it still
+    assert {path: int(v) for path, v in by_path(old, "labels").items()} == \
+        {path: int(v) for path, v in before["labels"].items()}
+    with pytest.raises(outcore.StoreChangedError, match="images_encoded"):
+        old["images_encoded"].compute()
+
+
 KILL = textwrap.dedent("""
     import os, signal, sys
     import outcore

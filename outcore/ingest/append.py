@@ -54,7 +54,7 @@ from ..storage import (
     write_encoded_shard,
 )
 from ..storage.safety import check_safe, read_attrs
-from ..storage.staging import storage_error
+from ..storage.staging import put_in_place, storage_error
 from ..threads import for_each
 from .arrays import SOURCE_INDEX_FIELD
 from .build import AllSkippedError, provenance, report_path, skipped_summary, write_report
@@ -380,12 +380,14 @@ def _splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[st
     shard = (paths.shards or paths.chunks)[0]
     start = count // shard * shard
     encoded = [name for name, info in attrs.fields.items() if info.is_image]
-    order = _fitting_order(store, part, encoded, count, added, attrs.chunk_size, str(target))
+    order, rooms = _fitting_order(store, part, encoded, count, added, attrs.chunk_size, str(target))
+    if rooms:  # every chunk of those fields is written again, in regions of the new room
+        start = 0
     splice = target.with_name(f".{target.name}.append-splice")
     remove_path(splice)
-    _copy_metadata(target, splice, store, encoded, total, attrs.chunk_size)
+    _copy_metadata(target, splice, store, encoded, total, attrs.chunk_size, rooms)
     spec = _Splice(str(target), str(part_location), str(splice), sorted(attrs.fields), count, order,
-                   attrs.chunk_size, encoded, first_source_index)
+                   attrs.chunk_size, encoded, first_source_index, sorted(rooms))
     write = dask.delayed(_splice_shard, pure=False)
     bounds = [(s, min(total, s + shard)) for s in range(start, total, shard)]
     run_tasks([write(spec, a, b) for a, b in bounds], [b - max(a, count) for a, b in bounds],
@@ -394,7 +396,10 @@ def _splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[st
     skipped = _merged_skipped(target, part_report.read_text(encoding="utf-8").splitlines()
                               if part_report.exists() else [], tried)
     _save_attrs(splice, _grown_attrs(attrs, part_attrs, grown, _summary(target, skipped)))
-    _publish(splice, target)
+    if rooms:
+        _publish_regrown(splice, target, {name: store[name].chunks[0] for name in rooms}, rooms)
+    else:
+        _publish(splice, target)
     write_report(target, skipped)
     remove_path(splice)
 
@@ -412,20 +417,25 @@ def _grown_attrs(attrs: StoreAttrs, part_attrs: StoreAttrs, grown: dict[str, tup
 
 
 def _fitting_order(store: zarr.Group, part: zarr.Group, encoded: list[str], count: int, added: int,
-                   chunk_size: int, shown: str) -> np.ndarray:
+                   chunk_size: int, shown: str) -> tuple[np.ndarray, dict[str, int]]:
     """The order of the part's samples after the store's: the part's own (shuffled on write), with the
-    fewest swaps that make every chunk's encoded files fit its region (`fitting_order`)."""
-    order = np.arange(added)
+    fewest swaps, or the packing, that make every chunk's encoded files fit its region (`fitting_order`);
+    and the room each encoded field's chunks must grow to where nothing fits (the part's own order then:
+    the fullest chunk's bytes, as an ingest sizes them), by field."""
+    order, rooms = np.arange(added), {}
     for name in encoded:
         ranges = store[ranges_name(name)][count // chunk_size * chunk_size : count]  # the last chunk's
         used = int((ranges[:, 1] - ranges[:, 0]).sum())
         capacity, nbytes = store[name].chunks[0], stored_nbytes(part, name, added)
-        if name == encoded[0]:
-            order = fitting_order(nbytes, count, used, chunk_size, capacity, name, shown)
-        elif _chunk_loads(nbytes[order], count, used, chunk_size).max() > capacity:
-            raise SourceError(f"field {name!r}: the appended files do not fit the chunks of {shown}; ingest all "
-                              "the files again with overwrite=True")
-    return order
+        if name == encoded[0] and not rooms:
+            try:
+                order = fitting_order(nbytes, count, used, chunk_size, capacity, name, shown)
+            except SourceError:
+                order = np.arange(added)
+        loads = _chunk_loads(nbytes[order], count, used, chunk_size)
+        if loads.max() > capacity:
+            rooms[name] = int(loads.max())
+    return order, rooms
 
 
 def _chunk_loads(nbytes: np.ndarray, first: int, used: int, chunk_size: int) -> np.ndarray:
@@ -524,19 +534,52 @@ def _swap(sizes: np.ndarray, mine: np.ndarray, theirs: np.ndarray, excess: int, 
 
 
 def _copy_metadata(target: Path, splice: Path, store: zarr.Group, encoded: list[str], total: int,
-                   chunk_size: int) -> None:
+                   chunk_size: int, rooms: Mapping[str, int]) -> None:
     """The store's group and array metadata in ``splice``, each array's shape grown to ``total`` samples
-    (an encoded field's bytes to as many chunk regions)."""
+    (an encoded field's bytes to as many chunk regions, of its new room where ``rooms`` gives one)."""
     splice.mkdir(parents=True)
     shutil.copyfile(target / "zarr.json", splice / "zarr.json")
     for name in store.array_keys():
         document = json.loads((target / name / "zarr.json").read_text())
         if name in encoded:  # chunk regions of bytes
-            shape = [-(-total // chunk_size) * store[name].chunks[0]]
+            room = rooms.get(name, store[name].chunks[0])
+            document = _with_room(document, store[name], room) if name in rooms else document
+            shape = [-(-total // chunk_size) * room]
         else:
             shape = [total, *document["shape"][1:]]
         (splice / name).mkdir()
         (splice / name / "zarr.json").write_text(json.dumps({**document, "shape": shape}, indent=2))
+
+
+def _with_room(document: dict[str, Any], array: zarr.Array, room: int) -> dict[str, Any]:
+    """An encoded field's bytes array metadata with chunk regions of ``room`` bytes (as many per shard)."""
+    per_shard = array.shards[0] // array.chunks[0]
+    grid = {**document["chunk_grid"], "configuration": {"chunk_shape": [room * per_shard]}}
+    codecs = [{**codec, "configuration": {**codec["configuration"], "chunk_shape": [room]}}
+              if codec.get("name") == "sharding_indexed" else codec for codec in document["codecs"]]
+    return {**document, "chunk_grid": grid, "codecs": codecs}
+
+
+def _publish_regrown(splice: Path, target: Path, before: Mapping[str, int], rooms: Mapping[str, int]) -> None:
+    """Put the grown store in place in one step, its chunks' room grown: ``splice`` is completed with
+    hard links to the store's files it does not replace (no copy), then swapped in (`put_in_place`). Readers
+    of the old store keep reading the files they share; those of the rewritten fields stop with
+    `StoreChangedError`. Says what it cost."""
+    rewritten = sum(path.stat().st_size for path in splice.rglob("*") if path.is_file())
+    for folder, _, names in os.walk(target):
+        for name in names:
+            path = Path(folder, name)
+            linked = splice / path.relative_to(target)
+            if not linked.exists():
+                linked.parent.mkdir(parents=True, exist_ok=True)
+                os.link(path, linked)
+    make_durable([path for path in splice.rglob("*") if path.is_file()])
+    put_in_place(splice, target)
+    grown = ", ".join(f"{name!r} from {before[name]:,} to {room:,} bytes" for name, room in rooms.items())
+    warnings.warn(f"the appended files are larger than the chunks of {target} had room for: grew the room of "
+                  f"field(s) {grown} a chunk, writing those fields again ({rewritten / 2**20:,.1f} MiB written; the "
+                  "other fields' files kept as they are). Readers that had the store open stop with "
+                  "StoreChangedError when they read those fields", OutcoreWarning, stacklevel=5)
 
 
 @dataclass(frozen=True)
@@ -553,6 +596,7 @@ class _Splice:
     chunk_size: int
     encoded: list[str]
     first_source_index: int
+    regrown: list[str]  # encoded fields whose chunks' room grows: every shard of theirs is written again
 
 
 def _splice_shard(spec: _Splice, start: int, stop: int) -> None:
@@ -561,8 +605,10 @@ def _splice_shard(spec: _Splice, start: int, stop: int) -> None:
     store, part = open_group(spec.target, mode="r"), open_group(spec.part, mode="r")
     splice = open_group(spec.splice, mode="r+")
     old = slice(start, min(stop, spec.count))
-    rows = spec.order[max(start, spec.count) - spec.count : stop - spec.count]
+    rows = spec.order[max(start, spec.count) - spec.count : max(stop, spec.count) - spec.count]
     for name in spec.fields:
+        if stop <= spec.count and name not in spec.regrown:
+            continue  # a shard of old samples only, written again for the fields whose room grows
         if name in spec.encoded:
             blobs = read_files(store[name], store[ranges_name(name)], old.start, old.stop) if old.stop > old.start \
                 else []

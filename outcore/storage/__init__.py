@@ -17,7 +17,7 @@ from .groups import (
 )
 from .remote import RemoteStore, is_object_url, redact
 from .shard_reader import ShardReader, read_samples
-from .staging import Staging, check_target, local_target, pack_zip, remove_path, staged_store
+from .staging import Staging, check_target, local_target, pack_zip, put_in_place, remove_path, staged_store
 from .store import Store, open_store
 from .upload import Upload
 from .zipstore import RangeZipStore, stored_members
@@ -45,6 +45,7 @@ __all__ = [
     "open_group",
     "open_store",
     "pack_zip",
+    "put_in_place",
     "read_files",
     "read_samples",
     "redact",

@@ -109,7 +109,7 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
             if is_zip(target):
                 built = staging.scratch("zip")
                 pack_zip(staging.store, built)
-            _replace(built, target)
+            put_in_place(built, target)
         _remove_run(staging.store)
     except BaseException as error:
         if manifest is not None and isinstance(error, KeyboardInterrupt):  # keep the finished shards to resume
@@ -307,7 +307,7 @@ def pack_zip(directory: Path, zip_path: Path) -> None:
                 archive.write(path, path.relative_to(directory).as_posix())
 
 
-def _replace(new: Path, target: Path) -> None:
+def put_in_place(new: Path, target: Path) -> None:
     """Put ``new`` at ``target`` in one step where the system allows (see the module docstring)."""
     if not target.exists() or new.is_file():
         os.replace(new, target)  # atomic: a path that does not exist yet, or a file over a file
