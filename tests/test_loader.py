@@ -88,7 +88,7 @@ def test_any_world_size_runs_with_the_default_options_whole_subsets_and_mixtures
     subset = np.arange(7, 1000, 3)
     seen = epoch(lambda rank: ids_store.batches(4, indices=subset, seed=3, rank=rank, world_size=world_size))
     assert set(seen) == set(ids[subset].tolist()) and len(seen) == world_size * -(-len(subset) // world_size)
-    mixture = outcore.mix({"a": ids_store, "b": ids_store})
+    mixture = outcore.mix({"a": ids_store, "b": ids_store}, repeats={"a": 1, "b": 1})  # asked: no warning
     seen = epoch(lambda rank: mixture.batches(8, seed=3, rank=rank, world_size=world_size, fields=["id"]))
     layout = mixture.layout(8, world_size=world_size)
     assert Counter(seen) == sum((Counter(ids[epoch_samples_of(1000, int(layout.per_epoch[s]), 3, 0, s)].tolist())

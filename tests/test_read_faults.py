@@ -95,3 +95,49 @@ def test_verify_lists_a_shard_the_disk_cannot_read(library, store):
     assert result.returncode == 0, result.stderr
     assert "field 'id', chunk 8 (samples 800..899, in file id/c/2) cannot be read: Input/output error" in result.stdout
 
+
+
+def _damaged_store(tmp_path, chunks):
+    ids = np.arange(640)
+    ds = outcore.from_arrays({"x": np.repeat(ids[:, None], 8, axis=1).astype(np.float32), "id": ids},
+                             tmp_path / "d.zarr", chunk_size=32, progress=False)
+    for chunk in chunks:
+        outcore.testing.corrupt_chunk(ds.location, "x", chunk)
+    held = {chunk: set(ds.array("id")[chunk * 32 : (chunk + 1) * 32].tolist()) for chunk in chunks}
+    return outcore.open_dataset(ds.location), held
+
+
+def test_a_damaged_chunk_stops_the_epoch_by_default(tmp_path):
+    ds, _ = _damaged_store(tmp_path, [5])
+    with pytest.raises(outcore.CorruptChunkError, match=r"field 'x', chunk 5 "):
+        list(ds.batches(50, seed=1))
+
+
+def _jitter(batch, rng):
+    """A transform drawing from its generator (a batch's pieces each get theirs)."""
+    return {**batch, "x": batch["x"] + rng.uniform(0, 0.1, batch["x"].shape).astype(np.float32)}
+
+
+@pytest.mark.parametrize("transform", [None, _jitter])
+def test_skip_damaged_leaves_out_each_damaged_chunk_named_and_every_other_sample_once(tmp_path, transform):
+    ds, held = _damaged_store(tmp_path, [5, 12])
+    iterator = ds.batches(50, seed=1, skip_damaged=2, transform=transform)
+    with pytest.warns(outcore.OutcoreWarning) as caught:
+        ids = [batch["id"].tolist() for batch in iterator]
+    named = sorted(str(warning.message) for warning in caught)
+    assert len(named) == 2 and all("of skip_damaged=2" in message for message in named)
+    assert {int(message.split("left out chunk ")[1].split()[0]) for message in named} == {5, 12}
+    seen = [i for batch in ids for i in batch]
+    assert sorted(seen) == sorted(set(range(640)) - held[5] - held[12])  # the others, each exactly once
+    assert len(ids) == len(iterator) and iterator.stats()["damaged_chunks"] == 2
+    with pytest.warns(outcore.OutcoreWarning, match="left out chunk"):  # the next epoch finds them again
+        assert sorted(i for batch in iterator for i in batch["id"].tolist()) == sorted(seen)
+
+
+def test_more_damaged_chunks_than_allowed_is_the_error(tmp_path):
+    ds, _ = _damaged_store(tmp_path, [3, 9])
+    with pytest.warns(outcore.OutcoreWarning, match="left out chunk"), \
+            pytest.raises(outcore.CorruptChunkError, match="chunk (3|9) "):
+        list(ds.batches(50, seed=1, skip_damaged=1))
+    with pytest.raises(outcore.OptionError, match="skip_damaged=-1 must be a number of chunks"):
+        ds.batches(50, skip_damaged=-1)

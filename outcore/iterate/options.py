@@ -37,6 +37,10 @@ class BatchKeywords(TypedDict, total=False):
     - ``client``: a ``distributed.Client`` whose workers read, decode and augment (default: local threads).
     - ``indices``: iterate only these samples (store indices, each once; e.g. a k-fold's part), read chunk
       by chunk like the whole store, with every guarantee of it (`Subset`). Default: all.
+    - ``skip_damaged``: how many damaged or unreadable chunks an epoch may leave out (default 0: the first
+      is the error). Each one left out is an `OutcoreWarning` naming it, counted as ``damaged_chunks`` in
+      ``stats()``; its samples are missing from their batches, every other sample comes exactly once.
+      Reads in this process (threads, DataLoader workers) only: on a Dask cluster it stays 0.
     """
 
     fields: Sequence[str] | None
@@ -51,6 +55,7 @@ class BatchKeywords(TypedDict, total=False):
     drop_last: bool
     client: Any
     indices: Sequence[int] | np.ndarray | None
+    skip_damaged: int
 
 
 class Subset:
@@ -123,6 +128,7 @@ class BatchOptions:
     drop_last: bool = False
     client: Any = None
     indices: Subset | None = None
+    skip_damaged: int = 0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -131,6 +137,11 @@ class BatchOptions:
             raise OptionError(f"prefetch={self.prefetch} must be at least 1")
         if self.buffer_chunks < 0:
             raise OptionError(f"buffer_chunks={self.buffer_chunks} must be 0 or more")
+        if not isinstance(self.skip_damaged, int) or self.skip_damaged < 0:
+            raise OptionError(f"skip_damaged={self.skip_damaged!r} must be a number of chunks, 0 or more")
+        if self.skip_damaged and self.client is not None:
+            raise OptionError("skip_damaged= leaves out damaged chunks read in this process; a Dask cluster's "
+                              "workers read them: leave skip_damaged= out with client=")
         Consumer(self.rank, self.world_size)  # checks the rank
         if self.shuffle and self.streams is not None:  # without, each rank reads its part of the store in order
             check_streams(self.streams, self.world_size)

@@ -12,6 +12,7 @@ import queue
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -20,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IterationClosedError
+from ..errors import CorruptChunkError, IterationClosedError, OutcoreWarning, StorageError
 from ..storage import Store
 from ..threads import submit, thread_count
 from .batch import Batch, Draws, Empty, Recipe, batch_draws, make_batch, plain
 from .options import BatchOptions
 from .plan import EpochPlan, next_use
-from .readers import ChunkReader
+from .readers import ChunkReader, sample_spec
 from .schedule import BatchStep, schedule
 from .stats import LoaderStats
 
@@ -250,6 +251,7 @@ class LocalRun(Run):
         self.readers = readers
         self.buffers = ChunkBuffers(readers)
         self.loading: dict[int, Future[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}  # by chunk
+        self.damaged: set[int] = set()  # chunks left out of this epoch (``skip_damaged``)
         self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
         self.remote = any(reader.remote for reader in readers.values())
         one_batch = len(work.batches) == 1
@@ -283,17 +285,51 @@ class LocalRun(Run):
                 if chunk not in self.loading:
                     self.loading[chunk] = submit(self._read, chunk)
                 self.slots_held[chunk] = self.slots_held.get(chunk, 0) + 1
-            data = {slot: self.loading[int(chunks[slot])].result()[0] for slot in step.used}
-            batch = make_batch(work.recipe, step.samples, work.store.chunk_size, step.slots, data,
-                               work.draws(step), plain if work.allocator is None else work.allocator(step.index))
+            data = {slot: values for slot in step.used if (values := self._values(int(chunks[slot]))) is not None}
+            batch = self._make(step, data)
             for slot in step.release:
                 chunk = int(chunks[slot])
                 self.slots_held[chunk] -= 1
                 if not self.slots_held[chunk]:
                     del self.slots_held[chunk]
-                    self.buffers.give(self.loading.pop(chunk).result()[1])
+                    loaded = self.loading.pop(chunk)
+                    if chunk not in self.damaged:
+                        self.buffers.give(loaded.result()[1])
             if not self._put(batch):
                 return
+
+    def _values(self, chunk: int) -> dict[str, Any] | None:
+        """The chunk's values, or None for a damaged chunk left out (``skip_damaged``: named in a warning,
+        counted in the stats, up to that many an epoch)."""
+        try:
+            return self.loading[chunk].result()[0]
+        except (CorruptChunkError, StorageError) as error:
+            if chunk in self.damaged:
+                return None
+            if len(self.damaged) >= self.work.options.skip_damaged:
+                raise
+            self.damaged.add(chunk)
+            self.stats.damaged += 1
+            warnings.warn(f"left out chunk {chunk} of this epoch ({len(self.damaged)} of skip_damaged="
+                          f"{self.work.options.skip_damaged}): {error}", OutcoreWarning, stacklevel=2)
+            return None
+
+    def _make(self, step: BatchStep, data: dict[int, dict[str, Any]]) -> Batch:
+        """``step``'s batch from the chunks' values ``data`` (by slot): without the samples of the slots it
+        lacks (damaged chunks left out), each augmentation piece then shorter by those."""
+        work = self.work
+        samples, slots, draws = step.samples, step.slots, work.draws(step)
+        empty = plain if work.allocator is None else work.allocator(step.index)
+        if len(data) < len(step.used):
+            kept = np.isin(slots, list(data))
+            bounds = np.cumsum([0, *(count for count, _ in draws)])
+            draws = tuple((int(kept[low:high].sum()), key) for (_, key), low, high
+                          in zip(draws, bounds[:-1], bounds[1:], strict=True) if kept[low:high].any())
+            samples, slots = samples[kept], slots[kept]
+            if not data:  # every sample of the batch was in damaged chunks: an empty batch, as it is
+                return {name: np.empty((0, *shape), dtype) for name, (shape, dtype) in
+                        ((name, sample_spec(work.store, name)) for name in work.recipe.fields)}
+        return make_batch(work.recipe, samples, work.store.chunk_size, slots, data, draws, empty)
 
     def _prefetch(self, chunks: list[int]) -> None:
         for reader in self.readers.values():

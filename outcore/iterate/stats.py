@@ -52,6 +52,7 @@ class LoaderStats:
         self.routes: Counter[tuple[str, str]] = Counter()  # (worker address, route) -> batches (or parts) delivered
         self.spans = SpanClock()  # a cluster's spans: how long they take
         self.hedged = 0  # spans made again elsewhere because they were late
+        self.damaged = 0  # chunks left out as damaged (``skip_damaged``)
 
     def record(self, wait: float, ready: int, samples: int) -> None:
         if self.started is None:
@@ -78,5 +79,6 @@ class LoaderStats:
             "wait_p95_ms": float(np.percentile(waits, 95) * 1e3),
             "wait_fraction": float(waits.sum() / elapsed) if elapsed else 0.0,
             "ready_mean": float(np.mean(self.ready)) if self.ready else 0.0,
+            **({"damaged_chunks": self.damaged} if self.damaged else {}),
             **cluster,
         }
