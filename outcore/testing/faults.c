@@ -75,7 +75,7 @@ ssize_t pread(int fd, void *buffer, size_t count, off_t offset) {
     return asked < 0 ? -1 : real(fd, buffer, (size_t)asked, offset);
 }
 
-ssize_t pread64(int fd, void *buffer, size_t count, off_t offset) { return pread(fd, buffer, count, offset); }
+ssize_t pread64(int fd, void *buffer, size_t count, off_t offset) __attribute__((alias("pread")));
 
 ssize_t preadv(int fd, const struct iovec *vectors, int count, off_t offset) {
     static ssize_t (*real)(int, const struct iovec *, int, off_t);
@@ -89,9 +89,7 @@ ssize_t preadv(int fd, const struct iovec *vectors, int count, off_t offset) {
     return real(fd, &first, 1, offset);
 }
 
-ssize_t preadv64(int fd, const struct iovec *vectors, int count, off_t offset) {
-    return preadv(fd, vectors, count, offset);
-}
+ssize_t preadv64(int fd, const struct iovec *vectors, int count, off_t offset) __attribute__((alias("preadv")));
 
 /* CPython's os.preadv calls this one (glibc's preadv64v2). */
 ssize_t preadv2(int fd, const struct iovec *vectors, int count, off_t offset, int flags) {
@@ -106,9 +104,8 @@ ssize_t preadv2(int fd, const struct iovec *vectors, int count, off_t offset, in
     return real(fd, &first, 1, offset, flags);
 }
 
-ssize_t preadv64v2(int fd, const struct iovec *vectors, int count, off_t offset, int flags) {
-    return preadv2(fd, vectors, count, offset, flags);
-}
+ssize_t preadv64v2(int fd, const struct iovec *vectors, int count, off_t offset, int flags)
+    __attribute__((alias("preadv2")));
 
 static int opened(const char *path, int flags, va_list arguments, int at, int directory) {
     mode_t mode = (flags & (O_CREAT | O_TMPFILE)) ? va_arg(arguments, mode_t) : 0;
@@ -135,13 +132,7 @@ int open(const char *path, int flags, ...) {
     return fd;
 }
 
-int open64(const char *path, int flags, ...) {
-    va_list arguments;
-    va_start(arguments, flags);
-    int fd = opened(path, flags, arguments, 0, 0);
-    va_end(arguments);
-    return fd;
-}
+int open64(const char *path, int flags, ...) __attribute__((alias("open")));
 
 int openat(int directory, const char *path, int flags, ...) {
     va_list arguments;
@@ -151,10 +142,4 @@ int openat(int directory, const char *path, int flags, ...) {
     return fd;
 }
 
-int openat64(int directory, const char *path, int flags, ...) {
-    va_list arguments;
-    va_start(arguments, flags);
-    int fd = opened(path, flags, arguments, 1, directory);
-    va_end(arguments);
-    return fd;
-}
+int openat64(int directory, const char *path, int flags, ...) __attribute__((alias("openat")));
