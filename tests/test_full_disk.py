@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from optional import need
 
 import outcore
 from outcore.storage import ChunkCache
@@ -142,3 +143,32 @@ def test_the_node_cache_on_a_full_disk_returns_every_range_and_keeps_them_again_
         value = bytes([i]) * 50_000
         assert bytes(cache.get_or_fetch(f"range-{i}", 50_000, lambda value=value: value)) == value
     assert cache.usage().entries == 20
+
+
+@pytest.mark.e2e
+def test_stores_bound_for_an_object_store_name_the_url_and_the_full_staging_folder(small_disk, monkeypatch):
+    need("moto.server")
+    need("obstore")
+    from outcore.storage.upload import STAGING_ENVIRONMENT
+    from outcore.testing.s3 import S3Server
+
+    monkeypatch.setenv(STAGING_ENVIRONMENT, str(small_disk / "staging"))
+    with S3Server() as server:
+        server.create_bucket("bucket")
+        with pytest.raises(outcore.StorageError, match=r"writing the store s3://bucket/a.zarr failed in its local "
+                                                       rf"staging folder {small_disk}/staging/\w+: No space left on "
+                                                       r"device.*\$OUTCORE_STAGING_DIR.*Nothing was left at "
+                                                       r"s3://bucket/a.zarr"):
+            outcore.from_arrays(frames(300), "s3://bucket/a.zarr", storage_options=server.options,
+                                compression="none", progress=False)
+        with pytest.raises(outcore.NotAStoreError):
+            outcore.open_dataset("s3://bucket/a.zarr", storage_options=server.options, cache_dir=False)
+        with pytest.raises(outcore.StorageError, match=r"s3://bucket/w.zarr failed in its local staging folder.*"
+                                                       r"It keeps the 64 samples published before"), \
+                outcore.Writer("s3://bucket/w.zarr", storage_options=server.options, chunk_size=64) as writer:
+            writer.append(frames(64))
+            writer.flush()
+            for i in range(10):
+                writer.append(frames(64, seed=i + 1))
+        kept = outcore.open_dataset("s3://bucket/w.zarr", storage_options=server.options, cache_dir=False)
+        np.testing.assert_array_equal(kept["x"].compute(), frames(64)["x"])

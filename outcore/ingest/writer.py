@@ -164,7 +164,7 @@ class Writer:
                 kept = (f"It keeps the {self._written:,} samples published before, readable as they are: free "
                         "some space, then a Writer with append=True goes on from there")
             self._unlock()
-            raise storage_error(error, self.location, kept) from None
+            raise storage_error(error, self.location, kept, self._shown) from None
 
     def close(self) -> None:
         """Flush and close; the store is then complete. Closing twice is harmless."""

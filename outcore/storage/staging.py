@@ -44,7 +44,7 @@ from typing import Any
 from ..errors import OptionError, OutcoreError, OutcoreWarning, StorageError, StoreExistsError
 from .groups import is_url, is_zip
 from .remote import is_object_url, redact
-from .upload import Upload, clean_leftovers, local_mirror
+from .upload import STAGING_ENVIRONMENT, Upload, clean_leftovers, local_mirror
 
 _RENAME_EXCHANGE = 2
 STARTING_SECONDS = 60  # a run's folder is renamed into view within milliseconds of being made
@@ -89,7 +89,7 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise storage_error(error, target) from None
+        raise storage_error(error, target, shown=shown) from None
     _restore_previous(target)
     if (remote.exists() if remote else target.exists()) and not overwrite:
         raise StoreExistsError(f"{shown} already exists; pass overwrite=True to replace it")
@@ -120,7 +120,7 @@ def staged_store(location: str | os.PathLike, overwrite: bool, *, manifest: dict
             if staging.upload:
                 _discard(staging.upload)
         if isinstance(error, OSError) and not isinstance(error, OutcoreError):
-            raise storage_error(error, target) from None
+            raise storage_error(error, target, shown=shown) from None
         raise
     finally:
         lock.close()
@@ -186,21 +186,25 @@ def local_target(location: str | os.PathLike) -> Path:
     return Path(location)
 
 
-def storage_error(error: OSError, location: Path, kept: str | None = None) -> StorageError:
+def storage_error(error: OSError, location: Path, kept: str | None = None, shown: str | None = None) -> StorageError:
     """``error`` as one line naming the store and what to do, and what is ``kept`` of it (default: nothing
-    was left at ``location``)."""
+    was left there). ``shown`` is the store as the user named it when ``location`` is the local folder a
+    store bound for an object store is built in (`outcore.storage.upload.staging_root`)."""
+    staged = shown is not None and shown != str(location)
+    elsewhere = f"set ${STAGING_ENVIRONMENT} to a folder on a larger disk" if staged else "write the store elsewhere"
     advice = {
-        errno.ENOSPC: f"free some space there (it has {_free_mib(location):,.0f} MiB free), or write the store "
-                      "elsewhere",
-        errno.EDQUOT: "your disk quota is used up there: free some of it, or write the store elsewhere",
+        errno.ENOSPC: f"free some space there (it has {_free_mib(location):,.0f} MiB free), or {elsewhere}",
+        errno.EDQUOT: f"your disk quota is used up there: free some of it, or {elsewhere}",
         errno.EACCES: "you may not write there: choose another location, or change its permissions",
-        errno.EROFS: "that file system is read-only: write the store elsewhere",
+        errno.EROFS: f"that file system is read-only: {elsewhere}",
         errno.ENOTDIR: "a file stands where a folder of the location should be: choose another location",
         errno.EEXIST: "a file stands where a folder of the location should be: choose another location",
     }.get(error.errno, "check the location and the disk")
     where = f" ({error.filename})" if error.filename else ""
-    kept = kept or f"Nothing was left at {location}"
-    return StorageError(error.errno, f"writing the store {location} failed: {error.strerror or error}{where}; "
+    name = shown or str(location)
+    place = f" in its local staging folder {location.parent}" if staged else ""
+    kept = kept or f"Nothing was left at {name}"
+    return StorageError(error.errno, f"writing the store {name} failed{place}: {error.strerror or error}{where}; "
                                      f"{advice}. {kept}")
 
 
