@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -537,11 +538,115 @@ def read_faults(workdir: Path) -> list[str]:
     return rows
 
 
+# -- 8. full disks, per write path ---------------------------------------------------------------------------
+
+
+def _frames(count: int, seed: int = 0) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).integers(0, 256, (count, 16, 16, 64), dtype=np.uint8)}  # 16 KiB each
+
+
+def _fill(disk: Path, leave: int) -> Path:
+    filler = disk / "filler"
+    with open(filler, "wb") as file:
+        try:
+            file.write(b"\0" * max(0, shutil.disk_usage(disk).free - leave))
+        except OSError:
+            pass
+    return filler
+
+
+def _outcome(attempt: Callable[[], object], kept: Callable[[], str]) -> str:
+    try:
+        attempt()
+        outcome = "no error"
+    except outcore.OutcoreError as error:  # its end says what is kept and what to do
+        outcome = f"{type(error).__name__}: ...{str(error)[-100:]}"
+    except OSError as error:
+        outcome = f"RAW {type(error).__name__}: {error}"
+    try:
+        return f"{outcome} | after: {kept()}"
+    except (outcore.OutcoreError, OSError, ValueError) as error:  # what is left cannot be read: say so
+        return f"{outcome} | after: UNREADABLE ({type(error).__name__}: {str(error)[:60]})"
+
+
+def full_disks(workdir: Path) -> list[str]:
+    disk = workdir / "disk"
+    disk.mkdir(exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True,
+                             text=True, check=False)
+    if mounted.returncode != 0:
+        return [f"skipped: a 3 MiB tmpfs cannot be mounted here (needs root): {mounted.stderr.strip()}"]
+    rows = []
+    try:
+        def count(location: Path) -> str:
+            if not location.exists():
+                return "no store left"
+            report = outcore.verify(location, progress=False)
+            return f"{len(outcore.open_dataset(location))} samples, verify {'OK' if not report.problems else 'FAILS'}"
+
+        def writer(location: Path, batches: int, flush_first: bool) -> None:
+            with outcore.Writer(location, chunk_size=64, append=location.exists()) as w:
+                for i in range(batches):
+                    w.append(_frames(64, seed=i))
+                    if flush_first and i == 0:
+                        w.flush()
+
+        filler = _fill(disk, leave=100_000)
+        rows.append("Writer, first shard  " + _outcome(lambda: writer(disk / "w.zarr", 1, True),
+                                                       lambda: count(disk / "w.zarr")))
+        filler.unlink()
+        writer(disk / "g.zarr", 1, True)
+        filler = _fill(disk, leave=300_000)
+        rows.append("Writer, growing      " + _outcome(lambda: writer(disk / "g.zarr", 10, False),
+                                                       lambda: count(disk / "g.zarr")))
+        filler.unlink()
+        shutil.rmtree(disk / "g.zarr", ignore_errors=True)
+        photos = workdir / "full-photos"
+        shutil.rmtree(photos, ignore_errors=True)
+        write_image_folder(photos, 60, classes=("a", "b"), size=(48, 48), kind="photos", seed=1)
+        options = {"shape": (40, 40, 3), "chunk_size": 16, "progress": False}
+        outcore.ingest_images(photos, disk / "i.zarr", **options)
+        for file in write_image_folder(workdir / "full-new", 400, classes=("a", "b"), size=(48, 48), kind="photos",
+                                       seed=2):
+            file.rename(photos / file.parent.name / f"new_{file.name}")
+        rows.append("append               " + _outcome(
+            lambda: outcore.ingest_images(photos, disk / "i.zarr", append=True, **options),
+            lambda: count(disk / "i.zarr")))
+        shutil.rmtree(disk / "i.zarr", ignore_errors=True)
+        for file in (photos / "a").glob("new_*"):
+            file.unlink()
+        for file in (photos / "b").glob("new_*"):
+            file.unlink()
+        filler = _fill(disk, leave=700_000)
+        rows.append("splits               " + _outcome(
+            lambda: outcore.ingest_splits(photos, disk / "splits", split={"train": 0.5, "val": 0.5}, **options),
+            lambda: ", ".join(f"{p.name}: {count(p)}" for p in sorted((disk / "splits").glob("*.zarr")))))
+        filler.unlink()
+        shutil.rmtree(disk / "splits", ignore_errors=True)
+        cache = outcore.storage.ChunkCache(disk / "cache", max_bytes=10**9)
+        filler = _fill(disk, leave=0)
+
+        right = []
+
+        def read_through() -> None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for i in range(20):
+                    value = bytes([i]) * 50_000
+                    right.append(bytes(cache.get_or_fetch(f"range-{i}", 50_000, lambda value=value: value)) == value)
+
+        rows.append("node cache           " + _outcome(read_through, lambda: f"{sum(right)} of 20 ranges read right"))
+        filler.unlink()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--soak", type=float, default=20.0, help="seconds of the growing-store soak")
-    parser.add_argument("--parts", default="1,2,3,4,5,6,7", help="which parts to run, comma-separated")
+    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8", help="which parts to run, comma-separated")
     parser.add_argument("--workdir", default="bench-data")
     args = parser.parse_args()
     workdir = Path(args.workdir) / "reliability"
@@ -555,6 +660,7 @@ def main() -> None:
         ("5. bad inputs through the CLI", lambda: bad_inputs(workdir)),
         ("6. stores replaced under a running epoch", lambda: replaced(workdir)),
         ("7. disks that fail while reading (a fault layer loaded with LD_PRELOAD)", lambda: read_faults(workdir)),
+        ("8. a disk that fills, per write path (a 3 MiB tmpfs; root)", lambda: full_disks(workdir)),
     ]
     for title, part in [parts[int(n) - 1] for n in args.parts.split(",")]:
         began = time.perf_counter()
