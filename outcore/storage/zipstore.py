@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import weakref
 import zipfile
 from typing import Any, BinaryIO
 
@@ -30,7 +31,8 @@ class RangeZipStore(ZipStore):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path, mode="r")
-        self._fd: int | None = os.open(path, os.O_RDONLY)
+        self._fd: int | None = None
+        self._open_file()
         with os.fdopen(os.dup(self._fd), "rb") as raw:
             self._members = stored_members(raw)
             with zipfile.ZipFile(raw) as archive:  # members compressed by another tool are read by zarr
@@ -56,13 +58,18 @@ class RangeZipStore(ZipStore):
         """Fill ``buffer`` from stored member ``key`` at ``offset`` (from its end when negative)."""
         start, size = self._members[key]
         with self._fd_lock:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY)
+            if self._fd is None:  # unpickled
+                self._open_file()
         return os.preadv(self._fd, [buffer], start + (offset if offset >= 0 else size + offset))
+
+    def _open_file(self) -> None:
+        """Open the zip file, to be closed with the store (or when the store is let go of)."""
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self._closer = weakref.finalize(self, os.close, self._fd)
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
+            self._closer()
             self._fd = None
         super().close()
 
@@ -70,6 +77,7 @@ class RangeZipStore(ZipStore):
         state = super().__getstate__()
         state["_fd"] = None
         del state["_fd_lock"]
+        state.pop("_closer", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
