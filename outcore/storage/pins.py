@@ -54,6 +54,7 @@ class Pins:
     generation: str | None
     files: dict[str, Stamp]
     growing: dict[str, np.ndarray | None] = field(default_factory=dict)
+    layouts: dict[str, str] = field(default_factory=dict)  # a growing file's array's chunking, as JSON
     grown: set[Stamp] = field(default_factory=set)  # new versions of growing files, checked
 
     @classmethod
@@ -61,16 +62,16 @@ class Pins:
         """Pin the shard files ``shards`` (relative to ``root``) of the store at ``root``; a growing
         store's last shards map to the size of their index (the others to 0), which is read now. A file
         that is not there is left unpinned: the reader finds it missing, which is corruption, not a change."""
-        files, growing = {}, {}
+        files, growing, layouts = {}, {}, {}
         for key, index_bytes in shards.items():
-            try:
-                stamp, entries = retried(partial(_pin, root / key, index_bytes), str(root), f"shard file {key}")
-            except FileNotFoundError:
+            pinned = retried(partial(_pin, root / key, index_bytes), str(root), f"shard file {key}")
+            if pinned is None:
                 continue
+            stamp, entries = pinned
             files[key] = stamp
             if index_bytes:
-                growing[key] = entries
-        return cls(root, generation, files, growing)
+                growing[key], layouts[key] = entries, _layout(root, key)
+        return cls(root, generation, files, growing, layouts)
 
     def check(self, key: str, status: os.stat_result) -> None:
         """`StoreChangedError` unless the open file ``key`` (its ``status``) is the version pinned, or may
@@ -82,6 +83,8 @@ class Pins:
         if key not in self.growing:
             raise self.changed(key, "another file stands at its path")
         reason = self.replaced()
+        if reason is None and _layout(self.root, key) != self.layouts.get(key):
+            reason = "its field was written again in other chunks"  # an append that grew the chunks' room
         if reason is not None:
             raise self.changed(key, reason)
 
@@ -127,6 +130,16 @@ class Pins:
         )
 
 
+def _layout(root: Path, key: str) -> str:
+    """The chunking of the array that shard file ``key`` belongs to (its ``zarr.json``'s chunk grid and
+    codecs), as JSON; ``""`` when it cannot be read."""
+    try:
+        document = json.loads((root / key.partition("/c/")[0] / "zarr.json").read_bytes())
+        return json.dumps([document.get("chunk_grid"), document.get("codecs")], sort_keys=True)
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
 def _entries(raw: bytes, index_bytes: int) -> np.ndarray | None:
     """A shard index's ``(offset, nbytes)`` entries, or ``None`` when the bytes are not a whole index."""
     if len(raw) != index_bytes:
@@ -134,9 +147,13 @@ def _entries(raw: bytes, index_bytes: int) -> np.ndarray | None:
     return np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2).copy()
 
 
-def _pin(path: Path, index_bytes: int) -> tuple[Stamp, np.ndarray | None]:
-    """The file's stamp, and with ``index_bytes``, the shard index at its end (read through one opening)."""
-    fd = os.open(path, os.O_RDONLY)
+def _pin(path: Path, index_bytes: int) -> tuple[Stamp, np.ndarray | None] | None:
+    """The file's stamp, and with ``index_bytes``, the shard index at its end (read through one opening);
+    None when there is no such file."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
     try:
         status = os.fstat(fd)
         if not index_bytes:
