@@ -270,6 +270,16 @@ class ChunkCache:
         (self.directory / "tmp").mkdir(exist_ok=True)
         db = sqlite3.connect(self.directory / "index.sqlite", timeout=WAIT_SECONDS, isolation_level=None,
                              check_same_thread=False)
+        try:
+            self._prepare(db)
+        except BaseException:  # a full disk, say: the connection is not kept, so it is closed now
+            db.close()
+            raise
+        return db
+
+    @staticmethod
+    def _prepare(db: sqlite3.Connection) -> None:
+        """WAL mode and the tables, on a new connection."""
         for attempt in range(200):
             try:
                 if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
@@ -285,7 +295,6 @@ class ChunkCache:
                 db.execute(statement)
             if "next" not in {row[1] for row in db.execute("PRAGMA table_info(entries)")}:  # made by an older outcore
                 db.execute("ALTER TABLE entries ADD COLUMN next REAL")
-        return db
 
     def _read(self, name: str, size: int, out: memoryview | None) -> memoryview | None:
         """Entry ``name``'s ``size`` bytes, read into ``out`` (else a new buffer); None when it is not there,
