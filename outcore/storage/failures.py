@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..errors import StorageError
+from ..errors import OutcoreError, StorageError
 
 T = TypeVar("T")
 
@@ -55,6 +55,8 @@ def retried(call: Callable[[], T], where: str, what: str) -> T:
         try:
             return call()
         except OSError as error:
+            if isinstance(error, OutcoreError):  # named already (an object store's RemoteError, say)
+                raise
             if not transient(error) or attempt == TRIES - 1:
                 raise read_failure(where, what, error, attempt + 1) from None
             time.sleep(PAUSES[attempt])

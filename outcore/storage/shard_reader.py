@@ -27,7 +27,6 @@ import re
 import stat
 import struct
 import threading
-import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +43,7 @@ from zarr.storage import LocalStore
 
 from ..errors import CorruptChunkError, OutcoreError
 from ..threads import submit_io
-from .failures import PAUSES, TRIES, read_failure, transient
+from .failures import retried
 from .groups import shard_path
 from .pins import Pins, stamp_of
 from .remote import RemoteStore, coalesce
@@ -182,15 +181,14 @@ class ShardReader:
 
     def _read_retried(self, chunk: int, out: np.ndarray) -> np.ndarray:
         """`_read_direct`, from the file's opening again while the system's failures may pass
-        (`outcore.storage.failures`); one that does not is a `StorageError` naming the chunk and file."""
-        for attempt in range(TRIES):
+        (`outcore.storage.failures.retried`); one that does not is a `StorageError` naming the chunk and file."""
+        def attempt() -> np.ndarray:
             try:
                 return self._read_direct(chunk, out)
             except _Failed as failed:
-                if not transient(failed.error) or attempt == TRIES - 1:
-                    raise read_failure(self.where, self._what(chunk), failed.error, attempt + 1) from None
-                time.sleep(PAUSES[attempt])
-        raise AssertionError("unreachable")
+                raise failed.error from None
+
+        return retried(attempt, self.where, self._what(chunk))
 
     def _read_direct(self, chunk: int, out: np.ndarray) -> np.ndarray:
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
