@@ -30,7 +30,18 @@ from .errors import (
     UnsafeStoreError,
 )
 from .format import Compression
-from .ingest import Writer, from_arrays, ingest_dataframe, ingest_images, ingest_splits
+from .ingest import (
+    LMDB,
+    Parquet,
+    TFRecord,
+    WebDataset,
+    Writer,
+    from_arrays,
+    ingest_dataframe,
+    ingest_images,
+    ingest_records,
+    ingest_splits,
+)
 from .iterate import (
     WORKER_CONFIG,
     BatchIterator,
@@ -45,6 +56,7 @@ from .threads import available_cpus, set_threads, thread_count
 __version__ = version("outcore")
 
 __all__ = [
+    "LMDB",
     "WORKER_CONFIG",
     "BatchIterator",
     "BatchKeywords",
@@ -59,6 +71,7 @@ __all__ = [
     "OptionError",
     "OutcoreError",
     "OutcoreWarning",
+    "Parquet",
     "RemoteError",
     "SampleDecodeError",
     "ShuffleQuality",
@@ -67,13 +80,16 @@ __all__ = [
     "StoreBusyError",
     "StoreChangedError",
     "StoreExistsError",
+    "TFRecord",
     "UnsafeStoreError",
     "VerifyReport",
+    "WebDataset",
     "Writer",
     "available_cpus",
     "from_arrays",
     "ingest_dataframe",
     "ingest_images",
+    "ingest_records",
     "ingest_splits",
     "mix",
     "open_dataset",

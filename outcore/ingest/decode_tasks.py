@@ -11,11 +11,13 @@ import dask.array as da
 import numpy as np
 
 from ..errors import ImageError, OptionError, SourceError
-from ..imaging import MAX_PIXELS, ResizePolicy, decode_image, read_image_file
+from ..imaging import MAX_PIXELS, ResizePolicy, decode_image
+from .records.reader import SampleReader
 
 BLOB_DTYPE = np.dtype(object)  # the bytes of one file per sample, between tasks (never stored as such)
 ERROR_DTYPE = np.dtype("<U400")  # one message per sample; "" when the sample decoded
 DIGEST_SIZE = 16  # bytes of a file's BLAKE2b digest (`file_digest`)
+FILES = SampleReader()  # reads files by their paths
 
 
 def file_digest(data: bytes) -> np.ndarray:
@@ -37,6 +39,7 @@ def image_array(
     on_error: str = "raise",
     keep: tuple[str, ...] = ("pixels",),
     max_pixels: int | None = MAX_PIXELS,
+    reader: SampleReader = FILES,
 ) -> tuple[da.Array | None, da.Array | None, da.Array, da.Array]:
     """Return ``(pixels, files, errors, digests)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to
     ``shape``, ``files[i]`` the file's bytes (an object array of ``bytes``), each ``None`` unless in
@@ -44,6 +47,7 @@ def image_array(
 
     Every file is decoded, whatever is kept, so a store of encoded files holds only files that decode.
     Each block of ``block_size`` samples is one task. Nothing is read until the arrays are computed.
+    ``reader`` reads each path (a file's, or a record's of a record source, `outcore.ingest.records`).
     With ``on_error="raise"`` the first bad file stops the computation with an `ImageError` naming
     it; with ``"skip"`` a bad file gives zero pixels, empty bytes and its message in ``errors[i]``
     (``""`` for every good sample).
@@ -59,7 +63,7 @@ def image_array(
     for start in range(0, len(paths), block_size):
         block_paths = list(paths[start : start + block_size])
         task = dask.delayed(_load_block, pure=True, nout=4)(block_paths, shape, resize, dtype, on_error, keep,
-                                                            max_pixels)
+                                                            max_pixels, reader)
         pixel_parts.append(da.from_delayed(task[0], (len(block_paths), *shape), dtype=dtype))
         file_parts.append(da.from_delayed(task[1], (len(block_paths),), dtype=BLOB_DTYPE))
         error_parts.append(da.from_delayed(task[2], (len(block_paths),), dtype=ERROR_DTYPE))
@@ -74,7 +78,7 @@ def image_array(
 
 def _load_block(
     paths: list[str], shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str,
-    keep: tuple[str, ...], max_pixels: int | None,
+    keep: tuple[str, ...], max_pixels: int | None, reader: SampleReader,
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray]:
     pixels = np.zeros((len(paths), *shape), dtype=dtype) if "pixels" in keep else None
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE) if "files" in keep else None
@@ -82,7 +86,7 @@ def _load_block(
     digests = np.zeros((len(paths), DIGEST_SIZE), dtype=np.uint8)
     for i, path in enumerate(paths):
         try:
-            data = read_image_file(path)
+            data = reader.read(path)
             decode_image(data, shape, resize, dtype, path, out=pixels[i] if pixels is not None else None,
                          max_pixels=max_pixels)
         except ImageError as error:
@@ -103,24 +107,24 @@ def bad_file(error: ImageError) -> ImageError:
     return ImageError(error.path, f"{error.reason}. Fix or remove the file, or pass on_error='skip' to skip it")
 
 
-def file_array(paths: Sequence[str], nbytes: np.ndarray, block_size: int) -> da.Array:
+def file_array(paths: Sequence[str], nbytes: np.ndarray, block_size: int, reader: SampleReader = FILES) -> da.Array:
     """``files[i]``: the bytes of ``paths[i]`` (``b""`` where the path is ``""``), read without decoding, one
     task per block; a file whose size is no longer ``nbytes[i]`` is a `SourceError` (it changed during
     the ingest)."""
     read = dask.delayed(_read_block, pure=True)
-    parts = [da.from_delayed(read(list(paths[start : start + block_size]), nbytes[start : start + block_size]),
+    parts = [da.from_delayed(read(list(paths[start : start + block_size]), nbytes[start : start + block_size], reader),
                              (len(paths[start : start + block_size]),), dtype=BLOB_DTYPE)
              for start in range(0, len(paths), block_size)]
     return da.concatenate(parts)
 
 
-def _read_block(paths: list[str], nbytes: np.ndarray) -> np.ndarray:
+def _read_block(paths: list[str], nbytes: np.ndarray, reader: SampleReader) -> np.ndarray:
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE)
     for i, path in enumerate(paths):
         if not path:
             continue
         try:
-            files[i] = read_image_file(path)
+            files[i] = reader.read(path)
         except ImageError as error:
             raise SourceError(f"{path}: {error.reason} since the ingest began; run it again") from None
         if len(files[i]) != nbytes[i]:

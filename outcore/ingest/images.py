@@ -53,6 +53,7 @@ from .fields import (
     file_stat,
 )
 from .permute import as_dask, write_order
+from .records.reader import SampleReader
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
 from .survey import SurveyOptions, survey_images
 
@@ -251,7 +252,7 @@ def _ingest_table(
     skip = on_error == "skip"
     order = write_order(len(table), shuffle_on_write, seed)
     paths = [table.paths[i] for i in order]
-    stats = [file_stat(path) for path in paths]
+    stats = table.stats[order].tolist() if table.stats is not None else [file_stat(path) for path in paths]
     layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), chunk_size)
     fields = _table_fields(table, order, stats, layout.shard_size)
     options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite, storage_options)
@@ -264,13 +265,21 @@ def _ingest_table(
     run = {"shuffled_on_write": shuffle_on_write, "seed": seed if shuffle_on_write else None,
            "source": table.description, "manifest": _manifest(table, order, paths, stats, settings), "resume": resume,
            "recipe": recipe}
+
+    def reader_for(scratch: Path) -> SampleReader:
+        """What reads the samples: the table's reader, once what must be unpacked is (into ``scratch``)."""
+        if table.unpack is not None:
+            return table.unpack(scratch / "unpacked", client, progress)
+        return table.reader or SampleReader()
+
     if surveyed:
         survey = SurveyOptions(decode.channels, dtype, max_side, quality, on_error, max_pixels)
 
-        def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array]:
+        def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array | None]:
+            reader = reader_for(scratch)
             found = survey_images(paths, survey, scratch, client=client, progress=progress,
-                                  description=f"survey → {store_name(location)}")
-            files = FieldSource(file_array(found.paths, found.nbytes, layout.shard_size),
+                                  description=f"survey → {store_name(location)}", reader=reader)
+            files = FieldSource(file_array(found.paths, found.nbytes, layout.shard_size, reader),
                                 FieldInfo("input", encoding=IMAGE_ENCODING, decode=decode), found.nbytes,
                                 found.shapes if decode.variable else None)
             digests = FieldSource(as_dask(found.digests, layout.shard_size), FieldInfo("metadata"))
@@ -279,24 +288,29 @@ def _ingest_table(
 
         build_store(location, prepare, options, **run)
         return open_dataset(location, storage_options=storage_options)
-    # One task decodes a whole shard's images and the write task that needs them runs where they are:
-    # decoded pixels (7x the JPEG bytes) never travel between workers.
-    pixels, files, errors, digests = image_array(
-        paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
-        keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images], max_pixels=max_pixels,
-    )
-    images_fields = {}
-    if pixels is not None:
-        images_fields[IMAGE_FIELD] = FieldSource(pixels, FieldInfo("input"))
-    if files is not None:
-        images_fields[ENCODED_FIELD if pixels is not None else IMAGE_FIELD] = FieldSource(
-            files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
-            nbytes=np.array([size for size, _ in stats], dtype=np.int64),
+
+    def decode_all(scratch: Path) -> tuple[dict[str, FieldSource], da.Array | None]:
+        # One task decodes a whole shard's images and the write task that needs them runs where they are:
+        # decoded pixels (7x the JPEG bytes) never travel between workers.
+        pixels, files, errors, digests = image_array(
+            paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
+            keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images],
+            max_pixels=max_pixels, reader=reader_for(scratch),
         )
-    # with on_error="raise" a bad file stops the ingest: no sample is left out, and each shard is final
-    # (uploaded as soon as it is written, for an object store) instead of kept for compaction
-    fields[FILE_DIGEST_FIELD] = FieldSource(digests, FieldInfo("metadata"))
-    build_store(location, {**images_fields, **fields}, options, errors=errors if skip else None, **run)
+        images_fields = {}
+        if pixels is not None:
+            images_fields[IMAGE_FIELD] = FieldSource(pixels, FieldInfo("input"))
+        if files is not None:
+            images_fields[ENCODED_FIELD if pixels is not None else IMAGE_FIELD] = FieldSource(
+                files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
+                nbytes=np.array([size for size, _ in stats], dtype=np.int64),
+            )
+        # with on_error="raise" a bad file stops the ingest: no sample is left out, and each shard is final
+        # (uploaded as soon as it is written, for an object store) instead of kept for compaction
+        digest_field = {FILE_DIGEST_FIELD: FieldSource(digests, FieldInfo("metadata"))}
+        return {**images_fields, **fields, **digest_field}, errors if skip else None
+
+    build_store(location, decode_all, options, **run)
     return open_dataset(location, storage_options=storage_options)
 
 

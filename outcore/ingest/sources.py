@@ -7,13 +7,16 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from ..errors import OptionError, OutcoreWarning, SourceError
 from ..imaging import IMAGE_EXTENSIONS
+
+if TYPE_CHECKING:
+    from .records.reader import SampleReader
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,10 @@ class SourceTable:
 
     ``paths`` are absolute; ``names`` are what the store records (relative to the folder or CSV).
     ``classes`` maps a label field to its class names, for labels that were strings or folders.
+    Samples of record files (`outcore.ingest.records`): ``paths`` are references that ``reader`` reads,
+    ``stats`` their sizes and their files' modification times, and ``unpack``, when some files cannot be
+    read at a place, unpacks them into a scratch folder (``unpack(folder, client, progress)``) and
+    returns the reader that reads them there.
     """
 
     paths: list[str]
@@ -30,6 +37,9 @@ class SourceTable:
     classes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     description: str = ""
+    reader: SampleReader | None = None
+    stats: np.ndarray | None = None
+    unpack: Any = None
 
     def __len__(self) -> int:
         return len(self.paths)

@@ -89,7 +89,7 @@ def table_rows(table: SourceTable, rows: np.ndarray, description: str) -> Source
     """The rows ``rows`` of ``table`` (class lists kept whole, so labels keep their meaning)."""
     return replace(table, paths=[table.paths[i] for i in rows], names=[table.names[i] for i in rows],
                    labels={name: values[rows] for name, values in table.labels.items()}, missing=[],
-                   description=description)
+                   description=description, stats=None if table.stats is None else table.stats[rows])
 
 
 def _folder_splits(root: Path) -> dict[str, SourceTable]:

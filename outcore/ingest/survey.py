@@ -18,8 +18,9 @@ import dask
 import numpy as np
 
 from ..errors import ImageError
-from ..imaging import MAX_PIXELS, read_image_file, shrink_image
-from .decode_tasks import DIGEST_SIZE, ERROR_DTYPE, bad_file, file_digest
+from ..imaging import MAX_PIXELS, shrink_image
+from .decode_tasks import DIGEST_SIZE, ERROR_DTYPE, FILES, bad_file, file_digest
+from .records.reader import SampleReader
 from .scheduler import run_tasks
 
 JPEG_START = b"\xff\xd8"
@@ -53,9 +54,9 @@ class SurveyOptions:
 
 
 def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *, client: object = None,
-                  progress: bool = True, description: str = "survey") -> Survey:
+                  progress: bool = True, description: str = "survey", reader: SampleReader = FILES) -> Survey:
     """Decode every file of ``paths`` once (on ``client``, or local threads, with a progress bar); return
-    what to store for each, smaller copies written under ``scratch``. A bad file raises `ImageError`
+    what to store for each, smaller copies written under ``scratch`` (``reader`` reads each path). A bad file raises `ImageError`
     naming it, or, with ``on_error="skip"``, is recorded in ``errors``.
 
     >>> survey = survey_images(paths, SurveyOptions(3, np.dtype("uint8"), 512, 90), Path(".scratch"))  # doctest: +SKIP
@@ -71,7 +72,7 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
     scratch.mkdir(parents=True, exist_ok=True)
     starts = range(0, len(paths), BLOCK)
     survey = dask.delayed(_survey_block, pure=False)
-    tasks = [survey(list(paths[start : start + BLOCK]), start, options, str(scratch)) for start in starts]
+    tasks = [survey(list(paths[start : start + BLOCK]), start, options, str(scratch), reader) for start in starts]
     weights = [min(BLOCK, len(paths) - start) for start in starts]
     blocks = run_tasks(tasks, weights, client=client, progress=progress, description=description, unit="files")
     result = Survey(
@@ -88,14 +89,14 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
     return result
 
 
-def _survey_block(paths: list[str], start: int, options: SurveyOptions,
-                  scratch: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _survey_block(paths: list[str], start: int, options: SurveyOptions, scratch: str,
+                  reader: SampleReader) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     stored, shapes = list(paths), np.zeros((len(paths), 3), np.int32)
     nbytes, errors = np.zeros(len(paths), np.int64), np.zeros(len(paths), ERROR_DTYPE)
     digests = np.zeros((len(paths), DIGEST_SIZE), np.uint8)
     for i, path in enumerate(paths):
         try:
-            data = read_image_file(path)
+            data = reader.read(path)
             shape, smaller = shrink_image(data, options.channels, options.dtype, options.max_side, options.quality,
                                           path, options.max_pixels)
         except ImageError as error:

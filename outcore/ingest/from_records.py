@@ -1,0 +1,81 @@
+"""Ingest pictures from record files as they are: TFRecord, WebDataset tars, LMDB, Parquet and Hugging
+Face datasets, on this machine or in an object store (`outcore.ingest.records`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..dataset import Dataset
+from ..errors import OptionError, SourceError
+from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, ResizePolicy
+from ..storage import check_target
+from ..storage.remote import redact
+from .images import _image_options, _ingest_or_append
+from .records import name_of, parse_format, recognise, record_files, record_table
+from .records.locations import common_root
+
+
+def ingest_records(
+    source: str | os.PathLike | Sequence[str | os.PathLike],
+    location: str | os.PathLike,
+    *,
+    format: Any = None,
+    shape: Sequence[int | None] | str | None,
+    resize: ResizePolicy = "crop",
+    dtype: Any = "uint8",
+    images: str = "pixels",
+    max_side: int | None = None,
+    quality: int = DEFAULT_QUALITY,
+    chunk_size: int | None = None,
+    compression: Any = None,
+    shuffle_on_write: bool = True,
+    seed: int = 0,
+    client: Any = None,
+    on_error: str = "raise",
+    max_pixels: int | None = MAX_PIXELS,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Dataset:
+    """Ingest the pictures and labels of record files into a new store at ``location``, reading them
+    where they are (no unpacking into files first).
+
+    ``source`` is a file, a folder, a glob or brace pattern (``shards/train-{000000..000099}.tar``), a
+    list of these, or the same in an object store (``s3://``, ``gs://``, ``az://``, ``https://``, read
+    with ``storage_options`` or the standard environment). ``format`` is recognised from what ``source``
+    holds, or named: ``"tfrecord"``, ``"webdataset"``, ``"lmdb"``, ``"parquet"`` (also Hugging Face
+    datasets saved with ``save_to_disk``), or a format object saying which features, members or
+    columns hold the picture and the labels (`outcore.TFRecord`, `outcore.WebDataset`, `outcore.LMDB`,
+    `outcore.Parquet`).
+
+    The store's fields are those of `ingest_images`: ``images``, the labels (with their class names:
+    a ``ClassLabel``'s, ImageNet's class texts, or text labels made classes), ``path`` (each sample's
+    file and record, e.g. ``train-00000.tfrecord::record 17``) and ``source_index``. A damaged record (a
+    bad checksum, a truncated file, a picture that does not decode) is an error naming it, or with
+    ``on_error="skip"`` left out and named in the report. The other keywords are those of
+    `ingest_images`.
+
+    >>> ds = outcore.ingest_records("imagenet/train-*-of-01024", "train.zarr", shape=None, images="encoded",
+    ...                             max_side=512)  # doctest: +SKIP
+    >>> ds = outcore.ingest_records("s3://bucket/shards/", "train.zarr", shape=(128, 128, 3),
+    ...                             format=outcore.WebDataset(label_keys={"labels": "json.label"}))  # doctest: +SKIP
+    """
+    check_target(location)
+    if on_error not in ("raise", "skip"):
+        raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")
+    chosen = parse_format(format)
+    if chosen is None:
+        kind = recognise(source, storage_options)
+        if kind is None:
+            raise SourceError(f"{redact(str(source))} holds no record files (TFRecord, WebDataset tars, LMDB, Parquet, "
+                              "Arrow); name the format with format=, or ingest an image folder with ingest_images")
+        chosen = parse_format(kind)
+    files = record_files(chosen, source, storage_options)
+    description = f"{name_of(chosen)} {redact(common_root(files) or files[0])} ({len(files)} files)"
+    table = record_table(chosen, files, on_error=on_error, client=client, progress=progress,
+                         storage_options=storage_options, description=description)
+    options = _image_options(locals())
+    return _ingest_or_append(table, location, options, append=False, by_content=False)

@@ -1,0 +1,128 @@
+"""Record sources: the files other loaders made people write, ingested as they are (no unpacking into
+millions of files): TFRecord (`TFRecord`), WebDataset tar shards (`WebDataset`), LMDB environments
+(`LMDB`), Parquet files and Hugging Face datasets (`Parquet`), on this machine or in an object store.
+
+`recognise` tells which a source is from what it holds; `record_table` scans it into the table an image
+ingest writes from (`outcore.ingest.from_records.ingest_records`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...errors import OptionError, SourceError
+from ...storage.remote import is_object_url, redact
+from .lmdb_records import LMDB
+from .locations import expand_braces, list_files
+from .parquet import Parquet
+from .table import record_table
+from .tar import WebDataset
+from .tfrecord import TFRecord, masked_crc
+
+FORMATS: dict[str, type] = {"tfrecord": TFRecord, "webdataset": WebDataset, "lmdb": LMDB, "parquet": Parquet}
+SUFFIXES: dict[str, tuple[str, ...]] = {
+    "tfrecord": (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz"),
+    "webdataset": (".tar", ".tar.gz", ".tgz"),
+    "parquet": (".parquet", ".arrow"),
+    "lmdb": (".mdb", ".lmdb"),
+}
+Source = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+def parse_format(format: Any) -> Any:
+    """A format object from a name (``"tfrecord"``, ...) or as given; None stays None (recognised later)."""
+    if format is None or isinstance(format, tuple(FORMATS.values())):
+        return format
+    if isinstance(format, str) and format.lower() in FORMATS:
+        return FORMATS[format.lower()]()
+    raise OptionError(f"format={format!r} is not one of {sorted(FORMATS)} or a format object "
+                      "(outcore.TFRecord(...), outcore.WebDataset(...), outcore.LMDB(...), outcore.Parquet(...))")
+
+
+def name_of(format: Any) -> str:
+    return next(name for name, kind in FORMATS.items() if isinstance(format, kind))
+
+
+def recognise(source: Source, storage_options: Mapping[str, Any] | None = None) -> str | None:
+    """Which record format ``source`` holds (a name of `FORMATS`), or None when it holds none (an image
+    folder, a CSV). A folder of several formats is an error naming them.
+
+    >>> recognise("imagenet/train-{00000..01023}-of-01024")  # doctest: +SKIP
+    'tfrecord'
+    """
+    items = [source] if isinstance(source, str | os.PathLike) else list(source)
+    names = [name for item in items for name in expand_braces(os.fspath(item))]
+    kinds = {kind for name in names for kind in [_kind_of(name, storage_options)] if kind}
+    if len(kinds) > 1:
+        raise SourceError(f"{redact(str(source))} holds {' and '.join(sorted(kinds))} files: ingest each into a "
+                          "store of its own, or name the format with format=")
+    return kinds.pop() if kinds else None
+
+
+def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None:
+    if not is_object_url(name):
+        if os.path.isdir(name):
+            if os.path.exists(os.path.join(name, "data.mdb")):
+                return "lmdb"
+            if os.path.exists(os.path.join(name, "dataset_dict.json")):
+                splits = sorted(e.name for e in os.scandir(name) if e.is_dir())
+                raise SourceError(f"{name} is a Hugging Face DatasetDict of splits {splits}: ingest each split's "
+                                  f"folder into a store of its own (e.g. {os.path.join(name, splits[0])})"
+                                  if splits else f"{name} is an empty Hugging Face DatasetDict")
+            files = [os.path.join(folder, f) for folder, _, found in os.walk(name) for f in found
+                     if not f.startswith(".")]
+        else:
+            files = [name] if os.path.isfile(name) else []
+    else:
+        files = [name] if _suffix_kind(name) else _listed(name, storage_options)
+    kinds = {kind for file in files for kind in [_suffix_kind(file)] if kind}
+    if not kinds and files and not is_object_url(name):
+        kinds = {"tfrecord" for file in files[:1] if _is_tfrecord(file)}  # ImageNet's have no suffix
+    if len(kinds) > 1:
+        raise SourceError(f"{redact(name)} holds {' and '.join(sorted(kinds))} files: ingest each into a store of "
+                          "its own, or name the format with format=")
+    return kinds.pop() if kinds else None
+
+
+def _listed(url: str, storage_options: Mapping[str, Any] | None) -> list[str]:
+    suffixes = tuple(s for kind in SUFFIXES.values() for s in kind)
+    try:
+        return list_files(url, suffixes, storage_options)
+    except SourceError:
+        return []
+
+
+def _suffix_kind(name: str) -> str | None:
+    lowered = name.lower()
+    return next((kind for kind, suffixes in SUFFIXES.items() if lowered.endswith(suffixes)), None)
+
+
+def _is_tfrecord(path: str) -> bool:
+    """Whether the file starts as an uncompressed TFRecord file does: a length and its checksum."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(12)
+    except OSError:
+        return False
+    return len(header) == 12 and masked_crc(header[:8]) == int.from_bytes(header[8:], "little")
+
+
+def record_files(format: Any, source: Source, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The files of ``source`` that ``format`` reads (an LMDB environment is one)."""
+    kind = name_of(format)
+    if kind == "lmdb":
+        items = [source] if isinstance(source, str | os.PathLike) else list(source)
+        if any(is_object_url(os.fspath(item)) for item in items):
+            raise SourceError(f"{redact(str(source))}: an LMDB environment is read from this machine's disk only "
+                              "(it is memory-mapped); copy it here first")
+        return [os.fspath(item) for item in items]
+    if kind == "tfrecord" and isinstance(source, str | os.PathLike) and os.path.isdir(source) \
+            and not any(_suffix_kind(f) for f in os.listdir(source)):
+        return sorted(os.path.join(source, f) for f in os.listdir(source) if _is_tfrecord(os.path.join(source, f)))
+    return list_files(source, SUFFIXES[kind], storage_options)
+
+
+__all__ = ["FORMATS", "LMDB", "Parquet", "TFRecord", "WebDataset", "name_of", "parse_format", "recognise",
+           "record_files", "record_table"]

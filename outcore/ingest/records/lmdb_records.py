@@ -1,0 +1,199 @@
+"""LMDB environments: values that are pictures' files (labels from the keys), Caffe ``Datum`` records
+(an encoded picture, or raw CHW pixels, and a label), or values a function of the user's turns into a
+picture and labels. outcore never unpickles a value: a user whose values are pickles passes their own
+function, their choice.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ...errors import OptionError, SourceError
+from .locations import file_version
+from .parts import PartScan
+from .reader import open_lmdb
+from .wire import LENGTH, VARINT, WireError, fields, signed64
+
+VALUES = ("bytes", "datum")
+CHANNEL_ORDERS = ("bgr", "rgb")
+Decoder = Callable[[bytes, bytes], tuple[Any, Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class LMDB:
+    """How to read an LMDB environment's values.
+
+    ``values``: ``"bytes"`` (each value is a picture's file; labels from ``label_pattern``, a regular
+    expression whose named groups, searched in the key, are the label fields, or ``label_table``, a CSV or
+    DataFrame with a ``key`` column and label columns), ``"datum"`` (Caffe's ``Datum``: ``data`` holds an
+    encoded picture when ``encoded``, else raw pixels, channels first, in ``datum_channels`` order, BGR
+    as Caffe's tools write them; ``label`` is the label) or a function ``(key, value) -> (picture,
+    labels)``, the picture as a file's bytes or an (H, W, C) ``uint8`` array, the labels a dict.
+
+    >>> LMDB(values="bytes", label_pattern=r"^(?P<labels>[^/]+)/")
+    LMDB(values='bytes', label_pattern='^(?P<labels>[^/]+)/', label_table=None, datum_channels='bgr')
+    """
+
+    values: str | Decoder = "bytes"
+    label_pattern: str | None = None
+    label_table: Any = None
+    datum_channels: str = "bgr"
+
+    def __post_init__(self) -> None:
+        if not callable(self.values) and self.values not in VALUES:
+            raise OptionError(f"LMDB values={self.values!r} is not one of {VALUES} or a function (key, value) -> "
+                              "(picture, labels)")
+        if self.datum_channels not in CHANNEL_ORDERS:
+            raise OptionError(f"datum_channels={self.datum_channels!r} is not one of {CHANNEL_ORDERS}")
+        if self.label_pattern is not None:
+            try:
+                re.compile(self.label_pattern)
+            except re.error as error:
+                raise OptionError(f"label_pattern {self.label_pattern!r} is not a regular expression ({error})") \
+                    from None
+
+    @property
+    def direct(self) -> bool:
+        return not callable(self.values)
+
+    def picture_of(self) -> Callable[[bytes, bytes], bytes] | None:
+        """What turns a value into the picture's bytes when it is read (None: the value is the picture)."""
+        if self.values == "datum":
+            return functools.partial(datum_picture, channels=self.datum_channels)
+        return None
+
+    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None) -> PartScan:
+        """Every key of the environment, in key order, with its picture's size and labels."""
+        del storage_options  # LMDB is read on this machine only
+        table = _label_table(self.label_table) if self.label_table is not None else None
+        pattern = re.compile(self.label_pattern) if self.label_pattern is not None else None
+        scan = PartScan(location, _version(location), keys=[] if self.direct else None)
+        for key, value in _items(location):
+            what = f"key {key!r}"
+            try:
+                picture, labels = self._picture_and_labels(key, value, pattern, table)
+            except (WireError, KeyError, ValueError) as error:
+                scan.add(what, (-1, 0), {}, _reason(error), key)
+                continue
+            scan.add(what, (0 if self.direct else -1, len(picture)), labels, "", key)
+        return scan
+
+    def pictures(self, location: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[bytes]:
+        """Each value's picture bytes, in key order (for a function of the user's: unpacked once)."""
+        for key, value in _items(location):
+            try:
+                yield self._picture_and_labels(key, value, None, None)[0]
+            except (WireError, KeyError, ValueError):
+                yield b""
+
+    def _picture_and_labels(self, key: bytes, value: bytes, pattern: re.Pattern[str] | None,
+                            table: dict[str, dict[str, Any]] | None) -> tuple[bytes, dict[str, Any]]:
+        if callable(self.values):
+            picture, labels = self.values(key, value)
+            return as_picture(picture), dict(labels)
+        if self.values == "datum":
+            label, picture = _datum(value)
+            return datum_picture(key, value, self.datum_channels) if picture is None else picture, \
+                {} if label is None else {"labels": label}
+        text = key.decode("utf-8", "replace")
+        labels: dict[str, Any] = {}
+        if pattern is not None:
+            found = pattern.search(text)
+            if found is None or not found.groupdict():
+                raise KeyError(f"the key does not match label_pattern {pattern.pattern!r}")
+            labels.update(found.groupdict())
+        if table is not None:
+            if text not in table:
+                raise KeyError("the key is not in label_table")
+            labels.update(table[text])
+        return value, labels
+
+
+def _version(location: str) -> tuple[int, int]:
+    data = os.path.join(location, "data.mdb") if os.path.isdir(location) else location
+    return file_version(data)
+
+
+def _items(location: str) -> Iterator[tuple[bytes, bytes]]:
+    environment = open_lmdb(location)
+    try:
+        with environment.begin(buffers=False) as transaction:
+            yield from transaction.cursor()
+    finally:
+        environment.close()
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, KeyError):
+        return str(error.args[0])
+    return f"not a Caffe Datum ({error})" if isinstance(error, WireError) else str(error)
+
+
+def _label_table(table: Any) -> dict[str, dict[str, Any]]:
+    frame = table if isinstance(table, pd.DataFrame) else pd.read_csv(table, dtype={"key": str})
+    if "key" not in frame.columns:
+        raise SourceError(f"label_table has no 'key' column (it has {list(frame.columns)})")
+    columns = [c for c in frame.columns if c != "key"]
+    return {str(row["key"]): {c: row[c].item() if hasattr(row[c], "item") else row[c] for c in columns}
+            for _, row in frame.iterrows()}
+
+
+def _datum(value: bytes) -> tuple[int | None, bytes | None]:
+    """A Datum's label and, when ``encoded``, its picture's bytes (None: raw pixels)."""
+    label, data, encoded, floats = None, b"", False, False
+    for number, kind, found in fields(value):
+        if number == 4 and kind == LENGTH:
+            data = value[found[0] : found[0] + found[1]]
+        elif number == 5 and kind == VARINT:
+            label = signed64(found)
+        elif number == 7 and kind == VARINT:
+            encoded = bool(found)
+        elif number == 6:
+            floats = True
+    if not data:
+        raise ValueError("its float_data cannot be stored as a picture" if floats else "it holds no picture data")
+    return label, data if encoded else None
+
+
+def datum_picture(key: bytes, value: bytes, channels: str = "bgr") -> bytes:
+    """A Datum's picture as a file's bytes: its own encoded file, or its raw pixels as a PPM/PGM file
+    (exact pixels, no compression), turned to RGB when stored as BGR."""
+    shape = {1: 0, 2: 0, 3: 0}
+    data = b""
+    encoded = False
+    for number, kind, found in fields(value):
+        if number in shape and kind == VARINT:
+            shape[number] = found
+        elif number == 4 and kind == LENGTH:
+            data = value[found[0] : found[0] + found[1]]
+        elif number == 7 and kind == VARINT:
+            encoded = bool(found)
+    if encoded:
+        return data
+    depth, height, width = shape[1], shape[2], shape[3]
+    if depth * height * width != len(data) or depth not in (1, 3):
+        raise ValueError(f"its {len(data)} bytes of pixels are not {depth} x {height} x {width} (1 or 3 channels)")
+    pixels = np.frombuffer(data, np.uint8).reshape(depth, height, width).transpose(1, 2, 0)
+    return as_picture(pixels[..., ::-1] if channels == "bgr" and depth == 3 else pixels)
+
+
+def as_picture(picture: Any) -> bytes:
+    """A picture as a file's bytes: bytes as they are; an (H, W) or (H, W, 1 or 3) ``uint8`` array as a
+    PGM/PPM file (what the pixels are, exactly)."""
+    if isinstance(picture, bytes | bytearray | memoryview):
+        return bytes(picture)
+    pixels = np.asarray(picture)
+    if pixels.dtype != np.uint8 or pixels.ndim not in (2, 3) or (pixels.ndim == 3 and pixels.shape[2] not in (1, 3)):
+        raise ValueError(f"a picture of shape {pixels.shape} and dtype {pixels.dtype} is not (H, W, 1 or 3) uint8 "
+                         "pixels or a file's bytes")
+    depth = 1 if pixels.ndim == 2 else pixels.shape[2]
+    header = f"{'P5' if depth == 1 else 'P6'}\n{pixels.shape[1]} {pixels.shape[0]}\n255\n".encode()
+    return header + np.ascontiguousarray(pixels).tobytes()

@@ -1,0 +1,224 @@
+"""Parquet files and Hugging Face datasets (saved with ``save_to_disk``: Arrow stream files; or as
+Parquet shards): a column of pictures, ``{bytes, path}`` structs as ``datasets.Image`` writes them or plain
+binary, and label columns, with the class names of ``ClassLabel`` columns from the dataset's features.
+
+Read by row group (Parquet) or record batch (Arrow), the columns needed only. Neither can be read at a
+row's place, so the pictures are unpacked once into the ingest's scratch folder.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+from ...errors import SourceError
+from ...storage.remote import is_object_url
+from .locations import file_version, open_stream, read_range
+from .parts import PartScan
+
+IMAGE_COLUMNS = ("image", "img", "jpg", "png", "picture")
+LABEL_COLUMNS = ("label", "labels")
+SUFFIXES = (".parquet", ".arrow")
+
+
+@dataclass(frozen=True)
+class Parquet:
+    """Which column holds the pictures (``image_key``; None: the one named ``image``, ``img``, ... or the
+    only column of pictures) and the labels (``label_keys``: field name -> column; None: the ``ClassLabel``
+    columns, else a ``label`` or ``labels`` column)."""
+
+    image_key: str | None = None
+    label_keys: Mapping[str, str] | None = None
+
+    direct = False
+
+    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None) -> PartScan:
+        """Every row: its picture's size and labels; the rows of a row group that cannot be read are damaged."""
+        pa = _pyarrow()
+        scan = PartScan(location, file_version(location, storage_options))
+        with _Table(location, storage_options) as table:
+            image, labels = self._columns(table.schema, location)
+            scan.classes.update({name: table.class_names[column] for name, column in labels.items()
+                                 if column in table.class_names})
+            row = 0
+            for count, batch, damage in table.batches([image, *labels.values()]):
+                if batch is None:
+                    for _ in range(count):
+                        scan.add(f"row {row}", (-1, 0), {}, damage)
+                        row += 1
+                    continue
+                pictures = batch.column(0)
+                if pa.types.is_struct(pictures.type):
+                    pictures = pictures.field("bytes")
+                sizes = _pc().binary_length(pictures).to_pylist()
+                values = {name: batch.column(1 + i).to_pylist() for i, name in enumerate(labels)}
+                for i, size in enumerate(sizes):
+                    what = f"row {row}"
+                    if size is None:
+                        scan.add(what, (-1, 0), {}, "its picture's bytes are empty (null): only a path, or no picture")
+                    else:
+                        scan.add(what, (-1, size), {name: column[i] for name, column in values.items()})
+                    row += 1
+        return scan
+
+    def pictures(self, location: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[bytes]:
+        """Each row's picture bytes, in order (``b""`` where it cannot be read)."""
+        pa = _pyarrow()
+        with _Table(location, storage_options) as table:
+            image, _ = self._columns(table.schema, location)
+            for count, batch, _ in table.batches([image]):
+                if batch is None:
+                    yield from [b""] * count
+                    continue
+                pictures = batch.column(0)
+                if pa.types.is_struct(pictures.type):
+                    pictures = pictures.field("bytes")
+                for value in pictures:
+                    yield value.as_py() or b""
+
+    def _columns(self, schema: Any, location: str) -> tuple[str, dict[str, str]]:
+        pa = _pyarrow()
+        names = list(schema.names)
+
+        def holds_pictures(column: str) -> bool:
+            kind = schema.field(column).type
+            return pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or (
+                pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0)
+
+        if self.image_key is not None:
+            if self.image_key not in names or not holds_pictures(self.image_key):
+                raise SourceError(f"{location}: column {self.image_key!r} is not a column of pictures (the columns: "
+                                  f"{names})")
+            image = self.image_key
+        else:
+            candidates = [c for c in names if holds_pictures(c)]
+            named = [c for c in candidates if c.lower() in IMAGE_COLUMNS]
+            if len(named) != 1 and len(candidates) != 1:
+                raise SourceError(f"{location}: which column holds the pictures? (columns of bytes: {candidates} "
+                                  f"of {names}); name it with image_key=")
+            image = named[0] if len(named) == 1 else candidates[0]
+        if self.label_keys is not None:
+            absent = [c for c in self.label_keys.values() if c not in names]
+            if absent:
+                raise SourceError(f"{location}: label column(s) {absent} are not among its columns {names}")
+            return image, dict(self.label_keys)
+        classes = _class_names(schema)
+        chosen = [c for c in names if c in classes] or [c for c in names if c in LABEL_COLUMNS]
+        return image, {("labels" if len(chosen) == 1 and c == "label" else c): c for c in chosen}
+
+
+def _class_names(schema: Any) -> dict[str, tuple[str, ...]]:
+    """The class names of the ``ClassLabel`` columns, from the features Hugging Face keeps in the schema."""
+    metadata = (schema.metadata or {}).get(b"huggingface")
+    if not metadata:
+        return {}
+    try:
+        features = json.loads(metadata).get("info", {}).get("features", {})
+    except ValueError:
+        return {}
+    return {name: tuple(feature["names"]) for name, feature in features.items()
+            if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" and "names" in feature}
+
+
+class _Table:
+    """A Parquet or Arrow stream file, read a row group or a record batch at a time."""
+
+    def __init__(self, location: str, storage_options: Mapping[str, Any] | None) -> None:
+        pa = _pyarrow()
+        self.location, self.arrow = location, location.endswith(".arrow")
+        if self.arrow:
+            self.stream = open_stream(location, storage_options)
+            try:
+                self.reader = pa.ipc.open_stream(self.stream)
+            except pa.ArrowInvalid:
+                self.stream.close()
+                self.stream = open_stream(location, storage_options)
+                self.reader = pa.ipc.open_file(pa.PythonFile(_Seekable(location, storage_options))) \
+                    if is_object_url(location) else pa.ipc.open_file(location)
+            self.schema = self.reader.schema
+        else:
+            import pyarrow.parquet as pq
+
+            source = pa.PythonFile(_Seekable(location, storage_options), mode="r") if is_object_url(location) \
+                else location
+            try:
+                self.file = pq.ParquetFile(source)
+            except (pa.ArrowInvalid, OSError) as error:
+                raise SourceError(f"{location} cannot be read as a Parquet file ({error})") from None
+            self.schema = self.file.schema_arrow
+        self.class_names = _class_names(self.schema)
+
+    def batches(self, columns: list[str]) -> Iterator[tuple[int, Any, str]]:
+        """``(rows, batch of the columns, damage)``: the batch None (and why) where it cannot be read."""
+        pa = _pyarrow()
+        if self.arrow:
+            while True:
+                try:
+                    batch = self.reader.read_next_batch()
+                except StopIteration:
+                    return
+                except (pa.ArrowInvalid, OSError) as error:
+                    yield 1, None, f"the file cannot be read from here on ({error})"
+                    return
+                yield batch.num_rows, batch.select(columns), ""
+            return
+        for group in range(self.file.num_row_groups):
+            rows = self.file.metadata.row_group(group).num_rows
+            try:
+                table = self.file.read_row_group(group, columns=columns)
+                yield rows, pa.RecordBatch.from_arrays([c.combine_chunks() for c in table.columns], names=columns), ""
+            except (pa.ArrowException, OSError) as error:
+                yield rows, None, f"row group {group} cannot be read ({error})"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.arrow:
+            self.stream.close()
+
+
+class _Seekable(io.RawIOBase):
+    """An object read by byte ranges, as a seekable file (what Parquet's reader needs)."""
+
+    def __init__(self, location: str, storage_options: Mapping[str, Any] | None) -> None:
+        self.location, self.options = location, storage_options
+        self.size, self.position = file_version(location, storage_options)[0], 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.position = {0: offset, 1: self.position + offset, 2: self.size + offset}[whence]
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        count = max(0, min(len(buffer), self.size - self.position))
+        if count:
+            buffer[:count] = read_range(self.location, self.position, count, self.options)
+            self.position += count
+        return count
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+    except ImportError:
+        raise SourceError("reading Parquet and Hugging Face datasets needs pyarrow: pip install 'outcore[parquet]'") \
+            from None
+    return pyarrow
+
+
+def _pc() -> Any:
+    import pyarrow.compute
+
+    return pyarrow.compute

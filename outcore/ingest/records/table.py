@@ -1,0 +1,120 @@
+"""A record source as the table an image ingest writes from: one row per record, in the files' order,
+with its reference, its name, its labels and class names, and what reads it."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+
+from ...errors import SourceError
+from ..scheduler import run_tasks
+from ..sources import SourceTable, _label_values
+from .locations import common_root, shown
+from .parts import SEPARATOR, PartScan
+from .reader import SampleReader
+from .tfrecord import CLASS_TEXT
+from .unpack import unpack
+
+MAX_SHOWN = 3
+
+
+def record_table(format: Any, locations: Sequence[str], *, on_error: str, client: Any = None, progress: bool = True,
+                 storage_options: Mapping[str, Any] | None = None, description: str = "") -> SourceTable:
+    """Scan the record files ``locations`` of ``format`` (in parallel, one task a file) into a table.
+
+    A damaged record (a bad checksum, a truncated file, a missing picture or label) is an error naming
+    it, or with ``on_error="skip"`` a row whose reading fails, so that the ingest's report names it.
+    """
+    scan = dask.delayed(_scan, pure=False)
+    scans: list[PartScan] = run_tasks([scan(format, location, storage_options) for location in locations],
+                                      [1] * len(locations), client=client, progress=progress,
+                                      description="scan records", unit="files")
+    root = common_root(locations)
+    references = [part.reference(i) for part in scans for i in range(len(part))]
+    if not references:
+        raise SourceError(f"no records found in {description}")
+    damaged = [(f"{part.location}{SEPARATOR}{part.whats[i]}", part.damage[i])
+               for part in scans for i in range(len(part)) if part.damage[i]]
+    if damaged and on_error == "raise":
+        shown_damage = "; ".join(f"{name}: {why}" for name, why in damaged[:MAX_SHOWN])
+        raise SourceError(f"{len(damaged)} of {len(references)} records of {description} cannot be read ({shown_damage}"
+                          f"{' ...' if len(damaged) > MAX_SHOWN else ''}); repair or remove them, or pass "
+                          "on_error='skip' to skip them (the store's report names each)")
+    names = [f"{shown(part.location, root)}{SEPARATOR}{what}" for part in scans for what in part.whats]
+    labels, classes = _labels(scans, description)
+    stats = np.array([(max(0, span[1]), part.version[1]) for part in scans for span in part.spans],
+                     dtype=np.int64).reshape(-1, 2)
+    reader = SampleReader(storage_options, format.picture_of() if hasattr(format, "picture_of") else None)
+    packed = [part for part in scans if any(span[0] < 0 and not damage
+                                             for span, damage in zip(part.spans, part.damage, strict=True))]
+    unpacking = None
+    if packed:
+        unpacking = functools.partial(
+            _unpack, format, [part.location for part in packed], [len(part) for part in packed],
+            sum(span[1] for part in packed for span in part.spans), reader, storage_options)
+    return SourceTable(references, names, labels, classes, description=description, reader=reader, stats=stats,
+                       unpack=unpacking)
+
+
+def _scan(format: Any, location: str, storage_options: Mapping[str, Any] | None) -> PartScan:
+    return format.scan(location, storage_options)
+
+
+def _unpack(format: Any, locations: list[str], counts: list[int], nbytes: int, reader: SampleReader,
+            storage_options: Mapping[str, Any] | None, folder: Path, client: Any, progress: bool) -> SampleReader:
+    unpack(format, locations, counts, nbytes, folder, storage_options=storage_options, client=client,
+           progress=progress)
+    return SampleReader(reader.storage_options, reader.values, str(folder))
+
+
+def _labels(scans: list[PartScan], description: str) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, ...]]]:
+    """One array per label field (damaged rows get the first good row's value: they are skipped), with
+    class names: given by the files (``ClassLabel``, a class text feature), or made from text labels."""
+    fields = list(dict.fromkeys(name for part in scans for name in part.labels if name != CLASS_TEXT))
+    good = np.array([not damage for part in scans for damage in part.damage], dtype=bool)
+    labels, classes = {}, {}
+    for field in fields:
+        values = [value for part in scans for value in part.labels.get(field, [None] * len(part))]
+        absent = [i for i, value in enumerate(values) if value is None and good[i]]
+        if absent:
+            where = [(part, i) for part in scans for i in range(len(part))]
+            shown_rows = ", ".join(f"{where[i][0].location}{SEPARATOR}{where[i][0].whats[where[i][1]]}"
+                                   for i in absent[:MAX_SHOWN])
+            raise SourceError(f"{len(absent)} records of {description} have no {field!r} label (e.g. {shown_rows}), "
+                              "which others have; name the label keys every record has with label_keys=")
+        fill = next((value for value, ok in zip(values, good, strict=True) if ok), 0)
+        column = pd.Series([value if ok else fill for value, ok in zip(values, good, strict=True)])
+        given = next((part.classes[field] for part in scans if field in part.classes), None)
+        if given is not None:
+            labels[field], classes[field] = column.to_numpy(dtype=np.int64), given
+            continue
+        labels[field], found = _label_values(column, None, f"{description}: label {field!r}")
+        if found is not None:
+            classes[field] = found
+        elif field == fields[0] and any(CLASS_TEXT in part.labels for part in scans):
+            named = _named_classes(labels[field], [t for part in scans for t in part.labels.get(CLASS_TEXT, [])],
+                                   good)
+            if named is not None:
+                classes[field] = named
+    return labels, classes
+
+
+def _named_classes(values: np.ndarray, texts: list[str | None], good: np.ndarray) -> tuple[str, ...] | None:
+    """Class names for integer labels from a text beside each (ImageNet's ``image/class/text``): the
+    name of label ``k`` at position ``k`` (``""`` for a label no record has); None when a label has two
+    names, or labels are negative or fractional."""
+    if values.dtype.kind != "i" or len(texts) != len(values) or (values[good] < 0).any():
+        return None
+    names: dict[int, str] = {}
+    for value, text, ok in zip(values.tolist(), texts, good.tolist(), strict=True):
+        if ok and text is not None and names.setdefault(value, text) != text:
+            return None
+    if not names:
+        return None
+    return tuple(names.get(k, "") for k in range(max(names) + 1))

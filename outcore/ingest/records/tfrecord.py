@@ -1,0 +1,266 @@
+"""TFRecord files of ``tf.train.Example`` records, read without TensorFlow: the framing (a length, the
+masked CRC-32C of the length, the data, its masked CRC-32C) and the Example message are simple.
+
+An uncompressed file is read at the pictures' places; a GZIP or ZLIB file only from its start, so its
+pictures are unpacked once into the ingest's scratch folder (`outcore.ingest.records.unpack`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import struct
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import crc32c
+
+from ...errors import OptionError
+from .locations import file_version, open_stream
+from .parts import PartScan
+from .wire import (
+    FIXED32,
+    LENGTH,
+    VARINT,
+    WireError,
+    as_float,
+    fields,
+    packed_floats,
+    packed_varints,
+    signed64,
+)
+
+COMPRESSIONS = ("", "GZIP", "ZLIB")
+IMAGE_KEY = "image/encoded"  # the feature names of ImageNet's TFRecords (and TensorFlow's models)
+LABEL_KEY = "image/class/label"
+CLASS_KEY = "image/class/text"
+_MASK_DELTA = 0xA282EAD8
+_GZIP_MAGIC = b"\x1f\x8b"
+CLASS_TEXT = "\x00class text"  # the first label's class name, kept apart from the label fields
+
+
+def masked_crc(data: bytes | memoryview) -> int:
+    """TFRecord's checksum of ``data``: CRC-32C, rotated right by 15 bits, plus a constant.
+
+    >>> hex(masked_crc(b""))
+    '0xa282ead8'
+    """
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class TFRecord:
+    """Which features hold the picture (``image_key``), the labels (``label_keys``: field name -> feature;
+    None: ``{"labels": "image/class/label"}`` where the records have it) and the name of the first label's
+    class (``class_key``, a text feature, when the records have it); the files' ``compression`` (None:
+    GZIP when a file starts as GZIP does, else none; or ``""``, ``"GZIP"``, ``"ZLIB"``).
+
+    >>> TFRecord(label_keys={"labels": "label"}).image_key
+    'image/encoded'
+    """
+
+    image_key: str = IMAGE_KEY
+    label_keys: Mapping[str, str] | None = None
+    class_key: str | None = CLASS_KEY
+    compression: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.compression is not None and self.compression.upper() not in COMPRESSIONS:
+            raise OptionError(f"compression={self.compression!r} is not one of {COMPRESSIONS}")
+
+    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None) -> PartScan:
+        """Every record of the file: where its picture lies and its labels; a damaged record is recorded
+        as such (a bad checksum, a record that is not an Example, a missing feature); a damaged length
+        ends the file's records, as no record after it can be found."""
+        compression = self._compression(location, storage_options)
+        scan = PartScan(location, file_version(location, storage_options))
+        with _records(location, compression, storage_options) as records:
+            for index, (offset, data, damage) in enumerate(records):
+                what = f"record {index}"
+                if data is None:
+                    scan.add(what, (-1, 0), {}, damage)
+                    continue
+                try:
+                    picture, labels = self._picture_and_labels(example_features(data), data)
+                except (WireError, KeyError) as error:
+                    scan.add(what, (-1, 0), {}, damage or _reason(error))
+                    continue
+                start = offset + picture[0] if not compression else -1
+                scan.add(what, (start, picture[1]), labels, damage)
+        return scan
+
+    def pictures(self, location: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[bytes]:
+        """Each record's picture bytes, in order (``b""`` for a damaged record): what unpacking writes."""
+        compression = self._compression(location, storage_options)
+        with _records(location, compression, storage_options) as records:
+            for _, data, damage in records:
+                try:
+                    if data is None or damage:
+                        raise KeyError(damage)
+                    (start, length), _ = self._picture_and_labels(example_features(data), data)
+                except (WireError, KeyError):
+                    yield b""
+                    continue
+                yield data[start : start + length]
+
+    def _compression(self, location: str, storage_options: Mapping[str, Any] | None) -> str:
+        if self.compression is not None:
+            return self.compression.upper()
+        with open_stream(location, storage_options) as stream:
+            return "GZIP" if stream.read(2) == _GZIP_MAGIC else ""
+
+    def _picture_and_labels(self, features: dict[str, tuple[str, list[Any]]],
+                            data: bytes) -> tuple[tuple[int, int], dict[str, Any]]:
+        kind, values = features.get(self.image_key, ("", []))
+        if kind != "bytes" or len(values) != 1:
+            raise KeyError(f"feature {self.image_key!r} is not one picture's bytes (it has: {sorted(features)}); "
+                           "name the picture's feature with image_key=")
+        chosen = self.label_keys if self.label_keys is not None else (
+            {"labels": LABEL_KEY} if LABEL_KEY in features else {})
+        labels = {}
+        for name, feature in chosen.items():
+            kind, found = features.get(feature, ("", []))
+            if len(found) != 1:
+                raise KeyError(f"feature {feature!r} (for {name!r}) is not one value in this record (it has: "
+                               f"{sorted(features)}); name the label features with label_keys=")
+            labels[name] = _text(data, found[0]) if kind == "bytes" else found[0]
+        if self.class_key and chosen and self.class_key in features:
+            kind, found = features[self.class_key]
+            if kind == "bytes" and len(found) == 1:
+                labels[CLASS_TEXT] = _text(data, found[0])
+        return values[0], labels
+
+
+def _text(data: bytes, span: tuple[int, int]) -> str:
+    return bytes(data[span[0] : span[0] + span[1]]).decode("utf-8", "replace")
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, KeyError):
+        return str(error.args[0])
+    return f"not a tf.train.Example ({error})"
+
+
+def example_features(data: bytes | memoryview) -> dict[str, tuple[str, list[Any]]]:
+    """A ``tf.train.Example``'s features: name -> ``("bytes", [(offset, length), ...])``,
+    ``("int64", [...])`` or ``("float", [...])``."""
+    found: dict[str, tuple[str, list[Any]]] = {}
+    for number, kind, value in fields(data):
+        if number != 1 or kind != LENGTH:
+            continue
+        start, length = value
+        for entry_number, entry_kind, entry in fields(data, start, start + length):
+            if entry_number != 1 or entry_kind != LENGTH:
+                continue
+            name, feature = "", None
+            for part_number, part_kind, part in fields(data, entry[0], entry[0] + entry[1]):
+                if part_number == 1 and part_kind == LENGTH:
+                    name = bytes(data[part[0] : part[0] + part[1]]).decode("utf-8")
+                elif part_number == 2 and part_kind == LENGTH:
+                    feature = part
+            found[name] = _feature(data, feature) if feature is not None else ("", [])
+    return found
+
+
+def _feature(data: bytes | memoryview, span: tuple[int, int]) -> tuple[str, list[Any]]:
+    for number, kind, value in fields(data, span[0], span[0] + span[1]):
+        if kind != LENGTH:
+            raise WireError("a feature is not a list")
+        values: list[Any] = []
+        for item_number, item_kind, item in fields(data, value[0], value[0] + value[1]):
+            if item_number != 1:
+                continue
+            if number == 1 and item_kind == LENGTH:
+                values.append(item)
+            elif number == 2:
+                values += packed_floats(data, *item) if item_kind == LENGTH else [as_float(item)] \
+                    if item_kind == FIXED32 else []
+            elif number == 3:
+                values += packed_varints(data, *item) if item_kind == LENGTH else [signed64(item)] \
+                    if item_kind == VARINT else []
+        return {1: "bytes", 2: "float", 3: "int64"}.get(number, ""), values
+    return "", []
+
+
+class _records:
+    """``(offset of the data in the file, data, damage)`` of each record, in order (``data`` None when the
+    record cannot be read at all); a context manager closing the file."""
+
+    def __init__(self, location: str, compression: str, storage_options: Mapping[str, Any] | None) -> None:
+        self.stream: BinaryIO = open_stream(location, storage_options)
+        self.compression = compression
+
+    def __enter__(self) -> Iterator[tuple[int, bytes | None, str]]:
+        return read_records(_decompressed(self.stream, self.compression))
+
+    def __exit__(self, *_: object) -> None:
+        self.stream.close()
+
+
+def _decompressed(stream: BinaryIO, compression: str) -> BinaryIO:
+    if compression == "GZIP":
+        return gzip.GzipFile(fileobj=stream)  # type: ignore[return-value]
+    if compression == "ZLIB":
+        return io.BufferedReader(_Inflated(stream), buffer_size=2**20)  # type: ignore[return-value]
+    return stream
+
+
+class _Inflated(io.RawIOBase):
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream, self.inflate, self.left = stream, zlib.decompressobj(), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.left:
+            piece = self.stream.read(2**20)
+            if not piece:
+                self.left = self.inflate.flush()
+                if not self.left:
+                    return 0
+                break
+            self.left = self.inflate.decompress(piece)
+        count = min(len(buffer), len(self.left))
+        buffer[:count], self.left = self.left[:count], self.left[count:]
+        return count
+
+
+def read_records(stream: BinaryIO) -> Iterator[tuple[int, bytes | None, str]]:
+    """The records of a TFRecord stream (see `_records`), checksums checked."""
+    offset, index = 0, 0
+    while True:
+        header = _read_exactly(stream, 12)
+        if not header:
+            return
+        if len(header) < 12:
+            yield offset, None, f"the file ends inside record {index}'s header (a truncated file)"
+            return
+        length, length_crc = struct.unpack("<QI", header)
+        if masked_crc(header[:8]) != length_crc:
+            yield offset, None, ("its length's checksum is wrong: the file is damaged from here on, and the "
+                                 "records after it cannot be found")
+            return
+        data = _read_exactly(stream, length + 4)
+        if len(data) < length + 4:
+            yield offset, None, f"the file ends {length + 4 - len(data)} bytes before this record does (truncated)"
+            return
+        damage = "" if masked_crc(memoryview(data)[:length]) == struct.unpack("<I", data[length:])[0] else \
+            "its checksum is wrong (damaged bytes)"
+        yield offset + 12, data[:length], damage
+        offset += 12 + length + 4
+        index += 1
+
+
+def _read_exactly(stream: BinaryIO, count: int) -> bytes:
+    pieces, left = [], count
+    while left:
+        piece = stream.read(left)
+        if not piece:
+            break
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
