@@ -27,6 +27,12 @@ INSTALL = {  # top-level module -> (the package, how to install it)
     "jax": ("JAX (Keras' JAX backend)", 'pip install -e ".[dev]"'),
     "nbformat": ("nbformat", 'pip install -e ".[dev]"'),
     "xarray": ("xarray", 'pip install -e ".[xarray]"'),
+    "tensorflow": ("TensorFlow", 'pip install -e ".[tf]"'),
+    "webdataset": ("webdataset (writes the test shards)", 'pip install -e ".[dev]"'),
+    "lmdb": ("lmdb", 'pip install -e ".[lmdb]"'),
+    "google": ("protobuf (writes Caffe Datums)", 'pip install -e ".[dev]"'),
+    "pyarrow": ("pyarrow", 'pip install -e ".[parquet]"'),
+    "datasets": ("Hugging Face datasets (writes the test datasets)", 'pip install -e ".[dev]"'),
 }
 TRAINERS = ("lightning", "accelerate", "torchdata")  # the modules of the ``trainers`` extra and marker
 

@@ -17,7 +17,9 @@ from typing import Any, NoReturn
 from ..dataset import open_dataset
 from ..errors import ClusterError, OptionError, OutcoreError
 from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, RESIZE_POLICIES, native
-from ..ingest import ingest_dataframe, ingest_images, ingest_splits
+from ..ingest import ingest_dataframe, ingest_images, ingest_records, ingest_splits
+from ..ingest.records import FORMATS as RECORD_FORMATS
+from ..ingest.records import recognise
 from ..iterate import shuffle_quality
 from ..storage import ChunkCache, RemoteStore
 from ..storage.cache import ENVIRONMENT
@@ -95,9 +97,13 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     ingest = commands.add_parser(
-        "ingest", help="ingest an image folder or a CSV of image paths into a store",
-        description="SRC is a folder (ROOT/<class>/<image>, class from the sub-folder) or a CSV file with a "
-                    "column of image paths (relative to the CSV's folder or --root). STORE ending in .zip "
+        "ingest", help="ingest an image folder, a CSV of image paths or record files into a store",
+        description="SRC is a folder (ROOT/<class>/<image>, class from the sub-folder), a CSV file with a "
+                    "column of image paths (relative to the CSV's folder or --root), or record files, "
+                    "recognised from what SRC holds or named with --format: TFRecord files, WebDataset tar "
+                    "shards (a folder, a glob or shard-{000000..000099}.tar), an LMDB environment, Parquet "
+                    "files or a Hugging Face dataset saved to disk; any of these but LMDB may be an object "
+                    "store URL (s3://bucket/shards/, https://...). STORE ending in .zip "
                     "is written as one file; an object store URL (s3://bucket/train.zarr, gs://, az://) gets "
                     "the store uploaded as it is written and published once complete. With --split or "
                     "--split-column, STORE is a folder that gets one store per split and splits.json.",
@@ -129,6 +135,22 @@ def _parser() -> argparse.ArgumentParser:
                                               "them or per column (label=class,weight=float32); default: the cells decide, "
                                               "and a numeric column with a few other cells is an error")
     ingest.add_argument("--root", help="folder that relative CSV paths start from (default: the CSV's)")
+    ingest.add_argument("--format", choices=sorted(RECORD_FORMATS),
+                        help="SRC holds record files of this format (default: recognised from what SRC holds)")
+    ingest.add_argument("--image-key", help="record files: the feature (TFRecord, default image/encoded), member "
+                                            "extension (WebDataset, default jpg/jpeg/png/webp) or column (Parquet, "
+                                            "default image) holding each picture")
+    ingest.add_argument("--label-keys", metavar="FIELD=KEY,...",
+                        help="record files: the label fields and the feature, member extension (or json.FIELD) or "
+                             "column each comes from, e.g. labels=image/class/label (default: the format's usual "
+                             "label, when the records have it)")
+    ingest.add_argument("--lmdb-values", default="bytes", choices=["bytes", "datum"],
+                        help="LMDB: each value is a picture's file (default) or a Caffe Datum")
+    ingest.add_argument("--label-pattern", metavar="REGEX",
+                        help="LMDB of files: a regular expression whose named groups, searched in each key, are the "
+                             "label fields, e.g. '^(?P<labels>[^/]+)/'")
+    ingest.add_argument("--label-table", metavar="CSV",
+                        help="LMDB of files: a CSV with a 'key' column and label columns")
     ingest.add_argument("--chunk-size", type=int, help="samples per chunk (default: about 8 MiB of pixels)")
     ingest.add_argument("--compression",
                         help="CNAME[:LEVEL[:SHUFFLE]], e.g. zstd:3:bitshuffle (default lz4:5:shuffle)")
@@ -275,8 +297,13 @@ def _ingest(args: argparse.Namespace) -> int:
     if args.split is not None or args.split_column is not None:
         return _ingest_splits(args, options)
     before = len(open_dataset(args.store)) if args.append and Path(args.store).exists() else 0
+    records = args.format or (None if Path(args.source).suffix.lower() == ".csv"
+                              else recognise(args.source, options["storage_options"]))
     with _client(args) as client:
-        if Path(args.source).is_file():
+        if records:
+            ds = ingest_records(args.source, args.store, format=_record_format(records, args), client=client,
+                                **{k: v for k, v in options.items() if k not in ("append", "by_content")})
+        elif Path(args.source).is_file():
             labels = [c for c in args.label_columns.split(",") if c]
             ds = ingest_dataframe(args.source, args.store, path_column=args.path_column, label_columns=labels,
                                   label_dtype=_label_dtype(args.label_dtype), root=args.root, client=client, **options)
@@ -299,6 +326,26 @@ def _ingest_splits(args: argparse.Namespace, options: dict[str, Any]) -> int:
         print(f"{name}: {len(ds):,} samples in {ds.location}")
     print(f"index: {Path(args.store) / 'splits.json'}; open one with outcore.open_dataset({args.store!r}, split=...)")
     return 0
+
+
+def _record_format(name: str, args: argparse.Namespace) -> Any:
+    """The format object the record flags describe."""
+    keys = None if args.label_keys is None else dict(
+        part.split("=", 1) if "=" in part else ("labels", part) for part in args.label_keys.split(",") if part)
+    lmdb_only = [flag for flag, value in (("--label-pattern", args.label_pattern), ("--label-table", args.label_table),
+                                         ("--lmdb-values", args.lmdb_values != "bytes" or None)) if value]
+    if name != "lmdb" and lmdb_only:
+        raise OptionError(f"{', '.join(lmdb_only)} describe an LMDB environment, and SRC holds {name} files")
+    if name == "lmdb":
+        if args.image_key or keys:
+            raise OptionError("an LMDB's labels come from --label-pattern or --label-table (files) or its Datums "
+                              "(--lmdb-values datum), not --image-key or --label-keys")
+        return RECORD_FORMATS[name](values=args.lmdb_values, label_pattern=args.label_pattern,
+                                    label_table=args.label_table)
+    if args.append:
+        raise OptionError("--append adds files of an image folder or a CSV; record files are ingested into a new store")
+    given = {"image_key": args.image_key} if args.image_key else {}
+    return RECORD_FORMATS[name](label_keys=keys, **given)
 
 
 def _label_dtype(text: str | None) -> str | dict[str, str] | None:

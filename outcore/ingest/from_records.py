@@ -74,7 +74,8 @@ def ingest_records(
                               "Arrow); name the format with format=, or ingest an image folder with ingest_images")
         chosen = parse_format(kind)
     files = record_files(chosen, source, storage_options)
-    description = f"{name_of(chosen)} {redact(common_root(files) or files[0])} ({len(files)} files)"
+    description = f"{name_of(chosen)} " + (redact(files[0]) if len(files) == 1 else
+                                           f"{redact(common_root(files))} ({len(files)} files)")
     table = record_table(chosen, files, on_error=on_error, client=client, progress=progress,
                          storage_options=storage_options, description=description)
     options = _image_options(locals())

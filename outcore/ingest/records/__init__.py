@@ -8,6 +8,7 @@ ingest writes from (`outcore.ingest.from_records.ingest_records`).
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -74,7 +75,7 @@ def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None
             files = [os.path.join(folder, f) for folder, _, found in os.walk(name) for f in found
                      if not f.startswith(".")]
         else:
-            files = [name] if os.path.isfile(name) else []
+            files = sorted(glob.glob(name)) if glob.has_magic(name) else [name] if os.path.isfile(name) else []
     else:
         files = [name] if _suffix_kind(name) else _listed(name, storage_options)
     kinds = {kind for file in files for kind in [_suffix_kind(file)] if kind}

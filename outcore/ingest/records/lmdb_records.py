@@ -19,7 +19,7 @@ import pandas as pd
 from ...errors import OptionError, SourceError
 from .locations import file_version
 from .parts import PartScan
-from .reader import open_lmdb
+from .reader import lmdb_environment
 from .wire import LENGTH, VARINT, WireError, fields, signed64
 
 VALUES = ("bytes", "datum")
@@ -123,12 +123,8 @@ def _version(location: str) -> tuple[int, int]:
 
 
 def _items(location: str) -> Iterator[tuple[bytes, bytes]]:
-    environment = open_lmdb(location)
-    try:
-        with environment.begin(buffers=False) as transaction:
-            yield from transaction.cursor()
-    finally:
-        environment.close()
+    with lmdb_environment(location).begin(buffers=False) as transaction:
+        yield from transaction.cursor()
 
 
 def _reason(error: Exception) -> str:

@@ -145,7 +145,7 @@ class _Table:
             source = pa.PythonFile(_Seekable(location, storage_options), mode="r") if is_object_url(location) \
                 else location
             try:
-                self.file = pq.ParquetFile(source)
+                self.file = pq.ParquetFile(source, page_checksum_verification=True)  # where pages have them
             except (pa.ArrowInvalid, OSError) as error:
                 raise SourceError(f"{location} cannot be read as a Parquet file ({error})") from None
             self.schema = self.file.schema_arrow

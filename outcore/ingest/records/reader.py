@@ -68,7 +68,7 @@ class SampleReader:
         return read_range(base + ".bin", start, stop - start)
 
     def _lmdb_value(self, file: str, key: bytes, name: str) -> bytes:
-        environment = _once(f"lmdb {file}", lambda: open_lmdb(file))
+        environment = lmdb_environment(file)
         with environment.begin(buffers=False) as transaction:
             value = transaction.get(key)
         if value is None:
@@ -80,6 +80,14 @@ def unpacked_name(location: str) -> str:
     """The name of a file's unpacked pictures in the scratch folder (``<name>.bin`` and
     ``<name>.offsets.npy``)."""
     return hashlib.sha256(location.encode()).hexdigest()[:24]
+
+
+def lmdb_environment(path: str) -> Any:
+    """The process's one environment of the LMDB at ``path`` (LMDB allows one per process), opened anew
+    for a new file at that path."""
+    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    stat = os.stat(data)
+    return _once(f"lmdb {path} {stat.st_ino} {stat.st_mtime_ns}", lambda: open_lmdb(path))
 
 
 def open_lmdb(path: str) -> Any:

@@ -7,10 +7,13 @@ pictures skipped); a compressed one (``.tar.gz``) only from its start, so its pi
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 import re
 import tarfile
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +25,7 @@ from .parts import PartScan
 PICTURE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSION = "cls"
 SUFFIXES = (".tar", ".tar.gz", ".tgz")
+_BLOCK = 512
 _NAME = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 
@@ -111,35 +115,63 @@ def _labels(members: dict[str, tuple[int, int, bytes | None, str]], keys: WebDat
 def _samples(location: str, storage_options: Mapping[str, Any] | None,
              keep_pictures: bool) -> Iterator[tuple[str, dict[str, tuple[int, int, bytes | None, str]], str]]:
     """``(key, members, damage)`` of each sample: members by extension, as (offset of the data, size, the
-    bytes (small members, and pictures when kept), member name)."""
+    bytes (small members, and pictures when kept), member name). tarfile ends quietly at a header it
+    cannot read (a truncated or damaged shard): the end-of-archive block is checked to be there."""
     seekable = not is_object_url(location) and not compressed(location)
-    with open_stream(location, storage_options) as stream, \
-            tarfile.open(fileobj=stream, mode="r:" if seekable else "r|*") as archive:
+    with open_stream(location, storage_options) as stream:
+        source = stream if seekable else _Recorder(gzip.GzipFile(fileobj=stream) if compressed(location) else stream)
         key, members, last = None, {}, ""
         size = os.fstat(stream.fileno()).st_size if seekable else None
         try:
-            for member in archive:
-                if not member.isfile():
-                    continue
-                if size is not None and member.offset_data + member.size > size:
-                    raise tarfile.ReadError(f"member {member.name!r} needs {member.size} bytes and "
-                                            f"{max(0, size - member.offset_data)} are left")
-                found = _NAME.match(member.name)
-                if found is None or found.group(1).rsplit("/", 1)[-1].startswith("__"):
-                    continue
-                if key is not None and found.group(1) != key:
-                    yield key, members, ""
-                    members = {}
-                key, last, extension = found.group(1), member.name, found.group(2).lower()
-                small = member.size < 2**16 or keep_pictures or extension not in PICTURE_EXTENSIONS
-                data = _member_bytes(archive, member) if small else None
-                members[extension] = (member.offset_data, member.size, data, member.name)
-        except (tarfile.TarError, EOFError, OSError) as error:
+            with tarfile.open(fileobj=source, mode="r:" if seekable else "r|") as archive:
+                for member in archive:
+                    if not member.isfile():
+                        continue
+                    if size is not None and member.offset_data + member.size > size:
+                        raise tarfile.ReadError(f"member {member.name!r} needs {member.size} bytes and "
+                                                f"{max(0, size - member.offset_data)} are left")
+                    found = _NAME.match(member.name)
+                    if found is None or found.group(1).rsplit("/", 1)[-1].startswith("__"):
+                        continue
+                    if key is not None and found.group(1) != key:
+                        yield key, members, ""
+                        members = {}
+                    key, last, extension = found.group(1), member.name, found.group(2).lower()
+                    small = member.size < 2**16 or keep_pictures or extension not in PICTURE_EXTENSIONS
+                    data = _member_bytes(archive, member) if small else None
+                    members[extension] = (member.offset_data, member.size, data, member.name)
+                end = os.pread(stream.fileno(), _BLOCK, archive.offset) if seekable else source.block(archive.offset)
+            if end != bytes(_BLOCK):
+                raise tarfile.ReadError("no end-of-archive block where the last member ends")
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
             yield (key or location), {}, (f"the shard ends inside or after member {last!r} ({error}): it is "
                                           "truncated or damaged there, and any samples after it are lost")
             return
         if key is not None:
             yield key, members, ""
+
+
+class _Recorder(io.RawIOBase):
+    """A stream read once, keeping its last bytes: where tarfile stopped can be checked afterwards."""
+
+    def __init__(self, stream: Any, keep: int = 2**16) -> None:
+        self.stream, self.keep, self.total, self.tail = stream, keep, 0, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.stream.read(len(buffer))
+        buffer[: len(data)] = data
+        self.total += len(data)
+        self.tail = (self.tail + data)[-self.keep :]
+        return len(data)
+
+    def block(self, offset: int) -> bytes:
+        """The 512 bytes at ``offset``, when read and kept (else fewer)."""
+        self.tail += self.stream.read(_BLOCK)  # tarfile may not have read that far
+        start = offset - (self.total - len(self.tail) + 0)
+        return self.tail[start : start + _BLOCK] if start >= 0 else b""
 
 
 def _member_bytes(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:

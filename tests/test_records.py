@@ -1,0 +1,229 @@
+"""Record sources (`outcore.ingest_records`): files written by each format's own library (TensorFlow,
+webdataset, lmdb + protobuf, pyarrow, Hugging Face datasets), ingested as they are and compared sample by
+sample with the same pictures ingested from a folder; damaged records named or skipped."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import outcore
+from outcore.ingest.records import recognise
+from outcore.testing import write_image_folder
+from outcore.testing.records import write_hf_dataset, write_lmdb, write_tfrecords, write_webdataset
+
+from optional import need
+
+SHAPE = (24, 24, 3)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """36 JPEGs and 6 PNGs of different sizes in three classes, their class names, and the store an image
+    folder ingest makes of them (the reference every record source must equal)."""
+    root = tmp_path_factory.mktemp("records")
+    files = write_image_folder(root / "folder", 12, classes=("cat", "dog", "owl"), size=(30, 40), seed=5)
+    files += write_image_folder(root / "folder", 2, classes=("cat", "dog", "owl"), size=(28, 20), extension=".png",
+                                seed=6)
+    files = sorted(files)
+    classes = [f.parent.name for f in files]
+    reference = outcore.ingest_images(root / "folder", root / "folder.zarr", shape=SHAPE, progress=False)
+    return root, files, classes, reference
+
+
+def by_digest(ds: outcore.Dataset) -> dict[bytes, int]:
+    return {bytes(d): i for i, d in enumerate(np.asarray(ds["file_digest"][:]))}
+
+
+def class_names(ds: outcore.Dataset, field: str = "labels") -> list[str]:
+    names = ds.classes if isinstance(ds.classes, list) else ds.classes[field]
+    return [names[i] for i in np.asarray(ds[field][:])]
+
+
+def assert_same_as_folder(ds: outcore.Dataset, reference: outcore.Dataset, names: list[str] | None = None) -> None:
+    """Every sample of ``ds`` is one of the folder's files (by its bytes' digest), with the same pixels and
+    the same class (``names``: the class of each sample of ``ds``, where the store has only numbers)."""
+    mine, theirs = by_digest(ds), by_digest(reference)
+    assert len(ds) == len(reference) and set(mine) == set(theirs)
+    pixels, expected = np.asarray(ds["images"][:]), np.asarray(reference["images"][:])
+    got_names, expected_names = names or class_names(ds), class_names(reference)
+    for digest, i in mine.items():
+        np.testing.assert_array_equal(pixels[i], expected[theirs[digest]])
+        assert got_names[i] == expected_names[theirs[digest]]
+
+
+def test_tfrecords_written_by_tensorflow_equal_the_folder(photos, tmp_path):
+    need("tensorflow")
+    root, files, classes, reference = photos
+    write_tfrecords(files, classes, tmp_path / "plain", shards=3)
+    write_tfrecords(files, classes, tmp_path / "gzip", shards=2, compression="GZIP")
+    for source in (tmp_path / "plain", str(tmp_path / "gzip" / "*.gz")):
+        assert recognise(source) == "tfrecord"
+        ds = outcore.ingest_records(source, tmp_path / "t.zarr", shape=SHAPE, overwrite=True, progress=False)
+        assert_same_as_folder(ds, reference)
+        assert ds.classes == ["cat", "dog", "owl"]  # from image/class/text
+        paths = set(np.asarray(ds["path"][:]).tolist())
+        suffix = ".tfrecord" if source == tmp_path / "plain" else ".tfrecord.gz"
+        assert f"train-00000-of-{3 if suffix == '.tfrecord' else 2:05d}{suffix}::record 0" in paths
+
+
+def test_tfrecord_reader_reads_what_tensorflow_reads(photos, tmp_path):
+    tf = need("tensorflow")
+    _, files, classes, _ = photos
+    paths = write_tfrecords(files[:10], classes[:10], tmp_path, shards=1)
+    table = outcore.ingest.records.record_table(outcore.TFRecord(), [str(p) for p in paths], on_error="raise",
+                                                progress=False)
+    theirs = [tf.io.parse_single_example(record, {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+                                                  "image/class/label": tf.io.FixedLenFeature([], tf.int64)})
+              for record in tf.data.TFRecordDataset([str(p) for p in paths])]
+    assert [table.reader.read(ref) for ref in table.paths] == [t["image/encoded"].numpy() for t in theirs]
+    assert table.labels["labels"].tolist() == [int(t["image/class/label"]) for t in theirs]
+
+
+def damaged_copy(path: Path, offset: int, target: Path) -> Path:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    target.write_bytes(bytes(data))
+    return target
+
+
+def test_damaged_tfrecord_is_named_or_skipped(photos, tmp_path):
+    need("tensorflow")
+    _, files, classes, _ = photos
+    (path,) = write_tfrecords(files[:6], classes[:6], tmp_path / "good", shards=1)
+    (tmp_path / "bad").mkdir()
+    size = len(Path(files[0]).read_bytes())
+    bad = damaged_copy(path, 12 + 100 + size // 2, tmp_path / "bad" / path.name)  # inside record 0's picture
+    with pytest.raises(outcore.SourceError, match=r"record 0: its checksum is wrong.*on_error='skip'"):
+        outcore.ingest_records(bad, tmp_path / "t.zarr", shape=SHAPE, progress=False)
+    ds = outcore.ingest_records(bad, tmp_path / "t.zarr", shape=SHAPE, on_error="skip", progress=False)
+    assert len(ds) == 5 and ds.attrs.skipped["count"] == 1
+    report = (tmp_path / "t.zarr.skipped.txt").read_text()
+    assert f"{bad.name}::record 0" in report and "checksum" in report
+    truncated = tmp_path / "bad" / "short.tfrecord"
+    truncated.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(outcore.SourceError, match=r"short.tfrecord::record 5: the file ends 10 bytes before"):
+        outcore.ingest_records(truncated, tmp_path / "u.zarr", shape=SHAPE, progress=False)
+
+
+def test_webdataset_shards_equal_the_folder(photos, tmp_path):
+    need("webdataset")
+    _, files, classes, reference = photos
+    pattern = write_webdataset(files, classes, tmp_path / "wds", per_shard=16)
+    assert pattern.endswith("shard-{000000..000002}.tar") and recognise(pattern) == "webdataset"
+    ds = outcore.ingest_records(pattern, tmp_path / "w.zarr", shape=SHAPE, progress=False)
+    assert_same_as_folder(ds, reference, names=[["cat", "dog", "owl"][i] for i in np.asarray(ds["labels"][:])])
+    assert "shard-000000.tar::sample000000.jpg" in set(np.asarray(ds["path"][:]).tolist())
+    named = outcore.ingest_records(tmp_path / "wds", tmp_path / "n.zarr", shape=SHAPE, progress=False,
+                                   format=outcore.WebDataset(label_keys={"labels": "json.class"}))
+    assert_same_as_folder(named, reference)
+    compressed = tmp_path / "gz"
+    compressed.mkdir()
+    for shard in sorted((tmp_path / "wds").glob("*.tar")):
+        (compressed / f"{shard.name}.gz").write_bytes(gzip.compress(shard.read_bytes()))
+    ds = outcore.ingest_records(compressed, tmp_path / "g.zarr", shape=SHAPE, progress=False)
+    assert_same_as_folder(ds, reference, names=[["cat", "dog", "owl"][i] for i in np.asarray(ds["labels"][:])])
+
+
+def test_truncated_tar_is_named_or_skipped(photos, tmp_path):
+    need("webdataset")
+    _, files, classes, _ = photos
+    write_webdataset(files[:10], classes[:10], tmp_path / "wds", per_shard=10)
+    shard = tmp_path / "wds" / "shard-000000.tar"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(outcore.SourceError, match=r"shard-000000.tar::.*truncated or damaged"):
+        outcore.ingest_records(shard, tmp_path / "t.zarr", shape=SHAPE, progress=False)
+    ds = outcore.ingest_records(shard, tmp_path / "t.zarr", shape=SHAPE, on_error="skip", progress=False)
+    assert 0 < len(ds) < 10 and ds.attrs.skipped["count"] == 1
+    assert "truncated" in (tmp_path / "t.zarr.skipped.txt").read_text()
+
+
+def test_lmdb_of_files_datums_and_a_function(photos, tmp_path):
+    need("lmdb")
+    need("google.protobuf")
+    _, files, classes, reference = photos
+    files_env = write_lmdb(files, classes, tmp_path / "files.lmdb")
+    assert recognise(files_env) == "lmdb"
+    ds = outcore.ingest_records(files_env, tmp_path / "a.zarr", shape=SHAPE, progress=False,
+                                format=outcore.LMDB(label_pattern=r"^(?P<labels>[^/]+)/"))
+    assert_same_as_folder(ds, reference)
+    assert "files.lmdb::key b'cat/000000'" in set(np.asarray(ds["path"][:]).tolist())
+    datums = write_lmdb(files, classes, tmp_path / "datum.lmdb", values="datum")
+    ds = outcore.ingest_records(datums, tmp_path / "b.zarr", shape=SHAPE, format=outcore.LMDB(values="datum"),
+                                progress=False)
+    assert_same_as_folder(ds, reference, names=[["cat", "dog", "owl"][i] for i in np.asarray(ds["labels"][:])])
+
+    def decode(key: bytes, value: bytes) -> tuple[bytes, dict[str, str]]:  # the user's own reading of a value
+        return value, {"kind": key.decode().split("/")[0]}
+
+    ds = outcore.ingest_records(files_env, tmp_path / "c.zarr", shape=SHAPE, format=outcore.LMDB(values=decode),
+                                progress=False)
+    assert_same_as_folder(ds, reference, names=class_names(ds, "kind"))
+
+
+def test_lmdb_of_raw_caffe_datums_gives_their_pixels(photos, tmp_path):
+    need("lmdb")
+    need("google.protobuf")
+    _, files, classes, _ = photos
+    raw = write_lmdb(files, classes, tmp_path / "raw.lmdb", values="raw")
+    ds = outcore.ingest_records(raw, tmp_path / "r.zarr", shape=None, images="encoded",
+                                format=outcore.LMDB(values="datum"), shuffle_on_write=False, progress=False)
+    from PIL import Image
+
+    for i in (0, 7, len(files) - 1):  # keys sort as the files do: <class>/<index>
+        expected = np.asarray(Image.open(files[i]).convert("RGB"))  # stored BGR, read back RGB
+        np.testing.assert_array_equal(np.asarray(ds["images"][i]), expected)
+    assert np.asarray(ds["labels"][:]).tolist() == [["cat", "dog", "owl"].index(c) for c in classes]
+
+
+def test_hugging_face_dataset_and_its_parquet_equal_the_folder(photos, tmp_path):
+    need("datasets")
+    _, files, classes, reference = photos
+    saved, parquet = write_hf_dataset(files, classes, tmp_path / "hf", parquet_shards=2)
+    assert recognise(saved) == "parquet" and recognise(parquet) == "parquet"
+    for source in (saved, parquet):
+        ds = outcore.ingest_records(source, tmp_path / "h.zarr", shape=SHAPE, overwrite=True, progress=False)
+        assert_same_as_folder(ds, reference)
+        assert ds.classes == ["cat", "dog", "owl"]  # the ClassLabel's names
+    kept = outcore.ingest_records(parquet, tmp_path / "k.zarr", shape=None, images="encoded", max_side=32,
+                                  progress=False)
+    sides = {np.asarray(kept["images"][i]).shape[:2] for i in range(len(kept))}
+    assert len(kept) == len(files) and sides == {(24, 32), (28, 20)}  # 30x40 capped at 32, 28x20 as they were
+
+
+def test_parquet_with_a_damaged_page_is_named_or_skipped(photos, tmp_path):
+    pq = need("pyarrow.parquet")
+    import pyarrow as pa
+
+    _, files, classes, _ = photos
+    table = pa.table({"img": [Path(f).read_bytes() for f in files[:12]], "label": classes[:12]})
+    path = tmp_path / "p.parquet"
+    pq.write_table(table, path, row_group_size=4, compression="snappy", write_page_checksum=True)
+    metadata = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    bad = damaged_copy(path, metadata.data_page_offset + metadata.total_compressed_size // 2,
+                       tmp_path / "bad.parquet")
+    with pytest.raises(outcore.SourceError, match=r"4 of 12 records .*bad.parquet::row \d+: row group \d+ cannot be "
+                                                  r"read \(.*CRC checksum"):
+        outcore.ingest_records(bad, tmp_path / "t.zarr", shape=SHAPE, progress=False)
+    ds = outcore.ingest_records(bad, tmp_path / "t.zarr", shape=SHAPE, on_error="skip", progress=False)
+    assert len(ds) == 8 and ds.attrs.skipped["count"] == 4 and ds.classes == ["cat"]
+
+
+def test_command_line_recognises_each_format(photos, tmp_path):
+    need("webdataset")
+    _, files, classes, _ = photos
+    pattern = write_webdataset(files, classes, tmp_path / "wds", per_shard=16)
+    done = subprocess.run([sys.executable, "-m", "outcore.cli", "ingest", pattern, str(tmp_path / "w.zarr"),
+                           "--shape", "24x24x3", "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(outcore.open_dataset(tmp_path / "w.zarr")) == len(files)
+    done = subprocess.run([sys.executable, "-m", "outcore.cli", "ingest", str(tmp_path / "none"), str(tmp_path / "x.zarr"),
+                           "--shape", "24x24x3", "--format", "tfrecord"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "none" in done.stderr
