@@ -16,7 +16,7 @@ PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may impor
 # h5py (HDF5 sources in the test kit), xarray (Dataset.to_xarray)
 # optional packages (frameworks, and the object-store client and test server), imported where they are used
 FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "tornado", "sklearn", "skimage", "h5py", "xarray",
-              "obstore", "moto", "boto3")
+              "obstore", "moto", "boto3", "lmdb", "pyarrow", "webdataset", "datasets", "google")  # google: protobuf
 
 
 def _modules() -> dict[str, Path]:

@@ -21,7 +21,7 @@ ROOT = Path(__file__).parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SETUP_EXTRAS = ("dev", "tf", "torch")  # README's set-up line: torch==2.13.0, then ".[dev,tf]"
-CONDA_NAMES = {"torch": "pytorch", "tensorflow-cpu": "tensorflow"}  # conda-forge's names where they differ
+CONDA_NAMES = {"torch": "pytorch", "tensorflow-cpu": "tensorflow", "lmdb": "python-lmdb"}  # conda-forge's names where they differ
 CONDA_EXTRAS = {"mkdocstrings[python]": {"mkdocstrings-python"}, "moto[server]": {"flask", "flask-cors"}}
 CONDA_ONLY = {"python", "pip", "c-compiler", "libjpeg-turbo"}  # a compiler and libjpeg-turbo for the C extension
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 CAFFE_DATUM_FIELDS = (  # caffe.proto's Datum: (name, number, type, repeated)
     ("channels", 1, "TYPE_INT32", False), ("height", 2, "TYPE_INT32", False), ("width", 3, "TYPE_INT32", False),
@@ -93,7 +94,6 @@ def write_lmdb(files: Sequence[str | os.PathLike], classes: Sequence[str], path:
     Caffe Datums of the encoded files (``"datum"``) or of their raw pixels, channels first in BGR order
     as Caffe's ``convert_imageset`` writes them (``"raw"``)."""
     import lmdb
-    from PIL import Image
 
     names = sorted(set(classes))
     datum = datum_class() if values != "bytes" else None
