@@ -226,3 +226,58 @@ def test_command_line_recognises_each_format(photos, tmp_path):
     done = subprocess.run([*command, str(tmp_path / "none"), str(tmp_path / "x.zarr"), "--shape", "24x24x3",
                            "--format", "tfrecord"], check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "none" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def s3():
+    need("obstore")
+    need("moto.server")
+    from outcore.testing.s3 import S3Server
+
+    with S3Server() as server:
+        server.create_bucket("data")
+        yield server
+
+
+@pytest.mark.e2e
+def test_record_files_in_s3_are_read_where_they_are(photos, tmp_path, s3):
+    need("tensorflow")
+    need("webdataset")
+    need("datasets")
+    from outcore.testing.s3 import upload
+
+    _, files, classes, reference = photos
+    write_tfrecords(files, classes, tmp_path / "tfrecords", shards=3)
+    write_webdataset(files, classes, tmp_path / "wds", per_shard=16)
+    _, parquet = write_hf_dataset(files, classes, tmp_path / "hf", parquet_shards=2)
+    (tmp_path / "hf" / "parquet").mkdir()
+    for path in parquet:
+        path.rename(tmp_path / "hf" / "parquet" / path.name)
+    for folder in ("tfrecords", "wds", "hf/parquet"):
+        upload(tmp_path / folder, f"s3://data/{folder}", s3.options)
+    sources = {"s3://data/tfrecords/": "tfrecord", "s3://data/wds/shard-{000000..000002}.tar": "webdataset",
+               "s3://data/hf/parquet": "parquet"}
+    for source, kind in sources.items():
+        assert recognise(source, s3.options) == kind
+        ds = outcore.ingest_records(source, tmp_path / "s.zarr", shape=SHAPE, storage_options=s3.options,
+                                    overwrite=True, progress=False)
+        names = class_names(ds) if ds.classes else [["cat", "dog", "owl"][i] for i in np.asarray(ds["labels"][:])]
+        assert_same_as_folder(ds, reference, names=names)
+    with pytest.raises(outcore.SourceError, match="no .* files found at 's3://data/nothing/'"):
+        outcore.ingest_records("s3://data/nothing/", tmp_path / "n.zarr", format="tfrecord", shape=SHAPE,
+                               storage_options=s3.options, progress=False)
+
+
+@pytest.mark.e2e
+def test_record_files_on_a_plain_http_server(photos, tmp_path):
+    need("tensorflow")
+    need("obstore")
+    from outcore.testing.http import StaticServer
+
+    _, files, classes, reference = photos
+    write_tfrecords(files, classes, tmp_path / "tfrecords", shards=3)
+    with StaticServer(tmp_path / "tfrecords") as server:
+        source = f"{server.url}/train-{{00000..00002}}-of-00003.tfrecord"
+        assert recognise(source) == "tfrecord"
+        ds = outcore.ingest_records(source, tmp_path / "h.zarr", shape=SHAPE, progress=False)
+    assert_same_as_folder(ds, reference)
