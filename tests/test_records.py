@@ -5,6 +5,7 @@ sample with the same pictures ingested from a folder; damaged records named or s
 from __future__ import annotations
 
 import gzip
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,7 +76,7 @@ def test_tfrecord_reader_reads_what_tensorflow_reads(photos, tmp_path):
     tf = need("tensorflow")
     _, files, classes, _ = photos
     paths = write_tfrecords(files[:10], classes[:10], tmp_path, shards=1)
-    table = outcore.ingest.records.record_table(outcore.TFRecord(), [str(p) for p in paths], on_error="raise",
+    table = outcore.ingest.record_table.record_table(outcore.TFRecord(), [str(p) for p in paths], on_error="raise",
                                                 progress=False)
     theirs = [tf.io.parse_single_example(record, {"image/encoded": tf.io.FixedLenFeature([], tf.string),
                                                   "image/class/label": tf.io.FixedLenFeature([], tf.int64)})
@@ -281,3 +282,23 @@ def test_record_files_on_a_plain_http_server(photos, tmp_path):
         assert recognise(source) == "tfrecord"
         ds = outcore.ingest_records(source, tmp_path / "h.zarr", shape=SHAPE, progress=False)
     assert_same_as_folder(ds, reference)
+
+
+@pytest.mark.e2e
+def test_image_folder_in_s3_is_read_where_it_is(photos, tmp_path, s3):
+    from outcore.testing.s3 import upload
+
+    root, files, _, reference = photos
+    upload(root / "folder", "s3://data/photos/train", s3.options)
+    ds = outcore.ingest_images("s3://data/photos/train", tmp_path / "p.zarr", shape=SHAPE, storage_options=s3.options,
+                               progress=False)
+    assert_same_as_folder(ds, reference)
+    assert sorted(np.asarray(ds["path"][:]).tolist()) == sorted(np.asarray(reference["path"][:]).tolist())
+    done = subprocess.run([sys.executable, "-m", "outcore.cli", "ingest", "s3://data/photos/train",
+                           str(tmp_path / "c.zarr"), "--shape", "24x24x3", "--no-progress"], check=False,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **s3.environment})
+    assert done.returncode == 0, done.stderr
+    assert_same_as_folder(outcore.open_dataset(tmp_path / "c.zarr"), reference)
+    with pytest.raises(outcore.SourceError, match=r"no image files .* found under 's3://data/photos/none'"):
+        outcore.ingest_images("s3://data/photos/none", tmp_path / "n.zarr", shape=SHAPE, storage_options=s3.options,
+                              progress=False)

@@ -13,7 +13,8 @@ from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, ResizePolicy
 from ..storage import check_target
 from ..storage.remote import redact
 from .images import _image_options, _ingest_or_append
-from .records import name_of, parse_format, recognise, record_files, record_table
+from .record_table import record_table
+from .records import name_of, parse_format, recognise, record_files
 from .records.locations import common_root
 
 

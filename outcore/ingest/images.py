@@ -90,7 +90,8 @@ def ingest_images(
     The store gets fields ``images`` (N, H, W, C), ``labels`` (class indices; names in ``ds.classes``),
     ``path`` (each sample's file, relative to ``source``) and ``source_index`` (its position in the
     sorted file list). With ``shuffle_on_write`` (the default) samples are stored in a random order
-    drawn from ``seed``. A ``.zip`` location writes a single file; an object store URL (``s3://``,
+    drawn from ``seed``. ``source`` may be a folder in an object store (``s3://bucket/photos/train``, read
+    where it is, with ``storage_options``, which then serve both). A ``.zip`` location writes a single file; an object store URL (``s3://``,
     ``gs://``, ``az://``, reached with ``storage_options`` or the standard environment) gets each shard
     uploaded as it is written and the store published once complete (`outcore.storage.upload`). ``client`` (default: the active
     ``distributed.Client``, else local threads) runs the decoding and writing.
@@ -124,7 +125,7 @@ def ingest_images(
     ...                                  max_side=512)  # doctest: +SKIP
     """
     check_target(location)  # before any work: a URL outcore cannot write to is refused, never made a local folder
-    table = scan_image_folder(source)
+    table = scan_image_folder(source, storage_options=storage_options)
     return _ingest_or_append(table, location, _image_options(locals()), append, by_content)
 
 
@@ -196,6 +197,9 @@ def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
 
 def _ingest_or_append(table: SourceTable, location: str | os.PathLike, options: dict[str, Any], append: bool,
                       by_content: bool, classes: Mapping[str, Sequence[str]] | None = None) -> Dataset:
+    if append and table.reader is not None:
+        raise OptionError(f"append=True adds the new files of a local image folder or CSV; {table.description} is "
+                          "ingested into a new store")
     if append:
         return append_table(table, location, _ingest_table, options, by_content=by_content, classes=classes)
     if by_content:

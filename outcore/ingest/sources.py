@@ -5,18 +5,18 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..errors import OptionError, OutcoreWarning, SourceError
 from ..imaging import IMAGE_EXTENSIONS
-
-if TYPE_CHECKING:
-    from .records.reader import SampleReader
+from ..storage.remote import is_object_url, redact
+from .records.locations import list_objects
+from .records.reader import SampleReader
 
 
 @dataclass(frozen=True)
@@ -45,32 +45,53 @@ class SourceTable:
         return len(self.paths)
 
 
-def scan_image_folder(root: str | os.PathLike, extensions: Sequence[str] = IMAGE_EXTENSIONS) -> SourceTable:
-    """List ``root/<class>/**/<image>`` (labels from the first-level folder) or ``root/*.<image>`` (no labels).
+def scan_image_folder(root: str | os.PathLike, extensions: Sequence[str] = IMAGE_EXTENSIONS,
+                      storage_options: Mapping[str, Any] | None = None) -> SourceTable:
+    """List ``root/<class>/**/<image>`` (labels from the first-level folder) or ``root/*.<image>`` (no labels);
+    ``root`` may be a folder in an object store (``s3://bucket/photos/train``, read with ``storage_options``
+    or the standard environment).
 
     >>> table = scan_image_folder("photos/train")  # doctest: +SKIP
     >>> table.classes["labels"]  # doctest: +SKIP
     ('cat', 'dog')
     """
+    suffixes = tuple(e.lower() for e in extensions)
+    if is_object_url(str(root)):
+        return _remote_image_folder(str(root), suffixes, storage_options)
     root = Path(root)
     if not root.is_dir():
         raise SourceError(f"image folder {str(root)!r} does not exist or is not a folder")
-    suffixes = tuple(e.lower() for e in extensions)
     names = _image_names(root, suffixes)
+    description = f"image folder {root.absolute()}"
+    paths = [os.path.join(root.absolute(), *n.split("/")) for n in names]
+    return _folder_table(str(root), names, paths, suffixes, description)
+
+
+def _remote_image_folder(url: str, suffixes: tuple[str, ...], storage_options: Mapping[str, Any] | None) -> SourceTable:
+    """An image folder in an object store: its objects listed (sizes and times with them), read where they are."""
+    base = url.rstrip("/")
+    found = list_objects(base, suffixes, storage_options)
+    names = [found_url[len(base) + 1 :] for found_url, _, _ in found]
+    table = _folder_table(redact(url), names, [u for u, _, _ in found], suffixes, f"image folder {redact(url)}")
+    stats = np.array([f[1:] for f in found], dtype=np.int64).reshape(-1, 2)
+    return replace(table, reader=SampleReader(storage_options), stats=stats)
+
+
+def _folder_table(root: str, names: list[str], paths: list[str], suffixes: tuple[str, ...],
+                  description: str) -> SourceTable:
+    """The table of an image folder's files (``names`` relative to ``root``, ``paths`` what reads them)."""
     if not names:
         raise SourceError(
-            f"no image files ({', '.join(sorted(suffixes))}) found under {str(root)!r}; "
+            f"no image files ({', '.join(sorted(suffixes))}) found under {root!r}; "
             "expected ROOT/<class>/<image> or ROOT/<image>"
         )
     loose = [n for n in names if "/" not in n]
     nested = len(names) - len(loose)
     if loose and nested:
         raise SourceError(
-            f"{len(loose)} image(s) lie directly in {str(root)!r} (e.g. {loose[0]!r}) beside {nested} in class "
+            f"{len(loose)} image(s) lie directly in {root!r} (e.g. {loose[0]!r}) beside {nested} in class "
             "folders; move them into a class folder, or ingest a DataFrame of paths and labels instead"
         )
-    description = f"image folder {root.absolute()}"
-    paths = [os.path.join(root.absolute(), *n.split("/")) for n in names]
     if loose:
         return SourceTable(paths, names, description=description)
     class_of = [n.split("/", 1)[0] for n in names]
@@ -84,19 +105,19 @@ def scan_image_folder(root: str | os.PathLike, extensions: Sequence[str] = IMAGE
 SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing", "eval"})
 
 
-def _refuse_splits_as_classes(root: Path, classes: Sequence[str]) -> None:
+def _refuse_splits_as_classes(root: str, classes: Sequence[str]) -> None:
     """Class folders named like splits (``train``, ``val``) mean the folder above the splits was given:
     an error when two or more are, a warning for one."""
     splits = [name for name in classes if name.lower() in SPLIT_NAMES]
     if len(splits) >= 2:
-        shown = " and ".join(f"{str(root / name)!r} into {name}.zarr" for name in splits[:2])
+        shown = " and ".join(f"{root.rstrip('/') + '/' + name!r} into {name}.zarr" for name in splits[:2])
         raise SourceError(
-            f"the class folders of {str(root)!r} are named like splits ({', '.join(splits)}): ingest each "
-            f"split into a store of its own ({shown}), or all at once with ingest_splits({str(root)!r}, "
+            f"the class folders of {root!r} are named like splits ({', '.join(splits)}): ingest each "
+            f"split into a store of its own ({shown}), or all at once with ingest_splits({root!r}, "
             "folder, split='folders'); to use such names as classes, ingest a DataFrame of paths and labels"
         )
     if splits:
-        warnings.warn(f"{str(root)!r} has a class folder named like a split ({splits[0]!r}); if it is one, ingest "
+        warnings.warn(f"{root!r} has a class folder named like a split ({splits[0]!r}); if it is one, ingest "
                       "each split folder into a store of its own", OutcoreWarning, stacklevel=4)
 
 

@@ -187,7 +187,7 @@ def ingest_splits(
         tables, rule = _folder_splits(Path(source)), {"folders": True}
     else:
         fractions = parse_split(split) if isinstance(split, str) else check_fractions(split)
-        table = table if table is not None else scan_image_folder(source)
+        table = table if table is not None else scan_image_folder(source, storage_options=options.get("storage_options"))
         tables = {name: table_rows(table, rows, f"{table.description}, split {name}")
                   for name, rows in split_by_hash(table.names, fractions, seed).items()}
         rule = {"fractions": fractions, "seed": seed}

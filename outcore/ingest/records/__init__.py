@@ -2,8 +2,8 @@
 millions of files): TFRecord (`TFRecord`), WebDataset tar shards (`WebDataset`), LMDB environments
 (`LMDB`), Parquet files and Hugging Face datasets (`Parquet`), on this machine or in an object store.
 
-`recognise` tells which a source is from what it holds; `record_table` scans it into the table an image
-ingest writes from (`outcore.ingest.from_records.ingest_records`).
+`recognise` tells which a source is from what it holds; `outcore.ingest.record_table` scans it into the
+table an image ingest writes from (`outcore.ingest.from_records.ingest_records`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from ...storage.remote import is_object_url, redact
 from .lmdb_records import LMDB
 from .locations import expand_braces, list_files
 from .parquet import Parquet
-from .table import record_table
 from .tar import WebDataset
 from .tfrecord import TFRecord, masked_crc
 
@@ -126,4 +125,4 @@ def record_files(format: Any, source: Source, storage_options: Mapping[str, Any]
 
 
 __all__ = ["FORMATS", "LMDB", "Parquet", "TFRecord", "WebDataset", "name_of", "parse_format", "recognise",
-           "record_files", "record_table"]
+           "record_files"]

@@ -93,6 +93,26 @@ def _remote_matches(url: str, suffixes: Sequence[str], options: Mapping[str, Any
     return [f"{root}/{k}" for k in keys]
 
 
+def list_objects(url: str, suffixes: Sequence[str],
+                 storage_options: Mapping[str, Any] | None = None) -> list[tuple[str, int, int]]:
+    """``(url, size, modification time in ns)`` of each object under the prefix ``url`` whose name ends in
+    one of ``suffixes`` (any case), sorted; hidden names (a part starting with ``.``) left out."""
+    import obstore
+
+    root, key = split_url(url)
+    prefix = key.rstrip("/") + "/" if key else None
+    lowered = tuple(suffix.lower() for suffix in suffixes)
+    found = []
+    for batch in _remote_call(url, lambda: obstore.list(_bucket(root, storage_options or {}), prefix=prefix)):
+        for meta in batch:
+            name = meta["path"]
+            if name.lower().endswith(lowered) and not any(part.startswith(".") for part in name.split("/")):
+                modified = meta.get("last_modified")
+                found.append((f"{root}/{name}", int(meta["size"]),
+                              int(modified.timestamp() * 1e9) if modified is not None else 0))
+    return sorted(found)
+
+
 def split_url(url: str) -> tuple[str, str]:
     """``("s3://bucket", "path/to/file")`` of an object URL."""
     parts = urlsplit(url)

@@ -12,14 +12,14 @@ import dask
 import numpy as np
 import pandas as pd
 
-from ...errors import SourceError
-from ..scheduler import run_tasks
-from ..sources import SourceTable, _label_values
-from .locations import common_root, shown
-from .parts import SEPARATOR, PartScan
-from .reader import SampleReader
-from .tfrecord import CLASS_TEXT
-from .unpack import unpack
+from ..errors import SourceError
+from .records.locations import common_root, shown
+from .records.parts import SEPARATOR, PartScan
+from .records.reader import SampleReader
+from .records.tfrecord import CLASS_TEXT
+from .records.unpack import unpack
+from .scheduler import run_tasks
+from .sources import SourceTable, _label_values
 
 MAX_SHOWN = 3
 
