@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import SourceError
+from ..storage.remote import is_object_url
 from .records.locations import common_root, shown
 from .records.parts import SEPARATOR, PartScan
 from .records.reader import SampleReader
@@ -32,9 +33,10 @@ def record_table(format: Any, locations: Sequence[str], *, on_error: str, client
     it, or with ``on_error="skip"`` a row whose reading fails, so that the ingest's report names it.
     """
     scan = dask.delayed(_scan, pure=False)
+    remote = any(is_object_url(location) for location in locations)  # else Python's parsing is the work: one thread
     scans: list[PartScan] = run_tasks([scan(format, location, storage_options) for location in locations],
                                       [1] * len(locations), client=client, progress=progress,
-                                      description="scan records", unit="files")
+                                      description="scan records", unit="files", threads=None if remote else 1)
     root = common_root(locations)
     references = [part.reference(i) for part in scans for i in range(len(part))]
     if not references:

@@ -53,18 +53,20 @@ def run_tasks(
     progress: bool = True,
     description: str = "",
     unit: str = "samples",
+    threads: int | None = None,
 ) -> list[Any]:
     """Compute ``tasks`` and return their results in order; the bar advances by ``weights[i]`` per task.
 
     With ``client`` (a ``distributed.Client``), or an active one (`active_client`), the tasks run on its
-    cluster; without, on a local thread pool with one thread per core.
+    cluster; without, on a local pool of ``threads`` threads (default: one per core; one for work that
+    holds the GIL, which more threads only slow down).
     """
     client = active_client(client)
     with progress_bar(sum(weights), description, unit, progress) as bar:
         if client is not None:
             return _run_on_cluster(tasks, weights, client, bar)
         weight_of = {task.key: weight for task, weight in zip(tasks, weights, strict=True)}
-        pool = ThreadPoolExecutor(os.cpu_count(), thread_name_prefix="outcore-ingest")
+        pool = ThreadPoolExecutor(threads or os.cpu_count(), thread_name_prefix="outcore-ingest")
         try:
             with _ProgressCallback(weight_of, bar):
                 return list(dask.compute(*tasks, scheduler="threads", pool=pool))

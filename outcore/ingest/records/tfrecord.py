@@ -84,7 +84,7 @@ class TFRecord:
                     scan.add(what, (-1, 0), {}, damage)
                     continue
                 try:
-                    picture, labels = self._picture_and_labels(example_features(data), data)
+                    picture, labels = self._picture_and_labels(example_features(data, self._wanted), data)
                 except (WireError, KeyError) as error:
                     scan.add(what, (-1, 0), {}, damage or _reason(error))
                     continue
@@ -100,11 +100,16 @@ class TFRecord:
                 try:
                     if data is None or damage:
                         raise KeyError(damage)
-                    (start, length), _ = self._picture_and_labels(example_features(data), data)
+                    (start, length), _ = self._picture_and_labels(example_features(data, self._wanted), data)
                 except (WireError, KeyError):
                     yield b""
                     continue
                 yield data[start : start + length]
+
+    @property
+    def _wanted(self) -> frozenset[str]:
+        labels = self.label_keys.values() if self.label_keys is not None else (LABEL_KEY,)
+        return frozenset((self.image_key, *labels, *((self.class_key,) if self.class_key else ())))
 
     def _compression(self, location: str, storage_options: Mapping[str, Any] | None) -> str:
         if self.compression is not None:
@@ -144,9 +149,10 @@ def _reason(error: Exception) -> str:
     return f"not a tf.train.Example ({error})"
 
 
-def example_features(data: bytes | memoryview) -> dict[str, tuple[str, list[Any]]]:
+def example_features(data: bytes | memoryview,
+                     wanted: frozenset[str] | None = None) -> dict[str, tuple[str, list[Any]]]:
     """A ``tf.train.Example``'s features: name -> ``("bytes", [(offset, length), ...])``,
-    ``("int64", [...])`` or ``("float", [...])``."""
+    ``("int64", [...])`` or ``("float", [...])``; with ``wanted``, the others are named only (``("", [])``)."""
     found: dict[str, tuple[str, list[Any]]] = {}
     for number, kind, value in fields(data):
         if number != 1 or kind != LENGTH:
@@ -161,7 +167,8 @@ def example_features(data: bytes | memoryview) -> dict[str, tuple[str, list[Any]
                     name = bytes(data[part[0] : part[0] + part[1]]).decode("utf-8")
                 elif part_number == 2 and part_kind == LENGTH:
                     feature = part
-            found[name] = _feature(data, feature) if feature is not None else ("", [])
+            found[name] = _feature(data, feature) if feature is not None and (wanted is None or name in wanted) \
+                else ("", [])
     return found
 
 

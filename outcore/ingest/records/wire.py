@@ -44,7 +44,8 @@ def fields(data: bytes | memoryview, start: int = 0, stop: int | None = None) ->
     ones (offsets into ``data``)."""
     position, stop = start, len(data) if stop is None else stop
     while position < stop:
-        key, position = varint(data, position)
+        key = data[position]  # one byte for fields 1 to 15, the common case (varint() for the others)
+        key, position = (key, position + 1) if key < 0x80 else varint(data, position)
         number, kind = key >> 3, key & 7
         if number == 0:
             raise WireError("a field is numbered 0")
@@ -52,7 +53,8 @@ def fields(data: bytes | memoryview, start: int = 0, stop: int | None = None) ->
             value, position = varint(data, position)
             yield number, kind, value
         elif kind == LENGTH:
-            length, position = varint(data, position)
+            length = data[position] if position < stop else 0x80
+            length, position = (length, position + 1) if length < 0x80 else varint(data, position)
             if position + length > stop:
                 raise WireError(f"field {number} runs past the end of the message")
             yield number, kind, (position, length)
