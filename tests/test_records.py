@@ -8,6 +8,7 @@ import gzip
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -302,3 +303,100 @@ def test_image_folder_in_s3_is_read_where_it_is(photos, tmp_path, s3):
     with pytest.raises(outcore.SourceError, match=r"no image files .* found under 's3://data/photos/none'"):
         outcore.ingest_images("s3://data/photos/none", tmp_path / "n.zarr", shape=SHAPE, storage_options=s3.options,
                               progress=False)
+
+
+def test_a_killed_record_ingest_resumes_to_the_uninterrupted_store(photos, tmp_path):
+    need("datasets")
+    from test_staging import SLOW_INGEST
+
+    _, files, classes, _ = photos
+    _, parquet = write_hf_dataset(files, classes, tmp_path / "hf", parquet_shards=2)
+    source, store = str(tmp_path / "hf" / "*.parquet"), tmp_path / "t.zarr"
+    command = [source, str(store), "--shape", "24x24x3", "--chunk-size", "8", "--no-progress"]
+    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *command])
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob(".t.zarr.partial-*.run/done/shard-*.json"))) < 2:
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    process.kill()
+    process.wait()
+    unpacked = list(tmp_path.glob(".t.zarr.partial-*.prepared/unpacked/*.bin"))
+    assert not store.exists() and len(unpacked) == 2  # the Parquet files' pictures, unpacked before the kill
+    from outcore.cli import main
+
+    assert main(["ingest", *command, "--resume"]) == 0
+    resumed = outcore.open_dataset(store)
+    assert main(["ingest", source, str(tmp_path / "u.zarr"), *command[2:]]) == 0
+    uninterrupted = outcore.open_dataset(tmp_path / "u.zarr")
+    assert without_times(resumed) == without_times(uninterrupted)
+    for name in resumed.array_names():
+        np.testing.assert_array_equal(resumed.array(name)[:], uninterrupted.array(name)[:], err_msg=name)
+
+
+def without_times(ds: outcore.Dataset) -> dict:
+    attrs = ds.attrs.to_dict()
+    attrs["provenance"].pop("created")
+    attrs.pop("generation")
+    return attrs
+
+
+def test_record_files_cut_into_splits(photos, tmp_path):
+    need("tensorflow")
+    _, files, classes, reference = photos
+    write_tfrecords(files, classes, tmp_path / "tfrecords", shards=3)
+    stores = outcore.ingest_splits(tmp_path / "tfrecords", tmp_path / "cut", split={"train": 0.75, "val": 0.25},
+                                   shape=SHAPE, progress=False)
+    paths = {name: set(np.asarray(ds["path"][:]).tolist()) for name, ds in stores.items()}
+    assert not paths["train"] & paths["val"] and len(paths["train"] | paths["val"]) == len(files)
+    theirs, pixels = by_digest(reference), np.asarray(reference["images"][:])
+    for ds in stores.values():
+        assert ds.classes == ["cat", "dog", "owl"]
+        for digest, i in by_digest(ds).items():
+            np.testing.assert_array_equal(np.asarray(ds["images"][i]), pixels[theirs[digest]])
+    assert outcore.open_dataset(tmp_path / "cut", split="val").location == stores["val"].location
+
+
+@pytest.mark.e2e
+def test_csv_of_paths_in_s3_is_read_where_it_is(photos, tmp_path, s3):
+    import pandas as pd
+
+    from outcore.testing.s3 import upload
+
+    root, files, classes, reference = photos
+    upload(root / "folder", "s3://data/table/photos", s3.options)
+    names = [f.relative_to(root / "folder").as_posix() for f in files]
+    (tmp_path / "csv").mkdir()
+    pd.DataFrame({"path": [f"photos/{n}" for n in names] + ["photos/cat/gone.jpg"], "label": classes + ["cat"]}) \
+        .to_csv(tmp_path / "csv" / "labels.csv", index=False)
+    upload(tmp_path / "csv", "s3://data/table", s3.options)
+    with pytest.raises(outcore.SourceError, match=r"1 of 43 files listed in CSV 's3://data/table/labels.csv'.*gone.jpg"):
+        outcore.ingest_dataframe("s3://data/table/labels.csv", tmp_path / "t.zarr", label_columns=["label"],
+                                 shape=SHAPE, storage_options=s3.options, progress=False)
+    ds = outcore.ingest_dataframe("s3://data/table/labels.csv", tmp_path / "t.zarr", label_columns=["label"],
+                                  shape=SHAPE, storage_options=s3.options, on_error="skip", progress=False)
+    assert ds.attrs.skipped["count"] == 1
+    assert_same_as_folder(ds, reference, names=class_names(ds, "label"))
+
+
+@pytest.mark.e2e
+def test_record_sources_ingested_on_a_dask_cluster(photos, tmp_path):
+    need("lmdb")
+    need("datasets")
+    import dask
+    from distributed import Client, LocalCluster
+
+    _, files, classes, reference = photos
+    datums = write_lmdb(files, classes, tmp_path / "datum.lmdb", values="datum")
+    saved, _ = write_hf_dataset(files, classes, tmp_path / "hf", parquet_shards=1)
+    with dask.config.set(outcore.WORKER_CONFIG), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                         dashboard_address=":0") as cluster, Client(cluster) as client:
+        lmdb_store = outcore.ingest_records(datums, tmp_path / "l.zarr", shape=SHAPE, client=client,
+                                            format=outcore.LMDB(values="datum"), chunk_size=8, progress=False)
+        hf_store = outcore.ingest_records(saved, tmp_path / "h.zarr", shape=SHAPE, client=client, chunk_size=8,
+                                          progress=False)  # unpacked by a worker, read by both
+        read_by = client.run(lambda: sorted(k[1] for k in outcore.ingest.records.reader._opened))
+    assert_same_as_folder(lmdb_store, reference, names=[["cat", "dog", "owl"][i]
+                                                        for i in np.asarray(lmdb_store["labels"][:])])
+    assert_same_as_folder(hf_store, reference)
+    assert all(any(what.startswith("lmdb ") for what in opened) for opened in read_by.values())

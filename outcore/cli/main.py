@@ -294,14 +294,15 @@ def _ingest(args: argparse.Namespace) -> int:
         "progress": not args.no_progress,
         "storage_options": _storage_options(args),
     }
-    if args.split is not None or args.split_column is not None:
-        return _ingest_splits(args, options)
-    before = len(open_dataset(args.store)) if args.append and Path(args.store).exists() else 0
     records = args.format or (None if Path(args.source).suffix.lower() == ".csv"
                               else recognise(args.source, options["storage_options"]))
+    format = _record_format(records, args) if records else None
+    if args.split is not None or args.split_column is not None:
+        return _ingest_splits(args, options, format)
+    before = len(open_dataset(args.store)) if args.append and Path(args.store).exists() else 0
     with _client(args) as client:
-        if records:
-            ds = ingest_records(args.source, args.store, format=_record_format(records, args), client=client,
+        if format is not None:
+            ds = ingest_records(args.source, args.store, format=format, client=client,
                                 **{k: v for k, v in options.items() if k not in ("append", "by_content")})
         elif Path(args.source).is_file():
             labels = [c for c in args.label_columns.split(",") if c]
@@ -315,13 +316,13 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ingest_splits(args: argparse.Namespace, options: dict[str, Any]) -> int:
+def _ingest_splits(args: argparse.Namespace, options: dict[str, Any], format: Any) -> int:
     labels = [c for c in args.label_columns.split(",") if c]
     with _client(args) as client:
         stores = ingest_splits(args.source, args.store, split=args.split or "folders", split_column=args.split_column,
                                path_column=args.path_column, label_columns=labels,
                                label_dtype=_label_dtype(args.label_dtype), root=args.root, zip=args.zip,
-                               client=client, **options)
+                               client=client, format=format, **options)
     for name, ds in stores.items():
         print(f"{name}: {len(ds):,} samples in {ds.location}")
     print(f"index: {Path(args.store) / 'splits.json'}; open one with outcore.open_dataset({args.store!r}, split=...)")
@@ -332,6 +333,8 @@ def _record_format(name: str, args: argparse.Namespace) -> Any:
     """The format object the record flags describe."""
     keys = None if args.label_keys is None else dict(
         part.split("=", 1) if "=" in part else ("labels", part) for part in args.label_keys.split(",") if part)
+    if args.append:
+        raise OptionError("--append adds files of an image folder or a CSV; record files are ingested into a new store")
     lmdb_only = [flag for flag, value in (("--label-pattern", args.label_pattern), ("--label-table", args.label_table),
                                          ("--lmdb-values", args.lmdb_values != "bytes" or None)) if value]
     if name != "lmdb" and lmdb_only:
@@ -342,8 +345,6 @@ def _record_format(name: str, args: argparse.Namespace) -> Any:
                               "(--lmdb-values datum), not --image-key or --label-keys")
         return RECORD_FORMATS[name](values=args.lmdb_values, label_pattern=args.label_pattern,
                                     label_table=args.label_table)
-    if args.append:
-        raise OptionError("--append adds files of an image folder or a CSV; record files are ingested into a new store")
     given = {"image_key": args.image_key} if args.image_key else {}
     return RECORD_FORMATS[name](label_keys=keys, **given)
 

@@ -16,6 +16,7 @@ from .images import _image_options, _ingest_or_append
 from .record_table import record_table
 from .records import name_of, parse_format, recognise, record_files
 from .records.locations import common_root
+from .sources import SourceTable
 
 
 def ingest_records(
@@ -65,6 +66,16 @@ def ingest_records(
     ...                             format=outcore.WebDataset(label_keys={"labels": "json.label"}))  # doctest: +SKIP
     """
     check_target(location)
+    table = scan_records(source, format, {"on_error": on_error, "client": client, "progress": progress,
+                                          "storage_options": storage_options})
+    return _ingest_or_append(table, location, _image_options(locals()), append=False, by_content=False)
+
+
+def scan_records(source: str | os.PathLike | Sequence[str | os.PathLike], format: Any,
+                 options: Mapping[str, Any]) -> SourceTable:
+    """The table of the records of ``source`` (``format`` recognised when None), scanned with the ingest
+    ``options`` ``on_error``, ``client``, ``progress`` and ``storage_options``."""
+    on_error, storage_options = options.get("on_error", "raise"), options.get("storage_options")
     if on_error not in ("raise", "skip"):
         raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")
     chosen = parse_format(format)
@@ -77,7 +88,6 @@ def ingest_records(
     files = record_files(chosen, source, storage_options)
     description = f"{name_of(chosen)} " + (redact(files[0]) if len(files) == 1 else
                                            f"{redact(common_root(files))} ({len(files)} files)")
-    table = record_table(chosen, files, on_error=on_error, client=client, progress=progress,
-                         storage_options=storage_options, description=description)
-    options = _image_options(locals())
-    return _ingest_or_append(table, location, options, append=False, by_content=False)
+    return record_table(chosen, files, on_error=on_error, client=options.get("client"),
+                        progress=options.get("progress", True), storage_options=storage_options,
+                        description=description)

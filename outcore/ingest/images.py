@@ -171,7 +171,8 @@ def ingest_dataframe(
     ...                               label_columns=["label"], shape=(64, 64, 3))  # doctest: +SKIP
     """
     check_target(location)
-    table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype)
+    table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype,
+                                 storage_options=storage_options)
     if table.missing and on_error == "raise":
         raise missing_files_error(table)
     return _ingest_or_append(table, location, _image_options(locals()), append, by_content)

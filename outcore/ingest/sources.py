@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -15,7 +16,7 @@ import pandas as pd
 from ..errors import OptionError, OutcoreWarning, SourceError
 from ..imaging import IMAGE_EXTENSIONS
 from ..storage.remote import is_object_url, redact
-from .records.locations import list_objects
+from .records.locations import list_objects, read_file
 from .records.reader import SampleReader
 
 
@@ -153,6 +154,7 @@ def table_from_dataframe(
     root: str | os.PathLike | None = None,
     label_dtype: str | Mapping[str, str] | None = None,
     read_elsewhere: Sequence[str] = (),
+    storage_options: Mapping[str, Any] | None = None,
 ) -> SourceTable:
     """Read paths and labels from a DataFrame or a CSV file (``read_elsewhere``: columns used otherwise,
     e.g. a split column, not warned about as left out).
@@ -163,20 +165,29 @@ def table_from_dataframe(
     becomes class indices, classes sorted (numerically when every name is a number). A column that is
     numbers except for a few cells is an error naming those rows, never a silent switch to classes:
     ``label_dtype`` (``"class"``, ``"int64"`` or ``"float32"``, for all label columns or per column)
-    says what to do instead.
+    says what to do instead. The CSV, ``root`` and the paths may be in an object store (``s3://...``,
+    read with ``storage_options``): the files are then listed and read where they are.
 
     >>> table_from_dataframe("labels.csv", "path", ["label"]).classes  # doctest: +SKIP
     {'label': ('cat', 'dog')}
     """
     if isinstance(frame, pd.DataFrame):
-        where, base = "the DataFrame", Path(root or ".")
+        where, base = "the DataFrame", str(root or ".")
     else:
-        csv = Path(frame)
-        if not csv.is_file():
-            raise SourceError(f"CSV file {str(csv)!r} does not exist")
-        where, base = f"CSV {str(csv)!r}", Path(root) if root is not None else csv.parent
+        csv = str(frame)
+        if is_object_url(csv):
+            where, base = f"CSV {redact(csv)!r}", str(root) if root is not None else csv.rpartition("/")[0]
+            try:
+                contents: Any = io.BytesIO(read_file(csv, storage_options))
+            except SourceError:
+                raise SourceError(f"CSV file {redact(csv)!r} does not exist") from None
+        else:
+            if not Path(csv).is_file():
+                raise SourceError(f"CSV file {csv!r} does not exist")
+            where, base = f"CSV {csv!r}", str(root) if root is not None else str(Path(csv).parent)
+            contents = csv
         try:
-            frame = pd.read_csv(csv)
+            frame = pd.read_csv(contents)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
             raise SourceError(f"{where} cannot be read as a table ({type(error).__name__}: {error}); "
                               "fix the file: a header line, then one line per image") from None
@@ -195,7 +206,7 @@ def table_from_dataframe(
                       OutcoreWarning, stacklevel=3)
     dtypes = _label_dtypes(label_dtype, label_columns)
     names = [str(p) for p in frame[path_column]]
-    paths = [str((base / n).absolute()) for n in names]
+    paths = [_joined(base, n) for n in names]
     labels, classes = {}, {}
     for column in label_columns:
         values = frame[column]
@@ -204,8 +215,31 @@ def table_from_dataframe(
         labels[column], found = _label_values(values, dtypes.get(column), f"{where}: label column {column!r}")
         if found is not None:
             classes[column] = found
+    shown_base = redact(base) if is_object_url(base) else str(Path(base).absolute())
+    description = f"{where} (paths under {shown_base})"
+    if any(is_object_url(p) for p in paths):
+        return _remote_files(SourceTable(paths, names, labels, classes, description=description), storage_options)
     missing = [p for p in paths if not os.path.isfile(p)]
-    return SourceTable(paths, names, labels, classes, missing, description=f"{where} (paths under {base.absolute()})")
+    return SourceTable(paths, names, labels, classes, missing, description=description)
+
+
+def _joined(base: str, name: str) -> str:
+    """A table's path: a URL as it is, else under ``base`` (a folder, or an object store prefix)."""
+    if is_object_url(name):
+        return name
+    if is_object_url(base):
+        return f"{base.rstrip('/')}/{name.lstrip('/')}"
+    return str((Path(base) / name).absolute())
+
+
+def _remote_files(table: SourceTable, storage_options: Mapping[str, Any] | None) -> SourceTable:
+    """A table whose files are in an object store: listed under their common prefix (their sizes and times
+    with them, those not there as ``missing``), read where they are."""
+    prefix = os.path.commonprefix(table.paths).rpartition("/")[0]
+    listed = {url: (size, modified) for url, size, modified in list_objects(prefix, ("",), storage_options)}
+    missing = [p for p in table.paths if p not in listed]
+    stats = np.array([listed.get(p, (0, 0)) for p in table.paths], dtype=np.int64).reshape(-1, 2)
+    return replace(table, missing=missing, stats=stats, reader=SampleReader(storage_options))
 
 
 def _label_dtypes(label_dtype: str | Mapping[str, str] | None, columns: Sequence[str]) -> dict[str, str]:

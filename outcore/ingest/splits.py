@@ -29,7 +29,9 @@ from ..dataset import Dataset, open_dataset
 from ..errors import OptionError, SourceError, StorageError
 from ..storage import is_url
 from ..storage.splits import INDEX_FORMAT, SPLITS_INDEX, read_index
+from .from_records import scan_records
 from .images import ingest_table, missing_files_error
+from .records import recognise
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
 
 FOLDERS = "folders"
@@ -143,6 +145,7 @@ def ingest_splits(
     seed: int = 0,
     append: bool = False,
     by_content: bool = False,
+    format: Any = None,
     **options: Any,
 ) -> dict[str, Dataset]:
     """Ingest ``source`` into one store per split in ``folder`` (``<split>.zarr``, or ``<split>.zip`` with
@@ -156,6 +159,8 @@ def ingest_splits(
     ``<split>/<class>/<image>`` layout. ``split_column`` takes each CSV row's split from that column
     instead. Every store gets the classes of all splits. ``seed`` also seeds each store's shuffle on
     write; the other keywords are those of `ingest_images` (``shape`` is required), for every split.
+    Record files (TFRecord, WebDataset, LMDB, Parquet: recognised, or named with ``format``, see
+    `ingest_records`) are cut by fractions, a record's split from a hash of its file and place.
 
     ``append=True`` adds the files the stores lack, each to its split (by the same rule, which must be
     the one ``splits.json`` records), and gives every store the same grown class list (`ingest_images`
@@ -168,9 +173,14 @@ def ingest_splits(
     if is_url(folder):
         raise OptionError(f"ingest_splits writes to a local folder; got {str(folder)!r}: ingest each split to "
                           "its URL with ingest_images or ingest_dataframe (one store each)")
-    is_table = isinstance(source, pd.DataFrame) or Path(source).is_file()
+    is_table = isinstance(source, pd.DataFrame) or Path(source).suffix.lower() == ".csv"
     table = None
-    if is_table:
+    if not is_table and (format is not None or recognise(source, options.get("storage_options"))):
+        if split == FOLDERS or split_column is not None or append:
+            raise OptionError("record files are cut into splits by fractions (split={'train': 0.9, 'val': 0.1}); "
+                              "split='folders', split_column= and append= are for image folders and CSVs")
+        table = scan_records(source, format, options)
+    elif is_table:
         table = table_from_dataframe(source, path_column, label_columns, root, label_dtype,
                                      read_elsewhere=[split_column] if split_column else ())
         if table.missing and options.get("on_error", "raise") == "raise":
@@ -181,7 +191,7 @@ def ingest_splits(
                               "folder: use split='folders' or fractions")
         tables, rule = _column_splits(table, source, split_column), {"column": split_column}
     elif split == FOLDERS:
-        if table is not None:
+        if table is not None and is_table:
             raise OptionError("split='folders' splits a folder of <split>/<class>/<image>; for a CSV or DataFrame "
                               "pass split_column= (its column of split names) or fractions")
         tables, rule = _folder_splits(Path(source)), {"folders": True}

@@ -56,6 +56,10 @@ class SampleReader:
             return read_image_file(where.file)
         except OSError as error:
             raise ImageError(redact(where.name), f"cannot read it ({error})") from None
+        except SourceError as error:  # an object that is not there (any more)
+            if not is_object_url(where.file):
+                raise
+            raise ImageError(redact(where.name), f"file not found ({error})") from None
 
     def _unpacked(self, file: str, index: int, name: str) -> bytes:
         if self.unpacked is None:
