@@ -289,7 +289,7 @@ def test_record_files_on_a_plain_http_server(photos, tmp_path):
 def test_image_folder_in_s3_is_read_where_it_is(photos, tmp_path, s3):
     from outcore.testing.s3 import upload
 
-    root, files, _, reference = photos
+    root, _, _, reference = photos
     upload(root / "folder", "s3://data/photos/train", s3.options)
     ds = outcore.ingest_images("s3://data/photos/train", tmp_path / "p.zarr", shape=SHAPE, storage_options=s3.options,
                                progress=False)
@@ -310,7 +310,7 @@ def test_a_killed_record_ingest_resumes_to_the_uninterrupted_store(photos, tmp_p
     from test_staging import SLOW_INGEST
 
     _, files, classes, _ = photos
-    _, parquet = write_hf_dataset(files, classes, tmp_path / "hf", parquet_shards=2)
+    write_hf_dataset(files, classes, tmp_path / "hf", parquet_shards=2)
     source, store = str(tmp_path / "hf" / "*.parquet"), tmp_path / "t.zarr"
     command = [source, str(store), "--shape", "24x24x3", "--chunk-size", "8", "--no-progress"]
     process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *command])
