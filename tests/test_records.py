@@ -8,7 +8,6 @@ import gzip
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -307,26 +306,19 @@ def test_image_folder_in_s3_is_read_where_it_is(photos, tmp_path, s3):
 
 def test_a_killed_record_ingest_resumes_to_the_uninterrupted_store(photos, tmp_path):
     need("datasets")
-    from test_staging import SLOW_INGEST
+    from test_staging import _ingest_command, _stop_part_way
+
+    from outcore.cli import main
 
     _, files, classes, _ = photos
     write_hf_dataset(files, classes, tmp_path / "hf", parquet_shards=2)
-    source, store = str(tmp_path / "hf" / "*.parquet"), tmp_path / "t.zarr"
-    command = [source, str(store), "--shape", "24x24x3", "--chunk-size", "8", "--no-progress"]
-    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *command])
-    deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob(".t.zarr.partial-*.run/done/shard-*.json"))) < 2:
-        assert time.monotonic() < deadline and process.poll() is None
-        time.sleep(0.05)
-    process.kill()
-    process.wait()
+    source, store, shape = str(tmp_path / "hf" / "*.parquet"), tmp_path / "t.zarr", ["--shape", "24x24x3"]
+    _stop_part_way(source, store, shards=2, images=shape).wait()
     unpacked = list(tmp_path.glob(".t.zarr.partial-*.prepared/unpacked/*.bin"))
     assert not store.exists() and len(unpacked) == 2  # the Parquet files' pictures, unpacked before the kill
-    from outcore.cli import main
-
-    assert main(["ingest", *command, "--resume"]) == 0
+    assert main(["ingest", *_ingest_command(source, store, "--resume", images=shape)]) == 0
     resumed = outcore.open_dataset(store)
-    assert main(["ingest", source, str(tmp_path / "u.zarr"), *command[2:]]) == 0
+    assert main(["ingest", *_ingest_command(source, tmp_path / "u.zarr", images=shape)]) == 0
     uninterrupted = outcore.open_dataset(tmp_path / "u.zarr")
     assert without_times(resumed) == without_times(uninterrupted)
     for name in resumed.array_names():

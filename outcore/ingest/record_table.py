@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..errors import SourceError
 from ..storage.remote import is_object_url
+from .records import RecordFormat
 from .records.locations import common_root, shown
 from .records.parts import SEPARATOR, PartScan
 from .records.reader import SampleReader
@@ -25,7 +26,7 @@ from .sources import SourceTable, _label_values
 MAX_SHOWN = 3
 
 
-def record_table(format: Any, locations: Sequence[str], *, on_error: str, client: Any = None, progress: bool = True,
+def record_table(format: RecordFormat, locations: Sequence[str], *, on_error: str, client: Any = None, progress: bool = True,
                  storage_options: Mapping[str, Any] | None = None, description: str = "") -> SourceTable:
     """Scan the record files ``locations`` of ``format`` (in parallel, one task a file) into a table.
 
@@ -52,7 +53,7 @@ def record_table(format: Any, locations: Sequence[str], *, on_error: str, client
     labels, classes = _labels(scans, description)
     stats = np.array([(max(0, span[1]), part.version[1]) for part in scans for span in part.spans],
                      dtype=np.int64).reshape(-1, 2)
-    reader = SampleReader(storage_options, format.picture_of() if hasattr(format, "picture_of") else None)
+    reader = SampleReader(storage_options, format.picture_of())
     packed = [part for part in scans if any(span[0] < 0 and not damage
                                              for span, damage in zip(part.spans, part.damage, strict=True))]
     unpacking = None

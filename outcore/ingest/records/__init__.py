@@ -10,16 +10,29 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from ...errors import OptionError, SourceError
 from ...storage.remote import is_object_url, redact
 from .lmdb_records import LMDB
 from .locations import expand_braces, list_files
 from .parquet import Parquet
+from .parts import PartScan
 from .tar import WebDataset
 from .tfrecord import TFRecord, masked_crc
+
+
+class RecordFormat(Protocol):
+    """What a record format does: scan a file into its records, give a file's pictures in order (for files
+    that cannot be read at a place: unpacked), and say what turns a stored value into a picture."""
+
+    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None) -> PartScan: ...
+
+    def pictures(self, location: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[bytes]: ...
+
+    def picture_of(self) -> Callable[[bytes, bytes], bytes] | None: ...
+
 
 FORMATS: dict[str, type] = {"tfrecord": TFRecord, "webdataset": WebDataset, "lmdb": LMDB, "parquet": Parquet}
 SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -124,5 +137,5 @@ def record_files(format: Any, source: Source, storage_options: Mapping[str, Any]
     return list_files(source, SUFFIXES[kind], storage_options)
 
 
-__all__ = ["FORMATS", "LMDB", "Parquet", "TFRecord", "WebDataset", "name_of", "parse_format", "recognise",
+__all__ = ["FORMATS", "LMDB", "Parquet", "RecordFormat", "TFRecord", "WebDataset", "name_of", "parse_format", "recognise",
            "record_files"]

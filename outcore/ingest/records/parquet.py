@@ -33,8 +33,6 @@ class Parquet:
     image_key: str | None = None
     label_keys: Mapping[str, str] | None = None
 
-    direct = False
-
     def scan(self, location: str, storage_options: Mapping[str, Any] | None = None) -> PartScan:
         """Every row: its picture's size and labels; the rows of a row group that cannot be read are damaged."""
         pa = _pyarrow()
@@ -78,6 +76,10 @@ class Parquet:
                     pictures = pictures.field("bytes")
                 for value in pictures:
                     yield value.as_py() or b""
+
+    def picture_of(self) -> None:
+        """Stored values are the pictures' files as they are."""
+        return
 
     def _columns(self, schema: Any, location: str) -> tuple[str, dict[str, str]]:
         pa = _pyarrow()
@@ -129,15 +131,13 @@ class _Table:
     def __init__(self, location: str, storage_options: Mapping[str, Any] | None) -> None:
         pa = _pyarrow()
         self.location, self.arrow = location, location.endswith(".arrow")
-        if self.arrow:
+        if self.arrow:  # an Arrow stream, as save_to_disk writes
             self.stream = open_stream(location, storage_options)
             try:
                 self.reader = pa.ipc.open_stream(self.stream)
-            except pa.ArrowInvalid:
+            except (pa.ArrowInvalid, OSError) as error:
                 self.stream.close()
-                self.stream = open_stream(location, storage_options)
-                self.reader = pa.ipc.open_file(pa.PythonFile(_Seekable(location, storage_options))) \
-                    if is_object_url(location) else pa.ipc.open_file(location)
+                raise SourceError(f"{location} cannot be read as an Arrow stream ({error})") from None
             self.schema = self.reader.schema
         else:
             import pyarrow.parquet as pq

@@ -50,6 +50,10 @@ class WebDataset:
         """Each sample's picture bytes, in order (``b""`` for a damaged one): what unpacking writes."""
         return tar_pictures(location, self, storage_options)
 
+    def picture_of(self) -> None:
+        """Stored values are the pictures' files as they are."""
+        return
+
 
 def compressed(location: str) -> bool:
     return location.endswith((".gz", ".tgz"))

@@ -111,6 +111,10 @@ class TFRecord:
         labels = self.label_keys.values() if self.label_keys is not None else (LABEL_KEY,)
         return frozenset((self.image_key, *labels, *((self.class_key,) if self.class_key else ())))
 
+    def picture_of(self) -> None:
+        """Stored values are the pictures' files as they are."""
+        return
+
     def _compression(self, location: str, storage_options: Mapping[str, Any] | None) -> str:
         if self.compression is not None:
             return self.compression.upper()

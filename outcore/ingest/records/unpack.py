@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
@@ -21,12 +21,11 @@ from ..permute import free_bytes
 from ..scheduler import run_tasks
 from .reader import unpacked_name
 
+if TYPE_CHECKING:
+    from . import RecordFormat
 
-class Format(Protocol):
-    def pictures(self, location: str, storage_options: Mapping[str, Any] | None = None) -> Any: ...
 
-
-def unpack(format: Format, locations: Sequence[str], counts: Sequence[int], nbytes: int, folder: Path, *,
+def unpack(format: RecordFormat, locations: Sequence[str], counts: Sequence[int], nbytes: int, folder: Path, *,
            storage_options: Mapping[str, Any] | None, client: Any, progress: bool) -> None:
     """Write the pictures of each file of ``locations`` (holding ``counts`` records) into ``folder``; the
     files already unpacked (a resumed run) are kept."""
@@ -46,7 +45,7 @@ def unpack(format: Format, locations: Sequence[str], counts: Sequence[int], nbyt
               unit="records")
 
 
-def _unpack_file(format: Format, location: str, count: int, folder: str,
+def _unpack_file(format: RecordFormat, location: str, count: int, folder: str,
                  storage_options: Mapping[str, Any] | None) -> None:
     base = os.path.join(folder, unpacked_name(location))
     offsets = np.zeros(count + 1, dtype=np.int64)
