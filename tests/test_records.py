@@ -62,14 +62,17 @@ def test_tfrecords_written_by_tensorflow_equal_the_folder(photos, tmp_path):
     _, files, classes, reference = photos
     write_tfrecords(files, classes, tmp_path / "plain", shards=3)
     write_tfrecords(files, classes, tmp_path / "gzip", shards=2, compression="GZIP")
-    for source in (tmp_path / "plain", str(tmp_path / "gzip" / "*.gz")):
+    (tmp_path / "imagenet").mkdir()  # ImageNet's files have no suffix: train-00000-of-01024
+    for path in (tmp_path / "plain").iterdir():
+        (tmp_path / "imagenet" / path.stem).write_bytes(path.read_bytes())
+    for source in (tmp_path / "plain", str(tmp_path / "gzip" / "*.gz"), tmp_path / "imagenet"):
         assert recognise(source) == "tfrecord"
         ds = outcore.ingest_records(source, tmp_path / "t.zarr", shape=SHAPE, overwrite=True, progress=False)
         assert_same_as_folder(ds, reference)
         assert ds.classes == ["cat", "dog", "owl"]  # from image/class/text
         paths = set(np.asarray(ds["path"][:]).tolist())
-        suffix = ".tfrecord" if source == tmp_path / "plain" else ".tfrecord.gz"
-        assert f"train-00000-of-{3 if suffix == '.tfrecord' else 2:05d}{suffix}::record 0" in paths
+        suffix = {tmp_path / "plain": ".tfrecord", tmp_path / "imagenet": ""}.get(source, ".tfrecord.gz")
+        assert f"train-00000-of-{2 if suffix == '.tfrecord.gz' else 3:05d}{suffix}::record 0" in paths
 
 
 def test_tfrecord_reader_reads_what_tensorflow_reads(photos, tmp_path):
@@ -254,10 +257,14 @@ def test_record_files_in_s3_are_read_where_they_are(photos, tmp_path, s3):
     (tmp_path / "hf" / "parquet").mkdir()
     for path in parquet:
         path.rename(tmp_path / "hf" / "parquet" / path.name)
-    for folder in ("tfrecords", "wds", "hf/parquet"):
+    (tmp_path / "imagenet").mkdir()  # ImageNet's files have no suffix: train-00000-of-01024
+    for path in (tmp_path / "tfrecords").iterdir():
+        (tmp_path / "imagenet" / path.stem).write_bytes(path.read_bytes())
+    for folder in ("tfrecords", "wds", "hf/parquet", "imagenet"):
         upload(tmp_path / folder, f"s3://data/{folder}", s3.options)
     sources = {"s3://data/tfrecords/": "tfrecord", "s3://data/wds/shard-{000000..000002}.tar": "webdataset",
-               "s3://data/hf/parquet": "parquet"}
+               "s3://data/hf/parquet": "parquet", "s3://data/imagenet/": "tfrecord",
+               "s3://data/imagenet/train-*-of-00003": "tfrecord"}
     for source, kind in sources.items():
         assert recognise(source, s3.options) == kind
         ds = outcore.ingest_records(source, tmp_path / "s.zarr", shape=SHAPE, storage_options=s3.options,

@@ -11,12 +11,13 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from ...errors import OptionError, SourceError
 from ...storage.remote import is_object_url, redact
 from .lmdb_records import LMDB
-from .locations import expand_braces, list_files
+from .locations import expand_braces, list_files, read_range
 from .parquet import Parquet
 from .parts import PartScan
 from .tar import WebDataset
@@ -91,16 +92,18 @@ def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None
     else:
         files = [name] if _suffix_kind(name) else _listed(name, storage_options)
     kinds = {kind for file in files for kind in [_suffix_kind(file)] if kind}
-    if not kinds and files and not is_object_url(name):
-        kinds = {"tfrecord" for file in files[:1] if _is_tfrecord(file)}  # ImageNet's have no suffix
+    if not kinds and is_object_url(name) and not files:
+        files = _listed(name, storage_options, ("",))
+    if not kinds and files:
+        kinds = {"tfrecord" for file in files[:1] if _is_tfrecord(file, storage_options)}  # ImageNet's have no suffix
     if len(kinds) > 1:
         raise SourceError(f"{redact(name)} holds {' and '.join(sorted(kinds))} files: ingest each into a store of "
                           "its own, or name the format with format=")
     return kinds.pop() if kinds else None
 
 
-def _listed(url: str, storage_options: Mapping[str, Any] | None) -> list[str]:
-    suffixes = tuple(s for kind in SUFFIXES.values() for s in kind)
+def _listed(url: str, storage_options: Mapping[str, Any] | None, suffixes: Sequence[str] = ()) -> list[str]:
+    suffixes = tuple(suffixes) or tuple(s for kind in SUFFIXES.values() for s in kind)
     try:
         return list_files(url, suffixes, storage_options)
     except SourceError:
@@ -112,14 +115,13 @@ def _suffix_kind(name: str) -> str | None:
     return next((kind for kind, suffixes in SUFFIXES.items() if lowered.endswith(suffixes)), None)
 
 
-def _is_tfrecord(path: str) -> bool:
+def _is_tfrecord(location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
     """Whether the file starts as an uncompressed TFRecord file does: a length and its checksum."""
     try:
-        with open(path, "rb") as file:
-            header = file.read(12)
-    except OSError:
+        header = read_range(location, 0, 12, storage_options)
+    except (OSError, SourceError):
         return False
-    return len(header) == 12 and masked_crc(header[:8]) == int.from_bytes(header[8:], "little")
+    return masked_crc(header[:8]) == int.from_bytes(header[8:], "little")
 
 
 def record_files(format: Any, source: Source, storage_options: Mapping[str, Any] | None = None) -> list[str]:
@@ -131,10 +133,19 @@ def record_files(format: Any, source: Source, storage_options: Mapping[str, Any]
             raise SourceError(f"{redact(str(source))}: an LMDB environment is read from this machine's disk only "
                               "(it is memory-mapped); copy it here first")
         return [os.fspath(item) for item in items]
-    if kind == "tfrecord" and isinstance(source, str | os.PathLike) and os.path.isdir(source) \
-            and not any(_suffix_kind(f) for f in os.listdir(source)):
-        return sorted(os.path.join(source, f) for f in os.listdir(source) if _is_tfrecord(os.path.join(source, f)))
-    return list_files(source, SUFFIXES[kind], storage_options)
+    try:
+        return list_files(source, SUFFIXES[kind], storage_options)
+    except SourceError:
+        if kind != "tfrecord":
+            raise
+    # TFRecord files without a suffix (ImageNet's train-00000-of-01024): the files that start as one does
+    candidates = list_files(source, ("",), storage_options)
+    with ThreadPoolExecutor(16) as pool:
+        found = [location for location, ok in zip(candidates, pool.map(
+            lambda location: _is_tfrecord(location, storage_options), candidates), strict=True) if ok]
+    if not found:
+        raise SourceError(f"no TFRecord files found at {redact(str(source))}")
+    return found
 
 
 __all__ = ["FORMATS", "LMDB", "Parquet", "RecordFormat", "TFRecord", "WebDataset", "name_of", "parse_format", "recognise",

@@ -8,6 +8,7 @@ environment) as stores are (`outcore.storage.remote`); nothing is copied to the 
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import io
 import os
@@ -81,16 +82,16 @@ def _matches(pattern: str, suffixes: Sequence[str], storage_options: Mapping[str
 
 
 def _remote_matches(url: str, suffixes: Sequence[str], options: Mapping[str, Any]) -> list[str]:
-    import obstore
 
     root, key = split_url(url)
-    if urlsplit(url).scheme in ("http", "https") or key.endswith(tuple(suffixes)):
+    named = key.endswith(tuple(suffix for suffix in suffixes if suffix)) and not glob.has_magic(key)
+    if urlsplit(url).scheme in ("http", "https") or named:
         return [url]  # plain HTTP cannot be listed: files are named one by one (or by a brace list)
-    client = _bucket(root, options)
-    prefix = key.rstrip("/") + "/" if key else None
-    keys = sorted(meta["path"] for batch in obstore.list(client, prefix=prefix) for meta in batch
-                  if meta["path"].endswith(tuple(suffixes)))
-    return [f"{root}/{k}" for k in keys]
+    if glob.has_magic(key):  # a glob: the objects of its folder whose names match it
+        folder = key[: min(key.index(c) for c in "*?[" if c in key)].rpartition("/")[0]
+        listed = list_objects(f"{root}/{folder}" if folder else root, ("",), options)
+        return [found for found, _, _ in listed if fnmatch.fnmatchcase(found[len(root) + 1 :], key)]
+    return [found for found, _, _ in list_objects(url, suffixes, options)]
 
 
 def list_objects(url: str, suffixes: Sequence[str],
