@@ -399,3 +399,17 @@ def test_record_sources_ingested_on_a_dask_cluster(photos, tmp_path):
                                                         for i in np.asarray(lmdb_store["labels"][:])])
     assert_same_as_folder(hf_store, reference)
     assert all(any(what.startswith("lmdb ") for what in opened) for opened in read_by.values())
+
+
+def test_a_missing_optional_library_is_named_with_its_extra(photos, tmp_path, monkeypatch):
+    need("lmdb")
+    need("datasets")
+    _, files, classes, _ = photos
+    environment = write_lmdb(files[:3], classes[:3], tmp_path / "few.lmdb")
+    _, parquet = write_hf_dataset(files[:3], classes[:3], tmp_path / "hf", parquet_shards=1)
+    monkeypatch.setitem(sys.modules, "lmdb", None)  # as if not installed: importing it fails
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(outcore.SourceError, match=r"needs lmdb: pip install 'outcore\[lmdb\]'"):
+        outcore.ingest_records(environment, tmp_path / "l.zarr", shape=SHAPE, progress=False)
+    with pytest.raises(outcore.SourceError, match=r"needs pyarrow: pip install 'outcore\[parquet\]'"):
+        outcore.ingest_records(parquet, tmp_path / "p.zarr", shape=SHAPE, progress=False)
