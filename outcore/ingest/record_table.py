@@ -28,7 +28,9 @@ MAX_SHOWN = 3
 
 def record_table(format: RecordFormat, locations: Sequence[str], *, on_error: str, client: Any = None, progress: bool = True,
                  storage_options: Mapping[str, Any] | None = None, description: str = "") -> SourceTable:
-    """Scan the record files ``locations`` of ``format`` (in parallel, one task a file) into a table.
+    """Scan the record files ``locations`` of ``format`` into a table: one task a file, on ``client``'s
+    workers, else on threads for files in an object store and on one thread for files here (Python's
+    parsing is then the work, and more threads only contend for the GIL).
 
     A damaged record (a bad checksum, a truncated file, a missing picture or label) is an error naming
     it, or with ``on_error="skip"`` a row whose reading fails, so that the ingest's report names it.
