@@ -321,9 +321,10 @@ def test_a_killed_record_ingest_resumes_to_the_uninterrupted_store(photos, tmp_p
     write_hf_dataset(files, classes, tmp_path / "hf", parquet_shards=2)
     source, store, shape = str(tmp_path / "hf" / "*.parquet"), tmp_path / "t.zarr", ["--shape", "24x24x3"]
     _stop_part_way(source, store, shards=2, images=shape).wait()
-    unpacked = list(tmp_path.glob(".t.zarr.partial-*.prepared/unpacked/*.bin"))
-    assert not store.exists() and len(unpacked) == 2  # the Parquet files' pictures, unpacked before the kill
+    unpacked = list(tmp_path.glob(".outcore-unpacked-*/*.bin"))
+    assert not store.exists() and len(unpacked) == 2  # the Parquet files' pictures, unpacked as they were scanned
     assert main(["ingest", *_ingest_command(source, store, "--resume", images=shape)]) == 0
+    assert not list(tmp_path.glob(".outcore-unpacked-*"))  # the killed run's are removed, the resumed run's too
     resumed = outcore.open_dataset(store)
     assert main(["ingest", *_ingest_command(source, tmp_path / "u.zarr", images=shape)]) == 0
     uninterrupted = outcore.open_dataset(tmp_path / "u.zarr")

@@ -4,18 +4,22 @@ Face datasets, on this machine or in an object store (`outcore.ingest.records`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 from ..dataset import Dataset
 from ..errors import OptionError, SourceError
 from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, ResizePolicy
 from ..storage import check_target
-from ..storage.remote import redact
+from ..storage.remote import is_object_url, redact
+from ..storage.upload import local_mirror
 from .images import _image_options, _ingest_or_append
 from .record_table import record_table
 from .records import name_of, parse_format, recognise, record_files
-from .records.locations import common_root
+from .records.locations import common_root, file_version
+from .records.spill import unpacking
 from .sources import SourceTable
 
 
@@ -66,15 +70,22 @@ def ingest_records(
     ...                             format=outcore.WebDataset(label_keys={"labels": "json.label"}))  # doctest: +SKIP
     """
     check_target(location)
-    table = scan_records(source, format, {"on_error": on_error, "client": client, "progress": progress,
-                                          "storage_options": storage_options})
-    return _ingest_or_append(table, location, _image_options(locals()), append=False, by_content=False)
+    options = _image_options(locals())
+    with record_source(source, format, options, beside(location)) as table:
+        return _ingest_or_append(table, location, options, append=False, by_content=False)
 
 
-def scan_records(source: str | os.PathLike | Sequence[str | os.PathLike], format: Any,
-                 options: Mapping[str, Any]) -> SourceTable:
+def beside(location: str | os.PathLike) -> Path:
+    """The local folder a store at ``location`` is staged in (for an object store: its local mirror's)."""
+    return (local_mirror(str(location)) if is_object_url(str(location)) else Path(location).absolute()).parent
+
+
+@contextmanager
+def record_source(source: str | os.PathLike | Sequence[str | os.PathLike], format: Any, options: Mapping[str, Any],
+                  near: Path) -> Iterator[SourceTable]:
     """The table of the records of ``source`` (``format`` recognised when None), scanned with the ingest
-    ``options`` ``on_error``, ``client``, ``progress`` and ``storage_options``."""
+    ``options`` ``on_error``, ``client``, ``progress`` and ``storage_options``. Pictures of files that
+    cannot be read at a place are unpacked into a folder beside ``near`` while the block runs."""
     on_error, storage_options = options.get("on_error", "raise"), options.get("storage_options")
     if on_error not in ("raise", "skip"):
         raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")
@@ -88,6 +99,10 @@ def scan_records(source: str | os.PathLike | Sequence[str | os.PathLike], format
     files = record_files(chosen, source, storage_options)
     description = f"{name_of(chosen)} " + (redact(files[0]) if len(files) == 1 else
                                            f"{redact(common_root(files))} ({len(files)} files)")
-    return record_table(chosen, files, on_error=on_error, client=options.get("client"),
-                        progress=options.get("progress", True), storage_options=storage_options,
-                        description=description)
+    packed = [location for location in files if chosen.unpacked(location, storage_options)]
+    with ExitStack() as stack:
+        folder = stack.enter_context(unpacking(near, sum(file_version(f, storage_options)[0] for f in packed),
+                                               packed)) if packed else None
+        yield record_table(chosen, files, on_error=on_error, client=options.get("client"),
+                           progress=options.get("progress", True), storage_options=storage_options,
+                           description=description, unpack_into=folder)

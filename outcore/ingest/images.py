@@ -91,8 +91,9 @@ def ingest_images(
     ``path`` (each sample's file, relative to ``source``) and ``source_index`` (its position in the
     sorted file list). With ``shuffle_on_write`` (the default) samples are stored in a random order
     drawn from ``seed``. ``source`` may be a folder in an object store (``s3://bucket/photos/train``, read
-    where it is, with ``storage_options``, which then serve both). A ``.zip`` location writes a single file; an object store URL (``s3://``,
-    ``gs://``, ``az://``, reached with ``storage_options`` or the standard environment) gets each shard
+    where it is, with ``storage_options``, which then serve both). A ``.zip`` location writes a single
+    file; an object store URL (``s3://``, ``gs://``, ``az://``, reached with ``storage_options`` or the
+    standard environment) gets each shard
     uploaded as it is written and the store published once complete (`outcore.storage.upload`). ``client`` (default: the active
     ``distributed.Client``, else local threads) runs the decoding and writing.
 
@@ -270,18 +271,11 @@ def _ingest_table(
     run = {"shuffled_on_write": shuffle_on_write, "seed": seed if shuffle_on_write else None,
            "source": table.description, "manifest": _manifest(table, order, paths, stats, settings), "resume": resume,
            "recipe": recipe}
-
-    def reader_for(scratch: Path) -> SampleReader:
-        """What reads the samples: the table's reader, once what must be unpacked is (into ``scratch``)."""
-        if table.unpack is not None:
-            return table.unpack(scratch / "unpacked", client, progress)
-        return table.reader or SampleReader()
-
+    reader = table.reader or SampleReader()
     if surveyed:
         survey = SurveyOptions(decode.channels, dtype, max_side, quality, on_error, max_pixels)
 
         def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array | None]:
-            reader = reader_for(scratch)
             found = survey_images(paths, survey, scratch, client=client, progress=progress,
                                   description=f"survey → {store_name(location)}", reader=reader)
             files = FieldSource(file_array(found.paths, found.nbytes, layout.shard_size, reader),
@@ -293,29 +287,25 @@ def _ingest_table(
 
         build_store(location, prepare, options, **run)
         return open_dataset(location, storage_options=storage_options)
-
-    def decode_all(scratch: Path) -> tuple[dict[str, FieldSource], da.Array | None]:
-        # One task decodes a whole shard's images and the write task that needs them runs where they are:
-        # decoded pixels (7x the JPEG bytes) never travel between workers.
-        pixels, files, errors, digests = image_array(
-            paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
-            keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images],
-            max_pixels=max_pixels, reader=reader_for(scratch),
+    # One task decodes a whole shard's images and the write task that needs them runs where they are:
+    # decoded pixels (7x the JPEG bytes) never travel between workers.
+    pixels, files, errors, digests = image_array(
+        paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
+        keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images], max_pixels=max_pixels,
+        reader=reader,
+    )
+    images_fields = {}
+    if pixels is not None:
+        images_fields[IMAGE_FIELD] = FieldSource(pixels, FieldInfo("input"))
+    if files is not None:
+        images_fields[ENCODED_FIELD if pixels is not None else IMAGE_FIELD] = FieldSource(
+            files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
+            nbytes=np.array([size for size, _ in stats], dtype=np.int64),
         )
-        images_fields = {}
-        if pixels is not None:
-            images_fields[IMAGE_FIELD] = FieldSource(pixels, FieldInfo("input"))
-        if files is not None:
-            images_fields[ENCODED_FIELD if pixels is not None else IMAGE_FIELD] = FieldSource(
-                files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
-                nbytes=np.array([size for size, _ in stats], dtype=np.int64),
-            )
-        # with on_error="raise" a bad file stops the ingest: no sample is left out, and each shard is final
-        # (uploaded as soon as it is written, for an object store) instead of kept for compaction
-        digest_field = {FILE_DIGEST_FIELD: FieldSource(digests, FieldInfo("metadata"))}
-        return {**images_fields, **fields, **digest_field}, errors if skip else None
-
-    build_store(location, decode_all, options, **run)
+    # with on_error="raise" a bad file stops the ingest: no sample is left out, and each shard is final
+    # (uploaded as soon as it is written, for an object store) instead of kept for compaction
+    fields[FILE_DIGEST_FIELD] = FieldSource(digests, FieldInfo("metadata"))
+    build_store(location, {**images_fields, **fields}, options, errors=errors if skip else None, **run)
     return open_dataset(location, storage_options=storage_options)
 
 

@@ -3,9 +3,7 @@ with its reference, its name, its labels and class names, and what reads it."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import dask
@@ -19,25 +17,27 @@ from .records.locations import common_root, shown
 from .records.parts import SEPARATOR, PartScan
 from .records.reader import SampleReader
 from .records.tfrecord import CLASS_TEXT
-from .records.unpack import unpack
 from .scheduler import run_tasks
 from .sources import SourceTable, _label_values
 
 MAX_SHOWN = 3
 
 
-def record_table(format: RecordFormat, locations: Sequence[str], *, on_error: str, client: Any = None, progress: bool = True,
-                 storage_options: Mapping[str, Any] | None = None, description: str = "") -> SourceTable:
+def record_table(format: RecordFormat, locations: Sequence[str], *, on_error: str, client: Any = None,
+                 progress: bool = True, storage_options: Mapping[str, Any] | None = None, description: str = "",
+                 unpack_into: str | None = None) -> SourceTable:
     """Scan the record files ``locations`` of ``format`` into a table: one task a file, on ``client``'s
     workers, else on threads for files in an object store and on one thread for files here (Python's
     parsing is then the work, and more threads only contend for the GIL).
 
     A damaged record (a bad checksum, a truncated file, a missing picture or label) is an error naming
     it, or with ``on_error="skip"`` a row whose reading fails, so that the ingest's report names it.
+    Pictures of files that cannot be read at a place are unpacked into the folder ``unpack_into``
+    (`outcore.ingest.records.spill`), which must outlive the ingest's reading.
     """
     scan = dask.delayed(_scan, pure=False)
     remote = any(is_object_url(location) for location in locations)  # else Python's parsing is the work: one thread
-    scans: list[PartScan] = run_tasks([scan(format, location, storage_options) for location in locations],
+    scans: list[PartScan] = run_tasks([scan(format, location, storage_options, unpack_into) for location in locations],
                                       [1] * len(locations), client=client, progress=progress,
                                       description="scan records", unit="files", threads=None if remote else 1)
     root = common_root(locations)
@@ -55,27 +55,13 @@ def record_table(format: RecordFormat, locations: Sequence[str], *, on_error: st
     labels, classes = _labels(scans, description)
     stats = np.array([(max(0, span[1]), part.version[1]) for part in scans for span in part.spans],
                      dtype=np.int64).reshape(-1, 2)
-    reader = SampleReader(storage_options, format.picture_of())
-    packed = [part for part in scans if any(span[0] < 0 and not damage
-                                             for span, damage in zip(part.spans, part.damage, strict=True))]
-    unpacking = None
-    if packed:
-        unpacking = functools.partial(
-            _unpack, format, [part.location for part in packed], [len(part) for part in packed],
-            sum(span[1] for part in packed for span in part.spans), reader, storage_options)
-    return SourceTable(references, names, labels, classes, description=description, reader=reader, stats=stats,
-                       unpack=unpacking)
+    reader = SampleReader(storage_options, format.picture_of(), unpack_into)
+    return SourceTable(references, names, labels, classes, description=description, reader=reader, stats=stats)
 
 
-def _scan(format: Any, location: str, storage_options: Mapping[str, Any] | None) -> PartScan:
-    return format.scan(location, storage_options)
-
-
-def _unpack(format: Any, locations: list[str], counts: list[int], nbytes: int, reader: SampleReader,
-            storage_options: Mapping[str, Any] | None, folder: Path, client: Any, progress: bool) -> SampleReader:
-    unpack(format, locations, counts, nbytes, folder, storage_options=storage_options, client=client,
-           progress=progress)
-    return SampleReader(reader.storage_options, reader.values, str(folder))
+def _scan(format: RecordFormat, location: str, storage_options: Mapping[str, Any] | None,
+          unpack_into: str | None) -> PartScan:
+    return format.scan(location, storage_options, unpack_into)
 
 
 def _labels(scans: list[PartScan], description: str) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, ...]]]:

@@ -26,10 +26,8 @@ class SourceTable:
 
     ``paths`` are absolute; ``names`` are what the store records (relative to the folder or CSV).
     ``classes`` maps a label field to its class names, for labels that were strings or folders.
-    Samples of record files (`outcore.ingest.records`): ``paths`` are references that ``reader`` reads,
-    ``stats`` their sizes and their files' modification times, and ``unpack``, when some files cannot be
-    read at a place, unpacks them into a scratch folder (``unpack(folder, client, progress)``) and
-    returns the reader that reads them there.
+    Samples of record files or object stores (`outcore.ingest.records`): ``paths`` are references that
+    ``reader`` reads, ``stats`` their sizes and their files' modification times.
     """
 
     paths: list[str]
@@ -40,7 +38,6 @@ class SourceTable:
     description: str = ""
     reader: SampleReader | None = None
     stats: np.ndarray | None = None
-    unpack: Any = None
 
     def __len__(self) -> int:
         return len(self.paths)

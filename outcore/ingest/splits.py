@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from ..dataset import Dataset, open_dataset
 from ..errors import OptionError, SourceError, StorageError
 from ..storage import is_url
 from ..storage.splits import INDEX_FORMAT, SPLITS_INDEX, read_index
-from .from_records import scan_records
+from .from_records import record_source
 from .images import ingest_table, missing_files_error
 from .records import recognise
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
@@ -173,56 +174,57 @@ def ingest_splits(
     if is_url(folder):
         raise OptionError(f"ingest_splits writes to a local folder; got {str(folder)!r}: ingest each split to "
                           "its URL with ingest_images or ingest_dataframe (one store each)")
-    is_table = isinstance(source, pd.DataFrame) or Path(source).suffix.lower() == ".csv"
-    table = None
-    if not is_table and (format is not None or recognise(source, options.get("storage_options"))):
-        if split == FOLDERS or split_column is not None or append:
-            raise OptionError("record files are cut into splits by fractions (split={'train': 0.9, 'val': 0.1}); "
-                              "split='folders', split_column= and append= are for image folders and CSVs")
-        table = scan_records(source, format, options)
-    elif is_table:
-        table = table_from_dataframe(source, path_column, label_columns, root, label_dtype,
-                                     read_elsewhere=[split_column] if split_column else ())
-        if table.missing and options.get("on_error", "raise") == "raise":
-            raise missing_files_error(table)
-    if split_column is not None:
-        if table is None:
-            raise OptionError(f"split_column= takes each row's split from a CSV or DataFrame; {str(source)!r} is a "
-                              "folder: use split='folders' or fractions")
-        tables, rule = _column_splits(table, source, split_column), {"column": split_column}
-    elif split == FOLDERS:
-        if table is not None and is_table:
-            raise OptionError("split='folders' splits a folder of <split>/<class>/<image>; for a CSV or DataFrame "
-                              "pass split_column= (its column of split names) or fractions")
-        tables, rule = _folder_splits(Path(source)), {"folders": True}
-    else:
-        fractions = parse_split(split) if isinstance(split, str) else check_fractions(split)
-        table = table if table is not None else scan_image_folder(source, storage_options=options.get("storage_options"))
-        tables = {name: table_rows(table, rows, f"{table.description}, split {name}")
-                  for name, rows in split_by_hash(table.names, fractions, seed).items()}
-        rule = {"fractions": fractions, "seed": seed}
-    empty = [name for name, part in tables.items() if not len(part)]
-    if empty:
-        raise SourceError(f"split(s) {empty} would be empty ({sum(map(len, tables.values()))} files in all): "
-                          "give them larger fractions, or more files")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    suffix = ".zip" if zip else ".zarr"
-    grow = {"append": True, "by_content": by_content, "classes": _grown_classes(folder, tables, rule)} \
-        if append else {"by_content": by_content}
-    stores: dict[str, Dataset] = {}
-    for name, part in tables.items():
-        try:
-            stores[name] = ingest_table(part, folder / f"{name}{suffix}", seed=seed, **grow, **options)
-        except StorageError as error:  # a full disk, say: the splits written are kept, and a resume keeps them
-            if not stores or append:
-                raise
-            raise StorageError(error.errno, f"{error.strerror}. The splits written before it are kept "
-                                            f"({', '.join(stores)}): free some space, then run the same ingest "
-                                            "with resume=True, which keeps them as they are and writes the "
-                                            "others") from None
-    _write_index(folder, stores, rule, suffix)
-    return stores
+    with ExitStack() as stack:  # record files: their unpacked pictures, until every split is written
+        is_table = isinstance(source, pd.DataFrame) or Path(source).suffix.lower() == ".csv"
+        table = None
+        if not is_table and (format is not None or recognise(source, options.get("storage_options"))):
+            if split == FOLDERS or split_column is not None or append:
+                raise OptionError("record files are cut into splits by fractions (split={'train': 0.9, 'val': 0.1}); "
+                                  "split='folders', split_column= and append= are for image folders and CSVs")
+            table = stack.enter_context(record_source(source, format, options, Path(folder).absolute()))
+        elif is_table:
+            table = table_from_dataframe(source, path_column, label_columns, root, label_dtype,
+                                         read_elsewhere=[split_column] if split_column else ())
+            if table.missing and options.get("on_error", "raise") == "raise":
+                raise missing_files_error(table)
+        if split_column is not None:
+            if table is None:
+                raise OptionError(f"split_column= takes each row's split from a CSV or DataFrame; {str(source)!r} is a "
+                                  "folder: use split='folders' or fractions")
+            tables, rule = _column_splits(table, source, split_column), {"column": split_column}
+        elif split == FOLDERS:
+            if table is not None and is_table:
+                raise OptionError("split='folders' splits a folder of <split>/<class>/<image>; for a CSV or DataFrame "
+                                  "pass split_column= (its column of split names) or fractions")
+            tables, rule = _folder_splits(Path(source)), {"folders": True}
+        else:
+            fractions = parse_split(split) if isinstance(split, str) else check_fractions(split)
+            table = table if table is not None else scan_image_folder(source, storage_options=options.get("storage_options"))
+            tables = {name: table_rows(table, rows, f"{table.description}, split {name}")
+                      for name, rows in split_by_hash(table.names, fractions, seed).items()}
+            rule = {"fractions": fractions, "seed": seed}
+        empty = [name for name, part in tables.items() if not len(part)]
+        if empty:
+            raise SourceError(f"split(s) {empty} would be empty ({sum(map(len, tables.values()))} files in all): "
+                              "give them larger fractions, or more files")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        suffix = ".zip" if zip else ".zarr"
+        grow = {"append": True, "by_content": by_content, "classes": _grown_classes(folder, tables, rule)} \
+            if append else {"by_content": by_content}
+        stores: dict[str, Dataset] = {}
+        for name, part in tables.items():
+            try:
+                stores[name] = ingest_table(part, folder / f"{name}{suffix}", seed=seed, **grow, **options)
+            except StorageError as error:  # a full disk, say: the splits written are kept, and a resume keeps them
+                if not stores or append:
+                    raise
+                raise StorageError(error.errno, f"{error.strerror}. The splits written before it are kept "
+                                                f"({', '.join(stores)}): free some space, then run the same ingest "
+                                                "with resume=True, which keeps them as they are and writes the "
+                                                "others") from None
+        _write_index(folder, stores, rule, suffix)
+        return stores
 
 
 def _grown_classes(folder: Path, tables: Mapping[str, SourceTable], rule: dict[str, Any]) -> dict[str, list[str]]:

@@ -158,7 +158,7 @@ def _runs(target: Path) -> tuple[set[str], set[str]]:
     here, live = set(), set()
     for run in target.parent.glob(f".{glob.escape(target.name)}.partial-*.run"):
         here.add(_run_id(run))
-        held = _try_lock(run)
+        held = try_lock(run)
         if held is None:
             live.add(_run_id(run))
         else:
@@ -237,11 +237,11 @@ def _adopt_or_clean(target: Path, manifest: dict[str, Any] | None, shown: str) -
     adopted, lock = None, None
     name = glob.escape(target.name)  # a name like data[1].zarr is not a pattern
     for starting in sorted(target.parent.glob(f".{name}.starting-*")):  # runs that died before they were seen
-        if time.time() - starting.stat().st_mtime > STARTING_SECONDS and (held := _try_lock(starting)) is not None:
+        if time.time() - starting.stat().st_mtime > STARTING_SECONDS and (held := try_lock(starting)) is not None:
             held.close()
             _remove_leftovers(starting, shown)
     for run in sorted(target.parent.glob(f".{name}.partial-*.run")):
-        held = _try_lock(run)
+        held = try_lock(run)
         if held is None:
             warnings.warn(f"another ingest is writing {shown} now (its files: {run.with_suffix('')}*); the one "
                           "that finishes last leaves its store there", OutcoreWarning, stacklevel=4)
@@ -281,13 +281,13 @@ def _manifest(run: Path) -> dict[str, Any] | None:
 
 
 def _lock(run: Path) -> Any:
-    lock = _try_lock(run)
+    lock = try_lock(run)
     if lock is None:
         raise StoreExistsError(f"another process holds the run folder {run}")
     return lock
 
 
-def _try_lock(run: Path) -> Any:
+def try_lock(run: Path) -> Any:
     """The run's lock file, locked by us; None when a live process holds it."""
     file = open(run / "lock", "a+")  # noqa: SIM115 - held open for the run's lifetime, closed by the caller
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -25,12 +25,14 @@ from .tfrecord import TFRecord, masked_crc
 
 
 class RecordFormat(Protocol):
-    """What a record format does: scan a file into its records, give a file's pictures in order (for files
-    that cannot be read at a place: unpacked), and say what turns a stored value into a picture."""
+    """What a record format does: say whether a file's pictures must be unpacked (it cannot be read at a
+    place), scan a file into its records (unpacking its pictures into a folder on the way where it must),
+    and say what turns a stored value into a picture."""
 
-    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None) -> PartScan: ...
+    def unpacked(self, location: str, storage_options: Mapping[str, Any] | None = None) -> bool: ...
 
-    def pictures(self, location: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[bytes]: ...
+    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None,
+             unpack_into: str | None = None) -> PartScan: ...
 
     def picture_of(self) -> Callable[[bytes, bytes], bytes] | None: ...
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ...errors import OptionError, SourceError
 from .locations import file_version
-from .parts import PartScan
+from .parts import PartScan, scanning
 from .reader import lmdb_environment
 from .wire import LENGTH, VARINT, WireError, fields, signed64
 
@@ -70,29 +70,28 @@ class LMDB:
             return functools.partial(datum_picture, channels=self.datum_channels)
         return None
 
-    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None) -> PartScan:
-        """Every key of the environment, in key order, with its picture's size and labels."""
+    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None,
+             unpack_into: str | None = None) -> PartScan:
+        """Every key of the environment, in key order, with its picture's size and labels (the pictures a
+        function of the user's makes unpacked into ``unpack_into``)."""
         del storage_options  # LMDB is read on this machine only
         table = _label_table(self.label_table) if self.label_table is not None else None
         pattern = re.compile(self.label_pattern) if self.label_pattern is not None else None
-        scan = PartScan(location, _version(location), keys=[] if self.direct else None)
-        for key, value in _items(location):
-            what = f"key {key!r}"
-            try:
-                picture, labels = self._picture_and_labels(key, value, pattern, table)
-            except (WireError, KeyError, ValueError) as error:
-                scan.add(what, (-1, 0), {}, _reason(error), key)
-                continue
-            scan.add(what, (0 if self.direct else -1, len(picture)), labels, "", key)
+        with scanning(location, _version(location), unpack_into, self.direct,
+                      keys=[] if self.direct else None) as scan:
+            for key, value in _items(location):
+                what = f"key {key!r}"
+                try:
+                    picture, labels = self._picture_and_labels(key, value, pattern, table)
+                except (WireError, KeyError, ValueError) as error:
+                    scan.add(what, (-1, 0), {}, _reason(error), key)
+                    continue
+                scan.add(what, (0 if self.direct else -1, len(picture)), labels, "", key, picture=picture)
         return scan
 
-    def pictures(self, location: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[bytes]:
-        """Each value's picture bytes, in key order (for a function of the user's: unpacked once)."""
-        for key, value in _items(location):
-            try:
-                yield self._picture_and_labels(key, value, None, None)[0]
-            except (WireError, KeyError, ValueError):
-                yield b""
+    def unpacked(self, location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+        """Whether the values' pictures must be unpacked: those a function of the user's makes."""
+        return not self.direct
 
     def _picture_and_labels(self, key: bytes, value: bytes, pattern: re.Pattern[str] | None,
                             table: dict[str, dict[str, Any]] | None) -> tuple[bytes, dict[str, Any]]:

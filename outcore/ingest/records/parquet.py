@@ -3,7 +3,7 @@ Parquet shards): a column of pictures, ``{bytes, path}`` structs as ``datasets.I
 binary, and label columns, with the class names of ``ClassLabel`` columns from the dataset's features.
 
 Read by row group (Parquet) or record batch (Arrow), the columns needed only. Neither can be read at a
-row's place, so the pictures are unpacked once into the ingest's scratch folder.
+row's place, so the pictures are unpacked as they are scanned (`outcore.ingest.records.spill`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Self
 from ...errors import SourceError
 from ...storage.remote import is_object_url
 from .locations import file_version, open_stream, read_range
-from .parts import PartScan
+from .parts import PartScan, scanning
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png", "picture")
 LABEL_COLUMNS = ("label", "labels")
@@ -33,11 +33,13 @@ class Parquet:
     image_key: str | None = None
     label_keys: Mapping[str, str] | None = None
 
-    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None) -> PartScan:
-        """Every row: its picture's size and labels; the rows of a row group that cannot be read are damaged."""
+    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None,
+             unpack_into: str | None = None) -> PartScan:
+        """Every row: its picture (unpacked into ``unpack_into``: a row cannot be read at its place) and
+        labels; the rows of a row group (or batch) that cannot be read are damaged."""
         pa = _pyarrow()
-        scan = PartScan(location, file_version(location, storage_options))
-        with _Table(location, storage_options) as table:
+        with _Table(location, storage_options) as table, \
+                scanning(location, file_version(location, storage_options), unpack_into, False) as scan:
             image, labels = self._columns(table.schema, location)
             scan.classes.update({name: table.class_names[column] for name, column in labels.items()
                                  if column in table.class_names})
@@ -51,31 +53,20 @@ class Parquet:
                 pictures = batch.column(0)
                 if pa.types.is_struct(pictures.type):
                     pictures = pictures.field("bytes")
-                sizes = _pc().binary_length(pictures).to_pylist()
                 values = {name: batch.column(1 + i).to_pylist() for i, name in enumerate(labels)}
-                for i, size in enumerate(sizes):
+                for i, picture in enumerate(pictures.to_pylist()):
                     what = f"row {row}"
-                    if size is None:
+                    if picture is None:
                         scan.add(what, (-1, 0), {}, "its picture's bytes are empty (null): only a path, or no picture")
                     else:
-                        scan.add(what, (-1, size), {name: column[i] for name, column in values.items()})
+                        scan.add(what, (-1, len(picture)), {name: column[i] for name, column in values.items()},
+                                 picture=picture)
                     row += 1
         return scan
 
-    def pictures(self, location: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[bytes]:
-        """Each row's picture bytes, in order (``b""`` where it cannot be read)."""
-        pa = _pyarrow()
-        with _Table(location, storage_options) as table:
-            image, _ = self._columns(table.schema, location)
-            for count, batch, _ in table.batches([image]):
-                if batch is None:
-                    yield from [b""] * count
-                    continue
-                pictures = batch.column(0)
-                if pa.types.is_struct(pictures.type):
-                    pictures = pictures.field("bytes")
-                for value in pictures:
-                    yield value.as_py() or b""
+    def unpacked(self, location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+        """Always: a row's picture cannot be read at its place (pages are compressed, rows not indexed)."""
+        return True
 
     def picture_of(self) -> None:
         """Stored values are the pictures' files as they are."""
@@ -218,7 +209,3 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def _pc() -> Any:
-    import pyarrow.compute
-
-    return pyarrow.compute

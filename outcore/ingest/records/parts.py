@@ -4,7 +4,7 @@ A sample of a record source is read back by a *reference*, a string naming the f
 
 - ``FILE::WHAT @OFFSET+LENGTH``: the picture's bytes lie at that range of the file (TFRecord, tar);
 - ``FILE::WHAT #INDEX``: the file cannot be read at a place (GZIP, Parquet pages, a function of the
-  user's): its pictures are unpacked once, in order, into the ingest's scratch folder, and read there;
+  user's): its pictures are unpacked while it is scanned (`outcore.ingest.records.spill`), read there;
 - ``FILE::key b'...'``: an LMDB value;
 - ``FILE::WHAT (damaged: WHY)``: a record that cannot be read, named in the error or the skip report.
 
@@ -18,8 +18,13 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from ...errors import SourceError
+from .spill import Spill
 
 _AT = re.compile(r"^(?P<what>.*) @(?P<offset>\d+)\+(?P<length>\d+)$")
 _INDEX = re.compile(r"^(?P<what>.*) #(?P<index>\d+)$")
@@ -76,9 +81,14 @@ class PartScan:
     damage: list[str] = field(default_factory=list)
     keys: list[bytes] | None = None
     classes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # names the file itself gives
+    spill: Spill | None = field(default=None, repr=False)
 
     def add(self, what: str, span: tuple[int, int], labels: dict[str, Any], damage: str = "",
-            key: bytes | None = None) -> None:
+            key: bytes | None = None, picture: bytes | None = None) -> None:
+        """Record ``what``: its picture at ``span`` of the file, or, with offset -1, ``picture``'s bytes
+        themselves, which go to the spill (the file cannot be read at a place)."""
+        if self.spill is not None and span[0] < 0:
+            self.spill.add(b"" if damage or picture is None else picture)
         self.whats.append(what)
         self.spans.append(span)
         self.damage.append(damage)
@@ -88,6 +98,13 @@ class PartScan:
             self.labels[name] = [None] * (len(self.whats) - 1)
         for name, column in self.labels.items():
             column.append(labels.get(name))
+
+    def finish(self) -> PartScan:
+        """End the scan: the spilled pictures' offsets written, the spill closed."""
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
+        return self
 
     def reference(self, i: int) -> str:
         """The reference of record ``i`` (see the module docstring)."""
@@ -103,3 +120,20 @@ class PartScan:
 
     def __len__(self) -> int:
         return len(self.whats)
+
+
+@contextmanager
+def scanning(location: str, version: tuple[int, int], unpack_into: str | None, direct: bool,
+             keys: list[bytes] | None = None) -> Iterator[PartScan]:
+    """A `PartScan` of the file at ``location``; where it cannot be read at a place (not ``direct``), its
+    pictures are spilled into the folder ``unpack_into`` as it is scanned (removed if the scan fails)."""
+    if not direct and unpack_into is None:
+        raise SourceError(f"{location} cannot be read at a place, and no folder was given to unpack it into")
+    scan = PartScan(location, version, keys=keys, spill=None if direct else Spill(unpack_into, location))
+    try:
+        yield scan
+    except BaseException:
+        if scan.spill is not None:
+            scan.spill.discard()
+        raise
+    scan.finish()

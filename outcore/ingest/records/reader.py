@@ -6,7 +6,6 @@ opens what it reads once per process.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -20,6 +19,7 @@ from ...imaging import read_image_file
 from ...storage.remote import is_object_url, redact
 from .locations import read_file, read_range
 from .parts import parse
+from .spill import unpacked_name
 
 _opened: dict[tuple[int, str], Any] = {}  # (process id, what) -> an LMDB environment, or unpacked offsets
 _opened_lock = threading.Lock()
@@ -29,7 +29,7 @@ _opened_lock = threading.Lock()
 class SampleReader:
     """Reads samples by reference. ``values`` turns an LMDB value into picture bytes (the format's, for
     LMDB; None elsewhere); ``unpacked`` is the folder where pictures of files not readable at a place were
-    unpacked (`unpacked_name`).
+    unpacked (`outcore.ingest.records.spill`).
 
     >>> SampleReader().read("photos/cat/1.jpg")[:2]  # doctest: +SKIP
     b'\\xff\\xd8'
@@ -78,12 +78,6 @@ class SampleReader:
         if value is None:
             raise ImageError(name, "the key is no longer in the LMDB environment (it changed during the ingest)")
         return self.values(key, value) if self.values is not None else value
-
-
-def unpacked_name(location: str) -> str:
-    """The name of a file's unpacked pictures in the scratch folder (``<name>.bin`` and
-    ``<name>.offsets.npy``)."""
-    return hashlib.sha256(location.encode()).hexdigest()[:24]
 
 
 def lmdb_environment(path: str) -> Any:

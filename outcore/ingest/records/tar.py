@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 from ...storage.remote import is_object_url
 from .locations import file_version, open_stream
-from .parts import PartScan
+from .parts import PartScan, scanning
 
 PICTURE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSION = "cls"
@@ -41,14 +41,16 @@ class WebDataset:
     image_key: str | None = None
     label_keys: Mapping[str, str] | None = None
 
-    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None) -> PartScan:
+    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None,
+             unpack_into: str | None = None) -> PartScan:
         """Every sample of the shard: where its picture lies and its labels; a sample without a picture or
-        a label is damaged; a truncated shard ends with a damaged entry."""
-        return scan_tar(location, self, storage_options)
+        a label is damaged; a truncated shard ends with a damaged entry. A compressed shard's pictures
+        are unpacked into ``unpack_into`` on the way."""
+        return scan_tar(location, self, storage_options, unpack_into)
 
-    def pictures(self, location: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[bytes]:
-        """Each sample's picture bytes, in order (``b""`` for a damaged one): what unpacking writes."""
-        return tar_pictures(location, self, storage_options)
+    def unpacked(self, location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+        """Whether the shard's pictures must be unpacked (it is compressed: it cannot be read at a place)."""
+        return compressed(location)
 
     def picture_of(self) -> None:
         """Stored values are the pictures' files as they are."""
@@ -59,29 +61,22 @@ def compressed(location: str) -> bool:
     return location.endswith((".gz", ".tgz"))
 
 
-def scan_tar(location: str, keys: WebDataset, storage_options: Mapping[str, Any] | None = None) -> PartScan:
-    scan = PartScan(location, file_version(location, storage_options))
+def scan_tar(location: str, keys: WebDataset, storage_options: Mapping[str, Any] | None = None,
+             unpack_into: str | None = None) -> PartScan:
     direct = not compressed(location)
-    for key, members, damage in _samples(location, storage_options, keep_pictures=False):
-        if damage and not members:
-            scan.add(key, (-1, 0), {}, damage)
-            continue
-        try:
-            name, member = _picture(members, keys)
-            labels = _labels(members, keys)
-        except KeyError as error:
-            scan.add(key, (-1, 0), {}, str(error.args[0]))
-            continue
-        scan.add(name, (member[0] if direct else -1, member[1]), labels, damage)
+    with scanning(location, file_version(location, storage_options), unpack_into, direct) as scan:
+        for key, members, damage in _samples(location, storage_options, keep_pictures=not direct):
+            if damage and not members:
+                scan.add(key, (-1, 0), {}, damage)
+                continue
+            try:
+                name, member = _picture(members, keys)
+                labels = _labels(members, keys)
+            except KeyError as error:
+                scan.add(key, (-1, 0), {}, str(error.args[0]))
+                continue
+            scan.add(name, (member[0] if direct else -1, member[1]), labels, damage, picture=member[2])
     return scan
-
-
-def tar_pictures(location: str, keys: WebDataset, storage_options: Mapping[str, Any] | None = None) -> Iterator[bytes]:
-    for _, members, damage in _samples(location, storage_options, keep_pictures=True):
-        try:
-            yield b"" if damage else _picture(members, keys)[1][2]
-        except KeyError:
-            yield b""
 
 
 def _picture(members: dict[str, tuple[int, int, bytes | None, str]], keys: WebDataset) -> tuple[str, Any]:

@@ -19,7 +19,7 @@ import crc32c
 
 from ...errors import OptionError
 from .locations import file_version, open_stream
-from .parts import PartScan
+from .parts import PartScan, scanning
 from .wire import (
     FIXED32,
     LENGTH,
@@ -71,40 +71,32 @@ class TFRecord:
         if self.compression is not None and self.compression.upper() not in COMPRESSIONS:
             raise OptionError(f"compression={self.compression!r} is not one of {COMPRESSIONS}")
 
-    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None) -> PartScan:
+    def scan(self, location: str, storage_options: Mapping[str, Any] | None = None,
+             unpack_into: str | None = None) -> PartScan:
         """Every record of the file: where its picture lies and its labels; a damaged record is recorded
         as such (a bad checksum, a record that is not an Example, a missing feature); a damaged length
-        ends the file's records, as no record after it can be found."""
+        ends the file's records, as no record after it can be found. A compressed file's pictures are
+        unpacked into ``unpack_into`` on the way."""
         compression = self._compression(location, storage_options)
-        scan = PartScan(location, file_version(location, storage_options))
-        with _records(location, compression, storage_options) as records:
+        with scanning(location, file_version(location, storage_options), unpack_into, not compression) as scan, \
+                _records(location, compression, storage_options) as records:
             for index, (offset, data, damage) in enumerate(records):
                 what = f"record {index}"
                 if data is None:
                     scan.add(what, (-1, 0), {}, damage)
                     continue
                 try:
-                    picture, labels = self._picture_and_labels(example_features(data, self._wanted), data)
+                    (start, length), labels = self._picture_and_labels(example_features(data, self._wanted), data)
                 except (WireError, KeyError) as error:
                     scan.add(what, (-1, 0), {}, damage or _reason(error))
                     continue
-                start = offset + picture[0] if not compression else -1
-                scan.add(what, (start, picture[1]), labels, damage)
+                scan.add(what, (offset + start if not compression else -1, length), labels, damage,
+                         picture=data[start : start + length] if compression else None)
         return scan
 
-    def pictures(self, location: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[bytes]:
-        """Each record's picture bytes, in order (``b""`` for a damaged record): what unpacking writes."""
-        compression = self._compression(location, storage_options)
-        with _records(location, compression, storage_options) as records:
-            for _, data, damage in records:
-                try:
-                    if data is None or damage:
-                        raise KeyError(damage)
-                    (start, length), _ = self._picture_and_labels(example_features(data, self._wanted), data)
-                except (WireError, KeyError):
-                    yield b""
-                    continue
-                yield data[start : start + length]
+    def unpacked(self, location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+        """Whether the file's pictures must be unpacked (it is compressed: it cannot be read at a place)."""
+        return bool(self._compression(location, storage_options))
 
     @property
     def _wanted(self) -> frozenset[str]:
