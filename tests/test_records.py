@@ -311,6 +311,7 @@ def test_image_folder_in_s3_is_read_where_it_is(photos, tmp_path, s3):
                               progress=False)
 
 
+@pytest.mark.e2e
 def test_a_killed_record_ingest_resumes_to_the_uninterrupted_store(photos, tmp_path):
     need("datasets")
     from test_staging import _ingest_command, _stop_part_way
