@@ -9,7 +9,8 @@ each format's own library writes them (TensorFlow's ``TFRecordWriter``, plain an
 ``ShardWriter``; ``lmdb``; Hugging Face ``datasets``' ``save_to_disk`` and ``to_parquet``), all kept in
 ``--workdir``. Then measures, with medians over ``--repeats`` rounds that take every row in turn, the
 images/s of ``outcore.ingest_images`` from the folder and ``outcore.ingest_records`` from each format
-(pixels of ``--shape`` px; every picture decoded, as an ingest does), each twice: with the sources' pages
+(pixels of ``--shape`` px; every picture decoded, as an ingest does; and, from the tars, the JPEGs kept
+as they are with ``images="encoded"``, still each decoded once to find bad ones), each twice: with the sources' pages
 in memory (hot) and evicted before the run (cold: ``posix_fadvise(DONTNEED)`` on every source file, so
 that the folder's small files and the formats' big ones are read from the disk). With ``--peers PYTHON``
 (a Python with LitData and Mosaic streaming, see ``benchmarks/record_peers.py``), the peers' converters
@@ -113,13 +114,14 @@ def main() -> None:
             return count, time.perf_counter() - began
         return run
 
-    def records(source: object, format: object, evicted: list[Path], cold: bool) -> Callable[[], tuple[int, float]]:
+    def records(source: object, format: object, evicted: list[Path], cold: bool,
+                images: str = "pixels") -> Callable[[], tuple[int, float]]:
         def run() -> tuple[int, float]:
             if cold:
                 evict(evicted)
             began = time.perf_counter()
-            count = len(outcore.ingest_records(source, target, format=format, shape=shape, overwrite=True,
-                                               progress=False))
+            count = len(outcore.ingest_records(source, target, format=format, shape=shape, images=images,
+                                               overwrite=True, progress=False))
             return count, time.perf_counter() - began
         return run
 
@@ -140,6 +142,8 @@ def main() -> None:
         cases[f"folder of JPEGs, {mode}"] = folder(cold)
         for name, (source, format, evicted) in sources.items():
             cases[f"{name}, {mode}"] = records(source, format, evicted, cold)
+        source, format, evicted = sources["WebDataset tars"]  # what the peers convert: their JPEGs kept as they are
+        cases[f"WebDataset tars, images='encoded', {mode}"] = records(source, format, evicted, cold, "encoded")
     peers = {}
     if args.peers:
         for name in ("litdata", "mosaic"):
