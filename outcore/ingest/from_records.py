@@ -85,7 +85,7 @@ def record_source(source: str | os.PathLike | Sequence[str | os.PathLike], forma
                   near: Path) -> Iterator[SourceTable]:
     """The table of the records of ``source`` (``format`` recognised when None), scanned with the ingest
     ``options`` ``on_error``, ``client``, ``progress`` and ``storage_options``. Pictures of files that
-    cannot be read at a place are unpacked into a folder beside ``near`` while the block runs."""
+    cannot be read at a place are unpacked into a folder in ``near`` while the block runs."""
     on_error, storage_options = options.get("on_error", "raise"), options.get("storage_options")
     if on_error not in ("raise", "skip"):
         raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")

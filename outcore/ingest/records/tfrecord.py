@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 import crc32c
 
 from ...errors import OptionError
-from .locations import file_version, open_stream
+from .locations import file_version, open_stream, read_range
 from .parts import PartScan, scanning
 from .wire import (
     FIXED32,
@@ -110,8 +110,10 @@ class TFRecord:
     def _compression(self, location: str, storage_options: Mapping[str, Any] | None) -> str:
         if self.compression is not None:
             return self.compression.upper()
-        with open_stream(location, storage_options) as stream:
-            return "GZIP" if stream.read(2) == _GZIP_MAGIC else ""
+        try:
+            return "GZIP" if read_range(location, 0, 2, storage_options) == _GZIP_MAGIC else ""
+        except OSError:  # shorter than 2 bytes: not GZIP (and its scan says what it is)
+            return ""
 
     def _picture_and_labels(self, features: dict[str, tuple[str, list[Any]]],
                             data: bytes) -> tuple[tuple[int, int], dict[str, Any]]:
