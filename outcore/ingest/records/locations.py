@@ -22,7 +22,7 @@ from ...errors import SourceError
 from ...storage.remote import _client, is_object_url, redact
 
 _BRACES = re.compile(r"\{([^{}]*)\}")
-_handles: dict[tuple[int, str], Any] = {}  # (process id, file or bucket) -> open file or obstore client
+_handles: dict[tuple[int, str], Any] = {}  # (process id, bucket) -> obstore client
 _handles_lock = threading.Lock()
 
 
@@ -153,7 +153,11 @@ def read_range(location: str, offset: int, length: int, storage_options: Mapping
         data = bytes(_remote_call(location, lambda: obstore.get_range(
             _bucket(root, storage_options or {}), key, start=offset, length=length)))
     else:
-        data = os.pread(_local_file(location), length, offset)
+        descriptor = os.open(location, os.O_RDONLY)  # per read: no descriptor kept (a thousand files, a deleted one)
+        try:
+            data = os.pread(descriptor, length, offset)
+        finally:
+            os.close(descriptor)
     if len(data) != length:
         raise OSError(f"{length} bytes at offset {offset} were asked for and {len(data)} are there (a short file)")
     return data
@@ -168,15 +172,6 @@ def read_file(location: str, storage_options: Mapping[str, Any] | None = None) -
 
     root, key = split_url(location)
     return bytes(_remote_call(location, lambda: obstore.get(_bucket(root, storage_options or {}), key).bytes()))
-
-
-def _local_file(path: str) -> int:
-    key = (os.getpid(), path)
-    with _handles_lock:
-        descriptor = _handles.get(key)
-        if descriptor is None:
-            descriptor = _handles[key] = os.open(path, os.O_RDONLY)
-    return descriptor
 
 
 def open_stream(location: str, storage_options: Mapping[str, Any] | None = None) -> BinaryIO:
