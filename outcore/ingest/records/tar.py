@@ -27,6 +27,7 @@ PICTURE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSION = "cls"
 SUFFIXES = (".tar", ".tar.gz", ".tgz")
 _BLOCK = 512
+SMALL = 2**16  # members read while scanning (labels): smaller than this
 _NAME = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 
@@ -100,7 +101,9 @@ def _labels(members: dict[str, tuple[int, int, bytes | None, str]], keys: WebDat
         if extension not in members:
             raise KeyError(f"no {extension!r} member for {name!r} (it has {', '.join(sorted(members))}); "
                            "name the label members with label_keys=")
-        text = (members[extension][2] or b"").decode("utf-8", "replace").strip()
+        if members[extension][2] is None:
+            raise KeyError(f"its {extension!r} member holds {members[extension][1]} bytes: too many for a label")
+        text = members[extension][2].decode("utf-8", "replace").strip()
         if inner:
             try:
                 document = json.loads(text)
@@ -119,8 +122,8 @@ def _samples(location: str, storage_options: Mapping[str, Any] | None,
     damaged header ends with a damaged entry naming where."""
     seekable = not is_object_url(location) and not compressed(location)
 
-    def wanted(name: str, size: int) -> bool:
-        return size < 2**16 or keep_pictures or name.rpartition(".")[2].lower() not in PICTURE_EXTENSIONS
+    def wanted(name: str, size: int) -> bool:  # labels and other small members; pictures when kept
+        return keep_pictures or (size < SMALL and name.rpartition(".")[2].lower() not in PICTURE_EXTENSIONS)
 
     key, members, last = None, {}, ""
     with open_stream(location, storage_options) as stream, ExitStack() as opened:
