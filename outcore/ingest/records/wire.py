@@ -3,7 +3,7 @@ Caffe's ``Datum``. A field's bytes are returned as their offset and length in th
 inside a record is located without being copied.
 
 >>> list(fields(b"\\x08\\x96\\x01\\x12\\x02hi"))
-[(1, 0, 150), (2, 2, (4, 2))]
+[(1, 0, 150), (2, 2, (5, 2))]
 """
 
 from __future__ import annotations
