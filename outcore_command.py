@@ -4,9 +4,10 @@ status 130, never a traceback.
 It lives outside the ``outcore`` package because it must run before ``import outcore`` (NumPy, Dask,
 Zarr: a second or more on a loaded machine), which a Ctrl-C would otherwise break off with a traceback.
 The first Ctrl-C raises ``KeyboardInterrupt`` as usual: the command stops, cleans up and says so in one
-line (`outcore.cli.main`), or, while outcore is still being imported, this script does. A Ctrl-C after
-that (a second one while the first is handled, or one while the interpreter shuts down) exits at once,
-with 130 and nothing more said.
+line (`outcore.cli.main`), or, while outcore is still being imported, this script does; then the process
+ends at once, without the interpreter's shutdown (which would report, as tracebacks, the tasks the
+Ctrl-C cut short in Zarr's event loop). A Ctrl-C after that (a second one while the first is handled,
+or one while the interpreter shuts down) exits at once, with 130 and nothing more said.
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ def main() -> int:
     try:
         from outcore.cli.main import main as run
 
-        return run()
+        status = run()
     except KeyboardInterrupt:  # before the command could take it: importing outcore, reading the arguments
         print("outcore: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        status = INTERRUPTED
     finally:  # the interpreter shuts down next (threads joined): a Ctrl-C there ends it at once
         if signal.getsignal(signal.SIGINT) is _first_interrupt:
             signal.signal(signal.SIGINT, _interrupted_at_exit)
+    if status == INTERRUPTED:  # said and cleaned up: end now, before the shutdown reports work the Ctrl-C
+        _exit_now(signal.SIGINT, None)  # cut short (zarr's pending reads: "Task exception was never retrieved")
+    return status
 
 
 def _first_interrupt(signum: int, frame: FrameType | None) -> None:
