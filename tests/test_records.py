@@ -396,7 +396,7 @@ def test_record_sources_ingested_on_a_dask_cluster(photos, tmp_path):
                                             format=outcore.LMDB(values="datum"), chunk_size=8, progress=False)
         hf_store = outcore.ingest_records(saved, tmp_path / "h.zarr", shape=SHAPE, client=client, chunk_size=8,
                                           progress=False)  # unpacked by a worker, read by both
-        read_by = client.run(lambda: sorted(k[1] for k in outcore.ingest.records.reader._opened))
+        read_by = client.run(lambda: sorted(k[1] for k in outcore.ingest.records.locations._handles))
     assert_same_as_folder(lmdb_store, reference, names=[["cat", "dog", "owl"][i]
                                                         for i in np.asarray(lmdb_store["labels"][:])])
     assert_same_as_folder(hf_store, reference)

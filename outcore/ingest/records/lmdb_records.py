@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -99,9 +99,8 @@ class LMDB:
             picture, labels = self.values(key, value)
             return as_picture(picture), dict(labels)
         if self.values == "datum":
-            label, picture = _datum(value)
-            return datum_picture(key, value, self.datum_channels) if picture is None else picture, \
-                {} if label is None else {"labels": label}
+            datum = parse_datum(value)
+            return datum.picture(self.datum_channels), {} if datum.label is None else {"labels": datum.label}
         text = key.decode("utf-8", "replace")
         labels: dict[str, Any] = {}
         if pattern is not None:
@@ -141,43 +140,49 @@ def _label_table(table: Any) -> dict[str, dict[str, Any]]:
             for _, row in frame.iterrows()}
 
 
-def _datum(value: bytes) -> tuple[int | None, bytes | None]:
-    """A Datum's label and, when ``encoded``, its picture's bytes (None: raw pixels)."""
-    label, data, encoded, floats = None, b"", False, False
+class Datum(NamedTuple):
+    """What a Caffe ``Datum`` holds (caffe.proto's fields 1-7)."""
+
+    channels: int
+    height: int
+    width: int
+    data: bytes
+    label: int | None
+    encoded: bool
+
+    def picture(self, channels: str = "bgr") -> bytes:
+        """The picture as a file's bytes: its own encoded file, or its raw pixels as a PPM/PGM file (exact
+        pixels, no compression), turned to RGB when stored as BGR."""
+        if self.encoded:
+            return self.data
+        depth, height, width = self.channels, self.height, self.width
+        if depth * height * width != len(self.data) or depth not in (1, 3):
+            raise ValueError(f"its {len(self.data)} bytes of pixels are not {depth} x {height} x {width} "
+                             "(1 or 3 channels)")
+        pixels = np.frombuffer(self.data, np.uint8).reshape(depth, height, width).transpose(1, 2, 0)
+        return as_picture(pixels[..., ::-1] if channels == "bgr" and depth == 3 else pixels)
+
+
+def parse_datum(value: bytes) -> Datum:
+    """A Datum's fields; one with no picture data (``float_data`` only, or nothing) is a `ValueError`."""
+    numbers, data, label, floats = {1: 0, 2: 0, 3: 0, 7: 0}, b"", None, False
     for number, kind, found in fields(value):
-        if number == 4 and kind == LENGTH:
+        if number in numbers and kind == VARINT:
+            numbers[number] = found
+        elif number == 4 and kind == LENGTH:
             data = value[found[0] : found[0] + found[1]]
         elif number == 5 and kind == VARINT:
             label = signed64(found)
-        elif number == 7 and kind == VARINT:
-            encoded = bool(found)
         elif number == 6:
             floats = True
     if not data:
         raise ValueError("its float_data cannot be stored as a picture" if floats else "it holds no picture data")
-    return label, data if encoded else None
+    return Datum(numbers[1], numbers[2], numbers[3], data, label, bool(numbers[7]))
 
 
 def datum_picture(key: bytes, value: bytes, channels: str = "bgr") -> bytes:
-    """A Datum's picture as a file's bytes: its own encoded file, or its raw pixels as a PPM/PGM file
-    (exact pixels, no compression), turned to RGB when stored as BGR."""
-    shape = {1: 0, 2: 0, 3: 0}
-    data = b""
-    encoded = False
-    for number, kind, found in fields(value):
-        if number in shape and kind == VARINT:
-            shape[number] = found
-        elif number == 4 and kind == LENGTH:
-            data = value[found[0] : found[0] + found[1]]
-        elif number == 7 and kind == VARINT:
-            encoded = bool(found)
-    if encoded:
-        return data
-    depth, height, width = shape[1], shape[2], shape[3]
-    if depth * height * width != len(data) or depth not in (1, 3):
-        raise ValueError(f"its {len(data)} bytes of pixels are not {depth} x {height} x {width} (1 or 3 channels)")
-    pixels = np.frombuffer(data, np.uint8).reshape(depth, height, width).transpose(1, 2, 0)
-    return as_picture(pixels[..., ::-1] if channels == "bgr" and depth == 3 else pixels)
+    """A stored Datum's picture as a file's bytes (`Datum.picture`): what the reader reads."""
+    return parse_datum(value).picture(channels)
 
 
 def as_picture(picture: Any) -> bytes:

@@ -14,7 +14,7 @@ import io
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
@@ -22,7 +22,7 @@ from ...errors import SourceError
 from ...storage.remote import _client, is_object_url, redact
 
 _BRACES = re.compile(r"\{([^{}]*)\}")
-_handles: dict[tuple[int, str], Any] = {}  # (process id, bucket) -> obstore client
+_handles: dict[tuple[int, str], Any] = {}  # (process id, what) -> an obstore client, an LMDB environment, ...
 _handles_lock = threading.Lock()
 
 
@@ -121,14 +121,29 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def _bucket(root: str, options: Mapping[str, Any]) -> Any:
-    key = (os.getpid(), root)
+    return per_process(f"bucket {root}", lambda: _client(root, options))
+
+
+def per_process(what: str, make: Callable[[], Any]) -> Any:
+    """This process's one ``what`` (an object store client, an LMDB environment, ...), made the first time;
+    a forked child makes its own."""
+    key = (os.getpid(), what)
     with _handles_lock:
-        client = _handles.get(key)
-    if client is None:
-        client = _client(root, options)
-        with _handles_lock:
-            client = _handles.setdefault(key, client)
-    return client
+        found = _handles.get(key)
+        if found is None:
+            found = _handles[key] = make()
+    return found
+
+
+def read_exactly(stream: BinaryIO, count: int) -> bytes:
+    """``count`` bytes of ``stream``, or fewer at its end (however its reads come back)."""
+    data = stream.read(count)
+    while len(data) < count:
+        more = stream.read(count - len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 def file_version(location: str, storage_options: Mapping[str, Any] | None = None) -> tuple[int, int]:
@@ -182,7 +197,12 @@ def open_stream(location: str, storage_options: Mapping[str, Any] | None = None)
 
     root, key = split_url(location)
     result = _remote_call(location, lambda: obstore.get(_bucket(root, storage_options or {}), key))
-    return io.BufferedReader(_Pieces(iter(result.stream(min_chunk_size=4 * 2**20))), buffer_size=4 * 2**20)
+    return pieces_stream(iter(result.stream(min_chunk_size=4 * 2**20)))
+
+
+def pieces_stream(pieces: Iterator[Any], buffer_size: int = 4 * 2**20) -> BinaryIO:
+    """A buffered stream reading the byte pieces an iterator gives, in order."""
+    return io.BufferedReader(_Pieces(pieces), buffer_size=buffer_size)  # type: ignore[return-value]
 
 
 class _Pieces(io.RawIOBase):

@@ -7,7 +7,6 @@ opens what it reads once per process.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,12 +16,9 @@ import numpy as np
 from ...errors import ImageError, SourceError
 from ...imaging import read_image_file
 from ...storage.remote import is_object_url, redact
-from .locations import read_file, read_range
+from .locations import per_process, read_file, read_range
 from .parts import parse
 from .spill import unpacked_name
-
-_opened: dict[tuple[int, str], Any] = {}  # (process id, what) -> an LMDB environment, or unpacked offsets
-_opened_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,7 @@ class SampleReader:
         if self.unpacked is None:
             raise SourceError(f"{name}: its file was to be unpacked first, and was not (outcore's mistake)")
         base = os.path.join(self.unpacked, unpacked_name(file))
-        offsets = _once(f"offsets {base}", lambda: np.load(base + ".offsets.npy", allow_pickle=False))
+        offsets = per_process(f"offsets {base}", lambda: np.load(base + ".offsets.npy", allow_pickle=False))
         start, stop = int(offsets[index]), int(offsets[index + 1])
         if stop == start:
             raise ImageError(name, "it could not be read when its file was unpacked")
@@ -85,7 +81,7 @@ def lmdb_environment(path: str) -> Any:
     for a new file at that path."""
     data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
     stat = os.stat(data)
-    return _once(f"lmdb {path} {stat.st_ino} {stat.st_mtime_ns}", lambda: open_lmdb(path))
+    return per_process(f"lmdb {path} {stat.st_ino} {stat.st_mtime_ns}", lambda: open_lmdb(path))
 
 
 def open_lmdb(path: str) -> Any:
@@ -100,12 +96,3 @@ def open_lmdb(path: str) -> Any:
                          max_readers=1024)
     except lmdb.Error as error:
         raise SourceError(f"{path} cannot be opened as an LMDB environment ({error})") from None
-
-
-def _once(what: str, make: Callable[[], Any]) -> Any:
-    key = (os.getpid(), what)
-    with _opened_lock:
-        found = _opened.get(key)
-        if found is None:
-            found = _opened[key] = make()
-    return found

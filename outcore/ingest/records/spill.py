@@ -19,6 +19,7 @@ import numpy as np
 
 from ...errors import SourceError
 from ...storage.staging import try_lock
+from ..permute import free_bytes
 
 PREFIX = ".outcore-unpacked-"  # the folders of unpacked pictures, beside the store
 
@@ -63,7 +64,7 @@ def unpacking(near: Path, nbytes: int, locations: Sequence[str]) -> Iterator[str
         if lock is not None:
             shutil.rmtree(left, ignore_errors=True)
             lock.close()
-    free = shutil.disk_usage(near).free
+    free = free_bytes(near)
     if nbytes > free:
         raise SourceError(f"unpacking the pictures of {len(locations)} record file(s) needs about "
                           f"{nbytes / 2**30:.1f} GiB in {near}, which has {free / 2**30:.1f} GiB free: free some "

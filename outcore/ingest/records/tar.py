@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from ...storage.remote import is_object_url
-from .locations import file_version, open_stream
+from .locations import file_version, open_stream, read_exactly
 from .parts import PartScan, scanning
 
 PICTURE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -169,7 +169,7 @@ def tar_members(stream: BinaryIO, seekable: bool,
     """
     offset, pending = 0, {}
     while True:
-        header = _exactly(stream, _BLOCK)
+        header = read_exactly(stream, _BLOCK)
         if len(header) < _BLOCK:
             raise TarDamage(f"no end-of-archive block: the file ends at byte {offset + len(header)}")
         if header == _ZEROS:
@@ -182,7 +182,7 @@ def tar_members(stream: BinaryIO, seekable: bool,
         size, kind = _octal(header[124:136]), header[156:157]
         offset += _BLOCK
         if kind in (b"x", b"g", b"L"):
-            data = _exactly(stream, size)
+            data = read_exactly(stream, size)
             if len(data) < size:
                 raise TarDamage(f"the file ends inside the extended header at byte {offset}")
             _skip(stream, seekable, (-size) % _BLOCK)
@@ -198,7 +198,7 @@ def tar_members(stream: BinaryIO, seekable: bool,
         regular = kind in (b"0", b"\0", b"7")
         data = None
         if regular and wanted(path, size):
-            data = _exactly(stream, size)
+            data = read_exactly(stream, size)
             if len(data) < size:
                 raise TarDamage(f"the file ends inside member {path!r} ({len(data)} of its {size} bytes)")
             _skip(stream, seekable, (-size) % _BLOCK)
@@ -236,16 +236,6 @@ def _pax(data: bytes) -> dict[str, str]:
         records[field.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
         position += int(length_text)
     return records
-
-
-def _exactly(stream: BinaryIO, count: int) -> bytes:
-    data = stream.read(count)
-    while len(data) < count:
-        more = stream.read(count - len(data))
-        if not more:
-            break
-        data += more
-    return data
 
 
 def _skip(stream: BinaryIO, seekable: bool, count: int) -> None:

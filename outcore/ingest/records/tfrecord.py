@@ -8,7 +8,6 @@ pictures are unpacked once into the ingest's scratch folder (`outcore.ingest.rec
 from __future__ import annotations
 
 import gzip
-import io
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
@@ -18,7 +17,7 @@ from typing import Any, BinaryIO
 import crc32c
 
 from ...errors import OptionError
-from .locations import file_version, open_stream, read_range
+from .locations import file_version, open_stream, pieces_stream, read_exactly, read_range
 from .parts import PartScan, scanning
 from .wire import (
     FIXED32,
@@ -209,36 +208,23 @@ def _decompressed(stream: BinaryIO, compression: str) -> BinaryIO:
     if compression == "GZIP":
         return gzip.GzipFile(fileobj=stream)  # type: ignore[return-value]
     if compression == "ZLIB":
-        return io.BufferedReader(_Inflated(stream), buffer_size=2**20)  # type: ignore[return-value]
+        return pieces_stream(_inflated(stream), buffer_size=2**20)
     return stream
 
 
-class _Inflated(io.RawIOBase):
-    def __init__(self, stream: BinaryIO) -> None:
-        self.stream, self.inflate, self.left = stream, zlib.decompressobj(), b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self.left:
-            piece = self.stream.read(2**20)
-            if not piece:
-                self.left = self.inflate.flush()
-                if not self.left:
-                    return 0
-                break
-            self.left = self.inflate.decompress(piece)
-        count = min(len(buffer), len(self.left))
-        buffer[:count], self.left = self.left[:count], self.left[count:]
-        return count
+def _inflated(stream: BinaryIO) -> Iterator[bytes]:
+    """The pieces of a ZLIB stream, inflated."""
+    inflate = zlib.decompressobj()
+    while piece := stream.read(2**20):
+        yield inflate.decompress(piece)
+    yield inflate.flush()
 
 
 def read_records(stream: BinaryIO) -> Iterator[tuple[int, bytes | None, str]]:
     """The records of a TFRecord stream (see `_records`), checksums checked."""
     offset, index = 0, 0
     while True:
-        header = _read_exactly(stream, 12)
+        header = read_exactly(stream, 12)
         if not header:
             return
         if len(header) < 12:
@@ -249,7 +235,7 @@ def read_records(stream: BinaryIO) -> Iterator[tuple[int, bytes | None, str]]:
             yield offset, None, ("its length's checksum is wrong: the file is damaged from here on, and the "
                                  "records after it cannot be found")
             return
-        data = _read_exactly(stream, length + 4)
+        data = read_exactly(stream, length + 4)
         if len(data) < length + 4:
             yield offset, None, f"the file ends {length + 4 - len(data)} bytes before this record does (truncated)"
             return
@@ -259,13 +245,3 @@ def read_records(stream: BinaryIO) -> Iterator[tuple[int, bytes | None, str]]:
         offset += 12 + length + 4
         index += 1
 
-
-def _read_exactly(stream: BinaryIO, count: int) -> bytes:
-    pieces, left = [], count
-    while left:
-        piece = stream.read(left)
-        if not piece:
-            break
-        pieces.append(piece)
-        left -= len(piece)
-    return b"".join(pieces)
