@@ -175,14 +175,41 @@ def test_lmdb_of_raw_caffe_datums_gives_their_pixels(photos, tmp_path):
     need("google.protobuf")
     _, files, classes, _ = photos
     raw = write_lmdb(files, classes, tmp_path / "raw.lmdb", values="raw")
-    ds = outcore.ingest_records(raw, tmp_path / "r.zarr", shape=None, images="encoded",
-                                format=outcore.LMDB(values="datum"), shuffle_on_write=False, progress=False)
+    with pytest.warns(outcore.OutcoreWarning, match=r"raw Datum pixels were read as BGR.*datum_channels='rgb'"):
+        ds = outcore.ingest_records(raw, tmp_path / "r.zarr", shape=None, images="encoded",
+                                    format=outcore.LMDB(values="datum"), shuffle_on_write=False, progress=False)
+    said = outcore.ingest_records(raw, tmp_path / "s.zarr", shape=None, images="encoded", shuffle_on_write=False,
+                                  format=outcore.LMDB(values="datum", datum_channels="rgb"), progress=False)
     from PIL import Image
 
     for i in (0, 7, len(files) - 1):  # keys sort as the files do: <class>/<index>
         expected = np.asarray(Image.open(files[i]).convert("RGB"))  # stored BGR, read back RGB
         np.testing.assert_array_equal(np.asarray(ds["images"][i]), expected)
+        np.testing.assert_array_equal(np.asarray(said["images"][i]), expected[..., ::-1])  # as the user said
     assert np.asarray(ds["labels"][:]).tolist() == [["cat", "dog", "owl"].index(c) for c in classes]
+
+
+def test_a_folder_of_images_and_record_files_is_not_guessed(photos, tmp_path):
+    need("webdataset")
+    _, files, classes, _ = photos
+    mixed = tmp_path / "mixed"
+    write_image_folder(mixed, 2, classes=("cat",), size=(8, 8))
+    write_webdataset(files[:2], classes[:2], mixed / "cat", per_shard=2)  # a stray shard among the pictures
+    with pytest.raises(outcore.SourceError, match=r"holds both image files .* and webdataset files: name the format"):
+        recognise(mixed)
+    ds = outcore.ingest_records(mixed, tmp_path / "w.zarr", format="webdataset", shape=SHAPE, progress=False)
+    assert len(ds) == 2
+
+
+def test_records_without_labels_are_ingested_with_a_warning(photos, tmp_path):
+    pq = need("pyarrow.parquet")
+    import pyarrow as pa
+
+    _, files, _, _ = photos
+    pq.write_table(pa.table({"image": [Path(f).read_bytes() for f in files[:4]]}), tmp_path / "p.parquet")
+    with pytest.warns(outcore.OutcoreWarning, match=r"no labels found, so the store gets none; name them"):
+        ds = outcore.ingest_records(tmp_path / "p.parquet", tmp_path / "p.zarr", shape=SHAPE, progress=False)
+    assert list(ds.fields) == ["images", "path", "source_index", "file_stat", "file_digest"]
 
 
 def test_hugging_face_dataset_and_its_parquet_equal_the_folder(photos, tmp_path):

@@ -146,6 +146,9 @@ def _parser() -> argparse.ArgumentParser:
                              "label, when the records have it)")
     ingest.add_argument("--lmdb-values", default="bytes", choices=["bytes", "datum"],
                         help="LMDB: each value is a picture's file (default) or a Caffe Datum")
+    ingest.add_argument("--datum-channels", choices=["bgr", "rgb"],
+                        help="LMDB of raw Caffe Datums: their channels' order (default: BGR, as Caffe's tools write, "
+                             "with a warning)")
     ingest.add_argument("--label-pattern", metavar="REGEX",
                         help="LMDB of files: a regular expression whose named groups, searched in each key, are the "
                              "label fields, e.g. '^(?P<labels>[^/]+)/'")
@@ -336,7 +339,8 @@ def _record_format(name: str, args: argparse.Namespace) -> Any:
     if args.append:
         raise OptionError("--append adds files of an image folder or a CSV; record files are ingested into a new store")
     lmdb_only = [flag for flag, value in (("--label-pattern", args.label_pattern), ("--label-table", args.label_table),
-                                         ("--lmdb-values", args.lmdb_values != "bytes" or None)) if value]
+                                         ("--lmdb-values", args.lmdb_values != "bytes" or None),
+                                         ("--datum-channels", args.datum_channels)) if value]
     if name != "lmdb" and lmdb_only:
         raise OptionError(f"{', '.join(lmdb_only)} describe an LMDB environment, and SRC holds {name} files")
     if name == "lmdb":
@@ -344,7 +348,7 @@ def _record_format(name: str, args: argparse.Namespace) -> Any:
             raise OptionError("an LMDB's labels come from --label-pattern or --label-table (files) or its Datums "
                               "(--lmdb-values datum), not --image-key or --label-keys")
         return RECORD_FORMATS[name](values=args.lmdb_values, label_pattern=args.label_pattern,
-                                    label_table=args.label_table)
+                                    label_table=args.label_table, datum_channels=args.datum_channels)
     given = {"image_key": args.image_key} if args.image_key else {}
     return RECORD_FORMATS[name](label_keys=keys, **given)
 

@@ -3,6 +3,7 @@ with its reference, its name, its labels and class names, and what reads it."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,7 +11,7 @@ import dask
 import numpy as np
 import pandas as pd
 
-from ..errors import SourceError
+from ..errors import OutcoreWarning, SourceError
 from ..storage.remote import is_object_url
 from .records import RecordFormat
 from .records.locations import common_root, shown
@@ -53,6 +54,11 @@ def record_table(format: RecordFormat, locations: Sequence[str], *, on_error: st
                           "on_error='skip' to skip them (the store's report names each)")
     names = [f"{shown(part.location, root)}{SEPARATOR}{what}" for part in scans for what in part.whats]
     labels, classes = _labels(scans, description)
+    for note in sorted({note for part in scans for note in part.notes}):
+        warnings.warn(f"{description}: {note}", OutcoreWarning, stacklevel=3)
+    if not labels:
+        warnings.warn(f"{description}: no labels found, so the store gets none; name them with label_keys= (LMDB: "
+                      "label_pattern= or label_table=) if the records have them", OutcoreWarning, stacklevel=3)
     stats = np.array([(max(0, span[1]), part.version[1]) for part in scans for span in part.spans],
                      dtype=np.int64).reshape(-1, 2)
     reader = SampleReader(storage_options, format.picture_of(), unpack_into)

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from ...errors import OptionError, SourceError
+from ...imaging import IMAGE_EXTENSIONS
 from ...storage.remote import is_object_url, redact
 from .lmdb_records import LMDB
 from .locations import expand_braces, list_files, read_range
@@ -101,6 +102,11 @@ def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None
     if len(kinds) > 1:
         raise SourceError(f"{redact(name)} holds {' and '.join(sorted(kinds))} files: ingest each into a store of "
                           "its own, or name the format with format=")
+    pictures = [file for file in files if file.lower().endswith(IMAGE_EXTENSIONS)]
+    if kinds and pictures:
+        raise SourceError(f"{redact(name)} holds both image files (e.g. {redact(pictures[0])}) and {kinds.pop()} "
+                          "files: name the format with format= to ingest the records, or move the record files out "
+                          "of the image folder")
     return kinds.pop() if kinds else None
 
 

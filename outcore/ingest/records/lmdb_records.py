@@ -24,6 +24,9 @@ from .wire import LENGTH, VARINT, WireError, fields, signed64
 
 VALUES = ("bytes", "datum")
 CHANNEL_ORDERS = ("bgr", "rgb")
+RAW_BGR_NOTE = ("raw Datum pixels were read as BGR, the order Caffe's tools write, and stored as RGB; if yours "
+                "were written in RGB order, ingest again with datum_channels='rgb' (pass datum_channels='bgr' "
+                "to say they are BGR, and this warning goes)")
 Decoder = Callable[[bytes, bytes], tuple[Any, Mapping[str, Any]]]
 
 
@@ -34,24 +37,24 @@ class LMDB:
     ``values``: ``"bytes"`` (each value is a picture's file; labels from ``label_pattern``, a regular
     expression whose named groups, searched in the key, are the label fields, or ``label_table``, a CSV or
     DataFrame with a ``key`` column and label columns), ``"datum"`` (Caffe's ``Datum``: ``data`` holds an
-    encoded picture when ``encoded``, else raw pixels, channels first, in ``datum_channels`` order, BGR
+    encoded picture when ``encoded``, else raw pixels, channels first, in ``datum_channels`` order (None: BGR
     as Caffe's tools write them; ``label`` is the label) or a function ``(key, value) -> (picture,
     labels)``, the picture as a file's bytes or an (H, W, C) ``uint8`` array, the labels a dict.
 
     >>> LMDB(values="bytes", label_pattern=r"^(?P<labels>[^/]+)/")
-    LMDB(values='bytes', label_pattern='^(?P<labels>[^/]+)/', label_table=None, datum_channels='bgr')
+    LMDB(values='bytes', label_pattern='^(?P<labels>[^/]+)/', label_table=None, datum_channels=None)
     """
 
     values: str | Decoder = "bytes"
     label_pattern: str | None = None
     label_table: Any = None
-    datum_channels: str = "bgr"
+    datum_channels: str | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.values) and self.values not in VALUES:
             raise OptionError(f"LMDB values={self.values!r} is not one of {VALUES} or a function (key, value) -> "
                               "(picture, labels)")
-        if self.datum_channels not in CHANNEL_ORDERS:
+        if self.datum_channels is not None and self.datum_channels not in CHANNEL_ORDERS:
             raise OptionError(f"datum_channels={self.datum_channels!r} is not one of {CHANNEL_ORDERS}")
         if self.label_pattern is not None:
             try:
@@ -67,7 +70,7 @@ class LMDB:
     def picture_of(self) -> Callable[[bytes, bytes], bytes] | None:
         """What turns a value into the picture's bytes when it is read (None: the value is the picture)."""
         if self.values == "datum":
-            return functools.partial(datum_picture, channels=self.datum_channels)
+            return functools.partial(datum_picture, channels=self.datum_channels or "bgr")
         return None
 
     def scan(self, location: str, storage_options: Mapping[str, Any] | None = None,
@@ -87,6 +90,8 @@ class LMDB:
                     scan.add(what, (-1, 0), {}, _reason(error), key)
                     continue
                 scan.add(what, (0 if self.direct else -1, len(picture)), labels, "", key, picture=picture)
+                if self.values == "datum" and self.datum_channels is None and picture.startswith(b"P6"):
+                    scan.notes.add(RAW_BGR_NOTE)
         return scan
 
     def unpacked(self, location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
@@ -100,7 +105,7 @@ class LMDB:
             return as_picture(picture), dict(labels)
         if self.values == "datum":
             datum = parse_datum(value)
-            return datum.picture(self.datum_channels), {} if datum.label is None else {"labels": datum.label}
+            return datum.picture(self.datum_channels or "bgr"), {} if datum.label is None else {"labels": datum.label}
         text = key.decode("utf-8", "replace")
         labels: dict[str, Any] = {}
         if pattern is not None:

@@ -82,6 +82,7 @@ class PartScan:
     keys: list[bytes] | None = None
     classes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # names the file itself gives
     spill: Spill | None = field(default=None, repr=False)
+    notes: set[str] = field(default_factory=set)  # what the user is warned of (a guess the scan made)
 
     def add(self, what: str, span: tuple[int, int], labels: dict[str, Any], damage: str = "",
             key: bytes | None = None, picture: bytes | None = None) -> None:
