@@ -35,12 +35,13 @@ def print_table(columns: Sequence[str], rows: Sequence[tuple[str, float]], ratio
 
 class JpegFolder:
     """torchvision's ImageFolder, without torchvision: decode one JPEG per sample with Pillow (labels from
-    folders named by number); with ``crop``, a random ``crop`` x ``crop`` window and a random flip, seeded
+    sub-folders, in sorted order); with ``crop``, a random ``crop`` x ``crop`` window and a random flip, seeded
     by the sample's index, as torchvision's RandomCrop and RandomHorizontalFlip would do per sample."""
 
     def __init__(self, root: Path, crop: int | None = None) -> None:
         self.files = sorted(root.rglob("*.jpg"))
-        self.labels = [int(p.parent.name) for p in self.files]
+        classes = sorted({p.parent.name for p in self.files})
+        self.labels = [classes.index(p.parent.name) for p in self.files]
         self.crop = crop
 
     def __len__(self) -> int:

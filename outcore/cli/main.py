@@ -14,7 +14,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..dataset import open_dataset
+from ..dataset import Dataset, open_dataset
 from ..errors import ClusterError, OptionError, OutcoreError
 from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, RESIZE_POLICIES, native
 from ..ingest import ingest_dataframe, ingest_images, ingest_records, ingest_splits
@@ -23,6 +23,7 @@ from ..ingest.records import recognise
 from ..iterate import shuffle_quality
 from ..storage import ChunkCache, RemoteStore
 from ..storage.cache import ENVIRONMENT
+from .advice import advise, picture_fields
 from .bench import compare, epoch_traffic
 from .demo import run_demo
 from .info import describe, system_report
@@ -387,18 +388,28 @@ def _cache(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     ds = open_dataset(args.store, **_open_options(args))
-    rows = compare(ds, batch_size=args.batch_size, repeats=args.repeats, crop=args.crop)
-    baseline = rows[0][1]
-    print(f"{ds.location}: {len(ds):,} samples, all fields, medians of {args.repeats} runs (warm cache)")
-    print(f"JPEG boxes decoded by: {native.backend()}\n")
-    print(f"{'what':50s} {'samples/s':>10s} {'vs plain zarr':>14s}")
-    for name, rate in rows:
-        print(f"{name:50s} {rate:10.0f} {rate / baseline:14.2f}")
+    print(f"{ds.location}: {len(ds):,} samples; JPEG boxes decoded by: {native.backend()}\n")
+    advice = advise(ds, batch_size=args.batch_size, crop=args.crop) if _has_images(ds) else None
+    if advice is not None:
+        print(f"{advice}\n")
+    if advice is not None and any(advice.from_device(kind) for kind in advice.kinds if kind.source == "this store"):
+        print("from memory: not measured, as the store does not fit in the page cache (see above)")
+    else:
+        rows = compare(ds, batch_size=args.batch_size, repeats=args.repeats, crop=args.crop)
+        baseline = rows[0][1]
+        print(f"from memory, all fields, medians of {args.repeats} runs (the store read once first):")
+        print(f"{'what':50s} {'samples/s':>10s} {'vs plain zarr':>14s}")
+        for name, rate in rows:
+            print(f"{name:50s} {rate:10.0f} {rate / baseline:14.2f}")
     if any(role == "target" for role in ds.roles.values()) and len(ds) >= args.batch_size:
         print("\nshuffle quality at these settings: " + str(shuffle_quality(ds, batch_size=args.batch_size)))
     if isinstance(ds.group.store, RemoteStore):
         print("\none more shuffled epoch: " + epoch_traffic(ds, args.batch_size))
     return 0
+
+
+def _has_images(ds: Dataset) -> bool:
+    return bool(picture_fields(ds))
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -353,6 +353,8 @@ class _ShardFile:
             except OSError as error:
                 changed = files.pins.missing(key) if files.pins and isinstance(error, FileNotFoundError) else None
                 raise (changed or _unreadable(error)) from None
+            # reads here are a chunk's exact byte range: the kernel's read-ahead would only read beyond it
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
             self._opened = os.fstat(self._fd)
             if files.pins:
                 try:

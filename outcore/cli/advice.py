@@ -1,0 +1,256 @@
+"""Pixels or encoded pictures, for this store on this machine: ``outcore bench``'s advice, measured.
+
+An epoch's rate is the smaller of two: what the cores decode (measured with the real pipeline on a
+sample of the store's chunks read from memory) and, when the store does not fit in the memory the page
+cache can give, what the device delivers (`outcore.storage.device`: its bandwidth and request rate
+measured cold on the store's own files, applied to the bytes and reads an epoch makes). The kind the
+store does not hold is measured on a sample converted to it: pixels re-encoded as JPEGs (what
+``images="encoded", max_side=`` would keep), or encoded pictures decoded to pixels.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+
+from ..dataset import Dataset
+from ..errors import OptionError
+from ..imaging import DEFAULT_QUALITY
+from ..ingest import from_arrays, ingest_images
+from ..iterate.transforms import CenterCrop, Compose, RandomFlip, RandomResizedCrop, Transform
+from ..storage import is_url
+from ..storage.device import SMALL_READ, DeviceRates, Memory, measure_device, memory
+from ..storage.report import field_reports
+from ..threads import thread_count
+from .bench import interleaved, shuffled_epoch
+
+SAMPLE_BYTES = 256 * 2**20  # decoded bytes of the chunks the cores are timed on (at most)
+FITS = 0.9  # a store read from memory leaves this share of the page cache's room to it
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One way to store the pictures, as an epoch reads it: ``bytes`` from the device per sample, ``reads``
+    per sample of each size (bytes → count), and ``cpu`` samples/s from memory on all cores; ``source``
+    says where it was measured."""
+
+    name: str
+    source: str
+    bytes: float
+    reads: dict[int, float]
+    cpu: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A kind's predicted epoch: ``rate`` samples/s, limited by ``limit`` (``"cores"``, ``"device"``)."""
+
+    kind: Kind
+    rate: float
+    limit: str
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What `advise` measured and what it predicts, printed by ``outcore bench``."""
+
+    samples: int
+    memory: Memory
+    cores: int
+    device: DeviceRates | None
+    kinds: tuple[Kind, ...]
+
+    def from_device(self, kind: Kind) -> bool:
+        """Whether every epoch of ``kind`` reads the device (its bytes do not fit in the page cache)."""
+        return self.device is not None and kind.bytes * self.samples > FITS * self.memory.available
+
+    def predict(self, kind: Kind) -> Prediction:
+        """``kind``'s epoch: the smaller of its cores' rate and, read from the device, the device's.
+
+        >>> kind = Kind("pixels", "this store", bytes=45_000, reads={5_760_000: 1 / 128, 4096: 1 / 128}, cpu=9_000)
+        >>> device = DeviceRates(200e6, {5_760_000: 34.0, 4096: 3000.0}, in_flight=2)
+        >>> advice = Advice(120_000, Memory(2**30, 2**30), 2, device, (kind,))
+        >>> prediction = advice.predict(kind)  # 938 chunks of pictures take 27.6 s, and 938 of labels 0.3 s
+        >>> round(prediction.rate), prediction.limit
+        (4303, 'device')
+        """
+        if not self.from_device(kind):
+            return Prediction(kind, kind.cpu, "cores")
+        assert self.device is not None
+        device = self.samples / self.device.seconds({size: count * self.samples for size, count in kind.reads.items()})
+        return Prediction(kind, min(kind.cpu, device), "device" if device < kind.cpu else "cores")
+
+    @property
+    def choice(self) -> Prediction:
+        """The kind with the fastest predicted epoch."""
+        return max((self.predict(kind) for kind in self.kinds), key=lambda prediction: prediction.rate)
+
+    def changes(self) -> list[str]:
+        """What would make another kind the faster: a faster device, more memory, more cores."""
+        best, lines = self.choice, []
+        for kind in self.kinds:
+            other = self.predict(kind)
+            if kind is best.kind:
+                continue
+            if other.limit == "device" and kind.cpu > best.rate:
+                needed = kind.bytes * best.rate
+                lines.append(f"{kind.name} with a device reading over {needed / 1e6:,.0f} MB/s, or "
+                             f"{_gib(kind.bytes * self.samples / FITS)} of memory for the page cache "
+                             f"(its epochs then come from memory)")
+            if other.limit == "cores" and kind.cpu < best.rate:
+                cores = math.ceil(self.cores * best.rate / kind.cpu)
+                lines.append(f"{kind.name} with {cores} cores or more (it decodes {kind.cpu / self.cores:,.0f} "
+                             f"samples/s per core)")
+        return lines
+
+    def __str__(self) -> str:
+        size = max(kind.bytes for kind in self.kinds if kind.source == "this store") * self.samples
+        limit = f", a memory limit of {_gib(self.memory.limit)}" if self.memory.limit is not None else ""
+        room = f"memory for the page cache: {_gib(self.memory.available)}{limit}; the store: {_gib(size)}"
+        device = (f"device, read cold: {self.device}" if self.device is not None
+                  else "device: not measured (an object store: see the epoch's traffic below)")
+        lines = [f"{room}; cores: {self.cores}", device, ""]
+        header = (f"{'kind':14s} {'measured on':42s} {'bytes/sample':>12s} {'reads/epoch':>11s} "
+                  f"{'cores/s':>9s} {'from':>7s} {'predicted/s':>11s}  limit")
+        lines += [header, "-" * len(header)]
+        for kind in self.kinds:
+            prediction = self.predict(kind)
+            lines.append(f"{kind.name:14s} {kind.source:42s} {kind.bytes:12,.0f} {sum(kind.reads.values()) * self.samples:11,.0f} "
+                         f"{kind.cpu:9,.0f} {'device' if self.from_device(kind) else 'memory':>7s} "
+                         f"{prediction.rate:11,.0f}  {prediction.limit}")
+        best = self.choice
+        others = [self.predict(kind) for kind in self.kinds if kind is not best.kind]
+        ratio = ", ".join(f"{best.rate / other.rate:.2f}x {other.kind.name}" for other in others)
+        lines += ["", f"choose: {best.kind.name} ({ratio}; limited by the {best.limit})"]
+        lines += [f"it would change: {line}" for line in self.changes()]
+        return "\n".join(lines)
+
+
+def advise(ds: Dataset, batch_size: int = 256, crop: int = 224, seconds: float = 2.0) -> Advice:
+    """Measure this machine for ``ds`` and predict its epochs as pixels and as encoded pictures.
+
+    Evicts the store's pages from the page cache (to measure the device) and writes converted samples
+    into a temporary folder.
+
+    >>> print(advise(outcore.open_dataset("train.zarr")))  # doctest: +SKIP
+    memory for the page cache: 0.4 GiB, a memory limit of 0.5 GiB; the store: 1.0 GiB; cores: 2
+    ...
+    choose: encoded (1.93x pixels; limited by the cores)
+    """
+    images = picture_fields(ds)
+    if not images:
+        raise OptionError(f"{ds.location} holds no image field: there is no pixels-or-encoded choice to make")
+    targets = [name for name, role in ds.roles.items() if role == "target"]
+    room = memory()
+    sample = _sample_indices(ds, images[0], min(SAMPLE_BYTES, room.available // 8))
+    kinds = [_measure(ds, name, targets, sample, "this store", batch_size, crop) for name in images]
+    if len({_kind_name(ds, name) for name in images}) == 1:
+        kinds.append(_converted(ds, images[0], targets, sample, batch_size, crop))
+    sizes = sorted({size for kind in kinds for size in kind.reads})
+    device = None if is_url(ds.location) else measure_device(_files(Path(ds.location)), thread_count(), sizes,
+                                                             seconds)
+    return Advice(len(ds), room, thread_count(), device, tuple(kinds))
+
+
+def picture_fields(ds: Dataset) -> list[str]:
+    """The fields that hold pictures: encoded ones, and ``uint8`` pixels of (N, H, W) or (N, H, W, C)."""
+    def is_picture(name: str) -> bool:
+        info, array = ds.info(name), ds.array(name)
+        return info.is_image or (not info.is_text and array.dtype == np.uint8 and array.ndim in (3, 4))
+
+    return [name for name in ds.fields if is_picture(name)]
+
+
+def _files(root: Path) -> list[Path]:
+    return [root] if root.is_file() else sorted(path for path in root.rglob("*") if path.is_file())
+
+
+def _kind_name(ds: Dataset, field: str) -> str:
+    return "encoded" if ds.info(field).is_image else "pixels"
+
+
+def _sample_indices(ds: Dataset, field: str, nbytes: int) -> np.ndarray:
+    """Whole chunks, spread over the store, of about ``nbytes`` decoded (two at least)."""
+    decoded = next(report.decoded for report in field_reports(ds) if report.name == field)
+    chunks = max(2, min(ds.num_chunks, nbytes * ds.num_chunks // max(1, decoded)))
+    picked = np.unique(np.linspace(0, ds.num_chunks - 1, chunks).round().astype(int))
+    return np.concatenate([np.arange(k * ds.chunk_size, min(len(ds), (k + 1) * ds.chunk_size)) for k in picked])
+
+
+def _transform(ds: Dataset, field: str, crop: int) -> Transform | None:
+    if _variable(ds, field):
+        return Compose([RandomResizedCrop(crop, field=field), RandomFlip(field=field)])
+    return None
+
+
+def _variable(ds: Dataset, field: str) -> bool:
+    decode = ds.info(field).decode
+    return decode is not None and decode.variable
+
+
+def _measure(ds: Dataset, field: str, targets: Sequence[str], sample: np.ndarray, source: str, batch_size: int,
+             crop: int, repeats: int = 3) -> Kind:
+    """``field``'s kind as ``ds`` stores it: bytes and reads per sample, and an epoch of ``sample`` from
+    memory (read once first) on all cores."""
+    fields = [field, *targets]
+    stored = {report.name: report.stored for report in field_reports(ds)}
+    nbytes = sum(stored[name] for name in fields)  # an encoded field's: its files' bytes and their ranges
+    chunk_bytes = _page(ds.array(field).nbytes_stored() / ds.num_chunks)
+    small = len(fields) - 1 + ds.info(field).is_image  # the other fields' chunks, an encoded field's ranges
+    reads = {chunk_bytes: 1 / ds.chunk_size, SMALL_READ: small / ds.chunk_size}
+    transform = _transform(ds, field, crop)
+
+    def epoch() -> int:
+        return shuffled_epoch(ds, fields, batch_size, indices=sample, transform=transform, seed=1)
+
+    epoch()
+    cpu = interleaved({field: epoch}, repeats)[field]
+    return Kind(_kind_name(ds, field), source, nbytes / len(ds), reads, cpu)
+
+
+def _converted(ds: Dataset, field: str, targets: Sequence[str], sample: np.ndarray, batch_size: int,
+               crop: int) -> Kind:
+    """The other kind, measured on ``sample`` converted into a temporary store."""
+    transform = CenterCrop(crop, resize=crop, field=field) if _variable(ds, field) else None
+    pixels, labels = None, {name: np.empty(len(sample), ds.array(name).dtype) for name in targets}
+    done = 0
+    for batch in ds.batches(batch_size, fields=[field, *targets], shuffle=False, indices=sample, transform=transform):
+        if pixels is None:
+            pixels = np.empty((len(sample), *batch[field].shape[1:]), batch[field].dtype)
+        pixels[done : done + len(batch[field])] = batch[field]
+        for name in targets:
+            labels[name][done : done + len(batch[field])] = batch[name]
+        done += len(batch[field])
+    assert pixels is not None and done == len(sample)
+    with tempfile.TemporaryDirectory(prefix="outcore-bench-") as scratch:
+        if ds.info(field).is_image:
+            converted = from_arrays({field: pixels, **labels}, Path(scratch) / "pixels.zarr",
+                                    roles={field: "input", **dict.fromkeys(labels, "target")},
+                                    shuffle_on_write=False, progress=False)
+            source = f"{len(pixels):,} samples decoded" + (f", {crop}x{crop} crops" if transform else "")
+        else:
+            folder = Path(scratch) / "pictures" / "all"
+            folder.mkdir(parents=True)
+            for i, picture in enumerate(pixels):
+                iio.imwrite(folder / f"{i:07d}.jpg", picture, quality=DEFAULT_QUALITY)
+            converted = ingest_images(folder.parent, Path(scratch) / "encoded.zarr", shape=pixels.shape[1:],
+                                      images="encoded", shuffle_on_write=False, progress=False)
+            field, targets = "images", ["labels"]
+            source = f"{len(pixels):,} samples as quality-{DEFAULT_QUALITY} JPEGs"
+        kind = _measure(converted, field, targets, np.arange(len(converted)), source, batch_size, crop)
+    return kind
+
+
+def _page(nbytes: float) -> int:
+    """``nbytes`` rounded to whole pages."""
+    return max(1, round(nbytes / 4096)) * 4096
+
+
+def _gib(nbytes: float | None) -> str:
+    return f"{(nbytes or 0) / 2**30:,.1f} GiB"

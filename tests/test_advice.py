@@ -1,0 +1,143 @@
+"""``outcore bench``'s advice: the device read cold, the page cache's room, and pixels or encoded pictures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import outcore
+from outcore.cli import main
+from outcore.cli.advice import Advice, Kind, advise
+from outcore.imaging.synthetic import write_image_folder
+from outcore.storage.device import SMALL_READ, DeviceRates, Memory
+
+CGROUP = Path("/sys/fs/cgroup")
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("advice") / "photos"
+    write_image_folder(root, 96, classes=("a", "b"), size=(48, 48), kind="photos", seed=0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pixels(photos) -> outcore.Dataset:
+    return outcore.ingest_images(photos, photos.parent / "pixels.zarr", shape=(48, 48, 3), progress=False)
+
+
+def kind(name: str, nbytes: float, cpu: float, chunk: int = 128) -> Kind:
+    return Kind(name, "this store", nbytes, {int(nbytes * chunk): 1 / chunk, SMALL_READ: 1 / chunk}, cpu)
+
+
+def test_a_store_that_fits_in_memory_is_read_at_the_cores_rate_and_the_faster_decoder_wins():
+    pixels, encoded = kind("pixels", 45_000, 20_000), kind("encoded", 5_000, 12_000)
+    device = DeviceRates(200e6, {45_000 * 128: 34.0, 5_000 * 128: 600.0, SMALL_READ: 3000.0}, 2)
+    advice = Advice(10_000, Memory(8 * 2**30, None), 2, device, (pixels, encoded))
+    assert not advice.from_device(pixels)
+    assert (advice.choice.kind, advice.choice.rate, advice.choice.limit) == (pixels, 20_000, "cores")
+    assert advice.changes() == ["encoded with 4 cores or more (it decodes 6,000 samples/s per core)"]
+
+
+def test_a_store_bigger_than_memory_is_read_at_the_device_s_rate_and_encoded_pictures_win():
+    pixels, encoded = kind("pixels", 45_000, 20_000), kind("encoded", 5_000, 12_000)
+    device = DeviceRates(200e6, {45_000 * 128: 34.0, 5_000 * 128: 300.0, SMALL_READ: 3000.0}, 2)
+    advice = Advice(120_000, Memory(2**30, 2**30), 2, device, (pixels, encoded))
+    assert advice.from_device(pixels) and advice.from_device(encoded) is False
+    prediction = advice.predict(pixels)
+    assert prediction.limit == "device" and 4_000 < prediction.rate < 4_400  # 200 MB/s over 45 kB a sample
+    assert advice.choice.kind is encoded
+    change = advice.changes()[0]
+    assert change.startswith("pixels with a device reading over 540 MB/s, or 5.6 GiB of memory")
+    assert "choose: encoded (2.79x pixels; limited by the cores)" in str(advice)
+
+
+def test_bench_measures_the_store_and_a_converted_sample_of_the_other_kind(pixels, capsys):
+    assert main(["bench", pixels.location, "--batch-size", "16", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "device, read cold: " in out and " reads/s of 4 KiB" in out
+    assert any(line.startswith("pixels ") and "this store" in line for line in out.splitlines())
+    encoded = next(line for line in out.splitlines() if line.startswith("encoded "))
+    assert "192 samples as quality-90 JPEGs" in encoded
+    assert "choose: " in out and "from memory, all fields" in out
+
+
+def test_advice_on_an_encoded_store_converts_a_sample_to_pixels(photos):
+    ds = outcore.ingest_images(photos, photos.parent / "encoded.zarr", shape=(48, 48, 3), images="encoded",
+                               progress=False)
+    advice = advise(ds, batch_size=16)
+    mine, converted = advice.kinds
+    assert (mine.name, mine.source, converted.name) == ("encoded", "this store", "pixels")
+    assert converted.source == "192 samples decoded"
+    assert converted.bytes > 3 * mine.bytes  # pixels of photos take several times a JPEG's bytes
+    assert all(size in advice.device.reads for size in (*mine.reads, *converted.reads))
+
+
+def test_bench_of_a_store_without_pictures_says_nothing_of_them(tmp_path, capsys):
+    ds = outcore.from_arrays({"x": [[1.0, 2.0]] * 64, "labels": [0, 1] * 32}, tmp_path / "numbers.zarr",
+                             progress=False)
+    assert main(["bench", ds.location, "--batch-size", "16", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "choose:" not in out and "from memory, all fields" in out
+
+
+def _cgroup_v1() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the test makes a blkio and a memory cgroup")
+    if not (CGROUP / "blkio" / "cgroup.procs").exists() or not (CGROUP / "memory" / "cgroup.procs").exists():
+        pytest.skip("needs cgroup v1's blkio and memory controllers (blkio.throttle.*)")
+
+
+CHILD = """
+import json, sys
+from pathlib import Path
+from outcore.storage.device import measure_device, memory
+paths = sorted(p for p in Path(sys.argv[1]).rglob("*") if p.is_file())
+rates = measure_device(paths, in_flight=2, sizes=[4096, 256 * 1024], seconds=1.5)
+room = memory()
+print(json.dumps({"bandwidth": rates.bandwidth, "reads": rates.reads[4096], "available": room.available,
+                  "limit": room.limit}))
+"""
+
+
+def test_the_device_is_measured_cold_under_a_throttled_device_and_a_memory_limit(tmp_path):
+    """In a cgroup whose device gives 20 MB/s and 200 reads/s, the files' pages evicted: what is
+    measured is the device's limit (from the page cache it would be GB/s), and the memory limit is seen."""
+    _cgroup_v1()
+    store = tmp_path / "files"
+    store.mkdir()
+    for i in range(4):
+        (store / f"shard-{i}").write_bytes(os.urandom(16 * MiB))
+    os.sync()
+    device = os.stat(store).st_dev
+    node = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}")
+    if not node.exists():
+        pytest.skip(f"{tmp_path} is not on a block device that blkio can throttle")
+    if (node / "partition").exists():
+        node = node.resolve().parent
+    disk = (node / "dev").read_text().strip()
+    name = f"outcore-test-{os.getpid()}"
+    blkio, memory = CGROUP / "blkio" / name, CGROUP / "memory" / name
+    blkio.mkdir()
+    memory.mkdir()
+    try:
+        (blkio / "blkio.throttle.read_bps_device").write_text(f"{disk} {20 * 10**6}")
+        (blkio / "blkio.throttle.read_iops_device").write_text(f"{disk} 200")
+        (memory / "memory.limit_in_bytes").write_text(str(768 * MiB))
+        join = ("import os, sys; [open(f'{d}/cgroup.procs', 'w').write(str(os.getpid())) for d in sys.argv[1:3]];"
+                " os.execv(sys.executable, [sys.executable, '-c', sys.argv[3], sys.argv[4]])")
+        done = subprocess.run([sys.executable, "-c", join, str(blkio), str(memory), CHILD, str(store)],
+                              capture_output=True, text=True, timeout=120, check=True)
+    finally:
+        blkio.rmdir()
+        memory.rmdir()
+    measured = json.loads(done.stdout)
+    assert 10e6 < measured["bandwidth"] < 26e6, measured
+    assert 100 < measured["reads"] < 260, measured
+    assert measured["limit"] == 768 * MiB and measured["available"] <= 768 * MiB
