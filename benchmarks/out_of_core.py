@@ -16,9 +16,11 @@ the device per epoch (blkio's counters) against the store's size, and the loader
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,6 +33,11 @@ import outcore
 from outcore.storage.cache import parse_size
 from outcore.storage.device import evict
 
+PEERS = {"litdata-raw": "LitData, pixels", "litdata-jpeg": "LitData, JPEG", "mosaic-raw": "Mosaic, pixels",
+         "mosaic-jpeg": "Mosaic, JPEG"}
+PEER_SCRIPT = Path(__file__).resolve().parent / "out_of_core_peers.py"
+STORES = {"pixels": ("pixels", None), "zstd": ("pixels", "zstd:5:bitshuffle"), "encoded": ("encoded", None)}
+KIND_NAMES = {"pixels": "pixels", "zstd": "pixels, zstd", "encoded": "encoded"}  # outcore.cli.advice's
 DEVICES = {"cloud": (200e6, 3000), "sata": (500e6, 50000), "disk": (150e6, 150)}
 CGROUP = Path("/sys/fs/cgroup")
 BATCH = 256
@@ -69,7 +76,7 @@ class Cgroup:
         joined = ("import os, sys; [open(f'{d}/cgroup.procs', 'w').write(str(os.getpid())) for d in sys.argv[1:3]];"
                   " os.execv(sys.argv[3], sys.argv[3:])")
         done = subprocess.run([sys.executable, "-c", joined, *map(str, self.folders), *argv], check=True,
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, timeout=1800)
         after = self.counters()
         result = json.loads(done.stdout.strip().splitlines()[-1])
         result.update(bytes=after[0] - before[0], reads=after[1] - before[1],
@@ -87,6 +94,15 @@ class Cgroup:
         return read("blkio.throttle.io_service_bytes"), read("blkio.throttle.io_serviced")
 
     def remove(self) -> None:
+        """Remove the cgroup once its processes (a loader's orphaned workers too) are gone."""
+        for _ in range(100):
+            left = [int(pid) for pid in (self.memory / "cgroup.procs").read_text().split()]
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
         for folder in self.folders:
             folder.rmdir()
 
@@ -98,9 +114,8 @@ def child(args: argparse.Namespace) -> None:
 
         advice = advise(outcore.open_dataset(args.store), batch_size=BATCH)
         print(advice, file=sys.stderr)
-        print(json.dumps({kind.name: advice.predict(kind).rate for kind in advice.kinds}))
+        print(json.dumps({kind.name: advice.predict(kind, cold=True).rate for kind in advice.kinds}))
         return
-    evict(store_files(Path(args.store)))
     began = time.perf_counter()
     if args.loader == "read":
         samples = args.samples
@@ -130,7 +145,12 @@ def main() -> None:
     parser.add_argument("--memory", default="512MiB", help="the cgroup's memory limit (page cache included)")
     parser.add_argument("--devices", default="cloud,sata,disk")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--loaders", default="read,pixels,zstd,encoded,folder",
+                        help="which of read, pixels, zstd, encoded, folder (the JPEG folder: slow where reads are capped)")
     parser.add_argument("--workdir", default="bench-data/out-of-core")
+    parser.add_argument("--peers", metavar="PYTHON", help="a Python with litdata and mosaicml-streaming: "
+                        "their raw and JPEG formats too (benchmarks/out_of_core_peers.py)")
+    parser.add_argument("--chunk-size", type=int, default=None, help="samples per chunk (default: ingest's)")
     parser.add_argument("--child", nargs=3, metavar=("LOADER", "STORE", "SAMPLES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -143,26 +163,44 @@ def main() -> None:
     prepare(folder, args.images, args.size)
     shape = (args.size, args.size, 3)
     stores = {}
-    for kind in ("pixels", "encoded"):
-        stores[kind] = workdir / f"{kind}-{args.images}.zarr"
+    for kind, (images, compression) in STORES.items():
+        chunks = f"-chunk{args.chunk_size}" if args.chunk_size else ""
+        stores[kind] = workdir / f"{kind}-{args.images}{chunks}.zarr"
         if not stores[kind].exists():
             print(f"ingesting {stores[kind]} …")
-            outcore.ingest_images(folder, stores[kind], shape=shape, images=kind, progress=False)
+            outcore.ingest_images(folder, stores[kind], shape=shape, images=images, chunk_size=args.chunk_size,
+                                  compression=compression, progress=False)
     memory = parse_size(args.memory)
     device = block_device(workdir)
     sizes = {kind: sum(p.stat().st_size for p in store_files(store)) for kind, store in stores.items()}
     loaders = {"read of the pixel store's files": ("read", stores["pixels"]),
-               "outcore pixels": ("pixels", stores["pixels"]), "outcore encoded": ("encoded", stores["encoded"]),
-               "JPEG folder, DataLoader": ("folder", folder)}
+               "outcore pixels": ("pixels", stores["pixels"]), "outcore pixels, zstd": ("zstd", stores["zstd"]),
+               "outcore encoded": ("encoded", stores["encoded"]), "JPEG folder, DataLoader": ("folder", folder)}
+    loaders = {label: what for label, what in loaders.items() if what[0] in args.loaders.split(",")}
+    if args.peers:
+        for peer, label in PEERS.items():
+            written = workdir / "peers" / f"{peer}-{args.images}"
+            if not (written / "index.json").exists():
+                print(f"writing {written} …")
+                subprocess.run([args.peers, str(PEER_SCRIPT), "write", peer, "--folder", str(folder), "--output",
+                                str(written)], check=True, capture_output=True)
+            loaders[label] = (peer, written)
+            sizes[peer] = sum(p.stat().st_size for p in store_files(written))
     folder_bytes = sum(p.stat().st_size for p in folder.rglob("*.jpg"))
     for name in args.devices.split(","):
         bandwidth, requests = DEVICES[name]
         cgroup = Cgroup(f"outcore-ooc-{os.getpid()}", memory, device, bandwidth, requests)
         try:
             rows = []
-            predicted = {kind: cgroup.run(_argv("advise", stores[kind], args.images))[kind] for kind in stores}
+            predicted = {kind: cgroup.run(_argv("advise", store, args.images))[KIND_NAMES[kind]]
+                         for kind, store in stores.items() if kind in args.loaders.split(",")}
             for label, (loader, store) in loaders.items():
-                runs = [cgroup.run(_argv(loader, store, args.images)) for _ in range(args.epochs)]
+                argv = ([args.peers, str(PEER_SCRIPT), "read", loader, "--output", str(store)] if loader in PEERS
+                        else _argv(loader, store, args.images))
+                runs = []
+                for _ in range(args.epochs):
+                    evict(store_files(store))
+                    runs.append(cgroup.run(argv))
                 rate = statistics.median(run["samples"] / run["seconds"] for run in runs)
                 size = sizes.get(loader, folder_bytes if loader == "folder" else sizes["pixels"])
                 rows.append((label, rate, runs, size, predicted.get(loader)))
@@ -176,7 +214,7 @@ def _argv(loader: str, store: Path, samples: int) -> list[str]:
 
 
 def _print(name: str, bandwidth: float, requests: float, memory: int, rows: list, samples: int) -> None:
-    limit = next(rate for label, rate, *_ in rows if label.startswith("read"))
+    limit = next((rate for label, rate, *_ in rows if label.startswith("read")), float("nan"))
     print(f"\n{name}: {bandwidth / 1e6:.0f} MB/s, {requests:,.0f} reads/s; memory {memory / 2**20:.0f} MiB; "
           f"{samples:,} samples, medians of each loader's epochs")
     header = (f"{'loader':34s} {'samples/s':>9s} {'vs device':>9s} {'predicted':>9s} {'pred/meas':>9s} "

@@ -64,7 +64,8 @@ def measure(pictures: np.ndarray, encode: Callable, decode: Callable, per_pictur
         blobs = [encode(picture) for picture in pictures]
     else:
         blobs = [encode(np.ascontiguousarray(pictures[i : i + CHUNK])) for i in range(0, len(pictures), CHUNK)]
-    decoded = [np.asarray(decode(blob)) for blob in blobs]
+    decoded = [np.frombuffer(d, np.uint8) if isinstance(d, (bytes, bytearray)) else np.asarray(d)
+               for d in map(decode, blobs)]
     back = np.concatenate([d.reshape(-1, *pictures.shape[1:]) for d in decoded])
     exact = back.shape == pictures.shape and np.array_equal(back, pictures)
     rates = []

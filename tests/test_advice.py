@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,9 @@ import pytest
 import outcore
 from outcore.cli import main
 from outcore.cli.advice import Advice, Kind, advise
+from outcore.errors import OutcoreWarning
 from outcore.imaging.synthetic import write_image_folder
+from outcore.ingest import choice
 from outcore.storage.device import SMALL_READ, DeviceRates, Memory
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -62,9 +66,10 @@ def test_bench_measures_the_store_and_a_converted_sample_of_the_other_kind(pixel
     assert main(["bench", pixels.location, "--batch-size", "16", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "device, read cold: " in out and " reads/s of 4 KiB" in out
-    assert any(line.startswith("pixels ") and "this store" in line for line in out.splitlines())
-    encoded = next(line for line in out.splitlines() if line.startswith("encoded "))
-    assert "192 samples as quality-90 JPEGs" in encoded
+    rows = {line[:13].strip(): line[13:] for line in out.splitlines() if line.startswith(("pixels", "encoded"))}
+    assert rows["pixels"].lstrip().startswith("this store")
+    assert rows["pixels, zstd"].lstrip().startswith("192 samples recompressed")
+    assert rows["encoded"].lstrip().startswith("192 samples as quality-90 JPEGs")
     assert "choose: " in out and "from memory, all fields" in out
 
 
@@ -72,11 +77,12 @@ def test_advice_on_an_encoded_store_converts_a_sample_to_pixels(photos):
     ds = outcore.ingest_images(photos, photos.parent / "encoded.zarr", shape=(48, 48, 3), images="encoded",
                                progress=False)
     advice = advise(ds, batch_size=16)
-    mine, converted = advice.kinds
-    assert (mine.name, mine.source, converted.name) == ("encoded", "this store", "pixels")
-    assert converted.source == "192 samples decoded"
-    assert converted.bytes > 3 * mine.bytes  # pixels of photos take several times a JPEG's bytes
-    assert all(size in advice.device.reads for size in (*mine.reads, *converted.reads))
+    mine, pixels, zstd = advice.kinds
+    assert [(kind.name, kind.source) for kind in advice.kinds] == [
+        ("encoded", "this store"), ("pixels", "192 samples decoded"), ("pixels, zstd", "192 samples decoded")]
+    assert pixels.bytes > zstd.bytes > 3 * mine.bytes  # photos' pixels take several times a JPEG's bytes
+    assert all(size in advice.device.reads for kind in advice.kinds for size in kind.reads)
+    assert advice.predict(mine, cold=True).limit in ("cores", "device")
 
 
 def test_bench_of_a_store_without_pictures_says_nothing_of_them(tmp_path, capsys):
@@ -141,3 +147,58 @@ def test_the_device_is_measured_cold_under_a_throttled_device_and_a_memory_limit
     assert 10e6 < measured["bandwidth"] < 26e6, measured
     assert 100 < measured["reads"] < 260, measured
     assert measured["limit"] == 768 * MiB and measured["available"] <= 768 * MiB
+
+
+def test_ingest_stores_pixels_when_the_pixel_store_fits_in_the_page_cache(photos, tmp_path, capsys):
+    ds = outcore.ingest_images(photos, tmp_path / "fits.zarr", shape=(48, 48, 3), progress=True)
+    recipe = ds.attrs.provenance["recipe"]
+    assert not ds.info("images").is_image and (recipe["images"], recipe["images_chosen"]) == ("pixels", True)
+    said = capsys.readouterr().err
+    assert re.search(r"images='pixels': the pixel store \(1\.3 MiB\) fits in the memory the page cache can give "
+                     r"\([\d.]+ GiB\): its epochs come from memory, with nothing to decode \(pass images= to choose\)",
+                     said), said
+
+
+def _machine(monkeypatch, tmp_path, bandwidth: float, reads: float) -> list[int]:
+    """Memory of 1 MiB for the page cache, and a device of ``bandwidth`` and ``reads``/s under the target."""
+    probes = []
+
+    def measured(paths, in_flight, sizes, seconds):
+        (probe,) = paths
+        assert probe.parent == tmp_path and probe.name.startswith(".outcore-probe-")
+        probes.append(probe.stat().st_size)
+        return DeviceRates(bandwidth, {size: min(reads, bandwidth / size) for size in sizes}, in_flight)
+
+    monkeypatch.setattr(choice, "memory", lambda: Memory(MiB, None))
+    monkeypatch.setattr(choice, "measure_device", measured)
+    return probes
+
+
+def test_ingest_stores_encoded_pictures_when_a_slow_device_would_hold_pixels_up(photos, tmp_path, monkeypatch,
+                                                                                capsys):
+    probes = _machine(monkeypatch, tmp_path, bandwidth=20e6, reads=150)
+    source = shutil.copytree(photos, tmp_path / "photos")
+    ds = outcore.ingest_images(source, tmp_path / "chosen.zarr", shape=(48, 48, 3), progress=True)
+    assert ds.info("images").is_image and probes == [choice.PROBE_BYTES]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["chosen.zarr", "photos"]  # the probe file is gone
+    said = capsys.readouterr().err
+    assert "images='encoded': the pixel store (1.3 MiB) does not fit in the memory the page cache can give" in said
+    assert "an epoch of pixels would run at about" in said and ds.attrs.provenance["recipe"]["images_chosen"]
+    for i, path in enumerate(sorted((source / "a").glob("*"))[:3]):
+        (source / "b" / f"new-{i}{path.suffix}").write_bytes(path.read_bytes())
+    with pytest.warns(OutcoreWarning, match="grew the room of field"):  # the new files outgrow a chunk's room
+        grown = outcore.ingest_images(source, ds.location, shape=(48, 48, 3), append=True, progress=False)
+    assert len(grown) == len(ds) + 3 and grown.info("images").is_image and probes == [choice.PROBE_BYTES]
+
+
+def test_ingest_stores_pixels_out_of_core_when_the_device_outruns_the_cores(photos, tmp_path, monkeypatch, capsys):
+    _machine(monkeypatch, tmp_path, bandwidth=50e9, reads=1e6)
+    ds = outcore.ingest_images(photos, tmp_path / "fast.zarr", shape=(48, 48, 3), progress=True)
+    assert not ds.info("images").is_image
+    assert "images='pixels': the pixel store (1.3 MiB) does not fit in the memory" in capsys.readouterr().err
+
+
+def test_the_user_s_choice_of_images_is_kept_and_nothing_is_measured(photos, tmp_path, monkeypatch):
+    monkeypatch.setattr(choice, "memory", lambda: pytest.fail("measured although images= was given"))
+    ds = outcore.ingest_images(photos, tmp_path / "mine.zarr", shape=(48, 48, 3), images="pixels", progress=False)
+    assert not ds.info("images").is_image and "images_chosen" not in ds.attrs.provenance["recipe"]

@@ -250,9 +250,9 @@ def test_bad_files_are_skipped_and_reported_as_everywhere(pictures, tmp_path):
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"shape": None}, "images='encoded'"),
+    ({"shape": None, "images": "pixels"}, "images='encoded'"),
     ({"shape": (None, None, 3), "images": "both"}, "images='encoded'"),
-    ({"shape": (32, 32, 3), "max_side": 64}, "images='encoded'"),
+    ({"shape": (32, 32, 3), "max_side": 64, "images": "pixels"}, "images='encoded'"),
     ({"shape": None, "images": "encoded", "max_side": 0}, "max_side=0"),
     ({"shape": None, "images": "encoded", "max_side": 64, "quality": 101}, "quality=101"),
     ({"shape": None, "images": "encoded", "max_side": 64, "dtype": "uint16"}, "8-bit"),
@@ -270,8 +270,12 @@ def test_the_command_line_ingests_pictures_at_their_own_size(pictures, tmp_path,
     assert main(["ingest", str(root), str(target), "--shape", "any", "--images", "encoded", "--max-side", "64",
                  "--no-progress"]) == 0
     assert re.search(r"16x\d+\.\.64x\d+\.\.64x3 ", capsys.readouterr().out)
-    assert main(["ingest", str(root), str(tmp_path / "no.zarr"), "--shape", "any", "--no-progress"]) == 2
+    assert main(["ingest", str(root), str(tmp_path / "no.zarr"), "--shape", "any", "--images", "pixels",
+                 "--no-progress"]) == 2
     assert capsys.readouterr().err.strip().endswith("pass --images encoded")
+    assert main(["ingest", str(root), str(tmp_path / "chosen.zarr"), "--shape", "any", "--no-progress"]) == 0
+    chosen = outcore.open_dataset(tmp_path / "chosen.zarr")
+    assert chosen.info("images").is_image and chosen.attrs.provenance["recipe"]["images"] == "encoded"
 
 
 def test_bench_reads_pictures_at_their_own_size_as_training_does(store, capsys):

@@ -118,13 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--zip", action="store_true", help="with --split: write each split as one .zip file")
     ingest.add_argument("--shape", required=True,
                         help="sample shape, HxW or HxWxC (e.g. 128x128x3), or any: each picture keeps its own size "
-                             "(with --images encoded; crop it while reading)")
+                             "(stored encoded; crop it while reading)")
     ingest.add_argument("--resize", default="crop", choices=[p for p in RESIZE_POLICIES if p] + ["none"],
                         help="how to fit images of other sizes (default: crop; none: refuse them)")
     ingest.add_argument("--dtype", default="uint8", choices=["uint8", "uint16"])
-    ingest.add_argument("--images", default="pixels", choices=["pixels", "encoded", "both"],
-                        help="store decoded pixels (default), the files' encoded bytes (smaller; decoded while "
-                             "reading), or both")
+    ingest.add_argument("--images", choices=["pixels", "encoded", "both"],
+                        help="store decoded pixels, the files' encoded bytes (smaller; decoded while reading), or "
+                             "both (default: chosen for this machine: pixels when they fit in the memory the page "
+                             "cache can give, else the faster kind as measured on the device and the cores)")
     ingest.add_argument("--max-side", type=int,
                         help="with --images encoded: pictures whose longer side is larger are resized to it and "
                              "re-encoded once (default: every file's bytes kept)")

@@ -136,6 +136,8 @@ def _append(table: SourceTable, target: Path, ingest: Ingest, options: dict[str,
     group = open_group(target, mode="r")
     attrs = read_attrs(group, str(target))
     check_safe(group, list(group.array_keys()), str(target))
+    if options["images"] is None:  # left to choose: as the store holds them
+        options = {**options, "images": (attrs.provenance.get("recipe") or {}).get("images")}
     _check_recipe(attrs, options, str(target))
     stored = _stored_files(group, attrs, str(target), by_content)
     labels = label_fields(attrs)

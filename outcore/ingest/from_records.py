@@ -31,7 +31,7 @@ def ingest_records(
     shape: Sequence[int | None] | str | None,
     resize: ResizePolicy = "crop",
     dtype: Any = "uint8",
-    images: str = "pixels",
+    images: str | None = None,
     max_side: int | None = None,
     quality: int = DEFAULT_QUALITY,
     chunk_size: int | None = None,

@@ -7,6 +7,7 @@ import inspect
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from ..storage import check_target
 from .append import append_table
 from .arrays import SOURCE_INDEX_FIELD
 from .build import BuildOptions, FieldSource, build_store, store_name
+from .choice import ImagesChoice, choose_images
 from .decode_tasks import file_array, image_array
 from .fields import (
     ENCODED_FIELD,
@@ -67,7 +69,7 @@ def ingest_images(
     shape: Sequence[int | None] | str | None,
     resize: ResizePolicy = "crop",
     dtype: Any = "uint8",
-    images: str = "pixels",
+    images: str | None = None,
     max_side: int | None = None,
     quality: int = DEFAULT_QUALITY,
     chunk_size: int | None = None,
@@ -99,7 +101,11 @@ def ingest_images(
 
     ``images`` chooses how the pictures are stored: ``"pixels"`` (decoded, ready to read),
     ``"encoded"`` (the files' own bytes, several times smaller, decoded to ``shape`` while reading) or
-    ``"both"`` (pixels in ``images``, the files in ``images_encoded``). Every file is decoded at ingest
+    ``"both"`` (pixels in ``images``, the files in ``images_encoded``); ``None`` (the default) chooses
+    for this machine (`outcore.ingest.choice`): pixels when the pixel store fits in the memory the page
+    cache can give, else the faster kind as measured on the device under ``location`` and the cores
+    (encoded pictures with ``shape=None`` or ``max_side``); the choice and why are printed (with
+    ``progress``), and the provenance's recipe says it was chosen. An append stores what the store holds. Every file is decoded at ingest
     either way, so bad files are found now, not in the middle of training; an image of more than
     ``max_pixels`` pixels (a decompression bomb) counts as a bad file.
 
@@ -141,7 +147,7 @@ def ingest_dataframe(
     shape: Sequence[int | None] | str | None,
     resize: ResizePolicy = "crop",
     dtype: Any = "uint8",
-    images: str = "pixels",
+    images: str | None = None,
     max_side: int | None = None,
     quality: int = DEFAULT_QUALITY,
     chunk_size: int | None = None,
@@ -232,7 +238,7 @@ def _ingest_table(
     shape: Sequence[int | None] | str | None,
     resize: ResizePolicy,
     dtype: Any,
-    images: str,
+    images: str | None,
     max_side: int | None,
     quality: int,
     chunk_size: int | None,
@@ -248,11 +254,11 @@ def _ingest_table(
     storage_options: Mapping[str, Any] | None,
 ) -> Dataset:
     shape, resize, dtype = parse_image_shape(shape), parse_resize(resize), parse_image_dtype(dtype)
-    if images not in IMAGE_STORAGE:
-        raise OptionError(f"images={images!r} is not one of {IMAGE_STORAGE}")
+    if images is not None and images not in IMAGE_STORAGE:
+        raise OptionError(f"images={images!r} is not one of {IMAGE_STORAGE}, or None to choose for this machine")
     check_max_side(max_side, quality, dtype)
     surveyed = shape[0] is None or max_side is not None  # what is stored is known only once decoded
-    if surveyed and images != "encoded":
+    if surveyed and images not in (None, "encoded"):
         raise OptionError("shape=None and max_side= store the pictures as files: pass images='encoded'")
     _check_label_names(table)
     skip = on_error == "skip"
@@ -260,6 +266,15 @@ def _ingest_table(
     paths = [table.paths[i] for i in order]
     stats = table.stats[order].tolist() if table.stats is not None else [file_stat(path) for path in paths]
     layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), chunk_size)
+    reader = table.reader or SampleReader()
+    chosen = None
+    if images is None:
+        chosen = ImagesChoice("encoded", "shape=None and max_side= store the pictures as files") if surveyed else \
+            choose_images(location, paths, [size for size, _ in stats], math.prod(shape) * dtype.itemsize,
+                          layout.chunk_size, {"shape": shape, "resize": resize, "dtype": dtype}, reader.read)
+        images = chosen.images
+        if progress:
+            print(f"images={images!r}: {chosen.reason} (pass images= to choose)", file=sys.stderr)
     fields = _table_fields(table, order, stats, layout.shard_size)
     options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite, storage_options)
     settings = {"shape": shape, "resize": resize, "dtype": dtype.str, "images": images, "max_side": max_side,
@@ -268,10 +283,11 @@ def _ingest_table(
     decode = ImageDecode(shape, dtype.name, None if shape[0] is None else resize)
     recipe = {"shape": list(shape), "resize": resize, "dtype": dtype.name, "images": images, "max_side": max_side,
               "quality": quality, "max_pixels": max_pixels}
+    if chosen is not None:  # the reason, with the machine's figures of the moment, is said, not kept
+        recipe["images_chosen"] = True
     run = {"shuffled_on_write": shuffle_on_write, "seed": seed if shuffle_on_write else None,
            "source": table.description, "manifest": _manifest(table, order, paths, stats, settings), "resume": resume,
            "recipe": recipe}
-    reader = table.reader or SampleReader()
     if surveyed:
         survey = SurveyOptions(decode.channels, dtype, max_side, quality, on_error, max_pixels)
 

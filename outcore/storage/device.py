@@ -28,6 +28,7 @@ from ..threads import CGROUP_ROOT, OWN_CGROUP
 LARGE_READ = 4 * 2**20  # what the bandwidth is measured with
 SMALL_READ = 4096  # a small field's chunk: one request
 _PAGE = 4096
+PAGE_CACHE_SHARE = 0.9  # a store is read from memory when it takes at most this share of the page cache's room
 _NO_LIMIT = 2**60  # cgroup v1 writes 9223372036854771712 for "none"
 
 
@@ -164,6 +165,15 @@ def measure_device(paths: Sequence[Path], in_flight: int, sizes: Sequence[int] =
 
 def _size(nbytes: int) -> str:
     return f"{nbytes / 2**20:,.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:,.0f} KiB"
+
+
+def whole_pages(nbytes: float) -> int:
+    """``nbytes`` rounded to whole pages (one at least): what a read of that many bytes asks of the device.
+
+    >>> whole_pages(6_300_000)
+    6299648
+    """
+    return max(1, round(nbytes / _PAGE)) * _PAGE
 
 
 def _random_offset(rng: np.random.Generator, file_size: int, size: int) -> int:
