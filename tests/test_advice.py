@@ -59,7 +59,7 @@ def test_a_store_bigger_than_memory_is_read_at_the_device_s_rate_and_encoded_pic
     assert advice.choice.kind is encoded
     change = advice.changes()[0]
     assert change.startswith("pixels with a device reading over 540 MB/s, or 5.6 GiB of memory")
-    assert "choose: encoded (2.79x pixels; limited by the cores)" in str(advice)
+    assert "choose: encoded (2.91x pixels; limited by the cores)" in str(advice)
 
 
 def test_bench_measures_the_store_and_a_converted_sample_of_the_other_kind(pixels, capsys):
