@@ -198,6 +198,15 @@ def test_ingest_stores_pixels_out_of_core_when_the_device_outruns_the_cores(phot
     assert "images='pixels': the pixel store (1.3 MiB) does not fit in the memory" in capsys.readouterr().err
 
 
+def test_a_file_that_cannot_be_decoded_is_left_to_the_ingest_when_the_cores_are_timed(photos, tmp_path, monkeypatch):
+    _machine(monkeypatch, tmp_path, bandwidth=20e6, reads=150)
+    source = shutil.copytree(photos, tmp_path / "photos")
+    for path in (source / "b").iterdir():  # half the files: some are among those the choice decodes
+        path.write_bytes(b"not a picture")
+    ds = outcore.ingest_images(source, tmp_path / "skipped.zarr", shape=(48, 48, 3), on_error="skip", progress=False)
+    assert ds.info("images").is_image and len(ds) == 96 and ds.attrs.skipped["count"] == 96
+
+
 def test_the_user_s_choice_of_images_is_kept_and_nothing_is_measured(photos, tmp_path, monkeypatch):
     monkeypatch.setattr(choice, "memory", lambda: pytest.fail("measured although images= was given"))
     ds = outcore.ingest_images(photos, tmp_path / "mine.zarr", shape=(48, 48, 3), images="pixels", progress=False)

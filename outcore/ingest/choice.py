@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import OutcoreError
 from ..imaging import decode_image
 from ..storage import is_url
 from ..storage.device import PAGE_CACHE_SHARE, SMALL_READ, DeviceRates, measure_device, memory, whole_pages
@@ -76,13 +77,20 @@ def choose_images(location: str | os.PathLike, paths: Sequence[str], file_bytes:
 
 
 def _decode_rate(paths: Sequence[str], decode: dict[str, Any], read: Callable[[str], bytes]) -> float:
-    """Files decoded a second on one core (a sample of `DECODED_FILES` spread over ``paths``)."""
+    """Files decoded a second on one core (a sample of `DECODED_FILES` spread over ``paths``; files that
+    cannot be read or decoded are left to the ingest, which reports or skips them)."""
     picked = [paths[i] for i in np.linspace(0, len(paths) - 1, min(len(paths), DECODED_FILES)).astype(int)]
-    blobs = [read(path) for path in picked]
-    began = time.perf_counter()
-    for path, blob in zip(picked, blobs, strict=True):
-        decode_image(blob, decode["shape"], decode["resize"], decode["dtype"], name=str(path))
-    return len(blobs) / max(1e-9, time.perf_counter() - began)
+    decoded, spent = 0, 0.0
+    for path in picked:
+        try:
+            blob = read(path)
+            began = time.perf_counter()
+            decode_image(blob, decode["shape"], decode["resize"], decode["dtype"], name=str(path))
+        except (OutcoreError, OSError):
+            continue
+        spent += time.perf_counter() - began
+        decoded += 1
+    return decoded / max(1e-9, spent)
 
 
 def _existing_folder(location: Path) -> Path:
