@@ -1,11 +1,12 @@
 """Pixels or encoded pictures, for this store on this machine: ``outcore bench``'s advice, measured.
 
-An epoch's rate is the smaller of two: what the cores decode (measured with the real pipeline on a
+An epoch is limited by the slower of two: what the cores decode (measured with the real pipeline on a
 sample of the store's chunks read from memory) and, when the store does not fit in the memory the page
-cache can give, what the device delivers (`outcore.storage.device`: its bandwidth and request rate
-measured cold on the store's own files, applied to the bytes and reads an epoch makes). The kind the
-store does not hold is measured on a sample converted to it: pixels re-encoded as JPEGs (what
-``images="encoded", max_side=`` would keep), or encoded pictures decoded to pixels.
+cache can give (and for a first epoch), what the device delivers (`outcore.storage.device`: its bandwidth
+and request rates measured cold on the store's own files, applied to the bytes and reads an epoch
+makes), plus the part of the faster that the two do not overlap (`OVERLAP`). The kinds the store does
+not hold are measured on a sample converted to them: pixels (Blosc lz4, ingest's default, and Blosc
+`ZSTD`), or JPEGs re-encoded from the pixels (what ``images="encoded", max_side=`` would keep).
 """
 
 from __future__ import annotations
