@@ -35,6 +35,7 @@ from pathlib import Path
 from common import prepare, print_table
 
 import outcore
+from outcore.storage.device import evict
 from outcore.testing.records import write_hf_dataset, write_lmdb, write_tfrecords, write_webdataset
 
 HERE = Path(__file__).resolve().parent
@@ -65,16 +66,6 @@ def write_sources(work: Path, files: list[Path]) -> dict[str, tuple[object, obje
         "Parquet (HF to_parquet)": ([str(p) for p in parquet], None, parquet),
         "HF save_to_disk": (work / "hf" / "saved", None, sorted((work / "hf" / "saved").iterdir())),
     }
-
-
-def evict(paths: list[Path]) -> None:
-    """Drop the files' pages from the page cache, so the next read comes from the disk."""
-    for path in paths:
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(descriptor)
 
 
 def interleaved_rates(cases: dict[str, Callable[[], tuple[int, float]]], repeats: int) -> dict[str, float]:
