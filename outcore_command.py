@@ -7,7 +7,9 @@ The first Ctrl-C raises ``KeyboardInterrupt`` as usual: the command stops, clean
 line (`outcore.cli.main`), or, while outcore is still being imported, this script does; then the process
 ends at once, without the interpreter's shutdown (which would report, as tracebacks, the tasks the
 Ctrl-C cut short in Zarr's event loop). A Ctrl-C after that (a second one while the first is handled,
-or one while the interpreter shuts down) exits at once, with 130 and nothing more said.
+or one while the interpreter shuts down) exits at once, with 130 and nothing more said. A Ctrl-C that
+lands where Python only reports exceptions (a weakref callback, such as those of the import system's
+module locks, or a ``__del__``) would be lost there: it is delivered again, 10 ms later.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+REDELIVERY_SECONDS = 0.01
 
 
 def main() -> int:
@@ -27,6 +31,7 @@ def main() -> int:
 
         return run()
     signal.signal(signal.SIGINT, _first_interrupt)
+    sys.unraisablehook = _deliver_again(sys.unraisablehook)
     try:
         from outcore.cli.main import main as run
 
@@ -44,7 +49,26 @@ def main() -> int:
 
 def _first_interrupt(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGINT, _exit_now)  # its line is said by whoever catches the KeyboardInterrupt
+    signal.setitimer(signal.ITIMER_REAL, 0)  # this one is delivered: not again
     raise KeyboardInterrupt
+
+
+def _deliver_again(report: Callable[[sys.UnraisableHookArgs], object]) -> Callable[[sys.UnraisableHookArgs], None]:
+    """``sys.unraisablehook`` that delivers again the first Ctrl-C's ``KeyboardInterrupt`` where it was lost."""
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is _exit_now:
+            signal.signal(signal.SIGINT, _first_interrupt)  # still the first Ctrl-C, as far as the command knows
+            signal.signal(signal.SIGALRM, _interrupt_again)
+            signal.setitimer(signal.ITIMER_REAL, REDELIVERY_SECONDS)
+        else:
+            report(unraisable)
+
+    return hook
+
+
+def _interrupt_again(signum: int, frame: FrameType | None) -> None:
+    signal.raise_signal(signal.SIGINT)
 
 
 def _interrupted_at_exit(signum: int, frame: FrameType | None) -> None:

@@ -268,6 +268,39 @@ def _start_command(source, store) -> subprocess.Popen:
         signal.signal(signal.SIGINT, previous)
 
 
+SWALLOWING_COMMAND = """
+import signal, sys, time, types, weakref, outcore_command
+
+class Thing:
+    pass
+
+def lost_here(_):  # a weakref callback: Python only reports what it raises (as for importlib's module locks)
+    signal.raise_signal(signal.SIGINT)
+    for _ in range(1000):  # the handler runs here
+        pass
+
+def command():
+    thing = Thing()
+    ref = weakref.ref(thing, lost_here)
+    del thing
+    time.sleep(30)  # the Ctrl-C is delivered again here
+    return 0
+
+sys.modules["outcore.cli.main"] = types.SimpleNamespace(main=command)
+sys.exit(outcore_command.main())
+"""
+
+
+def test_a_ctrl_c_landing_where_python_only_reports_exceptions_is_delivered_again():
+    """A Ctrl-C whose KeyboardInterrupt is raised in a weakref callback (Python prints "Exception ignored"
+    and goes on) still stops the command: one line, 130, at once."""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", SWALLOWING_COMMAND], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert (result.returncode, result.stderr) == (130, "outcore: interrupted\n")
+    assert time.monotonic() - started < 20
+
+
 @pytest.fixture(scope="module")
 def command_seconds(source, tmp_path_factory):
     """How long the whole command takes here, start-up included."""
