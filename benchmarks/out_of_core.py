@@ -192,8 +192,7 @@ def main() -> None:
         cgroup = Cgroup(f"outcore-ooc-{os.getpid()}", memory, device, bandwidth, requests)
         try:
             rows = []
-            predicted = {kind: cgroup.run(_argv("advise", store, args.images))[KIND_NAMES[kind]]
-                         for kind, store in stores.items() if kind in args.loaders.split(",")}
+            predicted = _predicted(cgroup, stores, args)
             for label, (loader, store) in loaders.items():
                 argv = ([args.peers, str(PEER_SCRIPT), "read", loader, "--output", str(store)] if loader in PEERS
                         else _argv(loader, store, args.images))
@@ -207,6 +206,21 @@ def main() -> None:
         finally:
             cgroup.remove()
         _print(name, bandwidth, requests, memory, rows, args.images)
+
+
+def _predicted(cgroup: Cgroup, stores: dict[str, Path], args: argparse.Namespace) -> dict[str, float]:
+    """bench's prediction of each outcore loader's epoch, made in ``cgroup`` (none where bench itself does
+    not fit in its memory: it imports and times what it advises on, 200 MiB and more)."""
+    predicted = {}
+    for kind, store in stores.items():
+        if kind in args.loaders.split(","):
+            try:
+                predicted[kind] = cgroup.run(_argv("advise", store, args.images))[KIND_NAMES[kind]]
+            except subprocess.CalledProcessError as error:
+                if error.returncode != -signal.SIGKILL:
+                    raise
+                print(f"bench's advice on {store} was killed in {args.memory} of memory: no prediction")
+    return predicted
 
 
 def _argv(loader: str, store: Path, samples: int) -> list[str]:

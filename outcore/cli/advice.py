@@ -83,7 +83,7 @@ class Advice:
 
     def from_device(self, kind: Kind) -> bool:
         """Whether every epoch of ``kind`` reads the device (its bytes do not fit in the page cache)."""
-        return self.device is not None and kind.bytes * self.samples > PAGE_CACHE_SHARE * self.memory.available
+        return self.device is not None and not self.memory.holds(kind.bytes * self.samples)
 
     def predict(self, kind: Kind, cold: bool = False) -> Prediction:
         """``kind``'s epoch: the smaller of its cores' rate and, read from the device (every epoch when it

@@ -21,7 +21,7 @@ from ..ingest import ingest_dataframe, ingest_images, ingest_records, ingest_spl
 from ..ingest.records import FORMATS as RECORD_FORMATS
 from ..ingest.records import recognise
 from ..iterate import shuffle_quality
-from ..storage import ChunkCache, RemoteStore
+from ..storage import ChunkCache, RemoteStore, huge_pages
 from ..storage.cache import ENVIRONMENT
 from .advice import advise, picture_fields
 from .bench import compare, epoch_traffic
@@ -389,7 +389,9 @@ def _cache(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     ds = open_dataset(args.store, **_open_options(args))
-    print(f"{ds.location}: {len(ds):,} samples; JPEG boxes decoded by: {native.backend()}\n")
+    reads = "a 2 MiB page at a time" if huge_pages.available() else "with pread (no huge pages here)"
+    print(f"{ds.location}: {len(ds):,} samples; JPEG boxes decoded by: {native.backend()}; large chunks read "
+          f"{reads}\n")
     advice = advise(ds, batch_size=args.batch_size, crop=args.crop) if _has_images(ds) else None
     if advice is not None:
         print(f"{advice}\n")

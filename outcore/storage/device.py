@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..threads import CGROUP_ROOT, OWN_CGROUP
+from .huge_pages import HugePageReads
 
 LARGE_READ = 4 * 2**20  # what the bandwidth is measured with
 SMALL_READ = 4096  # a small field's chunk: one request
@@ -40,6 +41,14 @@ class Memory:
 
     available: int
     limit: int | None
+
+    def holds(self, nbytes: float) -> bool:
+        """Whether a store of ``nbytes`` is read from memory here (at most `PAGE_CACHE_SHARE` of the room).
+
+        >>> Memory(available=2**30, limit=None).holds(2**31)
+        False
+        """
+        return nbytes <= PAGE_CACHE_SHARE * self.available
 
 
 def memory() -> Memory:
@@ -183,25 +192,32 @@ def _random_offset(rng: np.random.Generator, file_size: int, size: int) -> int:
 def _timed_reads(reads: Iterator[tuple[Path, int, int]], in_flight: int, seconds: float,
                  random: bool = False) -> tuple[int, float]:
     """Bytes read and seconds taken by ``in_flight`` threads taking reads from ``reads`` until it ends or
-    ``seconds`` have passed (``random``: the kernel is told not to read ahead)."""
+    ``seconds`` have passed (``random``: the kernel is told not to read ahead, and whole 2 MiB pages are read
+    as the shard reader reads them, `HugePageReads`)."""
     lock = threading.Lock()
-    opened: dict[Path, int] = {}
+    opened: dict[Path, HugePageReads] = {}
 
-    def next_read() -> tuple[int, int, int] | None:
+    def next_read() -> tuple[HugePageReads, int, int] | None:
         with lock:
             path, offset, size = next(reads, (None, 0, 0))
             if path is None:
                 return None
             if path not in opened:
-                opened[path] = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY)
                 if random:
-                    os.posix_fadvise(opened[path], 0, 0, os.POSIX_FADV_RANDOM)
-            return opened[path], size, offset
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                opened[path] = HugePageReads(fd, os.fstat(fd).st_size if random else 0)
+            return opened[path], offset, size
 
     def worker(deadline: float) -> int:
         done = 0
         while time.perf_counter() < deadline and (read := next_read()) is not None:
-            done += len(os.pread(*read))
+            file, offset, size = read
+            buffer = memoryview(bytearray(size))
+            count = 0
+            while count < size and (got := file.read_into(offset + count, buffer[count:])):
+                count += got
+            done += count
         return done
 
     began = time.perf_counter()
@@ -210,5 +226,6 @@ def _timed_reads(reads: Iterator[tuple[Path, int, int]], in_flight: int, seconds
             read = sum(pool.map(worker, [began + seconds] * in_flight))
         return read, time.perf_counter() - began
     finally:
-        for fd in opened.values():
-            os.close(fd)
+        for file in opened.values():
+            file.close()
+            os.close(file.fd)

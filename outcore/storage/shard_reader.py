@@ -43,8 +43,10 @@ from zarr.storage import LocalStore
 
 from ..errors import CorruptChunkError, OutcoreError
 from ..threads import submit_io
+from .device import memory
 from .failures import retried
 from .groups import shard_path
+from .huge_pages import HugePageReads
 from .pins import Pins, stamp_of
 from .remote import RemoteStore, coalesce
 from .zipstore import RangeZipStore
@@ -346,7 +348,7 @@ class _ShardFile:
     Every failure to read it is an `_Unreadable` (an object store's own is the `OutcoreError` it is)."""
 
     def __init__(self, files: Any, key: str) -> None:
-        self.files, self.key, self._fd = files, key, None
+        self.files, self.key, self._fd, self._reads = files, key, None, None
         if isinstance(files, _LocalFiles):
             try:
                 self._fd = os.open(files.root / key, os.O_RDONLY)
@@ -356,6 +358,8 @@ class _ShardFile:
             # reads here are a chunk's exact byte range: the kernel's read-ahead would only read beyond it
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
             self._opened = os.fstat(self._fd)
+            self._reads = (HugePageReads(self._fd, self._opened.st_size)
+                           if files.huge_pages and stat.S_ISREG(self._opened.st_mode) else None)
             if files.pins:
                 try:
                     files.pins.check(key, self._opened)
@@ -368,6 +372,8 @@ class _ShardFile:
 
     def __exit__(self, *exc_info: object) -> None:
         if self._fd is not None:
+            if self._reads is not None:
+                self._reads.close()
             os.close(self._fd)
 
     def size(self) -> int:
@@ -409,7 +415,8 @@ class _ShardFile:
             while count < len(buffer):
                 part = buffer[count:]
                 if self._fd is not None:
-                    got = os.preadv(self._fd, [part], offset + count)
+                    got = (self._reads.read_into(offset + count, part) if self._reads is not None
+                           else os.preadv(self._fd, [part], offset + count))
                 else:
                     got = self.files.read_into(self.key, offset + count, part)
                 if got == 0:
@@ -436,10 +443,15 @@ def _unreadable(error: OSError | KeyError) -> _Unreadable | _Failed:
 
 class _LocalFiles:
     """The shard files of a store in a local folder (read through `_ShardFile`'s file descriptors), and
-    what was pinned of them when the store was opened (`outcore.storage.pins`)."""
+    what was pinned of them when the store was opened (`outcore.storage.pins`). A store the page cache
+    cannot hold is read from the device every epoch: its large chunks are read a 2 MiB page at a time
+    (``huge_pages``, `HugePageReads`: fewer device requests); one it holds, with ``pread`` (a copy from
+    memory costs less so)."""
 
     def __init__(self, root: Path, pins: Pins | None) -> None:
         self.root, self.pins = root, pins
+        stored = sum(stamp[2] for stamp in pins.files.values()) if pins else 0
+        self.huge_pages = pins is not None and not memory().holds(stored)
 
 
 class _ZipFiles:

@@ -1,0 +1,120 @@
+"""Reads through 2 MiB pages (`outcore.storage.huge_pages`): the bytes ``pread`` gives, from any offset and
+length; a file that shrinks under its mapping is a short read, never a SIGBUS; a forked child reads its
+own memory; the shard reader reads a store's large chunks this way."""
+
+import mmap
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+import outcore
+from outcore.storage import huge_pages, shard_reader
+from outcore.storage.device import Memory
+from outcore.storage.huge_pages import HUGE_PAGE, HugePageReads
+
+MiB = 2**20
+
+
+def _read(reads: HugePageReads, offset: int, length: int) -> bytes:
+    """As the shard reader reads: call again for the rest until all is read or the file ends."""
+    buffer = memoryview(bytearray(length))
+    count = 0
+    while count < length and (got := reads.read_into(offset + count, buffer[count:])):
+        count += got
+    return bytes(buffer[:count])
+
+
+@pytest.fixture
+def spied(monkeypatch):
+    """The reads of whole 2 MiB pages made (offset into the file, bytes), as `HugePageReads` copies them out."""
+    copies = []
+    preadv = os.preadv
+
+    def spy(fd, buffers, offset):
+        got = preadv(fd, buffers, offset)
+        if fd == huge_pages._MEMORY.fd():
+            copies.append(got)
+        return got
+
+    monkeypatch.setattr(huge_pages.os, "preadv", spy)
+    return copies
+
+
+def test_the_machines_that_test_outcore_read_large_ranges_in_huge_pages():
+    """CI's and the developers' Linux has what it takes: else every other test here tests pread alone."""
+    assert huge_pages.available()
+
+
+@pytest.mark.parametrize(("offset", "length"), [
+    (0, 13 * MiB + 12_345),  # the whole file
+    (1, 6 * MiB),  # a part before the first whole page, whole pages, a part after
+    (HUGE_PAGE, 2 * HUGE_PAGE),  # whole pages only
+    (HUGE_PAGE - 1, HUGE_PAGE + 2),  # one whole page and a byte either side
+    (HUGE_PAGE - 1, HUGE_PAGE),  # no whole page inside
+    (3, 100),
+    (13 * MiB + 12_345 - 5 * MiB, 5 * MiB),  # up to the end
+    (10 * MiB, 5 * MiB),  # beyond the end: what there is
+])
+def test_reads_are_the_bytes_pread_reads(tmp_path, spied, offset, length):
+    data = np.random.default_rng(0).integers(0, 256, 13 * MiB + 12_345, dtype=np.uint8).tobytes()
+    (tmp_path / "f").write_bytes(data)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        with HugePageReads(fd, len(data)) as reads:
+            assert _read(reads, offset, length) == os.pread(fd, length, offset) == data[offset : offset + length]
+    finally:
+        os.close(fd)
+    whole = (min(offset + length, len(data)) // HUGE_PAGE - -(-offset // HUGE_PAGE)) * HUGE_PAGE
+    assert sum(spied) == max(0, whole)
+
+
+def test_a_file_that_shrinks_under_its_mapping_reads_short_without_a_sigbus(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * (32 * 4096))  # 8 MiB
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with HugePageReads(fd, 8 * MiB) as reads:
+            assert len(_read(reads, 0, HUGE_PAGE)) == HUGE_PAGE  # mapped, and its first page read
+            os.truncate(path, 3 * MiB)
+            assert _read(reads, HUGE_PAGE, 4 * MiB) == (bytes(range(256)) * 4096)[: MiB]
+            assert _read(reads, 4 * MiB, 2 * MiB) == b""
+    finally:
+        os.close(fd)
+
+
+def _read_own_memory(queue) -> None:
+    mapping = mmap.mmap(-1, 4096)  # made after the fork: the parent has nothing at its address
+    mapping.write(b"the child's own page")
+    address = np.frombuffer(mapping, np.uint8).ctypes.data
+    try:
+        queue.put(os.pread(huge_pages._MEMORY.fd(), 20, address))
+    except OSError as error:
+        queue.put(repr(error))
+
+
+def test_a_forked_child_reads_its_own_memory():
+    assert huge_pages.available()  # the parent's /proc/self/mem is open now
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_own_memory, args=(queue,))
+    child.start()
+    assert queue.get(timeout=60) == b"the child's own page"
+    child.join(timeout=60)
+
+
+@pytest.mark.parametrize("room", [2**40, 2**20])
+def test_the_shard_reader_reads_large_chunks_of_a_store_the_page_cache_cannot_hold_in_huge_pages(
+        tmp_path, monkeypatch, spied, room):
+    """From memory a pread costs less; from the device, whole 2 MiB pages are fewer requests."""
+    monkeypatch.setattr(shard_reader, "memory", lambda: Memory(available=room, limit=None))
+    images = np.random.default_rng(1).integers(0, 256, (1024, 64, 64, 3), dtype=np.uint8)  # no compression
+    ds = outcore.from_arrays({"images": images, "labels": np.arange(1024)}, tmp_path / "t.zarr", chunk_size=512,
+                             shuffle_on_write=False, progress=False)  # chunks of 6 MiB
+    got = np.concatenate([batch["images"] for batch in ds.batches(256, shuffle=False)])
+    np.testing.assert_array_equal(got, images)
+    if room > images.nbytes:
+        assert spied == []
+    else:
+        assert 2 * 2 * HUGE_PAGE <= sum(spied) <= images.nbytes  # at least 2 whole pages of each chunk
