@@ -6,11 +6,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cgroups import throttled
 
 import outcore
 from outcore.cli import main
@@ -20,7 +19,6 @@ from outcore.imaging.synthetic import write_image_folder
 from outcore.ingest import choice
 from outcore.storage.device import SMALL_READ, DeviceRates, Memory
 
-CGROUP = Path("/sys/fs/cgroup")
 MiB = 2**20
 
 
@@ -93,13 +91,6 @@ def test_bench_of_a_store_without_pictures_says_nothing_of_them(tmp_path, capsys
     assert "choose:" not in out and "from memory, all fields" in out
 
 
-def _cgroup_v1() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: the test makes a blkio and a memory cgroup")
-    if not (CGROUP / "blkio" / "cgroup.procs").exists() or not (CGROUP / "memory" / "cgroup.procs").exists():
-        pytest.skip("needs cgroup v1's blkio and memory controllers (blkio.throttle.*)")
-
-
 CHILD = """
 import json, sys
 from pathlib import Path
@@ -115,35 +106,14 @@ print(json.dumps({"bandwidth": rates.bandwidth, "reads": rates.reads[4096], "ava
 def test_the_device_is_measured_cold_under_a_throttled_device_and_a_memory_limit(tmp_path):
     """In a cgroup whose device gives 20 MB/s and 200 reads/s, the files' pages evicted: what is
     measured is the device's limit (from the page cache it would be GB/s), and the memory limit is seen."""
-    _cgroup_v1()
     store = tmp_path / "files"
     store.mkdir()
     for i in range(4):
         (store / f"shard-{i}").write_bytes(os.urandom(16 * MiB))
     os.sync()
-    device = os.stat(store).st_dev
-    node = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}")
-    if not node.exists():
-        pytest.skip(f"{tmp_path} is not on a block device that blkio can throttle")
-    if (node / "partition").exists():
-        node = node.resolve().parent
-    disk = (node / "dev").read_text().strip()
-    name = f"outcore-test-{os.getpid()}"
-    blkio, memory = CGROUP / "blkio" / name, CGROUP / "memory" / name
-    blkio.mkdir()
-    memory.mkdir()
-    try:
-        (blkio / "blkio.throttle.read_bps_device").write_text(f"{disk} {20 * 10**6}")
-        (blkio / "blkio.throttle.read_iops_device").write_text(f"{disk} 200")
-        (memory / "memory.limit_in_bytes").write_text(str(768 * MiB))
-        join = ("import os, sys; [open(f'{d}/cgroup.procs', 'w').write(str(os.getpid())) for d in sys.argv[1:3]];"
-                " os.execv(sys.executable, [sys.executable, '-c', sys.argv[3], sys.argv[4]])")
-        done = subprocess.run([sys.executable, "-c", join, str(blkio), str(memory), CHILD, str(store)],
-                              capture_output=True, text=True, timeout=120, check=True)
-    finally:
-        blkio.rmdir()
-        memory.rmdir()
-    measured = json.loads(done.stdout)
+    with throttled(store, bandwidth=20 * 10**6, requests=200, memory=768 * MiB) as cgroup:
+        out = cgroup.run(CHILD, str(store))
+    measured = json.loads(out)
     assert 10e6 < measured["bandwidth"] < 26e6, measured
     assert 100 < measured["reads"] < 260, measured
     assert measured["limit"] == 768 * MiB and measured["available"] <= 768 * MiB

@@ -2,12 +2,14 @@
 length; a file that shrinks under its mapping is a short read, never a SIGBUS; a forked child reads its
 own memory; the shard reader reads a store's large chunks this way."""
 
+import json
 import mmap
 import multiprocessing
 import os
 
 import numpy as np
 import pytest
+from cgroups import throttled
 
 import outcore
 from outcore.storage import huge_pages, shard_reader
@@ -118,3 +120,39 @@ def test_the_shard_reader_reads_large_chunks_of_a_store_the_page_cache_cannot_ho
         assert spied == []
     else:
         assert 2 * 2 * HUGE_PAGE <= sum(spied) <= images.nbytes  # at least 2 whole pages of each chunk
+
+
+RANDOM_READS = """
+import json, os, sys
+from pathlib import Path
+from outcore.storage.huge_pages import HugePageReads
+path, blkio, disk = sys.argv[1:]
+
+def counters():  # bytes and requests this cgroup read from the disk so far
+    return [int(line.split()[2]) for name in ("blkio.throttle.io_service_bytes", "blkio.throttle.io_serviced")
+            for line in (Path(blkio) / name).read_text().splitlines() if line.split()[:2] == [disk, "Read"]]
+
+fd = os.open(path, os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # cold
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # as the shard reader opens a shard file
+reads = HugePageReads(fd, os.fstat(fd).st_size)
+buffer = memoryview(bytearray(6 * 2**20))
+before = counters()
+for offset in range(0, 80 * 2**20, 8 * 2**20):  # 10 reads of 3 whole 2 MiB pages, with gaps between them
+    count = 0
+    while count < len(buffer):
+        count += reads.read_into(offset + count, buffer[count:])
+print(json.dumps([after - earlier for after, earlier in zip(counters(), before)]))
+"""
+
+
+def test_the_device_is_asked_for_whole_2_mib_pages(tmp_path):
+    """Ten cold reads of three whole 2 MiB pages each, counted by a cgroup's blkio: the bytes asked for
+    and not one more, in a request per page at most (pread's 4 KiB pages take 512 KiB a request here, or
+    more where memory happens to lie in one piece: what matters where a device caps its requests)."""
+    path = tmp_path / "shard"
+    path.write_bytes(os.urandom(96 * MiB))
+    os.sync()
+    with throttled(tmp_path, bandwidth=2 * 10**9, requests=100_000, memory=1024 * MiB) as cgroup:
+        nbytes, requests = json.loads(cgroup.run(RANDOM_READS, str(path), str(cgroup.blkio), cgroup.disk))
+    assert (nbytes, requests) == (60 * MiB, min(requests, 30)), (nbytes, requests)

@@ -46,6 +46,8 @@ PIXELS_ZSTD = "pixels, zstd"
 # slower: local chunks are read by the threads that decode them. Measured by benchmarks/out_of_core.py (2
 # cores; cloud volume, SSD and disk: 0.1-0.3).
 OVERLAP = 0.2
+LAYOUT_SHARE = 0.8  # a store whose chunks read at less than this share of the device's bandwidth is laid out wrong
+GROWTH = 4  # the larger chunks measured for a store laid out wrong
 SAMPLE_BYTES = 256 * 2**20  # decoded bytes of the chunks the cores are timed on (at most)
 
 
@@ -126,6 +128,34 @@ class Advice:
                              f"samples/s per core)")
         return lines
 
+    def layout(self) -> list[str]:
+        """Where this store's chunks are too small for the device: read from it every epoch, its request
+        rate, not its bandwidth, bounds them; and how fast chunks `GROWTH` times as large were read.
+
+        >>> kind = Kind("pixels", "this store", bytes=3_000, reads={384_000: 1 / 128, 4096: 1 / 128}, cpu=90_000)
+        >>> device = DeviceRates(150e6, {384_000: 140.0, 1_536_000: 90.0, 4096: 150.0}, in_flight=2)
+        >>> print(*Advice(10**6, Memory(2**30, None), 2, device, (kind,)).layout())
+        pixels: chunks of 375.0 KiB are read 140 a second here, 54 MB/s of the device's 150 MB/s: its requests, not its bytes, bound the epochs; chunks of 512 samples read at 138 MB/s (ingest's chunk_size=512)
+        """
+        lines = []
+        for kind in self.kinds:
+            if self.device is None or kind.source != "this store" or self.predict(kind).limit != "device":
+                continue
+            size = max(kind.reads)
+            rate = self.device.reads[size]
+            if rate * size >= LAYOUT_SHARE * self.device.bandwidth:
+                continue
+            line = (f"{kind.name}: chunks of {human_size(size)} are read {rate:,.0f} a second here, "
+                    f"{rate * size / 1e6:,.0f} MB/s of the device's {self.device.bandwidth / 1e6:,.0f} MB/s: its "
+                    "requests, not its bytes, bound the epochs")
+            larger = self.device.reads.get(GROWTH * size)
+            if larger is not None:
+                samples = GROWTH * round(1 / kind.reads[size])
+                line += (f"; chunks of {samples} samples read at {larger * GROWTH * size / 1e6:,.0f} MB/s (ingest's "
+                         f"chunk_size={samples})")
+            lines.append(line)
+        return lines
+
     def __str__(self) -> str:
         size = max(kind.bytes for kind in self.kinds if kind.source == "this store") * self.samples
         limit = f", a memory limit of {human_size(self.memory.limit or 0)}" if self.memory.limit is not None else ""
@@ -147,6 +177,7 @@ class Advice:
         ratio = ", ".join(f"{best.rate / other.rate:.2f}x {other.kind.name}" for other in others)
         lines += ["", f"choose: {best.kind.name} ({ratio}; limited by the {best.limit})"]
         lines += [f"it would change: {line}" for line in self.changes()]
+        lines += [f"layout: {line}" for line in self.layout()]
         return "\n".join(lines)
 
 
@@ -171,7 +202,8 @@ def advise(ds: Dataset, batch_size: int = 256, crop: int = 224, seconds: float =
     held = {kind.name for kind in kinds}
     if len(held) == 1 or PIXELS_ZSTD not in held:
         kinds += _converted(ds, images[0], targets, sample, held, batch_size, crop)
-    sizes = sorted({size for kind in kinds for size in kind.reads})
+    sizes = sorted({size for kind in kinds for size in kind.reads}
+                   | {GROWTH * max(kind.reads) for kind in kinds if kind.source == "this store"})
     device = None if is_url(ds.location) else measure_device(_files(Path(ds.location)), thread_count(), sizes,
                                                              seconds)
     return Advice(len(ds), room, thread_count(), device, tuple(kinds))
