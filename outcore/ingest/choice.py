@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import OutcoreError
 from ..imaging import decode_image
 from ..storage import is_url
-from ..storage.device import PAGE_CACHE_SHARE, SMALL_READ, DeviceRates, measure_device, memory, whole_pages
+from ..storage.device import SMALL_READ, DeviceRates, measure_device, memory, whole_pages
 from ..storage.report import human_size
 from ..threads import available_cpus, thread_count
 
@@ -50,11 +50,11 @@ def choose_images(location: str | os.PathLike, paths: Sequence[str], file_bytes:
     'the pixel store (1.8 GiB) fits in the memory the page cache can give (21.7 GiB): its epochs come from memory'
     """
     count = len(paths)
-    pixels, room = count * sample_nbytes, memory().available
-    if pixels <= PAGE_CACHE_SHARE * room:
+    pixels, room = count * sample_nbytes, memory()
+    if room.holds(pixels):
         return ImagesChoice("pixels", f"the pixel store ({human_size(pixels)}) fits in the memory the page cache can give "
-                                      f"({human_size(room)}): its epochs come from memory, with nothing to decode")
-    too_big = f"the pixel store ({human_size(pixels)}) does not fit in the memory the page cache can give ({human_size(room)})"
+                                      f"({human_size(room.available)}): its epochs come from memory, with nothing to decode")
+    too_big = f"the pixel store ({human_size(pixels)}) does not fit in the memory the page cache can give ({human_size(room.available)})"
     encoded = float(np.mean(file_bytes))
     if is_url(location):
         return ImagesChoice("encoded", f"{too_big}, and every epoch fetches it from the object store: the files are "
