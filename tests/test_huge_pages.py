@@ -49,6 +49,12 @@ def test_the_machines_that_test_outcore_read_large_ranges_in_huge_pages():
     assert huge_pages.available()
 
 
+def test_a_kernel_without_madv_populate_read_is_said_to_read_with_pread(monkeypatch):
+    monkeypatch.setattr(huge_pages, "_POPULATE_READ", 9_999)  # an advice no kernel knows: as before Linux 5.14
+    memory = huge_pages._Memory()
+    assert memory.fd() is None and memory.refused
+
+
 @pytest.mark.parametrize(("offset", "length"), [
     (0, 13 * MiB + 12_345),  # the whole file
     (1, 6 * MiB),  # a part before the first whole page, whole pages, a part after

@@ -206,7 +206,7 @@ def _timed_reads(reads: Iterator[tuple[Path, int, int]], in_flight: int, seconds
                 fd = os.open(path, os.O_RDONLY)
                 if random:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                opened[path] = HugePageReads(fd, os.fstat(fd).st_size if random else 0)
+                opened[path] = HugePageReads(fd, os.fstat(fd).st_size if random else 0)  # size 0: plain preads
             return opened[path], offset, size
 
     def worker(deadline: float) -> int:

@@ -37,11 +37,12 @@ class _Memory:
         self.refused = not hasattr(mmap, "MADV_HUGEPAGE")
 
     def fd(self) -> int | None:
-        """The open file, or None where it cannot be opened (then never again)."""
+        """The open file, or None where the kernel lacks what huge-page reads take (then never again)."""
         if self._fd is None and not self.refused:
             with self._lock:
                 if self._fd is None:
                     try:
+                        _check_kernel()
                         self._fd = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
                     except OSError:
                         self.refused = True
@@ -52,6 +53,13 @@ class _Memory:
         if self._fd is not None:
             os.close(self._fd)
         self._fd, self._lock = None, threading.Lock()
+
+
+def _check_kernel() -> None:
+    """Raise OSError where the kernel has no transparent huge pages or no ``MADV_POPULATE_READ`` (before 5.14)."""
+    with mmap.mmap(-1, HUGE_PAGE) as probe:
+        probe.madvise(mmap.MADV_HUGEPAGE)
+        probe.madvise(_POPULATE_READ)
 
 
 _MEMORY = _Memory()
