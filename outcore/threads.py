@@ -9,8 +9,8 @@ when a process is one of them (`share_cpus`), so that their total stays within t
 ``OUTCORE_THREADS`` environment variable or `set_threads` choose another number.
 
 A forked child does not inherit running threads: the pool is made again in the child when it is
-first used there. Work that a pool thread hands to `for_each` (or `for_each_run`) runs on that
-thread, so the pool never waits on itself.
+first used there. `for_each_run` shares the runs of a call between the calling thread and the pool's free
+threads: a pool thread may call it (a batch made there) without waiting on work queued behind it.
 
 >>> for_each(print, 2)  # doctest: +SKIP
 0
@@ -44,7 +44,8 @@ _pool_pid = 0
 _chosen: int | None = None  # set_threads
 _shares = 1  # share_cpus: the processes this one shares its CPUs with (itself included)
 _cap: int | None = None  # cap_threads: a worker of a Dask cluster uses at most its own threads
-_in_pool = threading.local()
+_pending = 0  # the pool's tasks submitted and not finished (`_free_threads`)
+_pending_lock = threading.Lock()
 _io_pool: ThreadPoolExecutor | None = None
 _io_pool_pid = 0
 _io_pool_size = 0
@@ -186,24 +187,30 @@ def pool() -> ThreadPoolExecutor:
     global _pool, _pool_pid
     with _lock:
         if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(thread_count(), thread_name_prefix="outcore-pool",
-                                       initializer=_mark_pool_thread)
+            _pool = ThreadPoolExecutor(thread_count(), thread_name_prefix="outcore-pool")
             _pool_pid = os.getpid()
         return _pool
 
 
-def _mark_pool_thread() -> None:
-    _in_pool.active = True
-
-
-def in_pool() -> bool:
-    """Whether the calling thread is one of the pool's."""
-    return getattr(_in_pool, "active", False)
-
-
 def submit(work: Callable[..., Any], *args: Any) -> Future[Any]:
     """``work(*args)`` on the pool."""
-    return pool().submit(work, *args)
+    global _pending
+    with _pending_lock:
+        _pending += 1
+    future = pool().submit(work, *args)
+    future.add_done_callback(_finished)  # run when it ends, or is cancelled before it starts
+    return future
+
+
+def _finished(_: Future[Any]) -> None:
+    global _pending
+    with _pending_lock:
+        _pending -= 1
+
+
+def _free_threads(threads: int) -> int:
+    """How many of the pool's ``threads`` have no task, running or waiting (about: a task may be ending)."""
+    return max(0, threads - _pending)
 
 
 def for_each(work: Callable[[int], None], count: int) -> None:
@@ -218,11 +225,14 @@ def for_each(work: Callable[[int], None], count: int) -> None:
     for_each_run(run, count)
 
 
-def for_each_run(work: Callable[[int, int], None], count: int) -> None:
-    """``work(start, stop)`` over runs of consecutive ``i < count`` that cover them all once, on the pool:
-    `BLOCKS_PER_THREAD` runs per thread (a task per item costs ~10 % of a JPEG decode), or the one run
-    ``(0, count)`` on the calling thread when that is a pool thread or the pool has one thread. Returns
-    when all are done, raising the first exception.
+def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -> None:
+    """``work(start, stop)`` over runs of consecutive ``i < count`` that cover them all once: up to
+    `BLOCKS_PER_THREAD` runs per thread, of ``least`` items at least (a run costs a few microseconds of
+    Python: cheap items go in long runs). The calling thread takes runs itself, and so do as many of the
+    pool's threads as are free (helpers submitted to the pool, each taking runs until none is left), so a
+    call made on a pool thread (a batch made there) never waits on work queued behind it, and one made while
+    the pool is busy runs on the caller alone. Returns when all are done, raising the first exception (no
+    run is started after it).
 
     >>> for_each_run(lambda start, stop: print(start, stop), 3)  # doctest: +SKIP
     0 1
@@ -231,11 +241,52 @@ def for_each_run(work: Callable[[int, int], None], count: int) -> None:
     """
     if count <= 0:
         return
-    if count == 1 or in_pool() or thread_count() == 1:
+    threads = thread_count()
+    blocks = max(1, min(count // max(1, least), BLOCKS_PER_THREAD * threads))
+    if blocks == 1 or threads == 1:
         work(0, count)
         return
-    blocks = min(count, BLOCKS_PER_THREAD * thread_count())
-    wait_all([submit(work, block * count // blocks, (block + 1) * count // blocks) for block in range(blocks)])
+    runs = _Runs(work, count, blocks)
+    for _ in range(min(blocks - 1, _free_threads(threads))):
+        submit(runs.take)
+    runs.take()
+    runs.wait()
+
+
+class _Runs:
+    """The runs of one `for_each_run` call, taken one at a time by whichever thread asks (`take`)."""
+
+    def __init__(self, work: Callable[[int, int], None], count: int, blocks: int) -> None:
+        self.work, self.count, self.blocks = work, count, blocks
+        self.next = 0  # the next run to take
+        self.running = 0  # runs taken and not finished
+        self.error: BaseException | None = None
+        self.finished = threading.Condition(threading.Lock())
+
+    def take(self) -> None:
+        """Do runs until none is left (or one failed)."""
+        while True:
+            with self.finished:
+                if self.next >= self.blocks or self.error is not None:
+                    return
+                block, self.next, self.running = self.next, self.next + 1, self.running + 1
+            try:
+                self.work(block * self.count // self.blocks, (block + 1) * self.count // self.blocks)
+            except BaseException as error:  # noqa: BLE001 - raised by the caller, in `wait`
+                with self.finished:
+                    self.error = self.error or error
+            finally:
+                with self.finished:
+                    self.running -= 1
+                    self.finished.notify_all()
+
+    def wait(self) -> None:
+        """Wait for the runs other threads took (the caller took every other), then raise the first failure."""
+        with self.finished:
+            while self.running:
+                self.finished.wait()
+        if self.error is not None:
+            raise self.error
 
 
 def on_own_thread(work: Callable[[], Any], name: str) -> Future[Any]:
@@ -316,9 +367,9 @@ def submit_request(work: Callable[..., Any], *args: Any) -> Future[Any]:
 
 
 def _forget_after_fork() -> None:
-    global _pool, _io_pool, _request_pool, _lock
+    global _pool, _io_pool, _request_pool, _lock, _pending, _pending_lock
     _pool, _io_pool, _request_pool = None, None, None  # the parent's threads (and locks) do not exist here
-    _lock = threading.Lock()
+    _lock, _pending, _pending_lock = threading.Lock(), 0, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

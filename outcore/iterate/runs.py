@@ -14,6 +14,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from ..threads import submit, thread_count
 from .batch import Batch, Draws, Empty, Recipe, batch_draws, make_batch, plain
 from .options import BatchOptions
 from .plan import EpochPlan, next_use
-from .readers import ChunkReader, sample_spec
+from .readers import ChunkReader, sample_bytes, sample_spec
 from .schedule import BatchStep, schedule
 from .stats import LoaderStats
 
@@ -234,18 +235,25 @@ class ChunkBuffers:
 
 
 class LocalRun(Run):
-    """Batches made in this process: chunk reads and decodes on the process's thread pool
-    (`outcore.threads`), each batch put together on the producer thread. Reads run ``read_ahead``
+    """Batches made in this process, on the process's thread pool (`outcore.threads`): chunk reads and
+    decodes, and each batch (its samples gathered, decoded, cut and transformed by runs of samples on
+    the pool's free threads: `outcore.threads.for_each_run`), up to `making` batches at once, handed to
+    the queue in order by the producer thread, which follows the schedule. Reads run ``read_ahead``
     slots ahead of the batch being made: one per pool thread, so every thread has a chunk to read, from
     2 to `MAX_READ_AHEAD` (memory: each is a chunk held). From an object store, reads run
     `REMOTE_READ_AHEAD` slots ahead (answers arrive out of order: a thread waiting on a late one leaves
     the later ones to the other threads; measured 8 % faster than 2 on 2 cores), and the slots' stored
     bytes are fetched on the I/O threads further ahead still, as many slots as hide the measured latency
     (`outcore.storage.RemoteFiles.fetch_ahead`), so that requests are in flight while the CPU threads
-    decode."""
+    decode.
+
+    A batch is made once the chunks it draws on are read (its task never waits on the pool), and the
+    chunks a batch is the last to use are released once it is made (batches are handed over in order), so
+    at most `making` batches more than one are held besides the queue's."""
 
     MAX_READ_AHEAD = 8
     REMOTE_READ_AHEAD = 16  # answers come out of order: a thread waiting on a late one leaves later ones to others
+    MAKING_BYTES = 256 << 20  # batches made at once hold at most about this much (two at least)
 
     def __init__(self, work: Work, stats: LoaderStats, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
@@ -255,8 +263,11 @@ class LocalRun(Run):
         self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
         self.remote = any(reader.remote for reader in readers.values())
         one_batch = len(work.batches) == 1
-        local_ahead = min(self.MAX_READ_AHEAD, max(2, thread_count()))
+        threads = thread_count()
+        local_ahead = min(self.MAX_READ_AHEAD, max(2, threads))
         self.read_ahead = 0 if one_batch else self.REMOTE_READ_AHEAD if self.remote else local_ahead
+        batch_bytes = max(1, sample_bytes(work.store, work.recipe) * work.options.batch_size)
+        self.making = max(2, min(threads, self.MAKING_BYTES // batch_bytes))
         files = getattr(work.store.group.store, "files", None)  # an object store's (RemoteFiles)
         self.fetch_ahead = files.fetch_ahead if self.remote and files is not None and not one_batch else None
         self.next_use = None  # from an object store: when each chunk is read again, for the node's cache
@@ -273,6 +284,7 @@ class LocalRun(Run):
 
     def _produce_batches(self) -> None:
         work = self.work
+        made: deque[tuple[BatchStep, Future[Batch]]] = deque()  # batches being made, in order
         for step in work.steps(self.read_ahead, self.fetch_ahead):
             if self.stop.is_set():
                 return
@@ -286,17 +298,28 @@ class LocalRun(Run):
                     self.loading[chunk] = submit(self._read, chunk)
                 self.slots_held[chunk] = self.slots_held.get(chunk, 0) + 1
             data = {slot: values for slot in step.used if (values := self._values(int(chunks[slot]))) is not None}
-            batch = self._make(step, data)
-            for slot in step.release:
-                chunk = int(chunks[slot])
-                self.slots_held[chunk] -= 1
-                if not self.slots_held[chunk]:
-                    del self.slots_held[chunk]
-                    loaded = self.loading.pop(chunk)
-                    if chunk not in self.damaged:
-                        self.buffers.give(loaded.result()[1])
-            if not self._put(batch):
+            made.append((step, submit(self._make, step, data)))
+            while made and (len(made) >= self.making or made[0][1].done()):
+                if not self._hand_over(*made.popleft()):
+                    return
+        while made:
+            if not self._hand_over(*made.popleft()):
                 return
+
+    def _hand_over(self, step: BatchStep, made: Future[Batch]) -> bool:
+        """Put ``step``'s batch in the queue once made, and release the chunks it was the last to use: False
+        when the run was closed meanwhile."""
+        batch = made.result()
+        chunks = self.work.plan.chunks
+        for slot in step.release:
+            chunk = int(chunks[slot])
+            self.slots_held[chunk] -= 1
+            if not self.slots_held[chunk]:
+                del self.slots_held[chunk]
+                loaded = self.loading.pop(chunk)
+                if chunk not in self.damaged:
+                    self.buffers.give(loaded.result()[1])
+        return self._put(batch)
 
     def _values(self, chunk: int) -> dict[str, Any] | None:
         """The chunk's values, or None for a damaged chunk left out (``skip_damaged``: named in a warning,
