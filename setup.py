@@ -1,11 +1,12 @@
-"""Build outcore's one C extension, ``outcore.imaging._jpeg`` (cropped JPEG decoding), when it can be built.
+"""Build outcore's C extensions when they can be built: ``outcore.imaging._jpeg`` (cropped JPEG decoding) and
+``outcore.imaging._windows`` (a batch's samples and crops copied out of chunks; it needs a C compiler only).
 
 It needs a C compiler and libjpeg-turbo 1.5 or later with its headers (Debian/Ubuntu ``libjpeg62-turbo-dev``
 or ``libjpeg-turbo8-dev``, Fedora ``libjpeg-turbo-devel``, Homebrew ``jpeg-turbo``, conda ``libjpeg-turbo``),
 found through ``pkg-config libjpeg``, the ``OUTCORE_JPEG_PREFIX`` environment variable (a folder with
 ``include/`` and ``lib/``), an active conda environment or Homebrew. Without them the install goes on
 without the extension, saying so, and outcore decodes with simplejpeg and Pillow instead (the same pixels,
-slower); ``outcore info --system`` shows which. ``OUTCORE_NATIVE=0`` skips the build.
+slower); ``outcore info --system`` shows which. ``OUTCORE_NATIVE=0`` skips the builds.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, CompileError, ExecError, LinkError, PlatformError
 
 SOURCE = "outcore/imaging/_jpeg.c"
+WINDOWS_SOURCE = "outcore/imaging/_windows.c"
 
 
 def jpeg_paths() -> tuple[list[str], list[str]]:
@@ -45,17 +47,20 @@ class OptionalBuildExt(build_ext):
             super().build_extension(ext)
         except (CCompilerError, CompileError, ExecError, LinkError, PlatformError, OSError) as error:
             self.extensions = [other for other in self.extensions if other is not ext]  # nothing to copy or install
-            print(f"outcore: the C extension {ext.name} was not built ({error}); outcore will decode JPEGs with "
-                  "simplejpeg and Pillow (same pixels, slower). Install libjpeg-turbo's headers and a C compiler "
-                  "to build it.", file=sys.stderr)
+            instead = ("decode JPEGs with simplejpeg and Pillow (same pixels, slower). Install libjpeg-turbo's "
+                       "headers and a C compiler to build it." if ext.name.endswith("_jpeg") else
+                       "copy batches' samples with numpy (same bytes, slower). Install a C compiler to build it.")
+            print(f"outcore: the C extension {ext.name} was not built ({error}); outcore will {instead}", file=sys.stderr)
 
 
 def extensions() -> list[Extension]:
     if os.environ.get("OUTCORE_NATIVE", "1") == "0":
         return []
     include_dirs, library_dirs = jpeg_paths()
+    flags = ["-O3", "-ffp-contract=off"] if os.name != "nt" else []
     return [Extension("outcore.imaging._jpeg", [SOURCE], include_dirs=include_dirs, library_dirs=library_dirs,
-                      libraries=["jpeg"], extra_compile_args=["-O3", "-ffp-contract=off"] if os.name != "nt" else [])]
+                      libraries=["jpeg"], extra_compile_args=flags),
+            Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags)]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -54,16 +54,18 @@ def describe(ds: Dataset) -> str:
 
 def system_report() -> str:
     """What outcore runs on in this process: versions, the JPEG decoder behind fused crops (the C extension
-    or simplejpeg and Pillow), CPUs and threads.
+    or simplejpeg and Pillow), what copies batches' samples (the C extension or numpy), CPUs and threads.
 
     >>> print(system_report())  # doctest: +SKIP
     outcore 0.1.0 on Python 3.11.9 (Linux x86_64)
     JPEG boxes: C extension (libjpeg-turbo 2.1.5; cropped decoding, AVX2 resize)
+    batch copies: C extension (one call a run of samples, outside the GIL)
     ...
     """
     where = f"{platform.system()} {platform.machine()}"
     lines = [f"outcore {_version('outcore')} on Python {platform.python_version()} ({where})",
              f"JPEG boxes: {native.backend()}",
+             f"batch copies: {native.copies()}",
              f"CPUs available: {available_cpus()}, decode threads: {thread_count()}"]
     packages = ("numpy", "zarr", "dask", "distributed", "pillow", "simplejpeg", "torch", "tensorflow-cpu", "keras")
     lines.append("packages: " + ", ".join(f"{name} {_version(name)}" for name in packages))

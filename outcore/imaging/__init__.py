@@ -15,8 +15,9 @@ from .decode import (
     read_image_file,
 )
 from .encoded import DecodedChunks, EncodedChunk
-from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_boxes
+from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_box, resize_boxes
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
+from .windows import copy_samples
 
 __all__ = [
     "DEFAULT_QUALITY",
@@ -31,6 +32,7 @@ __all__ = [
     "ResizePolicy",
     "center_crop_box",
     "check_max_side",
+    "copy_samples",
     "decode_image",
     "empty_for_decoding",
     "encode_image",
@@ -41,6 +43,7 @@ __all__ = [
     "parse_resize",
     "random_resized_crop_box",
     "read_image_file",
+    "resize_box",
     "resize_boxes",
     "shrink_image",
     "window_part",

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import ImageError, SampleDecodeError
 from ..format import ImageDecode
 from ..storage import EncodedBytes, Store
-from .crops import Box, window_part, within
+from .crops import Box, inside, window_part, within
 from .decode import crop_plain_jpegs, decode_image, decode_plain_jpegs, decode_region, empty_for_decoding
 
 
@@ -40,6 +40,12 @@ class EncodedChunk:
         if self.shapes is None:
             return self.decode.shape
         return tuple(self.shapes[index].tolist()) if len(self.decode.shape) == 3 else tuple(self.shapes[index, :2].tolist())
+
+    def sample_sizes(self, indices: np.ndarray) -> np.ndarray:
+        """The (height, width) samples ``indices`` decode to, (n, 2) int64."""
+        if self.shapes is None:
+            return np.tile(np.asarray(self.decode.shape[:2], np.int64), (len(indices), 1))
+        return self.shapes[indices, :2].astype(np.int64)
 
     def decode_sample(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
         """Sample ``index``, decoded (into ``out``, of the decoded sample's shape, when given)."""
@@ -80,21 +86,23 @@ class EncodedChunk:
             raise self._error(index, error.reason) from None
         return out
 
-    def decode_regions(self, samples: np.ndarray, boxes: Sequence[Box], size: tuple[int, int], out: np.ndarray,
-                       rows: np.ndarray, flips: Sequence[tuple[bool, bool]]) -> None:
-        """``boxes[k]`` of sample ``samples[k]`` resized to ``size`` and mirrored as ``flips[k]`` says, into
-        ``out[rows[k]]``, for every ``k``, as `decode_region` does: the boxes inside plain JPEGs of their
-        sample's size all at once (`crop_plain_jpegs`), any others one by one."""
+    def decode_regions(self, samples: np.ndarray, boxes: np.ndarray, size: tuple[int, int], out: np.ndarray,
+                       rows: np.ndarray, flips: np.ndarray) -> None:
+        """``boxes[k]`` (top, left, height, width) of sample ``samples[k]`` resized to ``size`` and mirrored as
+        ``flips[k]`` (left-right, top-bottom) says, into ``out[rows[k]]``, for every ``k``, as `decode_region`
+        does: the boxes inside plain JPEGs of their sample's size all at once (`crop_plain_jpegs`), any others
+        one by one."""
+        boxes, flips = np.asarray(boxes, np.float64).reshape(-1, 4), np.asarray(flips, np.uint8).reshape(-1, 2)
         left: Sequence[int] = range(len(samples))
         if self.dtype == np.uint8 and (self.decode.variable or self.decode.resize in ("crop", "fit")):
-            pictures = np.tile(self.decode.shape[:2], (len(samples), 1)) if self.shapes is None else self.shapes[samples, :2]
-            inside = np.array([within(box, picture) for box, picture in zip(boxes, pictures.tolist(), strict=True)], bool)
-            cut = np.flatnonzero(inside)
-            missed = crop_plain_jpegs(self.region, self.ranges, samples[cut], pictures[cut],
-                                      np.asarray(boxes, np.float64)[cut], out, rows[cut], np.asarray(flips, np.uint8)[cut])
-            left = sorted([*np.flatnonzero(~inside).tolist(), *cut[list(missed)].tolist()])
+            pictures = self.sample_sizes(samples)
+            cut = np.flatnonzero(inside(boxes, pictures))
+            missed = crop_plain_jpegs(self.region, self.ranges, samples[cut], pictures[cut], boxes[cut], out, rows[cut],
+                                      flips[cut])
+            left = sorted([*np.setdiff1d(np.arange(len(samples)), cut).tolist(), *cut[list(missed)].tolist()])
         for k in left:
-            self.decode_region(int(samples[k]), boxes[k], size, out[rows[k]], flips[k])
+            self.decode_region(int(samples[k]), tuple(boxes[k].tolist()), size, out[rows[k]],
+                               (bool(flips[k, 0]), bool(flips[k, 1])))
 
     def _bytes(self, index: int) -> bytes:
         start, stop = self.ranges[index].tolist()

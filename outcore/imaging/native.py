@@ -1,7 +1,8 @@
-"""outcore's C extension, chosen at import: cropped JPEG decoding and resizing in C when it was built (see
-setup.py), simplejpeg and Pillow otherwise. Both give the same pixels; `backend` says which runs.
+"""outcore's C extensions, chosen at import: cropped JPEG decoding and resizing in C when it was built (see
+setup.py), simplejpeg and Pillow otherwise; batches' samples and windows copied in C (`windows`, built
+wherever a C compiler is), numpy otherwise. Both give the same pixels; `backend` and `copies` say which runs.
 
-``OUTCORE_NATIVE=0`` in the environment turns the extension off (to compare, or to rule it out).
+``OUTCORE_NATIVE=0`` in the environment turns the extensions off (to compare, or to rule them out).
 
 >>> backend()  # doctest: +SKIP
 'C extension (libjpeg-turbo 2.1.5; cropped decoding, AVX2 resize)'
@@ -29,8 +30,15 @@ except ImportError as error:  # built, but it cannot load (libjpeg gone since, a
                   stacklevel=2)
 else:
     _why_not = ""
+try:
+    from . import _windows as windows
+except ImportError as error:  # not built (no C compiler at install), or built for another interpreter
+    windows, _windows_why_not = None, f"not built or cannot load ({error})"
+else:
+    _windows_why_not = ""
 if os.environ.get(ENVIRONMENT, "1") == "0":
     extension, _why_not = None, f"turned off by {ENVIRONMENT}=0"
+    windows, _windows_why_not = None, _why_not
 
 
 def backend() -> str:
@@ -42,3 +50,12 @@ def backend() -> str:
     if extension is None:
         return f"simplejpeg and Pillow ({_why_not})"
     return f"C extension (libjpeg-turbo {extension.LIBJPEG_TURBO_VERSION}; cropped decoding, {extension.SIMD} resize)"
+
+
+def copies() -> str:
+    """What copies batches' samples and windows out of chunks in this process, in words (``outcore info --system``).
+
+    >>> copies().split(" (")[0] in ("C extension", "numpy")
+    True
+    """
+    return "C extension (one call a run of samples, outside the GIL)" if windows else f"numpy ({_windows_why_not})"

@@ -55,7 +55,8 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> 
     varying sizes that ``transform`` does not open by cropping is an `OptionError` saying what to do
     (only the crop gives its batches one size)."""
     encoded = [name for name in fields if store.info(name).is_image]
-    made = Recipe.of(fields, [name for name in fields if store.info(name).is_text], encoded, transform)
+    pictures = [name for name in fields if not store.info(name).is_text and len(sample_spec(store, name)[0]) >= 2]
+    made = Recipe.of(fields, [name for name in fields if store.info(name).is_text], pictures, transform)
     for name in encoded:
         if store.info(name).decode.variable and made.crop_field != name:
             raise OptionError(

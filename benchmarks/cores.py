@@ -1,0 +1,223 @@
+"""Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
+
+    python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
+                               [--only scaling,gil] [--cases pixels,pixels+crop,encoded,encoded+crop,rrc]
+
+Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
+crops, and an ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`),
+then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work):
+
+- **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
+  ``--seconds``), and the ratio to ``n`` times the one-thread rate;
+- **gil**: on these cores, where the work's time goes and how much of it holds the GIL: py-spy samples a
+  process running the case at the most threads twice, once every running thread (CPU time), once only the
+  thread holding the GIL (``--gil``); each sample is put in the stage of its innermost outcore frame (read
+  and decompress, JPEG decode, crop/resize, batch assembly, transforms, plan and schedule, threads and
+  queues, the consumer). ``GIL share`` is GIL time over CPU time, per stage and in all; on ``n`` cores a
+  share ``s`` allows at most ``1 / (s + (1 - s) / n)`` times one core's rate (the GIL's part runs one
+  thread at a time), printed for 16 cores beside the scaling measured here.
+
+py-spy must be installed (``pip install py-spy``) and allowed to read the process (root, or
+``kernel.yama.ptrace_scope=0``). On 2 cores, the scaling table stops at 2 threads: the GIL share is what
+says how a 16-core machine will scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+import outcore
+from outcore.imaging.synthetic import write_image_folder
+from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
+
+BATCH = 256
+RATE = 250  # py-spy samples a second
+CASES = {  # name: (store, transform)
+    "pixels": ("pixels", None),
+    "pixels+crop": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
+    "encoded": ("encoded", None),
+    "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
+    "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
+}
+# The stage of a py-spy frame: the first of these found in its file's path, innermost frame first.
+STAGES = (
+    ("read + decompress", ("outcore/storage/",)),
+    ("copies, windows", ("outcore/imaging/windows.py",)),
+    ("JPEG decode", ("outcore/imaging/decode.py", "outcore/imaging/encoded.py")),
+    ("crop, resize", ("outcore/imaging/",)),
+    ("transforms", ("outcore/iterate/transforms.py",)),
+    ("batch assembly", ("outcore/iterate/batch.py", "outcore/iterate/gather.py")),
+    ("plan + schedule", ("outcore/iterate/plan.py", "outcore/iterate/stream.py", "outcore/iterate/schedule.py")),
+    ("threads + queues", ("outcore/iterate/runs.py", "outcore/iterate/iterator.py", "outcore/threads.py",
+                          "concurrent/futures", "threading.py", "queue.py")),
+    ("consumer", ("cores.py",)),
+)
+
+
+def stores(workdir: Path, images: int) -> dict[str, Path]:
+    """The three stores (built once)."""
+    from imagenet import write_folder
+
+    photos, own_size = workdir / "photos", workdir / "own-size-jpegs"
+    if not photos.exists():
+        write_image_folder(photos, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos", seed=0)
+    write_folder(own_size, max(BATCH * 4, images // 6))
+    made = {}
+    for name, source, options in (("pixels", photos, {"shape": (128, 128, 3), "images": "pixels"}),
+                                  ("encoded", photos, {"shape": (128, 128, 3), "images": "encoded"}),
+                                  ("own-size", own_size, {"shape": None, "images": "encoded"})):
+        made[name] = location = workdir / f"{name}.zarr"
+        if not location.exists():
+            outcore.ingest_images(source, location, progress=False, **options)
+    return made
+
+
+def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool = False) -> float:
+    """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted); with
+    ``ready``, says so on stdout after the first (for the profiler) and runs until killed."""
+    outcore.set_threads(threads)
+    batches = outcore.open_dataset(location).batches(BATCH, shuffle=True, fields=["images", "labels"],
+                                                     transform=CASES[case][1])
+    rates, began, epoch = [], time.perf_counter(), 0
+    while ready or len(rates) < 2 or time.perf_counter() - began < seconds:
+        start, count = time.perf_counter(), 0
+        for batch in batches:  # each pass the next epoch, as in training
+            count += len(batch["labels"])
+        if epoch:
+            rates.append(count / (time.perf_counter() - start))
+        elif ready:
+            print("ready", flush=True)
+        epoch += 1
+    return float(np.median(rates))
+
+
+def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds: float) -> dict[str, dict[int, float]]:
+    rates: dict[str, dict[int, float]] = {}
+    for case in cases:
+        rates[case] = {n: in_a_process(made, case, n, seconds) for n in threads}
+    one = {case: rates[case].get(1) for case in cases}
+    print(f"\nsamples/s of ds.batches({BATCH}, shuffle=True), images + labels, {os.cpu_count()} cores here "
+          "(the ratio: to n x the 1-thread rate)")
+    print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s}" for n in threads))
+    for case in cases:
+        cells = "".join(f" {rates[case][n]:11.0f} {rates[case][n] / (n * one[case]) if one[case] else float('nan'):6.2f}"
+                        for n in threads)
+        print(f"{case:14s}{cells}")
+    return rates
+
+
+def in_a_process(made: dict[str, Path], case: str, threads: int, seconds: float) -> float:
+    """`epochs` in a fresh process (each measurement starts with the same memory and threads)."""
+    done = subprocess.run([sys.executable, __file__, "--run", case, str(made[CASES[case][0]]), str(threads),
+                           str(seconds)], capture_output=True, text=True, check=True)
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["samples_s"])
+
+
+def profile(made: dict[str, Path], case: str, threads: int, seconds: float) -> tuple[Counter, Counter, float]:
+    """(CPU samples, GIL samples) per stage of a process running ``case`` at ``threads`` threads, and the CPU
+    seconds it used while its GIL was sampled (from /proc: py-spy's samples of running threads are an estimate)."""
+    process = subprocess.Popen([sys.executable, __file__, "--run", case, str(made[CASES[case][0]]), str(threads),
+                                str(seconds), "--ready"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        samples, used = [], 0.0
+        for gil in (False, True):
+            out = Path(f"/tmp/outcore-cores-{os.getpid()}-{int(gil)}.txt")
+            before = cpu_seconds(process.pid)
+            subprocess.run(["py-spy", "record", "--pid", str(process.pid), "--duration", str(int(seconds)), "--rate",
+                            str(RATE), "--nonblocking", "--format", "raw", "--output", str(out), *(["--gil"] * gil)],
+                           check=True, capture_output=True)
+            used = cpu_seconds(process.pid) - before
+            samples.append(stages(out.read_text()))
+            out.unlink()
+        return samples[0], samples[1], used
+    finally:
+        process.kill()
+        process.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process ``pid`` has used, all its threads, user and system."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stages(raw: str) -> Counter:
+    """py-spy's raw output (``frame;frame;... count`` per line, outermost frame first) counted per stage."""
+    counted: Counter = Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        counted[stage(stack.split(";"))] += int(count)
+    return counted
+
+
+def stage(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        for name, paths in STAGES:
+            if any(path in frame for path in paths):
+                return name
+    return "other"
+
+
+def gil(made: dict[str, Path], cases: list[str], threads: int, seconds: float,
+        rates: dict[str, dict[int, float]]) -> None:
+    if shutil.which("py-spy") is None:
+        print("\npy-spy is not installed (pip install py-spy): no GIL shares")
+        return
+    print(f"\nwhere the time goes at {threads} threads: each stage's share of the CPU time (py-spy's samples of "
+          "running threads), and its time holding the GIL as a share of all the CPU time (the GIL share)")
+    for case in cases:
+        cpu, held, used = profile(made, case, threads, seconds)
+        total_cpu, total_held = sum(cpu.values()), sum(held.values())
+        share = total_held / RATE / used
+        measured = (f"; measured here {rates[case][threads] / rates[case][1]:.2f}x at {threads} threads, "
+                    f"{bound(share, threads):.2f}x allowed" if 1 in rates.get(case, {}) else "")
+        print(f"\n{case}: {used / seconds:.2f} cores busy, GIL share {share:.1%}: at most "
+              f"{bound(share, 16):.1f}x one core's rate on 16 cores{measured}")
+        print(f"  {'stage':20s} {'CPU':>6s} {'GIL':>6s}")
+        for name in sorted(set(cpu) | set(held), key=lambda name: -cpu[name]):
+            print(f"  {name:20s} {cpu[name] / total_cpu:6.1%} {held[name] / RATE / used:6.1%}")
+
+
+def bound(share: float, cores: int) -> float:
+    """The most times one core's rate that ``cores`` allow when a share ``share`` of the work holds the GIL."""
+    return min(cores, 1 / (share + (1 - share) / cores))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=6000)
+    parser.add_argument("--threads", default=f"1,{len(os.sched_getaffinity(0))}")
+    parser.add_argument("--seconds", type=float, default=6)
+    parser.add_argument("--workdir", type=Path, default=Path("bench-data/cores"))
+    parser.add_argument("--only", default="scaling,gil")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--run", nargs=4, metavar=("CASE", "STORE", "THREADS", "SECONDS"), help=argparse.SUPPRESS)
+    parser.add_argument("--ready", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        case, location, threads, seconds = args.run
+        rate = epochs(Path(location), case, int(threads), float(seconds), ready=args.ready)
+        print(json.dumps({"samples_s": rate}))
+        return
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    made = stores(args.workdir, args.images)
+    cases, threads = args.cases.split(","), [int(n) for n in args.threads.split(",")]
+    only = args.only.split(",")
+    rates = scaling(made, cases, threads, args.seconds) if "scaling" in only else {}
+    if "gil" in only:
+        gil(made, cases, max(threads), args.seconds, rates)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""A batch's samples copied out of the chunks that hold them: whole samples of any field, or windows of
+pictures (a crop: zeros where it lies past the picture's edges) mirrored left-right and top-bottom. One C
+call for many samples, outside the GIL (`native.windows`, the ``_windows`` extension), or numpy: the same
+bytes.
+
+>>> chunks = [np.arange(2 * 3 * 3).reshape(2, 3, 3), np.arange(100, 118).reshape(2, 3, 3)]
+>>> out = np.zeros((2, 2, 2), np.int64)
+>>> one = np.ones(2, np.int64)
+>>> copy_samples(chunks, np.array([1, 0]), one, out, np.array([0, 1]), tops=np.array([0, -1]), lefts=one,
+...              flips=np.array([[0, 0], [1, 0]], np.uint8))
+>>> out.tolist()  # chunk 1's sample 1 at (0, 1); chunk 0's sample 1 at (-1, 1) (a row of zeros), mirrored
+[[[110, 111], [113, 114]], [[0, 0], [11, 10]]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import native
+from .crops import window_part
+
+
+def copy_samples(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarray, out: np.ndarray,
+                 rows: np.ndarray, tops: np.ndarray | None = None, lefts: np.ndarray | None = None,
+                 flips: np.ndarray | None = None) -> None:
+    """Sample ``local[k]`` of ``chunks[which[k]]`` into ``out[rows[k]]``, for every ``k``: whole, or with ``tops``
+    and ``lefts``, the window of ``out``'s height and width whose top-left corner is at ``(tops[k], lefts[k])``
+    of the picture (axes 1 and 2), mirrored as ``flips[k]`` (left-right, top-bottom) says. The chunks and
+    ``out`` are C-contiguous of one dtype (their samples of one shape, or past the height and width with
+    windows)."""
+    which, local, rows = _int64(which), _int64(local), _int64(rows)
+    windowed = tops is not None
+    if native.windows is not None:
+        native.windows.copy(chunks, which, local, out, rows, *((_int64(tops), _int64(lefts)) if windowed else ()),
+                            *((np.ascontiguousarray(flips, np.uint8),) if windowed and flips is not None else ()))
+        return
+    if not windowed:
+        for chunk in np.unique(which).tolist():
+            taken = which == chunk
+            out[rows[taken]] = chunks[chunk][local[taken]]
+        return
+    size = out.shape[1:3]
+    mirrored = np.zeros((len(rows), 2), bool) if flips is None else np.asarray(flips, bool)
+    for k, (chunk, index, row, top, left) in enumerate(zip(which.tolist(), local.tolist(), rows.tolist(),
+                                                            tops.tolist(), lefts.tolist(), strict=True)):
+        picture, target = chunks[chunk][index], out[row]
+        flip = (bool(mirrored[k, 0]), bool(mirrored[k, 1]))
+        part = window_part((top, left, *size), picture.shape[:2], flip)
+        if part != ((top, left, *size), (slice(0, size[0]), slice(0, size[1]))):
+            target[...] = 0
+        if part is not None:
+            (y, x, height, width), (window_rows, window_columns) = part
+            inside = picture[y : y + height, x : x + width]
+            target[window_rows, window_columns] = inside[:: -1 if flip[1] else 1, :: -1 if flip[0] else 1]
+
+
+def _int64(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values, np.int64)

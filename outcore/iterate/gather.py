@@ -1,0 +1,175 @@
+"""A batch's samples gathered out of the loaded chunks that hold them into new arrays: copied (pixels, and any
+other array field), decoded (encoded pictures), or cut by a crop, resized and mirrored as they are copied or
+decoded (`Cut`). The batch's rows are taken in order of their chunk, in runs that the pool's free threads share
+(`outcore.threads.for_each_run`); a run is a call per field, and per chunk for decodes (`copy_samples`: one C
+call for a run's copies; `EncodedChunk.decode_samples`: a chunk's plain JPEGs decoded together in C), never a
+Python call per sample where the C extensions are built.
+
+>>> chunks = {7: {"x": np.arange(4) * 10}, 2: {"x": np.arange(4)}}
+>>> assemble(Rows(np.array([7, 2, 7]), np.array([1, 3, 2])), chunks, ["x"], frozenset())["x"].tolist()
+[10, 3, 20]
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..format import decode_text
+from ..imaging import EncodedChunk, copy_samples, empty_for_decoding, resize_box
+from ..threads import for_each_run
+
+RUN_BYTES = 4 << 20  # a run of copies moves this much at least: its few microseconds of Python are ~1 % of it
+DECODES_PER_RUN = 8  # a run of decodes (60 us to a few ms each) holds this many at least: a call per chunk in it
+
+ChunkValues = Mapping[str, Any]  # field -> one chunk's values: an array, or an EncodedChunk to decode
+
+
+class Empty(Protocol):
+    """Makes a batch's array of field ``field``: `plain` memory, or shared memory (`outcore.iterate.shared`)."""
+
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray: ...
+
+
+def plain(shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray:
+    """A new array in plain memory, where the decoders write fastest (`outcore.imaging.empty_for_decoding`):
+    the default `Empty`."""
+    return empty_for_decoding(shape, dtype)
+
+
+class Rows:
+    """A batch's rows in order of the chunks they are read from: ``order[i]`` is the ``i``-th row so taken,
+    ``chunks`` the chunks (each once, increasing), ``which[i]`` its chunk (an index into ``chunks``) and
+    ``local[i]`` its sample there.
+
+    >>> rows = Rows(np.array([7, 2, 7]), np.array([1, 3, 2]))
+    >>> rows.order.tolist(), rows.chunks.tolist(), rows.which.tolist(), rows.local.tolist()
+    ([1, 0, 2], [2, 7], [0, 1, 1], [3, 1, 2])
+    """
+
+    def __init__(self, keys: np.ndarray, local: np.ndarray) -> None:
+        self.order = np.argsort(keys, kind="stable")
+        self.chunks, self.which = np.unique(keys[self.order], return_inverse=True)
+        self.local = np.asarray(local)[self.order]
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def by_chunk(self, start: int, stop: int) -> Iterator[tuple[int, slice]]:
+        """``(chunk, positions)`` of each chunk's rows among positions ``[start, stop)``, in order."""
+        which = self.which[start:stop]
+        changes = start + 1 + np.flatnonzero(which[1:] != which[:-1])  # a new chunk's first position
+        for low, high in itertools.pairwise([start, *changes.tolist(), stop]):
+            yield int(self.chunks[self.which[low]]), slice(low, high)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The crop of ``field`` done as the batch is made: row ``i``'s box ``boxes[i]`` (top, left, height, width
+    in its picture's pixels) resized to ``size`` and mirrored as ``flips[i]`` (left-right, top-bottom) says."""
+
+    field: str
+    size: tuple[int, int]
+    boxes: np.ndarray  # (rows, 4) float64
+    flips: np.ndarray  # (rows, 2) uint8
+
+    def windows(self) -> bool:
+        """Whether every box is a window of whole pixels at the output size (a plain crop, copied as it is)."""
+        whole = np.all(self.boxes == np.round(self.boxes))
+        return bool(whole and np.all(self.boxes[:, 2:] == self.size))
+
+
+def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str], text_fields: frozenset[str],
+             empty: Empty = plain, cut: Cut | None = None) -> dict[str, np.ndarray]:
+    """A new batch of ``rows``: each sample copied once, straight from its chunk into the batch (no
+    temporaries), encoded pictures decoded into it, text decoded to strings; ``cut``'s field cut as it says.
+    The batch's arrays are always new (made by ``empty(shape, dtype, field=name)``): nothing the caller is
+    handed is ever written again."""
+    first = data[int(rows.chunks[0])]
+    batch: dict[str, np.ndarray] = {}
+    copies: list[tuple[Callable[[int, int], None], int]] = []  # (run, bytes a row) of the cheap work
+    decodes: list[Callable[[int, int], None]] = []
+    for name in fields:
+        values = first[name]
+        if cut is not None and name == cut.field:
+            shape = (len(rows), *cut.size, *_sample_shape(values)[2:])
+            batch[name] = out = empty(shape, values.dtype, field=name)
+            if isinstance(values, np.ndarray) and cut.windows():
+                copies.append((_window_copies(rows, data, cut, out), out[0].nbytes))
+            else:
+                decodes.append(_cuts(rows, data, cut, out))
+            continue
+        shape = (len(rows), *_sample_shape(values))
+        batch[name] = out = np.empty(shape, values.dtype) if name in text_fields else empty(shape, values.dtype, field=name)
+        if isinstance(values, EncodedChunk):
+            decodes.append(_decodes(rows, data, name, out))
+        else:
+            copies.append((_copies(rows, data, name, out), out[0].nbytes if len(out) else 1))
+    if copies:
+        least = max(1, RUN_BYTES // max(1, sum(nbytes for _, nbytes in copies)))
+        for_each_run(lambda start, stop: [run(start, stop) for run, _ in copies], len(rows), least)
+    if decodes:
+        for_each_run(lambda start, stop: [run(start, stop) for run in decodes], len(rows), DECODES_PER_RUN)
+    return {name: decode_text(values) if name in text_fields else values for name, values in batch.items()}
+
+
+def _sample_shape(values: np.ndarray | EncodedChunk) -> tuple[int, ...]:
+    return values.decode.shape if isinstance(values, EncodedChunk) else values.shape[1:]
+
+
+def _copies(rows: Rows, data: Mapping[int, ChunkValues], field: str, out: np.ndarray) -> Callable[[int, int], None]:
+    sources = [data[int(chunk)][field] for chunk in rows.chunks]
+
+    def run(start: int, stop: int) -> None:
+        copy_samples(sources, rows.which[start:stop], rows.local[start:stop], out, rows.order[start:stop])
+
+    return run
+
+
+def _window_copies(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray) -> Callable[[int, int], None]:
+    sources = [data[int(chunk)][cut.field] for chunk in rows.chunks]
+    corners = cut.boxes[rows.order, :2].astype(np.int64)
+    flips = cut.flips[rows.order]
+
+    def run(start: int, stop: int) -> None:
+        copy_samples(sources, rows.which[start:stop], rows.local[start:stop], out, rows.order[start:stop],
+                     corners[start:stop, 0], corners[start:stop, 1], flips[start:stop])
+
+    return run
+
+
+def _decodes(rows: Rows, data: Mapping[int, ChunkValues], field: str, out: np.ndarray) -> Callable[[int, int], None]:
+    def run(start: int, stop: int) -> None:
+        for chunk, where in rows.by_chunk(start, stop):
+            data[chunk][field].decode_samples(rows.local[where], out, rows.order[where])
+
+    return run
+
+
+def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray) -> Callable[[int, int], None]:
+    """Boxes resized (pixel fields) or cut while decoding (encoded fields: `EncodedChunk.decode_regions`)."""
+    boxes, flips = cut.boxes[rows.order], cut.flips[rows.order]
+
+    def run(start: int, stop: int) -> None:
+        for chunk, where in rows.by_chunk(start, stop):
+            values, targets = data[chunk][cut.field], rows.order[where]
+            if isinstance(values, EncodedChunk):
+                values.decode_regions(rows.local[where], boxes[where], cut.size, out, targets, flips[where])
+                continue
+            for index, box, flip, target in zip(rows.local[where].tolist(), boxes[where].tolist(),
+                                                flips[where].astype(bool).tolist(), targets.tolist(), strict=True):
+                picture = values[index]
+                resize_box(picture.reshape(*picture.shape[:2], -1), box, cut.size, out[target], tuple(flip))
+
+    return run
+
+
+def picture_sizes(values: np.ndarray | EncodedChunk, local: np.ndarray) -> np.ndarray:
+    """The (height, width) of samples ``local`` of a chunk's ``values``, (n, 2)."""
+    if isinstance(values, EncodedChunk):
+        return values.sample_sizes(local)
+    return np.tile(np.asarray(values.shape[1:3], np.int64), (len(local), 1))

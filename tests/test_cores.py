@@ -1,0 +1,193 @@
+"""One process, every core: a batch's samples copied, cut and mirrored by runs (C where built, numpy else: the same
+bytes), crops opening a transform done as pixel batches are made (the same pixels as after), no Python call per
+sample in making a batch, and runs shared by the pool's threads without ever waiting on themselves."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import outcore
+from outcore.imaging import native
+from outcore.imaging.windows import copy_samples
+from outcore.iterate.batch import Recipe, make_batch
+from outcore.iterate.readers import chunk_readers
+from outcore.testing import write_image_folder
+from outcore.threads import for_each_run, submit, wait_all
+from outcore.transforms import CenterCrop, Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
+
+DTYPES = ("uint8", "uint16", "float32")
+
+
+def _reference(picture: np.ndarray, top: int, left: int, size: tuple[int, int], flip: tuple[bool, bool]) -> np.ndarray:
+    """The window of ``size`` at (top, left) of ``picture``, zeros outside it, mirrored: the rule, spelled out."""
+    out = np.zeros((*size, *picture.shape[2:]), picture.dtype)
+    for y in range(size[0]):
+        for x in range(size[1]):
+            if 0 <= top + y < picture.shape[0] and 0 <= left + x < picture.shape[1]:
+                out[y, x] = picture[top + y, left + x]
+    return out[:: -1 if flip[1] else 1, :: -1 if flip[0] else 1]
+
+
+@pytest.fixture(params=["C", "numpy"])
+def backend(request, monkeypatch):
+    if request.param == "C":
+        if native.windows is None:
+            pytest.skip(f"outcore's _windows extension is not in use here: {native.copies()}")
+    else:
+        monkeypatch.setattr(native, "windows", None)
+    return request.param
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # no state
+@given(data=st.data(), dtype=st.sampled_from(DTYPES), channels=st.sampled_from([(), (1,), (3,), (4,)]),
+       picture=st.tuples(st.integers(1, 9), st.integers(1, 23)), window=st.tuples(st.integers(1, 9), st.integers(1, 23)))
+def test_windows_are_the_zero_padded_pictures_cut_and_mirrored(backend, data, dtype, channels, picture, window):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    chunks = [rng.integers(0, 200, (3, *picture, *channels)).astype(dtype) for _ in range(2)]
+    count = data.draw(st.integers(1, 6))
+    which, local = rng.integers(0, 2, count), rng.integers(0, 3, count)
+    rows = rng.permutation(count)
+    tops = rng.integers(-window[0] - 1, picture[0] + 2, count)
+    lefts = rng.integers(-window[1] - 1, picture[1] + 2, count)
+    flips = rng.integers(0, 2, (count, 2)).astype(np.uint8)
+    out = np.full((count, *window, *channels), 77, dtype)
+    copy_samples(chunks, which, local, out, rows, tops, lefts, flips)
+    for k in range(count):
+        expected = _reference(chunks[which[k]][local[k]], tops[k], lefts[k], window, tuple(flips[k].astype(bool)))
+        np.testing.assert_array_equal(out[rows[k]], expected)
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (4, 3, 2)])
+def test_whole_samples_of_any_shape_are_copied_to_their_rows(backend, shape, rng):
+    chunks = [rng.normal(size=(4, *shape)), rng.normal(size=(2, *shape))]
+    which, local, rows = np.array([1, 0, 0, 1]), np.array([1, 3, 0, 0]), np.array([2, 0, 3, 1])
+    out = np.zeros((4, *shape))
+    copy_samples(chunks, which, local, out, rows)
+    for k in range(4):
+        np.testing.assert_array_equal(out[rows[k]], chunks[which[k]][local[k]])
+
+
+def test_a_copy_out_of_bounds_or_of_another_shape_is_refused_before_any_byte_moves(rng):
+    if native.windows is None:
+        pytest.skip(f"outcore's _windows extension is not in use here: {native.copies()}")
+    chunks = [rng.integers(0, 9, (2, 4, 4, 3), dtype=np.uint8)]
+    out = np.zeros((2, 4, 4, 3), np.uint8)
+    one = np.array([0])
+    with pytest.raises(IndexError, match="sample 2 of chunk 0"):
+        copy_samples(chunks, one, np.array([2]), out, one)
+    with pytest.raises(IndexError, match="into row 5"):
+        copy_samples(chunks, one, one, out, np.array([5]))
+    with pytest.raises(ValueError, match="one format"):
+        copy_samples(chunks, one, one, out.astype(np.uint16), one)
+    with pytest.raises(ValueError, match="one format"):
+        copy_samples(chunks, one, one, np.zeros((2, 4, 4, 4), np.uint8), one, one, one)
+    assert not out.any()
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """512 photos of 32x32 in two chunks of 256, as pixels and as JPEG files."""
+    root = tmp_path_factory.mktemp("cores")
+    write_image_folder(root / "src", 256, classes=("a", "b"), size=(32, 32), kind="photos", seed=0)
+    return {kind: outcore.ingest_images(root / "src", root / f"{kind}.zarr", shape=(32, 32, 3), images=kind,
+                                        chunk_size=256, progress=False) for kind in ("pixels", "encoded")}
+
+
+def _chunk(ds):
+    """Chunk 0 of the images and labels, as a batch is made from it."""
+    return {0: {name: reader.read(0) for name, reader in chunk_readers(ds, ["images", "labels"]).items()}}
+
+
+def _batch(ds, transform, count, fuse=True, data=None):
+    """The first ``count`` samples of chunk 0 as one batch of one piece, made by `make_batch` on this thread."""
+    recipe = Recipe.of(["images", "labels"], (), ["images"] if fuse else [], transform)
+    return make_batch(recipe, np.arange(count), ds.chunk_size, np.zeros(count, np.int64), data or _chunk(ds),
+                      ((count, (1, 2, 3, 4)),))
+
+
+@pytest.mark.parametrize("transform", [
+    Compose([RandomCrop(24, padding=5), RandomFlip(vertical=True)]), RandomCrop(32, padding=4),
+    Compose([RandomResizedCrop(20), RandomFlip(), Normalize(0.5, 0.25)]), CenterCrop(20),
+    Compose([CenterCrop(24, resize=28), RandomFlip(p=1.0)])], ids=["crop+flip", "pad", "rrc", "centre", "resize"])
+def test_a_crop_opening_the_transform_of_pixels_is_cut_as_the_batch_is_made_with_the_same_pixels(photos, transform):
+    fused, after = _batch(photos["pixels"], transform, 200), _batch(photos["pixels"], transform, 200, fuse=False)
+    assert Recipe.of(["images"], (), ["images"], transform).crop is not None
+    assert fused["images"].dtype == after["images"].dtype
+    np.testing.assert_array_equal(fused["images"], after["images"])
+    np.testing.assert_array_equal(fused["labels"], after["labels"])
+
+
+def _python_calls(make) -> int:
+    """The Python functions (and calls into C) that ``make()`` calls on this thread."""
+    calls = [0]
+
+    def count(frame, event, arg):
+        calls[0] += event in ("call", "c_call")
+
+    sys.setprofile(count)
+    try:
+        make()
+    finally:
+        sys.setprofile(None)
+    return calls[0]
+
+
+@pytest.mark.parametrize("kind", ["pixels", "encoded"])
+@pytest.mark.parametrize("transform", [None, Compose([RandomCrop(24), RandomFlip(vertical=True)]),
+                                       Compose([RandomCrop(24), RandomFlip(), Normalize(0.5, 0.2)])],
+                         ids=["none", "crop", "normalize"])
+def test_a_batch_is_made_without_a_python_call_per_sample(photos, kind, transform):
+    """(Windows past the edges of encoded pictures, `RandomCrop`'s padding, are cut one by one.)"""
+    if native.windows is None or native.extension is None:
+        pytest.skip(f"outcore's C extensions are not in use here: {native.copies()}; {native.backend()}")
+    outcore.set_threads(1)  # every run on this thread, where the calls are counted
+    try:
+        ds = photos[kind]
+        data = _chunk(ds)
+        few, many = (_python_calls(lambda count=count: _batch(ds, transform, count, data=data)) for count in (32, 256))
+    finally:
+        outcore.set_threads(None)
+    assert many <= few + 8, (few, many)  # 224 samples more, and a handful of calls more (numpy's, not per sample)
+
+
+def test_runs_cover_every_item_once_from_pool_threads_busy_or_free():
+    """Batches made on the pool's threads share their runs with the free ones: a call made from every pool
+    thread at once (none free) still finishes, on its own thread."""
+    outcore.set_threads(3)
+    try:
+        seen, lock = [], threading.Lock()
+
+        def batch(index: int) -> None:
+            def run(start: int, stop: int) -> None:
+                with lock:
+                    seen.extend((index, i) for i in range(start, stop))
+
+            for_each_run(run, 100)
+
+        wait_all([submit(batch, index) for index in range(6)])
+        assert sorted(seen) == [(index, i) for index in range(6) for i in range(100)]
+    finally:
+        outcore.set_threads(None)
+
+
+def test_the_first_failure_of_a_run_is_raised_and_no_run_starts_after_it():
+    outcore.set_threads(2)
+    try:
+        started = []
+
+        def run(start: int, stop: int) -> None:
+            started.append(start)
+            if start == 0:
+                raise KeyError("run 0")
+
+        with pytest.raises(KeyError, match="run 0"):
+            for_each_run(run, 8, least=1)
+        assert 0 in started and len(started) < 8
+    finally:
+        outcore.set_threads(None)
