@@ -200,7 +200,7 @@ def bare_decode(location: str, count: int, repeats: int, worker: int) -> float:
         began = time.thread_time()
         for files, region, ranges in batches:
             out, rows = empty_for_decoding((len(files), *shape), dtype), np.arange(len(files))
-            for i in decode_plain_jpegs(region, ranges, rows, out, rows):
+            for i in decode_plain_jpegs([region], [ranges], np.zeros_like(rows), rows, out, rows):
                 decode_image(files[i], shape, "crop", dtype, out=out[i])
         costs.append((time.thread_time() - began) / count)
     return statistics.median(costs)

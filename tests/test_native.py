@@ -26,7 +26,7 @@ from PIL import Image
 from outcore.errors import ImageError, OutcoreWarning, SampleDecodeError
 from outcore.format import ImageDecode
 from outcore.format.encoded import pack_regions
-from outcore.imaging import EncodedChunk, native
+from outcore.imaging import EncodedChunk, cut_rows, native
 from outcore.imaging.decode import (
     _exif_in_segments,
     crop_plain_jpegs,
@@ -288,7 +288,7 @@ def test_plain_jpegs_decoded_together_are_decode_images_samples(channels):
     samples = np.arange(len(names))[::-1].copy()
     rows = np.roll(np.arange(len(names)), 3)
     out = np.full((len(names), 96, 128, channels), 7, np.uint8)
-    left = native.extension.decode_each(region, ranges, samples, out, rows)
+    left = native.extension.decode_each([region], [ranges], np.zeros_like(samples), samples, out, rows)
     assert sorted(names[samples[k]] for k in left) == sorted(name for name in names if name not in PLAIN)
     for k, (sample, row) in enumerate(zip(samples, rows, strict=True)):
         expected = decode_image(files[names[sample]], (96, 128, channels), "crop", np.dtype("uint8"))
@@ -339,19 +339,35 @@ def test_what_decode_each_cannot_take_is_left_to_decode_image():
     one = np.array([0])
     for out in (np.empty((1, 8, 8, 3), np.uint16), np.empty((1, 8, 16, 3), np.uint8)[:, :, ::2],
                 np.empty((1, 8, 8, 4), np.uint8), np.empty((1, 64), np.uint8)):
-        assert list(decode_plain_jpegs(region, ranges, one, out, one)) == [0]
+        assert list(decode_plain_jpegs([region], [ranges], one * 0, one, out, one)) == [0]
 
 
 @built
 @pytest.mark.parametrize(("arguments", "error", "message"), [
-    ((np.array([5]), np.array([0])), IndexError, "sample 5 or row 0 out of range"),
-    ((np.array([0]), np.array([2])), IndexError, "sample 0 or row 2 out of range"),
-    ((np.array([0], np.int32), np.array([0])), ValueError, "int64"),
+    ((np.array([0]), np.array([5]), np.array([0])), IndexError, "file 5 of chunk 0 or row 0 out of range"),
+    ((np.array([0]), np.array([0]), np.array([2])), IndexError, "file 0 of chunk 0 or row 2 out of range"),
+    ((np.array([1]), np.array([0]), np.array([0])), IndexError, "file 0 of chunk 1 or row 0 out of range"),
+    ((np.array([0]), np.array([0], np.int32), np.array([0])), ValueError, "int64"),
 ])
 def test_decode_each_refuses_samples_and_rows_it_has_not(arguments, error, message):
     region, ranges = pack_regions([_jpeg(_photo(8, 8))], 1, 4096)
     with pytest.raises(error, match=message):
-        native.extension.decode_each(region, ranges, *arguments[:1], np.empty((2, 8, 8, 3), np.uint8), *arguments[1:])
+        native.extension.decode_each([region], [ranges], *arguments[:2], np.empty((2, 8, 8, 3), np.uint8), *arguments[2:])
+
+
+@built
+def test_decode_each_takes_the_files_of_several_chunks_in_one_call():
+    """Row k's file is file samples[k] of chunk which[k]: each chunk's ranges index its own region."""
+    files = _same_size_files(3)
+    plain = [files[name] for name in sorted(PLAIN & set(files))]
+    chunks = [pack_regions(plain[start:], len(plain) - start, 1 << 20) for start in (0, 1)]
+    which, samples, rows = np.array([1, 0, 1, 0]), np.array([0, 0, 1, 1]), np.array([3, 2, 1, 0])
+    out = np.zeros((4, 96, 128, 3), np.uint8)
+    left = native.extension.decode_each([c[0] for c in chunks], [c[1] for c in chunks], which, samples, out, rows)
+    assert left == []
+    for chunk, sample, row in zip(which, samples, rows, strict=True):
+        expected = decode_image(plain[chunk + sample], (96, 128, 3), "crop", np.dtype("uint8"))
+        np.testing.assert_array_equal(out[row], expected)
 
 
 def _boxes_in(pictures: list[tuple[int, int]], size: tuple[int, int], rng: np.random.Generator) -> list[tuple]:
@@ -372,7 +388,7 @@ def _boxes_in(pictures: list[tuple[int, int]], size: tuple[int, int], rng: np.ra
 @pytest.mark.parametrize("stored", ["fixed", "own size"])
 @pytest.mark.parametrize("channels", [3, 1])
 def test_boxes_of_a_chunk_cut_together_are_decode_regions_boxes(stored, channels, backend):
-    """EncodedChunk.decode_regions: the boxes inside plain JPEGs cut together in C (with the extension), the
+    """cut_rows: the boxes inside plain JPEGs cut together in C (with the extension), the
     others one by one; each the pixels `decode_region` gives it alone, at every DCT scale, flipped or not."""
     files = _same_size_files(channels)
     blobs = list(files.values())
@@ -391,7 +407,8 @@ def test_boxes_of_a_chunk_cut_together_are_decode_regions_boxes(stored, channels
         boxes = _boxes_in(pictures, size, rng)
         rows = rng.permutation(len(samples))
         out = np.full((len(samples), *size, channels), 7, np.uint8)
-        chunk.decode_regions(samples, boxes, size, out, rows, flips)
+        cut_rows([chunk], np.zeros_like(samples), samples, np.asarray(boxes, np.float64), np.array(pictures), size, out,
+                 rows, np.array(flips, np.uint8))
         for k, sample in enumerate(samples):
             expected = chunk.decode_region(int(sample), boxes[k], size, np.full((*size, channels), 9, np.uint8), flips[k])
             np.testing.assert_array_equal(out[rows[k]], expected, err_msg=f"{list(files)[sample]}, box {boxes[k]}")
@@ -408,14 +425,15 @@ def test_crop_each_leaves_what_decode_region_must_do_itself():
     sizes = np.tile([96, 128], (len(names), 1))
     boxes = np.tile([8.0, 8.0, 64.0, 64.0], (len(names), 1))
     out = np.full((len(names), 32, 32, 3), 7, np.uint8)
-    left = crop_plain_jpegs(region, ranges, samples, sizes, boxes, out, samples, np.zeros((len(names), 2), np.uint8))
+    left = crop_plain_jpegs([region], [ranges], samples * 0, samples, sizes, boxes, out, samples,
+                            np.zeros((len(names), 2), np.uint8))
     assert sorted(names[k] for k in left) == sorted(name for name in names if name not in PLAIN)
     assert all((out[k] == 7).all() for k in left) and not any((out[k] == 7).all() for k in samples if k not in left)
     plain = names.index("4:2:0")
     for size, box, why in (((96, 127), (8, 8, 64, 64), "another size"), ((96, 128), (40, 8, 64, 64), "past the edge"),
                            ((9500, 9500), (8, 8, 64, 64), "over the pixel limit")):
-        left = crop_plain_jpegs(region, ranges, np.array([plain]), np.array([size]), np.array([box], np.float64), out,
-                                np.array([0]), np.zeros((1, 2), np.uint8))
+        left = crop_plain_jpegs([region], [ranges], np.array([0]), np.array([plain]), np.array([size]),
+                                np.array([box], np.float64), out, np.array([0]), np.zeros((1, 2), np.uint8))
         assert list(left) == [0], why
 
 

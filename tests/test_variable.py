@@ -122,7 +122,7 @@ def test_random_crop_windows_are_drawn_from_each_pictures_size_and_cut_exactly_w
     boxes, flips = [], []
     for count, key in batch_draws(5, 0, 0, iterator.plan(0).pieces(0)):  # each piece: its boxes, then its flips
         rng = transform_generator(key)
-        boxes += crop.boxes([p.shape[:2] for p in pictures[len(boxes) : len(boxes) + count]], rng)
+        boxes += crop.boxes([p.shape[:2] for p in pictures[len(boxes) : len(boxes) + count]], rng).tolist()
         flips += flip.draw(count, rng).tolist()
     padded_somewhere = 0
     for i, (top, left, height, width) in enumerate(boxes):

@@ -14,7 +14,7 @@ from .decode import (
     parse_image_shape,
     read_image_file,
 )
-from .encoded import DecodedChunks, EncodedChunk
+from .encoded import DecodedChunks, EncodedChunk, cut_rows, decode_rows
 from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_box, resize_boxes
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
 from .windows import copy_samples
@@ -33,7 +33,9 @@ __all__ = [
     "center_crop_box",
     "check_max_side",
     "copy_samples",
+    "cut_rows",
     "decode_image",
+    "decode_rows",
     "empty_for_decoding",
     "encode_image",
     "fit",

@@ -10,7 +10,7 @@
  * fixed point, one pass per axis (columns first) with 8-bit rounding between them: the same arithmetic
  * as Pillow's Image.resize(..., BILINEAR, box=...), which tests/test_native.py checks value for value.
  *
- * decode_each decodes the plain JPEGs of a chunk's bytes that are of a batch's size whole, straight into the
+ * decode_each decodes the plain JPEGs of chunks' bytes that are of a batch's size whole, straight into the
  * batch's rows, one decoder for them all and the GIL released once: what decode.py's decode_image does for
  * each of them through simplejpeg, the same pixels, without the 5 us of Python a sample around it. crop_each
  * does the same for boxes of the files (decode_region's crop_resize calls, their DCT scale and scaled box
@@ -553,11 +553,14 @@ static int decode_whole(Decoder *decoder, const uint8_t *data, size_t size, int 
     return 1;
 }
 
-/* The files and rows of one decode_each or crop_each call. */
+/* The files and rows of one decode_each or crop_each call: row k's file is file samples[k] of chunk which[k],
+ * regions[c][ranges[c][2 i] : ranges[c][2 i + 1]] for file i of chunk c. */
 typedef struct {
-    const uint8_t *region;
-    size_t length;
-    const int64_t *ranges, *samples, *rows; /* (files, 2), (count,), (count,) */
+    const uint8_t **regions;
+    size_t *lengths;          /* each chunk's region's bytes */
+    const int64_t **ranges;   /* each chunk's (files, 2) */
+    Py_ssize_t *files;        /* each chunk's files */
+    const int64_t *which, *samples, *rows; /* (count,) each */
     Py_ssize_t count;
     uint8_t *out;
     int height, width, channels;
@@ -566,12 +569,13 @@ typedef struct {
     const uint8_t *flips; /* (count, 2), left-right, top-bottom */
 } Each;
 
-/* File k of `each`, where it lies inside the region: 1 (and `data`, `size` set), else 0. */
+/* File k of `each`, where it lies inside its chunk's region: 1 (and `data`, `size` set), else 0. */
 static int file_of(const Each *each, Py_ssize_t k, const uint8_t **data, size_t *size) {
-    int64_t start = each->ranges[2 * each->samples[k]], stop = each->ranges[2 * each->samples[k] + 1];
-    if (start < 0 || start > stop || (size_t)stop > each->length)
+    int64_t chunk = each->which[k], sample = each->samples[k];
+    int64_t start = each->ranges[chunk][2 * sample], stop = each->ranges[chunk][2 * sample + 1];
+    if (start < 0 || start > stop || (size_t)stop > each->lengths[chunk])
         return 0;
-    *data = each->region + start;
+    *data = each->regions[chunk] + start;
     *size = (size_t)(stop - start);
     return 1;
 }
@@ -633,32 +637,65 @@ static int table_of(const Py_buffer *view, Py_ssize_t count, Py_ssize_t columns,
     return view->ndim == 2 && view->shape[0] == count && view->shape[1] == columns && buffer_of(view, codes);
 }
 
-/* `each` from the buffers of region, ranges, samples, out and rows (and, for crop_each, sizes, boxes and
- * flips): 0, or -1 with an exception set. */
-static int each_from(Py_buffer *views, int crop, Each *each) {
-    Py_buffer *region = &views[0], *ranges = &views[1], *samples = &views[2], *out = &views[3], *rows = &views[4];
+/* The chunks of a call: `regions` and `ranges`, sequences of one length (uint8 arrays, (files, 2) int64 arrays),
+ * their buffers taken into `views` (2 a chunk) and `each`; 0, or -1 with an exception set (the buffers taken
+ * counted in `taken`, to release). */
+static int chunks_from(PyObject *regions, PyObject *ranges, Py_buffer *views, Py_ssize_t chunks, Each *each,
+                       Py_ssize_t *taken) {
+    for (Py_ssize_t c = 0; c < chunks; c++) {
+        Py_buffer *region = &views[2 * c], *table = &views[2 * c + 1];
+        if (array_buffer(PySequence_Fast_GET_ITEM(regions, c), region, 0) < 0)
+            return -1;
+        (*taken)++;
+        if (array_buffer(PySequence_Fast_GET_ITEM(ranges, c), table, 0) < 0)
+            return -1;
+        (*taken)++;
+        if (region->ndim != 1 || strcmp(region->format, "B") || table->ndim != 2 || table->shape[1] != 2 ||
+            !buffer_of(table, "ql")) {
+            PyErr_SetString(PyExc_ValueError, "wanted: regions (uint8) and ranges (files, 2; int64), C-contiguous");
+            return -1;
+        }
+        each->regions[c] = region->buf;
+        each->lengths[c] = (size_t)region->len;
+        each->ranges[c] = table->buf;
+        each->files[c] = table->shape[0];
+    }
+    return 0;
+}
+
+/* `each` from the buffers of which, samples, out and rows (and, for crop_each, sizes, boxes and flips), its chunks
+ * set: 0, or -1 with an exception set. */
+static int each_from(Py_buffer *views, int crop, Py_ssize_t chunks, Each *each) {
+    Py_buffer *which = &views[0], *samples = &views[1], *out = &views[2], *rows = &views[3];
     Py_ssize_t count = samples->ndim == 1 ? samples->shape[0] : -1;
-    if (region->ndim != 1 || strcmp(region->format, "B") || ranges->ndim != 2 || ranges->shape[1] != 2 ||
-        !buffer_of(ranges, "ql") || count < 0 || !buffer_of(samples, "ql") || rows->ndim != 1 ||
-        rows->shape[0] != count || !buffer_of(rows, "ql") || out->ndim != 4 || strcmp(out->format, "B") ||
-        (out->shape[3] != 1 && out->shape[3] != 3) ||
-        (crop && (!table_of(&views[5], count, 2, "ql") || !table_of(&views[6], count, 4, "d") ||
-                  views[7].ndim != 2 || views[7].shape[0] != count || views[7].shape[1] != 2 ||
-                  strcmp(views[7].format, "B")))) {
+    if (count < 0 || !buffer_of(samples, "ql") || which->ndim != 1 || which->shape[0] != count ||
+        !buffer_of(which, "ql") || rows->ndim != 1 || rows->shape[0] != count || !buffer_of(rows, "ql") ||
+        out->ndim != 4 || strcmp(out->format, "B") || (out->shape[3] != 1 && out->shape[3] != 3) ||
+        (crop && (!table_of(&views[4], count, 2, "ql") || !table_of(&views[5], count, 4, "d") ||
+                  views[6].ndim != 2 || views[6].shape[0] != count || views[6].shape[1] != 2 ||
+                  strcmp(views[6].format, "B")))) {
         PyErr_SetString(PyExc_ValueError,
-                        "wanted: region (uint8), ranges (files, 2), samples and rows (int64), out (rows, height, "
-                        "width, 1 or 3; uint8), and for crop_each sizes (int64), boxes (float64) and flips (uint8), "
-                        "(count, 2), (count, 4) and (count, 2); all C-contiguous");
+                        "wanted: which, samples and rows (int64), out (rows, height, width, 1 or 3; uint8), and for "
+                        "crop_each sizes (int64), boxes (float64) and flips (uint8), (count, 2), (count, 4) and "
+                        "(count, 2); all C-contiguous");
         return -1;
     }
-    *each = (Each){region->buf, (size_t)region->len, ranges->buf, samples->buf, rows->buf, count, out->buf,
-                   (int)out->shape[1], (int)out->shape[2], (int)out->shape[3], crop ? views[5].buf : NULL,
-                   crop ? views[6].buf : NULL, crop ? views[7].buf : NULL};
+    each->which = which->buf;
+    each->samples = samples->buf;
+    each->rows = rows->buf;
+    each->count = count;
+    each->out = out->buf;
+    each->height = (int)out->shape[1];
+    each->width = (int)out->shape[2];
+    each->channels = (int)out->shape[3];
+    each->sizes = crop ? views[4].buf : NULL;
+    each->boxes = crop ? views[5].buf : NULL;
+    each->flips = crop ? views[6].buf : NULL;
     for (Py_ssize_t k = 0; k < count; k++)
-        if (each->samples[k] < 0 || each->samples[k] >= ranges->shape[0] || each->rows[k] < 0 ||
-            each->rows[k] >= out->shape[0]) {
-            PyErr_Format(PyExc_IndexError, "sample %lld or row %lld out of range", (long long)each->samples[k],
-                         (long long)each->rows[k]);
+        if (each->which[k] < 0 || each->which[k] >= chunks || each->samples[k] < 0 ||
+            each->samples[k] >= each->files[each->which[k]] || each->rows[k] < 0 || each->rows[k] >= out->shape[0]) {
+            PyErr_Format(PyExc_IndexError, "file %lld of chunk %lld or row %lld out of range",
+                         (long long)each->samples[k], (long long)each->which[k], (long long)each->rows[k]);
             return -1;
         }
     return 0;
@@ -678,15 +715,35 @@ static PyObject *positions_left(const uint8_t *done, Py_ssize_t count) {
     return left;
 }
 
-/* decode_each (crop 0: `count` 5 arrays) or crop_each (crop 1: 8), on arrays already parsed. */
-static PyObject *run_each(PyObject **arrays, int crop) {
-    Py_buffer views[8];
-    int count = crop ? 8 : 5, got = 0;
-    while (got < count && array_buffer(arrays[got], &views[got], got == 3) == 0)
-        got++;
+/* decode_each (crop 0: 4 arrays after the chunks) or crop_each (crop 1: 7), on arguments already parsed. */
+static PyObject *run_each(PyObject *region_list, PyObject *range_list, PyObject **arrays, int crop) {
+    PyObject *regions = PySequence_Fast(region_list, "regions must be a sequence of arrays");
+    PyObject *ranges = regions ? PySequence_Fast(range_list, "ranges must be a sequence of arrays") : NULL;
+    Py_ssize_t chunks = ranges ? PySequence_Fast_GET_SIZE(regions) : 0, taken = 0;
+    Py_buffer views[7], *chunk_views = NULL;
+    int count = crop ? 7 : 4, got = 0;
     PyObject *left = NULL;
-    Each each;
-    if (got == count && each_from(views, crop, &each) == 0) {
+    Each each = {0};
+    if (ranges == NULL)
+        goto done;
+    if (chunks < 1 || PySequence_Fast_GET_SIZE(ranges) != chunks) {
+        PyErr_SetString(PyExc_ValueError, "regions and ranges: one of each a chunk, one chunk at least");
+        goto done;
+    }
+    chunk_views = calloc(2 * chunks, sizeof(Py_buffer));
+    each.regions = calloc(chunks, sizeof(uint8_t *));
+    each.lengths = calloc(chunks, sizeof(size_t));
+    each.ranges = calloc(chunks, sizeof(int64_t *));
+    each.files = calloc(chunks, sizeof(Py_ssize_t));
+    if (!chunk_views || !each.regions || !each.lengths || !each.ranges || !each.files) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (chunks_from(regions, ranges, chunk_views, chunks, &each, &taken) < 0)
+        goto done;
+    while (got < count && array_buffer(arrays[got], &views[got], got == 2) == 0)
+        got++;
+    if (got == count && each_from(views, crop, chunks, &each) == 0) {
         uint8_t *done = calloc(each.count > 0 ? (size_t)each.count : 1, 1);
         int failed = done == NULL;
         if (!failed) {
@@ -700,27 +757,37 @@ static PyObject *run_each(PyObject **arrays, int crop) {
         left = failed ? PyErr_NoMemory() : positions_left(done, each.count);
         free(done);
     }
+done:
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
+    for (Py_ssize_t i = 0; i < taken; i++)
+        PyBuffer_Release(&chunk_views[i]);
+    free(chunk_views);
+    free((void *)each.regions);
+    free(each.lengths);
+    free((void *)each.ranges);
+    free(each.files);
+    Py_XDECREF(regions);
+    Py_XDECREF(ranges);
     return left;
 }
 
 static PyObject *py_decode_each(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"region", "ranges", "samples", "out", "rows", NULL};
-    PyObject *arrays[5];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:decode_each", keywords, &arrays[0], &arrays[1], &arrays[2],
-                                     &arrays[3], &arrays[4]))
+    static char *keywords[] = {"regions", "ranges", "which", "samples", "out", "rows", NULL};
+    PyObject *regions, *ranges, *arrays[4];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO:decode_each", keywords, &regions, &ranges, &arrays[0],
+                                     &arrays[1], &arrays[2], &arrays[3]))
         return NULL;
-    return run_each(arrays, 0);
+    return run_each(regions, ranges, arrays, 0);
 }
 
 static PyObject *py_crop_each(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"region", "ranges", "samples", "out", "rows", "sizes", "boxes", "flips", NULL};
-    PyObject *arrays[8];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOO:crop_each", keywords, &arrays[0], &arrays[1],
-                                     &arrays[2], &arrays[3], &arrays[4], &arrays[5], &arrays[6], &arrays[7]))
+    static char *keywords[] = {"regions", "ranges", "which", "samples", "out", "rows", "sizes", "boxes", "flips", NULL};
+    PyObject *regions, *ranges, *arrays[7];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOO:crop_each", keywords, &regions, &ranges, &arrays[0],
+                                     &arrays[1], &arrays[2], &arrays[3], &arrays[4], &arrays[5], &arrays[6]))
         return NULL;
-    return run_each(arrays, 1);
+    return run_each(regions, ranges, arrays, 1);
 }
 
 static PyObject *py_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -770,13 +837,14 @@ static PyMethodDef methods[] = {
      "bottom, right, in the scaled picture's pixels) into `out` (height, width, 1 or 3; uint8), mirrored as asked.\n"
      "A damaged file, or one of another colour space than `out` asks, raises ValueError."},
     {"decode_each", (PyCFunction)(void (*)(void))py_decode_each, METH_VARARGS | METH_KEYWORDS,
-     "decode_each(region, ranges, samples, out, rows)\n--\n\n"
-     "Decode file samples[k], region[ranges[samples[k], 0]:ranges[samples[k], 1]], whole into out[rows[k]], for\n"
-     "every k, where it is a plain JPEG of out's height and width (YCbCr for 3 channels, greyscale for 1, no\n"
-     "EXIF) that decodes cleanly; the list of the k left (other files, damaged ones) is returned."},
+     "decode_each(regions, ranges, which, samples, out, rows)\n--\n\n"
+     "Decode file samples[k] of chunk which[k], regions[c][ranges[c][i, 0]:ranges[c][i, 1]] for file i of chunk\n"
+     "c, whole into out[rows[k]], for every k, where it is a plain JPEG of out's height and width (YCbCr for 3\n"
+     "channels, greyscale for 1, no EXIF) that decodes cleanly; the list of the k left (other files, damaged\n"
+     "ones) is returned."},
     {"crop_each", (PyCFunction)(void (*)(void))py_crop_each, METH_VARARGS | METH_KEYWORDS,
-     "crop_each(region, ranges, samples, out, rows, sizes, boxes, flips)\n--\n\n"
-     "For every k: boxes[k] (top, left, height, width) of file samples[k] of region (as decode_each), a plain\n"
+     "crop_each(regions, ranges, which, samples, out, rows, sizes, boxes, flips)\n--\n\n"
+     "For every k: boxes[k] (top, left, height, width) of file samples[k] of chunk which[k] (as decode_each), a plain\n"
      "JPEG of sizes[k] (height, width), resized into out[rows[k]] and mirrored as flips[k] (left-right,\n"
      "top-bottom) says, as decode.py's decode_region does, only the rows and columns the box needs decoded;\n"
      "the list of the k left (other files, damaged ones, boxes not inside the picture) is returned."},

@@ -160,46 +160,50 @@ def empty_for_decoding(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np
     return memory[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def decode_plain_jpegs(region: np.ndarray, ranges: np.ndarray, samples: np.ndarray, out: np.ndarray,
-                       rows: np.ndarray) -> Sequence[int]:
-    """Decode files ``samples`` of a chunk's bytes (file ``i`` is ``region[ranges[i, 0]:ranges[i, 1]]``) into
-    rows ``rows`` of ``out`` (``(n, height, width[, channels])``, uint8, C-contiguous) where `decode_image`
-    would decode them straight into the row: plain JPEGs of exactly that size (YCbCr for RGB, greyscale for
-    grey, no EXIF), the same pixels. All at once in the C extension (`native`), outside the GIL: 5 µs a
-    sample less than `decode_image` on 128x128 photos. Returns the positions ``k`` it left, for `decode_image`:
-    other files, damaged ones (whose errors `decode_image` words), and every one without the extension.
+def decode_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray], which: np.ndarray,
+                       samples: np.ndarray, out: np.ndarray, rows: np.ndarray) -> Sequence[int]:
+    """Decode file ``samples[k]`` of chunk ``which[k]`` (file ``i`` of chunk ``c`` is ``regions[c][ranges[c][i,
+    0]:ranges[c][i, 1]]``) into row ``rows[k]`` of ``out`` (``(n, height, width[, channels])``, uint8,
+    C-contiguous) where `decode_image` would decode it straight into the row: plain JPEGs of exactly that size
+    (YCbCr for RGB, greyscale for grey, no EXIF), the same pixels. All at once in the C extension (`native`),
+    outside the GIL: 5 µs a sample less than `decode_image` on 128x128 photos. Returns the positions ``k`` it
+    left, for `decode_image`: other files, damaged ones (whose errors `decode_image` words), and every one
+    without the extension.
 
     >>> out = np.empty((2, 64, 64, 3), np.uint8)
-    >>> left = decode_plain_jpegs(region, ranges, np.array([0, 5]), out, np.array([0, 1]))  # doctest: +SKIP
+    >>> left = decode_plain_jpegs([region], [ranges], np.zeros(2), np.array([0, 5]), out, np.array([0, 1]))  # doctest: +SKIP
     """
     decode_each = getattr(native.extension, "decode_each", None)  # None: not built (or built before it was)
     pixels = _rows_for_c(out)
     if decode_each is None or pixels is None or pixels.shape[1] * pixels.shape[2] > MAX_PIXELS:
         return range(len(samples))
-    return decode_each(region, _int64(ranges), _int64(samples), pixels, _int64(rows))
+    return decode_each(regions, [_int64(table) for table in ranges], _int64(which), _int64(samples), pixels,
+                       _int64(rows))
 
 
-def crop_plain_jpegs(region: np.ndarray, ranges: np.ndarray, samples: np.ndarray, sizes: np.ndarray,
-                     boxes: np.ndarray, out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> Sequence[int]:
-    """`decode_region` for many boxes of a chunk's files at once, where it crops in C: box ``boxes[k]`` (top,
-    left, height, width; inside the picture) of file ``samples[k]`` (file ``i`` is ``region[ranges[i, 0]:
-    ranges[i, 1]]``), a plain JPEG of ``sizes[k]`` (height, width) and the box in its own pixels, resized to
-    the size of ``out``'s rows (uint8, C-contiguous) into ``out[rows[k]]``, mirrored as ``flips[k]`` (left-right,
-    top-bottom) says. The same pixels, without the 11 µs of Python a sample around each call. Returns the
-    positions ``k`` it left, for `decode_region`: other files (of another size, colour space or format, with
-    EXIF, more than `MAX_PIXELS`), damaged ones, and every one without the extension.
+def crop_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray], which: np.ndarray,
+                     samples: np.ndarray, sizes: np.ndarray, boxes: np.ndarray, out: np.ndarray, rows: np.ndarray,
+                     flips: np.ndarray) -> Sequence[int]:
+    """`decode_region` for many boxes of chunks' files at once, where it crops in C: box ``boxes[k]`` (top,
+    left, height, width; inside the picture) of file ``samples[k]`` of chunk ``which[k]`` (as
+    `decode_plain_jpegs`), a plain JPEG of ``sizes[k]`` (height, width) and the box in its own pixels, resized
+    to the size of ``out``'s rows (uint8, C-contiguous) into ``out[rows[k]]``, mirrored as ``flips[k]``
+    (left-right, top-bottom) says. The same pixels, without the 11 µs of Python a sample around each call.
+    Returns the positions ``k`` it left, for `decode_region`: other files (of another size, colour space or
+    format, with EXIF, more than `MAX_PIXELS`), damaged ones, and every one without the extension.
 
     >>> out = np.empty((1, 112, 112, 3), np.uint8)
-    >>> left = crop_plain_jpegs(region, ranges, np.array([3]), np.array([[128, 128]]), np.array([[0, 16, 112, 112]]),
-    ...                         out, np.array([0]), np.array([[1, 0]]))  # doctest: +SKIP
+    >>> left = crop_plain_jpegs([region], [ranges], np.zeros(1), np.array([3]), np.array([[128, 128]]),
+    ...                         np.array([[0, 16, 112, 112]]), out, np.array([0]), np.array([[1, 0]]))  # doctest: +SKIP
     """
     crop_each = getattr(native.extension, "crop_each", None)  # None: not built (or built before it was)
     pixels = _rows_for_c(out)
     if crop_each is None or pixels is None:
         return range(len(samples))
     sizes = np.where((np.prod(sizes, axis=1) <= MAX_PIXELS)[:, None], sizes, 0)  # 0: left, for decode_region to refuse
-    return crop_each(region, _int64(ranges), _int64(samples), pixels, _int64(rows), _int64(sizes),
-                     np.ascontiguousarray(boxes, np.float64), np.ascontiguousarray(flips, np.uint8))
+    return crop_each(regions, [_int64(table) for table in ranges], _int64(which), _int64(samples), pixels,
+                     _int64(rows), _int64(sizes), np.ascontiguousarray(boxes, np.float64),
+                     np.ascontiguousarray(flips, np.uint8))
 
 
 def _rows_for_c(out: np.ndarray) -> np.ndarray | None:

@@ -41,12 +41,6 @@ class EncodedChunk:
             return self.decode.shape
         return tuple(self.shapes[index].tolist()) if len(self.decode.shape) == 3 else tuple(self.shapes[index, :2].tolist())
 
-    def sample_sizes(self, indices: np.ndarray) -> np.ndarray:
-        """The (height, width) samples ``indices`` decode to, (n, 2) int64."""
-        if self.shapes is None:
-            return np.tile(np.asarray(self.decode.shape[:2], np.int64), (len(indices), 1))
-        return self.shapes[indices, :2].astype(np.int64)
-
     def decode_sample(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
         """Sample ``index``, decoded (into ``out``, of the decoded sample's shape, when given)."""
         data = self._bytes(index)
@@ -58,13 +52,8 @@ class EncodedChunk:
             raise self._error(index, error.reason) from None
 
     def decode_samples(self, samples: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
-        """Samples ``samples[k]`` decoded into ``out[rows[k]]``, for every ``k``: the plain JPEGs of the
-        field's shape all at once (`decode_plain_jpegs`), any others one by one as `decode_sample` does."""
-        left: Sequence[int] = range(len(samples))
-        if self.shapes is None and out.shape[1:] == self.decode.shape:
-            left = decode_plain_jpegs(self.region, self.ranges, samples, out, rows)
-        for k in left:
-            self.decode_sample(int(samples[k]), out[rows[k]])
+        """Samples ``samples[k]`` decoded into ``out[rows[k]]``, for every ``k`` (`decode_rows`)."""
+        decode_rows([self], np.zeros(len(samples), np.int64), samples, out, rows)
 
     def decode_region(self, index: int, box: Box, size: tuple[int, int], out: np.ndarray,
                       flip: tuple[bool, bool] = (False, False)) -> np.ndarray:
@@ -85,24 +74,6 @@ class EncodedChunk:
         except ImageError as error:
             raise self._error(index, error.reason) from None
         return out
-
-    def decode_regions(self, samples: np.ndarray, boxes: np.ndarray, size: tuple[int, int], out: np.ndarray,
-                       rows: np.ndarray, flips: np.ndarray) -> None:
-        """``boxes[k]`` (top, left, height, width) of sample ``samples[k]`` resized to ``size`` and mirrored as
-        ``flips[k]`` (left-right, top-bottom) says, into ``out[rows[k]]``, for every ``k``, as `decode_region`
-        does: the boxes inside plain JPEGs of their sample's size all at once (`crop_plain_jpegs`), any others
-        one by one."""
-        boxes, flips = np.asarray(boxes, np.float64).reshape(-1, 4), np.asarray(flips, np.uint8).reshape(-1, 2)
-        left: Sequence[int] = range(len(samples))
-        if self.dtype == np.uint8 and (self.decode.variable or self.decode.resize in ("crop", "fit")):
-            pictures = self.sample_sizes(samples)
-            cut = np.flatnonzero(inside(boxes, pictures))
-            missed = crop_plain_jpegs(self.region, self.ranges, samples[cut], pictures[cut], boxes[cut], out, rows[cut],
-                                      flips[cut])
-            left = sorted([*np.setdiff1d(np.arange(len(samples)), cut).tolist(), *cut[list(missed)].tolist()])
-        for k in left:
-            self.decode_region(int(samples[k]), tuple(boxes[k].tolist()), size, out[rows[k]],
-                               (bool(flips[k, 0]), bool(flips[k, 1])))
 
     def _bytes(self, index: int) -> bytes:
         start, stop = self.ranges[index].tolist()
@@ -130,6 +101,39 @@ class EncodedChunk:
             f"{self.sample_name(index)} cannot be decoded: {reason}. Find every such sample with "
             f"`outcore verify {self.where}`, then re-ingest it from a good file."
         )
+
+
+def decode_rows(chunks: Sequence[EncodedChunk], which: np.ndarray, samples: np.ndarray, out: np.ndarray,
+                rows: np.ndarray) -> None:
+    """Sample ``samples[k]`` of ``chunks[which[k]]`` (chunks of one field) decoded into ``out[rows[k]]``, for every
+    ``k``: the plain JPEGs of the field's shape all at once, in one C call (`decode_plain_jpegs`), any others one
+    by one as `EncodedChunk.decode_sample` does."""
+    first = chunks[0]
+    left: Sequence[int] = range(len(samples))
+    if first.shapes is None and out.shape[1:] == first.decode.shape:
+        left = decode_plain_jpegs([chunk.region for chunk in chunks], [chunk.ranges for chunk in chunks], which,
+                                  samples, out, rows)
+    for k in left:
+        chunks[which[k]].decode_sample(int(samples[k]), out[rows[k]])
+
+
+def cut_rows(chunks: Sequence[EncodedChunk], which: np.ndarray, samples: np.ndarray, boxes: np.ndarray,
+             pictures: np.ndarray, size: tuple[int, int], out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> None:
+    """``boxes[k]`` (top, left, height, width) of sample ``samples[k]`` of ``chunks[which[k]]``, a picture of
+    ``pictures[k]`` (height, width), resized to ``size`` and mirrored as ``flips[k]`` (left-right, top-bottom)
+    says, into ``out[rows[k]]``, for every ``k``, as `EncodedChunk.decode_region` does: the boxes inside plain
+    JPEGs of their sample's size all at once, in one C call (`crop_plain_jpegs`), any others one by one."""
+    first = chunks[0]
+    left: Sequence[int] = range(len(samples))
+    if first.dtype == np.uint8 and (first.decode.variable or first.decode.resize in ("crop", "fit")):
+        within = inside(boxes, pictures)
+        cut = np.flatnonzero(within)
+        missed = crop_plain_jpegs([chunk.region for chunk in chunks], [chunk.ranges for chunk in chunks], which[cut],
+                                  samples[cut], pictures[cut], boxes[cut], out, rows[cut], flips[cut])
+        left = sorted([*np.flatnonzero(~within).tolist(), *cut[list(missed)].tolist()])
+    for k in left:
+        chunks[which[k]].decode_region(int(samples[k]), tuple(boxes[k].tolist()), size, out[rows[k]],
+                                       (bool(flips[k, 0]), bool(flips[k, 1])))
 
 
 class DecodedChunks:

@@ -29,7 +29,7 @@ class Crop(Protocol):
     @property
     def output_size(self) -> tuple[int, int]: ...
 
-    def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> list[Box]: ...
+    def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> Sequence[Box] | np.ndarray: ...
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch: ...
 
@@ -157,20 +157,19 @@ def _cut(recipe: Recipe, keys: np.ndarray, local: np.ndarray, rows: Rows, data: 
          bounds: list[int], rngs: list[np.random.Generator]) -> Cut:
     """The recipe's crop (and flip) of each row, drawn piece by piece, as the transform would draw them."""
     crop = recipe.crop
-    sizes = np.empty((len(keys), 2), np.int64)
-    for chunk, where in rows.by_chunk(0, len(rows)):
-        sizes[rows.order[where]] = picture_sizes(data[chunk][crop.field], rows.local[where])
+    sizes = picture_sizes([data[int(chunk)][crop.field] for chunk in rows.chunks], rows.which, rows.local)
+    sizes[rows.order] = sizes.copy()  # in the batch's order
     boxes = np.empty((len(keys), 4), np.float64)
     flips = np.zeros((len(keys), 2), np.uint8)
     for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True):
         try:
-            boxes[low:high] = np.asarray(crop.boxes(sizes[low:high].tolist(), rng), np.float64).reshape(-1, 4)
+            boxes[low:high] = np.asarray(crop.boxes(sizes[low:high], rng), np.float64).reshape(-1, 4)
         except OptionError as error:  # a picture too small for the crop: name it
             raise _too_small(error, crop, [data[key][crop.field] for key in keys[low:high].tolist()],
                              local[low:high].tolist(), sizes[low:high].tolist()) from None
         if recipe.flip is not None:
             flips[low:high] = recipe.flip.draw(high - low, rng)
-    return Cut(crop.field, crop.output_size, boxes, flips)
+    return Cut(crop.field, crop.output_size, boxes, flips, sizes)
 
 
 def _too_small(error: OptionError, crop: Crop, sources: list[Any], indices: list[int],

@@ -1,9 +1,9 @@
 """A batch's samples gathered out of the loaded chunks that hold them into new arrays: copied (pixels, and any
 other array field), decoded (encoded pictures), or cut by a crop, resized and mirrored as they are copied or
 decoded (`Cut`). The batch's rows are taken in order of their chunk, in runs that the pool's free threads share
-(`outcore.threads.for_each_run`); a run is a call per field, and per chunk for decodes (`copy_samples`: one C
-call for a run's copies; `EncodedChunk.decode_samples`: a chunk's plain JPEGs decoded together in C), never a
-Python call per sample where the C extensions are built.
+(`outcore.threads.for_each_run`); a run is one call per field (`copy_samples`: one C call for a run's copies;
+`decode_rows`, `cut_rows`: its plain JPEGs decoded or cut together in one C call), never a Python call per
+sample where the C extensions are built.
 
 >>> chunks = {7: {"x": np.arange(4) * 10}, 2: {"x": np.arange(4)}}
 >>> assemble(Rows(np.array([7, 2, 7]), np.array([1, 3, 2])), chunks, ["x"], frozenset())["x"].tolist()
@@ -20,11 +20,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..format import decode_text
-from ..imaging import EncodedChunk, copy_samples, empty_for_decoding, resize_box
+from ..imaging import EncodedChunk, copy_samples, cut_rows, decode_rows, empty_for_decoding, resize_box
 from ..threads import for_each_run
 
 RUN_BYTES = 4 << 20  # a run of copies moves this much at least: its few microseconds of Python are ~1 % of it
-DECODES_PER_RUN = 8  # a run of decodes (60 us to a few ms each) holds this many at least: a call per chunk in it
+DECODES_PER_RUN = 4  # a run of decodes (60 us to a few ms each) holds this many at least
 
 ChunkValues = Mapping[str, Any]  # field -> one chunk's values: an array, or an EncodedChunk to decode
 
@@ -70,12 +70,14 @@ class Rows:
 @dataclass(frozen=True)
 class Cut:
     """The crop of ``field`` done as the batch is made: row ``i``'s box ``boxes[i]`` (top, left, height, width
-    in its picture's pixels) resized to ``size`` and mirrored as ``flips[i]`` (left-right, top-bottom) says."""
+    in its picture's pixels, of ``sizes[i]``) resized to ``size`` and mirrored as ``flips[i]`` (left-right,
+    top-bottom) says."""
 
     field: str
     size: tuple[int, int]
     boxes: np.ndarray  # (rows, 4) float64
     flips: np.ndarray  # (rows, 2) uint8
+    sizes: np.ndarray  # (rows, 2) int64
 
     def windows(self) -> bool:
         """Whether every box is a window of whole pixels at the output size (a plain crop, copied as it is)."""
@@ -143,33 +145,42 @@ def _window_copies(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: n
 
 
 def _decodes(rows: Rows, data: Mapping[int, ChunkValues], field: str, out: np.ndarray) -> Callable[[int, int], None]:
+    sources = [data[int(chunk)][field] for chunk in rows.chunks]
+
     def run(start: int, stop: int) -> None:
-        for chunk, where in rows.by_chunk(start, stop):
-            data[chunk][field].decode_samples(rows.local[where], out, rows.order[where])
+        decode_rows(sources, rows.which[start:stop], rows.local[start:stop], out, rows.order[start:stop])
 
     return run
 
 
 def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray) -> Callable[[int, int], None]:
-    """Boxes resized (pixel fields) or cut while decoding (encoded fields: `EncodedChunk.decode_regions`)."""
-    boxes, flips = cut.boxes[rows.order], cut.flips[rows.order]
+    """Boxes cut while decoding (encoded fields: `cut_rows`) or resized out of their pixels, one by one."""
+    sources = [data[int(chunk)][cut.field] for chunk in rows.chunks]
+    boxes, flips, sizes = cut.boxes[rows.order], cut.flips[rows.order], cut.sizes[rows.order]
+    encoded = isinstance(sources[0], EncodedChunk)
 
     def run(start: int, stop: int) -> None:
-        for chunk, where in rows.by_chunk(start, stop):
-            values, targets = data[chunk][cut.field], rows.order[where]
-            if isinstance(values, EncodedChunk):
-                values.decode_regions(rows.local[where], boxes[where], cut.size, out, targets, flips[where])
-                continue
-            for index, box, flip, target in zip(rows.local[where].tolist(), boxes[where].tolist(),
-                                                flips[where].astype(bool).tolist(), targets.tolist(), strict=True):
-                picture = values[index]
-                resize_box(picture.reshape(*picture.shape[:2], -1), box, cut.size, out[target], tuple(flip))
+        which, local, targets = rows.which[start:stop], rows.local[start:stop], rows.order[start:stop]
+        if encoded:
+            cut_rows(sources, which, local, boxes[start:stop], sizes[start:stop], cut.size, out, targets,
+                     flips[start:stop])
+            return
+        for chunk, index, box, flip, target in zip(which.tolist(), local.tolist(), boxes[start:stop].tolist(),
+                                                   flips[start:stop].astype(bool).tolist(), targets.tolist(), strict=True):
+            picture = sources[chunk][index]
+            resize_box(picture.reshape(*picture.shape[:2], -1), box, cut.size, out[target], tuple(flip))
 
     return run
 
 
-def picture_sizes(values: np.ndarray | EncodedChunk, local: np.ndarray) -> np.ndarray:
-    """The (height, width) of samples ``local`` of a chunk's ``values``, (n, 2)."""
-    if isinstance(values, EncodedChunk):
-        return values.sample_sizes(local)
-    return np.tile(np.asarray(values.shape[1:3], np.int64), (len(local), 1))
+def picture_sizes(sources: Sequence[np.ndarray | EncodedChunk], which: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """The (height, width) of sample ``local[k]`` of ``sources[which[k]]`` (the chunks' values of one picture
+    field), (n, 2): one size for them all where the field has one (pixels, or encoded pictures of one shape)."""
+    first = sources[0]
+    if isinstance(first, np.ndarray) or first.shapes is None:
+        return np.tile(np.asarray(_sample_shape(first)[:2], np.int64), (len(local), 1))
+    sizes = np.empty((len(local), 2), np.int64)
+    for chunk in np.unique(which).tolist():
+        mine = which == chunk
+        sizes[mine] = sources[chunk].shapes[local[mine], :2]
+    return sizes

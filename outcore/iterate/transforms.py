@@ -23,8 +23,17 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import OptionError
-from ..imaging import Box, center_crop_box, random_resized_crop_box, resize_boxes, window_part
+from ..imaging import (
+    Box,
+    center_crop_box,
+    copy_samples,
+    empty_for_decoding,
+    random_resized_crop_box,
+    resize_boxes,
+)
+from ..threads import for_each_run
 from .batch import Batch, Transform
+from .gather import RUN_BYTES
 
 
 def _field(batch: Batch, field: str) -> np.ndarray:
@@ -69,26 +78,23 @@ class RandomFlip:
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
-        flips = self.draw(len(images), rng)
-        out = np.empty_like(images)
-        for i, (left_right, top_bottom) in enumerate(flips.tolist()):  # one copy of each image
-            image = images[i, ::-1] if top_bottom else images[i]
-            if left_right:
-                _mirror_into(out[i], image)
-            else:
-                out[i] = image
-        return _replace(batch, self.field, out)
+        corners = np.zeros((len(images), 2), np.int64)
+        return _replace(batch, self.field, _windows(images, corners, images.shape[1:3], self.draw(len(images), rng)))
 
 
-def _mirror_into(out: np.ndarray, image: np.ndarray) -> None:
-    """``image`` (H, W, ...) mirrored left-right into ``out``, one channel at a time: numpy copies a
-    reversed row of whole pixels a few bytes per step, about 3x slower than each channel's row."""
-    if image.ndim == 2:
-        out[...] = image[:, ::-1]
-        return
-    mirrored, target = image[:, ::-1].reshape(*image.shape[:2], -1), out.reshape(*out.shape[:2], -1)
-    for channel in range(target.shape[2]):
-        target[:, :, channel] = mirrored[:, :, channel]
+def _windows(images: np.ndarray, corners: np.ndarray, size: tuple[int, int], flips: np.ndarray | None = None) -> np.ndarray:
+    """Image ``i``'s window of ``size`` at ``corners[i]`` (top, left; zeros past the edges), mirrored as
+    ``flips[i]`` says, into a new array: a C call a run of images, on the pool's free threads (`copy_samples`)."""
+    source = np.ascontiguousarray(images)
+    out = empty_for_decoding((len(images), *size, *images.shape[3:]), images.dtype)
+    every = np.arange(len(images))
+
+    def run(start: int, stop: int) -> None:
+        copy_samples([source], np.zeros(stop - start, np.int64), every[start:stop], out, every[start:stop],
+                     corners[start:stop, 0], corners[start:stop, 1], None if flips is None else flips[start:stop])
+
+    for_each_run(run, len(images), max(1, RUN_BYTES // max(1, out[:1].nbytes)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -97,8 +103,8 @@ class RandomCrop:
     transform on an encoded field, each window is cut while decoding (only its pixels are decoded).
 
     >>> batch = {"images": np.arange(2 * 3 * 3).reshape(2, 3, 3)}
-    >>> RandomCrop(2, padding=1).boxes([(3, 3)] * 2, np.random.default_rng(0))  # (top, left, height, width)
-    [(2, 1, 2, 2), (1, 0, 2, 2)]
+    >>> RandomCrop(2, padding=1).boxes([(3, 3)] * 2, np.random.default_rng(0)).tolist()  # (top, left, height, width)
+    [[2, 1, 2, 2], [1, 0, 2, 2]]
     >>> windows = RandomCrop(2, padding=1)(batch, np.random.default_rng(0))["images"]
     >>> windows[0].tolist()  # rows 2 and 3 (the padding) of the first image, columns 1 and 2
     [[7, 8], [0, 0]]
@@ -112,10 +118,10 @@ class RandomCrop:
     def output_size(self) -> tuple[int, int]:
         return _pair(self.size)
 
-    def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> list[Box]:
+    def boxes(self, sizes: Sequence[tuple[int, int]] | np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The window of each image of ``(height, width)`` in ``sizes``, drawn in order (every top, then every
-        left): ``(top, left, height, width)`` in the image's own pixels, past its edges by up to ``padding``
-        (zeros there). An encoded field's are drawn from its stored sizes and cut while decoding."""
+        left): ``(top, left, height, width)`` rows in the image's own pixels, past its edges by up to
+        ``padding`` (zeros there). An encoded field's are drawn from its stored sizes and cut while decoding."""
         (height, width), pad = self.output_size, self.padding
         rows, columns = np.asarray(sizes, dtype=np.int64).reshape(-1, 2).T
         small = (rows + 2 * pad < height) | (columns + 2 * pad < width)
@@ -123,20 +129,18 @@ class RandomCrop:
             at = int(np.argmax(small))
             raise OptionError(f"RandomCrop cannot cut {height}x{width} from an image of {rows[at]}x{columns[at]} "
                               f"padded by {pad}: crop less, or pad more")
-        tops = rng.integers(0, rows + 2 * pad - height + 1) - pad  # bounds image by image, drawn as one bound is
-        lefts = rng.integers(0, columns + 2 * pad - width + 1) - pad
-        return [(top, left, height, width) for top, left in zip(tops.tolist(), lefts.tolist(), strict=True)]
+        boxes = np.empty((len(rows), 4), np.int64)
+        boxes[:, 2:] = height, width
+        for column, sides, side in ((0, rows, height), (1, columns, width)):  # every top, then every left
+            bounds = sides + 2 * pad - side + 1
+            one = len(bounds) and bounds.min() == bounds.max()  # one bound: the same draws as bounds image by image
+            boxes[:, column] = rng.integers(0, int(bounds[0]) if one else bounds, size=len(bounds)) - pad
+        return boxes
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         boxes = self.boxes([images.shape[1:3]] * len(images), rng)
-        shape = (len(images), *self.output_size, *images.shape[3:])
-        out = (np.zeros if self.padding else np.empty)(shape, images.dtype)
-        for i, box in enumerate(boxes):  # the window's part inside the image (none: all padding)
-            if (part := window_part(box, images.shape[1:3])) is not None:
-                (top, left, height, width), (rows, columns) = part
-                out[i, rows, columns] = images[i, top : top + height, left : left + width]
-        return _replace(batch, self.field, out)
+        return _replace(batch, self.field, _windows(images, boxes[:, :2], self.output_size))
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,7 @@ class RandomResizedCrop:
     def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> list[Box]:
         """One box per image of ``(height, width)`` in ``sizes``, drawn in order (an encoded field's boxes
         are drawn from its stored sizes and cut while decoding)."""
-        return [random_resized_crop_box(height, width, self.scale, self.ratio, rng) for height, width in sizes]
+        return [random_resized_crop_box(height, width, self.scale, self.ratio, rng) for height, width in _sizes(sizes)]
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
@@ -195,7 +199,7 @@ class CenterCrop:
     def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> list[Box]:
         """The central box of each image of ``(height, width)`` in ``sizes`` (an encoded field's are cut
         while decoding)."""
-        return [center_crop_box(height, width, self.output_size, self.resize) for height, width in sizes]
+        return [center_crop_box(height, width, self.output_size, self.resize) for height, width in _sizes(sizes)]
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
@@ -203,6 +207,11 @@ class CenterCrop:
         if (height, width) != self.output_size:
             return _replace(batch, self.field, resize_boxes(images, [box] * len(images), self.output_size))
         return _replace(batch, self.field, np.ascontiguousarray(images[:, top : top + height, left : left + width]))
+
+
+def _sizes(sizes: Sequence[tuple[int, int]] | np.ndarray) -> list[list[int]]:
+    """(height, width) pairs as Python ints (the box rules' arithmetic is Python's, per picture)."""
+    return np.asarray(sizes, np.int64).reshape(-1, 2).tolist()
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
