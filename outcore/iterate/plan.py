@@ -338,16 +338,16 @@ class EpochPlan:
         """``(samples, slots)`` of batch ``step``: each stream's samples of the step, then the repeat."""
         starts, stops = self._pieces(step)
         samples, slots = [], []
-        for i, stream in enumerate(self.streams):
-            stream_samples, stream_slots = stream.take(int(starts[i]), int(stops[i]))
+        for stream, numbers, start, stop in zip(self.streams, self._numbers, starts.tolist(), stops.tolist()):
+            stream_samples, stream_slots = stream.take(start, stop)
             samples.append(stream_samples)
-            slots.append(self._numbers[i][stream_slots])
+            slots.append(numbers[stream_slots])
         if self._pad is not None and step == self.steps - 1:
             samples.append(np.array([self._pad[1]]))
             slots.append(self._numbers[-1])
         if not samples:
             return np.empty(0, np.int64), np.empty(0, np.int64)
-        return np.concatenate(samples).astype(np.int64), np.concatenate(slots).astype(np.int64)
+        return np.concatenate(samples).astype(np.int64, copy=False), np.concatenate(slots).astype(np.int64, copy=False)
 
     def pieces(self, step: int) -> tuple[tuple[int, int], ...]:
         """``(key, samples)`` of each piece of batch ``step``, in the batch's order: each own stream's share,

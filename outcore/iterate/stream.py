@@ -16,6 +16,7 @@ Window sizes are known from the draws alone, so finding the samples of emission 
 
 from __future__ import annotations
 
+import bisect
 import threading
 from functools import cached_property
 
@@ -87,12 +88,14 @@ class StreamPlan:
         for d in range(self.deals.shape[1]):
             window_sizes[d : d + len(self.chunks)] += self.deals[:, d]
         self.window_ends = np.cumsum(window_sizes)
+        self._ends = self.window_ends.tolist()  # searched at every take: `bisect` on a list, not numpy's searchsorted
+        self._length = int(self.slot_sizes.sum())
         self._cache: dict[int, np.ndarray] = {}  # slot -> its samples' local indices, in dealing order
         self._windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # window -> (samples, slots)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return int(self.slot_sizes.sum())
+        return self._length
 
     def __repr__(self) -> str:
         return f"StreamPlan({len(self)} samples in {len(self.chunks)} slots, window {self.window})"
@@ -106,26 +109,27 @@ class StreamPlan:
 
     def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(samples, slots)`` of emission positions ``[start, stop)``: the store's sample index and the
-        slot it is read from, for each."""
-        start, stop = max(0, start), min(len(self), stop)
+        slot it is read from, for each (views of the window they lie in: do not write them)."""
+        start, stop = max(0, start), min(self._length, stop)
         if start >= stop:
             return np.empty(0, np.int64), np.empty(0, np.int64)
-        first = int(np.searchsorted(self.window_ends, start, side="right"))
-        last = int(np.searchsorted(self.window_ends, stop - 1, side="right"))
+        ends = self._ends
+        first, last = bisect.bisect_right(ends, start), bisect.bisect_right(ends, stop - 1)
         samples, slots = [], []
         for w in range(first, last + 1):
-            begin = int(self.window_ends[w - 1]) if w else 0
-            low, high = max(start, begin) - begin, min(stop, int(self.window_ends[w])) - begin
+            begin = ends[w - 1] if w else 0
+            low, high = max(start, begin) - begin, min(stop, ends[w]) - begin
             window_samples, window_slots = self.window_contents(w)
             samples.append(window_samples[low:high])
             slots.append(window_slots[low:high])
-        return np.concatenate(samples), np.concatenate(slots)  # copies: the windows stay as made
+        if len(samples) == 1:
+            return samples[0], slots[0]
+        return np.concatenate(samples), np.concatenate(slots)
 
     def window_contents(self, w: int) -> tuple[np.ndarray, np.ndarray]:
         """``(samples, slots)`` of window ``w``, in emission order (the last few are kept: consecutive
         batches draw on the same window)."""
-        with self._lock:
-            made = self._windows.get(w)
+        made = self._windows.get(w)  # a dict read is atomic: the lock guards the replacements
         if made is None:
             made = self._make_window(w)
             with self._lock:
@@ -161,12 +165,12 @@ class StreamPlan:
     def emitted_before(self, position: int) -> np.ndarray:
         """How many samples of each slot are emitted before ``position``."""
         done = np.zeros(len(self.chunks), dtype=np.int64)
-        w = int(np.searchsorted(self.window_ends, position, side="right"))  # the window holding ``position``
+        w = bisect.bisect_right(self._ends, position)  # the window holding ``position``
         for d in range(self.deals.shape[1]):  # windows before ``w`` are whole
             count = max(0, min(len(self.chunks), w - d))
             done[:count] += self.deals[:count, d]
-        if position < len(self):
-            before = position - (int(self.window_ends[w - 1]) if w else 0)
+        if position < self._length:
+            before = position - (self._ends[w - 1] if w else 0)
             done += np.bincount(self.window_contents(w)[1][:before], minlength=len(self.chunks))
         return done
 

@@ -48,9 +48,10 @@ def read_failure(where: str, what: str, error: OSError, tries: int) -> StorageEr
     return StorageError(f"{where}: {what} cannot be read: {error.strerror or error} ({name}){times}; {advice}")
 
 
-def retried(call: Callable[[], T], where: str, what: str) -> T:
+def retried(call: Callable[[], T], where: str, what: str | Callable[[], str]) -> T:
     """``call()``, tried again while it fails with a system error that may pass; a `StorageError` naming
-    ``what`` of the store at ``where`` when it still fails."""
+    ``what`` (or what ``what()`` says: words made only for an error) of the store at ``where`` when it still
+    fails."""
     for attempt in range(TRIES):
         try:
             return call()
@@ -58,6 +59,6 @@ def retried(call: Callable[[], T], where: str, what: str) -> T:
             if isinstance(error, OutcoreError):  # named already (an object store's RemoteError, say)
                 raise
             if not transient(error) or attempt == TRIES - 1:
-                raise read_failure(where, what, error, attempt + 1) from None
+                raise read_failure(where, what if isinstance(what, str) else what(), error, attempt + 1) from None
             time.sleep(PAUSES[attempt])
     raise AssertionError("unreachable")

@@ -190,7 +190,7 @@ class ShardReader:
             except _Failed as failed:
                 raise failed.error from None
 
-        return retried(attempt, self.where, self._what(chunk))
+        return retried(attempt, self.where, lambda: self._what(chunk))
 
     def _read_direct(self, chunk: int, out: np.ndarray) -> np.ndarray:
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
@@ -332,9 +332,13 @@ class _DirectLayout:
         self.array, self.files, self.blosc = array, files, blosc_codec
         self.chunks_per_shard = array.shards[0] // array.chunks[0]
         self.index_bytes = 16 * self.chunks_per_shard + _CHECKSUM_BYTES
+        self._keys: dict[int, str] = {}  # shard -> its file's key, made once
 
     def key(self, shard: int) -> str:
-        return shard_path(self.array, shard)
+        key = self._keys.get(shard)
+        if key is None:
+            key = self._keys[shard] = shard_path(self.array, shard)
+        return key
 
     def opened(self, shard: int) -> _ShardFile:
         """The shard file, open (a context manager): all read through it comes from one version of the file."""
@@ -351,7 +355,7 @@ class _ShardFile:
         self.files, self.key, self._fd, self._reads = files, key, None, None
         if isinstance(files, _LocalFiles):
             try:
-                self._fd = os.open(files.root / key, os.O_RDONLY)
+                self._fd = os.open(f"{files.root}/{key}", os.O_RDONLY)
             except OSError as error:
                 changed = files.pins.missing(key) if files.pins and isinstance(error, FileNotFoundError) else None
                 raise (changed or _unreadable(error)) from None
