@@ -1,7 +1,8 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil] [--cases pixels,pixels+crop,encoded,encoded+crop,rrc]
+                               [--only scaling,gil,torch] [--cases pixels,pixels+crop,encoded,encoded+crop,rrc]
+                               [--torch-workers 0,2]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
 crops, and an ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`),
@@ -189,6 +190,35 @@ def gil(made: dict[str, Path], cases: list[str], threads: int, seconds: float,
             print(f"  {name:20s} {cpu[name] / total_cpu:6.1%} {held[name] / RATE / used:6.1%}")
 
 
+def torch_workers(location: Path, workers: list[int], seconds: float) -> None:
+    """``ds.torch`` over ``location`` with the crop + flip and each number of DataLoader workers (kept across
+    epochs, as in training): the median samples/s of the epochs after the first, each in a fresh process."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("\nPyTorch is not installed: no ds.torch rows")
+        return
+    print(f"\nsamples/s of ds.torch({BATCH}, shuffle=True), pixels + crop + flip, {os.cpu_count()} cores here")
+    for count in workers:
+        done = subprocess.run([sys.executable, __file__, "--torch-run", str(location), str(count), str(seconds)],
+                              capture_output=True, text=True, check=True)
+        rate = json.loads(done.stdout.strip().splitlines()[-1])["samples_s"]
+        print(f"  {count:2d} DataLoader workers: {rate:9.0f}")
+
+
+def torch_epochs(location: Path, workers: int, seconds: float) -> float:
+    loader = outcore.open_dataset(location).torch(BATCH, shuffle=True, fields=["images", "labels"],
+                                                  transform=CASES["pixels+crop"][1], num_workers=workers,
+                                                  persistent_workers=workers > 0)
+    rates, began = [], time.perf_counter()
+    while len(rates) < 3 or time.perf_counter() - began < seconds:
+        start, count = time.perf_counter(), 0
+        for batch in loader:
+            count += len(batch["labels"])
+        rates.append(count / (time.perf_counter() - start))
+    return float(np.median(rates[1:]))
+
+
 def bound(share: float, cores: int) -> float:
     """The most times one core's rate that ``cores`` allow when a share ``share`` of the work holds the GIL."""
     return min(cores, 1 / (share + (1 - share) / cores))
@@ -200,11 +230,17 @@ def main() -> None:
     parser.add_argument("--threads", default=f"1,{len(os.sched_getaffinity(0))}")
     parser.add_argument("--seconds", type=float, default=6)
     parser.add_argument("--workdir", type=Path, default=Path("bench-data/cores"))
-    parser.add_argument("--only", default="scaling,gil")
+    parser.add_argument("--only", default="scaling,gil,torch")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--torch-workers", default="0,2", help="DataLoader workers of the torch rows")
     parser.add_argument("--run", nargs=4, metavar=("CASE", "STORE", "THREADS", "SECONDS"), help=argparse.SUPPRESS)
     parser.add_argument("--ready", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--torch-run", nargs=3, metavar=("STORE", "WORKERS", "SECONDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.torch_run:
+        location, workers, seconds = args.torch_run
+        print(json.dumps({"samples_s": torch_epochs(Path(location), int(workers), float(seconds))}))
+        return
     if args.run:
         case, location, threads, seconds = args.run
         rate = epochs(Path(location), case, int(threads), float(seconds), ready=args.ready)
@@ -217,6 +253,8 @@ def main() -> None:
     rates = scaling(made, cases, threads, args.seconds) if "scaling" in only else {}
     if "gil" in only:
         gil(made, cases, max(threads), args.seconds, rates)
+    if "torch" in only:
+        torch_workers(made["pixels"], [int(n) for n in args.torch_workers.split(",")], args.seconds)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Does a GPU training step wait for data? A real CNN on a CUDA GPU, fed by outcore and by a JPEG folder.
 
     python benchmarks/gpu_training.py [--samples 20000] [--steps 150] [--cluster-workers 0] [--workdir bench-data]
+                                      [--imagenet FOLDER] [--device cuda]
 
 Builds (once, in ``--workdir``) a store of ``--samples`` 128x128 photo crops with 10 labels and the same
 pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autocast, channels last) on
@@ -8,16 +9,23 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
 
 - the same batch, already on the GPU (the ceiling: the GPU's own rate);
 - ``ds.torch(256, pin_memory=True)`` + ``to_device`` (reader threads, ``num_workers=0``), and with 4
-  DataLoader worker processes;
+  DataLoader worker processes; the same on an encoded store of the JPEG folder (decoded, cut and flipped by
+  outcore's threads: its defaults);
 - a JPEG-folder DataLoader (Pillow decode per sample, 8 worker processes), the usual baseline;
 - with ``--cluster-workers n``: an encoded store of the JPEG folder, decoded, cropped and flipped by a
   ``LocalCluster`` of n single-threaded workers started with `outcore.WORKER_CONFIG` (``ds.torch(...,
   client=client)``), batches handed over through shared memory.
 
+With ``--imagenet FOLDER`` (ImageNet-like JPEGs of their own sizes, e.g. `benchmarks/imagenet.py`'s), also
+ResNet-50 (torchvision's, bf16, channels last) on ``Compose([RandomResizedCrop(224), RandomFlip()])`` from an
+encoded store of the folder's files at their own sizes: the same batch already on the GPU (its ceiling), and
+``ds.torch`` with its defaults.
+
 Each loader is made once and iterated epoch after epoch, as a training loop does (its DataLoader
 workers, where it has them, kept across epochs, as the Pillow DataLoader's are). Prints samples/s, the
 share of the step's time spent waiting for the next batch, and the ratio to the ceiling. Needs a CUDA
-GPU (it says so and stops without one).
+GPU (it says so and stops without one); ``--device cpu`` runs every row on the CPU, a few steps, to try the
+script itself.
 """
 
 from __future__ import annotations
@@ -31,10 +39,12 @@ from common import JpegFolder
 
 import outcore
 from outcore.imaging.synthetic import photo_crops
-from outcore.transforms import Compose, RandomCrop, RandomFlip
+from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
 
 BATCH, SIZE, CROP, CLASSES = 256, 128, 112, 10
 AUGMENT = Compose([RandomCrop(CROP), RandomFlip()])
+IMAGENET = Compose([RandomResizedCrop(224), RandomFlip()])
+DEVICE = "cuda"  # --device
 
 
 def build(workdir: Path, samples: int) -> tuple[outcore.Dataset, Path]:
@@ -64,35 +74,50 @@ def network():
 
     model = nn.Sequential(stage(3, 64), stage(64, 128), stage(128, 256), stage(256, 512),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, CLASSES))
-    return model.cuda().to(memory_format=torch.channels_last)
+    return model.to(DEVICE).to(memory_format=torch.channels_last)
 
 
-def train(batches, steps: int) -> tuple[float, float]:
+def resnet50():
+    import torch
+    import torchvision
+
+    return torchvision.models.resnet50(num_classes=CLASSES).to(DEVICE).to(memory_format=torch.channels_last)
+
+
+def synchronize() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def train(batches, steps: int, make_model=network) -> tuple[float, float]:
     """Samples/s and the share of time spent waiting for batches, over ``steps`` steps after 10 warm-up steps."""
     import torch
 
-    model = network()
+    model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1) * 255
-    std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1) * 255
+    mean = torch.tensor([0.485, 0.456, 0.406], device=DEVICE).view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device=DEVICE).view(1, 3, 1, 1) * 255
     iterator = iter(batches)
     waited = samples = 0.0
-    for step in range(steps + 10):
-        if step == 10:
-            torch.cuda.synchronize()
+    warm = min(10, steps)
+    for step in range(steps + warm):
+        if step == warm:
+            synchronize()
             began, waited, samples = time.perf_counter(), 0.0, 0
         asked = time.perf_counter()
         images, labels = next(iterator)
         waited += time.perf_counter() - asked
         x = ((images.permute(0, 3, 1, 2).float() - mean) / std).contiguous(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(model(x), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         loss.item()  # the step is done before the next batch is asked for, as in a logged training loop
         samples += len(labels)
-    torch.cuda.synchronize()
+    synchronize()
     elapsed = time.perf_counter() - began
     return samples / elapsed, waited / elapsed
 
@@ -105,63 +130,88 @@ def epochs(loader, move=lambda batch: batch):
 
 
 def main() -> None:
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--cluster-workers", type=int, default=0, help="also feed from a LocalCluster of n workers")
+    parser.add_argument("--imagenet", type=Path, help="a folder of JPEGs at their own sizes: ResNet-50 on RRC(224)")
     parser.add_argument("--workdir", default="bench-data")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: try the script, no figures")
     args = parser.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA GPU: nothing to measure")
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to measure (--device cpu tries the script on the CPU)")
         return
     from outcore.adapters.torch import to_device
 
     workdir = Path(args.workdir)
     workdir.mkdir(exist_ok=True)
     ds, jpegs = build(workdir, args.samples)
+    encoded = workdir / f"gpu-{args.samples}-encoded.zarr"
+    jpeg_store = outcore.open_dataset(encoded) if encoded.exists() else outcore.ingest_images(
+        jpegs, encoded, shape=(SIZE, SIZE, 3), images="encoded", progress=False)
 
-    def on_gpu(loader):
-        """(images, labels) of ``loader``'s batches on the GPU, epoch after epoch."""
+    def on_device(loader):
+        """(images, labels) of ``loader``'s batches on the device, epoch after epoch."""
         while True:
-            yield from ((b["images"], b["labels"]) for b in to_device(loader, "cuda"))
+            yield from ((b["images"], b["labels"]) for b in to_device(loader, DEVICE))
+
+    def resident(store, transform):
+        """A batch of ``store`` already on the device, again and again: the ceiling."""
+        first = next(iter(store.batches(BATCH, fields=["images", "labels"], transform=transform)))
+        return epochs([(torch.from_numpy(first["images"]).to(DEVICE), torch.from_numpy(first["labels"]).to(DEVICE))])
+
+    def outcore_feed(store, transform, **options):
+        return lambda: on_device(store.torch(BATCH, shuffle=True, fields=["images", "labels"], transform=transform,
+                                             pin_memory=True, **options))
 
     jpeg_loader = torch.utils.data.DataLoader(JpegFolder(jpegs, crop=CROP), batch_size=BATCH, shuffle=True,
-                                              num_workers=8, pin_memory=True, persistent_workers=True)
-    first = next(iter(ds.batches(BATCH, fields=["images", "labels"], transform=AUGMENT)))
-    resident = (torch.from_numpy(first["images"]).cuda(), torch.from_numpy(first["labels"]).cuda())
+                                              num_workers=8, pin_memory=DEVICE == "cuda", persistent_workers=True)
     feeds = {
-        "the same batch, already on the GPU (ceiling)": lambda: epochs([resident]),
-        "outcore ds.torch, reader threads (num_workers=0)": lambda: on_gpu(ds.torch(
-            BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT, pin_memory=True)),
-        "outcore ds.torch, 4 DataLoader workers": lambda: on_gpu(ds.torch(
-            BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT, pin_memory=True, num_workers=4,
-            persistent_workers=True)),
+        "the same batch, already on the GPU (ceiling)": lambda: resident(ds, AUGMENT),
+        "outcore ds.torch, pixels, its defaults (threads)": outcore_feed(ds, AUGMENT),
+        "outcore ds.torch, pixels, 4 DataLoader workers": outcore_feed(ds, AUGMENT, num_workers=4,
+                                                                       persistent_workers=True),
+        "outcore ds.torch, JPEG store, its defaults": outcore_feed(jpeg_store, AUGMENT),
         "JPEG folder, Pillow, DataLoader, 8 workers": lambda: epochs(
-            jpeg_loader, lambda pair: (pair[0].cuda(non_blocking=True), pair[1].cuda(non_blocking=True))),
+            jpeg_loader, lambda pair: (pair[0].to(DEVICE, non_blocking=True), pair[1].to(DEVICE, non_blocking=True))),
     }
     if args.cluster_workers:
         import dask
         from distributed import Client, LocalCluster
 
-        encoded = workdir / f"gpu-{args.samples}-encoded.zarr"
-        jpeg_store = outcore.open_dataset(encoded) if encoded.exists() else outcore.ingest_images(
-            jpegs, encoded, shape=(SIZE, SIZE, 3), images="encoded", progress=False)
         with dask.config.set(outcore.WORKER_CONFIG):
             cluster = LocalCluster(n_workers=args.cluster_workers, threads_per_worker=1, processes=True,
                                    host="127.0.0.1", dashboard_address=":0")
         client = Client(cluster)
-        feeds[f"outcore ds.torch, JPEG store, LocalCluster of {args.cluster_workers} workers"] = lambda: on_gpu(
-            jpeg_store.torch(BATCH, shuffle=True, fields=["images", "labels"], transform=AUGMENT, pin_memory=True,
-                             client=client))
-    rows = [(name, *train(feed(), args.steps)) for name, feed in feeds.items()]
-    ceiling = rows[0][1]
-    print(f"\n{torch.cuda.get_device_name()}, {len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips, "
-          f"batch {BATCH}, bf16, {args.steps} steps\n")
-    print(f"{'fed by':52s} {'samples/s':>10s} {'waiting':>8s} {'of ceiling':>11s}")
+        feeds[f"outcore ds.torch, JPEG store, LocalCluster of {args.cluster_workers} workers"] = outcore_feed(
+            jpeg_store, AUGMENT, client=client)
+    table("a small ResNet", f"{len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips",
+          [(name, *train(feed(), args.steps)) for name, feed in feeds.items()], args.steps)
+    if args.imagenet:
+        own = workdir / "gpu-imagenet-own-sizes.zarr"
+        own_sizes = outcore.open_dataset(own) if own.exists() else outcore.ingest_images(
+            args.imagenet, own, shape=None, images="encoded", progress=False)
+        rows = [(name, *train(feed(), args.steps, resnet50)) for name, feed in {
+            "the same batch, already on the GPU (ceiling)": lambda: resident(own_sizes, IMAGENET),
+            "outcore ds.torch, JPEGs at their sizes, its defaults": outcore_feed(own_sizes, IMAGENET),
+        }.items()]
+        table("ResNet-50", f"{len(own_sizes):,} JPEGs at their own sizes, RandomResizedCrop(224) + flip", rows,
+              args.steps)
+
+
+def table(model: str, data: str, rows: list[tuple[str, float, float]], steps: int) -> None:
+    """The rows (name, samples/s, share of the time waiting), each against the first (the ceiling)."""
+    import torch
+
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else "the CPU (a try of the script: no figures)"
+    print(f"\n{model} on {where}, {data}, batch {BATCH}, bf16, {steps} steps\n")
+    print(f"{'fed by':56s} {'samples/s':>10s} {'waiting':>8s} {'of ceiling':>11s}")
     for name, rate, waiting in rows:
-        print(f"{name:52s} {rate:10.0f} {waiting:8.1%} {rate / ceiling:11.2f}")
+        print(f"{name:56s} {rate:10.0f} {waiting:8.1%} {rate / rows[0][1]:11.2f}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """One process, every core: a batch's samples copied, cut and mirrored by runs (C where built, numpy else: the same
 bytes), crops opening a transform done as pixel batches are made (the same pixels as after), no Python call per
-sample in making a batch, and runs shared by the pool's threads without ever waiting on themselves."""
+sample in making a batch, runs shared by the pool's threads without ever waiting on themselves, and a pool that
+keeps busy only the threads that run well."""
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +20,8 @@ from outcore.imaging.windows import copy_samples
 from outcore.iterate.batch import Recipe, make_batch
 from outcore.iterate.readers import chunk_readers
 from outcore.testing import write_image_folder
-from outcore.threads import for_each_run, submit, wait_all
+from outcore.threads import for_each_run, gauge, submit, wait_all
+from outcore.threads.pool import Gauge, Pool
 from outcore.transforms import CenterCrop, Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
 
 DTYPES = ("uint8", "uint16", "float32")
@@ -189,5 +192,83 @@ def test_the_first_failure_of_a_run_is_raised_and_no_run_starts_after_it():
         with pytest.raises(KeyError, match="run 0"):
             for_each_run(run, 8, least=1)
         assert 0 in started and len(started) < 8
+    finally:
+        outcore.set_threads(None)
+
+
+def test_the_pool_runs_at_most_its_limit_at_once_in_order_and_hands_tasks_to_the_last_idle_thread():
+    pool = Pool(4, "test-pool")
+    pool.gauge.limit = 2
+    try:
+        running, most, order, lock = [0], [0], [], threading.Lock()
+        gate = threading.Event()
+
+        def task(index: int) -> str:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+                order.append(index)
+            gate.wait(10)
+            with lock:
+                running[0] -= 1
+            return threading.current_thread().name
+
+        futures = [pool.submit(task, index) for index in range(6)]
+        time.sleep(0.2)
+        assert running[0] == 2 and pool.pending == 6  # two run, four wait
+        gate.set()
+        names = {future.result(10) for future in futures}
+        assert most[0] == 2 and order == list(range(6)) and len(names) == 2  # in order, on two threads only
+        one = [pool.submit(threading.current_thread).result(10).name for _ in range(5)]
+        assert len(set(one)) == 1  # one after the other: the thread that went idle last, every time
+        with pytest.raises(ZeroDivisionError):
+            pool.submit(lambda: 1 / 0).result(10)
+    finally:
+        pool.shutdown()
+
+
+def test_tasks_waiting_at_shutdown_are_cancelled_and_the_threads_end():
+    pool = Pool(1, "test-shutdown")
+    gate = threading.Event()
+    first, second = pool.submit(gate.wait, 10), pool.submit(time.sleep, 0)
+    pool.shutdown()
+    gate.set()
+    assert first.result(10) is True and second.cancelled()
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.submit(time.sleep, 0)
+    deadline = time.monotonic() + 10
+    while any(thread.name.startswith("test-shutdown") for thread in threading.enumerate()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_the_gauge_lowers_the_limit_to_the_threads_that_ran_and_raises_it_slowly():
+    gauge = Gauge(16)
+    judge = lambda share: [gauge.record(share, 1.0) for _ in range(Gauge.EVERY)]
+    judge(0.4)
+    assert gauge.limit == round(16 * 0.4 / Gauge.TARGET)  # 8: the threads' worth that ran
+    judge(0.95)  # the judgement right after a change is skipped
+    assert gauge.limit == 8
+    judge(0.95)
+    assert gauge.limit == 9  # one more, after one good judgement
+    judge(0.5), judge(0.5)  # worse at once (once the rise settled): back down; the next rise waits twice as long
+    assert gauge.limit == 5 and gauge.patience == 2
+    judge(0.95), judge(0.95)
+    assert gauge.limit == 5
+    judge(0.95)
+    assert gauge.limit == 6
+
+
+def test_more_threads_than_cores_are_not_all_kept_busy(photos):
+    """Four times as many threads as this process may use: decoding, they wait for cores, and the pool soon
+    keeps no more of them busy than about the cores."""
+    cpus = outcore.available_cpus()
+    outcore.set_threads(4 * cpus)
+    try:
+        it = photos["encoded"].batches(64, fields=["images"], transform=RandomCrop(24))
+        for _ in range(6):
+            for _ in it:
+                pass
+        assert gauge().limit <= cpus + 1, (gauge().limit, gauge().last)
     finally:
         outcore.set_threads(None)

@@ -401,7 +401,7 @@ def test_a_consumer_waiting_on_a_closed_iteration_ends_within_a_second(store, cl
     """close() (or a second iter() of the same iterator) while the consumer waited for a batch: the
     producer's end marker was refused and the consumer blocked in queue.get() forever."""
     ds, _ = store
-    it = ds.batches(100, transform=_slow, prefetch=1)
+    it = ds.batches(100, transform=_slow, prefetch=1, streams=1)  # one piece a batch: 1.5 s a batch
     first = iter(it)
     outcome = {}
 
@@ -478,7 +478,7 @@ def test_one_pool_of_threads_whatever_the_batches(tmp_path, rng):
 ])
 def test_available_cpus_follow_the_cgroup_quota(tmp_path, monkeypatch, lines, files, cpus):
     """os.cpu_count() counts the host's cores: a container limited to 3 CPUs of a 64-core host gets 3."""
-    from outcore import threads
+    from outcore.threads import cpus as threads
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -493,7 +493,7 @@ def test_available_cpus_follow_the_cgroup_quota(tmp_path, monkeypatch, lines, fi
 
 def test_the_cgroup_quota_is_read_again_only_after_a_while(tmp_path, monkeypatch):
     """The thread count is asked for at every batch: the quota's files are not read every time."""
-    from outcore import threads
+    from outcore.threads import cpus as threads
 
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "cpu.max").write_text("300000 100000")
@@ -511,7 +511,7 @@ def test_the_cgroup_quota_is_read_again_only_after_a_while(tmp_path, monkeypatch
 def test_the_thread_count_follows_affinity_and_the_knob(monkeypatch):
     from outcore import threads
 
-    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(threads.cpus.os, "sched_getaffinity", lambda pid: {0})
     assert threads.available_cpus() == 1
     monkeypatch.setenv("OUTCORE_THREADS", "3")
     assert outcore.thread_count() == 3

@@ -447,6 +447,28 @@ def test_pin_memory_pins_every_batch_however_it_was_made(ids_store, workers, str
         assert torch.equal(got["id"], wanted)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_batches_made_by_the_loaders_threads_are_born_pinned_and_not_copied_to_be(ids_store):
+    """No workers: each batch is made in pinned memory, so the DataLoader's pinning (on the training loop's
+    thread) leaves it as it is: the tensor handed over is the memory the batch was made in."""
+    from outcore.adapters import torch_batches
+
+    made = []
+    born = torch_batches.pinned_empty
+
+    def recorded(shape, dtype, field=""):
+        made.append(array := born(shape, dtype, field))
+        return array
+
+    torch_batches.pinned_empty = recorded
+    try:
+        batches = list(ids_store.torch(100, shuffle=True, seed=3, pin_memory=True))
+    finally:
+        torch_batches.pinned_empty = born
+    addresses = {array.ctypes.data for array in made}
+    assert all(b["id"].is_pinned() and b["id"].data_ptr() in addresses for b in batches)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_torch_batches_say_which_samples_they_hold_and_come_in_store_order(ids_store, workers):
     ids = ids_store["id"].compute()  # the store was shuffled on write: ids[i] is sample i's source index

@@ -90,6 +90,9 @@ class OutcoreLoader(DataLoader):
                  **dataloader_options: Any) -> None:
         super().__init__(batches, batch_size=None, collate_fn=Collate(collate_fn), **dataloader_options)
         batches.loader_passes = 0  # from now on it is read in this loader's passes only
+        # made in this process (no workers), batches are made in pinned memory: the DataLoader pins them as they are
+        batches.pinned = self.pin_memory and not self.num_workers and batches.options.client is None and \
+            torch.cuda.is_available()
         self._stats = LoaderStats()
         self._mailbox: Mailbox | None = None  # where workers making parts of each batch write them (`_slot`)
         self._no_mailbox = False

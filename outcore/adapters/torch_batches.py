@@ -124,6 +124,7 @@ class TorchBatches(IterableDataset):
         self._store: Store | None = None  # a worker's store, opened once (persistent workers keep it)
         self._next: NextEpoch | None = None  # with a client: the next epoch's run, started as a pass drains
         self.loader_passes: int | None = None  # an OutcoreLoader's: its passes under way (read in those only)
+        self.pinned = False  # batches made in this process go straight to pinned memory (`OutcoreLoader` sets it)
 
     def persist(self, context: Any = None) -> None:
         """Prepare for DataLoader workers that persist across epochs, started by ``context`` (a start method's
@@ -229,7 +230,8 @@ class TorchBatches(IterableDataset):
         if self.options.client is not None and self._next is None:
             self._next = NextEpoch()
         ahead = self._next.take(self.epoch, steps) if self._next is not None else None
-        plan, run = iterator.plan(self.epoch), ahead or iterator.run(self.epoch, steps)
+        allocate = (lambda step: pinned_empty) if self.pinned and info is None else None
+        plan, run = iterator.plan(self.epoch), ahead or iterator.run(self.epoch, steps, allocator=allocate)
         total = len(iterator)
         try:
             for step, batch in zip(steps, run, strict=False):
@@ -271,6 +273,15 @@ class TorchBatches(IterableDataset):
 
     def _tensor(self, values: np.ndarray) -> Any:
         return as_tensor(values, self.channels_first)
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray:
+    """A new array in pinned (page-locked) memory from PyTorch's caching host allocator (an `Empty`): a batch
+    made there is copied to the GPU as it is, and a DataLoader's ``pin_memory`` leaves it as it is (no copy
+    on the training loop's thread)."""
+    dtype = np.dtype(dtype)
+    memory = torch.empty(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, dtype=torch.uint8, pin_memory=True)
+    return memory.numpy().view(dtype).reshape(shape)  # the array keeps the tensor, and so the memory, alive
 
 
 def as_tensor(values: np.ndarray, channels_first: bool) -> Any:

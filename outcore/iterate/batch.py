@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -124,7 +125,7 @@ class Recipe:
 
 
 def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues],
-               draws: Draws, empty: Empty = plain) -> Batch:
+               draws: Draws, empty: Empty = plain, spent: Callable[[float], None] | None = None) -> Batch:
     """`assemble` then the transform, piece by piece: ``draws`` holds each piece's ``(samples, key)``
     (`batch_draws`), and each piece of the batch is transformed with a generator of its key, the pieces
     joined in order; the transform's last steps that draw nothing (`Recipe.after`) run once on the joined
@@ -132,7 +133,7 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     `EncodedChunk.decode_region`, or copied out of its pixel chunk), with the boxes the crop would have drawn
     on the piece, and so is its `Flip` (each box mirrored as it is cut), so the rest of the transform sees
     the same generator state. The batch's arrays are made by ``empty`` (a Dask worker's go to shared memory:
-    `outcore.iterate.shared`)."""
+    `outcore.iterate.shared`); ``spent``, when given, is told the seconds the rest of the transform took."""
     rows = Rows(keys, samples % chunk_size)
     if recipe.transform is None:
         return assemble(rows, data, recipe.fields, recipe.text_fields, empty)
@@ -146,11 +147,15 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     made = plain if joined else returned
     cut = None if recipe.crop is None else _cut(recipe, keys, samples % chunk_size, rows, data, bounds, rngs)
     batch = assemble(rows, data, recipe.fields, recipe.text_fields, made, cut)
+    began = time.perf_counter()
     if per_piece is not None:
         pieces = [per_piece({name: values[low:high] for name, values in batch.items()}, rng)
                   for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True)]
         batch = join(pieces, returned) if joined else pieces[0]
-    return batch if after is None else after(batch, None)
+    batch = batch if after is None else after(batch, None)
+    if spent is not None:
+        spent(time.perf_counter() - began)
+    return batch
 
 
 def _cut(recipe: Recipe, keys: np.ndarray, local: np.ndarray, rows: Rows, data: Mapping[int, ChunkValues],

@@ -167,7 +167,12 @@ class BatchIterator:
         ``client``, also how the cluster's batches (or lanes' parts) reached this process:
         ``batches_shared_memory`` (from workers on this machine), ``batches_straight`` (over sockets
         straight from their workers), ``batches_through_scheduler``; and ``spans_hedged``: spans made
-        again on other workers because theirs was late (`outcore.iterate.hedge`).
+        again on other workers because theirs was late (`outcore.iterate.hedge`). Where batches are made in
+        this process: ``transform_share``, the share of making them spent in the transform after a crop done
+        as they are made (your own Python transform's share, if it is one: high means its Python holds the
+        GIL, and DataLoader workers would help); ``threads``, the pool's threads; ``threads_busy_limit``, how
+        many it keeps busy at most now (fewer when threads wait for the GIL or a core); ``threads_cpu_share``,
+        their CPU time over their wall time when last measured.
 
         >>> it.stats()  # doctest: +SKIP
         {'batches': 171, 'samples': 44000, 'samples_per_s': 30510.2, 'wait_mean_ms': 0.4, ...}

@@ -16,7 +16,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,8 +247,10 @@ class LocalRun(Run):
     (`outcore.storage.RemoteFiles.fetch_ahead`), so that requests are in flight while the CPU threads
     decode.
 
-    A batch is made once the chunks it draws on are read (its task never waits on the pool), and the
-    chunks a batch is the last to use are released once it is made (batches are handed over in order), so
+    A batch is made once the chunks it draws on are read (its task never waits on the pool; the pool runs no
+    more tasks at once than run well: `outcore.threads.busy_limit`), and the chunks a batch is the last to use
+    are released once it is made and the chunks of the batch `making` steps later are asked for (batches are
+    handed over in order, in step with the schedule: the same chunks are read however fast each is made), so
     at most `making` batches more than one are held besides the queue's."""
 
     MAX_READ_AHEAD = 8
@@ -261,6 +263,7 @@ class LocalRun(Run):
         self.loading: dict[int, Future[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}  # by chunk
         self.damaged: set[int] = set()  # chunks left out of this epoch (``skip_damaged``)
         self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
+        self.made: deque[Future[Batch]] = deque()  # batches being made or not yet handed over, in order
         self.remote = any(reader.remote for reader in readers.values())
         one_batch = len(work.batches) == 1
         threads = thread_count()
@@ -278,15 +281,16 @@ class LocalRun(Run):
         super().__init__(work, stats)
 
     def _release(self) -> None:
-        for future in self.loading.values():
+        for future in [*self.loading.values(), *self.made]:  # those not started yet
             future.cancel()
         self.loading.clear()
 
     def _produce_batches(self) -> None:
         work = self.work
-        made: deque[tuple[BatchStep, Future[Batch]]] = deque()  # batches being made, in order
+        made = self.made
+        held: deque[tuple[BatchStep, Future[Batch]]] = deque()  # steps whose chunks their batch may still need
         for step in work.steps(self.read_ahead, self.fetch_ahead):
-            if self.stop.is_set():
+            if self.stop.is_set() or not self._hand_over(made, wait=False):
                 return
             fetch = step.fetch if self.fetch_ahead is not None else step.load if self.remote else ()
             if fetch:  # asked for now, chunks stored back to back in one request
@@ -295,21 +299,27 @@ class LocalRun(Run):
             for slot in step.load:
                 chunk = int(chunks[slot])
                 if chunk not in self.loading:
-                    self.loading[chunk] = submit(self._read, chunk)
+                    self.loading[chunk] = submit(self._read, chunk, limited=False)  # may wait on a device
                 self.slots_held[chunk] = self.slots_held.get(chunk, 0) + 1
             data = {slot: values for slot in step.used if (values := self._values(int(chunks[slot]))) is not None}
-            made.append((step, submit(self._make, step, data)))
-            while made and (len(made) >= self.making or made[0][1].done()):
-                if not self._hand_over(*made.popleft()):
-                    return
-        while made:
-            if not self._hand_over(*made.popleft()):
-                return
+            making = submit(self._make, step, data)
+            made.append(making)
+            held.append((step, making))
+            if len(held) > self.making:  # in step with the schedule: the same reads however fast batches are made
+                self._release_step(*held.popleft())
+        self._hand_over(made, wait=True)
 
-    def _hand_over(self, step: BatchStep, made: Future[Batch]) -> bool:
-        """Put ``step``'s batch in the queue once made, and release the chunks it was the last to use: False
-        when the run was closed meanwhile."""
-        batch = made.result()
+    def _hand_over(self, made: deque[Future[Batch]], wait: bool) -> bool:
+        """Put the batches made, in order, in the queue (with ``wait``, every one, waiting for each): False when
+        the run was closed meanwhile."""
+        while made and (wait or made[0].done()):
+            if not self._put(made.popleft().result()):
+                return False
+        return True
+
+    def _release_step(self, step: BatchStep, making: Future[Batch]) -> None:
+        """Release the chunks ``step``'s batch was the last to use, once it is made."""
+        wait([making])
         chunks = self.work.plan.chunks
         for slot in step.release:
             chunk = int(chunks[slot])
@@ -319,7 +329,6 @@ class LocalRun(Run):
                 loaded = self.loading.pop(chunk)
                 if chunk not in self.damaged:
                     self.buffers.give(loaded.result()[1])
-        return self._put(batch)
 
     def _values(self, chunk: int) -> dict[str, Any] | None:
         """The chunk's values, or None for a damaged chunk left out (``skip_damaged``: named in a warning,
@@ -340,6 +349,13 @@ class LocalRun(Run):
     def _make(self, step: BatchStep, data: dict[int, dict[str, Any]]) -> Batch:
         """``step``'s batch from the chunks' values ``data`` (by slot): without the samples of the slots it
         lacks (damaged chunks left out), each augmentation piece then shorter by those."""
+        began = time.perf_counter()
+        try:
+            return self._made(step, data)
+        finally:
+            self.stats.made(time.perf_counter() - began)
+
+    def _made(self, step: BatchStep, data: dict[int, dict[str, Any]]) -> Batch:
         work = self.work
         samples, slots, draws = step.samples, step.slots, work.draws(step)
         empty = plain if work.allocator is None else work.allocator(step.index)
@@ -352,7 +368,8 @@ class LocalRun(Run):
             if not data:  # every sample of the batch was in damaged chunks: an empty batch, as it is
                 return {name: np.empty((0, *shape), dtype) for name, (shape, dtype) in
                         ((name, sample_spec(work.store, name)) for name in work.recipe.fields)}
-        return make_batch(work.recipe, samples, work.store.chunk_size, slots, data, draws, empty)
+        return make_batch(work.recipe, samples, work.store.chunk_size, slots, data, draws, empty,
+                          self.stats.transformed)
 
     def _prefetch(self, chunks: list[int]) -> None:
         for reader in self.readers.values():

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections import Counter, deque
 from typing import Any
 
 import numpy as np
+
+from ..threads import shared_pool
 
 ROUTES = ("shared_memory", "straight", "through_scheduler")  # how a cluster's batches reach the consumer
 
@@ -53,6 +56,8 @@ class LoaderStats:
         self.spans = SpanClock()  # a cluster's spans: how long they take
         self.hedged = 0  # spans made again elsewhere because they were late
         self.damaged = 0  # chunks left out as damaged (``skip_damaged``)
+        self.making = self.transforming = 0.0  # seconds making batches here, and in their transform after the crop
+        self.lock = threading.Lock()  # batches are made on several threads
 
     def record(self, wait: float, ready: int, samples: int) -> None:
         if self.started is None:
@@ -62,9 +67,26 @@ class LoaderStats:
         self.waits.append(wait)
         self.ready.append(ready)
 
+    def made(self, seconds: float) -> None:
+        """A batch was made in this process in ``seconds``."""
+        with self.lock:
+            self.making += seconds
+
+    def transformed(self, seconds: float) -> None:
+        """A batch's transform (after a crop done as it is made) took ``seconds``."""
+        with self.lock:
+            self.transforming += seconds
+
     def delivered(self, worker: str, route: str, count: int) -> None:
         """``count`` batches (or lanes' parts of batches) made by ``worker`` reached the consumer by ``route``."""
         self.routes[worker, route] += count
+
+    def _made_here(self) -> dict[str, float]:
+        """How batches made in this process were made: the transform's share of the time (after a crop done
+        as they are made), and the thread pool's threads, the most kept busy and their CPU share (`Gauge`)."""
+        pool = shared_pool()
+        return {"transform_share": self.transforming / self.making, "threads": pool.threads,
+                "threads_busy_limit": pool.gauge.limit, "threads_cpu_share": pool.gauge.last}
 
     def summary(self) -> dict[str, float]:
         elapsed = time.perf_counter() - self.started if self.started is not None else 0.0
@@ -79,6 +101,7 @@ class LoaderStats:
             "wait_p95_ms": float(np.percentile(waits, 95) * 1e3),
             "wait_fraction": float(waits.sum() / elapsed) if elapsed else 0.0,
             "ready_mean": float(np.mean(self.ready)) if self.ready else 0.0,
+            **(self._made_here() if self.making else {}),
             **({"damaged_chunks": self.damaged} if self.damaged else {}),
             **cluster,
         }

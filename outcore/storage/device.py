@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OptionError
-from ..threads import CGROUP_ROOT, OWN_CGROUP
+from ..threads.cpus import CGROUP_ROOT, OWN_CGROUP
 from .huge_pages import HugePageReads
 
 LARGE_READ = 4 * 2**20  # what the bandwidth is measured with

@@ -1,12 +1,12 @@
-"""The process's one pool of threads for reading, decoding and resizing, sized from the CPUs it may use.
+"""The process's one pool of threads for reading, decoding, cutting and making batches, sized from the CPUs it
+may use (`available_cpus`: the CPU affinity and the cgroup quota, not the host's cores).
 
-``os.cpu_count()`` counts the host's cores: a job given 8 CPUs of a 96-core machine (Slurm, a
-Kubernetes limit, ``taskset``) would start 96 threads where 8 can run. `available_cpus` reads the
-CPU affinity and the cgroup CPU quota instead. One pool, made when first used and kept for the
-process's life, serves every chunk read, decode and resize, so a process never runs more of them at
-once than `thread_count` says: by default the available CPUs, divided among the DataLoader workers
-when a process is one of them (`share_cpus`), so that their total stays within the CPUs; the
-``OUTCORE_THREADS`` environment variable or `set_threads` choose another number.
+One pool, made when first used and kept for the process's life, serves every chunk read, decode, copy and
+batch, so a process never runs more of them at once than `thread_count` says: by default the available
+CPUs, divided among the DataLoader workers when a process is one of them (`share_cpus`), so that their
+total stays within the CPUs; the ``OUTCORE_THREADS`` environment variable or `set_threads` choose another
+number. Of those, no more run at once than run well (`busy_limit`, measured by the pool's `Gauge`: threads
+waiting for the GIL or for a core lower it), so more threads are never slower than fewer.
 
 A forked child does not inherit running threads: the pool is made again in the child when it is
 first used there. `for_each_run` shares the runs of a call between the calling thread and the pool's free
@@ -19,105 +19,32 @@ threads: a pool thread may call it (a batch made there) without waiting on work 
 
 from __future__ import annotations
 
-import math
 import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from .errors import OptionError
+from ..errors import OptionError
+from .cpus import available_cpus
+from .pool import Gauge, Pool
 
 ENVIRONMENT = "OUTCORE_THREADS"
 IO_ENVIRONMENT = "OUTCORE_IO_THREADS"
 IO_THREADS = 64  # the most requests to object stores in flight at once, by default: see `io_thread_count`
 BLOCKS_PER_THREAD = 4  # for_each: runs of items per thread, enough to even out uneven items
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-OWN_CGROUP = Path("/proc/self/cgroup")  # which cgroup(s) this process is in
-QUOTA_SECONDS = 5.0  # the cgroup CPU quota is read again after this long (not at every batch: files to read)
 
 _lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
+_pool: Pool | None = None
 _pool_pid = 0
 _chosen: int | None = None  # set_threads
 _shares = 1  # share_cpus: the processes this one shares its CPUs with (itself included)
 _cap: int | None = None  # cap_threads: a worker of a Dask cluster uses at most its own threads
-_pending = 0  # the pool's tasks submitted and not finished (`_free_threads`)
-_pending_lock = threading.Lock()
 _io_pool: ThreadPoolExecutor | None = None
 _io_pool_pid = 0
 _io_pool_size = 0
 _request_pool: ThreadPoolExecutor | None = None
 _request_pool_pid = 0
-_quota_read: tuple[float, tuple[Path, Path], float | None] | None = None  # (when, which files, quota)
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on: its CPU affinity, capped by its cgroups' CPU quota (v2
-    ``cpu.max`` or v1 ``cpu.cfs_quota_us``, the process's cgroup and its ancestors), at least 1."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
-    quota = _cgroup_quota()
-    return max(1, min(cpus, math.ceil(quota)) if quota else cpus)
-
-
-def _cgroup_quota() -> float | None:
-    """CPUs allowed by the CPU quotas of this process's cgroup and its ancestors (the smallest), or None
-    when none sets one (or none can be read); read again once `QUOTA_SECONDS` have passed (a quota
-    rarely changes, and the thread count is asked for at every batch: on 2 cores, reading its files cost
-    a Dask worker about 1 % of its time)."""
-    global _quota_read
-    now, files = time.monotonic(), (CGROUP_ROOT, OWN_CGROUP)
-    if _quota_read is None or _quota_read[1] != files or now - _quota_read[0] >= QUOTA_SECONDS:
-        _quota_read = (now, files, _read_cgroup_quota())
-    return _quota_read[2]
-
-
-def _read_cgroup_quota() -> float | None:
-    quotas = []
-    for path in _cgroup_cpu_files():
-        try:
-            quota = _cpu_max(path) if path.name == "cpu.max" else _cfs_quota(path)
-        except (OSError, ValueError, IndexError):
-            continue
-        if quota:
-            quotas.append(quota)
-    return min(quotas) if quotas else None
-
-
-def _cgroup_cpu_files() -> list[Path]:
-    """The quota files of this process's cgroup and its ancestors: v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``."""
-    try:
-        lines = OWN_CGROUP.read_text().splitlines()
-    except OSError:
-        return []
-    files = []
-    for line in lines:
-        _, controllers, where = line.split(":", 2)
-        if controllers == "":  # v2: one hierarchy
-            top, name = CGROUP_ROOT, "cpu.max"
-        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own hierarchy
-            top, name = CGROUP_ROOT / controllers, "cpu.cfs_quota_us"
-        else:
-            continue
-        folder = top / where.strip("/")
-        files += [path / name for path in (folder, *folder.parents) if path == top or top in path.parents]
-    return files
-
-
-def _cpu_max(path: Path) -> float | None:
-    quota, period = path.read_text().split()[:2]
-    return None if quota == "max" else int(quota) / int(period)
-
-
-def _cfs_quota(path: Path) -> float | None:
-    quota = int(path.read_text())
-    period = int((path.parent / "cpu.cfs_period_us").read_text())
-    return None if quota <= 0 else quota / period
 
 
 def thread_count() -> int:
@@ -179,38 +106,44 @@ def _replace_pool() -> None:
     with _lock:
         old, _pool = _pool, None
     if old is not None and _pool_pid == os.getpid():
-        old.shutdown(wait=False)
+        old.shutdown()
 
 
-def pool() -> ThreadPoolExecutor:
-    """The process's pool (made now if this process has none yet, e.g. in a forked child)."""
+def shared_pool() -> Pool:
+    """The process's pool of `thread_count` threads (made now if this process has none yet, e.g. in a forked
+    child, or when the count changed), which runs at most as many tasks at once as its `Gauge` says run well."""
     global _pool, _pool_pid
+    threads = thread_count()
     with _lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(thread_count(), thread_name_prefix="outcore-pool")
+        if _pool is None or _pool_pid != os.getpid() or _pool.threads != threads:
+            if _pool is not None and _pool_pid == os.getpid():
+                _pool.shutdown()
+            _pool = Pool(threads, "outcore-pool")
             _pool_pid = os.getpid()
         return _pool
 
 
-def submit(work: Callable[..., Any], *args: Any) -> Future[Any]:
-    """``work(*args)`` on the pool."""
-    global _pending
-    with _pending_lock:
-        _pending += 1
-    future = pool().submit(work, *args)
-    future.add_done_callback(_finished)  # run when it ends, or is cancelled before it starts
-    return future
+def submit(work: Callable[..., Any], *args: Any, limited: bool = True) -> Future[Any]:
+    """``work(*args)`` on the pool; ``limited=False`` for work that may wait on a device or the network (reads):
+    it never waits for the `Gauge`'s limit (`Pool`)."""
+    return shared_pool().submit(work, *args, limited=limited)
 
 
-def _finished(_: Future[Any]) -> None:
-    global _pending
-    with _pending_lock:
-        _pending -= 1
+def _free_threads() -> int:
+    """How many more tasks the pool may be given now (about: a task may be ending): `busy_limit` less those
+    submitted and not finished."""
+    current = shared_pool()
+    return max(0, current.gauge.limit - current.pending)
 
 
-def _free_threads(threads: int) -> int:
-    """How many of the pool's ``threads`` have no task, running or waiting (about: a task may be ending)."""
-    return max(0, threads - _pending)
+def gauge() -> Gauge:
+    """The pool's `Gauge`: how well its threads run, and how many may be busy at once."""
+    return shared_pool().gauge
+
+
+def busy_limit() -> int:
+    """How many of the pool's threads may be busy at once: as many as run well (`Gauge`)."""
+    return shared_pool().gauge.limit
 
 
 def for_each(work: Callable[[int], None], count: int) -> None:
@@ -241,13 +174,14 @@ def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -
     """
     if count <= 0:
         return
-    threads = thread_count()
+    measured = shared_pool().gauge
+    threads = measured.limit
     blocks = max(1, min(count // max(1, least), BLOCKS_PER_THREAD * threads))
     if blocks == 1 or threads == 1:
-        work(0, count)
+        measured.measured(work, 0, count)
         return
-    runs = _Runs(work, count, blocks)
-    for _ in range(min(blocks - 1, _free_threads(threads))):
+    runs = _Runs(work, count, blocks, measured)
+    for _ in range(min(blocks - 1, _free_threads())):
         submit(runs.take)
     runs.take()
     runs.wait()
@@ -256,8 +190,8 @@ def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -
 class _Runs:
     """The runs of one `for_each_run` call, taken one at a time by whichever thread asks (`take`)."""
 
-    def __init__(self, work: Callable[[int, int], None], count: int, blocks: int) -> None:
-        self.work, self.count, self.blocks = work, count, blocks
+    def __init__(self, work: Callable[[int, int], None], count: int, blocks: int, gauge: Gauge) -> None:
+        self.work, self.count, self.blocks, self.gauge = work, count, blocks, gauge
         self.next = 0  # the next run to take
         self.running = 0  # runs taken and not finished
         self.error: BaseException | None = None
@@ -271,7 +205,7 @@ class _Runs:
                     return
                 block, self.next, self.running = self.next, self.next + 1, self.running + 1
             try:
-                self.work(block * self.count // self.blocks, (block + 1) * self.count // self.blocks)
+                self.gauge.measured(self.work, block * self.count // self.blocks, (block + 1) * self.count // self.blocks)
             except BaseException as error:  # noqa: BLE001 - raised by the caller, in `wait`
                 with self.finished:
                     self.error = self.error or error
@@ -367,9 +301,16 @@ def submit_request(work: Callable[..., Any], *args: Any) -> Future[Any]:
 
 
 def _forget_after_fork() -> None:
-    global _pool, _io_pool, _request_pool, _lock, _pending, _pending_lock
+    global _pool, _io_pool, _request_pool, _lock
     _pool, _io_pool, _request_pool = None, None, None  # the parent's threads (and locks) do not exist here
-    _lock, _pending, _pending_lock = threading.Lock(), 0, threading.Lock()
+    _lock = threading.Lock()
+
+
+def _shut_down() -> None:
+    """At the interpreter's exit, before it waits for threads: the pool's threads end once their task is done."""
+    if _pool is not None and _pool_pid == os.getpid():
+        _pool.shutdown()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+threading._register_atexit(_shut_down)  # as concurrent.futures does: before threading joins the threads

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Everything that needs a machine of many cores and a GPU, in one command, on a machine without a package
+# registry: from the project's root, with .dev/ filled by benchmarks/device/prepare.sh (and carried there):
+#     bash benchmarks/device/run.sh           (about 7 minutes; SKIP="cluster imagenet" leaves steps out)
+# Installs outcore from the tree (its C extensions built against .dev/jpeg) and what the machine lacks (.dev/whl),
+# then runs each step time-boxed, its log in $OUT (default /tmp/out), and prints the tables:
+#   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC), the
+#               GIL share per stage on all the cores (py-spy, when .dev/whl has it), ds.torch with 0-16 workers
+#   cluster     benchmarks/cluster.py: 1-8 Dask workers decoding, cropping and flipping
+#   imagenet    benchmarks/imagenet.py: full-size JPEGs, RandomResizedCrop(224) + flip, against its ceiling
+#   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor)
+#   gpu         benchmarks/gpu_training.py: does the GPU wait? a small ResNet (and ResNet-50 on RRC) fed by outcore
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+root=$PWD
+jpeg=$root/.dev/jpeg
+work=/tmp/bench
+[ -d "$root/.dev/whl" ] || { echo "no .dev/whl here: run benchmarks/device/prepare.sh on a machine with a registry, carry .dev" >&2; exit 3; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .dev/whl/*.whl || exit 3
+export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=$jpeg/lib PATH=/tmp/site/bin:$PATH
+OUTCORE_JPEG_PREFIX=$jpeg python3 -m pip install -q --no-deps --no-build-isolation --no-index --no-compile --target /tmp/site . \
+    > "$OUT/install.log" 2>&1 || { echo "install failed"; tail "$OUT/install.log"; exit 4; }
+{ nproc; nvidia-smi -L; (cd /tmp && python3 -c "from outcore.cli.info import system_report; print(system_report())"); } 2>&1 | tee "$OUT/env.log"
+
+step() {  # step NAME SECONDS COMMAND...: run in benchmarks/, time-boxed, logged
+    local name=$1 limit=$2
+    shift 2
+    case " ${SKIP:-} " in *" $name "*) return ;; esac
+    local began
+    began=$(date +%s)
+    (cd "$root/benchmarks" && timeout "$limit" "$@") > "$OUT/$name.log" 2>&1
+    echo "$name: rc=$? in $(($(date +%s) - began)) s"
+}
+
+step cores 200 python3 cores.py --images 6000 --threads 1,2,4,8,16 --seconds 3 --torch-workers 0,4,8,16 --workdir $work/cores
+step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
+step imagenet 110 python3 imagenet.py --images 6000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
+step gpu_decode 45 python3 device/gpu_decode.py $work/inet/train 2
+step gpu 120 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
+for log in "$OUT"/*.log; do
+    echo "== $log"
+    tr '\r' '\n' < "$log" | grep -v '%|' | tail -n 40
+done
