@@ -11,7 +11,7 @@ then, for each case (``ds.batches(256, shuffle=True)`` over the images and label
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
   ``--seconds``), and the ratio to ``n`` times the one-thread rate;
 - **gil**: on these cores, where the work's time goes and how much of it holds the GIL: py-spy samples a
-  process running the case at the most threads twice, once every running thread (CPU time), once only the
+  process running the case at ``--gil-threads`` (default: one per core) twice, once every running thread (CPU time), once only the
   thread holding the GIL (``--gil``); each sample is put in the stage of its innermost outcore frame (read
   and decompress, JPEG decode, crop/resize, batch assembly, transforms, plan and schedule, threads and
   queues, the consumer). ``GIL share`` is GIL time over CPU time, per stage and in all; on ``n`` cores a
@@ -39,6 +39,7 @@ import numpy as np
 
 import outcore
 from outcore.imaging.synthetic import write_image_folder
+from outcore.threads.pool import Gauge
 from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
 
 BATCH = 256
@@ -87,6 +88,8 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
     """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted); with
     ``ready``, says so on stdout after the first (for the profiler) and runs until killed."""
     outcore.set_threads(threads)
+    if ready:  # py-spy takes a share of the cores while it samples: keep every thread busy, as unprofiled
+        Gauge.LOW = 0.0
     batches = outcore.open_dataset(location).batches(BATCH, shuffle=True, fields=["images", "labels"],
                                                      transform=CASES[case][1])
     rates, began, epoch = [], time.perf_counter(), 0
@@ -233,6 +236,8 @@ def main() -> None:
     parser.add_argument("--only", default="scaling,gil,torch")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--torch-workers", default="0,2", help="DataLoader workers of the torch rows")
+    parser.add_argument("--gil-threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="the threads of the GIL rows (default: the cores this process may use)")
     parser.add_argument("--run", nargs=4, metavar=("CASE", "STORE", "THREADS", "SECONDS"), help=argparse.SUPPRESS)
     parser.add_argument("--ready", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-run", nargs=3, metavar=("STORE", "WORKERS", "SECONDS"), help=argparse.SUPPRESS)
@@ -252,7 +257,7 @@ def main() -> None:
     only = args.only.split(",")
     rates = scaling(made, cases, threads, args.seconds) if "scaling" in only else {}
     if "gil" in only:
-        gil(made, cases, max(threads), args.seconds, rates)
+        gil(made, cases, args.gil_threads, args.seconds, rates)
     if "torch" in only:
         torch_workers(made["pixels"], [int(n) for n in args.torch_workers.split(",")], args.seconds)
 

@@ -240,7 +240,8 @@ class LocalRun(Run):
     the pool's free threads: `outcore.threads.for_each_run`), up to `making` batches at once, handed to
     the queue in order by the producer thread, which follows the schedule. Reads run ``read_ahead``
     slots ahead of the batch being made: one per pool thread, so every thread has a chunk to read, from
-    2 to `MAX_READ_AHEAD` (memory: each is a chunk held). From an object store, reads run
+    2 to `MAX_READ_AHEAD` (memory: each is a chunk held); local reads (decompression, mostly) count
+    against the pool's limit of busy threads, an object store's (which wait on the network) do not. From an object store, reads run
     `REMOTE_READ_AHEAD` slots ahead (answers arrive out of order: a thread waiting on a late one leaves
     the later ones to the other threads; measured 8 % faster than 2 on 2 cores), and the slots' stored
     bytes are fetched on the I/O threads further ahead still, as many slots as hide the measured latency
@@ -299,7 +300,7 @@ class LocalRun(Run):
             for slot in step.load:
                 chunk = int(chunks[slot])
                 if chunk not in self.loading:
-                    self.loading[chunk] = submit(self._read, chunk, limited=False)  # may wait on a device
+                    self.loading[chunk] = submit(self._read, chunk, limited=not self.remote)
                 self.slots_held[chunk] = self.slots_held.get(chunk, 0) + 1
             data = {slot: values for slot in step.used if (values := self._values(int(chunks[slot]))) is not None}
             making = submit(self._make, step, data)

@@ -111,14 +111,15 @@ def _replace_pool() -> None:
 
 def shared_pool() -> Pool:
     """The process's pool of `thread_count` threads (made now if this process has none yet, e.g. in a forked
-    child, or when the count changed), which runs at most as many tasks at once as its `Gauge` says run well."""
+    child, or when the count changed), which runs at most as many tasks at once as its `Gauge` says run well,
+    and no more than the CPUs this process may use (more threads than those may wait on object stores)."""
     global _pool, _pool_pid
     threads = thread_count()
     with _lock:
         if _pool is None or _pool_pid != os.getpid() or _pool.threads != threads:
             if _pool is not None and _pool_pid == os.getpid():
                 _pool.shutdown()
-            _pool = Pool(threads, "outcore-pool")
+            _pool = Pool(threads, "outcore-pool", Gauge(min(threads, available_cpus())))  # no more busy than CPUs
             _pool_pid = os.getpid()
         return _pool
 

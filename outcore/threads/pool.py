@@ -29,30 +29,37 @@ class Gauge:
     copies, decodes, crops; never reads, which may wait on a device), and from it how many tasks may run at once
     (`limit`). A thread that waits for the GIL, or for a core that other threads (or processes) hold, spends
     wall time without CPU time (measured on 2 cores: 0.96 of the wall time is CPU time with 2 threads busy,
-    0.66 with 3, 0.27 with 8). Judged every `EVERY` runs: below `LOW`, the limit falls to the threads' worth that
-    ran at `TARGET` (more threads than help are never busy: they would only be slower); above `HIGH` for
-    `patience` judgements in a row, it rises by one, up to the pool's threads, and a rise undone at once makes
-    the next wait twice as long. The judgement after a change is skipped (its runs began before it).
+    0.66 with 3, 0.27 with 8). A run every `INTERVAL` is measured; every `EVERY` measured runs, the share
+    (`last`, a mean over the last judgements, so that a run held up by another process moves it little) is
+    judged:
+    below `LOW`, the limit falls to the threads' worth that ran at `TARGET` (more threads than help are never
+    busy: they would only be slower); above `HIGH` for `patience` judgements in a row, it rises by one, up to
+    the pool's threads, and a rise undone at once makes the next wait twice as long (at most `MOST_PATIENCE`).
+    The judgement after a change is skipped (its runs began before it).
 
     >>> gauge = Gauge(8)
     >>> for _ in range(Gauge.EVERY):
-    ...     gauge.record(cpu=0.25, wall=1.0)  # three quarters of the time waiting
-    >>> gauge.limit, gauge.last
-    (2, 0.25)
+    ...     gauge.record(cpu=0.25, wall=1.0)  # three quarters of the time waiting: a mean share of 0.625
+    >>> gauge.limit  # 8 x 0.625 / 0.85
+    6
     """
 
     LOW, TARGET, HIGH = 0.7, 0.85, 0.9
-    EVERY = 32
+    EVERY = 8
+    INTERVAL = 0.02  # seconds between the starts of runs measured: a thread's CPU clock, read after a long call
+    # outside the GIL, held the GIL for 2.4 % of an encoded epoch's CPU time on 2 cores (py-spy) read at every run
+    MOST_PATIENCE = 8
 
     def __init__(self, threads: int) -> None:
         self.threads = self.limit = threads
         self.cpu = self.wall = 0.0
         self.runs = 0
-        self.last = 1.0  # the share measured last
+        self.last = 1.0  # the share: the mean of the judgements' own, the last one weighing half
         self.patience = 1  # judgements above HIGH in a row before a rise
         self.high = 0  # such judgements so far
         self.rose = False  # the last change was a rise
         self.settling = False  # skip the next judgement
+        self.sampled = 0.0  # when the last run measured began
         self.lock = threading.Lock()
 
     def record(self, cpu: float, wall: float) -> None:
@@ -67,11 +74,12 @@ class Gauge:
         if self.settling:
             self.settling = False
             return
-        self.last = share
+        self.last = share = (self.last + share) / 2
         if share < self.LOW and self.limit > 1:
-            self.patience = min(64, self.patience * 2) if self.rose else self.patience
+            self.patience = min(self.MOST_PATIENCE, self.patience * 2) if self.rose else self.patience
             self.limit = max(1, min(self.limit - 1, round(self.limit * share / self.TARGET)))
             self.rose, self.settling, self.high = False, True, 0
+            self.last = self.TARGET  # what the new limit is expected to give
         elif share > self.HIGH and self.limit < self.threads:
             self.high += 1
             if self.high >= self.patience:
@@ -81,8 +89,13 @@ class Gauge:
             self.high = 0
 
     def measured(self, work: Callable[[int, int], None], start: int, stop: int) -> None:
-        """``work(start, stop)``, its CPU and wall time recorded."""
-        wall, cpu = time.perf_counter(), time.thread_time()
+        """``work(start, stop)``, its CPU and wall time recorded (when `INTERVAL` has passed since the last run
+        measured began)."""
+        wall = time.perf_counter()
+        if wall - self.sampled < self.INTERVAL:
+            work(start, stop)
+            return
+        self.sampled, cpu = wall, time.thread_time()
         work(start, stop)
         self.record(time.thread_time() - cpu, time.perf_counter() - wall)
 
@@ -100,7 +113,7 @@ class Pool:
 
     def __init__(self, threads: int, name: str, gauge: Gauge | None = None) -> None:
         self.threads, self.name = threads, name
-        self.gauge = gauge or Gauge(threads)
+        self.gauge = gauge or Gauge(threads)  # its threads: the most that may be busy
         self.lock = threading.Lock()
         self.waiting: dict[bool, deque[_Task]] = {False: deque(), True: deque()}  # tasks no thread took yet
         self.idle: list[_Worker] = []  # threads waiting for a task, the last to go idle at the end
@@ -171,20 +184,19 @@ class _Worker:
     def __init__(self, pool: Pool, task: _Task, name: str) -> None:
         self.pool = pool
         self.task: _Task | None = task
-        self.ready = threading.Event()
-        self.ready.set()
+        self.ready = threading.Lock()  # held but while `give` hands a task over: a C lock, cheaper than an Event
+        self.ready.acquire()
         threading.Thread(target=self.run, name=name).start()
 
     def give(self, task: _Task | None) -> None:
         """Run ``task`` next (None: end)."""
         self.task = task
-        self.ready.set()
+        self.ready.release()
 
     def run(self) -> None:
         while True:
-            self.ready.wait()
-            self.ready.clear()
             task = self.task
+            self.task = None
             while task is not None:
                 future, work, args, _ = task
                 if future.set_running_or_notify_cancel():
@@ -196,3 +208,4 @@ class _Worker:
                 task = self.pool.next_task(self, task)
             if self.pool.closed:
                 return
+            self.ready.acquire()  # until `give`
