@@ -162,7 +162,7 @@ def _cut(recipe: Recipe, keys: np.ndarray, local: np.ndarray, rows: Rows, data: 
          bounds: list[int], rngs: list[np.random.Generator]) -> Cut:
     """The recipe's crop (and flip) of each row, drawn piece by piece, as the transform would draw them."""
     crop = recipe.crop
-    sizes = picture_sizes([data[int(chunk)][crop.field] for chunk in rows.chunks], rows.which, rows.local)
+    sizes = picture_sizes(rows.sources(data, crop.field), rows.which, rows.local)
     sizes[rows.order] = sizes.copy()  # in the batch's order
     boxes = np.empty((len(keys), 4), np.float64)
     flips = np.zeros((len(keys), 2), np.uint8)

@@ -12,8 +12,7 @@ sample where the C extensions are built.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,12 +58,9 @@ class Rows:
     def __len__(self) -> int:
         return len(self.order)
 
-    def by_chunk(self, start: int, stop: int) -> Iterator[tuple[int, slice]]:
-        """``(chunk, positions)`` of each chunk's rows among positions ``[start, stop)``, in order."""
-        which = self.which[start:stop]
-        changes = start + 1 + np.flatnonzero(which[1:] != which[:-1])  # a new chunk's first position
-        for low, high in itertools.pairwise([start, *changes.tolist(), stop]):
-            yield int(self.chunks[self.which[low]]), slice(low, high)
+    def sources(self, data: Mapping[int, ChunkValues], field: str) -> list[Any]:
+        """Field ``field``'s values in each of the chunks, in the order of ``chunks``."""
+        return [data[int(chunk)][field] for chunk in self.chunks]
 
 
 @dataclass(frozen=True)
@@ -108,9 +104,9 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
         shape = (len(rows), *_sample_shape(values))
         batch[name] = out = np.empty(shape, values.dtype) if name in text_fields else empty(shape, values.dtype, field=name)
         if isinstance(values, EncodedChunk):
-            decodes.append(_decodes(rows, data, name, out))
+            decodes.append(_each_run(decode_rows, rows, data, name, out))
         else:
-            copies.append((_copies(rows, data, name, out), out[0].nbytes if len(out) else 1))
+            copies.append((_each_run(copy_samples, rows, data, name, out), out[0].nbytes if len(out) else 1))
     if copies:
         least = max(1, RUN_BYTES // max(1, sum(nbytes for _, nbytes in copies)))
         for_each_run(lambda start, stop: [run(start, stop) for run, _ in copies], len(rows), least)
@@ -123,17 +119,19 @@ def _sample_shape(values: np.ndarray | EncodedChunk) -> tuple[int, ...]:
     return values.decode.shape if isinstance(values, EncodedChunk) else values.shape[1:]
 
 
-def _copies(rows: Rows, data: Mapping[int, ChunkValues], field: str, out: np.ndarray) -> Callable[[int, int], None]:
-    sources = [data[int(chunk)][field] for chunk in rows.chunks]
+def _each_run(call: Callable[..., None], rows: Rows, data: Mapping[int, ChunkValues], field: str,
+              out: np.ndarray) -> Callable[[int, int], None]:
+    """A run's ``call(sources, which, local, out, rows)``: its copies (`copy_samples`) or decodes (`decode_rows`)."""
+    sources = rows.sources(data, field)
 
     def run(start: int, stop: int) -> None:
-        copy_samples(sources, rows.which[start:stop], rows.local[start:stop], out, rows.order[start:stop])
+        call(sources, rows.which[start:stop], rows.local[start:stop], out, rows.order[start:stop])
 
     return run
 
 
 def _window_copies(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray) -> Callable[[int, int], None]:
-    sources = [data[int(chunk)][cut.field] for chunk in rows.chunks]
+    sources = rows.sources(data, cut.field)
     corners = cut.boxes[rows.order, :2].astype(np.int64)
     flips = cut.flips[rows.order]
 
@@ -144,18 +142,9 @@ def _window_copies(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: n
     return run
 
 
-def _decodes(rows: Rows, data: Mapping[int, ChunkValues], field: str, out: np.ndarray) -> Callable[[int, int], None]:
-    sources = [data[int(chunk)][field] for chunk in rows.chunks]
-
-    def run(start: int, stop: int) -> None:
-        decode_rows(sources, rows.which[start:stop], rows.local[start:stop], out, rows.order[start:stop])
-
-    return run
-
-
 def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray) -> Callable[[int, int], None]:
     """Boxes cut while decoding (encoded fields: `cut_rows`) or resized out of their pixels, one by one."""
-    sources = [data[int(chunk)][cut.field] for chunk in rows.chunks]
+    sources = rows.sources(data, cut.field)
     boxes, flips, sizes = cut.boxes[rows.order], cut.flips[rows.order], cut.sizes[rows.order]
     encoded = isinstance(sources[0], EncodedChunk)
 
