@@ -1,5 +1,6 @@
-"""Build outcore's C extensions when they can be built: ``outcore.imaging._jpeg`` (cropped JPEG decoding) and
-``outcore.imaging._windows`` (a batch's samples and crops copied out of chunks; it needs a C compiler only).
+"""Build outcore's C extensions when they can be built: ``outcore.imaging._jpeg`` (cropped JPEG decoding),
+``outcore.imaging._windows`` (a batch's samples and crops copied out of chunks) and ``outcore._seeds`` (numpy's
+SeedSequence state without its Python); the last two need a C compiler only.
 
 It needs a C compiler and libjpeg-turbo 1.5 or later with its headers (Debian/Ubuntu ``libjpeg62-turbo-dev``
 or ``libjpeg-turbo8-dev``, Fedora ``libjpeg-turbo-devel``, Homebrew ``jpeg-turbo``, conda ``libjpeg-turbo``),
@@ -23,6 +24,7 @@ from setuptools.errors import CCompilerError, CompileError, ExecError, LinkError
 
 SOURCE = "outcore/imaging/_jpeg.c"
 WINDOWS_SOURCE = "outcore/imaging/_windows.c"
+SEEDS_SOURCE = "outcore/_seeds.c"
 
 
 def jpeg_paths() -> tuple[list[str], list[str]]:
@@ -47,9 +49,12 @@ class OptionalBuildExt(build_ext):
             super().build_extension(ext)
         except (CCompilerError, CompileError, ExecError, LinkError, PlatformError, OSError) as error:
             self.extensions = [other for other in self.extensions if other is not ext]  # nothing to copy or install
-            instead = ("decode JPEGs with simplejpeg and Pillow (same pixels, slower). Install libjpeg-turbo's "
-                       "headers and a C compiler to build it." if ext.name.endswith("_jpeg") else
-                       "copy batches' samples with numpy (same bytes, slower). Install a C compiler to build it.")
+            instead = {"outcore.imaging._jpeg": "decode JPEGs with simplejpeg and Pillow (same pixels, slower). Install "
+                                                "libjpeg-turbo's headers and a C compiler to build it.",
+                       "outcore.imaging._windows": "copy batches' samples with numpy (same bytes, slower). Install a C "
+                                                   "compiler to build it.",
+                       "outcore._seeds": "seed generators with numpy's SeedSequence (the same generators, slower). "
+                                         "Install a C compiler to build it."}[ext.name]
             print(f"outcore: the C extension {ext.name} was not built ({error}); outcore will {instead}", file=sys.stderr)
 
 
@@ -60,7 +65,8 @@ def extensions() -> list[Extension]:
     flags = ["-O3", "-ffp-contract=off"] if os.name != "nt" else []
     return [Extension("outcore.imaging._jpeg", [SOURCE], include_dirs=include_dirs, library_dirs=library_dirs,
                       libraries=["jpeg"], extra_compile_args=flags),
-            Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags)]
+            Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags),
+            Extension("outcore._seeds", [SEEDS_SOURCE], extra_compile_args=flags)]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,40 @@
+"""Each use of randomness has a generator of its own (`outcore.seeds`), made by the ``_seeds`` extension where it is
+built: the very generator numpy's SeedSequence makes from the same key, for any key."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from outcore import seeds
+from outcore.errors import OptionError
+from outcore.seeds import Domain, generator
+
+
+def _numpy(domain: Domain, *key: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([len(key), *key], spawn_key=(int(domain),)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(domain=st.sampled_from(list(Domain)),
+       key=st.lists(st.one_of(st.integers(0, 2**32), st.integers(0, 2**64 - 1), st.integers(0, 2**100)), max_size=8))
+def test_every_generator_is_numpys_from_the_same_key(domain, key):
+    """Numbers of 64 bits or more, which the extension leaves to numpy, included."""
+    np.testing.assert_array_equal(generator(domain, *key).random(4), _numpy(domain, *key).random(4))
+
+
+def test_the_extension_makes_them_where_it_is_built():
+    if seeds.native is None:
+        pytest.skip("outcore's _seeds extension is not in use here (OUTCORE_NATIVE=0, or not built)")
+    state = np.frombuffer(seeds.native.state([2, 7, 3], int(Domain.TRANSFORM)), np.uint64)
+    expected = np.random.SeedSequence([2, 7, 3], spawn_key=(int(Domain.TRANSFORM),)).generate_state(4, np.uint64)
+    np.testing.assert_array_equal(state, expected)
+    with pytest.raises(OverflowError):
+        seeds.native.state([1, 2**64], 1)
+
+
+def test_negative_seeds_are_refused():
+    with pytest.raises(OptionError, match="0 or more"):
+        generator(Domain.CHUNK_ORDER, -1)
