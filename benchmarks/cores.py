@@ -6,7 +6,8 @@
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
 crops, and an ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`),
-then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work):
+then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work;
+``ingest``: ``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
   ``--seconds``), and the ratio to ``n`` times the one-thread rate;
@@ -31,6 +32,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -50,9 +52,11 @@ CASES = {  # name: (store, transform)
     "encoded": ("encoded", None),
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
+    "ingest": ("own-size-jpegs", None),  # ingest_images of the JPEGs at their own sizes (shape=None, encoded)
 }
 # The stage of a py-spy frame: the first of these found in its file's path, innermost frame first.
 STAGES = (
+    ("ingest: survey, write", ("outcore/ingest/",)),
     ("read + decompress", ("outcore/storage/",)),
     ("copies, windows", ("outcore/imaging/windows.py",)),
     ("JPEG decode", ("outcore/imaging/decode.py", "outcore/imaging/encoded.py")),
@@ -60,8 +64,8 @@ STAGES = (
     ("transforms", ("outcore/iterate/transforms.py",)),
     ("batch assembly", ("outcore/iterate/batch.py", "outcore/iterate/gather.py")),
     ("plan + schedule", ("outcore/iterate/plan.py", "outcore/iterate/stream.py", "outcore/iterate/schedule.py")),
-    ("threads + queues", ("outcore/iterate/runs.py", "outcore/iterate/iterator.py", "outcore/threads.py",
-                          "concurrent/futures", "threading.py", "queue.py")),
+    ("threads + queues", ("outcore/iterate/runs.py", "outcore/iterate/iterator.py", "outcore/threads/",
+                          "concurrent/futures", "threading.py", "queue.py", "dask/")),
     ("consumer", ("cores.py",)),
 )
 
@@ -74,7 +78,7 @@ def stores(workdir: Path, images: int) -> dict[str, Path]:
     if not photos.exists():
         write_image_folder(photos, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos", seed=0)
     write_folder(own_size, max(BATCH * 4, images // 6))
-    made = {}
+    made = {"own-size-jpegs": own_size}
     for name, source, options in (("pixels", photos, {"shape": (128, 128, 3), "images": "pixels"}),
                                   ("encoded", photos, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("own-size", own_size, {"shape": None, "images": "encoded"})):
@@ -86,10 +90,13 @@ def stores(workdir: Path, images: int) -> dict[str, Path]:
 
 def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool = False) -> float:
     """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted); with
-    ``ready``, says so on stdout after the first (for the profiler) and runs until killed."""
+    ``ready``, says so on stdout after the first (for the profiler) and runs until killed. For ``ingest``, each
+    epoch is an ingest of the folder ``location`` into a new store."""
     outcore.set_threads(threads)
     if ready:  # py-spy takes a share of the cores while it samples: keep every thread busy, as unprofiled
         Gauge.LOW = 0.0
+    if case == "ingest":
+        return ingests(location, seconds, ready)
     batches = outcore.open_dataset(location).batches(BATCH, shuffle=True, fields=["images", "labels"],
                                                      transform=CASES[case][1])
     rates, began, epoch = [], time.perf_counter(), 0
@@ -105,13 +112,29 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
     return float(np.median(rates))
 
 
+def ingests(folder: Path, seconds: float, ready: bool) -> float:
+    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")``: files/s."""
+    with tempfile.TemporaryDirectory() as scratch:
+        rates, began, runs = [], time.perf_counter(), 0
+        while ready or len(rates) < 2 or time.perf_counter() - began < seconds:
+            start = time.perf_counter()
+            ds = outcore.ingest_images(folder, Path(scratch) / "ingested.zarr", shape=None, images="encoded",
+                                       overwrite=True, progress=False)
+            if runs:
+                rates.append(len(ds) / (time.perf_counter() - start))
+            elif ready:
+                print("ready", flush=True)
+            runs += 1
+    return float(np.median(rates))
+
+
 def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds: float) -> dict[str, dict[int, float]]:
     rates: dict[str, dict[int, float]] = {}
     for case in cases:
         rates[case] = {n: in_a_process(made, case, n, seconds) for n in threads}
     one = {case: rates[case].get(1) for case in cases}
-    print(f"\nsamples/s of ds.batches({BATCH}, shuffle=True), images + labels, {os.cpu_count()} cores here "
-          "(the ratio: to n x the 1-thread rate)")
+    print(f"\nsamples/s of ds.batches({BATCH}, shuffle=True), images + labels (ingest: files/s), {os.cpu_count()} "
+          "cores here (the ratio: to n x the 1-thread rate)")
     print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s}" for n in threads))
     for case in cases:
         cells = "".join(f" {rates[case][n]:11.0f} {rates[case][n] / (n * one[case]) if one[case] else float('nan'):6.2f}"

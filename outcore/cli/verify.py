@@ -15,6 +15,7 @@ from ..errors import CorruptChunkError, NotAStoreError, SampleDecodeError, Stora
 from ..ingest import progress_bar
 from ..iterate import ChunkReader
 from ..storage import is_url
+from ..threads import available_cpus
 
 
 @dataclass
@@ -52,7 +53,7 @@ def verify(location: str | os.PathLike, *, progress: bool = True, **open_options
     report = VerifyReport(ds.location)
     readers = {name: ds.chunk_reader(name) for name in ds.fields}
     jobs = [(name, chunk) for name in ds.fields for chunk in range(ds.num_chunks)]
-    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool, \
+    with ThreadPoolExecutor(max_workers=available_cpus()) as pool, \
             progress_bar(len(jobs), f"verify {ds.location}", "chunks", progress) as bar:
         for problem in pool.map(lambda job: _check_chunk(ds, readers[job[0]], *job), jobs):
             bar.update()

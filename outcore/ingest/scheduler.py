@@ -4,7 +4,6 @@ threads, one per core; with a progress bar counted in samples."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,8 @@ from dask.callbacks import Callback
 from dask.delayed import Delayed
 from tqdm import tqdm
 from tqdm.notebook import tqdm as notebook_tqdm
+
+from ..threads import thread_count
 
 
 def progress_bar(total: int, description: str, unit: str, enabled: bool = True) -> tqdm:
@@ -58,15 +59,16 @@ def run_tasks(
     """Compute ``tasks`` and return their results in order; the bar advances by ``weights[i]`` per task.
 
     With ``client`` (a ``distributed.Client``), or an active one (`active_client`), the tasks run on its
-    cluster; without, on a local pool of ``threads`` threads (default: one per core; one for work that
-    holds the GIL, which more threads only slow down).
+    cluster; without, on a local pool of ``threads`` threads (default: `outcore.thread_count`, one per CPU this
+    process may use unless `outcore.set_threads` or ``OUTCORE_THREADS`` say otherwise; one for work that holds
+    the GIL, which more threads only slow down).
     """
     client = active_client(client)
     with progress_bar(sum(weights), description, unit, progress) as bar:
         if client is not None:
             return _run_on_cluster(tasks, weights, client, bar)
         weight_of = {task.key: weight for task, weight in zip(tasks, weights, strict=True)}
-        pool = ThreadPoolExecutor(threads or os.cpu_count(), thread_name_prefix="outcore-ingest")
+        pool = ThreadPoolExecutor(threads or thread_count(), thread_name_prefix="outcore-ingest")
         try:
             with _ProgressCallback(weight_of, bar):
                 return list(dask.compute(*tasks, scheduler="threads", pool=pool))
