@@ -191,7 +191,9 @@ def main() -> None:
             jpeg_store, AUGMENT, client=client)
     table("a small ResNet", f"{len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips",
           [(name, *train(feed(), args.steps)) for name, feed in feeds.items()], args.steps)
-    if args.imagenet:
+    if args.imagenet and not args.imagenet.is_dir():
+        print(f"\nno folder {args.imagenet}: no ResNet-50 rows (benchmarks/imagenet.py writes one)")
+    elif args.imagenet:
         own = workdir / "gpu-imagenet-own-sizes.zarr"
         own_sizes = outcore.open_dataset(own) if own.exists() else outcore.ingest_images(
             args.imagenet, own, shape=None, images="encoded", progress=False)
