@@ -123,19 +123,31 @@ class RandomCrop:
         left): ``(top, left, height, width)`` rows in the image's own pixels, past its edges by up to
         ``padding`` (zeros there). An encoded field's are drawn from its stored sizes and cut while decoding."""
         (height, width), pad = self.output_size, self.padding
-        rows, columns = np.asarray(sizes, dtype=np.int64).reshape(-1, 2).T
+        sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        boxes = np.empty((len(sizes), 4), np.int64)
+        boxes[:, 2:] = height, width
+        low, high = (sizes.min(axis=0), sizes.max(axis=0)) if len(sizes) else (np.zeros(2, np.int64),) * 2
+        if (low == high).all():  # one size for all (a pixel field's): one bound a side, the same draws as many
+            (rows, columns), count = low.tolist(), len(sizes)
+            self._fits(rows, columns)
+            boxes[:, 0] = rng.integers(0, rows + 2 * pad - height + 1, size=count) - pad  # every top, then every left
+            boxes[:, 1] = rng.integers(0, columns + 2 * pad - width + 1, size=count) - pad
+            return boxes
+        rows, columns = sizes.T
         small = (rows + 2 * pad < height) | (columns + 2 * pad < width)
         if small.any():
             at = int(np.argmax(small))
-            raise OptionError(f"RandomCrop cannot cut {height}x{width} from an image of {rows[at]}x{columns[at]} "
-                              f"padded by {pad}: crop less, or pad more")
-        boxes = np.empty((len(rows), 4), np.int64)
-        boxes[:, 2:] = height, width
-        for column, sides, side in ((0, rows, height), (1, columns, width)):  # every top, then every left
-            bounds = sides + 2 * pad - side + 1
-            one = len(bounds) and bounds.min() == bounds.max()  # one bound: the same draws as bounds image by image
-            boxes[:, column] = rng.integers(0, int(bounds[0]) if one else bounds, size=len(bounds)) - pad
+            self._fits(int(rows[at]), int(columns[at]))
+        boxes[:, 0] = rng.integers(0, rows + 2 * pad - height + 1) - pad  # a bound an image
+        boxes[:, 1] = rng.integers(0, columns + 2 * pad - width + 1) - pad
         return boxes
+
+    def _fits(self, rows: int, columns: int) -> None:
+        """Refuse an image of ``rows`` x ``columns`` the window cannot be cut from, padding included."""
+        (height, width), pad = self.output_size, self.padding
+        if rows + 2 * pad < height or columns + 2 * pad < width:
+            raise OptionError(f"RandomCrop cannot cut {height}x{width} from an image of {rows}x{columns} "
+                              f"padded by {pad}: crop less, or pad more")
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
