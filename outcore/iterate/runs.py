@@ -249,7 +249,7 @@ class LocalRun(Run):
     decode.
 
     A batch is made once the chunks it draws on are read (its task never waits on the pool; the pool runs no
-    more tasks at once than run well: `outcore.threads.busy_limit`), and the chunks a batch is the last to use
+    more tasks at once than run well: `outcore.threads.pool.Gauge`), and the chunks a batch is the last to use
     are released once it is made and the chunks of the batch `making` steps later are asked for (batches are
     handed over in order, in step with the schedule: the same chunks are read however fast each is made), so
     at most `making` batches more than one are held besides the queue's."""

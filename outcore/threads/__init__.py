@@ -5,7 +5,7 @@ One pool, made when first used and kept for the process's life, serves every chu
 batch, so a process never runs more of them at once than `thread_count` says: by default the available
 CPUs, divided among the DataLoader workers when a process is one of them (`share_cpus`), so that their
 total stays within the CPUs; the ``OUTCORE_THREADS`` environment variable or `set_threads` choose another
-number. Of those, no more run at once than run well (`busy_limit`, measured by the pool's `Gauge`: threads
+number. Of those, no more run at once than run well (`Gauge.limit`, measured by the pool's `Gauge`: threads
 waiting for the GIL or for a core lower it), so more threads are never slower than fewer.
 
 A forked child does not inherit running threads: the pool is made again in the child when it is
@@ -131,7 +131,7 @@ def submit(work: Callable[..., Any], *args: Any, limited: bool = True) -> Future
 
 
 def _free_threads() -> int:
-    """How many more tasks the pool may be given now (about: a task may be ending): `busy_limit` less those
+    """How many more tasks the pool may be given now (about: a task may be ending): its `Gauge.limit` less those
     submitted and not finished."""
     current = shared_pool()
     return max(0, current.gauge.limit - current.pending)
@@ -140,11 +140,6 @@ def _free_threads() -> int:
 def gauge() -> Gauge:
     """The pool's `Gauge`: how well its threads run, and how many may be busy at once."""
     return shared_pool().gauge
-
-
-def busy_limit() -> int:
-    """How many of the pool's threads may be busy at once: as many as run well (`Gauge`)."""
-    return shared_pool().gauge.limit
 
 
 def for_each(work: Callable[[int], None], count: int) -> None:
