@@ -1,4 +1,4 @@
-"""Each use of randomness has a generator of its own (`outcore.seeds`), made by the ``_seeds`` extension where it is
+"""Each use of randomness has a generator of its own (`outcore.seeds`), made by the ``_state`` extension where it is
 built: the very generator numpy's SeedSequence makes from the same key, for any key."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_every_generator_is_numpys_from_the_same_key(domain, key):
 
 def test_the_extension_makes_them_where_it_is_built():
     if seeds.native is None:
-        pytest.skip("outcore's _seeds extension is not in use here (OUTCORE_NATIVE=0, or not built)")
+        pytest.skip("outcore's seeds._state extension is not in use here (OUTCORE_NATIVE=0, or not built)")
     state = np.frombuffer(seeds.native.state([2, 7, 3], int(Domain.TRANSFORM)), np.uint64)
     expected = np.random.SeedSequence([2, 7, 3], spawn_key=(int(Domain.TRANSFORM),)).generate_state(4, np.uint64)
     np.testing.assert_array_equal(state, expected)

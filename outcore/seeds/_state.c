@@ -1,4 +1,4 @@
-/* outcore._seeds: the state numpy's SeedSequence(entropy, spawn_key=(domain,)).generate_state(4, numpy.uint64)
+/* outcore.seeds._state: the state numpy's SeedSequence(entropy, spawn_key=(domain,)).generate_state(4, numpy.uint64)
  * gives, for entropy of whole numbers below 2**64, without its Python (11 us a generator, 0.3 here): the
  * seed_seq_fe hash of Melissa O'Neill that numpy documents and keeps (NEP 19), word for word. outcore.seeds
  * makes every generator of a batch and of the epoch's plan from it; tests/test_seeds.py checks the same
@@ -104,6 +104,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_seeds", "numpy's SeedSequence state, in C.", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_state", "numpy's SeedSequence state, in C.", -1, methods};
 
-PyMODINIT_FUNC PyInit__seeds(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__state(void) { return PyModule_Create(&module); }

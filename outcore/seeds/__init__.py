@@ -7,8 +7,8 @@ drew the same stream). `generator` keeps each use in its own domain (numpy's ``s
 prefixes the key with its length, so no two uses, and no two keys of one use, share a stream.
 
 A batch draws on a dozen generators (its pieces' augmentations, the plan's windows): numpy's
-`SeedSequence` takes 11 µs of Python to make each, the ``_seeds`` extension 0.3 µs for the same state
-(`state_of`), which the generator then starts from.
+`SeedSequence` takes 11 µs of Python to make each, the ``_state`` extension 0.3 µs for the same state,
+which the generator then starts from.
 
 >>> a = generator(Domain.CHUNK_ORDER, 5, 0).random()
 >>> b = generator(Domain.WRITE_ORDER, 5, 0).random()
@@ -25,10 +25,10 @@ from enum import IntEnum
 import numpy as np
 from numpy.random.bit_generator import ISeedSequence
 
-from .errors import OptionError
+from ..errors import OptionError
 
 try:
-    from . import _seeds as native
+    from . import _state as native
 except ImportError:  # not built (no C compiler at install): numpy's SeedSequence, the same generators
     native = None
 if os.environ.get("OUTCORE_NATIVE", "1") == "0":
@@ -68,7 +68,7 @@ def generator(domain: Domain, *key: int) -> np.random.Generator:
 
 class _State(ISeedSequence):
     """The state `SeedSequence(entropy, spawn_key=(domain,)).generate_state(4, numpy.uint64)` would give, made by
-    the ``_seeds`` extension: what a PCG64 generator is started from."""
+    the ``_state`` extension: what a PCG64 generator is started from."""
 
     def __init__(self, words: np.ndarray) -> None:
         self.words = words
