@@ -39,7 +39,7 @@ MODULES = {  # short name -> (file, the tests that cover it)
                                                          "tests/test_conformance.py"]),
     "remote": ("outcore/storage/remote.py", ["tests/test_remote.py", "tests/test_upload.py"]),
     "writer": ("outcore/ingest/writer.py", ["tests/test_arrays_and_writer.py"]),
-    "seeds": ("outcore/seeds.py", ["tests/test_golden.py", "tests/test_plan.py"]),
+    "seeds": ("outcore/seeds/__init__.py", ["tests/test_golden.py", "tests/test_plan.py", "tests/test_seeds.py"]),
 }
 SWAPS = {"<": "<=", "<=": "<", ">": ">=", ">=": ">", "==": "!=", "!=": "==", "+": "-", "-": "+", "*": "//",
          "//": "*", "and": "or", "or": "and", "True": "False", "False": "True"}

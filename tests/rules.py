@@ -2,7 +2,7 @@
 calling outcore's own helpers), so that a test comparing outcore with them fails when an order changes.
 
 Each use of randomness draws from ``default_rng(SeedSequence([len(key), *key], spawn_key=(domain,)))``
-(`outcore/seeds.py`), with these domain numbers, which are part of every order outcore makes.
+(`outcore/seeds/`), with these domain numbers, which are part of every order outcore makes.
 """
 
 from __future__ import annotations
