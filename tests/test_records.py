@@ -8,6 +8,7 @@ import gzip
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,13 @@ from optional import need
 import outcore
 from outcore.ingest.records import recognise
 from outcore.testing import write_image_folder
-from outcore.testing.records import write_hf_dataset, write_lmdb, write_tfrecords, write_webdataset
+from outcore.testing.records import (
+    write_hf_dataset,
+    write_hf_parquet_of_paths,
+    write_lmdb,
+    write_tfrecords,
+    write_webdataset,
+)
 
 SHAPE = (24, 24, 3)
 
@@ -147,7 +154,7 @@ def test_truncated_tar_is_named_or_skipped(photos, tmp_path):
     assert "truncated" in (tmp_path / "t.zarr.skipped.txt").read_text()
 
 
-def test_lmdb_of_files_datums_and_a_function(photos, tmp_path):
+def test_lmdb_of_files_datums_and_a_function(photos, tmp_path, capsys):
     need("lmdb")
     need("google.protobuf")
     _, files, classes, reference = photos
@@ -158,9 +165,23 @@ def test_lmdb_of_files_datums_and_a_function(photos, tmp_path):
     assert_same_as_folder(ds, reference)
     assert "files.lmdb::key b'cat/000000'" in set(np.asarray(ds["path"][:]).tolist())
     datums = write_lmdb(files, classes, tmp_path / "datum.lmdb", values="datum")
-    ds = outcore.ingest_records(datums, tmp_path / "b.zarr", shape=SHAPE, format=outcore.LMDB(values="datum"),
-                                progress=False)
+    with pytest.warns(outcore.OutcoreWarning, match=r"datum.lmdb: its values were recognised as Caffe Datums"):
+        ds = outcore.ingest_records(datums, tmp_path / "b.zarr", shape=SHAPE, progress=False)  # as Caffe wrote them
     assert_same_as_folder(ds, reference, names=[["cat", "dog", "owl"][i] for i in np.asarray(ds["labels"][:])])
+    said = outcore.ingest_records(datums, tmp_path / "b2.zarr", shape=SHAPE, format=outcore.LMDB(values="datum"),
+                                  progress=False)
+    np.testing.assert_array_equal(np.asarray(said["images"][:]), np.asarray(ds["images"][:]))
+    from outcore.cli import main
+
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # shown as the command shows them, not raised
+        assert main(["ingest", str(datums), str(tmp_path / "cli.zarr"), "--shape", "24x24x3", "--no-progress"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"outcore ingest: warning: lmdb {datums}: its values were recognised as Caffe Datums and read as such: their "
+        + "pictures and labels"]
+    assert_same_as_folder(outcore.open_dataset(tmp_path / "cli.zarr"), reference,
+                          names=[["cat", "dog", "owl"][i] for i in np.asarray(ds["labels"][:])])
 
     def decode(key: bytes, value: bytes) -> tuple[bytes, dict[str, str]]:  # the user's own reading of a value
         return value, {"kind": key.decode().split("/")[0]}
@@ -176,8 +197,8 @@ def test_lmdb_of_raw_caffe_datums_gives_their_pixels(photos, tmp_path):
     _, files, classes, _ = photos
     raw = write_lmdb(files, classes, tmp_path / "raw.lmdb", values="raw")
     with pytest.warns(outcore.OutcoreWarning, match=r"raw Datum pixels were read as BGR.*datum_channels='rgb'"):
-        ds = outcore.ingest_records(raw, tmp_path / "r.zarr", shape=None, images="encoded",
-                                    format=outcore.LMDB(values="datum"), shuffle_on_write=False, progress=False)
+        ds = outcore.ingest_records(raw, tmp_path / "r.zarr", shape=None, images="encoded", shuffle_on_write=False,
+                                    progress=False)  # recognised as Datums from their bytes
     said = outcore.ingest_records(raw, tmp_path / "s.zarr", shape=None, images="encoded", shuffle_on_write=False,
                                   format=outcore.LMDB(values="datum", datum_channels="rgb"), progress=False)
     from PIL import Image
@@ -187,6 +208,25 @@ def test_lmdb_of_raw_caffe_datums_gives_their_pixels(photos, tmp_path):
         np.testing.assert_array_equal(np.asarray(ds["images"][i]), expected)
         np.testing.assert_array_equal(np.asarray(said["images"][i]), expected[..., ::-1])  # as the user said
     assert np.asarray(ds["labels"][:]).tolist() == [["cat", "dog", "owl"].index(c) for c in classes]
+
+
+def test_lmdb_values_that_are_neither_pictures_nor_datums_are_named(photos, tmp_path):
+    need("lmdb")
+    import pickle
+
+    import lmdb
+
+    _, files, _, _ = photos
+    environment = lmdb.open(str(tmp_path / "pickles.lmdb"), map_size=2**24)
+    with environment.begin(write=True) as transaction:
+        for i, file in enumerate(files[:4]):
+            transaction.put(f"{i:04d}".encode(), pickle.dumps({"jpeg": Path(file).read_bytes(), "label": i}))
+    environment.close()
+    with pytest.raises(outcore.SourceError, match=r"pickles.lmdb: its values are neither pictures' files nor Caffe "
+                                                  r"Datums \(key b'0000' holds a Python pickle \(protocol \d\)\); "
+                                                  r"outcore never unpickles.*outcore.LMDB\(values="):
+        outcore.ingest_records(tmp_path / "pickles.lmdb", tmp_path / "p.zarr", shape=SHAPE, progress=False)
+    assert not (tmp_path / "p.zarr").exists()
 
 
 def test_a_folder_of_images_and_record_files_is_not_guessed(photos, tmp_path):
@@ -225,6 +265,44 @@ def test_hugging_face_dataset_and_its_parquet_equal_the_folder(photos, tmp_path)
                                   progress=False)
     sides = {np.asarray(kept["images"][i]).shape[:2] for i in range(len(kept))}
     assert len(kept) == len(files) and sides == {(24, 32), (28, 20)}  # 30x40 capped at 32, 28x20 as they were
+
+
+def test_parquet_of_pictures_given_by_their_paths_reads_the_files(photos, tmp_path, monkeypatch):
+    need("datasets")
+    root, files, classes, reference = photos
+    absolute = write_hf_parquet_of_paths([str(f) for f in files], classes, tmp_path / "absolute.parquet")
+    monkeypatch.chdir(root)  # datasets sizes the files as it writes: relative paths from the working folder
+    relative = [str(Path(f).relative_to(root)) for f in files]  # folder/cat/x.jpg
+    beside = write_hf_parquet_of_paths(relative, classes, root / "beside.parquet")  # from the Parquet file's folder
+    from_here = write_hf_parquet_of_paths(relative, classes, tmp_path / "from-here.parquet")  # from the working folder
+    here = tmp_path / "here"
+    (here / "cat").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    for i, parquet in enumerate((absolute, beside)):
+        ds = outcore.ingest_records(parquet, tmp_path / f"{i}.zarr", shape=SHAPE, progress=False)
+        assert_same_as_folder(ds, reference)
+    monkeypatch.chdir(root)
+    assert_same_as_folder(outcore.ingest_records(from_here, tmp_path / "2.zarr", shape=SHAPE, progress=False),
+                          reference)
+
+    monkeypatch.chdir(here)
+    gone, nowhere = tmp_path / "gone.jpg", here / "cat" / "nowhere.jpg"
+    for made in (gone, nowhere):
+        made.write_bytes(Path(files[0]).read_bytes())
+    missing = write_hf_parquet_of_paths([*[str(f) for f in files[:3]], str(gone), "cat/nowhere.jpg"], classes[:5],
+                                        tmp_path / "missing.parquet")
+    gone.unlink()
+    nowhere.unlink()
+    with pytest.raises(outcore.SourceError, match=rf"2 of 5 records .*missing.parquet::row 3: its picture's bytes are "
+                                                  rf"null and its path '{tmp_path}/gone.jpg' is not a file .*"
+                                                  rf"missing.parquet::row 4: .*'cat/nowhere.jpg' is not a file \(looked "
+                                                  rf"for {tmp_path}/cat/nowhere.jpg or {here}/cat/nowhere.jpg\)"):
+        outcore.ingest_records(missing, tmp_path / "m.zarr", shape=SHAPE, progress=False)
+    nowhere.write_bytes(Path(files[0]).read_bytes())
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "nowhere.jpg").write_bytes(Path(files[1]).read_bytes())
+    with pytest.raises(outcore.SourceError, match=r"row 4: its picture's path 'cat/nowhere.jpg' names two files"):
+        outcore.ingest_records(missing, tmp_path / "m.zarr", shape=SHAPE, progress=False)
 
 
 def test_parquet_with_a_damaged_page_is_named_or_skipped(photos, tmp_path):
@@ -336,6 +414,25 @@ def test_image_folder_in_s3_is_read_where_it_is(photos, tmp_path, s3):
     with pytest.raises(outcore.SourceError, match=r"no image files .* found under 's3://data/photos/none'"):
         outcore.ingest_images("s3://data/photos/none", tmp_path / "n.zarr", shape=SHAPE, storage_options=s3.options,
                               progress=False)
+
+
+@pytest.mark.e2e
+def test_parquet_in_s3_reads_the_pictures_beside_it(photos, tmp_path, s3, monkeypatch):
+    need("datasets")
+    import shutil
+
+    from outcore.testing.s3 import upload
+
+    root, files, classes, reference = photos
+    shutil.copytree(root / "folder", tmp_path / "up")
+    monkeypatch.chdir(tmp_path / "up")
+    write_hf_parquet_of_paths([str(Path(f).relative_to(root / "folder")) for f in files], classes,
+                              tmp_path / "up" / "train.parquet")  # cat/x.jpg beside train.parquet
+    upload(tmp_path / "up", "s3://data/hf", s3.options)
+    monkeypatch.chdir(tmp_path)
+    ds = outcore.ingest_records("s3://data/hf/train.parquet", tmp_path / "s.zarr", shape=SHAPE,
+                                storage_options=s3.options, progress=False)
+    assert_same_as_folder(ds, reference)
 
 
 @pytest.mark.e2e

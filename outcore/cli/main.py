@@ -146,8 +146,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="record files: the label fields and the feature, member extension (or json.FIELD) or "
                              "column each comes from, e.g. labels=image/class/label (default: the format's usual "
                              "label, when the records have it)")
-    ingest.add_argument("--lmdb-values", default="bytes", choices=["bytes", "datum"],
-                        help="LMDB: each value is a picture's file (default) or a Caffe Datum")
+    ingest.add_argument("--lmdb-values", default="auto", choices=["auto", "bytes", "datum"],
+                        help="LMDB: each value is a picture's file or a Caffe Datum (default: as its bytes show)")
     ingest.add_argument("--datum-channels", choices=["bgr", "rgb"],
                         help="LMDB of raw Caffe Datums: their channels' order (default: BGR, as Caffe's tools write, "
                              "with a warning)")
@@ -341,14 +341,14 @@ def _record_format(name: str, args: argparse.Namespace) -> Any:
     if args.append:
         raise OptionError("--append adds files of an image folder or a CSV; record files are ingested into a new store")
     lmdb_only = [flag for flag, value in (("--label-pattern", args.label_pattern), ("--label-table", args.label_table),
-                                         ("--lmdb-values", args.lmdb_values != "bytes" or None),
+                                         ("--lmdb-values", args.lmdb_values != "auto" or None),
                                          ("--datum-channels", args.datum_channels)) if value]
     if name != "lmdb" and lmdb_only:
         raise OptionError(f"{', '.join(lmdb_only)} describe an LMDB environment, and SRC holds {name} files")
     if name == "lmdb":
         if args.image_key or keys:
             raise OptionError("an LMDB's labels come from --label-pattern or --label-table (files) or its Datums "
-                              "(--lmdb-values datum), not --image-key or --label-keys")
+                              "(read as such), not --image-key or --label-keys")
         return RECORD_FORMATS[name](values=args.lmdb_values, label_pattern=args.label_pattern,
                                     label_table=args.label_table, datum_channels=args.datum_channels)
     given = {"image_key": args.image_key} if args.image_key else {}

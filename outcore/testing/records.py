@@ -115,6 +115,19 @@ def write_lmdb(files: Sequence[str | os.PathLike], classes: Sequence[str], path:
     return Path(path)
 
 
+def write_hf_parquet_of_paths(paths: Sequence[str], classes: Sequence[str], path: str | os.PathLike) -> Path:
+    """A Hugging Face dataset of pictures given by their ``paths`` (as the user gave them: absolute or
+    relative), written with ``to_parquet``: ``datasets`` stores each as ``{bytes: null, path}``."""
+    import datasets
+
+    names = sorted(set(classes))
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=names)})
+    dataset = datasets.Dataset.from_dict({"image": [str(p) for p in paths], "label": [names.index(c) for c in classes]},
+                                         features=features)
+    dataset.to_parquet(str(path))
+    return Path(path)
+
+
 def write_hf_dataset(files: Sequence[str | os.PathLike], classes: Sequence[str], folder: str | os.PathLike, *,
                      parquet_shards: int = 2) -> tuple[Path, list[Path]]:
     """A Hugging Face dataset (``image``: ``datasets.Image``, ``label``: ``ClassLabel``) saved with

@@ -1,7 +1,7 @@
 """LMDB environments: values that are pictures' files (labels from the keys), Caffe ``Datum`` records
 (an encoded picture, or raw CHW pixels, and a label), or values a function of the user's turns into a
-picture and labels. outcore never unpickles a value: a user whose values are pickles passes their own
-function, their choice.
+picture and labels. Which of the first two a value is, is seen from its bytes (`value_kind`). outcore
+never unpickles a value: a user whose values are pickles passes their own function, their choice.
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ from .parts import PartScan, scanning
 from .reader import lmdb_environment
 from .wire import LENGTH, VARINT, WireError, fields, signed64
 
-VALUES = ("bytes", "datum")
+VALUES = ("auto", "bytes", "datum")
 CHANNEL_ORDERS = ("bgr", "rgb")
 RAW_BGR_NOTE = ("raw Datum pixels were read as BGR, the order Caffe's tools write, and stored as RGB; if yours "
                 "were written in RGB order, ingest again with datum_channels='rgb' (pass datum_channels='bgr' "
                 "to say they are BGR, and this warning goes)")
+DATUM_NOTE = "its values were recognised as Caffe Datums and read as such: their pictures and labels"
+PICTURE_STARTS = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*", b"P5\n",
+                  b"P6\n", b"P5 ", b"P6 ")
 Decoder = Callable[[bytes, bytes], tuple[Any, Mapping[str, Any]]]
 
 
@@ -34,18 +37,20 @@ Decoder = Callable[[bytes, bytes], tuple[Any, Mapping[str, Any]]]
 class LMDB:
     """How to read an LMDB environment's values.
 
-    ``values``: ``"bytes"`` (each value is a picture's file; labels from ``label_pattern``, a regular
-    expression whose named groups, searched in the key, are the label fields, or ``label_table``, a CSV or
-    DataFrame with a ``key`` column and label columns), ``"datum"`` (Caffe's ``Datum``: ``data`` holds an
-    encoded picture when ``encoded``, else raw pixels, channels first, in ``datum_channels`` order (None: BGR
-    as Caffe's tools write them; ``label`` is the label) or a function ``(key, value) -> (picture,
-    labels)``, the picture as a file's bytes or an (H, W, C) ``uint8`` array, the labels a dict.
+    ``values``: ``"auto"`` (each value as its bytes show: a picture's file or a Caffe Datum, said in a
+    warning when Datums), ``"bytes"`` (each value is a picture's file; labels from ``label_pattern``, a
+    regular expression whose named groups, searched in the key, are the label fields, or ``label_table``, a
+    CSV or DataFrame with a ``key`` column and label columns), ``"datum"`` (Caffe's ``Datum``, as its
+    ``convert_imageset`` writes them: ``data`` holds an encoded picture when ``encoded``, else raw pixels,
+    channels first, in ``datum_channels`` order (None: BGR as Caffe's tools write them; ``label`` is the
+    label) or a function ``(key, value) -> (picture, labels)``, the picture as a file's bytes or an (H, W,
+    C) ``uint8`` array, the labels a dict.
 
-    >>> LMDB(values="bytes", label_pattern=r"^(?P<labels>[^/]+)/")
-    LMDB(values='bytes', label_pattern='^(?P<labels>[^/]+)/', label_table=None, datum_channels=None)
+    >>> LMDB(label_pattern=r"^(?P<labels>[^/]+)/")
+    LMDB(values='auto', label_pattern='^(?P<labels>[^/]+)/', label_table=None, datum_channels=None)
     """
 
-    values: str | Decoder = "bytes"
+    values: str | Decoder = "auto"
     label_pattern: str | None = None
     label_table: Any = None
     datum_channels: str | None = None
@@ -69,9 +74,10 @@ class LMDB:
 
     def picture_of(self) -> Callable[[bytes, bytes], bytes] | None:
         """What turns a value into the picture's bytes when it is read (None: the value is the picture)."""
-        if self.values == "datum":
-            return functools.partial(datum_picture, channels=self.datum_channels or "bgr")
-        return None
+        if self.values == "bytes":
+            return None
+        return functools.partial(datum_picture if self.values == "datum" else value_picture,
+                                 channels=self.datum_channels or "bgr")
 
     def scan(self, location: str, storage_options: Mapping[str, Any] | None = None,
              unpack_into: str | None = None) -> PartScan:
@@ -84,28 +90,39 @@ class LMDB:
                       keys=[] if self.direct else None) as scan:
             for key, value in _items(location):
                 what = f"key {key!r}"
+                kind = value_kind(value) if self.values == "auto" else self.values
+                if kind not in ("bytes", "datum") and not callable(kind) and not len(scan):
+                    raise SourceError(f"{location}: its values are neither pictures' files nor Caffe Datums (key "
+                                      f"{key!r} holds {kind}); outcore never unpickles: read them in Python with "
+                                      "format=outcore.LMDB(values=your function (key, value) -> (picture, labels))")
                 try:
-                    picture, labels = self._picture_and_labels(key, value, pattern, table)
+                    picture, labels = self._picture_and_labels(kind, key, value, pattern, table)
                 except (WireError, KeyError, ValueError) as error:
                     scan.add(what, (-1, 0), {}, _reason(error), key)
                     continue
                 scan.add(what, (0 if self.direct else -1, len(picture)), labels, "", key, picture=picture)
-                if self.values == "datum" and self.datum_channels is None and picture.startswith(b"P6"):
+                if kind == "datum" and self.values == "auto":
+                    scan.notes.add(DATUM_NOTE)
+                if kind == "datum" and self.datum_channels is None and picture.startswith(b"P6"):
                     scan.notes.add(RAW_BGR_NOTE)
+            if RAW_BGR_NOTE in scan.notes:
+                scan.notes.discard(DATUM_NOTE)  # one line: that one says they are Datums too
         return scan
 
     def unpacked(self, location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
         """Whether the values' pictures must be unpacked: those a function of the user's makes."""
         return not self.direct
 
-    def _picture_and_labels(self, key: bytes, value: bytes, pattern: re.Pattern[str] | None,
+    def _picture_and_labels(self, kind: Any, key: bytes, value: bytes, pattern: re.Pattern[str] | None,
                             table: dict[str, dict[str, Any]] | None) -> tuple[bytes, dict[str, Any]]:
-        if callable(self.values):
-            picture, labels = self.values(key, value)
+        if callable(kind):
+            picture, labels = kind(key, value)
             return as_picture(picture), dict(labels)
-        if self.values == "datum":
+        if kind == "datum":
             datum = parse_datum(value)
             return datum.picture(self.datum_channels or "bgr"), {} if datum.label is None else {"labels": datum.label}
+        if kind != "bytes":
+            raise ValueError(f"neither a picture's file nor a Caffe Datum: {kind}")
         text = key.decode("utf-8", "replace")
         labels: dict[str, Any] = {}
         if pattern is not None:
@@ -188,6 +205,56 @@ def parse_datum(value: bytes) -> Datum:
 def datum_picture(key: bytes, value: bytes, channels: str = "bgr") -> bytes:
     """A stored Datum's picture as a file's bytes (`Datum.picture`): what the reader reads."""
     return parse_datum(value).picture(channels)
+
+
+def value_picture(key: bytes, value: bytes, channels: str = "bgr") -> bytes:
+    """A value's picture as a file's bytes, whether it is a picture's file or a Datum (`value_kind`)."""
+    return value if is_picture_file(value) else datum_picture(key, value, channels)
+
+
+def is_picture_file(value: bytes) -> bool:
+    """Whether ``value`` starts as a JPEG, PNG, GIF, TIFF, BMP, WebP, PGM or PPM file does."""
+    return (value.startswith(PICTURE_STARTS) or (value[:4] == b"RIFF" and value[8:12] == b"WEBP")
+            or (value[:2] == b"BM" and value[6:10] == bytes(4)))
+
+
+def value_kind(value: bytes) -> str:
+    """``"bytes"`` for a picture's file, ``"datum"`` for a Caffe Datum holding a picture, else what the
+    value looks like, in words (a pickle, text, ...), for an error to name.
+
+    >>> value_kind(b"\\xff\\xd8\\xff\\xe0...")
+    'bytes'
+    >>> value_kind(b"\\x80\\x04\\x95...")
+    'a Python pickle (protocol 4)'
+    """
+    if is_picture_file(value):
+        return "bytes"
+    try:
+        datum = parse_datum(value)
+    except (WireError, ValueError) as error:
+        return _looks_like(value, error)
+    if datum.encoded or datum.channels * datum.height * datum.width == len(datum.data):
+        return "datum"
+    return f"a Datum whose {len(datum.data)} bytes of data are neither an encoded picture nor its pixels"
+
+
+def _looks_like(value: bytes, error: Exception) -> str:
+    if len(value) > 1 and value[0] == 0x80 and 2 <= value[1] <= 5:
+        return f"a Python pickle (protocol {value[1]})"
+    starts = {b"\x93NUMPY": "a NumPy .npy array", b"\x1f\x8b": "gzip-compressed bytes",
+              b"\x28\xb5\x2f\xfd": "zstd-compressed bytes", b"PK\x03\x04": "a zip file"}
+    named = next((name for start, name in starts.items() if value.startswith(start)), None)
+    if named:
+        return named
+    try:
+        text = value[:40].decode("utf-8")
+    except UnicodeDecodeError:
+        text = ""
+    if text and text.isprintable():
+        return f"text ({text!r}{'...' if len(value) > 40 else ''})"
+    if isinstance(error, ValueError) and not isinstance(error, WireError):
+        return f"a protocol buffer message that is not a Datum with a picture ({error})"
+    return f"{len(value)} bytes starting {value[:8].hex(' ')}"
 
 
 def as_picture(picture: Any) -> bytes:

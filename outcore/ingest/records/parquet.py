@@ -1,6 +1,8 @@
 """Parquet files and Hugging Face datasets (saved with ``save_to_disk``: Arrow stream files; or as
 Parquet shards): a column of pictures, ``{bytes, path}`` structs as ``datasets.Image`` writes them or plain
 binary, and label columns, with the class names of ``ClassLabel`` columns from the dataset's features.
+A picture given by its path only (``bytes`` null: what ``to_parquet`` writes for images made from files)
+is read from that path, as ``datasets`` reads it (`picture_at`).
 
 Read by row group (Parquet) or record batch (Arrow), the columns needed only. Neither can be read at a
 row's place, so the pictures are unpacked as they are scanned (`outcore.ingest.records.spill`).
@@ -10,18 +12,22 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator, Mapping
+import os
+import posixpath
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self
 
 from ...errors import SourceError
 from ...storage.remote import is_object_url
-from .locations import file_version, open_stream, read_range
+from .locations import file_version, open_stream, read_file, read_range
 from .parts import PartScan, scanning
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png", "picture")
 LABEL_COLUMNS = ("label", "labels")
 SUFFIXES = (".parquet", ".arrow")
+PATH_READERS = 16  # files read at once for rows that give only a path (an object store's latency hidden)
 
 
 @dataclass(frozen=True)
@@ -50,14 +56,17 @@ class Parquet:
                         scan.add(f"row {row}", (-1, 0), {}, damage)
                         row += 1
                     continue
-                pictures = batch.column(0)
+                pictures, paths = batch.column(0), None
                 if pa.types.is_struct(pictures.type):
+                    if pictures.type.get_field_index("path") >= 0:
+                        paths = pictures.field("path").to_pylist()
                     pictures = pictures.field("bytes")
                 values = {name: batch.column(1 + i).to_pylist() for i, name in enumerate(labels)}
-                for i, picture in enumerate(pictures.to_pylist()):
+                for i, (picture, damage) in enumerate(_pictures(pictures.to_pylist(), paths, location,
+                                                                storage_options)):
                     what = f"row {row}"
                     if picture is None:
-                        scan.add(what, (-1, 0), {}, "its picture's bytes are empty (null): only a path, or no picture")
+                        scan.add(what, (-1, 0), {}, damage)
                     else:
                         scan.add(what, (-1, len(picture)), {name: column[i] for name, column in values.items()},
                                  picture=picture)
@@ -101,6 +110,55 @@ class Parquet:
         classes = _class_names(schema)
         chosen = [c for c in names if c in classes] or [c for c in names if c in LABEL_COLUMNS]
         return image, {("labels" if len(chosen) == 1 and c == "label" else c): c for c in chosen}
+
+
+def _pictures(pictures: list[bytes | None], paths: list[str | None] | None, location: str,
+              storage_options: Mapping[str, Any] | None) -> list[tuple[bytes | None, str]]:
+    """Each row's picture (and why not, where it has none): its bytes, or the file at its path."""
+    wanted = [i for i, picture in enumerate(pictures) if picture is None and paths is not None and paths[i]]
+    found: dict[int, tuple[bytes | None, str]] = {}
+    if wanted:
+        with ThreadPoolExecutor(min(PATH_READERS, len(wanted))) as pool:
+            found = dict(zip(wanted, pool.map(lambda i: _read_path(paths[i], location, storage_options), wanted),
+                             strict=True))
+    return [(picture, "") if picture is not None else found.get(i, (None, "its picture is null: no bytes, no path"))
+            for i, picture in enumerate(pictures)]
+
+
+def _read_path(path: str, location: str, storage_options: Mapping[str, Any] | None) -> tuple[bytes | None, str]:
+    try:
+        return picture_at(path, location, storage_options), ""
+    except (OSError, SourceError) as error:
+        return None, str(error)
+
+
+def picture_at(path: str, location: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
+    """The file a row names by ``path`` only, as ``datasets`` reads it: a URL or an absolute path as it
+    is; a relative one beside the Parquet file ``location`` (in an object store: beside it there), or
+    else relative to the working folder. A path found in both places, as two different files, is an
+    error (which one the writer meant cannot be told).
+
+    >>> picture_at("cat/1.jpg", "data/train.parquet")  # data/cat/1.jpg, else ./cat/1.jpg  # doctest: +SKIP
+    """
+    if is_object_url(path) or os.path.isabs(path):
+        return _read_named(path, [path], storage_options)
+    if is_object_url(location):
+        return _read_named(path, [posixpath.join(posixpath.dirname(location), path)], storage_options)
+    places = [os.path.join(os.path.dirname(os.path.abspath(location)), path), os.path.abspath(path)]
+    existing = list(dict.fromkeys(os.path.realpath(place) for place in places if os.path.isfile(place)))
+    if len(existing) > 1:
+        raise SourceError(f"its picture's path {path!r} names two files, {places[0]} (beside the Parquet file) and "
+                          f"{places[1]} (from the working folder): give absolute paths, or run from elsewhere")
+    return _read_named(path, existing or places, storage_options)
+
+
+def _read_named(path: str, places: Sequence[str], storage_options: Mapping[str, Any] | None) -> bytes:
+    try:
+        return read_file(places[0], storage_options)
+    except (FileNotFoundError, SourceError):
+        looked = " or ".join(str(place) for place in dict.fromkeys(places))
+        raise SourceError(f"its picture's bytes are null and its path {path!r} is not a file (looked for {looked})") \
+            from None
 
 
 def _class_names(schema: Any) -> dict[str, tuple[str, ...]]:
