@@ -8,10 +8,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
-import dask.array as da
 import numpy as np
 import zarr
-from dask.base import tokenize
 
 from .adapters.keywords import TorchKeywords
 from .adapters.selection import FieldSelection
@@ -23,6 +21,7 @@ from .storage.report import field_reports, human_size, stored_shapes, total, var
 from .storage.splits import split_location
 
 if TYPE_CHECKING:
+    import dask.array as da
     import tensorflow as tf
     import xarray as xr
 
@@ -95,6 +94,9 @@ class Dataset(Store):
         reader = chunk_reader(self, field)
         sample = reader.empty()[:0]  # what one chunk holds: pixels for encoded images, UTF-8 bytes for text
         view = _ChunkView(self.opener, field, self.chunk_size, (len(self), *sample.shape[1:]), sample.dtype, reader)
+        import dask.array as da  # here: reading batches needs no dask
+        from dask.base import tokenize
+
         name = f"{field}-{tokenize(self.location, field, self.attrs.to_dict())}"
         lazy = da.from_array(view, chunks=(self.chunk_size, *view.shape[1:]), name=name, lock=False, fancy=False,
                              asarray=False, meta=sample)

@@ -1,9 +1,13 @@
 """The folders are the layers: a module imports only from its own layer and the layers below it, there
-are no import cycles, and an import inside a function is only ever there for an optional framework."""
+are no import cycles, and an import inside a function is only ever there for an optional framework or to
+keep a reading process light (what it imports is checked too)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may impor
 # optional packages (frameworks, and the object-store client and test server), imported where they are used
 FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "tornado", "sklearn", "skimage", "h5py", "xarray",
               "obstore", "moto", "boto3", "lmdb", "pyarrow", "webdataset", "datasets", "google")  # google: protobuf
+LATE = ("dask", "importlib")  # imported where used: a process that only reads batches needs neither (test_setup)
 
 
 def _modules() -> dict[str, Path]:
@@ -111,7 +116,7 @@ def test_imports_inside_functions_are_only_for_optional_frameworks():
         framework_modules = found
     late = [(module, name) for module, imports in graph.items() for name, top in imports if not top]
     wrong = [f"{module} imports {name} inside a function" for module, name in late
-             if name.split(".")[0] not in FRAMEWORKS and name not in framework_modules]
+             if name.split(".")[0] not in (*FRAMEWORKS, *LATE) and name not in framework_modules]
     assert wrong == []
     assert {name for _, name in late if name in modules} == {"outcore.adapters.keras", "outcore.adapters.tf",
                                                               "outcore.adapters.torch", "outcore.adapters.torch_mixture"}
@@ -131,3 +136,28 @@ def layer_report() -> str:
 
 if __name__ == "__main__":
     print(layer_report())
+
+
+HEAVY = ("pandas", "dask", "xarray", "distributed", "pyarrow", "outcore.cli", "outcore.ingest")
+READER = """
+import json, sys
+import outcore
+bare = sorted(sys.modules)
+ds = outcore.open_dataset(sys.argv[1])
+batch = next(iter(ds.batches(4, shuffle=True)))
+print(json.dumps({"bare": bare, "read": sorted(sys.modules)}))
+"""
+
+
+def test_a_process_that_reads_batches_imports_no_ingest_cli_or_dataframes(tmp_path):
+    import numpy as np
+
+    import outcore
+
+    outcore.from_arrays({"images": np.zeros((8, 4, 4, 3), np.uint8), "labels": np.arange(8)}, tmp_path / "s.zarr",
+                        progress=False)
+    done = subprocess.run([sys.executable, "-c", READER, str(tmp_path / "s.zarr")], capture_output=True, text=True,
+                          timeout=120, check=True)
+    found = json.loads(done.stdout)
+    assert [m for m in found["bare"] if m.startswith("outcore") and m not in ("outcore", "outcore.errors")] == []
+    assert [m for m in found["read"] if m.startswith(HEAVY)] == []

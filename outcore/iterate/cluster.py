@@ -62,7 +62,6 @@ from typing import Any
 from uuid import uuid4
 
 import numpy as np
-from dask.base import tokenize
 
 from ..errors import ClusterError, NotAStoreError
 from ..storage import Store, is_object_url
@@ -248,6 +247,8 @@ class ClusterRun(Run):
     """One pass over an epoch's batches, made by the workers of the options' ``client``."""
 
     def __init__(self, work: Work, stats: LoaderStats) -> None:
+        from dask.base import tokenize  # here: local reads need no dask
+
         store = work.store
         self.client = work.options.client
         self.source = StoreFields(store.location, work.recipe.fields, tokenize(store.location, store.attrs.to_dict()),
