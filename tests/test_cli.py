@@ -71,6 +71,17 @@ def test_cli_errors_speak_in_flag_names_on_one_line(image_folder, tmp_path, caps
     assert expected in error and error.count("\n") == 1 and "=" not in error.replace("--", ""), error
 
 
+def test_cli_suggests_commands_not_python_calls(tmp_path, capsys):
+    from outcore.testing import write_image_folder
+
+    for split in ("train", "val"):
+        write_image_folder(tmp_path / "photos" / split, 2, classes=("cat", "dog"), size=(8, 8))
+    assert _status(["ingest", str(tmp_path / "photos"), str(tmp_path / "x.zarr"), "--shape", "8x8"]) == 2
+    error = capsys.readouterr().err
+    assert f"or all at once with outcore ingest {tmp_path / 'photos'} STORE --split folders;" in error, error
+    assert "ingest_splits" not in error and error.count("\n") == 1
+
+
 def _status(argv: list[str]) -> int:
     """The exit status of ``outcore ARGV``, whether argparse exits or `main` returns."""
     try:

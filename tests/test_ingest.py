@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -166,11 +167,36 @@ def test_bad_image_raises_and_leaves_no_store(image_folder, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["photos"]  # neither a store nor a staging folder
 
 
+def test_the_same_ingest_run_again_returns_its_store(image_folder, tmp_path, capsys):
+    """A notebook or script run twice: the second run finds the store the same ingest finished, and
+    returns it (no choice of images= said again, nothing written); the CLI likewise."""
+    first = outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(32, 32, 3))
+    assert "images='" in capsys.readouterr().err  # the choice, said once
+    written = {p: p.stat().st_mtime_ns for p in (tmp_path / "x.zarr").rglob("*")}
+    with pytest.warns(OutcoreWarning, match=r"x.zarr is already complete \(an ingest of the same files, labels and "
+                                            r"settings finished it\): it is returned as it is"):
+        again = outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(32, 32, 3))
+    assert "images=" not in capsys.readouterr().err
+    assert again.attrs.to_dict() == first.attrs.to_dict()
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "x.zarr").rglob("*")} == written
+    from outcore.cli import main
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["ingest", str(image_folder), str(tmp_path / "x.zarr"), "--shape", "32x32x3"]) == 0
+        assert main(["ingest", str(image_folder), str(tmp_path / "x.zarr"), "--shape", "8x8x3"]) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert said[0].startswith("outcore ingest: warning: ") and "is already complete" in said[0]
+    assert said[1].startswith("outcore ingest: error: ") and "pass --overwrite to replace it" in said[1]
+    assert len(said) == 2  # no images= choice printed before either
+
+
 def test_failed_overwrite_keeps_the_existing_store(image_folder, tmp_path):
     first = outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(32, 32, 3), progress=False)
     before = first["images"].compute()
-    with pytest.raises(StoreExistsError, match="overwrite"):
-        outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(32, 32, 3), progress=False)
+    with pytest.raises(StoreExistsError, match=r"not made by this ingest \(shape was \(32, 32, 3\), now \(16, 16, "
+                                               r"3\)\): pass overwrite=True to replace it"):
+        outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(16, 16, 3), progress=False)
     (image_folder / "owl" / "broken.png").write_bytes(b"garbage")
     with pytest.raises(ImageError, match="broken.png"):
         outcore.ingest_images(image_folder, tmp_path / "x.zarr", shape=(32, 32, 3), overwrite=True, progress=False)

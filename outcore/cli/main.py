@@ -60,14 +60,22 @@ def _show_warning(args: argparse.Namespace, message: Warning | str, *_: Any, **_
     print(f"outcore {args.command}: warning: {in_flag_names(str(message), args.parser)}", file=sys.stderr)
 
 
+_INGEST_CALL = re.compile(r"\b(?:outcore\.)?ingest_(?:images|dataframe|records|splits)\(([^()]*)\)")
+
+
 def in_flag_names(message: str, parser: argparse.ArgumentParser) -> str:
-    """``message`` with the Python keyword spellings of ``parser``'s options written as its flags.
+    """``message`` with the Python keyword spellings of ``parser``'s options written as its flags, and
+    calls of the ingest functions as the command.
 
     >>> parser = argparse.ArgumentParser()
     >>> _ = parser.add_argument("--on-error"), parser.add_argument("--overwrite", action="store_true")
     >>> in_flag_names("pass on_error='skip' to skip it, or overwrite=True", parser)
     'pass --on-error skip to skip it, or --overwrite'
+    >>> _ = parser.add_argument("--split")
+    >>> in_flag_names("or with ingest_splits('photos', folder, split='folders')", parser)
+    'or with outcore ingest photos STORE --split folders'
     """
+    message = _INGEST_CALL.sub(_as_command, message)
     for action in parser._actions:  # argparse keeps its options only there
         flags = [flag for flag in action.option_strings if flag.startswith("--")]
         if not flags:
@@ -75,6 +83,21 @@ def in_flag_names(message: str, parser: argparse.ArgumentParser) -> str:
         pattern = rf"\b{action.dest}=(?:'([^']*)'|\"([^\"]*)\"|(\w+)\b)?"
         message = re.sub(pattern, lambda match, flag=flags[0], action=action: _flag(flag, action, match), message)
     return message
+
+
+def _as_command(call: re.Match[str]) -> str:
+    """An ingest function's call as the ``outcore ingest`` command (its keywords made flags after)."""
+    words = ["outcore", "ingest"]
+    for part in (part.strip() for part in call.group(1).split(",")):
+        if part == "...":
+            words += ["SRC", "STORE"]
+        elif "=" in part:
+            words.append(part)
+        elif part[:1] in "'\"":
+            words.append(part.strip("'\""))
+        elif part:
+            words.append("STORE" if len(words) > 2 else "SRC")
+    return " ".join(words)
 
 
 def _flag(flag: str, action: argparse.Action, match: re.Match[str]) -> str:

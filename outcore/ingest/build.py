@@ -117,16 +117,16 @@ def build_store(
     the attributes and, in full, in a ``<store>.skipped.txt`` report beside the store. With ``order``,
     the store's sample ``i`` is the fields' sample ``order[i]``. With a ``manifest`` (what is written,
     from what), each finished shard is recorded, and ``resume`` continues a dead run that had the same
-    manifest from its finished shards (`outcore.storage.staged_store`), or, when the store at ``location``
-    is the one such a run finished, returns it (`outcore.ingest.resume`). ``fields`` may be a function
+    manifest from its finished shards (`outcore.storage.staged_store`); when the store at ``location`` is
+    the one a run of the manifest finished, it is returned, resumed or not (`outcore.ingest.resume`). ``fields`` may be a function
     making ``(fields, errors)`` given a scratch folder of the run, for sources prepared before they are
     written (pictures re-encoded smaller, `outcore.ingest.survey`); the folder is kept for ``resume``.
     ``recipe`` (the settings that made the samples, e.g. an image ingest's shape) is recorded in the
     provenance, for an append to make its samples alike.
     """
     name = store_name(location)
-    if resume and manifest is not None and not options.overwrite \
-            and resume_finished(location, manifest, options.storage_options):
+    if manifest is not None and not options.overwrite \
+            and resume_finished(location, manifest, options.storage_options, resume):
         return location
     with staged_store(location, options.overwrite, manifest=manifest, resume=resume,
                       storage_options=dict(options.storage_options or {})) as staging:

@@ -44,6 +44,7 @@ from .append import append_table
 from .arrays import SOURCE_INDEX_FIELD
 from .build import BuildOptions, FieldSource, build_store, store_name
 from .choice import ImagesChoice, choose_images
+from .resume import images_chosen_before
 from .decode_tasks import file_array, image_array
 from .fields import (
     ENCODED_FIELD,
@@ -118,6 +119,9 @@ def ingest_images(
     one step). An ingest that was killed or interrupted (Ctrl-C) keeps its finished shards beside the
     target: ``resume=True`` continues it — when the files, labels and settings are the same — and
     gives the store an uninterrupted run would have; otherwise the next ingest removes them, saying so.
+    The same ingest run again (a notebook, a script) returns the store it finished, with a warning
+    saying so; another ingest onto it is a `StoreExistsError` naming what differs (``overwrite=True``
+    replaces it).
 
     ``append=True`` adds to the store (made by an earlier ingest, with the same settings) the files it
     does not hold yet, known by path, size and modification time (``by_content=True``: by their bytes,
@@ -268,6 +272,8 @@ def _ingest_table(
     layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), chunk_size)
     reader = table.reader or SampleReader()
     chosen = None
+    if images is None and not overwrite:  # the same ingest again returns its store: compare like with like
+        images = images_chosen_before(location, storage_options)
     if images is None:
         chosen = ImagesChoice("encoded", "shape=None and max_side= store the pictures as files") if surveyed else \
             choose_images(location, paths, [size for size, _ in stats], math.prod(shape) * dtype.itemsize,

@@ -1,10 +1,10 @@
-"""``resume=True`` on a store that is already there: the run that made it finished (a kill that landed after
-the commit, a cron job run twice), or another ingest made it.
+"""An ingest onto a store that is already there: the same ingest finished it (a script or notebook run
+again, a kill that landed after the commit, a cron job run twice, a ``resume=True``), or another made it.
 
 An image ingest records its *manifest* (its files with their sizes and modification times, its labels and
-every setting: `outcore.ingest.images`) in the store's provenance. A resume whose manifest is the
-finished store's returns that store, saying so, instead of refusing it for want of ``overwrite=True``
-(which would ingest everything again); one whose manifest differs says what differs.
+every setting: `outcore.ingest.images`) in the store's provenance. A run whose manifest is the finished
+store's returns that store, saying so, instead of refusing it for want of ``overwrite=True`` (which would
+ingest everything again); one whose manifest differs is refused, saying what differs.
 
 >>> manifest_differences({"files": 3, "settings": {"shape": "(64, 64, 3)"}},
 ...                      {"files": 3, "settings": {"shape": "(32, 32, 3)"}})
@@ -24,10 +24,10 @@ from ..storage.safety import read_attrs
 
 
 def resume_finished(location: str | os.PathLike, manifest: Mapping[str, Any],
-                    storage_options: Mapping[str, Any] | None) -> bool:
+                    storage_options: Mapping[str, Any] | None, resume: bool = False) -> bool:
     """Whether the store at ``location`` is the one a run of ``manifest`` makes, finished: true (with an
     `OutcoreWarning` saying so) when it is; false when there is no store there; a `StoreExistsError`
-    naming what differs when another ingest made it."""
+    naming what differs when another ingest made it (``resume``: the run was asked to resume)."""
     shown = redact(str(location)) if is_url(location) else str(location)
     try:
         group = open_group(location, mode="r", storage_options=storage_options)
@@ -36,11 +36,24 @@ def resume_finished(location: str | os.PathLike, manifest: Mapping[str, Any],
     made = read_attrs(group, shown).provenance.get("manifest")
     differences = manifest_differences(made, manifest)
     if differences:
-        raise StoreExistsError(f"{shown} already exists and was not made by this ingest ({'; '.join(differences)}), "
-                               "so there is nothing to resume: pass overwrite=True to replace it")
+        raise StoreExistsError(f"{shown} already exists and was not made by this ingest ({'; '.join(differences)})"
+                               f"{', so there is nothing to resume' if resume else ''}: pass overwrite=True to "
+                               "replace it")
     warnings.warn(f"{shown} is already complete (an ingest of the same files, labels and settings finished it): "
-                  "nothing to resume", OutcoreWarning, stacklevel=4)
+                  f"{'nothing to resume' if resume else 'it is returned as it is'}", OutcoreWarning, stacklevel=4)
     return True
+
+
+def images_chosen_before(location: str | os.PathLike, storage_options: Mapping[str, Any] | None) -> str | None:
+    """The ``images=`` an earlier ingest wrote the store at ``location`` with (None: no store there, or
+    not an image ingest's): what ``images=None`` means for a run that may be the same ingest again."""
+    try:
+        group = open_group(location, mode="r", storage_options=storage_options)
+    except NotAStoreError:
+        return None
+    made = read_attrs(group, str(location)).provenance.get("manifest")
+    images = ((made or {}).get("settings") or {}).get("images") if isinstance(made, Mapping) else None
+    return images.strip("'") if isinstance(images, str) else None
 
 
 def manifest_differences(made: Any, wanted: Mapping[str, Any]) -> list[str]:
