@@ -149,3 +149,14 @@ def test_every_figure_readme_quotes_is_in_the_benchmarks_table_of_them_with_its_
         cells = row.strip("|").split(" | ")
         assert re.search(r"`python benchmarks/\w+\.py", cells[2]), f"no command: {row}"
         assert re.search(r"\b[0-9a-f]{7}\b, \d{4}-\d\d-\d\d", cells[3]), f"no commit and date: {row}"
+
+
+def test_the_cli_page_has_a_synopsis_line_and_a_section_for_every_command():
+    from outcore.cli.main import _parser
+
+    commands = set(next(action for action in _parser()._actions if action.dest == "command").choices)
+    page = (ROOT / "docs" / "cli.md").read_text()
+    synopsis = page.split("```console", 1)[1].split("```", 1)[0]
+    assert {line.split()[2] for line in synopsis.splitlines() if line.startswith("$ outcore ") and
+            not line.split()[2].startswith("-")} == commands
+    assert {found for found in re.findall(r"^## `outcore (\w+)`", page, re.MULTILINE)} == commands

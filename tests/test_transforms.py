@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from optional import need
 from PIL import Image
 
 import outcore
@@ -154,6 +155,20 @@ def test_imagenet_style_pipelines_run_in_the_iterator(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))  # per (seed, epoch, batch)
     validation = next(iter(ds.batches(16, shuffle=False, transform=CenterCrop(40))))["images"]
     np.testing.assert_array_equal(validation, ds["images"][:16].compute()[:, 4:44, 12:52])
+
+
+def test_a_transform_of_a_field_the_batches_leave_out_is_refused_when_the_loader_is_made(tmp_path):
+    need("torch")
+    ds = outcore.from_arrays({"images": np.zeros((16, 8, 8, 3), np.uint8), "labels": np.arange(16)},
+                             tmp_path / "s.zarr", progress=False)
+    train = Compose([RandomFlip(), Normalize(0.5, 0.25)])
+    said = (r"the transform RandomFlip\(.*field='images'\) works on field 'images', which the batches do not hold "
+            r"\(they hold \['labels'\]\): add 'images' to fields=")
+    for make in (lambda: ds.batches(4, fields=["labels"], transform=train),
+                 lambda: ds.torch(4, fields=["labels"], transform=train, num_workers=2)):  # not in a worker, later
+        with pytest.raises(outcore.OptionError, match=said):
+            make()
+    assert len(next(iter(ds.batches(4, fields=["labels"], transform=Normalize(0, 1, field="labels"))))["labels"]) == 4
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from ..errors import OptionError
-from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer
+from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, check_fields
 from ..iterate.batch import Empty
 from ..iterate.runs import NextEpoch
 from ..iterate.shared import Arena, Part, SharedBatch, Slot
@@ -108,6 +108,7 @@ class TorchBatches(IterableDataset):
             raise OptionError(CLIENT_IN_WORKERS)
         for name in options.fields or ():
             store.info(name)  # a KeyError naming the fields, here rather than in a worker
+        check_fields(options.transform, options.fields or store.fields)  # likewise for the transform's fields
         self.location, self.store_samples, self.options = store.location, len(store), options
         self.chunk_size = store.chunk_size  # with the store's samples, what a resumed order is made of
         self.num_samples = options.num_samples(len(store))  # an epoch's: the store's, or the subset's

@@ -1,7 +1,7 @@
 """Reading a store for training: the shuffle plan and the batch schedule (pure), the runs that follow
 them (local threads or a Dask cluster), `BatchIterator`, batch transforms and shuffle quality."""
 
-from .batch import Batch, Transform
+from .batch import Batch, Transform, check_fields
 from .cluster import WORKER_CONFIG, worker_environment
 from .iterator import BatchIterator
 from .options import BatchKeywords, BatchOptions
@@ -25,6 +25,7 @@ __all__ = [
     "ShuffleQuality",
     "Transform",
     "batches_in",
+    "check_fields",
     "chunk_reader",
     "max_held",
     "recipe",

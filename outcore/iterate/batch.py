@@ -73,6 +73,18 @@ def _split_tail(transform: Transform | None) -> tuple[Transform | None, Transfor
     return _composed(transform, steps[:cut]), _composed(transform, steps[cut:])
 
 
+def check_fields(transform: Transform | None, fields: Collection[str]) -> None:
+    """An `OptionError` when one of outcore's transforms in ``transform`` works on a field the batches
+    do not hold (left out by ``fields=``): said when the loader is made, not at its first batch in a
+    DataLoader worker. A transform of the user's is theirs to check."""
+    for step in _steps(transform):
+        wanted = getattr(step, "field", None) if type(step).__module__.startswith("outcore.") else None
+        if wanted is not None and wanted not in fields:
+            raise OptionError(f"the transform {step!r} works on field {wanted!r}, which the batches do not hold "
+                              f"(they hold {sorted(fields)}): add {wanted!r} to fields= (ds.keras, ds.tf: to x= or "
+                              "y=), or pass field= to the transform")
+
+
 def _steps(transform: Transform | None) -> list[Any]:
     """The steps of ``transform``: a `Compose`'s, or itself (none for None)."""
     return list(getattr(transform, "transforms", [transform])) if transform is not None else []

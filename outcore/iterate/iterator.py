@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..storage import Store
-from .batch import Batch, Empty
+from .batch import Batch, Empty, check_fields
 from .cluster import ClusterRun
 from .options import BatchOptions, check_state
 from .plan import EpochPlan
@@ -54,6 +54,7 @@ class BatchIterator:
         unknown = [f for f in fields if f not in store]
         if unknown:
             raise KeyError(f"no field(s) {unknown} in {store.location}; fields: {list(store.fields)}")
+        check_fields(options.transform, fields)
         self.recipe = recipe(store, fields, options.transform)
         self.num_samples = options.num_samples(len(store))  # an epoch's: the store's, or the subset's
         self.epoch = 0
