@@ -44,7 +44,6 @@ from .append import append_table
 from .arrays import SOURCE_INDEX_FIELD
 from .build import BuildOptions, FieldSource, build_store, store_name
 from .choice import ImagesChoice, choose_images
-from .resume import images_chosen_before
 from .decode_tasks import file_array, image_array
 from .fields import (
     ENCODED_FIELD,
@@ -57,6 +56,7 @@ from .fields import (
 )
 from .permute import as_dask, write_order
 from .records.reader import SampleReader
+from .resume import images_chosen_before
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
 from .survey import SurveyOptions, survey_images
 
