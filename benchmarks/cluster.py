@@ -79,7 +79,7 @@ from unittest import mock
 import dask
 import numpy as np
 import psutil
-from common import prepare
+from common import local_cluster, prepare
 from distributed import Client, LocalCluster, get_task_stream
 from distributed.deploy.subprocess import SubprocessCluster
 
@@ -110,15 +110,20 @@ def started(workers: int, settings: str, scheduler: str) -> Iterator[tuple[Local
     once every worker is in."""
     environment = outcore.worker_environment() if settings == "outcore" and scheduler == "apart" else {}
     with dask.config.set(SETTINGS[settings]), mock.patch.dict(os.environ, environment):
-        cluster = (LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                dashboard_address=":0") if scheduler == "here" else
-                   SubprocessCluster(host="127.0.0.1", n_workers=workers, threads_per_worker=1, dashboard_address=None))
-        with cluster, Client(cluster) as client:
-            client.wait_for_workers(workers, timeout=120)
+        opened = local_cluster(workers) if scheduler == "here" else _subprocess_cluster(workers)
+        with opened as (cluster, client):
             profiled = set(client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values())
             if profiled != {settings == "dask"}:  # a row of the other settings would be silently wrong
                 raise RuntimeError(f"the workers of a {scheduler} cluster did not start with --settings {settings}")
             yield cluster, client
+
+
+@contextlib.contextmanager
+def _subprocess_cluster(workers: int) -> Iterator[tuple[SubprocessCluster, Client]]:
+    with SubprocessCluster(host="127.0.0.1", n_workers=workers, threads_per_worker=1, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(workers, timeout=120)
+        yield cluster, client
 
 
 def spans_of(mib: str) -> contextlib.AbstractContextManager[object]:

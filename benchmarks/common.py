@@ -1,11 +1,13 @@
-"""What the benchmark scripts share: the generated JPEG folders, a JPEG-folder dataset, and the printed
-table (timing in turns is `outcore.cli.bench.interleaved`, which `outcore bench` uses too)."""
+"""What the benchmark scripts share: the generated JPEG folders, a JPEG-folder dataset, a LocalCluster
+closed in order, and the printed table (timing in turns is `outcore.cli.bench.interleaved`, which `outcore bench` uses too)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -58,3 +60,21 @@ class JpegFolder:
         top, left = rng.integers(0, np.array(pixels.shape[:2]) - self.crop + 1)
         window = pixels[top : top + self.crop, left : left + self.crop]
         return np.ascontiguousarray(window[:, ::-1] if rng.random() < 0.5 else window), self.labels[index]
+
+
+@contextlib.contextmanager
+def local_cluster(workers: int) -> Iterator[tuple[Any, Any]]:
+    """A ``distributed.LocalCluster`` of ``workers`` single-threaded worker processes and a client of it,
+    every worker in; closed workers first, then the scheduler (the other way round, a worker's heartbeat
+    may find no scheduler, and print a traceback)."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=":0") as cluster:
+        try:
+            with Client(cluster) as client:
+                client.wait_for_workers(workers, timeout=120)
+                yield cluster, client
+        finally:
+            cluster.scale(0)
+            cluster.sync(cluster._correct_state)  # the workers closed, while their scheduler listens

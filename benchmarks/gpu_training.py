@@ -31,11 +31,12 @@ script itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 
 import numpy as np
-from common import JpegFolder
+from common import JpegFolder, local_cluster
 
 import outcore
 from outcore.imaging.synthetic import photo_crops
@@ -179,18 +180,16 @@ def main() -> None:
         "JPEG folder, Pillow, DataLoader, 8 workers": lambda: epochs(
             jpeg_loader, lambda pair: (pair[0].to(DEVICE, non_blocking=True), pair[1].to(DEVICE, non_blocking=True))),
     }
-    if args.cluster_workers:
-        import dask
-        from distributed import Client, LocalCluster
+    with contextlib.ExitStack() as opened:
+        if args.cluster_workers:
+            import dask
 
-        with dask.config.set(outcore.WORKER_CONFIG):
-            cluster = LocalCluster(n_workers=args.cluster_workers, threads_per_worker=1, processes=True,
-                                   host="127.0.0.1", dashboard_address=":0")
-        client = Client(cluster)
-        feeds[f"outcore ds.torch, JPEG store, LocalCluster of {args.cluster_workers} workers"] = outcore_feed(
-            jpeg_store, AUGMENT, client=client)
-    table("a small ResNet", f"{len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips",
-          [(name, *train(feed(), args.steps)) for name, feed in feeds.items()], args.steps)
+            opened.enter_context(dask.config.set(outcore.WORKER_CONFIG))
+            _, client = opened.enter_context(local_cluster(args.cluster_workers))
+            feeds[f"outcore ds.torch, JPEG store, LocalCluster of {args.cluster_workers} workers"] = outcore_feed(
+                jpeg_store, AUGMENT, client=client)
+        table("a small ResNet", f"{len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips",
+              [(name, *train(feed(), args.steps)) for name, feed in feeds.items()], args.steps)
     if args.imagenet and not args.imagenet.is_dir():
         print(f"\nno folder {args.imagenet}: no ResNet-50 rows (benchmarks/imagenet.py writes one)")
     elif args.imagenet:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import imageio.v3 as iio
 import numpy as np
-from common import prepare, print_table
+from common import local_cluster, prepare, print_table
 from PIL import Image
 
 import outcore
@@ -62,13 +62,9 @@ def main() -> None:
                               client=client, progress=False)
         return count
 
-    from distributed import Client, LocalCluster
-
     cores = available_cpus()
     parts = [([str(path) for path in files[i::cores]], shape) for i in range(cores)]
-    with ProcessPoolExecutor(cores) as pool, \
-            LocalCluster(n_workers=cores, threads_per_worker=1, processes=True, host="127.0.0.1",
-                         dashboard_address=":0") as cluster, Client(cluster) as client:
+    with ProcessPoolExecutor(cores) as pool, local_cluster(cores) as (_, client):
         list(pool.map(_started, range(cores)))  # every process up before the clock starts
         rows = list(interleaved({
             "decode only, outcore (libjpeg-turbo), 1 core": decode_outcore,

@@ -131,10 +131,15 @@ def test_verify_fails_on_a_corrupt_store(image_folder, tmp_path, capsys):
 
 @pytest.mark.timeout(240)
 def test_demo_trains_on_real_photographs_and_keeps_what_it_says(tmp_path):
+    began = time.time()
     result = subprocess.run(
         [sys.executable, "-m", "outcore.cli", "demo", "--per-class", "60", "--size", "48", "--epochs", "3",
          "--no-progress"], capture_output=True, text=True, check=True, timeout=220, cwd=tmp_path,
     )
+    took = time.time() - began
+    said = float(result.stdout.split("demo took ")[1].split(" s")[0])
+    assert took - 1.5 <= said <= took + 0.5, (said, took)  # the whole command's time, not the part after imports
+    assert result.stderr == ""  # neither TensorFlow's start-up lines nor anything else
     workdir = tmp_path / "outcore-demo"  # the default, kept after the demo
     assert f"everything goes to {workdir}" in result.stdout and "chunks checked, OK" in result.stdout
     assert "classes of 'labels' (6): astronaut, cat, china, coffee, flower, rocket" in result.stdout

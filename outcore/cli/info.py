@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from ..dataset import Dataset
 from ..errors import CorruptChunkError
@@ -48,8 +50,28 @@ def describe(ds: Dataset) -> str:
         skipped = ds.attrs.skipped
         lines.append(f"\nskipped {skipped['count']} source file(s) (full list: {skipped.get('report')}):")
         lines += [f"  {message}" for message in skipped["examples"][:10]]
-    lines.append("\nprovenance: " + json.dumps(ds.attrs.provenance, indent=2))
+    lines += ["\nprovenance:", *provenance_lines(ds.attrs.provenance)]
     return "\n".join(lines)
+
+
+def provenance_lines(provenance: Mapping[str, Any]) -> list[str]:
+    """A store's provenance, a line an entry; an ingest's manifest (what a rerun compares) in brief.
+
+    >>> provenance_lines({"source": "image folder photos", "versions": {"outcore": "0.1.0", "zarr": "3.1.6"},
+    ...                   "manifest": {"ingest": "images", "files": 120, "fingerprint": "15058adb6318db75"}})
+    ['  source: image folder photos', '  versions: outcore 0.1.0, zarr 3.1.6', '  manifest: 120 files, fingerprint \
+15058adb6318 (what the same ingest run again is compared with)']
+    """
+    lines = []
+    for name, value in provenance.items():
+        if name == "manifest" and isinstance(value, Mapping):
+            value = (f"{value.get('files')} files, fingerprint {str(value.get('fingerprint'))[:12]} (what the same "
+                     "ingest run again is compared with)")
+        elif isinstance(value, Mapping):
+            value = ", ".join(f"{key} {json.dumps(item) if not isinstance(item, str) else item}"
+                              for key, item in value.items())
+        lines.append(f"  {name}: {value}")
+    return lines
 
 
 def system_report() -> str:
