@@ -557,3 +557,22 @@ def test_an_extension_that_cannot_load_is_a_named_warning(monkeypatch):
     finally:
         monkeypatch.undo()
         importlib.reload(native)
+
+
+def test_an_extension_that_was_not_built_is_said_so_without_a_warning(monkeypatch):
+    """A source tree used without building (no compiler, or not installed): "not built", what building
+    needs, and no warning (before: "built but cannot load (cannot import name '_jpeg' ...)")."""
+    real = importlib.util.find_spec
+    monkeypatch.delenv(native.ENVIRONMENT, raising=False)
+    monkeypatch.delitem(sys.modules, "outcore.imaging._jpeg", raising=False)
+    monkeypatch.delattr(sys.modules["outcore.imaging"], "_jpeg", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, package=None: None if name == "outcore.imaging._jpeg" else real(name, package))
+    try:
+        importlib.reload(native)  # a warning would be an error here
+        assert native.extension is None
+        assert native.backend() == ("simplejpeg and Pillow (not built: building it needs libjpeg-turbo's headers and "
+                                    "a C compiler at install (see setup.py))")
+    finally:
+        monkeypatch.undo()
+        importlib.reload(native)

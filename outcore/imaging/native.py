@@ -10,32 +10,34 @@ wherever a C compiler is), numpy otherwise. Both give the same pixels; `backend`
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import warnings
+from types import ModuleType
 
 from ..errors import OutcoreWarning
 
 ENVIRONMENT = "OUTCORE_NATIVE"
 
-try:
-    from . import _jpeg as extension
-except ModuleNotFoundError as error:  # not built: no compiler or no libjpeg-turbo headers at install
-    extension = None
-    _why_not = f"not built ({error}; see setup.py: it needs libjpeg-turbo's headers and a C compiler)"
-except ImportError as error:  # built, but it cannot load (libjpeg gone since, another interpreter's build)
-    extension = None
-    _why_not = f"built but cannot load ({error})"
+
+def _load(name: str, needs: str) -> tuple[ModuleType | None, str]:
+    """This package's extension ``name``, or None and why not: not built (no such file: what building it
+    ``needs``), or built but it cannot load (libjpeg gone since, another interpreter's build)."""
+    try:
+        if importlib.util.find_spec(f"{__package__}.{name}") is None:
+            return None, f"not built: building it needs {needs} (see setup.py)"
+        return importlib.import_module(f".{name}", __package__), ""
+    except ImportError as error:
+        return None, f"built but cannot load ({error})"
+
+
+extension, _why_not = _load("_jpeg", "libjpeg-turbo's headers and a C compiler at install")
+if _why_not.startswith("built"):
     warnings.warn(OutcoreWarning(f"outcore's C extension {_why_not}: JPEGs are decoded whole with simplejpeg and "
                                  "Pillow (the same pixels, slower); reinstall outcore where libjpeg-turbo is"),
                   stacklevel=2)
-else:
-    _why_not = ""
-try:
-    from . import _windows as windows
-except ImportError as error:  # not built (no C compiler at install), or built for another interpreter
-    windows, _windows_why_not = None, f"not built or cannot load ({error})"
-else:
-    _windows_why_not = ""
+windows, _windows_why_not = _load("_windows", "a C compiler at install")
 if os.environ.get(ENVIRONMENT, "1") == "0":
     extension, _why_not = None, f"turned off by {ENVIRONMENT}=0"
     windows, _windows_why_not = None, _why_not
