@@ -35,7 +35,7 @@ from .batch import Batch
 from .iterator import BatchIterator
 from .options import BatchOptions, Subset, check_state
 from .readers import sample_spec
-from .stats import LoaderStats
+from .stats import LoaderStats, Stats
 
 
 def apportion(total: int, weights: np.ndarray) -> np.ndarray:
@@ -237,7 +237,7 @@ class MixtureIterator:
 
     def stats(self) -> dict[str, float]:
         """`BatchIterator.stats`, and ``samples_<source>``: the samples each source gave since."""
-        return {**self._stats.summary(), **{f"samples_{name}": count for name, count in self._counts.items()}}
+        return Stats({**self._stats.summary(), **{f"samples_{name}": count for name, count in self._counts.items()}})
 
     def reset_stats(self) -> None:
         self._stats, self._counts = LoaderStats(), dict.fromkeys(self.names, 0)

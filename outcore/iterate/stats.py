@@ -42,6 +42,32 @@ class SpanClock:
         return statistics.median(self.times) if self.times else None
 
 
+class Stats(dict):
+    """`BatchIterator.stats`'s figures: a dict, whose repr ends with what ``wait_fraction`` means here.
+
+    >>> Stats(batches=20, wait_fraction=0.98)
+    {'batches': 20, 'wait_fraction': 0.98}
+    # wait_fraction 0.98: the loop waited for batches 98% of its time. With a training step in the loop, the \
+model waits for data (docs/frameworks.md says what helps); in a loop that only reads, that is as it should be: \
+samples_per_s is then the loader's own rate.
+    """
+
+    def __repr__(self) -> str:
+        return f"{dict.__repr__(self)}\n# {self.meaning()}" if "wait_fraction" in self else dict.__repr__(self)
+
+    def meaning(self) -> str:
+        """What ``wait_fraction`` says, in words."""
+        share = self["wait_fraction"]
+        if share < 0.05:
+            return f"wait_fraction {share:.2f}: the loader keeps ahead of the loop (it waited {share:.0%} of its time)."
+        said = f"wait_fraction {share:.2f}: the loop waited for batches {share:.0%} of its time."
+        if share < 0.5:
+            return f"{said} The loader keeps up only in part: docs/frameworks.md says what helps."
+        return (f"{said} With a training step in the loop, the model waits for data (docs/frameworks.md says what "
+                "helps); in a loop that only reads, that is as it should be: samples_per_s is then the loader's own "
+                "rate.")
+
+
 class LoaderStats:
     """Per-batch waits of the consumer, kept as a bounded window of the most recent batches."""
 
@@ -88,12 +114,12 @@ class LoaderStats:
         return {"transform_share": self.transforming / self.making, "threads": pool.threads,
                 "threads_busy_limit": pool.gauge.limit, "threads_cpu_share": pool.gauge.last}
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> Stats:
         elapsed = time.perf_counter() - self.started if self.started is not None else 0.0
         waits = np.array(self.waits or [0.0])
         cluster = {f"batches_{route}": sum(n for (_, way), n in self.routes.items() if way == route)
                    for route in ROUTES} | {"spans_hedged": self.hedged} if self.routes else {}
-        return {
+        return Stats({
             "batches": self.batches,
             "samples": self.samples,
             "samples_per_s": self.samples / elapsed if elapsed else 0.0,
@@ -104,4 +130,4 @@ class LoaderStats:
             **(self._made_here() if self.making else {}),
             **({"damaged_chunks": self.damaged} if self.damaged else {}),
             **cluster,
-        }
+        })
