@@ -127,6 +127,27 @@ def test_an_append_of_nothing_new_changes_nothing_and_a_reader_keeps_its_count(p
     assert by_path(old).keys() == first.keys()
 
 
+def test_a_store_opened_between_its_arrays_growing_and_its_count_reads_the_old_count(photos, tmp_path, monkeypatch):
+    """An append moves the arrays' metadata (their new shapes) before the group's (the new count): a
+    reader opening the store in between sees arrays longer than the count, which the store's `growing`
+    mark allows (an edited count without it is refused)."""
+    store = tmp_path / "s.zarr"
+    ingest(photos, store)
+    add_photos(photos, ("cat",), 6, seed=2, prefix="new_")
+    replace, seen = os.replace, []
+
+    def replace_then_look(source, target):
+        if os.fspath(target) == os.fspath(store / "zarr.json"):  # the arrays have grown; the count is next
+            opened = outcore.open_dataset(store)
+            seen.append((len(opened), opened.unpublished()))
+        replace(source, target)
+
+    monkeypatch.setattr("outcore.ingest.append.os.replace", replace_then_look)
+    grown = ingest(photos, store, append=True)
+    assert seen[-1] == (30, 6) and {count for count, _ in seen} == {30} and len(grown) == 36
+    assert "growing" not in json.loads((store / "zarr.json").read_text())["attributes"]["outcore"]
+
+
 def test_a_store_that_ends_on_a_shard_boundary_grows_by_new_shards(tmp_path):
     root = tmp_path / "photos"
     write_image_folder(root, 16, classes=("cat", "dog"), size=SHAPE[:2], seed=1)

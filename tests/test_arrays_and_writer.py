@@ -158,12 +158,44 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_store(tmp_path):
 
 
 def test_interrupted_writer_store_opens_with_recorded_samples(tmp_path):
-    with outcore.Writer(tmp_path / "c.zarr", chunk_size=4) as writer:
-        writer.append({"x": np.arange(8)})
-    zarr.open_group(tmp_path / "c.zarr", mode="r+")["x"].resize((12,))  # data written, count not yet updated
+    subprocess.run([sys.executable, "-c", DYING_WRITER, str(tmp_path / "c.zarr")], check=True, timeout=120)
     ds = outcore.open_dataset(tmp_path / "c.zarr")
     np.testing.assert_array_equal(ds["x"].compute(), np.arange(8))
     assert ds.unpublished() == 4 and "4 sample(s) written beyond the published count" in describe(ds)
+
+
+DYING_WRITER = """
+import os, sys
+import numpy as np, zarr
+import outcore
+writer = outcore.Writer(sys.argv[1], chunk_size=4)
+writer.append({"x": np.arange(8)})
+writer.flush()  # written and published
+zarr.open_group(sys.argv[1], mode="r+")["x"].resize((12,))  # the next samples written, their count not yet
+os._exit(0)  # the process dies there, its Writer never closed
+"""
+
+
+def test_a_count_that_disagrees_with_the_arrays_is_refused_naming_both(tmp_path):
+    """A store whose recorded num_samples was edited (to 0, or to fewer than it holds) would hide samples
+    and pass verify; one edited upwards would claim samples it does not hold."""
+    outcore.from_arrays({"x": np.arange(2000), "y": np.arange(2000) % 7}, tmp_path / "s.zarr", chunk_size=64,
+                        progress=False)
+    with outcore.Writer(tmp_path / "w.zarr", chunk_size=4) as writer:
+        writer.append({"x": np.arange(10)})
+    attrs = zarr.open_group(tmp_path / "s.zarr", mode="r").attrs.asdict()["outcore"]
+    for location, count in ((tmp_path / "s.zarr", 0), (tmp_path / "s.zarr", 1000), (tmp_path / "w.zarr", 4)):
+        group = zarr.open_group(location, mode="r+")
+        group.attrs["outcore"] = {**group.attrs.asdict()["outcore"], "num_samples": count}
+        with pytest.raises(outcore.NotAStoreError, match=rf"its attributes say num_samples {count:,} .* holds "
+                                                         r"[\d,]+ entries where that count needs"):
+            outcore.open_dataset(location)
+        report = outcore.verify(location, progress=False)  # a problem, not "OK"
+        assert not report.ok and f"num_samples {count:,}" in str(report)
+    group = zarr.open_group(tmp_path / "s.zarr", mode="r+")
+    group.attrs["outcore"] = {**attrs, "num_samples": 3000}
+    with pytest.raises(outcore.NotAStoreError, match=r"holds fewer than the 3,000 it must"):
+        outcore.open_dataset(tmp_path / "s.zarr")
 
 
 def test_an_open_reader_of_a_growing_store_reads_a_replaced_shard_right(tmp_path):

@@ -136,6 +136,10 @@ class StoreAttrs:
     ``generation`` names the store: made anew for each store created (an ingest, an overwrite, a Writer),
     kept by appends, which keep its samples in place; a reader holding a store checks it
     (`outcore.storage.pins`). Stores written before outcore recorded it have none.
+
+    ``num_samples`` is what readers read; the arrays hold exactly as many, unless ``growing``: a `Writer`
+    or an append is growing the store in place (or stopped before publishing what it wrote), and the
+    arrays may hold samples beyond the count, which readers ignore.
     """
 
     num_samples: int
@@ -147,11 +151,12 @@ class StoreAttrs:
     skipped: dict[str, Any] | None = None
     format_version: int = FORMAT_VERSION
     generation: str | None = field(default_factory=lambda: uuid.uuid4().hex)
+    growing: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         document = asdict(self)
         document["fields"] = {name: info.to_dict() for name, info in self.fields.items()}
-        return {k: v for k, v in document.items() if v is not None}
+        return {k: v for k, v in document.items() if v is not None and not (k == "growing" and not v)}
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any], where: str) -> StoreAttrs:
@@ -179,6 +184,8 @@ class StoreAttrs:
             _expect(isinstance(provenance, Mapping), "provenance is not an object")
             generation = document.get("generation")
             _expect(generation is None or isinstance(generation, str), f"generation {generation!r} is not a string")
+            growing = document.get("growing", False)
+            _expect(isinstance(growing, bool), f"growing {growing!r} is not true or false")
             return cls(
                 num_samples=_bounded(document.get("num_samples"), "num_samples", 0, MAX_SAMPLES),
                 chunk_size=_bounded(document.get("chunk_size"), "chunk_size", 1, 2**31 - 1),
@@ -189,6 +196,7 @@ class StoreAttrs:
                 skipped=None if skipped is None else dict(skipped),
                 format_version=version,
                 generation=generation,
+                growing=growing,
             )
         except ValueError as error:
             if isinstance(error, NotAStoreError):

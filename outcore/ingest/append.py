@@ -400,7 +400,8 @@ def _splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[st
     _save_attrs(splice, _grown_attrs(attrs, part_attrs, grown, _summary(target, skipped)))
     if rooms:
         _publish_regrown(splice, target, {name: store[name].chunks[0] for name in rooms}, rooms)
-    else:
+    else:  # said first: readers opening the store meanwhile see arrays grown beyond the count, and allow them
+        _save_attrs(target, dataclasses.replace(attrs, growing=True))
         _publish(splice, target)
     write_report(target, skipped)
     remove_path(splice)

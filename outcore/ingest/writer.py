@@ -171,6 +171,9 @@ class Writer:
         if not self.closed:
             try:
                 self.flush()
+                if self._attrs is not None and self._attrs.growing:
+                    with self._writing():  # every array now holds exactly the published samples
+                        self._save_attrs(dataclasses.replace(self._attrs, growing=False))
             finally:
                 self.closed = True
                 self._unlock()
@@ -207,7 +210,7 @@ class Writer:
             for name, (dtype, shape) in specs.items()
         }
         self._group, self._shard_size = group, layout.shard_size
-        self._save_attrs(StoreAttrs(0, layout.chunk_size, infos, provenance=provenance("outcore.Writer")))
+        self._save_attrs(StoreAttrs(0, layout.chunk_size, infos, provenance=provenance("outcore.Writer"), growing=True))
 
     def _lock(self) -> None:
         self._lock_file = writer_lock(self.location, self._shown)
@@ -239,6 +242,8 @@ class Writer:
             )
         first = group[next(iter(attrs.fields))]
         self._group, self._attrs, self._shard_size = group, attrs, (first.shards or first.chunks)[0]
+        if not attrs.growing:  # said before any array grows: readers then allow samples beyond the count
+            self._save_attrs(dataclasses.replace(attrs, growing=True))
 
     def _checked(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         expected = set(self._attrs.fields)

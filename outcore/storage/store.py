@@ -258,6 +258,12 @@ class Store:
                  and shards[0] // array.chunks[0] <= MAX_CHUNKS_PER_SHARD,
                  f"{where}: chunks of {chunk_bytes:,} bytes in shards of {shards[0] // array.chunks[0]:,}")
         _require(self.location, array.shape[0] >= length, f"{where} holds fewer than the {length:,} it must")
+        if array.shape[0] != length and not self.attrs.growing:  # only a Writer or an append leaves more
+            raise NotAStoreError(
+                f"{self.location}: its attributes say num_samples {self.attrs.num_samples:,} (chunks of "
+                f"{self.chunk_size}), but {where} holds {array.shape[0]:,} entries where that count needs "
+                f"{length:,}, and no Writer or append is growing the store: the count was edited or the store "
+                "is damaged; restore it from a copy or re-create it from its source")
         if length:
             last = shard_path(array, (length - 1) // shards[0])
             _require(self.location, sync(self.group.store.exists(last)),
