@@ -82,6 +82,20 @@ def test_cli_suggests_commands_not_python_calls(tmp_path, capsys):
     assert "ingest_splits" not in error and error.count("\n") == 1
 
 
+def test_a_bad_csv_and_a_decompression_bomb_are_one_plain_line(image_folder, tmp_path, capsys):
+    csv = tmp_path / "bad.csv"
+    csv.write_text("path,label\na.jpg,1\nb.jpg,2,3,4\n")
+    assert _status(["ingest", str(csv), str(tmp_path / "c.zarr"), "--shape", "8x8x3", "--path-column", "path",
+                    "--label-columns", "label"]) == 2
+    error = capsys.readouterr().err
+    assert "Expected 2 fields in line 3, saw 4); fix the file" in error and error.count("\n") == 1
+    assert _status(["ingest", str(image_folder), str(tmp_path / "b.zarr"), "--shape", "8x8x3", "--max-pixels", "100",
+                    "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "more than the limit of 100 (a decompression bomb, or a picture to shrink first; a larger --max-pixels N " \
+           "admits it)" in error and error.count("--max-pixels") == 1 and error.count("\n") == 1
+
+
 def _status(argv: list[str]) -> int:
     """The exit status of ``outcore ARGV``, whether argparse exits or `main` returns."""
     try:

@@ -45,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.showwarning = partial(_show_warning, args)
             return args.run(args)
     except OutcoreError as error:
-        print(f"outcore {args.command}: error: {in_flag_names(str(error), args.parser)}", file=sys.stderr)
+        said = " ".join(str(error).split())  # one line, whatever a library's message held
+        print(f"outcore {args.command}: error: {in_flag_names(said, args.parser)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         kept = " (the shards written so far are kept: the same command with --resume continues)" \

@@ -409,7 +409,8 @@ def _decode_plain_jpeg(
 def _check_size(height: int, width: int, max_pixels: int | None, name: str) -> None:
     if max_pixels is not None and height * width > max_pixels:
         raise ImageError(name, f"{width}x{height} is {height * width:,} pixels, more than the limit of {max_pixels:,} "
-                               "(max_pixels=, --max-pixels; a decompression bomb, or a picture to shrink first)")
+                               "(a decompression bomb, or a picture to shrink first; a larger max_pixels=N admits "
+                               "it)")
 
 
 def _reduced_size(

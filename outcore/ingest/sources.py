@@ -186,7 +186,8 @@ def table_from_dataframe(
         try:
             frame = pd.read_csv(contents)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-            raise SourceError(f"{where} cannot be read as a table ({type(error).__name__}: {error}); "
+            said = " ".join(str(error).split())  # pandas' parser ends its message with a newline
+            raise SourceError(f"{where} cannot be read as a table ({type(error).__name__}: {said}); "
                               "fix the file: a header line, then one line per image") from None
     if isinstance(label_columns, str):
         label_columns = [label_columns]
