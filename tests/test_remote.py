@@ -552,7 +552,7 @@ def test_dataloader_workers_over_an_object_store_persist_and_fork_from_a_preload
     need("torch")
     from multiprocessing import forkserver
 
-    from outcore.adapters.torch import WORKER_MODULES
+    from outcore.adapters.forkserver import WORKER_MODULES
 
     remote = _open("numbers.zarr", s3.options, cache_dir=tmp_path / "cache")
     loader = remote.torch(250, num_workers=2, shuffle=True, seed=6)
@@ -566,6 +566,47 @@ def test_dataloader_workers_over_an_object_store_persist_and_fork_from_a_preload
         workers.append([worker.pid for worker in loader._iterator._workers])
     assert workers[0] == workers[1]  # the same processes both epochs
     assert not remote.torch(250, num_workers=2, persistent_workers=False).persistent_workers
+
+
+NEW_PROCESS = """
+import json, sys
+import outcore
+
+
+def main():
+    remote = outcore.open_dataset(sys.argv[1], storage_options=json.loads(sys.argv[2]), cache_dir=sys.argv[3])
+    loader = remote.torch(250, num_workers=2, shuffle=True, seed=6, fields=["id"])
+    epochs = []
+    while loader._iterator is None and len(epochs) < 2000:  # until the workers took over (a second or so)
+        epochs.append([batch["id"].tolist() for batch in loader])
+    epochs += [[batch["id"].tolist() for batch in loader] for _ in range(2)]
+    shown = {epoch: epochs[epoch] for epoch in {0, len(epochs) - 3, len(epochs) - 2, len(epochs) - 1}}
+    print(json.dumps({"epochs": shown, "made_here": loader.stats()["batches_before_workers"],
+                      "workers": len(loader._iterator._workers) if loader._iterator is not None else 0}))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_new_process_makes_its_first_batches_while_the_forkserver_imports(stores, s3, tmp_path):
+    """A new process's workers wait for the forkserver to import torch and outcore (a second or more): the
+    loader makes the first batches itself meanwhile, and the workers go on from the first step it did not
+    make; every epoch is the iterator's, batch for batch."""
+    need("torch")
+    script = tmp_path / "train.py"
+    script.write_text(NEW_PROCESS)
+    done = subprocess.run([sys.executable, str(script), "s3://data/numbers.zarr", json.dumps(s3.options),
+                           str(tmp_path / "cache")], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    remote = _open("numbers.zarr", s3.options)
+    for epoch, delivered in found["epochs"].items():  # the first, the one the workers joined, two of theirs
+        iterator = remote.batches(250, shuffle=True, seed=6, fields=["id"])
+        iterator.set_epoch(int(epoch))
+        assert delivered == [batch["id"].tolist() for batch in iterator]
+    assert found["made_here"] >= 1 and found["workers"] == 2  # the first here; the workers took over
 
 
 def _hits_per_epoch(url, options, cache_dir, bound, epochs, local):

@@ -14,7 +14,6 @@ import pickle
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from multiprocessing import forkserver
 from typing import Any, NamedTuple, Unpack
 
 import numpy as np
@@ -22,9 +21,10 @@ import numpy as np
 from ..errors import OptionError
 from ..iterate.options import check_state
 from ..iterate.shared import Mailbox, SharedBatch, Slot, join_parts
-from ..iterate.stats import LoaderStats
+from ..iterate.stats import LoaderStats, Stats
 from ..storage import RemoteStore, Store
 from ..storage.remote import FORKED_AFTER_USE
+from .forkserver import importing, preload_forkserver
 from .keywords import TorchKeywords, split_torch_keywords
 from .torch_batches import PART_FILE, TorchBatch, TorchBatches, as_tensor
 from .torch_device import to_device
@@ -94,6 +94,7 @@ class OutcoreLoader(DataLoader):
         batches.pinned = self.pin_memory and not self.num_workers and batches.options.client is None and \
             torch.cuda.is_available()
         self._stats = LoaderStats()
+        self.made_here = 0  # batches made in this process while the workers' forkserver imported
         self._mailbox: Mailbox | None = None  # where workers making parts of each batch write them (`_slot`)
         self._no_mailbox = False
 
@@ -111,7 +112,7 @@ class OutcoreLoader(DataLoader):
         batches.publish()  # for workers that persist across epochs
         step, ahead = batches.step, set(batches.skip)  # the first step not delivered, those delivered after it
         batches.loader_passes += 1  # before the workers start: they receive it
-        batches_of = self._whole(super().__iter__())
+        batches_of = self._delivered()
         try:
             asked = time.perf_counter()
             for delivered in batches_of:
@@ -128,6 +129,38 @@ class OutcoreLoader(DataLoader):
             batches_of.close()  # its DataLoader iterator goes, and with it workers that do not persist
             self._remove_parts(None)
         batches.set_epoch(batches.epoch + 1)
+
+    def _delivered(self) -> Iterator[Delivered]:
+        """The pass's batches: while the forkserver its workers would come from still imports torch and
+        outcore (`outcore.adapters.forkserver`: a second or more), made here, each the batch its worker
+        would make; then the workers', from the first step not delivered (the loop moves ``step`` on as it
+        hands each out), unless none is left."""
+        batches = self.dataset
+        if self._workers_would_wait():
+            made = iter(batches)
+            try:
+                for batch in made:
+                    self.made_here += 1
+                    yield self.collate_fn(self._pinned(batch))
+                    if not importing():
+                        break
+            finally:
+                made.close()
+            if batches.step >= len(batches) and not batches.skip:
+                return  # every batch made here: the workers start with a later pass
+            batches.publish()  # persistent workers start from here
+        delivered = self._whole(super().__iter__())
+        try:
+            yield from delivered
+        finally:
+            delivered.close()
+
+    def _workers_would_wait(self) -> bool:
+        """Whether this pass's workers are still to be forked by a forkserver still importing."""
+        context = self.multiprocessing_context
+        method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+        alive = self.persistent_workers and self._iterator is not None
+        return bool(self.num_workers) and method == "forkserver" and not alive and importing()
 
     def _whole(self, delivered: Iterator[Delivered]) -> Iterator[Delivered]:
         """The DataLoader's items as whole batches: the parts of a batch are joined once all
@@ -178,8 +211,10 @@ class OutcoreLoader(DataLoader):
 
     def stats(self) -> dict[str, float]:
         """How long the training loop waited for each batch: see `BatchIterator.stats` (``ready_mean``
-        is not known through a DataLoader and reads 0)."""
-        return self._stats.summary()
+        is not known through a DataLoader and reads 0); with workers, ``batches_before_workers``: those made
+        in this process while the workers' forkserver was still importing."""
+        extra = {"batches_before_workers": self.made_here} if self.num_workers else {}
+        return Stats({**self._stats.summary(), **extra})
 
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands: the first step not delivered, the later ones delivered (``skip``: only with
@@ -229,8 +264,11 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
     default: outcore already reads and decodes on a pool of threads; workers help where per-batch Python
     work in the transform holds the GIL. Workers may start by fork, spawn or forkserver; with spawn and
     forkserver, the transform must pickle (defined at module level). Workers reading an object store start
-    by forkserver unless told spawn (its client cannot run after a fork), with torch and outcore imported
-    once in the forkserver, and persist across epochs unless told ``persistent_workers=False``.
+    by forkserver unless told spawn (its client cannot run after a fork), with torch, outcore and the
+    script's main module imported once in the forkserver (`outcore.adapters.forkserver`); while it still
+    imports them (a second or so after the loader is made), the loader makes the first batches itself, the
+    same batches, and the workers go on from there; they persist across epochs unless told
+    ``persistent_workers=False``.
 
     >>> for batch in ds.torch(batch_size=256, shuffle=True, num_workers=2):  # doctest: +SKIP
     ...     loss = model(batch["images"].float()).mean()
@@ -250,34 +288,19 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
     return OutcoreLoader(batches, **dataloader_options)
 
 
-WORKER_MODULES = ("outcore.adapters.torch", "outcore.storage.remote")  # what a worker reading an object store runs
-
-
 def _start_without_fork(dataloader_options: dict[str, Any]) -> None:
     """Workers reading an object store start by forkserver (the default then) or spawn: obstore cannot run
     in a process forked after it was used (`outcore.storage.remote.FORKED_AFTER_USE`). Such a worker would
     import torch and outcore afresh (1.2 s for an empty DataLoader's two workers here): the forkserver
-    imports them once, before it forks any (`preload_forkserver`), and the workers persist across epochs
-    unless told ``persistent_workers=False`` (their store, client and cache stay open: a warm cache's epoch
-    then starts in 0.02-0.03 s, against 2.4 s with new workers each epoch; docs/benchmarks.md)."""
+    imports them once, before it forks any (`outcore.adapters.forkserver`), and the workers persist across
+    epochs unless told ``persistent_workers=False`` (their store, client and cache stay open: a warm cache's
+    epoch then starts in 0.02-0.03 s, against 2.4 s with new workers each epoch; docs/benchmarks.md)."""
     method = start_method(dataloader_options.setdefault("multiprocessing_context", "forkserver"))
     if method == "fork":
         raise OptionError(f"multiprocessing_context='fork' with a store in an object store: {FORKED_AFTER_USE}")
     if method == "forkserver":
         preload_forkserver()
     dataloader_options.setdefault("persistent_workers", True)
-
-
-def preload_forkserver() -> None:
-    """Have this process's forkserver import outcore's worker modules (`WORKER_MODULES`, torch with them)
-    when it starts, beside what it preloads already (``__main__``, or what the user set), so that each
-    worker it forks has them, and start it now (nothing changes for a forkserver already running).
-
-    >>> preload_forkserver()  # doctest: +SKIP
-    """
-    preloaded = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
-    forkserver.set_forkserver_preload(preloaded + [name for name in WORKER_MODULES if name not in preloaded])
-    forkserver.ensure_running()  # it imports them meanwhile (building a model, say): not at the first batch
 
 
 def start_method(context: Any) -> str:
