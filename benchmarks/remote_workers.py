@@ -9,11 +9,13 @@
 
 - local disk (warm page cache; the workers start by fork): the reference;
 - moto's S3 server on loopback (run by this process): an empty node cache, then a new process with that
-  cache warm;
+  cache warm (the forkserver, started with the loader, still imports torch, outcore and this script: the
+  loader makes the first batches itself meanwhile, and its workers go on from there once they can be
+  forked; with epochs this short, that is after the loader's 3 epochs);
 - the same warm cache, the loader made 2 s before its first epoch (as while a model is built): the
-  forkserver, started with the loader, has imported torch and outcore by then;
+  forkserver has imported them by then, and the workers make every batch;
 - the same warm cache with the workers of before (``persistent_workers=False``, nothing preloaded in the
-  forkserver): new workers, importing torch and outcore, every epoch;
+  forkserver): new workers, importing torch, outcore and this script, every epoch;
 - with ``--peers PYTHON`` (a Python with litdata and mosaicml-streaming: ``benchmarks/remote_peers.py``):
   LitData's and Mosaic streaming's own DataLoaders with 2 workers (their defaults otherwise) from the same
   endpoint, epoch 0 into an empty cache, the later epochs from it.
