@@ -224,7 +224,7 @@ def test_lmdb_values_that_are_neither_pictures_nor_datums_are_named(photos, tmp_
     environment.close()
     with pytest.raises(outcore.SourceError, match=r"pickles.lmdb: its values are neither pictures' files nor Caffe "
                                                   r"Datums \(key b'0000' holds a Python pickle \(protocol \d\)\); "
-                                                  r"outcore never unpickles.*outcore.LMDB\(values="):
+                                                  r"outcore never unpickles.*outcore.LMDB\(values=read\)"):
         outcore.ingest_records(tmp_path / "pickles.lmdb", tmp_path / "p.zarr", shape=SHAPE, progress=False)
     assert not (tmp_path / "p.zarr").exists()
 

@@ -93,8 +93,9 @@ class LMDB:
                 kind = value_kind(value) if self.values == "auto" else self.values
                 if kind not in ("bytes", "datum") and not callable(kind) and not len(scan):
                     raise SourceError(f"{location}: its values are neither pictures' files nor Caffe Datums (key "
-                                      f"{key!r} holds {kind}); outcore never unpickles: read them in Python with "
-                                      "format=outcore.LMDB(values=your function (key, value) -> (picture, labels))")
+                                      f"{key!r} holds {kind}); outcore never unpickles: read them in Python, with a "
+                                      "function of yours, read(key, value) -> (picture, labels), as the format's "
+                                      "values: outcore.LMDB(values=read)")
                 try:
                     picture, labels = self._picture_and_labels(kind, key, value, pattern, table)
                 except (WireError, KeyError, ValueError) as error:
