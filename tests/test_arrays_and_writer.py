@@ -162,6 +162,10 @@ def test_interrupted_writer_store_opens_with_recorded_samples(tmp_path):
     ds = outcore.open_dataset(tmp_path / "c.zarr")
     np.testing.assert_array_equal(ds["x"].compute(), np.arange(8))
     assert ds.unpublished() == 4 and "4 sample(s) written beyond the published count" in describe(ds)
+    with outcore.Writer(tmp_path / "c.zarr", append=True):  # another Writer, closed without writing:
+        pass
+    ds = outcore.open_dataset(tmp_path / "c.zarr")  # what the dead one left is cut away, the mark cleared
+    assert len(ds) == 8 and ds.unpublished() == 0 and not ds.attrs.growing
 
 
 DYING_WRITER = """

@@ -173,12 +173,20 @@ class Writer:
                 self.flush()
                 if self._attrs is not None and self._attrs.growing:
                     with self._writing():  # every array now holds exactly the published samples
+                        self._fit_arrays()
                         self._save_attrs(dataclasses.replace(self._attrs, growing=False))
             finally:
                 self.closed = True
                 self._unlock()
                 if self._upload:  # all of it is in the object store: the local copy goes
                     remove_path(self.location)
+
+    def _fit_arrays(self) -> None:
+        """Cut every array back to the published samples (what a Writer that died wrote beyond them)."""
+        for name in self._attrs.fields:
+            array = self._group[name]
+            if array.shape[0] > self._written:
+                array.resize((self._written, *array.shape[1:]))
 
     def __enter__(self) -> Self:
         return self
@@ -270,7 +278,7 @@ class Writer:
         written: list[tuple[int, str]] = []  # (shard, file)
         for name, values in merged.items():
             array = self._group[name]
-            if array.shape[0] < stop:
+            if array.shape[0] != stop:  # grown, or cut back to the samples it publishes (a dead Writer's left)
                 array.resize((stop, *array.shape[1:]))
             writable(array)[start:stop] = values[:count]
             written += [(shard, shard_path(array, shard)) for shard in shards]
