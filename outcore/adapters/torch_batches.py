@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Unpack
 
@@ -122,7 +123,8 @@ class TorchBatches(IterableDataset):
         self.slot: Slot | None = None  # where the workers write the parts of each batch, side by side
         self.passes = 0  # the loader's passes begun: names the files of this pass's batches
         self.board: EpochBoard | None = None  # for persistent workers: `persist`
-        self._store: Store | None = None  # a worker's store, opened once (persistent workers keep it)
+        self._store: Store | None = store  # this process's store: the loader's, or a worker's, opened once
+        self._opened_in = os.getpid()  # a forked worker opens its own
         self._next: NextEpoch | None = None  # with a client: the next epoch's run, started as a pass drains
         self.loader_passes: int | None = None  # an OutcoreLoader's: its passes under way (read in those only)
         self.pinned = False  # batches made in this process go straight to pinned memory (`OutcoreLoader` sets it)
@@ -216,8 +218,8 @@ class TorchBatches(IterableDataset):
         loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None and self.board is not None:  # a persistent worker: this iteration's start
             (self.passes, self.epoch, self.step, self.skip), self.own_turn = self.board.read(), False
-        if self._store is None or info is None:
-            self._store = self.opener()
+        if self._store is None or self._opened_in != os.getpid():
+            self._store, self._opened_in = self.opener(), os.getpid()
         iterator = BatchIterator(self._store, self.options)
         if info is not None and self.parts > 1:
             yield from self._parts(iterator, (loader_worker, num_workers))
