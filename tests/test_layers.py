@@ -161,3 +161,35 @@ def test_a_process_that_reads_batches_imports_no_ingest_cli_or_dataframes(tmp_pa
     found = json.loads(done.stdout)
     assert [m for m in found["bare"] if m.startswith("outcore") and m not in ("outcore", "outcore.errors")] == []
     assert [m for m in found["read"] if m.startswith(HEAVY)] == []
+
+
+def _mapped_files() -> set[str]:
+    """The files docs/architecture.md's module map names (paths under outcore/): folders by their indent,
+    several names on a line where they share a description."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    block = page.split("## Modules", 1)[1].split("```", 2)[1]
+    folders: list[str] = []
+    named = set()
+    for line in block.splitlines()[1:]:
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2 - 1  # "outcore/" itself is depth -1
+        if depth < 0:
+            continue
+        names = line.strip().split("  ")[0].split()
+        folders = folders[:depth]
+        for name in names:
+            if name.endswith("/"):
+                folders.append(name.rstrip("/"))
+                named.add("/".join([*folders, "__init__.py"]))  # a folder's line stands for its __init__
+            else:
+                named.add("/".join([*folders, name]))
+    return named
+
+
+def test_the_module_map_names_every_module_and_only_those():
+    on_disk = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*")
+               if path.suffix in (".py", ".c") and "__pycache__" not in path.parts}
+    mapped = _mapped_files()
+    assert sorted(on_disk - mapped) == [], "modules docs/architecture.md's map leaves out"
+    assert sorted(mapped - on_disk) == [], "files docs/architecture.md's map names that are not there"
