@@ -28,12 +28,10 @@ def resume_finished(location: str | os.PathLike, manifest: Mapping[str, Any],
     """Whether the store at ``location`` is the one a run of ``manifest`` makes, finished: true (with an
     `OutcoreWarning` saying so) when it is; false when there is no store there; a `StoreExistsError`
     naming what differs when another ingest made it (``resume``: the run was asked to resume)."""
-    shown = redact(str(location)) if is_url(location) else str(location)
-    try:
-        group = open_group(location, mode="r", storage_options=storage_options)
-    except NotAStoreError:
+    shown = _shown(location)
+    there, made = _recorded(location, storage_options)
+    if not there:
         return False
-    made = read_attrs(group, shown).provenance.get("manifest")
     differences = manifest_differences(made, manifest)
     if differences:
         raise StoreExistsError(f"{shown} already exists and was not made by this ingest ({'; '.join(differences)})"
@@ -47,13 +45,22 @@ def resume_finished(location: str | os.PathLike, manifest: Mapping[str, Any],
 def images_chosen_before(location: str | os.PathLike, storage_options: Mapping[str, Any] | None) -> str | None:
     """The ``images=`` an earlier ingest wrote the store at ``location`` with (None: no store there, or
     not an image ingest's): what ``images=None`` means for a run that may be the same ingest again."""
+    made = _recorded(location, storage_options)[1]
+    images = ((made or {}).get("settings") or {}).get("images") if isinstance(made, Mapping) else None
+    return images.strip("'") if isinstance(images, str) else None
+
+
+def _recorded(location: str | os.PathLike, storage_options: Mapping[str, Any] | None) -> tuple[bool, Any]:
+    """Whether a store is at ``location``, and the manifest its ingest recorded in its provenance."""
     try:
         group = open_group(location, mode="r", storage_options=storage_options)
     except NotAStoreError:
-        return None
-    made = read_attrs(group, str(location)).provenance.get("manifest")
-    images = ((made or {}).get("settings") or {}).get("images") if isinstance(made, Mapping) else None
-    return images.strip("'") if isinstance(images, str) else None
+        return False, None
+    return True, read_attrs(group, _shown(location)).provenance.get("manifest")
+
+
+def _shown(location: str | os.PathLike) -> str:
+    return redact(str(location)) if is_url(location) else str(location)
 
 
 def manifest_differences(made: Any, wanted: Mapping[str, Any]) -> list[str]:
