@@ -157,10 +157,9 @@ class OutcoreLoader(DataLoader):
 
     def _workers_would_wait(self) -> bool:
         """Whether this pass's workers are still to be forked by a forkserver still importing."""
-        context = self.multiprocessing_context
-        method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
         alive = self.persistent_workers and self._iterator is not None
-        return bool(self.num_workers) and method == "forkserver" and not alive and importing()
+        return bool(self.num_workers) and start_method(self.multiprocessing_context) == "forkserver" and not alive \
+            and importing()
 
     def _whole(self, delivered: Iterator[Delivered]) -> Iterator[Delivered]:
         """The DataLoader's items as whole batches: the parts of a batch are joined once all
