@@ -1,5 +1,5 @@
 """What the benchmark scripts share: the generated JPEG folders, a JPEG-folder dataset, a LocalCluster
-closed in order, and the printed table (timing in turns is `outcore.cli.bench.interleaved`, which `outcore bench` uses too)."""
+closed in order, and the printed table (timing in turns is `outcore.measure.interleaved`, which `outcore bench` uses too)."""
 
 from __future__ import annotations
 

@@ -27,8 +27,8 @@ from common import local_cluster, prepare, print_table
 from PIL import Image
 
 import outcore
-from outcore.cli.bench import interleaved
 from outcore.imaging import load_image
+from outcore.measure import interleaved
 from outcore.threads import available_cpus
 
 

@@ -33,8 +33,8 @@ import numpy as np
 from common import JpegFolder
 
 import outcore
-from outcore.cli.bench import decompress_all, interleaved, sequential_zarr, shuffled_epoch
 from outcore.imaging.synthetic import photo_crops
+from outcore.measure import decompress_all, interleaved, sequential_zarr, shuffled_epoch
 from outcore.threads import available_cpus, thread_count
 
 BATCH = 256

@@ -31,7 +31,7 @@ from common import prepare
 
 import outcore
 from outcore.storage.cache import parse_size
-from outcore.storage.device import evict
+from outcore.storage.page_cache import evict
 
 PEERS = {"litdata-raw": "LitData, pixels", "litdata-jpeg": "LitData, JPEG", "mosaic-raw": "Mosaic, pixels",
          "mosaic-jpeg": "Mosaic, JPEG"}

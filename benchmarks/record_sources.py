@@ -35,7 +35,7 @@ from pathlib import Path
 from common import prepare, print_table
 
 import outcore
-from outcore.storage.device import evict
+from outcore.storage.page_cache import evict
 from outcore.testing.records import write_hf_dataset, write_lmdb, write_tfrecords, write_webdataset
 
 HERE = Path(__file__).resolve().parent

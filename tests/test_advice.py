@@ -13,11 +13,13 @@ from cgroups import throttled
 
 import outcore
 from outcore.cli import main
-from outcore.cli.advice import Advice, Kind, advise
+from outcore.cli.advice import Advice, advise
 from outcore.errors import OutcoreWarning
 from outcore.imaging.synthetic import write_image_folder
 from outcore.ingest import choice
-from outcore.storage.device import SMALL_READ, DeviceRates, Memory
+from outcore.storage.device import SMALL_READ, DeviceRates
+from outcore.storage.epochs import Kind
+from outcore.storage.page_cache import Memory
 
 MiB = 2**20
 
@@ -94,7 +96,8 @@ def test_bench_of_a_store_without_pictures_says_nothing_of_them(tmp_path, capsys
 CHILD = """
 import json, sys
 from pathlib import Path
-from outcore.storage.device import measure_device, memory
+from outcore.storage.device import measure_device
+from outcore.storage.page_cache import memory
 paths = sorted(p for p in Path(sys.argv[1]).rglob("*") if p.is_file())
 rates = measure_device(paths, in_flight=2, sizes=[4096, 256 * 1024], seconds=1.5)
 room = memory()

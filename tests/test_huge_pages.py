@@ -13,8 +13,8 @@ from cgroups import throttled
 
 import outcore
 from outcore.storage import huge_pages, shard_reader
-from outcore.storage.device import Memory
 from outcore.storage.huge_pages import HUGE_PAGE, HugePageReads
+from outcore.storage.page_cache import Memory
 
 MiB = 2**20
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).parent.parent / "outcore"
-LAYERS = ("errors", "seeds", "threads", "format", "storage", "imaging", "iterate", "adapters", "dataset", "mixture", "ingest", "cli", "testing")
+LAYERS = ("errors", "seeds", "threads", "format", "storage", "imaging", "iterate", "adapters", "dataset", "mixture", "measure", "ingest", "cli", "testing")
 PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may import any layer
 # optional frameworks, imported only where used: distributed (clusters; tornado, its event loop, for a
 # worker's periodic callback), scikit-learn (sample photographs), scikit-image (the demo's photographs),

@@ -466,48 +466,6 @@ def test_one_pool_of_threads_whatever_the_batches(tmp_path, rng):
     assert pool and len(pool) <= outcore.thread_count()
 
 
-@pytest.mark.parametrize(("lines", "files", "cpus"), [
-    ("0::/kubepods/pod1/c1\n", {"kubepods/cpu.max": "max 100000", "kubepods/pod1/cpu.max": "300000 100000",
-                                 "kubepods/pod1/c1/cpu.max": "max 100000"}, 3),  # v2: a parent's quota counts
-    ("0::/job\n", {"job/cpu.max": "150000 100000"}, 2),  # 1.5 CPUs: rounded up
-    ("0::/job\n", {"job/cpu.max": "max 100000"}, 64),  # no quota: the affinity
-    ("4:cpu,cpuacct:/slurm/job\n", {"cpu,cpuacct/slurm/job/cpu.cfs_quota_us": "400000",
-                                     "cpu,cpuacct/slurm/job/cpu.cfs_period_us": "100000",
-                                     "cpu,cpuacct/cpu.cfs_quota_us": "-1", "cpu,cpuacct/cpu.cfs_period_us": "100000"},
-     4),  # v1
-])
-def test_available_cpus_follow_the_cgroup_quota(tmp_path, monkeypatch, lines, files, cpus):
-    """os.cpu_count() counts the host's cores: a container limited to 3 CPUs of a 64-core host gets 3."""
-    from outcore.threads import cpus as threads
-
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    proc = tmp_path / "self-cgroup"
-    proc.write_text(lines)
-    monkeypatch.setattr(threads, "CGROUP_ROOT", tmp_path)
-    monkeypatch.setattr(threads, "OWN_CGROUP", proc)
-    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(64)))
-    assert threads.available_cpus() == cpus
-
-
-def test_the_cgroup_quota_is_read_again_only_after_a_while(tmp_path, monkeypatch):
-    """The thread count is asked for at every batch: the quota's files are not read every time."""
-    from outcore.threads import cpus as threads
-
-    (tmp_path / "job").mkdir()
-    (tmp_path / "job" / "cpu.max").write_text("300000 100000")
-    (tmp_path / "self-cgroup").write_text("0::/job\n")
-    monkeypatch.setattr(threads, "CGROUP_ROOT", tmp_path)
-    monkeypatch.setattr(threads, "OWN_CGROUP", tmp_path / "self-cgroup")
-    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(64)))
-    assert threads.available_cpus() == 3
-    (tmp_path / "job" / "cpu.max").write_text("200000 100000")
-    assert threads.available_cpus() == 3  # read a moment ago
-    monkeypatch.setattr(threads, "QUOTA_SECONDS", 0.0)
-    assert threads.available_cpus() == 2
-
-
 def test_the_thread_count_follows_affinity_and_the_knob(monkeypatch):
     from outcore import threads
 

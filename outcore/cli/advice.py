@@ -4,7 +4,7 @@ An epoch is limited by the slower of two: what the cores decode (measured with t
 sample of the store's chunks read from memory) and, when the store does not fit in the memory the page
 cache can give (and for a first epoch), what the device delivers (`outcore.storage.device`: its bandwidth
 and request rates measured cold on the store's own files, applied to the bytes and reads an epoch
-makes), plus the part of the faster that the two do not overlap (`OVERLAP`). The kinds the store does
+makes): `outcore.storage.epochs`, the model ingest's ``images=None`` uses too. The kinds the store does
 not hold are measured on a sample converted to them: pixels (Blosc lz4, ingest's default, and Blosc
 `ZSTD`), or JPEGs re-encoded from the pixels (what ``images="encoded", max_side=`` would keep).
 """
@@ -26,51 +26,17 @@ from ..format import companion_names
 from ..imaging import DEFAULT_QUALITY
 from ..ingest import from_arrays, ingest_images
 from ..iterate.transforms import CenterCrop, Compose, RandomFlip, RandomResizedCrop, Transform
+from ..measure import interleaved, shuffled_epoch
 from ..storage import is_url
-from ..storage.device import (
-    PAGE_CACHE_SHARE,
-    SMALL_READ,
-    DeviceRates,
-    Memory,
-    measure_device,
-    memory,
-    whole_pages,
-)
+from ..storage.device import SMALL_READ, DeviceRates, measure_device, whole_pages
+from ..storage.epochs import GROWTH, LAYOUT_SHARE, Kind, Prediction, predict_epoch
+from ..storage.page_cache import PAGE_CACHE_SHARE, Memory, memory
 from ..storage.report import codecs, field_reports, human_size
 from ..threads import thread_count
-from .bench import interleaved, shuffled_epoch
 
-ZSTD = "zstd:5:bitshuffle"  # photographs' pixels 1.36x smaller than lz4's 1.04x, decoded at 0.7 GB/s a core
+ZSTD = "zstd:5:bitshuffle"  # photographs' pixels compress better than with lz4, and decode fast
 PIXELS_ZSTD = "pixels, zstd"
-# The share of the faster of reading and decoding that an epoch from the device does not hide behind the
-# slower: local chunks are read by the threads that decode them. Measured by benchmarks/out_of_core.py (2
-# cores; cloud volume, SSD and disk: 0.1-0.3).
-OVERLAP = 0.2
-LAYOUT_SHARE = 0.8  # a store whose chunks read at less than this share of the device's bandwidth is laid out wrong
-GROWTH = 4  # the larger chunks measured for a store laid out wrong
 SAMPLE_BYTES = 256 * 2**20  # decoded bytes of the chunks the cores are timed on (at most)
-
-
-@dataclass(frozen=True)
-class Kind:
-    """One way to store the pictures, as an epoch reads it: ``bytes`` from the device per sample, ``reads``
-    per sample of each size (bytes → count), and ``cpu`` samples/s from memory on all cores; ``source``
-    says where it was measured."""
-
-    name: str
-    source: str
-    bytes: float
-    reads: dict[int, float]
-    cpu: float
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """A kind's predicted epoch: ``rate`` samples/s, limited by ``limit`` (``"cores"``, ``"device"``)."""
-
-    kind: Kind
-    rate: float
-    limit: str
 
 
 @dataclass(frozen=True)
@@ -85,25 +51,12 @@ class Advice:
 
     def from_device(self, kind: Kind) -> bool:
         """Whether every epoch of ``kind`` reads the device (its bytes do not fit in the page cache)."""
-        return self.device is not None and not self.memory.holds(kind.bytes * self.samples)
+        return self.device is not None and kind.from_device(self.samples, self.memory)
 
     def predict(self, kind: Kind, cold: bool = False) -> Prediction:
-        """``kind``'s epoch: the smaller of its cores' rate and, read from the device (every epoch when it
-        does not fit in the page cache; with ``cold``, the first), the device's.
-
-        >>> kind = Kind("pixels", "this store", bytes=45_000, reads={5_760_000: 1 / 128, 4096: 1 / 128}, cpu=9_000)
-        >>> device = DeviceRates(200e6, {5_760_000: 34.0, 4096: 3000.0}, in_flight=2)
-        >>> advice = Advice(120_000, Memory(2**30, 2**30), 2, device, (kind,))
-        >>> prediction = advice.predict(kind)  # 938 chunks of pictures take 27.6 s, 938 of labels 0.3 s; decoding 13 s
-        >>> round(prediction.rate), prediction.limit
-        (3928, 'device')
-        """
-        if self.device is None or not (cold or self.from_device(kind)):
-            return Prediction(kind, kind.cpu, "cores")
-        device = self.samples / self.device.seconds({size: count * self.samples for size, count in kind.reads.items()})
-        slower, faster = sorted((1 / kind.cpu, 1 / device), reverse=True)
-        rate = 1 / (slower + OVERLAP * faster)
-        return Prediction(kind, rate, "device" if device < kind.cpu else "cores")
+        """``kind``'s epoch (`outcore.storage.epochs.predict_epoch`): read from the device every epoch when it
+        does not fit in the page cache and, with ``cold``, the first."""
+        return predict_epoch(kind, self.samples, self.device, cold or self.from_device(kind))
 
     @property
     def choice(self) -> Prediction:

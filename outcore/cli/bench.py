@@ -1,74 +1,16 @@
-"""Reading speed of a store, measured side by side: behind ``outcore bench`` and benchmarks/iterate.py."""
+"""``outcore bench``'s reading speed of a store, measured side by side (`outcore.measure` times the cases),
+and an object store's traffic over an epoch."""
 
 from __future__ import annotations
 
-import io
-import statistics
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import replace
 
-from PIL import Image
-
 from ..dataset import Dataset
-from ..format import ranges_name
 from ..iterate.transforms import Compose, RandomFlip, RandomResizedCrop
-from ..storage import read_files
+from ..measure import decompress_all, interleaved, sequential_zarr, shuffled_epoch
 from ..storage.report import field_reports, total
 from ..threads import thread_count
-
-
-def interleaved(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
-    """Median items per second of each case, over ``repeats`` rounds that run every case in turn (a machine
-    busy for a while then slows every case alike, not one). A case returns how many items it did.
-
-    >>> interleaved({"a": lambda: 10, "b": lambda: 20}, 3)  # doctest: +SKIP
-    {'a': 412345.1, 'b': 803333.3}
-    """
-    rates: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, work in cases.items():
-            began = time.perf_counter()
-            done = work()
-            rates[name].append(done / (time.perf_counter() - began))
-    return {name: statistics.median(measured) for name, measured in rates.items()}
-
-
-def sequential_zarr(ds: Dataset, fields: Sequence[str]) -> int:
-    """Plain zarr: read the store front to back, one chunk per call and field (encoded images: the
-    chunk's byte ranges and bytes, then each image decoded with Pillow)."""
-    for start in range(0, len(ds), ds.chunk_size):
-        for name in fields:
-            if ds.attrs.fields[name].is_image:
-                _decode_with_pillow(ds, name, start)
-            else:
-                ds.array(name)[start : start + ds.chunk_size]
-    return len(ds)
-
-
-def _decode_with_pillow(ds: Dataset, name: str, start: int) -> None:
-    stop = min(len(ds), start + ds.chunk_size)
-    for blob in read_files(ds.array(name), ds.array(ranges_name(name)), start, stop):
-        with Image.open(io.BytesIO(blob)) as image:
-            image.load()
-
-
-def decompress_all(ds: Dataset, fields: Sequence[str], threads: int | None = None) -> int:
-    """The ceiling: decompress (and decode) every chunk into memory on ``threads`` threads (default: as many
-    as outcore reads with, `outcore.threads.thread_count`), in storage order, with outcore's chunk readers
-    and no shuffling, batching or copying."""
-    readers = [ds.chunk_reader(name) for name in fields]
-    jobs = [(reader, chunk) for chunk in range(ds.num_chunks) for reader in readers]
-    with ThreadPoolExecutor(threads or thread_count()) as pool:
-        for _ in pool.map(lambda job: job[0].read(job[1]), jobs):
-            pass
-    return len(ds)
-
-
-def shuffled_epoch(ds: Dataset, fields: Sequence[str], batch_size: int = 256, **options: object) -> int:
-    """One epoch of ``ds.batches`` with default settings unless ``options`` say otherwise."""
-    return sum(len(batch[fields[0]]) for batch in ds.batches(batch_size, fields=fields, **options))
 
 
 def epoch_traffic(ds: Dataset, batch_size: int = 256) -> str:

@@ -4,7 +4,8 @@ A pixel store that fits in the memory the page cache can give is read from memor
 epoch, with nothing to decode: pixels. A bigger one is read from the device every epoch, so the choice
 is measured, as ``outcore bench`` measures it (`outcore.storage.device`): the device under the target
 folder read cold (a probe file written there, then evicted) for the bytes and reads an epoch of each kind
-makes, and the cores' rate of decoding a sample of the files. Whichever epoch is predicted faster wins.
+makes, and the rate at which the process's threads, all at once, decode a sample of the files. Whichever
+epoch `outcore.storage.epochs` predicts faster wins.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +25,14 @@ import numpy as np
 from ..errors import OutcoreError
 from ..imaging import decode_image
 from ..storage import is_url
-from ..storage.device import SMALL_READ, DeviceRates, measure_device, memory, whole_pages
+from ..storage.device import SMALL_READ, DeviceRates, measure_device, whole_pages
+from ..storage.epochs import Kind, predict_epoch
+from ..storage.page_cache import memory
 from ..storage.report import human_size
-from ..threads import available_cpus, thread_count
+from ..threads import thread_count
 
-DECODED_FILES = 32  # files decoded to time the cores
+DECODED_FILES = 32  # files read to time the decoding
+DECODES_PER_THREAD = 4  # how many of them each thread decodes (the files again, in turn, when there are few)
 PROBE_BYTES = 128 * 2**20  # the probe file written under the target to read cold
 
 
@@ -63,34 +68,41 @@ def choose_images(location: str | os.PathLike, paths: Sequence[str], file_bytes:
     if shutil.disk_usage(folder).free < 4 * PROBE_BYTES:
         return ImagesChoice("encoded", f"{too_big}, and {folder} has too little free space to measure its device: "
                                        f"the files are {sample_nbytes / encoded:.1f}x fewer bytes")
-    per_core = _decode_rate(paths, decode, read)
-    cores = available_cpus()
+    threads = thread_count()
+    decoding = _decode_rate(paths, decode, read, threads)
     pixel_chunk, encoded_chunk = whole_pages(sample_nbytes * chunk_size), whole_pages(encoded * chunk_size)
     device = _probe(folder, [pixel_chunk, encoded_chunk, SMALL_READ])
-    chunks = math.ceil(count / chunk_size)
-    pixel_rate = count / device.seconds({pixel_chunk: chunks, SMALL_READ: chunks})
-    encoded_rate = min(cores * per_core, count / device.seconds({encoded_chunk: chunks, SMALL_READ: 2 * chunks}))
-    images = "pixels" if pixel_rate >= encoded_rate else "encoded"
+    kinds = [Kind("pixels", "the pixel store", sample_nbytes, {pixel_chunk: 1 / chunk_size, SMALL_READ: 1 / chunk_size}, math.inf),
+             Kind("encoded", "a sample of the files", encoded, {encoded_chunk: 1 / chunk_size, SMALL_READ: 2 / chunk_size}, decoding)]
+    pixel, encoded_epoch = (predict_epoch(kind, count, device, from_device=True) for kind in kinds)
+    images = "pixels" if pixel.rate >= encoded_epoch.rate else "encoded"
     return ImagesChoice(images, f"{too_big}; read from this device ({device}), an epoch of pixels would run at "
-                                f"about {pixel_rate:,.0f} samples/s and one of encoded pictures at {encoded_rate:,.0f} "
-                                f"({cores} cores decoding {per_core:,.0f} a second each)")
+                                f"about {pixel.rate:,.0f} samples/s and one of encoded pictures at "
+                                f"{encoded_epoch.rate:,.0f} ({threads} threads decoding {decoding:,.0f} a second)")
 
 
-def _decode_rate(paths: Sequence[str], decode: dict[str, Any], read: Callable[[str], bytes]) -> float:
-    """Files decoded a second on one core (a sample of `DECODED_FILES` spread over ``paths``; files that
-    cannot be read or decoded are left to the ingest, which reports or skips them)."""
+def _decode_rate(paths: Sequence[str], decode: dict[str, Any], read: Callable[[str], bytes], threads: int) -> float:
+    """Files decoded a second by ``threads`` threads at once: `DECODED_FILES` spread over ``paths``, read
+    first, then decoded `DECODES_PER_THREAD` times per thread in all (files that cannot be read or decoded
+    are left to the ingest, which reports or skips them)."""
     picked = [paths[i] for i in np.linspace(0, len(paths) - 1, min(len(paths), DECODED_FILES)).astype(int)]
-    decoded, spent = 0, 0.0
+    blobs = []
     for path in picked:
         try:
             blob = read(path)
-            began = time.perf_counter()
             decode_image(blob, decode["shape"], decode["resize"], decode["dtype"], name=str(path))
         except (OutcoreError, OSError):
             continue
-        spent += time.perf_counter() - began
-        decoded += 1
-    return decoded / max(1e-9, spent)
+        blobs.append((path, blob))
+    if not blobs:
+        return math.inf  # nothing decodes: the ingest says why; the device alone decides
+    work = [blobs[i % len(blobs)] for i in range(max(len(blobs), DECODES_PER_THREAD * threads))]
+    with ThreadPoolExecutor(threads) as pool:
+        began = time.perf_counter()
+        for _ in pool.map(lambda item: decode_image(item[1], decode["shape"], decode["resize"], decode["dtype"],
+                                                    name=str(item[0])), work):
+            pass
+        return len(work) / max(1e-9, time.perf_counter() - began)
 
 
 def _existing_folder(location: Path) -> Path:

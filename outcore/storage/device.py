@@ -1,13 +1,11 @@
-"""The machine a local store is read on, as ``outcore bench`` measures it: the memory its page cache can
-give, and the cold read rate of the device the store's files lie on, their pages evicted first.
+"""The device a local store's files lie on, read cold (their pages evicted first, `evict`), as
+``outcore bench`` and ingest's ``images=None`` measure it.
 
 A device is summed up by its ``bandwidth`` front to back (bytes/s of large reads) and by how many reads
 of a given size it serves each second at random places, measured on the store's own files with the
 reader's number of reads in flight: a cloud volume or a disk that caps requests serves few reads of any
 size, and the kernel cuts a large read into requests of its own (each counts against such a cap). An
-epoch of reads then takes the sum of each size's count over its rate. Nothing here needs root: pages are
-evicted with ``posix_fadvise(POSIX_FADV_DONTNEED)`` (which leaves pages another process holds mapped or
-dirty).
+epoch of reads then takes the sum of each size's count over its rate. Nothing here needs root.
 """
 
 from __future__ import annotations
@@ -23,92 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OptionError
-from ..threads.cpus import CGROUP_ROOT, OWN_CGROUP
 from .huge_pages import HugePageReads
+from .page_cache import evict
 
 LARGE_READ = 4 * 2**20  # what the bandwidth is measured with
 SMALL_READ = 4096  # a small field's chunk: one request
 _PAGE = 4096
-PAGE_CACHE_SHARE = 0.9  # a store is read from memory when it takes at most this share of the page cache's room
-_NO_LIMIT = 2**60  # cgroup v1 writes 9223372036854771712 for "none"
-
-
-@dataclass(frozen=True)
-class Memory:
-    """What the page cache can hold: ``available`` bytes (the kernel's ``MemAvailable``, or what the
-    process's memory cgroup leaves beside its processes' own memory if that is less) and the cgroup's
-    ``limit`` (``None`` without one)."""
-
-    available: int
-    limit: int | None
-
-    def holds(self, nbytes: float) -> bool:
-        """Whether a store of ``nbytes`` is read from memory here (at most `PAGE_CACHE_SHARE` of the room).
-
-        >>> Memory(available=2**30, limit=None).holds(2**31)
-        False
-        """
-        return nbytes <= PAGE_CACHE_SHARE * self.available
-
-
-def memory() -> Memory:
-    """The memory the page cache can give this process now.
-
-    >>> memory().available > 0
-    True
-    """
-    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-    available = int(meminfo["MemAvailable"].split()[0]) * 1024
-    limits = [(limit, used) for folder in _memory_cgroups() if (limit := _read_limit(folder)) is not None
-              for used in [_own_memory(folder)]]
-    if not limits:
-        return Memory(available, None)
-    limit, used = min(limits)
-    return Memory(min(available, max(0, limit - used)), limit)
-
-
-def _memory_cgroups() -> list[Path]:
-    """This process's memory cgroup and its ancestors (v2: the one hierarchy; v1: the memory controller's)."""
-    try:
-        lines = OWN_CGROUP.read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        _, controllers, where = line.split(":", 2)
-        if controllers == "" or "memory" in controllers.split(","):
-            top = CGROUP_ROOT if controllers == "" else CGROUP_ROOT / controllers
-            folder = top / where.strip("/")
-            return [path for path in (folder, *folder.parents) if path == top or top in path.parents]
-    return []
-
-
-def _read_limit(folder: Path) -> int | None:
-    for name in ("memory.max", "memory.limit_in_bytes"):
-        try:
-            text = (folder / name).read_text().strip()
-        except OSError:
-            continue
-        return None if text == "max" or int(text) >= _NO_LIMIT else int(text)
-    return None
-
-
-def _own_memory(folder: Path) -> int:
-    """The cgroup's memory that is not page cache (its processes' own), in bytes."""
-    try:
-        stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
-    except OSError:
-        return 0
-    return int(stat.get("total_rss", stat.get("anon", 0)))
-
-
-def evict(paths: Sequence[Path]) -> None:
-    """Drop ``paths``' pages from the page cache, so that the next reads come from the device."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -195,9 +113,9 @@ def _timed_reads(reads: Iterator[tuple[Path, int, int]], in_flight: int, seconds
     ``seconds`` have passed (``random``: the kernel is told not to read ahead, and whole 2 MiB pages are read
     as the shard reader reads them, `HugePageReads`)."""
     lock = threading.Lock()
-    opened: dict[Path, HugePageReads] = {}
+    opened: dict[Path, tuple[int, HugePageReads | None]] = {}  # file descriptor, and its huge-page reads
 
-    def next_read() -> tuple[HugePageReads, int, int] | None:
+    def next_read() -> tuple[tuple[int, HugePageReads | None], int, int] | None:
         with lock:
             path, offset, size = next(reads, (None, 0, 0))
             if path is None:
@@ -206,16 +124,17 @@ def _timed_reads(reads: Iterator[tuple[Path, int, int]], in_flight: int, seconds
                 fd = os.open(path, os.O_RDONLY)
                 if random:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                opened[path] = HugePageReads(fd, os.fstat(fd).st_size if random else 0)  # size 0: plain preads
+                opened[path] = (fd, HugePageReads(fd, os.fstat(fd).st_size) if random else None)
             return opened[path], offset, size
 
     def worker(deadline: float) -> int:
         done = 0
         while time.perf_counter() < deadline and (read := next_read()) is not None:
-            file, offset, size = read
+            (fd, huge), offset, size = read
             buffer = memoryview(bytearray(size))
             count = 0
-            while count < size and (got := file.read_into(offset + count, buffer[count:])):
+            while count < size and (got := (huge.read_into(offset + count, buffer[count:]) if huge
+                                            else os.preadv(fd, [buffer[count:]], offset + count))):
                 count += got
             done += count
         return done
@@ -226,6 +145,7 @@ def _timed_reads(reads: Iterator[tuple[Path, int, int]], in_flight: int, seconds
             read = sum(pool.map(worker, [began + seconds] * in_flight))
         return read, time.perf_counter() - began
     finally:
-        for file in opened.values():
-            file.close()
-            os.close(file.fd)
+        for fd, huge in opened.values():
+            if huge is not None:
+                huge.close()
+            os.close(fd)

@@ -43,10 +43,10 @@ from zarr.storage import LocalStore
 
 from ..errors import CorruptChunkError, OutcoreError
 from ..threads import submit_io
-from .device import memory
 from .failures import retried
 from .groups import shard_path
 from .huge_pages import HugePageReads
+from .page_cache import memory
 from .pins import Pins, stamp_of
 from .remote import RemoteStore, coalesce
 from .zipstore import RangeZipStore

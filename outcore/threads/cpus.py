@@ -14,8 +14,8 @@ import os
 import time
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-OWN_CGROUP = Path("/proc/self/cgroup")  # which cgroup(s) this process is in
+from . import cgroups
+
 QUOTA_SECONDS = 5.0  # the cgroup CPU quota is read again after this long (not at every batch: files to read)
 
 _quota_read: tuple[float, tuple[Path, Path], float | None] | None = None  # (when, which files, quota)
@@ -38,7 +38,7 @@ def _cgroup_quota() -> float | None:
     rarely changes, and the thread count is asked for at every batch: on 2 cores, reading its files cost
     a Dask worker about 1 % of its time)."""
     global _quota_read
-    now, files = time.monotonic(), (CGROUP_ROOT, OWN_CGROUP)
+    now, files = time.monotonic(), (cgroups.CGROUP_ROOT, cgroups.OWN_CGROUP)
     if _quota_read is None or _quota_read[1] != files or now - _quota_read[0] >= QUOTA_SECONDS:
         _quota_read = (now, files, _read_cgroup_quota())
     return _quota_read[2]
@@ -58,22 +58,8 @@ def _read_cgroup_quota() -> float | None:
 
 def _cgroup_cpu_files() -> list[Path]:
     """The quota files of this process's cgroup and its ancestors: v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``."""
-    try:
-        lines = OWN_CGROUP.read_text().splitlines()
-    except OSError:
-        return []
-    files = []
-    for line in lines:
-        _, controllers, where = line.split(":", 2)
-        if controllers == "":  # v2: one hierarchy
-            top, name = CGROUP_ROOT, "cpu.max"
-        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own hierarchy
-            top, name = CGROUP_ROOT / controllers, "cpu.cfs_quota_us"
-        else:
-            continue
-        folder = top / where.strip("/")
-        files += [path / name for path in (folder, *folder.parents) if path == top or top in path.parents]
-    return files
+    return [folder / ("cpu.max" if version == 2 else "cpu.cfs_quota_us")
+            for folder, version in cgroups.cgroup_folders("cpu")]
 
 
 def _cpu_max(path: Path) -> float | None:
