@@ -160,3 +160,18 @@ def test_the_cli_page_has_a_synopsis_line_and_a_section_for_every_command():
     assert {line.split()[2] for line in synopsis.splitlines() if line.startswith("$ outcore ") and
             not line.split()[2].startswith("-")} == commands
     assert {found for found in re.findall(r"^## `outcore (\w+)`", page, re.MULTILINE)} == commands
+
+
+MACHINE_FIGURES = re.compile(r"on \d+ cores| \((measured|benchmarked)\)|[Mm]easured across|\d \w+ faster than")
+
+
+def test_the_code_says_why_and_leaves_measured_figures_to_the_benchmarks_page():
+    """A figure of one machine's run in a comment goes stale unseen: it belongs in docs/benchmarks.md
+    ("Figures behind the code"), with what made it."""
+    root = Path(__file__).parent.parent
+    found = [f"{path.relative_to(root)}:{number}: {line.strip()}"
+             for path in sorted((root / "outcore").rglob("*.[pc]*")) if path.suffix in (".py", ".c")
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if MACHINE_FIGURES.search(line)]
+    assert found == [], "\n".join(found)
+    assert "## Figures behind the code" in (root / "docs" / "benchmarks.md").read_text()

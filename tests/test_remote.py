@@ -219,7 +219,7 @@ def test_passing_faults_are_retried_and_change_nothing(stores, s3, proxy, fault,
 
 
 def test_a_stalled_answer_is_asked_again_beside_it(stores, s3, proxy, monkeypatch):
-    monkeypatch.setattr(remote_module, "HEDGE_SECONDS", 0.3)
+    monkeypatch.setattr(remote_module, "REQUEST_HEDGE_SECONDS", 0.3)
     remote = _open("numbers.zarr", _via(proxy, s3), cache_dir=False)  # the default 30 s request timeout
     _epoch(remote)  # metadata, shard sizes and indexes known: what follows are chunk reads
     proxy.stall(2, seconds=20, smallest=1024)  # chunks, not the 20-byte shard indexes read again each epoch

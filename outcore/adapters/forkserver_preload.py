@@ -3,8 +3,7 @@ variables it reads are set for that forkserver only; elsewhere this does nothing
 
 1. it imports the training script's main module, as the forkserver means to when told to preload
    ``__main__`` but does not (CPython 3.11-3.13 look for the script's path under a key that is never
-   there): otherwise every worker imports it again, with everything it imports (0.7 s a worker for a
-   script importing outcore's test kit, measured), before its first batch;
+   there): otherwise every worker imports it again, with everything it imports, before its first batch;
 2. it makes the file named by ``OUTCORE_FORKSERVER_READY``, which tells the loader that workers can
    now be forked at once.
 """

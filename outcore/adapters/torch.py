@@ -290,10 +290,10 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
 def _start_without_fork(dataloader_options: dict[str, Any]) -> None:
     """Workers reading an object store start by forkserver (the default then) or spawn: obstore cannot run
     in a process forked after it was used (`outcore.storage.remote.FORKED_AFTER_USE`). Such a worker would
-    import torch and outcore afresh (1.2 s for an empty DataLoader's two workers here): the forkserver
-    imports them once, before it forks any (`outcore.adapters.forkserver`), and the workers persist across
-    epochs unless told ``persistent_workers=False`` (their store, client and cache stay open: a warm cache's
-    epoch then starts in 0.02-0.03 s, against 2.4 s with new workers each epoch; docs/benchmarks.md)."""
+    import torch and outcore afresh: the forkserver imports them once, before it forks any
+    (`outcore.adapters.forkserver`), and the workers persist across epochs unless told
+    ``persistent_workers=False`` (their store, client and cache stay open, so a warm cache's epoch starts at
+    once; `benchmarks/remote_workers.py` times both, docs/benchmarks.md)."""
     method = start_method(dataloader_options.setdefault("multiprocessing_context", "forkserver"))
     if method == "fork":
         raise OptionError(f"multiprocessing_context='fork' with a store in an object store: {FORKED_AFTER_USE}")

@@ -1,4 +1,4 @@
-"""``outcore demo``: the main job end to end on real photographs, in about a minute on 2 cores.
+"""``outcore demo``: the main job end to end on real photographs, in about a minute.
 
 1. cut the sample photographs that scikit-image and scikit-learn ship (an astronaut, a cat, coffee, a
    rocket, a Chinese temple, a flower: one class each) into train/val/test folders of JPEG crops;

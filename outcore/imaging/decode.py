@@ -139,8 +139,8 @@ def decode_image(
 
 # Arrays decoded into start LEAD bytes past a multiple of ALIGN: libjpeg-turbo's SIMD colour conversion writes
 # a decoded row that starts on a multiple of 32 bytes with non-temporal stores, which bypass the caches and
-# cost 8 % more per 128x128 JPEG on 2 cores (59.8 against 55.3 µs). numpy's arrays start at either, as
-# malloc places them (two batches in three on a multiple of 32, measured).
+# make each decode slower; numpy's arrays start at either, as malloc places them (docs/benchmarks.md,
+# "Figures behind the code").
 ALIGN, LEAD = 32, 16
 
 

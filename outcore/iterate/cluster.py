@@ -21,9 +21,8 @@ or Dask moved it) reads what it needs itself.
 
 Why spans: a Dask task costs its worker about 1-3 ms of event-loop work (messages, bookkeeping)
 whatever it does, and a task that needs another task's result adds a transfer. A span is one task and
-no transfer: that cost is spread over a thousand samples or more, and on 2 cores a worker spends
-1.06-1.12x what the decoding itself needs (`benchmarks/cluster.py`), against 1.4-1.95x with a task per
-chunk and per batch.
+no transfer: that cost is spread over a thousand samples or more (`benchmarks/cluster.py` compares a
+worker's time with what the decoding itself needs).
 
 Delivery: a worker on the consumer's machine makes each batch (or part, straight into its rows) in the
 batch's files in shared memory and sends only the files' names (`outcore.iterate.shared`); the consumer
@@ -31,8 +30,7 @@ maps them once every lane's part is there, without a copy or a socket. A worker 
 over Dask's sockets and the consumer joins them. Either way the batches are the same.
 
 Twice as many spans as the cluster has worker threads stay submitted while the oldest (a span of every
-lane) is handed over (measured on 16 cores: 10 % faster at 8 workers than one more span than threads,
-since spans finish out of order and only the oldest can be handed over), so every worker thread has a
+lane) is handed over (spans finish out of order and only the oldest can be handed over), so every worker thread has a
 span to make while finished ones wait: at most that many times `SPAN_BYTES` of batches (64 MiB: 128 MiB
 a worker thread), and a span of every lane more, are held. Spans carry Dask priorities by
 (epoch, step): a worker runs them in order. Several consumers (the ranks of a job, each with its own
@@ -88,10 +86,8 @@ WORKER_CONFIG: dict[str, object] = {
     "distributed.admin.tick.interval": "1s",  # the event loop's lag measured 50 times a second
 }
 """Dask settings for workers that read and decode for outcore: a worker's event loop wakes up for
-Dask's statistical profiler every 10 ms and for its tick every 20 ms, whatever it does. An idle
-worker's loop took 44 ms of CPU a second with Dask's defaults, 9 with these (2 cores): at 12,000
-samples a second, 3 µs a sample, 5 % of a 128x128 JPEG decode (`benchmarks/cluster.py` compares
-both). The dashboard's profile page then stays empty, and an event loop blocked for more than
+Dask's statistical profiler every 10 ms and for its tick every 20 ms, whatever it does, and that CPU
+time is taken from decoding (`benchmarks/cluster.py` compares both). The dashboard's profile page then stays empty, and an event loop blocked for more than
 ``distributed.admin.tick.limit`` (3 s) is still reported. Set them where the workers start:
 ``with dask.config.set(outcore.WORKER_CONFIG):`` around ``LocalCluster(...)`` (its workers inherit the
 settings), or in their environment (`worker_environment`)."""
@@ -164,11 +160,8 @@ def span_batches(part_size: int, sample_bytes: int, batches: int, threads: int) 
 
     Spans of 64 MiB rather than 32 halve the tasks (a Dask task costs its worker's event loop and the
     scheduler a few ms, whatever it does) and, from a disk, the chunks read by two spans, at twice the
-    shared memory held: on 2 cores, 4 workers delivered 6-19 % more samples/s (three runs), their event
-    loops at 3.5-4.2 µs a sample instead of 6.7-8.1, and spans of 128 MiB were no faster
-    (`benchmarks/cluster.py --span-mib`, docs/benchmarks.md). Pictures of 64x64 and 32x32 get spans of
-    64 MiB too, no longer cut at 2,048 samples: 2 workers delivered 7-18 % more samples/s at 64x64 and
-    14-25 % more at 32x32 (two runs each).
+    shared memory held; spans of 128 MiB were no faster, and small pictures get spans of 64 MiB too
+    (`benchmarks/cluster.py --span-mib` measures it; docs/benchmarks.md).
 
     >>> span_batches(256, 128 * 128 * 3, 5000, 8), span_batches(64, 224 * 224 * 3, 5000, 8)
     (5, 6)
@@ -206,9 +199,8 @@ class Lanes:
     def count_for(location: str, streams: int, threads: int) -> int:
         """One lane per worker thread, at most one per stream, where the workers read an object store (each
         chunk asked for and paid once); one lane, spans of whole batches, from a disk, where a chunk read
-        again comes from the page cache and lanes cost more than they save: on 16 cores, 8 pinned lanes
-        delivered 0.81x the whole batches at 1.1x the worker CPU per sample (their parts of 32 samples, and
-        every batch waits for its slowest lane; `benchmarks/cluster.py`, docs/benchmarks.md).
+        again comes from the page cache and lanes cost more than they save (their parts are small, and every
+        batch waits for its slowest lane; `benchmarks/cluster.py`, docs/benchmarks.md).
 
         >>> [Lanes.count_for("s3://bucket/train.zarr", 8, threads) for threads in (4, 16)], Lanes.count_for("train.zarr", 8, 4)
         ([4, 8], 1)

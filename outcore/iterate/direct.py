@@ -3,9 +3,9 @@ through the scheduler (Dask's default).
 
 Over sockets (no shared memory: workers on other machines or in other containers, a full ``/dev/shm``,
 ``OUTCORE_SHARED_MEMORY=0``), a result taken through the scheduler goes from its worker to the scheduler
-and on to the consumer: one process relays every batch of the cluster (1.3 GB/s from 2 workers on 2
-cores), and a ``LocalCluster`` runs it in the consumer's process. Straight from the workers it is 2.8 GB/s
-at a third of the consumer's CPU (`benchmarks/cluster.py`, docs/benchmarks.md). So the consumer takes the
+and on to the consumer: one process relays every batch of the cluster, and a ``LocalCluster`` runs it in
+the consumer's process. Straight from the workers, batches arrive faster and cost the consumer less CPU
+(`benchmarks/cluster.py` measures both; docs/benchmarks.md). So the consumer takes the
 batches straight from the workers it reaches: those on its machine, and those elsewhere whose address
 takes a connection (one tried per address, for `PROBE_SECONDS` at most, the answer kept for the
 process's life). Where the client was told (``Client(..., direct_to_workers=...)``), that decides.

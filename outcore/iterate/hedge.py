@@ -3,11 +3,11 @@ seconds, not for Dask's timeouts.
 
 A machine whose link is cut, or that freezes, neither answers nor closes its connections: Dask notices
 only after its connect timeout (30 s: the consumer waits that long for a span's batches that worker
-holds) or the scheduler's worker TTL (minutes, for the spans it runs). Measured across emulated hosts
-(`outcore.testing.hosts`), a link cut mid-epoch stalled the epoch 30.4 s.
+holds) or the scheduler's worker TTL (minutes, for the spans it runs); tests/test_hosts.py cuts a link
+between emulated hosts (`outcore.testing.hosts`) mid-epoch.
 
-So the consumer waits for a span at most `late` seconds: `HEDGE_FACTOR` times the median time
-of the iterator's recent spans from submission to their batches (`HEDGE_SECONDS` at least,
+So the consumer waits for a span at most `late` seconds: `SPAN_HEDGE_FACTOR` times the median time
+of the iterator's recent spans from submission to their batches (`SPAN_HEDGE_SECONDS` at least,
 `FIRST_SECONDS` before any was timed). A span still awaited then, whose worker is known (the one running
 it, or holding its batches), is submitted again to the other workers, and that worker becomes a
 **suspect** for the run: the spans it runs or holds are made again at once, without waiting, and no lane
@@ -29,8 +29,8 @@ from typing import Any
 from ..threads import on_own_thread
 from .stats import LoaderStats, SpanClock
 
-HEDGE_SECONDS = 2.0  # a span is never hedged sooner
-HEDGE_FACTOR = 4.0  # ... nor before this many times a recent span's time (its median)
+SPAN_HEDGE_SECONDS = 2.0  # a span is never hedged sooner
+SPAN_HEDGE_FACTOR = 4.0  # ... nor before this many times a recent span's time (its median)
 FIRST_SECONDS = 10.0  # before any span was timed (the first spans also open the store on every worker)
 
 
@@ -42,7 +42,7 @@ def late(clock: SpanClock) -> float:
     (10.0, None, None, None, 3.2)
     """
     median = clock.median()
-    return FIRST_SECONDS if median is None else max(HEDGE_SECONDS, HEDGE_FACTOR * median)
+    return FIRST_SECONDS if median is None else max(SPAN_HEDGE_SECONDS, SPAN_HEDGE_FACTOR * median)
 
 
 class Hedges:

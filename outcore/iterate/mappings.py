@@ -1,9 +1,8 @@
 """Mappings of shared-memory files, kept by each process for the next batch made in or read from a file.
 
-Mapping a batch's file costs its page tables, whoever maps it: on 2 cores, a 12.6 MB batch (256 x 128
-x 128 x 3) took 1.5 ms to map filled at once (``MAP_POPULATE``) and 3.2 ms filled page by page as it is
-read, against 0.3 ms to write all of it through a mapping kept: about 6 µs a sample on the worker that
-writes it and 12 µs on the consumer that reads it, a tenth of a JPEG decode. The files of a mailbox
+Mapping a batch's file costs its page tables, whoever maps it, several times what writing the whole
+batch through a mapping already made costs, on the worker that writes it and on the consumer that
+reads it (docs/benchmarks.md, "Figures behind the code"). The files of a mailbox
 are recycled (`outcore.iterate.shared`), so each comes back every few batches, and in the next runs of
 its consumer: `KeptMappings` keeps a process's mapping of each file, with a descriptor of it, and hands
 it out again when the file comes back, under whatever name and in whatever folder.

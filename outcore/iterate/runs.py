@@ -243,7 +243,7 @@ class LocalRun(Run):
     2 to `MAX_READ_AHEAD` (memory: each is a chunk held); local reads (decompression, mostly) count
     against the pool's limit of busy threads, an object store's (which wait on the network) do not. From an object store, reads run
     `REMOTE_READ_AHEAD` slots ahead (answers arrive out of order: a thread waiting on a late one leaves
-    the later ones to the other threads; measured 8 % faster than 2 on 2 cores), and the slots' stored
+    the later ones to the other threads), and the slots' stored
     bytes are fetched on the I/O threads further ahead still, as many slots as hide the measured latency
     (`outcore.storage.RemoteFiles.fetch_ahead`), so that requests are in flight while the CPU threads
     decode.

@@ -23,7 +23,7 @@ from .zipstore import RangeZipStore
 
 def writable(array: zarr.Array) -> zarr.Array:
     """``array`` writing every chunk, even one of fill values only. Zarr's default compares every chunk with
-    the fill value and skips empty ones: that check made writes 3x slower (benchmarked), and a shard of
+    the fill value and skips empty ones: that check costs more than the write, and a shard of
     zeros (labels of one class, black pictures) would be left unwritten, which outcore's readers take for
     a lost file. Set on the array, not in zarr's global config, which threads writing at once would
     restore under each other's feet (a shard of zeros went missing so).

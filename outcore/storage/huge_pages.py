@@ -9,9 +9,8 @@ Linux 6.16, XFS since 5.18). So `HugePageReads` reads the whole 2 MiB pages insi
 them through a mapping (``MADV_POPULATE_READ``) and copying them out through ``/proc/self/mem`` (a file
 truncated meanwhile is an I/O error there, where a copy from the mapping would be a ``SIGBUS``), and the
 rest of the range, less than 2 MiB at either end, with ``pread``. Same bytes from the device, fewer
-requests: on a disk capped at 150 MB/s and 150 requests/s, random 5.5 MiB reads ran at 161 MB/s against
-104 MB/s with ``pread`` (5 requests a read instead of 9), and ``benchmarks/out_of_core.py`` measures the
-epochs. Where the kernel offers none of it (not Linux, Linux before 5.14, no transparent huge pages,
+requests: on a device that caps requests, more bytes a second (``benchmarks/out_of_core.py`` measures the
+epochs; docs/benchmarks.md, "Figures behind the code"). Where the kernel offers none of it (not Linux, Linux before 5.14, no transparent huge pages,
 ``/proc/self/mem`` closed), every read is a ``pread``: `available` says which.
 """
 

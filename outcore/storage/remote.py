@@ -49,7 +49,8 @@ SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "htt
 ATTEMPTS = 5  # tries of one ranged read before it is an error
 DEADLINE_SECONDS = 120.0  # the most one ranged read may take, its retries included
 BACKOFF_SECONDS = 0.2  # the first retry's wait (doubling, with jitter)
-HEDGE_SECONDS = 2.0  # a ranged read not answered by then is asked a second time, beside the first
+REQUEST_HEDGE_SECONDS = 2.0  # a ranged read is never asked a second time sooner ...
+REQUEST_HEDGE_FACTOR = 3.0  # ... nor before this many times the recent answers' time (their median)
 HEDGE_SHARE = 0.05  # at most this share of the requests are asked twice
 PREFETCHED = 1024  # ranges asked for and waiting to be read, at most, per store and process (see `Pace`)
 COALESCED_BYTES = 8 * 2**20  # the most one request fetches for chunks stored back to back
@@ -447,10 +448,10 @@ class RemoteFiles:
         return (second if winner is first else first).result()
 
     def _hedge_after(self, nbytes: int) -> float | None:
-        """How long an answer of ``nbytes`` may take before it is asked again: `HEDGE_SECONDS`, or 3 times
-        the median of the recent answers of at least a quarter of its size when that is longer (a busy
-        link slows every answer alike, and asking twice would only add to it; a stall slows one; small
-        answers, such as shard indexes, say little of a large one's time). None (wait for the request's
+        """How long an answer of ``nbytes`` may take before it is asked again: `REQUEST_HEDGE_SECONDS`, or
+        `REQUEST_HEDGE_FACTOR` times the median of the recent answers of at least a quarter of its size when
+        that is longer (a busy link slows every answer alike, and asking twice would only add to it; a stall
+        slows one; small answers, such as shard indexes, say little of a large one's time). None (wait for the request's
         own timeout) until 8 such answers are known, or once `HEDGE_SHARE` of the requests were asked
         twice."""
         recent = sorted(self.pace.times(at_least=nbytes / 4))
@@ -458,7 +459,7 @@ class RemoteFiles:
             spent = self.traffic.hedged > HEDGE_SHARE * self.traffic.requests
         if len(recent) < 8 or spent:
             return None
-        return max(HEDGE_SECONDS, 3 * recent[len(recent) // 2])
+        return max(REQUEST_HEDGE_SECONDS, REQUEST_HEDGE_FACTOR * recent[len(recent) // 2])
 
     def _call(self, key: str, what: str, request: Any) -> Any:
         """``request()`` with retries: up to `ATTEMPTS` tries within `DEADLINE_SECONDS`, waiting a doubling,

@@ -1,8 +1,7 @@
 """A read-only zip store that reads byte ranges of stored (uncompressed) members directly.
 
 ``zarr.storage.ZipStore`` serves a byte range by opening the member and seeking, which on Python 3.11
-reads everything before the range: reading one inner chunk of a sharded array costs a whole shard file
-(10x slower than a directory store, measured). outcore packs zip members uncompressed, so each member's
+reads everything before the range: reading one inner chunk of a sharded array costs a whole shard file. outcore packs zip members uncompressed, so each member's
 bytes lie contiguously in the file and any range is one ``os.pread``, with no lock between threads.
 """
 

@@ -35,8 +35,8 @@ def available_cpus() -> int:
 def _cgroup_quota() -> float | None:
     """CPUs allowed by the CPU quotas of this process's cgroup and its ancestors (the smallest), or None
     when none sets one (or none can be read); read again once `QUOTA_SECONDS` have passed (a quota
-    rarely changes, and the thread count is asked for at every batch: on 2 cores, reading its files cost
-    a Dask worker about 1 % of its time)."""
+    rarely changes, and the thread count is asked for at every batch: files read that often cost a Dask
+    worker a share of its time)."""
     global _quota_read
     now, files = time.monotonic(), (cgroups.CGROUP_ROOT, cgroups.OWN_CGROUP)
     if _quota_read is None or _quota_read[1] != files or now - _quota_read[0] >= QUOTA_SECONDS:

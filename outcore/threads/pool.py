@@ -4,8 +4,8 @@ CPU time says of their wall time.
 
 Why not `concurrent.futures.ThreadPoolExecutor`: it wakes whichever idle thread the queue picks, so on 16
 threads the tasks spread over all of them (each one cold, woken by the kernel); and it runs as many at once as
-it has threads. Measured on 2 cores, 8 of its threads made batches 15 % slower than 2, with the same work in
-flight. Here the last idle thread takes the next task (its caches warm; the others stay asleep), and the tasks
+it has threads, and more threads at once than there are cores only take turns (each slower, none more done).
+Here the last idle thread takes the next task (its caches warm; the others stay asleep), and the tasks
 beyond the limit wait in order.
 
 >>> pool = Pool(2, "example")
@@ -28,8 +28,7 @@ class Gauge:
     """How well the pool's threads run: the CPU time over the wall time of the runs they do (`for_each_run`'s:
     copies, decodes, crops; never reads, which may wait on a device), and from it how many tasks may run at once
     (`limit`). A thread that waits for the GIL, or for a core that other threads (or processes) hold, spends
-    wall time without CPU time (measured on 2 cores: 0.96 of the wall time is CPU time with 2 threads busy,
-    0.66 with 3, 0.27 with 8). A run every `INTERVAL` is measured; every `EVERY` measured runs, the share
+    wall time without CPU time (docs/benchmarks.md, "Figures behind the code", has the shares measured). A run every `INTERVAL` is measured; every `EVERY` measured runs, the share
     (`last`, a mean over the last judgements, so that a run held up by another process moves it little) is
     judged:
     below `LOW`, the limit falls to the threads' worth that ran at `TARGET` (more threads than help are never
@@ -46,8 +45,8 @@ class Gauge:
 
     LOW, TARGET, HIGH = 0.7, 0.85, 0.9
     EVERY = 8
-    INTERVAL = 0.02  # seconds between the starts of runs measured: a thread's CPU clock, read after a long call
-    # outside the GIL, held the GIL for 2.4 % of an encoded epoch's CPU time on 2 cores (py-spy) read at every run
+    INTERVAL = 0.02  # seconds between the starts of runs measured: a thread's CPU clock is read holding the GIL,
+    # after a long call outside it, which read at every run would cost the pool a share of its parallel time
     MOST_PATIENCE = 8
 
     def __init__(self, threads: int) -> None:
