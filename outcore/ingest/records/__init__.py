@@ -11,18 +11,18 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from ...errors import OptionError, SourceError
 from ...imaging import IMAGE_EXTENSIONS
 from ...storage.remote import is_object_url, redact
 from .lmdb_records import LMDB
-from .locations import expand_braces, list_files, read_range
+from .locations import expand_braces, list_files
 from .parquet import Parquet
 from .parts import PartScan
+from .recognising import RecordFiles, Source
 from .tar import WebDataset
-from .tfrecord import TFRecord, masked_crc
+from .tfrecord import TFRecord
 
 
 class RecordFormat(Protocol):
@@ -38,14 +38,7 @@ class RecordFormat(Protocol):
     def picture_of(self) -> Callable[[bytes, bytes], bytes] | None: ...
 
 
-FORMATS: dict[str, type] = {"tfrecord": TFRecord, "webdataset": WebDataset, "lmdb": LMDB, "parquet": Parquet}
-SUFFIXES: dict[str, tuple[str, ...]] = {
-    "tfrecord": (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz"),
-    "webdataset": (".tar", ".tar.gz", ".tgz"),
-    "parquet": (".parquet", ".arrow"),
-    "lmdb": (".mdb", ".lmdb"),
-}
-Source = str | os.PathLike | Sequence[str | os.PathLike]
+FORMATS: dict[str, type[RecordFiles]] = {kind.name: kind for kind in (TFRecord, WebDataset, LMDB, Parquet)}
 
 
 def parse_format(format: Any) -> Any:
@@ -59,7 +52,7 @@ def parse_format(format: Any) -> Any:
 
 
 def name_of(format: Any) -> str:
-    return next(name for name, kind in FORMATS.items() if isinstance(format, kind))
+    return format.name
 
 
 def recognise(source: Source, storage_options: Mapping[str, Any] | None = None) -> str | None:
@@ -81,13 +74,9 @@ def recognise(source: Source, storage_options: Mapping[str, Any] | None = None) 
 def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None:
     if not is_object_url(name):
         if os.path.isdir(name):
-            if os.path.exists(os.path.join(name, "data.mdb")):
-                return "lmdb"
-            if os.path.exists(os.path.join(name, "dataset_dict.json")):
-                splits = sorted(e.name for e in os.scandir(name) if e.is_dir())
-                raise SourceError(f"{name} is a Hugging Face DatasetDict of splits {splits}: ingest each split's "
-                                  f"folder into a store of its own (e.g. {os.path.join(name, splits[0])})"
-                                  if splits else f"{name} is an empty Hugging Face DatasetDict")
+            folder_of = [kind.name for kind in FORMATS.values() if kind.is_folder_of(name)]
+            if folder_of:
+                return folder_of[0]
             files = [os.path.join(folder, f) for folder, _, found in os.walk(name) for f in found
                      if not f.startswith(".")]
         else:
@@ -97,8 +86,8 @@ def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None
     kinds = {kind for file in files for kind in [_suffix_kind(file)] if kind}
     if not kinds and is_object_url(name) and not files:
         files = _listed(name, storage_options, ("",))
-    if not kinds and files:
-        kinds = {"tfrecord" for file in files[:1] if _is_tfrecord(file, storage_options)}  # ImageNet's have no suffix
+    if not kinds and files:  # a file without a known suffix (ImageNet's TFRecord files): its first bytes
+        kinds = {kind.name for kind in FORMATS.values() if kind.is_file_of(files[0], storage_options)}
     if len(kinds) > 1:
         raise SourceError(f"{redact(name)} holds {' and '.join(sorted(kinds))} files: ingest each into a store of "
                           "its own, or name the format with format=")
@@ -111,7 +100,7 @@ def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None
 
 
 def _listed(url: str, storage_options: Mapping[str, Any] | None, suffixes: Sequence[str] = ()) -> list[str]:
-    suffixes = tuple(suffixes) or tuple(s for kind in SUFFIXES.values() for s in kind)
+    suffixes = tuple(suffixes) or tuple(suffix for kind in FORMATS.values() for suffix in kind.suffixes)
     try:
         return list_files(url, suffixes, storage_options)
     except SourceError:
@@ -120,40 +109,12 @@ def _listed(url: str, storage_options: Mapping[str, Any] | None, suffixes: Seque
 
 def _suffix_kind(name: str) -> str | None:
     lowered = name.lower()
-    return next((kind for kind, suffixes in SUFFIXES.items() if lowered.endswith(suffixes)), None)
-
-
-def _is_tfrecord(location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
-    """Whether the file starts as an uncompressed TFRecord file does: a length and its checksum."""
-    try:
-        header = read_range(location, 0, 12, storage_options)
-    except (OSError, SourceError):
-        return False
-    return masked_crc(header[:8]) == int.from_bytes(header[8:], "little")
+    return next((kind.name for kind in FORMATS.values() if lowered.endswith(kind.suffixes)), None)
 
 
 def record_files(format: Any, source: Source, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The files of ``source`` that ``format`` reads (an LMDB environment is one)."""
-    kind = name_of(format)
-    if kind == "lmdb":
-        items = [source] if isinstance(source, str | os.PathLike) else list(source)
-        if any(is_object_url(os.fspath(item)) for item in items):
-            raise SourceError(f"{redact(str(source))}: an LMDB environment is read from this machine's disk only "
-                              "(it is memory-mapped); copy it here first")
-        return [os.fspath(item) for item in items]
-    try:
-        return list_files(source, SUFFIXES[kind], storage_options)
-    except SourceError:
-        if kind != "tfrecord":
-            raise
-    # TFRecord files without a suffix (ImageNet's train-00000-of-01024): the files that start as one does
-    candidates = list_files(source, ("",), storage_options)
-    with ThreadPoolExecutor(16) as pool:
-        found = [location for location, ok in zip(candidates, pool.map(
-            lambda location: _is_tfrecord(location, storage_options), candidates), strict=True) if ok]
-    if not found:
-        raise SourceError(f"no TFRecord files found at {redact(str(source))}")
-    return found
+    return format.files(source, storage_options)
 
 
 __all__ = ["FORMATS", "LMDB", "Parquet", "RecordFormat", "TFRecord", "WebDataset", "name_of", "parse_format", "recognise",

@@ -11,15 +11,17 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from ...errors import OptionError, SourceError
+from ...storage.remote import is_object_url, redact
 from .locations import file_version
 from .parts import PartScan, scanning
 from .reader import lmdb_environment
+from .recognising import RecordFiles, Source
 from .wire import LENGTH, VARINT, WireError, fields, signed64
 
 VALUES = ("auto", "bytes", "datum")
@@ -34,7 +36,7 @@ Decoder = Callable[[bytes, bytes], tuple[Any, Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
-class LMDB:
+class LMDB(RecordFiles):
     """How to read an LMDB environment's values.
 
     ``values``: ``"auto"`` (each value as its bytes show: a picture's file or a Caffe Datum, said in a
@@ -49,6 +51,9 @@ class LMDB:
     >>> LMDB(label_pattern=r"^(?P<labels>[^/]+)/")
     LMDB(values='auto', label_pattern='^(?P<labels>[^/]+)/', label_table=None, datum_channels=None)
     """
+
+    name: ClassVar[str] = "lmdb"
+    suffixes: ClassVar[tuple[str, ...]] = (".mdb", ".lmdb")
 
     values: str | Decoder = "auto"
     label_pattern: str | None = None
@@ -67,6 +72,20 @@ class LMDB:
             except re.error as error:
                 raise OptionError(f"label_pattern {self.label_pattern!r} is not a regular expression ({error})") \
                     from None
+
+    @classmethod
+    def is_folder_of(cls, folder: str) -> bool:
+        """Whether ``folder`` is an LMDB environment (it holds ``data.mdb``)."""
+        return os.path.exists(os.path.join(folder, "data.mdb"))
+
+    @classmethod
+    def files(cls, source: Source, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+        """The environments named: each is one source, read from this machine's disk (it is memory-mapped)."""
+        items = [source] if isinstance(source, str | os.PathLike) else list(source)
+        if any(is_object_url(os.fspath(item)) for item in items):
+            raise SourceError(f"{redact(str(source))}: an LMDB environment is read from this machine's disk only "
+                              "(it is memory-mapped); copy it here first")
+        return [os.fspath(item) for item in items]
 
     @property
     def direct(self) -> bool:

@@ -17,27 +17,40 @@ import posixpath
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from ...errors import SourceError
 from ...storage.remote import is_object_url
 from .locations import file_version, open_stream, read_file, read_range
 from .parts import PartScan, scanning
+from .recognising import RecordFiles
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png", "picture")
 LABEL_COLUMNS = ("label", "labels")
-SUFFIXES = (".parquet", ".arrow")
 PATH_READERS = 16  # files read at once for rows that give only a path (an object store's latency hidden)
 
 
 @dataclass(frozen=True)
-class Parquet:
+class Parquet(RecordFiles):
     """Which column holds the pictures (``image_key``; None: the one named ``image``, ``img``, ... or the
     only column of pictures) and the labels (``label_keys``: field name -> column; None: the ``ClassLabel``
     columns, else a ``label`` or ``labels`` column)."""
 
+    name: ClassVar[str] = "parquet"
+    suffixes: ClassVar[tuple[str, ...]] = (".parquet", ".arrow")
+
     image_key: str | None = None
     label_keys: Mapping[str, str] | None = None
+
+    @classmethod
+    def is_folder_of(cls, folder: str) -> bool:
+        """Never: a Hugging Face dataset's folder holds its files; a ``DatasetDict``'s (of splits) is refused."""
+        if os.path.exists(os.path.join(folder, "dataset_dict.json")):
+            splits = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
+            raise SourceError(f"{folder} is a Hugging Face DatasetDict of splits {splits}: ingest each split's "
+                              f"folder into a store of its own (e.g. {os.path.join(folder, splits[0])})"
+                              if splits else f"{folder} is an empty Hugging Face DatasetDict")
+        return False
 
     def scan(self, location: str, storage_options: Mapping[str, Any] | None = None,
              unpack_into: str | None = None) -> PartScan:
@@ -76,10 +89,6 @@ class Parquet:
     def unpacked(self, location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
         """Always: a row's picture cannot be read at its place (pages are compressed, rows not indexed)."""
         return True
-
-    def picture_of(self) -> None:
-        """Stored values are the pictures' files as they are."""
-        return
 
     def _columns(self, schema: Any, location: str) -> tuple[str, dict[str, str]]:
         pa = _pyarrow()

@@ -17,22 +17,22 @@ import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 from ...storage.remote import is_object_url
 from .locations import file_version, open_stream, read_exactly
 from .parts import PartScan, scanning
+from .recognising import RecordFiles
 
 PICTURE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSION = "cls"
-SUFFIXES = (".tar", ".tar.gz", ".tgz")
 _BLOCK = 512
 SMALL = 2**16  # members read while scanning (labels): smaller than this
 _NAME = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 
 @dataclass(frozen=True)
-class WebDataset:
+class WebDataset(RecordFiles):
     """Which member holds the picture (``image_key``: an extension; None: the first of
     `PICTURE_EXTENSIONS`) and the labels (``label_keys``: field name -> an extension whose text is the
     label, or ``json.FIELD``, a field of the sample's ``.json`` member; None: ``{"labels": "cls"}`` where
@@ -41,6 +41,9 @@ class WebDataset:
     >>> WebDataset(label_keys={"labels": "json.label"}).image_key is None
     True
     """
+
+    name: ClassVar[str] = "webdataset"
+    suffixes: ClassVar[tuple[str, ...]] = (".tar", ".tar.gz", ".tgz")
 
     image_key: str | None = None
     label_keys: Mapping[str, str] | None = None
@@ -55,10 +58,6 @@ class WebDataset:
     def unpacked(self, location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
         """Whether the shard's pictures must be unpacked (it is compressed: it cannot be read at a place)."""
         return compressed(location)
-
-    def picture_of(self) -> None:
-        """Stored values are the pictures' files as they are."""
-        return
 
 
 def compressed(location: str) -> bool:

@@ -11,14 +11,17 @@ import gzip
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 import crc32c
 
-from ...errors import OptionError
-from .locations import file_version, open_stream, pieces_stream, read_exactly, read_range
+from ...errors import OptionError, SourceError
+from ...storage.remote import redact
+from .locations import file_version, list_files, open_stream, pieces_stream, read_exactly, read_range
 from .parts import PartScan, scanning
+from .recognising import RecordFiles, Source
 from .wire import (
     FIXED32,
     LENGTH,
@@ -51,7 +54,7 @@ def masked_crc(data: bytes | memoryview) -> int:
 
 
 @dataclass(frozen=True)
-class TFRecord:
+class TFRecord(RecordFiles):
     """Which features hold the picture (``image_key``), the labels (``label_keys``: field name -> feature;
     None: ``{"labels": "image/class/label"}`` where the records have it) and the name of the first label's
     class (``class_key``, a text feature, when the records have it); the files' ``compression`` (None:
@@ -61,10 +64,38 @@ class TFRecord:
     'image/encoded'
     """
 
+    name: ClassVar[str] = "tfrecord"
+    suffixes: ClassVar[tuple[str, ...]] = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz")
+
     image_key: str = IMAGE_KEY
     label_keys: Mapping[str, str] | None = None
     class_key: str | None = CLASS_KEY
     compression: str | None = None
+
+    @classmethod
+    def is_file_of(cls, location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+        """Whether the file starts as an uncompressed TFRecord file does: a length and its checksum."""
+        try:
+            header = read_range(location, 0, 12, storage_options)
+        except (OSError, SourceError):
+            return False
+        return masked_crc(header[:8]) == int.from_bytes(header[8:], "little")
+
+    @classmethod
+    def files(cls, source: Source, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+        """The files with a TFRecord suffix, else those that start as one does (ImageNet's
+        ``train-00000-of-01024`` have no suffix)."""
+        try:
+            return list_files(source, cls.suffixes, storage_options)
+        except SourceError:
+            pass
+        candidates = list_files(source, ("",), storage_options)
+        with ThreadPoolExecutor(16) as pool:  # a request each, from an object store
+            found = [location for location, ok in zip(candidates, pool.map(
+                lambda location: cls.is_file_of(location, storage_options), candidates), strict=True) if ok]
+        if not found:
+            raise SourceError(f"no TFRecord files found at {redact(str(source))}")
+        return found
 
     def __post_init__(self) -> None:
         if self.compression is not None and self.compression.upper() not in COMPRESSIONS:
@@ -101,10 +132,6 @@ class TFRecord:
     def _wanted(self) -> frozenset[str]:
         labels = self.label_keys.values() if self.label_keys is not None else (LABEL_KEY,)
         return frozenset((self.image_key, *labels, *((self.class_key,) if self.class_key else ())))
-
-    def picture_of(self) -> None:
-        """Stored values are the pictures' files as they are."""
-        return
 
     def _compression(self, location: str, storage_options: Mapping[str, Any] | None) -> str:
         if self.compression is not None:
