@@ -18,7 +18,7 @@ from optional import need
 import outcore
 from outcore.cli import main
 from outcore.errors import OptionError, SourceError, StoreBusyError
-from outcore.ingest.append import _chunk_loads, _publish, _swapped, fitting_order
+from outcore.ingest.splice import publish
 from outcore.ingest.writer import writer_lock
 from outcore.testing import write_image_folder
 
@@ -142,7 +142,7 @@ def test_a_store_opened_between_its_arrays_growing_and_its_count_reads_the_old_c
             seen.append((len(opened), opened.unpublished()))
         replace(source, target)
 
-    monkeypatch.setattr("outcore.ingest.append.os.replace", replace_then_look)
+    monkeypatch.setattr("outcore.ingest.splice.os.replace", replace_then_look)
     grown = ingest(photos, store, append=True)
     assert seen[-1] == (30, 6) and {count for count, _ in seen} == {30} and len(grown) == 36
     assert "growing" not in json.loads((store / "zarr.json").read_text())["attributes"]["outcore"]
@@ -251,45 +251,6 @@ def test_bad_new_files_are_skipped_and_reported_beside_the_old_ones(photos, tmp_
     assert len(mended) == 34 and mended.attrs.skipped is None and not report.exists()
 
 
-@pytest.mark.parametrize(("nbytes", "used"), [([9, 9, 1, 1, 5, 5], 0), ([8, 8, 3, 2, 2, 1], 4)])
-def test_fitting_order_swaps_as_little_as_needed_for_every_chunk_to_fit(nbytes, used):
-    nbytes = np.array(nbytes)
-    order = fitting_order(nbytes, first=2, used=used, chunk_size=4, capacity=16)
-    assert sorted(order.tolist()) == list(range(6))
-    slots = (2 + np.arange(6)) // 4
-    loads = np.bincount(slots, weights=nbytes[order]) + [used, 0]
-    assert loads.max() <= 16 and (order != np.arange(6)).sum() == 2  # one swap
-    assert fitting_order(np.ones(6, int), 2, 0, 4, 14).tolist() == list(range(6))  # fits: unchanged
-    with pytest.raises(SourceError, match="larger than the chunks"):
-        fitting_order(np.full(6, 8), 2, 0, 4, 14)
-
-
-def test_an_append_that_swaps_cannot_fit_is_packed():
-    """Swaps of the chunk over capacity with the emptiest one cannot fit these (the swap search stops),
-    a packing can: the append is not refused."""
-    nbytes = np.array([3, 9, 7, 8, 5, 9, 2, 1])
-    assert _swapped(nbytes, 0, 0, 3, 15) is None
-    order = fitting_order(nbytes, 0, 0, 3, 15)
-    assert sorted(order.tolist()) == list(range(8))
-    assert np.bincount(np.arange(8) // 3, weights=nbytes[order]).max() <= 15
-
-
-def test_appends_of_files_like_the_stores_own_are_never_refused():
-    """200 appends of 20 to 400 files drawn from the store's own size distribution (a store's chunks have
-    the room of its fullest chunk at ingest, its last chunk partly filled): every one fits, each chunk within
-    its room (the swaps alone refused 1 of these 200 on main 77b838a)."""
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        sizes = rng.lognormal(10, 0.35, 1000).astype(int)
-        capacity = int(max(sizes[i : i + 16].sum() for i in range(0, 1000, 16)))
-        first = 1000 - int(rng.integers(1, 16))
-        used = int(sizes[first // 16 * 16 : first].sum())
-        new = rng.lognormal(10, 0.35, int(rng.integers(20, 400))).astype(int)
-        order = fitting_order(new, first, used, 16, capacity)
-        assert sorted(order.tolist()) == list(range(len(new)))
-        assert _chunk_loads(new[order], first, used, 16).max() <= capacity
-
-
 def test_pictures_larger_than_the_chunks_have_room_for_grow_the_room_once(tmp_path):
     """New photos five times the store's side: no order fits the chunks' room, so the encoded field is written
     again with room for its fullest chunk (saying what it cost), the other fields' files kept (hard links);
@@ -322,7 +283,7 @@ def test_pictures_larger_than_the_chunks_have_room_for_grow_the_room_once(tmp_pa
 KILL = textwrap.dedent("""
     import os, signal, sys
     import outcore
-    from outcore.ingest import append, build
+    from outcore.ingest import build, splice
 
     where, after, count = sys.argv[3], int(sys.argv[4]), [0]
 
@@ -338,11 +299,11 @@ KILL = textwrap.dedent("""
     if where == "part":  # killed once the part's ingest has written a number of shards
         build._write_shard = counted(build._write_shard)
     else:  # killed once the splice has moved a number of files into the store
-        publish, replace = append._publish, os.replace
+        publish, replace = splice.publish, os.replace
         def publishing(splice, target):
             os.replace = counted(replace)
             publish(splice, target)
-        append._publish = publishing
+        splice.publish = publishing
     outcore.ingest_images(sys.argv[1], sys.argv[2], shape=(24, 24, 3), chunk_size=4, progress=False, append=True)
 """)
 
@@ -356,9 +317,9 @@ def test_a_killed_append_leaves_the_old_store_and_running_it_again_finishes_it(p
     shutil.copytree(store, reference)
     moved = []
     replace = os.replace
-    monkeypatch.setattr("outcore.ingest.append._publish", lambda splice, target: (
+    monkeypatch.setattr("outcore.ingest.splice.publish", lambda splice, target: (
         monkeypatch.setattr(os, "replace", lambda a, b: (moved.append(str(b)), replace(a, b))),
-        _publish(splice, target), monkeypatch.setattr(os, "replace", replace)))
+        publish(splice, target), monkeypatch.setattr(os, "replace", replace)))
     expected = ingest(photos, reference, append=True)
     monkeypatch.undo()
     shards = sum(not path.endswith("zarr.json") for path in moved)
