@@ -37,8 +37,8 @@ _HOMES = {  # public name -> the module it comes from
     **dict.fromkeys(["Dataset", "open_dataset"], "dataset"),
     **dict.fromkeys(["VerifyReport", "verify"], "cli"),
     "Compression": "format",
-    **dict.fromkeys(["LMDB", "Parquet", "TFRecord", "WebDataset", "Writer", "from_arrays", "ingest_dataframe",
-                     "ingest_images", "ingest_records", "ingest_splits"], "ingest"),
+    **dict.fromkeys(["LMDB", "IngestKeywords", "Parquet", "TFRecord", "WebDataset", "Writer", "from_arrays",
+                     "ingest_dataframe", "ingest_images", "ingest_records", "ingest_splits"], "ingest"),
     **dict.fromkeys(["WORKER_CONFIG", "BatchIterator", "BatchKeywords", "ShuffleQuality", "shuffle_quality",
                      "worker_environment"], "iterate"),
     **dict.fromkeys(["Mixture", "mix"], "mixture"),
@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .format import Compression
     from .ingest import (
         LMDB,
+        IngestKeywords,
         Parquet,
         TFRecord,
         WebDataset,
@@ -104,6 +105,7 @@ __all__ = [
     "CorruptChunkError",
     "Dataset",
     "ImageError",
+    "IngestKeywords",
     "IterationClosedError",
     "Mixture",
     "NotAStoreError",

@@ -105,6 +105,20 @@ def test_there_are_no_import_cycles():
             visit(module, [])
 
 
+def test_no_module_imports_another_module_s_private_names():
+    """A name with a leading underscore is its module's own: a module that needs it from another makes it public
+    there (the C extensions, modules named ``_jpeg`` and the like, are imported as modules)."""
+    extensions = {path.stem for path in PACKAGE.rglob("_*.c")}
+    private = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("outcore")):
+                private += [f"{module}: from {'.' * node.level}{node.module or ''} import {alias.name}"
+                            for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")
+                            and alias.name not in extensions]
+    assert private == []
+
+
 def test_imports_inside_functions_are_only_for_optional_frameworks():
     graph, modules = _graph(), _modules()
     framework_modules: set[str] = set()  # modules that import a framework at module level, themselves or through others

@@ -4,10 +4,11 @@ shuffled on write in bounded memory; and `Writer`, which appends batches to a gr
 from .arrays import from_arrays
 from .from_records import ingest_records
 from .images import ingest_dataframe, ingest_images
+from .options import IngestKeywords
 from .records import LMDB, Parquet, TFRecord, WebDataset
 from .scheduler import active_client, progress_bar
 from .splits import ingest_splits
 from .writer import Writer
 
-__all__ = ["LMDB", "Parquet", "TFRecord", "WebDataset", "Writer", "active_client", "from_arrays", "ingest_dataframe",
+__all__ = ["LMDB", "IngestKeywords", "Parquet", "TFRecord", "WebDataset", "Writer", "active_client", "from_arrays", "ingest_dataframe",
            "ingest_images", "ingest_records", "ingest_splits", "progress_bar"]

@@ -35,7 +35,6 @@ import zarr
 from ..dataset import Dataset, open_dataset
 from ..errors import OptionError, OutcoreError, OutcoreWarning, StorageError
 from ..format import StoreAttrs
-from ..imaging import parse_image_dtype, parse_image_shape, parse_resize
 from ..storage import is_url, is_zip, open_group, remove_path
 from ..storage.safety import check_safe, read_attrs
 from ..storage.staging import storage_error
@@ -43,37 +42,38 @@ from .arrays import SOURCE_INDEX_FIELD
 from .build import AllSkippedError, report_path, skipped_summary, write_report
 from .fields import FILE_STAT_FIELD, file_stat
 from .new_files import check_fits, grown_classes, label_fields, new_rows, stored_files
+from .options import IngestOptions
 from .sources import SourceTable
 from .splice import save_attrs, splice, with_classes
 from .writer import writer_lock
 
-Ingest = Callable[..., Dataset]  # `images._ingest_table`: a table into a new store, with the image options
+Ingest = Callable[[SourceTable, Path, IngestOptions], Dataset]  # `images._ingest_table`: a table into a new store
 
 
 def append_table(
     table: SourceTable,
     location: str | os.PathLike,
     ingest: Ingest,
-    options: dict[str, Any],
+    options: IngestOptions,
     *,
     by_content: bool = False,
     classes: Mapping[str, Sequence[str]] | None = None,
 ) -> Dataset:
     """Add the files of ``table`` that the store at ``location`` lacks (see the module); return the store.
 
-    ``ingest(table, location, **options)`` writes a store of ``table`` with the image ``options`` (those
-    of `outcore.ingest_images`, checked against the settings the store was made with). ``classes`` are
+    ``ingest(table, location, options)`` writes a store of ``table`` with the image ``options`` (checked
+    against the settings the store was made with). ``classes`` are
     the class lists the store should end with (each its old list extended; `ingest_splits` gives every
     split the same), by default the old lists extended by the new files' classes, sorted.
     """
     if is_url(location) or is_zip(location):
         raise OptionError(f"append adds to a local directory store, not {str(location)!r}: append to the "
                           "directory, then pack or upload it")
-    if options["overwrite"]:
+    if options.overwrite:
         raise OptionError("append=True adds to the store and overwrite=True replaces it: pass one of them")
     target = Path(location)
     if not target.exists():  # the first run of a recurring append: an ordinary ingest
-        return ingest(_part_table(table, np.arange(len(table)), dict(classes or table.classes)), target, **options)
+        return ingest(_part_table(table, np.arange(len(table)), dict(classes or table.classes)), target, options)
     lock = writer_lock(target, str(target))
     try:
         _append(table, target, ingest, options, by_content, classes)
@@ -101,13 +101,13 @@ def _append_failed(error: OSError, target: Path) -> StorageError:
                                          f"count last): free some space, then run the same append again{goes_on}")
 
 
-def _append(table: SourceTable, target: Path, ingest: Ingest, options: dict[str, Any], by_content: bool,
+def _append(table: SourceTable, target: Path, ingest: Ingest, options: IngestOptions, by_content: bool,
             classes: Mapping[str, Sequence[str]] | None) -> None:
     group = open_group(target, mode="r")
     attrs = read_attrs(group, str(target))
     check_safe(group, list(group.array_keys()), str(target))
-    if options["images"] is None:  # left to choose: as the store holds them
-        options = {**options, "images": (attrs.provenance.get("recipe") or {}).get("images")}
+    if options.images is None:  # left to choose: as the store holds them
+        options = options.replace(images=(attrs.provenance.get("recipe") or {}).get("images"))
     _check_recipe(attrs, options, str(target))
     stored = stored_files(group, attrs, str(target), by_content)
     labels = label_fields(attrs)
@@ -121,7 +121,7 @@ def _append(table: SourceTable, target: Path, ingest: Ingest, options: dict[str,
     part_table = _part_table(table, new, grown)
     part, tried = target.with_name(f".{target.name}.append.zarr"), set(part_table.paths)
     try:
-        ingest(part_table, part, **{**options, "overwrite": True, "resume": True, "storage_options": None})
+        ingest(part_table, part, options.replace(overwrite=True, resume=True, storage_options=None))
     except AllSkippedError as error:  # every new file is bad: only the record of skipped files changes
         skipped = _merged_skipped(target, error.messages, tried)
         save_attrs(target, dataclasses.replace(with_classes(attrs, grown), skipped=_summary(target, skipped)))
@@ -136,7 +136,7 @@ def _append(table: SourceTable, target: Path, ingest: Ingest, options: dict[str,
     remove_path(report_path(part))
 
 
-def _check_recipe(attrs: StoreAttrs, options: dict[str, Any], shown: str) -> None:
+def _check_recipe(attrs: StoreAttrs, options: IngestOptions, shown: str) -> None:
     """The options that make samples must be those the store's samples were made with."""
     recipe = attrs.provenance.get("recipe")
     if not recipe or FILE_STAT_FIELD not in attrs.fields:
@@ -145,11 +145,10 @@ def _check_recipe(attrs: StoreAttrs, options: dict[str, Any], shown: str) -> Non
             "outcore version), so the new files cannot be told from the old: ingest all of them again once "
             "(overwrite=True); later runs can append"
         )
-    shape = parse_image_shape(options["shape"])
-    given = {"shape": list(shape), "dtype": parse_image_dtype(options["dtype"]).name, "images": options["images"],
-             "resize": parse_resize(options["resize"]), "max_side": options["max_side"], "quality": options["quality"]}
-    relevant = [name for name in given if name != "quality" or recipe.get("max_side") is not None]
-    if shape[0] is None:
+    given = options.recipe(options.images)
+    relevant = [name for name in ("shape", "dtype", "images", "resize", "max_side", "quality")
+                if name != "quality" or recipe.get("max_side") is not None]
+    if options.shape[0] is None:
         relevant.remove("resize")
     for name in relevant:
         if given[name] != recipe.get(name):
@@ -158,9 +157,9 @@ def _check_recipe(attrs: StoreAttrs, options: dict[str, Any], shown: str) -> Non
             raise OptionError(f"{shown} was made with {name} {stored!r}, not {given[name]!r}: append with the "
                               f"store's settings ({name}={stored!r}) so that old and new samples are alike")
     for name, value in (("chunk_size", attrs.chunk_size), ("compression", None)):
-        if options[name] is not None and options[name] != value:
+        if getattr(options, name) is not None and getattr(options, name) != value:
             raise OptionError(f"an append writes {shown}'s chunks as they are (chunk size {attrs.chunk_size}, its "
-                              f"own compression): leave out {name}={options[name]!r}")
+                              f"own compression): leave out {name}={getattr(options, name)!r}")
 
 
 def _not_skipped_before(target: Path, table: SourceTable, new: np.ndarray) -> np.ndarray:

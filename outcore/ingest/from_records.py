@@ -4,18 +4,18 @@ Face datasets, on this machine or in an object store (`outcore.ingest.records`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from ..dataset import Dataset
-from ..errors import OptionError, SourceError
-from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, ResizePolicy
+from ..errors import SourceError
 from ..storage import check_target
 from ..storage.remote import is_object_url, redact
 from ..storage.upload import local_mirror
-from .images import _image_options, _ingest_or_append
+from .images import ingest_or_append
+from .options import IngestKeywords, IngestOptions
 from .record_table import record_table
 from .records import name_of, parse_format, recognise, record_files
 from .records.locations import common_root, file_version
@@ -28,23 +28,7 @@ def ingest_records(
     location: str | os.PathLike,
     *,
     format: Any = None,
-    shape: Sequence[int | None] | str | None,
-    resize: ResizePolicy = "crop",
-    dtype: Any = "uint8",
-    images: str | None = None,
-    max_side: int | None = None,
-    quality: int = DEFAULT_QUALITY,
-    chunk_size: int | None = None,
-    compression: Any = None,
-    shuffle_on_write: bool = True,
-    seed: int = 0,
-    client: Any = None,
-    on_error: str = "raise",
-    max_pixels: int | None = MAX_PIXELS,
-    overwrite: bool = False,
-    resume: bool = False,
-    progress: bool = True,
-    storage_options: Mapping[str, Any] | None = None,
+    **options: Unpack[IngestKeywords],
 ) -> Dataset:
     """Ingest the pictures and labels of record files into a new store at ``location``, reading them
     where they are (no unpacking into files first).
@@ -62,17 +46,17 @@ def ingest_records(
     file and record, e.g. ``train-00000.tfrecord::record 17``) and ``source_index``. A damaged record (a
     bad checksum, a truncated file, a picture that does not decode) is an error naming it, or with
     ``on_error="skip"`` left out and named in the report. The other keywords are those of
-    `ingest_images`.
+    every ingest (`IngestKeywords`).
 
     >>> ds = outcore.ingest_records("imagenet/train-*-of-01024", "train.zarr", shape=None, images="encoded",
     ...                             max_side=512)  # doctest: +SKIP
     >>> ds = outcore.ingest_records("s3://bucket/shards/", "train.zarr", shape=(128, 128, 3),
     ...                             format=outcore.WebDataset(label_keys={"labels": "json.label"}))  # doctest: +SKIP
     """
+    settings = IngestOptions.of(options)
     check_target(location)
-    options = _image_options(locals())
-    with record_source(source, format, options, beside(location)) as table:
-        return _ingest_or_append(table, location, options, append=False, by_content=False)
+    with record_source(source, format, settings, beside(location)) as table:
+        return ingest_or_append(table, location, settings, append=False, by_content=False)
 
 
 def beside(location: str | os.PathLike) -> Path:
@@ -81,14 +65,12 @@ def beside(location: str | os.PathLike) -> Path:
 
 
 @contextmanager
-def record_source(source: str | os.PathLike | Sequence[str | os.PathLike], format: Any, options: Mapping[str, Any],
+def record_source(source: str | os.PathLike | Sequence[str | os.PathLike], format: Any, options: IngestOptions,
                   near: Path) -> Iterator[SourceTable]:
     """The table of the records of ``source`` (``format`` recognised when None), scanned with the ingest
     ``options`` ``on_error``, ``client``, ``progress`` and ``storage_options``. Pictures of files that
     cannot be read at a place are unpacked into a folder in ``near`` while the block runs."""
-    on_error, storage_options = options.get("on_error", "raise"), options.get("storage_options")
-    if on_error not in ("raise", "skip"):
-        raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")
+    storage_options = options.storage_options
     chosen = parse_format(format)
     if chosen is None:
         kind = recognise(source, storage_options)
@@ -103,6 +85,6 @@ def record_source(source: str | os.PathLike | Sequence[str | os.PathLike], forma
     with ExitStack() as stack:
         folder = stack.enter_context(unpacking(near, sum(file_version(f, storage_options)[0] for f in packed),
                                                packed)) if packed else None
-        yield record_table(chosen, files, on_error=on_error, client=options.get("client"),
-                           progress=options.get("progress", True), storage_options=storage_options,
+        yield record_table(chosen, files, on_error=options.on_error, client=options.client,
+                           progress=options.progress, storage_options=storage_options,
                            description=description, unpack_into=folder)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import dask.array as da
 import numpy as np
@@ -30,15 +29,6 @@ from ..format import (
     Layout,
     encode_text,
 )
-from ..imaging import (
-    DEFAULT_QUALITY,
-    MAX_PIXELS,
-    ResizePolicy,
-    check_max_side,
-    parse_image_dtype,
-    parse_image_shape,
-    parse_resize,
-)
 from ..storage import check_target
 from .append import append_table
 from .arrays import SOURCE_INDEX_FIELD
@@ -54,41 +44,24 @@ from .fields import (
     PATH_WIDTH,
     file_stat,
 )
+from .options import IngestKeywords, IngestOptions
 from .permute import as_dask, write_order
 from .records.reader import SampleReader
 from .resume import images_chosen_before
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
 from .survey import SurveyOptions, survey_images
 
-IMAGE_STORAGE = ("pixels", "encoded", "both")
-
 
 def ingest_images(
     source: str | os.PathLike,
     location: str | os.PathLike,
     *,
-    shape: Sequence[int | None] | str | None,
-    resize: ResizePolicy = "crop",
-    dtype: Any = "uint8",
-    images: str | None = None,
-    max_side: int | None = None,
-    quality: int = DEFAULT_QUALITY,
-    chunk_size: int | None = None,
-    compression: str | Compression | None = None,
-    shuffle_on_write: bool = True,
-    seed: int = 0,
-    client: Any = None,
-    on_error: str = "raise",
-    max_pixels: int | None = MAX_PIXELS,
-    overwrite: bool = False,
-    resume: bool = False,
     append: bool = False,
     by_content: bool = False,
-    progress: bool = True,
-    storage_options: Mapping[str, Any] | None = None,
+    **options: Unpack[IngestKeywords],
 ) -> Dataset:
     """Ingest a folder of images, labelled by sub-folder (``source/<class>/<image>``), into a new store
-    at ``location``.
+    at ``location``, with the ``options`` of `IngestKeywords` (``shape`` is required).
 
     The store gets fields ``images`` (N, H, W, C), ``labels`` (class indices; names in ``ds.classes``),
     ``path`` (each sample's file, relative to ``source``) and ``source_index`` (its position in the
@@ -135,9 +108,10 @@ def ingest_images(
     >>> imagenet = outcore.ingest_images("imagenet/train", "train.zarr", shape=None, images="encoded",
     ...                                  max_side=512)  # doctest: +SKIP
     """
+    settings = IngestOptions.of(options)
     check_target(location)  # before any work: a URL outcore cannot write to is refused, never made a local folder
-    table = scan_image_folder(source, storage_options=storage_options)
-    return _ingest_or_append(table, location, _image_options(locals()), append, by_content)
+    table = scan_image_folder(source, storage_options=settings.storage_options)
+    return ingest_or_append(table, location, settings, append, by_content)
 
 
 def ingest_dataframe(
@@ -148,25 +122,9 @@ def ingest_dataframe(
     label_columns: Sequence[str] = (),
     label_dtype: str | Mapping[str, str] | None = None,
     root: str | os.PathLike | None = None,
-    shape: Sequence[int | None] | str | None,
-    resize: ResizePolicy = "crop",
-    dtype: Any = "uint8",
-    images: str | None = None,
-    max_side: int | None = None,
-    quality: int = DEFAULT_QUALITY,
-    chunk_size: int | None = None,
-    compression: str | Compression | None = None,
-    shuffle_on_write: bool = True,
-    seed: int = 0,
-    client: Any = None,
-    on_error: str = "raise",
-    max_pixels: int | None = MAX_PIXELS,
-    overwrite: bool = False,
-    resume: bool = False,
     append: bool = False,
     by_content: bool = False,
-    progress: bool = True,
-    storage_options: Mapping[str, Any] | None = None,
+    **options: Unpack[IngestKeywords],
 ) -> Dataset:
     """Ingest the images listed in a DataFrame or CSV file, with one label field per ``label_columns``.
 
@@ -176,17 +134,18 @@ def ingest_dataframe(
     naming the rows; ``label_dtype`` (``"class"``, ``"int64"``, ``"float32"``, or a dict per column)
     says what a column holds instead of letting the cells decide.
     Paths that do not exist are an error, or skipped and reported with ``on_error="skip"``. The other
-    keywords are those of `ingest_images`.
+    keywords are those of every ingest (`IngestKeywords`), and ``append``/``by_content`` as in `ingest_images`.
 
     >>> ds = outcore.ingest_dataframe("labels.csv", "train.zarr", path_column="path",
     ...                               label_columns=["label"], shape=(64, 64, 3))  # doctest: +SKIP
     """
+    settings = IngestOptions.of(options)
     check_target(location)
     table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype,
-                                 storage_options=storage_options)
-    if table.missing and on_error == "raise":
+                                 storage_options=settings.storage_options)
+    if table.missing and settings.on_error == "raise":
         raise missing_files_error(table)
-    return _ingest_or_append(table, location, _image_options(locals()), append, by_content)
+    return ingest_or_append(table, location, settings, append, by_content)
 
 
 def missing_files_error(table: SourceTable) -> SourceError:
@@ -198,16 +157,7 @@ def missing_files_error(table: SourceTable) -> SourceError:
     )
 
 
-IMAGE_OPTIONS = ("shape", "resize", "dtype", "images", "max_side", "quality", "chunk_size", "compression",
-                 "shuffle_on_write", "seed", "client", "on_error", "max_pixels", "overwrite", "resume", "progress",
-                 "storage_options")
-
-
-def _image_options(arguments: dict[str, Any]) -> dict[str, Any]:
-    return {name: arguments[name] for name in IMAGE_OPTIONS}
-
-
-def _ingest_or_append(table: SourceTable, location: str | os.PathLike, options: dict[str, Any], append: bool,
+def ingest_or_append(table: SourceTable, location: str | os.PathLike, options: IngestOptions, append: bool,
                       by_content: bool, classes: Mapping[str, Sequence[str]] | None = None) -> Dataset:
     if append and table.reader is not None:
         raise OptionError(f"append=True adds the new files of a local image folder or CSV; {table.description} is "
@@ -216,89 +166,59 @@ def _ingest_or_append(table: SourceTable, location: str | os.PathLike, options: 
         return append_table(table, location, _ingest_table, options, by_content=by_content, classes=classes)
     if by_content:
         raise OptionError("by_content=True says how an append tells new files from stored ones: pass append=True")
-    return _ingest_table(table, location, **options)
+    return _ingest_table(table, location, options)
 
 
-def ingest_table(table: SourceTable, location: str | os.PathLike, *, append: bool = False, by_content: bool = False,
-                 classes: Mapping[str, Sequence[str]] | None = None, **options: Any) -> Dataset:
-    """Ingest the files of ``table`` into a store at ``location``, with the keywords of `ingest_images`
-    (``shape`` required; the others default as there); with ``append``, add them to it, ending with the
-    class lists ``classes`` when given (`outcore.ingest.append.append_table`)."""
-    unknown = sorted(set(options) - set(IMAGE_OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown ingest option(s) {unknown}; the options are {sorted(IMAGE_OPTIONS)}")
-    if "shape" not in options:
-        raise TypeError("ingest needs shape= (e.g. shape=(128, 128, 3), or None to keep each picture's size)")
-    defaults = {name: parameter.default for name, parameter in inspect.signature(ingest_images).parameters.items()
-                if name in IMAGE_OPTIONS and parameter.default is not inspect.Parameter.empty}
+def ingest_table(table: SourceTable, location: str | os.PathLike, options: IngestOptions, *, append: bool = False,
+                 by_content: bool = False, classes: Mapping[str, Sequence[str]] | None = None) -> Dataset:
+    """Ingest the files of ``table`` into a store at ``location`` with ``options``; with ``append``, add
+    them to it, ending with the class lists ``classes`` when given (`outcore.ingest.append.append_table`)."""
     check_target(location)
-    return _ingest_or_append(table, location, {**defaults, **options}, append, by_content, classes)
+    return ingest_or_append(table, location, options, append, by_content, classes)
 
 
-def _ingest_table(
-    table: SourceTable,
-    location: str | os.PathLike,
-    *,
-    shape: Sequence[int | None] | str | None,
-    resize: ResizePolicy,
-    dtype: Any,
-    images: str | None,
-    max_side: int | None,
-    quality: int,
-    chunk_size: int | None,
-    compression: str | Compression | None,
-    shuffle_on_write: bool,
-    seed: int,
-    client: Any,
-    on_error: str,
-    max_pixels: int | None,
-    overwrite: bool,
-    resume: bool,
-    progress: bool,
-    storage_options: Mapping[str, Any] | None,
-) -> Dataset:
-    shape, resize, dtype = parse_image_shape(shape), parse_resize(resize), parse_image_dtype(dtype)
-    if images is not None and images not in IMAGE_STORAGE:
-        raise OptionError(f"images={images!r} is not one of {IMAGE_STORAGE}, or None to choose for this machine")
-    check_max_side(max_side, quality, dtype)
-    surveyed = shape[0] is None or max_side is not None  # what is stored is known only once decoded
-    if surveyed and images not in (None, "encoded"):
-        raise OptionError("shape=None and max_side= store the pictures as files: pass images='encoded'")
+def _ingest_table(table: SourceTable, location: str | os.PathLike, options: IngestOptions) -> Dataset:
+    """Write the files of ``table`` into a new store at ``location`` (see `ingest_images`)."""
+    shape, resize, dtype, images = options.shape, options.resize, options.dtype, options.images
+    progress, storage_options = options.progress, options.storage_options
     _check_label_names(table)
-    skip = on_error == "skip"
-    order = write_order(len(table), shuffle_on_write, seed)
+    skip = options.on_error == "skip"
+    order = write_order(len(table), options.shuffle_on_write, options.seed)
     paths = [table.paths[i] for i in order]
     stats = table.stats[order].tolist() if table.stats is not None else [file_stat(path) for path in paths]
-    layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), chunk_size)
+    layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), options.chunk_size)
     reader = table.reader or SampleReader()
     chosen = None
-    if images is None and not overwrite:  # the same ingest again returns its store: compare like with like
+    if images is None and not options.overwrite:  # the same ingest again returns its store: compare like with like
         images = images_chosen_before(location, storage_options)
     if images is None:
-        chosen = ImagesChoice("encoded", "shape=None and max_side= store the pictures as files") if surveyed else \
+        chosen = ImagesChoice("encoded", "shape=None and max_side= store the pictures as files") if options.surveyed \
+            else \
             choose_images(location, paths, [size for size, _ in stats], math.prod(shape) * dtype.itemsize,
                           layout.chunk_size, {"shape": shape, "resize": resize, "dtype": dtype}, reader.read)
         images = chosen.images
         if progress:
             print(f"images={images!r}: {chosen.reason} (pass images= to choose)", file=sys.stderr)
     fields = _table_fields(table, order, stats, layout.shard_size)
-    options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite, storage_options)
-    settings = {"shape": shape, "resize": resize, "dtype": dtype.str, "images": images, "max_side": max_side,
-                "quality": quality, "layout": layout, "compression": str(options.compression),
-                "shuffle_on_write": shuffle_on_write, "seed": seed, "on_error": on_error, "max_pixels": max_pixels}
+    build = BuildOptions(layout, Compression.parse(options.compression), options.client, progress,
+                         options.overwrite, storage_options)
+    settings = {"shape": shape, "resize": resize, "dtype": dtype.str, "images": images, "max_side": options.max_side,
+                "quality": options.quality, "layout": layout, "compression": str(build.compression),
+                "shuffle_on_write": options.shuffle_on_write, "seed": options.seed, "on_error": options.on_error,
+                "max_pixels": options.max_pixels}
     decode = ImageDecode(shape, dtype.name, None if shape[0] is None else resize)
-    recipe = {"shape": list(shape), "resize": resize, "dtype": dtype.name, "images": images, "max_side": max_side,
-              "quality": quality, "max_pixels": max_pixels}
+    recipe = options.recipe(images)
     if chosen is not None:  # the reason, with the machine's figures of the moment, is said, not kept
         recipe["images_chosen"] = True
-    run = {"shuffled_on_write": shuffle_on_write, "seed": seed if shuffle_on_write else None,
-           "source": table.description, "manifest": _manifest(table, order, paths, stats, settings), "resume": resume,
-           "recipe": recipe}
-    if surveyed:
-        survey = SurveyOptions(decode.channels, dtype, max_side, quality, on_error, max_pixels)
+    run = {"shuffled_on_write": options.shuffle_on_write, "seed": options.seed if options.shuffle_on_write else None,
+           "source": table.description, "manifest": _manifest(table, order, paths, stats, settings),
+           "resume": options.resume, "recipe": recipe}
+    if options.surveyed:
+        survey = SurveyOptions(decode.channels, dtype, options.max_side, options.quality, options.on_error,
+                               options.max_pixels)
 
         def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array | None]:
-            found = survey_images(paths, survey, scratch, client=client, progress=progress,
+            found = survey_images(paths, survey, scratch, client=options.client, progress=progress,
                                   description=f"survey → {store_name(location)}", reader=reader)
             files = FieldSource(file_array(found.paths, found.nbytes, layout.shard_size, reader),
                                 FieldInfo("input", encoding=IMAGE_ENCODING, decode=decode), found.nbytes,
@@ -307,14 +227,14 @@ def _ingest_table(
             return ({IMAGE_FIELD: files, **fields, FILE_DIGEST_FIELD: digests},
                     as_dask(found.errors, layout.shard_size) if skip else None)
 
-        build_store(location, prepare, options, **run)
+        build_store(location, prepare, build, **run)
         return open_dataset(location, storage_options=storage_options)
     # One task decodes a whole shard's images and the write task that needs them runs where they are:
     # decoded pixels (7x the JPEG bytes) never travel between workers.
     pixels, files, errors, digests = image_array(
-        paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=on_error,
-        keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images], max_pixels=max_pixels,
-        reader=reader,
+        paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=options.on_error,
+        keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images],
+        max_pixels=options.max_pixels, reader=reader,
     )
     images_fields = {}
     if pixels is not None:
@@ -327,7 +247,7 @@ def _ingest_table(
     # with on_error="raise" a bad file stops the ingest: no sample is left out, and each shard is final
     # (uploaded as soon as it is written, for an object store) instead of kept for compaction
     fields[FILE_DIGEST_FIELD] = FieldSource(digests, FieldInfo("metadata"))
-    build_store(location, {**images_fields, **fields}, options, errors=errors if skip else None, **run)
+    build_store(location, {**images_fields, **fields}, build, errors=errors if skip else None, **run)
     return open_dataset(location, storage_options=storage_options)
 
 

@@ -19,7 +19,7 @@ from .records.parts import SEPARATOR, PartScan
 from .records.reader import SampleReader
 from .records.tfrecord import CLASS_TEXT
 from .scheduler import run_tasks
-from .sources import SourceTable, _label_values
+from .sources import SourceTable, label_values
 
 MAX_SHOWN = 3
 
@@ -91,7 +91,7 @@ def _labels(scans: list[PartScan], description: str) -> tuple[dict[str, np.ndarr
         if given is not None:
             labels[field], classes[field] = column.to_numpy(dtype=np.int64), given
             continue
-        labels[field], found = _label_values(column, None, f"{description}: label {field!r}")
+        labels[field], found = label_values(column, None, f"{description}: label {field!r}")
         if found is not None:
             classes[field] = found
         elif field == fields[0] and any(CLASS_TEXT in part.labels for part in scans):

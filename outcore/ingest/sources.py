@@ -210,7 +210,7 @@ def table_from_dataframe(
         values = frame[column]
         if values.isna().any():
             raise SourceError(f"{where}: label column {column!r} is empty in rows {_rows(values.isna())}")
-        labels[column], found = _label_values(values, dtypes.get(column), f"{where}: label column {column!r}")
+        labels[column], found = label_values(values, dtypes.get(column), f"{where}: label column {column!r}")
         if found is not None:
             classes[column] = found
     shown_base = redact(base) if is_object_url(base) else str(Path(base).absolute())
@@ -251,7 +251,7 @@ def _label_dtypes(label_dtype: str | Mapping[str, str] | None, columns: Sequence
     return chosen
 
 
-def _label_values(values: pd.Series, dtype: str | None, where: str) -> tuple[np.ndarray, tuple[str, ...] | None]:
+def label_values(values: pd.Series, dtype: str | None, where: str) -> tuple[np.ndarray, tuple[str, ...] | None]:
     """A label column as numbers, or as class indices with the class names (``None`` for numbers)."""
     if dtype == "class" or (dtype is None and not _numeric_or_mostly(values)):
         text = values.astype(str)

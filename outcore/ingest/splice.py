@@ -42,14 +42,15 @@ from ..storage.staging import put_in_place
 from .arrays import SOURCE_INDEX_FIELD
 from .build import provenance
 from .fields import PATH_FIELD
+from .options import IngestOptions
 from .packing import chunk_loads, fitting_order
 from .scheduler import run_tasks
 
 
 def splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[str, tuple[str, ...]],
-           first_source_index: int, skipped: dict[str, Any] | None, options: dict[str, Any]) -> None:
+           first_source_index: int, skipped: dict[str, Any] | None, options: IngestOptions) -> None:
     """Write the part's samples after the store's (see the module), then publish them, with the class lists
-    ``grown`` and the record of ``skipped`` files; ``options`` holds the ingest's ``client`` and ``progress``."""
+    ``grown`` and the record of ``skipped`` files, on the ``options``' client, with its progress bar."""
     store, part = open_group(target, mode="r"), open_group(part_location, mode="r")
     part_attrs = read_attrs(part, str(part_location))
     if set(part_attrs.fields) != set(attrs.fields):
@@ -71,7 +72,7 @@ def splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[str
     write = dask.delayed(_splice_shard, pure=False)
     bounds = [(s, min(total, s + shard)) for s in range(start, total, shard)]
     run_tasks([write(spec, a, b) for a, b in bounds], [b - max(a, count) for a, b in bounds],
-              client=options["client"], progress=options["progress"], description=f"append → {target.name}")
+              client=options.client, progress=options.progress, description=f"append → {target.name}")
     save_attrs(splice, _grown_attrs(attrs, part_attrs, grown, skipped))
     if rooms:
         _publish_regrown(splice, target, {name: store[name].chunks[0] for name in rooms}, rooms)

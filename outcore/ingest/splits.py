@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,7 @@ from ..storage import is_url
 from ..storage.splits import INDEX_FORMAT, SPLITS_INDEX, read_index
 from .from_records import record_source
 from .images import ingest_table, missing_files_error
+from .options import IngestKeywords, IngestOptions
 from .records import recognise
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
 
@@ -147,7 +148,7 @@ def ingest_splits(
     append: bool = False,
     by_content: bool = False,
     format: Any = None,
-    **options: Any,
+    **options: Unpack[IngestKeywords],
 ) -> dict[str, Dataset]:
     """Ingest ``source`` into one store per split in ``folder`` (``<split>.zarr``, or ``<split>.zip`` with
     ``zip=True``) and an index, ``splits.json``; return the stores by split name.
@@ -159,7 +160,7 @@ def ingest_splits(
     never changes when files are added; see the module), or ``"folders"``: the folder's own
     ``<split>/<class>/<image>`` layout. ``split_column`` takes each CSV row's split from that column
     instead. Every store gets the classes of all splits. ``seed`` also seeds each store's shuffle on
-    write; the other keywords are those of `ingest_images` (``shape`` is required), for every split.
+    write; the other keywords are those of every ingest (`IngestKeywords`; ``shape`` is required), for every split.
     Record files (TFRecord, WebDataset, LMDB, Parquet: recognised, or named with ``format``, see
     `ingest_records`) are cut by fractions, a record's split from a hash of its file and place.
 
@@ -174,18 +175,19 @@ def ingest_splits(
     if is_url(folder):
         raise OptionError(f"ingest_splits writes to a local folder; got {str(folder)!r}: ingest each split to "
                           "its URL with ingest_images or ingest_dataframe (one store each)")
+    settings = IngestOptions.of({**options, "seed": seed})
     with ExitStack() as stack:  # record files: their unpacked pictures, until every split is written
         is_table = isinstance(source, pd.DataFrame) or Path(source).suffix.lower() == ".csv"
         table = None
-        if not is_table and (format is not None or recognise(source, options.get("storage_options"))):
+        if not is_table and (format is not None or recognise(source, settings.storage_options)):
             if split == FOLDERS or split_column is not None or append:
                 raise OptionError("record files are cut into splits by fractions (split={'train': 0.9, 'val': 0.1}); "
                                   "split='folders', split_column= and append= are for image folders and CSVs")
-            table = stack.enter_context(record_source(source, format, options, Path(folder).absolute()))
+            table = stack.enter_context(record_source(source, format, settings, Path(folder).absolute()))
         elif is_table:
             table = table_from_dataframe(source, path_column, label_columns, root, label_dtype,
                                          read_elsewhere=[split_column] if split_column else ())
-            if table.missing and options.get("on_error", "raise") == "raise":
+            if table.missing and settings.on_error == "raise":
                 raise missing_files_error(table)
         if split_column is not None:
             if table is None:
@@ -199,7 +201,7 @@ def ingest_splits(
             tables, rule = _folder_splits(Path(source)), {"folders": True}
         else:
             fractions = parse_split(split) if isinstance(split, str) else check_fractions(split)
-            table = table if table is not None else scan_image_folder(source, storage_options=options.get("storage_options"))
+            table = table if table is not None else scan_image_folder(source, storage_options=settings.storage_options)
             tables = {name: table_rows(table, rows, f"{table.description}, split {name}")
                       for name, rows in split_by_hash(table.names, fractions, seed).items()}
             rule = {"fractions": fractions, "seed": seed}
@@ -215,7 +217,7 @@ def ingest_splits(
         stores: dict[str, Dataset] = {}
         for name, part in tables.items():
             try:
-                stores[name] = ingest_table(part, folder / f"{name}{suffix}", seed=seed, **grow, **options)
+                stores[name] = ingest_table(part, folder / f"{name}{suffix}", settings, **grow)
             except StorageError as error:  # a full disk, say: the splits written are kept, and a resume keeps them
                 if not stores or append:
                     raise

@@ -130,7 +130,7 @@ class RemoteStore(ObjectStore):
         """The obstore client of this process, made when first used (a process forked after obstore was used
         gets an `OptionError` instead: obstore's requests would hang there, see `FORKED_AFTER_USE`)."""
         if self._client is None or self._pid != os.getpid():
-            self._client, self._pid = _client(self._client_url, self._options), os.getpid()
+            self._client, self._pid = object_store_client(self._client_url, self._options), os.getpid()
         return self._client
 
     @store.setter
@@ -548,7 +548,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _client(url: str, options: Mapping[str, Any]) -> Any:
+def object_store_client(url: str, options: Mapping[str, Any]) -> Any:
     """An obstore client for ``url``: ``options`` as obstore's ``from_url`` takes them, plain HTTP allowed
     when the endpoint asks for it, outcore's timeouts where none are given. In a process forked after
     obstore was used, an `OptionError` saying how to start it instead (never a hang)."""

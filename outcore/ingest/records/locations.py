@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 from ...errors import SourceError
-from ...storage.remote import _client, is_object_url, redact
+from ...storage.remote import is_object_url, object_store_client, redact
 
 _BRACES = re.compile(r"\{([^{}]*)\}")
 _handles: dict[tuple[int, str], Any] = {}  # (process id, what) -> an obstore client, an LMDB environment, ...
@@ -121,7 +121,7 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def _bucket(root: str, options: Mapping[str, Any]) -> Any:
-    return per_process(f"bucket {root}", lambda: _client(root, options))
+    return per_process(f"bucket {root}", lambda: object_store_client(root, options))
 
 
 def per_process(what: str, make: Callable[[], Any]) -> Any:
