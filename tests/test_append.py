@@ -259,8 +259,8 @@ def test_pictures_larger_than_the_chunks_have_room_for_grow_the_room_once(tmp_pa
     write_image_folder(photos, 20, classes=("a", "b"), size=(32, 32), kind="photos", seed=1)
     old = ingest(photos, store, images="both")
     before = {name: by_path(old, name) for name in ("images", "images_encoded", "labels")}
-    labels_file = store / "labels" / "c" / "0"
-    labels_inode = os.stat(labels_file).st_ino
+    pixels_file = store / "images" / "c" / "0" / "0" / "0" / "0"  # the first shard of pixels: full, kept
+    pixels_inode = os.stat(pixels_file).st_ino
     for file in write_image_folder(tmp_path / "big", 6, classes=("a", "c"), size=(160, 160), kind="photos", seed=2):
         (photos / file.parent.name).mkdir(exist_ok=True)
         file.rename(photos / file.parent.name / f"big_{file.name}")
@@ -273,7 +273,7 @@ def test_pictures_larger_than_the_chunks_have_room_for_grow_the_room_once(tmp_pa
     for name, values in before.items():
         after = by_path(grown, name)
         assert all(np.array_equal(after[path], value) for path, value in values.items()), name
-    assert os.stat(labels_file).st_ino == labels_inode  # kept, not copied: a reader opened before reads it still
+    assert os.stat(pixels_file).st_ino == pixels_inode  # kept, not copied: a reader opened before reads it still
     assert {path: int(v) for path, v in by_path(old, "labels").items()} == \
         {path: int(v) for path, v in before["labels"].items()}
     with pytest.raises(outcore.StoreChangedError, match="images_encoded"):

@@ -171,7 +171,7 @@ def test_demo_trains_on_real_photographs_and_keeps_what_it_says(tmp_path):
 
 def test_info_and_verify_on_a_store_with_a_missing_shard(tmp_path, capsys):
     ds = make_store(tmp_path, chunk_size=8)
-    key = delete_shard(ds.location, "labels", 1)
+    key = delete_shard(ds.location, "images", 1)
     assert main(["info", ds.location]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and key in err and "outcore verify" in err

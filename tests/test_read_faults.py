@@ -89,11 +89,11 @@ def test_a_failure_that_stays_is_named_within_a_second(library, store, error, re
 
 def test_verify_lists_a_shard_the_disk_cannot_read(library, store):
     code = "import sys, outcore; print(outcore.verify(sys.argv[1], progress=False))"
-    env = {**os.environ, **fault_environment(library, "s.zarr/id/c/2", errno.EIO)}
+    env = {**os.environ, **fault_environment(library, "s.zarr/x/c/2", errno.EIO)}
     result = subprocess.run([sys.executable, "-c", code, store], capture_output=True, text=True, env=env,
                             timeout=120, check=False)
     assert result.returncode == 0, result.stderr
-    assert "field 'id', chunk 8 (samples 800..899, in file id/c/2) cannot be read: Input/output error" in result.stdout
+    assert "field 'x', chunk 8 (samples 800..899, in file x/c/2/0) cannot be read: Input/output error" in result.stdout
 
 
 

@@ -49,6 +49,36 @@ def test_layout_targets_chunk_and_shard_bytes():
         Layout.for_samples(10, 100, chunk_size=0)
 
 
+def test_small_fields_have_shards_of_their_own_size():
+    """Labels, paths, byte ranges: about 8 MiB a shard file, 1,024 chunks at most, a multiple of the pictures'."""
+    layout = Layout(128, 1024)
+    assert layout.shard_size_for(128 * 128 * 3) == 1024  # the pictures' own
+    assert layout.shard_size_for(8) == 128 * 1024  # labels: 1,024 chunks (1 MiB)
+    assert layout.shard_size_for(256) == 32_768 and layout.shard_size_for(2048) == 4096  # paths; embeddings: 8 MiB
+    assert Layout(7, 14).shard_size_for(8) == 7 * 1024
+
+
+def test_a_store_keeps_one_file_per_shard_of_pictures_and_one_per_small_field(tmp_path, rng):
+    """Each task writes its shard of pictures, its small fields' samples into a scratch array; they are
+    gathered into the small fields' files at the end: the same samples, far fewer files."""
+    arrays = {"images": rng.integers(0, 256, (2400, 16, 16, 3), dtype=np.uint8),
+              "labels": rng.integers(0, 10, 2400), "weight": rng.random(2400).astype(np.float32)}
+    ds = outcore.from_arrays(arrays, tmp_path / "s.zarr", chunk_size=64, progress=False)
+    files = [path.relative_to(ds.location).parts[0] for path in Path(ds.location).rglob("*")
+             if path.is_file() and path.name != "zarr.json"]
+    shard = ds.array("images").shards[0]
+    assert shard < 2400 and files.count("images") == -(-2400 // shard)
+    assert files.count("labels") == files.count("weight") == 1 and ds.array("labels").shards == (64 * 1024,)
+    stored = {name: ds[name].compute() for name in arrays}
+    source = {images.tobytes(): i for i, images in enumerate(arrays["images"])}
+    order = np.array([source[images.tobytes()] for images in stored["images"]])  # shuffled on write
+    assert sorted(order.tolist()) == list(range(2400))
+    np.testing.assert_array_equal(stored["labels"], arrays["labels"][order])
+    np.testing.assert_array_equal(stored["weight"], arrays["weight"][order])
+    assert outcore.verify(ds.location, progress=False).ok
+    assert not list(tmp_path.glob(".*"))  # the scratch went with the run
+
+
 def test_attrs_round_trip_and_reject_newer_versions():
     attrs = StoreAttrs(10, 4, {"x": FieldInfo("input"), "y": FieldInfo("target", ("a", "b"))}, True, 3, {"s": 1})
     document = json.loads(json.dumps(attrs.to_dict()))
@@ -276,13 +306,14 @@ def test_open_by_fsspec_url(store):
 
 def test_a_shard_replaced_by_a_folder_is_named(tmp_path):
     ds = make_store(tmp_path)
-    shard = tmp_path / "s.zarr" / shard_key(ds.location, "score", 2)
+    shard = tmp_path / "s.zarr" / shard_key(ds.location, "images", 2)
     shard.unlink()
     shard.mkdir()
-    with pytest.raises(CorruptChunkError, match=r"field 'score', chunk 2 .*a folder stands where the file should be"):
-        outcore.open_dataset(ds.location)["score"].compute()
-    with pytest.raises(outcore.StoreChangedError, match=r"score/c/2/0 is not the one it was when the store was opened"):
-        ds["score"].compute()  # opened before: its file was replaced since
+    with pytest.raises(CorruptChunkError, match=r"field 'images', chunk 2 .*a folder stands where the file should be"):
+        outcore.open_dataset(ds.location)["images"].compute()
+    with pytest.raises(outcore.StoreChangedError, match=r"images/c/2/0/0/0 is not the one it was when the store was "
+                                                        "opened"):
+        ds["images"].compute()  # opened before: its file was replaced since
 
 
 def _edit_attrs(path, change):

@@ -9,6 +9,8 @@ from ..errors import OptionError
 
 TARGET_CHUNK_BYTES = 8 * 2**20
 TARGET_SHARD_BYTES = 128 * 2**20
+SMALL_SHARD_BYTES = 8 * 2**20  # a small field's shard files hold about this much (labels, paths, byte ranges)
+MAX_CHUNKS_PER_SHARD = 1024
 MAX_CHUNK_SIZE = 65536
 MIN_SHARDS = 8
 
@@ -34,6 +36,21 @@ class Layout:
     def chunks_per_shard(self) -> int:
         return self.shard_size // self.chunk_size
 
+    def shard_size_for(self, sample_nbytes: int) -> int:
+        """The samples in one shard file of a field of ``sample_nbytes`` a sample: `shard_size` for the
+        pictures, and for a small field (labels, paths, an encoded field's byte ranges) as many whole
+        chunks as make about `SMALL_SHARD_BYTES` (a power of two of them, `MAX_CHUNKS_PER_SHARD` at most),
+        so that a store holds about one file per shard of pictures and one or a few per small field.
+        Always a multiple of `shard_size`: a shard of pictures lies within one of each small field.
+
+        >>> layout = Layout(128, 1024)
+        >>> layout.shard_size_for(128 * 128 * 3), layout.shard_size_for(8), layout.shard_size_for(256)
+        (1024, 131072, 32768)
+        """
+        chunks = _power_of_two_at_most(SMALL_SHARD_BYTES // (self.chunk_size * max(1, sample_nbytes)),
+                                       MAX_CHUNKS_PER_SHARD)
+        return max(self.shard_size, self.chunk_size * chunks)
+
     @classmethod
     def for_samples(
         cls, sample_nbytes: int, num_samples: int | None, chunk_size: int | None = None
@@ -54,7 +71,7 @@ class Layout:
         chunk_size = int(chunk_size)
         if chunk_size < 1:
             raise OptionError(f"chunk_size={chunk_size} must be a positive number of samples")
-        chunks_per_shard = _power_of_two_at_most(TARGET_SHARD_BYTES // (chunk_size * sample_nbytes), 1024)
+        chunks_per_shard = _power_of_two_at_most(TARGET_SHARD_BYTES // (chunk_size * sample_nbytes), MAX_CHUNKS_PER_SHARD)
         if num_samples:
             chunks = math.ceil(num_samples / chunk_size)
             chunks_per_shard = min(chunks_per_shard, _power_of_two_at_most(max(1, chunks // MIN_SHARDS), chunks))

@@ -44,7 +44,7 @@ from .fields import FILE_STAT_FIELD, file_stat
 from .new_files import check_fits, grown_classes, label_fields, new_rows, stored_files
 from .options import IngestOptions
 from .sources import SourceTable
-from .splice import save_attrs, splice, with_classes
+from .splice import discard_splice, save_attrs, splice, with_classes
 from .writer import writer_lock
 
 Ingest = Callable[[SourceTable, Path, IngestOptions], Dataset]  # `images._ingest_table`: a table into a new store
@@ -89,7 +89,7 @@ def append_table(
 def _append_failed(error: OSError, target: Path) -> StorageError:
     """A write the system refused while appending (a full disk): the store keeps its samples (its count is
     published last); the splice folder goes, the part ingested so far stays for the next run to go on from."""
-    remove_path(target.with_name(f".{target.name}.append-splice"))
+    discard_splice(target)
     part = target.with_name(f".{target.name}.append.zarr")
     count = read_attrs(open_group(target, mode="r"), str(target)).num_samples
     goes_on = ""

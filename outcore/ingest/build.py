@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,10 +42,13 @@ from ..storage import (
     Staging,
     Upload,
     consolidate,
+    copy_rows,
     create_encoded_field,
     create_field,
     describe_classes,
     read_files,
+    samples_per_shard,
+    small_scratch,
     staged_store,
     stored_nbytes,
     writable,
@@ -187,8 +191,11 @@ def _write_fields(
     starts = range(0, num_samples, shard)
     markers = [staging.done(f"shard-{i}") if staging else None for i in range(len(starts))]
     todo = [i for i, marker in enumerate(markers) if marker is None or not marker.exists()]
+    apart = _small_scratch(directory)
     if len(todo) == len(starts):  # nothing written yet: (re)create the arrays
-        _create_fields(zarr.open_group(directory, mode="w"), fields, num_samples, options)
+        group = zarr.open_group(directory, mode="w")
+        _create_fields(group, fields, num_samples, options)
+        small_scratch(group, apart, options.layout.chunk_size, options.layout.shard_size)
     encoded = [name for name, field in fields.items() if field.nbytes is not None]
     blocks = {name: _shard_blocks(field.data, shard) for name, field in fields.items()}
     for name, field in fields.items():
@@ -197,13 +204,14 @@ def _write_fields(
     error_blocks = _shard_blocks(errors, shard) if errors is not None else None
     write = dask.delayed(_write_shard, pure=False)
     tasks = [
-        write(str(directory), starts[i], {name: b[i] for name, b in blocks.items()},
+        write(str(directory), str(apart), starts[i], {name: b[i] for name, b in blocks.items()},
               error_blocks[i] if error_blocks is not None else None, encoded, options.layout.chunk_size,
               str(markers[i]) if markers[i] else None, (upload, i) if upload else None)
         for i in todo
     ]
     weights = [min(shard, num_samples - starts[i]) for i in todo]
     results = run_tasks(tasks, weights, client=options.client, progress=options.progress, description=description)
+    _gather_small(directory, apart, num_samples)
     if staging is not None:
         results = [[tuple(failure) for failure in json.loads(marker.read_text())] for marker in markers]
     return [failure for shard_failures in results for failure in shard_failures]
@@ -213,14 +221,35 @@ def _create_fields(group: zarr.Group, fields: Mapping[str, FieldSource], num_sam
                    options: BuildOptions) -> None:
     dims = dimension_names({name: (field.data.dtype, field.data.shape[1:]) for name, field in fields.items()
                             if field.nbytes is None})
+    sizes = {name: _sample_nbytes(field) for name, field in fields.items()}
     for name, field in fields.items():
         if field.nbytes is not None:
             capacity = chunk_capacity(field.nbytes, options.layout.chunk_size)
             create_encoded_field(group, name, num_samples, capacity, options.layout, options.compression,
                                  variable=field.shapes is not None)
-        else:
+        else:  # the fields smaller than the largest (labels, paths beside the pictures) in shards of their own
             create_field(group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout,
-                         options.compression, dims[name])
+                         options.compression, dims[name], small=sizes[name] < max(sizes.values()))
+
+
+def _sample_nbytes(field: FieldSource) -> float:
+    """A sample's bytes in ``field``: its array's, or an encoded field's files' on average."""
+    if field.nbytes is not None:
+        return float(np.mean(field.nbytes)) if len(field.nbytes) else 0.0
+    return math.prod(field.data.shape[1:]) * np.dtype(field.data.dtype).itemsize
+
+
+def _small_scratch(directory: Path) -> Path:
+    """Where the shard tasks write the small fields (`outcore.storage.small_scratch`): beside the store."""
+    return directory.with_name(f"{directory.name}.small")
+
+
+def _gather_small(directory: Path, scratch: Path, num_samples: int) -> None:
+    """Copy the small fields written at ``scratch`` into the store's arrays at ``directory``, a shard file
+    of theirs at a time (the scratch stays until the run ends: a resumed run gathers again)."""
+    group, small = zarr.open_group(directory, mode="r+"), zarr.open_group(scratch, mode="r")
+    for name, array in small.arrays():
+        copy_rows(group[name], [(array, 0, num_samples)])
 
 
 def _recorded(field: FieldSource) -> FieldInfo:
@@ -257,19 +286,20 @@ def _shard_blocks(data: da.Array | Permuted, shard: int) -> list[Any]:
 
 
 def _write_shard(
-    directory: str, start: int, blocks: dict[str, np.ndarray], errors: np.ndarray | None, encoded: list[str],
-    chunk_size: int, marker: str | None, upload: tuple[Upload, int] | None,
+    directory: str, scratch: str, start: int, blocks: dict[str, np.ndarray], errors: np.ndarray | None,
+    encoded: list[str], chunk_size: int, marker: str | None, upload: tuple[Upload, int] | None,
 ) -> list[tuple[int, str]]:
-    """Write one shard of every field; with ``upload`` (where to, which shard), upload it; then, with a
-    ``marker`` path, record it as done (with its failures)."""
-    group = zarr.open_group(directory, mode="r+")
+    """Write one shard of every field (the small ones into ``scratch``, `small_scratch`); with ``upload``
+    (where to, which shard), upload it; then, with a ``marker`` path, record it as done (with its failures)."""
+    group, small = zarr.open_group(directory, mode="r+"), zarr.open_group(scratch, mode="r+")
+    arrays = {**dict(group.arrays()), **dict(small.arrays())}
     for name, block in blocks.items():
         if isinstance(block, Part):  # shuffled on write: made here, so it never waits between tasks
             block = block()
         if name in encoded:
-            write_encoded_shard(group, name, start, block, chunk_size)
+            write_encoded_shard(arrays, name, start, block, chunk_size)
         else:
-            writable(group[name])[start : start + len(block)] = block
+            writable(arrays[name])[start : start + len(block)] = block
     failures = [] if errors is None else [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]
     if upload is not None:
         upload[0].put_shard(Path(directory), upload[1])
@@ -290,7 +320,7 @@ def _without(
     kept = {}
     for name, field in fields.items():
         if field.nbytes is not None:
-            block = group[ranges_name(name)].shards[0]
+            block = samples_per_shard(group[name], group[ranges_name(name)].chunks[0])  # a shard of pictures
             data = _blob_array(str(directory), name, num_samples, block)[keep]
             shapes = None if field.shapes is None else field.shapes[keep]
             kept[name] = FieldSource(data, field.info, stored_nbytes(group, name, num_samples)[keep], shapes)

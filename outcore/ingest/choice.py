@@ -32,7 +32,8 @@ from ..storage.report import human_size
 from ..threads import thread_count
 
 DECODED_FILES = 32  # files read to time the decoding
-DECODES_PER_THREAD = 4  # how many of them each thread decodes (the files again, in turn, when there are few)
+TIMED_DECODES = 64  # decodes timed at least (the files again, in turn, when there are few) ...
+DECODES_PER_THREAD = 8  # ... and at least this many per thread
 PROBE_BYTES = 128 * 2**20  # the probe file written under the target to read cold
 
 
@@ -82,9 +83,10 @@ def choose_images(location: str | os.PathLike, paths: Sequence[str], file_bytes:
 
 
 def _decode_rate(paths: Sequence[str], decode: dict[str, Any], read: Callable[[str], bytes], threads: int) -> float:
-    """Files decoded a second by ``threads`` threads at once: `DECODED_FILES` spread over ``paths``, read
-    first, then decoded `DECODES_PER_THREAD` times per thread in all (files that cannot be read or decoded
-    are left to the ingest, which reports or skips them)."""
+    """Files decoded a second by ``threads`` threads at once: `DECODED_FILES` spread over ``paths``, read and
+    decoded once first, then `TIMED_DECODES` of them (`DECODES_PER_THREAD` a thread, when more) timed on a
+    pool already started (files that cannot be read or decoded are left to the ingest, which reports or
+    skips them)."""
     picked = [paths[i] for i in np.linspace(0, len(paths) - 1, min(len(paths), DECODED_FILES)).astype(int)]
     blobs = []
     for path in picked:
@@ -96,8 +98,9 @@ def _decode_rate(paths: Sequence[str], decode: dict[str, Any], read: Callable[[s
         blobs.append((path, blob))
     if not blobs:
         return math.inf  # nothing decodes: the ingest says why; the device alone decides
-    work = [blobs[i % len(blobs)] for i in range(max(len(blobs), DECODES_PER_THREAD * threads))]
+    work = [blobs[i % len(blobs)] for i in range(max(len(blobs), TIMED_DECODES, DECODES_PER_THREAD * threads))]
     with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(time.sleep, [0.01] * threads))  # every thread started before the clock
         began = time.perf_counter()
         for _ in pool.map(lambda item: decode_image(item[1], decode["shape"], decode["resize"], decode["dtype"],
                                                     name=str(item[0])), work):

@@ -25,14 +25,25 @@ import numpy as np
 import zarr
 
 from ..errors import OutcoreWarning, SourceError
-from ..format import ATTRS_KEY, StoreAttrs, decode_text, encode_text, ranges_name, shapes_name
+from ..format import (
+    ATTRS_KEY,
+    StoreAttrs,
+    companion_names,
+    decode_text,
+    encode_text,
+    ranges_name,
+    shapes_name,
+)
 from ..storage import (
     consolidate,
+    copy_rows,
     describe_classes,
     make_durable,
     open_group,
     read_files,
     remove_path,
+    samples_per_shard,
+    small_scratch,
     stored_nbytes,
     writable,
     write_encoded_shard,
@@ -57,29 +68,56 @@ def splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[str
         raise SourceError(f"the appended part has fields {sorted(part_attrs.fields)}, {target} has "
                           f"{sorted(attrs.fields)}: it was made with other settings; append with the store's")
     count, added = attrs.num_samples, part_attrs.num_samples
-    total, paths = count + added, store[PATH_FIELD]  # an array of samples (an encoded field's is of bytes)
-    shard = (paths.shards or paths.chunks)[0]
-    start = count // shard * shard
+    total, chunk = count + added, attrs.chunk_size
+    shard = min(samples_per_shard(store[name], chunk) for name in attrs.fields)  # the pictures' (small: more)
     encoded = [name for name, info in attrs.fields.items() if info.is_image]
-    order, rooms = _store_order(store, part, encoded, count, added, attrs.chunk_size, str(target))
-    if rooms:  # every chunk of those fields is written again, in regions of the new room
-        start = 0
+    order, rooms = _store_order(store, part, encoded, count, added, chunk, str(target))
     splice = target.with_name(f".{target.name}.append-splice")
-    remove_path(splice)
-    _copy_metadata(target, splice, store, encoded, total, attrs.chunk_size, rooms)
-    spec = _Splice(str(target), str(part_location), str(splice), sorted(attrs.fields), count, order,
-                   attrs.chunk_size, encoded, first_source_index, sorted(rooms))
+    discard_splice(target)
+    _copy_metadata(target, splice, store, encoded, total, chunk, rooms)
+    small = small_scratch(open_group(splice, mode="r"), _small_scratch(splice), chunk, shard)
+    # every chunk of the fields whose room grows is written again, in regions of the new room
+    start = 0 if rooms else count // shard * shard
+    spec = _Splice(str(target), str(part_location), str(splice), sorted(attrs.fields), count, order, chunk,
+                   encoded, first_source_index, sorted(rooms))
     write = dask.delayed(_splice_shard, pure=False)
     bounds = [(s, min(total, s + shard)) for s in range(start, total, shard)]
     run_tasks([write(spec, a, b) for a, b in bounds], [b - max(a, count) for a, b in bounds],
               client=options.client, progress=options.progress, description=f"append → {target.name}")
+    _gather_small(store, splice, small, count, total, count // shard * shard, {name: 0 for name in rooms})
     save_attrs(splice, _grown_attrs(attrs, part_attrs, grown, skipped))
     if rooms:
         _publish_regrown(splice, target, {name: store[name].chunks[0] for name in rooms}, rooms)
     else:  # said first: readers opening the store meanwhile see arrays grown beyond the count, and allow them
         save_attrs(target, dataclasses.replace(attrs, growing=True))
         publish(splice, target)
+    discard_splice(target)
+
+
+def discard_splice(target: Path) -> None:
+    """Remove what a splice onto ``target`` wrote beside it (its folder and scratch), finished or not."""
+    splice = target.with_name(f".{target.name}.append-splice")
     remove_path(splice)
+    remove_path(_small_scratch(splice))
+
+
+def _small_scratch(splice: Path) -> Path:
+    """Where the splice tasks write the small fields' samples (`outcore.storage.small_scratch`)."""
+    return splice.with_name(f"{splice.name}.small")
+
+
+def _gather_small(store: zarr.Group, splice_location: Path, small: list[str], count: int, total: int,
+                  written_from: int, regrown: Mapping[str, int]) -> None:
+    """Each small field's shard files from its last partial one on, into the splice folder: the store's old
+    samples before the first the tasks wrote (``written_from``; 0 for the companions of a field whose room
+    grows, ``regrown``), then what the tasks wrote into the scratch, up to ``total`` samples."""
+    splice, scratch = open_group(splice_location, mode="r+"), open_group(_small_scratch(splice_location), mode="r")
+    for name in small:
+        start = next((first for field, first in regrown.items() if name in companion_names(field, True)),
+                     written_from)
+        size = (splice[name].shards or splice[name].chunks)[0]
+        old = min(start, count) // size * size
+        copy_rows(splice[name], [(store[name], old, start), (scratch[name], start, total)])
 
 
 def _grown_attrs(attrs: StoreAttrs, part_attrs: StoreAttrs, grown: dict[str, tuple[str, ...]],
@@ -186,7 +224,8 @@ def _splice_shard(spec: _Splice, start: int, stop: int) -> None:
     """Write samples ``start .. stop - 1`` (a shard) of the grown store into the splice folder: the
     store's own up to its count, then the part's in ``spec.order``."""
     store, part = open_group(spec.target, mode="r"), open_group(spec.part, mode="r")
-    splice = open_group(spec.splice, mode="r+")
+    splice = {**dict(open_group(spec.splice, mode="r+").arrays()),  # the small fields' into the scratch
+              **dict(open_group(_small_scratch(Path(spec.splice)), mode="r+").arrays())}
     old = slice(start, min(stop, spec.count))
     rows = spec.order[max(start, spec.count) - spec.count : max(stop, spec.count) - spec.count]
     for name in spec.fields:

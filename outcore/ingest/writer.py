@@ -29,6 +29,7 @@ from ..storage import (
     open_group,
     redact,
     remove_path,
+    samples_per_shard,
     shard_path,
     writable,
 )
@@ -209,8 +210,10 @@ class Writer:
         self._made = True
         group = zarr.open_group(self.location, mode="w")
         dims = dimension_names(specs)
-        for name, (dtype, shape) in specs.items():
-            create_field(group, name, dtype, shape, 0, layout, self._compression, dims[name])
+        sizes = {name: math.prod(shape) * dtype.itemsize for name, (dtype, shape) in specs.items()}
+        for name, (dtype, shape) in specs.items():  # the fields smaller than the largest in shards of their own
+            create_field(group, name, dtype, shape, 0, layout, self._compression, dims[name],
+                         small=sizes[name] < max(sizes.values()))
         roles = guess_roles(list(specs), self._roles)
         infos = {
             name: FieldInfo(roles[name], tuple(self._classes[name]) if name in self._classes else None,
@@ -233,12 +236,9 @@ class Writer:
         if self._upload:  # the metadata, and the shard the next samples go to
             remove_path(self.location)
             self._upload = self._upload.for_run(self._upload.generation() or self._upload.run)
-            self._upload.fetch(self.location, None)
-            fetched = open_group(self.location, mode="r")
-            attrs = read_attrs(fetched, self._shown)
-            first = fetched[next(iter(attrs.fields))]
-            shard = (first.shards or first.chunks)[0]
-            self._upload.fetch(self.location, attrs.num_samples // shard if attrs.num_samples % shard else None)
+            self._upload.fetch(self.location)
+            attrs = read_attrs(open_group(self.location, mode="r"), self._shown)
+            self._upload.fetch(self.location, attrs.num_samples)
         group = open_group(self.location, mode="r+")
         attrs = read_attrs(group, self._shown)
         check_safe(group, list(attrs.fields), self._shown)
@@ -248,8 +248,8 @@ class Writer:
                 f"{self._shown} has encoded image field(s) {encoded}; a Writer appends arrays of numbers only. "
                 "Re-ingest the images with the new ones (outcore.ingest_dataframe takes a table of all the files)"
             )
-        first = group[next(iter(attrs.fields))]
-        self._group, self._attrs, self._shard_size = group, attrs, (first.shards or first.chunks)[0]
+        shard = min(samples_per_shard(group[name], attrs.chunk_size) for name in attrs.fields)  # small fields' are larger
+        self._group, self._attrs, self._shard_size = group, attrs, shard
         if not attrs.growing:  # said before any array grows: readers then allow samples beyond the count
             self._save_attrs(dataclasses.replace(attrs, growing=True))
 
@@ -274,14 +274,15 @@ class Writer:
         start = self._written
         count = stop - start
         merged = {name: np.concatenate([b[name] for b in self._pending]) for name in self._attrs.fields}
-        shards = range(start // self._shard_size, (stop - 1) // self._shard_size + 1)
-        written: list[tuple[int, str]] = []  # (shard, file)
+        written: list[tuple[bool, str]] = []  # (whether the shard file is full: final, its file)
         for name, values in merged.items():
             array = self._group[name]
             if array.shape[0] != stop:  # grown, or cut back to the samples it publishes (a dead Writer's left)
                 array.resize((stop, *array.shape[1:]))
-            writable(array)[start:stop] = values[:count]
-            written += [(shard, shard_path(array, shard)) for shard in shards]
+            writable(array)[start:stop] = values[:count]  # a small field's last shard file: written again
+            size = samples_per_shard(array, self._attrs.chunk_size)
+            written += [(shard < stop // size, shard_path(array, shard))
+                        for shard in range(start // size, (stop - 1) // size + 1)]
         if not self._upload:
             make_durable([self.location / path for _, path in written])
         rest = {name: values[count:] for name, values in merged.items()}
@@ -290,8 +291,8 @@ class Writer:
         # published once the shards are on disk (or in the object store)
         self._save_attrs(dataclasses.replace(self._attrs, num_samples=stop), [path for _, path in written])
         if self._upload:  # full shards are final: only the one being filled stays on the local disk
-            for shard, path in written:
-                if shard < stop // self._shard_size:
+            for full, path in written:
+                if full:
                     (self.location / path).unlink()
 
     def _save_attrs(self, attrs: StoreAttrs, written: Sequence[str] = ()) -> None:

@@ -6,13 +6,16 @@ from .cache import CacheUsage, ChunkCache
 from .encoded import EncodedBytes, create_encoded_field, read_files, stored_nbytes, write_encoded_shard
 from .groups import (
     consolidate,
+    copy_rows,
     create_field,
     describe_classes,
     is_url,
     is_zip,
     make_durable,
     open_group,
+    samples_per_shard,
     shard_path,
+    small_scratch,
     writable,
 )
 from .remote import RemoteStore, is_object_url, redact
@@ -34,6 +37,7 @@ __all__ = [
     "Upload",
     "check_target",
     "consolidate",
+    "copy_rows",
     "create_encoded_field",
     "create_field",
     "describe_classes",
@@ -50,7 +54,9 @@ __all__ = [
     "read_samples",
     "redact",
     "remove_path",
+    "samples_per_shard",
     "shard_path",
+    "small_scratch",
     "staged_store",
     "stored_members",
     "stored_nbytes",

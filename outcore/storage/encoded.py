@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import zarr
@@ -30,14 +30,16 @@ def create_encoded_field(
         fill_value=0,
         dimension_names=(f"{name}_bytes",),
     )
-    create_field(group, ranges_name(name), np.dtype(np.int64), (2,), num_samples, layout, compression)
+    create_field(group, ranges_name(name), np.dtype(np.int64), (2,), num_samples, layout, compression, small=True)
     if variable:
         create_field(group, shapes_name(name), np.dtype(np.int32), (3,), num_samples, layout, compression,
-                     (SAMPLE_DIM, "height_width_channel"))
+                     (SAMPLE_DIM, "height_width_channel"), small=True)
 
 
-def write_encoded_shard(group: zarr.Group, name: str, start: int, blobs: Sequence[bytes], chunk_size: int) -> None:
-    """Write samples ``start, start + 1, ...`` (``start`` at a chunk boundary) into their chunks' regions."""
+def write_encoded_shard(group: zarr.Group | Mapping[str, zarr.Array], name: str, start: int, blobs: Sequence[bytes],
+                        chunk_size: int) -> None:
+    """Write samples ``start, start + 1, ...`` (``start`` at a chunk boundary) into their chunks' regions, and
+    their byte ranges; ``group`` holds the arrays by name (a group, or a mapping placing the ranges apart)."""
     array = group[name]
     capacity = array.chunks[0]
     first_chunk = start // chunk_size

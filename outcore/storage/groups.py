@@ -3,7 +3,9 @@ and field arrays sharded along the sample axis."""
 
 from __future__ import annotations
 
+import math
 import os
+import shutil
 import warnings
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -82,16 +84,19 @@ def create_field(
     layout: Layout,
     compression: Compression,
     dimension_names: Sequence[str] | None = None,
+    small: bool = False,
 ) -> zarr.Array:
     """Create one field array, sharded along the sample axis only, in little-endian byte order (samples
     given in another order are converted when written); ``dimension_names`` default to
-    `outcore.format.dimension_names` of this field alone."""
+    `outcore.format.dimension_names` of this field alone. A ``small`` field (one beside the pictures:
+    labels, paths, byte ranges) gets shard files of its own size (`Layout.shard_size_for`)."""
+    sample_nbytes = math.prod(sample_shape) * np.dtype(dtype).itemsize
     return group.create_array(
         name,
         shape=(num_samples, *sample_shape),
         dtype=np.dtype(dtype).newbyteorder("<"),
         chunks=(layout.chunk_size, *sample_shape),
-        shards=(layout.shard_size, *sample_shape),
+        shards=(layout.shard_size_for(sample_nbytes) if small else layout.shard_size, *sample_shape),
         compressors=compression.codecs(),
         fill_value=0,
         dimension_names=dimension_names or format_dimension_names({name: (dtype, sample_shape)})[name],
@@ -114,6 +119,46 @@ def consolidate(location: str | os.PathLike) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Consolidated metadata is currently not part", UserWarning)
         zarr.consolidate_metadata(str(location))
+
+
+def samples_per_shard(array: zarr.Array, chunk_size: int) -> int:
+    """The samples of a field array one shard file holds (an encoded field's bytes: its regions' samples).
+
+    >>> samples_per_shard(zarr.create_array({}, shape=(100,), chunks=(4,), shards=(16,), dtype="i8"), 4)
+    16
+    """
+    return (array.shards or array.chunks)[0] // array.chunks[0] * chunk_size
+
+
+def small_scratch(group: zarr.Group, scratch: Path, chunk_size: int, shard_size: int) -> list[str]:
+    """Make, at ``scratch``, each array of ``group`` whose shard files hold more than ``shard_size`` samples
+    (a small field's, `outcore.format.Layout.shard_size_for`) again, in shards of ``shard_size``; return their
+    names. Tasks that each write one shard of pictures write these instead (a small field's file holds the
+    samples of several such tasks, which would write it at once); `copy_rows` then moves them into
+    ``group``'s arrays, each file written once."""
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    made = zarr.open_group(scratch, mode="w")
+    small = [name for name, array in group.arrays() if samples_per_shard(array, chunk_size) > shard_size]
+    for name in small:
+        array = group[name]
+        made.create_array(name, shape=array.shape, dtype=array.dtype, chunks=array.chunks,
+                          shards=(shard_size, *array.shape[1:]), compressors=array.compressors, fill_value=0)
+    return small
+
+
+def copy_rows(target: zarr.Array, parts: Sequence[tuple[zarr.Array, int, int]]) -> None:
+    """Write rows ``[start, stop)`` of each ``(source, start, stop)`` (back to back, in order) into the same
+    rows of ``target``, one whole shard file of it at a time (each file written once; the first part starts
+    on a shard's first row), in bounded memory."""
+    if not parts:
+        return
+    step, first, last = (target.shards or target.chunks)[0], parts[0][1], parts[-1][2]
+    for begin in range(first, last, step):
+        end = min(last, begin + step)
+        rows = [source[max(begin, start) : min(end, stop)] for source, start, stop in parts
+                if start < end and stop > begin]
+        writable(target)[begin:end] = np.concatenate(rows)
 
 
 def shard_path(array: zarr.Array, shard: int) -> str:

@@ -23,7 +23,7 @@ from ..format import (
     shapes_name,
 )
 from .cache import ChunkCache
-from .groups import is_url, open_group, shard_path
+from .groups import is_url, open_group, samples_per_shard, shard_path
 from .pins import Pins
 from .remote import RemoteStore, redact
 from .safety import check_safe, read_attrs
@@ -136,9 +136,9 @@ class Store:
 
     @property
     def chunks_per_shard(self) -> int:
-        """Chunks of each field stored in one shard file (1 when the arrays are not sharded)."""
-        array = self.array(self.fields[0])
-        return array.shards[0] // array.chunks[0] if array.shards else 1
+        """Chunks of the pictures (the largest field) in one shard file: the fewest any field keeps in one
+        (small fields keep more, `outcore.format.Layout.shard_size_for`; 1 when the arrays are not sharded)."""
+        return min(samples_per_shard(self.array(name), self.chunk_size) for name in self.fields) // self.chunk_size
 
     @property
     def roles(self) -> dict[str, str]:

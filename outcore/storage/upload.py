@@ -106,15 +106,18 @@ class Upload:
         self._each(data, lambda relative: self._put_file(directory / relative, f"{self.target}/{relative}"))
         self._put_metadata(directory)
 
-    def fetch(self, directory: Path, shard: int | None) -> None:
-        """Copy the target's metadata into ``directory``, and with ``shard``, that shard of each array (a
-        growing store's last one, which its Writer completes: it holds published samples, so a missing
-        one is a `CorruptChunkError`, never a shard of fill values)."""
+    def fetch(self, directory: Path, samples: int | None = None) -> None:
+        """Copy the target's metadata into ``directory``, and with ``samples`` (a growing store's count), each
+        array's shard file that holds its last samples when that file is not full (its Writer completes it:
+        it holds published samples, so a missing one is a `CorruptChunkError`, never a shard of fill values)."""
         for key in self._keys(self.target):
             if key.endswith(f"/{METADATA}"):
                 self._fetch(key, directory)
-        if shard is not None:
+        if samples:
             for _, array in zarr.open_group(directory, mode="r").arrays():
+                shard, filled = divmod(samples, (array.shards or array.chunks)[0])
+                if not filled:
+                    continue
                 key = f"{self.target}/{shard_path(array, shard)}"
                 try:
                     self._fetch(key, directory)

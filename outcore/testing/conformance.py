@@ -14,7 +14,7 @@ import zarr
 
 from ..cli import describe, verify
 from ..dataset import Dataset, open_dataset
-from ..errors import CorruptChunkError
+from ..errors import CorruptChunkError, NotAStoreError
 from ..storage import RangeZipStore
 from .damage import corrupt_chunk, delete_shard, rewrite_shard_index, truncate_shard
 from .stores import make_store, sample_arrays
@@ -73,19 +73,29 @@ class StoreConformance:
 
     def test_a_missing_shard_is_named_never_read_as_zeros(self, tmp_path: Path) -> None:
         ds = self.make(tmp_path)
-        per_shard = ds.array("labels").shards[0] // ds.chunk_size
-        key = delete_shard(ds.location, "labels", 1)
+        per_shard = ds.array("images").shards[0] // ds.chunk_size
+        key = delete_shard(ds.location, "images", 1)
         ds = open_dataset(ds.location)  # a zip store is rewritten without the member: open it again
-        expected = rf"field 'labels', chunk {per_shard} .*in file {key}\) is corrupt: its shard file is missing"
+        expected = rf"field 'images', chunk {per_shard} .*in file {key}\) is corrupt: its shard file is missing"
         with pytest.raises(CorruptChunkError, match=expected):
             list(ds.batches(64, shuffle=False))
         with pytest.raises(CorruptChunkError, match=expected):
-            ds["labels"].compute()
+            ds["images"].compute()
         with pytest.raises(CorruptChunkError, match=f"shard file.*missing.*{key}"):
             describe(ds)
         report = verify(ds.location, progress=False)
         missing = [p for p in report.problems if key in p]
         assert len(report.problems) == len(missing) == per_shard  # every chunk of that file, nothing else
+
+    def test_a_missing_shard_of_a_small_field_is_named(self, tmp_path: Path) -> None:
+        """Labels are in shard files of their own size (one here, holding every sample): without it the store
+        claims samples it does not hold."""
+        ds = self.make(tmp_path)
+        key = delete_shard(ds.location, "labels", 0)
+        with pytest.raises(NotAStoreError, match=rf"array 'labels' .*the shard file {key} holding its last sample "
+                                                  "is missing"):
+            open_dataset(ds.location)
+        assert any(key in problem for problem in verify(ds.location, progress=False).problems)
 
     @pytest.mark.parametrize("size", [0, 3, 10, 200])
     def test_a_truncated_shard_is_named(self, tmp_path: Path, size: int) -> None:
