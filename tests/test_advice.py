@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cgroups import throttled
+from support.cgroups import throttled
 
 import outcore
 from outcore.cli import main

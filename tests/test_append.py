@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 import pandas as pd
 import pytest
-from optional import need
+from support.optional import need
 
 import outcore
 from outcore.cli import main

@@ -1,3 +1,6 @@
+"""`outcore.from_arrays` from numpy, dask, zarr and h5py, and `outcore.Writer`: a store grown batch by batch,
+readable while it grows, reopened and appended to; casts that would change values refused."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from rules import write_order
+from support.rules import write_order
 
 import outcore
 from outcore.cli import describe

@@ -1,3 +1,6 @@
+"""The `outcore` command: ingest, info, verify and the rest, errors in one line with exit status 2, spoken in
+flag names."""
+
 from __future__ import annotations
 
 import os

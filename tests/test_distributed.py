@@ -16,7 +16,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
-from optional import need
+from support.optional import need
 
 import outcore
 from outcore import transforms

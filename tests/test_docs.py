@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from optional import INSTALL, TRAINERS, reason, required
+from support.optional import INSTALL, TRAINERS, reason, required
 
 from outcore.cli import main
 from outcore.errors import OutcoreWarning
@@ -175,3 +175,17 @@ def test_the_code_says_why_and_leaves_measured_figures_to_the_benchmarks_page():
              if MACHINE_FIGURES.search(line)]
     assert found == [], "\n".join(found)
     assert "## Figures behind the code" in (root / "docs" / "benchmarks.md").read_text()
+
+
+def test_the_tests_readme_names_every_test_file_with_what_it_tests():
+    """tests/README.md: each test file with the first paragraph of its docstring, so a newcomer finds a part's tests."""
+    import ast
+
+    tests = Path(__file__).parent
+    listed = dict(re.findall(r"^\| `(test_\w+\.py)` \| (.*) \|$", (tests / "README.md").read_text(), re.MULTILINE))
+    files = {}
+    for path in sorted(tests.glob("test_*.py")):
+        docstring = ast.get_docstring(ast.parse(path.read_text()))
+        assert docstring, f"{path.name} has no docstring saying what it tests"
+        files[path.name] = " ".join(docstring.split("\n\n")[0].split())
+    assert listed == files

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from optional import need
+from support.optional import need
 
 import outcore
 

@@ -2,13 +2,13 @@
 sizes and store shapes, an epoch's chunk order, the write order of a small ingest, and a transform's draws.
 Any change of a seeded order fails one of these tests: such a change must never happen silently; when one is
 meant, announce it in CHANGELOG.md (it changes every user's shuffles and augmentations) and update the tables.
-The rules themselves are checked against `tests/rules.py`, written from the documentation."""
+The rules themselves are checked against `tests/support/rules.py`, written from the documentation."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from rules import MIXTURE, TRANSFORM, chunk_permutation, seeded, write_order
+from support.rules import MIXTURE, TRANSFORM, chunk_permutation, seeded, write_order
 
 import outcore
 from outcore.iterate import BatchOptions

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from cgroups import throttled
+from support.cgroups import throttled
 
 import outcore
 from outcore.storage import huge_pages, shard_reader

@@ -1,3 +1,6 @@
+"""Decoding a file to a sample (`outcore.imaging`): the pixels imageio gives, channels and bit depths made to
+the shape asked for, resizing like Pillow, a wrong size naming the file."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,3 +1,6 @@
+"""Image folders and tables of paths into stores (`outcore.ingest_images`, `outcore.ingest_dataframe`):
+round trips, shuffle on write, label columns and their types, malformed CSVs, bad files."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
-from rules import write_order
+from support.rules import write_order
 
 import outcore
 from outcore.cli import describe, main

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from optional import need
+from support.optional import need
 
 import outcore
 from outcore.transforms import Normalize

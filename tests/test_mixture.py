@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from optional import need
+from support.optional import need
 
 import outcore
 from outcore.errors import OptionError, OutcoreWarning

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rules import BUFFER_SHUFFLE, WINDOW_ORDER, chunk_permutation, seeded
+from support.rules import BUFFER_SHUFFLE, WINDOW_ORDER, chunk_permutation, seeded
 
 from outcore.errors import OptionError
 from outcore.iterate import BatchOptions

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from optional import need
+from support.optional import need
 
 import outcore
 from outcore.storage import ChunkCache

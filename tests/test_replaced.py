@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from optional import need
+from support.optional import need
 
 import outcore
 from outcore.testing import write_image_folder

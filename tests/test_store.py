@@ -1,3 +1,6 @@
+"""The store on disk (`outcore.format`, `outcore.storage`): layout, attributes, text, what plain zarr, dask
+and xarray read, zip stores, damage named, checks on open."""
+
 from __future__ import annotations
 
 import json

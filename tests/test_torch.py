@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from optional import need
+from support.optional import need
 
 import outcore
 from outcore.errors import OptionError, OutcoreWarning
@@ -664,7 +664,7 @@ def test_lightning_epochs_and_a_mid_epoch_checkpoint(ids_store, tmp_path):
     """Lightning stops each epoch at len(loader), and keeps the loader's state in its checkpoints: a run
     stopped after 13 of 20 steps resumes with exactly the 7 batches the uninterrupted run made next."""
     lightning = need("lightning")
-    from lightning_model import IdsModel
+    from support.lightning_model import IdsModel
 
     seen = []
 
@@ -701,7 +701,7 @@ import outcore
 
 store, tests, out = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, tests)
-from lightning_model import IdsModel
+from support.lightning_model import IdsModel
 
 seen = []
 trainer = lightning.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", logger=False,

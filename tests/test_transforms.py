@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from optional import need
 from PIL import Image
+from support.optional import need
 
 import outcore
 from outcore.imaging import center_crop_box, random_resized_crop_box, within

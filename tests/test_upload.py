@@ -13,7 +13,7 @@ from pathlib import Path
 import dask.array as da
 import numpy as np
 import pytest
-from optional import need
+from support.optional import need
 
 import outcore
 from outcore.errors import NotAStoreError, OptionError, OutcoreWarning, StoreChangedError, StoreExistsError

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import zarr
-from optional import need
 from PIL import Image
+from support.optional import need
 
 import outcore
 from outcore import transforms

@@ -1,6 +1,6 @@
 """Mutation testing: deliberate bugs in the modules that guard orders and bytes, and whether the tests catch them.
 
-    python tests/mutants.py [--per-module 12] [--seed 0] [--modules plan,options,...] [--list]
+    python tests/support/mutants.py [--per-module 12] [--seed 0] [--modules plan,options,...] [--list]
 
 For each module below, every place where one small change makes another program (a comparison or
 arithmetic operator swapped, a number off by one, ``and``/``or`` swapped, a ``not`` dropped, ``True``/
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODULES = {  # short name -> (file, the tests that cover it)
     "plan": ("outcore/iterate/plan.py", ["tests/test_plan.py", "tests/test_golden.py"]),
     "options": ("outcore/iterate/options.py", ["tests/test_plan.py", "tests/test_loader.py"]),
