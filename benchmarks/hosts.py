@@ -40,7 +40,7 @@ from outcore.iterate import hedge
 store, scheduler, folder, hedged = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4] == "1"
 batch_size, pause = json.loads(sys.argv[5])
 if not hedged:
-    hedge.HEDGE_SECONDS = hedge.FIRST_SECONDS = 1e9
+    hedge.SPAN_HEDGE_SECONDS = hedge.FIRST_SECONDS = 1e9
 client = Client(scheduler, timeout=30)
 client.wait_for_workers(2, timeout=60)
 it = outcore.open_dataset(store).batches(batch_size, seed=3, client=client)
