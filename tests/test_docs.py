@@ -162,7 +162,8 @@ def test_the_cli_page_has_a_synopsis_line_and_a_section_for_every_command():
     assert {found for found in re.findall(r"^## `outcore (\w+)`", page, re.MULTILINE)} == commands
 
 
-MACHINE_FIGURES = re.compile(r"on \d+ cores| \((measured|benchmarked)\)|[Mm]easured across|\d \w+ faster than")
+MACHINE_FIGURES = re.compile(r"on \d+ cores| \((measured|benchmarked)\)|[Mm]easured across|\d \w+ faster than|"
+                             r"\d(\.\d+)?x (faster|slower)|\d(\.\d+)? ?µs")
 
 
 def test_the_code_says_why_and_leaves_measured_figures_to_the_benchmarks_page():

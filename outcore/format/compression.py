@@ -22,8 +22,8 @@ class Compression:
     """Blosc settings of every chunk: ``Compression.parse("zstd:3:bitshuffle")``.
 
     The default, lz4 at level 5 with byte shuffling, was chosen by ``python benchmarks/codecs.py``:
-    on photographs it decodes 2-3x faster than lz4 or zstd with bit shuffling, which store them only
-    15-25 % smaller (lossless codecs gain little on photos). Decoding is what a training loop waits
+    on photographs it decodes several times faster than lz4 or zstd with bit shuffling, which store them
+    only a little smaller (lossless codecs gain little on photos). Decoding is what a training loop waits
     on; where the disk is the bottleneck, choose ``zstd:3:bitshuffle`` (docs/format.md has the table).
 
     >>> str(Compression.parse("zstd"))

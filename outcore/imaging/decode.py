@@ -166,7 +166,7 @@ def decode_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarra
     0]:ranges[c][i, 1]]``) into row ``rows[k]`` of ``out`` (``(n, height, width[, channels])``, uint8,
     C-contiguous) where `decode_image` would decode it straight into the row: plain JPEGs of exactly that size
     (YCbCr for RGB, greyscale for grey, no EXIF), the same pixels. All at once in the C extension (`native`),
-    outside the GIL: 5 µs a sample less than `decode_image` on 128x128 photos. Returns the positions ``k`` it
+    outside the GIL, without `decode_image`'s Python around each file. Returns the positions ``k`` it
     left, for `decode_image`: other files, damaged ones (whose errors `decode_image` words), and every one
     without the extension.
 
@@ -188,7 +188,7 @@ def crop_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray]
     left, height, width; inside the picture) of file ``samples[k]`` of chunk ``which[k]`` (as
     `decode_plain_jpegs`), a plain JPEG of ``sizes[k]`` (height, width) and the box in its own pixels, resized
     to the size of ``out``'s rows (uint8, C-contiguous) into ``out[rows[k]]``, mirrored as ``flips[k]``
-    (left-right, top-bottom) says. The same pixels, without the 11 µs of Python a sample around each call.
+    (left-right, top-bottom) says. The same pixels, without the Python a sample around each call.
     Returns the positions ``k`` it left, for `decode_region`: other files (of another size, colour space or
     format, with EXIF, more than `MAX_PIXELS`), damaged ones, and every one without the extension.
 
@@ -353,8 +353,8 @@ def _decode(
 
     A JPEG larger than the target is decoded at a reduced size in the DCT domain (a scale of 1/2, 1/4
     or 1/8 that keeps it at least as large as `fit` needs), which is several times faster than a full
-    decode. Plain YCbCr/greyscale JPEGs go through libjpeg-turbo via simplejpeg, which is 1.7-2.5x faster
-    than Pillow on 128x128 photos with identical pixels (benchmarks/cluster.py measures both); any
+    decode. Plain YCbCr/greyscale JPEGs go through libjpeg-turbo via simplejpeg, faster than Pillow with
+    identical pixels (benchmarks/cluster.py measures both); any
     other image through Pillow. Pillow is called directly: imageio's Pillow plugin runs the same
     decoder with about twice the per-file overhead. A plain JPEG of exactly the target size is decoded
     straight into ``out`` (and ``out`` returned) when given: one copy fewer. With ``finish`` (8-bit
@@ -430,7 +430,7 @@ def _reduced_size(
 
 def _has_exif(data: bytes) -> bool:
     """Whether a JPEG's header segments hold EXIF metadata (where an orientation could be): asked once per
-    file read, by the C extension where it is built (0.1 µs, not 2)."""
+    file read, by the C extension where it is built (a Python loop over the segments otherwise)."""
     native_has_exif = getattr(native.extension, "has_exif", None)  # None: not built (or built before it was)
     return _exif_in_segments(data) if native_has_exif is None else native_has_exif(data)
 

@@ -14,8 +14,8 @@ share of the rank's streams (`outcore.iterate.plan.part_streams`), so each strea
 one lane, in order, and its parts are cut into spans. A lane's spans go to one worker (where there are
 as many lanes as threads), which keeps the chunks a span leaves for the lane's next span (`Carries`):
 each chunk is asked for once an epoch. Cut into spans of whole batches, a chunk whose samples fall in
-several spans (a stream's chunk feeds several batches) is read by each: 2.9-3.4x the store per epoch
-at 128x128 JPEGs in batches of 256, 2.8x at ImageNet's sizes. From a disk those reads come from the page
+several spans (a stream's chunk feeds several batches) is read by each: several times the store per
+epoch (`benchmarks/cluster.py` counts it). From a disk those reads come from the page
 cache and lanes cost more than they save (`Lanes.count_for`). A span run elsewhere (its worker died,
 or Dask moved it) reads what it needs itself.
 

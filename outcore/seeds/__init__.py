@@ -7,8 +7,8 @@ drew the same stream). `generator` keeps each use in its own domain (numpy's ``s
 prefixes the key with its length, so no two uses, and no two keys of one use, share a stream.
 
 A batch draws on a dozen generators (its pieces' augmentations, the plan's windows): numpy's
-`SeedSequence` takes 11 µs of Python to make each, the ``_state`` extension 0.3 µs for the same state,
-which the generator then starts from.
+`SeedSequence` makes each in Python, many times slower than the ``_state`` extension makes the same
+state, which the generator then starts from (docs/benchmarks.md, "Figures behind the code").
 
 >>> a = generator(Domain.CHUNK_ORDER, 5, 0).random()
 >>> b = generator(Domain.WRITE_ORDER, 5, 0).random()
