@@ -72,7 +72,7 @@ def splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[str
     shard = min(samples_per_shard(store[name], chunk) for name in attrs.fields)  # the pictures' (small: more)
     encoded = [name for name, info in attrs.fields.items() if info.is_image]
     order, rooms = _store_order(store, part, encoded, count, added, chunk, str(target))
-    splice = target.with_name(f".{target.name}.append-splice")
+    splice = _splice_folder(target)
     discard_splice(target)
     _copy_metadata(target, splice, store, encoded, total, chunk, rooms)
     small = small_scratch(open_group(splice, mode="r"), _small_scratch(splice), chunk, shard)
@@ -84,7 +84,7 @@ def splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[str
     bounds = [(s, min(total, s + shard)) for s in range(start, total, shard)]
     run_tasks([write(spec, a, b) for a, b in bounds], [b - max(a, count) for a, b in bounds],
               client=options.client, progress=options.progress, description=f"append → {target.name}")
-    _gather_small(store, splice, small, count, total, count // shard * shard, {name: 0 for name in rooms})
+    _gather_small(store, splice, small, count, total, written_from=count // shard * shard, regrown=list(rooms))
     save_attrs(splice, _grown_attrs(attrs, part_attrs, grown, skipped))
     if rooms:
         _publish_regrown(splice, target, {name: store[name].chunks[0] for name in rooms}, rooms)
@@ -96,9 +96,13 @@ def splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[str
 
 def discard_splice(target: Path) -> None:
     """Remove what a splice onto ``target`` wrote beside it (its folder and scratch), finished or not."""
-    splice = target.with_name(f".{target.name}.append-splice")
+    splice = _splice_folder(target)
     remove_path(splice)
     remove_path(_small_scratch(splice))
+
+
+def _splice_folder(target: Path) -> Path:
+    return target.with_name(f".{target.name}.append-splice")
 
 
 def _small_scratch(splice: Path) -> Path:
@@ -107,14 +111,14 @@ def _small_scratch(splice: Path) -> Path:
 
 
 def _gather_small(store: zarr.Group, splice_location: Path, small: list[str], count: int, total: int,
-                  written_from: int, regrown: Mapping[str, int]) -> None:
+                  written_from: int, regrown: list[str]) -> None:
     """Each small field's shard files from its last partial one on, into the splice folder: the store's old
-    samples before the first the tasks wrote (``written_from``; 0 for the companions of a field whose room
-    grows, ``regrown``), then what the tasks wrote into the scratch, up to ``total`` samples."""
+    samples before the first the tasks wrote (``written_from``; 0 for the ranges and shapes of the fields
+    whose room grows, ``regrown``, written again whole), then what the tasks wrote into the scratch, up to
+    ``total`` samples."""
     splice, scratch = open_group(splice_location, mode="r+"), open_group(_small_scratch(splice_location), mode="r")
     for name in small:
-        start = next((first for field, first in regrown.items() if name in companion_names(field, True)),
-                     written_from)
+        start = 0 if any(name in companion_names(field, True) for field in regrown) else written_from
         size = (splice[name].shards or splice[name].chunks)[0]
         old = min(start, count) // size * size
         copy_rows(splice[name], [(store[name], old, start), (scratch[name], start, total)])
