@@ -27,7 +27,7 @@ from ..imaging import DEFAULT_QUALITY
 from ..ingest import from_arrays, ingest_images
 from ..iterate.transforms import CenterCrop, Compose, RandomFlip, RandomResizedCrop, Transform
 from ..measure import interleaved, shuffled_epoch
-from ..storage import is_url
+from ..storage import is_url, samples_per_shard
 from ..storage.device import SMALL_READ, DeviceRates, measure_device, whole_pages
 from ..storage.epochs import GROWTH, LAYOUT_SHARE, Kind, Prediction, predict_epoch
 from ..storage.page_cache import PAGE_CACHE_SHARE, Memory, memory
@@ -211,7 +211,7 @@ def _measure(ds: Dataset, field: str, targets: Sequence[str], sample: np.ndarray
     companions = companion_names(field, _variable(ds, field)) if ds.info(field).is_image else []
     # Small arrays (labels, an encoded field's ranges) are read a page at a time, and a page holds the
     # chunks beside the one asked for: each page of their shard files is one request an epoch.
-    small = sum(max(_shards(ds), whole_pages(ds.array(name).nbytes_stored()) // SMALL_READ)
+    small = sum(max(_shard_files(ds, name), whole_pages(ds.array(name).nbytes_stored()) // SMALL_READ)
                 for name in [*targets, *companions])
     reads = {chunk_bytes: 1 / ds.chunk_size, SMALL_READ: small / len(ds)}
     transform = _transform(ds, field, crop)
@@ -224,8 +224,9 @@ def _measure(ds: Dataset, field: str, targets: Sequence[str], sample: np.ndarray
     return Kind(_kind_name(ds, field), source, nbytes / len(ds), reads, cpu)
 
 
-def _shards(ds: Dataset) -> int:
-    return math.ceil(ds.num_chunks / ds.chunks_per_shard)
+def _shard_files(ds: Dataset, name: str) -> int:
+    """The shard files of array ``name`` (a small field's hold more samples than the pictures')."""
+    return math.ceil(len(ds) / samples_per_shard(ds.array(name), ds.chunk_size))
 
 
 def _converted(ds: Dataset, field: str, targets: Sequence[str], sample: np.ndarray, held: set[str],
