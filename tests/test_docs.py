@@ -190,3 +190,18 @@ def test_the_tests_readme_names_every_test_file_with_what_it_tests():
         assert docstring, f"{path.name} has no docstring saying what it tests"
         files[path.name] = " ".join(docstring.split("\n\n")[0].split())
     assert listed == files
+
+
+def test_the_tests_readme_names_the_tests_of_every_module():
+    """tests/README.md's second table: every module of outcore (but the packages' ``__init__.py`` that only
+    gather names) with the test files that test it, each of which exists."""
+    import ast
+
+    tests, package = Path(__file__).parent, Path(__file__).parent.parent / "outcore"
+    rows = dict(re.findall(r"^\| `([\w/]+\.py)` \| (`test_.*) \|$", (tests / "README.md").read_text(), re.MULTILINE))
+    modules = {str(path.relative_to(package)) for path in package.rglob("*.py")
+               if path.name != "__init__.py" or any(isinstance(node, ast.FunctionDef | ast.ClassDef)
+                                                    for node in ast.parse(path.read_text()).body)}
+    assert set(rows) == modules
+    named = {name for files in rows.values() for name in re.findall(r"`(test_\w+\.py)`", files)}
+    assert named <= {path.name for path in tests.glob("test_*.py")}
