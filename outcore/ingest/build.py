@@ -48,7 +48,9 @@ from ..storage import (
     describe_classes,
     read_files,
     samples_per_shard,
+    small_fields,
     small_scratch,
+    small_scratch_path,
     staged_store,
     stored_nbytes,
     writable,
@@ -191,7 +193,7 @@ def _write_fields(
     starts = range(0, num_samples, shard)
     markers = [staging.done(f"shard-{i}") if staging else None for i in range(len(starts))]
     todo = [i for i, marker in enumerate(markers) if marker is None or not marker.exists()]
-    apart = _small_scratch(directory)
+    apart = small_scratch_path(directory)
     if len(todo) == len(starts):  # nothing written yet: (re)create the arrays
         group = zarr.open_group(directory, mode="w")
         _create_fields(group, fields, num_samples, options)
@@ -221,7 +223,7 @@ def _create_fields(group: zarr.Group, fields: Mapping[str, FieldSource], num_sam
                    options: BuildOptions) -> None:
     dims = dimension_names({name: (field.data.dtype, field.data.shape[1:]) for name, field in fields.items()
                             if field.nbytes is None})
-    sizes = {name: _sample_nbytes(field) for name, field in fields.items()}
+    small = small_fields({name: _sample_nbytes(field) for name, field in fields.items()})
     for name, field in fields.items():
         if field.nbytes is not None:
             capacity = chunk_capacity(field.nbytes, options.layout.chunk_size)
@@ -229,7 +231,7 @@ def _create_fields(group: zarr.Group, fields: Mapping[str, FieldSource], num_sam
                                  variable=field.shapes is not None)
         else:  # the fields smaller than the largest (labels, paths beside the pictures) in shards of their own
             create_field(group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout,
-                         options.compression, dims[name], small=sizes[name] < max(sizes.values()))
+                         options.compression, dims[name], small=name in small)
 
 
 def _sample_nbytes(field: FieldSource) -> float:
@@ -237,11 +239,6 @@ def _sample_nbytes(field: FieldSource) -> float:
     if field.nbytes is not None:
         return float(np.mean(field.nbytes)) if len(field.nbytes) else 0.0
     return math.prod(field.data.shape[1:]) * np.dtype(field.data.dtype).itemsize
-
-
-def _small_scratch(directory: Path) -> Path:
-    """Where the shard tasks write the small fields (`outcore.storage.small_scratch`): beside the store."""
-    return directory.with_name(f"{directory.name}.small")
 
 
 def _gather_small(directory: Path, scratch: Path, num_samples: int) -> None:

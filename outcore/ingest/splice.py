@@ -44,6 +44,7 @@ from ..storage import (
     remove_path,
     samples_per_shard,
     small_scratch,
+    small_scratch_path,
     stored_nbytes,
     writable,
     write_encoded_shard,
@@ -75,7 +76,7 @@ def splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[str
     splice = _splice_folder(target)
     discard_splice(target)
     _copy_metadata(target, splice, store, encoded, total, chunk, rooms)
-    small = small_scratch(open_group(splice, mode="r"), _small_scratch(splice), chunk, shard)
+    small = small_scratch(open_group(splice, mode="r"), small_scratch_path(splice), chunk, shard)
     # every chunk of the fields whose room grows is written again, in regions of the new room
     start = 0 if rooms else count // shard * shard
     spec = _Splice(str(target), str(part_location), str(splice), sorted(attrs.fields), count, order, chunk,
@@ -98,16 +99,11 @@ def discard_splice(target: Path) -> None:
     """Remove what a splice onto ``target`` wrote beside it (its folder and scratch), finished or not."""
     splice = _splice_folder(target)
     remove_path(splice)
-    remove_path(_small_scratch(splice))
+    remove_path(small_scratch_path(splice))
 
 
 def _splice_folder(target: Path) -> Path:
     return target.with_name(f".{target.name}.append-splice")
-
-
-def _small_scratch(splice: Path) -> Path:
-    """Where the splice tasks write the small fields' samples (`outcore.storage.small_scratch`)."""
-    return splice.with_name(f"{splice.name}.small")
 
 
 def _gather_small(store: zarr.Group, splice_location: Path, small: list[str], count: int, total: int,
@@ -116,7 +112,8 @@ def _gather_small(store: zarr.Group, splice_location: Path, small: list[str], co
     samples before the first the tasks wrote (``written_from``; 0 for the ranges and shapes of the fields
     whose room grows, ``regrown``, written again whole), then what the tasks wrote into the scratch, up to
     ``total`` samples."""
-    splice, scratch = open_group(splice_location, mode="r+"), open_group(_small_scratch(splice_location), mode="r")
+    splice = open_group(splice_location, mode="r+")
+    scratch = open_group(small_scratch_path(splice_location), mode="r")
     for name in small:
         start = 0 if any(name in companion_names(field, True) for field in regrown) else written_from
         size = (splice[name].shards or splice[name].chunks)[0]
@@ -229,7 +226,7 @@ def _splice_shard(spec: _Splice, start: int, stop: int) -> None:
     store's own up to its count, then the part's in ``spec.order``."""
     store, part = open_group(spec.target, mode="r"), open_group(spec.part, mode="r")
     splice = {**dict(open_group(spec.splice, mode="r+").arrays()),  # the small fields' into the scratch
-              **dict(open_group(_small_scratch(Path(spec.splice)), mode="r+").arrays())}
+              **dict(open_group(small_scratch_path(Path(spec.splice)), mode="r+").arrays())}
     old = slice(start, min(stop, spec.count))
     rows = spec.order[max(start, spec.count) - spec.count : max(stop, spec.count) - spec.count]
     for name in spec.fields:

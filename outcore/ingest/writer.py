@@ -31,6 +31,7 @@ from ..storage import (
     remove_path,
     samples_per_shard,
     shard_path,
+    small_fields,
     writable,
 )
 from ..storage.safety import check_safe, read_attrs
@@ -210,10 +211,9 @@ class Writer:
         self._made = True
         group = zarr.open_group(self.location, mode="w")
         dims = dimension_names(specs)
-        sizes = {name: math.prod(shape) * dtype.itemsize for name, (dtype, shape) in specs.items()}
+        small = small_fields({name: math.prod(shape) * dtype.itemsize for name, (dtype, shape) in specs.items()})
         for name, (dtype, shape) in specs.items():  # the fields smaller than the largest in shards of their own
-            create_field(group, name, dtype, shape, 0, layout, self._compression, dims[name],
-                         small=sizes[name] < max(sizes.values()))
+            create_field(group, name, dtype, shape, 0, layout, self._compression, dims[name], small=name in small)
         roles = guess_roles(list(specs), self._roles)
         infos = {
             name: FieldInfo(roles[name], tuple(self._classes[name]) if name in self._classes else None,

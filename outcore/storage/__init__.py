@@ -15,7 +15,9 @@ from .groups import (
     open_group,
     samples_per_shard,
     shard_path,
+    small_fields,
     small_scratch,
+    small_scratch_path,
     writable,
 )
 from .remote import RemoteStore, is_object_url, redact
@@ -56,7 +58,9 @@ __all__ = [
     "remove_path",
     "samples_per_shard",
     "shard_path",
+    "small_fields",
     "small_scratch",
+    "small_scratch_path",
     "staged_store",
     "stored_members",
     "stored_nbytes",

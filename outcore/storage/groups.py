@@ -130,6 +130,22 @@ def samples_per_shard(array: zarr.Array, chunk_size: int) -> int:
     return (array.shards or array.chunks)[0] // array.chunks[0] * chunk_size
 
 
+def small_fields(sample_nbytes: Mapping[str, float]) -> set[str]:
+    """The fields smaller a sample than the largest (labels, paths beside the pictures), by their bytes a sample:
+    those `create_field` makes ``small``.
+
+    >>> sorted(small_fields({"images": 49_152, "labels": 8, "path": 256}))
+    ['labels', 'path']
+    """
+    largest = max(sample_nbytes.values(), default=0)
+    return {name for name, nbytes in sample_nbytes.items() if nbytes < largest}
+
+
+def small_scratch_path(directory: Path) -> Path:
+    """Where the tasks writing the store being built at ``directory`` write its small fields (`small_scratch`)."""
+    return directory.with_name(f"{directory.name}.small")
+
+
 def small_scratch(group: zarr.Group, scratch: Path, chunk_size: int, shard_size: int) -> list[str]:
     """Make, at ``scratch``, each array of ``group`` whose shard files hold more than ``shard_size`` samples
     (a small field's, `outcore.format.Layout.shard_size_for`) again, in shards of ``shard_size``; return their
