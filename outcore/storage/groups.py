@@ -115,10 +115,13 @@ def consolidate(location: str | os.PathLike) -> None:
     """Copy every array's metadata into the group's ``zarr.json`` (zarr's consolidated metadata), so
     ``xarray.open_zarr`` opens the store in one read and without a warning. outcore itself reads each
     array's own metadata. The copy is marked ``must_understand: false``, so Zarr readers that do not
-    know it (it is zarr-python's, not yet the specification's, which zarr warns of) ignore it."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Consolidated metadata is currently not part", UserWarning)
-        zarr.consolidate_metadata(str(location))
+    know it (it is zarr-python's, not yet the specification's, which zarr warns of) ignore it.
+
+    zarr warns from its own event-loop thread, so a filter set for the call alone (``catch_warnings``) is
+    gone again when the call is interrupted (Ctrl-C) before that thread warns: the filter for that one
+    message stays set instead."""
+    warnings.filterwarnings("ignore", "Consolidated metadata is currently not part", UserWarning)
+    zarr.consolidate_metadata(str(location))
 
 
 def samples_per_shard(array: zarr.Array, chunk_size: int) -> int:
