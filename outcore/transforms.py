@@ -1,6 +1,8 @@
 """Vectorized, seeded batch augmentations: ``transform(batch, rng) -> batch`` (the public path of
 `outcore.iterate.transforms`, where they are made)."""
 
+from .imaging import BoxPolicy
+from .iterate.targets import Targets
 from .iterate.transforms import (
     BrightnessContrast,
     Cast,
@@ -12,5 +14,5 @@ from .iterate.transforms import (
     RandomResizedCrop,
 )
 
-__all__ = ["BrightnessContrast", "Cast", "CenterCrop", "Compose", "Normalize", "RandomCrop", "RandomFlip",
-           "RandomResizedCrop"]
+__all__ = ["BoxPolicy", "BrightnessContrast", "Cast", "CenterCrop", "Compose", "Normalize", "RandomCrop", "RandomFlip",
+           "RandomResizedCrop", "Targets"]

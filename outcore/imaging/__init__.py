@@ -17,6 +17,7 @@ from .decode import (
 from .encoded import DecodedChunks, EncodedChunk, cut_rows, decode_rows
 from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_box, resize_boxes
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
+from .targets import BoxPolicy, cut_label_maps, move_boxes, move_keypoints, move_points, owners
 from .windows import copy_samples
 
 __all__ = [
@@ -27,12 +28,14 @@ __all__ = [
     "MAX_PIXELS",
     "RESIZE_POLICIES",
     "Box",
+    "BoxPolicy",
     "DecodedChunks",
     "EncodedChunk",
     "ResizePolicy",
     "center_crop_box",
     "check_max_side",
     "copy_samples",
+    "cut_label_maps",
     "cut_rows",
     "decode_image",
     "decode_rows",
@@ -40,6 +43,10 @@ __all__ = [
     "encode_image",
     "fit",
     "load_image",
+    "move_boxes",
+    "move_keypoints",
+    "move_points",
+    "owners",
     "parse_image_dtype",
     "parse_image_shape",
     "parse_resize",

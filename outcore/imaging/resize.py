@@ -157,8 +157,10 @@ def resize_box(pixels: np.ndarray, box: Box, size: tuple[int, int], out: np.ndar
     return _resize(pixels, size[0], size[1], box, out, flip)
 
 
-def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int]) -> np.ndarray:
-    """``boxes[i]`` of ``images[i]`` (N, H, W[, C]) resized to ``size``, into a new (N, *size[, C]) array.
+def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int],
+                 flips: np.ndarray | None = None) -> np.ndarray:
+    """``boxes[i]`` of ``images[i]`` (N, H, W[, C]) resized to ``size``, mirrored as ``flips[i]`` (left-right,
+    top-bottom) says when given, into a new (N, *size[, C]) array.
 
     >>> images = np.arange(2 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4)
     >>> resize_boxes(images, [(0, 0, 2, 2), (2, 2, 2, 2)], (2, 2))[1].tolist()
@@ -167,8 +169,10 @@ def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int]
     channels = images[..., None] if images.ndim == 3 else images
     out = np.empty((len(images), *size, channels.shape[3]), images.dtype)
 
+    mirrored = np.zeros((len(images), 2), bool) if flips is None else np.asarray(flips, bool).reshape(-1, 2)
+
     def resize(i: int) -> None:
-        _resize(channels[i], size[0], size[1], boxes[i], out[i])
+        _resize(channels[i], size[0], size[1], boxes[i], out[i], (bool(mirrored[i, 0]), bool(mirrored[i, 1])))
 
     for_each(resize, len(images))
     return out[..., 0] if images.ndim == 3 else out

@@ -13,6 +13,7 @@ from ..errors import OptionError
 from ..imaging import Box, EncodedChunk
 from ..seeds import Domain, generator
 from .gather import ChunkValues, Cut, Empty, Rows, assemble, picture_sizes, plain
+from .targets import check_targets
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
@@ -57,37 +58,50 @@ def fused_crop(transform: Transform | None, picture_fields: Collection[str]) -> 
 def _split_head(transform: Transform | None, method: str, fields: Collection[str]) -> tuple[Any, Transform | None]:
     """``(first, rest)`` when ``transform`` (or the first step of a `Compose`) has ``method`` and works on
     one of ``fields``, else ``(None, transform)``; ``rest`` is what is left (None for nothing)."""
-    steps = _steps(transform)
-    first = steps[0] if steps else None
+    parts = steps(transform)
+    first = parts[0] if parts else None
     if not (hasattr(first, method) and getattr(first, "field", None) in fields):
         return None, transform
-    return first, _composed(transform, steps[1:])
+    return first, _composed(transform, parts[1:])
 
 
 def _split_tail(transform: Transform | None) -> tuple[Transform | None, Transform | None]:
     """``(head, tail)`` of ``transform``: ``tail`` its last steps with ``random = False`` (None for none)."""
-    steps = _steps(transform)
-    cut = len(steps)
-    while cut and getattr(steps[cut - 1], "random", True) is False:
+    parts = steps(transform)
+    cut = len(parts)
+    while cut and getattr(parts[cut - 1], "random", True) is False:
         cut -= 1
-    return _composed(transform, steps[:cut]), _composed(transform, steps[cut:])
+    return _composed(transform, parts[:cut]), _composed(transform, parts[cut:])
 
 
 def check_fields(transform: Transform | None, fields: Collection[str]) -> None:
     """An `OptionError` when one of outcore's transforms in ``transform`` works on a field the batches
     do not hold (left out by ``fields=``): said when the loader is made, not at its first batch in a
     DataLoader worker. A transform of the user's is theirs to check."""
-    for step in _steps(transform):
-        wanted = getattr(step, "field", None) if type(step).__module__.startswith("outcore.") else None
-        if wanted is not None and wanted not in fields:
-            raise OptionError(f"the transform {step!r} works on field {wanted!r}, which the batches do not hold "
-                              f"(they hold {sorted(fields)}): add {wanted!r} to fields= (ds.keras, ds.tf: to x= or "
-                              "y=), or pass field= to the transform")
+    for step in steps(transform):
+        if not type(step).__module__.startswith("outcore."):
+            continue
+        targets = getattr(step, "targets", None)
+        wanted = [getattr(step, "field", None), *(() if targets is None else targets.fields)]
+        for name in wanted:
+            if name is not None and name not in fields:
+                raise OptionError(f"the transform {step!r} works on field {name!r}, which the batches do not hold "
+                                  f"(they hold {sorted(fields)}): add {name!r} to fields= (ds.keras, ds.tf: to x= or "
+                                  "y=), or pass field= (targets=) to the transform")
 
 
-def _steps(transform: Transform | None) -> list[Any]:
-    """The steps of ``transform``: a `Compose`'s, or itself (none for None)."""
-    return list(getattr(transform, "transforms", [transform])) if transform is not None else []
+def steps(transform: Transform | None) -> list[Any]:
+    """The steps of ``transform``: a `Compose`'s (those of a `Compose` in it too, in order), or itself (none for
+    None).
+
+    >>> from outcore.transforms import Compose, Normalize, RandomFlip
+    >>> steps(Compose([Compose([RandomFlip()]), Normalize()]))
+    [RandomFlip(p=0.5, horizontal=True, vertical=False, field='images', targets=None), Normalize(mean=0.0, std=1.0, scale=None, field='images')]
+    """
+    if transform is None:
+        return []
+    inner = getattr(transform, "transforms", None)
+    return [step for part in inner for step in steps(part)] if inner is not None else [transform]
 
 
 def _composed(like: Transform | None, steps: list[Any]) -> Transform | None:
@@ -128,6 +142,7 @@ class Recipe:
         flip = None
         if crop is not None:
             flip, rest = _split_head(rest, "draw", {crop.field})
+            check_targets([crop] if flip is None else [crop, flip])
         return cls(tuple(fields), frozenset(text_fields), transform, crop, flip, rest, *_split_tail(rest))
 
     @property
@@ -159,6 +174,9 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     made = plain if joined else returned
     cut = None if recipe.crop is None else _cut(recipe, keys, samples % chunk_size, rows, data, bounds, rngs)
     batch = assemble(rows, data, recipe.fields, recipe.text_fields, made, cut)
+    targets = None if cut is None else getattr(recipe.crop, "targets", None)
+    if targets is not None:  # moved by the same draws: the crop's boxes and the flip's mirrors
+        batch = targets.move(batch, cut.boxes, cut.size, cut.flips, cut.sizes, made)
     began = time.perf_counter()
     if per_piece is not None:
         pieces = [per_piece({name: values[low:high] for name, values in batch.items()}, rng)

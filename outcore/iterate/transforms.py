@@ -32,8 +32,9 @@ from ..imaging import (
     resize_boxes,
 )
 from ..threads import for_each_run
-from .batch import Batch, Transform
+from .batch import Batch, Transform, steps
 from .gather import RUN_BYTES
+from .targets import Targets, check_targets
 
 
 def _field(batch: Batch, field: str) -> np.ndarray:
@@ -46,11 +47,27 @@ def _replace(batch: Batch, field: str, values: np.ndarray) -> Batch:
     return {**batch, field: values}
 
 
+def _moved(batch: Batch, field: str, values: np.ndarray, targets: Targets | None, crops: np.ndarray | Sequence[Box],
+           flips: np.ndarray | None = None) -> Batch:
+    """``batch`` with ``field`` replaced by ``values`` (its pictures cut to ``crops``, resized to ``values``' size
+    and mirrored as ``flips`` says) and ``targets`` moved alike."""
+    if targets is None:
+        return _replace(batch, field, values)
+    pictures = batch[field]
+    crops = np.asarray(crops, np.float64).reshape(-1, 4)
+    flips = np.zeros((len(crops), 2), bool) if flips is None else flips
+    sizes = np.tile(np.asarray(pictures.shape[1:3], np.int64), (len(pictures), 1))
+    return _replace(targets.move(batch, crops, values.shape[1:3], flips, sizes), field, values)
+
+
 @dataclass(frozen=True)
 class Compose:
-    """Apply transforms in order."""
+    """Apply transforms in order. Geometric steps of one picture field must move the same `Targets`."""
 
     transforms: Sequence[Transform]
+
+    def __post_init__(self) -> None:
+        check_targets(steps(self))
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         for transform in self.transforms:
@@ -60,12 +77,13 @@ class Compose:
 
 @dataclass(frozen=True)
 class RandomFlip:
-    """Mirror each image left-right (and/or top-bottom) with probability ``p``."""
+    """Mirror each image left-right (and/or top-bottom) with probability ``p``, and its ``targets`` with it."""
 
     p: float = 0.5
     horizontal: bool = True
     vertical: bool = False
     field: str = "images"
+    targets: Targets | None = None
 
     def draw(self, count: int, rng: np.random.Generator) -> np.ndarray:
         """Which of ``count`` images to mirror: (count, 2) booleans, left-right then top-bottom (a crop
@@ -79,7 +97,9 @@ class RandomFlip:
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         corners = np.zeros((len(images), 2), np.int64)
-        return _replace(batch, self.field, _windows(images, corners, images.shape[1:3], self.draw(len(images), rng)))
+        flips = self.draw(len(images), rng)
+        crops = np.tile([0, 0, *images.shape[1:3]], (len(images), 1))
+        return _moved(batch, self.field, _windows(images, corners, images.shape[1:3], flips), self.targets, crops, flips)
 
 
 def _windows(images: np.ndarray, corners: np.ndarray, size: tuple[int, int], flips: np.ndarray | None = None) -> np.ndarray:
@@ -113,6 +133,7 @@ class RandomCrop:
     size: int | tuple[int, int]
     padding: int = 0
     field: str = "images"
+    targets: Targets | None = None
 
     @property
     def output_size(self) -> tuple[int, int]:
@@ -152,7 +173,7 @@ class RandomCrop:
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         boxes = self.boxes([images.shape[1:3]] * len(images), rng)
-        return _replace(batch, self.field, _windows(images, boxes[:, :2], self.output_size))
+        return _moved(batch, self.field, _windows(images, boxes[:, :2], self.output_size), self.targets, boxes)
 
 
 @dataclass(frozen=True)
@@ -170,6 +191,7 @@ class RandomResizedCrop:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     field: str = "images"
+    targets: Targets | None = None
 
     @property
     def output_size(self) -> tuple[int, int]:
@@ -183,7 +205,7 @@ class RandomResizedCrop:
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         boxes = self.boxes([images.shape[1:3]] * len(images), rng)
-        return _replace(batch, self.field, resize_boxes(images, boxes, self.output_size))
+        return _moved(batch, self.field, resize_boxes(images, boxes, self.output_size), self.targets, boxes)
 
 
 @dataclass(frozen=True)
@@ -203,6 +225,7 @@ class CenterCrop:
     size: int | tuple[int, int]
     resize: int | None = None
     field: str = "images"
+    targets: Targets | None = None
 
     @property
     def output_size(self) -> tuple[int, int]:
@@ -217,8 +240,10 @@ class CenterCrop:
         images = _field(batch, self.field)
         top, left, height, width = box = center_crop_box(*images.shape[1:3], self.output_size, self.resize)
         if (height, width) != self.output_size:
-            return _replace(batch, self.field, resize_boxes(images, [box] * len(images), self.output_size))
-        return _replace(batch, self.field, np.ascontiguousarray(images[:, top : top + height, left : left + width]))
+            return _moved(batch, self.field, resize_boxes(images, [box] * len(images), self.output_size), self.targets,
+                          [box] * len(images))
+        return _moved(batch, self.field, np.ascontiguousarray(images[:, top : top + height, left : left + width]),
+                      self.targets, [box] * len(images))
 
 
 def _sizes(sizes: Sequence[tuple[int, int]] | np.ndarray) -> list[list[int]]:
