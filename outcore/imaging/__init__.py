@@ -15,6 +15,7 @@ from .decode import (
     read_image_file,
 )
 from .encoded import DecodedChunks, EncodedChunk, cut_rows, decode_rows
+from .label_maps import LABEL_MAP_DTYPES, check_placement, decode_label_map, fit_label_map, label_map_dtype
 from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_box, resize_boxes
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
 from .targets import BoxPolicy, cut_label_maps, move_boxes, move_keypoints, move_points, owners
@@ -24,6 +25,7 @@ __all__ = [
     "DEFAULT_QUALITY",
     "IMAGE_DTYPES",
     "IMAGE_EXTENSIONS",
+    "LABEL_MAP_DTYPES",
     "LEAD",
     "MAX_PIXELS",
     "RESIZE_POLICIES",
@@ -34,14 +36,18 @@ __all__ = [
     "ResizePolicy",
     "center_crop_box",
     "check_max_side",
+    "check_placement",
     "copy_samples",
     "cut_label_maps",
     "cut_rows",
     "decode_image",
+    "decode_label_map",
     "decode_rows",
     "empty_for_decoding",
     "encode_image",
     "fit",
+    "fit_label_map",
+    "label_map_dtype",
     "load_image",
     "move_boxes",
     "move_keypoints",

@@ -234,7 +234,7 @@ def decode_region(
     was recorded with at ingest: a file of another size is an `ImageError`. ``flip`` mirrors the result
     left-right, top-bottom.
     """
-    with _decode_errors(name):
+    with decode_errors(name):
         region = _file_region(data, decode, box)
     if region is None:
         sample = decode_image(data, decode.shape, decode.resize, np.dtype(decode.dtype), name)
@@ -248,10 +248,10 @@ def decode_region(
     fy, fx = scaled[0] / height, scaled[1] / width
     edges = (y0 * fy, x0 * fx, y1 * fy, x1 * fx)
     if native.extension is None:
-        with _decode_errors(name):
+        with decode_errors(name):
             pixels = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=scaled[0], min_width=scaled[1])
         return resize_edges(pixels, edges, size, out, flip)
-    with _decode_errors(name), written_into(out, (*size, 3 if colorspace == "RGB" else 1)) as target:
+    with decode_errors(name), written_into(out, (*size, 3 if colorspace == "RGB" else 1)) as target:
         native.extension.crop_resize(data, eighths, edges, target, *flip)  # only the box's rows and columns
     return out
 
@@ -274,7 +274,7 @@ def dct_scale(size: tuple[int, int], need: tuple[int, int]) -> int:
 
 
 @contextmanager
-def _decode_errors(name: str) -> Iterator[None]:
+def decode_errors(name: str) -> Iterator[None]:
     """What the decoders raise for a damaged or unreadable file, as an `ImageError` naming ``name``."""
     try:
         yield
@@ -290,7 +290,7 @@ def _decode_errors(name: str) -> Iterator[None]:
 def _opened(data: bytes, name: str, max_pixels: int | None) -> Iterator[Image.Image]:
     """The file opened by Pillow (header read, pixels not yet), refused past ``max_pixels``; what Pillow
     raises while it is used is an `ImageError` naming ``name``."""
-    with _decode_errors(name):
+    with decode_errors(name):
         with warnings.catch_warnings():  # the size is checked here, against the caller's limit
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             opened = Image.open(io.BytesIO(data))
@@ -311,6 +311,15 @@ def upright_size(data: bytes, name: str = "image", max_pixels: int | None = MAX_
         sideways = _orientation(image) in (5, 6, 7, 8) or (
             image.format == "TIFF" and image.getexif().get(ExifTags.Base.Orientation, 1) in (5, 6, 7, 8))
     return (width, height) if sideways else (height, width)
+
+
+def exif_orientation(data: bytes, name: str = "image") -> int:
+    """A file's EXIF orientation (1: stored upright; 2-8: mirrored or turned, as decoding undoes), read from its
+    header; a file that is not a picture is an `ImageError` naming ``name``."""
+    with _opened(data, name, None) as image:
+        if image.format == "TIFF":
+            return int(image.getexif().get(ExifTags.Base.Orientation, 1))
+        return _orientation(image)
 
 
 def _check_stored(size: tuple[int, int], stored: tuple[int, int] | None, name: str) -> None:
@@ -361,7 +370,7 @@ def _decode(
     samples), a plain JPEG under the ``crop`` or ``fit`` policy is returned finished, at the target size
     (into ``out`` when given), where the C extension decodes only the part the policy keeps.
     """
-    with _decode_errors(name):
+    with decode_errors(name):
         fast = _decode_plain_jpeg(data, channels, target, resize, out, name, max_pixels, finish)
     if fast is not None:
         return fast

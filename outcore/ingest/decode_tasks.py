@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import dask
 import dask.array as da
 import numpy as np
 
 from ..errors import ImageError, OptionError, SourceError
-from ..imaging import MAX_PIXELS, ResizePolicy, decode_image
+from ..imaging import MAX_PIXELS, ResizePolicy, check_placement, decode_image, decode_label_map, fit_label_map
 from .records.reader import SampleReader
 
 BLOB_DTYPE = np.dtype(object)  # the bytes of one file per sample, between tasks (never stored as such)
@@ -40,10 +40,13 @@ def image_array(
     keep: tuple[str, ...] = ("pixels",),
     max_pixels: int | None = MAX_PIXELS,
     reader: SampleReader = FILES,
-) -> tuple[da.Array | None, da.Array | None, da.Array, da.Array]:
-    """Return ``(pixels, files, errors, digests)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to
+    label_maps: Mapping[str, tuple[Sequence[str], np.dtype]] | None = None,
+) -> tuple[da.Array | None, da.Array | None, da.Array, da.Array, dict[str, da.Array]]:
+    """Return ``(pixels, files, errors, digests, maps)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to
     ``shape``, ``files[i]`` the file's bytes (an object array of ``bytes``), each ``None`` unless in
-    ``keep``; ``digests[i]`` is the file's `file_digest` (zeros for a bad file).
+    ``keep``; ``digests[i]`` is the file's `file_digest` (zeros for a bad file); ``maps[name][i]`` is the label
+    map file ``label_maps[name][0][i]`` of picture ``i`` (ids of ``label_maps[name][1]``, checked to lie under
+    the picture, fitted to ``shape`` as it is: `outcore.imaging.label_maps`), decoded in the picture's task.
 
     Every file is decoded, whatever is kept, so a store of encoded files holds only files that decode.
     Each block of ``block_size`` samples is one task. Nothing is read until the arrays are computed.
@@ -52,54 +55,69 @@ def image_array(
     it; with ``"skip"`` a bad file gives zero pixels, empty bytes and its message in ``errors[i]``
     (``""`` for every good sample).
 
-    >>> pixels, _, errors, _ = image_array(files, (64, 64, 3), resize="crop", dtype=np.dtype("uint8"),
+    >>> pixels, _, errors, _, _ = image_array(files, (64, 64, 3), resize="crop", dtype=np.dtype("uint8"),
     ...                                 block_size=256)  # doctest: +SKIP
     >>> pixels.chunks[0][:2]  # doctest: +SKIP
     (256, 256)
     """
     if on_error not in ("raise", "skip"):
         raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")
+    label_maps = dict(label_maps or {})
     pixel_parts, file_parts, error_parts, digest_parts = [], [], [], []
+    map_parts: dict[str, list[da.Array]] = {name: [] for name in label_maps}
     for start in range(0, len(paths), block_size):
         block_paths = list(paths[start : start + block_size])
-        task = dask.delayed(_load_block, pure=True, nout=4)(block_paths, shape, resize, dtype, on_error, keep,
-                                                            max_pixels, reader)
+        block_maps = {name: (list(files[start : start + block_size]), map_dtype)
+                      for name, (files, map_dtype) in label_maps.items()}
+        task = dask.delayed(_load_block, pure=True, nout=5)(block_paths, shape, resize, dtype, on_error, keep,
+                                                            max_pixels, reader, block_maps)
         pixel_parts.append(da.from_delayed(task[0], (len(block_paths), *shape), dtype=dtype))
         file_parts.append(da.from_delayed(task[1], (len(block_paths),), dtype=BLOB_DTYPE))
         error_parts.append(da.from_delayed(task[2], (len(block_paths),), dtype=ERROR_DTYPE))
         digest_parts.append(da.from_delayed(task[3], (len(block_paths), DIGEST_SIZE), dtype=np.uint8))
+        for name, (_, map_dtype) in label_maps.items():
+            map_parts[name].append(da.from_delayed(task[4][name], (len(block_paths), *shape[:2]), dtype=map_dtype))
     return (
         da.concatenate(pixel_parts) if "pixels" in keep else None,
         da.concatenate(file_parts) if "files" in keep else None,
         da.concatenate(error_parts),
         da.concatenate(digest_parts),
+        {name: da.concatenate(parts) for name, parts in map_parts.items()},
     )
 
 
 def _load_block(
     paths: list[str], shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str,
     keep: tuple[str, ...], max_pixels: int | None, reader: SampleReader,
-) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray]:
+    label_maps: Mapping[str, tuple[list[str], np.dtype]],
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     pixels = np.zeros((len(paths), *shape), dtype=dtype) if "pixels" in keep else None
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE) if "files" in keep else None
     errors = np.zeros(len(paths), dtype=ERROR_DTYPE)
     digests = np.zeros((len(paths), DIGEST_SIZE), dtype=np.uint8)
+    maps = {name: np.zeros((len(paths), *shape[:2]), map_dtype) for name, (_, map_dtype) in label_maps.items()}
     for i, path in enumerate(paths):
         try:
             data = reader.read(path)
             decode_image(data, shape, resize, dtype, path, out=pixels[i] if pixels is not None else None,
                          max_pixels=max_pixels)
+            for name, (map_paths, map_dtype) in label_maps.items():
+                ids = decode_label_map(reader.read(map_paths[i]), map_paths[i], map_dtype)
+                check_placement(ids, map_paths[i], data, path)
+                maps[name][i] = fit_label_map(ids, shape[:2], resize, map_paths[i])
         except ImageError as error:
             if on_error == "raise":
                 raise bad_file(error) from None
             errors[i] = str(error)[: ERROR_DTYPE.itemsize // 4]
             if pixels is not None:
                 pixels[i] = 0  # a failed decode may have written part of the sample
+            for values in maps.values():
+                values[i] = 0
             continue
         digests[i] = file_digest(data)
         if files is not None:
             files[i] = data
-    return pixels, files, errors, digests
+    return pixels, files, errors, digests, maps
 
 
 def bad_file(error: ImageError) -> ImageError:

@@ -122,17 +122,26 @@ def ingest_dataframe(
     label_columns: Sequence[str] = (),
     label_dtype: str | Mapping[str, str] | None = None,
     root: str | os.PathLike | None = None,
+    mask_columns: Sequence[str] = (),
+    mask_dtype: str | None = None,
     append: bool = False,
     by_content: bool = False,
     **options: Unpack[IngestKeywords],
 ) -> Dataset:
-    """Ingest the images listed in a DataFrame or CSV file, with one label field per ``label_columns``.
+    """Ingest the images listed in a DataFrame or CSV file, with one label field per ``label_columns`` and one
+    label map field per ``mask_columns``.
 
     Relative paths are taken from ``root`` (default: the CSV's folder, or the current folder for a
     DataFrame). String labels are stored as class indices with their names (sorted, numerically when
     every name is a number); numbers as they are. A column of numbers with a few other cells is an error
     naming the rows; ``label_dtype`` (``"class"``, ``"int64"``, ``"float32"``, or a dict per column)
     says what a column holds instead of letting the cells decide.
+    A mask column holds the path of each picture's label map: a PNG of ids at the picture's size (a palette PNG
+    as Pascal VOC's, 255 its void; a grey one as Cityscapes' labelIds; 16-bit as its instanceIds), stored as a
+    field of ``mask_dtype`` ids (``"uint8"``, ``"uint16"``; by default what the column's first file needs)
+    fitted to ``shape`` as the pictures are, nearest-neighbour (no id is made or changed). A label map of
+    another size than its picture, or of a picture stored turned (EXIF), is an error naming it; so is a colour
+    or JPEG one. Transforms move the maps with the pictures when told (`outcore.transforms.Targets`).
     Paths that do not exist are an error, or skipped and reported with ``on_error="skip"``. The other
     keywords are those of every ingest (`IngestKeywords`), and ``append``/``by_content`` as in `ingest_images`.
 
@@ -142,7 +151,8 @@ def ingest_dataframe(
     settings = IngestOptions.of(options)
     check_target(location)
     table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype,
-                                 storage_options=settings.storage_options)
+                                 storage_options=settings.storage_options, mask_columns=mask_columns,
+                                 mask_dtype=mask_dtype)
     if table.missing and settings.on_error == "raise":
         raise missing_files_error(table)
     return ingest_or_append(table, location, settings, append, by_content)
@@ -159,6 +169,9 @@ def missing_files_error(table: SourceTable) -> SourceError:
 
 def ingest_or_append(table: SourceTable, location: str | os.PathLike, options: IngestOptions, append: bool,
                       by_content: bool, classes: Mapping[str, Sequence[str]] | None = None) -> Dataset:
+    if append and table.label_maps:
+        raise OptionError(f"append=True adds pictures without label maps; the mask columns {sorted(table.label_maps)} "
+                          "are ingested into a new store")
     if append and table.reader is not None:
         raise OptionError(f"append=True adds the new files of a local image folder or CSV; {table.description} is "
                           "ingested into a new store")
@@ -182,6 +195,9 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     shape, resize, dtype, images = options.shape, options.resize, options.dtype, options.images
     progress, storage_options = options.progress, options.storage_options
     _check_label_names(table)
+    if table.label_maps and (options.surveyed or shape[0] is None):
+        raise OptionError(f"label maps ({sorted(table.label_maps)}) are stored at the pictures' shape: pass shape= "
+                          "(pictures kept at their own size cannot have label maps yet)")
     skip = options.on_error == "skip"
     order = write_order(len(table), options.shuffle_on_write, options.seed)
     paths = [table.paths[i] for i in order]
@@ -231,10 +247,11 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
         return open_dataset(location, storage_options=storage_options)
     # One task decodes a whole shard's images and the write task that needs them runs where they are:
     # decoded pixels (7x the JPEG bytes) never travel between workers.
-    pixels, files, errors, digests = image_array(
+    pixels, files, errors, digests, maps = image_array(
         paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=options.on_error,
         keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images],
         max_pixels=options.max_pixels, reader=reader,
+        label_maps={name: ([files[i] for i in order], map_dtype) for name, (files, map_dtype) in table.label_maps.items()},
     )
     images_fields = {}
     if pixels is not None:
@@ -247,6 +264,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     # with on_error="raise" a bad file stops the ingest: no sample is left out, and each shard is final
     # (uploaded as soon as it is written, for an object store) instead of kept for compaction
     fields[FILE_DIGEST_FIELD] = FieldSource(digests, FieldInfo("metadata"))
+    fields.update({name: FieldSource(values, FieldInfo("target")) for name, values in maps.items()})
     build_store(location, {**images_fields, **fields}, build, errors=errors if skip else None, **run)
     return open_dataset(location, storage_options=storage_options)
 
@@ -254,7 +272,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
 def _check_label_names(table: SourceTable) -> None:
     """Label columns may not take the names of outcore's own fields or of their arrays."""
     reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD, FILE_STAT_FIELD, FILE_DIGEST_FIELD}
-    clash = {name for name in table.labels
+    clash = {name for name in [*table.labels, *table.label_maps]
              if {name, name.removesuffix(RANGES_SUFFIX), name.removesuffix(SHAPES_SUFFIX)} & reserved}
     if clash:
         raise SourceError(f"label column(s) {sorted(clash)} clash with outcore's own field names; rename them")
@@ -298,6 +316,9 @@ def _manifest(table: SourceTable, order: np.ndarray, paths: list[str], stats: li
     for name in sorted(table.labels):
         labels.update(name.encode() + np.ascontiguousarray(table.labels[name]).tobytes())
         labels.update(json.dumps(table.classes.get(name)).encode())
+    for name in sorted(table.label_maps):  # which label map lies under each picture (their bytes: as the pictures')
+        files, map_dtype = table.label_maps[name]
+        labels.update(json.dumps([name, map_dtype.str, [files[i] for i in order]]).encode())
     return {"ingest": "images", "files": len(paths),
             "fingerprint": hashlib.sha256(json.dumps(files).encode()).hexdigest(),
             "labels": labels.hexdigest(), "settings": {name: repr(value) for name, value in settings.items()}}

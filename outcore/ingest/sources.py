@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import OptionError, OutcoreWarning, SourceError
-from ..imaging import IMAGE_EXTENSIONS
+from ..imaging import IMAGE_EXTENSIONS, LABEL_MAP_DTYPES, label_map_dtype
 from ..storage.remote import is_object_url, redact
 from .records.locations import list_objects, read_file
 from .records.reader import SampleReader
@@ -27,7 +27,8 @@ class SourceTable:
     ``paths`` are absolute; ``names`` are what the store records (relative to the folder or CSV).
     ``classes`` maps a label field to its class names, for labels that were strings or folders.
     Samples of record files or object stores (`outcore.ingest.records`): ``paths`` are references that
-    ``reader`` reads, ``stats`` their sizes and their files' modification times.
+    ``reader`` reads, ``stats`` their sizes and their files' modification times. ``label_maps`` holds, per
+    label map field, each picture's label map file and the dtype of its ids (`outcore.imaging.label_maps`).
     """
 
     paths: list[str]
@@ -38,6 +39,7 @@ class SourceTable:
     description: str = ""
     reader: SampleReader | None = None
     stats: np.ndarray | None = None
+    label_maps: dict[str, tuple[list[str], np.dtype]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -152,9 +154,13 @@ def table_from_dataframe(
     label_dtype: str | Mapping[str, str] | None = None,
     read_elsewhere: Sequence[str] = (),
     storage_options: Mapping[str, Any] | None = None,
+    mask_columns: Sequence[str] = (),
+    mask_dtype: str | None = None,
 ) -> SourceTable:
     """Read paths and labels from a DataFrame or a CSV file (``read_elsewhere``: columns used otherwise,
-    e.g. a split column, not warned about as left out).
+    e.g. a split column, not warned about as left out); ``mask_columns`` hold the paths of each picture's label
+    map files (one label map field per column, resolved as the pictures' paths are; a missing one is an error),
+    of ids of ``mask_dtype`` (``"uint8"`` or ``"uint16"``; by default what the column's first file needs).
 
     Relative paths are resolved against ``root``, which defaults to the CSV's folder (or the current
     folder for a DataFrame). Rows whose file does not exist are listed in ``missing``. A label column
@@ -189,16 +195,20 @@ def table_from_dataframe(
             said = " ".join(str(error).split())  # pandas' parser ends its message with a newline
             raise SourceError(f"{where} cannot be read as a table ({type(error).__name__}: {said}); "
                               "fix the file: a header line, then one line per image") from None
-    if isinstance(label_columns, str):
-        label_columns = [label_columns]
-    absent = [c for c in [path_column, *label_columns] if c not in frame.columns]
+    label_columns = [label_columns] if isinstance(label_columns, str) else list(label_columns)
+    mask_columns = [mask_columns] if isinstance(mask_columns, str) else list(mask_columns)
+    both = sorted(set(label_columns) & set(mask_columns) | {path_column} & set(mask_columns))
+    if both:
+        raise OptionError(f"column(s) {both} are named as label maps (mask_columns=) and as paths or labels: a column "
+                          "is one of them")
+    absent = [c for c in [path_column, *label_columns, *mask_columns] if c not in frame.columns]
     if absent:
         raise SourceError(f"column(s) {absent} not in {where}; it has {list(frame.columns)}")
     if len(frame) == 0:
         raise SourceError(f"{where} has no rows")
     if frame[path_column].isna().any():
         raise SourceError(f"{where}: column {path_column!r} is empty in rows {_rows(frame[path_column].isna())}")
-    unused = [str(c) for c in frame.columns if c not in (path_column, *label_columns, *read_elsewhere)]
+    unused = [str(c) for c in frame.columns if c not in (path_column, *label_columns, *mask_columns, *read_elsewhere)]
     if unused:
         warnings.warn(f"{where}: column(s) {unused} are not ingested; name them in label_columns= to keep them",
                       OutcoreWarning, stacklevel=3)
@@ -213,12 +223,33 @@ def table_from_dataframe(
         labels[column], found = label_values(values, dtypes.get(column), f"{where}: label column {column!r}")
         if found is not None:
             classes[column] = found
+    if mask_dtype not in (None, *LABEL_MAP_DTYPES):
+        raise OptionError(f"mask_dtype={mask_dtype!r} is not one of {LABEL_MAP_DTYPES}")
+    maps = {}
+    for column in mask_columns:
+        files = _label_map_paths(frame[column], base, f"{where}: mask column {column!r}")
+        reader = SampleReader(storage_options)
+        maps[column] = files, np.dtype(mask_dtype) if mask_dtype else label_map_dtype(reader.read(files[0]), files[0])
     shown_base = redact(base) if is_object_url(base) else str(Path(base).absolute())
     description = f"{where} (paths under {shown_base})"
     if any(is_object_url(p) for p in paths):
-        return _remote_files(SourceTable(paths, names, labels, classes, description=description), storage_options)
+        return _remote_files(SourceTable(paths, names, labels, classes, description=description, label_maps=maps),
+                             storage_options)
     missing = [p for p in paths if not os.path.isfile(p)]
-    return SourceTable(paths, names, labels, classes, missing, description=description)
+    return SourceTable(paths, names, labels, classes, missing, description=description, label_maps=maps)
+
+
+def _label_map_paths(cells: pd.Series, base: str, where: str) -> list[str]:
+    """A mask column's label map files, resolved under ``base``; an error names the rows that are empty or
+    whose local file does not exist."""
+    if cells.isna().any():
+        raise SourceError(f"{where} is empty in rows {_rows(cells.isna())}: every picture needs its label map")
+    paths = [_joined(base, str(cell)) for cell in cells]
+    absent = pd.Series([not is_object_url(path) and not os.path.isfile(path) for path in paths], index=cells.index)
+    if absent.any():
+        raise SourceError(f"{where}: the label map files of rows {_rows(absent)} do not exist (e.g. "
+                          f"{paths[int(np.argmax(absent.to_numpy()))]!r}); correct the paths or root=")
+    return paths
 
 
 def _joined(base: str, name: str) -> str:

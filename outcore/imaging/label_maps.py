@@ -1,0 +1,102 @@
+"""Label maps read from files: per-pixel ids (a palette or grey PNG, 16-bit for many ids) decoded without a
+colour ever being made of them, and fitted to a store's shape by the pictures' ``resize`` policy, nearest-neighbour.
+
+A label map belongs to one picture: it must be of the picture's size, and the picture must be stored upright (an
+EXIF orientation turns the picture as it is decoded, never its map: refused rather than misplaced). Its ids are
+kept exactly: a palette PNG's indices (Pascal VOC, with 255 as void), a grey PNG's values (Cityscapes' labelIds), a
+16-bit PNG's (Cityscapes' instanceIds). A colour or JPEG map is refused: its colours are not ids, and JPEG blurs them.
+
+>>> fit_label_map(np.array([[1, 2], [3, 4]], np.uint8), (4, 4), "fit", "m.png").tolist()
+[[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]]
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+from PIL import Image
+
+from ..errors import ImageError
+from .decode import decode_errors, exif_orientation, upright_size
+from .resize import ResizePolicy, cover_box
+from .targets import cut_label_maps
+
+LABEL_MAP_DTYPES = ("uint8", "uint16")
+LOSSY = ("JPEG", "MPO", "WEBP")  # WebP may be lossless, but nothing in its header says so for sure
+ID_MODES = {"P": np.uint8, "L": np.uint8, "1": np.uint8, "I;16": np.uint16, "I;16B": np.uint16, "I;16L": np.uint16,
+            "I": np.uint16}
+
+
+def label_map_dtype(data: bytes, name: str) -> np.dtype:
+    """The dtype a label map file's ids need: uint16 for a 16-bit or 32-bit grey file, else uint8.
+
+    >>> label_map_dtype(open("2007_000032.png", "rb").read(), "2007_000032.png")  # doctest: +SKIP
+    dtype('uint8')
+    """
+    with _ids_image(data, name) as image:
+        return np.dtype(ID_MODES[image.mode])
+
+
+def decode_label_map(data: bytes, name: str, dtype: np.dtype) -> np.ndarray:
+    """A label map file's ids, (height, width) of ``dtype``; an `ImageError` naming ``name`` for a file that
+    is not a map of ids, or holds an id ``dtype`` cannot."""
+    with _ids_image(data, name) as image, decode_errors(name):
+        ids = np.asarray(image)
+    if ids.dtype == bool:
+        ids = ids.astype(np.uint8)
+    if ids.size and (int(ids.max()) > np.iinfo(dtype).max or int(ids.min()) < 0):
+        raise ImageError(name, f"the label map holds ids up to {int(ids.max())}, more than {np.dtype(dtype).name} "
+                               "holds: pass mask_dtype='uint16'")
+    return ids.astype(dtype, copy=False)
+
+
+@contextmanager
+def _ids_image(data: bytes, name: str) -> Iterator[Image.Image]:
+    """The file opened by Pillow, checked to hold ids; an `ImageError` naming ``name`` if not."""
+    with decode_errors(name), Image.open(io.BytesIO(data)) as image:
+        if image.format in LOSSY:
+            raise ImageError(name, f"a {image.format} label map: the format is lossy, so its ids are blurred into "
+                                   "others; store label maps as PNG")
+        if image.mode not in ID_MODES:
+            raise ImageError(name, f"a label map of mode {image.mode!r} (colours): label maps are ids, one number a "
+                                   "pixel (a palette or grey PNG); convert its colours to ids first")
+        yield image
+
+
+def check_placement(ids: np.ndarray, name: str, picture: bytes, picture_name: str) -> None:
+    """An `ImageError` naming the label map ``name`` when it cannot lie under ``picture``: another size, or the
+    picture is stored turned or mirrored (EXIF), which decoding undoes for the picture alone."""
+    orientation = exif_orientation(picture, picture_name)
+    if orientation != 1:
+        raise ImageError(name, f"its picture {picture_name} is stored turned or mirrored (EXIF orientation "
+                               f"{orientation}): decoding turns the picture, not its label map; store it upright")
+    size = upright_size(picture, picture_name, None)
+    if ids.shape[:2] != size:
+        raise ImageError(name, f"the label map is {ids.shape[0]}x{ids.shape[1]}, its picture {picture_name} is "
+                               f"{size[0]}x{size[1]}: a label map must be of its picture's size")
+
+
+def fit_label_map(ids: np.ndarray, size: tuple[int, int], resize: ResizePolicy, name: str) -> np.ndarray:
+    """A label map (h, w[, c]) at ``size`` as the ``resize`` policy fits its picture (`outcore.imaging.fit`),
+    nearest-neighbour: no id made or changed, 0 in a ``pad``'s margins."""
+    height, width = ids.shape[:2]
+    if (height, width) == tuple(size):
+        return ids
+    if resize is None:
+        raise ImageError(name, f"label map is {height}x{width}, expected {size[0]}x{size[1]}; pass resize='crop' "
+                               "(or resize='fit', resize='pad') to convert other sizes")
+    if resize == "fit":
+        crop = (0.0, 0.0, height, width)
+    elif resize == "crop":
+        top, left, bottom, right = cover_box((height, width), size)
+        crop = (top, left, bottom - top, right - left)
+    else:  # pad: the picture scaled into the middle, as `fit` places it
+        scale = min(size[0] / height, size[1] / width)
+        scaled = min(size[0], max(1, round(height * scale))), min(size[1], max(1, round(width * scale)))
+        sy, sx = scaled[0] / height, scaled[1] / width
+        top, left = (size[0] - scaled[0]) // 2, (size[1] - scaled[1]) // 2
+        crop = (-top / sy, -left / sx, size[0] / sy, size[1] / sx)
+    return cut_label_maps(ids[None], np.array([crop]), size, np.zeros((1, 2), bool))[0]

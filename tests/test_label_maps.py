@@ -1,0 +1,136 @@
+"""Label maps ingested beside their pictures: Pascal VOC's palette PNGs, Cityscapes' label and instance PNGs.
+
+Files are written by Pillow (palette, grey and 16-bit PNGs, and JPEG pictures), listed in a DataFrame's mask
+columns. Each picture is painted in its map's regions with one colour per id, so a map that does not lie under its
+picture (another sample's, or moved by another geometry) shows: the stored maps are the files' ids fitted as the
+pictures are (nearest-neighbour), in the stored order, and stay under their pictures through a training transform.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+import outcore
+from outcore.errors import ImageError, OptionError, SourceError
+from outcore.transforms import Compose, RandomFlip, RandomResizedCrop, Targets
+
+PALETTE = np.random.default_rng(7).integers(0, 256, (256, 3), dtype=np.uint8)
+PALETTE[0] = 0
+
+
+def _blocks(rng: np.random.Generator, height: int, width: int, ids: np.ndarray) -> np.ndarray:
+    """A map of ``ids`` in blocks of 8x8 pixels (so that a picture resized bilinearly is flat inside them)."""
+    coarse = rng.choice(ids, size=(-(-height // 8), -(-width // 8)))
+    return np.kron(coarse, np.ones((8, 8), coarse.dtype))[:height, :width]
+
+
+def _voc(root, count: int = 24) -> pd.DataFrame:
+    """Pictures of varied sizes (PNG: exact colours) with palette PNG maps of ids 0-20 and 255 (void)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    (root / "JPEGImages").mkdir(parents=True)
+    (root / "SegmentationClass").mkdir()
+    for i in range(count):
+        height, width = int(rng.integers(40, 72)), int(rng.integers(40, 72))
+        ids = _blocks(rng, height, width, np.array([*range(21), 255], np.uint8))
+        Image.fromarray(PALETTE[ids]).save(root / "JPEGImages" / f"{i:04}.png")
+        mask = Image.fromarray(ids, mode="P")
+        mask.putpalette(PALETTE.reshape(-1).tolist())
+        mask.save(root / "SegmentationClass" / f"{i:04}.png")
+        rows.append({"path": f"JPEGImages/{i:04}.png", "mask": f"SegmentationClass/{i:04}.png", "label": i % 3})
+    return pd.DataFrame(rows)
+
+
+def _ids_under(batch_images: np.ndarray, batch_maps: np.ndarray) -> float:
+    """The share of pixels inside flat regions (all 3x3 neighbours of one id) whose colour is their id's."""
+    maps = batch_maps.astype(np.int64)
+    flat = np.ones(maps.shape, bool)
+    for dy in (-1, 0, 1):
+        for dx in (-1, 0, 1):
+            flat &= np.roll(maps, (dy, dx), axis=(1, 2)) == maps
+    flat[:, [0, -1]] = flat[:, :, [0, -1]] = False
+    same = (np.abs(batch_images.astype(int) - PALETTE[maps].astype(int)) <= 2).all(axis=-1)
+    return float(same[flat].mean())
+
+
+@pytest.mark.parametrize("resize", ["crop", "fit", "pad"])
+def test_palette_maps_are_stored_under_their_pictures_with_their_ids(tmp_path, resize):
+    frame = _voc(tmp_path / "voc")
+    ds = outcore.ingest_dataframe(frame, tmp_path / "s.zarr", root=tmp_path / "voc", label_columns=["label"],
+                                  mask_columns=["mask"], shape=(48, 56, 3), resize=resize, images="pixels",
+                                  progress=False)
+    masks, images = ds["mask"].compute(), ds["images"].compute()
+    assert masks.dtype == np.uint8 and masks.shape == (24, 48, 56)
+    assert ds.info("mask").role == "target"
+    assert set(np.unique(masks)) <= {*range(21), 255}
+    assert _ids_under(images, masks) == 1.0  # each stored map lies under its own (shuffled) picture
+    order = ds["source_index"].compute()
+    for row, source in enumerate(order.tolist()):
+        ids = np.asarray(Image.open(tmp_path / "voc" / frame["mask"][source]))
+        expected = outcore.imaging.fit_label_map(ids, (48, 56), resize, "m")
+        np.testing.assert_array_equal(masks[row], expected)
+
+
+def test_cityscapes_label_and_instance_maps_keep_16_bit_ids_and_move_with_a_training_transform(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(16):
+        labels = _blocks(rng, 64, 96, np.array([0, 7, 8, 24, 26, 33], np.uint8))
+        instances = np.where(labels >= 24, labels.astype(np.uint16) * 1000 + rng.integers(0, 5), labels)
+        Image.fromarray(PALETTE[labels]).save(tmp_path / f"{i}_leftImg8bit.png")
+        Image.fromarray(labels, mode="L").save(tmp_path / f"{i}_gtFine_labelIds.png")
+        Image.fromarray(instances.astype(np.uint16)).save(tmp_path / f"{i}_gtFine_instanceIds.png")
+        rows.append({"path": f"{i}_leftImg8bit.png", "labelIds": f"{i}_gtFine_labelIds.png",
+                     "instanceIds": f"{i}_gtFine_instanceIds.png"})
+    ds = outcore.ingest_dataframe(pd.DataFrame(rows), tmp_path / "s.zarr", root=tmp_path, shape=(64, 96, 3),
+                                  mask_columns=["labelIds", "instanceIds"], images="encoded", chunk_size=8,
+                                  progress=False)
+    assert ds["labelIds"].dtype == np.uint8 and ds["instanceIds"].dtype == np.uint16
+    assert (ds["instanceIds"].compute() > 20000).any()
+    targets = Targets(label_maps=("labelIds", "instanceIds"))
+    transform = Compose([RandomResizedCrop((40, 40), scale=(0.3, 1.0), targets=targets), RandomFlip(targets=targets)])
+    seen = 0
+    for batch in ds.batches(batch_size=8, seed=2, transform=transform):
+        assert batch["labelIds"].shape == batch["instanceIds"].shape == (len(batch["images"]), 40, 40)
+        things = batch["instanceIds"] >= 1000
+        np.testing.assert_array_equal(batch["instanceIds"][things] // 1000, batch["labelIds"][things])
+        np.testing.assert_array_equal(batch["instanceIds"][~things], batch["labelIds"][~things])
+        assert _ids_under(batch["images"], batch["labelIds"]) > 0.98  # bilinear pictures, nearest maps
+        seen += len(batch["images"])
+    assert seen == 16
+
+
+def test_maps_that_cannot_lie_under_their_pictures_are_refused_by_name(tmp_path):
+    picture = np.zeros((20, 30, 3), np.uint8)
+    Image.fromarray(picture).save(tmp_path / "a.png")
+    Image.fromarray(np.zeros((20, 31), np.uint8), mode="L").save(tmp_path / "wide.png")
+    Image.fromarray(picture).save(tmp_path / "colour.png")
+    Image.fromarray(np.zeros((20, 30), np.uint8), mode="L").save(tmp_path / "lossy.jpg")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored turned a quarter
+    Image.fromarray(np.zeros((30, 30, 3), np.uint8)).save(tmp_path / "turned.jpg", exif=exif)
+    Image.fromarray(np.zeros((30, 30), np.uint8), mode="L").save(tmp_path / "square.png")
+    cases = [("a.png", "wide.png", "20x31, its picture .*a.png is 20x30"),
+             ("a.png", "colour.png", "mode 'RGB' \\(colours\\)"),
+             ("a.png", "lossy.jpg", "JPEG label map"),
+             ("turned.jpg", "square.png", "EXIF orientation 6")]
+    for picture_file, map_file, message in cases:
+        frame = pd.DataFrame({"path": [picture_file], "mask": [map_file]})
+        with pytest.raises(ImageError, match=message) as raised:
+            outcore.ingest_dataframe(frame, tmp_path / "s.zarr", root=tmp_path, mask_columns=["mask"],
+                                     shape=(20, 30, 3), images="pixels", overwrite=True, progress=False)
+        assert map_file in str(raised.value)
+    frame = pd.DataFrame({"path": ["a.png"], "mask": ["gone.png"]})
+    with pytest.raises(SourceError, match="mask column 'mask': the label map files of rows 0 do not exist"):
+        outcore.ingest_dataframe(frame, tmp_path / "t.zarr", root=tmp_path, mask_columns=["mask"], shape=(20, 30, 3))
+    with pytest.raises(OptionError, match="pass shape="):
+        outcore.ingest_dataframe(pd.DataFrame({"path": ["a.png"], "mask": ["wide.png"]}), tmp_path / "u.zarr",
+                                 root=tmp_path, mask_columns=["mask"], shape=None, images="encoded")
+    Image.fromarray(np.full((20, 30), 300, np.uint16)).save(tmp_path / "deep.png")
+    frame = pd.DataFrame({"path": ["a.png"], "mask": ["deep.png"]})
+    with pytest.raises(ImageError, match="ids up to 300, more than uint8 holds: pass mask_dtype='uint16'"):
+        outcore.ingest_dataframe(frame, tmp_path / "v.zarr", root=tmp_path, mask_columns=["mask"], mask_dtype="uint8",
+                                 shape=(20, 30, 3), images="pixels", progress=False)
