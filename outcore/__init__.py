@@ -36,7 +36,7 @@ from .errors import (
 _HOMES = {  # public name -> the module it comes from
     **dict.fromkeys(["Dataset", "open_dataset"], "dataset"),
     **dict.fromkeys(["VerifyReport", "verify"], "cli"),
-    "Compression": "format",
+    **dict.fromkeys(["Compression", "Ragged"], "format"),
     **dict.fromkeys(["LMDB", "IngestKeywords", "Parquet", "TFRecord", "WebDataset", "Writer", "from_arrays",
                      "ingest_dataframe", "ingest_images", "ingest_records", "ingest_splits"], "ingest"),
     **dict.fromkeys(["WORKER_CONFIG", "BatchIterator", "BatchKeywords", "ShuffleQuality", "shuffle_quality",
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from . import transforms
     from .cli import VerifyReport, verify
     from .dataset import Dataset, open_dataset
-    from .format import Compression
+    from .format import Compression, Ragged
     from .ingest import (
         LMDB,
         IngestKeywords,
@@ -113,6 +113,7 @@ __all__ = [
     "OutcoreError",
     "OutcoreWarning",
     "Parquet",
+    "Ragged",
     "RemoteError",
     "SampleDecodeError",
     "ShuffleQuality",

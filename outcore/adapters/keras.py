@@ -32,7 +32,7 @@ from typing import Any, Unpack
 
 from ..errors import OptionError
 from ..iterate import Batch, BatchIterator, BatchKeywords
-from .selection import BatchSource, FieldSelection, options_with_fields, select
+from .selection import BatchSource, FieldSelection, options_with_fields, padded, select
 
 try:
     import keras
@@ -54,7 +54,8 @@ class KerasBatches(keras.utils.PyDataset):
     Training data (``y`` given) is shuffled unless ``shuffle=False``; inputs alone (``x`` only, what
     ``model.predict`` takes) come in store order unless ``shuffle=True``, so predictions line up with
     the store's labels and paths. With ``y``, the store's ``sample_weight`` field (the role) is the
-    sample weights unless ``sample_weight=None`` or another field is named.
+    sample weights unless ``sample_weight=None`` or another field is named. A ragged field (boxes, keypoints)
+    comes dense, each sample's rows padded with -1 to the batch's most (KerasCV's dense boxes).
 
     >>> model.fit(ds.keras(256, x="images", y="labels"), epochs=5,
     ...           validation_data=val.keras(256, x="images", y="labels", shuffle=False))  # doctest: +SKIP
@@ -90,6 +91,7 @@ class KerasBatches(keras.utils.PyDataset):
             batch = (epoch.peek(index) if _peeking() else epoch.serve(index)) if in_epoch else None
         if batch is None:  # outside an epoch, asked again, or out of order without shuffling: read on demand
             batch = self.iterator.batch(epoch.assigned[index] if in_epoch else index, epoch.number)
+        batch = padded(batch)  # ragged fields (boxes) as Keras takes them: dense, padded with -1
         inputs = (select(batch, self.x),)
         if self.y is None:
             return inputs

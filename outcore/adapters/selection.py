@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
+from ..format import offsets_name
 from ..iterate import Batch, BatchKeywords
 
 FieldSelection = str | Sequence[str] | Mapping[str, str]
@@ -39,6 +42,28 @@ def selected_fields(*selections: FieldSelection | None) -> list[str]:
         else:
             names += list(selection)
     return list(dict.fromkeys(names))
+
+
+def padded(batch: Batch, fill: float = -1) -> Batch:
+    """``batch`` with each ragged field (rows and ``<field>_offsets``, `outcore.format.ragged`) as a dense array
+    (samples, most rows, *row), its missing rows ``fill`` (an unsigned field's: its largest value): KerasCV's
+    dense boxes, padded with -1.
+
+    >>> padded({"b": np.array([[1, 1], [2, 2], [3, 3]]), "b_offsets": np.array([0, 2, 2, 3])})["b"].tolist()
+    [[[1, 1], [2, 2]], [[-1, -1], [-1, -1]], [[3, 3], [-1, -1]]]
+    """
+    dense = dict(batch)
+    for name, values in batch.items():
+        offsets = batch.get(offsets_name(name))
+        if offsets is None:
+            continue
+        counts = np.diff(offsets)
+        pad = np.iinfo(values.dtype).max if values.dtype.kind == "u" else fill
+        out = np.full((len(counts), int(counts.max(initial=0)), *values.shape[1:]), pad, values.dtype)
+        owner = np.repeat(np.arange(len(counts)), counts)
+        out[owner, np.arange(len(values)) - offsets[owner]] = values
+        dense[name] = out
+    return dense
 
 
 def select(batch: Batch, selection: FieldSelection) -> Any:

@@ -8,6 +8,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from ..format import offsets_name
 from ..iterate import BatchKeywords, recipe, sample_spec
 from ..iterate.batch import apply_transform
 from ..storage import Store
@@ -25,6 +26,7 @@ def dataset(source: BatchSource, batch_size: int, *, x: FieldSelection, y: Field
     `outcore.adapters.keras.KerasBatches`, ``(x, y)`` batches are shuffled unless ``shuffle=False`` and
     ``x`` alone comes in store order unless ``shuffle=True``.
 
+    A ragged field (boxes, keypoints) comes as a ``tf.RaggedTensor`` of each sample's rows.
     The batch dimension is static when ``drop_last=True``; the other dimensions are those the
     ``transform`` (if any) gives a blank sample. Each pass over the dataset is the next
     epoch (a new order); the data comes batch by batch, with no per-sample Python work.
@@ -42,14 +44,18 @@ def dataset(source: BatchSource, batch_size: int, *, x: FieldSelection, y: Field
     # a crop opening it on an encoded field is done while decoding, so its field starts at the crop's size
     blank = {name: np.zeros((1, *shape), dtype) for name, (shape, dtype) in
              ((name, sample_spec(store, name)) for name in made.fields if name != made.crop_field)}
+    ragged = [name for name in made.fields if store.info(name).is_ragged]
+    blank.update({offsets_name(name): np.array([0, 1]) for name in ragged})  # one sample of one row
     if made.crop is not None:
         shape, dtype = sample_spec(store, made.crop.field)
         blank[made.crop.field] = np.zeros((1, *made.crop.output_size, *shape[2:]), dtype)
     example = apply_transform(made.rest, blank, [0])
 
-    def spec(field: str) -> tf.TensorSpec:
+    def spec(field: str) -> tf.TensorSpec | tf.RaggedTensorSpec:
         values = example[field]
         dtype = tf.string if values.dtype.kind in "US" else tf.as_dtype(values.dtype)
+        if field in ragged:  # a tf.RaggedTensor: each sample's rows
+            return tf.RaggedTensorSpec((batch_dim, None, *values.shape[1:]), dtype, 1, tf.int64)
         return tf.TensorSpec((batch_dim, *values.shape[1:]), dtype, name=field)
 
     def structure(selection: FieldSelection) -> Any:
@@ -63,6 +69,8 @@ def dataset(source: BatchSource, batch_size: int, *, x: FieldSelection, y: Field
         one_pass = source.batches(batch_size, **options)
         one_pass.set_epoch(next(epochs))
         for batch in one_pass:
+            batch = {**batch, **{name: tf.RaggedTensor.from_row_splits(batch[name], batch[offsets_name(name)])
+                                 for name in ragged}}
             yield select(batch, x) if y is None else (select(batch, x), select(batch, y))
 
     generated = tf.data.Dataset.from_generator(generate, output_signature=signature)

@@ -7,6 +7,7 @@ from .attrs import (
     ATTRS_KEY,
     FORMAT_VERSION,
     IMAGE_ENCODING,
+    RAGGED_ENCODING,
     ROLES,
     WEIGHT_NAMES,
     FieldInfo,
@@ -27,12 +28,15 @@ from .encoded import (
     shapes_name,
 )
 from .layout import Layout
+from .ragged import OFFSETS_SUFFIX, Ragged, kept_name, offsets_name
 from .text import TEXT_ENCODING, decode_text, encode_text
 
 __all__ = [
     "ATTRS_KEY",
     "FORMAT_VERSION",
     "IMAGE_ENCODING",
+    "OFFSETS_SUFFIX",
+    "RAGGED_ENCODING",
     "RANGES_SUFFIX",
     "ROLES",
     "SAMPLE_DIM",
@@ -43,6 +47,7 @@ __all__ = [
     "FieldInfo",
     "ImageDecode",
     "Layout",
+    "Ragged",
     "StoreAttrs",
     "chunk_capacity",
     "class_flags",
@@ -51,6 +56,8 @@ __all__ = [
     "dimension_names",
     "encode_text",
     "guess_roles",
+    "kept_name",
+    "offsets_name",
     "pack_regions",
     "ranges_name",
     "shapes_name",

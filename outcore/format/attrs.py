@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NotAStoreError
+from .encoded import companion_names, ranges_name
 from .text import TEXT_ENCODING
 
 FORMAT_VERSION = 1
@@ -25,6 +26,8 @@ ROLES = ("input", "target", "sample_weight", "metadata", "other")
 TARGET_NAMES = ("labels", "label", "targets", "target", "y")
 WEIGHT_NAMES = ("sample_weight", "sample_weights", "weight", "weights")
 IMAGE_ENCODING = "image"
+RAGGED_ENCODING = "ragged"
+ENCODINGS = (None, TEXT_ENCODING, IMAGE_ENCODING, RAGGED_ENCODING)
 FIELD_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
                 "float32", "float64")
 
@@ -64,7 +67,10 @@ class FieldInfo:
     - ``"utf-8"``: text, stored as zero-padded UTF-8 bytes, ``uint8`` of shape (N, max_bytes);
     - ``"image"``: encoded image files (JPEG, PNG, ...), decoded as ``decode`` says. The field's array
       holds the bytes, one region of fixed capacity per chunk; the array ``<field>_ranges`` (N, 2)
-      gives each sample's ``[start, stop)`` in it (see `outcore.format.encoded`).
+      gives each sample's ``[start, stop)`` in it (see `outcore.format.encoded`);
+    - ``"ragged"``: a variable number of rows per sample (boxes, keypoints, their labels), ``dtype`` rows of
+      ``sample_shape``, one region of fixed capacity per chunk; ``<field>_ranges`` (N, 2) gives each sample's
+      rows ``[start, stop)`` (see `outcore.format.ragged`).
 
     ``dtype`` and ``sample_shape`` record what the field's array holds (stores written before they
     were recorded lack them), so that an array whose metadata was changed is refused on open.
@@ -80,10 +86,12 @@ class FieldInfo:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"field role {self.role!r} is not one of {ROLES}")
-        if self.encoding not in (None, TEXT_ENCODING, IMAGE_ENCODING):
-            raise ValueError(f"field encoding {self.encoding!r} is not {TEXT_ENCODING!r} or {IMAGE_ENCODING!r}")
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"field encoding {self.encoding!r} is not one of {ENCODINGS[1:]}")
         if (self.encoding == IMAGE_ENCODING) != (self.decode is not None):
             raise ValueError("an image-encoded field needs its decode settings, and only it has them")
+        if self.encoding == RAGGED_ENCODING and (self.dtype is None or self.sample_shape is None):
+            raise ValueError("a ragged field needs the dtype and shape of its rows")
 
     @property
     def is_text(self) -> bool:
@@ -92,6 +100,26 @@ class FieldInfo:
     @property
     def is_image(self) -> bool:
         return self.encoding == IMAGE_ENCODING
+
+    @property
+    def is_ragged(self) -> bool:
+        return self.encoding == RAGGED_ENCODING
+
+    @property
+    def in_regions(self) -> bool:
+        """Whether the field's array holds one region per chunk, its samples' ranges beside it (encoded
+        pictures, ragged rows), rather than one entry per sample."""
+        return self.is_image or self.is_ragged
+
+    def companions(self, name: str) -> list[str]:
+        """The arrays beside the field ``name``'s own: an encoded or ragged field's ranges (and shapes).
+
+        >>> FieldInfo("target", encoding="ragged", dtype="float32", sample_shape=(4,)).companions("boxes")
+        ['boxes_ranges']
+        """
+        if self.is_image:
+            return companion_names(name, self.decode.variable)
+        return [ranges_name(name)] if self.is_ragged else []
 
     def to_dict(self) -> dict[str, Any]:
         document = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v is not None}
@@ -112,7 +140,7 @@ class FieldInfo:
                 f"sample_shape {shape!r} is not a list of sizes")
         return cls(_choice(document.get("role", "other"), ROLES, "role"),
                    None if classes is None else tuple(classes),
-                   _choice(document.get("encoding"), (None, TEXT_ENCODING, IMAGE_ENCODING), "encoding"),
+                   _choice(document.get("encoding"), ENCODINGS, "encoding"),
                    None if decode is None else _image_decode(decode),
                    _choice(document.get("dtype"), (None, *FIELD_DTYPES), "dtype"),
                    None if shape is None else tuple(shape))

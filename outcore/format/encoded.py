@@ -74,16 +74,18 @@ def chunk_capacity(nbytes: np.ndarray, chunk_size: int) -> int:
     return max(1, int(np.add.reduceat(np.asarray(nbytes, dtype=np.int64), np.arange(0, len(nbytes), chunk_size)).max()))
 
 
-def pack_regions(blobs: Sequence[bytes], chunk_size: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """Samples' bytes packed into consecutive chunk regions: ``(regions, ranges)``, ranges relative to
-    the first region. Raise ``OverflowError`` naming the chunk (counted from 0) whose bytes do not fit.
+def pack_regions(blobs: Sequence[bytes] | Sequence[np.ndarray], chunk_size: int, capacity: int,
+                 dtype: np.typing.DTypeLike = np.uint8, row_shape: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """Samples' bytes (or rows of ``dtype`` and ``row_shape``: a ragged field's, `outcore.format.ragged`) packed
+    into consecutive chunk regions of ``capacity`` entries: ``(regions, ranges)``, ranges relative to the first
+    region. Raise ``OverflowError`` naming the chunk (counted from 0) whose entries do not fit.
 
     >>> regions, ranges = pack_regions([b"ab", b"c", b"def"], 2, 4)
     >>> regions.tobytes(), ranges.tolist()
     (b'abc\\x00def\\x00', [[0, 2], [2, 3], [4, 7]])
     """
     num_chunks = -(-len(blobs) // chunk_size)
-    regions = np.zeros(num_chunks * capacity, dtype=np.uint8)
+    regions = np.zeros((num_chunks * capacity, *row_shape), dtype=dtype)
     ranges = np.empty((len(blobs), 2), dtype=np.int64)
     for k in range(num_chunks):
         position = k * capacity
@@ -91,7 +93,7 @@ def pack_regions(blobs: Sequence[bytes], chunk_size: int, capacity: int) -> tupl
             blob = blobs[i]
             if position + len(blob) > (k + 1) * capacity:
                 raise OverflowError(k)
-            regions[position : position + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+            regions[position : position + len(blob)] = np.frombuffer(blob, np.uint8) if isinstance(blob, bytes) else blob
             ranges[i] = position, position + len(blob)
             position += len(blob)
     return regions, ranges

@@ -11,7 +11,16 @@ import numpy as np
 
 from ..dataset import Dataset, open_dataset
 from ..errors import SourceError
-from ..format import TEXT_ENCODING, Compression, FieldInfo, Layout, encode_text, guess_roles
+from ..format import (
+    RAGGED_ENCODING,
+    TEXT_ENCODING,
+    Compression,
+    FieldInfo,
+    Layout,
+    Ragged,
+    encode_text,
+    guess_roles,
+)
 from ..storage import check_target
 from .build import BuildOptions, FieldSource, build_store
 from .permute import as_dask, write_order
@@ -42,6 +51,8 @@ def from_arrays(
     Strings (numpy ``U``/``S``) are stored as UTF-8 text fields. When shuffled on write, a
     ``source_index`` field records each sample's position in the input; an on-disk or dask input is
     shuffled through a scratch folder beside the store, in bounded memory (`outcore.ingest.permute`).
+    A `Ragged` (rows of many samples and their offsets: boxes, keypoints, their labels) is stored as a ragged
+    field (`outcore.format.ragged`).
     ``client`` (default: the active ``distributed.Client``, else local threads) runs the writing. An
     object store URL is written as `outcore.ingest_images` says, with ``storage_options``.
 
@@ -50,8 +61,10 @@ def from_arrays(
     check_target(location)  # before any work: a URL outcore cannot write to is refused, never made a local folder
     if not arrays:
         raise SourceError("from_arrays needs at least one field")
-    arrays = {name: a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a) for name, a in arrays.items()}
-    text_fields = {name for name, a in arrays.items() if np.dtype(a.dtype).kind in "US"}
+    arrays = {name: a if isinstance(a, Ragged) or (hasattr(a, "shape") and hasattr(a, "dtype")) else np.asarray(a)
+              for name, a in arrays.items()}
+    ragged = {name: a for name, a in arrays.items() if isinstance(a, Ragged)}
+    text_fields = {name for name, a in arrays.items() if name not in ragged and np.dtype(a.dtype).kind in "US"}
     for name in text_fields:
         if not isinstance(arrays[name], np.ndarray):
             raise SourceError(f"field {name!r} holds strings in a {type(arrays[name]).__name__}; pass a numpy array")
@@ -62,12 +75,13 @@ def from_arrays(
     num_samples = next(iter(lengths.values()))
     if num_samples == 0:
         raise SourceError("the arrays have no samples")
-    sample_nbytes = sum(math.prod(np.shape(a)[1:]) * np.dtype(a.dtype).itemsize for a in arrays.values())
+    sample_nbytes = sum(a.values.nbytes // num_samples if name in ragged else
+                        math.prod(np.shape(a)[1:]) * np.dtype(a.dtype).itemsize for name, a in arrays.items())
     layout = Layout.for_samples(sample_nbytes, num_samples, chunk_size)
-    infos = _field_infos(list(arrays), roles or {}, classes or {}, text_fields)
+    infos = _field_infos(list(arrays), roles or {}, classes or {}, text_fields, ragged)
     order = write_order(num_samples, shuffle_on_write, seed)
-    fields = {name: FieldSource(array if shuffle_on_write else as_dask(array, layout.shard_size), infos[name])
-              for name, array in arrays.items()}
+    fields = {name: FieldSource(array if shuffle_on_write or name in ragged else as_dask(array, layout.shard_size),
+                                infos[name]) for name, array in arrays.items()}
     if shuffle_on_write and SOURCE_INDEX_FIELD not in fields:
         fields[SOURCE_INDEX_FIELD] = FieldSource(np.arange(num_samples), FieldInfo("metadata"))
     options = BuildOptions(layout, Compression.parse(compression), client, progress, overwrite, storage_options)
@@ -78,6 +92,10 @@ def from_arrays(
 
 
 def _length(name: str, array: Any) -> int:
+    if isinstance(array, Ragged):
+        if np.dtype(array.values.dtype).kind not in "biuf":
+            raise SourceError(f"ragged field {name!r} holds {array.values.dtype} rows; rows are numbers")
+        return len(array)
     shape = array.shape
     if len(shape) == 0:
         raise SourceError(f"field {name!r} is a scalar; fields need a sample axis first")
@@ -87,7 +105,8 @@ def _length(name: str, array: Any) -> int:
 
 
 def _field_infos(
-    names: list[str], roles: Mapping[str, str], classes: Mapping[str, Sequence[str]], text_fields: set[str]
+    names: list[str], roles: Mapping[str, str], classes: Mapping[str, Sequence[str]], text_fields: set[str],
+    ragged: Mapping[str, Ragged],
 ) -> dict[str, FieldInfo]:
     unknown = (set(roles) | set(classes)) - set(names)
     if unknown:
@@ -97,7 +116,9 @@ def _field_infos(
         name: FieldInfo(
             guessed[name],
             tuple(classes[name]) if name in classes else None,
-            TEXT_ENCODING if name in text_fields else None,
+            TEXT_ENCODING if name in text_fields else RAGGED_ENCODING if name in ragged else None,
+            dtype=ragged[name].values.dtype.name if name in ragged else None,
+            sample_shape=ragged[name].row_shape if name in ragged else None,
         )
         for name in names
     }

@@ -32,6 +32,7 @@ from ..format import (
     Compression,
     FieldInfo,
     Layout,
+    Ragged,
     StoreAttrs,
     chunk_capacity,
     dimension_names,
@@ -45,8 +46,10 @@ from ..storage import (
     copy_rows,
     create_encoded_field,
     create_field,
+    create_ragged_field,
     describe_classes,
     read_files,
+    read_ragged,
     samples_per_shard,
     small_fields,
     small_scratch,
@@ -55,6 +58,7 @@ from ..storage import (
     stored_nbytes,
     writable,
     write_encoded_shard,
+    write_ragged_shard,
 )
 from .decode_tasks import BLOB_DTYPE
 from .permute import Part, Permuted, as_dask, free_bytes, scratch_bytes
@@ -80,7 +84,7 @@ class FieldSource:
     write), any array (numpy, dask, zarr, h5py). For an encoded image field, ``data`` holds each sample's
     file as ``bytes`` and ``nbytes`` their sizes, known before writing (they fix the size of each
     chunk's region, see `outcore.format.encoded`); for pictures kept at their own size, ``shapes``
-    (N, 3) is what each decodes to.
+    (N, 3) is what each decodes to. A ragged field's ``data`` is a `Ragged` in memory (boxes, keypoints).
     """
 
     data: Any
@@ -222,10 +226,13 @@ def _write_fields(
 def _create_fields(group: zarr.Group, fields: Mapping[str, FieldSource], num_samples: int,
                    options: BuildOptions) -> None:
     dims = dimension_names({name: (field.data.dtype, field.data.shape[1:]) for name, field in fields.items()
-                            if field.nbytes is None})
+                            if field.nbytes is None and not isinstance(field.data, Ragged)})
     small = small_fields({name: _sample_nbytes(field) for name, field in fields.items()})
     for name, field in fields.items():
-        if field.nbytes is not None:
+        if isinstance(field.data, Ragged):
+            create_ragged_field(group, name, field.data.counts, options.layout, options.compression,
+                                field.data.values.dtype, field.data.row_shape)
+        elif field.nbytes is not None:
             capacity = chunk_capacity(field.nbytes, options.layout.chunk_size)
             create_encoded_field(group, name, num_samples, capacity, options.layout, options.compression,
                                  variable=field.shapes is not None)
@@ -238,6 +245,8 @@ def _sample_nbytes(field: FieldSource) -> float:
     """A sample's bytes in ``field``: its array's, or an encoded field's files' on average."""
     if field.nbytes is not None:
         return float(np.mean(field.nbytes)) if len(field.nbytes) else 0.0
+    if isinstance(field.data, Ragged):
+        return field.data.values.nbytes / max(1, len(field.data))
     return math.prod(field.data.shape[1:]) * np.dtype(field.data.dtype).itemsize
 
 
@@ -251,14 +260,14 @@ def _gather_small(directory: Path, scratch: Path, num_samples: int) -> None:
 
 def _recorded(field: FieldSource) -> FieldInfo:
     """The field's attributes, with what its array holds (encoded images: their decode settings say)."""
-    if field.nbytes is not None:
+    if field.nbytes is not None or field.info.is_ragged:
         return field.info
     return dataclasses.replace(field.info, dtype=np.dtype(field.data.dtype).name,
                                sample_shape=tuple(int(s) for s in field.data.shape[1:]))
 
 
 def _permuted(fields: Mapping[str, FieldSource], order: np.ndarray, shard: int, scratch: Path) -> dict[str, FieldSource]:
-    needed = sum(scratch_bytes(field.data) for field in fields.values())
+    needed = sum(scratch_bytes(field.data) for field in fields.values() if not isinstance(field.data, Ragged))
     if needed > free_bytes(scratch.parent):
         raise SourceError(
             f"shuffling on write needs {needed / 2**30:.1f} GiB of scratch space beside the store, and "
@@ -267,17 +276,20 @@ def _permuted(fields: Mapping[str, FieldSource], order: np.ndarray, shard: int, 
         )
     if any(field.nbytes is not None for field in fields.values()):
         raise SourceError("encoded image fields are written in their own order; they cannot be permuted")
-    return {name: FieldSource(Permuted(field.data, order, scratch), field.info) for name, field in fields.items()}
+    return {name: FieldSource(field.data.take(order) if isinstance(field.data, Ragged)  # rows in memory
+                              else Permuted(field.data, order, scratch), field.info) for name, field in fields.items()}
 
 
 def _num_samples(fields: Mapping[str, FieldSource]) -> int:
     return len(next(iter(fields.values())).data)
 
 
-def _shard_blocks(data: da.Array | Permuted, shard: int) -> list[Any]:
+def _shard_blocks(data: da.Array | Permuted | Ragged, shard: int) -> list[Any]:
     """One task per shard: its samples, or (shuffled on write) the `Part` that makes them."""
     if isinstance(data, Permuted):
         return data.parts(shard)
+    if isinstance(data, Ragged):
+        return [data[start : start + shard] for start in range(0, len(data), shard)]
     whole = (shard,) + (-1,) * (data.ndim - 1)
     return list(data.rechunk(whole).to_delayed(optimize_graph=False).ravel())
 
@@ -293,7 +305,9 @@ def _write_shard(
     for name, block in blocks.items():
         if isinstance(block, Part):  # shuffled on write: made here, so it never waits between tasks
             block = block()
-        if name in encoded:
+        if isinstance(block, Ragged):
+            write_ragged_shard(arrays, name, start, block, chunk_size)
+        elif name in encoded:
             write_encoded_shard(arrays, name, start, block, chunk_size)
         else:
             writable(arrays[name])[start : start + len(block)] = block
@@ -321,6 +335,8 @@ def _without(
             data = _blob_array(str(directory), name, num_samples, block)[keep]
             shapes = None if field.shapes is None else field.shapes[keep]
             kept[name] = FieldSource(data, field.info, stored_nbytes(group, name, num_samples)[keep], shapes)
+        elif isinstance(field.data, Ragged):
+            kept[name] = FieldSource(read_ragged(group, name, 0, num_samples).take(keep), field.info)
         else:
             kept[name] = FieldSource(da.from_zarr(group[name])[keep], field.info)
     return kept

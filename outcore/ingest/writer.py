@@ -242,11 +242,11 @@ class Writer:
         group = open_group(self.location, mode="r+")
         attrs = read_attrs(group, self._shown)
         check_safe(group, list(attrs.fields), self._shown)
-        encoded = [name for name, info in attrs.fields.items() if info.is_image]
+        encoded = [name for name, info in attrs.fields.items() if info.in_regions]
         if encoded:
             raise SourceError(
-                f"{self._shown} has encoded image field(s) {encoded}; a Writer appends arrays of numbers only. "
-                "Re-ingest the images with the new ones (outcore.ingest_dataframe takes a table of all the files)"
+                f"{self._shown} has encoded image or ragged field(s) {encoded}; a Writer appends arrays of numbers "
+                "only. Re-ingest the images with the new ones (outcore.ingest_dataframe takes a table of all the files)"
             )
         shard = min(samples_per_shard(group[name], attrs.chunk_size) for name in attrs.fields)  # small fields' are larger
         self._group, self._attrs, self._shard_size = group, attrs, shard

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import OptionError
+from ..format import OFFSETS_SUFFIX, kept_name, offsets_name
 from ..imaging import Box, EncodedChunk
 from ..seeds import Domain, generator
 from .gather import ChunkValues, Cut, Empty, Rows, assemble, picture_sizes, plain
@@ -50,7 +51,7 @@ def fused_crop(transform: Transform | None, picture_fields: Collection[str]) -> 
 
     >>> from outcore.transforms import Compose, RandomFlip, RandomResizedCrop
     >>> fused_crop(Compose([RandomResizedCrop(224), RandomFlip()]), {"images"})[0]
-    RandomResizedCrop(size=224, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), field='images')
+    RandomResizedCrop(size=224, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), field='images', targets=None)
     """
     return _split_head(transform, "boxes", picture_fields)
 
@@ -83,8 +84,8 @@ def check_fields(transform: Transform | None, fields: Collection[str]) -> None:
             continue
         targets = getattr(step, "targets", None)
         wanted = [getattr(step, "field", None), *(() if targets is None else targets.fields)]
-        for name in wanted:
-            if name is not None and name not in fields:
+        for name in wanted:  # a ragged field's offsets come with it
+            if name is not None and name not in fields and name.removesuffix(OFFSETS_SUFFIX) not in fields:
                 raise OptionError(f"the transform {step!r} works on field {name!r}, which the batches do not hold "
                                   f"(they hold {sorted(fields)}): add {name!r} to fields= (ds.keras, ds.tf: to x= or "
                                   "y=), or pass field= (targets=) to the transform")
@@ -121,7 +122,7 @@ class Recipe:
     >>> from outcore.transforms import Compose, Normalize, RandomFlip
     >>> recipe = Recipe.of(["images"], (), (), Compose([RandomFlip(), Normalize()]))
     >>> recipe.per_piece, recipe.after
-    (RandomFlip(p=0.5, horizontal=True, vertical=False, field='images'), Normalize(mean=0.0, std=1.0, scale=None, field='images'))
+    (RandomFlip(p=0.5, horizontal=True, vertical=False, field='images', targets=None), Normalize(mean=0.0, std=1.0, scale=None, field='images'))
     """
 
     fields: tuple[str, ...]
@@ -132,18 +133,21 @@ class Recipe:
     rest: Transform | None = None
     per_piece: Transform | None = None
     after: Transform | None = None
+    ragged_fields: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, fields: Sequence[str], text_fields: Collection[str], picture_fields: Collection[str],
-           transform: Transform | None) -> Recipe:
+           transform: Transform | None, ragged_fields: Collection[str] = ()) -> Recipe:
         """The recipe of ``fields`` with ``transform``; ``picture_fields`` are those a crop may cut while the
-        batch is made (encoded pictures, and pixel fields of two axes or more past the sample axis)."""
+        batch is made (encoded pictures, and pixel fields of two axes or more past the sample axis);
+        ``ragged_fields`` hold rows and offsets (`outcore.format.ragged`)."""
         crop, rest = fused_crop(transform, picture_fields)
         flip = None
         if crop is not None:
             flip, rest = _split_head(rest, "draw", {crop.field})
             check_targets([crop] if flip is None else [crop, flip])
-        return cls(tuple(fields), frozenset(text_fields), transform, crop, flip, rest, *_split_tail(rest))
+        return cls(tuple(fields), frozenset(text_fields), transform, crop, flip, rest, *_split_tail(rest),
+                   frozenset(ragged_fields))
 
     @property
     def crop_field(self) -> str | None:
@@ -179,9 +183,9 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
         batch = targets.move(batch, cut.boxes, cut.size, cut.flips, cut.sizes, made)
     began = time.perf_counter()
     if per_piece is not None:
-        pieces = [per_piece({name: values[low:high] for name, values in batch.items()}, rng)
+        pieces = [per_piece(piece(batch, low, high, recipe.ragged_fields), rng)
                   for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True)]
-        batch = join(pieces, returned) if joined else pieces[0]
+        batch = join(pieces, returned, recipe.ragged_fields) if joined else pieces[0]
     batch = batch if after is None else after(batch, None)
     if spent is not None:
         spent(time.perf_counter() - began)
@@ -219,14 +223,43 @@ def _too_small(error: OptionError, crop: Crop, sources: list[Any], indices: list
     return error
 
 
-def join(pieces: Sequence[Batch], empty: Empty = plain) -> Batch:
+def piece(batch: Batch, low: int, high: int, ragged_fields: Collection[str] = ()) -> Batch:
+    """Samples ``low .. high - 1`` of ``batch`` (views): a ragged field's rows of those samples (and of its kept
+    rows' indices, `kept_name`, after a crop), its offsets from 0.
+
+    >>> piece({"x": np.arange(3), "b": np.arange(4), "b_offsets": np.array([0, 1, 3, 4])}, 1, 3, {"b"})
+    {'x': array([1, 2]), 'b': array([1, 2, 3]), 'b_offsets': array([0, 2, 3])}
+    """
+    cut = {}
+    offsets = {offsets_name(name) for name in ragged_fields}
+    rows = {row: offsets_name(name) for name in ragged_fields for row in (name, kept_name(name))}
+    for name, values in batch.items():
+        if name in rows:
+            bounds = batch[rows[name]]
+            cut[name] = values[bounds[low] : bounds[high]]
+        elif name in offsets:
+            cut[name] = values[low : high + 1] - values[low]
+        else:
+            cut[name] = values[low:high]
+    return cut
+
+
+def join(pieces: Sequence[Batch], empty: Empty = plain, ragged_fields: Collection[str] = ()) -> Batch:
     """The pieces of a batch, field by field, in order, as one batch (arrays made by ``empty``; text as wide
-    as its widest piece).
+    as its widest piece; a ragged field's offsets run on across the pieces).
 
     >>> join([{"x": np.arange(2), "t": np.array(["a"])}, {"x": np.arange(3), "t": np.array(["bcd"])}])
     {'x': array([0, 1, 0, 1, 2]), 't': array(['a', 'bcd'], dtype='<U3')}
     """
-    return {name: join_field([piece[name] for piece in pieces], name, empty) for name in pieces[0]}
+    offsets = {offsets_name(name) for name in ragged_fields}
+    return {name: _joined_offsets([piece[name] for piece in pieces]) if name in offsets else
+            join_field([piece[name] for piece in pieces], name, empty) for name in pieces[0]}
+
+
+def _joined_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Pieces' offsets as the joined batch's: each piece's past the rows of those before it."""
+    ends = np.cumsum([0, *(int(part[-1]) for part in parts)])
+    return np.concatenate([*(part[:-1] + end for part, end in zip(parts, ends, strict=False)), ends[-1:]]).astype(np.int64)
 
 
 def join_field(parts: Sequence[np.ndarray], field: str, empty: Empty = plain) -> np.ndarray:

@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..format import decode_text
+from ..format import decode_text, offsets_name
 from ..imaging import EncodedChunk, copy_samples, cut_rows, decode_rows, empty_for_decoding, resize_box
+from ..storage import RaggedChunk
 from ..threads import for_each_run
 
 RUN_BYTES = 4 << 20  # a run of copies moves this much at least: its few microseconds of Python are ~1 % of it
@@ -84,7 +85,8 @@ class Cut:
 def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str], text_fields: frozenset[str],
              empty: Empty = plain, cut: Cut | None = None) -> dict[str, np.ndarray]:
     """A new batch of ``rows``: each sample copied once, straight from its chunk into the batch (no
-    temporaries), encoded pictures decoded into it, text decoded to strings; ``cut``'s field cut as it says.
+    temporaries), encoded pictures decoded into it, text decoded to strings, a ragged field's rows back to back
+    with their offsets (`outcore.format.ragged`); ``cut``'s field cut as it says.
     The batch's arrays are always new (made by ``empty(shape, dtype, field=name)``): nothing the caller is
     handed is ever written again."""
     first = data[int(rows.chunks[0])]
@@ -93,6 +95,9 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
     decodes: list[Callable[[int, int], None]] = []
     for name in fields:
         values = first[name]
+        if isinstance(values, RaggedChunk):
+            batch[name], batch[offsets_name(name)] = _gather_rows(rows, data, name, empty)
+            continue
         if cut is not None and name == cut.field:
             shape = (len(rows), *cut.size, *_sample_shape(values)[2:])
             batch[name] = out = empty(shape, values.dtype, field=name)
@@ -113,6 +118,26 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
     if decodes:
         for_each_run(lambda start, stop: [run(start, stop) for run in decodes], len(rows), DECODES_PER_RUN)
     return {name: decode_text(values) if name in text_fields else values for name, values in batch.items()}
+
+
+def _gather_rows(rows: Rows, data: Mapping[int, ChunkValues], field: str, empty: Empty) -> tuple[np.ndarray, np.ndarray]:
+    """A ragged field's rows of the batch's samples, back to back in the batch's order, and their offsets (n + 1,):
+    one gather per chunk, never a Python call per sample."""
+    sources: list[RaggedChunk] = rows.sources(data, field)
+    starts, counts = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.int64)
+    for chunk, source in enumerate(sources):
+        mine = rows.which == chunk
+        spans = source.ranges[rows.local[mine]]
+        starts[rows.order[mine]], counts[rows.order[mine]] = spans[:, 0], spans[:, 1] - spans[:, 0]
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    first = sources[0]
+    values = empty((int(offsets[-1]), *first.row_shape), first.dtype, field=field)
+    for chunk, source in enumerate(sources):
+        samples = rows.order[rows.which == chunk]
+        taken = counts[samples]
+        within = np.arange(int(taken.sum())) - np.repeat(np.cumsum(taken) - taken, taken)
+        values[np.repeat(offsets[samples], taken) + within] = source.values[np.repeat(starts[samples], taken) + within]
+    return values, offsets
 
 
 def _sample_shape(values: np.ndarray | EncodedChunk) -> tuple[int, ...]:

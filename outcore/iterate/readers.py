@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..imaging import DecodedChunks, EncodedChunk
-from ..storage import ShardReader, Store
+from ..storage import RaggedRows, RaggedSamples, ShardReader, Store
 from .batch import Recipe, Transform
 
 
@@ -39,14 +39,17 @@ class EncodedChunks:
         return self.decoded.read_encoded(chunk, out)
 
 
-ChunkReader = ShardReader | DecodedChunks | EncodedChunks
+ChunkReader = ShardReader | DecodedChunks | EncodedChunks | RaggedRows
 
 
 def chunk_reader(store: Store, field: str) -> ChunkReader:
     """``reader.read(k)`` is chunk ``k`` of ``field``: its stored values (text as UTF-8 bytes), or, for an
-    encoded image field, its samples decoded; ``reader.empty()`` is a buffer that ``read`` can fill."""
+    encoded image field, its samples decoded, for a ragged field each sample's rows (an object array);
+    ``reader.empty()`` is a buffer that ``read`` can fill."""
     if store.info(field).is_image:
         return DecodedChunks(store, field)
+    if store.info(field).is_ragged:
+        return RaggedSamples(store.array, field, store.location, len(store), pins=store.pins)
     return store.shard_reader(field)
 
 
@@ -55,8 +58,10 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> 
     varying sizes that ``transform`` does not open by cropping is an `OptionError` saying what to do
     (only the crop gives its batches one size)."""
     encoded = [name for name in fields if store.info(name).is_image]
-    pictures = [name for name in fields if not store.info(name).is_text and len(sample_spec(store, name)[0]) >= 2]
-    made = Recipe.of(fields, [name for name in fields if store.info(name).is_text], pictures, transform)
+    pictures = [name for name in fields if not (store.info(name).is_text or store.info(name).is_ragged)
+                and len(sample_spec(store, name)[0]) >= 2]
+    made = Recipe.of(fields, [name for name in fields if store.info(name).is_text], pictures, transform,
+                     [name for name in fields if store.info(name).is_ragged])
     for name in encoded:
         if store.info(name).decode.variable and made.crop_field != name:
             raise OptionError(
@@ -69,16 +74,21 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> 
 
 
 def chunk_readers(store: Store, fields: Sequence[str]) -> dict[str, ChunkReader]:
-    """The readers of ``fields`` as batches read them; encoded image fields are read encoded (`EncodedChunks`)."""
-    return {name: EncodedChunks(store, name) if store.info(name).is_image else chunk_reader(store, name)
-            for name in fields}
+    """The readers of ``fields`` as batches read them; encoded image fields are read encoded (`EncodedChunks`),
+    ragged fields as their rows and ranges (`RaggedRows`)."""
+    return {name: EncodedChunks(store, name) if store.info(name).is_image else
+            RaggedRows(store.array, name, store.location, len(store), pins=store.pins) if store.info(name).is_ragged
+            else chunk_reader(store, name) for name in fields}
 
 
 def sample_spec(store: Store, field: str) -> tuple[tuple[int, ...], np.dtype]:
-    """The shape and dtype of one sample of ``field`` as batches hold it (decoded pixels, strings)."""
+    """The shape and dtype of one sample of ``field`` as batches hold it (decoded pixels, strings; a ragged
+    field's: of one of its rows)."""
     info = store.info(field)
     if info.is_image:
         return info.decode.shape, np.dtype(info.decode.dtype)
+    if info.is_ragged:
+        return info.sample_shape, np.dtype(info.dtype)
     array = store.array(field)
     if info.is_text:
         return (), np.dtype(f"<U{array.shape[1]}")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import OptionError
+from ..format import kept_name, offsets_name
 from ..imaging import (
     BoxPolicy,
     copy_samples,
@@ -45,8 +46,6 @@ from ..threads import for_each_run
 from .gather import RUN_BYTES, Empty, plain
 
 Batch = dict[str, np.ndarray]
-OFFSETS_SUFFIX = "_offsets"
-KEPT_SUFFIX = "_kept"
 
 
 @dataclass(frozen=True)
@@ -86,12 +85,12 @@ class Targets:
     @property
     def offsets(self) -> str | None:
         """The batch field of the instances' offsets (n + 1,)."""
-        return None if self.group is None else self.group + OFFSETS_SUFFIX
+        return None if self.group is None else offsets_name(self.group)
 
     @property
     def kept(self) -> str | None:
         """The batch field saying which of its picture's instances each kept row was."""
-        return None if self.group is None else self.group + KEPT_SUFFIX
+        return None if self.group is None else kept_name(self.group)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -147,12 +146,12 @@ class Targets:
                                                    self.flip_pairs)
         kept = batch.get(self.kept)
         moved[self.kept] = np.arange(len(which)) - offsets[which] if kept is None else np.asarray(kept, np.int64)
-        if keep.all():
-            return {**{name: batch[name] for name in self.instances}, **moved, self.offsets: offsets}
         rows = {name: batch[name] for name in self.instances} | moved
-        counts = np.bincount(which[keep], minlength=len(crops))
-        return {name: values[keep] for name, values in rows.items()} | {
-            self.offsets: np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)}
+        if not keep.all():
+            rows = {name: values[keep] for name, values in rows.items()}
+            offsets = np.concatenate([[0], np.cumsum(np.bincount(which[keep], minlength=len(crops)))]).astype(np.int64)
+        shared = {offsets_name(name) for name in rows if offsets_name(name) in batch}  # a ragged field's own offsets
+        return rows | dict.fromkeys(shared | {self.offsets}, offsets)
 
 
 def move_pictures(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:

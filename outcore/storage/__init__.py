@@ -20,6 +20,14 @@ from .groups import (
     small_scratch_path,
     writable,
 )
+from .ragged import (
+    RaggedChunk,
+    RaggedRows,
+    RaggedSamples,
+    create_ragged_field,
+    read_ragged,
+    write_ragged_shard,
+)
 from .remote import RemoteStore, is_object_url, redact
 from .shard_reader import ShardReader, read_samples
 from .staging import Staging, check_target, local_target, pack_zip, put_in_place, remove_path, staged_store
@@ -31,6 +39,9 @@ __all__ = [
     "CacheUsage",
     "ChunkCache",
     "EncodedBytes",
+    "RaggedChunk",
+    "RaggedRows",
+    "RaggedSamples",
     "RangeZipStore",
     "RemoteStore",
     "ShardReader",
@@ -42,6 +53,7 @@ __all__ = [
     "copy_rows",
     "create_encoded_field",
     "create_field",
+    "create_ragged_field",
     "describe_classes",
     "is_object_url",
     "is_url",
@@ -53,6 +65,7 @@ __all__ = [
     "pack_zip",
     "put_in_place",
     "read_files",
+    "read_ragged",
     "read_samples",
     "redact",
     "remove_path",
@@ -66,4 +79,5 @@ __all__ = [
     "stored_nbytes",
     "writable",
     "write_encoded_shard",
+    "write_ragged_shard",
 ]

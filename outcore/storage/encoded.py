@@ -16,19 +16,21 @@ from .shard_reader import ShardReader
 
 def create_encoded_field(
     group: zarr.Group, name: str, num_samples: int, capacity: int, layout: Layout, compression: Compression,
-    variable: bool = False,
+    variable: bool = False, dtype: np.typing.DTypeLike = np.uint8, row_shape: tuple[int, ...] = (),
 ) -> None:
-    """Create a field's byte array, its ranges array and, for pictures of varying sizes, its shapes array."""
+    """Create a field's byte array (for a ragged field, of rows of ``dtype`` and ``row_shape``: `outcore.format.ragged`),
+    its ranges array and, for pictures of varying sizes, its shapes array."""
     num_chunks = -(-num_samples // layout.chunk_size)
     group.create_array(
         name,
-        shape=(num_chunks * capacity,),
-        dtype=np.uint8,
-        chunks=(capacity,),
-        shards=(layout.chunks_per_shard * capacity,),
+        shape=(num_chunks * capacity, *row_shape),
+        dtype=dtype,
+        chunks=(capacity, *row_shape),
+        shards=(layout.chunks_per_shard * capacity, *row_shape),
         compressors=compression.codecs(),
         fill_value=0,
-        dimension_names=(f"{name}_bytes",),
+        dimension_names=(f"{name}_bytes" if not row_shape and np.dtype(dtype) == np.uint8 else f"{name}_rows",
+                         *(f"{name}_axis{axis}" for axis in range(1, 1 + len(row_shape)))),
     )
     create_field(group, ranges_name(name), np.dtype(np.int64), (2,), num_samples, layout, compression, small=True)
     if variable:
@@ -36,15 +38,16 @@ def create_encoded_field(
                      (SAMPLE_DIM, "height_width_channel"), small=True)
 
 
-def write_encoded_shard(group: zarr.Group | Mapping[str, zarr.Array], name: str, start: int, blobs: Sequence[bytes],
-                        chunk_size: int) -> None:
+def write_encoded_shard(group: zarr.Group | Mapping[str, zarr.Array], name: str, start: int,
+                        blobs: Sequence[bytes] | Sequence[np.ndarray], chunk_size: int) -> None:
     """Write samples ``start, start + 1, ...`` (``start`` at a chunk boundary) into their chunks' regions, and
-    their byte ranges; ``group`` holds the arrays by name (a group, or a mapping placing the ranges apart)."""
+    their ranges; ``group`` holds the arrays by name (a group, or a mapping placing the ranges apart). A ragged
+    field's samples are arrays of rows."""
     array = group[name]
     capacity = array.chunks[0]
     first_chunk = start // chunk_size
     try:
-        regions, ranges = pack_regions(blobs, chunk_size, capacity)
+        regions, ranges = pack_regions(blobs, chunk_size, capacity, array.dtype, array.shape[1:])
     except OverflowError as overflow:
         raise SourceError(
             f"field {name!r}: the files of chunk {first_chunk + overflow.args[0]} hold more bytes than their sizes "

@@ -18,7 +18,6 @@ from ..errors import NotAStoreError, OutcoreError, StoreChangedError
 from ..format import (
     FieldInfo,
     StoreAttrs,
-    companion_names,
     ranges_name,
     shapes_name,
 )
@@ -116,9 +115,9 @@ class Store:
 
     def _needed(self, name: str) -> int:
         """Entries of array ``name`` that the store's samples use: one per sample, or for an encoded image
-        field's bytes, a whole region per chunk."""
-        encoded_bytes = name in self.attrs.fields and self.attrs.fields[name].is_image
-        return self.num_chunks * self.group[name].chunks[0] if encoded_bytes else len(self)
+        field's bytes (a ragged field's rows), a whole region per chunk."""
+        in_regions = name in self.attrs.fields and self.attrs.fields[name].in_regions
+        return self.num_chunks * self.group[name].chunks[0] if in_regions else len(self)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -164,11 +163,9 @@ class Store:
         return self.attrs.fields[field]
 
     def array_names(self) -> list[str]:
-        """Every array the fields are stored in (an encoded image field has two, or three when its sizes vary)."""
-        names = []
-        for name, info in self.attrs.fields.items():
-            names += [name, *companion_names(name, info.decode.variable)] if info.is_image else [name]
-        return names
+        """Every array the fields are stored in (an encoded image field has two, or three when its sizes vary; a
+        ragged field two)."""
+        return [array for name, info in self.attrs.fields.items() for array in (name, *info.companions(name))]
 
     def array(self, field: str) -> zarr.Array:
         """The underlying ``zarr.Array`` of ``field`` (may hold more samples than ``len(store)``); for an
@@ -183,7 +180,7 @@ class Store:
     def unpublished(self) -> int:
         """Samples the arrays hold beyond the store's count: a Writer's appends not yet published (it is
         writing, or stopped before publishing them). Readers never see them."""
-        lengths = [self.group[name].shape[0] for name, info in self.attrs.fields.items() if not info.is_image]
+        lengths = [self.group[name].shape[0] for name, info in self.attrs.fields.items() if not info.in_regions]
         return max(lengths, default=len(self)) - len(self)
 
     def missing_shards(self) -> list[str]:
@@ -210,7 +207,7 @@ class Store:
     def _check_field(self, name: str) -> None:
         """The field's arrays agree with the attributes, and every size a reader allocates is bounded."""
         info = self.attrs.fields[name]
-        needed = [name, *companion_names(name, info.decode.variable)] if info.is_image else [name]
+        needed = [name, *info.companions(name)]
         missing = next((array for array in needed if array not in self.group), None)
         if missing is not None:
             raise _malformed(self.location, f"field {name!r} is listed in the attributes but array {missing!r} is "
@@ -226,6 +223,16 @@ class Store:
                 shapes = self._array_of(shapes_name(name), dtype_kinds="i", ndim=2, length=len(self),
                                         chunk_samples=self.chunk_size)
                 _require(self.location, shapes.shape[1] == 3, f"{shapes_name(name)!r} is not (samples, 3)")
+            return
+        if info.is_ragged:
+            rows = self._array_of(name, dtype_kinds="biuf", ndim=1 + len(info.sample_shape or ()),
+                                  length=self.num_chunks * self.group[name].chunks[0], chunk_samples=None)
+            _require(self.location, rows.dtype.name == info.dtype and tuple(rows.shape[1:]) == info.sample_shape,
+                     f"ragged field {name!r} holds rows of {rows.dtype} {rows.shape[1:]}, but was written with "
+                     f"{info.dtype} {info.sample_shape}")
+            ranges = self._array_of(ranges_name(name), dtype_kinds="i", ndim=2, length=len(self),
+                                    chunk_samples=self.chunk_size)
+            _require(self.location, ranges.shape[1] == 2, f"{ranges_name(name)!r} is not (samples, 2)")
             return
         array = self._array_of(name, dtype_kinds="biuf", ndim=None, length=len(self), chunk_samples=self.chunk_size)
         _require(self.location, info.dtype is None or array.dtype.name == info.dtype,

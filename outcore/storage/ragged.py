@@ -1,0 +1,99 @@
+"""Ragged fields on disk (layout: `outcore.format.ragged`): create, write, and read a chunk's rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import zarr
+
+from ..format import Compression, Layout, Ragged, chunk_capacity, ranges_name
+from .encoded import EncodedBytes, create_encoded_field, write_encoded_shard
+from .pins import Pins
+
+
+def create_ragged_field(group: zarr.Group, name: str, counts: np.ndarray, layout: Layout, compression: Compression,
+                        dtype: np.typing.DTypeLike, row_shape: tuple[int, ...]) -> None:
+    """Create a ragged field of ``len(counts)`` samples of ``counts[i]`` rows each, and its ranges array."""
+    capacity = chunk_capacity(np.asarray(counts, np.int64), layout.chunk_size)
+    create_encoded_field(group, name, len(counts), capacity, layout, compression, dtype=dtype, row_shape=row_shape)
+
+
+def write_ragged_shard(arrays: zarr.Group | dict[str, zarr.Array], name: str, start: int, rows: Ragged,
+                       chunk_size: int) -> None:
+    """Write the samples of ``rows`` as samples ``start, start + 1, ...`` (``start`` at a chunk boundary)."""
+    write_encoded_shard(arrays, name, start, rows.samples(), chunk_size)
+
+
+def read_ragged(group: zarr.Group, name: str, start: int, stop: int) -> Ragged:
+    """Samples ``start .. stop - 1`` of a ragged field, with plain zarr: their ranges, then one read of the rows
+    that span them."""
+    spans = np.asarray(group[ranges_name(name)][start:stop], np.int64).reshape(-1, 2)
+    values = group[name]
+    if not len(spans):
+        return Ragged(np.zeros((0, *values.shape[1:]), values.dtype), np.zeros(1, np.int64))
+    low, high = int(spans[:, 0].min()), int(spans[:, 1].max())
+    rows = values[low:high]
+    return Ragged.of([rows[begin - low : end - low] for begin, end in spans.tolist()], values.dtype, values.shape[1:])
+
+
+@dataclass(frozen=True)
+class RaggedChunk:
+    """One chunk of a ragged field as stored: its rows (``values``) and each sample's ``[start, stop)`` in them."""
+
+    values: np.ndarray
+    ranges: np.ndarray
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.values.dtype
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape[1:])
+
+    def samples(self) -> np.ndarray:
+        """Each sample's rows, as an object array (a sample of ``ds[field]``)."""
+        out = np.empty(len(self.ranges), object)
+        out[:] = [self.values[begin:end] for begin, end in self.ranges.tolist()]
+        return out
+
+
+class RaggedRows:
+    """Chunk by chunk, the rows of a ragged field (through the direct shard reader): ``read(chunk)`` is a
+    `RaggedChunk`; ``arrays(name)`` is the store's array ``name`` (`outcore.storage.Store.array`)."""
+
+    def __init__(self, arrays: Callable[[str], zarr.Array], field: str, where: str, num_samples: int,
+                 pins: Pins | None = None) -> None:
+        self.regions = EncodedBytes(arrays, field, where, num_samples, pins=pins)
+        self.row_shape = tuple(arrays(field).shape[1:])
+        self.dtype = arrays(field).dtype
+
+    def empty(self) -> np.ndarray:
+        return self.regions.empty()
+
+    @property
+    def remote(self) -> bool:
+        return self.regions.remote
+
+    def prefetch(self, chunks: Sequence[int]) -> None:
+        self.regions.prefetch(chunks)
+
+    def expect(self, chunk: int, when: float) -> None:
+        self.regions.expect(chunk, when)
+
+    def read(self, chunk: int, out: np.ndarray | None = None) -> RaggedChunk:
+        values, ranges = self.regions.read(chunk, out)
+        return RaggedChunk(values, ranges)
+
+
+class RaggedSamples(RaggedRows):
+    """A ragged field's chunks as ``ds[field]`` holds them: ``read(chunk)`` is an object array of each sample's
+    rows."""
+
+    def empty(self) -> np.ndarray:
+        return np.empty(0, object)
+
+    def read(self, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
+        return super().read(chunk).samples()
