@@ -127,7 +127,7 @@ def test_skipped_files_leave_a_compact_encoded_store(image_folder, tmp_path):
 
 def test_writer_refuses_to_append_to_an_encoded_store(stores):
     _, encoded = stores
-    with pytest.raises(SourceError, match="encoded image field"):
+    with pytest.raises(SourceError, match="encoded image or ragged field"):
         outcore.Writer(encoded.location, append=True)
 
 

@@ -14,8 +14,16 @@ from .decode import (
     parse_image_shape,
     read_image_file,
 )
+from .drawings import Drawing
 from .encoded import DecodedChunks, EncodedChunk, cut_rows, decode_rows
-from .label_maps import LABEL_MAP_DTYPES, check_placement, decode_label_map, fit_label_map, label_map_dtype
+from .label_maps import (
+    LABEL_MAP_DTYPES,
+    check_placement,
+    decode_label_map,
+    fit_label_map,
+    label_map_dtype,
+    policy_crop,
+)
 from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_box, resize_boxes
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
 from .targets import BoxPolicy, cut_label_maps, move_boxes, move_keypoints, move_points, owners
@@ -32,6 +40,7 @@ __all__ = [
     "Box",
     "BoxPolicy",
     "DecodedChunks",
+    "Drawing",
     "EncodedChunk",
     "ResizePolicy",
     "center_crop_box",
@@ -56,6 +65,7 @@ __all__ = [
     "parse_image_dtype",
     "parse_image_shape",
     "parse_resize",
+    "policy_crop",
     "random_resized_crop_box",
     "read_image_file",
     "resize_box",

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import numpy as np
 from PIL import Image
 
-from ..errors import ImageError
+from ..errors import ImageError, OptionError
 from .decode import decode_errors, exif_orientation, upright_size
 from .resize import ResizePolicy, cover_box
 from .targets import cut_label_maps
@@ -66,17 +66,41 @@ def _ids_image(data: bytes, name: str) -> Iterator[Image.Image]:
         yield image
 
 
-def check_placement(ids: np.ndarray, name: str, picture: bytes, picture_name: str) -> None:
-    """An `ImageError` naming the label map ``name`` when it cannot lie under ``picture``: another size, or the
-    picture is stored turned or mirrored (EXIF), which decoding undoes for the picture alone."""
+def check_placement(size: tuple[int, int], name: str, what: str, picture: bytes, picture_name: str) -> None:
+    """An `ImageError` naming ``name`` (a label map file, or a picture's annotations) when ``what`` (``"the label
+    map is"``, ``"annotated as"``) places for a picture of ``size`` (height, width) cannot lie on ``picture``:
+    another size, or the picture is stored turned or mirrored (EXIF), which decoding undoes for the picture alone."""
     orientation = exif_orientation(picture, picture_name)
     if orientation != 1:
         raise ImageError(name, f"its picture {picture_name} is stored turned or mirrored (EXIF orientation "
-                               f"{orientation}): decoding turns the picture, not its label map; store it upright")
-    size = upright_size(picture, picture_name, None)
-    if ids.shape[:2] != size:
-        raise ImageError(name, f"the label map is {ids.shape[0]}x{ids.shape[1]}, its picture {picture_name} is "
-                               f"{size[0]}x{size[1]}: a label map must be of its picture's size")
+                               f"{orientation}): decoding turns the picture, not what lies on it; store it upright")
+    stored = upright_size(picture, picture_name, None)
+    if tuple(size) != stored:
+        raise ImageError(name, f"{what} {size[0]}x{size[1]}, its picture {picture_name} is {stored[0]}x{stored[1]}: "
+                               "targets must be of their picture's size")
+
+
+def policy_crop(size: tuple[int, int], target: tuple[int, int], resize: ResizePolicy) -> tuple[float, float, float, float]:
+    """The box ``(top, left, height, width)`` of a picture of ``size`` that the ``resize`` policy resizes to
+    ``target`` (`outcore.imaging.fit`): all of it (``fit``), the centre that covers the target (``crop``), or, past
+    its edges, the picture and the margins around it (``pad``). Label maps, boxes and keypoints move by it.
+
+    >>> policy_crop((300, 400), (150, 150), "crop"), policy_crop((100, 200), (100, 100), "pad")
+    ((0.0, 50.0, 300.0, 300.0), (-50.0, 0.0, 200.0, 200.0))
+    """
+    height, width = size
+    if resize == "fit" or tuple(size) == tuple(target):
+        return 0.0, 0.0, float(height), float(width)
+    if resize == "crop":
+        top, left, bottom, right = cover_box((height, width), target)
+        return top, left, bottom - top, right - left
+    if resize != "pad":
+        raise OptionError(f"resize={resize!r} does not fit a {height}x{width} picture to {target[0]}x{target[1]}")
+    scale = min(target[0] / height, target[1] / width)
+    scaled = min(target[0], max(1, round(height * scale))), min(target[1], max(1, round(width * scale)))
+    sy, sx = scaled[0] / height, scaled[1] / width
+    top, left = (target[0] - scaled[0]) // 2, (target[1] - scaled[1]) // 2
+    return -top / sy, -left / sx, target[0] / sy, target[1] / sx
 
 
 def fit_label_map(ids: np.ndarray, size: tuple[int, int], resize: ResizePolicy, name: str) -> np.ndarray:
@@ -88,15 +112,5 @@ def fit_label_map(ids: np.ndarray, size: tuple[int, int], resize: ResizePolicy, 
     if resize is None:
         raise ImageError(name, f"label map is {height}x{width}, expected {size[0]}x{size[1]}; pass resize='crop' "
                                "(or resize='fit', resize='pad') to convert other sizes")
-    if resize == "fit":
-        crop = (0.0, 0.0, height, width)
-    elif resize == "crop":
-        top, left, bottom, right = cover_box((height, width), size)
-        crop = (top, left, bottom - top, right - left)
-    else:  # pad: the picture scaled into the middle, as `fit` places it
-        scale = min(size[0] / height, size[1] / width)
-        scaled = min(size[0], max(1, round(height * scale))), min(size[1], max(1, round(width * scale)))
-        sy, sx = scaled[0] / height, scaled[1] / width
-        top, left = (size[0] - scaled[0]) // 2, (size[1] - scaled[1]) // 2
-        crop = (-top / sy, -left / sx, size[0] / sy, size[1] / sx)
+    crop = policy_crop((height, width), size, resize)
     return cut_label_maps(ids[None], np.array([crop]), size, np.zeros((1, 2), bool))[0]

@@ -2,6 +2,7 @@
 shuffled on write in bounded memory; and `Writer`, which appends batches to a growing store."""
 
 from .arrays import from_arrays
+from .coco import ingest_coco
 from .from_records import ingest_records
 from .images import ingest_dataframe, ingest_images
 from .options import IngestKeywords
@@ -10,5 +11,6 @@ from .scheduler import active_client, progress_bar
 from .splits import ingest_splits
 from .writer import Writer
 
-__all__ = ["LMDB", "IngestKeywords", "Parquet", "TFRecord", "WebDataset", "Writer", "active_client", "from_arrays", "ingest_dataframe",
+__all__ = ["LMDB", "IngestKeywords", "Parquet", "TFRecord", "WebDataset", "Writer", "active_client", "from_arrays", "ingest_coco",
+           "ingest_dataframe",
            "ingest_images", "ingest_records", "ingest_splits", "progress_bar"]

@@ -11,7 +11,15 @@ import dask.array as da
 import numpy as np
 
 from ..errors import ImageError, OptionError, SourceError
-from ..imaging import MAX_PIXELS, ResizePolicy, check_placement, decode_image, decode_label_map, fit_label_map
+from ..imaging import (
+    MAX_PIXELS,
+    Drawing,
+    ResizePolicy,
+    check_placement,
+    decode_image,
+    decode_label_map,
+    fit_label_map,
+)
 from .records.reader import SampleReader
 
 BLOB_DTYPE = np.dtype(object)  # the bytes of one file per sample, between tasks (never stored as such)
@@ -40,7 +48,8 @@ def image_array(
     keep: tuple[str, ...] = ("pixels",),
     max_pixels: int | None = MAX_PIXELS,
     reader: SampleReader = FILES,
-    label_maps: Mapping[str, tuple[Sequence[str], np.dtype]] | None = None,
+    label_maps: Mapping[str, tuple[Sequence[str | Drawing], np.dtype]] | None = None,
+    sizes: np.ndarray | None = None,
 ) -> tuple[da.Array | None, da.Array | None, da.Array, da.Array, dict[str, da.Array]]:
     """Return ``(pixels, files, errors, digests, maps)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to
     ``shape``, ``files[i]`` the file's bytes (an object array of ``bytes``), each ``None`` unless in
@@ -69,8 +78,9 @@ def image_array(
         block_paths = list(paths[start : start + block_size])
         block_maps = {name: (list(files[start : start + block_size]), map_dtype)
                       for name, (files, map_dtype) in label_maps.items()}
+        block_sizes = None if sizes is None else np.asarray(sizes[start : start + block_size])
         task = dask.delayed(_load_block, pure=True, nout=5)(block_paths, shape, resize, dtype, on_error, keep,
-                                                            max_pixels, reader, block_maps)
+                                                            max_pixels, reader, block_maps, block_sizes)
         pixel_parts.append(da.from_delayed(task[0], (len(block_paths), *shape), dtype=dtype))
         file_parts.append(da.from_delayed(task[1], (len(block_paths),), dtype=BLOB_DTYPE))
         error_parts.append(da.from_delayed(task[2], (len(block_paths),), dtype=ERROR_DTYPE))
@@ -89,7 +99,7 @@ def image_array(
 def _load_block(
     paths: list[str], shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str,
     keep: tuple[str, ...], max_pixels: int | None, reader: SampleReader,
-    label_maps: Mapping[str, tuple[list[str], np.dtype]],
+    label_maps: Mapping[str, tuple[list[str | Drawing], np.dtype]], sizes: np.ndarray | None,
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     pixels = np.zeros((len(paths), *shape), dtype=dtype) if "pixels" in keep else None
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE) if "files" in keep else None
@@ -101,10 +111,16 @@ def _load_block(
             data = reader.read(path)
             decode_image(data, shape, resize, dtype, path, out=pixels[i] if pixels is not None else None,
                          max_pixels=max_pixels)
-            for name, (map_paths, map_dtype) in label_maps.items():
-                ids = decode_label_map(reader.read(map_paths[i]), map_paths[i], map_dtype)
-                check_placement(ids, map_paths[i], data, path)
-                maps[name][i] = fit_label_map(ids, shape[:2], resize, map_paths[i])
+            if sizes is not None:
+                check_placement(tuple(sizes[i].tolist()), path, "annotated as", data, path)
+            for name, (sources, map_dtype) in label_maps.items():
+                source = sources[i]
+                if isinstance(source, Drawing):
+                    ids, shown = source.draw(map_dtype), source.name
+                else:
+                    ids, shown = decode_label_map(reader.read(source), source, map_dtype), source
+                    check_placement(ids.shape[:2], shown, "the label map is", data, path)
+                maps[name][i] = fit_label_map(ids, shape[:2], resize, shown)
         except ImageError as error:
             if on_error == "raise":
                 raise bad_file(error) from None

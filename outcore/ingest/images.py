@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 
 from ..dataset import Dataset, open_dataset
-from ..errors import OptionError, SourceError
+from ..errors import ImageError, OptionError, SourceError
 from ..format import (
     IMAGE_ENCODING,
+    RAGGED_ENCODING,
     RANGES_SUFFIX,
     SHAPES_SUFFIX,
     TEXT_ENCODING,
@@ -198,6 +199,9 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     if table.label_maps and (options.surveyed or shape[0] is None):
         raise OptionError(f"label maps ({sorted(table.label_maps)}) are stored at the pictures' shape: pass shape= "
                           "(pictures kept at their own size cannot have label maps yet)")
+    if table.instances and options.max_side is not None:
+        raise OptionError(f"max_side= shrinks pictures after their boxes and keypoints ({sorted(table.instances)}) "
+                          "were placed: leave it out, or pass shape= to fit both")
     skip = options.on_error == "skip"
     order = write_order(len(table), options.shuffle_on_write, options.seed)
     paths = [table.paths[i] for i in order]
@@ -216,6 +220,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
         if progress:
             print(f"images={images!r}: {chosen.reason} (pass images= to choose)", file=sys.stderr)
     fields = _table_fields(table, order, stats, layout.shard_size)
+    sizes = None if table.sizes is None else table.sizes[order]
     build = BuildOptions(layout, Compression.parse(options.compression), options.client, progress,
                          options.overwrite, storage_options)
     settings = {"shape": shape, "resize": resize, "dtype": dtype.str, "images": images, "max_side": options.max_side,
@@ -236,6 +241,11 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
         def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array | None]:
             found = survey_images(paths, survey, scratch, client=options.client, progress=progress,
                                   description=f"survey → {store_name(location)}", reader=reader)
+            if sizes is not None and (found.shapes[:, :2] != sizes).any():
+                wrong = int(np.argmax((found.shapes[:, :2] != sizes).any(axis=1)))
+                raise ImageError(paths[wrong], f"annotated as {sizes[wrong, 0]}x{sizes[wrong, 1]}, the picture is "
+                                               f"{found.shapes[wrong, 0]}x{found.shapes[wrong, 1]}: targets must be "
+                                               "of their picture's size")
             files = FieldSource(file_array(found.paths, found.nbytes, layout.shard_size, reader),
                                 FieldInfo("input", encoding=IMAGE_ENCODING, decode=decode), found.nbytes,
                                 found.shapes if decode.variable else None)
@@ -252,6 +262,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
         keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images],
         max_pixels=options.max_pixels, reader=reader,
         label_maps={name: ([files[i] for i in order], map_dtype) for name, (files, map_dtype) in table.label_maps.items()},
+        sizes=sizes,
     )
     images_fields = {}
     if pixels is not None:
@@ -272,7 +283,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
 def _check_label_names(table: SourceTable) -> None:
     """Label columns may not take the names of outcore's own fields or of their arrays."""
     reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD, FILE_STAT_FIELD, FILE_DIGEST_FIELD}
-    clash = {name for name in [*table.labels, *table.label_maps]
+    clash = {name for name in [*table.labels, *table.label_maps, *table.instances]
              if {name, name.removesuffix(RANGES_SUFFIX), name.removesuffix(SHAPES_SUFFIX)} & reserved}
     if clash:
         raise SourceError(f"label column(s) {sorted(clash)} clash with outcore's own field names; rename them")
@@ -295,6 +306,9 @@ def _table_fields(table: SourceTable, order: np.ndarray, stats: list[tuple[int, 
     for name, values in table.labels.items():
         role = "sample_weight" if name in WEIGHT_NAMES and name not in table.classes else "target"
         fields[name] = FieldSource(as_dask(values[order], block_size), FieldInfo(role, table.classes.get(name)))
+    for name, rows in table.instances.items():  # in memory: boxes, their labels, keypoints
+        fields[name] = FieldSource(rows.take(order), FieldInfo("target", table.classes.get(name), RAGGED_ENCODING,
+                                                               dtype=rows.values.dtype.name, sample_shape=rows.row_shape))
     fields[PATH_FIELD] = FieldSource(
         as_dask(encode_text(np.array(table.names)[order], PATH_WIDTH), block_size),
         FieldInfo("metadata", encoding=TEXT_ENCODING),
@@ -317,8 +331,11 @@ def _manifest(table: SourceTable, order: np.ndarray, paths: list[str], stats: li
         labels.update(name.encode() + np.ascontiguousarray(table.labels[name]).tobytes())
         labels.update(json.dumps(table.classes.get(name)).encode())
     for name in sorted(table.label_maps):  # which label map lies under each picture (their bytes: as the pictures')
-        files, map_dtype = table.label_maps[name]
-        labels.update(json.dumps([name, map_dtype.str, [files[i] for i in order]]).encode())
+        sources, map_dtype = table.label_maps[name]
+        labels.update(json.dumps([name, map_dtype.str, [repr(sources[i]) for i in order]]).encode())
+    for name in sorted(table.instances):
+        rows = table.instances[name].take(order)
+        labels.update(name.encode() + rows.values.tobytes() + rows.offsets.tobytes())
     return {"ingest": "images", "files": len(paths),
             "fingerprint": hashlib.sha256(json.dumps(files).encode()).hexdigest(),
             "labels": labels.hexdigest(), "settings": {name: repr(value) for name, value in settings.items()}}

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import OptionError, OutcoreWarning, SourceError
-from ..imaging import IMAGE_EXTENSIONS, LABEL_MAP_DTYPES, label_map_dtype
+from ..format import Ragged
+from ..imaging import IMAGE_EXTENSIONS, LABEL_MAP_DTYPES, Drawing, label_map_dtype
 from ..storage.remote import is_object_url, redact
 from .records.locations import list_objects, read_file
 from .records.reader import SampleReader
@@ -28,7 +29,9 @@ class SourceTable:
     ``classes`` maps a label field to its class names, for labels that were strings or folders.
     Samples of record files or object stores (`outcore.ingest.records`): ``paths`` are references that
     ``reader`` reads, ``stats`` their sizes and their files' modification times. ``label_maps`` holds, per
-    label map field, each picture's label map file and the dtype of its ids (`outcore.imaging.label_maps`).
+    label map field, each picture's label map (a file, or an instance map `Drawing`) and the dtype of its ids
+    (`outcore.imaging.label_maps`); ``instances``, per ragged field, each picture's rows (boxes and keypoints in
+    the stored pictures' pixels), and ``sizes`` each picture's annotated (height, width), checked as it is read.
     """
 
     paths: list[str]
@@ -39,7 +42,9 @@ class SourceTable:
     description: str = ""
     reader: SampleReader | None = None
     stats: np.ndarray | None = None
-    label_maps: dict[str, tuple[list[str], np.dtype]] = field(default_factory=dict)
+    label_maps: dict[str, tuple[list[str | Drawing], np.dtype]] = field(default_factory=dict)
+    instances: dict[str, Ragged] = field(default_factory=dict)
+    sizes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.paths)

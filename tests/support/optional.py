@@ -33,6 +33,7 @@ INSTALL = {  # top-level module -> (the package, how to install it)
     "google": ("protobuf (writes Caffe Datums)", 'pip install -e ".[dev]"'),
     "pyarrow": ("pyarrow", 'pip install -e ".[parquet]"'),
     "datasets": ("Hugging Face datasets (writes the test datasets)", 'pip install -e ".[dev]"'),
+    "pycocotools": ("pycocotools (writes COCO's run-length encodings)", 'pip install -e ".[dev]"'),
 }
 TRAINERS = ("lightning", "accelerate", "torchdata")  # the modules of the ``trainers`` extra and marker
 

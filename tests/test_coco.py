@@ -1,0 +1,177 @@
+"""COCO annotations ingested with their pictures: boxes, categories, crowd flags, keypoints and instance maps.
+
+The annotation file is JSON as COCO writes it, its run-length encodings made by pycocotools, the pictures by
+Pillow; each instance is painted in its own colour, so a map, box or keypoint that does not lie on its picture
+shows, for every fit (crop, pad, fit, the pictures' own size) and through a training transform.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from support.optional import need
+
+import outcore
+from outcore.errors import ImageError, SourceError
+from outcore.transforms import Compose, RandomFlip, RandomResizedCrop, Targets
+
+COLOURS = np.array([[250, 20, 20], [20, 250, 20], [20, 20, 250], [250, 250, 20]], np.uint8)
+CATEGORIES = [{"id": 7, "name": "zebra"}, {"id": 1, "name": "person", "keypoints": ["left_eye", "right_eye"]},
+              {"id": 3, "name": "car"}]
+
+
+def _coco(root, count: int = 14, size: tuple[int, int] | None = None, seed: int = 0) -> list[dict]:
+    """``count`` PNG pictures (of ``size``, or varied) of up to 4 rectangular instances each, painted in
+    `COLOURS` (the instance's index), as polygons, the last of some as a crowd's run-length encoding; persons have
+    a keypoint at their centre (visible) and one unlabelled. Returns the annotations per picture."""
+    mask_api = need("pycocotools.mask")
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    images, annotations, per_picture = [], [], []
+    for picture in range(count):
+        height, width = size or (int(rng.integers(40, 90)), int(rng.integers(40, 90)))
+        pixels = np.zeros((height, width, 3), np.uint8)
+        found = []
+        for k in range(int(rng.integers(0, 5)) if picture else 0):
+            x0, y0 = int(rng.integers(0, width - 8)), int(rng.integers(0, height - 8))
+            x1, y1 = int(rng.integers(x0 + 4, min(width, x0 + 40) + 1)), int(rng.integers(y0 + 4, min(height, y0 + 40) + 1))
+            pixels[y0:y1, x0:x1] = COLOURS[k]
+            category = CATEGORIES[int(rng.integers(0, 3))]["id"]
+            annotation = {"id": len(annotations) + 1, "image_id": 100 + picture, "category_id": category,
+                          "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0), "iscrowd": 0,
+                          "segmentation": [[x0, y0, x1 - 1, y0, x1 - 1, y1 - 1, x0, y1 - 1]]}
+            if k == 3:  # a crowd, by its run-length encoding
+                mask = np.zeros((height, width), np.uint8, order="F")
+                mask[y0:y1, x0:x1] = 1
+                rle = mask_api.encode(np.asfortranarray(mask))
+                annotation.update(iscrowd=1, segmentation={"size": rle["size"], "counts": rle["counts"].decode()})
+            if category == 1:
+                annotation["keypoints"] = [(x0 + x1) / 2, (y0 + y1) / 2, 2, 0, 0, 0]
+            annotations.append(annotation)
+            found.append(annotation)
+        Image.fromarray(pixels).save(root / f"{picture:03}.png")
+        images.append({"id": 100 + picture, "file_name": f"{picture:03}.png", "height": height, "width": width})
+        per_picture.append(found)
+    (root / "instances.json").write_text(json.dumps({"images": images, "annotations": annotations,
+                                                     "categories": CATEGORIES}))
+    return per_picture
+
+
+def _stored(ds):
+    """Each stored picture's pixels, instance map, boxes, labels, crowd flags and keypoints, with its file name."""
+    paths = ds["path"].compute()
+    return [(str(paths[i]), ds["images"][i].compute(), ds["masks"][i].compute(), ds["boxes"][i].compute(),
+             ds["labels"][i].compute(), ds["iscrowd"][i].compute(), ds["keypoints"][i].compute()) for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("resize", ["pad", "fit", "crop"])
+def test_every_target_lies_on_its_picture_after_the_fit(tmp_path, resize):
+    per_picture = _coco(tmp_path / "coco")
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=(48, 56, 3),
+                             resize=resize, images="pixels", progress=False)
+    assert ds.classes == ["person", "car", "zebra"]  # categories sorted by id
+    assert ds.info("boxes").is_ragged and ds["masks"].dtype == np.uint16 and ds.info("keypoints").sample_shape == (2, 3)
+    total = 0
+    for name, pixels, ids, boxes, labels, crowd, points in _stored(ds):
+        source = per_picture[int(name[:3])]
+        if resize != "crop":  # nothing is cut away: every instance, in order
+            names = {c["id"]: c["name"] for c in CATEGORIES}
+            assert [ds.classes[label] for label in labels] == [names[a["category_id"]] for a in source]
+            assert crowd.tolist() == [a["iscrowd"] for a in source]
+        assert len(boxes) == len(labels) == len(crowd) == len(points) and set(np.unique(ids)) <= set(range(len(boxes) + 1))
+        ys, xs = np.mgrid[0:48, 0:56] + 0.5
+        for k, (x0, y0, x1, y1) in enumerate(boxes.tolist()):
+            mine = ids == k + 1
+            total += 1
+            if not mine.any():
+                continue
+            scale = 56 / 20  # the most an edge pixel of the source is magnified (pictures are at least 40 wide)
+            assert (mine <= ((xs > x0 - scale) & (xs < x1 + scale) & (ys > y0 - scale) & (ys < y1 + scale))).all()
+            if resize != "crop":
+                inner = mine.copy()  # two pixels inside the instance's region: the bilinear picture is flat there
+                for shift in (1, 2):
+                    for axis in (0, 1):
+                        inner &= np.roll(mine, shift, axis) & np.roll(mine, -shift, axis)
+                assert (np.abs(pixels[inner].astype(int) - COLOURS[k]) <= 3).all()  # the map lies on its colour
+            x, y, visible = points[k, 0]
+            if visible:
+                assert x0 <= x <= x1 and y0 <= y <= y1
+            assert points[k, 1].tolist() == [0, 0, 0]
+    assert total > 10
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")  # pycocotools' decode, numpy 2
+def test_a_crowds_run_length_encoding_is_drawn_exactly_as_pycocotools_decodes_it(tmp_path):
+    mask_api = need("pycocotools.mask")
+    per_picture = _coco(tmp_path / "coco", count=30, size=(48, 64), seed=1)
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=(48, 64, 3),
+                             images="encoded", shuffle_on_write=False, progress=False)
+    crowds = 0
+    for picture, found in enumerate(per_picture):
+        ids = ds["masks"][picture].compute()
+        for k, annotation in enumerate(found):
+            if annotation["iscrowd"]:  # the last instance: nothing drawn over it
+                expected = mask_api.decode({"size": [48, 64], "counts": annotation["segmentation"]["counts"]})
+                np.testing.assert_array_equal(ids == k + 1, expected.astype(bool))
+                crowds += 1
+            else:
+                x, y, w, h = annotation["bbox"]  # a polygon of the box's pixels: Pillow fills them all
+                assert (ids[y : y + h, x : x + w] >= k + 1).all()
+    assert crowds >= 2
+
+
+def test_a_training_transform_moves_boxes_keypoints_and_maps_together(tmp_path):
+    _coco(tmp_path / "coco", count=24)
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=(64, 64, 3),
+                             resize="pad", images="encoded", chunk_size=8, progress=False)
+    targets = Targets(label_maps=("masks",), boxes="boxes", keypoints="keypoints", instances=("labels", "iscrowd"),
+                      flip_pairs=((0, 1),))
+    transform = Compose([RandomResizedCrop((48, 48), scale=(0.3, 1.0), targets=targets), RandomFlip(targets=targets)])
+    seen = 0
+    for batch in ds.batches(batch_size=8, seed=5, transform=transform):
+        offsets = batch["boxes_offsets"]
+        for i in range(len(batch["images"])):
+            for row in range(offsets[i], offsets[i + 1]):
+                x0, y0, x1, y1 = batch["boxes"][row]
+                ys, xs = np.nonzero(batch["masks"][i] == batch["boxes_kept"][row] + 1)
+                if len(xs):  # within a pixel and a half of its moved box (the map's pixels, magnified)
+                    assert xs.min() + 0.5 > x0 - 2.5 and xs.max() + 0.5 < x1 + 2.5
+                    assert ys.min() + 0.5 > y0 - 2.5 and ys.max() + 0.5 < y1 + 2.5
+                seen += 1
+        assert len(batch["labels"]) == len(batch["iscrowd"]) == len(batch["keypoints"]) == offsets[-1]
+    assert seen > 5
+
+
+def test_pictures_kept_at_their_own_size_keep_their_boxes_where_the_file_says(tmp_path):
+    per_picture = _coco(tmp_path / "coco", count=10, seed=2)
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, masks=False,
+                             shuffle_on_write=False, progress=False)
+    assert "masks" not in ds.fields
+    for picture, found in enumerate(per_picture):
+        expected = [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in found)]
+        assert ds["boxes"][picture].compute().tolist() == expected
+
+
+def test_annotations_that_do_not_fit_their_pictures_are_refused_by_name(tmp_path):
+    _coco(tmp_path / "coco", count=3, seed=3)
+    document = json.loads((tmp_path / "coco" / "instances.json").read_text())
+    document["images"][1]["width"] += 1
+    (tmp_path / "coco" / "wrong.json").write_text(json.dumps(document))
+    with pytest.raises(ImageError, match=r"001.png: annotated as \d+x\d+, its picture .*001.png is"):
+        outcore.ingest_coco(tmp_path / "coco" / "wrong.json", tmp_path / "s.zarr", shape=(32, 32, 3), progress=False)
+    document["images"][1]["width"] -= 1
+    document["annotations"].append({**document["annotations"][0], "category_id": 99})
+    (tmp_path / "coco" / "unknown.json").write_text(json.dumps(document))
+    with pytest.raises(SourceError, match="categories \\[99\\] that the file does not list"):
+        outcore.ingest_coco(tmp_path / "coco" / "unknown.json", tmp_path / "t.zarr", shape=(32, 32, 3))
+    document["annotations"].pop()
+    document["images"][2]["file_name"] = "gone.png"
+    (tmp_path / "coco" / "gone.json").write_text(json.dumps(document))
+    with pytest.raises(SourceError, match="1 of 3 files .* do not exist"):
+        outcore.ingest_coco(tmp_path / "coco" / "gone.json", tmp_path / "u.zarr", shape=(32, 32, 3))
+    with pytest.raises(SourceError, match="lacks COCO's lists"):
+        (tmp_path / "coco" / "empty.json").write_text("{}")
+        outcore.ingest_coco(tmp_path / "coco" / "empty.json", tmp_path / "v.zarr", shape=(32, 32, 3))
