@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.calls import python_calls
 
 import outcore
 from outcore.imaging import native
@@ -127,21 +128,6 @@ def test_a_crop_opening_the_transform_of_pixels_is_cut_as_the_batch_is_made_with
     np.testing.assert_array_equal(fused["labels"], after["labels"])
 
 
-def _python_calls(make) -> int:
-    """The Python functions (and calls into C) that ``make()`` calls on this thread."""
-    calls = [0]
-
-    def count(frame, event, arg):
-        calls[0] += event in ("call", "c_call")
-
-    sys.setprofile(count)
-    try:
-        make()
-    finally:
-        sys.setprofile(None)
-    return calls[0]
-
-
 @pytest.mark.parametrize("kind", ["pixels", "encoded"])
 @pytest.mark.parametrize("transform", [None, Compose([RandomCrop(24), RandomFlip(vertical=True)]),
                                        Compose([RandomCrop(24), RandomFlip(), Normalize(0.5, 0.2)])],
@@ -154,7 +140,7 @@ def test_a_batch_is_made_without_a_python_call_per_sample(photos, kind, transfor
     try:
         ds = photos[kind]
         data = _chunk(ds)
-        few, many = (_python_calls(lambda count=count: _batch(ds, transform, count, data=data)) for count in (32, 256))
+        few, many = (python_calls(lambda count=count: _batch(ds, transform, count, data=data)) for count in (32, 256))
     finally:
         outcore.set_threads(None)
     assert many <= few + 8, (few, many)  # 224 samples more, and a handful of calls more (numpy's, not per sample)

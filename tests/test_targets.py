@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.calls import python_calls
 
 import outcore
 from outcore.errors import OptionError
 from outcore.imaging import cut_label_maps
 from outcore.iterate.batch import Recipe, make_batch
 from outcore.iterate.readers import chunk_readers
+from outcore.storage import RaggedChunk
 from outcore.testing import write_image_folder
 from outcore.transforms import (
     BoxPolicy,
@@ -277,3 +279,48 @@ def test_a_loader_whose_targets_name_a_field_it_leaves_out_is_refused_when_made(
                              tmp_path / "s.zarr", progress=False)
     with pytest.raises(OptionError, match="'masks', which the batches do not hold"):
         ds.batches(batch_size=4, fields=["images"], transform=RandomFlip(targets=Targets(label_maps=("masks",))))
+
+
+@pytest.mark.parametrize("dtype, channels", [(np.uint8, ()), (np.uint16, ()), (np.int32, ()), (np.float64, ()),
+                                             (np.uint8, (3,)), (np.uint16, (2,))])
+def test_the_c_cut_gives_the_bytes_of_numpys(monkeypatch, dtype, channels):
+    from outcore.imaging import native
+
+    if native.windows is None:
+        pytest.skip(f"outcore's C copies are not built here: {native.copies()}")
+    rng = np.random.default_rng(1)
+    maps = rng.integers(0, 100, (6, 11, 17, *channels)).astype(dtype)
+    crops = np.array([[-3, -4, 20, 25], [0, 0, 11, 17], [2.5, 3.5, 4, 6], [5, 9, 30, 30], [0, 0, 1, 1], [10, 16, 1, 1]])
+    flips = rng.random((6, 2)) < 0.5
+    made = cut_label_maps(maps, crops, (9, 13), flips, fill=7)
+    monkeypatch.setattr(native, "windows", None)
+    np.testing.assert_array_equal(made, cut_label_maps(maps, crops, (9, 13), flips, fill=7))
+
+
+def test_moving_a_batchs_targets_makes_no_python_call_per_sample(photos):
+    """The crop done as the batch is made, with masks and boxes moved by it: a handful more calls for 8x the samples."""
+    from outcore.imaging import native
+
+    if native.windows is None:
+        pytest.skip(f"outcore's C copies are not built here: {native.copies()}")
+    stores, masks = photos
+    targets = Targets(label_maps=("masks",), boxes="boxes", instances=("box_labels",))
+    transform = Compose([RandomCrop(24, targets=targets), RandomFlip(vertical=True, targets=targets)])
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 5, 512)
+    boxes = outcore.Ragged.of([np.sort(rng.uniform(0, 37, (c, 4)), axis=1) for c in counts], np.float32, (4,))
+    chunk = {"images": chunk_readers(stores["pixels"], ["images"])["images"].read(0),
+             "masks": np.concatenate([masks] * 8), "boxes": RaggedChunk(boxes.values, np.c_[boxes.offsets[:-1], boxes.offsets[1:]]),
+             "box_labels": RaggedChunk(np.arange(len(boxes.values)), np.c_[boxes.offsets[:-1], boxes.offsets[1:]])}
+    chunk["images"] = np.concatenate([chunk["images"]] * 8)
+    recipe = Recipe.of(list(chunk), (), ["images"], transform, ["boxes", "box_labels"])
+
+    def make(count: int) -> None:
+        make_batch(recipe, np.arange(count), 512, np.zeros(count, np.int64), {0: chunk}, ((count, (1, 2, 3, 4)),))
+
+    outcore.set_threads(1)  # every run on this thread, where the calls are counted
+    try:
+        few, many = python_calls(lambda: make(32)), python_calls(lambda: make(256))
+    finally:
+        outcore.set_threads(None)
+    assert many <= few + 8, (few, many)

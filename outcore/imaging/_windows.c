@@ -8,8 +8,12 @@
  * Every array is C-contiguous; the chunks and out have the same item format and, past the picture's height and
  * width, the same sample shape. Indices are checked before the copies start: nothing is written out of bounds.
  *
- * It needs no library: setup.py builds it wherever a C compiler is; outcore.imaging.windows falls back to numpy
- * without it (the same bytes).
+ * lines(maps, rows, columns, out, fill): for every sample i, out[i, y, x] = maps[i, rows[i, y], columns[i, x]] (a
+ * label map cut and resized nearest-neighbour, mirrored by reversed lines), or the pixel `fill` where a line lies
+ * outside the map (past the picture's edges). rows and columns are int64 (n, height) and (n, width).
+ *
+ * It needs no library: setup.py builds it wherever a C compiler is; outcore.imaging.windows and
+ * outcore.imaging.targets fall back to numpy without it (the same bytes).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -237,12 +241,109 @@ done:
     return result;
 }
 
+typedef struct {
+    const uint8_t *maps;
+    const int64_t *rows, *columns;
+    const uint8_t *fill;
+    Py_ssize_t count, map_rows, map_columns, height, width, pixel;
+    uint8_t *out;
+} Lines;
+
+/* Each output pixel from the map's pixel at its line's row and column (or `fill`), typed copies for 1, 2 and 4 bytes. */
+#define GATHER_ROW(TYPE)                                                                                              \
+    do {                                                                                                              \
+        const TYPE *from = (const TYPE *)source;                                                                      \
+        TYPE *to = (TYPE *)target, empty;                                                                             \
+        memcpy(&empty, l->fill, sizeof(TYPE));                                                                        \
+        for (Py_ssize_t x = 0; x < l->width; x++) {                                                                   \
+            int64_t column = columns[x];                                                                              \
+            to[x] = column >= 0 && column < l->map_columns ? from[column] : empty;                                    \
+        }                                                                                                             \
+    } while (0)
+
+static void gather_lines(const Lines *l) {
+    Py_ssize_t map_row = l->map_columns * l->pixel, out_row = l->width * l->pixel;
+    for (Py_ssize_t i = 0; i < l->count; i++) {
+        const uint8_t *map = l->maps + (size_t)i * l->map_rows * map_row;
+        const int64_t *rows = l->rows + (size_t)i * l->height, *columns = l->columns + (size_t)i * l->width;
+        for (Py_ssize_t y = 0; y < l->height; y++) {
+            uint8_t *target = l->out + ((size_t)i * l->height + y) * out_row;
+            if (rows[y] < 0 || rows[y] >= l->map_rows) {
+                for (Py_ssize_t x = 0; x < l->width; x++)
+                    memcpy(target + x * l->pixel, l->fill, l->pixel);
+                continue;
+            }
+            const uint8_t *source = map + (size_t)rows[y] * map_row;
+            switch (l->pixel) {
+            case 1: GATHER_ROW(uint8_t); break;
+            case 2: GATHER_ROW(uint16_t); break;
+            case 4: GATHER_ROW(uint32_t); break;
+            default:
+                for (Py_ssize_t x = 0; x < l->width; x++) {
+                    int64_t column = columns[x];
+                    memcpy(target + x * l->pixel,
+                           column >= 0 && column < l->map_columns ? source + column * l->pixel : l->fill, l->pixel);
+                }
+            }
+        }
+    }
+}
+
+/* Whether a buffer holds int64 items of shape (count, length). */
+static int int64_table(const Py_buffer *view, Py_ssize_t count, Py_ssize_t length) {
+    const char *format = view->format;
+    if (*format == '@' || *format == '=' || *format == (PY_LITTLE_ENDIAN ? '<' : '>'))
+        format++;
+    return view->ndim == 2 && view->shape[0] == count && view->shape[1] == length && view->itemsize == 8 &&
+           (format[0] == 'q' || format[0] == 'l') && format[1] == '\0';
+}
+
+static PyObject *py_lines(PyObject *self, PyObject *args) {
+    PyObject *arrays[4];
+    Py_buffer views[4], fill;
+    int got = 0, got_fill = 0;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "OOOOy*:lines", &arrays[0], &arrays[1], &arrays[2], &arrays[3], &fill))
+        return NULL;
+    got_fill = 1;
+    while (got < 4 && array_buffer(arrays[got], &views[got], got == 3) == 0)
+        got++;
+    if (got < 4)
+        goto done;
+    Py_buffer *maps = &views[0], *out = &views[3];
+    int ok = maps->ndim >= 3 && out->ndim == maps->ndim && out->shape[0] == maps->shape[0] &&
+             strcmp(out->format, maps->format) == 0 && out->itemsize == maps->itemsize;
+    for (int axis = 3; ok && axis < maps->ndim; axis++)
+        ok = out->shape[axis] == maps->shape[axis];
+    if (!ok || !int64_table(&views[1], maps->shape[0], out->shape[1]) ||
+        !int64_table(&views[2], maps->shape[0], out->shape[2]) || fill.len != bytes_from(maps, 3)) {
+        PyErr_SetString(PyExc_ValueError, "lines: wanted maps (n, h, w, ...) and out (n, height, width, ...) of one "
+                                          "format, rows int64 (n, height), columns int64 (n, width) and one pixel's "
+                                          "bytes as fill; all C-contiguous");
+        goto done;
+    }
+    Lines lines = {maps->buf, views[1].buf, views[2].buf, fill.buf, maps->shape[0], maps->shape[1], maps->shape[2],
+                   out->shape[1], out->shape[2], bytes_from(maps, 3), out->buf};
+    Py_BEGIN_ALLOW_THREADS gather_lines(&lines);
+    Py_END_ALLOW_THREADS result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    if (got_fill)
+        PyBuffer_Release(&fill);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"copy", (PyCFunction)(void (*)(void))py_copy, METH_VARARGS | METH_KEYWORDS,
      "copy(chunks, which, local, out, rows, tops=None, lefts=None, flips=None)\n--\n\n"
      "For every k, sample local[k] of chunks[which[k]] into out[rows[k]]: whole, or, with tops and lefts, the\n"
      "window of out's height and width at (tops[k], lefts[k]) of the picture (zeros past its edges), mirrored\n"
      "left-right and top-bottom as flips[k] says. The GIL is released while the bytes are copied."},
+    {"lines", py_lines, METH_VARARGS,
+     "lines(maps, rows, columns, out, fill)\n--\n\n"
+     "For every sample i, out[i, y, x] = maps[i, rows[i, y], columns[i, x]], or the pixel fill (bytes) where the\n"
+     "row or column lies outside the map. The GIL is released while the pixels are copied."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import OptionError
+from . import native
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def cut_label_maps(maps: np.ndarray, crops: np.ndarray, size: tuple[int, int], f
                    out: np.ndarray | None = None) -> np.ndarray:
     """Each label map (n, h, w[, c]) cut to its crop, resized to ``size`` nearest-neighbour and mirrored, into
     ``out`` (n, *size[, c]) when given: every value is one of the map's own (``fill`` where the crop lies past
-    the picture's edges). One gather for the whole batch.
+    the picture's edges). One C call for the whole batch, outside the GIL (a numpy gather without the C extension).
 
     >>> maps = np.arange(16, dtype=np.uint8).reshape(1, 4, 4)
     >>> cut_label_maps(maps, np.array([[0, 0, 2, 2]]), (4, 4), np.array([[0, 0]])).tolist()
@@ -167,6 +168,14 @@ def cut_label_maps(maps: np.ndarray, crops: np.ndarray, size: tuple[int, int], f
     height, width = maps.shape[1:3]
     rows = source_lines(crops[:, 0], crops[:, 2], size[0], flips[:, 1])
     columns = source_lines(crops[:, 1], crops[:, 3], size[1], flips[:, 0])
+    if native.windows is not None:  # one C call, outside the GIL
+        target = out if out is not None and out.flags.c_contiguous else np.empty((len(maps), *size, *maps.shape[3:]),
+                                                                                  maps.dtype)
+        native.windows.lines(np.ascontiguousarray(maps), rows, columns, target,
+                             np.full(maps.shape[3:], fill, maps.dtype).tobytes())
+        if out is not None and target is not out:
+            out[...] = target
+        return target if out is None else out
     every = np.arange(len(maps))[:, None, None]
     cut = maps[every, np.clip(rows, 0, height - 1)[:, :, None], np.clip(columns, 0, width - 1)[:, None, :]]
     outside = ((rows < 0) | (rows >= height))[:, :, None] | ((columns < 0) | (columns >= width))[:, None, :]
