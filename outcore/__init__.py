@@ -38,7 +38,7 @@ _HOMES = {  # public name -> the module it comes from
     **dict.fromkeys(["VerifyReport", "verify"], "cli"),
     **dict.fromkeys(["Compression", "Ragged"], "format"),
     **dict.fromkeys(["LMDB", "IngestKeywords", "Parquet", "TFRecord", "WebDataset", "Writer", "from_arrays",
-                     "ingest_coco", "ingest_dataframe", "ingest_images", "ingest_records", "ingest_splits"], "ingest"),
+                     "ingest_coco", "ingest_dataframe", "ingest_images", "ingest_records", "ingest_splits", "ingest_voc"], "ingest"),
     **dict.fromkeys(["WORKER_CONFIG", "BatchIterator", "BatchKeywords", "ShuffleQuality", "shuffle_quality",
                      "worker_environment"], "iterate"),
     **dict.fromkeys(["Mixture", "mix"], "mixture"),
@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
         ingest_images,
         ingest_records,
         ingest_splits,
+        ingest_voc,
     )
     from .iterate import (
         WORKER_CONFIG,
@@ -135,6 +136,7 @@ __all__ = [
     "ingest_images",
     "ingest_records",
     "ingest_splits",
+    "ingest_voc",
     "mix",
     "open_dataset",
     "set_threads",

@@ -18,6 +18,7 @@ from .drawings import Drawing
 from .encoded import DecodedChunks, EncodedChunk, cut_rows, decode_rows
 from .label_maps import (
     LABEL_MAP_DTYPES,
+    Renumbered,
     check_placement,
     decode_label_map,
     fit_label_map,
@@ -42,6 +43,7 @@ __all__ = [
     "DecodedChunks",
     "Drawing",
     "EncodedChunk",
+    "Renumbered",
     "ResizePolicy",
     "center_crop_box",
     "check_max_side",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -28,6 +29,21 @@ LABEL_MAP_DTYPES = ("uint8", "uint16")
 LOSSY = ("JPEG", "MPO", "WEBP")  # WebP may be lossless, but nothing in its header says so for sure
 ID_MODES = {"P": np.uint8, "L": np.uint8, "1": np.uint8, "I;16": np.uint16, "I;16B": np.uint16, "I;16L": np.uint16,
             "I": np.uint16}
+
+
+@dataclass(frozen=True)
+class Renumbered:
+    """A label map file whose ids are renumbered as it is read: id ``i`` becomes ``ids[i]`` (an instance map whose
+    cut-away instances went at ingest: theirs become 0, the rest follow the kept instances' order)."""
+
+    path: str
+    ids: tuple[int, ...]
+
+    def apply(self, ids: np.ndarray) -> np.ndarray:
+        """``ids`` renumbered; an `ImageError` for an id past the table."""
+        if ids.size and int(ids.max()) >= len(self.ids):
+            raise ImageError(self.path, f"the label map holds id {int(ids.max())}, which its annotations do not number")
+        return np.asarray(self.ids, ids.dtype)[ids]
 
 
 def label_map_dtype(data: bytes, name: str) -> np.dtype:

@@ -9,8 +9,9 @@ from .options import IngestKeywords
 from .records import LMDB, Parquet, TFRecord, WebDataset
 from .scheduler import active_client, progress_bar
 from .splits import ingest_splits
+from .voc import ingest_voc
 from .writer import Writer
 
 __all__ = ["LMDB", "IngestKeywords", "Parquet", "TFRecord", "WebDataset", "Writer", "active_client", "from_arrays", "ingest_coco",
            "ingest_dataframe",
-           "ingest_images", "ingest_records", "ingest_splits", "progress_bar"]
+           "ingest_images", "ingest_records", "ingest_splits", "ingest_voc", "progress_bar"]

@@ -13,7 +13,7 @@ encoding, ``keypoints`` as x, y, visibility triples) and ``categories``. The sto
   (`outcore.imaging.drawings`), drawn at the picture's size in the task that decodes it.
 
 With ``shape=``, pictures are fitted as ``resize`` says and every target is moved by the same box
-(`outcore.imaging.policy_crop`): the map nearest-neighbour, boxes and keypoints by the same scale and shift, boxes
+(`outcore.ingest.placement`): the map nearest-neighbour, boxes and keypoints by the same scale and shift, boxes
 clipped to the picture; an instance the fit leaves nothing of is dropped with all its rows (and its id renumbered).
 A picture that is not of its annotated size, or is stored turned (EXIF), is an error naming it.
 
@@ -36,14 +36,12 @@ import numpy as np
 
 from ..dataset import Dataset
 from ..errors import SourceError
-from ..format import Ragged
-from ..imaging import BoxPolicy, Drawing, move_boxes, move_keypoints, policy_crop
+from ..imaging import Drawing
 from ..storage import check_target
 from .images import ingest_table, missing_files_error
 from .options import IngestKeywords, IngestOptions
+from .placement import Placement, instance_fields
 from .sources import SourceTable
-
-KEEP_VISIBLE = BoxPolicy(min_size=0.0)  # at ingest an instance goes only when the fit leaves nothing of its box
 
 
 def ingest_coco(annotations: str | os.PathLike, location: str | os.PathLike, *, root: str | os.PathLike | None = None,
@@ -80,23 +78,18 @@ def coco_table(annotations: Path, root: Path, shape: tuple[int | None, ...], res
     if unknown:
         raise SourceError(f"{annotations}: annotations name categories {sorted(unknown)[:5]} that the file does not list")
     sizes = np.array([[image["height"], image["width"]] for image in images], np.int64).reshape(-1, 2)
-    target = sizes if shape[0] is None else np.tile(np.asarray(shape[:2], np.int64), (len(images), 1))
-    crops = np.array([policy_crop(tuple(size), tuple(goal), resize) for size, goal in
-                      zip(sizes.tolist(), target.tolist(), strict=True)], np.float64).reshape(-1, 4)
+    placement = Placement.of(sizes, shape, resize)
     listed = [per_image.get(image["id"], []) for image in images]
     owners = np.repeat(np.arange(len(images)), [len(found) for found in listed])
     flat = [annotation for found in listed for annotation in found]
     boxes = np.array([annotation["bbox"] for annotation in flat], np.float64).reshape(-1, 4)
     boxes[:, 2:] += boxes[:, :2]  # x, y, width, height -> x0, y0, x1, y1
-    moved, kept = _moved_boxes(boxes, owners, crops, target)
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(owners[kept], minlength=len(images)))]).astype(np.int64)
-    instances = {
-        "boxes": Ragged(moved[kept], offsets),
-        "labels": Ragged(np.array([index[a["category_id"]] for a in flat], np.int64)[kept], offsets),
-        "iscrowd": Ragged(np.array([a.get("iscrowd", 0) for a in flat], np.uint8)[kept], offsets),
-    }
+    moved, kept = placement.boxes(boxes, owners)
+    rows = {"boxes": moved, "labels": np.array([index[a["category_id"]] for a in flat], np.int64),
+            "iscrowd": np.array([a.get("iscrowd", 0) for a in flat], np.uint8)}
     if points:
-        instances["keypoints"] = Ragged(_moved_keypoints(flat, owners, crops, target, points)[kept], offsets)
+        rows["keypoints"] = placement.keypoints(_keypoints(flat, points), owners)
+    instances = instance_fields(rows, owners, kept, len(images))
     paths = [str(root / image["file_name"]) for image in images]
     table = SourceTable(paths, [image["file_name"] for image in images], {},
                         {"labels": tuple(str(category["name"]) for category in categories)},
@@ -122,29 +115,12 @@ def _document(annotations: Path) -> dict[str, Any]:
     return document
 
 
-def _moved_boxes(boxes: np.ndarray, owners: np.ndarray, crops: np.ndarray,
-                 target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes moved to their fitted pictures, by picture size (the move takes one output size at a time)."""
-    moved, kept = np.zeros(boxes.shape, np.float32), np.zeros(len(boxes), bool)
-    for size in np.unique(target, axis=0).tolist():
-        mine = (target[owners] == size).all(axis=1)
-        moved[mine], kept[mine] = move_boxes(boxes[mine], owners[mine], crops, tuple(size), np.zeros((len(crops), 2)),
-                                             KEEP_VISIBLE)
-    return moved, kept
-
-
-def _moved_keypoints(flat: Sequence[Mapping[str, Any]], owners: np.ndarray, crops: np.ndarray, target: np.ndarray,
-                     points: int) -> np.ndarray:
-    """Each instance's keypoints (points, 3) moved to its fitted picture; none given: all unlabelled (zeros)."""
+def _keypoints(flat: Sequence[Mapping[str, Any]], points: int) -> np.ndarray:
+    """Each instance's keypoints (points, 3); none given: all unlabelled (zeros)."""
     values = np.zeros((len(flat), points, 3), np.float32)
     for row, annotation in enumerate(flat):
         given = np.asarray(annotation.get("keypoints") or (), np.float32).reshape(-1, 3)
         values[row, : len(given)] = given
-    labelled = values[..., 2] > 0
-    for size in np.unique(target, axis=0).tolist():
-        mine = (target[owners] == size).all(axis=1)
-        values[mine] = move_keypoints(values[mine], owners[mine], crops, tuple(size), np.zeros((len(crops), 2)))
-    values[~labelled] = 0  # an unlabelled point stays (0, 0, 0), as COCO writes it
     return values
 
 

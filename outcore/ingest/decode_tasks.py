@@ -14,6 +14,7 @@ from ..errors import ImageError, OptionError, SourceError
 from ..imaging import (
     MAX_PIXELS,
     Drawing,
+    Renumbered,
     ResizePolicy,
     check_placement,
     decode_image,
@@ -48,7 +49,7 @@ def image_array(
     keep: tuple[str, ...] = ("pixels",),
     max_pixels: int | None = MAX_PIXELS,
     reader: SampleReader = FILES,
-    label_maps: Mapping[str, tuple[Sequence[str | Drawing], np.dtype]] | None = None,
+    label_maps: Mapping[str, tuple[Sequence[str | Drawing | Renumbered], np.dtype]] | None = None,
     sizes: np.ndarray | None = None,
 ) -> tuple[da.Array | None, da.Array | None, da.Array, da.Array, dict[str, da.Array]]:
     """Return ``(pixels, files, errors, digests, maps)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to
@@ -99,7 +100,7 @@ def image_array(
 def _load_block(
     paths: list[str], shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str,
     keep: tuple[str, ...], max_pixels: int | None, reader: SampleReader,
-    label_maps: Mapping[str, tuple[list[str | Drawing], np.dtype]], sizes: np.ndarray | None,
+    label_maps: Mapping[str, tuple[list[str | Drawing | Renumbered], np.dtype]], sizes: np.ndarray | None,
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     pixels = np.zeros((len(paths), *shape), dtype=dtype) if "pixels" in keep else None
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE) if "files" in keep else None
@@ -118,7 +119,9 @@ def _load_block(
                 if isinstance(source, Drawing):
                     ids, shown = source.draw(map_dtype), source.name
                 else:
-                    ids, shown = decode_label_map(reader.read(source), source, map_dtype), source
+                    shown = source.path if isinstance(source, Renumbered) else source
+                    ids = decode_label_map(reader.read(shown), shown, map_dtype)
+                    ids = source.apply(ids) if isinstance(source, Renumbered) else ids
                     check_placement(ids.shape[:2], shown, "the label map is", data, path)
                 maps[name][i] = fit_label_map(ids, shape[:2], resize, shown)
         except ImageError as error:

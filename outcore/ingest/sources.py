@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..errors import OptionError, OutcoreWarning, SourceError
 from ..format import Ragged
-from ..imaging import IMAGE_EXTENSIONS, LABEL_MAP_DTYPES, Drawing, label_map_dtype
+from ..imaging import IMAGE_EXTENSIONS, LABEL_MAP_DTYPES, Drawing, Renumbered, label_map_dtype
 from ..storage.remote import is_object_url, redact
 from .records.locations import list_objects, read_file
 from .records.reader import SampleReader
@@ -42,7 +42,7 @@ class SourceTable:
     description: str = ""
     reader: SampleReader | None = None
     stats: np.ndarray | None = None
-    label_maps: dict[str, tuple[list[str | Drawing], np.dtype]] = field(default_factory=dict)
+    label_maps: dict[str, tuple[list[str | Drawing | Renumbered], np.dtype]] = field(default_factory=dict)
     instances: dict[str, Ragged] = field(default_factory=dict)
     sizes: np.ndarray | None = None
 
