@@ -1,12 +1,13 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil,torch] [--cases pixels,pixels+crop,encoded,encoded+crop,rrc]
+                               [--only scaling,gil,torch] [--cases pixels,pixels+crop,encoded,encoded+crop,rrc,dense]
                                [--torch-workers 0,2]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
-crops, and an ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`),
-then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work;
+crops, an ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`) and a
+COCO-like encoded store of 320x240 photos with instance maps, boxes and keypoints (as many; `dense_targets.make_set`;
+the ``dense`` case crops and flips all of them), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work;
 ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
@@ -38,6 +39,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from dense_targets import TARGETS, make_set
 
 import outcore
 from outcore.imaging.synthetic import write_image_folder
@@ -52,13 +54,16 @@ CASES = {  # name: (store, transform)
     "encoded": ("encoded", None),
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
+    "dense": ("coco", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "ingest": ("own-size-jpegs", None),  # ingest_images of the JPEGs at their own sizes (shape=None, encoded)
 }
+FIELDS = {"dense": ["images", "masks", "boxes", "labels", "keypoints"]}  # the others: images and labels
 # The stage of a py-spy frame: the first of these found in its file's path, innermost frame first.
 STAGES = (
     ("ingest: survey, write", ("outcore/ingest/",)),
     ("read + decompress", ("outcore/storage/",)),
     ("copies, windows", ("outcore/imaging/windows.py",)),
+    ("targets", ("outcore/imaging/targets.py", "outcore/iterate/targets.py")),
     ("JPEG decode", ("outcore/imaging/decode.py", "outcore/imaging/encoded.py")),
     ("crop, resize", ("outcore/imaging/",)),
     ("transforms", ("outcore/iterate/transforms.py",)),
@@ -78,7 +83,11 @@ def stores(workdir: Path, images: int) -> dict[str, Path]:
     if not photos.exists():
         write_image_folder(photos, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos", seed=0)
     write_folder(own_size, max(BATCH * 4, images // 6))
-    made = {"own-size-jpegs": own_size}
+    made = {"own-size-jpegs": own_size, "coco": workdir / "coco.zarr"}
+    if not made["coco"].exists():
+        annotations = make_set(workdir / "dense", images // 6)
+        outcore.ingest_coco(annotations, made["coco"], root=workdir / "dense", shape=(240, 320, 3), images="encoded",
+                            progress=False)
     for name, source, options in (("pixels", photos, {"shape": (128, 128, 3), "images": "pixels"}),
                                   ("encoded", photos, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("own-size", own_size, {"shape": None, "images": "encoded"})):
@@ -97,13 +106,13 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
         Gauge.LOW = 0.0
     if case == "ingest":
         return ingests(location, seconds, ready)
-    batches = outcore.open_dataset(location).batches(BATCH, shuffle=True, fields=["images", "labels"],
+    batches = outcore.open_dataset(location).batches(BATCH, shuffle=True, fields=FIELDS.get(case, ["images", "labels"]),
                                                      transform=CASES[case][1])
     rates, began, epoch = [], time.perf_counter(), 0
     while ready or len(rates) < 2 or time.perf_counter() - began < seconds:
         start, count = time.perf_counter(), 0
         for batch in batches:  # each pass the next epoch, as in training
-            count += len(batch["labels"])
+            count += len(batch["images"])
         if epoch:
             rates.append(count / (time.perf_counter() - start))
         elif ready:
@@ -240,7 +249,7 @@ def torch_epochs(location: Path, workers: int, seconds: float) -> float:
     while len(rates) < 3 or time.perf_counter() - began < seconds:
         start, count = time.perf_counter(), 0
         for batch in loader:
-            count += len(batch["labels"])
+            count += len(batch["images"])
         rates.append(count / (time.perf_counter() - start))
     return float(np.median(rates[1:]))
 
