@@ -16,6 +16,7 @@ from ..storage.remote import is_object_url, redact
 from ..storage.upload import local_mirror
 from .images import ingest_or_append
 from .options import IngestKeywords, IngestOptions
+from .placement import placed
 from .record_table import record_table
 from .records import name_of, parse_format, recognise, record_files
 from .records.locations import common_root, file_version
@@ -46,7 +47,8 @@ def ingest_records(
     file and record, e.g. ``train-00000.tfrecord::record 17``) and ``source_index``. A damaged record (a
     bad checksum, a truncated file, a picture that does not decode) is an error naming it, or with
     ``on_error="skip"`` left out and named in the report. The other keywords are those of
-    every ingest (`IngestKeywords`).
+    every ingest (`IngestKeywords`). Boxes (``format=outcore.TFRecord.object_detection()``: TensorFlow's object
+    detection records) are stored as ragged fields, fitted to ``shape=`` with their pictures (see `ingest_coco`).
 
     >>> ds = outcore.ingest_records("imagenet/train-*-of-01024", "train.zarr", shape=None, images="encoded",
     ...                             max_side=512)  # doctest: +SKIP
@@ -56,7 +58,8 @@ def ingest_records(
     settings = IngestOptions.of(options)
     check_target(location)
     with record_source(source, format, settings, beside(location)) as table:
-        return ingest_or_append(table, location, settings, append=False, by_content=False)
+        return ingest_or_append(placed(table, settings.shape, settings.resize), location, settings, append=False,
+                                by_content=False)
 
 
 def beside(location: str | os.PathLike) -> Path:

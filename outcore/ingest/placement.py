@@ -9,12 +9,13 @@ resized (`outcore.imaging.policy_crop`); its boxes and keypoints move by that bo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..format import Ragged
-from ..imaging import BoxPolicy, move_boxes, move_keypoints, policy_crop
+from ..imaging import BoxPolicy, move_boxes, move_keypoints, owners, policy_crop
+from .sources import SourceTable
 
 KEEP_VISIBLE = BoxPolicy(min_size=0.0)  # at ingest an instance goes only when the fit leaves nothing of its box
 
@@ -74,3 +75,18 @@ def instance_fields(rows: Mapping[str, np.ndarray], owners: np.ndarray, kept: np
     """
     offsets = np.concatenate([[0], np.cumsum(np.bincount(owners[kept], minlength=pictures))]).astype(np.int64)
     return {name: Ragged(np.asarray(values)[kept], offsets) for name, values in rows.items()}
+
+
+def placed(table: SourceTable, shape: tuple[int | None, ...], resize: str | None) -> SourceTable:
+    """``table`` with its ragged ``boxes`` (and ``keypoints``) in its pictures' own pixels moved to their fits to
+    ``shape``, the instances the fits cut away gone from every ragged field."""
+    if "boxes" not in table.instances or table.sizes is None:
+        return table
+    boxes = table.instances["boxes"]
+    which = owners(boxes.offsets)
+    placement = Placement.of(table.sizes, shape, resize)
+    moved, kept = placement.boxes(boxes.values, which)
+    rows = {name: rows.values for name, rows in table.instances.items()} | {"boxes": moved}
+    if "keypoints" in rows:
+        rows["keypoints"] = placement.keypoints(rows["keypoints"], which)
+    return replace(table, instances=instance_fields(rows, which, kept, len(table)))

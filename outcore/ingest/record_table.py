@@ -12,12 +12,13 @@ import numpy as np
 import pandas as pd
 
 from ..errors import OutcoreWarning, SourceError
+from ..format import Ragged
 from ..storage.remote import is_object_url
 from .records import RecordFormat
 from .records.locations import common_root, shown
 from .records.parts import SEPARATOR, PartScan
 from .records.reader import SampleReader
-from .records.tfrecord import CLASS_TEXT
+from .records.tfrecord import CLASS_TEXT, INSTANCE_TEXT, INSTANCES, PICTURE_SIZE
 from .scheduler import run_tasks
 from .sources import SourceTable, label_values
 
@@ -54,15 +55,43 @@ def record_table(format: RecordFormat, locations: Sequence[str], *, on_error: st
                           "on_error='skip' to skip them (the store's report names each)")
     names = [f"{shown(part.location, root)}{SEPARATOR}{what}" for part in scans for what in part.whats]
     labels, classes = _labels(scans, description)
+    instances, sizes, named = _instances(scans)
     for note in sorted({note for part in scans for note in part.notes}):
         warnings.warn(f"{description}: {note}", OutcoreWarning, stacklevel=3)
-    if not labels:
+    if not labels and not instances:
         warnings.warn(f"{description}: no labels found, so the store gets none; name them with label_keys= (LMDB: "
                       "label_pattern= or label_table=) if the records have them", OutcoreWarning, stacklevel=3)
     stats = np.array([(max(0, span[1]), part.version[1]) for part in scans for span in part.spans],
                      dtype=np.int64).reshape(-1, 2)
     reader = SampleReader(storage_options, format.picture_of(), unpack_into)
-    return SourceTable(references, names, labels, classes, description=description, reader=reader, stats=stats)
+    return SourceTable(references, names, labels, {**classes, **named}, description=description, reader=reader,
+                       stats=stats, instances=instances, sizes=sizes)
+
+
+def _instances(scans: list[PartScan]) -> tuple[dict[str, Ragged], np.ndarray | None, dict[str, tuple[str, ...]]]:
+    """Each record's per-instance lists as ragged fields (none for a damaged record), its picture's annotated
+    size, and the labels' class names from the instances' class texts (the name of label ``k`` at ``k``)."""
+    fields = list(dict.fromkeys(name for part in scans for name in part.labels if name.startswith(INSTANCES)))
+    if not fields:
+        return {}, None, {}
+    instances = {}
+    for field in fields:
+        values = [value for part in scans for value in part.labels.get(field, [None] * len(part))]
+        like = next(value for value in values if value is not None)
+        instances[field.removeprefix(INSTANCES)] = Ragged.of(
+            [value if value is not None else like[:0] for value in values], like.dtype, like.shape[1:])
+    sizes = np.array([size or (0, 0) for part in scans for size in part.labels.get(PICTURE_SIZE, [None] * len(part))],
+                     np.int64).reshape(-1, 2)
+    named: dict[str, tuple[str, ...]] = {}
+    if "labels" in instances and any(INSTANCE_TEXT in part.labels for part in scans):
+        texts = [text for part in scans for found in part.labels.get(INSTANCE_TEXT, [None] * len(part))
+                 for text in (found or [])]
+        values = instances["labels"].values
+        if len(texts) == len(values):
+            names = _named_classes(values, texts, np.ones(len(values), bool))
+            if names is not None:
+                named["labels"] = names
+    return instances, sizes, named
 
 
 def _scan(format: RecordFormat, location: str, storage_options: Mapping[str, Any] | None,
@@ -73,7 +102,8 @@ def _scan(format: RecordFormat, location: str, storage_options: Mapping[str, Any
 def _labels(scans: list[PartScan], description: str) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, ...]]]:
     """One array per label field (damaged rows get the first good row's value: they are skipped), with
     class names: given by the files (``ClassLabel``, a class text feature), or made from text labels."""
-    fields = list(dict.fromkeys(name for part in scans for name in part.labels if name != CLASS_TEXT))
+    fields = list(dict.fromkeys(name for part in scans for name in part.labels
+                                if not name.startswith("\x00")))  # the class texts and instances are apart
     good = np.array([not damage for part in scans for damage in part.damage], dtype=bool)
     labels, classes = {}, {}
     for field in fields:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, ClassVar
 
 import crc32c
+import numpy as np
 
 from ...errors import OptionError, SourceError
 from ...storage.remote import redact
@@ -41,6 +42,10 @@ CLASS_KEY = "image/class/text"
 _MASK_DELTA = 0xA282EAD8
 _GZIP_MAGIC = b"\x1f\x8b"
 CLASS_TEXT = "\x00class text"  # the first label's class name, kept apart from the label fields
+INSTANCES = "\x00instances "  # a record's per-instance lists (boxes, their labels), kept apart from the labels
+INSTANCE_TEXT = "\x00instance texts"  # each instance's class name
+PICTURE_SIZE = "\x00picture size"  # the picture's annotated (height, width)
+DETECTION_BOXES = ("image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax", "image/object/bbox/ymax")
 
 
 def masked_crc(data: bytes | memoryview) -> int:
@@ -60,6 +65,11 @@ class TFRecord(RecordFiles):
     class (``class_key``, a text feature, when the records have it); the files' ``compression`` (None:
     GZIP when a file starts as GZIP does, else none; or ``""``, ``"GZIP"``, ``"ZLIB"``).
 
+    Boxes: ``box_keys`` name the four float lists of their edges (x min, y min, x max, y max, as fractions of the
+    picture's width and height, whose features ``size_keys`` name), ``instance_keys`` more lists of one value per
+    box (field name -> feature), ``instance_class_key`` each box's class name; they are stored as ragged fields
+    (``boxes`` in pixels). `TFRecord.object_detection` names those of TensorFlow's object detection records.
+
     >>> TFRecord(label_keys={"labels": "label"}).image_key
     'image/encoded'
     """
@@ -71,6 +81,23 @@ class TFRecord(RecordFiles):
     label_keys: Mapping[str, str] | None = None
     class_key: str | None = CLASS_KEY
     compression: str | None = None
+    box_keys: tuple[str, str, str, str] | None = None
+    instance_keys: Mapping[str, str] | None = None
+    instance_class_key: str | None = None
+    size_keys: tuple[str, str] = ("image/height", "image/width")
+
+    @classmethod
+    def object_detection(cls, compression: str | None = None) -> TFRecord:
+        """The records of TensorFlow's object detection API: the picture, its ``image/height`` and
+        ``image/width``, and per box ``image/object/bbox/{xmin,ymin,xmax,ymax}`` (fractions),
+        ``image/object/class/label`` (stored as ``labels``) and ``image/object/class/text`` (the class names).
+
+        >>> TFRecord.object_detection().instance_keys
+        {'labels': 'image/object/class/label'}
+        """
+        return cls(label_keys={}, class_key=None, compression=compression, box_keys=DETECTION_BOXES,
+                   instance_keys={"labels": "image/object/class/label"},
+                   instance_class_key="image/object/class/text")
 
     @classmethod
     def is_file_of(cls, location: str, storage_options: Mapping[str, Any] | None = None) -> bool:
@@ -131,7 +158,9 @@ class TFRecord(RecordFiles):
     @property
     def _wanted(self) -> frozenset[str]:
         labels = self.label_keys.values() if self.label_keys is not None else (LABEL_KEY,)
-        return frozenset((self.image_key, *labels, *((self.class_key,) if self.class_key else ())))
+        boxes = (*self.box_keys, *self.size_keys, *(self.instance_keys or {}).values(),
+                 *((self.instance_class_key,) if self.instance_class_key else ())) if self.box_keys else ()
+        return frozenset((self.image_key, *labels, *((self.class_key,) if self.class_key else ()), *boxes))
 
     def _compression(self, location: str, storage_options: Mapping[str, Any] | None) -> str:
         if self.compression is not None:
@@ -160,7 +189,37 @@ class TFRecord(RecordFiles):
             kind, found = features[self.class_key]
             if kind == "bytes" and len(found) == 1:
                 labels[CLASS_TEXT] = _text(data, found[0])
+        if self.box_keys:
+            labels.update(self._instances(features, data))
         return values[0], labels
+
+    def _instances(self, features: dict[str, tuple[str, list[Any]]], data: bytes) -> dict[str, Any]:
+        """A record's boxes in pixels (rows, 4), its other per-box lists, their class names and its picture's
+        size; a `KeyError` saying which feature is missing or of another length."""
+        size = []
+        for feature in self.size_keys:
+            kind, found = features.get(feature, ("", []))
+            if kind != "int64" or len(found) != 1:
+                raise KeyError(f"feature {feature!r} is not the picture's size in this record (it has: "
+                               f"{sorted(features)}); name its height and width features with size_keys=")
+            size.append(int(found[0]))
+        edges = [features.get(feature, ("", []))[1] for feature in self.box_keys]
+        if len({len(edge) for edge in edges}) != 1:
+            raise KeyError(f"the box features {list(self.box_keys)} hold {[len(e) for e in edges]} values: one per box")
+        height, width = size
+        boxes = np.array(edges, np.float64).reshape(4, -1).T * (width, height, width, height)
+        found = {INSTANCES + "boxes": boxes.astype(np.float32), PICTURE_SIZE: tuple(size)}
+        for name, feature in (self.instance_keys or {}).items():
+            kind, values = features.get(feature, ("", []))
+            if len(values) != len(boxes) or kind not in ("int64", "float"):
+                raise KeyError(f"feature {feature!r} (for {name!r}) holds {len(values)} numbers, not one per box "
+                               f"({len(boxes)})")
+            found[INSTANCES + name] = np.array(values, np.int64 if kind == "int64" else np.float32)
+        if self.instance_class_key and self.instance_class_key in features:
+            kind, texts = features[self.instance_class_key]
+            if kind == "bytes" and len(texts) == len(boxes):
+                found[INSTANCE_TEXT] = [_text(data, text) for text in texts]
+        return found
 
 
 def _text(data: bytes, span: tuple[int, int]) -> str:
