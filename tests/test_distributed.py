@@ -292,6 +292,22 @@ def test_cluster_workers_crop_while_decoding_as_local_threads_do(client, photos)
     assert local[0][field].shape == (10, 20, 20, 3)
 
 
+def test_cluster_workers_move_masks_and_boxes_with_their_pictures_as_local_threads_do(client, tmp_path):
+    rng = np.random.default_rng(0)
+    corners = rng.uniform(0, 12, (60, 3, 2))
+    boxes = outcore.Ragged.of([np.c_[c[: k], c[: k] + 10] for c, k in zip(corners, rng.integers(0, 4, 60), strict=True)],
+                              np.float32, (4,))
+    ds = outcore.from_arrays({"images": rng.integers(0, 256, (60, 24, 24, 3), dtype=np.uint8),
+                              "masks": rng.integers(0, 5, (60, 24, 24), dtype=np.uint8), "boxes": boxes},
+                             tmp_path / "s.zarr", chunk_size=8, progress=False)
+    targets = transforms.Targets(label_maps=("masks",), boxes="boxes")
+    transform = transforms.Compose([transforms.RandomCrop(20, targets=targets), transforms.RandomFlip(targets=targets),
+                                    transforms.BrightnessContrast()])  # a step per piece: pieces cut and joined
+    local = list(ds.batches(12, seed=2, transform=transform))
+    _assert_same_batches(local, list(ds.batches(12, seed=2, transform=transform, client=client)))
+    assert sum(len(batch["boxes_kept"]) for batch in local) > 0
+
+
 def test_cluster_surveys_pictures_of_their_own_size_and_crops_them_as_local_threads_do(client, tmp_path):
     write_image_folder(tmp_path / "src", 12, classes=("a", "b"), size=(40, 56), kind="photos", seed=2)
     write_image_folder(tmp_path / "src", 12, classes=("c",), size=(72, 48), kind="photos", seed=3)
