@@ -190,3 +190,38 @@ def test_verify_lists_damaged_metadata_as_a_problem(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 problem(s)" in out and "its metadata cannot be read" in out
     assert main(["verify", str(tmp_path / "nowhere.zarr")]) == 2  # no store at all: a usage error
+
+
+def test_ingest_recognises_coco_files_and_reads_mask_columns(tmp_path, capsys):
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    for number in range(3):
+        Image.fromarray(np.full((20, 30, 3), 60 * number, np.uint8)).save(tmp_path / f"{number}.png")
+        Image.fromarray(np.full((20, 30), number, np.uint8), mode="L").save(tmp_path / f"{number}-mask.png")
+    coco = {"images": [{"id": n, "file_name": f"{n}.png", "height": 20, "width": 30} for n in range(3)],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 5, "bbox": [2, 3, 10, 8], "iscrowd": 0,
+                             "segmentation": [[2, 3, 12, 3, 12, 11]]}],
+            "categories": [{"id": 5, "name": "kite"}]}
+    (tmp_path / "instances.json").write_text(json.dumps(coco))
+    assert main(["ingest", str(tmp_path / "instances.json"), str(tmp_path / "c.zarr"), "--shape", "20x30x3",
+                 "--no-progress"]) == 0
+    ds = outcore.open_dataset(tmp_path / "c.zarr")
+    assert ds.classes == ["kite"] and {"boxes", "labels", "iscrowd", "masks"} <= set(ds.fields)
+    assert main(["ingest", str(tmp_path / "instances.json"), str(tmp_path / "d.zarr"), "--shape", "20x30x3",
+                 "--no-masks", "--no-progress"]) == 0
+    assert "masks" not in outcore.open_dataset(tmp_path / "d.zarr").fields
+    pd.DataFrame({"path": [f"{n}.png" for n in range(3)], "mask": [f"{n}-mask.png" for n in range(3)]}).to_csv(
+        tmp_path / "masks.csv", index=False)
+    assert main(["ingest", str(tmp_path / "masks.csv"), str(tmp_path / "m.zarr"), "--shape", "10x15x3",
+                 "--mask-columns", "mask", "--resize", "fit", "--no-shuffle", "--no-progress"]) == 0
+    assert outcore.open_dataset(tmp_path / "m.zarr")["mask"].compute()[:, 0, 0].tolist() == [0, 1, 2]
+    capsys.readouterr()
+    folder = tmp_path / "folder" / "a"
+    folder.mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(folder / "x.png")
+    assert main(["ingest", str(tmp_path / "folder"), str(tmp_path / "f.zarr"), "--shape", "8x8x3", "--masks"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert "--masks" in said and len(said.splitlines()) == 1

@@ -93,3 +93,18 @@ def test_a_record_whose_size_is_not_its_pictures_is_refused_by_name(tmp_path):
     with pytest.raises(ImageError, match="record 3.*annotated as 49x64, its picture .* is 48x64"):
         outcore.ingest_records(tmp_path / "train.tfrecord", tmp_path / "s.zarr", shape=(32, 32, 3),
                                format=outcore.TFRecord.object_detection(), progress=False)
+
+
+def test_splits_of_object_detection_records_keep_each_records_boxes(tmp_path):
+    truth = _records(tmp_path / "train.tfrecord", count=24)
+    stores = outcore.ingest_splits(tmp_path / "train.tfrecord", tmp_path / "splits", split={"a": 0.5, "b": 0.5},
+                                   format=outcore.TFRecord.object_detection(), shape=(48, 64, 3), progress=False)
+    seen = 0
+    for ds in stores.values():
+        for row, path in enumerate(ds["path"].compute().tolist()):
+            boxes = truth[int(path.rpartition("record ")[2])]
+            np.testing.assert_allclose(ds["boxes"][row].compute(), np.reshape([b[:4] for b in boxes], (-1, 4)),
+                                       atol=1e-4)
+            assert ds["labels"][row].compute().tolist() == [b[4] for b in boxes]
+            seen += 1
+    assert seen == 24

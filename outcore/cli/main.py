@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -19,9 +20,9 @@ import psutil
 from ..dataset import Dataset, open_dataset
 from ..errors import ClusterError, OptionError, OutcoreError
 from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, RESIZE_POLICIES, native
-from ..ingest import ingest_dataframe, ingest_images, ingest_records, ingest_splits
+from ..ingest import ingest_coco, ingest_dataframe, ingest_images, ingest_records, ingest_splits, ingest_voc
 from ..ingest.records import FORMATS as RECORD_FORMATS
-from ..ingest.records import recognise
+from ..ingest.records import TFRecord, recognise
 from ..iterate import shuffle_quality
 from ..storage import ChunkCache, RemoteStore, huge_pages
 from ..storage.cache import ENVIRONMENT
@@ -163,8 +164,18 @@ def _parser() -> argparse.ArgumentParser:
                                               "them or per column (label=class,weight=float32); default: the cells decide, "
                                               "and a numeric column with a few other cells is an error")
     ingest.add_argument("--root", help="folder that relative CSV paths start from (default: the CSV's)")
-    ingest.add_argument("--format", choices=sorted(RECORD_FORMATS),
-                        help="SRC holds record files of this format (default: recognised from what SRC holds)")
+    ingest.add_argument("--format", choices=sorted([*RECORD_FORMATS, "tfrecord-od", *ANNOTATIONS]),
+                        help="SRC holds record files of this format, TensorFlow's object detection TFRecords "
+                             "(tfrecord-od), a COCO annotation file (coco: its pictures under --root) or a Pascal "
+                             "VOC folder (voc) (default: recognised from what SRC holds)")
+    ingest.add_argument("--mask-columns", default="", help="comma-separated CSV columns of each picture's label map "
+                                                           "file (a palette or grey PNG of ids)")
+    ingest.add_argument("--mask-dtype", choices=["uint8", "uint16"],
+                        help="the label maps' ids (default: what each mask column's first file needs)")
+    ingest.add_argument("--masks", action=argparse.BooleanOptionalAction,
+                        help="COCO: draw each picture's instance map (default: yes); VOC: read the class and object "
+                             "maps of the segmentation split (default: no)")
+    ingest.add_argument("--voc-set", default="train", help="VOC: the split of ImageSets to read (default: train)")
     ingest.add_argument("--image-key", help="record files: the feature (TFRecord, default image/encoded), member "
                                             "extension (WebDataset, default jpg/jpeg/png/webp) or column (Parquet, "
                                             "default image) holding each picture")
@@ -325,6 +336,15 @@ def _ingest(args: argparse.Namespace) -> int:
         "progress": not args.no_progress,
         "storage_options": _storage_options(args),
     }
+    annotations = args.format if args.format in ANNOTATIONS else _annotations_at(args.source)
+    if annotations is not None and args.format in (None, *ANNOTATIONS):
+        return _ingest_annotations(annotations, args, options)
+    if args.masks is not None:
+        raise OptionError("--masks says whether a COCO file's or a VOC folder's maps are stored: SRC is neither; "
+                          "label maps of a CSV come from --mask-columns")
+    if args.mask_columns and (args.split is not None or args.split_column is not None):
+        raise OptionError("--mask-columns with --split or --split-column: ingest each split's CSV on its own "
+                          "(label maps are not cut into splits yet)")
     records = args.format or (None if Path(args.source).suffix.lower() == ".csv"
                               else recognise(args.source, options["storage_options"]))
     format = _record_format(records, args) if records else None
@@ -337,13 +357,46 @@ def _ingest(args: argparse.Namespace) -> int:
                                 **{k: v for k, v in options.items() if k not in ("append", "by_content")})
         elif Path(args.source).is_file():
             labels = [c for c in args.label_columns.split(",") if c]
+            masks = [c for c in args.mask_columns.split(",") if c]
             ds = ingest_dataframe(args.source, args.store, path_column=args.path_column, label_columns=labels,
-                                  label_dtype=_label_dtype(args.label_dtype), root=args.root, client=client, **options)
+                                  label_dtype=_label_dtype(args.label_dtype), root=args.root, mask_columns=masks,
+                                  mask_dtype=args.mask_dtype, client=client, **options)
         else:
             ds = ingest_images(args.source, args.store, client=client, **options)
     print(describe(ds))
     if args.append:
         print(f"appended {len(ds) - before:,} samples ({before:,} before)")
+    return 0
+
+
+ANNOTATIONS = ("coco", "voc")  # --format values that are annotated pictures, not record files
+
+
+def _annotations_at(source: str) -> str | None:
+    """``"coco"`` for a JSON file, ``"voc"`` for a folder with ``Annotations`` and ``JPEGImages``, else None."""
+    path = Path(source)
+    if path.suffix.lower() == ".json" and path.is_file():
+        return "coco"
+    return "voc" if (path / "Annotations").is_dir() and (path / "JPEGImages").is_dir() else None
+
+
+def _ingest_annotations(kind: str, args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """``outcore ingest`` of a COCO annotation file or a Pascal VOC folder."""
+    given = [flag for flag, value in (("--append", args.append), ("--split", args.split),
+                                      ("--split-column", args.split_column), ("--mask-columns", args.mask_columns))
+             if value]
+    if given:
+        raise OptionError(f"{', '.join(given)} describe an image folder or a CSV; SRC is a {kind.upper()} source, "
+                          "ingested into a new store")
+    options = {k: v for k, v in options.items() if k not in ("append", "by_content")}
+    with _client(args) as client:
+        if kind == "coco":
+            ds = ingest_coco(args.source, args.store, root=args.root, masks=args.masks is not False, client=client,
+                             **options)
+        else:
+            ds = ingest_voc(args.source, args.store, split=args.voc_set, masks=bool(args.masks), client=client,
+                            **options)
+    print(describe(ds))
     return 0
 
 
@@ -378,6 +431,10 @@ def _record_format(name: str, args: argparse.Namespace) -> Any:
         return RECORD_FORMATS[name](values=args.lmdb_values, label_pattern=args.label_pattern,
                                     label_table=args.label_table, datum_channels=args.datum_channels)
     given = {"image_key": args.image_key} if args.image_key else {}
+    if name == "tfrecord-od":
+        if keys:
+            raise OptionError("--label-keys: TensorFlow's object detection records keep their labels per box")
+        return dataclasses.replace(TFRecord.object_detection(), **given)
     return RECORD_FORMATS[name](label_keys=keys, **given)
 
 

@@ -33,6 +33,7 @@ from ..storage.splits import INDEX_FORMAT, SPLITS_INDEX, read_index
 from .from_records import record_source
 from .images import ingest_table, missing_files_error
 from .options import IngestKeywords, IngestOptions
+from .placement import placed
 from .records import recognise
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
 
@@ -90,10 +91,15 @@ def split_by_hash(names: Sequence[str], fractions: Mapping[str, float], seed: in
 
 
 def table_rows(table: SourceTable, rows: np.ndarray, description: str) -> SourceTable:
-    """The rows ``rows`` of ``table`` (class lists kept whole, so labels keep their meaning)."""
+    """The rows ``rows`` of ``table`` (class lists kept whole, so labels keep their meaning), with their label maps,
+    instances and sizes."""
     return replace(table, paths=[table.paths[i] for i in rows], names=[table.names[i] for i in rows],
                    labels={name: values[rows] for name, values in table.labels.items()}, missing=[],
-                   description=description, stats=None if table.stats is None else table.stats[rows])
+                   description=description, stats=None if table.stats is None else table.stats[rows],
+                   label_maps={name: ([sources[i] for i in rows], dtype)
+                               for name, (sources, dtype) in table.label_maps.items()},
+                   instances={name: values.take(rows) for name, values in table.instances.items()},
+                   sizes=None if table.sizes is None else table.sizes[rows])
 
 
 def _folder_splits(root: Path) -> dict[str, SourceTable]:
@@ -183,7 +189,8 @@ def ingest_splits(
             if split == FOLDERS or split_column is not None or append:
                 raise OptionError("record files are cut into splits by fractions (split={'train': 0.9, 'val': 0.1}); "
                                   "split='folders', split_column= and append= are for image folders and CSVs")
-            table = stack.enter_context(record_source(source, format, settings, Path(folder).absolute()))
+            table = placed(stack.enter_context(record_source(source, format, settings, Path(folder).absolute())),
+                           settings.shape, settings.resize)
         elif is_table:
             table = table_from_dataframe(source, path_column, label_columns, root, label_dtype,
                                          read_elsewhere=[split_column] if split_column else ())
@@ -255,8 +262,10 @@ def _write_index(folder: Path, stores: Mapping[str, Dataset], rule: dict[str, An
     entries = {}
     for name, ds in stores.items():
         entry: dict[str, Any] = {"store": f"{name}{suffix}", "samples": len(ds)}
-        if target is not None:
-            counts = np.bincount(np.asarray(ds[target].compute()), minlength=len(classes))
+        if target is not None:  # a ragged field's (boxes' labels): its rows, every instance counted
+            values = ds[target].compute()
+            values = np.concatenate([*values, np.zeros(0, np.int64)]) if ds.info(target).is_ragged else values
+            counts = np.bincount(np.asarray(values, np.int64), minlength=len(classes))
             entry["per_class"] = dict(zip(classes, counts.tolist(), strict=True))
         entries[name] = entry
     index = {"format": INDEX_FORMAT, "version": 1, "rule": rule, "class_field": target, "classes": classes,
