@@ -109,10 +109,12 @@ def test_dataloader_workers_tf_data_and_keras_deliver_the_rows(detection):
     ds, source = detection
     torch = need("torch")
     expected = {sample: source["boxes"].rows(sample).tobytes() for sample in range(150)}
-    for method in ("fork", "spawn"):
-        loader = ds.torch(16, num_workers=2, seed=2, fields=["ids", "boxes"], multiprocessing_context=method)
+    for method, shuffle in (("fork", True), ("spawn", False)):  # each worker a part of every batch, or turns
+        loader = ds.torch(16, num_workers=2, seed=2, shuffle=shuffle, fields=["ids", "boxes"],
+                          multiprocessing_context=method)
         got = _rows_by_id({name: value.numpy() for name, value in batch.items()} for batch in loader)
         assert got == expected
+        assert loader.dataset.parts == (2 if shuffle else 1)
         assert isinstance(next(iter(loader))["boxes"], torch.Tensor)
     tf = need("tensorflow")
     data = ds.tf(16, x="ids", y="boxes", shuffle=True, seed=2)
@@ -135,3 +137,17 @@ def test_a_writer_refuses_to_append_to_a_store_of_ragged_fields(detection):
 def test_offsets_that_do_not_cut_the_rows_are_refused():
     with pytest.raises(ValueError, match="do not cut 3 rows"):
         Ragged(np.zeros((3, 4)), np.array([0, 2, 4]))
+
+
+def test_a_mixture_of_stores_with_boxes_gives_each_sample_its_rows(detection, tmp_path):
+    ds, source = detection
+    rng = np.random.default_rng(5)
+    other = [rng.uniform(0, 9, (int(rng.integers(0, 3)), 4)).astype(np.float32) for _ in range(40)]
+    second = outcore.from_arrays({"images": np.zeros((40, *SIZE, 3), np.uint8), "boxes": Ragged.of(other, np.float32, (4,)),
+                                  "ids": np.arange(1000, 1040)}, tmp_path / "other.zarr", chunk_size=8, progress=False)
+    expected = {sample: source["boxes"].rows(sample).tobytes() for sample in range(150)}
+    expected.update({1000 + i: rows.tobytes() for i, rows in enumerate(other)})
+    mixture = outcore.mix({"a": ds, "b": second}, weights={"a": 0.75, "b": 0.25})
+    seen = _rows_by_id(mixture.batches(16, seed=1, fields=["ids", "boxes"]))
+    assert seen and all(expected[sample] == rows for sample, rows in seen.items())
+    assert any(sample >= 1000 for sample in seen) and any(sample < 1000 for sample in seen)

@@ -177,9 +177,14 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     returned = empty if after is None else plain  # makes the arrays handed back as they are
     made = plain if joined else returned
     cut = None if recipe.crop is None else _cut(recipe, keys, samples % chunk_size, rows, data, bounds, rngs)
-    batch = assemble(rows, data, recipe.fields, recipe.text_fields, made, cut)
     targets = None if cut is None else getattr(recipe.crop, "targets", None)
-    if targets is not None:  # moved by the same draws: the crop's boxes and the flip's mirrors
+    if targets is None:
+        batch = assemble(rows, data, recipe.fields, recipe.text_fields, made, cut)
+    else:  # moved by the same draws (the crop's boxes, the flip's mirrors): what they are cut from, in plain memory
+        cut_later = {*targets.label_maps, *targets.pictures}
+        batch = assemble(rows, data, recipe.fields, recipe.text_fields,
+                         lambda shape, dtype, field="": (plain if field in cut_later else made)(shape, dtype, field=field),
+                         cut)
         batch = targets.move(batch, cut.boxes, cut.size, cut.flips, cut.sizes, made)
     began = time.perf_counter()
     if per_piece is not None:
@@ -252,12 +257,16 @@ def join(pieces: Sequence[Batch], empty: Empty = plain, ragged_fields: Collectio
     {'x': array([0, 1, 0, 1, 2]), 't': array(['a', 'bcd'], dtype='<U3')}
     """
     offsets = {offsets_name(name) for name in ragged_fields}
-    return {name: _joined_offsets([piece[name] for piece in pieces]) if name in offsets else
+    return {name: joined_offsets([piece[name] for piece in pieces]) if name in offsets else
             join_field([piece[name] for piece in pieces], name, empty) for name in pieces[0]}
 
 
-def _joined_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
-    """Pieces' offsets as the joined batch's: each piece's past the rows of those before it."""
+def joined_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Pieces' offsets as the joined batch's: each piece's past the rows of those before it.
+
+    >>> joined_offsets([np.array([0, 2, 3]), np.array([0, 0, 4])]).tolist()
+    [0, 2, 3, 3, 7]
+    """
     ends = np.cumsum([0, *(int(part[-1]) for part in parts)])
     return np.concatenate([*(part[:-1] + end for part, end in zip(parts, ends, strict=False)), ends[-1:]]).astype(np.int64)
 

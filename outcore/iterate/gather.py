@@ -96,7 +96,7 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
     for name in fields:
         values = first[name]
         if isinstance(values, RaggedChunk):
-            batch[name], batch[offsets_name(name)] = _gather_rows(rows, data, name, empty)
+            batch[name], batch[offsets_name(name)] = _gather_rows(rows, data, name)
             continue
         if cut is not None and name == cut.field:
             shape = (len(rows), *cut.size, *_sample_shape(values)[2:])
@@ -120,9 +120,10 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
     return {name: decode_text(values) if name in text_fields else values for name, values in batch.items()}
 
 
-def _gather_rows(rows: Rows, data: Mapping[int, ChunkValues], field: str, empty: Empty) -> tuple[np.ndarray, np.ndarray]:
+def _gather_rows(rows: Rows, data: Mapping[int, ChunkValues], field: str) -> tuple[np.ndarray, np.ndarray]:
     """A ragged field's rows of the batch's samples, back to back in the batch's order, and their offsets (n + 1,):
-    one gather per chunk, never a Python call per sample."""
+    one gather per chunk, never a Python call per sample. In plain memory: not an `Empty`'s, which makes a
+    DataLoader worker's part of a batch in rows of the batch's files (one per sample, not per row)."""
     sources: list[RaggedChunk] = rows.sources(data, field)
     starts, counts = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.int64)
     for chunk, source in enumerate(sources):
@@ -131,7 +132,7 @@ def _gather_rows(rows: Rows, data: Mapping[int, ChunkValues], field: str, empty:
         starts[rows.order[mine]], counts[rows.order[mine]] = spans[:, 0], spans[:, 1] - spans[:, 0]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     first = sources[0]
-    values = empty((int(offsets[-1]), *first.row_shape), first.dtype, field=field)
+    values = np.empty((int(offsets[-1]), *first.row_shape), first.dtype)
     for chunk, source in enumerate(sources):
         samples = rows.order[rows.which == chunk]
         taken = counts[samples]

@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError, OutcoreWarning
+from ..format import offsets_name
 from ..seeds import Domain, generator
 from ..storage import Store
-from .batch import Batch
+from .batch import Batch, joined_offsets
 from .iterator import BatchIterator
 from .options import BatchOptions, Subset, check_state
 from .readers import sample_spec
@@ -211,7 +212,11 @@ class MixtureIterator:
         """The sources' batches, one after the other; fields of other sample shapes (a transform that
         does not crop pictures of varying sizes to one) are an `OptionError` naming the sources."""
         joined = {}
+        offsets = {offsets_name(name) for name in parts[0] if offsets_name(name) in parts[0]}  # ragged fields'
         for field in parts[0]:
+            if field in offsets:  # each source's rows come after the rows of those before it
+                joined[field] = joined_offsets([part[field] for part in parts])
+                continue
             shapes = {name: part[field].shape[1:] for name, part in zip(self.names, parts, strict=True)}
             if len(set(shapes.values())) > 1:
                 raise OptionError(f"field {field!r} has samples of other shapes in the mixture's sources {shapes}: "
