@@ -175,3 +175,24 @@ def test_annotations_that_do_not_fit_their_pictures_are_refused_by_name(tmp_path
     with pytest.raises(SourceError, match="lacks COCO's lists"):
         (tmp_path / "coco" / "empty.json").write_text("{}")
         outcore.ingest_coco(tmp_path / "coco" / "empty.json", tmp_path / "v.zarr", shape=(32, 32, 3))
+
+
+def test_pictures_of_their_own_sizes_are_cropped_while_decoding_with_their_boxes(tmp_path):
+    """Each picture's box drawn from its own size: the boxes move by it (a box's middle stays on its colour)."""
+    _coco(tmp_path / "coco", count=20, seed=4)
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, masks=False,
+                             progress=False)
+    targets = Targets(boxes="boxes", keypoints="keypoints", instances=("labels", "iscrowd"))
+    transform = Compose([RandomResizedCrop((32, 32), scale=(0.5, 1.0), targets=targets), RandomFlip(targets=targets)])
+    checked = 0
+    for batch in ds.batches(batch_size=5, seed=3, transform=transform):
+        offsets = batch["boxes_offsets"]
+        for i in range(len(batch["images"])):
+            for row in range(offsets[i], offsets[i + 1]):
+                x0, y0, x1, y1 = batch["boxes"][row]
+                assert 0 <= x0 < x1 <= 32 and 0 <= y0 < y1 <= 32
+                if min(x1 - x0, y1 - y0) >= 4:  # large enough that its middle pixel is inside it, away from its edges
+                    middle = batch["images"][i, int((y0 + y1) / 2), int((x0 + x1) / 2)].astype(int)
+                    assert (np.abs(middle - COLOURS).max(axis=1) < 60).any()  # one of the instances' colours
+                    checked += 1
+    assert checked > 5
