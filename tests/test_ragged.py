@@ -105,7 +105,7 @@ def test_a_transform_of_batches_made_of_pieces_keeps_boxes_labels_and_masks_toge
     assert 0 < kept < len(source["boxes"].values)  # some boxes were cropped away, most were not
 
 
-def test_dataloader_workers_tf_data_and_keras_deliver_the_rows(detection):
+def test_dataloader_workers_deliver_the_rows_making_parts_of_batches_or_taking_turns(detection):
     ds, source = detection
     torch = need("torch")
     expected = {sample: source["boxes"].rows(sample).tobytes() for sample in range(150)}
@@ -116,7 +116,12 @@ def test_dataloader_workers_tf_data_and_keras_deliver_the_rows(detection):
         assert all(isinstance(batch["boxes"], torch.Tensor) for batch in batches)
         assert _rows_by_id({name: value.numpy() for name, value in batch.items()} for batch in batches) == expected
         assert loader.dataset.parts == (2 if shuffle else 1)
+
+
+def test_tf_data_delivers_ragged_tensors_and_keras_rows_padded_with_minus_one(detection):
+    ds, source = detection
     tf = need("tensorflow")
+    expected = {sample: source["boxes"].rows(sample).tobytes() for sample in range(150)}
     data = ds.tf(16, x="ids", y="boxes", shuffle=True, seed=2)
     assert isinstance(data.element_spec[1], tf.RaggedTensorSpec)
     for ids, boxes in data:

@@ -6,7 +6,7 @@ objects are painted in their class's colour, so a box or map that does not lie o
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ElementTree
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
