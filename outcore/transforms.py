@@ -12,7 +12,8 @@ from .iterate.transforms import (
     RandomCrop,
     RandomFlip,
     RandomResizedCrop,
+    ScaleJitter,
 )
 
 __all__ = ["BoxPolicy", "BrightnessContrast", "Cast", "CenterCrop", "Compose", "Normalize", "RandomCrop", "RandomFlip",
-           "RandomResizedCrop", "Targets"]
+           "RandomResizedCrop", "ScaleJitter", "Targets"]

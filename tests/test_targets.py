@@ -27,6 +27,7 @@ from outcore.transforms import (
     RandomCrop,
     RandomFlip,
     RandomResizedCrop,
+    ScaleJitter,
     Targets,
 )
 
@@ -75,7 +76,10 @@ GEOMETRY = {
     "centre": lambda t: CenterCrop((29, 35), targets=t),
     "centre of resized": lambda t: CenterCrop(24, resize=30, targets=t),
     "flips": lambda t: RandomFlip(vertical=True, targets=t),
+    "scale jitter + flip": lambda t: Compose([ScaleJitter((40, 36), scale=(0.3, 2.0), targets=t),
+                                              RandomFlip(targets=t)]),
 }
+FUSED = [name for name in GEOMETRY if name not in ("flips", "scale jitter + flip")]  # the crops done as batches are made
 
 
 def _raster(box: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -232,7 +236,7 @@ def _batch(ds, masks, transform, fuse):
 
 
 @pytest.mark.parametrize("kind", ["pixels", "encoded"])
-@pytest.mark.parametrize("geometry", [name for name in GEOMETRY if name != "flips"])
+@pytest.mark.parametrize("geometry", FUSED)
 def test_a_crop_done_while_the_batch_is_made_moves_the_masks_as_the_transform_of_the_decoded_batch(photos, kind,
                                                                                                    geometry):
     stores, masks = photos
@@ -324,3 +328,23 @@ def test_moving_a_batchs_targets_makes_no_python_call_per_sample(photos):
     finally:
         outcore.set_threads(None)
     assert many <= few + 8, (few, many)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_scale_jitter_keeps_each_pictures_pixels_over_their_ids(seed):
+    """Pictures whose colours are their pixels' rows and columns, maps holding each pixel's number: after the jitter,
+    each picture pixel shows the row and column its map's id names (within a pixel and a half: bilinear)."""
+    height, width = 50, 70
+    rows, columns = np.mgrid[0:height, 0:width]
+    pictures = np.zeros((6, height, width, 3), np.uint8)
+    pictures[..., 0], pictures[..., 1] = rows * 5, columns * 3
+    ids = np.broadcast_to((rows * width + columns).astype(np.uint16), (6, height, width)).copy()
+    batch = {"images": pictures, "masks": ids}
+    moved = ScaleJitter((48, 56), scale=(0.4, 2.0), targets=Targets(label_maps=("masks",), fill=65535))(
+        batch, np.random.default_rng(seed))
+    inside = moved["masks"] != 65535
+    assert inside.any()
+    row, column = np.divmod(moved["masks"][inside].astype(np.int64), width)
+    assert (np.abs(moved["images"][inside][:, 0].astype(int) - row * 5) <= 8).all()
+    assert (np.abs(moved["images"][inside][:, 1].astype(int) - column * 3) <= 5).all()
+    assert (moved["images"][~inside] == 0).all()
