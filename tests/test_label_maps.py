@@ -1,4 +1,4 @@
-"""Label maps ingested beside their pictures: Pascal VOC's palette PNGs, Cityscapes' label and instance PNGs.
+"""Label maps and paired pictures ingested beside their pictures: Pascal VOC's palettes, Cityscapes' label PNGs.
 
 Files are written by Pillow (palette, grey and 16-bit PNGs, and JPEG pictures), listed in a DataFrame's mask
 columns. Each picture is painted in its map's regions with one colour per id, so a map that does not lie under its
@@ -124,7 +124,7 @@ def test_maps_that_cannot_lie_under_their_pictures_are_refused_by_name(tmp_path)
                                      shape=(20, 30, 3), images="pixels", overwrite=True, progress=False)
         assert map_file in str(raised.value)
     frame = pd.DataFrame({"path": ["a.png"], "mask": ["gone.png"]})
-    with pytest.raises(SourceError, match="mask column 'mask': the label map files of rows 0 do not exist"):
+    with pytest.raises(SourceError, match="mask column 'mask': the files of rows 0 do not exist"):
         outcore.ingest_dataframe(frame, tmp_path / "t.zarr", root=tmp_path, mask_columns=["mask"], shape=(20, 30, 3))
     with pytest.raises(OptionError, match="pass shape="):
         outcore.ingest_dataframe(pd.DataFrame({"path": ["a.png"], "mask": ["wide.png"]}), tmp_path / "u.zarr",
@@ -134,3 +134,26 @@ def test_maps_that_cannot_lie_under_their_pictures_are_refused_by_name(tmp_path)
     with pytest.raises(ImageError, match="ids up to 300, more than uint8 holds: pass mask_dtype='uint16'"):
         outcore.ingest_dataframe(frame, tmp_path / "v.zarr", root=tmp_path, mask_columns=["mask"], mask_dtype="uint8",
                                  shape=(20, 30, 3), images="pixels", progress=False)
+
+
+def test_paired_pictures_are_fitted_and_moved_with_their_pictures(tmp_path):
+    """Depth maps (16-bit PNGs) beside pictures whose colours say each pixel's row and column: stored fitted as the
+    pictures are, and cut, resized and mirrored with them by a training transform."""
+    rows, columns = np.mgrid[0:60, 0:80]
+    entries = []
+    for i in range(6):
+        picture = np.stack([rows * 4, columns * 3, np.full_like(rows, 40 * i)], axis=-1).astype(np.uint8)
+        Image.fromarray(picture).save(tmp_path / f"{i}.png")
+        Image.fromarray((rows * 1000 + columns * 10).astype(np.uint16)).save(tmp_path / f"{i}-depth.png")
+        entries.append({"path": f"{i}.png", "depth": f"{i}-depth.png"})
+    ds = outcore.ingest_dataframe(pd.DataFrame(entries), tmp_path / "s.zarr", root=tmp_path, pair_columns=["depth"],
+                                  shape=(45, 60, 3), resize="crop", images="pixels", progress=False)
+    assert ds["depth"].dtype == np.uint16 and ds["depth"].shape == (6, 45, 60, 1) and ds.info("depth").role == "input"
+    targets = Targets(pictures=("depth",))
+    transform = Compose([RandomResizedCrop((32, 32), scale=(0.2, 1.0), targets=targets), RandomFlip(targets=targets)])
+    for batch in ds.batches(batch_size=3, seed=4, transform=transform):
+        depth = batch["depth"][..., 0].astype(np.float64)
+        picture = batch["images"].astype(np.float64)
+        # both are linear in the source's row and column, and resampled by the same box: depth = 1000 row + 10 column
+        expected = 1000 * picture[..., 0] / 4 + 10 * picture[..., 1] / 3
+        assert np.abs(depth - expected).max() <= 300  # within 0.3 of a row (the picture's 8-bit rounding: 0.125)

@@ -170,6 +170,8 @@ def _parser() -> argparse.ArgumentParser:
                              "VOC folder (voc) (default: recognised from what SRC holds)")
     ingest.add_argument("--mask-columns", default="", help="comma-separated CSV columns of each picture's label map "
                                                            "file (a palette or grey PNG of ids)")
+    ingest.add_argument("--pair-columns", default="", help="comma-separated CSV columns of a picture paired with each "
+                                                           "(its depth, a second view), fitted as it is")
     ingest.add_argument("--mask-dtype", choices=["uint8", "uint16"],
                         help="the label maps' ids (default: what each mask column's first file needs)")
     ingest.add_argument("--masks", action=argparse.BooleanOptionalAction,
@@ -342,9 +344,9 @@ def _ingest(args: argparse.Namespace) -> int:
     if args.masks is not None:
         raise OptionError("--masks says whether a COCO file's or a VOC folder's maps are stored: SRC is neither; "
                           "label maps of a CSV come from --mask-columns")
-    if args.mask_columns and (args.split is not None or args.split_column is not None):
-        raise OptionError("--mask-columns with --split or --split-column: ingest each split's CSV on its own "
-                          "(label maps are not cut into splits yet)")
+    if (args.mask_columns or args.pair_columns) and (args.split is not None or args.split_column is not None):
+        raise OptionError("--mask-columns or --pair-columns with --split or --split-column: ingest each split's CSV "
+                          "on its own (label maps and paired pictures are not cut into splits yet)")
     records = args.format or (None if Path(args.source).suffix.lower() == ".csv"
                               else recognise(args.source, options["storage_options"]))
     format = _record_format(records, args) if records else None
@@ -358,9 +360,10 @@ def _ingest(args: argparse.Namespace) -> int:
         elif Path(args.source).is_file():
             labels = [c for c in args.label_columns.split(",") if c]
             masks = [c for c in args.mask_columns.split(",") if c]
+            pairs = [c for c in args.pair_columns.split(",") if c]
             ds = ingest_dataframe(args.source, args.store, path_column=args.path_column, label_columns=labels,
                                   label_dtype=_label_dtype(args.label_dtype), root=args.root, mask_columns=masks,
-                                  mask_dtype=args.mask_dtype, client=client, **options)
+                                  mask_dtype=args.mask_dtype, pair_columns=pairs, client=client, **options)
         else:
             ds = ingest_images(args.source, args.store, client=client, **options)
     print(describe(ds))
@@ -383,7 +386,8 @@ def _annotations_at(source: str) -> str | None:
 def _ingest_annotations(kind: str, args: argparse.Namespace, options: dict[str, Any]) -> int:
     """``outcore ingest`` of a COCO annotation file or a Pascal VOC folder."""
     given = [flag for flag, value in (("--append", args.append), ("--split", args.split),
-                                      ("--split-column", args.split_column), ("--mask-columns", args.mask_columns))
+                                      ("--split-column", args.split_column), ("--mask-columns", args.mask_columns),
+                                      ("--pair-columns", args.pair_columns))
              if value]
     if given:
         raise OptionError(f"{', '.join(given)} describe an image folder or a CSV; SRC is a {kind.upper()} source, "

@@ -13,11 +13,13 @@ from .decode import (
     parse_image_dtype,
     parse_image_shape,
     read_image_file,
+    upright_size,
 )
 from .drawings import Drawing
 from .encoded import DecodedChunks, EncodedChunk, cut_rows, decode_rows
 from .label_maps import (
     LABEL_MAP_DTYPES,
+    Paired,
     Renumbered,
     check_placement,
     decode_label_map,
@@ -43,6 +45,7 @@ __all__ = [
     "DecodedChunks",
     "Drawing",
     "EncodedChunk",
+    "Paired",
     "Renumbered",
     "ResizePolicy",
     "center_crop_box",
@@ -73,6 +76,7 @@ __all__ = [
     "resize_box",
     "resize_boxes",
     "shrink_image",
+    "upright_size",
     "window_part",
     "within",
 ]

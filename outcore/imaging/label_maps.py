@@ -46,6 +46,25 @@ class Renumbered:
         return np.asarray(self.ids, ids.dtype)[ids]
 
 
+@dataclass(frozen=True)
+class Paired:
+    """A picture paired with another (its depth, a second view): a file of the same size, decoded to ``channels``
+    of ``dtype`` and fitted as its picture is (bilinear, by the same box: `outcore.imaging.fit`)."""
+
+    path: str
+    channels: int
+    dtype: str
+
+    @classmethod
+    def of(cls, path: str, data: bytes) -> Paired:
+        """The file ``path`` (``data``, its bytes) as its own kind: 1 channel for a grey file, 4 with alpha, else 3;
+        uint16 for a 16-bit (or 32-bit) grey file, else uint8."""
+        with decode_errors(path), Image.open(io.BytesIO(data)) as image:
+            mode = image.mode
+        channels = 1 if mode in ("L", "1", "I", "I;16", "I;16B", "I;16L") else 4 if mode in ("RGBA", "LA", "PA") else 3
+        return cls(path, channels, "uint16" if mode.startswith("I") else "uint8")
+
+
 def label_map_dtype(data: bytes, name: str) -> np.dtype:
     """The dtype a label map file's ids need: uint16 for a 16-bit or 32-bit grey file, else uint8.
 

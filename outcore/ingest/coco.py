@@ -97,7 +97,7 @@ def coco_table(annotations: Path, root: Path, shape: tuple[int | None, ...], res
                         f"COCO annotations {str(annotations)!r} (pictures under {root.absolute()})",
                         instances=instances, sizes=sizes)
     if masks:
-        table.label_maps["masks"] = _drawings(annotations, images, flat, owners, kept, sizes), np.dtype(np.uint16)
+        table.layers["masks"] = _drawings(annotations, images, flat, owners, kept, sizes), np.dtype(np.uint16)
     return table
 
 

@@ -14,12 +14,14 @@ from ..errors import ImageError, OptionError, SourceError
 from ..imaging import (
     MAX_PIXELS,
     Drawing,
+    Paired,
     Renumbered,
     ResizePolicy,
     check_placement,
     decode_image,
     decode_label_map,
     fit_label_map,
+    upright_size,
 )
 from .records.reader import SampleReader
 
@@ -49,13 +51,13 @@ def image_array(
     keep: tuple[str, ...] = ("pixels",),
     max_pixels: int | None = MAX_PIXELS,
     reader: SampleReader = FILES,
-    label_maps: Mapping[str, tuple[Sequence[str | Drawing | Renumbered], np.dtype]] | None = None,
+    layers: Mapping[str, tuple[Sequence[Layer], np.dtype]] | None = None,
     sizes: np.ndarray | None = None,
 ) -> tuple[da.Array | None, da.Array | None, da.Array, da.Array, dict[str, da.Array]]:
     """Return ``(pixels, files, errors, digests, maps)``: ``pixels[i]`` is ``paths[i]`` decoded and fitted to
     ``shape``, ``files[i]`` the file's bytes (an object array of ``bytes``), each ``None`` unless in
     ``keep``; ``digests[i]`` is the file's `file_digest` (zeros for a bad file); ``maps[name][i]`` is the label
-    map file ``label_maps[name][0][i]`` of picture ``i`` (ids of ``label_maps[name][1]``, checked to lie under
+    map or paired picture ``layers[name][0][i]`` of picture ``i`` (ids of ``layers[name][1]``, checked to lie under
     the picture, fitted to ``shape`` as it is: `outcore.imaging.label_maps`), decoded in the picture's task.
 
     Every file is decoded, whatever is kept, so a store of encoded files holds only files that decode.
@@ -72,13 +74,13 @@ def image_array(
     """
     if on_error not in ("raise", "skip"):
         raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")
-    label_maps = dict(label_maps or {})
+    layers = dict(layers or {})
     pixel_parts, file_parts, error_parts, digest_parts = [], [], [], []
-    map_parts: dict[str, list[da.Array]] = {name: [] for name in label_maps}
+    map_parts: dict[str, list[da.Array]] = {name: [] for name in layers}
     for start in range(0, len(paths), block_size):
         block_paths = list(paths[start : start + block_size])
         block_maps = {name: (list(files[start : start + block_size]), map_dtype)
-                      for name, (files, map_dtype) in label_maps.items()}
+                      for name, (files, map_dtype) in layers.items()}
         block_sizes = None if sizes is None else np.asarray(sizes[start : start + block_size])
         task = dask.delayed(_load_block, pure=True, nout=5)(block_paths, shape, resize, dtype, on_error, keep,
                                                             max_pixels, reader, block_maps, block_sizes)
@@ -86,8 +88,9 @@ def image_array(
         file_parts.append(da.from_delayed(task[1], (len(block_paths),), dtype=BLOB_DTYPE))
         error_parts.append(da.from_delayed(task[2], (len(block_paths),), dtype=ERROR_DTYPE))
         digest_parts.append(da.from_delayed(task[3], (len(block_paths), DIGEST_SIZE), dtype=np.uint8))
-        for name, (_, map_dtype) in label_maps.items():
-            map_parts[name].append(da.from_delayed(task[4][name], (len(block_paths), *shape[:2]), dtype=map_dtype))
+        for name, (files, map_dtype) in layers.items():
+            map_parts[name].append(da.from_delayed(task[4][name], (len(block_paths), *shape[:2], *_channels(files)),
+                                                   dtype=map_dtype))
     return (
         da.concatenate(pixel_parts) if "pixels" in keep else None,
         da.concatenate(file_parts) if "files" in keep else None,
@@ -100,13 +103,14 @@ def image_array(
 def _load_block(
     paths: list[str], shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str,
     keep: tuple[str, ...], max_pixels: int | None, reader: SampleReader,
-    label_maps: Mapping[str, tuple[list[str | Drawing | Renumbered], np.dtype]], sizes: np.ndarray | None,
+    layers: Mapping[str, tuple[list[Layer], np.dtype]], sizes: np.ndarray | None,
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     pixels = np.zeros((len(paths), *shape), dtype=dtype) if "pixels" in keep else None
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE) if "files" in keep else None
     errors = np.zeros(len(paths), dtype=ERROR_DTYPE)
     digests = np.zeros((len(paths), DIGEST_SIZE), dtype=np.uint8)
-    maps = {name: np.zeros((len(paths), *shape[:2]), map_dtype) for name, (_, map_dtype) in label_maps.items()}
+    maps = {name: np.zeros((len(paths), *shape[:2], *_channels(files)), map_dtype)
+            for name, (files, map_dtype) in layers.items()}
     for i, path in enumerate(paths):
         try:
             data = reader.read(path)
@@ -114,8 +118,14 @@ def _load_block(
                          max_pixels=max_pixels)
             if sizes is not None:
                 check_placement(tuple(sizes[i].tolist()), path, "annotated as", data, path)
-            for name, (sources, map_dtype) in label_maps.items():
+            for name, (sources, map_dtype) in layers.items():
                 source = sources[i]
+                if isinstance(source, Paired):  # a picture: fitted as its picture is, by the same box
+                    paired = reader.read(source.path)
+                    check_placement(upright_size(paired, source.path), source.path, "the paired picture is", data, path)
+                    decode_image(paired, (*shape[:2], source.channels), resize, np.dtype(source.dtype), source.path,
+                                 out=maps[name][i], max_pixels=max_pixels)
+                    continue
                 if isinstance(source, Drawing):
                     ids, shown = source.draw(map_dtype), source.name
                 else:
@@ -137,6 +147,14 @@ def _load_block(
         if files is not None:
             files[i] = data
     return pixels, files, errors, digests, maps
+
+
+Layer = str | Drawing | Renumbered | Paired  # what lies on a picture: a label map (a file, drawn, renumbered), a picture
+
+
+def _channels(layers: Sequence[Layer]) -> tuple[int, ...]:
+    """The axes past a layer's height and width: its channels for paired pictures, none for label maps."""
+    return (layers[0].channels,) if layers and isinstance(layers[0], Paired) else ()
 
 
 def bad_file(error: ImageError) -> ImageError:

@@ -125,6 +125,7 @@ def ingest_dataframe(
     root: str | os.PathLike | None = None,
     mask_columns: Sequence[str] = (),
     mask_dtype: str | None = None,
+    pair_columns: Sequence[str] = (),
     append: bool = False,
     by_content: bool = False,
     **options: Unpack[IngestKeywords],
@@ -142,7 +143,9 @@ def ingest_dataframe(
     field of ``mask_dtype`` ids (``"uint8"``, ``"uint16"``; by default what the column's first file needs)
     fitted to ``shape`` as the pictures are, nearest-neighbour (no id is made or changed). A label map of
     another size than its picture, or of a picture stored turned (EXIF), is an error naming it; so is a colour
-    or JPEG one. Transforms move the maps with the pictures when told (`outcore.transforms.Targets`).
+    or JPEG one. Transforms move the maps with the pictures when told (`outcore.transforms.Targets`). A pair
+    column holds the path of a picture paired with each (its depth, a second view: of its size, fitted as it is,
+    bilinear; its channels and depth those of the column's first file).
     Paths that do not exist are an error, or skipped and reported with ``on_error="skip"``. The other
     keywords are those of every ingest (`IngestKeywords`), and ``append``/``by_content`` as in `ingest_images`.
 
@@ -153,7 +156,7 @@ def ingest_dataframe(
     check_target(location)
     table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype,
                                  storage_options=settings.storage_options, mask_columns=mask_columns,
-                                 mask_dtype=mask_dtype)
+                                 mask_dtype=mask_dtype, pair_columns=pair_columns)
     if table.missing and settings.on_error == "raise":
         raise missing_files_error(table)
     return ingest_or_append(table, location, settings, append, by_content)
@@ -170,8 +173,8 @@ def missing_files_error(table: SourceTable) -> SourceError:
 
 def ingest_or_append(table: SourceTable, location: str | os.PathLike, options: IngestOptions, append: bool,
                       by_content: bool, classes: Mapping[str, Sequence[str]] | None = None) -> Dataset:
-    if append and table.label_maps:
-        raise OptionError(f"append=True adds pictures without label maps; the mask columns {sorted(table.label_maps)} "
+    if append and table.layers:
+        raise OptionError(f"append=True adds pictures without what lies on them; the columns {sorted(table.layers)} "
                           "are ingested into a new store")
     if append and table.reader is not None:
         raise OptionError(f"append=True adds the new files of a local image folder or CSV; {table.description} is "
@@ -196,9 +199,9 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     shape, resize, dtype, images = options.shape, options.resize, options.dtype, options.images
     progress, storage_options = options.progress, options.storage_options
     _check_label_names(table)
-    if table.label_maps and (options.surveyed or shape[0] is None):
-        raise OptionError(f"label maps ({sorted(table.label_maps)}) are stored at the pictures' shape: pass shape= "
-                          "(pictures kept at their own size cannot have label maps yet)")
+    if table.layers and (options.surveyed or shape[0] is None):
+        raise OptionError(f"label maps and paired pictures ({sorted(table.layers)}) are stored at the pictures' shape: "
+                          "pass shape= (pictures kept at their own size cannot have them yet)")
     if table.instances and options.max_side is not None:
         raise OptionError(f"max_side= shrinks pictures after their boxes and keypoints ({sorted(table.instances)}) "
                           "were placed: leave it out, or pass shape= to fit both")
@@ -261,7 +264,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
         paths, shape, resize=resize, dtype=dtype, block_size=layout.shard_size, on_error=options.on_error,
         keep={"pixels": ("pixels",), "encoded": ("files",), "both": ("pixels", "files")}[images],
         max_pixels=options.max_pixels, reader=reader,
-        label_maps={name: ([files[i] for i in order], map_dtype) for name, (files, map_dtype) in table.label_maps.items()},
+        layers={name: ([files[i] for i in order], map_dtype) for name, (files, map_dtype) in table.layers.items()},
         sizes=sizes,
     )
     images_fields = {}
@@ -275,7 +278,9 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     # with on_error="raise" a bad file stops the ingest: no sample is left out, and each shard is final
     # (uploaded as soon as it is written, for an object store) instead of kept for compaction
     fields[FILE_DIGEST_FIELD] = FieldSource(digests, FieldInfo("metadata"))
-    fields.update({name: FieldSource(values, FieldInfo("target")) for name, values in maps.items()})
+    paired = table.paired
+    fields.update({name: FieldSource(values, FieldInfo("input" if name in paired else "target"))
+                   for name, values in maps.items()})
     build_store(location, {**images_fields, **fields}, build, errors=errors if skip else None, **run)
     return open_dataset(location, storage_options=storage_options)
 
@@ -283,7 +288,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
 def _check_label_names(table: SourceTable) -> None:
     """Label columns may not take the names of outcore's own fields or of their arrays."""
     reserved = {IMAGE_FIELD, ENCODED_FIELD, PATH_FIELD, SOURCE_INDEX_FIELD, FILE_STAT_FIELD, FILE_DIGEST_FIELD}
-    clash = {name for name in [*table.labels, *table.label_maps, *table.instances]
+    clash = {name for name in [*table.labels, *table.layers, *table.instances]
              if {name, name.removesuffix(RANGES_SUFFIX), name.removesuffix(SHAPES_SUFFIX)} & reserved}
     if clash:
         raise SourceError(f"label column(s) {sorted(clash)} clash with outcore's own field names; rename them")
@@ -330,8 +335,8 @@ def _manifest(table: SourceTable, order: np.ndarray, paths: list[str], stats: li
     for name in sorted(table.labels):
         labels.update(name.encode() + np.ascontiguousarray(table.labels[name]).tobytes())
         labels.update(json.dumps(table.classes.get(name)).encode())
-    for name in sorted(table.label_maps):  # which label map lies under each picture (their bytes: as the pictures')
-        sources, map_dtype = table.label_maps[name]
+    for name in sorted(table.layers):  # which label map lies under each picture (their bytes: as the pictures')
+        sources, map_dtype = table.layers[name]
         labels.update(json.dumps([name, map_dtype.str, [repr(sources[i]) for i in order]]).encode())
     for name in sorted(table.instances):
         rows = table.instances[name].take(order)

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..errors import OptionError, OutcoreWarning, SourceError
 from ..format import Ragged
-from ..imaging import IMAGE_EXTENSIONS, LABEL_MAP_DTYPES, Drawing, Renumbered, label_map_dtype
+from ..imaging import IMAGE_EXTENSIONS, LABEL_MAP_DTYPES, Drawing, Paired, Renumbered, label_map_dtype
 from ..storage.remote import is_object_url, redact
 from .records.locations import list_objects, read_file
 from .records.reader import SampleReader
@@ -28,9 +28,9 @@ class SourceTable:
     ``paths`` are absolute; ``names`` are what the store records (relative to the folder or CSV).
     ``classes`` maps a label field to its class names, for labels that were strings or folders.
     Samples of record files or object stores (`outcore.ingest.records`): ``paths`` are references that
-    ``reader`` reads, ``stats`` their sizes and their files' modification times. ``label_maps`` holds, per
-    label map field, each picture's label map (a file, or an instance map `Drawing`) and the dtype of its ids
-    (`outcore.imaging.label_maps`); ``instances``, per ragged field, each picture's rows (boxes and keypoints in
+    ``reader`` reads, ``stats`` their sizes and their files' modification times. ``layers`` holds, per field
+    of what lies on the pictures, each picture's layer and the field's dtype: a label map (a file, `Renumbered`
+    or not, or an instance map `Drawing`: `outcore.imaging.label_maps`) or a `Paired` picture; ``instances``, per ragged field, each picture's rows (boxes and keypoints in
     the stored pictures' pixels), and ``sizes`` each picture's annotated (height, width), checked as it is read.
     """
 
@@ -42,12 +42,17 @@ class SourceTable:
     description: str = ""
     reader: SampleReader | None = None
     stats: np.ndarray | None = None
-    label_maps: dict[str, tuple[list[str | Drawing | Renumbered], np.dtype]] = field(default_factory=dict)
+    layers: dict[str, tuple[list[str | Drawing | Renumbered | Paired], np.dtype]] = field(default_factory=dict)
     instances: dict[str, Ragged] = field(default_factory=dict)
     sizes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    @property
+    def paired(self) -> list[str]:
+        """The layers that are pictures paired with the pictures (depth, a second view), not label maps."""
+        return [name for name, (sources, _) in self.layers.items() if sources and isinstance(sources[0], Paired)]
 
 
 def scan_image_folder(root: str | os.PathLike, extensions: Sequence[str] = IMAGE_EXTENSIONS,
@@ -161,11 +166,14 @@ def table_from_dataframe(
     storage_options: Mapping[str, Any] | None = None,
     mask_columns: Sequence[str] = (),
     mask_dtype: str | None = None,
+    pair_columns: Sequence[str] = (),
 ) -> SourceTable:
     """Read paths and labels from a DataFrame or a CSV file (``read_elsewhere``: columns used otherwise,
     e.g. a split column, not warned about as left out); ``mask_columns`` hold the paths of each picture's label
     map files (one label map field per column, resolved as the pictures' paths are; a missing one is an error),
-    of ids of ``mask_dtype`` (``"uint8"`` or ``"uint16"``; by default what the column's first file needs).
+    of ids of ``mask_dtype`` (``"uint8"`` or ``"uint16"``; by default what the column's first file needs);
+    ``pair_columns`` the paths of pictures paired with each (depth, a second view: channels and depth as the
+    column's first file has them).
 
     Relative paths are resolved against ``root``, which defaults to the CSV's folder (or the current
     folder for a DataFrame). Rows whose file does not exist are listed in ``missing``. A label column
@@ -202,18 +210,20 @@ def table_from_dataframe(
                               "fix the file: a header line, then one line per image") from None
     label_columns = [label_columns] if isinstance(label_columns, str) else list(label_columns)
     mask_columns = [mask_columns] if isinstance(mask_columns, str) else list(mask_columns)
-    both = sorted(set(label_columns) & set(mask_columns) | {path_column} & set(mask_columns))
+    pair_columns = [pair_columns] if isinstance(pair_columns, str) else list(pair_columns)
+    layered = [*mask_columns, *pair_columns]
+    both = sorted({c for c in layered if layered.count(c) > 1} | (set(label_columns) | {path_column}) & set(layered))
     if both:
-        raise OptionError(f"column(s) {both} are named as label maps (mask_columns=) and as paths or labels: a column "
-                          "is one of them")
-    absent = [c for c in [path_column, *label_columns, *mask_columns] if c not in frame.columns]
+        raise OptionError(f"column(s) {both} are named twice among paths, labels, label maps (mask_columns=) and "
+                          "paired pictures (pair_columns=): a column is one of them")
+    absent = [c for c in [path_column, *label_columns, *layered] if c not in frame.columns]
     if absent:
         raise SourceError(f"column(s) {absent} not in {where}; it has {list(frame.columns)}")
     if len(frame) == 0:
         raise SourceError(f"{where} has no rows")
     if frame[path_column].isna().any():
         raise SourceError(f"{where}: column {path_column!r} is empty in rows {_rows(frame[path_column].isna())}")
-    unused = [str(c) for c in frame.columns if c not in (path_column, *label_columns, *mask_columns, *read_elsewhere)]
+    unused = [str(c) for c in frame.columns if c not in (path_column, *label_columns, *layered, *read_elsewhere)]
     if unused:
         warnings.warn(f"{where}: column(s) {unused} are not ingested; name them in label_columns= to keep them",
                       OutcoreWarning, stacklevel=3)
@@ -235,24 +245,28 @@ def table_from_dataframe(
         files = _label_map_paths(frame[column], base, f"{where}: mask column {column!r}")
         reader = SampleReader(storage_options)
         maps[column] = files, np.dtype(mask_dtype) if mask_dtype else label_map_dtype(reader.read(files[0]), files[0])
+    for column in pair_columns:
+        files = _label_map_paths(frame[column], base, f"{where}: pair column {column!r}")
+        first = Paired.of(files[0], SampleReader(storage_options).read(files[0]))
+        maps[column] = [replace(first, path=path) for path in files], np.dtype(first.dtype)
     shown_base = redact(base) if is_object_url(base) else str(Path(base).absolute())
     description = f"{where} (paths under {shown_base})"
     if any(is_object_url(p) for p in paths):
-        return _remote_files(SourceTable(paths, names, labels, classes, description=description, label_maps=maps),
+        return _remote_files(SourceTable(paths, names, labels, classes, description=description, layers=maps),
                              storage_options)
     missing = [p for p in paths if not os.path.isfile(p)]
-    return SourceTable(paths, names, labels, classes, missing, description=description, label_maps=maps)
+    return SourceTable(paths, names, labels, classes, missing, description=description, layers=maps)
 
 
 def _label_map_paths(cells: pd.Series, base: str, where: str) -> list[str]:
-    """A mask column's label map files, resolved under ``base``; an error names the rows that are empty or
+    """A mask (or pair) column's files, resolved under ``base``; an error names the rows that are empty or
     whose local file does not exist."""
     if cells.isna().any():
-        raise SourceError(f"{where} is empty in rows {_rows(cells.isna())}: every picture needs its label map")
+        raise SourceError(f"{where} is empty in rows {_rows(cells.isna())}: every picture needs its own")
     paths = [_joined(base, str(cell)) for cell in cells]
     absent = pd.Series([not is_object_url(path) and not os.path.isfile(path) for path in paths], index=cells.index)
     if absent.any():
-        raise SourceError(f"{where}: the label map files of rows {_rows(absent)} do not exist (e.g. "
+        raise SourceError(f"{where}: the files of rows {_rows(absent)} do not exist (e.g. "
                           f"{paths[int(np.argmax(absent.to_numpy()))]!r}); correct the paths or root=")
     return paths
 

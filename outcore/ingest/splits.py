@@ -96,8 +96,8 @@ def table_rows(table: SourceTable, rows: np.ndarray, description: str) -> Source
     return replace(table, paths=[table.paths[i] for i in rows], names=[table.names[i] for i in rows],
                    labels={name: values[rows] for name, values in table.labels.items()}, missing=[],
                    description=description, stats=None if table.stats is None else table.stats[rows],
-                   label_maps={name: ([sources[i] for i in rows], dtype)
-                               for name, (sources, dtype) in table.label_maps.items()},
+                   layers={name: ([sources[i] for i in rows], dtype)
+                               for name, (sources, dtype) in table.layers.items()},
                    instances={name: values.take(rows) for name, values in table.instances.items()},
                    sizes=None if table.sizes is None else table.sizes[rows])
 

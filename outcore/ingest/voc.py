@@ -89,7 +89,7 @@ def voc_table(root: Path, split: str, masks: bool, shape: tuple[int | None, ...]
         if absent:
             raise SourceError(f"{len(absent)} segmentation PNGs of split {split!r} do not exist (e.g. {absent[0]!r}): "
                               "masks=True reads SegmentationClass/ and SegmentationObject/")
-        table.label_maps.update({"masks": (class_maps, np.dtype(np.uint8)), "objects": (object_maps, np.dtype(np.uint8))})
+        table.layers.update({"masks": (class_maps, np.dtype(np.uint8)), "objects": (object_maps, np.dtype(np.uint8))})
     return table
 
 
