@@ -156,3 +156,17 @@ def test_a_mixture_of_stores_with_boxes_gives_each_sample_its_rows(detection, tm
     seen = _rows_by_id(mixture.batches(16, seed=1, fields=["ids", "boxes"]))
     assert seen and all(expected[sample] == rows for sample, rows in seen.items())
     assert any(sample >= 1000 for sample in seen) and any(sample < 1000 for sample in seen)
+
+
+def test_info_says_ragged_and_verify_checks_each_rows_class(tmp_path, capsys):
+    labels = Ragged.of([np.array([0, 1]), np.array([], np.int64), np.array([3])], np.int64, ())
+    ds = outcore.from_arrays({"images": np.zeros((3, 4, 4, 3), np.uint8), "labels": labels,
+                              "boxes": Ragged.of([np.zeros((2, 4)), np.zeros((0, 4)), np.ones((1, 4))], np.float32, (4,))},
+                             tmp_path / "s.zarr", classes={"labels": ["cat", "dog"]}, progress=False)
+    from outcore.cli import main
+
+    assert main(["info", ds.location]) == 0
+    said = capsys.readouterr().out
+    assert "int64 (ragged: 3 rows)" in said and "float32 (ragged: 3 rows)" in said
+    report = outcore.verify(ds.location, progress=False)
+    assert not report.ok and "field 'labels'" in str(report) and "label(s) [3] outside the 2 classes" in str(report)

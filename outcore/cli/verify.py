@@ -71,6 +71,8 @@ def _check_chunk(ds: Dataset, reader: ChunkReader, name: str, chunk: int) -> str
     except (CorruptChunkError, SampleDecodeError, StorageError) as error:  # StorageError: the disk failed it
         return str(error)
     classes = ds.classes_of(name)
+    if values.dtype == object:  # a ragged field's samples: their rows' values
+        values = np.concatenate([np.ravel(sample) for sample in values]) if len(values) else np.zeros(0)
     if classes and values.size and (values.min() < 0 or values.max() >= len(classes)):
         bad = values[(values < 0) | (values >= len(classes))]
         return (

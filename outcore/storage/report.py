@@ -39,7 +39,8 @@ def field_reports(store: Store) -> list[FieldReport]:
     """A `FieldReport` per field (reads metadata and file sizes, no chunk).
 
     An encoded image field's ``decoded`` size is its pixels', ``stored`` its files' bytes and ranges (and
-    shapes: pictures kept at their own size show each size's range, e.g. ``"300..500"``).
+    shapes: pictures kept at their own size show each size's range, e.g. ``"300..500"``); a ragged field's, its
+    rows' (its shape ``(N, "rows", *row)``).
 
     >>> [(r.name, r.shape, r.ratio) for r in field_reports(outcore.open_dataset("train.zarr"))]  # doctest: +SKIP
     [('images', (1000, 64, 64, 3), '3.1x'), ('labels', (1000,), '0.4x'), ...]
@@ -58,6 +59,13 @@ def field_reports(store: Store) -> list[FieldReport]:
                 shapes = stored_shapes(store, name)
                 sample_shape = variable_shape(shapes)
                 decoded = int(shapes.astype(np.int64).prod(axis=1).sum()) * np.dtype(info.decode.dtype).itemsize
+        elif info.is_ragged:  # its rows (a count per sample) and their ranges
+            counted = store.array(ranges_name(name))
+            stored += counted.nbytes_stored()
+            spans = counted[: len(store)]
+            rows = int((spans[:, 1] - spans[:, 0]).sum()) if len(spans) else 0
+            dtype, sample_shape = f"{array.dtype} (ragged: {rows:,} rows)", ("rows", *array.shape[1:])
+            decoded = rows * array.dtype.itemsize * math.prod(array.shape[1:])
         else:
             counted = array
             dtype, sample_shape = str(array.dtype) + (" (utf-8 text)" if info.is_text else ""), array.shape[1:]
