@@ -331,7 +331,7 @@ def test_moving_a_batchs_targets_makes_no_python_call_per_sample(photos):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_scale_jitter_keeps_each_pictures_pixels_over_their_ids(seed):
+def test_scale_jitter_keeps_each_pictures_pixels_over_their_ids_and_its_paired_pictures_with_it(seed):
     """Pictures whose colours are their pixels' rows and columns, maps holding each pixel's number: after the jitter,
     each picture pixel shows the row and column its map's id names (within a pixel and a half: bilinear)."""
     height, width = 50, 70
@@ -339,9 +339,11 @@ def test_scale_jitter_keeps_each_pictures_pixels_over_their_ids(seed):
     pictures = np.zeros((6, height, width, 3), np.uint8)
     pictures[..., 0], pictures[..., 1] = rows * 5, columns * 3
     ids = np.broadcast_to((rows * width + columns).astype(np.uint16), (6, height, width)).copy()
-    batch = {"images": pictures, "masks": ids}
-    moved = ScaleJitter((48, 56), scale=(0.4, 2.0), targets=Targets(label_maps=("masks",), fill=65535))(
+    batch = {"images": pictures, "masks": ids, "second": pictures.copy()}
+    targets = Targets(label_maps=("masks",), pictures=("second",), fill=65535)
+    moved = Compose([ScaleJitter((48, 56), scale=(0.4, 2.0), targets=targets), RandomFlip(targets=targets)])(
         batch, np.random.default_rng(seed))
+    np.testing.assert_array_equal(moved["second"], moved["images"])  # a paired picture moves as its picture
     inside = moved["masks"] != 65535
     assert inside.any()
     row, column = np.divmod(moved["masks"][inside].astype(np.int64), width)

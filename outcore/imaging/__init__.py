@@ -1,7 +1,7 @@
 """Pictures: decoding (libjpeg-turbo, Pillow) with DCT scaling, resizing by policy, encoded chunks, and
 generated pictures for demos, tests and benchmarks. Used by ingest and by the read path."""
 
-from .crops import Box, center_crop_box, random_resized_crop_box, window_part, within
+from .crops import Box, center_crop_box, inside, random_resized_crop_box, window_part, within
 from .decode import (
     IMAGE_DTYPES,
     IMAGE_EXTENSIONS,
@@ -61,6 +61,7 @@ __all__ = [
     "encode_image",
     "fit",
     "fit_label_map",
+    "inside",
     "label_map_dtype",
     "load_image",
     "move_boxes",

@@ -37,12 +37,14 @@ from ..imaging import (
     BoxPolicy,
     copy_samples,
     cut_label_maps,
+    inside,
     move_boxes,
     move_keypoints,
     owners,
+    resize_box,
     resize_boxes,
 )
-from ..threads import for_each_run
+from ..threads import for_each, for_each_run
 from .gather import RUN_BYTES, Empty, plain
 
 Batch = dict[str, np.ndarray]
@@ -156,10 +158,15 @@ class Targets:
 
 def move_pictures(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:
     """Each picture (n, h, w[, c]) cut to its crop, resized to ``size`` (bilinear, antialiased) and mirrored: a
-    window of whole pixels at the output size is copied as it is (zeros past the picture's edges)."""
+    window of whole pixels at the output size is copied as it is, and zeros fill the output past the picture's
+    edges (a padded `RandomCrop`, a `ScaleJitter` smaller than its size)."""
+    crops = np.asarray(crops, np.float64).reshape(-1, 4)
+    flips = np.asarray(flips, bool).reshape(-1, 2)
     whole = bool(np.all(crops == np.round(crops)) and np.all(crops[:, 2:] == size))
-    if not whole:
+    if not whole and inside(crops, np.tile(pictures.shape[1:3], (len(crops), 1))).all():
         return resize_boxes(pictures, [tuple(box) for box in crops.tolist()], size, flips)
+    if not whole:
+        return _resized_parts(pictures, crops, size, flips)
     source = np.ascontiguousarray(pictures)
     out = np.empty((len(pictures), *size, *pictures.shape[3:]), pictures.dtype)
     every = np.arange(len(pictures))
@@ -170,6 +177,30 @@ def move_pictures(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int]
                      corners[start:stop, 0], corners[start:stop, 1], flips[start:stop])
 
     for_each_run(run, len(pictures), _least(out))
+    return out
+
+
+def _resized_parts(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:
+    """Pictures whose crops pass their edges: the part of each crop inside its picture resized to the part of the
+    output it covers (its edges rounded to whole pixels), mirrored as ``flips`` says; zeros elsewhere."""
+    height, width = pictures.shape[1:3]
+    out = np.zeros((len(pictures), *size, *pictures.shape[3:]), pictures.dtype)
+    channels = pictures.reshape(*pictures.shape[:3], -1)
+
+    def resize(i: int) -> None:
+        top, left, rows, columns = crops[i].tolist()
+        y0, y1, x0, x1 = max(top, 0.0), min(top + rows, height), max(left, 0.0), min(left + columns, width)
+        r0, r1 = round((y0 - top) * size[0] / rows), round((y1 - top) * size[0] / rows)
+        c0, c1 = round((x0 - left) * size[1] / columns), round((x1 - left) * size[1] / columns)
+        if y1 <= y0 or x1 <= x0 or r1 <= r0 or c1 <= c0:
+            return
+        mirrored = (bool(flips[i, 0]), bool(flips[i, 1]))
+        r0, r1 = (size[0] - r1, size[0] - r0) if mirrored[1] else (r0, r1)
+        c0, c1 = (size[1] - c1, size[1] - c0) if mirrored[0] else (c0, c1)
+        part = out[i, r0:r1, c0:c1].reshape(r1 - r0, c1 - c0, -1)
+        resize_box(channels[i], (y0, x0, y1 - y0, x1 - x0), (r1 - r0, c1 - c0), part, mirrored)
+
+    for_each(resize, len(pictures))
     return out
 
 

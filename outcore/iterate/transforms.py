@@ -29,13 +29,12 @@ from ..imaging import (
     copy_samples,
     empty_for_decoding,
     random_resized_crop_box,
-    resize_box,
     resize_boxes,
 )
-from ..threads import for_each, for_each_run
+from ..threads import for_each_run
 from .batch import Batch, Transform, steps
 from .gather import RUN_BYTES
-from .targets import Targets, check_targets
+from .targets import Targets, check_targets, move_pictures
 
 
 def _field(batch: Batch, field: str) -> np.ndarray:
@@ -269,10 +268,9 @@ class ScaleJitter:
     def output_size(self) -> tuple[int, int]:
         return _pair(self.size)
 
-    def windows(self, sizes: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """Each picture's window in its own pixels (n, 4: top, left, height, width), and how much of the output the
-        scaled picture fills (n, 2: rows, columns; the rest is padding); drawn in order: every scale, every top,
-        every left."""
+    def windows(self, sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Each picture's window in its own pixels (n, 4: top, left, height, width; past its bottom and right edges
+        where the scaled picture is smaller than the output), drawn in order: every scale, every top, every left."""
         (height, width), sizes = self.output_size, np.asarray(sizes, np.float64).reshape(-1, 2)
         rows, columns = sizes.T
         factor = rng.uniform(*self.scale, len(sizes)) * np.minimum(height / rows, width / columns)
@@ -281,24 +279,13 @@ class ScaleJitter:
         top = np.floor(rng.random(len(sizes)) * (np.maximum(0, scaled_rows - height) + 1))
         left = np.floor(rng.random(len(sizes)) * (np.maximum(0, scaled_columns - width) + 1))
         sy, sx = rows / scaled_rows, columns / scaled_columns  # picture pixels a scaled pixel
-        windows = np.stack([top * sy, left * sx, height * sy, width * sx], axis=1)
-        filled = np.stack([np.minimum(height, scaled_rows - top), np.minimum(width, scaled_columns - left)], axis=1)
-        return windows, filled.astype(np.int64)
+        return np.stack([top * sy, left * sx, height * sy, width * sx], axis=1)
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
-        windows, filled = self.windows(np.tile(images.shape[1:3], (len(images), 1)), rng)
-        out = np.zeros((len(images), *self.output_size, *images.shape[3:]), images.dtype)
-        pictures = images.reshape(*images.shape[:3], -1)
-
-        def resize(i: int) -> None:  # the part of the window inside the picture, to the part of the output it fills
-            rows, columns = filled[i].tolist()
-            top, left, height, width = windows[i].tolist()
-            inside = (top, left, height * rows / self.output_size[0], width * columns / self.output_size[1])
-            resize_box(pictures[i], inside, (rows, columns), out[i, :rows, :columns].reshape(rows, columns, -1))
-
-        for_each(resize, len(images))
-        return _moved(batch, self.field, out, self.targets, windows)
+        windows = self.windows(np.tile(images.shape[1:3], (len(images), 1)), rng)
+        flips = np.zeros((len(images), 2), bool)
+        return _moved(batch, self.field, move_pictures(images, windows, self.output_size, flips), self.targets, windows)
 
 
 def _sizes(sizes: Sequence[tuple[int, int]] | np.ndarray) -> list[list[int]]:
