@@ -37,6 +37,7 @@ from ..imaging import (
     BoxPolicy,
     copy_samples,
     cut_label_maps,
+    empty_for_decoding,
     inside,
     move_boxes,
     move_keypoints,
@@ -114,7 +115,7 @@ class Targets:
             out = empty((len(maps), *size, *maps.shape[3:]), maps.dtype, field=name)
             for_each_run(lambda start, stop, maps=maps, out=out: cut_label_maps(
                 maps[start:stop], crops[start:stop], size, flips[start:stop], self.fill, out[start:stop]),
-                len(maps), _least(out))
+                len(maps), run_length(out))
             moved[name] = out
         for name in self.pictures:
             moved[name] = move_pictures(self._at_picture_size(batch, name, sizes), crops, size, flips)
@@ -167,16 +168,22 @@ def move_pictures(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int]
         return resize_boxes(pictures, [tuple(box) for box in crops.tolist()], size, flips)
     if not whole:
         return _resized_parts(pictures, crops, size, flips)
-    source = np.ascontiguousarray(pictures)
-    out = np.empty((len(pictures), *size, *pictures.shape[3:]), pictures.dtype)
-    every = np.arange(len(pictures))
-    corners = crops[:, :2].astype(np.int64)
+    return copy_windows(pictures, crops[:, :2].astype(np.int64), size, flips)
+
+
+def copy_windows(images: np.ndarray, corners: np.ndarray, size: tuple[int, int],
+                 flips: np.ndarray | None = None) -> np.ndarray:
+    """Image ``i``'s window of ``size`` at ``corners[i]`` (top, left; zeros past the edges), mirrored as
+    ``flips[i]`` says, into a new array: a C call a run of images, on the pool's free threads (`copy_samples`)."""
+    source = np.ascontiguousarray(images)
+    out = empty_for_decoding((len(images), *size, *images.shape[3:]), images.dtype)
+    every = np.arange(len(images))
 
     def run(start: int, stop: int) -> None:
         copy_samples([source], np.zeros(stop - start, np.int64), every[start:stop], out, every[start:stop],
-                     corners[start:stop, 0], corners[start:stop, 1], flips[start:stop])
+                     corners[start:stop, 0], corners[start:stop, 1], None if flips is None else flips[start:stop])
 
-    for_each_run(run, len(pictures), _least(out))
+    for_each_run(run, len(images), run_length(out))
     return out
 
 
@@ -204,8 +211,8 @@ def _resized_parts(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int
     return out
 
 
-def _least(out: np.ndarray) -> int:
-    """Samples of ``out`` a run moves at least (`RUN_BYTES`)."""
+def run_length(out: np.ndarray) -> int:
+    """Samples of ``out`` a run of the pool's work makes at least (`RUN_BYTES`)."""
     return max(1, RUN_BYTES // max(1, out[:1].nbytes))
 
 

@@ -26,15 +26,12 @@ from ..errors import OptionError
 from ..imaging import (
     Box,
     center_crop_box,
-    copy_samples,
-    empty_for_decoding,
     random_resized_crop_box,
     resize_boxes,
 )
 from ..threads import for_each_run
 from .batch import Batch, Transform, steps
-from .gather import RUN_BYTES
-from .targets import Targets, check_targets, move_pictures
+from .targets import Targets, check_targets, copy_windows, move_pictures, run_length
 
 
 def _field(batch: Batch, field: str) -> np.ndarray:
@@ -99,22 +96,7 @@ class RandomFlip:
         corners = np.zeros((len(images), 2), np.int64)
         flips = self.draw(len(images), rng)
         crops = np.tile([0, 0, *images.shape[1:3]], (len(images), 1))
-        return _moved(batch, self.field, _windows(images, corners, images.shape[1:3], flips), self.targets, crops, flips)
-
-
-def _windows(images: np.ndarray, corners: np.ndarray, size: tuple[int, int], flips: np.ndarray | None = None) -> np.ndarray:
-    """Image ``i``'s window of ``size`` at ``corners[i]`` (top, left; zeros past the edges), mirrored as
-    ``flips[i]`` says, into a new array: a C call a run of images, on the pool's free threads (`copy_samples`)."""
-    source = np.ascontiguousarray(images)
-    out = empty_for_decoding((len(images), *size, *images.shape[3:]), images.dtype)
-    every = np.arange(len(images))
-
-    def run(start: int, stop: int) -> None:
-        copy_samples([source], np.zeros(stop - start, np.int64), every[start:stop], out, every[start:stop],
-                     corners[start:stop, 0], corners[start:stop, 1], None if flips is None else flips[start:stop])
-
-    for_each_run(run, len(images), max(1, RUN_BYTES // max(1, out[:1].nbytes)))
-    return out
+        return _moved(batch, self.field, copy_windows(images, corners, images.shape[1:3], flips), self.targets, crops, flips)
 
 
 @dataclass(frozen=True)
@@ -173,7 +155,7 @@ class RandomCrop:
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         boxes = self.boxes([images.shape[1:3]] * len(images), rng)
-        return _moved(batch, self.field, _windows(images, boxes[:, :2], self.output_size), self.targets, boxes)
+        return _moved(batch, self.field, copy_windows(images, boxes[:, :2], self.output_size), self.targets, boxes)
 
 
 @dataclass(frozen=True)
@@ -354,7 +336,7 @@ class Normalize:
             def run(start: int, stop: int) -> None:
                 out[start:stop] = (images[start:stop].astype(np.float32) * scale - mean) / std
 
-        for_each_run(run, len(images), max(1, RUN_BYTES // max(1, out[:1].nbytes)))
+        for_each_run(run, len(images), run_length(out))
         return _replace(batch, self.field, out)
 
 
