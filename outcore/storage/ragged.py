@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,7 +9,6 @@ import zarr
 
 from ..format import Compression, Layout, Ragged, chunk_capacity, ranges_name
 from .encoded import EncodedBytes, create_encoded_field, write_encoded_shard
-from .pins import Pins
 
 
 def create_ragged_field(group: zarr.Group, name: str, counts: np.ndarray, layout: Layout, compression: Compression,
@@ -60,31 +58,12 @@ class RaggedChunk:
         return out
 
 
-class RaggedRows:
-    """Chunk by chunk, the rows of a ragged field (through the direct shard reader): ``read(chunk)`` is a
-    `RaggedChunk`; ``arrays(name)`` is the store's array ``name`` (`outcore.storage.Store.array`)."""
-
-    def __init__(self, arrays: Callable[[str], zarr.Array], field: str, where: str, num_samples: int,
-                 pins: Pins | None = None) -> None:
-        self.regions = EncodedBytes(arrays, field, where, num_samples, pins=pins)
-        self.row_shape = tuple(arrays(field).shape[1:])
-        self.dtype = arrays(field).dtype
-
-    def empty(self) -> np.ndarray:
-        return self.regions.empty()
-
-    @property
-    def remote(self) -> bool:
-        return self.regions.remote
-
-    def prefetch(self, chunks: Sequence[int]) -> None:
-        self.regions.prefetch(chunks)
-
-    def expect(self, chunk: int, when: float) -> None:
-        self.regions.expect(chunk, when)
+class RaggedRows(EncodedBytes):
+    """Chunk by chunk, the rows of a ragged field (through the direct shard reader, as an encoded field's bytes):
+    ``read(chunk)`` is a `RaggedChunk`; ``arrays(name)`` is the store's array ``name`` (`outcore.storage.Store.array`)."""
 
     def read(self, chunk: int, out: np.ndarray | None = None) -> RaggedChunk:
-        values, ranges = self.regions.read(chunk, out)
+        values, ranges = super().read(chunk, out)
         return RaggedChunk(values, ranges)
 
 
