@@ -38,7 +38,7 @@ from ..dataset import Dataset
 from ..errors import SourceError
 from ..imaging import Drawing
 from ..storage import check_target
-from .images import ingest_table, missing_files_error
+from .images import ingest_table
 from .options import IngestKeywords, IngestOptions
 from .placement import Placement, instance_fields
 from .sources import SourceTable
@@ -58,8 +58,6 @@ def ingest_coco(annotations: str | os.PathLike, location: str | os.PathLike, *, 
     check_target(location)
     table = coco_table(Path(annotations), Path(root) if root is not None else Path(annotations).parent,
                        settings.shape, settings.resize, masks)
-    if table.missing and settings.on_error == "raise":
-        raise missing_files_error(table)
     return ingest_table(table, location, settings)
 
 

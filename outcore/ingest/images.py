@@ -157,8 +157,6 @@ def ingest_dataframe(
     table = table_from_dataframe(frame, path_column, label_columns, root, label_dtype,
                                  storage_options=settings.storage_options, mask_columns=mask_columns,
                                  mask_dtype=mask_dtype, pair_columns=pair_columns)
-    if table.missing and settings.on_error == "raise":
-        raise missing_files_error(table)
     return ingest_or_append(table, location, settings, append, by_content)
 
 
@@ -173,6 +171,10 @@ def missing_files_error(table: SourceTable) -> SourceError:
 
 def ingest_or_append(table: SourceTable, location: str | os.PathLike, options: IngestOptions, append: bool,
                       by_content: bool, classes: Mapping[str, Sequence[str]] | None = None) -> Dataset:
+    """Ingest ``table`` into a new store at ``location``, or with ``append`` add its new files to it; files the
+    table lists that do not exist are an error (``on_error="raise"``) or skipped and reported."""
+    if table.missing and options.on_error == "raise":
+        raise missing_files_error(table)
     if append and table.layers:
         raise OptionError(f"append=True adds pictures without what lies on them; the columns {sorted(table.layers)} "
                           "are ingested into a new store")

@@ -30,7 +30,7 @@ from ..dataset import Dataset
 from ..errors import SourceError
 from ..imaging import Renumbered
 from ..storage import check_target
-from .images import ingest_table, missing_files_error
+from .images import ingest_table
 from .options import IngestKeywords, IngestOptions
 from .placement import Placement, instance_fields
 from .sources import SourceTable
@@ -52,8 +52,6 @@ def ingest_voc(root: str | os.PathLike, location: str | os.PathLike, *, split: s
     settings = IngestOptions.of(options)
     check_target(location)
     table = voc_table(Path(root), split, masks, settings.shape, settings.resize)
-    if table.missing and settings.on_error == "raise":
-        raise missing_files_error(table)
     return ingest_table(table, location, settings)
 
 
