@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..format import offsets_name
+from ..format import offsets_name, ragged_names
 from ..iterate import Batch, BatchKeywords
 
 FieldSelection = str | Sequence[str] | Mapping[str, str]
@@ -53,10 +53,8 @@ def padded(batch: Batch, fill: float = -1) -> Batch:
     [[[1, 1], [2, 2]], [[-1, -1], [-1, -1]], [[3, 3], [-1, -1]]]
     """
     dense = dict(batch)
-    for name, values in batch.items():
-        offsets = batch.get(offsets_name(name))
-        if offsets is None:
-            continue
+    for name in ragged_names(batch):
+        values, offsets = batch[name], batch[offsets_name(name)]
         counts = np.diff(offsets)
         pad = np.iinfo(values.dtype).max if values.dtype.kind == "u" else fill
         out = np.full((len(counts), int(counts.max(initial=0)), *values.shape[1:]), pad, values.dtype)

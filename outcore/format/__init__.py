@@ -28,7 +28,7 @@ from .encoded import (
     shapes_name,
 )
 from .layout import Layout
-from .ragged import OFFSETS_SUFFIX, Ragged, kept_name, offsets_name
+from .ragged import OFFSETS_SUFFIX, Ragged, kept_name, offsets_name, ragged_names
 from .text import TEXT_ENCODING, decode_text, encode_text
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "kept_name",
     "offsets_name",
     "pack_regions",
+    "ragged_names",
     "ranges_name",
     "shapes_name",
     "unsafe_codecs",

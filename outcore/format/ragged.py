@@ -22,7 +22,7 @@ array([[ 12.5,  40. , 211. , 180.2], [300. ,  10. , 320. ,  44. ]], dtype=float3
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +38,15 @@ def offsets_name(field: str) -> str:
     'boxes_offsets'
     """
     return field + OFFSETS_SUFFIX
+
+
+def ragged_names(fields: Collection[str]) -> list[str]:
+    """The ragged fields among a batch's ``fields``: those with their offsets (`offsets_name`) beside them.
+
+    >>> ragged_names({"images": 0, "boxes": 0, "boxes_offsets": 0})
+    ['boxes']
+    """
+    return [name for name in fields if offsets_name(name) in fields]
 
 
 def kept_name(field: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError, OutcoreWarning
-from ..format import offsets_name
+from ..format import offsets_name, ragged_names
 from ..seeds import Domain, generator
 from ..storage import Store
 from .batch import Batch, joined_offsets
@@ -212,7 +212,7 @@ class MixtureIterator:
         """The sources' batches, one after the other; fields of other sample shapes (a transform that
         does not crop pictures of varying sizes to one) are an `OptionError` naming the sources."""
         joined = {}
-        offsets = {offsets_name(name) for name in parts[0] if offsets_name(name) in parts[0]}  # ragged fields'
+        offsets = {offsets_name(name) for name in ragged_names(parts[0])}
         for field in parts[0]:
             if field in offsets:  # each source's rows come after the rows of those before it
                 joined[field] = joined_offsets([part[field] for part in parts])

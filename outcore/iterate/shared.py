@@ -57,7 +57,7 @@ from uuid import uuid4
 import numpy as np
 
 from ..errors import ClusterError, OutcoreWarning
-from ..format import OFFSETS_SUFFIX
+from ..format import offsets_name, ragged_names
 from ..imaging import LEAD
 from .batch import join_field, joined_offsets, plain
 from .mappings import kept_mappings, open_file
@@ -398,13 +398,13 @@ def join_parts(parts: Sequence[SharedBatch | Mapping[str, np.ndarray]], sizes: S
     if mailbox is not None and any(isinstance(part, SharedBatch) and part.no_room for part in parts):
         mailbox.warn_no_room()
     offsets = np.cumsum([0, *sizes]).tolist()
+    ragged = {offsets_name(name) for name in ragged_names(fields[0])}
     batch = {}
     for name in fields[0]:
         pieces = [part[name] for part in fields]
         shared = next((piece for piece in pieces if isinstance(piece, SharedArray)), None)
         if shared is None:  # a ragged field's offsets (plain memory, always) run on across the parts
-            ragged = name.endswith(OFFSETS_SUFFIX) and name.removesuffix(OFFSETS_SUFFIX) in fields[0]
-            batch[name] = joined_offsets(pieces) if ragged else join_field(pieces, name)
+            batch[name] = joined_offsets(pieces) if name in ragged else join_field(pieces, name)
             continue
         if mailbox is None or any(isinstance(piece, SharedArray) and piece != shared for piece in pieces):
             raise ClusterError(f"the parts of a batch disagree on field {name!r}: {pieces}")
