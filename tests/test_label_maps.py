@@ -157,3 +157,15 @@ def test_paired_pictures_are_fitted_and_moved_with_their_pictures(tmp_path):
         # both are linear in the source's row and column, and resampled by the same box: depth = 1000 row + 10 column
         expected = 1000 * picture[..., 0] / 4 + 10 * picture[..., 1] / 3
         assert np.abs(depth - expected).max() <= 300  # within 0.3 of a row (the picture's 8-bit rounding: 0.125)
+
+
+def test_a_paired_picture_of_another_kind_than_its_columns_first_is_refused_by_name(tmp_path):
+    for i in range(2):
+        Image.fromarray(np.zeros((20, 30, 3), np.uint8)).save(tmp_path / f"{i}.png")
+    Image.fromarray(np.zeros((20, 30), np.uint16)).save(tmp_path / "0-depth.png")
+    Image.fromarray(np.zeros((20, 30), np.uint8), mode="L").save(tmp_path / "1-depth.png")  # 8-bit among 16-bit
+    frame = pd.DataFrame({"path": ["0.png", "1.png"], "depth": ["0-depth.png", "1-depth.png"]})
+    with pytest.raises(ImageError, match="1-depth.png: a paired picture of 1 channel.s. of uint8, where its column's "
+                                         "first file has 1 of uint16"):
+        outcore.ingest_dataframe(frame, tmp_path / "s.zarr", root=tmp_path, pair_columns=["depth"], shape=(20, 30, 3),
+                                 images="pixels", progress=False)

@@ -64,6 +64,15 @@ class Paired:
         channels = 1 if mode in ("L", "1", "I", "I;16", "I;16B", "I;16L") else 4 if mode in ("RGBA", "LA", "PA") else 3
         return cls(path, channels, "uint16" if mode.startswith("I") else "uint8")
 
+    def check_kind(self, data: bytes) -> None:
+        """An `ImageError` naming the file when ``data`` (its bytes) is not of this kind: a column's paired pictures
+        are all as its first file is, never converted to it (an 8-bit file among 16-bit ones, colours among grey)."""
+        found = Paired.of(self.path, data)
+        if (found.channels, found.dtype) != (self.channels, self.dtype):
+            raise ImageError(self.path, f"a paired picture of {found.channels} channel(s) of {found.dtype}, where its "
+                                        f"column's first file has {self.channels} of {self.dtype}: store every paired "
+                                        "picture of a column as one kind")
+
 
 def label_map_dtype(data: bytes, name: str) -> np.dtype:
     """The dtype a label map file's ids need: uint16 for a 16-bit or 32-bit grey file, else uint8.

@@ -123,6 +123,7 @@ def _load_block(
                 if isinstance(source, Paired):  # a picture: fitted as its picture is, by the same box
                     paired = reader.read(source.path)
                     check_placement(upright_size(paired, source.path), source.path, "the paired picture is", data, path)
+                    source.check_kind(paired)
                     decode_image(paired, (*shape[:2], source.channels), resize, np.dtype(source.dtype), source.path,
                                  out=maps[name][i], max_pixels=max_pixels)
                     continue
