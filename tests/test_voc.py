@@ -105,6 +105,23 @@ def test_a_fit_that_cuts_objects_away_renumbers_the_object_map_to_the_kept_boxes
     assert checked > 10
 
 
+def test_a_class_not_among_the_classes_is_refused_by_name_and_classes_of_ones_own_are_taken(tmp_path):
+    _voc(tmp_path / "VOC2012", count=4)
+    annotation = tmp_path / "VOC2012" / "Annotations" / "2007_000003.xml"
+    tree = ElementTree.parse(annotation)
+    item = ElementTree.SubElement(tree.getroot(), "object")
+    ElementTree.SubElement(item, "name").text = "unicorn"
+    box = ElementTree.SubElement(item, "bndbox")
+    for tag, value in (("xmin", 1), ("ymin", 1), ("xmax", 10), ("ymax", 10)):
+        ElementTree.SubElement(box, tag).text = str(value)
+    tree.write(annotation)
+    with pytest.raises(SourceError, match="2007_000003.xml: class 'unicorn' is not among the classes"):
+        outcore.ingest_voc(tmp_path / "VOC2012", tmp_path / "s.zarr", shape=(60, 80, 3))
+    ds = outcore.ingest_voc(tmp_path / "VOC2012", tmp_path / "s.zarr", shape=(60, 80, 3), shuffle_on_write=False,
+                            classes=[*VOC_CLASSES, "unicorn"], progress=False)
+    assert ds.classes[-1] == "unicorn" and ds["labels"][3].compute()[-1] == 20
+
+
 def test_a_folder_that_is_not_voc_is_refused_by_name(tmp_path):
     _voc(tmp_path / "VOC2012", count=2)
     with pytest.raises(SourceError, match="ImageSets/Main/val.txt does not exist"):

@@ -178,6 +178,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="COCO: draw each picture's instance map (default: yes); VOC: read the class and object "
                              "maps of the segmentation split (default: no)")
     ingest.add_argument("--voc-set", default="train", help="VOC: the split of ImageSets to read (default: train)")
+    ingest.add_argument("--voc-classes", help="VOC: comma-separated class names in the order of their ids (default: "
+                                              "VOC's 20)")
     ingest.add_argument("--image-key", help="record files: the feature (TFRecord, default image/encoded), member "
                                             "extension (WebDataset, default jpg/jpeg/png/webp) or column (Parquet, "
                                             "default image) holding each picture")
@@ -398,8 +400,9 @@ def _ingest_annotations(kind: str, args: argparse.Namespace, options: dict[str, 
             ds = ingest_coco(args.source, args.store, root=args.root, masks=args.masks is not False, client=client,
                              **options)
         else:
+            classes = {"classes": args.voc_classes.split(",")} if args.voc_classes else {}
             ds = ingest_voc(args.source, args.store, split=args.voc_set, masks=bool(args.masks), client=client,
-                            **options)
+                            **classes, **options)
     print(describe(ds))
     return 0
 

@@ -6,7 +6,7 @@ included), ``ImageSets/Main/<split>.txt`` and ``ImageSets/Segmentation/<split>.t
 ``SegmentationClass/<id>.png`` (palette PNGs: the class of each pixel, 0 background, 255 void) and
 ``SegmentationObject/<id>.png`` (the object of each pixel, numbered from 1 in the XML's order). The store holds,
 per picture: ``boxes`` (x0, y0, x1, y1 in the stored picture's pixels: ``xmin - 1, ymin - 1, xmax, ymax``),
-``labels`` (the class's index in VOC's 20 classes, or in the names found, sorted, for a dataset with others),
+``labels`` (the class's index in ``classes``: VOC's 20 by default; a name not among them is an error naming it),
 ``difficult`` and ``truncated``; with ``masks=True``, ``masks`` (the class map; the class ``labels[k]`` is id
 ``labels[k] + 1`` there) and ``objects`` (the object map, its ids those of the stored boxes + 1).
 
@@ -20,6 +20,7 @@ away goes, and the object map is renumbered to match.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Unpack
 from xml.etree import ElementTree
@@ -41,21 +42,24 @@ VOID = 255  # the segmentation PNGs' id of pixels left out (objects' edges)
 
 
 def ingest_voc(root: str | os.PathLike, location: str | os.PathLike, *, split: str = "train", masks: bool = False,
-               **options: Unpack[IngestKeywords]) -> Dataset:
+               classes: Sequence[str] = VOC_CLASSES, **options: Unpack[IngestKeywords]) -> Dataset:
     """Ingest the pictures of split ``split`` of a Pascal VOC folder with their boxes, classes and flags, and with
     ``masks=True`` their class and object maps (the pictures of ``ImageSets/Segmentation/<split>.txt``; else of
-    ``ImageSets/Main``). See the module's text for the fields; the other keywords are those of every ingest.
+    ``ImageSets/Main``). ``classes`` are the class names in label order (a dataset in VOC's layout with classes of
+    its own: in the order its class maps number them, from 1). See the module's text for the fields; the other
+    keywords are those of every ingest.
 
     >>> ds = outcore.ingest_voc("VOCdevkit/VOC2012", "seg-val.zarr", split="val", masks=True,
     ...                         shape=(512, 512, 3), resize="pad")  # doctest: +SKIP
     """
     settings = IngestOptions.of(options)
     check_target(location)
-    table = voc_table(Path(root), split, masks, settings.shape, settings.resize)
+    table = voc_table(Path(root), split, masks, settings.shape, settings.resize, tuple(classes))
     return ingest_table(table, location, settings)
 
 
-def voc_table(root: Path, split: str, masks: bool, shape: tuple[int | None, ...], resize: str | None) -> SourceTable:
+def voc_table(root: Path, split: str, masks: bool, shape: tuple[int | None, ...], resize: str | None,
+              classes: tuple[str, ...] = VOC_CLASSES) -> SourceTable:
     """The pictures of a VOC split, their targets moved to ``shape`` as ``resize`` fits them."""
     listing = root / "ImageSets" / ("Segmentation" if masks else "Main") / f"{split}.txt"
     if not listing.is_file():
@@ -64,8 +68,11 @@ def voc_table(root: Path, split: str, masks: bool, shape: tuple[int | None, ...]
     parsed = [_annotation(root / "Annotations" / f"{name}.xml") for name in names]
     sizes = np.array([size for size, _ in parsed], np.int64).reshape(-1, 2)
     objects = [found for _, found in parsed]
-    found_names = sorted({item["name"] for found in objects for item in found})
-    classes = VOC_CLASSES if set(found_names) <= set(VOC_CLASSES) else tuple(found_names)
+    unknown = next(((name, item["name"]) for name, found in zip(names, objects, strict=True) for item in found
+                    if item["name"] not in classes), None)
+    if unknown is not None:
+        raise SourceError(f"{root / 'Annotations' / unknown[0]}.xml: class {unknown[1]!r} is not among the classes "
+                          f"{list(classes)[:5]}...: pass classes= (CLI: --voc-classes), every class name in the order of their ids")
     owners = np.repeat(np.arange(len(names)), [len(found) for found in objects])
     flat = [item for found in objects for item in found]
     boxes = np.array([item["box"] for item in flat], np.float64).reshape(-1, 4)
