@@ -172,6 +172,17 @@ def test_annotations_that_do_not_fit_their_pictures_are_refused_by_name(tmp_path
     (tmp_path / "coco" / "gone.json").write_text(json.dumps(document))
     with pytest.raises(SourceError, match="1 of 3 files .* do not exist"):
         outcore.ingest_coco(tmp_path / "coco" / "gone.json", tmp_path / "u.zarr", shape=(32, 32, 3))
+    broken = json.loads((tmp_path / "coco" / "instances.json").read_text())
+    broken["annotations"] = [{"id": 5, "image_id": 101, "category_id": 7}]  # no bbox
+    (tmp_path / "coco" / "broken.json").write_text(json.dumps(broken))
+    with pytest.raises(SourceError, match=r"broken.json: an image, annotation or category is not as COCO writes it "
+                                          r"\(no 'bbox'\)"):
+        outcore.ingest_coco(tmp_path / "coco" / "broken.json", tmp_path / "w.zarr", shape=(32, 32, 3))
+    broken["annotations"] = [{"id": 5, "image_id": 101, "category_id": 1, "bbox": [1, 1, 4, 4],
+                              "keypoints": [1, 1, 2] * 3}]  # persons have 2
+    (tmp_path / "coco" / "broken.json").write_text(json.dumps(broken))
+    with pytest.raises(SourceError, match="annotation 5 has 3 keypoints; its categories name 2 at most"):
+        outcore.ingest_coco(tmp_path / "coco" / "broken.json", tmp_path / "w.zarr", shape=(32, 32, 3))
     with pytest.raises(SourceError, match="lacks COCO's lists"):
         (tmp_path / "coco" / "empty.json").write_text("{}")
         outcore.ingest_coco(tmp_path / "coco" / "empty.json", tmp_path / "v.zarr", shape=(32, 32, 3))

@@ -35,7 +35,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from ..dataset import Dataset
-from ..errors import SourceError
+from ..errors import OutcoreError, SourceError
 from ..imaging import Drawing
 from ..storage import check_target
 from .images import ingest_table
@@ -63,8 +63,21 @@ def ingest_coco(annotations: str | os.PathLike, location: str | os.PathLike, *, 
 
 def coco_table(annotations: Path, root: Path, shape: tuple[int | None, ...], resize: str | None,
                masks: bool) -> SourceTable:
-    """The pictures of a COCO annotation file, their targets moved to ``shape`` as ``resize`` fits them."""
+    """The pictures of a COCO annotation file, their targets moved to ``shape`` as ``resize`` fits them; an entry
+    that lacks what COCO gives it, or holds another kind of value, is a `SourceError` naming the file."""
     document = _document(annotations)
+    try:
+        return _table(document, annotations, root, shape, resize, masks)
+    except OutcoreError:
+        raise
+    except (KeyError, TypeError, ValueError) as error:
+        said = f"no {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
+        raise SourceError(f"{annotations}: an image, annotation or category is not as COCO writes it ({said}); "
+                          "fix the file") from None
+
+
+def _table(document: Mapping[str, Any], annotations: Path, root: Path, shape: tuple[int | None, ...],
+           resize: str | None, masks: bool) -> SourceTable:
     images = document["images"]
     categories = sorted(document["categories"], key=lambda category: category["id"])
     index = {category["id"]: number for number, category in enumerate(categories)}
@@ -118,6 +131,9 @@ def _keypoints(flat: Sequence[Mapping[str, Any]], points: int) -> np.ndarray:
     values = np.zeros((len(flat), points, 3), np.float32)
     for row, annotation in enumerate(flat):
         given = np.asarray(annotation.get("keypoints") or (), np.float32).reshape(-1, 3)
+        if len(given) > points:
+            raise ValueError(f"annotation {annotation.get('id')!r} has {len(given)} keypoints; its categories name "
+                             f"{points} at most")
         values[row, : len(given)] = given
     return values
 
