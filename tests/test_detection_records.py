@@ -23,8 +23,10 @@ COLOURS = {1: (230, 30, 30), 2: (30, 230, 30), 3: (30, 30, 230)}
 NAMES = {1: "cat", 2: "dog", 3: "owl"}
 
 
-def _records(path, count: int = 20, size: tuple[int, int] = (48, 64), lie: int | None = None) -> list[list]:
-    """``count`` records of JPEG pictures with 0-3 boxes each (``lie``: that record says another height)."""
+def _records(path, count: int = 20, size: tuple[int, int] = (48, 64), lie: int | None = None,
+             boxless: int | None = None) -> list[list]:
+    """``count`` records of JPEG pictures with 0-3 boxes each (``lie``: that record says another height; ``boxless``:
+    that record has no box features at all)."""
     tf = need("tensorflow")
     rng = np.random.default_rng(0)
     truth = []
@@ -59,6 +61,8 @@ def _records(path, count: int = 20, size: tuple[int, int] = (48, 64), lie: int |
                        "image/object/bbox/ymax": floats([b[3] / height for b in boxes]),
                        "image/object/class/label": ints([b[4] for b in boxes]),
                        "image/object/class/text": texts([NAMES[b[4]].encode() for b in boxes])}
+            if number == boxless:
+                feature = {key: value for key, value in feature.items() if not key.startswith("image/object/bbox")}
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
             truth.append(boxes)
     return truth
@@ -86,6 +90,13 @@ def test_fitted_pictures_keep_their_boxes_on_their_colours(tmp_path):
             assert (np.abs(centre - COLOURS[int(label)]) < 40).all()
             checked += 1
     assert checked > 15
+
+
+def test_a_record_without_the_box_features_is_named_not_taken_for_one_without_boxes(tmp_path):
+    _records(tmp_path / "train.tfrecord", count=5, boxless=2)
+    with pytest.raises(outcore.SourceError, match=r"record 2: the box features \['image/object/bbox/xmin'"):
+        outcore.ingest_records(tmp_path / "train.tfrecord", tmp_path / "s.zarr", shape=(32, 32, 3),
+                               format=outcore.TFRecord.object_detection(), progress=False)
 
 
 def test_a_record_whose_size_is_not_its_pictures_is_refused_by_name(tmp_path):

@@ -203,7 +203,11 @@ class TFRecord(RecordFiles):
                 raise KeyError(f"feature {feature!r} is not the picture's size in this record (it has: "
                                f"{sorted(features)}); name its height and width features with size_keys=")
             size.append(int(found[0]))
-        edges = [features.get(feature, ("", []))[1] for feature in self.box_keys]
+        absent = [feature for feature in self.box_keys if features.get(feature, ("", []))[0] != "float"]
+        if absent:  # a record without boxes holds the lists, empty: one without them is not such a record
+            raise KeyError(f"the box features {absent} are not float lists in this record (it has: {sorted(features)}); "
+                           "name the boxes' features with box_keys=")
+        edges = [features[feature][1] for feature in self.box_keys]
         if len({len(edge) for edge in edges}) != 1:
             raise KeyError(f"the box features {list(self.box_keys)} hold {[len(e) for e in edges]} values: one per box")
         height, width = size
