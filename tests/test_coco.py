@@ -167,6 +167,10 @@ def test_annotations_that_do_not_fit_their_pictures_are_refused_by_name(tmp_path
     (tmp_path / "coco" / "unknown.json").write_text(json.dumps(document))
     with pytest.raises(SourceError, match="categories \\[99\\] that the file does not list"):
         outcore.ingest_coco(tmp_path / "coco" / "unknown.json", tmp_path / "t.zarr", shape=(32, 32, 3))
+    document["annotations"][-1] = {**document["annotations"][0], "image_id": 999}
+    (tmp_path / "coco" / "orphan.json").write_text(json.dumps(document))
+    with pytest.raises(SourceError, match="annotations name images \\[999\\] that the file does not list"):
+        outcore.ingest_coco(tmp_path / "coco" / "orphan.json", tmp_path / "t.zarr", shape=(32, 32, 3))
     document["annotations"].pop()
     document["images"][2]["file_name"] = "gone.png"
     (tmp_path / "coco" / "gone.json").write_text(json.dumps(document))

@@ -88,6 +88,10 @@ def _table(document: Mapping[str, Any], annotations: Path, root: Path, shape: tu
     unknown = {annotation["category_id"] for annotation in document["annotations"]} - set(index)
     if unknown:
         raise SourceError(f"{annotations}: annotations name categories {sorted(unknown)[:5]} that the file does not list")
+    orphans = set(per_image) - {image["id"] for image in images}
+    if orphans:  # their boxes would be left out without a word
+        raise SourceError(f"{annotations}: annotations name images {sorted(orphans, key=str)[:5]} that the file does "
+                          "not list")
     sizes = np.array([[image["height"], image["width"]] for image in images], np.int64).reshape(-1, 2)
     placement = Placement.of(sizes, shape, resize)
     listed = [per_image.get(image["id"], []) for image in images]
