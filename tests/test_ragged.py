@@ -170,3 +170,11 @@ def test_info_says_ragged_and_verify_checks_each_rows_class(tmp_path, capsys):
     assert "int64 (ragged: 3 rows)" in said and "float32 (ragged: 3 rows)" in said
     report = outcore.verify(ds.location, progress=False)
     assert not report.ok and "field 'labels'" in str(report) and "label(s) [3] outside the 2 classes" in str(report)
+
+
+def test_fields_named_as_a_batch_names_offsets_are_refused_when_the_loader_is_made(tmp_path):
+    ds = outcore.from_arrays({"images": np.zeros((4, 4, 4, 3), np.uint8), "boxes": np.zeros((4, 4)),
+                              "boxes_offsets": np.arange(4)}, tmp_path / "s.zarr", progress=False)
+    with pytest.raises(outcore.OptionError, match="fields 'boxes' and 'boxes_offsets' .* leave one out with fields="):
+        ds.batches(2)
+    assert len(next(iter(ds.batches(2, fields=["images", "boxes"])))["boxes"]) == 2

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import OptionError
+from ..format import kept_name, offsets_name
 from ..imaging import DecodedChunks, EncodedChunk
 from ..storage import RaggedRows, RaggedSamples, ShardReader, Store
 from .batch import Recipe, Transform
@@ -56,7 +57,13 @@ def chunk_reader(store: Store, field: str) -> ChunkReader:
 def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> Recipe:
     """How batches of ``fields`` of ``store`` are made with ``transform`` (`Recipe`); a field of pictures of
     varying sizes that ``transform`` does not open by cropping is an `OptionError` saying what to do
-    (only the crop gives its batches one size)."""
+    (only the crop gives its batches one size); so is a field named as a batch names another's offsets or kept
+    rows (``boxes`` and ``boxes_offsets``: `outcore.format.ragged`), which the batch could not tell apart."""
+    clash = next(((name, other) for name in fields for other in (offsets_name(name), kept_name(name))
+                  if other in fields), None)
+    if clash is not None:
+        raise OptionError(f"fields {clash[0]!r} and {clash[1]!r} of {store.location}: a batch names a ragged field's "
+                          "offsets and kept rows so, and could not tell them apart; leave one out with fields=")
     encoded = [name for name in fields if store.info(name).is_image]
     pictures = [name for name in fields if not (store.info(name).is_text or store.info(name).is_ragged)
                 and len(sample_spec(store, name)[0]) >= 2]
