@@ -13,6 +13,7 @@ from .decode import (
     parse_image_dtype,
     parse_image_shape,
     read_image_file,
+    stored_frame,
     upright_size,
 )
 from .drawings import Drawing
@@ -77,6 +78,7 @@ __all__ = [
     "resize_box",
     "resize_boxes",
     "shrink_image",
+    "stored_frame",
     "upright_size",
     "window_part",
     "within",

@@ -306,20 +306,17 @@ def upright_size(data: bytes, name: str = "image", max_pixels: int | None = MAX_
     >>> upright_size(open("portrait.jpg", "rb").read())  # doctest: +SKIP
     (640, 480)
     """
+    return stored_frame(data, name, max_pixels)[0]
+
+
+def stored_frame(data: bytes, name: str = "image", max_pixels: int | None = MAX_PIXELS) -> tuple[tuple[int, int], int]:
+    """A file's upright ``(height, width)`` (`upright_size`) and EXIF orientation (1: stored upright; 2-8: mirrored or
+    turned, as decoding undoes), from one read of its header."""
     with _opened(data, name, max_pixels) as image:
         width, height = image.size
-        sideways = _orientation(image) in (5, 6, 7, 8) or (
-            image.format == "TIFF" and image.getexif().get(ExifTags.Base.Orientation, 1) in (5, 6, 7, 8))
-    return (width, height) if sideways else (height, width)
-
-
-def exif_orientation(data: bytes, name: str = "image") -> int:
-    """A file's EXIF orientation (1: stored upright; 2-8: mirrored or turned, as decoding undoes), read from its
-    header; a file that is not a picture is an `ImageError` naming ``name``."""
-    with _opened(data, name, None) as image:
-        if image.format == "TIFF":
-            return int(image.getexif().get(ExifTags.Base.Orientation, 1))
-        return _orientation(image)
+        orientation = int(image.getexif().get(ExifTags.Base.Orientation, 1)) if image.format == "TIFF" \
+            else _orientation(image)
+    return ((width, height) if orientation in (5, 6, 7, 8) else (height, width)), orientation
 
 
 def _check_stored(size: tuple[int, int], stored: tuple[int, int] | None, name: str) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import ImageError, OptionError
-from .decode import decode_errors, exif_orientation, upright_size
+from .decode import decode_errors
 from .resize import ResizePolicy, cover_box
 from .targets import cut_label_maps
 
@@ -110,15 +110,16 @@ def _ids_image(data: bytes, name: str) -> Iterator[Image.Image]:
         yield image
 
 
-def check_placement(size: tuple[int, int], name: str, what: str, picture: bytes, picture_name: str) -> None:
+def check_placement(size: tuple[int, int], name: str, what: str, frame: tuple[tuple[int, int], int],
+                    picture_name: str) -> None:
     """An `ImageError` naming ``name`` (a label map file, or a picture's annotations) when ``what`` (``"the label
-    map is"``, ``"annotated as"``) places for a picture of ``size`` (height, width) cannot lie on ``picture``:
-    another size, or the picture is stored turned or mirrored (EXIF), which decoding undoes for the picture alone."""
-    orientation = exif_orientation(picture, picture_name)
+    map is"``, ``"annotated as"``) places for a picture of ``size`` (height, width) cannot lie on the picture
+    ``picture_name`` of ``frame`` (`outcore.imaging.decode.stored_frame`): another size, or the picture is stored
+    turned or mirrored (EXIF), which decoding undoes for the picture alone."""
+    stored, orientation = frame
     if orientation != 1:
         raise ImageError(name, f"its picture {picture_name} is stored turned or mirrored (EXIF orientation "
                                f"{orientation}): decoding turns the picture, not what lies on it; store it upright")
-    stored = upright_size(picture, picture_name, None)
     if tuple(size) != stored:
         raise ImageError(name, f"{what} {size[0]}x{size[1]}, its picture {picture_name} is {stored[0]}x{stored[1]}: "
                                "targets must be of their picture's size")

@@ -21,6 +21,7 @@ from ..imaging import (
     decode_image,
     decode_label_map,
     fit_label_map,
+    stored_frame,
     upright_size,
 )
 from .records.reader import SampleReader
@@ -116,13 +117,14 @@ def _load_block(
             data = reader.read(path)
             decode_image(data, shape, resize, dtype, path, out=pixels[i] if pixels is not None else None,
                          max_pixels=max_pixels)
+            frame = stored_frame(data, path, None) if sizes is not None or layers else None  # one header read
             if sizes is not None:
-                check_placement(tuple(sizes[i].tolist()), path, "annotated as", data, path)
+                check_placement(tuple(sizes[i].tolist()), path, "annotated as", frame, path)
             for name, (sources, map_dtype) in layers.items():
                 source = sources[i]
                 if isinstance(source, Paired):  # a picture: fitted as its picture is, by the same box
                     paired = reader.read(source.path)
-                    check_placement(upright_size(paired, source.path), source.path, "the paired picture is", data, path)
+                    check_placement(upright_size(paired, source.path), source.path, "the paired picture is", frame, path)
                     source.check_kind(paired)
                     decode_image(paired, (*shape[:2], source.channels), resize, np.dtype(source.dtype), source.path,
                                  out=maps[name][i], max_pixels=max_pixels)
@@ -133,7 +135,7 @@ def _load_block(
                     shown = source.path if isinstance(source, Renumbered) else source
                     ids = decode_label_map(reader.read(shown), shown, map_dtype)
                     ids = source.apply(ids) if isinstance(source, Renumbered) else ids
-                    check_placement(ids.shape[:2], shown, "the label map is", data, path)
+                    check_placement(ids.shape[:2], shown, "the label map is", frame, path)
                 maps[name][i] = fit_label_map(ids, shape[:2], resize, shown)
         except ImageError as error:
             if on_error == "raise":
