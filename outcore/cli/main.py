@@ -53,10 +53,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         kept = " (the shards written so far are kept: the same command with --resume continues)" \
             if args.command == "ingest" else ""
         print(f"outcore {args.command}: interrupted{kept}", file=sys.stderr)
+        _quiet_teardown()
         return 130
     except BrokenPipeError:  # the reader of stdout went away: nothing more to say, and nowhere to say it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a command killed by the closed pipe would
+
+
+def _quiet_teardown() -> None:
+    """After Ctrl-C, the process ends with its one line: what the interrupt left half made (an event loop zarr was
+    creating, a coroutine it was about to await) fails to finalise as the interpreter exits, and Python would print
+    that ("Exception ignored in ...", "coroutine ... was never awaited"): nothing more is said."""
+    sys.unraisablehook = lambda unraisable: None
+    warnings.simplefilter("ignore")
 
 
 def _show_warning(args: argparse.Namespace, message: Warning | str, *_: Any, **__: Any) -> None:
