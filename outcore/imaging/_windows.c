@@ -8,9 +8,11 @@
  * Every array is C-contiguous; the chunks and out have the same item format and, past the picture's height and
  * width, the same sample shape. Indices are checked before the copies start: nothing is written out of bounds.
  *
- * lines(maps, rows, columns, out, fill): for every sample i, out[i, y, x] = maps[i, rows[i, y], columns[i, x]] (a
+ * lines(chunks, which, starts, sizes, rows, columns, out, targets, fill): for every k, map k is the sizes[k]
+ * (height, width) pixels stored from pixel starts[k] of chunks[which[k]] (maps of one size in one array, or maps of
+ * their pictures' own sizes back to back in chunks), and out[targets[k], y, x] = map[rows[k, y], columns[k, x]] (a
  * label map cut and resized nearest-neighbour, mirrored by reversed lines), or the pixel `fill` where a line lies
- * outside the map (past the picture's edges). rows and columns are int64 (n, height) and (n, width).
+ * outside the map (past the picture's edges). rows and columns are int64 (k, height) and (k, width).
  *
  * It needs no library: setup.py builds it wherever a C compiler is; outcore.imaging.windows and
  * outcore.imaging.targets fall back to numpy without it (the same bytes).
@@ -242,10 +244,10 @@ done:
 }
 
 typedef struct {
-    const uint8_t *maps;
-    const int64_t *rows, *columns;
+    const uint8_t **chunks;                                         /* each chunk's first byte */
+    const int64_t *which, *starts, *sizes, *rows, *columns, *targets; /* a map's chunk, first pixel, height, width */
     const uint8_t *fill;
-    Py_ssize_t count, map_rows, map_columns, height, width, pixel;
+    Py_ssize_t count, height, width, pixel;                           /* maps to cut; out's height, width, bytes a pixel */
     uint8_t *out;
 } Lines;
 
@@ -257,23 +259,24 @@ typedef struct {
         memcpy(&empty, l->fill, sizeof(TYPE));                                                                        \
         for (Py_ssize_t x = 0; x < l->width; x++) {                                                                   \
             int64_t column = columns[x];                                                                              \
-            to[x] = column >= 0 && column < l->map_columns ? from[column] : empty;                                    \
+            to[x] = column >= 0 && column < map_columns ? from[column] : empty;                                       \
         }                                                                                                             \
     } while (0)
 
 static void gather_lines(const Lines *l) {
-    Py_ssize_t map_row = l->map_columns * l->pixel, out_row = l->width * l->pixel;
-    for (Py_ssize_t i = 0; i < l->count; i++) {
-        const uint8_t *map = l->maps + (size_t)i * l->map_rows * map_row;
-        const int64_t *rows = l->rows + (size_t)i * l->height, *columns = l->columns + (size_t)i * l->width;
+    Py_ssize_t out_row = l->width * l->pixel;
+    for (Py_ssize_t k = 0; k < l->count; k++) {
+        int64_t map_rows = l->sizes[2 * k], map_columns = l->sizes[2 * k + 1];
+        const uint8_t *map = l->chunks[l->which[k]] + (size_t)l->starts[k] * l->pixel;
+        const int64_t *rows = l->rows + (size_t)k * l->height, *columns = l->columns + (size_t)k * l->width;
         for (Py_ssize_t y = 0; y < l->height; y++) {
-            uint8_t *target = l->out + ((size_t)i * l->height + y) * out_row;
-            if (rows[y] < 0 || rows[y] >= l->map_rows) {
+            uint8_t *target = l->out + ((size_t)l->targets[k] * l->height + y) * out_row;
+            if (rows[y] < 0 || rows[y] >= map_rows) {
                 for (Py_ssize_t x = 0; x < l->width; x++)
                     memcpy(target + x * l->pixel, l->fill, l->pixel);
                 continue;
             }
-            const uint8_t *source = map + (size_t)rows[y] * map_row;
+            const uint8_t *source = map + (size_t)rows[y] * map_columns * l->pixel;
             switch (l->pixel) {
             case 1: GATHER_ROW(uint8_t); break;
             case 2: GATHER_ROW(uint16_t); break;
@@ -282,7 +285,7 @@ static void gather_lines(const Lines *l) {
                 for (Py_ssize_t x = 0; x < l->width; x++) {
                     int64_t column = columns[x];
                     memcpy(target + x * l->pixel,
-                           column >= 0 && column < l->map_columns ? source + column * l->pixel : l->fill, l->pixel);
+                           column >= 0 && column < map_columns ? source + column * l->pixel : l->fill, l->pixel);
                 }
             }
         }
@@ -299,38 +302,82 @@ static int int64_table(const Py_buffer *view, Py_ssize_t count, Py_ssize_t lengt
 }
 
 static PyObject *py_lines(PyObject *self, PyObject *args) {
-    PyObject *arrays[4];
-    Py_buffer views[4], fill;
-    int got = 0, got_fill = 0;
+    PyObject *chunk_list, *arrays[7];
+    Py_buffer views[7], fill;
+    int got = 0, got_fill = 0, got_chunks = 0;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "OOOOy*:lines", &arrays[0], &arrays[1], &arrays[2], &arrays[3], &fill))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOy*:lines", &chunk_list, &arrays[0], &arrays[1], &arrays[2], &arrays[3],
+                          &arrays[4], &arrays[5], &arrays[6], &fill))
         return NULL;
     got_fill = 1;
-    while (got < 4 && array_buffer(arrays[got], &views[got], got == 3) == 0)
-        got++;
-    if (got < 4)
-        goto done;
-    Py_buffer *maps = &views[0], *out = &views[3];
-    int ok = maps->ndim >= 3 && out->ndim == maps->ndim && out->shape[0] == maps->shape[0] &&
-             strcmp(out->format, maps->format) == 0 && out->itemsize == maps->itemsize;
-    for (int axis = 3; ok && axis < maps->ndim; axis++)
-        ok = out->shape[axis] == maps->shape[axis];
-    if (!ok || !int64_table(&views[1], maps->shape[0], out->shape[1]) ||
-        !int64_table(&views[2], maps->shape[0], out->shape[2]) || fill.len != bytes_from(maps, 3)) {
-        PyErr_SetString(PyExc_ValueError, "lines: wanted maps (n, h, w, ...) and out (n, height, width, ...) of one "
-                                          "format, rows int64 (n, height), columns int64 (n, width) and one pixel's "
-                                          "bytes as fill; all C-contiguous");
+    PyObject *sequence = PySequence_Fast(chunk_list, "chunks must be a sequence of arrays");
+    if (sequence == NULL) {
+        PyBuffer_Release(&fill);
+        return NULL;
+    }
+    Py_ssize_t chunk_count = PySequence_Fast_GET_SIZE(sequence);
+    Py_buffer *chunk_views = calloc(chunk_count > 0 ? chunk_count : 1, sizeof(Py_buffer));
+    const uint8_t **chunks = calloc(chunk_count > 0 ? chunk_count : 1, sizeof(uint8_t *));
+    if (chunk_views == NULL || chunks == NULL) {
+        PyErr_NoMemory();
         goto done;
     }
-    Lines lines = {maps->buf, views[1].buf, views[2].buf, fill.buf, maps->shape[0], maps->shape[1], maps->shape[2],
-                   out->shape[1], out->shape[2], bytes_from(maps, 3), out->buf};
+    if (chunk_count < 1 || chunk_count > MAX_CHUNKS) {
+        PyErr_Format(PyExc_ValueError, "lines: %zd chunks; 1 to %d", chunk_count, MAX_CHUNKS);
+        goto done;
+    }
+    while (got_chunks < chunk_count && array_buffer(PySequence_Fast_GET_ITEM(sequence, got_chunks),
+                                                    &chunk_views[got_chunks], 0) == 0)
+        got_chunks++;
+    if (got_chunks < chunk_count)
+        goto done;
+    while (got < 7 && array_buffer(arrays[got], &views[got], got == 5) == 0)
+        got++;
+    if (got < 7)
+        goto done;
+    Py_buffer *out = &views[5];
+    Py_ssize_t count = views[0].ndim == 1 ? views[0].shape[0] : -1;
+    Py_ssize_t pixel = out->ndim >= 3 ? bytes_from(out, 3) : 0;
+    int ok = pixel > 0 && count >= 0 && int64s(&views[0], count) && int64s(&views[1], count) &&
+             int64_table(&views[2], count, 2) && int64_table(&views[3], count, out->shape[1]) &&
+             int64_table(&views[4], count, out->shape[2]) && int64s(&views[6], count) && fill.len == pixel;
+    for (Py_ssize_t i = 0; ok && i < chunk_count; i++) {
+        Py_buffer *chunk = &chunk_views[i];
+        ok = strcmp(chunk->format, out->format) == 0 && chunk->itemsize == out->itemsize && chunk->len % pixel == 0;
+        chunks[i] = chunk->buf;
+    }
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "lines: wanted chunks of out's format (whole pixels), out (n, height, width, "
+                                          "...), which, starts and targets int64 (k,), sizes int64 (k, 2), rows int64 "
+                                          "(k, height), columns int64 (k, width) and one pixel's bytes as fill; all "
+                                          "C-contiguous");
+        goto done;
+    }
+    Lines lines = {chunks, views[0].buf, views[1].buf, views[2].buf, views[3].buf, views[4].buf, views[6].buf, fill.buf,
+                   count, out->shape[1], out->shape[2], pixel, out->buf};
+    for (Py_ssize_t k = 0; k < count; k++) {
+        int64_t chunk = lines.which[k], start = lines.starts[k], map_rows = lines.sizes[2 * k];
+        int64_t map_columns = lines.sizes[2 * k + 1], target = lines.targets[k];
+        if (chunk < 0 || chunk >= chunk_count || start < 0 || map_rows < 0 || map_columns < 0 || target < 0 ||
+            target >= out->shape[0] || start + map_rows * map_columns > chunk_views[chunk].len / pixel) {
+            PyErr_Format(PyExc_IndexError, "lines: map %zd (chunk %lld, pixels %lld of %lld x %lld, into row %lld) "
+                         "lies out of range", k, (long long)chunk, (long long)start, (long long)map_rows,
+                         (long long)map_columns, (long long)target);
+            goto done;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS gather_lines(&lines);
     Py_END_ALLOW_THREADS result = Py_NewRef(Py_None);
 done:
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
+    for (int i = 0; i < got_chunks; i++)
+        PyBuffer_Release(&chunk_views[i]);
     if (got_fill)
         PyBuffer_Release(&fill);
+    free(chunk_views);
+    free(chunks);
+    Py_DECREF(sequence);
     return result;
 }
 
@@ -341,9 +388,10 @@ static PyMethodDef methods[] = {
      "window of out's height and width at (tops[k], lefts[k]) of the picture (zeros past its edges), mirrored\n"
      "left-right and top-bottom as flips[k] says. The GIL is released while the bytes are copied."},
     {"lines", py_lines, METH_VARARGS,
-     "lines(maps, rows, columns, out, fill)\n--\n\n"
-     "For every sample i, out[i, y, x] = maps[i, rows[i, y], columns[i, x]], or the pixel fill (bytes) where the\n"
-     "row or column lies outside the map. The GIL is released while the pixels are copied."},
+     "lines(chunks, which, starts, sizes, rows, columns, out, targets, fill)\n--\n\n"
+     "For every k, map k is the sizes[k] (height, width) pixels from pixel starts[k] of chunks[which[k]], and\n"
+     "out[targets[k], y, x] = map[rows[k, y], columns[k, x]], or the pixel fill (bytes) where the row or column\n"
+     "lies outside the map. The GIL is released while the pixels are copied."},
     {NULL, NULL, 0, NULL},
 };
 

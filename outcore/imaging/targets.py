@@ -162,26 +162,53 @@ def cut_label_maps(maps: np.ndarray, crops: np.ndarray, size: tuple[int, int], f
     >>> cut_label_maps(maps, np.array([[0, 0, 2, 2]]), (4, 4), np.array([[0, 0]])).tolist()
     [[[0, 0, 1, 1], [0, 0, 1, 1], [4, 4, 5, 5], [4, 4, 5, 5]]]
     """
-    maps = np.asarray(maps)
+    maps = np.ascontiguousarray(maps)
+    count, (height, width) = len(maps), maps.shape[1:3]
+    target = out if out is not None and out.flags.c_contiguous else np.empty((count, *size, *maps.shape[3:]),
+                                                                              maps.dtype)
+    every = np.arange(count, dtype=np.int64)
+    cut_maps([maps], np.zeros(count, np.int64), every * height * width, np.tile([height, width], (count, 1)), crops,
+             size, flips, fill, target, every)
+    if out is not None and target is not out:
+        out[...] = target
+    return target if out is None else out
+
+
+def cut_maps(chunks: Sequence[np.ndarray], which: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+             crops: np.ndarray, size: tuple[int, int], flips: np.ndarray, fill: int, out: np.ndarray,
+             targets: np.ndarray) -> None:
+    """Map ``k``, the ``sizes[k]`` (height, width) pixels stored from pixel ``starts[k]`` of ``chunks[which[k]]``
+    (C-contiguous arrays of ``out``'s dtype, a pixel ``out.shape[3:]``), cut to ``crops[k]``, resized to ``size``
+    nearest-neighbour and mirrored as ``flips[k]`` says, into ``out[targets[k]]``, for every ``k``: maps of one
+    size in one array (`cut_label_maps`), or maps of their pictures' own sizes back to back in the chunks of a
+    field (a raster field, `outcore.format.encoded`). One C call, outside the GIL (numpy, map by map, without it).
+
+    >>> chunk = np.arange(10, dtype=np.uint8)  # a 2 x 2 map, then a 2 x 3 one
+    >>> out = np.zeros((2, 2, 2), np.uint8)
+    >>> cut_maps([chunk], np.array([0, 0]), np.array([0, 4]), np.array([[2, 2], [2, 3]]),
+    ...          np.array([[0, 0, 2, 2], [0, 1, 2, 2]]), (2, 2), np.array([[0, 0], [1, 0]]), 0, out, np.array([1, 0]))
+    >>> out.tolist()
+    [[[6, 5], [9, 8]], [[0, 1], [2, 3]]]
+    """
     crops = np.asarray(crops, np.float64).reshape(-1, 4)
     flips = np.asarray(flips, bool).reshape(-1, 2)
-    height, width = maps.shape[1:3]
+    sizes = np.ascontiguousarray(sizes, np.int64).reshape(-1, 2)
     rows = source_lines(crops[:, 0], crops[:, 2], size[0], flips[:, 1])
     columns = source_lines(crops[:, 1], crops[:, 3], size[1], flips[:, 0])
+    pixel = out.shape[3:]
     if native.windows is not None:  # one C call, outside the GIL
-        target = out if out is not None and out.flags.c_contiguous else np.empty((len(maps), *size, *maps.shape[3:]),
-                                                                                  maps.dtype)
-        native.windows.lines(np.ascontiguousarray(maps), rows, columns, target,
-                             np.full(maps.shape[3:], fill, maps.dtype).tobytes())
-        if out is not None and target is not out:
-            out[...] = target
-        return target if out is None else out
-    every = np.arange(len(maps))[:, None, None]
-    cut = maps[every, np.clip(rows, 0, height - 1)[:, :, None], np.clip(columns, 0, width - 1)[:, None, :]]
-    outside = ((rows < 0) | (rows >= height))[:, :, None] | ((columns < 0) | (columns >= width))[:, None, :]
-    if outside.any():
+        native.windows.lines(list(chunks), np.ascontiguousarray(which, np.int64), np.ascontiguousarray(starts, np.int64),
+                             sizes, rows, columns, out, np.ascontiguousarray(targets, np.int64),
+                             np.full(pixel, fill, out.dtype).tobytes())
+        return
+    for k, (chunk, start, (height, width)) in enumerate(zip(np.asarray(which).tolist(), np.asarray(starts).tolist(),
+                                                            sizes.tolist(), strict=True)):
+        values = chunks[chunk].reshape(-1, *pixel)
+        if start < 0 or start + height * width > len(values):
+            raise IndexError(f"map {k} (pixels {start} of {height} x {width}) lies past its chunk's {len(values)}")
+        picture = values[start : start + height * width].reshape(height, width, *pixel)
+        cut = picture[np.clip(rows[k], 0, max(0, height - 1))[:, None], np.clip(columns[k], 0, max(0, width - 1))[None, :]] \
+            if height and width else np.zeros((*size, *pixel), out.dtype)
+        outside = ((rows[k] < 0) | (rows[k] >= height))[:, None] | ((columns[k] < 0) | (columns[k] >= width))[None, :]
         cut[outside] = fill
-    if out is None:
-        return cut
-    out[...] = cut
-    return out
+        out[targets[k]] = cut
