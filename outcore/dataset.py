@@ -172,6 +172,10 @@ class Dataset(Store):
             if info.is_image and info.decode.variable:  # an object per picture: say what each holds
                 dtype = f"{info.decode.dtype} (encoded, own sizes)"
                 shape = "(" + ", ".join(map(str, (len(self), *variable_shape(stored_shapes(self, name))))) + ")"
+            if info.is_raster:  # an array per sample, of its picture's own size
+                dtype = f"{info.dtype} (own sizes)"
+                shape = "(" + ", ".join(map(str, (len(self), *variable_shape(stored_shapes(self, name))[:2],
+                                                  *info.sample_shape))) + ")"
             if info.is_ragged:  # rows per sample: (samples, rows, *row)
                 dtype, shape = f"{info.dtype} (ragged)", "(" + ", ".join(map(str, (len(self), "rows", *info.sample_shape))) + ")"
             rows.append((name, dtype, shape, info.role, classes))

@@ -15,8 +15,8 @@ from PIL import Image
 from support.optional import need
 
 import outcore
-from outcore.errors import ImageError, SourceError
-from outcore.transforms import Compose, RandomFlip, RandomResizedCrop, Targets
+from outcore.errors import ImageError, OptionError, SourceError
+from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop, Targets
 
 COLOURS = np.array([[250, 20, 20], [20, 250, 20], [20, 20, 250], [250, 250, 20]], np.uint8)
 CATEGORIES = [{"id": 7, "name": "zebra"}, {"id": 1, "name": "person", "keypoints": ["left_eye", "right_eye"]},
@@ -123,10 +123,12 @@ def test_a_crowds_run_length_encoding_is_drawn_exactly_as_pycocotools_decodes_it
     assert crowds >= 2
 
 
-def test_a_training_transform_moves_boxes_keypoints_and_maps_together(tmp_path):
+@pytest.mark.parametrize("shape", [(64, 64, 3), None], ids=["fitted", "own-size"])
+def test_a_training_transform_moves_boxes_keypoints_and_maps_together(tmp_path, shape):
     _coco(tmp_path / "coco", count=24)
-    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=(64, 64, 3),
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=shape,
                              resize="pad", images="encoded", chunk_size=8, progress=False)
+    assert ds.info("masks").is_raster == (shape is None)
     targets = Targets(label_maps=("masks",), boxes="boxes", keypoints="keypoints", instances=("labels", "iscrowd"),
                       flip_pairs=((0, 1),))
     transform = Compose([RandomResizedCrop((48, 48), scale=(0.3, 1.0), targets=targets), RandomFlip(targets=targets)])
@@ -153,6 +155,76 @@ def test_pictures_kept_at_their_own_size_keep_their_boxes_where_the_file_says(tm
     for picture, found in enumerate(per_picture):
         expected = [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in found)]
         assert ds["boxes"][picture].compute().tolist() == expected
+
+
+def _painted(pixels: np.ndarray) -> np.ndarray:
+    """The instance id each pixel's colour says: k + 1 for `COLOURS`[k], 0 for black."""
+    ids = np.zeros(pixels.shape[:-1], np.int64)
+    for k, colour in enumerate(COLOURS):
+        ids[(pixels == colour).all(axis=-1)] = k + 1
+    return ids
+
+
+def test_instance_maps_of_pictures_kept_at_their_own_size_are_stored_and_cut_with_them_pixel_for_pixel(tmp_path):
+    """The maps are drawn at each picture's own size, stored as a raster field, and cut by the windows the
+    pictures are cut by as the batch is made: a window copies pixels exactly, so each map id must lie on its
+    instance's colour everywhere, the padding on both sides included."""
+    per_picture = _coco(tmp_path / "coco", count=16, seed=6)
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, chunk_size=4,
+                             shuffle_on_write=False, progress=False)
+    assert ds.info("masks").is_raster and ds.info("masks").sample_shape == ()
+    assert "uint16 (own sizes)" in repr(ds) and outcore.verify(ds.location, progress=False).ok
+    for picture, found in enumerate(per_picture):
+        pixels, ids = ds["images"][picture].compute(), ds["masks"][picture].compute()
+        assert ids.shape == pixels.shape[:2] and ids.dtype == np.uint16
+        np.testing.assert_array_equal(ids, _painted(pixels))  # every instance's pixels, later ones over earlier
+        assert int(ids.max(initial=0)) == len(found)
+    targets = Targets(label_maps=("masks",), boxes="boxes", instances=("labels",), fill=255)
+    transform = Compose([RandomCrop(36, padding=6, targets=targets), RandomFlip(targets=targets, vertical=True)])
+    padded = flipped = 0
+    for seed in (1, 2):
+        for batch in ds.batches(batch_size=6, seed=seed, transform=transform):
+            masks, images = batch["masks"], batch["images"]
+            assert masks.shape == images.shape[:3] == (len(images), 36, 36)
+            outside = masks == 255
+            assert (images[outside] == 0).all()
+            np.testing.assert_array_equal(np.where(outside, 0, masks), _painted(images))
+            padded += int(outside.any(axis=(1, 2)).sum())
+            flipped += len(images)
+    assert padded > 4 and flipped == 32
+
+
+def test_dataloader_workers_cut_maps_of_pictures_kept_at_their_own_size_as_the_main_process_does(tmp_path):
+    need("torch")
+    _coco(tmp_path / "coco", count=20, seed=8)
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, chunk_size=4,
+                             progress=False)
+    targets = Targets(label_maps=("masks",), boxes="boxes", instances=("labels",))
+    transform = Compose([RandomResizedCrop(24, scale=(0.3, 1.0), targets=targets), RandomFlip(targets=targets)])
+
+    def epoch(workers):
+        loader = ds.torch(5, num_workers=workers, seed=3, transform=transform,
+                          fields=["images", "masks", "boxes", "labels"])
+        return [{name: value.numpy() for name, value in batch.items()} for batch in loader]
+
+    expected = epoch(0)
+    assert len(expected) == 4 and expected[0]["masks"].shape == (5, 24, 24)
+    for got, want in zip(epoch(2), expected, strict=True):
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_maps_of_their_pictures_own_sizes_go_only_with_a_crop_that_moves_them(tmp_path):
+    _coco(tmp_path / "coco", count=4, seed=7)
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, progress=False)
+    with pytest.raises(OptionError, match="field 'masks' of .* holds maps of their pictures' own sizes: .*targets="):
+        ds.batches(2, fields=["images", "masks"], transform=RandomResizedCrop(24))
+    with pytest.raises(OptionError, match="field 'masks' .* own sizes"):
+        ds.batches(2, fields=["masks"])
+    batch = next(iter(ds.batches(2, fields=["images", "masks"], transform=RandomResizedCrop(
+        24, targets=Targets(label_maps=("masks",))))))
+    assert batch["masks"].shape == (2, 24, 24)
 
 
 def test_annotations_that_do_not_fit_their_pictures_are_refused_by_name(tmp_path):

@@ -14,8 +14,10 @@ from pathlib import Path
 import cloudpickle
 import dask
 import numpy as np
+import pandas as pd
 import pytest
 from distributed import Client, LocalCluster
+from PIL import Image
 from support.optional import need
 
 import outcore
@@ -321,6 +323,30 @@ def test_cluster_surveys_pictures_of_their_own_size_and_crops_them_as_local_thre
     transform = transforms.Compose([transforms.RandomResizedCrop(24), transforms.RandomFlip()])
     batches = {"seed": 1, "transform": transform, "fields": ["images", "labels"]}
     _assert_same_batches(list(remote.batches(8, **batches)), list(remote.batches(8, client=client, **batches)))
+
+
+def test_cluster_ingests_and_cuts_maps_of_pictures_kept_at_their_own_size_as_local_threads_do(client, tmp_path):
+    rng = np.random.default_rng(4)
+    rows = []
+    for i in range(14):
+        height, width = int(rng.integers(24, 48)), int(rng.integers(24, 48))
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 6, (height, width), dtype=np.uint8), mode="L").save(tmp_path / f"{i}-m.png")
+        rows.append({"path": f"{i}.png", "mask": f"{i}-m.png"})
+    options = {"root": tmp_path, "mask_columns": ["mask"], "shape": None, "images": "encoded", "chunk_size": 4,
+               "progress": False}
+    with on_local_threads():
+        local = outcore.ingest_dataframe(pd.DataFrame(rows), tmp_path / "local.zarr", **options)
+    remote = outcore.ingest_dataframe(pd.DataFrame(rows), tmp_path / "cluster.zarr", client=client, **options)
+    for name in ("mask", "mask_ranges", "mask_shapes", "images_shapes"):
+        np.testing.assert_array_equal(local.array(name)[:], remote.array(name)[:], err_msg=name)
+    targets = transforms.Targets(label_maps=("mask",), fill=9)
+    transform = transforms.Compose([transforms.RandomCrop(28, padding=4, targets=targets),
+                                    transforms.RandomFlip(targets=targets), transforms.BrightnessContrast()])
+    batches = {"seed": 1, "transform": transform, "fields": ["images", "mask"]}
+    local_batches = list(remote.batches(6, **batches))
+    _assert_same_batches(local_batches, list(remote.batches(6, client=client, **batches)))
+    assert local_batches[0]["mask"].shape == (6, 28, 28) and any((b["mask"] == 9).any() for b in local_batches)
 
 
 def test_killed_worker_mid_epoch_still_gives_every_sample_once_in_order(client, photos):

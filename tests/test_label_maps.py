@@ -8,6 +8,8 @@ pictures are (nearest-neighbour), in the stored order, and stay under their pict
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -74,7 +76,8 @@ def test_palette_maps_are_stored_under_their_pictures_with_their_ids(tmp_path, r
         np.testing.assert_array_equal(masks[row], expected)
 
 
-def test_cityscapes_label_and_instance_maps_keep_16_bit_ids_and_move_with_a_training_transform(tmp_path):
+@pytest.mark.parametrize("shape", [(64, 96, 3), None], ids=["fitted", "own-size"])
+def test_cityscapes_label_and_instance_maps_keep_16_bit_ids_and_move_with_a_training_transform(tmp_path, shape):
     rng = np.random.default_rng(1)
     rows = []
     for i in range(16):
@@ -85,11 +88,14 @@ def test_cityscapes_label_and_instance_maps_keep_16_bit_ids_and_move_with_a_trai
         Image.fromarray(instances.astype(np.uint16)).save(tmp_path / f"{i}_gtFine_instanceIds.png")
         rows.append({"path": f"{i}_leftImg8bit.png", "labelIds": f"{i}_gtFine_labelIds.png",
                      "instanceIds": f"{i}_gtFine_instanceIds.png"})
-    ds = outcore.ingest_dataframe(pd.DataFrame(rows), tmp_path / "s.zarr", root=tmp_path, shape=(64, 96, 3),
+    ds = outcore.ingest_dataframe(pd.DataFrame(rows), tmp_path / "s.zarr", root=tmp_path, shape=shape,
                                   mask_columns=["labelIds", "instanceIds"], images="encoded", chunk_size=8,
                                   progress=False)
-    assert ds["labelIds"].dtype == np.uint8 and ds["instanceIds"].dtype == np.uint16
-    assert (ds["instanceIds"].compute() > 20000).any()
+    assert ds.info("labelIds").dtype == "uint8" and ds.info("instanceIds").dtype == "uint16"
+    assert ds.info("instanceIds").is_raster == (shape is None)
+    stored = [ds["instanceIds"][i].compute() for i in range(len(ds))]
+    assert all(ids.shape == (64, 96) and ids.dtype == np.uint16 for ids in stored)
+    assert max(int(ids.max()) for ids in stored) > 20000
     targets = Targets(label_maps=("labelIds", "instanceIds"))
     transform = Compose([RandomResizedCrop((40, 40), scale=(0.3, 1.0), targets=targets), RandomFlip(targets=targets)])
     seen = 0
@@ -117,18 +123,19 @@ def test_maps_that_cannot_lie_under_their_pictures_are_refused_by_name(tmp_path)
              ("a.png", "colour.png", "mode 'RGB' \\(colours\\)"),
              ("a.png", "lossy.jpg", "JPEG label map"),
              ("turned.jpg", "square.png", "EXIF orientation 6")]
-    for picture_file, map_file, message in cases:
+    for (picture_file, map_file, message), (shape, images) in itertools.product(
+            cases, [((20, 30, 3), "pixels"), (None, "encoded")]):  # fitted, or at the picture's own size
         frame = pd.DataFrame({"path": [picture_file], "mask": [map_file]})
         with pytest.raises(ImageError, match=message) as raised:
             outcore.ingest_dataframe(frame, tmp_path / "s.zarr", root=tmp_path, mask_columns=["mask"],
-                                     shape=(20, 30, 3), images="pixels", overwrite=True, progress=False)
+                                     shape=shape, images=images, overwrite=True, progress=False)
         assert map_file in str(raised.value)
     frame = pd.DataFrame({"path": ["a.png"], "mask": ["gone.png"]})
     with pytest.raises(SourceError, match="mask column 'mask': the files of rows 0 do not exist"):
         outcore.ingest_dataframe(frame, tmp_path / "t.zarr", root=tmp_path, mask_columns=["mask"], shape=(20, 30, 3))
-    with pytest.raises(OptionError, match="pass shape="):
+    with pytest.raises(OptionError, match="max_side= shrinks pictures without what lies on them \\(\\['mask'\\]\\)"):
         outcore.ingest_dataframe(pd.DataFrame({"path": ["a.png"], "mask": ["wide.png"]}), tmp_path / "u.zarr",
-                                 root=tmp_path, mask_columns=["mask"], shape=None, images="encoded")
+                                 root=tmp_path, mask_columns=["mask"], shape=None, max_side=16, images="encoded")
     Image.fromarray(np.full((20, 30), 300, np.uint16)).save(tmp_path / "deep.png")
     frame = pd.DataFrame({"path": ["a.png"], "mask": ["deep.png"]})
     with pytest.raises(ImageError, match="ids up to 300, more than uint8 holds: pass mask_dtype='uint16'"):
@@ -136,9 +143,27 @@ def test_maps_that_cannot_lie_under_their_pictures_are_refused_by_name(tmp_path)
                                  shape=(20, 30, 3), images="pixels", progress=False)
 
 
-def test_paired_pictures_are_fitted_and_moved_with_their_pictures(tmp_path):
+def test_a_bad_map_of_a_picture_kept_at_its_own_size_is_skipped_with_its_picture(tmp_path):
+    rng = np.random.default_rng(3)
+    rows = []
+    for i, (height, width) in enumerate([(20, 30), (25, 17), (31, 22), (18, 18)]):
+        Image.fromarray(np.full((height, width, 3), i, np.uint8)).save(tmp_path / f"{i}.png")
+        ids = rng.integers(0, 400, (height, width)).astype(np.uint16)
+        Image.fromarray(ids if i != 2 else np.zeros((height, width, 3), np.uint8)).save(tmp_path / f"{i}-ids.png")
+        rows.append({"path": f"{i}.png", "mask": f"{i}-ids.png"})
+    ds = outcore.ingest_dataframe(pd.DataFrame(rows), tmp_path / "s.zarr", root=tmp_path, mask_columns=["mask"],
+                                  mask_dtype="uint16", shape=None, images="encoded", on_error="skip",
+                                  shuffle_on_write=False, chunk_size=2, progress=False)
+    assert len(ds) == 3 and ds.attrs.skipped["count"] == 1 and "2-ids.png" in ds.attrs.skipped["examples"][0]
+    for stored, source in enumerate([0, 1, 3]):
+        np.testing.assert_array_equal(ds["mask"][stored].compute(), np.asarray(Image.open(tmp_path / f"{source}-ids.png")))
+        assert int(ds["images"][stored].compute()[0, 0, 0]) == source
+
+
+@pytest.mark.parametrize("shape", [(45, 60, 3), None], ids=["fitted", "own-size"])
+def test_paired_pictures_are_fitted_and_moved_with_their_pictures(tmp_path, shape):
     """Depth maps (16-bit PNGs) beside pictures whose colours say each pixel's row and column: stored fitted as the
-    pictures are, and cut, resized and mirrored with them by a training transform."""
+    pictures are (or both at their own size), and cut, resized and mirrored with them by a training transform."""
     rows, columns = np.mgrid[0:60, 0:80]
     entries = []
     for i in range(6):
@@ -147,8 +172,11 @@ def test_paired_pictures_are_fitted_and_moved_with_their_pictures(tmp_path):
         Image.fromarray((rows * 1000 + columns * 10).astype(np.uint16)).save(tmp_path / f"{i}-depth.png")
         entries.append({"path": f"{i}.png", "depth": f"{i}-depth.png"})
     ds = outcore.ingest_dataframe(pd.DataFrame(entries), tmp_path / "s.zarr", root=tmp_path, pair_columns=["depth"],
-                                  shape=(45, 60, 3), resize="crop", images="pixels", progress=False)
-    assert ds["depth"].dtype == np.uint16 and ds["depth"].shape == (6, 45, 60, 1) and ds.info("depth").role == "input"
+                                  shape=shape, resize="crop", images="pixels" if shape else "encoded", progress=False)
+    depth = ds["depth"][5].compute()
+    assert depth.dtype == np.uint16 and depth.shape == (*(shape or (60, 80))[:2], 1) and ds.info("depth").role == "input"
+    if shape is None:
+        np.testing.assert_array_equal(depth[..., 0], rows * 1000 + columns * 10)
     targets = Targets(pictures=("depth",))
     transform = Compose([RandomResizedCrop((32, 32), scale=(0.2, 1.0), targets=targets), RandomFlip(targets=targets)])
     for batch in ds.batches(batch_size=3, seed=4, transform=transform):

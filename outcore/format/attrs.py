@@ -27,7 +27,8 @@ TARGET_NAMES = ("labels", "label", "targets", "target", "y")
 WEIGHT_NAMES = ("sample_weight", "sample_weights", "weight", "weights")
 IMAGE_ENCODING = "image"
 RAGGED_ENCODING = "ragged"
-ENCODINGS = (None, TEXT_ENCODING, IMAGE_ENCODING, RAGGED_ENCODING)
+RASTER_ENCODING = "raster"
+ENCODINGS = (None, TEXT_ENCODING, IMAGE_ENCODING, RAGGED_ENCODING, RASTER_ENCODING)
 FIELD_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
                 "float32", "float64")
 
@@ -70,7 +71,11 @@ class FieldInfo:
       gives each sample's ``[start, stop)`` in it (see `outcore.format.encoded`);
     - ``"ragged"``: a variable number of rows per sample (boxes, keypoints, their labels), ``dtype`` rows of
       ``sample_shape``, one region of fixed capacity per chunk; ``<field>_ranges`` (N, 2) gives each sample's
-      rows ``[start, stop)`` (see `outcore.format.ragged`).
+      rows ``[start, stop)`` (see `outcore.format.ragged`);
+    - ``"raster"``: an array of its picture's own height and width per sample (the label maps and paired pictures
+      of pictures kept at their own size), laid out as a ragged field whose rows are its pixels (``dtype`` of
+      ``sample_shape``: ``()``, or ``(channels,)``), and ``<field>_shapes`` (N, 3) int32 each sample's height,
+      width and channels: sample ``i`` is ``F[slice(*F_ranges[i])].reshape(height, width, *sample_shape)``.
 
     ``dtype`` and ``sample_shape`` record what the field's array holds (stores written before they
     were recorded lack them), so that an array whose metadata was changed is refused on open.
@@ -90,8 +95,10 @@ class FieldInfo:
             raise ValueError(f"field encoding {self.encoding!r} is not one of {ENCODINGS[1:]}")
         if (self.encoding == IMAGE_ENCODING) != (self.decode is not None):
             raise ValueError("an image-encoded field needs its decode settings, and only it has them")
-        if self.encoding == RAGGED_ENCODING and (self.dtype is None or self.sample_shape is None):
-            raise ValueError("a ragged field needs the dtype and shape of its rows")
+        if self.encoding in (RAGGED_ENCODING, RASTER_ENCODING) and (self.dtype is None or self.sample_shape is None):
+            raise ValueError(f"a {self.encoding} field needs the dtype and shape of its rows")
+        if self.encoding == RASTER_ENCODING and len(self.sample_shape) > 1:
+            raise ValueError(f"a raster field's pixels are of shape () or (channels,), not {self.sample_shape}")
 
     @property
     def is_text(self) -> bool:
@@ -106,19 +113,25 @@ class FieldInfo:
         return self.encoding == RAGGED_ENCODING
 
     @property
+    def is_raster(self) -> bool:
+        return self.encoding == RASTER_ENCODING
+
+    @property
     def in_regions(self) -> bool:
         """Whether the field's array holds one region per chunk, its samples' ranges beside it (encoded
-        pictures, ragged rows), rather than one entry per sample."""
-        return self.is_image or self.is_ragged
+        pictures, ragged rows, rasters), rather than one entry per sample."""
+        return self.is_image or self.is_ragged or self.is_raster
 
     def companions(self, name: str) -> list[str]:
-        """The arrays beside the field ``name``'s own: an encoded or ragged field's ranges (and shapes).
+        """The arrays beside the field ``name``'s own: an encoded, ragged or raster field's ranges (and shapes).
 
         >>> FieldInfo("target", encoding="ragged", dtype="float32", sample_shape=(4,)).companions("boxes")
         ['boxes_ranges']
+        >>> FieldInfo("target", encoding="raster", dtype="uint8", sample_shape=()).companions("masks")
+        ['masks_ranges', 'masks_shapes']
         """
-        if self.is_image:
-            return companion_names(name, self.decode.variable)
+        if self.is_image or self.is_raster:
+            return companion_names(name, self.is_raster or self.decode.variable)
         return [ranges_name(name)] if self.is_ragged else []
 
     def to_dict(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from .label_maps import (
 )
 from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_box, resize_boxes
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
-from .targets import BoxPolicy, cut_label_maps, move_boxes, move_keypoints, move_points, owners
+from .targets import BoxPolicy, cut_label_maps, cut_maps, move_boxes, move_keypoints, move_points, owners
 from .windows import copy_samples
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "check_placement",
     "copy_samples",
     "cut_label_maps",
+    "cut_maps",
     "cut_rows",
     "decode_image",
     "decode_label_map",

@@ -84,7 +84,9 @@ class FieldSource:
     write), any array (numpy, dask, zarr, h5py). For an encoded image field, ``data`` holds each sample's
     file as ``bytes`` and ``nbytes`` their sizes, known before writing (they fix the size of each
     chunk's region, see `outcore.format.encoded`); for pictures kept at their own size, ``shapes``
-    (N, 3) is what each decodes to. A ragged field's ``data`` is a `Ragged` in memory (boxes, keypoints).
+    (N, 3) is what each decodes to. A raster field's ``data`` holds each sample's pixels as rows, ``nbytes`` their
+    counts and ``shapes`` its height, width and channels. A ragged field's ``data`` is a `Ragged` in memory
+    (boxes, keypoints).
     """
 
     data: Any
@@ -232,10 +234,11 @@ def _create_fields(group: zarr.Group, fields: Mapping[str, FieldSource], num_sam
         if isinstance(field.data, Ragged):
             create_ragged_field(group, name, field.data.counts, options.layout, options.compression,
                                 field.data.values.dtype, field.data.row_shape)
-        elif field.nbytes is not None:
+        elif field.nbytes is not None:  # files' bytes, or a raster's pixels
             capacity = chunk_capacity(field.nbytes, options.layout.chunk_size)
             create_encoded_field(group, name, num_samples, capacity, options.layout, options.compression,
-                                 variable=field.shapes is not None)
+                                 variable=field.shapes is not None, dtype=field.info.dtype or np.uint8,
+                                 row_shape=field.info.sample_shape or ())
         else:  # the fields smaller than the largest (labels, paths beside the pictures) in shards of their own
             create_field(group, name, field.data.dtype, field.data.shape[1:], num_samples, options.layout,
                          options.compression, dims[name], small=name in small)
@@ -354,9 +357,13 @@ def _blob_array(directory: str, name: str, num_samples: int, block_size: int) ->
 
 
 def _read_blobs(directory: str, name: str, start: int, stop: int) -> np.ndarray:
+    """Samples ``start .. stop - 1`` of a field in regions: each one's file, or a raster's pixels (its rows)."""
     group = zarr.open_group(directory, mode="r")
     blobs = np.empty(stop - start, dtype=BLOB_DTYPE)
-    blobs[:] = read_files(group[name], group[ranges_name(name)], start, stop)
+    files = group[name].dtype == np.uint8 and group[name].ndim == 1
+    for i, blob in enumerate(read_files(group[name], group[ranges_name(name)], start, stop) if files
+                             else read_ragged(group, name, start, stop).samples()):
+        blobs[i] = blob
     return blobs
 
 

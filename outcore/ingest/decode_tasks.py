@@ -121,22 +121,7 @@ def _load_block(
             if sizes is not None:
                 check_placement(tuple(sizes[i].tolist()), path, "annotated as", frame, path)
             for name, (sources, map_dtype) in layers.items():
-                source = sources[i]
-                if isinstance(source, Paired):  # a picture: fitted as its picture is, by the same box
-                    paired = reader.read(source.path)
-                    check_placement(upright_size(paired, source.path), source.path, "the paired picture is", frame, path)
-                    source.check_kind(paired)
-                    decode_image(paired, (*shape[:2], source.channels), resize, np.dtype(source.dtype), source.path,
-                                 out=maps[name][i], max_pixels=max_pixels)
-                    continue
-                if isinstance(source, Drawing):
-                    ids, shown = source.draw(map_dtype), source.name
-                else:
-                    shown = source.path if isinstance(source, Renumbered) else source
-                    ids = decode_label_map(reader.read(shown), shown, map_dtype)
-                    ids = source.apply(ids) if isinstance(source, Renumbered) else ids
-                    check_placement(ids.shape[:2], shown, "the label map is", frame, path)
-                maps[name][i] = fit_label_map(ids, shape[:2], resize, shown)
+                maps[name][i] = load_layer(sources[i], map_dtype, frame, path, reader, max_pixels, (shape, resize))
         except ImageError as error:
             if on_error == "raise":
                 raise bad_file(error) from None
@@ -153,6 +138,65 @@ def _load_block(
 
 
 Layer = str | Drawing | Renumbered | Paired  # what lies on a picture: a label map (a file, drawn, renumbered), a picture
+
+
+def load_layer(source: Layer, dtype: np.dtype, frame: tuple[tuple[int, int], int], picture: str, reader: SampleReader,
+               max_pixels: int | None, fit: tuple[tuple[int, ...], ResizePolicy] | None = None) -> np.ndarray:
+    """The label map (ids of ``dtype``) or paired picture ``source`` of the picture ``picture`` (of ``frame``,
+    `outcore.imaging.stored_frame`), checked to lie under it (an `ImageError` naming the file), at the picture's own
+    size, or fitted to ``fit``'s shape as its resize policy fits the picture (`outcore.imaging.label_maps`)."""
+    if isinstance(source, Paired):  # a picture: fitted as its picture is, by the same box
+        paired = reader.read(source.path)
+        check_placement(upright_size(paired, source.path), source.path, "the paired picture is", frame, picture)
+        source.check_kind(paired)
+        shape = (None, None, source.channels) if fit is None else (*fit[0][:2], source.channels)
+        return decode_image(paired, shape, None if fit is None else fit[1], np.dtype(source.dtype), source.path,
+                            max_pixels=max_pixels)
+    if isinstance(source, Drawing):
+        ids, shown = source.draw(dtype), source.name
+    else:
+        shown = source.path if isinstance(source, Renumbered) else source
+        ids = decode_label_map(reader.read(shown), shown, dtype)
+        ids = source.apply(ids) if isinstance(source, Renumbered) else ids
+    check_placement(ids.shape[:2], shown, "the label map is", frame, picture)
+    return ids if fit is None else fit_label_map(ids, fit[0][:2], fit[1], shown)
+
+
+def raster_array(paths: Sequence[str], layers: Sequence[Layer], dtype: np.dtype, block_size: int, *,
+                 on_error: str = "raise", max_pixels: int | None = MAX_PIXELS,
+                 reader: SampleReader = FILES) -> tuple[da.Array, da.Array]:
+    """``(rasters, errors)`` for pictures kept at their own size: ``rasters[i]`` is the label map or paired
+    picture ``layers[i]`` of picture ``paths[i]`` (`load_layer`), at the picture's size, its pixels as rows ((h x w,)
+    or (h x w, channels): a raster field's, `outcore.format.attrs`), as an object array, one task per block; a
+    picture the survey left out (``""``) has none. A layer that cannot be loaded raises its `ImageError`, or, with
+    ``on_error="skip"``, gives no rows and its message in ``errors[i]`` (``""`` for every good one)."""
+    load = dask.delayed(_load_rasters, pure=True, nout=2)
+    rasters, errors = [], []
+    for start in range(0, len(paths), block_size):
+        count = len(paths[start : start + block_size])
+        task = load(list(paths[start : start + block_size]), list(layers[start : start + block_size]), dtype, on_error,
+                    max_pixels, reader)
+        rasters.append(da.from_delayed(task[0], (count,), dtype=BLOB_DTYPE))
+        errors.append(da.from_delayed(task[1], (count,), dtype=ERROR_DTYPE))
+    return da.concatenate(rasters), da.concatenate(errors)
+
+
+def _load_rasters(paths: list[str], layers: list[Layer], dtype: np.dtype, on_error: str, max_pixels: int | None,
+                  reader: SampleReader) -> tuple[np.ndarray, np.ndarray]:
+    rasters, errors = np.empty(len(paths), BLOB_DTYPE), np.zeros(len(paths), ERROR_DTYPE)
+    channels = _channels(layers)
+    for i, path in enumerate(paths):
+        rasters[i] = np.zeros((0, *channels), dtype if not channels else layers[i].dtype)
+        if not path:
+            continue
+        try:
+            frame = stored_frame(reader.read(path), path, None)
+            rasters[i] = load_layer(layers[i], dtype, frame, path, reader, max_pixels).reshape(-1, *channels)
+        except ImageError as error:
+            if on_error == "raise":
+                raise bad_file(error) from None
+            errors[i] = str(error)[: ERROR_DTYPE.itemsize // 4]
+    return rasters, errors
 
 
 def _channels(layers: Sequence[Layer]) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ from ..format import (
     IMAGE_ENCODING,
     RAGGED_ENCODING,
     RANGES_SUFFIX,
+    RASTER_ENCODING,
     SHAPES_SUFFIX,
     TEXT_ENCODING,
     WEIGHT_NAMES,
@@ -35,7 +36,7 @@ from .append import append_table
 from .arrays import SOURCE_INDEX_FIELD
 from .build import BuildOptions, FieldSource, build_store, store_name
 from .choice import ImagesChoice, choose_images
-from .decode_tasks import file_array, image_array
+from .decode_tasks import file_array, image_array, raster_array
 from .fields import (
     ENCODED_FIELD,
     FILE_DIGEST_FIELD,
@@ -201,9 +202,9 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     shape, resize, dtype, images = options.shape, options.resize, options.dtype, options.images
     progress, storage_options = options.progress, options.storage_options
     _check_label_names(table)
-    if table.layers and (options.surveyed or shape[0] is None):
-        raise OptionError(f"label maps and paired pictures ({sorted(table.layers)}) are stored at the pictures' shape: "
-                          "pass shape= (pictures kept at their own size cannot have them yet)")
+    if table.layers and options.max_side is not None:
+        raise OptionError(f"max_side= shrinks pictures without what lies on them ({sorted(table.layers)}): leave it "
+                          "out (each is kept at its picture's own size), or pass shape= to fit both")
     if table.instances and options.max_side is not None:
         raise OptionError(f"max_side= shrinks pictures after their boxes and keypoints ({sorted(table.instances)}) "
                           "were placed: leave it out, or pass shape= to fit both")
@@ -255,8 +256,10 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
                                 FieldInfo("input", encoding=IMAGE_ENCODING, decode=decode), found.nbytes,
                                 found.shapes if decode.variable else None)
             digests = FieldSource(as_dask(found.digests, layout.shard_size), FieldInfo("metadata"))
-            return ({IMAGE_FIELD: files, **fields, FILE_DIGEST_FIELD: digests},
-                    as_dask(found.errors, layout.shard_size) if skip else None)
+            rasters, errors = _raster_fields(table, order, found.paths, found.shapes, layout.shard_size, options, reader)
+            errors = da.where(errors != "", errors, as_dask(found.errors, layout.shard_size)) if errors is not None \
+                else as_dask(found.errors, layout.shard_size)
+            return {IMAGE_FIELD: files, **fields, **rasters, FILE_DIGEST_FIELD: digests}, errors if skip else None
 
         build_store(location, prepare, build, **run)
         return open_dataset(location, storage_options=storage_options)
@@ -285,6 +288,27 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
                    for name, values in maps.items()})
     build_store(location, {**images_fields, **fields}, build, errors=errors if skip else None, **run)
     return open_dataset(location, storage_options=storage_options)
+
+
+def _raster_fields(table: SourceTable, order: np.ndarray, paths: list[str], shapes: np.ndarray, block_size: int,
+                   options: IngestOptions, reader: SampleReader) -> tuple[dict[str, FieldSource], da.Array | None]:
+    """The label maps and paired pictures of pictures kept at their own size, as raster fields (`raster_array`;
+    ``paths`` and ``shapes`` the survey's, in the stored order), and the errors of the layers that could not be
+    loaded (None without layers)."""
+    fields, errors = {}, None
+    pixels = shapes[:, 0].astype(np.int64) * shapes[:, 1]
+    for name, (sources, map_dtype) in table.layers.items():
+        layers = [sources[i] for i in order]
+        values, failed = raster_array(paths, layers, map_dtype, block_size, on_error=options.on_error,
+                                      max_pixels=options.max_pixels, reader=reader)
+        paired = name in table.paired
+        dtype, channels = (np.dtype(layers[0].dtype), (layers[0].channels,)) if paired else (map_dtype, ())
+        info = FieldInfo("input" if paired else "target", encoding=RASTER_ENCODING, dtype=dtype.name,
+                         sample_shape=channels)
+        fields[name] = FieldSource(values, info, pixels, np.column_stack([shapes[:, :2], np.full(len(shapes),
+                                                                           channels[0] if channels else 1)]))
+        errors = failed if errors is None else da.where(errors != "", errors, failed)
+    return fields, errors
 
 
 def _check_label_names(table: SourceTable) -> None:

@@ -13,6 +13,7 @@ from ..errors import OptionError
 from ..format import OFFSETS_SUFFIX, kept_name, offsets_name
 from ..imaging import Box, EncodedChunk
 from ..seeds import Domain, generator
+from ..storage import RaggedChunk
 from .gather import ChunkValues, Cut, Empty, Rows, assemble, picture_sizes, plain
 from .targets import check_targets
 
@@ -181,11 +182,14 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     if targets is None:
         batch = assemble(rows, data, recipe.fields, recipe.text_fields, made, cut)
     else:  # moved by the same draws (the crop's boxes, the flip's mirrors): what they are cut from, in plain memory
-        cut_later = {*targets.label_maps, *targets.pictures}
+        first = data[int(keys[0])]
+        rasters = {name for name in (*targets.label_maps, *targets.pictures)
+                   if isinstance(first.get(name), RaggedChunk)}  # cut as the batch is made, like their pictures
+        cut_later = {*targets.label_maps, *targets.pictures} - rasters
         batch = assemble(rows, data, recipe.fields, recipe.text_fields,
                          lambda shape, dtype, field="": (plain if field in cut_later else made)(shape, dtype, field=field),
                          cut)
-        batch = targets.move(batch, cut.boxes, cut.size, cut.flips, cut.sizes, made)
+        batch = targets.move(batch, cut.boxes, cut.size, cut.flips, cut.sizes, made, rasters)
     began = time.perf_counter()
     if per_piece is not None:
         pieces = [per_piece(piece(batch, low, high, recipe.ragged_fields), rng)
@@ -213,7 +217,10 @@ def _cut(recipe: Recipe, keys: np.ndarray, local: np.ndarray, rows: Rows, data: 
                              local[low:high].tolist(), sizes[low:high].tolist()) from None
         if recipe.flip is not None:
             flips[low:high] = recipe.flip.draw(high - low, rng)
-    return Cut(crop.field, crop.output_size, boxes, flips, sizes)
+    targets = getattr(crop, "targets", None)
+    if targets is None:
+        return Cut(crop.field, crop.output_size, boxes, flips, sizes)
+    return Cut(crop.field, crop.output_size, boxes, flips, sizes, frozenset(targets.label_maps), targets.fill)
 
 
 def _too_small(error: OptionError, crop: Crop, sources: list[Any], indices: list[int],

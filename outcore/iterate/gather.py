@@ -18,10 +18,21 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..errors import OptionError
 from ..format import decode_text, offsets_name
-from ..imaging import EncodedChunk, copy_samples, cut_rows, decode_rows, empty_for_decoding, resize_box
+from ..imaging import (
+    EncodedChunk,
+    copy_samples,
+    cut_maps,
+    cut_rows,
+    decode_rows,
+    empty_for_decoding,
+    inside,
+    resize_box,
+    resize_boxes,
+)
 from ..storage import RaggedChunk
-from ..threads import for_each_run
+from ..threads import for_each, for_each_run
 
 RUN_BYTES = 4 << 20  # a run of copies moves this much at least: its few microseconds of Python are ~1 % of it
 DECODES_PER_RUN = 4  # a run of decodes (60 us to a few ms each) holds this many at least
@@ -68,13 +79,17 @@ class Rows:
 class Cut:
     """The crop of ``field`` done as the batch is made: row ``i``'s box ``boxes[i]`` (top, left, height, width
     in its picture's pixels, of ``sizes[i]``) resized to ``size`` and mirrored as ``flips[i]`` (left-right,
-    top-bottom) says."""
+    top-bottom) says. The raster fields of the batch (label maps and paired pictures at their pictures' own sizes,
+    `outcore.format.attrs`) are cut by the same boxes: those in ``label_maps`` nearest-neighbour, the others as
+    pictures."""
 
     field: str
     size: tuple[int, int]
     boxes: np.ndarray  # (rows, 4) float64
     flips: np.ndarray  # (rows, 2) uint8
     sizes: np.ndarray  # (rows, 2) int64
+    label_maps: frozenset[str] = frozenset()  # raster fields cut with it, nearest-neighbour, ``fill`` past the edges
+    fill: int = 0
 
     def windows(self) -> bool:
         """Whether every box is a window of whole pixels at the output size (a plain crop, copied as it is)."""
@@ -95,6 +110,12 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
     decodes: list[Callable[[int, int], None]] = []
     for name in fields:
         values = first[name]
+        if isinstance(values, RaggedChunk) and values.shapes is not None:  # a raster: cut with its pictures
+            if cut is None:
+                raise ValueError(f"raster field {name!r} is cut with its pictures: the batch has no crop")
+            batch[name] = out = empty((len(rows), *cut.size, *values.row_shape), values.dtype, field=name)
+            decodes.append(_raster_cuts(rows, data, name, cut, out))
+            continue
         if isinstance(values, RaggedChunk):
             batch[name], batch[offsets_name(name)] = _gather_rows(rows, data, name)
             continue
@@ -188,6 +209,39 @@ def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray
     return run
 
 
+def _raster_cuts(rows: Rows, data: Mapping[int, ChunkValues], field: str, cut: Cut,
+                 out: np.ndarray) -> Callable[[int, int], None]:
+    """A raster field's maps cut by ``cut``'s boxes as they are copied out of their chunks: label maps in one C call a
+    run (`cut_maps`), paired pictures resized one by one (`move_pictures`). A map not of its picture's size is an
+    `OptionError` naming it."""
+    sources: list[RaggedChunk] = rows.sources(data, field)
+    starts, sizes = np.empty(len(rows), np.int64), np.empty((len(rows), 2), np.int64)
+    for chunk, source in enumerate(sources):
+        mine = rows.which == chunk
+        starts[mine], sizes[mine] = source.ranges[rows.local[mine], 0], source.shapes[rows.local[mine], :2]
+    wrong = np.flatnonzero((sizes != cut.sizes[rows.order]).any(axis=1))
+    if len(wrong):
+        k = int(wrong[0])
+        raise OptionError(f"field {field!r}: sample {rows.local[k]} of chunk {rows.chunks[rows.which[k]]} is "
+                          f"{sizes[k, 0]}x{sizes[k, 1]}, but its picture in {cut.field!r} is "
+                          f"{cut.sizes[rows.order[k], 0]}x{cut.sizes[rows.order[k], 1]}: a map moves with its picture "
+                          "only at the picture's own size")
+    chunks = [source.values for source in sources]
+    boxes, flips = cut.boxes[rows.order], cut.flips[rows.order]
+
+    def maps(start: int, stop: int) -> None:
+        cut_maps(chunks, rows.which[start:stop], starts[start:stop], sizes[start:stop], boxes[start:stop], cut.size,
+                 flips[start:stop], cut.fill, out, rows.order[start:stop])
+
+    def pictures(start: int, stop: int) -> None:
+        for k in range(start, stop):
+            (height, width), first = sizes[k].tolist(), int(starts[k])
+            picture = chunks[rows.which[k]][first : first + height * width].reshape(height, width, *out.shape[3:])
+            out[rows.order[k]] = move_pictures(picture[None], boxes[k : k + 1], cut.size, flips[k : k + 1])[0]
+
+    return maps if field in cut.label_maps else pictures
+
+
 def picture_sizes(sources: Sequence[np.ndarray | EncodedChunk], which: np.ndarray, local: np.ndarray) -> np.ndarray:
     """The (height, width) of sample ``local[k]`` of ``sources[which[k]]`` (the chunks' values of one picture
     field), (n, 2): one size for them all where the field has one (pixels, or encoded pictures of one shape)."""
@@ -199,3 +253,62 @@ def picture_sizes(sources: Sequence[np.ndarray | EncodedChunk], which: np.ndarra
         mine = which == chunk
         sizes[mine] = sources[chunk].shapes[local[mine], :2]
     return sizes
+
+
+def move_pictures(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:
+    """Each picture (n, h, w[, c]) cut to its crop, resized to ``size`` (bilinear, antialiased) and mirrored: a
+    window of whole pixels at the output size is copied as it is, and zeros fill the output past the picture's
+    edges (a padded `RandomCrop`, a `ScaleJitter` smaller than its size)."""
+    crops = np.asarray(crops, np.float64).reshape(-1, 4)
+    flips = np.asarray(flips, bool).reshape(-1, 2)
+    whole = bool(np.all(crops == np.round(crops)) and np.all(crops[:, 2:] == size))
+    if not whole and inside(crops, np.tile(pictures.shape[1:3], (len(crops), 1))).all():
+        return resize_boxes(pictures, [tuple(box) for box in crops.tolist()], size, flips)
+    if not whole:
+        return _resized_parts(pictures, crops, size, flips)
+    return copy_windows(pictures, crops[:, :2].astype(np.int64), size, flips)
+
+
+def copy_windows(images: np.ndarray, corners: np.ndarray, size: tuple[int, int],
+                 flips: np.ndarray | None = None) -> np.ndarray:
+    """Image ``i``'s window of ``size`` at ``corners[i]`` (top, left; zeros past the edges), mirrored as
+    ``flips[i]`` says, into a new array: a C call a run of images, on the pool's free threads (`copy_samples`)."""
+    source = np.ascontiguousarray(images)
+    out = empty_for_decoding((len(images), *size, *images.shape[3:]), images.dtype)
+    every = np.arange(len(images))
+
+    def run(start: int, stop: int) -> None:
+        copy_samples([source], np.zeros(stop - start, np.int64), every[start:stop], out, every[start:stop],
+                     corners[start:stop, 0], corners[start:stop, 1], None if flips is None else flips[start:stop])
+
+    for_each_run(run, len(images), run_length(out))
+    return out
+
+
+def _resized_parts(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:
+    """Pictures whose crops pass their edges: the part of each crop inside its picture resized to the part of the
+    output it covers (its edges rounded to whole pixels), mirrored as ``flips`` says; zeros elsewhere."""
+    height, width = pictures.shape[1:3]
+    out = np.zeros((len(pictures), *size, *pictures.shape[3:]), pictures.dtype)
+    channels = pictures.reshape(*pictures.shape[:3], -1)
+
+    def resize(i: int) -> None:
+        top, left, rows, columns = crops[i].tolist()
+        y0, y1, x0, x1 = max(top, 0.0), min(top + rows, height), max(left, 0.0), min(left + columns, width)
+        r0, r1 = round((y0 - top) * size[0] / rows), round((y1 - top) * size[0] / rows)
+        c0, c1 = round((x0 - left) * size[1] / columns), round((x1 - left) * size[1] / columns)
+        if y1 <= y0 or x1 <= x0 or r1 <= r0 or c1 <= c0:
+            return
+        mirrored = (bool(flips[i, 0]), bool(flips[i, 1]))
+        r0, r1 = (size[0] - r1, size[0] - r0) if mirrored[1] else (r0, r1)
+        c0, c1 = (size[1] - c1, size[1] - c0) if mirrored[0] else (c0, c1)
+        part = out[i, r0:r1, c0:c1].reshape(r1 - r0, c1 - c0, -1)
+        resize_box(channels[i], (y0, x0, y1 - y0, x1 - x0), (r1 - r0, c1 - c0), part, mirrored)
+
+    for_each(resize, len(pictures))
+    return out
+
+
+def run_length(out: np.ndarray) -> int:
+    """Samples of ``out`` a run of the pool's work makes at least (`RUN_BYTES`)."""
+    return max(1, RUN_BYTES // max(1, out[:1].nbytes))

@@ -49,8 +49,9 @@ def chunk_reader(store: Store, field: str) -> ChunkReader:
     ``reader.empty()`` is a buffer that ``read`` can fill."""
     if store.info(field).is_image:
         return DecodedChunks(store, field)
-    if store.info(field).is_ragged:
-        return RaggedSamples(store.array, field, store.location, len(store), pins=store.pins)
+    if store.info(field).is_ragged or store.info(field).is_raster:
+        return RaggedSamples(store.array, field, store.location, len(store), raster=store.info(field).is_raster,
+                             pins=store.pins)
     return store.shard_reader(field)
 
 
@@ -65,8 +66,8 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> 
         raise OptionError(f"fields {clash[0]!r} and {clash[1]!r} of {store.location}: a batch names a ragged field's "
                           "offsets and kept rows so, and could not tell them apart; leave one out with fields=")
     encoded = [name for name in fields if store.info(name).is_image]
-    pictures = [name for name in fields if not (store.info(name).is_text or store.info(name).is_ragged)
-                and len(sample_spec(store, name)[0]) >= 2]
+    pictures = [name for name in fields if not (store.info(name).is_text or store.info(name).is_ragged
+                                                or store.info(name).is_raster) and len(sample_spec(store, name)[0]) >= 2]
     made = Recipe.of(fields, [name for name in fields if store.info(name).is_text], pictures, transform,
                      [name for name in fields if store.info(name).is_ragged])
     for name in encoded:
@@ -77,25 +78,37 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> 
                 f"field={name!r}) or RandomCrop(224, field={name!r}), or leave it out with fields=; "
                 f"ds[{name!r}][i] reads one picture at its size"
             )
+    targets = getattr(made.crop, "targets", None)
+    moved = () if targets is None else (*targets.label_maps, *targets.pictures)
+    for name in fields:
+        if store.info(name).is_raster and name not in moved:
+            raise OptionError(
+                f"field {name!r} of {store.location} holds maps of their pictures' own sizes: batches need one size, "
+                f"so cut it with its pictures, opening transform= with a crop whose targets= name it (e.g. "
+                f"RandomResizedCrop(224, targets=Targets(label_maps=({name!r},)))), or leave it out with fields=; "
+                f"ds[{name!r}][i] reads one at its size")
     return made
 
 
 def chunk_readers(store: Store, fields: Sequence[str]) -> dict[str, ChunkReader]:
     """The readers of ``fields`` as batches read them; encoded image fields are read encoded (`EncodedChunks`),
-    ragged fields as their rows and ranges (`RaggedRows`)."""
+    ragged and raster fields as their rows and ranges (`RaggedRows`)."""
     return {name: EncodedChunks(store, name) if store.info(name).is_image else
-            RaggedRows(store.array, name, store.location, len(store), pins=store.pins) if store.info(name).is_ragged
+            RaggedRows(store.array, name, store.location, len(store), raster=store.info(name).is_raster,
+                       pins=store.pins) if store.info(name).is_ragged or store.info(name).is_raster
             else chunk_reader(store, name) for name in fields}
 
 
 def sample_spec(store: Store, field: str) -> tuple[tuple[int, ...], np.dtype]:
     """The shape and dtype of one sample of ``field`` as batches hold it (decoded pixels, strings; a ragged
-    field's: of one of its rows)."""
+    field's: of one of its rows; a raster's: None for its height and width, which vary)."""
     info = store.info(field)
     if info.is_image:
         return info.decode.shape, np.dtype(info.decode.dtype)
     if info.is_ragged:
         return info.sample_shape, np.dtype(info.dtype)
+    if info.is_raster:
+        return (None, None, *info.sample_shape), np.dtype(info.dtype)
     array = store.array(field)
     if info.is_text:
         return (), np.dtype(f"<U{array.shape[1]}")
@@ -108,7 +121,7 @@ def sample_bytes(store: Store, recipe: Recipe) -> int:
     total = 0
     for name in recipe.fields:
         shape, dtype = sample_spec(store, name)
-        if name == recipe.crop_field:
+        if name == recipe.crop_field or store.info(name).is_raster:  # cut to the crop's size as the batch is made
             shape = (*recipe.crop.output_size, *shape[2:])
         total += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     return total

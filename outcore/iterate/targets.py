@@ -26,7 +26,7 @@ done while the batch is made (fused with decoding) or on a batch in hand. A batc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,18 +35,13 @@ from ..errors import OptionError
 from ..format import kept_name, offsets_name
 from ..imaging import (
     BoxPolicy,
-    copy_samples,
     cut_label_maps,
-    empty_for_decoding,
-    inside,
     move_boxes,
     move_keypoints,
     owners,
-    resize_box,
-    resize_boxes,
 )
-from ..threads import for_each, for_each_run
-from .gather import RUN_BYTES, Empty, plain
+from ..threads import for_each_run
+from .gather import Empty, move_pictures, plain, run_length
 
 Batch = dict[str, np.ndarray]
 
@@ -102,22 +97,23 @@ class Targets:
         return self.label_maps + self.pictures + instances
 
     def move(self, batch: Batch, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray, sizes: np.ndarray,
-             empty: Empty = plain) -> Batch:
+             empty: Empty = plain, cut: Collection[str] = ()) -> Batch:
         """``batch`` with every target moved as its picture was: picture ``i`` of ``sizes[i]`` (height, width)
         cut to ``crops[i]`` (top, left, height, width), resized to ``size`` and mirrored as ``flips[i]`` says.
-        Label maps and paired pictures are made by ``empty``; an `OptionError` names a field that is missing
-        or does not fit its pictures."""
+        Label maps and paired pictures are made by ``empty``, but for those in ``cut``, cut already as the batch
+        was made (rasters: `outcore.iterate.gather.Cut`); an `OptionError` names a field that is missing or does
+        not fit its pictures."""
         crops = np.asarray(crops, np.float64).reshape(-1, 4)
         flips = np.asarray(flips, bool).reshape(-1, 2)
         moved = dict(batch)
-        for name in self.label_maps:
+        for name in (name for name in self.label_maps if name not in cut):
             maps = self._at_picture_size(batch, name, sizes)
             out = empty((len(maps), *size, *maps.shape[3:]), maps.dtype, field=name)
             for_each_run(lambda start, stop, maps=maps, out=out: cut_label_maps(
                 maps[start:stop], crops[start:stop], size, flips[start:stop], self.fill, out[start:stop]),
                 len(maps), run_length(out))
             moved[name] = out
-        for name in self.pictures:
+        for name in (name for name in self.pictures if name not in cut):
             moved[name] = move_pictures(self._at_picture_size(batch, name, sizes), crops, size, flips)
         if self.group is not None:
             moved.update(self._move_instances(batch, crops, size, flips))
@@ -155,65 +151,6 @@ class Targets:
             offsets = np.concatenate([[0], np.cumsum(np.bincount(which[keep], minlength=len(crops)))]).astype(np.int64)
         shared = {offsets_name(name) for name in rows if offsets_name(name) in batch}  # a ragged field's own offsets
         return rows | dict.fromkeys(shared | {self.offsets}, offsets)
-
-
-def move_pictures(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:
-    """Each picture (n, h, w[, c]) cut to its crop, resized to ``size`` (bilinear, antialiased) and mirrored: a
-    window of whole pixels at the output size is copied as it is, and zeros fill the output past the picture's
-    edges (a padded `RandomCrop`, a `ScaleJitter` smaller than its size)."""
-    crops = np.asarray(crops, np.float64).reshape(-1, 4)
-    flips = np.asarray(flips, bool).reshape(-1, 2)
-    whole = bool(np.all(crops == np.round(crops)) and np.all(crops[:, 2:] == size))
-    if not whole and inside(crops, np.tile(pictures.shape[1:3], (len(crops), 1))).all():
-        return resize_boxes(pictures, [tuple(box) for box in crops.tolist()], size, flips)
-    if not whole:
-        return _resized_parts(pictures, crops, size, flips)
-    return copy_windows(pictures, crops[:, :2].astype(np.int64), size, flips)
-
-
-def copy_windows(images: np.ndarray, corners: np.ndarray, size: tuple[int, int],
-                 flips: np.ndarray | None = None) -> np.ndarray:
-    """Image ``i``'s window of ``size`` at ``corners[i]`` (top, left; zeros past the edges), mirrored as
-    ``flips[i]`` says, into a new array: a C call a run of images, on the pool's free threads (`copy_samples`)."""
-    source = np.ascontiguousarray(images)
-    out = empty_for_decoding((len(images), *size, *images.shape[3:]), images.dtype)
-    every = np.arange(len(images))
-
-    def run(start: int, stop: int) -> None:
-        copy_samples([source], np.zeros(stop - start, np.int64), every[start:stop], out, every[start:stop],
-                     corners[start:stop, 0], corners[start:stop, 1], None if flips is None else flips[start:stop])
-
-    for_each_run(run, len(images), run_length(out))
-    return out
-
-
-def _resized_parts(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:
-    """Pictures whose crops pass their edges: the part of each crop inside its picture resized to the part of the
-    output it covers (its edges rounded to whole pixels), mirrored as ``flips`` says; zeros elsewhere."""
-    height, width = pictures.shape[1:3]
-    out = np.zeros((len(pictures), *size, *pictures.shape[3:]), pictures.dtype)
-    channels = pictures.reshape(*pictures.shape[:3], -1)
-
-    def resize(i: int) -> None:
-        top, left, rows, columns = crops[i].tolist()
-        y0, y1, x0, x1 = max(top, 0.0), min(top + rows, height), max(left, 0.0), min(left + columns, width)
-        r0, r1 = round((y0 - top) * size[0] / rows), round((y1 - top) * size[0] / rows)
-        c0, c1 = round((x0 - left) * size[1] / columns), round((x1 - left) * size[1] / columns)
-        if y1 <= y0 or x1 <= x0 or r1 <= r0 or c1 <= c0:
-            return
-        mirrored = (bool(flips[i, 0]), bool(flips[i, 1]))
-        r0, r1 = (size[0] - r1, size[0] - r0) if mirrored[1] else (r0, r1)
-        c0, c1 = (size[1] - c1, size[1] - c0) if mirrored[0] else (c0, c1)
-        part = out[i, r0:r1, c0:c1].reshape(r1 - r0, c1 - c0, -1)
-        resize_box(channels[i], (y0, x0, y1 - y0, x1 - x0), (r1 - r0, c1 - c0), part, mirrored)
-
-    for_each(resize, len(pictures))
-    return out
-
-
-def run_length(out: np.ndarray) -> int:
-    """Samples of ``out`` a run of the pool's work makes at least (`RUN_BYTES`)."""
-    return max(1, RUN_BYTES // max(1, out[:1].nbytes))
 
 
 def _field(batch: Batch, name: str) -> np.ndarray:

@@ -31,7 +31,8 @@ from ..imaging import (
 )
 from ..threads import for_each_run
 from .batch import Batch, Transform, steps
-from .targets import Targets, check_targets, copy_windows, move_pictures, run_length
+from .gather import copy_windows, move_pictures, run_length
+from .targets import Targets, check_targets
 
 
 def _field(batch: Batch, field: str) -> np.ndarray:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import zarr
 
+from ..errors import CorruptChunkError
 from ..format import Compression, Layout, Ragged, chunk_capacity, ranges_name
 from .encoded import EncodedBytes, create_encoded_field, write_encoded_shard
+from .pins import Pins
 
 
 def create_ragged_field(group: zarr.Group, name: str, counts: np.ndarray, layout: Layout, compression: Compression,
@@ -38,10 +41,12 @@ def read_ragged(group: zarr.Group, name: str, start: int, stop: int) -> Ragged:
 
 @dataclass(frozen=True)
 class RaggedChunk:
-    """One chunk of a ragged field as stored: its rows (``values``) and each sample's ``[start, stop)`` in them."""
+    """One chunk of a ragged field as stored: its rows (``values``) and each sample's ``[start, stop)`` in them; for
+    a raster field, each sample's ``shapes`` (height, width, channels) too, its rows its pixels in C order."""
 
     values: np.ndarray
     ranges: np.ndarray
+    shapes: np.ndarray | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -52,21 +57,40 @@ class RaggedChunk:
         return tuple(self.values.shape[1:])
 
     def samples(self) -> np.ndarray:
-        """Each sample's rows, as an object array (a sample of ``ds[field]``)."""
+        """Each sample's rows (a raster's: its pixels at its height and width), as an object array (a sample of
+        ``ds[field]``)."""
         out = np.empty(len(self.ranges), object)
-        out[:] = [self.values[begin:end] for begin, end in self.ranges.tolist()]
+        if self.shapes is None:
+            out[:] = [self.values[begin:end] for begin, end in self.ranges.tolist()]
+        else:
+            out[:] = [self.values[begin:end].reshape(height, width, *self.row_shape)
+                      for (begin, end), (height, width, _) in zip(self.ranges.tolist(), self.shapes.tolist(), strict=True)]
         return out
 
 
 class RaggedRows(EncodedBytes):
     """Chunk by chunk, the rows of a ragged field (through the direct shard reader, as an encoded field's bytes):
-    ``read(chunk)`` is a `RaggedChunk`; ``arrays(name)`` is the store's array ``name`` (`outcore.storage.Store.array`)."""
+    ``read(chunk)`` is a `RaggedChunk`; ``arrays(name)`` is the store's array ``name`` (`outcore.storage.Store.array`).
+    A raster field's (``raster=True``) come with their shapes, checked against their rows: a sample of a size its
+    pixels do not fill is a `CorruptChunkError` naming it."""
+
+    def __init__(self, arrays: Callable[[str], zarr.Array], field: str, where: str, num_samples: int,
+                 raster: bool = False, pins: Pins | None = None) -> None:
+        super().__init__(arrays, field, where, num_samples, variable=raster, pins=pins)
+        self.where = where
 
     def read(self, chunk: int, out: np.ndarray | None = None) -> RaggedChunk:
         values, ranges = super().read(chunk, out)
-        return RaggedChunk(values, ranges)
-
-
+        shapes = self.read_shapes(chunk)
+        if shapes is not None:
+            wrong = np.flatnonzero(ranges[:, 1] - ranges[:, 0] != shapes[:, 0].astype(np.int64) * shapes[:, 1])
+            if len(wrong):
+                sample = chunk * self.chunk_size + int(wrong[0])
+                raise CorruptChunkError(
+                    f"{self.where}: field {self.field!r}, sample {sample} (chunk {chunk}) holds "
+                    f"{int(ranges[wrong[0], 1] - ranges[wrong[0], 0])} pixels, but its shape says "
+                    f"{shapes[wrong[0], 0]} x {shapes[wrong[0], 1]}: the store was changed or damaged; re-ingest it")
+        return RaggedChunk(values, ranges, shapes)
 class RaggedSamples(RaggedRows):
     """A ragged field's chunks as ``ds[field]`` holds them: ``read(chunk)`` is an object array of each sample's
     rows."""

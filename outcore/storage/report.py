@@ -59,6 +59,12 @@ def field_reports(store: Store) -> list[FieldReport]:
                 shapes = stored_shapes(store, name)
                 sample_shape = variable_shape(shapes)
                 decoded = int(shapes.astype(np.int64).prod(axis=1).sum()) * np.dtype(info.decode.dtype).itemsize
+        elif info.is_raster:  # its pixels, their ranges and shapes
+            stored += sum(store.array(companion).nbytes_stored() for companion in info.companions(name))
+            counted, shapes = store.array(ranges_name(name)), stored_shapes(store, name)
+            dtype, sample_shape = f"{array.dtype} (own sizes)", (*variable_shape(shapes)[:2], *info.sample_shape)
+            decoded = int(shapes[:, :2].astype(np.int64).prod(axis=1).sum()) * array.dtype.itemsize \
+                * math.prod(info.sample_shape)
         elif info.is_ragged:  # its rows (a count per sample) and their ranges
             counted = store.array(ranges_name(name))
             stored += counted.nbytes_stored()
@@ -77,7 +83,7 @@ def field_reports(store: Store) -> list[FieldReport]:
 
 
 def stored_shapes(store: Store, name: str) -> np.ndarray:
-    """The decoded shape of each sample of a field of pictures kept at their own size, (N, 3)."""
+    """The decoded shape of each sample of a field of pictures kept at their own size (or of a raster field), (N, 3)."""
     return store.array(shapes_name(name))[: len(store)]
 
 

@@ -224,15 +224,19 @@ class Store:
                                         chunk_samples=self.chunk_size)
                 _require(self.location, shapes.shape[1] == 3, f"{shapes_name(name)!r} is not (samples, 3)")
             return
-        if info.is_ragged:
+        if info.is_ragged or info.is_raster:
             rows = self._array_of(name, dtype_kinds="biuf", ndim=1 + len(info.sample_shape or ()),
                                   length=self.num_chunks * self.group[name].chunks[0], chunk_samples=None)
             _require(self.location, rows.dtype.name == info.dtype and tuple(rows.shape[1:]) == info.sample_shape,
-                     f"ragged field {name!r} holds rows of {rows.dtype} {rows.shape[1:]}, but was written with "
-                     f"{info.dtype} {info.sample_shape}")
+                     f"{info.encoding} field {name!r} holds rows of {rows.dtype} {rows.shape[1:]}, but was written "
+                     f"with {info.dtype} {info.sample_shape}")
             ranges = self._array_of(ranges_name(name), dtype_kinds="i", ndim=2, length=len(self),
                                     chunk_samples=self.chunk_size)
             _require(self.location, ranges.shape[1] == 2, f"{ranges_name(name)!r} is not (samples, 2)")
+            if info.is_raster:
+                shapes = self._array_of(shapes_name(name), dtype_kinds="i", ndim=2, length=len(self),
+                                        chunk_samples=self.chunk_size)
+                _require(self.location, shapes.shape[1] == 3, f"{shapes_name(name)!r} is not (samples, 3)")
             return
         array = self._array_of(name, dtype_kinds="biuf", ndim=None, length=len(self), chunk_samples=self.chunk_size)
         _require(self.location, info.dtype is None or array.dtype.name == info.dtype,
