@@ -4,6 +4,7 @@ flag names."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -213,6 +214,13 @@ def test_ingest_recognises_coco_files_and_reads_mask_columns(tmp_path, capsys):
     assert main(["ingest", str(tmp_path / "instances.json"), str(tmp_path / "d.zarr"), "--shape", "20x30x3",
                  "--no-masks", "--no-progress"]) == 0
     assert "masks" not in outcore.open_dataset(tmp_path / "d.zarr").fields
+    assert main(["ingest", str(tmp_path / "instances.json"), str(tmp_path / "own.zarr"), "--shape", "any",
+                 "--no-progress"]) == 0  # the maps at their pictures' own size, cut with them by bench's crop
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "own.zarr")]) == 0
+    assert re.search(r"masks +uint16 \(own sizes\) +3x20x30 ", capsys.readouterr().out)
+    assert main(["bench", str(tmp_path / "own.zarr"), "--batch-size", "2", "--repeats", "1", "--crop", "16"]) == 0
+    assert "crop 16 + flip" in capsys.readouterr().out
     pd.DataFrame({"path": [f"{n}.png" for n in range(3)], "mask": [f"{n}-mask.png" for n in range(3)]}).to_csv(
         tmp_path / "masks.csv", index=False)
     assert main(["ingest", str(tmp_path / "masks.csv"), str(tmp_path / "m.zarr"), "--shape", "10x15x3",

@@ -66,10 +66,12 @@ def _voc(root, count: int = 12, size: tuple[int, int] = (60, 80), margin: bool =
     return every
 
 
-def test_boxes_classes_and_maps_are_stored_as_the_files_say(tmp_path):
+@pytest.mark.parametrize("shape", [(60, 80, 3), None], ids=["fitted", "own-size"])
+def test_boxes_classes_and_maps_are_stored_as_the_files_say(tmp_path, shape):
     every = _voc(tmp_path / "VOC2012")
-    ds = outcore.ingest_voc(tmp_path / "VOC2012", tmp_path / "s.zarr", masks=True, shape=(60, 80, 3),
+    ds = outcore.ingest_voc(tmp_path / "VOC2012", tmp_path / "s.zarr", masks=True, shape=shape,
                             shuffle_on_write=False, progress=False)
+    assert ds.info("masks").is_raster == ds.info("objects").is_raster == (shape is None)
     assert ds.classes == list(VOC_CLASSES)
     for number, found in enumerate(every):
         assert ds["boxes"][number].compute().tolist() == [item["box"] for item in found]

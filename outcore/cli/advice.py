@@ -25,6 +25,7 @@ from ..errors import OptionError
 from ..format import companion_names
 from ..imaging import DEFAULT_QUALITY
 from ..ingest import from_arrays, ingest_images
+from ..iterate.quality import label_fields
 from ..iterate.transforms import CenterCrop, Compose, RandomFlip, RandomResizedCrop, Transform
 from ..measure import interleaved, shuffled_epoch
 from ..storage import is_url, samples_per_shard
@@ -148,7 +149,7 @@ def advise(ds: Dataset, batch_size: int = 256, crop: int = 224, seconds: float =
     images = picture_fields(ds)
     if not images:
         raise OptionError(f"{ds.location} holds no image field: there is no pixels-or-encoded choice to make")
-    targets = [name for name, role in ds.roles.items() if role == "target"]
+    targets = label_fields(ds)  # one value per sample: not maps, nor boxes
     room = memory()
     sample = _sample_indices(ds, images[0], min(SAMPLE_BYTES, room.available // 8))
     kinds = [_measure(ds, name, targets, sample, "this store", batch_size, crop) for name in images]

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..dataset import Dataset
+from ..iterate.targets import Targets
 from ..iterate.transforms import Compose, RandomFlip, RandomResizedCrop
 from ..measure import decompress_all, interleaved, sequential_zarr, shuffled_epoch
 from ..storage.report import field_reports, total
@@ -46,14 +47,18 @@ def compare(ds: Dataset, fields: Sequence[str] | None = None, batch_size: int = 
 
     A first sequential pass warms the page cache, so all three read from memory-cached files. A field
     of pictures at their own size is read as training reads it: ``RandomResizedCrop(crop)`` and a flip,
-    done while decoding.
+    done while decoding, their label maps and paired pictures (raster fields) cut with them.
     """
     fields = list(fields or ds.fields)
     sequential_zarr(ds, fields)
     variable = [name for name in fields if ds.info(name).is_image and ds.info(name).decode.variable]
     epoch, transform = f"outcore ds.batches({batch_size}), shuffled, defaults", None
     if variable:
-        transform = Compose([RandomResizedCrop(crop, field=variable[0]), RandomFlip(field=variable[0])])
+        rasters = [name for name in fields if ds.info(name).is_raster]  # their maps, cut with them
+        targets = Targets(label_maps=tuple(name for name in rasters if ds.info(name).role == "target"),
+                          pictures=tuple(name for name in rasters if ds.info(name).role != "target")) if rasters else None
+        transform = Compose([RandomResizedCrop(crop, field=variable[0], targets=targets),
+                             RandomFlip(field=variable[0], targets=targets)])
         epoch = f"outcore ds.batches({batch_size}), shuffled, crop {crop} + flip"
     cases = {
         "plain zarr, sequential, one chunk per call": lambda: sequential_zarr(ds, fields),

@@ -24,6 +24,7 @@ from ..ingest import ingest_coco, ingest_dataframe, ingest_images, ingest_record
 from ..ingest.records import FORMATS as RECORD_FORMATS
 from ..ingest.records import TFRecord, recognise
 from ..iterate import shuffle_quality
+from ..iterate.quality import label_fields
 from ..storage import ChunkCache, RemoteStore, huge_pages
 from ..storage.cache import ENVIRONMENT
 from .advice import advise, picture_fields
@@ -503,7 +504,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{'what':50s} {'samples/s':>10s} {'vs plain zarr':>14s}")
         for name, rate in rows:
             print(f"{name:50s} {rate:10.0f} {rate / baseline:14.2f}")
-    if any(role == "target" for role in ds.roles.values()) and len(ds) >= args.batch_size:
+    if label_fields(ds) and len(ds) >= args.batch_size:
         print("\nshuffle quality at these settings: " + str(shuffle_quality(ds, batch_size=args.batch_size)))
     if isinstance(ds.group.store, RemoteStore):
         print("\none more shuffled epoch: " + epoch_traffic(ds, args.batch_size))

@@ -15,7 +15,9 @@ encoding, ``keypoints`` as x, y, visibility triples) and ``categories``. The sto
 With ``shape=``, pictures are fitted as ``resize`` says and every target is moved by the same box
 (`outcore.ingest.placement`): the map nearest-neighbour, boxes and keypoints by the same scale and shift, boxes
 clipped to the picture; an instance the fit leaves nothing of is dropped with all its rows (and its id renumbered).
-A picture that is not of its annotated size, or is stored turned (EXIF), is an error naming it.
+With ``shape=None`` each picture keeps its own size, and its targets theirs: the map is stored as a raster field
+(`outcore.format.attrs`), cut by the picture's crop as batches are made. A picture that is not of its annotated
+size, or is stored turned (EXIF), is an error naming it.
 
 >>> ds = outcore.ingest_coco("annotations/instances_val2017.json", "val.zarr", root="val2017",
 ...                          shape=(512, 512, 3), resize="pad")  # doctest: +SKIP

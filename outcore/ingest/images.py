@@ -142,7 +142,8 @@ def ingest_dataframe(
     A mask column holds the path of each picture's label map: a PNG of ids at the picture's size (a palette PNG
     as Pascal VOC's, 255 its void; a grey one as Cityscapes' labelIds; 16-bit as its instanceIds), stored as a
     field of ``mask_dtype`` ids (``"uint8"``, ``"uint16"``; by default what the column's first file needs)
-    fitted to ``shape`` as the pictures are, nearest-neighbour (no id is made or changed). A label map of
+    fitted to ``shape`` as the pictures are, nearest-neighbour (no id is made or changed), or, with
+    ``shape=None``, kept at its picture's own size (a raster field: `outcore.format.attrs`). A label map of
     another size than its picture, or of a picture stored turned (EXIF), is an error naming it; so is a colour
     or JPEG one. Transforms move the maps with the pictures when told (`outcore.transforms.Targets`). A pair
     column holds the path of a picture paired with each (its depth, a second view: of its size, fitted as it is,

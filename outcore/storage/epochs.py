@@ -18,6 +18,7 @@ what the device delivers (`DeviceRates`); plus the part of the faster that the t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .device import DeviceRates
@@ -66,7 +67,8 @@ def predict_epoch(kind: Kind, samples: int, device: DeviceRates | None, from_dev
     ``device`` measured), the slower of its threads and the device plus `OVERLAP` of the faster."""
     if device is None or not from_device:
         return Prediction(kind, kind.cpu, "cores")
-    read = samples / device.seconds({size: count * samples for size, count in kind.reads.items()})
+    seconds = device.seconds({size: count * samples for size, count in kind.reads.items()})
+    read = samples / seconds if seconds > 0 else math.inf  # a store too small to take the device any time
     slower, faster = sorted((1 / kind.cpu, 1 / read), reverse=True)
     return Prediction(kind, 1 / (slower + OVERLAP * faster), "device" if read < kind.cpu else "cores")
 
