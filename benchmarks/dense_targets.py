@@ -13,11 +13,16 @@ their labels, dropped when cut away) and keypoints, from the JPEG files, flat ou
 - **albumentations** (where installed): its ``RandomResizedCrop`` and ``HorizontalFlip`` with ``bbox_params`` and
   ``keypoint_params``, per sample, in a PyTorch ``DataLoader`` with a worker per core (Pillow decodes the JPEG and
   the PNG map): how people do it today;
+- **torchvision v2** (where installed): its ``RandomResizedCrop`` and ``RandomHorizontalFlip`` on ``tv_tensors``
+  (``Image``, ``Mask``, ``BoundingBoxes``, and ``KeyPoints`` where this torchvision has them), per sample, in the
+  same ``DataLoader``;
 - **per-sample Pillow**: the same by hand, per sample (Pillow's bilinear picture and nearest map, numpy boxes):
-  what torchvision's detection references do on the CPU, in the same ``DataLoader``.
+  what torchvision's detection references do on the CPU, in the same ``DataLoader``;
+- **outcore, own sizes**: the set ingested with ``shape=None`` (pictures as files at their own size, instance maps
+  as raster fields cut by the crop's boxes as the batch is made).
 
-torchvision v2 and DALI are not installable here (no CPU build of torchvision; DALI needs CUDA): the table says
-so. Rates are medians of ``--repeats`` rounds that run every case in turn (`outcore.measure.interleaved`); the
+DALI needs CUDA and is not installed: the table says so, as it says which other library is missing. Rates are
+medians of ``--repeats`` rounds that run every case in turn (`outcore.measure.interleaved`); the
 ratio column divides by outcore's. Each case also makes one batch with its transform alone (decoded inputs, one
 thread) to separate the geometric work from decoding: ``transform only`` is samples/s of that work on one core.
 """
@@ -25,6 +30,7 @@ thread) to separate the geometric work from decoding: ``transform only`` is samp
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import time
@@ -80,13 +86,13 @@ class PerSample:
     """A map-style dataset of the set as people write one: each sample decoded from its files, its targets
     transformed one by one, by albumentations (``library``) or by hand with Pillow."""
 
-    def __init__(self, workdir: Path, annotations: Path, library: bool) -> None:
+    def __init__(self, workdir: Path, annotations: Path, library: str) -> None:
         document = json.loads(annotations.read_text())
         self.workdir, self.images = workdir, document["images"]
         self.instances: list[list[dict]] = [[] for _ in self.images]
         for annotation in document["annotations"]:
             self.instances[annotation["image_id"]].append(annotation)
-        self.library = library
+        self.library = library  # a key of LIBRARIES
 
     def __len__(self) -> int:
         return len(self.images)
@@ -108,26 +114,48 @@ class PerSample:
 
     def transform(self, loaded: tuple[np.ndarray, ...], seed: int) -> dict[str, np.ndarray]:
         """The crop and flip of a decoded sample and its targets."""
-        rng = np.random.default_rng(seed)
-        if self.library:
-            return _albumentations(*loaded, int(rng.integers(2**31)))
-        return _by_hand(*loaded, rng)
+        return LIBRARIES[self.library][1](*loaded, np.random.default_rng(seed))
 
 
-_PIPELINE = None
+_PIPELINES: dict[str, object] = {}  # each library's, made once per process
 
 
-def _albumentations(pixels, ids, boxes, points, labels, seed) -> dict[str, np.ndarray]:
+def _albumentations(pixels, ids, boxes, points, labels, rng) -> dict[str, np.ndarray]:
     import albumentations as A
 
-    global _PIPELINE
-    if _PIPELINE is None:
-        _PIPELINE = A.Compose([A.RandomResizedCrop((OUT, OUT)), A.HorizontalFlip()],
-                              bbox_params=A.BboxParams("pascal_voc", label_fields=["labels"], min_area=0),
-                              keypoint_params=A.KeypointParams("xy", remove_invisible=False), seed=seed)
-    made = _PIPELINE(image=pixels, mask=ids, bboxes=boxes, labels=labels, keypoints=points[..., :2].reshape(-1, 2))
+    if "albumentations" not in _PIPELINES:
+        _PIPELINES["albumentations"] = A.Compose(
+            [A.RandomResizedCrop((OUT, OUT)), A.HorizontalFlip()],
+            bbox_params=A.BboxParams("pascal_voc", label_fields=["labels"], min_area=0),
+            keypoint_params=A.KeypointParams("xy", remove_invisible=False), seed=int(rng.integers(2**31)))
+    made = _PIPELINES["albumentations"](image=pixels, mask=ids, bboxes=boxes, labels=labels, keypoints=points[..., :2].reshape(-1, 2))
     return {"images": made["image"], "masks": made["mask"], "boxes": np.asarray(made["bboxes"], np.float32),
             "keypoints": np.asarray(made["keypoints"], np.float32)}
+
+
+def _torchvision(pixels, ids, boxes, points, labels, rng) -> dict[str, np.ndarray]:
+    """torchvision v2 on tv_tensors; the boxes a crop leaves empty are dropped after it (SanitizeBoundingBoxes would
+    index the instance map as if it held a mask per box)."""
+    import torch
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+
+    if "torchvision" not in _PIPELINES:
+        _PIPELINES["torchvision"] = v2.Compose([v2.RandomResizedCrop((OUT, OUT), antialias=True),
+                                                v2.RandomHorizontalFlip()])
+    torch.manual_seed(int(rng.integers(2**31)))
+    canvas = pixels.shape[:2]
+    sample = {"image": tv_tensors.Image(torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))),
+              "masks": tv_tensors.Mask(torch.from_numpy(ids.astype(np.uint8))),  # ids of at most 8 instances
+              "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(boxes), format="XYXY", canvas_size=canvas)}
+    if hasattr(tv_tensors, "KeyPoints"):
+        sample["keypoints"] = tv_tensors.KeyPoints(torch.from_numpy(points[..., :2].reshape(-1, 2)), canvas_size=canvas)
+    made = _PIPELINES["torchvision"](sample)
+    moved = made["boxes"].numpy()
+    keep = (moved[:, 2] > moved[:, 0]) & (moved[:, 3] > moved[:, 1])
+    spots = made["keypoints"].numpy().reshape(-1, POINTS, 2) if "keypoints" in made else points[..., :2]
+    return {"images": made["image"].numpy().transpose(1, 2, 0), "masks": made["masks"].numpy(), "boxes": moved[keep],
+            "labels": labels[keep], "keypoints": spots[keep]}
 
 
 def _by_hand(pixels, ids, boxes, points, labels, rng) -> dict[str, np.ndarray]:
@@ -148,6 +176,13 @@ def _by_hand(pixels, ids, boxes, points, labels, rng) -> dict[str, np.ndarray]:
         spots = spots[:, [1, 0, 3, 2]]
     return {"images": np.asarray(picture), "masks": np.asarray(mask), "boxes": moved[keep], "labels": labels[keep],
             "keypoints": spots[keep]}
+
+
+LIBRARIES = {  # the per-sample cases: their module (None: none needed) and their transform of one sample
+    "albumentations": ("albumentations", _albumentations),
+    "torchvision v2": ("torchvision.transforms.v2", _torchvision),
+    "per-sample Pillow": (None, _by_hand),
+}
 
 
 def _collate(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -179,18 +214,19 @@ def main() -> None:
             done += len(batch["images"])
         return done
 
-    cases = {"outcore (threads)": outcore_epoch}
-    try:
-        import albumentations  # noqa: F401
+    own = outcore.ingest_coco(annotations, args.workdir / "coco-own.zarr", root=args.workdir, shape=None,
+                              progress=False)  # the maps at the pictures' own size: raster fields
 
-        libraries = {"albumentations, DataLoader": True}
-    except ImportError:
-        libraries = {}
-        print("albumentations is not installed (pip install albumentations): its case is left out")
-    libraries["per-sample Pillow, DataLoader"] = False
+    def own_epoch() -> int:
+        epoch[0] += 1
+        return sum(len(batch["images"]) for batch in own.batches(args.batch, seed=epoch[0], transform=transform,
+                                                                 fields=fields, drop_last=True))
+
+    cases = {"outcore (threads)": outcore_epoch, "outcore, own sizes (threads)": own_epoch}
+    libraries = installed()
     import torch.utils.data
 
-    for name, library in libraries.items():
+    for library in libraries:
         loader = torch.utils.data.DataLoader(PerSample(args.workdir, annotations, library), args.batch, shuffle=True,
                                              num_workers=cores, collate_fn=_collate, drop_last=True,
                                              persistent_workers=True)
@@ -198,16 +234,29 @@ def main() -> None:
         def loader_epoch(loader=loader) -> int:
             return sum(len(batch["images"]) for batch in loader)
 
-        cases[name] = loader_epoch
+        cases[f"{library}, DataLoader"] = loader_epoch
     rates = interleaved(cases, args.repeats)
     print(f"\n{args.images} pictures of {SIZE[1]}x{SIZE[0]} (0-8 instances each), batches of {args.batch} "
-          f"{OUT}x{OUT}, {cores} cores; torchvision v2 and DALI: not installable here")
+          f"{OUT}x{OUT}, {cores} cores; DALI: not installed (it needs CUDA)")
     print_table(["case", "samples/s"], list(rates.items()), {"/ outcore": rates["outcore (threads)"]})
     print("per core: " + ", ".join(f"{name} {rate / cores:.0f}" for name, rate in rates.items()))
-    _transform_only(ds, transform, fields, args.batch, annotations, args.workdir, "albumentations, DataLoader" in cases)
+    _transform_only(ds, transform, fields, args.batch, annotations, args.workdir, libraries)
 
 
-def _transform_only(ds, transform, fields, batch_size, annotations, workdir, library: bool) -> None:
+def installed() -> list[str]:
+    """The per-sample cases whose library imports here (`LIBRARIES`); the others are said to be left out."""
+    found = []
+    for name, (module, _) in LIBRARIES.items():
+        try:
+            if module is not None:
+                importlib.import_module(module)
+            found.append(name)
+        except ImportError:
+            print(f"{name} is not installed ({module} does not import): its case is left out")
+    return found
+
+
+def _transform_only(ds, transform, fields, batch_size, annotations, workdir, libraries: list[str]) -> None:
     """Samples/s of the geometric work alone on one thread: a decoded batch (outcore) or its samples one by one."""
     outcore.set_threads(1)
     decoded = next(iter(ds.batches(batch_size, shuffle=False, fields=fields)))
@@ -219,8 +268,8 @@ def _transform_only(ds, transform, fields, batch_size, annotations, workdir, lib
         return rounds * batch_size / (time.perf_counter() - began)
 
     rows = [("outcore transform, one thread", timed(lambda r: transform(decoded, np.random.default_rng(r))))]
-    for name, flag in (("albumentations", True), ("per-sample Pillow", False)) if library else (("per-sample Pillow", False),):
-        one = PerSample(workdir, annotations, flag)
+    for name in libraries:
+        one = PerSample(workdir, annotations, name)
         loaded = [one.load(i) for i in range(batch_size)]
         rows.append((f"{name}, one thread", timed(lambda r, one=one, loaded=loaded: [
             one.transform(sample, r * batch_size + i) for i, sample in enumerate(loaded)])))

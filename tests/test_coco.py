@@ -16,7 +16,7 @@ from support.optional import need
 
 import outcore
 from outcore.errors import ImageError, OptionError, SourceError
-from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop, Targets
+from outcore.transforms import CenterCrop, Compose, RandomCrop, RandomFlip, RandomResizedCrop, Targets
 
 COLOURS = np.array([[250, 20, 20], [20, 250, 20], [20, 20, 250], [250, 250, 20]], np.uint8)
 CATEGORIES = [{"id": 7, "name": "zebra"}, {"id": 1, "name": "person", "keypoints": ["left_eye", "right_eye"]},
@@ -192,6 +192,30 @@ def test_instance_maps_of_pictures_kept_at_their_own_size_are_stored_and_cut_wit
             padded += int(outside.any(axis=(1, 2)).sum())
             flipped += len(images)
     assert padded > 4 and flipped == 32
+
+
+@pytest.mark.parametrize("geometry", ["resized crop + flips", "padded crop + flip", "centre of resized"])
+def test_maps_at_their_pictures_own_size_are_cut_exactly_as_maps_of_one_size(tmp_path, geometry):
+    """Pictures all of one size, stored once fitted (maps of one size, moved after the crop: proven aligned in
+    tests/test_targets.py by boxes rasterised into the maps) and once at their own size (raster maps, cut as the
+    batch is made): the same draws give the same batches, byte for byte."""
+    _coco(tmp_path / "coco", count=20, size=(37, 53), seed=9)
+    stores = [outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / f"{name}.zarr", shape=shape,
+                                  images="encoded", chunk_size=4, shuffle_on_write=False, progress=False)
+              for name, shape in (("fitted", (37, 53, 3)), ("own", None))]
+    assert [ds.info("masks").is_raster for ds in stores] == [False, True]
+    targets = Targets(label_maps=("masks",), boxes="boxes", keypoints="keypoints", instances=("labels",), fill=77)
+    head = {"resized crop + flips": RandomResizedCrop((29, 23), scale=(0.1, 1.0), targets=targets),
+            "padded crop + flip": RandomCrop((31, 45), padding=7, targets=targets),
+            "centre of resized": CenterCrop(30, resize=41, targets=targets)}[geometry]
+    transform = Compose([head, RandomFlip(vertical=True, targets=targets)])
+    fitted, own = ([batch for batch in ds.batches(6, seed=4, transform=transform)] for ds in stores)
+    assert len(fitted) == len(own) == 4
+    for a, b in zip(fitted, own, strict=True):
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert sum(int((batch["masks"] > 0).sum()) for batch in own) > 100
 
 
 def test_dataloader_workers_cut_maps_of_pictures_kept_at_their_own_size_as_the_main_process_does(tmp_path):

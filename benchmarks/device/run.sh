@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a machine of many cores and a GPU, in one command, on a machine without a package
 # registry: from the project's root, with .dev/ filled by benchmarks/device/prepare.sh (and carried there):
-#     bash benchmarks/device/run.sh           (about 7 minutes; SKIP="cluster imagenet" leaves steps out)
+#     bash benchmarks/device/run.sh           (about 8 minutes; SKIP="cluster imagenet" leaves steps out)
 # Installs outcore from the tree (its C extensions built against .dev/jpeg) and what the machine lacks (.dev/whl),
 # then runs each step time-boxed, its log in $OUT (default /tmp/out), and prints the tables:
 #   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC), the
@@ -10,6 +10,8 @@
 #   imagenet    benchmarks/imagenet.py: full-size JPEGs, RandomResizedCrop(224) + flip, against its ceiling
 #   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor)
 #   gpu         benchmarks/gpu_training.py: does the GPU wait? a small ResNet (and ResNet-50 on RRC) fed by outcore
+#   dense       benchmarks/dense_targets.py: crops and flips of pictures with their instance maps, boxes and keypoints,
+#               against torchvision v2 on tv_tensors in a DataLoader with a worker per core
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -39,6 +41,7 @@ step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-f
 step imagenet 110 python3 imagenet.py --images 6000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
 step gpu_decode 45 python3 device/gpu_decode.py $work/inet/train 2
 step gpu 120 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
+step dense 75 python3 dense_targets.py --images 2048 --batch 64 --repeats 2 --workdir $work/dense
 for log in "$OUT"/*.log; do
     echo "== $log"
     tr '\r' '\n' < "$log" | grep -v '%|' | tail -n 40
