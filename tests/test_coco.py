@@ -239,6 +239,20 @@ def test_dataloader_workers_cut_maps_of_pictures_kept_at_their_own_size_as_the_m
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+def test_tf_data_and_keras_take_maps_of_pictures_kept_at_their_own_size_cut_with_them(tmp_path):
+    need("tensorflow")
+    _coco(tmp_path / "coco", count=12, seed=10)
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, progress=False)
+    targets = Targets(label_maps=("masks",))
+    transform = Compose([RandomResizedCrop(24, targets=targets), RandomFlip(targets=targets)])
+    data = ds.tf(4, x="images", y="masks", transform=transform, drop_last=True)
+    assert data.element_spec[1].shape.as_list() == [4, 24, 24]
+    pictures, masks = next(iter(data))
+    assert pictures.shape == (4, 24, 24, 3) and masks.dtype.name == "uint16"
+    x, y = next(iter(ds.keras(4, x="images", y="masks", transform=transform)))
+    assert x.shape == (4, 24, 24, 3) and y.shape == (4, 24, 24)
+
+
 def test_maps_of_their_pictures_own_sizes_go_only_with_a_crop_that_moves_them(tmp_path):
     _coco(tmp_path / "coco", count=4, seed=7)
     ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, progress=False)

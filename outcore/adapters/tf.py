@@ -41,14 +41,13 @@ def dataset(source: BatchSource, batch_size: int, *, x: FieldSelection, y: Field
     batch_dim = batch_size if batch_options.drop_last else None
 
     # what the transform makes of a batch (it may crop, cast, ...): shapes and dtypes from one blank sample;
-    # a crop opening it on an encoded field is done while decoding, so its field starts at the crop's size
-    blank = {name: np.zeros((1, *shape), dtype) for name, (shape, dtype) in
-             ((name, sample_spec(store, name)) for name in made.fields if name != made.crop_field)}
+    # a crop opening it on an encoded field is done while decoding, so its field (and the rasters it cuts with it)
+    # starts at the crop's size
+    cut = {made.crop_field, *(name for name in made.fields if store.info(name).is_raster)}
+    blank = {name: np.zeros((1, *made.crop.output_size, *shape[2:]) if name in cut else (1, *shape), dtype)
+             for name, (shape, dtype) in ((name, sample_spec(store, name)) for name in made.fields)}
     ragged = [name for name in made.fields if store.info(name).is_ragged]
     blank.update({offsets_name(name): np.array([0, 1]) for name in ragged})  # one sample of one row
-    if made.crop is not None:
-        shape, dtype = sample_spec(store, made.crop.field)
-        blank[made.crop.field] = np.zeros((1, *made.crop.output_size, *shape[2:]), dtype)
     example = apply_transform(made.rest, blank, [0])
 
     def spec(field: str) -> tf.TensorSpec | tf.RaggedTensorSpec:
