@@ -16,7 +16,15 @@ from support.optional import need
 
 import outcore
 from outcore.errors import ImageError, OptionError, SourceError
-from outcore.transforms import CenterCrop, Compose, RandomCrop, RandomFlip, RandomResizedCrop, Targets
+from outcore.transforms import (
+    CenterCrop,
+    Compose,
+    RandomCrop,
+    RandomFlip,
+    RandomResizedCrop,
+    ScaleJitter,
+    Targets,
+)
 
 COLOURS = np.array([[250, 20, 20], [20, 250, 20], [20, 20, 250], [250, 250, 20]], np.uint8)
 CATEGORIES = [{"id": 7, "name": "zebra"}, {"id": 1, "name": "person", "keypoints": ["left_eye", "right_eye"]},
@@ -194,7 +202,8 @@ def test_instance_maps_of_pictures_kept_at_their_own_size_are_stored_and_cut_wit
     assert padded > 4 and flipped == 32
 
 
-@pytest.mark.parametrize("geometry", ["resized crop + flips", "padded crop + flip", "centre of resized"])
+@pytest.mark.parametrize("geometry", ["resized crop + flips", "padded crop + flip", "centre of resized",
+                                      "scale jitter + flip"])
 def test_maps_at_their_pictures_own_size_are_cut_exactly_as_maps_of_one_size(tmp_path, geometry):
     """Pictures all of one size, stored once fitted (maps of one size, moved after the crop: proven aligned in
     tests/test_targets.py by boxes rasterised into the maps) and once at their own size (raster maps, cut as the
@@ -207,7 +216,8 @@ def test_maps_at_their_pictures_own_size_are_cut_exactly_as_maps_of_one_size(tmp
     targets = Targets(label_maps=("masks",), boxes="boxes", keypoints="keypoints", instances=("labels",), fill=77)
     head = {"resized crop + flips": RandomResizedCrop((29, 23), scale=(0.1, 1.0), targets=targets),
             "padded crop + flip": RandomCrop((31, 45), padding=7, targets=targets),
-            "centre of resized": CenterCrop(30, resize=41, targets=targets)}[geometry]
+            "centre of resized": CenterCrop(30, resize=41, targets=targets),
+            "scale jitter + flip": ScaleJitter((40, 36), scale=(0.3, 2.0), targets=targets)}[geometry]
     transform = Compose([head, RandomFlip(vertical=True, targets=targets)])
     fitted, own = ([batch for batch in ds.batches(6, seed=4, transform=transform)] for ds in stores)
     assert len(fitted) == len(own) == 4

@@ -1,7 +1,7 @@
 """Pictures: decoding (libjpeg-turbo, Pillow) with DCT scaling, resizing by policy, encoded chunks, and
 generated pictures for demos, tests and benchmarks. Used by ingest and by the read path."""
 
-from .crops import Box, center_crop_box, inside, random_resized_crop_box, window_part, within
+from .crops import Box, box_part, center_crop_box, inside, random_resized_crop_box, within
 from .decode import (
     IMAGE_DTYPES,
     IMAGE_EXTENSIONS,
@@ -49,6 +49,7 @@ __all__ = [
     "Paired",
     "Renumbered",
     "ResizePolicy",
+    "box_part",
     "center_crop_box",
     "check_max_side",
     "check_placement",
@@ -81,6 +82,5 @@ __all__ = [
     "shrink_image",
     "stored_frame",
     "upright_size",
-    "window_part",
     "within",
 ]

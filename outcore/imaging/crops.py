@@ -3,7 +3,7 @@
 A box is ``(top, left, height, width)`` in the picture's pixels (whole pixels, except where a resize
 before the crop puts its edges between them). The same boxes serve pixel fields
 (cut from the stored picture) and, drawn from a file's stored size, encoded fields. A RandomCrop window
-may lie past the picture's edges, by its padding: zeros there (`window_part`).
+may lie past the picture's edges, by its padding, and so may a ScaleJitter's: zeros there (`box_part`).
 """
 
 from __future__ import annotations
@@ -52,26 +52,31 @@ def inside(boxes: np.ndarray, sizes: np.ndarray) -> np.ndarray:
             & (left + width < columns + ROUNDING))
 
 
-def window_part(window: Box, size: tuple[int, int],
-                flip: tuple[bool, bool] = (False, False)) -> tuple[Box, tuple[slice, slice]] | None:
-    """The part of ``window`` (whole pixels, cut at its own size: `RandomCrop`'s, past the edges by its
-    padding) that lies inside a picture of ``size`` (h, w), and the rows and columns of the window it fills,
-    with the window mirrored as ``flip`` (left-right, top-bottom) says; None where none of it does.
+def box_part(box: Box, picture: tuple[int, int], size: tuple[int, int],
+             flip: tuple[bool, bool] = (False, False)) -> tuple[Box, tuple[int, int], tuple[slice, slice]] | None:
+    """The part of ``box`` (resized to ``size``) that lies inside a picture of ``picture`` (h, w): ``(part, its
+    size, (rows, columns))``, the part's box in the picture, the output pixels it is resized to (its edges rounded
+    to whole output pixels) and where they lie in the output mirrored as ``flip`` (left-right, top-bottom) says;
+    None where nothing of it does. A box past the edges is `RandomCrop`'s padded window (at its own size: the part
+    is copied as it is) or `ScaleJitter`'s window of a picture scaled smaller than the output (zeros elsewhere).
 
-    >>> window_part((-2, 3, 4, 4), (10, 5))
-    ((0, 3, 2, 2), (slice(2, 4, None), slice(0, 2, None)))
-    >>> window_part((-2, 3, 4, 4), (10, 5), flip=(True, False))[1]
+    >>> box_part((-2, 3, 4, 4), (10, 5), (4, 4))
+    ((0, 3, 2, 2), (2, 2), (slice(2, 4, None), slice(0, 2, None)))
+    >>> box_part((-2, 3, 4, 4), (10, 5), (4, 4), flip=(True, False))[2]
     (slice(2, 4, None), slice(2, 4, None))
-    >>> window_part((-4, 0, 4, 4), (10, 5)) is None
+    >>> box_part((0, 0, 20, 20), (10, 5), (8, 8))  # a picture scaled to 4 x 2 of an 8 x 8 output
+    ((0, 0, 10, 5), (4, 2), (slice(0, 4, None), slice(0, 2, None)))
+    >>> box_part((-4, 0, 4, 4), (10, 5), (4, 4)) is None
     True
     """
-    top, left, height, width = (int(side) for side in window)
-    y0, y1, x0, x1 = max(top, 0), min(top + height, size[0]), max(left, 0), min(left + width, size[1])
-    if y0 >= y1 or x0 >= x1:
+    top, left, rows, columns = box
+    y0, y1, x0, x1 = max(top, 0), min(top + rows, picture[0]), max(left, 0), min(left + columns, picture[1])
+    r0, r1 = round((y0 - top) * size[0] / rows), round((y1 - top) * size[0] / rows)
+    c0, c1 = round((x0 - left) * size[1] / columns), round((x1 - left) * size[1] / columns)
+    if y1 <= y0 or x1 <= x0 or r1 <= r0 or c1 <= c0:
         return None
-    rows = _placed(y0 - top, y1 - top, height, flip[1])
-    columns = _placed(x0 - left, x1 - left, width, flip[0])
-    return (y0, x0, y1 - y0, x1 - x0), (rows, columns)
+    placed = (_placed(r0, r1, size[0], flip[1]), _placed(c0, c1, size[1], flip[0]))
+    return (y0, x0, y1 - y0, x1 - x0), (r1 - r0, c1 - c0), placed
 
 
 def _placed(low: int, high: int, length: int, mirrored: bool) -> slice:

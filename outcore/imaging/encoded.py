@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import ImageError, SampleDecodeError
 from ..format import ImageDecode
 from ..storage import EncodedBytes, Store
-from .crops import Box, inside, window_part, within
+from .crops import Box, box_part, inside, within
 from .decode import crop_plain_jpegs, decode_image, decode_plain_jpegs, decode_region, empty_for_decoding
 
 
@@ -59,16 +59,17 @@ class EncodedChunk:
                       flip: tuple[bool, bool] = (False, False)) -> np.ndarray:
         """``box`` of sample ``index`` (in the decoded sample's pixels) resized to ``size`` and mirrored as
         ``flip`` says, into ``out``, decoded from the file as `outcore.imaging.decode.decode_region` does. A
-        window past the sample's edges (cut at its own size: `RandomCrop`'s padding) is zeros there."""
+        box past the sample's edges (`RandomCrop`'s padding, `ScaleJitter`'s window) is zeros there
+        (`box_part`)."""
         data, picture = self._bytes(index), self.sample_shape(index)[:2]
         stored = None if self.shapes is None else picture
         target = out
         if not within(box, picture):
             out[...] = 0
-            if (part := window_part(box, picture, flip)) is None:
+            if (part := box_part(box, picture, size, flip)) is None:
                 return out
-            box, (rows, columns) = part
-            size, target = box[2:], out[rows, columns]
+            box, size, (rows, columns) = part
+            target = out[rows, columns]
         try:
             decode_region(data, self.decode, box, size, target, stored=stored, flip=flip)
         except ImageError as error:

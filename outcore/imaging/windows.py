@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import native
-from .crops import window_part
+from .crops import box_part
 
 
 def copy_samples(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarray, out: np.ndarray,
@@ -47,11 +47,11 @@ def copy_samples(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndar
                                                             tops.tolist(), lefts.tolist(), strict=True)):
         picture, target = chunks[chunk][index], out[row]
         flip = (bool(mirrored[k, 0]), bool(mirrored[k, 1]))
-        part = window_part((top, left, *size), picture.shape[:2], flip)
-        if part != ((top, left, *size), (slice(0, size[0]), slice(0, size[1]))):
+        part = box_part((top, left, *size), picture.shape[:2], size, flip)
+        if part is None or part[0] != (top, left, *size):
             target[...] = 0
         if part is not None:
-            (y, x, height, width), (window_rows, window_columns) = part
+            (y, x, height, width), _, (window_rows, window_columns) = part
             inside = picture[y : y + height, x : x + width]
             target[window_rows, window_columns] = inside[:: -1 if flip[1] else 1, :: -1 if flip[0] else 1]
 

@@ -24,9 +24,9 @@ Draws = Sequence[tuple[int, tuple[int, ...]]]  # each piece of a batch: (samples
 
 class Crop(Protocol):
     """A transform that cuts one box per image and resizes it to ``output_size`` (`RandomResizedCrop`,
-    `CenterCrop`; `RandomCrop`'s windows, at their own size, may lie past the edges): opening a transform on
-    a picture field, it is done as the batch is made (`make_batch`): while decoding an encoded field, while
-    copying a pixel field's samples out of their chunks."""
+    `CenterCrop`; `RandomCrop`'s windows, at their own size, and `ScaleJitter`'s may lie past the edges): opening a
+    transform on a picture field, it is done as the batch is made (`make_batch`): while decoding an encoded field,
+    while copying a pixel field's samples out of their chunks."""
 
     field: str
 

@@ -21,7 +21,9 @@ import numpy as np
 from ..errors import OptionError
 from ..format import decode_text, offsets_name
 from ..imaging import (
+    Box,
     EncodedChunk,
+    box_part,
     copy_samples,
     cut_maps,
     cut_rows,
@@ -30,6 +32,7 @@ from ..imaging import (
     inside,
     resize_box,
     resize_boxes,
+    within,
 )
 from ..storage import RaggedChunk
 from ..threads import for_each, for_each_run
@@ -203,8 +206,7 @@ def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray
             return
         for chunk, index, box, flip, target in zip(which.tolist(), local.tolist(), boxes[start:stop].tolist(),
                                                    flips[start:stop].astype(bool).tolist(), targets.tolist(), strict=True):
-            picture = sources[chunk][index]
-            resize_box(picture.reshape(*picture.shape[:2], -1), box, cut.size, out[target], tuple(flip))
+            resize_part(sources[chunk][index], tuple(box), cut.size, out[target], (flip[0], flip[1]))
 
     return run
 
@@ -286,27 +288,26 @@ def copy_windows(images: np.ndarray, corners: np.ndarray, size: tuple[int, int],
 
 
 def _resized_parts(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:
-    """Pictures whose crops pass their edges: the part of each crop inside its picture resized to the part of the
-    output it covers (its edges rounded to whole pixels), mirrored as ``flips`` says; zeros elsewhere."""
-    height, width = pictures.shape[1:3]
+    """Pictures whose crops pass their edges, each resized by `resize_part`, on the pool's threads."""
     out = np.zeros((len(pictures), *size, *pictures.shape[3:]), pictures.dtype)
-    channels = pictures.reshape(*pictures.shape[:3], -1)
-
-    def resize(i: int) -> None:
-        top, left, rows, columns = crops[i].tolist()
-        y0, y1, x0, x1 = max(top, 0.0), min(top + rows, height), max(left, 0.0), min(left + columns, width)
-        r0, r1 = round((y0 - top) * size[0] / rows), round((y1 - top) * size[0] / rows)
-        c0, c1 = round((x0 - left) * size[1] / columns), round((x1 - left) * size[1] / columns)
-        if y1 <= y0 or x1 <= x0 or r1 <= r0 or c1 <= c0:
-            return
-        mirrored = (bool(flips[i, 0]), bool(flips[i, 1]))
-        r0, r1 = (size[0] - r1, size[0] - r0) if mirrored[1] else (r0, r1)
-        c0, c1 = (size[1] - c1, size[1] - c0) if mirrored[0] else (c0, c1)
-        part = out[i, r0:r1, c0:c1].reshape(r1 - r0, c1 - c0, -1)
-        resize_box(channels[i], (y0, x0, y1 - y0, x1 - x0), (r1 - r0, c1 - c0), part, mirrored)
-
-    for_each(resize, len(pictures))
+    for_each(lambda i: resize_part(pictures[i], tuple(crops[i].tolist()), size, out[i],
+                                   (bool(flips[i, 0]), bool(flips[i, 1]))), len(pictures))
     return out
+
+
+def resize_part(picture: np.ndarray, box: Box, size: tuple[int, int], out: np.ndarray, flip: tuple[bool, bool]) -> None:
+    """``box`` of ``picture`` (h, w[, c]) resized to ``size`` (bilinear, antialiased) and mirrored as ``flip`` says,
+    into ``out``: where the box passes the picture's edges, the part inside it resized to the part of the output it
+    covers (`box_part`), zeros elsewhere."""
+    pixels = picture.reshape(*picture.shape[:2], -1)
+    if within(box, pixels.shape[:2]):
+        resize_box(pixels, box, size, out.reshape(*size, -1), flip)
+        return
+    out[...] = 0
+    part = box_part(box, pixels.shape[:2], size, flip)
+    if part is not None:
+        inside, part_size, (rows, columns) = part
+        resize_box(pixels, inside, part_size, out[rows, columns].reshape(*part_size, -1), flip)
 
 
 def run_length(out: np.ndarray) -> int:

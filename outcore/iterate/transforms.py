@@ -235,7 +235,8 @@ class ScaleJitter:
     each picture is resized by a random factor in ``scale`` of the one that fits it in ``size`` (its aspect kept),
     then a ``size`` window is cut at a random place of it, zeros (a label map's ``fill``) past its bottom and right
     edges. The window lies in the picture's own pixels as a box (top, left, height, width) past its edges where the
-    scaled picture is smaller: `Targets` move by it, as by any crop. Run on decoded batches (not while decoding).
+    scaled picture is smaller: `Targets` move by it, as by any crop. Opening a transform, it is done as the batch
+    is made, as the other crops are (while decoding an encoded field: pictures of their own sizes too).
 
     >>> batch = {"images": np.zeros((4, 60, 80, 3), np.uint8)}
     >>> ScaleJitter(64, scale=(0.5, 1.5))(batch, np.random.default_rng(0))["images"].shape
@@ -251,7 +252,7 @@ class ScaleJitter:
     def output_size(self) -> tuple[int, int]:
         return _pair(self.size)
 
-    def windows(self, sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def boxes(self, sizes: Sequence[tuple[int, int]] | np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Each picture's window in its own pixels (n, 4: top, left, height, width; past its bottom and right edges
         where the scaled picture is smaller than the output), drawn in order: every scale, every top, every left."""
         (height, width), sizes = self.output_size, np.asarray(sizes, np.float64).reshape(-1, 2)
@@ -266,7 +267,7 @@ class ScaleJitter:
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
-        windows = self.windows(np.tile(images.shape[1:3], (len(images), 1)), rng)
+        windows = self.boxes(np.tile(images.shape[1:3], (len(images), 1)), rng)
         flips = np.zeros((len(images), 2), bool)
         return _moved(batch, self.field, move_pictures(images, windows, self.output_size, flips), self.targets, windows)
 
