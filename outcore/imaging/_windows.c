@@ -125,6 +125,17 @@ static int array_buffer(PyObject *array, Py_buffer *view, int writable) {
     return PyObject_GetBuffer(array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0));
 }
 
+/* The buffers of the first `count` arrays of a sequence (from PySequence_Fast) into `views`, their first bytes into
+ * `starts`: how many were got (`count`, or fewer with an exception set; those got are the caller's to release). */
+static Py_ssize_t sequence_buffers(PyObject *sequence, Py_ssize_t count, Py_buffer *views, const uint8_t **starts) {
+    Py_ssize_t got = 0;
+    while (got < count && array_buffer(PySequence_Fast_GET_ITEM(sequence, got), &views[got], 0) == 0) {
+        starts[got] = views[got].buf;
+        got++;
+    }
+    return got;
+}
+
 typedef struct {
     const uint8_t **chunks; /* each chunk's first byte */
     Py_ssize_t *lengths;    /* each chunk's samples */
@@ -173,15 +184,14 @@ static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
     const uint8_t **chunks = calloc(chunk_count, sizeof(uint8_t *));
     Py_ssize_t *lengths = calloc(chunk_count, sizeof(Py_ssize_t));
     Py_buffer views[7];
-    int got_chunks = 0, got = 0, windows = arrays[4] != Py_None;
+    Py_ssize_t got_chunks = 0;
+    int got = 0, windows = arrays[4] != Py_None;
     PyObject *result = NULL;
     if (chunk_views == NULL || chunks == NULL || lengths == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    while (got_chunks < chunk_count && array_buffer(PySequence_Fast_GET_ITEM(sequence, got_chunks),
-                                                    &chunk_views[got_chunks], 0) == 0)
-        got_chunks++;
+    got_chunks = sequence_buffers(sequence, chunk_count, chunk_views, chunks);
     if (got_chunks < chunk_count)
         goto done;
     int wanted = windows ? (arrays[6] != Py_None ? 7 : 6) : 4;
@@ -199,7 +209,6 @@ static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
                     chunk->itemsize == first->itemsize;
         for (int axis = 1; shapes_ok && axis < chunk->ndim; axis++)
             shapes_ok = chunk->shape[axis] == first->shape[axis] && (axis < picture_axes || chunk->shape[axis] == out->shape[axis]);
-        chunks[i] = chunk->buf;
         lengths[i] = chunk->shape[0];
     }
     if (!shapes_ok || count < 0 || !int64s(&views[0], count) || !int64s(&views[1], count) ||
@@ -234,7 +243,7 @@ static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
 done:
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
-    for (int i = 0; i < got_chunks; i++)
+    for (Py_ssize_t i = 0; i < got_chunks; i++)
         PyBuffer_Release(&chunk_views[i]);
     free(chunk_views);
     free(chunks);
@@ -304,7 +313,8 @@ static int int64_table(const Py_buffer *view, Py_ssize_t count, Py_ssize_t lengt
 static PyObject *py_lines(PyObject *self, PyObject *args) {
     PyObject *chunk_list, *arrays[7];
     Py_buffer views[7], fill;
-    int got = 0, got_fill = 0, got_chunks = 0;
+    int got = 0, got_fill = 0;
+    Py_ssize_t got_chunks = 0;
     PyObject *result = NULL;
     if (!PyArg_ParseTuple(args, "OOOOOOOOy*:lines", &chunk_list, &arrays[0], &arrays[1], &arrays[2], &arrays[3],
                           &arrays[4], &arrays[5], &arrays[6], &fill))
@@ -326,9 +336,7 @@ static PyObject *py_lines(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "lines: %zd chunks; 1 to %d", chunk_count, MAX_CHUNKS);
         goto done;
     }
-    while (got_chunks < chunk_count && array_buffer(PySequence_Fast_GET_ITEM(sequence, got_chunks),
-                                                    &chunk_views[got_chunks], 0) == 0)
-        got_chunks++;
+    got_chunks = sequence_buffers(sequence, chunk_count, chunk_views, chunks);
     if (got_chunks < chunk_count)
         goto done;
     while (got < 7 && array_buffer(arrays[got], &views[got], got == 5) == 0)
@@ -344,7 +352,6 @@ static PyObject *py_lines(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; ok && i < chunk_count; i++) {
         Py_buffer *chunk = &chunk_views[i];
         ok = strcmp(chunk->format, out->format) == 0 && chunk->itemsize == out->itemsize && chunk->len % pixel == 0;
-        chunks[i] = chunk->buf;
     }
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "lines: wanted chunks of out's format (whole pixels), out (n, height, width, "
@@ -371,7 +378,7 @@ static PyObject *py_lines(PyObject *self, PyObject *args) {
 done:
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
-    for (int i = 0; i < got_chunks; i++)
+    for (Py_ssize_t i = 0; i < got_chunks; i++)
         PyBuffer_Release(&chunk_views[i]);
     if (got_fill)
         PyBuffer_Release(&fill);
