@@ -1,13 +1,14 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil,torch] [--cases pixels,pixels+crop,encoded,encoded+crop,rrc,dense]
+                               [--only scaling,gil,torch] [--cases pixels,pixels+crop,encoded,encoded+crop,rrc,dense,dense-own]
                                [--torch-workers 0,2]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
 crops, an ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`) and a
 COCO-like encoded store of 320x240 photos with instance maps, boxes and keypoints (as many; `dense_targets.make_set`;
-the ``dense`` case crops and flips all of them), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work;
+the ``dense`` case crops and flips all of them; ``dense-own`` the same stored at the pictures' own size, its maps
+raster fields), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work;
 ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
@@ -55,9 +56,11 @@ CASES = {  # name: (store, transform)
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
     "dense": ("coco", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
+    "dense-own": ("coco-own", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "ingest": ("own-size-jpegs", None),  # ingest_images of the JPEGs at their own sizes (shape=None, encoded)
 }
-FIELDS = {"dense": ["images", "masks", "boxes", "labels", "keypoints"]}  # the others: images and labels
+DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
+FIELDS = {"dense": DENSE_FIELDS, "dense-own": DENSE_FIELDS}  # the others: images and labels
 # The stage of a py-spy frame: the first of these found in its file's path, innermost frame first.
 STAGES = (
     ("ingest: survey, write", ("outcore/ingest/",)),
@@ -83,11 +86,12 @@ def stores(workdir: Path, images: int) -> dict[str, Path]:
     if not photos.exists():
         write_image_folder(photos, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos", seed=0)
     write_folder(own_size, max(BATCH * 4, images // 6))
-    made = {"own-size-jpegs": own_size, "coco": workdir / "coco.zarr"}
-    if not made["coco"].exists():
-        annotations = make_set(workdir / "dense", images // 6)
-        outcore.ingest_coco(annotations, made["coco"], root=workdir / "dense", shape=(240, 320, 3), images="encoded",
-                            progress=False)
+    made = {"own-size-jpegs": own_size, "coco": workdir / "coco.zarr", "coco-own": workdir / "coco-own.zarr"}
+    for name, shape in (("coco", (240, 320, 3)), ("coco-own", None)):  # maps fitted, or rasters at the pictures' size
+        if not made[name].exists():
+            annotations = make_set(workdir / "dense", images // 6)
+            outcore.ingest_coco(annotations, made[name], root=workdir / "dense", shape=shape, images="encoded",
+                                progress=False)
     for name, source, options in (("pixels", photos, {"shape": (128, 128, 3), "images": "pixels"}),
                                   ("encoded", photos, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("own-size", own_size, {"shape": None, "images": "encoded"})):
