@@ -8,14 +8,16 @@ shows, for every fit (crop, pad, fit, the pictures' own size) and through a trai
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
+import zarr
 from PIL import Image
 from support.optional import need
 
 import outcore
-from outcore.errors import ImageError, OptionError, SourceError
+from outcore.errors import CorruptChunkError, ImageError, OptionError, SourceError
 from outcore.transforms import (
     CenterCrop,
     Compose,
@@ -261,6 +263,21 @@ def test_tf_data_and_keras_take_maps_of_pictures_kept_at_their_own_size_cut_with
     assert pictures.shape == (4, 24, 24, 3) and masks.dtype.name == "uint16"
     x, y = next(iter(ds.keras(4, x="images", y="masks", transform=transform)))
     assert x.shape == (4, 24, 24, 3) and y.shape == (4, 24, 24)
+
+
+def test_a_raster_whose_shape_its_pixels_do_not_fill_is_named_by_verify_and_by_the_batches(tmp_path):
+    _coco(tmp_path / "coco", count=6, seed=11)
+    outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, chunk_size=4,
+                        shuffle_on_write=False, progress=False)
+    shapes = zarr.open_array(tmp_path / "s.zarr" / "masks_shapes", mode="r+")
+    wrong = shapes[5]
+    shapes[5] = [wrong[0] + 1, wrong[1], wrong[2]]  # one row more than its pixels
+    report = outcore.verify(tmp_path / "s.zarr", progress=False)
+    assert len(report.problems) == 1
+    assert re.search(r"field 'masks', sample 5 \(chunk 1\) holds \d+ pixels, but its shape says \d+ x \d+", report.problems[0])
+    transform = RandomResizedCrop(16, targets=Targets(label_maps=("masks",)))
+    with pytest.raises(CorruptChunkError, match="field 'masks', sample 5 .chunk 1."):
+        list(outcore.open_dataset(tmp_path / "s.zarr").batches(2, fields=["images", "masks"], transform=transform))
 
 
 def test_maps_of_their_pictures_own_sizes_go_only_with_a_crop_that_moves_them(tmp_path):
