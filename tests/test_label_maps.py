@@ -17,7 +17,7 @@ from PIL import Image
 
 import outcore
 from outcore.errors import ImageError, OptionError, SourceError
-from outcore.transforms import Compose, RandomFlip, RandomResizedCrop, Targets
+from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop, ScaleJitter, Targets
 
 PALETTE = np.random.default_rng(7).integers(0, 256, (256, 3), dtype=np.uint8)
 PALETTE[0] = 0
@@ -185,6 +185,31 @@ def test_paired_pictures_are_fitted_and_moved_with_their_pictures(tmp_path, shap
         # both are linear in the source's row and column, and resampled by the same box: depth = 1000 row + 10 column
         expected = 1000 * picture[..., 0] / 4 + 10 * picture[..., 1] / 3
         assert np.abs(depth - expected).max() <= 300  # within 0.3 of a row (the picture's 8-bit rounding: 0.125)
+
+
+@pytest.mark.parametrize("head", ["resized crop", "padded crop", "scale jitter"])
+def test_paired_pictures_at_their_own_size_are_cut_exactly_as_paired_pictures_of_one_size(tmp_path, head):
+    rng = np.random.default_rng(5)
+    entries = []
+    for i in range(10):
+        Image.fromarray(rng.integers(0, 256, (30, 44, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 65536, (30, 44), dtype=np.uint16)).save(tmp_path / f"{i}-depth.png")
+        entries.append({"path": f"{i}.png", "depth": f"{i}-depth.png"})
+    stores = [outcore.ingest_dataframe(pd.DataFrame(entries), tmp_path / f"{name}.zarr", root=tmp_path,
+                                       pair_columns=["depth"], shape=shape, images="encoded", chunk_size=4,
+                                       shuffle_on_write=False, progress=False)
+              for name, shape in (("fitted", (30, 44, 3)), ("own", None))]
+    assert [ds.info("depth").is_raster for ds in stores] == [False, True]
+    targets = Targets(pictures=("depth",))
+    crop = {"resized crop": RandomResizedCrop((17, 23), scale=(0.1, 1.0), targets=targets),
+            "padded crop": RandomCrop((26, 40), padding=5, targets=targets),
+            "scale jitter": ScaleJitter((36, 36), scale=(0.3, 1.5), targets=targets)}[head]
+    transform = Compose([crop, RandomFlip(vertical=True, targets=targets)])
+    fitted, own = ([batch for batch in ds.batches(4, seed=6, transform=transform)] for ds in stores)
+    for a, b in zip(fitted, own, strict=True):
+        for name in ("images", "depth"):
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert own[0]["depth"].dtype == np.uint16 and own[0]["depth"].shape == (4, *crop.output_size, 1)
 
 
 def test_a_paired_picture_of_another_kind_than_its_columns_first_is_refused_by_name(tmp_path):

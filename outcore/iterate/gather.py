@@ -214,7 +214,7 @@ def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray
 def _raster_cuts(rows: Rows, data: Mapping[int, ChunkValues], field: str, cut: Cut,
                  out: np.ndarray) -> Callable[[int, int], None]:
     """A raster field's maps cut by ``cut``'s boxes as they are copied out of their chunks: label maps in one C call a
-    run (`cut_maps`), paired pictures resized one by one (`move_pictures`). A map not of its picture's size is an
+    run (`cut_maps`), paired pictures resized one by one (`resize_part`). A map not of its picture's size is an
     `OptionError` naming it."""
     sources: list[RaggedChunk] = rows.sources(data, field)
     starts, sizes = np.empty(len(rows), np.int64), np.empty((len(rows), 2), np.int64)
@@ -239,7 +239,8 @@ def _raster_cuts(rows: Rows, data: Mapping[int, ChunkValues], field: str, cut: C
         for k in range(start, stop):
             (height, width), first = sizes[k].tolist(), int(starts[k])
             picture = chunks[rows.which[k]][first : first + height * width].reshape(height, width, *out.shape[3:])
-            out[rows.order[k]] = move_pictures(picture[None], boxes[k : k + 1], cut.size, flips[k : k + 1])[0]
+            resize_part(picture, tuple(boxes[k].tolist()), cut.size, out[rows.order[k]],
+                        (bool(flips[k, 0]), bool(flips[k, 1])))
 
     return maps if field in cut.label_maps else pictures
 
