@@ -265,6 +265,30 @@ def test_tf_data_and_keras_take_maps_of_pictures_kept_at_their_own_size_cut_with
     assert x.shape == (4, 24, 24, 3) and y.shape == (4, 24, 24)
 
 
+def test_every_rank_and_a_resume_cut_each_pictures_raster_alike(tmp_path):
+    _coco(tmp_path / "coco", count=30, seed=12)
+    ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, chunk_size=4,
+                             progress=False)
+    targets = Targets(label_maps=("masks",))
+    transform = Compose([RandomResizedCrop((15, 17), targets=targets), RandomFlip(vertical=True, targets=targets)])
+    options = {"seed": 4, "transform": transform, "fields": ["images", "masks", "source_index"]}
+
+    def masks(batches) -> dict[int, bytes]:
+        return {int(i): mask.tobytes() + picture.tobytes() for batch in batches
+                for i, mask, picture in zip(batch["source_index"], batch["masks"], batch["images"], strict=True)}
+
+    one = masks(ds.batches(6, **options))
+    assert len(one) == 30 and len(set(one.values())) > 15  # crops of black alone look alike
+    two = {**masks(ds.batches(3, rank=0, world_size=2, **options)),
+           **masks(ds.batches(3, rank=1, world_size=2, **options))}
+    assert two == one
+    first = ds.batches(6, **options)
+    seen = masks(batch for _, batch in zip(range(2), first))
+    resumed = ds.batches(6, **options)
+    resumed.load_state_dict(first.state_dict())
+    assert {**seen, **masks(resumed)} == one
+
+
 def test_a_raster_whose_shape_its_pixels_do_not_fill_is_named_by_verify_and_by_the_batches(tmp_path):
     _coco(tmp_path / "coco", count=6, seed=11)
     outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, chunk_size=4,
