@@ -2,7 +2,7 @@
 `outcore.iterate.transforms`, where they are made)."""
 
 from .imaging import BoxPolicy
-from .iterate.targets import Targets
+from .iterate.targets import Targets, left_right_pairs
 from .iterate.transforms import (
     BrightnessContrast,
     Cast,
@@ -16,4 +16,4 @@ from .iterate.transforms import (
 )
 
 __all__ = ["BoxPolicy", "BrightnessContrast", "Cast", "CenterCrop", "Compose", "Normalize", "RandomCrop", "RandomFlip",
-           "RandomResizedCrop", "ScaleJitter", "Targets"]
+           "RandomResizedCrop", "ScaleJitter", "Targets", "left_right_pairs"]

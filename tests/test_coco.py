@@ -17,6 +17,7 @@ from PIL import Image
 from support.optional import need
 
 import outcore
+from outcore.cli import describe
 from outcore.errors import CorruptChunkError, ImageError, OptionError, SourceError
 from outcore.transforms import (
     CenterCrop,
@@ -26,6 +27,7 @@ from outcore.transforms import (
     RandomResizedCrop,
     ScaleJitter,
     Targets,
+    left_right_pairs,
 )
 
 COLOURS = np.array([[250, 20, 20], [20, 250, 20], [20, 20, 250], [250, 250, 20]], np.uint8)
@@ -83,6 +85,7 @@ def test_every_target_lies_on_its_picture_after_the_fit(tmp_path, resize):
     ds = outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=(48, 56, 3),
                              resize=resize, images="pixels", progress=False)
     assert ds.classes == ["person", "car", "zebra"]  # categories sorted by id
+    assert ds.info("keypoints").points == ("left_eye", "right_eye")  # the person's, as the file names them
     assert ds.info("boxes").is_ragged and ds["masks"].dtype == np.uint16 and ds.info("keypoints").sample_shape == (2, 3)
     total = 0
     for name, pixels, ids, boxes, labels, crowd, points in _stored(ds):
@@ -140,7 +143,8 @@ def test_a_training_transform_moves_boxes_keypoints_and_maps_together(tmp_path, 
                              resize="pad", images="encoded", chunk_size=8, progress=False)
     assert ds.info("masks").is_raster == (shape is None)
     targets = Targets(label_maps=("masks",), boxes="boxes", keypoints="keypoints", instances=("labels", "iscrowd"),
-                      flip_pairs=((0, 1),))
+                      flip_pairs=left_right_pairs(ds.info("keypoints").points))
+    assert targets.flip_pairs == ((0, 1),)
     transform = Compose([RandomResizedCrop((48, 48), scale=(0.3, 1.0), targets=targets), RandomFlip(targets=targets)])
     seen = 0
     for batch in ds.batches(batch_size=8, seed=5, transform=transform):
@@ -184,6 +188,7 @@ def test_instance_maps_of_pictures_kept_at_their_own_size_are_stored_and_cut_wit
                              shuffle_on_write=False, progress=False)
     assert ds.info("masks").is_raster and ds.info("masks").sample_shape == ()
     assert "uint16 (own sizes)" in repr(ds) and outcore.verify(ds.location, progress=False).ok
+    assert "points of 'keypoints' (2): left_eye, right_eye" in describe(ds)
     for picture, found in enumerate(per_picture):
         pixels, ids = ds["images"][picture].compute(), ds["masks"][picture].compute()
         assert ids.shape == pixels.shape[:2] and ids.dtype == np.uint16

@@ -83,9 +83,18 @@ def test_a_store_keeps_one_file_per_shard_of_pictures_and_one_per_small_field(tm
 
 
 def test_attrs_round_trip_and_reject_newer_versions():
-    attrs = StoreAttrs(10, 4, {"x": FieldInfo("input"), "y": FieldInfo("target", ("a", "b"))}, True, 3, {"s": 1})
+    points = FieldInfo("target", encoding="ragged", dtype="float32", sample_shape=(2, 3), points=("left", "right"))
+    attrs = StoreAttrs(10, 4, {"x": FieldInfo("input"), "y": FieldInfo("target", ("a", "b")), "p": points}, True, 3,
+                       {"s": 1})
     document = json.loads(json.dumps(attrs.to_dict()))
     assert StoreAttrs.from_dict(document, "here") == attrs
+    document["fields"]["p"]["points"] = ["left"]  # one name for two points
+    with pytest.raises(NotAStoreError, match="1 point names for rows of shape"):
+        StoreAttrs.from_dict(document, "here")
+    document["fields"]["p"]["points"] = ["left", 2]
+    with pytest.raises(NotAStoreError, match="are not a list of names"):
+        StoreAttrs.from_dict(document, "here")
+    document["fields"]["p"]["points"] = ["left", "right"]
     with pytest.raises(NotAStoreError, match="format 2.*Upgrade"):
         StoreAttrs.from_dict({**document, "format_version": 2}, "here")
     with pytest.raises(NotAStoreError, match="malformed"):

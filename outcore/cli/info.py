@@ -43,6 +43,8 @@ def describe(ds: Dataset) -> str:
     for name in ds.fields:
         if ds.classes_of(name):
             lines.append(f"\nclasses of {name!r} ({len(ds.classes_of(name))}): {', '.join(ds.classes_of(name))}")
+        if ds.info(name).points:
+            lines.append(f"\npoints of {name!r} ({len(ds.info(name).points)}): {', '.join(ds.info(name).points)}")
     if ds.unpublished():
         lines.append(f"\n{ds.unpublished():,} sample(s) written beyond the published count (a Writer still "
                      "appending, or one that stopped before publishing them): readers ignore them")

@@ -78,7 +78,8 @@ class FieldInfo:
       width and channels: sample ``i`` is ``F[slice(*F_ranges[i])].reshape(height, width, *sample_shape)``.
 
     ``dtype`` and ``sample_shape`` record what the field's array holds (stores written before they
-    were recorded lack them), so that an array whose metadata was changed is refused on open.
+    were recorded lack them), so that an array whose metadata was changed is refused on open. A field of
+    keypoints (rows of (points, 2 or 3)) names its ``points`` in order: COCO's ``left_eye``, ``right_eye``, ...
     """
 
     role: str = "other"
@@ -87,6 +88,7 @@ class FieldInfo:
     decode: ImageDecode | None = None
     dtype: str | None = None
     sample_shape: tuple[int, ...] | None = None
+    points: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -97,6 +99,10 @@ class FieldInfo:
             raise ValueError("an image-encoded field needs its decode settings, and only it has them")
         if self.encoding in (RAGGED_ENCODING, RASTER_ENCODING) and (self.dtype is None or self.sample_shape is None):
             raise ValueError(f"a {self.encoding} field needs the dtype and shape of its rows")
+        if self.points is not None and (self.sample_shape is None or len(self.sample_shape) != 2
+                                        or self.sample_shape[0] != len(self.points)):
+            raise ValueError(f"{len(self.points)} point names for rows of shape {self.sample_shape}: keypoints are "
+                             "rows of (points, 2 or 3)")
         if self.encoding == RASTER_ENCODING and len(self.sample_shape) > 1:
             raise ValueError(f"a raster field's pixels are of shape () or (channels,), not {self.sample_shape}")
 
@@ -148,6 +154,10 @@ class FieldInfo:
         if classes is not None:
             _expect(isinstance(classes, list) and all(isinstance(c, str) for c in classes),
                     f"classes {classes!r} are not a list of names")
+        points = document.get("points")
+        if points is not None:
+            _expect(isinstance(points, list) and all(isinstance(p, str) for p in points),
+                    f"points {points!r} are not a list of names")
         decode, shape = document.get("decode"), document.get("sample_shape")
         _expect(shape is None or (isinstance(shape, list) and all(_is_int(s) and 0 <= s <= 2**31 for s in shape)),
                 f"sample_shape {shape!r} is not a list of sizes")
@@ -156,7 +166,7 @@ class FieldInfo:
                    _choice(document.get("encoding"), ENCODINGS, "encoding"),
                    None if decode is None else _image_decode(decode),
                    _choice(document.get("dtype"), (None, *FIELD_DTYPES), "dtype"),
-                   None if shape is None else tuple(shape))
+                   None if shape is None else tuple(shape), None if points is None else tuple(points))
 
 
 def _image_decode(document: Any) -> ImageDecode:

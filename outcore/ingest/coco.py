@@ -8,7 +8,8 @@ encoding, ``keypoints`` as x, y, visibility triples) and ``categories``. The sto
   `outcore.format.ragged`);
 - ``labels``: each instance's category, an index into the categories sorted by id (their names are the classes);
 - ``iscrowd``: each instance's crowd flag (uint8);
-- ``keypoints``: (rows, K, 3) float32 x, y, visibility, when a category names keypoints;
+- ``keypoints``: (rows, K, 3) float32 x, y, visibility, when a category names keypoints (their names are the
+  field's ``points``: ``ds.info("keypoints").points``, `outcore.transforms.left_right_pairs` makes a flip's pairs);
 - ``masks`` (unless ``masks=False``): the instance map, uint16, id ``k + 1`` on the pixels of its ``k``-th instance
   (`outcore.imaging.drawings`), drawn at the picture's size in the task that decodes it.
 
@@ -108,11 +109,13 @@ def _table(document: Mapping[str, Any], annotations: Path, root: Path, shape: tu
         rows["keypoints"] = placement.keypoints(_keypoints(flat, points), owners)
     instances = instance_fields(rows, owners, kept, len(images))
     paths = [str(root / image["file_name"]) for image in images]
+    named = next((tuple(map(str, category["keypoints"])) for category in categories
+                  if len(category.get("keypoints") or ()) == points), None) if points else None
     table = SourceTable(paths, [image["file_name"] for image in images], {},
                         {"labels": tuple(str(category["name"]) for category in categories)},
                         [path for path in paths if not os.path.isfile(path)],
                         f"COCO annotations {str(annotations)!r} (pictures under {root.absolute()})",
-                        instances=instances, sizes=sizes)
+                        instances=instances, sizes=sizes, points={"keypoints": named} if named else {})
     if masks:
         table.layers["masks"] = _drawings(annotations, images, flat, owners, kept, sizes), np.dtype(np.uint16)
     return table

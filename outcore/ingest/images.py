@@ -340,7 +340,8 @@ def _table_fields(table: SourceTable, order: np.ndarray, stats: list[tuple[int, 
         fields[name] = FieldSource(as_dask(values[order], block_size), FieldInfo(role, table.classes.get(name)))
     for name, rows in table.instances.items():  # in memory: boxes, their labels, keypoints
         fields[name] = FieldSource(rows.take(order), FieldInfo("target", table.classes.get(name), RAGGED_ENCODING,
-                                                               dtype=rows.values.dtype.name, sample_shape=rows.row_shape))
+                                                               dtype=rows.values.dtype.name, sample_shape=rows.row_shape,
+                                                               points=table.points.get(name)))
     fields[PATH_FIELD] = FieldSource(
         as_dask(encode_text(np.array(table.names)[order], PATH_WIDTH), block_size),
         FieldInfo("metadata", encoding=TEXT_ENCODING),

@@ -31,7 +31,8 @@ class SourceTable:
     ``reader`` reads, ``stats`` their sizes and their files' modification times. ``layers`` holds, per field
     of what lies on the pictures, each picture's layer and the field's dtype: a label map (a file, `Renumbered`
     or not, or an instance map `Drawing`: `outcore.imaging.label_maps`) or a `Paired` picture; ``instances``, per ragged field, each picture's rows (boxes and keypoints in
-    the stored pictures' pixels), and ``sizes`` each picture's annotated (height, width), checked as it is read.
+    the stored pictures' pixels) and ``points`` the names of a keypoint field's points, and ``sizes`` each picture's
+    annotated (height, width), checked as it is read.
     """
 
     paths: list[str]
@@ -45,6 +46,7 @@ class SourceTable:
     layers: dict[str, tuple[list[str | Drawing | Renumbered | Paired], np.dtype]] = field(default_factory=dict)
     instances: dict[str, Ragged] = field(default_factory=dict)
     sizes: np.ndarray | None = None
+    points: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.paths)

@@ -26,6 +26,7 @@ done while the batch is made (fused with decoding) or on a batch in hand. A batc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -151,6 +152,24 @@ class Targets:
             offsets = np.concatenate([[0], np.cumsum(np.bincount(which[keep], minlength=len(crops)))]).astype(np.int64)
         shared = {offsets_name(name) for name in rows if offsets_name(name) in batch}  # a ragged field's own offsets
         return rows | dict.fromkeys(shared | {self.offsets}, offsets)
+
+
+def left_right_pairs(points: Sequence[str]) -> tuple[tuple[int, int], ...]:
+    """The keypoints a mirror image swaps, from their names (a keypoint field's ``points``,
+    ``ds.info("keypoints").points``): each ``left`` name and the ``right`` one it names the other side of, in any
+    case, as ``Targets(flip_pairs=...)`` takes them.
+
+    >>> left_right_pairs(["nose", "left_eye", "right_eye", "Left_Hand", "Right_Hand", "left_tail"])
+    ((1, 2), (3, 4))
+    """
+    index = {name: k for k, name in enumerate(points)}
+    pairs = []
+    for k, name in enumerate(points):
+        other = re.sub("left", lambda found: {"left": "right", "Left": "Right", "LEFT": "RIGHT"}.get(found[0], found[0]),
+                       name, flags=re.IGNORECASE)
+        if other != name and other in index:
+            pairs.append((k, index[other]))
+    return tuple(pairs)
 
 
 def _field(batch: Batch, name: str) -> np.ndarray:
