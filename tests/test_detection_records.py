@@ -24,9 +24,9 @@ NAMES = {1: "cat", 2: "dog", 3: "owl"}
 
 
 def _records(path, count: int = 20, size: tuple[int, int] = (48, 64), lie: int | None = None,
-             boxless: int | None = None) -> list[list]:
+             boxless: int | None = None, masks: bool = False) -> list[list]:
     """``count`` records of JPEG pictures with 0-3 boxes each (``lie``: that record says another height; ``boxless``:
-    that record has no box features at all)."""
+    that record has no box features at all; ``masks``: each box's PNG instance mask too)."""
     tf = need("tensorflow")
     rng = np.random.default_rng(0)
     truth = []
@@ -61,6 +61,14 @@ def _records(path, count: int = 20, size: tuple[int, int] = (48, 64), lie: int |
                        "image/object/bbox/ymax": floats([b[3] / height for b in boxes]),
                        "image/object/class/label": ints([b[4] for b in boxes]),
                        "image/object/class/text": texts([NAMES[b[4]].encode() for b in boxes])}
+            if masks:
+                pngs = []
+                for x0, y0, x1, y1, _ in boxes:
+                    mask, png = np.zeros(size, np.uint8), io.BytesIO()
+                    mask[y0:y1, x0:x1] = 1
+                    Image.fromarray(mask).save(png, "PNG")
+                    pngs.append(png.getvalue())
+                feature["image/object/mask"] = texts(pngs)
             if number == boxless:
                 feature = {key: value for key, value in feature.items() if not key.startswith("image/object/bbox")}
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
@@ -76,6 +84,15 @@ def test_boxes_and_classes_of_object_detection_records_are_stored_in_pixels(tmp_
     for number, boxes in enumerate(truth):
         np.testing.assert_allclose(ds["boxes"][number].compute(), np.reshape([b[:4] for b in boxes], (-1, 4)), atol=1e-4)
         assert ds["labels"][number].compute().tolist() == [b[4] for b in boxes]
+
+
+def test_records_with_instance_masks_are_said_to_keep_their_boxes_without_them(tmp_path):
+    truth = _records(tmp_path / "train.tfrecord", count=6, masks=True)
+    with pytest.warns(outcore.OutcoreWarning, match="instance masks .image/object/mask., which outcore does not read"):
+        ds = outcore.ingest_records(tmp_path / "train.tfrecord", tmp_path / "s.zarr", shape=(48, 64, 3),
+                                    format=outcore.TFRecord.object_detection(), shuffle_on_write=False, progress=False)
+    assert "masks" not in ds.fields
+    assert [len(ds["boxes"][i].compute()) for i in range(6)] == [len(boxes) for boxes in truth]
 
 
 def test_fitted_pictures_keep_their_boxes_on_their_colours(tmp_path):

@@ -45,6 +45,9 @@ CLASS_TEXT = "\x00class text"  # the first label's class name, kept apart from t
 INSTANCES = "\x00instances "  # a record's per-instance lists (boxes, their labels), kept apart from the labels
 INSTANCE_TEXT = "\x00instance texts"  # each instance's class name
 PICTURE_SIZE = "\x00picture size"  # the picture's annotated (height, width)
+DETECTION_MASKS = "image/object/mask"
+MASKS_NOTE = (f"the records hold instance masks ({DETECTION_MASKS}), which outcore does not read from TFRecords: "
+              "the store gets the boxes and labels without them (COCO JSON or mask PNGs with mask_columns= bring masks)")
 DETECTION_BOXES = ("image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax", "image/object/bbox/ymax")
 
 
@@ -143,10 +146,13 @@ class TFRecord(RecordFiles):
                     scan.add(what, (-1, 0), {}, damage)
                     continue
                 try:
-                    (start, length), labels = self._picture_and_labels(example_features(data, self._wanted), data)
+                    features = example_features(data, self._wanted)
+                    (start, length), labels = self._picture_and_labels(features, data)
                 except (WireError, KeyError) as error:
                     scan.add(what, (-1, 0), {}, damage or _reason(error))
                     continue
+                if self.box_keys and DETECTION_MASKS in features:
+                    scan.notes.add(MASKS_NOTE)
                 scan.add(what, (offset + start if not compression else -1, length), labels, damage,
                          picture=data[start : start + length] if compression else None)
         return scan
