@@ -294,6 +294,22 @@ def test_every_rank_and_a_resume_cut_each_pictures_raster_alike(tmp_path):
     assert {**seen, **masks(resumed)} == one
 
 
+def test_a_mixture_of_stores_at_their_pictures_own_sizes_cuts_each_ones_rasters(tmp_path):
+    stores = {}
+    for name, seed in (("a", 13), ("b", 14)):
+        _coco(tmp_path / name, count=8, seed=seed)
+        stores[name] = outcore.ingest_coco(tmp_path / name / "instances.json", tmp_path / f"{name}.zarr", shape=None,
+                                           chunk_size=4, progress=False)
+    targets = Targets(label_maps=("masks",), boxes="boxes", instances=("labels",))
+    transform = Compose([RandomCrop(30, padding=3, targets=targets), RandomFlip(targets=targets)])
+    mixture = outcore.mix(stores, weights={"a": 0.5, "b": 0.5})
+    batches = list(mixture.batches(4, seed=2, transform=transform, fields=["images", "masks", "boxes", "labels"]))
+    assert len(batches) == 4
+    for batch in batches:
+        assert batch["masks"].shape == (4, 30, 30) and batch["boxes_offsets"][-1] == len(batch["labels"])
+        np.testing.assert_array_equal(batch["masks"], _painted(batch["images"]))  # windows: each id on its colour
+
+
 def test_a_raster_whose_shape_its_pixels_do_not_fill_is_named_by_verify_and_by_the_batches(tmp_path):
     _coco(tmp_path / "coco", count=6, seed=11)
     outcore.ingest_coco(tmp_path / "coco" / "instances.json", tmp_path / "s.zarr", shape=None, chunk_size=4,
