@@ -419,6 +419,23 @@ def test_the_cache_evicts_the_least_recently_used_within_its_bound(tmp_path):
     assert cache.usage().entries == 3
 
 
+def test_ranges_fetched_with_another_are_offered_to_the_cache_without_waiting(tmp_path):
+    cache = ChunkCache(tmp_path, max_bytes=10_000)
+    cache.offer("a", memoryview(b"a" * 10))
+    assert cache.holds("a")
+    seen = []
+
+    def fetch() -> bytes:  # while "b" is being fetched, an offer of it neither waits nor takes it
+        cache.offer("b", memoryview(b"x" * 10))
+        seen.append(cache.holds("b"))
+        return b"b" * 10
+
+    assert bytes(cache.get_or_fetch("b", 10, fetch)) == b"b" * 10 and seen == [False]
+    assert bytes(cache.get_or_fetch("b", 10, lambda: b"")) == b"b" * 10
+    cache.offer("a", memoryview(b"z" * 10))  # there already: kept as it was
+    assert bytes(cache.get_or_fetch("a", 10, lambda: b"")) == b"a" * 10 and cache.counts.misses == 1
+
+
 def test_a_damaged_cache_entry_is_fetched_again(tmp_path):
     cache = ChunkCache(tmp_path, max_bytes=10_000)
     cache.get_or_fetch("key", 100, lambda: b"a" * 100)

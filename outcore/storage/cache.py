@@ -207,6 +207,18 @@ class ChunkCache:
         out[: len(data)] = data
         return out[: len(data)]
 
+    def offer(self, name: str, data: memoryview) -> None:
+        """Keep ``data`` as entry ``name`` unless it is there or another process is fetching it; never waits.
+        A range fetched in one request with the one asked for (`RemoteFiles` fetches runs of ranges) is offered
+        before that one is kept, so that a process waiting for it finds the others kept, not to fetch again."""
+        try:
+            if time.monotonic() >= self._full_until and self._claim(name, len(data)) == "mine":
+                self._write(name, data)
+        except (OSError, sqlite3.Error) as error:
+            if not _disk_full(error):
+                raise
+            self._warn_full(error)
+
     def expect(self, name: str, when: float) -> None:
         """Say when entry ``name`` will be read next (in epochs, `outcore.iterate.plan.next_use`): when room
         is needed, entries whose next use is unknown go first, least recently used first, then those

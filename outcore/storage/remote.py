@@ -333,19 +333,24 @@ class RemoteFiles:
         return lambda: [self._fetch_run(key, version, [wanted[offset] for offset, _ in run]) for run in runs]
 
     def _fetch_run(self, key: str, version: Version, run: list[tuple[int, int, Future[memoryview]]]) -> None:
-        """Fetch ranges stored back to back with one request (each kept in the cache by itself)."""
+        """Fetch ranges stored back to back with one request (each kept in the cache by itself). The ranges after
+        the one that fetches them are offered to the cache before that one is kept: a process waiting for that
+        one then finds them kept (or being fetched), and never fetches them again."""
         joined: list[memoryview] = []
+        cache = self.remote.cache
 
-        def whole() -> memoryview:
+        def whole(after: int) -> memoryview:
             if not joined:
                 joined.append(self._get(key, run[0][0], run[-1][1], version))
+                for start, stop, _ in run[after + 1 :] if cache is not None else ():
+                    cache.offer(self._name(key, start, stop, version),
+                                joined[0][start - run[0][0] : stop - run[0][0]])
             return joined[0]
 
-        cache = self.remote.cache
-        for start, stop, future in run:
+        for number, (start, stop, future) in enumerate(run):
             try:
                 begin = start - run[0][0]
-                fetch = (lambda begin=begin, end=begin + stop - start: whole()[begin:end])
+                fetch = (lambda begin=begin, end=begin + stop - start, number=number: whole(number)[begin:end])
                 data = cache.get_or_fetch(self._name(key, start, stop, version), stop - start, fetch) \
                     if cache is not None else fetch()
                 future.set_result(data)
