@@ -162,27 +162,28 @@ def load_layer(source: Layer, dtype: np.dtype, frame: tuple[tuple[int, int], int
     return ids if fit is None else fit_label_map(ids, fit[0][:2], fit[1], shown)
 
 
-def raster_array(paths: Sequence[str], layers: Sequence[Layer], dtype: np.dtype, block_size: int, *,
-                 on_error: str = "raise", max_pixels: int | None = MAX_PIXELS,
+def raster_array(paths: Sequence[str], frames: Sequence[tuple[tuple[int, int], int]], layers: Sequence[Layer],
+                 dtype: np.dtype, block_size: int, *, on_error: str = "raise", max_pixels: int | None = MAX_PIXELS,
                  reader: SampleReader = FILES) -> tuple[da.Array, da.Array]:
     """``(rasters, errors)`` for pictures kept at their own size: ``rasters[i]`` is the label map or paired
-    picture ``layers[i]`` of picture ``paths[i]`` (`load_layer`), at the picture's size, its pixels as rows ((h x w,)
-    or (h x w, channels): a raster field's, `outcore.format.attrs`), as an object array, one task per block; a
-    picture the survey left out (``""``) has none. A layer that cannot be loaded raises its `ImageError`, or, with
+    picture ``layers[i]`` of picture ``paths[i]`` of ``frames[i]`` (its upright size and EXIF orientation, as the
+    survey found them: the picture is not read again) (`load_layer`), at the picture's size, its pixels as rows
+    ((h x w,) or (h x w, channels): a raster field's, `outcore.format.attrs`), as an object array, one task per
+    block; a picture the survey left out (``""``) has none. A layer that cannot be loaded raises its `ImageError`, or, with
     ``on_error="skip"``, gives no rows and its message in ``errors[i]`` (``""`` for every good one)."""
     load = dask.delayed(_load_rasters, pure=True, nout=2)
     rasters, errors = [], []
     for start in range(0, len(paths), block_size):
         count = len(paths[start : start + block_size])
-        task = load(list(paths[start : start + block_size]), list(layers[start : start + block_size]), dtype, on_error,
-                    max_pixels, reader)
+        task = load(list(paths[start : start + block_size]), list(frames[start : start + block_size]),
+                    list(layers[start : start + block_size]), dtype, on_error, max_pixels, reader)
         rasters.append(da.from_delayed(task[0], (count,), dtype=BLOB_DTYPE))
         errors.append(da.from_delayed(task[1], (count,), dtype=ERROR_DTYPE))
     return da.concatenate(rasters), da.concatenate(errors)
 
 
-def _load_rasters(paths: list[str], layers: list[Layer], dtype: np.dtype, on_error: str, max_pixels: int | None,
-                  reader: SampleReader) -> tuple[np.ndarray, np.ndarray]:
+def _load_rasters(paths: list[str], frames: list[tuple[tuple[int, int], int]], layers: list[Layer], dtype: np.dtype,
+                  on_error: str, max_pixels: int | None, reader: SampleReader) -> tuple[np.ndarray, np.ndarray]:
     rasters, errors = np.empty(len(paths), BLOB_DTYPE), np.zeros(len(paths), ERROR_DTYPE)
     channels = _channels(layers)
     for i, path in enumerate(paths):
@@ -190,8 +191,7 @@ def _load_rasters(paths: list[str], layers: list[Layer], dtype: np.dtype, on_err
         if not path:
             continue
         try:
-            frame = stored_frame(reader.read(path), path, None)
-            rasters[i] = load_layer(layers[i], dtype, frame, path, reader, max_pixels).reshape(-1, *channels)
+            rasters[i] = load_layer(layers[i], dtype, frames[i], path, reader, max_pixels).reshape(-1, *channels)
         except ImageError as error:
             if on_error == "raise":
                 raise bad_file(error) from None

@@ -51,7 +51,7 @@ from .permute import as_dask, write_order
 from .records.reader import SampleReader
 from .resume import images_chosen_before
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
-from .survey import SurveyOptions, survey_images
+from .survey import Survey, SurveyOptions, survey_images
 
 
 def ingest_images(
@@ -257,7 +257,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
                                 FieldInfo("input", encoding=IMAGE_ENCODING, decode=decode), found.nbytes,
                                 found.shapes if decode.variable else None)
             digests = FieldSource(as_dask(found.digests, layout.shard_size), FieldInfo("metadata"))
-            rasters, errors = _raster_fields(table, order, found.paths, found.shapes, layout.shard_size, options, reader)
+            rasters, errors = _raster_fields(table, order, found, layout.shard_size, options, reader)
             errors = da.where(errors != "", errors, as_dask(found.errors, layout.shard_size)) if errors is not None \
                 else as_dask(found.errors, layout.shard_size)
             return {IMAGE_FIELD: files, **fields, **rasters, FILE_DIGEST_FIELD: digests}, errors if skip else None
@@ -291,16 +291,17 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     return open_dataset(location, storage_options=storage_options)
 
 
-def _raster_fields(table: SourceTable, order: np.ndarray, paths: list[str], shapes: np.ndarray, block_size: int,
-                   options: IngestOptions, reader: SampleReader) -> tuple[dict[str, FieldSource], da.Array | None]:
+def _raster_fields(table: SourceTable, order: np.ndarray, found: Survey, block_size: int, options: IngestOptions,
+                   reader: SampleReader) -> tuple[dict[str, FieldSource], da.Array | None]:
     """The label maps and paired pictures of pictures kept at their own size, as raster fields (`raster_array`;
-    ``paths`` and ``shapes`` the survey's, in the stored order), and the errors of the layers that could not be
+    ``found`` the survey of the pictures, in the stored order), and the errors of the layers that could not be
     loaded (None without layers)."""
-    fields, errors = {}, None
+    fields, errors, shapes = {}, None, found.shapes
     pixels = shapes[:, 0].astype(np.int64) * shapes[:, 1]
+    frames = [((int(h), int(w)), int(o)) for (h, w, _), o in zip(shapes.tolist(), found.orientations.tolist(), strict=True)]
     for name, (sources, map_dtype) in table.layers.items():
         layers = [sources[i] for i in order]
-        values, failed = raster_array(paths, layers, map_dtype, block_size, on_error=options.on_error,
+        values, failed = raster_array(found.paths, frames, layers, map_dtype, block_size, on_error=options.on_error,
                                       max_pixels=options.max_pixels, reader=reader)
         paired = name in table.paired
         dtype, channels = (np.dtype(layers[0].dtype), (layers[0].channels,)) if paired else (map_dtype, ())

@@ -18,7 +18,7 @@ import dask
 import numpy as np
 
 from ..errors import ImageError
-from ..imaging import MAX_PIXELS, shrink_image
+from ..imaging import MAX_PIXELS, shrink_image, stored_frame
 from .decode_tasks import DIGEST_SIZE, ERROR_DTYPE, FILES, bad_file, file_digest
 from .records.reader import SampleReader
 from .scheduler import run_tasks
@@ -30,14 +30,16 @@ BLOCK = 64  # files per task: small enough to balance, large enough that schedul
 @dataclass(frozen=True)
 class Survey:
     """What to store for each file: ``paths`` (the file, or its smaller copy; ``""`` for a bad file),
-    ``shapes`` (N, 3) as decoded, ``nbytes`` to store, ``errors`` (``""`` for every good file) and
-    ``digests`` (N, 16), each source file's `outcore.ingest.decode_tasks.file_digest`."""
+    ``shapes`` (N, 3) as decoded, ``nbytes`` to store, ``errors`` (``""`` for every good file),
+    ``digests`` (N, 16), each source file's `outcore.ingest.decode_tasks.file_digest`, and ``orientations`` (N,)
+    each file's EXIF orientation (1: stored upright; what lies on a picture is checked against it)."""
 
     paths: list[str]
     shapes: np.ndarray
     nbytes: np.ndarray
     errors: np.ndarray
     digests: np.ndarray
+    orientations: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,11 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
     array([375, 500,   3], dtype=int32)
     """
     saved = scratch / "survey.npz"
-    if saved.exists():  # a resumed run: its survey is done (unless an older outcore saved it without digests)
+    if saved.exists():  # a resumed run: its survey is done (unless an older outcore saved it without all of it)
         with np.load(saved, allow_pickle=False) as survey:
-            if "digests" in survey.files:
+            if {"digests", "orientations"} <= set(survey.files):
                 return Survey(survey["paths"].tolist(), survey["shapes"], survey["nbytes"], survey["errors"],
-                              survey["digests"])
+                              survey["digests"], survey["orientations"])
     scratch.mkdir(parents=True, exist_ok=True)
     starts = range(0, len(paths), BLOCK)
     survey = dask.delayed(_survey_block, pure=False)
@@ -81,24 +83,26 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
         np.concatenate([block[2] for block in blocks]) if blocks else np.zeros(0, np.int64),
         np.concatenate([block[3] for block in blocks]) if blocks else np.zeros(0, ERROR_DTYPE),
         np.concatenate([block[4] for block in blocks]) if blocks else np.zeros((0, DIGEST_SIZE), np.uint8),
+        np.concatenate([block[5] for block in blocks]) if blocks else np.zeros(0, np.uint8),
     )
     partial = scratch / "survey.partial.npz"
     np.savez(partial, paths=np.array(result.paths, dtype=str), shapes=result.shapes, nbytes=result.nbytes,
-             errors=result.errors, digests=result.digests)
+             errors=result.errors, digests=result.digests, orientations=result.orientations)
     os.replace(partial, saved)
     return result
 
 
 def _survey_block(paths: list[str], start: int, options: SurveyOptions, scratch: str,
-                  reader: SampleReader) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                  reader: SampleReader) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     stored, shapes = list(paths), np.zeros((len(paths), 3), np.int32)
     nbytes, errors = np.zeros(len(paths), np.int64), np.zeros(len(paths), ERROR_DTYPE)
-    digests = np.zeros((len(paths), DIGEST_SIZE), np.uint8)
+    digests, orientations = np.zeros((len(paths), DIGEST_SIZE), np.uint8), np.zeros(len(paths), np.uint8)
     for i, path in enumerate(paths):
         try:
             data = reader.read(path)
             shape, smaller = shrink_image(data, options.channels, options.dtype, options.max_side, options.quality,
                                           path, options.max_pixels)
+            orientations[i] = stored_frame(data, path, None)[1]
         except ImageError as error:
             if options.on_error == "raise":
                 raise bad_file(error) from None
@@ -110,4 +114,4 @@ def _survey_block(paths: list[str], start: int, options: SurveyOptions, scratch:
             Path(stored[i]).write_bytes(smaller)
         shapes[i], nbytes[i] = shape, len(data) if smaller is None else len(smaller)
         digests[i] = file_digest(data)
-    return stored, shapes, nbytes, errors, digests
+    return stored, shapes, nbytes, errors, digests, orientations
