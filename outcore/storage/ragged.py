@@ -91,6 +91,8 @@ class RaggedRows(EncodedBytes):
                     f"{int(ranges[wrong[0], 1] - ranges[wrong[0], 0])} pixels, but its shape says "
                     f"{shapes[wrong[0], 0]} x {shapes[wrong[0], 1]}: the store was changed or damaged; re-ingest it")
         return RaggedChunk(values, ranges, shapes)
+
+
 class RaggedSamples(RaggedRows):
     """A ragged field's chunks as ``ds[field]`` holds them: ``read(chunk)`` is an object array of each sample's
     rows."""
