@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,50 +12,20 @@ import pytest
 import zarr
 from PIL import Image
 from support.optional import need
+from support.pictures import write_mixed_pictures
 
 import outcore
 from outcore import transforms
 from outcore.cli import main
 from outcore.errors import OptionError
 from outcore.imaging import decode_image, resize_boxes
-from outcore.imaging.synthetic import sample_photo
 from outcore.iterate.batch import batch_draws, transform_generator
-
-SIZES = [(60, 80), (80, 60), (45, 100), (100, 45), (64, 64), (37, 90), (90, 51), (120, 70)]
-
-
-def _write_pictures(root: Path, per_class: int = 8) -> dict[str, tuple[int, int]]:
-    """JPEGs cut from a real photograph at the sizes above (a PNG, a greyscale JPEG and an EXIF-rotated
-    JPEG among them); return each file's upright size by name."""
-    photo = np.asarray(Image.fromarray(sample_photo("astronaut")).resize((1024, 1024), Image.BILINEAR))
-    sizes = {}
-    rng = np.random.default_rng(0)
-    for label, name in enumerate(("a", "b")):
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            height, width = SIZES[(i + label) % len(SIZES)]
-            top, left = rng.integers(0, 1024 - 120, size=2)
-            pixels = photo[top : top + height, left : left + width]
-            path = root / name / f"{i}.jpg"
-            if (label, i) == (0, 1):
-                path = path.with_suffix(".png")
-                Image.fromarray(pixels).save(path)
-            elif (label, i) == (0, 2):
-                Image.fromarray(pixels).convert("L").save(path, quality=95)
-            elif (label, i) == (1, 3):  # stored sideways, shown upright: the file is width x height
-                exif = Image.Exif()
-                exif[0x0112] = 6
-                Image.fromarray(np.ascontiguousarray(np.rot90(pixels, 1))).save(path, quality=95, exif=exif)
-            else:
-                Image.fromarray(pixels).save(path, quality=95)
-            sizes[f"{name}/{path.name}"] = (height, width)
-    return sizes
 
 
 @pytest.fixture(scope="module")
 def pictures(tmp_path_factory):
     root = tmp_path_factory.mktemp("variable") / "src"
-    return root, _write_pictures(root)
+    return root, write_mixed_pictures(root)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..errors import OptionError
 from ..format import offsets_name, ragged_names
 from ..iterate import Batch, BatchKeywords
 
@@ -74,7 +75,11 @@ def select(batch: Batch, selection: FieldSelection) -> Any:
 
 
 def options_with_fields(options: BatchKeywords, *selections: FieldSelection | None) -> BatchKeywords:
-    """``options`` reading the fields the selections name; a ``fields=`` of the user's is refused."""
+    """``options`` reading the fields the selections name; a ``fields=`` of the user's is refused, and so is
+    ``decode="later"`` (Keras and ``tf.data`` take pictures, not their files)."""
     if "fields" in options:
         raise TypeError("the fields come from x=, y= (and sample_weight=): fields= is not taken here")
+    if options.get("decode", "here") != "here":
+        raise OptionError(f"decode={options['decode']!r}: ds.keras and ds.tf hand the model pictures, decoded as "
+                          "the batches are made: leave decode= out")
     return {**options, "fields": selected_fields(*selections)}

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Unpack
 import numpy as np
 
 from ..errors import OptionError
-from ..iterate.options import check_state
+from ..iterate.options import DECODES, check_state
 from ..iterate.shared import Mailbox, SharedBatch, Slot, join_parts
 from ..iterate.stats import LoaderStats, Stats
 from ..storage import RemoteStore, Store
@@ -27,6 +27,7 @@ from ..storage.remote import FORKED_AFTER_USE
 from .forkserver import importing, preload_forkserver
 from .keywords import TorchKeywords, split_torch_keywords
 from .torch_batches import PART_FILE, TorchBatch, TorchBatches, as_tensor
+from .torch_decode import DeviceDecoder, device_decoder
 from .torch_device import to_device
 from .torch_module import DataLoader, default_convert, torch
 
@@ -87,8 +88,11 @@ class OutcoreLoader(DataLoader):
     dataset: TorchBatches
 
     def __init__(self, batches: TorchBatches, *, collate_fn: Callable[[TorchBatch], Any] | None = None,
-                 **dataloader_options: Any) -> None:
-        super().__init__(batches, batch_size=None, collate_fn=Collate(collate_fn), **dataloader_options)
+                 decoder: DeviceDecoder | None = None, **dataloader_options: Any) -> None:
+        # with a decoder, batches come with their pictures' files, decoded (then collated) here, on its device
+        self._decoder, self._then = decoder, collate_fn if decoder is not None else None
+        super().__init__(batches, batch_size=None, collate_fn=Collate(None if decoder is not None else collate_fn),
+                         **dataloader_options)
         batches.loader_passes = 0  # from now on it is read in this loader's passes only
         # made in this process (no workers), batches are made in pinned memory: the DataLoader pins them as they are
         batches.pinned = self.pin_memory and not self.num_workers and batches.options.client is None and \
@@ -122,13 +126,18 @@ class OutcoreLoader(DataLoader):
                     ahead.remove(step)
                     step += 1
                 batches.resume(batches.epoch, step, ahead)
-                yield delivered.value
+                yield delivered.value if self._decoder is None else self._decoded(delivered.value)
                 asked = time.perf_counter()
         finally:
             batches.loader_passes -= 1
             batches_of.close()  # its DataLoader iterator goes, and with it workers that do not persist
             self._remove_parts(None)
         batches.set_epoch(batches.epoch + 1)
+
+    def _decoded(self, batch: TorchBatch) -> Any:
+        """``batch``'s pictures decoded on the decoder's device, then the user's ``collate_fn``."""
+        decoded = self._decoder(batch)
+        return decoded if self._then is None else self._then(decoded)
 
     def _delivered(self) -> Iterator[Delivered]:
         """The pass's batches: while the forkserver its workers would come from still imports torch and
@@ -269,11 +278,22 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
     same batches, and the workers go on from there; they persist across epochs unless told
     ``persistent_workers=False``.
 
+    ``decode="cuda"`` (any torch device) decodes the encoded pictures on that device, in this process: the
+    readers (threads or workers) hand over their files and the boxes the transform's opening crop drew, and
+    `outcore.adapters.torch_decode` decodes the plain JPEGs with torchvision's nvJPEG, cuts, resizes and mirrors
+    them there; the batch's picture fields are tensors on the device, the others stay on the host (then
+    ``collate_fn`` runs, here). For the case where the CPUs cannot decode as fast as the GPU trains.
+
     >>> for batch in ds.torch(batch_size=256, shuffle=True, num_workers=2):  # doctest: +SKIP
     ...     loss = model(batch["images"].float()).mean()
     """
     batch_keywords, dataloader_options = split_torch_keywords(options)
     batch_keywords.setdefault("shuffle", False)
+    decoder = None
+    if batch_keywords.get("decode", "here") not in DECODES:  # a device: the files are decoded there, in this process
+        decoder = device_decoder(store, batch_keywords.get("fields"), batch_keywords.get("transform"),
+                                 batch_keywords["decode"], channels_first)
+        batch_keywords["decode"] = "later"
     num_workers = int(dataloader_options.get("num_workers", 0))
     if num_workers > 0 and isinstance(store.group.store, RemoteStore):
         _start_without_fork(dataloader_options)
@@ -284,7 +304,7 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
         _check_picklable(batches, dataloader_options.get("collate_fn"), context)
         if dataloader_options.get("persistent_workers"):
             batches.persist(context)
-    return OutcoreLoader(batches, **dataloader_options)
+    return OutcoreLoader(batches, decoder=decoder, **dataloader_options)
 
 
 def _start_without_fork(dataloader_options: dict[str, Any]) -> None:

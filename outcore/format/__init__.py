@@ -29,7 +29,7 @@ from .encoded import (
     shapes_name,
 )
 from .layout import Layout
-from .ragged import OFFSETS_SUFFIX, Ragged, kept_name, offsets_name, ragged_names
+from .ragged import OFFSETS_SUFFIX, Ragged, kept_name, offsets_name, ragged_names, undecoded_names
 from .text import TEXT_ENCODING, decode_text, encode_text
 
 __all__ = [
@@ -64,5 +64,6 @@ __all__ = [
     "ragged_names",
     "ranges_name",
     "shapes_name",
+    "undecoded_names",
     "unsafe_codecs",
 ]

@@ -59,6 +59,20 @@ def kept_name(field: str) -> str:
     return field + KEPT_SUFFIX
 
 
+UNDECODED_SUFFIXES = ("_boxes", "_flips", "_sizes")
+
+
+def undecoded_names(field: str) -> tuple[str, str, str]:
+    """The batch fields beside a picture field whose files a batch holds undecoded (``decode="later"``, as ragged
+    rows of bytes with their offsets): each sample's box to cut (top, left, height, width in its picture's pixels,
+    float64), its mirrors (left-right, top-bottom, uint8) and its picture's size (height, width, int64).
+
+    >>> undecoded_names("images")
+    ('images_boxes', 'images_flips', 'images_sizes')
+    """
+    return tuple(field + suffix for suffix in UNDECODED_SUFFIXES)  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class Ragged:
     """Rows of many samples back to back: sample ``i``'s are ``values[offsets[i]:offsets[i + 1]]``.

@@ -434,6 +434,16 @@ def _reduced_size(
     return math.ceil(height * scale), math.ceil(width * scale)
 
 
+def plain_jpeg(data: bytes) -> bool:
+    """Whether ``data`` opens as a JPEG and holds no EXIF metadata (where an orientation could be): a file that
+    any JPEG decoder (a GPU's too) decodes to the pixels `decode_image` gives, upright as stored.
+
+    >>> plain_jpeg(b"\\xff\\xd8\\xff\\xdb"), plain_jpeg(b"\\x89PNG")
+    (True, False)
+    """
+    return bytes(data[:3]) == b"\xff\xd8\xff" and not _has_exif(data)
+
+
 def _has_exif(data: bytes) -> bool:
     """Whether a JPEG's header segments hold EXIF metadata (where an orientation could be): asked once per
     file read, by the C extension where it is built (a Python loop over the segments otherwise)."""

@@ -82,6 +82,15 @@ class EncodedChunk:
             raise self._error(index, f"its byte range {start}..{stop} lies outside the chunk")
         return self.region[start:stop].tobytes()
 
+    def files(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(bytes, ranges)``: the chunk's bytes and each sample's ``[start, stop)`` in them, checked (a range
+        outside the bytes is the sample's `SampleDecodeError`)."""
+        starts, stops = self.ranges[:, 0], self.ranges[:, 1]
+        wrong = np.flatnonzero((starts < 0) | (stops < starts) | (stops > len(self.region)))
+        if len(wrong):
+            self._bytes(int(wrong[0]))  # raises, naming it
+        return self.region, self.ranges
+
     def decode_into(self, out: np.ndarray) -> np.ndarray:
         """Every sample decoded into ``out``: one array of samples, or, for pictures kept at their size,
         an object array of one array per sample."""

@@ -118,7 +118,9 @@ class Recipe:
     chunks and the `Flip` right after it (both None when the transform does not open so), and the ``rest`` of
     the transform: its
     steps up to the last that draws from the generator (``per_piece``), and those after (``after``, steps
-    with ``random = False``, as `Normalize`: they run once on the joined batch, `make_batch`).
+    with ``random = False``, as `Normalize`: they run once on the joined batch, `make_batch`). The encoded fields
+    in ``later`` are left undecoded (``decode="later"``, `outcore.iterate.gather.undecoded`): the crop's boxes
+    and the flip's mirrors are drawn as ever, and the batch holds them beside the files.
 
     >>> from outcore.transforms import Compose, Normalize, RandomFlip
     >>> recipe = Recipe.of(["images"], (), (), Compose([RandomFlip(), Normalize()]))
@@ -135,20 +137,22 @@ class Recipe:
     per_piece: Transform | None = None
     after: Transform | None = None
     ragged_fields: frozenset[str] = frozenset()
+    later: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, fields: Sequence[str], text_fields: Collection[str], picture_fields: Collection[str],
-           transform: Transform | None, ragged_fields: Collection[str] = ()) -> Recipe:
+           transform: Transform | None, ragged_fields: Collection[str] = (), later: Collection[str] = ()) -> Recipe:
         """The recipe of ``fields`` with ``transform``; ``picture_fields`` are those a crop may cut while the
         batch is made (encoded pictures, and pixel fields of two axes or more past the sample axis);
-        ``ragged_fields`` hold rows and offsets (`outcore.format.ragged`)."""
+        ``ragged_fields`` hold rows and offsets (`outcore.format.ragged`), and so do the encoded fields left
+        undecoded, ``later``."""
         crop, rest = fused_crop(transform, picture_fields)
         flip = None
         if crop is not None:
             flip, rest = _split_head(rest, "draw", {crop.field})
             check_targets([crop] if flip is None else [crop, flip])
         return cls(tuple(fields), frozenset(text_fields), transform, crop, flip, rest, *_split_tail(rest),
-                   frozenset(ragged_fields))
+                   frozenset(ragged_fields) | frozenset(later), frozenset(later))
 
     @property
     def crop_field(self) -> str | None:
@@ -168,7 +172,7 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     `outcore.iterate.shared`); ``spent``, when given, is told the seconds the rest of the transform took."""
     rows = Rows(keys, samples % chunk_size)
     if recipe.transform is None:
-        return assemble(rows, data, recipe.fields, recipe.text_fields, empty)
+        return assemble(rows, data, recipe.fields, recipe.text_fields, empty, later=recipe.later)
     rngs = [transform_generator(key) for _, key in draws]
     bounds = np.cumsum([0, *(count for count, _ in draws)]).tolist()
     if bounds[-1] != len(samples):
@@ -180,7 +184,7 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     cut = None if recipe.crop is None else _cut(recipe, keys, samples % chunk_size, rows, data, bounds, rngs)
     targets = None if cut is None else getattr(recipe.crop, "targets", None)
     if targets is None:
-        batch = assemble(rows, data, recipe.fields, recipe.text_fields, made, cut)
+        batch = assemble(rows, data, recipe.fields, recipe.text_fields, made, cut, recipe.later)
     else:  # moved by the same draws (the crop's boxes, the flip's mirrors): what they are cut from, in plain memory
         first = data[int(keys[0])]
         rasters = {name for name in (*targets.label_maps, *targets.pictures)

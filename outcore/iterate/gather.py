@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import OptionError
-from ..format import decode_text, offsets_name
+from ..format import decode_text, offsets_name, undecoded_names
 from ..imaging import (
     Box,
     EncodedChunk,
@@ -101,10 +101,11 @@ class Cut:
 
 
 def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str], text_fields: frozenset[str],
-             empty: Empty = plain, cut: Cut | None = None) -> dict[str, np.ndarray]:
+             empty: Empty = plain, cut: Cut | None = None, later: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
     """A new batch of ``rows``: each sample copied once, straight from its chunk into the batch (no
     temporaries), encoded pictures decoded into it, text decoded to strings, a ragged field's rows back to back
-    with their offsets (`outcore.format.ragged`); ``cut``'s field cut as it says.
+    with their offsets (`outcore.format.ragged`); ``cut``'s field cut as it says. The encoded fields in ``later``
+    are left undecoded, for a decoder elsewhere (`undecoded`).
     The batch's arrays are always new (made by ``empty(shape, dtype, field=name)``): nothing the caller is
     handed is ever written again."""
     first = data[int(rows.chunks[0])]
@@ -119,8 +120,10 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
             batch[name] = out = empty((len(rows), *cut.size, *values.row_shape), values.dtype, field=name)
             decodes.append(_raster_cuts(rows, data, name, cut, out))
             continue
-        if isinstance(values, RaggedChunk):
+        if isinstance(values, RaggedChunk) or name in later:
             batch[name], batch[offsets_name(name)] = _gather_rows(rows, data, name)
+            if name in later:
+                batch.update(undecoded(rows, data, name, cut))
             continue
         if cut is not None and name == cut.field:
             shape = (len(rows), *cut.size, *_sample_shape(values)[2:])
@@ -148,21 +151,42 @@ def _gather_rows(rows: Rows, data: Mapping[int, ChunkValues], field: str) -> tup
     """A ragged field's rows of the batch's samples, back to back in the batch's order, and their offsets (n + 1,):
     one gather per chunk, never a Python call per sample. In plain memory: not an `Empty`'s, which makes a
     DataLoader worker's part of a batch in rows of the batch's files (one per sample, not per row)."""
-    sources: list[RaggedChunk] = rows.sources(data, field)
+    sources = [source.files() if isinstance(source, EncodedChunk) else (source.values, source.ranges)
+               for source in rows.sources(data, field)]  # (rows, ranges) of each chunk: an encoded one's bytes
     starts, counts = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.int64)
-    for chunk, source in enumerate(sources):
+    for chunk, (_, ranges) in enumerate(sources):
         mine = rows.which == chunk
-        spans = source.ranges[rows.local[mine]]
+        spans = ranges[rows.local[mine]]
         starts[rows.order[mine]], counts[rows.order[mine]] = spans[:, 0], spans[:, 1] - spans[:, 0]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    first = sources[0]
-    values = np.empty((int(offsets[-1]), *first.row_shape), first.dtype)
-    for chunk, source in enumerate(sources):
+    first = sources[0][0]
+    values = np.empty((int(offsets[-1]), *first.shape[1:]), first.dtype)
+    for chunk, (chunk_rows, _) in enumerate(sources):
         samples = rows.order[rows.which == chunk]
         taken = counts[samples]
         within = np.arange(int(taken.sum())) - np.repeat(np.cumsum(taken) - taken, taken)
-        values[np.repeat(offsets[samples], taken) + within] = source.values[np.repeat(starts[samples], taken) + within]
+        values[np.repeat(offsets[samples], taken) + within] = chunk_rows[np.repeat(starts[samples], taken) + within]
     return values, offsets
+
+
+def undecoded(rows: Rows, data: Mapping[int, ChunkValues], field: str, cut: Cut | None) -> dict[str, np.ndarray]:
+    """What a decoder elsewhere needs besides the files of encoded field ``field`` (`undecoded_names`): each row's
+    box (``cut``'s where it cuts ``field``, else the whole picture), its mirrors and its picture's size.
+
+    >>> from outcore.format import ImageDecode
+    >>> chunks = {0: {"x": EncodedChunk(np.zeros(8, np.uint8), np.array([[0, 4], [4, 8]]),
+    ...                                 ImageDecode((6, 5, 3)), ("s", "x", 0, 0))}}
+    >>> undecoded(Rows(np.array([0]), np.array([1])), chunks, "x", None)["x_boxes"].tolist()
+    [[0.0, 0.0, 6.0, 5.0]]
+    """
+    names = undecoded_names(field)
+    if cut is not None and cut.field == field:
+        return dict(zip(names, (cut.boxes, cut.flips, cut.sizes), strict=True))
+    sizes = np.empty((len(rows), 2), np.int64)
+    sizes[rows.order] = picture_sizes(rows.sources(data, field), rows.which, rows.local)
+    boxes = np.zeros((len(rows), 4), np.float64)
+    boxes[:, 2:] = sizes
+    return dict(zip(names, (boxes, np.zeros((len(rows), 2), np.uint8), sizes), strict=True))
 
 
 def _sample_shape(values: np.ndarray | EncodedChunk) -> tuple[int, ...]:

@@ -55,7 +55,7 @@ class BatchIterator:
         if unknown:
             raise KeyError(f"no field(s) {unknown} in {store.location}; fields: {list(store.fields)}")
         check_fields(options.transform, fields)
-        self.recipe = recipe(store, fields, options.transform)
+        self.recipe = recipe(store, fields, options.transform, options.decode)
         self.num_samples = options.num_samples(len(store))  # an epoch's: the store's, or the subset's
         self.epoch = 0
         self.batches_done = 0  # batches of the current epoch already handed out

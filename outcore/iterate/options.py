@@ -15,6 +15,8 @@ from ..errors import OptionError
 from .batch import Transform
 from .plan import Consumer, EpochPlan, batches_in, check_streams, default_streams
 
+DECODES = ("here", "later")  # where encoded pictures are decoded: as the batch is made, or by its consumer
+
 
 class BatchKeywords(TypedDict, total=False):
     """The keywords of `Dataset.batches`, which the framework adapters take too.
@@ -41,6 +43,12 @@ class BatchKeywords(TypedDict, total=False):
       is the error). Each one left out is an `OutcoreWarning` naming it, counted as ``damaged_chunks`` in
       ``stats()``; its samples are missing from their batches, every other sample comes exactly once.
       Reads in this process (threads, DataLoader workers) only: on a Dask cluster it stays 0.
+    - ``decode``: ``"here"`` (default): encoded pictures are decoded (and cut by the transform's opening crop)
+      as the batch is made; ``"later"``: the batches hold their files undecoded, for a decoder elsewhere (a
+      GPU's: ``ds.torch(decode="cuda")``, `outcore.adapters.torch_decode`): each encoded field ``F`` as its
+      files' bytes back to back with ``F_offsets``, and ``F_boxes``, ``F_flips``, ``F_sizes``
+      (`outcore.format.undecoded_names`): the box of each picture to resize to the crop's size (the whole
+      picture where no crop opens the transform), its mirrors and its picture's size.
     """
 
     fields: Sequence[str] | None
@@ -56,6 +64,7 @@ class BatchKeywords(TypedDict, total=False):
     client: Any
     indices: Sequence[int] | np.ndarray | None
     skip_damaged: int
+    decode: str
 
 
 class Subset:
@@ -129,8 +138,12 @@ class BatchOptions:
     client: Any = None
     indices: Subset | None = None
     skip_damaged: int = 0
+    decode: str = "here"
 
     def __post_init__(self) -> None:
+        if self.decode not in DECODES:
+            raise OptionError(f"decode={self.decode!r}: say 'here' (the batches' pictures decoded as they are made) "
+                              "or 'later' (their files left encoded, for a decoder elsewhere)")
         if self.batch_size < 1:
             raise OptionError(f"batch_size={self.batch_size} must be at least 1")
         if self.prefetch < 1:

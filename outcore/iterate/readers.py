@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import OptionError
-from ..format import kept_name, offsets_name
+from ..format import kept_name, offsets_name, undecoded_names
 from ..imaging import DecodedChunks, EncodedChunk
 from ..storage import RaggedRows, RaggedSamples, ShardReader, Store
-from .batch import Recipe, Transform
+from .batch import Recipe, Transform, steps
 
 
 class EncodedChunks:
@@ -55,21 +55,25 @@ def chunk_reader(store: Store, field: str) -> ChunkReader:
     return store.shard_reader(field)
 
 
-def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> Recipe:
-    """How batches of ``fields`` of ``store`` are made with ``transform`` (`Recipe`); a field of pictures of
+def recipe(store: Store, fields: Sequence[str], transform: Transform | None, decode: str = "here") -> Recipe:
+    """How batches of ``fields`` of ``store`` are made with ``transform`` (`Recipe`), their encoded pictures
+    decoded ``"here"`` or ``"later"`` (`undecoded_recipe`); a field of pictures of
     varying sizes that ``transform`` does not open by cropping is an `OptionError` saying what to do
     (only the crop gives its batches one size); so is a field named as a batch names another's offsets or kept
     rows (``boxes`` and ``boxes_offsets``: `outcore.format.ragged`), which the batch could not tell apart."""
-    clash = next(((name, other) for name in fields for other in (offsets_name(name), kept_name(name))
-                  if other in fields), None)
+    clash = next(((name, other) for name in fields for other in (offsets_name(name), kept_name(name),
+                                                                 *undecoded_names(name)) if other in fields), None)
     if clash is not None:
         raise OptionError(f"fields {clash[0]!r} and {clash[1]!r} of {store.location}: a batch names a ragged field's "
                           "offsets and kept rows so, and could not tell them apart; leave one out with fields=")
     encoded = [name for name in fields if store.info(name).is_image]
     pictures = [name for name in fields if not (store.info(name).is_text or store.info(name).is_ragged
                                                 or store.info(name).is_raster) and len(sample_spec(store, name)[0]) >= 2]
+    later = undecoded_fields(store, encoded, transform) if decode == "later" else ()
     made = Recipe.of(fields, [name for name in fields if store.info(name).is_text], pictures, transform,
-                     [name for name in fields if store.info(name).is_ragged])
+                     [name for name in fields if store.info(name).is_ragged], later)
+    if later:
+        check_undecoded(made, store.location)
     for name in encoded:
         if store.info(name).decode.variable and made.crop_field != name:
             raise OptionError(
@@ -88,6 +92,32 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None) -> 
                 f"RandomResizedCrop(224, targets=Targets(label_maps=({name!r},)))), or leave it out with fields=; "
                 f"ds[{name!r}][i] reads one at its size")
     return made
+
+
+def undecoded_fields(store: Store, encoded: Sequence[str], transform: Transform | None) -> list[str]:
+    """The fields a ``decode="later"`` batch leaves undecoded: its encoded pictures (an `OptionError` where it has
+    none, or where the transform moves targets with them)."""
+    if not encoded:
+        raise OptionError(f"decode='later' leaves encoded pictures' files undecoded, and the batches' fields of "
+                          f"{store.location} hold none (pixels are decoded already): leave decode= out")
+    for step in steps(transform):
+        if getattr(step, "targets", None) is not None and getattr(step, "field", None) in encoded:
+            raise OptionError(f"decode='later' with {step!r}: targets move with the pictures as they are decoded "
+                              "here; leave decode= out, or targets= out of the transform")
+    return list(encoded)
+
+
+def check_undecoded(made: Recipe, location: str) -> None:
+    """A transform step that would see the files a ``decode="later"`` batch holds instead of their pictures is an
+    `OptionError`: only a crop opening the transform and a flip right after it are drawn for them."""
+    for step in steps(made.rest):
+        mine = type(step).__module__.startswith("outcore.") and getattr(step, "field", None) not in made.later
+        if not mine:
+            raise OptionError(
+                f"decode='later': the step {step!r} of the transform would run on the batch before its pictures "
+                f"{sorted(made.later)} of {location} are decoded (it holds their files): with decode='later' the "
+                "transform of an encoded field may open with a crop of it and a flip right after, no more; do the "
+                "rest (Normalize, ...) on the decoded batch")
 
 
 def chunk_readers(store: Store, fields: Sequence[str]) -> dict[str, ChunkReader]:
