@@ -20,7 +20,8 @@ PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may impor
 # h5py (HDF5 sources in the test kit), xarray (Dataset.to_xarray)
 # optional packages (frameworks, and the object-store client and test server), imported where they are used
 FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "tornado", "sklearn", "skimage", "h5py", "xarray",
-              "obstore", "moto", "boto3", "lmdb", "pyarrow", "webdataset", "datasets", "google")  # google: protobuf
+              "obstore", "moto", "boto3", "lmdb", "pyarrow", "webdataset", "datasets", "google",
+              "torchvision")  # google: protobuf
 LATE = ("dask", "importlib")  # imported where used: a process that only reads batches needs neither (test_setup)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import OptionError, SampleDecodeError
 from ..format import ImageDecode, offsets_name, undecoded_names
 from ..imaging import box_part, decode_image, plain_jpeg
+from ..iterate import recipe
 from .torch_module import torch
 
 Decoder = Callable[[list[Any], int], list[Any]]  # (files as uint8 CPU tensors, channels) -> (C, H, W) tensors
@@ -130,16 +131,15 @@ def _resized(picture: Any, size: tuple[int, int]) -> Any:
 
 def _host_picture(data: Any, size: Sequence[int], decode: ImageDecode, name: str) -> Any:
     """A file outcore decodes here, upright and of its stored ``size``, as (C, H, W)."""
-    pixels = decode_image(data.numpy().tobytes(), (*size, decode.channels), decode.resize, np.dtype(decode.dtype),
-                          name=name)
-    return torch.from_numpy(np.ascontiguousarray(pixels.reshape(*size, decode.channels))).permute(2, 0, 1)
+    pixels = decode_image(data.numpy().tobytes(), (*size, decode.channels), decode.resize or "crop",
+                          np.dtype(decode.dtype), name=name)  # its size: fitted to nothing
+    return torch.from_numpy(np.array(pixels.reshape(*size, decode.channels))).permute(2, 0, 1)
 
 
 def host_decoder(files: list[Any], channels: int) -> list[Any]:
     """Plain JPEGs decoded by outcore's decoder (libjpeg-turbo), one by one, on the CPU, as (C, H, W) uint8."""
-    return [torch.from_numpy(np.ascontiguousarray(decode_image(data.numpy().tobytes(), (None, None, channels),
-                                                               "crop", np.dtype(np.uint8)))).permute(2, 0, 1)
-            for data in files]
+    return [torch.from_numpy(np.array(decode_image(data.numpy().tobytes(), (None, None, channels), "crop",
+                                                   np.dtype(np.uint8)))).permute(2, 0, 1) for data in files]
 
 
 def torchvision_decoder(device: Any) -> Decoder:
@@ -157,8 +157,6 @@ def device_decoder(store: Any, fields: Sequence[str] | None, transform: Any, dev
                    channels_first: bool) -> DeviceDecoder:
     """The `DeviceDecoder` of ``decode=device`` batches of ``fields`` of ``store`` made with ``transform``: every
     encoded picture field, resized to its crop's size (its own where no crop opens the transform)."""
-    from ..iterate.readers import recipe
-
     try:
         where = torch.device(device)
     except (RuntimeError, TypeError):

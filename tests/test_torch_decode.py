@@ -1,0 +1,188 @@
+"""Pictures decoded by the batches' consumer: ``decode="later"`` batches (the files, with the boxes the crop drew)
+and ``ds.torch(decode=device)``, which decodes, cuts, resizes and mirrors them on a device (a GPU's nvJPEG; here
+the CPU, with outcore's decoder, the same code past the decode)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.optional import need
+from support.pictures import write_mixed_pictures
+
+import outcore
+from outcore.errors import OptionError, SampleDecodeError
+from outcore.format import ImageDecode
+from outcore.imaging import decode_image
+from outcore.testing import write_image_folder
+from outcore.transforms import (
+    CenterCrop,
+    Compose,
+    Normalize,
+    RandomCrop,
+    RandomFlip,
+    RandomResizedCrop,
+    Targets,
+)
+
+torch = need("torch")
+
+WINDOWS = Compose([RandomCrop(48, padding=8), RandomFlip(horizontal=True, vertical=True)])  # copied: exact
+RESIZED = Compose([RandomResizedCrop(40), RandomFlip()])  # resampled: close
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> outcore.Dataset:
+    root = tmp_path_factory.mktemp("decode")
+    write_image_folder(root / "photos", 24, classes=("a", "b"), size=(64, 64), kind="photos", seed=0)
+    return outcore.ingest_images(root / "photos", root / "photos.zarr", shape=(64, 64, 3), images="encoded",
+                                 chunk_size=16, progress=False)
+
+
+@pytest.fixture(scope="module")
+def own_sizes(tmp_path_factory) -> outcore.Dataset:
+    """Pictures at their own sizes: a PNG, a greyscale JPEG and an EXIF-turned JPEG among plain ones."""
+    root = tmp_path_factory.mktemp("own")
+    write_mixed_pictures(root / "src")
+    return outcore.ingest_images(root / "src", root / "own.zarr", shape=None, images="encoded", chunk_size=4,
+                                 progress=False)
+
+
+def _pairs(ds: outcore.Dataset, transform, **options) -> list[tuple[dict, dict]]:
+    """(decoded on the "device", decoded here) batch pairs of one seed."""
+    here = list(ds.torch(8, shuffle=True, seed=5, transform=transform, **options))
+    there = list(ds.torch(8, shuffle=True, seed=5, transform=transform, decode="cpu", **options))
+    assert len(here) == len(there) > 1
+    return list(zip(there, here, strict=True))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_windows_decoded_on_the_device_are_the_batches_decoded_here(photos, workers):
+    """RandomCrop's padded windows, mirrored both ways, copy pixels: the same batches to the byte, made by threads
+    or by DataLoader workers making parts of each batch."""
+    for there, here in _pairs(photos, WINDOWS, num_workers=workers):
+        assert there["images"].shape == here["images"].shape == (8, 48, 48, 3)
+        assert torch.equal(there["images"], here["images"])
+        assert torch.equal(there["labels"], here["labels"])
+        assert sorted(there) == sorted(here)  # the files and their boxes are gone: the batch a user expects
+
+
+def test_resized_crops_decoded_on_the_device_differ_from_the_cpu_path_by_resampling_only(photos):
+    """RandomResizedCrop's boxes are the same draws; the pixels differ by how each path resamples (a shifted or
+    mirrored box would differ by tens of levels)."""
+    for there, here in _pairs(photos, RESIZED):
+        difference = (there["images"].int() - here["images"].int()).abs().float()
+        assert difference.mean() < 1.0
+        assert torch.equal(there["labels"], here["labels"])
+        unflipped = (there["images"].flip(2).int() - here["images"].int()).abs().float().mean()
+        assert unflipped > 5 * difference.mean()  # the comparison sees a mirror
+
+
+def test_files_the_gpu_would_not_decode_alike_are_decoded_by_outcore(own_sizes):
+    """The device's decoder is given the plain JPEGs only; the PNG, the EXIF-turned JPEG (nvJPEG ignores EXIF) go
+    to outcore's decoder, upright: windows of every picture are the CPU path's, byte for byte."""
+    given = []
+
+    def decoder(files, channels):
+        given.extend(bytes(data.numpy()) for data in files)
+        return outcore.adapters.torch_decode.host_decoder(files, channels)
+
+    window = Compose([RandomCrop(36, padding=4), RandomFlip()])
+    here = list(own_sizes.torch(4, shuffle=True, seed=1, transform=window))
+    loader = own_sizes.torch(4, shuffle=True, seed=1, transform=window, decode="cpu")
+    loader._decoder.decoder = decoder
+    for there, expected in zip(loader, here, strict=True):
+        assert torch.equal(there["images"], expected["images"])
+    assert len(given) == len(own_sizes) - 2  # all but the PNG and the EXIF-turned JPEG
+    assert all(data[:2] == b"\xff\xd8" for data in given)
+
+
+def test_own_sizes_resized_on_the_device_are_close_to_the_cpu_path(own_sizes):
+    for transform in (RESIZED, CenterCrop(40, resize=48)):  # whole-pixel boxes; sub-pixel ones, rounded
+        for there, here in _pairs(own_sizes, transform):
+            assert (there["images"].int() - here["images"].int()).abs().float().mean() < 4.0
+
+
+def test_later_batches_hold_each_file_with_the_box_its_crop_drew(photos):
+    """``decode="later"``: each sample's file as stored, its box and mirrors those the CPU path cuts (a window
+    cut from the file decoded by hand is that path's sample)."""
+    later = next(iter(photos.batches(8, shuffle=True, seed=2, transform=WINDOWS, decode="later")))
+    here = next(iter(photos.batches(8, shuffle=True, seed=2, transform=WINDOWS)))
+    offsets, boxes, flips = later["images_offsets"], later["images_boxes"], later["images_flips"]
+    assert later["images"].dtype == np.uint8 and offsets.shape == (9,) and boxes.shape == (8, 4)
+    np.testing.assert_array_equal(later["images_sizes"], np.tile([64, 64], (8, 1)))
+    for k in range(8):
+        data = later["images"][offsets[k] : offsets[k + 1]].tobytes()
+        picture = np.pad(decode_image(data, (64, 64, 3), "crop", np.dtype(np.uint8)), ((8, 8), (8, 8), (0, 0)))
+        top, left, height, width = (int(value) for value in boxes[k] + [8, 8, 0, 0])
+        steps = 1 - 2 * flips[k].astype(int)  # -1: mirrored
+        window = picture[top : top + height, left : left + width][:: steps[1], :: steps[0]]
+        np.testing.assert_array_equal(window, here["images"][k])
+    without = next(iter(photos.batches(8, decode="later")))  # no crop: the whole picture, unmirrored
+    np.testing.assert_array_equal(without["images_boxes"], np.tile([0, 0, 64, 64], (8, 1)))
+    assert not without["images_flips"].any()
+
+
+def test_collate_fn_gets_the_decoded_batch(photos):
+    seen = []
+    loader = photos.torch(8, transform=WINDOWS, decode="cpu", collate_fn=lambda batch: seen.append(batch) or 1)
+    assert list(loader) == [1] * 6  # 48 samples
+    assert seen[0]["images"].shape == (8, 48, 48, 3) and "images_offsets" not in seen[0]
+
+
+def test_channels_first_gives_the_device_batches_as_the_cpu_path_does(photos):
+    there = next(iter(photos.torch(8, transform=WINDOWS, decode="cpu", channels_first=True)))
+    here = next(iter(photos.torch(8, transform=WINDOWS, channels_first=True)))
+    assert there["images"].shape == here["images"].shape == (8, 3, 48, 48)
+    assert torch.equal(there["images"], here["images"])
+
+
+def test_a_picture_not_of_its_stored_size_is_named(photos):
+    loader = photos.torch(8, transform=WINDOWS, decode="cpu")
+    loader._decoder.decoder = lambda files, channels: [torch.zeros((3, 60, 64), dtype=torch.uint8) for _ in files]
+    with pytest.raises(SampleDecodeError, match=r"field 'images', sample 0: decoded on cpu to \(60, 64\)"):
+        next(iter(loader))
+
+
+def test_what_decode_cannot_take_is_refused_by_name(photos, ids_store):
+    with pytest.raises(OptionError, match="decode='gpu': say 'here'"):
+        photos.torch(8, decode="gpu")
+    with pytest.raises(OptionError, match="hold none"):
+        ids_store.torch(8, decode="cpu")
+    with pytest.raises(OptionError, match=r"Normalize.*would run on the batch before its pictures \['images'\]"):
+        photos.batches(8, transform=Compose([RandomResizedCrop(32), Normalize()]), decode="later")
+    with pytest.raises(OptionError, match="targets move with the pictures"):
+        photos.batches(8, transform=RandomResizedCrop(32, targets=Targets(label_maps=("labels",))), decode="later")
+    with pytest.raises(OptionError, match="ds.keras and ds.tf hand the model pictures"):
+        photos.keras(8, x="images", y="labels", decode="later")
+    with pytest.raises(OptionError, match="decode='elsewhere': say 'here'"):
+        photos.batches(8, decode="elsewhere")
+    if not torch.cuda.is_available():
+        with pytest.raises(OptionError, match="no CUDA device here"):
+            photos.torch(8, decode="cuda")
+
+
+def test_a_decoder_of_a_field_leaves_the_others_as_they_are():
+    decoder = outcore.adapters.torch_decode.DeviceDecoder(
+        {"x": outcore.adapters.torch_decode.Undecoded((2, 2), ImageDecode((4, 4, 3)))}, "cpu",
+        decoder=lambda files, channels: [torch.arange(48, dtype=torch.uint8).reshape(3, 4, 4) for _ in files])
+    files = b"\xff\xd8\xff\xdb" + b"\0" * 8 + b"\xff\xd9"
+    batch = {"x": torch.frombuffer(bytearray(files), dtype=torch.uint8), "x_offsets": torch.tensor([0, len(files)]),
+             "x_boxes": torch.tensor([[1.0, 2.0, 2.0, 2.0]], dtype=torch.float64),
+             "x_flips": torch.tensor([[1, 0]], dtype=torch.uint8), "x_sizes": torch.tensor([[4, 4]]),
+             "y": torch.tensor([7])}
+    out = decoder(batch)
+    assert sorted(out) == ["x", "y"] and out["y"].tolist() == [7]
+    channel_0 = out["x"][0, :, :, 0].tolist()  # rows 1-2, columns 2-3 of 0..15, mirrored left-right
+    assert channel_0 == [[7, 6], [11, 10]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and torchvision)")
+def test_nvjpeg_decodes_the_batches_of_the_cpu_path(photos):
+    need("torchvision")
+    for transform, bound in ((WINDOWS, 1.0), (RESIZED, 2.0)):  # nvJPEG's IDCT and upsampling differ a little
+        here = list(photos.torch(8, shuffle=True, seed=5, transform=transform))
+        there = list(photos.torch(8, shuffle=True, seed=5, transform=transform, decode="cuda"))
+        for got, expected in zip(there, here, strict=True):
+            assert got["images"].device.type == "cuda"
+            assert (got["images"].cpu().int() - expected["images"].int()).abs().float().mean() < bound
+
