@@ -1,6 +1,6 @@
-"""Pictures decoded by the batches' consumer: ``decode="later"`` batches (the files, with the boxes the crop drew)
-and ``ds.torch(decode=device)``, which decodes, cuts, resizes and mirrors them on a device (a GPU's nvJPEG; here
-the CPU, with outcore's decoder, the same code past the decode)."""
+"""Pictures decoded by the consumer: `decode="later"` batches (each file with the box its crop drew) and
+`ds.torch(decode=device)` against the CPU path: windows byte for byte (threads and workers), resized crops by
+resampling only, PNG and EXIF-turned files left to outcore's decoder, refusals; nvJPEG where a CUDA GPU is."""
 
 from __future__ import annotations
 
