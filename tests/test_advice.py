@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.cgroups import throttled
+from support.optional import need
 
 import outcore
 from outcore.cli import main
@@ -184,3 +185,17 @@ def test_the_user_s_choice_of_images_is_kept_and_nothing_is_measured(photos, tmp
     monkeypatch.setattr(choice, "memory", lambda: pytest.fail("measured although images= was given"))
     ds = outcore.ingest_images(photos, tmp_path / "mine.zarr", shape=(48, 48, 3), images="pixels", progress=False)
     assert not ds.info("images").is_image and "images_chosen" not in ds.attrs.provenance["recipe"]
+
+
+def test_advice_measures_encoded_pictures_decoded_on_a_device_where_asked(photos):
+    """Where torch sees a CUDA GPU (and torchvision is installed) it is asked by default; any torch device may be
+    given (here the CPU: the same path, decoded by outcore in the loader's process)."""
+    need("torch")
+    ds = outcore.ingest_images(photos, photos.parent / "for-a-gpu.zarr", shape=(48, 48, 3), images="encoded",
+                               progress=False)
+    advice = advise(ds, batch_size=16, gpu="cpu")
+    names = [kind.name for kind in advice.kinds]
+    assert names == ["encoded", "encoded, decode=cpu", "pixels", "pixels, zstd"]
+    mine, there = advice.kinds[:2]
+    assert (there.source, there.bytes, there.reads) == ("this store, decoded on cpu", mine.bytes, mine.reads)
+    assert there.cpu > 0 and "encoded, decode=cpu" in str(advice)

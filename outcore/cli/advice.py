@@ -6,11 +6,14 @@ cache can give (and for a first epoch), what the device delivers (`outcore.stora
 and request rates measured cold on the store's own files, applied to the bytes and reads an epoch
 makes): `outcore.storage.epochs`, the model ingest's ``images=None`` uses too. The kinds the store does
 not hold are measured on a sample converted to them: pixels (Blosc lz4, ingest's default, and Blosc
-`ZSTD`), or JPEGs re-encoded from the pixels (what ``images="encoded", max_side=`` would keep).
+`ZSTD`), or JPEGs re-encoded from the pixels (what ``images="encoded", max_side=`` would keep). Where torch
+sees a CUDA GPU and torchvision is installed, encoded pictures are also measured decoded there
+(``ds.torch(decode="cuda")``, `outcore.adapters.torch_decode`): the kind to choose when the cores are the limit.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import tempfile
 from collections.abc import Sequence
@@ -76,7 +79,7 @@ class Advice:
                 lines.append(f"{kind.name} with a device reading over {needed / 1e6:,.0f} MB/s, or "
                              f"{human_size(kind.bytes * self.samples / PAGE_CACHE_SHARE)} of memory for the page cache "
                              f"(its epochs then come from memory)")
-            if other.limit == "cores" and kind.cpu < best.rate:
+            if other.limit == "cores" and kind.cpu < best.rate and kind.gpu is None:
                 cores = math.ceil(self.cores * best.rate / kind.cpu)
                 lines.append(f"{kind.name} with {cores} cores or more (it decodes {kind.cpu / self.cores:,.0f} "
                              f"samples/s per core)")
@@ -117,13 +120,14 @@ class Advice:
         device = (f"device, read cold: {self.device}" if self.device is not None
                   else "device: not measured (an object store: see the epoch's traffic below)")
         lines = [f"{room}; cores: {self.cores}", device, ""]
-        header = (f"{'kind':13s} {'measured on':40s} {'bytes/sample':>12s} {'reads/epoch':>11s} {'cores/s':>8s} "
+        width = max(13, *(len(kind.name) for kind in self.kinds))
+        header = (f"{'kind':{width}s} {'measured on':40s} {'bytes/sample':>12s} {'reads/epoch':>11s} {'cores/s':>8s} "
                   f"{'1st epoch/s':>11s} {'later/s':>8s} {'from':>6s}  limit")
         lines += [header, "-" * len(header)]
         for kind in self.kinds:
             first, later = self.predict(kind, cold=True), self.predict(kind)
             reads = sum(kind.reads.values()) * self.samples
-            lines.append(f"{kind.name:13s} {kind.source:40s} {kind.bytes:12,.0f} {reads:11,.0f} {kind.cpu:8,.0f} "
+            lines.append(f"{kind.name:{width}s} {kind.source:40s} {kind.bytes:12,.0f} {reads:11,.0f} {kind.cpu:8,.0f} "
                          f"{first.rate:11,.0f} {later.rate:8,.0f} "
                          f"{'device' if self.from_device(kind) else 'memory':>6s}  {later.limit}")
         best = self.choice
@@ -135,8 +139,11 @@ class Advice:
         return "\n".join(lines)
 
 
-def advise(ds: Dataset, batch_size: int = 256, crop: int = 224, seconds: float = 2.0) -> Advice:
-    """Measure this machine for ``ds`` and predict its epochs as pixels and as encoded pictures.
+def advise(ds: Dataset, batch_size: int = 256, crop: int = 224, seconds: float = 2.0,
+           gpu: str | None = None) -> Advice:
+    """Measure this machine for ``ds`` and predict its epochs as pixels and as encoded pictures, and as encoded
+    pictures decoded on ``gpu`` (a torch device; default: ``"cuda"`` where torch sees one and torchvision is
+    installed, `cuda_decoding`).
 
     Evicts the store's pages from the page cache (to measure the device) and writes converted samples
     into a temporary folder.
@@ -152,8 +159,13 @@ def advise(ds: Dataset, batch_size: int = 256, crop: int = 224, seconds: float =
     targets = label_fields(ds)  # one value per sample: not maps, nor boxes
     room = memory()
     sample = _sample_indices(ds, images[0], min(SAMPLE_BYTES, room.available // 8))
-    kinds = [_measure(ds, name, targets, sample, "this store", batch_size, crop) for name in images]
+    measured = {name: _measure(ds, name, targets, sample, "this store", batch_size, crop) for name in images}
+    kinds = list(measured.values())
     held = {kind.name for kind in kinds}
+    encoded = next((name for name, kind in measured.items() if kind.name == "encoded"), None)
+    gpu = gpu or cuda_decoding()
+    if gpu is not None and encoded is not None:
+        kinds.append(_decoded_on(ds, encoded, targets, sample, batch_size, crop, gpu, measured[encoded]))
     if len(held) == 1 or PIXELS_ZSTD not in held:
         kinds += _converted(ds, images[0], targets, sample, held, batch_size, crop)
     sizes = sorted({size for kind in kinds for size in kind.reads}
@@ -161,6 +173,37 @@ def advise(ds: Dataset, batch_size: int = 256, crop: int = 224, seconds: float =
     device = None if is_url(ds.location) else measure_device(_files(Path(ds.location)), thread_count(), sizes,
                                                              seconds)
     return Advice(len(ds), room, thread_count(), device, tuple(kinds))
+
+
+def cuda_decoding() -> str | None:
+    """``"cuda"`` where encoded pictures can be decoded on a GPU here (torch sees one, torchvision is installed),
+    else None; torch is imported only where it is installed."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None:
+        return None
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def _decoded_on(ds: Dataset, field: str, targets: Sequence[str], sample: np.ndarray, batch_size: int, crop: int,
+                device: str, encoded: Kind, repeats: int = 3) -> Kind:
+    """The store's ``encoded`` kind decoded on ``device`` (``ds.torch(decode=device)``): its bytes and reads, and
+    an epoch of ``sample`` from memory, the device's work waited for."""
+    import torch
+
+    loader = ds.torch(batch_size, fields=[field, *targets], indices=sample, transform=_transform(ds, field, crop),
+                      shuffle=True, seed=1, decode=device)
+
+    def epoch() -> int:
+        count = sum(len(batch[field]) for batch in loader)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        return count
+
+    epoch()
+    rate = interleaved({field: epoch}, repeats)[field]
+    return Kind(f"encoded, decode={device}", f"this store, decoded on {device}", encoded.bytes, encoded.reads, rate,
+                device)
 
 
 def picture_fields(ds: Dataset) -> list[str]:

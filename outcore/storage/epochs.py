@@ -36,13 +36,15 @@ GROWTH = 4  # how many times larger the chunks are that a store laid out wrong i
 class Kind:
     """One way to store the pictures, as an epoch reads it: ``bytes`` from the device per sample, ``reads``
     per sample of each size (bytes → count), and ``cpu`` samples/s from memory on all the process's threads
-    (``math.inf``: nothing to decode worth counting); ``source`` says where it was measured."""
+    (``math.inf``: nothing to decode worth counting; with ``gpu``, the rate its pictures are decoded at on that
+    device); ``source`` says where it was measured."""
 
     name: str
     source: str
     bytes: float
     reads: dict[int, float]
     cpu: float
+    gpu: str | None = None
 
     def from_device(self, samples: int, memory: Memory) -> bool:
         """Whether every epoch of ``samples`` of this kind reads the device (they do not fit in the page cache).
