@@ -199,3 +199,13 @@ def test_advice_measures_encoded_pictures_decoded_on_a_device_where_asked(photos
     mine, there = advice.kinds[:2]
     assert (there.source, there.bytes, there.reads) == ("this store, decoded on cpu", mine.bytes, mine.reads)
     assert there.cpu > 0 and "encoded, decode=cpu" in str(advice)
+
+
+def test_advice_choosing_a_gpu_says_how_to_read_with_it():
+    encoded = Kind("encoded", "this store", bytes=20_000, reads={2**20: 1 / 128}, cpu=3_000)
+    gpu = Kind("encoded, decode=cuda", "this store, decoded on cuda", 20_000, {2**20: 1 / 128}, 9_000, "cuda")
+    advice = Advice(10**5, Memory(2**34, None), 16, None, (encoded, gpu))
+    text = str(advice)
+    assert "choose: encoded, decode=cuda (3.00x encoded; limited by the cores)" in text
+    assert "that is: this store, read with ds.torch(..., decode='cuda')" in text
+    assert "it would change: encoded with 48 cores or more" in text  # the GPU's kind is never asked for cores

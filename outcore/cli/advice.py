@@ -134,6 +134,8 @@ class Advice:
         others = [self.predict(kind) for kind in self.kinds if kind is not best.kind]
         ratio = ", ".join(f"{best.rate / other.rate:.2f}x {other.kind.name}" for other in others)
         lines += ["", f"choose: {best.kind.name} ({ratio}; limited by the {best.limit})"]
+        if best.kind.gpu is not None:
+            lines += [f"that is: this store, read with ds.torch(..., decode={best.kind.gpu!r})"]
         lines += [f"it would change: {line}" for line in self.changes()]
         lines += [f"layout: {line}" for line in self.layout()]
         return "\n".join(lines)
