@@ -10,7 +10,8 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
 - the same batch, already on the GPU (the ceiling: the GPU's own rate);
 - ``ds.torch(256, pin_memory=True)`` + ``to_device`` (reader threads, ``num_workers=0``), and with 4
   DataLoader worker processes; the same on an encoded store of the JPEG folder (decoded, cut and flipped by
-  outcore's threads: its defaults);
+  outcore's threads: its defaults), and decoded, cut and flipped on the GPU (``decode="cuda"``: outcore's
+  threads read the files, torchvision's nvJPEG decodes them);
 - a JPEG-folder DataLoader (Pillow decode per sample, 8 worker processes), the usual baseline;
 - with ``--cluster-workers n``: an encoded store of the JPEG folder, decoded, cropped and flipped by a
   ``LocalCluster`` of n single-threaded workers started with `outcore.WORKER_CONFIG` (``ds.torch(...,
@@ -19,7 +20,7 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
 With ``--imagenet FOLDER`` (ImageNet-like JPEGs of their own sizes, e.g. `benchmarks/imagenet.py`'s), also
 ResNet-50 (torchvision's, bf16, channels last) on ``Compose([RandomResizedCrop(224), RandomFlip()])`` from an
 encoded store of the folder's files at their own sizes: the same batch already on the GPU (its ceiling), and
-``ds.torch`` with its defaults.
+``ds.torch`` with its defaults and with ``decode="cuda"``.
 
 Each loader is made once and iterated epoch after epoch, as a training loop does (its DataLoader
 workers, where it has them, kept across epochs, as the Pillow DataLoader's are). Prints samples/s, the
@@ -177,6 +178,7 @@ def main() -> None:
         "outcore ds.torch, pixels, 4 DataLoader workers": outcore_feed(ds, AUGMENT, num_workers=4,
                                                                        persistent_workers=True),
         "outcore ds.torch, JPEG store, its defaults": outcore_feed(jpeg_store, AUGMENT),
+        "outcore ds.torch, JPEG store, decoded on the GPU": outcore_feed(jpeg_store, AUGMENT, decode=DEVICE),
         "JPEG folder, Pillow, DataLoader, 8 workers": lambda: epochs(
             jpeg_loader, lambda pair: (pair[0].to(DEVICE, non_blocking=True), pair[1].to(DEVICE, non_blocking=True))),
     }
@@ -199,6 +201,8 @@ def main() -> None:
         rows = [(name, *train(feed(), args.steps, resnet50)) for name, feed in {
             "the same batch, already on the GPU (ceiling)": lambda: resident(own_sizes, IMAGENET),
             "outcore ds.torch, JPEGs at their sizes, its defaults": outcore_feed(own_sizes, IMAGENET),
+            "outcore ds.torch, JPEGs at their sizes, decoded on the GPU": outcore_feed(own_sizes, IMAGENET,
+                                                                                      decode=DEVICE),
         }.items()]
         table("ResNet-50", f"{len(own_sizes):,} JPEGs at their own sizes, RandomResizedCrop(224) + flip", rows,
               args.steps)

@@ -1,19 +1,23 @@
-"""JPEG decoding on the GPU as a user would do it without outcore: torchvision's nvJPEG batch decode on CUDA, then
-RandomResizedCrop(224) + flip on the GPU, batches of 256, shuffled epochs over an ImageNet-like folder: the GPU's
-own anchor for outcore's CPU path.
+"""JPEG decoding on the GPU: as a user would do it without outcore (torchvision's nvJPEG batch decode on CUDA, then
+RandomResizedCrop(224) + flip on the GPU, batches of 256, shuffled epochs over an ImageNet-like folder), and
+outcore's ``ds.torch(decode="cuda")`` on a store of the same files against its CPU path.
 
-    python benchmarks/device/gpu_decode.py FOLDER [EPOCHS]
+    python benchmarks/device/gpu_decode.py FOLDER [EPOCHS] [--store STORE] [--device cuda]
 
-Rows: decode only (the nvJPEG ceiling), decode + RRC + flip (the GPU pipeline). The files are read from the page
-cache by a thread pool (as a DataLoader would feed them). Prints one JSON line per row. Needs CUDA and
-torchvision (it says so and stops without them).
+Rows: decode only (the nvJPEG ceiling), decode + RRC + flip (the GPU pipeline), the files read from the page
+cache by a thread pool (as a DataLoader would feed them); with ``--store`` (an encoded store of pictures at their
+own sizes, e.g. imagenet.py's ``own.zarr``): ``ds.torch(256, shuffle=True, transform=RRC(224) + flip)`` decoded
+on the device and on the CPU (the batches then copied to the device), and how far their pixels differ (the same
+boxes: mean and largest absolute difference of the first batches). Prints one JSON line per row. The nvJPEG rows
+need CUDA and torchvision; ``--device cpu`` runs outcore's rows anywhere (outcore's decoder on the CPU in the
+loader's process: the pipeline checked, not a GPU's speed).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,27 +53,67 @@ def epoch(files: list[Path], crop: bool, seed: int) -> float:
     return count / (time.perf_counter() - began)
 
 
+def outcore_epochs(store: Path, device: str, epochs: int) -> dict[str, object]:
+    """``ds.torch`` RRC(224) + flip epochs decoded on ``device`` and on the CPU (then copied there), and how far the
+    first batches' pixels differ."""
+    import torch
+
+    import outcore
+    from outcore.adapters.torch import to_device
+    from outcore.transforms import Compose, RandomFlip, RandomResizedCrop
+
+    ds = outcore.open_dataset(store)
+    train = Compose([RandomResizedCrop(224), RandomFlip()])
+    pinned = device.startswith("cuda")
+    loaders = {"here": ds.torch(BATCH, shuffle=True, transform=train, fields=["images", "labels"], pin_memory=pinned),
+               "there": ds.torch(BATCH, shuffle=True, transform=train, fields=["images", "labels"], decode=device)}
+    rates: dict[str, list[float]] = {name: [] for name in loaders}
+    for _ in range(epochs):
+        for name, loader in loaders.items():  # interleaved: a busy moment slows both
+            began, count = time.perf_counter(), 0
+            for batch in (to_device(loader, device) if name == "here" else loader):
+                count += len(batch["images"])
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            rates[name].append(count / (time.perf_counter() - began))
+    first = {name: next(iter(loader))["images"] for name, loader in loaders.items()}  # one epoch's: the same boxes
+    difference = (first["there"].cpu().int() - first["here"].cpu().int()).abs().float()
+    return {"store": str(store), "samples": len(ds), "img_s_cpu_path_each_epoch": [round(r) for r in rates["here"]],
+            f"img_s_decode_{device}_each_epoch": [round(r) for r in rates["there"]],
+            "pixels_mean_abs_difference": round(float(difference.mean()), 3),
+            "pixels_largest_difference": int(difference.max())}
+
+
 def main() -> None:
-    root, epochs = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("epochs", type=int, nargs="?", default=2)
+    parser.add_argument("--store", type=Path, help="an encoded store of the folder's pictures at their own sizes")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
     try:
         import torch
         import torchvision
     except ImportError as error:
-        print(f"no torchvision here ({error}): nothing to measure")
+        torch = torchvision = None
+        print(f"no torchvision here ({error}): no nvJPEG rows")
+    if torchvision is not None and torch.cuda.is_available():
+        files = sorted(path for path in args.folder.rglob("*") if path.suffix.lower() in (".jpg", ".jpeg"))
+        if not files:
+            raise SystemExit(f"no JPEGs under {args.folder}")
+        print(json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__,
+                          "gpu": torch.cuda.get_device_name(0), "files": len(files)}), flush=True)
+        for crop in (False, True):
+            rates = [epoch(files, crop, seed) for seed in range(args.epochs)]
+            print(json.dumps({"row": "nvJPEG decode + RRC(224) + flip on GPU" if crop else "nvJPEG decode only",
+                              "img_s_each_epoch": [round(rate) for rate in rates],
+                              "img_s_best_after_first": round(max(rates[1:] or rates))}), flush=True)
+    elif args.device.startswith("cuda"):
+        print("no CUDA GPU with torchvision: nothing to measure")
         return
-    if not torch.cuda.is_available():
-        print("no CUDA GPU: nothing to measure")
-        return
-    files = sorted(path for path in root.rglob("*") if path.suffix.lower() in (".jpg", ".jpeg"))
-    if not files:
-        raise SystemExit(f"no JPEGs under {root}")
-    print(json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__,
-                      "gpu": torch.cuda.get_device_name(0), "files": len(files)}), flush=True)
-    for crop in (False, True):
-        rates = [epoch(files, crop, seed) for seed in range(epochs)]
-        print(json.dumps({"row": "nvJPEG decode + RRC(224) + flip on GPU" if crop else "nvJPEG decode only",
-                          "img_s_each_epoch": [round(rate) for rate in rates],
-                          "img_s_best_after_first": round(max(rates[1:] or rates))}), flush=True)
+    if args.store is not None:
+        print(json.dumps({"row": f"outcore ds.torch(decode={args.device!r}) against its CPU path",
+                          **outcore_epochs(args.store, args.device, args.epochs)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 #               GIL share per stage on all the cores (py-spy, when .dev/whl has it), ds.torch with 0-16 workers
 #   cluster     benchmarks/cluster.py: 1-8 Dask workers decoding, cropping and flipping
 #   imagenet    benchmarks/imagenet.py: full-size JPEGs, RandomResizedCrop(224) + flip, against its ceiling
-#   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor)
+#   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor), and
+#               ds.torch(decode="cuda") against outcore's CPU path on the same files
 #   gpu         benchmarks/gpu_training.py: does the GPU wait? a small ResNet (and ResNet-50 on RRC) fed by outcore
 #   dense       benchmarks/dense_targets.py: crops and flips of pictures with their instance maps, boxes and keypoints,
 #               against torchvision v2 on tv_tensors in a DataLoader with a worker per core
@@ -39,7 +40,7 @@ step() {  # step NAME SECONDS COMMAND...: run in benchmarks/, time-boxed, logged
 step cores 200 python3 cores.py --images 6000 --threads 1,2,4,8,16 --seconds 3 --torch-workers 0,4,8,16 --workdir $work/cores
 step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
 step imagenet 110 python3 imagenet.py --images 6000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
-step gpu_decode 45 python3 device/gpu_decode.py $work/inet/train 2
+step gpu_decode 90 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr
 step gpu 120 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
 step dense 75 python3 dense_targets.py --images 2048 --batch 64 --repeats 2 --workdir $work/dense
 for log in "$OUT"/*.log; do
