@@ -294,6 +294,18 @@ def test_cluster_workers_crop_while_decoding_as_local_threads_do(client, photos)
     assert local[0][field].shape == (10, 20, 20, 3)
 
 
+def test_cluster_workers_leave_files_undecoded_with_the_boxes_local_threads_draw(client, photos):
+    """``decode="later"`` on a cluster: the same files, boxes and mirrors as on local threads (the pictures
+    then decoded elsewhere, `outcore.adapters.torch_decode`)."""
+    field = "images_encoded"
+    transform = transforms.Compose([transforms.RandomResizedCrop(20, field=field), transforms.RandomFlip(field=field)])
+    options = {"seed": 5, "transform": transform, "fields": [field, "labels"], "decode": "later"}
+    local = list(photos.batches(10, **options))
+    _assert_same_batches(local, list(photos.batches(10, client=client, **options)))
+    assert sorted(local[0]) == sorted([field, f"{field}_offsets", f"{field}_boxes", f"{field}_flips", f"{field}_sizes",
+                                       "labels"])
+
+
 def test_cluster_workers_move_masks_and_boxes_with_their_pictures_as_local_threads_do(client, tmp_path):
     rng = np.random.default_rng(0)
     corners = rng.uniform(0, 12, (60, 3, 2))
