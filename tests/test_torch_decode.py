@@ -186,3 +186,21 @@ def test_nvjpeg_decodes_the_batches_of_the_cpu_path(photos):
             assert got["images"].device.type == "cuda"
             assert (got["images"].cpu().int() - expected["images"].int()).abs().float().mean() < bound
 
+
+
+def test_a_damaged_file_is_named_whichever_decoder_refuses_it(photos):
+    """The device's decoder refuses the batch (nvJPEG raises for the whole list): each file is then decoded by
+    outcore, which names the damaged one; the others' pixels are right."""
+    loader = photos.torch(8, transform=WINDOWS, decode="cpu")
+    decoder = loader._decoder
+    batch = next(iter(photos.batches(8, transform=WINDOWS, decode="later")))
+    files = {name: torch.from_numpy(values) for name, values in batch.items() if name.startswith("images")}
+    second = int(files["images_offsets"][1])
+    files["images"][second + 200 : second + 400] = 7  # the second file's entropy-coded data overwritten
+
+    def refuses(files, channels):
+        raise RuntimeError("nvjpeg: decode failed")
+
+    decoder.decoder = refuses
+    with pytest.raises(outcore.errors.ImageError, match=r"photos.zarr: field 'images', sample 9: cannot decode"):
+        decoder(type("Batch", (dict,), {"samples": np.arange(8, 16)})(files))

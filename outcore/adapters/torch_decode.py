@@ -88,9 +88,12 @@ class DeviceDecoder:
         outcore's decoder. A picture not of the size the store gives it is a `SampleDecodeError` naming it."""
         plain = [k for k, data in enumerate(files) if plain_jpeg(data.numpy()) and _whole_jpeg(data)]
         pictures: list[Any] = [None] * len(files)
-        if plain:
-            for k, picture in zip(plain, self.decoder([files[k] for k in plain], field.decode.channels), strict=True):
-                pictures[k] = picture.to(self.device)
+        try:
+            decoded = self.decoder([files[k] for k in plain], field.decode.channels) if plain else []
+        except Exception:  # noqa: BLE001 - a file it refused: each decoded by outcore, which names a damaged one
+            plain, decoded = [], []
+        for k, picture in zip(plain, decoded, strict=True):
+            pictures[k] = picture.to(self.device)
         for k in sorted(set(range(len(files))) - set(plain)):
             pictures[k] = _host_picture(files[k], sizes[k], field.decode, self._name(name, samples, k)).to(self.device)
         for k, (picture, size) in enumerate(zip(pictures, sizes, strict=True)):
