@@ -151,7 +151,9 @@ def torchvision_decoder(device: Any) -> Decoder:
 
     def decode(files: list[Any], channels: int) -> list[Any]:
         mode = ImageReadMode.RGB if channels == 3 else ImageReadMode.GRAY
-        return decode_jpeg([data.contiguous() for data in files], mode=mode, device=device)
+        pictures = decode_jpeg([data.contiguous() for data in files], mode=mode, device=device)
+        torch.cuda.current_stream(device).synchronize()  # done with the files (pinned memory, reused once freed)
+        return pictures
 
     return decode
 
