@@ -6,13 +6,14 @@ files undecoded and the boxes its crop drew, as on the CPU path, the same boxes 
 (`outcore.iterate.gather.undecoded`). Here, in the training process, the plain JPEGs of a batch (`plain_jpeg`:
 no EXIF) are decoded together by torchvision's ``decode_jpeg`` on the device (nvJPEG on CUDA); any other file
 (PNG, WebP, a JPEG with EXIF, which may be turned) by outcore's own decoder, upright, as the CPU path decodes it,
-then moved there. Each box is resized to the crop's size (bilinear, antialiased, as torchvision's
-``resized_crop`` does on tensors) and mirrored; a box past the picture's edges (``RandomCrop``'s padding) leaves
-zeros there. Sub-pixel box edges (``CenterCrop(resize=)``, ``ScaleJitter``) are rounded to whole pixels.
+then moved there. Each box is resized to the crop's size by the filter outcore's threads resize with (Pillow's
+antialiased bilinear, sub-pixel edges and all: `outcore.imaging.resize.resize_taps`, two matrix products in
+float64 there) and mirrored; a box past the picture's edges (``RandomCrop``'s padding) leaves zeros there.
 
-Pixels differ from the CPU path's by the resampling (libjpeg-turbo's DCT scaling and outcore's resize against
-a full decode and torch's): `benchmarks/device/gpu_decode.py` measures how far, and tests/test_torch_decode.py
-bounds it on the CPU.
+Pixels are the CPU path's where the decoders give the same pixels (outcore's own, ``decode="cpu"``, for
+pictures the CPU path decodes whole); they differ where the CPU path decodes a large picture at a reduced DCT
+scale (1/2, 1/4, 1/8) for a small crop, and by nvJPEG's own IDCT and upsampling: `benchmarks/device/gpu_decode.py`
+measures how far, and tests/test_torch_decode.py bounds it on the CPU.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, SampleDecodeError
+from ..errors import ImageError, OptionError, SampleDecodeError
 from ..format import ImageDecode, offsets_name, undecoded_names
-from ..imaging import box_part, decode_image, plain_jpeg
+from ..imaging import Box, box_part, cut_from_file, decode_image, plain_jpeg, policy_crop, resize_taps
+from ..imaging.resize import cover_box
 from ..iterate import recipe
 from .torch_module import torch
 
@@ -70,22 +72,28 @@ class DeviceDecoder:
                  samples: Any) -> Any:
         channels, dtype = field.decode.channels, torch.from_numpy(np.zeros(0, field.decode.dtype)).dtype
         out = torch.zeros((len(files), *field.size, channels), dtype=dtype, device=self.device)
-        pictures = self._pictures(name, field, files, sizes.tolist(), samples)
+        sizes = sizes.tolist()
+        pictures = self._pictures(name, field, files, sizes, samples)
         for k, (picture, box, flip) in enumerate(zip(pictures, boxes.tolist(), flips.tolist(), strict=True)):
-            part = box_part(tuple(box), tuple(picture.shape[1:]), field.size, (bool(flip[0]), bool(flip[1])))
+            sample = tuple(sizes[k])  # the box's picture: the field's shape, or the picture's own size
+            if tuple(picture.shape[1:]) != sample and not cut_from_file(files[k].numpy().tobytes(), field.decode):
+                picture = fitted(picture, sample, field.decode.resize, self._name(name, samples, k))
+            part = box_part(tuple(box), sample, field.size, (bool(flip[0]), bool(flip[1])))
             if part is None:  # a window wholly past the picture: zeros
                 continue
-            (top, left, height, width), size, (rows, columns) = part
-            top, left = round(top), round(left)
-            piece = _resized(picture[:, top : top + max(1, round(height)), left : left + max(1, round(width))], size)
+            box, size, (rows, columns) = part
+            piece = _resized(picture, in_file(box, tuple(picture.shape[1:]), sample, field.decode.resize), size)
             mirrored = [axis for axis, on in ((2, flip[0]), (1, flip[1])) if on]
             out[k, rows, columns] = (piece.flip(mirrored) if mirrored else piece).permute(1, 2, 0)
+        if len(field.decode.shape) == 2:  # a field of grey pictures without a channel axis, as the CPU path gives it
+            return out[..., 0]
         return out.permute(0, 3, 1, 2) if self.channels_first else out
 
     def _pictures(self, name: str, field: Undecoded, files: list[Any], sizes: list[list[int]],
                   samples: Any) -> list[Any]:
         """Each file decoded on the device, (C, H, W): the plain JPEGs by the decoder, together; the others by
-        outcore's decoder. A picture not of the size the store gives it is a `SampleDecodeError` naming it."""
+        outcore's decoder. A picture kept at its own size (a field of pictures of one size: of any, fitted to it
+        by `in_file`) not of the size the store gives it is a `SampleDecodeError` naming it."""
         plain = [k for k, data in enumerate(files) if plain_jpeg(data.numpy()) and _whole_jpeg(data)]
         pictures: list[Any] = [None] * len(files)
         try:
@@ -97,7 +105,7 @@ class DeviceDecoder:
         for k in sorted(set(range(len(files))) - set(plain)):
             pictures[k] = _host_picture(files[k], sizes[k], field.decode, self._name(name, samples, k)).to(self.device)
         for k, (picture, size) in enumerate(zip(pictures, sizes, strict=True)):
-            if list(picture.shape[1:]) != size or picture.shape[0] != field.decode.channels:
+            if (field.decode.variable and list(picture.shape[1:]) != size) or picture.shape[0] != field.decode.channels:
                 raise SampleDecodeError(
                     f"{self._name(name, samples, k)}: decoded on {self.device} to {tuple(picture.shape[1:])} with "
                     f"{picture.shape[0]} channels, but the store gives it {tuple(size)} with "
@@ -108,6 +116,44 @@ class DeviceDecoder:
     def _name(self, field: str, samples: Any, k: int) -> str:
         sample = f"sample {int(samples[k])}" if samples is not None else f"row {k} of the batch"
         return f"{self.location}: field {field!r}, {sample}"
+
+
+def in_file(box: Box, found: tuple[int, int], sample: tuple[int, int], resize: str | None) -> Box:
+    """``box`` of a sample of ``sample`` size (h, w) in the pixels of its file, of ``found`` size, which the
+    field's ``resize`` policy fits to the sample (`policy_crop`: the centre that covers it, all of it, or
+    past its edges for ``pad``).
+
+    >>> in_file((0, 0, 16, 16), (40, 60), (32, 32), "crop")
+    (0.0, 10.0, 20.0, 20.0)
+    >>> in_file((1, 2, 3, 4), (32, 32), (32, 32), "crop")
+    (1, 2, 3, 4)
+    """
+    if found == sample:
+        return box
+    top, left, height, width = policy_crop(found, sample, resize or "crop")
+    sy, sx = height / sample[0], width / sample[1]
+    return top + box[0] * sy, left + box[1] * sx, box[2] * sy, box[3] * sx
+
+
+def fitted(picture: Any, size: tuple[int, int], resize: str | None, name: str) -> Any:
+    """``picture`` (C, H, W) fitted to ``size`` by the field's ``resize`` policy as `outcore.imaging.fit` fits it:
+    resized whole (``fit``), its centre covering it (``crop``), or resized within it and padded with zeros
+    (``pad``); no policy is an `ImageError` naming the sample."""
+    height, width = picture.shape[1:]
+    if resize == "fit":
+        return _resized(picture, (0, 0, height, width), size)
+    if resize == "crop":
+        top, left, bottom, right = cover_box((height, width), size)
+        return _resized(picture, (top, left, bottom - top, right - left), size)
+    if resize != "pad":
+        raise ImageError(name, f"it is {height}x{width}, the field's pictures {size[0]}x{size[1]}, and its resize policy "
+                               "is none: decode it here, leaving decode= out")
+    scale = min(size[0] / height, size[1] / width)
+    scaled = min(size[0], max(1, round(height * scale))), min(size[1], max(1, round(width * scale)))
+    top, left = (size[0] - scaled[0]) // 2, (size[1] - scaled[1]) // 2
+    padded = torch.zeros((picture.shape[0], *size), dtype=picture.dtype, device=picture.device)
+    padded[:, top : top + scaled[0], left : left + scaled[1]] = _resized(picture, (0, 0, height, width), scaled)
+    return padded
 
 
 def _files(files: Any, offsets: Any) -> list[Any]:
@@ -121,15 +167,33 @@ def _whole_jpeg(data: Any) -> bool:
     return len(data) >= 4 and bytes(data[-2:].numpy()) == b"\xff\xd9"
 
 
-def _resized(picture: Any, size: tuple[int, int]) -> Any:
-    """``picture`` (C, H, W) resized to ``size`` as torchvision resizes tensors: bilinear, antialiased, rounded."""
-    if tuple(picture.shape[1:]) == tuple(size):
-        return picture
-    resized = torch.nn.functional.interpolate(picture[None].float(), size=size, mode="bilinear", antialias=True,
-                                              align_corners=False)[0]
-    if picture.dtype.is_floating_point:
-        return resized.to(picture.dtype)
-    return resized.round_().clamp_(0, torch.iinfo(picture.dtype).max).to(picture.dtype)
+def _resized(picture: Any, box: Box, size: tuple[int, int]) -> Any:
+    """``box`` (top, left, height, width) of ``picture`` (C, H, W) resized to ``size`` as outcore's threads resize it:
+    Pillow's antialiased bilinear filter, columns first, then rows, rounded between (`resize_taps`), as two matrix
+    products in float64 on the picture's device (exact: the C extension's fixed-point sums). A box of whole pixels
+    at the size is its pixels."""
+    top, left, height, width = box
+    if (height, width) == tuple(size) and float(top).is_integer() and float(left).is_integer():
+        return picture[:, int(top) : int(top) + size[0], int(left) : int(left) + size[1]]
+    y0, rows, *down = resize_taps(top, top + height, picture.shape[1], size[0])
+    x0, columns, *across = resize_taps(left, left + width, picture.shape[2], size[1])
+    region = picture[:, y0 : y0 + rows, x0 : x0 + columns].to(torch.float64)
+    resized = _rounded(region @ _tap_matrix(columns, *across, picture.device).T, picture.dtype)
+    return _rounded(_tap_matrix(rows, *down, picture.device) @ resized, picture.dtype).to(picture.dtype)
+
+
+def _tap_matrix(span: int, columns: np.ndarray, weights: np.ndarray, device: Any) -> Any:
+    """`outcore.imaging.resize.tap_matrix` made on ``device`` from the taps (one copy of them there)."""
+    taps = torch.from_numpy(np.stack([columns.astype(np.float64), weights])).to(device)
+    matrix = torch.zeros((len(columns), span), dtype=torch.float64, device=device)
+    return matrix.scatter_add_(1, taps[0].long(), taps[1])
+
+
+def _rounded(values: Any, dtype: Any) -> Any:
+    """Sums of an integer picture's pixels rounded half up and held to its dtype's range (a float one's as they are)."""
+    if dtype.is_floating_point:
+        return values
+    return values.add_(0.5).floor_().clamp_(0, torch.iinfo(dtype).max)
 
 
 def _host_picture(data: Any, size: Sequence[int], decode: ImageDecode, name: str) -> Any:
@@ -141,8 +205,11 @@ def _host_picture(data: Any, size: Sequence[int], decode: ImageDecode, name: str
 
 def host_decoder(files: list[Any], channels: int) -> list[Any]:
     """Plain JPEGs decoded by outcore's decoder (libjpeg-turbo), one by one, on the CPU, as (C, H, W) uint8."""
-    return [torch.from_numpy(np.array(decode_image(data.numpy().tobytes(), (None, None, channels), "crop",
-                                                   np.dtype(np.uint8)))).permute(2, 0, 1) for data in files]
+    pictures = []
+    for data in files:
+        pixels = decode_image(data.numpy().tobytes(), (None, None, channels), "crop", np.dtype(np.uint8))
+        pictures.append(torch.from_numpy(np.array(pixels.reshape(*pixels.shape[:2], channels))).permute(2, 0, 1))
+    return pictures
 
 
 def torchvision_decoder(device: Any) -> Decoder:

@@ -7,6 +7,7 @@ from .decode import (
     IMAGE_EXTENSIONS,
     LEAD,
     MAX_PIXELS,
+    cut_from_file,
     decode_image,
     empty_for_decoding,
     load_image,
@@ -29,7 +30,16 @@ from .label_maps import (
     label_map_dtype,
     policy_crop,
 )
-from .resize import RESIZE_POLICIES, ResizePolicy, fit, parse_resize, resize_box, resize_boxes
+from .resize import (
+    RESIZE_POLICIES,
+    ResizePolicy,
+    fit,
+    parse_resize,
+    resize_box,
+    resize_boxes,
+    resize_taps,
+    tap_matrix,
+)
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
 from .targets import BoxPolicy, cut_label_maps, cut_maps, move_boxes, move_keypoints, move_points, owners
 from .windows import copy_samples
@@ -55,6 +65,7 @@ __all__ = [
     "check_max_side",
     "check_placement",
     "copy_samples",
+    "cut_from_file",
     "cut_label_maps",
     "cut_maps",
     "cut_rows",
@@ -81,8 +92,10 @@ __all__ = [
     "read_image_file",
     "resize_box",
     "resize_boxes",
+    "resize_taps",
     "shrink_image",
     "stored_frame",
+    "tap_matrix",
     "upright_size",
     "within",
 ]

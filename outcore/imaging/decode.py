@@ -256,6 +256,17 @@ def decode_region(
     return out
 
 
+def cut_from_file(data: bytes, decode: ImageDecode) -> bool:
+    """Whether `decode_region` cuts a box of this file from the file's own pixels (a plain 8-bit JPEG of the
+    field's colour space, kept at its size or under the ``crop`` or ``fit`` policy: one resize), rather than
+    from the sample `decode_image` fits to the field's shape (two).
+
+    >>> cut_from_file(b"\\x89PNG", ImageDecode((32, 32, 3)))
+    False
+    """
+    return _file_region(data, decode, (0.0, 0.0, 1.0, 1.0)) is not None
+
+
 def dct_scale(size: tuple[int, int], need: tuple[int, int]) -> int:
     """The scale, in eighths, at which a JPEG of ``size`` (h, w) is decoded to be at least ``need``: the
     smallest of 1/8, 1/4, 1/2 and 1 that is enough. libjpeg-turbo's IDCTs at 3/8, 5/8, 3/4 and 7/8 are

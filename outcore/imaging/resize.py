@@ -3,6 +3,7 @@ boxes of a batch (RandomResizedCrop)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
@@ -124,6 +125,51 @@ def _resize_uint8(pixels: np.ndarray, size: tuple[int, int], edges: tuple[float,
     columns = image.resize((width, image.height), Image.Resampling.BILINEAR, box=(edges[1], 0, edges[3], image.height))
     rows = columns.resize((width, height), Image.Resampling.BILINEAR, box=(0, edges[0], width, edges[2]))
     return _placed(np.asarray(rows).reshape(height, width, channels), out, flip)
+
+
+PRECISION_BITS = 22  # the C extension's fixed-point weights (as Pillow's): 8-bit samples times weights fit 32 bits
+
+
+def resize_taps(start: float, end: float, limit: int, size: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """Pillow's antialiased bilinear filter (outcore's resize, `resize_edges`) along one axis, as taps:
+    ``(first, span, columns, weights)``: output pixel ``i`` of the region ``[start, end)`` of an axis of ``limit``
+    pixels resized to ``size`` is ``sum_j weights[i, j] * pixels[first + columns[i, j]]``, rounded half up, the
+    pixels read lying in ``[first, first + span)`` (``columns`` (size, taps) int64, ``weights`` float64: the C
+    extension's fixed-point weights over ``2 ** PRECISION_BITS``; unused taps weigh 0). `tap_matrix` makes them
+    one matrix, for a device that resizes by matrix products (`outcore.adapters.torch_decode`): the pixels
+    outcore's threads give.
+
+    >>> first, span, columns, weights = resize_taps(1.0, 3.0, 4, 1)  # a triangle twice as wide: pixels 1, 2 halved
+    >>> (tap_matrix(span, columns, weights) * 8).tolist()
+    [[1.0, 3.0, 3.0, 1.0]]
+    >>> first, span, columns, weights = resize_taps(1.0, 3.0, 4, 2)  # a plain crop: its pixels
+    >>> first, tap_matrix(span, columns, weights).tolist()
+    (1, [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    """
+    first_edge, last_edge = np.float32(start), np.float32(end)  # single precision, as in Pillow and the C extension
+    scale = float(last_edge - first_edge) / size
+    support = max(scale, 1.0)  # the filter widens when shrinking: antialiasing
+    width = math.ceil(support) * 2 + 1
+    centers = float(first_edge) + (np.arange(size) + 0.5) * scale
+    low = np.maximum(np.trunc(centers - support + 0.5), 0).astype(np.int64)
+    count = np.clip(np.minimum(np.trunc(centers + support + 0.5), limit).astype(np.int64) - low, 0, width)
+    taps = np.arange(width)
+    used = taps < count[:, None]
+    raw = np.where(used, np.clip(1.0 - np.abs((taps + low[:, None] - centers[:, None] + 0.5) / support), 0, None), 0)
+    total = raw.sum(axis=1, keepdims=True)
+    normal = np.divide(raw, total, out=raw.copy(), where=total != 0)
+    weights = np.trunc(normal * (1 << PRECISION_BITS) + 0.5) / (1 << PRECISION_BITS)
+    first = int(low.min())
+    span = max(1, int((low + count).max()) - first)
+    columns = np.minimum(low[:, None] - first + taps, span - 1)  # an unused tap points inside, weighing 0
+    return first, span, columns, weights
+
+
+def tap_matrix(span: int, columns: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """`resize_taps`' taps as a (size, span) matrix: its product with ``span`` pixels is the resized line."""
+    matrix = np.zeros((len(columns), span), np.float64)
+    np.add.at(matrix, (np.repeat(np.arange(len(columns)), columns.shape[1]), columns.reshape(-1)), weights.reshape(-1))
+    return matrix
 
 
 @contextmanager
