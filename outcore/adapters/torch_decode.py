@@ -7,8 +7,8 @@ files undecoded and the boxes its crop drew, as on the CPU path, the same boxes 
 no EXIF) are decoded together by torchvision's ``decode_jpeg`` on the device (nvJPEG on CUDA); any other file
 (PNG, WebP, a JPEG with EXIF, which may be turned) by outcore's own decoder, upright, as the CPU path decodes it,
 then moved there. Each box is resized to the crop's size by the filter outcore's threads resize with (Pillow's
-antialiased bilinear, sub-pixel edges and all: `outcore.imaging.resize.resize_taps`, two matrix products in
-float64 there) and mirrored; a box past the picture's edges (``RandomCrop``'s padding) leaves zeros there.
+antialiased bilinear, sub-pixel edges and all: `outcore.imaging.resize.resize_taps`, weighted sums in float64
+there) and mirrored; a box past the picture's edges (``RandomCrop``'s padding) leaves zeros there.
 
 Pixels are the CPU path's where the decoders give the same pixels (outcore's own, ``decode="cpu"``, for
 pictures the CPU path decodes whole); they differ where the CPU path decodes a large picture at a reduced DCT
@@ -169,24 +169,24 @@ def _whole_jpeg(data: Any) -> bool:
 
 def _resized(picture: Any, box: Box, size: tuple[int, int]) -> Any:
     """``box`` (top, left, height, width) of ``picture`` (C, H, W) resized to ``size`` as outcore's threads resize it:
-    Pillow's antialiased bilinear filter, columns first, then rows, rounded between (`resize_taps`), as two matrix
-    products in float64 on the picture's device (exact: the C extension's fixed-point sums). A box of whole pixels
-    at the size is its pixels."""
+    Pillow's antialiased bilinear filter, columns first, then rows, rounded between (`resize_taps`), each output
+    pixel its taps' weighted sum in float64 on the picture's device (exact: the C extension's fixed-point sums). A
+    box of whole pixels at the size is its pixels."""
     top, left, height, width = box
     if (height, width) == tuple(size) and float(top).is_integer() and float(left).is_integer():
         return picture[:, int(top) : int(top) + size[0], int(left) : int(left) + size[1]]
     y0, rows, *down = resize_taps(top, top + height, picture.shape[1], size[0])
     x0, columns, *across = resize_taps(left, left + width, picture.shape[2], size[1])
     region = picture[:, y0 : y0 + rows, x0 : x0 + columns].to(torch.float64)
-    resized = _rounded(region @ _tap_matrix(columns, *across, picture.device).T, picture.dtype)
-    return _rounded(_tap_matrix(rows, *down, picture.device) @ resized, picture.dtype).to(picture.dtype)
+    resized = _rounded(_tapped(region, *across), picture.dtype)  # (C, rows, width)
+    return _rounded(_tapped(resized.transpose(1, 2), *down), picture.dtype).transpose(1, 2).to(picture.dtype)
 
 
-def _tap_matrix(span: int, columns: np.ndarray, weights: np.ndarray, device: Any) -> Any:
-    """`outcore.imaging.resize.tap_matrix` made on ``device`` from the taps (one copy of them there)."""
-    taps = torch.from_numpy(np.stack([columns.astype(np.float64), weights])).to(device)
-    matrix = torch.zeros((len(columns), span), dtype=torch.float64, device=device)
-    return matrix.scatter_add_(1, taps[0].long(), taps[1])
+def _tapped(lines: Any, columns: np.ndarray, weights: np.ndarray) -> Any:
+    """Each line of ``lines`` (..., span) resized by its taps: (..., size), the weighted sums of the pixels each
+    output pixel reads (the taps copied to the device once)."""
+    taps = torch.from_numpy(np.stack([columns.astype(np.float64), weights])).to(lines.device)
+    return (lines[..., taps[0].long()] * taps[1]).sum(dim=-1)
 
 
 def _rounded(values: Any, dtype: Any) -> Any:

@@ -38,7 +38,6 @@ from .resize import (
     resize_box,
     resize_boxes,
     resize_taps,
-    tap_matrix,
 )
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
 from .targets import BoxPolicy, cut_label_maps, cut_maps, move_boxes, move_keypoints, move_points, owners
@@ -95,7 +94,6 @@ __all__ = [
     "resize_taps",
     "shrink_image",
     "stored_frame",
-    "tap_matrix",
     "upright_size",
     "within",
 ]

@@ -135,16 +135,15 @@ def resize_taps(start: float, end: float, limit: int, size: int) -> tuple[int, i
     ``(first, span, columns, weights)``: output pixel ``i`` of the region ``[start, end)`` of an axis of ``limit``
     pixels resized to ``size`` is ``sum_j weights[i, j] * pixels[first + columns[i, j]]``, rounded half up, the
     pixels read lying in ``[first, first + span)`` (``columns`` (size, taps) int64, ``weights`` float64: the C
-    extension's fixed-point weights over ``2 ** PRECISION_BITS``; unused taps weigh 0). `tap_matrix` makes them
-    one matrix, for a device that resizes by matrix products (`outcore.adapters.torch_decode`): the pixels
-    outcore's threads give.
+    extension's fixed-point weights over ``2 ** PRECISION_BITS``; unused taps weigh 0): for a device that
+    resizes by such sums (`outcore.adapters.torch_decode`), the pixels outcore's threads give.
 
     >>> first, span, columns, weights = resize_taps(1.0, 3.0, 4, 1)  # a triangle twice as wide: pixels 1, 2 halved
-    >>> (tap_matrix(span, columns, weights) * 8).tolist()
-    [[1.0, 3.0, 3.0, 1.0]]
+    >>> first, span, columns.tolist(), (weights * 8).tolist()
+    (0, 4, [[0, 1, 2, 3, 3]], [[1.0, 3.0, 3.0, 1.0, 0.0]])
     >>> first, span, columns, weights = resize_taps(1.0, 3.0, 4, 2)  # a plain crop: its pixels
-    >>> first, tap_matrix(span, columns, weights).tolist()
-    (1, [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    >>> first, columns[:, 0].tolist(), weights[:, 0].tolist()
+    (1, [0, 1], [1.0, 1.0])
     """
     first_edge, last_edge = np.float32(start), np.float32(end)  # single precision, as in Pillow and the C extension
     scale = float(last_edge - first_edge) / size
@@ -163,13 +162,6 @@ def resize_taps(start: float, end: float, limit: int, size: int) -> tuple[int, i
     span = max(1, int((low + count).max()) - first)
     columns = np.minimum(low[:, None] - first + taps, span - 1)  # an unused tap points inside, weighing 0
     return first, span, columns, weights
-
-
-def tap_matrix(span: int, columns: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """`resize_taps`' taps as a (size, span) matrix: its product with ``span`` pixels is the resized line."""
-    matrix = np.zeros((len(columns), span), np.float64)
-    np.add.at(matrix, (np.repeat(np.arange(len(columns)), columns.shape[1]), columns.reshape(-1)), weights.reshape(-1))
-    return matrix
 
 
 @contextmanager
