@@ -55,11 +55,12 @@ def _pairs(ds: outcore.Dataset, transform, **options) -> list[tuple[dict, dict]]
     return list(zip(there, here, strict=True))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_windows_decoded_on_the_device_are_the_batches_decoded_here(photos, workers):
+@pytest.mark.parametrize(("workers", "start"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_windows_decoded_on_the_device_are_the_batches_decoded_here(photos, workers, start):
     """RandomCrop's padded windows, mirrored both ways, copy pixels: the same batches to the byte, made by threads
-    or by DataLoader workers making parts of each batch."""
-    for there, here in _pairs(photos, WINDOWS, num_workers=workers):
+    or by DataLoader workers making parts of each batch (started by fork or spawn: what they are sent pickles)."""
+    options = {"num_workers": workers, "multiprocessing_context": start} if workers else {}
+    for there, here in _pairs(photos, WINDOWS, **options):
         assert there["images"].shape == here["images"].shape == (8, 48, 48, 3)
         assert torch.equal(there["images"], here["images"])
         assert torch.equal(there["labels"], here["labels"])
