@@ -19,7 +19,8 @@ raster fields), then, for each case (``ds.batches(256, shuffle=True)`` over the 
   and decompress, JPEG decode, crop/resize, batch assembly, transforms, plan and schedule, threads and
   queues, the consumer). ``GIL share`` is GIL time over CPU time, per stage and in all; on ``n`` cores a
   share ``s`` allows at most ``1 / (s + (1 - s) / n)`` times one core's rate (the GIL's part runs one
-  thread at a time), printed for 16 cores beside the scaling measured here.
+  thread at a time), printed for 16 cores beside the scaling measured here; then the functions holding the GIL
+  most (each sample put in its innermost outcore frame's function): where to look first.
 
 py-spy must be installed (``pip install py-spy``) and allowed to read the process (root, or
 ``kernel.yama.ptrace_scope=0``). On 2 cores, the scaling table stops at 2 threads: the GIL share is what
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +51,7 @@ from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCro
 
 BATCH = 256
 RATE = 250  # py-spy samples a second
+FUNCTIONS = 8  # the functions holding the GIL most, printed per case
 CASES = {  # name: (store, transform)
     "pixels": ("pixels", None),
     "pixels+crop": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
@@ -163,14 +166,16 @@ def in_a_process(made: dict[str, Path], case: str, threads: int, seconds: float)
     return float(json.loads(done.stdout.strip().splitlines()[-1])["samples_s"])
 
 
-def profile(made: dict[str, Path], case: str, threads: int, seconds: float) -> tuple[Counter, Counter, float]:
-    """(CPU samples, GIL samples) per stage of a process running ``case`` at ``threads`` threads, and the CPU
-    seconds it used while its GIL was sampled (from /proc: py-spy's samples of running threads are an estimate)."""
+def profile(made: dict[str, Path], case: str, threads: int,
+            seconds: float) -> tuple[Counter, Counter, float, Counter]:
+    """(CPU samples, GIL samples) per stage of a process running ``case`` at ``threads`` threads, the CPU
+    seconds it used while its GIL was sampled (from /proc: py-spy's samples of running threads are an estimate),
+    and the GIL samples per function (`functions`)."""
     process = subprocess.Popen([sys.executable, __file__, "--run", case, str(made[CASES[case][0]]), str(threads),
                                 str(seconds), "--ready"], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        samples, used = [], 0.0
+        samples, used, held = [], 0.0, Counter()
         for gil in (False, True):
             out = Path(f"/tmp/outcore-cores-{os.getpid()}-{int(gil)}.txt")
             before = cpu_seconds(process.pid)
@@ -178,9 +183,11 @@ def profile(made: dict[str, Path], case: str, threads: int, seconds: float) -> t
                             str(RATE), "--nonblocking", "--format", "raw", "--output", str(out), *(["--gil"] * gil)],
                            check=True, capture_output=True)
             used = cpu_seconds(process.pid) - before
-            samples.append(stages(out.read_text()))
+            raw = out.read_text()
+            samples.append(stages(raw))
+            held = functions(raw) if gil else held
             out.unlink()
-        return samples[0], samples[1], used
+        return samples[0], samples[1], used, held
     finally:
         process.kill()
         process.wait()
@@ -201,6 +208,18 @@ def stages(raw: str) -> Counter:
     return counted
 
 
+def functions(raw: str) -> Counter:
+    """py-spy's raw output counted per function: the innermost outcore frame's (``name (file)``, any line), else
+    the innermost frame's."""
+    counted: Counter = Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
+        ours = [frame for frame in frames if "outcore/" in frame]
+        counted[(ours or frames)[-1]] += int(count)
+    return counted
+
+
 def stage(frames: list[str]) -> str:
     for frame in reversed(frames):
         for name, paths in STAGES:
@@ -217,7 +236,7 @@ def gil(made: dict[str, Path], cases: list[str], threads: int, seconds: float,
     print(f"\nwhere the time goes at {threads} threads: each stage's share of the CPU time (py-spy's samples of "
           "running threads), and its time holding the GIL as a share of all the CPU time (the GIL share)")
     for case in cases:
-        cpu, held, used = profile(made, case, threads, seconds)
+        cpu, held, used, holders = profile(made, case, threads, seconds)
         total_cpu, total_held = sum(cpu.values()), sum(held.values())
         share = total_held / RATE / used
         measured = (f"; measured here {rates[case][threads] / rates[case][1]:.2f}x at {threads} threads, "
@@ -227,6 +246,9 @@ def gil(made: dict[str, Path], cases: list[str], threads: int, seconds: float,
         print(f"  {'stage':20s} {'CPU':>6s} {'GIL':>6s}")
         for name in sorted(set(cpu) | set(held), key=lambda name: -cpu[name]):
             print(f"  {name:20s} {cpu[name] / total_cpu:6.1%} {held[name] / RATE / used:6.1%}")
+        print(f"  the functions holding the GIL most (share of the GIL samples, {total_held} in all):")
+        for name, count in holders.most_common(FUNCTIONS):
+            print(f"    {count / max(1, total_held):6.1%}  {name}")
 
 
 def torch_workers(location: Path, workers: list[int], seconds: float) -> None:
