@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import ImageError, OptionError, SampleDecodeError
 from ..format import ImageDecode, offsets_name, undecoded_names
 from ..imaging import Box, box_part, cut_from_file, decode_image, plain_jpeg, policy_crop, resize_taps
-from ..imaging.resize import cover_box
+from ..imaging.resize import cover_box, pad_placement
 from ..iterate import recipe
 from .torch_module import torch
 
@@ -148,9 +148,7 @@ def fitted(picture: Any, size: tuple[int, int], resize: str | None, name: str) -
     if resize != "pad":
         raise ImageError(name, f"it is {height}x{width}, the field's pictures {size[0]}x{size[1]}, and its resize policy "
                                "is none: decode it here, leaving decode= out")
-    scale = min(size[0] / height, size[1] / width)
-    scaled = min(size[0], max(1, round(height * scale))), min(size[1], max(1, round(width * scale)))
-    top, left = (size[0] - scaled[0]) // 2, (size[1] - scaled[1]) // 2
+    scaled, (top, left) = pad_placement((height, width), size)
     padded = torch.zeros((picture.shape[0], *size), dtype=picture.dtype, device=picture.device)
     padded[:, top : top + scaled[0], left : left + scaled[1]] = _resized(picture, (0, 0, height, width), scaled)
     return padded
@@ -200,16 +198,19 @@ def _host_picture(data: Any, size: Sequence[int], decode: ImageDecode, name: str
     """A file outcore decodes here, upright and of its stored ``size``, as (C, H, W)."""
     pixels = decode_image(data.numpy().tobytes(), (*size, decode.channels), decode.resize or "crop",
                           np.dtype(decode.dtype), name=name)  # its size: fitted to nothing
-    return torch.from_numpy(np.array(pixels.reshape(*size, decode.channels))).permute(2, 0, 1)
+    return _channels_first(pixels, decode.channels)
 
 
 def host_decoder(files: list[Any], channels: int) -> list[Any]:
     """Plain JPEGs decoded by outcore's decoder (libjpeg-turbo), one by one, on the CPU, as (C, H, W) uint8."""
-    pictures = []
-    for data in files:
-        pixels = decode_image(data.numpy().tobytes(), (None, None, channels), "crop", np.dtype(np.uint8))
-        pictures.append(torch.from_numpy(np.array(pixels.reshape(*pixels.shape[:2], channels))).permute(2, 0, 1))
-    return pictures
+    return [_channels_first(decode_image(data.numpy().tobytes(), (None, None, channels), "crop", np.dtype(np.uint8)),
+                            channels) for data in files]
+
+
+def _channels_first(pixels: np.ndarray, channels: int) -> Any:
+    """Decoded pixels ((H, W) or (H, W, C)) as a (C, H, W) tensor of their own memory (decoders may hand back
+    read-only arrays)."""
+    return torch.from_numpy(np.array(pixels.reshape(*pixels.shape[:2], channels))).permute(2, 0, 1)
 
 
 def torchvision_decoder(device: Any) -> Decoder:

@@ -22,7 +22,7 @@ from PIL import Image
 
 from ..errors import ImageError, OptionError
 from .decode import decode_errors
-from .resize import ResizePolicy, cover_box
+from .resize import ResizePolicy, cover_box, pad_placement
 from .targets import cut_label_maps
 
 LABEL_MAP_DTYPES = ("uint8", "uint16")
@@ -141,10 +141,8 @@ def policy_crop(size: tuple[int, int], target: tuple[int, int], resize: ResizePo
         return top, left, bottom - top, right - left
     if resize != "pad":
         raise OptionError(f"resize={resize!r} does not fit a {height}x{width} picture to {target[0]}x{target[1]}")
-    scale = min(target[0] / height, target[1] / width)
-    scaled = min(target[0], max(1, round(height * scale))), min(target[1], max(1, round(width * scale)))
+    scaled, (top, left) = pad_placement((height, width), target)
     sy, sx = scaled[0] / height, scaled[1] / width
-    top, left = (target[0] - scaled[0]) // 2, (target[1] - scaled[1]) // 2
     return -top / sy, -left / sx, target[0] / sy, target[1] / sx
 
 

@@ -43,13 +43,22 @@ def fit(pixels: np.ndarray, size: tuple[int, int], resize: ResizePolicy, path: s
         return _resize(pixels, target_h, target_w)
     if resize == "crop":
         return resize_edges(pixels, cover_box((height, width), size), size)
-    scale = min(target_h / height, target_w / width)
-    scaled_h = min(target_h, max(1, round(height * scale)))
-    scaled_w = min(target_w, max(1, round(width * scale)))
+    (scaled_h, scaled_w), (top, left) = pad_placement((height, width), size)
     padded = np.zeros((target_h, target_w, pixels.shape[2]), dtype=pixels.dtype)
-    top, left = (target_h - scaled_h) // 2, (target_w - scaled_w) // 2
     padded[top : top + scaled_h, left : left + scaled_w] = _resize(pixels, scaled_h, scaled_w)
     return padded
+
+
+def pad_placement(size: tuple[int, int], target: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """How the ``pad`` policy fits a picture of ``size`` into ``target``: the size it is resized to (within the
+    target, keeping its shape) and where that lies (top, left), the rest padded.
+
+    >>> pad_placement((100, 200), (100, 100))
+    ((50, 100), (25, 0))
+    """
+    scale = min(target[0] / size[0], target[1] / size[1])
+    scaled = min(target[0], max(1, round(size[0] * scale))), min(target[1], max(1, round(size[1] * scale)))
+    return scaled, ((target[0] - scaled[0]) // 2, (target[1] - scaled[1]) // 2)
 
 
 def cover(size: tuple[int, int], target: tuple[int, int]) -> tuple[float, float, int, int]:
