@@ -10,7 +10,7 @@ from support.optional import need
 from support.pictures import write_mixed_pictures
 
 import outcore
-from outcore.errors import OptionError, SampleDecodeError
+from outcore.errors import OptionError, OutcoreWarning, SampleDecodeError
 from outcore.format import ImageDecode
 from outcore.imaging import decode_image
 from outcore.testing import write_image_folder
@@ -218,5 +218,20 @@ def test_a_damaged_file_is_named_whichever_decoder_refuses_it(photos):
         raise RuntimeError("nvjpeg: decode failed")
 
     decoder.decoder = refuses
-    with pytest.raises(outcore.errors.ImageError, match=r"photos.zarr: field 'images', sample 9: cannot decode"):
+    with pytest.warns(OutcoreWarning, match=r"field 'images': the decoder on cpu refused this batch's JPEGs "
+                                            r"\(RuntimeError: nvjpeg: decode failed\); outcore decodes them"), \
+            pytest.raises(outcore.errors.ImageError, match=r"photos.zarr: field 'images', sample 9: cannot decode"):
         decoder(type("Batch", (dict,), {"samples": np.arange(8, 16)})(files))
+
+
+def test_a_file_kept_at_its_size_is_never_fitted_to_another_on_the_way(own_sizes):
+    """A file outcore decodes for the device (here a PNG) whose size is not the one the batch gives it is its
+    error, not a picture fitted to that size."""
+    batch = next(iter(own_sizes.batches(len(own_sizes), decode="later", transform=RandomCrop(36, padding=4))))
+    offsets = batch["images_offsets"]
+    png = next(k for k in range(len(offsets) - 1) if batch["images"][offsets[k] : offsets[k] + 4].tobytes() == b"\x89PNG")
+    batch["images_sizes"][png] += 2
+    tensors = {name: torch.from_numpy(values) for name, values in batch.items() if name.startswith("images")}
+    decoder = own_sizes.torch(8, transform=RandomCrop(36, padding=4), decode="cpu")._decoder
+    with pytest.raises(outcore.errors.ImageError, match=r"own.zarr: field 'images', row \d+ of the batch: .*expected"):
+        decoder(tensors)

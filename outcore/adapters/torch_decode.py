@@ -19,13 +19,14 @@ measures how far, and tests/test_torch_decode.py bounds it on the CPU.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import ImageError, OptionError, SampleDecodeError
+from ..errors import ImageError, OptionError, OutcoreWarning, SampleDecodeError
 from ..format import ImageDecode, offsets_name, undecoded_names
 from ..imaging import Box, box_part, cut_from_file, decode_image, plain_jpeg, policy_crop, resize_taps
 from ..imaging.resize import cover_box, pad_placement
@@ -98,7 +99,10 @@ class DeviceDecoder:
         pictures: list[Any] = [None] * len(files)
         try:
             decoded = self.decoder([files[k] for k in plain], field.decode.channels) if plain else []
-        except Exception:  # noqa: BLE001 - a file it refused: each decoded by outcore, which names a damaged one
+        except Exception as error:  # noqa: BLE001 - a file it refused: each decoded by outcore, which names a damaged one
+            warnings.warn(OutcoreWarning(
+                f"{self.location}: field {name!r}: the decoder on {self.device} refused this batch's JPEGs "
+                f"({type(error).__name__}: {error}); outcore decodes them on the CPU instead"), stacklevel=2)
             plain, decoded = [], []
         for k, picture in zip(plain, decoded, strict=True):
             pictures[k] = picture.to(self.device)
@@ -195,9 +199,10 @@ def _rounded(values: Any, dtype: Any) -> Any:
 
 
 def _host_picture(data: Any, size: Sequence[int], decode: ImageDecode, name: str) -> Any:
-    """A file outcore decodes here, upright and of its stored ``size``, as (C, H, W)."""
-    pixels = decode_image(data.numpy().tobytes(), (*size, decode.channels), decode.resize or "crop",
-                          np.dtype(decode.dtype), name=name)  # its size: fitted to nothing
+    """A file outcore decodes here, upright, as (C, H, W) of ``size``: fitted to it by the field's policy (a picture
+    kept at its own size is not fitted: another size is its `ImageError`, as on the CPU path)."""
+    pixels = decode_image(data.numpy().tobytes(), (*size, decode.channels), None if decode.variable else decode.resize,
+                          np.dtype(decode.dtype), name=name)
     return _channels_first(pixels, decode.channels)
 
 
