@@ -85,13 +85,13 @@ from distributed.deploy.subprocess import SubprocessCluster
 
 import outcore
 from outcore.format.encoded import pack_regions
-from outcore.imaging import decode_image, empty_for_decoding
+from outcore.imaging import decode_image
 from outcore.imaging.decode import decode_plain_jpegs
 from outcore.iterate import Transform
 from outcore.iterate.direct import straight_from_workers
 from outcore.iterate.runs import NextEpoch
 from outcore.iterate.shared import LOCK, PREFIX, SHARED_ROOT, Mailbox, Slot
-from outcore.storage import read_files
+from outcore.storage import blocks, read_files
 from outcore.testing.reads import chunk_reads, count_chunk_reads
 from outcore.transforms import Compose, RandomCrop, RandomFlip
 
@@ -193,7 +193,7 @@ def bare_decode(location: str, count: int, repeats: int, worker: int) -> float:
     in the caches, as an epoch's are not; the bytes are read and packed a batch to a buffer beforehand),
     the fastest way outcore decodes them: the plain JPEGs of a batch together in C (`decode_plain_jpegs`),
     any others one by one (`decode_image`, also all of them without the C extension), into a new batch
-    array each time, placed as outcore places its batches (`outcore.imaging.empty_for_decoding`)."""
+    array each time, placed as outcore places its batches (`outcore.storage.blocks.empty`)."""
     ds = outcore.open_dataset(location)
     shape, dtype = ds["images"].shape[1:], np.dtype("uint8")
     costs = []
@@ -204,7 +204,7 @@ def bare_decode(location: str, count: int, repeats: int, worker: int) -> float:
         batches = [(files, *pack_regions(files, len(files), sum(map(len, files)))) for files in batches]
         began = time.thread_time()
         for files, region, ranges in batches:
-            out, rows = empty_for_decoding((len(files), *shape), dtype), np.arange(len(files))
+            out, rows = blocks.empty((len(files), *shape), dtype), np.arange(len(files))
             for i in decode_plain_jpegs([region], [ranges], np.zeros_like(rows), rows, out, rows):
                 decode_image(files[i], shape, "crop", dtype, out=out[i])
         costs.append((time.thread_time() - began) / count)

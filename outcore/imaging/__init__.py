@@ -1,15 +1,14 @@
 """Pictures: decoding (libjpeg-turbo, Pillow) with DCT scaling, resizing by policy, encoded chunks, and
 generated pictures for demos, tests and benchmarks. Used by ingest and by the read path."""
 
+from ..storage.blocks import LEAD
 from .crops import Box, box_part, center_crop_box, inside, random_resized_crop_box, within
 from .decode import (
     IMAGE_DTYPES,
     IMAGE_EXTENSIONS,
-    LEAD,
     MAX_PIXELS,
     cut_from_file,
     decode_image,
-    empty_for_decoding,
     load_image,
     parse_image_dtype,
     parse_image_shape,
@@ -71,7 +70,6 @@ __all__ = [
     "decode_image",
     "decode_label_map",
     "decode_rows",
-    "empty_for_decoding",
     "encode_image",
     "fit",
     "fit_label_map",

@@ -137,29 +137,6 @@ def decode_image(
     return out
 
 
-# Arrays decoded into start LEAD bytes past a multiple of ALIGN: libjpeg-turbo's SIMD colour conversion writes
-# a decoded row that starts on a multiple of 32 bytes with non-temporal stores, which bypass the caches and
-# make each decode slower; numpy's arrays start at either, as malloc places them (docs/benchmarks.md,
-# "Figures behind the code").
-ALIGN, LEAD = 32, 16
-
-
-def empty_for_decoding(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
-    """A new uninitialized array for decoded pictures, starting `LEAD` bytes past a multiple of `ALIGN`,
-    where libjpeg-turbo writes rows with plain stores (an object array: as numpy places it).
-
-    >>> empty_for_decoding((4, 3), np.float32).ctypes.data % ALIGN == LEAD
-    True
-    """
-    dtype = np.dtype(dtype)
-    if dtype.hasobject:
-        return np.empty(shape, dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    memory = np.empty(nbytes + ALIGN, np.uint8)
-    start = (LEAD - memory.ctypes.data) % ALIGN
-    return memory[start : start + nbytes].view(dtype).reshape(shape)
-
-
 def decode_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray], which: np.ndarray,
                        samples: np.ndarray, out: np.ndarray, rows: np.ndarray) -> Sequence[int]:
     """Decode file ``samples[k]`` of chunk ``which[k]`` (file ``i`` of chunk ``c`` is ``regions[c][ranges[c][i,

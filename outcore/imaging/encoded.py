@@ -9,9 +9,9 @@ import numpy as np
 
 from ..errors import ImageError, SampleDecodeError
 from ..format import ImageDecode
-from ..storage import EncodedBytes, Store
+from ..storage import EncodedBytes, Store, blocks
 from .crops import Box, box_part, inside, within
-from .decode import crop_plain_jpegs, decode_image, decode_plain_jpegs, decode_region, empty_for_decoding
+from .decode import crop_plain_jpegs, decode_image, decode_plain_jpegs, decode_region
 
 
 class EncodedChunk:
@@ -172,7 +172,7 @@ class DecodedChunks:
         """A buffer for `read`: one chunk of decoded samples (one object per sample when sizes vary)."""
         if self.decode.variable:
             return np.empty(self.chunk_size, dtype=object)
-        return empty_for_decoding((self.chunk_size, *self.decode.shape), self.dtype)
+        return blocks.empty((self.chunk_size, *self.decode.shape), self.dtype)
 
     @property
     def remote(self) -> bool:

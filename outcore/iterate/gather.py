@@ -28,13 +28,12 @@ from ..imaging import (
     cut_maps,
     cut_rows,
     decode_rows,
-    empty_for_decoding,
     inside,
     resize_box,
     resize_boxes,
     within,
 )
-from ..storage import RaggedChunk
+from ..storage import RaggedChunk, blocks
 from ..threads import for_each, for_each_run
 
 RUN_BYTES = 4 << 20  # a run of copies moves this much at least: its few microseconds of Python are ~1 % of it
@@ -53,9 +52,9 @@ class Empty(Protocol):
 
 
 def plain(shape: tuple[int, ...], dtype: np.dtype, field: str = "") -> np.ndarray:
-    """A new array in plain memory, where the decoders write fastest (`outcore.imaging.empty_for_decoding`):
-    the default `Empty`."""
-    return empty_for_decoding(shape, dtype)
+    """A new array in plain memory, where the decoders write fastest, used again once nothing refers to it
+    (`outcore.storage.blocks`): the default `Empty`."""
+    return blocks.empty(shape, dtype)
 
 
 class Rows:
@@ -304,7 +303,7 @@ def copy_windows(images: np.ndarray, corners: np.ndarray, size: tuple[int, int],
     """Image ``i``'s window of ``size`` at ``corners[i]`` (top, left; zeros past the edges), mirrored as
     ``flips[i]`` says, into a new array: a C call a run of images, on the pool's free threads (`copy_samples`)."""
     source = np.ascontiguousarray(images)
-    out = empty_for_decoding((len(images), *size, *images.shape[3:]), images.dtype)
+    out = blocks.empty((len(images), *size, *images.shape[3:]), images.dtype)
     every = np.arange(len(images))
 
     def run(start: int, stop: int) -> None:

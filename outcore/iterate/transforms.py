@@ -29,6 +29,7 @@ from ..imaging import (
     random_resized_crop_box,
     resize_boxes,
 )
+from ..storage import blocks
 from ..threads import for_each_run
 from .batch import Batch, Transform, steps
 from .gather import copy_windows, move_pictures, run_length
@@ -305,7 +306,8 @@ class BrightnessContrast:
 @dataclass(frozen=True)
 class Normalize:
     """``(x * scale - mean) / std`` as float32; ``scale`` defaults to 1/255 for uint8 and 1/65535 for uint16. By
-    runs of images on the pool's free threads; uint8 images through a table of the 256 values' results.
+    runs of images on the pool's free threads; uint8 images through a table of the 256 values' results, into
+    memory used again (`outcore.storage.blocks`).
 
     >>> images = np.array([[[0, 255]]], np.uint8)
     >>> Normalize(mean=0.5, std=0.5)({"images": images}, None)["images"].tolist()
@@ -323,7 +325,7 @@ class Normalize:
         scale = np.float32(self.scale if self.scale is not None else (
             1 / np.iinfo(images.dtype).max if images.dtype.kind in "ui" else 1.0))
         mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
-        out = np.empty(np.broadcast_shapes(images.shape, mean.shape, std.shape), np.float32)
+        out = blocks.empty(np.broadcast_shapes(images.shape, mean.shape, std.shape), np.float32)
         channels = images.shape[-1] if images.ndim > 1 else 1
         if images.dtype == np.uint8 and out.shape == images.shape and {mean.size, std.size} <= {1, channels} \
                 and max(mean.ndim, std.ndim) <= 1:  # a table of the 256 values' floats (the same floats), per channel

@@ -43,6 +43,7 @@ from zarr.storage import LocalStore
 
 from ..errors import CorruptChunkError, OutcoreError
 from ..threads import submit_io
+from . import blocks
 from .failures import retried
 from .groups import shard_path
 from .huge_pages import HugePageReads
@@ -113,8 +114,8 @@ class ShardReader:
         return self._layout is not None
 
     def empty(self) -> np.ndarray:
-        """A buffer that `read` can fill: a whole chunk of this field."""
-        return np.empty((self.chunk_size, *self.array.shape[1:]), dtype=self.array.dtype)
+        """A buffer that `read` can fill: a whole chunk of this field (`blocks`: memory used again)."""
+        return blocks.empty((self.chunk_size, *self.array.shape[1:]), self.array.dtype)
 
     @property
     def remote(self) -> bool:

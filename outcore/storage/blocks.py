@@ -1,0 +1,115 @@
+"""Memory for decoded pictures and batches, used again: a large array is made in a block of memory that comes
+back once nothing refers to it (the batch dropped, with every view of it), and the next array of its size is
+made in that block, which is mapped already.
+
+Why: a new array of a few megabytes is new pages. The kernel zeroes each one at its first write (8 % of the
+CPU time of a batch copied out of its pixel chunks, measured: docs/benchmarks.md, "Figures behind the code"),
+and glibc gives the block back to the kernel when it is freed (``munmap``, ``madvise``), holding the GIL and
+the process's memory map, which the page faults of every other thread wait for: on many cores, the threads
+making batches take turns in the kernel.
+
+How a block comes back: the array is made over a ``ctypes`` view of the block, which numpy keeps alive as long
+as any array made from it (slices, reshapes, a ``torch.from_numpy`` tensor of it, a ``memoryview``); the block
+is kept for the next array once that view is gone (`weakref.finalize`). So an array handed out is never
+written again while anything refers to it. At most `KEEP_BYTES` of blocks are kept unused.
+
+>>> pictures = empty((16, 224, 224, 3), np.uint8)
+>>> pictures.nbytes, pictures.ctypes.data % ALIGN == LEAD
+(2408448, True)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+import weakref
+
+import numpy as np
+
+# Arrays start LEAD bytes past a multiple of ALIGN: libjpeg-turbo's SIMD colour conversion writes a decoded row that
+# starts on a multiple of 32 bytes with non-temporal stores, which bypass the caches and make each decode slower;
+# numpy's arrays start at either, as malloc places them (docs/benchmarks.md, "Figures behind the code").
+ALIGN, LEAD = 32, 16
+SMALLEST = 1 << 20  # smaller arrays come from the heap as they are (glibc keeps those mapped)
+KEEP_BYTES = 256 << 20  # blocks kept unused, at most (about: a thread or two may each add one more)
+
+
+class Blocks:
+    """Blocks of memory handed out as arrays (`empty`) and kept, once nothing refers to them, for the next array
+    of their size: up to ``keep_bytes`` of them, the most recent first.
+
+    >>> blocks = Blocks()
+    >>> a = blocks.empty((2, 1024, 1024), np.uint8)
+    >>> address = a.ctypes.data
+    >>> view = a[1:]
+    >>> del a
+    >>> blocks.empty((2, 1024, 1024), np.uint8).ctypes.data == address  # its view still refers to the block
+    False
+    >>> del view
+    >>> blocks.empty((1024, 1024), np.uint16).ctypes.data == address  # nothing does: made in the same block
+    True
+    """
+
+    def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
+        self.keep_bytes = keep_bytes
+        self.free: list[np.ndarray] = []  # blocks back, oldest first: appended by finalizers, taken under the lock
+        self.lock = threading.Lock()  # taken by `empty` only: a finalizer may run in any thread, at any allocation
+
+    def empty(self, shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
+        """A new uninitialized array (not of objects) starting `LEAD` bytes past a multiple of `ALIGN`: made in a
+        block that came back where one of its size did (`SMALLEST` bytes or more)."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < SMALLEST:
+            return _aligned(nbytes).view(dtype).reshape(shape)
+        block = self._reuse(nbytes)
+        if block is None:
+            block = _aligned(nbytes)
+        view = (ctypes.c_char * nbytes).from_buffer(block)
+        weakref.finalize(view, self._back, block).atexit = False
+        return np.frombuffer(view, dtype).reshape(shape)
+
+    def _reuse(self, nbytes: int) -> np.ndarray | None:
+        with self.lock:
+            free = self.free
+            for k in range(len(free) - 1, -1, -1):  # a finalizer only appends: the indices here stay
+                if free[k].nbytes == nbytes:
+                    return free.pop(k)
+        return None
+
+    def _back(self, block: np.ndarray) -> None:
+        """Keep ``block``, whose array is gone, unless as much is kept already (no lock: a finalizer may run
+        inside `_reuse`, in the thread holding it; a count read while another thread changes the list is off by
+        a block at most)."""
+        if sum(kept.nbytes for kept in list(self.free)) + block.nbytes <= self.keep_bytes:
+            self.free.append(block)
+
+    def clear(self) -> None:
+        """Give every block kept back to the system (those in use come back later, as ever)."""
+        with self.lock:
+            self.free = []
+
+
+def empty(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
+    """A new uninitialized array, made by the process's `Blocks` (one of objects: by numpy, as ever)."""
+    return np.empty(shape, dtype) if np.dtype(dtype).hasobject else BLOCKS.empty(shape, dtype)
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    memory = np.empty(nbytes + ALIGN, np.uint8)
+    start = (LEAD - memory.ctypes.data) % ALIGN
+    return memory[start : start + nbytes]
+
+
+BLOCKS = Blocks()  # the process's
+
+
+def _forget_after_fork() -> None:
+    """A forked child has its own blocks, and a lock that no thread of the parent may hold there."""
+    global BLOCKS
+    BLOCKS = Blocks(BLOCKS.keep_bytes)
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -1,0 +1,100 @@
+"""Memory used again (`outcore.storage.blocks`): a block is made into a new array only once nothing refers to
+the one made in it before (views, memoryviews, torch tensors), batches held are never written again while those
+dropped give their memory to the next, at most `keep_bytes` are kept, and a forked child makes its own."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+
+import numpy as np
+import pytest
+
+import outcore
+from outcore.storage import blocks
+from outcore.storage.blocks import ALIGN, LEAD, SMALLEST, Blocks
+
+MIB = 1 << 20
+
+
+def test_a_block_is_used_again_only_once_nothing_refers_to_its_array():
+    kept = Blocks()
+    first = kept.empty((2, MIB), np.uint8)
+    address = first.ctypes.data
+    holders = [first[1:], first.view(np.float32).reshape(-1, 4), memoryview(first), first.T]
+    del first
+    for holder in holders:  # each alone keeps the block
+        others = [other for other in holders if other is not holder]
+        holders = [holder]
+        del others
+        gc.collect()
+        again = kept.empty((2, MIB), np.uint8)
+        assert again.ctypes.data != address
+        del again  # this one's block comes back: the next is made in it, never in the held one
+    del holders, holder
+    gc.collect()
+    assert kept.empty((2 * MIB,), np.uint8).ctypes.data == address
+
+
+def test_a_torch_tensor_of_an_array_keeps_its_block():
+    torch = pytest.importorskip("torch")
+    kept = Blocks()
+    array = kept.empty((MIB,), np.uint8)
+    array[:] = 7
+    address, tensor = array.ctypes.data, torch.from_numpy(array)
+    del array
+    again = kept.empty((MIB,), np.uint8)
+    again[:] = 0
+    assert again.ctypes.data != address and int(tensor.sum()) == 7 * MIB
+
+
+def test_arrays_start_16_bytes_past_a_multiple_of_32_and_are_any_dtype_and_shape():
+    kept = Blocks()
+    for shape, dtype in (((3, 5), np.float64), ((MIB,), np.int32), ((0, 4), np.uint8), ((2, MIB), "<U4")):
+        array = kept.empty(shape, dtype)
+        assert array.shape == shape and array.dtype == np.dtype(dtype) and array.flags.writeable
+        assert array.ctypes.data % ALIGN == LEAD or array.size == 0  # numpy places an empty array itself
+    assert blocks.empty((2,), object).tolist() == [None, None]  # arrays of objects as numpy makes them
+
+
+def test_at_most_keep_bytes_of_blocks_are_kept():
+    kept = Blocks(keep_bytes=3 * SMALLEST)
+    arrays = [kept.empty((SMALLEST,), np.uint8) for _ in range(6)]
+    del arrays
+    gc.collect()
+    assert len(kept.free) == 3
+    kept.clear()
+    assert kept.free == []
+
+
+def test_batches_held_are_never_written_again_and_those_dropped_are_made_again_in_their_memory(tmp_path):
+    pictures = np.random.default_rng(0).integers(0, 255, (1024, 32, 64, 3), np.uint8)
+    ds = outcore.from_arrays({"images": pictures, "labels": np.arange(1024)}, tmp_path / "s.zarr", chunk_size=128,
+                             progress=False)
+    batches = ds.batches(256, shuffle=True, seed=3)  # 1.5 MiB of pictures a batch: made in blocks
+    held, copies, addresses = [], [], set()
+    for _ in range(3):
+        for step, batch in enumerate(batches):
+            assert np.array_equal(batch["images"], pictures[batch["labels"]])
+            addresses.add(batch["images"].ctypes.data)
+            if step % 2:
+                held.append(batch)
+                copies.append({name: values.copy() for name, values in batch.items()})
+            del batch
+    for batch, copy in zip(held, copies, strict=True):
+        assert all(np.array_equal(batch[name], copy[name]) for name in copy)
+    assert len(addresses) < 3 * len(batches)  # the dropped batches' memory made others
+
+
+def _make_an_array(out: multiprocessing.Queue) -> None:
+    out.put(blocks.empty((2, MIB), np.uint8).nbytes)
+
+
+def test_a_forked_child_makes_arrays_while_a_parent_thread_held_the_lock():
+    with blocks.BLOCKS.lock:  # held at the fork: the child's own blocks have their own lock
+        context = multiprocessing.get_context("fork")
+        out = context.Queue()
+        child = context.Process(target=_make_an_array, args=(out,))
+        child.start()
+    child.join(30)
+    assert child.exitcode == 0 and out.get(timeout=5) == 2 * MIB
