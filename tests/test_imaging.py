@@ -3,11 +3,13 @@ the shape asked for, resizing like Pillow, a wrong size naming the file."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import imageio.v3 as iio
 import numpy as np
 import pytest
+import simplejpeg
 from PIL import Image
 
 from outcore.errors import ImageError
@@ -18,6 +20,7 @@ from outcore.imaging import (
     parse_image_shape,
     parse_resize,
     resize_taps,
+    stored_frame,
 )
 from outcore.imaging.decode import _reduced_size
 from outcore.imaging.resize import resize_edges
@@ -113,6 +116,33 @@ def test_exif_orientation_is_applied(tmp_path, rng):
     path = tmp_path / "rotated.png"
     image.save(path, exif=exif)
     assert load_image(str(path), (20, 10, 3), None, U8).shape == (20, 10, 3)
+
+
+def test_a_files_upright_size_and_orientation_are_read_from_its_header_as_pillow_reads_them(tmp_path, rng):
+    """Plain JPEGs' headers are read by libjpeg-turbo (no Pillow parse holding the GIL), the others by Pillow: the
+    same sizes and orientations either way, the same refusals."""
+    pixels = rng.integers(0, 256, (30, 50, 3), dtype=np.uint8)
+    files = {"plain.jpg": simplejpeg.encode_jpeg(pixels, colorsubsampling="420"),
+             "411.jpg": simplejpeg.encode_jpeg(pixels, colorsubsampling="411"),
+             "grey.jpg": simplejpeg.encode_jpeg(pixels[..., :1].copy(), colorspace="GRAY"),
+             "picture.png": _write(tmp_path / "picture.png", pixels).read_bytes()}
+    image = Image.fromarray(pixels)
+    Image.fromarray(pixels).save(tmp_path / "progressive.jpg", progressive=True)
+    files["progressive.jpg"] = (tmp_path / "progressive.jpg").read_bytes()
+    exif = image.getexif()
+    exif[0x0112] = 6
+    image.save(tmp_path / "turned.jpg", exif=exif)
+    files["turned.jpg"] = (tmp_path / "turned.jpg").read_bytes()
+    for name, data in files.items():
+        with Image.open(io.BytesIO(data)) as opened:
+            orientation = int(opened.getexif().get(0x0112, 1))
+            width, height = opened.size
+        upright = (width, height) if orientation in (5, 6, 7, 8) else (height, width)
+        assert stored_frame(data, name) == (upright, orientation), name
+    with pytest.raises(ImageError, match="plain.jpg: 50x30 is 1,500 pixels"):
+        stored_frame(files["plain.jpg"], "plain.jpg", max_pixels=1000)
+    with pytest.raises(ImageError, match="damaged.jpg: "):
+        stored_frame(b"\xff\xd8\xff\xe0 not a header", "damaged.jpg")
 
 
 @pytest.mark.parametrize(
