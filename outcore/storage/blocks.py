@@ -86,11 +86,6 @@ class Blocks:
         if sum(kept.nbytes for kept in list(self.free)) + block.nbytes <= self.keep_bytes:
             self.free.append(block)
 
-    def clear(self) -> None:
-        """Give every block kept back to the system (those in use come back later, as ever)."""
-        with self.lock:
-            self.free = []
-
 
 def empty(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
     """A new uninitialized array, made by the process's `Blocks` (one of objects: by numpy, as ever)."""
