@@ -40,6 +40,7 @@ from ..format import (
     shapes_name,
 )
 from ..storage import (
+    SmallRows,
     Staging,
     Upload,
     consolidate,
@@ -52,13 +53,12 @@ from ..storage import (
     read_ragged,
     samples_per_shard,
     small_fields,
-    small_scratch,
-    small_scratch_path,
+    small_rows_path,
     staged_store,
     stored_nbytes,
-    writable,
     write_encoded_shard,
     write_ragged_shard,
+    write_rows,
 )
 from .decode_tasks import BLOB_DTYPE
 from .permute import Part, Permuted, as_dask, free_bytes, scratch_bytes
@@ -199,11 +199,13 @@ def _write_fields(
     starts = range(0, num_samples, shard)
     markers = [staging.done(f"shard-{i}") if staging else None for i in range(len(starts))]
     todo = [i for i, marker in enumerate(markers) if marker is None or not marker.exists()]
-    apart = small_scratch_path(directory)
-    if len(todo) == len(starts):  # nothing written yet: (re)create the arrays
-        group = zarr.open_group(directory, mode="w")
+    fresh = len(todo) == len(starts)  # nothing written yet: (re)create the arrays
+    group = zarr.open_group(directory, mode="w" if fresh else "r")
+    if fresh:
         _create_fields(group, fields, num_samples, options)
-        small_scratch(group, apart, options.layout.chunk_size, options.layout.shard_size)
+    small = SmallRows.of(group, small_rows_path(directory), options.layout.chunk_size, options.layout.shard_size)
+    if fresh:
+        small.make()
     encoded = [name for name, field in fields.items() if field.nbytes is not None]
     blocks = {name: _shard_blocks(field.data, shard) for name, field in fields.items()}
     for name, field in fields.items():
@@ -212,14 +214,14 @@ def _write_fields(
     error_blocks = _shard_blocks(errors, shard) if errors is not None else None
     write = dask.delayed(_write_shard, pure=False)
     tasks = [
-        write(str(directory), str(apart), starts[i], {name: b[i] for name, b in blocks.items()},
+        write(str(directory), small, starts[i], {name: b[i] for name, b in blocks.items()},
               error_blocks[i] if error_blocks is not None else None, encoded, options.layout.chunk_size,
               str(markers[i]) if markers[i] else None, (upload, i) if upload else None)
         for i in todo
     ]
     weights = [min(shard, num_samples - starts[i]) for i in todo]
     results = run_tasks(tasks, weights, client=options.client, progress=options.progress, description=description)
-    _gather_small(directory, apart, num_samples)
+    _gather_small(directory, small, num_samples)
     if staging is not None:
         results = [[tuple(failure) for failure in json.loads(marker.read_text())] for marker in markers]
     return [failure for shard_failures in results for failure in shard_failures]
@@ -253,12 +255,12 @@ def _sample_nbytes(field: FieldSource) -> float:
     return math.prod(field.data.shape[1:]) * np.dtype(field.data.dtype).itemsize
 
 
-def _gather_small(directory: Path, scratch: Path, num_samples: int) -> None:
-    """Copy the small fields written at ``scratch`` into the store's arrays at ``directory``, a shard file
-    of theirs at a time (the scratch stays until the run ends: a resumed run gathers again)."""
-    group, small = zarr.open_group(directory, mode="r+"), zarr.open_group(scratch, mode="r")
-    for name, array in small.arrays():
-        copy_rows(group[name], [(array, 0, num_samples)])
+def _gather_small(directory: Path, small: SmallRows, num_samples: int) -> None:
+    """Copy the small fields' rows the tasks saved apart (``small``) into the store's arrays at ``directory``,
+    a shard file of theirs at a time (the rows stay until the run ends: a resumed run gathers again)."""
+    group = zarr.open_group(directory, mode="r+")
+    for name, column in small.columns.items():
+        copy_rows(group[name], [(column, 0, num_samples)])
 
 
 def _recorded(field: FieldSource) -> FieldInfo:
@@ -298,13 +300,14 @@ def _shard_blocks(data: da.Array | Permuted | Ragged, shard: int) -> list[Any]:
 
 
 def _write_shard(
-    directory: str, scratch: str, start: int, blocks: dict[str, np.ndarray], errors: np.ndarray | None,
+    directory: str, small: SmallRows, start: int, blocks: dict[str, Any], errors: np.ndarray | None,
     encoded: list[str], chunk_size: int, marker: str | None, upload: tuple[Upload, int] | None,
 ) -> list[tuple[int, str]]:
-    """Write one shard of every field (the small ones into ``scratch``, `small_scratch`); with ``upload``
+    """Write one shard of every field (the small fields' rows saved apart, ``small``); with ``upload``
     (where to, which shard), upload it; then, with a ``marker`` path, record it as done (with its failures)."""
-    group, small = zarr.open_group(directory, mode="r+"), zarr.open_group(scratch, mode="r+")
-    arrays = {**dict(group.arrays()), **dict(small.arrays())}
+    ranges = [ranges_name(name) for name, block in blocks.items() if name in encoded or isinstance(block, Ragged)]
+    group = zarr.open_group(directory, mode="r+")  # only the arrays written: a metadata read each
+    arrays = {name: small.columns[name] if name in small.columns else group[name] for name in [*blocks, *ranges]}
     for name, block in blocks.items():
         if isinstance(block, Part):  # shuffled on write: made here, so it never waits between tasks
             block = block()
@@ -313,7 +316,7 @@ def _write_shard(
         elif name in encoded:
             write_encoded_shard(arrays, name, start, block, chunk_size)
         else:
-            writable(arrays[name])[start : start + len(block)] = block
+            write_rows(arrays[name], start, block)
     failures = [] if errors is None else [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]
     if upload is not None:
         upload[0].put_shard(Path(directory), upload[1])

@@ -35,6 +35,7 @@ from ..format import (
     shapes_name,
 )
 from ..storage import (
+    SmallRows,
     consolidate,
     copy_rows,
     describe_classes,
@@ -43,11 +44,10 @@ from ..storage import (
     read_files,
     remove_path,
     samples_per_shard,
-    small_scratch,
-    small_scratch_path,
+    small_rows_path,
     stored_nbytes,
-    writable,
     write_encoded_shard,
+    write_rows,
 )
 from ..storage.safety import read_attrs
 from ..storage.staging import put_in_place
@@ -76,10 +76,10 @@ def splice(target: Path, part_location: Path, attrs: StoreAttrs, grown: dict[str
     splice = _splice_folder(target)
     discard_splice(target)
     _copy_metadata(target, splice, store, encoded, total, chunk, rooms)
-    small = small_scratch(open_group(splice, mode="r"), small_scratch_path(splice), chunk, shard)
+    small = SmallRows.of(open_group(splice, mode="r"), small_rows_path(splice), chunk, shard).make()
     # every chunk of the fields whose room grows is written again, in regions of the new room
     start = 0 if rooms else count // shard * shard
-    spec = _Splice(str(target), str(part_location), str(splice), sorted(attrs.fields), count, order, chunk,
+    spec = _Splice(str(target), str(part_location), str(splice), small, sorted(attrs.fields), count, order, chunk,
                    encoded, first_source_index, sorted(rooms))
     write = dask.delayed(_splice_shard, pure=False)
     bounds = [(s, min(total, s + shard)) for s in range(start, total, shard)]
@@ -99,26 +99,25 @@ def discard_splice(target: Path) -> None:
     """Remove what a splice onto ``target`` wrote beside it (its folder and scratch), finished or not."""
     splice = _splice_folder(target)
     remove_path(splice)
-    remove_path(small_scratch_path(splice))
+    remove_path(small_rows_path(splice))
 
 
 def _splice_folder(target: Path) -> Path:
     return target.with_name(f".{target.name}.append-splice")
 
 
-def _gather_small(store: zarr.Group, splice_location: Path, small: list[str], count: int, total: int,
+def _gather_small(store: zarr.Group, splice_location: Path, small: SmallRows, count: int, total: int,
                   written_from: int, regrown: list[str]) -> None:
     """Each small field's shard files from its last partial one on, into the splice folder: the store's old
     samples before the first the tasks wrote (``written_from``; 0 for the ranges and shapes of the fields
-    whose room grows, ``regrown``, written again whole), then what the tasks wrote into the scratch, up to
-    ``total`` samples."""
+    whose room grows, ``regrown``, written again whole), then the rows the tasks saved apart (``small``), up
+    to ``total`` samples."""
     splice = open_group(splice_location, mode="r+")
-    scratch = open_group(small_scratch_path(splice_location), mode="r")
-    for name in small:
+    for name, column in small.columns.items():
         start = 0 if any(name in companion_names(field, True) for field in regrown) else written_from
         size = (splice[name].shards or splice[name].chunks)[0]
         old = min(start, count) // size * size
-        copy_rows(splice[name], [(store[name], old, start), (scratch[name], start, total)])
+        copy_rows(splice[name], [(store[name], old, start), (column, start, total)])
 
 
 def _grown_attrs(attrs: StoreAttrs, part_attrs: StoreAttrs, grown: dict[str, tuple[str, ...]],
@@ -206,12 +205,14 @@ def _publish_regrown(splice: Path, target: Path, before: Mapping[str, int], room
 
 @dataclass(frozen=True)
 class _Splice:
-    """What every splice task needs: the three folders, the fields, the store's count, the part's order,
-    the chunk size, the encoded fields and the first ``source_index`` of the part."""
+    """What every splice task needs: the three folders, where the small fields' rows are saved, the fields,
+    the store's count, the part's order, the chunk size, the encoded fields and the first ``source_index``
+    of the part."""
 
     target: str
     part: str
     splice: str
+    small: SmallRows
     fields: list[str]
     count: int
     order: np.ndarray
@@ -225,8 +226,7 @@ def _splice_shard(spec: _Splice, start: int, stop: int) -> None:
     """Write samples ``start .. stop - 1`` (a shard) of the grown store into the splice folder: the
     store's own up to its count, then the part's in ``spec.order``."""
     store, part = open_group(spec.target, mode="r"), open_group(spec.part, mode="r")
-    splice = {**dict(open_group(spec.splice, mode="r+").arrays()),  # the small fields' into the scratch
-              **dict(open_group(small_scratch_path(Path(spec.splice)), mode="r+").arrays())}
+    splice = {**dict(open_group(spec.splice, mode="r+").arrays()), **spec.small.columns}  # small fields' apart
     old = slice(start, min(stop, spec.count))
     rows = spec.order[max(start, spec.count) - spec.count : max(stop, spec.count) - spec.count]
     for name in spec.fields:
@@ -243,14 +243,14 @@ def _splice_shard(spec: _Splice, start: int, stop: int) -> None:
         new = _take(part[name], rows)
         target_array = splice[name]
         if name == PATH_FIELD:
-            new = encode_text(decode_text(new), target_array.shape[1])
+            new = encode_text(decode_text(new), store[name].shape[1])  # the splice's own width
         elif name == SOURCE_INDEX_FIELD:
             new = new + spec.first_source_index
         _write_rows(target_array, start, store[name][old], new.astype(target_array.dtype, copy=False))
 
 
 def _write_rows(array: zarr.Array, start: int, old: np.ndarray, new: np.ndarray) -> None:
-    writable(array)[start : start + len(old) + len(new)] = np.concatenate([old, new.astype(old.dtype)])
+    write_rows(array, start, np.concatenate([old, new.astype(old.dtype)]))
 
 
 def _runs(rows: np.ndarray) -> list[tuple[int, int]]:

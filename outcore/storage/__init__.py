@@ -6,7 +6,6 @@ from .cache import CacheUsage, ChunkCache
 from .encoded import EncodedBytes, create_encoded_field, read_files, stored_nbytes, write_encoded_shard
 from .groups import (
     consolidate,
-    copy_rows,
     create_field,
     describe_classes,
     is_url,
@@ -16,8 +15,7 @@ from .groups import (
     samples_per_shard,
     shard_path,
     small_fields,
-    small_scratch,
-    small_scratch_path,
+    small_rows_path,
     writable,
 )
 from .ragged import (
@@ -30,6 +28,8 @@ from .ragged import (
 )
 from .remote import RemoteStore, is_object_url, redact
 from .shard_reader import ShardReader, read_samples
+from .shard_writer import copy_rows, write_rows
+from .small_rows import SmallColumn, SmallRows
 from .staging import Staging, check_target, local_target, pack_zip, put_in_place, remove_path, staged_store
 from .store import Store, open_store
 from .upload import Upload
@@ -45,6 +45,8 @@ __all__ = [
     "RangeZipStore",
     "RemoteStore",
     "ShardReader",
+    "SmallColumn",
+    "SmallRows",
     "Staging",
     "Store",
     "Upload",
@@ -72,12 +74,12 @@ __all__ = [
     "samples_per_shard",
     "shard_path",
     "small_fields",
-    "small_scratch",
-    "small_scratch_path",
+    "small_rows_path",
     "staged_store",
     "stored_members",
     "stored_nbytes",
     "writable",
     "write_encoded_shard",
     "write_ragged_shard",
+    "write_rows",
 ]

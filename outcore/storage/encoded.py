@@ -9,9 +9,10 @@ import zarr
 
 from ..errors import SourceError
 from ..format import SAMPLE_DIM, Compression, Layout, pack_regions, ranges_name, shapes_name
-from .groups import create_field, writable
+from .groups import create_field
 from .pins import Pins
 from .shard_reader import ShardReader
+from .shard_writer import write_rows
 
 
 def create_encoded_field(
@@ -53,8 +54,8 @@ def write_encoded_shard(group: zarr.Group | Mapping[str, zarr.Array], name: str,
             f"field {name!r}: the files of chunk {first_chunk + overflow.args[0]} hold more bytes than their sizes "
             f"said when the ingest began ({capacity} at most): a source file changed during the ingest; run it again"
         ) from None
-    writable(array)[first_chunk * capacity : first_chunk * capacity + len(regions)] = regions
-    writable(group[ranges_name(name)])[start : start + len(blobs)] = ranges + first_chunk * capacity
+    write_rows(array, first_chunk * capacity, regions)
+    write_rows(group[ranges_name(name)], start, ranges + first_chunk * capacity)
 
 
 def stored_nbytes(group: zarr.Group, name: str, num_samples: int) -> np.ndarray:

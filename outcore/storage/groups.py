@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import warnings
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
@@ -22,18 +21,21 @@ from .cache import ChunkCache
 from .remote import RemoteStore, is_object_url, redact
 from .zipstore import RangeZipStore
 
+if TYPE_CHECKING:
+    from .small_rows import SmallColumn
 
-def writable(array: zarr.Array) -> zarr.Array:
-    """``array`` writing every chunk, even one of fill values only. Zarr's default compares every chunk with
-    the fill value and skips empty ones: that check costs more than the write, and a shard of
-    zeros (labels of one class, black pictures) would be left unwritten, which outcore's readers take for
-    a lost file. Set on the array, not in zarr's global config, which threads writing at once would
-    restore under each other's feet (a shard of zeros went missing so).
+
+def writable(array: zarr.Array | SmallColumn) -> zarr.Array | SmallColumn:
+    """``array`` writing every chunk, even one of fill values only (a `SmallColumn` as it is: it saves every
+    row). Zarr's default compares every chunk with the fill value and skips empty ones: that check costs more
+    than the write, and a shard of zeros (labels of one class, black pictures) would be left unwritten, which
+    outcore's readers take for a lost file. Set on the array, not in zarr's global config, which threads
+    writing at once would restore under each other's feet (a shard of zeros went missing so).
 
     >>> writable(zarr.zeros((4,), chunks=(2,))).config.write_empty_chunks
     True
     """
-    return array.with_config({"write_empty_chunks": True})
+    return array.with_config({"write_empty_chunks": True}) if isinstance(array, zarr.Array) else array
 
 
 def is_url(location: str | os.PathLike) -> bool:
@@ -144,41 +146,10 @@ def small_fields(sample_nbytes: Mapping[str, float]) -> set[str]:
     return {name for name, nbytes in sample_nbytes.items() if nbytes < largest}
 
 
-def small_scratch_path(directory: Path) -> Path:
-    """Where the tasks writing the store being built at ``directory`` write its small fields (`small_scratch`)."""
+def small_rows_path(directory: Path) -> Path:
+    """Where the tasks writing the store being built at ``directory`` save its small fields' rows
+    (`outcore.storage.small_rows`)."""
     return directory.with_name(f"{directory.name}.small")
-
-
-def small_scratch(group: zarr.Group, scratch: Path, chunk_size: int, shard_size: int) -> list[str]:
-    """Make, at ``scratch``, each array of ``group`` whose shard files hold more than ``shard_size`` samples
-    (a small field's, `outcore.format.Layout.shard_size_for`) again, in plain chunks of ``shard_size`` (a file
-    each, no shard index: zarr writes one in 0.7 ms, a shard of four chunks in 1.9, mostly Python holding the
-    GIL); return their names. Tasks that each write one shard of pictures write these instead (a small field's
-    file holds the samples of several such tasks, which would write it at once); `copy_rows` then moves them
-    into ``group``'s arrays, each file written once."""
-    if scratch.exists():
-        shutil.rmtree(scratch)
-    made = zarr.open_group(scratch, mode="w")
-    small = [name for name, array in group.arrays() if samples_per_shard(array, chunk_size) > shard_size]
-    for name in small:
-        array = group[name]
-        made.create_array(name, shape=array.shape, dtype=array.dtype, chunks=(shard_size, *array.shape[1:]),
-                          compressors=array.compressors, fill_value=0)
-    return small
-
-
-def copy_rows(target: zarr.Array, parts: Sequence[tuple[zarr.Array, int, int]]) -> None:
-    """Write rows ``[start, stop)`` of each ``(source, start, stop)`` (back to back, in order) into the same
-    rows of ``target``, one whole shard file of it at a time (each file written once; the first part starts
-    on a shard's first row), in bounded memory."""
-    if not parts:
-        return
-    step, first, last = (target.shards or target.chunks)[0], parts[0][1], parts[-1][2]
-    for begin in range(first, last, step):
-        end = min(last, begin + step)
-        rows = [source[max(begin, start) : min(end, stop)] for source, start, stop in parts
-                if start < end and stop > begin]
-        writable(target)[begin:end] = np.concatenate(rows)
 
 
 def shard_path(array: zarr.Array, shard: int) -> str:

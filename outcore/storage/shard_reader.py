@@ -489,7 +489,10 @@ class _StoreFiles:
         return len(raw)
 
 
-def _direct_layout(array: zarr.Array, pins: Pins | None) -> _DirectLayout | None:
+def direct_codecs(array: zarr.Array) -> list[dict[str, Any]] | None:
+    """The codecs of each chunk of ``array`` (``bytes``, [``blosc``,] ``crc32c``, as their metadata says) when it
+    has the layout outcore writes — sharded along axis 0 only, little-endian, each shard's index ``bytes →
+    crc32c`` at its end — which the direct shard reader and writer read and write; ``None`` otherwise."""
     metadata = array.metadata.to_dict()
     codecs = metadata.get("codecs") or [{}]
     if metadata.get("zarr_format") != 3 or len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
@@ -504,6 +507,14 @@ def _direct_layout(array: zarr.Array, pins: Pins | None) -> _DirectLayout | None
             and inner in (["bytes", "blosc", "crc32c"], ["bytes", "crc32c"])
             and np.dtype(array.dtype).byteorder in ("=", "|", "<")):
         return None
+    return config["codecs"]
+
+
+def _direct_layout(array: zarr.Array, pins: Pins | None) -> _DirectLayout | None:
+    codecs = direct_codecs(array)
+    if codecs is None:
+        return None
+    inner = [codec["name"] for codec in codecs]
     store = array.store
     if isinstance(store, RemoteStore):
         files: Any = store.files

@@ -1,0 +1,109 @@
+"""The direct shard writer writes the very files Zarr writes, whatever the codecs, dtypes, shapes and byte orders,
+and leaves to Zarr what it does not write itself; the small fields' rows saved apart read back exactly, and rows
+no task saved are refused."""
+
+from __future__ import annotations
+
+import filecmp
+import itertools
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from outcore.errors import StorageError
+from outcore.format import Compression, Layout
+from outcore.storage import SmallColumn, SmallRows, copy_rows, create_field, writable, write_rows
+from outcore.storage.shard_writer import _direct_codecs
+from outcore.testing.strategies import compressions, field_arrays
+
+
+def _files(root: str) -> dict[str, Path]:
+    return {os.path.relpath(os.path.join(folder, name), root): Path(folder, name)
+            for folder, _, names in os.walk(root) for name in names}
+
+
+def _same_files(one: str, other: str) -> bool:
+    mine, theirs = _files(one), _files(other)
+    return mine.keys() == theirs.keys() and all(filecmp.cmp(mine[k], theirs[k], shallow=False) for k in mine)
+
+
+@settings(max_examples=120, deadline=None)
+@given(values=field_arrays(), compression=compressions(), chunk_size=st.integers(1, 64),
+       chunks_per_shard=st.sampled_from([1, 2, 8]), pieces=st.integers(1, 3))
+def test_direct_writes_are_zarrs_files(values, compression, chunk_size, chunks_per_shard, pieces):
+    with tempfile.TemporaryDirectory() as by_zarr, tempfile.TemporaryDirectory() as direct:
+        layout = Layout(chunk_size, chunk_size * chunks_per_shard)
+        arrays = [create_field(zarr.open_group(root, mode="w"), "x", values.dtype, values.shape[1:], len(values),
+                               layout, compression) for root in (by_zarr, direct)]
+        writable(arrays[0])[:] = values
+        assert _direct_codecs(arrays[1], 0, len(values), values) is not None
+        shard = layout.shard_size
+        bounds = np.linspace(0, -(-len(values) // shard), pieces + 1).astype(int) * shard
+        for start, stop in itertools.pairwise(bounds):  # in runs of whole shard files
+            write_rows(arrays[1], int(start), values[start:stop])
+        assert _same_files(by_zarr, direct)
+        np.testing.assert_array_equal(arrays[1][:], values)
+
+
+def test_rows_it_does_not_write_itself_go_to_zarr(tmp_path):
+    values = np.arange(100, dtype=np.int64)
+    group = zarr.open_group(tmp_path / "s.zarr", mode="w")
+    array = create_field(group, "x", values.dtype, (), 100, Layout(4, 16), Compression())
+    assert _direct_codecs(array, 0, 100, values) is not None
+    for start, stop, rows in [(4, 20, values[4:20]),  # not from a shard's first row
+                               (0, 20, values[:20]),  # not to a shard's end, nor the array's
+                               (0, 16, values[:16].astype(np.int32)),  # another dtype: zarr casts
+                               (0, 16, list(range(16)))]:  # not an array
+        assert _direct_codecs(array, start, stop, rows) is None
+        write_rows(array, start, rows)
+        np.testing.assert_array_equal(array[start:stop], values[start:stop])
+    plain = zarr.create_array(tmp_path / "plain.zarr", shape=(10,), chunks=(4,), dtype="i8")  # no shards
+    write_rows(plain, 0, values[:10])
+    assert _direct_codecs(plain, 0, 10, values[:10]) is None
+    np.testing.assert_array_equal(plain[:], values[:10])
+    read_only = zarr.open_group(tmp_path / "s.zarr", mode="r")["x"]
+    assert _direct_codecs(read_only, 0, 16, values[:16]) is None
+    with pytest.raises(Exception, match="read-only|read only"):
+        write_rows(read_only, 0, values[:16])
+
+
+def test_small_rows_read_back_across_files_and_refuse_rows_never_saved(tmp_path):
+    group = zarr.open_group(tmp_path / "s.zarr", mode="w")
+    layout = Layout(4, 8)
+    create_field(group, "images", np.uint8, (16, 16), 40, layout, Compression())
+    create_field(group, "labels", np.int64, (), 40, layout, Compression(), small=True)
+    create_field(group, "boxes", np.float32, (4,), 40, layout, Compression(), small=True)
+    small = SmallRows.of(group, tmp_path / "small", chunk_size=4, shard_size=8).make()
+    assert sorted(small.names) == ["boxes", "labels"]
+    labels, boxes = small.columns["labels"], small.columns["boxes"]
+    values = np.arange(40) * 7
+    for start in range(0, 40, 8):  # each task's rows: a file of its own, in any order
+        labels[start : start + 8] = values[start : start + 8].astype(np.int32)  # saved as the field's dtype
+    assert np.load(tmp_path / "small" / "labels" / "8.npy").dtype == np.int64
+    np.testing.assert_array_equal(labels[5:29], values[5:29])
+    target = group["labels"]
+    copy_rows(target, [(labels, 0, 40)])
+    np.testing.assert_array_equal(target[:], values)
+    with pytest.raises(ValueError, match=r"field 'boxes': rows 0..7 .* shape \(8, 3\)"):
+        boxes[0:8] = np.zeros((8, 3))
+    boxes[0:8] = np.ones((8, 4))
+    boxes[16:24] = np.ones((8, 4))  # rows 8..15: saved by no task
+    with pytest.raises(StorageError, match=r"field 'boxes': rows from 8 on \(of 0..23\) were saved by no task"):
+        boxes[0:24]
+    assert not any(path.suffix == ".pkl" for path in (tmp_path / "small").rglob("*"))
+
+
+def test_a_column_is_never_unpickled(tmp_path):
+    column = SmallColumn(str(tmp_path), "labels", "<i8", ())
+    np.save(tmp_path / "0.npy", np.array([object()] * 4, dtype=object), allow_pickle=True)  # as if planted
+    with pytest.raises(StorageError, match=r"field 'labels': .*0.npy is not rows of <i8"):
+        column[0:4]
+    np.save(tmp_path / "0.npy", np.zeros(4, dtype=np.float64))
+    with pytest.raises(StorageError, match=r"0.npy holds rows of float64 \(\), not <i8 \(\)"):
+        column[0:4]
