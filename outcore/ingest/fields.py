@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..threads import for_each_run
 
 IMAGE_FIELD = "images"
 ENCODED_FIELD = "images_encoded"  # the files, beside the pixels of ``images="both"``
@@ -23,3 +28,19 @@ def file_stat(path: str) -> tuple[int, int]:
     except OSError:
         return 0, 0
     return stat.st_size, stat.st_mtime_ns
+
+
+def file_stats(paths: Sequence[str]) -> np.ndarray:
+    """(N, 2) int64: `file_stat` of each path, on the pool's threads (each stat waits on the file system outside
+    the GIL: 4 µs a file on one thread, 100,000 files in 0.4 s).
+
+    >>> file_stats(["/no/such/file"]).tolist()
+    [[0, 0]]
+    """
+    stats = np.zeros((len(paths), 2), np.int64)
+
+    def run(start: int, stop: int) -> None:
+        stats[start:stop] = [file_stat(paths[i]) for i in range(start, stop)]
+
+    for_each_run(run, len(paths), least=512)
+    return stats

@@ -44,7 +44,7 @@ from .fields import (
     IMAGE_FIELD,
     PATH_FIELD,
     PATH_WIDTH,
-    file_stat,
+    file_stats,
 )
 from .options import IngestKeywords, IngestOptions
 from .permute import as_dask, write_order
@@ -212,7 +212,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     skip = options.on_error == "skip"
     order = write_order(len(table), options.shuffle_on_write, options.seed)
     paths = [table.paths[i] for i in order]
-    stats = table.stats[order].tolist() if table.stats is not None else [file_stat(path) for path in paths]
+    stats = (table.stats[order] if table.stats is not None else file_stats(paths)).tolist()
     layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), options.chunk_size)
     reader = table.reader or SampleReader()
     chosen = None
@@ -298,7 +298,8 @@ def _raster_fields(table: SourceTable, order: np.ndarray, found: Survey, block_s
     loaded (None without layers)."""
     fields, errors, shapes = {}, None, found.shapes
     pixels = shapes[:, 0].astype(np.int64) * shapes[:, 1]
-    frames = [((int(h), int(w)), int(o)) for (h, w, _), o in zip(shapes.tolist(), found.orientations.tolist(), strict=True)]
+    frames = [((h, w), o) for (h, w, _), o in zip(shapes.tolist(), found.orientations.tolist(), strict=True)] \
+        if table.layers else []
     for name, (sources, map_dtype) in table.layers.items():
         layers = [sources[i] for i in order]
         values, failed = raster_array(found.paths, frames, layers, map_dtype, block_size, on_error=options.on_error,

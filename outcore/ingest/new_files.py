@@ -17,7 +17,7 @@ from ..format import StoreAttrs, decode_text
 from ..imaging import read_image_file
 from ..threads import for_each
 from .decode_tasks import DIGEST_SIZE, file_digest
-from .fields import FILE_DIGEST_FIELD, FILE_STAT_FIELD, PATH_FIELD, file_stat
+from .fields import FILE_DIGEST_FIELD, FILE_STAT_FIELD, PATH_FIELD, file_stats
 from .sources import SourceTable
 from .writer import cast_values
 
@@ -68,7 +68,7 @@ def new_rows(table: SourceTable, stored: StoredFiles, labels: list[str], attrs: 
     where = {name: i for i, name in enumerate(stored.names)}
     known = np.array([where.get(name, -1) for name in table.names], dtype=np.int64)
     old = known >= 0
-    now = np.array([file_stat(path) for path in table.paths], dtype=np.int64).reshape(-1, 2)
+    now = file_stats(table.paths)
     changed = old & (now != stored.stats[np.maximum(known, 0)]).any(axis=1) if len(stored.names) else old
     new = ~old
     if by_content:
