@@ -41,6 +41,17 @@ def file_digest(data: bytes) -> np.ndarray:
     return np.frombuffer(hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest(), dtype=np.uint8)
 
 
+def path_block(paths: Sequence[str], start: int, stop: int) -> np.ndarray:
+    """``paths[start:stop]`` as one array of ``str``, a task's argument: Dask walks a list item by item when it
+    makes the task (1 µs a path, on the one thread making the tasks), not an array. The task reads it back
+    with ``.tolist()``.
+
+    >>> path_block(["a.jpg", "b.jpg", "c.jpg"], 1, 3).tolist()
+    ['b.jpg', 'c.jpg']
+    """
+    return np.array(paths[start:stop], dtype=str).reshape(-1)
+
+
 def image_array(
     paths: Sequence[str],
     shape: tuple[int, ...],
@@ -79,7 +90,7 @@ def image_array(
     pixel_parts, file_parts, error_parts, digest_parts = [], [], [], []
     map_parts: dict[str, list[da.Array]] = {name: [] for name in layers}
     for start in range(0, len(paths), block_size):
-        block_paths = list(paths[start : start + block_size])
+        block_paths = path_block(paths, start, start + block_size)
         block_maps = {name: (list(files[start : start + block_size]), map_dtype)
                       for name, (files, map_dtype) in layers.items()}
         block_sizes = None if sizes is None else np.asarray(sizes[start : start + block_size])
@@ -102,10 +113,11 @@ def image_array(
 
 
 def _load_block(
-    paths: list[str], shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str,
+    block: np.ndarray, shape: tuple[int, ...], resize: ResizePolicy, dtype: np.dtype, on_error: str,
     keep: tuple[str, ...], max_pixels: int | None, reader: SampleReader,
     layers: Mapping[str, tuple[list[Layer], np.dtype]], sizes: np.ndarray | None,
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    paths: list[str] = block.tolist()  # `path_block`
     pixels = np.zeros((len(paths), *shape), dtype=dtype) if "pixels" in keep else None
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE) if "files" in keep else None
     errors = np.zeros(len(paths), dtype=ERROR_DTYPE)
@@ -175,15 +187,16 @@ def raster_array(paths: Sequence[str], frames: Sequence[tuple[tuple[int, int], i
     rasters, errors = [], []
     for start in range(0, len(paths), block_size):
         count = len(paths[start : start + block_size])
-        task = load(list(paths[start : start + block_size]), list(frames[start : start + block_size]),
+        task = load(path_block(paths, start, start + block_size), list(frames[start : start + block_size]),
                     list(layers[start : start + block_size]), dtype, on_error, max_pixels, reader)
         rasters.append(da.from_delayed(task[0], (count,), dtype=BLOB_DTYPE))
         errors.append(da.from_delayed(task[1], (count,), dtype=ERROR_DTYPE))
     return da.concatenate(rasters), da.concatenate(errors)
 
 
-def _load_rasters(paths: list[str], frames: list[tuple[tuple[int, int], int]], layers: list[Layer], dtype: np.dtype,
+def _load_rasters(block: np.ndarray, frames: list[tuple[tuple[int, int], int]], layers: list[Layer], dtype: np.dtype,
                   on_error: str, max_pixels: int | None, reader: SampleReader) -> tuple[np.ndarray, np.ndarray]:
+    paths: list[str] = block.tolist()  # `path_block`
     rasters, errors = np.empty(len(paths), BLOB_DTYPE), np.zeros(len(paths), ERROR_DTYPE)
     channels = _channels(layers)
     for i, path in enumerate(paths):
@@ -214,13 +227,14 @@ def file_array(paths: Sequence[str], nbytes: np.ndarray, block_size: int, reader
     task per block; a file whose size is no longer ``nbytes[i]`` is a `SourceError` (it changed during
     the ingest)."""
     read = dask.delayed(_read_block, pure=True)
-    parts = [da.from_delayed(read(list(paths[start : start + block_size]), nbytes[start : start + block_size], reader),
+    parts = [da.from_delayed(read(path_block(paths, start, start + block_size), nbytes[start : start + block_size], reader),
                              (len(paths[start : start + block_size]),), dtype=BLOB_DTYPE)
              for start in range(0, len(paths), block_size)]
     return da.concatenate(parts)
 
 
-def _read_block(paths: list[str], nbytes: np.ndarray, reader: SampleReader) -> np.ndarray:
+def _read_block(block: np.ndarray, nbytes: np.ndarray, reader: SampleReader) -> np.ndarray:
+    paths: list[str] = block.tolist()  # `path_block`
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE)
     for i, path in enumerate(paths):
         if not path:
