@@ -1,6 +1,6 @@
-"""The direct shard writer writes the very files Zarr writes, whatever the codecs, dtypes, shapes and byte orders,
-and leaves to Zarr what it does not write itself; the small fields' rows saved apart read back exactly, and rows
-no task saved are refused."""
+"""The direct shard writer writes the very files Zarr writes (any codec, dtype, row shape, byte order, in runs of
+whole shard files) and leaves other rows, layouts and read-only stores to Zarr; the small fields' rows an ingest's
+tasks save apart read back exactly, and rows never saved, or files not of whole rows, are refused by name."""
 
 from __future__ import annotations
 

@@ -383,7 +383,7 @@ def provenance(source: str, recipe: dict[str, Any] | None = None) -> dict[str, A
 
 @functools.cache
 def _versions() -> dict[str, str]:
-    """The versions of the packages that write a store (read once a process: 0.4 ms each, of Python scanning the paths)."""
+    """The versions of the packages that write a store, read once a process (each read scans the import paths)."""
     return {name: version(name) for name in ("outcore", "zarr", "numcodecs", "dask", "numpy", "pillow", "simplejpeg")}
 
 

@@ -43,8 +43,7 @@ def file_digest(data: bytes) -> np.ndarray:
 
 def path_block(paths: Sequence[str], start: int, stop: int) -> np.ndarray:
     """``paths[start:stop]`` as one array of ``str``, a task's argument: Dask walks a list item by item when it
-    makes the task (1 µs a path, on the one thread making the tasks), not an array. The task reads it back
-    with ``.tolist()``.
+    makes the task, on the one thread making them all, not an array. The task reads it back with ``.tolist()``.
 
     >>> path_block(["a.jpg", "b.jpg", "c.jpg"], 1, 3).tolist()
     ['b.jpg', 'c.jpg']

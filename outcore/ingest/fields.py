@@ -32,7 +32,7 @@ def file_stat(path: str) -> tuple[int, int]:
 
 def file_stats(paths: Sequence[str]) -> np.ndarray:
     """(N, 2) int64: `file_stat` of each path, on the pool's threads (each stat waits on the file system outside
-    the GIL: 4 µs a file on one thread, 100,000 files in 0.4 s).
+    the GIL, and an ingest of a million files makes a million).
 
     >>> file_stats(["/no/such/file"]).tolist()
     [[0, 0]]

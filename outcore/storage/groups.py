@@ -9,7 +9,7 @@ import warnings
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import zarr
@@ -21,21 +21,18 @@ from .cache import ChunkCache
 from .remote import RemoteStore, is_object_url, redact
 from .zipstore import RangeZipStore
 
-if TYPE_CHECKING:
-    from .small_rows import SmallColumn
 
-
-def writable(array: zarr.Array | SmallColumn) -> zarr.Array | SmallColumn:
-    """``array`` writing every chunk, even one of fill values only (a `SmallColumn` as it is: it saves every
-    row). Zarr's default compares every chunk with the fill value and skips empty ones: that check costs more
-    than the write, and a shard of zeros (labels of one class, black pictures) would be left unwritten, which
-    outcore's readers take for a lost file. Set on the array, not in zarr's global config, which threads
-    writing at once would restore under each other's feet (a shard of zeros went missing so).
+def writable(array: zarr.Array) -> zarr.Array:
+    """``array`` writing every chunk, even one of fill values only. Zarr's default compares every chunk with
+    the fill value and skips empty ones: that check costs more than the write, and a shard of
+    zeros (labels of one class, black pictures) would be left unwritten, which outcore's readers take for
+    a lost file. Set on the array, not in zarr's global config, which threads writing at once would
+    restore under each other's feet (a shard of zeros went missing so).
 
     >>> writable(zarr.zeros((4,), chunks=(2,))).config.write_empty_chunks
     True
     """
-    return array.with_config({"write_empty_chunks": True}) if isinstance(array, zarr.Array) else array
+    return array.with_config({"write_empty_chunks": True})
 
 
 def is_url(location: str | os.PathLike) -> bool:

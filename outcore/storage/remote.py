@@ -68,7 +68,7 @@ _forked_after_use = False  # this process was forked from one that had used it
 
 def is_object_url(location: str) -> bool:
     """Whether ``location`` names an object store outcore reads itself (``s3://``, ``gs://``, ...)."""
-    return "://" in location and urlsplit(location).scheme.lower() in SCHEMES  # a path: no parse (2 µs)
+    return "://" in location and urlsplit(location).scheme.lower() in SCHEMES  # a path is not parsed
 
 
 def redact(url: str) -> str:

@@ -1,9 +1,9 @@
 """Write whole shard files of a field straight into a local store: each chunk's Blosc and crc32c with the GIL
 released, the file in one write.
 
-Zarr's writer runs every chunk through its codec pipeline on its event loop: about 0.3 ms of Python a chunk,
-holding the GIL (the small fields of an ingest, in chunks of 32 samples: 7 fields of 100,000 files are 22,000
-chunks, 7 s on one core while the others wait). For the layout outcore writes
+Zarr's writer runs every chunk through its codec pipeline on its event loop, in Python holding the GIL (the
+small fields of an ingest come in chunks of as few as 32 samples: 7 fields of 100,000 files are 22,000
+chunks; docs/benchmarks.md's "Figures behind the code" says what each cost). For the layout outcore writes
 (`outcore.storage.shard_reader.direct_codecs`) in a local directory, `write_rows` encodes the chunks of whole
 shard files itself, into the same bytes zarr writes (tests compare the files), and writes each file at once;
 rows that do not span whole shard files, other layouts and other stores are written by zarr, every chunk
@@ -42,7 +42,10 @@ def write_rows(target: zarr.Array | SmallColumn, start: int, values: np.ndarray)
     [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
     """
     stop = start + len(values)
-    codecs = _direct_codecs(target, start, stop, values) if isinstance(target, zarr.Array) else None
+    if isinstance(target, SmallColumn):  # rows saved apart: every row saved
+        target[start:stop] = values
+        return
+    codecs = _direct_codecs(target, start, stop, values)
     if codecs is None:
         writable(target)[start:stop] = values
         return

@@ -3,10 +3,10 @@
 A small field (labels, paths, byte ranges) has shard files of many more samples than a picture field's
 (`outcore.format.Layout.shard_size_for`), so one of its files holds the rows of several tasks, which would
 write it at once. Each task instead saves its rows of every small field as a file of its own, their bytes
-only (`SmallColumn`, 0.03 ms; through zarr 0.7-1.5 ms a field, mostly Python holding the GIL), and once the
-tasks are done `copy_rows` reads them back in order and writes each shard file of the store once. The
-column knows its dtype and row shape, so a file holds nothing to parse (a ``.npy`` header costs 0.05 ms of
-Python to read), let alone to unpickle.
+only (`SmallColumn`: zarr's write of them is mostly Python holding the GIL, docs/benchmarks.md's "Figures
+behind the code" says how much), and once the tasks are done `copy_rows` reads them back in order and writes
+each shard file of the store once. The column knows its dtype and row shape, so a file holds nothing to
+parse (a ``.npy`` header is read by Python), let alone to unpickle.
 """
 
 from __future__ import annotations
