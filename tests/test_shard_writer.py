@@ -16,8 +16,10 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import outcore
 from outcore.errors import StorageError
 from outcore.format import Compression, Layout
+from outcore.imaging.synthetic import write_image_folder
 from outcore.storage import SmallColumn, SmallRows, copy_rows, create_field, writable, write_rows
 from outcore.storage.shard_writer import _direct_codecs
 from outcore.testing.strategies import compressions, field_arrays
@@ -49,6 +51,24 @@ def test_direct_writes_are_zarrs_files(values, compression, chunk_size, chunks_p
             write_rows(arrays[1], int(start), values[start:stop])
         assert _same_files(by_zarr, direct)
         np.testing.assert_array_equal(arrays[1][:], values)
+
+
+@pytest.mark.parametrize("kind", [{"shape": None, "images": "encoded"}, {"shape": (24, 24, 3), "images": "pixels"}])
+def test_an_ingest_writes_the_store_zarr_would(tmp_path, monkeypatch, kind):
+    write_image_folder(tmp_path / "photos", 45, size=(40, 32), kind="photos")
+    options = {"progress": False, "seed": 3, "chunk_size": 8, **kind}
+    outcore.ingest_images(tmp_path / "photos", tmp_path / "direct.zarr", **options)
+    monkeypatch.setattr("outcore.storage.shard_writer._direct_codecs", lambda *args: None)  # every row through zarr
+    outcore.ingest_images(tmp_path / "photos", tmp_path / "zarr.zarr", **options)
+    direct, by_zarr = _files(str(tmp_path / "direct.zarr")), _files(str(tmp_path / "zarr.zarr"))
+    assert direct.keys() == by_zarr.keys() and len(direct) > 10
+    different = [name for name in direct if not filecmp.cmp(direct[name], by_zarr[name], shallow=False)]
+    assert different == ["zarr.json"]  # the group's: when each was made, and its generation
+    made = [zarr.open_group(tmp_path / name, mode="r").attrs.asdict() for name in ("direct.zarr", "zarr.zarr")]
+    for attrs in made:
+        attrs["outcore"]["provenance"].pop("created")
+        attrs["outcore"].pop("generation")
+    assert made[0] == made[1]
 
 
 def test_rows_it_does_not_write_itself_go_to_zarr(tmp_path):
