@@ -15,6 +15,7 @@ from PIL import Image
 from outcore.errors import ImageError
 from outcore.imaging import (
     decode_image,
+    decoded_size,
     load_image,
     parse_image_dtype,
     parse_image_shape,
@@ -24,6 +25,7 @@ from outcore.imaging import (
 )
 from outcore.imaging.decode import _reduced_size
 from outcore.imaging.resize import resize_edges
+from outcore.imaging.synthetic import sample_photo
 
 U8 = np.dtype("uint8")
 
@@ -143,6 +145,52 @@ def test_a_files_upright_size_and_orientation_are_read_from_its_header_as_pillow
         stored_frame(files["plain.jpg"], "plain.jpg", max_pixels=1000)
     with pytest.raises(ImageError, match="damaged.jpg: "):
         stored_frame(b"\xff\xd8\xff\xe0 not a header", "damaged.jpg")
+
+
+def test_a_picture_kept_at_its_size_is_decoded_at_an_eighth_refusing_what_a_full_decode_refuses(tmp_path):
+    """The ingest's survey decodes each plain JPEG at 1/8 of its size (`decoded_size`): the sizes `decode_image`
+    gives at full size, and, of a thousand damaged photos (cut short, bits flipped, runs zeroed), exactly the
+    ones a full decode refuses are refused."""
+    rng = np.random.default_rng(7)
+    photo = sample_photo("astronaut")[:300, :400]
+    image = Image.fromarray(photo)
+    files = {"plain.jpg": simplejpeg.encode_jpeg(photo, colorsubsampling="420"),
+             "411.jpg": simplejpeg.encode_jpeg(photo, colorsubsampling="411"),
+             "grey.jpg": simplejpeg.encode_jpeg(photo[..., :1].copy(), colorspace="GRAY"),
+             "tiny.jpg": simplejpeg.encode_jpeg(photo[:5, :7].copy()),
+             "picture.png": _write(tmp_path / "picture.png", photo[:40, :60]).read_bytes()}
+    image.save(tmp_path / "progressive.jpg", progressive=True)
+    files["progressive.jpg"] = (tmp_path / "progressive.jpg").read_bytes()
+    exif = image.getexif()
+    exif[0x0112] = 6
+    image.save(tmp_path / "turned.jpg", exif=exif)
+    files["turned.jpg"] = (tmp_path / "turned.jpg").read_bytes()
+    for name, data in files.items():
+        for channels in (1, 3):
+            full = decode_image(data, (None, None, channels), None, U8, name).shape[:2]
+            assert decoded_size(data, channels, U8, name) == full, (name, channels)
+    refused = 0
+    for trial in range(1000):
+        name = ("plain.jpg", "progressive.jpg", "grey.jpg")[trial % 3]
+        damaged = bytearray(files[name])
+        start = int(rng.integers(300, len(damaged) - 60))
+        if trial % 4 == 0:
+            damaged = damaged[:start]
+        elif trial % 4 == 1:
+            damaged[start] ^= 1 << int(rng.integers(0, 8))
+        else:
+            zeros = int(rng.integers(1, 50))
+            damaged[start : start + zeros] = bytes(zeros)
+        channels = 1 if name == "grey.jpg" else 3
+        try:
+            full = decode_image(bytes(damaged), (None, None, channels), None, U8, name).shape[:2]
+        except ImageError:
+            with pytest.raises(ImageError, match=f"^{name}: "):
+                decoded_size(bytes(damaged), channels, U8, name)
+            refused += 1
+            continue
+        assert decoded_size(bytes(damaged), channels, U8, name) == full, trial
+    assert 200 < refused < 800
 
 
 @pytest.mark.parametrize(

@@ -137,6 +137,24 @@ def decode_image(
     return out
 
 
+def decoded_size(data: bytes, channels: int, dtype: np.dtype, name: str = "image",
+                 max_pixels: int | None = MAX_PIXELS) -> tuple[int, int]:
+    """The ``(height, width)`` ``data`` decodes to at its own size (`decode_image` with ``(None, None,
+    channels)``), found by decoding all of it: a file that does not decode is an `ImageError` naming ``name``,
+    as `decode_image` words it. A plain JPEG is decoded at 1/8 of its size: every coefficient is read and
+    checked as at full size, only the inverse DCT is smaller, so a damaged file is refused alike (tested on
+    thousands of damaged ones); any other file in full.
+
+    >>> decoded_size(open("cat.jpg", "rb").read(), 3, np.dtype("uint8"))  # doctest: +SKIP
+    (375, 500)
+    """
+    with decode_errors(name):
+        checked = _decode_plain_jpeg(data, channels, (1, 1), "fit", None, name, max_pixels)
+        if checked is not None:  # plain: upright as stored, of its header's size
+            return tuple(simplejpeg.decode_jpeg_header(data)[:2])
+    return decode_image(data, (None, None, channels), None, dtype, name, max_pixels=max_pixels).shape[:2]
+
+
 def decode_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray], which: np.ndarray,
                        samples: np.ndarray, out: np.ndarray, rows: np.ndarray) -> Sequence[int]:
     """Decode file ``samples[k]`` of chunk ``which[k]`` (file ``i`` of chunk ``c`` is ``regions[c][ranges[c][i,

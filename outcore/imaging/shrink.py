@@ -10,7 +10,7 @@ import simplejpeg
 from PIL import Image
 
 from ..errors import OptionError
-from .decode import MAX_PIXELS, decode_image, upright_size
+from .decode import MAX_PIXELS, decode_image, decoded_size, upright_size
 
 DEFAULT_QUALITY = 90
 
@@ -32,8 +32,8 @@ def shrink_image(
     """``(shape, smaller)``: the shape the file decodes to (upright, ``channels`` deep) and, when its longer
     side exceeds ``max_side``, the bytes of a copy whose longer side is ``max_side`` (resized antialiased,
     then JPEG at ``quality``, PNG for 4 channels); ``smaller`` is None when the file is kept as it is.
-    The file is decoded either way (at a reduced DCT scale when it is shrunk), so a bad file is an
-    `ImageError` naming ``name``.
+    The file is decoded either way (at a reduced DCT scale when it is shrunk, or kept: `decoded_size`), so a
+    bad file is an `ImageError` naming ``name``.
 
     >>> shape, smaller = shrink_image(open("big.jpg", "rb").read(), 3, np.dtype("uint8"), 512)  # doctest: +SKIP
     >>> shape  # doctest: +SKIP
@@ -41,8 +41,7 @@ def shrink_image(
     """
     height, width = upright_size(data, name, max_pixels)
     if max_side is None or max(height, width) <= max_side:
-        pixels = decode_image(data, (None, None, channels), None, dtype, name, max_pixels=max_pixels)
-        return (pixels.shape[0], pixels.shape[1], channels), None
+        return (*decoded_size(data, channels, dtype, name, max_pixels), channels), None
     scale = max_side / max(height, width)
     size = (max(1, round(height * scale)), max(1, round(width * scale)))
     pixels = decode_image(data, (*size, channels), "fit", dtype, name, max_pixels=max_pixels)
