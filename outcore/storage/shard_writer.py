@@ -5,13 +5,15 @@ Zarr's writer runs every chunk through its codec pipeline on its event loop, in 
 small fields of an ingest come in chunks of as few as 32 samples: 7 fields of 100,000 files are 22,000
 chunks; docs/benchmarks.md's "Figures behind the code" says what each cost). For the layout outcore writes
 (`outcore.storage.shard_reader.direct_codecs`) in a local directory, `write_rows` encodes the chunks of whole
-shard files itself, into the same bytes zarr writes (tests compare the files), and writes each file at once;
+shard files itself, into the same bytes zarr writes (tests compare the files), and replaces each file at once;
 rows that do not span whole shard files, other layouts and other stores are written by zarr, every chunk
 written (`writable`).
 """
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -109,8 +111,14 @@ def _write_shard(array: zarr.Array, shard: int, rows: np.ndarray, codecs: list[d
     parts += [raw_index, crc32c.crc32c(raw_index).to_bytes(4, "little")]
     path = Path(array.store.root, shard_path(array, shard))
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as file:
-        file.writelines(parts)
+    partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")  # replaced in one step, as zarr does
+    try:
+        with open(partial, "wb") as file:
+            file.writelines(parts)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def _compressed(chunk: np.ndarray, codecs: list[dict[str, Any]]) -> Any:
