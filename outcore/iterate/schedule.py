@@ -15,6 +15,7 @@ its memory does not grow with the samples.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,9 +40,9 @@ class BatchStep:
     fetch: tuple[int, ...] = ()
     pieces: tuple[tuple[int, int], ...] = ()
 
-    @property
+    @functools.cached_property
     def used(self) -> list[int]:
-        """The slots the batch reads from, in increasing order."""
+        """The slots the batch reads from, in increasing order (found once: asked for twice a batch)."""
         return np.unique(self.slots).tolist()
 
 

@@ -23,6 +23,7 @@ from ..errors import StorageError
 from .groups import samples_per_shard
 
 SUFFIX = ".rows"
+_AGAIN = "write the store again from the start (resume=False, or without --resume)"
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,8 @@ class SmallColumn:
             reached += len(parts[-1])
         if reached < rows.stop:
             raise StorageError(f"field {self.name!r}: rows from {reached} on (of {rows.start}..{rows.stop - 1}) were "
-                               f"saved by no task in {self.folder}: it was changed while the store was written; "
-                               "write the store again")
+                               f"saved by no task in {self.folder}: it was changed while the store was written, "
+                               f"or the run resumed was made by another outcore; {_AGAIN}")
         return np.concatenate(parts)
 
     def _load(self, start: int) -> np.ndarray:
@@ -75,7 +76,7 @@ class SmallColumn:
         if row and size % row:
             raise StorageError(f"field {self.name!r}: {path} holds {size} bytes, not whole rows of {self.dtype} "
                                f"{self.row_shape} ({row} bytes each): it was changed while the store was written; "
-                               "write the store again")
+                               f"{_AGAIN}")
         return np.fromfile(path, dtype=self.dtype).reshape(-1, *self.row_shape)
 
 
