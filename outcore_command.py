@@ -1,5 +1,7 @@
-"""The ``outcore`` console script: at any instant, from the first, Ctrl-C ends it with one line and exit
-status 130, never a traceback.
+"""The ``outcore`` console script: at any instant from its first line, Ctrl-C ends it with one line and exit
+status 130, never a traceback. (Before that line, while the interpreter starts and imports this module, Ctrl-C
+is CPython's own: it ends the process, with a traceback once CPython has installed its handler, a few
+milliseconds of a command that takes seconds.)
 
 It lives outside the ``outcore`` package because it must run before ``import outcore`` (NumPy, Dask,
 Zarr: a second or more on a loaded machine), which a Ctrl-C would otherwise break off with a traceback.

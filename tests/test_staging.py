@@ -301,6 +301,16 @@ def test_a_ctrl_c_landing_where_python_only_reports_exceptions_is_delivered_agai
     assert time.monotonic() - started < 20
 
 
+def _before_the_command(err: str) -> bool:
+    """Whether ``err`` is CPython's traceback of a Ctrl-C it took while it imported the command's module, before
+    any line of it ran (from its start-up until ``outcore_command`` installs its handler, Ctrl-C is the
+    interpreter's own): a ``KeyboardInterrupt`` whose one frame is the line that imports it."""
+    lines = err.strip().splitlines()
+    frames = [line for line in lines if line.lstrip().startswith("File ")]
+    return (lines[:1] == ["Traceback (most recent call last):"] and lines[-1] == "KeyboardInterrupt"
+            and frames == ['  File "<string>", line 1, in <module>'])
+
+
 @pytest.fixture(scope="module")
 def command_seconds(source, tmp_path_factory):
     """How long the whole command takes here, start-up included."""
@@ -322,7 +332,7 @@ def test_ctrl_c_at_any_instant_of_the_command_is_one_line_and_130(source, tmp_pa
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     if process.returncode == -signal.SIGINT:  # before Python takes Ctrl-C, or after it gives it back at its exit
-        assert err == "", err
+        assert err == "" or _before_the_command(err), err
     elif process.returncode == 0:  # it finished first: nothing was interrupted
         assert moment >= 0.6, err  # (the time measured varies: a run may end sooner)
     else:
