@@ -120,21 +120,26 @@ def test_exif_orientation_is_applied(tmp_path, rng):
     assert load_image(str(path), (20, 10, 3), None, U8).shape == (20, 10, 3)
 
 
+def _kinds_of_file(folder: Path, pixels: np.ndarray) -> dict[str, bytes]:
+    """``pixels`` (h, w, 3) as each kind of file a header or a decoder may read otherwise: plain 4:2:0, 4:1:1, grey
+    and progressive JPEGs, one turned by its EXIF orientation (6), and a PNG."""
+    image = Image.fromarray(pixels)
+    image.save(folder / "progressive.jpg", progressive=True)
+    exif = image.getexif()
+    exif[0x0112] = 6
+    image.save(folder / "turned.jpg", exif=exif)
+    return {"plain.jpg": simplejpeg.encode_jpeg(pixels, colorsubsampling="420"),
+            "411.jpg": simplejpeg.encode_jpeg(pixels, colorsubsampling="411"),
+            "grey.jpg": simplejpeg.encode_jpeg(pixels[..., :1].copy(), colorspace="GRAY"),
+            "picture.png": _write(folder / "picture.png", pixels).read_bytes(),
+            "progressive.jpg": (folder / "progressive.jpg").read_bytes(),
+            "turned.jpg": (folder / "turned.jpg").read_bytes()}
+
+
 def test_a_files_upright_size_and_orientation_are_read_from_its_header_as_pillow_reads_them(tmp_path, rng):
     """Plain JPEGs' headers are read by libjpeg-turbo (no Pillow parse holding the GIL), the others by Pillow: the
     same sizes and orientations either way, the same refusals."""
-    pixels = rng.integers(0, 256, (30, 50, 3), dtype=np.uint8)
-    files = {"plain.jpg": simplejpeg.encode_jpeg(pixels, colorsubsampling="420"),
-             "411.jpg": simplejpeg.encode_jpeg(pixels, colorsubsampling="411"),
-             "grey.jpg": simplejpeg.encode_jpeg(pixels[..., :1].copy(), colorspace="GRAY"),
-             "picture.png": _write(tmp_path / "picture.png", pixels).read_bytes()}
-    image = Image.fromarray(pixels)
-    Image.fromarray(pixels).save(tmp_path / "progressive.jpg", progressive=True)
-    files["progressive.jpg"] = (tmp_path / "progressive.jpg").read_bytes()
-    exif = image.getexif()
-    exif[0x0112] = 6
-    image.save(tmp_path / "turned.jpg", exif=exif)
-    files["turned.jpg"] = (tmp_path / "turned.jpg").read_bytes()
+    files = _kinds_of_file(tmp_path, rng.integers(0, 256, (30, 50, 3), dtype=np.uint8))
     for name, data in files.items():
         with Image.open(io.BytesIO(data)) as opened:
             orientation = int(opened.getexif().get(0x0112, 1))
@@ -153,18 +158,7 @@ def test_a_picture_kept_at_its_size_is_decoded_at_an_eighth_refusing_what_a_full
     ones a full decode refuses are refused."""
     rng = np.random.default_rng(7)
     photo = sample_photo("astronaut")[:300, :400]
-    image = Image.fromarray(photo)
-    files = {"plain.jpg": simplejpeg.encode_jpeg(photo, colorsubsampling="420"),
-             "411.jpg": simplejpeg.encode_jpeg(photo, colorsubsampling="411"),
-             "grey.jpg": simplejpeg.encode_jpeg(photo[..., :1].copy(), colorspace="GRAY"),
-             "tiny.jpg": simplejpeg.encode_jpeg(photo[:5, :7].copy()),
-             "picture.png": _write(tmp_path / "picture.png", photo[:40, :60]).read_bytes()}
-    image.save(tmp_path / "progressive.jpg", progressive=True)
-    files["progressive.jpg"] = (tmp_path / "progressive.jpg").read_bytes()
-    exif = image.getexif()
-    exif[0x0112] = 6
-    image.save(tmp_path / "turned.jpg", exif=exif)
-    files["turned.jpg"] = (tmp_path / "turned.jpg").read_bytes()
+    files = {**_kinds_of_file(tmp_path, photo), "tiny.jpg": simplejpeg.encode_jpeg(photo[:5, :7].copy())}
     for name, data in files.items():
         for channels in (1, 3):
             full = decode_image(data, (None, None, channels), None, U8, name).shape[:2]

@@ -48,7 +48,7 @@ def path_block(paths: Sequence[str], start: int, stop: int) -> np.ndarray:
     >>> path_block(["a.jpg", "b.jpg", "c.jpg"], 1, 3).tolist()
     ['b.jpg', 'c.jpg']
     """
-    return np.array(paths[start:stop], dtype=str).reshape(-1)
+    return np.array(paths[start:stop], dtype=str)
 
 
 def image_array(
