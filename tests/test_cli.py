@@ -16,6 +16,7 @@ import pytest
 import outcore
 from outcore.cli import main
 from outcore.imaging import native
+from outcore.storage import chunk_reads
 from outcore.testing import corrupt_chunk, delete_shard, make_store
 
 
@@ -54,9 +55,10 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "outcore info: error: outcore info needs a STORE to describe, or --system"
 
 
-def test_info_system_names_the_jpeg_decoder(capsys):
+def test_info_system_names_the_jpeg_decoder_and_the_chunk_reads(capsys):
     assert main(["info", "--system"]) == 0
-    assert f"JPEG boxes: {native.backend()}" in capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().out.splitlines()
+    assert f"JPEG boxes: {native.backend()}" in lines and f"chunk reads: {chunk_reads.how()}" in lines
 
 
 @pytest.mark.parametrize(("arguments", "expected"), [

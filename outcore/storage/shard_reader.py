@@ -44,6 +44,7 @@ from zarr.storage import LocalStore
 from ..errors import CorruptChunkError, OutcoreError
 from ..threads import submit_io
 from . import blocks
+from .chunk_reads import read_at_once
 from .failures import retried
 from .groups import shard_path
 from .huge_pages import HugePageReads
@@ -73,10 +74,12 @@ class _Failed(Exception):
 
 
 class _ShardIndex(NamedTuple):
-    """A shard file's index, ``(offset, nbytes)`` per chunk, and the `_ShardFile.stamp` of the file it was read from."""
+    """A shard file's index, ``(offset, nbytes)`` per chunk (``spans``: the same as Python's numbers), and the
+    `_ShardFile.stamp` of the file it was read from."""
 
     entries: np.ndarray
     stamp: Hashable
+    spans: list[list[int]]
 
 
 @dataclass
@@ -173,6 +176,8 @@ class ShardReader:
             out[: len(values)] = values
             return out[: len(values)]
         out = self.empty() if out is None else out
+        if self._layout.read_at_once is not None and self._read_at_once(chunk, out):
+            return out[: stop - start]
         try:
             return self._read_retried(chunk, out)[: stop - start]
         except _Unreadable as error:
@@ -193,6 +198,29 @@ class ShardReader:
 
         return retried(attempt, self.where, lambda: self._what(chunk))
 
+    def _read_at_once(self, chunk: int, out: np.ndarray) -> bool:
+        """Whether the chunk was read, checked and decoded into ``out`` by one C call outside the GIL
+        (`chunk_reads.read_at_once`), from the version of its shard file whose index was read. A chunk of a shard
+        whose index is not known yet, and any failure, are left to `_read_retried`: it reads the chunk again,
+        and names what is wrong."""
+        layout = self._layout
+        shard, inner = divmod(chunk, layout.chunks_per_shard)
+        known = self._indexes.get(shard)
+        if known is None:
+            return False
+        offset, nbytes = known.spans[inner]
+        if offset == _EMPTY:
+            return False
+        stamp = layout.read_at_once(layout.path(shard), offset, nbytes, self._scratch_of(nbytes), out, layout.blosc)
+        return stamp == known.stamp
+
+    def _scratch_of(self, nbytes: int) -> bytearray:
+        """This thread's read buffer, of ``nbytes`` or more: no allocation per chunk."""
+        scratch = getattr(self._scratch, "buffer", None)
+        if scratch is None or len(scratch) < nbytes:
+            scratch = self._scratch.buffer = bytearray(int(nbytes))
+        return scratch
+
     def _read_direct(self, chunk: int, out: np.ndarray) -> np.ndarray:
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
         with self._layout.opened(shard) as file:
@@ -211,10 +239,7 @@ class ShardReader:
         offset, nbytes = entry
         if offset == _EMPTY:
             raise _Unreadable("it was never written (its shard index has no entry for it)")
-        scratch = getattr(self._scratch, "buffer", None)
-        if scratch is None or len(scratch) < nbytes:
-            scratch = self._scratch.buffer = bytearray(int(nbytes))
-        payload = memoryview(scratch)[: int(nbytes)]
+        payload = memoryview(self._scratch_of(int(nbytes)))[: int(nbytes)]
         file.read_into(int(offset), payload)
         data = payload[:-_CHECKSUM_BYTES]
         if crc32c.crc32c(data).to_bytes(4, "little") != payload[-_CHECKSUM_BYTES:]:
@@ -276,7 +301,7 @@ class ShardReader:
             raise _Unreadable("the shard index fails its checksum")
         index = np.frombuffer(raw[:-_CHECKSUM_BYTES], dtype="<u8").reshape(-1, 2)
         _check_index(index, size - index_bytes, self._max_chunk_bytes())
-        known = _ShardIndex(index, file.stamp())
+        known = _ShardIndex(index, file.stamp(), index.tolist())
         file.check_growth(index)
         with self._lock:
             self._indexes[shard] = known
@@ -334,12 +359,23 @@ class _DirectLayout:
         self.chunks_per_shard = array.shards[0] // array.chunks[0]
         self.index_bytes = 16 * self.chunks_per_shard + _CHECKSUM_BYTES
         self._keys: dict[int, str] = {}  # shard -> its file's key, made once
+        self._paths: dict[int, str] = {}  # shard -> its local file's path
+        # a chunk of a local file read with pread in one C call (`ShardReader._read_at_once`), where it can be
+        local = isinstance(files, _LocalFiles) and not files.huge_pages
+        self.read_at_once = read_at_once if local else None
 
     def key(self, shard: int) -> str:
         key = self._keys.get(shard)
         if key is None:
             key = self._keys[shard] = shard_path(self.array, shard)
         return key
+
+    def path(self, shard: int) -> str:
+        """The shard's local file."""
+        path = self._paths.get(shard)
+        if path is None:
+            path = self._paths[shard] = f"{self.files.root}/{self.key(shard)}"
+        return path
 
     def opened(self, shard: int) -> _ShardFile:
         """The shard file, open (a context manager): all read through it comes from one version of the file."""

@@ -1,0 +1,256 @@
+/* outcore.storage._chunks: one chunk of a local shard file read, checked and decoded in one call outside the GIL.
+ *
+ * read(path, offset, nbytes, scratch, out, blosc): opens the file, reads its bytes [offset, offset + nbytes) (a
+ * chunk: its encoded bytes, then their crc32c), checks the crc32c and decodes the bytes into `out` (a Blosc frame
+ * that must decode to exactly out's bytes, or out's bytes as they are), and closes the file. It returns the
+ * file's stamp, (inode, modification time in ns, size), as fstat gave it when the file was opened and again once
+ * read, or None when anything differs from that: the file cannot be opened or is shorter, the checksum, the
+ * frame or its decoding fails, or the file changed while it was read. None says nothing of why: the caller reads
+ * the chunk again its own way (outcore.storage.shard_reader), which names what is wrong. `scratch` (a writable
+ * buffer of nbytes or more) holds a Blosc frame; uncompressed bytes are read straight into out.
+ *
+ * A chunk read by Python's own calls releases and takes the GIL again at each of its seven system calls and the
+ * checksum and codec calls, and runs a dozen Python calls between them; here it is released once.
+ *
+ * crc32c(buffer[, value]): the CRC-32C of the buffer's bytes (as the crc32c package gives it), for the tests.
+ *
+ * Blosc is numcodecs' own (the library it holds, which zarr uses): `bind(path)` finds blosc_decompress_ctx in
+ * numcodecs' module at `path`. `read` needs the CRC32 instruction of x86-64 (SSE 4.2) or ARMv8; HARDWARE says
+ * whether this machine has it. Where it does not, or where the module is not built, the chunks are read by
+ * Python's calls (the same bytes).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__unix__) || defined(__APPLE__)
+#define OUTCORE_POSIX
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#endif
+
+#define CHECKSUM_BYTES 4
+#define BLOSC_HEADER 16 /* a Blosc frame's header: nbytes at byte 4, cbytes at byte 12 */
+
+typedef int (*blosc_decompress_ctx_t)(const void *source, void *dest, size_t destsize, int numinternalthreads);
+static blosc_decompress_ctx_t blosc_decompress_ctx;
+
+/* The CRC-32C of `size` bytes from `data`, continuing from `crc` (0 to start), with the CPU's instruction. */
+#if defined(__GNUC__) && defined(__x86_64__)
+#define OUTCORE_CRC
+#include <nmmintrin.h>
+
+static int hardware;
+
+static void check_hardware(void) { hardware = __builtin_cpu_supports("sse4.2"); }
+
+__attribute__((target("sse4.2"))) static uint32_t crc32c(uint32_t crc, const uint8_t *data, size_t size) {
+    uint64_t value = ~crc;
+    for (; size >= 8; size -= 8, data += 8) {
+        uint64_t word;
+        memcpy(&word, data, 8);
+        value = _mm_crc32_u64(value, word);
+    }
+    uint32_t small = (uint32_t)value;
+    for (; size; size--, data++)
+        small = _mm_crc32_u8(small, *data);
+    return ~small;
+}
+#elif defined(__GNUC__) && defined(__aarch64__) && defined(__ARM_FEATURE_CRC32)
+#define OUTCORE_CRC
+#include <arm_acle.h>
+
+static int hardware;
+
+static void check_hardware(void) { hardware = 1; }
+
+static uint32_t crc32c(uint32_t crc, const uint8_t *data, size_t size) {
+    crc = ~crc;
+    for (; size >= 8; size -= 8, data += 8) {
+        uint64_t word;
+        memcpy(&word, data, 8);
+        crc = __crc32cd(crc, word);
+    }
+    for (; size; size--, data++)
+        crc = __crc32cb(crc, *data);
+    return ~crc;
+}
+#else
+static int hardware;
+
+static void check_hardware(void) { hardware = 0; }
+#endif
+
+#if defined(OUTCORE_POSIX) && defined(OUTCORE_CRC)
+static int64_t mtime_ns(const struct stat *status) {
+#if defined(__APPLE__)
+    return (int64_t)status->st_mtimespec.tv_sec * 1000000000 + status->st_mtimespec.tv_nsec;
+#else
+    return (int64_t)status->st_mtim.tv_sec * 1000000000 + status->st_mtim.tv_nsec;
+#endif
+}
+
+static int same_file(const struct stat *a, const struct stat *b) {
+    return a->st_ino == b->st_ino && mtime_ns(a) == mtime_ns(b) && a->st_size == b->st_size;
+}
+
+/* Fill the iovecs from the file at `offset`, reads that return less continued: 1 when all came, 0 otherwise. */
+static int read_all(int fd, struct iovec *parts, int count, off_t offset) {
+    while (count) {
+        ssize_t got;
+        do
+            got = preadv(fd, parts, count, offset);
+        while (got < 0 && errno == EINTR);
+        if (got <= 0)
+            return 0;
+        offset += got;
+        while (count && (size_t)got >= parts->iov_len) {
+            got -= (ssize_t)parts->iov_len;
+            parts++, count--;
+        }
+        if (count) {
+            parts->iov_base = (uint8_t *)parts->iov_base + got;
+            parts->iov_len -= (size_t)got;
+        }
+    }
+    return 1;
+}
+
+static uint32_t little_u32(const uint8_t *bytes) {
+    return (uint32_t)bytes[0] | (uint32_t)bytes[1] << 8 | (uint32_t)bytes[2] << 16 | (uint32_t)bytes[3] << 24;
+}
+
+/* The chunk read into out (through scratch when compressed): 1 when it was read, checked and decoded. */
+static int read_chunk(int fd, off_t offset, size_t nbytes, uint8_t *scratch, uint8_t *out, size_t out_bytes,
+                      int compressed) {
+    size_t data_bytes = nbytes - CHECKSUM_BYTES;
+    uint8_t stored[CHECKSUM_BYTES];
+    uint8_t *data = compressed ? scratch : out;
+    if (!compressed && data_bytes != out_bytes)
+        return 0;
+    struct iovec parts[2] = {{data, data_bytes}, {stored, CHECKSUM_BYTES}};
+    if (!read_all(fd, parts, 2, offset))
+        return 0;
+    if (crc32c(0, data, data_bytes) != little_u32(stored))
+        return 0;
+    if (!compressed)
+        return 1;
+    if (data_bytes < BLOSC_HEADER || little_u32(data + 4) != out_bytes || little_u32(data + 12) != data_bytes)
+        return 0; /* a frame of another size would leave part of out as it was */
+    return blosc_decompress_ctx(data, out, out_bytes, 1) == (int)out_bytes;
+}
+
+static PyObject *py_read(PyObject *self, PyObject *args) {
+    PyObject *path;
+    long long offset;
+    Py_ssize_t nbytes;
+    Py_buffer scratch, out;
+    int compressed;
+    if (!PyArg_ParseTuple(args, "O&Lnw*w*p:read", PyUnicode_FSConverter, &path, &offset, &nbytes, &scratch, &out,
+                          &compressed))
+        return NULL;
+    PyObject *result = NULL;
+    if (!PyBuffer_IsContiguous(&out, 'C') || !PyBuffer_IsContiguous(&scratch, 'C')) {
+        PyErr_SetString(PyExc_ValueError, "scratch and out must be C-contiguous");
+        goto done;
+    }
+    if (offset < 0 || nbytes < CHECKSUM_BYTES || (compressed && scratch.len < nbytes)) {
+        PyErr_SetString(PyExc_ValueError, "need offset >= 0, nbytes >= 4 and a scratch buffer of nbytes or more");
+        goto done;
+    }
+    if (compressed && blosc_decompress_ctx == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Blosc is not bound: call bind() first");
+        goto done;
+    }
+    struct stat opened, after;
+    int fine = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    int fd = open(PyBytes_AS_STRING(path), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+#ifdef POSIX_FADV_RANDOM
+        posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* a chunk's exact range: read-ahead would read beyond it */
+#endif
+        fine = fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) &&
+               read_chunk(fd, (off_t)offset, (size_t)nbytes, scratch.buf, out.buf, (size_t)out.len, compressed) &&
+               fstat(fd, &after) == 0 && same_file(&opened, &after);
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS;
+    if (fine)
+        result = Py_BuildValue("(KLL)", (unsigned long long)opened.st_ino, (long long)mtime_ns(&opened),
+                               (long long)opened.st_size);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    Py_DECREF(path);
+    PyBuffer_Release(&scratch);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *py_bind(PyObject *self, PyObject *args) {
+    PyObject *path;
+    if (!PyArg_ParseTuple(args, "O&:bind", PyUnicode_FSConverter, &path))
+        return NULL;
+    void *library = dlopen(PyBytes_AS_STRING(path), RTLD_NOW | RTLD_LOCAL);
+    Py_DECREF(path);
+    void *found = library ? dlsym(library, "blosc_decompress_ctx") : NULL;
+    if (found == NULL)
+        Py_RETURN_FALSE; /* the library stays open if it was found: numcodecs holds it anyway */
+    blosc_decompress_ctx = (blosc_decompress_ctx_t)found;
+    Py_RETURN_TRUE;
+}
+#endif
+
+static PyObject *py_crc32c(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I:crc32c", &data, &value))
+        return NULL;
+#ifdef OUTCORE_CRC
+    if (hardware) {
+        uint32_t crc;
+        Py_BEGIN_ALLOW_THREADS;
+        crc = crc32c(value, data.buf, (size_t)data.len);
+        Py_END_ALLOW_THREADS;
+        PyBuffer_Release(&data);
+        return PyLong_FromUnsignedLong(crc);
+    }
+#endif
+    PyBuffer_Release(&data);
+    PyErr_SetString(PyExc_RuntimeError, "this machine has no CRC32C instruction outcore uses");
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+#if defined(OUTCORE_POSIX) && defined(OUTCORE_CRC)
+    {"read", py_read, METH_VARARGS,
+     "read(path, offset, nbytes, scratch, out, blosc)\n--\n\n"
+     "Chunk bytes [offset, offset + nbytes) of the file read, checked (crc32c) and decoded into out; the file's\n"
+     "(inode, mtime_ns, size), or None when anything failed."},
+    {"bind", py_bind, METH_VARARGS,
+     "bind(path)\n--\n\nFind blosc_decompress_ctx in the shared library at path: whether it was found."},
+#endif
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer, value=0)\n--\n\nThe CRC-32C of the buffer's bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_chunks", "Chunks of local shard files read in C.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__chunks(void) {
+    check_hardware();
+    PyObject *made = PyModule_Create(&module);
+    if (made != NULL && PyModule_AddIntConstant(made, "HARDWARE", hardware) < 0) {
+        Py_DECREF(made);
+        return NULL;
+    }
+    return made;
+}

@@ -1,0 +1,65 @@
+"""One chunk of a local shard file read, checked (crc32c) and decoded (Blosc) by one call of outcore's C
+extension ``_chunks``, which holds the GIL only to start and to return: `read_at_once`.
+
+Read by Python's calls, a chunk takes seven system calls (open, advice, two fstat, pread, close) and the
+checksum and codec calls, each releasing the GIL and taking it again, with a dozen Python calls between them:
+time that a thread holds the GIL, one thread at a time however many cores the machine has.
+`outcore.storage.shard_reader` reads a chunk so whenever it knows the chunk's place in its shard file (its
+shard's index was read) and the file is read with ``pread``; anything the call does not vouch for (the file
+is not the version its index was read from, or cannot be read, checked or decoded) is read again by
+Python's calls, which name what is wrong. The same bytes either way (tests/test_chunk_reads.py).
+
+The extension needs a C compiler at install, a POSIX system, the CRC32 instruction of x86-64 (SSE 4.2) or
+ARMv8, and numcodecs' Blosc library (which zarr decodes with); `how` says whether chunks are read so here.
+``OUTCORE_NATIVE=0`` in the environment turns it off.
+
+>>> how().split(" (")[0] in ("C extension", "Python's calls")
+True
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from numcodecs import blosc
+
+try:
+    from . import _chunks
+except ImportError as error:  # not built (no C compiler at install), or another interpreter's build
+    _chunks, _why_not = None, f"not built or cannot load ({error}): building it needs a C compiler at install"
+else:
+    _why_not = ""
+
+
+def _bound() -> Callable[..., Any] | None:
+    """``_chunks.read`` where it can run here; otherwise None, `_why_not` saying why."""
+    global _why_not
+    if _chunks is None:
+        return None
+    if os.environ.get("OUTCORE_NATIVE", "1") == "0":
+        _why_not = "turned off by OUTCORE_NATIVE=0"
+    elif not hasattr(_chunks, "read"):
+        _why_not = "not on this system: it needs POSIX file calls"
+    elif not _chunks.HARDWARE:
+        _why_not = "this CPU has no CRC32C instruction"
+    elif not _chunks.bind(blosc.__file__):
+        _why_not = "numcodecs' Blosc library does not export blosc_decompress_ctx"
+    else:
+        return _chunks.read
+    return None
+
+
+read_at_once: Callable[..., Any] | None = _bound()
+"""``read_at_once(path, offset, nbytes, scratch, out, blosc)``: the file's stamp ``(inode, mtime_ns, size)``
+once bytes ``[offset, offset + nbytes)`` of the file at ``path`` (a chunk's encoded bytes and their crc32c)
+are read, checked and decoded into ``out`` (Blosc frames through ``scratch``, a writable buffer of ``nbytes``
+or more); None when anything failed or the file changed while it was read. None where it cannot run here."""
+
+
+def how() -> str:
+    """How chunks of local shard files are read in this process, in words (``outcore info --system``)."""
+    if read_at_once is not None:
+        return "C extension (a chunk read, checked and decoded in one call outside the GIL)"
+    return f"Python's calls ({_why_not})"

@@ -1,0 +1,105 @@
+"""A chunk of a local shard file read, checked and decoded in one C call (`outcore.storage.chunk_reads`): the
+same bytes as Python's calls read, the file's stamp with them, and nothing vouched for that is not so: every
+failure is left to the shard reader, which names it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import crc32c
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import outcore
+from outcore.errors import CorruptChunkError
+from outcore.storage import chunk_reads
+from outcore.storage.pins import stamp_of
+from outcore.testing import chunk_location, corrupt_chunk
+
+needs_extension = pytest.mark.skipif(chunk_reads.read_at_once is None,
+                                     reason=f"chunks are not read in C here: {chunk_reads.how()}")
+
+
+@needs_extension
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=5000), cut=st.integers(0, 5000))
+def test_the_checksum_is_the_crc32c_package_s(data, cut):
+    from outcore.storage import _chunks
+
+    assert _chunks.crc32c(data) == crc32c.crc32c(data)
+    assert _chunks.crc32c(data[cut:], _chunks.crc32c(data[:cut])) == crc32c.crc32c(data)  # continued
+
+
+def _store(tmp_path, rng, compression):
+    values = rng.integers(0, 1000, (2000, 5, 3)).astype(np.int32)
+    values[:100] = 7  # chunks that compress well, and others not
+    outcore.from_arrays({"x": values}, tmp_path / f"{compression}.zarr", chunk_size=32, compression=compression,
+                        shuffle_on_write=False, progress=False)
+    return tmp_path / f"{compression}.zarr", values
+
+
+@needs_extension
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_a_chunk_read_at_once_is_its_samples_and_its_file_s_stamp(tmp_path, rng, compression):
+    location, values = _store(tmp_path, rng, compression)
+    for chunk in range(10):
+        path, offset, nbytes = chunk_location(location, "x", chunk)
+        out = np.full((32, 5, 3), -1, np.int32)
+        stamp = chunk_reads.read_at_once(str(path), offset, nbytes, bytearray(nbytes), out, compression != "none")
+        assert stamp == stamp_of(os.stat(path))
+        kept = values[chunk * 32 : (chunk + 1) * 32]
+        np.testing.assert_array_equal(out[: len(kept)], kept)
+
+
+@needs_extension
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_what_a_read_at_once_cannot_vouch_for_is_none(tmp_path, rng, compression):
+    location, _ = _store(tmp_path, rng, compression)
+    blosc = compression != "none"
+    path, offset, nbytes = chunk_location(location, "x", 4)
+    scratch, out = bytearray(nbytes + 64), np.empty((32, 5, 3), np.int32)
+    read = chunk_reads.read_at_once
+    assert read(str(path), offset, nbytes, scratch, out, blosc) is not None
+    assert read(str(path) + ".gone", offset, nbytes, scratch, out, blosc) is None  # missing
+    assert read(str(path.parent), offset, nbytes, scratch, out, blosc) is None  # a folder
+    assert read(str(path), os.stat(path).st_size - 8, nbytes, scratch, out, blosc) is None  # past the file's end
+    assert read(str(path), offset, nbytes, scratch, np.empty((31, 5, 3), np.int32), blosc) is None  # another size
+    assert read(str(path), offset + 1, nbytes, scratch, out, blosc) is None  # not the chunk's bytes: checksum
+    corrupt_chunk(location, "x", 4)
+    assert read(str(path), offset, nbytes, scratch, out, blosc) is None
+
+
+@needs_extension
+def test_the_reader_reads_at_once_once_it_knows_a_shard_s_index_and_names_what_fails(tmp_path, rng, monkeypatch):
+    location, values = _store(tmp_path, rng, "zstd")
+    reader = outcore.open_dataset(location).shard_reader("x")
+    layout, calls = reader._layout, []
+
+    def counted(*args):
+        calls.append(args[1])  # the chunk's offset in its file
+        return chunk_reads.read_at_once(*args)
+
+    monkeypatch.setattr(layout, "read_at_once", counted)
+    for chunk in range(10):
+        np.testing.assert_array_equal(reader.read(chunk), values[chunk * 32 : (chunk + 1) * 32])
+    per_shard = reader.array.shards[0] // 32  # the first chunk read of each shard: Python's calls read its index
+    assert per_shard > 1 and calls == [chunk_location(location, "x", chunk)[1] for chunk in range(10) if chunk % per_shard]
+    corrupt_chunk(location, "x", 5)  # the file keeps its stamp: the call fails, the reader names the chunk
+    with pytest.raises(CorruptChunkError, match=r"field 'x', chunk 5 \(samples 160\.\.191.*crc32c"):
+        reader.read(5)
+
+
+def test_outcore_native_0_reads_with_python_s_calls(tmp_path, rng):
+    location, values = _store(tmp_path, rng, "zstd")
+    code = ("import numpy, outcore; from outcore.storage import chunk_reads; print(chunk_reads.how()); "
+            f"reader = outcore.open_dataset({str(location)!r}).shard_reader('x'); "
+            "print(int(sum(reader.read(c).sum() for c in range(10))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "OUTCORE_NATIVE": "0"})
+    how, total = done.stdout.split("\n")[:2]
+    assert how == "Python's calls (turned off by OUTCORE_NATIVE=0)" or "not built" in how
+    assert int(total) == int(values[:320].sum())
