@@ -1,7 +1,8 @@
 """Build outcore's C extensions when they can be built: ``outcore.imaging._jpeg`` (cropped JPEG decoding),
 ``outcore.imaging._windows`` (a batch's samples and crops copied out of chunks), ``outcore.seeds._state`` (numpy's
-SeedSequence state without its Python) and ``outcore.storage._chunks`` (a chunk of a local store read, checked and
-decoded in one call outside the GIL); the last three need a C compiler only.
+SeedSequence state without its Python), ``outcore.seeds._draws`` (numpy's bounded integers and uniform draws
+without its argument handling) and ``outcore.storage._chunks`` (a chunk of a local store read, checked and decoded
+in one call outside the GIL); all but the first need a C compiler only.
 
 It needs a C compiler and libjpeg-turbo 1.5 or later with its headers (Debian/Ubuntu ``libjpeg62-turbo-dev``
 or ``libjpeg-turbo8-dev``, Fedora ``libjpeg-turbo-devel``, Homebrew ``jpeg-turbo``, conda ``libjpeg-turbo``),
@@ -26,6 +27,7 @@ from setuptools.errors import CCompilerError, CompileError, ExecError, LinkError
 SOURCE = "outcore/imaging/_jpeg.c"
 WINDOWS_SOURCE = "outcore/imaging/_windows.c"
 SEEDS_SOURCE = "outcore/seeds/_state.c"
+DRAWS_SOURCE = "outcore/seeds/_draws.c"
 CHUNKS_SOURCE = "outcore/storage/_chunks.c"
 
 
@@ -57,6 +59,8 @@ class OptionalBuildExt(build_ext):
                                                    "compiler to build it.",
                        "outcore.seeds._state": "seed generators with numpy's SeedSequence (the same generators, slower). "
                                          "Install a C compiler to build it.",
+                       "outcore.seeds._draws": "draw transforms' numbers with numpy's calls (the same numbers, slower). "
+                                               "Install a C compiler to build it.",
                        "outcore.storage._chunks": "read chunks of local stores with Python's calls (the same bytes, "
                                                   "more time holding the GIL). Install a C compiler to build it."}[ext.name]
             print(f"outcore: the C extension {ext.name} was not built ({error}); outcore will {instead}", file=sys.stderr)
@@ -71,6 +75,7 @@ def extensions() -> list[Extension]:
                       libraries=["jpeg"], extra_compile_args=flags),
             Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags),
             Extension("outcore.seeds._state", [SEEDS_SOURCE], extra_compile_args=flags),
+            Extension("outcore.seeds._draws", [DRAWS_SOURCE], extra_compile_args=flags),
             Extension("outcore.storage._chunks", [CHUNKS_SOURCE], extra_compile_args=flags)]
 
 

@@ -29,6 +29,7 @@ from ..imaging import (
     random_resized_crop_box,
     resize_boxes,
 )
+from ..seeds import integers, uniform
 from ..storage import blocks
 from ..threads import for_each_run
 from .batch import Batch, Transform, steps
@@ -90,7 +91,7 @@ class RandomFlip:
         flips = np.zeros((count, 2), dtype=bool)
         for column, enabled in enumerate((self.horizontal, self.vertical)):
             if enabled:
-                flips[:, column] = rng.random(count) < self.p
+                flips[:, column] = uniform(rng, count) < self.p
         return flips
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
@@ -131,12 +132,13 @@ class RandomCrop:
         sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
         boxes = np.empty((len(sizes), 4), np.int64)
         boxes[:, 2:] = height, width
-        low, high = (sizes.min(axis=0), sizes.max(axis=0)) if len(sizes) else (np.zeros(2, np.int64),) * 2
-        if (low == high).all():  # one size for all (a pixel field's): one bound a side, the same draws as many
-            (rows, columns), count = low.tolist(), len(sizes)
+        if not len(sizes) or (sizes == sizes[0]).all():  # one size for all (a pixel field's): one bound a side
+            (rows, columns), count = (sizes[0].tolist() if len(sizes) else (height, width)), len(sizes)
             self._fits(rows, columns)
-            boxes[:, 0] = rng.integers(0, rows + 2 * pad - height + 1, size=count) - pad  # every top, then every left
-            boxes[:, 1] = rng.integers(0, columns + 2 * pad - width + 1, size=count) - pad
+            boxes[:, 0] = integers(rng, rows + 2 * pad - height + 1, count)  # every top, then every left
+            boxes[:, 1] = integers(rng, columns + 2 * pad - width + 1, count)
+            if pad:
+                boxes[:, :2] -= pad
             return boxes
         rows, columns = sizes.T
         small = (rows + 2 * pad < height) | (columns + 2 * pad < width)

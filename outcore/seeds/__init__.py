@@ -8,7 +8,9 @@ prefixes the key with its length, so no two uses, and no two keys of one use, sh
 
 A batch draws on a dozen generators (its pieces' augmentations, the plan's windows): numpy's
 `SeedSequence` makes each in Python, many times slower than the ``_state`` extension makes the same
-state, which the generator then starts from (docs/benchmarks.md, "Figures behind the code").
+state, which the generator then starts from (docs/benchmarks.md, "Figures behind the code"); and the few
+numbers a transform draws a piece (`integers`, `uniform`) are numpy's own, drawn by the ``_draws`` extension
+without numpy's argument handling, which costs more than the draws.
 
 >>> a = generator(Domain.CHUNK_ORDER, 5, 0).random()
 >>> b = generator(Domain.WRITE_ORDER, 5, 0).random()
@@ -31,8 +33,12 @@ try:
     from . import _state as native
 except ImportError:  # not built (no C compiler at install): numpy's SeedSequence, the same generators
     native = None
+try:
+    from . import _draws
+except ImportError:  # not built: numpy's own calls, the same numbers
+    _draws = None
 if os.environ.get("OUTCORE_NATIVE", "1") == "0":
-    native = None
+    native = _draws = None
 
 
 class Domain(IntEnum):
@@ -77,3 +83,31 @@ class _State(ISeedSequence):
         if (n_words, np.dtype(dtype)) != (len(self.words), np.dtype(np.uint64)):
             raise ValueError(f"a state of {len(self.words)} 64-bit words, not {n_words} of {np.dtype(dtype)}")
         return self.words
+
+
+def integers(rng: np.random.Generator, high: int, count: int) -> np.ndarray:
+    """``rng.integers(0, high, size=count)``: the same int64 numbers, and the same state after, drawn by the
+    ``_draws`` extension where it is built (numpy's argument handling costs more than the few draws of a
+    transform's piece of a batch).
+
+    >>> integers(np.random.default_rng(0), 10, 4).tolist() == np.random.default_rng(0).integers(0, 10, 4).tolist()
+    True
+    """
+    if _draws is None or not 1 <= high < 2**32:
+        return rng.integers(0, high, size=count)
+    out = np.empty(count, np.int64)
+    _draws.integers(rng.bit_generator.capsule, high, out)
+    return out
+
+
+def uniform(rng: np.random.Generator, count: int) -> np.ndarray:
+    """``rng.random(count)``: the same numbers and state after, drawn by the ``_draws`` extension where it is built.
+
+    >>> uniform(np.random.default_rng(0), 3).tolist() == np.random.default_rng(0).random(3).tolist()
+    True
+    """
+    if _draws is None:
+        return rng.random(count)
+    out = np.empty(count, np.float64)
+    _draws.uniform(rng.bit_generator.capsule, out)
+    return out
