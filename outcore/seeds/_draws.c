@@ -22,7 +22,18 @@ typedef struct { /* numpy/random/bitgen.h: what a bit generator's capsule holds 
     uint64_t (*next_raw)(void *state);
 } bitgen_t;
 
-static bitgen_t *bit_generator(PyObject *capsule) { return PyCapsule_GetPointer(capsule, "BitGenerator"); }
+/* The capsule's bit generator when `fine` and out holds whole items of `item` bytes; else NULL, with the error
+ * (`need` says what is needed) set and out released. */
+static bitgen_t *checked(PyObject *capsule, Py_buffer *out, size_t item, int fine, const char *need) {
+    bitgen_t *bits = PyCapsule_GetPointer(capsule, "BitGenerator");
+    if (bits != NULL && (!fine || out->len % item)) {
+        PyErr_SetString(PyExc_ValueError, need);
+        bits = NULL;
+    }
+    if (bits == NULL)
+        PyBuffer_Release(out);
+    return bits;
+}
 
 /* A number in [0, range] (range below 2**32 - 1): Lemire's multiply-and-reject on 32-bit draws. */
 static uint32_t bounded_lemire_uint32(bitgen_t *bits, uint32_t range) {
@@ -45,13 +56,10 @@ static PyObject *py_integers(PyObject *self, PyObject *args) {
     Py_buffer out;
     if (!PyArg_ParseTuple(args, "OLw*:integers", &capsule, &high, &out))
         return NULL;
-    bitgen_t *bits = bit_generator(capsule);
-    if (bits == NULL || high < 1 || high - 1 >= (long long)UINT32_MAX || out.len % sizeof(int64_t)) {
-        if (bits != NULL)
-            PyErr_SetString(PyExc_ValueError, "need 1 <= high < 2**32 and an int64 buffer");
-        PyBuffer_Release(&out);
+    bitgen_t *bits = checked(capsule, &out, sizeof(int64_t), high >= 1 && high - 1 < (long long)UINT32_MAX,
+                             "need 1 <= high < 2**32 and an int64 buffer");
+    if (bits == NULL)
         return NULL;
-    }
     int64_t *numbers = out.buf;
     Py_ssize_t count = out.len / (Py_ssize_t)sizeof(int64_t);
     for (Py_ssize_t i = 0; i < count; i++)
@@ -65,13 +73,9 @@ static PyObject *py_uniform(PyObject *self, PyObject *args) {
     Py_buffer out;
     if (!PyArg_ParseTuple(args, "Ow*:uniform", &capsule, &out))
         return NULL;
-    bitgen_t *bits = bit_generator(capsule);
-    if (bits == NULL || out.len % sizeof(double)) {
-        if (bits != NULL)
-            PyErr_SetString(PyExc_ValueError, "need a float64 buffer");
-        PyBuffer_Release(&out);
+    bitgen_t *bits = checked(capsule, &out, sizeof(double), 1, "need a float64 buffer");
+    if (bits == NULL)
         return NULL;
-    }
     double *numbers = out.buf;
     Py_ssize_t count = out.len / (Py_ssize_t)sizeof(double);
     for (Py_ssize_t i = 0; i < count; i++)
