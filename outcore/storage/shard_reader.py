@@ -5,7 +5,8 @@ chunk and copies the bytes several times; on two cores it could not read faster 
 with one (benchmarks/iterate.py). For the layout outcore writes — sharded along the samples, codecs
 ``bytes → [blosc] → crc32c``, index ``bytes → crc32c`` at the end — this module reads the shard index
 once per shard and decodes each chunk with calls that release the GIL, directly into its output array,
-so reader threads really run in parallel: from a local directory or zip with plain file reads, from
+so reader threads really run in parallel: from a local directory or zip with plain file reads (a local
+file's chunk, once its shard's index is known, in one C call that releases the GIL once: `chunk_reads`), from
 any other store (fsspec URLs) through the store's ranged reads. Any other layout falls back to Zarr
 itself (`ShardReader.direct` says which path is taken). Tests compare both paths.
 
