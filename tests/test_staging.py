@@ -302,13 +302,17 @@ def test_a_ctrl_c_landing_where_python_only_reports_exceptions_is_delivered_agai
 
 
 def _before_the_command(err: str) -> bool:
-    """Whether ``err`` is CPython's traceback of a Ctrl-C it took while it imported the command's module, before
-    any line of it ran (from its start-up until ``outcore_command`` installs its handler, Ctrl-C is the
-    interpreter's own): a ``KeyboardInterrupt`` whose one frame is the line that imports it."""
+    """Whether ``err`` is CPython's traceback of a Ctrl-C it took while it imported the command's module (from its
+    start-up until ``outcore_command.main`` installs its handler, Ctrl-C is the interpreter's own): a
+    ``KeyboardInterrupt`` raised in the line that imports it, or in that module's own imports (the standard
+    library's ``signal`` and ``collections.abc``), never in its ``main`` nor in outcore."""
     lines = err.strip().splitlines()
-    frames = [line for line in lines if line.lstrip().startswith("File ")]
+    frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
+    command = [frame for frame in frames if 'outcore_command.py"' in frame]
     return (lines[:1] == ["Traceback (most recent call last):"] and lines[-1] == "KeyboardInterrupt"
-            and frames == ['  File "<string>", line 1, in <module>'])
+            and frames[:1] == ['File "<string>", line 1, in <module>']
+            and all(frame.endswith("in <module>") for frame in command)
+            and not any("/outcore/" in frame for frame in frames))
 
 
 @pytest.fixture(scope="module")
