@@ -28,30 +28,26 @@ from numcodecs import blosc
 try:
     from . import _chunks
 except ImportError as error:  # not built (no C compiler at install), or another interpreter's build
-    _chunks, _why_not = None, f"not built or cannot load ({error}): building it needs a C compiler at install"
-else:
-    _why_not = ""
+    _chunks, _missing = None, f"not built or cannot load ({error}): building it needs a C compiler at install"
 
 
-def _bound() -> Callable[..., Any] | None:
-    """``_chunks.read`` where it can run here; otherwise None, `_why_not` saying why."""
-    global _why_not
+def _bound() -> tuple[Callable[..., Any] | None, str]:
+    """``(_chunks.read, "")`` where it can run here; otherwise ``(None, why not)``."""
     if _chunks is None:
-        return None
+        return None, _missing
     if os.environ.get("OUTCORE_NATIVE", "1") == "0":
-        _why_not = "turned off by OUTCORE_NATIVE=0"
-    elif not hasattr(_chunks, "read"):
-        _why_not = "not on this system: it needs POSIX file calls"
-    elif not _chunks.HARDWARE:
-        _why_not = "this CPU has no CRC32C instruction"
-    elif not _chunks.bind(blosc.__file__):
-        _why_not = "numcodecs' Blosc library does not export blosc_decompress_ctx"
-    else:
-        return _chunks.read
-    return None
+        return None, "turned off by OUTCORE_NATIVE=0"
+    if not hasattr(_chunks, "read"):
+        return None, "not on this system: it needs POSIX file calls"
+    if not _chunks.HARDWARE:
+        return None, "this CPU has no CRC32C instruction"
+    if not _chunks.bind(blosc.__file__):
+        return None, "numcodecs' Blosc library does not export blosc_decompress_ctx"
+    return _chunks.read, ""
 
 
-read_at_once: Callable[..., Any] | None = _bound()
+read_at_once: Callable[..., Any] | None
+read_at_once, _why_not = _bound()
 """``read_at_once(path, offset, nbytes, scratch, out, blosc)``: the file's stamp ``(inode, mtime_ns, size)``
 once bytes ``[offset, offset + nbytes)`` of the file at ``path`` (a chunk's encoded bytes and their crc32c)
 are read, checked and decoded into ``out`` (Blosc frames through ``scratch``, a writable buffer of ``nbytes``
