@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from itertools import cycle
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -70,3 +71,44 @@ def test_every_slot_used_is_fetched_once_in_order_before_its_load_and_within_the
             assert max(beyond) < max(loaded, default=-1) + 1 + used[-1] + min(grain, used[-1])
     assert fetched == sorted(set(fetched))  # each once, in stream order
     assert set(fetched) == loaded  # only slots that the run loads
+
+
+def one_at_a_time(plan, steps, read_ahead):
+    """The schedule made batch by batch, as `schedule` made it before it planned batches in blocks: what it must
+    still give, step for step."""
+    steps = [step for step in steps if step < plan.steps]
+    remaining = np.zeros(len(plan.chunks), np.int64)
+    for index in steps:
+        remaining += np.bincount(plan.step(index)[1], minlength=len(remaining))
+    next_slot, held = 0, []
+    for index in steps:
+        samples, slots = plan.step(index)
+        horizon = min(len(plan.chunks), int(slots.max()) + 1 + read_ahead)
+        load = tuple(j for j in range(next_slot, horizon) if remaining[j] > 0)
+        next_slot = max(next_slot, horizon)
+        held += load
+        remaining -= np.bincount(slots, minlength=len(remaining))
+        release = tuple(j for j in held if remaining[j] == 0 or index == steps[-1])
+        held = [j for j in held if j not in release]
+        yield index, samples.tolist(), slots.tolist(), load, release, plan.pieces(index)
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_samples=st.integers(0, 2000), chunk_size=st.integers(1, 100), buffer_chunks=st.integers(0, 12),
+       batch_size=st.integers(1, 100), read_ahead=st.integers(0, 4), world_size=st.sampled_from([1, 2, 4]),
+       shuffle=st.booleans(), drop_last=st.booleans(), seed=st.integers(0, 2**31), data=st.data())
+def test_batches_planned_in_blocks_are_those_planned_one_at_a_time(
+        num_samples, chunk_size, buffer_chunks, batch_size, read_ahead, world_size, shuffle, drop_last, seed, data):
+    parts = data.draw(st.integers(1, 8 // world_size if shuffle else 1))  # parts of the rank's streams
+    plan = EpochPlan(num_samples, chunk_size, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                     buffer_chunks=buffer_chunks, rank=data.draw(st.integers(0, world_size - 1)), world_size=world_size,
+                     drop_last=drop_last, part=(data.draw(st.integers(0, parts - 1)), parts))
+    first = data.draw(st.integers(0, plan.steps))
+    samples, slots, bounds = plan.span(first, plan.steps)
+    for k, index in enumerate(range(first, plan.steps)):  # a span is its batches' steps, batch after batch
+        assert samples[bounds[k] : bounds[k + 1]].tolist() == plan.step(index)[0].tolist()
+        assert slots[bounds[k] : bounds[k + 1]].tolist() == plan.step(index)[1].tolist()
+    wanted = plan.with_samples(range(first, plan.steps))
+    made = [(s.index, s.samples.tolist(), s.slots.tolist(), s.load, s.release, s.pieces)
+            for s in schedule(plan, wanted, read_ahead=read_ahead)]
+    assert made == list(one_at_a_time(plan, wanted, read_ahead))

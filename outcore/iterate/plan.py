@@ -336,18 +336,44 @@ class EpochPlan:
 
     def step(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """``(samples, slots)`` of batch ``step``: each stream's samples of the step, then the repeat."""
-        starts, stops = self._pieces(step)
+        samples, slots, _ = self.span(step, step + 1)
+        return samples, slots
+
+    def span(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """``(samples, slots, bounds)`` of batches ``first`` to ``stop - 1``, batch after batch (`step`'s each):
+        batch ``first + k``'s at ``[bounds[k], bounds[k + 1])``. Planned together: each stream's samples of all
+        of them taken at once, then dealt to their batches (a schedule plans batches so, a few at a time).
+
+        >>> plan = EpochPlan(10, 4, batch_size=4, buffer_chunks=0, streams=2)
+        >>> samples, slots, bounds = plan.span(0, 3)
+        >>> samples.tolist(), bounds
+        ([0, 1, 5, 6, 2, 3, 7, 8, 4, 9], [0, 4, 8, 10])
+        """
+        stop = min(stop, self.steps)
+        if first >= stop:
+            return np.empty(0, np.int64), np.empty(0, np.int64), [0]
+        counts = np.tile(self.takes, (stop - first, 1))  # (batches, streams): each stream's share of each
+        if stop == self.steps:
+            counts[-1] = self.last
         samples, slots = [], []
-        for stream, numbers, start, stop in zip(self.streams, self._numbers, starts.tolist(), stops.tolist()):
-            stream_samples, stream_slots = stream.take(start, stop)
+        for stream, numbers, start, count in zip(self.streams, self._numbers, (first * self.takes).tolist(),
+                                                 counts.sum(axis=0).tolist()):
+            stream_samples, stream_slots = stream.take(start, start + count)
             samples.append(stream_samples)
             slots.append(numbers[stream_slots])
-        if self._pad is not None and step == self.steps - 1:
+        if self._pad is not None and stop == self.steps:
             samples.append(np.array([self._pad[1]]))
             slots.append(self._numbers[-1])
+            counts = np.concatenate([counts, np.zeros((len(counts), 1), counts.dtype)], axis=1)
+            counts[-1, -1] = 1
         if not samples:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        return np.concatenate(samples).astype(np.int64, copy=False), np.concatenate(slots).astype(np.int64, copy=False)
+            return np.empty(0, np.int64), np.empty(0, np.int64), [0] * (stop - first + 1)
+        samples_all = np.concatenate(samples).astype(np.int64, copy=False)
+        slots_all = np.concatenate(slots).astype(np.int64, copy=False)
+        if len(counts) > 1 and counts.shape[1] > 1:  # stream after stream, to batch after batch
+            order = batch_major(counts)
+            samples_all, slots_all = samples_all[order], slots_all[order]
+        return samples_all, slots_all, [0, *np.cumsum(counts.sum(axis=1)).tolist()]
 
     def pieces(self, step: int) -> tuple[tuple[int, int], ...]:
         """``(key, samples)`` of each piece of batch ``step``, in the batch's order: each own stream's share,
@@ -423,3 +449,17 @@ class EpochPlan:
             count = int(starts[i]) + int(np.clip(offset - into[i], 0, stops[i] - starts[i]))
             done[self._numbers[i]] += stream.emitted_before(count)
         return done
+
+
+def batch_major(counts: np.ndarray) -> np.ndarray:
+    """Where each item of the batch-major order is in the stream-major one, for ``counts[b, s]`` items of stream
+    ``s`` in batch ``b``: items stream after stream (each stream's batch after batch) to batch after batch (each
+    batch's stream after stream).
+
+    >>> batch_major(np.array([[2, 1], [2, 1]])).tolist()  # stream 0: a0 a1 b0 b1, stream 1: a2 b2
+    [0, 1, 4, 2, 3, 5]
+    """
+    stream_major = np.cumsum(counts.sum(axis=0)) - counts.sum(axis=0) + np.cumsum(counts, axis=0) - counts
+    sizes = counts.ravel()
+    batch_major_starts = np.cumsum(sizes) - sizes
+    return np.repeat(stream_major.ravel() - batch_major_starts, sizes) + np.arange(int(sizes.sum()))

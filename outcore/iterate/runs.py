@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import CorruptChunkError, IterationClosedError, OutcoreWarning, StorageError
 from ..storage import Store
 from ..threads import submit, thread_count
+from ..threads.handoff import Handoff
 from .batch import Batch, Draws, Empty, Recipe, batch_draws, make_batch, plain
 from .options import BatchOptions
 from .plan import EpochPlan, next_use
@@ -92,7 +93,7 @@ class Run:
 
     def __init__(self, work: Work, stats: LoaderStats) -> None:
         self.work, self.stats = work, stats
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=work.options.prefetch)
+        self.queue = Handoff(work.options.prefetch)
         self.stop = threading.Event()
         self.under_way = threading.Event()  # set by a run whose batches are made elsewhere once all are asked for
         self.delivered = 0
@@ -142,11 +143,8 @@ class Run:
 
     def _put(self, item: Any) -> bool:
         while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=WAKE_SECONDS)
+            if self.queue.put(item, timeout=WAKE_SECONDS):
                 return True
-            except queue.Full:
-                continue
         return False
 
     def _produce(self) -> None:

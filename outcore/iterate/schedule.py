@@ -16,6 +16,7 @@ its memory does not grow with the samples.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ class BatchStep:
     def used(self) -> list[int]:
         """The slots the batch reads from, in increasing order (found once: asked for twice a batch)."""
         return np.unique(self.slots).tolist()
+
+
+BLOCK = 16  # batches planned at once (`EpochPlan.span`): the plan's per-call costs shared by them
 
 
 def max_held(plan: EpochPlan, read_ahead: int) -> int:
@@ -82,21 +86,58 @@ def schedule(plan: EpochPlan, steps: Sequence[int], *, read_ahead: int = 2, fetc
         remaining = np.zeros(len(plan.chunks), np.int64)
         for index in steps:
             remaining += np.bincount(plan.step(index)[1], minlength=len(remaining))
-    next_slot, next_fetch, held = 0, 0, []
+    wanted = (remaining > 0).tolist()  # the slots the run reads
+    next_slot, next_fetch, held = 0, 0, {}  # held: the slots loaded and not released, in the order loaded
+    for block in _blocks(steps, BLOCK):
+        samples, slots, bounds = plan.span(block[0], block[-1] + 1)
+        highest, released = _uses(slots, bounds, remaining)
+        for k, index in enumerate(block):
+            horizon = min(len(plan.chunks), highest[k] + 1 + read_ahead)
+            load = tuple(j for j in range(next_slot, horizon) if wanted[j])
+            next_slot = max(next_slot, horizon)
+            fetch: tuple[int, ...] = ()
+            if fetch_ahead is not None:
+                depth = fetch_ahead()
+                grain = max(1, min(fetch_grain, depth))
+                reach = min(len(plan.chunks), -(-(horizon + depth) // grain) * grain)
+                fetch = tuple(j for j in range(next_fetch, reach) if wanted[j])
+                next_fetch = max(next_fetch, reach)
+            held.update(dict.fromkeys(load))
+            release = tuple(held) if index == steps[-1] else released[k]
+            for j in release:
+                del held[j]
+            yield BatchStep(index, samples[bounds[k] : bounds[k + 1]], slots[bounds[k] : bounds[k + 1]], load, release,
+                            fetch, plan.pieces(index))
+
+
+def _blocks(steps: Sequence[int], most: int) -> Iterator[list[int]]:
+    """``steps`` in blocks of at most ``most`` consecutive batches (a loader worker's turns: one at a time).
+
+    >>> list(_blocks([0, 1, 2, 5, 6], 2))
+    [[0, 1], [2], [5, 6]]
+    """
+    block: list[int] = []
     for index in steps:
-        samples, slots = plan.step(index)
-        horizon = min(len(plan.chunks), int(slots.max()) + 1 + read_ahead)
-        load = tuple(j for j in range(next_slot, horizon) if remaining[j] > 0)
-        next_slot = max(next_slot, horizon)
-        fetch: tuple[int, ...] = ()
-        if fetch_ahead is not None:
-            depth = fetch_ahead()
-            grain = max(1, min(fetch_grain, depth))
-            reach = min(len(plan.chunks), -(-(horizon + depth) // grain) * grain)
-            fetch = tuple(j for j in range(next_fetch, reach) if remaining[j] > 0)
-            next_fetch = max(next_fetch, reach)
-        held += load
-        remaining -= np.bincount(slots, minlength=len(remaining))
-        release = tuple(j for j in held if remaining[j] == 0 or index == steps[-1])
-        held = [j for j in held if j not in release]
-        yield BatchStep(index, samples, slots, load, release, fetch, plan.pieces(index))
+        if block and (index != block[-1] + 1 or len(block) == most):
+            yield block
+            block = []
+        block.append(index)
+    if block:
+        yield block
+
+
+def _uses(slots: np.ndarray, bounds: list[int], remaining: np.ndarray) -> tuple[list[int], list[tuple[int, ...]]]:
+    """For each batch of a block (its ``slots`` at ``bounds``): the highest slot it reads, and the slots it is
+    the last to read (ascending), counted off ``remaining`` (each slot's samples still to read: updated)."""
+    batches = len(bounds) - 1
+    batch = np.repeat(np.arange(batches), np.diff(bounds))
+    last = np.full(len(remaining), -1, np.int64)
+    np.maximum.at(last, slots, batch)
+    remaining -= np.bincount(slots, minlength=len(remaining))
+    done = np.flatnonzero((remaining == 0) & (last >= 0))  # read for the last time in this block, ascending
+    order = np.argsort(last[done], kind="stable")  # by batch, each batch's ascending
+    ends = np.searchsorted(last[done][order], np.arange(batches + 1)).tolist()
+    done = done[order].tolist()
+    highest = np.maximum.reduceat(slots, bounds[:-1]).tolist() if np.diff(bounds).all() else \
+        [int(slots[low:high].max(initial=-1)) for low, high in itertools.pairwise(bounds)]
+    return highest, [tuple(done[ends[k] : ends[k + 1]]) for k in range(batches)]
