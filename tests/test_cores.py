@@ -1,10 +1,11 @@
 """One process, every core: a batch's samples copied, cut and mirrored by runs (C where built, numpy else: the same
 bytes), crops opening a transform done as pixel batches are made (the same pixels as after), no Python call per
 sample in making a batch, runs shared by the pool's threads without ever waiting on themselves, and a pool that
-keeps busy only the threads that run well."""
+keeps busy only the threads that run well, and batches handed to their consumer in order, a bounded number waiting."""
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from outcore.iterate.batch import Recipe, make_batch
 from outcore.iterate.readers import chunk_readers
 from outcore.testing import write_image_folder
 from outcore.threads import for_each_run, gauge, submit, wait_all
+from outcore.threads.handoff import Handoff
 from outcore.threads.pool import Gauge, Pool
 from outcore.transforms import CenterCrop, Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
 
@@ -272,3 +274,21 @@ def test_threads_that_share_their_cores_with_other_work_are_not_all_kept_busy(ph
             hog.kill()
             hog.wait()
         outcore.set_threads(None)
+
+
+def test_a_handoff_keeps_order_holds_at_most_its_size_and_wakes_a_waiting_taker():
+    handoff = Handoff(2)
+    assert handoff.put(0, timeout=0.1) and handoff.put(1, timeout=0.1)
+    began = time.monotonic()
+    assert not handoff.put(2, timeout=0.05)  # full: nothing added, after the timeout
+    assert time.monotonic() - began >= 0.04 and handoff.qsize() == 2
+    assert [handoff.get(timeout=0.1), handoff.get(timeout=0.1)] == [0, 1]
+    with pytest.raises(queue.Empty):
+        handoff.get(timeout=0.01)
+    taken: list[int] = []
+    taker = threading.Thread(target=lambda: taken.extend(handoff.get(timeout=10) for _ in range(5)))
+    taker.start()
+    for item in range(5):  # more than its size: each put waits for the taker to free a place
+        assert handoff.put(item, timeout=10)
+    taker.join(10)
+    assert taken == list(range(5)) and handoff.qsize() == 0
