@@ -1,6 +1,6 @@
-"""A chunk of a local shard file read, checked and decoded in one C call (`outcore.storage.chunk_reads`): the
-same bytes as Python's calls read, the file's stamp with them, and nothing vouched for that is not so: every
-failure is left to the shard reader, which names it."""
+"""A chunk of a local shard file read, checked and decoded in one C call (`outcore.storage.chunk_reads`), and a whole
+file read in another: the same bytes as Python's calls read, the file's stamp with them, and nothing vouched for that
+is not so: every failure is left to the shard reader (or Python's own calls), which name it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import outcore
-from outcore.errors import CorruptChunkError
+from outcore.errors import CorruptChunkError, ImageError
+from outcore.imaging import read_image_file
 from outcore.storage import chunk_reads
 from outcore.storage.pins import stamp_of
 from outcore.testing import chunk_location, corrupt_chunk
@@ -103,3 +104,25 @@ def test_outcore_native_0_reads_with_python_s_calls(tmp_path, rng):
     how, total = done.stdout.split("\n")[:2]
     assert how == "Python's calls (turned off by OUTCORE_NATIVE=0)" or "not built" in how
     assert int(total) == int(values[:320].sum())
+
+
+@needs_extension
+@settings(max_examples=50, deadline=None)
+@given(size=st.sampled_from([0, 1, 4095, 4096, 52_000, (1 << 20) + 3]), seed=st.integers(0, 2**32 - 1))
+def test_a_file_read_at_once_is_its_bytes(tmp_path_factory, size, seed):
+    path = tmp_path_factory.mktemp("files") / "picture.jpg"
+    data = np.random.default_rng(seed).integers(0, 256, size, np.uint8).tobytes()
+    path.write_bytes(data)
+    assert chunk_reads.read_file_at_once(str(path)) == data
+    assert chunk_reads.read_file_at_once(path) == data  # any path-like, as open() takes
+    assert read_image_file(str(path)) == data
+
+
+@needs_extension
+def test_a_file_that_cannot_be_read_at_once_is_none_and_python_s_calls_name_it(tmp_path):
+    for where in (tmp_path / "missing.jpg", tmp_path):
+        assert chunk_reads.read_file_at_once(str(where)) is None
+    with pytest.raises(ImageError, match="missing.jpg: file not found"):
+        read_image_file(str(tmp_path / "missing.jpg"))
+    with pytest.raises(ImageError, match="cannot read the file"):
+        read_image_file(str(tmp_path))

@@ -32,6 +32,7 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ImageError, OptionError
 from ..format import ImageDecode
+from ..storage import read_file_at_once
 from . import native
 from .crops import Box, box_edges
 from .resize import ResizePolicy, cover, cover_box, fit, resize_edges, written_into
@@ -96,6 +97,8 @@ def load_image(path: str, shape: tuple[int, ...], resize: ResizePolicy, dtype: n
 
 def read_image_file(path: str) -> bytes:
     """The bytes of an image file; a missing or unreadable file raises `ImageError` naming it."""
+    if read_file_at_once is not None and (data := read_file_at_once(path)) is not None:  # one C call
+        return data
     try:
         with open(path, "rb") as file:
             return file.read()

@@ -12,6 +12,10 @@
  * A chunk read by Python's own calls releases and takes the GIL again at each of its seven system calls and the
  * checksum and codec calls, and runs a dozen Python calls between them; here it is released once.
  *
+ * read_file(path): a whole regular file's bytes (a picture file, at ingest), the GIL released twice instead of at
+ * each of Python's five system calls (open, fstat, read, the read that finds the end, close); None when it cannot
+ * be read so: the caller reads it its own way, which names what is wrong.
+ *
  * crc32c(buffer[, value]): the CRC-32C of the buffer's bytes (as the crc32c package gives it), for the tests.
  *
  * Blosc is numcodecs' own (the library it holds, which zarr uses): `bind(path)` finds blosc_decompress_ctx in
@@ -195,6 +199,46 @@ done:
     return result;
 }
 
+/* The whole regular file at `path` as bytes, or None when it cannot be opened or read, is not a regular file, or
+ * is not of the size fstat gave when it was opened. The GIL is released twice: to open the file and find its size,
+ * then, the bytes object made, to read into it and close. */
+static PyObject *py_read_file(PyObject *self, PyObject *args) {
+    PyObject *path;
+    if (!PyArg_ParseTuple(args, "O&:read_file", PyUnicode_FSConverter, &path))
+        return NULL;
+    struct stat opened;
+    int fd, fine;
+    Py_BEGIN_ALLOW_THREADS;
+    fd = open(PyBytes_AS_STRING(path), O_RDONLY | O_CLOEXEC);
+    fine = fd >= 0 && fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode);
+    Py_END_ALLOW_THREADS;
+    Py_DECREF(path);
+    PyObject *data = fine ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)opened.st_size) : NULL;
+    if (data == NULL) {
+        if (fd >= 0)
+            close(fd);
+        if (fine)
+            return NULL; /* no memory for the bytes: MemoryError */
+        Py_RETURN_NONE;
+    }
+    size_t size = (size_t)opened.st_size;
+    Py_BEGIN_ALLOW_THREADS;
+    struct iovec whole = {PyBytes_AS_STRING(data), size};
+    char beyond;
+    ssize_t more;
+    fine = size == 0 || read_all(fd, &whole, 1, 0);
+    do
+        more = pread(fd, &beyond, 1, (off_t)size); /* nothing past the size it had when opened */
+    while (more < 0 && errno == EINTR);
+    fine = fine && more == 0;
+    close(fd);
+    Py_END_ALLOW_THREADS;
+    if (fine)
+        return data;
+    Py_DECREF(data);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_bind(PyObject *self, PyObject *args) {
     PyObject *path;
     if (!PyArg_ParseTuple(args, "O&:bind", PyUnicode_FSConverter, &path))
@@ -237,6 +281,8 @@ static PyMethodDef methods[] = {
      "(inode, mtime_ns, size), or None when anything failed."},
     {"bind", py_bind, METH_VARARGS,
      "bind(path)\n--\n\nFind blosc_decompress_ctx in the shared library at path: whether it was found."},
+    {"read_file", py_read_file, METH_VARARGS,
+     "read_file(path)\n--\n\nThe whole regular file's bytes, or None when they cannot be read so."},
 #endif
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer, value=0)\n--\n\nThe CRC-32C of the buffer's bytes."},
     {NULL, NULL, 0, NULL},

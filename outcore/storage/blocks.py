@@ -10,7 +10,7 @@ making batches take turns in the kernel.
 
 How a block comes back: the array is made over a ``ctypes`` view of the block, which numpy keeps alive as long
 as any array made from it (slices, reshapes, a ``torch.from_numpy`` tensor of it, a ``memoryview``); the block
-is kept for the next array once that view is gone (`weakref.finalize`). So an array handed out is never
+is kept for the next array once that view is gone (a weak reference's callback). So an array handed out is never
 written again while anything refers to it. At most `KEEP_BYTES` of blocks are kept unused.
 
 >>> pictures = empty((16, 224, 224, 3), np.uint8)
@@ -54,8 +54,9 @@ class Blocks:
 
     def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
         self.keep_bytes = keep_bytes
-        self.free: list[np.ndarray] = []  # blocks back, oldest first: appended by finalizers, taken under the lock
-        self.lock = threading.Lock()  # taken by `empty` only: a finalizer may run in any thread, at any allocation
+        self.free: list[np.ndarray] = []  # blocks back, oldest first: appended by `_gone`, taken under the lock
+        self.lock = threading.Lock()  # taken by `empty` only: `_gone` may run in any thread, at any allocation
+        self.watched: dict[int, tuple[weakref.ref, np.ndarray]] = {}  # the views handed out: id(weak ref) -> (it, block)
 
     def empty(self, shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
         """A new uninitialized array (not of objects) starting `LEAD` bytes past a multiple of `ALIGN`: made in a
@@ -68,21 +69,23 @@ class Blocks:
         if block is None:
             block = _aligned(nbytes)
         view = (ctypes.c_char * nbytes).from_buffer(block)
-        weakref.finalize(view, self._back, block).atexit = False
+        watch = weakref.ref(view, self._gone)  # C's weak reference: `weakref.finalize` is Python code at both ends
+        self.watched[id(watch)] = (watch, block)
         return np.frombuffer(view, dtype).reshape(shape)
 
     def _reuse(self, nbytes: int) -> np.ndarray | None:
         with self.lock:
             free = self.free
-            for k in range(len(free) - 1, -1, -1):  # a finalizer only appends: the indices here stay
+            for k in range(len(free) - 1, -1, -1):  # `_gone` only appends: the indices here stay
                 if free[k].nbytes == nbytes:
                     return free.pop(k)
         return None
 
-    def _back(self, block: np.ndarray) -> None:
-        """Keep ``block``, whose array is gone, unless as much is kept already (no lock: a finalizer may run
-        inside `_reuse`, in the thread holding it; a count read while another thread changes the list is off by
-        a block at most)."""
+    def _gone(self, watch: weakref.ref) -> None:
+        """Keep the block of the view ``watch`` watched, now gone, unless as much is kept already (no lock: a weak
+        reference's callback may run inside `_reuse`, in the thread holding it; a count read while another thread
+        changes the list is off by a block at most)."""
+        _, block = self.watched.pop(id(watch))
         if sum(kept.nbytes for kept in list(self.free)) + block.nbytes <= self.keep_bytes:
             self.free.append(block)
 
@@ -94,7 +97,7 @@ def empty(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
 
 def _aligned(nbytes: int) -> np.ndarray:
     memory = np.empty(nbytes + ALIGN, np.uint8)
-    start = (LEAD - memory.ctypes.data) % ALIGN
+    start = (LEAD - ctypes.addressof(ctypes.c_char.from_buffer(memory))) % ALIGN  # ndarray.ctypes: Python, slower
     return memory[start : start + nbytes]
 
 

@@ -1,5 +1,6 @@
 """One chunk of a local shard file read, checked (crc32c) and decoded (Blosc) by one call of outcore's C
-extension ``_chunks``, which holds the GIL only to start and to return: `read_at_once`.
+extension ``_chunks``, which holds the GIL only to start and to return: `read_at_once`; and a whole file (a picture
+file at ingest) by another: `read_file_at_once`.
 
 Read by Python's calls, a chunk takes seven system calls (open, advice, two fstat, pread, close) and the
 checksum and codec calls, each releasing the GIL and taking it again, with a dozen Python calls between them:
@@ -52,6 +53,13 @@ read_at_once, _why_not = _bound()
 once bytes ``[offset, offset + nbytes)`` of the file at ``path`` (a chunk's encoded bytes and their crc32c)
 are read, checked and decoded into ``out`` (Blosc frames through ``scratch``, a writable buffer of ``nbytes``
 or more); None when anything failed or the file changed while it was read. None where it cannot run here."""
+
+
+read_file_at_once: Callable[[str], bytes | None] | None
+read_file_at_once = _chunks.read_file if read_at_once is not None else None
+"""``read_file_at_once(path)``: the whole regular file at ``path`` (a picture file at ingest) read by one call that
+releases the GIL twice (to open it, then to read it), instead of at each of Python's five system calls; None when
+it cannot be read so (the caller reads it its own way, which names what is wrong). None where it cannot run here."""
 
 
 def how() -> str:

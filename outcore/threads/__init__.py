@@ -130,13 +130,6 @@ def submit(work: Callable[..., Any], *args: Any, limited: bool = True) -> Future
     return shared_pool().submit(work, *args, limited=limited)
 
 
-def _free_threads() -> int:
-    """How many more tasks the pool may be given now (about: a task may be ending): its `Gauge.limit` less those
-    submitted and not finished."""
-    current = shared_pool()
-    return max(0, current.gauge.limit - current.pending)
-
-
 def gauge() -> Gauge:
     """The pool's `Gauge`: how well its threads run, and how many may be busy at once."""
     return shared_pool().gauge
@@ -170,15 +163,17 @@ def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -
     """
     if count <= 0:
         return
-    measured = shared_pool().gauge
+    pool = shared_pool()  # once: finding it reads the environment (OUTCORE_THREADS)
+    measured = pool.gauge
     threads = measured.limit
     blocks = max(1, min(count // max(1, least), BLOCKS_PER_THREAD * threads))
     if blocks == 1 or threads == 1:
         measured.measured(work, 0, count)
         return
     runs = _Runs(work, count, blocks, measured)
-    for _ in range(min(blocks - 1, _free_threads())):
-        submit(runs.take)
+    free = max(0, threads - pool.pending)  # the tasks the pool may be given now (about: one may be ending)
+    for _ in range(min(blocks - 1, free)):
+        pool.submit(runs.take)
     runs.take()
     runs.wait()
 
