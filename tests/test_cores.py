@@ -292,3 +292,5 @@ def test_a_handoff_keeps_order_holds_at_most_its_size_and_wakes_a_waiting_taker(
         assert handoff.put(item, timeout=10)
     taker.join(10)
     assert taken == list(range(5)) and handoff.qsize() == 0
+    with pytest.raises(ValueError, match="size=0"):  # never an unbounded queue by mistake
+        Handoff(0)

@@ -24,9 +24,11 @@ class Handoff:
     most ``timeout`` seconds."""
 
     def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a handoff holds 1 item or more; got size={size}")
         self.items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.places: queue.SimpleQueue[None] = queue.SimpleQueue()  # one token a free place
-        for _ in range(max(1, size)):
+        for _ in range(size):
             self.places.put(None)
 
     def put(self, item: Any, timeout: float) -> bool:
