@@ -251,7 +251,7 @@ def test_a_shard_file_replaced_again_and_again_is_never_called_corrupt(tmp_path)
     problems, reads = [], [0]
 
     def read_in_a_loop():
-        while replacer.poll() is None and reads[0] < 4_000:
+        while replacer.poll() is None and reads[0] < 1_500:
             reader = ds.shard_reader("x")  # a new reader reads the shard's index anew
             try:
                 values = [reader.read(chunk).tolist() for chunk in (2, 0, 2, 1, 2)]

@@ -5,6 +5,7 @@ keep a reading process light (what it imports is checked too)."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -25,6 +26,7 @@ FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "tornado", "sklearn
 LATE = ("dask", "importlib")  # imported where used: a process that only reads batches needs neither (test_setup)
 
 
+@functools.cache  # read-only: the package's files do not change during a run
 def _modules() -> dict[str, Path]:
     return {".".join(("outcore", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
             for path in sorted(PACKAGE.rglob("*.py"))}
@@ -56,6 +58,7 @@ def _imports(module: str, path: Path) -> list[tuple[str, bool]]:
     return found
 
 
+@functools.cache  # read-only: the package's files do not change during a run
 def _submodules() -> set[str]:
     return {path.stem if path.parent == PACKAGE else path.parent.name for path in PACKAGE.rglob("*.py")}
 
@@ -67,6 +70,7 @@ def _target(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
+@functools.cache  # read-only: the package's files do not change during a run
 def _graph() -> dict[str, list[tuple[str, bool]]]:
     modules = _modules()
     graph = {}
