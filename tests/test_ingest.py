@@ -11,12 +11,14 @@ import imageio.v3 as iio
 import numpy as np
 import pandas as pd
 import pytest
+from dask.highlevelgraph import HighLevelGraph
 from PIL import Image
 from support.rules import write_order
 
 import outcore
 from outcore.cli import describe, main
 from outcore.errors import ImageError, OutcoreWarning, SourceError, StoreExistsError
+from outcore.ingest import build
 from outcore.testing import write_image_folder
 
 
@@ -253,6 +255,31 @@ def test_ten_thousand_images_make_tens_of_files(tmp_path, rng):
     assert len(ds) == 10_000 and ds.num_chunks == 157
     files = [f for _, _, names in os.walk(tmp_path / "many.zarr") for f in names]
     assert 10 <= len(files) <= 80, files  # 6 fields x 10 shard files + metadata, not 6 x 157 chunk files
+
+
+@pytest.mark.parametrize("images", ["encoded", "pixels"])
+def test_the_write_tasks_are_made_without_culling_the_graph_once_a_shard(tmp_path, monkeypatch, images):
+    """Dask culls the whole graph of a collection met inside a task's argument (a dict of a shard's blocks): made
+    so, the write tasks cost shards x the graph's tasks of the one thread making them: quadratic in the files.
+    A shard's blocks are the task's own arguments: the graph is culled when computed only."""
+    write_image_folder(tmp_path / "photos", 20, classes=("a", "b"), size=(20, 16), kind="photos", seed=1)
+    culls, shards = [0], [0]
+    cull, write = HighLevelGraph.cull, build._write_shard
+
+    def counted_cull(graph, keys):
+        culls[0] += 1
+        return cull(graph, keys)
+
+    def counted_write(*args):
+        shards[0] += 1
+        return write(*args)
+
+    monkeypatch.setattr(HighLevelGraph, "cull", counted_cull)
+    monkeypatch.setattr(build, "_write_shard", counted_write)
+    shape = None if images == "encoded" else (16, 16, 3)
+    ds = outcore.ingest_images(tmp_path / "photos", tmp_path / "s.zarr", shape=shape, images=images, chunk_size=2,
+                               progress=False)
+    assert len(ds) == 40 and shards[0] >= 8 and culls[0] < shards[0], (culls, shards)
 
 
 def test_linked_class_folders_are_followed_and_loops_end(tmp_path):

@@ -213,11 +213,13 @@ def _write_fields(
         if field.shapes is not None:  # written as a plain array beside the field's bytes
             blocks[shapes_name(name)] = _shard_blocks(as_dask(field.shapes, shard), shard)
     error_blocks = _shard_blocks(errors, shard) if errors is not None else None
-    write = dask.delayed(_write_shard, pure=False)
+    # What every shard shares is bound once; a shard's blocks are top-level arguments: Dask finalizes a collection
+    # met inside a container (a dict of blocks), culling the whole array's graph each time: shards x graph.
+    write = dask.delayed(functools.partial(_write_shard, str(directory), small, tuple(blocks), encoded,
+                                           options.layout.chunk_size), pure=False)
     tasks = [
-        write(str(directory), small, starts[i], {name: b[i] for name, b in blocks.items()},
-              error_blocks[i] if error_blocks is not None else None, encoded, options.layout.chunk_size,
-              str(markers[i]) if markers[i] else None, (upload, i) if upload else None)
+        write(starts[i], error_blocks[i] if error_blocks is not None else None,
+              str(markers[i]) if markers[i] else None, (upload, i) if upload else None, *(b[i] for b in blocks.values()))
         for i in todo
     ]
     weights = [min(shard, num_samples - starts[i]) for i in todo]
@@ -301,11 +303,13 @@ def _shard_blocks(data: da.Array | Permuted | Ragged, shard: int) -> list[Any]:
 
 
 def _write_shard(
-    directory: str, small: SmallRows, start: int, blocks: dict[str, Any], errors: np.ndarray | None,
-    encoded: list[str], chunk_size: int, marker: str | None, upload: tuple[Upload, int] | None,
+    directory: str, small: SmallRows, names: tuple[str, ...], encoded: list[str], chunk_size: int, start: int,
+    errors: np.ndarray | None, marker: str | None, upload: tuple[Upload, int] | None, *values: Any,
 ) -> list[tuple[int, str]]:
-    """Write one shard of every field (the small fields' rows saved apart, ``small``); with ``upload``
-    (where to, which shard), upload it; then, with a ``marker`` path, record it as done (with its failures)."""
+    """Write one shard of every field ``names`` (their blocks ``values``; the small fields' rows saved apart,
+    ``small``); with ``upload`` (where to, which shard), upload it; then, with a ``marker`` path, record it as done
+    (with its failures)."""
+    blocks = dict(zip(names, values, strict=True))
     ranges = [ranges_name(name) for name, block in blocks.items() if name in encoded or isinstance(block, Ragged)]
     group = zarr.open_group(directory, mode="r+")  # only the arrays written: a metadata read each
     arrays = {name: small.columns[name] if name in small.columns else group[name] for name in [*blocks, *ranges]}

@@ -9,6 +9,7 @@ decode again.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,8 +75,10 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
                               survey["digests"], survey["orientations"])
     scratch.mkdir(parents=True, exist_ok=True)
     starts = range(0, len(paths), BLOCK)
-    survey = dask.delayed(_survey_block, pure=False)
-    tasks = [survey(path_block(paths, start, start + BLOCK), start, options, str(scratch), reader) for start in starts]
+    # bound once: Dask walks a task's arguments (the options' fields, the reader's) at every task it makes
+    survey = dask.delayed(functools.partial(_survey_block, options=options, scratch=str(scratch), reader=reader),
+                          pure=False)
+    tasks = [survey(path_block(paths, start, start + BLOCK), start) for start in starts]
     weights = [min(BLOCK, len(paths) - start) for start in starts]
     blocks = run_tasks(tasks, weights, client=client, progress=progress, description=description, unit="files")
     result = Survey(
