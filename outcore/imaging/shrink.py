@@ -27,19 +27,20 @@ def check_max_side(max_side: int | None, quality: int, dtype: np.dtype) -> None:
 
 def shrink_image(
     data: bytes, channels: int, dtype: np.dtype, max_side: int | None, quality: int = DEFAULT_QUALITY,
-    name: str = "image", max_pixels: int | None = MAX_PIXELS,
+    name: str = "image", max_pixels: int | None = MAX_PIXELS, upright: tuple[int, int] | None = None,
 ) -> tuple[tuple[int, int, int], bytes | None]:
     """``(shape, smaller)``: the shape the file decodes to (upright, ``channels`` deep) and, when its longer
     side exceeds ``max_side``, the bytes of a copy whose longer side is ``max_side`` (resized antialiased,
     then JPEG at ``quality``, PNG for 4 channels); ``smaller`` is None when the file is kept as it is.
     The file is decoded either way (at a reduced DCT scale when it is shrunk, or kept: `decoded_size`), so a
-    bad file is an `ImageError` naming ``name``.
+    bad file is an `ImageError` naming ``name``. ``upright``: the file's `upright_size`, where the caller has
+    read it already.
 
     >>> shape, smaller = shrink_image(open("big.jpg", "rb").read(), 3, np.dtype("uint8"), 512)  # doctest: +SKIP
     >>> shape  # doctest: +SKIP
     (384, 512, 3)
     """
-    height, width = upright_size(data, name, max_pixels)
+    height, width = upright if upright is not None else upright_size(data, name, max_pixels)
     if max_side is None or max(height, width) <= max_side:
         return (*decoded_size(data, channels, dtype, name, max_pixels), channels), None
     scale = max_side / max(height, width)

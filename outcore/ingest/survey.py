@@ -105,9 +105,9 @@ def _survey_block(block: np.ndarray, start: int, options: SurveyOptions, scratch
     for i, path in enumerate(paths):
         try:
             data = reader.read(path)
+            upright, orientations[i] = stored_frame(data, path, options.max_pixels)  # its header, read once
             shape, smaller = shrink_image(data, options.channels, options.dtype, options.max_side, options.quality,
-                                          path, options.max_pixels)
-            orientations[i] = stored_frame(data, path, None)[1]
+                                          path, options.max_pixels, upright)
         except ImageError as error:
             if options.on_error == "raise":
                 raise bad_file(error) from None
