@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Everything that needs a machine of many cores and a GPU, in one command, on a machine without a package
 # registry: from the project's root, with .dev/ filled by benchmarks/device/prepare.sh (and carried there):
-#     bash benchmarks/device/run.sh           (about 8 minutes; SKIP="cluster imagenet" leaves steps out)
+#     bash benchmarks/device/run.sh           (about 9 minutes; SKIP="cluster imagenet" leaves steps out)
 # Installs outcore from the tree (its C extensions built against .dev/jpeg) and what the machine lacks (.dev/whl),
 # then runs each step time-boxed, its log in $OUT (default /tmp/out), and prints the tables:
 #   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC), the
 #               GIL share per stage on all the cores (py-spy, when .dev/whl has it), ds.torch with 0-16 workers
+#   ingest      benchmarks/ingest_scale.py: whole ingests of 30,000 ImageNet-like JPEGs on 1, 8 and 16 threads, the GIL
+#               share of one (py-spy)
 #   cluster     benchmarks/cluster.py: 1-8 Dask workers decoding, cropping and flipping
 #   imagenet    benchmarks/imagenet.py: full-size JPEGs, RandomResizedCrop(224) + flip, against its ceiling
 #   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor), and
@@ -38,6 +40,7 @@ step() {  # step NAME SECONDS COMMAND...: run in benchmarks/, time-boxed, logged
 }
 
 step cores 200 python3 cores.py --images 6000 --threads 1,2,4,8,16 --seconds 3 --torch-workers 0,4,8,16 --workdir $work/cores
+step ingest 150 python3 ingest_scale.py --files 30000 --threads 1,8,16 --repeats 1 --workdir $work/ingest
 step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
 step imagenet 110 python3 imagenet.py --images 6000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
 step gpu_decode 90 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr

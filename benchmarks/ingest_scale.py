@@ -1,0 +1,105 @@
+"""Does an ingest of a large folder scale with its cores? Whole ingests, timed and sampled holding the GIL.
+
+    python benchmarks/ingest_scale.py [--files 100000] [--threads 1,2] [--repeats 2] [--workdir bench-data]
+
+Writes (once, in ``--workdir``) ``--files`` ImageNet-like JPEGs (`imagenet.write_folder`: 300-500 pixels on the
+short side, about 52 KiB each), then, each run in a fresh process, ingests them at their own size
+(``outcore.ingest_images(folder, store, shape=None, images="encoded")``: a survey that checks every file, then
+the writes):
+
+- **scaling**: seconds, files/s and CPU seconds of whole ingests at each ``--threads`` (``--repeats`` each,
+  in turns), and the ratio to n times the one-thread rate;
+- **gil**: one whole ingest at the last thread count sampled by py-spy (``cores.RATE`` a second), only the
+  thread holding the GIL (``--gil``): its seconds holding the GIL against the CPU seconds of an unsampled
+  run, the share per stage (`cores.STAGES`), the bound that share sets on 16 cores, and the functions holding
+  it most.
+
+Unlike ``cores.py --cases ingest`` (a folder of ~1,000 files, ingested again and again and sampled for some
+seconds), the per-ingest costs (imports, the task graph, the manifest) weigh here as they do on a large set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from cores import FUNCTIONS, RATE, bound, functions, stages
+from imagenet import write_folder
+
+INGEST = """
+import json, sys, time
+import outcore
+outcore.set_threads(int(sys.argv[3]))
+start = time.perf_counter()
+ds = outcore.ingest_images(sys.argv[1], sys.argv[2], shape=None, images="encoded", progress=False)
+print(json.dumps({"files": len(ds), "seconds": time.perf_counter() - start}))
+"""
+
+
+def ingest(folder: Path, threads: int, gil_samples: Path | None = None) -> tuple[float, float]:
+    """One whole ingest of ``folder`` in a fresh process: ``(seconds, CPU seconds)``; with ``gil_samples``, run
+    under ``py-spy record --gil``, its raw samples written there."""
+    with tempfile.TemporaryDirectory(dir=folder.parent) as scratch:
+        command = [sys.executable, "-c", INGEST, str(folder), str(Path(scratch) / "ingested.zarr"), str(threads)]
+        if gil_samples is not None:
+            command = ["py-spy", "record", "--rate", str(RATE), "--nonblocking", "--format", "raw", "--gil",
+                       "--output", str(gil_samples), "--", *command]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))  # py-spy's last
+    return result["seconds"], (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", type=int, default=100_000)
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=Path("bench-data"))
+    args = parser.parse_args()
+    folder = args.workdir / f"imagenet-like-{args.files}"
+    files = len(write_folder(folder, args.files))
+    threads = [int(n) for n in args.threads.split(",")]
+    runs: dict[int, list[tuple[float, float]]] = {n: [] for n in threads}
+    for _ in range(args.repeats):  # in turns: a slow spell of the machine falls on every thread count alike
+        for n in threads:
+            runs[n].append(ingest(folder, n))
+    one = min(seconds for seconds, _ in runs[1]) if 1 in runs else None
+    print(f"\noutcore.ingest_images of {files:,} JPEGs at their own size (shape=None, images='encoded'), whole "
+          f"ingests, fresh processes, best of {args.repeats} (the ratio: to n x the 1-thread rate)")
+    print(f"{'threads':>7s} {'seconds':>15s} {'files/s':>8s} {'CPU s':>7s} {'ratio':>6s}")
+    for n in threads:
+        best, cpu = min(runs[n])
+        spread = f"{min(s for s, _ in runs[n]):.1f}-{max(s for s, _ in runs[n]):.1f}"
+        print(f"{n:7d} {spread:>15s} {files / best:8.0f} {cpu:7.1f} {one / (n * best) if one else float('nan'):6.2f}")
+    if shutil.which("py-spy") is None:
+        print("\npy-spy is not installed (pip install py-spy): no GIL shares")
+        return
+    n = threads[-1]
+    raw_path = args.workdir / "ingest-gil-samples.txt"
+    ingest(folder, n, raw_path)
+    raw = raw_path.read_text()
+    raw_path.unlink()
+    held, holders = stages(raw), functions(raw)
+    cpu = min(runs[n])[1]
+    total = sum(held.values())
+    share = total / RATE / cpu
+    print(f"\none whole ingest at {n} threads holds the GIL {total / RATE:.1f} s of {cpu:.1f} CPU seconds: GIL share "
+          f"{share:.1%}, at most {bound(share, 16):.1f}x one core's rate on 16 cores")
+    print(f"  {'stage':24s} {'GIL':>6s}")
+    for name, count in held.most_common():
+        print(f"  {name:24s} {count / RATE / cpu:6.1%}")
+    print(f"  the functions holding the GIL most (share of the GIL samples, {total} in all):")
+    for name, count in holders.most_common(FUNCTIONS * 2):
+        print(f"    {count / max(1, total):6.1%}  {name}")
+
+
+if __name__ == "__main__":
+    main()
