@@ -15,15 +15,23 @@ from outcore.testing import write_image_folder
 CLASSES = ("disc", "square", "hstripes")
 
 
+ONE_PYTHON = {
+    "e2e": "an end-to-end suite",
+    "slow": "tens of seconds of work the same on every interpreter",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``OUTCORE_E2E=0`` skips the end-to-end suites (marked ``e2e``: an S3 server, a Dask cluster of worker
-    processes), saying so; CI sets it on all but one Python, where they run."""
+    """``OUTCORE_E2E=0`` skips, saying so, the end-to-end suites (marked ``e2e``: an S3 server, a Dask cluster
+    of worker processes) and the tests marked ``slow`` (examples, docs, stress and property tests of hundreds of
+    examples); CI sets it on all but one Python, where they run."""
     if os.environ.get("OUTCORE_E2E", "1") != "0":
         return
-    skip = pytest.mark.skip(reason="an end-to-end suite, off with OUTCORE_E2E=0 (CI runs it on Python 3.11)")
     for item in items:
-        if item.get_closest_marker("e2e"):
-            item.add_marker(skip)
+        for marker, what in ONE_PYTHON.items():
+            if item.get_closest_marker(marker):
+                item.add_marker(pytest.mark.skip(reason=f"{what}, off with OUTCORE_E2E=0 (CI runs it on Python 3.11)"))
+                break
 
 
 @pytest.fixture

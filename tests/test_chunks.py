@@ -22,6 +22,7 @@ from outcore.testing import chunk_location, corrupt_chunk
 from outcore.testing.strategies import compressions, field_arrays
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(values=field_arrays(), compression=compressions(), chunk_size=st.integers(1, 64),
        chunks_per_shard=st.sampled_from([1, 2, 8]), endian=st.sampled_from(["little", "big"]))

@@ -149,6 +149,7 @@ def test_verify_fails_on_a_corrupt_store(image_folder, tmp_path, capsys):
     assert "field 'images', chunk 0" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_demo_trains_on_real_photographs_and_keeps_what_it_says(tmp_path):
     began, lines = time.time(), []

@@ -517,17 +517,27 @@ def test_cli_ingest_on_a_scheduler_address(client, image_folder, tmp_path, capsy
     _assert_same_store(local, outcore.open_dataset(store))
 
 
-def _slow_on_the_worker(batch, rng):
-    time.sleep(4)
-    return batch
+class PauseUntil:
+    """A transform that holds each piece it is given until file ``path`` is there (``seconds`` at most): a
+    batch task that runs on after its iteration is closed, for as long as the test needs it to."""
+
+    def __init__(self, path: Path, seconds: float) -> None:
+        self.path, self.seconds = path, seconds
+
+    def __call__(self, batch, rng):
+        deadline = time.monotonic() + self.seconds
+        while not self.path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return batch
 
 
-def test_closing_a_cluster_iteration_never_waits_on_the_cluster(client, photos):
+def test_closing_a_cluster_iteration_never_waits_on_the_cluster(client, photos, tmp_path):
     """The gathering thread waited on a batch task's result however long it took: close() (and the
     consumer waiting on the run) waited with it."""
     import threading
 
-    it = photos.batches(8, fields=["labels"], transform=_slow_on_the_worker, client=client, prefetch=1)
+    released = tmp_path / "released"
+    it = photos.batches(8, fields=["labels"], transform=PauseUntil(released, 10), client=client, prefetch=1)
     outcome = {}
 
     def consume():
@@ -538,12 +548,15 @@ def test_closing_a_cluster_iteration_never_waits_on_the_cluster(client, photos):
 
     consumer = threading.Thread(target=consume)
     consumer.start()
-    time.sleep(0.5)
-    began = time.perf_counter()
-    it.close()
-    closed = time.perf_counter() - began
-    consumer.join(timeout=10)
-    assert closed < 2 and outcome["closed at"] - began < 2  # the batch task still has seconds to run
+    try:
+        time.sleep(0.5)
+        began = time.perf_counter()
+        it.close()
+        closed = time.perf_counter() - began
+        consumer.join(timeout=10)
+        assert closed < 2 and outcome["closed at"] - began < 2  # the batch tasks are still held
+    finally:
+        released.touch()  # the tasks under way end (the next tests share the cluster's two workers)
 
 
 class CountedPause:

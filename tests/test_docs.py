@@ -76,6 +76,7 @@ def _page(page: Path):
     return pytest.param(page, marks=marks, id=str(page.relative_to(ROOT)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [_page(page) for page in PAGES])
 def test_every_code_block_runs(page, sources, tmp_path, monkeypatch):
     shutil.copytree(sources, tmp_path, dirs_exist_ok=True)
@@ -118,6 +119,7 @@ def _commands(code: str) -> list[str]:
     return [line.removeprefix("$ ") for line in code.splitlines() if line.startswith("$ ")]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_site_builds_strictly(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],

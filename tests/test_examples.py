@@ -17,6 +17,7 @@ import outcore
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(script, tmp_path):
     result = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
@@ -43,7 +44,7 @@ def test_docstring_examples(name):
     assert results.failed == 0
 
 
-
+@pytest.mark.slow
 @pytest.mark.timeout(280)
 def test_the_notebook_runs_and_shows_what_it_says():
     nbformat = need("nbformat")

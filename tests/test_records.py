@@ -323,6 +323,7 @@ def test_parquet_with_a_damaged_page_is_named_or_skipped(photos, tmp_path):
     assert len(ds) == 8 and ds.attrs.skipped["count"] == 4 and ds.classes == ["cat"]
 
 
+@pytest.mark.slow
 def test_command_line_recognises_each_format(photos, tmp_path):
     need("webdataset")
     _, files, classes, _ = photos

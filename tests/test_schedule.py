@@ -5,6 +5,7 @@ from __future__ import annotations
 from itertools import cycle
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from outcore.iterate.schedule import max_held, schedule
        batch_size=st.integers(1, 300), read_ahead=st.integers(0, 6), world_size=st.sampled_from([1, 2, 4]),
        streams=st.sampled_from([4, 8]), shuffle=st.booleans(), drop_last=st.booleans(), seed=st.integers(0, 2**31),
        workers=st.integers(1, 5), data=st.data())
+@pytest.mark.slow
 def test_every_chunk_is_loaded_before_use_released_after_its_last_use_and_few_are_held(
         num_samples, chunk_size, buffer_chunks, batch_size, read_ahead, world_size, streams, shuffle, drop_last, seed,
         workers, data):

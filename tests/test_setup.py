@@ -27,9 +27,15 @@ CONDA_ONLY = {"python", "pip", "c-compiler", "libjpeg-turbo"}  # a compiler and 
 
 
 def requirements(*extras: str) -> list[Requirement]:
-    """outcore's dependencies and those of ``extras``."""
+    """outcore's dependencies and those of ``extras`` (an extra's ``outcore[other]``: those of ``other``)."""
     found = [Requirement(r) for r in PYPROJECT["dependencies"]]
-    return found + [Requirement(r) for extra in extras for r in PYPROJECT["optional-dependencies"][extra]]
+    for extra in extras:
+        for requirement in map(Requirement, PYPROJECT["optional-dependencies"][extra]):
+            if canonicalize_name(requirement.name) == "outcore":
+                found += requirements(*requirement.extras)[len(PYPROJECT["dependencies"]):]
+            else:
+                found.append(requirement)
+    return found
 
 
 def install_lines() -> list[tuple[str, list[str]]]:

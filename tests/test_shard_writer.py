@@ -35,6 +35,7 @@ def _same_files(one: str, other: str) -> bool:
     return mine.keys() == theirs.keys() and all(filecmp.cmp(mine[k], theirs[k], shallow=False) for k in mine)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(values=field_arrays(), compression=compressions(), chunk_size=st.integers(1, 64),
        chunks_per_shard=st.sampled_from([1, 2, 8]), pieces=st.integers(1, 3))

@@ -293,15 +293,15 @@ def _with_worker(batch, rng):  # at module level: spawned workers receive it pic
 
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_persistent_workers_follow_each_epoch_and_resume(ids_store, start_method):
-    def loader(persistent, transform=None):
+    def loader(transform=None):
         return ids_store.torch(64, num_workers=2, shuffle=True, seed=5, multiprocessing_context=start_method,
-                               persistent_workers=persistent, transform=transform)
+                               persistent_workers=True, transform=transform)
 
-    fresh = loader(False)
+    fresh = ids_store.torch(64, shuffle=True, seed=5)  # made here: workers make the same batches (tested above)
     expected = [[b["id"].numpy() for b in fresh] for _ in range(2)]  # epochs 0 and 1, counted by the loader
     fresh.set_epoch(7)
     expected.append([b["id"].numpy() for b in fresh])
-    kept = loader(True, _with_worker)
+    kept = loader(_with_worker)
     epochs, workers = [], set()
     for epoch in range(3):
         if epoch == 2:
@@ -314,13 +314,13 @@ def test_persistent_workers_follow_each_epoch_and_resume(ids_store, start_method
         assert len(got) == len(want) == 16
         for a, b in zip(got, want, strict=True):
             np.testing.assert_array_equal(a, b)
-    interrupted, head = loader(True), []  # stopped mid-epoch, then resumed by persistent workers
+    interrupted, head = loader(), []  # stopped mid-epoch, then resumed by persistent workers
     interrupted.set_epoch(7)
     for batch in interrupted:
         head.append(batch["id"].numpy())
         if len(head) == 5:
             break
-    resumed = loader(True)
+    resumed = loader()
     resumed.load_state_dict(json.loads(json.dumps(interrupted.state_dict())))
     tail = [b["id"].numpy() for b in resumed]
     rest = [b["id"].numpy() for b in interrupted]  # the interrupted loader's own workers continue too
