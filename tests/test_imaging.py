@@ -17,9 +17,11 @@ from outcore.imaging import (
     decode_image,
     decoded_size,
     load_image,
+    native,
     parse_image_dtype,
     parse_image_shape,
     parse_resize,
+    plain_jpeg_sizes,
     resize_taps,
     stored_frame,
 )
@@ -153,16 +155,20 @@ def test_a_files_upright_size_and_orientation_are_read_from_its_header_as_pillow
 
 
 def test_a_picture_kept_at_its_size_is_decoded_at_an_eighth_refusing_what_a_full_decode_refuses(tmp_path):
-    """The ingest's survey decodes each plain JPEG at 1/8 of its size (`decoded_size`): the sizes `decode_image`
-    gives at full size, and, of a thousand damaged photos (cut short, bits flipped, runs zeroed), exactly the
-    ones a full decode refuses are refused."""
+    """The ingest's survey decodes each plain JPEG at 1/8 of its size (`decoded_size`; a block of them in one call
+    of the C extension, `plain_jpeg_sizes`): the sizes `decode_image` gives at full size, and, of a thousand
+    damaged photos (cut short, bits flipped, runs zeroed), exactly the ones a full decode refuses are refused
+    (left by the C extension, for `decoded_size` to say why); other files are left to it too."""
     rng = np.random.default_rng(7)
     photo = sample_photo("astronaut")[:300, :400]
     files = {**_kinds_of_file(tmp_path, photo), "tiny.jpg": simplejpeg.encode_jpeg(photo[:5, :7].copy())}
+    tried: dict[int, list[tuple[bytes, tuple[int, int] | None]]] = {1: [], 3: []}  # (file, its size or refused)
     for name, data in files.items():
         for channels in (1, 3):
             full = decode_image(data, (None, None, channels), None, U8, name).shape[:2]
             assert decoded_size(data, channels, U8, name) == full, (name, channels)
+            plain = name.endswith(".jpg") and name != "turned.jpg" and (channels == 1) == (name == "grey.jpg")
+            tried[channels].append((data, full if plain else None))  # the others: left to decoded_size
     refused = 0
     for trial in range(1000):
         name = ("plain.jpg", "progressive.jpg", "grey.jpg")[trial % 3]
@@ -182,9 +188,16 @@ def test_a_picture_kept_at_its_size_is_decoded_at_an_eighth_refusing_what_a_full
             with pytest.raises(ImageError, match=f"^{name}: "):
                 decoded_size(bytes(damaged), channels, U8, name)
             refused += 1
+            tried[channels].append((bytes(damaged), None))
             continue
         assert decoded_size(bytes(damaged), channels, U8, name) == full, trial
+        tried[channels].append((bytes(damaged), full))
     assert 200 < refused < 800
+    for channels, cases in tried.items():
+        sizes, left = plain_jpeg_sizes([data for data, _ in cases], channels)
+        taken = {k for k, (_, full) in enumerate(cases) if full is not None} if native.extension else set()
+        assert set(range(len(cases))) - set(left) == taken, channels
+        assert all(tuple(sizes[k]) == cases[k][1] for k in taken)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,9 @@
  * batch's rows, one decoder for them all and the GIL released once: what decode.py's decode_image does for
  * each of them through simplejpeg, the same pixels, without the 5 us of Python a sample around it. crop_each
  * does the same for boxes of the files (decode_region's crop_resize calls, their DCT scale and scaled box
- * chosen here by decode_region's arithmetic: `plan`), without its 11 us of Python a sample.
+ * chosen here by decode_region's arithmetic: `plan`), without its 11 us of Python a sample. check_each is the
+ * ingest survey's check of pictures kept at their own size (decoded_size: each file decoded at 1/8, its header's
+ * size), for a block of files at once, without the Python around each file.
  *
  * Built by setup.py when a libjpeg-turbo (1.5 or later) and its headers are found; outcore.imaging.native
  * falls back to simplejpeg and Pillow without it.
@@ -519,16 +521,43 @@ static int plain_jpeg(const uint8_t *data, size_t size) {
     return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF && !has_exif(data, size);
 }
 
-/* One decoder kept for a whole decode_each call: each file read into it and let go of again. */
+/* One decoder kept for a whole decode_each or check_each call: each file read into it and let go of again. */
 typedef struct {
     struct jpeg_decompress_struct cinfo;
     Errors errors;
 } Decoder;
 
-/* Decode `data`, a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF) of exactly height x width,
- * whole into `out`: 1, or 0 where it is another file or cannot be decoded cleanly (left to the caller). */
-static int decode_whole(Decoder *decoder, const uint8_t *data, size_t size, int height, int width, int channels,
-                        uint8_t *out, JSAMPROW *lines) {
+/* A new Decoder whose errors and warnings escape to the call's setjmp (NULL: no memory). */
+static Decoder *decoder_new(void) {
+    Decoder *decoder = calloc(1, sizeof(Decoder));
+    if (decoder == NULL)
+        return NULL;
+    decoder->cinfo.err = jpeg_std_error(&decoder->errors.manager);
+    decoder->errors.manager.error_exit = on_error;
+    decoder->errors.manager.emit_message = on_message;
+    jpeg_create_decompress(&decoder->cinfo);
+    return decoder;
+}
+
+static void decoder_free(Decoder *decoder) {
+    if (decoder != NULL)
+        jpeg_destroy_decompress(&decoder->cinfo);
+    free(decoder);
+}
+
+/* What decode_plain takes: a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF) of exactly height x
+ * width, decoded whole into its rows `lines` (decode_each); or, height 0, of any size up to max_pixels pixels
+ * (none: negative), decoded at the DCT scale decode.py's decoded_size uses (1/8, or whole below 8 pixels a
+ * side) a row at a time into lines[0], the scaled width times the channels at least (check_each). */
+typedef struct {
+    int channels, height, width;
+    long long max_pixels;
+} Plain;
+
+/* Decode `data` as `plain` asks: 1 with the file's height and width in `shape`, or 0 where it is another file or
+ * cannot be decoded cleanly (left to the caller, which says what is wrong). */
+static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, const Plain *plain, JSAMPROW *lines,
+                        int64_t *shape) {
     struct jpeg_decompress_struct *cinfo = &decoder->cinfo;
     if (!plain_jpeg(data, size))
         return 0;
@@ -538,18 +567,28 @@ static int decode_whole(Decoder *decoder, const uint8_t *data, size_t size, int 
     }
     jpeg_mem_src(cinfo, data, (unsigned long)size);
     jpeg_read_header(cinfo, TRUE);
-    if (!decode_as(cinfo, channels) || cinfo->image_height != (JDIMENSION)height ||
-        cinfo->image_width != (JDIMENSION)width) {
+    long height = (long)cinfo->image_height, width = (long)cinfo->image_width;
+    int whole = plain->height > 0;
+    if (!decode_as(cinfo, plain->channels) ||
+        (whole ? height != plain->height || width != plain->width
+               : plain->max_pixels >= 0 && (long long)height * width > plain->max_pixels)) {
         jpeg_abort_decompress(cinfo);
         return 0;
     }
+    if (!whole) {
+        cinfo->scale_num = (unsigned int)dct_scale(height, width, 1, 1);
+        cinfo->scale_denom = 8;
+    }
     jpeg_start_decompress(cinfo);
-    size_t stride = (size_t)width * channels;
-    for (int y = 0; y < height; y++)
-        lines[y] = out + (size_t)y * stride;
-    while (cinfo->output_scanline < cinfo->output_height)
-        jpeg_read_scanlines(cinfo, lines + cinfo->output_scanline, cinfo->output_height - cinfo->output_scanline);
+    while (cinfo->output_scanline < cinfo->output_height) {
+        if (whole)
+            jpeg_read_scanlines(cinfo, lines + cinfo->output_scanline, cinfo->output_height - cinfo->output_scanline);
+        else
+            jpeg_read_scanlines(cinfo, lines, 1);
+    }
     jpeg_finish_decompress(cinfo);
+    shape[0] = height;
+    shape[1] = width;
     return 1;
 }
 
@@ -580,28 +619,31 @@ static int file_of(const Each *each, Py_ssize_t k, const uint8_t **data, size_t 
     return 1;
 }
 
-/* Decode every file of `each` that decode_whole takes into its row, with one decoder; done[k] says which. */
+/* Decode every file of `each` that decode_plain takes whole into its row, with one decoder; done[k] says which. */
 static int decode_all(const Each *each, uint8_t *done) {
-    Decoder *decoder = calloc(1, sizeof(Decoder));
+    Decoder *decoder = decoder_new();
     JSAMPROW *lines = malloc((size_t)(each->height > 0 ? each->height : 1) * sizeof(JSAMPROW));
     if (decoder == NULL || lines == NULL) {
-        free(decoder);
+        decoder_free(decoder);
         free(lines);
         return -1;
     }
-    decoder->cinfo.err = jpeg_std_error(&decoder->errors.manager);
-    decoder->errors.manager.error_exit = on_error;
-    decoder->errors.manager.emit_message = on_message;
-    jpeg_create_decompress(&decoder->cinfo);
-    size_t bytes = (size_t)each->height * each->width * each->channels;
+    Plain plain = {.channels = each->channels, .height = each->height, .width = each->width, .max_pixels = -1};
+    size_t stride = (size_t)each->width * each->channels, bytes = stride * each->height;
+    int64_t shape[2];
     for (Py_ssize_t k = 0; k < each->count; k++) {
         const uint8_t *data;
         size_t size;
-        done[k] = file_of(each, k, &data, &size) && decode_whole(decoder, data, size, each->height, each->width,
-                                                                 each->channels, each->out + bytes * each->rows[k], lines);
+        if (!file_of(each, k, &data, &size)) {
+            done[k] = 0;
+            continue;
+        }
+        uint8_t *out = each->out + bytes * each->rows[k];
+        for (int y = 0; y < each->height; y++)
+            lines[y] = out + (size_t)y * stride;
+        done[k] = decode_plain(decoder, data, size, &plain, lines, shape);
     }
-    jpeg_destroy_decompress(&decoder->cinfo);
-    free(decoder);
+    decoder_free(decoder);
     free(lines);
     return 0;
 }
@@ -772,6 +814,61 @@ done:
     return left;
 }
 
+#define WIDEST_ROW (65535 * 3) /* a JPEG is 65,535 pixels wide at most */
+
+static PyObject *py_check_each(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"files", "channels", "max_pixels", "out", NULL};
+    PyObject *file_list, *array, *left = NULL;
+    int channels;
+    long long max_pixels;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiLO:check_each", keywords, &file_list, &channels, &max_pixels,
+                                     &array))
+        return NULL;
+    PyObject *files = PySequence_Fast(file_list, "files must be a sequence of bytes");
+    if (files == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(files), taken = 0;
+    Py_buffer out, *views = calloc(count > 0 ? (size_t)count : 1, sizeof(Py_buffer));
+    uint8_t *done = calloc(count > 0 ? (size_t)count : 1, 1), *row = malloc(WIDEST_ROW);
+    Decoder *decoder = decoder_new();
+    int have_out = 0;
+    if (views == NULL || done == NULL || row == NULL || decoder == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (array_buffer(array, &out, 1) < 0)
+        goto done;
+    have_out = 1;
+    if ((channels != 1 && channels != 3) || !table_of(&out, count, 2, "ql")) {
+        PyErr_SetString(PyExc_ValueError, "wanted: channels 1 or 3, out (files, 2; int64), C-contiguous");
+        goto done;
+    }
+    for (; taken < count; taken++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(files, taken), &views[taken], PyBUF_SIMPLE) < 0)
+            goto done;
+    Plain plain = {.channels = channels, .max_pixels = max_pixels};
+    JSAMPROW lines[1] = {row};
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < count; k++) {
+        int64_t *shape = (int64_t *)out.buf + 2 * k;
+        shape[0] = shape[1] = 0;
+        done[k] = decode_plain(decoder, views[k].buf, (size_t)views[k].len, &plain, lines, shape);
+    }
+    Py_END_ALLOW_THREADS
+    left = positions_left(done, count);
+done:
+    for (Py_ssize_t i = 0; i < taken; i++)
+        PyBuffer_Release(&views[i]);
+    if (have_out)
+        PyBuffer_Release(&out);
+    free(views);
+    free(done);
+    free(row);
+    decoder_free(decoder);
+    Py_DECREF(files);
+    return left;
+}
+
 static PyObject *py_decode_each(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"regions", "ranges", "which", "samples", "out", "rows", NULL};
     PyObject *regions, *ranges, *arrays[4];
@@ -848,6 +945,12 @@ static PyMethodDef methods[] = {
      "JPEG of sizes[k] (height, width), resized into out[rows[k]] and mirrored as flips[k] (left-right,\n"
      "top-bottom) says, as decode.py's decode_region does, only the rows and columns the box needs decoded;\n"
      "the list of the k left (other files, damaged ones, boxes not inside the picture) is returned."},
+    {"check_each", (PyCFunction)(void (*)(void))py_check_each, METH_VARARGS | METH_KEYWORDS,
+     "check_each(files, channels, max_pixels, out)\n--\n\n"
+     "Decode each of `files` (bytes) that is a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF) of at\n"
+     "most max_pixels pixels (none: negative) at 1/8 of its size, as decode.py's decoded_size does, and write its\n"
+     "height and width into out[k] (files, 2; int64); the list of the k left (other files, damaged ones, and those\n"
+     "past max_pixels: (0, 0) in out) is returned. The GIL is released once for them all."},
     {"has_exif", py_has_exif, METH_O,
      "has_exif(data)\n--\n\n"
      "Whether the JPEG `data`'s header segments, up to its image data, hold EXIF metadata (an APP1 segment\n"

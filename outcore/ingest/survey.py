@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +19,16 @@ import dask
 import numpy as np
 
 from ..errors import ImageError
-from ..imaging import MAX_PIXELS, shrink_image, stored_frame
+from ..imaging import MAX_PIXELS, plain_jpeg_sizes, shrink_image, stored_frame
 from .decode_tasks import DIGEST_SIZE, ERROR_DTYPE, FILES, bad_file, file_digest, path_block
 from .records.reader import SampleReader
 from .scheduler import run_tasks
 
 JPEG_START = b"\xff\xd8"
-BLOCK = 64  # files per task: small enough to balance, large enough that scheduling costs little
+# Files a survey task takes: the files in about TASKS tasks (each task's scheduling holds the GIL on the one thread
+# scheduling them all), at least MIN_BLOCK (small sets: every thread has work), at most MAX_BLOCK.
+TASKS, MIN_BLOCK, MAX_BLOCK = 512, 64, 1024
+GROUP_BYTES = 8 << 20  # a survey task reads this much of its files, checks them, then reads the next
 
 
 @dataclass(frozen=True)
@@ -74,12 +77,13 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
                 return Survey(survey["paths"].tolist(), survey["shapes"], survey["nbytes"], survey["errors"],
                               survey["digests"], survey["orientations"])
     scratch.mkdir(parents=True, exist_ok=True)
-    starts = range(0, len(paths), BLOCK)
+    block = min(MAX_BLOCK, max(MIN_BLOCK, -(-len(paths) // TASKS)))
+    starts = range(0, len(paths), block)
     # bound once: Dask walks a task's arguments (the options' fields, the reader's) at every task it makes
     survey = dask.delayed(functools.partial(_survey_block, options=options, scratch=str(scratch), reader=reader),
                           pure=False)
-    tasks = [survey(path_block(paths, start, start + BLOCK), start) for start in starts]
-    weights = [min(BLOCK, len(paths) - start) for start in starts]
+    tasks = [survey(path_block(paths, start, start + block), start) for start in starts]
+    weights = [min(block, len(paths) - start) for start in starts]
     blocks = run_tasks(tasks, weights, client=client, progress=progress, description=description, unit="files")
     result = Survey(
         [path for block in blocks for path in block[0]],
@@ -98,26 +102,59 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
 
 def _survey_block(block: np.ndarray, start: int, options: SurveyOptions, scratch: str,
                   reader: SampleReader) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    paths: list[str] = block.tolist()  # `path_block`
+    """The survey of the files of ``block`` (`path_block`), the first ``start``: read a group at a time
+    (`_groups`), each group's plain JPEGs checked by one call outside the GIL (`plain_jpeg_sizes`), each other
+    file (and each to shrink) in Python."""
+    paths: list[str] = block.tolist()
     stored, shapes = list(paths), np.zeros((len(paths), 3), np.int32)
     nbytes, errors = np.zeros(len(paths), np.int64), [""] * len(paths)
     digests, orientations = np.zeros((len(paths), DIGEST_SIZE), np.uint8), np.zeros(len(paths), np.uint8)
-    for i, path in enumerate(paths):
-        try:
-            data = reader.read(path)
-            upright, orientations[i] = stored_frame(data, path, options.max_pixels)  # its header, read once
-            shape, smaller = shrink_image(data, options.channels, options.dtype, options.max_side, options.quality,
-                                          path, options.max_pixels, upright)
-        except ImageError as error:
-            if options.on_error == "raise":
-                raise bad_file(error) from None
-            stored[i], errors[i] = "", str(error)[: ERROR_DTYPE.itemsize // 4]
-            continue
-        if smaller is not None:
-            suffix = ".jpg" if smaller.startswith(JPEG_START) else ".png"
-            stored[i] = os.path.join(scratch, f"{start + i}{suffix}")
-            Path(stored[i]).write_bytes(smaller)
-        shapes[i], nbytes[i] = shape, len(data) if smaller is None else len(smaller)
-        digests[i] = file_digest(data)
+    for first, files in _groups(paths, reader):
+        sizes, left = plain_jpeg_sizes([b"" if isinstance(data, ImageError) else data for data in files],
+                                       options.channels, options.max_pixels)
+        checked = np.ones(len(files), bool)
+        checked[list(left)] = False
+        if options.max_side is not None:  # past it: shrunk in Python
+            checked &= sizes.max(axis=1, initial=0) <= options.max_side
+        for k, data in enumerate(files):
+            i, path = first + k, paths[first + k]
+            try:
+                if isinstance(data, ImageError):
+                    raise data
+                if checked[k]:  # a plain JPEG: upright as stored, kept as it is
+                    shape, smaller, orientations[i] = (*sizes[k].tolist(), options.channels), None, 1
+                else:
+                    upright, orientations[i] = stored_frame(data, path, options.max_pixels)  # its header, read once
+                    shape, smaller = shrink_image(data, options.channels, options.dtype, options.max_side,
+                                                  options.quality, path, options.max_pixels, upright)
+            except ImageError as error:
+                if options.on_error == "raise":
+                    raise bad_file(error) from None
+                stored[i], errors[i] = "", str(error)[: ERROR_DTYPE.itemsize // 4]
+                continue
+            if smaller is not None:
+                suffix = ".jpg" if smaller.startswith(JPEG_START) else ".png"
+                stored[i] = os.path.join(scratch, f"{start + i}{suffix}")
+                Path(stored[i]).write_bytes(smaller)
+            shapes[i], nbytes[i] = shape, len(data) if smaller is None else len(smaller)
+            digests[i] = file_digest(data)
     # as wide as the longest message: a million good files keep 4 MB of them, not 1.6 GB at ERROR_DTYPE's width
     return stored, shapes, nbytes, np.array(errors, dtype=str), digests, orientations
+
+
+def _groups(paths: Sequence[str], reader: SampleReader) -> Iterator[tuple[int, list[bytes | ImageError]]]:
+    """The files of ``paths`` read in order, in groups of `GROUP_BYTES` or a little more (each group's first
+    position and its files; a file that cannot be read: its `ImageError`): what a survey task holds at once."""
+    first, files, held = 0, [], 0
+    for path in paths:
+        try:
+            data = reader.read(path)
+        except ImageError as error:
+            data = error
+        files.append(data)
+        held += 0 if isinstance(data, ImageError) else len(data)
+        if held >= GROUP_BYTES:
+            yield first, files
+            first, files, held = first + len(files), [], 0
+    if files:
+        yield first, files
