@@ -198,6 +198,8 @@ def test_a_picture_kept_at_its_size_is_decoded_at_an_eighth_refusing_what_a_full
         taken = {k for k, (_, full) in enumerate(cases) if full is not None} if native.extension else set()
         assert set(range(len(cases))) - set(left) == taken, channels
         assert all(tuple(sizes[k]) == cases[k][1] for k in taken)
+    for max_side, left in ((400, [] if native.extension else [0]), (399, [0])):  # past max_side: left to shrink
+        assert list(plain_jpeg_sizes([files["plain.jpg"]], 3, max_side=max_side)[1]) == left
 
 
 @pytest.mark.parametrize(

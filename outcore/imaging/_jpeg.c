@@ -547,11 +547,12 @@ static void decoder_free(Decoder *decoder) {
 
 /* What decode_plain takes: a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF) of exactly height x
  * width, decoded whole into its rows `lines` (decode_each); or, height 0, of any size up to max_pixels pixels
- * (none: negative), decoded at the DCT scale decode.py's decoded_size uses (1/8, or whole below 8 pixels a
- * side) a row at a time into lines[0], the scaled width times the channels at least (check_each). */
+ * and max_side pixels a side (none: negative), decoded at the DCT scale decode.py's decoded_size uses (1/8, or
+ * whole below 8 pixels a side) a row at a time into lines[0], the scaled width times the channels at least
+ * (check_each). */
 typedef struct {
     int channels, height, width;
-    long long max_pixels;
+    long long max_pixels, max_side;
 } Plain;
 
 /* Decode `data` as `plain` asks: 1 with the file's height and width in `shape`, or 0 where it is another file or
@@ -571,7 +572,8 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
     int whole = plain->height > 0;
     if (!decode_as(cinfo, plain->channels) ||
         (whole ? height != plain->height || width != plain->width
-               : plain->max_pixels >= 0 && (long long)height * width > plain->max_pixels)) {
+               : (plain->max_pixels >= 0 && (long long)height * width > plain->max_pixels) ||
+                     (plain->max_side >= 0 && (height > plain->max_side || width > plain->max_side)))) {
         jpeg_abort_decompress(cinfo);
         return 0;
     }
@@ -628,7 +630,8 @@ static int decode_all(const Each *each, uint8_t *done) {
         free(lines);
         return -1;
     }
-    Plain plain = {.channels = each->channels, .height = each->height, .width = each->width, .max_pixels = -1};
+    Plain plain = {.channels = each->channels, .height = each->height, .width = each->width, .max_pixels = -1,
+                   .max_side = -1};
     size_t stride = (size_t)each->width * each->channels, bytes = stride * each->height;
     int64_t shape[2];
     for (Py_ssize_t k = 0; k < each->count; k++) {
@@ -817,12 +820,12 @@ done:
 #define WIDEST_ROW (65535 * 3) /* a JPEG is 65,535 pixels wide at most */
 
 static PyObject *py_check_each(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"files", "channels", "max_pixels", "out", NULL};
+    static char *keywords[] = {"files", "channels", "max_pixels", "max_side", "out", NULL};
     PyObject *file_list, *array, *left = NULL;
     int channels;
-    long long max_pixels;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiLO:check_each", keywords, &file_list, &channels, &max_pixels,
-                                     &array))
+    long long max_pixels, max_side;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiLLO:check_each", keywords, &file_list, &channels, &max_pixels,
+                                     &max_side, &array))
         return NULL;
     PyObject *files = PySequence_Fast(file_list, "files must be a sequence of bytes");
     if (files == NULL)
@@ -846,7 +849,7 @@ static PyObject *py_check_each(PyObject *self, PyObject *args, PyObject *kwargs)
     for (; taken < count; taken++)
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(files, taken), &views[taken], PyBUF_SIMPLE) < 0)
             goto done;
-    Plain plain = {.channels = channels, .max_pixels = max_pixels};
+    Plain plain = {.channels = channels, .max_pixels = max_pixels, .max_side = max_side};
     JSAMPROW lines[1] = {row};
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < count; k++) {
@@ -946,11 +949,11 @@ static PyMethodDef methods[] = {
      "top-bottom) says, as decode.py's decode_region does, only the rows and columns the box needs decoded;\n"
      "the list of the k left (other files, damaged ones, boxes not inside the picture) is returned."},
     {"check_each", (PyCFunction)(void (*)(void))py_check_each, METH_VARARGS | METH_KEYWORDS,
-     "check_each(files, channels, max_pixels, out)\n--\n\n"
+     "check_each(files, channels, max_pixels, max_side, out)\n--\n\n"
      "Decode each of `files` (bytes) that is a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF) of at\n"
-     "most max_pixels pixels (none: negative) at 1/8 of its size, as decode.py's decoded_size does, and write its\n"
-     "height and width into out[k] (files, 2; int64); the list of the k left (other files, damaged ones, and those\n"
-     "past max_pixels: (0, 0) in out) is returned. The GIL is released once for them all."},
+     "most max_pixels pixels and max_side a side (none: negative) at 1/8 of its size, as decode.py's decoded_size\n"
+     "does, and write its height and width into out[k] (files, 2; int64); the list of the k left (other files,\n"
+     "damaged ones, those past the limits: (0, 0) in out) is returned. The GIL is released once for them all."},
     {"has_exif", py_has_exif, METH_O,
      "has_exif(data)\n--\n\n"
      "Whether the JPEG `data`'s header segments, up to its image data, hold EXIF metadata (an APP1 segment\n"

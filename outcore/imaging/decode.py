@@ -158,13 +158,14 @@ def decoded_size(data: bytes, channels: int, dtype: np.dtype, name: str = "image
     return decode_image(data, (None, None, channels), None, dtype, name, max_pixels=max_pixels).shape[:2]
 
 
-def plain_jpeg_sizes(files: Sequence[bytes], channels: int,
-                     max_pixels: int | None = MAX_PIXELS) -> tuple[np.ndarray, Sequence[int]]:
+def plain_jpeg_sizes(files: Sequence[bytes], channels: int, max_pixels: int | None = MAX_PIXELS,
+                     max_side: int | None = None) -> tuple[np.ndarray, Sequence[int]]:
     """`decoded_size` of each of ``files`` that is a plain JPEG (YCbCr for 3 ``channels``, greyscale for 1, no
-    EXIF: upright as stored) of at most ``max_pixels`` pixels, all at once in the C extension (`native`), outside
-    the GIL: each decoded at 1/8 of its size as `decoded_size` decodes it. Returns ``(sizes, left)``: ``sizes``
-    (files, 2) the heights and widths, ``left`` the positions for `decoded_size` (other files, damaged ones, those
-    past ``max_pixels``, whose errors it words; every one without the extension).
+    EXIF: upright as stored) of at most ``max_pixels`` pixels and ``max_side`` a side, all at once in the C
+    extension (`native`), outside the GIL: each decoded at 1/8 of its size as `decoded_size` decodes it. Returns
+    ``(sizes, left)``: ``sizes`` (files, 2) the heights and widths, ``left`` the positions for `decoded_size`, or
+    `shrink_image` past ``max_side`` (other files, damaged ones, those past the limits, whose errors it words;
+    every one without the extension).
 
     >>> sizes, left = plain_jpeg_sizes([open("cat.jpg", "rb").read(), b"not a picture"], 3)  # doctest: +SKIP
     >>> sizes.tolist(), left  # doctest: +SKIP
@@ -174,7 +175,8 @@ def plain_jpeg_sizes(files: Sequence[bytes], channels: int,
     check_each = getattr(native.extension, "check_each", None)  # None: not built (or built before it was)
     if check_each is None or channels not in (1, 3) or not files:
         return sizes, range(len(files))
-    return sizes, check_each(files, channels, -1 if max_pixels is None else max_pixels, sizes)
+    return sizes, check_each(files, channels, -1 if max_pixels is None else max_pixels,
+                             -1 if max_side is None else max_side, sizes)
 
 
 def decode_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray], which: np.ndarray,

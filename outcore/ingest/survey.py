@@ -111,11 +111,9 @@ def _survey_block(block: np.ndarray, start: int, options: SurveyOptions, scratch
     digests, orientations = np.zeros((len(paths), DIGEST_SIZE), np.uint8), np.zeros(len(paths), np.uint8)
     for first, files in _groups(paths, reader):
         sizes, left = plain_jpeg_sizes([b"" if isinstance(data, ImageError) else data for data in files],
-                                       options.channels, options.max_pixels)
+                                       options.channels, options.max_pixels, options.max_side)  # past it: shrunk
         checked = np.ones(len(files), bool)
         checked[list(left)] = False
-        if options.max_side is not None:  # past it: shrunk in Python
-            checked &= sizes.max(axis=1, initial=0) <= options.max_side
         for k, data in enumerate(files):
             i, path = first + k, paths[first + k]
             try:
