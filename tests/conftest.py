@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -32,6 +35,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.skip(reason=f"{what}, off with OUTCORE_E2E=0 (CI runs it on Python 3.11)"))
                 break
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A DataLoader worker forked by a test that crashes (a segmentation fault, a bus error) prints its threads'
+    Python stacks, as pytest's faulthandler makes the test process do: a worker's own signal handlers
+    (torch's, installed as it starts) say only that it crashed, and its parent that it died by the signal."""
+    if importlib.util.find_spec("torch") is None:
+        return
+    from torch.utils.data._utils import signal_handling
+
+    set_by_torch = signal_handling._set_worker_signal_handlers
+
+    def set_handlers(*args: object) -> None:
+        set_by_torch(*args)
+        if faulthandler.is_enabled():  # inherited: installed again over torch's handlers
+            faulthandler.disable()
+            faulthandler.enable(file=sys.__stderr__, all_threads=True)
+
+    signal_handling._set_worker_signal_handlers = set_handlers
 
 
 @pytest.fixture
