@@ -69,7 +69,11 @@ class Rows:
 
     def __init__(self, keys: np.ndarray, local: np.ndarray) -> None:
         self.order = np.argsort(keys, kind="stable")
-        self.chunks, self.which = np.unique(keys[self.order], return_inverse=True)
+        ordered = keys[self.order]
+        first = np.empty(len(ordered), bool)  # each chunk's first row (np.unique sorts again, in more calls)
+        first[:1] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+        self.chunks, self.which = ordered[first], np.cumsum(first) - 1
         self.local = np.asarray(local)[self.order]
 
     def __len__(self) -> int:
