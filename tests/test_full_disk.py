@@ -4,6 +4,7 @@ the free space, keeps what was committed before, and leaves nothing a rerun trip
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ from support.optional import need
 import outcore
 from outcore.storage import ChunkCache
 from outcore.storage.cache import FULL_SECONDS
+from outcore.storage.small_rows import SmallColumn
+from outcore.storage.staging import storage_error
 from outcore.testing import write_image_folder
 
 
@@ -88,6 +91,23 @@ def test_a_writer_that_cannot_write_its_first_shard_leaves_no_store(small_disk):
     with outcore.Writer(location, chunk_size=64) as writer:  # the same Writer runs again, trips over nothing
         writer.append(frames(64))
     assert len(outcore.open_dataset(location)) == 64
+
+
+def test_the_small_fields_rows_saved_on_a_full_disk_say_no_space_left(small_disk):
+    """A task's rows of the small fields (`SmallColumn`) saved on a full disk: ENOSPC, whose advice
+    `storage_error` gives (numpy's ``tofile`` said only "16384 requested and 0 written", without an errno)."""
+    column = SmallColumn(str(small_disk), "paths", "<U64", ())
+    fill(small_disk)
+    with pytest.raises(OSError) as raised:
+        column[0:1000] = np.full(1000, "x" * 64)
+    assert raised.value.errno == errno.ENOSPC
+    assert "No space left on device; free some space there" in str(storage_error(raised.value, small_disk / "s.zarr"))
+
+
+def test_a_failure_without_an_errno_is_one_line_that_names_the_store(tmp_path):
+    error = storage_error(OSError("16384 requested and 0 written"), tmp_path / "s.zarr")
+    assert str(error).startswith(f"writing the store {tmp_path / 's.zarr'} failed: 16384 requested and 0 written; "
+                                 "check the location and the disk")
 
 
 @pytest.fixture

@@ -49,7 +49,8 @@ class SmallColumn:
         if values.shape[1:] != self.row_shape or len(values) != rows.stop - rows.start:
             raise ValueError(f"field {self.name!r}: rows {rows.start}..{rows.stop - 1} given as an array of shape "
                              f"{values.shape}; its rows are {self.row_shape}")
-        values.tofile(Path(self.folder, f"{rows.start}{SUFFIX}"))
+        # Python's file, not ndarray.tofile: a full disk is then ENOSPC, not an OSError without its errno
+        Path(self.folder, f"{rows.start}{SUFFIX}").write_bytes(values.tobytes())
 
     def __getitem__(self, rows: slice) -> np.ndarray:
         starts = sorted(int(path.name[: -len(SUFFIX)]) for path in Path(self.folder).glob(f"*{SUFFIX}"))

@@ -204,8 +204,8 @@ def storage_error(error: OSError, location: Path, kept: str | None = None, shown
     name = shown or str(location)
     place = f" in its local staging folder {location.parent}" if staged else ""
     kept = kept or f"Nothing was left at {name}"
-    return StorageError(error.errno, f"writing the store {name} failed{place}: {error.strerror or error}{where}; "
-                                     f"{advice}. {kept}")
+    message = f"writing the store {name} failed{place}: {error.strerror or error}{where}; {advice}. {kept}"
+    return StorageError(error.errno, message) if error.errno is not None else StorageError(message)
 
 
 def _free_mib(location: Path) -> float:
