@@ -7,6 +7,7 @@ A block that cannot run here says why on the line before it: ``<!-- not run: nee
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shlex
@@ -94,6 +95,7 @@ def test_every_code_block_runs(page, sources, tmp_path, monkeypatch):
 
 
 def _run(page: Path, namespace: dict) -> None:
+    gc.collect()  # earlier pages' and tests' garbage (Keras models among it) freed here, not in a worker forked by this one
     for block in blocks(page):
         where = f"{page.relative_to(ROOT)}:{block.line}"
         if block.not_run is not None:
