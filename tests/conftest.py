@@ -27,13 +27,29 @@ ONE_PYTHON = {
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``OUTCORE_E2E=0`` skips, saying so, the end-to-end suites (marked ``e2e``: an S3 server, a Dask cluster
     of worker processes) and the tests marked ``slow`` (examples, docs, stress and property tests of hundreds of
-    examples); CI sets it on all but one Python, where they run."""
-    if os.environ.get("OUTCORE_E2E", "1") != "0":
-        return
+    examples); CI sets it on all but one Python, where they run.
+
+    Those also marked ``portable`` need neither PyTorch nor TensorFlow, so CI runs them on another Python, in
+    parallel: ``OUTCORE_PORTABLE=elsewhere`` skips them (CI's 3.11), ``OUTCORE_PORTABLE=here`` runs them even
+    under ``OUTCORE_E2E=0`` (CI's 3.12)."""
+    portable = os.environ.get("OUTCORE_PORTABLE", "")
+    if portable not in ("", "here", "elsewhere"):
+        raise pytest.UsageError(f"OUTCORE_PORTABLE={portable!r}: expected 'here' or 'elsewhere' (or unset)")
+    quick = os.environ.get("OUTCORE_E2E", "1") == "0"
     for item in items:
+        if item.get_closest_marker("portable"):
+            if portable == "elsewhere":
+                item.add_marker(pytest.mark.skip(reason="needs neither torch nor TensorFlow: off with "
+                                                        "OUTCORE_PORTABLE=elsewhere (CI runs it on Python 3.12)"))
+                continue
+            if portable == "here":
+                continue
+        if not quick:
+            continue
+        where = "3.12" if item.get_closest_marker("portable") else "3.11"
         for marker, what in ONE_PYTHON.items():
             if item.get_closest_marker(marker):
-                item.add_marker(pytest.mark.skip(reason=f"{what}, off with OUTCORE_E2E=0 (CI runs it on Python 3.11)"))
+                item.add_marker(pytest.mark.skip(reason=f"{what}, off with OUTCORE_E2E=0 (CI runs it on Python {where})"))
                 break
 
 

@@ -236,6 +236,7 @@ for count in range(10_000_000):  # as a Writer replaces its last shard file, in 
 
 
 @pytest.mark.slow
+@pytest.mark.portable
 def test_a_shard_file_replaced_again_and_again_is_never_called_corrupt(tmp_path):
     """A process replaces a shard file as fast as it can with its two versions (37 and 74 samples, the
     chunk of samples 32..47 different in each); readers reading its index and chunks meanwhile, each with
@@ -289,6 +290,7 @@ print(len(writer))
 
 
 @pytest.mark.slow
+@pytest.mark.portable
 def test_readers_of_a_growing_store_see_a_consistent_prefix(tmp_path):
     """One Writer appends, flushing after every batch; four readers open and read the store in a loop:
     never a false corruption alarm, every read a prefix of the final store."""

@@ -423,6 +423,7 @@ def test_from_its_second_epoch_on_a_cluster_run_starts_the_next_epoch_as_it_drai
     assert _soon(lambda: not _spans_of_epoch(client, 8))
 
 
+@pytest.mark.portable
 def test_lost_cluster_raises_and_the_state_resumes_without_it(photos):
     options = {"seed": 5, "transform": SlowAugment(0.05), "fields": ["images_encoded", "labels"]}
     expected = list(photos.batches(8, **options))
@@ -609,6 +610,7 @@ def test_a_run_whose_folder_in_shared_memory_is_removed_under_it_says_so(client,
     it.close()
 
 
+@pytest.mark.portable
 def test_two_dask_worker_processes_with_disks_of_their_own_ingest_and_read_one_store(image_folder, tmp_path,
                                                                                       monkeypatch):
     """A stand-in for two nodes: `dask scheduler` and two `dask worker` processes, each with scratch, staging

@@ -112,6 +112,7 @@ def _ingest_in_a_new_process(tmp_path, samples):
 
 
 @pytest.mark.slow
+@pytest.mark.portable
 def test_an_h5py_file_3x_larger_than_its_memory_ingests_in_flat_memory(tmp_path):
     small, large = _ingest_in_a_new_process(tmp_path, 6_000), _ingest_in_a_new_process(tmp_path, 24_000)
     assert large["bytes"] == 4 * small["bytes"] and large["shards"] >= 4 * small["shards"] // 2

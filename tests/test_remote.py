@@ -637,6 +637,7 @@ def _hits_per_epoch(url, options, cache_dir, bound, epochs, local):
     return hits
 
 
+@pytest.mark.portable
 def test_a_small_cache_keeps_the_chunks_the_next_epoch_reads_first(s3, tmp_path, monkeypatch):
     monkeypatch.setenv("OUTCORE_IO_THREADS", "8")  # a fixed read-ahead: a loaded machine measured deeper ones
     rng = np.random.default_rng(6)

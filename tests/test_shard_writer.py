@@ -36,6 +36,7 @@ def _same_files(one: str, other: str) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.portable
 @settings(max_examples=120, deadline=None)
 @given(values=field_arrays(), compression=compressions(), chunk_size=st.integers(1, 64),
        chunks_per_shard=st.sampled_from([1, 2, 8]), pieces=st.integers(1, 3))

@@ -246,6 +246,7 @@ def test_parts_of_text_keep_their_widths_and_parts_of_other_dtypes_are_refused(m
 
 
 @pytest.mark.slow
+@pytest.mark.portable
 def test_a_file_that_comes_back_is_written_and_read_through_the_mapping_kept(tmp_path, monkeypatch):
     """Each file is mapped once (in one process, the worker's arena and the consumer share the mapping) and
     each batch still reads as made; a batch the consumer holds is never written again; the next epoch's
