@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import CancelledError
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from outcore.testing import write_image_folder
 from outcore.threads import for_each_run, gauge, submit, wait_all
 from outcore.threads.handoff import Handoff
 from outcore.threads.pool import Gauge, Pool
+from outcore.threads.task import Task
 from outcore.transforms import CenterCrop, Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
 
 DTYPES = ("uint8", "uint16", "float32")
@@ -229,6 +231,50 @@ def test_tasks_waiting_at_shutdown_are_cancelled_and_the_threads_end():
     while any(thread.name.startswith("test-shutdown") for thread in threading.enumerate()):
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def test_a_task_is_run_or_cancelled_once_and_its_waiters_get_its_result_or_failure():
+    ran = Task()
+    assert ran.claim() and not ran.claim() and not ran.cancel() and not ran.done()  # claimed: runs, never cancelled
+    assert not ran.wait(0.01)
+    with pytest.raises(TimeoutError):
+        ran.result(timeout=0.01)
+    got: list[object] = []
+    waiters = [threading.Thread(target=lambda: got.append(ran.result(10))) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    ran.set_result("made")
+    for waiter in waiters:
+        waiter.join(10)
+    assert got == ["made"] * 3 and ran.done() and ran.result() == "made" and not ran.cancelled()
+    failed = Task()
+    assert failed.claim()
+    failed.set_exception(KeyError("chunk 3"))
+    with pytest.raises(KeyError, match="chunk 3"):
+        failed.result(0)
+    cancelled = Task()
+    assert cancelled.cancel() and cancelled.cancel() and cancelled.cancelled() and cancelled.done()
+    assert not cancelled.claim()  # the pool's thread skips it
+    with pytest.raises(CancelledError):
+        cancelled.result(0)
+
+
+def test_helpers_of_a_run_still_queued_are_cancelled_not_waited_for():
+    """A `for_each_run` whose helpers wait in the pool's queue (every thread busy) does its runs alone and
+    returns: the helpers are cancelled and never run."""
+    outcore.set_threads(2)
+    try:
+        gate = threading.Event()
+        busy = [submit(gate.wait, 10) for _ in range(2)]  # both threads held
+        time.sleep(0.1)
+        seen = []
+        for_each_run(lambda start, stop: seen.append((start, stop)), 8)
+        assert sorted(i for start, stop in seen for i in range(start, stop)) == list(range(8))
+        assert not gate.is_set() and len(seen) > 1  # done alone, in its runs, while the pool's threads were held
+        gate.set()
+        wait_all(busy)
+    finally:
+        outcore.set_threads(None)
 
 
 def test_the_gauge_lowers_the_limit_to_the_threads_that_ran_and_raises_it_slowly():

@@ -16,7 +16,6 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from ..errors import CorruptChunkError, IterationClosedError, OutcoreWarning, St
 from ..storage import Store
 from ..threads import submit, thread_count
 from ..threads.handoff import Handoff
+from ..threads.task import Task
 from .batch import Batch, Draws, Empty, Recipe, batch_draws, make_batch, plain
 from .options import BatchOptions
 from .plan import EpochPlan, next_use
@@ -259,10 +259,10 @@ class LocalRun(Run):
     def __init__(self, work: Work, stats: LoaderStats, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
         self.buffers = ChunkBuffers(readers)
-        self.loading: dict[int, Future[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}  # by chunk
+        self.loading: dict[int, Task[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}  # by chunk
         self.damaged: set[int] = set()  # chunks left out of this epoch (``skip_damaged``)
         self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
-        self.made: deque[Future[Batch]] = deque()  # batches being made or not yet handed over, in order
+        self.made: deque[Task[Batch]] = deque()  # batches being made or not yet handed over, in order
         self.remote = any(reader.remote for reader in readers.values())
         one_batch = len(work.batches) == 1
         threads = thread_count()
@@ -287,7 +287,7 @@ class LocalRun(Run):
     def _produce_batches(self) -> None:
         work = self.work
         made = self.made
-        held: deque[tuple[BatchStep, Future[Batch]]] = deque()  # steps whose chunks their batch may still need
+        held: deque[tuple[BatchStep, Task[Batch]]] = deque()  # steps whose chunks their batch may still need
         for step in work.steps(self.read_ahead, self.fetch_ahead):
             if self.stop.is_set() or not self._hand_over(made, wait=False):
                 return
@@ -308,7 +308,7 @@ class LocalRun(Run):
                 self._release_step(*held.popleft())
         self._hand_over(made, wait=True)
 
-    def _hand_over(self, made: deque[Future[Batch]], wait: bool) -> bool:
+    def _hand_over(self, made: deque[Task[Batch]], wait: bool) -> bool:
         """Put the batches made, in order, in the queue (with ``wait``, every one, waiting for each): False when
         the run was closed meanwhile."""
         while made and (wait or made[0].done()):
@@ -316,9 +316,9 @@ class LocalRun(Run):
                 return False
         return True
 
-    def _release_step(self, step: BatchStep, making: Future[Batch]) -> None:
+    def _release_step(self, step: BatchStep, making: Task[Batch]) -> None:
         """Release the chunks ``step``'s batch was the last to use, once it is made."""
-        wait([making])
+        making.wait()
         chunks = self.work.plan.chunks
         for slot in step.release:
             chunk = int(chunks[slot])

@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import OptionError
 from .cpus import available_cpus
 from .pool import Gauge, Pool
+from .task import Task
 
 ENVIRONMENT = "OUTCORE_THREADS"
 IO_ENVIRONMENT = "OUTCORE_IO_THREADS"
@@ -124,7 +125,7 @@ def shared_pool() -> Pool:
         return _pool
 
 
-def submit(work: Callable[..., Any], *args: Any, limited: bool = True) -> Future[Any]:
+def submit(work: Callable[..., Any], *args: Any, limited: bool = True) -> Task[Any]:
     """``work(*args)`` on the pool; ``limited=False`` for work that may wait on a device or the network (reads):
     it never waits for the `Gauge`'s limit (`Pool`)."""
     return shared_pool().submit(work, *args, limited=limited)
@@ -172,44 +173,39 @@ def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -
         return
     runs = _Runs(work, count, blocks, measured)
     free = max(0, threads - pool.pending)  # the tasks the pool may be given now (about: one may be ending)
-    for _ in range(min(blocks - 1, free)):
-        pool.submit(runs.take)
+    helpers = [pool.submit(runs.take) for _ in range(min(blocks - 1, free))]
     runs.take()
-    runs.wait()
+    runs.wait(helpers)
 
 
 class _Runs:
-    """The runs of one `for_each_run` call, taken one at a time by whichever thread asks (`take`)."""
+    """The runs of one `for_each_run` call, taken one at a time by whichever thread asks (`take`): the next
+    from an iterator that the threads share (one C call, under the GIL), never a Python lock or condition."""
 
     def __init__(self, work: Callable[[int, int], None], count: int, blocks: int, gauge: Gauge) -> None:
         self.work, self.count, self.blocks, self.gauge = work, count, blocks, gauge
-        self.next = 0  # the next run to take
-        self.running = 0  # runs taken and not finished
+        self.left = iter(range(blocks))  # the runs no thread took yet
         self.error: BaseException | None = None
-        self.finished = threading.Condition(threading.Lock())
 
     def take(self) -> None:
         """Do runs until none is left (or one failed)."""
-        while True:
-            with self.finished:
-                if self.next >= self.blocks or self.error is not None:
-                    return
-                block, self.next, self.running = self.next, self.next + 1, self.running + 1
+        for block in self.left:
+            if self.error is not None:
+                return
             try:
                 self.gauge.measured(self.work, block * self.count // self.blocks, (block + 1) * self.count // self.blocks)
             except BaseException as error:  # noqa: BLE001 - raised by the caller, in `wait`
-                with self.finished:
-                    self.error = self.error or error
-            finally:
-                with self.finished:
-                    self.running -= 1
-                    self.finished.notify_all()
+                if self.error is None:
+                    self.error = error
+                return
 
-    def wait(self) -> None:
-        """Wait for the runs other threads took (the caller took every other), then raise the first failure."""
-        with self.finished:
-            while self.running:
-                self.finished.wait()
+    def wait(self, helpers: list[Task[None]]) -> None:
+        """Once the caller found no run left: cancel the ``helpers`` no pool thread started (they would find none
+        either: the caller never waits on work queued behind them), wait for the others to end their runs, then
+        raise the first failure."""
+        for helper in helpers:
+            if not helper.cancel():
+                helper.wait()
         if self.error is not None:
             raise self.error
 
@@ -234,7 +230,7 @@ def on_own_thread(work: Callable[[], Any], name: str) -> Future[Any]:
     return done
 
 
-def wait_all(futures: list[Future[Any]]) -> None:
+def wait_all(futures: list[Future[Any]] | list[Task[Any]]) -> None:
     """Wait for every one of ``futures``, raising the first exception (the others not started yet are
     cancelled then)."""
     try:

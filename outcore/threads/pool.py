@@ -20,8 +20,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
+
+from .task import Task
 
 
 class Gauge:
@@ -99,7 +100,7 @@ class Gauge:
         self.record(time.thread_time() - cpu, time.perf_counter() - wall)
 
 
-_Task = tuple[Future, Callable[..., Any], tuple[Any, ...], bool]  # the future, the work, its arguments, limited
+_Task = tuple[Task, Callable[..., Any], tuple[Any, ...], bool]  # its result, the work, its arguments, limited
 
 
 class Pool:
@@ -125,10 +126,10 @@ class Pool:
     def pending(self) -> int:
         return self.running_limited + len(self.waiting[True])
 
-    def submit(self, work: Callable[..., Any], *args: Any, limited: bool = True) -> Future[Any]:
-        """``work(*args)`` on one of the threads: its result, or its failure, in the future returned;
+    def submit(self, work: Callable[..., Any], *args: Any, limited: bool = True) -> Task[Any]:
+        """``work(*args)`` on one of the threads: its result, or its failure, in the `Task` returned;
         ``limited``: it counts against the gauge's limit (the CPU work the gauge measures)."""
-        task: _Task = (Future(), work, args, limited)
+        task: _Task = (Task(), work, args, limited)
         with self.lock:
             if self.closed:
                 raise RuntimeError(f"the thread pool {self.name} was shut down")
@@ -171,8 +172,8 @@ class Pool:
             waiting = [*self.waiting[False], *self.waiting[True]]
             self.waiting = {False: deque(), True: deque()}
             idle, self.idle = self.idle, []
-        for future, _, _, _ in waiting:
-            future.cancel()
+        for result, _, _, _ in waiting:
+            result.cancel()
         for worker in idle:
             worker.give(None)
 
@@ -197,13 +198,13 @@ class _Worker:
             task = self.task
             self.task = None
             while task is not None:
-                future, work, args, _ = task
-                if future.set_running_or_notify_cancel():
+                result, work, args, _ = task
+                if result.claim():  # not cancelled
                     try:
-                        future.set_result(work(*args))
-                    except BaseException as error:  # noqa: BLE001 - the future's owner raises it
-                        future.set_exception(error)
-                del future, work, args  # nothing of a task is kept while waiting for the next
+                        result.set_result(work(*args))
+                    except BaseException as error:  # noqa: BLE001 - the task's owner raises it
+                        result.set_exception(error)
+                del result, work, args  # nothing of a task is kept while waiting for the next
                 task = self.pool.next_task(self, task)
             if self.pool.closed:
                 return
