@@ -12,7 +12,10 @@ raster fields), then, for each case (``ds.batches(256, shuffle=True)`` over the 
 ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
-  ``--seconds``), and the ratio to ``n`` times the one-thread rate;
+  ``--seconds``), the ratio to ``n`` times the one-thread rate, and the GIL share timed: the share of the
+  process's CPU time spent outside outcore's C calls that release the GIL (`outcore.measure.gil_free_clock`:
+  each thread's own CPU clock read around those calls, so a thread waiting for a core counts in neither), an
+  upper bound of the time holding the GIL, exact however busy the machine; with what it allows on 16 cores;
 - **gil**: on these cores, where the work's time goes and how much of it holds the GIL: py-spy samples a
   process running the case at ``--gil-threads`` (default: one per core) twice, once every running thread (CPU time), once only the
   thread holding the GIL (``--gil``); each sample is put in the stage of its innermost outcore frame (read
@@ -39,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +50,7 @@ from dense_targets import TARGETS, make_set
 
 import outcore
 from outcore.imaging.synthetic import write_image_folder
+from outcore.measure import gil_free_clock
 from outcore.threads.pool import Gauge
 from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
 
@@ -104,10 +109,11 @@ def stores(workdir: Path, images: int) -> dict[str, Path]:
     return made
 
 
-def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool = False) -> float:
-    """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted); with
-    ``ready``, says so on stdout after the first (for the profiler) and runs until killed. For ``ingest``, each
-    epoch is an ingest of the folder ``location`` into a new store."""
+def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool = False) -> tuple[float, float | None]:
+    """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted) and the GIL
+    share timed over them (None without outcore's C extensions); with ``ready``, says so on stdout after the
+    first (for the profiler) and runs until killed. For ``ingest``, each epoch is an ingest of the folder
+    ``location`` into a new store."""
     outcore.set_threads(threads)
     if ready:  # py-spy takes a share of the cores while it samples: keep every thread busy, as unprofiled
         Gauge.LOW = 0.0
@@ -122,14 +128,22 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
             count += len(batch["images"])
         if epoch:
             rates.append(count / (time.perf_counter() - start))
-        elif ready:
-            print("ready", flush=True)
+        else:
+            free, cpu = gil_free_clock(), time.process_time()
+            if ready:
+                print("ready", flush=True)
         epoch += 1
-    return float(np.median(rates))
+    return float(np.median(rates)), held_share(free, cpu)
 
 
-def ingests(folder: Path, seconds: float, ready: bool) -> float:
-    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")``: files/s."""
+def held_share(free: Callable[[], float] | None, cpu: float) -> float | None:
+    """The share of the CPU time since ``cpu`` (`time.process_time`) not counted by ``free`` (`gil_free_clock`)."""
+    used = time.process_time() - cpu
+    return None if free is None or used <= 0 else max(0.0, 1 - free() / used)
+
+
+def ingests(folder: Path, seconds: float, ready: bool) -> tuple[float, float | None]:
+    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")``: files/s, GIL share."""
     with tempfile.TemporaryDirectory() as scratch:
         rates, began, runs = [], time.perf_counter(), 0
         while ready or len(rates) < 2 or time.perf_counter() - began < seconds:
@@ -138,32 +152,46 @@ def ingests(folder: Path, seconds: float, ready: bool) -> float:
                                        overwrite=True, progress=False)
             if runs:
                 rates.append(len(ds) / (time.perf_counter() - start))
-            elif ready:
-                print("ready", flush=True)
+            else:
+                free, cpu = gil_free_clock(), time.process_time()
+                if ready:
+                    print("ready", flush=True)
             runs += 1
-    return float(np.median(rates))
+    return float(np.median(rates)), held_share(free, cpu)
 
 
 def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds: float) -> dict[str, dict[int, float]]:
     rates: dict[str, dict[int, float]] = {}
+    shares: dict[str, dict[int, float | None]] = {}
     for case in cases:
-        rates[case] = {n: in_a_process(made, case, n, seconds) for n in threads}
+        measured = {n: in_a_process(made, case, n, seconds) for n in threads}
+        rates[case] = {n: rate for n, (rate, _) in measured.items()}
+        shares[case] = {n: share for n, (_, share) in measured.items()}
     one = {case: rates[case].get(1) for case in cases}
     print(f"\nsamples/s of ds.batches({BATCH}, shuffle=True), images + labels (ingest: files/s), {os.cpu_count()} "
-          "cores here (the ratio: to n x the 1-thread rate)")
-    print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s}" for n in threads))
+          "cores here (the ratio: to n x the 1-thread rate; GIL: the share of the CPU time outside outcore's C "
+          "calls that release it, timed; 16 cores: the most times one core's rate that share allows there, at "
+          f"{threads[-1]} threads)")
+    print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s} {'GIL':>6s}" for n in threads)
+          + f" {'16 cores':>9s}")
     for case in cases:
         cells = "".join(f" {rates[case][n]:11.0f} {rates[case][n] / (n * one[case]) if one[case] else float('nan'):6.2f}"
-                        for n in threads)
-        print(f"{case:14s}{cells}")
+                        f" {percent(shares[case][n]):>6s}" for n in threads)
+        last = shares[case][threads[-1]]
+        print(f"{case:14s}{cells} {'-' if last is None else f'{bound(last, 16):.1f}x':>9s}")
     return rates
 
 
-def in_a_process(made: dict[str, Path], case: str, threads: int, seconds: float) -> float:
+def percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
+
+
+def in_a_process(made: dict[str, Path], case: str, threads: int, seconds: float) -> tuple[float, float | None]:
     """`epochs` in a fresh process (each measurement starts with the same memory and threads)."""
     done = subprocess.run([sys.executable, __file__, "--run", case, str(made[CASES[case][0]]), str(threads),
                            str(seconds)], capture_output=True, text=True, check=True)
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["samples_s"])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return float(result["samples_s"]), result["gil_share"]
 
 
 def profile(made: dict[str, Path], case: str, threads: int,
@@ -306,8 +334,8 @@ def main() -> None:
         return
     if args.run:
         case, location, threads, seconds = args.run
-        rate = epochs(Path(location), case, int(threads), float(seconds), ready=args.ready)
-        print(json.dumps({"samples_s": rate}))
+        rate, share = epochs(Path(location), case, int(threads), float(seconds), ready=args.ready)
+        print(json.dumps({"samples_s": rate, "gil_share": share}))
         return
     args.workdir.mkdir(parents=True, exist_ok=True)
     made = stores(args.workdir, args.images)

@@ -19,7 +19,8 @@ from PIL import Image
 
 from .dataset import Dataset
 from .format import ranges_name
-from .storage import read_files
+from .imaging import native
+from .storage import chunk_reads, read_files
 from .threads import thread_count
 
 
@@ -73,3 +74,24 @@ def decompress_all(ds: Dataset, fields: Sequence[str], threads: int | None = Non
 def shuffled_epoch(ds: Dataset, fields: Sequence[str], batch_size: int = 256, **options: object) -> int:
     """One epoch of ``ds.batches`` with default settings unless ``options`` say otherwise."""
     return sum(len(batch[fields[0]]) for batch in ds.batches(batch_size, fields=fields, **options))
+
+
+def gil_free_clock() -> Callable[[], float] | None:
+    """A clock of the CPU seconds this process's threads spend in outcore's C calls with the GIL released (chunk
+    reads, copies and windows, JPEG decodes and crops), from now on; None where nothing is counted (no C
+    extension loads, or the system has no thread CPU clock). Each thread's own CPU time is counted, so time a
+    thread waits for a core is not: beside `time.process_time`, the rest of the CPU time is an upper bound of the
+    time spent holding the GIL (it holds numpy's and other libraries' work too), whatever else the machine runs.
+    On ``n`` cores, a share ``s`` of the work holding the GIL allows at most ``1 / (s + (1 - s) / n)`` times one
+    core's rate.
+
+    >>> clock = gil_free_clock()  # doctest: +SKIP
+    >>> cpu = time.process_time(); ...; held = 1 - clock() / (time.process_time() - cpu)  # doctest: +SKIP
+    """
+    counters = [module.count_free for module in (native.extension, native.windows, chunk_reads.extension())
+                if module is not None and hasattr(module, "count_free")]
+    counted = [(count, count(True)) for count in counters]
+    counted = [(count, start) for count, start in counted if start is not None]
+    if not counted:
+        return None
+    return lambda: sum(count(True) - start for count, start in counted)

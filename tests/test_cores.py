@@ -5,6 +5,7 @@ keeps busy only the threads that run well, and batches handed to their consumer 
 
 from __future__ import annotations
 
+import os
 import queue
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from outcore.imaging import native
 from outcore.imaging.windows import copy_samples
 from outcore.iterate.batch import Recipe, make_batch
 from outcore.iterate.readers import chunk_readers
+from outcore.measure import gil_free_clock
 from outcore.testing import write_image_folder
 from outcore.threads import for_each_run, gauge, submit, wait_all
 from outcore.threads.handoff import Handoff
@@ -320,6 +322,27 @@ def test_threads_that_share_their_cores_with_other_work_are_not_all_kept_busy(ph
             hog.kill()
             hog.wait()
         outcore.set_threads(None)
+
+
+def test_the_cpu_time_of_outcores_c_calls_outside_the_gil_is_counted_and_nothing_else():
+    """`gil_free_clock` counts the thread CPU time of the extensions' calls that release the GIL: a copy's, not
+    Python's; without the extensions (``OUTCORE_NATIVE=0``) there is no clock."""
+    off = subprocess.run([sys.executable, "-c", "from outcore.measure import gil_free_clock; print(gil_free_clock())"],
+                         env={**os.environ, "OUTCORE_NATIVE": "0"}, capture_output=True, text=True, check=True)
+    assert off.stdout.strip() == "None"
+    if native.windows is None:
+        pytest.skip(f"the copies' C extension is not here ({native.copies()}): nothing to count")
+    clock = gil_free_clock()
+    source = np.random.default_rng(0).integers(0, 255, (2048, 64, 64, 3), np.uint8)
+    every = np.arange(len(source))
+    out = np.empty_like(source)
+    cpu = time.process_time()
+    for _ in range(10):
+        copy_samples([source], np.zeros(len(source), np.int64), every, out, every[::-1])
+    used, copied = time.process_time() - cpu, clock()
+    assert (out == source[::-1]).all() and 0 < copied <= used + 0.02  # the clocks tick in steps of about 10 ms
+    before = clock()
+    assert sum(range(3_000_000)) and clock() == before  # Python's work holds the GIL: not counted
 
 
 def test_a_handoff_keeps_order_holds_at_most_its_size_and_wakes_a_waiting_taker():

@@ -24,6 +24,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "../_free_time.h"
+
 #include <math.h>
 #include <setjmp.h>
 #include <stdint.h>
@@ -482,8 +484,8 @@ static PyObject *py_crop_resize(PyObject *self, PyObject *args, PyObject *kwargs
         request.width = (int)out.shape[1];
         request.channels = (int)out.shape[2];
         int failed;
-        Py_BEGIN_ALLOW_THREADS failed = crop_resize(&request, out.buf, flip_x, flip_y, message);
-        Py_END_ALLOW_THREADS if (failed) PyErr_SetString(PyExc_ValueError, message);
+        FREE_BEGIN failed = crop_resize(&request, out.buf, flip_x, flip_y, message);
+        FREE_END if (failed) PyErr_SetString(PyExc_ValueError, message);
         else result = Py_NewRef(Py_None);
     }
     PyBuffer_Release(&data);
@@ -792,12 +794,12 @@ static PyObject *run_each(PyObject *region_list, PyObject *range_list, PyObject 
         uint8_t *done = calloc(each.count > 0 ? (size_t)each.count : 1, 1);
         int failed = done == NULL;
         if (!failed) {
-            Py_BEGIN_ALLOW_THREADS
+            FREE_BEGIN
             if (crop)
                 crop_all(&each, done);
             else
                 failed = decode_all(&each, done);
-            Py_END_ALLOW_THREADS
+            FREE_END
         }
         left = failed ? PyErr_NoMemory() : positions_left(done, each.count);
         free(done);
@@ -851,13 +853,13 @@ static PyObject *py_check_each(PyObject *self, PyObject *args, PyObject *kwargs)
             goto done;
     Plain plain = {.channels = channels, .max_pixels = max_pixels, .max_side = max_side};
     JSAMPROW lines[1] = {row};
-    Py_BEGIN_ALLOW_THREADS
+    FREE_BEGIN
     for (Py_ssize_t k = 0; k < count; k++) {
         int64_t *shape = (int64_t *)out.buf + 2 * k;
         shape[0] = shape[1] = 0;
         done[k] = decode_plain(decoder, views[k].buf, (size_t)views[k].len, &plain, lines, shape);
     }
-    Py_END_ALLOW_THREADS
+    FREE_END
     left = positions_left(done, count);
 done:
     for (Py_ssize_t i = 0; i < taken; i++)
@@ -914,11 +916,11 @@ static PyObject *py_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
     } else {
         Taps rows = {0}, columns = {0};
         int channels = (int)source.shape[2], failed;
-        Py_BEGIN_ALLOW_THREADS failed = taps_plan(&rows, box[0], box[2], (int)source.shape[0], (int)out.shape[0]) ||
+        FREE_BEGIN failed = taps_plan(&rows, box[0], box[2], (int)source.shape[0], (int)out.shape[0]) ||
                                         taps_plan(&columns, box[1], box[3], (int)source.shape[1], (int)out.shape[1]) ||
                                         resize(source.buf, (size_t)source.shape[1] * channels, 0, 0, channels, &rows,
                                                &columns, out.buf, flip_x, flip_y);
-        Py_END_ALLOW_THREADS taps_free(&rows);
+        FREE_END taps_free(&rows);
         taps_free(&columns);
         if (failed)
             PyErr_NoMemory();
@@ -962,6 +964,7 @@ static PyMethodDef methods[] = {
      "resize(source, box, out, flip_x=False, flip_y=False)\n--\n\n"
      "Resize `box` (top, left, bottom, right) of `source` (height, width, channels; uint8) into `out`,\n"
      "antialiased bilinear, as Pillow's Image.resize(..., BILINEAR, box=...) does."},
+    FREE_METHOD,
     {NULL, NULL, 0, NULL},
 };
 

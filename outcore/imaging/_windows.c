@@ -20,6 +20,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "../_free_time.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,8 +240,8 @@ static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
             goto done;
         }
     }
-    Py_BEGIN_ALLOW_THREADS copy_all(&copies);
-    Py_END_ALLOW_THREADS result = Py_NewRef(Py_None);
+    FREE_BEGIN copy_all(&copies);
+    FREE_END result = Py_NewRef(Py_None);
 done:
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
@@ -373,8 +375,8 @@ static PyObject *py_lines(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    Py_BEGIN_ALLOW_THREADS gather_lines(&lines);
-    Py_END_ALLOW_THREADS result = Py_NewRef(Py_None);
+    FREE_BEGIN gather_lines(&lines);
+    FREE_END result = Py_NewRef(Py_None);
 done:
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
@@ -399,6 +401,7 @@ static PyMethodDef methods[] = {
      "For every k, map k is the sizes[k] (height, width) pixels from pixel starts[k] of chunks[which[k]], and\n"
      "out[targets[k], y, x] = map[rows[k, y], columns[k, x]], or the pixel fill (bytes) where the row or column\n"
      "lies outside the map. The GIL is released while the pixels are copied."},
+    FREE_METHOD,
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "../_free_time.h"
+
 #include <stdint.h>
 #include <string.h>
 
@@ -175,7 +177,7 @@ static PyObject *py_read(PyObject *self, PyObject *args) {
     }
     struct stat opened, after;
     int fine = 0;
-    Py_BEGIN_ALLOW_THREADS;
+    FREE_BEGIN;
     int fd = open(PyBytes_AS_STRING(path), O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
 #ifdef POSIX_FADV_RANDOM
@@ -186,7 +188,7 @@ static PyObject *py_read(PyObject *self, PyObject *args) {
                fstat(fd, &after) == 0 && same_file(&opened, &after);
         close(fd);
     }
-    Py_END_ALLOW_THREADS;
+    FREE_END;
     if (fine)
         result = Py_BuildValue("(KLL)", (unsigned long long)opened.st_ino, (long long)mtime_ns(&opened),
                                (long long)opened.st_size);
@@ -208,10 +210,10 @@ static PyObject *py_read_file(PyObject *self, PyObject *args) {
         return NULL;
     struct stat opened;
     int fd, fine;
-    Py_BEGIN_ALLOW_THREADS;
+    FREE_BEGIN;
     fd = open(PyBytes_AS_STRING(path), O_RDONLY | O_CLOEXEC);
     fine = fd >= 0 && fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode);
-    Py_END_ALLOW_THREADS;
+    FREE_END;
     Py_DECREF(path);
     PyObject *data = fine ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)opened.st_size) : NULL;
     if (data == NULL) {
@@ -222,7 +224,7 @@ static PyObject *py_read_file(PyObject *self, PyObject *args) {
         Py_RETURN_NONE;
     }
     size_t size = (size_t)opened.st_size;
-    Py_BEGIN_ALLOW_THREADS;
+    FREE_BEGIN;
     struct iovec whole = {PyBytes_AS_STRING(data), size};
     char beyond;
     ssize_t more;
@@ -232,7 +234,7 @@ static PyObject *py_read_file(PyObject *self, PyObject *args) {
     while (more < 0 && errno == EINTR);
     fine = fine && more == 0;
     close(fd);
-    Py_END_ALLOW_THREADS;
+    FREE_END;
     if (fine)
         return data;
     Py_DECREF(data);
@@ -261,9 +263,9 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 #ifdef OUTCORE_CRC
     if (hardware) {
         uint32_t crc;
-        Py_BEGIN_ALLOW_THREADS;
+        FREE_BEGIN;
         crc = crc32c(value, data.buf, (size_t)data.len);
-        Py_END_ALLOW_THREADS;
+        FREE_END;
         PyBuffer_Release(&data);
         return PyLong_FromUnsignedLong(crc);
     }
@@ -285,6 +287,7 @@ static PyMethodDef methods[] = {
      "read_file(path)\n--\n\nThe whole regular file's bytes, or None when they cannot be read so."},
 #endif
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer, value=0)\n--\n\nThe CRC-32C of the buffer's bytes."},
+    FREE_METHOD,
     {NULL, NULL, 0, NULL},
 };
 

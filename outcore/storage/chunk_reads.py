@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from numcodecs import blosc
@@ -60,6 +61,11 @@ read_file_at_once = _chunks.read_file if read_at_once is not None else None
 """``read_file_at_once(path)``: the whole regular file at ``path`` (a picture file at ingest) read by one call that
 releases the GIL twice (to open it, then to read it), instead of at each of Python's five system calls; None when
 it cannot be read so (the caller reads it its own way, which names what is wrong). None where it cannot run here."""
+
+
+def extension() -> ModuleType | None:
+    """The C extension ``_chunks`` where chunks are read with it here (`how`), else None."""
+    return None if read_at_once is None else _chunks
 
 
 def how() -> str:
