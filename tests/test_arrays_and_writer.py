@@ -290,7 +290,6 @@ print(len(writer))
 
 
 @pytest.mark.slow
-@pytest.mark.portable
 def test_readers_of_a_growing_store_see_a_consistent_prefix(tmp_path):
     """One Writer appends, flushing after every batch; four readers open and read the store in a loop:
     never a false corruption alarm, every read a prefix of the final store."""

@@ -23,7 +23,6 @@ from outcore.testing.strategies import compressions, field_arrays
 
 
 @pytest.mark.slow
-@pytest.mark.portable
 @settings(max_examples=120, deadline=None)
 @given(values=field_arrays(), compression=compressions(), chunk_size=st.integers(1, 64),
        chunks_per_shard=st.sampled_from([1, 2, 8]), endian=st.sampled_from(["little", "big"]))

@@ -58,7 +58,6 @@ def _global_steps(plans):
 
 
 @pytest.mark.slow
-@pytest.mark.portable
 @settings(max_examples=200, deadline=None)
 @given(layout=layouts, batch=st.integers(1, 80), buffer_chunks=st.integers(0, 40), streams=st.sampled_from([8, 16, 24]),
        seed=st.integers(0, 2**31), epoch=st.integers(0, 50), drop_last=st.booleans())
@@ -96,7 +95,6 @@ def test_global_steps_are_the_same_on_1_2_4_and_8_ranks(layout, batch, buffer_ch
 
 
 @pytest.mark.slow
-@pytest.mark.portable
 @settings(max_examples=150, deadline=None)
 @given(layout=layouts.filter(lambda t: t[0] >= 1), batch=st.integers(1, 40), world_size=st.integers(1, 64),
        buffer_chunks=st.integers(0, 40), seed=st.integers(0, 1000), drop_last=st.booleans())

@@ -19,7 +19,6 @@ from outcore.iterate.schedule import max_held, schedule
        streams=st.sampled_from([4, 8]), shuffle=st.booleans(), drop_last=st.booleans(), seed=st.integers(0, 2**31),
        workers=st.integers(1, 5), data=st.data())
 @pytest.mark.slow
-@pytest.mark.portable
 def test_every_chunk_is_loaded_before_use_released_after_its_last_use_and_few_are_held(
         num_samples, chunk_size, buffer_chunks, batch_size, read_ahead, world_size, streams, shuffle, drop_last, seed,
         workers, data):
