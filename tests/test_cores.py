@@ -220,6 +220,21 @@ def test_the_pool_runs_at_most_its_limit_at_once_in_order_and_hands_tasks_to_the
         pool.shutdown()
 
 
+def test_the_pools_threads_are_no_daemons_even_when_a_daemon_thread_starts_them():
+    """The interpreter's exit waits for them (once the pool is shut down, each ends after its task): a daemon
+    thread still running a task then is ended where it next takes the GIL, which can abort the process."""
+    pool = Pool(2, "test-daemons")
+    try:
+        daemons = []
+        producer = threading.Thread(target=lambda: daemons.append(
+            pool.submit(lambda: threading.current_thread().daemon).result(10)), daemon=True)  # as the batches' producer
+        producer.start()
+        producer.join(10)
+        assert daemons == [False]
+    finally:
+        pool.shutdown()
+
+
 def test_tasks_waiting_at_shutdown_are_cancelled_and_the_threads_end():
     pool = Pool(1, "test-shutdown")
     gate = threading.Event()

@@ -186,7 +186,7 @@ class _Worker:
         self.task: _Task | None = task
         self.ready = threading.Lock()  # held but while `give` hands a task over: a C lock, cheaper than an Event
         self.ready.acquire()
-        threading.Thread(target=self.run, name=name).start()
+        threading.Thread(target=self.run, name=name, daemon=False).start()  # not a daemon, even when made by one
 
     def give(self, task: _Task | None) -> None:
         """Run ``task`` next (None: end)."""
