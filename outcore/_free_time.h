@@ -1,5 +1,5 @@
 /* The CPU time threads spend in an extension's calls with the GIL released, counted while asked: each of
- * outcore's extensions that includes this keeps its own count, and outcore.measure.gil_free_seconds sums them.
+ * outcore's extensions that includes this keeps its own count, and outcore.measure.gil_free_clock sums them.
  * Each thread's own CPU clock is read, so time spent waiting for a core, or asleep in a read, is not counted:
  * the count is the work done outside the GIL, whatever else runs on the machine.
  *
