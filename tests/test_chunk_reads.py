@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import outcore
 from outcore.errors import CorruptChunkError, ImageError
 from outcore.imaging import read_image_file
-from outcore.storage import chunk_reads
+from outcore.storage import chunk_reads, shard_reader
 from outcore.storage.pins import stamp_of
 from outcore.testing import chunk_location, corrupt_chunk
 
@@ -87,11 +87,26 @@ def test_the_reader_reads_at_once_once_it_knows_a_shard_s_index_and_names_what_f
     monkeypatch.setattr(layout, "read_at_once", counted)
     for chunk in range(10):
         np.testing.assert_array_equal(reader.read(chunk), values[chunk * 32 : (chunk + 1) * 32])
-    per_shard = reader.array.shards[0] // 32  # the first chunk read of each shard: Python's calls read its index
-    assert per_shard > 1 and calls == [chunk_location(location, "x", chunk)[1] for chunk in range(10) if chunk % per_shard]
+    # the first chunk read of each shard too, once Python's calls have read its index (a new reader each epoch)
+    assert reader.array.shards[0] // 32 > 1 and calls == [chunk_location(location, "x", chunk)[1] for chunk in range(10)]
     corrupt_chunk(location, "x", 5)  # the file keeps its stamp: the call fails, the reader names the chunk
     with pytest.raises(CorruptChunkError, match=r"field 'x', chunk 5 \(samples 160\.\.191.*crc32c"):
         reader.read(5)
+
+
+@needs_extension
+def test_readers_made_each_epoch_read_into_their_thread_s_one_buffer(tmp_path, rng):
+    """An iterator made each epoch opens new readers: they read into the buffer the thread's earlier readers grew
+    (a new one is zeroed holding the GIL), each reader's chunks still its own field's."""
+    location, values = _store(tmp_path, rng, "zstd")
+    ds = outcore.open_dataset(location)
+    for _ in range(2):
+        reader = ds.shard_reader("x")
+        for chunk in range(10):
+            np.testing.assert_array_equal(reader.read(chunk), values[chunk * 32 : (chunk + 1) * 32])
+            if chunk == 0:
+                grown = shard_reader._SCRATCH.buffer
+    assert shard_reader._SCRATCH.buffer is grown
 
 
 def test_outcore_native_0_reads_with_python_s_calls(tmp_path, rng):

@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -180,29 +181,30 @@ class EpochSteps:
                               f"{self.global_batch}")
         check_streams(self.streams, 1)
 
-    @property
+    # Computed once each (a plan reads them for every stream and batch); the arrays are read-only.
+    @cached_property
     def steps(self) -> int:
         return batches_in(self.num_samples, self.global_batch, self.drop_last)
 
-    @property
+    @cached_property
     def takes(self) -> np.ndarray:
-        return _even(self.global_batch, self.streams)
+        return _frozen(_even(self.global_batch, self.streams))
 
-    @property
+    @cached_property
     def last(self) -> np.ndarray:
         """Each stream's samples in the last step."""
         if self.steps == 0:
-            return np.zeros(self.streams, np.int64)
-        return _even(self.num_samples - (self.steps - 1) * self.global_batch if not self.drop_last
-                     else self.global_batch, self.streams)
+            return _frozen(np.zeros(self.streams, np.int64))
+        return _frozen(_even(self.num_samples - (self.steps - 1) * self.global_batch if not self.drop_last
+                             else self.global_batch, self.streams))
 
-    @property
+    @cached_property
     def lengths(self) -> np.ndarray:
-        return np.maximum(self.steps - 1, 0) * self.takes + self.last
+        return _frozen(np.maximum(self.steps - 1, 0) * self.takes + self.last)
 
-    @property
+    @cached_property
     def starts(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+        return _frozen(np.concatenate([[0], np.cumsum(self.lengths)[:-1]]))
 
     def rank_streams(self, rank: int, world_size: int) -> range:
         check_streams(self.streams, world_size)
@@ -217,6 +219,11 @@ class EpochSteps:
     def padded(self, world_size: int) -> int:
         """Samples of every rank in the last step, with the repeats: ``ceil(last step / world_size)``."""
         return -(-int(self.last.sum()) // world_size) if self.steps else 0
+
+
+def _frozen(values: np.ndarray) -> np.ndarray:
+    values.flags.writeable = False
+    return values
 
 
 def part_streams(streams: range, part: int, parts: int) -> range:

@@ -60,6 +60,9 @@ _BLOSC_OVERHEAD = 16  # the most Blosc adds to incompressible data
 _BLOSC_HEADER = struct.Struct("<III")  # nbytes, blocksize, cbytes: bytes 4..15 of a Blosc frame
 # what zarr raises for a damaged chunk: a checksum, a codec, or a chunk that decodes to another size
 _CORRUPTION = re.compile(r"checksum|decompress|blosc|corrupt|cannot reshape", re.IGNORECASE)
+# Each thread's read buffer, shared by every reader it runs (an iterator made each epoch opens new readers): grown
+# to the largest chunk it read, never allocated again (a new buffer is zeroed holding the GIL, and faulted in).
+_SCRATCH = threading.local()
 
 
 class _Unreadable(Exception):
@@ -111,7 +114,6 @@ class ShardReader:
         self._indexes: dict[int, _ShardIndex] = {}
         self._reading: dict[int, _IndexRead] = {}  # the shards whose index a thread is reading
         self._lock = threading.Lock()
-        self._scratch = threading.local()  # one reusable read buffer per thread: no allocation per chunk
 
     @property
     def direct(self) -> bool:
@@ -202,8 +204,8 @@ class ShardReader:
     def _read_at_once(self, chunk: int, out: np.ndarray) -> bool:
         """Whether the chunk was read, checked and decoded into ``out`` by one C call outside the GIL
         (`chunk_reads.read_at_once`), from the version of its shard file whose index was read. A chunk of a shard
-        whose index is not known yet, and any failure, are left to `_read_retried`: it reads the chunk again,
-        and names what is wrong."""
+        whose index is not known yet, and any failure, are left to `_read_retried`: it reads the chunk again
+        (in that call, once it has the index), and names what is wrong."""
         layout = self._layout
         shard, inner = divmod(chunk, layout.chunks_per_shard)
         known = self._indexes.get(shard)
@@ -212,15 +214,8 @@ class ShardReader:
         offset, nbytes = known.spans[inner]
         if offset == _EMPTY:
             return False
-        stamp = layout.read_at_once(layout.path(shard), offset, nbytes, self._scratch_of(nbytes), out, layout.blosc)
+        stamp = layout.read_at_once(layout.path(shard), offset, nbytes, _scratch(nbytes), out, layout.blosc)
         return stamp == known.stamp
-
-    def _scratch_of(self, nbytes: int) -> bytearray:
-        """This thread's read buffer, of ``nbytes`` or more: no allocation per chunk."""
-        scratch = getattr(self._scratch, "buffer", None)
-        if scratch is None or len(scratch) < nbytes:
-            scratch = self._scratch.buffer = bytearray(int(nbytes))
-        return scratch
 
     def _read_direct(self, chunk: int, out: np.ndarray) -> np.ndarray:
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
@@ -233,14 +228,19 @@ class ShardReader:
                     if file.stamp() == known.stamp:
                         raise
             # No index yet, or the file was replaced since its index was read: a Writer appending replaces
-            # its last shard file (in one rename) at every flush. The index and the chunk of this one version.
-            return self._read_chunk(file, self._read_index(shard, file).entries[inner], out)
+            # its last shard file (in one rename) at every flush. The index and the chunk of this one version:
+            # in one C call outside the GIL where it reads this version too (an iterator made each epoch reads
+            # each shard's first chunk here), else from this file.
+            index = self._read_index(shard, file)
+            if self._layout.read_at_once is not None and self._read_at_once(chunk, out):
+                return out
+            return self._read_chunk(file, index.entries[inner], out)
 
     def _read_chunk(self, file: _ShardFile, entry: np.ndarray, out: np.ndarray) -> np.ndarray:
         offset, nbytes = entry
         if offset == _EMPTY:
             raise _Unreadable("it was never written (its shard index has no entry for it)")
-        payload = memoryview(self._scratch_of(int(nbytes)))[: int(nbytes)]
+        payload = memoryview(_scratch(int(nbytes)))[: int(nbytes)]
         file.read_into(int(offset), payload)
         data = payload[:-_CHECKSUM_BYTES]
         if crc32c.crc32c(data).to_bytes(4, "little") != payload[-_CHECKSUM_BYTES:]:
@@ -325,6 +325,14 @@ class ShardReader:
             f"{self.where}: {self._what(chunk)} is corrupt: {reason}. Restore that file from a copy or re-create "
             "the store from its source."
         )
+
+
+def _scratch(nbytes: int) -> bytearray:
+    """This thread's read buffer, of ``nbytes`` or more (`_SCRATCH`)."""
+    scratch = getattr(_SCRATCH, "buffer", None)
+    if scratch is None or len(scratch) < nbytes:
+        scratch = _SCRATCH.buffer = bytearray(int(nbytes))
+    return scratch
 
 
 def _check_frame(frame: memoryview, chunk_nbytes: int) -> None:
