@@ -1,15 +1,18 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil,torch] [--cases pixels,pixels+crop,encoded,encoded+crop,rrc,dense,dense-own]
+                               [--only scaling,gil,torch]
+                               [--cases pixels,pixels-each,pixels+crop,encoded,encoded+crop,rrc,dense,dense-own,ingest]
                                [--torch-workers 0,2]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
 crops, an ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`) and a
 COCO-like encoded store of 320x240 photos with instance maps, boxes and keypoints (as many; `dense_targets.make_set`;
 the ``dense`` case crops and flips all of them; ``dense-own`` the same stored at the pictures' own size, its maps
-raster fields), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work;
-``ingest``: ``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
+raster fields), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work,
+each pass over it the next epoch, as Keras and a DataLoader do; ``pixels-each``: ``ds.batches(...)`` made anew
+each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``ingest``:
+``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
   ``--seconds``), the ratio to ``n`` times the one-thread rate, and the GIL share timed: the share of the
@@ -60,6 +63,7 @@ RATE = 250  # py-spy samples a second
 FUNCTIONS = 8  # the functions holding the GIL most, printed per case
 CASES = {  # name: (store, transform)
     "pixels": ("pixels", None),
+    "pixels-each": ("pixels", None),  # ds.batches made anew each epoch
     "pixels+crop": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
     "encoded": ("encoded", None),
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
@@ -70,6 +74,7 @@ CASES = {  # name: (store, transform)
 }
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
 FIELDS = {"dense": DENSE_FIELDS, "dense-own": DENSE_FIELDS}  # the others: images and labels
+NEW_EACH_EPOCH = {"pixels-each"}
 # The stage of a py-spy frame: the first of these found in its file's path, innermost frame first.
 STAGES = (
     ("ingest: survey, write", ("outcore/ingest/",)),
@@ -120,11 +125,18 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
         Gauge.LOW = 0.0
     if case == "ingest":
         return ingests(location, seconds, ready)
-    batches = outcore.open_dataset(location).batches(BATCH, shuffle=True, fields=FIELDS.get(case, ["images", "labels"]),
-                                                     transform=CASES[case][1])
+    ds = outcore.open_dataset(location)
+
+    def made() -> outcore.BatchIterator:
+        return ds.batches(BATCH, shuffle=True, fields=FIELDS.get(case, ["images", "labels"]), transform=CASES[case][1])
+
+    batches = made()
     rates, began, epoch = [], time.perf_counter(), 0
     while ready or len(rates) < 2 or time.perf_counter() - began < seconds:
         start, count = time.perf_counter(), 0
+        if case in NEW_EACH_EPOCH and epoch:
+            batches = made()
+            batches.set_epoch(epoch)
         for batch in batches:  # each pass the next epoch, as in training
             count += len(batch["images"])
         if epoch:

@@ -39,7 +39,7 @@ step() {  # step NAME SECONDS COMMAND...: run in benchmarks/, time-boxed, logged
     echo "$name: rc=$? in $(($(date +%s) - began)) s"
 }
 
-step cores 200 python3 cores.py --images 6000 --threads 1,2,4,8,16 --seconds 3 --torch-workers 0,4,8,16 --workdir $work/cores
+step cores 240 python3 cores.py --images 6000 --threads 1,2,4,8,16 --seconds 3 --torch-workers 0,4,8,16 --workdir $work/cores
 step ingest 150 python3 ingest_scale.py --files 30000 --threads 1,8,16 --repeats 1 --workdir $work/ingest
 step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
 step imagenet 110 python3 imagenet.py --images 6000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"

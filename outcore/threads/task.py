@@ -77,6 +77,8 @@ class Task(Generic[T]):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the work has ended, at most ``timeout`` seconds (None: as long as it takes): whether it has."""
+        if self._finished:  # ended already (set before the lock is released): no lock taken
+            return True
         if not self._ended.acquire(timeout=-1 if timeout is None else timeout):
             return False
         self._ended.release()  # for whoever waits next
