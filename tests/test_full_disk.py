@@ -17,6 +17,7 @@ import pytest
 from support.optional import need
 
 import outcore
+from outcore.ingest import append
 from outcore.storage import ChunkCache
 from outcore.storage.cache import FULL_SECONDS
 from outcore.storage.small_rows import SmallColumn
@@ -130,6 +131,26 @@ def test_an_append_that_fills_the_disk_keeps_the_store_as_it_was(small_disk, pho
     again = outcore.open_dataset(location)
     assert len(again) == 120 and not outcore.verify(location, progress=False).problems
     np.testing.assert_array_equal(again["images"].compute(), before)
+
+
+def test_an_append_s_failure_without_an_errno_is_named_once_with_what_the_store_keeps(tmp_path, photos, monkeypatch):
+    """A write that fails without an errno is one line already (`storage_error`): the append says what the store
+    keeps after it, instead of wrapping it in a second 'writing the store ... failed'."""
+    location = tmp_path / "i.zarr"
+    outcore.ingest_images(photos, location, shape=(40, 40, 3), chunk_size=16, progress=False)
+    part = tmp_path / ".i.zarr.append.zarr"
+
+    def fails(*args, **kwargs):
+        raise storage_error(OSError("16384 requested and 0 written"), part)
+
+    monkeypatch.setattr(append, "_append", fails)
+    with pytest.raises(outcore.StorageError) as raised:
+        outcore.ingest_images(photos, location, shape=(40, 40, 3), chunk_size=16, append=True, progress=False)
+    message = str(raised.value)
+    assert message.startswith(f"writing the store {part} failed: 16384 requested and 0 written; ")
+    assert message.count("failed") == 1 and "\n" not in message
+    assert f"The store {location} keeps its 120 samples as they were" in message
+    assert len(outcore.open_dataset(location)) == 120
 
 
 def test_splits_that_fill_the_disk_keep_the_splits_written_and_a_resume_writes_the_rest(small_disk, photos):

@@ -96,9 +96,12 @@ def _append_failed(error: OSError, target: Path) -> StorageError:
     if part.exists():
         size = sum(file.stat().st_size for file in part.rglob("*") if file.is_file())
         goes_on = f", which goes on from the new files' part ingested so far ({part}, {size / 2**20:.1f} MiB)"
+    keeps = (f"keeps its {count:,} samples as they were (an append publishes its count last): free some space, "
+             f"then run the same append again{goes_on}")
+    if isinstance(error, StorageError) and not error.errno:  # one line naming what failed already: not wrapped again
+        return StorageError(f"{error} The store {target} {keeps}")
     reason = OSError(error.errno, os.strerror(error.errno)) if error.errno else error
-    return storage_error(reason, target, f"It keeps its {count:,} samples as they were (an append publishes its "
-                                         f"count last): free some space, then run the same append again{goes_on}")
+    return storage_error(reason, target, f"It {keeps}")
 
 
 def _append(table: SourceTable, target: Path, ingest: Ingest, options: IngestOptions, by_content: bool,
