@@ -100,13 +100,13 @@ def test_readers_made_each_epoch_read_into_their_thread_s_one_buffer(tmp_path, r
     (a new one is zeroed holding the GIL), each reader's chunks still its own field's."""
     location, values = _store(tmp_path, rng, "zstd")
     ds = outcore.open_dataset(location)
-    for _ in range(2):
+    for epoch in range(2):
         reader = ds.shard_reader("x")
         for chunk in range(10):
             np.testing.assert_array_equal(reader.read(chunk), values[chunk * 32 : (chunk + 1) * 32])
-            if chunk == 0:
-                grown = shard_reader._SCRATCH.buffer
-    assert shard_reader._SCRATCH.buffer is grown
+        if epoch == 0:
+            grown = shard_reader._SCRATCH.buffer
+    assert shard_reader._SCRATCH.buffer is grown  # the second reader allocated none
 
 
 def test_outcore_native_0_reads_with_python_s_calls(tmp_path, rng):
