@@ -92,17 +92,18 @@ STAGES = (
 )
 
 
-def stores(workdir: Path, images: int) -> dict[str, Path]:
-    """The three stores (built once)."""
+def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
+    """The stores (and folders) named in ``needed``, each built once."""
     from imagenet import write_folder
 
     photos, own_size = workdir / "photos", workdir / "own-size-jpegs"
-    if not photos.exists():
+    if not photos.exists() and needed & {"pixels", "encoded"}:
         write_image_folder(photos, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos", seed=0)
-    write_folder(own_size, max(BATCH * 4, images // 6))
+    if needed & {"own-size", "own-size-jpegs"}:
+        write_folder(own_size, max(BATCH * 4, images // 6))
     made = {"own-size-jpegs": own_size, "coco": workdir / "coco.zarr", "coco-own": workdir / "coco-own.zarr"}
     for name, shape in (("coco", (240, 320, 3)), ("coco-own", None)):  # maps fitted, or rasters at the pictures' size
-        if not made[name].exists():
+        if name in needed and not made[name].exists():
             annotations = make_set(workdir / "dense", images // 6)
             outcore.ingest_coco(annotations, made[name], root=workdir / "dense", shape=shape, images="encoded",
                                 progress=False)
@@ -110,7 +111,7 @@ def stores(workdir: Path, images: int) -> dict[str, Path]:
                                   ("encoded", photos, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("own-size", own_size, {"shape": None, "images": "encoded"})):
         made[name] = location = workdir / f"{name}.zarr"
-        if not location.exists():
+        if name in needed and not location.exists():
             outcore.ingest_images(source, location, progress=False, **options)
     return made
 
@@ -174,24 +175,22 @@ def ingests(folder: Path, seconds: float, ready: bool) -> tuple[float, float | N
 
 
 def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds: float) -> dict[str, dict[int, float]]:
-    rates: dict[str, dict[int, float]] = {}
-    shares: dict[str, dict[int, float | None]] = {}
-    for case in cases:
-        measured = {n: in_a_process(made, case, n, seconds) for n in threads}
-        rates[case] = {n: rate for n, (rate, _) in measured.items()}
-        shares[case] = {n: share for n, (_, share) in measured.items()}
-    one = {case: rates[case].get(1) for case in cases}
+    """The scaling table, each case's row printed once it is measured (a run cut short keeps the rows it has)."""
     print(f"\nsamples/s of ds.batches({BATCH}, shuffle=True), images + labels (ingest: files/s), {os.cpu_count()} "
           "cores here (the ratio: to n x the 1-thread rate; GIL: the share of the CPU time outside outcore's C "
           "calls that release it, timed; 16 cores: the most times one core's rate that share allows there, at "
           f"{threads[-1]} threads)")
     print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s} {'GIL':>6s}" for n in threads)
-          + f" {'16 cores':>9s}")
+          + f" {'16 cores':>9s}", flush=True)
+    rates: dict[str, dict[int, float]] = {}
     for case in cases:
-        cells = "".join(f" {rates[case][n]:11.0f} {rates[case][n] / (n * one[case]) if one[case] else float('nan'):6.2f}"
-                        f" {percent(shares[case][n]):>6s}" for n in threads)
-        last = shares[case][threads[-1]]
-        print(f"{case:14s}{cells} {'-' if last is None else f'{bound(last, 16):.1f}x':>9s}")
+        measured = {n: in_a_process(made, case, n, seconds) for n in threads}
+        rates[case] = {n: rate for n, (rate, _) in measured.items()}
+        one = rates[case].get(1)
+        cells = "".join(f" {rate:11.0f} {rate / (n * one) if one else float('nan'):6.2f} {percent(share):>6s}"
+                        for n, (rate, share) in measured.items())
+        last = measured[threads[-1]][1]
+        print(f"{case:14s}{cells} {'-' if last is None else f'{bound(last, 16):.1f}x':>9s}", flush=True)
     return rates
 
 
@@ -351,9 +350,10 @@ def main() -> None:
         print(json.dumps({"samples_s": rate, "gil_share": share}))
         return
     args.workdir.mkdir(parents=True, exist_ok=True)
-    made = stores(args.workdir, args.images)
     cases, threads = args.cases.split(","), [int(n) for n in args.threads.split(",")]
     only = args.only.split(",")
+    needed = {CASES[case][0] for case in cases} | ({"pixels"} if "torch" in only else set())
+    made = stores(args.workdir, args.images, needed)
     rates = scaling(made, cases, threads, args.seconds) if "scaling" in only else {}
     if "gil" in only:
         gil(made, cases, args.gil_threads, args.seconds, rates)

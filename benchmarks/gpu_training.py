@@ -34,6 +34,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -190,33 +192,43 @@ def main() -> None:
             _, client = opened.enter_context(local_cluster(args.cluster_workers))
             feeds[f"outcore ds.torch, JPEG store, LocalCluster of {args.cluster_workers} workers"] = outcore_feed(
                 jpeg_store, AUGMENT, client=client)
-        table("a small ResNet", f"{len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips",
-              [(name, *train(feed(), args.steps)) for name, feed in feeds.items()], args.steps)
+        table("a small ResNet", f"{len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips", feeds,
+              args.steps, network)
     if args.imagenet and not args.imagenet.is_dir():
         print(f"\nno folder {args.imagenet}: no ResNet-50 rows (benchmarks/imagenet.py writes one)")
     elif args.imagenet:
         own = workdir / "gpu-imagenet-own-sizes.zarr"
         own_sizes = outcore.open_dataset(own) if own.exists() else outcore.ingest_images(
             args.imagenet, own, shape=None, images="encoded", progress=False)
-        rows = [(name, *train(feed(), args.steps, resnet50)) for name, feed in {
+        feeds = {
             "the same batch, already on the GPU (ceiling)": lambda: resident(own_sizes, IMAGENET),
             "outcore ds.torch, JPEGs at their sizes, its defaults": outcore_feed(own_sizes, IMAGENET),
             "outcore ds.torch, JPEGs at their sizes, decoded on the GPU": outcore_feed(own_sizes, IMAGENET,
                                                                                       decode=DEVICE),
-        }.items()]
-        table("ResNet-50", f"{len(own_sizes):,} JPEGs at their own sizes, RandomResizedCrop(224) + flip", rows,
-              args.steps)
+        }
+        table("ResNet-50", f"{len(own_sizes):,} JPEGs at their own sizes, RandomResizedCrop(224) + flip", feeds,
+              args.steps, resnet50)
 
 
-def table(model: str, data: str, rows: list[tuple[str, float, float]], steps: int) -> None:
-    """The rows (name, samples/s, share of the time waiting), each against the first (the ceiling)."""
+def table(model: str, data: str, feeds: dict[str, Callable[[], Iterator]], steps: int, make_model) -> None:
+    """``make_model`` trained on each feed: samples/s, the share of the time waiting and the ratio to the first
+    feed's rate (the ceiling), each row printed once it is measured (a run cut short keeps the rows it has; a feed
+    that fails prints its error in its row)."""
     import torch
 
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else "the CPU (a try of the script: no figures)"
     print(f"\n{model} on {where}, {data}, batch {BATCH}, bf16, {steps} steps\n")
-    print(f"{'fed by':56s} {'samples/s':>10s} {'waiting':>8s} {'of ceiling':>11s}")
-    for name, rate, waiting in rows:
-        print(f"{name:56s} {rate:10.0f} {waiting:8.1%} {rate / rows[0][1]:11.2f}")
+    print(f"{'fed by':56s} {'samples/s':>10s} {'waiting':>8s} {'of ceiling':>11s}", flush=True)
+    ceiling = None
+    for name, feed in feeds.items():
+        try:
+            rate, waiting = train(feed(), steps, make_model)
+        except Exception as error:  # noqa: BLE001 - one feed's failure is that row's result, the others still run
+            traceback.print_exc()
+            print(f"{name:56s} failed: {type(error).__name__}: {error}", flush=True)
+            continue
+        ceiling = ceiling or rate
+        print(f"{name:56s} {rate:10.0f} {waiting:8.1%} {rate / ceiling:11.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import argparse
 import json
 import random
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -112,8 +113,12 @@ def main() -> None:
         print("no CUDA GPU with torchvision: nothing to measure")
         return
     if args.store is not None:
-        print(json.dumps({"row": f"outcore ds.torch(decode={args.device!r}) against its CPU path",
-                          **outcore_epochs(args.store, args.device, args.epochs)}), flush=True)
+        row = f"outcore ds.torch(decode={args.device!r}) against its CPU path"
+        try:
+            print(json.dumps({"row": row, **outcore_epochs(args.store, args.device, args.epochs)}), flush=True)
+        except Exception as error:  # noqa: BLE001 - the row's result: the run goes on to say what failed, and where
+            traceback.print_exc()
+            print(json.dumps({"row": row, "failed": f"{type(error).__name__}: {error}"}), flush=True)
 
 
 if __name__ == "__main__":

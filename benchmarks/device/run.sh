@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Everything that needs a machine of many cores and a GPU, in one command, on a machine without a package
 # registry: from the project's root, with .dev/ filled by benchmarks/device/prepare.sh (and carried there):
-#     bash benchmarks/device/run.sh           (about 9 minutes; SKIP="cluster imagenet" leaves steps out)
+#     SKIP="cluster dense" bash benchmarks/device/run.sh     (about 9 minutes, 10 without SKIP)
 # Installs outcore from the tree (its C extensions built against .dev/jpeg) and what the machine lacks (.dev/whl),
-# then runs each step time-boxed, its log in $OUT (default /tmp/out), and prints the tables:
-#   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC), the
-#               GIL share per stage on all the cores (py-spy, when .dev/whl has it), ds.torch with 0-16 workers
-#   ingest      benchmarks/ingest_scale.py: whole ingests of 30,000 ImageNet-like JPEGs on 1, 8 and 16 threads, the GIL
-#               share of one (py-spy)
-#   cluster     benchmarks/cluster.py: 1-8 Dask workers decoding, cropping and flipping
+# then runs each step time-boxed, the most telling first (a run cut short keeps them), its log in $OUT (default
+# /tmp/out), and prints the tables:
+#   gputests    the tests that need a CUDA GPU (they skip elsewhere): pinned batches, to_device, nvJPEG decoding
 #   imagenet    benchmarks/imagenet.py: full-size JPEGs, RandomResizedCrop(224) + flip, against its ceiling
+#   gpu         benchmarks/gpu_training.py: does the GPU wait? a small ResNet (and ResNet-50 on RRC) fed by outcore
 #   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor), and
 #               ds.torch(decode="cuda") against outcore's CPU path on the same files
-#   gpu         benchmarks/gpu_training.py: does the GPU wait? a small ResNet (and ResNet-50 on RRC) fed by outcore
+#   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC) with the
+#               GIL share timed, ds.torch with 0-16 workers
+#   ingest      benchmarks/ingest_scale.py: whole ingests of ImageNet-like JPEGs on 1 and 16 threads
+#   cluster     benchmarks/cluster.py: 1-8 Dask workers decoding, cropping and flipping
 #   dense       benchmarks/dense_targets.py: crops and flips of pictures with their instance maps, boxes and keypoints,
 #               against torchvision v2 on tv_tensors in a DataLoader with a worker per core
 set -u
@@ -39,12 +40,16 @@ step() {  # step NAME SECONDS COMMAND...: run in benchmarks/, time-boxed, logged
     echo "$name: rc=$? in $(($(date +%s) - began)) s"
 }
 
-step cores 240 python3 cores.py --images 6000 --threads 1,2,4,8,16 --seconds 3 --torch-workers 0,4,8,16 --workdir $work/cores
-step ingest 150 python3 ingest_scale.py --files 30000 --threads 1,8,16 --repeats 1 --workdir $work/ingest
-step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
-step imagenet 110 python3 imagenet.py --images 6000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
-step gpu_decode 90 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr
+tests=$root/tests
+step gputests 50 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -W default -c $root/pyproject.toml \
+    $tests/test_torch.py $tests/test_torch_decode.py $tests/test_advice.py -k 'cuda or gpu or nvjpeg or pin or device'"
+step imagenet 80 python3 imagenet.py --images 4000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
 step gpu 120 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
+step gpu_decode 60 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr
+step cores 150 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --torch-workers 0,4,8,16 \
+    --only scaling,torch --cases pixels,pixels+crop,encoded,encoded+crop,rrc --workdir $work/cores
+step ingest 50 python3 ingest_scale.py --files 5000 --threads 1,16 --repeats 1 --workdir $work/ingest
+step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
 step dense 75 python3 dense_targets.py --images 2048 --batch 64 --repeats 2 --workdir $work/dense
 for log in "$OUT"/*.log; do
     echo "== $log"
