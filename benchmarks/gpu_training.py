@@ -1,7 +1,7 @@
 """Does a GPU training step wait for data? A real CNN on a CUDA GPU, fed by outcore and by a JPEG folder.
 
     python benchmarks/gpu_training.py [--samples 20000] [--steps 150] [--cluster-workers 0] [--workdir bench-data]
-                                      [--imagenet FOLDER] [--device cuda]
+                                      [--imagenet FOLDER] [--device cuda] [--only TEXT,...] [--threads N]
 
 Builds (once, in ``--workdir``) a store of ``--samples`` 128x128 photo crops with 10 labels and the same
 pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autocast, channels last) on
@@ -22,9 +22,11 @@ ResNet-50 (torchvision's, bf16, channels last) on ``Compose([RandomResizedCrop(2
 encoded store of the folder's files at their own sizes: the same batch already on the GPU (its ceiling), and
 ``ds.torch`` with its defaults and with ``decode="cuda"``.
 
-Each loader is made once and iterated epoch after epoch, as a training loop does (its DataLoader
-workers, where it has them, kept across epochs, as the Pillow DataLoader's are). Prints samples/s, the
-share of the step's time spent waiting for the next batch, and the ratio to the ceiling. Needs a CUDA
+Each loader is made once and iterated epoch after epoch, as a training loop does (its DataLoader workers, where
+it has them, kept across epochs, as the Pillow DataLoader's are). Prints samples/s, the share of the step's time
+spent waiting for the next batch, and the ratio to the ceiling. ``--only`` keeps the feeds whose names hold one
+of its texts (the ceilings are always measured); ``--threads n`` sets outcore's threads (`outcore.set_threads`)
+for its feeds. Needs a CUDA
 GPU (it says so and stops without one); ``--device cpu`` runs every row on the CPU, a few steps, to try the
 script itself.
 """
@@ -142,10 +144,16 @@ def main() -> None:
     parser.add_argument("--imagenet", type=Path, help="a folder of JPEGs at their own sizes: ResNet-50 on RRC(224)")
     parser.add_argument("--workdir", default="bench-data")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: try the script, no figures")
+    parser.add_argument("--only", help="the feeds whose names contain one of these comma-separated texts (and the "
+                                       "ceilings)")
+    parser.add_argument("--threads", type=int, help="outcore.set_threads(n) before its feeds (default: its own)")
     args = parser.parse_args()
     import torch
 
     DEVICE = args.device
+    if args.threads:
+        outcore.set_threads(args.threads)
+    chosen = args.only.split(",") if args.only else [""]
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("no CUDA GPU: nothing to measure (--device cpu tries the script on the CPU)")
         return
@@ -192,8 +200,8 @@ def main() -> None:
             _, client = opened.enter_context(local_cluster(args.cluster_workers))
             feeds[f"outcore ds.torch, JPEG store, LocalCluster of {args.cluster_workers} workers"] = outcore_feed(
                 jpeg_store, AUGMENT, client=client)
-        table("a small ResNet", f"{len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips", feeds,
-              args.steps, network)
+        table("a small ResNet", f"{len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips",
+              only(feeds, chosen), args.steps, network)
     if args.imagenet and not args.imagenet.is_dir():
         print(f"\nno folder {args.imagenet}: no ResNet-50 rows (benchmarks/imagenet.py writes one)")
     elif args.imagenet:
@@ -206,8 +214,14 @@ def main() -> None:
             "outcore ds.torch, JPEGs at their sizes, decoded on the GPU": outcore_feed(own_sizes, IMAGENET,
                                                                                       decode=DEVICE),
         }
-        table("ResNet-50", f"{len(own_sizes):,} JPEGs at their own sizes, RandomResizedCrop(224) + flip", feeds,
-              args.steps, resnet50)
+        table("ResNet-50", f"{len(own_sizes):,} JPEGs at their own sizes, RandomResizedCrop(224) + flip",
+              only(feeds, chosen), args.steps, resnet50)
+
+
+def only(feeds: dict[str, Callable[[], Iterator]], chosen: list[str]) -> dict[str, Callable[[], Iterator]]:
+    """The ceiling (the first feed) and the feeds whose names contain one of the ``chosen`` texts."""
+    first = next(iter(feeds))
+    return {name: feed for name, feed in feeds.items() if name == first or any(text in name for text in chosen)}
 
 
 def table(model: str, data: str, feeds: dict[str, Callable[[], Iterator]], steps: int, make_model) -> None:

@@ -121,6 +121,14 @@ def _commands(code: str) -> list[str]:
     return [line.removeprefix("$ ") for line in code.splitlines() if line.startswith("$ ")]
 
 
+def test_every_package_a_test_needs_is_named_with_its_install_command():
+    """A test that skips without an optional package says how to install it: `need` of a module missing from
+    INSTALL fails where the package is missing, as on a GPU machine without torchvision."""
+    needed = {module.partition(".")[0] for path in (ROOT / "tests").rglob("*.py")
+              for module in re.findall(r'need\("([\w.]+)"\)', path.read_text())}
+    assert needed and needed <= set(INSTALL), sorted(needed - set(INSTALL))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_site_builds_strictly(tmp_path):

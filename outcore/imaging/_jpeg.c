@@ -27,6 +27,7 @@
 #include "../_free_time.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -65,6 +66,60 @@ static void on_error(j_common_ptr cinfo) {
 static void on_message(j_common_ptr cinfo, int level) {
     if (level < 0) /* a warning: corrupt data, which libjpeg would paper over with grey; the full decode refuses it too */
         on_error(cinfo);
+}
+
+/* Memory each thread reuses from one picture to the next: the rows a box is decoded into (SCRATCH_ROWS) and a
+ * resize's rows between its passes (SCRATCH_MIDDLE), each grown to the largest asked for and kept until the thread
+ * ends. Allocated anew for each picture, such blocks (hundreds of KiB) come and go as fresh pages: mapped and
+ * faulted in under the process's address-space lock, which the threads of one process take in turn. */
+enum { SCRATCH_ROWS, SCRATCH_MIDDLE, SCRATCH_BLOCKS };
+
+typedef struct {
+    void *block[SCRATCH_BLOCKS];
+    size_t size[SCRATCH_BLOCKS];
+} Scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_keyed = 0; /* the key was made: else each block is allocated for its picture (scratch_done) */
+
+static void scratch_free(void *held) {
+    Scratch *scratch = held;
+    for (int k = 0; k < SCRATCH_BLOCKS; k++)
+        free(scratch->block[k]);
+    free(scratch);
+}
+
+static void scratch_key_make(void) {
+    scratch_keyed = pthread_key_create(&scratch_key, scratch_free) == 0;
+}
+
+/* This thread's block `which`, of `size` bytes at least (NULL: no memory); scratch_done lets go of it. */
+static void *scratch_take(int which, size_t size) {
+    pthread_once(&scratch_once, scratch_key_make);
+    if (!scratch_keyed)
+        return malloc(size);
+    Scratch *scratch = pthread_getspecific(scratch_key);
+    if (scratch == NULL) {
+        scratch = calloc(1, sizeof(Scratch));
+        if (scratch == NULL || pthread_setspecific(scratch_key, scratch) != 0) {
+            free(scratch);
+            return NULL;
+        }
+    }
+    if (size > scratch->size[which]) {
+        size_t grown = size + size / 4; /* room for a somewhat larger picture next */
+        free(scratch->block[which]);
+        scratch->block[which] = malloc(grown);
+        scratch->size[which] = scratch->block[which] != NULL ? grown : 0;
+    }
+    return scratch->block[which];
+}
+
+/* Done with a block scratch_take gave (freed only where there is no thread's block to keep it in). */
+static void scratch_done(void *block) {
+    if (!scratch_keyed)
+        free(block);
 }
 
 /* The taps of one axis of a resize: output pixel i is the weighted sum of input pixels first[i] .. first[i] + count[i]. */
@@ -286,13 +341,11 @@ RESIZE_CLONES static int resize(const uint8_t *source, size_t stride, int top, i
     }
     int row_low, row_high;
     taps_span(rows, &row_low, &row_high);
-    uint8_t *middle = malloc((size_t)(row_high - row_low) * across);
-    int32_t *sums = malloc(across * sizeof(int32_t));
-    if (!middle || !sums) {
-        free(middle);
-        free(sums);
+    size_t middle_bytes = ((size_t)(row_high - row_low) * across + sizeof(int32_t) - 1) / sizeof(int32_t) * sizeof(int32_t);
+    uint8_t *middle = scratch_take(SCRATCH_MIDDLE, middle_bytes + across * sizeof(int32_t));
+    if (middle == NULL)
         return -1;
-    }
+    int32_t *sums = (int32_t *)(middle + middle_bytes);
     for (int y = row_low; y < row_high; y++) /* columns first, only the rows the second pass reads */
         columns_pass(source + (size_t)(y - top) * stride, stride, left, channels, columns,
                      middle + (size_t)(y - row_low) * across, flip_x);
@@ -310,8 +363,7 @@ RESIZE_CLONES static int resize(const uint8_t *source, size_t stride, int top, i
         for (size_t k = 0; k < across; k++)
             into[k] = clip8(sums[k]);
     }
-    free(middle);
-    free(sums);
+    scratch_done(middle);
     return 0;
 }
 
@@ -367,14 +419,12 @@ typedef struct {
     struct jpeg_decompress_struct cinfo;
     Errors errors;
     Taps rows, columns;
-    uint8_t *pixels;
-    JSAMPROW *lines;
+    uint8_t *decoded; /* the decoded rows and their pointers: this thread's SCRATCH_ROWS */
 } Work;
 
 static void work_free(Work *work) {
     jpeg_destroy_decompress(&work->cinfo);
-    free(work->pixels);
-    free(work->lines);
+    scratch_done(work->decoded);
     taps_free(&work->rows);
     taps_free(&work->columns);
     free(work);
@@ -434,15 +484,17 @@ static int crop_resize(const Request *request, uint8_t *out, int flip_x, int fli
         jpeg_skip_scanlines(cinfo, top - MARGIN);
     int first = cinfo->output_scanline, count = bottom - first;
     size_t stride = ((size_t)cinfo->output_width * request->channels + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
-    work->pixels = malloc(count * stride + ROW_ALIGN);
-    work->lines = malloc(count * sizeof(JSAMPROW));
-    if (!work->pixels || !work->lines)
+    size_t lines_bytes = (size_t)count * sizeof(JSAMPROW);
+    work->decoded = scratch_take(SCRATCH_ROWS, lines_bytes + count * stride + ROW_ALIGN);
+    if (work->decoded == NULL)
         fail(work, "out of memory");
-    uint8_t *pixels = work->pixels + (ROW_ALIGN + ROW_LEAD - (uintptr_t)work->pixels % ROW_ALIGN) % ROW_ALIGN;
+    JSAMPROW *lines = (JSAMPROW *)work->decoded;
+    uint8_t *start = work->decoded + lines_bytes;
+    uint8_t *pixels = start + (ROW_ALIGN + ROW_LEAD - (uintptr_t)start % ROW_ALIGN) % ROW_ALIGN;
     for (int i = 0; i < count; i++)
-        work->lines[i] = pixels + i * stride;
+        lines[i] = pixels + i * stride;
     while ((int)cinfo->output_scanline < bottom) /* the rows below the box are not decoded */
-        jpeg_read_scanlines(cinfo, work->lines + (cinfo->output_scanline - first), bottom - cinfo->output_scanline);
+        jpeg_read_scanlines(cinfo, lines + (cinfo->output_scanline - first), bottom - cinfo->output_scanline);
     int failed = resize(pixels, stride, first, (int)x, request->channels, &work->rows, &work->columns, out,
                         flip_x, flip_y);
     if (failed)
