@@ -34,8 +34,7 @@ INSTALL = {  # top-level module -> (the package, how to install it)
     "pyarrow": ("pyarrow", 'pip install -e ".[parquet]"'),
     "datasets": ("Hugging Face datasets (writes the test datasets)", 'pip install -e ".[dev]"'),
     "pycocotools": ("pycocotools (writes COCO's run-length encodings)", 'pip install -e ".[dev]"'),
-    "torchvision": ("torchvision (nvJPEG decoding on a GPU)", "pip install torchvision, the build of the installed "
-                                                              "torch (on a CUDA machine)"),
+    "torchvision": ("torchvision (nvJPEG decoding on a GPU)", "pip install torchvision (on a CUDA machine)"),
 }
 TRAINERS = ("lightning", "accelerate", "torchdata")  # the modules of the ``trainers`` extra and marker
 
