@@ -1,7 +1,7 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil,torch]
+                               [--only scaling,gil,torch,feed] [--step-ms 5] [--held 0.5]
                                [--cases pixels,pixels-each,pixels+crop,encoded,encoded+crop,rrc,dense,dense-own,ingest]
                                [--torch-workers 0,2]
 
@@ -29,6 +29,15 @@ each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop do
   thread at a time), printed for 16 cores beside the scaling measured here; then the functions holding the GIL
   most (each sample put in its innermost outcore frame's function): where to look first.
 
+- **feed** (asked for with ``--only ...,feed``): does a training loop in the loader's process wait? A stand-in
+  for a training step that launches its kernels from Python: ``--step-ms`` of CPU a step in rounds of 50 us,
+  ``--held`` of each round a Python loop (holding the GIL) and the rest a hash (a C call that releases it, as
+  a kernel launch does), alone (its ceiling) and taking a batch of the case before each step (one iterator,
+  epoch after epoch, outcore's default threads): steps/s, the ratio to the ceiling and the share of the time
+  waiting for a batch. Each time the step takes the GIL back it may wait for a loader thread's Python, and each
+  time a loader thread wants it back it may wait for the step's: what this measures is how often and how long a
+  batch needs the GIL while something else needs it too.
+
 py-spy must be installed (``pip install py-spy``) and allowed to read the process (root, or
 ``kernel.yama.ptrace_scope=0``). On 2 cores, the scaling table stops at 2 threads: the GIL share is what
 says how a 16-core machine will scale.
@@ -37,6 +46,7 @@ says how a 16-core machine will scale.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -46,7 +56,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -320,6 +330,88 @@ def torch_epochs(location: Path, workers: int, seconds: float) -> float:
     return float(np.median(rates[1:]))
 
 
+def feed(made: dict[str, Path], cases: list[str], seconds: float, step_ms: float, held: float) -> None:
+    """Does a training loop in the loader's process wait? Each case in a fresh process (`fed`)."""
+    print(f"\na training loop's stand-in, {step_ms:g} ms of CPU a step in rounds of {ROUND_US} us, {held:.0%} of each "
+          "holding the GIL (Python between kernel launches) and the rest in a C call that releases it (a launch), "
+          f"fed by ds.batches({BATCH}, shuffle=True) on outcore's default threads, {os.cpu_count()} cores here: its "
+          "steps/s alone (the ceiling) and fed, the ratio, and the share of the time it waits for a batch")
+    print(f"{'case':14s} {'alone':>8s} {'fed':>8s} {'ratio':>6s} {'waiting':>8s}")
+    for case in cases:
+        done = subprocess.run([sys.executable, __file__, "--feed-run", case, str(made[CASES[case][0]]), str(seconds),
+                               str(step_ms), str(held)], capture_output=True, text=True, check=True)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{case:14s} {result['alone']:8.1f} {result['fed']:8.1f} {result['fed'] / result['alone']:6.2f} "
+              f"{result['waiting']:8.1%}", flush=True)
+
+
+ROUND_US = 50  # feed: a round of the stand-in step, about a kernel launch and the Python before it
+
+
+def fed(location: Path, case: str, seconds: float, step_ms: float, held: float) -> dict[str, float]:
+    """Steps/s of the stand-in training step (`stand_in`) alone and taking a batch of ``case`` before each step (one
+    iterator, epoch after epoch, as training does), and the share of the time it waited for one."""
+    step = stand_in(step_ms, held)
+
+    def steps_per_second(before_each: Callable[[], object]) -> tuple[float, float]:
+        steps, waited, began = 0, 0.0, time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            asked = time.perf_counter()
+            before_each()
+            waited += time.perf_counter() - asked
+            step()
+            steps += 1
+        elapsed = time.perf_counter() - began
+        return steps / elapsed, waited / elapsed
+
+    alone, _ = steps_per_second(lambda: None)
+    ds = outcore.open_dataset(location)
+    batches = ds.batches(BATCH, shuffle=True, fields=FIELDS.get(case, ["images", "labels"]), transform=CASES[case][1])
+
+    def forever() -> Iterator[dict[str, np.ndarray]]:
+        while True:
+            yield from batches
+
+    taken = forever()
+    for _ in range(len(batches)):  # a first epoch: the pipeline filled
+        next(taken)
+    rate, waiting = steps_per_second(lambda: next(taken))
+    return {"alone": alone, "fed": rate, "waiting": waiting}
+
+
+def stand_in(step_ms: float, held: float) -> Callable[[], None]:
+    """A training step's stand-in: rounds of `ROUND_US`, ``held`` of each a Python loop (holding the GIL), the rest
+    a hash of a buffer (hashlib releases the GIL for it), calibrated here with nothing else running."""
+    data = bytes(1 << 16)
+
+    def fastest(work: Callable[[int], None], count: int) -> float:
+        timings = []
+        for _ in range(5):
+            began = time.perf_counter()
+            work(count)
+            timings.append(time.perf_counter() - began)
+        return min(timings) / count
+
+    def spin(count: int) -> None:
+        total = 0
+        for i in range(count):
+            total += i
+
+    def launch(size: int) -> None:
+        hashlib.sha256(memoryview(data)[:size]).digest()
+
+    spins = max(1, round(ROUND_US * 1e-6 * held / fastest(spin, 100_000)))
+    size = min(len(data), max(4096, round(ROUND_US * 1e-6 * (1 - held) / fastest(launch, len(data)) * len(data))))
+    rounds = max(1, round(step_ms * 1000 / ROUND_US))
+
+    def step() -> None:
+        for _ in range(rounds):
+            spin(spins)
+            launch(size)
+
+    return step
+
+
 def bound(share: float, cores: int) -> float:
     """The most times one core's rate that ``cores`` allow when a share ``share`` of the work holds the GIL."""
     return min(cores, 1 / (share + (1 - share) / cores))
@@ -339,10 +431,19 @@ def main() -> None:
     parser.add_argument("--run", nargs=4, metavar=("CASE", "STORE", "THREADS", "SECONDS"), help=argparse.SUPPRESS)
     parser.add_argument("--ready", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-run", nargs=3, metavar=("STORE", "WORKERS", "SECONDS"), help=argparse.SUPPRESS)
+    parser.add_argument("--step-ms", type=float, default=5.0,
+                        help="feed: the CPU time of a training step (a small ResNet's on an H200: 5 ms)")
+    parser.add_argument("--held", type=float, default=0.5, help="feed: the share of it holding the GIL")
+    parser.add_argument("--feed-run", nargs=5, metavar=("CASE", "STORE", "SECONDS", "STEP_MS", "HELD"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torch_run:
         location, workers, seconds = args.torch_run
         print(json.dumps({"samples_s": torch_epochs(Path(location), int(workers), float(seconds))}))
+        return
+    if args.feed_run:
+        case, location, seconds, step_ms, held = args.feed_run
+        print(json.dumps(fed(Path(location), case, float(seconds), float(step_ms), float(held))))
         return
     if args.run:
         case, location, threads, seconds = args.run
@@ -357,6 +458,8 @@ def main() -> None:
     rates = scaling(made, cases, threads, args.seconds) if "scaling" in only else {}
     if "gil" in only:
         gil(made, cases, args.gil_threads, args.seconds, rates)
+    if "feed" in only:
+        feed(made, cases, args.seconds, args.step_ms, args.held)
     if "torch" in only:
         torch_workers(made["pixels"], [int(n) for n in args.torch_workers.split(",")], args.seconds)
 

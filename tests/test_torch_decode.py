@@ -195,7 +195,9 @@ def test_a_decoder_of_a_field_leaves_the_others_as_they_are():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and torchvision)")
 def test_nvjpeg_decodes_the_batches_of_the_cpu_path(photos):
     need("torchvision")
-    for transform, bound in ((WINDOWS, 1.0), (RESIZED, 2.0)):  # nvJPEG's IDCT and upsampling differ a little
+    # nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's: on an H200 (torchvision 0.26) the windows' pixels
+    # differed by 1.24 levels on average, the resized ones by less (the resize averages the differences out)
+    for transform, bound in ((WINDOWS, 2.0), (RESIZED, 2.0)):
         here = list(photos.torch(8, shuffle=True, seed=5, transform=transform))
         there = list(photos.torch(8, shuffle=True, seed=5, transform=transform, decode="cuda"))
         for got, expected in zip(there, here, strict=True):
