@@ -70,7 +70,7 @@ static void on_message(j_common_ptr cinfo, int level) {
 
 /* Memory each thread reuses from one picture to the next: the rows a box is decoded into (SCRATCH_ROWS) and a
  * resize's rows between its passes (SCRATCH_MIDDLE), each grown to the largest asked for and kept until the thread
- * ends. Allocated anew for each picture, such blocks (hundreds of KiB) come and go as fresh pages: mapped and
+ * ends. Allocated anew for each picture, such blocks (hundreds of KiB) can come and go as fresh pages, mapped and
  * faulted in under the process's address-space lock, which the threads of one process take in turn. */
 enum { SCRATCH_ROWS, SCRATCH_MIDDLE, SCRATCH_BLOCKS };
 
