@@ -25,10 +25,9 @@ encoded store of the folder's files at their own sizes: the same batch already o
 Each loader is made once and iterated epoch after epoch, as a training loop does (its DataLoader workers, where
 it has them, kept across epochs, as the Pillow DataLoader's are). Prints samples/s, the share of the step's time
 spent waiting for the next batch, and the ratio to the ceiling. ``--only`` keeps the feeds whose names hold one
-of its texts (the ceilings are always measured); ``--threads n`` sets outcore's threads (`outcore.set_threads`)
-for its feeds. Needs a CUDA
-GPU (it says so and stops without one); ``--device cpu`` runs every row on the CPU, a few steps, to try the
-script itself.
+of its comma-separated texts (the ceilings are always measured); ``--threads n`` sets outcore's threads
+(`outcore.set_threads`) for its feeds. Needs a CUDA GPU (it says so and stops without one); ``--device cpu``
+runs every row on the CPU, a few steps, to try the script itself.
 """
 
 from __future__ import annotations
