@@ -50,7 +50,7 @@ def run_demo(workdir: str | Path, *, per_class: int = 200, size: int = 64, epoch
     started = time.time() if started is None else started
     keras = _keras()
     workdir = Path(workdir)
-    print(f"outcore demo: everything goes to {workdir.absolute()}")
+    _say(f"outcore demo: everything goes to {workdir.absolute()}")
     stores = {}
     for offset, (split, fraction) in enumerate(SPLITS.items()):
         folder = workdir / "photos" / split
@@ -58,13 +58,13 @@ def run_demo(workdir: str | Path, *, per_class: int = 200, size: int = 64, epoch
             count = max(2, int(per_class * fraction))
             write_image_folder(folder, count, classes=SAMPLE_PHOTOS, size=(size, size), kind="sample-photos",
                                seed=offset)
-            print(f"cut {count * len(SAMPLE_PHOTOS)} {size}x{size} JPEG crops of the sample photographs into {folder}")
+            _say(f"cut {count * len(SAMPLE_PHOTOS)} {size}x{size} JPEG crops of the sample photographs into {folder}")
         stores[split] = ingest_images(folder, workdir / f"{split}.zarr.zip", shape=(size, size, 3), overwrite=True,
                                       client=client, progress=progress)
     train, val, test = stores["train"], stores["val"], stores["test"]
-    print("\n" + describe(train) + "\n")
+    _say("\n" + describe(train) + "\n")
     _compare_with_encoded(train, workdir, size, client, progress)
-    print(verify(train.location, progress=progress))
+    _say(verify(train.location, progress=progress))
 
     model = _small_cnn(keras, size, len(train.classes))
     batches = train.batches(BATCH, fields=["images", "labels"], seed=0, transform=Compose([RandomFlip(), NORMALIZE]))
@@ -75,16 +75,16 @@ def run_demo(workdir: str | Path, *, per_class: int = 200, size: int = 64, epoch
                 bar.set_postfix(loss=f"{float(loss):.3f}", accuracy=f"{float(accuracy):.2f}", refresh=False)
                 bar.update()
         _, val_accuracy = model.evaluate(val.keras(BATCH, x="images", y="labels", transform=NORMALIZE), verbose=0)
-        print(f"epoch {epoch + 1}: validation accuracy {val_accuracy:.1%}")
+        _say(f"epoch {epoch + 1}: validation accuracy {val_accuracy:.1%}")
     stats = batches.stats()
-    print(f"\ntraining ran at {stats['samples_per_s']:,.0f} samples/s (the model's pace) and waited for data "
+    _say(f"\ntraining ran at {stats['samples_per_s']:,.0f} samples/s (the model's pace) and waited for data "
           f"{stats['wait_fraction']:.1%} of the time (mean wait {stats['wait_mean_ms']:.1f} ms per batch)")
-    print(shuffle_quality(train, batch_size=BATCH))
+    _say(shuffle_quality(train, batch_size=BATCH))
 
     accuracy = _predict_to_store(model, test, workdir / "test-predictions.zarr")
-    print(f"\ntest accuracy: {accuracy:.1%} (chance {1 / len(test.classes):.1%}); predictions in "
+    _say(f"\ntest accuracy: {accuracy:.1%} (chance {1 / len(test.classes):.1%}); predictions in "
           f"{workdir / 'test-predictions.zarr'}; demo took {time.time() - started:.0f} s")
-    print(_your_own_folders(size))
+    _say(_your_own_folders(size))
     return accuracy
 
 
@@ -135,7 +135,7 @@ def _compare_with_encoded(train: Dataset, workdir: Path, size: int, client: Any,
                             images="encoded", overwrite=True, client=client, progress=progress)
     pixels = next(r for r in field_reports(train) if r.name == "images")
     files = next(r for r in field_reports(encoded) if r.name == "images")
-    print(f"the pixels take {human_size(pixels.stored)} on disk ({pixels.ratio}: photographs' pixels barely "
+    _say(f"the pixels take {human_size(pixels.stored)} on disk ({pixels.ratio}: photographs' pixels barely "
           f"compress without loss); the same pictures as JPEG bytes ({encoded.location}, --images encoded, "
           f"decoded while reading) take {human_size(files.stored)} ({pixels.stored / files.stored:.1f}x smaller)\n")
 
@@ -159,3 +159,8 @@ the same on your own pictures (one sub-folder per class in each split):
 then, in Python:
   ds, val = outcore.open_dataset("train.zarr"), outcore.open_dataset("val.zarr")
   model.fit(ds.keras({BATCH}, x="images", y="labels"), validation_data=val.keras({BATCH}, x="images", y="labels"))"""
+
+
+def _say(text: object) -> None:
+    """A line of the demo's story, shown at once even through a pipe (a log, ``tee``): the demo takes minutes."""
+    print(text, flush=True)
