@@ -208,11 +208,16 @@ def percent(share: float | None) -> str:
     return "-" if share is None else f"{share:.1%}"
 
 
+def child(*arguments: object) -> dict:
+    """This script run in a fresh process with ``arguments`` (``--run``, ``--torch-run``, ``--feed-run``): the JSON
+    object its last line prints."""
+    done = subprocess.run([sys.executable, __file__, *map(str, arguments)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def in_a_process(made: dict[str, Path], case: str, threads: int, seconds: float) -> tuple[float, float | None]:
     """`epochs` in a fresh process (each measurement starts with the same memory and threads)."""
-    done = subprocess.run([sys.executable, __file__, "--run", case, str(made[CASES[case][0]]), str(threads),
-                           str(seconds)], capture_output=True, text=True, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = child("--run", case, made[CASES[case][0]], threads, seconds)
     return float(result["samples_s"]), result["gil_share"]
 
 
@@ -311,9 +316,7 @@ def torch_workers(location: Path, workers: list[int], seconds: float) -> None:
         return
     print(f"\nsamples/s of ds.torch({BATCH}, shuffle=True), pixels + crop + flip, {os.cpu_count()} cores here")
     for count in workers:
-        done = subprocess.run([sys.executable, __file__, "--torch-run", str(location), str(count), str(seconds)],
-                              capture_output=True, text=True, check=True)
-        rate = json.loads(done.stdout.strip().splitlines()[-1])["samples_s"]
+        rate = child("--torch-run", location, count, seconds)["samples_s"]
         print(f"  {count:2d} DataLoader workers: {rate:9.0f}")
 
 
@@ -338,9 +341,7 @@ def feed(made: dict[str, Path], cases: list[str], seconds: float, step_ms: float
           "steps/s alone (the ceiling) and fed, the ratio, and the share of the time it waits for a batch")
     print(f"{'case':14s} {'alone':>8s} {'fed':>8s} {'ratio':>6s} {'waiting':>8s}")
     for case in cases:
-        done = subprocess.run([sys.executable, __file__, "--feed-run", case, str(made[CASES[case][0]]), str(seconds),
-                               str(step_ms), str(held)], capture_output=True, text=True, check=True)
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result = child("--feed-run", case, made[CASES[case][0]], seconds, step_ms, held)
         print(f"{case:14s} {result['alone']:8.1f} {result['fed']:8.1f} {result['fed'] / result['alone']:6.2f} "
               f"{result['waiting']:8.1%}", flush=True)
 

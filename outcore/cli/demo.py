@@ -78,12 +78,12 @@ def run_demo(workdir: str | Path, *, per_class: int = 200, size: int = 64, epoch
         _say(f"epoch {epoch + 1}: validation accuracy {val_accuracy:.1%}")
     stats = batches.stats()
     _say(f"\ntraining ran at {stats['samples_per_s']:,.0f} samples/s (the model's pace) and waited for data "
-          f"{stats['wait_fraction']:.1%} of the time (mean wait {stats['wait_mean_ms']:.1f} ms per batch)")
+         f"{stats['wait_fraction']:.1%} of the time (mean wait {stats['wait_mean_ms']:.1f} ms per batch)")
     _say(shuffle_quality(train, batch_size=BATCH))
 
     accuracy = _predict_to_store(model, test, workdir / "test-predictions.zarr")
     _say(f"\ntest accuracy: {accuracy:.1%} (chance {1 / len(test.classes):.1%}); predictions in "
-          f"{workdir / 'test-predictions.zarr'}; demo took {time.time() - started:.0f} s")
+         f"{workdir / 'test-predictions.zarr'}; demo took {time.time() - started:.0f} s")
     _say(_your_own_folders(size))
     return accuracy
 
@@ -136,8 +136,8 @@ def _compare_with_encoded(train: Dataset, workdir: Path, size: int, client: Any,
     pixels = next(r for r in field_reports(train) if r.name == "images")
     files = next(r for r in field_reports(encoded) if r.name == "images")
     _say(f"the pixels take {human_size(pixels.stored)} on disk ({pixels.ratio}: photographs' pixels barely "
-          f"compress without loss); the same pictures as JPEG bytes ({encoded.location}, --images encoded, "
-          f"decoded while reading) take {human_size(files.stored)} ({pixels.stored / files.stored:.1f}x smaller)\n")
+         f"compress without loss); the same pictures as JPEG bytes ({encoded.location}, --images encoded, "
+         f"decoded while reading) take {human_size(files.stored)} ({pixels.stored / files.stored:.1f}x smaller)\n")
 
 
 def _predict_to_store(model: Any, test: Dataset, location: Path) -> float:
