@@ -14,6 +14,7 @@ from support.optional import need
 
 import outcore
 from outcore.errors import OptionError, OutcoreWarning
+from outcore.iterate.shared import is_mapped
 from outcore.transforms import BrightnessContrast, Compose, Normalize, RandomFlip
 
 torch = need("torch")
@@ -180,6 +181,32 @@ def test_loader_workers_parts_with_text_subsets_ranks_and_uneven_parts(tmp_path,
     got, loader = epoch(3)
     assert got == expected and loader.dataset.parts == 3
     assert all(path == paths[i] for ids, batch_paths, _ in got for i, path in zip(ids, batch_paths, strict=True))
+
+
+def test_loader_workers_parts_gathered_by_the_pin_thread_are_the_batches(pictures_store, monkeypatch):
+    """With ``pin_memory``, the DataLoader's pin thread copies each worker's part into its batch's pinned memory as
+    it comes (`Delivered.pin_memory`): the batches are those of a loader without workers, none mapped, their files
+    handed back to the workers at once, and a pass stopped early leaves no memory held. No GPU here: the pin
+    thread's very call is made as the loader receives each item, plain memory standing in for pinned memory."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    import outcore.adapters.torch as adapter
+    from outcore.adapters.torch_pinned import PinnedParts
+    from outcore.iterate.gather import plain
+
+    monkeypatch.setattr(adapter, "pinned_parts", PinnedParts(plain))
+    whole = adapter.OutcoreLoader._whole
+    expected, _ = _epoch(pictures_store, 0)
+    monkeypatch.setattr(adapter.OutcoreLoader, "_whole", lambda self, items: whole(self, map(pin_memory, items)))
+    assert _epoch(pictures_store, 2) == (expected, 0)  # not one batch mapped from shared memory: each in its own
+    loader = pictures_store.torch(96, num_workers=2, shuffle=True, seed=3, buffer_chunks=4,
+                                  multiprocessing_context="fork", persistent_workers=True)
+    for index, batch in enumerate(loader):
+        assert batch["images"].numpy().base is not None and not is_mapped(batch["images"].numpy())
+        if index == 3:
+            break
+    assert not adapter.pinned_parts.batches  # the parts of batches the stopped pass never joined: let go of
+    assert [name for name in os.listdir(loader._mailbox.folder) if name.startswith("free-")]
 
 
 def test_loader_workers_without_room_in_shared_memory_send_their_parts_and_it_is_said(pictures_store, monkeypatch):
@@ -433,6 +460,19 @@ def test_to_device_overlaps_copies_on_a_gpu(ids_store):
     assert len(batches) == len(on_the_cpu) == 10  # the same batches, in the same order, on the GPU
     for got, expected in zip(batches, on_the_cpu, strict=True):
         assert torch.equal(got["id"].cpu(), expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_pin_memory_gathers_the_workers_parts_in_the_pin_thread(pictures_store):
+    """Parts of each batch copied into pinned memory by the DataLoader's pin thread: the batches of a loader
+    without workers, pinned, none mapped from shared memory."""
+    expected, _ = _epoch(pictures_store, 0)
+    loader = pictures_store.torch(96, num_workers=2, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented,
+                                  multiprocessing_context="fork", pin_memory=True)
+    batches = list(loader)
+    assert all(b["images"].is_pinned() and not is_mapped(b["images"].numpy()) for b in batches)
+    got = [(b.index, b["id"].tolist(), b["noise"].tolist(), b["images"].numpy().tobytes()) for b in batches]
+    assert got == expected and not list(loader._mailbox.folder.glob("taken-*"))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -26,24 +26,41 @@ from ..storage import RemoteStore, Store
 from ..storage.remote import FORKED_AFTER_USE
 from .forkserver import importing, preload_forkserver
 from .keywords import TorchKeywords, split_torch_keywords
-from .torch_batches import PART_FILE, TorchBatch, TorchBatches, as_tensor
+from .torch_batches import PART_FILE, TorchBatch, TorchBatches, as_tensor, pinned_empty
 from .torch_decode import DeviceDecoder, device_decoder
 from .torch_device import to_device
-from .torch_module import DataLoader, default_convert, torch
+from .torch_module import DataLoader, default_convert, pin_memory, torch
+from .torch_pinned import PinnedParts
 
 __all__ = ["OutcoreLoader", "TorchBatch", "TorchBatches", "loader", "to_device"]
 
+pinned_parts = PinnedParts(pinned_empty)  # the parts of batches the DataLoader's pin thread gathers in pinned memory
+
 
 class Delivered(NamedTuple):
-    """What a worker hands the loader: the collated ``value``, its ``step`` and ``size`` (pinned with it, as
-    a named tuple, when ``pin_memory`` is on); for a part of a batch (`TorchBatches.split_batches`), its
-    ``part`` and ``samples``, and ``value`` the part's fields, collated once the parts are `joined`."""
+    """What a worker hands the loader: the collated ``value``, its ``step`` and ``size``; for a part of a batch
+    (`TorchBatches.split_batches`), its ``part``, ``samples``, its first row in the batch (``offset``) and the
+    mailbox ``folder`` of the batch's files, and ``value`` the part's fields, collated once the parts are
+    `joined`."""
 
     value: Any
     step: int
     size: int
     part: int | None = None
     samples: Any = None
+    offset: int = 0
+    folder: str | None = None
+
+    def pin_memory(self) -> Delivered:
+        """Run by the DataLoader's pin thread (``pin_memory=True``) on each item: a whole batch's value pinned as
+        the DataLoader pins it; a part's rows copied from the batch's files into the batch's pinned memory
+        (`outcore.adapters.torch_pinned`), there and then, not on the training loop's thread once every part
+        has come."""
+        if self.part is None:
+            return self._replace(value=pin_memory(self.value))
+        if not self.size or self.folder is None:
+            return self
+        return self._replace(value=pinned_parts.copy(self.value, self.folder, self.offset, self.size))
 
 
 class Collate:
@@ -57,7 +74,7 @@ class Collate:
     def __call__(self, batch: TorchBatch) -> Delivered:
         if batch.part is not None:
             return Delivered(SharedBatch(dict(batch), batch.no_room), batch.index, len(batch.samples), batch.part,
-                             batch.samples)
+                             batch.samples, batch.offset, batch.folder)
         return Delivered(self.collated(batch), batch.index, len(next(iter(batch.values()))))
 
     def collated(self, batch: TorchBatch) -> Any:
@@ -74,9 +91,11 @@ def joined(parts: list[Delivered], epoch: int, mailbox: Mailbox | None, channels
     ([1, 2, 3], [1, 2, 3], 0)
     """
     parts = sorted((part for part in parts if part.size), key=lambda part: part.part)
-    values = join_parts([part.value for part in parts], [part.size for part in parts], mailbox)
-    return TorchBatch({name: as_tensor(array, channels_first) for name, array in values.items()}, epoch, None,
-                      parts[0].step, np.concatenate([part.samples for part in parts]))
+    sizes = [part.size for part in parts]
+    pinned, rest = pinned_parts.take([part.value for part in parts], sizes)  # the fields the pin thread gathered
+    values = {**join_parts(rest, sizes, mailbox), **pinned}
+    return TorchBatch({name: as_tensor(values[name], channels_first) for name in parts[0].value.fields}, epoch,
+                      None, parts[0].step, np.concatenate([part.samples for part in parts]))
 
 
 class OutcoreLoader(DataLoader):
@@ -191,6 +210,7 @@ class OutcoreLoader(DataLoader):
         stopped early; workers still writing when it stopped)."""
         if self._mailbox is None:
             return
+        pinned_parts.drop(str(self._mailbox.folder), None if current is None else f"{PART_FILE}{current}-")
         for left in self._mailbox.folder.glob(f"{PART_FILE}*"):
             if current is None or not left.name.startswith(f"{PART_FILE}{current}-"):
                 left.unlink(missing_ok=True)
@@ -265,8 +285,10 @@ def loader(store: Store, batch_size: int, *, channels_first: bool = False,
     Workers: where the rank has a stream for each (``streams / world_size`` of them, 8 by default on one
     rank) and the machine has shared memory (``/dev/shm``), each worker makes **its part of every batch**
     (the samples of its streams, read from its streams' chunks only), written straight into the batch's
-    memory beside the other workers' parts, and the loader maps the batch: no chunk is read twice, no
-    batch is copied between processes, and ``collate_fn`` runs on the whole batch in this process.
+    memory beside the other workers' parts, and the loader maps the batch (with ``pin_memory``, the
+    DataLoader's pin thread copies each part into the batch's pinned memory as it comes: `Delivered.pin_memory`):
+    no chunk is read twice, no batch is copied between processes, and ``collate_fn`` runs on the whole batch
+    in this process.
     Elsewhere the workers take turns at whole batches, which the DataLoader sends over (each worker then
     reads the chunks its batches draw on: 1.4-3x the rank's share between them). ``num_workers=0`` is the
     default: outcore already reads and decodes on a pool of threads; workers help where per-batch Python

@@ -68,6 +68,7 @@ class TorchBatch(dict):
         self.epoch, self.worker, self.index, self.samples = epoch, worker, index, samples
         self.part = part  # a worker's part of batch ``index`` (`TorchBatches.parts`), for the loader to join
         self.no_room = False  # the part's worker found no room for it in shared memory (the loader says so)
+        self.offset, self.folder = 0, None  # a part's first row in the batch, and the folder of the batch's files
 
 
 class EpochBoard:
@@ -269,7 +270,8 @@ class TorchBatches(IterableDataset):
                     batch = next(batches)  # made (its arena too) by the run's producer thread
                     made = arenas.pop(step).publish(batch)
                 values = TorchBatch(made.fields, self.epoch, part[0], step, plan.step(step)[0], part[0])
-                values.no_room = made.no_room
+                values.no_room, values.folder = made.no_room, self.slot.folder
+                values.offset = plan.placement(step)[0]
                 yield values
         finally:
             run.close()

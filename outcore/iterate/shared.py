@@ -178,7 +178,7 @@ class Arena:
                 try:
                     os.link(self.folder / private, path)  # atomic: fails where another worker made it first
                 except FileExistsError:
-                    _free(self.folder, private, file_size)
+                    free_file(self.folder, private, file_size)
                 else:
                     (self.folder / private).unlink()
             row = size // self.part.size
@@ -205,7 +205,7 @@ class Arena:
         try:
             return kept_mappings.map(self.folder / name, size)
         except OSError:
-            _free(self.folder, name, size)  # back with the free ones, for another batch
+            free_file(self.folder, name, size)  # back with the free ones, for another batch
             raise
 
     def _new(self, name: str, size: int) -> mmap.mmap:
@@ -233,7 +233,7 @@ class Arena:
         kept = {shared.name for shared in fields.values() if isinstance(shared, SharedArray)}
         for shared, _ in self.made.values():
             if shared.name not in kept and self.folder is not None and self.part is None:
-                _free(self.folder, shared.name, shared.file_size)
+                free_file(self.folder, shared.name, shared.file_size)
         self.made.clear()
         return SharedBatch(fields, self.no_room)
 
@@ -336,7 +336,7 @@ class Mailbox:
             raise self.gone(error) from None
         self.used.add(status.st_ino)
         array = np.frombuffer(mapped, dtype, shared.nbytes // dtype.itemsize, LEAD)
-        weakref.finalize(array, _free, self.folder, shared.name, shared.file_size)
+        weakref.finalize(array, free_file, self.folder, shared.name, shared.file_size)
         return array.reshape(shared.shape)
 
     def close(self) -> None:
@@ -433,7 +433,7 @@ def _take_free(folder: Path, name: str, size: int, mine: Collection[int] = ()) -
     return None
 
 
-def _free(folder: Path, name: str, size: int) -> None:
+def free_file(folder: Path, name: str, size: int) -> None:
     """File ``name`` may be written again: rename it for the next batch of its size (nothing if the
     mailbox is gone)."""
     with contextlib.suppress(OSError):
