@@ -120,6 +120,7 @@ class OutcoreLoader(DataLoader):
         self.made_here = 0  # batches made in this process while the workers' forkserver imported
         self._mailbox: Mailbox | None = None  # where workers making parts of each batch write them (`_slot`)
         self._no_mailbox = False
+        self._pinned_parts = pinned_parts  # kept: a pass left unfinished at exit ends after the module's globals
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -210,7 +211,7 @@ class OutcoreLoader(DataLoader):
         stopped early; workers still writing when it stopped)."""
         if self._mailbox is None:
             return
-        pinned_parts.drop(str(self._mailbox.folder), None if current is None else f"{PART_FILE}{current}-")
+        self._pinned_parts.drop(str(self._mailbox.folder), None if current is None else f"{PART_FILE}{current}-")
         for left in self._mailbox.folder.glob(f"{PART_FILE}*"):
             if current is None or not left.name.startswith(f"{PART_FILE}{current}-"):
                 left.unlink(missing_ok=True)

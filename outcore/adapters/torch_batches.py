@@ -149,11 +149,13 @@ class TorchBatches(IterableDataset):
         and there is a slot (shared memory), for a loader that maps the batches (`OutcoreLoader`): each
         worker then reads only its own streams' chunks, instead of the chunks of every batch it makes
         (workers taking turns read the chunks that straddle consecutive batches once each: 1.4-3x the
-        rank's share), and no batch is copied between processes."""
+        rank's share), and no batch is copied between processes. One worker makes the whole of every batch
+        there too: a batch the DataLoader sends over costs the loader's thread several times as much."""
         options = self.options
         streams = options.canonical_streams // options.world_size
-        self.parts = self.num_workers if 2 <= self.num_workers <= streams and slot is not None else 1
-        self.slot = slot if self.parts > 1 else None
+        shared = 1 <= self.num_workers <= streams and slot is not None
+        self.parts = self.num_workers if shared else 1
+        self.slot = slot if shared else None
 
     def resolve_rank(self) -> None:
         """Take the rank and world size from ``torch.distributed`` now, unless they were given."""
@@ -222,7 +224,7 @@ class TorchBatches(IterableDataset):
         if self._store is None or self._opened_in != os.getpid():
             self._store, self._opened_in = self.opener(), os.getpid()
         iterator = BatchIterator(self._store, self.options)
-        if info is not None and self.parts > 1:
+        if info is not None and self.slot is not None:
             yield from self._parts(iterator, (loader_worker, num_workers))
             return
         turns = Consumer(self.options.rank, self.options.world_size, loader_worker, num_workers)
