@@ -8,9 +8,9 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
 112x112 random crops with random flips, batch 256, for ``--steps`` steps after a warm-up, fed by:
 
 - the same batch, already on the GPU (the ceiling: the GPU's own rate);
-- ``ds.torch(256, pin_memory=True)`` + ``to_device`` (reader threads, ``num_workers=0``), and with 2 and 4
-  DataLoader worker processes (each writing its part of every batch into shared memory, copied into pinned
-  memory by the DataLoader's pin thread); the same on an encoded store of the JPEG folder (decoded, cut and flipped by
+- ``ds.torch(256, pin_memory=True)`` + ``to_device`` (reader threads, ``num_workers=0``), and with 1, 2
+  and 4 DataLoader worker processes (each writing its part of every batch into shared memory, copied into
+  pinned memory by the DataLoader's pin thread); the same on an encoded store of the JPEG folder (decoded, cut and flipped by
   outcore's threads: its defaults), and decoded, cut and flipped on the GPU (``decode="cuda"``: outcore's
   threads read the files, torchvision's nvJPEG decodes them);
 - a JPEG-folder DataLoader (Pillow decode per sample, 8 worker processes), the usual baseline;
@@ -185,6 +185,8 @@ def main() -> None:
     feeds = {
         "the same batch, already on the GPU (ceiling)": lambda: resident(ds, AUGMENT),
         "outcore ds.torch, pixels, its defaults (threads)": outcore_feed(ds, AUGMENT),
+        "outcore ds.torch, pixels, 1 DataLoader worker": outcore_feed(ds, AUGMENT, num_workers=1,
+                                                                      persistent_workers=True),
         "outcore ds.torch, pixels, 2 DataLoader workers": outcore_feed(ds, AUGMENT, num_workers=2,
                                                                        persistent_workers=True),
         "outcore ds.torch, pixels, 4 DataLoader workers": outcore_feed(ds, AUGMENT, num_workers=4,
