@@ -302,3 +302,45 @@ def test_a_run_closing_while_the_next_is_open_hands_it_its_free_files(tmp_path):
     assert [int(batch["images"][0, 0]) for batch in batches] == [3, 4]
     other_root.close()
     second.close()
+
+
+def test_parts_copied_as_they_come_make_the_batch_and_free_its_file_once_all_are_in(mailbox):
+    """`PinnedParts` (what the DataLoader's pin thread does with each part, plain memory standing in for pinned):
+    each part's rows copied into the batch's array, made once; the file freed once every row is copied; a part
+    that a worker sent as an array (no room) copied in as the batch is taken; a missing or disagreeing part is a
+    named error, and the batches of a stopped pass are let go of."""
+    from outcore.adapters.torch_pinned import PinnedParts
+
+    folder, allocated = str(mailbox.folder), []
+
+    def allocate(shape, dtype, field=""):
+        allocated.append(field)
+        return np.empty(shape, dtype)
+
+    def part(offset, value, batch="p1-b", room=True):
+        arena = mailbox.slot.arena(shared.Part(batch, offset, 6))
+        images = arena.empty((2, 1 << 16), np.dtype("uint8"), field="images") if room else np.empty((2, 1 << 16), "u1")
+        images.fill(value)
+        return arena.publish({"images": images, "labels": np.full(2, value)})
+
+    pinned = PinnedParts(allocate)
+    copied = [pinned.copy(part(offset, offset + 1), folder, offset, 2) for offset in (0, 2)]
+    assert "p1-b-images" in files(mailbox)  # two of its three parts copied: still the workers'
+    copied.append(pinned.copy(part(4, 9, room=False), folder, 4, 2))  # no room: the part sent as an array
+    fields, rest = pinned.take(copied, [2, 2, 2])
+    assert fields["images"][:, 0].tolist() == [1, 1, 3, 3, 9, 9] and allocated == ["images"]
+    assert shared.join_parts(rest, [2, 2, 2], mailbox)["labels"].tolist() == [1, 1, 3, 3, 9, 9]
+    assert [name for name in files(mailbox) if name.startswith(FREE)] == [f"{FREE}{(6 << 16) + 16}-p1-b-images"]
+    assert not pinned.batches
+
+    missing = [pinned.copy(part(0, 1, batch="p1-c"), folder, 0, 2)]
+    with pytest.raises(ClusterError, match="hold 2 rows of field 'images', not its 6: a worker's part of it is missing"):
+        pinned.take(missing, [2])
+    with pytest.raises(ClusterError, match="not within its file"):
+        pinned.copy(part(0, 1, batch="p1-d"), folder, 5, 2)
+    pinned.copy(part(0, 1, batch="p1-e"), folder, 0, 2)
+    pinned.copy(part(0, 1, batch="p2-e"), folder, 0, 2)
+    pinned.drop(folder, keep="p2-")  # a new pass: what the stopped one left is let go of
+    assert [key[1] for key in pinned.batches] == ["p2-e-images"]
+    pinned.drop(folder)
+    assert not pinned.batches

@@ -194,11 +194,18 @@ def test_loader_workers_parts_gathered_by_the_pin_thread_are_the_batches(picture
     from outcore.adapters.torch_pinned import PinnedParts
     from outcore.iterate.gather import plain
 
-    monkeypatch.setattr(adapter, "pinned_parts", PinnedParts(plain))
+    made = []
+
+    def allocate(shape, dtype, field=""):
+        made.append(field)
+        return plain(shape, dtype)
+
+    monkeypatch.setattr(adapter, "pinned_parts", PinnedParts(allocate))
     whole = adapter.OutcoreLoader._whole
     expected, _ = _epoch(pictures_store, 0)
     monkeypatch.setattr(adapter.OutcoreLoader, "_whole", lambda self, items: whole(self, map(pin_memory, items)))
     assert _epoch(pictures_store, 2) == (expected, 0)  # not one batch mapped from shared memory: each in its own
+    assert made == ["images"] * 10  # a batch's memory made once, by the first of its parts to come
     loader = pictures_store.torch(96, num_workers=2, shuffle=True, seed=3, buffer_chunks=4,
                                   multiprocessing_context="fork", persistent_workers=True)
     for index, batch in enumerate(loader):

@@ -70,8 +70,10 @@ class PinnedParts:
             if not 0 <= offset < offset + size <= rows:
                 raise ClusterError(f"a worker's part of a batch (rows {offset} to {offset + size}) is not within "
                                    f"its file {value.name}'s {rows} rows")
-            with self.lock:
-                pinned, copied = self.batches.setdefault(key, (self.allocate(value.shape, dtype, name), [0]))
+            with self.lock:  # the batch's first part to come makes its pinned array
+                if key not in self.batches:
+                    self.batches[key] = (self.allocate(value.shape, dtype, name), [0])
+                pinned, copied = self.batches[key]
             try:
                 mapped = kept_mappings.map(Path(folder) / value.name, value.file_size)
             except OSError as error:
@@ -111,7 +113,7 @@ class PinnedParts:
                                        f"{[part.fields.get(name) for part in parts]}")
             if array is None or rows != len(array):
                 raise ClusterError(f"the parts of a batch hold {rows} rows of field {name!r}, not its "
-                                   f"{sum(sizes)}: a worker's part of it is missing")
+                                   f"{sum(sizes) if array is None else len(array)}: a worker's part of it is missing")
             fields[name] = array
         rest = [SharedBatch({name: value for name, value in part.fields.items() if name not in pinned}, part.no_room)
                 for part in parts]
