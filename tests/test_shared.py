@@ -1,4 +1,4 @@
-"""Batches handed from workers to the consumer through shared memory (`outcore.iterate.shared`)."""
+"""Batches handed from workers to the consumer through shared memory (`outcore.iterate.shared`), and workers' parts gathered into pinned memory as they come (`outcore.adapters.torch_pinned`)."""
 
 from __future__ import annotations
 
