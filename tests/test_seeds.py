@@ -64,3 +64,35 @@ def test_the_draws_are_made_by_the_extension_where_it_is_built():
     assert out.tolist() == np.random.default_rng(3).integers(0, 10, size=5).tolist()
     with pytest.raises(ValueError, match="high < 2"):
         seeds._draws.integers(np.random.default_rng(3).bit_generator.capsule, 2**32, out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**64 - 1), before=st.integers(0, 3),
+       sizes=st.lists(st.tuples(st.integers(1, 700), st.integers(1, 700)), max_size=20),
+       scale=st.tuples(st.floats(0, 1), st.floats(0, 1)).map(sorted),
+       ratio=st.tuples(st.floats(0.05, 20), st.floats(0.05, 20)).map(sorted))
+def test_resized_crop_boxes_are_those_drawn_one_by_one_and_leave_the_same_state(seed, before, sizes, scale, ratio):
+    """RandomResizedCrop's boxes drawn by the ``_draws`` extension where it is built: those
+    `random_resized_crop_box` draws picture by picture with numpy's calls (tries, central fallbacks, ratios in
+    equal, half-used 64-bit outputs), and the generator left in the same state."""
+    from outcore.imaging.crops import random_resized_crop_box
+
+    ours, numpy = np.random.default_rng(seed), np.random.default_rng(seed)
+    for rng in (ours, numpy):
+        rng.integers(0, 7, size=before)
+    scale, ratio = tuple(scale), tuple(ratio)
+    drawn = seeds.resized_crop_boxes(ours, np.array(sizes, np.int64).reshape(-1, 2), scale, ratio)
+    expected = [random_resized_crop_box(height, width, scale, ratio, numpy) for height, width in sizes]
+    if seeds._draws is None:
+        assert drawn is None
+        return
+    assert drawn.tolist() == [list(box) for box in expected]
+    assert ours.bit_generator.state == numpy.bit_generator.state
+
+
+def test_resized_crop_boxes_leave_what_the_extension_cannot_draw_to_python():
+    sizes = np.array([[0, 5]], np.int64)  # a picture of no rows: random_resized_crop_box says so itself
+    assert seeds.resized_crop_boxes(np.random.default_rng(0), sizes, (0.08, 1.0), (0.75, 1.33)) is None
+    assert seeds.resized_crop_boxes(np.random.default_rng(0), sizes + 1, (0.08, 1.0), (0, 1.33)) is None
+    assert seeds.resized_crop_boxes(np.random.default_rng(0), sizes + 1, (-1, 1.0), (0.75, 1.33)) is None
+    assert seeds.resized_crop_boxes(np.random.default_rng(0), sizes + 1, (0.08, 1.0), (1.33, 0.75)) is None  # numpy refuses

@@ -111,3 +111,23 @@ def uniform(rng: np.random.Generator, count: int) -> np.ndarray:
     out = np.empty(count, np.float64)
     _draws.uniform(rng.bit_generator.capsule, out)
     return out
+
+
+def resized_crop_boxes(rng: np.random.Generator, sizes: np.ndarray, scale: tuple[float, float],
+                       ratio: tuple[float, float]) -> np.ndarray | None:
+    """RandomResizedCrop's boxes ``(top, left, height, width)`` of pictures of ``sizes`` (int64, ``(n, 2)``: height,
+    width), drawn in order as `outcore.imaging.crops.random_resized_crop_box` draws each, the generator left as it
+    leaves it, in one call of the ``_draws`` extension; None where it is not built, or for arguments that function
+    refuses (it then draws them itself, and says why).
+
+    >>> boxes = resized_crop_boxes(np.random.default_rng(0), np.array([[300, 400]]), (0.08, 1.0), (3 / 4, 4 / 3))
+    >>> boxes is None or boxes.tolist() == [[28, 242, 137, 103]]
+    True
+    """
+    if _draws is None or not (0 < ratio[0] <= ratio[1] and 0 <= scale[0] <= scale[1]) or (
+            len(sizes) and not 1 <= sizes.min() <= sizes.max() < 2**32):
+        return None
+    out = np.empty((len(sizes), 4), np.int64)
+    _draws.resized_crop_boxes(rng.bit_generator.capsule, np.ascontiguousarray(sizes, np.int64),
+                              (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1])), out)
+    return out

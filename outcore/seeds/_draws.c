@@ -4,7 +4,9 @@
  *
  * integers(capsule, high, out): out[i] = Lemire's bounded draw in [0, high) from the bit generator's 32-bit
  * outputs, high - 1 below 2**32 - 1, as numpy's random_bounded_uint64_fill draws int64 numbers (buffered_bounded_
- * lemire_uint32); uniform(capsule, out): out[i] = the generator's next double, as random_standard_uniform_fill.
+ * lemire_uint32); uniform(capsule, out): out[i] = the generator's next double, as random_standard_uniform_fill;
+ * resized_crop_boxes(capsule, sizes, scale, ratio, out): RandomResizedCrop's boxes, each drawn with those draws as
+ * outcore.imaging.crops.random_resized_crop_box draws it (a Python loop of a dozen calls a picture before).
  * `capsule` is the generator's bit_generator.capsule; out is a C-contiguous int64 or float64 buffer. The same
  * numbers and the same state after, for any generator: tests/test_seeds.py compares them with numpy's. Without
  * this extension outcore.seeds asks numpy itself.
@@ -12,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <stdint.h>
 
 typedef struct { /* numpy/random/bitgen.h: what a bit generator's capsule holds */
@@ -84,11 +87,81 @@ static PyObject *py_uniform(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Generator.integers(0, high) of one number, high below 2**32: as numpy draws it (none drawn for high 1). */
+static int64_t bounded(bitgen_t *bits, int64_t high) {
+    return high == 1 ? 0 : (int64_t)bounded_lemire_uint32(bits, (uint32_t)(high - 1));
+}
+
+static int64_t floor_half(int64_t value) { return value >= 0 ? value / 2 : -((1 - value) / 2); }
+
+/* RandomResizedCrop's box of a height x width picture, drawn as outcore.imaging.crops.random_resized_crop_box draws
+ * it with Generator.uniform (low + (high - low) * a double) and Generator.integers: up to 10 tries of a random share
+ * of the area and a log-uniform aspect ratio, then the largest central box within the ratios. Python's round() and
+ * the C library's rint() (to nearest, ties to even) agree, as do math's and libm's sqrt, exp and log. */
+static void resized_crop_box(bitgen_t *bits, int64_t height, int64_t width, const double scale[2],
+                             const double ratio[2], int64_t box[4]) {
+    const double area = (double)height * (double)width, log_low = log(ratio[0]), log_high = log(ratio[1]);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        const double target = area * (scale[0] + (scale[1] - scale[0]) * bits->next_double(bits->state));
+        const double aspect = exp(log_low + (log_high - log_low) * bits->next_double(bits->state));
+        const double box_width = rint(sqrt(target * aspect)), box_height = rint(sqrt(target / aspect));
+        if (0 < box_width && box_width <= (double)width && 0 < box_height && box_height <= (double)height) {
+            box[2] = (int64_t)box_height;
+            box[3] = (int64_t)box_width;
+            box[0] = bounded(bits, height - box[2] + 1);
+            box[1] = bounded(bits, width - box[3] + 1);
+            return;
+        }
+    }
+    const double aspect = (double)width / (double)height;
+    const double low = fmin(ratio[0], ratio[1]), high = fmax(ratio[0], ratio[1]);
+    int64_t box_width = width, box_height = height;
+    if (aspect < low)
+        box_height = (int64_t)rint((double)width / low);
+    else if (aspect > high)
+        box_width = (int64_t)rint((double)height * high);
+    box[0] = floor_half(height - box_height);
+    box[1] = floor_half(width - box_width);
+    box[2] = box_height;
+    box[3] = box_width;
+}
+
+static PyObject *py_resized_crop_boxes(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    Py_buffer sizes, out;
+    double scale[2], ratio[2];
+    if (!PyArg_ParseTuple(args, "Oy*(dd)(dd)w*:resized_crop_boxes", &capsule, &sizes, &scale[0], &scale[1],
+                          &ratio[0], &ratio[1], &out))
+        return NULL;
+    const Py_ssize_t count = sizes.len / (Py_ssize_t)(2 * sizeof(int64_t));
+    int fine = sizes.len % (Py_ssize_t)(2 * sizeof(int64_t)) == 0 && out.len == count * (Py_ssize_t)(4 * sizeof(int64_t))
+               && ratio[0] > 0 && ratio[1] > 0 && scale[0] >= 0 && scale[1] >= 0;
+    const int64_t *picture = sizes.buf;
+    for (Py_ssize_t i = 0; fine && i < count; i++)
+        fine = picture[2 * i] >= 1 && picture[2 * i + 1] >= 1 && picture[2 * i] <= UINT32_MAX && picture[2 * i + 1] <= UINT32_MAX;
+    bitgen_t *bits = checked(capsule, &out, 1, fine,
+                             "need int64 sizes (n, 2) of 1 to 2**32, positive ratios, scales of 0 or more and an "
+                             "int64 out (n, 4)");
+    if (bits == NULL) {
+        PyBuffer_Release(&sizes);
+        return NULL;
+    }
+    int64_t *boxes = out.buf;
+    for (Py_ssize_t i = 0; i < count; i++)
+        resized_crop_box(bits, picture[2 * i], picture[2 * i + 1], scale, ratio, boxes + 4 * i);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"integers", py_integers, METH_VARARGS,
      "integers(capsule, high, out)\n--\n\nFill the int64 buffer out as Generator.integers(0, high, size=len) would."},
     {"uniform", py_uniform, METH_VARARGS,
      "uniform(capsule, out)\n--\n\nFill the float64 buffer out as Generator.random(len) would."},
+    {"resized_crop_boxes", py_resized_crop_boxes, METH_VARARGS,
+     "resized_crop_boxes(capsule, sizes, scale, ratio, out)\n--\n\nFill the int64 (n, 4) buffer out with the "
+     "boxes\nrandom_resized_crop_box draws, in order, for the int64 (n, 2) picture sizes."},
     {NULL, NULL, 0, NULL},
 };
 
