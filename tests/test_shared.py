@@ -338,6 +338,14 @@ def test_parts_copied_as_they_come_make_the_batch_and_free_its_file_once_all_are
         pinned.take(missing, [2])
     with pytest.raises(ClusterError, match="not within its file"):
         pinned.copy(part(0, 1, batch="p1-d"), folder, 5, 2)
+    short = part(0, 1, batch="p1-s")
+    os.truncate(mailbox.folder / "p1-s-images", 1024)  # never mapped past its end: refused by name
+    with pytest.raises(ClusterError, match="p1-s-images .* holds 1024 bytes"):
+        pinned.copy(short, folder, 0, 2)
+    os.unlink(mailbox.folder / "p1-s-images")
+    with pytest.raises(ClusterError, match="shared memory is gone"):
+        pinned.copy(short, folder, 0, 2)
+    assert all(name != "p1-s-images" for _, name in pinned.batches)  # no memory made for a part refused
     pinned.copy(part(0, 1, batch="p1-e"), folder, 0, 2)
     pinned.copy(part(0, 1, batch="p2-e"), folder, 0, 2)
     pinned.drop(folder, keep="p2-")  # a new pass: what the stopped one left is let go of

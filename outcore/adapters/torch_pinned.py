@@ -34,10 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ClusterError
-from ..imaging import LEAD
 from ..iterate.gather import Empty
-from ..iterate.mappings import kept_mappings
-from ..iterate.shared import ENVIRONMENT, SharedArray, SharedBatch, free_file
+from ..iterate.shared import SharedArray, SharedBatch, free_file, mapped_file
 
 
 @dataclass(frozen=True)
@@ -70,17 +68,11 @@ class PinnedParts:
             if not 0 <= offset < offset + size <= rows:
                 raise ClusterError(f"a worker's part of a batch (rows {offset} to {offset + size}) is not within "
                                    f"its file {value.name}'s {rows} rows")
+            source = mapped_file(Path(folder), value)[0].reshape(value.shape)
             with self.lock:  # the batch's first part to come makes its pinned array
                 if key not in self.batches:
                     self.batches[key] = (self.allocate(value.shape, dtype, name), [0])
                 pinned, copied = self.batches[key]
-            try:
-                mapped = kept_mappings.map(Path(folder) / value.name, value.file_size)
-            except OSError as error:
-                raise ClusterError(f"a worker's batch in shared memory is gone ({error}): something removed files "
-                                   f"of {folder} while the loader was using it. Set {ENVIRONMENT}=0 to have "
-                                   "batches sent over sockets instead") from None
-            source = np.frombuffer(mapped, dtype, value.nbytes // dtype.itemsize, LEAD).reshape(value.shape)
             np.copyto(pinned[offset : offset + size], source[offset : offset + size])  # outside the GIL
             with self.lock:
                 copied[0] += size

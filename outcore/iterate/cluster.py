@@ -72,7 +72,7 @@ from .plan import EpochPlan
 from .readers import ChunkReader, chunk_readers, sample_bytes
 from .runs import WAKE_SECONDS, ChunkBuffers, Run, Work
 from .schedule import schedule
-from .shared import Mailbox, Part, SharedArray, SharedBatch, Slot, join_parts
+from .shared import Mailbox, Part, SharedArray, SharedBatch, Slot, batch_gone, join_parts
 from .stats import LoaderStats
 
 SPAN_BYTES = 64 << 20  # batch bytes per task (`span_batches`): Dask's per-task cost is a small part of the work
@@ -313,7 +313,7 @@ class ClusterRun(Run):
             worker, made = result
             if len(made) < len(span.steps):  # its worker found the run's folder gone while it was open
                 assert self.mailbox is not None
-                raise self.mailbox.gone(f"a worker stopped span {future.key} of the run, its folder gone")
+                raise batch_gone(self.mailbox.folder, f"a worker stopped span {future.key} of the run, its folder gone")
             self.stats.delivered(worker, self._route(made), len(made))
             for step, part in zip(span.steps, made, strict=True):
                 parts[step.index].append((step, part))

@@ -307,35 +307,15 @@ class Mailbox:
         try:
             os.rename(self.folder / shared.name, self.folder / taken)
         except OSError as error:
-            raise self.gone(error) from None
+            raise batch_gone(self.folder, error) from None
         return self._take(SharedArray(taken, shared.dtype, shared.shape))
-
-    def gone(self, error: OSError | str) -> ClusterError:
-        """The error of a run whose files in shared memory went while it used them."""
-        return ClusterError(
-            f"a worker's batch in shared memory is gone ({error}): something removed files of "
-            f"{self.folder} while the run was using it. Set {ENVIRONMENT}=0 to have batches sent over "
-            "sockets instead"
-        )
 
     def _take(self, shared: SharedArray) -> np.ndarray:
         """The array in file ``shared.name``, mapped (the mapping kept from the file's last batch, if any);
         the file is freed for another batch once the consumer has dropped every array of it (its views
         keep the array this returns a view of alive)."""
-        dtype = np.dtype(shared.dtype)
-        try:
-            status = os.stat(self.folder / shared.name)
-            if status.st_size != shared.file_size:
-                raise ClusterError(
-                    f"a worker's batch file {shared.name} in {self.folder} holds {status.st_size} bytes where a "
-                    f"{shared.dtype}{shared.shape} array makes {shared.file_size}: a worker of another outcore "
-                    "version wrote it. Install the same outcore on the workers and the consumer"
-                )
-            mapped = kept_mappings.map(self.folder / shared.name, shared.file_size, status=status)
-        except OSError as error:
-            raise self.gone(error) from None
-        self.used.add(status.st_ino)
-        array = np.frombuffer(mapped, dtype, shared.nbytes // dtype.itemsize, LEAD)
+        array, inode = mapped_file(self.folder, shared)
+        self.used.add(inode)
         weakref.finalize(array, free_file, self.folder, shared.name, shared.file_size)
         return array.reshape(shared.shape)
 
@@ -431,6 +411,33 @@ def _take_free(folder: Path, name: str, size: int, mine: Collection[int] = ()) -
             continue
         return inode
     return None
+
+
+def batch_gone(folder: Path, error: OSError | str) -> ClusterError:
+    """The error of a run whose files in shared memory (in ``folder``) went while it used them."""
+    return ClusterError(
+        f"a worker's batch in shared memory is gone ({error}): something removed files of "
+        f"{folder} while the run was using it. Set {ENVIRONMENT}=0 to have batches sent over sockets instead"
+    )
+
+
+def mapped_file(folder: Path, shared: SharedArray) -> tuple[np.ndarray, int]:
+    """The array in file ``shared.name`` of ``folder``, flat, mapped (the mapping kept from the file's last batch,
+    if any), and the file's inode. A file gone, or of another size than the array makes (never mapped: reading
+    past its end would crash the process), is a `ClusterError` that names it."""
+    dtype = np.dtype(shared.dtype)
+    try:
+        status = os.stat(folder / shared.name)
+        if status.st_size != shared.file_size:
+            raise ClusterError(
+                f"a worker's batch file {shared.name} in {folder} holds {status.st_size} bytes where a "
+                f"{shared.dtype}{shared.shape} array makes {shared.file_size}: a worker of another outcore "
+                "version wrote it. Install the same outcore on the workers and the consumer"
+            )
+        mapped = kept_mappings.map(folder / shared.name, shared.file_size, status=status)
+    except OSError as error:
+        raise batch_gone(folder, error) from None
+    return np.frombuffer(mapped, dtype, shared.nbytes // dtype.itemsize, LEAD), status.st_ino
 
 
 def free_file(folder: Path, name: str, size: int) -> None:
