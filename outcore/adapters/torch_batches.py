@@ -267,13 +267,13 @@ class TorchBatches(IterableDataset):
         batches = iter(run)
         try:
             for step in steps:  # a step where this part has no samples comes as an empty part
-                made = SharedBatch({})
+                made, offset = SharedBatch({}), 0
                 if plan.pieces(step):
                     batch = next(batches)  # made (its arena too) by the run's producer thread
-                    made = arenas.pop(step).publish(batch)
+                    arena = arenas.pop(step)
+                    made, offset = arena.publish(batch), arena.part.offset
                 values = TorchBatch(made.fields, self.epoch, part[0], step, plan.step(step)[0], part[0])
-                values.no_room, values.folder = made.no_room, self.slot.folder
-                values.offset = plan.placement(step)[0]
+                values.no_room, values.folder, values.offset = made.no_room, self.slot.folder, offset
                 yield values
         finally:
             run.close()

@@ -186,10 +186,11 @@ class RandomResizedCrop:
     def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> list[Box]:
         """One box per image of ``(height, width)`` in ``sizes``, drawn in order (an encoded field's boxes
         are drawn from its stored sizes and cut while decoding)."""
-        drawn = resized_crop_boxes(rng, np.asarray(sizes, np.int64).reshape(-1, 2), self.scale, self.ratio)
+        pairs = np.asarray(sizes, np.int64).reshape(-1, 2)
+        drawn = resized_crop_boxes(rng, pairs, self.scale, self.ratio)
         if drawn is not None:  # in one C call: a Python loop of a dozen calls a picture held the GIL most
             return list(map(tuple, drawn.tolist()))
-        return [random_resized_crop_box(height, width, self.scale, self.ratio, rng) for height, width in _sizes(sizes)]
+        return [random_resized_crop_box(height, width, self.scale, self.ratio, rng) for height, width in pairs.tolist()]
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
