@@ -26,7 +26,7 @@ from outcore.iterate.batch import Recipe, make_batch
 from outcore.iterate.readers import chunk_readers
 from outcore.measure import gil_free_clock
 from outcore.testing import write_image_folder
-from outcore.threads import for_each_run, gauge, submit, wait_all
+from outcore.threads import for_each_run, gauge, shared_pool, submit, wait_all
 from outcore.threads.handoff import Handoff
 from outcore.threads.pool import Gauge, Pool
 from outcore.threads.task import Task
@@ -276,9 +276,9 @@ def test_a_task_is_run_or_cancelled_once_and_its_waiters_get_its_result_or_failu
         cancelled.result(0)
 
 
-def test_helpers_of_a_run_still_queued_are_cancelled_not_waited_for():
-    """A `for_each_run` whose helpers wait in the pool's queue (every thread busy) does its runs alone and
-    returns: the helpers are cancelled and never run."""
+def test_a_run_made_while_every_thread_is_busy_is_done_alone_without_waiting_for_them():
+    """A `for_each_run` called while every pool thread is held does its runs alone and returns: it never waits
+    for a thread to go free, and queues nothing behind the held ones."""
     outcore.set_threads(2)
     try:
         gate = threading.Event()
@@ -288,8 +288,36 @@ def test_helpers_of_a_run_still_queued_are_cancelled_not_waited_for():
         for_each_run(lambda start, stop: seen.append((start, stop)), 8)
         assert sorted(i for start, stop in seen for i in range(start, stop)) == list(range(8))
         assert not gate.is_set() and len(seen) > 1  # done alone, in its runs, while the pool's threads were held
+        assert not shared_pool().waiting[True] and not shared_pool().shared  # nothing left behind for them
         gate.set()
         wait_all(busy)
+    finally:
+        outcore.set_threads(None)
+
+
+def test_threads_that_go_free_join_a_run_started_while_they_were_busy(monkeypatch):
+    """A batch's runs begun while every thread was busy (another batch, a read) are joined by each thread as it
+    goes free, not left to the batch's own thread: on 16 cores, batches made one after another otherwise ran
+    on one thread each, and no more than 4 threads' worth of work was done whatever their number."""
+    monkeypatch.setattr(outcore.threads, "available_cpus", lambda: 2)  # two may be busy, whatever this machine has
+    outcore.set_threads(2)
+    try:
+        gate, joined = threading.Event(), threading.Event()
+        busy = [submit(gate.wait, 10) for _ in range(2)]  # both threads held as the call begins
+        time.sleep(0.1)
+        caller, threads = threading.current_thread(), []
+
+        def run(start: int, stop: int) -> None:
+            threads.append(threading.current_thread())
+            if threading.current_thread() is not caller:
+                joined.set()
+            elif start == 0:
+                gate.set()  # the pool's threads go free while this run goes on
+                assert joined.wait(10), "no thread that went free joined the runs left"
+
+        for_each_run(run, 8)
+        wait_all(busy)
+        assert len(threads) == 8 and any(thread is not caller for thread in threads)
     finally:
         outcore.set_threads(None)
 

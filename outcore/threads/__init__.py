@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import OptionError
 from .cpus import available_cpus
-from .pool import Gauge, Pool
+from .pool import Gauge, Pool, Runs
 from .task import Task
 
 ENVIRONMENT = "OUTCORE_THREADS"
@@ -151,11 +151,11 @@ def for_each(work: Callable[[int], None], count: int) -> None:
 def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -> None:
     """``work(start, stop)`` over runs of consecutive ``i < count`` that cover them all once: up to
     `BLOCKS_PER_THREAD` runs per thread, of ``least`` items at least (a run costs a few microseconds of
-    Python: cheap items go in long runs). The calling thread takes runs itself, and so do as many of the
-    pool's threads as are free (helpers submitted to the pool, each taking runs until none is left), so a
-    call made on a pool thread (a batch made there) never waits on work queued behind it, and one made while
-    the pool is busy runs on the caller alone. Returns when all are done, raising the first exception (no
-    run is started after it).
+    Python: cheap items go in long runs). The calling thread takes runs itself, and so do the pool's threads
+    that are free now or go free before the last run is taken (`Pool.share`), so a call made on a pool thread
+    (a batch made there) never waits on work queued behind it, and one made while the pool is busy is joined
+    by each thread as it goes free. Returns when all are done, raising the first exception (no run is started
+    after it).
 
     >>> for_each_run(lambda start, stop: print(start, stop), 3)  # doctest: +SKIP
     0 1
@@ -171,43 +171,11 @@ def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -
     if blocks == 1 or threads == 1:
         measured.measured(work, 0, count)
         return
-    runs = _Runs(work, count, blocks, measured)
-    free = max(0, threads - pool.pending)  # the tasks the pool may be given now (about: one may be ending)
-    helpers = [pool.submit(runs.take) for _ in range(min(blocks - 1, free))]
+    runs = Runs(work, count, blocks, measured)
+    pool.share(runs, blocks - 1)
     runs.take()
-    runs.wait(helpers)
-
-
-class _Runs:
-    """The runs of one `for_each_run` call, taken one at a time by whichever thread asks (`take`): the next
-    from an iterator that the threads share (one C call, under the GIL), never a Python lock or condition."""
-
-    def __init__(self, work: Callable[[int, int], None], count: int, blocks: int, gauge: Gauge) -> None:
-        self.work, self.count, self.blocks, self.gauge = work, count, blocks, gauge
-        self.left = iter(range(blocks))  # the runs no thread took yet
-        self.error: BaseException | None = None
-
-    def take(self) -> None:
-        """Do runs until none is left (or one failed)."""
-        for block in self.left:
-            if self.error is not None:
-                return
-            try:
-                self.gauge.measured(self.work, block * self.count // self.blocks, (block + 1) * self.count // self.blocks)
-            except BaseException as error:  # noqa: BLE001 - raised by the caller, in `wait`
-                if self.error is None:
-                    self.error = error
-                return
-
-    def wait(self, helpers: list[Task[None]]) -> None:
-        """Once the caller found no run left: cancel the ``helpers`` no pool thread started (they would find none
-        either: the caller never waits on work queued behind them), wait for the others to end their runs, then
-        raise the first failure."""
-        for helper in helpers:
-            if not helper.cancel():
-                helper.wait()
-        if self.error is not None:
-            raise self.error
+    pool.unshare(runs)
+    runs.wait()
 
 
 def on_own_thread(work: Callable[[], Any], name: str) -> Future[Any]:

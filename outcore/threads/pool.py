@@ -16,6 +16,7 @@ beyond the limit wait in order.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -100,6 +101,56 @@ class Gauge:
         self.record(time.thread_time() - cpu, time.perf_counter() - wall)
 
 
+class Runs:
+    """The runs of one `outcore.threads.for_each_run` call: ``blocks`` runs of ``work(start, stop)`` over
+    ``count`` items, taken one at a time by whichever thread asks (`take`: the caller, and the pool's threads
+    that join it, `Pool.share`), the next from an iterator the threads share (one C call, under the GIL),
+    never a Python lock or condition.
+
+    >>> runs = Runs(lambda start, stop: print(start, stop), 4, 2, Gauge(1))
+    >>> runs.take()
+    0 2
+    2 4
+    >>> runs.left(), runs.wait()
+    (False, None)
+    """
+
+    def __init__(self, work: Callable[[int, int], None], count: int, blocks: int, gauge: Gauge) -> None:
+        self.work, self.count, self.blocks, self.gauge = work, count, blocks, gauge
+        self.runs = iter(range(blocks))  # the runs no thread took yet
+        self.dealt = 0  # about how many were taken: a thread may have taken one more (`left` may say True for none)
+        self.ended = itertools.count(1)  # ``next`` counts a run ended (or skipped after a failure): one C call
+        self.all_ended = threading.Lock()  # held until the last run has ended
+        self.all_ended.acquire()
+        self.error: BaseException | None = None
+
+    def left(self) -> bool:
+        """Whether runs may be left for another thread to take."""
+        return self.dealt < self.blocks
+
+    def take(self) -> None:
+        """Do runs until none is left (those taken after a failure are skipped)."""
+        for block in self.runs:
+            self.dealt = max(self.dealt, block + 1)
+            if self.error is None:
+                try:
+                    self.gauge.measured(self.work, block * self.count // self.blocks,
+                                        (block + 1) * self.count // self.blocks)
+                except BaseException as error:  # noqa: BLE001 - raised by the caller, in `wait`
+                    if self.error is None:
+                        self.error = error
+            if next(self.ended) == self.blocks:
+                self.all_ended.release()
+        self.dealt = self.blocks  # a thread that found none left: so no other is sent to look
+
+    def wait(self) -> None:
+        """Once the caller found no run left: wait for those other threads took to end (they are under way, never
+        queued), then raise the first failure."""
+        self.all_ended.acquire()
+        if self.error is not None:
+            raise self.error
+
+
 _Task = tuple[Task, Callable[..., Any], tuple[Any, ...], bool]  # its result, the work, its arguments, limited
 
 
@@ -108,8 +159,11 @@ class Pool:
     order given, each handed to the thread that went idle last. Of the tasks of work the `Gauge` measures
     (``limited``: batches made, runs of a batch), at most ``gauge.limit`` run at once; the others (reads, which
     may wait on a device or the network) take any thread, first. `pending` counts the limited tasks submitted
-    and not finished. Threads end at `shutdown`, once their task is done (the interpreter waits for them at
-    its exit: `outcore.threads` shuts its pool down then)."""
+    and not finished. A thread that goes free joins the oldest `Runs` shared with the pool (`share`) that has
+    runs left before it takes a waiting task of work the gauge measures: a batch's runs started while every
+    thread was busy are done by as many threads as go free meanwhile, oldest batch first. Threads end at
+    `shutdown`, once their task is done (the interpreter waits for them at its exit: `outcore.threads` shuts its
+    pool down then)."""
 
     def __init__(self, threads: int, name: str, gauge: Gauge | None = None) -> None:
         self.threads, self.name = threads, name
@@ -120,6 +174,7 @@ class Pool:
         self.started: list[_Worker] = []
         self.running = 0  # tasks being run
         self.running_limited = 0  # of them, limited ones
+        self.shared: deque[Runs] = deque()  # `share`d runs that free threads join, oldest first
         self.closed = False
 
     @property
@@ -144,6 +199,39 @@ class Pool:
                 self.started.append(_Worker(self, task, f"{self.name}-{len(self.started)}"))
         return task[0]
 
+    def share(self, runs: Runs, helpers: int) -> None:
+        """Let the pool's threads join ``runs`` (until `unshare`): up to ``helpers`` of those idle (or not
+        started) now, within the gauge's limit, and from then on any that goes free while runs are left."""
+        with self.lock:
+            if self.closed:
+                return
+            self.shared.append(runs)
+            for _ in range(helpers):
+                if self.running_limited >= self.gauge.limit or not (self.idle or len(self.started) < self.threads):
+                    break
+                task: _Task = (Task(), runs.take, (), True)
+                self._count(task, +1)
+                if self.idle:
+                    self.idle.pop().give(task)
+                else:
+                    self.started.append(_Worker(self, task, f"{self.name}-{len(self.started)}"))
+
+    def unshare(self, runs: Runs) -> None:
+        """No thread joins ``runs`` from now on (its caller took the last)."""
+        with self.lock:
+            if runs in self.shared:
+                self.shared.remove(runs)
+
+    def _helping(self) -> _Task | None:
+        """A task joining the oldest shared runs with runs left, if any (called holding the lock)."""
+        shared = self.shared
+        while shared and not shared[0].left():
+            shared.popleft()
+        for runs in shared:
+            if runs.left():
+                return (Task(), runs.take, (), True)
+        return None
+
     def _count(self, task: _Task, change: int) -> None:
         self.running += change
         self.running_limited += change * task[3]
@@ -156,8 +244,8 @@ class Pool:
             if not self.closed:
                 if self.waiting[False]:
                     task = self.waiting[False].popleft()
-                elif self.waiting[True] and self.running_limited < self.gauge.limit:
-                    task = self.waiting[True].popleft()
+                elif self.running_limited < self.gauge.limit:
+                    task = self._helping() or (self.waiting[True].popleft() if self.waiting[True] else None)
             if task is None:
                 if not self.closed:
                     self.idle.append(worker)
