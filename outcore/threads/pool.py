@@ -159,9 +159,10 @@ class Pool:
     order given, each handed to the thread that went idle last. Of the tasks of work the `Gauge` measures
     (``limited``: batches made, runs of a batch), at most ``gauge.limit`` run at once; the others (reads, which
     may wait on a device or the network) take any thread, first. `pending` counts the limited tasks submitted
-    and not finished. A thread that goes free joins the oldest `Runs` shared with the pool (`share`) that has
-    runs left before it takes a waiting task of work the gauge measures: a batch's runs started while every
-    thread was busy are done by as many threads as go free meanwhile, oldest batch first. Threads end at
+    and not finished. A thread that goes free with no task waiting joins the oldest `Runs` shared with the pool
+    (`share`) that has runs left: a batch's runs started while every thread was busy are done by as many
+    threads as go free meanwhile, oldest batch first (a waiting task first: the reads and batches queued are
+    what keeps threads busy next). Threads end at
     `shutdown`, once their task is done (the interpreter waits for them at its exit: `outcore.threads` shuts its
     pool down then)."""
 
@@ -245,7 +246,7 @@ class Pool:
                 if self.waiting[False]:
                     task = self.waiting[False].popleft()
                 elif self.running_limited < self.gauge.limit:
-                    task = self._helping() or (self.waiting[True].popleft() if self.waiting[True] else None)
+                    task = self.waiting[True].popleft() if self.waiting[True] else self._helping()
             if task is None:
                 if not self.closed:
                     self.idle.append(worker)

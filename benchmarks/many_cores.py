@@ -1,0 +1,135 @@
+"""How many threads' worth of decoding does one outcore process keep busy? Measured on any machine, for many cores.
+
+    python benchmarks/many_cores.py [--threads 1,4,8,16] [--seconds 6] [--cases encoded,encoded+crop,rrc]
+                                    [--images 6000] [--workdir bench-data/cores]
+
+A process's threads decode in parallel only as far as its scheduling gives each of them a run of decodes to do:
+batches made at once, the runs of each, chunk reads ahead. That can be measured without the cores. For each
+case of `cores.py` that decodes JPEGs (``ds.batches(256, shuffle=True)`` of its stores, epoch after epoch):
+
+1. one thread, for real: samples/s, and the CPU time each sample's decode call took (outcore's C decode:
+   ``decode_rows``, or ``cut_rows`` where a crop is cut as the picture is decoded);
+2. then, for each ``--threads`` n, the decode calls replaced by a sleep as long as step 1 measured (outside the
+   GIL, as the decodes run), outcore told that n CPUs are free (its `Gauge`, which reads a sleeping thread as one
+   waiting for a core, kept from lowering the pool's limit): as if each thread had a core of its own for its
+   decodes, while the rest (reads, batch assembly, the transform's Python) runs on this machine's cores.
+
+The ratio is the samples/s to n times one core's decodes (n / the decode time a sample): 1.0 where n threads
+are kept decoding all the time. On 16 real cores the rest runs in parallel too, outside the GIL (its share is
+`cores.py`'s), so this is what the scheduling allows, not a prediction of the rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from cores import BATCH, CASES, stores
+
+import outcore
+import outcore.threads
+from outcore.iterate import gather
+from outcore.threads.pool import Gauge
+
+DECODING = ("encoded", "encoded+crop", "rrc")  # the cases of cores.py whose time is their decodes
+CALLS = ("decode_rows", "cut_rows")  # gather's names of the C decodes: each gets its rows' sample indices third
+
+
+def epochs(location: Path, case: str, seconds: float) -> float:
+    """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted)."""
+    ds = outcore.open_dataset(location)
+    batches = ds.batches(BATCH, shuffle=True, fields=["images", "labels"], transform=CASES[case][1])
+    rates, began, epoch = [], time.perf_counter(), 0
+    while len(rates) < 2 or time.perf_counter() - began < seconds:
+        start, count = time.perf_counter(), 0
+        for batch in batches:
+            count += len(batch["labels"])
+        if epoch:
+            rates.append(count / (time.perf_counter() - start))
+        epoch += 1
+    return float(np.median(rates))
+
+
+def measured(location: Path, case: str, seconds: float) -> dict[str, float]:
+    """One thread, for real: samples/s and each sample's decode CPU time (seconds)."""
+    outcore.set_threads(1)
+    spent = {"seconds": 0.0, "samples": 0}
+
+    def timed(call: Callable[..., None]) -> Callable[..., None]:
+        def decode(*args: object) -> None:
+            began = time.thread_time()
+            call(*args)
+            spent["seconds"] += time.thread_time() - began
+            spent["samples"] += len(args[2])
+
+        return decode
+
+    for name in CALLS:
+        setattr(gather, name, timed(getattr(gather, name)))
+    rate = epochs(location, case, seconds)
+    return {"samples_s": rate, "decode_s": spent["seconds"] / max(1, spent["samples"])}
+
+
+def offered(location: Path, case: str, threads: int, decode_s: float, seconds: float) -> dict[str, float]:
+    """``threads`` threads, each sample's decode a sleep of ``decode_s`` outside the GIL: samples/s."""
+    outcore.threads.available_cpus = lambda: threads  # the pool's limit: n busy at once
+    Gauge.LOW = 0.0  # a sleeping thread is no thread waiting for a core
+    for name in CALLS:
+        setattr(gather, name, lambda *args: time.sleep(len(args[2]) * decode_s))
+    outcore.set_threads(threads)
+    return {"samples_s": epochs(location, case, seconds)}
+
+
+def child(*arguments: object) -> dict:
+    """This script run in a fresh process with ``arguments``: the JSON object its last line prints."""
+    done = subprocess.run([sys.executable, __file__, *map(str, arguments)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", default="1,4,8,16")
+    parser.add_argument("--seconds", type=float, default=6)
+    parser.add_argument("--cases", default=",".join(DECODING))
+    parser.add_argument("--images", type=int, default=6000)
+    parser.add_argument("--workdir", type=Path, default=Path("bench-data/cores"))
+    parser.add_argument("--measure", nargs=3, metavar=("CASE", "STORE", "SECONDS"), help=argparse.SUPPRESS)
+    parser.add_argument("--offer", nargs=5, metavar=("CASE", "STORE", "THREADS", "DECODE_S", "SECONDS"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        case, location, seconds = args.measure
+        print(json.dumps(measured(Path(location), case, float(seconds))))
+        return
+    if args.offer:
+        case, location, threads, decode_s, seconds = args.offer
+        print(json.dumps(offered(Path(location), case, int(threads), float(decode_s), float(seconds))))
+        return
+    cases, threads = args.cases.split(","), [int(n) for n in args.threads.split(",")]
+    unknown = sorted(set(cases) - set(DECODING))
+    if unknown:
+        parser.error(f"--cases {','.join(unknown)}: these decode no JPEGs; use some of {','.join(DECODING)}")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    made = stores(args.workdir, args.images, {CASES[case][0] for case in cases})
+    print("\nsamples/s of ds.batches(256, shuffle=True) with each sample's decode a sleep as long as one core's decode "
+          "(one thread, for real: its rate and decode time a sample); the ratio: to n / that time")
+    print(f"{'case':14s} {'1 thread, real':>15s} {'decode':>9s}"
+          + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s}" for n in threads), flush=True)
+    for case in cases:
+        location = made[CASES[case][0]]
+        real = child("--measure", case, location, args.seconds)
+        row = f"{case:14s} {real['samples_s']:15.0f} {real['decode_s'] * 1e3:7.3f}ms"
+        for n in threads:
+            rate = child("--offer", case, location, n, real["decode_s"], args.seconds)["samples_s"]
+            row += f" {rate:11.0f} {rate * real['decode_s'] / n:6.2f}"
+        print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
