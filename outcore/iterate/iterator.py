@@ -40,8 +40,8 @@ class BatchIterator:
     Made by `Dataset.batches`. With a
     ``client`` in the options, the cluster's workers read, decode and augment the batches
     (`outcore.iterate.cluster`); they are identical to those of the local threads. From the second epoch
-    on, the next epoch starts as this one drains (`outcore.iterate.runs.NextEpoch`): `close` the iterator
-    when done.
+    on, a cluster starts the next epoch as this one drains (`outcore.iterate.runs.NextEpoch`): `close`
+    the iterator when done.
 
     >>> it = ds.batches(batch_size=256, shuffle=True, seed=0)  # doctest: +SKIP
     >>> for batch in it:  # doctest: +SKIP

@@ -95,7 +95,7 @@ class Run:
         self.work, self.stats = work, stats
         self.queue = Handoff(work.options.prefetch)
         self.stop = threading.Event()
-        self.under_way = threading.Event()  # set once every batch of the run is asked for (being made, or made)
+        self.under_way = threading.Event()  # set by a run whose batches are made elsewhere once all are asked for
         self.delivered = 0
         self.thread = threading.Thread(target=self._produce, name="outcore-batches", daemon=True)
         _producing.add(self)
@@ -162,10 +162,9 @@ class Run:
 
 
 class NextEpoch:
-    """The run of the next epoch, started while the run of this one drains: once its last batches are under way
-    (a cluster's last spans submitted, the local threads' last batches being made), the threads or workers that
-    finish theirs would wait for the consumer to start the next epoch (with short epochs, a large share of each;
-    on 16 cores, a sixth of an epoch of 4 batches). `handed` starts it then; `take` hands it to the next iteration if it is
+    """The run of the next epoch, started while a cluster run of this one drains: once the last spans are
+    submitted, workers that finish theirs would wait for the consumer to start the next epoch (with short
+    epochs, a large share of each). `handed` starts it then; `take` hands it to the next iteration if it is
     that epoch's, from its first batch, and closes it otherwise. Only from its owner's second epoch on: a
     single pass (a prediction) never makes batches it will not use. Closed with its owner.
 
@@ -307,7 +306,6 @@ class LocalRun(Run):
             held.append((step, making))
             if len(held) > self.making:  # in step with the schedule: the same reads however fast batches are made
                 self._release_step(*held.popleft())
-        self.under_way.set()  # the next epoch's run may start now (`NextEpoch`): threads free of this one's last batches
         self._hand_over(made, wait=True)
 
     def _hand_over(self, made: deque[Task[Batch]], wait: bool) -> bool:
