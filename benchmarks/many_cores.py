@@ -16,7 +16,9 @@ case of `cores.py` that decodes JPEGs (``ds.batches(256, shuffle=True)`` of its 
 
 The ratio is the samples/s to n times one core's decodes (n / the decode time a sample): 1.0 where n threads
 are kept decoding all the time. On 16 real cores the rest runs in parallel too, outside the GIL (its share is
-`cores.py`'s), so this is what the scheduling allows, not a prediction of the rate.
+`cores.py`'s), so this is what the scheduling allows, not a prediction of the rate. The stores are `cores.py`'s:
+its JPEGs at their own sizes are a sixth of ``--images`` (1,024: 4 batches an epoch, whose starts and ends weigh
+on many threads; ``--images 24576`` in another ``--workdir``: 16).
 """
 
 from __future__ import annotations
