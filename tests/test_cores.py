@@ -208,7 +208,7 @@ def test_the_pool_runs_at_most_its_limit_at_once_in_order_and_hands_tasks_to_the
 
         futures = [pool.submit(task, index) for index in range(6)]
         time.sleep(0.2)
-        assert running[0] == 2 and pool.pending == 6  # two run, four wait
+        assert running[0] == 2 and len(pool.waiting[True]) == 4  # two run, four wait
         gate.set()
         names = {future.result(10) for future in futures}
         assert most[0] == 2 and order == list(range(6)) and len(names) == 2  # in order, on two threads only

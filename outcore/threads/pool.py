@@ -158,13 +158,12 @@ class Pool:
     """``threads`` threads (started as needed, named ``name-N``) that run the tasks `submit` gives them, in the
     order given, each handed to the thread that went idle last. Of the tasks of work the `Gauge` measures
     (``limited``: batches made, runs of a batch), at most ``gauge.limit`` run at once; the others (reads, which
-    may wait on a device or the network) take any thread, first. `pending` counts the limited tasks submitted
-    and not finished. A thread that goes free with no task waiting joins the oldest `Runs` shared with the pool
-    (`share`) that has runs left: a batch's runs started while every thread was busy are done by as many
-    threads as go free meanwhile, oldest batch first (a waiting task first: the reads and batches queued are
-    what keeps threads busy next). Threads end at
-    `shutdown`, once their task is done (the interpreter waits for them at its exit: `outcore.threads` shuts its
-    pool down then)."""
+    may wait on a device or the network) take any thread, first. A thread that goes free with no task waiting
+    joins the oldest `Runs` shared with the pool (`share`) that has runs left: a batch's runs started while
+    every thread was busy are done by as many threads as go free meanwhile, oldest batch first (a waiting task
+    first: the reads and batches queued are what keeps threads busy next). Threads end at `shutdown`, once
+    their task is done (the interpreter waits for them at its exit: `outcore.threads` shuts its pool down
+    then)."""
 
     def __init__(self, threads: int, name: str, gauge: Gauge | None = None) -> None:
         self.threads, self.name = threads, name
@@ -177,10 +176,6 @@ class Pool:
         self.running_limited = 0  # of them, limited ones
         self.shared: deque[Runs] = deque()  # `share`d runs that free threads join, oldest first
         self.closed = False
-
-    @property
-    def pending(self) -> int:
-        return self.running_limited + len(self.waiting[True])
 
     def submit(self, work: Callable[..., Any], *args: Any, limited: bool = True) -> Task[Any]:
         """``work(*args)`` on one of the threads: its result, or its failure, in the `Task` returned;
