@@ -28,7 +28,7 @@ from outcore.measure import gil_free_clock
 from outcore.testing import write_image_folder
 from outcore.threads import for_each_run, gauge, shared_pool, submit, wait_all
 from outcore.threads.handoff import Handoff
-from outcore.threads.pool import Gauge, Pool
+from outcore.threads.pool import Gauge, Pool, Runs
 from outcore.threads.task import Task
 from outcore.transforms import CenterCrop, Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
 
@@ -320,6 +320,58 @@ def test_threads_that_go_free_join_a_run_started_while_they_were_busy(monkeypatc
         assert len(threads) == 8 and any(thread is not caller for thread in threads)
     finally:
         outcore.set_threads(None)
+
+
+def test_shared_runs_are_joined_within_the_gauges_limit_oldest_first():
+    """Threads join shared runs no more than the gauge's limit allows at once (the caller, not a pool thread,
+    besides), and threads that go free join the oldest call's runs before a newer one's."""
+    pool = Pool(4, "test-share")
+    pool.gauge.limit = 2
+    try:
+        running, most, order, older_left, lock = [0], [0], [], [], threading.Lock()
+        gate = threading.Event()
+
+        def work(name: str):
+            def run(start: int, stop: int) -> None:
+                with lock:
+                    running[0] += 1
+                    most[0] = max(most[0], running[0])
+                    order.append(name)
+                    if name == "newer":
+                        older_left.append(older.left())
+                gate.wait(10)
+                with lock:
+                    running[0] -= 1
+
+            return run
+
+        held = [pool.submit(gate.wait, 10) for _ in range(2)]  # the limit taken: a call shared now gets no helper
+        older, newer = Runs(work("older"), 8, 8, pool.gauge), Runs(work("newer"), 8, 8, pool.gauge)
+        pool.share(older, 7)
+        pool.share(newer, 7)
+        time.sleep(0.1)
+        assert order == []
+        gate.set()  # the two threads go free: each joins the older runs, then the newer
+        wait_all(held)
+        older.wait()  # every run taken by the pool's threads: the caller waits for them
+        newer.wait()
+        assert most[0] <= 2 and sorted(order) == ["newer"] * 8 + ["older"] * 8
+        assert older_left == [False] * 8  # no newer run began while older ones were left to take
+        assert not pool.shared
+        gate.clear()
+        order.clear()
+        most[0] = 0
+        third = Runs(work("third"), 8, 8, pool.gauge)
+        pool.share(third, 7)  # threads idle: as many start as the limit allows
+        time.sleep(0.1)
+        assert running[0] == 2 and order == ["third"] * 2
+        gate.set()
+        third.take()
+        pool.unshare(third)
+        third.wait()
+        assert most[0] <= 3 and len(order) == 8  # the two, and the caller
+    finally:
+        pool.shutdown()
 
 
 def test_the_gauge_lowers_the_limit_to_the_threads_that_ran_and_raises_it_slowly():
