@@ -173,8 +173,10 @@ def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -
         return
     runs = Runs(work, count, blocks, measured)
     pool.share(runs, blocks - 1)
-    runs.take()
-    pool.unshare(runs)
+    try:
+        runs.take()
+    finally:  # an interrupt between runs (the main thread's): no thread takes up the runs the caller left
+        pool.unshare(runs)
     runs.wait()
 
 

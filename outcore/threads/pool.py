@@ -104,8 +104,8 @@ class Gauge:
 class Runs:
     """The runs of one `outcore.threads.for_each_run` call: ``blocks`` runs of ``work(start, stop)`` over
     ``count`` items, taken one at a time by whichever thread asks (`take`: the caller, and the pool's threads
-    that join it, `Pool.share`), the next from an iterator the threads share (one C call, under the GIL),
-    never a Python lock or condition.
+    that join it, `Pool.share`), the next from an iterator the threads share (one C call, under the GIL), and
+    the caller told that the last has ended by a C lock, never a Python condition.
 
     >>> runs = Runs(lambda start, stop: print(start, stop), 4, 2, Gauge(1))
     >>> runs.take()
