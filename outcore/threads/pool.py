@@ -17,6 +17,7 @@ beyond the limit wait in order.
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 import time
 from collections import deque
@@ -118,20 +119,18 @@ class Runs:
     def __init__(self, work: Callable[[int, int], None], count: int, blocks: int, gauge: Gauge) -> None:
         self.work, self.count, self.blocks, self.gauge = work, count, blocks, gauge
         self.runs = iter(range(blocks))  # the runs no thread took yet
-        self.dealt = 0  # about how many were taken: a thread may have taken one more (`left` may say True for none)
         self.ended = itertools.count(1)  # ``next`` counts a run ended (or skipped after a failure): one C call
         self.all_ended = threading.Lock()  # held until the last run has ended
         self.all_ended.acquire()
         self.error: BaseException | None = None
 
     def left(self) -> bool:
-        """Whether runs may be left for another thread to take."""
-        return self.dealt < self.blocks
+        """Whether runs are left for another thread to take (the shared iterator's own count: one C call)."""
+        return operator.length_hint(self.runs) > 0
 
     def take(self) -> None:
         """Do runs until none is left (those taken after a failure are skipped)."""
         for block in self.runs:
-            self.dealt = max(self.dealt, block + 1)
             if self.error is None:
                 try:
                     self.gauge.measured(self.work, block * self.count // self.blocks,
@@ -141,7 +140,6 @@ class Runs:
                         self.error = error
             if next(self.ended) == self.blocks:
                 self.all_ended.release()
-        self.dealt = self.blocks  # a thread that found none left: so no other is sent to look
 
     def wait(self) -> None:
         """Once the caller found no run left: wait for those other threads took to end (they are under way, never
@@ -188,11 +186,7 @@ class Pool:
             if not thread or (limited and self.running_limited >= self.gauge.limit):
                 self.waiting[limited].append(task)
                 return task[0]
-            self._count(task, +1)
-            if self.idle:
-                self.idle.pop().give(task)
-            else:
-                self.started.append(_Worker(self, task, f"{self.name}-{len(self.started)}"))
+            self._start(task)
         return task[0]
 
     def share(self, runs: Runs, helpers: int) -> None:
@@ -205,12 +199,16 @@ class Pool:
             for _ in range(helpers):
                 if self.running_limited >= self.gauge.limit or not (self.idle or len(self.started) < self.threads):
                     break
-                task: _Task = (Task(), runs.take, (), True)
-                self._count(task, +1)
-                if self.idle:
-                    self.idle.pop().give(task)
-                else:
-                    self.started.append(_Worker(self, task, f"{self.name}-{len(self.started)}"))
+                self._start((Task(), runs.take, (), True))
+
+    def _start(self, task: _Task) -> None:
+        """Hand ``task`` to the thread that went idle last, or to a new one (called holding the lock, with one of
+        them to be had)."""
+        self._count(task, +1)
+        if self.idle:
+            self.idle.pop().give(task)
+        else:
+            self.started.append(_Worker(self, task, f"{self.name}-{len(self.started)}"))
 
     def unshare(self, runs: Runs) -> None:
         """No thread joins ``runs`` from now on (its caller took the last)."""
