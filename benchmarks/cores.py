@@ -210,10 +210,10 @@ def percent(share: float | None) -> str:
     return "-" if share is None else f"{share:.1%}"
 
 
-def child(*arguments: object) -> dict:
-    """This script run in a fresh process with ``arguments`` (``--run``, ``--torch-run``, ``--feed-run``): the JSON
-    object its last line prints."""
-    done = subprocess.run([sys.executable, __file__, *map(str, arguments)], capture_output=True, text=True, check=True)
+def child(*arguments: object, script: str = __file__) -> dict:
+    """``script`` (this one: ``--run``, ``--torch-run``, ``--feed-run``) run in a fresh process with ``arguments``:
+    the JSON object its last line prints."""
+    done = subprocess.run([sys.executable, script, *map(str, arguments)], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-from cores import BATCH, CASES, stores
+from cores import CASES, child, epochs, stores
 
 import outcore
 import outcore.threads
@@ -41,21 +38,6 @@ from outcore.threads.pool import Gauge
 
 DECODING = ("encoded", "encoded+crop", "rrc")  # the cases of cores.py whose time is their decodes
 CALLS = ("decode_rows", "cut_rows")  # gather's names of the C decodes: each gets its rows' sample indices third
-
-
-def epochs(location: Path, case: str, seconds: float) -> float:
-    """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted)."""
-    ds = outcore.open_dataset(location)
-    batches = ds.batches(BATCH, shuffle=True, fields=["images", "labels"], transform=CASES[case][1])
-    rates, began, epoch = [], time.perf_counter(), 0
-    while len(rates) < 2 or time.perf_counter() - began < seconds:
-        start, count = time.perf_counter(), 0
-        for batch in batches:
-            count += len(batch["labels"])
-        if epoch:
-            rates.append(count / (time.perf_counter() - start))
-        epoch += 1
-    return float(np.median(rates))
 
 
 def measured(location: Path, case: str, seconds: float) -> dict[str, float]:
@@ -74,8 +56,10 @@ def measured(location: Path, case: str, seconds: float) -> dict[str, float]:
 
     for name in CALLS:
         setattr(gather, name, timed(getattr(gather, name)))
-    rate = epochs(location, case, seconds)
-    return {"samples_s": rate, "decode_s": spent["seconds"] / max(1, spent["samples"])}
+    rate = epochs(location, case, 1, seconds)[0]
+    if not spent["samples"]:  # a sleep of 0 would say every thread count is ideal
+        raise SystemExit(f"{case}: no decode went through {' or '.join(CALLS)}: nothing to replace by a sleep")
+    return {"samples_s": rate, "decode_s": spent["seconds"] / spent["samples"]}
 
 
 def offered(location: Path, case: str, threads: int, decode_s: float, seconds: float) -> dict[str, float]:
@@ -84,14 +68,7 @@ def offered(location: Path, case: str, threads: int, decode_s: float, seconds: f
     Gauge.LOW = 0.0  # a sleeping thread is no thread waiting for a core
     for name in CALLS:
         setattr(gather, name, lambda *args: time.sleep(len(args[2]) * decode_s))
-    outcore.set_threads(threads)
-    return {"samples_s": epochs(location, case, seconds)}
-
-
-def child(*arguments: object) -> dict:
-    """This script run in a fresh process with ``arguments``: the JSON object its last line prints."""
-    done = subprocess.run([sys.executable, __file__, *map(str, arguments)], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return {"samples_s": epochs(location, case, threads, seconds)[0]}
 
 
 def main() -> None:
@@ -125,10 +102,10 @@ def main() -> None:
           + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s}" for n in threads), flush=True)
     for case in cases:
         location = made[CASES[case][0]]
-        real = child("--measure", case, location, args.seconds)
+        real = child("--measure", case, location, args.seconds, script=__file__)
         row = f"{case:14s} {real['samples_s']:15.0f} {real['decode_s'] * 1e3:7.3f}ms"
         for n in threads:
-            rate = child("--offer", case, location, n, real["decode_s"], args.seconds)["samples_s"]
+            rate = child("--offer", case, location, n, real["decode_s"], args.seconds, script=__file__)["samples_s"]
             row += f" {rate:11.0f} {rate * real['decode_s'] / n:6.2f}"
         print(row, flush=True)
 
