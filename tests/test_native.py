@@ -7,6 +7,7 @@ the resize with Pillow's antialiased bilinear filter, one axis at a time (column
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import io
 import math
@@ -34,6 +35,8 @@ from outcore.imaging.decode import (
     decode_image,
     decode_plain_jpegs,
     decode_region,
+    plain_jpeg_files,
+    read_image_file,
     upright_size,
 )
 from outcore.imaging.resize import resize_edges
@@ -340,6 +343,39 @@ def test_what_decode_each_cannot_take_is_left_to_decode_image():
     for out in (np.empty((1, 8, 8, 3), np.uint16), np.empty((1, 8, 16, 3), np.uint8)[:, :, ::2],
                 np.empty((1, 8, 8, 4), np.uint8), np.empty((1, 64), np.uint8)):
         assert list(decode_plain_jpegs([region], [ranges], one * 0, one, out, one)) == [0]
+
+
+@built
+def test_check_files_reads_and_digests_each_file_as_hashlib_and_read_image_file_do(tmp_path):
+    """`plain_jpeg_files`: each file read whole, its size and BLAKE2b digest (_blake2b.h, of every length around
+    its 128-byte blocks, and 1 to 64 bytes of digest) those of `read_image_file` and hashlib; a plain JPEG's size
+    that of its header; a missing file, a folder, a record's reference and a URL left unread, with zeros."""
+    rng = np.random.default_rng(11)
+    lengths = [0, 1, 2, 111, 112, 127, 128, 129, 255, 256, 257, 384, 385, 4096, 100_003]
+    paths = []
+    for n in lengths:
+        paths.append(str(tmp_path / f"{n}.bin"))
+        Path(paths[-1]).write_bytes(rng.bytes(n))
+    photo = _jpeg(_photo(48, 80))
+    (tmp_path / "photo.jpg").write_bytes(photo)
+    unread = [str(tmp_path / "missing.jpg"), str(tmp_path), f"{tmp_path / 'photo.jpg'}::record 3 @0+10",
+              "s3://bucket/photo.jpg"]
+    paths += [str(tmp_path / "photo.jpg"), *unread]
+    for digest_size in (16, 1, 64):
+        found = plain_jpeg_files(paths, 3, digest_size=digest_size)
+        for k, n in enumerate(lengths):
+            data = read_image_file(paths[k])
+            assert found.nbytes[k] == n == len(data)
+            assert found.digests[k].tobytes() == hashlib.blake2b(data, digest_size=digest_size).digest(), n
+        photo_at = len(lengths)
+        assert found.sizes[photo_at].tolist() == [48, 80] and found.nbytes[photo_at] == len(photo)
+        assert found.digests[photo_at].tobytes() == hashlib.blake2b(photo, digest_size=digest_size).digest()
+        assert found.left == [*range(len(lengths)), *range(photo_at + 1, len(paths))]
+        assert not found.nbytes[photo_at + 1 :].any() and not found.digests[photo_at + 1 :].any()
+    assert plain_jpeg_files(paths[photo_at : photo_at + 1], 3, max_side=79).left == [0]  # past max_side: left
+    with pytest.raises(ValueError, match="digests"):
+        native.extension.check_files(paths, 3, -1, -1, np.zeros((len(paths), 2), np.int64),
+                                     np.zeros(len(paths), np.int64), np.zeros((len(paths), 65), np.uint8))
 
 
 @built

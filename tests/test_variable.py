@@ -3,6 +3,7 @@ while decoding."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 from pathlib import Path
@@ -23,6 +24,7 @@ from outcore.errors import OptionError
 from outcore.imaging import decode_image, native, resize_boxes
 from outcore.ingest import survey as survey_module
 from outcore.ingest.decode_tasks import FILES, path_block
+from outcore.ingest.records.reader import SampleReader
 from outcore.ingest.survey import SurveyOptions, _survey_block
 from outcore.iterate.batch import batch_draws, transform_generator
 
@@ -174,33 +176,45 @@ def test_a_file_that_does_not_match_its_stored_shape_is_named(pictures, store, t
 
 @pytest.mark.parametrize("max_side", [None, 100])
 def test_the_survey_is_the_same_with_the_c_extensions_check_and_without(pictures, tmp_path, monkeypatch, max_side):
-    """A block of every kind of file (plain, grey, turned by EXIF, PNG), a damaged JPEG, one that is not a picture
-    and one past ``max_pixels``, surveyed with the block's plain JPEGs checked by the C extension
-    (`plain_jpeg_sizes`, a group of files at a time) and without it: the same shapes, sizes, digests, orientations,
-    errors and smaller copies."""
+    """A block of every kind of file (plain, grey, turned by EXIF, PNG), a damaged JPEG, one that is not a picture,
+    one past ``max_pixels`` and one missing, surveyed three ways: the files read, digested and checked by the C
+    extension (`plain_jpeg_files`), the files read by a reader of the caller's and their plain JPEGs checked by it
+    (`plain_jpeg_sizes`, a group of files at a time), and without it: the same shapes, sizes, digests,
+    orientations, errors and smaller copies, the digests those of hashlib's BLAKE2b."""
     root, sizes = pictures
     good = sorted(str(root / name) for name in sizes)
     broken = {"cut.jpg": (root / "a" / "0.jpg").read_bytes()[:400], "text.jpg": b"not a picture",
-              "large.jpg": simplejpeg.encode_jpeg(np.zeros((400, 400, 3), np.uint8))}
+              "large.jpg": simplejpeg.encode_jpeg(np.zeros((400, 400, 3), np.uint8)), "missing.jpg": None}
     for name, data in broken.items():
-        (tmp_path / name).write_bytes(data)
+        if data is not None:
+            (tmp_path / name).write_bytes(data)
     block = path_block([*good, *(str(tmp_path / name) for name in broken)], 0, len(good) + len(broken))
     options = SurveyOptions(3, np.dtype("uint8"), max_side, 90, on_error="skip", max_pixels=150_000)
     monkeypatch.setattr(survey_module, "GROUP_BYTES", 5_000)  # a few files a group: the block read in several
 
-    def survey(scratch):
+    class OwnReader(SampleReader):  # a reader of the caller's: the survey reads through it, not in C
+        pass
+
+    def survey(scratch, reader):
         scratch.mkdir()
-        paths, *arrays = _survey_block(block, 0, options, str(scratch), FILES)
+        paths, *arrays = _survey_block(block, 0, options, str(scratch), reader)
         return [Path(p).read_bytes() if p else b"" for p in paths], arrays
 
-    checked = survey(tmp_path / "checked")
+    in_c = survey(tmp_path / "in_c", FILES)
+    by_reader = survey(tmp_path / "by_reader", OwnReader())
     monkeypatch.setattr(native, "extension", None)
-    files, arrays = survey(tmp_path / "python")
-    assert checked[0] == files
-    for mine, theirs in zip(checked[1], arrays, strict=True):
-        np.testing.assert_array_equal(mine, theirs)
-    errors = arrays[2].tolist()
-    assert [bool(e) for e in errors] == [False] * len(good) + [True] * 3 and "150,000" in errors[-1]
+    files, arrays = survey(tmp_path / "python", FILES)
+    for checked in (in_c, by_reader):
+        assert checked[0] == files
+        for mine, theirs in zip(checked[1], arrays, strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+    shapes, nbytes, errors, digests, orientations = arrays
+    assert not shapes[len(good) :].any()
+    assert [bool(e) for e in errors.tolist()] == [False] * len(good) + [True] * 4
+    assert "150,000" in errors[-2] and "file not found" in errors[-1]
+    assert [hashlib.blake2b(Path(p).read_bytes(), digest_size=16).digest() for p in good] == \
+        [row.tobytes() for row in digests[: len(good)]]
+    assert not digests[len(good) :].any() and not nbytes[len(good) :].any() and not orientations[len(good) :].any()
 
 
 def test_max_side_shrinks_only_the_larger_pictures(pictures, tmp_path):

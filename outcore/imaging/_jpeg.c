@@ -16,7 +16,8 @@
  * does the same for boxes of the files (decode_region's crop_resize calls, their DCT scale and scaled box
  * chosen here by decode_region's arithmetic: `plan`), without its 11 us of Python a sample. check_each is the
  * ingest survey's check of pictures kept at their own size (decoded_size: each file decoded at 1/8, its header's
- * size), for a block of files at once, without the Python around each file.
+ * size), for a block of files at once, without the Python around each file; check_files does the same for files
+ * named by their paths, each read and digested (BLAKE2b, _blake2b.h) in the same call.
  *
  * Built by setup.py when a libjpeg-turbo (1.5 or later) and its headers are found; outcore.imaging.native
  * falls back to simplejpeg and Pillow without it.
@@ -24,8 +25,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "../_blake2b.h"
 #include "../_free_time.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -33,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <jpeglib.h>
 
@@ -926,6 +932,110 @@ done:
     return left;
 }
 
+/* A file of check_files, read whole into a buffer grown as needed. */
+typedef struct {
+    uint8_t *data;
+    size_t size, capacity;
+} Whole;
+
+/* Read the regular file at `path` whole into `whole`, as _chunks.read_file reads it (nothing past the size fstat
+ * gave when it was opened): 1, or 0 when it cannot be opened or read (left to the caller, which says why). */
+static int read_whole(const char *path, Whole *whole) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat opened;
+    if (fd < 0)
+        return 0;
+    int fine = fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode);
+    size_t size = fine ? (size_t)opened.st_size : 0;
+    if (fine && size + 1 > whole->capacity) { /* one byte more: a read past the size finds nothing */
+        uint8_t *grown = realloc(whole->data, size + 1);
+        fine = grown != NULL;
+        if (fine) {
+            whole->data = grown;
+            whole->capacity = size + 1;
+        }
+    }
+    size_t done = 0;
+    while (fine && done <= size) { /* until a read finds the end: at `size`, or past it (the file grew) */
+        ssize_t got = pread(fd, whole->data + done, size + 1 - done, (off_t)done);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        done += (size_t)got;
+    }
+    close(fd);
+    whole->size = size;
+    return fine && done == size;
+}
+
+static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"paths", "channels", "max_pixels", "max_side", "sizes", "nbytes", "digests", NULL};
+    PyObject *path_list, *arrays[3], *left = NULL;
+    int channels;
+    long long max_pixels, max_side;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiLLOOO:check_files", keywords, &path_list, &channels,
+                                     &max_pixels, &max_side, &arrays[0], &arrays[1], &arrays[2]))
+        return NULL;
+    PyObject *paths = PySequence_Fast(path_list, "paths must be a sequence of str");
+    if (paths == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), converted = 0, viewed = 0;
+    PyObject **names = calloc(count > 0 ? (size_t)count : 1, sizeof(PyObject *));
+    uint8_t *done = calloc(count > 0 ? (size_t)count : 1, 1), *row = malloc(WIDEST_ROW);
+    Decoder *decoder = decoder_new();
+    Whole whole = {NULL, 0, 0};
+    Py_buffer views[3];
+    if (names == NULL || done == NULL || row == NULL || decoder == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; viewed < 3; viewed++)
+        if (array_buffer(arrays[viewed], &views[viewed], 1) < 0)
+            goto done;
+    int digest_size = views[2].ndim == 2 ? (int)views[2].shape[1] : 0;
+    if ((channels != 1 && channels != 3) || !table_of(&views[0], count, 2, "ql") || views[1].ndim != 1 ||
+        views[1].shape[0] != count || !buffer_of(&views[1], "ql") || digest_size < 1 || digest_size > 64 ||
+        views[2].shape[0] != count || views[2].itemsize != 1 || strcmp(views[2].format, "B") != 0) {
+        PyErr_SetString(PyExc_ValueError, "wanted: channels 1 or 3, sizes (paths, 2; int64), nbytes (paths,; int64), "
+                                          "digests (paths, 1 to 64; uint8), C-contiguous");
+        goto done;
+    }
+    for (; converted < count; converted++)
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(paths, converted), &names[converted]))
+            goto done;
+    Plain plain = {.channels = channels, .max_pixels = max_pixels, .max_side = max_side};
+    JSAMPROW lines[1] = {row};
+    FREE_BEGIN
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const char *path = PyBytes_AS_STRING(names[k]);
+        int64_t *shape = (int64_t *)views[0].buf + 2 * k, *nbytes = (int64_t *)views[1].buf + k;
+        uint8_t *digest = (uint8_t *)views[2].buf + (size_t)digest_size * k;
+        shape[0] = shape[1] = *nbytes = 0;
+        memset(digest, 0, (size_t)digest_size);
+        /* a record's reference (FILE::WHAT) or a URL is read by the caller's reader */
+        if (strstr(path, "::") != NULL || strstr(path, "://") != NULL || !read_whole(path, &whole))
+            continue;
+        *nbytes = (int64_t)whole.size;
+        blake2b(whole.data, whole.size, digest, digest_size);
+        done[k] = decode_plain(decoder, whole.data, whole.size, &plain, lines, shape);
+    }
+    FREE_END
+    left = positions_left(done, count);
+done:
+    for (Py_ssize_t i = 0; i < converted; i++)
+        Py_DECREF(names[i]);
+    for (Py_ssize_t i = 0; i < viewed; i++)
+        PyBuffer_Release(&views[i]);
+    free(names);
+    free(done);
+    free(row);
+    free(whole.data);
+    decoder_free(decoder);
+    Py_DECREF(paths);
+    return left;
+}
+
 static PyObject *py_decode_each(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"regions", "ranges", "which", "samples", "out", "rows", NULL};
     PyObject *regions, *ranges, *arrays[4];
@@ -1008,6 +1118,13 @@ static PyMethodDef methods[] = {
      "most max_pixels pixels and max_side a side (none: negative) at 1/8 of its size, as decode.py's decoded_size\n"
      "does, and write its height and width into out[k] (files, 2; int64); the list of the k left (other files,\n"
      "damaged ones, those past the limits: (0, 0) in out) is returned. The GIL is released once for them all."},
+    {"check_files", (PyCFunction)(void (*)(void))py_check_files, METH_VARARGS | METH_KEYWORDS,
+     "check_files(paths, channels, max_pixels, max_side, sizes, nbytes, digests)\n--\n\n"
+     "Read each regular file of `paths` whole (a path holding \"::\" or \"://\" is not read), write its size into\n"
+     "nbytes[k] (paths,; int64) and its BLAKE2b digest of digests' width (1 to 64 bytes) into digests[k], then\n"
+     "check it as check_each does, its height and width into sizes[k] (paths, 2; int64); the list of the k left\n"
+     "(files not read: 0 in nbytes and digests; other files, damaged ones, those past the limits) is returned.\n"
+     "The GIL is released once for them all."},
     {"has_exif", py_has_exif, METH_O,
      "has_exif(data)\n--\n\n"
      "Whether the JPEG `data`'s header segments, up to its image data, hold EXIF metadata (an APP1 segment\n"

@@ -19,7 +19,7 @@ import dask
 import numpy as np
 
 from ..errors import ImageError
-from ..imaging import MAX_PIXELS, plain_jpeg_sizes, shrink_image, stored_frame
+from ..imaging import MAX_PIXELS, plain_jpeg_files, plain_jpeg_sizes, shrink_image, stored_frame
 from .decode_tasks import DIGEST_SIZE, ERROR_DTYPE, FILES, bad_file, file_digest, path_block
 from .records.reader import SampleReader
 from .scheduler import run_tasks
@@ -102,24 +102,32 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
 
 def _survey_block(block: np.ndarray, start: int, options: SurveyOptions, scratch: str,
                   reader: SampleReader) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The survey of the files of ``block`` (`path_block`), the first ``start``: read a group at a time
-    (`_groups`), each group's plain JPEGs checked by one call outside the GIL (`plain_jpeg_sizes`), each other
-    file (and each to shrink) in Python."""
+    """The survey of the files of ``block`` (`path_block`), the first ``start``. Files on this machine are read,
+    digested and, plain JPEGs, checked by one call outside the GIL (`plain_jpeg_files`); the files it leaves (and
+    every file of another reader) are read a group at a time (`_groups`), each group's plain JPEGs checked by one
+    call (`plain_jpeg_sizes`), each other file (and each to shrink) in Python, which words their errors."""
     paths: list[str] = block.tolist()
     stored, shapes = list(paths), np.zeros((len(paths), 3), np.int32)
     nbytes, errors = np.zeros(len(paths), np.int64), [""] * len(paths)
     digests, orientations = np.zeros((len(paths), DIGEST_SIZE), np.uint8), np.zeros(len(paths), np.uint8)
-    for first, files in _groups(paths, reader):
+    found = plain_jpeg_files(paths, options.channels, options.max_pixels, options.max_side, DIGEST_SIZE) \
+        if type(reader) is SampleReader else None  # a file's reference is its path: no records, no object store
+    todo = list(range(len(paths))) if found is None else found.left
+    if found is not None:  # a plain JPEG: upright as stored, kept as it is
+        shapes[:, :2], shapes[:, 2], nbytes[:], digests[:], orientations[:] = found.sizes, options.channels, \
+            found.nbytes, found.digests, 1
+    for first, files in _groups([paths[i] for i in todo], reader):
         sizes, left = plain_jpeg_sizes([b"" if isinstance(data, ImageError) else data for data in files],
                                        options.channels, options.max_pixels, options.max_side)  # past it: shrunk
         checked = np.ones(len(files), bool)
         checked[list(left)] = False
         for k, data in enumerate(files):
-            i, path = first + k, paths[first + k]
+            i = todo[first + k]
+            path = paths[i]
             try:
                 if isinstance(data, ImageError):
                     raise data
-                if checked[k]:  # a plain JPEG: upright as stored, kept as it is
+                if checked[k]:
                     shape, smaller, orientations[i] = (*sizes[k].tolist(), options.channels), None, 1
                 else:
                     upright, orientations[i] = stored_frame(data, path, options.max_pixels)  # its header, read once
@@ -129,6 +137,7 @@ def _survey_block(block: np.ndarray, start: int, options: SurveyOptions, scratch
                 if options.on_error == "raise":
                     raise bad_file(error) from None
                 stored[i], errors[i] = "", str(error)[: ERROR_DTYPE.itemsize // 4]
+                shapes[i], nbytes[i], digests[i], orientations[i] = 0, 0, 0, 0
                 continue
             if smaller is not None:
                 suffix = ".jpg" if smaller.startswith(JPEG_START) else ".png"
