@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import crc32c
 import numpy as np
@@ -131,6 +132,25 @@ def test_a_file_read_at_once_is_its_bytes(tmp_path_factory, size, seed):
     assert chunk_reads.read_file_at_once(str(path)) == data
     assert chunk_reads.read_file_at_once(path) == data  # any path-like, as open() takes
     assert read_image_file(str(path)) == data
+
+
+@needs_extension
+def test_files_read_at_once_are_their_bytes_or_none_where_they_are_not_as_said(tmp_path):
+    """`read_files_at_once`: each file of the size it was said to be is its bytes; one of another size (it changed),
+    missing, a folder, a record's reference and a URL are None, for the caller's reader to read or name."""
+    rng = np.random.default_rng(5)
+    sizes = [0, 1, 4096, 52_000, (1 << 20) + 3]
+    paths = []
+    for size in sizes:
+        paths.append(str(tmp_path / f"{size}.jpg"))
+        Path(paths[-1]).write_bytes(rng.bytes(size))
+    others = [(paths[3], 51_999), (paths[3], 52_001), (str(tmp_path / "missing.jpg"), 0), (str(tmp_path), 0),
+              (f"{paths[3]}::record 1 @0+10", 52_000), ("s3://bucket/52000.jpg", 52_000)]
+    files = chunk_reads.read_files_at_once([*paths, *(path for path, _ in others)],
+                                           np.array([*sizes, *(size for _, size in others)], np.int64))
+    assert files == [Path(path).read_bytes() for path in paths] + [None] * len(others)
+    with pytest.raises(ValueError, match="int64"):
+        chunk_reads.read_files_at_once(paths, np.array(sizes, np.int32))
 
 
 @needs_extension

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,10 @@ from support.pictures import write_mixed_pictures
 import outcore
 from outcore import transforms
 from outcore.cli import main
-from outcore.errors import OptionError
+from outcore.errors import OptionError, SourceError
 from outcore.imaging import decode_image, native, resize_boxes
+from outcore.ingest import decode_tasks
+from outcore.ingest import images as images_module
 from outcore.ingest import survey as survey_module
 from outcore.ingest.decode_tasks import FILES, path_block
 from outcore.ingest.records.reader import SampleReader
@@ -215,6 +218,32 @@ def test_the_survey_is_the_same_with_the_c_extensions_check_and_without(pictures
     assert [hashlib.blake2b(Path(p).read_bytes(), digest_size=16).digest() for p in good] == \
         [row.tobytes() for row in digests[: len(good)]]
     assert not digests[len(good) :].any() and not nbytes[len(good) :].any() and not orientations[len(good) :].any()
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+@pytest.mark.parametrize("change", ["grown", "removed"])
+def test_a_file_changed_after_the_survey_stops_the_ingest_naming_it(pictures, tmp_path, monkeypatch, change, at_once):
+    """Between the survey and the writes a file grows or goes: the write task that reads it again (the files of its
+    shard read in one C call, `read_files_at_once`, or one by one) stops the ingest with a `SourceError` naming it."""
+    root = tmp_path / "src"
+    shutil.copytree(pictures[0], root)
+    changed = sorted(root.rglob("*.jpg"))[3]
+    surveyed = images_module.survey_images
+
+    def survey_then_change(*args, **kwargs):
+        found = surveyed(*args, **kwargs)
+        if change == "grown":
+            changed.write_bytes(changed.read_bytes() + b"\0")
+        else:
+            changed.unlink()
+        return found
+
+    monkeypatch.setattr(images_module, "survey_images", survey_then_change)
+    if not at_once:
+        monkeypatch.setattr(decode_tasks, "read_files_at_once", None)
+    reason = "changed during the ingest" if change == "grown" else "file not found since the ingest began"
+    with pytest.raises(SourceError, match=f"{re.escape(str(changed))}:? .*{reason}"):
+        outcore.ingest_images(root, tmp_path / "changed.zarr", shape=None, images="encoded", progress=False)
 
 
 def test_max_side_shrinks_only_the_larger_pictures(pictures, tmp_path):

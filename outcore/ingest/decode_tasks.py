@@ -24,6 +24,7 @@ from ..imaging import (
     stored_frame,
     upright_size,
 )
+from ..storage import read_files_at_once
 from .records.reader import SampleReader
 
 BLOB_DTYPE = np.dtype(object)  # the bytes of one file per sample, between tasks (never stored as such)
@@ -235,7 +236,12 @@ def file_array(paths: Sequence[str], nbytes: np.ndarray, block_size: int, reader
 def _read_block(block: np.ndarray, nbytes: np.ndarray, reader: SampleReader) -> np.ndarray:
     paths: list[str] = block.tolist()  # `path_block`
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE)
-    for i, path in enumerate(paths):
+    at_once = read_files_at_once is not None and type(reader) is SampleReader  # a file's reference is its path
+    if at_once:
+        files[:] = read_files_at_once(paths, np.asarray(nbytes, np.int64))  # None: left to the reader, which says why
+    for i in np.flatnonzero(np.equal(files, None)) if at_once else range(len(paths)):
+        path = paths[i]
+        files[i] = b""
         if not path:
             continue
         try:

@@ -3,7 +3,7 @@ itself, through a node-local cache); the direct shard reader; staging and atomic
 made on open."""
 
 from .cache import CacheUsage, ChunkCache
-from .chunk_reads import read_file_at_once
+from .chunk_reads import read_file_at_once, read_files_at_once
 from .encoded import EncodedBytes, create_encoded_field, read_files, stored_nbytes, write_encoded_shard
 from .groups import (
     consolidate,
@@ -69,6 +69,7 @@ __all__ = [
     "put_in_place",
     "read_file_at_once",
     "read_files",
+    "read_files_at_once",
     "read_ragged",
     "read_samples",
     "redact",

@@ -201,6 +201,20 @@ done:
     return result;
 }
 
+/* Read the `size` bytes of the open file `fd` into `into`, find nothing past them (it had that size when opened),
+ * and close it: 1 when all came and nothing more, 0 otherwise. */
+static int read_to_end(int fd, char *into, size_t size) {
+    struct iovec whole = {into, size};
+    char beyond;
+    ssize_t more;
+    int fine = size == 0 || read_all(fd, &whole, 1, 0);
+    do
+        more = pread(fd, &beyond, 1, (off_t)size);
+    while (more < 0 && errno == EINTR);
+    close(fd);
+    return fine && more == 0;
+}
+
 /* The whole regular file at `path` as bytes, or None when it cannot be opened or read, is not a regular file, or
  * is not of the size fstat gave when it was opened. The GIL is released twice: to open the file and find its size,
  * then, the bytes object made, to read into it and close. */
@@ -223,22 +237,86 @@ static PyObject *py_read_file(PyObject *self, PyObject *args) {
             return NULL; /* no memory for the bytes: MemoryError */
         Py_RETURN_NONE;
     }
-    size_t size = (size_t)opened.st_size;
     FREE_BEGIN;
-    struct iovec whole = {PyBytes_AS_STRING(data), size};
-    char beyond;
-    ssize_t more;
-    fine = size == 0 || read_all(fd, &whole, 1, 0);
-    do
-        more = pread(fd, &beyond, 1, (off_t)size); /* nothing past the size it had when opened */
-    while (more < 0 && errno == EINTR);
-    fine = fine && more == 0;
-    close(fd);
+    fine = read_to_end(fd, PyBytes_AS_STRING(data), (size_t)opened.st_size);
     FREE_END;
     if (fine)
         return data;
     Py_DECREF(data);
     Py_RETURN_NONE;
+}
+
+/* The regular files at `paths`, each of the size sizes[k] (int64) says, as a list of bytes read by one call that
+ * releases the GIL once for them all; None for a file that cannot be opened or read, is not a regular file or is of
+ * another size, and for a path holding "::" (a record's reference) or "://" (a URL), which is not opened. */
+static PyObject *py_read_files(PyObject *self, PyObject *args) {
+    PyObject *path_list, *size_array, *files = NULL;
+    if (!PyArg_ParseTuple(args, "OO:read_files", &path_list, &size_array))
+        return NULL;
+    PyObject *paths = PySequence_Fast(path_list, "paths must be a sequence of str");
+    if (paths == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), converted = 0;
+    PyObject **names = calloc(count > 0 ? (size_t)count : 1, sizeof(PyObject *));
+    uint8_t *read = calloc(count > 0 ? (size_t)count : 1, 1);
+    Py_buffer sizes;
+    int have_sizes = 0;
+    if (names == NULL || read == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PyObject_GetBuffer(size_array, &sizes, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        goto done;
+    have_sizes = 1;
+    if (sizes.ndim != 1 || sizes.shape[0] != count || sizes.itemsize != 8 || strchr("ql", sizes.format[0]) == NULL ||
+        sizes.format[1] != '\0') {
+        PyErr_SetString(PyExc_ValueError, "wanted: sizes of (paths,) int64, C-contiguous");
+        goto done;
+    }
+    const int64_t *size = sizes.buf;
+    if ((files = PyList_New(count)) == NULL)
+        goto done;
+    while (converted < count) {
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(paths, converted), &names[converted]))
+            goto failed;
+        Py_ssize_t k = converted++;
+        PyObject *data = PyBytes_FromStringAndSize(NULL, size[k] > 0 ? (Py_ssize_t)size[k] : 0);
+        if (data == NULL)
+            goto failed;
+        PyList_SET_ITEM(files, k, data);
+    }
+    FREE_BEGIN;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const char *path = PyBytes_AS_STRING(names[k]);
+        if (size[k] < 0 || strstr(path, "::") != NULL || strstr(path, "://") != NULL)
+            continue;
+        struct stat opened;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        if (fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) && opened.st_size == size[k])
+            read[k] = read_to_end(fd, PyBytes_AS_STRING(PyList_GET_ITEM(files, k)), (size_t)size[k]);
+        else
+            close(fd);
+    }
+    FREE_END;
+    for (Py_ssize_t k = 0; k < count; k++)
+        if (!read[k]) {
+            Py_INCREF(Py_None);
+            PyList_SetItem(files, k, Py_None);
+        }
+    goto done;
+failed:
+    Py_CLEAR(files);
+done:
+    for (Py_ssize_t i = 0; i < converted; i++)
+        Py_DECREF(names[i]);
+    if (have_sizes)
+        PyBuffer_Release(&sizes);
+    free(names);
+    free(read);
+    Py_DECREF(paths);
+    return files;
 }
 
 static PyObject *py_bind(PyObject *self, PyObject *args) {
@@ -285,6 +363,9 @@ static PyMethodDef methods[] = {
      "bind(path)\n--\n\nFind blosc_decompress_ctx in the shared library at path: whether it was found."},
     {"read_file", py_read_file, METH_VARARGS,
      "read_file(path)\n--\n\nThe whole regular file's bytes, or None when they cannot be read so."},
+    {"read_files", py_read_files, METH_VARARGS,
+     "read_files(paths, sizes)\n--\n\nEach regular file's bytes, of sizes[k] (int64), in one call outside the GIL; None\n"
+     "for each that cannot be read so, and for a path holding \"::\" or \"://\", which is not opened."},
 #endif
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer, value=0)\n--\n\nThe CRC-32C of the buffer's bytes."},
     FREE_METHOD,

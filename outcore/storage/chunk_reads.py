@@ -1,6 +1,6 @@
 """One chunk of a local shard file read, checked (crc32c) and decoded (Blosc) by one call of outcore's C
-extension ``_chunks``, which holds the GIL only to start and to return: `read_at_once`; and a whole file (a picture
-file at ingest) by another: `read_file_at_once`.
+extension ``_chunks``, which holds the GIL only to start and to return: `read_at_once`; and whole files (picture
+files at ingest) by others: `read_file_at_once`, `read_files_at_once`.
 
 Read by Python's calls, a chunk takes seven system calls (open, advice, two fstat, pread, close) and the
 checksum and codec calls, each releasing the GIL and taking it again, with a dozen Python calls between them:
@@ -21,10 +21,11 @@ True
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 from numcodecs import blosc
 
 try:
@@ -61,6 +62,14 @@ read_file_at_once = _chunks.read_file if read_at_once is not None else None
 """``read_file_at_once(path)``: the whole regular file at ``path`` (a picture file at ingest) read by one call that
 releases the GIL twice (to open it, then to read it), instead of at each of Python's five system calls; None when
 it cannot be read so (the caller reads it its own way, which names what is wrong). None where it cannot run here."""
+
+
+read_files_at_once: Callable[[Sequence[str], np.ndarray], list[bytes | None]] | None
+read_files_at_once = _chunks.read_files if read_at_once is not None else None
+"""``read_files_at_once(paths, sizes)``: the regular files at ``paths``, each of ``sizes[k]`` bytes (int64; the
+ingest's write tasks know them from its survey), read by one call that releases the GIL once for them all; None
+for each that cannot be read so (another size, a record's reference, a URL: the caller reads it its own way, which
+names what is wrong). None where it cannot run here."""
 
 
 def extension() -> ModuleType | None:
