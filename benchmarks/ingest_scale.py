@@ -1,4 +1,4 @@
-"""Does an ingest of a large folder scale with its cores? Whole ingests, timed and sampled holding the GIL.
+"""Does an ingest of a large folder scale with its cores? Whole ingests, timed by phase and sampled holding the GIL.
 
     python benchmarks/ingest_scale.py [--files 100000] [--threads 1,2] [--repeats 2] [--workdir bench-data]
 
@@ -9,10 +9,15 @@ the writes):
 
 - **scaling**: seconds, files/s and CPU seconds of whole ingests at each ``--threads`` (``--repeats`` each,
   in turns), and the ratio to n times the one-thread rate;
+- **phases**: where each thread count's fastest ingest spent its time: importing what an ingest needs, the work
+  before the survey (listing the folder, the files' stats, the manifest), the survey, making the write tasks, the
+  writes and what comes after (the store's metadata, opening it). The imports and the work between the phases run
+  on one thread whatever the thread count: on many cores they bound the whole;
 - **gil**: one whole ingest at the last thread count sampled by py-spy (``cores.RATE`` a second), only the
   thread holding the GIL (``--gil``): its seconds holding the GIL against the CPU seconds of an unsampled
-  run, the share per stage (`cores.STAGES`), the bound that share sets on 16 cores, and the functions holding
-  it most.
+  run, the bound that share sets on 16 cores, the seconds per phase (a sample's phase: the first of them its stack
+  is in; the survey's and the writes' tasks on the pool's threads, their scheduling on the main thread), and
+  the functions holding it most.
 
 Unlike ``cores.py --cases ingest`` (a folder of ~1,000 files, ingested again and again and sampled for some
 seconds), the per-ingest costs (imports, the task graph, the manifest) weigh here as they do on a large set.
@@ -27,9 +32,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
-from cores import FUNCTIONS, RATE, bound, functions, stages
+from cores import FUNCTIONS, RATE, bound, functions
 from imagenet import write_folder
 
 INGEST = """
@@ -37,14 +43,42 @@ import json, sys, time
 import outcore
 outcore.set_threads(int(sys.argv[3]))
 start = time.perf_counter()
+from outcore.ingest import build, images
+imported = time.perf_counter()
+spans = {}
+
+
+def timed(module, name):
+    wrapped = getattr(module, name)
+
+    def timing(*args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            spans[name] = (began, time.perf_counter())
+
+    setattr(module, name, timing)
+
+
+timed(images, "survey_images")
+timed(build, "_write_fields")
 ds = outcore.ingest_images(sys.argv[1], sys.argv[2], shape=None, images="encoded", progress=False)
-print(json.dumps({"files": len(ds), "seconds": time.perf_counter() - start}))
+end = time.perf_counter()
+(survey, surveyed), (writes, written) = spans["survey_images"], spans["_write_fields"]
+print(json.dumps({"files": len(ds), "seconds": end - start, "phases": [
+    imported - start, survey - imported, surveyed - survey, writes - surveyed, written - writes, end - written]}))
 """
+PHASES = ("imports", "before the survey", "survey", "making the writes", "writes", "after")
+# The phase of a py-spy stack: the first of these found in its frames, outermost first (an import inside a phase
+# counts as an import).
+PHASE_FRAMES = (("imports", ("_find_and_load",)), ("survey", ("survey_images", "_survey_block")),
+                ("writes", ("_write_fields", "_write_shard", "_read_block")))
 
 
-def ingest(folder: Path, threads: int, gil_samples: Path | None = None) -> tuple[float, float]:
-    """One whole ingest of ``folder`` in a fresh process: ``(seconds, CPU seconds)``; with ``gil_samples``, run
-    under ``py-spy record --gil``, its raw samples written there."""
+def ingest(folder: Path, threads: int, gil_samples: Path | None = None) -> tuple[float, float, list[float]]:
+    """One whole ingest of ``folder`` in a fresh process: ``(seconds, CPU seconds, seconds per phase)``; with
+    ``gil_samples``, run under ``py-spy record --gil``, its raw samples written there."""
     with tempfile.TemporaryDirectory(dir=folder.parent) as scratch:
         command = [sys.executable, "-c", INGEST, str(folder), str(Path(scratch) / "ingested.zarr"), str(threads)]
         if gil_samples is not None:
@@ -54,7 +88,19 @@ def ingest(folder: Path, threads: int, gil_samples: Path | None = None) -> tuple
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))  # py-spy's last
-    return result["seconds"], (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return result["seconds"], cpu, result["phases"]
+
+
+def phases(raw: str) -> Counter:
+    """py-spy's raw output counted per phase (`PHASE_FRAMES`; ``"other"`` for a stack in none of them, and
+    ``"start and exit"`` for one without Python frames: the interpreter's, outside the timed seconds)."""
+    counted: Counter = Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        found = (name for name, frames in PHASE_FRAMES if any(frame in stack for frame in frames))
+        counted[next(found, "other") if stack else "start and exit"] += int(count)
+    return counted
 
 
 def main() -> None:
@@ -67,18 +113,23 @@ def main() -> None:
     folder = args.workdir / f"imagenet-like-{args.files}"
     files = len(write_folder(folder, args.files))
     threads = [int(n) for n in args.threads.split(",")]
-    runs: dict[int, list[tuple[float, float]]] = {n: [] for n in threads}
+    runs: dict[int, list[tuple[float, float, list[float]]]] = {n: [] for n in threads}
     for _ in range(args.repeats):  # in turns: a slow spell of the machine falls on every thread count alike
         for n in threads:
             runs[n].append(ingest(folder, n))
-    one = min(seconds for seconds, _ in runs[1]) if 1 in runs else None
+    one = min(seconds for seconds, _, _ in runs[1]) if 1 in runs else None
     print(f"\noutcore.ingest_images of {files:,} JPEGs at their own size (shape=None, images='encoded'), whole "
           f"ingests, fresh processes, best of {args.repeats} (the ratio: to n x the 1-thread rate)")
     print(f"{'threads':>7s} {'seconds':>15s} {'files/s':>8s} {'CPU s':>7s} {'ratio':>6s}")
     for n in threads:
-        best, cpu = min(runs[n])
-        spread = f"{min(s for s, _ in runs[n]):.1f}-{max(s for s, _ in runs[n]):.1f}"
+        best, cpu, _ = min(runs[n])
+        spread = f"{min(s for s, _, _ in runs[n]):.1f}-{max(s for s, _, _ in runs[n]):.1f}"
         print(f"{n:7d} {spread:>15s} {files / best:8.0f} {cpu:7.1f} {one / (n * best) if one else float('nan'):6.2f}")
+    print("\nseconds per phase of each thread count's fastest ingest (imports and the work between the survey and "
+          "the writes run on one thread)")
+    print(f"{'threads':>7s} " + " ".join(f"{name:>17s}" for name in PHASES))
+    for n in threads:
+        print(f"{n:7d} " + " ".join(f"{seconds:17.2f}" for seconds in min(runs[n])[2]))
     if shutil.which("py-spy") is None:
         print("\npy-spy is not installed (pip install py-spy): no GIL shares")
         return
@@ -87,15 +138,15 @@ def main() -> None:
     ingest(folder, n, raw_path)
     raw = raw_path.read_text()
     raw_path.unlink()
-    held, holders = stages(raw), functions(raw)
+    held, holders = phases(raw), functions(raw)
     cpu = min(runs[n])[1]
     total = sum(held.values())
     share = total / RATE / cpu
     print(f"\none whole ingest at {n} threads holds the GIL {total / RATE:.1f} s of {cpu:.1f} CPU seconds: GIL share "
           f"{share:.1%}, at most {bound(share, 16):.1f}x one core's rate on 16 cores")
-    print(f"  {'stage':24s} {'GIL':>6s}")
+    print(f"  {'phase':24s} {'GIL s':>6s} {'µs a file':>9s}")
     for name, count in held.most_common():
-        print(f"  {name:24s} {count / RATE / cpu:6.1%}")
+        print(f"  {name:24s} {count / RATE:6.2f} {count / RATE / files * 1e6:9.1f}")
     print(f"  the functions holding the GIL most (share of the GIL samples, {total} in all):")
     for name, count in holders.most_common(FUNCTIONS * 2):
         print(f"    {count / max(1, total):6.1%}  {name}")

@@ -13,6 +13,7 @@ import dask
 from dask.base import get_scheduler
 from dask.callbacks import Callback
 from dask.delayed import Delayed
+from dask.threaded import get as threaded_get
 from tqdm import tqdm
 from tqdm.notebook import tqdm as notebook_tqdm
 
@@ -71,7 +72,8 @@ def run_tasks(
         pool = ThreadPoolExecutor(threads or thread_count(), thread_name_prefix="outcore-ingest")
         try:
             with _ProgressCallback(weight_of, bar):
-                return list(dask.compute(*tasks, scheduler="threads", pool=pool))
+                # the threaded scheduler itself: named "threads", dask would import distributed to look for a client
+                return list(dask.compute(*tasks, scheduler=threaded_get, pool=pool))
         finally:  # after a failure, the tasks still running finish before anything cleans up after them
             pool.shutdown(wait=True, cancel_futures=True)
 
