@@ -212,7 +212,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     skip = options.on_error == "skip"
     order = write_order(len(table), options.shuffle_on_write, options.seed)
     paths = [table.paths[i] for i in order]
-    stats = (table.stats[order] if table.stats is not None else file_stats(paths)).tolist()
+    stats = table.stats[order] if table.stats is not None else file_stats(paths)  # (N, 2): sizes, times
     layout = Layout.for_samples(_layout_sample_nbytes(shape, dtype, stats), len(table), options.chunk_size)
     reader = table.reader or SampleReader()
     chosen = None
@@ -221,7 +221,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     if images is None:
         chosen = ImagesChoice("encoded", "shape=None and max_side= store the pictures as files") if options.surveyed \
             else \
-            choose_images(location, paths, [size for size, _ in stats], math.prod(shape) * dtype.itemsize,
+            choose_images(location, paths, stats[:, 0], math.prod(shape) * dtype.itemsize,
                           layout.chunk_size, {"shape": shape, "resize": resize, "dtype": dtype}, reader.read)
         images = chosen.images
         if progress:
@@ -239,7 +239,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     if chosen is not None:  # the reason, with the machine's figures of the moment, is said, not kept
         recipe["images_chosen"] = True
     run = {"shuffled_on_write": options.shuffle_on_write, "seed": options.seed if options.shuffle_on_write else None,
-           "source": table.description, "manifest": _manifest(table, order, paths, stats, settings),
+           "source": table.description, "manifest": _manifest(table, order, stats, settings),
            "resume": options.resume, "recipe": recipe}
     if options.surveyed:
         survey = SurveyOptions(decode.channels, dtype, options.max_side, options.quality, options.on_error,
@@ -279,7 +279,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
     if files is not None:
         images_fields[ENCODED_FIELD if pixels is not None else IMAGE_FIELD] = FieldSource(
             files, FieldInfo("other" if pixels is not None else "input", encoding=IMAGE_ENCODING, decode=decode),
-            nbytes=np.array([size for size, _ in stats], dtype=np.int64),
+            nbytes=stats[:, 0].copy(),
         )
     # with on_error="raise" a bad file stops the ingest: no sample is left out, and each shard is final
     # (uploaded as soon as it is written, for an object store) instead of kept for compaction
@@ -323,16 +323,16 @@ def _check_label_names(table: SourceTable) -> None:
         raise SourceError(f"label column(s) {sorted(clash)} clash with outcore's own field names; rename them")
 
 
-def _layout_sample_nbytes(shape: tuple[int | None, ...], dtype: np.dtype, stats: list[tuple[int, int]]) -> int:
+def _layout_sample_nbytes(shape: tuple[int | None, ...], dtype: np.dtype, stats: np.ndarray) -> int:
     """The sample size chunks are laid out for: about 8 MiB of decoded pixels per chunk, even when files
     are stored (the shuffle buffer holds them decoded); pictures kept at their own size are only ever
     cropped while decoding, so their chunks hold about 2 MiB of files."""
     if shape[0] is None:
-        return 4 * sum(size for size, _ in stats) // max(1, len(stats))
+        return 4 * int(stats[:, 0].sum()) // max(1, len(stats))
     return math.prod(shape) * dtype.itemsize
 
 
-def _table_fields(table: SourceTable, order: np.ndarray, stats: list[tuple[int, int]],
+def _table_fields(table: SourceTable, order: np.ndarray, stats: np.ndarray,
                   block_size: int) -> dict[str, FieldSource]:
     """The fields beside the pictures, in the stored order: labels, ``path``, ``source_index`` and
     ``file_stat`` (what an append compares to find the files that are new)."""
@@ -349,18 +349,18 @@ def _table_fields(table: SourceTable, order: np.ndarray, stats: list[tuple[int, 
         FieldInfo("metadata", encoding=TEXT_ENCODING),
     )
     fields[SOURCE_INDEX_FIELD] = FieldSource(as_dask(order, block_size), FieldInfo("metadata"))
-    fields[FILE_STAT_FIELD] = FieldSource(as_dask(np.array(stats, dtype=np.int64).reshape(-1, 2), block_size),
+    fields[FILE_STAT_FIELD] = FieldSource(as_dask(np.asarray(stats, dtype=np.int64).reshape(-1, 2), block_size),
                                           FieldInfo("metadata"))
     return fields
 
 
-def _manifest(table: SourceTable, order: np.ndarray, paths: list[str], stats: list[tuple[int, int]],
-              settings: dict[str, Any]) -> dict[str, Any]:
+def _manifest(table: SourceTable, order: np.ndarray, stats: np.ndarray, settings: dict[str, Any]) -> dict[str, Any]:
     """What a run writes, from what: the files in the source's order with their sizes and modification
-    times (``paths`` and ``stats`` are in the stored ``order``, which the seed setting makes), the labels
+    times (``stats`` (N, 2) in the stored ``order``, which the seed setting makes), the labels
     and names, and every setting. A resumed run must match it exactly; the parts apart, so that a
     mismatch can say which differs (`outcore.ingest.resume.manifest_differences`)."""
-    files = sorted(zip(order.tolist(), paths, stats, strict=True))
+    in_source_order = stats[np.argsort(order)].tolist()  # sample j's file is table.paths[j], stored at order's j
+    files = list(zip(range(len(table)), table.paths, in_source_order, strict=True))
     labels = hashlib.sha256(json.dumps(table.names).encode())
     for name in sorted(table.labels):
         labels.update(name.encode() + np.ascontiguousarray(table.labels[name]).tobytes())
@@ -371,6 +371,6 @@ def _manifest(table: SourceTable, order: np.ndarray, paths: list[str], stats: li
     for name in sorted(table.instances):
         rows = table.instances[name].take(order)
         labels.update(name.encode() + rows.values.tobytes() + rows.offsets.tobytes())
-    return {"ingest": "images", "files": len(paths),
+    return {"ingest": "images", "files": len(table),
             "fingerprint": hashlib.sha256(json.dumps(files).encode()).hexdigest(),
             "labels": labels.hexdigest(), "settings": {name: repr(value) for name, value in settings.items()}}
