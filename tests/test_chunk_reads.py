@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 import outcore
 from outcore.errors import CorruptChunkError, ImageError
 from outcore.imaging import read_image_file
+from outcore.ingest import fields
+from outcore.ingest.fields import file_stats
 from outcore.storage import chunk_reads, shard_reader
 from outcore.storage.pins import stamp_of
 from outcore.testing import chunk_location, corrupt_chunk
@@ -151,6 +153,26 @@ def test_files_read_at_once_are_their_bytes_or_none_where_they_are_not_as_said(t
     assert files == [Path(path).read_bytes() for path in paths] + [None] * len(others)
     with pytest.raises(ValueError, match="int64"):
         chunk_reads.read_files_at_once(paths, np.array(sizes, np.int32))
+
+
+@needs_extension
+def test_files_stated_at_once_are_what_os_stat_says(tmp_path, monkeypatch):
+    """`stat_files_at_once` and `file_stats` with and without it: each path's ``st_size`` and ``st_mtime_ns``
+    (a file, an empty one, a folder, a link followed), (0, 0) for a path that cannot be stat'ed."""
+    (tmp_path / "photo.jpg").write_bytes(b"x" * 5000)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    os.utime(tmp_path / "empty.jpg", ns=(1, 1_234_567_891_234_567_891))
+    (tmp_path / "link.jpg").symlink_to(tmp_path / "photo.jpg")
+    paths = [str(tmp_path / name) for name in ("photo.jpg", "empty.jpg", "link.jpg", "missing.jpg", "")] + [str(tmp_path)]
+    said = [(os.stat(path).st_size, os.stat(path).st_mtime_ns) if os.path.exists(path) else (0, 0) for path in paths]
+    out = np.full((len(paths), 2), -1, np.int64)
+    chunk_reads.stat_files_at_once(paths, out)
+    assert [tuple(row) for row in out.tolist()] == said and said[1] == (0, 1_234_567_891_234_567_891)
+    assert [tuple(row) for row in file_stats(paths).tolist()] == said
+    monkeypatch.setattr(fields, "stat_files_at_once", None)
+    assert [tuple(row) for row in file_stats(paths).tolist()] == said
+    with pytest.raises(ValueError, match="int64"):
+        chunk_reads.stat_files_at_once(paths, np.zeros((len(paths), 2), np.int32))
 
 
 @needs_extension

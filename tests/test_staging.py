@@ -17,6 +17,7 @@ import pytest
 import outcore
 from outcore.errors import OutcoreWarning, StoreExistsError
 from outcore.imaging.synthetic import write_image_folder
+from outcore.ingest.images import _files_json
 
 
 def test_overwrite_never_leaves_the_target_without_a_store(tmp_path):
@@ -351,3 +352,15 @@ def test_ctrl_c_at_any_instant_of_the_command_is_one_line_and_130(source, tmp_pa
     else:
         assert process.returncode == 130 and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1 and err.strip() in INTERRUPTED_LINES, err
+
+
+def test_the_manifest_lists_the_files_as_json_dumps_would(tmp_path):
+    """A resumed run compares fingerprints of the files' JSON listing (index, path, size, time), written a file
+    at a time without a list each (`_files_json`): the very text of ``json.dumps`` for any path, so that a run
+    interrupted by one outcore is resumed by another."""
+    paths = ["plain.jpg", 'quote"d.jpg', "back\\slash.jpg", "caf\u00e9/\u732b.jpg", "emoji\U0001f408.jpg", "tab\t.jpg",
+             "line\nbreak.jpg", "", np.str_("numpy/str.jpg")]
+    stats = np.array([[i * 1000 + 7, 1_700_000_000_123_456_789 + i] for i in range(len(paths))], np.int64)
+    listed = [[j, path, [int(size), int(time)]] for j, (path, (size, time)) in enumerate(zip(paths, stats, strict=True))]
+    assert _files_json(paths, stats) == json.dumps(listed)
+    assert _files_json([], np.zeros((0, 2), np.int64)) == json.dumps([])

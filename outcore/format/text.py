@@ -19,7 +19,11 @@ def encode_text(values: np.ndarray, min_width: int = 1) -> np.ndarray:
     >>> encode_text(np.array(["a"]), min_width=4)
     array([[97,  0,  0,  0]], dtype=uint8)
     """
-    encoded = np.char.encode(np.asarray(values).astype(str), TEXT_ENCODING)
+    strings = np.asarray(values).astype(str)
+    try:
+        encoded = strings.astype(bytes)  # ASCII (UTF-8 alike) in one C loop
+    except UnicodeEncodeError:
+        encoded = np.char.encode(strings, TEXT_ENCODING)  # a str method call each
     width = max(1, min_width, encoded.dtype.itemsize)
     return np.frombuffer(encoded.astype(f"S{width}").tobytes(), dtype=np.uint8).reshape(len(encoded), width)
 

@@ -359,8 +359,7 @@ def _manifest(table: SourceTable, order: np.ndarray, stats: np.ndarray, settings
     times (``stats`` (N, 2) in the stored ``order``, which the seed setting makes), the labels
     and names, and every setting. A resumed run must match it exactly; the parts apart, so that a
     mismatch can say which differs (`outcore.ingest.resume.manifest_differences`)."""
-    in_source_order = stats[np.argsort(order)].tolist()  # sample j's file is table.paths[j], stored at order's j
-    files = list(zip(range(len(table)), table.paths, in_source_order, strict=True))
+    files = _files_json(table.paths, stats[np.argsort(order)])  # sample j's file is table.paths[j], stored at order's j
     labels = hashlib.sha256(json.dumps(table.names).encode())
     for name in sorted(table.labels):
         labels.update(name.encode() + np.ascontiguousarray(table.labels[name]).tobytes())
@@ -372,5 +371,17 @@ def _manifest(table: SourceTable, order: np.ndarray, stats: np.ndarray, settings
         rows = table.instances[name].take(order)
         labels.update(name.encode() + rows.values.tobytes() + rows.offsets.tobytes())
     return {"ingest": "images", "files": len(table),
-            "fingerprint": hashlib.sha256(json.dumps(files).encode()).hexdigest(),
+            "fingerprint": hashlib.sha256(files.encode()).hexdigest(),
             "labels": labels.hexdigest(), "settings": {name: repr(value) for name, value in settings.items()}}
+
+
+def _files_json(paths: Sequence[str], stats: np.ndarray) -> str:
+    """``json.dumps([[j, paths[j], [size, time]], ...])`` of each file's (size, time) in ``stats``, written without a
+    list a file: at 100,000 files the garbage collector's passes over those lists cost more than the writing.
+
+    >>> _files_json(["a.jpg", "b.jpg"], np.array([[5, 7], [6, 8]]))
+    '[[0, "a.jpg", [5, 7]], [1, "b.jpg", [6, 8]]]'
+    """
+    quote = json.encoder.encode_basestring_ascii  # what json.dumps quotes strings with
+    files = zip(range(len(paths)), paths, stats[:, 0].tolist(), stats[:, 1].tolist(), strict=True)
+    return "[" + ", ".join([f"[{j}, {quote(path)}, [{size}, {time}]]" for j, path, size, time in files]) + "]"

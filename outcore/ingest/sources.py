@@ -75,8 +75,8 @@ def scan_image_folder(root: str | os.PathLike, extensions: Sequence[str] = IMAGE
         raise SourceError(f"image folder {str(root)!r} does not exist or is not a folder")
     names = _image_names(root, suffixes)
     description = f"image folder {root.absolute()}"
-    base = str(root.absolute())  # once, not a working directory read a file
-    paths = [os.path.join(base, *n.split("/")) for n in names]
+    base = os.path.join(str(root.absolute()), "")  # once, not a working directory read a file; ending in os.sep
+    paths = [base + n for n in names] if os.sep == "/" else [base + n.replace("/", os.sep) for n in names]
     return _folder_table(str(root), names, paths, suffixes, description)
 
 

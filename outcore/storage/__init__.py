@@ -3,7 +3,7 @@ itself, through a node-local cache); the direct shard reader; staging and atomic
 made on open."""
 
 from .cache import CacheUsage, ChunkCache
-from .chunk_reads import read_file_at_once, read_files_at_once
+from .chunk_reads import read_file_at_once, read_files_at_once, stat_files_at_once
 from .encoded import EncodedBytes, create_encoded_field, read_files, stored_nbytes, write_encoded_shard
 from .groups import (
     consolidate,
@@ -79,6 +79,7 @@ __all__ = [
     "small_fields",
     "small_rows_path",
     "staged_store",
+    "stat_files_at_once",
     "stored_members",
     "stored_nbytes",
     "writable",

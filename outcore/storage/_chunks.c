@@ -319,6 +319,54 @@ done:
     return files;
 }
 
+/* Each path's size and modification time in ns into out[k] ((paths, 2) int64), (0, 0) for one that cannot be
+ * stat'ed: os.stat's st_size and st_mtime_ns for them all, the GIL released once. */
+static PyObject *py_stat_files(PyObject *self, PyObject *args) {
+    PyObject *path_list, *out_array, *result = NULL;
+    if (!PyArg_ParseTuple(args, "OO:stat_files", &path_list, &out_array))
+        return NULL;
+    PyObject *paths = PySequence_Fast(path_list, "paths must be a sequence of str");
+    if (paths == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), converted = 0;
+    PyObject **names = calloc(count > 0 ? (size_t)count : 1, sizeof(PyObject *));
+    Py_buffer out;
+    int have_out = 0;
+    if (names == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PyObject_GetBuffer(out_array, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        goto done;
+    have_out = 1;
+    if (out.ndim != 2 || out.shape[0] != count || out.shape[1] != 2 || out.itemsize != 8 ||
+        strchr("ql", out.format[0]) == NULL || out.format[1] != '\0') {
+        PyErr_SetString(PyExc_ValueError, "wanted: out of (paths, 2) int64, C-contiguous and writable");
+        goto done;
+    }
+    for (; converted < count; converted++)
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(paths, converted), &names[converted]))
+            goto done;
+    int64_t *stats = out.buf;
+    FREE_BEGIN;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        struct stat status;
+        int found = stat(PyBytes_AS_STRING(names[k]), &status) == 0;
+        stats[2 * k] = found ? (int64_t)status.st_size : 0;
+        stats[2 * k + 1] = found ? mtime_ns(&status) : 0;
+    }
+    FREE_END;
+    result = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t i = 0; i < converted; i++)
+        Py_DECREF(names[i]);
+    if (have_out)
+        PyBuffer_Release(&out);
+    free(names);
+    Py_DECREF(paths);
+    return result;
+}
+
 static PyObject *py_bind(PyObject *self, PyObject *args) {
     PyObject *path;
     if (!PyArg_ParseTuple(args, "O&:bind", PyUnicode_FSConverter, &path))
@@ -359,6 +407,9 @@ static PyMethodDef methods[] = {
      "read(path, offset, nbytes, scratch, out, blosc)\n--\n\n"
      "Chunk bytes [offset, offset + nbytes) of the file read, checked (crc32c) and decoded into out; the file's\n"
      "(inode, mtime_ns, size), or None when anything failed."},
+    {"stat_files", py_stat_files, METH_VARARGS,
+     "stat_files(paths, out)\n--\n\nEach path's size and modification time in ns into out[k] ((paths, 2) int64), (0, 0)\n"
+     "for one that cannot be stat'ed, in one call outside the GIL."},
     {"bind", py_bind, METH_VARARGS,
      "bind(path)\n--\n\nFind blosc_decompress_ctx in the shared library at path: whether it was found."},
     {"read_file", py_read_file, METH_VARARGS,

@@ -1,6 +1,6 @@
 """One chunk of a local shard file read, checked (crc32c) and decoded (Blosc) by one call of outcore's C
 extension ``_chunks``, which holds the GIL only to start and to return: `read_at_once`; and whole files (picture
-files at ingest) by others: `read_file_at_once`, `read_files_at_once`.
+files at ingest) by others: `read_file_at_once`, `read_files_at_once`; files' sizes and times: `stat_files_at_once`.
 
 Read by Python's calls, a chunk takes seven system calls (open, advice, two fstat, pread, close) and the
 checksum and codec calls, each releasing the GIL and taking it again, with a dozen Python calls between them:
@@ -65,11 +65,18 @@ it cannot be read so (the caller reads it its own way, which names what is wrong
 
 
 read_files_at_once: Callable[[Sequence[str], np.ndarray], list[bytes | None]] | None
-read_files_at_once = _chunks.read_files if read_at_once is not None else None
+read_files_at_once = getattr(_chunks, "read_files", None) if read_at_once is not None else None  # None: built before it
 """``read_files_at_once(paths, sizes)``: the regular files at ``paths``, each of ``sizes[k]`` bytes (int64; the
 ingest's write tasks know them from its survey), read by one call that releases the GIL once for them all; None
 for each that cannot be read so (another size, a record's reference, a URL: the caller reads it its own way, which
 names what is wrong). None where it cannot run here."""
+
+
+stat_files_at_once: Callable[[Sequence[str], np.ndarray], None] | None
+stat_files_at_once = getattr(_chunks, "stat_files", None) if read_at_once is not None else None
+"""``stat_files_at_once(paths, out)``: each path's size and modification time in ns (``os.stat``'s ``st_size``
+and ``st_mtime_ns``) written into ``out[k]`` ((paths, 2) int64; (0, 0) for one that cannot be stat'ed) by one call
+that releases the GIL once for them all. None where it cannot run here."""
 
 
 def extension() -> ModuleType | None:
