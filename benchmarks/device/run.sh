@@ -14,7 +14,7 @@
 #               GIL share timed, ds.torch with 0-16 workers
 #   feed        benchmarks/cores.py's stand-in training step (5 ms, 80 % holding the GIL) fed in its process by threads
 #               or by 1-4 DataLoader workers: the ratio to its own rate, and the CPU a batch costs the loop's thread
-#   ingest      benchmarks/ingest_scale.py: whole ingests of ImageNet-like JPEGs on 1 and 16 threads
+#   ingest      benchmarks/ingest_scale.py: whole ingests of ImageNet-like JPEGs on 1 and 16 threads, timed by phase
 #   cluster     benchmarks/cluster.py: 1-8 Dask workers decoding, cropping and flipping
 #   dense       benchmarks/dense_targets.py: crops and flips of pictures with their instance maps, boxes and keypoints,
 #               against torchvision v2 on tv_tensors in a DataLoader with a worker per core
@@ -52,7 +52,7 @@ step cores 150 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --t
     --only scaling,torch --cases pixels,pixels+crop,encoded,encoded+crop,rrc --workdir $work/cores
 step feed 75 python3 cores.py --images 6000 --only feed --cases pixels,encoded --seconds 3 --step-ms 5 --held 0.8 \
     --feed-workers 0,1,2,4 --workdir $work/cores
-step ingest 50 python3 ingest_scale.py --files 5000 --threads 1,16 --repeats 1 --workdir $work/ingest
+step ingest 70 python3 ingest_scale.py --files 10000 --threads 1,16 --repeats 1 --workdir $work/ingest
 step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
 step dense 75 python3 dense_targets.py --images 2048 --batch 64 --repeats 2 --workdir $work/dense
 for log in "$OUT"/*.log; do

@@ -75,15 +75,19 @@ class DeviceDecoder:
         out = torch.zeros((len(files), *field.size, channels), dtype=dtype, device=self.device)
         sizes = sizes.tolist()
         pictures = self._pictures(name, field, files, sizes, samples)
+        placed = []  # (row of the batch, picture, box in the picture's pixels, resized size, where in the row, flip)
         for k, (picture, box, flip) in enumerate(zip(pictures, boxes.tolist(), flips.tolist(), strict=True)):
             sample = tuple(sizes[k])  # the box's picture: the field's shape, or the picture's own size
             if tuple(picture.shape[1:]) != sample and not cut_from_file(files[k].numpy().tobytes(), field.decode):
                 picture = fitted(picture, sample, field.decode.resize, self._name(name, samples, k))
             part = box_part(tuple(box), sample, field.size, (bool(flip[0]), bool(flip[1])))
-            if part is None:  # a window wholly past the picture: zeros
-                continue
-            box, size, (rows, columns) = part
-            piece = _resized(picture, in_file(box, tuple(picture.shape[1:]), sample, field.decode.resize), size)
+            if part is not None:  # else a window wholly past the picture: zeros
+                box, size, where = part
+                placed.append((k, picture, in_file(box, tuple(picture.shape[1:]), sample, field.decode.resize), size,
+                               where, flip))
+        resizes = _resizes([(box, tuple(picture.shape[1:]), size) for _, picture, box, size, _, _ in placed], self.device)
+        for (k, picture, box, size, (rows, columns), flip), resize in zip(placed, resizes, strict=True):
+            piece = _resized(picture, box, size, resize)
             mirrored = [axis for axis, on in ((2, flip[0]), (1, flip[1])) if on]
             out[k, rows, columns] = (piece.flip(mirrored) if mirrored else piece).permute(1, 2, 0)
         if len(field.decode.shape) == 2:  # a field of grey pictures without a channel axis, as the CPU path gives it
@@ -169,26 +173,59 @@ def _whole_jpeg(data: Any) -> bool:
     return len(data) >= 4 and bytes(data[-2:].numpy()) == b"\xff\xd9"
 
 
-def _resized(picture: Any, box: Box, size: tuple[int, int]) -> Any:
+@dataclass(frozen=True)
+class Resize:
+    """A box's resize on a device (`_resizes`): the rows and columns of the picture its taps read, and the taps of
+    each pass, ``(columns, weights)`` of (size, taps) each (`resize_taps`), on the device."""
+
+    rows: slice
+    columns: slice
+    across: tuple[Any, Any]
+    down: tuple[Any, Any]
+
+
+def _resizes(boxes: Sequence[tuple[Box, tuple[int, int], tuple[int, int]]], device: Any) -> list[Resize | None]:
+    """The `Resize` of each ``(box, picture's size, resized size)`` (top, left, height, width; (h, w); (h, w)), their
+    taps sent to ``device`` in two copies for them all (a copy from the host waits for the device: one a box held
+    each batch's work to the pace of its copies); None for a box of whole pixels at the size (a plain cut)."""
+    planned, columns, weights = [], [], []
+    for (top, left, height, width), found, size in boxes:
+        if (height, width) == tuple(size) and float(top).is_integer() and float(left).is_integer():
+            planned.append(None)
+            continue
+        y0, rows, *down = resize_taps(top, top + height, found[0], size[0])
+        x0, span, *across = resize_taps(left, left + width, found[1], size[1])
+        planned.append((slice(y0, y0 + rows), slice(x0, x0 + span), len(columns)))
+        columns += [across[0], down[0]]
+        weights += [across[1], down[1]]
+    if not columns:
+        return planned
+    sent = [torch.from_numpy(np.concatenate([taps.ravel() for taps in parts])).to(device) for parts in (columns, weights)]
+    views, at = [], 0
+    for taps in columns:
+        views.append(tuple(flat[at : at + taps.size].view(taps.shape) for flat in sent))
+        at += taps.size
+    return [plan if plan is None else Resize(plan[0], plan[1], views[plan[2]], views[plan[2] + 1]) for plan in planned]
+
+
+def _resized(picture: Any, box: Box, size: tuple[int, int], resize: Resize | None = None) -> Any:
     """``box`` (top, left, height, width) of ``picture`` (C, H, W) resized to ``size`` as outcore's threads resize it:
     Pillow's antialiased bilinear filter, columns first, then rows, rounded between (`resize_taps`), each output
-    pixel its taps' weighted sum in float64 on the picture's device (exact: the C extension's fixed-point sums). A
-    box of whole pixels at the size is its pixels."""
+    pixel its taps' weighted sum in float64 on the picture's device (exact: the C extension's fixed-point sums), by
+    the taps of ``resize`` (`_resizes`; made here without). A box of whole pixels at the size is its pixels."""
     top, left, height, width = box
     if (height, width) == tuple(size) and float(top).is_integer() and float(left).is_integer():
         return picture[:, int(top) : int(top) + size[0], int(left) : int(left) + size[1]]
-    y0, rows, *down = resize_taps(top, top + height, picture.shape[1], size[0])
-    x0, columns, *across = resize_taps(left, left + width, picture.shape[2], size[1])
-    region = picture[:, y0 : y0 + rows, x0 : x0 + columns].to(torch.float64)
-    resized = _rounded(_tapped(region, *across), picture.dtype)  # (C, rows, width)
-    return _rounded(_tapped(resized.transpose(1, 2), *down), picture.dtype).transpose(1, 2).to(picture.dtype)
+    resize = resize or _resizes([(box, tuple(picture.shape[1:]), size)], picture.device)[0]
+    region = picture[:, resize.rows, resize.columns].to(torch.float64)
+    resized = _rounded(_tapped(region, *resize.across), picture.dtype)  # (C, rows, width)
+    return _rounded(_tapped(resized.transpose(1, 2), *resize.down), picture.dtype).transpose(1, 2).to(picture.dtype)
 
 
-def _tapped(lines: Any, columns: np.ndarray, weights: np.ndarray) -> Any:
-    """Each line of ``lines`` (..., span) resized by its taps: (..., size), the weighted sums of the pixels each
-    output pixel reads (the taps copied to the device once)."""
-    taps = torch.from_numpy(np.stack([columns.astype(np.float64), weights])).to(lines.device)
-    return (lines[..., taps[0].long()] * taps[1]).sum(dim=-1)
+def _tapped(lines: Any, columns: Any, weights: Any) -> Any:
+    """Each line of ``lines`` (..., span) resized by its taps (``columns`` and ``weights`` (size, taps), on the
+    lines' device): (..., size), the weighted sums of the pixels each output pixel reads."""
+    return (lines[..., columns] * weights).sum(dim=-1)
 
 
 def _rounded(values: Any, dtype: Any) -> Any:
