@@ -7,6 +7,7 @@ from __future__ import annotations
 import filecmp
 import itertools
 import os
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from outcore.errors import StorageError
 from outcore.format import Compression, Layout
 from outcore.imaging.synthetic import write_image_folder
 from outcore.storage import SmallColumn, SmallRows, copy_rows, create_field, writable, write_rows
-from outcore.storage.shard_writer import _direct_codecs
+from outcore.storage.shard_writer import StoreArrays, _direct_codecs
 from outcore.testing.strategies import compressions, field_arrays
 
 
@@ -128,3 +129,28 @@ def test_a_file_of_other_rows_is_refused(tmp_path):
     np.testing.assert_array_equal(column[0:2], np.ones((2, 4)))
     with pytest.raises(StorageError, match=r"field 'boxes': .*2.rows holds 20 bytes, not whole rows of <f4 \(4,\)"):
         column[0:3]
+
+
+def test_store_arrays_open_each_array_once_and_pickle_without_them(tmp_path, monkeypatch):
+    """`StoreArrays`: the write tasks of an ingest share each array, opened once in a process (its metadata read
+    and parsed once, its direct layout found once: `_direct_format`); a pickled copy (a Dask worker's) opens its
+    own, and an array made anew where it was is another object, whose layout is found anew."""
+    location = tmp_path / "s.zarr"
+    create_field(zarr.open_group(location, mode="w"), "x", np.dtype("i8"), (), 8, Layout(2, 4), Compression())
+    opened = []
+    open_group = zarr.open_group
+    monkeypatch.setattr(zarr, "open_group", lambda *args, **kwargs: opened.append(args) or open_group(*args, **kwargs))
+    arrays = StoreArrays(str(location))
+    first = arrays["x"]
+    assert arrays["x"] is first and len(opened) == 1
+    write_rows(first, 0, np.arange(8))
+    copy = pickle.loads(pickle.dumps(arrays))
+    assert copy["x"] is not first and copy["x"][:].tolist() == list(range(8)) and len(opened) == 2
+    group = zarr.open_group(location, mode="r+")
+    del group["x"]
+    create_field(group, "x", np.dtype("i8"), (), 8, Layout(4, 8), Compression.parse("none"))
+    again = StoreArrays(str(location))["x"]
+    write_rows(again, 0, np.arange(8) * 3)
+    assert [codec["name"] for codec in _direct_codecs(first, 0, 8, np.arange(8))] == ["bytes", "blosc", "crc32c"]
+    assert [codec["name"] for codec in _direct_codecs(again, 0, 8, np.arange(8))] == ["bytes", "crc32c"]
+    assert zarr.open_array(location / "x", mode="r")[:].tolist() == (np.arange(8) * 3).tolist()

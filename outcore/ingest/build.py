@@ -43,6 +43,7 @@ from ..format import (
 from ..storage import (
     SmallRows,
     Staging,
+    StoreArrays,
     Upload,
     consolidate,
     copy_rows,
@@ -215,7 +216,7 @@ def _write_fields(
     error_blocks = _shard_blocks(errors, shard) if errors is not None else None
     # What every shard shares is bound once; a shard's blocks are top-level arguments: Dask finalizes a collection
     # met inside a container (a dict of blocks), culling the whole array's graph each time: shards x graph.
-    write = dask.delayed(functools.partial(_write_shard, str(directory), small, tuple(blocks), encoded,
+    write = dask.delayed(functools.partial(_write_shard, StoreArrays(str(directory)), small, tuple(blocks), encoded,
                                            options.layout.chunk_size), pure=False)
     tasks = [
         write(starts[i], error_blocks[i] if error_blocks is not None else None,
@@ -303,16 +304,15 @@ def _shard_blocks(data: da.Array | Permuted | Ragged, shard: int) -> list[Any]:
 
 
 def _write_shard(
-    directory: str, small: SmallRows, names: tuple[str, ...], encoded: list[str], chunk_size: int, start: int,
+    store: StoreArrays, small: SmallRows, names: tuple[str, ...], encoded: list[str], chunk_size: int, start: int,
     errors: np.ndarray | None, marker: str | None, upload: tuple[Upload, int] | None, *values: Any,
 ) -> list[tuple[int, str]]:
-    """Write one shard of every field ``names`` (their blocks ``values``; the small fields' rows saved apart,
-    ``small``); with ``upload`` (where to, which shard), upload it; then, with a ``marker`` path, record it as done
-    (with its failures)."""
+    """Write one shard of every field ``names`` (their blocks ``values``; into the arrays of ``store``, opened once
+    a process; the small fields' rows saved apart, ``small``); with ``upload`` (where to, which shard), upload it;
+    then, with a ``marker`` path, record it as done (with its failures)."""
     blocks = dict(zip(names, values, strict=True))
     ranges = [ranges_name(name) for name, block in blocks.items() if name in encoded or isinstance(block, Ragged)]
-    group = zarr.open_group(directory, mode="r+")  # only the arrays written: a metadata read each
-    arrays = {name: small.columns[name] if name in small.columns else group[name] for name in [*blocks, *ranges]}
+    arrays = {name: small.columns[name] if name in small.columns else store[name] for name in [*blocks, *ranges]}
     for name, block in blocks.items():
         if isinstance(block, Part):  # shuffled on write: made here, so it never waits between tasks
             block = block()
@@ -324,7 +324,7 @@ def _write_shard(
             write_rows(arrays[name], start, block)
     failures = [] if errors is None else [(start + int(i), str(errors[i])) for i in np.flatnonzero(errors != "")]
     if upload is not None:
-        upload[0].put_shard(Path(directory), upload[1])
+        upload[0].put_shard(Path(store.directory), upload[1])
     if marker is not None:
         partial = f"{marker}.partial"
         Path(partial).write_text(json.dumps(failures))

@@ -29,7 +29,7 @@ from .ragged import (
 )
 from .remote import RemoteStore, is_object_url, redact
 from .shard_reader import ShardReader, read_samples
-from .shard_writer import copy_rows, write_rows
+from .shard_writer import StoreArrays, copy_rows, write_rows
 from .small_rows import SmallColumn, SmallRows
 from .staging import Staging, check_target, local_target, pack_zip, put_in_place, remove_path, staged_store
 from .store import Store, open_store
@@ -50,6 +50,7 @@ __all__ = [
     "SmallRows",
     "Staging",
     "Store",
+    "StoreArrays",
     "Upload",
     "check_target",
     "consolidate",

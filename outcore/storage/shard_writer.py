@@ -13,6 +13,7 @@ written (`writable`).
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,10 +75,9 @@ def copy_rows(target: zarr.Array, parts: Sequence[tuple[Any, int, int]]) -> None
 def _direct_codecs(array: zarr.Array, start: int, stop: int, values: np.ndarray) -> list[dict[str, Any]] | None:
     """``array``'s chunk codecs where `write_rows` writes ``values`` into rows ``[start, stop)`` itself: whole
     shard files (the last may end at the array's end), of its dtype and row shape, into a writable local
-    directory whose codecs it knows; else ``None``."""
-    store, metadata = array.store, array.metadata.to_dict()
-    if not (isinstance(store, LocalStore) and not store.read_only and array.shards
-            and metadata.get("chunk_key_encoding") == _KEYS):
+    directory whose codecs it knows (`_direct_format`); else ``None``."""
+    store = array.store
+    if not (isinstance(store, LocalStore) and not store.read_only) or (codecs := _direct_format(array)) is None:
         return None
     rows = array.shards[0]
     if start % rows or (stop % rows and stop != array.shape[0]) or stop > array.shape[0]:
@@ -85,9 +85,61 @@ def _direct_codecs(array: zarr.Array, start: int, stop: int, values: np.ndarray)
     if not (isinstance(values, np.ndarray) and values.dtype.newbyteorder("=") == array.dtype.newbyteorder("=")
             and values.shape[1:] == array.shape[1:]):
         return None
-    codecs = direct_codecs(array)
+    return codecs
+
+
+_FORMATS: dict[int, tuple[Any, list[dict[str, Any]] | None]] = {}  # id(metadata): (the metadata, `_direct_format`)
+_FORMATS_HELD = 256  # metadata objects kept at most (each small): then forgotten all at once
+
+
+def _direct_format(array: zarr.Array) -> list[dict[str, Any]] | None:
+    """``array``'s chunk codecs where `write_rows` can write its shard files itself: sharded, outcore's chunk keys,
+    codecs it knows (`direct_codecs`), Blosc's typesize the dtype's; else ``None``. Found once for each metadata
+    object (zarr's ``to_dict`` takes about a millisecond holding the GIL; an array opened once, `StoreArrays`, is
+    written by every task of an ingest)."""
+    metadata = array.metadata
+    known = _FORMATS.get(id(metadata))
+    if known is not None and known[0] is metadata:  # the very object: its id cannot have been reused
+        return known[1]
+    codecs = direct_codecs(array) if array.shards and metadata.to_dict().get("chunk_key_encoding") == _KEYS \
+        else None
     typesizes = [codec["configuration"].get("typesize") for codec in codecs or () if codec["name"] == "blosc"]
-    return None if any(size != array.dtype.itemsize for size in typesizes) else codecs
+    if any(size != array.dtype.itemsize for size in typesizes):
+        codecs = None
+    if len(_FORMATS) >= _FORMATS_HELD:
+        _FORMATS.clear()
+    _FORMATS[id(metadata)] = (metadata, codecs)
+    return codecs
+
+
+class StoreArrays:
+    """The arrays of the group at ``directory``, each opened once in a process and kept: every task writing a
+    store's shards writes the same arrays, whose metadata does not change while they do (opening one reads and
+    parses its metadata holding the GIL). Pickled without them: each process opens its own.
+
+    >>> arrays = StoreArrays("train.zarr")  # doctest: +SKIP
+    >>> arrays["images"].shape  # doctest: +SKIP
+    (100000, 224, 224, 3)
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._group: zarr.Group | None = None
+        self._opened: dict[str, zarr.Array] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> zarr.Array:
+        with self._lock:
+            if name not in self._opened:
+                self._group = self._group or zarr.open_group(self.directory, mode="r+")
+                self._opened[name] = self._group[name]
+            return self._opened[name]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"directory": self.directory}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["directory"])
 
 
 def _write_shard(array: zarr.Array, shard: int, rows: np.ndarray, codecs: list[dict[str, Any]]) -> None:
