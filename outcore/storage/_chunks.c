@@ -246,76 +246,95 @@ static PyObject *py_read_file(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The paths of a call, each as the file system's bytes (PyUnicode_FSConverter). */
+typedef struct {
+    PyObject **names;
+    Py_ssize_t count;
+} Paths;
+
+static void paths_free(Paths *paths) {
+    for (Py_ssize_t i = 0; paths->names != NULL && i < paths->count; i++)
+        Py_XDECREF(paths->names[i]);
+    free(paths->names);
+    paths->names = NULL;
+}
+
+/* `paths` made from the sequence `path_list` (of str or path-like): 0, or -1 with an exception set. */
+static int paths_from(PyObject *path_list, Paths *paths) {
+    PyObject *items = PySequence_Fast(path_list, "paths must be a sequence of str");
+    if (items == NULL)
+        return -1;
+    paths->count = PySequence_Fast_GET_SIZE(items);
+    paths->names = calloc(paths->count > 0 ? (size_t)paths->count : 1, sizeof(PyObject *));
+    int failed = paths->names == NULL;
+    if (failed)
+        PyErr_NoMemory();
+    for (Py_ssize_t k = 0; !failed && k < paths->count; k++)
+        failed = !PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(items, k), &paths->names[k]);
+    Py_DECREF(items);
+    if (failed)
+        paths_free(paths);
+    return failed ? -1 : 0;
+}
+
+/* Whether `view` is a C-contiguous int64 array of `rows` (columns 0) or of `rows` x `columns`. */
+static int int64_rows(const Py_buffer *view, Py_ssize_t rows, Py_ssize_t columns) {
+    return view->ndim == (columns ? 2 : 1) && view->shape[0] == rows && (!columns || view->shape[1] == columns) &&
+           view->itemsize == 8 && strchr("ql", view->format[0]) != NULL && view->format[1] == '\0';
+}
+
 /* The regular files at `paths`, each of the size sizes[k] (int64) says, as a list of bytes read by one call that
  * releases the GIL once for them all; None for a file that cannot be opened or read, is not a regular file or is of
  * another size, and for a path holding "::" (a record's reference) or "://" (a URL), which is not opened. */
 static PyObject *py_read_files(PyObject *self, PyObject *args) {
     PyObject *path_list, *size_array, *files = NULL;
-    if (!PyArg_ParseTuple(args, "OO:read_files", &path_list, &size_array))
-        return NULL;
-    PyObject *paths = PySequence_Fast(path_list, "paths must be a sequence of str");
-    if (paths == NULL)
-        return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), converted = 0;
-    PyObject **names = calloc(count > 0 ? (size_t)count : 1, sizeof(PyObject *));
-    uint8_t *read = calloc(count > 0 ? (size_t)count : 1, 1);
+    Paths paths;
     Py_buffer sizes;
-    int have_sizes = 0;
-    if (names == NULL || read == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    if (!PyArg_ParseTuple(args, "OO:read_files", &path_list, &size_array) || paths_from(path_list, &paths) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(size_array, &sizes, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        paths_free(&paths);
+        return NULL;
     }
-    if (PyObject_GetBuffer(size_array, &sizes, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        goto done;
-    have_sizes = 1;
-    if (sizes.ndim != 1 || sizes.shape[0] != count || sizes.itemsize != 8 || strchr("ql", sizes.format[0]) == NULL ||
-        sizes.format[1] != '\0') {
-        PyErr_SetString(PyExc_ValueError, "wanted: sizes of (paths,) int64, C-contiguous");
-        goto done;
-    }
+    Py_ssize_t count = paths.count;
     const int64_t *size = sizes.buf;
-    if ((files = PyList_New(count)) == NULL)
-        goto done;
-    while (converted < count) {
-        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(paths, converted), &names[converted]))
-            goto failed;
-        Py_ssize_t k = converted++;
+    uint8_t *read = calloc(count > 0 ? (size_t)count : 1, 1);
+    if (read == NULL)
+        PyErr_NoMemory();
+    else if (!int64_rows(&sizes, count, 0))
+        PyErr_SetString(PyExc_ValueError, "wanted: sizes of (paths,) int64, C-contiguous");
+    else
+        files = PyList_New(count);
+    for (Py_ssize_t k = 0; files != NULL && k < count; k++) {
         PyObject *data = PyBytes_FromStringAndSize(NULL, size[k] > 0 ? (Py_ssize_t)size[k] : 0);
         if (data == NULL)
-            goto failed;
-        PyList_SET_ITEM(files, k, data);
-    }
-    FREE_BEGIN;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        const char *path = PyBytes_AS_STRING(names[k]);
-        if (size[k] < 0 || strstr(path, "::") != NULL || strstr(path, "://") != NULL)
-            continue;
-        struct stat opened;
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        if (fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) && opened.st_size == size[k])
-            read[k] = read_to_end(fd, PyBytes_AS_STRING(PyList_GET_ITEM(files, k)), (size_t)size[k]);
+            Py_CLEAR(files);
         else
-            close(fd);
+            PyList_SET_ITEM(files, k, data);
     }
-    FREE_END;
-    for (Py_ssize_t k = 0; k < count; k++)
-        if (!read[k]) {
-            Py_INCREF(Py_None);
-            PyList_SetItem(files, k, Py_None);
+    if (files != NULL) {
+        FREE_BEGIN;
+        for (Py_ssize_t k = 0; k < count; k++) {
+            const char *path = PyBytes_AS_STRING(paths.names[k]);
+            if (size[k] < 0 || strstr(path, "::") != NULL || strstr(path, "://") != NULL)
+                continue;
+            struct stat opened;
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (fd < 0)
+                continue;
+            if (fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) && opened.st_size == size[k])
+                read[k] = read_to_end(fd, PyBytes_AS_STRING(PyList_GET_ITEM(files, k)), (size_t)size[k]);
+            else
+                close(fd);
         }
-    goto done;
-failed:
-    Py_CLEAR(files);
-done:
-    for (Py_ssize_t i = 0; i < converted; i++)
-        Py_DECREF(names[i]);
-    if (have_sizes)
-        PyBuffer_Release(&sizes);
-    free(names);
+        FREE_END;
+        for (Py_ssize_t k = 0; k < count; k++)
+            if (!read[k])
+                PyList_SetItem(files, k, Py_NewRef(Py_None));
+    }
     free(read);
-    Py_DECREF(paths);
+    PyBuffer_Release(&sizes);
+    paths_free(&paths);
     return files;
 }
 
@@ -323,47 +342,30 @@ done:
  * stat'ed: os.stat's st_size and st_mtime_ns for them all, the GIL released once. */
 static PyObject *py_stat_files(PyObject *self, PyObject *args) {
     PyObject *path_list, *out_array, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OO:stat_files", &path_list, &out_array))
-        return NULL;
-    PyObject *paths = PySequence_Fast(path_list, "paths must be a sequence of str");
-    if (paths == NULL)
-        return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), converted = 0;
-    PyObject **names = calloc(count > 0 ? (size_t)count : 1, sizeof(PyObject *));
+    Paths paths;
     Py_buffer out;
-    int have_out = 0;
-    if (names == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    if (!PyArg_ParseTuple(args, "OO:stat_files", &path_list, &out_array) || paths_from(path_list, &paths) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(out_array, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        paths_free(&paths);
+        return NULL;
     }
-    if (PyObject_GetBuffer(out_array, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
-        goto done;
-    have_out = 1;
-    if (out.ndim != 2 || out.shape[0] != count || out.shape[1] != 2 || out.itemsize != 8 ||
-        strchr("ql", out.format[0]) == NULL || out.format[1] != '\0') {
+    if (int64_rows(&out, paths.count, 2)) {
+        int64_t *stats = out.buf;
+        FREE_BEGIN;
+        for (Py_ssize_t k = 0; k < paths.count; k++) {
+            struct stat status;
+            int found = stat(PyBytes_AS_STRING(paths.names[k]), &status) == 0;
+            stats[2 * k] = found ? (int64_t)status.st_size : 0;
+            stats[2 * k + 1] = found ? mtime_ns(&status) : 0;
+        }
+        FREE_END;
+        result = Py_NewRef(Py_None);
+    } else {
         PyErr_SetString(PyExc_ValueError, "wanted: out of (paths, 2) int64, C-contiguous and writable");
-        goto done;
     }
-    for (; converted < count; converted++)
-        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(paths, converted), &names[converted]))
-            goto done;
-    int64_t *stats = out.buf;
-    FREE_BEGIN;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        struct stat status;
-        int found = stat(PyBytes_AS_STRING(names[k]), &status) == 0;
-        stats[2 * k] = found ? (int64_t)status.st_size : 0;
-        stats[2 * k + 1] = found ? mtime_ns(&status) : 0;
-    }
-    FREE_END;
-    result = Py_NewRef(Py_None);
-done:
-    for (Py_ssize_t i = 0; i < converted; i++)
-        Py_DECREF(names[i]);
-    if (have_out)
-        PyBuffer_Release(&out);
-    free(names);
-    Py_DECREF(paths);
+    PyBuffer_Release(&out);
+    paths_free(&paths);
     return result;
 }
 
