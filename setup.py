@@ -31,6 +31,7 @@ DRAWS_SOURCE = "outcore/seeds/_draws.c"
 CHUNKS_SOURCE = "outcore/storage/_chunks.c"
 FREE_TIME = ["outcore/_free_time.h"]  # the GIL-free time counted by the extensions that release the GIL
 BLAKE2B = "outcore/_blake2b.h"  # the survey's file digests, taken in check_files
+WHOLE_FILES = "outcore/_whole_files.h"  # whole picture files read at ingest, by _jpeg and _chunks alike
 
 
 def jpeg_paths() -> tuple[list[str], list[str]]:
@@ -74,11 +75,12 @@ def extensions() -> list[Extension]:
     include_dirs, library_dirs = jpeg_paths()
     flags = ["-O3", "-ffp-contract=off"] if os.name != "nt" else []
     return [Extension("outcore.imaging._jpeg", [SOURCE], include_dirs=include_dirs, library_dirs=library_dirs,
-                      libraries=["jpeg"], extra_compile_args=flags, depends=[*FREE_TIME, BLAKE2B]),
+                      libraries=["jpeg"], extra_compile_args=flags, depends=[*FREE_TIME, BLAKE2B, WHOLE_FILES]),
             Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags, depends=FREE_TIME),
             Extension("outcore.seeds._state", [SEEDS_SOURCE], extra_compile_args=flags),
             Extension("outcore.seeds._draws", [DRAWS_SOURCE], extra_compile_args=flags),
-            Extension("outcore.storage._chunks", [CHUNKS_SOURCE], extra_compile_args=flags, depends=FREE_TIME)]
+            Extension("outcore.storage._chunks", [CHUNKS_SOURCE], extra_compile_args=flags,
+                      depends=[*FREE_TIME, WHOLE_FILES])]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

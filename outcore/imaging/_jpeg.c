@@ -27,9 +27,8 @@
 
 #include "../_blake2b.h"
 #include "../_free_time.h"
+#include "../_whole_files.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -37,8 +36,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <jpeglib.h>
 
@@ -938,35 +935,22 @@ typedef struct {
     size_t size, capacity;
 } Whole;
 
-/* Read the regular file at `path` whole into `whole`, as _chunks.read_file reads it (nothing past the size fstat
- * gave when it was opened): 1, or 0 when it cannot be opened or read (left to the caller, which says why). */
+/* Read the regular file at `path` whole into `whole` (_whole_files.h, as _chunks.read_file reads it): 1, or 0 when
+ * it cannot be opened or read (left to the caller, which says why). */
 static int read_whole(const char *path, Whole *whole) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat opened;
-    if (fd < 0)
-        return 0;
-    int fine = fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode);
-    size_t size = fine ? (size_t)opened.st_size : 0;
-    if (fine && size + 1 > whole->capacity) { /* one byte more: a read past the size finds nothing */
-        uint8_t *grown = realloc(whole->data, size + 1);
-        fine = grown != NULL;
-        if (fine) {
-            whole->data = grown;
-            whole->capacity = size + 1;
+    size_t size;
+    int fd = open_regular(path, &size);
+    if (fd >= 0 && size > whole->capacity) {
+        uint8_t *grown = realloc(whole->data, size > 0 ? size : 1);
+        if (grown == NULL) {
+            close(fd);
+            return 0;
         }
+        whole->data = grown;
+        whole->capacity = size;
     }
-    size_t done = 0;
-    while (fine && done <= size) { /* until a read finds the end: at `size`, or past it (the file grew) */
-        ssize_t got = pread(fd, whole->data + done, size + 1 - done, (off_t)done);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            break;
-        done += (size_t)got;
-    }
-    close(fd);
     whole->size = size;
-    return fine && done == size;
+    return fd >= 0 && read_to_end(fd, whole->data, size);
 }
 
 static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -1013,8 +997,7 @@ static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs
         uint8_t *digest = (uint8_t *)views[2].buf + (size_t)digest_size * k;
         shape[0] = shape[1] = *nbytes = 0;
         memset(digest, 0, (size_t)digest_size);
-        /* a record's reference (FILE::WHAT) or a URL is read by the caller's reader */
-        if (strstr(path, "::") != NULL || strstr(path, "://") != NULL || !read_whole(path, &whole))
+        if (!local_path(path) || !read_whole(path, &whole))
             continue;
         *nbytes = (int64_t)whole.size;
         blake2b(whole.data, whole.size, digest, digest_size);

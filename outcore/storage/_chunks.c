@@ -34,12 +34,8 @@
 #if defined(__unix__) || defined(__APPLE__)
 #define OUTCORE_POSIX
 #include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <sys/uio.h>
-#include <unistd.h>
+
+#include "../_whole_files.h" /* errno, fcntl, sys/stat, sys/uio, unistd: the POSIX file calls */
 #endif
 
 #define CHECKSUM_BYTES 4
@@ -105,28 +101,6 @@ static int64_t mtime_ns(const struct stat *status) {
 
 static int same_file(const struct stat *a, const struct stat *b) {
     return a->st_ino == b->st_ino && mtime_ns(a) == mtime_ns(b) && a->st_size == b->st_size;
-}
-
-/* Fill the iovecs from the file at `offset`, reads that return less continued: 1 when all came, 0 otherwise. */
-static int read_all(int fd, struct iovec *parts, int count, off_t offset) {
-    while (count) {
-        ssize_t got;
-        do
-            got = preadv(fd, parts, count, offset);
-        while (got < 0 && errno == EINTR);
-        if (got <= 0)
-            return 0;
-        offset += got;
-        while (count && (size_t)got >= parts->iov_len) {
-            got -= (ssize_t)parts->iov_len;
-            parts++, count--;
-        }
-        if (count) {
-            parts->iov_base = (uint8_t *)parts->iov_base + got;
-            parts->iov_len -= (size_t)got;
-        }
-    }
-    return 1;
 }
 
 static uint32_t little_u32(const uint8_t *bytes) {
@@ -201,20 +175,6 @@ done:
     return result;
 }
 
-/* Read the `size` bytes of the open file `fd` into `into`, find nothing past them (it had that size when opened),
- * and close it: 1 when all came and nothing more, 0 otherwise. */
-static int read_to_end(int fd, char *into, size_t size) {
-    struct iovec whole = {into, size};
-    char beyond;
-    ssize_t more;
-    int fine = size == 0 || read_all(fd, &whole, 1, 0);
-    do
-        more = pread(fd, &beyond, 1, (off_t)size);
-    while (more < 0 && errno == EINTR);
-    close(fd);
-    return fine && more == 0;
-}
-
 /* The whole regular file at `path` as bytes, or None when it cannot be opened or read, is not a regular file, or
  * is not of the size fstat gave when it was opened. The GIL is released twice: to open the file and find its size,
  * then, the bytes object made, to read into it and close. */
@@ -222,23 +182,21 @@ static PyObject *py_read_file(PyObject *self, PyObject *args) {
     PyObject *path;
     if (!PyArg_ParseTuple(args, "O&:read_file", PyUnicode_FSConverter, &path))
         return NULL;
-    struct stat opened;
+    size_t size;
     int fd, fine;
     FREE_BEGIN;
-    fd = open(PyBytes_AS_STRING(path), O_RDONLY | O_CLOEXEC);
-    fine = fd >= 0 && fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode);
+    fd = open_regular(PyBytes_AS_STRING(path), &size);
     FREE_END;
     Py_DECREF(path);
-    PyObject *data = fine ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)opened.st_size) : NULL;
-    if (data == NULL) {
-        if (fd >= 0)
-            close(fd);
-        if (fine)
-            return NULL; /* no memory for the bytes: MemoryError */
+    if (fd < 0)
         Py_RETURN_NONE;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (data == NULL) {
+        close(fd);
+        return NULL; /* no memory for the bytes: MemoryError */
     }
     FREE_BEGIN;
-    fine = read_to_end(fd, PyBytes_AS_STRING(data), (size_t)opened.st_size);
+    fine = read_to_end(fd, PyBytes_AS_STRING(data), size);
     FREE_END;
     if (fine)
         return data;
@@ -316,15 +274,11 @@ static PyObject *py_read_files(PyObject *self, PyObject *args) {
         FREE_BEGIN;
         for (Py_ssize_t k = 0; k < count; k++) {
             const char *path = PyBytes_AS_STRING(paths.names[k]);
-            if (size[k] < 0 || strstr(path, "::") != NULL || strstr(path, "://") != NULL)
-                continue;
-            struct stat opened;
-            int fd = open(path, O_RDONLY | O_CLOEXEC);
-            if (fd < 0)
-                continue;
-            if (fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) && opened.st_size == size[k])
-                read[k] = read_to_end(fd, PyBytes_AS_STRING(PyList_GET_ITEM(files, k)), (size_t)size[k]);
-            else
+            size_t found;
+            int fd = size[k] >= 0 && local_path(path) ? open_regular(path, &found) : -1;
+            if (fd >= 0 && found == (size_t)size[k])
+                read[k] = read_to_end(fd, PyBytes_AS_STRING(PyList_GET_ITEM(files, k)), found);
+            else if (fd >= 0)
                 close(fd);
         }
         FREE_END;
