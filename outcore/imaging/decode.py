@@ -194,11 +194,11 @@ def plain_jpeg_files(paths: Sequence[str], channels: int, max_pixels: int | None
     check_files = getattr(native.extension, "check_files", None)  # None: not built (or built before it was)
     if check_files is None or channels not in (1, 3):
         return None
-    found = PlainFiles(np.zeros((len(paths), 2), np.int64), np.zeros(len(paths), np.int64),
-                       np.zeros((len(paths), digest_size), np.uint8), [])
-    found.left.extend(check_files(paths, channels, -1 if max_pixels is None else max_pixels,
-                                  -1 if max_side is None else max_side, found.sizes, found.nbytes, found.digests))
-    return found
+    sizes, nbytes = np.zeros((len(paths), 2), np.int64), np.zeros(len(paths), np.int64)
+    digests = np.zeros((len(paths), digest_size), np.uint8)
+    left = check_files(paths, channels, -1 if max_pixels is None else max_pixels, -1 if max_side is None else max_side,
+                       sizes, nbytes, digests)
+    return PlainFiles(sizes, nbytes, digests, left)
 
 
 class PlainFiles(NamedTuple):

@@ -236,7 +236,7 @@ def file_array(paths: Sequence[str], nbytes: np.ndarray, block_size: int, reader
 def _read_block(block: np.ndarray, nbytes: np.ndarray, reader: SampleReader) -> np.ndarray:
     paths: list[str] = block.tolist()  # `path_block`
     files = np.full(len(paths), b"", dtype=BLOB_DTYPE)
-    at_once = read_files_at_once is not None and type(reader) is SampleReader  # a file's reference is its path
+    at_once = read_files_at_once is not None and reader.paths_are_files()
     if at_once:
         files[:] = read_files_at_once(paths, np.asarray(nbytes, np.int64))  # None: left to the reader, which says why
     for i in np.flatnonzero(np.equal(files, None)) if at_once else range(len(paths)):

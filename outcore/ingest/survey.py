@@ -111,7 +111,7 @@ def _survey_block(block: np.ndarray, start: int, options: SurveyOptions, scratch
     nbytes, errors = np.zeros(len(paths), np.int64), [""] * len(paths)
     digests, orientations = np.zeros((len(paths), DIGEST_SIZE), np.uint8), np.zeros(len(paths), np.uint8)
     found = plain_jpeg_files(paths, options.channels, options.max_pixels, options.max_side, DIGEST_SIZE) \
-        if type(reader) is SampleReader else None  # a file's reference is its path: no records, no object store
+        if reader.paths_are_files() else None
     todo = list(range(len(paths))) if found is None else found.left
     if found is not None:  # a plain JPEG: upright as stored, kept as it is
         shapes[:, :2], shapes[:, 2], nbytes[:], digests[:], orientations[:] = found.sizes, options.channels, \

@@ -35,6 +35,16 @@ class SampleReader:
     values: Callable[[bytes, bytes], bytes] | None = None
     unpacked: str | None = None
 
+    def paths_are_files(self) -> bool:
+        """Whether this reader reads a plain local path (no record part, not a URL) as the whole file there, so that
+        outcore's C calls may read such paths themselves: outcore's own reader, not a subclass (which may read them
+        its own way).
+
+        >>> SampleReader().paths_are_files()
+        True
+        """
+        return type(self) is SampleReader
+
     def read(self, reference: str) -> bytes:
         """The picture's bytes; a record that cannot be read is an `ImageError` naming it."""
         where = parse(reference)
