@@ -38,6 +38,19 @@ def test_the_checksum_is_the_crc32c_package_s(data, cut):
     assert _chunks.crc32c(data[cut:], _chunks.crc32c(data[:cut])) == crc32c.crc32c(data)  # continued
 
 
+@needs_extension
+@pytest.mark.parametrize("size", [12_287, 12_288, 12_289, 2 * 12_288 + 7, 100_003, 1 << 20])
+def test_the_checksum_of_buffers_checked_in_three_lanes(size):
+    """From 3 x 4 KiB on, three chains of the instruction check a buffer's lanes at once and their registers are
+    carried over the lanes after them: every length around a round's end, and a checksum continued mid-lane."""
+    from outcore.storage import _chunks
+
+    data = np.random.default_rng(size).integers(0, 256, size, np.uint8).tobytes()
+    assert _chunks.crc32c(data) == crc32c.crc32c(data)
+    for cut in (1, 4096, 5000, size // 2, size - 1):
+        assert _chunks.crc32c(data[cut:], _chunks.crc32c(data[:cut])) == crc32c.crc32c(data)
+
+
 def _store(tmp_path, rng, compression):
     values = rng.integers(0, 1000, (2000, 5, 3)).astype(np.int32)
     values[:100] = 7  # chunks that compress well, and others not

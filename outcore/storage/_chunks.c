@@ -44,49 +44,93 @@
 typedef int (*blosc_decompress_ctx_t)(const void *source, void *dest, size_t destsize, int numinternalthreads);
 static blosc_decompress_ctx_t blosc_decompress_ctx;
 
-/* The CRC-32C of `size` bytes from `data`, continuing from `crc` (0 to start), with the CPU's instruction. */
+/* The CRC-32C with the CPU's instruction: STEP64 and STEP8 move the register (the CRC before its final inversion)
+ * over 8 bytes and 1. One chain of them waits for each step's result (3 cycles on x86-64, for 8 bytes); three
+ * independent chains over three lanes of a buffer keep the instruction busy every cycle. A lane's register is then
+ * carried over the lanes after it: the register after LANE zero bytes is linear in the register before, so it is
+ * the XOR of a table entry for each of its 4 bytes (`carried`), the tables made at import by the instruction itself. */
 #if defined(__GNUC__) && defined(__x86_64__)
 #define OUTCORE_CRC
 #include <nmmintrin.h>
+#define CRC_TARGET __attribute__((target("sse4.2")))
+#define STEP64(reg, word) _mm_crc32_u64(reg, word)
+#define STEP8(reg, byte) _mm_crc32_u8(reg, byte)
 
-static int hardware;
-
-static void check_hardware(void) { hardware = __builtin_cpu_supports("sse4.2"); }
-
-__attribute__((target("sse4.2"))) static uint32_t crc32c(uint32_t crc, const uint8_t *data, size_t size) {
-    uint64_t value = ~crc;
-    for (; size >= 8; size -= 8, data += 8) {
-        uint64_t word;
-        memcpy(&word, data, 8);
-        value = _mm_crc32_u64(value, word);
-    }
-    uint32_t small = (uint32_t)value;
-    for (; size; size--, data++)
-        small = _mm_crc32_u8(small, *data);
-    return ~small;
-}
+static int has_instruction(void) { return __builtin_cpu_supports("sse4.2"); }
 #elif defined(__GNUC__) && defined(__aarch64__) && defined(__ARM_FEATURE_CRC32)
 #define OUTCORE_CRC
 #include <arm_acle.h>
+#define CRC_TARGET
+#define STEP64(reg, word) __crc32cd(reg, word)
+#define STEP8(reg, byte) __crc32cb(reg, byte)
+
+static int has_instruction(void) { return 1; }
+#endif
 
 static int hardware;
 
-static void check_hardware(void) { hardware = 1; }
+#ifdef OUTCORE_CRC
+#define LANE 4096 /* the bytes of each of the three lanes a round checks */
 
-static uint32_t crc32c(uint32_t crc, const uint8_t *data, size_t size) {
-    crc = ~crc;
-    for (; size >= 8; size -= 8, data += 8) {
-        uint64_t word;
-        memcpy(&word, data, 8);
-        crc = __crc32cd(crc, word);
-    }
-    for (; size; size--, data++)
-        crc = __crc32cb(crc, *data);
-    return ~crc;
+static uint32_t carry_table[4][256]; /* carry_table[k][b]: the register after LANE zero bytes from b << 8k */
+
+static uint32_t carried(uint32_t reg) {
+    return carry_table[0][reg & 255] ^ carry_table[1][(reg >> 8) & 255] ^ carry_table[2][(reg >> 16) & 255] ^
+           carry_table[3][reg >> 24];
 }
-#else
-static int hardware;
 
+static inline uint64_t word_at(const uint8_t *data) {
+    uint64_t word;
+    memcpy(&word, data, 8);
+    return word;
+}
+
+/* The register after `size` bytes from `data`, one chain. */
+CRC_TARGET static uint32_t chain(uint32_t reg, const uint8_t *data, size_t size) {
+    uint64_t value = reg;
+    for (; size >= 8; size -= 8, data += 8)
+        value = STEP64(value, word_at(data));
+    reg = (uint32_t)value;
+    for (; size; size--, data++)
+        reg = STEP8(reg, *data);
+    return reg;
+}
+
+/* The register after `size` bytes from `data`: rounds of three lanes, then one chain for the rest. */
+CRC_TARGET static uint32_t lanes(uint32_t reg, const uint8_t *data, size_t size) {
+    for (; size >= 3 * LANE; size -= 3 * LANE, data += 3 * LANE) {
+        uint64_t first = reg, second = 0, third = 0;
+        for (size_t at = 0; at < LANE; at += 8) {
+            first = STEP64(first, word_at(data + at));
+            second = STEP64(second, word_at(data + LANE + at));
+            third = STEP64(third, word_at(data + 2 * LANE + at));
+        }
+        reg = carried(carried((uint32_t)first) ^ (uint32_t)second) ^ (uint32_t)third;
+    }
+    return chain(reg, data, size);
+}
+
+static void check_hardware(void) {
+    static const uint8_t zeros[LANE];
+    hardware = has_instruction() != 0;
+    if (!hardware)
+        return;
+    uint32_t bit[32]; /* the register after LANE zero bytes from each single bit */
+    for (int k = 0; k < 32; k++)
+        bit[k] = chain(1u << k, zeros, LANE);
+    for (int k = 0; k < 4; k++)
+        for (int b = 0; b < 256; b++) {
+            uint32_t sum = 0;
+            for (int i = 0; i < 8; i++)
+                if (b >> i & 1)
+                    sum ^= bit[8 * k + i];
+            carry_table[k][b] = sum;
+        }
+}
+
+/* The CRC-32C of `size` bytes from `data`, continuing from `crc` (0 to start). */
+static uint32_t crc32c(uint32_t crc, const uint8_t *data, size_t size) { return ~lanes(~crc, data, size); }
+#else
 static void check_hardware(void) { hardware = 0; }
 #endif
 
