@@ -85,6 +85,21 @@ static void mirror_row(const uint8_t *row, Py_ssize_t pixels, Py_ssize_t size, u
     }
 }
 
+/* Have the cache lines of `bytes` bytes from `start` loaded while other work goes on. A row is mirrored from its
+ * end, and the CPU's prefetcher, which follows reads going up through memory, does not fetch ahead of reads going
+ * down a short row: mirrored rows waited for memory at every line, 3x as long as rows copied (windows of a chunk
+ * read just now, 112 of 128 pixels a row). Asked for two rows ahead, the lines arrive while these are mirrored. */
+static void ask_for(const uint8_t *start, size_t bytes) {
+#if defined(__GNUC__)
+    for (size_t at = 0; at < bytes; at += 64)
+        __builtin_prefetch(start + at, 0, 3);
+    if (bytes)
+        __builtin_prefetch(start + bytes - 1, 0, 3);
+#endif
+}
+
+#define ROWS_AHEAD 2 /* mirrored rows whose lines are asked for ahead */
+
 /* The window of `height` x `width` pixels at (top, left) of a picture of `rows` x `columns` pixels of `size` bytes,
  * into `into`, mirrored as asked; zeros where it lies past the picture. */
 static void copy_window(const uint8_t *picture, Py_ssize_t rows, Py_ssize_t columns, Py_ssize_t size, uint8_t *into,
@@ -102,6 +117,9 @@ static void copy_window(const uint8_t *picture, Py_ssize_t rows, Py_ssize_t colu
         const uint8_t *source = picture + ((size_t)source_row * columns + (size_t)(left + first)) * size;
         size_t inside = (size_t)(last - first) * size;
         if (flip_x) { /* window column x lands at column width - 1 - x */
+            for (Py_ssize_t ahead = y ? ROWS_AHEAD : 0; ahead <= ROWS_AHEAD; ahead++)
+                if (source_row + ahead < rows && y + ahead < height)
+                    ask_for(source + (size_t)ahead * columns * size, inside);
             memset(target, 0, (size_t)(width - last) * size);
             mirror_row(source, last - first, size, target + (size_t)(width - last) * size);
             memset(target + (size_t)(width - first) * size, 0, (size_t)first * size);
