@@ -87,8 +87,8 @@ static void mirror_row(const uint8_t *row, Py_ssize_t pixels, Py_ssize_t size, u
 
 /* Have the cache lines of `bytes` bytes from `start` loaded while other work goes on. A row is mirrored from its
  * end, and the CPU's prefetcher, which follows reads going up through memory, does not fetch ahead of reads going
- * down a short row: mirrored rows waited for memory at every line, 3x as long as rows copied (windows of a chunk
- * read just now, 112 of 128 pixels a row). Asked for two rows ahead, the lines arrive while these are mirrored. */
+ * down a short row: mirrored rows waited for memory at every line, far longer than rows copied (docs/benchmarks.md,
+ * "Figures behind the code"). Asked for two rows ahead, the lines arrive while these are mirrored. */
 static void ask_for(const uint8_t *start, size_t bytes) {
 #if defined(__GNUC__)
     for (size_t at = 0; at < bytes; at += 64)

@@ -45,10 +45,11 @@ typedef int (*blosc_decompress_ctx_t)(const void *source, void *dest, size_t des
 static blosc_decompress_ctx_t blosc_decompress_ctx;
 
 /* The CRC-32C with the CPU's instruction: STEP64 and STEP8 move the register (the CRC before its final inversion)
- * over 8 bytes and 1. One chain of them waits for each step's result (3 cycles on x86-64, for 8 bytes); three
- * independent chains over three lanes of a buffer keep the instruction busy every cycle. A lane's register is then
- * carried over the lanes after it: the register after LANE zero bytes is linear in the register before, so it is
- * the XOR of a table entry for each of its 4 bytes (`carried`), the tables made at import by the instruction itself. */
+ * over 8 bytes and 1. One chain of them waits for each step's result, which takes the instruction several cycles;
+ * three independent chains over three lanes of a buffer keep it busy every cycle (docs/benchmarks.md, "Figures
+ * behind the code"). A lane's register is then carried over the lanes after it: the register after LANE zero bytes
+ * is linear in the register before, so it is the XOR of a table entry for each of its 4 bytes (`carried`), the
+ * tables made at import by the instruction itself. */
 #if defined(__GNUC__) && defined(__x86_64__)
 #define OUTCORE_CRC
 #include <nmmintrin.h>
