@@ -28,6 +28,7 @@ SOURCE = "outcore/imaging/_jpeg.c"
 WINDOWS_SOURCE = "outcore/imaging/_windows.c"
 SEEDS_SOURCE = "outcore/seeds/_state.c"
 DRAWS_SOURCE = "outcore/seeds/_draws.c"
+SEED_SEQUENCE = "outcore/seeds/_seed_sequence.h"  # numpy's SeedSequence hash, in both
 CHUNKS_SOURCE = "outcore/storage/_chunks.c"
 FREE_TIME = ["outcore/_free_time.h"]  # the GIL-free time counted by the extensions that release the GIL
 BLAKE2B = "outcore/_blake2b.h"  # the survey's file digests, taken in check_files
@@ -77,8 +78,8 @@ def extensions() -> list[Extension]:
     return [Extension("outcore.imaging._jpeg", [SOURCE], include_dirs=include_dirs, library_dirs=library_dirs,
                       libraries=["jpeg"], extra_compile_args=flags, depends=[*FREE_TIME, BLAKE2B, WHOLE_FILES]),
             Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags, depends=FREE_TIME),
-            Extension("outcore.seeds._state", [SEEDS_SOURCE], extra_compile_args=flags),
-            Extension("outcore.seeds._draws", [DRAWS_SOURCE], extra_compile_args=flags),
+            Extension("outcore.seeds._state", [SEEDS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),
+            Extension("outcore.seeds._draws", [DRAWS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),
             Extension("outcore.storage._chunks", [CHUNKS_SOURCE], extra_compile_args=flags,
                       depends=[*FREE_TIME, WHOLE_FILES])]
 

@@ -96,3 +96,41 @@ def test_resized_crop_boxes_leave_what_the_extension_cannot_draw_to_python():
     assert seeds.resized_crop_boxes(np.random.default_rng(0), sizes + 1, (0.08, 1.0), (0, 1.33)) is None
     assert seeds.resized_crop_boxes(np.random.default_rng(0), sizes + 1, (-1, 1.0), (0.75, 1.33)) is None
     assert seeds.resized_crop_boxes(np.random.default_rng(0), sizes + 1, (0.08, 1.0), (1.33, 0.75)) is None  # numpy refuses
+
+
+@settings(max_examples=300, deadline=None)
+@given(domain=st.sampled_from(list(Domain)), length=st.integers(1, 5),
+       keys=st.lists(st.lists(st.one_of(st.integers(0, 40), st.integers(0, 2**63 - 1)), min_size=5, max_size=5),
+                     min_size=1, max_size=8),
+       counts=st.lists(st.integers(0, 40), min_size=8, max_size=8),
+       highs=st.tuples(st.integers(1, 300), st.one_of(st.integers(1, 2**32 - 1), st.just(1))),
+       p=st.floats(0, 1), axes=st.tuples(st.booleans(), st.booleans()))
+def test_a_batch_s_crops_and_flips_drawn_at_once_are_each_piece_s_generator_s(domain, length, keys, counts, highs, p,
+                                                                            axes):
+    """`seeds.crops_and_flips` makes each piece's generator in C (numpy's PCG64 from the SeedSequence's state, keys of
+    one and two 32-bit words a number) and draws what `RandomCrop.boxes` and `RandomFlip.draw` draw from it, in their
+    order: the same numbers as numpy's generator of the key, piece by piece."""
+    pieces = [(count, tuple(key[:length])) for count, key in zip(counts, keys)]
+    drawn = seeds.crops_and_flips(domain, pieces, highs, p, axes)
+    if getattr(seeds._draws, "crops_and_flips", None) is None:
+        assert drawn is None
+        return
+    corners, flips = drawn
+    at = 0
+    for count, key in pieces:
+        rng = _numpy(domain, *key)
+        assert corners[at : at + count, 0].tolist() == rng.integers(0, highs[0], size=count).tolist()
+        assert corners[at : at + count, 1].tolist() == rng.integers(0, highs[1], size=count).tolist()
+        for axis, on in enumerate(axes):
+            expected = rng.random(count) < p if on else np.zeros(count, bool)
+            assert flips[at : at + count, axis].tolist() == expected.astype(np.uint8).tolist()
+        at += count
+    assert at == len(corners) == len(flips)
+
+
+def test_crops_and_flips_leave_what_the_extension_cannot_draw_to_python():
+    pieces = [(2, (0, 1, 2, 3))]
+    assert seeds.crops_and_flips(Domain.TRANSFORM, pieces, (2**32, 5), 0.5, (True, False)) is None  # numpy's own way
+    assert seeds.crops_and_flips(Domain.TRANSFORM, [(2, (2**63, 1, 2, 3))], (5, 5), 0.5, (True, False)) is None
+    assert seeds.crops_and_flips(Domain.TRANSFORM, [*pieces, (1, (0, 1, 2))], (5, 5), 0.5, (True, False)) is None
+    assert seeds.crops_and_flips(Domain.TRANSFORM, [], (5, 5), 0.5, (True, False)) is None

@@ -273,6 +273,33 @@ def test_a_random_crop_is_cut_while_decoding_with_the_windows_of_the_pixel_store
     assert compared == 16
 
 
+@pytest.mark.parametrize(("padding", "flip"), [(3, None), (0, RandomFlip(p=0.3, vertical=True)), (2, RandomFlip())])
+def test_a_batch_s_crops_and_flips_drawn_at_once_are_those_drawn_piece_by_piece(both, monkeypatch, padding, flip):
+    """Where nothing after the crop and flip draws, `RandomCrop.boxes_of_pieces` draws the boxes and mirrors of all a
+    batch's pieces in one call (where the C extension is built): the batches are those of each piece's generator
+    drawing them in turn, from a pixel field and while decoding an encoded one."""
+    from outcore import seeds
+
+    drawn_at_once = []
+    original = RandomCrop.boxes_of_pieces
+
+    def watched(self, *arguments):
+        drawn = original(self, *arguments)
+        drawn_at_once.append(drawn is not None)
+        return drawn
+
+    for field in ("images", "images_encoded"):
+        crop = RandomCrop(40, padding=padding, field=field)
+        transform = crop if flip is None else Compose([crop, dataclasses.replace(flip, field=field)])
+        monkeypatch.setattr(RandomCrop, "boxes_of_pieces", watched)
+        at_once = _epoch(both, field, transform)
+        monkeypatch.setattr(RandomCrop, "boxes_of_pieces", lambda self, *arguments: None)
+        for a, b in zip(at_once, _epoch(both, field, transform), strict=True):
+            np.testing.assert_array_equal(a, b)
+    built = getattr(seeds._draws, "crops_and_flips", None) is not None
+    assert drawn_at_once and all(drawn == built for drawn in drawn_at_once)
+
+
 @pytest.fixture(scope="module", params=[((30, 30, 4), "uint8"), ((30, 30), "uint16")], ids=["rgba", "grey16"])
 def translucent(tmp_path_factory, request):
     """PNGs of random RGBA (four channels kept), or 16-bit greyscale, stored as pixels and as files."""

@@ -38,6 +38,14 @@ class Crop(Protocol):
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch: ...
 
 
+class PiecesAtOnce(Protocol):
+    """A `Crop` that may draw the boxes (and the `Flip`'s mirrors) of a batch's pieces in one call, as each piece's
+    generator would (`RandomCrop.boxes_of_pieces`): ``(boxes, flips)``, or None to draw them piece by piece."""
+
+    def boxes_of_pieces(self, sizes: np.ndarray, pieces: Draws, flip: Flip | None
+                        ) -> tuple[np.ndarray, np.ndarray] | None: ...
+
+
 class Flip(Protocol):
     """A transform that mirrors images at random (`RandomFlip`): right after a crop done as the batch is
     made, each box is mirrored as it is cut."""
@@ -173,15 +181,16 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     rows = Rows(keys, samples % chunk_size)
     if recipe.transform is None:
         return assemble(rows, data, recipe.fields, recipe.text_fields, empty, later=recipe.later)
-    rngs = [transform_generator(key) for _, key in draws]
+    per_piece, after = recipe.per_piece, recipe.after
+    # made here where the transform draws after its crop; else by the crop's draws, and only if it draws piece by piece
+    rngs = None if per_piece is None else [transform_generator(key) for _, key in draws]
     bounds = np.cumsum([0, *(count for count, _ in draws)]).tolist()
     if bounds[-1] != len(samples):
         raise ValueError(f"the pieces {[count for count, _ in draws]} do not add up to the batch's {len(samples)}")
-    per_piece, after = recipe.per_piece, recipe.after
     joined = len(draws) > 1 and per_piece is not None  # the pieces' results joined into new arrays
     returned = empty if after is None else plain  # makes the arrays handed back as they are
     made = plain if joined else returned
-    cut = None if recipe.crop is None else _cut(recipe, keys, samples % chunk_size, rows, data, bounds, rngs)
+    cut = None if recipe.crop is None else _cut(recipe, keys, samples % chunk_size, rows, data, draws, rngs)
     targets = None if cut is None else getattr(recipe.crop, "targets", None)
     if targets is None:
         batch = assemble(rows, data, recipe.fields, recipe.text_fields, made, cut, recipe.later)
@@ -206,11 +215,19 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
 
 
 def _cut(recipe: Recipe, keys: np.ndarray, local: np.ndarray, rows: Rows, data: Mapping[int, ChunkValues],
-         bounds: list[int], rngs: list[np.random.Generator]) -> Cut:
-    """The recipe's crop (and flip) of each row, drawn piece by piece, as the transform would draw them."""
+         draws: Draws, rngs: list[np.random.Generator] | None) -> Cut:
+    """The recipe's crop (and flip) of each row, as the transform would draw them on each piece of ``draws`` with
+    ``rngs``, its generators; without them (nothing draws after the flip), all at once where the crop can
+    (`PiecesAtOnce`), else piece by piece with generators made here."""
     crop = recipe.crop
     sizes = picture_sizes(rows.sources(data, crop.field), rows.which, rows.local)
     sizes[rows.order] = sizes.copy()  # in the batch's order
+    at_once = getattr(crop, "boxes_of_pieces", None) if rngs is None else None
+    drawn = None if at_once is None else at_once(sizes, draws, recipe.flip)
+    if drawn is not None:
+        return _cut_of(recipe, *drawn, sizes)
+    rngs = rngs if rngs is not None else [transform_generator(key) for _, key in draws]
+    bounds = np.cumsum([0, *(count for count, _ in draws)]).tolist()
     boxes = np.empty((len(keys), 4), np.float64)
     flips = np.zeros((len(keys), 2), np.uint8)
     for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True):
@@ -221,6 +238,12 @@ def _cut(recipe: Recipe, keys: np.ndarray, local: np.ndarray, rows: Rows, data: 
                              local[low:high].tolist(), sizes[low:high].tolist()) from None
         if recipe.flip is not None:
             flips[low:high] = recipe.flip.draw(high - low, rng)
+    return _cut_of(recipe, boxes, flips, sizes)
+
+
+def _cut_of(recipe: Recipe, boxes: np.ndarray, flips: np.ndarray, sizes: np.ndarray) -> Cut:
+    """The `Cut` of the recipe's crop by ``boxes`` and ``flips``, of pictures of ``sizes``."""
+    crop = recipe.crop
     targets = getattr(crop, "targets", None)
     if targets is None:
         return Cut(crop.field, crop.output_size, boxes, flips, sizes)
@@ -309,9 +332,12 @@ def batch_draws(seed: int, epoch: int, step: int, pieces: Sequence[tuple[int, in
     return tuple((count, (seed, epoch, step, key)) for key, count in pieces)
 
 
+TRANSFORM_DOMAIN = Domain.TRANSFORM  # the seed domain of a batch's transform
+
+
 def transform_generator(rng_key: Sequence[int]) -> np.random.Generator:
     """The generator a batch's transform draws from, in the transform's own seed domain."""
-    return generator(Domain.TRANSFORM, *rng_key)
+    return generator(TRANSFORM_DOMAIN, *rng_key)
 
 
 def apply_transform(transform: Transform | None, batch: Batch, rng_key: Sequence[int]) -> Batch:

@@ -29,10 +29,10 @@ from ..imaging import (
     random_resized_crop_box,
     resize_boxes,
 )
-from ..seeds import integers, resized_crop_boxes, uniform
+from ..seeds import crops_and_flips, integers, resized_crop_boxes, uniform
 from ..storage import blocks
 from ..threads import for_each_run
-from .batch import Batch, Transform, steps
+from .batch import TRANSFORM_DOMAIN, Batch, Draws, Transform, steps
 from .gather import copy_windows, move_pictures, run_length
 from .targets import Targets, check_targets
 
@@ -148,6 +148,37 @@ class RandomCrop:
         boxes[:, 0] = rng.integers(0, rows + 2 * pad - height + 1) - pad  # a bound an image
         boxes[:, 1] = rng.integers(0, columns + 2 * pad - width + 1) - pad
         return boxes
+
+    def boxes_of_pieces(self, sizes: np.ndarray, pieces: Draws, flip: object) -> tuple[np.ndarray, np.ndarray] | None:
+        """The boxes of a batch's images of ``sizes`` ((n, 2) int64) and ``flip``'s mirrors ((n, 2) uint8, none
+        without a flip): each piece ``(count, key)`` of the batch (`outcore.iterate.batch.batch_draws`) drawn as its
+        generator draws them in `boxes` then `RandomFlip.draw`, all in one call (`outcore.seeds.crops_and_flips`);
+        None where they are drawn piece by piece instead: images of several sizes or too small (`boxes` names
+        them), a flip or crop of another kind, no C extension.
+
+        >>> from outcore.iterate.batch import transform_generator
+        >>> sizes, pieces = np.full((3, 2), 8), [(2, (0, 0, 0, 0)), (1, (0, 0, 0, 1))]
+        >>> boxes, flips = RandomCrop(4).boxes_of_pieces(sizes, pieces, RandomFlip()) or (None, None)
+        >>> boxes is None or boxes[2:].tolist() == RandomCrop(4).boxes(sizes[2:], transform_generator((0, 0, 0, 1))).tolist()
+        True
+        """
+        if type(self) is not RandomCrop or (flip is not None and type(flip) is not RandomFlip) or not len(sizes) or \
+                not (sizes == sizes[0]).all():
+            return None
+        (height, width), pad = self.output_size, self.padding
+        rows, columns = sizes[0].tolist()
+        if rows + 2 * pad < height or columns + 2 * pad < width:
+            return None
+        mirrors = (0.0, (False, False)) if flip is None else (flip.p, (flip.horizontal, flip.vertical))
+        drawn = crops_and_flips(TRANSFORM_DOMAIN, pieces, (rows + 2 * pad - height + 1, columns + 2 * pad - width + 1),
+                                *mirrors)
+        if drawn is None:
+            return None
+        corners, flips = drawn
+        boxes = np.empty((len(sizes), 4), np.float64)
+        boxes[:, :2] = corners - pad
+        boxes[:, 2:] = height, width
+        return boxes, flips
 
     def _fits(self, rows: int, columns: int) -> None:
         """Refuse an image of ``rows`` x ``columns`` the window cannot be cut from, padding included."""

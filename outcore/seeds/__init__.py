@@ -22,6 +22,7 @@ without numpy's argument handling, which costs more than the draws.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from enum import IntEnum
 
 import numpy as np
@@ -131,3 +132,31 @@ def resized_crop_boxes(rng: np.random.Generator, sizes: np.ndarray, scale: tuple
     _draws.resized_crop_boxes(rng.bit_generator.capsule, np.ascontiguousarray(sizes, np.int64),
                               (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1])), out)
     return out
+
+
+def crops_and_flips(domain: Domain, pieces: Sequence[tuple[int, Sequence[int]]], highs: tuple[int, int],
+                    p: float, axes: tuple[bool, bool]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each piece ``(count, key)``'s draws from its own generator, ``generator(domain, *key)``: ``count`` tops
+    (``integers(rng, highs[0], count)``), then as many lefts (``highs[1]``), then ``count`` mirrors
+    (``uniform(rng, count) < p``) for each of the ``axes`` (left-right, top-bottom) that is on: `RandomCrop.boxes`'
+    and `RandomFlip.draw`'s draws, the same numbers. The ``_draws`` extension makes the generators and draws from
+    them in one call for all the pieces, making no numpy generator (each cost more than a piece's draws): ``(corners,
+    flips)``, (n, 2) int64 and uint8, the pieces one after another; None where it is not built or for keys of
+    numbers of 63 bits or more, keys of different lengths, or highs of 32 bits or more (draw them one by one then).
+
+    >>> drawn = crops_and_flips(Domain.TRANSFORM, [(2, (0, 1, 2, 3))], (17, 17), 0.5, (True, False))
+    >>> rng = generator(Domain.TRANSFORM, 0, 1, 2, 3)
+    >>> drawn is None or drawn[0][:, 0].tolist() == integers(rng, 17, 2).tolist()
+    True
+    """
+    made = getattr(_draws, "crops_and_flips", None)  # not built where the compiler has no 128-bit integers
+    keys = [key for _, key in pieces]
+    if made is None or not keys or len({len(key) for key in keys}) != 1 or \
+            not all(0 <= value < 2**63 for key in keys for value in key) or not all(1 <= high < 2**32 for high in highs):
+        return None
+    counts = np.array([count for count, _ in pieces], np.int64)
+    total = int(counts.sum())
+    corners, flips = np.empty((total, 2), np.int64), np.empty((total, 2), np.uint8)
+    made(np.array(keys, np.int64), int(domain), counts, highs, (float(p), int(axes[0]) | int(axes[1]) << 1), corners,
+         flips)
+    return corners, flips

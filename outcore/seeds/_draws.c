@@ -10,12 +10,21 @@
  * `capsule` is the generator's bit_generator.capsule; out is a C-contiguous int64 or float64 buffer. The same
  * numbers and the same state after, for any generator: tests/test_seeds.py compares them with numpy's. Without
  * this extension outcore.seeds asks numpy itself.
+ *
+ * crops_and_flips(keys, domain, counts, highs, flip, corners, flips): the draws of a batch's pieces, each from a
+ * generator of its own (default_rng(SeedSequence([len(key), *key], spawn_key=(domain,))), as outcore.seeds.generator
+ * makes it), made here: PCG64 (numpy's XSL-RR 128/64, seeded as numpy seeds it from the SeedSequence's state) with
+ * no numpy Generator made. A piece of n pictures draws n tops, then n lefts (integers(0, high)), then n uniforms
+ * for each mirrored axis, as RandomCrop.boxes and RandomFlip.draw draw them; numpy made two objects a generator and
+ * parsed each call's arguments, several times the draws' own cost for a piece of 32 pictures.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <math.h>
 #include <stdint.h>
+
+#include "_seed_sequence.h"
 
 typedef struct { /* numpy/random/bitgen.h: what a bit generator's capsule holds */
     void *state;
@@ -154,6 +163,125 @@ static PyObject *py_resized_crop_boxes(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+#ifdef __SIZEOF_INT128__
+#define OUTCORE_PCG64
+typedef __uint128_t u128;
+
+/* numpy's PCG64 (pcg64.h): a 128-bit linear congruential state, each 64-bit output its high and low halves XORed and
+ * rotated by the state's top 6 bits; a 32-bit output is the low half of a 64-bit one, its high half kept for the
+ * next (numpy's buffered next_uint32). */
+typedef struct {
+    u128 state, increment;
+    int has_half;
+    uint32_t half;
+} pcg64_t;
+
+static const u128 PCG_MULTIPLIER = ((u128)2549297995355413924ULL << 64) + 4865540595714422341ULL;
+
+/* Seeded as numpy's PCG64 seeds itself from its SeedSequence's 4 words: the first two the initial state, the last
+ * two the stream (pcg_setseq_128_srandom_r). */
+static void pcg64_seed(pcg64_t *generator, const uint64_t words[4]) {
+    generator->increment = (((u128)words[2] << 64) | words[3]) << 1 | 1;
+    generator->state = generator->increment;
+    generator->state += ((u128)words[0] << 64) | words[1];
+    generator->state = generator->state * PCG_MULTIPLIER + generator->increment;
+    generator->has_half = 0;
+    generator->half = 0;
+}
+
+static uint64_t pcg64_next64(void *state) {
+    pcg64_t *generator = state;
+    generator->state = generator->state * PCG_MULTIPLIER + generator->increment;
+    const uint64_t folded = (uint64_t)(generator->state >> 64) ^ (uint64_t)generator->state;
+    const unsigned rotation = (unsigned)(generator->state >> 122);
+    return (folded >> rotation) | (folded << ((64 - rotation) & 63));
+}
+
+static uint32_t pcg64_next32(void *state) {
+    pcg64_t *generator = state;
+    if (generator->has_half) {
+        generator->has_half = 0;
+        return generator->half;
+    }
+    const uint64_t next = pcg64_next64(state);
+    generator->has_half = 1;
+    generator->half = (uint32_t)(next >> 32);
+    return (uint32_t)next;
+}
+
+static double pcg64_next_double(void *state) { return (double)(pcg64_next64(state) >> 11) * (1.0 / 9007199254740992.0); }
+
+/* The generator of `key` (`length` numbers of 0 to 2**63) in `domain`, as outcore.seeds.generator makes it: 0, or -1
+ * for a key of too many words. */
+static int keyed(pcg64_t *generator, const int64_t *key, Py_ssize_t length, uint64_t domain) {
+    uint32_t words[MAX_WORDS + POOL + 2];
+    int count = 0;
+    if (length >= MAX_WORDS / 2 || append_number((uint64_t)length, words, &count) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < length; i++)
+        if (append_number((uint64_t)key[i], words, &count) < 0)
+            return -1;
+    if (spawn_words(words, &count, domain) < 0)
+        return -1;
+    uint64_t state[POOL];
+    seed_state(words, count, state);
+    pcg64_seed(generator, state);
+    return 0;
+}
+
+static PyObject *py_crops_and_flips(PyObject *self, PyObject *args) {
+    Py_buffer keys, counts, corners, flips;
+    unsigned long long domain;
+    long long high_rows, high_columns;
+    double p;
+    int axes;
+    if (!PyArg_ParseTuple(args, "y*Ky*(LL)(di)w*w*:crops_and_flips", &keys, &domain, &counts, &high_rows,
+                          &high_columns, &p, &axes, &corners, &flips))
+        return NULL;
+    const Py_ssize_t pieces = counts.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *count = counts.buf, *key = keys.buf;
+    Py_ssize_t total = 0;
+    int fine = pieces > 0 && counts.len % (Py_ssize_t)sizeof(int64_t) == 0 && keys.len % (pieces * 8) == 0 &&
+               high_rows >= 1 && high_rows - 1 < (long long)UINT32_MAX && high_columns >= 1 &&
+               high_columns - 1 < (long long)UINT32_MAX && (axes & ~3) == 0;
+    for (Py_ssize_t i = 0; fine && i < pieces; i++) {
+        fine = count[i] >= 0;
+        total += count[i];
+    }
+    const Py_ssize_t length = fine ? keys.len / (pieces * 8) : 0;
+    for (Py_ssize_t i = 0; fine && i < pieces * length; i++)
+        fine = key[i] >= 0;
+    fine = fine && corners.len == total * 16 && flips.len == total * 2;
+    int64_t *corner = corners.buf;
+    uint8_t *flip = flips.buf;
+    pcg64_t generator;
+    bitgen_t bits = {&generator, pcg64_next64, pcg64_next32, pcg64_next_double, pcg64_next64};
+    for (Py_ssize_t i = 0; fine && i < pieces; corner += 2 * count[i], flip += 2 * count[i], i++) {
+        if (keyed(&generator, key + i * length, length, domain) < 0) {
+            fine = 0;
+            break;
+        }
+        for (int64_t k = 0; k < count[i]; k++) /* every top, then every left */
+            corner[2 * k] = bounded(&bits, high_rows);
+        for (int64_t k = 0; k < count[i]; k++)
+            corner[2 * k + 1] = bounded(&bits, high_columns);
+        for (int axis = 0; axis < 2; axis++)
+            for (int64_t k = 0; k < count[i]; k++)
+                flip[2 * k + axis] = axes >> axis & 1 ? pcg64_next_double(&generator) < p : 0;
+    }
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&corners);
+    PyBuffer_Release(&flips);
+    if (!fine) {
+        PyErr_SetString(PyExc_ValueError, "need int64 keys (pieces, n) of 0 or more, int64 counts (pieces), highs of 1 "
+                                          "to 2**32, axes of 0 to 3, an int64 corners (total, 2), uint8 flips (total, 2)");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+#endif
+
 static PyMethodDef methods[] = {
     {"integers", py_integers, METH_VARARGS,
      "integers(capsule, high, out)\n--\n\nFill the int64 buffer out as Generator.integers(0, high, size=len) would."},
@@ -162,6 +290,12 @@ static PyMethodDef methods[] = {
     {"resized_crop_boxes", py_resized_crop_boxes, METH_VARARGS,
      "resized_crop_boxes(capsule, sizes, scale, ratio, out)\n--\n\nFill the int64 (n, 4) buffer out with the "
      "boxes\nrandom_resized_crop_box draws, in order, for the int64 (n, 2) picture sizes."},
+#ifdef OUTCORE_PCG64
+    {"crops_and_flips", py_crops_and_flips, METH_VARARGS,
+     "crops_and_flips(keys, domain, counts, highs, flip, corners, flips)\n--\n\nEach piece's tops and lefts "
+     "(integers(0, high)) into\nthe int64 corners, then its mirrors (uniform < p, for the axes of flip's bit mask) into "
+     "the uint8 flips,\nfrom the generator of its key in domain."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 
