@@ -128,9 +128,45 @@ def test_a_batch_s_crops_and_flips_drawn_at_once_are_each_piece_s_generator_s(do
     assert at == len(corners) == len(flips)
 
 
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 50)), min_size=1, max_size=6),
+       counts=st.lists(st.integers(0, 12), min_size=6, max_size=6),
+       sides=st.lists(st.tuples(st.integers(1, 700), st.integers(1, 700)), min_size=72, max_size=72),
+       scale=st.tuples(st.floats(0, 1), st.floats(0, 1)).map(sorted),
+       ratio=st.tuples(st.floats(0.05, 20), st.floats(0.05, 20)).map(sorted),
+       p=st.floats(0, 1), axes=st.tuples(st.booleans(), st.booleans()))
+def test_a_batch_s_resized_crops_drawn_at_once_are_each_piece_s_generator_s(keys, counts, sides, scale, ratio, p, axes):
+    """`seeds.resized_crops_and_flips`: each piece's RandomResizedCrop boxes (pictures of their own sizes), then its
+    mirrors, from a generator made in C: those `random_resized_crop_box` and numpy's draws give, piece by piece."""
+    from outcore.imaging.crops import random_resized_crop_box
+
+    pieces = list(zip(counts, keys))
+    sizes = np.array(sides[: sum(count for count, _ in pieces)], np.int64).reshape(-1, 2)
+    scale, ratio = tuple(scale), tuple(ratio)
+    drawn = seeds.resized_crops_and_flips(Domain.TRANSFORM, pieces, sizes, scale, ratio, p, axes)
+    if getattr(seeds._draws, "resized_crops_and_flips", None) is None:
+        assert drawn is None
+        return
+    boxes, flips = drawn
+    at = 0
+    for count, key in pieces:
+        rng = _numpy(Domain.TRANSFORM, *key)
+        expected = [random_resized_crop_box(height, width, scale, ratio, rng) for height, width in
+                    sizes[at : at + count].tolist()]
+        assert boxes[at : at + count].tolist() == [list(box) for box in expected]
+        for axis, on in enumerate(axes):
+            mirrored = rng.random(count) < p if on else np.zeros(count, bool)
+            assert flips[at : at + count, axis].tolist() == mirrored.astype(np.uint8).tolist()
+        at += count
+    assert at == len(boxes)
+
+
 def test_crops_and_flips_leave_what_the_extension_cannot_draw_to_python():
     pieces = [(2, (0, 1, 2, 3))]
     assert seeds.crops_and_flips(Domain.TRANSFORM, pieces, (2**32, 5), 0.5, (True, False)) is None  # numpy's own way
     assert seeds.crops_and_flips(Domain.TRANSFORM, [(2, (2**63, 1, 2, 3))], (5, 5), 0.5, (True, False)) is None
     assert seeds.crops_and_flips(Domain.TRANSFORM, [*pieces, (1, (0, 1, 2))], (5, 5), 0.5, (True, False)) is None
     assert seeds.crops_and_flips(Domain.TRANSFORM, [], (5, 5), 0.5, (True, False)) is None
+    sizes = np.array([[0, 5], [4, 4]], np.int64)  # a picture of no rows: random_resized_crop_box says so itself
+    assert seeds.resized_crops_and_flips(Domain.TRANSFORM, pieces, sizes, (0.08, 1.0), (0.75, 1.3), 0.5,
+                                         (True, False)) is None

@@ -273,15 +273,20 @@ def test_a_random_crop_is_cut_while_decoding_with_the_windows_of_the_pixel_store
     assert compared == 16
 
 
-@pytest.mark.parametrize(("padding", "flip"), [(3, None), (0, RandomFlip(p=0.3, vertical=True)), (2, RandomFlip())])
-def test_a_batch_s_crops_and_flips_drawn_at_once_are_those_drawn_piece_by_piece(both, monkeypatch, padding, flip):
-    """Where nothing after the crop and flip draws, `RandomCrop.boxes_of_pieces` draws the boxes and mirrors of all a
-    batch's pieces in one call (where the C extension is built): the batches are those of each piece's generator
-    drawing them in turn, from a pixel field and while decoding an encoded one."""
+@pytest.mark.parametrize(("crop", "flip"), [(RandomCrop(40, padding=3), None),
+                                          (RandomCrop(40), RandomFlip(p=0.3, vertical=True)),
+                                          (RandomCrop(40, padding=2), RandomFlip()),
+                                          (RandomResizedCrop(32, scale=(0.3, 1.0)), RandomFlip()),
+                                          (RandomResizedCrop((24, 40)), None)])
+def test_a_batch_s_crops_and_flips_drawn_at_once_are_those_drawn_piece_by_piece(both, monkeypatch, crop, flip):
+    """Where nothing after the crop and flip draws, `RandomCrop.boxes_of_pieces` (`RandomResizedCrop`'s) draws the
+    boxes and mirrors of all a batch's pieces in one call (where the C extension is built): the batches are those of
+    each piece's generator drawing them in turn, from a pixel field and while decoding an encoded one."""
     from outcore import seeds
 
     drawn_at_once = []
-    original = RandomCrop.boxes_of_pieces
+    kind = type(crop)
+    original = kind.boxes_of_pieces
 
     def watched(self, *arguments):
         drawn = original(self, *arguments)
@@ -289,11 +294,11 @@ def test_a_batch_s_crops_and_flips_drawn_at_once_are_those_drawn_piece_by_piece(
         return drawn
 
     for field in ("images", "images_encoded"):
-        crop = RandomCrop(40, padding=padding, field=field)
-        transform = crop if flip is None else Compose([crop, dataclasses.replace(flip, field=field)])
-        monkeypatch.setattr(RandomCrop, "boxes_of_pieces", watched)
+        moved = dataclasses.replace(crop, field=field)
+        transform = moved if flip is None else Compose([moved, dataclasses.replace(flip, field=field)])
+        monkeypatch.setattr(kind, "boxes_of_pieces", watched)
         at_once = _epoch(both, field, transform)
-        monkeypatch.setattr(RandomCrop, "boxes_of_pieces", lambda self, *arguments: None)
+        monkeypatch.setattr(kind, "boxes_of_pieces", lambda self, *arguments: None)
         for a, b in zip(at_once, _epoch(both, field, transform), strict=True):
             np.testing.assert_array_equal(a, b)
     built = getattr(seeds._draws, "crops_and_flips", None) is not None

@@ -29,7 +29,7 @@ from ..imaging import (
     random_resized_crop_box,
     resize_boxes,
 )
-from ..seeds import crops_and_flips, integers, resized_crop_boxes, uniform
+from ..seeds import crops_and_flips, integers, resized_crop_boxes, resized_crops_and_flips, uniform
 from ..storage import blocks
 from ..threads import for_each_run
 from .batch import TRANSFORM_DOMAIN, Batch, Draws, Transform, steps
@@ -162,16 +162,14 @@ class RandomCrop:
         >>> boxes is None or boxes[2:].tolist() == RandomCrop(4).boxes(sizes[2:], transform_generator((0, 0, 0, 1))).tolist()
         True
         """
-        if type(self) is not RandomCrop or (flip is not None and type(flip) is not RandomFlip) or not len(sizes) or \
-                not (sizes == sizes[0]).all():
+        if type(self) is not RandomCrop or not _plain_flip(flip) or not len(sizes) or not (sizes == sizes[0]).all():
             return None
         (height, width), pad = self.output_size, self.padding
         rows, columns = sizes[0].tolist()
         if rows + 2 * pad < height or columns + 2 * pad < width:
             return None
-        mirrors = (0.0, (False, False)) if flip is None else (flip.p, (flip.horizontal, flip.vertical))
         drawn = crops_and_flips(TRANSFORM_DOMAIN, pieces, (rows + 2 * pad - height + 1, columns + 2 * pad - width + 1),
-                                *mirrors)
+                                *_mirrors(flip))
         if drawn is None:
             return None
         corners, flips = drawn
@@ -222,6 +220,14 @@ class RandomResizedCrop:
         if drawn is not None:  # in one C call: a Python loop of a dozen calls a picture held the GIL most
             return list(map(tuple, drawn.tolist()))
         return [random_resized_crop_box(height, width, self.scale, self.ratio, rng) for height, width in pairs.tolist()]
+
+    def boxes_of_pieces(self, sizes: np.ndarray, pieces: Draws, flip: object) -> tuple[np.ndarray, np.ndarray] | None:
+        """The boxes of a batch's images of ``sizes`` and ``flip``'s mirrors, each piece's drawn as its generator
+        draws them, all in one call (`outcore.seeds.resized_crops_and_flips`): as `RandomCrop.boxes_of_pieces`."""
+        if type(self) is not RandomResizedCrop or not _plain_flip(flip):
+            return None
+        drawn = resized_crops_and_flips(TRANSFORM_DOMAIN, pieces, sizes, self.scale, self.ratio, *_mirrors(flip))
+        return None if drawn is None else (drawn[0].astype(np.float64), drawn[1])
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
@@ -391,3 +397,13 @@ class Cast:
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         return _replace(batch, self.field, _field(batch, self.field).astype(self.dtype))
+
+
+def _plain_flip(flip: object) -> bool:
+    """Whether ``flip`` (after a crop) is none or `RandomFlip` itself, whose draws `outcore.seeds` makes in C."""
+    return flip is None or type(flip) is RandomFlip
+
+
+def _mirrors(flip: RandomFlip | None) -> tuple[float, tuple[bool, bool]]:
+    """``flip``'s chance and axes (left-right, top-bottom): none on without one."""
+    return (0.0, (False, False)) if flip is None else (flip.p, (flip.horizontal, flip.vertical))

@@ -22,7 +22,7 @@ without numpy's argument handling, which costs more than the draws.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import IntEnum
 
 import numpy as np
@@ -149,14 +149,53 @@ def crops_and_flips(domain: Domain, pieces: Sequence[tuple[int, Sequence[int]]],
     >>> drawn is None or drawn[0][:, 0].tolist() == integers(rng, 17, 2).tolist()
     True
     """
-    made = getattr(_draws, "crops_and_flips", None)  # not built where the compiler has no 128-bit integers
-    keys = [key for _, key in pieces]
-    if made is None or not keys or len({len(key) for key in keys}) != 1 or \
-            not all(0 <= value < 2**63 for key in keys for value in key) or not all(1 <= high < 2**32 for high in highs):
+    made = _pieces_call("crops_and_flips", pieces)
+    if made is None or not all(1 <= high < 2**32 for high in highs):
         return None
-    counts = np.array([count for count, _ in pieces], np.int64)
-    total = int(counts.sum())
-    corners, flips = np.empty((total, 2), np.int64), np.empty((total, 2), np.uint8)
-    made(np.array(keys, np.int64), int(domain), counts, highs, (float(p), int(axes[0]) | int(axes[1]) << 1), corners,
-         flips)
+    keys, counts, call = made
+    corners, flips = np.empty((int(counts.sum()), 2), np.int64), np.empty((int(counts.sum()), 2), np.uint8)
+    call(keys, int(domain), counts, highs, _mirrors(p, axes), corners, flips)
     return corners, flips
+
+
+def resized_crops_and_flips(domain: Domain, pieces: Sequence[tuple[int, Sequence[int]]], sizes: np.ndarray,
+                            scale: tuple[float, float], ratio: tuple[float, float], p: float,
+                            axes: tuple[bool, bool]) -> tuple[np.ndarray, np.ndarray] | None:
+    """`crops_and_flips` for `RandomResizedCrop`: each piece's boxes ``(top, left, height, width)`` of its pictures of
+    ``sizes`` ((n, 2) int64, the pieces one after another), drawn as `resized_crop_boxes` draws them, then its mirrors:
+    ``(boxes, flips)``, (n, 4) int64 and (n, 2) uint8; None where the extension cannot draw them.
+
+    >>> drawn = resized_crops_and_flips(Domain.TRANSFORM, [(1, (0, 1, 2, 3))], np.array([[300, 400]]), (0.08, 1.0),
+    ...                                 (3 / 4, 4 / 3), 0.5, (True, False))
+    >>> rng = generator(Domain.TRANSFORM, 0, 1, 2, 3)
+    >>> drawn is None or drawn[0].tolist() == resized_crop_boxes(rng, np.array([[300, 400]]), (0.08, 1.0),
+    ...                                                          (3 / 4, 4 / 3)).tolist()
+    True
+    """
+    made = _pieces_call("resized_crops_and_flips", pieces)
+    if made is None or not (0 < ratio[0] <= ratio[1] and 0 <= scale[0] <= scale[1]) or (
+            len(sizes) and not 1 <= sizes.min() <= sizes.max() < 2**32):
+        return None
+    keys, counts, call = made
+    boxes, flips = np.empty((len(sizes), 4), np.int64), np.empty((len(sizes), 2), np.uint8)
+    call(keys, int(domain), counts, np.ascontiguousarray(sizes, np.int64), (float(scale[0]), float(scale[1])),
+         (float(ratio[0]), float(ratio[1])), _mirrors(p, axes), boxes, flips)
+    return boxes, flips
+
+
+def _pieces_call(name: str, pieces: Sequence[tuple[int, Sequence[int]]]
+                 ) -> tuple[np.ndarray, np.ndarray, Callable[..., None]] | None:
+    """``(keys, counts, the _draws call name)`` of ``pieces`` ``(count, key)``, or None where it is not built (nor, with
+    no 128-bit integers in the compiler, are these calls) or for keys it cannot take: of different lengths, of
+    numbers of 63 bits or more."""
+    call = getattr(_draws, name, None)
+    keys = [key for _, key in pieces]
+    if call is None or not keys or len({len(key) for key in keys}) != 1 or \
+            not all(0 <= value < 2**63 for key in keys for value in key):
+        return None
+    return np.array(keys, np.int64), np.array([count for count, _ in pieces], np.int64), call
+
+
+def _mirrors(p: float, axes: tuple[bool, bool]) -> tuple[float, int]:
+    """A flip's chance and its axes (left-right, top-bottom) as the bit mask the ``_draws`` calls take."""
+    return float(p), int(axes[0]) | int(axes[1]) << 1

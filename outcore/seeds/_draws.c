@@ -229,46 +229,75 @@ static int keyed(pcg64_t *generator, const int64_t *key, Py_ssize_t length, uint
     return 0;
 }
 
+/* What each picture of a piece has its crop draw: a window's top and left (`sizes` NULL: `out` rows of 2, every top
+ * then every left, integers(0, highs)), or a resized box of its picture's size (rows of 4, resized_crop_box). */
+typedef struct {
+    long long highs[2];
+    const int64_t *sizes;
+    double scale[2], ratio[2];
+} crops_t;
+
+static void draw_crops(bitgen_t *bits, const crops_t *crops, Py_ssize_t first, int64_t count, int64_t *out) {
+    if (crops->sizes == NULL) {
+        for (int side = 0; side < 2; side++)
+            for (int64_t k = 0; k < count; k++)
+                out[2 * k + side] = bounded(bits, crops->highs[side]);
+        return;
+    }
+    const int64_t *size = crops->sizes + 2 * first;
+    for (int64_t k = 0; k < count; k++)
+        resized_crop_box(bits, size[2 * k], size[2 * k + 1], crops->scale, crops->ratio, out + 4 * k);
+}
+
+/* Each piece's draws from the generator of its key (`pieces` keys of `length` numbers, `count` pictures each): its
+ * crops (rows of `columns` in out), then a uniform < p per picture for each axis of `axes` (left-right, top-bottom)
+ * into flips. The buffers are checked for their sizes; 0 where anything is amiss. */
+static int draw_pieces(Py_buffer *keys, uint64_t domain, Py_buffer *counts, const crops_t *crops, int columns,
+                       double p, int axes, Py_buffer *out, Py_buffer *flips) {
+    const Py_ssize_t pieces = counts->len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *count = counts->buf, *key = keys->buf;
+    if (pieces == 0 || counts->len % (Py_ssize_t)sizeof(int64_t) || keys->len % (pieces * 8) || (axes & ~3))
+        return 0;
+    const Py_ssize_t length = keys->len / (pieces * 8);
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < pieces; i++) {
+        if (count[i] < 0)
+            return 0;
+        total += count[i];
+    }
+    for (Py_ssize_t i = 0; i < pieces * length; i++)
+        if (key[i] < 0)
+            return 0;
+    if (out->len != total * columns * (Py_ssize_t)sizeof(int64_t) || flips->len != total * 2)
+        return 0;
+    int64_t *row = out->buf;
+    uint8_t *flip = flips->buf;
+    pcg64_t generator;
+    bitgen_t bits = {&generator, pcg64_next64, pcg64_next32, pcg64_next_double, pcg64_next64};
+    for (Py_ssize_t i = 0, first = 0; i < pieces; first += count[i], i++) {
+        if (keyed(&generator, key + i * length, length, domain) < 0)
+            return 0;
+        draw_crops(&bits, crops, first, count[i], row + first * columns);
+        for (int axis = 0; axis < 2; axis++)
+            for (int64_t k = 0; k < count[i]; k++)
+                flip[2 * (first + k) + axis] = axes >> axis & 1 ? pcg64_next_double(&generator) < p : 0;
+    }
+    return 1;
+}
+
+static int within_32_bits(long long high) { return high >= 1 && high - 1 < (long long)UINT32_MAX; }
+
 static PyObject *py_crops_and_flips(PyObject *self, PyObject *args) {
     Py_buffer keys, counts, corners, flips;
     unsigned long long domain;
-    long long high_rows, high_columns;
+    crops_t crops = {{0, 0}, NULL, {0, 0}, {0, 0}};
     double p;
     int axes;
-    if (!PyArg_ParseTuple(args, "y*Ky*(LL)(di)w*w*:crops_and_flips", &keys, &domain, &counts, &high_rows,
-                          &high_columns, &p, &axes, &corners, &flips))
+    if (!PyArg_ParseTuple(args, "y*Ky*(LL)(di)w*w*:crops_and_flips", &keys, &domain, &counts, &crops.highs[0],
+                          &crops.highs[1], &p, &axes, &corners, &flips))
         return NULL;
-    const Py_ssize_t pieces = counts.len / (Py_ssize_t)sizeof(int64_t);
-    const int64_t *count = counts.buf, *key = keys.buf;
-    Py_ssize_t total = 0;
-    int fine = pieces > 0 && counts.len % (Py_ssize_t)sizeof(int64_t) == 0 && keys.len % (pieces * 8) == 0 &&
-               high_rows >= 1 && high_rows - 1 < (long long)UINT32_MAX && high_columns >= 1 &&
-               high_columns - 1 < (long long)UINT32_MAX && (axes & ~3) == 0;
-    for (Py_ssize_t i = 0; fine && i < pieces; i++) {
-        fine = count[i] >= 0;
-        total += count[i];
-    }
-    const Py_ssize_t length = fine ? keys.len / (pieces * 8) : 0;
-    for (Py_ssize_t i = 0; fine && i < pieces * length; i++)
-        fine = key[i] >= 0;
-    fine = fine && corners.len == total * 16 && flips.len == total * 2;
-    int64_t *corner = corners.buf;
-    uint8_t *flip = flips.buf;
-    pcg64_t generator;
-    bitgen_t bits = {&generator, pcg64_next64, pcg64_next32, pcg64_next_double, pcg64_next64};
-    for (Py_ssize_t i = 0; fine && i < pieces; corner += 2 * count[i], flip += 2 * count[i], i++) {
-        if (keyed(&generator, key + i * length, length, domain) < 0) {
-            fine = 0;
-            break;
-        }
-        for (int64_t k = 0; k < count[i]; k++) /* every top, then every left */
-            corner[2 * k] = bounded(&bits, high_rows);
-        for (int64_t k = 0; k < count[i]; k++)
-            corner[2 * k + 1] = bounded(&bits, high_columns);
-        for (int axis = 0; axis < 2; axis++)
-            for (int64_t k = 0; k < count[i]; k++)
-                flip[2 * k + axis] = axes >> axis & 1 ? pcg64_next_double(&generator) < p : 0;
-    }
+    int fine = within_32_bits(crops.highs[0]) && within_32_bits(crops.highs[1]) &&
+               draw_pieces(&keys, domain, &counts, &crops, 2, p, axes, &corners, &flips);
     PyBuffer_Release(&keys);
     PyBuffer_Release(&counts);
     PyBuffer_Release(&corners);
@@ -276,6 +305,37 @@ static PyObject *py_crops_and_flips(PyObject *self, PyObject *args) {
     if (!fine) {
         PyErr_SetString(PyExc_ValueError, "need int64 keys (pieces, n) of 0 or more, int64 counts (pieces), highs of 1 "
                                           "to 2**32, axes of 0 to 3, an int64 corners (total, 2), uint8 flips (total, 2)");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_resized_crops_and_flips(PyObject *self, PyObject *args) {
+    Py_buffer keys, counts, sizes, boxes, flips;
+    unsigned long long domain;
+    crops_t crops = {{0, 0}, NULL, {0, 0}, {0, 0}};
+    double p;
+    int axes;
+    if (!PyArg_ParseTuple(args, "y*Ky*y*(dd)(dd)(di)w*w*:resized_crops_and_flips", &keys, &domain, &counts, &sizes,
+                          &crops.scale[0], &crops.scale[1], &crops.ratio[0], &crops.ratio[1], &p, &axes, &boxes,
+                          &flips))
+        return NULL;
+    crops.sizes = sizes.buf;
+    const Py_ssize_t pictures = sizes.len / (Py_ssize_t)(2 * sizeof(int64_t));
+    int fine = sizes.len % (Py_ssize_t)(2 * sizeof(int64_t)) == 0 && boxes.len == pictures * 4 * (Py_ssize_t)sizeof(int64_t)
+               && crops.ratio[0] > 0 && crops.ratio[1] > 0 && crops.scale[0] >= 0 && crops.scale[1] >= 0;
+    for (Py_ssize_t i = 0; fine && i < 2 * pictures; i++)
+        fine = crops.sizes[i] >= 1 && crops.sizes[i] <= UINT32_MAX;
+    fine = fine && draw_pieces(&keys, domain, &counts, &crops, 4, p, axes, &boxes, &flips);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&boxes);
+    PyBuffer_Release(&flips);
+    if (!fine) {
+        PyErr_SetString(PyExc_ValueError, "need int64 keys (pieces, n) of 0 or more, int64 counts (pieces) adding up to "
+                                          "the int64 sizes (n, 2) of 1 to 2**32, positive ratios, scales of 0 or more, "
+                                          "axes of 0 to 3, an int64 boxes (n, 4), uint8 flips (n, 2)");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -295,6 +355,9 @@ static PyMethodDef methods[] = {
      "crops_and_flips(keys, domain, counts, highs, flip, corners, flips)\n--\n\nEach piece's tops and lefts "
      "(integers(0, high)) into\nthe int64 corners, then its mirrors (uniform < p, for the axes of flip's bit mask) into "
      "the uint8 flips,\nfrom the generator of its key in domain."},
+    {"resized_crops_and_flips", py_resized_crops_and_flips, METH_VARARGS,
+     "resized_crops_and_flips(keys, domain, counts, sizes, scale, ratio, flip, boxes, flips)\n--\n\nEach piece's "
+     "RandomResizedCrop\nboxes of its pictures' sizes into the int64 boxes, then its mirrors, as crops_and_flips."},
 #endif
     {NULL, NULL, 0, NULL},
 };
