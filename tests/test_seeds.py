@@ -112,20 +112,12 @@ def test_a_batch_s_crops_and_flips_drawn_at_once_are_each_piece_s_generator_s(do
     order: the same numbers as numpy's generator of the key, piece by piece."""
     pieces = [(count, tuple(key[:length])) for count, key in zip(counts, keys)]
     drawn = seeds.crops_and_flips(domain, pieces, highs, p, axes)
-    if getattr(seeds._draws, "crops_and_flips", None) is None:
-        assert drawn is None
-        return
-    corners, flips = drawn
-    at = 0
-    for count, key in pieces:
-        rng = _numpy(domain, *key)
-        assert corners[at : at + count, 0].tolist() == rng.integers(0, highs[0], size=count).tolist()
-        assert corners[at : at + count, 1].tolist() == rng.integers(0, highs[1], size=count).tolist()
-        for axis, on in enumerate(axes):
-            expected = rng.random(count) < p if on else np.zeros(count, bool)
-            assert flips[at : at + count, axis].tolist() == expected.astype(np.uint8).tolist()
-        at += count
-    assert at == len(corners) == len(flips)
+
+    def crops(rng, low, high):
+        assert drawn[0][low:high, 0].tolist() == rng.integers(0, highs[0], size=high - low).tolist()
+        assert drawn[0][low:high, 1].tolist() == rng.integers(0, highs[1], size=high - low).tolist()
+
+    _each_piece_drew_so(drawn, "crops_and_flips", pieces, domain, p, axes, crops)
 
 
 @settings(max_examples=200, deadline=None)
@@ -144,21 +136,29 @@ def test_a_batch_s_resized_crops_drawn_at_once_are_each_piece_s_generator_s(keys
     sizes = np.array(sides[: sum(count for count, _ in pieces)], np.int64).reshape(-1, 2)
     scale, ratio = tuple(scale), tuple(ratio)
     drawn = seeds.resized_crops_and_flips(Domain.TRANSFORM, pieces, sizes, scale, ratio, p, axes)
-    if getattr(seeds._draws, "resized_crops_and_flips", None) is None:
+
+    def crops(rng, low, high):
+        expected = [random_resized_crop_box(height, width, scale, ratio, rng) for height, width in sizes[low:high].tolist()]
+        assert drawn[0][low:high].tolist() == [list(box) for box in expected]
+
+    _each_piece_drew_so(drawn, "resized_crops_and_flips", pieces, Domain.TRANSFORM, p, axes, crops)
+
+
+def _each_piece_drew_so(drawn, call, pieces, domain, p, axes, crops):
+    """``drawn`` by the ``_draws`` extension's ``call`` (None without it): piece after piece, what ``crops(rng, low,
+    high)`` asserts of its crops, ``rng`` numpy's generator of its key, then its mirrors numpy's draws after them."""
+    if getattr(seeds._draws, call, None) is None:
         assert drawn is None
         return
-    boxes, flips = drawn
-    at = 0
+    flips, at = drawn[1], 0
     for count, key in pieces:
-        rng = _numpy(Domain.TRANSFORM, *key)
-        expected = [random_resized_crop_box(height, width, scale, ratio, rng) for height, width in
-                    sizes[at : at + count].tolist()]
-        assert boxes[at : at + count].tolist() == [list(box) for box in expected]
+        rng = _numpy(domain, *key)
+        crops(rng, at, at + count)
         for axis, on in enumerate(axes):
-            mirrored = rng.random(count) < p if on else np.zeros(count, bool)
-            assert flips[at : at + count, axis].tolist() == mirrored.astype(np.uint8).tolist()
+            expected = rng.random(count) < p if on else np.zeros(count, bool)
+            assert flips[at : at + count, axis].tolist() == expected.astype(np.uint8).tolist()
         at += count
-    assert at == len(boxes)
+    assert at == len(drawn[0]) == len(flips)
 
 
 def test_crops_and_flips_leave_what_the_extension_cannot_draw_to_python():
