@@ -7,8 +7,8 @@ A process's threads decode in parallel only as far as its scheduling gives each 
 batches made at once, the runs of each, chunk reads ahead. That can be measured without the cores. For each
 case of `cores.py` that decodes JPEGs (``ds.batches(256, shuffle=True)`` of its stores, epoch after epoch):
 
-1. one thread, for real: samples/s, and the CPU time each sample's decode call took (outcore's C decode:
-   ``decode_rows``, or ``cut_rows`` where a crop is cut as the picture is decoded);
+1. one thread, for real: samples/s, and the CPU time each sample's decode call took (outcore's C decode of a run of
+   a batch: ``RowDecodes.run``, or ``BoxCuts.run`` where a crop is cut as the picture is decoded);
 2. then, for each ``--threads`` n, the decode calls replaced by a sleep as long as step 1 measured (outside the
    GIL, as the decodes run), outcore told that n CPUs are free (its `Gauge`, which reads a sleeping thread as one
    waiting for a core, kept from lowering the pool's limit): as if each thread had a core of its own for its
@@ -33,11 +33,11 @@ from cores import CASES, child, epochs, stores
 
 import outcore
 import outcore.threads
-from outcore.iterate import gather
+from outcore.imaging import BoxCuts, RowDecodes
 from outcore.threads.pool import Gauge
 
 DECODING = ("encoded", "encoded+crop", "rrc")  # the cases of cores.py whose time is their decodes
-CALLS = ("decode_rows", "cut_rows")  # gather's names of the C decodes: each gets its rows' sample indices third
+RUNS = (RowDecodes, BoxCuts)  # the C decodes of a batch's runs: each run(start, stop) decodes stop - start samples
 
 
 def measured(location: Path, case: str, seconds: float) -> dict[str, float]:
@@ -45,20 +45,21 @@ def measured(location: Path, case: str, seconds: float) -> dict[str, float]:
     outcore.set_threads(1)
     spent = {"seconds": 0.0, "samples": 0}
 
-    def timed(call: Callable[..., None]) -> Callable[..., None]:
-        def decode(*args: object) -> None:
+    def timed(run: Callable[..., None]) -> Callable[..., None]:
+        def decode(self: object, start: int, stop: int) -> None:
             began = time.thread_time()
-            call(*args)
+            run(self, start, stop)
             spent["seconds"] += time.thread_time() - began
-            spent["samples"] += len(args[2])
+            spent["samples"] += stop - start
 
         return decode
 
-    for name in CALLS:
-        setattr(gather, name, timed(getattr(gather, name)))
+    for kind in RUNS:
+        kind.run = timed(kind.run)
     rate = epochs(location, case, 1, seconds)[0]
     if not spent["samples"]:  # a sleep of 0 would say every thread count is ideal
-        raise SystemExit(f"{case}: no decode went through {' or '.join(CALLS)}: nothing to replace by a sleep")
+        raise SystemExit(f"{case}: no decode went through {' or '.join(kind.__name__ for kind in RUNS)}: nothing to "
+                         "replace by a sleep")
     return {"samples_s": rate, "decode_s": spent["seconds"] / spent["samples"]}
 
 
@@ -66,8 +67,8 @@ def offered(location: Path, case: str, threads: int, decode_s: float, seconds: f
     """``threads`` threads, each sample's decode a sleep of ``decode_s`` outside the GIL: samples/s."""
     outcore.threads.available_cpus = lambda: threads  # the pool's limit: n busy at once
     Gauge.LOW = 0.0  # a sleeping thread is no thread waiting for a core
-    for name in CALLS:
-        setattr(gather, name, lambda *args: time.sleep(len(args[2]) * decode_s))
+    for kind in RUNS:
+        kind.run = lambda self, start, stop: time.sleep((stop - start) * decode_s)
     return {"samples_s": epochs(location, case, threads, seconds)[0]}
 
 

@@ -21,7 +21,7 @@ from .decode import (
     upright_size,
 )
 from .drawings import Drawing
-from .encoded import DecodedChunks, EncodedChunk, cut_rows, decode_rows
+from .encoded import BoxCuts, DecodedChunks, EncodedChunk, RowDecodes, cut_rows, decode_rows
 from .label_maps import (
     LABEL_MAP_DTYPES,
     Paired,
@@ -54,6 +54,7 @@ __all__ = [
     "MAX_PIXELS",
     "RESIZE_POLICIES",
     "Box",
+    "BoxCuts",
     "BoxPolicy",
     "DecodedChunks",
     "Drawing",
@@ -61,6 +62,7 @@ __all__ = [
     "Paired",
     "Renumbered",
     "ResizePolicy",
+    "RowDecodes",
     "box_part",
     "center_crop_box",
     "check_max_side",

@@ -23,7 +23,7 @@ import math
 import re
 import struct
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -212,6 +212,10 @@ class PlainFiles(NamedTuple):
     left: list[int]
 
 
+Positions = slice | np.ndarray  # the rows of a batch's arrays a call of a prepared C decode takes: a run, or some
+PlainCall = Callable[[Positions], Sequence[int]]  # a prepared C decode: the positions (among those given) it left
+
+
 def decode_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray], which: np.ndarray,
                        samples: np.ndarray, out: np.ndarray, rows: np.ndarray) -> Sequence[int]:
     """Decode file ``samples[k]`` of chunk ``which[k]`` (file ``i`` of chunk ``c`` is ``regions[c][ranges[c][i,
@@ -225,12 +229,21 @@ def decode_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarra
     >>> out = np.empty((2, 64, 64, 3), np.uint8)
     >>> left = decode_plain_jpegs([region], [ranges], np.zeros(2), np.array([0, 5]), out, np.array([0, 1]))  # doctest: +SKIP
     """
+    decode = plain_jpeg_decodes(regions, ranges, which, samples, out, rows)
+    return range(len(samples)) if decode is None else decode(slice(None))
+
+
+def plain_jpeg_decodes(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray], which: np.ndarray,
+                       samples: np.ndarray, out: np.ndarray, rows: np.ndarray) -> PlainCall | None:
+    """`decode_plain_jpegs` made ready once for a batch's runs: its arrays as the C call takes them, so that a run
+    (``positions``: a slice of them, or some of them) is the call alone; None without the extension, or for rows
+    C does not decode into (every file then left)."""
     decode_each = getattr(native.extension, "decode_each", None)  # None: not built (or built before it was)
     pixels = _rows_for_c(out)
     if decode_each is None or pixels is None or pixels.shape[1] * pixels.shape[2] > MAX_PIXELS:
-        return range(len(samples))
-    return decode_each(regions, [_int64(table) for table in ranges], _int64(which), _int64(samples), pixels,
-                       _int64(rows))
+        return None
+    tables, which, samples, rows = [_int64(table) for table in ranges], _int64(which), _int64(samples), _int64(rows)
+    return lambda positions: decode_each(regions, tables, which[positions], samples[positions], pixels, rows[positions])
 
 
 def crop_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray], which: np.ndarray,
@@ -248,14 +261,23 @@ def crop_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray]
     >>> left = crop_plain_jpegs([region], [ranges], np.zeros(1), np.array([3]), np.array([[128, 128]]),
     ...                         np.array([[0, 16, 112, 112]]), out, np.array([0]), np.array([[1, 0]]))  # doctest: +SKIP
     """
+    crop = plain_jpeg_crops(regions, ranges, which, samples, sizes, boxes, out, rows, flips)
+    return range(len(samples)) if crop is None else crop(slice(None))
+
+
+def plain_jpeg_crops(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray], which: np.ndarray,
+                     samples: np.ndarray, sizes: np.ndarray, boxes: np.ndarray, out: np.ndarray, rows: np.ndarray,
+                     flips: np.ndarray) -> PlainCall | None:
+    """`crop_plain_jpegs` made ready once for a batch's runs, as `plain_jpeg_decodes`; None without the extension."""
     crop_each = getattr(native.extension, "crop_each", None)  # None: not built (or built before it was)
     pixels = _rows_for_c(out)
     if crop_each is None or pixels is None:
-        return range(len(samples))
-    sizes = np.where((np.prod(sizes, axis=1) <= MAX_PIXELS)[:, None], sizes, 0)  # 0: left, for decode_region to refuse
-    return crop_each(regions, [_int64(table) for table in ranges], _int64(which), _int64(samples), pixels,
-                     _int64(rows), _int64(sizes), np.ascontiguousarray(boxes, np.float64),
-                     np.ascontiguousarray(flips, np.uint8))
+        return None
+    sizes = _int64(np.where((np.prod(sizes, axis=1) <= MAX_PIXELS)[:, None], sizes, 0))  # 0: left, for decode_region
+    tables, which, samples, rows = [_int64(table) for table in ranges], _int64(which), _int64(samples), _int64(rows)
+    boxes, flips = np.ascontiguousarray(boxes, np.float64), np.ascontiguousarray(flips, np.uint8)
+    return lambda positions: crop_each(regions, tables, which[positions], samples[positions], pixels, rows[positions],
+                                       sizes[positions], boxes[positions], flips[positions])
 
 
 def _rows_for_c(out: np.ndarray) -> np.ndarray | None:

@@ -2,8 +2,8 @@
 other array field), decoded (encoded pictures), or cut by a crop, resized and mirrored as they are copied or
 decoded (`Cut`). The batch's rows are taken in order of their chunk, in runs that the pool's free threads share
 (`outcore.threads.for_each_run`); a run is one call per field (`copy_samples`: one C call for a run's copies;
-`decode_rows`, `cut_rows`: its plain JPEGs decoded or cut together in one C call), never a Python call per
-sample where the C extensions are built.
+`RowDecodes.run`, `BoxCuts.run`: its plain JPEGs decoded or cut together in one C call, on arrays made ready once a
+batch), never a Python call per sample where the C extensions are built.
 
 >>> chunks = {7: {"x": np.arange(4) * 10}, 2: {"x": np.arange(4)}}
 >>> assemble(Rows(np.array([7, 2, 7]), np.array([1, 3, 2])), chunks, ["x"], frozenset())["x"].tolist()
@@ -22,12 +22,12 @@ from ..errors import OptionError
 from ..format import decode_text, offsets_name, undecoded_names
 from ..imaging import (
     Box,
+    BoxCuts,
     EncodedChunk,
+    RowDecodes,
     box_part,
     copy_samples,
     cut_maps,
-    cut_rows,
-    decode_rows,
     inside,
     resize_box,
     resize_boxes,
@@ -142,7 +142,7 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
         shape = (len(rows), *_sample_shape(values))
         batch[name] = out = np.empty(shape, values.dtype) if name in text_fields else empty(shape, values.dtype, field=name)
         if isinstance(values, EncodedChunk):
-            decodes.append(_each_run(decode_rows, rows, data, name, out))
+            decodes.append(RowDecodes(rows.sources(data, name), rows.which, rows.local, out, rows.order).run)
         else:
             copies.append((_each_run(copy_samples, rows, data, name, out), out[0].nbytes if len(out) else 1))
     if copies:
@@ -201,7 +201,7 @@ def _sample_shape(values: np.ndarray | EncodedChunk) -> tuple[int, ...]:
 
 def _each_run(call: Callable[..., None], rows: Rows, data: Mapping[int, ChunkValues], field: str,
               out: np.ndarray) -> Callable[[int, int], None]:
-    """A run's ``call(sources, which, local, out, rows)``: its copies (`copy_samples`) or decodes (`decode_rows`)."""
+    """A run's ``call(sources, which, local, out, rows)``: its copies (`copy_samples`)."""
     sources = rows.sources(data, field)
 
     def run(start: int, stop: int) -> None:
@@ -226,14 +226,11 @@ def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray
     """Boxes cut while decoding (encoded fields: `cut_rows`) or resized out of their pixels, one by one."""
     sources = rows.sources(data, cut.field)
     boxes, flips, sizes = cut.boxes[rows.order], cut.flips[rows.order], cut.sizes[rows.order]
-    encoded = isinstance(sources[0], EncodedChunk)
+    if isinstance(sources[0], EncodedChunk):
+        return BoxCuts(sources, rows.which, rows.local, boxes, sizes, cut.size, out, rows.order, flips).run
 
     def run(start: int, stop: int) -> None:
         which, local, targets = rows.which[start:stop], rows.local[start:stop], rows.order[start:stop]
-        if encoded:
-            cut_rows(sources, which, local, boxes[start:stop], sizes[start:stop], cut.size, out, targets,
-                     flips[start:stop])
-            return
         for chunk, index, box, flip, target in zip(which.tolist(), local.tolist(), boxes[start:stop].tolist(),
                                                    flips[start:stop].astype(bool).tolist(), targets.tolist(), strict=True):
             resize_part(sources[chunk][index], tuple(box), cut.size, out[target], (flip[0], flip[1]))
