@@ -37,9 +37,10 @@ from ..storage import RaggedChunk, blocks
 from ..threads import for_each, for_each_run
 
 RUN_BYTES = 4 << 20  # a run of copies moves this much at least: its few microseconds of Python are ~1 % of it
-# A run of decodes (60 us to a few ms each) holds this many at least: a run of crops costs tens of microseconds of
-# Python holding the GIL (its boxes, the C call's arguments), and on many cores a batch would otherwise be cut into
-# 4 runs a thread; batches are made several at once, so long runs still keep every thread busy (docs/benchmarks.md).
+# A run of decodes (60 us to a few ms each) holds this many at least: each run holds the GIL a few microseconds (its
+# slices of the arrays `RowDecodes` and `BoxCuts` made ready, tens when each run made its own), and on many cores a
+# batch would otherwise be cut into 4 runs a thread; batches are made several at once, so long runs still keep every
+# thread busy (docs/benchmarks.md).
 DECODES_PER_RUN = 16
 
 ChunkValues = Mapping[str, Any]  # field -> one chunk's values: an array, or an EncodedChunk to decode
