@@ -170,3 +170,19 @@ def test_crops_and_flips_leave_what_the_extension_cannot_draw_to_python():
     sizes = np.array([[0, 5], [4, 4]], np.int64)  # a picture of no rows: random_resized_crop_box says so itself
     assert seeds.resized_crops_and_flips(Domain.TRANSFORM, pieces, sizes, (0.08, 1.0), (0.75, 1.3), 0.5,
                                          (True, False)) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(domain=st.sampled_from(list(Domain)),
+       key=st.lists(st.one_of(st.integers(0, 40), st.integers(0, 2**63 - 1), st.integers(2**63, 2**64 - 1)), max_size=5),
+       count=st.one_of(st.integers(0, 3), st.integers(0, 2000), st.just(70_000)))
+def test_a_permutation_is_numpy_s_from_the_generator_of_its_key(domain, key, count):
+    """`seeds.permutation` (an epoch's chunk order, its windows' orders, a write order): the order numpy's generator of
+    the key gives, made in C where it is built (keys of numbers below 2**63; long orders with the GIL released)."""
+    order = seeds.permutation(domain, key, count)
+    assert order.dtype == np.int64 and order.tolist() == _numpy(domain, *key).permutation(count).tolist()
+
+
+def test_a_permutation_of_a_negative_key_is_refused():
+    with pytest.raises(OptionError, match="0 or more"):
+        seeds.permutation(Domain.WINDOW_ORDER, (0, -1), 5)

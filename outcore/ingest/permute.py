@@ -27,7 +27,7 @@ import dask.array as da
 import numpy as np
 from dask.delayed import Delayed
 
-from ..seeds import Domain, generator
+from ..seeds import Domain, permutation
 
 _WRITE_BYTES = 4 * 2**20
 
@@ -174,4 +174,4 @@ def write_order(num_samples: int, shuffle: bool, seed: int) -> np.ndarray:
     """
     if not shuffle:
         return np.arange(num_samples, dtype=np.int64)
-    return generator(Domain.WRITE_ORDER, seed).permutation(num_samples).astype(np.int64)
+    return permutation(Domain.WRITE_ORDER, (seed,), num_samples)

@@ -53,7 +53,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import OptionError
-from ..seeds import Domain, generator
+from ..seeds import Domain, permutation
 from .stream import Selection, StreamPlan, span_slots
 
 DEFAULT_STREAMS = 8  # global steps the same on 1, 2, 4 and 8 ranks
@@ -121,7 +121,7 @@ def chunk_order(num_chunks: int, *, shuffle: bool, seed: int, epoch: int) -> np.
     """The epoch's chunk permutation (storage order without ``shuffle``)."""
     if not shuffle:
         return np.arange(num_chunks, dtype=np.int64)
-    return generator(Domain.CHUNK_ORDER, seed, epoch).permutation(num_chunks).astype(np.int64)
+    return permutation(Domain.CHUNK_ORDER, (seed, epoch), num_chunks)
 
 
 def next_use(num_chunks: int, *, shuffle: bool, seed: int, epoch: int, consumers: int = 1) -> np.ndarray:

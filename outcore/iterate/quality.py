@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import OptionError
-from ..seeds import Domain, generator
+from ..seeds import Domain, permutation
 from ..storage import Store
 from .plan import EpochPlan
 from .readers import chunk_reader
@@ -66,9 +66,9 @@ def shuffle_quality(
     plans = [EpochPlan(len(store), store.chunk_size, batch_size=batch_size, shuffle=True, seed=seed, epoch=epoch,
                        buffer_chunks=buffer_chunks, rank=rank, world_size=world_size, streams=streams)
              for rank in range(world_size)]
-    permutation = generator(Domain.REFERENCE, seed, epoch).permutation(len(store))
+    order = permutation(Domain.REFERENCE, (seed, epoch), len(store))
     outcore = np.mean([mean_label_tv(labels, plan.take(0, len(plan))[0], batch_size) for plan in plans])
-    return ShuffleQuality(float(outcore), mean_label_tv(labels, permutation, batch_size), batches)
+    return ShuffleQuality(float(outcore), mean_label_tv(labels, order, batch_size), batches)
 
 
 def label_fields(store: Store) -> list[str]:

@@ -22,7 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..seeds import Domain, generator
+from ..seeds import Domain, generator, permutation
 
 
 class Selection:
@@ -144,8 +144,8 @@ class StreamPlan:
         local = np.concatenate(groups) if groups else np.empty(0, np.int64)
         owner = np.repeat(slots, [len(g) for g in groups])
         if self.mixed:
-            permutation = generator(Domain.WINDOW_ORDER, *self._key, w).permutation(len(local))
-            local, owner = local[permutation], owner[permutation]
+            order = permutation(Domain.WINDOW_ORDER, (*self._key, w), len(local))
+            local, owner = local[order], owner[order]
         return self.selection.sample(self.chunks[owner], local), owner
 
     def _dealt(self, slot: int, d: int) -> np.ndarray:
@@ -155,7 +155,7 @@ class StreamPlan:
             if dealt is None:
                 dealt = self._first[slot] + np.arange(self.slot_sizes[slot])
                 if self.mixed:
-                    dealt = dealt[generator(Domain.BUFFER_SHUFFLE, *self._key, slot).permutation(len(dealt))]
+                    dealt = dealt[permutation(Domain.BUFFER_SHUFFLE, (*self._key, slot), len(dealt))]
                 near = self.window + 2  # the slots a window or two around this one draws on
                 self._cache = {j: v for j, v in self._cache.items() if abs(j - slot) <= near}
                 self._cache[slot] = dealt

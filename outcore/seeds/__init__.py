@@ -86,6 +86,22 @@ class _State(ISeedSequence):
         return self.words
 
 
+def permutation(domain: Domain, key: Sequence[int], count: int) -> np.ndarray:
+    """``generator(domain, *key).permutation(count)``: the same int64 order, made by the ``_draws`` extension where it
+    is built, generator and all, in one call (an epoch plan's windows each draw one from a generator of their own).
+
+    >>> permutation(Domain.WINDOW_ORDER, (0, 3), 5).tolist() == generator(Domain.WINDOW_ORDER, 0, 3).permutation(5).tolist()
+    True
+    """
+    made = getattr(_draws, "permutation", None)  # not built where the compiler has no 128-bit integers
+    values = [int(value) for value in key]
+    if made is None or not all(0 <= value < 2**63 for value in values):  # numpy's own way: it names a negative one
+        return generator(domain, *values).permutation(count)
+    out = np.empty(count, np.int64)
+    made(np.array(values, np.int64), int(domain), out)
+    return out
+
+
 def integers(rng: np.random.Generator, high: int, count: int) -> np.ndarray:
     """``rng.integers(0, high, size=count)``: the same int64 numbers, and the same state after, drawn by the
     ``_draws`` extension where it is built (numpy's argument handling costs more than the few draws of a

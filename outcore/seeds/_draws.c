@@ -16,7 +16,9 @@
  * makes it), made here: PCG64 (numpy's XSL-RR 128/64, seeded as numpy seeds it from the SeedSequence's state) with
  * no numpy Generator made. A piece of n pictures draws n tops, then n lefts (integers(0, high)), then n uniforms
  * for each mirrored axis, as RandomCrop.boxes and RandomFlip.draw draw them; numpy made two objects a generator and
- * parsed each call's arguments, several times the draws' own cost for a piece of 32 pictures.
+ * parsed each call's arguments, several times the draws' own cost for a piece of 32 pictures. permutation(key,
+ * domain, out): the order Generator.permutation gives, from the generator of a key (an epoch plan's windows, a few
+ * a batch, each its own).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -340,6 +342,60 @@ static PyObject *py_resized_crops_and_flips(PyObject *self, PyObject *args) {
     }
     Py_RETURN_NONE;
 }
+/* numpy's random_interval: a number in [0, most] by masked rejection, on 32-bit draws for `most` below 2**32. */
+static uint64_t interval(pcg64_t *generator, uint64_t most) {
+    if (most == 0)
+        return 0;
+    uint64_t mask = most, value;
+    for (int shift = 1; shift < 64; shift *= 2)
+        mask |= mask >> shift;
+    if (most <= UINT32_MAX)
+        do
+            value = pcg64_next32(generator) & mask;
+        while (value > most);
+    else
+        do
+            value = pcg64_next64(generator) & mask;
+        while (value > most);
+    return value;
+}
+
+#define FREE_FROM 65536 /* orders this long or longer are made with the GIL released */
+
+static PyObject *py_permutation(PyObject *self, PyObject *args) {
+    Py_buffer key, out;
+    unsigned long long domain;
+    if (!PyArg_ParseTuple(args, "y*Kw*:permutation", &key, &domain, &out))
+        return NULL;
+    const int64_t *numbers = key.buf;
+    const Py_ssize_t length = key.len / (Py_ssize_t)sizeof(int64_t), count = out.len / (Py_ssize_t)sizeof(int64_t);
+    int fine = key.len % (Py_ssize_t)sizeof(int64_t) == 0 && out.len % (Py_ssize_t)sizeof(int64_t) == 0;
+    for (Py_ssize_t i = 0; fine && i < length; i++)
+        fine = numbers[i] >= 0;
+    pcg64_t generator;
+    fine = fine && keyed(&generator, numbers, length, domain) == 0;
+    if (fine) {
+        int64_t *order = out.buf;
+        PyThreadState *saved = count >= FREE_FROM ? PyEval_SaveThread() : NULL;
+        for (Py_ssize_t i = 0; i < count; i++)
+            order[i] = i;
+        for (Py_ssize_t i = count - 1; i >= 1; i--) { /* numpy's shuffle: from the last, each with one at or before it */
+            const Py_ssize_t j = (Py_ssize_t)interval(&generator, (uint64_t)i);
+            const int64_t held = order[i];
+            order[i] = order[j];
+            order[j] = held;
+        }
+        if (saved != NULL)
+            PyEval_RestoreThread(saved);
+    }
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&out);
+    if (!fine) {
+        PyErr_SetString(PyExc_ValueError, "need an int64 key of numbers of 0 or more and an int64 out");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
 #endif
 
 static PyMethodDef methods[] = {
@@ -355,6 +411,9 @@ static PyMethodDef methods[] = {
      "crops_and_flips(keys, domain, counts, highs, flip, corners, flips)\n--\n\nEach piece's tops and lefts "
      "(integers(0, high)) into\nthe int64 corners, then its mirrors (uniform < p, for the axes of flip's bit mask) into "
      "the uint8 flips,\nfrom the generator of its key in domain."},
+    {"permutation", py_permutation, METH_VARARGS,
+     "permutation(key, domain, out)\n--\n\nFill the int64 buffer out with the order Generator.permutation(len) gives, "
+     "from the\ngenerator of the int64 key in domain."},
     {"resized_crops_and_flips", py_resized_crops_and_flips, METH_VARARGS,
      "resized_crops_and_flips(keys, domain, counts, sizes, scale, ratio, flip, boxes, flips)\n--\n\nEach piece's "
      "RandomResizedCrop\nboxes of its pictures' sizes into the int64 boxes, then its mirrors, as crops_and_flips."},
