@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import outcore
+from outcore import seeds
 from outcore.cli import main
 from outcore.imaging import native
 from outcore.storage import chunk_reads
@@ -55,10 +56,11 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "outcore info: error: outcore info needs a STORE to describe, or --system"
 
 
-def test_info_system_names_the_jpeg_decoder_and_the_chunk_reads(capsys):
+def test_info_system_names_the_jpeg_decoder_the_chunk_reads_and_the_draws(capsys):
     assert main(["info", "--system"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert f"JPEG boxes: {native.backend()}" in lines and f"chunk reads: {chunk_reads.how()}" in lines
+    assert f"random draws: {seeds.how()}" in lines
 
 
 @pytest.mark.parametrize(("arguments", "expected"), [

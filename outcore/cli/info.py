@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from .. import seeds
 from ..dataset import Dataset
 from ..errors import CorruptChunkError
 from ..imaging import native
@@ -80,13 +81,15 @@ def provenance_lines(provenance: Mapping[str, Any]) -> list[str]:
 def system_report() -> str:
     """What outcore runs on in this process: versions, the JPEG decoder behind fused crops (the C extension
     or simplejpeg and Pillow), what copies batches' samples (the C extension or numpy), what reads local chunks (the
-    C extension or Python's calls), CPUs and threads.
+    C extension or Python's calls), what draws the transforms' and plans' numbers (the C extension or numpy), CPUs and
+    threads.
 
     >>> print(system_report())  # doctest: +SKIP
     outcore 0.1.0 on Python 3.11.9 (Linux x86_64)
     JPEG boxes: C extension (libjpeg-turbo 2.1.5; cropped decoding, AVX2 resize)
     batch copies: C extension (one call a run of samples, outside the GIL)
     chunk reads: C extension (a chunk read, checked and decoded in one call outside the GIL)
+    random draws: C extension (a generator of each key made and drawn from in one call: crops, flips, orders)
     ...
     """
     where = f"{platform.system()} {platform.machine()}"
@@ -94,6 +97,7 @@ def system_report() -> str:
              f"JPEG boxes: {native.backend()}",
              f"batch copies: {native.copies()}",
              f"chunk reads: {chunk_reads.how()}",
+             f"random draws: {seeds.how()}",
              f"CPUs available: {available_cpus()}, decode threads: {thread_count()}"]
     packages = ("numpy", "zarr", "dask", "distributed", "pillow", "simplejpeg", "torch", "tensorflow-cpu", "keras")
     lines.append("packages: " + ", ".join(f"{name} {_version(name)}" for name in packages))

@@ -86,6 +86,16 @@ class _State(ISeedSequence):
         return self.words
 
 
+def how() -> str:
+    """What makes the generators and the draws of transforms and epoch plans in this process, in words (``outcore info
+    --system``)."""
+    if _draws is not None and hasattr(_draws, "permutation"):
+        return "C extension (a generator of each key made and drawn from in one call: crops, flips, orders)"
+    if native is not None and _draws is not None:
+        return "C extension (draws; each generator made by numpy: this build has no 128-bit integers)"
+    return "numpy's calls (the same numbers: the extensions are not built here, or OUTCORE_NATIVE=0)"
+
+
 def permutation(domain: Domain, key: Sequence[int], count: int) -> np.ndarray:
     """``generator(domain, *key).permutation(count)``: the same int64 order, made by the ``_draws`` extension where it
     is built, generator and all, in one call (an epoch plan's windows each draw one from a generator of their own).
