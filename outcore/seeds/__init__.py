@@ -105,7 +105,7 @@ def permutation(domain: Domain, key: Sequence[int], count: int) -> np.ndarray:
     """
     made = getattr(_draws, "permutation", None)  # not built where the compiler has no 128-bit integers
     values = [int(value) for value in key]
-    if made is None or not all(0 <= value < 2**63 for value in values):  # numpy's own way: it names a negative one
+    if made is None or (values and not 0 <= min(values) <= max(values) < 2**63):  # numpy's way: it names a negative one
         return generator(domain, *values).permutation(count)
     out = np.empty(count, np.int64)
     made(np.array(values, np.int64), int(domain), out)
@@ -216,8 +216,10 @@ def _pieces_call(name: str, pieces: Sequence[tuple[int, Sequence[int]]]
     numbers of 63 bits or more."""
     call = getattr(_draws, name, None)
     keys = [key for _, key in pieces]
-    if call is None or not keys or len({len(key) for key in keys}) != 1 or \
-            not all(0 <= value < 2**63 for key in keys for value in key):
+    if call is None or not keys or len({len(key) for key in keys}) != 1:
+        return None
+    values = [value for key in keys for value in key]
+    if values and not 0 <= min(values) <= max(values) < 2**63:
         return None
     return np.array(keys, np.int64), np.array([count for count, _ in pieces], np.int64), call
 
