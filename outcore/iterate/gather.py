@@ -12,6 +12,7 @@ batch), never a Python call per sample where the C extensions are built.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -37,11 +38,13 @@ from ..storage import RaggedChunk, blocks
 from ..threads import for_each, for_each_run
 
 RUN_BYTES = 4 << 20  # a run of copies moves this much at least: its few microseconds of Python are ~1 % of it
-# A run of decodes (60 us to a few ms each) holds this many at least: each run holds the GIL a few microseconds (its
-# slices of the arrays `RowDecodes` and `BoxCuts` made ready, tens when each run made its own), and on many cores a
-# batch would otherwise be cut into 4 runs a thread; batches are made several at once, so long runs still keep every
-# thread busy (docs/benchmarks.md).
+# A run of decodes (60 us to a few ms each) holds DECODES_PER_RUN of them, or fewer of large pictures: as many as read
+# RUN_PIXELS of their files' pixels, at least one. Each run holds the GIL a few microseconds (its slices of the arrays
+# `RowDecodes` and `BoxCuts` made ready), so runs of small pictures are long, and a batch of large ones is shared out
+# in shorter runs, whose ends leave fewer threads idle at the end of a batch (docs/benchmarks.md, "Figures behind the
+# code").
 DECODES_PER_RUN = 16
+RUN_PIXELS = 1_200_000
 
 ChunkValues = Mapping[str, Any]  # field -> one chunk's values: an array, or an EncodedChunk to decode
 
@@ -101,6 +104,10 @@ class Cut:
     label_maps: frozenset[str] = frozenset()  # raster fields cut with it, nearest-neighbour, ``fill`` past the edges
     fill: int = 0
 
+    def pixels(self) -> float:
+        """The mean pixels of the pictures the boxes are cut from."""
+        return float(np.prod(self.sizes, axis=1).mean()) if len(self.sizes) else 0.0
+
     def windows(self) -> bool:
         """Whether every box is a window of whole pixels at the output size (a plain crop, copied as it is)."""
         whole = np.all(self.boxes == np.round(self.boxes))
@@ -118,14 +125,14 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
     first = data[int(rows.chunks[0])]
     batch: dict[str, np.ndarray] = {}
     copies: list[tuple[Callable[[int, int], None], int]] = []  # (run, bytes a row) of the cheap work
-    decodes: list[Callable[[int, int], None]] = []
+    decodes: list[tuple[Callable[[int, int], None], float]] = []  # (run, its files' pixels a row)
     for name in fields:
         values = first[name]
         if isinstance(values, RaggedChunk) and values.shapes is not None:  # a raster: cut with its pictures
             if cut is None:
                 raise ValueError(f"raster field {name!r} is cut with its pictures: the batch has no crop")
             batch[name] = out = empty((len(rows), *cut.size, *values.row_shape), values.dtype, field=name)
-            decodes.append(_raster_cuts(rows, data, name, cut, out))
+            decodes.append((_raster_cuts(rows, data, name, cut, out), cut.pixels()))
             continue
         if isinstance(values, RaggedChunk) or name in later:
             batch[name], batch[offsets_name(name)] = _gather_rows(rows, data, name)
@@ -138,20 +145,32 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
             if isinstance(values, np.ndarray) and cut.windows():
                 copies.append((_window_copies(rows, data, cut, out), out[0].nbytes))
             else:
-                decodes.append(_cuts(rows, data, cut, out))
+                decodes.append((_cuts(rows, data, cut, out), cut.pixels()))
             continue
         shape = (len(rows), *_sample_shape(values))
         batch[name] = out = np.empty(shape, values.dtype) if name in text_fields else empty(shape, values.dtype, field=name)
         if isinstance(values, EncodedChunk):
-            decodes.append(RowDecodes(rows.sources(data, name), rows.which, rows.local, out, rows.order).run)
+            decodes.append((RowDecodes(rows.sources(data, name), rows.which, rows.local, out, rows.order).run,
+                            math.prod(shape[1:3])))
         else:
             copies.append((_each_run(copy_samples, rows, data, name, out), out[0].nbytes if len(out) else 1))
     if copies:
         least = max(1, RUN_BYTES // max(1, sum(nbytes for _, nbytes in copies)))
         for_each_run(lambda start, stop: [run(start, stop) for run, _ in copies], len(rows), least)
     if decodes:
-        for_each_run(lambda start, stop: [run(start, stop) for run in decodes], len(rows), DECODES_PER_RUN)
+        least = decode_run(sum(pixels for _, pixels in decodes))
+        for_each_run(lambda start, stop: [run(start, stop) for run, _ in decodes], len(rows), least)
     return {name: decode_text(values) if name in text_fields else values for name, values in batch.items()}
+
+
+def decode_run(pixels: float) -> int:
+    """The fewest decodes a run of a batch holds where each row's files hold ``pixels`` pixels: `DECODES_PER_RUN`, or as
+    many as hold `RUN_PIXELS`.
+
+    >>> decode_run(128 * 128), decode_run(500 * 600), decode_run(5000 * 4000)
+    (16, 4, 1)
+    """
+    return max(1, min(DECODES_PER_RUN, math.ceil(RUN_PIXELS / max(1.0, pixels))))
 
 
 def _gather_rows(rows: Rows, data: Mapping[int, ChunkValues], field: str) -> tuple[np.ndarray, np.ndarray]:
