@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -258,15 +260,23 @@ INTERRUPTED_LINES = {"outcore: interrupted", ("outcore ingest: interrupted (the 
                                                "the same command with --resume continues)")}
 
 
-def _start_command(source, store) -> subprocess.Popen:
-    """The command, started as from a terminal: with Ctrl-C's default action (a test runner may ignore SIGINT,
-    which a child would inherit; a handled signal is reset to its default in the child)."""
+@contextlib.contextmanager
+def _as_from_a_terminal() -> Iterator[None]:
+    """Children started within it get Ctrl-C's default action, as from a terminal: a test runner may ignore SIGINT
+    (a shell's background job does), which a child would inherit; a handled signal is reset to its default in the
+    child, and an ignored one stays ignored (the command then leaves Ctrl-C alone, as a background job's must)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        return subprocess.Popen([sys.executable, "-c", COMMAND, "ingest", *_ingest_command(source, store)],
-                                stderr=subprocess.PIPE, text=True)
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _start_command(source, store) -> subprocess.Popen:
+    """The command, started as from a terminal (`_as_from_a_terminal`)."""
+    with _as_from_a_terminal():
+        return subprocess.Popen([sys.executable, "-c", COMMAND, "ingest", *_ingest_command(source, store)],
+                                stderr=subprocess.PIPE, text=True)
 
 
 SWALLOWING_COMMAND = """
@@ -296,8 +306,9 @@ def test_a_ctrl_c_landing_where_python_only_reports_exceptions_is_delivered_agai
     """A Ctrl-C whose KeyboardInterrupt is raised in a weakref callback (Python prints "Exception ignored"
     and goes on) still stops the command: one line, 130, at once."""
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", SWALLOWING_COMMAND], capture_output=True, text=True,
-                            timeout=60, check=False)
+    with _as_from_a_terminal():
+        result = subprocess.run([sys.executable, "-c", SWALLOWING_COMMAND], capture_output=True, text=True,
+                                timeout=60, check=False)
     assert (result.returncode, result.stderr) == (130, "outcore: interrupted\n")
     assert time.monotonic() - started < 20
 
