@@ -306,6 +306,30 @@ def test_progress_bars_in_a_notebook_without_ipywidgets_do_not_warn(monkeypatch)
             bar.update(3)
     assert type(bar).__module__ == "tqdm.std"
 
+def test_local_tasks_run_each_shared_block_once_and_only_those_asked_for():
+    """The ingest's tasks share their arrays' graphs (`task_graph`): each block they need is computed once, and the
+    blocks of tasks left out (a resumed ingest's finished shards) not at all."""
+    import dask
+
+    from outcore.ingest.scheduler import run_tasks
+
+    made = []
+
+    def block(start: int) -> np.ndarray:
+        made.append(start)
+        return np.arange(start, start + 4)
+
+    pieces = [da.from_delayed(dask.delayed(block, pure=True)(start), (4,), dtype=np.int64) for start in range(0, 24, 4)]
+    shards = list(da.concatenate(pieces).rechunk(8).to_delayed(optimize_graph=False).ravel())  # 3 shards of 2 blocks
+    total = dask.delayed(lambda shard, also: int(shard.sum() + also.sum()), pure=False)
+    tasks = [total(shards[0], shards[1]), total(shards[2], shards[0])]  # shard 0 asked for twice, shard 1 once
+    assert run_tasks(tasks, [1, 1], progress=False, threads=2) == [sum(range(16)), sum(range(16, 24)) + sum(range(8))]
+    assert sorted(made) == [0, 4, 8, 12, 16, 20]
+    made.clear()
+    assert run_tasks(tasks[1:], [1], progress=False, threads=2) == [sum(range(16, 24)) + sum(range(8))]
+    assert sorted(made) == [0, 4, 16, 20]
+
+
 
 def test_open_by_fsspec_url(store):
     path, arrays = store
