@@ -21,7 +21,14 @@ from outcore.errors import CorruptChunkError, OptionError
 from outcore.iterate import EpochPlan, max_held
 from outcore.iterate.mixture import epoch_samples_of
 from outcore.testing import corrupt_chunk
-from outcore.transforms import BrightnessContrast, Compose, RandomCrop, RandomFlip, RandomResizedCrop
+from outcore.transforms import (
+    BrightnessContrast,
+    Compose,
+    Normalize,
+    RandomCrop,
+    RandomFlip,
+    RandomResizedCrop,
+)
 
 
 @pytest.fixture
@@ -379,6 +386,34 @@ def test_random_access_batches_equal_iterated_batches(store):
             np.testing.assert_array_equal(batch[name], iterated[index][name])
     with pytest.raises(IndexError, match="batch 21"):
         it.batch(21)
+
+
+@pytest.mark.parametrize("transform", [None, Compose([RandomCrop(6, padding=1), RandomFlip()]),
+                                       Compose([RandomResizedCrop(5), RandomFlip(), Normalize(0.5, 0.2)]),
+                                       Compose([RandomFlip(), BrightnessContrast()])])
+def test_batches_made_together_are_those_made_alone(store, monkeypatch, transform):
+    """Consecutive batches made as one and cut apart (`LocalRun.together`) hold what each holds made alone, from the
+    same draws; a transform that draws piece by piece makes them one by one."""
+    from outcore.iterate.runs import LocalRun
+
+    ds, _ = store
+    outcore.set_threads(4)  # 4 batches made at once: up to 4 together
+    try:
+        monkeypatch.setattr(LocalRun, "MOST_TOGETHER", 1)
+        alone = list(ds.batches(40, seed=5, buffer_chunks=3, transform=transform, drop_last=False))
+        monkeypatch.undo()
+        together = list(ds.batches(40, seed=5, buffer_chunks=3, transform=transform, drop_last=False))
+    finally:
+        outcore.set_threads(None)
+    assert len(together) == len(alone) == 25
+    for made, expected in zip(together, alone, strict=True):
+        assert made.keys() == expected.keys()
+        for name in made:
+            assert made[name].dtype == expected[name].dtype
+            np.testing.assert_array_equal(made[name], expected[name])
+    joinable = transform is None or not isinstance(transform.transforms[-1], BrightnessContrast)
+    assert (together[0]["images"].base is together[1]["images"].base) is joinable  # one array cut in two
+    assert alone[0]["images"].base is not alone[1]["images"].base
 
 
 def test_loader_stats(ids_store):

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, check_fields
-from ..iterate.batch import Empty
+from ..iterate.batch import Empty, plain
 from ..iterate.runs import NextEpoch
 from ..iterate.shared import Arena, Part, SharedBatch, Slot
 from ..storage import Store
@@ -236,8 +236,8 @@ class TorchBatches(IterableDataset):
         if self.options.client is not None and self._next is None:
             self._next = NextEpoch()
         ahead = self._next.take(self.epoch, steps) if self._next is not None else None
-        allocate = (lambda step: pinned_empty) if self.pinned and info is None else None
-        plan, run = iterator.plan(self.epoch), ahead or iterator.run(self.epoch, steps, allocator=allocate)
+        empty = pinned_empty if self.pinned and info is None else plain
+        plan, run = iterator.plan(self.epoch), ahead or iterator.run(self.epoch, steps, empty=empty)
         total = len(iterator)
         try:
             for step, batch in zip(steps, run, strict=False):

@@ -167,6 +167,22 @@ class Recipe:
         """The picture field cut as the batch is made, if any."""
         return None if self.crop is None else self.crop.field
 
+    @property
+    def joinable(self) -> bool:
+        """Whether batches of this recipe may be made as one and cut apart, each the same as if made alone: each
+        row is made from its own sample and its piece's draws only (no ragged rows, whose offsets start at each
+        batch; no targets moved; after the crop and flip done as the batch is made, only steps marked
+        ``per_sample``, as `Normalize` and `Cast`, never one that draws piece by piece or sees the whole batch).
+
+        >>> from outcore.transforms import BrightnessContrast, Compose, Normalize, RandomCrop
+        >>> Recipe.of(["images"], (), ["images"], Compose([RandomCrop(8), Normalize()])).joinable
+        True
+        >>> Recipe.of(["images"], (), ["images"], Compose([RandomCrop(8), BrightnessContrast()])).joinable
+        False
+        """
+        return (not self.ragged_fields and self.per_piece is None and getattr(self.crop, "targets", None) is None
+                and all(getattr(step, "per_sample", False) for step in steps(self.after)))
+
 
 def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.ndarray, data: Mapping[int, ChunkValues],
                draws: Draws, empty: Empty = plain, spent: Callable[[float], None] | None = None) -> Batch:

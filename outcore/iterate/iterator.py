@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..storage import Store
-from .batch import Batch, Empty, check_fields
+from .batch import Batch, Empty, check_fields, plain
 from .cluster import ClusterRun
 from .options import BatchOptions, check_state
 from .plan import EpochPlan
@@ -130,11 +130,11 @@ class BatchIterator:
                 self._active = None
 
     def run(self, epoch: int, steps: Sequence[int], part: tuple[int, int] = (0, 1),
-            allocator: Callable[[int], Empty] | None = None) -> Run:
+            allocator: Callable[[int], Empty] | None = None, empty: Empty = plain) -> Run:
         """A run making the rank's batches ``steps`` (increasing) of ``epoch`` (with ``part``, that part of each;
-        with ``allocator``, each step's arrays made by what it gives for the step): iterate it for the
-        batches, close it when done (a DataLoader worker makes its turns or its parts so)."""
-        work = Work(self.store, self.recipe, self.options, epoch, self.plan(epoch, part), steps, allocator)
+        with ``allocator``, each step's arrays made by what it gives for the step, else by ``empty``): iterate it
+        for the batches, close it when done (a DataLoader worker makes its turns or its parts so)."""
+        work = Work(self.store, self.recipe, self.options, epoch, self.plan(epoch, part), steps, allocator, empty)
         if self.options.client is not None:
             return ClusterRun(work, self._stats)
         return LocalRun(work, self._stats, self.readers)

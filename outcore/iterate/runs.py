@@ -8,6 +8,7 @@ resumed or asked for one by one.
 from __future__ import annotations
 
 import atexit
+import itertools
 import queue
 import sys
 import threading
@@ -40,7 +41,8 @@ EXIT_SECONDS = 2.0  # the longest the interpreter's exit waits for the producers
 @dataclass(frozen=True)
 class Work:
     """What a run makes: the rank's batches ``steps`` (increasing) of ``plan``, epoch ``epoch``, as
-    ``recipe`` says; ``allocator`` gives, for a step, what makes its batch's arrays (`plain` memory without)."""
+    ``recipe`` says; ``allocator`` gives, for a step, what makes its batch's arrays (without, ``empty`` makes
+    every batch's, whatever its step: `plain` memory, or pinned memory for a GPU)."""
 
     store: Store
     recipe: Recipe
@@ -49,6 +51,7 @@ class Work:
     plan: EpochPlan
     batches: Sequence[int]
     allocator: Callable[[int], Empty] | None = None
+    empty: Empty = plain
 
     def steps(self, read_ahead: int, fetch_ahead: Callable[[], int] | None = None) -> Iterator[BatchStep]:
         return schedule(self.plan, self.batches, read_ahead=read_ahead, fetch_ahead=fetch_ahead,
@@ -235,7 +238,7 @@ class ChunkBuffers:
 class LocalRun(Run):
     """Batches made in this process, on the process's thread pool (`outcore.threads`): chunk reads and
     decodes, and each batch (its samples gathered, decoded, cut and transformed by runs of samples on
-    the pool's free threads: `outcore.threads.for_each_run`), up to `making` batches at once, handed to
+    the pool's free threads: `outcore.threads.for_each_run`), up to `making` tasks at once, handed to
     the queue in order by the producer thread, which follows the schedule. Reads run ``read_ahead``
     slots ahead of the batch being made: one per pool thread, so every thread has a chunk to read, from
     2 to `MAX_READ_AHEAD` (memory: each is a chunk held); local reads (decompression, mostly) count
@@ -248,13 +251,22 @@ class LocalRun(Run):
 
     A batch is made once the chunks it draws on are read (its task never waits on the pool; the pool runs no
     more tasks at once than run well: `outcore.threads.pool.Gauge`), and the chunks a batch is the last to use
-    are released once it is made and the chunks of the batch `making` steps later are asked for (batches are
+    are released once it is made and the chunks of the batch `making` tasks later are asked for (batches are
     handed over in order, in step with the schedule: the same chunks are read however fast each is made), so
-    at most `making` batches more than one are held besides the queue's."""
+    at most `making` tasks' batches more than one task's are held besides the queue's.
+
+    Consecutive batches of a few megabytes are made ``together`` by one task (up to `MOST_TOGETHER` of them,
+    about `TOGETHER_BYTES` in all, no more than the batches made at once) as one, then cut apart, where the
+    recipe allows it (`Recipe.joinable`: each batch's rows the same either way) and the batches' memory is
+    the same whatever their step (`Work.empty`): what a batch costs holding the GIL (its task, its samples' arrays and runs made ready, its draws'
+    call) is then paid once for them all, and as many batches are held as when each is made alone. Each
+    batch is a view of its part of the arrays made together, which stay in memory while any of them is held."""
 
     MAX_READ_AHEAD = 8
     REMOTE_READ_AHEAD = 16  # answers come out of order: a thread waiting on a late one leaves later ones to others
     MAKING_BYTES = 256 << 20  # batches made at once hold at most about this much (two at least)
+    TOGETHER_BYTES = 64 << 20  # batches made as one hold at most about this much
+    MOST_TOGETHER = 4
 
     def __init__(self, work: Work, stats: LoaderStats, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
@@ -262,14 +274,18 @@ class LocalRun(Run):
         self.loading: dict[int, Task[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}  # by chunk
         self.damaged: set[int] = set()  # chunks left out of this epoch (``skip_damaged``)
         self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
-        self.made: deque[Task[Batch]] = deque()  # batches being made or not yet handed over, in order
+        self.made: deque[Task[list[Batch]]] = deque()  # batches being made or not yet handed over, in order
         self.remote = any(reader.remote for reader in readers.values())
         one_batch = len(work.batches) == 1
         threads = thread_count()
         local_ahead = min(self.MAX_READ_AHEAD, max(2, threads))
         self.read_ahead = 0 if one_batch else self.REMOTE_READ_AHEAD if self.remote else local_ahead
         batch_bytes = max(1, sample_bytes(work.store, work.recipe) * work.options.batch_size)
-        self.making = max(2, min(threads, self.MAKING_BYTES // batch_bytes))
+        making = max(2, min(threads, self.MAKING_BYTES // batch_bytes))  # batches made at once
+        joinable = work.recipe.joinable and work.allocator is None and not work.options.skip_damaged
+        self.together = max(1, min(making, self.MOST_TOGETHER, self.TOGETHER_BYTES // batch_bytes)) \
+            if joinable and not one_batch else 1
+        self.making = making // self.together  # tasks making them: as many batches held either way
         files = getattr(work.store.group.store, "files", None)  # an object store's (RemoteFiles)
         self.fetch_ahead = files.fetch_ahead if self.remote and files is not None and not one_batch else None
         self.next_use = None  # from an object store: when each chunk is read again, for the node's cache
@@ -287,7 +303,8 @@ class LocalRun(Run):
     def _produce_batches(self) -> None:
         work = self.work
         made = self.made
-        held: deque[tuple[BatchStep, Task[Batch]]] = deque()  # steps whose chunks their batch may still need
+        held: deque[tuple[list[BatchStep], Task[list[Batch]]]] = deque()  # steps whose chunks their batches may need
+        together: list[BatchStep] = []  # the steps whose batches are made next, as one
         for step in work.steps(self.read_ahead, self.fetch_ahead):
             if self.stop.is_set() or not self._hand_over(made, wait=False):
                 return
@@ -300,27 +317,40 @@ class LocalRun(Run):
                 if chunk not in self.loading:
                     self.loading[chunk] = submit(self._read, chunk, limited=not self.remote)
                 self.slots_held[chunk] = self.slots_held.get(chunk, 0) + 1
-            data = {slot: values for slot in step.used if (values := self._values(int(chunks[slot]))) is not None}
-            making = submit(self._make, step, data)
-            made.append(making)
-            held.append((step, making))
-            if len(held) > self.making:  # in step with the schedule: the same reads however fast batches are made
-                self._release_step(*held.popleft())
+            together.append(step)
+            if len(together) == self.together:
+                self._start_making(together, held)
+                together = []
+        if together:
+            self._start_making(together, held)
         self._hand_over(made, wait=True)
 
-    def _hand_over(self, made: deque[Task[Batch]], wait: bool) -> bool:
+    def _start_making(self, steps: list[BatchStep], held: deque[tuple[list[BatchStep], Task[list[Batch]]]]) -> None:
+        """Have the batches of ``steps`` made once the chunks they draw on are read, and release the chunks of the
+        batches made `making` tasks before."""
+        chunks = self.work.plan.chunks
+        used = dict.fromkeys(slot for step in steps for slot in step.used)
+        data = {slot: values for slot in used if (values := self._values(int(chunks[slot]))) is not None}
+        making = submit(self._make, steps, data)
+        self.made.append(making)
+        held.append((steps, making))
+        if len(held) > self.making:  # in step with the schedule: the same reads however fast batches are made
+            self._release_steps(*held.popleft())
+
+    def _hand_over(self, made: deque[Task[list[Batch]]], wait: bool) -> bool:
         """Put the batches made, in order, in the queue (with ``wait``, every one, waiting for each): False when
         the run was closed meanwhile."""
         while made and (wait or made[0].done()):
-            if not self._put(made.popleft().result()):
-                return False
+            for batch in made.popleft().result():
+                if not self._put(batch):
+                    return False
         return True
 
-    def _release_step(self, step: BatchStep, making: Task[Batch]) -> None:
-        """Release the chunks ``step``'s batch was the last to use, once it is made."""
+    def _release_steps(self, steps: list[BatchStep], making: Task[list[Batch]]) -> None:
+        """Release the chunks the batches of ``steps`` were the last to use, once they are made."""
         making.wait()
         chunks = self.work.plan.chunks
-        for slot in step.release:
+        for slot in (slot for step in steps for slot in step.release):
             chunk = int(chunks[slot])
             self.slots_held[chunk] -= 1
             if not self.slots_held[chunk]:
@@ -345,19 +375,29 @@ class LocalRun(Run):
                           f"{self.work.options.skip_damaged}): {error}", OutcoreWarning, stacklevel=2)
             return None
 
-    def _make(self, step: BatchStep, data: dict[int, dict[str, Any]]) -> Batch:
-        """``step``'s batch from the chunks' values ``data`` (by slot): without the samples of the slots it
-        lacks (damaged chunks left out), each augmentation piece then shorter by those."""
+    def _make(self, steps: list[BatchStep], data: dict[int, dict[str, Any]]) -> list[Batch]:
+        """The batches of ``steps`` from the chunks' values ``data`` (by slot): one alone, or several made as one
+        and cut apart (`together`)."""
         began = time.perf_counter()
         try:
-            return self._made(step, data)
+            if len(steps) == 1:
+                return [self._made(steps[0], data)]
+            work = self.work
+            draws = tuple(draw for step in steps for draw in work.draws(step))  # each batch's pieces, in order
+            batch = make_batch(work.recipe, np.concatenate([step.samples for step in steps]), work.store.chunk_size,
+                               np.concatenate([step.slots for step in steps]), data, draws, work.empty,
+                               self.stats.transformed)
+            bounds = itertools.pairwise(np.cumsum([0, *(len(step.samples) for step in steps)]).tolist())
+            return [{name: values[low:high] for name, values in batch.items()} for low, high in bounds]
         finally:
             self.stats.made(time.perf_counter() - began)
 
     def _made(self, step: BatchStep, data: dict[int, dict[str, Any]]) -> Batch:
+        """``step``'s batch: without the samples of the slots ``data`` lacks (damaged chunks left out), each
+        augmentation piece then shorter by those."""
         work = self.work
         samples, slots, draws = step.samples, step.slots, work.draws(step)
-        empty = plain if work.allocator is None else work.allocator(step.index)
+        empty = work.empty if work.allocator is None else work.allocator(step.index)
         if len(data) < len(step.used):
             kept = np.isin(slots, list(data))
             bounds = np.cumsum([0, *(count for count, _ in draws)])

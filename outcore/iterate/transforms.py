@@ -362,6 +362,7 @@ class Normalize:
     scale: float | None = None
     field: str = "images"
     random: ClassVar[bool] = False  # draws nothing from ``rng``: run once per batch, not per piece
+    per_sample: ClassVar[bool] = True  # each sample's result is its own: batches made as one may be cut apart after
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
@@ -394,6 +395,7 @@ class Cast:
     dtype: str | np.dtype
     field: str = "images"
     random: ClassVar[bool] = False
+    per_sample: ClassVar[bool] = True
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         return _replace(batch, self.field, _field(batch, self.field).astype(self.dtype))
