@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import crc32c
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numcodecs import blosc
 
 import outcore
 from outcore.errors import CorruptChunkError, ImageError
@@ -49,6 +51,31 @@ def test_the_checksum_of_buffers_checked_in_three_lanes(size):
     assert _chunks.crc32c(data) == crc32c.crc32c(data)
     for cut in (1, 4096, 5000, size // 2, size - 1):
         assert _chunks.crc32c(data[cut:], _chunks.crc32c(data[:cut])) == crc32c.crc32c(data)
+
+
+@pytest.mark.skipif(chunk_reads.encode_at_once is None, reason="chunks are not encoded in C here")
+@pytest.mark.parametrize("dtype", ["u1", "<i8", "<f4"])
+@pytest.mark.parametrize(("cname", "shuffle", "blocksize"), [("lz4", blosc.SHUFFLE, 0), ("zstd", blosc.BITSHUFFLE, 0),
+                                                             ("lz4", blosc.NOSHUFFLE, 4096), ("blosclz", blosc.SHUFFLE, 0)])
+def test_chunks_encoded_at_once_are_numcodecs_frames_and_their_checksums(dtype, cname, shuffle, blocksize):
+    """Each chunk's bytes in a shard file written by one call: the Blosc frame numcodecs makes with the same settings
+    (on this thread, which numcodecs compresses on with its threads, and on another, where it does not), then its
+    crc32c; Blosc refusing the settings is None, for the writer's Python path to raise its error."""
+    rng = np.random.default_rng(len(dtype) + shuffle)
+    chunks = np.concatenate([np.zeros(900), rng.integers(0, 40, 1800)]).astype(dtype)  # one that compresses well
+    size = chunks.nbytes // 3
+    out, index = np.empty(3 * (size + 20), np.uint8), np.zeros((3, 2), np.uint64)
+    written = chunk_reads.encode_at_once(chunks, 3, chunks.itemsize, 5, shuffle, cname, blocksize, out, index)
+    frames = [blosc.compress(part, cname.encode(), 5, shuffle, blocksize) for part in np.split(chunks, 3)]
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(lambda: [blosc.compress(part, cname.encode(), 5, shuffle, blocksize)
+                                    for part in np.split(chunks, 3)]).result() == frames
+    expected = b"".join(frame + crc32c.crc32c(frame).to_bytes(4, "little") for frame in frames)
+    assert written == len(expected) and out[:written].tobytes() == expected
+    assert index.tolist() == [[0, len(frames[0]) + 4], [len(frames[0]) + 4, len(frames[1]) + 4],
+                              [len(frames[0]) + len(frames[1]) + 8, len(frames[2]) + 4]]
+    assert len(frames[0]) < size // 4  # the zeros compressed
+    assert chunk_reads.encode_at_once(chunks, 3, chunks.itemsize, 10, shuffle, cname, blocksize, out, index) is None
 
 
 def _store(tmp_path, rng, compression):

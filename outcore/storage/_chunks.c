@@ -16,10 +16,13 @@
  * each of Python's five system calls (open, fstat, read, the read that finds the end, close); None when it cannot
  * be read so: the caller reads it its own way, which names what is wrong.
  *
+ * encode(chunks, ...): a shard's chunks compressed (Blosc) and checksummed, back to back, in one call outside the GIL
+ * (outcore.storage.shard_writer writes a shard file so).
+ *
  * crc32c(buffer[, value]): the CRC-32C of the buffer's bytes (as the crc32c package gives it), for the tests.
  *
- * Blosc is numcodecs' own (the library it holds, which zarr uses): `bind(path)` finds blosc_decompress_ctx in
- * numcodecs' module at `path`. `read` needs the CRC32 instruction of x86-64 (SSE 4.2) or ARMv8; HARDWARE says
+ * Blosc is numcodecs' own (the library it holds, which zarr uses): `bind(path)` finds blosc_decompress_ctx (and
+ * blosc_compress_ctx) in numcodecs' module at `path`. `read` needs the CRC32 instruction of x86-64 (SSE 4.2) or ARMv8; HARDWARE says
  * whether this machine has it. Where it does not, or where the module is not built, the chunks are read by
  * Python's calls (the same bytes).
  */
@@ -43,6 +46,11 @@
 
 typedef int (*blosc_decompress_ctx_t)(const void *source, void *dest, size_t destsize, int numinternalthreads);
 static blosc_decompress_ctx_t blosc_decompress_ctx;
+typedef int (*blosc_compress_ctx_t)(int clevel, int doshuffle, size_t typesize, size_t nbytes, const void *src,
+                                    void *dest, size_t destsize, const char *compressor, size_t blocksize,
+                                    int numinternalthreads);
+static blosc_compress_ctx_t blosc_compress_ctx;
+#define BLOSC_OVERHEAD 16 /* the most a Blosc frame adds to its bytes (BLOSC_MAX_OVERHEAD) */
 
 /* The CRC-32C with the CPU's instruction: STEP64 and STEP8 move the register (the CRC before its final inversion)
  * over 8 bytes and 1. One chain of them waits for each step's result, which takes the instruction several cycles;
@@ -378,7 +386,60 @@ static PyObject *py_bind(PyObject *self, PyObject *args) {
     if (found == NULL)
         Py_RETURN_FALSE; /* the library stays open if it was found: numcodecs holds it anyway */
     blosc_decompress_ctx = (blosc_decompress_ctx_t)found;
+    blosc_compress_ctx = (blosc_compress_ctx_t)dlsym(library, "blosc_compress_ctx"); /* NULL: `encode` refuses */
     Py_RETURN_TRUE;
+}
+
+/* encode(chunks, count, typesize, clevel, shuffle, cname, blocksize, out, index): the `count` chunks of equal size
+ * back to back in `chunks`, each compressed as a Blosc frame (as numcodecs' blosc.compress makes it with these
+ * settings) and followed by the frame's crc32c (4 bytes, little-endian), back to back in `out` (a writable buffer of
+ * count * (chunk bytes + 20) bytes or more); index[k] ((count, 2) uint64, writable) gets chunk k's offset in `out`
+ * and its bytes with the checksum. The bytes written, in one call outside the GIL; None when Blosc fails. */
+static PyObject *py_encode(PyObject *self, PyObject *args) {
+    Py_buffer chunks, out, index;
+    Py_ssize_t count, typesize, blocksize;
+    int clevel, shuffle;
+    const char *cname;
+    if (!PyArg_ParseTuple(args, "y*nniisnw*w*:encode", &chunks, &count, &typesize, &clevel, &shuffle, &cname,
+                          &blocksize, &out, &index))
+        return NULL;
+    PyObject *result = NULL;
+    size_t size = count > 0 ? (size_t)chunks.len / (size_t)count : 0;
+    if (blosc_compress_ctx == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "Blosc's compressor is not bound: call bind() first");
+    else if (count < 1 || typesize < 1 || blocksize < 0 || size * (size_t)count != (size_t)chunks.len ||
+             (size_t)out.len < (size_t)count * (size + BLOSC_OVERHEAD + CHECKSUM_BYTES) ||
+             (size_t)index.len != (size_t)count * 2 * sizeof(uint64_t) || !PyBuffer_IsContiguous(&chunks, 'C') ||
+             !PyBuffer_IsContiguous(&out, 'C') || !PyBuffer_IsContiguous(&index, 'C'))
+        PyErr_SetString(PyExc_ValueError, "wanted: count chunks of equal size, out of count * (chunk bytes + 20) "
+                                          "bytes or more and index of (count, 2) uint64, all C-contiguous");
+    else {
+        const uint8_t *source = chunks.buf;
+        uint8_t *target = out.buf;
+        uint64_t *entries = index.buf;
+        size_t offset = 0;
+        int fine = 1;
+        FREE_BEGIN;
+        for (Py_ssize_t k = 0; fine && k < count; k++) {
+            int framed = blosc_compress_ctx(clevel, shuffle, (size_t)typesize, size, source + (size_t)k * size,
+                                            target + offset, size + BLOSC_OVERHEAD, cname, (size_t)blocksize, 1);
+            fine = framed > 0;
+            if (fine) {
+                uint32_t crc = crc32c(0, target + offset, (size_t)framed);
+                for (int b = 0; b < CHECKSUM_BYTES; b++)
+                    target[offset + (size_t)framed + (size_t)b] = (uint8_t)(crc >> (8 * b));
+                entries[2 * k] = offset;
+                entries[2 * k + 1] = (uint64_t)framed + CHECKSUM_BYTES;
+                offset += (size_t)framed + CHECKSUM_BYTES;
+            }
+        }
+        FREE_END;
+        result = fine ? PyLong_FromSize_t(offset) : Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&chunks);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&index);
+    return result;
 }
 #endif
 
@@ -415,6 +476,10 @@ static PyMethodDef methods[] = {
      "bind(path)\n--\n\nFind blosc_decompress_ctx in the shared library at path: whether it was found."},
     {"read_file", py_read_file, METH_VARARGS,
      "read_file(path)\n--\n\nThe whole regular file's bytes, or None when they cannot be read so."},
+    {"encode", py_encode, METH_VARARGS,
+     "encode(chunks, count, typesize, clevel, shuffle, cname, blocksize, out, index)\n--\n\n"
+     "The count chunks each compressed by Blosc and followed by its crc32c, back to back into out, their offsets and\n"
+     "bytes into index: the bytes written, in one call outside the GIL; None when Blosc fails."},
     {"read_files", py_read_files, METH_VARARGS,
      "read_files(paths, sizes)\n--\n\nEach regular file's bytes, of sizes[k] (int64), in one call outside the GIL; None\n"
      "for each that cannot be read so, and for a path holding \"::\" or \"://\", which is not opened."},

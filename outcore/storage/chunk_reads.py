@@ -1,6 +1,7 @@
 """One chunk of a local shard file read, checked (crc32c) and decoded (Blosc) by one call of outcore's C
 extension ``_chunks``, which holds the GIL only to start and to return: `read_at_once`; and whole files (picture
-files at ingest) by others: `read_file_at_once`, `read_files_at_once`; files' sizes and times: `stat_files_at_once`.
+files at ingest) by others: `read_file_at_once`, `read_files_at_once`; files' sizes and times: `stat_files_at_once`;
+a shard's chunks compressed and checksummed for writing: `encode_at_once`.
 
 Read by Python's calls, a chunk takes seven system calls (open, advice, two fstat, pread, close) and the
 checksum and codec calls, each releasing the GIL and taking it again, with a dozen Python calls between them:
@@ -77,6 +78,26 @@ stat_files_at_once = getattr(_chunks, "stat_files", None) if read_at_once is not
 """``stat_files_at_once(paths, out)``: each path's size and modification time in ns (``os.stat``'s ``st_size``
 and ``st_mtime_ns``) written into ``out[k]`` ((paths, 2) int64; (0, 0) for one that cannot be stat'ed) by one call
 that releases the GIL once for them all. None where it cannot run here."""
+
+
+def _encoder() -> Callable[..., int | None] | None:
+    """``_chunks.encode`` where chunks are read with the extension and numcodecs' library lends it Blosc's
+    compressor too (a trial call says), else None."""
+    if read_at_once is None or not hasattr(_chunks, "encode"):
+        return None
+    try:
+        _chunks.encode(bytes(8), 1, 1, 5, 1, "lz4", 0, bytearray(28), np.zeros((1, 2), np.uint64))
+    except RuntimeError:  # numcodecs' library does not export blosc_compress_ctx
+        return None
+    return _chunks.encode
+
+
+encode_at_once: Callable[..., int | None] | None = _encoder()
+"""``encode_at_once(chunks, count, typesize, clevel, shuffle, cname, blocksize, out, index)``: the ``count`` chunks
+of equal size back to back in ``chunks``, each compressed as numcodecs' ``blosc.compress`` makes a Blosc frame with
+these settings and followed by the frame's crc32c, written back to back into ``out`` (count x (chunk bytes + 20)
+bytes or more), each one's offset and bytes into ``index`` ((count, 2) uint64), in one call that releases the GIL
+once for them all: the bytes written, None when Blosc fails. None where it cannot run here."""
 
 
 def extension() -> ModuleType | None:

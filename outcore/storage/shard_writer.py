@@ -25,11 +25,13 @@ import zarr
 from numcodecs import blosc
 from zarr.storage import LocalStore
 
+from .chunk_reads import encode_at_once
 from .groups import shard_path, writable
 from .shard_reader import direct_codecs
 from .small_rows import SmallColumn
 
 _EMPTY = 2**64 - 1  # index entry of a chunk that was never written (beyond the array's end)
+_FRAME_GROWTH = 16 + 4  # the most a Blosc frame adds to a chunk's bytes, and its crc32c
 _SHUFFLES = {"noshuffle": blosc.NOSHUFFLE, "shuffle": blosc.SHUFFLE, "bitshuffle": blosc.BITSHUFFLE}
 _KEYS = {"name": "default", "configuration": {"separator": "/"}}  # the chunk keys `shard_path` names
 
@@ -144,21 +146,22 @@ class StoreArrays:
 
 def _write_shard(array: zarr.Array, shard: int, rows: np.ndarray, codecs: list[dict[str, Any]]) -> None:
     """Shard file ``shard`` of ``array``, holding ``rows`` (its first rows on): each chunk encoded (the last one
-    padded with the fill value, as zarr stores an array's last chunk), then the index and its checksum."""
+    padded with the fill value, as zarr stores an array's last chunk), then the index and its checksum. Blosc
+    chunks are compressed and checksummed by one call outside the GIL where the C extension can
+    (`encode_at_once`), else one by one."""
     chunk_rows = array.chunks[0]
     dtype = array.dtype.newbyteorder("<")
     index = np.full((array.shards[0] // chunk_rows, 2), _EMPTY, dtype="<u8")
-    parts: list[Any] = []
-    offset = 0
-    for k, begin in enumerate(range(0, len(rows), chunk_rows)):
-        chunk = np.ascontiguousarray(rows[begin : begin + chunk_rows], dtype=dtype)
-        if len(chunk) < chunk_rows:
-            padding = np.full((chunk_rows - len(chunk), *chunk.shape[1:]), array.fill_value, dtype=dtype)
-            chunk = np.concatenate([chunk, padding])
-        data = _compressed(chunk, codecs)
-        parts += [data, crc32c.crc32c(data).to_bytes(4, "little")]
-        index[k] = offset, len(data) + 4
-        offset += len(data) + 4
+    blosc_codec = next((codec["configuration"] for codec in codecs if codec["name"] == "blosc"), None)
+    parts = None if blosc_codec is None or encode_at_once is None else \
+        _encoded_at_once(rows, chunk_rows, dtype, array.fill_value, blosc_codec, index)
+    if parts is None:
+        parts, offset = [], 0
+        for k, begin in enumerate(range(0, len(rows), chunk_rows)):
+            data = _compressed(_padded(rows[begin : begin + chunk_rows], chunk_rows, dtype, array.fill_value), codecs)
+            parts += [data, crc32c.crc32c(data).to_bytes(4, "little")]
+            index[k] = offset, len(data) + 4
+            offset += len(data) + 4
     raw_index = index.tobytes()
     parts += [raw_index, crc32c.crc32c(raw_index).to_bytes(4, "little")]
     path = Path(array.store.root, shard_path(array, shard))
@@ -171,6 +174,29 @@ def _write_shard(array: zarr.Array, shard: int, rows: np.ndarray, codecs: list[d
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def _padded(rows: np.ndarray, count: int, dtype: np.dtype, fill: Any) -> np.ndarray:
+    """``rows`` as a C-contiguous array of ``dtype`` of ``count`` rows at least: rows of ``fill`` after them (as zarr
+    stores an array's last chunk), or ``rows`` as they are where they need nothing."""
+    rows = np.ascontiguousarray(rows, dtype=dtype)
+    if len(rows) >= count:
+        return rows
+    return np.concatenate([rows, np.full((count - len(rows), *rows.shape[1:]), fill, dtype=dtype)])
+
+
+def _encoded_at_once(rows: np.ndarray, chunk_rows: int, dtype: np.dtype, fill: Any, config: dict[str, Any],
+                     index: np.ndarray) -> list[Any] | None:
+    """The chunks of ``rows`` (the last padded with ``fill``) compressed by the Blosc codec of ``config`` and
+    checksummed, back to back, by one call of the C extension (`encode_at_once`), their entries written into
+    ``index``; None where Blosc failed (the caller encodes them one by one, which raises its error)."""
+    count = -(-len(rows) // chunk_rows)
+    chunks = _padded(rows, count * chunk_rows, dtype, fill)
+    size = chunks[:chunk_rows].nbytes
+    out = np.empty(count * (size + _FRAME_GROWTH), np.uint8)
+    written = encode_at_once(chunks, count, dtype.itemsize, config["clevel"], _SHUFFLES[config["shuffle"]],
+                             config["cname"], config.get("blocksize", 0), out, index[:count])
+    return None if written is None else [memoryview(out)[:written]]
 
 
 def _compressed(chunk: np.ndarray, codecs: list[dict[str, Any]]) -> Any:
