@@ -106,7 +106,9 @@ def extension() -> ModuleType | None:
 
 
 def how() -> str:
-    """How chunks of local shard files are read in this process, in words (``outcore info --system``)."""
+    """How chunks of local shard files are read (and a shard's chunks encoded to write it) in this process, in words
+    (``outcore info --system``)."""
     if read_at_once is not None:
-        return "C extension (a chunk read, checked and decoded in one call outside the GIL)"
+        writes = "; a shard's chunks encoded in one" if encode_at_once is not None else ""
+        return f"C extension (a chunk read, checked and decoded in one call outside the GIL{writes})"
     return f"Python's calls ({_why_not})"

@@ -153,7 +153,7 @@ def _write_shard(array: zarr.Array, shard: int, rows: np.ndarray, codecs: list[d
     dtype = array.dtype.newbyteorder("<")
     index = np.full((array.shards[0] // chunk_rows, 2), _EMPTY, dtype="<u8")
     blosc_codec = next((codec["configuration"] for codec in codecs if codec["name"] == "blosc"), None)
-    parts = None if blosc_codec is None or encode_at_once is None else \
+    parts = None if blosc_codec is None or encode_at_once is None or not len(rows) else \
         _encoded_at_once(rows, chunk_rows, dtype, array.fill_value, blosc_codec, index)
     if parts is None:
         parts, offset = [], 0
