@@ -152,13 +152,13 @@ def _write_shard(array: zarr.Array, shard: int, rows: np.ndarray, codecs: list[d
     chunk_rows = array.chunks[0]
     dtype = array.dtype.newbyteorder("<")
     index = np.full((array.shards[0] // chunk_rows, 2), _EMPTY, dtype="<u8")
-    blosc_codec = next((codec["configuration"] for codec in codecs if codec["name"] == "blosc"), None)
-    parts = None if blosc_codec is None or encode_at_once is None or not len(rows) else \
-        _encoded_at_once(rows, chunk_rows, dtype, array.fill_value, blosc_codec, index)
+    settings = _blosc_settings(codecs)
+    parts = None if settings is None or encode_at_once is None or not len(rows) else \
+        _encoded_at_once(rows, chunk_rows, dtype, array.fill_value, settings, index)
     if parts is None:
         parts, offset = [], 0
         for k, begin in enumerate(range(0, len(rows), chunk_rows)):
-            data = _compressed(_padded(rows[begin : begin + chunk_rows], chunk_rows, dtype, array.fill_value), codecs)
+            data = _compressed(_padded(rows[begin : begin + chunk_rows], chunk_rows, dtype, array.fill_value), settings)
             parts += [data, crc32c.crc32c(data).to_bytes(4, "little")]
             index[k] = offset, len(data) + 4
             offset += len(data) + 4
@@ -185,25 +185,33 @@ def _padded(rows: np.ndarray, count: int, dtype: np.dtype, fill: Any) -> np.ndar
     return np.concatenate([rows, np.full((count - len(rows), *rows.shape[1:]), fill, dtype=dtype)])
 
 
-def _encoded_at_once(rows: np.ndarray, chunk_rows: int, dtype: np.dtype, fill: Any, config: dict[str, Any],
-                     index: np.ndarray) -> list[Any] | None:
-    """The chunks of ``rows`` (the last padded with ``fill``) compressed by the Blosc codec of ``config`` and
-    checksummed, back to back, by one call of the C extension (`encode_at_once`), their entries written into
+def _blosc_settings(codecs: list[dict[str, Any]]) -> tuple[str, int, int, int] | None:
+    """``(cname, clevel, shuffle, blocksize)`` of the Blosc codec of ``codecs`` (its typesize the dtype's), as
+    numcodecs' ``blosc.compress`` takes them; None without one."""
+    for codec in codecs:
+        if codec["name"] == "blosc":
+            config = codec["configuration"]
+            return config["cname"], config["clevel"], _SHUFFLES[config["shuffle"]], config.get("blocksize", 0)
+    return None
+
+
+def _encoded_at_once(rows: np.ndarray, chunk_rows: int, dtype: np.dtype, fill: Any,
+                     settings: tuple[str, int, int, int], index: np.ndarray) -> list[Any] | None:
+    """The chunks of ``rows`` (the last padded with ``fill``) compressed by Blosc with ``settings`` (`_blosc_settings`)
+    and checksummed, back to back, by one call of the C extension (`encode_at_once`), their entries written into
     ``index``; None where Blosc failed (the caller encodes them one by one, which raises its error)."""
     count = -(-len(rows) // chunk_rows)
     chunks = _padded(rows, count * chunk_rows, dtype, fill)
     size = chunks[:chunk_rows].nbytes
     out = np.empty(count * (size + _FRAME_GROWTH), np.uint8)
-    written = encode_at_once(chunks, count, dtype.itemsize, config["clevel"], _SHUFFLES[config["shuffle"]],
-                             config["cname"], config.get("blocksize", 0), out, index[:count])
+    cname, clevel, shuffle, blocksize = settings
+    written = encode_at_once(chunks, count, dtype.itemsize, clevel, shuffle, cname, blocksize, out, index[:count])
     return None if written is None else [memoryview(out)[:written]]
 
 
-def _compressed(chunk: np.ndarray, codecs: list[dict[str, Any]]) -> Any:
-    """``chunk``'s bytes through the Blosc codec of ``codecs`` (its typesize the dtype's), if there is one."""
-    for codec in codecs:
-        if codec["name"] == "blosc":
-            config = codec["configuration"]
-            return blosc.compress(chunk, config["cname"].encode(), config["clevel"], _SHUFFLES[config["shuffle"]],
-                                  config.get("blocksize", 0))
-    return memoryview(chunk).cast("B")
+def _compressed(chunk: np.ndarray, settings: tuple[str, int, int, int] | None) -> Any:
+    """``chunk``'s bytes through Blosc with ``settings`` (`_blosc_settings`), or as they are without."""
+    if settings is None:
+        return memoryview(chunk).cast("B")
+    cname, clevel, shuffle, blocksize = settings
+    return blosc.compress(chunk, cname.encode(), clevel, shuffle, blocksize)
