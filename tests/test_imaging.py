@@ -297,13 +297,31 @@ def test_resize_taps_give_outcore_s_resize_to_the_byte():
             box = [float(max(1, int(edge))) if i >= 2 else float(int(edge)) for i, edge in enumerate(box)]
         size = tuple(int(side) for side in rng.integers(1, 120, size=2))
         expected = resize_edges(pixels, (box[0], box[1], box[0] + box[2], box[1] + box[3]), size)
-        y0, rows, *down = resize_taps(box[0], box[0] + box[2], height, size[0])
-        x0, columns, *across = resize_taps(box[1], box[1] + box[3], width, size[1])
+        y0, rows, *down = (taps[0] for taps in resize_taps([box[0]], [box[0] + box[2]], [height], size[0]))
+        x0, columns, *across = (taps[0] for taps in resize_taps([box[1]], [box[1] + box[3]], [width], size[1]))
         region = pixels[y0 : y0 + rows, x0 : x0 + columns].astype(np.float64)
         resized = _tapped(region.transpose(0, 2, 1), *across).transpose(0, 2, 1)  # columns first
         resized = _tapped(resized.transpose(1, 2, 0), *down).transpose(2, 0, 1)
         np.testing.assert_array_equal(resized.astype(np.uint8), expected, err_msg=f"box {box} to {size}")
         assert rows <= height - y0 and columns <= width - x0
+
+
+def test_resize_taps_of_many_regions_at_once_are_each_region_s():
+    """Regions of many widths resized to one size together: each region's first pixel, span and weighted taps are
+    those it has alone (the others' wider filters only add taps of weight 0)."""
+    rng = np.random.default_rng(1)
+    starts = rng.uniform(0, 100, 60)
+    ends = starts + np.concatenate([rng.uniform(1, 40, 30), rng.uniform(40, 400, 30)])  # enlarged and shrunk
+    limits = np.ceil(ends).astype(np.int64) + rng.integers(0, 4, 60)
+    first, span, columns, weights = resize_taps(starts, ends, limits, 37)
+    for k in range(60):
+        alone = resize_taps(starts[k : k + 1], ends[k : k + 1], limits[k : k + 1], 37)
+        taps = alone[2].shape[2]
+        assert (first[k], span[k]) == (alone[0][0], alone[1][0])
+        np.testing.assert_array_equal(weights[k, :, :taps], alone[3][0])
+        assert not weights[k, :, taps:].any()
+        used = alone[3][0] > 0
+        np.testing.assert_array_equal(columns[k, :, :taps][used], alone[2][0][used])
 
 
 def _tapped(lines: np.ndarray, columns: np.ndarray, weights: np.ndarray) -> np.ndarray:

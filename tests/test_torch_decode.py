@@ -75,6 +75,21 @@ def test_resized_crops_decoded_on_the_device_are_the_cpu_path_s(photos):
         assert torch.equal(there["labels"], here["labels"])
 
 
+def test_a_batch_cut_in_groups_of_a_few_pictures_is_the_batch_cut_at_once(photos, monkeypatch):
+    """A batch's pictures are cut in groups of about `TOGETHER_BYTES` of float64 pixels (one array and two matrix
+    products a group): groups of one to three pictures give the pixels of one group for all, windows past the
+    pictures' edges and mirrored ones alike."""
+    from outcore.adapters import torch_decode
+
+    for transform in (RESIZED, WINDOWS):
+        at_once = [batch["images"] for batch in photos.torch(8, shuffle=True, seed=5, transform=transform, decode="cpu")]
+        monkeypatch.setattr(torch_decode, "TOGETHER_BYTES", 3 * 3 * 64 * 64 * 8)  # three 64x64 pictures at most
+        grouped = [batch["images"] for batch in photos.torch(8, shuffle=True, seed=5, transform=transform, decode="cpu")]
+        monkeypatch.undo()
+        assert len(at_once) == len(grouped) > 1
+        assert all(torch.equal(one, other) for one, other in zip(at_once, grouped, strict=True))
+
+
 @pytest.mark.parametrize("resize", ["crop", "fit", "pad"])
 def test_files_fitted_to_the_field_s_shape_are_cut_as_the_cpu_path_cuts_them(tmp_path, resize):
     """Files of another size than the field's: a plain JPEG's box is cut from the file's own pixels (``crop``,

@@ -8,7 +8,9 @@ no EXIF) are decoded together by torchvision's ``decode_jpeg`` on the device (nv
 (PNG, WebP, a JPEG with EXIF, which may be turned) by outcore's own decoder, upright, as the CPU path decodes it,
 then moved there. Each box is resized to the crop's size by the filter outcore's threads resize with (Pillow's
 antialiased bilinear, sub-pixel edges and all: `outcore.imaging.resize.resize_taps`, weighted sums in float64
-there) and mirrored; a box past the picture's edges (``RandomCrop``'s padding) leaves zeros there.
+there) and mirrored; a box past the picture's edges (``RandomCrop``'s padding) leaves zeros there. A batch's
+boxes are cut together, whatever their pictures' sizes, as two matrix products a group of pictures
+(`cut_together`): a few dozen calls a batch on the device, not a dozen a picture.
 
 Pixels are the CPU path's where the decoders give the same pixels (outcore's own, ``decode="cpu"``, for
 pictures the CPU path decodes whole); they differ where the CPU path decodes a large picture at a reduced DCT
@@ -71,28 +73,22 @@ class DeviceDecoder:
 
     def _decoded(self, name: str, field: Undecoded, files: list[Any], boxes: Any, flips: Any, sizes: Any,
                  samples: Any) -> Any:
-        channels, dtype = field.decode.channels, torch.from_numpy(np.zeros(0, field.decode.dtype)).dtype
-        out = torch.zeros((len(files), *field.size, channels), dtype=dtype, device=self.device)
         sizes = sizes.tolist()
         pictures = self._pictures(name, field, files, sizes, samples)
-        placed = []  # (row of the batch, picture, box in the picture's pixels, resized size, where in the row, flip)
+        cuts: list[Cut | None] = []  # each row's: None for a window wholly past its picture (zeros)
         for k, (picture, box, flip) in enumerate(zip(pictures, boxes.tolist(), flips.tolist(), strict=True)):
             sample = tuple(sizes[k])  # the box's picture: the field's shape, or the picture's own size
             if tuple(picture.shape[1:]) != sample and not cut_from_file(files[k].numpy().tobytes(), field.decode):
-                picture = fitted(picture, sample, field.decode.resize, self._name(name, samples, k))
-            part = box_part(tuple(box), sample, field.size, (bool(flip[0]), bool(flip[1])))
-            if part is not None:  # else a window wholly past the picture: zeros
-                box, size, where = part
-                placed.append((k, picture, in_file(box, tuple(picture.shape[1:]), sample, field.decode.resize), size,
-                               where, flip))
-        resizes = _resizes([(box, tuple(picture.shape[1:]), size) for _, picture, box, size, _, _ in placed], self.device)
-        for (k, picture, box, size, (rows, columns), flip), resize in zip(placed, resizes, strict=True):
-            piece = _resized(picture, box, size, resize)
-            mirrored = [axis for axis, on in ((2, flip[0]), (1, flip[1])) if on]
-            out[k, rows, columns] = (piece.flip(mirrored) if mirrored else piece).permute(1, 2, 0)
+                picture = pictures[k] = fitted(picture, sample, field.decode.resize, self._name(name, samples, k))
+            mirrored = (bool(flip[0]), bool(flip[1]))
+            part = box_part(tuple(box), sample, field.size, mirrored)
+            cuts.append(None if part is None else Cut(
+                in_file(part[0], tuple(picture.shape[1:]), sample, field.decode.resize), part[1], part[2], mirrored))
+        dtype = torch.from_numpy(np.zeros(0, field.decode.dtype)).dtype
+        out = cut_together(pictures, cuts, field.size, dtype, field.decode.channels, self.device)  # (n, C, H, W)
         if len(field.decode.shape) == 2:  # a field of grey pictures without a channel axis, as the CPU path gives it
-            return out[..., 0]
-        return out.permute(0, 3, 1, 2) if self.channels_first else out
+            return out[:, 0]
+        return out if self.channels_first else out.permute(0, 2, 3, 1).contiguous()
 
     def _pictures(self, name: str, field: Undecoded, files: list[Any], sizes: list[list[int]],
                   samples: Any) -> list[Any]:
@@ -148,18 +144,19 @@ def fitted(picture: Any, size: tuple[int, int], resize: str | None, name: str) -
     resized whole (``fit``), its centre covering it (``crop``), or resized within it and padded with zeros
     (``pad``); no policy is an `ImageError` naming the sample."""
     height, width = picture.shape[1:]
+    whole = (slice(0, size[0]), slice(0, size[1]))
     if resize == "fit":
-        return _resized(picture, (0, 0, height, width), size)
-    if resize == "crop":
+        cut = Cut((0, 0, height, width), size, whole)
+    elif resize == "crop":
         top, left, bottom, right = cover_box((height, width), size)
-        return _resized(picture, (top, left, bottom - top, right - left), size)
-    if resize != "pad":
+        cut = Cut((top, left, bottom - top, right - left), size, whole)
+    elif resize == "pad":
+        scaled, (top, left) = pad_placement((height, width), size)
+        cut = Cut((0, 0, height, width), scaled, (slice(top, top + scaled[0]), slice(left, left + scaled[1])))
+    else:
         raise ImageError(name, f"it is {height}x{width}, the field's pictures {size[0]}x{size[1]}, and its resize policy "
                                "is none: decode it here, leaving decode= out")
-    scaled, (top, left) = pad_placement((height, width), size)
-    padded = torch.zeros((picture.shape[0], *size), dtype=picture.dtype, device=picture.device)
-    padded[:, top : top + scaled[0], left : left + scaled[1]] = _resized(picture, (0, 0, height, width), scaled)
-    return padded
+    return cut_together([picture], [cut], size, picture.dtype, picture.shape[0], picture.device)[0]
 
 
 def _files(files: Any, offsets: Any) -> list[Any]:
@@ -174,62 +171,114 @@ def _whole_jpeg(data: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class Resize:
-    """A box's resize on a device (`_resizes`): the rows and columns of the picture its taps read, and the taps of
-    each pass, ``(columns, weights)`` of (size, taps) each (`resize_taps`), on the device."""
+class Cut:
+    """What one picture of a batch is made of (`cut_together`): ``box`` (top, left, height, width) of its decoded
+    picture, in that picture's pixels, resized to ``size`` and put at ``where`` (rows, columns) of the output,
+    mirrored as ``flip`` (left-right, top-bottom) says; zeros elsewhere."""
 
-    rows: slice
-    columns: slice
-    across: tuple[Any, Any]
-    down: tuple[Any, Any]
-
-
-def _resizes(boxes: Sequence[tuple[Box, tuple[int, int], tuple[int, int]]], device: Any) -> list[Resize | None]:
-    """The `Resize` of each ``(box, picture's size, resized size)`` (top, left, height, width; (h, w); (h, w)), their
-    taps sent to ``device`` in two copies for them all (a copy from the host waits for the device: one a box held
-    each batch's work to the pace of its copies); None for a box of whole pixels at the size (a plain cut)."""
-    planned, columns, weights = [], [], []
-    for (top, left, height, width), found, size in boxes:
-        if (height, width) == tuple(size) and float(top).is_integer() and float(left).is_integer():
-            planned.append(None)
-            continue
-        y0, rows, *down = resize_taps(top, top + height, found[0], size[0])
-        x0, span, *across = resize_taps(left, left + width, found[1], size[1])
-        planned.append((slice(y0, y0 + rows), slice(x0, x0 + span), len(columns)))
-        columns += [across[0], down[0]]
-        weights += [across[1], down[1]]
-    if not columns:
-        return planned
-    sent = [torch.from_numpy(np.concatenate([taps.ravel() for taps in parts])).to(device) for parts in (columns, weights)]
-    views, at = [], 0
-    for taps in columns:
-        views.append(tuple(flat[at : at + taps.size].view(taps.shape) for flat in sent))
-        at += taps.size
-    return [plan if plan is None else Resize(plan[0], plan[1], views[plan[2]], views[plan[2] + 1]) for plan in planned]
+    box: Box
+    size: tuple[int, int]
+    where: tuple[slice, slice]
+    flip: tuple[bool, bool] = (False, False)
 
 
-def _resized(picture: Any, box: Box, size: tuple[int, int], resize: Resize | None = None) -> Any:
-    """``box`` (top, left, height, width) of ``picture`` (C, H, W) resized to ``size`` as outcore's threads resize it:
-    Pillow's antialiased bilinear filter, columns first, then rows, rounded between (`resize_taps`), each output
-    pixel its taps' weighted sum in float64 on the picture's device (exact: the C extension's fixed-point sums), by
-    the taps of ``resize`` (`_resizes`; made here without). A box of whole pixels at the size is its pixels."""
-    top, left, height, width = box
-    if (height, width) == tuple(size) and float(top).is_integer() and float(left).is_integer():
-        return picture[:, int(top) : int(top) + size[0], int(left) : int(left) + size[1]]
-    resize = resize or _resizes([(box, tuple(picture.shape[1:]), size)], picture.device)[0]
-    region = picture[:, resize.rows, resize.columns].to(torch.float64)
-    resized = _rounded(_tapped(region, *resize.across), picture.dtype)  # (C, rows, width)
-    return _rounded(_tapped(resized.transpose(1, 2), *resize.down), picture.dtype).transpose(1, 2).to(picture.dtype)
+TOGETHER_BYTES = 256 << 20  # the float64 pixels of the pictures cut at once: a batch's in groups of about this much
 
 
-def _tapped(lines: Any, columns: Any, weights: Any) -> Any:
-    """Each line of ``lines`` (..., span) resized by its taps (``columns`` and ``weights`` (size, taps), on the
-    lines' device): (..., size), the weighted sums of the pixels each output pixel reads."""
-    return (lines[..., columns] * weights).sum(dim=-1)
+def cut_together(pictures: Sequence[Any], cuts: Sequence[Cut | None], size: tuple[int, int], dtype: Any,
+                 channels: int, device: Any) -> Any:
+    """Each picture (C, H, W) cut as its `Cut` says (None: zeros) into an ``(n, C, *size)`` tensor of ``dtype`` on
+    ``device``, as outcore's threads resize (Pillow's antialiased bilinear filter, sub-pixel edges and all,
+    columns first, then rows, rounded between: `resize_taps`), in a few calls for a whole group of pictures
+    whatever their sizes: each box's pixels are copied into a group's array (one copy a picture, padded with
+    zeros to the largest box), then multiplied by two matrices a picture, its taps across and down (placed at
+    the rows and columns the cut fills, mirrored as it is; zero elsewhere). The sums are in float64, and exact:
+    the taps are the C extension's fixed-point weights, so the order a device sums in changes nothing.
+
+    >>> picture = torch.arange(16, dtype=torch.uint8).reshape(1, 4, 4)
+    >>> cut_together([picture], [Cut((1, 1, 2, 2), (2, 2), (slice(0, 2), slice(0, 2)), (True, False))], (2, 3),
+    ...              torch.uint8, 1, "cpu")[0, 0].tolist()  # a plain cut, mirrored, in a wider output
+    [[6, 5, 0], [10, 9, 0]]
+    """
+    out = torch.zeros((len(pictures), channels, *size), dtype=dtype, device=device)
+    filled = [k for k, cut in enumerate(cuts) if cut is not None]  # the rows of the batch a cut fills
+    if not filled:
+        return out
+    made = [cuts[k] for k in filled]
+    heights, widths = zip(*(tuple(pictures[k].shape[1:]) for k in filled), strict=True)
+    down = _axis_taps([(cut.box[0], cut.box[2], cut.size[0], cut.where[0], cut.flip[1]) for cut in made], heights,
+                      size[0])
+    across = _axis_taps([(cut.box[1], cut.box[3], cut.size[1], cut.where[1], cut.flip[0]) for cut in made], widths,
+                        size[1])
+    spans = max(down.span), max(across.span)  # the largest box's: every region padded to it
+    (down_columns, down_weights), (across_columns, across_weights) = _sent((down, across), device)
+    boxes = list(zip(filled, down.first, down.span, across.first, across.span, strict=True))  # the pixels each reads
+    group = max(1, TOGETHER_BYTES // (channels * spans[0] * spans[1] * 8))
+    for start in range(0, len(filled), group):
+        part = slice(start, start + group)
+        region = torch.zeros((len(filled[part]), channels, *spans), dtype=torch.float64, device=device)
+        for j, (k, top, height, left, width) in enumerate(boxes[part]):
+            region[j, :, :height, :width] = pictures[k][:, top : top + height, left : left + width]
+        downs = torch.zeros((*down_columns[part].shape[:2], spans[0]), dtype=torch.float64, device=device)
+        acrosses = torch.zeros((*across_columns[part].shape[:2], spans[1]), dtype=torch.float64, device=device)
+        downs.scatter_add_(2, down_columns[part], down_weights[part])  # a padded tap adds 0 to column 0
+        acrosses.scatter_add_(2, across_columns[part], across_weights[part])
+        resized = _rounded(torch.matmul(region, acrosses.transpose(1, 2).unsqueeze(1)), dtype)  # (n, C, rows, width)
+        out[filled[part]] = _rounded(torch.matmul(downs.unsqueeze(1), resized), dtype).to(dtype)  # (n, C, height, width)
+    return out
+
+
+@dataclass(frozen=True)
+class AxisTaps:
+    """Cuts' resizes along one axis: the lines of its picture each reads (``first`` on, ``span`` of them: (n,)), and
+    for each line of the output, ``columns`` (counted from ``first``) and ``weights`` (n, lines, taps): zero
+    weights for the output's lines a cut leaves empty."""
+
+    first: list[int]
+    span: list[int]
+    columns: np.ndarray
+    weights: np.ndarray
+
+
+def _axis_taps(cuts: Sequence[tuple[float, float, int, slice, bool]], limits: Sequence[int], lines: int) -> AxisTaps:
+    """The taps of ``cuts`` along an axis, each ``(start, length, size, where, mirrored)``: ``[start, start +
+    length)`` of its picture's axis of ``limits`` pixels resized to ``size`` and put at ``where`` of an output of
+    ``lines`` (``mirrored``: in reverse order); found together for the cuts of one size (a batch's, mostly)."""
+    first, span = np.zeros(len(cuts), np.int64), np.zeros(len(cuts), np.int64)
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (cuts, columns, weights) of each size
+    for size in sorted({cut[2] for cut in cuts}):
+        chosen = np.array([k for k, cut in enumerate(cuts) if cut[2] == size])
+        starts = np.array([cuts[k][0] for k in chosen], np.float64)
+        ends = starts + np.array([cuts[k][1] for k in chosen], np.float64)
+        first[chosen], span[chosen], columns, weights = resize_taps(starts, ends, np.asarray(limits)[chosen], size)
+        found.append((chosen, columns, weights))
+    taps = max(columns.shape[2] for _, columns, _ in found)
+    columns, weights = np.zeros((len(cuts), lines, taps), np.int64), np.zeros((len(cuts), lines, taps))
+    for chosen, some_columns, some_weights in found:
+        size, count = some_columns.shape[1:]
+        at = np.array([_placed_lines(cuts[k][3], size, cuts[k][4]) for k in chosen])  # (cuts, size): output lines
+        columns[chosen[:, None], at, :count], weights[chosen[:, None], at, :count] = some_columns, some_weights
+    return AxisTaps(first.tolist(), span.tolist(), columns, weights)
+
+
+def _placed_lines(where: slice, size: int, mirrored: bool) -> np.ndarray:
+    """The output lines of a cut's ``size`` lines put at ``where``, in its order (``mirrored``: reversed)."""
+    lines = np.arange(where.start, where.start + size)
+    return lines[::-1] if mirrored else lines
+
+
+def _sent(axes: Sequence[AxisTaps], device: Any) -> list[tuple[Any, Any]]:
+    """Each axis' taps, ``(columns, weights)``, on ``device``, in two copies for them all (a copy from the host waits
+    for the device: two a picture would hold the batch's work to the pace of its copies)."""
+    columns, weights = (torch.from_numpy(np.concatenate([getattr(axis, name).ravel() for axis in axes])).to(device)
+                        for name in ("columns", "weights"))
+    bounds = itertools.pairwise(np.cumsum([0, *(axis.columns.size for axis in axes)]).tolist())
+    return [(columns[low:high].view(axis.columns.shape), weights[low:high].view(axis.columns.shape))
+            for axis, (low, high) in zip(axes, bounds, strict=True)]
 
 
 def _rounded(values: Any, dtype: Any) -> Any:
-    """Sums of an integer picture's pixels rounded half up and held to its dtype's range (a float one's as they are)."""
+    """Sums of pixels of an integer ``dtype`` rounded half up and held to its range (of a float one, as they are)."""
     if dtype.is_floating_point:
         return values
     return values.add_(0.5).floor_().clamp_(0, torch.iinfo(dtype).max)

@@ -3,7 +3,6 @@ boxes of a batch (RandomResizedCrop)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
@@ -139,37 +138,42 @@ def _resize_uint8(pixels: np.ndarray, size: tuple[int, int], edges: tuple[float,
 PRECISION_BITS = 22  # the C extension's fixed-point weights (as Pillow's): 8-bit samples times weights fit 32 bits
 
 
-def resize_taps(start: float, end: float, limit: int, size: int) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """Pillow's antialiased bilinear filter (outcore's resize, `resize_edges`) along one axis, as taps:
-    ``(first, span, columns, weights)``: output pixel ``i`` of the region ``[start, end)`` of an axis of ``limit``
-    pixels resized to ``size`` is ``sum_j weights[i, j] * pixels[first + columns[i, j]]``, rounded half up, the
-    pixels read lying in ``[first, first + span)`` (``columns`` (size, taps) int64, ``weights`` float64: the C
-    extension's fixed-point weights over ``2 ** PRECISION_BITS``; unused taps weigh 0): for a device that
-    resizes by such sums (`outcore.adapters.torch_decode`), the pixels outcore's threads give.
+def resize_taps(starts: Sequence[float], ends: Sequence[float], limits: Sequence[int], size: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Pillow's antialiased bilinear filter (outcore's resize, `resize_edges`) along one axis, as taps, for ``n``
+    regions at once: ``(first, span, columns, weights)``: output pixel ``i`` of region ``k`` (``[starts[k],
+    ends[k])`` of an axis of ``limits[k]`` pixels) resized to ``size`` is ``sum_j weights[k, i, j] * pixels[first[k]
+    + columns[k, i, j]]``, rounded half up, the pixels read lying in ``[first[k], first[k] + span[k])`` (``first``
+    and ``span`` (n,) int64; ``columns`` (n, size, taps) int64, ``weights`` float64: the C extension's fixed-point
+    weights over ``2 ** PRECISION_BITS``, found as it finds them; unused taps weigh 0): for a device that resizes
+    by such sums (`outcore.adapters.torch_decode`), the pixels outcore's threads give.
 
-    >>> first, span, columns, weights = resize_taps(1.0, 3.0, 4, 1)  # a triangle twice as wide: pixels 1, 2 halved
-    >>> first, span, columns.tolist(), (weights * 8).tolist()
-    (0, 4, [[0, 1, 2, 3, 3]], [[1.0, 3.0, 3.0, 1.0, 0.0]])
-    >>> first, span, columns, weights = resize_taps(1.0, 3.0, 4, 2)  # a plain crop: its pixels
-    >>> first, columns[:, 0].tolist(), weights[:, 0].tolist()
-    (1, [0, 1], [1.0, 1.0])
+    >>> first, span, columns, weights = resize_taps([1.0], [3.0], [4], 1)  # a triangle twice as wide: pixels 1, 2 halved
+    >>> first.tolist(), span.tolist(), columns[0].tolist(), (weights[0] * 8).tolist()
+    ([0], [4], [[0, 1, 2, 3, 3]], [[1.0, 3.0, 3.0, 1.0, 0.0]])
+    >>> first, span, columns, weights = resize_taps([1.0], [3.0], [4], 2)  # a plain crop: its pixels
+    >>> first.tolist(), columns[0, :, 0].tolist(), weights[0, :, 0].tolist()
+    ([1], [0, 1], [1.0, 1.0])
     """
-    first_edge, last_edge = np.float32(start), np.float32(end)  # single precision, as in Pillow and the C extension
-    scale = float(last_edge - first_edge) / size
-    support = max(scale, 1.0)  # the filter widens when shrinking: antialiasing
-    width = math.ceil(support) * 2 + 1
-    centers = float(first_edge) + (np.arange(size) + 0.5) * scale
+    first_edge, last_edge = np.asarray(starts, np.float32), np.asarray(ends, np.float32)  # single, as in Pillow
+    scale = (last_edge - first_edge).astype(np.float64)[:, None] / size
+    support = np.maximum(scale, 1.0)  # the filter widens when shrinking: antialiasing
+    widths = np.ceil(support).astype(np.int64) * 2 + 1
+    centers = first_edge.astype(np.float64)[:, None] + (np.arange(size) + 0.5) * scale  # (n, size)
     low = np.maximum(np.trunc(centers - support + 0.5), 0).astype(np.int64)
-    count = np.clip(np.minimum(np.trunc(centers + support + 0.5), limit).astype(np.int64) - low, 0, width)
-    taps = np.arange(width)
-    used = taps < count[:, None]
-    raw = np.where(used, np.clip(1.0 - np.abs((taps + low[:, None] - centers[:, None] + 0.5) / support), 0, None), 0)
-    total = raw.sum(axis=1, keepdims=True)
-    normal = np.divide(raw, total, out=raw.copy(), where=total != 0)
+    high = np.minimum(np.trunc(centers + support + 0.5), np.asarray(limits)[:, None]).astype(np.int64)
+    count = np.clip(high - low, 0, widths)
+    taps = np.arange(int(widths.max(initial=1)))
+    distance = (taps + low[..., None] - centers[..., None] + 0.5) * (1.0 / support)[..., None]
+    raw = np.where(taps < count[..., None], np.clip(1.0 - np.abs(distance), 0, None), 0.0)
+    total = np.zeros(raw.shape[:2])
+    for tap in range(raw.shape[2]):  # summed in order, as the C extension sums them
+        total += raw[..., tap]
+    normal = np.divide(raw, total[..., None], out=raw.copy(), where=total[..., None] != 0)
     weights = np.trunc(normal * (1 << PRECISION_BITS) + 0.5) / (1 << PRECISION_BITS)
-    first = int(low.min())
-    span = max(1, int((low + count).max()) - first)
-    columns = np.minimum(low[:, None] - first + taps, span - 1)  # an unused tap points inside, weighing 0
+    first = low.min(axis=1)
+    span = np.maximum(1, (low + count).max(axis=1) - first)
+    columns = np.minimum(low[..., None] - first[:, None, None] + taps, span[:, None, None] - 1)  # unused: inside, 0
     return first, span, columns, weights
 
 
