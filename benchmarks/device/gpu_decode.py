@@ -8,7 +8,9 @@ Rows: decode only (the nvJPEG ceiling), decode + RRC + flip (the GPU pipeline), 
 cache by a thread pool (as a DataLoader would feed them); with ``--store`` (an encoded store of pictures at their
 own sizes, e.g. imagenet.py's ``own.zarr``): ``ds.torch(256, shuffle=True, transform=RRC(224) + flip)`` decoded
 on the device and on the CPU (the batches then copied to the device), and how far their pixels differ (the same
-boxes: mean and largest absolute difference of the first batches). Prints one JSON line per row. The nvJPEG rows
+boxes: mean and largest absolute difference of the first batches), and the calls a batch decoded on the device
+makes to torch's operators, views left out (on a GPU, each launches work: what the training process's thread
+pays, a batch). Prints one JSON line per row. The nvJPEG rows
 need CUDA and torchvision; ``--device cpu`` runs outcore's rows anywhere (outcore's decoder on the CPU in the
 loader's process: the pipeline checked, not a GPU's speed).
 """
@@ -20,6 +22,8 @@ import json
 import random
 import time
 import traceback
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -79,10 +83,29 @@ def outcore_epochs(store: Path, device: str, epochs: int) -> dict[str, object]:
             rates[name].append(count / (time.perf_counter() - began))
     first = {name: next(iter(loader))["images"] for name, loader in loaders.items()}  # one epoch's: the same boxes
     difference = (first["there"].cpu().int() - first["here"].cpu().int()).abs().float()
+    calls = operator_calls(lambda: next(iter(loaders["there"])))
     return {"store": str(store), "samples": len(ds), "img_s_cpu_path_each_epoch": [round(r) for r in rates["here"]],
             f"img_s_decode_{device}_each_epoch": [round(r) for r in rates["there"]],
             "pixels_mean_abs_difference": round(float(difference.mean()), 3),
-            "pixels_largest_difference": int(difference.max())}
+            "pixels_largest_difference": int(difference.max()), "operator_calls_a_batch": sum(calls.values()),
+            "operators_called_most": dict(calls.most_common(4))}
+
+
+def operator_calls(action: Callable[[], object]) -> Counter[str]:
+    """The torch operators ``action()`` calls, views left out (they launch no work): how many times each."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counted: Counter[str] = Counter()
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                counted[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        action()
+    return counted
 
 
 def main() -> None:

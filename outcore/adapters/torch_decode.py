@@ -210,15 +210,15 @@ def cut_together(pictures: Sequence[Any], cuts: Sequence[Cut | None], size: tupl
                       size[0])
     across = _axis_taps([(cut.box[1], cut.box[3], cut.size[1], cut.where[1], cut.flip[0]) for cut in made], widths,
                         size[1])
-    spans = max(down.span), max(across.span)  # the largest box's: every region padded to it
+    order = sorted(range(len(filled)), key=lambda j: down.span[j] * across.span[j])  # alike boxes padded alike
+    filled, down, across = [filled[j] for j in order], down.taken(order), across.taken(order)
     (down_columns, down_weights), (across_columns, across_weights) = _sent((down, across), device)
-    boxes = list(zip(filled, down.first, down.span, across.first, across.span, strict=True))  # the pixels each reads
-    group = max(1, TOGETHER_BYTES // (channels * spans[0] * spans[1] * 8))
-    for start in range(0, len(filled), group):
-        part = slice(start, start + group)
+    for part in _groups(list(zip(down.span, across.span, strict=True)), channels):
+        spans = max(down.span[part]), max(across.span[part])  # the group's largest box: its regions padded to it
         region = torch.zeros((len(filled[part]), channels, *spans), dtype=torch.float64, device=device)
-        for j, (k, top, height, left, width) in enumerate(boxes[part]):
-            region[j, :, :height, :width] = pictures[k][:, top : top + height, left : left + width]
+        for j, k in enumerate(filled[part], start=part.start):
+            top, height, left, width = down.first[j], down.span[j], across.first[j], across.span[j]
+            region[j - part.start, :, :height, :width] = pictures[k][:, top : top + height, left : left + width]
         downs = torch.zeros((*down_columns[part].shape[:2], spans[0]), dtype=torch.float64, device=device)
         acrosses = torch.zeros((*across_columns[part].shape[:2], spans[1]), dtype=torch.float64, device=device)
         downs.scatter_add_(2, down_columns[part], down_weights[part])  # a padded tap adds 0 to column 0
@@ -226,6 +226,22 @@ def cut_together(pictures: Sequence[Any], cuts: Sequence[Cut | None], size: tupl
         resized = _rounded(torch.matmul(region, acrosses.transpose(1, 2).unsqueeze(1)), dtype)  # (n, C, rows, width)
         out[filled[part]] = _rounded(torch.matmul(downs.unsqueeze(1), resized), dtype).to(dtype)  # (n, C, height, width)
     return out
+
+
+def _groups(spans: Sequence[tuple[int, int]], channels: int) -> list[slice]:
+    """Consecutive cuts, each reading ``spans`` (rows, columns) of its picture (smallest first), in groups cut at once:
+    as many as hold about `TOGETHER_BYTES` of float64 pixels padded to the group's largest (one at least).
+
+    >>> _groups([(10, 10), (20, 10), (2_000, 4_000)], 3)
+    [slice(0, 2, None), slice(2, 3, None)]
+    """
+    groups, start, rows, columns = [], 0, 0, 0
+    for j, (height, width) in enumerate(spans):
+        rows, columns = max(rows, height), max(columns, width)
+        if j > start and (j + 1 - start) * channels * rows * columns * 8 > TOGETHER_BYTES:
+            groups.append(slice(start, j))
+            start, rows, columns = j, height, width
+    return [*groups, slice(start, len(spans))]
 
 
 @dataclass(frozen=True)
@@ -238,6 +254,11 @@ class AxisTaps:
     span: list[int]
     columns: np.ndarray
     weights: np.ndarray
+
+    def taken(self, order: Sequence[int]) -> AxisTaps:
+        """The taps of the cuts in ``order``."""
+        return AxisTaps([self.first[j] for j in order], [self.span[j] for j in order], self.columns[order],
+                        self.weights[order])
 
 
 def _axis_taps(cuts: Sequence[tuple[float, float, int, slice, bool]], limits: Sequence[int], lines: int) -> AxisTaps:
