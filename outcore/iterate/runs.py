@@ -382,11 +382,9 @@ class LocalRun(Run):
         try:
             if len(steps) == 1:
                 return [self._made(steps[0], data)]
-            work = self.work
-            draws = tuple(draw for step in steps for draw in work.draws(step))  # each batch's pieces, in order
-            batch = make_batch(work.recipe, np.concatenate([step.samples for step in steps]), work.store.chunk_size,
-                               np.concatenate([step.slots for step in steps]), data, draws, work.empty,
-                               self.stats.transformed)
+            draws = tuple(draw for step in steps for draw in self.work.draws(step))  # each batch's pieces, in order
+            batch = self._batch(np.concatenate([step.samples for step in steps]),
+                                np.concatenate([step.slots for step in steps]), draws, self.work.empty, data)
             bounds = itertools.pairwise(np.cumsum([0, *(len(step.samples) for step in steps)]).tolist())
             return [{name: values[low:high] for name, values in batch.items()} for low, high in bounds]
         finally:
@@ -407,7 +405,13 @@ class LocalRun(Run):
             if not data:  # every sample of the batch was in damaged chunks: an empty batch, as it is
                 return {name: np.empty((0, *shape), dtype) for name, (shape, dtype) in
                         ((name, sample_spec(work.store, name)) for name in work.recipe.fields)}
-        return make_batch(work.recipe, samples, work.store.chunk_size, slots, data, draws, empty,
+        return self._batch(samples, slots, draws, empty, data)
+
+    def _batch(self, samples: np.ndarray, slots: np.ndarray, draws: Draws, empty: Empty,
+               data: dict[int, dict[str, Any]]) -> Batch:
+        """The batch of ``samples`` read from ``slots`` (their chunks' values in ``data``), augmented by ``draws``, its
+        arrays made by ``empty``."""
+        return make_batch(self.work.recipe, samples, self.work.store.chunk_size, slots, data, draws, empty,
                           self.stats.transformed)
 
     def _prefetch(self, chunks: list[int]) -> None:
