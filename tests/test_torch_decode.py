@@ -220,6 +220,30 @@ def test_nvjpeg_decodes_the_batches_of_the_cpu_path(photos):
             assert (got["images"].cpu().int() - expected["images"].int()).abs().float().mean() < bound
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_boxes_cut_on_a_gpu_are_those_cut_on_the_cpu_to_the_byte():
+    """`cut_together`'s float64 sums are exact: summed by a GPU's BLAS in its own order, in groups of any size, they
+    give the CPU's pixels to the byte (pictures of many sizes, sub-pixel boxes shrunk and enlarged, windows past
+    the pictures' edges, mirrors both ways)."""
+    from outcore.adapters.torch_decode import Cut, cut_together
+    from outcore.imaging import box_part
+
+    rng = np.random.default_rng(3)
+    pictures, cuts = [], []
+    for k in range(40):
+        height, width = (int(side) for side in rng.integers(24, 300, size=2))
+        pictures.append(torch.from_numpy(rng.integers(0, 256, (3, height, width), dtype=np.uint8)))
+        top, left = rng.uniform(-8, height / 2), rng.uniform(-8, width / 2)
+        box = (top, left, rng.uniform(8, height - max(top, 0)), rng.uniform(8, width - max(left, 0)))
+        if k % 4 == 0:  # a window of whole pixels at the output's size, past the edges
+            box = (float(int(top)), float(int(left)), 48.0, 48.0)
+        flip = (bool(k % 2), bool(k % 3 == 0))
+        part = box_part(box, (height, width), (48, 48), flip)
+        cuts.append(None if part is None else Cut(part[0], part[1], part[2], flip))
+    on_cpu = cut_together(pictures, cuts, (48, 48), torch.uint8, 3, "cpu")
+    on_gpu = cut_together([picture.cuda() for picture in pictures], cuts, (48, 48), torch.uint8, 3, "cuda")
+    assert on_gpu.device.type == "cuda" and torch.equal(on_gpu.cpu(), on_cpu)
+
 
 def test_a_damaged_file_is_named_whichever_decoder_refuses_it(photos):
     """The device's decoder refuses the batch (nvJPEG raises for the whole list): each file is then decoded by
