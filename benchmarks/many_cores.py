@@ -1,7 +1,7 @@
 """How many threads' worth of decoding does one outcore process keep busy? Measured on any machine, for many cores.
 
     python benchmarks/many_cores.py [--threads 1,4,8,16] [--seconds 6] [--cases encoded,encoded+crop,rrc]
-                                    [--images 6000] [--workdir bench-data/cores]
+                                    [--images 6000] [--workdir bench-data/cores] [--feed 5 --held 0.8]
 
 A process's threads decode in parallel only as far as its scheduling gives each of them a run of decodes to do:
 batches made at once, the runs of each, chunk reads ahead. That can be measured without the cores. For each
@@ -19,6 +19,12 @@ are kept decoding all the time. On 16 real cores the rest runs in parallel too, 
 `cores.py`'s), so this is what the scheduling allows, not a prediction of the rate. The stores are `cores.py`'s:
 its JPEGs at their own sizes are a sixth of ``--images`` (1,024: 4 batches an epoch, whose starts and ends weigh
 on many threads; ``--images 24576`` in another ``--workdir``: 16).
+
+With ``--feed STEP_MS``, each thread count also feeds `cores.py`'s stand-in for a training step in the loader's
+process (``STEP_MS`` of CPU a step, ``--held`` of it holding the GIL, as the Python between a small network's
+kernel launches does), the decodes sleeps as above: the stand-in's steps/s taking a batch before each, as a ratio
+to its own rate, and the share of the time it waited for one. On 2 cores that shows what the loader's GIL costs a
+training loop when the loader decodes at 16 cores' rate: the other cores' part of the GPU machine's question.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cores import CASES, child, epochs, stores
+from cores import CASES, child, epochs, fed, stores
 
 import outcore
 import outcore.threads
@@ -63,12 +69,17 @@ def measured(location: Path, case: str, seconds: float) -> dict[str, float]:
     return {"samples_s": rate, "decode_s": spent["seconds"] / spent["samples"]}
 
 
-def offered(location: Path, case: str, threads: int, decode_s: float, seconds: float) -> dict[str, float]:
-    """``threads`` threads, each sample's decode a sleep of ``decode_s`` outside the GIL: samples/s."""
+def offered(location: Path, case: str, threads: int, decode_s: float, seconds: float,
+            feed: tuple[float, float] | None = None) -> dict[str, float]:
+    """``threads`` threads, each sample's decode a sleep of ``decode_s`` outside the GIL: samples/s; with ``feed``
+    (a step's milliseconds and the share of it holding the GIL), `cores.fed`'s figures instead."""
     outcore.threads.available_cpus = lambda: threads  # the pool's limit: n busy at once
     Gauge.LOW = 0.0  # a sleeping thread is no thread waiting for a core
     for kind in RUNS:
         kind.run = lambda self, start, stop: time.sleep((stop - start) * decode_s)
+    if feed is not None:
+        outcore.set_threads(threads)
+        return fed(location, case, seconds, *feed, workers=0)
     return {"samples_s": epochs(location, case, threads, seconds)[0]}
 
 
@@ -79,9 +90,13 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(DECODING))
     parser.add_argument("--images", type=int, default=6000)
     parser.add_argument("--workdir", type=Path, default=Path("bench-data/cores"))
+    parser.add_argument("--feed", type=float, metavar="STEP_MS", help="also feed a training step's stand-in of this "
+                        "many milliseconds at each thread count")
+    parser.add_argument("--held", type=float, default=0.8, help="the share of the stand-in's step holding the GIL")
     parser.add_argument("--measure", nargs=3, metavar=("CASE", "STORE", "SECONDS"), help=argparse.SUPPRESS)
     parser.add_argument("--offer", nargs=5, metavar=("CASE", "STORE", "THREADS", "DECODE_S", "SECONDS"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--offer-feed", nargs=2, type=float, metavar=("STEP_MS", "HELD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         case, location, seconds = args.measure
@@ -89,7 +104,8 @@ def main() -> None:
         return
     if args.offer:
         case, location, threads, decode_s, seconds = args.offer
-        print(json.dumps(offered(Path(location), case, int(threads), float(decode_s), float(seconds))))
+        print(json.dumps(offered(Path(location), case, int(threads), float(decode_s), float(seconds),
+                                 tuple(args.offer_feed) if args.offer_feed else None)))
         return
     cases, threads = args.cases.split(","), [int(n) for n in args.threads.split(",")]
     unknown = sorted(set(cases) - set(DECODING))
@@ -101,13 +117,28 @@ def main() -> None:
           "(one thread, for real: its rate and decode time a sample); the ratio: to n / that time")
     print(f"{'case':14s} {'1 thread, real':>15s} {'decode':>9s}"
           + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s}" for n in threads), flush=True)
+    decode_times = {}
     for case in cases:
         location = made[CASES[case][0]]
         real = child("--measure", case, location, args.seconds, script=__file__)
+        decode_times[case] = real["decode_s"]
         row = f"{case:14s} {real['samples_s']:15.0f} {real['decode_s'] * 1e3:7.3f}ms"
         for n in threads:
             rate = child("--offer", case, location, n, real["decode_s"], args.seconds, script=__file__)["samples_s"]
             row += f" {rate:11.0f} {rate * real['decode_s'] / n:6.2f}"
+        print(row, flush=True)
+    if args.feed is None:
+        return
+    print(f"\na training step's stand-in ({args.feed:g} ms, {args.held:.0%} of it holding the GIL) taking a batch of "
+          "ds.batches(256, shuffle=True) before each, the decodes sleeps as above: its steps/s as a ratio to its own "
+          "rate, and the share of the time it waited for a batch")
+    print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'waiting':>8s}" for n in threads))
+    for case in cases:
+        row = f"{case:14s}"
+        for n in threads:
+            got = child("--offer", case, made[CASES[case][0]], n, decode_times[case], args.seconds, "--offer-feed",
+                        args.feed, args.held, script=__file__)
+            row += f" {got['fed'] / got['alone']:11.2f} {got['waiting']:8.1%}"
         print(row, flush=True)
 
 
