@@ -1,7 +1,7 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil,torch,feed] [--step-ms 5] [--held 0.5] [--feed-workers 0,2]
+                               [--only scaling,gil,torch,feed] [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,2]
                                [--cases pixels,pixels-each,pixels+crop,encoded,encoded+crop,rrc,dense,dense-own,ingest]
                                [--torch-workers 0,2]
 
@@ -34,7 +34,7 @@ each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop do
   ``--held`` of each round a Python loop (holding the GIL) and the rest a hash (a C call that releases it, as
   a kernel launch does), alone (its ceiling) and taking a batch of the case before each step (one iterator,
   epoch after epoch: ``ds.batches`` on outcore's default threads, or, for each ``--feed-workers`` count above 0,
-  ``ds.torch`` with that many DataLoader workers): steps/s, the ratio to the ceiling, the share of the time
+  ``ds.torch`` with that many DataLoader workers, and for ``torch``, ``ds.torch`` without workers): steps/s, the ratio to the ceiling, the share of the time
   waiting for a batch, and the CPU time of the loop's own thread taking each batch (the hand-off: a
   DataLoader's items received, a batch's parts joined). Each time the step takes the GIL back it may wait for a
   loader thread's Python, and each time a loader thread wants it back it may wait for the step's: what this
@@ -336,19 +336,19 @@ def torch_epochs(location: Path, workers: int, seconds: float) -> float:
 
 
 def feed(made: dict[str, Path], cases: list[str], seconds: float, step_ms: float, held: float,
-         workers: list[int]) -> None:
+         workers: list[str]) -> None:
     """Does a training loop in the loader's process wait? Each case and number of DataLoader workers in a fresh
     process (`fed`)."""
     print(f"\na training loop's stand-in, {step_ms:g} ms of CPU a step in rounds of {ROUND_US} us, {held:.0%} of each "
           "holding the GIL (Python between kernel launches) and the rest in a C call that releases it (a launch), "
           f"fed by ds.batches({BATCH}, shuffle=True) on outcore's default threads (0 workers) or by ds.torch with "
-          f"DataLoader workers, {os.cpu_count()} cores here: its steps/s alone (the ceiling) and fed, the ratio, the "
+          f"DataLoader workers (torch: without), {os.cpu_count()} cores here: its steps/s alone (the ceiling) and fed, the ratio, the "
           "share of the time it waits for a batch, and its own thread's CPU time taking one (the hand-off)")
     print(f"{'case':14s} {'workers':>7s} {'alone':>8s} {'fed':>8s} {'ratio':>6s} {'waiting':>8s} {'hand-off':>9s}")
     for case in cases:
         for count in workers:
             result = child("--feed-run", case, made[CASES[case][0]], seconds, step_ms, held, count)
-            print(f"{case:14s} {count:7d} {result['alone']:8.1f} {result['fed']:8.1f} "
+            print(f"{case:14s} {count:>7s} {result['alone']:8.1f} {result['fed']:8.1f} "
                   f"{result['fed'] / result['alone']:6.2f} {result['waiting']:8.1%} {result['handoff_ms']:6.2f} ms",
                   flush=True)
 
@@ -356,10 +356,11 @@ def feed(made: dict[str, Path], cases: list[str], seconds: float, step_ms: float
 ROUND_US = 50  # feed: a round of the stand-in step, about a kernel launch and the Python before it
 
 
-def fed(location: Path, case: str, seconds: float, step_ms: float, held: float, workers: int) -> dict[str, float]:
+def fed(location: Path, case: str, seconds: float, step_ms: float, held: float,
+        workers: int | str) -> dict[str, float]:
     """Steps/s of the stand-in training step (`stand_in`) alone and taking a batch of ``case`` before each step (one
     iterator, epoch after epoch, as training does: ``ds.batches``, or ``ds.torch`` with ``workers`` DataLoader
-    workers), the share of the time it waited for one, and its thread's CPU time a batch taking them."""
+    workers, ``"torch"``: without), the share of the time it waited for one, and its thread's CPU time a batch taking them."""
     step = stand_in(step_ms, held)
 
     def steps_per_second(before_each: Callable[[], object]) -> tuple[float, float, float]:
@@ -377,8 +378,12 @@ def fed(location: Path, case: str, seconds: float, step_ms: float, held: float, 
     alone, _, _ = steps_per_second(lambda: None)
     ds = outcore.open_dataset(location)
     options = {"shuffle": True, "fields": FIELDS.get(case, ["images", "labels"]), "transform": CASES[case][1]}
-    batches = ds.batches(BATCH, **options) if not workers else \
-        ds.torch(BATCH, num_workers=workers, persistent_workers=True, **options)
+    if workers == "torch":
+        batches = ds.torch(BATCH, **options)
+    elif workers:
+        batches = ds.torch(BATCH, num_workers=workers, persistent_workers=True, **options)
+    else:
+        batches = ds.batches(BATCH, **options)
 
     def forever() -> Iterator[dict[str, np.ndarray]]:
         while True:
@@ -446,7 +451,8 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=5.0,
                         help="feed: the CPU time of a training step (a small ResNet's on an H200: 5 ms)")
     parser.add_argument("--held", type=float, default=0.5, help="feed: the share of it holding the GIL")
-    parser.add_argument("--feed-workers", default="0", help="feed: DataLoader workers of its rows (0: ds.batches)")
+    parser.add_argument("--feed-workers", default="0",
+                        help="feed: DataLoader workers of its rows (0: ds.batches; torch: ds.torch without workers)")
     parser.add_argument("--feed-run", nargs=6, metavar=("CASE", "STORE", "SECONDS", "STEP_MS", "HELD", "WORKERS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -456,7 +462,8 @@ def main() -> None:
         return
     if args.feed_run:
         case, location, seconds, step_ms, held, workers = args.feed_run
-        print(json.dumps(fed(Path(location), case, float(seconds), float(step_ms), float(held), int(workers))))
+        feeder = workers if workers == "torch" else int(workers)
+        print(json.dumps(fed(Path(location), case, float(seconds), float(step_ms), float(held), feeder)))
         return
     if args.run:
         case, location, threads, seconds = args.run
@@ -472,7 +479,7 @@ def main() -> None:
     if "gil" in only:
         gil(made, cases, args.gil_threads, args.seconds, rates)
     if "feed" in only:
-        feed(made, cases, args.seconds, args.step_ms, args.held, [int(n) for n in args.feed_workers.split(",")])
+        feed(made, cases, args.seconds, args.step_ms, args.held, args.feed_workers.split(","))
     if "torch" in only:
         torch_workers(made["pixels"], [int(n) for n in args.torch_workers.split(",")], args.seconds)
 

@@ -160,21 +160,16 @@ class OutcoreLoader(DataLoader):
         return decoded if self._then is None else self._then(decoded)
 
     def _delivered(self) -> Iterator[Delivered]:
-        """The pass's batches: while the forkserver its workers would come from still imports torch and
-        outcore (`outcore.adapters.forkserver`: a second or more), made here, each the batch its worker
-        would make; then the workers', from the first step not delivered (the loop moves ``step`` on as it
-        hands each out), unless none is left."""
+        """The pass's batches: without workers, made here (`_here`); with workers, made here while the forkserver
+        they would come from still imports torch and outcore (`outcore.adapters.forkserver`: a second or more),
+        each the batch its worker would make, then the workers', from the first step not delivered (the loop
+        moves ``step`` on as it hands each out), unless none is left."""
         batches = self.dataset
+        if not self.num_workers:
+            yield from self._here(until_workers_start=False)
+            return
         if self._workers_would_wait():
-            made = iter(batches)
-            try:
-                for batch in made:
-                    self.made_here += 1
-                    yield self.collate_fn(self._pinned(batch))
-                    if not importing():
-                        break
-            finally:
-                made.close()
+            yield from self._here(until_workers_start=True)
             if batches.step >= len(batches) and not batches.skip:
                 return  # every batch made here: the workers start with a later pass
             batches.publish()  # persistent workers start from here
@@ -183,6 +178,22 @@ class OutcoreLoader(DataLoader):
             yield from delivered
         finally:
             delivered.close()
+
+    def _here(self, until_workers_start: bool) -> Iterator[Delivered]:
+        """Batches made in this process, as a DataLoader without workers delivers them (collated, then pinned where it
+        pins), without its per-batch machinery on the training loop's thread (its fetcher, its profiler's record);
+        with ``until_workers_start``, only while the workers' forkserver imports, each counted in `made_here`."""
+        pinning = self.pin_memory and torch.cuda.is_available()
+        made = iter(self.dataset)
+        try:
+            for batch in made:
+                self.made_here += until_workers_start
+                delivered = self.collate_fn(batch)
+                yield delivered.pin_memory() if pinning else delivered
+                if until_workers_start and not importing():
+                    break
+        finally:
+            made.close()
 
     def _workers_would_wait(self) -> bool:
         """Whether this pass's workers are still to be forked by a forkserver still importing."""

@@ -237,7 +237,8 @@ class TorchBatches(IterableDataset):
             self._next = NextEpoch()
         ahead = self._next.take(self.epoch, steps) if self._next is not None else None
         empty = pinned_empty if self.pinned and info is None else plain
-        plan, run = iterator.plan(self.epoch), ahead or iterator.run(self.epoch, steps, empty=empty)
+        run = ahead or iterator.run(self.epoch, steps, empty=empty)
+        plan = run.work.plan  # the producer's: each batch's samples found in the spans it planned
         total = len(iterator)
         try:
             for step, batch in zip(steps, run, strict=False):

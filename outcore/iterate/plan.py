@@ -46,6 +46,7 @@ resuming mid-epoch and running on other processes exact.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -257,6 +258,8 @@ class EpochPlan:
     [1, 2, 9]
     """
 
+    PLANNED = 4  # the spans `step` looks in: a schedule plans blocks of 16 batches, its consumer a block behind at most
+
     def __init__(self, num_samples: int, chunk_size: int, *, batch_size: int, shuffle: bool = True, seed: int = 0,
                  epoch: int = 0, buffer_chunks: int = 8, rank: int = 0, world_size: int = 1,
                  drop_last: bool = False, streams: int | None = None, indices: np.ndarray | None = None,
@@ -284,6 +287,7 @@ class EpochPlan:
             (self.steps - 1) * batch_size + layout.padded(world_size)
         self._pad = self._repeat(selection, order) if part[0] == part[1] - 1 else None  # the last part's
         self._number_slots()
+        self._planned: deque[tuple[int, int, np.ndarray, np.ndarray, list[int]]] = deque(maxlen=self.PLANNED)
 
     def _repeat(self, selection: Selection, order: np.ndarray) -> tuple[int, int, int] | None:
         """``(chunk, sample, position)`` of the sample this rank repeats in the last step, if it is short of
@@ -342,7 +346,13 @@ class EpochPlan:
         return step * self.takes, step * self.takes + self.last
 
     def step(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(samples, slots)`` of batch ``step``: each stream's samples of the step, then the repeat."""
+        """``(samples, slots)`` of batch ``step``: each stream's samples of the step, then the repeat. Taken from the
+        spans planned last (`PLANNED` of them) where one holds it: a run's consumer asks for the samples of each batch
+        its producer planned a little earlier (`outcore.adapters.torch_batches`), on the training loop's thread."""
+        for first, stop, samples, slots, bounds in reversed(tuple(self._planned)):  # a copy: the producer adds to it
+            if first <= step < stop:
+                low, high = bounds[step - first], bounds[step - first + 1]
+                return samples[low:high].copy(), slots[low:high].copy()
         samples, slots, _ = self.span(step, step + 1)
         return samples, slots
 
@@ -380,7 +390,9 @@ class EpochPlan:
         if len(counts) > 1 and counts.shape[1] > 1:  # stream after stream, to batch after batch
             order = batch_major(counts)
             samples_all, slots_all = samples_all[order], slots_all[order]
-        return samples_all, slots_all, [0, *np.cumsum(counts.sum(axis=1)).tolist()]
+        bounds = [0, *np.cumsum(counts.sum(axis=1)).tolist()]
+        self._planned.append((first, stop, samples_all, slots_all, bounds))
+        return samples_all, slots_all, bounds
 
     def pieces(self, step: int) -> tuple[tuple[int, int], ...]:
         """``(key, samples)`` of each piece of batch ``step``, in the batch's order: each own stream's share,
