@@ -297,6 +297,23 @@ def test_the_reported_ddp_hang_is_gone():
     assert [len(p) for p in _rank_plans(1023, 64, 512, 2)] == [512, 512]
 
 
+def test_a_step_found_in_the_spans_planned_last_is_the_step_planned_alone():
+    """`EpochPlan.step` takes a batch's samples from the spans planned last (a run's producer plans blocks of
+    batches; its consumer asks for each batch's samples): the same as a plan that planned nothing, and copies (a
+    consumer changing them changes nothing the plan hands out)."""
+    options = {"batch_size": 32, "seed": 3, "epoch": 1, "buffer_chunks": 4, "world_size": 2, "rank": 1}
+    planned, alone = EpochPlan(1000, 24, **options), EpochPlan(1000, 24, **options)
+    for first in range(0, planned.steps, 5):
+        planned.span(first, first + 5)
+    for step in range(planned.steps):
+        samples, slots = planned.step(step)
+        expected = alone.step(step)
+        np.testing.assert_array_equal(samples, expected[0])
+        np.testing.assert_array_equal(slots, expected[1])
+        samples[:] = -1
+        assert (planned.step(step)[0] >= 0).all()
+
+
 def test_same_seed_and_epoch_same_order_other_epochs_differ():
     def order(**options):
         return _samples(EpochPlan(5000, 64, batch_size=100, **options))
