@@ -351,10 +351,11 @@ class EpochPlan:
         its producer planned a little earlier (`outcore.adapters.torch_batches`), on the training loop's thread."""
         for first, stop, samples, slots, bounds in reversed(tuple(self._planned)):  # a copy: the producer adds to it
             if first <= step < stop:
-                low, high = bounds[step - first], bounds[step - first + 1]
-                return samples[low:high].copy(), slots[low:high].copy()
-        samples, slots, _ = self.span(step, step + 1)
-        return samples, slots
+                break
+        else:
+            first, (samples, slots, bounds) = step, self.span(step, step + 1)
+        low, high = bounds[step - first], bounds[step - first + 1]
+        return samples[low:high].copy(), slots[low:high].copy()  # the spans' own arrays stay as planned
 
     def span(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """``(samples, slots, bounds)`` of batches ``first`` to ``stop - 1``, batch after batch (`step`'s each):
