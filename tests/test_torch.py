@@ -482,6 +482,17 @@ def test_pin_memory_gathers_the_workers_parts_in_the_pin_thread(pictures_store):
     assert got == expected and not list(loader._mailbox.folder.glob("taken-*"))
 
 
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the warning is for machines without an accelerator")
+def test_without_workers_pin_memory_without_an_accelerator_is_said_as_a_dataloader_says_it(ids_store):
+    """Without workers the loader hands its batches over itself, not through the DataLoader's iterator; what that
+    iterator says still comes: asked to pin with nothing to pin for, a DataLoader's warning, each pass."""
+    loader = ids_store.torch(100, shuffle=True, seed=3, pin_memory=True)
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="'pin_memory' argument is set as true but no accelerator is found"):
+            batches = list(loader)
+        assert len(batches) == 10 and not batches[0]["id"].is_pinned()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(("workers", "streams"), [(0, 8), (2, 8), (2, 1)])  # threads, parts, turns
 def test_pin_memory_pins_every_batch_however_it_was_made(ids_store, workers, streams):

@@ -165,11 +165,11 @@ class OutcoreLoader(DataLoader):
         each the batch its worker would make, then the workers', from the first step not delivered (the loop
         moves ``step`` on as it hands each out), unless none is left."""
         batches = self.dataset
-        if not self.num_workers:
-            yield from self._here(until_workers_start=False)
+        if not self.num_workers:  # the DataLoader's iterator made for its checks, warnings and seed; left unread
+            yield from self._here(pinning=super().__iter__()._pin_memory, until_workers_start=False)
             return
         if self._workers_would_wait():
-            yield from self._here(until_workers_start=True)
+            yield from self._here(pinning=self.pin_memory and torch.cuda.is_available(), until_workers_start=True)
             if batches.step >= len(batches) and not batches.skip:
                 return  # every batch made here: the workers start with a later pass
             batches.publish()  # persistent workers start from here
@@ -179,11 +179,11 @@ class OutcoreLoader(DataLoader):
         finally:
             delivered.close()
 
-    def _here(self, until_workers_start: bool) -> Iterator[Delivered]:
-        """Batches made in this process, as a DataLoader without workers delivers them (collated, then pinned where it
-        pins), without its per-batch machinery on the training loop's thread (its fetcher, its profiler's record);
-        with ``until_workers_start``, only while the workers' forkserver imports, each counted in `made_here`."""
-        pinning = self.pin_memory and torch.cuda.is_available()
+    def _here(self, pinning: bool, until_workers_start: bool) -> Iterator[Delivered]:
+        """Batches made in this process, as a DataLoader without workers delivers them (collated, then pinned with
+        ``pinning``), without its per-batch machinery on the training loop's thread (its fetcher, its profiler's
+        record); with ``until_workers_start``, only while the workers' forkserver imports, each counted in
+        `made_here`."""
         made = iter(self.dataset)
         try:
             for batch in made:
