@@ -240,8 +240,9 @@ def test_boxes_cut_on_a_gpu_are_those_cut_on_the_cpu_to_the_byte():
         flip = (bool(k % 2), bool(k % 3 == 0))
         part = box_part(box, (height, width), (48, 48), flip)
         cuts.append(None if part is None else Cut(part[0], part[1], part[2], flip))
-    on_cpu = cut_together(pictures, cuts, (48, 48), torch.uint8, 3, "cpu")
-    on_gpu = cut_together([picture.cuda() for picture in pictures], cuts, (48, 48), torch.uint8, 3, "cuda")
+    on_cpu = cut_together(pictures, cuts, torch.zeros((40, 3, 48, 48), dtype=torch.uint8))
+    on_gpu = cut_together([picture.cuda() for picture in pictures], cuts,
+                          torch.zeros((40, 3, 48, 48), dtype=torch.uint8, device="cuda"))
     assert on_gpu.device.type == "cuda" and torch.equal(on_gpu.cpu(), on_cpu)
 
 

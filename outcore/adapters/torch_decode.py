@@ -85,10 +85,11 @@ class DeviceDecoder:
             cuts.append(None if part is None else Cut(
                 in_file(part[0], tuple(picture.shape[1:]), sample, field.decode.resize), part[1], part[2], mirrored))
         dtype = torch.from_numpy(np.zeros(0, field.decode.dtype)).dtype
-        out = cut_together(pictures, cuts, field.size, dtype, field.decode.channels, self.device)  # (n, C, H, W)
+        out = torch.zeros((len(files), *field.size, field.decode.channels), dtype=dtype, device=self.device)
+        cut_together(pictures, cuts, out.permute(0, 3, 1, 2))  # written through the view: (n, H, W, C) made
         if len(field.decode.shape) == 2:  # a field of grey pictures without a channel axis, as the CPU path gives it
-            return out[:, 0]
-        return out if self.channels_first else out.permute(0, 2, 3, 1).contiguous()
+            return out[..., 0]
+        return out.permute(0, 3, 1, 2) if self.channels_first else out
 
     def _pictures(self, name: str, field: Undecoded, files: list[Any], sizes: list[list[int]],
                   samples: Any) -> list[Any]:
@@ -156,7 +157,8 @@ def fitted(picture: Any, size: tuple[int, int], resize: str | None, name: str) -
     else:
         raise ImageError(name, f"it is {height}x{width}, the field's pictures {size[0]}x{size[1]}, and its resize policy "
                                "is none: decode it here, leaving decode= out")
-    return cut_together([picture], [cut], size, picture.dtype, picture.shape[0], picture.device)[0]
+    out = torch.zeros((1, picture.shape[0], *size), dtype=picture.dtype, device=picture.device)
+    return cut_together([picture], [cut], out)[0]
 
 
 def _files(files: Any, offsets: Any) -> list[Any]:
@@ -185,22 +187,21 @@ class Cut:
 TOGETHER_BYTES = 256 << 20  # the float64 pixels of the pictures cut at once: a batch's in groups of about this much
 
 
-def cut_together(pictures: Sequence[Any], cuts: Sequence[Cut | None], size: tuple[int, int], dtype: Any,
-                 channels: int, device: Any) -> Any:
-    """Each picture (C, H, W) cut as its `Cut` says (None: zeros) into an ``(n, C, *size)`` tensor of ``dtype`` on
-    ``device``, as outcore's threads resize (Pillow's antialiased bilinear filter, sub-pixel edges and all,
-    columns first, then rows, rounded between: `resize_taps`), in a few calls for a whole group of pictures
-    whatever their sizes: each box's pixels are copied into a group's array (one copy a picture, padded with
+def cut_together(pictures: Sequence[Any], cuts: Sequence[Cut | None], out: Any) -> Any:
+    """Each picture (C, H, W) cut as its `Cut` says (None: nothing) into its row of ``out`` (n, C, H, W), zeros on the
+    device its pictures are on (a view of other memory is written through), and ``out`` returned, as outcore's threads
+    resize (Pillow's antialiased bilinear filter, sub-pixel edges and all, columns first, then rows, rounded between:
+    `resize_taps`), in a few calls for a whole group of pictures whatever their sizes: each box's pixels are copied into a group's array (one copy a picture, padded with
     zeros to the largest box), then multiplied by two matrices a picture, its taps across and down (placed at
     the rows and columns the cut fills, mirrored as it is; zero elsewhere). The sums are in float64, and exact:
     the taps are the C extension's fixed-point weights, so the order a device sums in changes nothing.
 
     >>> picture = torch.arange(16, dtype=torch.uint8).reshape(1, 4, 4)
-    >>> cut_together([picture], [Cut((1, 1, 2, 2), (2, 2), (slice(0, 2), slice(0, 2)), (True, False))], (2, 3),
-    ...              torch.uint8, 1, "cpu")[0, 0].tolist()  # a plain cut, mirrored, in a wider output
+    >>> cut = Cut((1, 1, 2, 2), (2, 2), (slice(0, 2), slice(0, 2)), (True, False))
+    >>> cut_together([picture], [cut], torch.zeros((1, 1, 2, 3), dtype=torch.uint8))[0, 0].tolist()  # mirrored, wider
     [[6, 5, 0], [10, 9, 0]]
     """
-    out = torch.zeros((len(pictures), channels, *size), dtype=dtype, device=device)
+    channels, size, dtype, device = out.shape[1], tuple(out.shape[2:]), out.dtype, out.device
     filled = [k for k, cut in enumerate(cuts) if cut is not None]  # the rows of the batch a cut fills
     if not filled:
         return out
