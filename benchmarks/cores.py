@@ -1,7 +1,7 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil,torch,feed] [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,2]
+                               [--only scaling,gil,torch,feed] [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,2]
                                [--cases pixels,pixels-each,pixels+crop,encoded,encoded+crop,rrc,dense,dense-own,ingest]
                                [--torch-workers 0,2]
 
@@ -34,7 +34,8 @@ each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop do
   ``--held`` of each round a Python loop (holding the GIL) and the rest a hash (a C call that releases it, as
   a kernel launch does), alone (its ceiling) and taking a batch of the case before each step (one iterator,
   epoch after epoch: ``ds.batches`` on outcore's default threads, or, for each ``--feed-workers`` count above 0,
-  ``ds.torch`` with that many DataLoader workers, and for ``torch``, ``ds.torch`` without workers): steps/s, the ratio to the ceiling, the share of the time
+  ``ds.torch`` with that many DataLoader workers, for ``torch``, ``ds.torch`` without workers, and for
+  ``process``, ``ds.batches(process=True)``, made in a process of its own): steps/s, the ratio to the ceiling, the share of the time
   waiting for a batch, and the CPU time of the loop's own thread taking each batch (the hand-off: a
   DataLoader's items received, a batch's parts joined). Each time the step takes the GIL back it may wait for a
   loader thread's Python, and each time a loader thread wants it back it may wait for the step's: what this
@@ -360,7 +361,7 @@ def fed(location: Path, case: str, seconds: float, step_ms: float, held: float,
         workers: int | str) -> dict[str, float]:
     """Steps/s of the stand-in training step (`stand_in`) alone and taking a batch of ``case`` before each step (one
     iterator, epoch after epoch, as training does: ``ds.batches``, or ``ds.torch`` with ``workers`` DataLoader
-    workers, ``"torch"``: without), the share of the time it waited for one, and its thread's CPU time a batch taking them."""
+    workers, ``"torch"``: without, ``"process"``: ``ds.batches(process=True)``), the share of the time it waited for one, and its thread's CPU time a batch taking them."""
     step = stand_in(step_ms, held)
 
     def steps_per_second(before_each: Callable[[], object]) -> tuple[float, float, float]:
@@ -378,8 +379,8 @@ def fed(location: Path, case: str, seconds: float, step_ms: float, held: float,
     alone, _, _ = steps_per_second(lambda: None)
     ds = outcore.open_dataset(location)
     options = {"shuffle": True, "fields": FIELDS.get(case, ["images", "labels"]), "transform": CASES[case][1]}
-    if workers == "torch":
-        batches = ds.torch(BATCH, **options)
+    if workers in ("torch", "process"):  # ds.torch without workers; ds.batches in a process of its own
+        batches = ds.torch(BATCH, **options) if workers == "torch" else ds.batches(BATCH, process=True, **options)
     elif workers:
         batches = ds.torch(BATCH, num_workers=workers, persistent_workers=True, **options)
     else:
@@ -452,7 +453,8 @@ def main() -> None:
                         help="feed: the CPU time of a training step (a small ResNet's on an H200: 5 ms)")
     parser.add_argument("--held", type=float, default=0.5, help="feed: the share of it holding the GIL")
     parser.add_argument("--feed-workers", default="0",
-                        help="feed: DataLoader workers of its rows (0: ds.batches; torch: ds.torch without workers)")
+                        help="feed: DataLoader workers of its rows (0: ds.batches; torch: ds.torch without workers; "
+                        "process: ds.batches(process=True))")
     parser.add_argument("--feed-run", nargs=6, metavar=("CASE", "STORE", "SECONDS", "STEP_MS", "HELD", "WORKERS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -462,7 +464,7 @@ def main() -> None:
         return
     if args.feed_run:
         case, location, seconds, step_ms, held, workers = args.feed_run
-        feeder = workers if workers == "torch" else int(workers)
+        feeder = workers if workers in ("torch", "process") else int(workers)
         print(json.dumps(fed(Path(location), case, float(seconds), float(step_ms), float(held), feeder)))
         return
     if args.run:

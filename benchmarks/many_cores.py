@@ -2,6 +2,7 @@
 
     python benchmarks/many_cores.py [--threads 1,4,8,16] [--seconds 6] [--cases encoded,encoded+crop,rrc]
                                     [--images 6000] [--workdir bench-data/cores] [--feed 5 --held 0.8]
+                                    [--feed-by threads,process]
 
 A process's threads decode in parallel only as far as its scheduling gives each of them a run of decodes to do:
 batches made at once, the runs of each, chunk reads ahead. That can be measured without the cores. For each
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,17 +72,32 @@ def measured(location: Path, case: str, seconds: float) -> dict[str, float]:
 
 
 def offered(location: Path, case: str, threads: int, decode_s: float, seconds: float,
-            feed: tuple[float, float] | None = None) -> dict[str, float]:
+            feed: tuple[float, float] | None = None, feeder: str = "threads") -> dict[str, float]:
     """``threads`` threads, each sample's decode a sleep of ``decode_s`` outside the GIL: samples/s; with ``feed``
-    (a step's milliseconds and the share of it holding the GIL), `cores.fed`'s figures instead."""
+    (a step's milliseconds and the share of it holding the GIL), `cores.fed`'s figures instead, the batches made
+    by the loop's process (``feeder`` ``threads``) or by a process of their own (``process``)."""
+    os.environ[SLEEPS] = f"{threads},{decode_s}"  # for a loader's process: its forkserver imports this script
+    sleep_decodes()
+    if feed is not None:
+        return fed(location, case, seconds, *feed, workers=0 if feeder == "threads" else feeder)
+    return {"samples_s": epochs(location, case, threads, seconds)[0]}
+
+
+def sleep_decodes() -> None:
+    """In a process told so (`SLEEPS`: n threads and a decode's seconds), each decode a sleep, outcore's pool n
+    threads kept busy at most."""
+    if SLEEPS not in os.environ:
+        return
+    threads, decode_s = int(os.environ[SLEEPS].split(",")[0]), float(os.environ[SLEEPS].split(",")[1])
     outcore.threads.available_cpus = lambda: threads  # the pool's limit: n busy at once
     Gauge.LOW = 0.0  # a sleeping thread is no thread waiting for a core
     for kind in RUNS:
         kind.run = lambda self, start, stop: time.sleep((stop - start) * decode_s)
-    if feed is not None:
-        outcore.set_threads(threads)
-        return fed(location, case, seconds, *feed, workers=0)
-    return {"samples_s": epochs(location, case, threads, seconds)[0]}
+    outcore.set_threads(threads)
+
+
+SLEEPS = "OUTCORE_BENCH_SLEEPS"
+sleep_decodes()  # imported by a loader's process (its forkserver preloads the script): decodes as its consumer's
 
 
 def main() -> None:
@@ -96,7 +113,9 @@ def main() -> None:
     parser.add_argument("--measure", nargs=3, metavar=("CASE", "STORE", "SECONDS"), help=argparse.SUPPRESS)
     parser.add_argument("--offer", nargs=5, metavar=("CASE", "STORE", "THREADS", "DECODE_S", "SECONDS"),
                         help=argparse.SUPPRESS)
-    parser.add_argument("--offer-feed", nargs=2, type=float, metavar=("STEP_MS", "HELD"), help=argparse.SUPPRESS)
+    parser.add_argument("--feed-by", default="threads", help="who makes the fed batches: threads (in the loop's "
+                        "process), process (ds.batches(process=True)), or both: threads,process")
+    parser.add_argument("--offer-feed", nargs=3, metavar=("STEP_MS", "HELD", "FEEDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         case, location, seconds = args.measure
@@ -105,7 +124,8 @@ def main() -> None:
     if args.offer:
         case, location, threads, decode_s, seconds = args.offer
         print(json.dumps(offered(Path(location), case, int(threads), float(decode_s), float(seconds),
-                                 tuple(args.offer_feed) if args.offer_feed else None)))
+                                 (float(args.offer_feed[0]), float(args.offer_feed[1])) if args.offer_feed else None,
+                                 args.offer_feed[2] if args.offer_feed else "threads")))
         return
     cases, threads = args.cases.split(","), [int(n) for n in args.threads.split(",")]
     unknown = sorted(set(cases) - set(DECODING))
@@ -130,16 +150,19 @@ def main() -> None:
     if args.feed is None:
         return
     print(f"\na training step's stand-in ({args.feed:g} ms, {args.held:.0%} of it holding the GIL) taking a batch of "
-          "ds.batches(256, shuffle=True) before each, the decodes sleeps as above: its steps/s as a ratio to its own "
-          "rate, and the share of the time it waited for a batch")
-    print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'waiting':>8s}" for n in threads))
+          "ds.batches(256, shuffle=True) before each, the decodes sleeps as above, the batches made by the loop's "
+          "process (threads) or by one of their own (process): its steps/s as a ratio to its own rate, and the share "
+          "of the time it waited for a batch")
+    print(f"{'case':14s} {'made by':>8s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'waiting':>8s}"
+                                                   for n in threads))
     for case in cases:
-        row = f"{case:14s}"
-        for n in threads:
-            got = child("--offer", case, made[CASES[case][0]], n, decode_times[case], args.seconds, "--offer-feed",
-                        args.feed, args.held, script=__file__)
-            row += f" {got['fed'] / got['alone']:11.2f} {got['waiting']:8.1%}"
-        print(row, flush=True)
+        for feeder in args.feed_by.split(","):
+            row = f"{case:14s} {feeder:>8s}"
+            for n in threads:
+                got = child("--offer", case, made[CASES[case][0]], n, decode_times[case], args.seconds,
+                            "--offer-feed", args.feed, args.held, feeder, script=__file__)
+                row += f" {got['fed'] / got['alone']:11.2f} {got['waiting']:8.1%}"
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

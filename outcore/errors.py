@@ -64,6 +64,10 @@ class ClusterError(OutcoreError, RuntimeError):
     """The Dask cluster went away (or kept losing workers) while it was making batches."""
 
 
+class LoaderProcessError(OutcoreError, RuntimeError):
+    """The process making the batches (``process=True``) could not start, or died while making them."""
+
+
 class SourceError(OutcoreError, ValueError):
     """The ingest source (folder, CSV, DataFrame, arrays) is missing or malformed."""
 

@@ -102,6 +102,30 @@ def _epoch(store, num_workers, **options):
     return [(b.index, b["id"].tolist(), b["noise"].tolist(), b["images"].numpy().tobytes()) for b in batches], mapped
 
 
+def test_batches_made_by_a_process_of_their_own_are_those_made_here_and_resume(pictures_store):
+    made_here = [_epoch(pictures_store, 0)[0] for _ in range(1)]
+    loader = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented, process=True)
+    first = [(b.index, b["id"].tolist(), b["noise"].tolist(), b["images"].numpy().tobytes(), b.samples.tolist())
+             for b in loader]
+    assert [batch[:4] for batch in first] == made_here[0]
+    here = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented)
+    assert [batch[4] for batch in first] == [b.samples.tolist() for b in here]  # each batch says its samples
+    pid = loader.dataset._process.process.pid
+    head = []
+    for batch in loader:  # the second epoch, left after three batches
+        head.append(batch["id"].tolist())
+        if len(head) == 3:
+            break
+    assert loader.dataset._process.process.pid == pid  # the same process, epoch after epoch
+    resumed = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented, process=True)
+    resumed.load_state_dict(loader.state_dict())
+    whole = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented)
+    whole.set_epoch(1)
+    assert head + [b["id"].tolist() for b in resumed] == [b["id"].tolist() for b in whole]
+    with pytest.raises(outcore.OptionError, match="process=True makes the batches in one process of their own"):
+        pictures_store.torch(96, num_workers=2, process=True)
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes:UserWarning")  # 2-core CI
 @pytest.mark.parametrize("workers", [2, 4])
 def test_loader_workers_each_read_only_their_streams_chunks(pictures_store, monkeypatch, tmp_path, workers):

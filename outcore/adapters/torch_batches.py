@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Unpack
 
@@ -34,6 +35,7 @@ import numpy as np
 from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, check_fields
 from ..iterate.batch import Empty, plain
+from ..iterate.process import LoaderProcess
 from ..iterate.runs import NextEpoch
 from ..iterate.shared import Arena, Part, SharedBatch, Slot
 from ..storage import Store
@@ -48,6 +50,10 @@ REBUILT = (
     "losing or repeating samples: do not prepare the loader; prepare the model and optimizer, iterate the "
     "loader as it is and move each batch to the device (docs/howto/trainers.md). For a DataLoader of your "
     "own, use DataLoader(outcore.adapters.torch.TorchBatches(...), batch_size=None)"
+)
+PROCESS_AND_WORKERS = (
+    "process=True makes the batches in one process of their own, num_workers= in DataLoader workers: leave one "
+    "of them out (with process=True, its threads use every core)"
 )
 CLIENT_IN_WORKERS = (
     "with client=, the Dask workers read, decode and augment, and batches arrive in the main process: "
@@ -108,6 +114,8 @@ class TorchBatches(IterableDataset):
         options = BatchOptions.of(batch_size, keywords)
         if options.client is not None and num_workers > 0:
             raise OptionError(CLIENT_IN_WORKERS)
+        if options.process and num_workers > 0:
+            raise OptionError(PROCESS_AND_WORKERS)
         for name in options.fields or ():
             store.info(name)  # a KeyError naming the fields, here rather than in a worker
         check_fields(options.transform, options.fields or store.fields)  # likewise for the transform's fields
@@ -129,6 +137,7 @@ class TorchBatches(IterableDataset):
         self._next: NextEpoch | None = None  # with a client: the next epoch's run, started as a pass drains
         self.loader_passes: int | None = None  # an OutcoreLoader's: its passes under way (read in those only)
         self.pinned = False  # batches made in this process go straight to pinned memory (`OutcoreLoader` sets it)
+        self._process: LoaderProcess | None = None  # with ``process``: the process making them, kept across passes
 
     def persist(self, context: Any = None) -> None:
         """Prepare for DataLoader workers that persist across epochs, started by ``context`` (a start method's
@@ -168,7 +177,7 @@ class TorchBatches(IterableDataset):
         """Pickled for DataLoader workers started by spawn or forkserver, which do not inherit the process
         group: the rank and world size go with it, resolved here, in the process that starts them."""
         state = dict(self.__dict__)
-        state["_store"] = state["_next"] = None  # each worker opens its own store
+        state["_store"] = state["_next"] = state["_process"] = None  # each worker opens its own store
         if not state["resolved"]:
             rank, world_size = distributed_rank()
             state.update(options=dataclasses.replace(self.options, rank=rank, world_size=world_size), resolved=True)
@@ -223,7 +232,10 @@ class TorchBatches(IterableDataset):
             (self.passes, self.epoch, self.step, self.skip), self.own_turn = self.board.read(), False
         if self._store is None or self._opened_in != os.getpid():
             self._store, self._opened_in = self.opener(), os.getpid()
-        iterator = BatchIterator(self._store, self.options)
+        if self.options.process and self._process is None:
+            self._process = LoaderProcess()
+            weakref.finalize(self, self._process.close)
+        iterator = BatchIterator(self._store, self.options, self._process)
         if info is not None and self.slot is not None:
             yield from self._parts(iterator, (loader_worker, num_workers))
             return
@@ -238,7 +250,6 @@ class TorchBatches(IterableDataset):
         ahead = self._next.take(self.epoch, steps) if self._next is not None else None
         empty = pinned_empty if self.pinned and info is None else plain
         run = ahead or iterator.run(self.epoch, steps, empty=empty)
-        plan = run.work.plan  # the producer's: each batch's samples found in the spans it planned
         total = len(iterator)
         try:
             for step, batch in zip(steps, run, strict=False):
@@ -246,7 +257,7 @@ class TorchBatches(IterableDataset):
                 if self._next is not None:
                     self._next.handed(run, step == total - 1, lambda: iterator.run(self.epoch + 1, range(total)))
                 yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch,
-                                 loader_worker, step, plan.step(step)[0])
+                                 loader_worker, step, run.samples(step))
         finally:
             run.close()
 

@@ -10,6 +10,7 @@ Dask client, the same schedule runs as tasks on the cluster's workers instead (`
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from .batch import Batch, Empty, check_fields, plain
 from .cluster import ClusterRun
 from .options import BatchOptions, check_state
 from .plan import EpochPlan
+from .process import LoaderProcess, ProcessRun
 from .readers import ChunkReader, chunk_readers, recipe
 from .runs import LocalRun, NextEpoch, Run, Work
 from .stats import LoaderStats
@@ -48,7 +50,7 @@ class BatchIterator:
     ...     train_step(batch["images"], batch["labels"])
     """
 
-    def __init__(self, store: Store, options: BatchOptions) -> None:
+    def __init__(self, store: Store, options: BatchOptions, loader_process: LoaderProcess | None = None) -> None:
         self.store, self.options = store, options
         fields = options.fields if options.fields is not None else store.fields
         unknown = [f for f in fields if f not in store]
@@ -63,6 +65,11 @@ class BatchIterator:
         self._active: Run | None = None
         self._next = NextEpoch()  # a cluster run's next epoch, started as it drains
         self._stats = LoaderStats()
+        # with ``process``: the process making the batches (``loader_process``, its owner's: kept across iterators)
+        self._process, self._own_process = loader_process, loader_process is None
+        if options.process and loader_process is None:
+            self._process = LoaderProcess()
+            weakref.finalize(self, self._process.close)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -130,13 +137,15 @@ class BatchIterator:
                 self._active = None
 
     def run(self, epoch: int, steps: Sequence[int], part: tuple[int, int] = (0, 1),
-            allocator: Callable[[int], Empty] | None = None, empty: Empty = plain) -> Run:
+            allocator: Callable[[int], Empty] | None = None, empty: Empty = plain) -> Run | ProcessRun:
         """A run making the rank's batches ``steps`` (increasing) of ``epoch`` (with ``part``, that part of each;
         with ``allocator``, each step's arrays made by what it gives for the step, else by ``empty``): iterate it
         for the batches, close it when done (a DataLoader worker makes its turns or its parts so)."""
         work = Work(self.store, self.recipe, self.options, epoch, self.plan(epoch, part), steps, allocator, empty)
         if self.options.client is not None:
             return ClusterRun(work, self._stats)
+        if self._process is not None and self.options.process:
+            return self._process.run(work, self._stats)
         return LocalRun(work, self._stats, self.readers)
 
     @property
@@ -184,9 +193,12 @@ class BatchIterator:
         self._stats = LoaderStats()
 
     def close(self) -> None:
-        """Stop the background threads of an unfinished iteration (also done on ``break``); a consumer
-        waiting on it gets `outcore.IterationClosedError`."""
+        """Stop the background threads of an unfinished iteration (also done on ``break``), and end the process
+        making the batches (``process=True``: the next iteration starts another); a consumer waiting on it gets
+        `outcore.IterationClosedError`."""
         self._next.close()
         if self._active is not None:
             self._active.close()
             self._active = None
+        if self._process is not None and self._own_process:
+            self._process.close()

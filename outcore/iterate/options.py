@@ -49,6 +49,10 @@ class BatchKeywords(TypedDict, total=False):
       files' bytes back to back with ``F_offsets``, and ``F_boxes``, ``F_flips``, ``F_sizes``
       (`outcore.format.undecoded_names`): the box of each picture to resize to the crop's size (the whole
       picture where no crop opens the transform), its mirrors and its picture's size.
+    - ``process``: make the batches in a process of their own (default ``False``: in this one), whose threads
+      read, decode and augment under a GIL of their own, handed over through shared memory
+      (`outcore.iterate.process`): for a consumer that holds this process's GIL much of the time (a training
+      loop launching a GPU's kernels from Python). The same batches; the transform must pickle.
     """
 
     fields: Sequence[str] | None
@@ -65,6 +69,7 @@ class BatchKeywords(TypedDict, total=False):
     indices: Sequence[int] | np.ndarray | None
     skip_damaged: int
     decode: str
+    process: bool
 
 
 class Subset:
@@ -139,6 +144,7 @@ class BatchOptions:
     indices: Subset | None = None
     skip_damaged: int = 0
     decode: str = "here"
+    process: bool = False
 
     def __post_init__(self) -> None:
         if self.decode not in DECODES:
@@ -155,6 +161,9 @@ class BatchOptions:
         if self.skip_damaged and self.client is not None:
             raise OptionError("skip_damaged= leaves out damaged chunks read in this process; a Dask cluster's "
                               "workers read them: leave skip_damaged= out with client=")
+        if self.process and self.client is not None:
+            raise OptionError("process=True makes the batches in a process of this machine; with client=, the "
+                              "cluster's workers make them: leave one of them out")
         Consumer(self.rank, self.world_size)  # checks the rank
         if self.shuffle and self.streams is not None:  # without, each rank reads its part of the store in order
             check_streams(self.streams, self.world_size)

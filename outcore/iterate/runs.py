@@ -123,12 +123,11 @@ class Run:
                 return self.queue.get(timeout=WAKE_SECONDS)
             except queue.Empty:
                 if self.stop.is_set():
-                    index = self.work.batches[self.delivered]
-                    raise IterationClosedError(
-                        f"the iteration was closed (close(), or a new iter() of the same iterator) while batch "
-                        f"{index} of epoch {self.work.epoch} was awaited; iterate again to continue from there "
-                        "(state_dict() says where)"
-                    ) from None
+                    raise closed(self.work, self.delivered) from None
+
+    def samples(self, step: int) -> np.ndarray:
+        """The store's indices of the samples of batch ``step``, found in the spans the producer planned last."""
+        return self.work.plan.step(step)[0]
 
     def close(self) -> None:
         """Stop the producer and free what it used. At interpreter exit the threads are frozen, not stopped
@@ -162,6 +161,16 @@ class Run:
 
     def _release(self) -> None:
         """Free what the producer used, once it has stopped."""
+
+
+def closed(work: Work, delivered: int) -> IterationClosedError:
+    """The error of a consumer that waited for the batch after its ``delivered`` first of ``work`` when the run
+    was closed."""
+    return IterationClosedError(
+        f"the iteration was closed (close(), or a new iter() of the same iterator) while batch "
+        f"{work.batches[delivered]} of epoch {work.epoch} was awaited; iterate again to continue from there "
+        "(state_dict() says where)"
+    )
 
 
 class NextEpoch:

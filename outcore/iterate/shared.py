@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import mmap
 import os
 import shutil
@@ -86,7 +87,7 @@ class SharedArray:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     @property
     def file_size(self) -> int:
@@ -218,6 +219,13 @@ class Arena:
             with contextlib.suppress(OSError):
                 (self.folder / name).unlink()
             raise
+
+    def discard(self) -> None:
+        """The batch will not be published (its run stopped first): its files go back to the free ones."""
+        if self.folder is not None and self.part is None:
+            for shared, _ in self.made.values():
+                free_file(self.folder, shared.name, shared.file_size)
+        self.made.clear()
 
     def publish(self, batch: dict[str, np.ndarray]) -> SharedBatch:
         """The batch as the consumer will find it: arrays made by `empty` by file name, others copied into
@@ -425,19 +433,19 @@ def mapped_file(folder: Path, shared: SharedArray) -> tuple[np.ndarray, int]:
     """The array in file ``shared.name`` of ``folder``, flat, mapped (the mapping kept from the file's last batch,
     if any), and the file's inode. A file gone, or of another size than the array makes (never mapped: reading
     past its end would crash the process), is a `ClusterError` that names it."""
-    dtype = np.dtype(shared.dtype)
+    dtype, path, size = np.dtype(shared.dtype), folder / shared.name, shared.file_size
     try:
-        status = os.stat(folder / shared.name)
-        if status.st_size != shared.file_size:
+        status = os.stat(path)
+        if status.st_size != size:
             raise ClusterError(
                 f"a worker's batch file {shared.name} in {folder} holds {status.st_size} bytes where a "
-                f"{shared.dtype}{shared.shape} array makes {shared.file_size}: a worker of another outcore "
+                f"{shared.dtype}{shared.shape} array makes {size}: a worker of another outcore "
                 "version wrote it. Install the same outcore on the workers and the consumer"
             )
-        mapped = kept_mappings.map(folder / shared.name, shared.file_size, status=status)
+        mapped = kept_mappings.map(path, size, status=status)
     except OSError as error:
         raise batch_gone(folder, error) from None
-    return np.frombuffer(mapped, dtype, shared.nbytes // dtype.itemsize, LEAD), status.st_ino
+    return np.frombuffer(mapped, dtype, (size - LEAD) // dtype.itemsize, LEAD), status.st_ino
 
 
 def free_file(folder: Path, name: str, size: int) -> None:

@@ -1,0 +1,437 @@
+"""Batches made by a process of their own (``process=True``): its threads read, decode and augment on every core
+under a GIL of their own, while the consumer's process only takes each finished batch.
+
+A training loop that launches a GPU's kernels from Python holds its process's GIL for most of each step. A
+loader in that process (`outcore.iterate.runs.LocalRun`) needs the GIL too, a little for each batch it makes, and
+each time it takes it, it waits for the loop and delays it: the loop's rate falls, however many cores decode.
+With a `LoaderProcess`, that little is paid in another process. The consumer's process keeps no thread for it:
+on the consumer's thread, each batch costs one small message received and its files mapped, the mappings kept
+from the files' earlier batches (`outcore.iterate.shared.Mailbox`).
+
+An iterator's loader process (`serve`) lives as long as the iterator and makes its runs one after the other (an
+epoch each, or what is left of one): each run a `ProcessRun` here, a `LocalRun` there, whose batches are made
+straight into files of the process's mailbox in shared memory (``/dev/shm``), the files of batches the consumer
+has dropped used again. It sends a batch only when the consumer has taken one of the ``prefetch`` sent before
+it, so memory is bounded as for a run in the consumer's process. Its warnings (a damaged chunk left out) are
+raised again in the consumer's process; its errors are raised there with its traceback; a process that dies is
+a `LoaderProcessError` naming its exit, and the next iteration starts another.
+
+The process is started by a forkserver (by spawn where there is none), never forked from the consumer, whose
+threads and CUDA context a fork would copy mid-use: as with DataLoader workers started so, a script's work
+must be under ``if __name__ == "__main__":``, and the transform must pickle (defined at module level). The
+batches are those of a run in the consumer's process, byte for byte.
+
+>>> it = ds.batches(256, shuffle=True, process=True)  # doctest: +SKIP
+>>> for batch in it:  # doctest: +SKIP
+...     train_step(batch["images"], batch["labels"])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import multiprocessing
+import pickle
+import select
+import signal
+import threading
+import time
+import traceback
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing import forkserver
+from typing import Any
+
+import numpy as np
+
+from ..errors import IterationClosedError, LoaderProcessError, OptionError, OutcoreError
+from ..storage import Store
+from .batch import Batch, plain
+from .options import BatchOptions
+from .readers import ChunkReader, chunk_readers, recipe
+from .runs import EXIT_SECONDS, WAKE_SECONDS, LocalRun, Work, closed
+from .shared import Mailbox, SharedArray, SharedBatch, Slot, free_file
+from .stats import LoaderStats
+
+CREDIT_SECONDS = 0.001  # how often a process ahead of its consumer by ``prefetch`` batches looks whether it took one
+
+
+@dataclass(frozen=True)
+class Order:
+    """What the process makes for a run: batches ``steps`` of ``epoch`` of the store ``opener`` opens, as
+    ``options`` say."""
+
+    opener: Callable[[], Store]
+    options: BatchOptions
+    epoch: int
+    steps: Sequence[int]
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an error raised in the loader process (the cause of the error raised here)."""
+
+    def __str__(self) -> str:
+        return f"\n\nin the process making the batches:\n{self.args[0]}"
+
+
+class LoaderProcess:
+    """An iterator's process of its own making its runs' batches (`serve`), started at the first `run` (again
+    after one that died), ended by `close` (or when the iterator goes, or at exit)."""
+
+    def __init__(self) -> None:
+        self.process: Any = None
+        self.connection: Any = None
+        self.mailbox: Mailbox | None = None
+        self.runs = itertools.count()
+        self.heard = False  # a message came from the process now running
+        self.poller: Any = None  # waits on the connection in one system call (the connection's poll takes several)
+        self.board: Any = None  # the batches taken (`taken`): the run's number, then the count, in 64 bits
+
+    def run(self, work: Work, stats: LoaderStats) -> ProcessRun:
+        """A run of ``work`` made by the process (started now if none runs)."""
+        if work.allocator is not None:
+            raise OptionError("process=True makes whole batches in its process: a DataLoader worker makes its parts "
+                              "of batches itself (leave process= out there)")
+        order = Order(work.store.opener, dataclasses.replace(work.options, process=False), work.epoch,
+                      list(work.batches))
+        try:
+            sent = pickle.dumps(order)
+        except (pickle.PicklingError, AttributeError, TypeError) as error:
+            raise OptionError(f"process=True sends the options to the process making the batches, and they do not "
+                              f"pickle ({type(error).__name__}: {error}): define the transform at module level (not a "
+                              "lambda or a local function)") from None
+        if self.process is None or not self.process.is_alive():
+            self._start()
+        run = ProcessRun(self, next(self.runs), work, stats)
+        self._send(("run", run.number, sent))
+        return run
+
+    def _start(self) -> None:
+        self.close()
+        if multiprocessing.current_process().daemon:
+            raise OptionError("process=True starts a process, and this one (a DataLoader or Keras worker) is "
+                              "daemonic and may not: leave process= out in workers")
+        self.mailbox = Mailbox.open()
+        if self.mailbox is None:
+            raise OptionError("process=True hands batches over through shared memory (/dev/shm), and there is none "
+                              "writable here (or OUTCORE_SHARED_MEMORY=0): leave process= out")
+        context = start_context()
+        self.connection, theirs = context.Pipe()
+        self.poller = select.poll()
+        self.poller.register(self.connection.fileno(), select.POLLIN)
+        self.board = context.RawValue("q", -1)
+        self.process = context.Process(target=serve, args=(theirs, self.mailbox.slot.folder, self.board),
+                                       name="outcore-batches", daemon=True)
+        self.heard = False
+        try:
+            self.process.start()
+        except OSError as error:
+            self.close()
+            raise LoaderProcessError(f"could not start the process making the batches ({error}): leave process= "
+                                     "out to make them in this process") from None
+        finally:
+            theirs.close()
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        with contextlib.suppress(OSError):  # a process that died: the run's first receive says so
+            self.connection.send(message)
+
+    def taken(self, number: int, delivered: int) -> None:
+        """Say that the consumer took ``delivered`` batches of run ``number``: the process may send as many more.
+        Written into memory the process reads, not sent: a message would wake it, and a wake-up costs the
+        sender more than the rest of a batch's hand-off."""
+        self.board.value = number << 32 | delivered
+
+    def receive(self, run: ProcessRun, ready: bool) -> tuple[Any, ...]:
+        """The next message of the process for ``run`` (``ready``: one has come), those of runs closed before it
+        dropped (their batches' files freed); the process's death, or the run closed meanwhile, raised."""
+        while True:
+            try:
+                if ready or self.poller.poll(WAKE_SECONDS * 1e3):
+                    ready = False
+                    message = pickle.loads(self.connection.recv_bytes())
+                    self.heard = True
+                    if message[1] == run.number:
+                        return message
+                    self._drop(message)
+                    continue
+            except (EOFError, OSError):
+                if run.stop.is_set():
+                    raise closed(run.work, run.delivered) from None
+                raise self._died(run) from None
+            if run.stop.is_set():
+                raise closed(run.work, run.delivered)
+
+    def _drop(self, message: tuple[Any, ...]) -> None:
+        """A message of a run closed before it took it: its batch's files go back to the free ones."""
+        if message[0] == "batch" and self.mailbox is not None:
+            for value in unpacked(message[4]).fields.values():
+                if isinstance(value, SharedArray):
+                    free_file(self.mailbox.folder, value.name, value.file_size)
+
+    def _died(self, run: ProcessRun) -> LoaderProcessError:
+        self.process.join(EXIT_SECONDS)
+        code = self.process.exitcode
+        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        said = (f"the process making the batches (pid {self.process.pid}) ended ({how}) while batch "
+                f"{run.work.batches[run.delivered]} of epoch {run.work.epoch} was awaited")
+        if code is not None and code > 0 and not self.heard:
+            return LoaderProcessError(
+                f"{said}, before its first batch: it starts by importing the main script again (as "
+                "multiprocessing's spawn and forkserver do): put the script's work under `if __name__ == "
+                "'__main__':` (its traceback is above), or leave process= out"
+            )
+        return LoaderProcessError(f"{said}: out of memory (see dmesg), or killed; iterate again to continue from "
+                                  "there (state_dict() says where)")
+
+    def close(self) -> None:
+        """End the process (it stops at its next batch) and its mailbox; batches the consumer holds stay good."""
+        if self.connection is not None:
+            self.connection.close()
+        if self.process is not None and self.process.pid is not None:  # started
+            self.process.join(EXIT_SECONDS)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(EXIT_SECONDS)
+        if self.mailbox is not None:
+            self.mailbox.close()
+        self.process = self.connection = self.mailbox = None
+
+
+class ProcessRun:
+    """A run whose batches the loader process makes; the consumer takes them on its own thread. It has the
+    interface of `outcore.iterate.runs.Run`: iterate it, `close` it, ask the `samples` of a step."""
+
+    def __init__(self, loader: LoaderProcess, number: int, work: Work, stats: LoaderStats) -> None:
+        self.loader, self.number, self.work, self.stats = loader, number, work, stats
+        self.stop = threading.Event()
+        self.under_way = threading.Event()  # never set: a next epoch is asked of the process when it starts
+        self.delivered = 0
+        self._samples: dict[int, np.ndarray] = {}  # the last step handed out: its samples, sent with its batch
+        self._damaged = 0  # chunks the process left out of this run (``skip_damaged``) so far
+
+    def __iter__(self) -> Iterator[Batch]:
+        work, loader = self.work, self.loader
+        while self.delivered < len(work.batches):
+            began = time.perf_counter()
+            ready = len(loader.poller.poll(0))
+            kind, _, *said = loader.receive(self, bool(ready))
+            if kind == "done":
+                return
+            if kind == "failed":
+                error, trace = said
+                raise error from RemoteTraceback(trace)
+            step, samples, made, raised, damaged = said
+            samples = np.frombuffer(samples, np.int64)
+            for message, category in raised:
+                warnings.warn(message, category, stacklevel=2)
+            self.stats.damaged += damaged - self._damaged
+            self._damaged = damaged
+            assert loader.mailbox is not None
+            batch = loader.mailbox.receive(unpacked(made))
+            if work.empty is not plain:  # the consumer's memory of choice (pinned, for a GPU): the file goes back
+                batch = {name: _copied(value, work.empty, name) for name, value in batch.items()}
+            self._samples = {step: samples}
+            self.delivered += 1
+            loader.taken(self.number, self.delivered)
+            self.stats.record(time.perf_counter() - began, ready, len(samples))
+            yield batch
+
+    def samples(self, step: int) -> np.ndarray:
+        """The store's indices of the samples of batch ``step``: the last one handed out (or any, planned here)."""
+        samples = self._samples.get(step)
+        return samples if samples is not None else self.work.plan.step(step)[0]
+
+    def close(self) -> None:
+        """Have the process stop this run (at its next batch); what it sent meanwhile is dropped."""
+        if not self.stop.is_set():
+            self.stop.set()
+            if self.delivered < len(self.work.batches) and self.loader.connection is not None:
+                self.loader._send(("stop", self.number))
+
+
+def packed(made: SharedBatch) -> tuple[Any, ...]:
+    """``made`` as plain values, which pickle and load several times faster than arrays and dataclasses: each
+    field's name, then its file's name, dtype and shape, or the array's bytes, dtype and shape (the array itself
+    where its dtype has objects or named fields).
+
+    >>> made = SharedBatch({"x": SharedArray("f-0", "|u1", (2, 3)), "y": np.arange(2)})
+    >>> unpacked(packed(made)) == made
+    True
+    """
+    fields = tuple((name, value.name, value.dtype, value.shape) if isinstance(value, SharedArray)
+                   else (name, None, value) if value.dtype.hasobject or value.dtype.names
+                   else (name, value.tobytes(), value.dtype.str, value.shape) for name, value in made.fields.items())
+    return fields, made.no_room
+
+
+def unpacked(packed: tuple[Any, ...]) -> SharedBatch:
+    """The `SharedBatch` that `packed` made plain (its small arrays new, writable)."""
+    fields, no_room = packed
+    batch: dict[str, SharedArray | np.ndarray] = {}
+    for name, value, *rest in fields:
+        if not rest:
+            batch[name] = value
+        elif isinstance(value, str):
+            batch[name] = SharedArray(value, *rest)
+        else:
+            batch[name] = np.frombuffer(bytearray(value), rest[0]).reshape(rest[1])
+    return SharedBatch(batch, no_room)
+
+
+def _copied(value: np.ndarray, empty: Any, field: str) -> np.ndarray:
+    copy = empty(value.shape, value.dtype, field)
+    np.copyto(copy, value)
+    return copy
+
+
+def start_context() -> Any:
+    """How the process starts: by this process's forkserver, which imports this module once before it forks
+    any (set to do so unless it runs already), else by spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    preloaded = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
+    if __name__ not in preloaded:
+        forkserver.set_forkserver_preload([*preloaded, __name__])
+    return multiprocessing.get_context("forkserver")
+
+
+class Inbox:
+    """What the consumer has said to the process: runs to make, in order, and runs stopped; and, on its board,
+    how many batches of a run it took."""
+
+    def __init__(self, connection: Any, board: Any) -> None:
+        self.connection, self.board = connection, board
+        self.orders: deque[tuple[int, bytes]] = deque()
+        self.stopped: set[int] = set()
+        self.finished = -1  # the last run made: a stop of it, or of a run before it, is dropped
+
+    def read(self, timeout: float = 0.0) -> None:
+        """Take in what has come, waiting up to ``timeout`` seconds for it; a closed connection raises EOFError."""
+        ready = self.connection.poll(timeout)
+        while ready:
+            kind, number, *rest = pickle.loads(self.connection.recv_bytes())
+            if kind == "run":
+                self.orders.append((number, rest[0]))
+            elif number > self.finished:
+                self.stopped.add(number)
+            ready = self.connection.poll()
+
+    def next_order(self) -> tuple[int, bytes]:
+        while not self.orders:
+            self.read(WAKE_SECONDS)
+        return self.orders.popleft()
+
+    def taken(self, number: int) -> int:
+        """The batches of run ``number`` the consumer took."""
+        value = self.board.value
+        return value & 0xFFFFFFFF if value >> 32 == number else 0
+
+
+def serve(connection: Any, folder: str, board: Any) -> None:
+    """The loader process: each run the consumer orders, one after the other, made into the mailbox ``folder``
+    (`make`), until the consumer closes the connection; the consumer says on ``board`` what it took
+    (`LoaderProcess.taken`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the consumer's to handle: it closes the process
+    raised: list[tuple[str, type[Warning]]] = []
+    warnings.simplefilter("always")  # each one goes to the consumer, whose filters say which are shown
+    warnings.showwarning = lambda message, category, *_: raised.append((str(message), category))
+    inbox, opened = Inbox(connection, board), Opened()
+    with contextlib.suppress(EOFError, OSError):  # the consumer closed the connection: the process ends
+        while True:
+            number, sent = inbox.next_order()
+            make(connection, inbox, number, sent, Slot(folder), opened, raised)
+
+
+class Opened:
+    """The store the process opened last, and its fields' chunk readers: kept from one run to the next."""
+
+    def __init__(self) -> None:
+        self.key: bytes | None = None
+        self.store: Store | None = None
+        self.readers: dict[tuple[str, ...], dict[str, ChunkReader]] = {}
+
+    def get(self, opener: Callable[[], Store], fields: Sequence[str] | None) -> tuple[Store, dict[str, ChunkReader]]:
+        key = pickle.dumps(opener)
+        if key != self.key or self.store is None:
+            self.key, self.store, self.readers = key, opener(), {}
+        store = self.store
+        names = tuple(fields or store.fields)
+        if names not in self.readers:
+            self.readers[names] = chunk_readers(store, names)
+        return store, self.readers[names]
+
+
+def make(connection: Any, inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opened,
+         raised: list[tuple[str, type[Warning]]]) -> None:
+    """Run ``number``: its batches made into ``slot``'s files, each sent (its step, samples, files, the warnings
+    raised meanwhile and the chunks left out so far) once the consumer has taken one of the ``prefetch`` sent
+    before; then ``done``, or its error (with the traceback). Stops early where the consumer stops the run."""
+    run, arenas = None, {}
+    try:
+        order = _order(order_sent)
+        options = order.options
+        store, readers = opened.get(order.opener, options.fields)
+        made = recipe(store, options.fields or store.fields, options.transform, options.decode)
+        plan = options.plan(len(store), store.chunk_size, order.epoch)
+
+        def allocate(step: int) -> Any:
+            arenas[step] = arena = slot.arena()
+            return arena.empty
+
+        work = Work(store, made, dataclasses.replace(options, prefetch=1), order.epoch, plan, order.steps, allocate)
+        stats = LoaderStats()
+        run = LocalRun(work, stats, {name: readers[name] for name in made.fields})
+        for sent, (step, batch) in enumerate(zip(order.steps, run, strict=False)):
+            inbox.read()
+            while sent - inbox.taken(number) >= options.prefetch and number not in inbox.stopped:
+                inbox.read(CREDIT_SECONDS)  # the consumer holds `prefetch` batches not taken: look again soon
+            if number in inbox.stopped:
+                return
+            samples = plan.step(step)[0].astype(np.int64, copy=False).tobytes()
+            connection.send(("batch", number, step, samples, packed(arenas.pop(step).publish(batch)), raised[:],
+                             stats.damaged))
+            raised.clear()
+        connection.send(("done", number))
+    except (EOFError, OSError):
+        raise  # the consumer closed the connection
+    except IterationClosedError:
+        return
+    except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer, which raises it
+        _send_failure(connection, number, error)
+    finally:
+        inbox.finished = number
+        inbox.stopped.discard(number)
+        if run is not None:
+            run.close()
+            for task in list(run.made):  # batches still being made into their files: done before those are freed
+                task.wait()
+        for arena in arenas.values():  # made and not sent
+            arena.discard()
+
+
+def _order(sent: bytes) -> Order:
+    """The order the consumer sent; one that does not load here (a transform the script defines only when run
+    as it is) is an `OptionError` saying what to do."""
+    try:
+        return pickle.loads(sent)
+    except Exception as error:  # noqa: BLE001 - whatever loading raises, the message says what to do
+        raise OptionError(
+            f"the process making the batches could not load the options ({type(error).__name__}: {error}): it "
+            "imports the transform by name, so define it at module level in a module, or in the script above "
+            "its `if __name__ == '__main__':` block"
+        ) from None
+
+
+def _send_failure(connection: Any, number: int, error: BaseException) -> None:
+    """Send ``error`` and its traceback; an error that does not travel (it does not pickle and unpickle as
+    it is) goes as an `OutcoreError` that names it."""
+    trace = traceback.format_exc()
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - whatever stops it travelling, its name and message still do
+        error = OutcoreError(f"{type(error).__name__}: {error}")
+    connection.send(("failed", number, error, trace))

@@ -1,0 +1,194 @@
+"""Batches made by a process of their own (``process=True``): the same batches as in this process, resumable, its
+death and its errors named here, its warnings raised here, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import outcore
+from outcore.iterate.process import RemoteTraceback
+from outcore.testing import write_image_folder
+from outcore.transforms import Compose, RandomCrop, RandomFlip
+
+pytestmark = pytest.mark.portable
+
+
+def _noise(batch, rng):
+    """A Python transform drawing from its generator (module level: it pickles)."""
+    return {**batch, "x": batch["x"] + rng.integers(0, 3, batch["x"].shape, dtype=np.int64)}
+
+
+def _fails_at_seven(batch, rng):
+    if 7 in batch["id"]:
+        raise ValueError("sample 7 is not welcome")
+    return batch
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    ids = np.arange(900)
+    return outcore.from_arrays({"x": np.repeat(ids[:, None], 300, axis=1), "id": ids},
+                               tmp_path_factory.mktemp("process") / "s.zarr", chunk_size=40, shuffle_on_write=False,
+                               progress=False)
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    """An encoded store of JPEGs."""
+    root = tmp_path_factory.mktemp("process")
+    write_image_folder(root / "photos", 30, classes=("cat", "dog"), size=(64, 64), extension=".jpg", seed=1)
+    return outcore.ingest_images(root / "photos", root / "p.zarr", shape=(64, 64, 3), images="encoded",
+                                 chunk_size=16, progress=False)
+
+
+def _epochs(iterator, count):
+    return [[{name: value.copy() for name, value in batch.items()} for batch in iterator] for _ in range(count)]
+
+
+def _same(made, expected):
+    assert len(made) == len(expected)
+    for batches, wanted in zip(made, expected, strict=True):
+        assert len(batches) == len(wanted)
+        for batch, want in zip(batches, wanted, strict=True):
+            assert batch.keys() == want.keys()
+            for name in want:
+                np.testing.assert_array_equal(batch[name], want[name])
+
+
+def test_the_batches_are_those_made_here_epoch_after_epoch_by_one_process(store):
+    options = {"shuffle": True, "seed": 3, "transform": _noise}
+    iterator = store.batches(64, process=True, **options)
+    made = _epochs(iterator, 1)
+    pid = iterator._process.process.pid
+    made += _epochs(iterator, 1)
+    _same(made, _epochs(store.batches(64, **options), 2))
+    assert pid != os.getpid() and iterator._process.process.pid == pid  # one process, kept across epochs
+    assert iterator.stats()["batches"] == 2 * len(iterator)
+    iterator.close()
+
+
+def test_decoded_pictures_cut_and_flipped_there_are_those_cut_here(pictures):
+    options = {"shuffle": True, "seed": 1, "transform": Compose([RandomCrop(32), RandomFlip()])}
+    _same(_epochs(pictures.batches(16, process=True, **options), 2), _epochs(pictures.batches(16, **options), 2))
+
+
+def test_a_resumed_epoch_goes_on_where_it_stopped(store):
+    expected = _epochs(store.batches(50, shuffle=True, seed=4), 1)[0]
+    first = store.batches(50, shuffle=True, seed=4, process=True)
+    taken = iter(first)
+    head = [next(taken)["id"].copy() for _ in range(5)]
+    state = first.state_dict()
+    first.close()
+    resumed = store.batches(50, shuffle=True, seed=4, process=True)
+    resumed.load_state_dict(state)
+    rest = [batch["id"].copy() for batch in resumed]
+    assert [ids.tolist() for ids in head + rest] == [batch["id"].tolist() for batch in expected]
+
+
+def test_a_pass_left_early_then_iterated_again_drops_what_was_sent_meanwhile(store):
+    expected = [batch["id"].tolist() for batch in store.batches(120, shuffle=True, seed=2)]
+    iterator = store.batches(120, shuffle=True, seed=2, prefetch=3, process=True)  # files of 288 KB
+    got = []
+    for _ in range(3):  # each pass leaves after two batches, with three more sent ahead
+        for batch in iterator:
+            got.append(batch["id"].tolist())
+            if len(got) % 2 == 0:
+                time.sleep(0.3)  # the process sends the next three meanwhile
+                break
+    del batch  # the last one this loop took: its file goes back too
+    got += [batch["id"].tolist() for batch in iterator]
+    assert got == expected
+    folder = iterator._process.mailbox.folder
+    held = [path.name for path in folder.iterdir() if not path.name.startswith(("free-", "owner"))]
+    assert held == [], held  # the files of the batches dropped unseen went back to the free ones
+    iterator.close()
+    assert not folder.exists()
+
+
+def test_a_killed_process_is_named_and_the_next_pass_starts_another(store):
+    expected = [batch["id"].tolist() for batch in store.batches(100, shuffle=True, seed=6)]
+    iterator = store.batches(100, shuffle=True, seed=6, process=True)
+    taken = iter(iterator)
+    got = [next(taken)["id"].tolist()]
+    os.kill(iterator._process.process.pid, signal.SIGKILL)
+    with pytest.raises(outcore.LoaderProcessError, match=r"ended \(killed by SIGKILL\) while batch \d of epoch 0"):
+        for batch in taken:
+            got.append(batch["id"].tolist())
+    got += [batch["id"].tolist() for batch in iterator]  # a new process, from the first batch not handed out
+    assert got == expected
+
+
+def test_an_error_there_is_raised_here_with_its_traceback(store):
+    iterator = store.batches(100, transform=_fails_at_seven, process=True)
+    with pytest.raises(ValueError, match="sample 7 is not welcome") as raised:
+        list(iterator)
+    assert isinstance(raised.value.__cause__, RemoteTraceback)
+    assert "_fails_at_seven" in str(raised.value.__cause__)
+    assert "in the process making the batches" in str(raised.value.__cause__)
+
+
+def test_damaged_chunks_left_out_there_are_warned_of_and_counted_here(tmp_path):
+    ids = np.arange(320)
+    ds = outcore.from_arrays({"x": np.repeat(ids[:, None], 8, axis=1).astype(np.float32), "id": ids},
+                             tmp_path / "d.zarr", chunk_size=32, progress=False)
+    for chunk in (2, 7):
+        outcore.testing.corrupt_chunk(ds.location, "x", chunk)
+    ds = outcore.open_dataset(ds.location)
+    iterator = ds.batches(50, seed=1, skip_damaged=2, process=True)
+    for _ in range(2):  # each epoch's, said again
+        with pytest.warns(outcore.OutcoreWarning) as caught:
+            seen = sorted(i for batch in iterator for i in batch["id"].tolist())
+        assert sorted(str(warning.message).split("left out chunk ")[1].split()[0] for warning in caught) == ["2", "7"]
+        assert seen == sorted(set(range(320)) - set(ds.array("id")[64:96]) - set(ds.array("id")[224:256]))
+    assert iterator.stats()["damaged_chunks"] == 4
+
+
+def test_what_cannot_reach_a_process_is_refused_saying_why(store, monkeypatch):
+    with pytest.raises(outcore.OptionError, match="do not pickle .* define the transform at module level"):
+        list(store.batches(100, transform=lambda batch, rng: batch, process=True))
+    with pytest.raises(outcore.OptionError, match="with client=, the cluster's workers make them"):
+        store.batches(100, process=True, client=object())
+    monkeypatch.setenv("OUTCORE_SHARED_MEMORY", "0")
+    with pytest.raises(outcore.OptionError, match=r"shared memory \(/dev/shm\).*leave process= out"):
+        list(store.batches(100, process=True))
+
+
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import outcore
+        for batch in outcore.open_dataset({str(Path(tmp_path / 's.zarr'))!r}).batches(10, process=True):
+            pass
+    """))
+    outcore.from_arrays({"x": np.arange(50)}, tmp_path / "s.zarr", chunk_size=10, progress=False)
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 1
+    assert "LoaderProcessError" in done.stderr and "if __name__ == '__main__':" in done.stderr.splitlines()[-1]
+
+
+def test_a_process_run_copies_into_the_memory_the_consumer_makes(store):
+    made: list[tuple[int, ...]] = []
+
+    def empty(shape, dtype, field=""):
+        made.append(shape)
+        return np.empty(shape, dtype)
+
+    iterator = store.batches(100, shuffle=False, process=True)
+    run = iterator.run(0, range(len(iterator)), empty=empty)
+    try:
+        ids = [batch["id"].tolist() for batch in run]
+    finally:
+        run.close()
+        iterator.close()
+    assert ids == [list(range(start, min(start + 100, 900))) for start in range(0, 900, 100)]
+    assert (100, 300) in made  # the large field, copied out of its file into the consumer's memory
