@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import outcore
-from outcore.iterate.process import RemoteTraceback
+from outcore.iterate.process import LoaderProcess, RemoteTraceback
 from outcore.testing import write_image_folder
 from outcore.transforms import Compose, RandomCrop, RandomFlip
 
@@ -74,6 +74,26 @@ def test_the_batches_are_those_made_here_epoch_after_epoch_by_one_process(store)
     assert pid != os.getpid() and iterator._process.process.pid == pid  # one process, kept across epochs
     assert iterator.stats()["batches"] == 2 * len(iterator)
     iterator.close()
+
+
+def test_the_first_batches_are_made_here_until_the_process_has_started(store, monkeypatch):
+    real, asked = LoaderProcess.ready, []
+
+    def ready(self):  # not started when the run is made, nor for its first four batches; then waited for
+        asked.append(1)
+        while len(asked) > 5 and not real(self):
+            time.sleep(0.01)
+        return len(asked) > 5
+
+    monkeypatch.setattr(LoaderProcess, "ready", ready)
+    options = {"shuffle": True, "seed": 8, "transform": _noise}
+    iterator = store.batches(64, process=True, **options)
+    made, kinds = [], []
+    for batch in iterator:
+        made.append({name: value.copy() for name, value in batch.items()})
+        kinds.append(type(iterator._active.current).__name__)
+    assert kinds == ["LocalRun"] * 4 + ["ProcessRun"] * (len(iterator) - 4)
+    _same([made], _epochs(store.batches(64, **options), 1))
 
 
 def test_decoded_pictures_cut_and_flipped_there_are_those_cut_here(pictures):
@@ -166,8 +186,10 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""
         import outcore
-        for batch in outcore.open_dataset({str(Path(tmp_path / 's.zarr'))!r}).batches(10, process=True):
-            pass
+        iterator = outcore.open_dataset({str(Path(tmp_path / 's.zarr'))!r}).batches(10, process=True)
+        for epoch in range(1000):  # the first batches are made here while the process starts (and fails)
+            for batch in iterator:
+                pass
     """))
     outcore.from_arrays({"x": np.arange(50)}, tmp_path / "s.zarr", chunk_size=10, progress=False)
     done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120,

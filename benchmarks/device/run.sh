@@ -12,8 +12,9 @@
 #               ds.torch(decode="cuda") against outcore's CPU path on the same files
 #   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC) with the
 #               GIL share timed, ds.torch with 0-16 workers
-#   feed        benchmarks/cores.py's stand-in training step (5 ms, 80 % holding the GIL) fed in its process by threads
-#               or by 1-4 DataLoader workers: the ratio to its own rate, and the CPU a batch costs the loop's thread
+#   feed        benchmarks/cores.py's stand-in training step (5 ms, 80 % holding the GIL) fed in its process by threads,
+#               by a process of their own (process=True) or by 1 or 4 DataLoader workers: the ratio to its own rate,
+#               and the CPU a batch costs the loop's thread
 #   ingest      benchmarks/ingest_scale.py: whole ingests of ImageNet-like JPEGs on 1 and 16 threads, timed by phase
 #   cluster     benchmarks/cluster.py: 1-8 Dask workers decoding, cropping and flipping
 #   dense       benchmarks/dense_targets.py: crops and flips of pictures with their instance maps, boxes and keypoints,
@@ -46,12 +47,12 @@ tests=$root/tests
 step gputests 50 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -W default -c $root/pyproject.toml \
     $tests/test_torch.py $tests/test_torch_decode.py $tests/test_advice.py -k 'cuda or gpu or nvjpeg or pin or device'"
 step imagenet 80 python3 imagenet.py --images 4000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
-step gpu 150 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
+step gpu 180 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
 step gpu_decode 60 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr
 step cores 150 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --torch-workers 0,4,8,16 \
     --only scaling,torch --cases pixels,pixels+crop,encoded,encoded+crop,rrc --workdir $work/cores
 step feed 75 python3 cores.py --images 6000 --only feed --cases pixels,encoded --seconds 3 --step-ms 5 --held 0.8 \
-    --feed-workers 0,1,2,4 --workdir $work/cores
+    --feed-workers 0,process,1,4 --workdir $work/cores
 step ingest 70 python3 ingest_scale.py --files 10000 --threads 1,16 --repeats 1 --workdir $work/ingest
 step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
 step dense 75 python3 dense_targets.py --images 2048 --batch 64 --repeats 2 --workdir $work/dense

@@ -138,6 +138,10 @@ class TorchBatches(IterableDataset):
         self.loader_passes: int | None = None  # an OutcoreLoader's: its passes under way (read in those only)
         self.pinned = False  # batches made in this process go straight to pinned memory (`OutcoreLoader` sets it)
         self._process: LoaderProcess | None = None  # with ``process``: the process making them, kept across passes
+        if options.process:
+            self._process = LoaderProcess()
+            weakref.finalize(self, self._process.close)
+            self._process.start()
 
     def persist(self, context: Any = None) -> None:
         """Prepare for DataLoader workers that persist across epochs, started by ``context`` (a start method's
@@ -232,9 +236,6 @@ class TorchBatches(IterableDataset):
             (self.passes, self.epoch, self.step, self.skip), self.own_turn = self.board.read(), False
         if self._store is None or self._opened_in != os.getpid():
             self._store, self._opened_in = self.opener(), os.getpid()
-        if self.options.process and self._process is None:
-            self._process = LoaderProcess()
-            weakref.finalize(self, self._process.close)
         iterator = BatchIterator(self._store, self.options, self._process)
         if info is not None and self.slot is not None:
             yield from self._parts(iterator, (loader_worker, num_workers))

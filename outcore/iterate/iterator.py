@@ -19,7 +19,7 @@ from .batch import Batch, Empty, check_fields, plain
 from .cluster import ClusterRun
 from .options import BatchOptions, check_state
 from .plan import EpochPlan
-from .process import LoaderProcess, ProcessRun
+from .process import LoaderProcess, ProcessRun, StartingRun
 from .readers import ChunkReader, chunk_readers, recipe
 from .runs import LocalRun, NextEpoch, Run, Work
 from .stats import LoaderStats
@@ -70,6 +70,7 @@ class BatchIterator:
         if options.process and loader_process is None:
             self._process = LoaderProcess()
             weakref.finalize(self, self._process.close)
+            self._process.start()
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -137,7 +138,7 @@ class BatchIterator:
                 self._active = None
 
     def run(self, epoch: int, steps: Sequence[int], part: tuple[int, int] = (0, 1),
-            allocator: Callable[[int], Empty] | None = None, empty: Empty = plain) -> Run | ProcessRun:
+            allocator: Callable[[int], Empty] | None = None, empty: Empty = plain) -> Run | ProcessRun | StartingRun:
         """A run making the rank's batches ``steps`` (increasing) of ``epoch`` (with ``part``, that part of each;
         with ``allocator``, each step's arrays made by what it gives for the step, else by ``empty``): iterate it
         for the batches, close it when done (a DataLoader worker makes its turns or its parts so)."""
@@ -145,7 +146,9 @@ class BatchIterator:
         if self.options.client is not None:
             return ClusterRun(work, self._stats)
         if self._process is not None and self.options.process:
-            return self._process.run(work, self._stats)
+            if self._process.ready() or self.options.skip_damaged:  # a chunk left out is said by one run only
+                return self._process.run(work, self._stats)
+            return StartingRun(self._process, work, self._stats, LocalRun(work, self._stats, self.readers))
         return LocalRun(work, self._stats, self.readers)
 
     @property

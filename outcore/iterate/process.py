@@ -78,8 +78,9 @@ class RemoteTraceback(Exception):
 
 
 class LoaderProcess:
-    """An iterator's process of its own making its runs' batches (`serve`), started at the first `run` (again
-    after one that died), ended by `close` (or when the iterator goes, or at exit)."""
+    """An iterator's process of its own making its runs' batches (`serve`), started with the iterator (`start`:
+    it imports the script's modules again, seconds where they are torch or TensorFlow, meanwhile) and again at
+    the `run` after one that died, ended by `close` (or when the iterator goes, or at exit)."""
 
     def __init__(self) -> None:
         self.process: Any = None
@@ -89,6 +90,7 @@ class LoaderProcess:
         self.heard = False  # a message came from the process now running
         self.poller: Any = None  # waits on the connection in one system call (the connection's poll takes several)
         self.board: Any = None  # the batches taken (`taken`): the run's number, then the count, in 64 bits
+        self.started = False  # the process said it has started (its imports done): `ready`
 
     def run(self, work: Work, stats: LoaderStats) -> ProcessRun:
         """A run of ``work`` made by the process (started now if none runs)."""
@@ -103,13 +105,15 @@ class LoaderProcess:
             raise OptionError(f"process=True sends the options to the process making the batches, and they do not "
                               f"pickle ({type(error).__name__}: {error}): define the transform at module level (not a "
                               "lambda or a local function)") from None
-        if self.process is None or not self.process.is_alive():
-            self._start()
+        if self.process is None:
+            self.start()
         run = ProcessRun(self, next(self.runs), work, stats)
         self._send(("run", run.number, sent))
         return run
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the process now (its imports, which are the script's, overlap what the caller does next: building
+        a model, say), ending the one before, if any."""
         self.close()
         if multiprocessing.current_process().daemon:
             raise OptionError("process=True starts a process, and this one (a DataLoader or Keras worker) is "
@@ -125,7 +129,7 @@ class LoaderProcess:
         self.board = context.RawValue("q", -1)
         self.process = context.Process(target=serve, args=(theirs, self.mailbox.slot.folder, self.board),
                                        name="outcore-batches", daemon=True)
-        self.heard = False
+        self.heard = self.started = False
         try:
             self.process.start()
         except OSError as error:
@@ -134,6 +138,20 @@ class LoaderProcess:
                                      "out to make them in this process") from None
         finally:
             theirs.close()
+
+    def ready(self) -> bool:
+        """Whether the process has started (or ended: its run then says how), without waiting; one let go (it
+        died) is started again."""
+        if self.process is None:
+            self.start()
+        if not self.started and self.poller.poll(0):
+            try:
+                pickle.loads(self.connection.recv_bytes())  # its first message: "started"
+                self.heard = True
+            except (EOFError, OSError):
+                pass  # it died: its run says how
+            self.started = True
+        return self.started
 
     def _send(self, message: tuple[Any, ...]) -> None:
         with contextlib.suppress(OSError):  # a process that died: the run's first receive says so
@@ -173,12 +191,14 @@ class LoaderProcess:
                     free_file(self.mailbox.folder, value.name, value.file_size)
 
     def _died(self, run: ProcessRun) -> LoaderProcessError:
+        """The error that says how the process ended; it is let go (the next run starts another)."""
         self.process.join(EXIT_SECONDS)
-        code = self.process.exitcode
+        code, pid, heard = self.process.exitcode, self.process.pid, self.heard
+        self.close()
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        said = (f"the process making the batches (pid {self.process.pid}) ended ({how}) while batch "
+        said = (f"the process making the batches (pid {pid}) ended ({how}) while batch "
                 f"{run.work.batches[run.delivered]} of epoch {run.work.epoch} was awaited")
-        if code is not None and code > 0 and not self.heard:
+        if code is not None and code > 0 and not heard:
             return LoaderProcessError(
                 f"{said}, before its first batch: it starts by importing the main script again (as "
                 "multiprocessing's spawn and forkserver do): put the script's work under `if __name__ == "
@@ -251,6 +271,41 @@ class ProcessRun:
             self.stop.set()
             if self.delivered < len(self.work.batches) and self.loader.connection is not None:
                 self.loader._send(("stop", self.number))
+
+
+class StartingRun:
+    """A run whose first batches are made here, by ``local`` (a `LocalRun` of the same work), while the loader
+    process starts, and the rest there, from the first batch after the process `LoaderProcess.ready`: the first
+    batch comes as soon as without a process of its own, and the process takes over once it can."""
+
+    def __init__(self, loader: LoaderProcess, work: Work, stats: LoaderStats, local: Any) -> None:
+        self.loader, self.work, self.stats, self.local = loader, work, stats, local
+        self.current = local
+        self.stop, self.under_way = local.stop, local.under_way
+        self.delivered = 0  # by this run, here and there
+
+    def __iter__(self) -> Iterator[Batch]:
+        made = iter(self.local)
+        for index in range(len(self.work.batches)):
+            if self.loader.ready():
+                self.local.close()
+                self.current = self.loader.run(dataclasses.replace(self.work, batches=self.work.batches[index:]),
+                                               self.stats)
+                self.stop = self.current.stop
+                for batch in self.current:
+                    self.delivered += 1
+                    yield batch
+                return
+            batch = next(made)
+            self.delivered += 1
+            yield batch
+
+    def samples(self, step: int) -> np.ndarray:
+        return self.current.samples(step)
+
+    def close(self) -> None:
+        self.local.close()
+        self.current.close()
 
 
 def packed(made: SharedBatch) -> tuple[Any, ...]:
@@ -341,6 +396,7 @@ def serve(connection: Any, folder: str, board: Any) -> None:
     warnings.showwarning = lambda message, category, *_: raised.append((str(message), category))
     inbox, opened = Inbox(connection, board), Opened()
     with contextlib.suppress(EOFError, OSError):  # the consumer closed the connection: the process ends
+        connection.send(("started", -1))
         while True:
             number, sent = inbox.next_order()
             make(connection, inbox, number, sent, Slot(folder), opened, raised)
