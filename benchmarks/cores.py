@@ -35,9 +35,10 @@ each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop do
   a kernel launch does), alone (its ceiling) and taking a batch of the case before each step (one iterator,
   epoch after epoch: ``ds.batches`` on outcore's default threads, or, for each ``--feed-workers`` count above 0,
   ``ds.torch`` with that many DataLoader workers, for ``torch``, ``ds.torch`` without workers, and for
-  ``process``, ``ds.batches(process=True)``, made in a process of its own): steps/s, the ratio to the ceiling, the share of the time
-  waiting for a batch, and the CPU time of the loop's own thread taking each batch (the hand-off: a
-  DataLoader's items received, a batch's parts joined). Each time the step takes the GIL back it may wait for a
+  ``process``, ``ds.batches(process=True)``, made in a process of its own): steps/s, the ratio to the ceiling,
+  the share of the time waiting for a batch, the CPU time of the loop's own thread taking each batch (the
+  hand-off: a DataLoader's items received, a batch's parts joined), and that of its process's other threads a
+  batch (a loader's threads in its process: the work whose GIL it shares). Each time the step takes the GIL back it may wait for a
   loader thread's Python, and each time a loader thread wants it back it may wait for the step's: what this
   measures is how often and how long a batch needs the GIL while something else needs it too.
 
@@ -343,15 +344,18 @@ def feed(made: dict[str, Path], cases: list[str], seconds: float, step_ms: float
     print(f"\na training loop's stand-in, {step_ms:g} ms of CPU a step in rounds of {ROUND_US} us, {held:.0%} of each "
           "holding the GIL (Python between kernel launches) and the rest in a C call that releases it (a launch), "
           f"fed by ds.batches({BATCH}, shuffle=True) on outcore's default threads (0 workers) or by ds.torch with "
-          f"DataLoader workers (torch: without), {os.cpu_count()} cores here: its steps/s alone (the ceiling) and fed, the ratio, the "
-          "share of the time it waits for a batch, and its own thread's CPU time taking one (the hand-off)")
-    print(f"{'case':14s} {'workers':>7s} {'alone':>8s} {'fed':>8s} {'ratio':>6s} {'waiting':>8s} {'hand-off':>9s}")
+          f"DataLoader workers (torch: without; process: ds.batches(process=True)), {os.cpu_count()} cores here: its "
+          "steps/s alone (the ceiling) and fed, the ratio, the share of the time it waits for a batch, its own thread's "
+          "CPU time taking one (the hand-off), and its process's other threads' CPU time a batch (others: a loader's "
+          "in its process, whose GIL the loop shares)")
+    print(f"{'case':14s} {'workers':>7s} {'alone':>8s} {'fed':>8s} {'ratio':>6s} {'waiting':>8s} {'hand-off':>9s} "
+          f"{'others':>9s}")
     for case in cases:
         for count in workers:
             result = child("--feed-run", case, made[CASES[case][0]], seconds, step_ms, held, count)
             print(f"{case:14s} {count:>7s} {result['alone']:8.1f} {result['fed']:8.1f} "
-                  f"{result['fed'] / result['alone']:6.2f} {result['waiting']:8.1%} {result['handoff_ms']:6.2f} ms",
-                  flush=True)
+                  f"{result['fed'] / result['alone']:6.2f} {result['waiting']:8.1%} {result['handoff_ms']:6.2f} ms "
+                  f"{result['others_ms']:6.2f} ms", flush=True)
 
 
 ROUND_US = 50  # feed: a round of the stand-in step, about a kernel launch and the Python before it
@@ -361,11 +365,14 @@ def fed(location: Path, case: str, seconds: float, step_ms: float, held: float,
         workers: int | str) -> dict[str, float]:
     """Steps/s of the stand-in training step (`stand_in`) alone and taking a batch of ``case`` before each step (one
     iterator, epoch after epoch, as training does: ``ds.batches``, or ``ds.torch`` with ``workers`` DataLoader
-    workers, ``"torch"``: without, ``"process"``: ``ds.batches(process=True)``), the share of the time it waited for one, and its thread's CPU time a batch taking them."""
+    workers, ``"torch"``: without, ``"process"``: ``ds.batches(process=True)``), the share of the time it waited
+    for one, its thread's CPU time a batch taking them, and the CPU time a batch of its process's other threads (a
+    loader's in it)."""
     step = stand_in(step_ms, held)
 
-    def steps_per_second(before_each: Callable[[], object]) -> tuple[float, float, float]:
+    def steps_per_second(before_each: Callable[[], object]) -> tuple[float, float, float, float]:
         steps, waited, taking, began = 0, 0.0, 0.0, time.perf_counter()
+        process_cpu, thread_cpu = time.process_time(), time.thread_time()
         while time.perf_counter() - began < seconds:
             asked, cpu = time.perf_counter(), time.thread_time()
             before_each()
@@ -374,9 +381,10 @@ def fed(location: Path, case: str, seconds: float, step_ms: float, held: float,
             step()
             steps += 1
         elapsed = time.perf_counter() - began
-        return steps / elapsed, waited / elapsed, taking / steps
+        others = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)  # the process's other threads
+        return steps / elapsed, waited / elapsed, taking / steps, others / steps
 
-    alone, _, _ = steps_per_second(lambda: None)
+    alone, _, _, _ = steps_per_second(lambda: None)
     ds = outcore.open_dataset(location)
     options = {"shuffle": True, "fields": FIELDS.get(case, ["images", "labels"]), "transform": CASES[case][1]}
     if workers in ("torch", "process"):  # ds.torch without workers; ds.batches in a process of its own
@@ -393,8 +401,8 @@ def fed(location: Path, case: str, seconds: float, step_ms: float, held: float,
     taken = forever()
     for _ in range(len(batches)):  # a first epoch: the pipeline filled
         next(taken)
-    rate, waiting, handoff = steps_per_second(lambda: next(taken))
-    return {"alone": alone, "fed": rate, "waiting": waiting, "handoff_ms": handoff * 1e3}
+    rate, waiting, handoff, others = steps_per_second(lambda: next(taken))
+    return {"alone": alone, "fed": rate, "waiting": waiting, "handoff_ms": handoff * 1e3, "others_ms": others * 1e3}
 
 
 def stand_in(step_ms: float, held: float) -> Callable[[], None]:

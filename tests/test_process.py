@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import outcore
-from outcore.iterate.process import LoaderProcess, RemoteTraceback
+from outcore.iterate.process import CopyingRun, LoaderProcess, RemoteTraceback
 from outcore.testing import write_image_folder
 from outcore.transforms import Compose, RandomCrop, RandomFlip
 
@@ -206,11 +206,16 @@ def test_a_process_run_copies_into_the_memory_the_consumer_makes(store):
         return np.empty(shape, dtype)
 
     iterator = store.batches(100, shuffle=False, process=True)
+    while not iterator._process.ready():
+        time.sleep(0.01)
     run = iterator.run(0, range(len(iterator)), empty=empty)
+    assert isinstance(run, CopyingRun)  # a thread of this process copies them as they come
     try:
         ids = [batch["id"].tolist() for batch in run]
+        samples = run.samples(8)  # of the last batch
     finally:
         run.close()
         iterator.close()
     assert ids == [list(range(start, min(start + 100, 900))) for start in range(0, 900, 100)]
     assert (100, 300) in made  # the large field, copied out of its file into the consumer's memory
+    assert samples.tolist() == list(range(800, 900))

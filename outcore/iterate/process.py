@@ -52,10 +52,11 @@ from ..storage import Store
 from .batch import Batch, plain
 from .options import BatchOptions
 from .readers import ChunkReader, chunk_readers, recipe
-from .runs import EXIT_SECONDS, WAKE_SECONDS, LocalRun, Work, closed
+from .runs import EXIT_SECONDS, WAKE_SECONDS, LocalRun, Run, Work, closed
 from .shared import Mailbox, SharedArray, SharedBatch, Slot, free_file
 from .stats import LoaderStats
 
+KEPT_SAMPLES = 8  # a run keeps the samples of its last batches handed out: a thread copying them runs ahead
 CREDIT_SECONDS = 0.001  # how often a process ahead of its consumer by ``prefetch`` batches looks whether it took one
 
 
@@ -92,8 +93,9 @@ class LoaderProcess:
         self.board: Any = None  # the batches taken (`taken`): the run's number, then the count, in 64 bits
         self.started = False  # the process said it has started (its imports done): `ready`
 
-    def run(self, work: Work, stats: LoaderStats) -> ProcessRun:
-        """A run of ``work`` made by the process (started now if none runs)."""
+    def run(self, work: Work, stats: LoaderStats) -> ProcessRun | CopyingRun:
+        """A run of ``work`` made by the process (started now if none runs): taken on the consumer's thread, or by
+        a thread that copies each batch into the consumer's memory of choice (``work.empty``)."""
         if work.allocator is not None:
             raise OptionError("process=True makes whole batches in its process: a DataLoader worker makes its parts "
                               "of batches itself (leave process= out there)")
@@ -109,7 +111,7 @@ class LoaderProcess:
             self.start()
         run = ProcessRun(self, next(self.runs), work, stats)
         self._send(("run", run.number, sent))
-        return run
+        return run if work.empty is plain else CopyingRun(run)
 
     def start(self) -> None:
         """Start the process now (its imports, which are the script's, overlap what the caller does next: building
@@ -230,7 +232,7 @@ class ProcessRun:
         self.stop = threading.Event()
         self.under_way = threading.Event()  # never set: a next epoch is asked of the process when it starts
         self.delivered = 0
-        self._samples: dict[int, np.ndarray] = {}  # the last step handed out: its samples, sent with its batch
+        self._samples: dict[int, np.ndarray] = {}  # the last steps handed out (`KEPT_SAMPLES`): their samples
         self._damaged = 0  # chunks the process left out of this run (``skip_damaged``) so far
 
     def __iter__(self) -> Iterator[Batch]:
@@ -254,14 +256,16 @@ class ProcessRun:
             batch = loader.mailbox.receive(unpacked(made))
             if work.empty is not plain:  # the consumer's memory of choice (pinned, for a GPU): the file goes back
                 batch = {name: _copied(value, work.empty, name) for name, value in batch.items()}
-            self._samples = {step: samples}
+            self._samples[step] = samples
+            if len(self._samples) > KEPT_SAMPLES:
+                del self._samples[next(iter(self._samples))]
             self.delivered += 1
             loader.taken(self.number, self.delivered)
             self.stats.record(time.perf_counter() - began, ready, len(samples))
             yield batch
 
     def samples(self, step: int) -> np.ndarray:
-        """The store's indices of the samples of batch ``step``: the last one handed out (or any, planned here)."""
+        """The store's indices of the samples of batch ``step``: one of the last handed out (or any, planned here)."""
         samples = self._samples.get(step)
         return samples if samples is not None else self.work.plan.step(step)[0]
 
@@ -271,6 +275,29 @@ class ProcessRun:
             self.stop.set()
             if self.delivered < len(self.work.batches) and self.loader.connection is not None:
                 self.loader._send(("stop", self.number))
+
+
+class CopyingRun(Run):
+    """A `ProcessRun` taken by a thread of this process, which copies each batch into the consumer's memory of
+    choice (`Work.empty`: pinned memory, for a GPU) as it comes: a copy of megabytes, made outside the GIL but not on
+    the consumer's thread, which takes the batches from the run's queue."""
+
+    def __init__(self, taken: ProcessRun) -> None:
+        self.taken = taken
+        super().__init__(taken.work, taken.stats)
+        taken.stats = LoaderStats()  # the waits that count are the consumer's, on this run's queue
+
+    def _produce_batches(self) -> None:
+        for batch in self.taken:
+            if not self._put(batch):
+                return
+
+    def samples(self, step: int) -> np.ndarray:
+        return self.taken.samples(step)
+
+    def close(self) -> None:
+        self.taken.close()  # its thread, waiting for the process, stops at once
+        super().close()
 
 
 class StartingRun:
