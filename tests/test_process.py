@@ -219,3 +219,26 @@ def test_a_process_run_copies_into_the_memory_the_consumer_makes(store):
     assert ids == [list(range(start, min(start + 100, 900))) for start in range(0, 900, 100)]
     assert (100, 300) in made  # the large field, copied out of its file into the consumer's memory
     assert samples.tolist() == list(range(800, 900))
+
+
+def test_a_run_closing_while_the_next_starts_leaves_it_every_batch(store):
+    """Two threads reading the process's messages at once (a copying run closing, the next one's starting): each
+    run gets its own batches, and those of the closed run go back to the free files."""
+    iterator = store.batches(120, shuffle=False, process=True)
+    while not iterator._process.ready():
+        time.sleep(0.01)
+    copy = lambda shape, dtype, field="": np.empty(shape, dtype)  # noqa: E731 - the consumer's memory, here
+    for _ in range(5):
+        first = iterator.run(0, range(len(iterator)), empty=copy)
+        taken = iter(first)
+        assert next(taken)["id"].tolist() == list(range(120))
+        second = iterator.run(1, range(3, len(iterator)), empty=copy)  # made while the first still runs
+        time.sleep(0.05)
+        first.close()
+        ids = [batch["id"].tolist() for batch in second]
+        second.close()
+        assert ids == [list(range(start, min(start + 120, 900))) for start in range(360, 900, 120)]
+    time.sleep(0.2)  # the process has stopped the first runs
+    assert [path.name for path in iterator._process.mailbox.folder.iterdir()
+            if not path.name.startswith(("free-", "owner"))] == []
+    iterator.close()

@@ -92,6 +92,8 @@ class LoaderProcess:
         self.poller: Any = None  # waits on the connection in one system call (the connection's poll takes several)
         self.board: Any = None  # the batches taken (`taken`): the run's number, then the count, in 64 bits
         self.started = False  # the process said it has started (its imports done): `ready`
+        self.reading = threading.Lock()  # one reader of the connection at a time (a run's copying thread, say)
+        self.later: dict[int, deque[tuple[Any, ...]]] = {}  # messages of runs newer than their reader's, kept
 
     def run(self, work: Work, stats: LoaderStats) -> ProcessRun | CopyingRun:
         """A run of ``work`` made by the process (started now if none runs): taken on the consumer's thread, or by
@@ -146,14 +148,21 @@ class LoaderProcess:
         died) is started again."""
         if self.process is None:
             self.start()
-        if not self.started and self.poller.poll(0):
-            try:
-                pickle.loads(self.connection.recv_bytes())  # its first message: "started"
-                self.heard = True
-            except (EOFError, OSError):
-                pass  # it died: its run says how
-            self.started = True
+        with self.reading:
+            if not self.started and self.poller.poll(0):
+                try:
+                    pickle.loads(self.connection.recv_bytes())  # its first message: "started"
+                    self.heard = True
+                except (EOFError, OSError):
+                    pass  # it died: its run says how
+                self.started = True
         return self.started
+
+    def forget(self, number: int) -> None:
+        """Run ``number`` is closed: what was kept for it is dropped."""
+        with self.reading:
+            for message in self.later.pop(number, ()):
+                self._drop(message)
 
     def _send(self, message: tuple[Any, ...]) -> None:
         with contextlib.suppress(OSError):  # a process that died: the run's first receive says so
@@ -165,19 +174,28 @@ class LoaderProcess:
         sender more than the rest of a batch's hand-off."""
         self.board.value = number << 32 | delivered
 
-    def receive(self, run: ProcessRun, ready: bool) -> tuple[Any, ...]:
-        """The next message of the process for ``run`` (``ready``: one has come), those of runs closed before it
-        dropped (their batches' files freed); the process's death, or the run closed meanwhile, raised."""
+    def receive(self, run: ProcessRun) -> tuple[tuple[Any, ...], bool]:
+        """The next message of the process for ``run``, and whether it had come when asked for: those of runs made
+        before it (closed) are dropped, their batches' files freed, and those of runs made after it (a run closing
+        while the next one starts) kept for them; the process's death, or the run closed meanwhile, raised."""
+        first = True
         while True:
             try:
-                if ready or self.poller.poll(WAKE_SECONDS * 1e3):
-                    ready = False
-                    message = pickle.loads(self.connection.recv_bytes())
-                    self.heard = True
-                    if message[1] == run.number:
-                        return message
-                    self._drop(message)
-                    continue
+                with self.reading:
+                    kept = self.later.get(run.number)
+                    if kept:
+                        return kept.popleft(), first
+                    if self.poller.poll(0 if first else WAKE_SECONDS * 1e3):
+                        message = pickle.loads(self.connection.recv_bytes())
+                        self.heard = True
+                        if message[1] == run.number:
+                            return message, first
+                        if message[1] > run.number:
+                            self.later.setdefault(message[1], deque()).append(message)
+                        else:
+                            self._drop(message)
+                        continue
+                    first = False
             except (EOFError, OSError):
                 if run.stop.is_set():
                     raise closed(run.work, run.delivered) from None
@@ -221,6 +239,7 @@ class LoaderProcess:
         if self.mailbox is not None:
             self.mailbox.close()
         self.process = self.connection = self.mailbox = None
+        self.later.clear()
 
 
 class ProcessRun:
@@ -239,8 +258,7 @@ class ProcessRun:
         work, loader = self.work, self.loader
         while self.delivered < len(work.batches):
             began = time.perf_counter()
-            ready = len(loader.poller.poll(0))
-            kind, _, *said = loader.receive(self, bool(ready))
+            (kind, _, *said), ready = loader.receive(self)
             if kind == "done":
                 return
             if kind == "failed":
@@ -275,6 +293,7 @@ class ProcessRun:
             self.stop.set()
             if self.delivered < len(self.work.batches) and self.loader.connection is not None:
                 self.loader._send(("stop", self.number))
+            self.loader.forget(self.number)
 
 
 class CopyingRun(Run):
