@@ -50,6 +50,13 @@ def pictures(tmp_path_factory):
                                  chunk_size=16, progress=False)
 
 
+def _started(iterator):
+    """``iterator`` once its process has started: every batch from now on made there."""
+    while not iterator._process.ready():
+        time.sleep(0.01)
+    return iterator
+
+
 def _epochs(iterator, count):
     return [[{name: value.copy() for name, value in batch.items()} for batch in iterator] for _ in range(count)]
 
@@ -66,7 +73,7 @@ def _same(made, expected):
 
 def test_the_batches_are_those_made_here_epoch_after_epoch_by_one_process(store):
     options = {"shuffle": True, "seed": 3, "transform": _noise}
-    iterator = store.batches(64, process=True, **options)
+    iterator = _started(store.batches(64, process=True, **options))
     made = _epochs(iterator, 1)
     pid = iterator._process.process.pid
     made += _epochs(iterator, 1)
@@ -98,17 +105,17 @@ def test_the_first_batches_are_made_here_until_the_process_has_started(store, mo
 
 def test_decoded_pictures_cut_and_flipped_there_are_those_cut_here(pictures):
     options = {"shuffle": True, "seed": 1, "transform": Compose([RandomCrop(32), RandomFlip()])}
-    _same(_epochs(pictures.batches(16, process=True, **options), 2), _epochs(pictures.batches(16, **options), 2))
+    _same(_epochs(_started(pictures.batches(16, process=True, **options)), 2), _epochs(pictures.batches(16, **options), 2))
 
 
 def test_a_resumed_epoch_goes_on_where_it_stopped(store):
     expected = _epochs(store.batches(50, shuffle=True, seed=4), 1)[0]
-    first = store.batches(50, shuffle=True, seed=4, process=True)
+    first = _started(store.batches(50, shuffle=True, seed=4, process=True))
     taken = iter(first)
     head = [next(taken)["id"].copy() for _ in range(5)]
     state = first.state_dict()
     first.close()
-    resumed = store.batches(50, shuffle=True, seed=4, process=True)
+    resumed = _started(store.batches(50, shuffle=True, seed=4, process=True))
     resumed.load_state_dict(state)
     rest = [batch["id"].copy() for batch in resumed]
     assert [ids.tolist() for ids in head + rest] == [batch["id"].tolist() for batch in expected]
@@ -116,7 +123,7 @@ def test_a_resumed_epoch_goes_on_where_it_stopped(store):
 
 def test_a_pass_left_early_then_iterated_again_drops_what_was_sent_meanwhile(store):
     expected = [batch["id"].tolist() for batch in store.batches(120, shuffle=True, seed=2)]
-    iterator = store.batches(120, shuffle=True, seed=2, prefetch=3, process=True)  # files of 288 KB
+    iterator = _started(store.batches(120, shuffle=True, seed=2, prefetch=3, process=True))  # files of 288 KB
     got = []
     for _ in range(3):  # each pass leaves after two batches, with three more sent ahead
         for batch in iterator:
@@ -136,7 +143,7 @@ def test_a_pass_left_early_then_iterated_again_drops_what_was_sent_meanwhile(sto
 
 def test_a_killed_process_is_named_and_the_next_pass_starts_another(store):
     expected = [batch["id"].tolist() for batch in store.batches(100, shuffle=True, seed=6)]
-    iterator = store.batches(100, shuffle=True, seed=6, process=True)
+    iterator = _started(store.batches(100, shuffle=True, seed=6, process=True))
     taken = iter(iterator)
     got = [next(taken)["id"].tolist()]
     os.kill(iterator._process.process.pid, signal.SIGKILL)
@@ -148,7 +155,7 @@ def test_a_killed_process_is_named_and_the_next_pass_starts_another(store):
 
 
 def test_an_error_there_is_raised_here_with_its_traceback(store):
-    iterator = store.batches(100, transform=_fails_at_seven, process=True)
+    iterator = _started(store.batches(100, transform=_fails_at_seven, process=True))
     with pytest.raises(ValueError, match="sample 7 is not welcome") as raised:
         list(iterator)
     assert isinstance(raised.value.__cause__, RemoteTraceback)
@@ -205,9 +212,7 @@ def test_a_process_run_copies_into_the_memory_the_consumer_makes(store):
         made.append(shape)
         return np.empty(shape, dtype)
 
-    iterator = store.batches(100, shuffle=False, process=True)
-    while not iterator._process.ready():
-        time.sleep(0.01)
+    iterator = _started(store.batches(100, shuffle=False, process=True))
     run = iterator.run(0, range(len(iterator)), empty=empty)
     assert isinstance(run, CopyingRun)  # a thread of this process copies them as they come
     try:
@@ -224,10 +229,8 @@ def test_a_process_run_copies_into_the_memory_the_consumer_makes(store):
 def test_a_run_closing_while_the_next_starts_leaves_it_every_batch(store):
     """Two threads reading the process's messages at once (a copying run closing, the next one's starting): each
     run gets its own batches, and those of the closed run go back to the free files."""
-    iterator = store.batches(120, shuffle=False, process=True)
-    while not iterator._process.ready():
-        time.sleep(0.01)
-    copy = lambda shape, dtype, field="": np.empty(shape, dtype)  # noqa: E731 - the consumer's memory, here
+    iterator = _started(store.batches(120, shuffle=False, process=True))
+    copy = lambda shape, dtype, field="": np.empty(shape, dtype)  # the consumer's memory, here
     for _ in range(5):
         first = iterator.run(0, range(len(iterator)), empty=copy)
         taken = iter(first)

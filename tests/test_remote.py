@@ -116,6 +116,13 @@ def test_epochs_read_from_s3_equal_local_epochs(stores, s3, tmp_path, cached):
     _same(list(photos.batches(8, seed=2)), list(stores["photos"].batches(8, seed=2)))
 
 
+def test_a_process_of_its_own_reads_an_object_store_as_this_one_does(stores, s3):
+    remote = _open("numbers.zarr", s3.options)
+    batches = remote.batches(100, shuffle=True, seed=1, process=True)
+    _same([dict(batch) for batch in batches], _epoch(stores["numbers"]))
+    batches.close()
+
+
 def test_a_second_epoch_runs_from_a_full_cache_with_the_server_gone(stores, s3, tmp_path):
     with FaultProxy(s3.host, s3.port) as proxy:
         remote = _open("numbers.zarr", _via(proxy, s3), cache_dir=tmp_path / "cache")

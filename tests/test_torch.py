@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +106,8 @@ def _epoch(store, num_workers, **options):
 def test_batches_made_by_a_process_of_their_own_are_those_made_here_and_resume(pictures_store):
     made_here = [_epoch(pictures_store, 0)[0] for _ in range(1)]
     loader = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented, process=True)
+    while not loader.dataset._process.ready():  # every batch made there
+        time.sleep(0.01)
     first = [(b.index, b["id"].tolist(), b["noise"].tolist(), b["images"].numpy().tobytes(), b.samples.tolist())
              for b in loader]
     assert [batch[:4] for batch in first] == made_here[0]

@@ -34,6 +34,7 @@ import contextlib
 import mmap
 import os
 import threading
+import time
 from pathlib import Path
 
 POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
@@ -82,6 +83,7 @@ class KeptMappings:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.kept: dict[Key, tuple[mmap.mmap, int]] = {}
+        self.pruned = 0.0  # when `prune` last looked (``time.monotonic``)
 
     def map(self, path: Path, size: int, *, create: bool = False, start: int = 0,
             status: os.stat_result | None = None) -> mmap.mmap:
@@ -113,8 +115,13 @@ class KeptMappings:
         with self.lock:
             return {inode for _, inode, _, _ in self.kept}
 
-    def prune(self) -> None:
-        """Let go of the mappings of the files removed since (arrays still using one keep it alive)."""
+    def prune(self, every: float = 0.0) -> None:
+        """Let go of the mappings of the files removed since (arrays still using one keep it alive); with
+        ``every``, only if the last look was that many seconds ago (a look is a system call a mapping)."""
+        now = time.monotonic()
+        if every and now - self.pruned < every:
+            return
+        self.pruned = now
         with self.lock:  # held throughout: a descriptor is closed only once out of `kept`, under the lock
             for key in [key for key, (_, descriptor) in self.kept.items() if os.fstat(descriptor).st_nlink == 0]:
                 os.close(self.kept.pop(key)[1])

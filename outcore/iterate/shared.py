@@ -74,6 +74,7 @@ PREFIX = "outcore-batches-"
 LOCK = "owner.lock"
 FREE = "free-"  # a recycled file: free-<size>-<name>
 SPARE = "spare-"  # a process's folder of free files between its mailboxes: outcore-batches-<pid>-spare-<id>
+PRUNE_SECONDS = 1.0  # how often taking a free file lets go of the mappings of files removed meanwhile
 SHARED_MIN_BYTES = 1 << 18  # smaller arrays travel in the task's answer: a file costs more than they do
 
 
@@ -411,7 +412,7 @@ def _take_free(folder: Path, name: str, size: int, mine: Collection[int] = ()) -
     taking it too fails), one of inodes ``mine`` if any is free; None when none was."""
     with os.scandir(folder) as entries:
         free = {entry.inode(): entry.name for entry in entries if entry.name.startswith(f"{FREE}{size}-")}
-    kept_mappings.prune()  # the files removed since (with the folders of runs closed)
+    kept_mappings.prune(every=PRUNE_SECONDS)  # the files removed since (with the folders of runs closed)
     for inode in sorted(free, key=lambda inode: inode not in mine):
         try:
             os.rename(folder / free[inode], folder / name)
