@@ -109,6 +109,18 @@ def test_every_batch_holds_each_source_in_its_share_and_an_epoch_its_drawn_sampl
     assert it.stats()["samples_curated"] == 220
 
 
+def test_sources_made_by_processes_of_their_own_give_the_same_batches_epoch_after_epoch(sources):
+    options = {"seed": 3, "fields": ["id", "x"]}
+    here = outcore.mix(sources, weights={"base": 0.9, "curated": 0.1}).batches(50, **options)
+    there = outcore.mix(sources, weights={"base": 0.9, "curated": 0.1}).batches(50, process=True, **options)
+    started = [loader.process.pid for loader in there._processes]
+    for _ in range(2):
+        assert [b["id"].tolist() for b in there] == [b["id"].tolist() for b in here]
+    assert [loader.process.pid for loader in there._processes] == started  # one process a source, kept
+    there.close()
+    assert all(loader.process is None for loader in there._processes)
+
+
 def test_repeats_take_each_sample_that_many_times_and_resume_exactly(sources):
     mixture = outcore.mix(sources, repeats={"base": 1, "curated": 3})
     it = mixture.batches(64, seed=1, fields=["id"])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -35,6 +36,7 @@ from ..storage import Store
 from .batch import Batch, joined_offsets
 from .iterator import BatchIterator
 from .options import BatchOptions, Subset, check_state
+from .process import LoaderProcess
 from .readers import sample_spec
 from .stats import LoaderStats, Stats
 
@@ -156,6 +158,12 @@ class MixtureIterator:
         self.seeds = [int(generator(Domain.MIXTURE, options.seed, i).integers(2**31)) for i in range(len(sizes))]
         self.epoch, self.batches_done = 0, 0
         self._pass: list[BatchIterator] | None = None
+        # with ``process``: each source's process making its part of the batches, kept across epochs
+        self._processes = [LoaderProcess() if options.process else None for _ in self.names]
+        for loader in self._processes:
+            if loader is not None:
+                weakref.finalize(self, loader.close)
+                loader.start()
         self._stats = LoaderStats()
         self._counts = dict.fromkeys(self.names, 0)
 
@@ -172,7 +180,7 @@ class MixtureIterator:
             samples = epoch_samples_of(len(store), int(self.layout.per_epoch[i]), self.options.seed, epoch, i)
             options = dataclasses.replace(self.options, batch_size=int(self.layout.per_batch[i]), seed=self.seeds[i],
                                           fields=self.fields, indices=Subset(samples, repeats=True))
-            iterator = BatchIterator(store, options)
+            iterator = BatchIterator(store, options, self._processes[i])
             iterator.set_epoch(epoch)
             made.append(iterator)
         return made
@@ -180,7 +188,7 @@ class MixtureIterator:
     def __iter__(self) -> Iterator[Batch]:
         if self.batches_done >= len(self):
             self.set_epoch(self.epoch + 1)
-        self.close()
+        self._end_pass()
         self._pass = sources = self.sources(self.epoch)
         for source in sources:
             source.batches_done = self.batches_done
@@ -199,7 +207,7 @@ class MixtureIterator:
         finally:
             for each in passes:
                 each.close()
-            self.close()
+            self._end_pass()
 
     def batch(self, index: int, epoch: int | None = None) -> Batch:
         """Batch ``index`` of ``epoch`` (default: the current one), read on demand (see `BatchIterator.batch`)."""
@@ -247,11 +255,19 @@ class MixtureIterator:
     def reset_stats(self) -> None:
         self._stats, self._counts = LoaderStats(), dict.fromkeys(self.names, 0)
 
-    def close(self) -> None:
-        """Stop the sources' background threads (also done at the end of a pass, or on ``break``)."""
+    def _end_pass(self) -> None:
+        """Stop the sources' background threads (at the end of a pass, or on ``break``)."""
         for source in self._pass or ():
             source.close()
         self._pass = None
+
+    def close(self) -> None:
+        """Stop the sources' background threads, and end their processes (``process=True``: the next iteration
+        starts others)."""
+        self._end_pass()
+        for loader in self._processes:
+            if loader is not None:
+                loader.close()
 
 
 def _common_fields(stores: Mapping[str, Store], fields: tuple[str, ...] | None) -> tuple[str, ...]:

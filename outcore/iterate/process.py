@@ -301,21 +301,21 @@ class CopyingRun(Run):
     choice (`Work.empty`: pinned memory, for a GPU) as it comes: a copy of megabytes, made outside the GIL but not on
     the consumer's thread, which takes the batches from the run's queue."""
 
-    def __init__(self, taken: ProcessRun) -> None:
-        self.taken = taken
-        super().__init__(taken.work, taken.stats)
-        taken.stats = LoaderStats()  # the waits that count are the consumer's, on this run's queue
+    def __init__(self, made_there: ProcessRun) -> None:
+        self.made_there = made_there
+        super().__init__(made_there.work, made_there.stats)
+        made_there.stats = LoaderStats()  # the waits that count are the consumer's, on this run's queue
 
     def _produce_batches(self) -> None:
-        for batch in self.taken:
+        for batch in self.made_there:
             if not self._put(batch):
                 return
 
     def samples(self, step: int) -> np.ndarray:
-        return self.taken.samples(step)
+        return self.made_there.samples(step)
 
     def close(self) -> None:
-        self.taken.close()  # its thread, waiting for the process, stops at once
+        self.made_there.close()  # its thread, waiting for the process, stops at once
         super().close()
 
 
