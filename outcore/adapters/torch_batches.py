@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
-import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Unpack
 
@@ -137,11 +136,8 @@ class TorchBatches(IterableDataset):
         self._next: NextEpoch | None = None  # with a client: the next epoch's run, started as a pass drains
         self.loader_passes: int | None = None  # an OutcoreLoader's: its passes under way (read in those only)
         self.pinned = False  # batches made in this process go straight to pinned memory (`OutcoreLoader` sets it)
-        self._process: LoaderProcess | None = None  # with ``process``: the process making them, kept across passes
-        if options.process:
-            self._process = LoaderProcess()
-            weakref.finalize(self, self._process.close)
-            self._process.start()
+        # with ``process``: the process making them, kept across passes
+        self._process = LoaderProcess.kept_by(self) if options.process else None
 
     def persist(self, context: Any = None) -> None:
         """Prepare for DataLoader workers that persist across epochs, started by ``context`` (a start method's

@@ -10,7 +10,6 @@ Dask client, the same schedule runs as tasks on the cluster's workers instead (`
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -68,9 +67,7 @@ class BatchIterator:
         # with ``process``: the process making the batches (``loader_process``, its owner's: kept across iterators)
         self._process, self._own_process = loader_process, loader_process is None
         if options.process and loader_process is None:
-            self._process = LoaderProcess()
-            weakref.finalize(self, self._process.close)
-            self._process.start()
+            self._process = LoaderProcess.kept_by(self)
 
     @property
     def fields(self) -> tuple[str, ...]:

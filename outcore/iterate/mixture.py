@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -159,11 +158,7 @@ class MixtureIterator:
         self.epoch, self.batches_done = 0, 0
         self._pass: list[BatchIterator] | None = None
         # with ``process``: each source's process making its part of the batches, kept across epochs
-        self._processes = [LoaderProcess() if options.process else None for _ in self.names]
-        for loader in self._processes:
-            if loader is not None:
-                weakref.finalize(self, loader.close)
-                loader.start()
+        self._processes = [LoaderProcess.kept_by(self) if options.process else None for _ in self.names]
         self._stats = LoaderStats()
         self._counts = dict.fromkeys(self.names, 0)
 

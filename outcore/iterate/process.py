@@ -39,6 +39,7 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,14 @@ class LoaderProcess:
         self.started = False  # the process said it has started (its imports done): `ready`
         self.reading = threading.Lock()  # one reader of the connection at a time (a run's copying thread, say)
         self.later: dict[int, deque[tuple[Any, ...]]] = {}  # messages of runs newer than their reader's, kept
+
+    @classmethod
+    def kept_by(cls, owner: object) -> LoaderProcess:
+        """A process started now, ended when ``owner`` (an iterator, a DataLoader's dataset) goes, or at exit."""
+        loader = cls()
+        weakref.finalize(owner, loader.close)
+        loader.start()
+        return loader
 
     def run(self, work: Work, stats: LoaderStats) -> ProcessRun | CopyingRun:
         """A run of ``work`` made by the process (started now if none runs): taken on the consumer's thread, or by
