@@ -27,6 +27,10 @@ def _noise(batch, rng):
     return {**batch, "x": batch["x"] + rng.integers(0, 3, batch["x"].shape, dtype=np.int64)}
 
 
+def _file_gone(batch, rng):
+    raise FileNotFoundError("labels.csv is gone")  # an OSError of the work, not of the connection
+
+
 def _fails_at_seven(batch, rng):
     if 7 in batch["id"]:
         raise ValueError("sample 7 is not welcome")
@@ -161,6 +165,14 @@ def test_an_error_there_is_raised_here_with_its_traceback(store):
     assert isinstance(raised.value.__cause__, RemoteTraceback)
     assert "_fails_at_seven" in str(raised.value.__cause__)
     assert "in the process making the batches" in str(raised.value.__cause__)
+
+
+def test_an_oserror_there_is_raised_here_not_taken_for_the_consumer_gone(store):
+    iterator = _started(store.batches(100, transform=_file_gone, process=True))
+    with pytest.raises(FileNotFoundError, match="labels.csv is gone") as raised:
+        list(iterator)
+    assert isinstance(raised.value.__cause__, RemoteTraceback)
+    assert iterator._process.process.is_alive()  # it failed the run, not itself: it waits for the next order
 
 
 def test_damaged_chunks_left_out_there_are_warned_of_and_counted_here(tmp_path):

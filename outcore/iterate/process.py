@@ -410,6 +410,11 @@ def start_context() -> Any:
     return multiprocessing.get_context("forkserver")
 
 
+class ConsumerGone(Exception):
+    """The consumer closed its end of the connection (or its process ended): the loader process ends. Only the
+    connection raises it, so an `OSError` of the work itself (a store's `StorageError`) goes to the consumer."""
+
+
 class Inbox:
     """What the consumer has said to the process: runs to make, in order, and runs stopped; and, on its board,
     how many batches of a run it took."""
@@ -421,15 +426,26 @@ class Inbox:
         self.finished = -1  # the last run made: a stop of it, or of a run before it, is dropped
 
     def read(self, timeout: float = 0.0) -> None:
-        """Take in what has come, waiting up to ``timeout`` seconds for it; a closed connection raises EOFError."""
-        ready = self.connection.poll(timeout)
-        while ready:
-            kind, number, *rest = pickle.loads(self.connection.recv_bytes())
-            if kind == "run":
-                self.orders.append((number, rest[0]))
-            elif number > self.finished:
-                self.stopped.add(number)
-            ready = self.connection.poll()
+        """Take in what has come, waiting up to ``timeout`` seconds for it; a closed connection raises
+        `ConsumerGone`."""
+        try:
+            ready = self.connection.poll(timeout)
+            while ready:
+                kind, number, *rest = pickle.loads(self.connection.recv_bytes())
+                if kind == "run":
+                    self.orders.append((number, rest[0]))
+                elif number > self.finished:
+                    self.stopped.add(number)
+                ready = self.connection.poll()
+        except (EOFError, OSError) as error:
+            raise ConsumerGone from error
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Send ``message`` to the consumer; a closed connection raises `ConsumerGone`."""
+        try:
+            self.connection.send(message)
+        except OSError as error:
+            raise ConsumerGone from error
 
     def next_order(self) -> tuple[int, bytes]:
         while not self.orders:
@@ -451,11 +467,11 @@ def serve(connection: Any, folder: str, board: Any) -> None:
     warnings.simplefilter("always")  # each one goes to the consumer, whose filters say which are shown
     warnings.showwarning = lambda message, category, *_: raised.append((str(message), category))
     inbox, opened = Inbox(connection, board), Opened()
-    with contextlib.suppress(EOFError, OSError):  # the consumer closed the connection: the process ends
-        connection.send(("started", -1))
+    with contextlib.suppress(ConsumerGone):  # the consumer closed the connection: the process ends
+        inbox.send(("started", -1))
         while True:
             number, sent = inbox.next_order()
-            make(connection, inbox, number, sent, Slot(folder), opened, raised)
+            make(inbox, number, sent, Slot(folder), opened, raised)
 
 
 class Opened:
@@ -477,7 +493,7 @@ class Opened:
         return store, self.readers[names]
 
 
-def make(connection: Any, inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opened,
+def make(inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opened,
          raised: list[tuple[str, type[Warning]]]) -> None:
     """Run ``number``: its batches made into ``slot``'s files, each sent (its step, samples, files, the warnings
     raised meanwhile and the chunks left out so far) once the consumer has taken one of the ``prefetch`` sent
@@ -504,16 +520,16 @@ def make(connection: Any, inbox: Inbox, number: int, order_sent: bytes, slot: Sl
             if number in inbox.stopped:
                 return
             samples = plan.step(step)[0].astype(np.int64, copy=False).tobytes()
-            connection.send(("batch", number, step, samples, packed(arenas.pop(step).publish(batch)), raised[:],
-                             stats.damaged))
+            inbox.send(("batch", number, step, samples, packed(arenas.pop(step).publish(batch)), raised[:],
+                        stats.damaged))
             raised.clear()
-        connection.send(("done", number))
-    except (EOFError, OSError):
-        raise  # the consumer closed the connection
+        inbox.send(("done", number))
+    except ConsumerGone:
+        raise
     except IterationClosedError:
         return
     except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer, which raises it
-        _send_failure(connection, number, error)
+        _send_failure(inbox, number, error)
     finally:
         inbox.finished = number
         inbox.stopped.discard(number)
@@ -538,7 +554,7 @@ def _order(sent: bytes) -> Order:
         ) from None
 
 
-def _send_failure(connection: Any, number: int, error: BaseException) -> None:
+def _send_failure(inbox: Inbox, number: int, error: BaseException) -> None:
     """Send ``error`` and its traceback; an error that does not travel (it does not pickle and unpickle as
     it is) goes as an `OutcoreError` that names it."""
     trace = traceback.format_exc()
@@ -546,4 +562,4 @@ def _send_failure(connection: Any, number: int, error: BaseException) -> None:
         pickle.loads(pickle.dumps(error))
     except Exception:  # noqa: BLE001 - whatever stops it travelling, its name and message still do
         error = OutcoreError(f"{type(error).__name__}: {error}")
-    connection.send(("failed", number, error, trace))
+    inbox.send(("failed", number, error, trace))
