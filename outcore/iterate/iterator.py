@@ -142,7 +142,7 @@ class BatchIterator:
         work = Work(self.store, self.recipe, self.options, epoch, self.plan(epoch, part), steps, allocator, empty)
         if self.options.client is not None:
             return ClusterRun(work, self._stats)
-        if self._process is not None and self.options.process:
+        if self._process is not None:
             if self._process.ready() or self.options.skip_damaged:  # a chunk left out is said by one run only
                 return self._process.run(work, self._stats)
             return StartingRun(self._process, work, self._stats, LocalRun(work, self._stats, self.readers))
