@@ -221,11 +221,13 @@ class Arena:
                 (self.folder / name).unlink()
             raise
 
-    def discard(self) -> None:
-        """The batch will not be published (its run stopped first): its files go back to the free ones."""
+    def discard(self, keep: Collection[str] = ()) -> None:
+        """The files made but those named in ``keep`` go back to the free ones (all of them: the batch will not be
+        published, its run stopped first); the arena starts afresh."""
         if self.folder is not None and self.part is None:
             for shared, _ in self.made.values():
-                free_file(self.folder, shared.name, shared.file_size)
+                if shared.name not in keep:
+                    free_file(self.folder, shared.name, shared.file_size)
         self.made.clear()
 
     def publish(self, batch: dict[str, np.ndarray]) -> SharedBatch:
@@ -239,11 +241,7 @@ class Arena:
                 copy[...] = array
                 array = copy
             fields[name] = self.made[id(array)][0] if id(array) in self.made else array
-        kept = {shared.name for shared in fields.values() if isinstance(shared, SharedArray)}
-        for shared, _ in self.made.values():
-            if shared.name not in kept and self.folder is not None and self.part is None:
-                free_file(self.folder, shared.name, shared.file_size)
-        self.made.clear()
+        self.discard(keep={shared.name for shared in fields.values() if isinstance(shared, SharedArray)})
         return SharedBatch(fields, self.no_room)
 
 
