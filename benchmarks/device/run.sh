@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
 # Everything that needs a machine of many cores and a GPU, in one command, on a machine without a package
 # registry: from the project's root, with .dev/ filled by benchmarks/device/prepare.sh (and carried there):
-#     SKIP="cluster dense" bash benchmarks/device/run.sh     (about 8 minutes; 10 at most, each step time-boxed)
+#     SKIP="cluster dense" bash benchmarks/device/run.sh     (9 minutes at most: DEADLINE, below)
 # Installs outcore from the tree (its C extensions built against .dev/jpeg) and what the machine lacks (.dev/whl),
-# then runs each step time-boxed, the most telling first (a run cut short keeps them), its log in $OUT (default
-# /tmp/out), and prints the tables:
+# then runs each step time-boxed, the most telling first, its log in $OUT (default /tmp/out), and prints the tables.
+# The whole run ends DEADLINE seconds (default 540) after it began, tables printed, inside one device call (600 s
+# at most): each step gets its own limit or what is left, whichever is less, and a step with too little left is
+# skipped, saying so (run it alone with SKIP naming the others). The steps, in order:
 #   gputests    the tests that need a CUDA GPU (they skip elsewhere): pinned batches, to_device, nvJPEG decoding
 #   imagenet    benchmarks/imagenet.py: full-size JPEGs, RandomResizedCrop(224) + flip, against its ceiling
 #   gpu         benchmarks/gpu_training.py: does the GPU wait? a small ResNet (and ResNet-50 on RRC) fed by outcore
-#   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor), and
-#               ds.torch(decode="cuda") against outcore's CPU path on the same files
-#   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC) with the
-#               GIL share timed, ds.torch with 0-16 workers
 #   feed        benchmarks/cores.py's stand-in training step (5 ms, 80 % holding the GIL) fed in its process by threads,
 #               by a process of their own (process=True) or by 1 or 4 DataLoader workers: the ratio to its own rate,
 #               and the CPU a batch costs the loop's thread
+#   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC) with the
+#               GIL share timed, ds.torch with 0-16 workers
+#   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor), and
+#               ds.torch(decode="cuda") against outcore's CPU path on the same files
 #   ingest      benchmarks/ingest_scale.py: whole ingests of ImageNet-like JPEGs on 1 and 16 threads, timed by phase
 #   cluster     benchmarks/cluster.py: 1-8 Dask workers decoding, cropping and flipping
 #   dense       benchmarks/dense_targets.py: crops and flips of pictures with their instance maps, boxes and keypoints,
 #               against torchvision v2 on tv_tensors in a DataLoader with a worker per core
 set -u
+started=$(date +%s)
+DEADLINE=${DEADLINE:-540}  # seconds from the start to the last table printed
+PRINTING=10                # kept for printing the tables
+SHORTEST=20                # a step with less left is skipped
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -33,14 +39,20 @@ OUTCORE_JPEG_PREFIX=$jpeg python3 -m pip install -q --no-deps --no-build-isolati
     > "$OUT/install.log" 2>&1 || { echo "install failed"; tail "$OUT/install.log"; exit 4; }
 { nproc; nvidia-smi -L; (cd /tmp && python3 -c "from outcore.cli.info import system_report; print(system_report())"); } 2>&1 | tee "$OUT/env.log"
 
-step() {  # step NAME SECONDS COMMAND...: run in benchmarks/, time-boxed, logged
+step() {  # step NAME SECONDS COMMAND...: run in benchmarks/, time-boxed (by the deadline too), logged
     local name=$1 limit=$2
     shift 2
     case " ${SKIP:-} " in *" $name "*) return ;; esac
-    local began
+    local began left
     began=$(date +%s)
-    (cd "$root/benchmarks" && timeout "$limit" "$@") > "$OUT/$name.log" 2>&1
-    echo "$name: rc=$? in $(($(date +%s) - began)) s"
+    left=$((started + DEADLINE - PRINTING - began))
+    if [ "$left" -lt "$SHORTEST" ]; then
+        echo "$name: skipped, ${left} s left before the deadline (DEADLINE=$DEADLINE)" | tee "$OUT/$name.log"
+        return
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+    (cd "$root/benchmarks" && timeout -k 5 "$limit" "$@") > "$OUT/$name.log" 2>&1
+    echo "$name: rc=$? in $(($(date +%s) - began)) s (limit $limit s)"
 }
 
 tests=$root/tests
@@ -48,11 +60,11 @@ step gputests 50 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -W
     $tests/test_torch.py $tests/test_torch_decode.py $tests/test_advice.py -k 'cuda or gpu or nvjpeg or pin or device'"
 step imagenet 80 python3 imagenet.py --images 4000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
 step gpu 180 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
-step gpu_decode 60 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr
-step cores 150 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --torch-workers 0,4,8,16 \
-    --only scaling,torch --cases pixels,pixels+crop,encoded,encoded+crop,rrc --workdir $work/cores
 step feed 75 python3 cores.py --images 6000 --only feed --cases pixels,encoded --seconds 3 --step-ms 5 --held 0.8 \
     --feed-workers 0,process,1,4 --workdir $work/cores
+step cores 150 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --torch-workers 0,4,8,16 \
+    --only scaling,torch --cases pixels,pixels+crop,encoded,encoded+crop,rrc --workdir $work/cores
+step gpu_decode 60 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr
 step ingest 70 python3 ingest_scale.py --files 10000 --threads 1,16 --repeats 1 --workdir $work/ingest
 step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
 step dense 75 python3 dense_targets.py --images 2048 --batch 64 --repeats 2 --workdir $work/dense
