@@ -305,6 +305,23 @@ def test_memory_stays_flat_as_the_store_grows(tmp_path, rng):
     assert large_peak < large_bytes / 5  # a fifth of the store here (160 chunks), whatever its size (above)
 
 
+def test_each_epoch_reads_into_the_chunk_buffers_the_ones_before_freed(store):
+    """An iterator's runs (an epoch each) share its chunk buffers, and a run gives back those of its last batches
+    too: after the first epoch, the iterator takes next to no new memory for chunks."""
+    ds, _ = store
+    it = ds.batches(64, seed=0, fields=["images", "id"])
+    made = []
+    for reader in it.readers.values():
+        reader.empty = lambda empty=reader.empty: made.append(1) or empty()
+    for _ in it:
+        pass
+    first = len(made)
+    for _ in range(4):
+        for _ in it:
+            pass
+    assert first >= 4 and len(made) - first <= first // 4, (first, len(made))
+
+
 def test_bad_options(store):
     ds, _ = store
     with pytest.raises(ValueError, match="batch_size=0"):

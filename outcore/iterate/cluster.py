@@ -69,7 +69,7 @@ from .direct import straight_from_workers
 from .hedge import Hedges
 from .mappings import PRUNE_SECONDS, kept_mappings
 from .plan import EpochPlan
-from .readers import ChunkReader, chunk_readers, sample_bytes
+from .readers import chunk_readers, sample_bytes
 from .runs import WAKE_SECONDS, ChunkBuffers, Run, Work
 from .schedule import schedule
 from .shared import Mailbox, Part, SharedArray, SharedBatch, Slot, batch_gone, join_parts
@@ -391,13 +391,13 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span, 
     cap_threads(_worker_threads())
     if slot is not None:
         _prune_mappings_on_this_worker()
-    readers = _readers(source)
+    buffers = _buffers(source)
+    readers = buffers.readers
     loaded = _carries.take(span.carry(span.follows))
     if any(reader.remote for reader in readers.values()):  # the span's bytes asked for at once, in order
         first_use = dict.fromkeys(chunk for step in span.steps for chunk in step.chunks.tolist() if chunk not in loaded)
         for reader in readers.values():
             reader.prefetch(list(first_use))
-    buffers = ChunkBuffers(readers)
     made: list[SharedBatch | Batch] = []
     seen = slot is not None and slot.seen()
     for step in span.steps:
@@ -444,9 +444,10 @@ _carries = Carries()  # this worker process's
 
 
 @lru_cache(maxsize=8)
-def _readers(source: StoreFields) -> dict[str, ChunkReader]:
+def _buffers(source: StoreFields) -> ChunkBuffers:
     """The worker's readers of a store's fields as the iterator reads them, opened once per worker process
-    (shard indexes stay cached)."""
+    (shard indexes stay cached), and the chunk buffers its spans read into (each into those the spans before
+    freed)."""
     try:
         store = source.opener()
     except NotAStoreError as error:
@@ -455,7 +456,7 @@ def _readers(source: StoreFields) -> dict[str, ChunkReader]:
             "themselves: put it where every worker sees it at the same path (a shared filesystem), or open "
             "it by URL (s3://…, gs://…)"
         ) from None
-    return chunk_readers(store, source.fields)
+    return ChunkBuffers(chunk_readers(store, source.fields))
 
 
 def _prune_mappings_on_this_worker() -> None:

@@ -20,7 +20,7 @@ from .options import BatchOptions, check_state
 from .plan import EpochPlan
 from .process import LoaderProcess, ProcessRun, StartingRun
 from .readers import ChunkReader, chunk_readers, recipe
-from .runs import LocalRun, NextEpoch, Run, Work
+from .runs import ChunkBuffers, LocalRun, NextEpoch, Run, Work
 from .stats import LoaderStats
 
 
@@ -60,14 +60,14 @@ class BatchIterator:
         self.num_samples = options.num_samples(len(store))  # an epoch's: the store's, or the subset's
         self.epoch = 0
         self.batches_done = 0  # batches of the current epoch already handed out
-        self._readers: dict[str, ChunkReader] | None = None  # opened at the first read
+        self._buffers: ChunkBuffers | None = None  # the fields' readers, opened at the first read, and their buffers
         self._active: Run | None = None
         self._next = NextEpoch()  # a cluster run's next epoch, started as it drains
         self._stats = LoaderStats()
         # with ``process``: the process making the batches (``loader_process``, its owner's: kept across iterators)
         self._process, self._own_process = loader_process, loader_process is None
         if options.process and loader_process is None:
-            self._process = LoaderProcess.kept_by(self)
+            self._process = LoaderProcess.kept_by(self, options)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -145,15 +145,21 @@ class BatchIterator:
         if self._process is not None:
             if self._process.ready() or self.options.skip_damaged:  # a chunk left out is said by one run only
                 return self._process.run(work, self._stats)
-            return StartingRun(self._process, work, self._stats, LocalRun(work, self._stats, self.readers))
-        return LocalRun(work, self._stats, self.readers)
+            return StartingRun(self._process, work, self._stats, LocalRun(work, self._stats, self.buffers))
+        return LocalRun(work, self._stats, self.buffers)
+
+    @property
+    def buffers(self) -> ChunkBuffers:
+        """The fields' chunk readers, opened at the first read (so an unused iterator holds no file or lock), and
+        the buffers each run reads chunks into."""
+        if self._buffers is None:
+            self._buffers = ChunkBuffers(chunk_readers(self.store, self.recipe.fields))
+        return self._buffers
 
     @property
     def readers(self) -> dict[str, ChunkReader]:
-        """The fields' chunk readers, opened at the first read (so an unused iterator holds no file or lock)."""
-        if self._readers is None:
-            self._readers = chunk_readers(self.store, self.recipe.fields)
-        return self._readers
+        """The fields' chunk readers."""
+        return self.buffers.readers
 
     def batch(self, index: int, epoch: int | None = None) -> Batch:
         """Batch ``index`` of ``epoch`` (default: the current one), read on demand: the batch that iterating

@@ -158,7 +158,7 @@ class MixtureIterator:
         self.epoch, self.batches_done = 0, 0
         self._pass: list[BatchIterator] | None = None
         # with ``process``: each source's process making its part of the batches, kept across epochs
-        self._processes = [LoaderProcess.kept_by(self) if options.process else None for _ in self.names]
+        self._processes = [LoaderProcess.kept_by(self, options) if options.process else None for _ in self.names]
         self._stats = LoaderStats()
         self._counts = dict.fromkeys(self.names, 0)
 

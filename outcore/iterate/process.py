@@ -52,8 +52,8 @@ from ..errors import IterationClosedError, LoaderProcessError, OptionError, Outc
 from ..storage import Store
 from .batch import Batch, plain
 from .options import BatchOptions
-from .readers import ChunkReader, chunk_readers, recipe
-from .runs import EXIT_SECONDS, WAKE_SECONDS, LocalRun, Run, Work, closed
+from .readers import chunk_readers, recipe
+from .runs import EXIT_SECONDS, WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, closed
 from .shared import Mailbox, SharedArray, SharedBatch, Slot, free_file
 from .stats import LoaderStats
 
@@ -97,8 +97,10 @@ class LoaderProcess:
         self.later: dict[int, deque[tuple[Any, ...]]] = {}  # messages of runs newer than their reader's, kept
 
     @classmethod
-    def kept_by(cls, owner: object) -> LoaderProcess:
-        """A process started now, ended when ``owner`` (an iterator, a DataLoader's dataset) goes, or at exit."""
+    def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcess:
+        """A process started now for batches made as ``options`` say (refused now if they cannot reach it), ended
+        when ``owner`` (an iterator, a DataLoader's dataset) goes, or at exit."""
+        pickled(options)
         loader = cls()
         weakref.finalize(owner, loader.close)
         loader.start()
@@ -110,14 +112,8 @@ class LoaderProcess:
         if work.allocator is not None:
             raise OptionError("process=True makes whole batches in its process: a DataLoader worker makes its parts "
                               "of batches itself (leave process= out there)")
-        order = Order(work.store.opener, dataclasses.replace(work.options, process=False), work.epoch,
-                      list(work.batches))
-        try:
-            sent = pickle.dumps(order)
-        except (pickle.PicklingError, AttributeError, TypeError) as error:
-            raise OptionError(f"process=True sends the options to the process making the batches, and they do not "
-                              f"pickle ({type(error).__name__}: {error}): define the transform at module level (not a "
-                              "lambda or a local function)") from None
+        sent = pickled(Order(work.store.opener, dataclasses.replace(work.options, process=False), work.epoch,
+                             list(work.batches)))
         if self.process is None:
             self.start()
         run = ProcessRun(self, next(self.runs), work, stats)
@@ -363,6 +359,17 @@ class StartingRun:
         self.current.close()
 
 
+def pickled(sent: Order | BatchOptions) -> bytes:
+    """What goes to the process, pickled; options that do not pickle (a lambda transform) are an `OptionError`
+    saying what to do."""
+    try:
+        return pickle.dumps(sent)
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise OptionError(f"process=True sends the options to the process making the batches, and they do not "
+                          f"pickle ({type(error).__name__}: {error}): define the transform at module level (not a "
+                          "lambda or a local function)") from None
+
+
 def packed(made: SharedBatch) -> tuple[Any, ...]:
     """``made`` as plain values, which pickle and load several times faster than arrays and dataclasses: each
     field's name, then its file's name, dtype and shape, or the array's bytes, dtype and shape (the array itself
@@ -475,22 +482,27 @@ def serve(connection: Any, folder: str, board: Any) -> None:
 
 
 class Opened:
-    """The store the process opened last, and its fields' chunk readers: kept from one run to the next."""
+    """The store the process opened last, and its fields' chunk readers and buffers: kept from one run to the next."""
 
     def __init__(self) -> None:
         self.key: bytes | None = None
         self.store: Store | None = None
-        self.readers: dict[tuple[str, ...], dict[str, ChunkReader]] = {}
+        self.buffers: dict[tuple[str, ...], ChunkBuffers] = {}
 
-    def get(self, opener: Callable[[], Store], fields: Sequence[str] | None) -> tuple[Store, dict[str, ChunkReader]]:
+    def open(self, opener: Callable[[], Store]) -> Store:
+        """The store ``opener`` opens: the one opened last, if it was opened so."""
         key = pickle.dumps(opener)
         if key != self.key or self.store is None:
-            self.key, self.store, self.readers = key, opener(), {}
-        store = self.store
-        names = tuple(fields or store.fields)
-        if names not in self.readers:
-            self.readers[names] = chunk_readers(store, names)
-        return store, self.readers[names]
+            self.key, self.store, self.buffers = key, opener(), {}
+        return self.store
+
+    def buffers_of(self, fields: Sequence[str]) -> ChunkBuffers:
+        """The readers and buffers of ``fields`` of the store opened last."""
+        names = tuple(fields)
+        if names not in self.buffers:
+            assert self.store is not None
+            self.buffers[names] = ChunkBuffers(chunk_readers(self.store, names))
+        return self.buffers[names]
 
 
 def make(inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opened,
@@ -502,7 +514,7 @@ def make(inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opene
     try:
         order = _order(order_sent)
         options = order.options
-        store, readers = opened.get(order.opener, options.fields)
+        store = opened.open(order.opener)
         made = recipe(store, options.fields or store.fields, options.transform, options.decode)
         plan = options.plan(len(store), store.chunk_size, order.epoch)
 
@@ -512,7 +524,7 @@ def make(inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opene
 
         work = Work(store, made, dataclasses.replace(options, prefetch=1), order.epoch, plan, order.steps, allocate)
         stats = LoaderStats()
-        run = LocalRun(work, stats, {name: readers[name] for name in made.fields})
+        run = LocalRun(work, stats, opened.buffers_of(made.fields))
         for sent, (step, batch) in enumerate(zip(order.steps, run, strict=False)):
             inbox.read()
             while sent - inbox.taken(number) >= options.prefetch and number not in inbox.stopped:

@@ -218,8 +218,10 @@ def _close_runs(runs: list[Run]) -> None:
 
 
 class ChunkBuffers:
-    """The run's own chunk buffers, one list of free ones per field: a buffer is taken to read a chunk
-    into and given back when the schedule releases that chunk. Batches never share memory with them."""
+    """Chunk buffers of the fields ``readers`` read, one list of free ones per field: a buffer is taken to read a
+    chunk into and given back when the schedule releases that chunk. Batches never share memory with them. An
+    iterator keeps its buffers as long as itself, for each run (each epoch's, the next starting as one drains) to
+    read into those the runs before freed: it holds as many as its runs held at most."""
 
     def __init__(self, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
@@ -248,7 +250,8 @@ class LocalRun(Run):
     """Batches made in this process, on the process's thread pool (`outcore.threads`): chunk reads and
     decodes, and each batch (its samples gathered, decoded, cut and transformed by runs of samples on
     the pool's free threads: `outcore.threads.for_each_run`), up to `making` tasks at once, handed to
-    the queue in order by the producer thread, which follows the schedule. Reads run ``read_ahead``
+    the queue in order by the producer thread, which follows the schedule. Chunks are read into ``buffers``
+    (its iterator's: an epoch reads into those the last freed). Reads run ``read_ahead``
     slots ahead of the batch being made: one per pool thread, so every thread has a chunk to read, from
     2 to `MAX_READ_AHEAD` (memory: each is a chunk held); local reads (decompression, mostly) count
     against the pool's limit of busy threads, an object store's (which wait on the network) do not. From an object store, reads run
@@ -277,14 +280,13 @@ class LocalRun(Run):
     TOGETHER_BYTES = 64 << 20  # batches made as one hold at most about this much
     MOST_TOGETHER = 4
 
-    def __init__(self, work: Work, stats: LoaderStats, readers: dict[str, ChunkReader]) -> None:
-        self.readers = readers
-        self.buffers = ChunkBuffers(readers)
+    def __init__(self, work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> None:
+        self.buffers, self.readers = buffers, buffers.readers
         self.loading: dict[int, Task[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}  # by chunk
         self.damaged: set[int] = set()  # chunks left out of this epoch (``skip_damaged``)
         self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
         self.made: deque[Task[list[Batch]]] = deque()  # batches being made or not yet handed over, in order
-        self.remote = any(reader.remote for reader in readers.values())
+        self.remote = any(reader.remote for reader in self.readers.values())
         one_batch = len(work.batches) == 1
         threads = thread_count()
         local_ahead = min(self.MAX_READ_AHEAD, max(2, threads))
@@ -332,6 +334,8 @@ class LocalRun(Run):
                 together = []
         if together:
             self._start_making(together, held)
+        while held:  # the last batches' chunks: their buffers for the next run
+            self._release_steps(*held.popleft())
         self._hand_over(made, wait=True)
 
     def _start_making(self, steps: list[BatchStep], held: deque[tuple[list[BatchStep], Task[list[Batch]]]]) -> None:
