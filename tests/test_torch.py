@@ -413,6 +413,22 @@ def test_torch_batches_in_a_plain_dataloader(ids_store):
     assert sorted(np.concatenate([b["id"].numpy() for b in loader]).tolist()) == list(range(1000))
 
 
+def test_a_loader_without_workers_reads_each_epoch_into_the_chunk_buffers_the_ones_before_freed(ids_store,
+                                                                                               monkeypatch):
+    """``ds.torch`` keeps its iterator from one pass to the next, and with it the chunk buffers each pass reads
+    into (as ``ds.batches``' epochs share theirs: tests/test_loader.py)."""
+    from outcore.storage.shard_reader import ShardReader
+
+    made, empty = [], ShardReader.empty
+    monkeypatch.setattr(ShardReader, "empty", lambda self: made.append(1) or empty(self))
+    loader = ids_store.torch(100, shuffle=True, seed=4)
+    assert sorted(np.concatenate([b["id"].numpy() for b in loader]).tolist()) == list(range(1000))
+    first = len(made)
+    for _ in range(3):
+        assert sorted(np.concatenate([b["id"].numpy() for b in loader]).tolist()) == list(range(1000))
+    assert first >= 4 and len(made) - first <= first // 4, (first, len(made))
+
+
 def test_torch_epochs_advance_and_set_epoch_repeats(ids_store):
     loader = ids_store.torch(100, num_workers=2, shuffle=True, seed=4)
     first = np.concatenate([b["id"].numpy() for b in loader])

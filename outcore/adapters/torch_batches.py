@@ -132,12 +132,13 @@ class TorchBatches(IterableDataset):
         self.passes = 0  # the loader's passes begun: names the files of this pass's batches
         self.board: EpochBoard | None = None  # for persistent workers: `persist`
         self._store: Store | None = store  # this process's store: the loader's, or a worker's, opened once
+        self._iterator: BatchIterator | None = None  # this process's, kept across passes (its chunk buffers)
         self._opened_in = os.getpid()  # a forked worker opens its own
         self._next: NextEpoch | None = None  # with a client: the next epoch's run, started as a pass drains
         self.loader_passes: int | None = None  # an OutcoreLoader's: its passes under way (read in those only)
         self.pinned = False  # batches made in this process go straight to pinned memory (`OutcoreLoader` sets it)
         # with ``process``: the process making them, kept across passes
-        self._process = LoaderProcess.kept_by(self) if options.process else None
+        self._process = LoaderProcess.kept_by(self, options) if options.process else None
 
     def persist(self, context: Any = None) -> None:
         """Prepare for DataLoader workers that persist across epochs, started by ``context`` (a start method's
@@ -170,14 +171,15 @@ class TorchBatches(IterableDataset):
         """Take the rank and world size from ``torch.distributed`` now, unless they were given."""
         if not self.explicit_rank:
             rank, world_size = distributed_rank()
-            self.options = dataclasses.replace(self.options, rank=rank, world_size=world_size)
+            if (rank, world_size) != (self.options.rank, self.options.world_size):
+                self.options = dataclasses.replace(self.options, rank=rank, world_size=world_size)
             self.resolved = True
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled for DataLoader workers started by spawn or forkserver, which do not inherit the process
         group: the rank and world size go with it, resolved here, in the process that starts them."""
         state = dict(self.__dict__)
-        state["_store"] = state["_next"] = state["_process"] = None  # each worker opens its own store
+        state["_store"] = state["_iterator"] = state["_next"] = state["_process"] = None  # each worker opens its own
         if not state["resolved"]:
             rank, world_size = distributed_rank()
             state.update(options=dataclasses.replace(self.options, rank=rank, world_size=world_size), resolved=True)
@@ -232,7 +234,9 @@ class TorchBatches(IterableDataset):
             (self.passes, self.epoch, self.step, self.skip), self.own_turn = self.board.read(), False
         if self._store is None or self._opened_in != os.getpid():
             self._store, self._opened_in = self.opener(), os.getpid()
-        iterator = BatchIterator(self._store, self.options, self._process)
+        iterator = self._iterator
+        if iterator is None or iterator.store is not self._store or iterator.options is not self.options:
+            iterator = self._iterator = BatchIterator(self._store, self.options, self._process)
         if info is not None and self.slot is not None:
             yield from self._parts(iterator, (loader_worker, num_workers))
             return
