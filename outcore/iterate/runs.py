@@ -220,8 +220,8 @@ def _close_runs(runs: list[Run]) -> None:
 class ChunkBuffers:
     """Chunk buffers of the fields ``readers`` read, one list of free ones per field: a buffer is taken to read a
     chunk into and given back when the schedule releases that chunk. Batches never share memory with them. An
-    iterator keeps its buffers as long as itself, for each run (each epoch's, the next starting as one drains) to
-    read into those the runs before freed: it holds as many as its runs held at most."""
+    iterator keeps its buffers as long as itself, for each run (an epoch, or what is left of one) to read into
+    those the runs before freed: it holds as many as a run held at most."""
 
     def __init__(self, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
@@ -334,9 +334,9 @@ class LocalRun(Run):
                 together = []
         if together:
             self._start_making(together, held)
-        while held:  # the last batches' chunks: their buffers for the next run
-            self._release_steps(*held.popleft())
-        self._hand_over(made, wait=True)
+        if self._hand_over(made, wait=True):  # each batch as soon as it is made, then the last ones' chunks
+            while held:  # given back: their buffers for the next run
+                self._release_steps(*held.popleft())
 
     def _start_making(self, steps: list[BatchStep], held: deque[tuple[list[BatchStep], Task[list[Batch]]]]) -> None:
         """Have the batches of ``steps`` made once the chunks they draw on are read, and release the chunks of the
