@@ -2,7 +2,8 @@
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
                                [--only scaling,gil,torch,feed] [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,2]
-                               [--cases pixels,pixels-each,pixels+crop,encoded,encoded+crop,rrc,dense,dense-own,ingest]
+                               [--cases pixels,pixels-each,pixels+crop,pixels+crop-torch,encoded,encoded+crop,
+                                        encoded+crop-torch,rrc,dense,dense-own,ingest]
                                [--torch-workers 0,2]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
@@ -11,7 +12,9 @@ COCO-like encoded store of 320x240 photos with instance maps, boxes and keypoint
 the ``dense`` case crops and flips all of them; ``dense-own`` the same stored at the pictures' own size, its maps
 raster fields), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work,
 each pass over it the next epoch, as Keras and a DataLoader do; ``pixels-each``: ``ds.batches(...)`` made anew
-each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``ingest``:
+each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``pixels+crop-torch``,
+``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
+loop takes it, in tensors (with PyTorch installed); ``ingest``:
 ``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -60,7 +64,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -79,8 +83,10 @@ CASES = {  # name: (store, transform)
     "pixels": ("pixels", None),
     "pixels-each": ("pixels", None),  # ds.batches made anew each epoch
     "pixels+crop": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
+    "pixels+crop-torch": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
     "encoded": ("encoded", None),
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
+    "encoded+crop-torch": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
     "dense": ("coco", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "dense-own": ("coco-own", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
@@ -89,6 +95,7 @@ CASES = {  # name: (store, transform)
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
 FIELDS = {"dense": DENSE_FIELDS, "dense-own": DENSE_FIELDS}  # the others: images and labels
 NEW_EACH_EPOCH = {"pixels-each"}
+THROUGH_TORCH = {"pixels+crop-torch", "encoded+crop-torch"}  # ds.torch without DataLoader workers
 # The stage of a py-spy frame: the first of these found in its file's path, innermost frame first.
 STAGES = (
     ("ingest: survey, write", ("outcore/ingest/",)),
@@ -142,8 +149,9 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
         return ingests(location, seconds, ready)
     ds = outcore.open_dataset(location)
 
-    def made() -> outcore.BatchIterator:
-        return ds.batches(BATCH, shuffle=True, fields=FIELDS.get(case, ["images", "labels"]), transform=CASES[case][1])
+    def made() -> Iterable[dict]:
+        options = {"shuffle": True, "fields": FIELDS.get(case, ["images", "labels"]), "transform": CASES[case][1]}
+        return ds.torch(BATCH, **options) if case in THROUGH_TORCH else ds.batches(BATCH, **options)
 
     batches = made()
     rates, began, epoch = [], time.perf_counter(), 0
@@ -450,7 +458,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6)
     parser.add_argument("--workdir", type=Path, default=Path("bench-data/cores"))
     parser.add_argument("--only", default="scaling,gil,torch")
-    parser.add_argument("--cases", default=",".join(CASES))
+    has_torch = importlib.util.find_spec("torch") is not None
+    parser.add_argument("--cases", default=",".join(case for case in CASES if has_torch or case not in THROUGH_TORCH))
     parser.add_argument("--torch-workers", default="0,2", help="DataLoader workers of the torch rows")
     parser.add_argument("--gil-threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="the threads of the GIL rows (default: the cores this process may use)")
