@@ -1,6 +1,7 @@
 """The folders are the layers: a module imports only from its own layer and the layers below it, there
-are no import cycles, and an import inside a function is only ever there for an optional framework or to
-keep a reading process light (what it imports is checked too)."""
+are no import cycles, and an import inside a function is only ever there for an optional framework, to
+keep a reading process light, or to leave an ingest's later imports to a thread of their own while it surveys
+its files (what each imports is checked too)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may impor
 FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "tornado", "sklearn", "skimage", "h5py", "xarray",
               "obstore", "moto", "boto3", "lmdb", "pyarrow", "webdataset", "datasets", "google",
               "torchvision")  # google: protobuf
-LATE = ("dask", "importlib")  # imported where used: a process that only reads batches needs neither (test_setup)
+LATE = ("dask", "importlib", "pandas")  # imported where used: a process that only reads batches needs none of them
+# (test_setup), an ingest of a folder no pandas, and an ingest imports dask.array while it surveys (outcore.ingest.imports)
 
 
 @functools.cache  # read-only: the package's files do not change during a run
@@ -212,3 +214,51 @@ def test_the_module_map_names_every_module_and_only_those():
     mapped = _mapped_files()
     assert sorted(on_disk - mapped) == [], "modules docs/architecture.md's map leaves out"
     assert sorted(mapped - on_disk) == [], "files docs/architecture.md's map names that are not there"
+
+
+INGEST = """
+import importlib.abc, json, sys, threading
+import outcore.ingest
+light = sorted(name for name in ("dask.array", "pandas") if name in sys.modules)
+importers = {}
+
+
+class Seen(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "dask.array" and name not in importers:
+            importers[name] = threading.current_thread().name
+        if name == sys.argv[3]:
+            raise ImportError(f"no module named {name!r} (this test's finder)")
+
+
+sys.meta_path.insert(0, Seen())
+try:
+    ds = outcore.ingest.ingest_images(sys.argv[1], sys.argv[2], shape=None, images="encoded", progress=False)
+    made = {"samples": len(ds), "classes": ds.classes}
+except ImportError as error:
+    made = {"error": str(error)}
+print(json.dumps({"light": light, "importers": importers, **made}))
+"""
+
+
+def _ingest_importing(folder: Path, store: Path, broken: str = "") -> dict:
+    done = subprocess.run([sys.executable, "-c", INGEST, str(folder), str(store), broken], capture_output=True,
+                          text=True, timeout=120, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_an_ingest_imports_dask_array_on_a_thread_of_its_own_while_it_surveys(tmp_path):
+    """`outcore.ingest.imports`: importing the ingest leaves out dask.array and pandas (a second or so holding the
+    GIL), and an ingest of pictures at their own size starts dask.array's on a thread of its own as its survey
+    begins, so that it runs beside the survey, not before it; a module that cannot be imported fails the ingest with
+    its ImportError, as an import at the top would, and leaves no store."""
+    from outcore.testing import write_image_folder
+
+    write_image_folder(tmp_path / "photos", 3, classes=("cat", "dog"), size=(32, 32))
+    found = _ingest_importing(tmp_path / "photos", tmp_path / "a.zarr")
+    assert found["light"] == []
+    assert found["importers"] == {"dask.array": "outcore-imports"}  # not the ingest's thread, after the survey
+    assert found["samples"] == 6 and found["classes"] == ["cat", "dog"]
+    broken = _ingest_importing(tmp_path / "photos", tmp_path / "b.zarr", broken="dask.array")
+    assert broken["light"] == [] and "no module named 'dask.array' (this test's finder)" in broken["error"]
+    assert not (tmp_path / "b.zarr").exists()

@@ -20,10 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
-import dask.array as da
 import numpy as np
 import zarr
 
@@ -66,6 +65,9 @@ from .decode_tasks import BLOB_DTYPE
 from .permute import Part, Permuted, as_dask, free_bytes, scratch_bytes
 from .resume import resume_finished
 from .scheduler import run_tasks
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 MAX_SKIPPED_IN_ATTRS = 100
 
@@ -335,6 +337,8 @@ def _write_shard(
 def _without(
     directory: Path, fields: Mapping[str, FieldSource], failures: list[tuple[int, str]], num_samples: int
 ) -> dict[str, FieldSource]:
+    import dask.array as da  # here: imported while an ingest's survey runs (`outcore.ingest.imports`)
+
     keep = np.setdiff1d(np.arange(num_samples), [index for index, _ in failures])
     if keep.size == 0:
         raise AllSkippedError([message for _, message in sorted(failures)])
@@ -355,6 +359,8 @@ def _without(
 
 def _blob_array(directory: str, name: str, num_samples: int, block_size: int) -> da.Array:
     """A field's stored files as a lazy object array of ``bytes``, one task per block of samples."""
+    import dask.array as da
+
     read = dask.delayed(_read_blobs, pure=True)
     parts = [
         da.from_delayed(read(directory, name, start, min(num_samples, start + block_size)),

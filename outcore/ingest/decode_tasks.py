@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import dask
-import dask.array as da
 import numpy as np
 
 from ..errors import ImageError, OptionError, SourceError
@@ -26,6 +26,9 @@ from ..imaging import (
 )
 from ..storage import read_files_at_once
 from .records.reader import SampleReader
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 BLOB_DTYPE = np.dtype(object)  # the bytes of one file per sample, between tasks (never stored as such)
 ERROR_DTYPE = np.dtype("<U400")  # one message per sample; "" when the sample decoded
@@ -84,6 +87,8 @@ def image_array(
     >>> pixels.chunks[0][:2]  # doctest: +SKIP
     (256, 256)
     """
+    import dask.array as da  # here: imported while an ingest's survey runs (`outcore.ingest.imports`)
+
     if on_error not in ("raise", "skip"):
         raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")
     layers = dict(layers or {})
@@ -183,6 +188,8 @@ def raster_array(paths: Sequence[str], frames: Sequence[tuple[tuple[int, int], i
     ((h x w,) or (h x w, channels): a raster field's, `outcore.format.attrs`), as an object array, one task per
     block; a picture the survey left out (``""``) has none. A layer that cannot be loaded raises its `ImageError`, or, with
     ``on_error="skip"``, gives no rows and its message in ``errors[i]`` (``""`` for every good one)."""
+    import dask.array as da
+
     load = dask.delayed(_load_rasters, pure=True, nout=2)
     rasters, errors = [], []
     for start in range(0, len(paths), block_size):
@@ -222,10 +229,19 @@ def bad_file(error: ImageError) -> ImageError:
     return ImageError(error.path, f"{error.reason}. Fix or remove the file, or pass on_error='skip' to skip it")
 
 
+def first_errors(errors: da.Array | None, more: da.Array) -> da.Array:
+    """Each sample's message in ``errors``, else in ``more`` (``""`` where neither has one: a good sample)."""
+    import dask.array as da
+
+    return more if errors is None else da.where(errors != "", errors, more)
+
+
 def file_array(paths: Sequence[str], nbytes: np.ndarray, block_size: int, reader: SampleReader = FILES) -> da.Array:
     """``files[i]``: the bytes of ``paths[i]`` (``b""`` where the path is ``""``), read without decoding, one
     task per block; a file whose size is no longer ``nbytes[i]`` is a `SourceError` (it changed during
     the ingest)."""
+    import dask.array as da
+
     read = dask.delayed(_read_block, pure=True)
     parts = [da.from_delayed(read(path_block(paths, start, start + block_size), nbytes[start : start + block_size], reader),
                              (len(paths[start : start + block_size]),), dtype=BLOB_DTYPE)

@@ -9,11 +9,9 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
-import dask.array as da
 import numpy as np
-import pandas as pd
 
 from ..dataset import Dataset, open_dataset
 from ..errors import ImageError, OptionError, SourceError
@@ -36,7 +34,7 @@ from .append import append_table
 from .arrays import SOURCE_INDEX_FIELD
 from .build import BuildOptions, FieldSource, build_store, store_name
 from .choice import ImagesChoice, choose_images
-from .decode_tasks import file_array, image_array, raster_array
+from .decode_tasks import file_array, first_errors, image_array, raster_array
 from .fields import (
     ENCODED_FIELD,
     FILE_DIGEST_FIELD,
@@ -46,12 +44,17 @@ from .fields import (
     PATH_WIDTH,
     file_stats,
 )
+from .imports import import_ahead
 from .options import IngestKeywords, IngestOptions
 from .permute import as_dask, write_order
 from .records.reader import SampleReader
 from .resume import images_chosen_before
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
 from .survey import Survey, SurveyOptions, survey_images
+
+if TYPE_CHECKING:
+    import dask.array as da
+    import pandas as pd
 
 
 def ingest_images(
@@ -226,7 +229,6 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
         images = chosen.images
         if progress:
             print(f"images={images!r}: {chosen.reason} (pass images= to choose)", file=sys.stderr)
-    fields = _table_fields(table, order, stats, layout.shard_size)
     sizes = None if table.sizes is None else table.sizes[order]
     build = BuildOptions(layout, Compression.parse(options.compression), options.client, progress,
                          options.overwrite, storage_options)
@@ -246,6 +248,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
                                options.max_pixels)
 
         def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array | None]:
+            import_ahead()  # while the survey runs, mostly outside the GIL
             found = survey_images(paths, survey, scratch, client=options.client, progress=progress,
                                   description=f"survey → {store_name(location)}", reader=reader)
             if sizes is not None and (found.shapes[:, :2] != sizes).any():
@@ -258,8 +261,8 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
                                 found.shapes if decode.variable else None)
             digests = FieldSource(as_dask(found.digests, layout.shard_size), FieldInfo("metadata"))
             rasters, errors = _raster_fields(table, order, found, layout.shard_size, options, reader)
-            errors = da.where(errors != "", errors, as_dask(found.errors, layout.shard_size)) if errors is not None \
-                else as_dask(found.errors, layout.shard_size)
+            errors = first_errors(errors, as_dask(found.errors, layout.shard_size))
+            fields = _table_fields(table, order, stats, layout.shard_size)
             return {IMAGE_FIELD: files, **fields, **rasters, FILE_DIGEST_FIELD: digests}, errors if skip else None
 
         build_store(location, prepare, build, **run)
@@ -273,7 +276,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
         layers={name: ([files[i] for i in order], map_dtype) for name, (files, map_dtype) in table.layers.items()},
         sizes=sizes,
     )
-    images_fields = {}
+    fields, images_fields = _table_fields(table, order, stats, layout.shard_size), {}
     if pixels is not None:
         images_fields[IMAGE_FIELD] = FieldSource(pixels, FieldInfo("input"))
     if files is not None:
@@ -310,7 +313,7 @@ def _raster_fields(table: SourceTable, order: np.ndarray, found: Survey, block_s
                          sample_shape=channels)
         fields[name] = FieldSource(values, info, pixels, np.column_stack([shapes[:, :2], np.full(len(shapes),
                                                                            channels[0] if channels else 1)]))
-        errors = failed if errors is None else da.where(errors != "", errors, failed)
+        errors = first_errors(errors, failed)
     return fields, errors
 
 

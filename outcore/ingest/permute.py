@@ -20,14 +20,16 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
-import dask.array as da
 import numpy as np
 from dask.delayed import Delayed
 
 from ..seeds import Domain, permutation
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 _WRITE_BYTES = 4 * 2**20
 
@@ -144,6 +146,8 @@ class _Gather(Part):
 
 def as_dask(array: Any, block_size: int) -> da.Array:
     """A lazy view of ``array`` in blocks of ``block_size`` samples; h5py datasets are read under a lock."""
+    import dask.array as da  # here: imported while an ingest's survey runs (`outcore.ingest.imports`)
+
     if isinstance(array, da.Array):
         lazy = array
     elif type(array).__module__.startswith("zarr"):

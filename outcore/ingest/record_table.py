@@ -9,7 +9,6 @@ from typing import Any
 
 import dask
 import numpy as np
-import pandas as pd
 
 from ..errors import OutcoreWarning, SourceError
 from ..format import Ragged
@@ -102,6 +101,8 @@ def _scan(format: RecordFormat, location: str, storage_options: Mapping[str, Any
 def _labels(scans: list[PartScan], description: str) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, ...]]]:
     """One array per label field (damaged rows get the first good row's value: they are skipped), with
     class names: given by the files (``ClassLabel``, a class text feature), or made from text labels."""
+    import pandas as pd
+
     fields = list(dict.fromkeys(name for part in scans for name in part.labels
                                 if not name.startswith("\x00")))  # the class texts and instances are apart
     good = np.array([not damage for part in scans for damage in part.damage], dtype=bool)

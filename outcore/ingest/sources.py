@@ -8,10 +8,9 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from ..errors import OptionError, OutcoreWarning, SourceError
 from ..format import Ragged
@@ -19,6 +18,9 @@ from ..imaging import IMAGE_EXTENSIONS, LABEL_MAP_DTYPES, Drawing, Paired, Renum
 from ..storage.remote import is_object_url, redact
 from .records.locations import list_objects, read_file
 from .records.reader import SampleReader
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,8 @@ def table_from_dataframe(
     >>> table_from_dataframe("labels.csv", "path", ["label"]).classes  # doctest: +SKIP
     {'label': ('cat', 'dog')}
     """
+    import pandas as pd  # here: an ingest of a folder needs none of it (`outcore.ingest.imports`)
+
     if isinstance(frame, pd.DataFrame):
         where, base = "the DataFrame", str(root or ".")
     else:
@@ -264,6 +268,8 @@ def table_from_dataframe(
 def _label_map_paths(cells: pd.Series, base: str, where: str) -> list[str]:
     """A mask (or pair) column's files, resolved under ``base``; an error names the rows that are empty or
     whose local file does not exist."""
+    import pandas as pd
+
     if cells.isna().any():
         raise SourceError(f"{where} is empty in rows {_rows(cells.isna())}: every picture needs its own")
     paths = [_joined(base, str(cell)) for cell in cells]
@@ -306,6 +312,8 @@ def _label_dtypes(label_dtype: str | Mapping[str, str] | None, columns: Sequence
 
 def label_values(values: pd.Series, dtype: str | None, where: str) -> tuple[np.ndarray, tuple[str, ...] | None]:
     """A label column as numbers, or as class indices with the class names (``None`` for numbers)."""
+    import pandas as pd
+
     if dtype == "class" or (dtype is None and not _numeric_or_mostly(values)):
         text = values.astype(str)
         names = sorted(text.unique(), key=_class_order(text.unique()))
@@ -333,6 +341,8 @@ def _refuse(values: pd.Series, bad: np.ndarray, what: str, instead: str) -> None
 
 def _numeric_or_mostly(values: pd.Series) -> bool:
     """Whether a column is numbers, or numbers in at least half of its cells (a stray cell is an error)."""
+    import pandas as pd
+
     if pd.api.types.is_bool_dtype(values) or pd.api.types.is_numeric_dtype(values):
         return True
     parsed = pd.to_numeric(values, errors="coerce")

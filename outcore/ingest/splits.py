@@ -21,10 +21,9 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
-import pandas as pd
 
 from ..dataset import Dataset, open_dataset
 from ..errors import OptionError, SourceError, StorageError
@@ -36,6 +35,9 @@ from .options import IngestKeywords, IngestOptions
 from .placement import placed
 from .records import recognise
 from .sources import SourceTable, scan_image_folder, table_from_dataframe
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FOLDERS = "folders"
 
@@ -126,6 +128,8 @@ def _folder_splits(root: Path) -> dict[str, SourceTable]:
 def _column_splits(table: SourceTable, source: pd.DataFrame | str | os.PathLike,
                    column: str) -> dict[str, SourceTable]:
     """The rows of each value of ``column``, in the rows' order."""
+    import pandas as pd
+
     data = source if isinstance(source, pd.DataFrame) else pd.read_csv(source, usecols=lambda name: name == column)
     if column not in data.columns:
         raise SourceError(f"{table.description} has no split column {column!r}")
@@ -183,7 +187,7 @@ def ingest_splits(
                           "its URL with ingest_images or ingest_dataframe (one store each)")
     settings = IngestOptions.of({**options, "seed": seed})
     with ExitStack() as stack:  # record files: their unpacked pictures, until every split is written
-        is_table = isinstance(source, pd.DataFrame) or Path(source).suffix.lower() == ".csv"
+        is_table = not isinstance(source, str | os.PathLike) or Path(source).suffix.lower() == ".csv"  # a DataFrame
         table = None
         if not is_table and (format is not None or recognise(source, settings.storage_options)):
             if split == FOLDERS or split_column is not None or append:

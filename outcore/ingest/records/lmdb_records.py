@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
-import pandas as pd
 
 from ...errors import OptionError, SourceError
 from ...storage.remote import is_object_url, redact
@@ -174,6 +173,8 @@ def _reason(error: Exception) -> str:
 
 
 def _label_table(table: Any) -> dict[str, dict[str, Any]]:
+    import pandas as pd
+
     frame = table if isinstance(table, pd.DataFrame) else pd.read_csv(table, dtype={"key": str})
     if "key" not in frame.columns:
         raise SourceError(f"label_table has no 'key' column (it has {list(frame.columns)})")
