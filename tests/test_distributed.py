@@ -586,9 +586,11 @@ def test_workers_stop_the_spans_of_a_closed_run_after_the_batch_under_way(client
     while len(made.read_text()) <= 30 and time.monotonic() < deadline:  # the last two under way (a slow
         time.sleep(0.05)  # machine's workers start them later: wait for it, not a fixed time)
     time.sleep(0.5)
+    at_close = len(made.read_text())
     it.close()
     time.sleep(2.5)  # the last two would be made 1.5 s after they started
-    assert 30 < len(made.read_text()) <= 30 + 2 * 8  # of the last two's 30 batches, each made up to 8
+    made_in_all = len(made.read_text())
+    assert 30 < made_in_all <= 30 + 2 * 8, (at_close, made_in_all)  # of the last two's 30 batches, each made up to 8
 
 
 def test_a_run_whose_folder_in_shared_memory_is_removed_under_it_says_so(client, photos, tmp_path):
