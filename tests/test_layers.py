@@ -262,3 +262,34 @@ def test_an_ingest_imports_dask_array_on_a_thread_of_its_own_while_it_surveys(tm
     broken = _ingest_importing(tmp_path / "photos", tmp_path / "b.zarr", broken="dask.array")
     assert broken["light"] == [] and "no module named 'dask.array' (this test's finder)" in broken["error"]
     assert not (tmp_path / "b.zarr").exists()
+
+
+FORK = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from outcore.ingest import imports
+imports.AHEAD = ("slow_module",)
+imports.import_ahead()
+time.sleep(0.3)  # the thread is inside slow_module's import, holding its lock
+child = os.fork()
+if child == 0:
+    import slow_module
+    os._exit(0 if slow_module.DONE else 3)
+deadline = time.monotonic() + 20
+while (ended := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+    time.sleep(0.05)
+if ended[0] == 0:
+    os.kill(child, 9)
+    os.waitpid(child, 0)
+print(os.waitstatus_to_exitcode(ended[1]) if ended[0] else "hung")
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="os.fork is POSIX")
+def test_a_process_forked_while_an_ingest_imports_ahead_can_import_the_same(tmp_path):
+    """A fork waits for `outcore.ingest.imports`' thread: a child made while it held a module's import lock would
+    wait forever for that lock, importing the module."""
+    (tmp_path / "slow_module.py").write_text("import time\ntime.sleep(1.5)\nDONE = True\n")
+    done = subprocess.run([sys.executable, "-c", FORK, str(tmp_path)], capture_output=True, text=True, timeout=30,
+                          check=True)
+    assert done.stdout.split()[-1] == "0", done.stderr  # the child's exit status, or "hung"

@@ -14,11 +14,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import os
 import sys
 import threading
 
 AHEAD = ("dask.array",)
-EXIT_SECONDS = 5.0  # the longest the interpreter's exit waits for the imports (a failed ingest exits early)
+EXIT_SECONDS = 5.0  # the longest an exit or a fork waits for the imports (an ingest that failed ends early)
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -39,9 +40,14 @@ def _import() -> None:
             importlib.import_module(name)
 
 
-@atexit.register
 def _finish() -> None:
-    """Let the imports end before the interpreter finalizes: a thread stopped inside an extension module's
-    initialization could leave the process crashing at exit."""
-    if _thread is not None:
+    """Let the imports end before the interpreter finalizes (a thread stopped inside an extension module's
+    initialization could leave the process crashing at exit) and before the process forks (a child made while
+    the thread held a module's import lock would wait for it forever, importing that module)."""
+    if _thread is not None and _thread is not threading.current_thread():
         _thread.join(EXIT_SECONDS)
+
+
+atexit.register(_finish)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(before=_finish)
