@@ -24,8 +24,9 @@ PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may impor
 FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "tornado", "sklearn", "skimage", "h5py", "xarray",
               "obstore", "moto", "boto3", "lmdb", "pyarrow", "webdataset", "datasets", "google",
               "torchvision")  # google: protobuf
-LATE = ("dask", "importlib", "pandas")  # imported where used: a process that only reads batches needs none of them
-# (test_setup), an ingest of a folder no pandas, and an ingest imports dask.array while it surveys (outcore.ingest.imports)
+LATE = ("dask", "importlib", "pandas", "tqdm")  # imported where used: a process that only reads batches needs none
+# of them (test_setup); an ingest imports dask.array while it surveys (outcore.ingest.imports), and a folder's
+# ingest no pandas; tqdm.notebook imports IPython, for a notebook's progress bars only
 
 
 @functools.cache  # read-only: the package's files do not change during a run

@@ -14,7 +14,6 @@ from dask.callbacks import Callback
 from dask.delayed import Delayed, optimize
 from dask.threaded import get as threaded_get
 from tqdm import tqdm
-from tqdm.notebook import tqdm as notebook_tqdm
 
 from ..threads import thread_count
 
@@ -22,8 +21,12 @@ from ..threads import thread_count
 def progress_bar(total: int, description: str, unit: str, enabled: bool = True) -> tqdm:
     """A tqdm bar: a widget in a Jupyter kernel that has ipywidgets, text everywhere else (never tqdm's
     "IProgress not found" warning for a notebook without ipywidgets)."""
-    in_widgets = _in_notebook() and importlib.util.find_spec("ipywidgets") is not None
-    return (notebook_tqdm if in_widgets else tqdm)(total=total, desc=description, unit=unit, disable=not enabled, dynamic_ncols=True)
+    kind = tqdm
+    if _in_notebook() and importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm import notebook  # here: it imports IPython, which a script does not need
+
+        kind = notebook.tqdm
+    return kind(total=total, desc=description, unit=unit, disable=not enabled, dynamic_ncols=True)
 
 
 def _in_notebook() -> bool:
