@@ -337,7 +337,7 @@ def _write_shard(
 def _without(
     directory: Path, fields: Mapping[str, FieldSource], failures: list[tuple[int, str]], num_samples: int
 ) -> dict[str, FieldSource]:
-    import dask.array as da  # here: imported while an ingest's survey runs (`outcore.ingest.imports`)
+    import dask.array as da  # here, not at the top: `outcore.ingest.imports`
 
     keep = np.setdiff1d(np.arange(num_samples), [index for index, _ in failures])
     if keep.size == 0:

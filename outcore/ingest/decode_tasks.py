@@ -87,7 +87,7 @@ def image_array(
     >>> pixels.chunks[0][:2]  # doctest: +SKIP
     (256, 256)
     """
-    import dask.array as da  # here: imported while an ingest's survey runs (`outcore.ingest.imports`)
+    import dask.array as da  # here, not at the top: `outcore.ingest.imports`
 
     if on_error not in ("raise", "skip"):
         raise OptionError(f"on_error={on_error!r} is not 'raise' or 'skip'")

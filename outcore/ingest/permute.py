@@ -146,7 +146,7 @@ class _Gather(Part):
 
 def as_dask(array: Any, block_size: int) -> da.Array:
     """A lazy view of ``array`` in blocks of ``block_size`` samples; h5py datasets are read under a lock."""
-    import dask.array as da  # here: imported while an ingest's survey runs (`outcore.ingest.imports`)
+    import dask.array as da  # here, not at the top: `outcore.ingest.imports`
 
     if isinstance(array, da.Array):
         lazy = array
