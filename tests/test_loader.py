@@ -278,9 +278,8 @@ def test_corrupt_chunk_is_named_in_the_consumer(store, tmp_path):
 
 
 def _peak_while_iterating(ds, epochs=3):
-    """The median of ``epochs`` epochs' peaks of traced memory: one epoch's moves with the threads' timing, by up to
-    a tenth now and then (a batch made ahead while the consumer held one), and a process's first epoch also
-    allocates what stays (imports, caches)."""
+    """The median of ``epochs`` epochs' peaks of traced memory: one epoch's moves with the threads' timing, and a
+    process's first epoch also allocates what stays (imports, caches)."""
     peaks = []
     for _ in range(epochs):
         tracemalloc.start()
