@@ -250,16 +250,16 @@ def _ingest_importing(folder: Path, store: Path, broken: str = "") -> dict:
 
 def test_an_ingest_imports_dask_array_on_a_thread_of_its_own_while_it_surveys(tmp_path):
     """`outcore.ingest.imports`: importing the ingest leaves out dask.array and pandas (a second or so holding the
-    GIL), and an ingest of pictures at their own size starts dask.array's on a thread of its own as its survey
-    begins, so that it runs beside the survey, not before it; a module that cannot be imported fails the ingest with
+    GIL), and an ingest of pictures at their own size starts dask.array's on a thread of its own once its survey's
+    tasks are made, so that it runs beside them, not before them; a module that cannot be imported fails the ingest with
     its ImportError, as an import at the top would, and leaves no store."""
     from outcore.testing import write_image_folder
 
-    write_image_folder(tmp_path / "photos", 3, classes=("cat", "dog"), size=(32, 32))
+    write_image_folder(tmp_path / "photos", 30, classes=("cat", "dog"), size=(64, 64))  # a survey of some ms at least
     found = _ingest_importing(tmp_path / "photos", tmp_path / "a.zarr")
     assert found["light"] == []
     assert found["importers"] == {"dask.array": "outcore-imports"}  # not the ingest's thread, after the survey
-    assert found["samples"] == 6 and found["classes"] == ["cat", "dog"]
+    assert found["samples"] == 60 and found["classes"] == ["cat", "dog"]
     broken = _ingest_importing(tmp_path / "photos", tmp_path / "b.zarr", broken="dask.array")
     assert broken["light"] == [] and "no module named 'dask.array' (this test's finder)" in broken["error"]
     assert not (tmp_path / "b.zarr").exists()

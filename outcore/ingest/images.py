@@ -44,7 +44,6 @@ from .fields import (
     PATH_WIDTH,
     file_stats,
 )
-from .imports import import_ahead
 from .options import IngestKeywords, IngestOptions
 from .permute import as_dask, write_order
 from .records.reader import SampleReader
@@ -248,7 +247,6 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
                                options.max_pixels)
 
         def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array | None]:
-            import_ahead()  # while the survey runs, mostly outside the GIL
             found = survey_images(paths, survey, scratch, client=options.client, progress=progress,
                                   description=f"survey → {store_name(location)}", reader=reader)
             if sizes is not None and (found.shapes[:, :2] != sizes).any():

@@ -1,9 +1,11 @@
 """What an ingest of pictures at their own size needs only once its survey is done (``dask.array``, with what it
-imports: xarray, pandas and scipy where they are installed), imported on a thread of its own as the survey
-begins: `import_ahead`. The survey's tasks run in C calls that release the GIL, so the import (most of a
-second holding the GIL) runs beside them instead of before them: on a machine of many cores, time that only
-one thread could use. The modules that need ``dask.array`` (and ``pandas``, which a folder's ingest does not)
-import it where they use it; such an import waits for the thread's, and raises whatever it raised.
+imports: xarray, pandas and scipy where they are installed), imported on a thread of its own while the survey's
+tasks run: `import_ahead`, called once they are made. The tasks run in C calls that release the GIL, so the import
+(most of a second holding the GIL) runs beside them instead of before them: on a machine of many cores, time that
+only one thread could use. Before that, the ingest's own thread runs Python (listing the files, the manifest, making
+the tasks), which the import would slow down as much as it saves. The modules that need ``dask.array`` (and
+``pandas``, which a folder's ingest does not) import it where they use it; such an import waits for the thread's,
+and raises whatever it raised.
 
 >>> import_ahead()
 >>> import dask.array  # done, or waits until it is

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ImageError
 from ..imaging import MAX_PIXELS, plain_jpeg_files, plain_jpeg_sizes, shrink_image, stored_frame
 from .decode_tasks import DIGEST_SIZE, ERROR_DTYPE, FILES, bad_file, file_digest, path_block
+from .imports import import_ahead
 from .records.reader import SampleReader
 from .scheduler import run_tasks
 
@@ -84,6 +85,7 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
                           pure=False)
     tasks = [survey(path_block(paths, start, start + block), start) for start in starts]
     weights = [min(block, len(paths) - start) for start in starts]
+    import_ahead()  # what the writes need, imported beside the tasks (in C calls) once they are made (in Python)
     blocks = run_tasks(tasks, weights, client=client, progress=progress, description=description, unit="files")
     result = Survey(
         [path for block in blocks for path in block[0]],
