@@ -3,16 +3,18 @@
     python benchmarks/ingest_scale.py [--files 100000] [--threads 1,2] [--repeats 2] [--workdir bench-data]
 
 Writes (once, in ``--workdir``) ``--files`` ImageNet-like JPEGs (`imagenet.write_folder`: 300-500 pixels on the
-short side, about 52 KiB each), then, each run in a fresh process, ingests them at their own size
-(``outcore.ingest_images(folder, store, shape=None, images="encoded")``: a survey that checks every file, then
-the writes):
+short side, about 52 KiB each), then, each run in a fresh process, ingests them at their own size with the
+command, as the console script runs it (``outcore ingest FOLDER STORE --shape any --images encoded --no-progress``,
+which calls ``outcore.ingest_images(folder, store, shape=None, images="encoded")``: a survey that checks every
+file, then the writes), from its imports to the process's end:
 
 - **scaling**: seconds, files/s and CPU seconds of whole ingests at each ``--threads`` (``--repeats`` each,
   in turns), and the ratio to n times the one-thread rate;
 - **phases**: where each thread count's fastest ingest spent its time: importing what an ingest needs, the work
   before the survey (listing the folder, the files' stats, the manifest), the survey, making the write tasks, the
-  writes and what comes after (the store's metadata, opening it). The imports and the work between the phases run
-  on one thread whatever the thread count: on many cores they bound the whole;
+  writes, what comes after (the store's metadata, opening it, the command's summary) and the interpreter's exit
+  once the command returned. The imports and the work between the phases run on one thread whatever the thread
+  count: on many cores they bound the whole;
 - **gil**: one whole ingest at the last thread count sampled by py-spy (``cores.RATE`` a second), only the
   thread holding the GIL (``--gil``): its seconds holding the GIL against the CPU seconds of an unsampled
   run, the bound that share sets on 16 cores, the seconds per phase (a sample's phase: the first of them its stack
@@ -32,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -40,10 +43,11 @@ from imagenet import write_folder
 
 INGEST = """
 import json, sys, time
-import outcore
-outcore.set_threads(int(sys.argv[3]))
 start = time.perf_counter()
+import outcore, outcore_command
+from outcore.cli import main
 from outcore.ingest import build, images
+outcore.set_threads(int(sys.argv[3]))
 imported = time.perf_counter()
 spans = {}
 
@@ -63,15 +67,15 @@ def timed(module, name):
 
 timed(images, "survey_images")
 timed(build, "_write_fields")
-ds = outcore.ingest_images(sys.argv[1], sys.argv[2], shape=None, images="encoded", progress=False)
+sys.argv = ["outcore", "ingest", sys.argv[1], sys.argv[2], "--shape", "any", "--images", "encoded", "--no-progress"]
+status = outcore_command.main()  # as the console script runs it, to its end
 end = time.perf_counter()
 (survey, surveyed), (writes, written) = spans["survey_images"], spans["_write_fields"]
-print(json.dumps({"files": len(ds), "seconds": end - start, "phases": [
+print(json.dumps({"seconds": end - start, "ended": time.time(), "phases": [
     imported - start, survey - imported, surveyed - survey, writes - surveyed, written - writes, end - written]}))
+sys.exit(status)
 """
-PHASES = ("imports", "before the survey", "survey", "making the writes", "writes", "after")
-# The phase of a py-spy stack: the first of these found in its frames, outermost first (an import inside a phase
-# counts as an import).
+PHASES = ("imports", "before the survey", "survey", "making the writes", "writes", "after", "exit")
 PHASE_FRAMES = (("imports", ("_find_and_load",)), ("survey", ("survey_images", "_survey_block")),
                 ("writes", ("_write_fields", "_write_shard", "_read_block")))
 
@@ -86,10 +90,11 @@ def ingest(folder: Path, threads: int, gil_samples: Path | None = None) -> tuple
                        "--output", str(gil_samples), "--", *command]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         done = subprocess.run(command, capture_output=True, text=True, check=True)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        ended, after = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     result = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))  # py-spy's last
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return result["seconds"], cpu, result["phases"]
+    exit_seconds = ended - result["ended"]  # the interpreter's shutdown, once the command returned
+    return result["seconds"] + exit_seconds, cpu, [*result["phases"], exit_seconds]
 
 
 def phases(raw: str) -> Counter:

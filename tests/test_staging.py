@@ -313,6 +313,35 @@ def test_a_ctrl_c_landing_where_python_only_reports_exceptions_is_delivered_agai
     assert time.monotonic() - started < 20
 
 
+ENDING_COMMAND = """
+import atexit, gc, sys, types, outcore_command
+
+class Finishing:  # stands for what finishes its work as it is freed (a temporary folder's removal, say)
+    def __del__(self):
+        with open(sys.argv[1], "w") as out:
+            out.write("finished")
+
+def command():
+    cycle = [Finishing()]
+    cycle.append(cycle)  # garbage once the command returns, freed only by the collector
+    atexit.register(lambda: print("frozen" if gc.get_freeze_count() else "not frozen"))
+    return 3
+
+sys.modules["outcore.cli.main"] = types.SimpleNamespace(main=command)
+sys.exit(outcore_command.main())
+"""
+
+
+def test_a_command_ends_without_the_collectors_passes_and_finishes_what_its_garbage_holds(tmp_path):
+    """Once the command is done, what is alive is frozen, so that the interpreter's shutdown does not pass over the
+    imported modules' objects looking for cycles; what is garbage then is collected first, its finalizers run."""
+    finished = tmp_path / "finished.txt"
+    result = subprocess.run([sys.executable, "-c", ENDING_COMMAND, str(finished)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (3, "frozen\n", "")
+    assert finished.read_text() == "finished"
+
+
 PACKAGE = os.path.dirname(outcore.__file__) + os.sep  # outcore's own files (a checkout's folder may be named outcore)
 STARTUP_FATAL = "Fatal Python error: init_import_site"
 """How CPython ends (status 1) when Ctrl-C comes while its ``site`` module runs the environment's ``.pth`` files,

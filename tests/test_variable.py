@@ -30,6 +30,7 @@ from outcore.ingest.decode_tasks import FILES, path_block
 from outcore.ingest.records.reader import SampleReader
 from outcore.ingest.survey import SurveyOptions, _survey_block
 from outcore.iterate.batch import batch_draws, transform_generator
+from outcore.storage.report import stored_shapes
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,7 @@ def test_each_picture_keeps_its_bytes_and_its_upright_shape(pictures, store):
     assert store["images"].shape == (16,) and store["images"].dtype == object
     assert "(16, 37..120, 45..100, 3)" in repr(store) and "own sizes" in repr(store)
     assert "16x37..120x45..100x3" in outcore.cli.describe(store)
+    np.testing.assert_array_equal(stored_shapes(store, "images"), shapes)  # read chunk by chunk, 4 of them
     assert outcore.verify(store.location, progress=False).ok
 
 
