@@ -24,9 +24,10 @@ PUBLIC = ("__init__", "transforms")  # the public assembly at the top: may impor
 FRAMEWORKS = ("torch", "tensorflow", "keras", "distributed", "tornado", "sklearn", "skimage", "h5py", "xarray",
               "obstore", "moto", "boto3", "lmdb", "pyarrow", "webdataset", "datasets", "google",
               "torchvision")  # google: protobuf
-LATE = ("dask", "importlib", "pandas", "tqdm")  # imported where used: a process that only reads batches needs none
-# of them (test_setup); an ingest imports dask.array while it surveys (outcore.ingest.imports), and a folder's
-# ingest no pandas; tqdm.notebook imports IPython, for a notebook's progress bars only
+LATE = ("dask", "importlib", "pandas", "tqdm", "psutil")  # imported where used: a process that only reads batches
+# needs none of them (test_setup); an ingest imports dask.array while it surveys (outcore.ingest.imports), and a
+# folder's ingest no pandas; tqdm.notebook imports IPython, for a notebook's progress bars only; psutil (its import
+# a tenth of outcore.dataset's) for a cluster's direct transfers and the demo's start time only
 
 
 @functools.cache  # read-only: the package's files do not change during a run
@@ -160,7 +161,7 @@ if __name__ == "__main__":
     print(layer_report())
 
 
-HEAVY = ("pandas", "dask", "xarray", "distributed", "pyarrow", "outcore.cli", "outcore.ingest")
+HEAVY = ("pandas", "dask", "xarray", "distributed", "pyarrow", "psutil", "outcore.cli", "outcore.ingest")
 READER = """
 import json, sys
 import outcore

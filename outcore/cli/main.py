@@ -15,8 +15,6 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
 
-import psutil
-
 from ..dataset import Dataset, open_dataset
 from ..errors import ClusterError, OptionError, OutcoreError
 from ..imaging import DEFAULT_QUALITY, MAX_PIXELS, RESIZE_POLICIES, native
@@ -516,6 +514,8 @@ def _has_images(ds: Dataset) -> bool:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    import psutil
+
     with _client(args) as client:
         run_demo(args.workdir, per_class=args.per_class, size=args.size, epochs=args.epochs, client=client,
                  progress=not args.no_progress, started=psutil.Process().create_time())  # the command's own start

@@ -27,8 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
-import psutil
-
 PROBE_SECONDS = 0.5  # how long a worker's address may take to accept a connection, once per process
 
 
@@ -78,5 +76,7 @@ def reachable(address: str) -> bool:
 @lru_cache(maxsize=1)
 def _local_hosts() -> frozenset[str]:
     """The addresses of this machine's network interfaces (loopback included), and its names."""
+    import psutil
+
     interfaces = {entry.address for entries in psutil.net_if_addrs().values() for entry in entries}
     return frozenset(interfaces | {"localhost", socket.gethostname()})

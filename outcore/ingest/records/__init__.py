@@ -39,6 +39,7 @@ class RecordFormat(Protocol):
 
 
 FORMATS: dict[str, type[RecordFiles]] = {kind.name: kind for kind in (TFRecord, WebDataset, LMDB, Parquet)}
+SUFFIXES = tuple(suffix for kind in FORMATS.values() for suffix in kind.suffixes)  # of every format's files
 
 
 def parse_format(format: Any) -> Any:
@@ -83,7 +84,7 @@ def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None
             files = sorted(glob.glob(name)) if glob.has_magic(name) else [name] if os.path.isfile(name) else []
     else:
         files = [name] if _suffix_kind(name) else _listed(name, storage_options)
-    kinds = {kind for file in files for kind in [_suffix_kind(file)] if kind}
+    kinds = {_suffix_kind(file) for file in files if file.lower().endswith(SUFFIXES)}  # a folder's files: few calls each
     if not kinds and is_object_url(name) and not files:
         files = _listed(name, storage_options, ("",))
     if not kinds and files:  # a file without a known suffix (ImageNet's TFRecord files): its first bytes
@@ -91,8 +92,8 @@ def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None
     if len(kinds) > 1:
         raise SourceError(f"{redact(name)} holds {' and '.join(sorted(kinds))} files: ingest each into a store of "
                           "its own, or name the format with format=")
-    pictures = [file for file in files if file.lower().endswith(IMAGE_EXTENSIONS)]
-    if kinds and pictures:
+    pictures = [file for file in files if file.lower().endswith(IMAGE_EXTENSIONS)] if kinds else []
+    if pictures:
         raise SourceError(f"{redact(name)} holds both image files (e.g. {redact(pictures[0])}) and {kinds.pop()} "
                           "files: name the format with format= to ingest the records, or move the record files out "
                           "of the image folder")
@@ -100,7 +101,7 @@ def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None
 
 
 def _listed(url: str, storage_options: Mapping[str, Any] | None, suffixes: Sequence[str] = ()) -> list[str]:
-    suffixes = tuple(suffixes) or tuple(suffix for kind in FORMATS.values() for suffix in kind.suffixes)
+    suffixes = tuple(suffixes) or SUFFIXES
     try:
         return list_files(url, suffixes, storage_options)
     except SourceError:
