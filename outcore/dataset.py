@@ -181,7 +181,16 @@ class Dataset(Store):
             rows.append((name, dtype, shape, info.role, classes))
         return rows
 
-    def _summary(self) -> str:
+    def summary(self) -> str:
+        """The first line of the Dataset's repr, without its fields' (which read each size range of pictures kept at
+        their own size): where it is, its samples and chunks, whether it was shuffled on write, files skipped.
+
+        >>> outcore.open_dataset("train.zarr").summary()  # doctest: +SKIP
+        "<outcore.Dataset 'train.zarr': 1,000 samples in 8 chunks of 128>"
+        """
+        return f"<outcore.Dataset {self.location!r}: {self._counts()}>"
+
+    def _counts(self) -> str:
         parts = [f"{len(self):,} samples in {self.num_chunks:,} chunks of {self.chunk_size:,}"]
         if self.attrs.shuffled_on_write:
             parts.append(f"shuffled on write (seed {self.attrs.seed})")
@@ -192,7 +201,7 @@ class Dataset(Store):
     def __repr__(self) -> str:
         rows = self._field_rows()
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        lines = [f"<outcore.Dataset {self.location!r}: {self._summary()}>"]
+        lines = [self.summary()]
         for row in rows:
             cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
             lines.append("  " + "  ".join(cells) + (f"  classes: {row[4]}" if row[4] else ""))
@@ -218,7 +227,7 @@ class Dataset(Store):
                          f"{self.attrs.skipped.get('report')}")
         return "".join([
             f"<div><strong>outcore.Dataset</strong> <code>{html.escape(self.location)}</code>: ",
-            html.escape(self._summary()),
+            html.escape(self._counts()),
             "<table><thead><tr>", *(f"<th>{h}</th>" for h in header), "</tr></thead><tbody>",
             *("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows),
             "</tbody></table>",

@@ -33,7 +33,7 @@ def describe(ds: Dataset) -> str:
             f"{ds.location}: {len(missing)} shard file(s) that its samples need are missing ({shown}); "
             f"run `outcore verify {ds.location}` for every problem, and restore the files or re-create the store"
         )
-    lines = [repr(ds).splitlines()[0], ""]
+    lines = [ds.summary(), ""]
     header = ("field", "dtype", "shape", "chunk", "shard", "codecs", "decoded", "on disk", "ratio", "role")
     reports = field_reports(ds)
     rows = [header] + [(r.name, r.dtype, "x".join(map(str, r.shape)), str(r.chunk), str(r.shard), r.codecs,
