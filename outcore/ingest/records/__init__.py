@@ -78,8 +78,8 @@ def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None
             folder_of = [kind.name for kind in FORMATS.values() if kind.is_folder_of(name)]
             if folder_of:
                 return folder_of[0]
-            files = [os.path.join(folder, f) for folder, _, found in os.walk(name) for f in found
-                     if not f.startswith(".")]
+            files = [prefix + f for folder, _, found in os.walk(name) for prefix in [os.path.join(folder, "")]
+                     for f in found if not f.startswith(".")]  # joined by concatenation: a call a file less
         else:
             files = sorted(glob.glob(name)) if glob.has_magic(name) else [name] if os.path.isfile(name) else []
     else:
