@@ -182,8 +182,8 @@ class Dataset(Store):
         return rows
 
     def summary(self) -> str:
-        """The first line of the Dataset's repr, without its fields' (which read each size range of pictures kept at
-        their own size): where it is, its samples and chunks, whether it was shuffled on write, files skipped.
+        """The first line of the Dataset's repr alone: where it is, its samples and chunks, whether it was shuffled on
+        write, how many files were skipped (the repr's rows read each field's sizes where pictures keep their own).
 
         >>> outcore.open_dataset("train.zarr").summary()  # doctest: +SKIP
         "<outcore.Dataset 'train.zarr': 1,000 samples in 8 chunks of 128>"

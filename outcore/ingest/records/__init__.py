@@ -84,7 +84,7 @@ def _kind_of(name: str, storage_options: Mapping[str, Any] | None) -> str | None
             files = sorted(glob.glob(name)) if glob.has_magic(name) else [name] if os.path.isfile(name) else []
     else:
         files = [name] if _suffix_kind(name) else _listed(name, storage_options)
-    kinds = {_suffix_kind(file) for file in files if file.lower().endswith(SUFFIXES)}  # a folder's files: few calls each
+    kinds = {_suffix_kind(file) for file in files if file.lower().endswith(SUFFIXES)}  # one suffix test a file
     if not kinds and is_object_url(name) and not files:
         files = _listed(name, storage_options, ("",))
     if not kinds and files:  # a file without a known suffix (ImageNet's TFRecord files): its first bytes
