@@ -695,6 +695,21 @@ def test_chunks_stored_back_to_back_are_asked_in_one_request(s3, proxy, tmp_path
     assert len(chunks) <= requests <= 1.5 * steps, requests
 
 
+def test_the_sizes_of_pictures_kept_at_their_own_size_are_asked_in_one_request_a_shard(s3, proxy, tmp_path):
+    """A Dataset's repr names the range of its pictures' sizes, read from the store: its chunks asked together
+    (`ShardReader.prefetch`), not one request a chunk."""
+    write_image_folder(tmp_path / "own", 15, classes=("a", "b"), size=(24, 20), seed=4)
+    local = outcore.ingest_images(tmp_path / "own", tmp_path / "own.zarr", shape=None, images="encoded",
+                                  chunk_size=4, progress=False)
+    upload(local.location, "s3://data/own.zarr", s3.options)
+    remote = _open("own.zarr", _via(proxy, s3), cache_dir=False)
+    shown = repr(remote)
+    asked = [spans for key, spans in proxy.traffic.ranges if "images_shapes/c/" in key]
+    assert "(30, 24, 20, 3)" in shown and shown.splitlines()[1:] == repr(local).splitlines()[1:]
+    # its index, then its 8 chunks in one request (a read or two may run ahead of it): one a chunk, 9 in all
+    assert local.array("images_shapes").shards[0] >= 30 and len(asked) <= 4, asked
+
+
 @pytest.mark.parametrize("chosen", [None, "2"])
 def test_requests_in_flight_follow_the_measured_latency_or_the_knob(s3, proxy, tmp_path, monkeypatch, chosen):
     if chosen:

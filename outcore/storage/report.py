@@ -85,10 +85,13 @@ def field_reports(store: Store) -> list[FieldReport]:
 def stored_shapes(store: Store, name: str) -> np.ndarray:
     """The decoded shape of each sample of a field of pictures kept at their own size (or of a raster field), (N, 3):
     read chunk by chunk by the store's shard reader (a C call a chunk, its checksum checked), not by zarr's
-    pipeline, whose Python a chunk made the end of an ingest of 100,000 pictures wait (docs/benchmarks.md)."""
+    pipeline, whose Python a chunk made the end of an ingest of 100,000 pictures wait (docs/benchmarks.md); from an
+    object store, the chunks stored back to back asked for in one request."""
     reader = store.shard_reader(shapes_name(name))
-    chunks = [reader.read(chunk) for chunk in range(-(-len(store) // reader.chunk_size))]
-    return np.concatenate(chunks) if chunks else np.empty((0, 3), reader.array.dtype)
+    chunks = range(-(-len(store) // reader.chunk_size))
+    reader.prefetch(chunks)
+    read = [reader.read(chunk) for chunk in chunks]
+    return np.concatenate(read) if read else np.empty((0, 3), reader.array.dtype)
 
 
 def variable_shape(shapes: np.ndarray) -> tuple[int | str, ...]:
