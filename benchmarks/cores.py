@@ -22,7 +22,10 @@ loop takes it, in tensors (with PyTorch installed); ``ingest``:
   process's CPU time spent outside outcore's C calls that release the GIL (`outcore.measure.gil_free_clock`:
   each thread's own CPU clock read around those calls, so a thread waiting for a core counts in neither), an
   upper bound of the time holding the GIL, exact however busy the machine; with what it allows on 16 cores
-  (not for ``ingest``, whose compression and digests run in other libraries' C, uncounted: ``-``);
+  (not for ``ingest``, whose compression and digests run in other libraries' C, uncounted: ``-``); then, at the
+  last thread count, that share by thread (each thread's own CPU clock): the consumer's, the pool's outside
+  outcore's C calls (which run there) and the others' (the thread that plans each run's batches and hands them
+  over), the three adding up to it;
 - **gil**: on these cores, where the work's time goes and how much of it holds the GIL: py-spy samples a
   process running the case at ``--gil-threads`` (default: one per core) twice, once every running thread (CPU time), once only the
   thread holding the GIL (``--gil``); each sample is put in the stage of its innermost outcore frame (read
@@ -53,6 +56,7 @@ says how a 16-core machine will scale.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -62,6 +66,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -137,16 +142,17 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
     return made
 
 
-def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool = False) -> tuple[float, float | None]:
-    """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted) and the GIL
-    share timed over them (None without outcore's C extensions); with ``ready``, says so on stdout after the
-    first (for the profiler) and runs until killed. For ``ingest``, each epoch is an ingest of the folder
-    ``location`` into a new store."""
+def epochs(location: Path, case: str, threads: int, seconds: float,
+           ready: bool = False) -> tuple[float, float | None, dict[str, float] | None]:
+    """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted), the GIL
+    share timed over them (None without outcore's C extensions) and its parts by thread (`held_by_thread`); with
+    ``ready``, says so on stdout after the first (for the profiler) and runs until killed. For ``ingest``, each
+    epoch is an ingest of the folder ``location`` into a new store."""
     outcore.set_threads(threads)
     if ready:  # py-spy takes a share of the cores while it samples: keep every thread busy, as unprofiled
         Gauge.LOW = 0.0
     if case == "ingest":
-        return ingests(location, seconds, ready)
+        return (*ingests(location, seconds, ready), None)
     ds = outcore.open_dataset(location)
 
     def made() -> Iterable[dict]:
@@ -165,17 +171,40 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
         if epoch:
             rates.append(count / (time.perf_counter() - start))
         else:
-            free, cpu = gil_free_clock(), time.process_time()
+            free, cpu, clocks = gil_free_clock(), time.process_time(), thread_clocks()
             if ready:
                 print("ready", flush=True)
         epoch += 1
-    return float(np.median(rates)), held_share(free, cpu)
+    return float(np.median(rates)), held_share(free, cpu), held_by_thread(free, cpu, clocks)
 
 
 def held_share(free: Callable[[], float] | None, cpu: float) -> float | None:
     """The share of the CPU time since ``cpu`` (`time.process_time`) not counted by ``free`` (`gil_free_clock`)."""
     used = time.process_time() - cpu
     return None if free is None or used <= 0 else max(0.0, 1 - free() / used)
+
+
+def thread_clocks() -> dict[str, float]:
+    """The CPU seconds so far of this thread (the consumer's) and of the pool's threads (``outcore-pool-N``)."""
+    pool = 0.0
+    for thread in threading.enumerate():
+        if thread.name.startswith("outcore-pool") and thread.ident is not None:
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                pool += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return {"consumer": time.thread_time(), "pool": pool}
+
+
+def held_by_thread(free: Callable[[], float] | None, cpu: float, clocks: dict[str, float]) -> dict[str, float] | None:
+    """The GIL share timed since ``cpu`` (`held_share`) in its parts, each a share of the process's CPU time: the
+    consumer's thread (it takes the batches; it calls none of outcore's GIL-free C), the pool's threads outside
+    those C calls (outcore's C calls run there) and the others (the thread that plans a run's batches and hands
+    them over, one a run, and any thread of another library). None where nothing is counted."""
+    used, now = time.process_time() - cpu, thread_clocks()
+    if free is None or used <= 0:
+        return None
+    consumer, pool = (now[name] - clocks[name] for name in ("consumer", "pool"))
+    parts = {"consumer": consumer, "pool": max(0.0, pool - free()), "others": max(0.0, used - consumer - pool)}
+    return {name: seconds / used for name, seconds in parts.items()}
 
 
 def ingests(folder: Path, seconds: float, ready: bool) -> tuple[float, float | None]:
@@ -205,14 +234,24 @@ def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds
     print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s} {'GIL':>6s}" for n in threads)
           + f" {'16 cores':>9s}", flush=True)
     rates: dict[str, dict[int, float]] = {}
+    parts: dict[str, dict[str, float]] = {}
     for case in cases:
         measured = {n: in_a_process(made, case, n, seconds) for n in threads}
-        rates[case] = {n: rate for n, (rate, _) in measured.items()}
+        rates[case] = {n: rate for n, (rate, _, _) in measured.items()}
         one = rates[case].get(1)
         cells = "".join(f" {rate:11.0f} {rate / (n * one) if one else float('nan'):6.2f} {percent(share):>6s}"
-                        for n, (rate, share) in measured.items())
-        last = measured[threads[-1]][1]
+                        for n, (rate, share, _) in measured.items())
+        _, last, by_thread = measured[threads[-1]]
         print(f"{case:14s}{cells} {'-' if last is None else f'{bound(last, 16):.1f}x':>9s}", flush=True)
+        if by_thread is not None:
+            parts[case] = by_thread
+    if parts:
+        print(f"\nthe GIL share at {threads[-1]} threads by thread, each a share of all the CPU time: the consumer's "
+              "(taking the batches), the pool's outside outcore's C calls (reads, batches, their runs), and the "
+              "others' (each run's thread planning its batches and handing them over)")
+        print(f"{'case':14s} {'consumer':>9s} {'pool':>7s} {'others':>7s}")
+        for case, by_thread in parts.items():
+            print(f"{case:14s} {by_thread['consumer']:9.1%} {by_thread['pool']:7.1%} {by_thread['others']:7.1%}")
     return rates
 
 
@@ -227,10 +266,11 @@ def child(*arguments: object, script: str = __file__) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def in_a_process(made: dict[str, Path], case: str, threads: int, seconds: float) -> tuple[float, float | None]:
+def in_a_process(made: dict[str, Path], case: str, threads: int,
+                 seconds: float) -> tuple[float, float | None, dict[str, float] | None]:
     """`epochs` in a fresh process (each measurement starts with the same memory and threads)."""
     result = child("--run", case, made[CASES[case][0]], threads, seconds)
-    return float(result["samples_s"]), result["gil_share"]
+    return float(result["samples_s"]), result["gil_share"], result["by_thread"]
 
 
 def profile(made: dict[str, Path], case: str, threads: int,
@@ -486,8 +526,8 @@ def main() -> None:
         return
     if args.run:
         case, location, threads, seconds = args.run
-        rate, share = epochs(Path(location), case, int(threads), float(seconds), ready=args.ready)
-        print(json.dumps({"samples_s": rate, "gil_share": share}))
+        rate, share, by_thread = epochs(Path(location), case, int(threads), float(seconds), ready=args.ready)
+        print(json.dumps({"samples_s": rate, "gil_share": share, "by_thread": by_thread}))
         return
     args.workdir.mkdir(parents=True, exist_ok=True)
     cases, threads = args.cases.split(","), [int(n) for n in args.threads.split(",")]
