@@ -179,6 +179,34 @@ def test_a_file_that_does_not_match_its_stored_shape_is_named(pictures, store, t
         list(damaged.batches(16, shuffle=False, transform=transforms.RandomResizedCrop(8)))
 
 
+def test_a_survey_saved_for_a_resume_is_read_back_as_it_was_made_and_as_an_earlier_version_saved_it(pictures,
+                                                                                                        tmp_path):
+    """An interrupted ingest's survey is saved in its scratch folder; the resumed run reads it back instead of
+    surveying again: the same paths (one of them not UTF-8, as Linux allows) and arrays, and a survey saved by an
+    earlier version (its paths an array of strings) alike."""
+    root, _ = pictures
+    odd = tmp_path / "pictures" / "\udcff.jpg"  # the byte 0xff in the file's name
+    odd.parent.mkdir()
+    shutil.copy(root / "a" / "0.jpg", odd)
+    paths = [*sorted(str(path) for path in root.rglob("*.jpg"))[:6], str(odd)]
+    options = SurveyOptions(3, np.dtype("uint8"), None, 90)
+    made = survey_module.survey_images(paths, options, tmp_path / "scratch", progress=False)
+    saved = tmp_path / "scratch" / "survey.npz"
+    assert made.paths == paths and saved.exists()
+
+    for earlier in (False, True):
+        if earlier:
+            with np.load(saved) as arrays:
+                kept = {name: arrays[name] for name in arrays.files}
+            np.savez(saved, **{**kept, "paths": np.array(paths, dtype=str)})
+        with np.load(saved) as stored:
+            assert stored["paths"].dtype.kind == ("U" if earlier else "u")  # this version's: UTF-8 bytes
+        again = survey_module.survey_images(["not", "surveyed"], options, tmp_path / "scratch", progress=False)
+        assert again.paths == paths
+        for name in ("shapes", "nbytes", "errors", "digests", "orientations"):
+            np.testing.assert_array_equal(getattr(again, name), getattr(made, name))
+
+
 @pytest.mark.parametrize("max_side", [None, 100])
 def test_the_survey_is_the_same_with_the_c_extensions_check_and_without(pictures, tmp_path, monkeypatch, max_side):
     """A block of every kind of file (plain, grey, turned by EXIF, PNG), a damaged JPEG, one that is not a picture,

@@ -25,7 +25,7 @@ def encode_text(values: np.ndarray, min_width: int = 1) -> np.ndarray:
     except UnicodeEncodeError:
         encoded = np.char.encode(strings, TEXT_ENCODING)  # a str method call each
     width = max(1, min_width, encoded.dtype.itemsize)
-    return np.frombuffer(encoded.astype(f"S{width}").tobytes(), dtype=np.uint8).reshape(len(encoded), width)
+    return encoded.astype(f"S{width}").view(np.uint8).reshape(len(encoded), width)  # a new array's bytes, not copied
 
 
 def decode_text(raw: np.ndarray) -> np.ndarray:

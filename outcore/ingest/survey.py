@@ -75,7 +75,7 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
     if saved.exists():  # a resumed run: its survey is done (unless an older outcore saved it without all of it)
         with np.load(saved, allow_pickle=False) as survey:
             if {"digests", "orientations"} <= set(survey.files):
-                return Survey(survey["paths"].tolist(), survey["shapes"], survey["nbytes"], survey["errors"],
+                return Survey(_paths_of(survey["paths"]), survey["shapes"], survey["nbytes"], survey["errors"],
                               survey["digests"], survey["orientations"])
     scratch.mkdir(parents=True, exist_ok=True)
     block = min(MAX_BLOCK, max(MIN_BLOCK, -(-len(paths) // TASKS)))
@@ -96,10 +96,28 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
         np.concatenate([block[5] for block in blocks]) if blocks else np.zeros(0, np.uint8),
     )
     partial = scratch / "survey.partial.npz"
-    np.savez(partial, paths=np.array(result.paths, dtype=str), shapes=result.shapes, nbytes=result.nbytes,
+    np.savez(partial, paths=_saved_paths(result.paths), shapes=result.shapes, nbytes=result.nbytes,
              errors=result.errors, digests=result.digests, orientations=result.orientations)
     os.replace(partial, saved)
     return result
+
+
+def _saved_paths(paths: list[str]) -> np.ndarray:
+    """``paths`` as a resumed survey reads them back (`_paths_of`): their UTF-8 bytes, each path ended by a NUL (no
+    path holds one; any surrogate kept), instead of an array of strings as wide as the longest, four bytes a
+    character (which took several times as long to make and to write).
+
+    >>> _paths_of(_saved_paths(["a/b.jpg", "\\udcff.jpg"])), _paths_of(_saved_paths([]))
+    (['a/b.jpg', '\\udcff.jpg'], [])
+    """
+    return np.frombuffer("".join(path + "\0" for path in paths).encode("utf-8", "surrogatepass"), np.uint8)
+
+
+def _paths_of(saved: np.ndarray) -> list[str]:
+    """The paths `_saved_paths` saved; an array of strings as it is (a survey saved by an earlier version)."""
+    if saved.dtype.kind == "U":
+        return saved.tolist()
+    return saved.tobytes().decode("utf-8", "surrogatepass").split("\0")[:-1]
 
 
 def _survey_block(block: np.ndarray, start: int, options: SurveyOptions, scratch: str,
