@@ -14,7 +14,8 @@
 #               by a process of their own (process=True) or by 1 or 4 DataLoader workers: the ratio to its own rate,
 #               and the CPU a batch costs the loop's thread
 #   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC) with the
-#               GIL share timed, ds.torch with 0-16 workers
+#               GIL share timed (at 16 threads, split by thread: the consumer's, the pool's, the planning thread's),
+#               ds.torch with 0-16 workers
 #   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor), and
 #               ds.torch(decode="cuda") against outcore's CPU path on the same files
 #   ingest      benchmarks/ingest_scale.py: whole ingests of ImageNet-like JPEGs on 1 and 16 threads, timed by phase
