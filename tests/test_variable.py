@@ -21,7 +21,7 @@ from support.pictures import write_mixed_pictures
 import outcore
 from outcore import transforms
 from outcore.cli import main
-from outcore.errors import OptionError, SourceError
+from outcore.errors import OptionError, SourceError, StorageError
 from outcore.imaging import decode_image, native, resize_boxes
 from outcore.ingest import decode_tasks
 from outcore.ingest import images as images_module
@@ -180,10 +180,11 @@ def test_a_file_that_does_not_match_its_stored_shape_is_named(pictures, store, t
 
 
 def test_a_survey_saved_for_a_resume_is_read_back_as_it_was_made_and_as_an_earlier_version_saved_it(pictures,
-                                                                                                        tmp_path):
+                                                                                                        tmp_path,
+                                                                                                        monkeypatch):
     """An interrupted ingest's survey is saved in its scratch folder; the resumed run reads it back instead of
     surveying again: the same paths (one of them not UTF-8, as Linux allows) and arrays, and a survey saved by an
-    earlier version (its paths an array of strings) alike."""
+    earlier version (its paths an array of strings) alike. One of another number of files is refused, named."""
     root, _ = pictures
     odd = tmp_path / "pictures" / "\udcff.jpg"  # the byte 0xff in the file's name
     odd.parent.mkdir()
@@ -194,6 +195,10 @@ def test_a_survey_saved_for_a_resume_is_read_back_as_it_was_made_and_as_an_earli
     saved = tmp_path / "scratch" / "survey.npz"
     assert made.paths == paths and saved.exists()
 
+    def not_surveyed_again(*args, **kwargs):
+        raise AssertionError("surveyed again")
+
+    monkeypatch.setattr(survey_module, "_survey_block", not_surveyed_again)
     for earlier in (False, True):
         if earlier:
             with np.load(saved) as arrays:
@@ -201,10 +206,13 @@ def test_a_survey_saved_for_a_resume_is_read_back_as_it_was_made_and_as_an_earli
             np.savez(saved, **{**kept, "paths": np.array(paths, dtype=str)})
         with np.load(saved) as stored:
             assert stored["paths"].dtype.kind == ("U" if earlier else "u")  # this version's: UTF-8 bytes
-        again = survey_module.survey_images(["not", "surveyed"], options, tmp_path / "scratch", progress=False)
+        again = survey_module.survey_images(paths, options, tmp_path / "scratch", progress=False)
         assert again.paths == paths
         for name in ("shapes", "nbytes", "errors", "digests", "orientations"):
             np.testing.assert_array_equal(getattr(again, name), getattr(made, name))
+    with pytest.raises(StorageError, match=r"survey\.npz holds a survey of 7 paths and 7 shapes where this run has 6 "
+                                           "files: it is not this run's survey; remove it"):
+        survey_module.survey_images(paths[:6], options, tmp_path / "scratch", progress=False)
 
 
 @pytest.mark.parametrize("max_side", [None, 100])

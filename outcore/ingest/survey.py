@@ -18,7 +18,7 @@ from pathlib import Path
 import dask
 import numpy as np
 
-from ..errors import ImageError
+from ..errors import ImageError, StorageError
 from ..imaging import MAX_PIXELS, plain_jpeg_files, plain_jpeg_sizes, shrink_image, stored_frame
 from .decode_tasks import DIGEST_SIZE, ERROR_DTYPE, FILES, bad_file, file_digest, path_block
 from .imports import import_ahead
@@ -75,8 +75,13 @@ def survey_images(paths: Sequence[str], options: SurveyOptions, scratch: Path, *
     if saved.exists():  # a resumed run: its survey is done (unless an older outcore saved it without all of it)
         with np.load(saved, allow_pickle=False) as survey:
             if {"digests", "orientations"} <= set(survey.files):
-                return Survey(_paths_of(survey["paths"]), survey["shapes"], survey["nbytes"], survey["errors"],
-                              survey["digests"], survey["orientations"])
+                found = Survey(_paths_of(survey["paths"]), survey["shapes"], survey["nbytes"], survey["errors"],
+                               survey["digests"], survey["orientations"])
+                if not len(found.paths) == len(found.shapes) == len(paths):
+                    raise StorageError(f"{saved} holds a survey of {len(found.paths)} paths and {len(found.shapes)} "
+                                       f"shapes where this run has {len(paths)} files: it is not this run's survey; "
+                                       "remove it, and the resumed ingest surveys the files again")
+                return found
     scratch.mkdir(parents=True, exist_ok=True)
     block = min(MAX_BLOCK, max(MIN_BLOCK, -(-len(paths) // TASKS)))
     starts = range(0, len(paths), block)
