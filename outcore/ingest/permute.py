@@ -145,9 +145,17 @@ class _Gather(Part):
 
 
 def as_dask(array: Any, block_size: int) -> da.Array:
-    """A lazy view of ``array`` in blocks of ``block_size`` samples; h5py datasets are read under a lock."""
+    """A lazy view of ``array`` in blocks of ``block_size`` samples; h5py datasets are read under a lock. A NumPy
+    array's blocks are views of it (`_views`), a memory-mapped file's read as the tasks run.
+
+    >>> lazy = as_dask(np.arange(5), 2)
+    >>> lazy.chunks, int(lazy.sum())
+    (((2, 2, 1),), 10)
+    """
     import dask.array as da  # here, not at the top: `outcore.ingest.imports`
 
+    if isinstance(array, np.ndarray):
+        return _views(array, block_size)
     if isinstance(array, da.Array):
         lazy = array
     elif type(array).__module__.startswith("zarr"):
@@ -156,6 +164,20 @@ def as_dask(array: Any, block_size: int) -> da.Array:
         lazy = da.from_array(array, chunks=(block_size, *array.shape[1:]),
                              lock=type(array).__module__.startswith("h5py"))
     return lazy.rechunk((block_size,) + (-1,) * (lazy.ndim - 1))
+
+
+def _views(array: np.ndarray, block_size: int) -> da.Array:
+    """``array`` as a dask array whose blocks of ``block_size`` samples are views of it. Dask's ``from_array``
+    copies a NumPy array whole first (a memory-mapped file larger than the memory was read into it) and digests
+    its bytes for a name: a copy and a pass over every byte, on one thread, for nothing an ingest needs."""
+    import dask.array as da
+
+    name = f"outcore-views-{uuid.uuid4().hex}"
+    rest = (0,) * (array.ndim - 1)
+    graph = {(name, i, *rest): array[start : start + block_size]
+             for i, start in enumerate(range(0, max(1, len(array)), block_size))}
+    chunks = (tuple(len(block) for block in graph.values()), *((length,) for length in array.shape[1:]))
+    return da.Array(graph, name, chunks, meta=array[:0])
 
 
 def scratch_bytes(array: Any) -> int:
