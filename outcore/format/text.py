@@ -19,13 +19,15 @@ def encode_text(values: np.ndarray, min_width: int = 1) -> np.ndarray:
     >>> encode_text(np.array(["a"]), min_width=4)
     array([[97,  0,  0,  0]], dtype=uint8)
     """
-    strings = np.asarray(values).astype(str)
-    try:
-        encoded = strings.astype(bytes)  # ASCII (UTF-8 alike) in one C loop
+    strings = np.asarray(values)
+    if strings.dtype.kind != "U":
+        strings = strings.astype(str)
+    try:  # ASCII (UTF-8 alike), a byte a character: straight to the padded width, in one C loop
+        encoded = strings.astype(f"S{max(1, min_width, strings.dtype.itemsize // 4)}")
     except UnicodeEncodeError:
         encoded = np.char.encode(strings, TEXT_ENCODING)  # a str method call each
-    width = max(1, min_width, encoded.dtype.itemsize)
-    return encoded.astype(f"S{width}").view(np.uint8).reshape(len(encoded), width)  # a new array's bytes, not copied
+        encoded = encoded.astype(f"S{max(1, min_width, encoded.dtype.itemsize)}")
+    return encoded.view(np.uint8).reshape(len(encoded), encoded.dtype.itemsize)  # a new array's bytes, not copied
 
 
 def decode_text(raw: np.ndarray) -> np.ndarray:
