@@ -30,17 +30,13 @@ REDELIVERY_SECONDS = 0.01
 def main() -> int:
     """Run the ``outcore`` command; return its exit status."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started to ignore it (a shell's background job)
-        from outcore.cli.main import main as run
-
-        status = run()
+        status = _run()
         _shut_down_quickly()
         return status
     signal.signal(signal.SIGINT, _first_interrupt)
     sys.unraisablehook = _deliver_again(sys.unraisablehook)
     try:
-        from outcore.cli.main import main as run
-
-        status = run()
+        status = _run()
     except KeyboardInterrupt:  # before the command could take it: importing outcore, reading the arguments
         print("outcore: interrupted", file=sys.stderr)
         status = INTERRUPTED
@@ -51,6 +47,17 @@ def main() -> int:
         _exit_now(signal.SIGINT, None)  # cut short (zarr's pending reads: "Task exception was never retrieved")
     _shut_down_quickly()
     return status
+
+
+def _run() -> int:
+    """Import outcore and run the command. What the imports made (NumPy's, Dask's, Zarr's and outcore's modules:
+    about a hundred thousand objects) lives as long as the command, so it is frozen (`gc.freeze`): the garbage
+    collector's full passes, each over every object, then pass over the command's own objects only (an ingest of
+    100,000 files made two such passes of a tenth of a second each on its one thread, docs/benchmarks.md)."""
+    from outcore.cli.main import main as run
+
+    gc.freeze()
+    return run()
 
 
 def _shut_down_quickly() -> None:

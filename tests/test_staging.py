@@ -322,10 +322,15 @@ class Finishing:  # stands for what finishes its work as it is freed (a temporar
             out.write("finished")
 
 def command():
+    started = gc.get_freeze_count()  # the imports' objects, frozen before the command runs
+    print("imports frozen" if started else "imports not frozen")
     cycle = [Finishing()]
     cycle.append(cycle)  # garbage once the command returns, freed only by the collector
-    atexit.register(lambda: print("frozen" if gc.get_freeze_count() else "not frozen"))
+    kept.append([])  # alive once the command returns: frozen with the rest
+    atexit.register(lambda: print("frozen" if gc.get_freeze_count() > started else "not frozen"))
     return 3
+
+kept = []
 
 sys.modules["outcore.cli.main"] = types.SimpleNamespace(main=command)
 sys.exit(outcore_command.main())
@@ -333,12 +338,13 @@ sys.exit(outcore_command.main())
 
 
 def test_a_command_ends_without_the_collectors_passes_and_finishes_what_its_garbage_holds(tmp_path):
-    """Once the command is done, what is alive is frozen, so that the interpreter's shutdown does not pass over the
+    """What the imports made is frozen before the command runs, so that the collector's full passes do not pass over
+    it; once the command is done, what is alive is frozen, so that the interpreter's shutdown does not pass over the
     imported modules' objects looking for cycles; what is garbage then is collected first, its finalizers run."""
     finished = tmp_path / "finished.txt"
     result = subprocess.run([sys.executable, "-c", ENDING_COMMAND, str(finished)], capture_output=True, text=True,
                             timeout=60, check=False)
-    assert (result.returncode, result.stdout, result.stderr) == (3, "frozen\n", "")
+    assert (result.returncode, result.stdout, result.stderr) == (3, "imports frozen\nfrozen\n", "")
     assert finished.read_text() == "finished"
 
 
