@@ -61,6 +61,7 @@ from ..storage import (
     write_ragged_shard,
     write_rows,
 )
+from ..threads import for_each
 from .decode_tasks import BLOB_DTYPE
 from .permute import Part, Permuted, as_dask, free_bytes, scratch_bytes
 from .resume import resume_finished
@@ -263,10 +264,11 @@ def _sample_nbytes(field: FieldSource) -> float:
 
 def _gather_small(directory: Path, small: SmallRows, num_samples: int) -> None:
     """Copy the small fields' rows the tasks saved apart (``small``) into the store's arrays at ``directory``,
-    a shard file of theirs at a time (the rows stay until the run ends: a resumed run gathers again)."""
+    a shard file of theirs at a time (the rows stay until the run ends: a resumed run gathers again), the fields
+    on the pool's threads (each file's read, and each shard's encoding and write, release the GIL)."""
     group = zarr.open_group(directory, mode="r+")
-    for name, column in small.columns.items():
-        copy_rows(group[name], [(column, 0, num_samples)])
+    columns = [(group[name], column) for name, column in small.columns.items()]
+    for_each(lambda i: copy_rows(columns[i][0], [(columns[i][1], 0, num_samples)]), len(columns))
 
 
 def _recorded(field: FieldSource) -> FieldInfo:

@@ -12,6 +12,7 @@ parse (a ``.npy`` header is read by Python), let alone to unpickle.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,7 @@ class SmallColumn:
         Path(self.folder, f"{rows.start}{SUFFIX}").write_bytes(values.tobytes())
 
     def __getitem__(self, rows: slice) -> np.ndarray:
-        starts = sorted(int(path.name[: -len(SUFFIX)]) for path in Path(self.folder).glob(f"*{SUFFIX}"))
+        starts = sorted(int(name[: -len(SUFFIX)]) for name in os.listdir(self.folder) if name.endswith(SUFFIX))
         parts = [np.zeros((0, *self.row_shape), self.dtype)]
         reached = rows.start
         for k, start in enumerate(starts):
