@@ -12,9 +12,10 @@ file, then the writes), from its imports to the process's end:
   in turns), and the ratio to n times the one-thread rate;
 - **phases**: where each thread count's fastest ingest spent its time: importing what an ingest needs, the work
   before the survey (listing the folder, the files' stats, the manifest), the survey, making the write tasks, the
-  writes, what comes after (the store's metadata, opening it, the command's summary) and the interpreter's exit
-  once the command returned. The imports and the work between the phases run on one thread whatever the thread
-  count: on many cores they bound the whole;
+  writes, the small fields' rows gathered into the store once they are done (a field a thread), what comes after
+  (the store's metadata, opening it, the command's summary) and the interpreter's exit once the command returned.
+  The imports and the work between the phases run on one thread whatever the thread count: on many cores they
+  bound the whole;
 - **gil**: one whole ingest at the last thread count sampled by py-spy (``cores.RATE`` a second), only the
   thread holding the GIL (``--gil``): its seconds holding the GIL against the CPU seconds of an unsampled
   run, the bound that share sets on 16 cores, the seconds per phase (a sample's phase: the first of them its stack
@@ -72,15 +73,19 @@ def timed(module, name):
 
 timed(images, "survey_images")
 timed(build, "_write_fields")
+timed(build, "_gather_small")
 sys.argv = ["outcore", "ingest", sys.argv[1], sys.argv[2], "--shape", "any", "--images", "encoded", "--no-progress"]
 status = outcore_command.main()  # as the console script runs it, to its end
 end = time.perf_counter()
 (survey, surveyed), (writes, written) = spans["survey_images"], spans["_write_fields"]
+gather, gathered = spans["_gather_small"]
 print(json.dumps({"seconds": end - start, "ended": time.time(), "phases": [
-    imported - start, survey - imported, surveyed - survey, writes - surveyed, written - writes, end - written]}))
+    imported - start, survey - imported, surveyed - survey, writes - surveyed, gather - writes, gathered - gather,
+    end - gathered]}))
 sys.exit(status)
 """
-PHASES = ("imports", "before the survey", "survey", "making the writes", "writes", "after", "exit")
+PHASES = ("imports", "before the survey", "survey", "making the writes", "writes", "small fields", "after",
+          "exit")
 PHASE_FRAMES = (("imports", ("_find_and_load",)), ("survey", ("survey_images", "_survey_block")),
                 ("writes", ("_write_fields", "_write_shard", "_read_block")))
 

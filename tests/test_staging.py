@@ -20,6 +20,7 @@ import outcore
 from outcore.errors import OutcoreWarning, StoreExistsError
 from outcore.imaging.synthetic import write_image_folder
 from outcore.ingest.images import _files_json
+from outcore.storage import remove_path
 
 
 def test_overwrite_never_leaves_the_target_without_a_store(tmp_path):
@@ -72,6 +73,28 @@ def test_target_names_are_not_glob_patterns(tmp_path, name):
     outcore.from_arrays({"x": np.arange(10)}, tmp_path / name, progress=False)
     assert other.exists() and (tmp_path / ".dz.zarr.partial-12345678").exists()
     assert sorted(outcore.open_dataset(tmp_path / name)["x"].compute().tolist()) == list(range(10))
+
+
+def test_a_tree_is_removed_whole_its_links_removed_not_followed(tmp_path):
+    """A folder tree of many folders of files (a finished run's scratch: a folder a field, a file a task) is removed
+    whole, its folders' files on the pool's threads; a link to a folder or a file elsewhere is removed, and what it
+    leads to is kept."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "kept.bin").write_bytes(b"kept")
+    tree = tmp_path / "tree"
+    for field in range(6):
+        for depth in ("", "inner/"):
+            folder = tree / f"field-{field}" / depth
+            folder.mkdir(parents=True, exist_ok=True)
+            for task in range(40):
+                (folder / f"{task * 512}.rows").write_bytes(b"rows")
+    (tree / "field-0" / "to-a-folder").symlink_to(elsewhere, target_is_directory=True)
+    (tree / "field-1" / "to-a-file").symlink_to(elsewhere / "kept.bin")
+    (tree / "top.json").write_text("{}")
+    remove_path(tree)
+    assert not tree.exists() and not tree.is_symlink()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["kept.bin"] and (elsewhere / "kept.bin").read_bytes() == b"kept"
 
 
 def test_a_store_left_between_two_renames_is_put_back(tmp_path):

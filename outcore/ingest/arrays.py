@@ -50,7 +50,9 @@ def from_arrays(
     other field, and ``"other"`` for the rest (`outcore.format.guess_roles`). ``classes`` names the classes of label fields.
     Strings (numpy ``U``/``S``) are stored as UTF-8 text fields. When shuffled on write, a
     ``source_index`` field records each sample's position in the input; an on-disk or dask input is
-    shuffled through a scratch folder beside the store, in bounded memory (`outcore.ingest.permute`).
+    shuffled through a scratch folder beside the store, in bounded memory (`outcore.ingest.permute`). A NumPy
+    array is never copied: a memory-mapped one (``np.load(path, mmap_mode="r")``) larger than the memory is read a
+    block at a time as the shards are written.
     A `Ragged` (rows of many samples and their offsets: boxes, keypoints, their labels) is stored as a ragged
     field (`outcore.format.ragged`).
     ``client`` (default: the active ``distributed.Client``, else local threads) runs the writing. An

@@ -23,6 +23,7 @@ there by `outcore.storage.upload.Upload` instead of renamed into place.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import errno
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OptionError, OutcoreError, OutcoreWarning, StorageError, StoreExistsError
+from ..threads import for_each
 from .groups import is_url, is_zip
 from .remote import is_object_url, redact
 from .upload import STAGING_ENVIRONMENT, Upload, clean_leftovers, local_mirror
@@ -303,6 +305,15 @@ def _remove_run(store: Path) -> None:
         remove_path(path)
 
 
+def _remove_files(folder: str) -> None:
+    """Remove what ``folder`` holds but its folders (files, and links, not followed), as much as can be."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
 def pack_zip(directory: Path, zip_path: Path) -> None:
     """Pack a store directory into a zip file that ``zarr.storage.ZipStore`` reads."""
     with zipfile.ZipFile(zip_path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
@@ -358,9 +369,14 @@ def _size(path: Path) -> int:
 
 
 def remove_path(path: Path) -> None:
-    """Remove a file or a folder tree; a folder that tasks still running on a cluster write into is
-    removed as far as it goes (the next run removes the rest: their lock is free by then)."""
+    """Remove a file or a folder tree, the files of its folders on the pool's threads (a folder each: each removal is
+    a system call outside the GIL, and a finished ingest leaves a few thousand small files); a folder that tasks
+    still running on a cluster write into is removed as far as it goes (the next run removes the rest: their lock
+    is free by then)."""
     if path.is_dir() and not path.is_symlink():
+        folders = [folder for folder, _, files in os.walk(path) if files]
+        if len(folders) > 1:
+            for_each(lambda i: _remove_files(folders[i]), len(folders))
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists() or path.is_symlink():
         path.unlink(missing_ok=True)
