@@ -81,6 +81,20 @@ def test_both_stores_pixels_and_files_and_info_shows_both_sizes(tmp_path):
     assert decoded.nbytes_stored() + on_disk.nbytes_stored() < 1.2 * files < ds.array("images").nbytes_stored()
 
 
+def test_info_shows_the_samples_a_shard_file_of_an_encoded_field_holds(tmp_path):
+    """An encoded field's shard column says how many samples each of its own shard files holds (those of its
+    files' bytes), not those of its byte ranges' (a small field, in few large shards)."""
+    source = tmp_path / "photos"
+    write_image_folder(source, 40, classes=("a", "b"), size=(32, 32), extension=".jpg", seed=4)
+    ds = outcore.ingest_images(source, tmp_path / "e.zarr", shape=(32, 32, 3), images="encoded", chunk_size=4,
+                               progress=False)
+    cells = next(line for line in describe(ds).splitlines() if line.startswith("images ")).split()
+    chunk, shard = (int(cell) for cell in cells[cells.index("80x32x32x3") + 1 : cells.index("80x32x32x3") + 3])
+    files = list((tmp_path / "e.zarr" / "images" / "c").iterdir())
+    assert chunk == 4 and len(files) == 80 // shard > 1
+    assert ds.array("images_ranges").shards[0] > shard
+
+
 def test_large_files_are_decoded_reduced_to_the_store_shape(tmp_path):
     source = tmp_path / "big"
     write_image_folder(source, 6, classes=("a",), size=(256, 320), extension=".jpg", seed=5)

@@ -10,6 +10,7 @@ import numpy as np
 import zarr
 
 from ..format import companion_names, ranges_name, shapes_name
+from .groups import samples_per_shard
 from .store import Store
 
 
@@ -77,8 +78,8 @@ def field_reports(store: Store) -> list[FieldReport]:
             dtype, sample_shape = str(array.dtype) + (" (utf-8 text)" if info.is_text else ""), array.shape[1:]
             decoded = len(store) * array.dtype.itemsize * math.prod(array.shape[1:])
         reports.append(FieldReport(name, dtype, (len(store), *sample_shape), counted.chunks[0],
-                                   (counted.shards or counted.chunks)[0], codecs(array), decoded, stored, info.role,
-                                   info.classes or ()))
+                                   samples_per_shard(array, counted.chunks[0]), codecs(array), decoded, stored,
+                                   info.role, info.classes or ()))  # the samples of the field's own shard files
     return reports
 
 
