@@ -3,7 +3,6 @@ readable while it grows, reopened and appended to; casts that would change value
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -14,7 +13,6 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from support.cgroups import throttled
 from support.rules import write_order
 
 import outcore
@@ -51,41 +49,6 @@ def test_from_dask_and_zarr(arrays, tmp_path):
     ds = outcore.from_arrays({"images": z}, tmp_path / "z.zarr", shuffle_on_write=False, progress=False)
     np.testing.assert_array_equal(ds["images"].compute(), arrays["images"])
     assert "source_index" not in ds
-
-
-MiB = 1 << 20
-MAPPED_CHILD = """
-import json, sys
-import numpy as np
-import outcore
-source = np.load(sys.argv[1], mmap_mode="r")
-ds = outcore.from_arrays({"x": source}, sys.argv[2], shuffle_on_write=sys.argv[3] == "1", progress=False)
-order = ds["source_index"].compute() if "source_index" in ds.fields else np.arange(len(ds))
-print(json.dumps({"samples": len(ds), "order": order.tolist(), "rows": ds["x"][:, :8].compute().tolist()}))
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_a_memory_mapped_array_larger_than_the_memory_is_ingested_in_it(tmp_path, shuffle):
-    """A NumPy file mapped into memory, twice as large as the child's memory limit (page cache included), is
-    ingested: its blocks are read as the writes run, never copied whole (dask's ``from_array`` copied it, and
-    the child was killed), in the stored order the seed says."""
-    rows, row_bytes = 8192, 64 * 1024
-    path = tmp_path / "x.npy"
-    mapped = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, row_bytes))
-    for start in range(0, rows, 1024):  # each row's first 8 bytes its number, the rest a pattern
-        block = np.broadcast_to(np.arange(row_bytes, dtype=np.uint8), (1024, row_bytes)).copy()
-        block[:, :8] = np.arange(start, start + 1024, dtype="<u8").view(np.uint8).reshape(1024, 8)
-        mapped[start : start + 1024] = block
-    mapped.flush()
-    del mapped
-    with throttled(tmp_path, bandwidth=10**10, requests=10**6, memory=384 * MiB) as cgroup:
-        out = json.loads(cgroup.run(MAPPED_CHILD, str(path), str(tmp_path / "x.zarr"), str(int(shuffle))))
-    order = write_order(rows, 0) if shuffle else np.arange(rows)
-    assert out["samples"] == rows and out["order"] == order.tolist()
-    stored = np.array(out["rows"], dtype=np.uint8).view("<u8")[:, 0]
-    np.testing.assert_array_equal(stored, order)
 
 
 def test_from_h5py(arrays, tmp_path):

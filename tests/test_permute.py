@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import zarr
 from dask.callbacks import Callback
+from support.cgroups import throttled
 
 import outcore
 import outcore.format.layout
@@ -123,3 +124,39 @@ def test_an_h5py_file_3x_larger_than_its_memory_ingests_in_flat_memory(tmp_path)
     with h5py.File(tmp_path / "24000.h5") as f:
         order = ds["source_index"][:300].compute()
         np.testing.assert_array_equal(ds["images"][:300].compute(), f["images"][np.sort(order)][np.argsort(np.argsort(order))])
+
+
+MiB = 1 << 20
+MAPPED_CHILD = """
+import json, sys
+import numpy as np
+import outcore
+source = np.load(sys.argv[1], mmap_mode="r")
+ds = outcore.from_arrays({"x": source}, sys.argv[2], shuffle_on_write=sys.argv[3] == "1", progress=False)
+order = ds["source_index"].compute() if "source_index" in ds.fields else np.arange(len(ds))
+print(json.dumps({"samples": len(ds), "order": order.tolist(), "rows": ds["x"][:, :8].compute().tolist()}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.portable
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_memory_mapped_array_larger_than_the_memory_is_ingested_in_it(tmp_path, shuffle):
+    """A NumPy file mapped into memory, twice as large as the child's memory limit (page cache included), is
+    ingested: its blocks are read as the writes run, never copied whole (dask's ``from_array`` copied it, and
+    the child was killed), in the stored order the seed says."""
+    rows, row_bytes = 8192, 64 * 1024
+    path = tmp_path / "x.npy"
+    mapped = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, row_bytes))
+    for start in range(0, rows, 1024):  # each row's first 8 bytes its number, the rest a pattern
+        block = np.broadcast_to(np.arange(row_bytes, dtype=np.uint8), (1024, row_bytes)).copy()
+        block[:, :8] = np.arange(start, start + 1024, dtype="<u8").view(np.uint8).reshape(1024, 8)
+        mapped[start : start + 1024] = block
+    mapped.flush()
+    del mapped
+    with throttled(tmp_path, bandwidth=10**10, requests=10**6, memory=384 * MiB) as cgroup:
+        out = json.loads(cgroup.run(MAPPED_CHILD, str(path), str(tmp_path / "x.zarr"), str(int(shuffle))))
+    order = write_order(rows, shuffle=shuffle, seed=0)
+    assert out["samples"] == rows and out["order"] == order.tolist()
+    stored = np.array(out["rows"], dtype=np.uint8).view("<u8")[:, 0]
+    np.testing.assert_array_equal(stored, order)
