@@ -1,6 +1,6 @@
 """Does an ingest of a large folder scale with its cores? Whole ingests, timed by phase and sampled holding the GIL.
 
-    python benchmarks/ingest_scale.py [--files 100000] [--threads 1,2] [--repeats 2] [--workdir bench-data]
+    python benchmarks/ingest_scale.py [--files 100000] [--threads 1,2] [--repeats 2] [--workdir bench-data] [--no-gil]
 
 Writes (once, in ``--workdir``) ``--files`` ImageNet-like JPEGs (`imagenet.write_folder`: 300-500 pixels on the
 short side, about 52 KiB each), then, each run in a fresh process, ingests them at their own size with the
@@ -135,6 +135,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=Path("bench-data"))
+    parser.add_argument("--no-gil", action="store_true", help="leave out the ingest sampled holding the GIL")
     args = parser.parse_args()
     folder = args.workdir / f"imagenet-like-{args.files}"
     files = len(write_folder(folder, args.files))
@@ -157,6 +158,8 @@ def main() -> None:
     print(f"{'threads':>7s} " + " ".join(f"{name:>17s}" for name in PHASES))
     for n in threads:
         print(f"{n:7d} " + " ".join(f"{seconds:17.2f}" for seconds in min(runs[n])[2]))
+    if args.no_gil:
+        return
     if shutil.which("py-spy") is None:
         print("\npy-spy is not installed (pip install py-spy): no GIL shares")
         return
