@@ -266,6 +266,42 @@ def test_an_ingest_imports_dask_array_on_a_thread_of_its_own_while_it_surveys(tm
     assert not (tmp_path / "b.zarr").exists()
 
 
+LATER = """
+import sys, threading
+sys.path.insert(0, sys.argv[1])
+from outcore.ingest import imports
+imports.AHEAD = ("slow_module",)
+ran = []
+
+def where():
+    ran.append((threading.current_thread().name, "slow_module" in sys.modules))
+    return len(ran)
+
+def failing():
+    raise ValueError("the work's own error")
+
+given, failed = imports.after_imports(where), imports.after_imports(failing)
+imports.import_ahead()
+imports._thread.join(30)
+try:
+    failed.result()
+except ValueError as error:
+    raised = str(error)
+late = imports.after_imports(where)  # the thread has ended: whoever asks runs it
+print(given.result(), late.result(), ran, raised, len(imports._later))
+"""
+
+
+def test_work_given_after_the_imports_runs_on_their_thread_once_they_are_done_or_where_it_is_asked_for(tmp_path):
+    """`outcore.ingest.imports.after_imports`: the imports thread runs the work once its imports are done; its failure
+    is raised where the result is asked for; work given once the thread has ended runs where it is asked for, and
+    none is kept."""
+    (tmp_path / "slow_module.py").write_text("import time\ntime.sleep(0.3)\n")
+    done = subprocess.run([sys.executable, "-c", LATER, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert done.stdout.split("\n")[0] == ("1 2 [('outcore-imports', True), ('MainThread', True)] the work's own error 0")
+
+
 FORK = """
 import os, sys, time
 sys.path.insert(0, sys.argv[1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -44,6 +45,7 @@ from .fields import (
     PATH_WIDTH,
     file_stats,
 )
+from .imports import after_imports
 from .options import IngestKeywords, IngestOptions
 from .permute import as_dask, write_order
 from .records.reader import SampleReader
@@ -247,6 +249,8 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
                                options.max_pixels)
 
         def prepare(scratch: Path) -> tuple[dict[str, FieldSource], da.Array | None]:
+            # made beside the survey's tasks, on the thread that imports dask.array while they run
+            table_fields = after_imports(functools.partial(_table_fields, table, order, stats, layout.shard_size))
             found = survey_images(paths, survey, scratch, client=options.client, progress=progress,
                                   description=f"survey → {store_name(location)}", reader=reader)
             if sizes is not None and (found.shapes[:, :2] != sizes).any():
@@ -260,7 +264,7 @@ def _ingest_table(table: SourceTable, location: str | os.PathLike, options: Inge
             digests = FieldSource(as_dask(found.digests, layout.shard_size), FieldInfo("metadata"))
             rasters, errors = _raster_fields(table, order, found, layout.shard_size, options, reader)
             errors = first_errors(errors, as_dask(found.errors, layout.shard_size))
-            fields = _table_fields(table, order, stats, layout.shard_size)
+            fields = table_fields.result()
             return {IMAGE_FIELD: files, **fields, **rasters, FILE_DIGEST_FIELD: digests}, errors if skip else None
 
         build_store(location, prepare, build, **run)

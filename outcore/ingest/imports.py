@@ -7,8 +7,14 @@ the tasks), which the import would slow down as much as it saves. The modules th
 ``pandas``, which a folder's ingest does not) import it where they use it; such an import waits for the thread's,
 and raises whatever it raised.
 
+Work that needs only those modules and what is known before the survey (the table's fields, as Dask arrays) is
+given to `after_imports`: that thread runs it once the imports are done, beside the survey's tasks too, and whoever
+asks for its result first runs it if the thread has not taken it by then (no thread was started, or it had ended).
+
 >>> import_ahead()
 >>> import dask.array  # done, or waits until it is
+>>> after_imports(lambda: 6 * 7).result()
+42
 """
 
 from __future__ import annotations
@@ -19,12 +25,53 @@ import importlib
 import os
 import sys
 import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from ..threads.task import Task
+
+T = TypeVar("T")
 
 AHEAD = ("dask.array",)
 EXIT_SECONDS = 5.0  # the longest an exit or a fork waits for the imports (an ingest that failed ends early)
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
+
+
+class Later(Generic[T]):
+    """``work()``, run once: by the imports thread after its imports, or by the first `result` call."""
+
+    def __init__(self, work: Callable[[], T]) -> None:
+        self.work, self.task = work, Task[T]()
+
+    def run(self) -> None:
+        """Run the work here, unless another thread has taken it."""
+        if self.task.claim():
+            try:
+                self.task.set_result(self.work())
+            except BaseException as error:  # noqa: BLE001 - raised by `result`, in the thread that asks
+                self.task.set_exception(error)
+
+    def result(self) -> T:
+        """The work's result (or its failure raised): run here if no thread has taken it, else waited for."""
+        with _lock:  # not left for a thread to take (nor held by the list, in a process that ingests again and again)
+            if self in _later:
+                _later.remove(self)
+        self.run()
+        return self.task.result()
+
+
+_later: list[Later] = []  # given to the imports thread, not taken by it yet
+
+
+def after_imports(work: Callable[[], T]) -> Later[T]:
+    """``work()`` on the imports thread once `AHEAD` is imported (`import_ahead`), or by the first to ask for its
+    result, whichever comes first."""
+    later = Later(work)
+    with _lock:
+        _later.append(later)
+    return later
 
 
 def import_ahead() -> None:
@@ -40,6 +87,12 @@ def _import() -> None:
     for name in AHEAD:
         with contextlib.suppress(Exception):  # imported again where it is used, which raises the error there
             importlib.import_module(name)
+    while True:  # then the work given to run after them (one asked for meanwhile runs where it was asked)
+        with _lock:
+            if not _later:
+                return
+            later = _later.pop(0)
+        later.run()
 
 
 def _finish() -> None:
