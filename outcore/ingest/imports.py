@@ -47,11 +47,7 @@ class Later(Generic[T]):
 
     def run(self) -> None:
         """Run the work here, unless another thread has taken it."""
-        if self.task.claim():
-            try:
-                self.task.set_result(self.work())
-            except BaseException as error:  # noqa: BLE001 - raised by `result`, in the thread that asks
-                self.task.set_exception(error)
+        self.task.run(self.work)
 
     def result(self) -> T:
         """The work's result (or its failure raised): run here if no thread has taken it, else waited for."""

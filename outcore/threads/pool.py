@@ -281,11 +281,7 @@ class _Worker:
             self.task = None
             while task is not None:
                 result, work, args, _ = task
-                if result.claim():  # not cancelled
-                    try:
-                        result.set_result(work(*args))
-                    except BaseException as error:  # noqa: BLE001 - the task's owner raises it
-                        result.set_exception(error)
+                result.run(work, *args)  # unless cancelled
                 del result, work, args  # nothing of a task is kept while waiting for the next
                 task = self.pool.next_task(self, task)
             if self.pool.closed:

@@ -17,8 +17,9 @@ it, the pool's thread or `cancel`, is decided by taking its one claim (a list's 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import CancelledError
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -58,6 +59,15 @@ class Task(Generic[T]):
     def _end(self) -> None:
         self._finished = True
         self._ended.release()
+
+    def run(self, work: Callable[..., T], *args: Any) -> None:
+        """``work(*args)`` here, the task ended with its result or its failure, unless its claim was taken (cancelled,
+        or run by another thread)."""
+        if self.claim():
+            try:
+                self.set_result(work(*args))
+            except BaseException as error:  # noqa: BLE001 - raised by whoever takes the result
+                self.set_exception(error)
 
     def cancel(self) -> bool:
         """Cancel the work if no thread has claimed it: True then (and when it was cancelled before)."""
