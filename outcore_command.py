@@ -11,7 +11,9 @@ ends at once, without the interpreter's shutdown (which would report, as traceba
 Ctrl-C cut short in Zarr's event loop). A Ctrl-C after that (a second one while the first is handled,
 or one while the interpreter shuts down) exits at once, with 130 and nothing more said. A Ctrl-C that
 lands where Python only reports exceptions (a weakref callback, such as those of the import system's
-module locks, or a ``__del__``) would be lost there: it is delivered again, 10 ms later.
+module locks, or a ``__del__``) would be lost there: it is delivered again, 10 ms later. One that lands where
+code replaces it with an error of its own (NumPy's C extension, imported, reports the ``KeyboardInterrupt`` of
+its own imports as an ``ImportError``) is still that Ctrl-C: one line and 130, not that error's traceback.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ def main() -> int:
     try:
         status = _run()
     except KeyboardInterrupt:  # before the command could take it: importing outcore, reading the arguments
-        print("outcore: interrupted", file=sys.stderr)
-        status = INTERRUPTED
+        status = _said_interrupted()
+    except Exception:
+        if signal.getsignal(signal.SIGINT) is not _exit_now:  # no Ctrl-C came: the error is the command's own
+            raise
+        status = _said_interrupted()  # the code the Ctrl-C broke off turned it into an error of its own
     finally:  # the interpreter shuts down next (threads joined): a Ctrl-C there ends it at once
         if signal.getsignal(signal.SIGINT) is _first_interrupt:
             signal.signal(signal.SIGINT, _interrupted_at_exit)
@@ -47,6 +52,11 @@ def main() -> int:
         _exit_now(signal.SIGINT, None)  # cut short (zarr's pending reads: "Task exception was never retrieved")
     _shut_down_quickly()
     return status
+
+
+def _said_interrupted() -> int:
+    print("outcore: interrupted", file=sys.stderr)
+    return INTERRUPTED
 
 
 def _run() -> int:
@@ -95,7 +105,7 @@ def _interrupt_again(signum: int, frame: FrameType | None) -> None:
 
 
 def _interrupted_at_exit(signum: int, frame: FrameType | None) -> None:
-    print("outcore: interrupted", file=sys.stderr)
+    _said_interrupted()
     _exit_now(signum, frame)
 
 

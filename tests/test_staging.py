@@ -336,6 +336,39 @@ def test_a_ctrl_c_landing_where_python_only_reports_exceptions_is_delivered_agai
     assert time.monotonic() - started < 20
 
 
+REPLACING_COMMAND = """
+import signal, sys, types, outcore_command
+
+def command():  # stands for a C extension's import (NumPy's): it reports what broke its own imports off as its error
+    try:
+        if sys.argv[1] == "ctrl-c":
+            signal.raise_signal(signal.SIGINT)
+        for _ in range(1000):  # the handler runs here
+            pass
+        raise OSError("datetime is missing")
+    except BaseException:
+        raise ImportError('PyCapsule_Import could not import module "datetime"') from None
+
+sys.modules["outcore.cli.main"] = types.SimpleNamespace(main=command)
+sys.exit(outcore_command.main())
+"""
+
+
+@pytest.mark.parametrize("cause", ["ctrl-c", "a fault"])
+def test_a_ctrl_c_that_the_code_it_broke_off_replaced_with_its_own_error_is_still_one_line_and_130(cause):
+    """Ctrl-C while NumPy's C extension imports ``datetime``: NumPy reports an ``ImportError`` instead of the
+    ``KeyboardInterrupt``. That is still the Ctrl-C (one line, 130); the same error without a Ctrl-C is a fault,
+    its traceback shown."""
+    with _as_from_a_terminal():
+        result = subprocess.run([sys.executable, "-c", REPLACING_COMMAND, cause], capture_output=True, text=True,
+                                timeout=60, check=False)
+    if cause == "ctrl-c":
+        assert (result.returncode, result.stderr) == (130, "outcore: interrupted\n")
+    else:
+        assert result.returncode == 1 and result.stderr.strip().endswith(
+            'ImportError: PyCapsule_Import could not import module "datetime"'), result.stderr
+
+
 ENDING_COMMAND = """
 import atexit, gc, sys, types, outcore_command
 
