@@ -11,17 +11,39 @@ ends at once, without the interpreter's shutdown (which would report, as traceba
 Ctrl-C cut short in Zarr's event loop). A Ctrl-C after that (a second one while the first is handled,
 or one while the interpreter shuts down) exits at once, with 130 and nothing more said. A Ctrl-C that
 lands where Python only reports exceptions (a weakref callback, such as those of the import system's
-module locks, or a ``__del__``) would be lost there: it is delivered again, 10 ms later. One that lands where
+module locks, or a ``__del__``) would be lost there: it is delivered again, 10 ms later (and one lost so while
+this module was imported, before `main` could take Ctrl-C, stops `main` at once). One that lands where
 code replaces it with an error of its own (NumPy's C extension, imported, reports the ``KeyboardInterrupt`` of
 its own imports as an ``ImportError``) is still that Ctrl-C: one line and 130, not that error's traceback.
 """
 
 from __future__ import annotations
 
+import sys
+
+
+class _LostWhileImported:
+    """``sys.unraisablehook`` from this module's first line: a Ctrl-C that comes as this module's own imports end
+    (Python's default handler still in place) raises its ``KeyboardInterrupt`` in the import system's module-lock
+    callbacks, where Python only reports it; it is noted here, and `main` stops at once instead of running the
+    command to its end."""
+
+    def __init__(self, report: Callable[[sys.UnraisableHookArgs], object]) -> None:
+        self.report, self.lost = report, False
+
+    def __call__(self, unraisable: sys.UnraisableHookArgs) -> None:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt):
+            self.lost = True
+        else:
+            self.report(unraisable)
+
+
+_IMPORTING = sys.unraisablehook = _LostWhileImported(sys.unraisablehook)
+
+# Each import below may take a module lock: after the hook, so that a Ctrl-C in one's callback is not lost.
 import gc
 import os
 import signal
-import sys
 from collections.abc import Callable
 from types import FrameType
 
@@ -32,13 +54,14 @@ REDELIVERY_SECONDS = 0.01
 def main() -> int:
     """Run the ``outcore`` command; return its exit status."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started to ignore it (a shell's background job)
+        sys.unraisablehook = _IMPORTING.report
         status = _run()
         _shut_down_quickly()
         return status
     signal.signal(signal.SIGINT, _first_interrupt)
-    sys.unraisablehook = _deliver_again(sys.unraisablehook)
+    sys.unraisablehook = _deliver_again(_IMPORTING.report)
     try:
-        status = _run()
+        status = _said_interrupted() if _IMPORTING.lost else _run()
     except KeyboardInterrupt:  # before the command could take it: importing outcore, reading the arguments
         status = _said_interrupted()
     except Exception:

@@ -336,6 +336,47 @@ def test_a_ctrl_c_landing_where_python_only_reports_exceptions_is_delivered_agai
     assert time.monotonic() - started < 20
 
 
+LOST_ON_IMPORT_COMMAND = """
+import builtins, signal, sys, types, weakref
+
+class Thing:
+    pass
+
+def lost_here(_):  # as an import's module-lock callback: Python only reports what it raises
+    signal.raise_signal(signal.SIGINT)  # Python's own handler: outcore_command is being imported
+    for _ in range(1000):  # the handler runs here
+        pass
+
+real_import = builtins.__import__
+
+def importing(name, *args, **kwargs):
+    if name == "gc" and sys._getframe(1).f_globals.get("__name__") == "outcore_command":
+        thing = Thing()
+        ref = weakref.ref(thing, lost_here)
+        del thing
+    return real_import(name, *args, **kwargs)
+
+def command():
+    print("the command ran")
+    return 0
+
+builtins.__import__ = importing
+sys.modules["outcore.cli.main"] = types.SimpleNamespace(main=command)
+import outcore_command
+sys.exit(outcore_command.main())
+"""
+
+
+def test_a_ctrl_c_lost_while_the_command_module_is_imported_stops_the_command():
+    """A Ctrl-C as the command's module is imported, before its ``main`` takes Ctrl-C, whose KeyboardInterrupt is
+    raised in a module lock's callback (Python prints "Exception ignored" and goes on), still stops the command:
+    one line, 130, the command not run."""
+    with _as_from_a_terminal():
+        result = subprocess.run([sys.executable, "-c", LOST_ON_IMPORT_COMMAND], capture_output=True, text=True,
+                                timeout=60, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "outcore: interrupted\n")
+
+
 REPLACING_COMMAND = """
 import signal, sys, types, outcore_command
 
