@@ -395,6 +395,42 @@ sys.exit(outcore_command.main())
 """
 
 
+SWALLOWED_ON_IMPORT_COMMAND = """
+import signal, sys, types, outcore_command
+
+class Importing(types.ModuleType):  # stands for outcore's imports, where the Ctrl-C comes
+    def __getattr__(self, name):
+        if name != "main":
+            raise AttributeError(name)
+        try:
+            try:
+                signal.raise_signal(signal.SIGINT)
+                for _ in range(1000):  # the handler runs here
+                    pass
+            except KeyboardInterrupt:  # a C extension's import reports it as its error (NumPy's)
+                raise ImportError('PyCapsule_Import could not import module "datetime"') from None
+        except ImportError:  # and a module goes on without it, as one does without an optional module
+            pass
+        return command
+
+def command():
+    print("the command ran")
+    return 0
+
+sys.modules["outcore.cli.main"] = Importing("outcore.cli.main")
+sys.exit(outcore_command.main())
+"""
+
+
+def test_a_ctrl_c_swallowed_by_the_imports_stops_the_command_before_it_runs():
+    """A Ctrl-C while outcore is imported that NumPy's C extension turns into an ``ImportError``, which a module
+    then takes for a missing optional module and goes on, still stops the command: one line, 130, not run."""
+    with _as_from_a_terminal():
+        result = subprocess.run([sys.executable, "-c", SWALLOWED_ON_IMPORT_COMMAND], capture_output=True, text=True,
+                                timeout=60, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "outcore: interrupted\n")
+
+
 @pytest.mark.parametrize("cause", ["ctrl-c", "a fault"])
 def test_a_ctrl_c_that_the_code_it_broke_off_replaced_with_its_own_error_is_still_one_line_and_130(cause):
     """Ctrl-C while NumPy's C extension imports ``datetime``: NumPy reports an ``ImportError`` instead of the
@@ -458,13 +494,14 @@ Error calling __set_name__``), which ``site`` reports and skips: "Remainder of f
 def _before_the_command(err: str) -> bool:
     """Whether ``err`` is CPython's traceback of a Ctrl-C it took while it imported the command's module (from its
     start-up until ``outcore_command.main`` installs its handler, Ctrl-C is the interpreter's own): a
-    ``KeyboardInterrupt`` raised in the line that imports it, or in that module's own imports (the standard
-    library's ``signal`` and ``collections.abc``), never in its ``main`` nor in outcore."""
+    ``KeyboardInterrupt`` raised in the line that imports it (or as the interpreter begins it: "line 0"), or in that
+    module's own imports (the standard library's ``signal`` and ``collections.abc``), never in its ``main`` nor in
+    outcore."""
     lines = err.strip().splitlines()
     frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
     command = [frame for frame in frames if 'outcore_command.py"' in frame]
     return (lines[:1] == ["Traceback (most recent call last):"] and lines[-1] == "KeyboardInterrupt"
-            and frames[:1] == ['File "<string>", line 1, in <module>']
+            and frames[:1] in (['File "<string>", line 0, in <module>'], ['File "<string>", line 1, in <module>'])
             and all(frame.endswith("in <module>") for frame in command)
             and not any(PACKAGE in frame for frame in frames))
 
