@@ -86,16 +86,21 @@ def _run() -> int:
     """Import outcore and run the command. What the imports made (NumPy's, Dask's, Zarr's and outcore's modules:
     about a hundred thousand objects) lives as long as the command, so it is frozen (`gc.freeze`): the garbage
     collector's full passes, each over every object, then pass over the command's own objects only (an ingest of
-    100,000 files made two such passes of a tenth of a second each on its one thread, docs/benchmarks.md).
+    100,000 files made two such passes of a tenth of a second each on its one thread, docs/benchmarks.md). The
+    collector is off while they are made, as `gc.freeze`'s documentation advises before a fork: its passes there
+    (about 170, over ever more objects) cost more than the few cycles they free, which are frozen with the rest.
 
     A Ctrl-C taken while outcore was imported, whose ``KeyboardInterrupt`` did not come out of the imports, was
     swallowed there: a C extension reports it as an ``ImportError`` (NumPy's, as it imports ``datetime``), and a
     module that falls back where another is missing takes that as missing. It stops the command before it runs."""
-    from outcore.cli.main import main as run
-
+    gc.disable()
+    try:
+        from outcore.cli.main import main as run
+    finally:
+        gc.freeze()
+        gc.enable()
     if signal.getsignal(signal.SIGINT) is _exit_now:
         raise KeyboardInterrupt
-    gc.freeze()
     return run()
 
 
