@@ -227,7 +227,7 @@ def test_the_next_run_removes_a_killed_upload_and_says_so(s3, photos, staging):
     said = sorted(str(w.message) for w in caught if w.category is OutcoreWarning)
     assert len(said) == 2, said
     assert said[0].startswith("removed what an interrupted ingest of s3://uploads/again.zarr left behind")
-    assert "--resume) continues such a run" in said[0] and said[0].count("uploads/again.zarr") >= 1
+    assert "; resume=True continues such a run" in said[0] and said[0].count("uploads/again.zarr") >= 1
     assert said[1].startswith("removed what an interrupted upload of s3://uploads/again.zarr left behind")
     assert len(ds) == 180 and not any(key.startswith(".again.zarr") for key in _objects(s3, ""))
 

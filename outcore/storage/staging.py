@@ -253,7 +253,7 @@ def _adopt_or_clean(target: Path, manifest: dict[str, Any] | None, shown: str) -
             continue
         held.close()
         resumable = manifest is None and _manifest(run) is not None
-        _remove_leftovers(run.with_suffix(""), shown, "; resume=True (--resume) continues such a run instead of "
+        _remove_leftovers(run.with_suffix(""), shown, "; resume=True continues such a run instead of "
                           "removing it" if resumable else "")
     for store in sorted(target.parent.glob(f".{name}.partial-*")):  # runs older than run folders
         if not store.name.endswith(".run") and not store.with_name(_run_name(store)).exists():
