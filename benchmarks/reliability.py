@@ -1,8 +1,9 @@
 """Trust, measured: killed ingests, damaged stores, hostile stores, a growing store read while it grows,
-bad inputs, stores replaced under their readers and disks that fail while read — each tried for real
+bad inputs, stores replaced under their readers, disks that fail while read and Ctrl-C at random instants — each
+tried for real
 (real processes, real SIGKILLs, real files, a fault layer in the C library's calls), counted, in one run.
 
-    python benchmarks/reliability.py [--kills 30] [--soak 20] [--workdir bench-data]
+    python benchmarks/reliability.py [--kills 30] [--soak 20] [--interrupts 100] [--workdir bench-data]
 
 Prints one table per part; docs/reliability.md quotes a run. Every case prints what it found when
 something is wrong, so a failure here is a bug report.
@@ -38,6 +39,7 @@ from outcore.testing import (
     shard_key,
     truncate_shard,
 )
+from outcore.testing.interrupts import OUTCOMES, outcome, start_command
 
 CLI = [sys.executable, "-m", "outcore.cli"]
 
@@ -642,11 +644,50 @@ def full_disks(workdir: Path) -> list[str]:
     return rows
 
 
+# -- 9. Ctrl-C at random instants ----------------------------------------------------------------------------------
+
+
+def interrupts(workdir: Path, count: int) -> list[str]:
+    """``outcore ingest`` of a small folder, Ctrl-C sent at ``count`` random instants of its time (start-up included),
+    each outcome counted (`outcore.testing.interrupts.outcome`); one that ran to its end after a Ctrl-C sent in its
+    first half, or that ended any other way, is wrong, its stderr shown."""
+    source = workdir / "interrupt-src"
+    if not source.exists():
+        write_image_folder(source, 150, classes=("a", "b", "c"), size=(20, 20), seed=3)
+
+    def started() -> subprocess.Popen:  # into a folder of its own: no run left behind by the last one
+        folder = workdir / "interrupted"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        return start_command(["ingest", str(source), str(folder / "t.zarr"), "--shape", "16x16x3", "--chunk-size",
+                              "8", "--no-progress"], stdout=subprocess.DEVNULL)
+
+    began = time.perf_counter()
+    started().communicate(timeout=300)
+    seconds = time.perf_counter() - began
+    rng, counts, wrong = random.Random(0), Counter(), []
+    for _ in range(count):
+        moment = rng.random()
+        process = started()
+        time.sleep(moment * seconds)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=300)
+        ended = outcome(process.returncode, err)
+        if ended == "finished" and moment < 0.5:
+            ended = "wrong: ran to its end after a Ctrl-C in its first half"
+        counts[ended] += 1
+        if ended.startswith("wrong"):
+            wrong.append(f"  at {moment:.3f} of {seconds:.2f} s, {ended}: {' | '.join(err.strip().splitlines()[-4:])}")
+    rows = [f"{ended:28s} {counts[ended]}" for ended in (*OUTCOMES, *sorted(set(counts) - set(OUTCOMES)))]
+    return [*rows, *wrong]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--soak", type=float, default=20.0, help="seconds of the growing-store soak")
-    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8", help="which parts to run, comma-separated")
+    parser.add_argument("--interrupts", type=int, default=100, help="Ctrl-Cs sent to ingests at random instants")
+    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8,9", help="which parts to run, comma-separated")
     parser.add_argument("--workdir", default="bench-data")
     args = parser.parse_args()
     workdir = Path(args.workdir) / "reliability"
@@ -661,6 +702,8 @@ def main() -> None:
         ("6. stores replaced under a running epoch", lambda: replaced(workdir)),
         ("7. disks that fail while reading (a fault layer loaded with LD_PRELOAD)", lambda: read_faults(workdir)),
         ("8. a disk that fills, per write path (a 3 MiB tmpfs; root)", lambda: full_disks(workdir)),
+        (f"9. {args.interrupts} Ctrl-Cs sent to `outcore ingest` at random instants, start-up included",
+         lambda: interrupts(workdir, args.interrupts)),
     ]
     for title, part in [parts[int(n) - 1] for n in args.parts.split(",")]:
         began = time.perf_counter()

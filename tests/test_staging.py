@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -11,7 +10,6 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from outcore.errors import OutcoreWarning, StoreExistsError
 from outcore.imaging.synthetic import write_image_folder
 from outcore.ingest.images import _files_json
 from outcore.storage import remove_path
+from outcore.testing.interrupts import OUTCOMES, as_from_a_terminal, outcome, start_command
 
 
 def test_overwrite_never_leaves_the_target_without_a_store(tmp_path):
@@ -189,9 +188,23 @@ def test_a_killed_ingest_leaves_no_store_and_resume_gives_the_uninterrupted_stor
 def test_the_next_run_removes_what_a_killed_one_left_and_says_so(source, tmp_path):
     store = tmp_path / "t.zarr"
     _stop_part_way(source, store).wait()
-    with pytest.warns(OutcoreWarning, match=r"removed what an interrupted ingest .* left behind.*--resume"):
+    with pytest.warns(OutcoreWarning, match=r"removed what an interrupted ingest .* left behind.*; resume=True "
+                                            "continues such a run instead of removing it"):
         outcore.ingest_images(source, store, shape=(16, 16, 3), chunk_size=8, on_error="skip", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.zarr", "t.zarr.skipped.txt"]
+
+
+def test_the_commands_next_run_says_so_in_its_flag_names(source, tmp_path, capsys):
+    store = tmp_path / "t.zarr"
+    _stop_part_way(source, store).wait()
+    from outcore.cli import main
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # the command shows warnings as lines, which pytest makes errors
+        assert main(["ingest", *_ingest_command(source, store)]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "left behind" in line]
+    assert len(warned) == 1 and warned[0].startswith("outcore ingest: warning: removed what an interrupted ingest of")
+    assert warned[0].endswith("; --resume continues such a run instead of removing it"), warned[0]
 
 
 def test_resume_with_other_files_or_settings_starts_again(source, tmp_path):
@@ -278,28 +291,9 @@ def test_ctrl_c_ends_quietly_and_keeps_the_shards_for_resume(source, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.zarr", "t.zarr.skipped.txt"]
 
 
-COMMAND = "import sys, outcore_command; sys.exit(outcore_command.main())"  # what the console script runs
-INTERRUPTED_LINES = {"outcore: interrupted", ("outcore ingest: interrupted (the shards written so far are kept: "
-                                               "the same command with --resume continues)")}
-
-
-@contextlib.contextmanager
-def _as_from_a_terminal() -> Iterator[None]:
-    """Children started within it get Ctrl-C's default action, as from a terminal: a test runner may ignore SIGINT
-    (a shell's background job does), which a child would inherit; a handled signal is reset to its default in the
-    child, and an ignored one stays ignored (the command then leaves Ctrl-C alone, as a background job's must)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _start_command(source, store) -> subprocess.Popen:
-    """The command, started as from a terminal (`_as_from_a_terminal`)."""
-    with _as_from_a_terminal():
-        return subprocess.Popen([sys.executable, "-c", COMMAND, "ingest", *_ingest_command(source, store)],
-                                stderr=subprocess.PIPE, text=True)
+    """The command's ingest of ``source`` into ``store``, started as from a terminal (`start_command`)."""
+    return start_command(["ingest", *_ingest_command(source, store)])
 
 
 SWALLOWING_COMMAND = """
@@ -329,7 +323,7 @@ def test_a_ctrl_c_landing_where_python_only_reports_exceptions_is_delivered_agai
     """A Ctrl-C whose KeyboardInterrupt is raised in a weakref callback (Python prints "Exception ignored"
     and goes on) still stops the command: one line, 130, at once."""
     started = time.monotonic()
-    with _as_from_a_terminal():
+    with as_from_a_terminal():
         result = subprocess.run([sys.executable, "-c", SWALLOWING_COMMAND], capture_output=True, text=True,
                                 timeout=60, check=False)
     assert (result.returncode, result.stderr) == (130, "outcore: interrupted\n")
@@ -371,7 +365,7 @@ def test_a_ctrl_c_lost_while_the_command_module_is_imported_stops_the_command():
     """A Ctrl-C as the command's module is imported, before its ``main`` takes Ctrl-C, whose KeyboardInterrupt is
     raised in a module lock's callback (Python prints "Exception ignored" and goes on), still stops the command:
     one line, 130, the command not run."""
-    with _as_from_a_terminal():
+    with as_from_a_terminal():
         result = subprocess.run([sys.executable, "-c", LOST_ON_IMPORT_COMMAND], capture_output=True, text=True,
                                 timeout=60, check=False)
     assert (result.returncode, result.stdout, result.stderr) == (130, "", "outcore: interrupted\n")
@@ -425,7 +419,7 @@ sys.exit(outcore_command.main())
 def test_a_ctrl_c_swallowed_by_the_imports_stops_the_command_before_it_runs():
     """A Ctrl-C while outcore is imported that NumPy's C extension turns into an ``ImportError``, which a module
     then takes for a missing optional module and goes on, still stops the command: one line, 130, not run."""
-    with _as_from_a_terminal():
+    with as_from_a_terminal():
         result = subprocess.run([sys.executable, "-c", SWALLOWED_ON_IMPORT_COMMAND], capture_output=True, text=True,
                                 timeout=60, check=False)
     assert (result.returncode, result.stdout, result.stderr) == (130, "", "outcore: interrupted\n")
@@ -436,7 +430,7 @@ def test_a_ctrl_c_that_the_code_it_broke_off_replaced_with_its_own_error_is_stil
     """Ctrl-C while NumPy's C extension imports ``datetime``: NumPy reports an ``ImportError`` instead of the
     ``KeyboardInterrupt``. That is still the Ctrl-C (one line, 130); the same error without a Ctrl-C is a fault,
     its traceback shown."""
-    with _as_from_a_terminal():
+    with as_from_a_terminal():
         result = subprocess.run([sys.executable, "-c", REPLACING_COMMAND, cause], capture_output=True, text=True,
                                 timeout=60, check=False)
     if cause == "ctrl-c":
@@ -491,43 +485,6 @@ def test_a_command_ends_without_the_collectors_passes_and_finishes_what_its_garb
     assert finished.read_text() == "finished"
 
 
-PACKAGE = os.path.dirname(outcore.__file__) + os.sep  # outcore's own files (a checkout's folder may be named outcore)
-
-
-def _in_the_interpreters_start_up(returncode: int, err: str) -> bool:
-    """Whether ``returncode`` and ``err`` are CPython's for a Ctrl-C that came in its own start-up, before the
-    command's module ran its first line, where nothing else can take Ctrl-C: its fatal error as it initialises
-    (status 1: its standard streams, or its ``site`` module running the environment's ``.pth`` files; or, with
-    no heading, a traceback of its frozen import system's frames alone, importing before any file's code ran), or a
-    ``KeyboardInterrupt`` it reported and went past, the command then run to its end (status 0): raised in a module
-    lock's callback ("Exception ignored in"), or turned into another error by a ``.pth`` file's line, which
-    ``site`` skips ("Remainder of file ignored"). Never a frame of outcore's."""
-    lines = [line.strip() for line in err.splitlines()]
-    interrupted = any(line.split(":")[0] == "KeyboardInterrupt" for line in lines) and PACKAGE not in err
-    if returncode == 1:
-        frames = [line for line in lines if line.startswith("File ")]
-        return interrupted and (err.startswith("Fatal Python error: init_") or (
-            err.startswith("Traceback (most recent call last):") and all(f.startswith('File "<frozen ') for f in frames)))
-    return returncode == 0 and interrupted and (
-        err.startswith("Exception ignored in: <function _get_module_lock.<locals>.cb")
-        or (err.startswith("Error processing line ") and "Remainder of file ignored" in lines))
-
-
-def _before_the_command(err: str) -> bool:
-    """Whether ``err`` is CPython's traceback of a Ctrl-C it took while it imported the command's module (from its
-    start-up until ``outcore_command.main`` installs its handler, Ctrl-C is the interpreter's own): a
-    ``KeyboardInterrupt`` raised in the line that imports it (or as the interpreter begins it: "line 0"), or in that
-    module's own imports (the standard library's ``signal`` and ``collections.abc``), never in its ``main`` nor in
-    outcore."""
-    lines = err.strip().splitlines()
-    frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
-    command = [frame for frame in frames if 'outcore_command.py"' in frame]
-    return (lines[:1] == ["Traceback (most recent call last):"] and lines[-1] == "KeyboardInterrupt"
-            and frames[:1] in (['File "<string>", line 0, in <module>'], ['File "<string>", line 1, in <module>'])
-            and all(frame.endswith("in <module>") for frame in command)
-            and not any(PACKAGE in frame for frame in frames))
-
-
 @pytest.fixture(scope="module")
 def command_seconds(source, tmp_path_factory):
     """How long the whole command takes here, start-up included."""
@@ -544,20 +501,14 @@ def test_ctrl_c_at_any_instant_of_the_command_is_one_line_and_130(source, tmp_pa
     ingest, a Ctrl-C at ``moment`` of the command's time is one line on stderr and exit status 130, never
     a traceback; before Python takes Ctrl-C and once it has given it back (its last instants, the work
     done), the process ends by the signal (a shell says 130), silently; in the interpreter's own start-up,
-    what CPython does there (`_in_the_interpreters_start_up`)."""
+    what CPython does there (`outcore.testing.interrupts.outcome`)."""
     process = _start_command(source, tmp_path / "t.zarr")
     time.sleep(moment * command_seconds)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
-    if process.returncode == -signal.SIGINT:  # before Python takes Ctrl-C, or after it gives it back at its exit
-        assert err == "" or _before_the_command(err), err
-    elif process.returncode in (0, 1) and err:  # the command says nothing on stderr when it ends so by itself
-        assert _in_the_interpreters_start_up(process.returncode, err), err
-    elif process.returncode == 0:  # it finished first: nothing was interrupted
-        assert moment >= 0.6, err  # (the time measured varies: a run may end sooner)
-    else:
-        assert process.returncode == 130 and "Traceback" not in err, err
-        assert len(err.strip().splitlines()) == 1 and err.strip() in INTERRUPTED_LINES, err
+    ended = outcome(process.returncode, err)
+    assert ended in OUTCOMES, f"{ended}: {err}"
+    assert ended != "finished" or moment >= 0.6, err  # it finished first (the time measured varies: it may end sooner)
 
 
 def test_the_manifest_lists_the_files_as_json_dumps_would(tmp_path):
