@@ -662,9 +662,12 @@ def interrupts(workdir: Path, count: int) -> list[str]:
         return start_command(["ingest", str(source), str(folder / "t.zarr"), "--shape", "16x16x3", "--chunk-size",
                               "8", "--no-progress"], stdout=subprocess.DEVNULL)
 
-    began = time.perf_counter()
-    started().communicate(timeout=300)
-    seconds = time.perf_counter() - began
+    took = []
+    for _ in range(3):  # the median of three whole runs: the first, from cold caches, is slower than the rest
+        began = time.perf_counter()
+        started().communicate(timeout=300)
+        took.append(time.perf_counter() - began)
+    seconds = sorted(took)[1]
     rng, counts, wrong = random.Random(0), Counter(), []
     for _ in range(count):
         moment = rng.random()
