@@ -65,7 +65,7 @@ def main() -> int:
     except KeyboardInterrupt:  # before the command could take it: importing outcore, reading the arguments
         status = _said_interrupted()
     except Exception:
-        if signal.getsignal(signal.SIGINT) is not _exit_now:  # no Ctrl-C came: the error is the command's own
+        if not _ctrl_c_taken():  # the error is the command's own
             raise
         status = _said_interrupted()  # the code the Ctrl-C broke off turned it into an error of its own
     finally:  # the interpreter shuts down next (threads joined): a Ctrl-C there ends it at once
@@ -75,6 +75,11 @@ def main() -> int:
         _exit_now(signal.SIGINT, None)  # cut short (zarr's pending reads: "Task exception was never retrieved")
     _shut_down_quickly()
     return status
+
+
+def _ctrl_c_taken() -> bool:
+    """Whether the first Ctrl-C came: its ``KeyboardInterrupt`` raised (`_first_interrupt`), wherever it went."""
+    return signal.getsignal(signal.SIGINT) is _exit_now
 
 
 def _said_interrupted() -> int:
@@ -99,7 +104,7 @@ def _run() -> int:
     finally:
         gc.freeze()
         gc.enable()
-    if signal.getsignal(signal.SIGINT) is _exit_now:
+    if _ctrl_c_taken():
         raise KeyboardInterrupt
     return run()
 
@@ -124,7 +129,7 @@ def _deliver_again(report: Callable[[sys.UnraisableHookArgs], object]) -> Callab
     """``sys.unraisablehook`` that delivers again the first Ctrl-C's ``KeyboardInterrupt`` where it was lost."""
 
     def hook(unraisable: sys.UnraisableHookArgs) -> None:
-        if issubclass(unraisable.exc_type, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is _exit_now:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt) and _ctrl_c_taken():
             signal.signal(signal.SIGINT, _first_interrupt)  # still the first Ctrl-C, as far as the command knows
             signal.signal(signal.SIGALRM, _interrupt_again)
             signal.setitimer(signal.ITIMER_REAL, REDELIVERY_SECONDS)
