@@ -121,6 +121,16 @@ def test_sources_made_by_processes_of_their_own_give_the_same_batches_epoch_afte
     assert all(loader.process is None for loader in there._processes)
 
 
+def test_sources_made_by_several_processes_each_give_the_same_batches(sources):
+    options = {"seed": 3, "fields": ["id", "x"]}
+    here = outcore.mix(sources, weights={"base": 0.9, "curated": 0.1}).batches(50, **options)
+    there = outcore.mix(sources, weights={"base": 0.9, "curated": 0.1}).batches(50, process=2, **options)
+    for _ in range(2):
+        assert [b["id"].tolist() for b in there] == [b["id"].tolist() for b in here]
+    assert [len(loader.members) for loader in there._processes] == [2, 2]
+    there.close()
+
+
 def test_repeats_take_each_sample_that_many_times_and_resume_exactly(sources):
     mixture = outcore.mix(sources, repeats={"base": 1, "curated": 3})
     it = mixture.batches(64, seed=1, fields=["id"])

@@ -1,5 +1,6 @@
-"""Batches made by a process of their own (``process=True``): the same batches as in this process, resumable, its
-death and its errors named here, its warnings raised here, and nothing left behind."""
+"""Batches made by a process of their own (``process=True``), or by several together (``process=n``): the same
+batches as in this process, resumable, a death and an error named here, warnings raised here, and nothing left
+behind."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 import outcore
-from outcore.iterate.process import CopyingRun, LoaderProcess, RemoteTraceback
+from outcore.iterate.process import PART_FILES, CopyingRun, LoaderProcess, LoaderProcesses, RemoteTraceback
 from outcore.testing import write_image_folder
 from outcore.transforms import Compose, RandomCrop, RandomFlip
 
@@ -55,7 +56,7 @@ def pictures(tmp_path_factory):
 
 
 def _started(iterator):
-    """``iterator`` once its process has started: every batch from now on made there."""
+    """``iterator`` once its process (or processes) has started: every batch from now on made there."""
     while not iterator._process.ready():
         time.sleep(0.01)
     return iterator
@@ -257,3 +258,132 @@ def test_a_run_closing_while_the_next_starts_leaves_it_every_batch(store):
     assert [path.name for path in iterator._process.mailbox.folder.iterdir()
             if not path.name.startswith(("free-", "owner"))] == []
     iterator.close()
+
+
+# -- several processes, each making its part of every batch (process=n) ---------------------------------------------
+
+
+def _held_files(folder):
+    """The files of ``folder`` that are neither free nor its owner's lock: batches held, or parts left behind."""
+    return sorted(path.name for path in folder.iterdir() if not path.name.startswith(("free-", "owner")))
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_several_processes_make_each_batch_together_the_batches_made_here(store, count):
+    options = {"shuffle": True, "seed": 3, "transform": _noise}
+    iterator = _started(store.batches(64, process=count, **options))
+    assert isinstance(iterator._process, LoaderProcesses)
+    made = _epochs(iterator, 1)
+    pids = [member.process.pid for member in iterator._process.members]
+    made += _epochs(iterator, 1)
+    _same(made, _epochs(store.batches(64, **options), 2))
+    assert len(set(pids)) == count and os.getpid() not in pids  # processes of their own, kept across epochs
+    assert [member.process.pid for member in iterator._process.members] == pids
+    assert iterator.stats()["batches"] == 2 * len(iterator)
+    folder = iterator._process.mailbox.folder
+    iterator.close()
+    assert not folder.exists()
+
+
+def test_several_processes_cut_and_flip_decoded_pictures_as_here_from_the_first_batch(pictures):
+    """Iterated at once: the first batches are made here while the processes start, the rest there."""
+    options = {"shuffle": True, "seed": 1, "transform": Compose([RandomCrop(32), RandomFlip()])}
+    iterator = pictures.batches(4, process=2, **options)
+    made, kinds = [], []
+    for batch in iterator:
+        made.append({name: value.copy() for name, value in batch.items()})
+        kinds.append(type(iterator._active.current).__name__)
+    made = [made, *_epochs(iterator, 1)]
+    _same(made, _epochs(pictures.batches(4, **options), 2))
+    assert set(kinds) <= {"LocalRun", "PartsRun"} and kinds[0] == "LocalRun"
+
+
+def test_an_epoch_made_by_some_processes_resumes_on_another_number(store):
+    expected = _epochs(store.batches(50, shuffle=True, seed=4), 1)[0]
+    first = _started(store.batches(50, shuffle=True, seed=4, process=2))
+    taken = iter(first)
+    head = [next(taken)["id"].copy() for _ in range(5)]
+    state = first.state_dict()
+    first.close()
+    resumed = _started(store.batches(50, shuffle=True, seed=4, process=3))
+    resumed.load_state_dict(state)
+    rest = [batch["id"].copy() for batch in resumed]
+    assert [ids.tolist() for ids in head + rest] == [batch["id"].tolist() for batch in expected]
+
+
+def test_parts_of_passes_left_early_are_removed_and_nothing_is_lost(store):
+    expected = [batch["id"].tolist() for batch in store.batches(120, shuffle=True, seed=2)]
+    iterator = _started(store.batches(120, shuffle=True, seed=2, prefetch=3, process=2))
+    folder = iterator._process.mailbox.folder
+    got, left = [], []
+    for _ in range(3):  # each pass leaves after two batches, with more made ahead
+        for batch in iterator:
+            got.append(batch["id"].tolist())
+            if len(got) % 2 == 0:
+                time.sleep(0.3)  # the processes write their parts of the next batches meanwhile
+                left.append([name for name in _held_files(folder) if name.startswith(PART_FILES)])
+                break
+    del batch  # the last one this loop took: its file goes back too
+    got += [batch["id"].tolist() for batch in iterator]
+    assert got == expected
+    assert all(left)  # each pass left parts of batches it never took...
+    assert _held_files(folder) == []  # ...removed once the processes had gone on to the next pass
+    iterator.close()
+
+
+def test_a_batch_copied_into_the_consumers_memory_is_joined_first(store):
+    made: list[tuple[int, ...]] = []
+
+    def empty(shape, dtype, field=""):
+        made.append(shape)
+        return np.empty(shape, dtype)
+
+    iterator = _started(store.batches(100, shuffle=True, seed=5, process=2))
+    run = iterator.run(0, range(len(iterator)), empty=empty)
+    assert isinstance(run, CopyingRun)
+    try:
+        ids = [batch["id"].tolist() for batch in run]
+        samples = run.samples(8)
+    finally:
+        run.close()
+        iterator.close()
+    assert ids == [batch["id"].tolist() for batch in store.batches(100, shuffle=True, seed=5)]
+    assert (100, 300) in made and samples.tolist() == ids[8]
+
+
+def test_one_of_the_processes_killed_is_named_and_the_next_pass_starts_it_again(store):
+    expected = [batch["id"].tolist() for batch in store.batches(100, shuffle=True, seed=6)]
+    iterator = _started(store.batches(100, shuffle=True, seed=6, process=2))
+    taken = iter(iterator)
+    got = [next(taken)["id"].tolist()]
+    killed = iterator._process.members[1].process.pid
+    os.kill(killed, signal.SIGKILL)
+    with pytest.raises(outcore.LoaderProcessError, match=rf"\(pid {killed}\) ended \(killed by SIGKILL\) while batch"):
+        for batch in taken:
+            got.append(batch["id"].tolist())
+    got += [batch["id"].tolist() for batch in iterator]  # started again, from the first batch not handed out
+    assert got == expected
+    assert iterator._process.members[1].process.pid != killed
+    iterator.close()
+
+
+def test_an_error_in_one_of_the_processes_is_raised_here(store):
+    iterator = _started(store.batches(100, shuffle=True, transform=_fails_at_seven, process=2))
+    with pytest.raises(ValueError, match="sample 7 is not welcome") as raised:
+        list(iterator)
+    assert "_fails_at_seven" in str(raised.value.__cause__)
+    iterator.close()
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"process": 9}, r"process=9 splits each batch among processes by the rank's streams, and it has 8: use "
+                     r"process=8 or fewer, or streams=9"),
+    ({"process": 5, "world_size": 2}, r"and it has 4: use process=4 or fewer, or streams=10"),
+    ({"process": 2, "shuffle": False}, r"without shuffle a rank reads its part of the store as one: use process=True"),
+    ({"process": 2, "skip_damaged": 1}, r"would each count their own: use process=True with skip_damaged="),
+    ({"process": -1}, r"process=-1: say True .*, a number of processes, or False"),
+    ({"process": "2"}, r"process='2': say True"),
+])
+def test_processes_that_cannot_make_the_batches_are_refused_saying_why(store, options, said):
+    with pytest.raises(outcore.OptionError, match=said):
+        store.batches(60, **options)

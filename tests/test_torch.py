@@ -125,8 +125,19 @@ def test_batches_made_by_a_process_of_their_own_are_those_made_here_and_resume(p
     whole = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented)
     whole.set_epoch(1)
     assert head + [b["id"].tolist() for b in resumed] == [b["id"].tolist() for b in whole]
-    with pytest.raises(outcore.OptionError, match="process=True makes the batches in one process of their own"):
+    with pytest.raises(outcore.OptionError, match="process= makes the batches in processes of their own"):
         pictures_store.torch(96, num_workers=2, process=True)
+
+
+def test_batches_made_by_several_processes_together_are_those_made_here(pictures_store):
+    loader = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented, process=2)
+    while not loader.dataset._process.ready():  # every batch made there, each by both processes
+        time.sleep(0.01)
+    made = [(b.index, b["id"].tolist(), b["noise"].tolist(), b["images"].numpy().tobytes(), b.samples.tolist())
+            for b in loader]
+    assert [batch[:4] for batch in made] == _epoch(pictures_store, 0)[0]
+    here = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented)
+    assert [batch[4] for batch in made] == [b.samples.tolist() for b in here]  # each batch says its samples
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes:UserWarning")  # 2-core CI

@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import OptionError
 from ..iterate import BatchIterator, BatchKeywords, BatchOptions, Consumer, check_fields
 from ..iterate.batch import Empty, plain
-from ..iterate.process import LoaderProcess
+from ..iterate.process import kept_loader
 from ..iterate.runs import NextEpoch
 from ..iterate.shared import Arena, Part, SharedBatch, Slot
 from ..storage import Store
@@ -51,8 +51,8 @@ REBUILT = (
     "own, use DataLoader(outcore.adapters.torch.TorchBatches(...), batch_size=None)"
 )
 PROCESS_AND_WORKERS = (
-    "process=True makes the batches in one process of their own, num_workers= in DataLoader workers: leave one "
-    "of them out (with process=True, its threads use every core)"
+    "process= makes the batches in processes of their own, num_workers= in DataLoader workers: leave one of "
+    "them out (with process=, their threads use every core)"
 )
 CLIENT_IN_WORKERS = (
     "with client=, the Dask workers read, decode and augment, and batches arrive in the main process: "
@@ -138,7 +138,7 @@ class TorchBatches(IterableDataset):
         self.loader_passes: int | None = None  # an OutcoreLoader's: its passes under way (read in those only)
         self.pinned = False  # batches made in this process go straight to pinned memory (`OutcoreLoader` sets it)
         # with ``process``: the process making them, kept across passes
-        self._process = LoaderProcess.kept_by(self, options) if options.process else None
+        self._process = kept_loader(self, options) if options.process else None
 
     def persist(self, context: Any = None) -> None:
         """Prepare for DataLoader workers that persist across epochs, started by ``context`` (a start method's

@@ -18,7 +18,7 @@ from .batch import Batch, Empty, check_fields, plain
 from .cluster import ClusterRun
 from .options import BatchOptions, check_state
 from .plan import EpochPlan
-from .process import LoaderProcess, ProcessRun, StartingRun
+from .process import LoaderProcess, LoaderProcesses, PartsRun, ProcessRun, StartingRun, kept_loader
 from .readers import ChunkReader, chunk_readers, recipe
 from .runs import ChunkBuffers, LocalRun, NextEpoch, Run, Work
 from .stats import LoaderStats
@@ -49,7 +49,8 @@ class BatchIterator:
     ...     train_step(batch["images"], batch["labels"])
     """
 
-    def __init__(self, store: Store, options: BatchOptions, loader_process: LoaderProcess | None = None) -> None:
+    def __init__(self, store: Store, options: BatchOptions,
+                 loader_process: LoaderProcess | LoaderProcesses | None = None) -> None:
         self.store, self.options = store, options
         fields = options.fields if options.fields is not None else store.fields
         unknown = [f for f in fields if f not in store]
@@ -67,7 +68,7 @@ class BatchIterator:
         # with ``process``: the process making the batches (``loader_process``, its owner's: kept across iterators)
         self._process, self._own_process = loader_process, loader_process is None
         if options.process and loader_process is None:
-            self._process = LoaderProcess.kept_by(self, options)
+            self._process = kept_loader(self, options)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -135,7 +136,8 @@ class BatchIterator:
                 self._active = None
 
     def run(self, epoch: int, steps: Sequence[int], part: tuple[int, int] = (0, 1),
-            allocator: Callable[[int], Empty] | None = None, empty: Empty = plain) -> Run | ProcessRun | StartingRun:
+            allocator: Callable[[int], Empty] | None = None,
+            empty: Empty = plain) -> Run | ProcessRun | PartsRun | StartingRun:
         """A run making the rank's batches ``steps`` (increasing) of ``epoch`` (with ``part``, that part of each;
         with ``allocator``, each step's arrays made by what it gives for the step, else by ``empty``): iterate it
         for the batches, close it when done (a DataLoader worker makes its turns or its parts so)."""

@@ -35,7 +35,7 @@ from ..storage import Store
 from .batch import Batch, joined_offsets
 from .iterator import BatchIterator
 from .options import BatchOptions, Subset, check_state
-from .process import LoaderProcess
+from .process import kept_loader
 from .readers import sample_spec
 from .stats import LoaderStats, Stats
 
@@ -158,7 +158,7 @@ class MixtureIterator:
         self.epoch, self.batches_done = 0, 0
         self._pass: list[BatchIterator] | None = None
         # with ``process``: each source's process making its part of the batches, kept across epochs
-        self._processes = [LoaderProcess.kept_by(self, options) if options.process else None for _ in self.names]
+        self._processes = [kept_loader(self, options) if options.process else None for _ in self.names]
         self._stats = LoaderStats()
         self._counts = dict.fromkeys(self.names, 0)
 

@@ -52,7 +52,10 @@ class BatchKeywords(TypedDict, total=False):
     - ``process``: make the batches in a process of their own (default ``False``: in this one), whose threads
       read, decode and augment under a GIL of their own, handed over through shared memory
       (`outcore.iterate.process`): for a consumer that holds this process's GIL much of the time (a training
-      loop launching a GPU's kernels from Python). The same batches; the transform must pickle.
+      loop launching a GPU's kernels from Python). The same batches; the transform must pickle. A number
+      ``n`` makes them in ``n`` processes, each making its part of every batch (its share of the rank's
+      streams, at its rows of the batch's files) on its share of the CPUs: for more cores than one
+      process's GIL keeps busy (at most the rank's streams).
     """
 
     fields: Sequence[str] | None
@@ -69,7 +72,7 @@ class BatchKeywords(TypedDict, total=False):
     indices: Sequence[int] | np.ndarray | None
     skip_damaged: int
     decode: str
-    process: bool
+    process: bool | int
 
 
 class Subset:
@@ -144,7 +147,7 @@ class BatchOptions:
     indices: Subset | None = None
     skip_damaged: int = 0
     decode: str = "here"
-    process: bool = False
+    process: bool | int = False
 
     def __post_init__(self) -> None:
         if self.decode not in DECODES:
@@ -161,18 +164,41 @@ class BatchOptions:
         if self.skip_damaged and self.client is not None:
             raise OptionError("skip_damaged= leaves out damaged chunks read in this process; a Dask cluster's "
                               "workers read them: leave skip_damaged= out with client=")
+        if not isinstance(self.process, int) or self.process < 0:
+            raise OptionError(f"process={self.process!r}: say True (a process of their own making the batches), a "
+                              "number of processes, or False")
+        if self.processes > 1 and self.skip_damaged:
+            raise OptionError(f"skip_damaged= counts the chunks an epoch leaves out, and process={self.process} "
+                              "processes would each count their own: use process=True with skip_damaged=")
         if self.process and self.client is not None:
             raise OptionError("process=True makes the batches in a process of this machine; with client=, the "
                               "cluster's workers make them: leave one of them out")
         Consumer(self.rank, self.world_size)  # checks the rank
         if self.shuffle and self.streams is not None:  # without, each rank reads its part of the store in order
             check_streams(self.streams, self.world_size)
+        streams = self.canonical_streams // self.world_size
+        if self.processes > streams and not self.shuffle:
+            raise OptionError(f"process={self.process} splits each batch among processes by the rank's streams, and "
+                              "without shuffle a rank reads its part of the store as one: use process=True")
+        if self.processes > streams:
+            raise OptionError(f"process={self.process} splits each batch among processes by the rank's streams, and "
+                              f"it has {streams}: use process={streams} or fewer, or streams="
+                              f"{self.processes * self.world_size} (more streams hold more chunks in memory)")
         if isinstance(self.fields, str):
             raise TypeError(f"fields={self.fields!r} must be a list of field names, not one string")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
         if self.indices is not None and not isinstance(self.indices, Subset):
             object.__setattr__(self, "indices", Subset(self.indices))
+
+    @property
+    def processes(self) -> int:
+        """How many processes of their own make the batches (``process``): 0 where this one does.
+
+        >>> BatchOptions(8).processes, BatchOptions(8, process=True).processes, BatchOptions(8, process=3).processes
+        (0, 1, 3)
+        """
+        return int(self.process)
 
     @classmethod
     def of(cls, batch_size: int, keywords: BatchKeywords) -> BatchOptions:

@@ -16,6 +16,12 @@ it, so memory is bounded as for a run in the consumer's process. Its warnings (a
 raised again in the consumer's process; its errors are raised there with its traceback; a process that dies is
 a `LoaderProcessError` naming its exit, and the next iteration starts another.
 
+With ``process=n``, n such processes (`LoaderProcesses`) make each batch together: each its part, the samples
+of its share of the rank's streams (`outcore.iterate.plan.EpochPlan`'s ``part``), written at its rows of the batch's
+files in one mailbox, which the consumer maps once every part has come (`PartsRun`). Each reads only its own
+streams' chunks and works under its own GIL on its share of the CPUs: more cores busy than the Python of one
+process's batches lets its threads keep busy.
+
 The process is started by a forkserver (by spawn where there is none), never forked from the consumer, whose
 threads and CUDA context a fork would copy mid-use: as with DataLoader workers started so, a script's work
 must be under ``if __name__ == "__main__":``, and the transform must pickle (defined at module level). The
@@ -50,26 +56,31 @@ import numpy as np
 
 from ..errors import IterationClosedError, LoaderProcessError, OptionError, OutcoreError
 from ..storage import Store
+from ..threads import share_cpus
 from .batch import Batch, plain
 from .options import BatchOptions
 from .readers import chunk_readers, recipe
 from .runs import EXIT_SECONDS, WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, closed
-from .shared import Mailbox, SharedArray, SharedBatch, Slot, free_file
+from .shared import Mailbox, Part, SharedArray, SharedBatch, Slot, free_file, join_parts
 from .stats import LoaderStats
 
 KEPT_SAMPLES = 8  # a run keeps the samples of its last batches handed out: a thread copying them runs ahead
 CREDIT_SECONDS = 0.001  # how often a process ahead of its consumer by ``prefetch`` batches looks whether it took one
+PART_FILES = "part-r"  # files of batches that processes write parts of: part-r<run>-e<epoch>-s<step>-<field>
 
 
 @dataclass(frozen=True)
 class Order:
     """What the process makes for a run: batches ``steps`` of ``epoch`` of the store ``opener`` opens, as
-    ``options`` say."""
+    ``options`` say; with a ``part`` ``(p, n)``, part ``p`` of each, at its rows of files ``<files>-s<step>-...``
+    (`outcore.iterate.shared.Part`), which the other parts' processes write too."""
 
     opener: Callable[[], Store]
     options: BatchOptions
     epoch: int
     steps: Sequence[int]
+    part: tuple[int, int] = (0, 1)
+    files: str = ""
 
 
 class RemoteTraceback(Exception):
@@ -84,7 +95,9 @@ class LoaderProcess:
     it imports the script's modules again, seconds where they are torch or TensorFlow, meanwhile) and again at
     the `run` after one that died, ended by `close` (or when the iterator goes, or at exit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shares: int = 1, mailbox: Mailbox | None = None) -> None:
+        self.shares = shares  # the processes making batches together, this one included: it takes its part of the CPUs
+        self.given = mailbox  # the mailbox shared with those processes (`LoaderProcesses`); else one of its own
         self.process: Any = None
         self.connection: Any = None
         self.mailbox: Mailbox | None = None
@@ -109,34 +122,32 @@ class LoaderProcess:
     def run(self, work: Work, stats: LoaderStats) -> ProcessRun | CopyingRun:
         """A run of ``work`` made by the process (started now if none runs): taken on the consumer's thread, or by
         a thread that copies each batch into the consumer's memory of choice (``work.empty``)."""
-        if work.allocator is not None:
-            raise OptionError("process=True makes whole batches in its process: a DataLoader worker makes its parts "
-                              "of batches itself (leave process= out there)")
+        run = self.order(work, stats)
+        return run if work.empty is plain else CopyingRun(run)
+
+    def order(self, work: Work, stats: LoaderStats, part: tuple[int, int] = (0, 1), files: str = "") -> ProcessRun:
+        """The process's run of ``work`` (with ``part``, that part of each batch, at its rows of ``files``:
+        `Order`), ordered now."""
+        refuse_workers(work)
         sent = pickled(Order(work.store.opener, dataclasses.replace(work.options, process=False), work.epoch,
-                             list(work.batches)))
+                             list(work.batches), part, files))
         if self.process is None:
             self.start()
         run = ProcessRun(self, next(self.runs), work, stats)
         self._send(("run", run.number, sent))
-        return run if work.empty is plain else CopyingRun(run)
+        return run
 
     def start(self) -> None:
         """Start the process now (its imports, which are the script's, overlap what the caller does next: building
         a model, say), ending the one before, if any."""
         self.close()
-        if multiprocessing.current_process().daemon:
-            raise OptionError("process=True starts a process, and this one (a DataLoader or Keras worker) is "
-                              "daemonic and may not: leave process= out in workers")
-        self.mailbox = Mailbox.open()
-        if self.mailbox is None:
-            raise OptionError("process=True hands batches over through shared memory (/dev/shm), and there is none "
-                              "writable here (or OUTCORE_SHARED_MEMORY=0): leave process= out")
+        self.mailbox = self.given or opened_mailbox()
         context = start_context()
         self.connection, theirs = context.Pipe()
         self.poller = select.poll()
         self.poller.register(self.connection.fileno(), select.POLLIN)
         self.board = context.RawValue("q", -1)
-        self.process = context.Process(target=serve, args=(theirs, self.mailbox.slot.folder, self.board),
+        self.process = context.Process(target=serve, args=(theirs, self.mailbox.slot.folder, self.board, self.shares),
                                        name="outcore-batches", daemon=True)
         self.heard = self.started = False
         try:
@@ -211,8 +222,8 @@ class LoaderProcess:
     def _drop(self, message: tuple[Any, ...]) -> None:
         """A message of a run closed before it took it: its batch's files go back to the free ones."""
         if message[0] == "batch" and self.mailbox is not None:
-            for value in unpacked(message[4]).fields.values():
-                if isinstance(value, SharedArray):
+            for value in unpacked(message[4]).fields.values():  # a part's files: the run's `PartsRun.close` goes
+                if isinstance(value, SharedArray) and not value.name.startswith(PART_FILES):
                     free_file(self.mailbox.folder, value.name, value.file_size)
 
     def _died(self, run: ProcessRun) -> LoaderProcessError:
@@ -241,7 +252,7 @@ class LoaderProcess:
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join(EXIT_SECONDS)
-        if self.mailbox is not None:
+        if self.mailbox is not None and self.given is None:
             self.mailbox.close()
         self.process = self.connection = self.mailbox = None
         self.later.clear()
@@ -260,10 +271,19 @@ class ProcessRun:
         self._damaged = 0  # chunks the process left out of this run (``skip_damaged``) so far
 
     def __iter__(self) -> Iterator[Batch]:
-        work, loader = self.work, self.loader
-        while self.delivered < len(work.batches):
+        began = time.perf_counter()
+        for _, samples, made, ready in self.made():
+            assert self.loader.mailbox is not None
+            batch = copied(self.loader.mailbox.receive(made), self.work.empty)
+            self.stats.record(time.perf_counter() - began, ready, len(samples))
+            yield batch
             began = time.perf_counter()
-            (kind, _, *said), ready = loader.receive(self)
+
+    def made(self) -> Iterator[tuple[int, np.ndarray, SharedBatch, bool]]:
+        """Each batch (or this process's part of it) as the process sent it: its step, its samples, where it
+        waits and whether it had come when asked for; taken (the process may make another) once received."""
+        while self.delivered < len(self.work.batches):
+            (kind, _, *said), ready = self.loader.receive(self)
             if kind == "done":
                 return
             if kind == "failed":
@@ -272,20 +292,13 @@ class ProcessRun:
             step, samples, made, raised, damaged = said
             samples = np.frombuffer(samples, np.int64)
             for message, category in raised:
-                warnings.warn(message, category, stacklevel=2)
+                warnings.warn(message, category, stacklevel=3)
             self.stats.damaged += damaged - self._damaged
             self._damaged = damaged
-            assert loader.mailbox is not None
-            batch = loader.mailbox.receive(unpacked(made))
-            if work.empty is not plain:  # the consumer's memory of choice (pinned, for a GPU): the file goes back
-                batch = {name: _copied(value, work.empty, name) for name, value in batch.items()}
-            self._samples[step] = samples
-            if len(self._samples) > KEPT_SAMPLES:
-                del self._samples[next(iter(self._samples))]
+            keep(self._samples, step, samples)
             self.delivered += 1
-            loader.taken(self.number, self.delivered)
-            self.stats.record(time.perf_counter() - began, ready, len(samples))
-            yield batch
+            self.loader.taken(self.number, self.delivered)
+            yield step, samples, unpacked(made), ready
 
     def samples(self, step: int) -> np.ndarray:
         """The store's indices of the samples of batch ``step``: one of the last handed out (or any, planned here)."""
@@ -357,6 +370,163 @@ class StartingRun:
     def close(self) -> None:
         self.local.close()
         self.current.close()
+
+
+class LoaderProcesses:
+    """The processes of ``process=n`` (`LoaderProcess` each, on its share of the CPUs) making every batch
+    together: each its part (`PartsRun`), written into their one mailbox. Started with the iterator, ended by
+    `close` (or when the iterator goes, or at exit); one that dies is started again at the next run."""
+
+    def __init__(self, count: int) -> None:
+        self.mailbox: Mailbox | None = None
+        self.members = [LoaderProcess(count) for _ in range(count)]
+        self.runs = itertools.count()
+
+    @classmethod
+    def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcesses:
+        """``options.processes`` processes started now (refused now if the options cannot reach them), ended
+        when ``owner`` goes, or at exit."""
+        pickled(options)
+        loaders = cls(options.processes)
+        weakref.finalize(owner, loaders.close)
+        loaders.start()
+        return loaders
+
+    def start(self) -> None:
+        """Start the processes now (their imports overlap what the caller does next), ending those before."""
+        self.close()
+        self.mailbox = opened_mailbox()
+        for member in self.members:
+            member.given = self.mailbox
+            member.start()
+
+    def ready(self) -> bool:
+        """Whether every process has started (or ended: the run says how), without waiting."""
+        if self.mailbox is None:
+            self.start()
+        ready = [member.ready() for member in self.members]  # each one asked: one let go is started again
+        return all(ready)
+
+    def run(self, work: Work, stats: LoaderStats) -> PartsRun | CopyingRun:
+        """A run of ``work`` whose batches the processes make together (started now if not running), taken on the
+        consumer's thread, or by a thread that copies each into the consumer's memory of choice (``work.empty``)."""
+        refuse_workers(work)
+        if self.mailbox is None:
+            self.start()
+        count, number = len(self.members), next(self.runs)
+        files = f"{PART_FILES}{number}-e{work.epoch}"
+        ahead = dataclasses.replace(work, options=dataclasses.replace(  # the batches ahead: ``prefetch`` in all
+            work.options, prefetch=-(-work.options.prefetch // count)))
+        parts = [member.order(ahead, LoaderStats(), (index, count), files) for index, member in enumerate(self.members)]
+        run = PartsRun(self, number, work, stats, parts)
+        return run if work.empty is plain else CopyingRun(run)
+
+    def sweep(self, before: int) -> None:
+        """Remove the files of runs before run ``before`` whose parts were written and never taken (the run was
+        closed first). Their processes have left them (each makes its runs one after the other): no part is
+        written there again, so none is made a free file that another batch could be written into meanwhile."""
+        if self.mailbox is None:
+            return
+        for path in self.mailbox.folder.glob(f"{PART_FILES}*"):
+            number = path.name[len(PART_FILES) :].partition("-")[0]
+            if number.isdigit() and int(number) < before:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    def close(self) -> None:
+        """End the processes and their mailbox; batches the consumer holds stay good."""
+        for member in self.members:
+            member.close()
+        if self.mailbox is not None:
+            self.mailbox.close()
+            self.mailbox = None
+
+
+class PartsRun:
+    """A run whose batches the processes of `LoaderProcesses` make together: the consumer takes each process's
+    part of a batch (`ProcessRun.made`, in the order of their parts) and maps the batch from the files they wrote
+    (`outcore.iterate.shared.join_parts`). The interface of `outcore.iterate.runs.Run`, as `ProcessRun`."""
+
+    def __init__(self, loaders: LoaderProcesses, number: int, work: Work, stats: LoaderStats,
+                 parts: list[ProcessRun]) -> None:
+        self.loaders, self.number, self.work, self.stats, self.parts = loaders, number, work, stats, parts
+        self.stop = threading.Event()
+        self.under_way = threading.Event()  # never set, as `ProcessRun`'s
+        self.delivered = 0
+        self._samples: dict[int, np.ndarray] = {}
+
+    def __iter__(self) -> Iterator[Batch]:
+        made = [part.made() for part in self.parts]
+        for step in self.work.batches:
+            began = time.perf_counter()
+            parts = [next(each, None) for each in made]
+            if self.delivered == 0:
+                self.loaders.sweep(self.number)  # each process has begun this run: the earlier ones are left
+            if any(part is None or part[0] != step for part in parts):
+                if self.stop.is_set():
+                    raise closed(self.work, self.delivered)
+                raise OutcoreError(f"the processes making batch {step} of epoch {self.work.epoch} sent "
+                                   f"{[None if part is None else part[0] for part in parts]}: a fault in outcore, "
+                                   "please report it; leave process= out meanwhile")
+            sized = [(samples, shared) for _, samples, shared, _ in parts if len(samples)]
+            samples = np.concatenate([samples for samples, _ in sized])
+            batch = join_parts([shared for _, shared in sized], [len(samples) for samples, _ in sized],
+                               self.loaders.mailbox)
+            keep(self._samples, step, samples)
+            self.delivered += 1
+            self.stats.record(time.perf_counter() - began, all(part[3] for part in parts), len(samples))
+            yield copied(batch, self.work.empty)
+
+    def samples(self, step: int) -> np.ndarray:
+        """The store's indices of the samples of batch ``step``: one of the last handed out (or any, planned here)."""
+        samples = self._samples.get(step)
+        return samples if samples is not None else self.work.plan.step(step)[0]
+
+    def close(self) -> None:
+        """Have the processes stop this run (at their next batch); its files not taken go at the next run."""
+        if not self.stop.is_set():
+            self.stop.set()
+            for part in self.parts:
+                part.close()
+
+
+def kept_loader(owner: object, options: BatchOptions) -> LoaderProcess | LoaderProcesses:
+    """The process (``process=True``) or processes (``process=n``) making batches as ``options`` say, started
+    now and ended when ``owner`` goes."""
+    return (LoaderProcess if options.processes == 1 else LoaderProcesses).kept_by(owner, options)
+
+
+def opened_mailbox() -> Mailbox:
+    """A new mailbox for a loader's processes; none (no shared memory here) is an `OptionError` saying what to do."""
+    if multiprocessing.current_process().daemon:
+        raise OptionError("process=True starts a process, and this one (a DataLoader or Keras worker) is "
+                          "daemonic and may not: leave process= out in workers")
+    mailbox = Mailbox.open()
+    if mailbox is None:
+        raise OptionError("process=True hands batches over through shared memory (/dev/shm), and there is none "
+                          "writable here (or OUTCORE_SHARED_MEMORY=0): leave process= out")
+    return mailbox
+
+
+def refuse_workers(work: Work) -> None:
+    """A DataLoader worker's run (its parts of batches, ``work.allocator``) is not made by a loader process."""
+    if work.allocator is not None:
+        raise OptionError("process=True makes whole batches in its process: a DataLoader worker makes its parts "
+                          "of batches itself (leave process= out there)")
+
+
+def keep(kept: dict[int, np.ndarray], step: int, samples: np.ndarray) -> None:
+    """Keep ``samples`` of ``step`` among the `KEPT_SAMPLES` last handed out."""
+    kept[step] = samples
+    if len(kept) > KEPT_SAMPLES:
+        del kept[next(iter(kept))]
+
+
+def copied(batch: Batch, empty: Any) -> Batch:
+    """``batch`` in the consumer's memory of choice (``empty``: pinned, for a GPU; its files go back), or as it is."""
+    if empty is plain:
+        return batch
+    return {name: _copied(value, empty, name) for name, value in batch.items()}
 
 
 def pickled(sent: Order | BatchOptions) -> bytes:
@@ -465,11 +635,12 @@ class Inbox:
         return value & 0xFFFFFFFF if value >> 32 == number else 0
 
 
-def serve(connection: Any, folder: str, board: Any) -> None:
-    """The loader process: each run the consumer orders, one after the other, made into the mailbox ``folder``
-    (`make`), until the consumer closes the connection; the consumer says on ``board`` what it took
-    (`LoaderProcess.taken`)."""
+def serve(connection: Any, folder: str, board: Any, shares: int = 1) -> None:
+    """The loader process, one of ``shares`` making batches together (its part of the CPUs): each run the
+    consumer orders, one after the other, made into the mailbox ``folder`` (`make`), until the consumer closes
+    the connection; the consumer says on ``board`` what it took (`LoaderProcess.taken`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the consumer's to handle: it closes the process
+    share_cpus(shares)
     raised: list[tuple[str, type[Warning]]] = []
     warnings.simplefilter("always")  # each one goes to the consumer, whose filters say which are shown
     warnings.showwarning = lambda message, category, *_: raised.append((str(message), category))
@@ -513,27 +684,31 @@ def make(inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opene
     run, arenas = None, {}
     try:
         order = _order(order_sent)
-        options = order.options
+        options, parts = order.options, order.part[1] > 1
         store = opened.open(order.opener)
         made = recipe(store, options.fields or store.fields, options.transform, options.decode)
-        plan = options.plan(len(store), store.chunk_size, order.epoch)
+        plan = options.plan(len(store), store.chunk_size, order.epoch, order.part)
 
         def allocate(step: int) -> Any:
-            arenas[step] = arena = slot.arena()
+            part = Part(f"{order.files}-s{step}", *plan.placement(step)) if parts else None
+            arenas[step] = arena = slot.arena(part)
             return arena.empty
 
-        work = Work(store, made, dataclasses.replace(options, prefetch=1), order.epoch, plan, order.steps, allocate)
+        steps = plan.with_samples(order.steps) if parts else order.steps  # a part may have none at the last step
+        work = Work(store, made, dataclasses.replace(options, prefetch=1), order.epoch, plan, steps, allocate)
         stats = LoaderStats()
         run = LocalRun(work, stats, opened.buffers_of(made.fields))
-        for sent, (step, batch) in enumerate(zip(order.steps, run, strict=False)):
+        batches = iter(run)
+        for sent, step in enumerate(order.steps):
+            batch = next(batches) if not parts or plan.pieces(step) else None
             inbox.read()
             while sent - inbox.taken(number) >= options.prefetch and number not in inbox.stopped:
                 inbox.read(CREDIT_SECONDS)  # the consumer holds `prefetch` batches not taken: look again soon
             if number in inbox.stopped:
                 return
             samples = plan.step(step)[0].astype(np.int64, copy=False).tobytes()
-            inbox.send(("batch", number, step, samples, packed(arenas.pop(step).publish(batch)), raised[:],
-                        stats.damaged))
+            shared = SharedBatch({}) if batch is None else arenas.pop(step).publish(batch)
+            inbox.send(("batch", number, step, samples, packed(shared), raised[:], stats.damaged))
             raised.clear()
         inbox.send(("done", number))
     except ConsumerGone:
