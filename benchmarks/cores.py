@@ -1,7 +1,8 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil,torch,feed] [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,2]
+                               [--only scaling,gil,torch,feed,processes] [--processes 1,2]
+                               [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
                                [--cases pixels,pixels-each,pixels+crop,pixels+crop-torch,encoded,encoded+crop,
                                         encoded+crop-torch,rrc,dense,dense-own,ingest]
                                [--torch-workers 0,2]
@@ -35,13 +36,20 @@ loop takes it, in tensors (with PyTorch installed); ``ingest``:
   thread at a time), printed for 16 cores beside the scaling measured here; then the functions holding the GIL
   most (each sample put in its innermost outcore frame's function): where to look first.
 
+- **processes** (asked for with ``--only ...,processes``): the same epochs made by loader processes
+  (``ds.batches(256, shuffle=True, process=k)`` for each ``--processes`` k: one process making whole batches, or
+  k making their parts of each, each on its share of the cores) against this process's threads on every core:
+  samples/s, the ratio to the threads', and the consumer's CPU time a batch taking them (mapping, joining).
+  Each process has a GIL of its own, so where one process's GIL share bounds its threads (16 cores), k processes
+  share that bound k ways; on 2 cores it shows what they cost.
+
 - **feed** (asked for with ``--only ...,feed``): does a training loop in the loader's process wait? A stand-in
   for a training step that launches its kernels from Python: ``--step-ms`` of CPU a step in rounds of 50 us,
   ``--held`` of each round a Python loop (holding the GIL) and the rest a hash (a C call that releases it, as
   a kernel launch does), alone (its ceiling) and taking a batch of the case before each step (one iterator,
   epoch after epoch: ``ds.batches`` on outcore's default threads, or, for each ``--feed-workers`` count above 0,
   ``ds.torch`` with that many DataLoader workers, for ``torch``, ``ds.torch`` without workers, and for
-  ``process``, ``ds.batches(process=True)``, made in a process of its own): steps/s, the ratio to the ceiling,
+  ``process``, ``ds.batches(process=True)``, made in a process of its own, ``processN`` by N): steps/s, the ratio to the ceiling,
   the share of the time waiting for a batch, the CPU time of the loop's own thread taking each batch (the
   hand-off: a DataLoader's items received, a batch's parts joined), and that of its process's other threads a
   batch (a loader's threads in its process: the work whose GIL it shares). Each time the step takes the GIL back it may wait for a
@@ -142,12 +150,14 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
     return made
 
 
-def epochs(location: Path, case: str, threads: int, seconds: float,
-           ready: bool = False) -> tuple[float, float | None, dict[str, float] | None]:
+def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool = False,
+           processes: int = 0) -> tuple[float, float | None, dict[str, float] | None]:
     """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted), the GIL
     share timed over them (None without outcore's C extensions) and its parts by thread (`held_by_thread`); with
-    ``ready``, says so on stdout after the first (for the profiler) and runs until killed. For ``ingest``, each
-    epoch is an ingest of the folder ``location`` into a new store."""
+    ``ready``, says so on stdout after the first (for the profiler) and runs until killed; with ``processes``, the
+    batches are made by that many loader processes (``process=``), and the by-thread parts are the consumer's CPU
+    time a batch (``consumer_ms``). For ``ingest``, each epoch is an ingest of the folder ``location`` into a new
+    store."""
     outcore.set_threads(threads)
     if ready:  # py-spy takes a share of the cores while it samples: keep every thread busy, as unprofiled
         Gauge.LOW = 0.0
@@ -157,10 +167,12 @@ def epochs(location: Path, case: str, threads: int, seconds: float,
 
     def made() -> Iterable[dict]:
         options = {"shuffle": True, "fields": FIELDS.get(case, ["images", "labels"]), "transform": CASES[case][1]}
+        if processes:
+            options["process"] = processes
         return ds.torch(BATCH, **options) if case in THROUGH_TORCH else ds.batches(BATCH, **options)
 
     batches = made()
-    rates, began, epoch = [], time.perf_counter(), 0
+    rates, began, epoch, taken = [], time.perf_counter(), 0, 0
     while ready or len(rates) < 2 or time.perf_counter() - began < seconds:
         start, count = time.perf_counter(), 0
         if case in NEW_EACH_EPOCH and epoch:
@@ -168,13 +180,17 @@ def epochs(location: Path, case: str, threads: int, seconds: float,
             batches.set_epoch(epoch)
         for batch in batches:  # each pass the next epoch, as in training
             count += len(batch["images"])
+            taken += 1
         if epoch:
             rates.append(count / (time.perf_counter() - start))
         else:
+            taken = 0
             free, cpu, clocks = gil_free_clock(), time.process_time(), thread_clocks()
             if ready:
                 print("ready", flush=True)
         epoch += 1
+    if processes:
+        return float(np.median(rates)), None, {"consumer_ms": (time.process_time() - cpu) / taken * 1e3}
     return float(np.median(rates)), held_share(free, cpu), held_by_thread(free, cpu, clocks)
 
 
@@ -253,6 +269,22 @@ def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds
         for case, by_thread in parts.items():
             print(f"{case:14s} {by_thread['consumer']:9.1%} {by_thread['pool']:7.1%} {by_thread['others']:7.1%}")
     return rates
+
+
+def by_processes(made: dict[str, Path], cases: list[str], threads: int, counts: list[int], seconds: float) -> None:
+    """The processes table: each case's epochs made here on ``threads`` threads, then by each count of loader
+    processes, each measurement in a fresh process."""
+    print(f"\nsamples/s of ds.batches({BATCH}, shuffle=True), images + labels, made in this process on {threads} threads "
+          f"or by k loader processes (process=k), each on {threads}/k of them, {os.cpu_count()} cores here (the ratio: "
+          "to this process's threads; consumer: its CPU time a batch taking them)")
+    print(f"{'case':14s} {'here':>9s}" + "".join(f" {f'process={k}':>11s} {'ratio':>6s} {'consumer':>9s}" for k in counts))
+    for case in cases:
+        here = in_a_process(made, case, threads, seconds)[0]
+        row = f"{case:14s} {here:9.0f}"
+        for k in counts:
+            result = child("--run", case, made[CASES[case][0]], threads, seconds, "--run-processes", k)
+            row += f" {result['samples_s']:11.0f} {result['samples_s'] / here:6.2f} {result['by_thread']['consumer_ms']:6.2f} ms"
+        print(row, flush=True)
 
 
 def percent(share: float | None) -> str:
@@ -392,7 +424,8 @@ def feed(made: dict[str, Path], cases: list[str], seconds: float, step_ms: float
     print(f"\na training loop's stand-in, {step_ms:g} ms of CPU a step in rounds of {ROUND_US} us, {held:.0%} of each "
           "holding the GIL (Python between kernel launches) and the rest in a C call that releases it (a launch), "
           f"fed by ds.batches({BATCH}, shuffle=True) on outcore's default threads (0 workers) or by ds.torch with "
-          f"DataLoader workers (torch: without; process: ds.batches(process=True)), {os.cpu_count()} cores here: its "
+          f"DataLoader workers (torch: without; process: ds.batches(process=True); processN: process=N), "
+          f"{os.cpu_count()} cores here: its "
           "steps/s alone (the ceiling) and fed, the ratio, the share of the time it waits for a batch, its own thread's "
           "CPU time taking one (the hand-off), and its process's other threads' CPU time a batch (others: a loader's "
           "in its process, whose GIL the loop shares)")
@@ -413,7 +446,7 @@ def fed(location: Path, case: str, seconds: float, step_ms: float, held: float,
         workers: int | str) -> dict[str, float]:
     """Steps/s of the stand-in training step (`stand_in`) alone and taking a batch of ``case`` before each step (one
     iterator, epoch after epoch, as training does: ``ds.batches``, or ``ds.torch`` with ``workers`` DataLoader
-    workers, ``"torch"``: without, ``"process"``: ``ds.batches(process=True)``), the share of the time it waited
+    workers, ``"torch"``: without, ``"process"``: ``ds.batches(process=True)``, ``"processN"``: N of them), the share of the time it waited
     for one, its thread's CPU time a batch taking them, and the CPU time a batch of its process's other threads (a
     loader's in it)."""
     step = stand_in(step_ms, held)
@@ -435,8 +468,10 @@ def fed(location: Path, case: str, seconds: float, step_ms: float, held: float,
     alone, _, _, _ = steps_per_second(lambda: None)
     ds = outcore.open_dataset(location)
     options = {"shuffle": True, "fields": FIELDS.get(case, ["images", "labels"]), "transform": CASES[case][1]}
-    if workers in ("torch", "process"):  # ds.torch without workers; ds.batches in a process of its own
-        batches = ds.torch(BATCH, **options) if workers == "torch" else ds.batches(BATCH, process=True, **options)
+    if workers == "torch":  # ds.torch without workers
+        batches = ds.torch(BATCH, **options)
+    elif isinstance(workers, str):  # ds.batches in a process of its own ("process"), or N ("processN")
+        batches = ds.batches(BATCH, process=int(workers.removeprefix("process") or 1), **options)
     elif workers:
         batches = ds.torch(BATCH, num_workers=workers, persistent_workers=True, **options)
     else:
@@ -511,7 +546,9 @@ def main() -> None:
     parser.add_argument("--held", type=float, default=0.5, help="feed: the share of it holding the GIL")
     parser.add_argument("--feed-workers", default="0",
                         help="feed: DataLoader workers of its rows (0: ds.batches; torch: ds.torch without workers; "
-                        "process: ds.batches(process=True))")
+                        "process: ds.batches(process=True); processN: process=N)")
+    parser.add_argument("--processes", default="1,2", help="processes: the loader processes of its columns")
+    parser.add_argument("--run-processes", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--feed-run", nargs=6, metavar=("CASE", "STORE", "SECONDS", "STEP_MS", "HELD", "WORKERS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -521,12 +558,13 @@ def main() -> None:
         return
     if args.feed_run:
         case, location, seconds, step_ms, held, workers = args.feed_run
-        feeder = workers if workers in ("torch", "process") else int(workers)
+        feeder = workers if workers == "torch" or workers.startswith("process") else int(workers)
         print(json.dumps(fed(Path(location), case, float(seconds), float(step_ms), float(held), feeder)))
         return
     if args.run:
         case, location, threads, seconds = args.run
-        rate, share, by_thread = epochs(Path(location), case, int(threads), float(seconds), ready=args.ready)
+        rate, share, by_thread = epochs(Path(location), case, int(threads), float(seconds), ready=args.ready,
+                                        processes=args.run_processes)
         print(json.dumps({"samples_s": rate, "gil_share": share, "by_thread": by_thread}))
         return
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -537,6 +575,8 @@ def main() -> None:
     rates = scaling(made, cases, threads, args.seconds) if "scaling" in only else {}
     if "gil" in only:
         gil(made, cases, args.gil_threads, args.seconds, rates)
+    if "processes" in only:
+        by_processes(made, cases, threads[-1], [int(k) for k in args.processes.split(",")], args.seconds)
     if "feed" in only:
         feed(made, cases, args.seconds, args.step_ms, args.held, args.feed_workers.split(","))
     if "torch" in only:

@@ -10,7 +10,8 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
 - the same batch, already on the GPU (the ceiling: the GPU's own rate);
 - ``ds.torch(256, pin_memory=True)`` + ``to_device`` (reader threads, ``num_workers=0``), with
   ``process=True`` (the batches made by a process of their own, copied into pinned memory as the loop takes
-  them: `outcore.iterate.process`), and with 1, 2 and 4 DataLoader worker processes (each writing its part of every batch into shared memory, copied into
+  them: `outcore.iterate.process`), with ``process=4`` (4 such processes, each making its part of every batch,
+  each under a GIL of its own), and with 1, 2 and 4 DataLoader worker processes (each writing its part of every batch into shared memory, copied into
   pinned memory by the DataLoader's pin thread); the same on an encoded store of the JPEG folder (decoded, cut and flipped by
   outcore's threads: its defaults), and decoded, cut and flipped on the GPU (``decode="cuda"``: outcore's
   threads read the files, torchvision's nvJPEG decodes them);
@@ -22,7 +23,7 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
 With ``--imagenet FOLDER`` (ImageNet-like JPEGs of their own sizes, e.g. `benchmarks/imagenet.py`'s), also
 ResNet-50 (torchvision's, bf16, channels last) on ``Compose([RandomResizedCrop(224), RandomFlip()])`` from an
 encoded store of the folder's files at their own sizes: the same batch already on the GPU (its ceiling), and
-``ds.torch`` with its defaults, with ``process=True``, with 4 DataLoader workers (on the H200, one process's fused RRC stopped at 4
+``ds.torch`` with its defaults, with ``process=True`` and ``process=4``, with 4 DataLoader workers (on the H200, one process's fused RRC stopped at 4
 threads while 16 processes made 2.7x as many) and with ``decode="cuda"``.
 
 Each loader is made once and iterated epoch after epoch, as a training loop does (its DataLoader workers, where
@@ -188,6 +189,7 @@ def main() -> None:
         "the same batch, already on the GPU (ceiling)": lambda: resident(ds, AUGMENT),
         "outcore ds.torch, pixels, its defaults (threads)": outcore_feed(ds, AUGMENT),
         "outcore ds.torch, pixels, a process of its own": outcore_feed(ds, AUGMENT, process=True),
+        "outcore ds.torch, pixels, 4 processes of its own": outcore_feed(ds, AUGMENT, process=4),
         "outcore ds.torch, pixels, 1 DataLoader worker": outcore_feed(ds, AUGMENT, num_workers=1,
                                                                       persistent_workers=True),
         "outcore ds.torch, pixels, 2 DataLoader workers": outcore_feed(ds, AUGMENT, num_workers=2,
@@ -196,6 +198,7 @@ def main() -> None:
                                                                        persistent_workers=True),
         "outcore ds.torch, JPEG store, its defaults": outcore_feed(jpeg_store, AUGMENT),
         "outcore ds.torch, JPEG store, a process of its own": outcore_feed(jpeg_store, AUGMENT, process=True),
+        "outcore ds.torch, JPEG store, 4 processes of its own": outcore_feed(jpeg_store, AUGMENT, process=4),
         "outcore ds.torch, JPEG store, decoded on the GPU": outcore_feed(jpeg_store, AUGMENT, decode=DEVICE),
         "JPEG folder, Pillow, DataLoader, 8 workers": lambda: epochs(
             jpeg_loader, lambda pair: (pair[0].to(DEVICE, non_blocking=True), pair[1].to(DEVICE, non_blocking=True))),
@@ -221,6 +224,8 @@ def main() -> None:
             "outcore ds.torch, JPEGs at their sizes, its defaults": outcore_feed(own_sizes, IMAGENET),
             "outcore ds.torch, JPEGs at their sizes, a process of its own": outcore_feed(own_sizes, IMAGENET,
                                                                                         process=True),
+            "outcore ds.torch, JPEGs at their sizes, 4 processes of its own": outcore_feed(own_sizes, IMAGENET,
+                                                                                           process=4),
             "outcore ds.torch, JPEGs at their sizes, 4 DataLoader workers": outcore_feed(
                 own_sizes, IMAGENET, num_workers=4, persistent_workers=True),
             "outcore ds.torch, JPEGs at their sizes, decoded on the GPU": outcore_feed(own_sizes, IMAGENET,
