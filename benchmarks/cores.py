@@ -1,7 +1,7 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil,torch,feed,processes] [--processes 1,2]
+                               [--only scaling,gil,torch,feed,processes,parts] [--processes 1,2]
                                [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
                                [--cases pixels,pixels-each,pixels+crop,pixels+crop-torch,encoded,encoded+crop,
                                         encoded+crop-torch,rrc,dense,dense-own,ingest]
@@ -42,6 +42,10 @@ loop takes it, in tensors (with PyTorch installed); ``ingest``:
   samples/s, the ratio to the threads', and the consumer's CPU time a batch taking them (mapping, joining).
   Each process has a GIL of its own, so where one process's GIL share bounds its threads (16 cores), k processes
   share that bound k ways; on 2 cores it shows what they cost.
+- **parts** (``--only ...,parts``): what a process of those needs of its GIL: the GIL-held time (timed, as in
+  scaling) of part 0 of each batch out of k (for each ``--processes`` k), made in this process on one thread,
+  against a whole batch's (medians of the epochs after the first, 3 at least): k processes' GILs allow up to
+  that ratio's inverse times the batches a second one process's GIL allows.
 
 - **feed** (asked for with ``--only ...,feed``): does a training loop in the loader's process wait? A stand-in
   for a training step that launches its kernels from Python: ``--step-ms`` of CPU a step in rounds of 50 us,
@@ -85,6 +89,7 @@ from dense_targets import TARGETS, make_set
 
 import outcore
 from outcore.imaging.synthetic import write_image_folder
+from outcore.iterate.batch import plain
 from outcore.measure import gil_free_clock
 from outcore.threads.pool import Gauge
 from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
@@ -285,6 +290,41 @@ def by_processes(made: dict[str, Path], cases: list[str], threads: int, counts: 
             result = child("--run", case, made[CASES[case][0]], threads, seconds, "--run-processes", k)
             row += f" {result['samples_s']:11.0f} {result['samples_s'] / here:6.2f} {result['by_thread']['consumer_ms']:6.2f} ms"
         print(row, flush=True)
+
+
+def part_shares(made: dict[str, Path], cases: list[str], counts: list[int], seconds: float) -> None:
+    """The parts table, each case in a fresh process (`held_by_part`)."""
+    print("\nthe GIL-held time of part 0 of each batch out of k (process=k's part for one of its processes), made on "
+          "one thread, against a whole batch's: ms a part, and the ratio")
+    print(f"{'case':14s} {'whole':>9s}" + "".join(f" {f'part of {k}':>11s} {'ratio':>6s}" for k in counts if k > 1))
+    for case in cases:
+        held = child("--parts-run", case, made[CASES[case][0]], seconds, ",".join(map(str, counts)))
+        whole = held["1"]
+        print(f"{case:14s} {whole:6.3f} ms" + "".join(f" {held[str(k)]:8.3f} ms {held[str(k)] / whole:6.2f}"
+                                                   for k in counts if k > 1), flush=True)
+
+
+def held_by_part(location: Path, case: str, seconds: float, counts: list[int]) -> dict[str, float]:
+    """For each k of ``counts`` (and 1, the whole), the median GIL-held ms of part 0 of a batch out of k, epoch after
+    epoch on one thread for about ``seconds`` each (3 epochs at least, the first not counted)."""
+    outcore.set_threads(1)
+    ds = outcore.open_dataset(location)
+    iterator = ds.batches(BATCH, shuffle=True, fields=FIELDS.get(case, ["images", "labels"]),
+                          transform=CASES[case][1])
+    held = {}
+    for k in sorted({1, *counts}):
+        times, began, epoch = [], time.perf_counter(), 0
+        while epoch < 3 or time.perf_counter() - began < seconds:
+            plan = iterator.plan(epoch, (0, k))
+            run = iterator.run(epoch, plan.with_samples(range(len(iterator))), (0, k), lambda step: plain)
+            clock, cpu = gil_free_clock(), time.process_time()
+            parts = sum(1 for _ in run)
+            run.close()
+            if epoch and clock is not None:
+                times.append((time.process_time() - cpu - clock()) / parts * 1e3)
+            epoch += 1
+        held[str(k)] = float(np.median(times)) if times else float("nan")
+    return held
 
 
 def percent(share: float | None) -> str:
@@ -549,6 +589,7 @@ def main() -> None:
                         "process: ds.batches(process=True); processN: process=N)")
     parser.add_argument("--processes", default="1,2", help="processes: the loader processes of its columns")
     parser.add_argument("--run-processes", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--parts-run", nargs=4, metavar=("CASE", "STORE", "SECONDS", "COUNTS"), help=argparse.SUPPRESS)
     parser.add_argument("--feed-run", nargs=6, metavar=("CASE", "STORE", "SECONDS", "STEP_MS", "HELD", "WORKERS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -560,6 +601,10 @@ def main() -> None:
         case, location, seconds, step_ms, held, workers = args.feed_run
         feeder = workers if workers == "torch" or workers.startswith("process") else int(workers)
         print(json.dumps(fed(Path(location), case, float(seconds), float(step_ms), float(held), feeder)))
+        return
+    if args.parts_run:
+        case, location, seconds, counts = args.parts_run
+        print(json.dumps(held_by_part(Path(location), case, float(seconds), [int(k) for k in counts.split(",")])))
         return
     if args.run:
         case, location, threads, seconds = args.run
@@ -577,6 +622,8 @@ def main() -> None:
         gil(made, cases, args.gil_threads, args.seconds, rates)
     if "processes" in only:
         by_processes(made, cases, threads[-1], [int(k) for k in args.processes.split(",")], args.seconds)
+    if "parts" in only:
+        part_shares(made, cases, [int(k) for k in args.processes.split(",")], args.seconds)
     if "feed" in only:
         feed(made, cases, args.seconds, args.step_ms, args.held, args.feed_workers.split(","))
     if "torch" in only:
