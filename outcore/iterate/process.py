@@ -59,6 +59,7 @@ from ..storage import Store
 from ..threads import share_cpus
 from .batch import Batch, plain
 from .options import BatchOptions
+from .plan import EpochPlan
 from .readers import chunk_readers, recipe
 from .runs import EXIT_SECONDS, WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, closed
 from .shared import Mailbox, Part, SharedArray, SharedBatch, Slot, free_file, join_parts
@@ -267,7 +268,7 @@ class ProcessRun:
         self.stop = threading.Event()
         self.under_way = threading.Event()  # never set: a next epoch is asked of the process when it starts
         self.delivered = 0
-        self._samples: dict[int, np.ndarray] = {}  # the last steps handed out (`KEPT_SAMPLES`): their samples
+        self._handed = Handed(work.plan)
         self._damaged = 0  # chunks the process left out of this run (``skip_damaged``) so far
 
     def __iter__(self) -> Iterator[Batch]:
@@ -295,15 +296,13 @@ class ProcessRun:
                 warnings.warn(message, category, stacklevel=3)
             self.stats.damaged += damaged - self._damaged
             self._damaged = damaged
-            keep(self._samples, step, samples)
+            self._handed.keep(step, samples)
             self.delivered += 1
             self.loader.taken(self.number, self.delivered)
             yield step, samples, unpacked(made), ready
 
     def samples(self, step: int) -> np.ndarray:
-        """The store's indices of the samples of batch ``step``: one of the last handed out (or any, planned here)."""
-        samples = self._samples.get(step)
-        return samples if samples is not None else self.work.plan.step(step)[0]
+        return self._handed.samples(step)
 
     def close(self) -> None:
         """Have the process stop this run (at its next batch); what it sent meanwhile is dropped."""
@@ -453,7 +452,7 @@ class PartsRun:
         self.stop = threading.Event()
         self.under_way = threading.Event()  # never set, as `ProcessRun`'s
         self.delivered = 0
-        self._samples: dict[int, np.ndarray] = {}
+        self._handed = Handed(work.plan)
 
     def __iter__(self) -> Iterator[Batch]:
         made = [part.made() for part in self.parts]
@@ -472,15 +471,13 @@ class PartsRun:
             samples = np.concatenate([samples for samples, _ in sized])
             batch = join_parts([shared for _, shared in sized], [len(samples) for samples, _ in sized],
                                self.loaders.mailbox)
-            keep(self._samples, step, samples)
+            self._handed.keep(step, samples)
             self.delivered += 1
             self.stats.record(time.perf_counter() - began, all(part[3] for part in parts), len(samples))
             yield copied(batch, self.work.empty)
 
     def samples(self, step: int) -> np.ndarray:
-        """The store's indices of the samples of batch ``step``: one of the last handed out (or any, planned here)."""
-        samples = self._samples.get(step)
-        return samples if samples is not None else self.work.plan.step(step)[0]
+        return self._handed.samples(step)
 
     def close(self) -> None:
         """Have the processes stop this run (at their next batch); its files not taken go at the next run."""
@@ -515,11 +512,23 @@ def refuse_workers(work: Work) -> None:
                           "of batches itself (leave process= out there)")
 
 
-def keep(kept: dict[int, np.ndarray], step: int, samples: np.ndarray) -> None:
-    """Keep ``samples`` of ``step`` among the `KEPT_SAMPLES` last handed out."""
-    kept[step] = samples
-    if len(kept) > KEPT_SAMPLES:
-        del kept[next(iter(kept))]
+class Handed:
+    """The samples of a run's last batches handed out (`KEPT_SAMPLES` of them), by step: `samples` says those of
+    any step of ``plan``, kept or planned again."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self.plan = plan
+        self.kept: dict[int, np.ndarray] = {}
+
+    def keep(self, step: int, samples: np.ndarray) -> None:
+        self.kept[step] = samples
+        if len(self.kept) > KEPT_SAMPLES:
+            del self.kept[next(iter(self.kept))]
+
+    def samples(self, step: int) -> np.ndarray:
+        """The store's indices of the samples of batch ``step``: one of the last handed out (or any, planned here)."""
+        samples = self.kept.get(step)
+        return samples if samples is not None else self.plan.step(step)[0]
 
 
 def copied(batch: Batch, empty: Any) -> Batch:
