@@ -53,14 +53,14 @@ REDELIVERY_SECONDS = 0.01
 
 def main() -> int:
     """Run the ``outcore`` command; return its exit status."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started to ignore it (a shell's background job)
-        sys.unraisablehook = _IMPORTING.report
-        status = _run()
-        _shut_down_quickly()
-        return status
-    signal.signal(signal.SIGINT, _first_interrupt)
-    sys.unraisablehook = _deliver_again(_IMPORTING.report)
-    try:
+    try:  # from the first line: a Ctrl-C before the handler is installed raises Python's KeyboardInterrupt
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started to ignore it (a shell's background job)
+            sys.unraisablehook = _IMPORTING.report
+            status = _run()
+            _shut_down_quickly()
+            return status
+        signal.signal(signal.SIGINT, _first_interrupt)  # a Ctrl-C pending as it returns raises here: caught below
+        sys.unraisablehook = _deliver_again(_IMPORTING.report)
         status = _said_interrupted() if _IMPORTING.lost else _run()
     except KeyboardInterrupt:  # before the command could take it: importing outcore, reading the arguments
         status = _said_interrupted()

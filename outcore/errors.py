@@ -65,7 +65,8 @@ class ClusterError(OutcoreError, RuntimeError):
 
 
 class LoaderProcessError(OutcoreError, RuntimeError):
-    """The process making the batches (``process=True``) could not start, or died while making them."""
+    """A process making the batches (``process=True``, or one of ``process=n``) could not start, or died while
+    making them."""
 
 
 class SourceError(OutcoreError, ValueError):

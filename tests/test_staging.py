@@ -371,6 +371,30 @@ def test_a_ctrl_c_lost_while_the_command_module_is_imported_stops_the_command():
     assert (result.returncode, result.stdout, result.stderr) == (130, "", "outcore: interrupted\n")
 
 
+HANDLER_INSTALLED_COMMAND = """
+import signal, sys, types, outcore_command
+
+def installed(signum, handler, install=signal.signal):  # a Ctrl-C that comes as main installs its handler
+    previous = install(signum, handler)
+    if handler is outcore_command._first_interrupt:
+        signal.raise_signal(signal.SIGINT)  # taken as the call returns: by the handler just installed
+    return previous
+
+signal.signal = installed
+sys.modules["outcore.cli.main"] = types.SimpleNamespace(main=lambda: print("the command ran") or 0)
+sys.exit(outcore_command.main())
+"""
+
+
+def test_a_ctrl_c_as_the_command_installs_its_handler_is_one_line_and_130():
+    """Python runs the handler of a Ctrl-C that comes while ``main`` installs it as the installing call returns:
+    its KeyboardInterrupt is the command's (one line, 130), not a traceback (seen once in CI, on Python 3.13)."""
+    with as_from_a_terminal():
+        result = subprocess.run([sys.executable, "-c", HANDLER_INSTALLED_COMMAND], capture_output=True, text=True,
+                                timeout=60, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "outcore: interrupted\n")
+
+
 REPLACING_COMMAND = """
 import signal, sys, types, outcore_command
 
