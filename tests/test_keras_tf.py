@@ -72,12 +72,14 @@ def _hashes(store, epoch, **options):
     return [hashlib.sha256(b["images"].tobytes() + b["labels"].tobytes()).hexdigest() for b in iterator]
 
 
-def test_keras_fit_is_fed_outcore_order_whatever_order_keras_asks_in(splits):
+@pytest.mark.parametrize("process", [False, 2])
+def test_keras_fit_is_fed_outcore_order_whatever_order_keras_asks_in(splits, process):
     """fit(shuffle=True) asks for batch indices in a random order: the model still gets ds.batches' batches in
-    ds.batches' order, each exactly once, and a new order each epoch."""
+    ds.batches' order, each exactly once, and a new order each epoch; made by two processes (each its part of
+    every batch), the same."""
     train, _ = splits
     log: dict = {}
-    data = _recording(train, log, seed=5)
+    data = _recording(train, log, seed=5, process=process)
     _cnn().fit(data, epochs=2, verbose=0, shuffle=True)
     assert sorted(log) == [0, 1] and data.epoch == 2
     for epoch in (0, 1):
