@@ -191,12 +191,22 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
         else:
             taken = 0
             free, cpu, clocks = gil_free_clock(), time.process_time(), thread_clocks()
+            loaders = loader_seconds(batches)
             if ready:
                 print("ready", flush=True)
         epoch += 1
     if processes:
-        return float(np.median(rates)), None, {"consumer_ms": (time.process_time() - cpu) / taken * 1e3}
+        return float(np.median(rates)), None, {"consumer_ms": (time.process_time() - cpu) / taken * 1e3,
+                                               "loaders_ms": (loader_seconds(batches) - loaders) / taken * 1e3}
     return float(np.median(rates)), held_share(free, cpu), held_by_thread(free, cpu, clocks)
+
+
+def loader_seconds(batches: object) -> float:
+    """The CPU time the loader processes of ``batches`` (``process=``: a `BatchIterator`'s, or a torch loader's
+    dataset's) have used so far; 0 without."""
+    loader = getattr(getattr(batches, "dataset", batches), "_process", None)
+    members = getattr(loader, "members", [loader] if loader is not None else [])
+    return sum(cpu_seconds(member.process.pid) for member in members if member.process is not None)
 
 
 def held_share(free: Callable[[], float] | None, cpu: float) -> float | None:
@@ -281,14 +291,18 @@ def by_processes(made: dict[str, Path], cases: list[str], threads: int, counts: 
     processes, each measurement in a fresh process."""
     print(f"\nsamples/s of ds.batches({BATCH}, shuffle=True), images + labels, made in this process on {threads} threads "
           f"or by k loader processes (process=k), each on {threads}/k of them, {os.cpu_count()} cores here (the ratio: "
-          "to this process's threads; consumer: its CPU time a batch taking them)")
-    print(f"{'case':14s} {'here':>9s}" + "".join(f" {f'process={k}':>11s} {'ratio':>6s} {'consumer':>9s}" for k in counts))
+          "to this process's threads; consumer: its CPU time a batch taking them; loaders: the loader processes' CPU "
+          "time a batch, all of them)")
+    print(f"{'case':14s} {'here':>9s}" + "".join(f" {f'process={k}':>11s} {'ratio':>6s} {'consumer':>9s} {'loaders':>9s}"
+                                                 for k in counts))
     for case in cases:
         here = in_a_process(made, case, threads, seconds)[0]
         row = f"{case:14s} {here:9.0f}"
         for k in counts:
             result = child("--run", case, made[CASES[case][0]], threads, seconds, "--run-processes", k)
-            row += f" {result['samples_s']:11.0f} {result['samples_s'] / here:6.2f} {result['by_thread']['consumer_ms']:6.2f} ms"
+            times = result["by_thread"]
+            row += (f" {result['samples_s']:11.0f} {result['samples_s'] / here:6.2f} {times['consumer_ms']:6.2f} ms "
+                    f"{times['loaders_ms']:6.2f} ms")
         print(row, flush=True)
 
 
