@@ -5,6 +5,7 @@ behind."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -382,6 +383,36 @@ def test_an_error_in_one_of_the_processes_is_raised_here(store):
         list(iterator)
     assert "_fails_at_seven" in str(raised.value.__cause__)
     iterator.close()
+
+
+NO_ROOM_SCRIPT = """
+import hashlib, sys, warnings, outcore
+
+def digests(iterator, epochs=2):
+    return [hashlib.sha1(b["x"].tobytes() + b["id"].tobytes()).hexdigest() for _ in range(epochs) for b in iterator]
+
+if __name__ == "__main__":
+    ds = outcore.open_dataset(sys.argv[1])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        there = digests(ds.batches(120, shuffle=True, seed=7, process=2))
+    print("same" if there == digests(ds.batches(120, shuffle=True, seed=7)) else "different")
+    print(sorted({str(warning.message).split(":")[0] for warning in caught}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a small /dev/shm of its own needs root and unshare (a mount namespace): CI runs as root")
+def test_parts_without_room_in_a_small_shared_memory_come_joined_all_the_same(store, tmp_path):
+    """A /dev/shm of 600 KB (batch files of 288 KB): the parts a process finds no room for are sent as arrays and
+    copied in, and the batches are those made here; the warning says so."""
+    script = tmp_path / "no_room.py"
+    script.write_text(NO_ROOM_SCRIPT)
+    small = f"mount -t tmpfs -o size=600k tmpfs /dev/shm && exec {sys.executable} {script} {store.location}"
+    done = subprocess.run(["unshare", "-m", "sh", "-c", small], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["same", "['no room in /dev/shm for batches in shared memory']"]
 
 
 @pytest.mark.parametrize(("options", "said"), [
