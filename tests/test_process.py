@@ -286,6 +286,18 @@ def test_several_processes_make_each_batch_together_the_batches_made_here(store,
     assert not folder.exists()
 
 
+def test_four_processes_make_a_ranks_batches_of_a_subset_as_here(store):
+    """Rank 1 of 2 over a subset, the short last batch left out: each process's part has samples or none at a step,
+    as its streams say, and the joined batches are those made here."""
+    options = {"shuffle": True, "seed": 11, "rank": 1, "world_size": 2, "drop_last": True,
+               "indices": np.random.default_rng(0).choice(900, 500, replace=False)}
+    iterator = _started(store.batches(48, process=4, **options))
+    made = _epochs(iterator, 2)
+    _same(made, _epochs(store.batches(48, **options), 2))
+    assert len(made[0]) == 500 // 96
+    iterator.close()
+
+
 def test_several_processes_cut_and_flip_decoded_pictures_as_here_from_the_first_batch(pictures, monkeypatch):
     """The first batches made here while the processes start (as for one), the rest there."""
     real, asked = LoaderProcesses.ready, []
