@@ -49,10 +49,12 @@ from types import FrameType
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 REDELIVERY_SECONDS = 0.01
+_ending = False  # main has left the block that takes the first Ctrl-C's KeyboardInterrupt: the next one ends it
 
 
 def main() -> int:
     """Run the ``outcore`` command; return its exit status."""
+    global _ending
     try:  # from the first line: a Ctrl-C before the handler is installed raises Python's KeyboardInterrupt
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started to ignore it (a shell's background job)
             sys.unraisablehook = _IMPORTING.report
@@ -69,6 +71,7 @@ def main() -> int:
             raise
         status = _said_interrupted()  # the code the Ctrl-C broke off turned it into an error of its own
     finally:  # the interpreter shuts down next (threads joined): a Ctrl-C there ends it at once
+        _ending = True  # before any call, where a Ctrl-C's handler may run: outside the block above
         if signal.getsignal(signal.SIGINT) is _first_interrupt:
             signal.signal(signal.SIGINT, _interrupted_at_exit)
     if status == INTERRUPTED:  # said and cleaned up: end now, before the shutdown reports work the Ctrl-C
@@ -120,6 +123,8 @@ def _shut_down_quickly() -> None:
 
 
 def _first_interrupt(signum: int, frame: FrameType | None) -> None:
+    if _ending:  # nobody would catch its KeyboardInterrupt now
+        _interrupted_at_exit(signum, frame)
     signal.signal(signal.SIGINT, _exit_now)  # its line is said by whoever catches the KeyboardInterrupt
     signal.setitimer(signal.ITIMER_REAL, 0)  # this one is delivered: not again
     raise KeyboardInterrupt

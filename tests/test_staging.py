@@ -395,6 +395,30 @@ def test_a_ctrl_c_as_the_command_installs_its_handler_is_one_line_and_130():
     assert (result.returncode, result.stdout, result.stderr) == (130, "", "outcore: interrupted\n")
 
 
+ENDED_COMMAND = """
+import signal, sys, types, outcore_command
+
+def looked(signum, asked=[], look=signal.getsignal):  # a Ctrl-C that comes as main ends, past its try block
+    asked.append(signum)
+    if len(asked) == 3:  # main's start, then the command's start (a Ctrl-C taken?), then main's end
+        signal.raise_signal(signal.SIGINT)  # taken by the first call main makes there
+    return look(signum)
+
+signal.getsignal = looked
+sys.modules["outcore.cli.main"] = types.SimpleNamespace(main=lambda: print("the command ran") or 0)
+sys.exit(outcore_command.main())
+"""
+
+
+def test_a_ctrl_c_as_the_command_ends_is_one_line_and_130():
+    """A first Ctrl-C that comes once the command is done, as ``main`` leaves the block that takes its
+    KeyboardInterrupt: one line, 130, not a traceback."""
+    with as_from_a_terminal():
+        result = subprocess.run([sys.executable, "-c", ENDED_COMMAND], capture_output=True, text=True, timeout=60,
+                                check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (130, "the command ran\n", "outcore: interrupted\n")
+
+
 REPLACING_COMMAND = """
 import signal, sys, types, outcore_command
 
