@@ -10,14 +10,14 @@
 #   gputests    the tests that need a CUDA GPU (they skip elsewhere): pinned batches, to_device, nvJPEG decoding
 #   imagenet    benchmarks/imagenet.py: full-size JPEGs, RandomResizedCrop(224) + flip, against its ceiling
 #   gpu         benchmarks/gpu_training.py: does the GPU wait? a small ResNet (and ResNet-50 on RRC) fed by outcore
+#   processes   benchmarks/cores.py: the same batches made by 1, 2 and 4 loader processes (process=k, each its part of
+#               every batch, on 16/k threads) against 16 threads in the consumer's process
 #   feed        benchmarks/cores.py's stand-in training step (5 ms, 80 % holding the GIL) fed in its process by threads,
 #               by a process of their own (process=True), by 4 (process=4) or by 1 or 4 DataLoader workers: the ratio
 #               to its own rate, and the CPU a batch costs the loop's thread
 #   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC) with the
 #               GIL share timed (at 16 threads, split by thread: the consumer's, the pool's, the planning thread's),
 #               ds.torch with 0-16 workers
-#   processes   benchmarks/cores.py: the same batches made by 1, 2 and 4 loader processes (process=k, each its part of
-#               every batch, on 16/k threads) against 16 threads in the consumer's process
 #   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor), and
 #               ds.torch(decode="cuda") against outcore's CPU path on the same files
 #   ingest      benchmarks/ingest_scale.py: whole ingests of ImageNet-like JPEGs on 1 and 16 threads, timed by phase
@@ -62,13 +62,13 @@ tests=$root/tests
 step gputests 50 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -W default -c $root/pyproject.toml \
     $tests/test_torch.py $tests/test_torch_decode.py $tests/test_advice.py -k 'cuda or gpu or nvjpeg or pin or device'"
 step imagenet 80 python3 imagenet.py --images 4000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
-step gpu 180 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
+step gpu 210 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
+step processes 90 python3 cores.py --images 6000 --threads 16 --seconds 2 --only processes --processes 1,2,4 \
+    --cases pixels,encoded+crop --workdir $work/cores
 step feed 75 python3 cores.py --images 6000 --only feed --cases pixels,encoded --seconds 3 --step-ms 5 --held 0.8 \
     --feed-workers 0,process,process4,1,4 --workdir $work/cores
 step cores 150 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --torch-workers 0,4,8,16 \
     --only scaling,torch --cases pixels,pixels+crop,encoded,encoded+crop,rrc --workdir $work/cores
-step processes 90 python3 cores.py --images 6000 --threads 16 --seconds 2 --only processes --processes 1,2,4 \
-    --cases pixels,pixels+crop,encoded+crop,rrc --workdir $work/cores
 step gpu_decode 60 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr
 step ingest 70 python3 ingest_scale.py --files 10000 --threads 1,16 --repeats 1 --workdir $work/ingest
 step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
