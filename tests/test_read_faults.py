@@ -2,7 +2,7 @@
 loaded with LD_PRELOAD into a reading process): transient failures (EIO, EAGAIN, a stale NFS handle on
 open or read, EINTR) are tried again and the epoch is exact; short reads are continued; a failure that
 stays is one `StorageError` naming the store, field, chunk and file, the system's reason and what to do,
-within a second; `verify` lists it. Never a hang, never a wrong sample."""
+after four tries (0.62 s of pauses); `verify` lists it. Never a hang, never a wrong sample."""
 
 from __future__ import annotations
 
@@ -79,12 +79,14 @@ def test_short_reads_are_continued(library, store):
     (errno.EAGAIN, r"Resource temporarily unavailable \(EAGAIN\) 4 times", "check the file system"),
     (errno.EACCES, r"Permission denied \(EACCES\);", "check the file system"),
 ])
-def test_a_failure_that_stays_is_named_within_a_second(library, store, error, reason, advice):
+def test_a_failure_that_stays_is_named_after_four_tries(library, store, error, reason, advice):
     got = read_with_faults(library, store, "x/c/5", error)  # every read of one shard file fails
     assert got["error"] == "StorageError", got
     assert re.search(rf"{store}: field 'x', chunk 2\d \(samples \d+\.\.\d+, in file x/c/5/0\) cannot be read: "
                      rf"{reason}.*{advice}", got["message"]), got["message"]
-    assert got["seconds"] < 5  # four tries, 0.62 s of pauses: never a hang
+    # four tries, 0.62 s of pauses, after the epoch's reads before that chunk: 1-2 s alone, up to 5.5 s seen in CI
+    # beside two other test runs on two cores; a hang would be minutes (the 120 s of a remote read's deadline)
+    assert got["seconds"] < 20
 
 
 def test_verify_lists_a_shard_the_disk_cannot_read(library, store):
