@@ -70,10 +70,8 @@ def main() -> int:
         if not _ctrl_c_taken():  # the error is the command's own
             raise
         status = _said_interrupted()  # the code the Ctrl-C broke off turned it into an error of its own
-    finally:  # the interpreter shuts down next (threads joined): a Ctrl-C there ends it at once
+    finally:  # the interpreter shuts down next (threads joined): a first Ctrl-C there ends it at once
         _ending = True  # before any call, where a Ctrl-C's handler may run: outside the block above
-        if signal.getsignal(signal.SIGINT) is _first_interrupt:
-            signal.signal(signal.SIGINT, _interrupted_at_exit)
     if status == INTERRUPTED:  # said and cleaned up: end now, before the shutdown reports work the Ctrl-C
         _exit_now(signal.SIGINT, None)  # cut short (zarr's pending reads: "Task exception was never retrieved")
     _shut_down_quickly()

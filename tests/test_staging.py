@@ -398,13 +398,11 @@ def test_a_ctrl_c_as_the_command_installs_its_handler_is_one_line_and_130():
 ENDED_COMMAND = """
 import signal, sys, types, outcore_command
 
-def looked(signum, asked=[], look=signal.getsignal):  # a Ctrl-C that comes as main ends, past its try block
-    asked.append(signum)
-    if len(asked) == 3:  # main's start, then the command's start (a Ctrl-C taken?), then main's end
-        signal.raise_signal(signal.SIGINT)  # taken by the first call main makes there
-    return look(signum)
+def shut_down(shut_down=outcore_command._shut_down_quickly):  # a Ctrl-C that comes as main ends, past its try
+    signal.raise_signal(signal.SIGINT)  # taken by the first call main makes there
+    shut_down()
 
-signal.getsignal = looked
+outcore_command._shut_down_quickly = shut_down
 sys.modules["outcore.cli.main"] = types.SimpleNamespace(main=lambda: print("the command ran") or 0)
 sys.exit(outcore_command.main())
 """
