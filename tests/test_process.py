@@ -67,6 +67,11 @@ def _epochs(iterator, count):
     return [[{name: value.copy() for name, value in batch.items()} for batch in iterator] for _ in range(count)]
 
 
+def _held_files(folder):
+    """The files of ``folder`` that are neither free nor its owner's lock: batches held, or parts left behind."""
+    return sorted(path.name for path in folder.iterdir() if not path.name.startswith(("free-", "owner")))
+
+
 def _same(made, expected):
     assert len(made) == len(expected)
     for batches, wanted in zip(made, expected, strict=True):
@@ -141,8 +146,7 @@ def test_a_pass_left_early_then_iterated_again_drops_what_was_sent_meanwhile(sto
     got += [batch["id"].tolist() for batch in iterator]
     assert got == expected
     folder = iterator._process.mailbox.folder
-    held = [path.name for path in folder.iterdir() if not path.name.startswith(("free-", "owner"))]
-    assert held == [], held  # the files of the batches dropped unseen went back to the free ones
+    assert _held_files(folder) == []  # the files of the batches dropped unseen went back to the free ones
     iterator.close()
     assert not folder.exists()
 
@@ -256,17 +260,11 @@ def test_a_run_closing_while_the_next_starts_leaves_it_every_batch(store):
         second.close()
         assert ids == [list(range(start, min(start + 120, 900))) for start in range(360, 900, 120)]
     time.sleep(0.2)  # the process has stopped the first runs
-    assert [path.name for path in iterator._process.mailbox.folder.iterdir()
-            if not path.name.startswith(("free-", "owner"))] == []
+    assert _held_files(iterator._process.mailbox.folder) == []
     iterator.close()
 
 
 # -- several processes, each making its part of every batch (process=n) ---------------------------------------------
-
-
-def _held_files(folder):
-    """The files of ``folder`` that are neither free nor its owner's lock: batches held, or parts left behind."""
-    return sorted(path.name for path in folder.iterdir() if not path.name.startswith(("free-", "owner")))
 
 
 @pytest.mark.parametrize("count", [2, 3])
