@@ -41,7 +41,7 @@ loop takes it, in tensors (with PyTorch installed); ``ingest``:
   k making their parts of each, each on its share of the cores) against this process's threads on every core:
   samples/s, the ratio to the threads', and the consumer's CPU time a batch taking them (mapping, joining).
   Each process has a GIL of its own, so where one process's GIL share bounds its threads (16 cores), k processes
-  share that bound k ways; on 2 cores it shows what they cost.
+  have k such bounds, each for less Python (``parts``); on 2 cores it shows what they cost.
 - **parts** (``--only ...,parts``): what a process of those needs of its GIL: the GIL-held time (timed, as in
   scaling) of part 0 of each batch out of k (for each ``--processes`` k), made in this process on one thread,
   against a whole batch's (medians of the epochs after the first, 3 at least): k processes' GILs allow up to
@@ -321,6 +321,9 @@ def part_shares(made: dict[str, Path], cases: list[str], counts: list[int], seco
 def held_by_part(location: Path, case: str, seconds: float, counts: list[int]) -> dict[str, float]:
     """For each k of ``counts`` (and 1, the whole), the median GIL-held ms of part 0 of a batch out of k, epoch after
     epoch on one thread for about ``seconds`` each (3 epochs at least, the first not counted)."""
+    if gil_free_clock() is None:
+        raise SystemExit("parts: the GIL-held time is timed by outcore's C extensions, which do not load here "
+                         "(OUTCORE_NATIVE=0, or not built): build them (pip install -e .)")
     outcore.set_threads(1)
     ds = outcore.open_dataset(location)
     iterator = ds.batches(BATCH, shuffle=True, fields=FIELDS.get(case, ["images", "labels"]),
@@ -334,10 +337,10 @@ def held_by_part(location: Path, case: str, seconds: float, counts: list[int]) -
             clock, cpu = gil_free_clock(), time.process_time()
             parts = sum(1 for _ in run)
             run.close()
-            if epoch and clock is not None:
+            if epoch:
                 times.append((time.process_time() - cpu - clock()) / parts * 1e3)
             epoch += 1
-        held[str(k)] = float(np.median(times)) if times else float("nan")
+        held[str(k)] = float(np.median(times))
     return held
 
 
@@ -634,10 +637,11 @@ def main() -> None:
     rates = scaling(made, cases, threads, args.seconds) if "scaling" in only else {}
     if "gil" in only:
         gil(made, cases, args.gil_threads, args.seconds, rates)
+    processes = [int(k) for k in args.processes.split(",")]
     if "processes" in only:
-        by_processes(made, cases, threads[-1], [int(k) for k in args.processes.split(",")], args.seconds)
+        by_processes(made, cases, threads[-1], processes, args.seconds)
     if "parts" in only:
-        part_shares(made, cases, [int(k) for k in args.processes.split(",")], args.seconds)
+        part_shares(made, cases, processes, args.seconds)
     if "feed" in only:
         feed(made, cases, args.seconds, args.step_ms, args.held, args.feed_workers.split(","))
     if "torch" in only:
