@@ -90,7 +90,7 @@ from dense_targets import TARGETS, make_set
 import outcore
 from outcore.imaging.synthetic import write_image_folder
 from outcore.iterate.batch import plain
-from outcore.measure import gil_free_clock
+from outcore.measure import gil_bound, gil_free_clock
 from outcore.threads.pool import Gauge
 from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
 
@@ -273,7 +273,7 @@ def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds
         cells = "".join(f" {rate:11.0f} {rate / (n * one) if one else float('nan'):6.2f} {percent(share):>6s}"
                         for n, (rate, share, _) in measured.items())
         _, last, by_thread = measured[threads[-1]]
-        print(f"{case:14s}{cells} {'-' if last is None else f'{bound(last, 16):.1f}x':>9s}", flush=True)
+        print(f"{case:14s}{cells} {'-' if last is None else f'{gil_bound(last, 16):.1f}x':>9s}", flush=True)
         if by_thread is not None:
             parts[case] = by_thread
     if parts:
@@ -436,9 +436,9 @@ def gil(made: dict[str, Path], cases: list[str], threads: int, seconds: float,
         total_cpu, total_held = sum(cpu.values()), sum(held.values())
         share = total_held / RATE / used
         measured = (f"; measured here {rates[case][threads] / rates[case][1]:.2f}x at {threads} threads, "
-                    f"{bound(share, threads):.2f}x allowed" if 1 in rates.get(case, {}) else "")
+                    f"{gil_bound(share, threads):.2f}x allowed" if 1 in rates.get(case, {}) else "")
         print(f"\n{case}: {used / seconds:.2f} cores busy, GIL share {share:.1%}: at most "
-              f"{bound(share, 16):.1f}x one core's rate on 16 cores{measured}")
+              f"{gil_bound(share, 16):.1f}x one core's rate on 16 cores{measured}")
         print(f"  {'stage':20s} {'CPU':>6s} {'GIL':>6s}")
         for name in sorted(set(cpu) | set(held), key=lambda name: -cpu[name]):
             print(f"  {name:20s} {cpu[name] / total_cpu:6.1%} {held[name] / RATE / used:6.1%}")
@@ -576,11 +576,6 @@ def stand_in(step_ms: float, held: float) -> Callable[[], None]:
             launch(size)
 
     return step
-
-
-def bound(share: float, cores: int) -> float:
-    """The most times one core's rate that ``cores`` allow when a share ``share`` of the work holds the GIL."""
-    return min(cores, 1 / (share + (1 - share) / cores))
 
 
 def main() -> None:

@@ -83,7 +83,7 @@ def gil_free_clock() -> Callable[[], float] | None:
     thread waits for a core is not: beside `time.process_time`, the rest of the CPU time is an upper bound of the
     time spent holding the GIL (it holds numpy's and other libraries' work too), whatever else the machine runs.
     On ``n`` cores, a share ``s`` of the work holding the GIL allows at most ``1 / (s + (1 - s) / n)`` times one
-    core's rate.
+    core's rate (`gil_bound`).
 
     >>> clock = gil_free_clock()  # doctest: +SKIP
     >>> cpu = time.process_time(); ...; held = 1 - clock() / (time.process_time() - cpu)  # doctest: +SKIP
@@ -95,3 +95,13 @@ def gil_free_clock() -> Callable[[], float] | None:
     if not counted:
         return None
     return lambda: sum(count(True) - start for count, start in counted)
+
+
+def gil_bound(held: float, cores: int) -> float:
+    """The most times one core's rate one process's threads reach on ``cores`` when a share ``held`` of a batch's
+    CPU time holds the GIL (Amdahl's law, the GIL's time taken as serial).
+
+    >>> round(gil_bound(0.118, 16), 2), round(gil_bound(0.0, 16), 2)
+    (5.78, 16.0)
+    """
+    return 1 / (held + (1 - held) / cores)

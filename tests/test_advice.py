@@ -1,4 +1,5 @@
-"""``outcore bench``'s advice: the device read cold, the page cache's room, and pixels or encoded pictures."""
+"""``outcore bench``'s advice: the device read cold, the page cache's room, pixels or encoded pictures, and threads
+or loader processes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from support.cgroups import throttled
 from support.optional import need
@@ -15,9 +17,11 @@ from support.optional import need
 import outcore
 from outcore.cli import main
 from outcore.cli.advice import Advice, advise
+from outcore.cli.loaders import Loaders, measure_loaders
 from outcore.errors import OutcoreWarning
 from outcore.imaging.synthetic import write_image_folder
 from outcore.ingest import choice
+from outcore.measure import gil_free_clock
 from outcore.storage.device import SMALL_READ, DeviceRates
 from outcore.storage.epochs import Kind
 from outcore.storage.page_cache import Memory
@@ -64,7 +68,7 @@ def test_a_store_bigger_than_memory_is_read_at_the_device_s_rate_and_encoded_pic
 
 
 def test_bench_measures_the_store_and_a_converted_sample_of_the_other_kind(pixels, capsys):
-    assert main(["bench", pixels.location, "--batch-size", "16", "--repeats", "1"]) == 0
+    assert main(["bench", pixels.location, "--batch-size", "16", "--repeats", "1", "--processes", "0"]) == 0
     out = capsys.readouterr().out
     assert "device, read cold: " in out and " reads/s of 4 KiB" in out
     rows = {line[:13].strip(): line[13:] for line in out.splitlines() if line.startswith(("pixels", "encoded"))}
@@ -74,10 +78,69 @@ def test_bench_measures_the_store_and_a_converted_sample_of_the_other_kind(pixel
     assert "choose: " in out and "from memory, all fields" in out
 
 
+@pytest.mark.portable
+def test_bench_times_loader_processes_against_the_threads_where_asked(pixels, capsys):
+    assert main(["bench", pixels.location, "--batch-size", "16", "--repeats", "1", "--processes", "2"]) == 0
+    out = capsys.readouterr().out
+    timed = re.search(r"\nloaders, timed \(samples/s\): threads ([\d,]+); process=2 ([\d,]+) \(([\d.]+)x\)\n", out)
+    assert timed, out
+    threads, processes, ratio = (float(value.replace(",", "")) for value in timed.groups())
+    assert threads > 0 and processes > 0 and ratio == pytest.approx(processes / threads, abs=0.01)
+    chosen = "choose: process=2," if ratio >= 1.1 else "choose: this process's threads (no process= was 1.1x faster)"
+    assert chosen in out
+    held = re.search(r"loaders: a batch's CPU time holds the GIL ([\d.]+)% of it here", out)
+    if gil_free_clock() is None:  # without outcore's C extensions
+        assert held is None and "the GIL share is not timed here" in out
+    else:
+        assert held and 0 < float(held.group(1)) < 100
+
+
+def test_bench_refuses_process_counts_it_cannot_read(pixels, capsys):
+    for given in ("two", "-2", "0,2", ","):
+        assert main(["bench", pixels.location, "--processes", given]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"--processes {given}: give loader process counts" in err, err
+
+
+def test_loader_processes_are_chosen_where_they_beat_the_threads_by_a_tenth():
+    slower = Loaders(16, 0.118, {0: 40_000.0, 2: 42_000.0})
+    assert slower.choice == 0 and "choose: this process's threads (no process= was 1.1x faster)" in str(slower)
+    faster = Loaders(16, 0.118, {0: 40_000.0, 2: 60_000.0, 4: 80_000.0, 8: 76_000.0})
+    assert faster.choice == 4
+    assert str(faster).splitlines() == [
+        ("loaders: a batch's CPU time holds the GIL 11.8% of it here: one process's threads reach at most 5.8x one "
+        "core's rate on 16 cores (0.36 of them)"),
+        ("loaders, timed (samples/s): threads 40,000; process=2 60,000 (1.50x); process=4 80,000 (2.00x); "
+        "process=8 76,000 (1.90x)"),
+        ("choose: process=4, as in ds.batches(..., process=4) (also ds.torch, ds.keras, ds.tf; the script needs an "
+        "`if __name__ == \"__main__\":` guard)")]
+    untimed = Loaders(16, None, {0: 60_000.0})
+    assert str(untimed) == ("loaders: the GIL share is not timed here (outcore's C extensions do not load); outcore "
+                            "bench --processes 2,4 times loader processes against the threads")
+
+
+def test_no_loader_processes_are_timed_where_one_process_s_threads_can_use_the_cores(pixels):
+    loaders = measure_loaders(pixels, ["images", "labels"], np.arange(len(pixels)), 16, None, cores=1, seconds=0.2)
+    assert list(loaders.rates) == [0] and loaders.choice == 0 and loaders.skipped == ""
+    assert "loaders, timed" not in str(loaders) and "choose" not in str(loaders)
+    if loaders.held is not None:  # one core: the GIL keeps no thread from it
+        assert loaders.bound == pytest.approx(1.0)
+
+
+@pytest.mark.portable
+def test_loader_processes_that_cannot_be_made_are_said_and_the_rest_timed(pixels):
+    loaders = measure_loaders(pixels, ["images", "labels"], np.arange(len(pixels)), 16, None, cores=2, seconds=0.2,
+                              counts=(1, 16))
+    assert list(loaders.rates) == [0, 1] and all(rate > 0 for rate in loaders.rates.values())
+    assert loaders.skipped.startswith("process=16 splits each batch among processes by the rank's streams, and it "
+                                      "has 8: use process=8 or fewer"), loaders.skipped
+    assert f"loaders: processes not timed: {loaders.skipped}" in str(loaders)
+
+
 def test_advice_on_an_encoded_store_converts_a_sample_to_pixels(photos):
     ds = outcore.ingest_images(photos, photos.parent / "encoded.zarr", shape=(48, 48, 3), images="encoded",
                                progress=False)
-    advice = advise(ds, batch_size=16)
+    advice = advise(ds, batch_size=16, processes=())
     mine, pixels, zstd = advice.kinds
     assert [(kind.name, kind.source) for kind in advice.kinds] == [
         ("encoded", "this store"), ("pixels", "192 samples decoded"), ("pixels, zstd", "192 samples decoded")]
@@ -91,7 +154,7 @@ def test_bench_of_a_store_without_pictures_says_nothing_of_them(tmp_path, capsys
                              progress=False)
     assert main(["bench", ds.location, "--batch-size", "16", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert "choose:" not in out and "from memory, all fields" in out
+    assert "choose:" not in out and "loaders" not in out and "from memory, all fields" in out
 
 
 CHILD = """
@@ -198,7 +261,7 @@ def test_advice_measures_encoded_pictures_decoded_on_a_device_where_asked(photos
     need("torch")
     ds = outcore.ingest_images(photos, photos.parent / "for-a-gpu.zarr", shape=(48, 48, 3), images="encoded",
                                progress=False)
-    advice = advise(ds, batch_size=16, gpu="cpu")
+    advice = advise(ds, batch_size=16, gpu="cpu", processes=())
     names = [kind.name for kind in advice.kinds]
     assert names == ["encoded", "encoded, decode=cpu", "pixels", "pixels, zstd"]
     mine, there = advice.kinds[:2]

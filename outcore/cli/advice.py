@@ -9,6 +9,8 @@ not hold are measured on a sample converted to them: pixels (Blosc lz4, ingest's
 `ZSTD`), or JPEGs re-encoded from the pixels (what ``images="encoded", max_side=`` would keep). Where torch
 sees a CUDA GPU and torchvision is installed, encoded pictures are also measured decoded there
 (``ds.torch(decode="cuda")``, `outcore.adapters.torch_decode`): the kind to choose when the cores are the limit.
+Where one process's GIL keeps its threads from the cores, loader processes (``process=``) are timed against
+them (`outcore.cli.loaders`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..storage.epochs import GROWTH, LAYOUT_SHARE, Kind, Prediction, predict_epo
 from ..storage.page_cache import PAGE_CACHE_SHARE, Memory, memory
 from ..storage.report import codecs, field_reports, human_size
 from ..threads import thread_count
+from .loaders import Loaders, measure_loaders
 
 ZSTD = "zstd:5:bitshuffle"  # photographs' pixels compress better than with lz4, and decode fast
 PIXELS_ZSTD = "pixels, zstd"
@@ -52,6 +55,7 @@ class Advice:
     cores: int
     device: DeviceRates | None
     kinds: tuple[Kind, ...]
+    loaders: Loaders | None = None  # threads or loader processes for this store's pictures
 
     def from_device(self, kind: Kind) -> bool:
         """Whether every epoch of ``kind`` reads the device (its bytes do not fit in the page cache)."""
@@ -138,14 +142,17 @@ class Advice:
             lines += [f"that is: this store, read with ds.torch(..., decode={best.kind.gpu!r})"]
         lines += [f"it would change: {line}" for line in self.changes()]
         lines += [f"layout: {line}" for line in self.layout()]
+        if self.loaders is not None:
+            lines += ["", str(self.loaders)]
         return "\n".join(lines)
 
 
 def advise(ds: Dataset, batch_size: int = 256, crop: int = 224, seconds: float = 2.0,
-           gpu: str | None = None) -> Advice:
+           gpu: str | None = None, processes: Sequence[int] | None = None) -> Advice:
     """Measure this machine for ``ds`` and predict its epochs as pixels and as encoded pictures, and as encoded
     pictures decoded on ``gpu`` (a torch device; default: ``"cuda"`` where torch sees one and torchvision is
-    installed, `cuda_decoding`).
+    installed, `cuda_decoding`). This store's epochs made by loader ``processes`` are timed against this
+    process's threads (default: where its GIL share keeps the threads from the cores, `measure_loaders`).
 
     Evicts the store's pages from the page cache (to measure the device) and writes converted samples
     into a temporary folder.
@@ -174,7 +181,9 @@ def advise(ds: Dataset, batch_size: int = 256, crop: int = 224, seconds: float =
                    | {GROWTH * max(kind.reads) for kind in kinds if kind.source == "this store"})
     device = None if is_url(ds.location) else measure_device(_files(Path(ds.location)), thread_count(), sizes,
                                                              seconds)
-    return Advice(len(ds), room, thread_count(), device, tuple(kinds))
+    loaders = measure_loaders(ds, [images[0], *targets], sample, batch_size, _transform(ds, images[0], crop),
+                              thread_count(), seconds, processes)
+    return Advice(len(ds), room, thread_count(), device, tuple(kinds), loaders)
 
 
 def cuda_decoding() -> str | None:

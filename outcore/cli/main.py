@@ -248,6 +248,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--crop", type=int, default=224,
                        help="pictures kept at their own size are read with RandomResizedCrop(CROP) and a flip "
                             "(default 224)")
+    bench.add_argument("--processes", metavar="COUNTS",
+                       help="loader process counts (process=) to time against this process's threads, e.g. 2,4; 0: "
+                            "none (default: 2, 4, ... up to the cores where one process's GIL share keeps its "
+                            "threads from them)")
     _add_remote(bench)
     bench.set_defaults(run=_bench, parser=bench)
 
@@ -486,11 +490,13 @@ def _cache(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    processes = _process_counts(args.processes)
     ds = open_dataset(args.store, **_open_options(args))
     reads = "a 2 MiB page at a time" if huge_pages.available() else "with pread (no huge pages here)"
     print(f"{ds.location}: {len(ds):,} samples; JPEG boxes decoded by: {native.backend()}; large chunks read "
           f"{reads}\n")
-    advice = advise(ds, batch_size=args.batch_size, crop=args.crop) if _has_images(ds) else None
+    advice = (advise(ds, batch_size=args.batch_size, crop=args.crop, processes=processes) if _has_images(ds)
+              else None)
     if advice is not None:
         print(f"{advice}\n")
     if advice is not None and any(advice.from_device(kind) for kind in advice.kinds if kind.source == "this store"):
@@ -507,6 +513,19 @@ def _bench(args: argparse.Namespace) -> int:
     if isinstance(ds.group.store, RemoteStore):
         print("\none more shuffled epoch: " + epoch_traffic(ds, args.batch_size))
     return 0
+
+
+def _process_counts(text: str | None) -> tuple[int, ...] | None:
+    """``--processes``: None (left out), the counts given, or none for ``0``."""
+    if text is None:
+        return None
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        counts = ()
+    if not counts or any(count < 0 for count in counts) or (0 in counts and len(counts) > 1):
+        raise OptionError(f"--processes {text}: give loader process counts, e.g. --processes 2,4, or 0 for none")
+    return tuple(count for count in counts if count)
 
 
 def _has_images(ds: Dataset) -> bool:
