@@ -108,8 +108,8 @@ def test_loader_processes_are_chosen_where_they_beat_the_threads_by_a_tenth():
     faster = Loaders(16, 0.118, {0: 40_000.0, 2: 60_000.0, 4: 80_000.0, 8: 76_000.0})
     assert faster.choice == 4
     assert str(faster).splitlines() == [
-        ("loaders: a batch's CPU time holds the GIL 11.8% of it here: one process's threads reach at most 5.8x one "
-        "core's rate on 16 cores (0.36 of them)"),
+        ("loaders: a batch's CPU time holds the GIL 11.8% of it here: one process's threads keep at most 5.8 of the "
+         "16 cores busy (0.36 of them)"),
         ("loaders, timed (samples/s): threads 40,000; process=2 60,000 (1.50x); process=4 80,000 (2.00x); "
         "process=8 76,000 (1.90x)"),
         ("choose: process=4, as in ds.batches(..., process=4) (also ds.torch, ds.keras, ds.tf; the script needs an "

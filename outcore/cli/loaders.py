@@ -8,7 +8,7 @@ to the cores and the rank's streams, and the fastest is advised when it beats th
 Where the bound already reaches the cores, processes would only add their hand-off: they are not timed.
 
 >>> print(Loaders(16, 0.118, {0: 38_000.0, 2: 61_000.0, 4: 70_000.0}))
-loaders: a batch's CPU time holds the GIL 11.8% of it here: one process's threads reach at most 5.8x one core's rate on 16 cores (0.36 of them)
+loaders: a batch's CPU time holds the GIL 11.8% of it here: one process's threads keep at most 5.8 of the 16 cores busy (0.36 of them)
 loaders, timed (samples/s): threads 38,000; process=2 61,000 (1.61x); process=4 70,000 (1.84x)
 choose: process=4, as in ds.batches(..., process=4) (also ds.torch, ds.keras, ds.tf; the script needs an `if __name__ == "__main__":` guard)
 """
@@ -63,8 +63,8 @@ class Loaders:
         lines = []
         if self.held is not None and self.bound is not None:
             lines.append(f"loaders: a batch's CPU time holds the GIL {self.held:.1%} of it here: one process's threads "
-                         f"reach at most {self.bound:.1f}x one core's rate on {self.cores} cores "
-                         f"({self.bound / self.cores:.2f} of them)")
+                         f"keep at most {self.bound:.1f} of the {self.cores} cores busy ({self.bound / self.cores:.2f} "
+                         "of them)")
         else:
             lines.append("loaders: the GIL share is not timed here (outcore's C extensions do not load); "
                          "outcore bench --processes 2,4 times loader processes against the threads")
