@@ -21,6 +21,8 @@
 #   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor), and
 #               ds.torch(decode="cuda") against outcore's CPU path on the same files
 #   ingest      benchmarks/ingest_scale.py: whole ingests of ImageNet-like JPEGs on 1 and 16 threads, timed by phase
+#   bench       outcore bench of the pixel store: its advice, with the GIL share and process=2, 4, 8 timed where
+#               that share keeps one process's threads from the 16 cores
 #   cluster     benchmarks/cluster.py: 1-8 Dask workers decoding, cropping and flipping
 #   dense       benchmarks/dense_targets.py: crops and flips of pictures with their instance maps, boxes and keypoints,
 #               against torchvision v2 on tv_tensors in a DataLoader with a worker per core
@@ -71,6 +73,7 @@ step cores 150 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --t
     --only scaling,torch --cases pixels,pixels+crop,encoded,encoded+crop,rrc --workdir $work/cores
 step gpu_decode 60 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr
 step ingest 70 python3 ingest_scale.py --files 10000 --threads 1,16 --repeats 1 --workdir $work/ingest
+step bench 60 outcore bench $work/cores/pixels.zarr --repeats 1
 step cluster 100 python3 cluster.py --images 8000 --size 256 --copies 2 --crop-flip --workers 1,2,4,8 --settings outcore --repeats 1 --workdir $work/cluster
 step dense 75 python3 dense_targets.py --images 2048 --batch 64 --repeats 2 --workdir $work/dense
 for log in "$OUT"/*.log; do
