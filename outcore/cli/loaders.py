@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class Loaders:
     cores: int
     held: float | None
     rates: dict[int, float]
-    skipped: str = field(default="")
+    skipped: str = ""
 
     @property
     def bound(self) -> float | None:
@@ -60,11 +60,10 @@ class Loaders:
         return fastest if self.rates[fastest] >= GAIN * self.rates[0] else 0
 
     def __str__(self) -> str:
-        lines = []
-        if self.held is not None and self.bound is not None:
+        lines, bound = [], self.bound
+        if self.held is not None and bound is not None:
             lines.append(f"loaders: a batch's CPU time holds the GIL {self.held:.1%} of it here: one process's threads "
-                         f"keep at most {self.bound:.1f} of the {self.cores} cores busy ({self.bound / self.cores:.2f} "
-                         "of them)")
+                         f"keep at most {bound:.1f} of the {self.cores} cores busy ({bound / self.cores:.2f} of them)")
         else:
             lines.append("loaders: the GIL share is not timed here (outcore's C extensions do not load); "
                          "outcore bench --processes 2,4 times loader processes against the threads")
