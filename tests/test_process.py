@@ -4,6 +4,7 @@ behind."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import pytest
 
 import outcore
 from outcore.iterate.process import PART_FILES, CopyingRun, LoaderProcess, LoaderProcesses, RemoteTraceback
+from outcore.storage import blocks
 from outcore.testing import write_image_folder
 from outcore.transforms import Compose, RandomCrop, RandomFlip
 
@@ -112,6 +114,41 @@ def test_the_first_batches_are_made_here_until_the_process_has_started(store, mo
         kinds.append(type(iterator._active.current).__name__)
     assert kinds == ["LocalRun"] * 4 + ["ProcessRun"] * (len(iterator) - 4)
     _same([made], _epochs(store.batches(64, **options), 1))
+
+
+def test_the_memory_of_the_first_batches_made_here_goes_back_once_the_processes_take_over(tmp_path, monkeypatch):
+    """Chunks and batches of a megabyte or more (made in kept blocks): once the processes make the batches, none of
+    the blocks this process made the first ones in is alive or kept, nor a chunk buffer."""
+    ids = np.arange(1024)
+    pictures = np.repeat(ids.astype(np.uint8)[:, None, None], 96 * 96, axis=1).reshape(-1, 96, 96, 1)
+    wide = outcore.from_arrays({"x": np.broadcast_to(pictures, (1024, 96, 96, 3)), "id": ids}, tmp_path / "w.zarr",
+                               chunk_size=128, shuffle_on_write=False, progress=False)
+    real, asked = LoaderProcesses.ready, []
+
+    def ready(self):  # not started for the first four batches; then waited for
+        asked.append(1)
+        while len(asked) > 4 and not real(self):
+            time.sleep(0.01)
+        return len(asked) > 4
+
+    monkeypatch.setattr(LoaderProcesses, "ready", ready)
+    first = next(blocks.BLOCKS.numbers)
+    iterator = wide.batches(128, process=2, shuffle=True, seed=2)
+    made, kinds, runs = [], [], set()
+    for batch in iterator:
+        made.append(batch["id"].copy())
+        kinds.append(type(iterator._active.current).__name__)
+        runs.add(iterator._active)
+    (local,) = (run.local for run in runs)
+    gc.collect()
+    assert kinds == ["LocalRun"] * 3 + ["PartsRun"] * 5
+    assert sorted(np.concatenate(made).tolist()) == ids.tolist()
+    assert blocks.BLOCKS.keep_from > first  # blocks were made here, then let go
+    alive = [number for _, _, number in blocks.BLOCKS.watched.values() if first <= number < blocks.BLOCKS.keep_from]
+    assert alive == [] and blocks.BLOCKS.free == []
+    assert iterator.buffers.free == {"x": [], "id": []}
+    assert local.queue.qsize() == 0 and not local.made and not local.loading
+    iterator.close()
 
 
 def test_decoded_pictures_cut_and_flipped_there_are_those_cut_here(pictures):

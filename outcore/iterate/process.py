@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import IterationClosedError, LoaderProcessError, OptionError, OutcoreError
-from ..storage import Store
+from ..storage import Store, blocks
 from ..threads import share_cpus
 from .batch import Batch, plain
 from .options import BatchOptions
@@ -339,7 +339,9 @@ class CopyingRun(Run):
 class StartingRun:
     """A run whose first batches are made here, by ``local`` (a `LocalRun` of the same work), while the loader
     process starts, and the rest there, from the first batch after the process `LoaderProcess.ready`: the first
-    batch comes as soon as without a process of its own, and the process takes over once it can."""
+    batch comes as soon as without a process of its own, and the process takes over once it can. This process then
+    lets go of the memory it made those batches in (its chunk buffers, the batches made and not handed out, and the
+    blocks `outcore.storage.blocks` kept for more): the processes make every batch from then on."""
 
     def __init__(self, loader: LoaderProcess, work: Work, stats: LoaderStats, local: Any) -> None:
         self.loader, self.work, self.stats, self.local = loader, work, stats, local
@@ -351,7 +353,10 @@ class StartingRun:
         made = iter(self.local)
         for index in range(len(self.work.batches)):
             if self.loader.ready():
-                self.local.close()
+                made.close()  # its last batch let go
+                self.local.close()  # and what it made, not handed out, freed
+                self.local.buffers.let_go()  # the processes read the chunks from now on
+                blocks.let_go()  # and make the batches: the memory kept here for them goes back
                 self.current = self.loader.run(dataclasses.replace(self.work, batches=self.work.batches[index:]),
                                                self.stats)
                 self.stop = self.current.stop

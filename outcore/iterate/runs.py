@@ -8,6 +8,7 @@ resumed or asked for one by one.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import queue
 import sys
@@ -141,6 +142,9 @@ class Run:
                 self.queue.get(timeout=WAKE_SECONDS)
             except queue.Empty:
                 pass
+        with contextlib.suppress(queue.Empty):  # the batches it made that no one will take: their memory freed
+            while self.queue.qsize():
+                self.queue.get(timeout=0)
         self._release()
 
     def _put(self, item: Any) -> bool:
@@ -239,6 +243,11 @@ class ChunkBuffers:
             for field, buffer in buffers.items():
                 self.free[field].append(buffer)
 
+    def let_go(self) -> None:
+        """Keep no free buffer (the batches are made elsewhere from now on); new ones are made when needed."""
+        with self.lock:
+            self.free = {name: [] for name in self.readers}
+
     def read(self, chunk: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Chunk ``chunk`` of every field, read into buffers taken here: ``(values, buffers)``; `give` the
         buffers back once no batch needs the values."""
@@ -310,6 +319,7 @@ class LocalRun(Run):
         for future in [*self.loading.values(), *self.made]:  # those not started yet
             future.cancel()
         self.loading.clear()
+        self.made.clear()  # batches made and not handed over: freed (those under way, once made)
 
     def _produce_batches(self) -> None:
         work = self.work

@@ -21,6 +21,7 @@ written again while anything refers to it. At most `KEEP_BYTES` of blocks are ke
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import os
 import threading
@@ -56,7 +57,10 @@ class Blocks:
         self.keep_bytes = keep_bytes
         self.free: list[np.ndarray] = []  # blocks back, oldest first: appended by `_gone`, taken under the lock
         self.lock = threading.Lock()  # taken by `empty` only: `_gone` may run in any thread, at any allocation
-        self.watched: dict[int, tuple[weakref.ref, np.ndarray]] = {}  # the views handed out: id(weak ref) -> (it, block)
+        self.watched: dict[int, tuple[weakref.ref, np.ndarray, int]] = {}  # views handed out: id(weak ref) -> (it,
+        # its block, its number)
+        self.numbers = itertools.count()  # of the blocks handed out (`next` of a count is one C call: no lock)
+        self.keep_from = 0  # blocks numbered before are not kept when they come back (`let_go`)
 
     def empty(self, shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
         """A new uninitialized array (not of objects) starting `LEAD` bytes past a multiple of `ALIGN`: made in a
@@ -70,7 +74,7 @@ class Blocks:
             block = _aligned(nbytes)
         view = (ctypes.c_char * nbytes).from_buffer(block)
         watch = weakref.ref(view, self._gone)  # C's weak reference: `weakref.finalize` is Python code at both ends
-        self.watched[id(watch)] = (watch, block)
+        self.watched[id(watch)] = (watch, block, next(self.numbers))
         return np.frombuffer(view, dtype).reshape(shape)
 
     def _reuse(self, nbytes: int) -> np.ndarray | None:
@@ -85,14 +89,35 @@ class Blocks:
         """Keep the block of the view ``watch`` watched, now gone, unless as much is kept already (no lock: a weak
         reference's callback may run inside `_reuse`, in the thread holding it; a count read while another thread
         changes the list is off by a block at most)."""
-        _, block = self.watched.pop(id(watch))
-        if sum(kept.nbytes for kept in list(self.free)) + block.nbytes <= self.keep_bytes:
+        _, block, number = self.watched.pop(id(watch))
+        if number >= self.keep_from and sum(kept.nbytes for kept in list(self.free)) + block.nbytes <= self.keep_bytes:
             self.free.append(block)
+
+    def let_go(self) -> None:
+        """Keep none of the blocks kept or handed out so far: each goes back to the heap once nothing refers to it
+        (a process whose arrays are made elsewhere from now on: `outcore.iterate.process.StartingRun`). Blocks
+        handed out from now on are kept as before.
+
+        >>> blocks = Blocks()
+        >>> before = blocks.empty((1024, 1024), np.uint8)
+        >>> blocks.let_go()
+        >>> after = blocks.empty((1024, 1024), np.uint8)
+        >>> del before, after
+        >>> len(blocks.free)  # only the block handed out after
+        1
+        """
+        self.keep_from = next(self.numbers)
+        self.free = []  # a `_reuse` under way pops from the list it found
 
 
 def empty(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
     """A new uninitialized array, made by the process's `Blocks` (one of objects: by numpy, as ever)."""
     return np.empty(shape, dtype) if np.dtype(dtype).hasobject else BLOCKS.empty(shape, dtype)
+
+
+def let_go() -> None:
+    """Keep none of the process's blocks kept or handed out so far (`Blocks.let_go`)."""
+    BLOCKS.let_go()
 
 
 def _aligned(nbytes: int) -> np.ndarray:
