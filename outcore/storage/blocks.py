@@ -11,7 +11,8 @@ making batches take turns in the kernel.
 How a block comes back: the array is made over a ``ctypes`` view of the block, which numpy keeps alive as long
 as any array made from it (slices, reshapes, a ``torch.from_numpy`` tensor of it, a ``memoryview``); the block
 is kept for the next array once that view is gone (a weak reference's callback). So an array handed out is never
-written again while anything refers to it. At most `KEEP_BYTES` of blocks are kept unused.
+written again while anything refers to it. At most `KEEP_BYTES` of blocks are kept unused, and none of those
+handed out before `let_go` (a process whose batches are made by loader processes from then on).
 
 >>> pictures = empty((16, 224, 224, 3), np.uint8)
 >>> pictures.nbytes, pictures.ctypes.data % ALIGN == LEAD
@@ -57,8 +58,8 @@ class Blocks:
         self.keep_bytes = keep_bytes
         self.free: list[np.ndarray] = []  # blocks back, oldest first: appended by `_gone`, taken under the lock
         self.lock = threading.Lock()  # taken by `empty` only: `_gone` may run in any thread, at any allocation
-        self.watched: dict[int, tuple[weakref.ref, np.ndarray, int]] = {}  # views handed out: id(weak ref) -> (it,
-        # its block, its number)
+        # the views handed out: id(weak ref) -> (it, its block, the block's number)
+        self.watched: dict[int, tuple[weakref.ref, np.ndarray, int]] = {}
         self.numbers = itertools.count()  # of the blocks handed out (`next` of a count is one C call: no lock)
         self.keep_from = 0  # blocks numbered before are not kept when they come back (`let_go`)
 
