@@ -308,6 +308,7 @@ KILL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a process killed at each of five instants: the same files on every interpreter
 @pytest.mark.parametrize("when", ["part", "first shard", "a shard", "array metadata", "all but the group"])
 def test_a_killed_append_leaves_the_old_store_and_running_it_again_finishes_it(photos, tmp_path, when, monkeypatch):
     store = tmp_path / "s.zarr"
