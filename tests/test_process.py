@@ -84,6 +84,31 @@ def _same(made, expected):
                 np.testing.assert_array_equal(batch[name], want[name])
 
 
+def _ready_after(monkeypatch, kind, asks):
+    """``kind.ready`` (of `LoaderProcess` or `LoaderProcesses`) not ready for its first ``asks`` calls (the run's
+    start, then one a batch), then waited for: the batches before are made here."""
+    real, asked = kind.ready, []
+
+    def ready(self):
+        asked.append(1)
+        while len(asked) > asks and not real(self):
+            time.sleep(0.01)
+        return len(asked) > asks
+
+    monkeypatch.setattr(kind, "ready", ready)
+
+
+def _where_made(iterator):
+    """An epoch of ``iterator``: its batches copied, where each was made (`LocalRun` here, or the process's run),
+    and the runs that made them."""
+    made, kinds, runs = [], [], []
+    for batch in iterator:
+        made.append({name: value.copy() for name, value in batch.items()})
+        kinds.append(type(iterator._active.current).__name__)
+        runs.append(iterator._active)
+    return made, kinds, list(dict.fromkeys(runs))
+
+
 def test_the_batches_are_those_made_here_epoch_after_epoch_by_one_process(store):
     options = {"shuffle": True, "seed": 3, "transform": _noise}
     iterator = _started(store.batches(64, process=True, **options))
@@ -97,22 +122,10 @@ def test_the_batches_are_those_made_here_epoch_after_epoch_by_one_process(store)
 
 
 def test_the_first_batches_are_made_here_until_the_process_has_started(store, monkeypatch):
-    real, asked = LoaderProcess.ready, []
-
-    def ready(self):  # not started when the run is made, nor for its first four batches; then waited for
-        asked.append(1)
-        while len(asked) > 5 and not real(self):
-            time.sleep(0.01)
-        return len(asked) > 5
-
-    monkeypatch.setattr(LoaderProcess, "ready", ready)
+    _ready_after(monkeypatch, LoaderProcess, 5)  # not started when the run is made, nor for its first four batches
     options = {"shuffle": True, "seed": 8, "transform": _noise}
-    iterator = store.batches(64, process=True, **options)
-    made, kinds = [], []
-    for batch in iterator:
-        made.append({name: value.copy() for name, value in batch.items()})
-        kinds.append(type(iterator._active.current).__name__)
-    assert kinds == ["LocalRun"] * 4 + ["ProcessRun"] * (len(iterator) - 4)
+    made, kinds, _ = _where_made(store.batches(64, process=True, **options))
+    assert kinds == ["LocalRun"] * 4 + ["ProcessRun"] * (len(made) - 4)
     _same([made], _epochs(store.batches(64, **options), 1))
 
 
@@ -123,26 +136,14 @@ def test_the_memory_of_the_first_batches_made_here_goes_back_once_the_processes_
     pictures = np.repeat(ids.astype(np.uint8)[:, None, None], 96 * 96, axis=1).reshape(-1, 96, 96, 1)
     wide = outcore.from_arrays({"x": np.broadcast_to(pictures, (1024, 96, 96, 3)), "id": ids}, tmp_path / "w.zarr",
                                chunk_size=128, shuffle_on_write=False, progress=False)
-    real, asked = LoaderProcesses.ready, []
-
-    def ready(self):  # not started for the first four batches; then waited for
-        asked.append(1)
-        while len(asked) > 4 and not real(self):
-            time.sleep(0.01)
-        return len(asked) > 4
-
-    monkeypatch.setattr(LoaderProcesses, "ready", ready)
+    _ready_after(monkeypatch, LoaderProcesses, 4)  # not started for the first three batches
     first = next(blocks.BLOCKS.numbers)
     iterator = wide.batches(128, process=2, shuffle=True, seed=2)
-    made, kinds, runs = [], [], set()
-    for batch in iterator:
-        made.append(batch["id"].copy())
-        kinds.append(type(iterator._active.current).__name__)
-        runs.add(iterator._active)
-    (local,) = (run.local for run in runs)
+    made, kinds, (run,) = _where_made(iterator)
+    local = run.local
     gc.collect()
     assert kinds == ["LocalRun"] * 3 + ["PartsRun"] * 5
-    assert sorted(np.concatenate(made).tolist()) == ids.tolist()
+    assert sorted(np.concatenate([batch["id"] for batch in made]).tolist()) == ids.tolist()
     assert blocks.BLOCKS.keep_from > first  # blocks were made here, then let go
     alive = [number for _, _, number in blocks.BLOCKS.watched.values() if first <= number < blocks.BLOCKS.keep_from]
     assert alive == [] and blocks.BLOCKS.free == []
@@ -335,21 +336,10 @@ def test_four_processes_make_a_ranks_batches_of_a_subset_as_here(store):
 
 def test_several_processes_cut_and_flip_decoded_pictures_as_here_from_the_first_batch(pictures, monkeypatch):
     """The first batches made here while the processes start (as for one), the rest there."""
-    real, asked = LoaderProcesses.ready, []
-
-    def ready(self):  # not started for the first three batches; then waited for
-        asked.append(1)
-        while len(asked) > 3 and not real(self):
-            time.sleep(0.01)
-        return len(asked) > 3
-
-    monkeypatch.setattr(LoaderProcesses, "ready", ready)
+    _ready_after(monkeypatch, LoaderProcesses, 3)  # not started for the first two batches
     options = {"shuffle": True, "seed": 1, "transform": Compose([RandomCrop(32), RandomFlip()])}
     iterator = pictures.batches(4, process=2, **options)
-    made, kinds = [], []
-    for batch in iterator:
-        made.append({name: value.copy() for name, value in batch.items()})
-        kinds.append(type(iterator._active.current).__name__)
+    made, kinds, _ = _where_made(iterator)
     assert kinds == ["LocalRun"] * 2 + ["PartsRun"] * (len(iterator) - 2)
     _same([made, *_epochs(iterator, 1)], _epochs(pictures.batches(4, **options), 2))
     iterator.close()
