@@ -1,6 +1,6 @@
 """Batches made by a process of their own (``process=True``), or by several together (``process=n``): the same
 batches as in this process, resumable, a death and an error named here, warnings raised here, and nothing left
-behind."""
+behind (nor the memory this process made its first batches in)."""
 
 from __future__ import annotations
 
