@@ -423,7 +423,7 @@ def test_an_error_in_one_of_the_processes_is_raised_here(store):
 
 
 NO_ROOM_SCRIPT = """
-import hashlib, sys, warnings, outcore
+import hashlib, sys, time, warnings, outcore
 
 def digests(iterator, epochs=2):
     return [hashlib.sha1(b["x"].tobytes() + b["id"].tobytes()).hexdigest() for _ in range(epochs) for b in iterator]
@@ -432,7 +432,10 @@ if __name__ == "__main__":
     ds = outcore.open_dataset(sys.argv[1])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        there = digests(ds.batches(120, shuffle=True, seed=7, process=2))
+        iterator = ds.batches(120, shuffle=True, seed=7, process=2)
+        while not iterator._process.ready():  # every batch made there (a slow start would make them all here)
+            time.sleep(0.01)
+        there = digests(iterator)
     print("same" if there == digests(ds.batches(120, shuffle=True, seed=7)) else "different")
     print(sorted({str(warning.message).split(":")[0] for warning in caught}))
 """
