@@ -15,6 +15,12 @@ module locks, or a ``__del__``) would be lost there: it is delivered again, 10 m
 this module was imported, before `main` could take Ctrl-C, stops `main` at once). One that lands where
 code replaces it with an error of its own (NumPy's C extension, imported, reports the ``KeyboardInterrupt`` of
 its own imports as an ``ImportError``) is still that Ctrl-C: one line and 130, not that error's traceback.
+
+The cleanup a first Ctrl-C starts has `CLEANUP_SECONDS` to end (`_watch_the_cleanup`): a ``KeyboardInterrupt`` that
+Python raises inside a ``with`` statement's ``__enter__``, once it has taken its lock (a ``threading.Condition``'s,
+a ``concurrent.futures.Future``'s), leaves that lock taken for ever, and the thread that next takes it, one the
+cleanup waits for, waits for ever too. Past that time the command says so in its one line and ends, with 130; what it
+left is a killed run's, which the next run of the same command takes over.
 """
 
 from __future__ import annotations
@@ -41,15 +47,19 @@ class _LostWhileImported:
 _IMPORTING = sys.unraisablehook = _LostWhileImported(sys.unraisablehook)
 
 # Each import below may take a module lock: after the hook, so that a Ctrl-C in one's callback is not lost.
+import _thread
 import gc
 import os
 import signal
+import time
 from collections.abc import Callable
 from types import FrameType
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 REDELIVERY_SECONDS = 0.01
+CLEANUP_SECONDS = 30.0  # the longest the first Ctrl-C's cleanup may take before the process ends without it
 _ending = False  # main has left the block that takes the first Ctrl-C's KeyboardInterrupt: the next one ends it
+_watched = False  # the first Ctrl-C's cleanup is timed (`_watch_the_cleanup`)
 
 
 def main() -> int:
@@ -125,7 +135,25 @@ def _first_interrupt(signum: int, frame: FrameType | None) -> None:
         _interrupted_at_exit(signum, frame)
     signal.signal(signal.SIGINT, _exit_now)  # its line is said by whoever catches the KeyboardInterrupt
     signal.setitimer(signal.ITIMER_REAL, 0)  # this one is delivered: not again
+    _watch_the_cleanup()
     raise KeyboardInterrupt
+
+
+def _watch_the_cleanup() -> None:
+    """End the process `CLEANUP_SECONDS` from now, with the command's one line and 130, unless it has ended: a thread
+    of ``_thread``'s own, which takes none of ``threading``'s locks (a Ctrl-C may have left one taken, in the middle
+    of a thread's start), and writes with one system call, through no stream's lock."""
+    global _watched
+    if not _watched:  # once: a Ctrl-C delivered again (`_deliver_again`) is still the first
+        _watched = True
+        _thread.start_new_thread(_end_the_cleanup, (CLEANUP_SECONDS,))
+
+
+def _end_the_cleanup(seconds: float) -> None:
+    time.sleep(seconds)
+    os.write(2, f"outcore: interrupted (its cleanup had not ended {seconds:g} s after Ctrl-C: ended without it; the "
+                "same command takes over what it left)\n".encode())
+    os._exit(INTERRUPTED)
 
 
 def _deliver_again(report: Callable[[sys.UnraisableHookArgs], object]) -> Callable[[sys.UnraisableHookArgs], None]:
