@@ -19,8 +19,9 @@ its own imports as an ``ImportError``) is still that Ctrl-C: one line and 130, n
 The cleanup a first Ctrl-C starts has `CLEANUP_SECONDS` to end (`_watch_the_cleanup`): a ``KeyboardInterrupt`` that
 Python raises inside a ``with`` statement's ``__enter__``, once it has taken its lock (a ``threading.Condition``'s,
 a ``concurrent.futures.Future``'s), leaves that lock taken for ever, and the thread that next takes it, one the
-cleanup waits for, waits for ever too. Past that time the command says so in its one line and ends, with 130; what it
-left is a killed run's, which the next run of the same command takes over.
+cleanup may wait for, waits for ever too (an ingest's scheduler, which takes such locks at every task, runs on a
+thread of its own for that reason: `outcore.ingest.scheduler`). Past that time the command says so in its one line
+and ends, with 130; what it left is a killed run's, which the next run of the same command takes over.
 """
 
 from __future__ import annotations

@@ -563,36 +563,87 @@ def test_ctrl_c_at_any_instant_of_the_command_is_one_line_and_130(source, tmp_pa
     assert ended != "finished" or moment >= 0.6, err  # it finished first (the time measured varies: it may end sooner)
 
 
-LOCK_LEFT_TAKEN_COMMAND = """
-import concurrent.futures, signal, sys, outcore_command
+INTERRUPTED_AS_A_LOCK_IS_TAKEN = """
+import concurrent.futures, os, signal, sys
 
 add_done_callback = concurrent.futures.Future.add_done_callback
+sent = []
 
 def interrupted_as_the_lock_is_taken(future, callback):  # dask's scheduler, giving a task's future its queue's put
     future._condition.acquire()  # what `with future._condition:` does first (Condition.__enter__)
-    if getattr(callback, "__name__", "") == "put" and future._state in ("PENDING", "RUNNING"):
-        signal.raise_signal(signal.SIGINT)  # the Ctrl-C lands there: the lock stays taken, its task's thread waits
+    if not sent and getattr(callback, "__name__", "") == "put" and future._state in ("PENDING", "RUNNING"):
+        sent.append(True)  # one Ctrl-C (a second ends the command at once, without its line)
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C now (to the process, as a terminal's): on the main thread,
+        # its KeyboardInterrupt is raised here
     future._condition.release()
     return add_done_callback(future, callback)
 
 concurrent.futures.Future.add_done_callback = interrupted_as_the_lock_is_taken
-outcore_command.CLEANUP_SECONDS = 2
+"""
+
+THROUGH_THE_COMMAND = """
+import outcore_command
+outcore_command.CLEANUP_SECONDS = {seconds}
 sys.exit(outcore_command.main())
 """
 
+THROUGH_PYTHON = """
+import outcore
+try:
+    outcore.ingest_images(sys.argv[1], sys.argv[2], shape=(16, 16, 3), chunk_size=8, on_error="skip", progress=False)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+"""
 
-def test_a_ctrl_c_that_leaves_a_lock_taken_ends_the_command_once_its_cleanup_has_had_its_time(source, tmp_path):
-    """A Ctrl-C whose KeyboardInterrupt Python raises in ``Condition.__enter__``, once its lock is taken (as in
-    ``Future.add_done_callback``, as dask's scheduler hands the ingest's tasks to its threads), leaves that lock
-    taken: the task's thread waits for it for ever as it ends, and the cleanup waits for that thread (seen once in
-    CI, on Python 3.13: the command never ended). `outcore_command.CLEANUP_SECONDS` later the command ends, with one
-    line and 130; the same command with ``--resume`` then finishes the store."""
+
+def test_a_ctrl_c_as_the_scheduler_takes_a_lock_ends_the_ingest_at_once(source, tmp_path):
+    """A Ctrl-C whose ``KeyboardInterrupt`` Python raises in ``Condition.__enter__``, once its lock is taken (as in
+    ``Future.add_done_callback``, as dask's scheduler hands an ingest's tasks to its threads), left that lock taken
+    when the scheduler ran on the main thread: the task's thread then waited for it for ever as it ended, and so did
+    the cleanup (seen once in CI, on Python 3.13: the command never ended). The scheduler now runs on a thread of its
+    own, where no ``KeyboardInterrupt`` is raised: the command ends with its own line (its cleanup's time limit set
+    far beyond the test's), and a call from Python gets its ``KeyboardInterrupt``; each store is then finished by the
+    same call with ``resume`` (``--resume``)."""
     store = tmp_path / "t.zarr"
     started = time.monotonic()
     with as_from_a_terminal():
-        result = subprocess.run([sys.executable, "-c", LOCK_LEFT_TAKEN_COMMAND, "ingest",
-                                 *_ingest_command(source, store)], capture_output=True, text=True, timeout=120,
-                                check=False)
+        command = subprocess.run([sys.executable, "-c", INTERRUPTED_AS_A_LOCK_IS_TAKEN + THROUGH_THE_COMMAND.format(
+            seconds=1000), "ingest", *_ingest_command(source, store)], capture_output=True, text=True, timeout=120,
+            check=False)
+        call = subprocess.run([sys.executable, "-c", INTERRUPTED_AS_A_LOCK_IS_TAKEN + THROUGH_PYTHON, str(source),
+                               str(tmp_path / "p.zarr")], capture_output=True, text=True, timeout=120, check=False)
+    said = "outcore ingest: interrupted (the shards written so far are kept: the same command with --resume continues)\n"
+    assert (command.returncode, command.stderr) == (130, said)
+    assert (call.returncode, call.stdout, call.stderr) == (0, "KeyboardInterrupt\n", "")
+    assert time.monotonic() - started < 100 and not store.exists() and not (tmp_path / "p.zarr").exists()
+    from outcore.cli import main
+
+    assert main(["ingest", *_ingest_command(source, store, "--resume")]) == 0
+    assert len(outcore.open_dataset(store)) == 450
+    ds = outcore.ingest_images(source, tmp_path / "p.zarr", shape=(16, 16, 3), chunk_size=8, on_error="skip",
+                               progress=False, resume=True)
+    assert len(ds) == 450
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["p.zarr", "p.zarr.skipped.txt", "t.zarr",
+                                                                "t.zarr.skipped.txt"]  # no run left behind
+
+
+CLEANUP_NEVER_ENDS = """
+import concurrent.futures, threading
+
+concurrent.futures.ThreadPoolExecutor.shutdown = lambda *args, **kwargs: threading.Event().wait()  # a thread that never ends
+"""
+
+
+def test_a_ctrl_c_whose_cleanup_never_ends_ends_the_command_once_it_has_had_its_time(source, tmp_path):
+    """The cleanup a first Ctrl-C starts has `outcore_command.CLEANUP_SECONDS`: one that waits for ever (here, for the
+    ingest's pool of threads) is cut short then, and the command ends with one line and 130; the same command with
+    ``--resume`` then finishes the store, as after a kill."""
+    store = tmp_path / "t.zarr"
+    started = time.monotonic()
+    with as_from_a_terminal():
+        result = subprocess.run([sys.executable, "-c", INTERRUPTED_AS_A_LOCK_IS_TAKEN + CLEANUP_NEVER_ENDS +
+                                 THROUGH_THE_COMMAND.format(seconds=2), "ingest", *_ingest_command(source, store)],
+                                capture_output=True, text=True, timeout=120, check=False)
     said = "outcore: interrupted (its cleanup had not ended 2 s after Ctrl-C: ended without it; the same command takes " \
         "over what it left)\n"
     assert (result.returncode, result.stderr) == (130, said)

@@ -3,8 +3,10 @@ threads, one per core; with a progress bar counted in samples."""
 
 from __future__ import annotations
 
+import _thread
 import importlib.util
 import sys
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -73,10 +75,51 @@ def run_tasks(
         weight_of = {task.key: weight for task, weight in zip(tasks, weights, strict=True)}
         pool = ThreadPoolExecutor(threads or thread_count(), thread_name_prefix="outcore-ingest")
         try:
-            with _ProgressCallback(weight_of, bar):
-                return list(threaded_get(task_graph(tasks), [task.key for task in tasks], pool=pool))
+            return _scheduled(task_graph(tasks), [task.key for task in tasks], pool, _ProgressCallback(weight_of, bar))
         finally:  # after a failure, the tasks still running finish before anything cleans up after them
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _scheduled(graph: dict[Any, Any], keys: list[Any], pool: ThreadPoolExecutor, progress: _ProgressCallback
+               ) -> list[Any]:
+    """The results of ``keys`` of ``graph``, from dask's threaded scheduler run on a thread of its own: the calling
+    thread only waits for it, on a lock that nothing else takes.
+
+    Python raises a Ctrl-C's ``KeyboardInterrupt`` in the main thread, wherever it is, and one raised in a ``with``
+    statement's ``__enter__``, once it has taken its lock, leaves that lock taken for ever. Dask's scheduler takes
+    such locks at every task (each task's future, as it gives it its queue's ``put``; its queue, as it waits for
+    the next result): run on the main thread, a Ctrl-C could leave one taken, and the thread that ran that task
+    then waited for ever as it ended, and so did whatever waited for the pool (tests/test_staging.py). Here the
+    interrupt lands in this wait: the scheduler starts no task after it (`_ProgressCallback.stop`), the tasks
+    under way finish, and the ``KeyboardInterrupt`` goes on once the scheduler has returned."""
+    ended: dict[str, Any] = {}
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def schedule() -> None:
+        try:
+            with progress:
+                ended["results"] = list(threaded_get(graph, keys, pool=pool))
+        except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
+            ended["error"] = error
+        finally:
+            done.release()
+
+    threading.Thread(target=schedule, name="outcore-ingest-scheduler", daemon=True).start()
+    try:
+        done.acquire()
+    except BaseException:  # a Ctrl-C: no task starts after it, and those under way finish before it goes on
+        progress.stop = True
+        if not ended:  # (else the scheduler had returned, as the interrupt came)
+            done.acquire()
+        raise
+    if "error" in ended:
+        raise ended["error"]
+    return ended["results"]
+
+
+class _Stopped(Exception):
+    """Raised in dask's scheduler before it would start a task once the caller was interrupted."""
 
 
 def task_graph(tasks: Sequence[Delayed]) -> dict[Any, Any]:
@@ -115,10 +158,18 @@ def _run_on_cluster(tasks: Sequence[Delayed], weights: Sequence[int], client: An
 
 
 class _ProgressCallback(Callback):
+    """Advances the bar by each task's weight as it ends; with ``stop`` set, raises `_Stopped` instead of
+    starting a task (a plain attribute: set after a Ctrl-C, it takes no lock)."""
+
     def __init__(self, weight_of: dict[Any, int], bar: tqdm) -> None:
         super().__init__()
         self._weight_of = weight_of
         self._bar = bar
+        self.stop = False
+
+    def _pretask(self, key: Any, dsk: Any, state: Any) -> None:
+        if self.stop:
+            raise _Stopped
 
     def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
         weight = self._weight_of.get(key)
