@@ -27,6 +27,7 @@ from outcore.errors import ClusterError, NotAStoreError
 from outcore.iterate import cluster, direct, mappings
 from outcore.iterate.shared import is_mapped
 from outcore.testing import write_image_folder
+from outcore.testing.interrupts import as_from_a_terminal
 from outcore.testing.reads import chunk_reads, count_chunk_reads
 
 pytestmark = pytest.mark.e2e  # starts a LocalCluster of worker processes: see conftest.py
@@ -121,6 +122,50 @@ def test_cluster_ingest_equals_local_ingest(client, image_folder, tmp_path):
     _assert_same_store(local, remote)
     ran_on = client.run(lambda dask_worker: dask_worker.state.executed_count)
     assert len(ran_on) == 2 and all(count > 0 for count in ran_on.values())  # both workers did work
+
+
+INTERRUPTED_AS_A_WAKE_UP_TAKES_ITS_LOCK = """
+import os, signal, sys
+import dask, outcore
+from distributed import Client, LocalCluster, client as module
+
+next_of, sent = module.as_completed.__next__, []
+
+
+def interrupted_as_its_lock_is_taken(self):  # each wake-up of as_completed begins `with self.thread_condition:`
+    if not sent:
+        sent.append(True)
+        self.thread_condition.acquire()
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C now: on the main thread, its KeyboardInterrupt is raised here
+        self.thread_condition.release()
+    return next_of(self)
+
+
+module.as_completed.__next__ = interrupted_as_its_lock_is_taken
+with dask.config.set(outcore.WORKER_CONFIG), LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                                          host="127.0.0.1", dashboard_address=":0") as cluster, \
+        Client(cluster) as client:
+    ingest = dict(shape=(32, 32, 3), chunk_size=4, client=client, progress=False)
+    try:
+        outcore.ingest_images(sys.argv[1], sys.argv[2], **ingest)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt", flush=True)
+    print(len(outcore.ingest_images(sys.argv[1], sys.argv[2], resume=True, **ingest)), flush=True)
+"""
+
+
+def test_a_ctrl_c_as_the_cluster_ingest_waits_ends_it_and_resume_finishes_it(image_folder, tmp_path):
+    """The tasks of an ingest on a cluster are waited for (``distributed.as_completed``) on a thread of their own: a
+    Ctrl-C whose ``KeyboardInterrupt`` Python raises as ``as_completed`` has taken its condition's lock, on the main
+    thread, left that lock taken, and the client's event loop, which takes it as each task ends, waited for ever, and
+    so did the cancelling of the tasks after the interrupt. Now the interrupt lands in the main thread's wait: the
+    tasks are cancelled, the call gets its ``KeyboardInterrupt``, and the same call with ``resume`` finishes the
+    store (a fresh process with a cluster of its own)."""
+    with as_from_a_terminal():
+        result = subprocess.run([sys.executable, "-c", INTERRUPTED_AS_A_WAKE_UP_TAKES_ITS_LOCK, str(image_folder),
+                                 str(tmp_path / "c.zarr")], capture_output=True, text=True, timeout=120, check=False)
+    assert (result.returncode, result.stdout) == (0, "KeyboardInterrupt\n20\n"), result.stderr[-2000:]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c.zarr", image_folder.name]  # no run left behind
 
 
 def test_cluster_skip_and_raise(client, image_folder, tmp_path):

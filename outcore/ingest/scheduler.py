@@ -7,7 +7,7 @@ import _thread
 import importlib.util
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -74,42 +74,47 @@ def run_tasks(
             return _run_on_cluster(tasks, weights, client, bar)
         weight_of = {task.key: weight for task, weight in zip(tasks, weights, strict=True)}
         pool = ThreadPoolExecutor(threads or thread_count(), thread_name_prefix="outcore-ingest")
+        graph, keys, progress = task_graph(tasks), [task.key for task in tasks], _ProgressCallback(weight_of, bar)
+
+        def scheduled() -> list[Any]:
+            with progress:
+                return list(threaded_get(graph, keys, pool=pool))
+
         try:
-            return _scheduled(task_graph(tasks), [task.key for task in tasks], pool, _ProgressCallback(weight_of, bar))
+            return _waited(scheduled, progress.stop_starting)
         finally:  # after a failure, the tasks still running finish before anything cleans up after them
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _scheduled(graph: dict[Any, Any], keys: list[Any], pool: ThreadPoolExecutor, progress: _ProgressCallback
-               ) -> list[Any]:
-    """The results of ``keys`` of ``graph``, from dask's threaded scheduler run on a thread of its own: the calling
-    thread only waits for it, on a lock that nothing else takes.
+def _waited(work: Callable[[], list[Any]], stop: Callable[[], None]) -> list[Any]:
+    """``work()``, the scheduler of an ingest's tasks, run on a thread of its own: the calling thread only waits for
+    it, on a lock that nothing else takes. Interrupted there, it calls ``stop()`` (no task starts after it), waits
+    for ``work`` to end (the tasks under way finish), and the ``KeyboardInterrupt`` goes on.
 
     Python raises a Ctrl-C's ``KeyboardInterrupt`` in the main thread, wherever it is, and one raised in a ``with``
-    statement's ``__enter__``, once it has taken its lock, leaves that lock taken for ever. Dask's scheduler takes
-    such locks at every task (each task's future, as it gives it its queue's ``put``; its queue, as it waits for
-    the next result): run on the main thread, a Ctrl-C could leave one taken, and the thread that ran that task
-    then waited for ever as it ended, and so did whatever waited for the pool (tests/test_staging.py). Here the
-    interrupt lands in this wait: the scheduler starts no task after it (`_ProgressCallback.stop`), the tasks
-    under way finish, and the ``KeyboardInterrupt`` goes on once the scheduler has returned."""
+    statement's ``__enter__``, once it has taken its lock, leaves that lock taken for ever. Schedulers take such
+    locks all the time: dask's threaded one at every task (each task's future, as it gives it its queue's ``put``;
+    its queue, as it waits for the next result), ``distributed.as_completed`` at every wake-up. Run on the main
+    thread, a Ctrl-C could leave one taken, and the thread that next took it (the one that ran the task; a
+    cluster's client's event loop) waited for ever, and so did the cleanup (tests/test_staging.py,
+    tests/test_distributed.py)."""
     ended: dict[str, Any] = {}
     done = _thread.allocate_lock()
     done.acquire()
 
-    def schedule() -> None:
+    def run() -> None:
         try:
-            with progress:
-                ended["results"] = list(threaded_get(graph, keys, pool=pool))
+            ended["results"] = work()
         except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
             ended["error"] = error
         finally:
             done.release()
 
-    threading.Thread(target=schedule, name="outcore-ingest-scheduler", daemon=True).start()
+    threading.Thread(target=run, name="outcore-ingest-scheduler", daemon=True).start()
     try:
         done.acquire()
     except BaseException:  # a Ctrl-C: no task starts after it, and those under way finish before it goes on
-        progress.stop = True
+        stop()
         if not ended:  # (else the scheduler had returned, as the interrupt came)
             done.acquire()
         raise
@@ -147,28 +152,35 @@ def _run_on_cluster(tasks: Sequence[Delayed], weights: Sequence[int], client: An
 
     futures = client.compute(list(tasks))
     weight_of = {future.key: weight for future, weight in zip(futures, weights, strict=True)}
-    try:
+
+    def gathered() -> list[Any]:
         for future in as_completed(futures):
             future.result()  # raise the first failure at once, with its traceback
             bar.update(weight_of[future.key])
         return client.gather(futures)
+
+    try:
+        return _waited(gathered, lambda: client.cancel(futures))
     finally:
         for future in futures:
             future.cancel()
 
 
 class _ProgressCallback(Callback):
-    """Advances the bar by each task's weight as it ends; with ``stop`` set, raises `_Stopped` instead of
-    starting a task (a plain attribute: set after a Ctrl-C, it takes no lock)."""
+    """Advances the bar by each task's weight as it ends; once `stop_starting` was called, raises `_Stopped`
+    instead of starting a task."""
 
     def __init__(self, weight_of: dict[Any, int], bar: tqdm) -> None:
         super().__init__()
         self._weight_of = weight_of
         self._bar = bar
-        self.stop = False
+        self._stopped = False  # a plain attribute: set after a Ctrl-C, it takes no lock
+
+    def stop_starting(self) -> None:
+        self._stopped = True
 
     def _pretask(self, key: Any, dsk: Any, state: Any) -> None:
-        if self.stop:
+        if self._stopped:
             raise _Stopped
 
     def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
