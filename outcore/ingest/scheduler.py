@@ -88,7 +88,8 @@ def run_tasks(
 
 def _waited(work: Callable[[], list[Any]], stop: Callable[[], None]) -> list[Any]:
     """``work()``, the scheduler of an ingest's tasks, run on a thread of its own: the calling thread only waits for
-    it, on a lock that nothing else takes. Interrupted there, it calls ``stop()`` (no task starts after it), waits
+    it, on a lock that nothing else takes (not `outcore.threads.on_own_thread`'s ``Future``, whose ``result`` waits in
+    a ``with`` of the future's condition, the kind of lock this is about). Interrupted there, it calls ``stop()`` (no task starts after it), waits
     for ``work`` to end (the tasks under way finish), and the ``KeyboardInterrupt`` goes on.
 
     Python raises a Ctrl-C's ``KeyboardInterrupt`` in the main thread, wherever it is, and one raised in a ``with``
