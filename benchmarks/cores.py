@@ -5,7 +5,7 @@
                                [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
                                [--cases pixels,pixels-each,pixels+crop,pixels+crop-torch,encoded,encoded+crop,
                                         encoded+crop-torch,rrc,dense,dense-own,ingest]
-                               [--torch-workers 0,2]
+                               [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
 crops, an ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`) and a
@@ -27,6 +27,10 @@ loop takes it, in tensors (with PyTorch installed); ``ingest``:
   last thread count, that share by thread (each thread's own CPU clock): the consumer's, the pool's outside
   outcore's C calls (which run there) and the others' (the thread that plans each run's batches and hands them
   over), the three adding up to it;
+  With ``--as-cpus n`` (the scaling and gil runs), the pool is made and gauged as on ``n`` CPUs: its limit of
+  busy threads stays at its threads (on fewer cores the `Gauge` would see them wait for cores and lower it), so
+  a batch is cut into as many runs and as many batches are made at once as there, and the GIL share counts the
+  Python (and the GIL's hand-overs) that configuration makes; the rates then say nothing of ``n`` cores.
 - **gil**: on these cores, where the work's time goes and how much of it holds the GIL: py-spy samples a
   process running the case at ``--gil-threads`` (default: one per core) twice, once every running thread (CPU time), once only the
   thread holding the GIL (``--gil``); each sample is put in the stage of its innermost outcore frame (read
@@ -88,6 +92,7 @@ import numpy as np
 from dense_targets import TARGETS, make_set
 
 import outcore
+import outcore.threads
 from outcore.imaging.synthetic import write_image_folder
 from outcore.iterate.batch import plain
 from outcore.measure import gil_bound, gil_free_clock
@@ -95,6 +100,7 @@ from outcore.threads.pool import Gauge
 from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
 
 BATCH = 256
+AS_CPUS = 0  # --as-cpus: the pool made and gauged as on that many CPUs (0: these)
 RATE = 250  # py-spy samples a second
 FUNCTIONS = 8  # the functions holding the GIL most, printed per case
 CASES = {  # name: (store, transform)
@@ -163,6 +169,8 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
     batches are made by that many loader processes (``process=``), and the by-thread parts are the consumer's CPU
     time a batch (``consumer_ms``). For ``ingest``, each epoch is an ingest of the folder ``location`` into a new
     store."""
+    if AS_CPUS:
+        as_cpus(AS_CPUS)
     outcore.set_threads(threads)
     if ready:  # py-spy takes a share of the cores while it samples: keep every thread busy, as unprofiled
         Gauge.LOW = 0.0
@@ -199,6 +207,13 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
         return float(np.median(rates)), None, {"consumer_ms": (time.process_time() - cpu) / taken * 1e3,
                                                "loaders_ms": (loader_seconds(batches) - loaders) / taken * 1e3}
     return float(np.median(rates)), held_share(free, cpu), held_by_thread(free, cpu, clocks)
+
+
+def as_cpus(count: int) -> None:
+    """Make and gauge outcore's pool as on ``count`` CPUs (``--as-cpus``): as many busy threads at most, a limit
+    that never falls (it would here, where fewer cores make its threads wait)."""
+    outcore.threads.available_cpus = lambda: count
+    Gauge.LOW = 0.0
 
 
 def loader_seconds(batches: object) -> float:
@@ -258,8 +273,9 @@ def ingests(folder: Path, seconds: float, ready: bool) -> tuple[float, float | N
 
 def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds: float) -> dict[str, dict[int, float]]:
     """The scaling table, each case's row printed once it is measured (a run cut short keeps the rows it has)."""
+    pretend = f", the pool made and gauged as on {AS_CPUS} CPUs (--as-cpus: its rates say nothing)" if AS_CPUS else ""
     print(f"\nsamples/s of ds.batches({BATCH}, shuffle=True), images + labels (ingest: files/s), {os.cpu_count()} "
-          "cores here (the ratio: to n x the 1-thread rate; GIL: the share of the CPU time outside outcore's C "
+          f"cores here{pretend} (the ratio: to n x the 1-thread rate; GIL: the share of the CPU time outside outcore's C "
           "calls that release it, timed; 16 cores: the most times one core's rate that share allows there, at "
           f"{threads[-1]} threads)")
     print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s} {'GIL':>6s}" for n in threads)
@@ -358,7 +374,7 @@ def child(*arguments: object, script: str = __file__) -> dict:
 def in_a_process(made: dict[str, Path], case: str, threads: int,
                  seconds: float) -> tuple[float, float | None, dict[str, float] | None]:
     """`epochs` in a fresh process (each measurement starts with the same memory and threads)."""
-    result = child("--run", case, made[CASES[case][0]], threads, seconds)
+    result = child("--run", case, made[CASES[case][0]], threads, seconds, "--as-cpus", AS_CPUS)
     return float(result["samples_s"]), result["gil_share"], result["by_thread"]
 
 
@@ -368,7 +384,7 @@ def profile(made: dict[str, Path], case: str, threads: int,
     seconds it used while its GIL was sampled (from /proc: py-spy's samples of running threads are an estimate),
     and the GIL samples per function (`functions`)."""
     process = subprocess.Popen([sys.executable, __file__, "--run", case, str(made[CASES[case][0]]), str(threads),
-                                str(seconds), "--ready"], stdout=subprocess.PIPE, text=True)
+                                str(seconds), "--ready", "--as-cpus", str(AS_CPUS)], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
         samples, used, held = [], 0.0, Counter()
@@ -588,6 +604,8 @@ def main() -> None:
     has_torch = importlib.util.find_spec("torch") is not None
     parser.add_argument("--cases", default=",".join(case for case in CASES if has_torch or case not in THROUGH_TORCH))
     parser.add_argument("--torch-workers", default="0,2", help="DataLoader workers of the torch rows")
+    parser.add_argument("--as-cpus", type=int, default=0,
+                        help="scaling, gil: outcore's pool made and gauged as on this many CPUs (0: these)")
     parser.add_argument("--gil-threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="the threads of the GIL rows (default: the cores this process may use)")
     parser.add_argument("--run", nargs=4, metavar=("CASE", "STORE", "THREADS", "SECONDS"), help=argparse.SUPPRESS)
@@ -605,6 +623,8 @@ def main() -> None:
     parser.add_argument("--feed-run", nargs=6, metavar=("CASE", "STORE", "SECONDS", "STEP_MS", "HELD", "WORKERS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global AS_CPUS
+    AS_CPUS = args.as_cpus
     if args.torch_run:
         location, workers, seconds = args.torch_run
         print(json.dumps({"samples_s": torch_epochs(Path(location), int(workers), float(seconds))}))

@@ -322,6 +322,41 @@ def test_threads_that_go_free_join_a_run_started_while_they_were_busy(monkeypatc
         outcore.set_threads(None)
 
 
+def test_calls_under_way_together_make_the_runs_of_one(monkeypatch):
+    """``k`` calls sharing the pool make ``ceil(limit / k)`` threads' worth of runs each, not each a whole pool's: on
+    16 cores the batches made at once each cut into 64 runs took and gave back the GIL four times as often."""
+    monkeypatch.setattr(outcore.threads, "available_cpus", lambda: 4)  # four may be busy, whatever this machine has
+    outcore.set_threads(4)
+    try:
+        gate, started = threading.Event(), threading.Semaphore(0)
+
+        def held(start: int, stop: int) -> None:
+            started.release()
+            gate.wait(10)
+
+        alone: list[tuple[int, int]] = []
+        for_each_run(lambda start, stop: alone.append((start, stop)), 64)
+        assert len(alone) == outcore.threads.BLOCKS_PER_THREAD * 4  # one call: the whole pool's runs
+        callers = [threading.Thread(target=for_each_run, args=(held, 64)) for _ in range(2)]
+        for caller in callers:  # two calls under way, their runs held: every pool thread and both callers busy
+            caller.start()
+            assert started.acquire(timeout=10)
+        for _ in range(4):
+            assert started.acquire(timeout=10)
+        assert len(shared_pool().shared) == 2
+        third: list[tuple[int, int]] = []
+        for_each_run(lambda start, stop: third.append((start, stop)), 64)  # done alone, every thread held
+        assert len(third) == outcore.threads.BLOCKS_PER_THREAD * 2  # ceil(4 / 3) threads' worth
+        assert sorted(i for start, stop in third for i in range(start, stop)) == list(range(64))
+        gate.set()
+        for caller in callers:
+            caller.join(10)
+        assert not any(caller.is_alive() for caller in callers) and not shared_pool().shared
+    finally:
+        gate.set()
+        outcore.set_threads(None)
+
+
 def test_shared_runs_are_joined_within_the_gauges_limit_oldest_first():
     """Threads join shared runs no more than the gauge's limit allows at once (the caller, not a pool thread,
     besides), and threads that go free join the oldest call's runs before a newer one's."""

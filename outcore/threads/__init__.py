@@ -150,8 +150,10 @@ def for_each(work: Callable[[int], None], count: int) -> None:
 
 def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -> None:
     """``work(start, stop)`` over runs of consecutive ``i < count`` that cover them all once: up to
-    `BLOCKS_PER_THREAD` runs per thread, of ``least`` items at least (a run costs a few microseconds of
-    Python: cheap items go in long runs). The calling thread takes runs itself, and so do the pool's threads
+    `BLOCKS_PER_THREAD` runs per thread, counted over the calls under way (``k`` calls sharing the pool's
+    ``n`` busy threads make ``ceil(n / k)`` threads' worth of runs each: each run takes and gives back the GIL,
+    and with many batches made at once more runs only cost), of ``least`` items at least (a run costs a few
+    microseconds of Python: cheap items go in long runs). The calling thread takes runs itself, and so do the pool's threads
     that are free now or go free before the last run is taken (`Pool.share`), so a call made on a pool thread
     (a batch made there) never waits on work queued behind it, and one made while the pool is busy is joined
     by each thread as it goes free. Returns when all are done, raising the first exception (no run is started
@@ -167,7 +169,8 @@ def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -
     pool = shared_pool()  # once: finding it reads the environment (OUTCORE_THREADS)
     measured = pool.gauge
     threads = measured.limit
-    blocks = max(1, min(count // max(1, least), BLOCKS_PER_THREAD * threads))
+    calls = 1 + len(pool.shared)  # this one and those whose runs are not all taken (a length read: one C call)
+    blocks = max(1, min(count // max(1, least), BLOCKS_PER_THREAD * -(-threads // calls)))
     if blocks == 1 or threads == 1:
         measured.measured(work, 0, count)
         return
