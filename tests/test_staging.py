@@ -596,6 +596,30 @@ except KeyboardInterrupt:
 """
 
 
+def test_a_ctrl_c_whose_stop_fails_goes_on_as_itself_naming_the_failure():
+    """The stop a Ctrl-C starts may fail (a cluster gone as the client cancels): the ``KeyboardInterrupt`` goes on
+    at once, not replaced by that error, and its note says the tasks may still run."""
+    from outcore.ingest.scheduler import _waited
+
+    release = threading.Event()
+
+    def stop() -> None:
+        raise RuntimeError("the scheduler at tcp://127.0.0.1:1 is gone")
+
+    interrupt = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    interrupt.start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            _waited(lambda: [release.wait(30)], stop)
+    finally:
+        release.set()
+        interrupt.join(10)
+    assert time.monotonic() - began < 10  # not after the scheduler's thread, which the stop could not end
+    assert caught.value.__notes__ == [("outcore could not stop the ingest's tasks (RuntimeError: the scheduler at "
+                                       "tcp://127.0.0.1:1 is gone); those started may still run")]
+
+
 def test_a_ctrl_c_as_the_scheduler_takes_a_lock_ends_the_ingest_at_once(source, tmp_path):
     """A Ctrl-C whose ``KeyboardInterrupt`` Python raises in ``Condition.__enter__``, once its lock is taken (as in
     ``Future.add_done_callback``, as dask's scheduler hands an ingest's tasks to its threads), left that lock taken

@@ -114,8 +114,13 @@ def _waited(work: Callable[[], list[Any]], stop: Callable[[], None]) -> list[Any
     threading.Thread(target=run, name="outcore-ingest-scheduler", daemon=True).start()
     try:
         done.acquire()
-    except BaseException:  # a Ctrl-C: no task starts after it, and those under way finish before it goes on
-        stop()
+    except BaseException as interrupt:  # a Ctrl-C: no task starts after it, and those under way finish before it goes on
+        try:
+            stop()
+        except Exception as failure:  # noqa: BLE001 - any (a cluster gone): said with the interrupt, which goes on
+            interrupt.add_note(f"outcore could not stop the ingest's tasks ({type(failure).__name__}: {failure}); "
+                               "those started may still run")
+            raise interrupt from None
         if not ended:  # (else the scheduler had returned, as the interrupt came)
             done.acquire()
         raise
