@@ -275,8 +275,8 @@ def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds
     """The scaling table, each case's row printed once it is measured (a run cut short keeps the rows it has)."""
     pretend = f", the pool made and gauged as on {AS_CPUS} CPUs (--as-cpus: its rates say nothing)" if AS_CPUS else ""
     print(f"\nsamples/s of ds.batches({BATCH}, shuffle=True), images + labels (ingest: files/s), {os.cpu_count()} "
-          f"cores here{pretend} (the ratio: to n x the 1-thread rate; GIL: the share of the CPU time outside outcore's C "
-          "calls that release it, timed; 16 cores: the most times one core's rate that share allows there, at "
+          f"cores here{pretend} (the ratio: to n x the 1-thread rate; GIL: the share of the CPU time outside outcore's "
+          "C calls that release it, timed; 16 cores: the most times one core's rate that share allows there, at "
           f"{threads[-1]} threads)")
     print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s} {'GIL':>6s}" for n in threads)
           + f" {'16 cores':>9s}", flush=True)
@@ -384,7 +384,8 @@ def profile(made: dict[str, Path], case: str, threads: int,
     seconds it used while its GIL was sampled (from /proc: py-spy's samples of running threads are an estimate),
     and the GIL samples per function (`functions`)."""
     process = subprocess.Popen([sys.executable, __file__, "--run", case, str(made[CASES[case][0]]), str(threads),
-                                str(seconds), "--ready", "--as-cpus", str(AS_CPUS)], stdout=subprocess.PIPE, text=True)
+                                str(seconds), "--ready", "--as-cpus", str(AS_CPUS)],
+                               stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
         samples, used, held = [], 0.0, Counter()

@@ -89,8 +89,9 @@ def run_tasks(
 def _waited(work: Callable[[], list[Any]], stop: Callable[[], None]) -> list[Any]:
     """``work()``, the scheduler of an ingest's tasks, run on a thread of its own: the calling thread only waits for
     it, on a lock that nothing else takes (not `outcore.threads.on_own_thread`'s ``Future``, whose ``result`` waits in
-    a ``with`` of the future's condition, the kind of lock this is about). Interrupted there, it calls ``stop()`` (no task starts after it), waits
-    for ``work`` to end (the tasks under way finish), and the ``KeyboardInterrupt`` goes on.
+    a ``with`` of the future's condition, the kind of lock this is about). Interrupted there, it calls ``stop()`` (no
+    task starts after it), waits for ``work`` to end (the tasks under way finish), and the ``KeyboardInterrupt`` goes
+    on; where ``stop()`` fails, the ``KeyboardInterrupt`` goes on at once, its note naming that failure.
 
     Python raises a Ctrl-C's ``KeyboardInterrupt`` in the main thread, wherever it is, and one raised in a ``with``
     statement's ``__enter__``, once it has taken its lock, leaves that lock taken for ever. Schedulers take such
@@ -114,7 +115,7 @@ def _waited(work: Callable[[], list[Any]], stop: Callable[[], None]) -> list[Any
     threading.Thread(target=run, name="outcore-ingest-scheduler", daemon=True).start()
     try:
         done.acquire()
-    except BaseException as interrupt:  # a Ctrl-C: no task starts after it, and those under way finish before it goes on
+    except BaseException as interrupt:  # a Ctrl-C: no task starts after it, those under way finish before it goes on
         try:
             stop()
         except Exception as failure:  # noqa: BLE001 - any (a cluster gone): said with the interrupt, which goes on

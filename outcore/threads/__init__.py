@@ -153,10 +153,10 @@ def for_each_run(work: Callable[[int, int], None], count: int, least: int = 1) -
     `BLOCKS_PER_THREAD` runs per thread, counted over the calls under way (``k`` calls sharing the pool's
     ``n`` busy threads make ``ceil(n / k)`` threads' worth of runs each: each run takes and gives back the GIL,
     and with many batches made at once more runs only cost), of ``least`` items at least (a run costs a few
-    microseconds of Python: cheap items go in long runs). The calling thread takes runs itself, and so do the pool's threads
-    that are free now or go free before the last run is taken (`Pool.share`), so a call made on a pool thread
-    (a batch made there) never waits on work queued behind it, and one made while the pool is busy is joined
-    by each thread as it goes free. Returns when all are done, raising the first exception (no run is started
+    microseconds of Python: cheap items go in long runs). The calling thread takes runs itself, and so do the
+    pool's threads that are free now or go free before the last run is taken (`Pool.share`), so a call made on a
+    pool thread (a batch made there) never waits on work queued behind it, and one made while the pool is busy is
+    joined by each thread as it goes free. Returns when all are done, raising the first exception (no run is started
     after it).
 
     >>> for_each_run(lambda start, stop: print(start, stop), 3)  # doctest: +SKIP
