@@ -152,11 +152,12 @@ def source(tmp_path_factory):
     return root
 
 
-def _stop_part_way(source, store, shards: int = 1, how: int = signal.SIGKILL, images=PIXELS,
+def _stop_part_way(source, store, shards: int = 1, how: int = signal.SIGKILL, images=PIXELS, script=SLOW_INGEST,
                    **popen) -> subprocess.Popen:
-    """Start a slow CLI ingest into ``store``, and send it ``how`` once it has finished ``shards`` shards."""
+    """Start a slow CLI ingest (``script``) into ``store``, and send it ``how`` once it has finished ``shards``
+    shards."""
     command = _ingest_command(source, store, images=images)
-    process = subprocess.Popen([sys.executable, "-c", SLOW_INGEST, "ingest", *command], **popen)
+    process = subprocess.Popen([sys.executable, "-c", script, "ingest", *command], **popen)
     deadline = time.monotonic() + 120
     while len(list(store.parent.glob(f".{store.name}.partial-*.run/done/shard-*.json"))) < shards:
         assert time.monotonic() < deadline and process.poll() is None
@@ -290,6 +291,30 @@ def test_ctrl_c_ends_quietly_and_keeps_the_shards_for_resume(source, tmp_path):
 
     assert main(["ingest", *_ingest_command(source, store, "--resume")]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.zarr", "t.zarr.skipped.txt"]
+
+
+UNSTOPPABLE_INGEST = """
+import outcore.ingest.scheduler as scheduler
+
+def stop_starting(self):  # as a cluster's cancel fails once the cluster is gone
+    raise RuntimeError("the scheduler at tcp://127.0.0.1:1 is gone")
+
+scheduler._ProgressCallback.stop_starting = stop_starting
+""" + SLOW_INGEST
+
+
+def test_a_ctrl_c_whose_stop_fails_says_so_in_its_one_line(source, tmp_path):
+    """Where the stop a Ctrl-C starts fails, the command's one line says that the tasks started may still run."""
+    store = tmp_path / "t.zarr"
+    process = _stop_part_way(source, store, how=signal.SIGINT, script=UNSTOPPABLE_INGEST, stderr=subprocess.PIPE,
+                             text=True)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert err.strip().splitlines()[-1] == (
+        "outcore ingest: interrupted (the shards written so far are kept: the same command with --resume continues); "
+        "outcore could not stop the ingest's tasks (RuntimeError: the scheduler at tcp://127.0.0.1:1 is gone); those "
+        "started may still run")
+    assert "Traceback" not in err and not store.exists()
 
 
 def _start_command(source, store) -> subprocess.Popen:

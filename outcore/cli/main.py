@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``outcore`` console script; returns the exit status.
 
     Every failure is one line on stderr, in the command's flag names, with exit status 2; Ctrl-C is
-    one line and 130; a closed pipe (``outcore info STORE | head``) ends quietly.
+    one line (with what outcore noted on its way out: tasks it could not stop) and 130; a closed pipe (``outcore info STORE | head``) ends quietly.
     """
     parser = _parser()
     args = parser.parse_args(argv)
@@ -48,10 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         said = " ".join(str(error).split())  # one line, whatever a library's message held
         print(f"outcore {args.command}: error: {in_flag_names(said, args.parser)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         kept = " (the shards written so far are kept: the same command with --resume continues)" \
             if args.command == "ingest" else ""
-        print(f"outcore {args.command}: interrupted{kept}", file=sys.stderr)
+        noted = "".join(f"; {' '.join(note.split())}" for note in getattr(interrupt, "__notes__", ()))
+        print(f"outcore {args.command}: interrupted{kept}{noted}", file=sys.stderr)
         _quiet_teardown()
         return 130
     except BrokenPipeError:  # the reader of stdout went away: nothing more to say, and nowhere to say it
