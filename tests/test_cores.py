@@ -22,6 +22,7 @@ from support.calls import python_calls
 import outcore
 from outcore.imaging import native
 from outcore.imaging.windows import copy_samples
+from outcore.iterate import gather
 from outcore.iterate.batch import Recipe, make_batch
 from outcore.iterate.readers import chunk_readers
 from outcore.measure import gil_free_clock
@@ -150,6 +151,35 @@ def test_a_batch_is_made_without_a_python_call_per_sample(photos, kind, transfor
     finally:
         outcore.set_threads(None)
     assert many <= few + 8, (few, many)  # 224 samples more, and a handful of calls more (numpy's, not per sample)
+
+
+def test_a_batchs_labels_are_copied_in_one_call_whatever_the_runs_of_its_pictures(photos, monkeypatch):
+    """A field whose batch holds a few bytes is copied once as the batch is made, not in each run; the batch is the
+    same."""
+    before = _batch(photos["pixels"], None, 256)
+    calls = []
+    monkeypatch.setattr(gather, "RUN_BYTES", 16 << 10)  # the pictures in runs of 5 samples or more, 4 a thread
+    monkeypatch.setattr(gather, "copy_samples", lambda *args: calls.append(args[3].dtype) or copy_samples(*args))
+    after = _batch(photos["pixels"], None, 256)
+    assert calls.count(np.dtype(np.uint8)) >= 4 and calls.count(np.dtype(np.int64)) == 1
+    for name in ("images", "labels"):
+        np.testing.assert_array_equal(after[name], before[name])
+
+
+def test_a_copy_of_a_few_bytes_keeps_the_gil_and_a_large_one_lets_it_go():
+    """Letting the GIL go and taking it back costs more than copying a batch's labels: the C extension copies fewer
+    than 64 KiB holding it (counted by `gil_free_clock` only where it lets it go)."""
+    if native.windows is None or gil_free_clock() is None:
+        pytest.skip(f"the copies' C extension is not here ({native.copies()}): nothing to count")
+    clock = gil_free_clock()
+    labels, pictures = np.arange(4096, dtype=np.int64), np.zeros((64, 128, 128, 3), np.uint8)
+    for source, copied in ((labels[:8000 // 8], False), (pictures, True)):
+        every = np.arange(len(source))
+        out = np.empty_like(source)
+        before = clock()
+        for _ in range(20_000 if not copied else 20):
+            copy_samples([source], np.zeros(len(source), np.int64), every, out, every[::-1])
+        assert (clock() > before) == copied and (out == source[::-1]).all()
 
 
 def test_runs_cover_every_item_once_from_pool_threads_busy_or_free():

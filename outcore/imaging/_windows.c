@@ -27,6 +27,9 @@
 #include <string.h>
 
 #define MAX_CHUNKS 4096 /* chunks one call may draw on: far more than a batch's buffer holds */
+/* Copies of fewer bytes in all keep the GIL: a microsecond or so of work, where letting the GIL go and taking it back
+ * costs as much, and on many threads waits behind theirs (a batch's labels). */
+#define HOLD_BELOW (64 << 10)
 
 /* RGB pixels mirrored one at a time: `pixels` of them from `row` into `into`. */
 static void mirror_rgb_scalar(const uint8_t *row, Py_ssize_t pixels, uint8_t *into) {
@@ -258,8 +261,13 @@ static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
             goto done;
         }
     }
-    FREE_BEGIN copy_all(&copies);
-    FREE_END result = Py_NewRef(Py_None);
+    if ((size_t)count * (size_t)copies.out_sample < HOLD_BELOW) {
+        copy_all(&copies);
+    } else {
+        FREE_BEGIN copy_all(&copies);
+        FREE_END
+    }
+    result = Py_NewRef(Py_None);
 done:
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);

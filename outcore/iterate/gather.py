@@ -44,6 +44,9 @@ RUN_BYTES = 4 << 20  # a run of copies moves this much at least: its few microse
 # in shorter runs, whose ends leave fewer threads idle at the end of a batch (docs/benchmarks.md, "Figures behind the
 # code").
 DECODES_PER_RUN = 16
+# A field whose batch holds fewer bytes (its labels) is copied in one call as the batch is made, not in each run: the
+# C extension copies that little holding the GIL, where a call a run would let it go and take it back each time.
+SMALL_BYTES = 64 << 10
 RUN_PIXELS = 1_200_000
 
 ChunkValues = Mapping[str, Any]  # field -> one chunk's values: an array, or an EncodedChunk to decode
@@ -152,6 +155,8 @@ def assemble(rows: Rows, data: Mapping[int, ChunkValues], fields: Sequence[str],
         if isinstance(values, EncodedChunk):
             decodes.append((RowDecodes(rows.sources(data, name), rows.which, rows.local, out, rows.order).run,
                             math.prod(shape[1:3])))
+        elif out.nbytes < SMALL_BYTES:  # a batch's labels: one call, at once
+            _each_run(copy_samples, rows, data, name, out)(0, len(rows))
         else:
             copies.append((_each_run(copy_samples, rows, data, name, out), out[0].nbytes if len(out) else 1))
     if copies:
