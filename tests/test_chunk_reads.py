@@ -138,6 +138,58 @@ def test_the_reader_reads_at_once_once_it_knows_a_shard_s_index_and_names_what_f
 
 
 @needs_extension
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_chunks_read_many_at_once_are_each_as_read_at_once(tmp_path, rng, compression):
+    """One call reads several chunks through one scratch buffer: each the bytes and stamp one read gives, None for
+    each it cannot vouch for, the others read all the same."""
+    location, values = _store(tmp_path, rng, compression)
+    blosc = compression != "none"
+    requests = []
+    for chunk in (0, 3, 4, 5):
+        path, offset, nbytes = chunk_location(location, "x", chunk)
+        requests.append((str(path), offset, nbytes, np.full((32, 5, 3), -1, np.int32), blosc))
+    requests[1] = (requests[1][0] + ".gone", *requests[1][1:])  # missing
+    requests[2] = (requests[2][0], requests[2][1] + 1, *requests[2][2:])  # not the chunk's bytes: its checksum
+    stamps = chunk_reads.read_many_at_once(requests, bytearray(max(request[2] for request in requests)))
+    assert stamps == [stamp_of(os.stat(requests[0][0])), None, None, stamp_of(os.stat(requests[3][0]))]
+    for chunk, request in ((0, requests[0]), (5, requests[3])):
+        np.testing.assert_array_equal(request[3], values[chunk * 32 : (chunk + 1) * 32])
+    with pytest.raises(TypeError, match="read-write bytes-like"):  # a strided out: refused before anything is read
+        chunk_reads.read_many_at_once([requests[0], (*requests[3][:3], requests[3][3][:, ::2], blosc)],
+                                      bytearray(1 << 16))
+    if blosc:  # a frame is read into the scratch buffer before it is decompressed
+        with pytest.raises(ValueError, match="scratch"):
+            chunk_reads.read_many_at_once(requests[:1], bytearray(4))
+
+
+@needs_extension
+def test_a_chunk_s_fields_are_read_in_one_call_and_one_that_fails_is_named(tmp_path, rng, monkeypatch):
+    """An iterator reads the stored values of a chunk's fields together (`ShardReader.read_together`), once their
+    shards' indexes are known: the same samples; a chunk that call cannot vouch for is read again by its reader,
+    which names it."""
+    values = rng.integers(0, 1000, (2000, 5, 3)).astype(np.int32)
+    labels = np.arange(2000)
+    location = tmp_path / "two.zarr"
+    outcore.from_arrays({"x": values, "y": labels}, location, chunk_size=32, shuffle_on_write=False, progress=False)
+    ds = outcore.open_dataset(location)
+    readers = [ds.shard_reader("x"), ds.shard_reader("y")]
+    calls = []
+    read_many = chunk_reads.read_many_at_once
+    monkeypatch.setattr(readers[0]._layout, "read_many_at_once", lambda *args: calls.append(1) or read_many(*args))
+    for chunk in range(7):
+        outs = [np.full((32, 5, 3), -1, np.int32), np.full(32, -1, np.int64)]
+        x, y = shard_reader.ShardReader.read_together(list(zip(readers, (chunk, chunk), outs, strict=True)))
+        np.testing.assert_array_equal(x, values[chunk * 32 : (chunk + 1) * 32])
+        np.testing.assert_array_equal(y, labels[chunk * 32 : (chunk + 1) * 32])
+    per_shard = readers[0].array.shards[0] // 32  # a shard's first chunk is read alone, with its index
+    assert per_shard > 1 and len(calls) == 7 - len({chunk // per_shard for chunk in range(7)})
+    corrupt_chunk(location, "y", 2)
+    with pytest.raises(CorruptChunkError, match=r"field 'y', chunk 2 .*crc32c"):
+        shard_reader.ShardReader.read_together([(readers[0], 2, outs[0]), (readers[1], 2, outs[1])])
+    np.testing.assert_array_equal(outs[0], values[64:96])  # the other field's chunk was read all the same
+
+
+@needs_extension
 def test_readers_made_each_epoch_read_into_their_thread_s_one_buffer(tmp_path, rng):
     """An iterator made each epoch opens new readers: they read into the buffer the thread's earlier readers grew
     (a new one is zeroed holding the GIL), each reader's chunks still its own field's."""

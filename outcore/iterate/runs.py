@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptChunkError, IterationClosedError, OutcoreWarning, StorageError
-from ..storage import Store
+from ..storage import ShardReader, Store
 from ..threads import submit, thread_count
 from ..threads.handoff import Handoff
 from ..threads.task import Task
@@ -229,6 +229,7 @@ class ChunkBuffers:
 
     def __init__(self, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
+        self.together = [name for name, reader in readers.items() if isinstance(reader, ShardReader)]
         self.free: dict[str, list[np.ndarray]] = {name: [] for name in readers}
         self.lock = threading.Lock()
 
@@ -249,10 +250,15 @@ class ChunkBuffers:
             self.free = {name: [] for name in self.readers}
 
     def read(self, chunk: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """Chunk ``chunk`` of every field, read into buffers taken here: ``(values, buffers)``; `give` the
-        buffers back once no batch needs the values."""
+        """Chunk ``chunk`` of every field, read into buffers taken here (the stored values' fields together, in one
+        C call where they can be: `ShardReader.read_together`): ``(values, buffers)``; `give` the buffers back once
+        no batch needs the values."""
         buffers = {name: self.take(name) for name in self.readers}
-        return {name: reader.read(chunk, out=buffers[name]) for name, reader in self.readers.items()}, buffers
+        together = self.together
+        values = dict(zip(together, ShardReader.read_together([(self.readers[name], chunk, buffers[name])
+                                                               for name in together]), strict=True))
+        return {name: values[name] if name in values else reader.read(chunk, out=buffers[name])
+                for name, reader in self.readers.items()}, buffers
 
 
 class LocalRun(Run):

@@ -180,6 +180,52 @@ static int read_chunk(int fd, off_t offset, size_t nbytes, uint8_t *scratch, uin
     return blosc_decompress_ctx(data, out, out_bytes, 1) == (int)out_bytes;
 }
 
+/* The chunk at [offset, offset + nbytes) of the file at `path` read, checked and decoded into out (called without
+ * the GIL): 1, with the file's status as it was opened in `opened`, when it was, and the file did not change as it
+ * was read. */
+static int read_one(const char *path, off_t offset, size_t nbytes, uint8_t *scratch, uint8_t *out, size_t out_bytes,
+                    int compressed, struct stat *opened) {
+    struct stat after;
+    int fine = 0, fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+#ifdef POSIX_FADV_RANDOM
+        posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* a chunk's exact range: read-ahead would read beyond it */
+#endif
+        fine = fstat(fd, opened) == 0 && S_ISREG(opened->st_mode) &&
+               read_chunk(fd, offset, nbytes, scratch, out, out_bytes, compressed) && fstat(fd, &after) == 0 &&
+               same_file(opened, &after);
+        close(fd);
+    }
+    return fine;
+}
+
+/* The file's stamp (inode, mtime_ns, size) as a tuple, or None when the read failed. */
+static PyObject *stamp_of(int fine, const struct stat *opened) {
+    if (!fine)
+        return Py_NewRef(Py_None);
+    return Py_BuildValue("(KLL)", (unsigned long long)opened->st_ino, (long long)mtime_ns(opened),
+                         (long long)opened->st_size);
+}
+
+/* Whether a read's arguments can be read so: its buffers C-contiguous, a scratch large enough, Blosc bound; a
+ * ValueError or RuntimeError set otherwise. */
+static int readable(const Py_buffer *scratch, const Py_buffer *out, long long offset, Py_ssize_t nbytes,
+                    int compressed) {
+    if (!PyBuffer_IsContiguous(out, 'C') || !PyBuffer_IsContiguous(scratch, 'C')) {
+        PyErr_SetString(PyExc_ValueError, "scratch and out must be C-contiguous");
+        return 0;
+    }
+    if (offset < 0 || nbytes < CHECKSUM_BYTES || (compressed && scratch->len < nbytes)) {
+        PyErr_SetString(PyExc_ValueError, "need offset >= 0, nbytes >= 4 and a scratch buffer of nbytes or more");
+        return 0;
+    }
+    if (compressed && blosc_decompress_ctx == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Blosc is not bound: call bind() first");
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *py_read(PyObject *self, PyObject *args) {
     PyObject *path;
     long long offset;
@@ -190,41 +236,77 @@ static PyObject *py_read(PyObject *self, PyObject *args) {
                           &compressed))
         return NULL;
     PyObject *result = NULL;
-    if (!PyBuffer_IsContiguous(&out, 'C') || !PyBuffer_IsContiguous(&scratch, 'C')) {
-        PyErr_SetString(PyExc_ValueError, "scratch and out must be C-contiguous");
-        goto done;
+    if (readable(&scratch, &out, offset, nbytes, compressed)) {
+        struct stat opened;
+        int fine;
+        FREE_BEGIN;
+        fine = read_one(PyBytes_AS_STRING(path), (off_t)offset, (size_t)nbytes, scratch.buf, out.buf, (size_t)out.len,
+                        compressed, &opened);
+        FREE_END;
+        result = stamp_of(fine, &opened);
     }
-    if (offset < 0 || nbytes < CHECKSUM_BYTES || (compressed && scratch.len < nbytes)) {
-        PyErr_SetString(PyExc_ValueError, "need offset >= 0, nbytes >= 4 and a scratch buffer of nbytes or more");
-        goto done;
-    }
-    if (compressed && blosc_decompress_ctx == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "Blosc is not bound: call bind() first");
-        goto done;
-    }
-    struct stat opened, after;
-    int fine = 0;
-    FREE_BEGIN;
-    int fd = open(PyBytes_AS_STRING(path), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-#ifdef POSIX_FADV_RANDOM
-        posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* a chunk's exact range: read-ahead would read beyond it */
-#endif
-        fine = fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) &&
-               read_chunk(fd, (off_t)offset, (size_t)nbytes, scratch.buf, out.buf, (size_t)out.len, compressed) &&
-               fstat(fd, &after) == 0 && same_file(&opened, &after);
-        close(fd);
-    }
-    FREE_END;
-    if (fine)
-        result = Py_BuildValue("(KLL)", (unsigned long long)opened.st_ino, (long long)mtime_ns(&opened),
-                               (long long)opened.st_size);
-    else
-        result = Py_NewRef(Py_None);
-done:
     Py_DECREF(path);
     PyBuffer_Release(&scratch);
     PyBuffer_Release(&out);
+    return result;
+}
+
+typedef struct {
+    PyObject *path; /* bytes */
+    long long offset;
+    Py_ssize_t nbytes;
+    Py_buffer out;
+    int compressed, fine;
+    struct stat opened;
+} Read;
+
+/* Several chunks read as `read` reads one, one after the other through one scratch buffer, the GIL released once
+ * for them all (a chunk's fields): a list of their stamps, None for each that failed. */
+static PyObject *py_read_many(PyObject *self, PyObject *args) {
+    PyObject *requests;
+    Py_buffer scratch;
+    if (!PyArg_ParseTuple(args, "Ow*:read_many", &requests, &scratch))
+        return NULL;
+    PyObject *sequence = PySequence_Fast(requests, "read_many: requests must be a sequence"), *result = NULL;
+    Py_ssize_t count = sequence ? PySequence_Fast_GET_SIZE(sequence) : 0, got = 0;
+    Read *reads = sequence ? PyMem_Calloc(count ? count : 1, sizeof(Read)) : NULL;
+    if (sequence != NULL && reads == NULL)
+        PyErr_NoMemory();
+    for (; reads != NULL && got < count; got++) {
+        Read *r = &reads[got];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(sequence, got), "O&Lnw*p:read_many", PyUnicode_FSConverter,
+                              &r->path, &r->offset, &r->nbytes, &r->out, &r->compressed))
+            break;
+        if (!readable(&scratch, &r->out, r->offset, r->nbytes, r->compressed)) {
+            got++; /* its path and buffer are released below */
+            break;
+        }
+    }
+    if (reads != NULL && got == count && !PyErr_Occurred()) {
+        FREE_BEGIN;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Read *r = &reads[i];
+            r->fine = read_one(PyBytes_AS_STRING(r->path), (off_t)r->offset, (size_t)r->nbytes, scratch.buf, r->out.buf,
+                               (size_t)r->out.len, r->compressed, &r->opened);
+        }
+        FREE_END;
+        result = PyList_New(count);
+        for (Py_ssize_t i = 0; result != NULL && i < count; i++) {
+            PyObject *stamp = stamp_of(reads[i].fine, &reads[i].opened);
+            if (stamp == NULL)
+                Py_CLEAR(result);
+            else
+                PyList_SET_ITEM(result, i, stamp);
+        }
+    }
+    for (Py_ssize_t i = 0; reads != NULL && i < got; i++) {
+        Py_XDECREF(reads[i].path);
+        if (reads[i].out.obj != NULL)
+            PyBuffer_Release(&reads[i].out);
+    }
+    PyMem_Free(reads);
+    Py_XDECREF(sequence);
+    PyBuffer_Release(&scratch);
     return result;
 }
 
@@ -474,6 +556,10 @@ static PyMethodDef methods[] = {
      "for one that cannot be stat'ed, in one call outside the GIL."},
     {"bind", py_bind, METH_VARARGS,
      "bind(path)\n--\n\nFind blosc_decompress_ctx in the shared library at path: whether it was found."},
+    {"read_many", py_read_many, METH_VARARGS,
+     "read_many(requests, scratch)\n--\n\nEach request's chunk, a tuple (path, offset, nbytes, out, blosc), as read "
+     "reads it,\nthrough the one scratch buffer (of each nbytes or more), the GIL released once: their stamps, "
+     "None\nfor each that failed."},
     {"read_file", py_read_file, METH_VARARGS,
      "read_file(path)\n--\n\nThe whole regular file's bytes, or None when they cannot be read so."},
     {"encode", py_encode, METH_VARARGS,

@@ -1,7 +1,8 @@
 """One chunk of a local shard file read, checked (crc32c) and decoded (Blosc) by one call of outcore's C
-extension ``_chunks``, which holds the GIL only to start and to return: `read_at_once`; and whole files (picture
-files at ingest) by others: `read_file_at_once`, `read_files_at_once`; files' sizes and times: `stat_files_at_once`;
-a shard's chunks compressed and checksummed for writing: `encode_at_once`.
+extension ``_chunks``, which holds the GIL only to start and to return: `read_at_once` (several chunks, a chunk's
+fields, in one call: `read_many_at_once`); and whole files (picture files at ingest) by others: `read_file_at_once`,
+`read_files_at_once`; files' sizes and times: `stat_files_at_once`; a shard's chunks compressed and checksummed for
+writing: `encode_at_once`.
 
 Read by Python's calls, a chunk takes seven system calls (open, advice, two fstat, pread, close) and the
 checksum and codec calls, each releasing the GIL and taking it again, with a dozen Python calls between them:
@@ -56,6 +57,14 @@ read_at_once, _why_not = _bound()
 once bytes ``[offset, offset + nbytes)`` of the file at ``path`` (a chunk's encoded bytes and their crc32c)
 are read, checked and decoded into ``out`` (Blosc frames through ``scratch``, a writable buffer of ``nbytes``
 or more); None when anything failed or the file changed while it was read. None where it cannot run here."""
+
+
+read_many_at_once: Callable[[Sequence[tuple[Any, ...]], bytearray], list[Any]] | None
+read_many_at_once = getattr(_chunks, "read_many", None) if read_at_once is not None else None  # None: built before it
+"""``read_many_at_once(requests, scratch)``: each request ``(path, offset, nbytes, out, blosc)`` read, checked and
+decoded as `read_at_once` reads it, one after the other through ``scratch`` (of each ``nbytes`` or more), by one
+call that releases the GIL once for them all (a chunk's fields): their stamps, None for each that failed. None where
+it cannot run here."""
 
 
 read_file_at_once: Callable[[str], bytes | None] | None

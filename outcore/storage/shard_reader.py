@@ -45,7 +45,7 @@ from zarr.storage import LocalStore
 from ..errors import CorruptChunkError, OutcoreError
 from ..threads import submit_io
 from . import blocks
-from .chunk_reads import read_at_once
+from .chunk_reads import read_at_once, read_many_at_once
 from .failures import retried
 from .groups import shard_path
 from .huge_pages import HugePageReads
@@ -180,9 +180,9 @@ class ShardReader:
             return out[: len(values)]
         out = self.empty() if out is None else out
         if self._layout.read_at_once is not None and self._read_at_once(chunk, out):
-            return out[: stop - start]
+            return self._samples_of(chunk, out)
         try:
-            return self._read_retried(chunk, out)[: stop - start]
+            return self._samples_of(chunk, self._read_retried(chunk, out))
         except _Unreadable as error:
             pins = getattr(self._layout.files, "pins", None)
             replaced = pins.replaced() if pins else None  # a file rewritten in place as it was read
@@ -201,21 +201,52 @@ class ShardReader:
 
         return retried(attempt, self.where, lambda: self._what(chunk))
 
+    @staticmethod
+    def read_together(reads: Sequence[tuple[ShardReader, int, np.ndarray]]) -> list[np.ndarray]:
+        """Each ``(reader, chunk, out)``'s ``reader.read(chunk, out)``: the chunks of local shard files whose index
+        is known read by one C call that releases the GIL once for them all (`chunk_reads.read_many_at_once`: a
+        chunk's fields), the others, and any that call did not vouch for, by `read`, which names what is wrong."""
+        asked = [(k, request) for k, (reader, chunk, out) in enumerate(reads)
+                 if reader._layout is not None and reader._layout.read_many_at_once is not None
+                 and (request := reader._request(chunk, out)) is not None]
+        done: set[int] = set()
+        if len(asked) > 1:
+            requests = [request for _, (request, _) in asked]
+            read_many = reads[asked[0][0]][0]._layout.read_many_at_once
+            stamps = read_many(requests, _scratch(max(request[2] for request in requests)))
+            done = {k for (k, (_, stamp)), got in zip(asked, stamps, strict=True) if got == stamp}
+        return [reader._samples_of(chunk, out) if k in done else reader.read(chunk, out=out)
+                for k, (reader, chunk, out) in enumerate(reads)]
+
+    def _samples_of(self, chunk: int, out: np.ndarray) -> np.ndarray:
+        """The chunk's samples in ``out``, a whole chunk's buffer (the last chunk holds fewer)."""
+        start = chunk * self.chunk_size
+        return out[: min(self.num_samples, start + self.chunk_size) - start]
+
+    def _request(self, chunk: int, out: np.ndarray) -> tuple[tuple[str, int, int, np.ndarray, bool], Hashable] | None:
+        """The arguments of the chunk's read into ``out`` by one C call, ``(path, offset, nbytes, out, blosc)``, and
+        the stamp of the version of its shard file whose index was read; None where its shard's index is not known
+        yet, or the chunk was never written."""
+        layout = self._layout
+        shard, inner = divmod(chunk, layout.chunks_per_shard)
+        known = self._indexes.get(shard)
+        if known is None:
+            return None
+        offset, nbytes = known.spans[inner]
+        if offset == _EMPTY:
+            return None
+        return (layout.path(shard), offset, nbytes, out, layout.blosc), known.stamp
+
     def _read_at_once(self, chunk: int, out: np.ndarray) -> bool:
         """Whether the chunk was read, checked and decoded into ``out`` by one C call outside the GIL
         (`chunk_reads.read_at_once`), from the version of its shard file whose index was read. A chunk of a shard
         whose index is not known yet, and any failure, are left to `_read_retried`: it reads the chunk again
         (in that call, once it has the index), and names what is wrong."""
-        layout = self._layout
-        shard, inner = divmod(chunk, layout.chunks_per_shard)
-        known = self._indexes.get(shard)
-        if known is None:
+        asked = self._request(chunk, out)
+        if asked is None:
             return False
-        offset, nbytes = known.spans[inner]
-        if offset == _EMPTY:
-            return False
-        stamp = layout.read_at_once(layout.path(shard), offset, nbytes, _scratch(nbytes), out, layout.blosc)
-        return stamp == known.stamp
+        (path, offset, nbytes, out, blosc), stamp = asked
+        return self._layout.read_at_once(path, offset, nbytes, _scratch(nbytes), out, blosc) == stamp
 
     def _read_direct(self, chunk: int, out: np.ndarray) -> np.ndarray:
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
@@ -372,6 +403,7 @@ class _DirectLayout:
         # a chunk of a local file read with pread in one C call (`ShardReader._read_at_once`), where it can be
         local = isinstance(files, _LocalFiles) and not files.huge_pages
         self.read_at_once = read_at_once if local else None
+        self.read_many_at_once = read_many_at_once if local else None
 
     def key(self, shard: int) -> str:
         key = self._keys.get(shard)
