@@ -155,12 +155,16 @@ def test_a_batch_is_made_without_a_python_call_per_sample(photos, kind, transfor
 
 def test_a_batchs_labels_are_copied_in_one_call_whatever_the_runs_of_its_pictures(photos, monkeypatch):
     """A field whose batch holds a few bytes is copied once as the batch is made, not in each run; the batch is the
-    same."""
+    same. A pool of its own: one whose gauge lowered its limit to 1 (a busy machine) makes a single run."""
     before = _batch(photos["pixels"], None, 256)
     calls = []
     monkeypatch.setattr(gather, "RUN_BYTES", 16 << 10)  # the pictures in runs of 5 samples or more, 4 a thread
     monkeypatch.setattr(gather, "copy_samples", lambda *args: calls.append(args[3].dtype) or copy_samples(*args))
-    after = _batch(photos["pixels"], None, 256)
+    outcore.set_threads(2)
+    try:
+        after = _batch(photos["pixels"], None, 256)
+    finally:
+        outcore.set_threads(None)
     assert calls.count(np.dtype(np.uint8)) >= 4 and calls.count(np.dtype(np.int64)) == 1
     for name in ("images", "labels"):
         np.testing.assert_array_equal(after[name], before[name])
