@@ -192,7 +192,7 @@ def test_a_chunk_s_fields_are_read_in_one_call_and_one_that_fails_is_named(tmp_p
 @needs_extension
 def test_readers_made_each_epoch_read_into_their_thread_s_one_buffer(tmp_path, rng):
     """An iterator made each epoch opens new readers: they read into the buffer the thread's earlier readers grew
-    (a new one is zeroed holding the GIL), each reader's chunks still its own field's."""
+    (a new one's pages are faulted in again), each reader's chunks still its own field's."""
     location, values = _store(tmp_path, rng, "zstd")
     ds = outcore.open_dataset(location)
     for epoch in range(2):
@@ -202,6 +202,19 @@ def test_readers_made_each_epoch_read_into_their_thread_s_one_buffer(tmp_path, r
         if epoch == 0:
             grown = shard_reader._SCRATCH.buffer
     assert shard_reader._SCRATCH.buffer is grown  # the second reader allocated none
+
+
+def test_a_thread_s_read_buffer_grows_by_powers_of_two_as_chunks_grow_by_bytes():
+    """Compressed chunks differ by a few bytes: a buffer grown to each new largest one would be allocated again
+    and again (holding the GIL); grown to a power of two, it is allocated once for every size up to it."""
+    def grow():
+        buffer = shard_reader._scratch(1 << 20)
+        assert len(buffer) == 1 << 20 and buffer.dtype == np.uint8 and buffer.flags.c_contiguous
+        assert all(shard_reader._scratch(size) is buffer for size in range(1000, 1 << 20, 4099))
+        assert len(shard_reader._scratch((1 << 20) + 1)) == 1 << 21
+
+    with ThreadPoolExecutor(1) as pool:  # a thread of its own: no buffer yet
+        pool.submit(grow).result()
 
 
 def test_outcore_native_0_reads_with_python_s_calls(tmp_path, rng):

@@ -61,7 +61,8 @@ _BLOSC_HEADER = struct.Struct("<III")  # nbytes, blocksize, cbytes: bytes 4..15 
 # what zarr raises for a damaged chunk: a checksum, a codec, or a chunk that decodes to another size
 _CORRUPTION = re.compile(r"checksum|decompress|blosc|corrupt|cannot reshape", re.IGNORECASE)
 # Each thread's read buffer, shared by every reader it runs (an iterator made each epoch opens new readers): grown
-# to the largest chunk it read, never allocated again (a new buffer is zeroed holding the GIL, and faulted in).
+# to a power of two at least the largest chunk it read (a few sizes in all, however the chunks' sizes creep up),
+# never zeroed (its pages are faulted in by the C call that first writes them, outside the GIL).
 _SCRATCH = threading.local()
 
 
@@ -358,11 +359,16 @@ class ShardReader:
         )
 
 
-def _scratch(nbytes: int) -> bytearray:
-    """This thread's read buffer, of ``nbytes`` or more (`_SCRATCH`)."""
+def _scratch(nbytes: int) -> np.ndarray:
+    """This thread's read buffer, of ``nbytes`` or more (`_SCRATCH`), uninitialised.
+
+    >>> buffer = _scratch(5000)
+    >>> len(buffer) >= 5000 and len(buffer) & (len(buffer) - 1) == 0, _scratch(100) is buffer
+    (True, True)
+    """
     scratch = getattr(_SCRATCH, "buffer", None)
     if scratch is None or len(scratch) < nbytes:
-        scratch = _SCRATCH.buffer = bytearray(int(nbytes))
+        scratch = _SCRATCH.buffer = np.empty(1 << max(0, int(nbytes) - 1).bit_length(), np.uint8)
     return scratch
 
 
