@@ -5,6 +5,7 @@ is not so: every failure is left to the shard reader (or Python's own calls), wh
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from outcore.errors import CorruptChunkError, ImageError
 from outcore.imaging import read_image_file
 from outcore.ingest import fields
 from outcore.ingest.fields import file_stats
+from outcore.iterate.runs import ChunkBuffers
 from outcore.storage import chunk_reads, shard_reader
 from outcore.storage.pins import stamp_of
 from outcore.testing import chunk_location, corrupt_chunk
@@ -163,30 +165,42 @@ def test_chunks_read_many_at_once_are_each_as_read_at_once(tmp_path, rng, compre
 
 
 @needs_extension
-def test_a_chunk_s_fields_are_read_in_one_call_and_one_that_fails_is_named(tmp_path, rng, monkeypatch):
-    """An iterator reads the stored values of a chunk's fields together (`ShardReader.read_together`), once their
-    shards' indexes are known: the same samples; a chunk that call cannot vouch for is read again by its reader,
-    which names it."""
+def test_a_read_task_s_chunks_are_read_in_one_call_and_one_that_fails_is_named(tmp_path, rng, monkeypatch):
+    """A read task reads the stored values of its chunks' fields together (`ChunkBuffers.read_many`, by
+    `ShardReader.read_vouched`), once their shards' indexes are known: the same samples, one C call for them all; a
+    chunk that call cannot vouch for is read again by its reader, and one that fails is named in its place while the
+    others are read."""
     values = rng.integers(0, 1000, (2000, 5, 3)).astype(np.int32)
     labels = np.arange(2000)
     location = tmp_path / "two.zarr"
     outcore.from_arrays({"x": values, "y": labels}, location, chunk_size=32, shuffle_on_write=False, progress=False)
     ds = outcore.open_dataset(location)
-    readers = [ds.shard_reader("x"), ds.shard_reader("y")]
+    buffers = ChunkBuffers({"x": ds.shard_reader("x"), "y": ds.shard_reader("y")})
+    for reader in buffers.readers.values():  # every shard's index read
+        for chunk in range(0, 10, reader.array.shards[0] // 32):
+            reader.read(chunk)
     calls = []
     read_many = chunk_reads.read_many_at_once
-    monkeypatch.setattr(readers[0]._layout, "read_many_at_once", lambda *args: calls.append(1) or read_many(*args))
-    for chunk in range(7):
-        outs = [np.full((32, 5, 3), -1, np.int32), np.full(32, -1, np.int64)]
-        x, y = shard_reader.ShardReader.read_together(list(zip(readers, (chunk, chunk), outs, strict=True)))
-        np.testing.assert_array_equal(x, values[chunk * 32 : (chunk + 1) * 32])
-        np.testing.assert_array_equal(y, labels[chunk * 32 : (chunk + 1) * 32])
-    per_shard = readers[0].array.shards[0] // 32  # a shard's first chunk is read alone, with its index
-    assert per_shard > 1 and len(calls) == 7 - len({chunk // per_shard for chunk in range(7)})
+    monkeypatch.setattr(buffers.readers["x"]._layout, "read_many_at_once",
+                        lambda requests, scratch: calls.append(len(requests)) or read_many(requests, scratch))
+
+    def same(got, chunk):
+        assert list(got[0]) == ["x", "y"] and list(got[1]) == ["x", "y"]
+        np.testing.assert_array_equal(got[0]["x"], values[chunk * 32 : (chunk + 1) * 32])
+        np.testing.assert_array_equal(got[0]["y"], labels[chunk * 32 : (chunk + 1) * 32])
+
+    for first in range(0, 8, 2):
+        for chunk, got in zip((first, first + 1), buffers.read_many([first, first + 1]), strict=True):
+            same(got, chunk)
+            buffers.give(got[1])
+    assert calls == [4] * 4  # two fields of two chunks, one call a task
     corrupt_chunk(location, "y", 2)
+    got = buffers.read_many([1, 2, 3])
+    same(got[0], 1)
+    same(got[2], 3)
+    assert isinstance(got[1], CorruptChunkError) and re.search(r"field 'y', chunk 2 .*crc32c", str(got[1]))
     with pytest.raises(CorruptChunkError, match=r"field 'y', chunk 2 .*crc32c"):
-        shard_reader.ShardReader.read_together([(readers[0], 2, outs[0]), (readers[1], 2, outs[1])])
-    np.testing.assert_array_equal(outs[0], values[64:96])  # the other field's chunk was read all the same
+        buffers.read(2)
 
 
 @needs_extension

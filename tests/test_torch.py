@@ -153,10 +153,10 @@ def test_loader_workers_each_read_only_their_streams_chunks(pictures_store, monk
     log.mkdir()
     read = LocalRun._read
 
-    def logged(self, chunk):  # runs in the forked workers
+    def logged(self, chunks):  # runs in the forked workers
         with open(log / str(os.getpid()), "a") as file:
-            file.write(f"{chunk}\n")
-        return read(self, chunk)
+            file.write("".join(f"{chunk}\n" for chunk in chunks))
+        return read(self, chunks)
 
     monkeypatch.setattr(LocalRun, "_read", logged)
 

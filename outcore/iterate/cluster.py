@@ -403,9 +403,11 @@ def make_span(source: StoreFields, recipe: Recipe, chunk_size: int, span: Span, 
     for step in span.steps:
         if made and seen and not slot.seen():  # the consumer closed the run: nobody would take the rest
             return _worker_address(), made
-        for chunk in np.unique(step.chunks).tolist():
-            if chunk not in loaded:
-                loaded[chunk] = buffers.read(chunk)
+        missing = [chunk for chunk in np.unique(step.chunks).tolist() if chunk not in loaded]
+        for chunk, read in zip(missing, buffers.read_many(missing), strict=True):  # in one C call where they can be
+            if isinstance(read, Exception):
+                raise read
+            loaded[chunk] = read
         arena = slot.arena(span.part(step)) if slot is not None else None
         batch = make_batch(recipe, step.samples, chunk_size, step.chunks, {c: v for c, (v, _) in loaded.items()},
                            step.draws, plain if arena is None else arena.empty)

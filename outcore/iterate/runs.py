@@ -35,6 +35,7 @@ from .readers import ChunkReader, sample_bytes, sample_spec
 from .schedule import BatchStep, schedule
 from .stats import LoaderStats
 
+Loaded = tuple[dict[str, Any], dict[str, np.ndarray]]  # a chunk's values by field, and the buffers they are in
 WAKE_SECONDS = 0.05  # how often a blocked consumer or producer looks whether its run was closed
 EXIT_SECONDS = 2.0  # the longest the interpreter's exit waits for the producers to stop
 
@@ -249,16 +250,52 @@ class ChunkBuffers:
         with self.lock:
             self.free = {name: [] for name in self.readers}
 
-    def read(self, chunk: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """Chunk ``chunk`` of every field, read into buffers taken here (the stored values' fields together, in one
-        C call where they can be: `ShardReader.read_together`): ``(values, buffers)``; `give` the buffers back once
-        no batch needs the values."""
-        buffers = {name: self.take(name) for name in self.readers}
+    def read(self, chunk: int) -> Loaded:
+        """Chunk ``chunk`` of every field, read into buffers taken here: ``(values, buffers)`` (`read_many`); `give`
+        the buffers back once no batch needs the values."""
+        (got,) = self.read_many([chunk])
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def read_many(self, chunks: Sequence[int]) -> list[Loaded | Exception]:
+        """Chunks ``chunks`` of every field, each read into buffers taken here, the stored values' fields of them all
+        in one C call where they can be (`ShardReader.read_vouched`), the others by their readers: for each chunk
+        ``(values, buffers)``, or the error its read raised (a damaged chunk, named: the others are read all the
+        same); `give` the buffers back once no batch needs the values."""
+        taken = [{name: self.take(name) for name in self.readers} for _ in chunks]
         together = self.together
-        values = dict(zip(together, ShardReader.read_together([(self.readers[name], chunk, buffers[name])
-                                                               for name in together]), strict=True))
-        return {name: values[name] if name in values else reader.read(chunk, out=buffers[name])
-                for name, reader in self.readers.items()}, buffers
+        vouched = iter(ShardReader.read_vouched([(self.readers[name], chunk, buffers[name])
+                                                 for chunk, buffers in zip(chunks, taken, strict=True)
+                                                 for name in together]))
+        read: list[Loaded | Exception] = []
+        for chunk, buffers in zip(chunks, taken, strict=True):
+            known = {name: next(vouched) for name in together}
+            try:
+                read.append(({name: reader.read(chunk, out=buffers[name]) if known.get(name) is None else known[name]
+                              for name, reader in self.readers.items()}, buffers))
+            except Exception as error:  # noqa: BLE001 - raised by whoever takes this chunk's values
+                read.append(error)
+        return read
+
+
+class Loading:
+    """A chunk being read by a task that reads a few (`ChunkBuffers.read_many`): `result` is its ``(values,
+    buffers)``, or raises what its read raised; `cancel` cancels the task (the other chunks' too)."""
+
+    __slots__ = ("index", "task")
+
+    def __init__(self, task: Task[list[Loaded | Exception]], index: int) -> None:
+        self.task, self.index = task, index
+
+    def result(self) -> Loaded:
+        got = self.task.result()[self.index]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def cancel(self) -> bool:
+        return self.task.cancel()
 
 
 class LocalRun(Run):
@@ -290,6 +327,8 @@ class LocalRun(Run):
     batch is a view of its part of the arrays made together, which stay in memory while any of them is held."""
 
     MAX_READ_AHEAD = 8
+    READ_TOGETHER = 2  # chunks a read task reads, in one C call where it can: a batch's, mostly (its task's GIL
+    # hand-overs paid once for them); no more, so that the many chunks of a run's first steps are read in parallel
     REMOTE_READ_AHEAD = 16  # answers come out of order: a thread waiting on a late one leaves later ones to others
     MAKING_BYTES = 256 << 20  # batches made at once hold at most about this much (two at least)
     TOGETHER_BYTES = 64 << 20  # batches made as one hold at most about this much
@@ -297,7 +336,7 @@ class LocalRun(Run):
 
     def __init__(self, work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> None:
         self.buffers, self.readers = buffers, buffers.readers
-        self.loading: dict[int, Task[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}  # by chunk
+        self.loading: dict[int, Loading] = {}  # by chunk
         self.damaged: set[int] = set()  # chunks left out of this epoch (``skip_damaged``)
         self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
         self.made: deque[Task[list[Batch]]] = deque()  # batches being made or not yet handed over, in order
@@ -338,11 +377,9 @@ class LocalRun(Run):
             fetch = step.fetch if self.fetch_ahead is not None else step.load if self.remote else ()
             if fetch:  # asked for now, chunks stored back to back in one request
                 self._prefetch(list(dict.fromkeys(int(work.plan.chunks[slot]) for slot in fetch)))
-            chunks = work.plan.chunks
-            for slot in step.load:
-                chunk = int(chunks[slot])
-                if chunk not in self.loading:
-                    self.loading[chunk] = submit(self._read, chunk, limited=not self.remote)
+            loads = [int(work.plan.chunks[slot]) for slot in step.load]
+            self._load([chunk for chunk in dict.fromkeys(loads) if chunk not in self.loading])
+            for chunk in loads:
                 self.slots_held[chunk] = self.slots_held.get(chunk, 0) + 1
             together.append(step)
             if len(together) == self.together:
@@ -447,10 +484,21 @@ class LocalRun(Run):
         for reader in self.readers.values():
             reader.prefetch(chunks)
 
-    def _read(self, chunk: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """Chunk ``chunk`` of every field, read into the run's buffers: ``(values, buffers)``."""
-        read = self.buffers.read(chunk)
+    def _load(self, chunks: list[int]) -> None:
+        """Have ``chunks`` read, `READ_TOGETHER` a task (from an object store, one: answers come out of order)."""
+        together = 1 if self.remote else self.READ_TOGETHER
+        for first in range(0, len(chunks), together):
+            some = chunks[first : first + together]
+            task = submit(self._read, some, limited=not self.remote)
+            for index, chunk in enumerate(some):
+                self.loading[chunk] = Loading(task, index)
+
+    def _read(self, chunks: list[int]) -> list[Loaded | Exception]:
+        """Chunks ``chunks`` of every field, read into the run's buffers: each ``(values, buffers)``, or its read's
+        error."""
+        read = self.buffers.read_many(chunks)
         if self.next_use is not None:
-            for reader in self.readers.values():
-                reader.expect(chunk, float(self.next_use[chunk]))
+            for chunk in chunks:
+                for reader in self.readers.values():
+                    reader.expect(chunk, float(self.next_use[chunk]))
         return read

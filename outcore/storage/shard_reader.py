@@ -203,21 +203,24 @@ class ShardReader:
         return retried(attempt, self.where, lambda: self._what(chunk))
 
     @staticmethod
-    def read_together(reads: Sequence[tuple[ShardReader, int, np.ndarray]]) -> list[np.ndarray]:
-        """Each ``(reader, chunk, out)``'s ``reader.read(chunk, out)``: the chunks of local shard files whose index
-        is known read by one C call that releases the GIL once for them all (`chunk_reads.read_many_at_once`: a
-        chunk's fields), the others, and any that call did not vouch for, by `read`, which names what is wrong."""
+    def read_vouched(reads: Sequence[tuple[ShardReader, int, np.ndarray]]) -> list[np.ndarray | None]:
+        """Each ``(reader, chunk, out)``'s chunk read into ``out`` (its samples, as `read` returns them) where one C
+        call that releases the GIL once for them all can vouch for it: the chunks of local shard files whose index is
+        known (`chunk_reads.read_many_at_once`: a chunk's fields, the chunks of a read task); None for the others, and
+        for any the call did not vouch for, which the caller reads by `read`."""
+        got: list[np.ndarray | None] = [None] * len(reads)
         asked = [(k, request) for k, (reader, chunk, out) in enumerate(reads)
                  if reader._layout is not None and reader._layout.read_many_at_once is not None
                  and (request := reader._request(chunk, out)) is not None]
-        done: set[int] = set()
         if len(asked) > 1:
             requests = [request for _, (request, _) in asked]
             read_many = reads[asked[0][0]][0]._layout.read_many_at_once
             stamps = read_many(requests, _scratch(max(request[2] for request in requests)))
-            done = {k for (k, (_, stamp)), got in zip(asked, stamps, strict=True) if got == stamp}
-        return [reader._samples_of(chunk, out) if k in done else reader.read(chunk, out=out)
-                for k, (reader, chunk, out) in enumerate(reads)]
+            for (k, (_, stamp)), read in zip(asked, stamps, strict=True):
+                if read == stamp:
+                    reader, chunk, out = reads[k]
+                    got[k] = reader._samples_of(chunk, out)
+        return got
 
     def _samples_of(self, chunk: int, out: np.ndarray) -> np.ndarray:
         """The chunk's samples in ``out``, a whole chunk's buffer (the last chunk holds fewer)."""

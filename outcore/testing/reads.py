@@ -10,7 +10,7 @@ the workers of a Dask cluster.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Sequence
 
 from ..iterate import runs
 
@@ -23,17 +23,17 @@ def count_chunk_reads() -> None:
     local threads and cluster spans alike): `chunk_reads` says how many."""
     with _lock:
         _reads[0] = 0
-    read = runs.ChunkBuffers.read
-    if getattr(read, "counted", False):
+    read_many = runs.ChunkBuffers.read_many
+    if getattr(read_many, "counted", False):
         return
 
-    def counted(self: runs.ChunkBuffers, chunk: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def counted(self: runs.ChunkBuffers, chunks: Sequence[int]) -> list[runs.Loaded | Exception]:
         with _lock:
-            _reads[0] += 1
-        return read(self, chunk)
+            _reads[0] += len(chunks)
+        return read_many(self, chunks)
 
     counted.counted = True  # type: ignore[attr-defined]
-    runs.ChunkBuffers.read = counted  # type: ignore[method-assign]
+    runs.ChunkBuffers.read_many = counted  # type: ignore[method-assign]
 
 
 def chunk_reads() -> int:
