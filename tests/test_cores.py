@@ -170,6 +170,29 @@ def test_a_batchs_labels_are_copied_in_one_call_whatever_the_runs_of_its_picture
         np.testing.assert_array_equal(after[name], before[name])
 
 
+def test_a_batchs_pictures_are_copied_in_runs_of_run_bytes_at_least(monkeypatch, rng):
+    """Each run takes the GIL back and hands work to a thread: 48 MiB of pictures (four batches made together) are
+    copied in 3 runs of 16 MiB, not a run a few MiB, on any number of threads; the batch is the same as on one."""
+    chunks = {slot: {"images": rng.integers(0, 255, (128, 128, 128, 3), dtype=np.uint8),
+                     "labels": np.arange(slot * 128, slot * 128 + 128)} for slot in range(8)}
+    keys = rng.permutation(np.repeat(np.arange(8), 128))
+    samples = keys * 128 + rng.integers(0, 128, len(keys))
+    recipe = Recipe.of(["images", "labels"], (), [], None)
+    runs = []
+    monkeypatch.setattr(gather, "copy_samples", lambda *args: runs.append((args[3].dtype, len(args[1])))
+                        or copy_samples(*args))
+    outcore.set_threads(8)  # a pool of its own, all 8 threads busy at most
+    try:
+        batch = make_batch(recipe, samples, 128, keys, chunks, ((len(keys), (1, 2, 3, 4)),))
+    finally:
+        outcore.set_threads(None)
+    pictures = [count for dtype, count in runs if dtype == np.uint8]
+    assert len(pictures) == 3 and min(pictures) >= gather.RUN_BYTES // (128 * 128 * 3), runs
+    for row, (key, sample) in enumerate(zip(keys, samples, strict=True)):
+        assert (batch["images"][row] == chunks[key]["images"][sample % 128]).all()
+    np.testing.assert_array_equal(batch["labels"], samples)
+
+
 def test_a_copy_of_a_few_bytes_keeps_the_gil_and_a_large_one_lets_it_go():
     """Letting the GIL go and taking it back costs more than copying a batch's labels: the C extension copies fewer
     than 64 KiB holding it (counted by `gil_free_clock` only where it lets it go)."""

@@ -37,7 +37,9 @@ from ..imaging import (
 from ..storage import RaggedChunk, blocks
 from ..threads import for_each, for_each_run
 
-RUN_BYTES = 4 << 20  # a run of copies moves this much at least: its few microseconds of Python are ~1 % of it
+RUN_BYTES = 16 << 20  # a run of copies moves this much at least: each run takes the GIL back and hands a thread work
+# or waits for one, a third to half as long as copying 4 MiB that the caches hold (docs/benchmarks.md, "Figures
+# behind the code")
 # A run of decodes (60 us to a few ms each) holds DECODES_PER_RUN of them, or fewer of large pictures: as many as read
 # RUN_PIXELS of their files' pixels, at least one. Each run holds the GIL a few microseconds (its slices of the arrays
 # `RowDecodes` and `BoxCuts` made ready), so runs of small pictures are long, and a batch of large ones is shared out
