@@ -56,6 +56,21 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "outcore info: error: outcore info needs a STORE to describe, or --system"
 
 
+def test_a_ctrl_c_line_says_outcores_notes_and_not_pythons(monkeypatch, capsys):
+    """A Ctrl-C taken while a class is made (an enum's, as a module imports) carries Python's note "Error calling
+    __set_name__ ..." (3.12 on): the one line says outcore's notes only."""
+    def interrupted(args):
+        interrupt = KeyboardInterrupt()
+        interrupt.add_note("Error calling __set_name__ on '_proto_member' instance 'JANUARY' in 'Month'")
+        interrupt.add_note("outcore could not stop the ingest's tasks (RuntimeError: gone); those started may still run")
+        raise interrupt
+
+    monkeypatch.setattr(sys.modules["outcore.cli.main"], "_info", interrupted)  # the module: `main` is its function
+    assert main(["info", "x.zarr"]) == 130
+    assert capsys.readouterr().err == ("outcore info: interrupted; outcore could not stop the ingest's tasks "
+                                       "(RuntimeError: gone); those started may still run\n")
+
+
 def test_info_system_names_the_jpeg_decoder_the_chunk_reads_and_the_draws(capsys):
     assert main(["info", "--system"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -51,7 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as interrupt:
         kept = " (the shards written so far are kept: the same command with --resume continues)" \
             if args.command == "ingest" else ""
-        noted = "".join(f"; {' '.join(note.split())}" for note in getattr(interrupt, "__notes__", ()))
+        noted = "".join(f"; {' '.join(note.split())}" for note in getattr(interrupt, "__notes__", ())
+                        if note.startswith("outcore "))  # outcore's own: Python notes an interrupt taken as a class
+        # is made ("Error calling __set_name__ on ..."), which says nothing to the user
         print(f"outcore {args.command}: interrupted{kept}{noted}", file=sys.stderr)
         _quiet_teardown()
         return 130
