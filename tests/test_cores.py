@@ -193,6 +193,23 @@ def test_a_batchs_pictures_are_copied_in_runs_of_run_bytes_at_least(monkeypatch,
     np.testing.assert_array_equal(batch["labels"], samples)
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # no state
+@given(keys=st.one_of(st.lists(st.integers(0, 40), max_size=600), st.lists(st.integers(0, 2**40), max_size=50)),
+       chunk_size=st.integers(1, 300), data=st.data())
+def test_a_batchs_rows_by_chunk_follow_the_rule_in_c_and_numpy(backend, keys, chunk_size, data):
+    """`Rows.of`: the rows in a stable order of their chunks (in one C call that keeps the GIL, its counting sort;
+    keys spread too far for it, and no extension: numpy's sort), each with its chunk's index and its sample's place
+    in the chunk."""
+    samples = data.draw(st.lists(st.integers(0, 10**9), min_size=len(keys), max_size=len(keys)))
+    rows = gather.Rows.of(np.array(keys, np.int64), np.array(samples, np.int64), chunk_size)
+    order = sorted(range(len(keys)), key=lambda k: keys[k])
+    chunks = sorted(set(keys))
+    assert rows.order.tolist() == order and rows.chunks.tolist() == chunks
+    assert rows.which.tolist() == [chunks.index(keys[k]) for k in order]
+    assert rows.local.tolist() == [samples[k] % chunk_size for k in order]
+    assert {part.dtype for part in (rows.order, rows.chunks, rows.which, rows.local)} == {np.dtype(np.int64)}
+
+
 def test_a_copy_of_a_few_bytes_keeps_the_gil_and_a_large_one_lets_it_go():
     """Letting the GIL go and taking it back costs more than copying a batch's labels: the C extension copies fewer
     than 64 KiB holding it (counted by `gil_free_clock` only where it lets it go)."""

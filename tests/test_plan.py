@@ -12,11 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.rules import BUFFER_SHUFFLE, WINDOW_ORDER, chunk_permutation, seeded
 
+from outcore import seeds
 from outcore.errors import OptionError
-from outcore.iterate import BatchOptions
+from outcore.iterate import BatchOptions, stream
 from outcore.iterate.options import Subset
 from outcore.iterate.plan import Consumer, EpochPlan, EpochSteps, default_streams
 from outcore.iterate.schedule import max_held
+from outcore.iterate.stream import Selection, StreamPlan
 
 layouts = st.tuples(st.integers(0, 3000), st.integers(1, 300)).filter(lambda t: t[0] < 60 * t[1])
 
@@ -422,6 +424,32 @@ def test_the_lazy_plan_follows_the_plain_rule(layout, batch_size, buffer_chunks,
     assert plan.take(start, stop)[0].tolist() == expected[start:stop]
     slots = plan.take(0, len(plan))[1]
     assert np.array_equal(np.bincount(slots[:start], minlength=len(plan.chunks)), plan.emitted_before(start))
+
+
+@settings(max_examples=150, deadline=None)
+@given(layout=layouts, window=st.integers(1, 6), mixed=st.booleans(), key=st.lists(st.integers(0, 2**40), min_size=4,
+       max_size=4), data=st.data())
+def test_a_stream_s_windows_made_in_one_c_call_are_those_numpy_makes(layout, window, mixed, key, data):
+    """`seeds.window_draws` makes a window in one C call that keeps the GIL: the very samples and slots, in the very
+    order, that numpy's calls make (subsets with repeats, spans past the stream's end)."""
+    if getattr(seeds._draws, "window", None) is None:
+        pytest.skip(f"outcore's seeds._draws extension is not in use here: {seeds.how()}")
+    num_samples, chunk_size = layout
+    indices = np.sort(np.array(data.draw(st.lists(st.integers(0, max(0, num_samples - 1)), max_size=num_samples)),
+                               np.int64)) if num_samples and data.draw(st.booleans()) else None
+    selection = Selection(num_samples, chunk_size, indices)
+    order = np.random.default_rng(key[0]).permutation(-(-num_samples // chunk_size))
+    start = data.draw(st.integers(0, max(0, len(selection))))
+    bounds = (start, data.draw(st.integers(start, 2 * len(selection) + 1)))
+    options = {"window": window if mixed else 1, "mixed": mixed, "key": tuple(key)}
+    ours = StreamPlan(selection, order, bounds, **options)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stream, "window_draws", lambda *args: None)
+        numpys = StreamPlan(selection, order, bounds, **options)
+        expected = [numpys.window_contents(w) for w in range(len(numpys.window_ends))]
+    for w, (samples, slots) in enumerate(expected):
+        made = ours.window_contents(w)
+        assert made[0].tolist() == samples.tolist() and made[1].tolist() == slots.tolist()
 
 
 def test_a_plan_of_a_hundred_million_samples_is_small_and_quick():

@@ -14,6 +14,10 @@
  * label map cut and resized nearest-neighbour, mirrored by reversed lines), or the pixel `fill` where a line lies
  * outside the map (past the picture's edges). rows and columns are int64 (k, height) and (k, width).
  *
+ * rows(keys, samples, chunk_size, order, which, local, chunks): a batch's rows sorted by chunk (a stable counting
+ * sort of the keys, with the GIL kept: microseconds of work, which numpy's calls would spread over several
+ * releases of the GIL, each a hand-over to another thread on a busy pool).
+ *
  * It needs no library: setup.py builds it wherever a C compiler is; outcore.imaging.windows and
  * outcore.imaging.targets fall back to numpy without it (the same bytes).
  */
@@ -416,6 +420,62 @@ done:
     return result;
 }
 
+/* Keys spread over more than this many values past 4 per row are left to numpy's sort (a counting sort's table
+ * would cost more than the sort). */
+#define COUNTED_SPAN 4096
+
+static PyObject *py_rows(PyObject *self, PyObject *args) {
+    Py_buffer views[6];
+    long long chunk_size;
+    if (!PyArg_ParseTuple(args, "y*y*Lw*w*w*w*:rows", &views[0], &views[1], &chunk_size, &views[2], &views[3],
+                          &views[4], &views[5]))
+        return NULL;
+    const Py_ssize_t count = views[0].len / (Py_ssize_t)sizeof(int64_t);
+    int fine = chunk_size >= 1;
+    for (int i = 0; i < 6; i++)
+        fine = fine && views[i].len == count * (Py_ssize_t)sizeof(int64_t);
+    const int64_t *keys = views[0].buf, *samples = views[1].buf;
+    int64_t *order = views[2].buf, *which = views[3].buf, *local = views[4].buf, *chunks = views[5].buf;
+    int64_t low = 0, high = -1, found = -1, *next = NULL;
+    for (Py_ssize_t i = 0; fine && i < count; i++) {
+        low = i == 0 || keys[i] < low ? keys[i] : low;
+        high = i == 0 || keys[i] > high ? keys[i] : high;
+    }
+    const int64_t span = high - low + 1;
+    if (fine && count && span > 0 && span <= COUNTED_SPAN + 4 * (int64_t)count &&
+        (next = PyMem_RawCalloc((size_t)span, sizeof(int64_t))) != NULL) {
+        for (Py_ssize_t i = 0; i < count; i++) /* rows of each key, then where each key's rows start */
+            next[keys[i] - low]++;
+        found = 0;
+        for (int64_t v = 0, at = 0; v < span; v++) {
+            const int64_t rows = next[v];
+            next[v] = at;
+            if (rows) {
+                for (int64_t k = at; k < at + rows; k++)
+                    which[k] = found;
+                chunks[found++] = low + v;
+            }
+            at += rows;
+        }
+        for (Py_ssize_t i = 0; i < count; i++) { /* stable: each key's rows in their order */
+            const int64_t at = next[keys[i] - low]++, remainder = samples[i] % chunk_size;
+            order[at] = i;
+            local[at] = remainder < 0 ? remainder + chunk_size : remainder;
+        }
+        PyMem_RawFree(next);
+    } else if (fine && count == 0) {
+        found = 0;
+    }
+    for (int i = 0; i < 6; i++)
+        PyBuffer_Release(&views[i]);
+    if (!fine) {
+        PyErr_SetString(PyExc_ValueError, "need int64 keys, samples, order, which, local and chunks of one length and "
+                                          "chunk_size >= 1");
+        return NULL;
+    }
+    return PyLong_FromLongLong(found);
+}
+
 static PyMethodDef methods[] = {
     {"copy", (PyCFunction)(void (*)(void))py_copy, METH_VARARGS | METH_KEYWORDS,
      "copy(chunks, which, local, out, rows, tops=None, lefts=None, flips=None)\n--\n\n"
@@ -427,6 +487,11 @@ static PyMethodDef methods[] = {
      "For every k, map k is the sizes[k] (height, width) pixels from pixel starts[k] of chunks[which[k]], and\n"
      "out[targets[k], y, x] = map[rows[k, y], columns[k, x]], or the pixel fill (bytes) where the row or column\n"
      "lies outside the map. The GIL is released while the pixels are copied."},
+    {"rows", py_rows, METH_VARARGS,
+     "rows(keys, samples, chunk_size, order, which, local, chunks)\n--\n\n"
+     "A batch's rows by chunk (outcore.iterate.gather.Rows): order the rows' stable sort by keys, chunks the keys\n"
+     "(each once, increasing), which each sorted row's index in chunks, local its sample % chunk_size. Returns\n"
+     "how many chunks, or -1 where the keys spread too far for a counting sort. The GIL is kept."},
     FREE_METHOD,
     {NULL, NULL, 0, NULL},
 };

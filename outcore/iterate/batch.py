@@ -194,7 +194,7 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     on the piece, and so is its `Flip` (each box mirrored as it is cut), so the rest of the transform sees
     the same generator state. The batch's arrays are made by ``empty`` (a Dask worker's go to shared memory:
     `outcore.iterate.shared`); ``spent``, when given, is told the seconds the rest of the transform took."""
-    rows = Rows(keys, samples % chunk_size)
+    rows = Rows.of(keys, samples, chunk_size)
     if recipe.transform is None:
         return assemble(rows, data, recipe.fields, recipe.text_fields, empty, later=recipe.later)
     per_piece, after = recipe.per_piece, recipe.after
@@ -206,7 +206,7 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     joined = len(draws) > 1 and per_piece is not None  # the pieces' results joined into new arrays
     returned = empty if after is None else plain  # makes the arrays handed back as they are
     made = plain if joined else returned
-    cut = None if recipe.crop is None else _cut(recipe, keys, samples % chunk_size, rows, data, draws, rngs)
+    cut = None if recipe.crop is None else _cut(recipe, keys, rows, data, draws, rngs)
     targets = None if cut is None else getattr(recipe.crop, "targets", None)
     if targets is None:
         batch = assemble(rows, data, recipe.fields, recipe.text_fields, made, cut, recipe.later)
@@ -230,8 +230,8 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
     return batch
 
 
-def _cut(recipe: Recipe, keys: np.ndarray, local: np.ndarray, rows: Rows, data: Mapping[int, ChunkValues],
-         draws: Draws, rngs: list[np.random.Generator] | None) -> Cut:
+def _cut(recipe: Recipe, keys: np.ndarray, rows: Rows, data: Mapping[int, ChunkValues], draws: Draws,
+         rngs: list[np.random.Generator] | None) -> Cut:
     """The recipe's crop (and flip) of each row, as the transform would draw them on each piece of ``draws`` with
     ``rngs``, its generators; without them (nothing draws after the flip), all at once where the crop can
     (`PiecesAtOnce`), else piece by piece with generators made here."""
@@ -250,6 +250,8 @@ def _cut(recipe: Recipe, keys: np.ndarray, local: np.ndarray, rows: Rows, data: 
         try:
             boxes[low:high] = np.asarray(crop.boxes(sizes[low:high], rng), np.float64).reshape(-1, 4)
         except OptionError as error:  # a picture too small for the crop: name it
+            local = np.empty_like(rows.local)
+            local[rows.order] = rows.local  # in the batch's order
             raise _too_small(error, crop, [data[key][crop.field] for key in keys[low:high].tolist()],
                              local[low:high].tolist(), sizes[low:high].tolist()) from None
         if recipe.flip is not None:

@@ -22,7 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..seeds import Domain, generator, permutation
+from ..seeds import Domain, generator, permutation, window_draws
 
 
 class Selection:
@@ -82,7 +82,7 @@ class StreamPlan:
             self.deals = generator(Domain.BUFFER_SHUFFLE, *key).multinomial(
                 self.slot_sizes, np.full(window, 1 / window)).astype(np.int64)
         else:
-            self.deals = self.slot_sizes[:, None]
+            self.deals = self.slot_sizes[:, None].copy()  # C-contiguous, as `window_draws` takes them
         self._deal_ends = np.cumsum(self.deals, axis=1)
         window_sizes = np.zeros(len(self.chunks) + self.deals.shape[1] - 1, dtype=np.int64)
         for d in range(self.deals.shape[1]):
@@ -139,6 +139,11 @@ class StreamPlan:
 
     def _make_window(self, w: int) -> tuple[np.ndarray, np.ndarray]:
         low = max(0, w - self.window + 1)
+        made = window_draws(self._key, w, low, self._first, self.slot_sizes, self.deals, self._deal_ends, self.mixed,
+                            self._ends[w] - (self._ends[w - 1] if w else 0))
+        if made is not None:  # one C call, the GIL kept: numpy's calls below give it up (to other threads) several times
+            local, owner = made
+            return self.selection.sample(self.chunks[owner], local), owner
         slots = np.arange(low, min(w + 1, len(self.chunks)))
         groups = [self._dealt(int(j), w - int(j)) for j in slots]
         local = np.concatenate(groups) if groups else np.empty(0, np.int64)

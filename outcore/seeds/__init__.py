@@ -112,6 +112,31 @@ def permutation(domain: Domain, key: Sequence[int], count: int) -> np.ndarray:
     return out
 
 
+def window_draws(key: Sequence[int], w: int, low: int, first: np.ndarray, sizes: np.ndarray, deals: np.ndarray,
+                 ends: np.ndarray, mixed: bool, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """An epoch stream's window ``w`` (`outcore.iterate.stream.StreamPlan`) made by the ``_draws`` extension in one call
+    that keeps the GIL (a few microseconds of work: a GIL given up would be taken by another thread, which costs more):
+    ``(local, owner)``, the local index and slot of each of its ``count`` samples: slots ``low .. w`` (``first`` and
+    ``sizes`` their first local index and size), slot ``j``'s samples in the order `permutation` gives for ``(*key,
+    j)`` in `Domain.BUFFER_SHUFFLE` (with ``mixed``), its stretch ``[ends[j, w - j] - deals[j, w - j], ends[j, w - j])``
+    taken, the slots' stretches back to back, then put in `permutation`'s order for ``(*key, w)`` in
+    `Domain.WINDOW_ORDER` (with ``mixed``). None where the extension is not built (or the key is no int64 one): the
+    caller makes it with numpy (the same numbers).
+
+    >>> made = window_draws((0, 1), 0, 0, np.array([0]), np.array([4]), np.array([[4]]), np.array([[4]]), True, 4)
+    >>> made is None or sorted(made[0].tolist()) == [0, 1, 2, 3]
+    True
+    """
+    made = getattr(_draws, "window", None)
+    values = [int(value) for value in key]
+    if made is None or (values and not 0 <= min(values) <= max(values) < 2**63):
+        return None
+    local, owner = np.empty(count, np.int64), np.empty(count, np.int64)
+    made(np.array(values, np.int64), int(Domain.BUFFER_SHUFFLE), int(Domain.WINDOW_ORDER), w, low, first, sizes, deals,
+         ends, mixed, local, owner)
+    return local, owner
+
+
 def integers(rng: np.random.Generator, high: int, count: int) -> np.ndarray:
     """``rng.integers(0, high, size=count)``: the same int64 numbers, and the same state after, drawn by the
     ``_draws`` extension where it is built (numpy's argument handling costs more than the few draws of a

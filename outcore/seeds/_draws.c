@@ -25,6 +25,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "_seed_sequence.h"
 
@@ -396,6 +397,118 @@ static PyObject *py_permutation(PyObject *self, PyObject *args) {
     }
     Py_RETURN_NONE;
 }
+
+/* numpy's shuffle of order[0 .. count - 1] (Generator.permutation's order when it holds 0 .. count - 1), drawn from
+ * the generator of (*key, last) in domain: 0, or -1 for a key too long. */
+static int shuffle_keyed(const int64_t *key, Py_ssize_t length, int64_t last, uint64_t domain, int64_t *order,
+                         int64_t count) {
+    int64_t extended[MAX_WORDS / 2];
+    pcg64_t generator;
+    if (length + 1 >= MAX_WORDS / 2)
+        return -1;
+    memcpy(extended, key, (size_t)length * sizeof(int64_t));
+    extended[length] = last;
+    if (keyed(&generator, extended, length + 1, domain) < 0)
+        return -1;
+    for (int64_t i = count - 1; i >= 1; i--) { /* from the last, each with one at or before it */
+        const int64_t j = (int64_t)interval(&generator, (uint64_t)i), held = order[i];
+        order[i] = order[j];
+        order[j] = held;
+    }
+    return 0;
+}
+
+typedef struct { /* a window to make (py_window's arguments) */
+    const int64_t *key, *first, *sizes, *deals, *ends;
+    Py_ssize_t length, window;
+    uint64_t slot_domain, window_domain;
+    int64_t w, low, last, count;
+    int mixed;
+    int64_t *local, *owner;
+} window_t;
+
+/* The window into its local and owner, through scratch (3 x count int64 and the largest slot's): 0, or -1. */
+static int make_window(const window_t *made, int64_t *scratch) {
+    int64_t *order = scratch, *was_local = scratch + made->count, *was_owner = scratch + 2 * made->count;
+    int64_t *dealt = scratch + 3 * made->count, at = 0;
+    for (int64_t j = made->low; j <= made->last; j++) {
+        const int64_t d = made->w - j, end = made->ends[j * made->window + d], number = made->deals[j * made->window + d];
+        if (number == 0)
+            continue;
+        for (int64_t i = 0; i < made->sizes[j]; i++) /* the slot's samples in dealing order */
+            dealt[i] = made->first[j] + i;
+        if (made->mixed && shuffle_keyed(made->key, made->length, j, made->slot_domain, dealt, made->sizes[j]) < 0)
+            return -1;
+        memcpy(was_local + at, dealt + end - number, (size_t)number * sizeof(int64_t));
+        for (int64_t i = 0; i < number; i++)
+            was_owner[at + i] = j;
+        at += number;
+    }
+    for (int64_t i = 0; i < made->count; i++)
+        order[i] = i;
+    if (made->mixed && shuffle_keyed(made->key, made->length, made->w, made->window_domain, order, made->count) < 0)
+        return -1;
+    for (int64_t i = 0; i < made->count; i++) { /* gathered in the window's order */
+        made->local[i] = was_local[order[i]];
+        made->owner[i] = was_owner[order[i]];
+    }
+    return 0;
+}
+
+/* outcore.seeds.window_draws (see there): an epoch stream's window w. The GIL is kept for a window of fewer than
+ * FREE_FROM samples: given up and taken back, it would go to another thread, which costs more than the window. */
+static PyObject *py_window(PyObject *self, PyObject *args) {
+    Py_buffer key, first, sizes, deals, ends, local, owner;
+    unsigned long long slot_domain, window_domain;
+    long long w, low;
+    int mixed;
+    if (!PyArg_ParseTuple(args, "y*KKLLy*y*y*y*pw*w*:window", &key, &slot_domain, &window_domain, &w, &low, &first,
+                          &sizes, &deals, &ends, &mixed, &local, &owner))
+        return NULL;
+    const Py_ssize_t item = (Py_ssize_t)sizeof(int64_t), slots = first.len / item;
+    window_t made = {key.buf, first.buf, sizes.buf, deals.buf, ends.buf, key.len / item,
+                     slots ? deals.len / item / slots : 0, slot_domain, window_domain, w, low,
+                     w < (long long)slots - 1 ? w : (long long)slots - 1, local.len / item, mixed, local.buf, owner.buf};
+    int fine = key.len % item == 0 && first.len % item == 0 && sizes.len == first.len && local.len % item == 0 &&
+               owner.len == local.len && deals.len == ends.len && 0 <= low && low <= w &&
+               (slots ? made.window >= 1 && deals.len == slots * made.window * item && w - low < made.window
+                      : made.count == 0); /* a stream of no slots: windows of no samples */
+    for (Py_ssize_t i = 0; fine && i < made.length; i++)
+        fine = made.key[i] >= 0;
+    int64_t most = 0, taken = 0;
+    for (int64_t j = low; fine && j <= made.last; j++) {
+        const int64_t d = w - j, end = made.ends[j * made.window + d], number = made.deals[j * made.window + d];
+        fine = made.sizes[j] >= 0 && number >= 0 && end <= made.sizes[j] && end - number >= 0;
+        most = made.sizes[j] > most ? made.sizes[j] : most;
+        taken += number;
+    }
+    fine = fine && taken == made.count;
+    int64_t *scratch = fine ? PyMem_RawMalloc((size_t)(3 * taken + most + 1) * sizeof(int64_t)) : NULL;
+    if (scratch != NULL) {
+        PyThreadState *saved = made.count >= FREE_FROM ? PyEval_SaveThread() : NULL;
+        fine = make_window(&made, scratch) == 0;
+        if (saved != NULL)
+            PyEval_RestoreThread(saved);
+        PyMem_RawFree(scratch);
+    }
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&first);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&deals);
+    PyBuffer_Release(&ends);
+    PyBuffer_Release(&local);
+    PyBuffer_Release(&owner);
+    if (fine && scratch == NULL)
+        return PyErr_NoMemory();
+    if (!fine) {
+        PyErr_SetString(PyExc_ValueError, "need an int64 key of a few numbers of 0 or more, int64 first and sizes "
+                                          "(slots), int64 deals and ends (slots, window) whose deals to window w fit "
+                                          "the slots, 0 <= low <= w < low + window, int64 local and owner as long as "
+                                          "the window");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
 #endif
 
 static PyMethodDef methods[] = {
@@ -417,6 +530,10 @@ static PyMethodDef methods[] = {
     {"resized_crops_and_flips", py_resized_crops_and_flips, METH_VARARGS,
      "resized_crops_and_flips(keys, domain, counts, sizes, scale, ratio, flip, boxes, flips)\n--\n\nEach piece's "
      "RandomResizedCrop\nboxes of its pictures' sizes into the int64 boxes, then its mirrors, as crops_and_flips."},
+    {"window", py_window, METH_VARARGS,
+     "window(key, slot_domain, window_domain, w, low, first, sizes, deals, ends, mixed, local, owner)\n--\n\n"
+     "StreamPlan's window w: its "
+     "samples' local\nindices and slots into the int64 local and owner, made as outcore.iterate.stream makes them."},
 #endif
     {NULL, NULL, 0, NULL},
 };
