@@ -14,7 +14,9 @@ from support.rules import BUFFER_SHUFFLE, WINDOW_ORDER, chunk_permutation, seede
 
 from outcore import seeds
 from outcore.errors import OptionError
+from outcore.imaging import native
 from outcore.iterate import BatchOptions, stream
+from outcore.iterate import plan as plan_module
 from outcore.iterate.options import Subset
 from outcore.iterate.plan import Consumer, EpochPlan, EpochSteps, default_streams
 from outcore.iterate.schedule import max_held
@@ -450,6 +452,31 @@ def test_a_stream_s_windows_made_in_one_c_call_are_those_numpy_makes(layout, win
     for w, (samples, slots) in enumerate(expected):
         made = ours.window_contents(w)
         assert made[0].tolist() == samples.tolist() and made[1].tolist() == slots.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(layout=layouts, batch_size=st.integers(1, 50), buffer_chunks=st.integers(0, 20), world_size=st.sampled_from([1, 3]),
+       seed=st.integers(0, 1000), drop_last=st.booleans(), data=st.data())
+def test_a_span_put_together_in_one_c_call_is_the_one_numpy_puts_together(layout, batch_size, buffer_chunks,
+                                                                         world_size, seed, drop_last, data):
+    """`EpochPlan.span` puts its streams' samples batch after batch, each slot numbered, in one C call each
+    (`interleave`, the GIL kept): the very arrays numpy's concatenations and gathers make (the repeat included)."""
+    if getattr(native.windows, "interleave", None) is None:
+        pytest.skip(f"outcore's _windows extension is not in use here: {native.copies()}")
+    num_samples, chunk_size = layout
+    options = {"batch_size": batch_size, "seed": seed, "buffer_chunks": buffer_chunks, "world_size": world_size,
+               "rank": data.draw(st.integers(0, world_size - 1)), "drop_last": drop_last,
+               "streams": 3 * data.draw(st.integers(1, 3))}
+    ours, numpys = EpochPlan(num_samples, chunk_size, **options), EpochPlan(num_samples, chunk_size, **options)
+    first = data.draw(st.integers(0, ours.steps))
+    stop = data.draw(st.integers(first, ours.steps + 1))
+    made = ours.span(first, stop)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plan_module, "interleave", lambda *args: None)
+        expected = numpys.span(first, stop)
+    assert [part.tolist() for part in made[:2]] == [part.tolist() for part in expected[:2]] and made[2] == expected[2]
+    with pytest.raises(ValueError, match="adding up"):
+        native.windows.interleave([np.arange(3)], np.array([[2]]), None, np.empty(3, np.int64))
 
 
 def test_a_plan_of_a_hundred_million_samples_is_small_and_quick():

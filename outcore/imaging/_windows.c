@@ -18,6 +18,9 @@
  * sort of the keys, with the GIL kept: microseconds of work, which numpy's calls would spread over several
  * releases of the GIL, each a hand-over to another thread on a busy pool).
  *
+ * interleave(parts, counts, tables, out): an epoch plan's streams' items put batch after batch (each batch's share of
+ * stream 0, then of stream 1, ...), each through its stream's table where given, in one call.
+ *
  * It needs no library: setup.py builds it wherever a C compiler is; outcore.imaging.windows and
  * outcore.imaging.targets fall back to numpy without it (the same bytes).
  */
@@ -476,6 +479,80 @@ static PyObject *py_rows(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(found);
 }
 
+/* Parts of more items than this in all are put together with the GIL released (a copy that long is worth a hand-over). */
+#define INTERLEAVE_HOLD_BELOW (1 << 16)
+
+static PyObject *py_interleave(PyObject *self, PyObject *args) {
+    PyObject *part_list, *table_list;
+    Py_buffer counts, out;
+    if (!PyArg_ParseTuple(args, "Oy*Ow*:interleave", &part_list, &counts, &table_list, &out))
+        return NULL;
+    PyObject *parts = PySequence_Fast(part_list, "interleave: parts must be a sequence");
+    PyObject *tables = parts == NULL || table_list == Py_None
+                           ? NULL : PySequence_Fast(table_list, "interleave: tables must be a sequence or None");
+    const Py_ssize_t item = (Py_ssize_t)sizeof(int64_t), streams = parts ? PySequence_Fast_GET_SIZE(parts) : 0;
+    Py_buffer *views = parts ? PyMem_Calloc((size_t)(2 * streams + 1), sizeof(Py_buffer)) : NULL;
+    Py_ssize_t got = 0, got_tables = 0, *taken = views ? PyMem_Calloc((size_t)streams + 1, sizeof(Py_ssize_t)) : NULL;
+    int fine = taken != NULL && (table_list == Py_None || (tables && PySequence_Fast_GET_SIZE(tables) == streams)) &&
+               counts.len % item == 0 && out.len % item == 0 && streams > 0 && counts.len / item % streams == 0;
+    while (fine && got < streams && (fine = PyObject_GetBuffer(PySequence_Fast_GET_ITEM(parts, got), &views[got],
+                                                               PyBUF_C_CONTIGUOUS) == 0))
+        fine = views[got++].len % item == 0;
+    while (fine && tables && got_tables < streams &&
+           (fine = PyObject_GetBuffer(PySequence_Fast_GET_ITEM(tables, got_tables), &views[streams + got_tables],
+                                      PyBUF_C_CONTIGUOUS) == 0))
+        fine = views[streams + got_tables++].len % item == 0;
+    const int64_t *count = counts.buf;
+    const Py_ssize_t batches = streams ? counts.len / item / streams : 0, total = out.len / item;
+    Py_ssize_t all = 0;
+    for (Py_ssize_t s = 0; fine && s < streams; s++) { /* each part holds its counts, each item in its table */
+        Py_ssize_t part = 0;
+        for (Py_ssize_t b = 0; fine && b < batches; b++) {
+            fine = count[b * streams + s] >= 0;
+            part += count[b * streams + s];
+        }
+        fine = fine && part == views[s].len / item;
+        for (Py_ssize_t i = 0; fine && tables && i < part; i++) {
+            const int64_t value = ((const int64_t *)views[s].buf)[i];
+            fine = value >= 0 && value < views[streams + s].len / item;
+        }
+        all += part;
+    }
+    fine = fine && all == total;
+    if (fine) {
+        int64_t *into = out.buf;
+        PyThreadState *saved = total >= INTERLEAVE_HOLD_BELOW ? PyEval_SaveThread() : NULL;
+        for (Py_ssize_t b = 0; b < batches; b++)
+            for (Py_ssize_t s = 0; s < streams; s++) {
+                const int64_t *from = (const int64_t *)views[s].buf + taken[s], number = count[b * streams + s];
+                const int64_t *table = tables ? views[streams + s].buf : NULL;
+                for (int64_t i = 0; i < number; i++)
+                    *into++ = table ? table[from[i]] : from[i];
+                taken[s] += number;
+            }
+        if (saved != NULL)
+            PyEval_RestoreThread(saved);
+    }
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    for (Py_ssize_t i = 0; i < got_tables; i++)
+        PyBuffer_Release(&views[streams + i]);
+    PyMem_Free(views);
+    PyMem_Free(taken);
+    Py_XDECREF(parts);
+    Py_XDECREF(tables);
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&out);
+    if (!fine) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "need int64 parts (one a stream), int64 counts (batches, streams) adding up "
+                                              "to each part, tables (one a stream, holding each item) or None, and an "
+                                              "int64 out of all the items");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"copy", (PyCFunction)(void (*)(void))py_copy, METH_VARARGS | METH_KEYWORDS,
      "copy(chunks, which, local, out, rows, tops=None, lefts=None, flips=None)\n--\n\n"
@@ -492,6 +569,10 @@ static PyMethodDef methods[] = {
      "A batch's rows by chunk (outcore.iterate.gather.Rows): order the rows' stable sort by keys, chunks the keys\n"
      "(each once, increasing), which each sorted row's index in chunks, local its sample % chunk_size. Returns\n"
      "how many chunks, or -1 where the keys spread too far for a counting sort. The GIL is kept."},
+    {"interleave", py_interleave, METH_VARARGS,
+     "interleave(parts, counts, tables, out)\n--\n\n"
+     "Into out, batch after batch, each stream's next counts[b, s] items of parts[s] (through tables[s]: an item\n"
+     "v as tables[s][v], where tables is not None). The GIL is kept for a few thousand items."},
     FREE_METHOD,
     {NULL, NULL, 0, NULL},
 };

@@ -54,6 +54,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import OptionError
+from ..imaging.windows import interleave
 from ..seeds import Domain, permutation
 from .stream import Selection, StreamPlan, span_slots
 
@@ -373,24 +374,28 @@ class EpochPlan:
         counts = np.tile(self.takes, (stop - first, 1))  # (batches, streams): each stream's share of each
         if stop == self.steps:
             counts[-1] = self.last
-        samples, slots = [], []
-        for stream, numbers, start, count in zip(self.streams, self._numbers, (first * self.takes).tolist(),
-                                                 counts.sum(axis=0).tolist()):
+        samples, slots = [], []  # each stream's, its slots numbered as the stream numbers them
+        for stream, start, count in zip(self.streams, (first * self.takes).tolist(), counts.sum(axis=0).tolist()):
             stream_samples, stream_slots = stream.take(start, start + count)
             samples.append(stream_samples)
-            slots.append(numbers[stream_slots])
+            slots.append(stream_slots)
+        numbers = self._numbers  # the rank's number of each stream's slots (and of the repeat's)
         if self._pad is not None and stop == self.steps:
             samples.append(np.array([self._pad[1]]))
-            slots.append(self._numbers[-1])
+            slots.append(np.zeros(1, np.int64))
             counts = np.concatenate([counts, np.zeros((len(counts), 1), counts.dtype)], axis=1)
             counts[-1, -1] = 1
         if not samples:
             return np.empty(0, np.int64), np.empty(0, np.int64), [0] * (stop - first + 1)
-        samples_all = np.concatenate(samples).astype(np.int64, copy=False)
-        slots_all = np.concatenate(slots).astype(np.int64, copy=False)
-        if len(counts) > 1 and counts.shape[1] > 1:  # stream after stream, to batch after batch
-            order = batch_major(counts)
-            samples_all, slots_all = samples_all[order], slots_all[order]
+        samples_all = interleave(samples, counts)  # one C call each, the GIL kept: numpy's calls give it up a stream
+        if samples_all is not None:
+            slots_all = interleave(slots, counts, numbers[: len(slots)])
+        else:
+            samples_all = np.concatenate(samples).astype(np.int64, copy=False)
+            slots_all = np.concatenate([table[part] for table, part in zip(numbers, slots)]).astype(np.int64, copy=False)
+            if len(counts) > 1 and counts.shape[1] > 1:  # stream after stream, to batch after batch
+                order = batch_major(counts)
+                samples_all, slots_all = samples_all[order], slots_all[order]
         bounds = [0, *np.cumsum(counts.sum(axis=1)).tolist()]
         self._planned.append((first, stop, samples_all, slots_all, bounds))
         return samples_all, slots_all, bounds
