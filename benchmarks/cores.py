@@ -1,7 +1,7 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil,torch,feed,processes,parts] [--processes 1,2]
+                               [--only scaling,gil,releases,torch,feed,processes,parts] [--processes 1,2]
                                [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
                                [--cases pixels,pixels-each,pixels+crop,pixels+crop-torch,encoded,encoded+crop,
                                         encoded+crop-torch,rrc,dense,dense-own,ingest]
@@ -40,6 +40,12 @@ loop takes it, in tensors (with PyTorch installed); ``ingest``:
   thread at a time), printed for 16 cores beside the scaling measured here; then the functions holding the GIL
   most (each sample put in its innermost outcore frame's function): where to look first.
 
+- **releases** (asked for with ``--only ...,releases``): how often a batch gives up the GIL, and where. Each time a
+  thread gives it up while another wants it, the other takes it: a hand-over (a wake, a switch) that costs more
+  than a few microseconds of work, and more the more threads there are. ``perf`` counts the calls of CPython's
+  ``PyEval_SaveThread`` (a uprobe) in a process running the case at ``--gil-threads`` for ``--seconds``, each put
+  to the C function that gave the GIL up (numpy's, outcore's, a lock's or a queue's wait), per batch. Needs
+  ``perf`` and root (uprobes).
 - **processes** (asked for with ``--only ...,processes``): the same epochs made by loader processes
   (``ds.batches(256, shuffle=True, process=k)`` for each ``--processes`` k: one process making whole batches, or
   k making their parts of each, each on its share of the cores) against this process's threads on every core:
@@ -79,8 +85,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -103,6 +111,8 @@ BATCH = 256
 AS_CPUS = 0  # --as-cpus: the pool made and gauged as on that many CPUs (0: these)
 RATE = 250  # py-spy samples a second
 FUNCTIONS = 8  # the functions holding the GIL most, printed per case
+TAKEN = [0]  # batches taken by a process running a case (``--run``), for `releases`
+RELEASERS = 12  # the C functions giving up the GIL most, printed per case
 CASES = {  # name: (store, transform)
     "pixels": ("pixels", None),
     "pixels-each": ("pixels", None),  # ds.batches made anew each epoch
@@ -185,6 +195,8 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
         return ds.torch(BATCH, **options) if case in THROUGH_TORCH else ds.batches(BATCH, **options)
 
     batches = made()
+    if ready:  # `releases` asks how many batches were taken so far (SIGUSR1): a line on stdout
+        signal.signal(signal.SIGUSR1, lambda *_: print(f"taken {TAKEN[0]}", flush=True))
     rates, began, epoch, taken = [], time.perf_counter(), 0, 0
     while ready or len(rates) < 2 or time.perf_counter() - began < seconds:
         start, count = time.perf_counter(), 0
@@ -194,6 +206,7 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
         for batch in batches:  # each pass the next epoch, as in training
             count += len(batch["images"])
             taken += 1
+            TAKEN[0] += 1
         if epoch:
             rates.append(count / (time.perf_counter() - start))
         else:
@@ -464,6 +477,89 @@ def gil(made: dict[str, Path], cases: list[str], threads: int, seconds: float,
             print(f"    {count / max(1, total_held):6.1%}  {name}")
 
 
+def releases(made: dict[str, Path], cases: list[str], threads: int, seconds: float) -> None:
+    """``--only releases``: per batch, the times each C function gave the GIL up (`module docstring`)."""
+    event, added = release_probe()
+    if event is None:
+        print(f"\nno GIL releases counted: {added}")
+        return
+    pretend = f" as on {AS_CPUS} CPUs" if AS_CPUS else ""
+    print(f"\nthe GIL given up, per batch, at {threads} threads{pretend} "
+          f"(perf's count of PyEval_SaveThread calls, each put to the C function that made it; with numpy's, the "
+          "call that led there)")
+    try:
+        for case in cases:
+            counted, batches = count_releases(made, case, threads, seconds, event)
+            total = sum(counted.values())
+            print(f"\n{case}: {total / max(1, batches):.2f} a batch ({batches} batches)")
+            for name, count in counted.most_common(RELEASERS):
+                print(f"  {count / max(1, batches):6.2f}  {name}")
+    finally:
+        if added:
+            subprocess.run(["perf", "probe", "-q", "-d", event], check=False, capture_output=True)
+
+
+def release_probe() -> tuple[str | None, str | bool]:
+    """The perf event of CPython's ``PyEval_SaveThread`` (a uprobe on the library holding it) and whether it was
+    added here (to be deleted after), or None and why not."""
+    if shutil.which("perf") is None:
+        return None, "perf is not installed"
+    library = Path(sysconfig.get_config_var("LIBDIR") or "", sysconfig.get_config_var("INSTSONAME") or "")
+    holder = str(library) if sysconfig.get_config_var("Py_ENABLE_SHARED") and library.is_file() else sys.executable
+    added = subprocess.run(["perf", "probe", "-x", holder, "-a", "PyEval_SaveThread"], check=False, capture_output=True,
+                           text=True)
+    found = re.search(r"(\S+:PyEval_SaveThread)", added.stdout + added.stderr)
+    if added.returncode == 0 and found:
+        return found.group(1), True
+    listed = subprocess.run(["perf", "probe", "-l"], check=False, capture_output=True, text=True).stdout
+    found = re.search(r"(\S+:PyEval_SaveThread)", listed)  # added before
+    return (found.group(1), False) if found else (None, f"perf probe failed: {added.stderr.strip()[-200:]}")
+
+
+def count_releases(made: dict[str, Path], case: str, threads: int, seconds: float, event: str) -> tuple[Counter, int]:
+    """The GIL releases of a process running ``case`` for ``seconds`` by the C function making each, and the batches
+    it took meanwhile."""
+    process = subprocess.Popen([sys.executable, __file__, "--run", case, str(made[CASES[case][0]]), str(threads),
+                                str(seconds), "--ready", "--as-cpus", str(AS_CPUS)], stdout=subprocess.PIPE, text=True)
+    out = Path(tempfile.gettempdir(), f"outcore-releases-{os.getpid()}.data")
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+
+        def taken() -> int:
+            process.send_signal(signal.SIGUSR1)
+            return int(process.stdout.readline().split()[1])
+
+        before = taken()
+        subprocess.run(["perf", "record", "-q", "-e", event, "--call-graph", "dwarf,16384", "-p", str(process.pid),
+                        "-o", str(out), "--", "sleep", str(seconds)], check=True, capture_output=True)
+        batches = taken() - before
+        script = subprocess.run(["perf", "script", "-i", str(out)], check=True, capture_output=True, text=True).stdout
+        return releasers(script), batches
+    finally:
+        process.kill()
+        process.wait()
+        out.unlink(missing_ok=True)
+
+
+PLUMBING = ("_Py", "PyObject_", "PyNumber_", "object_vacall", "method_vectorcall", "cfunction", "do_call_core",
+            "binary_op", "slot_tp", "gen_", "thread_run", "pythread", "start_thread", "clone", "[unknown]")
+
+
+def releasers(script: str) -> Counter:
+    """``perf script``'s call stacks of the GIL's releases counted by the C function that made each (the frame
+    below PyEval_SaveThread), with the first caller that is not the interpreter's own plumbing for numpy's."""
+    counted: Counter = Counter()
+    for sample in script.split("\n\n"):
+        frames = [line.split(None, 1)[1].split("+")[0].split(" (")[0] for line in sample.strip().splitlines()[1:]
+                  if len(line.split(None, 1)) == 2]
+        if len(frames) < 2:
+            continue
+        releaser = frames[1]
+        callers = [frame for frame in frames[2:8] if not frame.startswith(PLUMBING) and frame != releaser]
+        counted[f"{releaser} < {callers[0]}" if callers and "numpy" not in releaser else releaser] += 1
+    return counted
+
+
 def torch_workers(location: Path, workers: list[int], seconds: float) -> None:
     """``ds.torch`` over ``location`` with the crop + flip and each number of DataLoader workers (kept across
     epochs, as in training): the median samples/s of the epochs after the first, each in a fresh process."""
@@ -653,6 +749,8 @@ def main() -> None:
     rates = scaling(made, cases, threads, args.seconds) if "scaling" in only else {}
     if "gil" in only:
         gil(made, cases, args.gil_threads, args.seconds, rates)
+    if "releases" in only:
+        releases(made, cases, args.gil_threads, args.seconds)
     processes = [int(k) for k in args.processes.split(",")]
     if "processes" in only:
         by_processes(made, cases, threads[-1], processes, args.seconds)

@@ -23,7 +23,7 @@ import outcore
 from outcore.imaging import native
 from outcore.imaging.windows import copy_samples
 from outcore.iterate import gather
-from outcore.iterate.batch import Recipe, make_batch
+from outcore.iterate.batch import Recipe, make_batch, transform_generator
 from outcore.iterate.readers import chunk_readers
 from outcore.measure import gil_free_clock
 from outcore.testing import write_image_folder
@@ -133,6 +133,28 @@ def test_a_crop_opening_the_transform_of_pixels_is_cut_as_the_batch_is_made_with
     assert fused["images"].dtype == after["images"].dtype
     np.testing.assert_array_equal(fused["images"], after["images"])
     np.testing.assert_array_equal(fused["labels"], after["labels"])
+
+
+class HalfPixelCrop(RandomCrop):
+    """A user's crop class made from `RandomCrop` whose boxes start half a pixel in: not windows of whole pixels."""
+
+    def boxes(self, sizes, rng):
+        return super().boxes(sizes, rng).astype(np.float64) + [0.5, 0.5, 0, 0]
+
+
+def test_a_crop_is_copied_as_windows_unchecked_only_where_its_own_class_says_it_draws_them(photos):
+    """`RandomCrop` says its boxes are windows of whole pixels (``windows``), so they are copied as they are,
+    unchecked; a subclass drawing other boxes is not taken at its parent's word: its boxes are checked, found
+    not whole, and resized out of their pictures."""
+    assert vars(RandomCrop)["windows"] and "windows" not in vars(HalfPixelCrop)
+    fused = _batch(photos["pixels"], Compose([HalfPixelCrop(24), RandomFlip()]), 64)
+    rng = transform_generator((1, 2, 3, 4))  # the batch's one piece's: its crop's draws, then its flip's
+    boxes = HalfPixelCrop(24).boxes(np.full((64, 2), 32), rng)
+    pictures = _chunk(photos["pixels"])[0]["images"][:64]
+    expected = gather.move_pictures(pictures, boxes, (24, 24), RandomFlip().draw(64, rng))
+    np.testing.assert_array_equal(fused["images"], expected)
+    windows = _batch(photos["pixels"], Compose([RandomCrop(24), RandomFlip()]), 64)
+    assert not np.array_equal(fused["images"], windows["images"])  # the same draws, cut half a pixel further in
 
 
 @pytest.mark.parametrize("kind", ["pixels", "encoded"])

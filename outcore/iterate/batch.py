@@ -14,7 +14,7 @@ from ..format import OFFSETS_SUFFIX, kept_name, offsets_name
 from ..imaging import Box, EncodedChunk
 from ..seeds import Domain, generator
 from ..storage import RaggedChunk
-from .gather import ChunkValues, Cut, Empty, Rows, assemble, picture_sizes, plain
+from .gather import ChunkValues, Cut, Empty, Rows, assemble, one_size, picture_sizes, plain
 from .targets import check_targets
 
 Batch = dict[str, np.ndarray]
@@ -26,7 +26,9 @@ class Crop(Protocol):
     """A transform that cuts one box per image and resizes it to ``output_size`` (`RandomResizedCrop`,
     `CenterCrop`; `RandomCrop`'s windows, at their own size, and `ScaleJitter`'s may lie past the edges): opening a
     transform on a picture field, it is done as the batch is made (`make_batch`): while decoding an encoded field,
-    while copying a pixel field's samples out of their chunks."""
+    while copying a pixel field's samples out of their chunks. A crop class whose every box is a window of whole
+    pixels at its output size says so in a class attribute of its own, ``windows = True`` (`RandomCrop`): its boxes
+    are then copied as they are, unchecked."""
 
     field: str
 
@@ -236,8 +238,10 @@ def _cut(recipe: Recipe, keys: np.ndarray, rows: Rows, data: Mapping[int, ChunkV
     ``rngs``, its generators; without them (nothing draws after the flip), all at once where the crop can
     (`PiecesAtOnce`), else piece by piece with generators made here."""
     crop = recipe.crop
-    sizes = picture_sizes(rows.sources(data, crop.field), rows.which, rows.local)
-    sizes[rows.order] = sizes.copy()  # in the batch's order
+    sources = rows.sources(data, crop.field)
+    sizes = picture_sizes(sources, rows.which, rows.local)
+    if not one_size(sources):  # in the batch's order
+        sizes[rows.order] = sizes.copy()
     at_once = getattr(crop, "boxes_of_pieces", None) if rngs is None else None
     drawn = None if at_once is None else at_once(sizes, draws, recipe.flip)
     if drawn is not None:
@@ -263,9 +267,10 @@ def _cut_of(recipe: Recipe, boxes: np.ndarray, flips: np.ndarray, sizes: np.ndar
     """The `Cut` of the recipe's crop by ``boxes`` and ``flips``, of pictures of ``sizes``."""
     crop = recipe.crop
     targets = getattr(crop, "targets", None)
+    whole = vars(type(crop)).get("windows", False)  # the crop's own class says so: a subclass may draw other boxes
     if targets is None:
-        return Cut(crop.field, crop.output_size, boxes, flips, sizes)
-    return Cut(crop.field, crop.output_size, boxes, flips, sizes, frozenset(targets.label_maps), targets.fill)
+        return Cut(crop.field, crop.output_size, boxes, flips, sizes, whole=whole)
+    return Cut(crop.field, crop.output_size, boxes, flips, sizes, frozenset(targets.label_maps), targets.fill, whole)
 
 
 def _too_small(error: OptionError, crop: Crop, sources: list[Any], indices: list[int],

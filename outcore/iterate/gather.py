@@ -123,13 +123,17 @@ class Cut:
     sizes: np.ndarray  # (rows, 2) int64
     label_maps: frozenset[str] = frozenset()  # raster fields cut with it, nearest-neighbour, ``fill`` past the edges
     fill: int = 0
+    whole: bool = False  # every box is a window of whole pixels at the output size, as the crop draws them
 
     def pixels(self) -> float:
         """The mean pixels of the pictures the boxes are cut from."""
         return float(np.prod(self.sizes, axis=1).mean()) if len(self.sizes) else 0.0
 
     def windows(self) -> bool:
-        """Whether every box is a window of whole pixels at the output size (a plain crop, copied as it is)."""
+        """Whether every box is a window of whole pixels at the output size (a plain crop, copied as it is): known
+        where the crop draws only such boxes (``whole``; numpy's checks of a batch's boxes give up the GIL)."""
+        if self.whole:
+            return True
         whole = np.all(self.boxes == np.round(self.boxes))
         return bool(whole and np.all(self.boxes[:, 2:] == self.size))
 
@@ -318,13 +322,19 @@ def picture_sizes(sources: Sequence[np.ndarray | EncodedChunk], which: np.ndarra
     """The (height, width) of sample ``local[k]`` of ``sources[which[k]]`` (the chunks' values of one picture
     field), (n, 2): one size for them all where the field has one (pixels, or encoded pictures of one shape)."""
     first = sources[0]
-    if isinstance(first, np.ndarray) or first.shapes is None:
+    if one_size(sources):
         return np.tile(np.asarray(_sample_shape(first)[:2], np.int64), (len(local), 1))
     sizes = np.empty((len(local), 2), np.int64)
     for chunk in np.unique(which).tolist():
         mine = which == chunk
         sizes[mine] = sources[chunk].shapes[local[mine], :2]
     return sizes
+
+
+def one_size(sources: Sequence[np.ndarray | EncodedChunk]) -> bool:
+    """Whether the pictures of ``sources`` (the chunks' values of one picture field) are all of one size: pixels, or
+    encoded pictures of one shape."""
+    return isinstance(sources[0], np.ndarray) or sources[0].shapes is None
 
 
 def move_pictures(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:

@@ -119,6 +119,7 @@ class RandomCrop:
     padding: int = 0
     field: str = "images"
     targets: Targets | None = None
+    windows: ClassVar[bool] = True  # every box it draws is a window of whole pixels at its size (copied as it is)
 
     @property
     def output_size(self) -> tuple[int, int]:

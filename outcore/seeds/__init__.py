@@ -132,6 +132,7 @@ def window_draws(key: Sequence[int], w: int, low: int, first: np.ndarray, sizes:
     if made is None or (values and not 0 <= min(values) <= max(values) < 2**63):
         return None
     local, owner = np.empty(count, np.int64), np.empty(count, np.int64)
+    first, sizes, deals, ends = (np.ascontiguousarray(values, np.int64) for values in (first, sizes, deals, ends))
     made(np.array(values, np.int64), int(Domain.BUFFER_SHUFFLE), int(Domain.WINDOW_ORDER), w, low, first, sizes, deals,
          ends, mixed, local, owner)
     return local, owner
