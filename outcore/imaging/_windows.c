@@ -426,6 +426,8 @@ done:
 /* Keys spread over more than this many values past 4 per row are left to numpy's sort (a counting sort's table
  * would cost more than the sort). */
 #define COUNTED_SPAN 4096
+/* `rows` and `interleave` of this many items or more release the GIL (work that long is worth a hand-over). */
+#define ITEMS_HOLD_BELOW (1 << 16)
 
 static PyObject *py_rows(PyObject *self, PyObject *args) {
     Py_buffer views[6];
@@ -447,6 +449,7 @@ static PyObject *py_rows(PyObject *self, PyObject *args) {
     const int64_t span = high - low + 1;
     if (fine && count && span > 0 && span <= COUNTED_SPAN + 4 * (int64_t)count &&
         (next = PyMem_RawCalloc((size_t)span, sizeof(int64_t))) != NULL) {
+        PyThreadState *saved = count >= ITEMS_HOLD_BELOW ? PyEval_SaveThread() : NULL;
         for (Py_ssize_t i = 0; i < count; i++) /* rows of each key, then where each key's rows start */
             next[keys[i] - low]++;
         found = 0;
@@ -465,6 +468,8 @@ static PyObject *py_rows(PyObject *self, PyObject *args) {
             order[at] = i;
             local[at] = remainder < 0 ? remainder + chunk_size : remainder;
         }
+        if (saved != NULL)
+            PyEval_RestoreThread(saved);
         PyMem_RawFree(next);
     } else if (fine && count == 0) {
         found = 0;
@@ -478,9 +483,6 @@ static PyObject *py_rows(PyObject *self, PyObject *args) {
     }
     return PyLong_FromLongLong(found);
 }
-
-/* Parts of more items than this in all are put together with the GIL released (a copy that long is worth a hand-over). */
-#define INTERLEAVE_HOLD_BELOW (1 << 16)
 
 static PyObject *py_interleave(PyObject *self, PyObject *args) {
     PyObject *part_list, *table_list;
@@ -521,7 +523,7 @@ static PyObject *py_interleave(PyObject *self, PyObject *args) {
     fine = fine && all == total;
     if (fine) {
         int64_t *into = out.buf;
-        PyThreadState *saved = total >= INTERLEAVE_HOLD_BELOW ? PyEval_SaveThread() : NULL;
+        PyThreadState *saved = total >= ITEMS_HOLD_BELOW ? PyEval_SaveThread() : NULL;
         for (Py_ssize_t b = 0; b < batches; b++)
             for (Py_ssize_t s = 0; s < streams; s++) {
                 const int64_t *from = (const int64_t *)views[s].buf + taken[s], number = count[b * streams + s];
@@ -568,7 +570,8 @@ static PyMethodDef methods[] = {
      "rows(keys, samples, chunk_size, order, which, local, chunks)\n--\n\n"
      "A batch's rows by chunk (outcore.iterate.gather.Rows): order the rows' stable sort by keys, chunks the keys\n"
      "(each once, increasing), which each sorted row's index in chunks, local its sample % chunk_size. Returns\n"
-     "how many chunks, or -1 where the keys spread too far for a counting sort. The GIL is kept."},
+     "how many chunks, or -1 where the keys spread too far for a counting sort. The GIL is kept for a few\n"
+     "thousand rows."},
     {"interleave", py_interleave, METH_VARARGS,
      "interleave(parts, counts, tables, out)\n--\n\n"
      "Into out, batch after batch, each stream's next counts[b, s] items of parts[s] (through tables[s]: an item\n"
