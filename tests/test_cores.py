@@ -216,7 +216,7 @@ def test_a_batchs_pictures_are_copied_in_runs_of_run_bytes_at_least(monkeypatch,
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # no state
-@given(keys=st.one_of(st.lists(st.integers(0, 40), max_size=600), st.lists(st.integers(0, 2**40), max_size=50)),
+@given(keys=st.one_of(st.lists(st.integers(0, 40), max_size=600), st.lists(st.integers(-2**63, 2**63 - 1), max_size=50)),
        chunk_size=st.integers(1, 300), data=st.data())
 def test_a_batchs_rows_by_chunk_follow_the_rule_in_c_and_numpy(backend, keys, chunk_size, data):
     """`Rows.of`: the rows in a stable order of their chunks (in one C call that keeps the GIL, its counting sort;

@@ -446,8 +446,9 @@ static PyObject *py_rows(PyObject *self, PyObject *args) {
         low = i == 0 || keys[i] < low ? keys[i] : low;
         high = i == 0 || keys[i] > high ? keys[i] : high;
     }
-    const int64_t span = high - low + 1;
-    if (fine && count && span > 0 && span <= COUNTED_SPAN + 4 * (int64_t)count &&
+    const uint64_t spread = (uint64_t)high - (uint64_t)low; /* unsigned: keys far apart do not overflow */
+    const int64_t span = spread < (uint64_t)COUNTED_SPAN + 4 * (uint64_t)count ? (int64_t)spread + 1 : 0;
+    if (fine && count && span > 0 &&
         (next = PyMem_RawCalloc((size_t)span, sizeof(int64_t))) != NULL) {
         PyThreadState *saved = count >= ITEMS_HOLD_BELOW ? PyEval_SaveThread() : NULL;
         for (Py_ssize_t i = 0; i < count; i++) /* rows of each key, then where each key's rows start */
