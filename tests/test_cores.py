@@ -73,6 +73,13 @@ def test_windows_are_the_zero_padded_pictures_cut_and_mirrored(backend, data, dt
     for k in range(count):
         expected = _reference(chunks[which[k]][local[k]], tops[k], lefts[k], window, tuple(flips[k].astype(bool)))
         np.testing.assert_array_equal(out[rows[k]], expected)
+    boxes = np.zeros((count, 4))  # the same windows as a batch holds them: each out row's box and mirrors
+    boxes[rows, 0], boxes[rows, 1], boxes[rows, 2:] = tops, lefts, window
+    mirrors = np.empty_like(flips)
+    mirrors[rows] = flips
+    again = np.full_like(out, 77)
+    copy_samples(chunks, which, local, again, rows, flips=mirrors, boxes=boxes)
+    np.testing.assert_array_equal(again, out)
 
 
 @pytest.mark.parametrize("shape", [(), (5,), (4, 3, 2)])
@@ -97,6 +104,10 @@ def test_a_copy_out_of_bounds_or_of_another_shape_is_refused_before_any_byte_mov
         copy_samples(chunks, one, one, out, np.array([5]))
     with pytest.raises(ValueError, match="one format"):
         copy_samples(chunks, one, one, out.astype(np.uint16), one)
+    with pytest.raises(ValueError, match="boxes float64"):  # a box for each row of out, not each copy
+        copy_samples(chunks, one, one, out, one, boxes=np.zeros((1, 4)))
+    with pytest.raises(ValueError, match="not both"):
+        native.windows.copy(chunks, one, one, out, one, one, one, boxes=np.zeros((2, 4)))
     with pytest.raises(ValueError, match="one format"):
         copy_samples(chunks, one, one, np.zeros((2, 4, 4, 4), np.uint8), one, one, one)
     assert not out.any()

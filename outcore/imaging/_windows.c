@@ -2,9 +2,12 @@
  * the GIL: whole samples (any field, any dtype: a sample is a run of bytes), or windows of pictures (a crop,
  * zeros where the window lies past the picture's edges) mirrored left-right and top-bottom as asked.
  *
- * copy(chunks, which, local, out, rows[, tops, lefts, flips]): for every k, sample local[k] of chunk
+ * copy(chunks, which, local, out, rows[, tops, lefts, flips, boxes]): for every k, sample local[k] of chunk
  * chunks[which[k]] into out[rows[k]]; with tops and lefts, the window of out's sample height and width whose
- * top-left corner is at (tops[k], lefts[k]) of the picture, mirrored as flips[k] (left-right, top-bottom) says.
+ * top-left corner is at (tops[k], lefts[k]) of the picture, mirrored as flips[k] (left-right, top-bottom) says;
+ * with boxes instead, each out row's (float64 rows of top, left, height, width: windows of whole pixels), its
+ * corner at boxes[rows[k]] and its mirrors flips[rows[k]] (a batch's boxes in the batch's order, not put in the
+ * order of the copies).
  * Every array is C-contiguous; the chunks and out have the same item format and, past the picture's height and
  * width, the same sample shape. Indices are checked before the copies start: nothing is written out of bounds.
  *
@@ -170,7 +173,8 @@ typedef struct {
     const uint8_t **chunks; /* each chunk's first byte */
     Py_ssize_t *lengths;    /* each chunk's samples */
     const int64_t *which, *local, *rows, *tops, *lefts;
-    const uint8_t *flips;
+    const double *boxes;    /* each out row's (top, left, height, width), or NULL: tops and lefts, or whole samples */
+    const uint8_t *flips;   /* each copy's (with tops), or each out row's (with boxes) */
     Py_ssize_t count, sample, out_sample; /* rows to copy; bytes of a chunk's sample, of out's */
     Py_ssize_t rows_in, columns_in, height, width, pixel; /* pictures: the chunks', out's, bytes a pixel */
     uint8_t *out;
@@ -180,11 +184,14 @@ static void copy_all(const Copies *c) {
     for (Py_ssize_t k = 0; k < c->count; k++) {
         const uint8_t *sample = c->chunks[c->which[k]] + (size_t)c->local[k] * c->sample;
         uint8_t *into = c->out + (size_t)c->rows[k] * c->out_sample;
-        if (c->tops == NULL)
+        const Py_ssize_t at = c->boxes != NULL ? c->rows[k] : k; /* where its corner and mirrors are */
+        if (c->tops == NULL && c->boxes == NULL)
             memcpy(into, sample, c->sample);
         else
-            copy_window(sample, c->rows_in, c->columns_in, c->pixel, into, c->height, c->width, c->tops[k],
-                        c->lefts[k], c->flips != NULL && c->flips[2 * k], c->flips != NULL && c->flips[2 * k + 1]);
+            copy_window(sample, c->rows_in, c->columns_in, c->pixel, into, c->height, c->width,
+                        c->boxes != NULL ? (Py_ssize_t)c->boxes[4 * at] : c->tops[k],
+                        c->boxes != NULL ? (Py_ssize_t)c->boxes[4 * at + 1] : c->lefts[k],
+                        c->flips != NULL && c->flips[2 * at], c->flips != NULL && c->flips[2 * at + 1]);
     }
 }
 
@@ -196,11 +203,16 @@ static Py_ssize_t bytes_from(const Py_buffer *view, int from) {
     return bytes;
 }
 
+/* Whether a buffer is a C table of `count` rows of `columns` items of `format` ("d": float64, "B": uint8). */
+static int table_of(const Py_buffer *view, Py_ssize_t count, Py_ssize_t columns, const char *format) {
+    return view->ndim == 2 && view->shape[0] == count && view->shape[1] == columns && strcmp(view->format, format) == 0;
+}
+
 static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"chunks", "which", "local", "out", "rows", "tops", "lefts", "flips", NULL};
-    PyObject *chunk_list, *arrays[7] = {NULL, NULL, NULL, NULL, Py_None, Py_None, Py_None};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|OOO:copy", keywords, &chunk_list, &arrays[0], &arrays[1],
-                                     &arrays[2], &arrays[3], &arrays[4], &arrays[5], &arrays[6]))
+    static char *keywords[] = {"chunks", "which", "local", "out", "rows", "tops", "lefts", "flips", "boxes", NULL};
+    PyObject *chunk_list, *arrays[8] = {NULL, NULL, NULL, NULL, Py_None, Py_None, Py_None, Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|OOOO:copy", keywords, &chunk_list, &arrays[0], &arrays[1],
+                                     &arrays[2], &arrays[3], &arrays[4], &arrays[5], &arrays[6], &arrays[7]))
         return NULL;
     PyObject *sequence = PySequence_Fast(chunk_list, "chunks must be a sequence of arrays");
     if (sequence == NULL)
@@ -213,9 +225,10 @@ static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_buffer *chunk_views = calloc(chunk_count, sizeof(Py_buffer));
     const uint8_t **chunks = calloc(chunk_count, sizeof(uint8_t *));
     Py_ssize_t *lengths = calloc(chunk_count, sizeof(Py_ssize_t));
-    Py_buffer views[7];
+    Py_buffer views[8];
+    int have[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     Py_ssize_t got_chunks = 0;
-    int got = 0, windows = arrays[4] != Py_None;
+    int boxed = arrays[7] != Py_None, windows = arrays[4] != Py_None || boxed, flipped = arrays[6] != Py_None;
     PyObject *result = NULL;
     if (chunk_views == NULL || chunks == NULL || lengths == NULL) {
         PyErr_NoMemory();
@@ -224,13 +237,18 @@ static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
     got_chunks = sequence_buffers(sequence, chunk_count, chunk_views, chunks);
     if (got_chunks < chunk_count)
         goto done;
-    int wanted = windows ? (arrays[6] != Py_None ? 7 : 6) : 4;
-    while (got < wanted && array_buffer(arrays[got], &views[got], got == 2) == 0)
-        got++;
-    if (got < wanted)
+    if (boxed && (arrays[4] != Py_None || arrays[5] != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "copy: boxes or tops and lefts, not both");
         goto done;
+    }
+    for (int i = 0; i < 8; i++) { /* which, local, out, rows; tops and lefts, or boxes; flips where given */
+        int wanted = i < 4 || (i == 5 && !boxed && windows) || arrays[i] != Py_None;
+        if (wanted && array_buffer(arrays[i], &views[i], i == 2) < 0)
+            goto done;
+        have[i] = wanted;
+    }
     Py_buffer *out = &views[2], *first = &chunk_views[0];
-    Py_ssize_t count = views[0].ndim == 1 ? views[0].shape[0] : -1;
+    Py_ssize_t count = views[0].ndim == 1 ? views[0].shape[0] : -1, by = boxed ? out->shape[0] : count;
     int picture_axes = windows ? 3 : 1; /* axes before a pixel's bytes: sample, rows, columns */
     int shapes_ok = out->ndim >= picture_axes && first->ndim == out->ndim && strcmp(out->format, first->format) == 0;
     for (Py_ssize_t i = 0; shapes_ok && i < chunk_count; i++) {
@@ -242,17 +260,18 @@ static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
         lengths[i] = chunk->shape[0];
     }
     if (!shapes_ok || count < 0 || !int64s(&views[0], count) || !int64s(&views[1], count) ||
-        !int64s(&views[3], count) || (windows && (!int64s(&views[4], count) || !int64s(&views[5], count))) ||
-        (wanted == 7 && (views[6].ndim != 2 || views[6].shape[0] != count || views[6].shape[1] != 2 ||
-                         strcmp(views[6].format, "B") != 0))) {
+        !int64s(&views[3], count) || (windows && !boxed && (!int64s(&views[4], count) || !int64s(&views[5], count))) ||
+        (boxed && !table_of(&views[7], by, 4, "d")) || (flipped && (!windows || !table_of(&views[6], by, 2, "B")))) {
         PyErr_SetString(PyExc_ValueError,
                         "copy: wanted chunks of one format and sample shape, out of that format (and that sample shape "
                         "past the height and width with windows), which, local and rows (and tops, lefts) int64 of one "
-                        "length, flips uint8 (count, 2); all C-contiguous");
+                        "length, flips uint8 (count, 2); or boxes float64 (len(out), 4) and flips uint8 (len(out), 2), "
+                        "each out row's; all C-contiguous");
         goto done;
     }
-    Copies copies = {chunks, lengths, views[0].buf, views[1].buf, views[3].buf, windows ? views[4].buf : NULL,
-                     windows ? views[5].buf : NULL, wanted == 7 ? views[6].buf : NULL, count, bytes_from(first, 1),
+    Copies copies = {chunks, lengths, views[0].buf, views[1].buf, views[3].buf,
+                     windows && !boxed ? views[4].buf : NULL, windows && !boxed ? views[5].buf : NULL,
+                     boxed ? views[7].buf : NULL, flipped ? views[6].buf : NULL, count, bytes_from(first, 1),
                      bytes_from(out, 1), windows ? first->shape[1] : 0, windows ? first->shape[2] : 0,
                      windows ? out->shape[1] : 0, windows ? out->shape[2] : 0, windows ? bytes_from(out, 3) : 0,
                      out->buf};
@@ -276,8 +295,9 @@ static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     result = Py_NewRef(Py_None);
 done:
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&views[i]);
+    for (int i = 0; i < 8; i++)
+        if (have[i])
+            PyBuffer_Release(&views[i]);
     for (Py_ssize_t i = 0; i < got_chunks; i++)
         PyBuffer_Release(&chunk_views[i]);
     free(chunk_views);
@@ -558,10 +578,11 @@ static PyObject *py_interleave(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"copy", (PyCFunction)(void (*)(void))py_copy, METH_VARARGS | METH_KEYWORDS,
-     "copy(chunks, which, local, out, rows, tops=None, lefts=None, flips=None)\n--\n\n"
+     "copy(chunks, which, local, out, rows, tops=None, lefts=None, flips=None, boxes=None)\n--\n\n"
      "For every k, sample local[k] of chunks[which[k]] into out[rows[k]]: whole, or, with tops and lefts, the\n"
      "window of out's height and width at (tops[k], lefts[k]) of the picture (zeros past its edges), mirrored\n"
-     "left-right and top-bottom as flips[k] says. The GIL is released while the bytes are copied."},
+     "left-right and top-bottom as flips[k] says; with boxes (float64, one a row of out), at boxes[rows[k]]'s\n"
+     "top and left, mirrored as flips[rows[k]] says. The GIL is released while the bytes are copied."},
     {"lines", py_lines, METH_VARARGS,
      "lines(chunks, which, starts, sizes, rows, columns, out, targets, fill)\n--\n\n"
      "For every k, map k is the sizes[k] (height, width) pixels from pixel starts[k] of chunks[which[k]], and\n"

@@ -24,17 +24,27 @@ from .crops import box_part
 
 def copy_samples(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarray, out: np.ndarray,
                  rows: np.ndarray, tops: np.ndarray | None = None, lefts: np.ndarray | None = None,
-                 flips: np.ndarray | None = None) -> None:
+                 flips: np.ndarray | None = None, boxes: np.ndarray | None = None) -> None:
     """Sample ``local[k]`` of ``chunks[which[k]]`` into ``out[rows[k]]``, for every ``k``: whole, or with ``tops``
     and ``lefts``, the window of ``out``'s height and width whose top-left corner is at ``(tops[k], lefts[k])``
-    of the picture (axes 1 and 2), mirrored as ``flips[k]`` (left-right, top-bottom) says. The chunks and
-    ``out`` are C-contiguous of one dtype (their samples of one shape, or past the height and width with
-    windows)."""
+    of the picture (axes 1 and 2), mirrored as ``flips[k]`` (left-right, top-bottom) says; or with ``boxes``
+    (``(len(out), 4)``: each row of ``out``'s ``(top, left, height, width)``, windows of whole pixels), at the top
+    and left of ``boxes[rows[k]]``, mirrored as ``flips[rows[k]]`` says: a batch's boxes and mirrors as they are,
+    in the batch's order. The chunks and ``out`` are C-contiguous of one dtype (their samples of one shape, or past
+    the height and width with windows)."""
     which, local, rows = _int64(which), _int64(local), _int64(rows)
+    if boxes is not None and native.windows is None:  # each copy's corner and mirrors, in the copies' order
+        corners = np.asarray(boxes)[rows, :2].astype(np.int64)
+        tops, lefts, flips = corners[:, 0], corners[:, 1], None if flips is None else np.asarray(flips)[rows]
     windowed = tops is not None
     if native.windows is not None:
+        mirrors = None if flips is None else np.ascontiguousarray(flips, np.uint8)
+        if boxes is not None:
+            native.windows.copy(chunks, which, local, out, rows, flips=mirrors,
+                                boxes=np.ascontiguousarray(boxes, np.float64))
+            return
         native.windows.copy(chunks, which, local, out, rows, *((_int64(tops), _int64(lefts)) if windowed else ()),
-                            *((np.ascontiguousarray(flips, np.uint8),) if windowed and flips is not None else ()))
+                            *((mirrors,) if windowed and mirrors is not None else ()))
         return
     if not windowed:
         for chunk in np.unique(which).tolist():

@@ -257,13 +257,13 @@ def _each_run(call: Callable[..., None], rows: Rows, data: Mapping[int, ChunkVal
 
 
 def _window_copies(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray) -> Callable[[int, int], None]:
+    """A run's windows copied out of their pictures: each row's box and mirrors taken where they are, in the batch's
+    order (numpy's gathers of them into the copies' order would give the GIL up)."""
     sources = rows.sources(data, cut.field)
-    corners = cut.boxes[rows.order, :2].astype(np.int64)
-    flips = cut.flips[rows.order]
 
     def run(start: int, stop: int) -> None:
         copy_samples(sources, rows.which[start:stop], rows.local[start:stop], out, rows.order[start:stop],
-                     corners[start:stop, 0], corners[start:stop, 1], flips[start:stop])
+                     flips=cut.flips, boxes=cut.boxes)
 
     return run
 

@@ -175,7 +175,7 @@ class RandomCrop:
             return None
         corners, flips = drawn
         boxes = np.empty((len(sizes), 4), np.float64)
-        boxes[:, :2] = corners - pad
+        boxes[:, :2] = corners - pad if pad else corners  # (a subtraction of a batch's corners gives the GIL up)
         boxes[:, 2:] = height, width
         return boxes, flips
 
