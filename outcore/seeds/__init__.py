@@ -105,7 +105,7 @@ def permutation(domain: Domain, key: Sequence[int], count: int) -> np.ndarray:
     """
     made = getattr(_draws, "permutation", None)  # not built where the compiler has no 128-bit integers
     values = [int(value) for value in key]
-    if made is None or (values and not 0 <= min(values) <= max(values) < 2**63):  # numpy's way: it names a negative one
+    if made is None or not _int64_key(values):  # numpy's way: it names a negative one
         return generator(domain, *values).permutation(count)
     out = np.empty(count, np.int64)
     made(np.array(values, np.int64), int(domain), out)
@@ -129,7 +129,7 @@ def window_draws(key: Sequence[int], w: int, low: int, first: np.ndarray, sizes:
     """
     made = getattr(_draws, "window", None)
     values = [int(value) for value in key]
-    if made is None or (values and not 0 <= min(values) <= max(values) < 2**63):
+    if made is None or not _int64_key(values):
         return None
     local, owner = np.empty(count, np.int64), np.empty(count, np.int64)
     first, sizes, deals, ends = (np.ascontiguousarray(values, np.int64) for values in (first, sizes, deals, ends))
@@ -244,10 +244,14 @@ def _pieces_call(name: str, pieces: Sequence[tuple[int, Sequence[int]]]
     keys = [key for _, key in pieces]
     if call is None or not keys or len({len(key) for key in keys}) != 1:
         return None
-    values = [value for key in keys for value in key]
-    if values and not 0 <= min(values) <= max(values) < 2**63:
+    if not _int64_key([value for key in keys for value in key]):
         return None
     return np.array(keys, np.int64), np.array([count for count, _ in pieces], np.int64), call
+
+
+def _int64_key(values: Sequence[int]) -> bool:
+    """Whether the ``_draws`` calls take a key of ``values``: numbers of 0 to 2**63 - 1 (int64, none negative)."""
+    return not values or 0 <= min(values) <= max(values) < 2**63
 
 
 def _mirrors(p: float, axes: tuple[bool, bool]) -> tuple[float, int]:

@@ -361,6 +361,16 @@ static uint64_t interval(pcg64_t *generator, uint64_t most) {
     return value;
 }
 
+/* numpy's shuffle of order[0 .. count - 1] from `generator`: from the last, each with one at or before it (with order
+ * holding 0 .. count - 1, Generator.permutation's order). */
+static void shuffle(pcg64_t *generator, int64_t *order, int64_t count) {
+    for (int64_t i = count - 1; i >= 1; i--) {
+        const int64_t j = (int64_t)interval(generator, (uint64_t)i), held = order[i];
+        order[i] = order[j];
+        order[j] = held;
+    }
+}
+
 #define FREE_FROM 65536 /* orders this long or longer are made with the GIL released */
 
 static PyObject *py_permutation(PyObject *self, PyObject *args) {
@@ -380,12 +390,7 @@ static PyObject *py_permutation(PyObject *self, PyObject *args) {
         PyThreadState *saved = count >= FREE_FROM ? PyEval_SaveThread() : NULL;
         for (Py_ssize_t i = 0; i < count; i++)
             order[i] = i;
-        for (Py_ssize_t i = count - 1; i >= 1; i--) { /* numpy's shuffle: from the last, each with one at or before it */
-            const Py_ssize_t j = (Py_ssize_t)interval(&generator, (uint64_t)i);
-            const int64_t held = order[i];
-            order[i] = order[j];
-            order[j] = held;
-        }
+        shuffle(&generator, order, count);
         if (saved != NULL)
             PyEval_RestoreThread(saved);
     }
@@ -398,8 +403,8 @@ static PyObject *py_permutation(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* numpy's shuffle of order[0 .. count - 1] (Generator.permutation's order when it holds 0 .. count - 1), drawn from
- * the generator of (*key, last) in domain: 0, or -1 for a key too long. */
+/* `shuffle` of order[0 .. count - 1] drawn from the generator of (*key, last) in domain: 0, or -1 for a key too
+ * long. */
 static int shuffle_keyed(const int64_t *key, Py_ssize_t length, int64_t last, uint64_t domain, int64_t *order,
                          int64_t count) {
     int64_t extended[MAX_WORDS / 2];
@@ -410,11 +415,7 @@ static int shuffle_keyed(const int64_t *key, Py_ssize_t length, int64_t last, ui
     extended[length] = last;
     if (keyed(&generator, extended, length + 1, domain) < 0)
         return -1;
-    for (int64_t i = count - 1; i >= 1; i--) { /* from the last, each with one at or before it */
-        const int64_t j = (int64_t)interval(&generator, (uint64_t)i), held = order[i];
-        order[i] = order[j];
-        order[j] = held;
-    }
+    shuffle(&generator, order, count);
     return 0;
 }
 
