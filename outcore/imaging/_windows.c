@@ -5,9 +5,9 @@
  * copy(chunks, which, local, out, rows[, tops, lefts, flips, boxes]): for every k, sample local[k] of chunk
  * chunks[which[k]] into out[rows[k]]; with tops and lefts, the window of out's sample height and width whose
  * top-left corner is at (tops[k], lefts[k]) of the picture, mirrored as flips[k] (left-right, top-bottom) says;
- * with boxes instead, each out row's (float64 rows of top, left, height, width: windows of whole pixels), its
- * corner at boxes[rows[k]] and its mirrors flips[rows[k]] (a batch's boxes in the batch's order, not put in the
- * order of the copies).
+ * with boxes instead, each out row's (float64 rows of top, left, height, width: windows of whole pixels of out's
+ * size, any other refused), its corner at boxes[rows[k]] and its mirrors flips[rows[k]] (a batch's boxes in the
+ * batch's order, not put in the order of the copies).
  * Every array is C-contiguous; the chunks and out have the same item format and, past the picture's height and
  * width, the same sample shape. Indices are checked before the copies start: nothing is written out of bounds.
  *
@@ -32,6 +32,7 @@
 
 #include "../_free_time.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +209,14 @@ static int table_of(const Py_buffer *view, Py_ssize_t count, Py_ssize_t columns,
     return view->ndim == 2 && view->shape[0] == count && view->shape[1] == columns && strcmp(view->format, format) == 0;
 }
 
+/* Whether a box (top, left, height, width) is a window of whole pixels of `height` x `width`: copied as it is, where
+ * any other would be cut wrong (a corner's fraction dropped, another size). */
+static int whole_window(const double *box, Py_ssize_t height, Py_ssize_t width) {
+    const double most = 1e15; /* corners far past any picture: whole numbers of doubles, exact as integers */
+    return box[0] == floor(box[0]) && box[1] == floor(box[1]) && fabs(box[0]) < most && fabs(box[1]) < most &&
+           box[2] == (double)height && box[3] == (double)width;
+}
+
 static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"chunks", "which", "local", "out", "rows", "tops", "lefts", "flips", "boxes", NULL};
     PyObject *chunk_list, *arrays[8] = {NULL, NULL, NULL, NULL, Py_None, Py_None, Py_None, Py_None};
@@ -284,6 +293,15 @@ static PyObject *py_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
             copies.local[k] >= lengths[copies.which[k]] || copies.rows[k] < 0 || copies.rows[k] >= out->shape[0]) {
             PyErr_Format(PyExc_IndexError, "copy: row %zd asks for sample %lld of chunk %lld into row %lld, out of range",
                          k, (long long)copies.local[k], (long long)copies.which[k], (long long)copies.rows[k]);
+            goto done;
+        }
+        const double *box = boxed ? copies.boxes + 4 * copies.rows[k] : NULL;
+        if (box != NULL && !whole_window(box, copies.height, copies.width)) {
+            char said[200];
+            snprintf(said, sizeof said, "copy: out row %lld's box (%g, %g, %g, %g) is no window of whole pixels of "
+                     "out's %zdx%zd", (long long)copies.rows[k], box[0], box[1], box[2], box[3], copies.height,
+                     copies.width);
+            PyErr_SetString(PyExc_ValueError, said);
             goto done;
         }
     }
@@ -581,8 +599,9 @@ static PyMethodDef methods[] = {
      "copy(chunks, which, local, out, rows, tops=None, lefts=None, flips=None, boxes=None)\n--\n\n"
      "For every k, sample local[k] of chunks[which[k]] into out[rows[k]]: whole, or, with tops and lefts, the\n"
      "window of out's height and width at (tops[k], lefts[k]) of the picture (zeros past its edges), mirrored\n"
-     "left-right and top-bottom as flips[k] says; with boxes (float64, one a row of out), at boxes[rows[k]]'s\n"
-     "top and left, mirrored as flips[rows[k]] says. The GIL is released while the bytes are copied."},
+     "left-right and top-bottom as flips[k] says; with boxes (float64, one a row of out: windows of whole pixels\n"
+     "of out's size, any other a ValueError), at boxes[rows[k]]'s top and left, mirrored as flips[rows[k]] says.\n"
+     "The GIL is released while the bytes are copied."},
     {"lines", py_lines, METH_VARARGS,
      "lines(chunks, which, starts, sizes, rows, columns, out, targets, fill)\n--\n\n"
      "For every k, map k is the sizes[k] (height, width) pixels from pixel starts[k] of chunks[which[k]], and\n"

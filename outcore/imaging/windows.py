@@ -28,7 +28,8 @@ def copy_samples(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndar
     """Sample ``local[k]`` of ``chunks[which[k]]`` into ``out[rows[k]]``, for every ``k``: whole, or with ``tops``
     and ``lefts``, the window of ``out``'s height and width whose top-left corner is at ``(tops[k], lefts[k])``
     of the picture (axes 1 and 2), mirrored as ``flips[k]`` (left-right, top-bottom) says; or with ``boxes``
-    (``(len(out), 4)``: each row of ``out``'s ``(top, left, height, width)``, windows of whole pixels), at the top
+    (``(len(out), 4)``: each row of ``out``'s ``(top, left, height, width)``, windows of whole pixels of its size:
+    the C extension refuses any other), at the top
     and left of ``boxes[rows[k]]``, mirrored as ``flips[rows[k]]`` says: a batch's boxes and mirrors as they are,
     in the batch's order. The chunks and ``out`` are C-contiguous of one dtype (their samples of one shape, or past
     the height and width with windows)."""
