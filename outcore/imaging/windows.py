@@ -28,14 +28,20 @@ def copy_samples(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndar
     """Sample ``local[k]`` of ``chunks[which[k]]`` into ``out[rows[k]]``, for every ``k``: whole, or with ``tops``
     and ``lefts``, the window of ``out``'s height and width whose top-left corner is at ``(tops[k], lefts[k])``
     of the picture (axes 1 and 2), mirrored as ``flips[k]`` (left-right, top-bottom) says; or with ``boxes``
-    (``(len(out), 4)``: each row of ``out``'s ``(top, left, height, width)``, windows of whole pixels of its size:
-    the C extension refuses any other), at the top
+    (``(len(out), 4)``: each row of ``out``'s ``(top, left, height, width)``, windows of whole pixels of its size,
+    any other refused), at the top
     and left of ``boxes[rows[k]]``, mirrored as ``flips[rows[k]]`` says: a batch's boxes and mirrors as they are,
     in the batch's order. The chunks and ``out`` are C-contiguous of one dtype (their samples of one shape, or past
     the height and width with windows)."""
     which, local, rows = _int64(which), _int64(local), _int64(rows)
     if boxes is not None and native.windows is None:  # each copy's corner and mirrors, in the copies' order
-        corners = np.asarray(boxes)[rows, :2].astype(np.int64)
+        taken = np.asarray(boxes, np.float64)[rows]
+        wrong = np.flatnonzero(~((taken[:, :2] == np.floor(taken[:, :2])).all(axis=1) & (taken[:, 2:] == out.shape[1:3])
+                                 .all(axis=1)))
+        if len(wrong):
+            raise ValueError(f"copy: out row {rows[wrong[0]]}'s box {tuple(taken[wrong[0]].tolist())} is no window of "
+                             f"whole pixels of out's {out.shape[1]}x{out.shape[2]}")
+        corners = taken[:, :2].astype(np.int64)
         tops, lefts, flips = corners[:, 0], corners[:, 1], None if flips is None else np.asarray(flips)[rows]
     windowed = tops is not None
     if native.windows is not None:
