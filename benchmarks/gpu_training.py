@@ -54,6 +54,7 @@ BATCH, SIZE, CROP, CLASSES = 256, 128, 112, 10
 AUGMENT = Compose([RandomCrop(CROP), RandomFlip()])
 IMAGENET = Compose([RandomResizedCrop(224), RandomFlip()])
 DEVICE = "cuda"  # --device
+WARM_SECONDS = 3.0  # the least warm-up of each feed, untimed
 
 
 def build(workdir: Path, samples: int) -> tuple[outcore.Dataset, Path]:
@@ -101,7 +102,8 @@ def synchronize() -> None:
 
 
 def train(batches, steps: int, make_model=network) -> tuple[float, float]:
-    """Samples/s and the share of time spent waiting for batches, over ``steps`` steps after 10 warm-up steps."""
+    """Samples/s and the share of time spent waiting for batches, over ``steps`` steps after a warm-up of 10 steps
+    and `WARM_SECONDS` at least: a loader process's start (it imports the script's modules again) is not timed."""
     import torch
 
     model = make_model()
@@ -109,15 +111,12 @@ def train(batches, steps: int, make_model=network) -> tuple[float, float]:
     mean = torch.tensor([0.485, 0.456, 0.406], device=DEVICE).view(1, 3, 1, 1) * 255
     std = torch.tensor([0.229, 0.224, 0.225], device=DEVICE).view(1, 3, 1, 1) * 255
     iterator = iter(batches)
-    waited = samples = 0.0
-    warm = min(10, steps)
-    for step in range(steps + warm):
-        if step == warm:
-            synchronize()
-            began, waited, samples = time.perf_counter(), 0.0, 0
+
+    def one_step() -> tuple[float, int]:
+        """The seconds waited for the batch, and its samples."""
         asked = time.perf_counter()
         images, labels = next(iterator)
-        waited += time.perf_counter() - asked
+        waited = time.perf_counter() - asked
         x = ((images.permute(0, 3, 1, 2).float() - mean) / std).contiguous(memory_format=torch.channels_last)
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(model(x), labels)
@@ -125,10 +124,18 @@ def train(batches, steps: int, make_model=network) -> tuple[float, float]:
         loss.backward()
         optimizer.step()
         loss.item()  # the step is done before the next batch is asked for, as in a logged training loop
-        samples += len(labels)
+        return waited, len(labels)
+
+    warming_until, warm = time.perf_counter() + WARM_SECONDS, 0
+    while warm < 10 or time.perf_counter() < warming_until:
+        one_step()
+        warm += 1
+    synchronize()
+    began = time.perf_counter()
+    waits, samples = zip(*(one_step() for _ in range(steps)), strict=True)
     synchronize()
     elapsed = time.perf_counter() - began
-    return samples / elapsed, waited / elapsed
+    return sum(samples) / elapsed, sum(waits) / elapsed
 
 
 def epochs(loader, move=lambda batch: batch):
@@ -163,7 +170,7 @@ def main() -> None:
     from outcore.adapters.torch import to_device
 
     workdir = Path(args.workdir)
-    workdir.mkdir(exist_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)
     ds, jpegs = build(workdir, args.samples)
     encoded = workdir / f"gpu-{args.samples}-encoded.zarr"
     jpeg_store = outcore.open_dataset(encoded) if encoded.exists() else outcore.ingest_images(

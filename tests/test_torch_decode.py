@@ -209,15 +209,24 @@ def test_a_decoder_of_a_field_leaves_the_others_as_they_are():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and torchvision)")
 def test_nvjpeg_decodes_the_batches_of_the_cpu_path(photos):
+    """nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's, so its pixels differ from the CPU path's by a few
+    levels (on an H200 with torchvision 0.26 one batch of 8 windows differed by 2.22 on average): the same boxes
+    differ by no more than the whole pictures do, where a box cut a pixel off would differ by far more."""
     need("torchvision")
-    # nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's: on an H200 (torchvision 0.26) the windows' pixels
-    # differed by 1.24 levels on average, the resized ones by less (the resize averages the differences out)
-    for transform, bound in ((WINDOWS, 2.0), (RESIZED, 2.0)):
+
+    def difference(transform) -> float:
+        """The mean absolute difference of an epoch's pixels, decoded by nvJPEG and here."""
         here = list(photos.torch(8, shuffle=True, seed=5, transform=transform))
         there = list(photos.torch(8, shuffle=True, seed=5, transform=transform, decode="cuda"))
-        for got, expected in zip(there, here, strict=True):
-            assert got["images"].device.type == "cuda"
-            assert (got["images"].cpu().int() - expected["images"].int()).abs().float().mean() < bound
+        assert all(batch["images"].device.type == "cuda" for batch in there)
+        pairs = zip(there, here, strict=True)
+        return float(torch.cat([(got["images"].cpu().int() - expected["images"].int()).abs().flatten()
+                                for got, expected in pairs]).float().mean())
+
+    decoders = difference(CenterCrop(64))  # the whole pictures
+    assert 0 < decoders < 8
+    for transform in (WINDOWS, RESIZED):
+        assert difference(transform) <= 1.25 * decoders + 0.25
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -36,7 +36,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 root=$PWD
 jpeg=$root/.dev/jpeg
-work=/tmp/bench
+work=/tmp/bench  # each step makes its own folder here: any step runs without the others
+mkdir -p "$work"
 [ -d "$root/.dev/whl" ] || { echo "no .dev/whl here: run benchmarks/device/prepare.sh on a machine with a registry, carry .dev" >&2; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .dev/whl/*.whl || exit 3
 export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=$jpeg/lib PATH=/tmp/site/bin:$PATH
