@@ -229,12 +229,10 @@ def test_nvjpeg_decodes_the_batches_of_the_cpu_path(photos):
         assert difference(transform) <= 1.25 * decoders + 0.25
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_boxes_cut_on_a_gpu_are_those_cut_on_the_cpu_to_the_byte():
-    """`cut_together`'s float64 sums are exact: summed by a GPU's BLAS in its own order, in groups of any size, they
-    give the CPU's pixels to the byte (pictures of many sizes, sub-pixel boxes shrunk and enlarged, windows past
-    the pictures' edges, mirrors both ways)."""
-    from outcore.adapters.torch_decode import Cut, cut_together
+def _cuts_of_many_sizes():
+    """40 pictures of many sizes and their cuts to 48x48: sub-pixel boxes shrunk and enlarged, windows past the
+    pictures' edges, mirrors both ways."""
+    from outcore.adapters.torch_decode import Cut
     from outcore.imaging import box_part
 
     rng = np.random.default_rng(3)
@@ -249,6 +247,29 @@ def test_boxes_cut_on_a_gpu_are_those_cut_on_the_cpu_to_the_byte():
         flip = (bool(k % 2), bool(k % 3 == 0))
         part = box_part(box, (height, width), (48, 48), flip)
         cuts.append(None if part is None else Cut(part[0], part[1], part[2], flip))
+    return pictures, cuts
+
+
+def test_boxes_of_pictures_of_many_sizes_cut_together_are_each_cut_alone():
+    """A batch's boxes are gathered from all its pictures' pixels at once, each padded to the group's largest with
+    its last row and column: the pixels of each picture cut alone (no padding), to the byte."""
+    from outcore.adapters.torch_decode import cut_together
+
+    pictures, cuts = _cuts_of_many_sizes()
+    together = cut_together(pictures, cuts, torch.zeros((40, 3, 48, 48), dtype=torch.uint8))
+    for k, (picture, cut) in enumerate(zip(pictures, cuts, strict=True)):
+        alone = cut_together([picture], [cut], torch.zeros((1, 3, 48, 48), dtype=torch.uint8))
+        assert torch.equal(together[k], alone[0]), k
+    assert sum(cut is None for cut in cuts) < 5 < int(together.flatten(1).any(1).sum())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_boxes_cut_on_a_gpu_are_those_cut_on_the_cpu_to_the_byte():
+    """`cut_together`'s float64 sums are exact: summed by a GPU's BLAS in its own order, in groups of any size, they
+    give the CPU's pixels to the byte (`_cuts_of_many_sizes`)."""
+    from outcore.adapters.torch_decode import cut_together
+
+    pictures, cuts = _cuts_of_many_sizes()
     on_cpu = cut_together(pictures, cuts, torch.zeros((40, 3, 48, 48), dtype=torch.uint8))
     on_gpu = cut_together([picture.cuda() for picture in pictures], cuts,
                           torch.zeros((40, 3, 48, 48), dtype=torch.uint8, device="cuda"))

@@ -191,8 +191,10 @@ def cut_together(pictures: Sequence[Any], cuts: Sequence[Cut | None], out: Any) 
     """Each picture (C, H, W) cut as its `Cut` says (None: nothing) into its row of ``out`` (n, C, H, W), zeros on the
     device its pictures are on (a view of other memory is written through), and ``out`` returned, as outcore's threads
     resize (Pillow's antialiased bilinear filter, sub-pixel edges and all, columns first, then rows, rounded between:
-    `resize_taps`), in a few calls for a whole group of pictures whatever their sizes: each box's pixels are copied into a group's array (one copy a picture, padded with
-    zeros to the largest box), then multiplied by two matrices a picture, its taps across and down (placed at
+    `resize_taps`), in a few calls for a whole group of pictures whatever their sizes: the boxes' pixels are gathered
+    into a group's array in one index of all the pictures' pixels (`Places`: a box smaller than the group's largest
+    padded with its last row and column, which the taps weigh 0), then multiplied by two matrices a picture, its
+    taps across and down (placed at
     the rows and columns the cut fills, mirrored as it is; zero elsewhere). The sums are in float64, and exact:
     the taps are the C extension's fixed-point weights, so the order a device sums in changes nothing.
 
@@ -214,12 +216,11 @@ def cut_together(pictures: Sequence[Any], cuts: Sequence[Cut | None], out: Any) 
     order = sorted(range(len(filled)), key=lambda j: down.span[j] * across.span[j])  # alike boxes padded alike
     filled, down, across = [filled[j] for j in order], down.taken(order), across.taken(order)
     (down_columns, down_weights), (across_columns, across_weights) = _sent((down, across), device)
+    pixels = torch.cat([pictures[k].reshape(-1) for k in filled])  # every picture's, one after the other
+    places = _places([tuple(pictures[k].shape[1:]) for k in filled], channels, down, across, device)
     for part in _groups(list(zip(down.span, across.span, strict=True)), channels):
         spans = max(down.span[part]), max(across.span[part])  # the group's largest box: its regions padded to it
-        region = torch.zeros((len(filled[part]), channels, *spans), dtype=torch.float64, device=device)
-        for j, k in enumerate(filled[part], start=part.start):
-            top, height, left, width = down.first[j], down.span[j], across.first[j], across.span[j]
-            region[j - part.start, :, :height, :width] = pictures[k][:, top : top + height, left : left + width]
+        region = pixels[places.of(part, channels, spans)].to(torch.float64)
         downs = torch.zeros((*down_columns[part].shape[:2], spans[0]), dtype=torch.float64, device=device)
         acrosses = torch.zeros((*across_columns[part].shape[:2], spans[1]), dtype=torch.float64, device=device)
         downs.scatter_add_(2, down_columns[part], down_weights[part])  # a padded tap adds 0 to column 0
@@ -227,6 +228,34 @@ def cut_together(pictures: Sequence[Any], cuts: Sequence[Cut | None], out: Any) 
         resized = _rounded(torch.matmul(region, acrosses.transpose(1, 2).unsqueeze(1)), dtype)  # (n, C, rows, width)
         out[filled[part]] = _rounded(torch.matmul(downs.unsqueeze(1), resized), dtype).to(dtype)  # (n, C, height, width)
     return out
+
+
+class Places:
+    """Where the boxes of a batch's pictures lie in their pixels put one after the other (`cut_together`), on the
+    device: each picture's start there, its rows and columns, and each box's first row and column and its rows and
+    columns, each (n,)."""
+
+    def __init__(self, values: Any) -> None:
+        self.start, self.rows, self.columns, self.top, self.left, self.height, self.width = values[:, :, None, None, None]
+
+    def of(self, part: slice, channels: int, spans: tuple[int, int]) -> Any:
+        """The index of each pixel of the boxes of ``part`` in the pictures' pixels, ``(n, channels, *spans)``: a box
+        of fewer rows or columns repeats its last (the taps weigh those 0)."""
+        device = self.start.device
+        down = torch.minimum(torch.arange(spans[0], device=device).view(1, 1, -1, 1), self.height[part] - 1)
+        across = torch.minimum(torch.arange(spans[1], device=device).view(1, 1, 1, -1), self.width[part] - 1)
+        rows, columns = self.rows[part], self.columns[part]
+        channel = torch.arange(channels, device=device).view(1, -1, 1, 1) * rows * columns
+        return self.start[part] + channel + (self.top[part] + down) * columns + self.left[part] + across
+
+
+def _places(sizes: Sequence[tuple[int, int]], channels: int, down: AxisTaps, across: AxisTaps, device: Any) -> Places:
+    """The `Places` of pictures of ``sizes`` (rows, columns) and ``channels``, put one after the other, cut as
+    ``down`` and ``across`` say: sent in one copy."""
+    rows, columns = np.asarray(sizes, np.int64).reshape(-1, 2).T
+    starts = np.cumsum(channels * rows * columns) - channels * rows * columns
+    values = np.stack([starts, rows, columns, down.first, across.first, down.span, across.span]).astype(np.int64)
+    return Places(torch.from_numpy(values).to(device))
 
 
 def _groups(spans: Sequence[tuple[int, int]], channels: int) -> list[slice]:
