@@ -252,15 +252,30 @@ def _cuts_of_many_sizes():
 
 def test_boxes_of_pictures_of_many_sizes_cut_together_are_each_cut_alone():
     """A batch's boxes are gathered from all its pictures' pixels at once, each padded to the group's largest with
-    its last row and column: the pixels of each picture cut alone (no padding), to the byte."""
+    its last row and column: the pixels of outcore's threads (`resize_box`), and of each picture cut alone (no
+    padding), to the byte."""
     from outcore.adapters.torch_decode import cut_together
+    from outcore.imaging.resize import resize_box
 
     pictures, cuts = _cuts_of_many_sizes()
     together = cut_together(pictures, cuts, torch.zeros((40, 3, 48, 48), dtype=torch.uint8))
+    expected = np.zeros((40, 48, 48, 3), np.uint8)
+    for k, (picture, cut) in enumerate(zip(pictures, cuts, strict=True)):
+        if cut is not None:
+            expected[k][cut.where] = resize_box(picture.permute(1, 2, 0).numpy(), cut.box, cut.size, flip=cut.flip)
+    np.testing.assert_array_equal(together.permute(0, 2, 3, 1).numpy(), expected)
     for k, (picture, cut) in enumerate(zip(pictures, cuts, strict=True)):
         alone = cut_together([picture], [cut], torch.zeros((1, 3, 48, 48), dtype=torch.uint8))
         assert torch.equal(together[k], alone[0]), k
     assert sum(cut is None for cut in cuts) < 5 < int(together.flatten(1).any(1).sum())
+    # a decoder's (H, W, C) memory seen as (C, H, W): read where it lies, not copied
+    views = [picture.permute(1, 2, 0).contiguous().permute(2, 0, 1) if k % 3 else picture for k, picture in
+             enumerate(pictures)]
+    framed = torch.zeros((3, pictures[1].shape[1] + 2, pictures[1].shape[2] + 2), dtype=torch.uint8)
+    framed[:, 1:-1, 1:-1] = pictures[1]
+    views[1] = framed[:, 1:-1, 1:-1]  # a window of other memory: no order of its axes is contiguous (copied)
+    assert not views[2].is_contiguous()
+    assert torch.equal(cut_together(views, cuts, torch.zeros((40, 3, 48, 48), dtype=torch.uint8)), together)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

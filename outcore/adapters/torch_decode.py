@@ -216,8 +216,9 @@ def cut_together(pictures: Sequence[Any], cuts: Sequence[Cut | None], out: Any) 
     order = sorted(range(len(filled)), key=lambda j: down.span[j] * across.span[j])  # alike boxes padded alike
     filled, down, across = [filled[j] for j in order], down.taken(order), across.taken(order)
     (down_columns, down_weights), (across_columns, across_weights) = _sent((down, across), device)
-    pixels = torch.cat([pictures[k].reshape(-1) for k in filled])  # every picture's, one after the other
-    places = _places([tuple(pictures[k].shape[1:]) for k in filled], channels, down, across, device)
+    flat = [_in_memory_order(pictures[k]) for k in filled]
+    pixels = torch.cat([picture.reshape(-1) for picture, _ in flat])  # every picture's, one after the other
+    places = _places([picture for _, picture in flat], down, across, device)
     for part in _groups(list(zip(down.span, across.span, strict=True)), channels):
         spans = max(down.span[part]), max(across.span[part])  # the group's largest box: its regions padded to it
         region = pixels[places.of(part, channels, spans)].to(torch.float64)
@@ -232,11 +233,12 @@ def cut_together(pictures: Sequence[Any], cuts: Sequence[Cut | None], out: Any) 
 
 class Places:
     """Where the boxes of a batch's pictures lie in their pixels put one after the other (`cut_together`), on the
-    device: each picture's start there, its rows and columns, and each box's first row and column and its rows and
-    columns, each (n,)."""
+    device, each (n, 1, 1, 1): each picture's start there and its strides (channel, row, column), and each box's
+    first row and column and its rows and columns."""
 
     def __init__(self, values: Any) -> None:
-        self.start, self.rows, self.columns, self.top, self.left, self.height, self.width = values[:, :, None, None, None]
+        (self.start, self.channel, self.row, self.column, self.top, self.left, self.height,
+         self.width) = values[:, :, None, None, None]
 
     def of(self, part: slice, channels: int, spans: tuple[int, int]) -> Any:
         """The index of each pixel of the boxes of ``part`` in the pictures' pixels, ``(n, channels, *spans)``: a box
@@ -244,18 +246,28 @@ class Places:
         device = self.start.device
         down = torch.minimum(torch.arange(spans[0], device=device).view(1, 1, -1, 1), self.height[part] - 1)
         across = torch.minimum(torch.arange(spans[1], device=device).view(1, 1, 1, -1), self.width[part] - 1)
-        rows, columns = self.rows[part], self.columns[part]
-        channel = torch.arange(channels, device=device).view(1, -1, 1, 1) * rows * columns
-        return self.start[part] + channel + (self.top[part] + down) * columns + self.left[part] + across
+        channel = torch.arange(channels, device=device).view(1, -1, 1, 1) * self.channel[part]
+        return (self.start[part] + channel + (self.top[part] + down) * self.row[part]
+                + (self.left[part] + across) * self.column[part])
 
 
-def _places(sizes: Sequence[tuple[int, int]], channels: int, down: AxisTaps, across: AxisTaps, device: Any) -> Places:
-    """The `Places` of pictures of ``sizes`` (rows, columns) and ``channels``, put one after the other, cut as
-    ``down`` and ``across`` say: sent in one copy."""
-    rows, columns = np.asarray(sizes, np.int64).reshape(-1, 2).T
-    starts = np.cumsum(channels * rows * columns) - channels * rows * columns
-    values = np.stack([starts, rows, columns, down.first, across.first, down.span, across.span]).astype(np.int64)
-    return Places(torch.from_numpy(values).to(device))
+def _in_memory_order(picture: Any) -> tuple[Any, Any]:
+    """``(its pixels in the order of its memory, picture)``: ``picture`` (C, H, W) permuted so that it is contiguous
+    (a decoder's (H, W, C) memory seen as (C, H, W) is not copied); a copy of it where no order is."""
+    order = sorted(range(picture.ndim), key=lambda axis: -picture.stride(axis))
+    if not picture.permute(order).is_contiguous():
+        picture = picture.contiguous()
+        order = list(range(picture.ndim))
+    return picture.permute(order), picture
+
+
+def _places(pictures: Sequence[Any], down: AxisTaps, across: AxisTaps, device: Any) -> Places:
+    """The `Places` of ``pictures`` (C, H, W), their pixels put one after the other in the order of their memory,
+    cut as ``down`` and ``across`` say: sent in one copy."""
+    sizes = np.array([picture.numel() for picture in pictures], np.int64)
+    strides = np.array([picture.stride() for picture in pictures], np.int64).reshape(-1, 3).T
+    values = np.stack([np.cumsum(sizes) - sizes, *strides, down.first, across.first, down.span, across.span])
+    return Places(torch.from_numpy(values.astype(np.int64)).to(device))
 
 
 def _groups(spans: Sequence[tuple[int, int]], channels: int) -> list[slice]:
