@@ -23,10 +23,11 @@ from outcore.errors import CorruptChunkError, ImageError
 from outcore.imaging import read_image_file
 from outcore.ingest import fields
 from outcore.ingest.fields import file_stats
+from outcore.iterate.readers import chunk_readers
 from outcore.iterate.runs import ChunkBuffers
 from outcore.storage import chunk_reads, shard_reader
 from outcore.storage.pins import stamp_of
-from outcore.testing import chunk_location, corrupt_chunk
+from outcore.testing import chunk_location, corrupt_chunk, write_image_folder
 
 needs_extension = pytest.mark.skipif(chunk_reads.read_at_once is None,
                                      reason=f"chunks are not read in C here: {chunk_reads.how()}")
@@ -201,6 +202,40 @@ def test_a_read_task_s_chunks_are_read_in_one_call_and_one_that_fails_is_named(t
     assert isinstance(got[1], CorruptChunkError) and re.search(r"field 'y', chunk 2 .*crc32c", str(got[1]))
     with pytest.raises(CorruptChunkError, match=r"field 'y', chunk 2 .*crc32c"):
         buffers.read(2)
+
+
+@needs_extension
+@pytest.mark.parametrize("own_sizes", [False, True])
+def test_an_encoded_field_s_ranges_bytes_and_shapes_are_read_with_the_other_fields(tmp_path, own_sizes, monkeypatch):
+    """A read task reads an encoded picture field's ranges, bytes and (pictures of their own sizes) shapes in the
+    same C call as the other fields' values (`EncodedChunks.parts`): the chunks its reader reads, sample for sample;
+    a damaged bytes chunk is named in its place while the others are read."""
+    write_image_folder(tmp_path / "pictures", 24, classes=("a",), size=(40, 56), kind="photos", seed=0)
+    write_image_folder(tmp_path / "pictures", 24, classes=("b",), size=(48, 36) if own_sizes else (40, 56),
+                       kind="photos", seed=1)
+    location = tmp_path / "encoded.zarr"
+    ds = outcore.ingest_images(tmp_path / "pictures", location, shape=None if own_sizes else (40, 56, 3),
+                               images="encoded", chunk_size=8, progress=False)
+    readers = chunk_readers(ds, ["images", "labels"])
+    expected = {chunk: (readers["images"].read(chunk), readers["labels"].read(chunk).copy()) for chunk in range(6)}
+    buffers = ChunkBuffers(readers)  # every shard's index read above: the call vouches for every part
+    ranges = readers["images"].decoded.bytes.ranges
+    calls, read_many = [], chunk_reads.read_many_at_once
+    monkeypatch.setattr(ranges._layout, "read_many_at_once",
+                        lambda requests, scratch: calls.append(len(requests)) or read_many(requests, scratch))
+    for first in (0, 2, 4):
+        for chunk, (values, taken) in zip((first, first + 1), buffers.read_many([first, first + 1]), strict=True):
+            images, labels = expected[chunk]
+            assert len(values["images"]) == len(images) == 8
+            for k in range(8):
+                np.testing.assert_array_equal(values["images"][k], images[k])
+            np.testing.assert_array_equal(values["labels"], labels)
+            buffers.give(taken)
+    assert calls == [2 * (4 if own_sizes else 3)] * 3  # ranges, bytes (shapes) and labels of two chunks
+    corrupt_chunk(location, "images", 1)
+    got = buffers.read_many([0, 1])
+    assert isinstance(got[1], CorruptChunkError) and re.search(r"field 'images', chunk 1 .*crc32c", str(got[1]))
+    np.testing.assert_array_equal(got[0][0]["images"][3], expected[0][0][3])
 
 
 @needs_extension

@@ -235,4 +235,11 @@ class DecodedChunks:
         """The chunk's bytes, to decode later (into ``region``, from ``self.bytes.empty()``, when given)."""
         data, ranges = self.bytes.read(chunk, region)
         shapes = self.bytes.read_shapes(chunk) if self.decode.variable else None
+        return self._encoded(chunk, data, ranges, shapes)
+
+    def encoded_of_parts(self, chunk: int, read: Sequence[np.ndarray]) -> EncodedChunk:
+        """`read_encoded`'s chunk from its shard reads (`EncodedBytes.parts`), read by another call."""
+        return self._encoded(chunk, *self.bytes.of_parts(chunk, read))
+
+    def _encoded(self, chunk: int, data: np.ndarray, ranges: np.ndarray, shapes: np.ndarray | None) -> EncodedChunk:
         return EncodedChunk(data, ranges, self.decode, (self.where, self.field, chunk, chunk * self.chunk_size), shapes)

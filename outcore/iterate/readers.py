@@ -39,6 +39,14 @@ class EncodedChunks:
     def read(self, chunk: int, out: np.ndarray | None = None) -> EncodedChunk:
         return self.decoded.read_encoded(chunk, out)
 
+    def parts(self, chunk: int, out: np.ndarray) -> list[tuple[ShardReader, int, np.ndarray]]:
+        """The shard reads `read` makes of the chunk (`EncodedBytes.parts`), to read with other fields' in one call."""
+        return self.decoded.bytes.parts(chunk, out)
+
+    def of_parts(self, chunk: int, read: Sequence[np.ndarray]) -> EncodedChunk:
+        """`read`'s chunk from its `parts` as read."""
+        return self.decoded.encoded_of_parts(chunk, read)
+
 
 ChunkReader = ShardReader | DecodedChunks | EncodedChunks | RaggedRows
 

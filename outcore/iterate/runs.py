@@ -31,7 +31,7 @@ from ..threads.task import Task
 from .batch import Batch, Draws, Empty, Recipe, batch_draws, make_batch, plain
 from .options import BatchOptions
 from .plan import EpochPlan, next_use
-from .readers import ChunkReader, sample_bytes, sample_spec
+from .readers import ChunkReader, EncodedChunks, sample_bytes, sample_spec
 from .schedule import BatchStep, schedule
 from .stats import LoaderStats
 
@@ -230,7 +230,6 @@ class ChunkBuffers:
 
     def __init__(self, readers: dict[str, ChunkReader]) -> None:
         self.readers = readers
-        self.together = [name for name, reader in readers.items() if isinstance(reader, ShardReader)]
         self.free: dict[str, list[np.ndarray]] = {name: [] for name in readers}
         self.lock = threading.Lock()
 
@@ -260,23 +259,37 @@ class ChunkBuffers:
 
     def read_many(self, chunks: Sequence[int]) -> list[Loaded | Exception]:
         """Chunks ``chunks`` of every field, each read into buffers taken here, the stored values' fields of them all
-        in one C call where they can be (`ShardReader.read_vouched`), the others by their readers: for each chunk
+        in one C call where they can be (`ShardReader.read_vouched`; an encoded field's ranges, bytes and shapes too:
+        `EncodedChunks.parts`), the others by their readers: for each chunk
         ``(values, buffers)``, or the error its read raised (a damaged chunk, named: the others are read all the
         same); `give` the buffers back once no batch needs the values."""
         taken = [{name: self.take(name) for name in self.readers} for _ in chunks]
-        together = self.together
-        vouched = iter(ShardReader.read_vouched([(self.readers[name], chunk, buffers[name])
-                                                 for chunk, buffers in zip(chunks, taken, strict=True)
-                                                 for name in together]))
+        parts = [{name: self._parts(name, chunk, buffers[name]) for name in self.readers}
+                 for chunk, buffers in zip(chunks, taken, strict=True)]
+        vouched = iter(ShardReader.read_vouched([part for asked in parts for some in asked.values() for part in some]))
         read: list[Loaded | Exception] = []
-        for chunk, buffers in zip(chunks, taken, strict=True):
-            known = {name: next(vouched) for name in together}
+        for chunk, buffers, asked in zip(chunks, taken, parts, strict=True):
+            known = {name: [next(vouched) for _ in some] for name, some in asked.items()}
             try:
-                read.append(({name: reader.read(chunk, out=buffers[name]) if known.get(name) is None else known[name]
-                              for name, reader in self.readers.items()}, buffers))
+                read.append(({name: self._value(name, chunk, buffers[name], known[name]) for name in self.readers},
+                             buffers))
             except Exception as error:  # noqa: BLE001 - raised by whoever takes this chunk's values
                 read.append(error)
         return read
+
+    def _parts(self, name: str, chunk: int, buffer: np.ndarray) -> list[tuple[ShardReader, int, np.ndarray]]:
+        """The shard reads of field ``name``'s chunk that one C call may make with the others' (`read_many`)."""
+        reader = self.readers[name]
+        if isinstance(reader, ShardReader):
+            return [(reader, chunk, buffer)]
+        return reader.parts(chunk, buffer) if isinstance(reader, EncodedChunks) else []
+
+    def _value(self, name: str, chunk: int, buffer: np.ndarray, read: list[np.ndarray | None]) -> Any:
+        """Field ``name``'s chunk from its `_parts` as read, or read by its reader where one was not."""
+        reader = self.readers[name]
+        if not read or any(part is None for part in read):
+            return reader.read(chunk, out=buffer)
+        return read[0] if isinstance(reader, ShardReader) else reader.of_parts(chunk, read)
 
 
 class Loading:

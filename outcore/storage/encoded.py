@@ -124,9 +124,22 @@ class EncodedBytes:
 
     def read(self, chunk: int, region: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The chunk's bytes (into ``region``, from `empty`, when given) and its samples' ranges in them."""
-        ranges = self.ranges.read(chunk) - chunk * self.capacity
-        data = self.bytes.read(chunk, out=region)[: int(ranges[:, 1].max(initial=0))]
-        return data, ranges
+        return self._cut(chunk, self.ranges.read(chunk), self.bytes.read(chunk, out=region))
+
+    def parts(self, chunk: int, region: np.ndarray) -> list[tuple[ShardReader, int, np.ndarray]]:
+        """The shard reads that `read` and `read_shapes` make of the chunk, ``(reader, chunk, out)`` each (its ranges,
+        its bytes into ``region``, its shapes), for `ShardReader.read_vouched` to read in one C call with others."""
+        readers = (self.ranges, self.bytes) if self.shapes is None else (self.ranges, self.bytes, self.shapes)
+        return [(reader, chunk, region if reader is self.bytes else reader.empty()) for reader in readers]
+
+    def of_parts(self, chunk: int, read: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """What `read` and `read_shapes` give of the chunk, from its `parts` as read: ``(bytes, ranges, shapes)``."""
+        return *self._cut(chunk, read[0], read[1]), (read[2] if self.shapes is not None else None)
+
+    def _cut(self, chunk: int, ranges: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The chunk's bytes as far as its samples' ranges reach, and the ranges counted from the chunk's start."""
+        ranges = ranges - chunk * self.capacity
+        return data[: int(ranges[:, 1].max(initial=0))], ranges
 
     def read_shapes(self, chunk: int) -> np.ndarray | None:
         """The decoded shape of each of the chunk's samples, (n, 3); None when the field has one shape."""
