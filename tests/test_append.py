@@ -245,8 +245,9 @@ def test_bad_new_files_are_skipped_and_reported_beside_the_old_ones(photos, tmp_
         ingest(photos, store, append=True)
     again = ingest(photos, store, append=True, on_error="skip")
     assert len(again) == 33 and again.attrs.skipped["count"] == 1 and report.read_text().count("new_broken") == 1
-    shutil.copy(photos / "cat" / "cat_000001.jpg", broken)  # mended
-    os.utime(broken, ns=(later + 10**9, later + 10**9))
+    shutil.copy(photos / "cat" / "cat_000001.jpg", broken)  # mended, after the report the last run wrote
+    mended_at = report.stat().st_mtime_ns + 10**9  # (that run rewrote it: however long it took, the file is newer)
+    os.utime(broken, ns=(mended_at, mended_at))
     mended = ingest(photos, store, append=True, on_error="skip")
     assert len(mended) == 34 and mended.attrs.skipped is None and not report.exists()
 
