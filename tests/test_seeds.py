@@ -104,18 +104,23 @@ def test_resized_crop_boxes_leave_what_the_extension_cannot_draw_to_python():
                      min_size=1, max_size=8),
        counts=st.lists(st.integers(0, 40), min_size=8, max_size=8),
        highs=st.tuples(st.integers(1, 300), st.one_of(st.integers(1, 2**32 - 1), st.just(1))),
-       p=st.floats(0, 1), axes=st.tuples(st.booleans(), st.booleans()))
+       p=st.floats(0, 1), axes=st.tuples(st.booleans(), st.booleans()),
+       window=st.tuples(st.integers(1, 600), st.integers(1, 600)), pad=st.integers(0, 16))
 def test_a_batch_s_crops_and_flips_drawn_at_once_are_each_piece_s_generator_s(domain, length, keys, counts, highs, p,
-                                                                            axes):
+                                                                            axes, window, pad):
     """`seeds.crops_and_flips` makes each piece's generator in C (numpy's PCG64 from the SeedSequence's state, keys of
     one and two 32-bit words a number) and draws what `RandomCrop.boxes` and `RandomFlip.draw` draw from it, in their
-    order: the same numbers as numpy's generator of the key, piece by piece."""
+    order: the same numbers as numpy's generator of the key, piece by piece, written as the batch's float64 boxes
+    (the corners less the padding, the window's size)."""
     pieces = [(count, tuple(key[:length])) for count, key in zip(counts, keys)]
-    drawn = seeds.crops_and_flips(domain, pieces, highs, p, axes)
+    drawn = seeds.crops_and_flips(domain, pieces, highs, p, axes, window, pad=pad)
 
     def crops(rng, low, high):
-        assert drawn[0][low:high, 0].tolist() == rng.integers(0, highs[0], size=high - low).tolist()
-        assert drawn[0][low:high, 1].tolist() == rng.integers(0, highs[1], size=high - low).tolist()
+        boxes = drawn[0][low:high]
+        assert drawn[0].dtype == np.float64 and drawn[0].shape[1] == 4
+        assert (boxes[:, 0] + pad).tolist() == rng.integers(0, highs[0], size=high - low).tolist()
+        assert (boxes[:, 1] + pad).tolist() == rng.integers(0, highs[1], size=high - low).tolist()
+        assert boxes[:, 2:].tolist() == [list(window)] * (high - low)
 
     _each_piece_drew_so(drawn, "crops_and_flips", pieces, domain, p, axes, crops)
 
@@ -139,7 +144,7 @@ def test_a_batch_s_resized_crops_drawn_at_once_are_each_piece_s_generator_s(keys
 
     def crops(rng, low, high):
         expected = [random_resized_crop_box(height, width, scale, ratio, rng) for height, width in sizes[low:high].tolist()]
-        assert drawn[0][low:high].tolist() == [list(box) for box in expected]
+        assert drawn[0].dtype == np.float64 and drawn[0][low:high].tolist() == [list(box) for box in expected]
 
     _each_piece_drew_so(drawn, "resized_crops_and_flips", pieces, Domain.TRANSFORM, p, axes, crops)
 
@@ -163,10 +168,10 @@ def _each_piece_drew_so(drawn, call, pieces, domain, p, axes, crops):
 
 def test_crops_and_flips_leave_what_the_extension_cannot_draw_to_python():
     pieces = [(2, (0, 1, 2, 3))]
-    assert seeds.crops_and_flips(Domain.TRANSFORM, pieces, (2**32, 5), 0.5, (True, False)) is None  # numpy's own way
-    assert seeds.crops_and_flips(Domain.TRANSFORM, [(2, (2**63, 1, 2, 3))], (5, 5), 0.5, (True, False)) is None
-    assert seeds.crops_and_flips(Domain.TRANSFORM, [*pieces, (1, (0, 1, 2))], (5, 5), 0.5, (True, False)) is None
-    assert seeds.crops_and_flips(Domain.TRANSFORM, [], (5, 5), 0.5, (True, False)) is None
+    assert seeds.crops_and_flips(Domain.TRANSFORM, pieces, (2**32, 5), 0.5, (True, False), (4, 4)) is None  # numpy's own way
+    assert seeds.crops_and_flips(Domain.TRANSFORM, [(2, (2**63, 1, 2, 3))], (5, 5), 0.5, (True, False), (4, 4)) is None
+    assert seeds.crops_and_flips(Domain.TRANSFORM, [*pieces, (1, (0, 1, 2))], (5, 5), 0.5, (True, False), (4, 4)) is None
+    assert seeds.crops_and_flips(Domain.TRANSFORM, [], (5, 5), 0.5, (True, False), (4, 4)) is None
     sizes = np.array([[0, 5], [4, 4]], np.int64)  # a picture of no rows: random_resized_crop_box says so itself
     assert seeds.resized_crops_and_flips(Domain.TRANSFORM, pieces, sizes, (0.08, 1.0), (0.75, 1.3), 0.5,
                                          (True, False)) is None

@@ -594,6 +594,35 @@ static PyObject *py_interleave(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_inside(PyObject *self, PyObject *args) {
+    Py_buffer boxes, sizes, out;
+    double rounding;
+    if (!PyArg_ParseTuple(args, "y*y*dw*:inside", &boxes, &sizes, &rounding, &out))
+        return NULL;
+    const Py_ssize_t count = out.len;
+    const int fine = boxes.len == count * 4 * (Py_ssize_t)sizeof(double) &&
+                     sizes.len == count * 2 * (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t outside = 0;
+    if (fine) { /* a few thousand boxes: kept the GIL (numpy's compares of so many would each give it up) */
+        const double *box = boxes.buf;
+        const int64_t *size = sizes.buf;
+        uint8_t *within = out.buf;
+        for (Py_ssize_t k = 0; k < count; k++, box += 4, size += 2) {
+            within[k] = box[0] > -rounding && box[1] > -rounding && box[0] + box[2] < (double)size[0] + rounding &&
+                        box[1] + box[3] < (double)size[1] + rounding;
+            outside += !within[k];
+        }
+    }
+    PyBuffer_Release(&boxes);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&out);
+    if (!fine) {
+        PyErr_SetString(PyExc_ValueError, "need float64 boxes (n, 4), int64 sizes (n, 2) and a uint8 out (n)");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(outside);
+}
+
 static PyMethodDef methods[] = {
     {"copy", (PyCFunction)(void (*)(void))py_copy, METH_VARARGS | METH_KEYWORDS,
      "copy(chunks, which, local, out, rows, tops=None, lefts=None, flips=None, boxes=None)\n--\n\n"
@@ -617,6 +646,10 @@ static PyMethodDef methods[] = {
      "interleave(parts, counts, tables, out)\n--\n\n"
      "Into out, batch after batch, each stream's next counts[b, s] items of parts[s] (through tables[s]: an item\n"
      "v as tables[s][v], where tables is not None). The GIL is kept for a few thousand items."},
+    {"inside", py_inside, METH_VARARGS,
+     "inside(boxes, sizes, rounding, out)\n--\n\n"
+     "out[k] = whether box k (top, left, height, width) lies inside a picture of sizes[k] (height, width), its edges\n"
+     "rounded off by up to rounding; returns how many do not. The GIL is kept (a batch's boxes)."},
     FREE_METHOD,
     {NULL, NULL, 0, NULL},
 };

@@ -165,14 +165,13 @@ class BoxCuts:
             self.crop = plain_jpeg_crops([chunk.region for chunk in chunks], [chunk.ranges for chunk in chunks], which,
                                          samples, pictures, boxes, out, rows, flips)
         if self.crop is not None:
-            self.inside = inside(boxes, pictures)
-            self.outside_before = np.concatenate([[0], np.cumsum(~self.inside)]).tolist()  # boxes past the edges
+            self.inside = inside(boxes, pictures)  # boxes past the edges are cut one by one
 
     def run(self, start: int, stop: int) -> None:
         """Rows ``[start, stop)`` cut: the boxes inside plain JPEGs in C, the others one by one."""
         left: Sequence[int] = range(start, stop)
         if self.crop is not None:
-            if self.outside_before[start] == self.outside_before[stop]:  # every box of the run inside its picture
+            if self.inside[start:stop].all():  # every box of the run inside its picture (a run's few: the GIL kept)
                 left = [start + k for k in self.crop(slice(start, stop))]
             else:
                 cut = start + np.flatnonzero(self.inside[start:stop])

@@ -233,7 +233,7 @@ def undecoded(rows: Rows, data: Mapping[int, ChunkValues], field: str, cut: Cut 
     """
     names = undecoded_names(field)
     if cut is not None and cut.field == field:
-        return dict(zip(names, (cut.boxes, cut.flips, cut.sizes), strict=True))
+        return dict(zip(names, (cut.boxes, cut.flips, np.ascontiguousarray(cut.sizes)), strict=True))  # its own
     sizes = np.empty((len(rows), 2), np.int64)
     sizes[rows.order] = picture_sizes(rows.sources(data, field), rows.which, rows.local)
     boxes = np.zeros((len(rows), 4), np.float64)
@@ -320,10 +320,11 @@ def _raster_cuts(rows: Rows, data: Mapping[int, ChunkValues], field: str, cut: C
 
 def picture_sizes(sources: Sequence[np.ndarray | EncodedChunk], which: np.ndarray, local: np.ndarray) -> np.ndarray:
     """The (height, width) of sample ``local[k]`` of ``sources[which[k]]`` (the chunks' values of one picture
-    field), (n, 2): one size for them all where the field has one (pixels, or encoded pictures of one shape)."""
+    field), (n, 2): where the field has one size (pixels, or encoded pictures of one shape), that size seen n times
+    (read-only, made without work: numpy gives the GIL up for a copy of more than 500 items)."""
     first = sources[0]
     if one_size(sources):
-        return np.tile(np.asarray(_sample_shape(first)[:2], np.int64), (len(local), 1))
+        return np.broadcast_to(np.asarray(_sample_shape(first)[:2], np.int64), (len(local), 2))
     sizes = np.empty((len(local), 2), np.int64)
     for chunk in np.unique(which).tolist():
         mine = which == chunk

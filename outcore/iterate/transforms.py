@@ -163,21 +163,14 @@ class RandomCrop:
         >>> boxes is None or boxes[2:].tolist() == RandomCrop(4).boxes(sizes[2:], transform_generator((0, 0, 0, 1))).tolist()
         True
         """
-        if type(self) is not RandomCrop or not _plain_flip(flip) or not len(sizes) or not (sizes == sizes[0]).all():
+        if type(self) is not RandomCrop or not _plain_flip(flip) or not len(sizes) or not _one_size(sizes):
             return None
         (height, width), pad = self.output_size, self.padding
         rows, columns = sizes[0].tolist()
         if rows + 2 * pad < height or columns + 2 * pad < width:
             return None
-        drawn = crops_and_flips(TRANSFORM_DOMAIN, pieces, (rows + 2 * pad - height + 1, columns + 2 * pad - width + 1),
-                                *_mirrors(flip))
-        if drawn is None:
-            return None
-        corners, flips = drawn
-        boxes = np.empty((len(sizes), 4), np.float64)
-        boxes[:, :2] = corners - pad if pad else corners  # (a subtraction of a batch's corners gives the GIL up)
-        boxes[:, 2:] = height, width
-        return boxes, flips
+        return crops_and_flips(TRANSFORM_DOMAIN, pieces, (rows + 2 * pad - height + 1, columns + 2 * pad - width + 1),
+                               *_mirrors(flip), window=(height, width), pad=pad)
 
     def _fits(self, rows: int, columns: int) -> None:
         """Refuse an image of ``rows`` x ``columns`` the window cannot be cut from, padding included."""
@@ -227,8 +220,7 @@ class RandomResizedCrop:
         draws them, all in one call (`outcore.seeds.resized_crops_and_flips`): as `RandomCrop.boxes_of_pieces`."""
         if type(self) is not RandomResizedCrop or not _plain_flip(flip):
             return None
-        drawn = resized_crops_and_flips(TRANSFORM_DOMAIN, pieces, sizes, self.scale, self.ratio, *_mirrors(flip))
-        return None if drawn is None else (drawn[0].astype(np.float64), drawn[1])
+        return resized_crops_and_flips(TRANSFORM_DOMAIN, pieces, sizes, self.scale, self.ratio, *_mirrors(flip))
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
@@ -400,6 +392,13 @@ class Cast:
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         return _replace(batch, self.field, _field(batch, self.field).astype(self.dtype))
+
+
+def _one_size(sizes: np.ndarray) -> bool:
+    """Whether pictures of ``sizes`` ((n, 2)) are all of one size: by construction where the rows are one row seen
+    n times (a field of one shape: `outcore.iterate.gather.picture_sizes`), else compared (numpy gives the GIL up
+    for work on more than 500 items)."""
+    return sizes.strides[0] == 0 or bool((sizes == sizes[0]).all())
 
 
 def _plain_flip(flip: object) -> bool:

@@ -187,27 +187,30 @@ def resized_crop_boxes(rng: np.random.Generator, sizes: np.ndarray, scale: tuple
 
 
 def crops_and_flips(domain: Domain, pieces: Sequence[tuple[int, Sequence[int]]], highs: tuple[int, int],
-                    p: float, axes: tuple[bool, bool]) -> tuple[np.ndarray, np.ndarray] | None:
+                    p: float, axes: tuple[bool, bool], window: tuple[int, int],
+                    pad: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
     """Each piece ``(count, key)``'s draws from its own generator, ``generator(domain, *key)``: ``count`` tops
     (``integers(rng, highs[0], count)``), then as many lefts (``highs[1]``), then ``count`` mirrors
     (``uniform(rng, count) < p``) for each of the ``axes`` (left-right, top-bottom) that is on: `RandomCrop.boxes`'
     and `RandomFlip.draw`'s draws, the same numbers. The ``_draws`` extension makes the generators and draws from
-    them in one call for all the pieces, making no numpy generator (each cost more than a piece's draws): ``(corners,
-    flips)``, (n, 2) int64 and uint8, the pieces one after another; None where it is not built or for keys of
-    numbers of 63 bits or more, keys of different lengths, or highs of 32 bits or more (draw them one by one then).
+    them in one call for all the pieces, making no numpy generator (each cost more than a piece's draws), and writes
+    the boxes as a batch holds them: ``(boxes, flips)``, (n, 4) float64 ``(top - pad, left - pad, *window)`` and (n, 2)
+    uint8, the pieces one after another; None where it is not built or for keys of numbers of 63 bits or more, keys
+    of different lengths, or highs of 32 bits or more (draw them one by one then).
 
-    >>> drawn = crops_and_flips(Domain.TRANSFORM, [(2, (0, 1, 2, 3))], (17, 17), 0.5, (True, False))
+    >>> drawn = crops_and_flips(Domain.TRANSFORM, [(2, (0, 1, 2, 3))], (17, 17), 0.5, (True, False), (8, 8), pad=2)
     >>> rng = generator(Domain.TRANSFORM, 0, 1, 2, 3)
-    >>> drawn is None or drawn[0][:, 0].tolist() == integers(rng, 17, 2).tolist()
+    >>> drawn is None or drawn[0][:, 0].tolist() == (integers(rng, 17, 2) - 2).tolist()
     True
     """
     made = _pieces_call("crops_and_flips", pieces)
     if made is None or not all(1 <= high < 2**32 for high in highs):
         return None
     keys, counts, call = made
-    corners, flips = np.empty((int(counts.sum()), 2), np.int64), np.empty((int(counts.sum()), 2), np.uint8)
-    call(keys, int(domain), counts, highs, _mirrors(p, axes), corners, flips)
-    return corners, flips
+    boxes, flips = np.empty((int(counts.sum()), 4), np.float64), np.empty((int(counts.sum()), 2), np.uint8)
+    call(keys, int(domain), counts, highs, (float(window[0]), float(window[1])), float(pad), _mirrors(p, axes), boxes,
+         flips)
+    return boxes, flips
 
 
 def resized_crops_and_flips(domain: Domain, pieces: Sequence[tuple[int, Sequence[int]]], sizes: np.ndarray,
@@ -215,7 +218,8 @@ def resized_crops_and_flips(domain: Domain, pieces: Sequence[tuple[int, Sequence
                             axes: tuple[bool, bool]) -> tuple[np.ndarray, np.ndarray] | None:
     """`crops_and_flips` for `RandomResizedCrop`: each piece's boxes ``(top, left, height, width)`` of its pictures of
     ``sizes`` ((n, 2) int64, the pieces one after another), drawn as `resized_crop_boxes` draws them, then its mirrors:
-    ``(boxes, flips)``, (n, 4) int64 and (n, 2) uint8; None where the extension cannot draw them.
+    ``(boxes, flips)``, (n, 4) float64 (whole numbers, as a batch holds them) and (n, 2) uint8; None where the
+    extension cannot draw them.
 
     >>> drawn = resized_crops_and_flips(Domain.TRANSFORM, [(1, (0, 1, 2, 3))], np.array([[300, 400]]), (0.08, 1.0),
     ...                                 (3 / 4, 4 / 3), 0.5, (True, False))
@@ -229,7 +233,7 @@ def resized_crops_and_flips(domain: Domain, pieces: Sequence[tuple[int, Sequence
             len(sizes) and not 1 <= sizes.min() <= sizes.max() < 2**32):
         return None
     keys, counts, call = made
-    boxes, flips = np.empty((len(sizes), 4), np.int64), np.empty((len(sizes), 2), np.uint8)
+    boxes, flips = np.empty((len(sizes), 4), np.float64), np.empty((len(sizes), 2), np.uint8)
     call(keys, int(domain), counts, np.ascontiguousarray(sizes, np.int64), (float(scale[0]), float(scale[1])),
          (float(ratio[0]), float(ratio[1])), _mirrors(p, axes), boxes, flips)
     return boxes, flips

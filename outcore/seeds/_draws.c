@@ -11,7 +11,8 @@
  * numbers and the same state after, for any generator: tests/test_seeds.py compares them with numpy's. Without
  * this extension outcore.seeds asks numpy itself.
  *
- * crops_and_flips(keys, domain, counts, highs, flip, corners, flips): the draws of a batch's pieces, each from a
+ * crops_and_flips(keys, domain, counts, highs, window, pad, flip, boxes, flips): the draws of a batch's pieces (its
+ * crop's boxes written as float64, as a batch holds them), each from a
  * generator of its own (default_rng(SeedSequence([len(key), *key], spawn_key=(domain,))), as outcore.seeds.generator
  * makes it), made here: PCG64 (numpy's XSL-RR 128/64, seeded as numpy seeds it from the SeedSequence's state) with
  * no numpy Generator made. A piece of n pictures draws n tops, then n lefts (integers(0, high)), then n uniforms
@@ -232,31 +233,41 @@ static int keyed(pcg64_t *generator, const int64_t *key, Py_ssize_t length, uint
     return 0;
 }
 
-/* What each picture of a piece has its crop draw: a window's top and left (`sizes` NULL: `out` rows of 2, every top
- * then every left, integers(0, highs)), or a resized box of its picture's size (rows of 4, resized_crop_box). */
+/* What each picture of a piece has its crop draw, as a box (top, left, height, width) of float64 in `out`: a window
+ * (`sizes` NULL: every top, then every left, integers(0, highs), less the padding `pad`, of the `window`'s size), or a
+ * resized box of its picture's size (resized_crop_box). */
 typedef struct {
     long long highs[2];
+    double pad, window[2];
     const int64_t *sizes;
     double scale[2], ratio[2];
 } crops_t;
 
-static void draw_crops(bitgen_t *bits, const crops_t *crops, Py_ssize_t first, int64_t count, int64_t *out) {
+static void draw_crops(bitgen_t *bits, const crops_t *crops, Py_ssize_t first, int64_t count, double *out) {
     if (crops->sizes == NULL) {
         for (int side = 0; side < 2; side++)
             for (int64_t k = 0; k < count; k++)
-                out[2 * k + side] = bounded(bits, crops->highs[side]);
+                out[4 * k + side] = (double)bounded(bits, crops->highs[side]) - crops->pad;
+        for (int64_t k = 0; k < count; k++) {
+            out[4 * k + 2] = crops->window[0];
+            out[4 * k + 3] = crops->window[1];
+        }
         return;
     }
     const int64_t *size = crops->sizes + 2 * first;
-    for (int64_t k = 0; k < count; k++)
-        resized_crop_box(bits, size[2 * k], size[2 * k + 1], crops->scale, crops->ratio, out + 4 * k);
+    int64_t box[4];
+    for (int64_t k = 0; k < count; k++) {
+        resized_crop_box(bits, size[2 * k], size[2 * k + 1], crops->scale, crops->ratio, box);
+        for (int side = 0; side < 4; side++)
+            out[4 * k + side] = (double)box[side];
+    }
 }
 
 /* Each piece's draws from the generator of its key (`pieces` keys of `length` numbers, `count` pictures each): its
- * crops (rows of `columns` in out), then a uniform < p per picture for each axis of `axes` (left-right, top-bottom)
- * into flips. The buffers are checked for their sizes; 0 where anything is amiss. */
-static int draw_pieces(Py_buffer *keys, uint64_t domain, Py_buffer *counts, const crops_t *crops, int columns,
-                       double p, int axes, Py_buffer *out, Py_buffer *flips) {
+ * crops (float64 boxes, rows of 4 in out), then a uniform < p per picture for each axis of `axes` (left-right,
+ * top-bottom) into flips. The buffers are checked for their sizes; 0 where anything is amiss. */
+static int draw_pieces(Py_buffer *keys, uint64_t domain, Py_buffer *counts, const crops_t *crops, double p, int axes,
+                       Py_buffer *out, Py_buffer *flips) {
     const Py_ssize_t pieces = counts->len / (Py_ssize_t)sizeof(int64_t);
     const int64_t *count = counts->buf, *key = keys->buf;
     if (pieces == 0 || counts->len % (Py_ssize_t)sizeof(int64_t) || keys->len % (pieces * 8) || (axes & ~3))
@@ -271,16 +282,16 @@ static int draw_pieces(Py_buffer *keys, uint64_t domain, Py_buffer *counts, cons
     for (Py_ssize_t i = 0; i < pieces * length; i++)
         if (key[i] < 0)
             return 0;
-    if (out->len != total * columns * (Py_ssize_t)sizeof(int64_t) || flips->len != total * 2)
+    if (out->len != total * 4 * (Py_ssize_t)sizeof(double) || flips->len != total * 2)
         return 0;
-    int64_t *row = out->buf;
+    double *row = out->buf;
     uint8_t *flip = flips->buf;
     pcg64_t generator;
     bitgen_t bits = {&generator, pcg64_next64, pcg64_next32, pcg64_next_double, pcg64_next64};
     for (Py_ssize_t i = 0, first = 0; i < pieces; first += count[i], i++) {
         if (keyed(&generator, key + i * length, length, domain) < 0)
             return 0;
-        draw_crops(&bits, crops, first, count[i], row + first * columns);
+        draw_crops(&bits, crops, first, count[i], row + first * 4);
         for (int axis = 0; axis < 2; axis++)
             for (int64_t k = 0; k < count[i]; k++)
                 flip[2 * (first + k) + axis] = axes >> axis & 1 ? pcg64_next_double(&generator) < p : 0;
@@ -291,23 +302,23 @@ static int draw_pieces(Py_buffer *keys, uint64_t domain, Py_buffer *counts, cons
 static int within_32_bits(long long high) { return high >= 1 && high - 1 < (long long)UINT32_MAX; }
 
 static PyObject *py_crops_and_flips(PyObject *self, PyObject *args) {
-    Py_buffer keys, counts, corners, flips;
+    Py_buffer keys, counts, boxes, flips;
     unsigned long long domain;
-    crops_t crops = {{0, 0}, NULL, {0, 0}, {0, 0}};
+    crops_t crops = {{0, 0}, 0, {0, 0}, NULL, {0, 0}, {0, 0}};
     double p;
     int axes;
-    if (!PyArg_ParseTuple(args, "y*Ky*(LL)(di)w*w*:crops_and_flips", &keys, &domain, &counts, &crops.highs[0],
-                          &crops.highs[1], &p, &axes, &corners, &flips))
+    if (!PyArg_ParseTuple(args, "y*Ky*(LL)(dd)d(di)w*w*:crops_and_flips", &keys, &domain, &counts, &crops.highs[0],
+                          &crops.highs[1], &crops.window[0], &crops.window[1], &crops.pad, &p, &axes, &boxes, &flips))
         return NULL;
     int fine = within_32_bits(crops.highs[0]) && within_32_bits(crops.highs[1]) &&
-               draw_pieces(&keys, domain, &counts, &crops, 2, p, axes, &corners, &flips);
+               draw_pieces(&keys, domain, &counts, &crops, p, axes, &boxes, &flips);
     PyBuffer_Release(&keys);
     PyBuffer_Release(&counts);
-    PyBuffer_Release(&corners);
+    PyBuffer_Release(&boxes);
     PyBuffer_Release(&flips);
     if (!fine) {
         PyErr_SetString(PyExc_ValueError, "need int64 keys (pieces, n) of 0 or more, int64 counts (pieces), highs of 1 "
-                                          "to 2**32, axes of 0 to 3, an int64 corners (total, 2), uint8 flips (total, 2)");
+                                          "to 2**32, axes of 0 to 3, a float64 boxes (total, 4), uint8 flips (total, 2)");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -316,7 +327,7 @@ static PyObject *py_crops_and_flips(PyObject *self, PyObject *args) {
 static PyObject *py_resized_crops_and_flips(PyObject *self, PyObject *args) {
     Py_buffer keys, counts, sizes, boxes, flips;
     unsigned long long domain;
-    crops_t crops = {{0, 0}, NULL, {0, 0}, {0, 0}};
+    crops_t crops = {{0, 0}, 0, {0, 0}, NULL, {0, 0}, {0, 0}};
     double p;
     int axes;
     if (!PyArg_ParseTuple(args, "y*Ky*y*(dd)(dd)(di)w*w*:resized_crops_and_flips", &keys, &domain, &counts, &sizes,
@@ -325,11 +336,11 @@ static PyObject *py_resized_crops_and_flips(PyObject *self, PyObject *args) {
         return NULL;
     crops.sizes = sizes.buf;
     const Py_ssize_t pictures = sizes.len / (Py_ssize_t)(2 * sizeof(int64_t));
-    int fine = sizes.len % (Py_ssize_t)(2 * sizeof(int64_t)) == 0 && boxes.len == pictures * 4 * (Py_ssize_t)sizeof(int64_t)
+    int fine = sizes.len % (Py_ssize_t)(2 * sizeof(int64_t)) == 0 && boxes.len == pictures * 4 * (Py_ssize_t)sizeof(double)
                && crops.ratio[0] > 0 && crops.ratio[1] > 0 && crops.scale[0] >= 0 && crops.scale[1] >= 0;
     for (Py_ssize_t i = 0; fine && i < 2 * pictures; i++)
         fine = crops.sizes[i] >= 1 && crops.sizes[i] <= UINT32_MAX;
-    fine = fine && draw_pieces(&keys, domain, &counts, &crops, 4, p, axes, &boxes, &flips);
+    fine = fine && draw_pieces(&keys, domain, &counts, &crops, p, axes, &boxes, &flips);
     PyBuffer_Release(&keys);
     PyBuffer_Release(&counts);
     PyBuffer_Release(&sizes);
@@ -338,7 +349,7 @@ static PyObject *py_resized_crops_and_flips(PyObject *self, PyObject *args) {
     if (!fine) {
         PyErr_SetString(PyExc_ValueError, "need int64 keys (pieces, n) of 0 or more, int64 counts (pieces) adding up to "
                                           "the int64 sizes (n, 2) of 1 to 2**32, positive ratios, scales of 0 or more, "
-                                          "axes of 0 to 3, an int64 boxes (n, 4), uint8 flips (n, 2)");
+                                          "axes of 0 to 3, a float64 boxes (n, 4), uint8 flips (n, 2)");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -522,15 +533,15 @@ static PyMethodDef methods[] = {
      "boxes\nrandom_resized_crop_box draws, in order, for the int64 (n, 2) picture sizes."},
 #ifdef OUTCORE_PCG64
     {"crops_and_flips", py_crops_and_flips, METH_VARARGS,
-     "crops_and_flips(keys, domain, counts, highs, flip, corners, flips)\n--\n\nEach piece's tops and lefts "
-     "(integers(0, high)) into\nthe int64 corners, then its mirrors (uniform < p, for the axes of flip's bit mask) into "
-     "the uint8 flips,\nfrom the generator of its key in domain."},
+     "crops_and_flips(keys, domain, counts, highs, window, pad, flip, boxes, flips)\n--\n\nEach piece's windows "
+     "(tops and lefts,\nintegers(0, high), less pad, of the window's size) into the float64 boxes, then its mirrors "
+     "(uniform < p,\nfor the axes of flip's bit mask) into the uint8 flips, from the generator of its key in domain."},
     {"permutation", py_permutation, METH_VARARGS,
      "permutation(key, domain, out)\n--\n\nFill the int64 buffer out with the order Generator.permutation(len) gives, "
      "from the\ngenerator of the int64 key in domain."},
     {"resized_crops_and_flips", py_resized_crops_and_flips, METH_VARARGS,
      "resized_crops_and_flips(keys, domain, counts, sizes, scale, ratio, flip, boxes, flips)\n--\n\nEach piece's "
-     "RandomResizedCrop\nboxes of its pictures' sizes into the int64 boxes, then its mirrors, as crops_and_flips."},
+     "RandomResizedCrop\nboxes of its pictures' sizes into the float64 boxes, then its mirrors, as crops_and_flips."},
     {"window", py_window, METH_VARARGS,
      "window(key, slot_domain, window_domain, w, low, first, sizes, deals, ends, mixed, local, owner)\n--\n\n"
      "StreamPlan's window w: its "
