@@ -602,7 +602,6 @@ static PyObject *py_inside(PyObject *self, PyObject *args) {
     const Py_ssize_t count = out.len;
     const int fine = boxes.len == count * 4 * (Py_ssize_t)sizeof(double) &&
                      sizes.len == count * 2 * (Py_ssize_t)sizeof(int64_t);
-    Py_ssize_t outside = 0;
     if (fine) { /* a few thousand boxes: kept the GIL (numpy's compares of so many would each give it up) */
         const double *box = boxes.buf;
         const int64_t *size = sizes.buf;
@@ -610,7 +609,6 @@ static PyObject *py_inside(PyObject *self, PyObject *args) {
         for (Py_ssize_t k = 0; k < count; k++, box += 4, size += 2) {
             within[k] = box[0] > -rounding && box[1] > -rounding && box[0] + box[2] < (double)size[0] + rounding &&
                         box[1] + box[3] < (double)size[1] + rounding;
-            outside += !within[k];
         }
     }
     PyBuffer_Release(&boxes);
@@ -620,7 +618,7 @@ static PyObject *py_inside(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "need float64 boxes (n, 4), int64 sizes (n, 2) and a uint8 out (n)");
         return NULL;
     }
-    return PyLong_FromSsize_t(outside);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
@@ -649,7 +647,7 @@ static PyMethodDef methods[] = {
     {"inside", py_inside, METH_VARARGS,
      "inside(boxes, sizes, rounding, out)\n--\n\n"
      "out[k] = whether box k (top, left, height, width) lies inside a picture of sizes[k] (height, width), its edges\n"
-     "rounded off by up to rounding; returns how many do not. The GIL is kept (a batch's boxes)."},
+     "rounded off by up to rounding. The GIL is kept (a batch's boxes)."},
     FREE_METHOD,
     {NULL, NULL, 0, NULL},
 };
