@@ -1,7 +1,7 @@
 """Does one outcore process use its cores? Thread scaling, and the share of the work done holding the GIL.
 
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
-                               [--only scaling,gil,releases,torch,feed,processes,parts] [--processes 1,2]
+                               [--only scaling,apart,gil,releases,torch,feed,processes,parts] [--processes 1,2]
                                [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
                                [--cases pixels,pixels-each,pixels+crop,pixels+crop-torch,encoded,encoded+crop,
                                         encoded+crop-torch,rrc,dense,dense-own,ingest]
@@ -31,6 +31,13 @@ loop takes it, in tensors (with PyTorch installed); ``ingest``:
   busy threads stays at its threads (on fewer cores the `Gauge` would see them wait for cores and lower it), so
   a batch is cut into as many runs and as many batches are made at once as there, and the GIL share counts the
   Python (and the GIL's hand-overs) that configuration makes; the rates then say nothing of ``n`` cores.
+- **apart** (``--only ...,apart``): the ceiling of the scaling table. For each ``--threads`` n, n copies of the
+  case side by side, each ``epochs`` on one thread in a process of its own, timed together (each copy's seconds
+  begin once all have made their first epoch): what n cores give the one-thread work when nothing is shared but
+  the machine (its caches, its memory's bandwidth, a core's second hardware thread, its clock under load). The
+  ratio to n times one copy is the machine's own scaling; the scaling table's n threads as a share of the copies'
+  rate is outcore's, the machine's part taken out (the issue's 0.85 of 16 x one thread is met when the machine
+  gives that much to copies).
 - **gil**: on these cores, where the work's time goes and how much of it holds the GIL: py-spy samples a
   process running the case at ``--gil-threads`` (default: one per core) twice, once every running thread (CPU time), once only the
   thread holding the GIL (``--gil``); each sample is put in the stage of its innermost outcore frame (read
@@ -172,10 +179,11 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
 
 
 def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool = False,
-           processes: int = 0) -> tuple[float, float | None, dict[str, float] | None]:
+           processes: int = 0, gate: bool = False) -> tuple[float, float | None, dict[str, float] | None]:
     """The median samples/s of the epochs run in ``seconds`` (at least 2; the first is not counted), the GIL
     share timed over them (None without outcore's C extensions) and its parts by thread (`held_by_thread`); with
-    ``ready``, says so on stdout after the first (for the profiler) and runs until killed; with ``processes``, the
+    ``ready``, says so on stdout after the first (for the profiler) and runs until killed; with ``gate``, says
+    so after the first and waits for a line on stdin before the ``seconds`` begin (`apart`); with ``processes``, the
     batches are made by that many loader processes (``process=``), and the by-thread parts are the consumer's CPU
     time a batch (``consumer_ms``). For ``ingest``, each epoch is an ingest of the folder ``location`` into a new
     store."""
@@ -185,7 +193,7 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
     if ready:  # py-spy takes a share of the cores while it samples: keep every thread busy, as unprofiled
         Gauge.LOW = 0.0
     if case == "ingest":
-        return (*ingests(location, seconds, ready), None)
+        return (*ingests(location, seconds, ready, gate), None)
     ds = outcore.open_dataset(location)
 
     def made() -> Iterable[dict]:
@@ -211,6 +219,10 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
             rates.append(count / (time.perf_counter() - start))
         else:
             taken = 0
+            if gate:  # the copies run side by side: each timed once all of them have made their first epoch
+                print("ready", flush=True)
+                sys.stdin.readline()
+                began = time.perf_counter()
             free, cpu, clocks = gil_free_clock(), time.process_time(), thread_clocks()
             loaders = loader_seconds(batches)
             if ready:
@@ -266,7 +278,7 @@ def held_by_thread(free: Callable[[], float] | None, cpu: float, clocks: dict[st
     return {name: seconds / used for name, seconds in parts.items()}
 
 
-def ingests(folder: Path, seconds: float, ready: bool) -> tuple[float, float | None]:
+def ingests(folder: Path, seconds: float, ready: bool, gate: bool = False) -> tuple[float, float | None]:
     """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")``: files/s, and no GIL share: its
     compression and digests run outside the GIL in numcodecs' and hashlib's C, which `gil_free_clock` does not
     count, so the rest would be no bound of the time holding it (py-spy's ``gil`` rows measure ingest)."""
@@ -278,8 +290,11 @@ def ingests(folder: Path, seconds: float, ready: bool) -> tuple[float, float | N
                                        overwrite=True, progress=False)
             if runs:
                 rates.append(len(ds) / (time.perf_counter() - start))
-            elif ready:
+            elif ready or gate:
                 print("ready", flush=True)
+                if gate:
+                    sys.stdin.readline()
+                    began = time.perf_counter()
             runs += 1
     return float(np.median(rates)), None
 
@@ -313,6 +328,45 @@ def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds
         for case, by_thread in parts.items():
             print(f"{case:14s} {by_thread['consumer']:9.1%} {by_thread['pool']:7.1%} {by_thread['others']:7.1%}")
     return rates
+
+
+def apart(made: dict[str, Path], cases: list[str], counts: list[int], seconds: float,
+          threads: dict[str, dict[int, float]]) -> None:
+    """The apart table: for each count n, n copies of each case side by side, each in a process of its own on one
+    thread (`side_by_side`), against n times one copy's rate, and the case's n threads (``threads``, the scaling
+    table's rates, where it ran) against the copies."""
+    print(f"\nsamples/s of n copies of each case side by side, each in a process of its own on one thread, {os.cpu_count()} "
+          "cores here: what the machine gives n copies of the one-thread work that share nothing but its cores, "
+          "caches and memory (the ratio: to n x one copy's rate; threads: n threads of one process, the scaling "
+          "table's, as a share of the copies' rate)")
+    print(f"{'case':14s}" + "".join(f" {f'{n} apart':>10s} {'ratio':>6s} {'threads':>8s}" for n in counts), flush=True)
+    for case in cases:
+        one = side_by_side(made, case, 1, seconds)
+        row = f"{case:14s}"
+        for n in counts:
+            rate = one if n == 1 else side_by_side(made, case, n, seconds)
+            of_threads = threads.get(case, {}).get(n)
+            row += f" {rate:10.0f} {rate / (n * one):6.2f} {'-' if of_threads is None else f'{of_threads / rate:.2f}':>8s}"
+        print(row, flush=True)
+
+
+def side_by_side(made: dict[str, Path], case: str, count: int, seconds: float) -> float:
+    """The samples/s of ``count`` copies of ``case``, each `epochs` on one thread in a process of its own, all timed
+    together: each starts its ``seconds`` once every copy has made its first epoch (imports, reads, the page cache)."""
+    command = [sys.executable, __file__, "--run", case, str(made[CASES[case][0]]), "1", str(seconds), "--gate"]
+    copies = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    try:
+        for copy in copies:
+            assert copy.stdout is not None and copy.stdout.readline().strip() == "ready", f"a copy of {case} failed"
+        for copy in copies:
+            assert copy.stdin is not None
+            copy.stdin.write("go\n")
+            copy.stdin.flush()
+        return sum(float(json.loads(copy.communicate()[0].strip().splitlines()[-1])["samples_s"]) for copy in copies)
+    finally:
+        for copy in copies:
+            copy.kill()
+            copy.wait()
 
 
 def by_processes(made: dict[str, Path], cases: list[str], threads: int, counts: list[int], seconds: float) -> None:
@@ -707,6 +761,7 @@ def main() -> None:
                         help="the threads of the GIL rows (default: the cores this process may use)")
     parser.add_argument("--run", nargs=4, metavar=("CASE", "STORE", "THREADS", "SECONDS"), help=argparse.SUPPRESS)
     parser.add_argument("--ready", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-run", nargs=3, metavar=("STORE", "WORKERS", "SECONDS"), help=argparse.SUPPRESS)
     parser.add_argument("--step-ms", type=float, default=5.0,
                         help="feed: the CPU time of a training step (a small ResNet's on an H200: 5 ms)")
@@ -738,7 +793,7 @@ def main() -> None:
     if args.run:
         case, location, threads, seconds = args.run
         rate, share, by_thread = epochs(Path(location), case, int(threads), float(seconds), ready=args.ready,
-                                        processes=args.run_processes)
+                                        processes=args.run_processes, gate=args.gate)
         print(json.dumps({"samples_s": rate, "gil_share": share, "by_thread": by_thread}))
         return
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -747,6 +802,8 @@ def main() -> None:
     needed = {CASES[case][0] for case in cases} | ({"pixels"} if "torch" in only else set())
     made = stores(args.workdir, args.images, needed)
     rates = scaling(made, cases, threads, args.seconds) if "scaling" in only else {}
+    if "apart" in only:
+        apart(made, cases, threads, args.seconds, rates)
     if "gil" in only:
         gil(made, cases, args.gil_threads, args.seconds, rates)
     if "releases" in only:

@@ -17,7 +17,8 @@
 #               to its own rate, and the CPU a batch costs the loop's thread
 #   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, encoded, crop + flip, the fused RRC) with the
 #               GIL share timed (at 16 threads, split by thread: the consumer's, the pool's, the planning thread's),
-#               ds.torch with 0-16 workers
+#               against its ceiling (as many one-thread copies side by side, each a process of its own: what the
+#               machine's cores, memory and hardware threads give), ds.torch with 0-16 workers
 #   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor), and
 #               ds.torch(decode="cuda") against outcore's CPU path on the same files
 #   ingest      benchmarks/ingest_scale.py: whole ingests of ImageNet-like JPEGs on 1 and 16 threads, timed by phase
@@ -43,7 +44,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=$jpeg/lib PATH=/tmp/site/bin:$PATH
 OUTCORE_JPEG_PREFIX=$jpeg python3 -m pip install -q --no-deps --no-build-isolation --no-index --no-compile --target /tmp/site . \
     > "$OUT/install.log" 2>&1 || { echo "install failed"; tail "$OUT/install.log"; exit 4; }
-{ nproc; nvidia-smi -L; (cd /tmp && python3 -c "from outcore.cli.info import system_report; print(system_report())"); } 2>&1 | tee "$OUT/env.log"
+{ nproc; lscpu | grep -E '^(Model name|Socket|Core|Thread|NUMA node\(s\)|L3)'; nvidia-smi -L; (cd /tmp && python3 -c "from outcore.cli.info import system_report; print(system_report())"); } 2>&1 | tee "$OUT/env.log"
 
 step() {  # step NAME SECONDS COMMAND...: run in benchmarks/, time-boxed (by the deadline too), logged
     local name=$1 limit=$2
@@ -70,8 +71,8 @@ step processes 90 python3 cores.py --images 6000 --threads 16 --seconds 2 --only
     --cases pixels,encoded+crop --workdir $work/cores
 step feed 75 python3 cores.py --images 6000 --only feed --cases pixels,encoded --seconds 3 --step-ms 5 --held 0.8 \
     --feed-workers 0,process,process4,1,4 --workdir $work/cores
-step cores 150 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --torch-workers 0,4,8,16 \
-    --only scaling,torch --cases pixels,pixels+crop,encoded,encoded+crop,rrc --workdir $work/cores
+step cores 240 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --torch-workers 0,4,8,16 \
+    --only scaling,apart,torch --cases pixels,pixels+crop,encoded,encoded+crop,rrc --workdir $work/cores
 step gpu_decode 60 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr
 step ingest 70 python3 ingest_scale.py --files 10000 --threads 1,16 --repeats 1 --workdir $work/ingest
 step bench 60 outcore bench $work/cores/pixels.zarr --repeats 1
