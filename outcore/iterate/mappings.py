@@ -43,7 +43,7 @@ PRUNE_SECONDS = 2.0  # how soon an idle Dask worker lets go of the mappings of r
 Key = tuple[int, int, int, int]  # a file's device and inode, and the part of it mapped: (start, size)
 
 
-def open_file(path: Path, size: int, *, create: bool) -> int:
+def open_file(path: str | Path, size: int, *, create: bool) -> int:
     """A descriptor of file ``path``, open for reading and writing; ``create`` makes the file and reserves
     ``size`` bytes of room first (``posix_fallocate``: no room is an ``OSError`` now, not a crash when
     written, and the file is removed again)."""
@@ -85,7 +85,7 @@ class KeptMappings:
         self.kept: dict[Key, tuple[mmap.mmap, int]] = {}
         self.pruned = 0.0  # when `prune` last looked (``time.monotonic``)
 
-    def map(self, path: Path, size: int, *, create: bool = False, start: int = 0,
+    def map(self, path: str | Path, size: int, *, create: bool = False, start: int = 0,
             status: os.stat_result | None = None) -> mmap.mmap:
         """``size`` bytes of file ``path`` from byte ``start``, mapped with their pages filled (`map_descriptor`):
         the mapping kept from the last time the file was mapped here, if any (``status``: the file's, when

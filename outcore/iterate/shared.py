@@ -312,7 +312,7 @@ class Mailbox:
         dropped."""
         taken = f"taken-{uuid4().hex[:12]}"
         try:
-            os.rename(self.folder / shared.name, self.folder / taken)
+            os.rename(os.path.join(self.folder, shared.name), os.path.join(self.folder, taken))
         except OSError as error:
             raise batch_gone(self.folder, error) from None
         return self._take(SharedArray(taken, shared.dtype, shared.shape))
@@ -432,7 +432,7 @@ def mapped_file(folder: Path, shared: SharedArray) -> tuple[np.ndarray, int]:
     """The array in file ``shared.name`` of ``folder``, flat, mapped (the mapping kept from the file's last batch,
     if any), and the file's inode. A file gone, or of another size than the array makes (never mapped: reading
     past its end would crash the process), is a `ClusterError` that names it."""
-    dtype, path, size = np.dtype(shared.dtype), folder / shared.name, shared.file_size
+    dtype, path, size = np.dtype(shared.dtype), os.path.join(folder, shared.name), shared.file_size
     try:
         status = os.stat(path)
         if status.st_size != size:
@@ -450,8 +450,8 @@ def mapped_file(folder: Path, shared: SharedArray) -> tuple[np.ndarray, int]:
 def free_file(folder: Path, name: str, size: int) -> None:
     """File ``name`` may be written again: rename it for the next batch of its size (nothing if the
     mailbox is gone)."""
-    with contextlib.suppress(OSError):
-        os.rename(folder / name, folder / f"{FREE}{size}-{name}")
+    with contextlib.suppress(OSError):  # paths joined as strings: a batch's files are freed on the consumer's thread
+        os.rename(os.path.join(folder, name), os.path.join(folder, f"{FREE}{size}-{name}"))
 
 
 def _sweep(root: Path) -> None:
