@@ -121,6 +121,30 @@ def test_the_batches_are_those_made_here_epoch_after_epoch_by_one_process(store)
     iterator.close()
 
 
+@pytest.mark.parametrize("process", [True, 2])
+def test_from_the_second_epoch_on_the_next_epoch_is_ordered_as_this_one_is_taken(store, monkeypatch, process):
+    """From the second epoch on, the next epoch is asked of the processes as this one's first batch is taken, so
+    that they start it as this one drains (and its first batch is made when asked for): the same batches, epoch
+    after epoch; the last epoch ordered and never taken goes with the iterator."""
+    options = {"shuffle": True, "seed": 3, "transform": _noise}
+    iterator = _started(store.batches(64, process=process, **options))
+    ordered, order = [], LoaderProcess.order
+
+    def recorded(self, work, *args):
+        ordered.append((work.epoch, iterator.epoch, iterator.batches_done))
+        return order(self, work, *args)
+
+    monkeypatch.setattr(LoaderProcess, "order", recorded)
+    made = _epochs(iterator, 4)
+    _same(made, _epochs(store.batches(64, **options), 4))
+    runs = list(dict.fromkeys(ordered))  # one a process
+    assert runs[:2] == [(0, 0, 0), (1, 1, 0)], ordered  # the first two asked for at their start
+    assert [(epoch, during, done) for epoch, during, done in runs[2:]] == [(2, 1, 1), (3, 2, 1), (4, 3, 1)], ordered
+    folder = iterator._process.mailbox.folder
+    iterator.close()
+    assert not folder.exists()
+
+
 def test_the_first_batches_are_made_here_until_the_process_has_started(store, monkeypatch):
     _ready_after(monkeypatch, LoaderProcess, 5)  # not started when the run is made, nor for its first four batches
     options = {"shuffle": True, "seed": 8, "transform": _noise}

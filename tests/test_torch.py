@@ -427,7 +427,8 @@ def test_torch_batches_in_a_plain_dataloader(ids_store):
 def test_a_loader_without_workers_reads_each_epoch_into_the_chunk_buffers_the_ones_before_freed(ids_store,
                                                                                                monkeypatch):
     """``ds.torch`` keeps its iterator from one pass to the next, and with it the chunk buffers each pass reads
-    into (as ``ds.batches``' epochs share theirs: tests/test_loader.py)."""
+    into (as ``ds.batches``' epochs share theirs, a run's more at most for the next epoch's, started as a pass
+    drains: tests/test_loader.py)."""
     from outcore.storage.shard_reader import ShardReader
 
     made, empty = [], ShardReader.empty
@@ -437,7 +438,7 @@ def test_a_loader_without_workers_reads_each_epoch_into_the_chunk_buffers_the_on
     first = len(made)
     for _ in range(3):
         assert sorted(np.concatenate([b["id"].numpy() for b in loader]).tolist()) == list(range(1000))
-    assert first >= 4 and len(made) - first <= first // 4, (first, len(made))
+    assert first >= 4 and len(made) - first <= first, (first, len(made))
 
 
 def test_torch_epochs_advance_and_set_epoch_repeats(ids_store):

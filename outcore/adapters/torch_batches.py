@@ -134,7 +134,7 @@ class TorchBatches(IterableDataset):
         self._store: Store | None = store  # this process's store: the loader's, or a worker's, opened once
         self._iterator: BatchIterator | None = None  # this process's, kept across passes (its chunk buffers)
         self._opened_in = os.getpid()  # a forked worker opens its own
-        self._next: NextEpoch | None = None  # with a client: the next epoch's run, started as a pass drains
+        self._next: NextEpoch | None = None  # in the main process: the next epoch's run, started as a pass drains
         self.loader_passes: int | None = None  # an OutcoreLoader's: its passes under way (read in those only)
         self.pinned = False  # batches made in this process go straight to pinned memory (`OutcoreLoader` sets it)
         # with ``process``: the process making them, kept across passes
@@ -246,7 +246,7 @@ class TorchBatches(IterableDataset):
         steps = [step for step in turns.steps(len(iterator), first) if step not in skip]
         if not steps:
             return  # this worker's turns were all delivered before the interruption
-        if self.options.client is not None and self._next is None:
+        if info is None and self._next is None:  # in the main process (a worker makes its turns: no whole epoch)
             self._next = NextEpoch()
         ahead = self._next.take(self.epoch, steps) if self._next is not None else None
         empty = pinned_empty if self.pinned and info is None else plain
@@ -256,7 +256,8 @@ class TorchBatches(IterableDataset):
             for step, batch in zip(steps, run, strict=False):
                 self.step, self.own_turn = step + num_workers, True  # what `state_dict` says once this is delivered
                 if self._next is not None:
-                    self._next.handed(run, step == total - 1, lambda: iterator.run(self.epoch + 1, range(total)))
+                    self._next.handed(run, step == total - 1,
+                                      lambda: iterator.run(self.epoch + 1, range(total), empty=empty))
                 yield TorchBatch({name: self._tensor(values) for name, values in batch.items()}, self.epoch,
                                  loader_worker, step, run.samples(step))
         finally:

@@ -41,8 +41,8 @@ class BatchIterator:
     Made by `Dataset.batches`. With a
     ``client`` in the options, the cluster's workers read, decode and augment the batches
     (`outcore.iterate.cluster`); they are identical to those of the local threads. From the second epoch
-    on, a cluster starts the next epoch as this one drains (`outcore.iterate.runs.NextEpoch`): `close`
-    the iterator when done.
+    on, the threads (or a cluster) start the next epoch as this one drains, so that its first batch is
+    ready when asked for (`outcore.iterate.runs.NextEpoch`): `close` the iterator when done.
 
     >>> it = ds.batches(batch_size=256, shuffle=True, seed=0)  # doctest: +SKIP
     >>> for batch in it:  # doctest: +SKIP
@@ -63,7 +63,7 @@ class BatchIterator:
         self.batches_done = 0  # batches of the current epoch already handed out
         self._buffers: ChunkBuffers | None = None  # the fields' readers, opened at the first read, and their buffers
         self._active: Run | None = None
-        self._next = NextEpoch()  # a cluster run's next epoch, started as it drains
+        self._next = NextEpoch()  # the next epoch's run, started as this one's drains
         self._stats = LoaderStats()
         # with ``process``: the process making the batches (``loader_process``, its owner's: kept across iterators)
         self._process, self._own_process = loader_process, loader_process is None

@@ -266,7 +266,8 @@ class ProcessRun:
     def __init__(self, loader: LoaderProcess, number: int, work: Work, stats: LoaderStats) -> None:
         self.loader, self.number, self.work, self.stats = loader, number, work, stats
         self.stop = threading.Event()
-        self.under_way = threading.Event()  # never set: a next epoch is asked of the process when it starts
+        self.under_way = threading.Event()  # its batches are all asked of the process as it is ordered: the next
+        self.under_way.set()  # epoch's run may be ordered too (`NextEpoch`), which the process makes after this one
         self.delivered = 0
         self._handed = Handed(work.plan)
         self._damaged = 0  # chunks the process left out of this run (``skip_damaged``) so far
@@ -321,6 +322,7 @@ class CopyingRun(Run):
     def __init__(self, made_there: ProcessRun) -> None:
         self.made_there = made_there
         super().__init__(made_there.work, made_there.stats)
+        self.under_way = made_there.under_way
         made_there.stats = LoaderStats()  # the waits that count are the consumer's, on this run's queue
 
     def _produce_batches(self) -> None:
@@ -346,7 +348,8 @@ class StartingRun:
     def __init__(self, loader: LoaderProcess, work: Work, stats: LoaderStats, local: Any) -> None:
         self.loader, self.work, self.stats, self.local = loader, work, stats, local
         self.current = local
-        self.stop, self.under_way = local.stop, local.under_way
+        self.stop = local.stop
+        self.under_way = threading.Event()  # never set: the process may take the rest over, which it is not asked
         self.delivered = 0  # by this run, here and there
 
     def __iter__(self) -> Iterator[Batch]:
@@ -455,7 +458,8 @@ class PartsRun:
                  parts: list[ProcessRun]) -> None:
         self.loaders, self.number, self.work, self.stats, self.parts = loaders, number, work, stats, parts
         self.stop = threading.Event()
-        self.under_way = threading.Event()  # never set, as `ProcessRun`'s
+        self.under_way = threading.Event()  # set, as `ProcessRun`'s: its parts are all ordered
+        self.under_way.set()
         self.delivered = 0
         self._handed = Handed(work.plan)
 

@@ -100,7 +100,7 @@ class Run:
         self.work, self.stats = work, stats
         self.queue = Handoff(work.options.prefetch)
         self.stop = threading.Event()
-        self.under_way = threading.Event()  # set by a run whose batches are made elsewhere once all are asked for
+        self.under_way = threading.Event()  # set once all its batches are asked for (of the pool, or elsewhere)
         self.delivered = 0
         self.thread = threading.Thread(target=self._produce, name="outcore-batches", daemon=True)
         _producing.add(self)
@@ -179,11 +179,14 @@ def closed(work: Work, delivered: int) -> IterationClosedError:
 
 
 class NextEpoch:
-    """The run of the next epoch, started while a cluster run of this one drains: once the last spans are
-    submitted, workers that finish theirs would wait for the consumer to start the next epoch (with short
-    epochs, a large share of each). `handed` starts it then; `take` hands it to the next iteration if it is
-    that epoch's, from its first batch, and closes it otherwise. Only from its owner's second epoch on: a
-    single pass (a prediction) never makes batches it will not use. Closed with its owner.
+    """The run of the next epoch, started while the run of this one drains: once its last batches are asked
+    for (of the pool's threads, or a cluster's workers), threads and workers that finish theirs would wait for
+    the consumer to start the next epoch, and the next epoch's first batch would wait for its first reads (with
+    short epochs, a large share of each: a training step waits at every epoch's start). `handed` starts it
+    then, its reads and batches queued behind this run's (for a while two runs' batches are held: twice a
+    run's memory at most); `take` hands it to the next iteration if it is that epoch's, from its first batch,
+    and closes it otherwise. Only from its owner's second epoch on: a single pass (a prediction) never makes
+    batches it will not use. Closed with its owner.
 
     >>> ahead = NextEpoch()  # doctest: +SKIP
     >>> ahead.handed(run, last, lambda: iterator.run(epoch + 1, range(len(iterator))))  # doctest: +SKIP
@@ -400,6 +403,7 @@ class LocalRun(Run):
                 together = []
         if together:
             self._start_making(together, held)
+        self.under_way.set()  # every batch asked of the pool: the next epoch's run may start (`NextEpoch`)
         if self._hand_over(made, wait=True):  # each batch as soon as it is made, then the last ones' chunks
             while held:  # given back: their buffers for the next run
                 self._release_steps(*held.popleft())
