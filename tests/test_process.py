@@ -4,13 +4,16 @@ behind (nor the memory this process made its first batches in)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +21,20 @@ import numpy as np
 import pytest
 
 import outcore
-from outcore.iterate.process import PART_FILES, CopyingRun, LoaderProcess, LoaderProcesses, RemoteTraceback
+from outcore.iterate.process import (
+    PART_FILES,
+    CopyingRun,
+    Inbox,
+    LoaderProcess,
+    LoaderProcesses,
+    Opened,
+    Order,
+    RemoteTraceback,
+    make,
+    pickled,
+    unpacked,
+)
+from outcore.iterate.shared import Mailbox
 from outcore.storage import blocks
 from outcore.testing import write_image_folder
 from outcore.transforms import Compose, RandomCrop, RandomFlip
@@ -143,6 +159,48 @@ def test_from_the_second_epoch_on_the_next_epoch_is_ordered_as_this_one_is_taken
     folder = iterator._process.mailbox.folder
     iterator.close()
     assert not folder.exists()
+
+
+def test_a_process_begins_the_next_run_ordered_as_this_one_drains_and_sends_its_batches_in_turn(store, tmp_path):
+    """`make`, as the process runs it: once a run's batches are all under way, the next run ordered is begun (its
+    first batches made while this one's wait for the consumer) and handed to the next call, which sends the
+    batches a run begun in its turn sends; a run begun and then stopped sends none."""
+    options = {"shuffle": True, "seed": 3, "transform": _noise}
+    iterator = store.batches(64, **options)
+    expected = _epochs(iterator, 2)
+    mailbox = Mailbox.open(tmp_path)
+    ours, theirs = multiprocessing.Pipe()
+    board = multiprocessing.RawValue("q", -1)
+    inbox, opened, raised = Inbox(theirs, board), Opened(), []
+    sent = {number: pickled(Order(store.opener, dataclasses.replace(iterator.options, process=False), epoch,
+                                  list(range(len(iterator)))))
+            for number, epoch in ((0, 0), (1, 1), (2, 0))}
+    for number, order in sent.items():
+        ours.send(("run", number, order))
+    inbox.read(1.0)
+    messages = []  # what the process sends, taken as it comes (a pipe holds a few)
+    taking = threading.Thread(target=lambda: messages.extend(iter(lambda: ours.recv() if ours.poll(2) else None,
+                                                                  None)))
+    taking.start()
+    begun = None
+    for number in range(3):
+        board.value = number << 32 | 1000  # the consumer took every batch: no wait for its credit
+        assert inbox.next_order() == (number, sent[number])
+        begun = make(inbox, number, sent[number], mailbox.slot, opened, raised, begun)
+        assert (begun.number if begun else None) == (number + 1 if number < 2 else None)
+        if number < 2:
+            assert begun.run.delivered == 0 and begun.run.thread.is_alive()  # begun, its batches being made
+        if number == 1:
+            ours.send(("stop", 2))  # the consumer closed it: it reads that at its first batch
+    taking.join()
+    made = {0: [], 1: [], 2: []}
+    for kind, number, *said in messages:
+        assert kind in ("batch", "done"), said
+        if kind == "batch":
+            made[number].append({name: value.copy() for name, value in mailbox.receive(unpacked(said[2])).items()})
+    _same([made[0], made[1]], expected)
+    assert made[2] == []  # stopped before its turn: begun, and closed unsent
+    mailbox.close()
 
 
 def test_the_first_batches_are_made_here_until_the_process_has_started(store, monkeypatch):

@@ -62,7 +62,7 @@ from .options import BatchOptions
 from .plan import EpochPlan
 from .readers import chunk_readers, recipe
 from .runs import EXIT_SECONDS, WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, closed
-from .shared import Mailbox, Part, SharedArray, SharedBatch, Slot, free_file, join_parts
+from .shared import Arena, Mailbox, Part, SharedArray, SharedBatch, Slot, free_file, join_parts
 from .stats import LoaderStats
 
 KEPT_SAMPLES = 8  # a run keeps the samples of its last batches handed out: a thread copying them runs ahead
@@ -665,9 +665,10 @@ def serve(connection: Any, folder: str, board: Any, shares: int = 1) -> None:
     inbox, opened = Inbox(connection, board), Opened()
     with contextlib.suppress(ConsumerGone):  # the consumer closed the connection: the process ends
         inbox.send(("started", -1))
+        begun = None  # the next run, begun as the one before drained
         while True:
             number, sent = inbox.next_order()
-            make(inbox, number, sent, Slot(folder), opened, raised)
+            begun = make(inbox, number, sent, Slot(folder), opened, raised, begun)
 
 
 class Opened:
@@ -694,56 +695,102 @@ class Opened:
         return self.buffers[names]
 
 
+@dataclass
+class Making:
+    """Run ``number`` of the process under way (`making`): its order, its plan, the `LocalRun` making its batches,
+    and the arenas of those made and not sent."""
+
+    number: int
+    order: Order
+    plan: EpochPlan
+    run: LocalRun
+    arenas: dict[int, Arena]
+
+    def close(self) -> None:
+        """Stop the run; the batches being made into their files are done before those are freed."""
+        self.run.close()
+        for task in list(self.run.made):
+            task.wait()
+        for arena in self.arenas.values():  # made and not sent
+            arena.discard()
+
+
+def making(number: int, order_sent: bytes, slot: Slot, opened: Opened) -> Making:
+    """Run ``number`` begun: its order loaded, its store opened (the one opened last, if the same), its batches
+    made into ``slot``'s files by a `LocalRun` on this process's threads."""
+    order = _order(order_sent)
+    options, parts = order.options, order.part[1] > 1
+    store = opened.open(order.opener)
+    made = recipe(store, options.fields or store.fields, options.transform, options.decode)
+    plan = options.plan(len(store), store.chunk_size, order.epoch, order.part)
+    arenas: dict[int, Arena] = {}
+
+    def allocate(step: int) -> Any:
+        part = Part(f"{order.files}-s{step}", *plan.placement(step)) if parts else None
+        arenas[step] = arena = slot.arena(part)
+        return arena.empty
+
+    steps = plan.with_samples(order.steps) if parts else order.steps  # a part may have none at the last step
+    work = Work(store, made, dataclasses.replace(options, prefetch=1), order.epoch, plan, steps, allocate)
+    return Making(number, order, plan, LocalRun(work, LoaderStats(), opened.buffers_of(made.fields)), arenas)
+
+
 def make(inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opened,
-         raised: list[tuple[str, type[Warning]]]) -> None:
-    """Run ``number``: its batches made into ``slot``'s files, each sent (its step, samples, files, the warnings
-    raised meanwhile and the chunks left out so far) once the consumer has taken one of the ``prefetch`` sent
-    before; then ``done``, or its error (with the traceback). Stops early where the consumer stops the run."""
-    run, arenas = None, {}
+         raised: list[tuple[str, type[Warning]]], begun: Making | None = None) -> Making | None:
+    """Run ``number`` (``begun`` ahead, where it is that run): its batches made into ``slot``'s files, each sent
+    (its step, samples, files, the warnings raised meanwhile and the chunks left out so far) once the consumer has
+    taken one of the ``prefetch`` sent before; then ``done``, or its error (with the traceback). Stops early where
+    the consumer stops the run. Once its batches are all under way, the next run the consumer ordered is begun
+    (its first batches made as this one's last wait for the consumer) and returned, for the next call to go on
+    with; None where none was ordered yet (or it could not begin: its own call says why)."""
+    current = ahead = None
     try:
-        order = _order(order_sent)
+        current = begun if begun is not None and begun.number == number else making(number, order_sent, slot, opened)
+        order, plan, run = current.order, current.plan, current.run
         options, parts = order.options, order.part[1] > 1
-        store = opened.open(order.opener)
-        made = recipe(store, options.fields or store.fields, options.transform, options.decode)
-        plan = options.plan(len(store), store.chunk_size, order.epoch, order.part)
-
-        def allocate(step: int) -> Any:
-            part = Part(f"{order.files}-s{step}", *plan.placement(step)) if parts else None
-            arenas[step] = arena = slot.arena(part)
-            return arena.empty
-
-        steps = plan.with_samples(order.steps) if parts else order.steps  # a part may have none at the last step
-        work = Work(store, made, dataclasses.replace(options, prefetch=1), order.epoch, plan, steps, allocate)
-        stats = LoaderStats()
-        run = LocalRun(work, stats, opened.buffers_of(made.fields))
         batches = iter(run)
         for sent, step in enumerate(order.steps):
             batch = next(batches) if not parts or plan.pieces(step) else None
             inbox.read()
+            if ahead is None and run.under_way.is_set() and inbox.orders:
+                ahead = _ahead(inbox, slot, opened)
             while sent - inbox.taken(number) >= options.prefetch and number not in inbox.stopped:
                 inbox.read(CREDIT_SECONDS)  # the consumer holds `prefetch` batches not taken: look again soon
             if number in inbox.stopped:
-                return
+                return ahead
             samples = plan.step(step)[0].astype(np.int64, copy=False).tobytes()
-            shared = SharedBatch({}) if batch is None else arenas.pop(step).publish(batch)
-            inbox.send(("batch", number, step, samples, packed(shared), raised[:], stats.damaged))
+            shared = SharedBatch({}) if batch is None else current.arenas.pop(step).publish(batch)
+            inbox.send(("batch", number, step, samples, packed(shared), raised[:], run.stats.damaged))
             raised.clear()
         inbox.send(("done", number))
     except ConsumerGone:
+        if ahead is not None:
+            ahead.close()
         raise
     except IterationClosedError:
-        return
+        return ahead
     except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer, which raises it
         _send_failure(inbox, number, error)
     finally:
         inbox.finished = number
         inbox.stopped.discard(number)
-        if run is not None:
-            run.close()
-            for task in list(run.made):  # batches still being made into their files: done before those are freed
-                task.wait()
-        for arena in arenas.values():  # made and not sent
-            arena.discard()
+        if current is not None:
+            current.close()
+        if begun is not None and begun is not current:  # begun for another run: never, the orders come in turn
+            begun.close()
+    return ahead
+
+
+def _ahead(inbox: Inbox, slot: Slot, opened: Opened) -> Making | None:
+    """The next run ordered, begun now (None where it was stopped already, or fails to begin: its turn begins it
+    again, and sends what that raises)."""
+    number, sent = inbox.orders[0]
+    if number in inbox.stopped:
+        return None
+    try:
+        return making(number, sent, slot, opened)
+    except Exception:  # noqa: BLE001 - said in its turn
+        return None
 
 
 def _order(sent: bytes) -> Order:

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 
 from ..iterate import runs
 
-_reads = [0]
+_reads = [0]  # by cluster spans (and anything else that reads into chunk buffers outside a run)
+_by_run: dict[runs.LocalRun, int] = {}  # by each local run: counted once its first batch is taken
 _lock = threading.Lock()  # reads run on several threads
+_in_run = threading.local()  # set while a local run's read is under way on this thread
 
 
 def count_chunk_reads() -> None:
@@ -23,19 +25,34 @@ def count_chunk_reads() -> None:
     local threads and cluster spans alike): `chunk_reads` says how many."""
     with _lock:
         _reads[0] = 0
-    read_many = runs.ChunkBuffers.read_many
+        _by_run.clear()
+    read_many, read = runs.ChunkBuffers.read_many, runs.LocalRun._read
     if getattr(read_many, "counted", False):
         return
 
     def counted(self: runs.ChunkBuffers, chunks: Sequence[int]) -> list[runs.Loaded | Exception]:
-        with _lock:
-            _reads[0] += len(chunks)
+        if not getattr(_in_run, "reading", False):
+            with _lock:
+                _reads[0] += len(chunks)
         return read_many(self, chunks)
+
+    def counted_by_run(self: runs.LocalRun, chunks: list[int]) -> list[runs.Loaded | Exception]:
+        with _lock:
+            _by_run[self] = _by_run.get(self, 0) + len(chunks)
+        _in_run.reading = True
+        try:
+            return read(self, chunks)
+        finally:
+            _in_run.reading = False
 
     counted.counted = True  # type: ignore[attr-defined]
     runs.ChunkBuffers.read_many = counted  # type: ignore[method-assign]
+    runs.LocalRun._read = counted_by_run  # type: ignore[method-assign]
 
 
 def chunk_reads() -> int:
-    """Chunks read in this process since `count_chunk_reads`."""
-    return _reads[0]
+    """Chunks read in this process since `count_chunk_reads`: by cluster spans, and by the local runs whose
+    batches were taken (not by a run started ahead for an epoch never asked for: `outcore.iterate.runs.NextEpoch`;
+    the runs counted are kept until the next `count_chunk_reads`)."""
+    with _lock:
+        return _reads[0] + sum(count for run, count in _by_run.items() if run.delivered)
