@@ -72,6 +72,16 @@ def pytest_configure(config: pytest.Config) -> None:
     signal_handling._set_worker_signal_handlers = set_handlers
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _runs_started_ahead_let_go_soon():
+    """A run started ahead for an epoch never asked for lets go of what it made after 3 s here, not a minute: the
+    iterators that TensorFlow's generators keep after a test (tests/test_keras_tf.py) leave no thread for long,
+    which a test looking for threads left behind waits out (tests/test_loader.py)."""
+    from outcore.iterate import runs
+
+    runs.UNTAKEN_SECONDS = 3.0
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

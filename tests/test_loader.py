@@ -18,9 +18,8 @@ from support.optional import need
 
 import outcore
 from outcore.errors import CorruptChunkError, OptionError
-from outcore.iterate import EpochPlan, max_held
+from outcore.iterate import EpochPlan, max_held, runs
 from outcore.iterate.mixture import epoch_samples_of
-from outcore.iterate.runs import LocalRun
 from outcore.testing import corrupt_chunk
 from outcore.transforms import (
     BrightnessContrast,
@@ -40,6 +39,12 @@ def store(tmp_path, rng):
     return ds, images
 
 
+def _untaken(target):
+    """Whether a thread's target is the producer of a run started ahead and not taken."""
+    run = getattr(target, "__self__", None)
+    return isinstance(run, runs.Run) and run.untaken is not None
+
+
 def _ids(batches):
     return np.concatenate([b["id"] for b in batches])
 
@@ -49,7 +54,12 @@ OBJECT_STORE_POOLS = ("outcore-io", "outcore-request")  # live as long as the pr
 
 def _outcore_threads():
     """outcore's threads other than the process's pools (which live as long as the process: the pool of at
-    most `outcore.thread_count()` threads, and those for requests to object stores)."""
+    most `outcore.thread_count()` threads, and those for requests to object stores), once the runs that earlier
+    tests' iterators started ahead for an epoch never asked for (those TensorFlow's generators keep) have let go."""
+    deadline = time.monotonic() + runs.UNTAKEN_SECONDS + 2
+    while time.monotonic() < deadline and any(getattr(t, "_target", None) is not None and _untaken(t._target)
+                                              for t in threading.enumerate()):
+        time.sleep(0.05)
     names = [t.name for t in threading.enumerate() if t.name.startswith("outcore")]
     assert len([n for n in names if n.startswith("outcore-pool")]) <= outcore.thread_count()
     return [n for n in names if not n.startswith(("outcore-pool", *OBJECT_STORE_POOLS))]
@@ -130,21 +140,21 @@ def test_from_the_second_epoch_on_the_next_epochs_run_starts_as_this_one_drains(
     iterator."""
     ds, _ = store
     started = []  # (the epoch of each run made, the consumer's batches of its epoch handed out by then)
-    made = LocalRun.__init__
+    made = runs.LocalRun.__init__
 
     def recorded(self, work, *args):
         started.append((work.epoch, it.epoch, it.batches_done))
         made(self, work, *args)
 
-    monkeypatch.setattr(LocalRun, "__init__", recorded)
+    monkeypatch.setattr(runs.LocalRun, "__init__", recorded)
     it = ds.batches(64, shuffle=True, seed=5, fields=["id"])
     epochs = [_ids(it) for _ in range(4)]
     for epoch, ids in enumerate(epochs):  # each as a single pass of its own makes it
         np.testing.assert_array_equal(ids, epochs_alone(ds, epoch))
-    runs = started[: 4]
-    assert runs[:2] == [(0, 0, 0), (1, 1, 0)], started  # the first two asked for at their start
-    assert [epoch for epoch, _, _ in runs[2:]] == [2, 3], started
-    assert all(during == epoch - 1 and 0 < done < len(it) for epoch, during, done in runs[2:]), started
+    made_for = started[:4]  # epochs 0-3's runs
+    assert made_for[:2] == [(0, 0, 0), (1, 1, 0)], started  # the first two asked for at their start
+    assert [epoch for epoch, _, _ in made_for[2:]] == [2, 3], started
+    assert all(during == epoch - 1 and 0 < done < len(it) for epoch, during, done in made_for[2:]), started
     ahead = it._next._held[0]  # epoch 4's, started as epoch 3 drained
     assert ahead.work.epoch == 4 and not ahead.stop.is_set()
     it.set_epoch(7)  # not the epoch started: that run is closed, and epoch 7's made
@@ -156,6 +166,27 @@ def test_from_the_second_epoch_on_the_next_epochs_run_starts_as_this_one_drains(
     it.close()  # and goes with the iterator
     ahead.thread.join(5)
     assert ahead.work.epoch == 8 and ahead.stop.is_set() and not ahead.thread.is_alive()
+
+
+def test_a_run_started_ahead_that_no_one_takes_lets_go_of_what_it_made(store, monkeypatch):
+    """An iterator kept after its last epoch (TensorFlow's generators keep theirs) holds no thread for long: the run
+    started ahead lets go of its batches once it has waited `UNTAKEN_SECONDS` with none taken, and an epoch asked
+    for after that is made anew, the same batches; a run taken first is never let go."""
+    monkeypatch.setattr(runs, "UNTAKEN_SECONDS", 0.3)
+    ds, _ = store
+    it = ds.batches(64, shuffle=True, seed=5, fields=["id"])
+    _ids(it), _ids(it)
+    ahead = it._next._held[0]
+    ahead.thread.join(5)
+    assert ahead.work.epoch == 2 and ahead.stop.is_set() and not ahead.thread.is_alive() and ahead.queue.qsize() == 0
+    np.testing.assert_array_equal(_ids(it), epochs_alone(ds, 2))  # made anew
+    ahead = it._next._held[0]  # epoch 3's, started as epoch 2 drained
+    taken = iter(it)
+    first = next(taken)["id"]  # it is taken at once
+    time.sleep(0.6)  # and waits for its consumer, taken: never let go
+    assert it._active is ahead and not ahead.stop.is_set()
+    np.testing.assert_array_equal(np.concatenate([first, *(batch["id"] for batch in taken)]), epochs_alone(ds, 3))
+    it.close()
 
 
 def epochs_alone(ds, epoch):
@@ -462,12 +493,10 @@ def test_random_access_batches_equal_iterated_batches(store):
 def test_batches_made_together_are_those_made_alone(store, monkeypatch, transform):
     """Consecutive batches made as one and cut apart (`LocalRun.together`) hold what each holds made alone, from the
     same draws; a transform that draws piece by piece makes them one by one."""
-    from outcore.iterate.runs import LocalRun
-
     ds, _ = store
     outcore.set_threads(4)  # 4 batches made at once: up to 4 together
     try:
-        monkeypatch.setattr(LocalRun, "MOST_TOGETHER", 1)
+        monkeypatch.setattr(runs.LocalRun, "MOST_TOGETHER", 1)
         alone = list(ds.batches(40, seed=5, buffer_chunks=3, transform=transform, drop_last=False))
         monkeypatch.undo()
         together = list(ds.batches(40, seed=5, buffer_chunks=3, transform=transform, drop_last=False))

@@ -38,6 +38,7 @@ from .stats import LoaderStats
 Loaded = tuple[dict[str, Any], dict[str, np.ndarray]]  # a chunk's values by field, and the buffers they are in
 WAKE_SECONDS = 0.05  # how often a blocked consumer or producer looks whether its run was closed
 EXIT_SECONDS = 2.0  # the longest the interpreter's exit waits for the producers to stop
+UNTAKEN_SECONDS = 60.0  # a run started ahead (`NextEpoch`) of which no batch is taken lets go of it all then
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,8 @@ class Run:
         self.queue = Handoff(work.options.prefetch)
         self.stop = threading.Event()
         self.under_way = threading.Event()  # set once all its batches are asked for (of the pool, or elsewhere)
+        self.untaken: float | None = None  # a run started ahead: the seconds it waits for its first batch's taker
+        self.claimed = threading.Lock()  # held to claim it (`claim`) or to let it go untaken
         self.delivered = 0
         self.thread = threading.Thread(target=self._produce, name="outcore-batches", daemon=True)
         _producing.add(self)
@@ -143,15 +146,34 @@ class Run:
                 self.queue.get(timeout=WAKE_SECONDS)
             except queue.Empty:
                 pass
-        with contextlib.suppress(queue.Empty):  # the batches it made that no one will take: their memory freed
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Free the batches it made that no one will take, and what its producer used."""
+        with contextlib.suppress(queue.Empty):
             while self.queue.qsize():
                 self.queue.get(timeout=0)
         self._release()
 
+    def claim(self) -> bool:
+        """Take this run started ahead for the consumer: whether it is still running (it closes itself after
+        `untaken` seconds waiting with no batch taken, and no longer once claimed)."""
+        with self.claimed:
+            self.untaken = None
+            return not self.stop.is_set()
+
     def _put(self, item: Any) -> bool:
+        waited = 0.0
         while not self.stop.is_set():
             if self.queue.put(item, timeout=WAKE_SECONDS):
                 return True
+            waited += WAKE_SECONDS
+            with self.claimed:  # started ahead and never taken from (an iterator kept, its training over)
+                untaken = self.untaken is not None and not self.delivered and waited >= self.untaken
+                if untaken:
+                    self.stop.set()
+            if untaken:
+                self._let_go()
         return False
 
     def _produce(self) -> None:
@@ -201,17 +223,22 @@ class NextEpoch:
     def handed(self, current: Run, last: bool, start: Callable[[], Run]) -> None:
         """A batch of ``current`` was handed out (``last``: its epoch's last; Keras and Lightning ask no
         further): from the second epoch on, start the next epoch's run with ``start()`` once ``current`` has
-        all its batches under way, if none was started yet."""
+        all its batches under way, if none was started yet. A run of this process's threads that no one takes a
+        batch of within `UNTAKEN_SECONDS` lets go of what it made (an iterator kept after its last epoch:
+        TensorFlow's generators keep theirs); the next iteration then starts that epoch anew."""
         if self._epochs_done and not self._held and current.under_way.is_set() and not current.stop.is_set():
-            self._held.append(start())
+            run = start()
+            run.untaken = UNTAKEN_SECONDS
+            self._held.append(run)
         self._epochs_done += last
 
     def take(self, epoch: int, steps: Sequence[int]) -> Run | None:
-        """The run started for ``epoch`` if it makes exactly ``steps``; None (and that run closed) otherwise."""
+        """The run started for ``epoch`` if it makes exactly ``steps`` and still runs; None (and that run closed)
+        otherwise."""
         if not self._held:
             return None
         run = self._held.pop()
-        if run.work.epoch == epoch and list(run.work.batches) == list(steps):
+        if run.work.epoch == epoch and list(run.work.batches) == list(steps) and run.claim():
             return run
         run.close()
         return None
