@@ -73,7 +73,8 @@ loop takes it, in tensors (with PyTorch installed); ``ingest``:
   ``process``, ``ds.batches(process=True)``, made in a process of its own, ``processN`` by N): steps/s, the ratio to the ceiling,
   the share of the time waiting for a batch, the CPU time of the loop's own thread taking each batch (the
   hand-off: a DataLoader's items received, a batch's parts joined), and that of its process's other threads a
-  batch (a loader's threads in its process: the work whose GIL it shares). Each time the step takes the GIL back it may wait for a
+  batch (a loader's threads in its process: the work whose GIL it shares), and the median wait for an epoch's first
+  batch (the feed begins at an epoch's start). Each time the step takes the GIL back it may wait for a
   loader thread's Python, and each time a loader thread wants it back it may wait for the step's: what this
   measures is how often and how long a batch needs the GIL while something else needs it too.
 
@@ -651,16 +652,16 @@ def feed(made: dict[str, Path], cases: list[str], seconds: float, step_ms: float
           f"DataLoader workers (torch: without; process: ds.batches(process=True); processN: process=N), "
           f"{os.cpu_count()} cores here: its "
           "steps/s alone (the ceiling) and fed, the ratio, the share of the time it waits for a batch, its own thread's "
-          "CPU time taking one (the hand-off), and its process's other threads' CPU time a batch (others: a loader's "
-          "in its process, whose GIL the loop shares)")
+          "CPU time taking one (the hand-off), its process's other threads' CPU time a batch (others: a loader's "
+          "in its process, whose GIL the loop shares), and the median wait for an epoch's first batch")
     print(f"{'case':14s} {'workers':>7s} {'alone':>8s} {'fed':>8s} {'ratio':>6s} {'waiting':>8s} {'hand-off':>9s} "
-          f"{'others':>9s}")
+          f"{'others':>9s} {'epoch start':>11s}")
     for case in cases:
         for count in workers:
             result = child("--feed-run", case, made[CASES[case][0]], seconds, step_ms, held, count)
             print(f"{case:14s} {count:>7s} {result['alone']:8.1f} {result['fed']:8.1f} "
                   f"{result['fed'] / result['alone']:6.2f} {result['waiting']:8.1%} {result['handoff_ms']:6.2f} ms "
-                  f"{result['others_ms']:6.2f} ms", flush=True)
+                  f"{result['others_ms']:6.2f} ms {result['epoch_start_ms']:8.2f} ms", flush=True)
 
 
 ROUND_US = 50  # feed: a round of the stand-in step, about a kernel launch and the Python before it
@@ -675,19 +676,20 @@ def fed(location: Path, case: str, seconds: float, step_ms: float, held: float,
     loader's in it)."""
     step = stand_in(step_ms, held)
 
-    def steps_per_second(before_each: Callable[[], object]) -> tuple[float, float, float, float]:
-        steps, waited, taking, began = 0, 0.0, 0.0, time.perf_counter()
+    def steps_per_second(before_each: Callable[[], object]) -> tuple[float, list[float], float, float]:
+        """Steps/s, each step's wait for its batch, and the CPU time a step of the loop's thread taking it and of
+        its process's other threads."""
+        waits, taking, began = [], 0.0, time.perf_counter()
         process_cpu, thread_cpu = time.process_time(), time.thread_time()
         while time.perf_counter() - began < seconds:
             asked, cpu = time.perf_counter(), time.thread_time()
             before_each()
-            waited += time.perf_counter() - asked
+            waits.append(time.perf_counter() - asked)
             taking += time.thread_time() - cpu
             step()
-            steps += 1
-        elapsed = time.perf_counter() - began
+        elapsed, steps = time.perf_counter() - began, len(waits)
         others = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)  # the process's other threads
-        return steps / elapsed, waited / elapsed, taking / steps, others / steps
+        return steps / elapsed, waits, taking / steps, others / steps
 
     alone, _, _, _ = steps_per_second(lambda: None)
     ds = outcore.open_dataset(location)
@@ -708,8 +710,9 @@ def fed(location: Path, case: str, seconds: float, step_ms: float, held: float,
     taken = forever()
     for _ in range(len(batches)):  # a first epoch: the pipeline filled
         next(taken)
-    rate, waiting, handoff, others = steps_per_second(lambda: next(taken))
-    return {"alone": alone, "fed": rate, "waiting": waiting, "handoff_ms": handoff * 1e3, "others_ms": others * 1e3}
+    rate, waits, handoff, others = steps_per_second(lambda: next(taken))
+    return {"alone": alone, "fed": rate, "waiting": sum(waits) * rate / len(waits), "handoff_ms": handoff * 1e3,
+            "others_ms": others * 1e3, "epoch_start_ms": float(np.median(waits[:: len(batches)])) * 1e3}
 
 
 def stand_in(step_ms: float, held: float) -> Callable[[], None]:
