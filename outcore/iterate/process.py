@@ -302,10 +302,6 @@ class ProcessRun:
             self.loader.taken(self.number, self.delivered)
             yield step, samples, unpacked(made), ready
 
-    def claim(self) -> bool:
-        """Take this run, ordered ahead, for the consumer: whether it was not closed meanwhile."""
-        return not self.stop.is_set()
-
     def samples(self, step: int) -> np.ndarray:
         return self._handed.samples(step)
 
@@ -488,10 +484,6 @@ class PartsRun:
             self.delivered += 1
             self.stats.record(time.perf_counter() - began, all(part[3] for part in parts), len(samples))
             yield copied(batch, self.work.empty)
-
-    def claim(self) -> bool:
-        """Take this run, ordered ahead, for the consumer: whether it was not closed meanwhile."""
-        return not self.stop.is_set()
 
     def samples(self, step: int) -> np.ndarray:
         return self._handed.samples(step)

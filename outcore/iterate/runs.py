@@ -238,13 +238,19 @@ class NextEpoch:
         if not self._held:
             return None
         run = self._held.pop()
-        if run.work.epoch == epoch and list(run.work.batches) == list(steps) and run.claim():
+        if run.work.epoch == epoch and list(run.work.batches) == list(steps) and _claimed(run):
             return run
         run.close()
         return None
 
     def close(self) -> None:
         _close_runs(self._held)
+
+
+def _claimed(run: Any) -> bool:
+    """Whether ``run``, started ahead, is taken for the consumer: a run of this process's threads is unless it let
+    go of its batches first (`Run.claim`); one made elsewhere (a loader process's) unless it was closed."""
+    return run.claim() if isinstance(run, Run) else not run.stop.is_set()
 
 
 def _close_runs(runs: list[Run]) -> None:
