@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 import tracemalloc
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -186,6 +188,24 @@ def test_a_run_started_ahead_that_no_one_takes_lets_go_of_what_it_made(store, mo
     time.sleep(0.6)  # and waits for its consumer, taken: never let go
     assert it._active is ahead and not ahead.stop.is_set()
     np.testing.assert_array_equal(np.concatenate([first, *(batch["id"] for batch in taken)]), epochs_alone(ds, 3))
+    it.close()
+
+
+def test_a_fork_stops_the_runs_started_ahead_and_not_taken_first(store):
+    """A process forked while a run started ahead works would copy its threads' locks held (DataLoader workers
+    forked beside a loader without workers): such runs stop before the fork, and the epoch is made anew."""
+    ds, _ = store
+    it = ds.batches(64, shuffle=True, seed=5, fields=["id"])
+    _ids(it), _ids(it)
+    ahead = it._next._held[0]
+    with warnings.catch_warnings():  # Python 3.12 on: a fork beside threads is deprecated, as this test says
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert ahead.work.epoch == 2 and ahead.stop.is_set() and not ahead.thread.is_alive()
+    np.testing.assert_array_equal(_ids(it), epochs_alone(ds, 2))
     it.close()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import os
 import queue
 import sys
 import threading
@@ -141,6 +142,10 @@ class Run:
         if self.stop.is_set():
             return
         self.stop.set()
+        self._stopped()
+
+    def _stopped(self) -> None:
+        """Wait for the producer, stopped, to end, and free what it made and used."""
         while self.thread.is_alive() and not sys.is_finalizing() and self.thread is not threading.current_thread():
             try:  # unblock a producer waiting for room in the queue
                 self.queue.get(timeout=WAKE_SECONDS)
@@ -230,6 +235,7 @@ class NextEpoch:
             run = start()
             run.untaken = UNTAKEN_SECONDS
             self._held.append(run)
+            _started_ahead.add(run)
         self._epochs_done += last
 
     def take(self, epoch: int, steps: Sequence[int]) -> Run | None:
@@ -245,6 +251,28 @@ class NextEpoch:
 
     def close(self) -> None:
         _close_runs(self._held)
+
+
+_started_ahead: weakref.WeakSet[Any] = weakref.WeakSet()  # runs `NextEpoch` started, claimed or not
+
+
+def _close_untaken_before_fork() -> None:
+    """A process forked (DataLoader workers, say) while a run started ahead works on this process's threads copies
+    the locks they hold: the local runs no one has taken are stopped first (the epoch, when asked for, starts
+    anew)."""
+    for run in list(_started_ahead):
+        if not isinstance(run, LocalRun):
+            continue
+        with run.claimed:  # not taken meanwhile: its claim fails once it is stopped
+            untaken = run.untaken is not None and not run.stop.is_set()
+            if untaken:
+                run.stop.set()
+        if untaken:
+            run._stopped()
+
+
+with contextlib.suppress(AttributeError):  # os.register_at_fork: POSIX only
+    os.register_at_fork(before=_close_untaken_before_fork)
 
 
 def _claimed(run: Any) -> bool:
