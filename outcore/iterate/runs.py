@@ -151,14 +151,20 @@ class Run:
                 self.queue.get(timeout=WAKE_SECONDS)
             except queue.Empty:
                 pass
-        self._let_go()
-
-    def _let_go(self) -> None:
-        """Free the batches it made that no one will take, and what its producer used."""
-        with contextlib.suppress(queue.Empty):
+        with contextlib.suppress(queue.Empty):  # the batches it made that no one will take: their memory freed
             while self.queue.qsize():
                 self.queue.get(timeout=0)
         self._release()
+
+    def _stop_untaken(self, waited: float = float("inf")) -> bool:
+        """Stop this run if it was started ahead and no one has taken it (and it has waited its `untaken` seconds,
+        when ``waited`` says how long): whether it did. A claim after that fails."""
+        with self.claimed:
+            untaken = (self.untaken is not None and not self.delivered and not self.stop.is_set()
+                       and waited >= self.untaken)
+            if untaken:
+                self.stop.set()
+        return untaken
 
     def claim(self) -> bool:
         """Take this run started ahead for the consumer: whether it is still running (it closes itself after
@@ -173,12 +179,8 @@ class Run:
             if self.queue.put(item, timeout=WAKE_SECONDS):
                 return True
             waited += WAKE_SECONDS
-            with self.claimed:  # started ahead and never taken from (an iterator kept, its training over)
-                untaken = self.untaken is not None and not self.delivered and waited >= self.untaken
-                if untaken:
-                    self.stop.set()
-            if untaken:
-                self._let_go()
+            if self._stop_untaken(waited):  # started ahead and never taken from (an iterator kept, its training over)
+                self._stopped()
         return False
 
     def _produce(self) -> None:
@@ -261,13 +263,7 @@ def _close_untaken_before_fork() -> None:
     the locks they hold: the local runs no one has taken are stopped first (the epoch, when asked for, starts
     anew)."""
     for run in list(_started_ahead):
-        if not isinstance(run, LocalRun):
-            continue
-        with run.claimed:  # not taken meanwhile: its claim fails once it is stopped
-            untaken = run.untaken is not None and not run.stop.is_set()
-            if untaken:
-                run.stop.set()
-        if untaken:
+        if isinstance(run, LocalRun) and run._stop_untaken():
             run._stopped()
 
 
