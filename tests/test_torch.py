@@ -525,6 +525,31 @@ def test_to_device_overlaps_copies_on_a_gpu(ids_store):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_to_device_computes_on_a_batch_without_waiting_for_the_next_ones_copy():
+    """When batch 0 is handed over, batch 1's copy is already queued on the side stream; work on batch 0 waits for
+    batch 0's copy only. Batch 1 is 1 GiB (tens of milliseconds to copy): a kernel on batch 0 that waited for it
+    would end after it."""
+    from outcore.adapters.torch import to_device
+
+    small = {"x": torch.arange(1024, dtype=torch.float32).pin_memory()}
+    large = {"x": torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)}
+    (torch.ones(4, device="cuda") + 1).sum().item()  # the kernels loaded, the context made: not timed below
+    moved = to_device(iter([small, large]), "cuda")
+    first = next(moved)  # batch 1's copy is under way now
+    began = time.perf_counter()
+    total = (first["x"] + 1).sum()
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    computed = time.perf_counter() - began
+    second = next(moved)
+    torch.cuda.synchronize()
+    copied = time.perf_counter() - began
+    assert float(total) == 1024 * 1023 / 2 + 1024 and second["x"].numel() == 1 << 30
+    assert computed < copied / 4, (computed, copied)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_pin_memory_gathers_the_workers_parts_in_the_pin_thread(pictures_store):
     """Parts of each batch copied into pinned memory by the DataLoader's pin thread: the batches of a loader
     without workers, pinned, none mapped from shared memory."""
