@@ -8,6 +8,8 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
 112x112 random crops with random flips, batch 256, for ``--steps`` steps after a warm-up, fed by:
 
 - the same batch, already on the GPU (the ceiling: the GPU's own rate);
+- the same batch in pinned memory, copied to the GPU by ``to_device`` at every step: what any feed through
+  ``to_device`` can reach at most (its host-to-device copies and its Python on the loop's thread, no loader);
 - ``ds.torch(256, pin_memory=True)`` + ``to_device`` (reader threads, ``num_workers=0``), with
   ``process=True`` (the batches made by a process of their own, copied into pinned memory as the loop takes
   them: `outcore.iterate.process`), with ``process=4`` (4 such processes, each making its part of every batch,
@@ -57,6 +59,7 @@ AUGMENT = Compose([RandomCrop(CROP), RandomFlip()])
 IMAGENET = Compose([RandomResizedCrop(224), RandomFlip()])
 DEVICE = "cuda"  # --device
 WARM_SECONDS = 3.0  # the least warm-up of each feed, untimed
+CEILINGS = "the same batch"  # the feeds of one batch again and again: measured whatever --only says
 
 
 def build(workdir: Path, samples: int) -> tuple[outcore.Dataset, Path]:
@@ -189,6 +192,13 @@ def main() -> None:
         first = next(iter(store.batches(BATCH, fields=["images", "labels"], transform=transform)))
         return epochs([(torch.from_numpy(first["images"]).to(DEVICE), torch.from_numpy(first["labels"]).to(DEVICE))])
 
+    def copied_each_step(store, transform):
+        """A batch of ``store`` in pinned memory, copied to the device by `to_device` at every step: the ceiling of
+        any feed through it (its copies and its Python on the loop's thread), no loader."""
+        first = next(iter(store.torch(BATCH, fields=["images", "labels"], transform=transform, pin_memory=True)))
+        while True:
+            yield from ((b["images"], b["labels"]) for b in to_device(epochs([first]), DEVICE))
+
     def outcore_feed(store, transform, **options):
         return lambda: on_device(store.torch(BATCH, shuffle=True, fields=["images", "labels"], transform=transform,
                                              pin_memory=True, **options))
@@ -197,6 +207,7 @@ def main() -> None:
                                               num_workers=8, pin_memory=DEVICE == "cuda", persistent_workers=True)
     feeds = {
         "the same batch, already on the GPU (ceiling)": lambda: resident(ds, AUGMENT),
+        "the same batch, pinned, copied by to_device each step": lambda: copied_each_step(ds, AUGMENT),
         "outcore ds.torch, pixels, its defaults (threads)": outcore_feed(ds, AUGMENT),
         "outcore ds.torch, pixels, a process of its own": outcore_feed(ds, AUGMENT, process=True),
         "outcore ds.torch, pixels, 4 processes of its own": outcore_feed(ds, AUGMENT, process=4),
@@ -231,6 +242,7 @@ def main() -> None:
             args.imagenet, own, shape=None, images="encoded", progress=False)
         feeds = {
             "the same batch, already on the GPU (ceiling)": lambda: resident(own_sizes, IMAGENET),
+            "the same batch, pinned, copied by to_device each step": lambda: copied_each_step(own_sizes, IMAGENET),
             "outcore ds.torch, JPEGs at their sizes, its defaults": outcore_feed(own_sizes, IMAGENET),
             "outcore ds.torch, JPEGs at their sizes, a process of its own": outcore_feed(own_sizes, IMAGENET,
                                                                                         process=True),
@@ -246,9 +258,10 @@ def main() -> None:
 
 
 def only(feeds: dict[str, Callable[[], Iterator]], chosen: list[str]) -> dict[str, Callable[[], Iterator]]:
-    """The ceiling (the first feed) and the feeds whose names contain one of the ``chosen`` texts."""
-    first = next(iter(feeds))
-    return {name: feed for name, feed in feeds.items() if name == first or any(text in name for text in chosen)}
+    """The ceilings (the feeds of the same batch again and again) and the feeds whose names contain one of the
+    ``chosen`` texts."""
+    return {name: feed for name, feed in feeds.items()
+            if name.startswith(CEILINGS) or any(text in name for text in chosen)}
 
 
 def table(model: str, data: str, feeds: dict[str, Callable[[], Iterator]], steps: int, make_model) -> None:
