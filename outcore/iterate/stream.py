@@ -82,8 +82,9 @@ class StreamPlan:
             self.deals = generator(Domain.BUFFER_SHUFFLE, *key).multinomial(
                 self.slot_sizes, np.full(window, 1 / window)).astype(np.int64)
         else:
-            self.deals = self.slot_sizes[:, None].copy()  # C-contiguous, as `window_draws` takes them
+            self.deals = self.slot_sizes[:, None].copy()
         self._deal_ends = np.cumsum(self.deals, axis=1)
+        self._draws = window_draws(key, self._first, self.slot_sizes, self.deals, self._deal_ends, mixed)
         window_sizes = np.zeros(len(self.chunks) + self.deals.shape[1] - 1, dtype=np.int64)
         for d in range(self.deals.shape[1]):
             window_sizes[d : d + len(self.chunks)] += self.deals[:, d]
@@ -139,10 +140,8 @@ class StreamPlan:
 
     def _make_window(self, w: int) -> tuple[np.ndarray, np.ndarray]:
         low = max(0, w - self.window + 1)
-        made = window_draws(self._key, w, low, self._first, self.slot_sizes, self.deals, self._deal_ends, self.mixed,
-                            self._ends[w] - (self._ends[w - 1] if w else 0))
-        if made is not None:  # one C call, the GIL kept: numpy's calls below give it up (to other threads) several times
-            local, owner = made
+        if self._draws is not None:  # one C call, the GIL kept: numpy's calls below give it up (to other threads) often
+            local, owner = self._draws(w, low, self._ends[w] - (self._ends[w - 1] if w else 0))
             return self.selection.sample(self.chunks[owner], local), owner
         slots = np.arange(low, min(w + 1, len(self.chunks)))
         groups = [self._dealt(int(j), w - int(j)) for j in slots]

@@ -112,30 +112,46 @@ def permutation(domain: Domain, key: Sequence[int], count: int) -> np.ndarray:
     return out
 
 
-def window_draws(key: Sequence[int], w: int, low: int, first: np.ndarray, sizes: np.ndarray, deals: np.ndarray,
-                 ends: np.ndarray, mixed: bool, count: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """An epoch stream's window ``w`` (`outcore.iterate.stream.StreamPlan`) made by the ``_draws`` extension in one call
-    that keeps the GIL (a few microseconds of work: a GIL given up would be taken by another thread, which costs more):
-    ``(local, owner)``, the local index and slot of each of its ``count`` samples: slots ``low .. w`` (``first`` and
-    ``sizes`` their first local index and size), slot ``j``'s samples in the order `permutation` gives for ``(*key,
-    j)`` in `Domain.BUFFER_SHUFFLE` (with ``mixed``), its stretch ``[ends[j, w - j] - deals[j, w - j], ends[j, w - j])``
-    taken, the slots' stretches back to back, then put in `permutation`'s order for ``(*key, w)`` in
-    `Domain.WINDOW_ORDER` (with ``mixed``). None where the extension is not built (or the key is no int64 one): the
-    caller makes it with numpy (the same numbers).
+def window_draws(key: Sequence[int], first: np.ndarray, sizes: np.ndarray, deals: np.ndarray, ends: np.ndarray,
+                 mixed: bool) -> WindowDraws | None:
+    """The maker of an epoch stream's windows (`outcore.iterate.stream.StreamPlan`) by the ``_draws`` extension, one
+    call a window (`WindowDraws`), its arrays made ready once for all the stream's windows: slot ``j`` starts at local
+    index ``first[j]`` and has ``sizes[j]`` samples, in the order `permutation` gives for ``(*key, j)`` in
+    `Domain.BUFFER_SHUFFLE` (with ``mixed``), of which ``deals[j, d]`` go to window ``j + d`` (``ends``: their running
+    sums). None where the extension is not built (or the key is no int64 one): the caller makes the windows with
+    numpy (the same numbers).
 
-    >>> made = window_draws((0, 1), 0, 0, np.array([0]), np.array([4]), np.array([[4]]), np.array([[4]]), True, 4)
-    >>> made is None or sorted(made[0].tolist()) == [0, 1, 2, 3]
+    >>> made = window_draws((0, 1), np.array([0]), np.array([4]), np.array([[4]]), np.array([[4]]), True)
+    >>> made is None or sorted(made(0, 0, 4)[0].tolist()) == [0, 1, 2, 3]
     True
     """
-    made = getattr(_draws, "window", None)
     values = [int(value) for value in key]
-    if made is None or not _int64_key(values):
+    if getattr(_draws, "window", None) is None or not _int64_key(values):
         return None
-    local, owner = np.empty(count, np.int64), np.empty(count, np.int64)
-    first, sizes, deals, ends = (np.ascontiguousarray(values, np.int64) for values in (first, sizes, deals, ends))
-    made(np.array(values, np.int64), int(Domain.BUFFER_SHUFFLE), int(Domain.WINDOW_ORDER), w, low, first, sizes, deals,
-         ends, mixed, local, owner)
-    return local, owner
+    return WindowDraws(np.array(values, np.int64), *(np.ascontiguousarray(array, np.int64)
+                                                     for array in (first, sizes, deals, ends)), bool(mixed))
+
+
+class WindowDraws:
+    """Window ``w`` of a stream (`window_draws` made this from its slots): ``(local, owner)``, the local index and slot
+    of each of its ``count`` samples, made in one C call that keeps the GIL (a few microseconds of work: a GIL given
+    up would be taken by another thread, which costs more): slots ``low .. w``, each one's stretch for this window
+    back to back, then put in `permutation`'s order for ``(*key, w)`` in `Domain.WINDOW_ORDER` (with ``mixed``)."""
+
+    __slots__ = ("deals", "ends", "first", "key", "mixed", "sizes")
+
+    def __init__(self, key: np.ndarray, first: np.ndarray, sizes: np.ndarray, deals: np.ndarray, ends: np.ndarray,
+                 mixed: bool) -> None:
+        self.key, self.first, self.sizes, self.deals, self.ends, self.mixed = key, first, sizes, deals, ends, mixed
+
+    def __call__(self, w: int, low: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        local, owner = np.empty(count, np.int64), np.empty(count, np.int64)
+        _draws.window(self.key, _BUFFER_SHUFFLE, _WINDOW_ORDER, w, low, self.first, self.sizes, self.deals, self.ends,
+                      self.mixed, local, owner)
+        return local, owner
+
+
+_BUFFER_SHUFFLE, _WINDOW_ORDER = int(Domain.BUFFER_SHUFFLE), int(Domain.WINDOW_ORDER)
 
 
 def integers(rng: np.random.Generator, high: int, count: int) -> np.ndarray:
