@@ -29,7 +29,7 @@ from .keywords import TorchKeywords, split_torch_keywords
 from .torch_batches import PART_FILE, TorchBatch, TorchBatches, as_tensor, pinned_empty
 from .torch_decode import DeviceDecoder, device_decoder
 from .torch_device import to_device
-from .torch_module import DataLoader, default_convert, pin_memory, torch
+from .torch_module import DataLoader, pin_memory, torch
 from .torch_pinned import PinnedParts
 
 __all__ = ["OutcoreLoader", "TorchBatch", "TorchBatches", "loader", "to_device"]
@@ -75,10 +75,13 @@ class Collate:
         if batch.part is not None:
             return Delivered(SharedBatch(dict(batch), batch.no_room), batch.index, len(batch.samples), batch.part,
                              batch.samples, batch.offset, batch.folder)
-        return Delivered(self.collated(batch), batch.index, len(next(iter(batch.values()))))
+        return Delivered(self.collated(batch), batch.index, next(iter(batch.values())).shape[0])
 
     def collated(self, batch: TorchBatch) -> Any:
-        return default_convert(batch) if self.function is None else self.function(batch)
+        """The user's ``collate_fn`` of ``batch``; without one, ``batch`` itself: its values are tensors already, or
+        text (numpy strings), which the DataLoader's ``default_convert`` leaves as they are (it would only copy the
+        mapping)."""
+        return batch if self.function is None else self.function(batch)
 
 
 def joined(parts: list[Delivered], epoch: int, mailbox: Mailbox | None, channels_first: bool) -> TorchBatch:
@@ -187,7 +190,8 @@ class OutcoreLoader(DataLoader):
         made = iter(self.dataset)
         try:
             for batch in made:
-                self.made_here += until_workers_start
+                if until_workers_start:  # (an attribute set on a DataLoader runs its Python `__setattr__`)
+                    self.made_here += 1
                 delivered = self.collate_fn(batch)
                 yield delivered.pin_memory() if pinning else delivered
                 if until_workers_start and not importing():

@@ -5,7 +5,6 @@ from __future__ import annotations
 try:
     import torch
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-    from torch.utils.data._utils.collate import default_convert
     from torch.utils.data._utils.pin_memory import pin_memory
 except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError(
@@ -13,4 +12,4 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
         "build of torch first)"
     ) from error
 
-__all__ = ["DataLoader", "IterableDataset", "default_convert", "get_worker_info", "pin_memory", "torch"]
+__all__ = ["DataLoader", "IterableDataset", "get_worker_info", "pin_memory", "torch"]
