@@ -31,8 +31,9 @@ threads while 16 processes made 2.7x as many) and with ``decode="cuda"``.
 Each loader is made once and iterated epoch after epoch, as a training loop does (its DataLoader workers, where
 it has them, kept across epochs, as the Pillow DataLoader's are), timed after a warm-up of `WARM_SECONDS` (a loader
 process's start is not timed). Prints samples/s, the share of the step's time spent waiting for the next batch,
-the ratio to the ceiling, and the median and longest wait for a batch (an epoch's first, mostly: whether the
-waits are the epochs' starts or every step's). ``--only`` keeps the feeds whose names hold one
+the ratio to the ceiling, the median and longest wait for a batch (an epoch's first, mostly: whether the
+waits are the epochs' starts or every step's), and a step's time outside its wait (against the ceiling's: what
+feeding costs the step itself, its Python and the GIL taken from the loop, its copies). ``--only`` keeps the feeds whose names hold one
 of its comma-separated texts (the ceilings are always measured); ``--threads n`` sets outcore's threads
 (`outcore.set_threads`) for its feeds. Needs a CUDA GPU (it says so and stops without one); ``--device cpu``
 runs every row on the CPU, a few steps, to try the script itself.
@@ -106,8 +107,10 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def train(batches, steps: int, make_model=network) -> tuple[float, float, float, float]:
-    """Samples/s, the share of time spent waiting for batches, and the median and longest wait for one (seconds),
+def train(batches, steps: int, make_model=network) -> tuple[float, float, float, float, float]:
+    """Samples/s, the share of time spent waiting for batches, the median and longest wait for one, and a step's
+    time outside its wait (seconds: against the ceiling's, what the feed costs the step itself: its Python on the
+    loop's thread, the GIL it takes from the loop, its copies),
     over ``steps`` steps after a warm-up of 10 steps and `WARM_SECONDS` at least: a loader process's start (it
     imports the script's modules again) is not timed."""
     import torch
@@ -141,7 +144,8 @@ def train(batches, steps: int, make_model=network) -> tuple[float, float, float,
     waits, samples = zip(*(one_step() for _ in range(steps)), strict=True)
     synchronize()
     elapsed = time.perf_counter() - began
-    return sum(samples) / elapsed, sum(waits) / elapsed, float(np.median(waits)), max(waits)
+    return (sum(samples) / elapsed, sum(waits) / elapsed, float(np.median(waits)), max(waits),
+            (elapsed - sum(waits)) / steps)
 
 
 def epochs(loader, move=lambda batch: batch):
@@ -273,18 +277,18 @@ def table(model: str, data: str, feeds: dict[str, Callable[[], Iterator]], steps
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else "the CPU (a try of the script: no figures)"
     print(f"\n{model} on {where}, {data}, batch {BATCH}, bf16, {steps} steps\n")
     print(f"{'fed by':56s} {'samples/s':>10s} {'waiting':>8s} {'of ceiling':>11s} {'a wait, ms':>11s} "
-          f"{'longest':>8s}", flush=True)
+          f"{'longest':>8s} {'a step, ms':>11s}", flush=True)
     ceiling = None
     for name, feed in feeds.items():
         try:
-            rate, waiting, median, longest = train(feed(), steps, make_model)
+            rate, waiting, median, longest, step = train(feed(), steps, make_model)
         except Exception as error:  # noqa: BLE001 - one feed's failure is that row's result, the others still run
             traceback.print_exc()
             print(f"{name:56s} failed: {type(error).__name__}: {error}", flush=True)
             continue
         ceiling = ceiling or rate
         print(f"{name:56s} {rate:10.0f} {waiting:8.1%} {rate / ceiling:11.2f} {median * 1e3:11.2f} "
-              f"{longest * 1e3:8.1f}", flush=True)
+              f"{longest * 1e3:8.1f} {step * 1e3:11.2f}", flush=True)
 
 
 if __name__ == "__main__":
