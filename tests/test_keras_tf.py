@@ -180,6 +180,37 @@ def test_fit_and_evaluate_get_exactly_outcores_order_under_each_keras_backend(tm
     assert got["predicted"] == 160
 
 
+PINNED_RUN = """
+import json, sys
+import numpy as np
+import torch
+import outcore
+ds = outcore.open_dataset(sys.argv[1])
+batches = ds.keras(10, x="x", y="id", seed=3)
+batches.on_epoch_begin()
+served = [batches[i] for i in range(len(batches))]
+batches.on_epoch_end()
+cuda = torch.cuda.is_available()
+print(json.dumps({"cuda": cuda, "ids": [y.tolist() for _, y in served],
+                  "pinned": [bool(torch.from_numpy(x).is_pinned()) for x, _ in served] if cuda else []}))
+"""
+
+
+def test_under_keras_torch_backend_batches_are_made_in_pinned_memory_where_a_gpu_takes_them(tmp_path):
+    """Keras' torch backend copies each batch to the GPU as it takes it: on a CUDA machine the batches are made in
+    pinned memory (a copy straight to the device); without a GPU, in plain memory. The same batches either way."""
+    need("torch")
+    ids = np.arange(60)
+    ds = outcore.from_arrays({"x": np.repeat(ids[:, None], 4, axis=1).astype(np.float32), "id": ids},
+                             tmp_path / "s.zarr", chunk_size=20, shuffle_on_write=False, progress=False)
+    result = subprocess.run([sys.executable, "-c", PINNED_RUN, str(ds.location)], capture_output=True, text=True,
+                            env={**os.environ, "KERAS_BACKEND": "torch"}, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["ids"] == [batch["id"].tolist() for batch in ds.batches(10, fields=["x", "id"], seed=3)]
+    assert got["pinned"] == ([True] * 6 if got["cuda"] else [])
+
+
 def test_keras_resume_after_an_epoch_sees_the_same_batches(splits):
     train, _ = splits
     uninterrupted: dict = {}

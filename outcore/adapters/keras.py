@@ -21,6 +21,10 @@ which reads each chunk once:
 
 So every epoch serves each batch of outcore's order exactly once, whatever order Keras asks in. An
 epoch ends (and the next one's order is used) when Keras ends an epoch in which every index was served.
+
+Under Keras' torch backend on a CUDA machine, the batches are made in pinned (page-locked) memory, as
+``ds.torch(pin_memory=True)``'s are: Keras copies each to the GPU as it takes it, and a copy from pinned memory
+goes straight to the device, not through a staging buffer.
 """
 
 from __future__ import annotations
@@ -70,6 +74,10 @@ class KerasBatches(keras.utils.PyDataset):
         self.x, self.y, self.sample_weight = x, y, sample_weight
         options = {"shuffle": y is not None, **options}
         self.iterator = store.batches(batch_size, **options_with_fields(options, x, y, sample_weight))
+        if isinstance(self.iterator, BatchIterator) and self.iterator.options.client is None and _to_cuda():
+            from .torch_batches import pinned_empty
+
+            self.iterator.empty = pinned_empty
         self._lock = threading.Lock()
         self._epoch = _Epoch(self.iterator, 0)
         self._in_epoch = False  # between Keras' on_epoch_begin and on_epoch_end
@@ -183,6 +191,15 @@ class _Epoch:
     def close(self) -> None:
         if self._pass is not None:
             self._pass.close()
+
+
+def _to_cuda() -> bool:
+    """Whether Keras copies the batches to a CUDA GPU with PyTorch (its torch backend, a GPU there)."""
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _peeking() -> bool:

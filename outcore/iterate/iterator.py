@@ -65,6 +65,8 @@ class BatchIterator:
         self._active: Run | None = None
         self._next = NextEpoch()  # the next epoch's run, started as this one's drains
         self._stats = LoaderStats()
+        self.empty: Empty = plain  # what makes the arrays of the batches its iterations hand out (pinned memory, for
+        # an adapter feeding a GPU: `outcore.adapters.keras`)
         # with ``process``: the process making the batches (``loader_process``, its owner's: kept across iterators)
         self._process, self._own_process = loader_process, loader_process is None
         if options.process and loader_process is None:
@@ -120,14 +122,15 @@ class BatchIterator:
             self.set_epoch(self.epoch + 1)
         total = len(self)
         steps = range(total)[self.batches_done :]
-        run = self._next.take(self.epoch, steps) or self.run(self.epoch, steps)
+        run = self._next.take(self.epoch, steps) or self.run(self.epoch, steps, empty=self.empty)
         previous, self._active = self._active, run
         if previous is not None:
             previous.close()
         try:
             for batch in run:
                 self.batches_done += 1
-                self._next.handed(run, self.batches_done == total, lambda: self.run(self.epoch + 1, range(total)))
+                self._next.handed(run, self.batches_done == total,
+                                  lambda: self.run(self.epoch + 1, range(total), empty=self.empty))
                 yield batch
             self.set_epoch(self.epoch + 1)
         finally:
