@@ -2,8 +2,8 @@
 # Run in the project's root on a machine with the package registry, before benchmarks/device/run.sh on a GPU
 # machine without one (16 cores, one H200, Python 3.12 with PyTorch, torchvision, Pillow, OpenCV, pandas,
 # scikit-image and scikit-learn). Fills .dev/ (ignored by git, about 15 MB):
-#   .dev/whl   cp312 wheels of what that machine lacks: outcore's dependencies, py-spy and a setuptools that builds
-#              outcore (EXTRA="name ..." adds)
+#   .dev/whl   cp312 wheels of what that machine lacks: outcore's dependencies, py-spy, a setuptools that builds
+#              outcore and Keras (its torch backend's GPU test) (EXTRA="name ..." adds)
 #   .dev/jpeg  libjpeg-turbo's headers and library (outcore's C extension builds against them there)
 # Then carry .dev/ there with the tree (the device tool: carry [".dev"]) and run: bash benchmarks/device/run.sh
 set -eu
@@ -15,7 +15,8 @@ mkdir -p .dev/whl .dev/jpeg/include .dev/jpeg/lib
 platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64"
 platforms="$platforms --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64"
 for package in dask distributed zarr numcodecs crc32c simplejpeg donfig tblib zict partd locket tornado \
-               google-crc32c msgspec py-spy setuptools ${EXTRA:-}; do
+               google-crc32c msgspec py-spy setuptools \
+               keras absl-py rich markdown-it-py mdurl pygments namex h5py optree ml-dtypes ${EXTRA:-}; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $platforms \
         -d .dev/whl "$package"
 done

@@ -7,7 +7,8 @@
 # The whole run ends DEADLINE seconds (default 540) after it began, tables printed, inside one device call (600 s
 # at most): each step gets its own limit or what is left, whichever is less, and a step with too little left is
 # skipped, saying so (run it alone with SKIP naming the others). The steps, in order:
-#   gputests    the tests that need a CUDA GPU (they skip elsewhere): pinned batches, to_device, nvJPEG decoding
+#   gputests    the tests that need a CUDA GPU (they skip elsewhere): pinned batches (ds.torch, Keras' torch backend),
+#               to_device, nvJPEG decoding
 #   imagenet    benchmarks/imagenet.py: full-size JPEGs, RandomResizedCrop(224) + flip, against its ceiling
 #   gpu         benchmarks/gpu_training.py: does the GPU wait? a small ResNet (and ResNet-50 on RRC) fed by outcore
 #   processes   benchmarks/cores.py: the same batches made by 1, 2 and 4 loader processes (process=k, each its part of
@@ -64,7 +65,8 @@ step() {  # step NAME SECONDS COMMAND...: run in benchmarks/, time-boxed (by the
 
 tests=$root/tests
 step gputests 50 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -W default -c $root/pyproject.toml \
-    $tests/test_torch.py $tests/test_torch_decode.py $tests/test_advice.py -k 'cuda or gpu or nvjpeg or pin or device'"
+    $tests/test_torch.py $tests/test_torch_decode.py $tests/test_advice.py $tests/test_keras_tf.py \
+    -k 'cuda or gpu or nvjpeg or pin or device'"
 step imagenet 80 python3 imagenet.py --images 4000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
 step gpu 210 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
 step processes 90 python3 cores.py --images 6000 --threads 16 --seconds 2 --only processes --processes 1,2,4 \
