@@ -142,7 +142,8 @@ def test_imports_inside_functions_are_only_for_optional_frameworks():
              if name.split(".")[0] not in (*FRAMEWORKS, *LATE) and name not in framework_modules]
     assert wrong == []
     assert {name for _, name in late if name in modules} == {"outcore.adapters.keras", "outcore.adapters.tf",
-                                                              "outcore.adapters.torch", "outcore.adapters.torch_mixture"}
+                                                              "outcore.adapters.torch", "outcore.adapters.torch_mixture",
+                                                              "outcore.adapters.torch_batches"}
 
 
 def layer_report() -> str:
