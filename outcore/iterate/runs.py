@@ -410,7 +410,6 @@ class LocalRun(Run):
     def __init__(self, work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> None:
         self.buffers, self.readers = buffers, buffers.readers
         self.loading: dict[int, Loading] = {}  # by chunk
-        self.values: dict[int, dict[str, Any]] = {}  # by chunk: those read, until released (found once, not each batch)
         self.damaged: set[int] = set()  # chunks left out of this epoch (``skip_damaged``)
         self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
         self.made: deque[Task[list[Batch]]] = deque()  # batches being made or not yet handed over, in order
@@ -438,7 +437,6 @@ class LocalRun(Run):
         for future in [*self.loading.values(), *self.made]:  # those not started yet
             future.cancel()
         self.loading.clear()
-        self.values.clear()
         self.made.clear()  # batches made and not handed over: freed (those under way, once made)
 
     def _produce_batches(self) -> None:
@@ -498,19 +496,14 @@ class LocalRun(Run):
             if not self.slots_held[chunk]:
                 del self.slots_held[chunk]
                 loaded = self.loading.pop(chunk)
-                self.values.pop(chunk, None)
                 if chunk not in self.damaged:
                     self.buffers.give(loaded.result()[1])
 
     def _values(self, chunk: int) -> dict[str, Any] | None:
         """The chunk's values, or None for a damaged chunk left out (``skip_damaged``: named in a warning,
         counted in the stats, up to that many an epoch)."""
-        values = self.values.get(chunk)
-        if values is not None:
-            return values
         try:
-            values = self.values[chunk] = self.loading[chunk].result()[0]
-            return values
+            return self.loading[chunk].result()[0]
         except (CorruptChunkError, StorageError) as error:
             if chunk in self.damaged:
                 return None
