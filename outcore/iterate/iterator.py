@@ -65,8 +65,8 @@ class BatchIterator:
         self._active: Run | None = None
         self._next = NextEpoch()  # the next epoch's run, started as this one's drains
         self._stats = LoaderStats()
-        self.empty: Empty = plain  # what makes the arrays of the batches its iterations hand out (pinned memory, for
-        # an adapter feeding a GPU: `outcore.adapters.keras`)
+        self.empty: Empty = plain  # what makes the arrays of the batches it hands out, iterated or read on demand
+        # (`batch`): pinned memory, for an adapter feeding a GPU (`outcore.adapters.keras`)
         # with ``process``: the process making the batches (``loader_process``, its owner's: kept across iterators)
         self._process, self._own_process = loader_process, loader_process is None
         if options.process and loader_process is None:
@@ -173,7 +173,7 @@ class BatchIterator:
         """
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} is not in [0, {len(self)})")
-        run = self.run(self.epoch if epoch is None else epoch, [index])
+        run = self.run(self.epoch if epoch is None else epoch, [index], empty=self.empty)
         try:
             return next(iter(run))
         finally:
