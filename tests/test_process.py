@@ -29,6 +29,7 @@ from outcore.iterate.process import (
     LoaderProcesses,
     Opened,
     Order,
+    Raised,
     RemoteTraceback,
     make,
     pickled,
@@ -171,7 +172,7 @@ def test_a_process_begins_the_next_run_ordered_as_this_one_drains_and_sends_its_
     mailbox = Mailbox.open(tmp_path)
     ours, theirs = multiprocessing.Pipe()
     board = multiprocessing.RawValue("q", -1)
-    inbox, opened, raised = Inbox(theirs, board), Opened(), []
+    inbox, opened, raised = Inbox(theirs, board), Opened(), Raised()
     sent = {number: pickled(Order(store.opener, dataclasses.replace(iterator.options, process=False), epoch,
                                   list(range(len(iterator)))))
             for number, epoch in ((0, 0), (1, 1), (2, 0))}
@@ -301,6 +302,14 @@ def test_an_oserror_there_is_raised_here_not_taken_for_the_consumer_gone(store):
     assert iterator._process.process.is_alive()  # it failed the run, not itself: it waits for the next order
 
 
+def _ids_taken_slowly(iterator):
+    ids = []
+    for batch in iterator:
+        ids += batch["id"].tolist()
+        time.sleep(0.1)
+    return ids
+
+
 def test_damaged_chunks_left_out_there_are_warned_of_and_counted_here(tmp_path):
     ids = np.arange(320)
     ds = outcore.from_arrays({"x": np.repeat(ids[:, None], 8, axis=1).astype(np.float32), "id": ids},
@@ -309,12 +318,13 @@ def test_damaged_chunks_left_out_there_are_warned_of_and_counted_here(tmp_path):
         outcore.testing.corrupt_chunk(ds.location, "x", chunk)
     ds = outcore.open_dataset(ds.location)
     iterator = ds.batches(50, seed=1, skip_damaged=2, process=True)
-    for _ in range(2):  # each epoch's, said again
+    for _ in range(3):  # each epoch's, said again, in that epoch
         with pytest.warns(outcore.OutcoreWarning) as caught:
-            seen = sorted(i for batch in iterator for i in batch["id"].tolist())
-        assert sorted(str(warning.message).split("left out chunk ")[1].split()[0] for warning in caught) == ["2", "7"]
-        assert seen == sorted(set(range(320)) - set(ds.array("id")[64:96]) - set(ds.array("id")[224:256]))
-    assert iterator.stats()["damaged_chunks"] == 4
+            seen = _ids_taken_slowly(iterator)  # the process begins the next epoch meanwhile (from the second on)
+        left_out = sorted(str(warning.message).split("left out chunk ")[1].split()[0] for warning in caught)
+        assert left_out == ["2", "7"]  # left out of that epoch too, said with its batches
+        assert sorted(seen) == sorted(set(range(320)) - set(ds.array("id")[64:96]) - set(ds.array("id")[224:256]))
+    assert iterator.stats()["damaged_chunks"] == 6
 
 
 def test_what_cannot_reach_a_process_is_refused_saying_why(store, monkeypatch):
@@ -381,6 +391,21 @@ def test_a_run_closing_while_the_next_starts_leaves_it_every_batch(store):
         assert ids == [list(range(start, min(start + 120, 900))) for start in range(360, 900, 120)]
     time.sleep(0.2)  # the process has stopped the first runs
     assert _held_files(iterator._process.mailbox.folder) == []
+    iterator.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("process", [True, 2])
+def test_epochs_copied_into_the_consumers_memory_each_get_every_batch_while_the_next_is_taken_ahead(store, process):
+    """Batches copied into the consumer's memory (pinned, for a GPU) are taken from the processes by a thread of
+    each run; from the second epoch on, the next epoch's run starts with this one's first batch, and its thread
+    waits for the processes' messages while this one's does: neither drops the other's (a lost batch hung the
+    second epoch), each epoch's batches are those made here."""
+    options = {"shuffle": True, "seed": 3, "transform": _noise}
+    iterator = _started(store.batches(64, process=process, **options))
+    iterator.empty = lambda shape, dtype, field="": np.empty(shape, dtype)  # the consumer's memory, here
+    made = _epochs(iterator, 4)
+    _same(made, _epochs(store.batches(64, **options), 4))
     iterator.close()
 
 

@@ -107,8 +107,10 @@ class LoaderProcess:
         self.poller: Any = None  # waits on the connection in one system call (the connection's poll takes several)
         self.board: Any = None  # the batches taken (`taken`): the run's number, then the count, in 64 bits
         self.started = False  # the process said it has started (its imports done): `ready`
-        self.reading = threading.Lock()  # one reader of the connection at a time (a run's copying thread, say)
-        self.later: dict[int, deque[tuple[Any, ...]]] = {}  # messages of runs newer than their reader's, kept
+        self.reading = threading.Condition()  # held to read the connection, or what was kept for a run (`receive`)
+        self.listening = False  # a run's thread waits on the connection: the others wait for what it keeps for them
+        self.open: set[int] = set()  # runs ordered and not closed: their messages are kept until they take them
+        self.later: dict[int, deque[tuple[Any, ...]]] = {}  # messages that came while another run's thread read
 
     @classmethod
     def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcess:
@@ -135,6 +137,8 @@ class LoaderProcess:
         if self.process is None:
             self.start()
         run = ProcessRun(self, next(self.runs), work, stats)
+        with self.reading:
+            self.open.add(run.number)
         self._send(("run", run.number, sent))
         return run
 
@@ -178,6 +182,7 @@ class LoaderProcess:
     def forget(self, number: int) -> None:
         """Run ``number`` is closed: what was kept for it is dropped."""
         with self.reading:
+            self.open.discard(number)
             for message in self.later.pop(number, ()):
                 self._drop(message)
 
@@ -192,33 +197,56 @@ class LoaderProcess:
         self.board.value = number << 32 | delivered
 
     def receive(self, run: ProcessRun) -> tuple[tuple[Any, ...], bool]:
-        """The next message of the process for ``run``, and whether it had come when asked for: those of runs made
-        before it (closed) are dropped, their batches' files freed, and those of runs made after it (a run closing
-        while the next one starts) kept for them; the process's death, or the run closed meanwhile, raised."""
+        """The next message of the process for ``run``, and whether it had come when asked for. Several runs' threads
+        may wait at once (a copying run's, and the next epoch's, started ahead): one at a time waits on the
+        connection, keeps for the others what comes for them (those of runs still open; those of runs closed are
+        dropped, their batches' files freed) and wakes them. The process's death, or the run closed meanwhile,
+        raised."""
         first = True
         while True:
-            try:
-                with self.reading:
-                    kept = self.later.get(run.number)
-                    if kept:
-                        return kept.popleft(), first
-                    if self.poller.poll(0 if first else WAKE_SECONDS * 1e3):
-                        message = pickle.loads(self.connection.recv_bytes())
-                        self.heard = True
-                        if message[1] == run.number:
-                            return message, first
-                        if message[1] > run.number:
-                            self.later.setdefault(message[1], deque()).append(message)
-                        else:
-                            self._drop(message)
-                        continue
+            with self.reading:
+                kept = self.later.get(run.number)
+                if kept:
+                    return kept.popleft(), first
+                if run.stop.is_set():
+                    raise closed(run.work, run.delivered)
+                if self.listening:  # another run's thread waits on the connection: it wakes this one
+                    self.reading.wait(WAKE_SECONDS)
                     first = False
+                    continue
+                self.listening = True
+            try:
+                message = self._listen(0 if first else WAKE_SECONDS)  # the others may take what was kept meanwhile
             except (EOFError, OSError):
                 if run.stop.is_set():
                     raise closed(run.work, run.delivered) from None
                 raise self._died(run) from None
-            if run.stop.is_set():
-                raise closed(run.work, run.delivered)
+            finally:
+                with self.reading:
+                    self.listening = False
+                    self.reading.notify_all()
+            if message is None:
+                first = False
+                continue
+            with self.reading:
+                self.heard = True
+                if message[1] == run.number:
+                    return message, first
+                if message[1] in self.open:
+                    self.later.setdefault(message[1], deque()).append(message)
+                    self.reading.notify_all()
+                else:
+                    self._drop(message)
+
+    def _listen(self, timeout: float) -> tuple[Any, ...] | None:
+        """The process's next message, waiting up to ``timeout`` seconds for it (None if none came); a closed
+        connection raises `OSError`."""
+        connection = self.connection
+        if connection is None:
+            raise OSError("the connection to the process making the batches was closed")
+        if not self.poller.poll(timeout * 1e3):
+            return None
+        return pickle.loads(connection.recv_bytes())
 
     def _drop(self, message: tuple[Any, ...]) -> None:
         """A message of a run closed before it took it: its batch's files go back to the free ones."""
@@ -229,12 +257,15 @@ class LoaderProcess:
 
     def _died(self, run: ProcessRun) -> LoaderProcessError:
         """The error that says how the process ended; it is let go (the next run starts another)."""
+        awaited = f"batch {run.work.batches[run.delivered]} of epoch {run.work.epoch} was awaited"
+        if self.process is None:  # let go already, by another run's thread that found it ended
+            return LoaderProcessError(f"the process making the batches ended while {awaited}: iterate again to "
+                                      "continue from there (state_dict() says where)")
         self.process.join(EXIT_SECONDS)
         code, pid, heard = self.process.exitcode, self.process.pid, self.heard
         self.close()
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        said = (f"the process making the batches (pid {pid}) ended ({how}) while batch "
-                f"{run.work.batches[run.delivered]} of epoch {run.work.epoch} was awaited")
+        said = f"the process making the batches (pid {pid}) ended ({how}) while {awaited}"
         if code is not None and code > 0 and not heard:
             return LoaderProcessError(
                 f"{said}, before its first batch: it starts by importing the main script again (as "
@@ -659,9 +690,9 @@ def serve(connection: Any, folder: str, board: Any, shares: int = 1) -> None:
     the connection; the consumer says on ``board`` what it took (`LoaderProcess.taken`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the consumer's to handle: it closes the process
     share_cpus(shares)
-    raised: list[tuple[str, type[Warning]]] = []
+    raised = Raised()
     warnings.simplefilter("always")  # each one goes to the consumer, whose filters say which are shown
-    warnings.showwarning = lambda message, category, *_: raised.append((str(message), category))
+    warnings.showwarning = raised.show
     inbox, opened = Inbox(connection, board), Opened()
     with contextlib.suppress(ConsumerGone):  # the consumer closed the connection: the process ends
         inbox.send(("started", -1))
@@ -669,6 +700,34 @@ def serve(connection: Any, folder: str, board: Any, shares: int = 1) -> None:
         while True:
             number, sent = inbox.next_order()
             begun = make(inbox, number, sent, Slot(folder), opened, raised, begun)
+
+
+class Raised:
+    """The warnings raised in the loader process (its `warnings.showwarning`), kept by the thread that raised them
+    until sent with a batch (`take`): a run's producer thread's with that run's batches (the next run, begun
+    ahead, leaves out a damaged chunk of its epoch while this one's batches are sent), any other thread's with
+    the next batch sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_thread: dict[threading.Thread, list[tuple[str, type[Warning]]]] = {}
+
+    def show(self, message: Warning | str, category: type[Warning], *_: Any) -> None:
+        with self.lock:
+            self.by_thread.setdefault(threading.current_thread(), []).append((str(message), category))
+
+    def take(self, ahead: Making | None) -> list[tuple[str, type[Warning]]]:
+        """The warnings raised since the last taken, but those of the run begun ``ahead`` (kept for its batches)."""
+        with self.lock:
+            kept = self.by_thread.pop(ahead.run.thread, None) if ahead is not None else None
+            taken = [warning for raised in self.by_thread.values() for warning in raised]
+            self.by_thread = {ahead.run.thread: kept} if ahead is not None and kept else {}
+        return taken
+
+    def drop(self, run: Making) -> None:
+        """The warnings of ``run``'s producer thread not sent (it ended, or was stopped, unsent) are dropped."""
+        with self.lock:
+            self.by_thread.pop(run.run.thread, None)
 
 
 class Opened:
@@ -735,8 +794,8 @@ def making(number: int, order_sent: bytes, slot: Slot, opened: Opened) -> Making
     return Making(number, order, plan, LocalRun(work, LoaderStats(), opened.buffers_of(made.fields)), arenas)
 
 
-def make(inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opened,
-         raised: list[tuple[str, type[Warning]]], begun: Making | None = None) -> Making | None:
+def make(inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opened, raised: Raised,
+         begun: Making | None = None) -> Making | None:
     """Run ``number`` (``begun`` ahead, where it is that run): its batches made into ``slot``'s files, each sent
     (its step, samples, files, the warnings raised meanwhile and the chunks left out so far) once the consumer has
     taken one of the ``prefetch`` sent before; then ``done``, or its error (with the traceback). Stops early where
@@ -760,8 +819,7 @@ def make(inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opene
                 return ahead
             samples = plan.step(step)[0].astype(np.int64, copy=False).tobytes()
             shared = SharedBatch({}) if batch is None else current.arenas.pop(step).publish(batch)
-            inbox.send(("batch", number, step, samples, packed(shared), raised[:], run.stats.damaged))
-            raised.clear()
+            inbox.send(("batch", number, step, samples, packed(shared), raised.take(ahead), run.stats.damaged))
         inbox.send(("done", number))
     except ConsumerGone:
         if ahead is not None:
@@ -776,8 +834,10 @@ def make(inbox: Inbox, number: int, order_sent: bytes, slot: Slot, opened: Opene
         inbox.stopped.discard(number)
         if current is not None:
             current.close()
+            raised.drop(current)
         if begun is not None and begun is not current:  # begun for another run: never, the orders come in turn
             begun.close()
+            raised.drop(begun)
     return ahead
 
 
