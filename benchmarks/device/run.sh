@@ -64,11 +64,11 @@ step() {  # step NAME SECONDS COMMAND...: run in benchmarks/, time-boxed (by the
 }
 
 tests=$root/tests
-step gputests 50 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -W default -c $root/pyproject.toml \
+step gputests 80 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -W default -c $root/pyproject.toml \
     $tests/test_torch.py $tests/test_torch_decode.py $tests/test_advice.py $tests/test_keras_tf.py \
     -k 'cuda or gpu or nvjpeg or pin or device'"
 step imagenet 80 python3 imagenet.py --images 4000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
-step gpu 210 python3 gpu_training.py --samples 10000 --steps 100 --workdir $work/gt --imagenet $work/inet/train
+step gpu 240 python3 gpu_training.py --samples 10000 --steps 300 --workdir $work/gt --imagenet $work/inet/train
 step processes 90 python3 cores.py --images 6000 --threads 16 --seconds 2 --only processes --processes 1,2,4 \
     --cases pixels,encoded+crop --workdir $work/cores
 step feed 75 python3 cores.py --images 6000 --only feed --cases pixels,encoded --seconds 3 --step-ms 5 --held 0.8 \
