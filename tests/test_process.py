@@ -82,8 +82,16 @@ def _started(iterator):
     return iterator
 
 
-def _epochs(iterator, count):
-    return [[{name: value.copy() for name, value in batch.items()} for batch in iterator] for _ in range(count)]
+def _epochs(iterator, count, pause=0.0):
+    """``count`` epochs of ``iterator``, each batch copied (and ``pause`` seconds waited after it: a slow loop)."""
+    return [[{name: value.copy() for name, value in batch.items()} for batch in _paused(iterator, pause)]
+            for _ in range(count)]
+
+
+def _paused(batches, pause):
+    for batch in batches:
+        yield batch
+        time.sleep(pause)
 
 
 def _held_files(folder):
@@ -400,12 +408,13 @@ def test_epochs_copied_into_the_consumers_memory_each_get_every_batch_while_the_
     """Batches copied into the consumer's memory (pinned, for a GPU) are taken from the processes by a thread of
     each run; from the second epoch on, the next epoch's run starts with this one's first batch, and its thread
     waits for the processes' messages while this one's does: neither drops the other's (a lost batch hung the
-    second epoch), each epoch's batches are those made here."""
+    second epoch), nor removes the files of the other's parts not taken yet (a slow loop: the next epoch's first
+    parts come while this one's last wait). Each epoch's batches are those made here."""
     options = {"shuffle": True, "seed": 3, "transform": _noise}
-    iterator = _started(store.batches(64, process=process, **options))
+    iterator = _started(store.batches(150, process=process, **options))  # every batch's x in files: 360 KB
     iterator.empty = lambda shape, dtype, field="": np.empty(shape, dtype)  # the consumer's memory, here
-    made = _epochs(iterator, 4)
-    _same(made, _epochs(store.batches(64, **options), 4))
+    made = _epochs(iterator, 4, pause=0.03)
+    _same(made, _epochs(store.batches(150, **options), 4))
     iterator.close()
 
 

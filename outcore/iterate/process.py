@@ -419,6 +419,7 @@ class LoaderProcesses:
         self.mailbox: Mailbox | None = None
         self.members = [LoaderProcess(count) for _ in range(count)]
         self.runs = itertools.count()
+        self.open: set[int] = set()  # runs not closed: their parts' files are left to them (`sweep`)
 
     @classmethod
     def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcesses:
@@ -457,17 +458,20 @@ class LoaderProcesses:
             work.options, prefetch=-(-work.options.prefetch // count)))
         parts = [member.order(ahead, LoaderStats(), (index, count), files) for index, member in enumerate(self.members)]
         run = PartsRun(self, number, work, stats, parts)
+        self.open.add(number)
         return run if work.empty is plain else CopyingRun(run)
 
     def sweep(self, before: int) -> None:
         """Remove the files of runs before run ``before`` whose parts were written and never taken (the run was
         closed first). Their processes have left them (each makes its runs one after the other): no part is
-        written there again, so none is made a free file that another batch could be written into meanwhile."""
+        written there again, so none is made a free file that another batch could be written into meanwhile.
+        A run still open keeps its files: its last batches may wait, their parts written, while the next run's
+        first come (a copying run's thread, behind a slow consumer)."""
         if self.mailbox is None:
             return
         for path in self.mailbox.folder.glob(f"{PART_FILES}*"):
             number = path.name[len(PART_FILES) :].partition("-")[0]
-            if number.isdigit() and int(number) < before:
+            if number.isdigit() and int(number) < before and int(number) not in self.open:
                 with contextlib.suppress(OSError):
                     path.unlink()
 
@@ -520,9 +524,11 @@ class PartsRun:
         return self._handed.samples(step)
 
     def close(self) -> None:
-        """Have the processes stop this run (at their next batch); its files not taken go at the next run."""
+        """Have the processes stop this run (at their next batch); its files not taken go at the first batch of a run
+        ordered after it."""
         if not self.stop.is_set():
             self.stop.set()
+            self.loaders.open.discard(self.number)
             for part in self.parts:
                 part.close()
 
