@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 import outcore
+from outcore.iterate import process as process_module
+from outcore.iterate import runs
 from outcore.iterate.process import (
     PART_FILES,
     CopyingRun,
@@ -97,6 +99,11 @@ def _paused(batches, pause):
 def _held_files(folder):
     """The files of ``folder`` that are neither free nor its owner's lock: batches held, or parts left behind."""
     return sorted(path.name for path in folder.iterdir() if not path.name.startswith(("free-", "owner")))
+
+
+def _spare_files(root):
+    """The files of this process's spare folder of free files under ``root`` (`outcore.iterate.shared._spares`)."""
+    return {path.name for path in root.glob(f"outcore-batches-{os.getpid()}-spare-*/free-*")}
 
 
 def _same(made, expected):
@@ -415,6 +422,37 @@ def test_epochs_copied_into_the_consumers_memory_each_get_every_batch_while_the_
     iterator.empty = lambda shape, dtype, field="": np.empty(shape, dtype)  # the consumer's memory, here
     made = _epochs(iterator, 4, pause=0.03)
     _same(made, _epochs(store.batches(150, **options), 4))
+    iterator.close()
+
+
+@pytest.mark.parametrize("copying", [False, True])
+@pytest.mark.parametrize("process", [True, 2])
+def test_an_iterator_kept_after_its_training_lets_its_processes_go_and_starts_them_again(store, monkeypatch,
+                                                                                         process, copying):
+    """An iterator kept after its last epoch (TensorFlow's generators keep theirs): the next epoch's run, ordered
+    ahead and never taken, is closed after `UNTAKEN_SECONDS`; the processes, with no run open, end after
+    `IDLE_SECONDS`, and their shared memory goes. Iterated again, it starts them again: the same batches."""
+    options = {"shuffle": True, "seed": 3, "transform": _noise}
+    iterator = _started(store.batches(64, process=process, **options))
+    if copying:
+        iterator.empty = lambda shape, dtype, field="": np.empty(shape, dtype)  # the consumer's memory, here
+    monkeypatch.setattr(runs, "UNTAKEN_SECONDS", 0.5)
+    monkeypatch.setattr(process_module, "IDLE_SECONDS", 0.5)
+    made = _epochs(iterator, 2)  # the third epoch's run is ordered as the second is taken
+    loader = iterator._process
+    members = loader.members if process == 2 else [loader]
+    started = [member.process for member in members]
+    folder = loader.mailbox.folder
+    spare = _spare_files(folder.parent)
+    deadline = time.monotonic() + 20
+    while folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not folder.exists()
+    assert _spare_files(folder.parent) <= spare  # its free files went too, not kept for a next mailbox
+    assert not any(each.is_alive() for each in started) and all(member.process is None for member in members)
+    made += _epochs(iterator, 1)
+    _same(made, _epochs(store.batches(64, **options), 3))
+    assert all(member.process.pid not in [each.pid for each in started] for member in members)
     iterator.close()
 
 

@@ -8,7 +8,8 @@ With a `LoaderProcess`, that little is paid in another process. The consumer's p
 on the consumer's thread, each batch costs one small message received and its files mapped, the mappings kept
 from the files' earlier batches (`outcore.iterate.shared.Mailbox`).
 
-An iterator's loader process (`serve`) lives as long as the iterator and makes its runs one after the other (an
+An iterator's loader process (`serve`) lives as long as the iterator, or until it has had no run open for
+`IDLE_SECONDS` (`Idle`: an iterator kept after its training), and makes its runs one after the other (an
 epoch each, or what is left of one): each run a `ProcessRun` here, a `LocalRun` there, whose batches are made
 straight into files of the process's mailbox in shared memory (``/dev/shm``), the files of batches the consumer
 has dropped used again. It sends a batch only when the consumer has taken one of the ``prefetch`` sent before
@@ -65,6 +66,7 @@ from .runs import EXIT_SECONDS, WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work,
 from .shared import Arena, Mailbox, Part, SharedArray, SharedBatch, Slot, free_file, join_parts
 from .stats import LoaderStats
 
+IDLE_SECONDS = 60.0  # a loader's processes with no run open this long end; the next run starts them again
 KEPT_SAMPLES = 8  # a run keeps the samples of its last batches handed out: a thread copying them runs ahead
 CREDIT_SECONDS = 0.001  # how often a process ahead of its consumer by ``prefetch`` batches looks whether it took one
 PART_FILES = "part-r"  # files of batches that processes write parts of: part-r<run>-e<epoch>-s<step>-<field>
@@ -91,10 +93,42 @@ class RemoteTraceback(Exception):
         return f"\n\nin the process making the batches:\n{self.args[0]}"
 
 
+class Idle:
+    """Ends a loader's processes (``end``) once they have had no run open (``idle()``) for `IDLE_SECONDS`: an
+    iterator kept after its training (TensorFlow's generators keep theirs) holds no process, nor its shared
+    memory, for long. `lock` is held to order a run or start the processes: none is ordered as they end."""
+
+    def __init__(self, idle: Callable[[], bool], end: Callable[[], None]) -> None:
+        self.idle, self.end = idle, end
+        self.lock = threading.RLock()
+        self.timer: threading.Timer | None = None
+
+    def begun(self) -> None:
+        """No run is open now: the processes end in `IDLE_SECONDS` unless one is ordered meanwhile."""
+        with self.lock:
+            self.cancel()
+            self.timer = threading.Timer(IDLE_SECONDS, self._ended)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def cancel(self) -> None:
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+
+    def _ended(self) -> None:
+        with self.lock:
+            if self.timer is threading.current_thread() and self.idle():  # not cancelled, nor begun again since
+                self.timer = None
+                self.end()
+
+
 class LoaderProcess:
     """An iterator's process of its own making its runs' batches (`serve`), started with the iterator (`start`:
     it imports the script's modules again, seconds where they are torch or TensorFlow, meanwhile) and again at
-    the `run` after one that died, ended by `close` (or when the iterator goes, or at exit)."""
+    the `run` after one that died or went idle (`Idle`), ended by `close` (or when the iterator goes, or at
+    exit)."""
 
     def __init__(self, shares: int = 1, mailbox: Mailbox | None = None) -> None:
         self.shares = shares  # the processes making batches together, this one included: it takes its part of the CPUs
@@ -109,8 +143,10 @@ class LoaderProcess:
         self.started = False  # the process said it has started (its imports done): `ready`
         self.reading = threading.Condition()  # held to read the connection, or what was kept for a run (`receive`)
         self.listening = False  # a run's thread waits on the connection: the others wait for what it keeps for them
-        self.open: set[int] = set()  # runs ordered and not closed: their messages are kept until they take them
+        self.open: set[int] = set()  # runs ordered, not closed nor all taken: their messages kept until taken
         self.later: dict[int, deque[tuple[Any, ...]]] = {}  # messages that came while another run's thread read
+        self.idling = Idle(lambda: not self.open, lambda: self.close(keep_free=False))  # ends idle (own mailbox)
+        self.closing = threading.Lock()
 
     @classmethod
     def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcess:
@@ -134,12 +170,14 @@ class LoaderProcess:
         refuse_workers(work)
         sent = pickled(Order(work.store.opener, dataclasses.replace(work.options, process=False), work.epoch,
                              list(work.batches), part, files))
-        if self.process is None:
-            self.start()
-        run = ProcessRun(self, next(self.runs), work, stats)
-        with self.reading:
-            self.open.add(run.number)
-        self._send(("run", run.number, sent))
+        with self.idling.lock:
+            if self.process is None:
+                self.start()
+            self.idling.cancel()
+            run = ProcessRun(self, next(self.runs), work, stats)
+            with self.reading:
+                self.open.add(run.number)
+            self._send(("run", run.number, sent))
         return run
 
     def start(self) -> None:
@@ -163,12 +201,15 @@ class LoaderProcess:
                                      "out to make them in this process") from None
         finally:
             theirs.close()
+        if self.given is None and not self.open:  # not a run's start: ends if none comes
+            self.idling.begun()
 
     def ready(self) -> bool:
         """Whether the process has started (or ended: its run then says how), without waiting; one let go (it
         died) is started again."""
-        if self.process is None:
-            self.start()
+        with self.idling.lock:
+            if self.process is None:
+                self.start()
         with self.reading:
             if not self.started and self.poller.poll(0):
                 try:
@@ -180,11 +221,15 @@ class LoaderProcess:
         return self.started
 
     def forget(self, number: int) -> None:
-        """Run ``number`` is closed: what was kept for it is dropped."""
+        """Run ``number`` is closed, or all its batches taken: what was kept for it is dropped; with no run open, a
+        process of its own mailbox ends once `Idle`."""
         with self.reading:
             self.open.discard(number)
             for message in self.later.pop(number, ()):
                 self._drop(message)
+            idle = not self.open and self.process is not None and self.given is None
+        if idle:
+            self.idling.begun()
 
     def _send(self, message: tuple[Any, ...]) -> None:
         with contextlib.suppress(OSError):  # a process that died: the run's first receive says so
@@ -258,11 +303,12 @@ class LoaderProcess:
     def _died(self, run: ProcessRun) -> LoaderProcessError:
         """The error that says how the process ended; it is let go (the next run starts another)."""
         awaited = f"batch {run.work.batches[run.delivered]} of epoch {run.work.epoch} was awaited"
-        if self.process is None:  # let go already, by another run's thread that found it ended
+        process = self.process
+        if process is None:  # let go already, by another run's thread that found it ended
             return LoaderProcessError(f"the process making the batches ended while {awaited}: iterate again to "
                                       "continue from there (state_dict() says where)")
-        self.process.join(EXIT_SECONDS)
-        code, pid, heard = self.process.exitcode, self.process.pid, self.heard
+        process.join(EXIT_SECONDS)
+        code, pid, heard = process.exitcode, process.pid, self.heard
         self.close()
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         said = f"the process making the batches (pid {pid}) ended ({how}) while {awaited}"
@@ -275,19 +321,23 @@ class LoaderProcess:
         return LoaderProcessError(f"{said}: out of memory (see dmesg), or killed; iterate again to continue from "
                                   "there (state_dict() says where)")
 
-    def close(self) -> None:
-        """End the process (it stops at its next batch) and its mailbox; batches the consumer holds stay good."""
-        if self.connection is not None:
-            self.connection.close()
-        if self.process is not None and self.process.pid is not None:  # started
-            self.process.join(EXIT_SECONDS)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(EXIT_SECONDS)
-        if self.mailbox is not None and self.given is None:
-            self.mailbox.close()
-        self.process = self.connection = self.mailbox = None
-        self.later.clear()
+    def close(self, keep_free: bool = True) -> None:
+        """End the process (it stops at its next batch) and its mailbox (its free files kept for this process's
+        next one, unless ``keep_free`` is False); batches the consumer holds stay good."""
+        self.idling.cancel()
+        with self.closing:  # taken by one thread (the consumer's, an idle timer's, a finalizer's) to end
+            process, connection, mailbox = self.process, self.connection, self.mailbox
+            self.process = self.connection = self.mailbox = None
+            self.later.clear()
+        if connection is not None:
+            connection.close()
+        if process is not None and process.pid is not None:  # started
+            process.join(EXIT_SECONDS)
+            if process.is_alive():
+                process.kill()
+                process.join(EXIT_SECONDS)
+        if mailbox is not None and self.given is None:
+            mailbox.close(keep_free)
 
 
 class ProcessRun:
@@ -331,6 +381,8 @@ class ProcessRun:
             self._handed.keep(step, samples)
             self.delivered += 1
             self.loader.taken(self.number, self.delivered)
+            if self.delivered == len(self.work.batches):  # the last: the run holds the process no more
+                self.loader.forget(self.number)
             yield step, samples, unpacked(made), ready
 
     def samples(self, step: int) -> np.ndarray:
@@ -367,6 +419,9 @@ class CopyingRun(Run):
     def close(self) -> None:
         self.made_there.close()  # its thread, waiting for the process, stops at once
         super().close()
+
+    def _release(self) -> None:
+        self.made_there.close()  # closed, or let go untaken (`NextEpoch`): the process stops making its batches
 
 
 class StartingRun:
@@ -419,7 +474,8 @@ class LoaderProcesses:
         self.mailbox: Mailbox | None = None
         self.members = [LoaderProcess(count) for _ in range(count)]
         self.runs = itertools.count()
-        self.open: set[int] = set()  # runs not closed: their parts' files are left to them (`sweep`)
+        self.open: set[int] = set()  # runs not closed nor all taken: their parts' files are left to them (`sweep`)
+        self.idling = Idle(lambda: not self.open, lambda: self.close(keep_free=False))
 
     @classmethod
     def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcesses:
@@ -438,11 +494,14 @@ class LoaderProcesses:
         for member in self.members:
             member.given = self.mailbox
             member.start()
+        if not self.open:  # not a run's start: they end if none comes
+            self.idling.begun()
 
     def ready(self) -> bool:
         """Whether every process has started (or ended: the run says how), without waiting."""
-        if self.mailbox is None:
-            self.start()
+        with self.idling.lock:
+            if self.mailbox is None:
+                self.start()
         ready = [member.ready() for member in self.members]  # each one asked: one let go is started again
         return all(ready)
 
@@ -450,16 +509,25 @@ class LoaderProcesses:
         """A run of ``work`` whose batches the processes make together (started now if not running), taken on the
         consumer's thread, or by a thread that copies each into the consumer's memory of choice (``work.empty``)."""
         refuse_workers(work)
-        if self.mailbox is None:
-            self.start()
-        count, number = len(self.members), next(self.runs)
-        files = f"{PART_FILES}{number}-e{work.epoch}"
-        ahead = dataclasses.replace(work, options=dataclasses.replace(  # the batches ahead: ``prefetch`` in all
-            work.options, prefetch=-(-work.options.prefetch // count)))
-        parts = [member.order(ahead, LoaderStats(), (index, count), files) for index, member in enumerate(self.members)]
-        run = PartsRun(self, number, work, stats, parts)
-        self.open.add(number)
+        with self.idling.lock:
+            if self.mailbox is None:
+                self.start()
+            self.idling.cancel()
+            count, number = len(self.members), next(self.runs)
+            files = f"{PART_FILES}{number}-e{work.epoch}"
+            ahead = dataclasses.replace(work, options=dataclasses.replace(  # the batches ahead: ``prefetch`` in all
+                work.options, prefetch=-(-work.options.prefetch // count)))
+            parts = [member.order(ahead, LoaderStats(), (index, count), files)
+                     for index, member in enumerate(self.members)]
+            run = PartsRun(self, number, work, stats, parts)
+            self.open.add(number)
         return run if work.empty is plain else CopyingRun(run)
+
+    def forget(self, number: int) -> None:
+        """Run ``number`` is closed, or all its batches taken; with no run open, the processes end once `Idle`."""
+        self.open.discard(number)
+        if not self.open and self.mailbox is not None:
+            self.idling.begun()
 
     def sweep(self, before: int) -> None:
         """Remove the files of runs before run ``before`` whose parts were written and never taken (the run was
@@ -475,13 +543,15 @@ class LoaderProcesses:
                 with contextlib.suppress(OSError):
                     path.unlink()
 
-    def close(self) -> None:
-        """End the processes and their mailbox; batches the consumer holds stay good."""
+    def close(self, keep_free: bool = True) -> None:
+        """End the processes and their mailbox (its free files kept for this process's next one, unless
+        ``keep_free`` is False); batches the consumer holds stay good."""
+        self.idling.cancel()
         for member in self.members:
             member.close()
-        if self.mailbox is not None:
-            self.mailbox.close()
-            self.mailbox = None
+        mailbox, self.mailbox = self.mailbox, None
+        if mailbox is not None:
+            mailbox.close(keep_free)
 
 
 class PartsRun:
@@ -518,6 +588,8 @@ class PartsRun:
             self._handed.keep(step, samples)
             self.delivered += 1
             self.stats.record(time.perf_counter() - began, all(part[3] for part in parts), len(samples))
+            if self.delivered == len(self.work.batches):  # the last: the run holds the processes no more
+                self.loaders.forget(self.number)
             yield copied(batch, self.work.empty)
 
     def samples(self, step: int) -> np.ndarray:
@@ -528,7 +600,7 @@ class PartsRun:
         ordered after it."""
         if not self.stop.is_set():
             self.stop.set()
-            self.loaders.open.discard(self.number)
+            self.loaders.forget(self.number)
             for part in self.parts:
                 part.close()
 

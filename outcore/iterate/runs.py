@@ -224,35 +224,46 @@ class NextEpoch:
 
     def __init__(self) -> None:
         self._held: list[Run] = []
+        self._lock = threading.Lock()  # held to take the run held, or to close it untaken (`_close_untaken`)
+        self._timers: list[threading.Timer] = []  # the one closing a loader process's run if no one takes it
         self._epochs_done = 0  # epochs whose last batch was handed out
-        weakref.finalize(self, _close_runs, self._held)
+        weakref.finalize(self, _close_held, self._held, self._lock, self._timers)
 
     def handed(self, current: Run, last: bool, start: Callable[[], Run]) -> None:
         """A batch of ``current`` was handed out (``last``: its epoch's last; Keras and Lightning ask no
         further): from the second epoch on, start the next epoch's run with ``start()`` once ``current`` has
-        all its batches under way, if none was started yet. A run of this process's threads that no one takes a
-        batch of within `UNTAKEN_SECONDS` lets go of what it made (an iterator kept after its last epoch:
-        TensorFlow's generators keep theirs); the next iteration then starts that epoch anew."""
+        all its batches under way, if none was started yet. A run that no one takes a batch of within
+        `UNTAKEN_SECONDS` (an iterator kept after its last epoch: TensorFlow's generators keep theirs) lets go of
+        what it made: one of this process's threads stops itself, one that loader processes make is closed by a
+        timer (its processes may then end, idle); the next iteration then starts that epoch anew."""
         if self._epochs_done and not self._held and current.under_way.is_set() and not current.stop.is_set():
             run = start()
             run.untaken = UNTAKEN_SECONDS
-            self._held.append(run)
+            with self._lock:
+                self._held.append(run)
             _started_ahead.add(run)
+            if not isinstance(run, Run):  # no thread of its own here waits for its taker
+                timer = threading.Timer(UNTAKEN_SECONDS, _close_untaken, (self._held, self._lock, run))
+                timer.daemon = True
+                self._timers.append(timer)
+                timer.start()
         self._epochs_done += last
 
     def take(self, epoch: int, steps: Sequence[int]) -> Run | None:
         """The run started for ``epoch`` if it makes exactly ``steps`` and still runs; None (and that run closed)
         otherwise."""
-        if not self._held:
-            return None
-        run = self._held.pop()
+        with self._lock:
+            if not self._held:
+                return None
+            run = self._held.pop()
+            _cancel(self._timers)
         if run.work.epoch == epoch and list(run.work.batches) == list(steps) and _claimed(run):
             return run
         run.close()
         return None
 
     def close(self) -> None:
-        _close_runs(self._held)
+        _close_held(self._held, self._lock, self._timers)
 
 
 _started_ahead: weakref.WeakSet[Any] = weakref.WeakSet()  # runs `NextEpoch` started, claimed or not
@@ -277,9 +288,28 @@ def _claimed(run: Any) -> bool:
     return run.claim() if isinstance(run, Run) else not run.stop.is_set()
 
 
-def _close_runs(runs: list[Run]) -> None:
-    while runs:
-        runs.pop().close()
+def _close_held(held: list[Run], lock: threading.Lock, timers: list[threading.Timer]) -> None:
+    """Close the runs ``held`` ahead, and cancel the ``timers`` that would close them untaken."""
+    with lock:
+        runs = held[:]
+        held.clear()
+        _cancel(timers)
+    for run in runs:
+        run.close()
+
+
+def _close_untaken(held: list[Run], lock: threading.Lock, run: Run) -> None:
+    """Close ``run``, started ahead, if it is still ``held``: no one took it within `UNTAKEN_SECONDS`."""
+    with lock:
+        if not any(each is run for each in held):
+            return
+        held.remove(run)
+    run.close()
+
+
+def _cancel(timers: list[threading.Timer]) -> None:
+    while timers:
+        timers.pop().cancel()
 
 
 class ChunkBuffers:

@@ -326,16 +326,16 @@ class Mailbox:
         weakref.finalize(array, free_file, self.folder, shared.name, shared.file_size)
         return array.reshape(shared.shape)
 
-    def close(self) -> None:
+    def close(self, keep_free: bool = True) -> None:
         """Hand the free files this run received batches in to this process's newest mailbox still open (the
-        next epoch's), or keep them for its next one, and remove the folder with what is left in it (free
-        files taken over and never needed: a process keeps what its last run used, not the most it ever
-        held; batches still held by the consumer, whose memory lives on while they do; batches made and never
-        taken; files a worker may still be writing)."""
+        next epoch's), or keep them for its next one (unless ``keep_free`` is False: its processes went idle),
+        and remove the folder with what is left in it (free files taken over and never needed: a process keeps
+        what its last run used, not the most it ever held; batches still held by the consumer, whose memory
+        lives on while they do; batches made and never taken; files a worker may still be writing)."""
         with _open_lock:
             _open[:] = [(pid, box) for pid, box in _open if box is not self and pid == os.getpid()]
             heirs = [box for _, box in _open if box.folder.parent == self.folder.parent]
-        heir = heirs[-1] if heirs else _spares(self.folder.parent)
+        heir = heirs[-1] if heirs else _spares(self.folder.parent) if keep_free else None
         if heir is not None and heir is not self:
             _move_free(self.folder, heir.folder, self.used)
         shutil.rmtree(self.folder, ignore_errors=True)
