@@ -22,6 +22,12 @@ pictures as a JPEG folder, then trains a small ResNet-style network (bf16 autoca
   ``LocalCluster`` of n single-threaded workers started with `outcore.WORKER_CONFIG` (``ds.torch(...,
   client=client)``), batches handed over through shared memory.
 
+With Keras 3 installed, also ``model.fit`` (its torch backend: a small CNN of the same shape, bf16) on the same
+batch already on the GPU (its ceiling), and on ``ds.keras`` with its defaults (on a GPU machine its batches are
+made in pinned memory, which Keras copies to the GPU as it takes them) and with ``process=True``: samples/s
+between the timed fit's first and last batches, after an untimed epoch (no "waiting" column: the wait is inside
+Keras' loop).
+
 With ``--imagenet FOLDER`` (ImageNet-like JPEGs of their own sizes, e.g. `benchmarks/imagenet.py`'s), also
 ResNet-50 (torchvision's, bf16, channels last) on ``Compose([RandomResizedCrop(224), RandomFlip()])`` from an
 encoded store of the folder's files at their own sizes: the same batch already on the GPU (its ceiling), and
@@ -43,6 +49,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+import os
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -238,6 +246,7 @@ def main() -> None:
                 jpeg_store, AUGMENT, client=client)
         table("a small ResNet", f"{len(ds):,} samples of {SIZE}x{SIZE}, random {CROP}x{CROP} crops + flips",
               only(feeds, chosen), args.steps, network)
+    keras_table(ds, args.steps, chosen)
     if args.imagenet and not args.imagenet.is_dir():
         print(f"\nno folder {args.imagenet}: no ResNet-50 rows (benchmarks/imagenet.py writes one)")
     elif args.imagenet:
@@ -259,6 +268,87 @@ def main() -> None:
         }
         table("ResNet-50", f"{len(own_sizes):,} JPEGs at their own sizes, RandomResizedCrop(224) + flip",
               only(feeds, chosen), args.steps, resnet50)
+
+
+def keras_table(ds: outcore.Dataset, steps: int, chosen: list[str]) -> None:
+    """Keras' ``model.fit`` (torch backend) of a small CNN fed the same batch on the device (the ceiling) and by
+    ``ds.keras``: samples/s and the ratio to the ceiling (`fit_rate`)."""
+    os.environ["KERAS_BACKEND"] = "torch"  # before Keras is first imported
+    try:
+        import keras
+    except ImportError:
+        print("\nno Keras here: no Keras rows (pip install keras)")
+        return
+    if keras.backend.backend() != "torch":
+        print(f"\nKeras was imported with its {keras.backend.backend()} backend: no Keras rows")
+        return
+    import torch
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+
+    def same_batch():
+        """The same batch on the device, again and again (an endless generator: no length)."""
+        first = next(iter(ds.batches(BATCH, fields=["images", "labels"], transform=AUGMENT)))
+        pair = (torch.from_numpy(first["images"]).to(DEVICE), torch.from_numpy(first["labels"]).to(DEVICE))
+        while True:
+            yield pair
+
+    def outcore_keras(**options):
+        return lambda: ds.keras(BATCH, x="images", y="labels", transform=AUGMENT, shuffle=True, **options)
+
+    feeds = {
+        "the same batch, already on the GPU (ceiling)": same_batch,
+        "outcore ds.keras, pixels, its defaults (threads)": outcore_keras(),
+        "outcore ds.keras, pixels, a process of its own": outcore_keras(process=True),
+    }
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else "the CPU (a try of the script: no figures)"
+    print(f"\nKeras {keras.__version__} (torch backend), model.fit of a small CNN on {where}, random {CROP}x{CROP} "
+          f"crops + flips, batch {BATCH}, bf16, {steps} steps\n")
+    print(f"{'fed by':56s} {'samples/s':>10s} {'of ceiling':>11s}", flush=True)
+    ceiling = None
+    for name, made in only(feeds, chosen).items():
+        try:
+            rate = fit_rate(keras, made, steps)
+        except Exception as error:  # noqa: BLE001 - one feed's failure is that row's result, the others still run
+            traceback.print_exc()
+            print(f"{name:56s} failed: {type(error).__name__}: {error}", flush=True)
+            continue
+        ceiling = ceiling or rate
+        print(f"{name:56s} {rate:10.0f} {rate / ceiling:11.2f}", flush=True)
+
+
+def keras_network(keras):
+    """The small ResNet's shape in Keras (channels last, uint8 in), compiled."""
+    layers = keras.layers
+    inputs = keras.Input((CROP, CROP, 3), dtype="uint8")
+    x = layers.Rescaling(1 / 255)(inputs)
+    for width in (64, 128, 256, 512):
+        for stride in (2, 1):
+            x = layers.Conv2D(width, 3, strides=stride, padding="same", use_bias=False)(x)
+            x = layers.ReLU()(layers.BatchNormalization()(x))
+    outputs = layers.Dense(CLASSES, dtype="float32")(layers.GlobalAveragePooling2D()(x))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def fit_rate(keras, make: Callable[[], object], steps: int) -> float:
+    """Samples/s of ``model.fit`` on what ``make()`` gives, over ``steps`` batches at least, between the first and
+    the last batch's end, after `WARM_SECONDS` (a loader process's start) and an untimed epoch (of 20 batches, for
+    data without a length: an endless generator)."""
+    model, data = keras_network(keras), make()
+    time.sleep(WARM_SECONDS)
+    ends: list[float] = []
+    timing = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
+    endless = not hasattr(data, "__len__")
+    model.fit(data, epochs=1, steps_per_epoch=20 if endless else None, shuffle=not endless, verbose=0)
+    if endless:
+        model.fit(data, epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0, callbacks=[timing])
+    else:
+        model.fit(data, epochs=math.ceil(steps / len(data)), verbose=0, callbacks=[timing])
+    synchronize()
+    return (len(ends) - 1) * BATCH / (ends[-1] - ends[0])
 
 
 def only(feeds: dict[str, Callable[[], Iterator]], chosen: list[str]) -> dict[str, Callable[[], Iterator]]:

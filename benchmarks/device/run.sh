@@ -10,7 +10,7 @@
 #   gputests    the tests that need a CUDA GPU (they skip elsewhere): pinned batches (ds.torch, Keras' torch backend),
 #               to_device, nvJPEG decoding
 #   imagenet    benchmarks/imagenet.py: full-size JPEGs, RandomResizedCrop(224) + flip, against its ceiling
-#   gpu         benchmarks/gpu_training.py: does the GPU wait? a small ResNet (and ResNet-50 on RRC) fed by outcore
+#   gpu         benchmarks/gpu_training.py: does the GPU wait? a small ResNet (and ResNet-50 on RRC; Keras' fit) fed by outcore
 #   processes   benchmarks/cores.py: the same batches made by 1, 2 and 4 loader processes (process=k, each its part of
 #               every batch, on 16/k threads) against 16 threads in the consumer's process
 #   feed        benchmarks/cores.py's stand-in training step (5 ms, 80 % holding the GIL) fed in its process by threads,
@@ -68,7 +68,7 @@ step gputests 80 bash -c "cd /tmp && python3 -m pytest -q -p no:cacheprovider -W
     $tests/test_torch.py $tests/test_torch_decode.py $tests/test_advice.py $tests/test_keras_tf.py \
     -k 'cuda or gpu or nvjpeg or pin or device'"
 step imagenet 80 python3 imagenet.py --images 4000 --workdir $work/inet --skip-validation --only "own sizes,max_side,Pillow"
-step gpu 240 python3 gpu_training.py --samples 10000 --steps 300 --workdir $work/gt --imagenet $work/inet/train
+step gpu 240 python3 gpu_training.py --samples 10000 --steps 200 --workdir $work/gt --imagenet $work/inet/train
 step processes 90 python3 cores.py --images 6000 --threads 16 --seconds 2 --only processes --processes 1,2,4 \
     --cases pixels,encoded+crop --workdir $work/cores
 step feed 75 python3 cores.py --images 6000 --only feed --cases pixels,encoded --seconds 3 --step-ms 5 --held 0.8 \
