@@ -613,6 +613,45 @@ def test_batches_made_by_the_loaders_threads_are_born_pinned_and_not_copied_to_b
     assert len(batches) == 10 and all(made_in_pinned_memory(b["id"]) for b in batches)
 
 
+@pytest.mark.timeout(120)
+def test_a_process_of_its_own_copying_into_pinned_memory_feeds_epoch_after_epoch(pictures_store, monkeypatch):
+    """`ds.torch(pin_memory=True, process=True)` on a GPU machine: a thread of the loop's process copies each batch
+    into pinned memory as it comes from the process, and from the second epoch on the next epoch's run is ordered
+    ahead, its own thread waiting on the same connection (it took this epoch's batches for a closed run's and
+    dropped them: the H200's training loop hung in its second epoch). Here a numpy array stands in for pinned
+    memory: every epoch's batches, those made without a process."""
+    from outcore.adapters import torch_batches
+
+    made = []
+
+    def stand_in(shape, dtype, field=""):
+        made.append(shape)
+        return np.empty(shape, dtype)
+
+    monkeypatch.setattr(torch_batches, "pinned_empty", stand_in)
+    loader = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented, process=True)
+    loader.dataset.pinned = True  # as on a GPU machine with pin_memory=True
+    while not loader.dataset._process.ready():  # every batch made there
+        time.sleep(0.01)
+    got = [[b["id"].tolist() for b in loader] for _ in range(4)]
+    here = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented)
+    assert got == [[b["id"].tolist() for b in here] for _ in range(4)]
+    assert len(made) >= 4 * 10  # copied into the stand-in: each batch's fields
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_pinned_batches_from_a_process_of_their_own_reach_the_gpu_epoch_after_epoch(pictures_store):
+    """The H200's hang, on a GPU: four epochs of `ds.torch(pin_memory=True, process=True)` through `to_device`."""
+    from outcore.adapters.torch import to_device
+
+    loader = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented, process=True,
+                                  pin_memory=True)
+    got = [[b["id"].tolist() for b in to_device(loader, "cuda")] for _ in range(4)]
+    here = pictures_store.torch(96, shuffle=True, seed=3, buffer_chunks=4, transform=_augmented)
+    assert got == [[b["id"].tolist() for b in here] for _ in range(4)]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_torch_batches_say_which_samples_they_hold_and_come_in_store_order(ids_store, workers):
     ids = ids_store["id"].compute()  # the store was shuffled on write: ids[i] is sample i's source index
