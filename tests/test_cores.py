@@ -328,24 +328,31 @@ def test_the_pool_runs_at_most_its_limit_at_once_in_order_and_hands_tasks_to_the
     pool.gauge.limit = 2
     try:
         running, most, order, lock = [0], [0], [], threading.Lock()
-        gate = threading.Event()
+        gates = [threading.Event() for _ in range(6)]
 
         def task(index: int) -> str:
             with lock:
                 running[0] += 1
                 most[0] = max(most[0], running[0])
                 order.append(index)
-            gate.wait(10)
+            gates[index].wait(10)
             with lock:
                 running[0] -= 1
             return threading.current_thread().name
 
         futures = [pool.submit(task, index) for index in range(6)]
         time.sleep(0.2)
-        assert running[0] == 2 and len(pool.waiting[True]) == 4  # two run, four wait
-        gate.set()
+        assert running[0] == 2 and len(pool.waiting[True]) == 4 and order == [0, 1]  # two run, four wait
+        for index in range(4):  # one task ends at a time: the thread it frees takes the oldest waiting
+            gates[index].set()
+            deadline = time.monotonic() + 10
+            while len(order) < index + 3 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert order == list(range(index + 3))
+        for gate in gates:
+            gate.set()
         names = {future.result(10) for future in futures}
-        assert most[0] == 2 and order == list(range(6)) and len(names) == 2  # in order, on two threads only
+        assert most[0] == 2 and len(names) == 2  # in order, on two threads only
         one = [pool.submit(threading.current_thread).result(10).name for _ in range(5)]
         assert len(set(one)) == 1  # one after the other: the thread that went idle last, every time
         with pytest.raises(ZeroDivisionError):
