@@ -1,6 +1,7 @@
 """Batches made by a process of their own (``process=True``), or by several together (``process=n``): the same
-batches as in this process, resumable, a death and an error named here, warnings raised here, and nothing left
-behind (nor the memory this process made its first batches in)."""
+batches as in this process, resumable, a death and an error named here, warnings raised here, nothing left behind
+(nor the memory this process made its first batches in), and the script imported there only for a transform it
+defines."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -352,20 +352,66 @@ def test_what_cannot_reach_a_process_is_refused_saying_why(store, monkeypatch):
         list(store.batches(100, process=True))
 
 
-def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f"""
-        import outcore
-        iterator = outcore.open_dataset({str(Path(tmp_path / 's.zarr'))!r}).batches(10, process=True)
-        for epoch in range(1000):  # the first batches are made here while the process starts (and fails)
-            for batch in iterator:
-                pass
-    """))
+SCRIPT = """
+import os, sys, time
+import numpy as np
+import outcore
+
+with open("imported.txt", "a") as imported:  # each process that imports this script says so
+    imported.write(f"{{os.getpid()}}\\n")
+
+def plus_one(batch, rng):  # a transform of the script's own: the process imports the script to load it
+    return {{**batch, "x": batch["x"] + 1}}
+
+{work}
+"""
+WORK = """
+ds = outcore.open_dataset(sys.argv[1])
+options = {{"shuffle": True, "seed": 3{transform}}}
+iterator = ds.batches(10, process=True, **options)
+while not iterator._process.ready():  # every batch made there from now on
+    time.sleep(0.01)
+there = [batch["x"].tolist() for _ in range(2) for batch in iterator]
+here = ds.batches(10, **options)
+print("same" if there == [batch["x"].tolist() for _ in range(2) for batch in here] else "not")
+print(os.getpid(), iterator._process.process.pid)
+"""
+
+
+def _script(tmp_path, transform: bool, guarded: bool) -> subprocess.CompletedProcess:
+    """A script of ``process=True`` batches (with a transform defined in it), its work under a main guard or not,
+    run: what it printed, and the processes that imported it in ``imported.txt``."""
+    work = WORK.format(transform=', "transform": plus_one' if transform else "")
+    if guarded:
+        work = 'if __name__ == "__main__":\n' + textwrap.indent(work, "    ")
+    (tmp_path / "train.py").write_text(SCRIPT.format(work=work))
     outcore.from_arrays({"x": np.arange(50)}, tmp_path / "s.zarr", chunk_size=10, progress=False)
-    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
+    return subprocess.run([sys.executable, "train.py", "s.zarr"], check=False, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_s_process_never_imports_it_where_its_options_need_nothing_of_it(tmp_path, guarded):
+    done = _script(tmp_path, transform=False, guarded=guarded)
+    assert done.returncode == 0, done.stderr
+    same, script, loader = done.stdout.split()
+    assert same == "same" and loader != script
+    assert (tmp_path / "imported.txt").read_text().split() == [script]  # not by the loader process
+
+
+def test_a_transform_defined_in_the_script_is_loaded_by_a_process_that_imports_it_under_its_main_guard(tmp_path):
+    done = _script(tmp_path, transform=True, guarded=True)
+    assert done.returncode == 0, done.stderr
+    same, script, loader = done.stdout.split()
+    assert same == "same"
+    assert (tmp_path / "imported.txt").read_text().split() == [script, loader]
+
+
+def test_a_script_that_defines_its_transform_without_a_main_guard_is_told_to_add_one(tmp_path):
+    done = _script(tmp_path, transform=True, guarded=False)
     assert done.returncode == 1
     assert "LoaderProcessError" in done.stderr and "if __name__ == '__main__':" in done.stderr.splitlines()[-1]
+    assert "the transform is defined in the main script" in done.stderr.splitlines()[-1]
 
 
 def test_a_process_run_copies_into_the_memory_the_consumer_makes(store):

@@ -10,7 +10,7 @@ Where the bound already reaches the cores, processes would only add their hand-o
 >>> print(Loaders(16, 0.118, {0: 38_000.0, 2: 61_000.0, 4: 70_000.0}))
 loaders: a batch's CPU time holds the GIL 11.8% of it here: one process's threads keep at most 5.8 of the 16 cores busy (0.36 of them)
 loaders, timed (samples/s): threads 38,000; process=2 61,000 (1.61x); process=4 70,000 (1.84x)
-choose: process=4, as in ds.batches(..., process=4) (also ds.torch, ds.keras, ds.tf; the script needs an `if __name__ == "__main__":` guard)
+choose: process=4, as in ds.batches(..., process=4) (also ds.torch, ds.keras, ds.tf; a transform defined in the script needs its `if __name__ == "__main__":` guard)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..iterate.transforms import Transform
 from ..measure import gil_bound, gil_free_clock
 
 TARGET = 0.85  # the share of the cores one process's threads must be able to use for processes not to be timed
-GAIN = 1.1  # how much faster than the threads processes must be timed to be advised (noise, and a guard to write)
+GAIN = 1.1  # how much faster than the threads processes must be timed to be advised (noise, and processes to keep)
 WARM_SECONDS = 1.0  # epochs run before the timing: the processes start, the chunks come into the page cache
 
 
@@ -77,7 +77,8 @@ class Loaders:
             choice = self.choice
             if choice:
                 lines.append(f"choose: process={choice}, as in ds.batches(..., process={choice}) (also ds.torch, "
-                             "ds.keras, ds.tf; the script needs an `if __name__ == \"__main__\":` guard)")
+                             "ds.keras, ds.tf; a transform defined in the script needs its `if __name__ == "
+                             "\"__main__\":` guard)")
             else:
                 lines.append(f"choose: this process's threads (no process= was {GAIN:.1f}x faster)")
         return "\n".join(lines)

@@ -23,10 +23,11 @@ files in one mailbox, which the consumer maps once every part has come (`PartsRu
 streams' chunks and works under its own GIL on its share of the CPUs: more cores busy than the Python of one
 process's batches lets its threads keep busy.
 
-The process is started by a forkserver (by spawn where there is none), never forked from the consumer, whose
-threads and CUDA context a fork would copy mid-use: as with DataLoader workers started so, a script's work
-must be under ``if __name__ == "__main__":``, and the transform must pickle (defined at module level). The
-batches are those of a run in the consumer's process, byte for byte.
+The process is a Python of its own (`outcore.iterate.child.Child`), never forked from the consumer, whose
+threads and CUDA context a fork would copy mid-use. It imports outcore, not the script: a script needs no
+``if __name__ == "__main__":`` guard, unless its transform is defined in it (the process then imports it, as
+multiprocessing's spawn does). The transform must pickle (defined at module level). The batches are those of
+a run in the consumer's process, byte for byte.
 
 >>> it = ds.batches(256, shuffle=True, process=True)  # doctest: +SKIP
 >>> for batch in it:  # doctest: +SKIP
@@ -39,6 +40,7 @@ import contextlib
 import dataclasses
 import itertools
 import multiprocessing
+import os
 import pickle
 import select
 import signal
@@ -50,7 +52,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from multiprocessing import forkserver
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,7 @@ from ..errors import IterationClosedError, LoaderProcessError, OptionError, Outc
 from ..storage import Store, blocks
 from ..threads import share_cpus
 from .batch import Batch, plain
+from .child import Child, board_file, needs_main, pipe, preparation
 from .options import BatchOptions
 from .plan import EpochPlan
 from .readers import chunk_readers, recipe
@@ -126,13 +128,14 @@ class Idle:
 
 class LoaderProcess:
     """An iterator's process of its own making its runs' batches (`serve`), started with the iterator (`start`:
-    it imports the script's modules again, seconds where they are torch or TensorFlow, meanwhile) and again at
+    it imports outcore meanwhile, and the script too where the options need it: `outcore.iterate.child`) and again at
     the `run` after one that died or went idle (`Idle`), ended by `close` (or when the iterator goes, or at
     exit)."""
 
-    def __init__(self, shares: int = 1, mailbox: Mailbox | None = None) -> None:
+    def __init__(self, shares: int = 1, mailbox: Mailbox | None = None, main: bool = False) -> None:
         self.shares = shares  # the processes making batches together, this one included: it takes its part of the CPUs
         self.given = mailbox  # the mailbox shared with those processes (`LoaderProcesses`); else one of its own
+        self.main = main  # the options name something of the script's main module: the process imports it
         self.process: Any = None
         self.connection: Any = None
         self.mailbox: Mailbox | None = None
@@ -152,8 +155,7 @@ class LoaderProcess:
     def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcess:
         """A process started now for batches made as ``options`` say (refused now if they cannot reach it), ended
         when ``owner`` (an iterator, a DataLoader's dataset) goes, or at exit."""
-        pickled(options)
-        loader = cls()
+        loader = cls(main=needs_main(pickled(options)))
         weakref.finalize(owner, loader.close)
         loader.start()
         return loader
@@ -181,26 +183,27 @@ class LoaderProcess:
         return run
 
     def start(self) -> None:
-        """Start the process now (its imports, which are the script's, overlap what the caller does next: building
-        a model, say), ending the one before, if any."""
+        """Start the process now (its imports, outcore's, overlap what the caller does next: building a model, say),
+        ending the one before, if any."""
         self.close()
         self.mailbox = self.given or opened_mailbox()
-        context = start_context()
-        self.connection, theirs = context.Pipe()
+        self.connection, theirs = pipe()
         self.poller = select.poll()
         self.poller.register(self.connection.fileno(), select.POLLIN)
-        self.board = context.RawValue("q", -1)
-        self.process = context.Process(target=serve, args=(theirs, self.mailbox.slot.folder, self.board, self.shares),
-                                       name="outcore-batches", daemon=True)
         self.heard = self.started = False
         try:
-            self.process.start()
-        except OSError as error:
+            prepared = preparation(self.main, str(self.mailbox.slot.folder), self.shares)
+            self.board, board = board_file()
+            try:
+                self.process = Child(self.connection, theirs, board, prepared)
+            finally:
+                os.close(board)
+        except (OSError, RuntimeError) as error:
             self.close()
             raise LoaderProcessError(f"could not start the process making the batches ({error}): leave process= "
                                      "out to make them in this process") from None
         finally:
-            theirs.close()
+            os.close(theirs)
         if self.given is None and not self.open:  # not a run's start: ends if none comes
             self.idling.begun()
 
@@ -312,12 +315,16 @@ class LoaderProcess:
         self.close()
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         said = f"the process making the batches (pid {pid}) ended ({how}) while {awaited}"
-        if code is not None and code > 0 and not heard:
+        if code is not None and code > 0 and not heard and self.main:
             return LoaderProcessError(
-                f"{said}, before its first batch: it starts by importing the main script again (as "
-                "multiprocessing's spawn and forkserver do): put the script's work under `if __name__ == "
-                "'__main__':` (its traceback is above), or leave process= out"
+                f"{said}, before its first batch: the transform is defined in the main script, so the process "
+                "imports that script (as multiprocessing's spawn does): put the script's work under `if __name__ "
+                "== '__main__':` (its traceback is above), define the transform in a module of its own, or leave "
+                "process= out"
             )
+        if code is not None and code > 0 and not heard:
+            return LoaderProcessError(f"{said}, before its first batch: it could not start (its traceback is "
+                                      "above); leave process= out to make the batches in this process")
         return LoaderProcessError(f"{said}: out of memory (see dmesg), or killed; iterate again to continue from "
                                   "there (state_dict() says where)")
 
@@ -470,9 +477,9 @@ class LoaderProcesses:
     together: each its part (`PartsRun`), written into their one mailbox. Started with the iterator, ended by
     `close` (or when the iterator goes, or at exit); one that dies is started again at the next run."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, main: bool = False) -> None:
         self.mailbox: Mailbox | None = None
-        self.members = [LoaderProcess(count) for _ in range(count)]
+        self.members = [LoaderProcess(count, main=main) for _ in range(count)]
         self.runs = itertools.count()
         self.open: set[int] = set()  # runs not closed nor all taken: their parts' files are left to them (`sweep`)
         self.idling = Idle(lambda: not self.open, lambda: self.close(keep_free=False))
@@ -481,8 +488,7 @@ class LoaderProcesses:
     def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcesses:
         """``options.processes`` processes started now (refused now if the options cannot reach them), ended
         when ``owner`` goes, or at exit."""
-        pickled(options)
-        loaders = cls(options.processes)
+        loaders = cls(options.processes, main=needs_main(pickled(options)))
         weakref.finalize(owner, loaders.close)
         loaders.start()
         return loaders
@@ -701,17 +707,6 @@ def _copied(value: np.ndarray, empty: Any, field: str) -> np.ndarray:
     copy = empty(value.shape, value.dtype, field)
     np.copyto(copy, value)
     return copy
-
-
-def start_context() -> Any:
-    """How the process starts: by this process's forkserver, which imports this module once before it forks
-    any (set to do so unless it runs already), else by spawn."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    preloaded = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
-    if __name__ not in preloaded:
-        forkserver.set_forkserver_preload([*preloaded, __name__])
-    return multiprocessing.get_context("forkserver")
 
 
 class ConsumerGone(Exception):
