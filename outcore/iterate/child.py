@@ -5,14 +5,16 @@ multiprocessing's spawn and forkserver start a process that imports the script's
 ``__mp_main__``), with everything it imports (torch, TensorFlow: seconds, and hundreds of megabytes a process),
 and runs whatever the script does outside an ``if __name__ == "__main__":`` guard. A loader process needs none
 of it: what it makes is said by the options it is sent, whose transform pickles by its module's name. So a
-`Child` is a new interpreter (``sys.executable``, fork and exec: nothing of the consumer's threads or CUDA state
-is copied) told the consumer's ``sys.path``, working directory and ``sys.argv`` (multiprocessing's preparation
-data), which imports outcore and serves. Only when the options name something of the script itself (a
-transform defined in it: its pickle names ``__main__``) does it import the script as spawn does, whose work
-must then be under the guard: a script that starts a loader while being imported so is refused there
-(multiprocessing's own check), and the consumer says to add the guard.
+`Child` is a new interpreter (``sys.executable``, or what `multiprocessing.set_executable` set; fork and exec:
+nothing of the consumer's threads or CUDA state is copied) told the consumer's ``sys.path``, working directory
+and ``sys.argv`` (multiprocessing's preparation data), which imports outcore and serves. Only when the options
+name something of the script itself (a transform defined in it: its pickle names ``__main__``) does it import
+the script as spawn does, whose work must then be under the guard: a script that starts a loader while being
+imported so is refused there (multiprocessing's own check), and the consumer says to add the guard.
 
->>> child = Child(connection, board, prepared)  # doctest: +SKIP
+>>> mine, theirs = pipe()  # doctest: +SKIP
+>>> board, shared = board_file()  # doctest: +SKIP
+>>> child = Child(mine, theirs, shared, preparation(main=False, folder=mailbox_folder, shares=1))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import mmap
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 from multiprocessing import process, spawn
 from multiprocessing.connection import Connection
@@ -60,7 +61,7 @@ class Child:
     (``pid``, `is_alive`, `join`, `exitcode`, `kill`). It is sent ``prepared`` (`preparation`) first."""
 
     def __init__(self, mine: Connection, theirs: int, board: int, prepared: dict[str, Any]) -> None:
-        self.popen = subprocess.Popen([sys.executable, "-c", BOOT, str(theirs), str(board)],
+        self.popen = subprocess.Popen([spawn.get_executable(), "-c", BOOT, str(theirs), str(board)],
                                       pass_fds=(theirs, board), stdin=subprocess.DEVNULL)
         self.pid = self.popen.pid
         try:
