@@ -39,7 +39,7 @@ consumer, board = connection.Connection(int(sys.argv[1])), int(sys.argv[2])  # b
 prepared = consumer.recv()
 spawn.prepare({key: value for key, value in prepared.items() if key not in ("init_main_from_path",
                                                                          "init_main_from_name", "outcore")})
-from outcore.iterate.child import served
+from outcore.iterate.process import served
 served(consumer, board, prepared)
 """
 
@@ -131,9 +131,9 @@ def shared_board(descriptor: int) -> Any:
         os.close(descriptor)
 
 
-def served(consumer: Connection, board: int, prepared: dict[str, Any]) -> None:
+def import_main(prepared: dict[str, Any]) -> None:
     """In the process (`BOOT`, its preparation done but the script's main module): that module imported where the
-    options need it, as spawn imports it (its guarded block not run), then `outcore.iterate.process.serve`."""
+    options need it, as spawn imports it (its guarded block not run)."""
     main = {key: prepared[key] for key in MAIN_KEYS if key in prepared}
     if main:
         process.current_process()._inheriting = True  # as spawn's: a loader started while importing is refused
@@ -141,7 +141,3 @@ def served(consumer: Connection, board: int, prepared: dict[str, Any]) -> None:
             spawn.prepare(main)
         finally:
             del process.current_process()._inheriting
-    from .process import serve
-
-    folder, shares = prepared["outcore"]
-    serve(consumer, folder, shared_board(board), shares)

@@ -60,7 +60,7 @@ from ..errors import IterationClosedError, LoaderProcessError, OptionError, Outc
 from ..storage import Store, blocks
 from ..threads import share_cpus
 from .batch import Batch, plain
-from .child import Child, board_file, needs_main, pipe, preparation
+from .child import Child, board_file, import_main, needs_main, pipe, preparation, shared_board
 from .options import BatchOptions
 from .plan import EpochPlan
 from .readers import chunk_readers, recipe
@@ -755,6 +755,14 @@ class Inbox:
         """The batches of run ``number`` the consumer took."""
         value = self.board.value
         return value & 0xFFFFFFFF if value >> 32 == number else 0
+
+
+def served(consumer: Any, board: int, prepared: dict[str, Any]) -> None:
+    """A `Child`'s work (`outcore.iterate.child.BOOT`): the script imported where its options need it, then `serve`
+    with the mailbox folder and shares it was told, its board the memory of file descriptor ``board``."""
+    import_main(prepared)
+    folder, shares = prepared["outcore"]
+    serve(consumer, folder, shared_board(board), shares)
 
 
 def serve(connection: Any, folder: str, board: Any, shares: int = 1) -> None:
