@@ -49,7 +49,7 @@ def needs_main(sent: bytes) -> bool:
     the loader process must then import to load it.
 
     >>> import pickle
-    >>> needs_main(pickle.dumps(len)), needs_main(pickle.dumps(type("Here", (), {"__module__": "__main__"})))
+    >>> needs_main(pickle.dumps(len)), needs_main(b"c__main__\\nplus_one\\n.")  # the script's plus_one, pickled
     (False, True)
     """
     return b"__main__" in sent
