@@ -112,8 +112,7 @@ def test_loader_processes_are_chosen_where_they_beat_the_threads_by_a_tenth():
          "16 cores busy (0.36 of them)"),
         ("loaders, timed (samples/s): threads 40,000; process=2 60,000 (1.50x); process=4 80,000 (2.00x); "
         "process=8 76,000 (1.90x)"),
-        ("choose: process=4, as in ds.batches(..., process=4) (also ds.torch, ds.keras, ds.tf; a transform defined in "
-        "the script needs its `if __name__ == \"__main__\":` guard)")]
+        "choose: process=4, as in ds.batches(..., process=4) (also ds.torch, ds.keras, ds.tf)"]
     untimed = Loaders(16, None, {0: 60_000.0})
     assert str(untimed) == ("loaders: the GIL share is not timed here (outcore's C extensions do not load); outcore "
                             "bench --processes 2,4 times loader processes against the threads")

@@ -1,7 +1,7 @@
 """Batches made by a process of their own (``process=True``), or by several together (``process=n``): the same
 batches as in this process, resumable, a death and an error named here, warnings raised here, nothing left behind
-(nor the memory this process made its first batches in), and the script imported there only for a transform it
-defines."""
+(nor the memory this process made its first batches in), and the script never imported there (a transform it
+defines, a lambda too, goes by value)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,17 @@ def _noise(batch, rng):
 
 def _file_gone(batch, rng):
     raise FileNotFoundError("labels.csv is gone")  # an OSError of the work, not of the connection
+
+
+class _Locked:
+    """A transform holding a lock: it cannot go to another process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __call__(self, batch, rng):
+        with self.lock:
+            return batch
 
 
 def _fails_at_seven(batch, rng):
@@ -343,8 +354,9 @@ def test_damaged_chunks_left_out_there_are_warned_of_and_counted_here(tmp_path):
 
 
 def test_what_cannot_reach_a_process_is_refused_saying_why(store, monkeypatch):
-    with pytest.raises(outcore.OptionError, match="do not pickle .* define the transform at module level"):
-        list(store.batches(100, transform=lambda batch, rng: batch, process=True))
+    with pytest.raises(outcore.OptionError, match="do not pickle .* a transform must hold nothing that cannot go "
+                                                  r"to another process \(a lock"):
+        list(store.batches(100, transform=_Locked(), process=True))
     with pytest.raises(outcore.OptionError, match="with client=, the cluster's workers make them"):
         store.batches(100, process=True, client=object())
     monkeypatch.setenv("OUTCORE_SHARED_MEMORY", "0")
@@ -360,8 +372,11 @@ import outcore
 with open("imported.txt", "a") as imported:  # each process that imports this script says so
     imported.write(f"{{os.getpid()}}\\n")
 
-def plus_one(batch, rng):  # a transform of the script's own: the process imports the script to load it
-    return {{**batch, "x": batch["x"] + 1}}
+STEP = np.int64(1)  # what the script's transform refers to goes with it
+
+
+def plus_one(batch, rng):  # a transform of the script's own: it goes to the process by value
+    return {{**batch, "x": batch["x"] + STEP}}
 
 {work}
 """
@@ -374,44 +389,31 @@ while not iterator._process.ready():  # every batch made there from now on
 there = [batch["x"].tolist() for _ in range(2) for batch in iterator]
 here = ds.batches(10, **options)
 print("same" if there == [batch["x"].tolist() for _ in range(2) for batch in here] else "not")
-print(os.getpid(), iterator._process.process.pid)
+print(os.getpid(), iterator._process.process.pid, sorted(sum(there, [])) == sorted(2 * ({plain})))
 """
+TRANSFORMS = {"none": "", "the script's": ', "transform": plus_one',
+              "a lambda": ', "transform": lambda batch, rng: {**batch, "x": batch["x"] + 1}'}
 
 
-def _script(tmp_path, transform: bool, guarded: bool) -> subprocess.CompletedProcess:
-    """A script of ``process=True`` batches (with a transform defined in it), its work under a main guard or not,
-    run: what it printed, and the processes that imported it in ``imported.txt``."""
-    work = WORK.format(transform=', "transform": plus_one' if transform else "")
+@pytest.mark.parametrize(("transform", "guarded"), [("none", False), ("the script's", False), ("a lambda", False),
+                                                    ("the script's", True)])
+def test_a_script_s_loader_process_never_imports_it_and_needs_no_main_guard(tmp_path, transform, guarded):
+    """A script run as it is, its work under a main guard or not, its transform defined in it (a function, a
+    lambda) or none: the batches are those made without a process, each sample once an epoch (plus one where
+    transformed), and only the script's own process imported it (each import appends its pid to
+    ``imported.txt``)."""
+    plain = "list(range(50))" if transform == "none" else "list(range(1, 51))"
+    work = WORK.format(transform=TRANSFORMS[transform], plain=plain)
     if guarded:
         work = 'if __name__ == "__main__":\n' + textwrap.indent(work, "    ")
     (tmp_path / "train.py").write_text(SCRIPT.format(work=work))
     outcore.from_arrays({"x": np.arange(50)}, tmp_path / "s.zarr", chunk_size=10, progress=False)
-    return subprocess.run([sys.executable, "train.py", "s.zarr"], check=False, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "train.py", "s.zarr"], check=False, capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
-
-
-@pytest.mark.parametrize("guarded", [False, True])
-def test_a_script_s_process_never_imports_it_where_its_options_need_nothing_of_it(tmp_path, guarded):
-    done = _script(tmp_path, transform=False, guarded=guarded)
     assert done.returncode == 0, done.stderr
-    same, script, loader = done.stdout.split()
-    assert same == "same" and loader != script
+    same, script, loader, every = done.stdout.split()
+    assert same == "same" and loader != script and every == "True"
     assert (tmp_path / "imported.txt").read_text().split() == [script]  # not by the loader process
-
-
-def test_a_transform_defined_in_the_script_is_loaded_by_a_process_that_imports_it_under_its_main_guard(tmp_path):
-    done = _script(tmp_path, transform=True, guarded=True)
-    assert done.returncode == 0, done.stderr
-    same, script, loader = done.stdout.split()
-    assert same == "same"
-    assert (tmp_path / "imported.txt").read_text().split() == [script, loader]
-
-
-def test_a_script_that_defines_its_transform_without_a_main_guard_is_told_to_add_one(tmp_path):
-    done = _script(tmp_path, transform=True, guarded=False)
-    assert done.returncode == 1
-    assert "LoaderProcessError" in done.stderr and "if __name__ == '__main__':" in done.stderr.splitlines()[-1]
-    assert "the transform is defined in the main script" in done.stderr.splitlines()[-1]
 
 
 def test_a_process_run_copies_into_the_memory_the_consumer_makes(store):

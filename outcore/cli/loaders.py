@@ -10,7 +10,7 @@ Where the bound already reaches the cores, processes would only add their hand-o
 >>> print(Loaders(16, 0.118, {0: 38_000.0, 2: 61_000.0, 4: 70_000.0}))
 loaders: a batch's CPU time holds the GIL 11.8% of it here: one process's threads keep at most 5.8 of the 16 cores busy (0.36 of them)
 loaders, timed (samples/s): threads 38,000; process=2 61,000 (1.61x); process=4 70,000 (1.84x)
-choose: process=4, as in ds.batches(..., process=4) (also ds.torch, ds.keras, ds.tf; a transform defined in the script needs its `if __name__ == "__main__":` guard)
+choose: process=4, as in ds.batches(..., process=4) (also ds.torch, ds.keras, ds.tf)
 """
 
 from __future__ import annotations
@@ -77,8 +77,7 @@ class Loaders:
             choice = self.choice
             if choice:
                 lines.append(f"choose: process={choice}, as in ds.batches(..., process={choice}) (also ds.torch, "
-                             "ds.keras, ds.tf; a transform defined in the script needs its `if __name__ == "
-                             "\"__main__\":` guard)")
+                             "ds.keras, ds.tf)")
             else:
                 lines.append(f"choose: this process's threads (no process= was {GAIN:.1f}x faster)")
         return "\n".join(lines)

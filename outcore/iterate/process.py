@@ -24,10 +24,9 @@ streams' chunks and works under its own GIL on its share of the CPUs: more cores
 process's batches lets its threads keep busy.
 
 The process is a Python of its own (`outcore.iterate.child.Child`), never forked from the consumer, whose
-threads and CUDA context a fork would copy mid-use. It imports outcore, not the script: a script needs no
-``if __name__ == "__main__":`` guard, unless its transform is defined in it (the process then imports it, as
-multiprocessing's spawn does). The transform must pickle (defined at module level). The batches are those of
-a run in the consumer's process, byte for byte.
+threads and CUDA context a fork would copy mid-use. It imports outcore, never the script, which needs no
+``if __name__ == "__main__":`` guard: the options go to it by cloudpickle (`pickled`), a transform the script
+defines (a lambda too) by value. The batches are those of a run in the consumer's process, byte for byte.
 
 >>> it = ds.batches(256, shuffle=True, process=True)  # doctest: +SKIP
 >>> for batch in it:  # doctest: +SKIP
@@ -54,13 +53,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from ..errors import IterationClosedError, LoaderProcessError, OptionError, OutcoreError
 from ..storage import Store, blocks
 from ..threads import share_cpus
 from .batch import Batch, plain
-from .child import Child, board_file, import_main, needs_main, pipe, preparation, shared_board
+from .child import Child, board_file, pipe, preparation, shared_board
 from .options import BatchOptions
 from .plan import EpochPlan
 from .readers import chunk_readers, recipe
@@ -128,14 +128,13 @@ class Idle:
 
 class LoaderProcess:
     """An iterator's process of its own making its runs' batches (`serve`), started with the iterator (`start`:
-    it imports outcore meanwhile, and the script too where the options need it: `outcore.iterate.child`) and again at
+    it imports outcore meanwhile, never the script: `outcore.iterate.child`) and again at
     the `run` after one that died or went idle (`Idle`), ended by `close` (or when the iterator goes, or at
     exit)."""
 
-    def __init__(self, shares: int = 1, mailbox: Mailbox | None = None, main: bool = False) -> None:
+    def __init__(self, shares: int = 1, mailbox: Mailbox | None = None) -> None:
         self.shares = shares  # the processes making batches together, this one included: it takes its part of the CPUs
         self.given = mailbox  # the mailbox shared with those processes (`LoaderProcesses`); else one of its own
-        self.main = main  # the options name something of the script's main module: the process imports it
         self.process: Any = None
         self.connection: Any = None
         self.mailbox: Mailbox | None = None
@@ -155,7 +154,8 @@ class LoaderProcess:
     def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcess:
         """A process started now for batches made as ``options`` say (refused now if they cannot reach it), ended
         when ``owner`` (an iterator, a DataLoader's dataset) goes, or at exit."""
-        loader = cls(main=needs_main(pickled(options)))
+        pickled(options)
+        loader = cls()
         weakref.finalize(owner, loader.close)
         loader.start()
         return loader
@@ -192,7 +192,7 @@ class LoaderProcess:
         self.poller.register(self.connection.fileno(), select.POLLIN)
         self.heard = self.started = False
         try:
-            prepared = preparation(self.main, str(self.mailbox.slot.folder), self.shares)
+            prepared = preparation(str(self.mailbox.slot.folder), self.shares)
             self.board, board = board_file()
             try:
                 self.process = Child(self.connection, theirs, board, prepared)
@@ -315,13 +315,6 @@ class LoaderProcess:
         self.close()
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         said = f"the process making the batches (pid {pid}) ended ({how}) while {awaited}"
-        if code is not None and code > 0 and not heard and self.main:
-            return LoaderProcessError(
-                f"{said}, before its first batch: the transform is defined in the main script, so the process "
-                "imports that script (as multiprocessing's spawn does): put the script's work under `if __name__ "
-                "== '__main__':` (its traceback is above), define the transform in a module of its own, or leave "
-                "process= out"
-            )
         if code is not None and code > 0 and not heard:
             return LoaderProcessError(f"{said}, before its first batch: it could not start (its traceback is "
                                       "above); leave process= out to make the batches in this process")
@@ -477,9 +470,9 @@ class LoaderProcesses:
     together: each its part (`PartsRun`), written into their one mailbox. Started with the iterator, ended by
     `close` (or when the iterator goes, or at exit); one that dies is started again at the next run."""
 
-    def __init__(self, count: int, main: bool = False) -> None:
+    def __init__(self, count: int) -> None:
         self.mailbox: Mailbox | None = None
-        self.members = [LoaderProcess(count, main=main) for _ in range(count)]
+        self.members = [LoaderProcess(count) for _ in range(count)]
         self.runs = itertools.count()
         self.open: set[int] = set()  # runs not closed nor all taken: their parts' files are left to them (`sweep`)
         self.idling = Idle(lambda: not self.open, lambda: self.close(keep_free=False))
@@ -488,7 +481,8 @@ class LoaderProcesses:
     def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcesses:
         """``options.processes`` processes started now (refused now if the options cannot reach them), ended
         when ``owner`` goes, or at exit."""
-        loaders = cls(options.processes, main=needs_main(pickled(options)))
+        pickled(options)
+        loaders = cls(options.processes)
         weakref.finalize(owner, loaders.close)
         loaders.start()
         return loaders
@@ -663,14 +657,17 @@ def copied(batch: Batch, empty: Any) -> Batch:
 
 
 def pickled(sent: Order | BatchOptions) -> bytes:
-    """What goes to the process, pickled; options that do not pickle (a lambda transform) are an `OptionError`
-    saying what to do."""
+    """What goes to the process, pickled by cloudpickle: what a module defines goes by name (the process imports
+    that module), a transform the script defines, a lambda or a local function by value, with what it refers to
+    (the process never imports the script). Options that do not pickle (a transform holding a lock or an open
+    file) are an `OptionError` saying what to do."""
     try:
-        return pickle.dumps(sent)
-    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        return cloudpickle.dumps(sent)
+    except (pickle.PicklingError, AttributeError, TypeError, ValueError) as error:
         raise OptionError(f"process=True sends the options to the process making the batches, and they do not "
-                          f"pickle ({type(error).__name__}: {error}): define the transform at module level (not a "
-                          "lambda or a local function)") from None
+                          f"pickle ({type(error).__name__}: {error}): a transform must hold nothing that cannot go to "
+                          "another process (a lock, an open file, a thread); make it where it runs, or leave "
+                          "process= out") from None
 
 
 def packed(made: SharedBatch) -> tuple[Any, ...]:
@@ -758,9 +755,8 @@ class Inbox:
 
 
 def served(consumer: Any, board: int, prepared: dict[str, Any]) -> None:
-    """A `Child`'s work (`outcore.iterate.child.BOOT`): the script imported where its options need it, then `serve`
-    with the mailbox folder and shares it was told, its board the memory of file descriptor ``board``."""
-    import_main(prepared)
+    """A `Child`'s work (`outcore.iterate.child.BOOT`): `serve` with the mailbox folder and shares it was told,
+    its board the memory of file descriptor ``board``."""
     folder, shares = prepared["outcore"]
     serve(consumer, folder, shared_board(board), shares)
 
@@ -935,15 +931,15 @@ def _ahead(inbox: Inbox, slot: Slot, opened: Opened) -> Making | None:
 
 
 def _order(sent: bytes) -> Order:
-    """The order the consumer sent; one that does not load here (a transform the script defines only when run
-    as it is) is an `OptionError` saying what to do."""
+    """The order the consumer sent; one that does not load here (a module it names that this process cannot
+    import) is an `OptionError` saying what to do."""
     try:
         return pickle.loads(sent)
     except Exception as error:  # noqa: BLE001 - whatever loading raises, the message says what to do
         raise OptionError(
             f"the process making the batches could not load the options ({type(error).__name__}: {error}): it "
-            "imports the transform by name, so define it at module level in a module, or in the script above "
-            "its `if __name__ == '__main__':` block"
+            "imports the modules they name (the transform's) with the consumer's sys.path and working directory; "
+            "make the module importable there, or leave process= out"
         ) from None
 
 
