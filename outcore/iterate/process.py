@@ -198,7 +198,7 @@ class LoaderProcess:
                 self.process = Child(self.connection, theirs, board, prepared)
             finally:
                 os.close(board)
-        except (OSError, RuntimeError) as error:
+        except OSError as error:
             self.close()
             raise LoaderProcessError(f"could not start the process making the batches ({error}): leave process= "
                                      "out to make them in this process") from None
