@@ -352,7 +352,7 @@ def batch_draws(seed: int, epoch: int, step: int, pieces: Sequence[tuple[int, in
     >>> batch_draws(0, 3, 7, ((2, 32), (3, 32)))
     ((32, (0, 3, 7, 2)), (32, (0, 3, 7, 3)))
     """
-    return tuple((count, (seed, epoch, step, key)) for key, count in pieces)
+    return tuple([(count, (seed, epoch, step, key)) for key, count in pieces])
 
 
 TRANSFORM_DOMAIN = Domain.TRANSFORM  # the seed domain of a batch's transform

@@ -105,7 +105,7 @@ class Rows:
 
     def sources(self, data: Mapping[int, ChunkValues], field: str) -> list[Any]:
         """Field ``field``'s values in each of the chunks, in the order of ``chunks``."""
-        return [data[int(chunk)][field] for chunk in self.chunks]
+        return [data[chunk][field] for chunk in self.chunks.tolist()]
 
 
 @dataclass(frozen=True)

@@ -323,11 +323,11 @@ class ChunkBuffers:
         self.free: dict[str, list[np.ndarray]] = {name: [] for name in readers}
         self.lock = threading.Lock()
 
-    def take(self, field: str) -> np.ndarray:
+    def take(self) -> dict[str, np.ndarray]:
+        """A buffer of each field: one freed, or a new one."""
         with self.lock:
-            if self.free[field]:
-                return self.free[field].pop()
-        return self.readers[field].empty()
+            taken = {name: free.pop() if free else None for name, free in self.free.items()}
+        return {name: self.readers[name].empty() if buffer is None else buffer for name, buffer in taken.items()}
 
     def give(self, buffers: dict[str, np.ndarray]) -> None:
         with self.lock:
@@ -353,16 +353,15 @@ class ChunkBuffers:
         `EncodedChunks.parts`), the others by their readers: for each chunk
         ``(values, buffers)``, or the error its read raised (a damaged chunk, named: the others are read all the
         same); `give` the buffers back once no batch needs the values."""
-        taken = [{name: self.take(name) for name in self.readers} for _ in chunks]
-        parts = [{name: self._parts(name, chunk, buffers[name]) for name in self.readers}
+        taken = [self.take() for _ in chunks]
+        parts = [[self._parts(name, chunk, buffer) for name, buffer in buffers.items()]
                  for chunk, buffers in zip(chunks, taken, strict=True)]
-        vouched = iter(ShardReader.read_vouched([part for asked in parts for some in asked.values() for part in some]))
+        vouched = iter(ShardReader.read_vouched([part for asked in parts for some in asked for part in some]))
         read: list[Loaded | Exception] = []
         for chunk, buffers, asked in zip(chunks, taken, parts, strict=True):
-            known = {name: [next(vouched) for _ in some] for name, some in asked.items()}
             try:
-                read.append(({name: self._value(name, chunk, buffers[name], known[name]) for name in self.readers},
-                             buffers))
+                read.append(({name: self._value(name, chunk, buffer, [next(vouched) for _ in some])
+                              for (name, buffer), some in zip(buffers.items(), asked, strict=True)}, buffers))
             except Exception as error:  # noqa: BLE001 - raised by whoever takes this chunk's values
                 read.append(error)
         return read
@@ -440,6 +439,8 @@ class LocalRun(Run):
     def __init__(self, work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> None:
         self.buffers, self.readers = buffers, buffers.readers
         self.loading: dict[int, Loading] = {}  # by chunk
+        self.values: dict[int, dict[str, Any] | None] = {}  # by chunk: its values once a batch took them (`_values`)
+        self.chunk_of: list[int] = work.plan.chunks.tolist()  # each slot's chunk
         self.damaged: set[int] = set()  # chunks left out of this epoch (``skip_damaged``)
         self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
         self.made: deque[Task[list[Batch]]] = deque()  # batches being made or not yet handed over, in order
@@ -467,6 +468,7 @@ class LocalRun(Run):
         for future in [*self.loading.values(), *self.made]:  # those not started yet
             future.cancel()
         self.loading.clear()
+        self.values.clear()
         self.made.clear()  # batches made and not handed over: freed (those under way, once made)
 
     def _produce_batches(self) -> None:
@@ -479,8 +481,8 @@ class LocalRun(Run):
                 return
             fetch = step.fetch if self.fetch_ahead is not None else step.load if self.remote else ()
             if fetch:  # asked for now, chunks stored back to back in one request
-                self._prefetch(list(dict.fromkeys(int(work.plan.chunks[slot]) for slot in fetch)))
-            loads = [int(work.plan.chunks[slot]) for slot in step.load]
+                self._prefetch(list(dict.fromkeys(self.chunk_of[slot] for slot in fetch)))
+            loads = [self.chunk_of[slot] for slot in step.load]
             self._load([chunk for chunk in dict.fromkeys(loads) if chunk not in self.loading])
             for chunk in loads:
                 self.slots_held[chunk] = self.slots_held.get(chunk, 0) + 1
@@ -498,9 +500,9 @@ class LocalRun(Run):
     def _start_making(self, steps: list[BatchStep], held: deque[tuple[list[BatchStep], Task[list[Batch]]]]) -> None:
         """Have the batches of ``steps`` made once the chunks they draw on are read, and release the chunks of the
         batches made `making` tasks before."""
-        chunks = self.work.plan.chunks
+        chunk_of = self.chunk_of
         used = dict.fromkeys(slot for step in steps for slot in step.used)
-        data = {slot: values for slot in used if (values := self._values(int(chunks[slot]))) is not None}
+        data = {slot: values for slot in used if (values := self._values(chunk_of[slot])) is not None}
         making = submit(self._make, steps, data)
         self.made.append(making)
         held.append((steps, making))
@@ -519,19 +521,26 @@ class LocalRun(Run):
     def _release_steps(self, steps: list[BatchStep], making: Task[list[Batch]]) -> None:
         """Release the chunks the batches of ``steps`` were the last to use, once they are made."""
         making.wait()
-        chunks = self.work.plan.chunks
         for slot in (slot for step in steps for slot in step.release):
-            chunk = int(chunks[slot])
+            chunk = self.chunk_of[slot]
             self.slots_held[chunk] -= 1
             if not self.slots_held[chunk]:
                 del self.slots_held[chunk]
+                self.values.pop(chunk, None)
                 loaded = self.loading.pop(chunk)
                 if chunk not in self.damaged:
                     self.buffers.give(loaded.result()[1])
 
     def _values(self, chunk: int) -> dict[str, Any] | None:
         """The chunk's values, or None for a damaged chunk left out (``skip_damaged``: named in a warning,
-        counted in the stats, up to that many an epoch)."""
+        counted in the stats, up to that many an epoch); found once while it is held."""
+        if chunk in self.values:
+            return self.values[chunk]
+        values = self.values[chunk] = self._found(chunk)
+        return values
+
+    def _found(self, chunk: int) -> dict[str, Any] | None:
+        """The chunk's values as its read gave them, or None for a damaged chunk left out (`_values`)."""
         try:
             return self.loading[chunk].result()[0]
         except (CorruptChunkError, StorageError) as error:
@@ -542,7 +551,7 @@ class LocalRun(Run):
             self.damaged.add(chunk)
             self.stats.damaged += 1
             warnings.warn(f"left out chunk {chunk} of this epoch ({len(self.damaged)} of skip_damaged="
-                          f"{self.work.options.skip_damaged}): {error}", OutcoreWarning, stacklevel=2)
+                          f"{self.work.options.skip_damaged}): {error}", OutcoreWarning, stacklevel=3)
             return None
 
     def _make(self, steps: list[BatchStep], data: dict[int, dict[str, Any]]) -> list[Batch]:
@@ -555,7 +564,7 @@ class LocalRun(Run):
             draws = tuple(draw for step in steps for draw in self.work.draws(step))  # each batch's pieces, in order
             batch = self._batch(np.concatenate([step.samples for step in steps]),
                                 np.concatenate([step.slots for step in steps]), draws, self.work.empty, data)
-            bounds = itertools.pairwise(np.cumsum([0, *(len(step.samples) for step in steps)]).tolist())
+            bounds = itertools.pairwise(itertools.accumulate((len(step.samples) for step in steps), initial=0))
             return [{name: values[low:high] for name, values in batch.items()} for low, high in bounds]
         finally:
             self.stats.made(time.perf_counter() - began)
