@@ -78,10 +78,10 @@ class StreamPlan:
                  window: int, mixed: bool, key: tuple[int, ...]) -> None:
         self.selection, self.mixed, self.window, self._key = selection, mixed, window, key
         self.chunks, self._first, self.slot_sizes = span_slots(selection, order, bounds)
-        if mixed:  # how many samples of slot j go to window j + d: (slots, window)
+        if mixed and window > 1:  # how many samples of slot j go to window j + d: (slots, window)
             self.deals = generator(Domain.BUFFER_SHUFFLE, *key).multinomial(
                 self.slot_sizes, np.full(window, 1 / window)).astype(np.int64)
-        else:
+        else:  # each slot's samples all go to one window (a multinomial of one outcome draws nothing else)
             self.deals = self.slot_sizes[:, None].copy()
         self._deal_ends = np.cumsum(self.deals, axis=1)
         self._draws = window_draws(key, self._first, self.slot_sizes, self.deals, self._deal_ends, mixed)
