@@ -359,9 +359,10 @@ class ChunkBuffers:
         vouched = iter(ShardReader.read_vouched([part for asked in parts for some in asked for part in some]))
         read: list[Loaded | Exception] = []
         for chunk, buffers, asked in zip(chunks, taken, parts, strict=True):
+            known = [[next(vouched) for _ in some] for some in asked]  # all of this chunk's, whatever fails below
             try:
-                read.append(({name: self._value(name, chunk, buffer, [next(vouched) for _ in some])
-                              for (name, buffer), some in zip(buffers.items(), asked, strict=True)}, buffers))
+                read.append(({name: self._value(name, chunk, buffer, got)
+                              for (name, buffer), got in zip(buffers.items(), known, strict=True)}, buffers))
             except Exception as error:  # noqa: BLE001 - raised by whoever takes this chunk's values
                 read.append(error)
         return read
