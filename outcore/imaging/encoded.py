@@ -197,7 +197,7 @@ class DecodedChunks:
         self.decode = store.info(field).decode
         self.dtype = np.dtype(self.decode.dtype)
         self.bytes = EncodedBytes(store.array, field, store.location, len(store), variable=self.decode.variable,
-                                  pins=store.pins)
+                                  pins=store.pins, indexes=store.shard_indexes)
         self.chunk_size = self.bytes.chunk_size
         self._scratch = threading.local()
 

@@ -59,7 +59,7 @@ def chunk_reader(store: Store, field: str) -> ChunkReader:
         return DecodedChunks(store, field)
     if store.info(field).is_ragged or store.info(field).is_raster:
         return RaggedSamples(store.array, field, store.location, len(store), raster=store.info(field).is_raster,
-                             pins=store.pins)
+                             pins=store.pins, indexes=store.shard_indexes)
     return store.shard_reader(field)
 
 
@@ -133,7 +133,7 @@ def chunk_readers(store: Store, fields: Sequence[str]) -> dict[str, ChunkReader]
     ragged and raster fields as their rows and ranges (`RaggedRows`)."""
     return {name: EncodedChunks(store, name) if store.info(name).is_image else
             RaggedRows(store.array, name, store.location, len(store), raster=store.info(name).is_raster,
-                       pins=store.pins) if store.info(name).is_ragged or store.info(name).is_raster
+                       pins=store.pins, indexes=store.shard_indexes) if store.info(name).is_ragged or store.info(name).is_raster
             else chunk_reader(store, name) for name in fields}
 
 

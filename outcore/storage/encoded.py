@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import zarr
@@ -83,20 +84,25 @@ class EncodedBytes:
     varying sizes, ``read_shapes(chunk)`` is each sample's decoded shape.
 
     A chunk costs two reads (three when sizes vary), through the direct shard reader. ``arrays(name)``
-    is the store's array ``name`` (`outcore.storage.Store.array`).
+    is the store's array ``name`` (`outcore.storage.Store.array`), ``indexes(name)`` the shard indexes its readers
+    share (`outcore.storage.Store.shard_indexes`; without, each reader reads its own).
     """
 
     def __init__(self, arrays: Callable[[str], zarr.Array], field: str, where: str, num_samples: int,
-                 variable: bool = False, pins: Pins | None = None) -> None:
+                 variable: bool = False, pins: Pins | None = None,
+                 indexes: Callable[[str], dict[int, Any]] | None = None) -> None:
         self.field = field
-        self.ranges = ShardReader(arrays(ranges_name(field)), ranges_name(field), where, num_samples, pins=pins)
+
+        def reader(name: str, count: int, **samples: tuple[int, int]) -> ShardReader:
+            return ShardReader(arrays(name), name, where, count, pins=pins, indexes=indexes and indexes(name),
+                               **samples)
+
+        self.ranges = reader(ranges_name(field), num_samples)
         self.chunk_size = self.ranges.chunk_size
         data = arrays(field)
         self.capacity = data.chunks[0]
-        self.bytes = ShardReader(data, field, where, data.shape[0], samples=(num_samples, self.chunk_size),
-                                 pins=pins)
-        self.shapes = (ShardReader(arrays(shapes_name(field)), shapes_name(field), where, num_samples, pins=pins)
-                       if variable else None)
+        self.bytes = reader(field, data.shape[0], samples=(num_samples, self.chunk_size))
+        self.shapes = reader(shapes_name(field), num_samples) if variable else None
 
     @property
     def direct(self) -> bool:

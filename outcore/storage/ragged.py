@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import zarr
@@ -75,8 +76,9 @@ class RaggedRows(EncodedBytes):
     pixels do not fill is a `CorruptChunkError` naming it."""
 
     def __init__(self, arrays: Callable[[str], zarr.Array], field: str, where: str, num_samples: int,
-                 raster: bool = False, pins: Pins | None = None) -> None:
-        super().__init__(arrays, field, where, num_samples, variable=raster, pins=pins)
+                 raster: bool = False, pins: Pins | None = None,
+                 indexes: Callable[[str], dict[int, Any]] | None = None) -> None:
+        super().__init__(arrays, field, where, num_samples, variable=raster, pins=pins, indexes=indexes)
         self.where = where
 
     def read(self, chunk: int, out: np.ndarray | None = None) -> RaggedChunk:

@@ -101,18 +101,20 @@ class ShardReader:
     """``read(chunk)`` returns samples ``[chunk * chunk_size, ...)`` of one field as a numpy array.
 
     ``samples`` — ``(num_samples, chunk_size)`` — names samples in errors when the array's own axis 0
-    is not the sample axis (the bytes of an encoded field: chunk ``k`` holds sample chunk ``k``).
+    is not the sample axis (the bytes of an encoded field: chunk ``k`` holds sample chunk ``k``). ``indexes`` holds
+    the shard indexes read, by shard: given, those of the store's other readers of the array (`Store.shard_indexes`:
+    an iterator made each epoch reads none again); each is used only for the version of its file it was read from.
     """
 
     def __init__(
         self, array: zarr.Array, field: str, where: str, num_samples: int, *, samples: tuple[int, int] | None = None,
-        pins: Pins | None = None,
+        pins: Pins | None = None, indexes: dict[int, Any] | None = None,
     ) -> None:
         self.array, self.field, self.where, self.num_samples = array, field, where, num_samples
         self.chunk_size = array.chunks[0]
         self._samples = samples or (num_samples, self.chunk_size)
         self._layout = _direct_layout(array, pins)
-        self._indexes: dict[int, _ShardIndex] = {}
+        self._indexes: dict[int, _ShardIndex] = {} if indexes is None else indexes
         self._reading: dict[int, _IndexRead] = {}  # the shards whose index a thread is reading
         self._lock = threading.Lock()
 

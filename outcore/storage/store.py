@@ -91,6 +91,7 @@ class Store:
         self.group = group
         self.opener: Callable[[], Store] = partial(type(self).open, location)  # opens it again, as it was
         self._zarr_arrays: dict[str, zarr.Array] = {}  # opened once: from an object store, each open is a request
+        self._shard_indexes: dict[str, dict[int, Any]] = {}  # by array: what its readers read (`shard_indexes`)
         check_safe(group, self.array_names(), location)
         for name in attrs.fields:
             self._check_field(name)
@@ -196,7 +197,13 @@ class Store:
 
     def shard_reader(self, field: str) -> ShardReader:
         """A direct reader of ``field``'s stored chunks (bytes, for an encoded image field)."""
-        return ShardReader(self.array(field), field, self.location, len(self), pins=self.pins)
+        return ShardReader(self.array(field), field, self.location, len(self), pins=self.pins,
+                           indexes=self.shard_indexes(field))
+
+    def shard_indexes(self, array: str) -> dict[int, Any]:
+        """The shard indexes of array ``array`` that this store's readers read, by shard, shared by them: an iterator
+        made each epoch reads no index again (each is used only for the version of its file it was read from)."""
+        return self._shard_indexes.setdefault(array, {})
 
     def __len__(self) -> int:
         return self.attrs.num_samples
