@@ -202,6 +202,10 @@ def test_a_read_task_s_chunks_are_read_in_one_call_and_one_that_fails_is_named(t
     assert isinstance(got[1], CorruptChunkError) and re.search(r"field 'y', chunk 2 .*crc32c", str(got[1]))
     with pytest.raises(CorruptChunkError, match=r"field 'y', chunk 2 .*crc32c"):
         buffers.read(2)
+    corrupt_chunk(location, "x", 5)  # the first field: the chunk after it is still read as its own
+    got = buffers.read_many([5, 6])
+    assert isinstance(got[0], CorruptChunkError) and re.search(r"field 'x', chunk 5 .*crc32c", str(got[0]))
+    same(got[1], 6)
 
 
 @needs_extension
@@ -236,6 +240,29 @@ def test_an_encoded_field_s_ranges_bytes_and_shapes_are_read_with_the_other_fiel
     got = buffers.read_many([0, 1])
     assert isinstance(got[1], CorruptChunkError) and re.search(r"field 'images', chunk 1 .*crc32c", str(got[1]))
     np.testing.assert_array_equal(got[0][0]["images"][3], expected[0][0][3])
+
+
+def test_an_iterator_made_each_epoch_reads_no_shard_index_again(tmp_path, rng, monkeypatch):
+    """A store's readers share the shard indexes they read (`Store.shard_indexes`): the iterator of the next epoch,
+    made anew, reads every chunk and no index; another store opened on the same files reads its own."""
+    location, values = _store(tmp_path, rng, "lz4")
+    read, original = [], shard_reader.ShardReader._read_index_now
+    monkeypatch.setattr(shard_reader.ShardReader, "_read_index_now",
+                        lambda self, shard, file: read.append((self.field, shard)) or original(self, shard, file))
+    ds = outcore.open_dataset(location)
+    shards = -(-ds.num_chunks * ds.chunk_size // ds.array("x").shards[0])
+
+    def epoch(store):
+        got = np.concatenate([batch["x"] for batch in store.batches(64, shuffle=True, fields=["x"])])
+        np.testing.assert_array_equal(np.sort(got, axis=0), np.sort(values, axis=0))
+
+    epoch(ds)
+    assert sorted(read) == [("x", shard) for shard in range(shards)]
+    read.clear()
+    epoch(ds)
+    assert read == []
+    epoch(outcore.open_dataset(location))
+    assert len(read) == shards
 
 
 @needs_extension
