@@ -23,6 +23,7 @@ import pytest
 import outcore
 from outcore.iterate import process as process_module
 from outcore.iterate import runs
+from outcore.iterate.child import board_file
 from outcore.iterate.process import (
     PART_FILES,
     CopyingRun,
@@ -471,6 +472,24 @@ def test_epochs_copied_into_the_consumers_memory_each_get_every_batch_while_the_
     made = _epochs(iterator, 4, pause=0.03)
     _same(made, _epochs(store.batches(150, **options), 4))
     iterator.close()
+
+
+def test_a_run_s_count_of_batches_taken_never_replaces_a_later_run_s():
+    """The next epoch's run, ordered ahead, may take its first batch on its own thread (copying into pinned memory)
+    before this run's thread takes its last. The process is on the later run by then and reads that run's count
+    only: the earlier run's count written after it would leave the process waiting for it, and the later run's
+    thread waiting for the process, for good (an iterator kept after its training held its processes so)."""
+    loader = LoaderProcess()
+    loader.board, descriptor = board_file()
+    os.close(descriptor)
+    inbox = Inbox(None, loader.board)
+    assert inbox.taken(0) == 0
+    loader.taken(1, 14)
+    loader.taken(2, 1)
+    loader.taken(1, 15)  # the earlier run's last, late
+    assert (inbox.taken(2), inbox.taken(1)) == (1, 0)
+    loader.taken(2, 2)
+    assert inbox.taken(2) == 2
 
 
 @pytest.mark.parametrize("copying", [False, True])

@@ -149,6 +149,7 @@ class LoaderProcess:
         self.later: dict[int, deque[tuple[Any, ...]]] = {}  # messages that came while another run's thread read
         self.idling = Idle(lambda: not self.open, lambda: self.close(keep_free=False))  # ends idle (own mailbox)
         self.closing = threading.Lock()
+        self.telling = threading.Lock()  # held to write the board (`taken`): two runs' threads may take at once
 
     @classmethod
     def kept_by(cls, owner: object, options: BatchOptions) -> LoaderProcess:
@@ -241,8 +242,13 @@ class LoaderProcess:
     def taken(self, number: int, delivered: int) -> None:
         """Say that the consumer took ``delivered`` batches of run ``number``: the process may send as many more.
         Written into memory the process reads, not sent: a message would wake it, and a wake-up costs the
-        sender more than the rest of a batch's hand-off."""
-        self.board.value = number << 32 | delivered
+        sender more than the rest of a batch's hand-off. A run's count never replaces a later run's: the process
+        sends a run's batches once it sent all of the run's before, and from then on reads the later run's count
+        only (the next epoch's run, ordered ahead, may take its first batch on its thread before the thread of this
+        one takes its last; the process would wait for that run's count, and its taker for the process)."""
+        with self.telling:
+            if number >= self.board.value >> 32:
+                self.board.value = number << 32 | delivered
 
     def receive(self, run: ProcessRun) -> tuple[tuple[Any, ...], bool]:
         """The next message of the process for ``run``, and whether it had come when asked for. Several runs' threads
