@@ -405,6 +405,27 @@ def test_memory_stays_flat_as_the_store_grows(tmp_path, rng):
     assert large_peak < large_bytes / 5  # a fifth of the store here (160 chunks), whatever its size (above)
 
 
+@pytest.mark.parametrize("skip_damaged", [0, 2])
+def test_the_batches_tasks_take_their_chunks_values_the_thread_planning_them_waits_for_no_read(store, monkeypatch,
+                                                                                                skip_damaged):
+    """The thread that plans a run's batches asks for their reads and tasks and waits for no read: each batch's task
+    takes its chunks' values, once read (a wait on another thread costs tens of microseconds of CPU on either side).
+    Where damaged chunks may be left out (``skip_damaged``), that thread finds them, in the schedule's order, and
+    says them itself (a loader process sends each run's thread's warnings with that run's batches)."""
+    ds, _ = store
+    found, values = [], runs.LocalRun._found  # each chunk's values found once, by the thread recorded
+    monkeypatch.setattr(runs.LocalRun, "_found", lambda run, chunk: found.append(
+        threading.current_thread().name) or values(run, chunk))
+    outcore.set_threads(2)
+    try:
+        assert sorted(_ids(ds.batches(64, seed=0, fields=["images", "id"], skip_damaged=skip_damaged))) == \
+            list(range(1000))
+    finally:
+        outcore.set_threads(None)
+    planning = [thread for thread in found if thread == "outcore-batches"]
+    assert len(found) >= 32 and (planning == found if skip_damaged else not planning), found
+
+
 def test_each_epoch_reads_into_the_chunk_buffers_the_ones_before_freed(store):
     """An iterator's runs (an epoch each) share its chunk buffers, and a run gives back those of its last batches
     too: after the first epoch, the iterator takes no more memory for chunks than the next epoch's run reads into

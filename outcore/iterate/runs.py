@@ -416,11 +416,14 @@ class LocalRun(Run):
     (`outcore.storage.RemoteFiles.fetch_ahead`), so that requests are in flight while the CPU threads
     decode.
 
-    A batch is made once the chunks it draws on are read (its task never waits on the pool; the pool runs no
-    more tasks at once than run well: `outcore.threads.pool.Gauge`), and the chunks a batch is the last to use
-    are released once it is made and the chunks of the batch `making` tasks later are asked for (batches are
-    handed over in order, in step with the schedule: the same chunks are read however fast each is made), so
-    at most `making` tasks' batches more than one task's are held besides the queue's.
+    A batch's task is asked for after the reads of the chunks it draws on, and takes their values itself: the
+    producer never waits for a read (each wait is a hand-over between threads, tens of microseconds of CPU on
+    either side). The pool starts tasks in the order asked (`outcore.threads.pool.Pool`), so a batch's task that
+    finds a read not ended waits only for one under way on another thread; the pool runs no more tasks at once
+    than run well (`outcore.threads.pool.Gauge`). The chunks a batch is the last to use are released once it is
+    made and the chunks of the batch `making` tasks later are asked for (batches are handed over in order, in step
+    with the schedule: the same chunks are read however fast each is made), so at most `making` tasks' batches
+    more than one task's are held besides the queue's.
 
     Consecutive batches of a few megabytes are made ``together`` by one task (up to `MOST_TOGETHER` of them,
     about `TOGETHER_BYTES` in all, no more than the batches made at once) as one, then cut apart, where the
@@ -443,6 +446,7 @@ class LocalRun(Run):
         self.values: dict[int, dict[str, Any] | None] = {}  # by chunk: its values once a batch took them (`_values`)
         self.chunk_of: list[int] = work.plan.chunks.tolist()  # each slot's chunk
         self.damaged: set[int] = set()  # chunks left out of this epoch (``skip_damaged``)
+        self.finding = threading.Lock()  # held to find a chunk's values from its read (`_values`): by batches' tasks
         self.slots_held: dict[int, int] = {}  # chunk -> its slots loaded and not released (two streams may share it)
         self.made: deque[Task[list[Batch]]] = deque()  # batches being made or not yet handed over, in order
         self.remote = any(reader.remote for reader in self.readers.values())
@@ -502,9 +506,11 @@ class LocalRun(Run):
         """Have the batches of ``steps`` made once the chunks they draw on are read, and release the chunks of the
         batches made `making` tasks before."""
         chunk_of = self.chunk_of
-        used = dict.fromkeys(slot for step in steps for slot in step.used)
-        data = {slot: values for slot in used if (values := self._values(chunk_of[slot])) is not None}
-        making = submit(self._make, steps, data)
+        used = [(slot, chunk_of[slot]) for slot in dict.fromkeys(slot for step in steps for slot in step.used)]
+        if self.work.options.skip_damaged:  # which chunks are left out is decided here, in the schedule's order, and
+            for _, chunk in used:  # said on this thread (a loader process sends each run's thread's warnings with
+                self._values(chunk)  # that run's batches); without, a damaged chunk is an error wherever it is met
+        making = submit(self._make, steps, used)
         self.made.append(making)
         held.append((steps, making))
         if len(held) > self.making:  # in step with the schedule: the same reads however fast batches are made
@@ -533,15 +539,21 @@ class LocalRun(Run):
                     self.buffers.give(loaded.result()[1])
 
     def _values(self, chunk: int) -> dict[str, Any] | None:
-        """The chunk's values, or None for a damaged chunk left out (``skip_damaged``: named in a warning,
-        counted in the stats, up to that many an epoch); found once while it is held."""
-        if chunk in self.values:
+        """The chunk's values once read, or None for a damaged chunk left out (``skip_damaged``: named in a
+        warning, counted in the stats, up to that many an epoch); found once while it is held, by whichever batch's
+        task asks first."""
+        values = self.values.get(chunk, self)  # a dict's read holds no lock
+        if values is not self:
+            return values
+        self.loading[chunk].task.wait()  # outside the lock: another chunk's values may be found meanwhile
+        with self.finding:
+            if chunk not in self.values:
+                self.values[chunk] = self._found(chunk)
             return self.values[chunk]
-        values = self.values[chunk] = self._found(chunk)
-        return values
 
     def _found(self, chunk: int) -> dict[str, Any] | None:
-        """The chunk's values as its read gave them, or None for a damaged chunk left out (`_values`)."""
+        """The chunk's values as its read gave them, or None for a damaged chunk left out (`_values`, holding
+        `finding`)."""
         try:
             return self.loading[chunk].result()[0]
         except (CorruptChunkError, StorageError) as error:
@@ -555,9 +567,10 @@ class LocalRun(Run):
                           f"{self.work.options.skip_damaged}): {error}", OutcoreWarning, stacklevel=3)
             return None
 
-    def _make(self, steps: list[BatchStep], data: dict[int, dict[str, Any]]) -> list[Batch]:
-        """The batches of ``steps`` from the chunks' values ``data`` (by slot): one alone, or several made as one
-        and cut apart (`together`)."""
+    def _make(self, steps: list[BatchStep], used: list[tuple[int, int]]) -> list[Batch]:
+        """The batches of ``steps`` from the values of the chunks they use (``(slot, chunk)`` each), once read: one
+        alone, or several made as one and cut apart (`together`)."""
+        data = {slot: values for slot, chunk in used if (values := self._values(chunk)) is not None}
         began = time.perf_counter()
         try:
             if len(steps) == 1:
