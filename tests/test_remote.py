@@ -237,20 +237,28 @@ def test_a_stalled_answer_is_asked_again_beside_it(stores, s3, proxy, monkeypatc
 
 
 def test_an_iterator_asks_for_each_shard_index_once_when_a_read_ahead_and_a_read_meet(stores, s3, proxy):
-    """A new iterator reads each shard file's index (a few bytes at its end) again; its read-ahead (on an I/O
-    thread) and its first read of the shard need it at once: one request, the other waits for it."""
+    """A store's readers share the shard indexes they read (a few bytes at each shard file's end): an iterator made
+    each epoch asks for none again. Where the store has not read one yet, the read-ahead (on an I/O thread) and the
+    first read of the shard need it at once: one request, the other waits for it."""
     remote = _open("numbers.zarr", _via(proxy, s3), cache_dir=False)
     _epoch(remote)  # metadata and shard versions known
-    proxy.traffic = Traffic()
-    proxy.latency = 0.2  # the read-ahead's request is still out when the read needs the index
-    try:
-        _same(_epoch(remote, epoch=1), _epoch(stores["numbers"], epoch=1))
-    finally:
-        proxy.latency = 0.0
     x = remote.array("x")
     index_bytes = 16 * (x.shards[0] // x.chunks[0]) + 4
-    asked = {key: count for (key, ranges), count in proxy.traffic.ranges.items()
-             if ranges and _range_length(ranges) == index_bytes}
+
+    def indexes_asked(epoch):
+        proxy.traffic = Traffic()
+        proxy.latency = 0.2  # the read-ahead's request is still out when the read needs the index
+        try:
+            _same(_epoch(remote, epoch=epoch), _epoch(stores["numbers"], epoch=epoch))
+        finally:
+            proxy.latency = 0.0
+        return {key: count for (key, ranges), count in proxy.traffic.ranges.items()
+                if ranges and _range_length(ranges) == index_bytes}
+
+    assert indexes_asked(1) == {}
+    for name in remote.array_names():  # as a store that has read none yet
+        remote.shard_indexes(name).clear()
+    asked = indexes_asked(2)
     assert asked and set(asked.values()) == {1}, asked
 
 
