@@ -88,7 +88,7 @@ def rows_by_chunk(keys: np.ndarray, samples: np.ndarray,
     made = getattr(native.windows, "rows", None)  # None: not built (or built before it was)
     if made is None:
         return None
-    keys, samples = np.ascontiguousarray(keys, np.int64), np.ascontiguousarray(samples, np.int64)
+    keys, samples = _int64(keys), _int64(samples)
     order, which, local, chunks = np.empty((4, len(keys)), np.int64)  # four rows, each contiguous
     found = made(keys, samples, int(chunk_size), order, which, local, chunks)
     return None if found < 0 else (order, chunks[:found], which, local)
