@@ -11,8 +11,11 @@ making batches take turns in the kernel.
 How a block comes back: the array is made over a ``ctypes`` view of the block, which numpy keeps alive as long
 as any array made from it (slices, reshapes, a ``torch.from_numpy`` tensor of it, a ``memoryview``); the block
 is kept for the next array once that view is gone (a weak reference's callback). So an array handed out is never
-written again while anything refers to it. At most `KEEP_BYTES` of blocks are kept unused, and none of those
-handed out before `let_go` (a process whose batches are made by loader processes from then on).
+written again while anything refers to it. Blocks are kept unused up to the most bytes of them that were in use at
+once (when a new one had to be made), at least `KEEP_BYTES` and at most `MOST_KEPT_BYTES`: a loader's batches under way,
+queued and held by its consumer come back to blocks enough for them all, however many threads make them (with a
+fixed amount, the blocks past it went back to glibc at every peak and were made again, zeroed, at the next). None
+of those handed out before `let_go` are kept (a process whose batches are made by loader processes from then on).
 
 >>> pictures = empty((16, 224, 224, 3), np.uint8)
 >>> pictures.nbytes, pictures.ctypes.data % ALIGN == LEAD
@@ -35,12 +38,15 @@ import numpy as np
 # numpy's arrays start at either, as malloc places them (docs/benchmarks.md, "Figures behind the code").
 ALIGN, LEAD = 32, 16
 SMALLEST = 1 << 20  # smaller arrays come from the heap as they are (glibc keeps those mapped)
-KEEP_BYTES = 256 << 20  # blocks kept unused, at most (about: a thread or two may each add one more)
+KEEP_BYTES = 256 << 20  # blocks kept unused: up to this, or to as many as were in use at once (about: a thread or two
+# may each add one more)
+MOST_KEPT_BYTES = 1 << 30  # and never more than this, however many were in use at once
 
 
 class Blocks:
     """Blocks of memory handed out as arrays (`empty`) and kept, once nothing refers to them, for the next array
-    of their size: up to ``keep_bytes`` of them, the most recent first.
+    of their size, the most recent first: up to ``keep_bytes`` of them, or as many bytes as were in use at once
+    when a new block was made (`peak`), up to ``most_bytes``.
 
     >>> blocks = Blocks()
     >>> a = blocks.empty((2, 1024, 1024), np.uint8)
@@ -54,8 +60,9 @@ class Blocks:
     True
     """
 
-    def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
-        self.keep_bytes = keep_bytes
+    def __init__(self, keep_bytes: int = KEEP_BYTES, most_bytes: int = MOST_KEPT_BYTES) -> None:
+        self.keep_bytes, self.most_bytes = keep_bytes, most_bytes
+        self.peak = 0  # the most bytes of blocks in use at once, counted when a new block is made
         self.free: list[np.ndarray] = []  # blocks back, oldest first: appended by `_gone`, taken under the lock
         self.lock = threading.Lock()  # taken by `empty` only: `_gone` may run in any thread, at any allocation
         # the views handed out: id(weak ref) -> (it, its block, the block's number)
@@ -71,27 +78,43 @@ class Blocks:
         if nbytes < SMALLEST:
             return _aligned(nbytes).view(dtype).reshape(shape)
         block = self._reuse(nbytes)
-        if block is None:
+        made = block is None
+        if made:
             block = _aligned(nbytes)
         view = (ctypes.c_char * nbytes).from_buffer(block)
         watch = weakref.ref(view, self._gone)  # C's weak reference: `weakref.finalize` is Python code at both ends
         self.watched[id(watch)] = (watch, block, next(self.numbers))
+        if made:  # the blocks wanted at once now: as many are kept once back (a list of a dict's values: one C call)
+            self.peak = max(self.peak, sum(held.nbytes for _, held, _ in list(self.watched.values())))
         return np.frombuffer(view, dtype).reshape(shape)
 
+    def keeps(self) -> int:
+        """The most bytes of blocks kept unused now: ``keep_bytes``, or as many as were in use at once (`peak`), up to
+        ``most_bytes``.
+
+        >>> Blocks(keep_bytes=1 << 20, most_bytes=1 << 30).keeps()
+        1048576
+        """
+        return max(self.keep_bytes, min(self.most_bytes, self.peak))
+
     def _reuse(self, nbytes: int) -> np.ndarray | None:
+        """A kept block of ``nbytes``, the most recent; None where none is kept, the oldest of the others then let go
+        until a new one fits with them (`keeps`: blocks of sizes no longer asked for do not stay in the way)."""
         with self.lock:
             free = self.free
             for k in range(len(free) - 1, -1, -1):  # `_gone` only appends: the indices here stay
                 if free[k].nbytes == nbytes:
                     return free.pop(k)
+            while free and sum(kept.nbytes for kept in free) + nbytes > self.keeps():
+                free.pop(0)
         return None
 
     def _gone(self, watch: weakref.ref) -> None:
-        """Keep the block of the view ``watch`` watched, now gone, unless as much is kept already (no lock: a weak
-        reference's callback may run inside `_reuse`, in the thread holding it; a count read while another thread
+        """Keep the block of the view ``watch`` watched, now gone, unless as much is kept already (`keeps`; no lock: a
+        weak reference's callback may run inside `_reuse`, in the thread holding it; a count read while another thread
         changes the list is off by a block at most)."""
         _, block, number = self.watched.pop(id(watch))
-        if number >= self.keep_from and sum(kept.nbytes for kept in list(self.free)) + block.nbytes <= self.keep_bytes:
+        if number >= self.keep_from and sum(kept.nbytes for kept in list(self.free)) + block.nbytes <= self.keeps():
             self.free.append(block)
 
     def let_go(self) -> None:
@@ -108,6 +131,7 @@ class Blocks:
         1
         """
         self.keep_from = next(self.numbers)
+        self.peak = 0
         self.free = []  # a `_reuse` under way pops from the list it found
 
 
@@ -133,7 +157,7 @@ BLOCKS = Blocks()  # the process's
 def _forget_after_fork() -> None:
     """A forked child has its own blocks, and a lock that no thread of the parent may hold there."""
     global BLOCKS
-    BLOCKS = Blocks(BLOCKS.keep_bytes)
+    BLOCKS = Blocks(BLOCKS.keep_bytes, BLOCKS.most_bytes)
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
