@@ -1,9 +1,9 @@
 """Where a loader's CPU time goes, every thread and the kernel's part included: ``perf`` samples a process running a
 case of `cores.py` flat out, and each sample is put in outcore's C calls that release the GIL, by what they were
 doing (decompressing, checksums, the kernel copying a read's bytes, copies into the batch, decoding, the kernel
-zeroing new pages), or outside them: the time that holds the GIL or waits for it (the interpreter and numpy's
-calls, by Python function where Python runs with ``-X perf``, 3.12 or newer; the kernel's thread switches, page
-faults and other calls made there).
+zeroing new pages), in other calls that release it (Python's file calls, OpenSSL's digests: an ingest's), or in
+neither: the time that holds the GIL or waits for it (the interpreter and numpy's calls, by Python function where
+Python runs with ``-X perf``, 3.12 or newer; the kernel's thread switches, page faults and other calls made there).
 
     python benchmarks/where_cpu.py [--cases pixels,encoded] [--threads 16] [--as-cpus 16] [--seconds 8]
                                    [--workdir bench-data/cores] [--top 12]
@@ -36,10 +36,24 @@ from cores import CASES, stores
 SAMPLES = 8000  # perf's samples of a case, about: its rate a CPU is set to take as many (each a DWARF stack to unwind)
 STACK_BYTES = 16384  # of each thread's stack copied with a sample, for perf to unwind (DWARF)
 WARM_SECONDS = 4.0  # before the samples: the first epochs make the chunk buffers and blocks the next ones use again
+OUTCORE, FREED, HELD_GIL = "in outcore's C calls (the GIL released)", "in other calls that release the GIL", \
+    "outside them (holding the GIL, or waiting for it)"
 # Libraries only ever called with the GIL released (by outcore's C, or numcodecs'): a sample in them is counted in
 # outcore's C calls even where perf could not unwind the stack past them (libjpeg-turbo's SIMD code has no unwind
 # tables).
 GIL_FREE_LIBRARIES = re.compile(r"libjpeg|libturbojpeg|blosc")
+# Other calls that release the GIL, by their library or by the system call their innermost user-space frame makes:
+# Python's own file calls (os, io, pathlib, shutil), OpenSSL's digests (hashlib, on more than 2 KiB), and glibc's
+# copies and fills called outside outcore's C: numpy's and bytes.join's, which give the GIL up for large ones (small
+# ones counted here too: an upper bound of what runs without it).
+OTHER_FREE = (
+    ("Python's file calls (writes, opens, removals)", re.compile(
+        r"^(__GI_|__libc_|__GI___libc_|__)?(write|read|pread64|pwrite64|open64|openat64|close|mkdir|rmdir|unlink|"
+        r"unlinkat|rename|renameat|fsync|fdatasync|stat64|fstatat64|fstat64|lseek64|ftruncate64|getdents64)$")),
+    ("digests (OpenSSL)", re.compile(r"libcrypto")),
+    ("copies and fills by numpy, bytes.join (large: GIL released)", re.compile(
+        r"^__(memcpy|memmove|memset)_")),
+)
 FRAME = re.compile(r"^\s*[0-9a-f]+ (?P<symbol>.+?)(?:\+0x[0-9a-f]+)? \((?P<library>.*)\)$")
 # What a sample in outcore's C calls does, by the native frames below its Python one (innermost first): the first of
 # these whose pattern they match.
@@ -83,17 +97,21 @@ def outcore_c(library: str) -> bool:
     return "/outcore/" in library and library.endswith(".so")
 
 
-def where(frames: list[tuple[str, str]]) -> tuple[bool, str, str | None]:
-    """``(released, what, python)`` of a sample: in one of outcore's C calls (below the innermost Python frame
-    where there is one) or not, what its innermost frame was doing, and the innermost Python function (``-X
-    perf``'s ``py::`` frames), if any.
+def where(frames: list[tuple[str, str]]) -> tuple[str, str, str | None]:
+    """``(group, what, python)`` of a sample: in one of outcore's C calls (below the innermost Python frame where
+    there is one: `OUTCORE`), in another call that releases the GIL (`FREED`) or neither (`HELD_GIL`), what it was
+    doing, and the innermost Python function (``-X perf``'s ``py::`` frames), if any.
 
     >>> where([("LZ4_decompress_safe", "/x/blosc.so"), ("read_one", "/x/outcore/storage/_chunks.so"),
-    ...        ("py::ShardReader.read_vouched:/x/outcore/storage/shard_reader.py", "/tmp/perf-1.map")])
-    (True, 'decompress', 'ShardReader.read_vouched (outcore/storage/shard_reader.py)')
+    ...        ("py::ShardReader.read_vouched:/x/outcore/storage/shard_reader.py", "/tmp/perf-1.map")])[1:]
+    ('decompress', 'ShardReader.read_vouched (outcore/storage/shard_reader.py)')
+    >>> where([("copy_folio_from_iter_atomic", "[kernel.kallsyms]"), ("__GI___libc_write", "/x/libc.so.6"),
+    ...        ("py::_write_shard:/x/outcore/storage/shard_writer.py", "/tmp/perf-1.map")])[1]
+    "Python's file calls (writes, opens, removals)"
     >>> where([("finish_task_switch.isra.0", "[kernel.kallsyms]"), ("futex_wait", "[kernel.kallsyms]"),
-    ...        ("py::_Worker.run:/x/outcore/threads/pool.py", "/tmp/perf-1.map")])[:2]
-    (False, 'the kernel: thread switches, futex waits and wakes')
+    ...        ("py::_Worker.run:/x/outcore/threads/pool.py", "/tmp/perf-1.map")])[:2] == (HELD_GIL,
+    ...     "the kernel: thread switches, futex waits and wakes")
+    True
     """
     python = next((k for k, (symbol, _) in enumerate(frames) if symbol.startswith("py::")), len(frames))
     native = frames[:python] or frames[:1]
@@ -101,11 +119,15 @@ def where(frames: list[tuple[str, str]]) -> tuple[bool, str, str | None]:
     if python < len(frames):
         function, _, path = frames[python][0][4:].partition(":")
         name = f"{function} ({path[path.find('outcore/'):] if 'outcore/' in path else Path(path).name})"
-    released = any(outcore_c(library) or GIL_FREE_LIBRARIES.search(library) for _, library in native)
     text = " ".join(f"{symbol} [{library}]" for symbol, library in native)
-    what = next((kind for kind, pattern in (RELEASED if released else HELD) if pattern.search(text)),
-                "other (in outcore's C)" if released else "Python: the interpreter and numpy's calls")
-    return released, what, name
+    if any(outcore_c(library) or GIL_FREE_LIBRARIES.search(library) for _, library in native):
+        return OUTCORE, next((kind for kind, pattern in RELEASED if pattern.search(text)), "other (in outcore's C)"), name
+    user = next(((symbol, library) for symbol, library in native if library != "[kernel.kallsyms]"), ("", ""))
+    freed = next((kind for kind, pattern in OTHER_FREE if pattern.search(user[0]) or pattern.search(user[1])), None)
+    if freed is not None:
+        return FREED, freed, name
+    return HELD_GIL, next((kind for kind, pattern in HELD if pattern.search(text)),
+                          "Python: the interpreter and numpy's calls"), name
 
 
 def rate(seconds: float) -> int:
@@ -114,7 +136,7 @@ def rate(seconds: float) -> int:
 
 
 def profile(case: str, store: Path, threads: int, as_cpus: int, seconds: float, folder: Path) -> Counter:
-    """Counts of ``(released, what, python)`` over the samples of a process running ``case`` flat out."""
+    """Counts of ``(group, what, python)`` (`where`) over the samples of a process running ``case`` flat out."""
     flags = ["-X", "perf"] if sys.version_info >= (3, 12) else []
     script = Path(__file__).with_name("cores.py")
     process = subprocess.Popen([sys.executable, *flags, str(script), "--run", case, str(store), str(threads),
@@ -138,23 +160,24 @@ def profile(case: str, store: Path, threads: int, as_cpus: int, seconds: float, 
     return counted
 
 
-def report(case: str, counted: Counter, top: int) -> None:
+def report(counted: Counter, top: int) -> None:
+    """The shares of `where`'s groups and kinds in ``counted``, and the Python functions holding the GIL most."""
     total = sum(counted.values())
     by_kind: Counter = Counter()
     functions: Counter = Counter()
-    for (released, what, python), count in counted.items():
-        by_kind[released, what] += count
-        if not released and python is not None:
+    for (group, what, python), count in counted.items():
+        by_kind[group, what] += count
+        if group == HELD_GIL and python is not None:
             functions[python] += count
-    for released, title in ((True, "in outcore's C calls (the GIL released)"),
-                            (False, "outside them (holding the GIL, or waiting for it)")):
-        part = sum(count for (inside, _), count in by_kind.items() if inside == released)
-        print(f"  {title:58s} {part / total:6.1%}")
-        for (inside, what), count in by_kind.most_common():
-            if inside == released:
-                print(f"    {what:56s} {count / total:6.1%}")
+    for group in (OUTCORE, FREED, HELD_GIL):
+        part = sum(count for (each, _), count in by_kind.items() if each == group)
+        if part or group != FREED:
+            print(f"  {group:62s} {part / total:6.1%}")
+        for (each, what), count in by_kind.most_common():
+            if each == group:
+                print(f"    {what:60s} {count / total:6.1%}")
     if functions:
-        print(f"  the Python functions outside outcore's C calls most (innermost frame; {total:,} samples in all):")
+        print(f"  the Python functions holding the GIL most (innermost frame; {total:,} samples in all):")
         for name, count in functions.most_common(top):
             print(f"    {count / total:6.2%}  {name}")
 
@@ -182,8 +205,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for case in cases:
             print(f"\n{case}:")
-            report(case, profile(case, made[CASES[case][0]], args.threads, args.as_cpus, args.seconds, Path(folder)),
-                   args.top)
+            report(profile(case, made[CASES[case][0]], args.threads, args.as_cpus, args.seconds, Path(folder)), args.top)
 
 
 if __name__ == "__main__":
