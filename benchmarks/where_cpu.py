@@ -5,8 +5,8 @@ zeroing new pages), in other calls that release it (Python's file calls, OpenSSL
 neither: the time that holds the GIL or waits for it (the interpreter and numpy's calls, by Python function where
 Python runs with ``-X perf``, 3.12 or newer; the kernel's thread switches, page faults and other calls made there).
 
-    python benchmarks/where_cpu.py [--cases pixels,encoded] [--threads 16] [--as-cpus 16] [--seconds 8]
-                                   [--workdir bench-data/cores] [--top 12]
+    python benchmarks/where_cpu.py [--cases pixels,encoded,ingest] [--threads 16] [--as-cpus 16] [--seconds 8]
+                                   [--images 6000] [--workdir bench-data/cores] [--top 12]
 
 `cores.py`'s timed GIL share counts the same time outside outcore's C calls, per thread, but not what it is. Its
 py-spy rows (``--only gil``) sample only the thread holding the GIL, a few hundred samples a case. Here every CPU
