@@ -105,8 +105,9 @@ class Blocks:
             for k in range(len(free) - 1, -1, -1):  # `_gone` only appends: the indices here stay
                 if free[k].nbytes == nbytes:
                     return free.pop(k)
-            while free and sum(kept.nbytes for kept in free) + nbytes > self.keeps():
-                free.pop(0)
+            kept = sum(block.nbytes for block in free)
+            while free and kept + nbytes > self.keeps():
+                kept -= free.pop(0).nbytes
         return None
 
     def _gone(self, watch: weakref.ref) -> None:
