@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from cores import CASES, stores
@@ -121,13 +121,21 @@ def where(frames: list[tuple[str, str]]) -> tuple[str, str, str | None]:
         name = f"{function} ({path[path.find('outcore/'):] if 'outcore/' in path else Path(path).name})"
     text = " ".join(f"{symbol} [{library}]" for symbol, library in native)
     if any(outcore_c(library) or GIL_FREE_LIBRARIES.search(library) for _, library in native):
-        return OUTCORE, next((kind for kind, pattern in RELEASED if pattern.search(text)), "other (in outcore's C)"), name
+        return OUTCORE, first(RELEASED, [text], "other (in outcore's C)"), name
     user = next(((symbol, library) for symbol, library in native if library != "[kernel.kallsyms]"), ("", ""))
-    freed = next((kind for kind, pattern in OTHER_FREE if pattern.search(user[0]) or pattern.search(user[1])), None)
+    freed = first(OTHER_FREE, user, None)
     if freed is not None:
         return FREED, freed, name
-    return HELD_GIL, next((kind for kind, pattern in HELD if pattern.search(text)),
-                          "Python: the interpreter and numpy's calls"), name
+    return HELD_GIL, first(HELD, [text], "Python: the interpreter and numpy's calls"), name
+
+
+def first(kinds: Sequence[tuple[str, re.Pattern]], texts: Sequence[str], otherwise: str | None) -> str | None:
+    """The first of ``kinds`` (``(name, pattern)``) whose pattern is found in one of ``texts``, else ``otherwise``.
+
+    >>> first([("a", re.compile("x")), ("b", re.compile("y"))], ["zy"], None)
+    'b'
+    """
+    return next((kind for kind, pattern in kinds if any(pattern.search(text) for text in texts)), otherwise)
 
 
 def rate(seconds: float) -> int:
