@@ -121,7 +121,7 @@ RATE = 250  # py-spy samples a second
 FUNCTIONS = 8  # the functions holding the GIL most, printed per case
 TAKEN = [0]  # batches taken by a process running a case (``--run``), for `releases`
 RELEASERS = 12  # the C functions giving up the GIL most, printed per case
-PERF_ATTEMPTS = 4  # releases: perf's attempts at recording a running process
+PERF_ATTEMPTS = 4  # perf's attempts at recording a running process (`perf_record`)
 CASES = {  # name: (store, transform)
     "pixels": ("pixels", None),
     "pixels-each": ("pixels", None),  # ds.batches made anew each epoch
@@ -585,23 +585,27 @@ def count_releases(made: dict[str, Path], case: str, threads: int, seconds: floa
             process.send_signal(signal.SIGUSR1)
             return int(process.stdout.readline().split()[1])
 
-        for attempt in range(PERF_ATTEMPTS):  # perf fails now and then when a thread ends as it attaches
-            before = taken()
-            recorded = subprocess.run(["perf", "record", "-q", "-e", event, "--call-graph", "dwarf,16384", "-p",
-                                       str(process.pid), "-o", str(out), "--", "sleep", str(seconds)],
-                                      check=False, capture_output=True, text=True)
-            batches = taken() - before
-            if recorded.returncode == 0:
-                break
-            if attempt == PERF_ATTEMPTS - 1:
-                raise RuntimeError(f"perf record failed {PERF_ATTEMPTS} times (rc={recorded.returncode}): "
-                                   f"{recorded.stderr.strip()[-300:]}")
+        batches = perf_record(process.pid, out, seconds, ["-e", event, "--call-graph", "dwarf,16384"], taken)
         script = subprocess.run(["perf", "script", "-i", str(out)], check=True, capture_output=True, text=True).stdout
         return releasers(script), batches
     finally:
         process.kill()
         process.wait()
         out.unlink(missing_ok=True)
+
+
+def perf_record(pid: int, out: Path, seconds: float, options: list[str], count: Callable[[], int] = lambda: 0) -> int:
+    """``perf record`` of process ``pid`` for ``seconds`` into ``out``, with ``options``, tried up to `PERF_ATTEMPTS`
+    times (perf fails now and then when a thread ends as it attaches): how much ``count()`` grew over the attempt
+    that succeeded. A `RuntimeError` with perf's words where none did."""
+    for _ in range(PERF_ATTEMPTS):
+        before = count()
+        recorded = subprocess.run(["perf", "record", "-q", *options, "-p", str(pid), "-o", str(out), "--", "sleep",
+                                   str(seconds)], check=False, capture_output=True, text=True)
+        if recorded.returncode == 0:
+            return count() - before
+    raise RuntimeError(f"perf record failed {PERF_ATTEMPTS} times (rc={recorded.returncode}): "
+                       f"{recorded.stderr.strip()[-300:]}")
 
 
 PLUMBING = ("_Py", "PyObject_", "PyNumber_", "object_vacall", "method_vectorcall", "cfunction", "do_call_core",

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from cores import CASES, stores
+from cores import CASES, perf_record, stores
 
 SAMPLES = 8000  # perf's samples of a case, about: its rate a CPU is set to take as many (each a DWARF stack to unwind)
 STACK_BYTES = 16384  # of each thread's stack copied with a sample, for perf to unwind (DWARF)
@@ -151,10 +151,11 @@ def profile(case: str, store: Path, threads: int, as_cpus: int, seconds: float, 
                                 str(WARM_SECONDS + seconds * 10), "--ready", "--as-cpus", str(as_cpus)], stdout=subprocess.PIPE, text=True)
     data = folder / f"{case}.data"
     try:
-        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "ready":
+            raise SystemExit(f"where_cpu: case {case!r} ended before its first epoch (its error is printed above)")
         time.sleep(WARM_SECONDS)
-        subprocess.run(["perf", "record", "-F", str(rate(seconds)), "--call-graph", f"dwarf,{STACK_BYTES}", "-p",
-                        str(process.pid), "-o", str(data), "--", "sleep", str(seconds)], check=True, capture_output=True)
+        perf_record(process.pid, data, seconds, ["-F", str(rate(seconds)), "--call-graph", f"dwarf,{STACK_BYTES}"])
     finally:
         process.kill()
         process.wait()
