@@ -33,6 +33,7 @@ CHUNKS_SOURCE = "outcore/storage/_chunks.c"
 FREE_TIME = ["outcore/_free_time.h"]  # the GIL-free time counted by the extensions that release the GIL
 BLAKE2B = "outcore/_blake2b.h"  # the survey's file digests, taken in check_files
 WHOLE_FILES = "outcore/_whole_files.h"  # whole picture files read at ingest, by _jpeg and _chunks alike
+MAPPED_FILES = "outcore/storage/_mapped_files.h"  # shard files mapped once, chunks in memory read in place
 
 
 def jpeg_paths() -> tuple[list[str], list[str]]:
@@ -81,7 +82,7 @@ def extensions() -> list[Extension]:
             Extension("outcore.seeds._state", [SEEDS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),
             Extension("outcore.seeds._draws", [DRAWS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),
             Extension("outcore.storage._chunks", [CHUNKS_SOURCE], extra_compile_args=flags,
-                      depends=[*FREE_TIME, WHOLE_FILES])]
+                      depends=[*FREE_TIME, WHOLE_FILES, MAPPED_FILES])]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

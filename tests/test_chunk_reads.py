@@ -10,6 +10,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import numpy as np
@@ -25,7 +26,7 @@ from outcore.ingest import fields
 from outcore.ingest.fields import file_stats
 from outcore.iterate.readers import chunk_readers
 from outcore.iterate.runs import ChunkBuffers
-from outcore.storage import chunk_reads, shard_reader
+from outcore.storage import chunk_reads, page_cache, shard_reader
 from outcore.storage.pins import stamp_of
 from outcore.testing import chunk_location, corrupt_chunk, write_image_folder
 
@@ -364,3 +365,116 @@ def test_a_file_that_cannot_be_read_at_once_is_none_and_python_s_calls_name_it(t
         read_image_file(str(tmp_path / "missing.jpg"))
     with pytest.raises(ImageError, match="cannot read the file"):
         read_image_file(str(tmp_path))
+
+
+needs_mappings = pytest.mark.skipif(chunk_reads.map_files is None, reason="files are not mapped here (Linux only)")
+
+
+def _evict(path: Path) -> None:
+    """Drop the file's pages from the page cache, written back first (`page_cache.evict` unmaps this process's
+    mappings first: the kernel leaves mapped pages)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    page_cache.evict([path])
+
+
+@needs_mappings
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_a_chunk_in_memory_is_read_in_place_through_its_file_s_mapping_one_that_is_not_by_pread(tmp_path, rng,
+                                                                                                 compression):
+    """A chunk whose pages are not in memory is read by pread (faults through a mapping would read it from the device
+    a page at a time), which brings them in; from then on it is read in place through its file's mapping, until
+    its pages are evicted again: the same samples and stamp either way, and with mappings turned off."""
+    from outcore.storage import _chunks
+
+    location, values = _store(tmp_path, rng, compression)
+    path, offset, nbytes = chunk_location(location, "x", 3)
+    _evict(path)
+
+    def read() -> tuple[Any, int]:
+        out, before = np.full((32, 5, 3), -1, np.int32), _chunks.mapped()[1]
+        stamp = chunk_reads.read_at_once(str(path), offset, nbytes, bytearray(nbytes), out, compression != "none")
+        np.testing.assert_array_equal(out, values[96:128])
+        return stamp, _chunks.mapped()[1] - before
+
+    assert read() == (stamp_of(os.stat(path)), 0)  # by pread: its pages were not in memory
+    assert read() == (stamp_of(os.stat(path)), 1)  # in place
+    _evict(path)  # mapped pages: left in memory by the kernel, unless unmapped first
+    assert read() == (stamp_of(os.stat(path)), 0)
+    assert read() == (stamp_of(os.stat(path)), 1)
+    was = chunk_reads.map_files(False)
+    try:
+        assert was is True and read() == (stamp_of(os.stat(path)), 0)
+    finally:
+        chunk_reads.map_files(was)
+    assert read() == (stamp_of(os.stat(path)), 1)
+
+
+@needs_mappings
+def test_a_file_replaced_under_its_mapping_is_mapped_anew_and_read_as_it_is_now(tmp_path, rng):
+    """A path's file replaced (a store rewritten: another inode) is read as it is now, through one new mapping in
+    place of the old, which is unmapped (its space freed); a chunk changed in place keeping its stamp is refused."""
+    from outcore.storage import _chunks
+
+    first, _ = _store(tmp_path / "first", rng, "none")
+    second, values = _store(tmp_path / "second", rng, "none")
+    path, offset, nbytes = chunk_location(first, "x", 2)
+    out = np.empty((32, 5, 3), np.int32)
+    assert chunk_reads.read_at_once(str(path), offset, nbytes, bytearray(0), out, False) is not None
+    files, reads, _ = _chunks.mapped()
+    os.replace(chunk_location(second, "x", 2)[0], path)
+    assert chunk_reads.read_at_once(str(path), offset, nbytes, bytearray(0), out, False) == stamp_of(os.stat(path))
+    np.testing.assert_array_equal(out, values[64:96])
+    assert _chunks.mapped()[:2] == (files, reads + 1)
+    corrupt_chunk(first, "x", 2)
+    assert chunk_reads.read_at_once(str(path), offset, nbytes, bytearray(0), out, False) is None
+    assert _chunks.mapped()[:2] == (files, reads + 2)
+
+
+_SHRINKING = """
+import os, sys, threading, time
+import numpy as np
+from outcore.storage import _chunks, chunk_reads
+
+path, offset, nbytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+expected = np.load(sys.argv[4])
+data, stop = open(path, "rb").read(), threading.Event()
+
+def shrink_and_grow():
+    fd = os.open(path, os.O_RDWR)
+    while not stop.is_set():
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        time.sleep(0.001)
+    os.close(fd)
+
+threading.Thread(target=shrink_and_grow).start()
+out, scratch, read, wrong, began = np.empty_like(expected), bytearray(nbytes), 0, 0, time.monotonic()
+try:
+    while _chunks.mapped()[2] < 3 and time.monotonic() - began < 30:
+        out[:] = 0
+        if chunk_reads.read_at_once(path, offset, nbytes, scratch, out, True) is not None:
+            read, wrong = read + 1, wrong + (not np.array_equal(out, expected))
+finally:
+    stop.set()
+print(read, wrong, _chunks.mapped()[2])
+"""
+
+
+@needs_mappings
+def test_a_file_shrinking_as_its_chunk_is_read_in_place_fails_the_read_and_nothing_else(tmp_path, rng):
+    """A file truncated in place while a chunk is read through its mapping (SIGBUS where its pages went) is a read
+    that failed, for the shard reader to name: the process goes on, and every read that vouched is the chunk's
+    samples. Another thread truncates and rewrites the file over and over until three reads met it."""
+    values = rng.integers(0, 256, (256, 128, 128, 3), dtype=np.uint8)
+    outcore.from_arrays({"x": values}, tmp_path / "s.zarr", chunk_size=256, shuffle_on_write=False, progress=False)
+    path, offset, nbytes = chunk_location(tmp_path / "s.zarr", "x", 0)
+    np.save(tmp_path / "values.npy", values)
+    done = subprocess.run([sys.executable, "-c", _SHRINKING, str(path), str(offset), str(nbytes),
+                           str(tmp_path / "values.npy")], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _, wrong, cut_short = map(int, done.stdout.split())
+    assert wrong == 0 and cut_short >= 3

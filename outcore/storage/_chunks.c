@@ -41,6 +41,11 @@
 #include "../_whole_files.h" /* errno, fcntl, sys/stat, sys/uio, unistd: the POSIX file calls */
 #endif
 
+#if defined(__linux__)
+#define OUTCORE_MAPPED
+#include "_mapped_files.h" /* files mapped once, chunks in memory read in place */
+#endif
+
 #define CHECKSUM_BYTES 4
 #define BLOSC_HEADER 16 /* a Blosc frame's header: nbytes at byte 4, cbytes at byte 12 */
 
@@ -160,7 +165,25 @@ static uint32_t little_u32(const uint8_t *bytes) {
     return (uint32_t)bytes[0] | (uint32_t)bytes[1] << 8 | (uint32_t)bytes[2] << 16 | (uint32_t)bytes[3] << 24;
 }
 
-/* The chunk read into out (through scratch when compressed): 1 when it was read, checked and decoded. */
+/* The chunk's bytes `data` and their stored crc32c checked and decoded into out: 1 when they were. Uncompressed bytes
+ * are copied into out, unless they were read there. */
+static int decode_chunk(const uint8_t *data, size_t data_bytes, const uint8_t *stored, uint8_t *out, size_t out_bytes,
+                        int compressed) {
+    if (!compressed && data_bytes != out_bytes)
+        return 0;
+    if (crc32c(0, data, data_bytes) != little_u32(stored))
+        return 0;
+    if (!compressed) {
+        if (data != out)
+            memcpy(out, data, out_bytes);
+        return 1;
+    }
+    if (data_bytes < BLOSC_HEADER || little_u32(data + 4) != out_bytes || little_u32(data + 12) != data_bytes)
+        return 0; /* a frame of another size would leave part of out as it was */
+    return blosc_decompress_ctx(data, out, out_bytes, 1) == (int)out_bytes;
+}
+
+/* The chunk read into out by pread (through scratch when compressed): 1 when it was read, checked and decoded. */
 static int read_chunk(int fd, off_t offset, size_t nbytes, uint8_t *scratch, uint8_t *out, size_t out_bytes,
                       int compressed) {
     size_t data_bytes = nbytes - CHECKSUM_BYTES;
@@ -169,15 +192,45 @@ static int read_chunk(int fd, off_t offset, size_t nbytes, uint8_t *scratch, uin
     if (!compressed && data_bytes != out_bytes)
         return 0;
     struct iovec parts[2] = {{data, data_bytes}, {stored, CHECKSUM_BYTES}};
-    if (!read_all(fd, parts, 2, offset))
-        return 0;
-    if (crc32c(0, data, data_bytes) != little_u32(stored))
-        return 0;
-    if (!compressed)
-        return 1;
-    if (data_bytes < BLOSC_HEADER || little_u32(data + 4) != out_bytes || little_u32(data + 12) != data_bytes)
-        return 0; /* a frame of another size would leave part of out as it was */
-    return blosc_decompress_ctx(data, out, out_bytes, 1) == (int)out_bytes;
+    return read_all(fd, parts, 2, offset) && decode_chunk(data, data_bytes, stored, out, out_bytes, compressed);
+}
+
+#ifdef OUTCORE_MAPPED
+typedef struct {
+    const uint8_t *data; /* in the file's mapping */
+    size_t data_bytes;
+    uint8_t *out;
+    size_t out_bytes;
+    int compressed;
+} InPlace;
+
+static int decode_in_place(void *arg) {
+    const InPlace *chunk = arg;
+    return decode_chunk(chunk->data, chunk->data_bytes, chunk->data + chunk->data_bytes, chunk->out, chunk->out_bytes,
+                        chunk->compressed);
+}
+#endif
+
+/* The chunk of the file open as `fd` (at `path`, status `opened`) read into out: in place through the file's mapping
+ * where its pages are all in memory (`_mapped_files.h`), else by pread. 1 when it was read, checked and decoded. */
+static int read_chunk_of(const char *path, int fd, const struct stat *opened, off_t offset, size_t nbytes,
+                         uint8_t *scratch, uint8_t *out, size_t out_bytes, int compressed) {
+#ifdef OUTCORE_MAPPED
+    Mapping *mapping = offset + (off_t)nbytes <= opened->st_size ? mapped_acquire(path, fd, opened) : NULL;
+    if (mapping != NULL) {
+        InPlace chunk = {mapping->base + offset, nbytes - CHECKSUM_BYTES, out, out_bytes, compressed};
+        int resident = mapped_resident(chunk.data, nbytes), fine = resident && mapped_guarded(decode_in_place, &chunk);
+        mapped_release(mapping);
+        if (resident) {
+            __atomic_add_fetch(&mapped_reads, 1, __ATOMIC_RELAXED);
+            return fine;
+        }
+    }
+#else
+    (void)path;
+    (void)opened;
+#endif
+    return read_chunk(fd, offset, nbytes, scratch, out, out_bytes, compressed);
 }
 
 /* The chunk at [offset, offset + nbytes) of the file at `path` read, checked and decoded into out (called without
@@ -192,7 +245,8 @@ static int read_one(const char *path, off_t offset, size_t nbytes, uint8_t *scra
         posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* a chunk's exact range: read-ahead would read beyond it */
 #endif
         fine = fstat(fd, opened) == 0 && S_ISREG(opened->st_mode) &&
-               read_chunk(fd, offset, nbytes, scratch, out, out_bytes, compressed) && fstat(fd, &after) == 0 &&
+               read_chunk_of(path, fd, opened, offset, nbytes, scratch, out, out_bytes, compressed) &&
+               fstat(fd, &after) == 0 &&
                same_file(opened, &after);
         close(fd);
     }
@@ -545,6 +599,35 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     return NULL;
 }
 
+#ifdef OUTCORE_MAPPED
+static PyObject *py_unmap_idle(PyObject *self, PyObject *args) {
+    mapped_unmap_idle();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_map_files(PyObject *self, PyObject *args) {
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|p:map_files", &on))
+        return NULL;
+    if (on < 0)
+        return PyBool_FromLong(__atomic_load_n(&mapped_on, __ATOMIC_RELAXED));
+    int before = __atomic_exchange_n(&mapped_on, on, __ATOMIC_RELAXED);
+    if (!on)
+        mapped_unmap_idle();
+    return PyBool_FromLong(before);
+}
+
+static PyObject *py_mapped(PyObject *self, PyObject *args) {
+    int files = 0;
+    pthread_mutex_lock(&mapped_lock);
+    for (int k = 0; k < MOST_MAPPED; k++)
+        files += mapped[k].path != NULL;
+    pthread_mutex_unlock(&mapped_lock);
+    return Py_BuildValue("(iKK)", files, (unsigned long long)__atomic_load_n(&mapped_reads, __ATOMIC_RELAXED),
+                         (unsigned long long)__atomic_load_n(&mapped_shrunk, __ATOMIC_RELAXED));
+}
+#endif
+
 static PyMethodDef methods[] = {
 #if defined(OUTCORE_POSIX) && defined(OUTCORE_CRC)
     {"read", py_read, METH_VARARGS,
@@ -570,6 +653,17 @@ static PyMethodDef methods[] = {
      "read_files(paths, sizes)\n--\n\nEach regular file's bytes, of sizes[k] (int64), in one call outside the GIL; None\n"
      "for each that cannot be read so, and for a path holding \"::\" or \"://\", which is not opened."},
 #endif
+#ifdef OUTCORE_MAPPED
+    {"map_files", py_map_files, METH_VARARGS,
+     "map_files(on=None)\n--\n\nWhether read and read_many read chunks in memory in place through their files' mappings\n"
+     "(on by default); turned off, the mappings no read holds are unmapped. The setting before (without on: now)."},
+    {"unmap_idle", py_unmap_idle, METH_NOARGS,
+     "unmap_idle()\n--\n\nUnmap the files no read holds (the next reads map them again): their pages may then leave the\n"
+     "page cache (posix_fadvise leaves mapped pages)."},
+    {"mapped", py_mapped, METH_NOARGS,
+     "mapped()\n--\n\n(files mapped now, chunks read through mappings, reads cut short by their file shrinking): the\n"
+     "counts since the module was loaded."},
+#endif
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer, value=0)\n--\n\nThe CRC-32C of the buffer's bytes."},
     FREE_METHOD,
     {NULL, NULL, 0, NULL},
@@ -580,6 +674,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_chunks", "Chunks of
 
 PyMODINIT_FUNC PyInit__chunks(void) {
     check_hardware();
+#ifdef OUTCORE_MAPPED
+    mapped_setup();
+#endif
     PyObject *made = PyModule_Create(&module);
     if (made != NULL && PyModule_AddIntConstant(made, "HARDWARE", hardware) < 0) {
         Py_DECREF(made);

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..threads.cgroups import cgroup_folders
+from .chunk_reads import unmap_idle
 
 PAGE_CACHE_SHARE = 0.9  # a store is read from memory when it takes at most this share of the page cache's room
 _NO_LIMIT = 2**60  # cgroup v1 writes 9223372036854771712 for "none"
@@ -72,7 +73,9 @@ def _own_memory(folder: Path) -> int:
 
 
 def evict(paths: Sequence[Path]) -> None:
-    """Drop ``paths``' pages from the page cache, so that the next reads come from the device."""
+    """Drop ``paths``' pages from the page cache, so that the next reads come from the device (this process's
+    mappings of shard files unmapped first: `chunk_reads.unmap_idle`; another process's mapped pages stay)."""
+    unmap_idle()
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:

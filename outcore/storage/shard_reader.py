@@ -538,8 +538,9 @@ class _LocalFiles:
     """The shard files of a store in a local folder (read through `_ShardFile`'s file descriptors), and
     what was pinned of them when the store was opened (`outcore.storage.pins`). A store the page cache
     cannot hold is read from the device every epoch: its large chunks are read a 2 MiB page at a time
-    (``huge_pages``, `HugePageReads`: fewer device requests); one it holds, with ``pread`` (a copy from
-    memory costs less so)."""
+    (``huge_pages``, `HugePageReads`: fewer device requests); one it holds, by the C extension's one call a
+    chunk, in place through the file's mapping where the chunk's pages are in memory, else with ``pread``
+    (`chunk_reads.map_files`)."""
 
     def __init__(self, root: Path, pins: Pins | None) -> None:
         self.root, self.pins = root, pins
