@@ -372,9 +372,10 @@ def test_corrupt_chunk_is_named_in_the_consumer(store, tmp_path):
     assert _outcore_threads() == []
 
 
-def _peak_while_iterating(ds, epochs=3):
-    """The median of ``epochs`` epochs' peaks of traced memory: one epoch's moves with the threads' timing, and a
-    process's first epoch also allocates what stays (imports, caches)."""
+def _peak_while_iterating(ds, epochs=6):
+    """The highest of ``epochs`` epochs' peaks of traced memory but the first's, which also allocates what stays
+    (imports, caches): an epoch's peak moves with the threads' timing, by about a megabyte here (the peak of an
+    epoch of 40 chunks was 1.7 MB in some, 2.5-2.7 MB in others), and the highest is what memory must hold."""
     peaks = []
     for _ in range(epochs):
         tracemalloc.start()
@@ -384,7 +385,7 @@ def _peak_while_iterating(ds, epochs=3):
             peaks.append(tracemalloc.get_traced_memory()[1])
         finally:
             tracemalloc.stop()
-    return sorted(peaks)[epochs // 2]
+    return max(peaks[1:])
 
 
 def test_memory_stays_flat_as_the_store_grows(tmp_path, rng):
