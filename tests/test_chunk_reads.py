@@ -434,6 +434,25 @@ def test_a_file_replaced_under_its_mapping_is_mapped_anew_and_read_as_it_is_now(
     assert _chunks.mapped()[:2] == (files, reads + 2)
 
 
+@needs_mappings
+def test_files_past_what_is_mapped_at_most_are_read_by_pread_not_mapped_in_place_of_others(tmp_path, rng):
+    """Mappings hold 64 GiB of files at most (their pages' tables cost a 512th of what is read): a file past that
+    is read by pread every time, and no mapping is dropped for it. A sparse file of 65 GiB stands for it."""
+    from outcore.storage import _chunks
+
+    location, values = _store(tmp_path, rng, "none")
+    path, offset, nbytes = chunk_location(location, "x", 1)
+    large = tmp_path / "large"
+    large.write_bytes(path.read_bytes())
+    os.truncate(large, 65 << 30)
+    out = np.empty((32, 5, 3), np.int32)
+    for _ in range(2):
+        files, reads, _ = _chunks.mapped()
+        assert chunk_reads.read_at_once(str(large), offset, nbytes, bytearray(0), out, False) == stamp_of(os.stat(large))
+        np.testing.assert_array_equal(out, values[32:64])
+        assert _chunks.mapped()[:2] == (files, reads)
+
+
 _SHRINKING = """
 import os, sys, threading, time
 import numpy as np

@@ -6,7 +6,9 @@
  * (one fault for 16 pages), every later one costs nothing.
  *
  * `mapped_acquire` gives the mapping of an open file (the whole file, made at its first read and kept), or NULL to
- * read it by pread: the table is full of mappings in use, or the file cannot be mapped. Mappings are keyed by path:
+ * read it by pread: MOST_MAPPED files or MOST_MAPPED_BYTES are mapped already (the page tables of a mapping's pages
+ * read are 1/512 of their bytes, in each process: a store larger than that is read partly in place, partly by
+ * pread, never mapping one file in place of another), or the file cannot be mapped. Mappings are keyed by path:
  * a path whose file changed (another inode, size or modification time: a store rewritten) is mapped anew once no
  * read holds its old mapping, so a replaced file's space is never held for long; one not read for
  * IDLE_NANOSECONDS is unmapped at the next acquire. `mapped_resident` says whether a range's pages are all in
@@ -40,6 +42,7 @@
 #include <unistd.h>
 
 #define MOST_MAPPED 1024                          /* files mapped at once, far below the kernel's 65,530 maps */
+#define MOST_MAPPED_BYTES (64ULL << 30)           /* their bytes: the page tables of what is read cost 1/512 of it */
 #define IDLE_NANOSECONDS 10000000000LL            /* a mapping not read for this long is unmapped */
 #define RESIDENT_PAGES 4096                       /* pages mincore reports on at a time */
 
@@ -55,6 +58,7 @@ typedef struct {
 
 static Mapping mapped[MOST_MAPPED];
 static pthread_mutex_t mapped_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long long mapped_bytes; /* of the files mapped */
 static long long mapped_swept;          /* when idle mappings were last looked for */
 static unsigned long long mapped_reads;  /* chunks read through mappings: `mapped()` */
 static unsigned long long mapped_shrunk; /* reads cut short by their file shrinking */
@@ -82,6 +86,7 @@ static int same_version(const struct stat *a, const struct stat *b) {
 /* Unmap the slot's file and free the slot (holding the lock, no read holding it). */
 static void mapped_drop(Mapping *slot) {
     munmap(slot->base, slot->length);
+    mapped_bytes -= slot->length;
     free(slot->path);
     memset(slot, 0, sizeof *slot);
 }
@@ -107,7 +112,7 @@ static Mapping *mapped_acquire(const char *path, int fd, const struct stat *open
         return NULL;
     uint64_t hash = path_hash(path);
     long long now = monotonic_ns();
-    Mapping *found = NULL, *free_slot = NULL, *oldest = NULL;
+    Mapping *found = NULL, *free_slot = NULL;
     pthread_mutex_lock(&mapped_lock);
     if (now - mapped_swept > IDLE_NANOSECONDS) {
         mapped_swept = now;
@@ -119,26 +124,23 @@ static Mapping *mapped_acquire(const char *path, int fd, const struct stat *open
             free_slot = free_slot ? free_slot : slot;
         else if (slot->hash == hash && strcmp(slot->path, path) == 0)
             found = slot;
-        else if (!slot->users && (oldest == NULL || slot->last_used < oldest->last_used))
-            oldest = slot;
     }
     if (found != NULL && !same_version(&found->stamp, opened)) {
         if (found->users) /* the path's earlier file, still read: this read goes by pread */
-            found = NULL, free_slot = oldest = NULL;
+            found = free_slot = NULL;
         else
             mapped_drop(found);
     }
     if (found == NULL || found->path == NULL) {
-        Mapping *slot = found != NULL ? found : free_slot != NULL ? free_slot : oldest;
+        Mapping *slot = found != NULL ? found : free_slot; /* none: as many files as are mapped, the others by pread */
         found = NULL;
-        if (slot != NULL) {
-            if (slot->path != NULL)
-                mapped_drop(slot);
+        if (slot != NULL && mapped_bytes + (unsigned long long)opened->st_size <= MOST_MAPPED_BYTES) {
             void *base = mmap(NULL, (size_t)opened->st_size, PROT_READ, MAP_SHARED, fd, 0);
             char *copy = base != MAP_FAILED ? strdup(path) : NULL;
             if (copy != NULL) {
                 madvise(base, (size_t)opened->st_size, MADV_RANDOM); /* a page evicted meanwhile: that page alone */
                 *slot = (Mapping){copy, hash, *opened, base, (size_t)opened->st_size, 0, now};
+                mapped_bytes += slot->length;
                 found = slot;
             } else if (base != MAP_FAILED) {
                 munmap(base, (size_t)opened->st_size);
