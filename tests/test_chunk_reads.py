@@ -453,6 +453,29 @@ def test_files_past_what_is_mapped_at_most_are_read_by_pread_not_mapped_in_place
         assert _chunks.mapped()[:2] == (files, reads)
 
 
+@needs_mappings
+def test_a_store_written_over_lets_go_of_its_old_files_mappings(tmp_path, rng):
+    """A store written over (``overwrite=True``) frees its old files' space at once: this process's mappings of them
+    (chunks read in place) are unmapped before they are removed, not kept until a read finds them changed."""
+    location, values = _store(tmp_path, rng, "none")
+    path, offset, nbytes = chunk_location(location, "x", 1)
+    out = np.empty((32, 5, 3), np.int32)
+    for _ in range(2):  # the second in place, if the first found the pages out of memory
+        chunk_reads.read_at_once(str(path), offset, nbytes, bytearray(0), out, False)
+
+    inode = os.stat(path).st_ino
+
+    def mapped() -> list[str]:  # this process's mappings of the file, whatever its name now
+        with open("/proc/self/maps") as maps:
+            return [line for line in maps if line.split()[4] == str(inode)]
+
+    assert mapped()
+    outcore.from_arrays({"x": values[::-1]}, location, chunk_size=32, compression="none", shuffle_on_write=False,
+                        overwrite=True, progress=False)
+    assert not mapped()
+    np.testing.assert_array_equal(outcore.open_dataset(location).shard_reader("x").read(1), values[::-1][32:64])
+
+
 _SHRINKING = """
 import os, sys, threading, time
 import numpy as np

@@ -601,7 +601,15 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 
 #ifdef OUTCORE_MAPPED
 static PyObject *py_unmap_idle(PyObject *self, PyObject *args) {
-    mapped_unmap_idle();
+    PyObject *path = NULL;
+    if (!PyArg_ParseTuple(args, "|O&:unmap_idle", PyUnicode_FSConverter, &path))
+        return NULL;
+    struct stat file;
+    if (path == NULL)
+        mapped_unmap_idle(NULL);
+    else if (stat(PyBytes_AS_STRING(path), &file) == 0)
+        mapped_unmap_idle(&file);
+    Py_XDECREF(path);
     Py_RETURN_NONE;
 }
 
@@ -613,7 +621,7 @@ static PyObject *py_map_files(PyObject *self, PyObject *args) {
         return PyBool_FromLong(__atomic_load_n(&mapped_on, __ATOMIC_RELAXED));
     int before = __atomic_exchange_n(&mapped_on, on, __ATOMIC_RELAXED);
     if (!on)
-        mapped_unmap_idle();
+        mapped_unmap_idle(NULL);
     return PyBool_FromLong(before);
 }
 
@@ -657,9 +665,10 @@ static PyMethodDef methods[] = {
     {"map_files", py_map_files, METH_VARARGS,
      "map_files(on=None)\n--\n\nWhether read and read_many read chunks in memory in place through their files' mappings\n"
      "(on by default); turned off, the mappings no read holds are unmapped. The setting before (without on: now)."},
-    {"unmap_idle", py_unmap_idle, METH_NOARGS,
-     "unmap_idle()\n--\n\nUnmap the files no read holds (the next reads map them again): their pages may then leave the\n"
-     "page cache (posix_fadvise leaves mapped pages)."},
+    {"unmap_idle", py_unmap_idle, METH_VARARGS,
+     "unmap_idle(path=None)\n--\n\nUnmap the files no read holds, or the file at path if given, whatever path it was\n"
+     "mapped by (the next reads map them again): their pages may then leave the page cache (posix_fadvise leaves mapped\n"
+     "pages), and a file removed gives its space back."},
     {"mapped", py_mapped, METH_NOARGS,
      "mapped()\n--\n\n(files mapped now, chunks read through mappings, reads cut short by their file shrinking): the\n"
      "counts since the module was loaded."},

@@ -91,17 +91,19 @@ static void mapped_drop(Mapping *slot) {
     memset(slot, 0, sizeof *slot);
 }
 
-/* Unmap every mapping no read holds and none has read since `before` (holding the lock). */
-static void mapped_drop_idle(long long before) {
+/* Unmap every mapping no read holds and none has read since `before`, of the file `only` (its device and inode) or
+ * of any (NULL), holding the lock. */
+static void mapped_drop_idle(long long before, const struct stat *only) {
     for (int k = 0; k < MOST_MAPPED; k++)
-        if (mapped[k].path != NULL && !mapped[k].users && mapped[k].last_used < before)
+        if (mapped[k].path != NULL && !mapped[k].users && mapped[k].last_used < before &&
+            (only == NULL || (mapped[k].stamp.st_dev == only->st_dev && mapped[k].stamp.st_ino == only->st_ino)))
             mapped_drop(&mapped[k]);
 }
 
-/* Unmap every mapping no read holds (they are made again at the next reads). */
-static void mapped_unmap_idle(void) {
+/* Unmap every mapping no read holds, of the file `only` or of any (NULL): made again at the next reads. */
+static void mapped_unmap_idle(const struct stat *only) {
     pthread_mutex_lock(&mapped_lock);
-    mapped_drop_idle(LLONG_MAX);
+    mapped_drop_idle(LLONG_MAX, only);
     pthread_mutex_unlock(&mapped_lock);
 }
 
@@ -116,7 +118,7 @@ static Mapping *mapped_acquire(const char *path, int fd, const struct stat *open
     pthread_mutex_lock(&mapped_lock);
     if (now - mapped_swept > IDLE_NANOSECONDS) {
         mapped_swept = now;
-        mapped_drop_idle(now - IDLE_NANOSECONDS);
+        mapped_drop_idle(now - IDLE_NANOSECONDS, NULL);
     }
     for (int k = 0; k < MOST_MAPPED && found == NULL; k++) {
         Mapping *slot = &mapped[k];

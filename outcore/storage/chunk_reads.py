@@ -110,12 +110,25 @@ setting before (without ``on``, the setting now); turned off, the mappings no re
 files are not mapped (not Linux, or chunks not read with the extension)."""
 
 
-def unmap_idle() -> None:
+def unmap_idle(under: str | os.PathLike[str] | None = None) -> None:
     """Unmap the shard files that no read is reading through their mappings (`map_files`; they are mapped again at
-    their next reads), so that their pages can leave the page cache (``posix_fadvise`` leaves mapped pages): what
-    `outcore.storage.page_cache.evict` does first. Nothing where files are not mapped."""
-    if map_files is not None:
+    their next reads): the file ``under``, or the files inside the folder ``under``, or all. Their pages can then
+    leave the page cache (``posix_fadvise`` leaves mapped pages: `outcore.storage.page_cache.evict` unmaps first),
+    and a store replaced or removed gives its files' space back (`outcore.storage.staging.put_in_place`). Nothing
+    where files are not mapped.
+
+    >>> unmap_idle("/no/such/store.zarr")
+    """
+    if map_files is None:
+        return
+    if under is None:
         _chunks.unmap_idle()
+    elif os.path.isdir(under):
+        for folder, _, files in os.walk(under):
+            for name in files:
+                _chunks.unmap_idle(os.path.join(folder, name))
+    else:
+        _chunks.unmap_idle(under)
 
 
 def _encoder() -> Callable[..., int | None] | None:

@@ -75,8 +75,8 @@ def _own_memory(folder: Path) -> int:
 def evict(paths: Sequence[Path]) -> None:
     """Drop ``paths``' pages from the page cache, so that the next reads come from the device (this process's
     mappings of shard files unmapped first: `chunk_reads.unmap_idle`; another process's mapped pages stay)."""
-    unmap_idle()
     for path in paths:
+        unmap_idle(path)
         fd = os.open(path, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

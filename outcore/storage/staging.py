@@ -44,6 +44,7 @@ from typing import Any
 
 from ..errors import OptionError, OutcoreError, OutcoreWarning, StorageError, StoreExistsError
 from ..threads import for_each
+from .chunk_reads import unmap_idle
 from .groups import is_url, is_zip
 from .remote import is_object_url, redact
 from .upload import STAGING_ENVIRONMENT, Upload, clean_leftovers, local_mirror
@@ -328,11 +329,13 @@ def put_in_place(new: Path, target: Path) -> None:
         os.replace(new, target)  # atomic: a path that does not exist yet, or a file over a file
         return
     if _exchange(new, target):
-        remove_path(new)  # the old store, now at the new one's former path
+        unmap_idle(new)  # the old store, now at the new one's former path: its files' space freed once removed
+        remove_path(new)
         return
     previous = target.with_name(f".{target.name}.previous-{uuid.uuid4().hex[:8]}")
     os.replace(target, previous)
     os.replace(new, target)
+    unmap_idle(previous)
     remove_path(previous)
 
 
