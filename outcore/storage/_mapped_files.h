@@ -11,7 +11,9 @@
  * pread, never mapping one file in place of another), or the file cannot be mapped. Mappings are keyed by path:
  * a path whose file changed (another inode, size or modification time: a store rewritten) is mapped anew once no
  * read holds its old mapping, so a replaced file's space is never held for long; one not read for
- * IDLE_NANOSECONDS is unmapped at the next acquire. `mapped_resident` says whether a range's pages are all in
+ * IDLE_NANOSECONDS is unmapped at the next acquire; `mapped_unmap_idle` unmaps a file's (or every) mapping no read
+ * holds, found by inode (outcore.storage.chunk_reads.unmap_idle: before pages are evicted, and before a store written
+ * over is removed). `mapped_resident` says whether a range's pages are all in
  * memory (mincore): a range that is not is read by pread, which reads it from the device at once, where faults
  * through the mapping would read it a page at a time. (For a file the process may not write and does not own,
  * mincore says only which pages this process has mapped, so such files are read by pread.)
