@@ -7,7 +7,9 @@
  * read, or None when anything differs from that: the file cannot be opened or is shorter, the checksum, the
  * frame or its decoding fails, or the file changed while it was read. None says nothing of why: the caller reads
  * the chunk again its own way (outcore.storage.shard_reader), which names what is wrong. `scratch` (a writable
- * buffer of nbytes or more) holds a Blosc frame; uncompressed bytes are read straight into out.
+ * buffer of nbytes or more) holds a Blosc frame; uncompressed bytes are read straight into out. On Linux a chunk whose
+ * pages are all in memory is checked and decoded in place, through its file's mapping, made at the file's first read
+ * and kept (_mapped_files.h: map_files(on) turns this off and on, unmap_idle(path) unmaps, mapped() counts).
  *
  * A chunk read by Python's own calls releases and takes the GIL again at each of its seven system calls and the
  * checksum and codec calls, and runs a dozen Python calls between them; here it is released once.
