@@ -43,11 +43,6 @@
 #include "../_whole_files.h" /* errno, fcntl, sys/stat, sys/uio, unistd: the POSIX file calls */
 #endif
 
-#if defined(__linux__)
-#define OUTCORE_MAPPED
-#include "_mapped_files.h" /* files mapped once, chunks in memory read in place */
-#endif
-
 #define CHECKSUM_BYTES 4
 #define BLOSC_HEADER 16 /* a Blosc frame's header: nbytes at byte 4, cbytes at byte 12 */
 
@@ -159,9 +154,15 @@ static int64_t mtime_ns(const struct stat *status) {
 #endif
 }
 
+/* Whether two statuses are of one version of one file: its device and inode, size and modification time. */
 static int same_file(const struct stat *a, const struct stat *b) {
-    return a->st_ino == b->st_ino && mtime_ns(a) == mtime_ns(b) && a->st_size == b->st_size;
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && mtime_ns(a) == mtime_ns(b) && a->st_size == b->st_size;
 }
+
+#if defined(__linux__)
+#define OUTCORE_MAPPED
+#include "_mapped_files.h" /* files mapped once, chunks in memory read in place (same_file: a mapping's version) */
+#endif
 
 static uint32_t little_u32(const uint8_t *bytes) {
     return (uint32_t)bytes[0] | (uint32_t)bytes[1] << 8 | (uint32_t)bytes[2] << 16 | (uint32_t)bytes[3] << 24;

@@ -23,6 +23,8 @@
  * way, which names what is wrong). A SIGBUS outside a guarded read goes to the handler there was before, as if
  * this one did not exist. A read cut short so leaks what Blosc allocated for it.
  *
+ * Included by _chunks.c after its same_file (whether two statuses are of one version of one file).
+ *
  * A forked child inherits the mappings, none of them in use (a fork waits for the table's lock, which is made anew in
  * the child).
  *
@@ -80,11 +82,6 @@ static uint64_t path_hash(const char *path) {
     return hash;
 }
 
-static int same_version(const struct stat *a, const struct stat *b) {
-    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
-           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
-}
-
 /* Unmap the slot's file and free the slot (holding the lock, no read holding it). */
 static void mapped_drop(Mapping *slot) {
     munmap(slot->base, slot->length);
@@ -129,7 +126,7 @@ static Mapping *mapped_acquire(const char *path, int fd, const struct stat *open
         else if (slot->hash == hash && strcmp(slot->path, path) == 0)
             found = slot;
     }
-    if (found != NULL && !same_version(&found->stamp, opened)) {
+    if (found != NULL && !same_file(&found->stamp, opened)) {
         if (found->users) /* the path's earlier file, still read: this read goes by pread */
             found = free_slot = NULL;
         else

@@ -160,9 +160,8 @@ def how() -> str:
     """How chunks of local shard files are read (and a shard's chunks encoded to write it) in this process, in words
     (``outcore info --system``)."""
     if read_at_once is not None:
-        mapped = "; chunks in memory read in place from mapped files" if map_files is not None else ""
-        if map_files is not None and not map_files():
-            mapped = "; files not mapped (OUTCORE_MAP_FILES=0)"
+        mapped = ("" if map_files is None else "; chunks in memory read in place from mapped files" if map_files()
+                  else "; files not mapped (OUTCORE_MAP_FILES=0)")
         writes = "; a shard's chunks encoded in one" if encode_at_once is not None else ""
         return f"C extension (a chunk read, checked and decoded in one call outside the GIL{mapped}{writes})"
     return f"Python's calls ({_why_not})"
