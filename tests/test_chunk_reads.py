@@ -64,12 +64,13 @@ def test_the_checksum_of_buffers_checked_in_three_lanes(size):
 def test_chunks_encoded_at_once_are_numcodecs_frames_and_their_checksums(dtype, cname, shuffle, blocksize):
     """Each chunk's bytes in a shard file written by one call: the Blosc frame numcodecs makes with the same settings
     (on this thread, which numcodecs compresses on with its threads, and on another, where it does not), then its
-    crc32c; Blosc refusing the settings is None, for the writer's Python path to raise its error."""
+    crc32c, or numcodecs' raw frame (level 0) where that frame has more than ``raw_above`` bytes; Blosc refusing the
+    settings is None, for the writer's Python path to raise its error."""
     rng = np.random.default_rng(len(dtype) + shuffle)
     chunks = np.concatenate([np.zeros(900), rng.integers(0, 40, 1800)]).astype(dtype)  # one that compresses well
     size = chunks.nbytes // 3
     out, index = np.empty(3 * (size + 20), np.uint8), np.zeros((3, 2), np.uint64)
-    written = chunk_reads.encode_at_once(chunks, 3, chunks.itemsize, 5, shuffle, cname, blocksize, out, index)
+    written = chunk_reads.encode_at_once(chunks, 3, chunks.itemsize, 5, shuffle, cname, blocksize, size + 16, out, index)
     frames = [blosc.compress(part, cname.encode(), 5, shuffle, blocksize) for part in np.split(chunks, 3)]
     with ThreadPoolExecutor(1) as pool:
         assert pool.submit(lambda: [blosc.compress(part, cname.encode(), 5, shuffle, blocksize)
@@ -79,23 +80,35 @@ def test_chunks_encoded_at_once_are_numcodecs_frames_and_their_checksums(dtype, 
     assert index.tolist() == [[0, len(frames[0]) + 4], [len(frames[0]) + 4, len(frames[1]) + 4],
                               [len(frames[0]) + len(frames[1]) + 8, len(frames[2]) + 4]]
     assert len(frames[0]) < size // 4  # the zeros compressed
-    assert chunk_reads.encode_at_once(chunks, 3, chunks.itemsize, 10, shuffle, cname, blocksize, out, index) is None
+    raw = [frames[0], *(blosc.compress(part, cname.encode(), 0, shuffle, blocksize) for part in np.split(chunks, 3)[1:])]
+    assert all(len(frame) > len(frames[0]) for frame in frames[1:])  # their frames made again raw, not the zeros'
+    written = chunk_reads.encode_at_once(chunks, 3, chunks.itemsize, 5, shuffle, cname, blocksize, len(frames[0]), out,
+                                         index)
+    assert out[:written].tobytes() == b"".join(frame + crc32c.crc32c(frame).to_bytes(4, "little") for frame in raw)
+    assert [len(frame) for frame in raw[1:]] == [size + 16] * 2  # a raw frame: its header, then the bytes
+    assert chunk_reads.encode_at_once(chunks, 3, chunks.itemsize, 10, shuffle, cname, blocksize, size + 16, out,
+                                      index) is None
 
 
 def _store(tmp_path, rng, compression):
-    values = rng.integers(0, 1000, (2000, 5, 3)).astype(np.int32)
+    """A store of 2,000 samples in chunks of 32 by ``compression``; ``"raw"``: lz4, its chunks (all but the first
+    few) shrinking too little to be kept compressed, in raw frames (`raw_above`)."""
+    values = rng.integers(0, 2**31 if compression == "raw" else 1000, (2000, 5, 3)).astype(np.int32)
     values[:100] = 7  # chunks that compress well, and others not
-    outcore.from_arrays({"x": values}, tmp_path / f"{compression}.zarr", chunk_size=32, compression=compression,
-                        shuffle_on_write=False, progress=False)
+    outcore.from_arrays({"x": values}, tmp_path / f"{compression}.zarr", chunk_size=32,
+                        compression="lz4" if compression == "raw" else compression, shuffle_on_write=False,
+                        progress=False)
     return tmp_path / f"{compression}.zarr", values
 
 
 @needs_extension
-@pytest.mark.parametrize("compression", ["lz4", "none"])
+@pytest.mark.parametrize("compression", ["lz4", "none", "raw"])
 def test_a_chunk_read_at_once_is_its_samples_and_its_file_s_stamp(tmp_path, rng, compression):
     location, values = _store(tmp_path, rng, compression)
     for chunk in range(10):
         path, offset, nbytes = chunk_location(location, "x", chunk)
+        if compression == "raw":  # a raw frame past the chunks of 7s (chunk 3 holds 4 of them): a header, the bytes
+            assert (nbytes == 32 * 15 * 4 + 16 + 4) == (chunk >= 3)
         out = np.full((32, 5, 3), -1, np.int32)
         stamp = chunk_reads.read_at_once(str(path), offset, nbytes, bytearray(nbytes), out, compression != "none")
         assert stamp == stamp_of(os.stat(path))
@@ -104,7 +117,7 @@ def test_a_chunk_read_at_once_is_its_samples_and_its_file_s_stamp(tmp_path, rng,
 
 
 @needs_extension
-@pytest.mark.parametrize("compression", ["lz4", "none"])
+@pytest.mark.parametrize("compression", ["lz4", "none", "raw"])
 def test_what_a_read_at_once_cannot_vouch_for_is_none(tmp_path, rng, compression):
     location, _ = _store(tmp_path, rng, compression)
     blosc = compression != "none"

@@ -17,7 +17,7 @@ from .attrs import (
     class_flags,
     guess_roles,
 )
-from .compression import Compression, unsafe_codecs
+from .compression import Compression, raw_above, unsafe_codecs
 from .dims import SAMPLE_DIM, dimension_names
 from .encoded import (
     RANGES_SUFFIX,
@@ -63,6 +63,7 @@ __all__ = [
     "pack_regions",
     "ragged_names",
     "ranges_name",
+    "raw_above",
     "shapes_name",
     "undecoded_names",
     "unsafe_codecs",

@@ -13,6 +13,9 @@ from ..errors import OptionError
 
 _SHUFFLES = ("bitshuffle", "shuffle", "noshuffle")
 _CNAMES = ("zstd", "lz4", "lz4hc", "blosclz", "zlib")
+_FAST = ("lz4", "blosclz")  # the codecs chosen for their decoding speed: `raw_above` applies to them
+RAW_SAVING = 1 / 8  # a fast codec's frame that saves less than this share of a chunk is stored raw (`raw_above`)
+_FRAME_BYTES = 16  # the most a Blosc frame adds to a chunk's bytes
 # codecs and data types that unpickle or evaluate stored bytes: refused in every store outcore opens
 _UNSAFE = re.compile(r"pickle|object|vlen-|json2|msgpack", re.IGNORECASE)
 
@@ -25,6 +28,8 @@ class Compression:
     on photographs it decodes several times faster than lz4 or zstd with bit shuffling, which store them
     only a little smaller (lossless codecs gain little on photos). Decoding is what a training loop waits
     on; where the disk is the bottleneck, choose ``zstd:3:bitshuffle`` (docs/format.md has the table).
+    With lz4 or blosclz, a chunk they shrink by less than `RAW_SAVING` is stored in a raw Blosc frame where
+    outcore writes whole shard files (`raw_above`): reading it is a copy, not a decompression.
 
     >>> str(Compression.parse("zstd"))
     'zstd:5:shuffle'
@@ -66,6 +71,19 @@ class Compression:
 
     def __str__(self) -> str:
         return "none" if self.cname == "none" else f"{self.cname}:{self.clevel}:{self.shuffle}"
+
+
+def raw_above(cname: str, nbytes: int) -> int:
+    """The most bytes a Blosc frame of a chunk of ``nbytes`` compressed by ``cname`` may have and stay compressed:
+    a frame of more is made again at level 0, a copy of the chunk's bytes (numcodecs, zarr and every Blosc reader
+    read either). A fast codec's (lz4, blosclz) frame must save `RAW_SAVING` of the chunk: photographs' pixels
+    barely compress, and lz4 decompresses them at about half the speed of a copy (docs/benchmarks.md, "Chunks
+    that barely compress stored raw"); the other codecs were chosen to store fewer bytes, and keep every byte saved.
+
+    >>> raw_above("lz4", 8000), raw_above("zstd", 8000)
+    (7000, 8016)
+    """
+    return nbytes - int(nbytes * RAW_SAVING) if cname in _FAST else nbytes + _FRAME_BYTES
 
 
 def unsafe_codecs(metadata: Mapping[str, Any]) -> str | None:

@@ -45,6 +45,8 @@
 
 #define CHECKSUM_BYTES 4
 #define BLOSC_HEADER 16 /* a Blosc frame's header: nbytes at byte 4, cbytes at byte 12 */
+#define BLOSC_FORMAT 2    /* byte 0 of the frames of Blosc 1 (numcodecs'), whose flags are byte 2 */
+#define BLOSC_MEMCPYED 2  /* a flag: the chunk's bytes follow the header as they are (a raw frame, level 0) */
 
 typedef int (*blosc_decompress_ctx_t)(const void *source, void *dest, size_t destsize, int numinternalthreads);
 static blosc_decompress_ctx_t blosc_decompress_ctx;
@@ -169,7 +171,8 @@ static uint32_t little_u32(const uint8_t *bytes) {
 }
 
 /* The chunk's bytes `data` and their stored crc32c checked and decoded into out: 1 when they were. Uncompressed bytes
- * are copied into out, unless they were read there. */
+ * are copied into out, unless they were read there, and so are those of a raw Blosc frame (by memcpy: Blosc's own
+ * copy of one runs slower). */
 static int decode_chunk(const uint8_t *data, size_t data_bytes, const uint8_t *stored, uint8_t *out, size_t out_bytes,
                         int compressed) {
     if (!compressed && data_bytes != out_bytes)
@@ -183,6 +186,10 @@ static int decode_chunk(const uint8_t *data, size_t data_bytes, const uint8_t *s
     }
     if (data_bytes < BLOSC_HEADER || little_u32(data + 4) != out_bytes || little_u32(data + 12) != data_bytes)
         return 0; /* a frame of another size would leave part of out as it was */
+    if (data[0] == BLOSC_FORMAT && data[2] & BLOSC_MEMCPYED && data_bytes == out_bytes + BLOSC_HEADER) {
+        memcpy(out, data + BLOSC_HEADER, out_bytes);
+        return 1;
+    }
     return blosc_decompress_ctx(data, out, out_bytes, 1) == (int)out_bytes;
 }
 
@@ -529,25 +536,26 @@ static PyObject *py_bind(PyObject *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
-/* encode(chunks, count, typesize, clevel, shuffle, cname, blocksize, out, index): the `count` chunks of equal size
- * back to back in `chunks`, each compressed as a Blosc frame (as numcodecs' blosc.compress makes it with these
- * settings) and followed by the frame's crc32c (4 bytes, little-endian), back to back in `out` (a writable buffer of
+/* encode(chunks, count, typesize, clevel, shuffle, cname, blocksize, raw_above, out, index): the `count` chunks of
+ * equal size back to back in `chunks`, each compressed as a Blosc frame (as numcodecs' blosc.compress makes it with
+ * these settings; a frame of more than `raw_above` bytes made again at level 0, its bytes copied as they are) and
+ * followed by the frame's crc32c (4 bytes, little-endian), back to back in `out` (a writable buffer of
  * count * (chunk bytes + 20) bytes or more); index[k] ((count, 2) uint64, writable) gets chunk k's offset in `out`
  * and its bytes with the checksum. The bytes written, in one call outside the GIL; None when Blosc fails. */
 static PyObject *py_encode(PyObject *self, PyObject *args) {
     Py_buffer chunks, out, index;
-    Py_ssize_t count, typesize, blocksize;
+    Py_ssize_t count, typesize, blocksize, raw_above;
     int clevel, shuffle;
     const char *cname;
-    if (!PyArg_ParseTuple(args, "y*nniisnw*w*:encode", &chunks, &count, &typesize, &clevel, &shuffle, &cname,
-                          &blocksize, &out, &index))
+    if (!PyArg_ParseTuple(args, "y*nniisnnw*w*:encode", &chunks, &count, &typesize, &clevel, &shuffle, &cname,
+                          &blocksize, &raw_above, &out, &index))
         return NULL;
     PyObject *result = NULL;
     size_t size = count > 0 ? (size_t)chunks.len / (size_t)count : 0;
     if (blosc_compress_ctx == NULL)
         PyErr_SetString(PyExc_RuntimeError, "Blosc's compressor is not bound: call bind() first");
     else if (count < 1 || typesize < 1 || blocksize < 0 || size * (size_t)count != (size_t)chunks.len ||
-             (size_t)out.len < (size_t)count * (size + BLOSC_OVERHEAD + CHECKSUM_BYTES) ||
+             raw_above < 0 || (size_t)out.len < (size_t)count * (size + BLOSC_OVERHEAD + CHECKSUM_BYTES) ||
              (size_t)index.len != (size_t)count * 2 * sizeof(uint64_t) || !PyBuffer_IsContiguous(&chunks, 'C') ||
              !PyBuffer_IsContiguous(&out, 'C') || !PyBuffer_IsContiguous(&index, 'C'))
         PyErr_SetString(PyExc_ValueError, "wanted: count chunks of equal size, out of count * (chunk bytes + 20) "
@@ -561,6 +569,9 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
         FREE_BEGIN;
         for (Py_ssize_t k = 0; fine && k < count; k++) {
             int framed = blosc_compress_ctx(clevel, shuffle, (size_t)typesize, size, source + (size_t)k * size,
+                                            target + offset, size + BLOSC_OVERHEAD, cname, (size_t)blocksize, 1);
+            if (framed > raw_above) /* it saves too little to be worth its decompression: a copy, as it is */
+                framed = blosc_compress_ctx(0, shuffle, (size_t)typesize, size, source + (size_t)k * size,
                                             target + offset, size + BLOSC_OVERHEAD, cname, (size_t)blocksize, 1);
             fine = framed > 0;
             if (fine) {

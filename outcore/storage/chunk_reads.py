@@ -137,16 +137,17 @@ def _encoder() -> Callable[..., int | None] | None:
     if read_at_once is None or not hasattr(_chunks, "encode"):
         return None
     try:
-        _chunks.encode(bytes(8), 1, 1, 5, 1, "lz4", 0, bytearray(28), np.zeros((1, 2), np.uint64))
+        _chunks.encode(bytes(8), 1, 1, 5, 1, "lz4", 0, 8, bytearray(28), np.zeros((1, 2), np.uint64))
     except RuntimeError:  # numcodecs' library does not export blosc_compress_ctx
         return None
     return _chunks.encode
 
 
 encode_at_once: Callable[..., int | None] | None = _encoder()
-"""``encode_at_once(chunks, count, typesize, clevel, shuffle, cname, blocksize, out, index)``: the ``count`` chunks
-of equal size back to back in ``chunks``, each compressed as numcodecs' ``blosc.compress`` makes a Blosc frame with
-these settings and followed by the frame's crc32c, written back to back into ``out`` (count x (chunk bytes + 20)
+"""``encode_at_once(chunks, count, typesize, clevel, shuffle, cname, blocksize, raw_above, out, index)``: the ``count``
+chunks of equal size back to back in ``chunks``, each compressed as numcodecs' ``blosc.compress`` makes a Blosc frame
+with these settings (one of more than ``raw_above`` bytes made again at level 0: `outcore.format.raw_above`) and
+followed by the frame's crc32c, written back to back into ``out`` (count x (chunk bytes + 20)
 bytes or more), each one's offset and bytes into ``index`` ((count, 2) uint64), in one call that releases the GIL
 once for them all: the bytes written, None when Blosc fails. None where it cannot run here."""
 

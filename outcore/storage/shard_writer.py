@@ -5,7 +5,8 @@ Zarr's writer runs every chunk through its codec pipeline on its event loop, in 
 small fields of an ingest come in chunks of as few as 32 samples: 7 fields of 100,000 files are 22,000
 chunks; docs/benchmarks.md's "Figures behind the code" says what each cost). For the layout outcore writes
 (`outcore.storage.shard_reader.direct_codecs`) in a local directory, `write_rows` encodes the chunks of whole
-shard files itself, into the same bytes zarr writes (tests compare the files), and replaces each file at once;
+shard files itself, into the same bytes zarr writes (tests compare the files) but for the chunks a fast codec
+shrinks too little, stored in raw Blosc frames (`outcore.format.raw_above`), and replaces each file at once;
 rows that do not span whole shard files, other layouts and other stores are written by zarr, every chunk
 written (`writable`).
 """
@@ -25,6 +26,7 @@ import zarr
 from numcodecs import blosc
 from zarr.storage import LocalStore
 
+from ..format import raw_above
 from .chunk_reads import encode_at_once
 from .groups import shard_path, writable
 from .shard_reader import direct_codecs
@@ -205,13 +207,18 @@ def _encoded_at_once(rows: np.ndarray, chunk_rows: int, dtype: np.dtype, fill: A
     size = chunks[:chunk_rows].nbytes
     out = np.empty(count * (size + _FRAME_GROWTH), np.uint8)
     cname, clevel, shuffle, blocksize = settings
-    written = encode_at_once(chunks, count, dtype.itemsize, clevel, shuffle, cname, blocksize, out, index[:count])
+    written = encode_at_once(chunks, count, dtype.itemsize, clevel, shuffle, cname, blocksize, raw_above(cname, size),
+                             out, index[:count])
     return None if written is None else [memoryview(out)[:written]]
 
 
 def _compressed(chunk: np.ndarray, settings: tuple[str, int, int, int] | None) -> Any:
-    """``chunk``'s bytes through Blosc with ``settings`` (`_blosc_settings`), or as they are without."""
+    """``chunk``'s bytes through Blosc with ``settings`` (`_blosc_settings`; a frame that saves too little made again
+    raw: `raw_above`), or as they are without."""
     if settings is None:
         return memoryview(chunk).cast("B")
     cname, clevel, shuffle, blocksize = settings
-    return blosc.compress(chunk, cname.encode(), clevel, shuffle, blocksize)
+    frame = blosc.compress(chunk, cname.encode(), clevel, shuffle, blocksize)
+    if len(frame) > raw_above(cname, chunk.nbytes):
+        return blosc.compress(chunk, cname.encode(), 0, shuffle, blocksize)
+    return frame
