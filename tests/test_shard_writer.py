@@ -130,6 +130,23 @@ def test_chunks_a_fast_codec_barely_shrinks_are_stored_raw(tmp_path, monkeypatch
         np.testing.assert_array_equal(zarr.open_group(tmp_path / f"{cname}-{in_c}.zarr", mode="r")["x"][:], values)
 
 
+def test_an_encoded_field_s_files_keep_every_byte_lz4_saves_where_pixels_are_stored_raw(tmp_path):
+    """Photos' pixels barely compress: stored raw. Their JPEGs' bytes (headers alike from file to file) lz4 shrinks by
+    less than 1/8 too, but an encoded field's files keep every byte saved: reading them is little of decoding them."""
+    write_image_folder(tmp_path / "photos", 24, size=(128, 128), kind="photos")
+    options = {"progress": False, "chunk_size": 32, "shape": (128, 128, 3)}
+    for images in ("pixels", "encoded"):
+        outcore.ingest_images(tmp_path / "photos", tmp_path / f"{images}.zarr", images=images, **options)
+    pixels = [frame for shard in range(3)  # a chunk a shard file, 3 of them
+              for frame in _frames(tmp_path / "pixels.zarr" / "images" / "c" / str(shard) / "0" / "0" / "0", 1)]
+    files = [frame for shard in range(3) for frame in _frames(tmp_path / "encoded.zarr" / "images" / "c" / str(shard), 1)]
+    assert [bool(frame[2] & MEMCPYED) for frame in pixels] == [True, True, False]  # the last, two thirds zeros, shrinks
+    assert [bool(frame[2] & MEMCPYED) for frame in files] == [False] * 3
+    nbytes = int.from_bytes(files[0][4:8], "little")  # the chunk's bytes, as Blosc's header says
+    assert raw_above("lz4", nbytes) < len(files[0]) < nbytes  # kept, though it saves less than 1/8 (the last chunk's
+    # files fill a third of its bytes: it saves more)
+
+
 def test_rows_it_does_not_write_itself_go_to_zarr(tmp_path):
     values = np.arange(100, dtype=np.int64)
     group = zarr.open_group(tmp_path / "s.zarr", mode="w")

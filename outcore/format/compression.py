@@ -29,7 +29,8 @@ class Compression:
     only a little smaller (lossless codecs gain little on photos). Decoding is what a training loop waits
     on; where the disk is the bottleneck, choose ``zstd:3:bitshuffle`` (docs/format.md has the table).
     With lz4 or blosclz, a chunk they shrink by less than `RAW_SAVING` is stored in a raw Blosc frame where
-    outcore writes whole shard files (`raw_above`): reading it is a copy, not a decompression.
+    outcore writes whole shard files (`raw_above`; not an encoded field's files): reading it is a copy, not a
+    decompression.
 
     >>> str(Compression.parse("zstd"))
     'zstd:5:shuffle'
@@ -78,7 +79,8 @@ def raw_above(cname: str, nbytes: int) -> int:
     a frame of more is made again at level 0, a copy of the chunk's bytes (numcodecs, zarr and every Blosc reader
     read either). A fast codec's (lz4, blosclz) frame must save `RAW_SAVING` of the chunk: photographs' pixels
     barely compress, and lz4 decompresses them at about half the speed of a copy (docs/benchmarks.md, "Chunks
-    that barely compress stored raw"); the other codecs were chosen to store fewer bytes, and keep every byte saved.
+    that barely compress stored raw"); the other codecs were chosen to store fewer bytes, and keep every byte saved,
+    as do the bytes of an encoded field's files, whose reading is a small part of decoding them.
 
     >>> raw_above("lz4", 8000), raw_above("zstd", 8000)
     (7000, 8016)

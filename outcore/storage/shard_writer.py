@@ -13,6 +13,7 @@ written (`writable`).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import uuid
@@ -155,12 +156,16 @@ def _write_shard(array: zarr.Array, shard: int, rows: np.ndarray, codecs: list[d
     dtype = array.dtype.newbyteorder("<")
     index = np.full((array.shards[0] // chunk_rows, 2), _EMPTY, dtype="<u8")
     settings = _blosc_settings(codecs)
+    chunk_bytes = chunk_rows * math.prod(array.shape[1:]) * dtype.itemsize
+    most = None if settings is None else chunk_bytes + _FRAME_GROWTH if _holds_files(array) else \
+        raw_above(settings[0], chunk_bytes)  # a frame's bytes: more, and the chunk is stored raw
     parts = None if settings is None or encode_at_once is None or not len(rows) else \
-        _encoded_at_once(rows, chunk_rows, dtype, array.fill_value, settings, index)
+        _encoded_at_once(rows, chunk_rows, dtype, array.fill_value, settings, most, index)
     if parts is None:
         parts, offset = [], 0
         for k, begin in enumerate(range(0, len(rows), chunk_rows)):
-            data = _compressed(_padded(rows[begin : begin + chunk_rows], chunk_rows, dtype, array.fill_value), settings)
+            data = _compressed(_padded(rows[begin : begin + chunk_rows], chunk_rows, dtype, array.fill_value), settings,
+                               most)
             parts += [data, crc32c.crc32c(data).to_bytes(4, "little")]
             index[k] = offset, len(data) + 4
             offset += len(data) + 4
@@ -197,28 +202,38 @@ def _blosc_settings(codecs: list[dict[str, Any]]) -> tuple[str, int, int, int] |
     return None
 
 
+def _holds_files(array: zarr.Array) -> bool:
+    """Whether ``array`` holds the bytes of an encoded field's files (its first dimension ``<field>_bytes``:
+    `outcore.storage.encoded.create_encoded_field`): every byte Blosc saves of them is kept (lz4 shrinks small JPEGs,
+    their headers alike, by about a tenth, and reading them is a small part of decoding them), where the chunks of
+    other arrays that shrink too little are stored raw (`raw_above`)."""
+    names = array.metadata.dimension_names
+    return bool(names) and str(names[0]).endswith("_bytes")
+
+
 def _encoded_at_once(rows: np.ndarray, chunk_rows: int, dtype: np.dtype, fill: Any,
-                     settings: tuple[str, int, int, int], index: np.ndarray) -> list[Any] | None:
-    """The chunks of ``rows`` (the last padded with ``fill``) compressed by Blosc with ``settings`` (`_blosc_settings`)
-    and checksummed, back to back, by one call of the C extension (`encode_at_once`), their entries written into
-    ``index``; None where Blosc failed (the caller encodes them one by one, which raises its error)."""
+                     settings: tuple[str, int, int, int], most: int, index: np.ndarray) -> list[Any] | None:
+    """The chunks of ``rows`` (the last padded with ``fill``) compressed by Blosc with ``settings`` (`_blosc_settings`;
+    a frame of more than ``most`` bytes made again raw) and checksummed, back to back, by one call of the C extension
+    (`encode_at_once`), their entries written into ``index``; None where Blosc failed (the caller encodes them one by
+    one, which raises its error)."""
     count = -(-len(rows) // chunk_rows)
     chunks = _padded(rows, count * chunk_rows, dtype, fill)
     size = chunks[:chunk_rows].nbytes
     out = np.empty(count * (size + _FRAME_GROWTH), np.uint8)
     cname, clevel, shuffle, blocksize = settings
-    written = encode_at_once(chunks, count, dtype.itemsize, clevel, shuffle, cname, blocksize, raw_above(cname, size),
-                             out, index[:count])
+    written = encode_at_once(chunks, count, dtype.itemsize, clevel, shuffle, cname, blocksize, most, out,
+                             index[:count])
     return None if written is None else [memoryview(out)[:written]]
 
 
-def _compressed(chunk: np.ndarray, settings: tuple[str, int, int, int] | None) -> Any:
-    """``chunk``'s bytes through Blosc with ``settings`` (`_blosc_settings`; a frame that saves too little made again
-    raw: `raw_above`), or as they are without."""
+def _compressed(chunk: np.ndarray, settings: tuple[str, int, int, int] | None, most: int | None) -> Any:
+    """``chunk``'s bytes through Blosc with ``settings`` (`_blosc_settings`; a frame of more than ``most`` bytes made
+    again raw), or as they are without."""
     if settings is None:
         return memoryview(chunk).cast("B")
     cname, clevel, shuffle, blocksize = settings
     frame = blosc.compress(chunk, cname.encode(), clevel, shuffle, blocksize)
-    if len(frame) > raw_above(cname, chunk.nbytes):
+    if most is not None and len(frame) > most:
         return blosc.compress(chunk, cname.encode(), 0, shuffle, blocksize)
     return frame
