@@ -135,6 +135,7 @@ CASES = {  # name: (store, transform)
     "dense-own": ("coco-own", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "ingest": ("own-size-jpegs", None),  # ingest_images of the JPEGs at their own sizes (shape=None, encoded)
 }
+NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
 FIELDS = {"dense": DENSE_FIELDS, "dense-own": DENSE_FIELDS}  # the others: images and labels
 NEW_EACH_EPOCH = {"pixels-each"}
@@ -308,7 +309,7 @@ def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds
           f"cores here{pretend} (the ratio: to n x the 1-thread rate; GIL: the share of the CPU time outside outcore's "
           "C calls that release it, timed; 16 cores: the most times one core's rate that share allows there, at "
           f"{threads[-1]} threads)")
-    print(f"{'case':14s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s} {'GIL':>6s}" for n in threads)
+    print(f"{'case':{NAME_WIDTH}s}" + "".join(f" {f'{n} thread' + 's' * (n > 1):>11s} {'ratio':>6s} {'GIL':>6s}" for n in threads)
           + f" {'16 cores':>9s}", flush=True)
     rates: dict[str, dict[int, float]] = {}
     parts: dict[str, dict[str, float]] = {}
@@ -319,16 +320,16 @@ def scaling(made: dict[str, Path], cases: list[str], threads: list[int], seconds
         cells = "".join(f" {rate:11.0f} {rate / (n * one) if one else float('nan'):6.2f} {percent(share):>6s}"
                         for n, (rate, share, _) in measured.items())
         _, last, by_thread = measured[threads[-1]]
-        print(f"{case:14s}{cells} {'-' if last is None else f'{gil_bound(last, 16):.1f}x':>9s}", flush=True)
+        print(f"{case:{NAME_WIDTH}s}{cells} {'-' if last is None else f'{gil_bound(last, 16):.1f}x':>9s}", flush=True)
         if by_thread is not None:
             parts[case] = by_thread
     if parts:
-        print(f"\nthe GIL share at {threads[-1]} threads by thread, each a share of all the CPU time: the consumer's "
+        print(f"\nthe GIL share at {threads[-1]} thread{'s' * (threads[-1] > 1)} by thread, each a share of all the CPU time: the consumer's "
               "(taking the batches), the pool's outside outcore's C calls (reads, batches, their runs), and the "
               "others' (each run's thread planning its batches and handing them over)")
-        print(f"{'case':14s} {'consumer':>9s} {'pool':>7s} {'others':>7s}")
+        print(f"{'case':{NAME_WIDTH}s} {'consumer':>9s} {'pool':>7s} {'others':>7s}")
         for case, by_thread in parts.items():
-            print(f"{case:14s} {by_thread['consumer']:9.1%} {by_thread['pool']:7.1%} {by_thread['others']:7.1%}")
+            print(f"{case:{NAME_WIDTH}s} {by_thread['consumer']:9.1%} {by_thread['pool']:7.1%} {by_thread['others']:7.1%}")
     return rates
 
 
@@ -341,10 +342,10 @@ def apart(made: dict[str, Path], cases: list[str], counts: list[int], seconds: f
           "cores here: what the machine gives n copies of the one-thread work that share nothing but its cores, "
           "caches and memory (the ratio: to n x one copy's rate; threads: n threads of one process, the scaling "
           "table's, as a share of the copies' rate)")
-    print(f"{'case':14s}" + "".join(f" {f'{n} apart':>10s} {'ratio':>6s} {'threads':>8s}" for n in counts), flush=True)
+    print(f"{'case':{NAME_WIDTH}s}" + "".join(f" {f'{n} apart':>10s} {'ratio':>6s} {'threads':>8s}" for n in counts), flush=True)
     for case in cases:
         one = side_by_side(made, case, 1, seconds)
-        row = f"{case:14s}"
+        row = f"{case:{NAME_WIDTH}s}"
         for n in counts:
             rate = one if n == 1 else side_by_side(made, case, n, seconds)
             of_threads = threads.get(case, {}).get(n)
@@ -378,11 +379,11 @@ def by_processes(made: dict[str, Path], cases: list[str], threads: int, counts: 
           f"or by k loader processes (process=k), each on {threads}/k of them, {os.cpu_count()} cores here (the ratio: "
           "to this process's threads; consumer: its CPU time a batch taking them; loaders: the loader processes' CPU "
           "time a batch, all of them)")
-    print(f"{'case':14s} {'here':>9s}" + "".join(f" {f'process={k}':>11s} {'ratio':>6s} {'consumer':>9s} {'loaders':>9s}"
+    print(f"{'case':{NAME_WIDTH}s} {'here':>9s}" + "".join(f" {f'process={k}':>11s} {'ratio':>6s} {'consumer':>9s} {'loaders':>9s}"
                                                  for k in counts))
     for case in cases:
         here = in_a_process(made, case, threads, seconds)[0]
-        row = f"{case:14s} {here:9.0f}"
+        row = f"{case:{NAME_WIDTH}s} {here:9.0f}"
         for k in counts:
             result = child("--run", case, made[CASES[case][0]], threads, seconds, "--run-processes", k)
             times = result["by_thread"]
@@ -395,11 +396,11 @@ def part_shares(made: dict[str, Path], cases: list[str], counts: list[int], seco
     """The parts table, each case in a fresh process (`held_by_part`)."""
     print("\nthe GIL-held time of part 0 of each batch out of k (process=k's part for one of its processes), made on "
           "one thread, against a whole batch's: ms a part, and the ratio")
-    print(f"{'case':14s} {'whole':>9s}" + "".join(f" {f'part of {k}':>11s} {'ratio':>6s}" for k in counts if k > 1))
+    print(f"{'case':{NAME_WIDTH}s} {'whole':>9s}" + "".join(f" {f'part of {k}':>11s} {'ratio':>6s}" for k in counts if k > 1))
     for case in cases:
         held = child("--parts-run", case, made[CASES[case][0]], seconds, ",".join(map(str, counts)))
         whole = held["1"]
-        print(f"{case:14s} {whole:6.3f} ms" + "".join(f" {held[str(k)]:8.3f} ms {held[str(k)] / whole:6.2f}"
+        print(f"{case:{NAME_WIDTH}s} {whole:6.3f} ms" + "".join(f" {held[str(k)]:8.3f} ms {held[str(k)] / whole:6.2f}"
                                                    for k in counts if k > 1), flush=True)
 
 
@@ -666,12 +667,12 @@ def feed(made: dict[str, Path], cases: list[str], seconds: float, step_ms: float
           "steps/s alone (the ceiling) and fed, the ratio, the share of the time it waits for a batch, its own thread's "
           "CPU time taking one (the hand-off), its process's other threads' CPU time a batch (others: a loader's "
           "in its process, whose GIL the loop shares), and the median wait for an epoch's first batch")
-    print(f"{'case':14s} {'workers':>7s} {'alone':>8s} {'fed':>8s} {'ratio':>6s} {'waiting':>8s} {'hand-off':>9s} "
+    print(f"{'case':{NAME_WIDTH}s} {'workers':>7s} {'alone':>8s} {'fed':>8s} {'ratio':>6s} {'waiting':>8s} {'hand-off':>9s} "
           f"{'others':>9s} {'epoch start':>11s}")
     for case in cases:
         for count in workers:
             result = child("--feed-run", case, made[CASES[case][0]], seconds, step_ms, held, count)
-            print(f"{case:14s} {count:>7s} {result['alone']:8.1f} {result['fed']:8.1f} "
+            print(f"{case:{NAME_WIDTH}s} {count:>7s} {result['alone']:8.1f} {result['fed']:8.1f} "
                   f"{result['fed'] / result['alone']:6.2f} {result['waiting']:8.1%} {result['handoff_ms']:6.2f} ms "
                   f"{result['others_ms']:6.2f} ms {result['epoch_start_ms']:8.2f} ms", flush=True)
 
