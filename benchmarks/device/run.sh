@@ -22,6 +22,9 @@
 #               machine's cores, memory and hardware threads give), ds.torch with 0-16 workers
 #   pread       the cores step's pixel rows with every chunk read by pread (OUTCORE_MAP_FILES=0), not in place through
 #               its file's mapping: what reading in place gives 16 cores
+#   frames      benchmarks/raw_frames.py: a pixel store's batches on 1, 8 and 16 threads with every chunk in its lz4
+#               frame, with chunks that barely compress stored raw (the default) and with compression="none": what
+#               one pass over each chunk's bytes, not two, gives 16 cores sharing a memory
 #   where       benchmarks/where_cpu.py: where 16 threads' CPU time goes (perf, every thread, the kernel's part too):
 #               outcore's C calls by what they do, and the rest by Python function (needs perf on the machine)
 #   gpu_decode  benchmarks/device/gpu_decode.py: torchvision's nvJPEG decode on the GPU (the GPU's own anchor), and
@@ -81,6 +84,7 @@ step cores 240 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --t
     --only scaling,apart,torch --cases pixels,pixels+crop,encoded,encoded+crop,rrc --workdir $work/cores
 step pread 45 env OUTCORE_MAP_FILES=0 python3 cores.py --images 6000 --threads 1,8,16 --seconds 2 --only scaling \
     --cases pixels,pixels+crop --workdir $work/cores
+step frames 60 python3 raw_frames.py --images 6000 --threads 1,8,16 --repeats 1 --epochs 3 --workdir $work/cores
 step where 60 python3 where_cpu.py --images 6000 --threads 16 --seconds 5 --cases pixels,encoded --workdir $work/cores
 step gpu_decode 60 python3 device/gpu_decode.py $work/inet/train 2 --store $work/inet/own.zarr
 step ingest 70 python3 ingest_scale.py --files 10000 --threads 1,16 --repeats 1 --workdir $work/ingest
