@@ -157,8 +157,8 @@ def _write_shard(array: zarr.Array, shard: int, rows: np.ndarray, codecs: list[d
     index = np.full((array.shards[0] // chunk_rows, 2), _EMPTY, dtype="<u8")
     settings = _blosc_settings(codecs)
     chunk_bytes = chunk_rows * math.prod(array.shape[1:]) * dtype.itemsize
-    most = None if settings is None else chunk_bytes + _FRAME_GROWTH if _holds_files(array) else \
-        raw_above(settings[0], chunk_bytes)  # a frame's bytes: more, and the chunk is stored raw
+    most = None if settings is None else raw_above(settings[0], chunk_bytes, _holds_files(array))  # a frame's bytes:
+    # more, and the chunk is stored raw
     parts = None if settings is None or encode_at_once is None or not len(rows) else \
         _encoded_at_once(rows, chunk_rows, dtype, array.fill_value, settings, most, index)
     if parts is None:
@@ -204,9 +204,7 @@ def _blosc_settings(codecs: list[dict[str, Any]]) -> tuple[str, int, int, int] |
 
 def _holds_files(array: zarr.Array) -> bool:
     """Whether ``array`` holds the bytes of an encoded field's files (its first dimension ``<field>_bytes``:
-    `outcore.storage.encoded.create_encoded_field`): every byte Blosc saves of them is kept (lz4 shrinks small JPEGs,
-    their headers alike, by about a tenth, and reading them is a small part of decoding them), where the chunks of
-    other arrays that shrink too little are stored raw (`raw_above`)."""
+    `outcore.storage.encoded.create_encoded_field`), whose chunks keep every byte Blosc saves (`raw_above`)."""
     names = array.metadata.dimension_names
     return bool(names) and str(names[0]).endswith("_bytes")
 
