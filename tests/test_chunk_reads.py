@@ -118,20 +118,54 @@ def test_a_chunk_read_at_once_is_its_samples_and_its_file_s_stamp(tmp_path, rng,
 
 @needs_extension
 @pytest.mark.parametrize("compression", ["lz4", "none", "raw"])
-def test_what_a_read_at_once_cannot_vouch_for_is_none(tmp_path, rng, compression):
+@pytest.mark.parametrize("mapped", [True, False])
+def test_what_a_read_at_once_cannot_vouch_for_is_none(tmp_path, rng, compression, mapped):
+    """Files missing or not regular, ranges past a file's end or not a chunk's, an out of another size, a damaged
+    chunk: None, read in place (its file mapped, its pages in memory) or by pread alike."""
     location, _ = _store(tmp_path, rng, compression)
     blosc = compression != "none"
     path, offset, nbytes = chunk_location(location, "x", 4)
     scratch, out = bytearray(nbytes + 64), np.empty((32, 5, 3), np.int32)
     read = chunk_reads.read_at_once
-    assert read(str(path), offset, nbytes, scratch, out, blosc) is not None
-    assert read(str(path) + ".gone", offset, nbytes, scratch, out, blosc) is None  # missing
-    assert read(str(path.parent), offset, nbytes, scratch, out, blosc) is None  # a folder
-    assert read(str(path), os.stat(path).st_size - 8, nbytes, scratch, out, blosc) is None  # past the file's end
-    assert read(str(path), offset, nbytes, scratch, np.empty((31, 5, 3), np.int32), blosc) is None  # another size
-    assert read(str(path), offset + 1, nbytes, scratch, out, blosc) is None  # not the chunk's bytes: checksum
-    corrupt_chunk(location, "x", 4)
-    assert read(str(path), offset, nbytes, scratch, out, blosc) is None
+    was = chunk_reads.map_files(mapped) if chunk_reads.map_files is not None else None
+    try:
+        assert read(str(path), offset, nbytes, scratch, out, blosc) is not None
+        assert read(str(path) + ".gone", offset, nbytes, scratch, out, blosc) is None  # missing
+        assert read(str(path.parent), offset, nbytes, scratch, out, blosc) is None  # a folder
+        assert read(str(path), os.stat(path).st_size - 8, nbytes, scratch, out, blosc) is None  # past the file's end
+        assert read(str(path), offset, nbytes, scratch, np.empty((31, 5, 3), np.int32), blosc) is None  # another size
+        assert read(str(path), offset + 1, nbytes, scratch, out, blosc) is None  # not the chunk's bytes: checksum
+        corrupt_chunk(location, "x", 4)
+        assert read(str(path), offset, nbytes, scratch, out, blosc) is None
+    finally:
+        if was is not None:
+            chunk_reads.map_files(was)
+
+
+@needs_extension
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_frame_of_a_raw_frame_s_size_that_is_not_raw_is_decompressed_as_any_other(tmp_path, rng, mapped):
+    """A chunk of the size of a raw frame is read by pread straight into out; one whose header says it is compressed
+    (Blosc keeps a compressed frame that fits) is put together again and decompressed: here, bytes no frame holds,
+    which Blosc refuses (None). Its raw twin, checksum and all, is read."""
+    location, values = _store(tmp_path, rng, "raw")
+    path, offset, nbytes = chunk_location(location, "x", 4)
+    frame = bytearray(Path(path).read_bytes()[offset : offset + nbytes - 4])
+    assert frame[2] & 2 and len(frame) == 32 * 15 * 4 + 16  # raw: Blosc's memcpyed flag
+    was = chunk_reads.map_files(mapped) if chunk_reads.map_files is not None else None
+    try:
+        for flags, expected in ((frame[2], values[128:160]), (frame[2] & ~2, None)):
+            frame[2] = flags
+            written = tmp_path / f"frame-{flags}"
+            written.write_bytes(bytes(frame) + crc32c.crc32c(bytes(frame)).to_bytes(4, "little"))
+            out = np.full((32, 5, 3), -1, np.int32)
+            stamp = chunk_reads.read_at_once(str(written), 0, nbytes, bytearray(nbytes), out, True)
+            assert (stamp is None) == (expected is None)
+            if expected is not None:
+                np.testing.assert_array_equal(out, expected)
+    finally:
+        if was is not None:
+            chunk_reads.map_files(was)
 
 
 @needs_extension
@@ -395,7 +429,7 @@ def _evict(path: Path) -> None:
 
 
 @needs_mappings
-@pytest.mark.parametrize("compression", ["lz4", "none"])
+@pytest.mark.parametrize("compression", ["lz4", "none", "raw"])
 def test_a_chunk_in_memory_is_read_in_place_through_its_file_s_mapping_one_that_is_not_by_pread(tmp_path, rng,
                                                                                                  compression):
     """A chunk whose pages are not in memory is read by pread (faults through a mapping would read it from the device

@@ -185,6 +185,12 @@ static uint32_t checked_copy(uint32_t crc, const uint8_t *data, size_t size, uin
     return crc;
 }
 
+/* Whether the Blosc frame of `data_bytes` whose header is `header` is raw (`out_bytes` of a chunk as they are). */
+static int raw_frame(const uint8_t *header, size_t data_bytes, size_t out_bytes) {
+    return header[0] == BLOSC_FORMAT && header[2] & BLOSC_MEMCPYED && data_bytes == out_bytes + BLOSC_HEADER &&
+           little_u32(header + 4) == out_bytes && little_u32(header + 12) == data_bytes;
+}
+
 /* The chunk's bytes `data` and their stored crc32c checked and decoded into out: 1 when they were (out may hold
  * anything when they were not). Uncompressed bytes are copied into out as they are checked, unless they were read
  * there, and so are those of a raw Blosc frame (its header checked first; Blosc's own copy of one runs slower). */
@@ -197,19 +203,36 @@ static int decode_chunk(const uint8_t *data, size_t data_bytes, const uint8_t *s
     }
     if (data_bytes < BLOSC_HEADER || little_u32(data + 4) != out_bytes || little_u32(data + 12) != data_bytes)
         return 0; /* a frame of another size would leave part of out as it was */
-    if (data[0] == BLOSC_FORMAT && data[2] & BLOSC_MEMCPYED && data_bytes == out_bytes + BLOSC_HEADER)
+    if (raw_frame(data, data_bytes, out_bytes))
         return checked_copy(crc32c(0, data, BLOSC_HEADER), data + BLOSC_HEADER, out_bytes, out) == little_u32(stored);
     if (crc32c(0, data, data_bytes) != little_u32(stored))
         return 0;
     return blosc_decompress_ctx(data, out, out_bytes, 1) == (int)out_bytes;
 }
 
-/* The chunk read into out by pread (through scratch when compressed): 1 when it was read, checked and decoded. */
+/* A chunk of the size of a raw frame read by pread: its bytes straight into out, no copy made. 1 when it was read
+ * and checked; a compressed frame of that size (Blosc keeps one that fits) is put together in scratch and decoded. */
+static int read_raw_frame(int fd, off_t offset, size_t data_bytes, uint8_t *scratch, uint8_t *out, size_t out_bytes) {
+    uint8_t header[BLOSC_HEADER], stored[CHECKSUM_BYTES];
+    struct iovec parts[3] = {{header, BLOSC_HEADER}, {out, out_bytes}, {stored, CHECKSUM_BYTES}};
+    if (!read_all(fd, parts, 3, offset))
+        return 0;
+    if (raw_frame(header, data_bytes, out_bytes))
+        return crc32c(crc32c(0, header, BLOSC_HEADER), out, out_bytes) == little_u32(stored);
+    memcpy(scratch, header, BLOSC_HEADER);
+    memcpy(scratch + BLOSC_HEADER, out, out_bytes);
+    return decode_chunk(scratch, data_bytes, stored, out, out_bytes, 1);
+}
+
+/* The chunk read into out by pread (through scratch when compressed, but for a raw frame's bytes): 1 when it was
+ * read, checked and decoded. */
 static int read_chunk(int fd, off_t offset, size_t nbytes, uint8_t *scratch, uint8_t *out, size_t out_bytes,
                       int compressed) {
     size_t data_bytes = nbytes - CHECKSUM_BYTES;
     uint8_t stored[CHECKSUM_BYTES];
     uint8_t *data = compressed ? scratch : out;
+    if (compressed && data_bytes == out_bytes + BLOSC_HEADER)
+        return read_raw_frame(fd, offset, data_bytes, scratch, out, out_bytes);
     if (!compressed && data_bytes != out_bytes)
         return 0;
     struct iovec parts[2] = {{data, data_bytes}, {stored, CHECKSUM_BYTES}};
