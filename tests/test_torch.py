@@ -229,8 +229,10 @@ def test_loader_workers_parts_gathered_by_the_pin_thread_are_the_batches(picture
     from torch.utils.data._utils.pin_memory import pin_memory
 
     import outcore.adapters.torch as adapter
+    from outcore.adapters import torch_pinned
     from outcore.adapters.torch_pinned import PinnedParts
     from outcore.iterate.gather import plain
+    from outcore.iterate.shared import free_file
 
     made = []
 
@@ -244,14 +246,19 @@ def test_loader_workers_parts_gathered_by_the_pin_thread_are_the_batches(picture
     monkeypatch.setattr(adapter.OutcoreLoader, "_whole", lambda self, items: whole(self, map(pin_memory, items)))
     assert _epoch(pictures_store, 2) == (expected, 0)  # not one batch mapped from shared memory: each in its own
     assert made == ["images"] * 10  # a batch's memory made once, by the first of its parts to come
+    freed = []  # the inode of each batch file handed back
+    monkeypatch.setattr(torch_pinned, "free_file", lambda folder, name, size: (
+        freed.append(os.stat(os.path.join(folder, name)).st_ino), free_file(folder, name, size)))
     loader = pictures_store.torch(96, num_workers=2, shuffle=True, seed=3, buffer_chunks=4,
                                   multiprocessing_context="fork", persistent_workers=True)
     for index, batch in enumerate(loader):
         assert batch["images"].numpy().base is not None and not is_mapped(batch["images"].numpy())
+        kept = {entry.inode() for entry in os.scandir(loader._mailbox.folder)}
+        assert len(freed) == index + 1 and set(freed) <= kept  # each batch's file handed back once its rows were
+        # copied, and kept: free, or already a later part's (the workers take free files for the parts asked)
         if index == 3:
             break
     assert not adapter.pinned_parts.batches  # the parts of batches the stopped pass never joined: let go of
-    assert [name for name in os.listdir(loader._mailbox.folder) if name.startswith("free-")]
 
 
 def test_loader_workers_without_room_in_shared_memory_send_their_parts_and_it_is_said(pictures_store, monkeypatch):
