@@ -59,6 +59,11 @@ def outcome(returncode: int, err: str) -> str:
     'one line, 130'
     >>> outcome(1, "Traceback (most recent call last):\\n  ...\\nImportError: ...\\n")
     'wrong: status 1, 3 line(s) on stderr'
+    >>> cut = 'Traceback (most recent call last):\\n  File "<string>", line 1, in <module>\\n  File "/x/outcore_command.py"'
+    >>> outcome(-2, cut + ', line 48, in <module>\\n  File "/x/outcore_command.py", line 38, in __init__\\nKeyboardInterrupt')
+    'ended by the signal'
+    >>> outcome(-2, cut + ', line 60, in main\\nKeyboardInterrupt')
+    'wrong: status -2, 4 line(s) on stderr'
     """
     lines = err.strip().splitlines()
     if returncode == -signal.SIGINT and (not err or _before_the_command(err)):
@@ -75,15 +80,15 @@ def outcome(returncode: int, err: str) -> str:
 def _before_the_command(err: str) -> bool:
     """Whether ``err`` is CPython's traceback of a Ctrl-C it took while it imported the command's module (from its
     start-up until ``outcore_command.main`` installs its handler, Ctrl-C is the interpreter's own): a
-    ``KeyboardInterrupt`` raised in the line that imports it (or as the interpreter begins it: "line 0"), or in that
-    module's own imports (the standard library's ``signal`` and ``collections.abc``), never in its ``main`` nor in
-    outcore."""
+    ``KeyboardInterrupt`` raised in the line that imports it (or as the interpreter begins it: "line 0"), in that
+    module's own imports (the standard library's ``signal`` and ``collections.abc``) or in what its first lines run
+    (the ``__init__`` of the hook they install), never in its ``main`` nor in outcore."""
     lines = err.strip().splitlines()
     frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
     command = [frame for frame in frames if 'outcore_command.py"' in frame]
     return (lines[:1] == ["Traceback (most recent call last):"] and lines[-1] == "KeyboardInterrupt"
             and frames[:1] in (['File "<string>", line 0, in <module>'], ['File "<string>", line 1, in <module>'])
-            and all(frame.endswith("in <module>") for frame in command)
+            and all(frame.endswith(("in <module>", "in __init__")) for frame in command)
             and not any(PACKAGE in frame for frame in frames))
 
 
