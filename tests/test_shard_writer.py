@@ -26,6 +26,7 @@ from outcore.format import Compression, Layout, raw_above
 from outcore.imaging.synthetic import write_image_folder
 from outcore.storage import SmallColumn, SmallRows, copy_rows, create_field, writable, write_rows
 from outcore.storage.shard_writer import StoreArrays, _direct_codecs
+from outcore.testing import chunk_location
 from outcore.testing.strategies import compressions, field_arrays
 
 MEMCPYED = 0x02  # a Blosc frame's flag: its bytes copied as they are (level 0)
@@ -60,6 +61,14 @@ def _same_chunks(mine: Path, theirs: Path) -> bool:
         ours == zarrs or (ours[2] & MEMCPYED and len(zarrs) > raw_above(blosc_codec["cname"], nbytes)
                           and blosc.decompress(ours) == blosc.decompress(zarrs))
         for ours, zarrs in pairs)
+
+
+def _frame(location: Path, field: str, chunk: int) -> bytes:
+    """Chunk ``chunk`` of ``field``'s Blosc frame as stored, its checksum left out."""
+    path, offset, nbytes = chunk_location(location, field, chunk)
+    with open(path, "rb") as file:
+        file.seek(offset)
+        return file.read(nbytes - 4)
 
 
 def _frames(shard: Path, count: int) -> list[bytes]:
@@ -124,7 +133,7 @@ def test_chunks_a_fast_codec_barely_shrinks_are_stored_raw(tmp_path, monkeypatch
         group = zarr.open_group(tmp_path / f"{cname}-{in_c}.zarr", mode="w")
         array = create_field(group, "x", np.uint8, (1000,), 64, Layout(16, 64), Compression(cname))
         write_rows(array, 0, values)
-        frames = _frames(Path(array.store.root, "x", "c", "0", "0"), 4)
+        frames = [_frame(tmp_path / f"{cname}-{in_c}.zarr", "x", chunk) for chunk in range(4)]
         assert [bool(frame[2] & MEMCPYED) for frame in frames] == raw
         assert all(len(frame) < 16_000 for frame, stored in zip(frames, raw, strict=True) if not stored)
         np.testing.assert_array_equal(zarr.open_group(tmp_path / f"{cname}-{in_c}.zarr", mode="r")["x"][:], values)
@@ -137,9 +146,8 @@ def test_an_encoded_field_s_files_keep_every_byte_lz4_saves_where_pixels_are_sto
     options = {"progress": False, "chunk_size": 32, "shape": (128, 128, 3)}
     for images in ("pixels", "encoded"):
         outcore.ingest_images(tmp_path / "photos", tmp_path / f"{images}.zarr", images=images, **options)
-    pixels = [frame for shard in range(3)  # a chunk a shard file, 3 of them
-              for frame in _frames(tmp_path / "pixels.zarr" / "images" / "c" / str(shard) / "0" / "0" / "0", 1)]
-    files = [frame for shard in range(3) for frame in _frames(tmp_path / "encoded.zarr" / "images" / "c" / str(shard), 1)]
+    pixels, files = ([_frame(tmp_path / f"{images}.zarr", "images", chunk) for chunk in range(3)]
+                     for images in ("pixels", "encoded"))
     assert [bool(frame[2] & MEMCPYED) for frame in pixels] == [True, True, False]  # the last, two thirds zeros, shrinks
     assert [bool(frame[2] & MEMCPYED) for frame in files] == [False] * 3
     nbytes = int.from_bytes(files[0][4:8], "little")  # the chunk's bytes, as Blosc's header says
