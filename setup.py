@@ -34,6 +34,7 @@ FREE_TIME = ["outcore/_free_time.h"]  # the GIL-free time counted by the extensi
 BLAKE2B = "outcore/_blake2b.h"  # the survey's file digests, taken in check_files
 WHOLE_FILES = "outcore/_whole_files.h"  # whole picture files read at ingest, by _jpeg and _chunks alike
 MAPPED_FILES = "outcore/storage/_mapped_files.h"  # shard files mapped once, chunks in memory read in place
+STREAM_COPY = "outcore/_stream_copy.h"  # large copies written past the caches, by _windows and _chunks alike
 
 
 def jpeg_paths() -> tuple[list[str], list[str]]:
@@ -78,11 +79,12 @@ def extensions() -> list[Extension]:
     flags = ["-O3", "-ffp-contract=off"] if os.name != "nt" else []
     return [Extension("outcore.imaging._jpeg", [SOURCE], include_dirs=include_dirs, library_dirs=library_dirs,
                       libraries=["jpeg"], extra_compile_args=flags, depends=[*FREE_TIME, BLAKE2B, WHOLE_FILES]),
-            Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags, depends=FREE_TIME),
+            Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags,
+                      depends=[*FREE_TIME, STREAM_COPY]),
             Extension("outcore.seeds._state", [SEEDS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),
             Extension("outcore.seeds._draws", [DRAWS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),
             Extension("outcore.storage._chunks", [CHUNKS_SOURCE], extra_compile_args=flags,
-                      depends=[*FREE_TIME, WHOLE_FILES, MAPPED_FILES])]
+                      depends=[*FREE_TIME, WHOLE_FILES, MAPPED_FILES, STREAM_COPY])]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -169,6 +169,34 @@ def test_a_frame_of_a_raw_frame_s_size_that_is_not_raw_is_decompressed_as_any_ot
 
 
 @needs_extension
+@pytest.mark.parametrize("compression", ["none", "raw"])
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_large_chunk_is_read_whole_into_an_out_that_begins_anywhere(tmp_path, rng, compression, mapped):
+    """Chunks checked and copied in blocks of 48 KiB, each written past the caches in whole cache lines of out
+    (`_stream_copy.h`): a chunk of two blocks and part of a third, into outs beginning at any byte, is its samples,
+    and nothing before or after out is written."""
+    values = rng.integers(0, 256, (96, 3001), dtype=np.uint8)
+    location = tmp_path / "large.zarr"
+    outcore.from_arrays({"x": values}, location, chunk_size=32, compression="lz4" if compression == "raw" else "none",
+                        shuffle_on_write=False, progress=False)
+    path, offset, nbytes = chunk_location(location, "x", 1)
+    assert nbytes == 32 * 3001 + (16 if compression == "raw" else 0) + 4  # raw: a header, the bytes, the checksum
+    was = chunk_reads.map_files(mapped) if chunk_reads.map_files is not None else None
+    try:
+        for shift in (0, 1, 9, 15):
+            space = np.full(32 * 3001 + 64, 7, np.uint8)
+            out = space[shift : shift + 32 * 3001].reshape(32, 3001)
+            for _ in range(2):  # the first read brings its pages in (pread), the second reads them in place if mapped
+                stamp = chunk_reads.read_at_once(str(path), offset, nbytes, bytearray(nbytes), out, compression == "raw")
+                assert stamp == stamp_of(os.stat(path))
+                np.testing.assert_array_equal(out, values[32:64])
+            assert (space[:shift] == 7).all() and (space[shift + 32 * 3001 :] == 7).all()
+    finally:
+        if was is not None:
+            chunk_reads.map_files(was)
+
+
+@needs_extension
 def test_the_reader_reads_at_once_once_it_knows_a_shard_s_index_and_names_what_fails(tmp_path, rng, monkeypatch):
     location, values = _store(tmp_path, rng, "zstd")
     reader = outcore.open_dataset(location).shard_reader("x")

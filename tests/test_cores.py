@@ -92,6 +92,23 @@ def test_whole_samples_of_any_shape_are_copied_to_their_rows(backend, shape, rng
         np.testing.assert_array_equal(out[rows[k]], chunks[which[k]][local[k]])
 
 
+@pytest.mark.parametrize("sample_bytes", [4095, 4096, 4097, 4160, 48 * 1024 + 13])
+@pytest.mark.parametrize("shift", [0, 1, 7, 15])
+def test_large_samples_are_copied_whole_wherever_their_bytes_begin(backend, sample_bytes, shift, rng):
+    # samples of STREAM_BYTES (4096) or more are written past the caches, whole cache lines from a 64-byte boundary
+    # of their row: rows and chunks that begin anywhere, and sizes around that one, are copied byte for byte
+    space = rng.integers(0, 256, 3 * sample_bytes * 4 + 64, dtype=np.uint8)
+    chunks = [space[shift : shift + 3 * sample_bytes].reshape(3, sample_bytes),
+              space[5 * sample_bytes + 3 : 8 * sample_bytes + 3].reshape(3, sample_bytes)]
+    target = np.full(4 * sample_bytes + 32, 9, np.uint8)
+    out = target[shift + 1 : shift + 1 + 4 * sample_bytes].reshape(4, sample_bytes)
+    which, local, rows = np.array([1, 0, 0, 1]), np.array([2, 0, 1, 0]), np.array([3, 0, 2, 1])
+    copy_samples(chunks, which, local, out, rows)
+    for k in range(4):
+        np.testing.assert_array_equal(out[rows[k]], chunks[which[k]][local[k]])
+    assert (target[: shift + 1] == 9).all() and (target[shift + 1 + 4 * sample_bytes :] == 9).all()  # nothing past
+
+
 def test_a_box_that_is_no_window_of_whole_pixels_of_out_s_size_is_refused(backend, rng):
     chunks = [rng.integers(0, 9, (2, 4, 4, 3), dtype=np.uint8)]
     out, one = np.zeros((2, 4, 4, 3), np.uint8), np.array([0])

@@ -31,6 +31,7 @@
 #include <Python.h>
 
 #include "../_free_time.h"
+#include "../_stream_copy.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -187,13 +188,14 @@ static void copy_all(const Copies *c) {
         uint8_t *into = c->out + (size_t)c->rows[k] * c->out_sample;
         const Py_ssize_t at = c->boxes != NULL ? c->rows[k] : k; /* where its corner and mirrors are */
         if (c->tops == NULL && c->boxes == NULL)
-            memcpy(into, sample, c->sample);
+            stream_copy(into, sample, (size_t)c->sample);
         else
             copy_window(sample, c->rows_in, c->columns_in, c->pixel, into, c->height, c->width,
                         c->boxes != NULL ? (Py_ssize_t)c->boxes[4 * at] : c->tops[k],
                         c->boxes != NULL ? (Py_ssize_t)c->boxes[4 * at + 1] : c->lefts[k],
                         c->flips != NULL && c->flips[2 * at], c->flips != NULL && c->flips[2 * at + 1]);
     }
+    stream_fence();
 }
 
 /* The bytes of one sample of an array of `view`'s shape from axis `from` on, times the item size. */

@@ -32,6 +32,7 @@
 #include <Python.h>
 
 #include "../_free_time.h"
+#include "../_stream_copy.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -180,8 +181,9 @@ static uint32_t checked_copy(uint32_t crc, const uint8_t *data, size_t size, uin
     for (size_t at = 0; at < size; at += COPY_BLOCK) {
         size_t part = size - at < COPY_BLOCK ? size - at : COPY_BLOCK;
         crc = crc32c(crc, data + at, part);
-        memcpy(out + at, data + at, part);
+        stream_copy(out + at, data + at, part);
     }
+    stream_fence();
     return crc;
 }
 
