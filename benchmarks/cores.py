@@ -3,8 +3,8 @@
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
                                [--only scaling,apart,gil,releases,torch,feed,processes,parts] [--processes 1,2]
                                [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
-                               [--cases pixels,pixels-each,pixels+crop,pixels+crop-torch,encoded,encoded+crop,
-                                        encoded+crop-torch,rrc,dense,dense-own,ingest]
+                               [--cases pixels,pixels-each,pixels+crop,pixels+crop+norm,pixels+crop-torch,encoded,
+                                        encoded+crop,encoded+crop-torch,rrc,dense,dense-own,ingest]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
@@ -13,7 +13,8 @@ COCO-like encoded store of 320x240 photos with instance maps, boxes and keypoint
 the ``dense`` case crops and flips all of them; ``dense-own`` the same stored at the pictures' own size, its maps
 raster fields), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work,
 each pass over it the next epoch, as Keras and a DataLoader do; ``pixels-each``: ``ds.batches(...)`` made anew
-each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``pixels+crop-torch``,
+each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``pixels+crop+norm``: crop +
+flip then ``Normalize`` by ImageNet's means and deviations, float32 batches; ``pixels+crop-torch``,
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
 loop takes it, in tensors (with PyTorch installed); ``ingest``:
 ``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
@@ -113,7 +114,7 @@ from outcore.imaging.synthetic import write_image_folder
 from outcore.iterate.batch import plain
 from outcore.measure import gil_bound, gil_free_clock
 from outcore.threads.pool import Gauge
-from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
+from outcore.transforms import Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
 
 BATCH = 256
 AS_CPUS = 0  # --as-cpus: the pool made and gauged as on that many CPUs (0: these)
@@ -122,10 +123,12 @@ FUNCTIONS = 8  # the functions holding the GIL most, printed per case
 TAKEN = [0]  # batches taken by a process running a case (``--run``), for `releases`
 RELEASERS = 12  # the C functions giving up the GIL most, printed per case
 PERF_ATTEMPTS = 4  # perf's attempts at recording a running process (`perf_record`)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CASES = {  # name: (store, transform)
     "pixels": ("pixels", None),
     "pixels-each": ("pixels", None),  # ds.batches made anew each epoch
     "pixels+crop": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
+    "pixels+crop+norm": ("pixels", Compose([RandomCrop(112), RandomFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)])),
     "pixels+crop-torch": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
     "encoded": ("encoded", None),
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),

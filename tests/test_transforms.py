@@ -157,6 +157,32 @@ def test_imagenet_style_pipelines_run_in_the_iterator(tmp_path):
     np.testing.assert_array_equal(validation, ds["images"][:16].compute()[:, 4:44, 12:52])
 
 
+@pytest.mark.parametrize("in_c", [True, False])
+@pytest.mark.parametrize(("channels", "mean", "std"), [(3, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+                                                       (3, 0.5, 0.25), (3, 0.5, (0.2, 0.3, 0.4)), (1, 0.1, 0.3),
+                                                       (4, (0.1, 0.2, 0.3, 0.4), 0.5), (2, (0.3, 0.6), (0.1, 0.2))])
+def test_normalize_gives_uint8_pictures_the_floats_of_its_arithmetic(in_c, channels, mean, std, monkeypatch):
+    # a run's pixels through each channel's table of the 256 values' floats: in C (RGB, one column, any other count),
+    # or numpy's, a channel at a time; the floats of (x * scale - mean) / std in float32, bit for bit
+    from outcore.imaging import native
+
+    if in_c and getattr(native.windows, "lookup", None) is None:
+        pytest.skip(f"outcore's _windows extension is not in use here: {native.copies()}")
+    if not in_c:
+        monkeypatch.setattr(native, "windows", None)
+    images = np.random.default_rng(channels).integers(0, 256, (70, 9, 11, channels), dtype=np.uint8)
+    images[0, 0, 0] = 0
+    images[0, 0, 1] = 255
+    out = Normalize(mean, std)({"images": images}, None)["images"]
+    expected = (images.astype(np.float32) * np.float32(1 / 255) - np.asarray(mean, np.float32)) / np.asarray(std,
+                                                                                                           np.float32)
+    assert out.dtype == np.float32 and out.shape == images.shape
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+    cut = images[:, :, ::2]  # a view of every other column: numpy's lookup, the same floats
+    again = Normalize(mean, std)({"images": cut}, None)["images"]
+    np.testing.assert_array_equal(again.view(np.uint32), expected[:, :, ::2].view(np.uint32))
+
+
 def test_a_transform_of_a_field_the_batches_leave_out_is_refused_when_the_loader_is_made(tmp_path):
     need("torch")
     ds = outcore.from_arrays({"images": np.zeros((16, 8, 8, 3), np.uint8), "labels": np.arange(16)},

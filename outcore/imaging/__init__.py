@@ -43,7 +43,7 @@ from .resize import (
 )
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
 from .targets import BoxPolicy, cut_label_maps, cut_maps, move_boxes, move_keypoints, move_points, owners
-from .windows import copy_samples, rows_by_chunk
+from .windows import copy_samples, rows_by_chunk, table_lookup
 
 __all__ = [
     "DEFAULT_QUALITY",
@@ -101,6 +101,7 @@ __all__ = [
     "rows_by_chunk",
     "shrink_image",
     "stored_frame",
+    "table_lookup",
     "upright_size",
     "within",
 ]

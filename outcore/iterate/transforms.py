@@ -28,6 +28,7 @@ from ..imaging import (
     center_crop_box,
     random_resized_crop_box,
     resize_boxes,
+    table_lookup,
 )
 from ..seeds import crops_and_flips, integers, resized_crop_boxes, resized_crops_and_flips, uniform
 from ..storage import blocks
@@ -342,8 +343,8 @@ class BrightnessContrast:
 @dataclass(frozen=True)
 class Normalize:
     """``(x * scale - mean) / std`` as float32; ``scale`` defaults to 1/255 for uint8 and 1/65535 for uint16. By
-    runs of images on the pool's free threads; uint8 images through a table of the 256 values' results, into
-    memory used again (`outcore.storage.blocks`).
+    runs of images on the pool's free threads; uint8 images through a table of the 256 values' results, a run in one
+    C call (`outcore.imaging.table_lookup`), into memory used again (`outcore.storage.blocks`).
 
     >>> images = np.array([[[0, 255]]], np.uint8)
     >>> Normalize(mean=0.5, std=0.5)({"images": images}, None)["images"].tolist()
@@ -369,9 +370,7 @@ class Normalize:
             table = (np.arange(256, dtype=np.float32)[:, None] * scale - mean.reshape(-1)) / std.reshape(-1)
 
             def run(start: int, stop: int) -> None:
-                for channel in range(table.shape[1]):
-                    at = (slice(start, stop), ..., channel) if table.shape[1] > 1 else slice(start, stop)
-                    np.take(table[:, channel], images[at], out=out[at], mode="clip")
+                table_lookup(images[start:stop], table, out[start:stop])
         else:
 
             def run(start: int, stop: int) -> None:
