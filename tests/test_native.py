@@ -520,6 +520,33 @@ def test_resizes_give_the_same_pixels_either_way(backend):
     np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.parametrize("channels", [3, 1, None])
+def test_boxes_of_chunks_of_pixels_resized_together_are_resize_box_s(channels, backend):
+    # one C call for a run's boxes inside their pictures, by resize's filter, mirrored; the others left, as are all
+    # without the extension
+    from outcore.imaging import resize_box, resize_rows
+
+    rng = np.random.default_rng(5)
+    shape = (40, 50) if channels is None else (40, 50, channels)
+    chunks = [rng.integers(0, 256, (3, *shape), dtype=np.uint8), rng.integers(0, 256, (2, *shape), dtype=np.uint8)]
+    boxes = np.array([[3.25, 1.5, 30.0, 40.25], [0, 0, 40, 50], [8, 9, 12, 16], [-2, 0, 20, 20], [10, 40, 20, 20],
+                      [0.5, 0.25, 39.5, 49.75]])
+    which, local = np.array([1, 0, 0, 1, 0, 1]), np.array([1, 2, 0, 0, 1, 1])
+    rows, flips = np.array([5, 0, 2, 1, 4, 3]), np.array([[1, 0], [0, 1], [1, 1], [0, 0], [1, 0], [0, 0]], np.uint8)
+    out = np.full((6, 12, 16) if channels is None else (6, 12, 16, channels), 7, np.uint8)
+    left = list(resize_rows(chunks, which, local, boxes, out, rows, flips))
+    if backend == "fallback":
+        assert left == list(range(6)) and (out == 7).all()
+        return
+    assert left == [3, 4]  # past the edges: top -2, right 60
+    for k in (0, 1, 2, 5):
+        picture = chunks[which[k]][local[k]]
+        expected = resize_box(picture[..., None] if channels is None else picture, tuple(boxes[k]), (12, 16),
+                              flip=tuple(flips[k].astype(bool).tolist()))
+        np.testing.assert_array_equal(out[rows[k]], expected[..., 0] if channels is None else expected)
+    assert (out[rows[[3, 4]]] == 7).all()  # left as they were
+
+
 @pytest.mark.parametrize(("size", "need", "eighths"), [
     ((375, 500), (47, 63), 1), ((375, 500), (48, 63), 2), ((375, 500), (94, 1), 2), ((375, 500), (95, 1), 4),
     ((375, 500), (188, 250), 4), ((375, 500), (189, 1), 8), ((375, 500), (375, 500), 8), ((7, 500), (1, 1), 8),

@@ -39,6 +39,7 @@ from .resize import (
     parse_resize,
     resize_box,
     resize_boxes,
+    resize_rows,
     resize_taps,
 )
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
@@ -97,6 +98,7 @@ __all__ = [
     "read_image_file",
     "resize_box",
     "resize_boxes",
+    "resize_rows",
     "resize_taps",
     "rows_by_chunk",
     "shrink_image",

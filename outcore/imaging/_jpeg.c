@@ -14,7 +14,9 @@
  * batch's rows, one decoder for them all and the GIL released once: what decode.py's decode_image does for
  * each of them through simplejpeg, the same pixels, without the 5 us of Python a sample around it. crop_each
  * does the same for boxes of the files (decode_region's crop_resize calls, their DCT scale and scaled box
- * chosen here by decode_region's arithmetic: `plan`), without its 11 us of Python a sample. check_each is the
+ * chosen here by decode_region's arithmetic: `plan`), without its 11 us of Python a sample. resize_each does the
+ * resize alone for boxes of pictures already decoded (a pixel store's chunks: RandomResizedCrop, CenterCrop with a
+ * resize), without resize.py's Python around each. check_each is the
  * ingest survey's check of pictures kept at their own size (decoded_size: each file decoded at 1/8, its header's
  * size), for a block of files at once, without the Python around each file; check_files does the same for files
  * named by their paths, each read and digested (BLAKE2b, _blake2b.h) in the same call.
@@ -1077,6 +1079,128 @@ static PyObject *py_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
     return result;
 }
 
+/* Boxes of pictures in chunks of pixels resized into a batch's rows (resize_each): box k (top, left, height, width)
+ * of picture local[k] of chunks[which[k]] into out[rows[k]], mirrored as flips[k] says, where it lies inside. */
+typedef struct {
+    const uint8_t **chunks;
+    Py_ssize_t *lengths; /* each chunk's pictures */
+    const int64_t *which, *local, *rows;
+    const double *boxes;
+    const uint8_t *flips;
+    Py_ssize_t count;
+    int height, width, channels; /* the pictures' */
+    uint8_t *out;
+    int out_height, out_width;
+} Resizes;
+
+/* Every box of `resizes` inside its picture resized into its row; done[k] says which (0: outside, or no memory). */
+static void resize_all(const Resizes *r, uint8_t *done) {
+    size_t picture = (size_t)r->height * r->width * r->channels;
+    size_t row_bytes = (size_t)r->out_height * r->out_width * r->channels;
+    for (Py_ssize_t k = 0; k < r->count; k++) {
+        const double *box = r->boxes + 4 * k;
+        double edges[4] = {box[0], box[1], box[0] + box[2], box[1] + box[3]};
+        Taps rows = {0}, columns = {0};
+        done[k] = box_inside(edges, (double)r->height, (double)r->width) &&
+                  taps_plan(&rows, edges[0], edges[2], r->height, r->out_height) == 0 &&
+                  taps_plan(&columns, edges[1], edges[3], r->width, r->out_width) == 0 &&
+                  resize(r->chunks[r->which[k]] + picture * (size_t)r->local[k], (size_t)r->width * r->channels, 0, 0,
+                         r->channels, &rows, &columns, r->out + row_bytes * (size_t)r->rows[k], r->flips[2 * k],
+                         r->flips[2 * k + 1]) == 0;
+        taps_free(&rows);
+        taps_free(&columns);
+    }
+}
+
+static PyObject *py_resize_each(PyObject *self, PyObject *args) {
+    PyObject *chunk_list, *arrays[6]; /* which, local, boxes, out, rows, flips */
+    if (!PyArg_ParseTuple(args, "OOOOOOO:resize_each", &chunk_list, &arrays[0], &arrays[1], &arrays[2], &arrays[3],
+                          &arrays[4], &arrays[5]))
+        return NULL;
+    PyObject *chunks = PySequence_Fast(chunk_list, "resize_each: chunks must be a sequence of arrays"), *left = NULL;
+    Py_ssize_t count_chunks = chunks ? PySequence_Fast_GET_SIZE(chunks) : 0, taken = 0;
+    Py_buffer views[6], *chunk_views = chunks ? calloc(count_chunks ? count_chunks : 1, sizeof(Py_buffer)) : NULL;
+    int got = 0;
+    Resizes r = {0};
+    r.chunks = calloc(count_chunks ? count_chunks : 1, sizeof(uint8_t *));
+    r.lengths = calloc(count_chunks ? count_chunks : 1, sizeof(Py_ssize_t));
+    if (chunks == NULL)
+        goto done;
+    if (chunk_views == NULL || r.chunks == NULL || r.lengths == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int fine = count_chunks >= 1;
+    for (; fine && taken < count_chunks; taken++) {
+        Py_buffer *view = &chunk_views[taken];
+        if (array_buffer(PySequence_Fast_GET_ITEM(chunks, taken), view, 0) < 0) {
+            fine = 0;
+            break;
+        }
+        const Py_buffer *first = &chunk_views[0];
+        fine = view->ndim == 4 && !strcmp(view->format, "B") && (view->shape[3] == 1 || view->shape[3] == 3) &&
+               view->shape[1] == first->shape[1] && view->shape[2] == first->shape[2] &&
+               view->shape[3] == first->shape[3];
+        r.chunks[taken] = view->buf;
+        r.lengths[taken] = view->shape[0];
+    }
+    while (fine && got < 6 && array_buffer(arrays[got], &views[got], got == 3) == 0)
+        got++;
+    Py_ssize_t count = got == 6 && views[0].ndim == 1 ? views[0].shape[0] : -1;
+    Py_buffer *out = &views[3];
+    fine = fine && count >= 0 && buffer_of(&views[0], "ql") && views[1].ndim == 1 && views[1].shape[0] == count &&
+           buffer_of(&views[1], "ql") && table_of(&views[2], count, 4, "d") && out->ndim == 4 &&
+           !strcmp(out->format, "B") && out->shape[3] == chunk_views[0].shape[3] && views[4].ndim == 1 &&
+           views[4].shape[0] == count && buffer_of(&views[4], "ql") && views[5].ndim == 2 &&
+           views[5].shape[0] == count && views[5].shape[1] == 2 && !strcmp(views[5].format, "B");
+    if (!fine) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError,
+                            "wanted: chunks (pictures, height, width, 1 or 3; uint8, of one shape), which, local and "
+                            "rows (int64), boxes (count, 4; float64), out (rows, height, width, the chunks' channels; "
+                            "uint8) and flips (count, 2; uint8), all C-contiguous");
+        goto done;
+    }
+    r.which = views[0].buf;
+    r.local = views[1].buf;
+    r.boxes = views[2].buf;
+    r.out = out->buf;
+    r.rows = views[4].buf;
+    r.flips = views[5].buf;
+    r.count = count;
+    r.height = (int)chunk_views[0].shape[1];
+    r.width = (int)chunk_views[0].shape[2];
+    r.channels = (int)chunk_views[0].shape[3];
+    r.out_height = (int)out->shape[1];
+    r.out_width = (int)out->shape[2];
+    for (Py_ssize_t k = 0; k < count; k++)
+        if (r.which[k] < 0 || r.which[k] >= count_chunks || r.local[k] < 0 || r.local[k] >= r.lengths[r.which[k]] ||
+            r.rows[k] < 0 || r.rows[k] >= out->shape[0]) {
+            PyErr_Format(PyExc_IndexError, "picture %lld of chunk %lld or row %lld out of range", (long long)r.local[k],
+                         (long long)r.which[k], (long long)r.rows[k]);
+            goto done;
+        }
+    uint8_t *resized = calloc(count > 0 ? (size_t)count : 1, 1);
+    if (resized == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    FREE_BEGIN resize_all(&r, resized);
+    FREE_END
+    left = positions_left(resized, count);
+    free(resized);
+done:
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    for (Py_ssize_t i = 0; i < taken; i++)
+        PyBuffer_Release(&chunk_views[i]);
+    free(chunk_views);
+    free((void *)r.chunks);
+    free(r.lengths);
+    Py_XDECREF(chunks);
+    return left;
+}
+
 static PyMethodDef methods[] = {
     {"crop_resize", (PyCFunction)(void (*)(void))py_crop_resize, METH_VARARGS | METH_KEYWORDS,
      "crop_resize(data, scale, box, out, flip_x=False, flip_y=False)\n--\n\n"
@@ -1112,6 +1236,12 @@ static PyMethodDef methods[] = {
      "has_exif(data)\n--\n\n"
      "Whether the JPEG `data`'s header segments, up to its image data, hold EXIF metadata (an APP1 segment\n"
      "opening with \"Exif\\0\\0\"), where an orientation could be."},
+    {"resize_each", py_resize_each, METH_VARARGS,
+     "resize_each(chunks, which, local, boxes, out, rows, flips)\n--\n\n"
+     "For every k: boxes[k] (top, left, height, width) of picture local[k] of chunks[which[k]] (uint8, (pictures,\n"
+     "height, width, 1 or 3)) resized into out[rows[k]] as resize does, mirrored as flips[k] (left-right, top-bottom)\n"
+     "says; the list of the k left (boxes not inside their picture) is returned. The GIL is released once for them\n"
+     "all."},
     {"resize", (PyCFunction)(void (*)(void))py_resize, METH_VARARGS | METH_KEYWORDS,
      "resize(source, box, out, flip_x=False, flip_y=False)\n--\n\n"
      "Resize `box` (top, left, bottom, right) of `source` (height, width, channels; uint8) into `out`,\n"

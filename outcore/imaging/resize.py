@@ -227,3 +227,33 @@ def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int]
 
     for_each(resize, len(images))
     return out[..., 0] if images.ndim == 3 else out
+
+
+def resize_rows(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarray, boxes: np.ndarray,
+                out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> Sequence[int]:
+    """Box ``boxes[k]`` (top, left, height, width) of picture ``local[k]`` of ``chunks[which[k]]`` resized into
+    ``out[rows[k]]`` and mirrored as ``flips[k]`` (left-right, top-bottom) says, as `resize_box` does, for every
+    ``k`` whose box lies inside its picture: in one C call outside the GIL for them all (``resize_each``), where the
+    extension is built and the pictures are uint8 of 1 or 3 channels (or none), the chunks and ``out``
+    C-contiguous. Returns the positions ``k`` it left, for `resize_box` and its edges: every one where C does not
+    take them.
+
+    >>> chunks = [np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)]
+    >>> out, one = np.zeros((1, 2, 2, 3), np.uint8), np.array([1])
+    >>> left = resize_rows(chunks, np.array([0]), one, np.array([[0.0, 0.0, 4.0, 4.0]]), out, np.array([0]),
+    ...                    np.zeros((1, 2), np.uint8))
+    >>> list(left), out[0, :, :, 0].tolist() == resize_box(chunks[0][1], (0, 0, 4, 4), (2, 2))[..., 0].tolist()
+    ([], True)
+    """
+    resize_each = getattr(native.extension, "resize_each", None)  # None: not built (or built before it was)
+    pictures = [chunk[..., None] if chunk.ndim == 3 else chunk for chunk in chunks]
+    into = out[..., None] if out.ndim == 3 else out
+    if resize_each is None or not pictures or pictures[0].dtype != np.uint8 or pictures[0].shape[3] not in (1, 3) \
+            or not into.flags.c_contiguous or not all(picture.flags.c_contiguous for picture in pictures):
+        return range(len(which))
+    return resize_each(pictures, _int64(which), _int64(local), np.ascontiguousarray(boxes, np.float64), into,
+                       _int64(rows), np.ascontiguousarray(flips, np.uint8))
+
+
+def _int64(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values, np.int64)

@@ -32,6 +32,7 @@ from ..imaging import (
     inside,
     resize_box,
     resize_boxes,
+    resize_rows,
     rows_by_chunk,
     within,
 )
@@ -269,7 +270,8 @@ def _window_copies(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: n
 
 
 def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray) -> Callable[[int, int], None]:
-    """Boxes cut while decoding (encoded fields: `cut_rows`) or resized out of their pixels, one by one."""
+    """Boxes cut while decoding (encoded fields: `cut_rows`) or resized out of their pixels: a run's boxes inside
+    their pictures in one C call (`resize_rows`), the others one by one (`resize_part`)."""
     sources = rows.sources(data, cut.field)
     boxes, flips, sizes = cut.boxes[rows.order], cut.flips[rows.order], cut.sizes[rows.order]
     if isinstance(sources[0], EncodedChunk):
@@ -277,9 +279,11 @@ def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray
 
     def run(start: int, stop: int) -> None:
         which, local, targets = rows.which[start:stop], rows.local[start:stop], rows.order[start:stop]
-        for chunk, index, box, flip, target in zip(which.tolist(), local.tolist(), boxes[start:stop].tolist(),
-                                                   flips[start:stop].astype(bool).tolist(), targets.tolist(), strict=True):
-            resize_part(sources[chunk][index], tuple(box), cut.size, out[target], (flip[0], flip[1]))
+        left = resize_rows(sources, which, local, boxes[start:stop], out, targets, flips[start:stop])
+        for k in left:
+            flip = flips[start + k].astype(bool).tolist()
+            resize_part(sources[which[k]][local[k]], tuple(boxes[start + k].tolist()), cut.size, out[targets[k]],
+                        (flip[0], flip[1]))
 
     return run
 
