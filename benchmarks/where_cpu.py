@@ -1,6 +1,6 @@
 """Where a loader's CPU time goes, every thread and the kernel's part included: ``perf`` samples a process running a
 case of `cores.py` flat out, and each sample is put in outcore's C calls that release the GIL, by what they were
-doing (decompressing, checksums, the kernel copying a read's bytes, copies into the batch, decoding, the kernel
+doing (decompressing, checksums, the kernel copying a read's bytes, copies into chunk buffers and the batch, decoding, the kernel
 zeroing new pages), in other calls that release it (Python's file calls, OpenSSL's digests: an ingest's), or in
 neither: the time that holds the GIL or waits for it (the interpreter and numpy's calls, by Python function where
 Python runs with ``-X perf``, 3.12 or newer; the kernel's thread switches, page faults and other calls made there).
@@ -62,7 +62,7 @@ RELEASED = (
     ("decompress", re.compile(r"blosc|LZ4_|ZSTD_|zstd|lz4|inflate|_decompress")),
     ("checksums", re.compile(r"\blanes\b|crc32|blake2")),
     ("JPEG decode, crop, resize", re.compile(r"jpeg|jsimd|decode_mcu|ycc_rgb")),
-    ("copies into the batch", re.compile(r"memmove|memcpy|copy_all|copy_window")),
+    ("copies into chunk buffers and the batch", re.compile(r"memmove|memcpy|stream_copy|copy_all|copy_window")),
     ("reads: the kernel finding and copying a file's pages", re.compile(r"\[kernel")),
 )
 # What a sample outside them does, by the same frames and these patterns, else Python's.
