@@ -67,6 +67,19 @@ def fused_crop(transform: Transform | None, picture_fields: Collection[str]) -> 
     return _split_head(transform, "boxes", picture_fields)
 
 
+def _whole_pictures(transform: Transform | None, pixel_sizes: Mapping[str, tuple[int, int]]) -> Crop | None:
+    """`outcore.iterate.transforms.WholePictures` of the pixel field a plain `RandomFlip` (no subclass, no targets)
+    opening ``transform`` mirrors, if it is one of ``pixel_sizes``; else None."""
+    from .transforms import RandomFlip, WholePictures  # they build on this module
+
+    parts = steps(transform)
+    first = parts[0] if parts else None
+    if type(first) is not RandomFlip or first.targets is not None or first.field not in pixel_sizes:
+        return None
+    height, width = pixel_sizes[first.field]
+    return WholePictures(first.field, (int(height), int(width)))
+
+
 def _split_head(transform: Transform | None, method: str, fields: Collection[str]) -> tuple[Any, Transform | None]:
     """``(first, rest)`` when ``transform`` (or the first step of a `Compose`) has ``method`` and works on
     one of ``fields``, else ``(None, transform)``; ``rest`` is what is left (None for nothing)."""
@@ -151,12 +164,24 @@ class Recipe:
 
     @classmethod
     def of(cls, fields: Sequence[str], text_fields: Collection[str], picture_fields: Collection[str],
-           transform: Transform | None, ragged_fields: Collection[str] = (), later: Collection[str] = ()) -> Recipe:
+           transform: Transform | None, ragged_fields: Collection[str] = (), later: Collection[str] = (),
+           pixel_sizes: Mapping[str, tuple[int, int]] | None = None) -> Recipe:
         """The recipe of ``fields`` with ``transform``; ``picture_fields`` are those a crop may cut while the
         batch is made (encoded pictures, and pixel fields of two axes or more past the sample axis);
         ``ragged_fields`` hold rows and offsets (`outcore.format.ragged`), and so do the encoded fields left
-        undecoded, ``later``."""
+        undecoded, ``later``; ``pixel_sizes``, the (height, width) of the pixel fields among ``picture_fields``: a
+        plain `RandomFlip` opening the transform of one mirrors its pictures as they are copied
+        (`outcore.iterate.transforms.WholePictures`).
+
+        >>> from outcore.transforms import Compose, Normalize, RandomFlip
+        >>> recipe = Recipe.of(["images"], (), ["images"], Compose([RandomFlip(), Normalize()]),
+        ...                    pixel_sizes={"images": (32, 32)})
+        >>> recipe.crop, recipe.flip is not None, recipe.per_piece
+        (WholePictures(field='images', size=(32, 32)), True, None)
+        """
         crop, rest = fused_crop(transform, picture_fields)
+        if crop is None:
+            crop = _whole_pictures(transform, pixel_sizes or {})
         flip = None
         if crop is not None:
             flip, rest = _split_head(rest, "draw", {crop.field})

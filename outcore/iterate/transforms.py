@@ -104,6 +104,40 @@ class RandomFlip:
 
 
 @dataclass(frozen=True)
+class WholePictures:
+    """The `Crop` of a transform that opens with a plain `RandomFlip` (its class itself, no targets) of a pixel field
+    of pictures of ``size``: every box the whole picture, drawn from nothing, so that the flip's mirrors are drawn as
+    the flip draws them and each picture is mirrored as it is copied out of its chunk (`Recipe.of`), where the flip
+    alone copied the batch again, a piece at a time, and the pieces were joined once more.
+
+    >>> WholePictures("images", (4, 6)).boxes([(4, 6)] * 2, None).tolist()
+    [[0.0, 0.0, 4.0, 6.0], [0.0, 0.0, 4.0, 6.0]]
+    """
+
+    field: str
+    size: tuple[int, int]
+    windows: ClassVar[bool] = True  # every box is the picture itself: a window of whole pixels at the output size
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        return self.size
+
+    def boxes(self, sizes: Sequence[tuple[int, int]] | np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+        return np.tile(np.array([0.0, 0.0, *self.size]), (len(sizes), 1))
+
+    def boxes_of_pieces(self, sizes: np.ndarray, pieces: Draws, flip: object) -> tuple[np.ndarray, np.ndarray] | None:
+        """The boxes and ``flip``'s mirrors of a batch's pieces, each drawn as its generator draws them in
+        `RandomFlip.draw`, in one call (`outcore.seeds.crops_and_flips`: a window of the picture's own size has one
+        place, which draws nothing); None without the C extension, or a flip of another kind."""
+        if not _plain_flip(flip) or flip is None:
+            return None
+        return crops_and_flips(TRANSFORM_DOMAIN, pieces, (1, 1), *_mirrors(flip), window=self.size)
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        return batch
+
+
+@dataclass(frozen=True)
 class RandomCrop:
     """Zero-pad by ``padding`` pixels, then cut a random ``size`` window from each image. Opening a
     transform on an encoded field, each window is cut while decoding (only its pixels are decoded).
