@@ -3,8 +3,9 @@
     python benchmarks/cores.py [--images 6000] [--threads 1,2] [--seconds 6] [--workdir bench-data/cores]
                                [--only scaling,apart,gil,releases,torch,feed,processes,parts] [--processes 1,2]
                                [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
-                               [--cases pixels,pixels-each,pixels+crop,pixels+crop+norm,pixels+rrc,pixels+crop-torch,
-                                        encoded,encoded+crop,encoded+crop-torch,rrc,dense,dense-own,ingest]
+                               [--cases pixels,pixels-each,pixels+flip,pixels+crop,pixels+crop+norm,pixels+rrc,
+                                        pixels+crop-torch,encoded,encoded+crop,encoded+crop-torch,rrc,dense,dense-own,
+                                        ingest]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
@@ -13,9 +14,9 @@ COCO-like encoded store of 320x240 photos with instance maps, boxes and keypoint
 the ``dense`` case crops and flips all of them; ``dense-own`` the same stored at the pictures' own size, its maps
 raster fields), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work,
 each pass over it the next epoch, as Keras and a DataLoader do; ``pixels-each``: ``ds.batches(...)`` made anew
-each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``pixels+crop+norm``: crop +
-flip then ``Normalize`` by ImageNet's means and deviations, float32 batches; ``pixels+rrc``:
-``RandomResizedCrop(112)`` + flip of the pixels; ``pixels+crop-torch``,
+each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``pixels+flip``: a
+``RandomFlip`` alone; ``pixels+crop+norm``: crop + flip then ``Normalize`` by ImageNet's means and deviations,
+float32 batches; ``pixels+rrc``: ``RandomResizedCrop(112)`` + flip of the pixels; ``pixels+crop-torch``,
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
 loop takes it, in tensors (with PyTorch installed); ``ingest``:
 ``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
@@ -128,6 +129,7 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CASES = {  # name: (store, transform)
     "pixels": ("pixels", None),
     "pixels-each": ("pixels", None),  # ds.batches made anew each epoch
+    "pixels+flip": ("pixels", RandomFlip()),
     "pixels+crop": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
     "pixels+crop+norm": ("pixels", Compose([RandomCrop(112), RandomFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)])),
     "pixels+rrc": ("pixels", Compose([RandomResizedCrop(112), RandomFlip()])),

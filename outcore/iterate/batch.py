@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from ..errors import OptionError
 from ..format import OFFSETS_SUFFIX, kept_name, offsets_name
 from ..imaging import Box, EncodedChunk
-from ..seeds import Domain, generator
+from ..seeds import Domain, crops_and_flips, generator
 from ..storage import RaggedChunk
 from .gather import ChunkValues, Cut, Empty, Rows, assemble, one_size, picture_sizes, plain
 from .targets import check_targets
@@ -57,6 +57,41 @@ class Flip(Protocol):
     def draw(self, count: int, rng: np.random.Generator) -> np.ndarray: ...
 
 
+@dataclass(frozen=True)
+class WholePictures:
+    """The `Crop` of a transform that opens with a plain `RandomFlip` (its own class, no targets) of a pixel field
+    of pictures of ``size``: every box the whole picture, drawn from nothing, so that the flip's mirrors are drawn as
+    the flip draws them and each picture is mirrored as it is copied out of its chunk (`Recipe.of`), where the flip
+    alone copied the batch again, a piece at a time, and the pieces were joined once more.
+
+    >>> WholePictures("images", (4, 6)).boxes([(4, 6)] * 2, None).tolist()
+    [[0.0, 0.0, 4.0, 6.0], [0.0, 0.0, 4.0, 6.0]]
+    """
+
+    field: str
+    size: tuple[int, int]
+    windows: ClassVar[bool] = True  # every box is the picture itself: a window of whole pixels at the output size
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        return self.size
+
+    def boxes(self, sizes: Sequence[tuple[int, int]] | np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+        return np.tile(np.array([0.0, 0.0, *self.size]), (len(sizes), 1))
+
+    def boxes_of_pieces(self, sizes: np.ndarray, pieces: Draws, flip: object) -> tuple[np.ndarray, np.ndarray] | None:
+        """The boxes and ``flip``'s mirrors of a batch's pieces, each drawn as its generator draws them in
+        `RandomFlip.draw`, in one call (`outcore.seeds.crops_and_flips`: a window of the picture's own size has one
+        place, which draws nothing); None without the C extension, or a flip of another kind."""
+        if not vars(type(flip)).get("whole_pictures", False):
+            return None
+        return crops_and_flips(TRANSFORM_DOMAIN, pieces, (1, 1), flip.p, (flip.horizontal, flip.vertical),
+                               window=self.size)
+
+    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        return batch
+
+
 def fused_crop(transform: Transform | None, picture_fields: Collection[str]) -> tuple[Crop | None, Transform | None]:
     """``(crop, rest)`` when ``transform`` opens with a `Crop` of a picture field, else ``(None, transform)``.
 
@@ -67,14 +102,13 @@ def fused_crop(transform: Transform | None, picture_fields: Collection[str]) -> 
     return _split_head(transform, "boxes", picture_fields)
 
 
-def _whole_pictures(transform: Transform | None, pixel_sizes: Mapping[str, tuple[int, int]]) -> Crop | None:
-    """`outcore.iterate.transforms.WholePictures` of the pixel field a plain `RandomFlip` (no subclass, no targets)
-    opening ``transform`` mirrors, if it is one of ``pixel_sizes``; else None."""
-    from .transforms import RandomFlip, WholePictures  # they build on this module
-
+def _whole_pictures(transform: Transform | None, pixel_sizes: Mapping[str, tuple[int, int]]) -> WholePictures | None:
+    """`WholePictures` of the pixel field a plain `RandomFlip` (its own class says so: ``whole_pictures``; no
+    targets) opening ``transform`` mirrors, if it is one of ``pixel_sizes``; else None."""
     parts = steps(transform)
     first = parts[0] if parts else None
-    if type(first) is not RandomFlip or first.targets is not None or first.field not in pixel_sizes:
+    if not vars(type(first)).get("whole_pictures", False) or getattr(first, "targets", None) is not None \
+            or getattr(first, "field", None) not in pixel_sizes:
         return None
     height, width = pixel_sizes[first.field]
     return WholePictures(first.field, (int(height), int(width)))
@@ -171,7 +205,7 @@ class Recipe:
         ``ragged_fields`` hold rows and offsets (`outcore.format.ragged`), and so do the encoded fields left
         undecoded, ``later``; ``pixel_sizes``, the (height, width) of the pixel fields among ``picture_fields``: a
         plain `RandomFlip` opening the transform of one mirrors its pictures as they are copied
-        (`outcore.iterate.transforms.WholePictures`).
+        (`WholePictures`).
 
         >>> from outcore.transforms import Compose, Normalize, RandomFlip
         >>> recipe = Recipe.of(["images"], (), ["images"], Compose([RandomFlip(), Normalize()]),

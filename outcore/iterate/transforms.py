@@ -85,6 +85,9 @@ class RandomFlip:
     vertical: bool = False
     field: str = "images"
     targets: Targets | None = None
+    # its own class, not a subclass's: opening the transform of a pixel field without targets, it mirrors each picture
+    # as it is copied out of its chunk, drawn as `draw` draws (`outcore.iterate.batch.WholePictures`)
+    whole_pictures: ClassVar[bool] = True
 
     def draw(self, count: int, rng: np.random.Generator) -> np.ndarray:
         """Which of ``count`` images to mirror: (count, 2) booleans, left-right then top-bottom (a crop
@@ -101,40 +104,6 @@ class RandomFlip:
         flips = self.draw(len(images), rng)
         crops = np.tile([0, 0, *images.shape[1:3]], (len(images), 1))
         return _moved(batch, self.field, copy_windows(images, corners, images.shape[1:3], flips), self.targets, crops, flips)
-
-
-@dataclass(frozen=True)
-class WholePictures:
-    """The `Crop` of a transform that opens with a plain `RandomFlip` (its class itself, no targets) of a pixel field
-    of pictures of ``size``: every box the whole picture, drawn from nothing, so that the flip's mirrors are drawn as
-    the flip draws them and each picture is mirrored as it is copied out of its chunk (`Recipe.of`), where the flip
-    alone copied the batch again, a piece at a time, and the pieces were joined once more.
-
-    >>> WholePictures("images", (4, 6)).boxes([(4, 6)] * 2, None).tolist()
-    [[0.0, 0.0, 4.0, 6.0], [0.0, 0.0, 4.0, 6.0]]
-    """
-
-    field: str
-    size: tuple[int, int]
-    windows: ClassVar[bool] = True  # every box is the picture itself: a window of whole pixels at the output size
-
-    @property
-    def output_size(self) -> tuple[int, int]:
-        return self.size
-
-    def boxes(self, sizes: Sequence[tuple[int, int]] | np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
-        return np.tile(np.array([0.0, 0.0, *self.size]), (len(sizes), 1))
-
-    def boxes_of_pieces(self, sizes: np.ndarray, pieces: Draws, flip: object) -> tuple[np.ndarray, np.ndarray] | None:
-        """The boxes and ``flip``'s mirrors of a batch's pieces, each drawn as its generator draws them in
-        `RandomFlip.draw`, in one call (`outcore.seeds.crops_and_flips`: a window of the picture's own size has one
-        place, which draws nothing); None without the C extension, or a flip of another kind."""
-        if not _plain_flip(flip) or flip is None:
-            return None
-        return crops_and_flips(TRANSFORM_DOMAIN, pieces, (1, 1), *_mirrors(flip), window=self.size)
-
-    def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
-        return batch
 
 
 @dataclass(frozen=True)
