@@ -805,6 +805,12 @@ static int each_from(Py_buffer *views, int crop, Py_ssize_t chunks, Each *each) 
     return 0;
 }
 
+/* Release the first `count` buffers of `views`. */
+static void release_buffers(Py_buffer *views, Py_ssize_t count) {
+    for (Py_ssize_t i = 0; i < count; i++)
+        PyBuffer_Release(&views[i]);
+}
+
 /* The positions k not marked done, as a list. */
 static PyObject *positions_left(const uint8_t *done, Py_ssize_t count) {
     PyObject *left = PyList_New(0);
@@ -862,10 +868,8 @@ static PyObject *run_each(PyObject *region_list, PyObject *range_list, PyObject 
         free(done);
     }
 done:
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&views[i]);
-    for (Py_ssize_t i = 0; i < taken; i++)
-        PyBuffer_Release(&chunk_views[i]);
+    release_buffers(views, got);
+    release_buffers(chunk_views, taken);
     free(chunk_views);
     free((void *)each.regions);
     free(each.lengths);
@@ -1190,10 +1194,8 @@ static PyObject *py_resize_each(PyObject *self, PyObject *args) {
     left = positions_left(resized, count);
     free(resized);
 done:
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&views[i]);
-    for (Py_ssize_t i = 0; i < taken; i++)
-        PyBuffer_Release(&chunk_views[i]);
+    release_buffers(views, got);
+    release_buffers(chunk_views, taken);
     free(chunk_views);
     free((void *)r.chunks);
     free(r.lengths);

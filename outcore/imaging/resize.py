@@ -251,9 +251,6 @@ def resize_rows(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarr
     if resize_each is None or not pictures or pictures[0].dtype != np.uint8 or pictures[0].shape[3] not in (1, 3) \
             or not into.flags.c_contiguous or not all(picture.flags.c_contiguous for picture in pictures):
         return range(len(which))
-    return resize_each(pictures, _int64(which), _int64(local), np.ascontiguousarray(boxes, np.float64), into,
-                       _int64(rows), np.ascontiguousarray(flips, np.uint8))
-
-
-def _int64(values: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(values, np.int64)
+    which, local, rows = (np.ascontiguousarray(values, np.int64) for values in (which, local, rows))
+    return resize_each(pictures, which, local, np.ascontiguousarray(boxes, np.float64), into, rows,
+                       np.ascontiguousarray(flips, np.uint8))

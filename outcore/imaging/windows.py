@@ -116,8 +116,8 @@ def interleave(parts: Sequence[np.ndarray], counts: np.ndarray,
 def table_lookup(values: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
     """``out[..., c] = table[values[..., c], c]``: uint8 ``values`` through each column of ``table`` ((256, k) float32,
     ``k`` the values' last axis, or 1 for all), into ``out`` (float32, ``values``' shape): one C call outside the GIL
-    for a batch's run where the extension is built and the arrays are C-contiguous (`native.windows`' ``lookup``:
-    its floats written past the caches), else numpy, a channel at a time. The same floats either way.
+    for a batch's run where the extension is built and the arrays are C-contiguous (`native.windows`' ``lookup``),
+    else numpy, a channel at a time. The same floats either way.
 
     >>> out = np.empty((1, 2, 3), np.float32)
     >>> table_lookup(np.array([[[0, 1, 2], [255, 0, 1]]], np.uint8), np.tile(np.arange(256, dtype=np.float32)[:, None],
