@@ -242,8 +242,9 @@ def resize_rows(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarr
     >>> out, one = np.zeros((1, 2, 2, 3), np.uint8), np.array([1])
     >>> left = resize_rows(chunks, np.array([0]), one, np.array([[0.0, 0.0, 4.0, 4.0]]), out, np.array([0]),
     ...                    np.zeros((1, 2), np.uint8))
-    >>> list(left), out[0, :, :, 0].tolist() == resize_box(chunks[0][1], (0, 0, 4, 4), (2, 2))[..., 0].tolist()
-    ([], True)
+    >>> expected = resize_box(chunks[0][1], (0, 0, 4, 4), (2, 2))
+    >>> native.extension is None or (list(left) == [] and bool((out[0] == expected).all()))
+    True
     """
     resize_each = getattr(native.extension, "resize_each", None)  # None: not built (or built before it was)
     pictures = [chunk[..., None] if chunk.ndim == 3 else chunk for chunk in chunks]
