@@ -108,7 +108,9 @@ def test_a_loader_s_batches_come_back_to_blocks_enough_for_them_all(tmp_path, mo
         for batch in batches:
             del batch
         by_epoch.append(made[0] - before)
-    assert by_epoch[0] > 0 and sum(by_epoch[4:]) <= 1, by_epoch  # a new high of batches held at once, rarely
+    # a new high of batches held at once, rarely (a busy machine's consumer late: Python 3.13's CI run once made 2 in
+    # epoch 4); with no block kept (`Blocks(keep_bytes=0, most_bytes=0)`), epochs 4 to 7 made 15, 2 to 6 each
+    assert by_epoch[0] > 0 and sum(by_epoch[4:]) <= 2, by_epoch
 
 
 def test_batches_held_are_never_written_again_and_those_dropped_are_made_again_in_their_memory(tmp_path):
