@@ -183,6 +183,19 @@ def test_normalize_gives_uint8_pictures_the_floats_of_its_arithmetic(in_c, chann
     np.testing.assert_array_equal(again.view(np.uint32), expected[:, :, ::2].view(np.uint32))
 
 
+@pytest.mark.parametrize("in_c", [True, False])
+def test_a_table_whose_columns_are_not_the_pictures_channels_is_refused(in_c, monkeypatch):
+    # each column is a channel's: a table of 2 columns for RGB pixels would map them by the wrong column, silently
+    from outcore.imaging import native, table_lookup
+
+    if not in_c:
+        monkeypatch.setattr(native, "windows", None)
+    values, out = np.zeros((4, 2, 2, 3), np.uint8), np.empty((4, 2, 2, 3), np.float32)
+    for table, wrong in ((np.zeros((256, 2)), out), (np.zeros((255, 3)), out), (np.zeros((256, 3)), out[:2])):
+        with pytest.raises(ValueError, match=r"table_lookup: a table of \(256, 1\) or \(256, 3\)"):
+            table_lookup(values, table, wrong)
+
+
 def test_a_transform_of_a_field_the_batches_leave_out_is_refused_when_the_loader_is_made(tmp_path):
     need("torch")
     ds = outcore.from_arrays({"images": np.zeros((16, 8, 8, 3), np.uint8), "labels": np.arange(16)},

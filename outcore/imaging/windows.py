@@ -128,6 +128,10 @@ def table_lookup(values: np.ndarray, table: np.ndarray, out: np.ndarray) -> None
     lookup = getattr(native.windows, "lookup", None)  # None: not built (or built before it was)
     table = np.ascontiguousarray(table, np.float32)
     columns = table.shape[1]
+    if table.shape[0] != 256 or columns not in (1, values.shape[-1]) or out.shape != values.shape:
+        raise ValueError(f"table_lookup: a table of (256, 1) or (256, {values.shape[-1]}) for values of "
+                         f"{values.shape}, and an out of their shape, not a table of {table.shape} and an out of "
+                         f"{out.shape}")
     if lookup is not None and values.flags.c_contiguous and out.flags.c_contiguous:
         lookup(values, table, out)
         return
