@@ -116,7 +116,15 @@ from outcore.imaging.synthetic import write_image_folder
 from outcore.iterate.batch import plain
 from outcore.measure import gil_bound, gil_free_clock
 from outcore.threads.pool import Gauge
-from outcore.transforms import Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
+from outcore.transforms import (
+    BrightnessContrast,
+    Cast,
+    Compose,
+    Normalize,
+    RandomCrop,
+    RandomFlip,
+    RandomResizedCrop,
+)
 
 BATCH = 256
 AS_CPUS = 0  # --as-cpus: the pool made and gauged as on that many CPUs (0: these)
@@ -133,6 +141,9 @@ CASES = {  # name: (store, transform)
     "pixels+crop": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
     "pixels+crop+norm": ("pixels", Compose([RandomCrop(112), RandomFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)])),
     "pixels+rrc": ("pixels", Compose([RandomResizedCrop(112), RandomFlip()])),
+    "pixels+crop+bc": ("pixels", Compose([RandomCrop(112), RandomFlip(), BrightnessContrast()])),
+    "pixels+crop+half": ("pixels", Compose([RandomCrop(112), RandomFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD),
+                                            Cast("float16")])),
     "pixels+crop-torch": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
     "encoded": ("encoded", None),
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),

@@ -18,7 +18,16 @@ import outcore
 from outcore.imaging import center_crop_box, random_resized_crop_box, within
 from outcore.iterate.batch import Recipe
 from outcore.testing import write_image_folder
-from outcore.transforms import CenterCrop, Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
+from outcore.transforms import (
+    BrightnessContrast,
+    Cast,
+    CenterCrop,
+    Compose,
+    Normalize,
+    RandomCrop,
+    RandomFlip,
+    RandomResizedCrop,
+)
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 
@@ -194,6 +203,144 @@ def test_a_table_whose_columns_are_not_the_pictures_channels_is_refused(in_c, mo
     for table, wrong in ((np.zeros((256, 2)), out), (np.zeros((255, 3)), out), (np.zeros((256, 3)), out[:2])):
         with pytest.raises(ValueError, match=r"table_lookup: a table of \(256, 1\) or \(256, 3\)"):
             table_lookup(values, table, wrong)
+
+
+def _without_c(monkeypatch) -> None:
+    from outcore.imaging import native
+
+    monkeypatch.setattr(native, "windows", None)
+
+
+def _floats(count: int) -> np.ndarray:
+    """float32 values across float16's range and past it, with its edge cases: ties, subnormals, infinities."""
+    values = np.random.default_rng(3).standard_normal(count).astype(np.float32) * np.float32(3e3)
+    edges = [np.inf, -np.inf, 65504.0, 65519.99, 65520.0, -65520.0, 1e-8, 6e-5, 5.96e-8, 2.98e-8, 2.9802326e-8, -0.0,
+             1e-45, 1.00048828125, 1.00146484375, 2049.0, 2051.0]  # the ties round to even
+    values[: len(edges)] = edges
+    return values.reshape(-1, 4, 3)
+
+
+@pytest.mark.parametrize("in_c", [True, False])
+def test_to_half_rounds_as_numpy_does(in_c, monkeypatch):
+    from outcore.imaging import to_half
+
+    if not in_c:
+        _without_c(monkeypatch)
+    values = _floats(3000)
+    out = np.empty(values.shape, np.float16)
+    to_half(values, out)
+    with np.errstate(over="ignore"):
+        expected = values.astype(np.float16)
+    np.testing.assert_array_equal(out.view(np.uint16), expected.view(np.uint16))
+    nan = np.array([np.nan, -np.nan], np.float32)
+    halves = np.empty(2, np.float16)
+    to_half(nan, halves)
+    assert np.isnan(halves).all()
+    with pytest.raises(ValueError, match="to_half: float32 values and a float16 out of their shape"):
+        to_half(values.astype(np.float64), out)
+
+
+@pytest.mark.parametrize("in_c", [True, False])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "int32", "int16", "uint16"])
+def test_table_lookup_maps_through_tables_of_2_and_4_byte_items(in_c, dtype, monkeypatch):
+    from outcore.imaging import table_lookup
+
+    if not in_c:
+        _without_c(monkeypatch)
+    values = np.random.default_rng(1).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    table = (np.arange(256)[:, None] * [1, -3, 7] + [0, 5, -9]).astype(dtype)
+    out = np.empty(values.shape, dtype)
+    table_lookup(values, table, out)
+    expected = np.stack([table[values[..., c], c] for c in range(3)], axis=-1)
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("mean, std", [(0.5, 0.25), ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+def test_normalize_to_float16_rounds_the_float32_results(mean, std):
+    images = np.random.default_rng(2).integers(0, 256, (6, 5, 4, 3), dtype=np.uint8)
+    wide = Normalize(mean, std)({"images": images}, None)["images"]
+    half = Normalize(mean, std, dtype="float16")({"images": images}, None)["images"]
+    assert half.dtype == np.float16
+    np.testing.assert_array_equal(half.view(np.uint16), wide.astype(np.float16).view(np.uint16))
+    floats = images.astype(np.float32) / 255  # another dtype: numpy's floats, rounded the same
+    half = Normalize(mean, std, dtype="float16")({"images": floats}, None)["images"]
+    wide = Normalize(mean, std)({"images": floats}, None)["images"]
+    np.testing.assert_array_equal(half.view(np.uint16), wide.astype(np.float16).view(np.uint16))
+    with pytest.raises(outcore.OptionError, match=r"Normalize\(dtype='int8'\): float32 or float16"):
+        Normalize(dtype="int8")
+
+
+@pytest.mark.parametrize("in_c", [True, False])
+@pytest.mark.parametrize("source, target", [("uint8", "float16"), ("uint8", "float32"), ("uint8", "int16"),
+                                            ("float32", "float16"), ("float32", "uint8"), ("int64", "int32"),
+                                            ("uint8", "uint8"), ("float64", "float32")])
+def test_cast_gives_what_astype_gives(in_c, source, target, monkeypatch):
+    if not in_c:
+        _without_c(monkeypatch)
+    outcore.set_threads(2)  # a batch of 600 pictures is cut into runs for the pool's threads
+    try:
+        rng = np.random.default_rng(4)
+        if np.dtype(source).kind == "f":
+            values = _floats(600 * 36).reshape(600, 4, 3, 3).astype(source)
+        else:
+            values = rng.integers(np.iinfo(source).min, np.iinfo(source).max, (600, 4, 3, 3), dtype=source,
+                                  endpoint=True)
+        with np.errstate(over="ignore", invalid="ignore"):
+            expected = values.astype(target)
+            out = Cast(target)({"images": values, "labels": np.arange(600)}, None)
+    finally:
+        outcore.set_threads(None)
+    assert out["images"].dtype == np.dtype(target) and out["labels"] is not None
+    np.testing.assert_array_equal(out["images"].view(f"u{np.dtype(target).itemsize}"),
+                                  expected.view(f"u{np.dtype(target).itemsize}"))
+    assert Cast("U3", field="names")({"names": np.array(["a", "bcde"])}, None)["names"].tolist() == ["a", "bcd"]
+
+
+def _adjusted(images: np.ndarray, factors: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """BrightnessContrast's documented uint8 result, one picture at a time: float32 operations from the left, the mean
+    exact."""
+    out = np.empty_like(images)
+    for i, image in enumerate(images):
+        mean = np.float32(int(image.astype(np.int64).sum()) / image.size)
+        values = image.astype(np.float32)
+        out[i] = np.clip(((values - mean) * factors[i] + mean) + shifts[i], 0, 255).astype(np.uint8)
+    return out
+
+
+@pytest.mark.parametrize("in_c", [True, False])
+@pytest.mark.parametrize("shape", [(40, 9, 7, 3), (3, 5, 5), (2, 1, 1, 1), (0, 4, 4, 3)])
+def test_brightness_contrast_of_uint8_pictures_is_the_formula_in_c_and_numpy(in_c, shape, monkeypatch):
+    from outcore.imaging import brightness_contrast
+
+    if not in_c:
+        _without_c(monkeypatch)
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, shape, dtype=np.uint8)
+    factors = rng.uniform(0, 3, shape[0]).astype(np.float32)  # past both ends of the range: clipped
+    shifts = rng.uniform(-1, 1, shape[0]).astype(np.float32) * 255
+    out = np.empty_like(images)
+    brightness_contrast(images, factors, shifts, out)
+    np.testing.assert_array_equal(out, _adjusted(images, factors, shifts))
+    with pytest.raises(ValueError, match="brightness_contrast: uint8 images"):
+        brightness_contrast(images, factors[:-1] if len(factors) else np.zeros(1, np.float32), shifts, out)
+
+
+def test_brightness_contrast_draws_as_before_and_runs_on_the_pool():
+    images = np.random.default_rng(6).integers(0, 256, (700, 6, 6, 3), dtype=np.uint8)
+    outcore.set_threads(2)
+    try:
+        out = BrightnessContrast(0.3, 0.4)({"images": images}, np.random.default_rng(7))["images"]
+    finally:
+        outcore.set_threads(None)
+    rng = np.random.default_rng(7)  # each picture's factor, then each one's shift: the draws of earlier versions
+    factors = rng.uniform(0.6, 1.4, size=(700, 1, 1, 1)).astype(np.float32).reshape(-1)
+    shifts = rng.uniform(-0.3, 0.3, size=(700, 1, 1, 1)).astype(np.float32).reshape(-1) * 255.0
+    np.testing.assert_array_equal(out, _adjusted(images, factors, shifts))
+    floats = images.astype(np.float32) / 255
+    got = BrightnessContrast(0.3, 0.4)({"images": floats}, np.random.default_rng(7))["images"]
+    mean = floats.mean(axis=(1, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)
+    expected = np.clip((floats - mean) * factors[:, None, None, None] + mean + shifts[:, None, None, None] / 255, 0, 1)
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_a_transform_of_a_field_the_batches_leave_out_is_refused_when_the_loader_is_made(tmp_path):

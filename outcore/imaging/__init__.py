@@ -32,6 +32,7 @@ from .label_maps import (
     label_map_dtype,
     policy_crop,
 )
+from .pixel_maps import brightness_contrast, table_lookup, to_half
 from .resize import (
     RESIZE_POLICIES,
     ResizePolicy,
@@ -44,7 +45,7 @@ from .resize import (
 )
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
 from .targets import BoxPolicy, cut_label_maps, cut_maps, move_boxes, move_keypoints, move_points, owners
-from .windows import copy_samples, rows_by_chunk, table_lookup
+from .windows import copy_samples, rows_by_chunk
 
 __all__ = [
     "DEFAULT_QUALITY",
@@ -65,6 +66,7 @@ __all__ = [
     "ResizePolicy",
     "RowDecodes",
     "box_part",
+    "brightness_contrast",
     "center_crop_box",
     "check_max_side",
     "check_placement",
@@ -104,6 +106,7 @@ __all__ = [
     "shrink_image",
     "stored_frame",
     "table_lookup",
+    "to_half",
     "upright_size",
     "within",
 ]

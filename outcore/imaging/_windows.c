@@ -25,8 +25,14 @@
  * stream 0, then of stream 1, ...), each through its stream's table where given, in one call.
  *
  * lookup(values, table, out): out[i] = table[values[i], i % k] for every i of uint8 values (any shape, C order) and a
- * float32 table of (256, k): a uint8 picture's pixels through each channel's table of the 256 values' results (k
- * its channels, or 1), as outcore.transforms.Normalize computes them, into out (float32, as many items).
+ * table of (256, k) items of 4 or 2 bytes: a uint8 picture's pixels through each channel's table of the 256 values'
+ * results (k its channels, or 1), as outcore.transforms.Normalize computes them (float32 or float16), or each value
+ * cast (outcore.transforms.Cast), into out (as many items, of the table's).
+ *
+ * halves(values, out): float32 values rounded to float16 by the CPU's conversion (F16C), where it has one.
+ *
+ * adjust(images, factors, shifts, out): uint8 pictures' brightness and contrast (outcore.transforms.BrightnessContrast),
+ * each picture's 256 values' results computed once, then looked up.
  *
  * It needs no library: setup.py builds it wherever a C compiler is; outcore.imaging.windows and
  * outcore.imaging.targets fall back to numpy without it (the same bytes).
@@ -627,45 +633,59 @@ static PyObject *py_inside(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* values[i] of `count` through the table (256 rows of k floats) at column i % k, into out. Written straight into
- * out, through the caches: in a batch's pipeline 1.3x as fast as a block at a time streamed past them (_stream_copy.h). */
-static void lookup_all(const uint8_t *values, Py_ssize_t count, const float *table, Py_ssize_t k, float *out) {
-    Py_ssize_t i = 0, column = 0;
-    if (k == 1) {
-        for (; i < count; i++)
-            out[i] = table[values[i]];
-    } else if (k == 3) { /* RGB: each channel's 256 floats together, a pixel's three looked up at once */
-        float columns[3][256];
-        for (int v = 0; v < 256; v++)
-            for (int c = 0; c < 3; c++)
-                columns[c][v] = table[3 * v + c];
-        for (; i + 3 <= count; i += 3) {
-            out[i] = columns[0][values[i]];
-            out[i + 1] = columns[1][values[i + 1]];
-            out[i + 2] = columns[2][values[i + 2]];
-        }
-    } else {
-        for (; i < count; i++) {
-            out[i] = table[(Py_ssize_t)values[i] * k + column];
-            if (++column == k)
-                column = 0;
-        }
+/* values[i] of `count` through the table (256 rows of k items of ITEM) at column i % k, into out. Written straight
+ * into out, through the caches: in a batch's pipeline 1.3x as fast as a block at a time streamed past them
+ * (_stream_copy.h). Items of 4 bytes (float32's, int32's) and 2 (float16's bits, int16's) are copied as they are. */
+#define LOOKUP_ALL(NAME, ITEM)                                                                                         \
+    static void NAME(const uint8_t *values, Py_ssize_t count, const ITEM *table, Py_ssize_t k, ITEM *out) {            \
+        Py_ssize_t i = 0, column = 0;                                                                                  \
+        if (k == 1) {                                                                                                  \
+            for (; i < count; i++)                                                                                     \
+                out[i] = table[values[i]];                                                                             \
+        } else if (k == 3) { /* RGB: each channel's 256 items together, a pixel's three looked up at once */          \
+            ITEM columns[3][256];                                                                                      \
+            for (int v = 0; v < 256; v++)                                                                              \
+                for (int c = 0; c < 3; c++)                                                                            \
+                    columns[c][v] = table[3 * v + c];                                                                  \
+            for (; i + 3 <= count; i += 3) {                                                                           \
+                out[i] = columns[0][values[i]];                                                                        \
+                out[i + 1] = columns[1][values[i + 1]];                                                                \
+                out[i + 2] = columns[2][values[i + 2]];                                                                \
+            }                                                                                                          \
+        } else {                                                                                                       \
+            for (; i < count; i++) {                                                                                   \
+                out[i] = table[(Py_ssize_t)values[i] * k + column];                                                    \
+                if (++column == k)                                                                                     \
+                    column = 0;                                                                                        \
+            }                                                                                                          \
+        }                                                                                                              \
     }
+
+LOOKUP_ALL(lookup_4, uint32_t)
+LOOKUP_ALL(lookup_2, uint16_t)
+
+static void lookup_all(const uint8_t *values, Py_ssize_t count, const void *table, Py_ssize_t k, Py_ssize_t size,
+                       void *out) {
+    if (size == 4)
+        lookup_4(values, count, table, k, out);
+    else
+        lookup_2(values, count, table, k, out);
 }
 
 static PyObject *py_lookup(PyObject *self, PyObject *args) {
     Py_buffer values, table, out;
     if (!PyArg_ParseTuple(args, "y*y*w*:lookup", &values, &table, &out))
         return NULL;
-    const Py_ssize_t count = values.len, k = table.len / (Py_ssize_t)(256 * sizeof(float));
-    int fine = k >= 1 && table.len == k * 256 * (Py_ssize_t)sizeof(float) && out.len == count * (Py_ssize_t)sizeof(float)
-               && count % k == 0 && PyBuffer_IsContiguous(&values, 'C') && PyBuffer_IsContiguous(&table, 'C') &&
+    const Py_ssize_t count = values.len, size = count ? out.len / count : 0;
+    const Py_ssize_t k = size ? table.len / (256 * size) : 0;
+    int fine = (size == 4 || size == 2) && out.len == count * size && k >= 1 && table.len == k * 256 * size &&
+               count % k == 0 && PyBuffer_IsContiguous(&values, 'C') && PyBuffer_IsContiguous(&table, 'C') &&
                PyBuffer_IsContiguous(&out, 'C');
     if (fine) {
         if (count < ITEMS_HOLD_BELOW) {
-            lookup_all(values.buf, count, table.buf, k, out.buf);
+            lookup_all(values.buf, count, table.buf, k, size, out.buf);
         } else {
-            FREE_BEGIN lookup_all(values.buf, count, table.buf, k, out.buf);
+            FREE_BEGIN lookup_all(values.buf, count, table.buf, k, size, out.buf);
             FREE_END
         }
     }
@@ -673,8 +693,107 @@ static PyObject *py_lookup(PyObject *self, PyObject *args) {
     PyBuffer_Release(&table);
     PyBuffer_Release(&out);
     if (!fine) {
-        PyErr_SetString(PyExc_ValueError, "need uint8 values, a float32 table of (256, k) where k divides the values' "
-                                          "count, and a float32 out of as many items, all C-contiguous");
+        PyErr_SetString(PyExc_ValueError, "need uint8 values, a table of (256, k) items of 4 or 2 bytes where k divides "
+                                          "the values' count, and an out of as many items of that size, all C-contiguous");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define OUTCORE_F16C
+#include <immintrin.h>
+
+static int has_f16c; /* whether this CPU converts to float16 itself (F16C): set when the module loads */
+
+/* `count` float32s rounded to the nearest float16 (ties to even, as numpy's astype rounds them), eight at a time. */
+__attribute__((target("avx,f16c"))) static void halves_f16c(const float *from, Py_ssize_t count, uint16_t *into) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= count; i += 8)
+        _mm_storeu_si128((__m128i *)(into + i), _mm256_cvtps_ph(_mm256_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < count; i++)
+        into[i] = _cvtss_sh(from[i], _MM_FROUND_TO_NEAREST_INT);
+}
+#endif
+
+static PyObject *py_halves(PyObject *self, PyObject *args) {
+    Py_buffer from, into;
+    if (!PyArg_ParseTuple(args, "y*w*:halves", &from, &into))
+        return NULL;
+    const Py_ssize_t count = from.len / (Py_ssize_t)sizeof(float);
+    int fine = from.len == count * (Py_ssize_t)sizeof(float) && into.len == count * 2 &&
+               PyBuffer_IsContiguous(&from, 'C') && PyBuffer_IsContiguous(&into, 'C');
+    int done = 0;
+#ifdef OUTCORE_F16C
+    if (fine && has_f16c) {
+        if (count < ITEMS_HOLD_BELOW) {
+            halves_f16c(from.buf, count, into.buf);
+        } else {
+            FREE_BEGIN halves_f16c(from.buf, count, into.buf);
+            FREE_END
+        }
+        done = 1;
+    }
+#endif
+    PyBuffer_Release(&from);
+    PyBuffer_Release(&into);
+    if (!fine) {
+        PyErr_SetString(PyExc_ValueError, "need float32 values and an out of as many 2-byte items, both C-contiguous");
+        return NULL;
+    }
+    return PyBool_FromLong(done);
+}
+
+/* Brightness and contrast of `images` uint8 pictures of `size` values each, into out: picture i's values v become
+ * clip(((v - mean) * factors[i] + mean) + shifts[i], 0, 255) truncated to uint8, in float32 one operation at a time
+ * (outcore.transforms.BrightnessContrast computes the same floats with numpy), mean the picture's exact mean
+ * (its integer sum over its size, in float64) rounded to float32. */
+static void adjust_all(const uint8_t *images, Py_ssize_t count, Py_ssize_t size, const float *factors,
+                       const float *shifts, uint8_t *out) {
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const uint8_t *image = images + i * size;
+        uint8_t *into = out + i * size;
+        uint64_t sum = 0;
+        for (Py_ssize_t j = 0; j < size; j++)
+            sum += image[j];
+        const float mean = (float)((double)sum / (double)size), factor = factors[i], shift = shifts[i];
+        uint8_t table[256]; /* a picture's 256 values' results: the same floats as computed for each pixel */
+        for (int v = 0; v < 256; v++) {
+            float x = (float)v - mean;
+            x = x * factor;
+            x = x + mean;
+            x = x + shift;
+            table[v] = (uint8_t)(x < 0.0f ? 0.0f : x > 255.0f ? 255.0f : x);
+        }
+        for (Py_ssize_t j = 0; j < size; j++)
+            into[j] = table[image[j]];
+    }
+}
+
+static PyObject *py_adjust(PyObject *self, PyObject *args) {
+    Py_buffer images, factors, shifts, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*:adjust", &images, &factors, &shifts, &out))
+        return NULL;
+    const Py_ssize_t count = factors.len / (Py_ssize_t)sizeof(float), size = count ? images.len / count : 0;
+    int fine = factors.len == count * (Py_ssize_t)sizeof(float) && shifts.len == factors.len &&
+               images.len == count * size && out.len == images.len && PyBuffer_IsContiguous(&images, 'C') &&
+               PyBuffer_IsContiguous(&factors, 'C') && PyBuffer_IsContiguous(&shifts, 'C') &&
+               PyBuffer_IsContiguous(&out, 'C');
+    if (fine) {
+        if (images.len < ITEMS_HOLD_BELOW) {
+            adjust_all(images.buf, count, size, factors.buf, shifts.buf, out.buf);
+        } else {
+            FREE_BEGIN adjust_all(images.buf, count, size, factors.buf, shifts.buf, out.buf);
+            FREE_END
+        }
+    }
+    PyBuffer_Release(&images);
+    PyBuffer_Release(&factors);
+    PyBuffer_Release(&shifts);
+    PyBuffer_Release(&out);
+    if (!fine) {
+        PyErr_SetString(PyExc_ValueError, "need uint8 images (n, ...), float32 factors and shifts (n) and a uint8 out "
+                                          "of the images' size, all C-contiguous");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -705,8 +824,18 @@ static PyMethodDef methods[] = {
      "v as tables[s][v], where tables is not None). The GIL is kept for a few thousand items."},
     {"lookup", py_lookup, METH_VARARGS,
      "lookup(values, table, out)\n--\n\n"
-     "out[i] = table[values[i], i % k] for every i of the uint8 values (C order), the table float32 (256, k), out\n"
-     "float32 of as many items. The GIL is released for 65,536 values or more."},
+     "out[i] = table[values[i], i % k] for every i of the uint8 values (C order), the table (256, k) of items of 4 or\n"
+     "2 bytes (float32, float16, ...), out of as many items of that size. The GIL is released for 65,536 values or\n"
+     "more."},
+    {"halves", py_halves, METH_VARARGS,
+     "halves(values, out)\n--\n\n"
+     "The float32 values rounded to float16 (to nearest, ties to even) into out, by the CPU's own conversion (F16C):\n"
+     "True; False, and nothing written, where the CPU has none. The GIL is released for 65,536 values or more."},
+    {"adjust", py_adjust, METH_VARARGS,
+     "adjust(images, factors, shifts, out)\n--\n\n"
+     "uint8 picture i's values v into out as clip(((v - mean) * factors[i] + mean) + shifts[i], 0, 255), truncated,\n"
+     "in float32 (factors and shifts float32, mean the picture's exact mean rounded to float32). The GIL is released\n"
+     "for 65,536 values or more."},
     {"inside", py_inside, METH_VARARGS,
      "inside(boxes, sizes, rounding, out)\n--\n\n"
      "out[k] = whether box k (top, left, height, width) lies inside a picture of sizes[k] (height, width), its edges\n"
@@ -721,6 +850,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_windows", "Batch sa
 PyMODINIT_FUNC PyInit__windows(void) {
 #ifdef OUTCORE_SSSE3
     has_ssse3 = __builtin_cpu_supports("ssse3");
+#endif
+#ifdef OUTCORE_F16C
+    has_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
 #endif
     return PyModule_Create(&module);
 }

@@ -113,32 +113,5 @@ def interleave(parts: Sequence[np.ndarray], counts: np.ndarray,
     return out
 
 
-def table_lookup(values: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
-    """``out[..., c] = table[values[..., c], c]``: uint8 ``values`` through each column of ``table`` ((256, k) float32,
-    ``k`` the values' last axis, or 1 for all), into ``out`` (float32, ``values``' shape): one C call outside the GIL
-    for a batch's run where the extension is built and the arrays are C-contiguous (`native.windows`' ``lookup``),
-    else numpy, a channel at a time. The same floats either way.
-
-    >>> out = np.empty((1, 2, 3), np.float32)
-    >>> table_lookup(np.array([[[0, 1, 2], [255, 0, 1]]], np.uint8), np.tile(np.arange(256, dtype=np.float32)[:, None],
-    ...              (1, 3)) * [1, 10, 100], out)
-    >>> out.tolist()
-    [[[0.0, 10.0, 200.0], [255.0, 0.0, 100.0]]]
-    """
-    lookup = getattr(native.windows, "lookup", None)  # None: not built (or built before it was)
-    table = np.ascontiguousarray(table, np.float32)
-    columns = table.shape[1]
-    if table.shape[0] != 256 or columns not in (1, values.shape[-1]) or out.shape != values.shape:
-        raise ValueError(f"table_lookup: a table of (256, 1) or (256, {values.shape[-1]}) for values of "
-                         f"{values.shape}, and an out of their shape, not a table of {table.shape} and an out of "
-                         f"{out.shape}")
-    if lookup is not None and values.flags.c_contiguous and out.flags.c_contiguous:
-        lookup(values, table, out)
-        return
-    for column in range(columns):
-        at = (..., column) if columns > 1 else ...
-        np.take(table[:, column], values[at], out=out[at], mode="clip")
-
-
 def _int64(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values, np.int64)

@@ -155,7 +155,7 @@ def steps(transform: Transform | None) -> list[Any]:
 
     >>> from outcore.transforms import Compose, Normalize, RandomFlip
     >>> steps(Compose([Compose([RandomFlip()]), Normalize()]))
-    [RandomFlip(p=0.5, horizontal=True, vertical=False, field='images', targets=None), Normalize(mean=0.0, std=1.0, scale=None, field='images')]
+    [RandomFlip(p=0.5, horizontal=True, vertical=False, field='images', targets=None), Normalize(mean=0.0, std=1.0, scale=None, field='images', dtype='float32')]
     """
     if transform is None:
         return []
@@ -182,7 +182,7 @@ class Recipe:
     >>> from outcore.transforms import Compose, Normalize, RandomFlip
     >>> recipe = Recipe.of(["images"], (), (), Compose([RandomFlip(), Normalize()]))
     >>> recipe.per_piece, recipe.after
-    (RandomFlip(p=0.5, horizontal=True, vertical=False, field='images', targets=None), Normalize(mean=0.0, std=1.0, scale=None, field='images'))
+    (RandomFlip(p=0.5, horizontal=True, vertical=False, field='images', targets=None), Normalize(mean=0.0, std=1.0, scale=None, field='images', dtype='float32'))
     """
 
     fields: tuple[str, ...]
