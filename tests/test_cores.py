@@ -22,6 +22,7 @@ from support.calls import python_calls
 import outcore
 from outcore.imaging import native
 from outcore.imaging.windows import copy_samples
+from outcore.iterate import batch as batch_module
 from outcore.iterate import gather
 from outcore.iterate.batch import Recipe, make_batch, steps, transform_generator
 from outcore.iterate.readers import chunk_readers
@@ -32,7 +33,15 @@ from outcore.threads import for_each_run, gauge, shared_pool, submit, wait_all
 from outcore.threads.handoff import Handoff
 from outcore.threads.pool import Gauge, Pool, Runs
 from outcore.threads.task import Task
-from outcore.transforms import CenterCrop, Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
+from outcore.transforms import (
+    BrightnessContrast,
+    CenterCrop,
+    Compose,
+    Normalize,
+    RandomCrop,
+    RandomFlip,
+    RandomResizedCrop,
+)
 
 DTYPES = ("uint8", "uint16", "float32")
 
@@ -208,6 +217,35 @@ def test_batches_with_a_flip_mirrored_as_they_are_copied_are_those_of_the_flip_r
         for made, expected in zip(fused, alone, strict=True):
             np.testing.assert_array_equal(made["images"], expected["images"])
             np.testing.assert_array_equal(made["labels"], expected["labels"])
+
+
+class OwnBrightness(BrightnessContrast):
+    """A user's class made from `BrightnessContrast`: run piece by piece, as the transform it is, never fused."""
+
+
+@pytest.mark.parametrize("transform, own", [
+    (BrightnessContrast(0.3, 0.3), OwnBrightness(0.3, 0.3)),
+    (Compose([RandomCrop(24), RandomFlip(), BrightnessContrast(), Normalize(0.5, 0.2)]),
+     Compose([RandomCrop(24), RandomFlip(), OwnBrightness(), Normalize(0.5, 0.2)])),
+    (Compose([RandomFlip(), BrightnessContrast(0.1, 0.6), BrightnessContrast(0.4, 0.1)]),
+     Compose([RandomFlip(), OwnBrightness(0.1, 0.6), OwnBrightness(0.4, 0.1)]))], ids=["alone", "crop+norm", "twice"])
+def test_brightness_drawn_by_each_piece_is_applied_to_the_batch_at_once_with_the_pixels_of_each_piece_alone(
+        photos, transform, own, monkeypatch):
+    # each piece's generator draws its pictures' factors and shifts (after the crop's and flip's draws, before the next
+    # step's), then the batch is adjusted at once: not cut into pieces and joined again
+    cut = batch_module.piece
+    for pieces in (1, 3):
+        monkeypatch.setattr(batch_module, "piece", None)  # never cut into pieces
+        fused = _batch(photos["pixels"], transform, 200, pieces=pieces)
+        monkeypatch.setattr(batch_module, "piece", cut)
+        alone = _batch(photos["pixels"], own, 200, pieces=pieces)
+        np.testing.assert_array_equal(fused["images"], alone["images"])
+        np.testing.assert_array_equal(fused["labels"], alone["labels"])
+    batches = list(photos["pixels"].batches(64, seed=3, transform=transform))
+    expected = list(photos["pixels"].batches(64, seed=3, transform=own))
+    assert len(batches) == len(expected) == 8
+    for made, wanted in zip(batches, expected, strict=True):
+        np.testing.assert_array_equal(made["images"], wanted["images"])
 
 
 class HalfPixelCrop(RandomCrop):

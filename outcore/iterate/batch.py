@@ -281,7 +281,12 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
                          cut)
         batch = targets.move(batch, cut.boxes, cut.size, cut.flips, cut.sizes, made, rasters)
     began = time.perf_counter()
-    if per_piece is not None:
+    if per_piece is not None and all(vars(type(step)).get("sample_draws") for step in steps(per_piece)):
+        for step in steps(per_piece):  # each sample's result its own: the pieces' draws applied to the batch at once
+            drawn = [step.sample_draws(high - low, rng) for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True)]
+            batch = step.apply_draws(batch, tuple(np.concatenate(each) for each in zip(*drawn, strict=True)))
+        batch = join([batch], returned, recipe.ragged_fields) if joined and returned is not plain else batch
+    elif per_piece is not None:
         pieces = [per_piece(piece(batch, low, high, recipe.ragged_fields), rng)
                   for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True)]
         batch = join(pieces, returned, recipe.ragged_fields) if joined else pieces[0]

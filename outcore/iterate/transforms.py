@@ -341,10 +341,20 @@ class BrightnessContrast:
     field: str = "images"
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
+        return self.apply_draws(batch, self.sample_draws(len(_field(batch, self.field)), rng))
+
+    def sample_draws(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """What it draws for ``count`` pictures from ``rng``: each one's contrast factor, then each one's brightness
+        shift (a share of the range). Each picture's result is its own, so the draws of a batch's pieces, each from its
+        generator, are applied to the joined batch at once (`outcore.iterate.batch.make_batch`)."""
+        factors = rng.uniform(1 - self.contrast, 1 + self.contrast, size=count).astype(np.float32)
+        return factors, rng.uniform(-self.brightness, self.brightness, size=count).astype(np.float32)
+
+    def apply_draws(self, batch: Batch, drawn: tuple[np.ndarray, np.ndarray]) -> Batch:
+        """``batch`` with each picture adjusted by its draws (`sample_draws`)."""
         images = _field(batch, self.field)
         top = float(np.iinfo(images.dtype).max) if images.dtype.kind in "ui" else 1.0
-        factors = rng.uniform(1 - self.contrast, 1 + self.contrast, size=len(images)).astype(np.float32)
-        shifts = rng.uniform(-self.brightness, self.brightness, size=len(images)).astype(np.float32) * top
+        factors, shifts = drawn[0], drawn[1] * top
         out = blocks.empty(images.shape, images.dtype)
         if images.dtype == np.uint8:
 
