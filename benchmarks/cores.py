@@ -144,6 +144,8 @@ CASES = {  # name: (store, transform)
     "pixels+crop+bc": ("pixels", Compose([RandomCrop(112), RandomFlip(), BrightnessContrast()])),
     "pixels+crop+half": ("pixels", Compose([RandomCrop(112), RandomFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD),
                                             Cast("float16")])),
+    "pixels+crop+norm16": ("pixels", Compose([RandomCrop(112), RandomFlip(),
+                                              Normalize(IMAGENET_MEAN, IMAGENET_STD, dtype="float16")])),
     "pixels+crop-torch": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
     "encoded": ("encoded", None),
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),

@@ -529,12 +529,18 @@ def test_random_access_batches_equal_iterated_batches(store):
         it.batch(21)
 
 
+class OwnBrightness(BrightnessContrast):
+    """A user's class made from `BrightnessContrast`: run piece by piece, as the transform it is."""
+
+
 @pytest.mark.parametrize("transform", [None, Compose([RandomCrop(6, padding=1), RandomFlip()]),
                                        Compose([RandomResizedCrop(5), RandomFlip(), Normalize(0.5, 0.2)]),
-                                       Compose([RandomFlip(), BrightnessContrast()])])
+                                       Compose([RandomFlip(), BrightnessContrast()]),
+                                       Compose([RandomFlip(), OwnBrightness()])])
 def test_batches_made_together_are_those_made_alone(store, monkeypatch, transform):
     """Consecutive batches made as one and cut apart (`LocalRun.together`) hold what each holds made alone, from the
-    same draws; a transform that draws piece by piece makes them one by one."""
+    same draws (`BrightnessContrast`'s of each piece too); a transform that draws or works piece by piece (a class of
+    the user's) makes them one by one."""
     ds, _ = store
     outcore.set_threads(4)  # 4 batches made at once: up to 4 together
     try:
@@ -550,7 +556,7 @@ def test_batches_made_together_are_those_made_alone(store, monkeypatch, transfor
         for name in made:
             assert made[name].dtype == expected[name].dtype
             np.testing.assert_array_equal(made[name], expected[name])
-    joinable = transform is None or not isinstance(transform.transforms[-1], BrightnessContrast)
+    joinable = transform is None or not isinstance(transform.transforms[-1], OwnBrightness)
     assert (together[0]["images"].base is together[1]["images"].base) is joinable  # one array cut in two
     assert alone[0]["images"].base is not alone[1]["images"].base
 

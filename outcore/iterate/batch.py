@@ -232,16 +232,19 @@ class Recipe:
     def joinable(self) -> bool:
         """Whether batches of this recipe may be made as one and cut apart, each the same as if made alone: each
         row is made from its own sample and its piece's draws only (no ragged rows, whose offsets start at each
-        batch; no targets moved; after the crop and flip done as the batch is made, only steps marked
-        ``per_sample``, as `Normalize` and `Cast`, never one that draws piece by piece or sees the whole batch).
+        batch; no targets moved; after the crop and flip done as the batch is made, only steps whose own class
+        draws each sample's part piece by piece, ``sample_draws``, as `BrightnessContrast`, then steps marked
+        ``per_sample``, as `Normalize` and `Cast`, never one that draws or sees a piece or the batch as a whole).
 
         >>> from outcore.transforms import BrightnessContrast, Compose, Normalize, RandomCrop
-        >>> Recipe.of(["images"], (), ["images"], Compose([RandomCrop(8), Normalize()])).joinable
+        >>> Recipe.of(["images"], (), ["images"], Compose([RandomCrop(8), BrightnessContrast(), Normalize()])).joinable
         True
-        >>> Recipe.of(["images"], (), ["images"], Compose([RandomCrop(8), BrightnessContrast()])).joinable
+        >>> class Mine(BrightnessContrast): ...
+        >>> Recipe.of(["images"], (), ["images"], Compose([RandomCrop(8), Mine()])).joinable
         False
         """
-        return (not self.ragged_fields and self.per_piece is None and getattr(self.crop, "targets", None) is None
+        return (not self.ragged_fields and getattr(self.crop, "targets", None) is None
+                and all(vars(type(step)).get("sample_draws") for step in steps(self.per_piece))
                 and all(getattr(step, "per_sample", False) for step in steps(self.after)))
 
 
