@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from support.calls import python_calls
 
 import outcore
-from outcore.imaging import native
+from outcore.imaging import center_crop_box, native
 from outcore.imaging.windows import copy_samples
 from outcore.iterate import batch as batch_module
 from outcore.iterate import gather
@@ -246,6 +246,28 @@ def test_brightness_drawn_by_each_piece_is_applied_to_the_batch_at_once_with_the
     assert len(batches) == len(expected) == 8
     for made, wanted in zip(batches, expected, strict=True):
         np.testing.assert_array_equal(made["images"], wanted["images"])
+
+
+class OwnCenter(CenterCrop):
+    """A user's class made from `CenterCrop`: its boxes found piece by piece, its flip's drawn by a generator a piece."""
+
+
+@pytest.mark.parametrize("transform, own", [
+    (CenterCrop(20), OwnCenter(20)), (Compose([CenterCrop(24), RandomFlip(vertical=True)]),
+                                      Compose([OwnCenter(24), RandomFlip(vertical=True)])),
+    (Compose([CenterCrop(20, resize=26), RandomFlip(), Normalize(0.5, 0.2)]),
+     Compose([OwnCenter(20, resize=26), RandomFlip(), Normalize(0.5, 0.2)]))], ids=["alone", "flip", "resize"])
+def test_a_centre_crop_and_its_flip_drawn_for_all_pieces_at_once_cut_the_pixels_drawn_piece_by_piece(photos, transform,
+                                                                                                      own):
+    for pieces in (1, 3):
+        fused = _batch(photos["pixels"], transform, 200, pieces=pieces)
+        alone = _batch(photos["pixels"], own, 200, pieces=pieces)
+        np.testing.assert_array_equal(fused["images"], alone["images"])
+    sizes = np.array([[32, 40], [50, 20], [32, 40], [64, 64]])
+    for crop in (CenterCrop(16), CenterCrop(16, resize=20)):
+        expected = [center_crop_box(height, width, (16, 16), crop.resize) for height, width in sizes.tolist()]
+        np.testing.assert_array_equal(crop.boxes(sizes, None), np.array(expected, np.float64))
+    assert CenterCrop(48).boxes_of_pieces(sizes, ((4, (1, 2, 3, 4)),), None) is None  # too small: named piece by piece
 
 
 class HalfPixelCrop(RandomCrop):

@@ -257,10 +257,33 @@ class CenterCrop:
     def output_size(self) -> tuple[int, int]:
         return _pair(self.size)
 
-    def boxes(self, sizes: Sequence[tuple[int, int]], rng: np.random.Generator) -> list[Box]:
+    def boxes(self, sizes: Sequence[tuple[int, int]] | np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
         """The central box of each image of ``(height, width)`` in ``sizes`` (an encoded field's are cut
-        while decoding)."""
-        return [center_crop_box(height, width, self.output_size, self.resize) for height, width in _sizes(sizes)]
+        while decoding), (n, 4) float64: found once for each size (a batch's pictures are of a few)."""
+        pairs = np.asarray(sizes, np.int64).reshape(-1, 2)
+        if _one_size(pairs):
+            found = np.array([center_crop_box(*pairs[0].tolist(), self.output_size, self.resize)] if len(pairs) else
+                             np.empty((0, 4)), np.float64)
+            return np.broadcast_to(found, (len(pairs), 4))
+        each, where = np.unique(pairs, axis=0, return_inverse=True)
+        found = [center_crop_box(height, width, self.output_size, self.resize) for height, width in each.tolist()]
+        return np.array(found, np.float64)[where.reshape(-1)]
+
+    def boxes_of_pieces(self, sizes: np.ndarray, pieces: Draws, flip: object) -> tuple[np.ndarray, np.ndarray] | None:
+        """The boxes of a batch's images of ``sizes`` (it draws nothing) and ``flip``'s mirrors, each piece's drawn
+        as its generator draws them in `RandomFlip.draw` (`outcore.seeds.crops_and_flips`: a window of one place
+        draws nothing), in one call; None for a flip of another kind, a picture too small for it (named where the
+        boxes are drawn piece by piece), or without the C extension."""
+        if type(self) is not CenterCrop or not _plain_flip(flip):
+            return None
+        try:
+            boxes = np.ascontiguousarray(self.boxes(sizes, None))
+        except OptionError:  # a picture too small: found again piece by piece, and named
+            return None
+        if flip is None:
+            return boxes, np.zeros((len(boxes), 2), np.uint8)
+        drawn = crops_and_flips(TRANSFORM_DOMAIN, pieces, (1, 1), *_mirrors(flip), window=self.output_size)
+        return None if drawn is None else (boxes, drawn[1])
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
@@ -313,11 +336,6 @@ class ScaleJitter:
         windows = self.boxes(np.tile(images.shape[1:3], (len(images), 1)), rng)
         flips = np.zeros((len(images), 2), bool)
         return _moved(batch, self.field, move_pictures(images, windows, self.output_size, flips), self.targets, windows)
-
-
-def _sizes(sizes: Sequence[tuple[int, int]] | np.ndarray) -> list[list[int]]:
-    """(height, width) pairs as Python ints (the box rules' arithmetic is Python's, per picture)."""
-    return np.asarray(sizes, np.int64).reshape(-1, 2).tolist()
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
