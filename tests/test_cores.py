@@ -23,8 +23,8 @@ import outcore
 from outcore.imaging import center_crop_box, native
 from outcore.imaging.windows import copy_samples
 from outcore.iterate import batch as batch_module
-from outcore.iterate import gather
-from outcore.iterate.batch import Recipe, make_batch, steps, transform_generator
+from outcore.iterate import gather, readers
+from outcore.iterate.batch import Recipe, WholePictures, make_batch, steps, transform_generator
 from outcore.iterate.readers import chunk_readers
 from outcore.iterate.targets import Targets
 from outcore.measure import gil_free_clock
@@ -207,12 +207,15 @@ def test_a_flip_opening_the_transform_of_pixels_mirrors_them_as_they_are_copied_
                          pixel_sizes={"images": (32, 32)}).crop
 
 
-def test_batches_with_a_flip_mirrored_as_they_are_copied_are_those_of_the_flip_run_by_itself(photos):
-    pixels = photos["pixels"]
+@pytest.mark.parametrize("kind", ["pixels", "encoded"])
+def test_batches_with_a_flip_mirrored_as_they_are_copied_are_those_of_the_flip_run_by_itself(photos, kind):
+    # pixels mirrored as they are copied out of their chunks; JPEGs decoded to one size, as they are decoded
+    pictures = photos[kind]
+    assert readers.recipe(pictures, ["images"], RandomFlip()).crop == WholePictures("images", (32, 32))
     for transform, own in ((RandomFlip(), OwnFlip()), (Compose([RandomFlip(), Normalize(0.5, 0.2)]),
                                                          Compose([OwnFlip(), Normalize(0.5, 0.2)]))):
-        fused = list(pixels.batches(64, seed=3, transform=transform))
-        alone = list(pixels.batches(64, seed=3, transform=own))
+        fused = list(pictures.batches(64, seed=3, transform=transform))
+        alone = list(pictures.batches(64, seed=3, transform=own))
         assert len(fused) == len(alone) == 8
         for made, expected in zip(fused, alone, strict=True):
             np.testing.assert_array_equal(made["images"], expected["images"])

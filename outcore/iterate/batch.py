@@ -59,10 +59,11 @@ class Flip(Protocol):
 
 @dataclass(frozen=True)
 class WholePictures:
-    """The `Crop` of a transform that opens with a plain `RandomFlip` (its own class, no targets) of a pixel field
-    of pictures of ``size``: every box the whole picture, drawn from nothing, so that the flip's mirrors are drawn as
-    the flip draws them and each picture is mirrored as it is copied out of its chunk (`Recipe.of`), where the flip
-    alone copied the batch again, a piece at a time, and the pieces were joined once more.
+    """The `Crop` of a transform that opens with a plain `RandomFlip` (its own class, no targets) of a picture field
+    of pictures of ``size`` (pixels, or encoded pictures decoded to one size): every box the whole picture, drawn from
+    nothing, so that the flip's mirrors are drawn as the flip draws them and each picture is mirrored as it is copied
+    out of its chunk, or decoded (`Recipe.of`), where the flip alone copied the batch again, a piece at a time, and
+    the pieces were joined once more.
 
     >>> WholePictures("images", (4, 6)).boxes([(4, 6)] * 2, None).tolist()
     [[0.0, 0.0, 4.0, 6.0], [0.0, 0.0, 4.0, 6.0]]
@@ -103,7 +104,7 @@ def fused_crop(transform: Transform | None, picture_fields: Collection[str]) -> 
 
 
 def _whole_pictures(transform: Transform | None, pixel_sizes: Mapping[str, tuple[int, int]]) -> WholePictures | None:
-    """`WholePictures` of the pixel field a plain `RandomFlip` (its own class says so: ``whole_pictures``; no
+    """`WholePictures` of the picture field a plain `RandomFlip` (its own class says so: ``whole_pictures``; no
     targets) opening ``transform`` mirrors, if it is one of ``pixel_sizes``; else None."""
     parts = steps(transform)
     first = parts[0] if parts else None
@@ -203,9 +204,9 @@ class Recipe:
         """The recipe of ``fields`` with ``transform``; ``picture_fields`` are those a crop may cut while the
         batch is made (encoded pictures, and pixel fields of two axes or more past the sample axis);
         ``ragged_fields`` hold rows and offsets (`outcore.format.ragged`), and so do the encoded fields left
-        undecoded, ``later``; ``pixel_sizes``, the (height, width) of the pixel fields among ``picture_fields``: a
-        plain `RandomFlip` opening the transform of one mirrors its pictures as they are copied
-        (`WholePictures`).
+        undecoded, ``later``; ``pixel_sizes``, the (height, width) of the fields among ``picture_fields`` whose
+        pictures are all of one size (pixels, and encoded pictures decoded to one size): a plain `RandomFlip` opening
+        the transform of one mirrors its pictures as they are copied or decoded (`WholePictures`).
 
         >>> from outcore.transforms import Compose, Normalize, RandomFlip
         >>> recipe = Recipe.of(["images"], (), ["images"], Compose([RandomFlip(), Normalize()]),

@@ -78,7 +78,8 @@ def recipe(store: Store, fields: Sequence[str], transform: Transform | None, dec
     pictures = [name for name in fields if not (store.info(name).is_text or store.info(name).is_ragged
                                                 or store.info(name).is_raster) and len(sample_spec(store, name)[0]) >= 2]
     later = undecoded_fields(store, encoded, transform) if decode == "later" else ()
-    pixel_sizes = {name: sample_spec(store, name)[0][:2] for name in pictures if name not in encoded}
+    pixel_sizes = {name: sample_spec(store, name)[0][:2] for name in pictures
+                   if name not in encoded or not store.info(name).decode.variable}
     made = Recipe.of(fields, [name for name in fields if store.info(name).is_text], pictures, transform,
                      [name for name in fields if store.info(name).is_ragged], later, pixel_sizes)
     if later:
