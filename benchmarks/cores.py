@@ -4,6 +4,7 @@
                                [--only scaling,apart,gil,releases,torch,feed,processes,parts] [--processes 1,2]
                                [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
                                [--cases pixels,pixels-each,pixels+flip,pixels+crop,pixels+crop+norm,pixels+rrc,
+                                        pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,pixels+center,encoded+flip,
                                         pixels+crop-torch,encoded,encoded+crop,encoded+crop-torch,rrc,dense,dense-own,
                                         ingest]
                                [--torch-workers 0,2] [--as-cpus 16]
@@ -16,7 +17,10 @@ raster fields), then, for each case (``ds.batches(256, shuffle=True)`` over the 
 each pass over it the next epoch, as Keras and a DataLoader do; ``pixels-each``: ``ds.batches(...)`` made anew
 each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``pixels+flip``: a
 ``RandomFlip`` alone; ``pixels+crop+norm``: crop + flip then ``Normalize`` by ImageNet's means and deviations,
-float32 batches; ``pixels+rrc``: ``RandomResizedCrop(112)`` + flip of the pixels; ``pixels+crop-torch``,
+float32 batches; ``pixels+rrc``: ``RandomResizedCrop(112)`` + flip of the pixels; ``pixels+crop+bc``: crop + flip
+then ``BrightnessContrast()``; ``pixels+crop+half``: ``pixels+crop+norm`` then ``Cast("float16")``;
+``pixels+crop+norm16``: the same by ``Normalize(..., dtype="float16")``; ``pixels+center``: ``CenterCrop(112)``;
+``encoded+flip``: ``RandomFlip()`` alone of the JPEGs; ``pixels+crop-torch``,
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
 loop takes it, in tensors (with PyTorch installed); ``ingest``:
 ``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
@@ -119,6 +123,7 @@ from outcore.threads.pool import Gauge
 from outcore.transforms import (
     BrightnessContrast,
     Cast,
+    CenterCrop,
     Compose,
     Normalize,
     RandomCrop,
@@ -147,7 +152,9 @@ CASES = {  # name: (store, transform)
     "pixels+crop+norm16": ("pixels", Compose([RandomCrop(112), RandomFlip(),
                                               Normalize(IMAGENET_MEAN, IMAGENET_STD, dtype="float16")])),
     "pixels+crop-torch": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
+    "pixels+center": ("pixels", CenterCrop(112)),
     "encoded": ("encoded", None),
+    "encoded+flip": ("encoded", RandomFlip()),
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
     "encoded+crop-torch": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),

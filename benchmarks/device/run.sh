@@ -80,8 +80,8 @@ step processes 90 python3 cores.py --images 6000 --threads 16 --seconds 2 --only
     --cases pixels,encoded+crop --workdir $work/cores
 step feed 75 python3 cores.py --images 6000 --only feed --cases pixels,encoded --seconds 3 --step-ms 5 --held 0.8 \
     --feed-workers 0,process,process4,1,4 --workdir $work/cores
-step cores 300 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --torch-workers 0,4,8,16 \
-    --only scaling,apart,torch --cases pixels,pixels+crop,pixels+crop+norm,pixels+rrc,encoded,encoded+crop,rrc \
+step cores 340 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --torch-workers 0,4,8,16 \
+    --only scaling,apart,torch --cases pixels,pixels+crop,pixels+crop+norm,pixels+rrc,pixels+crop+bc,pixels+crop+norm16,encoded,encoded+crop,rrc \
     --workdir $work/cores
 step pread 45 env OUTCORE_MAP_FILES=0 python3 cores.py --images 6000 --threads 1,8,16 --seconds 2 --only scaling \
     --cases pixels,pixels+crop --workdir $work/cores
