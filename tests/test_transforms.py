@@ -270,6 +270,24 @@ def test_normalize_to_float16_rounds_the_float32_results(mean, std):
         Normalize(dtype="int8")
 
 
+def test_normalize_then_a_cast_to_a_float_is_made_one_normalize_where_the_values_are_the_same():
+    from outcore.iterate.batch import _split_tail
+
+    images = np.random.default_rng(8).integers(0, 256, (300, 5, 4, 3), dtype=np.uint8)
+    for tail, dtype in (([Normalize(0.4, 0.3), Cast("float16")], "float16"),
+                        ([Normalize(0.4, 0.3), Cast("float32")], "float32"),
+                        ([Normalize(0.4, 0.3, dtype="float16"), Cast("float16")], "float16")):
+        made = _split_tail(Compose([RandomFlip(), *tail]))[1]
+        assert made == Normalize(0.4, 0.3, dtype=dtype)
+        steps = Compose(tail)({"images": images}, None)["images"]
+        once = made({"images": images}, None)["images"]
+        assert once.dtype == steps.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(once.view(f"u{once.itemsize}"), steps.view(f"u{steps.itemsize}"))
+    for tail in ([Normalize(0.4, 0.3, dtype="float16"), Cast("float32")], [Normalize(0.4, 0.3), Cast("float16", "x")],
+                 [Normalize(0.4, 0.3), Cast("int8")]):  # widened, another field's, not a float: left as they are
+        assert _split_tail(Compose([RandomFlip(), *tail]))[1] == Compose(tail)
+
+
 @pytest.mark.parametrize("in_c", [True, False])
 @pytest.mark.parametrize("source, target", [("uint8", "float16"), ("uint8", "float32"), ("uint8", "int16"),
                                             ("float32", "float16"), ("float32", "uint8"), ("int64", "int32"),

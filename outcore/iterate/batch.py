@@ -126,12 +126,23 @@ def _split_head(transform: Transform | None, method: str, fields: Collection[str
 
 
 def _split_tail(transform: Transform | None) -> tuple[Transform | None, Transform | None]:
-    """``(head, tail)`` of ``transform``: ``tail`` its last steps with ``random = False`` (None for none)."""
+    """``(head, tail)`` of ``transform``: ``tail`` its last steps with ``random = False`` (None for none), a step
+    whose own class says how to do the next in the same pass (``then``: `Normalize` then `Cast` to float16) made one.
+
+    >>> from outcore.transforms import Cast, Compose, Normalize, RandomFlip
+    >>> _split_tail(Compose([RandomFlip(), Normalize(0.5, 0.2), Cast("float16")]))[1]
+    Normalize(mean=0.5, std=0.2, scale=None, field='images', dtype='float16')
+    """
     parts = steps(transform)
     cut = len(parts)
     while cut and getattr(parts[cut - 1], "random", True) is False:
         cut -= 1
-    return _composed(transform, parts[:cut]), _composed(transform, parts[cut:])
+    tail: list[Any] = []
+    for step in parts[cut:]:
+        then = vars(type(tail[-1])).get("then") if tail else None
+        joined = None if then is None else then(tail[-1], step)
+        tail[-1:] = [joined] if joined is not None else [*tail[-1:], step]
+    return _composed(transform, parts[:cut]), _composed(transform, tail)
 
 
 def check_fields(transform: Transform | None, fields: Collection[str]) -> None:

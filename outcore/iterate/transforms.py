@@ -16,6 +16,7 @@ dtype('float32')
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -417,6 +418,15 @@ class Normalize:
     def __post_init__(self) -> None:
         if np.dtype(self.dtype) not in (np.float32, np.float16):
             raise OptionError(f"Normalize(dtype={self.dtype!r}): float32 or float16 (Cast after it for another dtype)")
+
+    def then(self, step: object) -> Normalize | None:
+        """The `Normalize` that gives what this one then ``step`` give, in one pass, where ``step`` is a `Cast` of its
+        field to float16 or float32 (the same values: the float32 results rounded); else None. A batch's tail is so
+        made one (`outcore.iterate.batch.Recipe`)."""
+        if type(step) is not Cast or step.field != self.field or np.dtype(step.dtype) not in (np.float16, np.float32) \
+                or np.dtype(self.dtype).itemsize < np.dtype(step.dtype).itemsize:  # float16's values widened: not so
+            return None
+        return dataclasses.replace(self, dtype=np.dtype(step.dtype).name)
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
