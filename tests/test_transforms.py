@@ -354,6 +354,8 @@ def test_brightness_contrast_draws_as_before_and_runs_on_the_pool():
     factors = rng.uniform(0.6, 1.4, size=(700, 1, 1, 1)).astype(np.float32).reshape(-1)
     shifts = rng.uniform(-0.3, 0.3, size=(700, 1, 1, 1)).astype(np.float32).reshape(-1) * 255.0
     np.testing.assert_array_equal(out, _adjusted(images, factors, shifts))
+    assert BrightnessContrast()({"images": np.zeros((2, 3, 3), np.float64)}, rng)["images"].dtype == np.float32
+    assert CenterCrop(2).boxes(np.empty((0, 2), np.int64), None).shape == (0, 4)
     floats = images.astype(np.float32) / 255
     got = BrightnessContrast(0.3, 0.4)({"images": floats}, np.random.default_rng(7))["images"]
     mean = floats.mean(axis=(1, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)

@@ -262,9 +262,10 @@ class CenterCrop:
         """The central box of each image of ``(height, width)`` in ``sizes`` (an encoded field's are cut
         while decoding), (n, 4) float64: found once for each size (a batch's pictures are of a few)."""
         pairs = np.asarray(sizes, np.int64).reshape(-1, 2)
+        if not len(pairs):
+            return np.empty((0, 4), np.float64)
         if _one_size(pairs):
-            found = np.array([center_crop_box(*pairs[0].tolist(), self.output_size, self.resize)] if len(pairs) else
-                             np.empty((0, 4)), np.float64)
+            found = np.array([center_crop_box(*pairs[0].tolist(), self.output_size, self.resize)], np.float64)
             return np.broadcast_to(found, (len(pairs), 4))
         each, where = np.unique(pairs, axis=0, return_inverse=True)
         found = [center_crop_box(height, width, self.output_size, self.resize) for height, width in each.tolist()]
@@ -346,9 +347,9 @@ def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
 @dataclass(frozen=True)
 class BrightnessContrast:
     """Scale contrast by a factor in ``1 ± contrast`` and shift brightness by ``± brightness`` of the
-    range, per image; results are clipped to the dtype's range (``[0, 1]`` for floats). By runs of images on the
-    pool's free threads: uint8 images a run in one C call (`outcore.imaging.brightness_contrast`, each picture's mean
-    exact), others with numpy.
+    range, per image; results are clipped to the dtype's range (``[0, 1]`` for floats, given as float32). By runs of
+    images on the pool's free threads: uint8 images a run in one C call (`outcore.imaging.brightness_contrast`, each
+    picture's mean exact), others with numpy.
 
     >>> images = np.array([[[10, 30]]], np.uint8)
     >>> BrightnessContrast(0.1, 0.5)({"images": images}, np.random.default_rng(0))["images"].tolist()
@@ -374,7 +375,7 @@ class BrightnessContrast:
         images = _field(batch, self.field)
         top = float(np.iinfo(images.dtype).max) if images.dtype.kind in "ui" else 1.0
         factors, shifts = drawn[0], drawn[1] * top
-        out = blocks.empty(images.shape, images.dtype)
+        out = blocks.empty(images.shape, images.dtype if images.dtype.kind in "ui" else np.float32)  # floats: float32
         if images.dtype == np.uint8:
 
             def run(start: int, stop: int) -> None:
