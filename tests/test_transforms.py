@@ -253,6 +253,7 @@ def test_table_lookup_maps_through_tables_of_2_and_4_byte_items(in_c, dtype, mon
     table_lookup(values, table, out)
     expected = np.stack([table[values[..., c], c] for c in range(3)], axis=-1)
     np.testing.assert_array_equal(out, expected)
+    table_lookup(values[:0], table, out[:0])  # no values: nothing done
 
 
 @pytest.mark.parametrize("mean, std", [(0.5, 0.25), ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])

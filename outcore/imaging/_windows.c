@@ -681,7 +681,8 @@ static PyObject *py_lookup(PyObject *self, PyObject *args) {
     int fine = (size == 4 || size == 2) && out.len == count * size && k >= 1 && table.len == k * 256 * size &&
                count % k == 0 && PyBuffer_IsContiguous(&values, 'C') && PyBuffer_IsContiguous(&table, 'C') &&
                PyBuffer_IsContiguous(&out, 'C');
-    if (fine) {
+    fine = fine || (count == 0 && out.len == 0); /* no values: nothing to look up */
+    if (fine && count) {
         if (count < ITEMS_HOLD_BELOW) {
             lookup_all(values.buf, count, table.buf, k, size, out.buf);
         } else {
