@@ -267,8 +267,9 @@ def test_normalize_to_float16_rounds_the_float32_results(mean, std):
     half = Normalize(mean, std, dtype="float16")({"images": floats}, None)["images"]
     wide = Normalize(mean, std)({"images": floats}, None)["images"]
     np.testing.assert_array_equal(half.view(np.uint16), wide.astype(np.float16).view(np.uint16))
-    with pytest.raises(outcore.OptionError, match=r"Normalize\(dtype='int8'\): float32 or float16"):
-        Normalize(dtype="int8")
+    for wrong in ("int8", "floaty"):
+        with pytest.raises(outcore.OptionError, match=rf"Normalize\(dtype='{wrong}'\): float32 or float16"):
+            Normalize(dtype=wrong)
 
 
 def test_normalize_then_a_cast_to_a_float_is_made_one_normalize_where_the_values_are_the_same():

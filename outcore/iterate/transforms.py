@@ -417,7 +417,11 @@ class Normalize:
     per_sample: ClassVar[bool] = True  # each sample's result is its own: batches made as one may be cut apart after
 
     def __post_init__(self) -> None:
-        if np.dtype(self.dtype) not in (np.float32, np.float16):
+        try:
+            known = np.dtype(self.dtype) in (np.float32, np.float16)
+        except TypeError:  # not a dtype at all
+            known = False
+        if not known:
             raise OptionError(f"Normalize(dtype={self.dtype!r}): float32 or float16 (Cast after it for another dtype)")
 
     def then(self, step: object) -> Normalize | None:
