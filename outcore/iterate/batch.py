@@ -141,7 +141,10 @@ def _split_tail(transform: Transform | None) -> tuple[Transform | None, Transfor
     for step in parts[cut:]:
         then = vars(type(tail[-1])).get("then") if tail else None
         joined = None if then is None else then(tail[-1], step)
-        tail[-1:] = [joined] if joined is not None else [*tail[-1:], step]
+        if joined is None:
+            tail.append(step)
+        else:
+            tail[-1] = joined
     return _composed(transform, parts[:cut]), _composed(transform, tail)
 
 
@@ -173,6 +176,13 @@ def steps(transform: Transform | None) -> list[Any]:
         return []
     inner = getattr(transform, "transforms", None)
     return [step for part in inner for step in steps(part)] if inner is not None else [transform]
+
+
+def drawn_per_sample(transform: Transform | None) -> bool:
+    """Whether every step of ``transform`` says, in its own class, what it draws for each sample (``sample_draws``,
+    then ``apply_draws``: `BrightnessContrast`): its pieces' draws may then be applied to the joined batch at once, each
+    sample's result its own (none for None)."""
+    return all(vars(type(step)).get("sample_draws") for step in steps(transform))
 
 
 def _composed(like: Transform | None, steps: list[Any]) -> Transform | None:
@@ -256,7 +266,7 @@ class Recipe:
         False
         """
         return (not self.ragged_fields and getattr(self.crop, "targets", None) is None
-                and all(vars(type(step)).get("sample_draws") for step in steps(self.per_piece))
+                and drawn_per_sample(self.per_piece)
                 and all(getattr(step, "per_sample", False) for step in steps(self.after)))
 
 
@@ -296,7 +306,7 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
                          cut)
         batch = targets.move(batch, cut.boxes, cut.size, cut.flips, cut.sizes, made, rasters)
     began = time.perf_counter()
-    if per_piece is not None and all(vars(type(step)).get("sample_draws") for step in steps(per_piece)):
+    if per_piece is not None and drawn_per_sample(per_piece):
         for step in steps(per_piece):  # each sample's result its own: the pieces' draws applied to the batch at once
             drawn = [step.sample_draws(high - low, rng) for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True)]
             batch = step.apply_draws(batch, tuple(np.concatenate(each) for each in zip(*drawn, strict=True)))
