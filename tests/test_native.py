@@ -408,7 +408,8 @@ def test_decode_each_takes_the_files_of_several_chunks_in_one_call():
 
 def _boxes_in(pictures: list[tuple[int, int]], size: tuple[int, int], rng: np.random.Generator) -> list[tuple]:
     """A box in each picture, of every kind: whole pixels and fractions, small and large (every DCT scale),
-    and windows of ``size`` past the edges (RandomCrop's padding, cut at its own size)."""
+    windows of ``size`` past the edges (RandomCrop's padding, cut at its own size), boxes larger than the picture
+    (ScaleJitter's window of a picture scaled smaller than it), and boxes with nothing of the picture in them."""
     boxes = []
     for k, (height, width) in enumerate(pictures):
         box_h, box_w = rng.uniform(1, height), rng.uniform(1, width)
@@ -417,6 +418,10 @@ def _boxes_in(pictures: list[tuple[int, int]], size: tuple[int, int], rng: np.ra
             box = (int(box[0]), int(box[1]), max(1, int(box_h)), max(1, int(box_w)))
         if k % 7 == 0:
             box = (-3, width - size[1] + 4, *size)
+        if k % 11 == 0:
+            box = (-rng.uniform(0, 9), rng.uniform(-9, 2), height * rng.uniform(1.1, 3), width * rng.uniform(0.5, 3))
+        if k % 13 == 0:
+            box = (height + 0.5, 0, 10, 10)
         boxes.append(box)
     return boxes
 
@@ -424,7 +429,7 @@ def _boxes_in(pictures: list[tuple[int, int]], size: tuple[int, int], rng: np.ra
 @pytest.mark.parametrize("stored", ["fixed", "own size"])
 @pytest.mark.parametrize("channels", [3, 1])
 def test_boxes_of_a_chunk_cut_together_are_decode_regions_boxes(stored, channels, backend):
-    """cut_rows: the boxes inside plain JPEGs cut together in C (with the extension), the
+    """cut_rows: the boxes of plain JPEGs cut together in C (with the extension), past their edges too, the
     others one by one; each the pixels `decode_region` gives it alone, at every DCT scale, flipped or not."""
     files = _same_size_files(channels)
     blobs = list(files.values())
@@ -452,8 +457,9 @@ def test_boxes_of_a_chunk_cut_together_are_decode_regions_boxes(stored, channels
 
 @built
 def test_crop_each_leaves_what_decode_region_must_do_itself():
-    """Other files, a file of another size than its sample's, a box past the edges, a picture over the
-    pixel limit: left, their rows untouched."""
+    """Other files, a file of another size than its sample's, a box past the edges by less than `ROUNDING` that
+    single precision does not find inside, a picture over the pixel limit: left, their rows untouched. A box past
+    the edges by more is cut (zeros there)."""
     files = _same_size_files(3)
     names = list(files)
     region, ranges = pack_regions(list(files.values()), len(files), 1 << 20)
@@ -466,11 +472,15 @@ def test_crop_each_leaves_what_decode_region_must_do_itself():
     assert sorted(names[k] for k in left) == sorted(name for name in names if name not in PLAIN)
     assert all((out[k] == 7).all() for k in left) and not any((out[k] == 7).all() for k in samples if k not in left)
     plain = names.index("4:2:0")
-    for size, box, why in (((96, 127), (8, 8, 64, 64), "another size"), ((96, 128), (40, 8, 64, 64), "past the edge"),
+    out[0] = 7
+    for size, box, why in (((96, 127), (8, 8, 64, 64), "another size"), ((96, 128), (-1e-7, 8, 64, 64), "rounded off"),
                            ((9500, 9500), (8, 8, 64, 64), "over the pixel limit")):
         left = crop_plain_jpegs([region], [ranges], np.array([0]), np.array([plain]), np.array([size]),
                                 np.array([box], np.float64), out, np.array([0]), np.zeros((1, 2), np.uint8))
-        assert list(left) == [0], why
+        assert list(left) == [0] and (out[0] == 7).all(), why
+    left = crop_plain_jpegs([region], [ranges], np.array([0]), np.array([plain]), np.array([(96, 128)]),
+                            np.array([(40, 8, 64, 64)], np.float64), out, np.array([0]), np.zeros((1, 2), np.uint8))
+    assert list(left) == [] and (out[0, 28:] == 0).all() and (out[0, :28] != 7).any()  # rows 96 on: zeros
 
 
 def test_a_damaged_box_is_an_image_error_naming_the_file(backend):
@@ -521,30 +531,32 @@ def test_resizes_give_the_same_pixels_either_way(backend):
 
 
 @pytest.mark.parametrize("channels", [3, 1, None])
-def test_boxes_of_chunks_of_pixels_resized_together_are_resize_box_s(channels, backend):
-    # one C call for a run's boxes inside their pictures, by resize's filter, mirrored; the others left, as are all
-    # without the extension
-    from outcore.imaging import resize_box, resize_rows
+def test_boxes_of_chunks_of_pixels_resized_together_are_resize_part_s(channels, backend):
+    # one C call for a run's boxes, by resize's filter, mirrored, zeros past the pictures' edges (`resize_part`); all
+    # left without the extension, and a box past the edges by less than ROUNDING that single precision finds outside
+    from outcore.imaging import resize_rows
+    from outcore.iterate.gather import resize_part
 
     rng = np.random.default_rng(5)
     shape = (40, 50) if channels is None else (40, 50, channels)
     chunks = [rng.integers(0, 256, (3, *shape), dtype=np.uint8), rng.integers(0, 256, (2, *shape), dtype=np.uint8)]
     boxes = np.array([[3.25, 1.5, 30.0, 40.25], [0, 0, 40, 50], [8, 9, 12, 16], [-2, 0, 20, 20], [10, 40, 20, 20],
-                      [0.5, 0.25, 39.5, 49.75]])
-    which, local = np.array([1, 0, 0, 1, 0, 1]), np.array([1, 2, 0, 0, 1, 1])
-    rows, flips = np.array([5, 0, 2, 1, 4, 3]), np.array([[1, 0], [0, 1], [1, 1], [0, 0], [1, 0], [0, 0]], np.uint8)
-    out = np.full((6, 12, 16) if channels is None else (6, 12, 16, channels), 7, np.uint8)
+                      [0.5, 0.25, 39.5, 49.75], [-5.5, -3.25, 61.5, 80.0], [40, 0, 5, 5], [-1e-7, 0, 12, 16]])
+    which, local = np.array([1, 0, 0, 1, 0, 1, 0, 1, 0]), np.array([1, 2, 0, 0, 1, 1, 2, 0, 1])
+    rows = np.array([5, 0, 2, 1, 4, 3, 7, 8, 6])
+    flips = np.array([[1, 0], [0, 1], [1, 1], [0, 0], [1, 0], [0, 0], [1, 1], [0, 0], [0, 0]], np.uint8)
+    out = np.full((9, 12, 16) if channels is None else (9, 12, 16, channels), 7, np.uint8)
     left = list(resize_rows(chunks, which, local, boxes, out, rows, flips))
     if backend == "fallback":
-        assert left == list(range(6)) and (out == 7).all()
+        assert left == list(range(9)) and (out == 7).all()
         return
-    assert left == [3, 4]  # past the edges: top -2, right 60
-    for k in (0, 1, 2, 5):
-        picture = chunks[which[k]][local[k]]
-        expected = resize_box(picture[..., None] if channels is None else picture, tuple(boxes[k]), (12, 16),
-                              flip=tuple(flips[k].astype(bool).tolist()))
-        np.testing.assert_array_equal(out[rows[k]], expected[..., 0] if channels is None else expected)
-    assert (out[rows[[3, 4]]] == 7).all()  # left as they were
+    assert left == [8]  # past the top by 1e-7: within ROUNDING, outside in single precision
+    for k in range(8):
+        expected = np.full(out.shape[1:], 9, np.uint8)
+        resize_part(chunks[which[k]][local[k]], tuple(boxes[k]), (12, 16), expected,
+                    tuple(flips[k].astype(bool).tolist()))
+        np.testing.assert_array_equal(out[rows[k]], expected, err_msg=f"box {boxes[k]}")
+    assert (out[rows[7]] == 0).all() and (out[rows[6]] == 0).any() and (out[rows[8]] == 7).all()
 
 
 @pytest.mark.parametrize(("size", "need", "eighths"), [

@@ -250,6 +250,37 @@ static int box_inside(const double *box, double height, double width) {
     return top >= 0 && left >= 0 && bottom <= height && right <= width && bottom > top && right > left;
 }
 
+#define ROUNDING 1e-6 /* crops.py's ROUNDING: how far past a picture's edges a box computed in floating point lies within */
+
+/* Whether a box (top, left, bottom, right) lies within a picture as crops.py's `within` says, up to ROUNDING. */
+static int box_within(const double *box, double height, double width) {
+    return fmin(box[0], box[1]) > -ROUNDING && box[2] < height + ROUNDING && box[3] < width + ROUNDING;
+}
+
+/* The part of a box (top, left, height, width) resized to out_height x out_width that lies inside a picture of
+ * height x width, as crops.py's `box_part` finds it, in the same arithmetic (Python's round is rint's, ties to even):
+ * its edges (top, left, bottom, right) in the picture, and where its output pixels lie in the output mirrored as
+ * flip_x and flip_y say: place = first row, first column, rows, columns. 0 where nothing of it does. */
+static int box_part(const double *box, int height, int width, int out_height, int out_width, int flip_x, int flip_y,
+                    double edges[4], int place[4]) {
+    const double top = box[0], left = box[1], rows = box[2], columns = box[3];
+    const double y0 = 0 > top ? 0 : top, y1 = height < top + rows ? height : top + rows;
+    const double x0 = 0 > left ? 0 : left, x1 = width < left + columns ? width : left + columns;
+    const double r0 = rint((y0 - top) * out_height / rows), r1 = rint((y1 - top) * out_height / rows);
+    const double c0 = rint((x0 - left) * out_width / columns), c1 = rint((x1 - left) * out_width / columns);
+    if (!(y0 < y1 && x0 < x1 && r0 < r1 && c0 < c1))
+        return 0;
+    edges[0] = y0;
+    edges[1] = x0;
+    edges[2] = y0 + (y1 - y0); /* box_edges of the part (y0, x0, y1 - y0, x1 - x0) */
+    edges[3] = x0 + (x1 - x0);
+    place[0] = (int)(flip_y ? out_height - r1 : r0);
+    place[1] = (int)(flip_x ? out_width - c1 : c0);
+    place[2] = (int)(r1 - r0);
+    place[3] = (int)(c1 - c0);
+    return 1;
+}
+
 static inline uint8_t clip8(int32_t value) {
     value >>= PRECISION_BITS;
     return value < 0 ? 0 : value > 255 ? 255 : (uint8_t)value;
@@ -329,14 +360,15 @@ static void columns_pass(const uint8_t *line, size_t bytes, int left, int channe
 }
 
 /* Resize through the taps: `source` (rows of `stride` bytes, `channels` deep, its origin at pixel (top, left)
- * of the axes the taps index) into `out` (rows.size x columns.size x channels, C order), mirrored as asked. */
+ * of the axes the taps index) into `out` (rows.size rows of columns.size x channels bytes, each `out_stride` bytes
+ * after the one before), mirrored as asked. */
 RESIZE_CLONES static int resize(const uint8_t *source, size_t stride, int top, int left, int channels, const Taps *rows,
-                  const Taps *columns, uint8_t *out, int flip_x, int flip_y) {
+                  const Taps *columns, uint8_t *out, size_t out_stride, int flip_x, int flip_y) {
     size_t across = (size_t)columns->size * channels;
     if (taps_copy(rows) && taps_copy(columns)) { /* a plain crop: its pixels copied (58 us, not 91, at 112x112) */
         for (int y = 0; y < rows->size; y++) {
             const uint8_t *line = source + (size_t)(rows->first[y] - top) * stride + (size_t)(columns->first[0] - left) * channels;
-            uint8_t *into = out + (size_t)(flip_y ? rows->size - 1 - y : y) * across;
+            uint8_t *into = out + (size_t)(flip_y ? rows->size - 1 - y : y) * out_stride;
             if (flip_x)
                 mirror_row(line, columns->size, channels, into);
             else
@@ -364,7 +396,7 @@ RESIZE_CLONES static int resize(const uint8_t *source, size_t stride, int top, i
             for (size_t k = 0; k < across; k++)
                 sums[k] += line[k] * weight;
         }
-        uint8_t *into = out + (size_t)(flip_y ? rows->size - 1 - y : y) * across;
+        uint8_t *into = out + (size_t)(flip_y ? rows->size - 1 - y : y) * out_stride;
         for (size_t k = 0; k < across; k++)
             into[k] = clip8(sums[k]);
     }
@@ -440,8 +472,9 @@ static void fail(Work *work, const char *message) {
     longjmp(work->errors.escape, 1);
 }
 
-/* Decode what the resize of `request` reads, then resize it into `out`; 0, or -1 with `message` set. */
-static int crop_resize(const Request *request, uint8_t *out, int flip_x, int flip_y, char *message) {
+/* Decode what the resize of `request` reads, then resize it into `out` (rows `out_stride` bytes apart); 0, or -1 with
+ * `message` set. */
+static int crop_resize(const Request *request, uint8_t *out, size_t out_stride, int flip_x, int flip_y, char *message) {
     Work *const work = calloc(1, sizeof(Work));
     if (work == NULL) {
         snprintf(message, MESSAGE_SIZE, "out of memory");
@@ -500,7 +533,7 @@ static int crop_resize(const Request *request, uint8_t *out, int flip_x, int fli
         lines[i] = pixels + i * stride;
     while ((int)cinfo->output_scanline < bottom) /* the rows below the box are not decoded */
         jpeg_read_scanlines(cinfo, lines + (cinfo->output_scanline - first), bottom - cinfo->output_scanline);
-    int failed = resize(pixels, stride, first, (int)x, request->channels, &work->rows, &work->columns, out,
+    int failed = resize(pixels, stride, first, (int)x, request->channels, &work->rows, &work->columns, out, out_stride,
                         flip_x, flip_y);
     if (failed)
         snprintf(message, MESSAGE_SIZE, "out of memory");
@@ -541,7 +574,8 @@ static PyObject *py_crop_resize(PyObject *self, PyObject *args, PyObject *kwargs
         request.width = (int)out.shape[1];
         request.channels = (int)out.shape[2];
         int failed;
-        FREE_BEGIN failed = crop_resize(&request, out.buf, flip_x, flip_y, message);
+        FREE_BEGIN failed = crop_resize(&request, out.buf, (size_t)request.width * request.channels, flip_x, flip_y,
+                                        message);
         FREE_END if (failed) PyErr_SetString(PyExc_ValueError, message);
         else result = Py_NewRef(Py_None);
     }
@@ -710,20 +744,40 @@ static int decode_all(const Each *each, uint8_t *done) {
     return 0;
 }
 
-/* Crop every box of `each` inside a plain JPEG of its stated size (no EXIF) into its row, as crop_resize does
- * with the scale and box decode_region would choose (plan); done[k] says which. */
+/* Crop every box of `each` of a plain JPEG of its stated size (no EXIF) into its row, as crop_resize does with the
+ * scale and box decode_region would choose (plan); done[k] says which. A box past its picture's edges is zeros there,
+ * the part inside cut as its own box into the output pixels it covers (box_part), as EncodedChunk.decode_region does;
+ * one within ROUNDING of them, but not inside in single precision, is left to it. */
 static void crop_all(const Each *each, uint8_t *done) {
-    size_t bytes = (size_t)each->height * each->width * each->channels;
+    size_t out_stride = (size_t)each->width * each->channels, bytes = out_stride * each->height;
     for (Py_ssize_t k = 0; k < each->count; k++) {
         const double *box = each->boxes + 4 * k;
+        const int file_height = (int)each->sizes[2 * k], file_width = (int)each->sizes[2 * k + 1];
+        const int flip_x = each->flips[2 * k], flip_y = each->flips[2 * k + 1];
         Request request = {.channels = each->channels, .height = each->height, .width = each->width,
                            .box = {box[0], box[1], box[0] + box[2], box[1] + box[3]},
-                           .file_height = (int)each->sizes[2 * k], .file_width = (int)each->sizes[2 * k + 1]};
+                           .file_height = file_height, .file_width = file_width};
+        int place[4] = {0, 0, each->height, each->width};
+        uint8_t *row = each->out + bytes * each->rows[k];
+        done[k] = 0;
+        if (file_height <= 0 || file_width <= 0)
+            continue;
+        if (!box_inside(request.box, file_height, file_width)) {
+            if (box_within(request.box, file_height, file_width))
+                continue;
+            memset(row, 0, bytes);
+            if (!box_part(box, file_height, file_width, each->height, each->width, flip_x, flip_y, request.box,
+                          place)) {
+                done[k] = 1; /* nothing of the picture in it: zeros, the file not read */
+                continue;
+            }
+            request.height = place[2];
+            request.width = place[3];
+        }
         char message[MESSAGE_SIZE];
-        done[k] = request.file_height > 0 && request.file_width > 0 && file_of(each, k, &request.data, &request.size) &&
-                  plain_jpeg(request.data, request.size) &&
-                  crop_resize(&request, each->out + bytes * each->rows[k], each->flips[2 * k], each->flips[2 * k + 1],
-                              message) == 0;
+        done[k] = file_of(each, k, &request.data, &request.size) && plain_jpeg(request.data, request.size) &&
+                  crop_resize(&request, row + out_stride * place[0] + (size_t)each->channels * place[1], out_stride,
+                              flip_x, flip_y, message) == 0;
     }
 }
 
@@ -1070,7 +1124,7 @@ static PyObject *py_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
         FREE_BEGIN failed = taps_plan(&rows, box[0], box[2], (int)source.shape[0], (int)out.shape[0]) ||
                                         taps_plan(&columns, box[1], box[3], (int)source.shape[1], (int)out.shape[1]) ||
                                         resize(source.buf, (size_t)source.shape[1] * channels, 0, 0, channels, &rows,
-                                               &columns, out.buf, flip_x, flip_y);
+                                               &columns, out.buf, (size_t)out.shape[1] * channels, flip_x, flip_y);
         FREE_END taps_free(&rows);
         taps_free(&columns);
         if (failed)
@@ -1097,20 +1151,35 @@ typedef struct {
     int out_height, out_width;
 } Resizes;
 
-/* Every box of `resizes` inside its picture resized into its row; done[k] says which (0: outside, or no memory). */
+/* Every box of `resizes` resized into its row; done[k] says which (0: left to resize.py, which says what is wrong, or
+ * no memory). A box past its picture's edges is zeros there: the part inside resized to the output pixels it covers
+ * (box_part); one within ROUNDING of them, but not inside in single precision, is left. */
 static void resize_all(const Resizes *r, uint8_t *done) {
-    size_t picture = (size_t)r->height * r->width * r->channels;
-    size_t row_bytes = (size_t)r->out_height * r->out_width * r->channels;
+    size_t picture = (size_t)r->height * r->width * r->channels, out_stride = (size_t)r->out_width * r->channels;
+    size_t row_bytes = out_stride * r->out_height;
     for (Py_ssize_t k = 0; k < r->count; k++) {
         const double *box = r->boxes + 4 * k;
         double edges[4] = {box[0], box[1], box[0] + box[2], box[1] + box[3]};
+        int place[4] = {0, 0, r->out_height, r->out_width}, flip_x = r->flips[2 * k], flip_y = r->flips[2 * k + 1];
+        uint8_t *row = r->out + row_bytes * (size_t)r->rows[k];
+        if (!box_inside(edges, (double)r->height, (double)r->width)) {
+            if (box_within(edges, (double)r->height, (double)r->width)) {
+                done[k] = 0;
+                continue;
+            }
+            memset(row, 0, row_bytes);
+            if (!box_part(box, r->height, r->width, r->out_height, r->out_width, flip_x, flip_y, edges, place)) {
+                done[k] = 1; /* nothing of the picture in it: zeros */
+                continue;
+            }
+        }
         Taps rows = {0}, columns = {0};
         done[k] = box_inside(edges, (double)r->height, (double)r->width) &&
-                  taps_plan(&rows, edges[0], edges[2], r->height, r->out_height) == 0 &&
-                  taps_plan(&columns, edges[1], edges[3], r->width, r->out_width) == 0 &&
+                  taps_plan(&rows, edges[0], edges[2], r->height, place[2]) == 0 &&
+                  taps_plan(&columns, edges[1], edges[3], r->width, place[3]) == 0 &&
                   resize(r->chunks[r->which[k]] + picture * (size_t)r->local[k], (size_t)r->width * r->channels, 0, 0,
-                         r->channels, &rows, &columns, r->out + row_bytes * (size_t)r->rows[k], r->flips[2 * k],
-                         r->flips[2 * k + 1]) == 0;
+                         r->channels, &rows, &columns, row + out_stride * place[0] + (size_t)r->channels * place[1],
+                         out_stride, flip_x, flip_y) == 0;
         taps_free(&rows);
         taps_free(&columns);
     }

@@ -250,10 +250,11 @@ def crop_plain_jpegs(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray]
                      samples: np.ndarray, sizes: np.ndarray, boxes: np.ndarray, out: np.ndarray, rows: np.ndarray,
                      flips: np.ndarray) -> Sequence[int]:
     """`decode_region` for many boxes of chunks' files at once, where it crops in C: box ``boxes[k]`` (top,
-    left, height, width; inside the picture) of file ``samples[k]`` of chunk ``which[k]`` (as
-    `decode_plain_jpegs`), a plain JPEG of ``sizes[k]`` (height, width) and the box in its own pixels, resized
-    to the size of ``out``'s rows (uint8, C-contiguous) into ``out[rows[k]]``, mirrored as ``flips[k]``
-    (left-right, top-bottom) says. The same pixels, without the Python a sample around each call.
+    left, height, width) of file ``samples[k]`` of chunk ``which[k]`` (as `decode_plain_jpegs`), a plain JPEG of
+    ``sizes[k]`` (height, width) and the box in its own pixels, resized to the size of ``out``'s rows (uint8,
+    C-contiguous) into ``out[rows[k]]``, mirrored as ``flips[k]`` (left-right, top-bottom) says; a box past the
+    picture's edges is zeros there, as `EncodedChunk.decode_region` cuts it (`box_part`). The same pixels,
+    without the Python a sample around each call.
     Returns the positions ``k`` it left, for `decode_region`: other files (of another size, colour space or
     format, with EXIF, more than `MAX_PIXELS`), damaged ones, and every one without the extension.
 

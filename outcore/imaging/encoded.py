@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import ImageError, SampleDecodeError
 from ..format import ImageDecode
 from ..storage import EncodedBytes, Store, blocks
-from .crops import Box, box_part, inside, within
+from .crops import Box, box_part, within
 from .decode import decode_image, decode_region, plain_jpeg_crops, plain_jpeg_decodes
 
 
@@ -125,8 +125,8 @@ def cut_rows(chunks: Sequence[EncodedChunk], which: np.ndarray, samples: np.ndar
              pictures: np.ndarray, size: tuple[int, int], out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> None:
     """``boxes[k]`` (top, left, height, width) of sample ``samples[k]`` of ``chunks[which[k]]``, a picture of
     ``pictures[k]`` (height, width), resized to ``size`` and mirrored as ``flips[k]`` (left-right, top-bottom)
-    says, into ``out[rows[k]]``, for every ``k``, as `EncodedChunk.decode_region` does: the boxes inside plain
-    JPEGs of their sample's size all at once, in one C call (`crop_plain_jpegs`), any others one by one."""
+    says, into ``out[rows[k]]``, for every ``k``, as `EncodedChunk.decode_region` does: the boxes of plain JPEGs of
+    their sample's size all at once, in one C call (`crop_plain_jpegs`), any others one by one."""
     BoxCuts(chunks, which, samples, boxes, pictures, size, out, rows, flips).run(0, len(samples))
 
 
@@ -151,8 +151,8 @@ class RowDecodes:
 
 
 class BoxCuts:
-    """`cut_rows` of a batch, made ready once for its runs (`run`), as `RowDecodes`: which boxes lie inside their
-    pictures (a run of those alone is one C call on slices), and the C call's arrays."""
+    """`cut_rows` of a batch, made ready once for its runs (`run`), as `RowDecodes`: the C call's arrays (a run is
+    one call on slices of them)."""
 
     def __init__(self, chunks: Sequence[EncodedChunk], which: np.ndarray, samples: np.ndarray, boxes: np.ndarray,
                  pictures: np.ndarray, size: tuple[int, int], out: np.ndarray, rows: np.ndarray,
@@ -164,19 +164,10 @@ class BoxCuts:
         if first.dtype == np.uint8 and (first.decode.variable or first.decode.resize in ("crop", "fit")):
             self.crop = plain_jpeg_crops([chunk.region for chunk in chunks], [chunk.ranges for chunk in chunks], which,
                                          samples, pictures, boxes, out, rows, flips)
-        if self.crop is not None:
-            self.inside = inside(boxes, pictures)  # boxes past the edges are cut one by one
 
     def run(self, start: int, stop: int) -> None:
-        """Rows ``[start, stop)`` cut: the boxes inside plain JPEGs in C, the others one by one."""
-        left: Sequence[int] = range(start, stop)
-        if self.crop is not None:
-            if self.inside[start:stop].all():  # every box of the run inside its picture (a run's few: the GIL kept)
-                left = [start + k for k in self.crop(slice(start, stop))]
-            else:
-                cut = start + np.flatnonzero(self.inside[start:stop])
-                left = sorted([*(start + np.flatnonzero(~self.inside[start:stop])).tolist(),
-                               *cut[list(self.crop(cut))].tolist()])
+        """Rows ``[start, stop)`` cut: the boxes of plain JPEGs in C (past their edges too), the others one by one."""
+        left = range(start, stop) if self.crop is None else [start + k for k in self.crop(slice(start, stop))]
         for k in left:
             self.chunks[self.which[k]].decode_region(int(self.samples[k]), tuple(self.boxes[k].tolist()), self.size,
                                                      self.out[self.rows[k]],

@@ -233,10 +233,11 @@ def resize_rows(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarr
                 out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> Sequence[int]:
     """Box ``boxes[k]`` (top, left, height, width) of picture ``local[k]`` of ``chunks[which[k]]`` resized into
     ``out[rows[k]]`` and mirrored as ``flips[k]`` (left-right, top-bottom) says, as `resize_box` does, for every
-    ``k`` whose box lies inside its picture: in one C call outside the GIL for them all (``resize_each``), where the
-    extension is built and the pictures are uint8 of 1 or 3 channels (or none), the chunks and ``out``
-    C-contiguous. Returns the positions ``k`` it left, for `resize_box` and its edges: every one where C does not
-    take them.
+    ``k``; a box past its picture's edges is zeros there, its part inside (`box_part`) resized to the output pixels
+    it covers. In one C call outside the GIL for them all (``resize_each``), where the extension is built and the
+    pictures are uint8 of 1 or 3 channels (or none), the chunks and ``out`` C-contiguous. Returns the positions
+    ``k`` it left, for the caller to resize one by one: every one where C does not take them, and boxes past the
+    edges by no more than ``crops.ROUNDING`` that single precision does not find inside.
 
     >>> chunks = [np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)]
     >>> out, one = np.zeros((1, 2, 2, 3), np.uint8), np.array([1])
