@@ -149,6 +149,30 @@ def test_a_batch_s_resized_crops_drawn_at_once_are_each_piece_s_generator_s(keys
     _each_piece_drew_so(drawn, "resized_crops_and_flips", pieces, Domain.TRANSFORM, p, axes, crops)
 
 
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 50)), min_size=1, max_size=6),
+       counts=st.lists(st.integers(0, 12), min_size=6, max_size=6),
+       sides=st.lists(st.tuples(st.integers(1, 2000), st.integers(1, 2000)), min_size=72, max_size=72),
+       scale=st.tuples(st.floats(0, 4), st.floats(0, 4)).map(sorted),
+       size=st.tuples(st.integers(1, 1024), st.integers(1, 1024)), p=st.floats(0, 1),
+       axes=st.tuples(st.booleans(), st.booleans()))
+def test_a_batch_s_scale_jitters_drawn_at_once_are_each_piece_s_generator_s(keys, counts, sides, scale, size, p, axes):
+    """`seeds.scale_jitters_and_flips`: each piece's ScaleJitter windows (pictures of their own sizes, scaled smaller
+    and larger than the output), then its mirrors, from a generator made in C: what `ScaleJitter.boxes` and numpy's
+    draws give, piece by piece, to the last bit."""
+    from outcore.transforms import ScaleJitter
+
+    pieces = list(zip(counts, keys))
+    sizes = np.array(sides[: sum(count for count, _ in pieces)], np.int64).reshape(-1, 2)
+    drawn = seeds.scale_jitters_and_flips(Domain.TRANSFORM, pieces, sizes, tuple(scale), size, p, axes)
+
+    def crops(rng, low, high):
+        expected = ScaleJitter(size, tuple(scale)).boxes(sizes[low:high], rng)
+        assert drawn[0].dtype == np.float64 and drawn[0][low:high].tobytes() == expected.tobytes()
+
+    _each_piece_drew_so(drawn, "scale_jitters_and_flips", pieces, Domain.TRANSFORM, p, axes, crops)
+
+
 def _each_piece_drew_so(drawn, call, pieces, domain, p, axes, crops):
     """``drawn`` by the ``_draws`` extension's ``call`` (None without it): piece after piece, what ``crops(rng, low,
     high)`` asserts of its crops, ``rng`` numpy's generator of its key, then its mirrors numpy's draws after them."""
@@ -175,6 +199,10 @@ def test_crops_and_flips_leave_what_the_extension_cannot_draw_to_python():
     sizes = np.array([[0, 5], [4, 4]], np.int64)  # a picture of no rows: random_resized_crop_box says so itself
     assert seeds.resized_crops_and_flips(Domain.TRANSFORM, pieces, sizes, (0.08, 1.0), (0.75, 1.3), 0.5,
                                          (True, False)) is None
+    assert seeds.scale_jitters_and_flips(Domain.TRANSFORM, pieces, sizes, (0.1, 2.0), (8, 8), 0.5, (True, False)) is None
+    for scale in ((2.0, 0.1), (-1.0, 2.0)):  # numpy draws what it is asked: ScaleJitter's draws
+        assert seeds.scale_jitters_and_flips(Domain.TRANSFORM, pieces, sizes + 1, scale, (8, 8), 0.5,
+                                             (True, False)) is None
 
 
 @settings(max_examples=300, deadline=None)

@@ -27,6 +27,7 @@ from outcore.transforms import (
     RandomCrop,
     RandomFlip,
     RandomResizedCrop,
+    ScaleJitter,
 )
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
@@ -485,11 +486,14 @@ def test_a_random_crop_is_cut_while_decoding_with_the_windows_of_the_pixel_store
                                           (RandomCrop(40), RandomFlip(p=0.3, vertical=True)),
                                           (RandomCrop(40, padding=2), RandomFlip()),
                                           (RandomResizedCrop(32, scale=(0.3, 1.0)), RandomFlip()),
-                                          (RandomResizedCrop((24, 40)), None)])
+                                          (RandomResizedCrop((24, 40)), None),
+                                          (ScaleJitter(40, scale=(0.3, 1.6)), RandomFlip()),
+                                          (ScaleJitter((24, 40)), None)])
 def test_a_batch_s_crops_and_flips_drawn_at_once_are_those_drawn_piece_by_piece(both, monkeypatch, crop, flip):
-    """Where nothing after the crop and flip draws, `RandomCrop.boxes_of_pieces` (`RandomResizedCrop`'s) draws the
-    boxes and mirrors of all a batch's pieces in one call (where the C extension is built): the batches are those of
-    each piece's generator drawing them in turn, from a pixel field and while decoding an encoded one."""
+    """Where nothing after the crop and flip draws, `RandomCrop.boxes_of_pieces` (`RandomResizedCrop`'s,
+    `ScaleJitter`'s) draws the boxes and mirrors of all a batch's pieces in one call (where the C extension is built):
+    the batches are those of each piece's generator drawing them in turn, from a pixel field and while decoding an
+    encoded one."""
     from outcore import seeds
 
     drawn_at_once = []

@@ -33,7 +33,14 @@ from ..imaging import (
     table_lookup,
     to_half,
 )
-from ..seeds import crops_and_flips, integers, resized_crop_boxes, resized_crops_and_flips, uniform
+from ..seeds import (
+    crops_and_flips,
+    integers,
+    resized_crop_boxes,
+    resized_crops_and_flips,
+    scale_jitters_and_flips,
+    uniform,
+)
 from ..storage import blocks
 from ..threads import for_each_run
 from .batch import TRANSFORM_DOMAIN, Batch, Draws, Transform, steps
@@ -332,6 +339,13 @@ class ScaleJitter:
         left = np.floor(rng.random(len(sizes)) * (np.maximum(0, scaled_columns - width) + 1))
         sy, sx = rows / scaled_rows, columns / scaled_columns  # picture pixels a scaled pixel
         return np.stack([top * sy, left * sx, height * sy, width * sx], axis=1)
+
+    def boxes_of_pieces(self, sizes: np.ndarray, pieces: Draws, flip: object) -> tuple[np.ndarray, np.ndarray] | None:
+        """The windows of a batch's pictures of ``sizes`` and ``flip``'s mirrors, each piece's drawn as its generator
+        draws them, all in one call (`outcore.seeds.scale_jitters_and_flips`): as `RandomCrop.boxes_of_pieces`."""
+        if type(self) is not ScaleJitter or not _plain_flip(flip):
+            return None
+        return scale_jitters_and_flips(TRANSFORM_DOMAIN, pieces, sizes, self.scale, self.output_size, *_mirrors(flip))
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)

@@ -244,14 +244,44 @@ def resized_crops_and_flips(domain: Domain, pieces: Sequence[tuple[int, Sequence
     ...                                                          (3 / 4, 4 / 3)).tolist()
     True
     """
-    made = _pieces_call("resized_crops_and_flips", pieces)
-    if made is None or not (0 < ratio[0] <= ratio[1] and 0 <= scale[0] <= scale[1]) or (
-            len(sizes) and not 1 <= sizes.min() <= sizes.max() < 2**32):
+    if not 0 < ratio[0] <= ratio[1]:
+        return None
+    return _sized_crops("resized_crops_and_flips", domain, pieces, sizes, scale, ratio, _mirrors(p, axes))
+
+
+def scale_jitters_and_flips(domain: Domain, pieces: Sequence[tuple[int, Sequence[int]]], sizes: np.ndarray,
+                            scale: tuple[float, float], size: tuple[int, int], p: float,
+                            axes: tuple[bool, bool]) -> tuple[np.ndarray, np.ndarray] | None:
+    """`crops_and_flips` for `ScaleJitter`: each piece's windows of ``size`` (height, width) in its pictures' pixels
+    (``sizes``, (n, 2) int64, the pieces one after another), drawn as ``ScaleJitter(size, scale).boxes`` draws them,
+    then its mirrors: ``(boxes, flips)``, (n, 4) float64 and (n, 2) uint8; None where the extension cannot draw them.
+
+    >>> from outcore.transforms import ScaleJitter
+    >>> sizes = np.array([[300, 400], [20, 30]])
+    >>> drawn = scale_jitters_and_flips(Domain.TRANSFORM, [(2, (0, 1, 2, 3))], sizes, (0.1, 2.0), (64, 64), 0.5,
+    ...                                 (True, False))
+    >>> rng = generator(Domain.TRANSFORM, 0, 1, 2, 3)
+    >>> drawn is None or drawn[0].tolist() == ScaleJitter(64, (0.1, 2.0)).boxes(sizes, rng).tolist()
+    True
+    """
+    if not (size[0] >= 1 and size[1] >= 1):
+        return None
+    return _sized_crops("scale_jitters_and_flips", domain, pieces, sizes, scale, size, _mirrors(p, axes))
+
+
+def _sized_crops(name: str, domain: Domain, pieces: Sequence[tuple[int, Sequence[int]]], sizes: np.ndarray,
+                 scale: tuple[float, float], second: tuple[float, float],
+                 mirrors: tuple[float, int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The ``_draws`` extension's ``name`` call of the boxes of pictures of ``sizes`` (and their mirrors), each piece's
+    from its own generator: ``(boxes, flips)``; None where it is not built or cannot draw them (keys it cannot take,
+    a scale below 0 or reversed, pictures of no pixels or sides of 2**32 or more), for numpy to draw them instead."""
+    made = _pieces_call(name, pieces)
+    if made is None or not 0 <= scale[0] <= scale[1] or (len(sizes) and not 1 <= sizes.min() <= sizes.max() < 2**32):
         return None
     keys, counts, call = made
     boxes, flips = np.empty((len(sizes), 4), np.float64), np.empty((len(sizes), 2), np.uint8)
     call(keys, int(domain), counts, np.ascontiguousarray(sizes, np.int64), (float(scale[0]), float(scale[1])),
-         (float(ratio[0]), float(ratio[1])), _mirrors(p, axes), boxes, flips)
+         (float(second[0]), float(second[1])), mirrors, boxes, flips)
     return boxes, flips
 
 

@@ -19,7 +19,8 @@
  * for each mirrored axis, as RandomCrop.boxes and RandomFlip.draw draw them; numpy made two objects a generator and
  * parsed each call's arguments, several times the draws' own cost for a piece of 32 pictures. permutation(key,
  * domain, out): the order Generator.permutation gives, from the generator of a key (an epoch plan's windows, a few
- * a batch, each its own).
+ * a batch, each its own). resized_crops_and_flips and scale_jitters_and_flips: as crops_and_flips, RandomResizedCrop's
+ * and ScaleJitter's boxes of each picture's size.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -234,17 +235,47 @@ static int keyed(pcg64_t *generator, const int64_t *key, Py_ssize_t length, uint
 }
 
 /* What each picture of a piece has its crop draw, as a box (top, left, height, width) of float64 in `out`: a window
- * (`sizes` NULL: every top, then every left, integers(0, highs), less the padding `pad`, of the `window`'s size), or a
- * resized box of its picture's size (resized_crop_box). */
+ * (WINDOWS: every top, then every left, integers(0, highs), less the padding `pad`, of the `window`'s size), a resized
+ * box of its picture's size (RESIZED: resized_crop_box), or ScaleJitter's window of the `window`'s size in its
+ * picture's pixels (JITTER: scale_jitter_boxes). */
 typedef struct {
+    enum { WINDOWS, RESIZED, JITTER } kind;
     long long highs[2];
     double pad, window[2];
     const int64_t *sizes;
     double scale[2], ratio[2];
 } crops_t;
 
+/* ScaleJitter.boxes of `count` pictures of `size` (height, width) resized by a random factor in `scale` of the one
+ * that fits them in `output` (height, width), then cut to a window of the output's size at a random place: every
+ * factor (Generator.uniform), then every top, then every left (Generator.random), in numpy's arithmetic, step by
+ * step as ScaleJitter.boxes does it on arrays (np.round is rint, ties to even). `out` holds the scaled sides between
+ * the passes. */
+static void scale_jitter_boxes(bitgen_t *bits, const int64_t *size, int64_t count, const double scale[2],
+                               const double output[2], double *out) {
+    const double height = output[0], width = output[1], range = scale[1] - scale[0];
+    for (int64_t k = 0; k < count; k++)
+        out[4 * k + 2] = scale[0] + range * bits->next_double(bits->state);
+    for (int64_t k = 0; k < count; k++) {
+        const double rows = (double)size[2 * k], columns = (double)size[2 * k + 1];
+        const double factor = out[4 * k + 2] * fmin(height / rows, width / columns);
+        out[4 * k + 2] = fmax(1, rint(rows * factor));
+        out[4 * k + 3] = fmax(1, rint(columns * factor));
+    }
+    for (int side = 0; side < 2; side++)
+        for (int64_t k = 0; k < count; k++)
+            out[4 * k + side] = floor(bits->next_double(bits->state) * (fmax(0, out[4 * k + 2 + side] - output[side]) + 1));
+    for (int64_t k = 0; k < count; k++) {
+        const double sy = (double)size[2 * k] / out[4 * k + 2], sx = (double)size[2 * k + 1] / out[4 * k + 3];
+        out[4 * k] *= sy;
+        out[4 * k + 1] *= sx;
+        out[4 * k + 2] = height * sy;
+        out[4 * k + 3] = width * sx;
+    }
+}
+
 static void draw_crops(bitgen_t *bits, const crops_t *crops, Py_ssize_t first, int64_t count, double *out) {
-    if (crops->sizes == NULL) {
+    if (crops->kind == WINDOWS) {
         for (int side = 0; side < 2; side++)
             for (int64_t k = 0; k < count; k++)
                 out[4 * k + side] = (double)bounded(bits, crops->highs[side]) - crops->pad;
@@ -255,6 +286,10 @@ static void draw_crops(bitgen_t *bits, const crops_t *crops, Py_ssize_t first, i
         return;
     }
     const int64_t *size = crops->sizes + 2 * first;
+    if (crops->kind == JITTER) {
+        scale_jitter_boxes(bits, size, count, crops->scale, crops->window, out);
+        return;
+    }
     int64_t box[4];
     for (int64_t k = 0; k < count; k++) {
         resized_crop_box(bits, size[2 * k], size[2 * k + 1], crops->scale, crops->ratio, box);
@@ -304,7 +339,7 @@ static int within_32_bits(long long high) { return high >= 1 && high - 1 < (long
 static PyObject *py_crops_and_flips(PyObject *self, PyObject *args) {
     Py_buffer keys, counts, boxes, flips;
     unsigned long long domain;
-    crops_t crops = {{0, 0}, 0, {0, 0}, NULL, {0, 0}, {0, 0}};
+    crops_t crops = {.kind = WINDOWS};
     double p;
     int axes;
     if (!PyArg_ParseTuple(args, "y*Ky*(LL)(dd)d(di)w*w*:crops_and_flips", &keys, &domain, &counts, &crops.highs[0],
@@ -324,20 +359,22 @@ static PyObject *py_crops_and_flips(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_resized_crops_and_flips(PyObject *self, PyObject *args) {
+/* The boxes of a kind drawn from each picture's size (RESIZED, JITTER), then the mirrors, of each piece:
+ * resized_crops_and_flips (scale, ratio) and scale_jitters_and_flips (scale, the output's size); `need` says what
+ * the arguments must be. */
+static PyObject *sized_crops_and_flips(PyObject *args, int kind, const char *format, const char *need) {
     Py_buffer keys, counts, sizes, boxes, flips;
     unsigned long long domain;
-    crops_t crops = {{0, 0}, 0, {0, 0}, NULL, {0, 0}, {0, 0}};
-    double p;
+    crops_t crops = {.kind = kind};
+    double p, *second = kind == JITTER ? crops.window : crops.ratio;
     int axes;
-    if (!PyArg_ParseTuple(args, "y*Ky*y*(dd)(dd)(di)w*w*:resized_crops_and_flips", &keys, &domain, &counts, &sizes,
-                          &crops.scale[0], &crops.scale[1], &crops.ratio[0], &crops.ratio[1], &p, &axes, &boxes,
-                          &flips))
+    if (!PyArg_ParseTuple(args, format, &keys, &domain, &counts, &sizes, &crops.scale[0], &crops.scale[1], &second[0],
+                          &second[1], &p, &axes, &boxes, &flips))
         return NULL;
     crops.sizes = sizes.buf;
     const Py_ssize_t pictures = sizes.len / (Py_ssize_t)(2 * sizeof(int64_t));
     int fine = sizes.len % (Py_ssize_t)(2 * sizeof(int64_t)) == 0 && boxes.len == pictures * 4 * (Py_ssize_t)sizeof(double)
-               && crops.ratio[0] > 0 && crops.ratio[1] > 0 && crops.scale[0] >= 0 && crops.scale[1] >= 0;
+               && second[0] > 0 && second[1] > 0 && crops.scale[0] >= 0 && crops.scale[1] >= 0;
     for (Py_ssize_t i = 0; fine && i < 2 * pictures; i++)
         fine = crops.sizes[i] >= 1 && crops.sizes[i] <= UINT32_MAX;
     fine = fine && draw_pieces(&keys, domain, &counts, &crops, p, axes, &boxes, &flips);
@@ -347,12 +384,24 @@ static PyObject *py_resized_crops_and_flips(PyObject *self, PyObject *args) {
     PyBuffer_Release(&boxes);
     PyBuffer_Release(&flips);
     if (!fine) {
-        PyErr_SetString(PyExc_ValueError, "need int64 keys (pieces, n) of 0 or more, int64 counts (pieces) adding up to "
-                                          "the int64 sizes (n, 2) of 1 to 2**32, positive ratios, scales of 0 or more, "
-                                          "axes of 0 to 3, a float64 boxes (n, 4), uint8 flips (n, 2)");
+        PyErr_SetString(PyExc_ValueError, need);
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *py_resized_crops_and_flips(PyObject *self, PyObject *args) {
+    return sized_crops_and_flips(args, RESIZED, "y*Ky*y*(dd)(dd)(di)w*w*:resized_crops_and_flips",
+                                 "need int64 keys (pieces, n) of 0 or more, int64 counts (pieces) adding up to the int64 "
+                                 "sizes (n, 2) of 1 to 2**32, positive ratios, scales of 0 or more, axes of 0 to 3, a "
+                                 "float64 boxes (n, 4), uint8 flips (n, 2)");
+}
+
+static PyObject *py_scale_jitters_and_flips(PyObject *self, PyObject *args) {
+    return sized_crops_and_flips(args, JITTER, "y*Ky*y*(dd)(dd)(di)w*w*:scale_jitters_and_flips",
+                                 "need int64 keys (pieces, n) of 0 or more, int64 counts (pieces) adding up to the int64 "
+                                 "sizes (n, 2) of 1 to 2**32, scales of 0 or more, a positive output size, axes of 0 to "
+                                 "3, a float64 boxes (n, 4), uint8 flips (n, 2)");
 }
 /* numpy's random_interval: a number in [0, most] by masked rejection, on 32-bit draws for `most` below 2**32. */
 static uint64_t interval(pcg64_t *generator, uint64_t most) {
@@ -542,6 +591,10 @@ static PyMethodDef methods[] = {
     {"resized_crops_and_flips", py_resized_crops_and_flips, METH_VARARGS,
      "resized_crops_and_flips(keys, domain, counts, sizes, scale, ratio, flip, boxes, flips)\n--\n\nEach piece's "
      "RandomResizedCrop\nboxes of its pictures' sizes into the float64 boxes, then its mirrors, as crops_and_flips."},
+    {"scale_jitters_and_flips", py_scale_jitters_and_flips, METH_VARARGS,
+     "scale_jitters_and_flips(keys, domain, counts, sizes, scale, size, flip, boxes, flips)\n--\n\nEach piece's "
+     "ScaleJitter\nwindows of the output size in its pictures' pixels into the float64 boxes, then its mirrors, as\n"
+     "crops_and_flips."},
     {"window", py_window, METH_VARARGS,
      "window(key, slot_domain, window_domain, w, low, first, sizes, deals, ends, mixed, local, owner)\n--\n\n"
      "StreamPlan's window w: its "
