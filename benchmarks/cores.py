@@ -4,8 +4,9 @@
                                [--only scaling,apart,gil,releases,torch,feed,processes,parts] [--processes 1,2]
                                [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
                                [--cases pixels,pixels-each,pixels+flip,pixels+crop,pixels+crop+norm,pixels+rrc,
-                                        pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,pixels+center,encoded+flip,
-                                        pixels+crop-torch,encoded,encoded+crop,encoded+crop-torch,rrc,dense,dense-own,
+                                        pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,pixels+center,pixels+jitter,
+                                        encoded+flip,
+                                        pixels+crop-torch,encoded,encoded+crop,encoded+jitter,encoded+crop-torch,rrc,dense,dense-own,
                                         ingest]
                                [--torch-workers 0,2] [--as-cpus 16]
 
@@ -20,6 +21,7 @@ each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop do
 float32 batches; ``pixels+rrc``: ``RandomResizedCrop(112)`` + flip of the pixels; ``pixels+crop+bc``: crop + flip
 then ``BrightnessContrast()``; ``pixels+crop+half``: ``pixels+crop+norm`` then ``Cast("float16")``;
 ``pixels+crop+norm16``: the same by ``Normalize(..., dtype="float16")``; ``pixels+center``: ``CenterCrop(112)``;
+``pixels+jitter``, ``encoded+jitter``: ``ScaleJitter(112, scale=(0.5, 1.5))`` + flip of the pixels, of the JPEGs;
 ``encoded+flip``: ``RandomFlip()`` alone of the JPEGs; ``pixels+crop-torch``,
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
 loop takes it, in tensors (with PyTorch installed); ``ingest``:
@@ -129,6 +131,7 @@ from outcore.transforms import (
     RandomCrop,
     RandomFlip,
     RandomResizedCrop,
+    ScaleJitter,
 )
 
 BATCH = 256
@@ -153,9 +156,11 @@ CASES = {  # name: (store, transform)
                                               Normalize(IMAGENET_MEAN, IMAGENET_STD, dtype="float16")])),
     "pixels+crop-torch": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
     "pixels+center": ("pixels", CenterCrop(112)),
+    "pixels+jitter": ("pixels", Compose([ScaleJitter(112, scale=(0.5, 1.5)), RandomFlip()])),
     "encoded": ("encoded", None),
     "encoded+flip": ("encoded", RandomFlip()),
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
+    "encoded+jitter": ("encoded", Compose([ScaleJitter(112, scale=(0.5, 1.5)), RandomFlip()])),
     "encoded+crop-torch": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
     "dense": ("coco", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
