@@ -40,6 +40,7 @@ from .resize import (
     parse_resize,
     resize_box,
     resize_boxes,
+    resize_part,
     resize_rows,
     resize_taps,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "read_image_file",
     "resize_box",
     "resize_boxes",
+    "resize_part",
     "resize_rows",
     "resize_taps",
     "rows_by_chunk",

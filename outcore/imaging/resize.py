@@ -11,9 +11,9 @@ import numpy as np
 from PIL import Image
 
 from ..errors import ImageError, OptionError
-from ..threads import for_each
+from ..threads import for_each_run
 from . import native
-from .crops import Box, box_edges
+from .crops import Box, box_edges, box_part, within
 
 ResizePolicy = Literal["fit", "crop", "pad"] | None
 RESIZE_POLICIES: tuple[ResizePolicy, ...] = ("fit", "crop", "pad", None)
@@ -208,45 +208,55 @@ def resize_box(pixels: np.ndarray, box: Box, size: tuple[int, int], out: np.ndar
     return _resize(pixels, size[0], size[1], box, out, flip)
 
 
-def resize_boxes(images: np.ndarray, boxes: Sequence[Box], size: tuple[int, int],
+def resize_boxes(images: np.ndarray, boxes: Sequence[Box] | np.ndarray, size: tuple[int, int],
                  flips: np.ndarray | None = None) -> np.ndarray:
     """``boxes[i]`` of ``images[i]`` (N, H, W[, C]) resized to ``size``, mirrored as ``flips[i]`` (left-right,
-    top-bottom) says when given, into a new (N, *size[, C]) array.
+    top-bottom) says when given, into a new (N, *size[, C]) array; a box past its picture's edges is zeros there
+    (`resize_part`). In runs on the pool's threads, a run of uint8 pictures' boxes one C call (`resize_rows`).
 
     >>> images = np.arange(2 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4)
     >>> resize_boxes(images, [(0, 0, 2, 2), (2, 2, 2, 2)], (2, 2))[1].tolist()
     [[26, 27], [30, 31]]
     """
-    channels = images[..., None] if images.ndim == 3 else images
-    out = np.empty((len(images), *size, channels.shape[3]), images.dtype)
+    out = np.empty((len(images), *size, *images.shape[3:]), images.dtype)
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    mirrored = np.zeros((len(images), 2), np.uint8) if flips is None else np.asarray(flips, np.uint8).reshape(-1, 2)
+    chunks, every = [np.ascontiguousarray(images)], np.arange(len(images))
 
-    mirrored = np.zeros((len(images), 2), bool) if flips is None else np.asarray(flips, bool).reshape(-1, 2)
+    def run(start: int, stop: int) -> None:
+        resize_rows(chunks, np.zeros(stop - start, np.int64), every[start:stop], boxes[start:stop], out,
+                    every[start:stop], mirrored[start:stop])
 
-    def resize(i: int) -> None:
-        _resize(channels[i], size[0], size[1], boxes[i], out[i], (bool(mirrored[i, 0]), bool(mirrored[i, 1])))
-
-    for_each(resize, len(images))
-    return out[..., 0] if images.ndim == 3 else out
+    for_each_run(run, len(images))
+    return out
 
 
 def resize_rows(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarray, boxes: np.ndarray,
-                out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> Sequence[int]:
+                out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> None:
     """Box ``boxes[k]`` (top, left, height, width) of picture ``local[k]`` of ``chunks[which[k]]`` resized into
-    ``out[rows[k]]`` and mirrored as ``flips[k]`` (left-right, top-bottom) says, as `resize_box` does, for every
-    ``k``; a box past its picture's edges is zeros there, its part inside (`box_part`) resized to the output pixels
-    it covers. In one C call outside the GIL for them all (``resize_each``), where the extension is built and the
-    pictures are uint8 of 1 or 3 channels (or none), the chunks and ``out`` C-contiguous. Returns the positions
-    ``k`` it left, for the caller to resize one by one: every one where C does not take them, and boxes past the
-    edges by no more than ``crops.ROUNDING`` that single precision does not find inside.
+    ``out[rows[k]]`` and mirrored as ``flips[k]`` (left-right, top-bottom) says, as `resize_part` does (zeros past
+    the picture's edges), for every ``k``: in one C call outside the GIL for them all (``resize_each``), where the
+    extension is built and the pictures are uint8 of 1 or 3 channels (or none), the chunks and ``out``
+    C-contiguous; else one by one, as are boxes past the edges by no more than ``crops.ROUNDING`` that single
+    precision does not find inside.
 
     >>> chunks = [np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)]
-    >>> out, one = np.zeros((1, 2, 2, 3), np.uint8), np.array([1])
-    >>> left = resize_rows(chunks, np.array([0]), one, np.array([[0.0, 0.0, 4.0, 4.0]]), out, np.array([0]),
-    ...                    np.zeros((1, 2), np.uint8))
-    >>> expected = resize_box(chunks[0][1], (0, 0, 4, 4), (2, 2))
-    >>> native.extension is None or (list(left) == [] and bool((out[0] == expected).all()))
+    >>> out = np.zeros((1, 2, 2, 3), np.uint8)
+    >>> resize_rows(chunks, np.array([0]), np.array([1]), np.array([[0.0, 0.0, 4.0, 4.0]]), out, np.array([0]),
+    ...             np.zeros((1, 2), np.uint8))
+    >>> bool((out[0] == resize_box(chunks[0][1], (0, 0, 4, 4), (2, 2))).all())
     True
     """
+    for k in _resized_in_c(chunks, which, local, boxes, out, rows, flips):
+        flip = flips[k].astype(bool).tolist()
+        resize_part(chunks[which[k]][local[k]], tuple(boxes[k].tolist()), out.shape[1:3], out[rows[k]],
+                    (flip[0], flip[1]))
+
+
+def _resized_in_c(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarray, boxes: np.ndarray,
+                  out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> Sequence[int]:
+    """`resize_rows` by the C extension's ``resize_each``: the positions ``k`` it left (all where it is not built, or
+    the arrays are not of its kinds)."""
     resize_each = getattr(native.extension, "resize_each", None)  # None: not built (or built before it was)
     pictures = [chunk[..., None] if chunk.ndim == 3 else chunk for chunk in chunks]
     into = out[..., None] if out.ndim == 3 else out
@@ -256,3 +266,24 @@ def resize_rows(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarr
     which, local, rows = (np.ascontiguousarray(values, np.int64) for values in (which, local, rows))
     return resize_each(pictures, which, local, np.ascontiguousarray(boxes, np.float64), into, rows,
                        np.ascontiguousarray(flips, np.uint8))
+
+
+def resize_part(picture: np.ndarray, box: Box, size: tuple[int, int], out: np.ndarray, flip: tuple[bool, bool]) -> None:
+    """``box`` of ``picture`` (h, w[, c]) resized to ``size`` (bilinear, antialiased) and mirrored as ``flip`` says,
+    into ``out``: where the box passes the picture's edges, the part inside it resized to the part of the output it
+    covers (`box_part`), zeros elsewhere.
+
+    >>> out = np.full((2, 4), 9, np.uint8)
+    >>> resize_part(np.full((4, 4), 5, np.uint8), (-4, 0, 8, 4), (2, 4), out, (False, False))
+    >>> out.tolist()
+    [[0, 0, 0, 0], [5, 5, 5, 5]]
+    """
+    pixels = picture.reshape(*picture.shape[:2], -1)
+    if within(box, pixels.shape[:2]):
+        resize_box(pixels, box, size, out.reshape(*size, -1), flip)
+        return
+    out[...] = 0
+    part = box_part(box, pixels.shape[:2], size, flip)
+    if part is not None:
+        inside, part_size, (rows, columns) = part
+        resize_box(pixels, inside, part_size, out[rows, columns].reshape(*part_size, -1), flip)

@@ -22,22 +22,18 @@ import numpy as np
 from ..errors import OptionError
 from ..format import decode_text, offsets_name, undecoded_names
 from ..imaging import (
-    Box,
     BoxCuts,
     EncodedChunk,
     RowDecodes,
-    box_part,
     copy_samples,
     cut_maps,
-    inside,
-    resize_box,
     resize_boxes,
+    resize_part,
     resize_rows,
     rows_by_chunk,
-    within,
 )
 from ..storage import RaggedChunk, blocks
-from ..threads import for_each, for_each_run
+from ..threads import for_each_run
 
 RUN_BYTES = 16 << 20  # a run of copies moves this much at least: each run takes the GIL back and hands a thread work
 # or waits for one, a third to half as long as copying 4 MiB that the caches hold (docs/benchmarks.md, "Figures
@@ -270,20 +266,16 @@ def _window_copies(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: n
 
 
 def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray) -> Callable[[int, int], None]:
-    """Boxes cut while decoding (encoded fields: `cut_rows`) or resized out of their pixels: a run's boxes inside
-    their pictures in one C call (`resize_rows`), the others one by one (`resize_part`)."""
+    """Boxes cut while decoding (encoded fields: `cut_rows`) or resized out of their pixels (`resize_rows`: a run's
+    boxes in one C call)."""
     sources = rows.sources(data, cut.field)
     boxes, flips, sizes = cut.boxes[rows.order], cut.flips[rows.order], cut.sizes[rows.order]
     if isinstance(sources[0], EncodedChunk):
         return BoxCuts(sources, rows.which, rows.local, boxes, sizes, cut.size, out, rows.order, flips).run
 
     def run(start: int, stop: int) -> None:
-        which, local, targets = rows.which[start:stop], rows.local[start:stop], rows.order[start:stop]
-        left = resize_rows(sources, which, local, boxes[start:stop], out, targets, flips[start:stop])
-        for k in left:
-            flip = flips[start + k].astype(bool).tolist()
-            resize_part(sources[which[k]][local[k]], tuple(boxes[start + k].tolist()), cut.size, out[targets[k]],
-                        (flip[0], flip[1]))
+        resize_rows(sources, rows.which[start:stop], rows.local[start:stop], boxes[start:stop], out,
+                    rows.order[start:stop], flips[start:stop])
 
     return run
 
@@ -348,12 +340,9 @@ def move_pictures(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int]
     edges (a padded `RandomCrop`, a `ScaleJitter` smaller than its size)."""
     crops = np.asarray(crops, np.float64).reshape(-1, 4)
     flips = np.asarray(flips, bool).reshape(-1, 2)
-    whole = bool(np.all(crops == np.round(crops)) and np.all(crops[:, 2:] == size))
-    if not whole and inside(crops, np.tile(pictures.shape[1:3], (len(crops), 1))).all():
-        return resize_boxes(pictures, [tuple(box) for box in crops.tolist()], size, flips)
-    if not whole:
-        return _resized_parts(pictures, crops, size, flips)
-    return copy_windows(pictures, crops[:, :2].astype(np.int64), size, flips)
+    if np.all(crops == np.round(crops)) and np.all(crops[:, 2:] == size):
+        return copy_windows(pictures, crops[:, :2].astype(np.int64), size, flips)
+    return resize_boxes(pictures, crops, size, flips)
 
 
 def copy_windows(images: np.ndarray, corners: np.ndarray, size: tuple[int, int],
@@ -370,29 +359,6 @@ def copy_windows(images: np.ndarray, corners: np.ndarray, size: tuple[int, int],
 
     for_each_run(run, len(images), run_length(out))
     return out
-
-
-def _resized_parts(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:
-    """Pictures whose crops pass their edges, each resized by `resize_part`, on the pool's threads."""
-    out = np.zeros((len(pictures), *size, *pictures.shape[3:]), pictures.dtype)
-    for_each(lambda i: resize_part(pictures[i], tuple(crops[i].tolist()), size, out[i],
-                                   (bool(flips[i, 0]), bool(flips[i, 1]))), len(pictures))
-    return out
-
-
-def resize_part(picture: np.ndarray, box: Box, size: tuple[int, int], out: np.ndarray, flip: tuple[bool, bool]) -> None:
-    """``box`` of ``picture`` (h, w[, c]) resized to ``size`` (bilinear, antialiased) and mirrored as ``flip`` says,
-    into ``out``: where the box passes the picture's edges, the part inside it resized to the part of the output it
-    covers (`box_part`), zeros elsewhere."""
-    pixels = picture.reshape(*picture.shape[:2], -1)
-    if within(box, pixels.shape[:2]):
-        resize_box(pixels, box, size, out.reshape(*size, -1), flip)
-        return
-    out[...] = 0
-    part = box_part(box, pixels.shape[:2], size, flip)
-    if part is not None:
-        inside, part_size, (rows, columns) = part
-        resize_box(pixels, inside, part_size, out[rows, columns].reshape(*part_size, -1), flip)
 
 
 def run_length(out: np.ndarray) -> int:
