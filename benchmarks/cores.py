@@ -514,12 +514,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def stages(raw: str) -> Counter:
-    """py-spy's raw output (``frame;frame;... count`` per line, outermost frame first) counted per stage."""
-    counted: Counter = Counter()
-    for line in raw.splitlines():
+def stacks(raw: str) -> Iterator[tuple[list[str], int]]:
+    """py-spy's raw output (``frame;frame;... count`` per line, outermost frame first): each stack's frames and count.
+    Lines are split at newlines alone (a frame py-spy read while it changed may hold other line breaks), and a line
+    not ending in a count is skipped."""
+    for line in raw.split("\n"):
         stack, _, count = line.rpartition(" ")
-        counted[stage(stack.split(";"))] += int(count)
+        if count.isdigit():
+            yield stack.split(";"), int(count)
+
+
+def stages(raw: str) -> Counter:
+    """py-spy's raw output counted per stage."""
+    counted: Counter = Counter()
+    for frames, count in stacks(raw):
+        counted[stage(frames)] += count
     return counted
 
 
@@ -527,11 +536,10 @@ def functions(raw: str) -> Counter:
     """py-spy's raw output counted per function: the innermost outcore frame's (``name (file)``, any line), else
     the innermost frame's."""
     counted: Counter = Counter()
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
+    for stack, count in stacks(raw):
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack]
         ours = [frame for frame in frames if "outcore/" in frame]
-        counted[(ours or frames)[-1]] += int(count)
+        counted[(ours or frames)[-1]] += count
     return counted
 
 

@@ -44,7 +44,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from cores import FUNCTIONS, RATE, bound, functions
+from cores import FUNCTIONS, RATE, bound, functions, stacks
 from imagenet import write_folder
 
 INGEST = """
@@ -122,10 +122,10 @@ def phases(raw: str) -> Counter:
     """py-spy's raw output counted per phase (`PHASE_FRAMES`; ``"other"`` for a stack in none of them, and
     ``"start and exit"`` for one without Python frames: the interpreter's, outside the timed seconds)."""
     counted: Counter = Counter()
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        found = (name for name, frames in PHASE_FRAMES if any(frame in stack for frame in frames))
-        counted[next(found, "other") if stack else "start and exit"] += int(count)
+    for frames, count in stacks(raw):
+        stack = ";".join(frames)
+        found = (name for name, phase_frames in PHASE_FRAMES if any(frame in stack for frame in phase_frames))
+        counted[next(found, "other") if stack else "start and exit"] += count
     return counted
 
 
