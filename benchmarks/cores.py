@@ -4,28 +4,28 @@
                                [--only scaling,apart,gil,releases,torch,feed,processes,parts] [--processes 1,2]
                                [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
                                [--cases pixels,pixels-each,pixels+flip,pixels+crop,pixels+crop+norm,pixels+rrc,
-                                        pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,pixels+center,pixels+jitter,
-                                        encoded+flip,
-                                        pixels+crop-torch,encoded,encoded+crop,encoded+jitter,encoded+crop-torch,rrc,dense,dense-own,
-                                        ingest]
+                                        pixels+then-rrc,pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,
+                                        pixels+center,pixels+jitter,encoded+flip,pixels+crop-torch,encoded,
+                                        encoded+crop,encoded+jitter,encoded+crop-torch,rrc,dense,dense-own,ingest]
                                [--torch-workers 0,2] [--as-cpus 16]
 
-Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo
-crops, an ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`) and a
-COCO-like encoded store of 320x240 photos with instance maps, boxes and keypoints (as many; `dense_targets.make_set`;
-the ``dense`` case crops and flips all of them; ``dense-own`` the same stored at the pictures' own size, its maps
-raster fields), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer work,
-each pass over it the next epoch, as Keras and a DataLoader do; ``pixels-each``: ``ds.batches(...)`` made anew
+Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
+ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`) and a COCO-like
+encoded store of 320x240 photos with instance maps, boxes and keypoints (as many; `dense_targets.make_set`; the
+``dense`` case crops and flips all of them; ``dense-own`` the same stored at the pictures' own size, its maps raster
+fields), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer
+work, each pass over it the next epoch, as Keras and a DataLoader do; ``pixels-each``: ``ds.batches(...)`` made anew
 each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``pixels+flip``: a
 ``RandomFlip`` alone; ``pixels+crop+norm``: crop + flip then ``Normalize`` by ImageNet's means and deviations,
-float32 batches; ``pixels+rrc``: ``RandomResizedCrop(112)`` + flip of the pixels; ``pixels+crop+bc``: crop + flip
-then ``BrightnessContrast()``; ``pixels+crop+half``: ``pixels+crop+norm`` then ``Cast("float16")``;
-``pixels+crop+norm16``: the same by ``Normalize(..., dtype="float16")``; ``pixels+center``: ``CenterCrop(112)``;
-``pixels+jitter``, ``encoded+jitter``: ``ScaleJitter(112, scale=(0.5, 1.5))`` + flip of the pixels, of the JPEGs;
-``encoded+flip``: ``RandomFlip()`` alone of the JPEGs; ``pixels+crop-torch``,
+float32 batches; ``pixels+rrc``: ``RandomResizedCrop(112)`` + flip of the pixels; ``pixels+then-rrc``: the same
+after a user's Python step (`users_step`), so not fused with the batch's making: on each piece of the batch;
+``pixels+crop+bc``: crop + flip then ``BrightnessContrast()``; ``pixels+crop+half``: ``pixels+crop+norm`` then
+``Cast("float16")``; ``pixels+crop+norm16``: the same by ``Normalize(..., dtype="float16")``; ``pixels+center``:
+``CenterCrop(112)``; ``pixels+jitter``, ``encoded+jitter``: ``ScaleJitter(112, scale=(0.5, 1.5))`` + flip of the
+pixels, of the JPEGs; ``encoded+flip``: ``RandomFlip()`` alone of the JPEGs; ``pixels+crop-torch``,
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
-loop takes it, in tensors (with PyTorch installed); ``ingest``:
-``outcore.ingest_images`` of the JPEGs at their own sizes, ``shape=None, images="encoded"``, files/s):
+loop takes it, in tensors (with PyTorch installed); ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
+sizes, ``shape=None, images="encoded"``, files/s):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
   ``--seconds``), the ratio to ``n`` times the one-thread rate, and the GIL share timed: the share of the
@@ -142,6 +142,14 @@ TAKEN = [0]  # batches taken by a process running a case (``--run``), for `relea
 RELEASERS = 12  # the C functions giving up the GIL most, printed per case
 PERF_ATTEMPTS = 4  # perf's attempts at recording a running process (`perf_record`)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def users_step(batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A user's own Python step (it returns the batch as it is): opening a transform, it leaves outcore's crop after it
+    to run on each piece of the batch, as the transform's step, not fused with the batch's making."""
+    return batch
+
+
 CASES = {  # name: (store, transform)
     "pixels": ("pixels", None),
     "pixels-each": ("pixels", None),  # ds.batches made anew each epoch
@@ -149,6 +157,7 @@ CASES = {  # name: (store, transform)
     "pixels+crop": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
     "pixels+crop+norm": ("pixels", Compose([RandomCrop(112), RandomFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)])),
     "pixels+rrc": ("pixels", Compose([RandomResizedCrop(112), RandomFlip()])),
+    "pixels+then-rrc": ("pixels", Compose([users_step, RandomResizedCrop(112), RandomFlip()])),
     "pixels+crop+bc": ("pixels", Compose([RandomCrop(112), RandomFlip(), BrightnessContrast()])),
     "pixels+crop+half": ("pixels", Compose([RandomCrop(112), RandomFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD),
                                             Cast("float16")])),
