@@ -458,8 +458,8 @@ def test_boxes_of_a_chunk_cut_together_are_decode_regions_boxes(stored, channels
 @built
 def test_crop_each_leaves_what_decode_region_must_do_itself():
     """Other files, a file of another size than its sample's, a box past the edges by less than `ROUNDING` that
-    single precision does not find inside, a picture over the pixel limit: left, their rows untouched. A box past
-    the edges by more is cut (zeros there)."""
+    single precision does not find inside, a picture over the pixel limit, a box of no pixels or not of numbers:
+    left, their rows untouched. A box past the edges by more is cut (zeros there)."""
     files = _same_size_files(3)
     names = list(files)
     region, ranges = pack_regions(list(files.values()), len(files), 1 << 20)
@@ -474,7 +474,8 @@ def test_crop_each_leaves_what_decode_region_must_do_itself():
     plain = names.index("4:2:0")
     out[0] = 7
     for size, box, why in (((96, 127), (8, 8, 64, 64), "another size"), ((96, 128), (-1e-7, 8, 64, 64), "rounded off"),
-                           ((9500, 9500), (8, 8, 64, 64), "over the pixel limit")):
+                           ((9500, 9500), (8, 8, 64, 64), "over the pixel limit"), ((96, 128), (90, 8, 0, 64), "no rows"),
+                           ((96, 128), (np.nan, 8, 64, 64), "not a number")):
         left = crop_plain_jpegs([region], [ranges], np.array([0]), np.array([plain]), np.array([size]),
                                 np.array([box], np.float64), out, np.array([0]), np.zeros((1, 2), np.uint8))
         assert list(left) == [0] and (out[0] == 7).all(), why
@@ -554,6 +555,10 @@ def test_boxes_of_chunks_of_pixels_resized_together_are_resize_part_s(channels, 
     resize_rows(chunks, which, local, boxes, out, rows, flips)
     np.testing.assert_array_equal(out, expected)
     assert (out[rows[7]] == 0).all() and (out[rows[6]] == 0).any() and (out[rows[6]] != 0).any()
+    monkeypatch.undo()
+    for box in ([-5, 0, 0, 20], [np.nan, 0, 20, 20]):  # not boxes: refused as resize_part refuses them, not zeros
+        with pytest.raises((ZeroDivisionError, ValueError)):
+            resize_rows(chunks, which[:1], local[:1], np.array([box]), out, rows[:1], flips[:1])
 
 
 @pytest.mark.parametrize(("size", "need", "eighths"), [

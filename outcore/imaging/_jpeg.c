@@ -257,6 +257,12 @@ static int box_within(const double *box, double height, double width) {
     return fmin(box[0], box[1]) > -ROUNDING && box[2] < height + ROUNDING && box[3] < width + ROUNDING;
 }
 
+/* Whether a box (top, left, height, width) is one: finite, of a positive height and width (crops.py refuses
+ * others: they are left to it). */
+static int a_box(const double *box) {
+    return isfinite(box[0]) && isfinite(box[1]) && isfinite(box[2]) && isfinite(box[3]) && box[2] > 0 && box[3] > 0;
+}
+
 /* The part of a box (top, left, height, width) resized to out_height x out_width that lies inside a picture of
  * height x width, as crops.py's `box_part` finds it, in the same arithmetic (Python's round is rint's, ties to even):
  * its edges (top, left, bottom, right) in the picture, and where its output pixels lie in the output mirrored as
@@ -747,7 +753,8 @@ static int decode_all(const Each *each, uint8_t *done) {
 /* Crop every box of `each` of a plain JPEG of its stated size (no EXIF) into its row, as crop_resize does with the
  * scale and box decode_region would choose (plan); done[k] says which. A box past its picture's edges is zeros there,
  * the part inside cut as its own box into the output pixels it covers (box_part), as EncodedChunk.decode_region does;
- * one within ROUNDING of them, but not inside in single precision, is left to it. */
+ * one within ROUNDING of them, but not inside in single precision, is left to it, as is a box of no pixels or of
+ * numbers not finite. */
 static void crop_all(const Each *each, uint8_t *done) {
     size_t out_stride = (size_t)each->width * each->channels, bytes = out_stride * each->height;
     for (Py_ssize_t k = 0; k < each->count; k++) {
@@ -763,7 +770,7 @@ static void crop_all(const Each *each, uint8_t *done) {
         if (file_height <= 0 || file_width <= 0)
             continue;
         if (!box_inside(request.box, file_height, file_width)) {
-            if (box_within(request.box, file_height, file_width))
+            if (box_within(request.box, file_height, file_width) || !a_box(box))
                 continue;
             memset(row, 0, bytes);
             if (!box_part(box, file_height, file_width, each->height, each->width, flip_x, flip_y, request.box,
@@ -1153,7 +1160,8 @@ typedef struct {
 
 /* Every box of `resizes` resized into its row; done[k] says which (0: left to resize.py, which says what is wrong, or
  * no memory). A box past its picture's edges is zeros there: the part inside resized to the output pixels it covers
- * (box_part); one within ROUNDING of them, but not inside in single precision, is left. */
+ * (box_part); one within ROUNDING of them, but not inside in single precision, is left, as is a box of no pixels
+ * or of numbers not finite. */
 static void resize_all(const Resizes *r, uint8_t *done) {
     size_t picture = (size_t)r->height * r->width * r->channels, out_stride = (size_t)r->out_width * r->channels;
     size_t row_bytes = out_stride * r->out_height;
@@ -1163,7 +1171,7 @@ static void resize_all(const Resizes *r, uint8_t *done) {
         int place[4] = {0, 0, r->out_height, r->out_width}, flip_x = r->flips[2 * k], flip_y = r->flips[2 * k + 1];
         uint8_t *row = r->out + row_bytes * (size_t)r->rows[k];
         if (!box_inside(edges, (double)r->height, (double)r->width)) {
-            if (box_within(edges, (double)r->height, (double)r->width)) {
+            if (box_within(edges, (double)r->height, (double)r->width) || !a_box(box)) {
                 done[k] = 0;
                 continue;
             }
