@@ -3,6 +3,7 @@ boxes of a batch (RandomResizedCrop)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
@@ -278,6 +279,9 @@ def resize_part(picture: np.ndarray, box: Box, size: tuple[int, int], out: np.nd
     >>> out.tolist()
     [[0, 0, 0, 0], [5, 5, 5, 5]]
     """
+    if not (math.isfinite(sum(box)) and box[2] > 0 and box[3] > 0):
+        raise OptionError(f"a crop drew the box {tuple(box)} (top, left, height, width): a crop's boxes are of "
+                          "finite numbers, of a positive height and width")
     pixels = picture.reshape(*picture.shape[:2], -1)
     if within(box, pixels.shape[:2]):
         resize_box(pixels, box, size, out.reshape(*size, -1), flip)
