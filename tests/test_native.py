@@ -561,6 +561,29 @@ def test_boxes_of_chunks_of_pixels_resized_together_are_resize_part_s(channels, 
             resize_rows(chunks, which[:1], local[:1], np.array([box]), out, rows[:1], flips[:1])
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "float32"])
+@pytest.mark.parametrize("channels", [3, None])
+def test_a_batch_s_boxes_resized_on_the_pool_are_resize_part_s(dtype, channels, backend):
+    """resize_boxes (a crop applied to a batch, not fused with its making): in runs on the pool, each a C call for uint8
+    pictures, one by one otherwise; every picture's box, inside or past its edges, mirrored or not, as `resize_part`
+    resizes it alone."""
+    from outcore.imaging import resize_boxes, resize_part
+
+    rng = np.random.default_rng(8)
+    shape = (30, 40) if channels is None else (30, 40, channels)
+    images = (rng.random((40, *shape)) * 250).astype(dtype)
+    boxes = np.column_stack([rng.uniform(-12, 20, 40), rng.uniform(-12, 25, 40), rng.uniform(4, 50, 40),
+                             rng.uniform(4, 60, 40)])
+    boxes[::5] = np.round(boxes[::5])
+    flips = rng.integers(0, 2, (40, 2)).astype(np.uint8)
+    out = resize_boxes(images, boxes, (16, 20), flips)
+    assert out.shape == (40, 16, 20, *shape[2:]) and out.dtype == images.dtype
+    for k in range(40):
+        expected = np.full((16, 20, *shape[2:]), 7, images.dtype)
+        resize_part(images[k], tuple(boxes[k].tolist()), (16, 20), expected, tuple(flips[k].astype(bool).tolist()))
+        np.testing.assert_array_equal(out[k], expected, err_msg=f"box {boxes[k]}")
+
+
 @pytest.mark.parametrize(("size", "need", "eighths"), [
     ((375, 500), (47, 63), 1), ((375, 500), (48, 63), 2), ((375, 500), (94, 1), 2), ((375, 500), (95, 1), 4),
     ((375, 500), (188, 250), 4), ((375, 500), (189, 1), 8), ((375, 500), (375, 500), 8), ((7, 500), (1, 1), 8),
