@@ -375,23 +375,6 @@ def test_a_batchs_rows_by_chunk_follow_the_rule_in_c_and_numpy(backend, keys, ch
     assert {part.dtype for part in (rows.order, rows.chunks, rows.which, rows.local)} == {np.dtype(np.int64)}
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # no state
-@given(boxes=st.lists(st.tuples(*[st.floats(-3, 12, allow_nan=False)] * 2, *[st.floats(0, 12, allow_nan=False)] * 2),
-                      max_size=600),
-       size=st.tuples(st.integers(1, 10), st.integers(1, 10)), data=st.data())
-def test_boxes_inside_their_pictures_are_each_box_within_its_picture_in_c_and_numpy(backend, boxes, size, data):
-    """`inside` (a batch's boxes: one C call that keeps the GIL, or numpy's compares) says of each box what `within`
-    says of it, edges rounded off by `ROUNDING` (a box a hair past the edge is inside)."""
-    from outcore.imaging.crops import ROUNDING, inside, within
-
-    near = data.draw(st.lists(st.sampled_from([0.0, ROUNDING / 2, -ROUNDING / 2, 2 * ROUNDING]), min_size=len(boxes),
-                              max_size=len(boxes)))
-    boxes = [(top + hair, left, height, width) for (top, left, height, width), hair in zip(boxes, near, strict=True)]
-    sizes = [size] * len(boxes)
-    got = inside(np.array(boxes, np.float64).reshape(-1, 4), np.array(sizes, np.int64).reshape(-1, 2))
-    assert got.dtype == bool and got.tolist() == [within(box, size) for box in boxes]
-
-
 def test_a_copy_of_a_few_bytes_keeps_the_gil_and_a_large_one_lets_it_go():
     """Letting the GIL go and taking it back costs more than copying a batch's labels: the C extension copies fewer
     than 64 KiB holding it (counted by `gil_free_clock` only where it lets it go)."""

@@ -2,7 +2,7 @@
 generated pictures for demos, tests and benchmarks. Used by ingest and by the read path."""
 
 from ..storage.blocks import LEAD
-from .crops import Box, box_part, center_crop_box, inside, random_resized_crop_box, within
+from .crops import Box, box_part, center_crop_box, random_resized_crop_box, within
 from .decode import (
     IMAGE_DTYPES,
     IMAGE_EXTENSIONS,
@@ -83,7 +83,6 @@ __all__ = [
     "encode_image",
     "fit",
     "fit_label_map",
-    "inside",
     "label_map_dtype",
     "load_image",
     "move_boxes",

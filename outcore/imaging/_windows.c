@@ -606,33 +606,6 @@ static PyObject *py_interleave(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_inside(PyObject *self, PyObject *args) {
-    Py_buffer boxes, sizes, out;
-    double rounding;
-    if (!PyArg_ParseTuple(args, "y*y*dw*:inside", &boxes, &sizes, &rounding, &out))
-        return NULL;
-    const Py_ssize_t count = out.len;
-    const int fine = boxes.len == count * 4 * (Py_ssize_t)sizeof(double) &&
-                     sizes.len == count * 2 * (Py_ssize_t)sizeof(int64_t);
-    if (fine) { /* a few thousand boxes: kept the GIL (numpy's compares of so many would each give it up) */
-        const double *box = boxes.buf;
-        const int64_t *size = sizes.buf;
-        uint8_t *within = out.buf;
-        for (Py_ssize_t k = 0; k < count; k++, box += 4, size += 2) {
-            within[k] = box[0] > -rounding && box[1] > -rounding && box[0] + box[2] < (double)size[0] + rounding &&
-                        box[1] + box[3] < (double)size[1] + rounding;
-        }
-    }
-    PyBuffer_Release(&boxes);
-    PyBuffer_Release(&sizes);
-    PyBuffer_Release(&out);
-    if (!fine) {
-        PyErr_SetString(PyExc_ValueError, "need float64 boxes (n, 4), int64 sizes (n, 2) and a uint8 out (n)");
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
 /* values[i] of `count` through the table (256 rows of k items of ITEM) at column i % k, into out. Written straight
  * into out, through the caches: in a batch's pipeline 1.3x as fast as a block at a time streamed past them
  * (_stream_copy.h). Items of 4 bytes (float32's, int32's) and 2 (float16's bits, int16's) are copied as they are. */
@@ -837,10 +810,6 @@ static PyMethodDef methods[] = {
      "uint8 picture i's values v into out as clip(((v - mean) * factors[i] + mean) + shifts[i], 0, 255), truncated,\n"
      "in float32 (factors and shifts float32, mean the picture's exact mean rounded to float32). The GIL is released\n"
      "for 65,536 values or more."},
-    {"inside", py_inside, METH_VARARGS,
-     "inside(boxes, sizes, rounding, out)\n--\n\n"
-     "out[k] = whether box k (top, left, height, width) lies inside a picture of sizes[k] (height, width), its edges\n"
-     "rounded off by up to rounding. The GIL is kept (a batch's boxes)."},
     FREE_METHOD,
     {NULL, NULL, 0, NULL},
 };

@@ -13,7 +13,6 @@ import math
 import numpy as np
 
 from ..errors import OptionError
-from . import native
 
 Box = tuple[float, float, float, float]  # integers, but for CenterCrop's resize
 
@@ -39,25 +38,6 @@ def within(box: Box, size: tuple[int, int]) -> bool:
     """
     top, left, bottom, right = box_edges(box)
     return min(top, left) > -ROUNDING and bottom < size[0] + ROUNDING and right < size[1] + ROUNDING
-
-
-def inside(boxes: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """`within` for many boxes at once: ``boxes`` (n, 4) in pictures of ``sizes`` (n, 2); in one C call that keeps the
-    GIL where the extension is built (numpy's compares of a batch's boxes would each give it up).
-
-    >>> inside(np.array([[0, 2, 4, 3], [-1, 0, 2, 2]]), np.array([[4, 5], [4, 5]])).tolist()
-    [True, False]
-    """
-    boxes = np.ascontiguousarray(boxes, np.float64).reshape(-1, 4)
-    made = getattr(native.windows, "inside", None)  # None: not built (or built before it was)
-    if made is not None:
-        out = np.empty(len(boxes), np.uint8)
-        made(boxes, np.ascontiguousarray(sizes, np.int64).reshape(-1, 2), ROUNDING, out)
-        return out.view(bool)
-    top, left, height, width = boxes.T
-    rows, columns = np.asarray(sizes).reshape(-1, 2).T
-    return ((top > -ROUNDING) & (left > -ROUNDING) & (top + height < rows + ROUNDING)
-            & (left + width < columns + ROUNDING))
 
 
 def box_part(box: Box, picture: tuple[int, int], size: tuple[int, int],
