@@ -287,6 +287,29 @@ static int box_part(const double *box, int height, int width, int out_height, in
     return 1;
 }
 
+/* Where box (top, left, height, width) of a height x width picture is cut, resized to out_height x out_width and
+ * mirrored as flip_x and flip_y say: 1 with its `edges` (top, left, bottom, right) in the picture and the output
+ * pixels `place` (first row, first column, rows, columns) they are resized to: the whole output for a box inside, the
+ * part inside for one past the picture's edges (box_part), its output `row` of `row_bytes` zeroed first; 0 where
+ * nothing of the picture is in it (the row zeroed: done); -1 where it is left to Python: a box within ROUNDING of
+ * the edges that single precision does not find inside, or not a box (a_box). */
+static int box_cut(const double *box, int height, int width, int out_height, int out_width, int flip_x, int flip_y,
+                   uint8_t *row, size_t row_bytes, double edges[4], int place[4]) {
+    edges[0] = box[0];
+    edges[1] = box[1];
+    edges[2] = box[0] + box[2];
+    edges[3] = box[1] + box[3];
+    place[0] = place[1] = 0;
+    place[2] = out_height;
+    place[3] = out_width;
+    if (box_inside(edges, (double)height, (double)width))
+        return 1;
+    if (box_within(edges, (double)height, (double)width) || !a_box(box))
+        return -1;
+    memset(row, 0, row_bytes);
+    return box_part(box, height, width, out_height, out_width, flip_x, flip_y, edges, place);
+}
+
 static inline uint8_t clip8(int32_t value) {
     value >>= PRECISION_BITS;
     return value < 0 ? 0 : value > 255 ? 255 : (uint8_t)value;
@@ -761,26 +784,18 @@ static void crop_all(const Each *each, uint8_t *done) {
         const double *box = each->boxes + 4 * k;
         const int file_height = (int)each->sizes[2 * k], file_width = (int)each->sizes[2 * k + 1];
         const int flip_x = each->flips[2 * k], flip_y = each->flips[2 * k + 1];
-        Request request = {.channels = each->channels, .height = each->height, .width = each->width,
-                           .box = {box[0], box[1], box[0] + box[2], box[1] + box[3]},
-                           .file_height = file_height, .file_width = file_width};
-        int place[4] = {0, 0, each->height, each->width};
+        Request request = {.channels = each->channels, .file_height = file_height, .file_width = file_width};
+        int place[4];
         uint8_t *row = each->out + bytes * each->rows[k];
-        done[k] = 0;
-        if (file_height <= 0 || file_width <= 0)
+        const int cut = file_height > 0 && file_width > 0
+                            ? box_cut(box, file_height, file_width, each->height, each->width, flip_x, flip_y, row,
+                                      bytes, request.box, place)
+                            : -1;
+        done[k] = cut == 0; /* nothing of the picture in it: zeros, the file not read */
+        if (cut < 1)
             continue;
-        if (!box_inside(request.box, file_height, file_width)) {
-            if (box_within(request.box, file_height, file_width) || !a_box(box))
-                continue;
-            memset(row, 0, bytes);
-            if (!box_part(box, file_height, file_width, each->height, each->width, flip_x, flip_y, request.box,
-                          place)) {
-                done[k] = 1; /* nothing of the picture in it: zeros, the file not read */
-                continue;
-            }
-            request.height = place[2];
-            request.width = place[3];
-        }
+        request.height = place[2];
+        request.width = place[3];
         char message[MESSAGE_SIZE];
         done[k] = file_of(each, k, &request.data, &request.size) && plain_jpeg(request.data, request.size) &&
                   crop_resize(&request, row + out_stride * place[0] + (size_t)each->channels * place[1], out_stride,
@@ -1167,20 +1182,14 @@ static void resize_all(const Resizes *r, uint8_t *done) {
     size_t row_bytes = out_stride * r->out_height;
     for (Py_ssize_t k = 0; k < r->count; k++) {
         const double *box = r->boxes + 4 * k;
-        double edges[4] = {box[0], box[1], box[0] + box[2], box[1] + box[3]};
-        int place[4] = {0, 0, r->out_height, r->out_width}, flip_x = r->flips[2 * k], flip_y = r->flips[2 * k + 1];
+        double edges[4];
+        int place[4], flip_x = r->flips[2 * k], flip_y = r->flips[2 * k + 1];
         uint8_t *row = r->out + row_bytes * (size_t)r->rows[k];
-        if (!box_inside(edges, (double)r->height, (double)r->width)) {
-            if (box_within(edges, (double)r->height, (double)r->width) || !a_box(box)) {
-                done[k] = 0;
-                continue;
-            }
-            memset(row, 0, row_bytes);
-            if (!box_part(box, r->height, r->width, r->out_height, r->out_width, flip_x, flip_y, edges, place)) {
-                done[k] = 1; /* nothing of the picture in it: zeros */
-                continue;
-            }
-        }
+        const int cut = box_cut(box, r->height, r->width, r->out_height, r->out_width, flip_x, flip_y, row, row_bytes,
+                                edges, place);
+        done[k] = cut == 0; /* nothing of the picture in it: zeros */
+        if (cut < 1)
+            continue;
         Taps rows = {0}, columns = {0};
         done[k] = box_inside(edges, (double)r->height, (double)r->width) &&
                   taps_plan(&rows, edges[0], edges[2], r->height, place[2]) == 0 &&
