@@ -544,3 +544,70 @@ def test_plain_crops_of_translucent_pictures_keep_their_colours(translucent, cro
     assert fused[0].shape[1:3] == crop.output_size and fused[0].dtype == translucent["images"].dtype
     for f, u in zip(fused, unfused, strict=True):
         np.testing.assert_array_equal(f, u)
+
+
+def _copied(batch, rng):
+    """A user's step that draws (a label shift) and returns new arrays."""
+    return {**batch, "images": batch["images"].copy(), "labels": batch["labels"] + int(rng.integers(0, 5))}
+
+
+def _as_it_is(batch, rng):
+    """A user's step that returns the batch it was given (views of the batch's arrays)."""
+    return batch
+
+
+def _smaller(batch, rng):
+    """A user's step that cuts each piece's pictures to a size of its own: pieces no longer alike."""
+    rows = int(rng.integers(40, 48))
+    return {**batch, "images": np.ascontiguousarray(batch["images"][:, :rows])}
+
+
+def _fewer(batch, rng):
+    """A user's step that drops a piece's last sample."""
+    return {name: values[: max(1, len(values) - 1)] for name, values in batch.items()}
+
+
+@pytest.mark.parametrize("user", [_copied, _as_it_is, _smaller, _fewer])
+@pytest.mark.parametrize("after", [
+    [RandomCrop(40, padding=3), RandomFlip(vertical=True)],
+    [RandomResizedCrop(32), RandomFlip()],
+    [CenterCrop(30, resize=40), RandomFlip(), BrightnessContrast()],
+    [CenterCrop(30)],
+    [ScaleJitter(40, scale=(0.3, 1.6)), RandomFlip(), BrightnessContrast()],
+    [RandomFlip(p=0.7), RandomResizedCrop((24, 40))],
+    [RandomCrop(40), _as_it_is, RandomResizedCrop(24), RandomFlip()],
+], ids=["crop+flip", "rrc+flip", "center-resize+flip+bc", "center", "jitter+flip+bc", "flip+rrc", "crop+user+rrc"])
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+def test_outcore_steps_after_a_users_step_cut_the_joined_pieces_as_each_piece_alone(user, after, dtype, monkeypatch):
+    """After a user's step, outcore's crops, flips and `BrightnessContrast` draw each piece's numbers from its
+    generator and apply them to the joined pieces at once (one crop call a batch): the batch is the one each piece
+    transformed alone makes, joined; pieces a user's step leaves unlike go on piece by piece."""
+    from outcore.iterate import batch as batches
+
+    rng = np.random.default_rng(5)
+    batch = {"images": rng.integers(0, 256, (20, 48, 48, 3)).astype(dtype), "labels": np.arange(20)}
+    bounds = [0, 7, 8, 15, 20]
+    keys = [(3, 1, 4, k) for k in range(4)]
+    transform = Compose([user, *after])
+
+    def generators():
+        return [batches.transform_generator(key) for key in keys]
+
+    expected = batches.join([transform(batches.piece(batch, low, high), rng) for low, high, rng in
+                             zip(bounds[:-1], bounds[1:], generators(), strict=True)])
+    calls = []
+    for kind in {type(step) for step in after if hasattr(step, "cut_boxes")} | {batches.WholePictures}:
+        monkeypatch.setattr(kind, "cut_boxes", lambda self, *arguments, cut=kind.cut_boxes: calls.append(1)
+                            or cut(self, *arguments))
+    got = batches._transformed(batch, transform, bounds, generators(), (), batches.plain)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name])
+    if user is _as_it_is:  # the pieces left as they were: their batch's arrays taken as they are, not joined again
+        assert got["labels"] is batch["labels"]
+    each, at_once = batches._split_joined(transform)
+    crops = sum(hasattr(type(step), "cut_boxes") for step in batches.steps(each))  # cut piece by piece
+    if user is _smaller and not crops:  # pieces of several sizes: each cut alone
+        assert len(calls) == 4 * (crops + sum(hasattr(type(step), "cut_boxes") for step in at_once))
+    else:  # the joined pieces cut once by each crop and its flip, or flip alone
+        assert len(calls) == 4 * crops + sum(not hasattr(step, "sample_draws") for step, _ in batches._units(at_once))

@@ -14,7 +14,7 @@ from ..format import OFFSETS_SUFFIX, kept_name, offsets_name
 from ..imaging import Box, EncodedChunk
 from ..seeds import Domain, crops_and_flips, generator
 from ..storage import RaggedChunk
-from .gather import ChunkValues, Cut, Empty, Rows, assemble, one_size, picture_sizes, plain
+from .gather import ChunkValues, Cut, Empty, Rows, assemble, move_pictures, one_size, picture_sizes, plain
 from .targets import check_targets
 
 Batch = dict[str, np.ndarray]
@@ -88,6 +88,11 @@ class WholePictures:
             return None
         return crops_and_flips(TRANSFORM_DOMAIN, pieces, (1, 1), flip.p, (flip.horizontal, flip.vertical),
                                window=self.size)
+
+    def cut_boxes(self, pictures: np.ndarray, boxes: np.ndarray, flips: np.ndarray | None = None) -> np.ndarray:
+        """The ``pictures`` (``boxes``: each whole) copied, mirrored as ``flips`` says: a plain `RandomFlip` after a
+        user's step, on the joined batch (`on_joined`)."""
+        return move_pictures(pictures, boxes, self.size, flips)
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         return batch
@@ -306,19 +311,141 @@ def make_batch(recipe: Recipe, samples: np.ndarray, chunk_size: int, keys: np.nd
                          cut)
         batch = targets.move(batch, cut.boxes, cut.size, cut.flips, cut.sizes, made, rasters)
     began = time.perf_counter()
-    if per_piece is not None and drawn_per_sample(per_piece):
-        for step in steps(per_piece):  # each sample's result its own: the pieces' draws applied to the batch at once
-            drawn = [step.sample_draws(high - low, rng) for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True)]
-            batch = step.apply_draws(batch, tuple(np.concatenate(each) for each in zip(*drawn, strict=True)))
-        batch = join([batch], returned, recipe.ragged_fields) if joined and returned is not plain else batch
-    elif per_piece is not None:
-        pieces = [per_piece(piece(batch, low, high, recipe.ragged_fields), rng)
-                  for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True)]
-        batch = join(pieces, returned, recipe.ragged_fields) if joined else pieces[0]
+    if per_piece is not None:
+        batch = _transformed(batch, per_piece, bounds, rngs, recipe.ragged_fields, returned if joined else None)
     batch = batch if after is None else after(batch, None)
     if spent is not None:
         spent(time.perf_counter() - began)
     return batch
+
+
+def _transformed(batch: Batch, per_piece: Transform, bounds: list[int], rngs: list[np.random.Generator],
+                 ragged_fields: Collection[str], into: Empty | None) -> Batch:
+    """``per_piece`` on each piece of ``batch`` (samples ``bounds[i]`` to ``bounds[i + 1]``), each with its generator
+    of ``rngs``, the results joined into arrays made by ``into`` (None: one piece, as the steps make it). Its first
+    steps (a user's own) run on each piece; the steps after them whose own class allows it (`on_joined`) on the pieces
+    joined, each piece's draws made from its generator as the step would draw them on the piece, then applied to the
+    whole batch at once: a crop and its flip cut every piece's boxes by runs on the pool in one call, where each
+    piece's crop, then its flip, copied its pictures, and the pieces were joined after. Pieces that a user's step left
+    unlike (in their fields, or a field's sample shape or dtype) run the steps after it piece by piece too."""
+    each, at_once = _split_joined(per_piece)
+    runs = list(zip(bounds[:-1], bounds[1:], rngs, strict=True))
+    if each is not None:
+        pieces = [each(piece(batch, low, high, ragged_fields), rng) for low, high, rng in runs]
+        joined = _one_batch(pieces, batch, bounds, ragged_fields, at_once[0].field) if at_once else None
+        if joined is None:
+            rest = _composed(per_piece, at_once)
+            pieces = pieces if rest is None else [rest(part, rng) for part, (_, _, rng) in zip(pieces, runs, strict=True)]
+            return pieces[0] if into is None else join(pieces, into, ragged_fields)
+        batch, bounds = joined
+        runs = list(zip(bounds[:-1], bounds[1:], rngs, strict=True))
+    for step, flip in _units(at_once):
+        batch = _drawn_and_applied(batch, step, flip, runs)
+    return batch if into is None or into is plain else join([batch], into, ragged_fields)
+
+
+def on_joined(step: object) -> bool:
+    """Whether ``step``'s own class lets each piece's draws be applied to the joined batch at once, the result as if
+    each piece were transformed alone: it says what it draws for each sample (``sample_draws``, then ``apply_draws``:
+    `BrightnessContrast`), or it is a crop whose call cuts its boxes (``cut_boxes``: `RandomCrop`,
+    `RandomResizedCrop`, `CenterCrop`, `ScaleJitter`) or a plain flip (``whole_pictures``: `RandomFlip`), without
+    targets.
+
+    >>> from outcore.transforms import BrightnessContrast, RandomFlip, RandomResizedCrop, Targets
+    >>> [on_joined(step) for step in (BrightnessContrast(), RandomResizedCrop(8), RandomFlip(targets=Targets()))]
+    [True, True, False]
+    """
+    own = vars(type(step))
+    if own.get("sample_draws") is not None:
+        return True
+    return (own.get("cut_boxes") is not None or own.get("whole_pictures", False)) \
+        and getattr(step, "targets", None) is None
+
+
+def _split_joined(transform: Transform) -> tuple[Transform | None, list[Any]]:
+    """``(each, at_once)``: ``transform``'s steps up to the last that is not `on_joined` (None for none), and those
+    after it."""
+    parts = steps(transform)
+    cut = len(parts)
+    while cut and on_joined(parts[cut - 1]):
+        cut -= 1
+    return _composed(transform, parts[:cut]), parts[cut:]
+
+
+def _units(at_once: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """``at_once``'s steps as they are applied: ``(crop, flip)`` for a crop and the flip of its field right after it
+    (each box mirrored as it is cut), ``(None, flip)`` for a flip alone, ``(step, None)`` for the others."""
+    units: list[tuple[Any, Any]] = []
+    for step in at_once:
+        flips = vars(type(step)).get("whole_pictures", False)
+        if flips and units and units[-1][1] is None and vars(type(units[-1][0])).get("cut_boxes") is not None \
+                and units[-1][0].field == step.field:
+            units[-1] = (units[-1][0], step)
+        else:
+            units.append((None, step) if flips else (step, None))
+    return units
+
+
+def _drawn_and_applied(batch: Batch, step: Any, flip: Any, runs: Sequence[tuple[int, int, np.random.Generator]]
+                       ) -> Batch:
+    """``batch`` with ``step`` (and ``flip`` after it) applied, each run ``(low, high, rng)``'s draws made from its
+    generator as they would be on that piece alone."""
+    if step is not None and vars(type(step)).get("sample_draws") is not None:
+        drawn = [step.sample_draws(high - low, rng) for low, high, rng in runs]
+        return step.apply_draws(batch, tuple(np.concatenate(each) for each in zip(*drawn, strict=True)))
+    field = (step or flip).field
+    pictures = batch[field]
+    crop = step if step is not None else WholePictures(field, pictures.shape[1:3])
+    boxes = np.empty((len(pictures), 4), np.float64)
+    flips = np.zeros((len(pictures), 2), bool)
+    for low, high, rng in runs:
+        boxes[low:high] = np.asarray(crop.boxes(np.tile(pictures.shape[1:3], (high - low, 1)), rng),
+                                     np.float64).reshape(-1, 4)
+        if flip is not None:
+            flips[low:high] = flip.draw(high - low, rng)
+    return {**batch, field: crop.cut_boxes(pictures, boxes, None if flip is None else flips)}
+
+
+def _one_batch(pieces: Sequence[Batch], whole: Batch, bounds: list[int], ragged_fields: Collection[str],
+               field: str) -> tuple[Batch, list[int]] | None:
+    """The ``pieces`` (a user's step's of each part of ``whole`` within ``bounds``) joined, with their bounds in it
+    (the lengths of their ``field``): a field whose every piece is its part of ``whole`` as it was (views) is taken
+    as it is, not copied. None where the pieces are unlike: their fields, or a field's sample shape or dtype."""
+    first = pieces[0]
+    for each in pieces[1:]:
+        if each.keys() != first.keys() or not all(_alike(each[name], first[name]) for name in first):
+            return None
+    if len(pieces) == 1:
+        return first, [0, len(first[field])]
+    joined_bounds = np.cumsum([0, *(len(each[field]) for each in pieces)]).tolist()
+    ragged = {name for name in ragged_fields for name in (name, kept_name(name), offsets_name(name))}
+    joined = {}
+    for name in first:
+        parts = [each[name] for each in pieces]
+        if name not in ragged and joined_bounds == bounds and _parts_of(parts, whole.get(name), bounds):
+            joined[name] = whole[name]
+    rest = join([{name: each[name] for name in first if name not in joined} for each in pieces], plain, ragged_fields)
+    return {name: joined[name] if name in joined else rest[name] for name in first}, joined_bounds
+
+
+def _alike(one: object, other: object) -> bool:
+    """Whether two pieces' values of a field may be joined: arrays of one sample shape and dtype (text of any
+    width)."""
+    if not isinstance(one, np.ndarray) or not isinstance(other, np.ndarray) or one.shape[1:] != other.shape[1:]:
+        return False
+    return one.dtype == other.dtype or (one.dtype.kind in "US" and one.dtype.kind == other.dtype.kind)
+
+
+def _parts_of(parts: Sequence[np.ndarray], whole: np.ndarray | None, bounds: list[int]) -> bool:
+    """Whether ``parts`` are ``whole``'s samples within ``bounds``, in order, as they are (views of its memory)."""
+    if not isinstance(whole, np.ndarray) or not whole.ndim:
+        return False
+    start = whole.__array_interface__["data"][0]
+    for part, low, high in zip(parts, bounds[:-1], bounds[1:], strict=True):
+        if part.dtype != whole.dtype or part.shape != (high - low, *whole.shape[1:]) or part.strides != whole.strides \
+                or part.__array_interface__["data"][0] != start + low * whole.strides[0]:
+            return False
+    return True
 
 
 def _cut(recipe: Recipe, keys: np.ndarray, rows: Rows, data: Mapping[int, ChunkValues], draws: Draws,

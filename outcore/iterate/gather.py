@@ -334,12 +334,13 @@ def one_size(sources: Sequence[np.ndarray | EncodedChunk]) -> bool:
     return isinstance(sources[0], np.ndarray) or sources[0].shapes is None
 
 
-def move_pictures(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int], flips: np.ndarray) -> np.ndarray:
-    """Each picture (n, h, w[, c]) cut to its crop, resized to ``size`` (bilinear, antialiased) and mirrored: a
-    window of whole pixels at the output size is copied as it is, and zeros fill the output past the picture's
-    edges (a padded `RandomCrop`, a `ScaleJitter` smaller than its size)."""
+def move_pictures(pictures: np.ndarray, crops: np.ndarray, size: tuple[int, int],
+                  flips: np.ndarray | None = None) -> np.ndarray:
+    """Each picture (n, h, w[, c]) cut to its crop, resized to ``size`` (bilinear, antialiased) and mirrored as
+    ``flips`` says (none mirrored without it): a window of whole pixels at the output size is copied as it is, and
+    zeros fill the output past the picture's edges (a padded `RandomCrop`, a `ScaleJitter` smaller than its size)."""
     crops = np.asarray(crops, np.float64).reshape(-1, 4)
-    flips = np.asarray(flips, bool).reshape(-1, 2)
+    flips = None if flips is None else np.asarray(flips, bool).reshape(-1, 2)
     if np.all(crops == np.round(crops)) and np.all(crops[:, 2:] == size):
         return copy_windows(pictures, crops[:, :2].astype(np.int64), size, flips)
     return resize_boxes(pictures, crops, size, flips)

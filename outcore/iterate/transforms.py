@@ -193,10 +193,15 @@ class RandomCrop:
             raise OptionError(f"RandomCrop cannot cut {height}x{width} from an image of {rows}x{columns} "
                               f"padded by {pad}: crop less, or pad more")
 
+    def cut_boxes(self, pictures: np.ndarray, boxes: np.ndarray, flips: np.ndarray | None = None) -> np.ndarray:
+        """The windows ``boxes`` (its own, `boxes`) of ``pictures``, mirrored as ``flips`` says: what it makes of a
+        batch (a crop after a user's step cuts its pieces' boxes from the joined batch so, `Cuts`)."""
+        return copy_windows(pictures, np.asarray(boxes, np.int64)[:, :2], self.output_size, flips)
+
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         boxes = self.boxes([images.shape[1:3]] * len(images), rng)
-        return _moved(batch, self.field, copy_windows(images, boxes[:, :2], self.output_size), self.targets, boxes)
+        return _moved(batch, self.field, self.cut_boxes(images, boxes), self.targets, boxes)
 
 
 @dataclass(frozen=True)
@@ -236,10 +241,15 @@ class RandomResizedCrop:
             return None
         return resized_crops_and_flips(TRANSFORM_DOMAIN, pieces, sizes, self.scale, self.ratio, *_mirrors(flip))
 
+    def cut_boxes(self, pictures: np.ndarray, boxes: Sequence[Box] | np.ndarray,
+                  flips: np.ndarray | None = None) -> np.ndarray:
+        """``boxes`` of ``pictures`` resized to its size and mirrored as ``flips`` says (`RandomCrop.cut_boxes`)."""
+        return resize_boxes(pictures, boxes, self.output_size, flips)
+
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         boxes = self.boxes([images.shape[1:3]] * len(images), rng)
-        return _moved(batch, self.field, resize_boxes(images, boxes, self.output_size), self.targets, boxes)
+        return _moved(batch, self.field, self.cut_boxes(images, boxes), self.targets, boxes)
 
 
 @dataclass(frozen=True)
@@ -294,14 +304,15 @@ class CenterCrop:
         drawn = crops_and_flips(TRANSFORM_DOMAIN, pieces, (1, 1), *_mirrors(flip), window=self.output_size)
         return None if drawn is None else (boxes, drawn[1])
 
+    def cut_boxes(self, pictures: np.ndarray, boxes: np.ndarray, flips: np.ndarray | None = None) -> np.ndarray:
+        """``boxes`` of ``pictures``, resized to its size where they are not already of it (a window of whole pixels
+        at its size is copied as it is), mirrored as ``flips`` says (`RandomCrop.cut_boxes`)."""
+        return move_pictures(pictures, boxes, self.output_size, flips)
+
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
-        top, left, height, width = box = center_crop_box(*images.shape[1:3], self.output_size, self.resize)
-        if (height, width) != self.output_size:
-            return _moved(batch, self.field, resize_boxes(images, [box] * len(images), self.output_size), self.targets,
-                          [box] * len(images))
-        return _moved(batch, self.field, np.ascontiguousarray(images[:, top : top + height, left : left + width]),
-                      self.targets, [box] * len(images))
+        boxes = self.boxes(np.tile(images.shape[1:3], (len(images), 1)), rng)
+        return _moved(batch, self.field, self.cut_boxes(images, boxes), self.targets, boxes)
 
 
 @dataclass(frozen=True)
@@ -347,11 +358,15 @@ class ScaleJitter:
             return None
         return scale_jitters_and_flips(TRANSFORM_DOMAIN, pieces, sizes, self.scale, self.output_size, *_mirrors(flip))
 
+    def cut_boxes(self, pictures: np.ndarray, boxes: np.ndarray, flips: np.ndarray | None = None) -> np.ndarray:
+        """The windows ``boxes`` of ``pictures`` resized to its size, zeros past their edges, mirrored as ``flips``
+        says (`RandomCrop.cut_boxes`)."""
+        return move_pictures(pictures, boxes, self.output_size, flips)
+
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         windows = self.boxes(np.tile(images.shape[1:3], (len(images), 1)), rng)
-        flips = np.zeros((len(images), 2), bool)
-        return _moved(batch, self.field, move_pictures(images, windows, self.output_size, flips), self.targets, windows)
+        return _moved(batch, self.field, self.cut_boxes(images, windows), self.targets, windows)
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
