@@ -44,8 +44,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from cores import FUNCTIONS, RATE, bound, functions, stacks
+from cores import FUNCTIONS, RATE, functions, stacks
 from imagenet import write_folder
+
+from outcore.measure import gil_bound
 
 INGEST = """
 import json, sys, time
@@ -173,7 +175,7 @@ def main() -> None:
     total = sum(held.values())
     share = total / RATE / cpu
     print(f"\none whole ingest at {n} threads holds the GIL {total / RATE:.1f} s of {cpu:.1f} CPU seconds: GIL share "
-          f"{share:.1%}, at most {bound(share, 16):.1f}x one core's rate on 16 cores")
+          f"{share:.1%}, at most {gil_bound(share, 16):.1f}x one core's rate on 16 cores")
     print(f"  {'phase':24s} {'GIL s':>6s} {'µs a file':>9s}")
     for name, count in held.most_common():
         print(f"  {name:24s} {count / RATE:6.2f} {count / RATE / files * 1e6:9.1f}")
