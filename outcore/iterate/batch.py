@@ -183,13 +183,6 @@ def steps(transform: Transform | None) -> list[Any]:
     return [step for part in inner for step in steps(part)] if inner is not None else [transform]
 
 
-def drawn_per_sample(transform: Transform | None) -> bool:
-    """Whether every step of ``transform`` says, in its own class, what it draws for each sample (``sample_draws``,
-    then ``apply_draws``: `BrightnessContrast`): its pieces' draws may then be applied to the joined batch at once, each
-    sample's result its own (none for None)."""
-    return all(vars(type(step)).get("sample_draws") for step in steps(transform))
-
-
 def _composed(like: Transform | None, steps: list[Any]) -> Transform | None:
     """``steps`` as one transform: None, the only step, or a composition of the kind of ``like``."""
     return None if not steps else steps[0] if len(steps) == 1 else type(like)(steps)
@@ -260,8 +253,9 @@ class Recipe:
         """Whether batches of this recipe may be made as one and cut apart, each the same as if made alone: each
         row is made from its own sample and its piece's draws only (no ragged rows, whose offsets start at each
         batch; no targets moved; after the crop and flip done as the batch is made, only steps whose own class
-        draws each sample's part piece by piece, ``sample_draws``, as `BrightnessContrast`, then steps marked
-        ``per_sample``, as `Normalize` and `Cast`, never one that draws or sees a piece or the batch as a whole).
+        applies each piece's draws to the joined pieces, `on_joined`, as `BrightnessContrast` and the crops, then
+        steps marked ``per_sample``, as `Normalize` and `Cast`, never one that draws or sees a piece or the batch as a
+        whole).
 
         >>> from outcore.transforms import BrightnessContrast, Compose, Normalize, RandomCrop
         >>> Recipe.of(["images"], (), ["images"], Compose([RandomCrop(8), BrightnessContrast(), Normalize()])).joinable
@@ -271,7 +265,7 @@ class Recipe:
         False
         """
         return (not self.ragged_fields and getattr(self.crop, "targets", None) is None
-                and drawn_per_sample(self.per_piece)
+                and all(on_joined(step) for step in steps(self.per_piece))
                 and all(getattr(step, "per_sample", False) for step in steps(self.after)))
 
 
