@@ -325,8 +325,9 @@ def _transformed(batch: Batch, per_piece: Transform, bounds: list[int], rngs: li
     each, at_once = _split_joined(per_piece)
     runs = list(zip(bounds[:-1], bounds[1:], rngs, strict=True))
     if each is not None:
-        pieces = [each(piece(batch, low, high, ragged_fields), rng) for low, high, rng in runs]
-        joined = _one_batch(pieces, batch, bounds, ragged_fields, at_once[0].field) if at_once else None
+        given = [piece(batch, low, high, ragged_fields) for low, high, _ in runs]
+        pieces = [each(part, rng) for part, (_, _, rng) in zip(given, runs, strict=True)]
+        joined = _one_batch(pieces, given, batch, ragged_fields, at_once[0].field) if at_once else None
         if joined is None:
             rest = _composed(per_piece, at_once)
             pieces = pieces if rest is None else [rest(part, rng) for part, (_, _, rng) in zip(pieces, runs, strict=True)]
@@ -400,26 +401,23 @@ def _drawn_and_applied(batch: Batch, step: Any, flip: Any, runs: Sequence[tuple[
     return {**batch, field: crop.cut_boxes(pictures, boxes, None if flip is None else flips)}
 
 
-def _one_batch(pieces: Sequence[Batch], whole: Batch, bounds: list[int], ragged_fields: Collection[str],
+def _one_batch(pieces: Sequence[Batch], given: Sequence[Batch], whole: Batch, ragged_fields: Collection[str],
                field: str) -> tuple[Batch, list[int]] | None:
-    """The ``pieces`` (a user's step's of each part of ``whole`` within ``bounds``) joined, with their bounds in it
-    (the lengths of their ``field``): a field whose every piece is its part of ``whole`` as it was (views) is taken
-    as it is, not copied. None where the pieces are unlike: their fields, or a field's sample shape or dtype."""
+    """The ``pieces`` (a user's step's of the ``given`` parts of ``whole``) joined, with their bounds in it (the
+    lengths of their ``field``): a field of ``whole`` whose every piece is the array its step was given is taken as it
+    is, not copied. None where the pieces are unlike: their fields, or a field's sample shape or dtype."""
     first = pieces[0]
     for each in pieces[1:]:
         if each.keys() != first.keys() or not all(_alike(each[name], first[name]) for name in first):
             return None
     if len(pieces) == 1:
         return first, [0, len(first[field])]
-    joined_bounds = np.cumsum([0, *(len(each[field]) for each in pieces)]).tolist()
     ragged = {name for name in ragged_fields for name in (name, kept_name(name), offsets_name(name))}
-    joined = {}
-    for name in first:
-        parts = [each[name] for each in pieces]
-        if name not in ragged and joined_bounds == bounds and _parts_of(parts, whole.get(name), bounds):
-            joined[name] = whole[name]
-    rest = join([{name: each[name] for name in first if name not in joined} for each in pieces], plain, ragged_fields)
-    return {name: joined[name] if name in joined else rest[name] for name in first}, joined_bounds
+    kept = {name for name in first if name not in ragged and name in whole
+            and all(each[name] is part.get(name) for each, part in zip(pieces, given, strict=True))}
+    rest = join([{name: each[name] for name in first if name not in kept} for each in pieces], plain, ragged_fields)
+    return ({name: whole[name] if name in kept else rest[name] for name in first},
+            np.cumsum([0, *(len(each[field]) for each in pieces)]).tolist())
 
 
 def _alike(one: object, other: object) -> bool:
@@ -428,18 +426,6 @@ def _alike(one: object, other: object) -> bool:
     if not isinstance(one, np.ndarray) or not isinstance(other, np.ndarray) or one.shape[1:] != other.shape[1:]:
         return False
     return one.dtype == other.dtype or (one.dtype.kind in "US" and one.dtype.kind == other.dtype.kind)
-
-
-def _parts_of(parts: Sequence[np.ndarray], whole: np.ndarray | None, bounds: list[int]) -> bool:
-    """Whether ``parts`` are ``whole``'s samples within ``bounds``, in order, as they are (views of its memory)."""
-    if not isinstance(whole, np.ndarray) or not whole.ndim:
-        return False
-    start = whole.__array_interface__["data"][0]
-    for part, low, high in zip(parts, bounds[:-1], bounds[1:], strict=True):
-        if part.dtype != whole.dtype or part.shape != (high - low, *whole.shape[1:]) or part.strides != whole.strides \
-                or part.__array_interface__["data"][0] != start + low * whole.strides[0]:
-            return False
-    return True
 
 
 def _cut(recipe: Recipe, keys: np.ndarray, rows: Rows, data: Mapping[int, ChunkValues], draws: Draws,
