@@ -389,6 +389,8 @@ def _drawn_and_applied(batch: Batch, step: Any, flip: Any, runs: Sequence[tuple[
         drawn = [step.sample_draws(high - low, rng) for low, high, rng in runs]
         return step.apply_draws(batch, tuple(np.concatenate(each) for each in zip(*drawn, strict=True)))
     field = (step or flip).field
+    if field not in batch:
+        raise KeyError(f"transform needs field {field!r}; the batch has {sorted(batch)}")
     pictures = batch[field]
     crop = step if step is not None else WholePictures(field, pictures.shape[1:3])
     boxes = np.empty((len(pictures), 4), np.float64)

@@ -195,7 +195,7 @@ class RandomCrop:
 
     def cut_boxes(self, pictures: np.ndarray, boxes: np.ndarray, flips: np.ndarray | None = None) -> np.ndarray:
         """The windows ``boxes`` (its own, `boxes`) of ``pictures``, mirrored as ``flips`` says: what it makes of a
-        batch (a crop after a user's step cuts its pieces' boxes from the joined batch so, `Cuts`)."""
+        batch (after a user's step, of the joined pieces: `outcore.iterate.batch.on_joined`)."""
         return copy_windows(pictures, np.asarray(boxes, np.int64)[:, :2], self.output_size, flips)
 
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
