@@ -4,6 +4,7 @@ RandomFlip: the pixels of padding and slicing each image."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 
@@ -28,6 +29,7 @@ from outcore.transforms import (
     RandomFlip,
     RandomResizedCrop,
     ScaleJitter,
+    Targets,
 )
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
@@ -611,3 +613,41 @@ def test_outcore_steps_after_a_users_step_cut_the_joined_pieces_as_each_piece_al
         assert len(calls) == 4 * (crops + sum(hasattr(type(step), "cut_boxes") for step in at_once))
     else:  # the joined pieces cut once by each crop and its flip, or flip alone
         assert len(calls) == 4 * crops + sum(not hasattr(step, "sample_draws") for step, _ in batches._units(at_once))
+
+
+@pytest.mark.parametrize("after", [
+    [ScaleJitter(40, scale=(0.3, 1.6)), RandomFlip()],
+    [RandomResizedCrop(32), RandomFlip(vertical=True)],
+    [RandomCrop(40, padding=5)],
+    [BrightnessContrast(), RandomFlip(), CenterCrop(30, resize=40)],
+], ids=["jitter+flip", "rrc+flip", "padded-crop", "bc+flip+center"])
+@pytest.mark.parametrize("user", [_copied, _as_it_is])
+def test_targets_after_a_users_step_move_on_the_joined_pieces_as_on_each_piece(after, user):
+    """Label maps, paired pictures and boxes (rows of each picture's instances, its offsets) moved by the crops and
+    flips after a user's step, applied to the joined pieces: the batch each piece moved alone makes, joined."""
+    from outcore.iterate import batch as batches
+
+    rng = np.random.default_rng(8)
+    counts = rng.integers(0, 4, 20)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    corners = rng.uniform(0, 30, (offsets[-1], 2))
+    batch = {"images": rng.integers(0, 256, (20, 48, 48, 3), dtype=np.uint8), "labels": np.arange(20),
+             "masks": rng.integers(0, 5, (20, 48, 48), dtype=np.uint8),
+             "depth": rng.integers(0, 256, (20, 48, 48, 1), dtype=np.uint8),
+             "boxes": np.concatenate([corners, corners + rng.uniform(2, 18, corners.shape)], axis=1),
+             "boxes_offsets": offsets, "box_labels": rng.integers(0, 9, offsets[-1]), "box_labels_offsets": offsets}
+    targets = Targets(label_maps=("masks",), pictures=("depth",), boxes="boxes", instances=("box_labels",))
+    steps = [dataclasses.replace(step, targets=targets) if hasattr(step, "targets") else step for step in after]
+    transform = Compose([user, *steps])
+    bounds, keys = [0, 6, 13, 20], [(2, 0, 5, k) for k in range(3)]
+    generators = [batches.transform_generator(key) for key in keys]
+    ragged = ("boxes", "box_labels")
+    expected = batches.join([transform(batches.piece(batch, low, high, ragged), rng) for low, high, rng in
+                             zip(bounds[:-1], bounds[1:], generators, strict=True)], ragged_fields=ragged)
+    generators = [batches.transform_generator(key) for key in keys]
+    got = batches._transformed(batch, transform, bounds, generators, ragged, batches.plain)
+    assert batches._split_joined(transform)[0] is user and got.keys() == expected.keys() >= {"boxes_kept"}
+    for name in expected:  # the boxes moved by a crop and its flip at once: rounded once, not twice (float32)
+        compare = np.testing.assert_array_equal if name != "boxes" else functools.partial(
+            np.testing.assert_allclose, rtol=0, atol=1e-5)
+        compare(got[name], expected[name], err_msg=name)

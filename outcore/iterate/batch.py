@@ -15,7 +15,7 @@ from ..imaging import Box, EncodedChunk
 from ..seeds import Domain, crops_and_flips, generator
 from ..storage import RaggedChunk
 from .gather import ChunkValues, Cut, Empty, Rows, assemble, move_pictures, one_size, picture_sizes, plain
-from .targets import check_targets
+from .targets import check_targets, moved
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
@@ -265,7 +265,7 @@ class Recipe:
         False
         """
         return (not self.ragged_fields and getattr(self.crop, "targets", None) is None
-                and all(on_joined(step) for step in steps(self.per_piece))
+                and all(on_joined(step) and getattr(step, "targets", None) is None for step in steps(self.per_piece))
                 and all(getattr(step, "per_sample", False) for step in steps(self.after)))
 
 
@@ -343,18 +343,16 @@ def on_joined(step: object) -> bool:
     """Whether ``step``'s own class lets each piece's draws be applied to the joined batch at once, the result as if
     each piece were transformed alone: it says what it draws for each sample (``sample_draws``, then ``apply_draws``:
     `BrightnessContrast`), or it is a crop whose call cuts its boxes (``cut_boxes``: `RandomCrop`,
-    `RandomResizedCrop`, `CenterCrop`, `ScaleJitter`) or a plain flip (``whole_pictures``: `RandomFlip`), without
-    targets.
+    `RandomResizedCrop`, `CenterCrop`, `ScaleJitter`) or a plain flip (``whole_pictures``: `RandomFlip`), their
+    targets moved with them.
 
-    >>> from outcore.transforms import BrightnessContrast, RandomFlip, RandomResizedCrop, Targets
-    >>> [on_joined(step) for step in (BrightnessContrast(), RandomResizedCrop(8), RandomFlip(targets=Targets()))]
-    [True, True, False]
+    >>> from outcore.transforms import BrightnessContrast, RandomFlip, RandomResizedCrop
+    >>> class Mine(RandomFlip): ...
+    >>> [on_joined(step) for step in (BrightnessContrast(), RandomResizedCrop(8), RandomFlip(), Mine())]
+    [True, True, True, False]
     """
     own = vars(type(step))
-    if own.get("sample_draws") is not None:
-        return True
-    return (own.get("cut_boxes") is not None or own.get("whole_pictures", False)) \
-        and getattr(step, "targets", None) is None
+    return own.get("sample_draws") is not None or own.get("cut_boxes") is not None or own.get("whole_pictures", False)
 
 
 def _split_joined(transform: Transform) -> tuple[Transform | None, list[Any]]:
@@ -374,7 +372,7 @@ def _units(at_once: Sequence[Any]) -> list[tuple[Any, Any]]:
     for step in at_once:
         flips = vars(type(step)).get("whole_pictures", False)
         if flips and units and units[-1][1] is None and vars(type(units[-1][0])).get("cut_boxes") is not None \
-                and units[-1][0].field == step.field:
+                and units[-1][0].field == step.field and units[-1][0].targets == step.targets:
             units[-1] = (units[-1][0], step)
         else:
             units.append((None, step) if flips else (step, None))
@@ -400,7 +398,8 @@ def _drawn_and_applied(batch: Batch, step: Any, flip: Any, runs: Sequence[tuple[
                                      np.float64).reshape(-1, 4)
         if flip is not None:
             flips[low:high] = flip.draw(high - low, rng)
-    return {**batch, field: crop.cut_boxes(pictures, boxes, None if flip is None else flips)}
+    targets = getattr(crop if step is not None else flip, "targets", None)
+    return moved(batch, field, crop.cut_boxes(pictures, boxes, None if flip is None else flips), targets, boxes, flips)
 
 
 def _one_batch(pieces: Sequence[Batch], given: Sequence[Batch], whole: Batch, ragged_fields: Collection[str],

@@ -35,6 +35,7 @@ import numpy as np
 from ..errors import OptionError
 from ..format import kept_name, offsets_name
 from ..imaging import (
+    Box,
     BoxPolicy,
     cut_label_maps,
     move_boxes,
@@ -152,6 +153,19 @@ class Targets:
             offsets = np.concatenate([[0], np.cumsum(np.bincount(which[keep], minlength=len(crops)))]).astype(np.int64)
         shared = {offsets_name(name) for name in rows if offsets_name(name) in batch}  # a ragged field's own offsets
         return rows | dict.fromkeys(shared | {self.offsets}, offsets)
+
+
+def moved(batch: Batch, field: str, values: np.ndarray, targets: Targets | None, crops: np.ndarray | Sequence[Box],
+          flips: np.ndarray | None = None) -> Batch:
+    """``batch`` with ``field`` replaced by ``values`` (its pictures cut to ``crops``, resized to ``values``' size
+    and mirrored as ``flips`` says) and ``targets`` moved alike (`Targets.move`)."""
+    if targets is None:
+        return {**batch, field: values}
+    pictures = batch[field]
+    crops = np.asarray(crops, np.float64).reshape(-1, 4)
+    flips = np.zeros((len(crops), 2), bool) if flips is None else flips
+    sizes = np.tile(np.asarray(pictures.shape[1:3], np.int64), (len(pictures), 1))
+    return {**targets.move(batch, crops, values.shape[1:3], flips, sizes), field: values}
 
 
 def left_right_pairs(points: Sequence[str]) -> tuple[tuple[int, int], ...]:

@@ -45,7 +45,7 @@ from ..storage import blocks
 from ..threads import for_each_run
 from .batch import TRANSFORM_DOMAIN, Batch, Draws, Transform, steps
 from .gather import copy_windows, move_pictures, run_length
-from .targets import Targets, check_targets
+from .targets import Targets, check_targets, moved
 
 
 def _field(batch: Batch, field: str) -> np.ndarray:
@@ -56,19 +56,6 @@ def _field(batch: Batch, field: str) -> np.ndarray:
 
 def _replace(batch: Batch, field: str, values: np.ndarray) -> Batch:
     return {**batch, field: values}
-
-
-def _moved(batch: Batch, field: str, values: np.ndarray, targets: Targets | None, crops: np.ndarray | Sequence[Box],
-           flips: np.ndarray | None = None) -> Batch:
-    """``batch`` with ``field`` replaced by ``values`` (its pictures cut to ``crops``, resized to ``values``' size
-    and mirrored as ``flips`` says) and ``targets`` moved alike."""
-    if targets is None:
-        return _replace(batch, field, values)
-    pictures = batch[field]
-    crops = np.asarray(crops, np.float64).reshape(-1, 4)
-    flips = np.zeros((len(crops), 2), bool) if flips is None else flips
-    sizes = np.tile(np.asarray(pictures.shape[1:3], np.int64), (len(pictures), 1))
-    return _replace(targets.move(batch, crops, values.shape[1:3], flips, sizes), field, values)
 
 
 @dataclass(frozen=True)
@@ -113,7 +100,7 @@ class RandomFlip:
         corners = np.zeros((len(images), 2), np.int64)
         flips = self.draw(len(images), rng)
         crops = np.tile([0, 0, *images.shape[1:3]], (len(images), 1))
-        return _moved(batch, self.field, copy_windows(images, corners, images.shape[1:3], flips), self.targets, crops, flips)
+        return moved(batch, self.field, copy_windows(images, corners, images.shape[1:3], flips), self.targets, crops, flips)
 
 
 @dataclass(frozen=True)
@@ -201,7 +188,7 @@ class RandomCrop:
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         boxes = self.boxes([images.shape[1:3]] * len(images), rng)
-        return _moved(batch, self.field, self.cut_boxes(images, boxes), self.targets, boxes)
+        return moved(batch, self.field, self.cut_boxes(images, boxes), self.targets, boxes)
 
 
 @dataclass(frozen=True)
@@ -249,7 +236,7 @@ class RandomResizedCrop:
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         boxes = self.boxes([images.shape[1:3]] * len(images), rng)
-        return _moved(batch, self.field, self.cut_boxes(images, boxes), self.targets, boxes)
+        return moved(batch, self.field, self.cut_boxes(images, boxes), self.targets, boxes)
 
 
 @dataclass(frozen=True)
@@ -312,7 +299,7 @@ class CenterCrop:
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         boxes = self.boxes(np.tile(images.shape[1:3], (len(images), 1)), rng)
-        return _moved(batch, self.field, self.cut_boxes(images, boxes), self.targets, boxes)
+        return moved(batch, self.field, self.cut_boxes(images, boxes), self.targets, boxes)
 
 
 @dataclass(frozen=True)
@@ -366,7 +353,7 @@ class ScaleJitter:
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         windows = self.boxes(np.tile(images.shape[1:3], (len(images), 1)), rng)
-        return _moved(batch, self.field, self.cut_boxes(images, windows), self.targets, windows)
+        return moved(batch, self.field, self.cut_boxes(images, windows), self.targets, windows)
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
