@@ -6,14 +6,15 @@
                                [--cases pixels,pixels-each,pixels+flip,pixels+crop,pixels+crop+norm,pixels+rrc,
                                         pixels+then-rrc,pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,
                                         pixels+center,pixels+jitter,encoded+flip,pixels+crop-torch,encoded,
-                                        encoded+crop,encoded+jitter,encoded+crop-torch,rrc,dense,dense-own,ingest]
+                                        encoded+crop,encoded+jitter,encoded+crop-torch,rrc,dense,dense-own,dense-bc,ingest]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
 ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagenet.write_folder`) and a COCO-like
 encoded store of 320x240 photos with instance maps, boxes and keypoints (as many; `dense_targets.make_set`; the
 ``dense`` case crops and flips all of them; ``dense-own`` the same stored at the pictures' own size, its maps raster
-fields), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer
+fields; ``dense-bc``: ``BrightnessContrast()`` first, as detection pipelines put their colours' jitter, so the crop
+and flip after it are not fused with decoding), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer
 work, each pass over it the next epoch, as Keras and a DataLoader do; ``pixels-each``: ``ds.batches(...)`` made anew
 each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``pixels+flip``: a
 ``RandomFlip`` alone; ``pixels+crop+norm``: crop + flip then ``Normalize`` by ImageNet's means and deviations,
@@ -174,11 +175,13 @@ CASES = {  # name: (store, transform)
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
     "dense": ("coco", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "dense-own": ("coco-own", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
+    "dense-bc": ("coco", Compose([BrightnessContrast(), RandomResizedCrop(224, targets=TARGETS),
+                                  RandomFlip(targets=TARGETS)])),
     "ingest": ("own-size-jpegs", None),  # ingest_images of the JPEGs at their own sizes (shape=None, encoded)
 }
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
-FIELDS = {"dense": DENSE_FIELDS, "dense-own": DENSE_FIELDS}  # the others: images and labels
+FIELDS = {"dense": DENSE_FIELDS, "dense-own": DENSE_FIELDS, "dense-bc": DENSE_FIELDS}  # the others: images and labels
 NEW_EACH_EPOCH = {"pixels-each"}
 THROUGH_TORCH = {"pixels+crop-torch", "encoded+crop-torch"}  # ds.torch without DataLoader workers
 # The stage of a py-spy frame: the first of these found in its file's path, innermost frame first.
