@@ -651,3 +651,31 @@ def test_targets_after_a_users_step_move_on_the_joined_pieces_as_on_each_piece(a
         compare = np.testing.assert_array_equal if name != "boxes" else functools.partial(
             np.testing.assert_allclose, rtol=0, atol=1e-5)
         compare(got[name], expected[name], err_msg=name)
+
+
+def _noisy(batch, rng):
+    """A user's step that draws from the piece's generator and makes new pictures."""
+    return {**batch, "images": batch["images"] + rng.integers(0, 3, batch["images"].shape, dtype=np.uint8)}
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_an_epoch_with_steps_after_a_users_step_is_the_one_made_piece_by_piece(both, monkeypatch, threads):
+    """Through `ds.batches`: the steps after a user's step applied to the joined pieces give the epoch they give
+    applied to each piece (`on_joined` off), batch by batch, with several pieces a batch."""
+    from outcore.iterate import batch as batches
+
+    transform = Compose([_noisy, RandomResizedCrop(32, scale=(0.3, 1.0)), RandomFlip(), BrightnessContrast()])
+    pieces = []
+    original = batches._one_batch
+    monkeypatch.setattr(batches, "_one_batch", lambda parts, *rest: pieces.append(len(parts)) or original(parts, *rest))
+    outcore.set_threads(threads)
+    try:
+        joined = [b for b in both.batches(8, fields=["images", "labels"], seed=2, transform=transform)]
+        monkeypatch.setattr(batches, "on_joined", lambda step: False)
+        alone = [b for b in both.batches(8, fields=["images", "labels"], seed=2, transform=transform)]
+    finally:
+        outcore.set_threads(None)
+    assert len(joined) == len(alone) == 4 and max(pieces) > 1
+    for a, b in zip(joined, alone, strict=True):
+        for name in ("images", "labels"):
+            np.testing.assert_array_equal(a[name], b[name])
