@@ -9,6 +9,7 @@ import math
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -679,3 +680,17 @@ def test_an_epoch_with_steps_after_a_users_step_is_the_one_made_piece_by_piece(b
     for a, b in zip(joined, alone, strict=True):
         for name in ("images", "labels"):
             np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_a_picture_too_small_for_the_crop_is_named_in_whichever_piece_it_is(tmp_path):
+    """Pictures at their own sizes, one too small for a `RandomCrop` that opens the transform: the error names that
+    sample (its store, field, index and chunk), in any piece of the batch."""
+    for i in range(12):
+        size = (20, 30) if i == 9 else (50, 60)
+        Image.fromarray(np.full((*size, 3), 10 * i, np.uint8)).save(tmp_path / f"{i:02d}.png")
+    frame = pd.DataFrame({"path": [f"{i:02d}.png" for i in range(12)]})
+    ds = outcore.ingest_dataframe(frame, tmp_path / "s.zarr", root=tmp_path, shape=None, images="encoded", chunk_size=4,
+                                  shuffle_on_write=False, progress=False)
+    with pytest.raises(outcore.OptionError, match=r"field 'images', sample 9 \(chunk 2\): RandomCrop cannot cut "
+                                                  r"40x40 from an image of 20x30"):
+        list(ds.batches(12, shuffle=False, transform=RandomCrop(40)))

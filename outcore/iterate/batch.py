@@ -391,13 +391,8 @@ def _drawn_and_applied(batch: Batch, step: Any, flip: Any, runs: Sequence[tuple[
         raise KeyError(f"transform needs field {field!r}; the batch has {sorted(batch)}")
     pictures = batch[field]
     crop = step if step is not None else WholePictures(field, pictures.shape[1:3])
-    boxes = np.empty((len(pictures), 4), np.float64)
-    flips = np.zeros((len(pictures), 2), bool)
-    for low, high, rng in runs:
-        boxes[low:high] = np.asarray(crop.boxes(np.tile(pictures.shape[1:3], (high - low, 1)), rng),
-                                     np.float64).reshape(-1, 4)
-        if flip is not None:
-            flips[low:high] = flip.draw(high - low, rng)
+    sizes = np.broadcast_to(np.asarray(pictures.shape[1:3], np.int64), (len(pictures), 2))  # one size, seen n times
+    boxes, flips = _drawn_boxes(crop, flip, sizes, runs)
     targets = getattr(crop if step is not None else flip, "targets", None)
     return moved(batch, field, crop.cut_boxes(pictures, boxes, None if flip is None else flips), targets, boxes, flips)
 
@@ -445,19 +440,27 @@ def _cut(recipe: Recipe, keys: np.ndarray, rows: Rows, data: Mapping[int, ChunkV
         return _cut_of(recipe, *drawn, sizes)
     rngs = rngs if rngs is not None else [transform_generator(key) for _, key in draws]
     bounds = np.cumsum([0, *(count for count, _ in draws)]).tolist()
-    boxes = np.empty((len(keys), 4), np.float64)
-    flips = np.zeros((len(keys), 2), np.uint8)
-    for low, high, rng in zip(bounds[:-1], bounds[1:], rngs, strict=True):
-        try:
-            boxes[low:high] = np.asarray(crop.boxes(sizes[low:high], rng), np.float64).reshape(-1, 4)
-        except OptionError as error:  # a picture too small for the crop: name it
-            local = np.empty_like(rows.local)
-            local[rows.order] = rows.local  # in the batch's order
-            raise _too_small(error, crop, [data[key][crop.field] for key in keys[low:high].tolist()],
-                             local[low:high].tolist(), sizes[low:high].tolist()) from None
-        if recipe.flip is not None:
-            flips[low:high] = recipe.flip.draw(high - low, rng)
+    try:
+        boxes, flips = _drawn_boxes(crop, recipe.flip, sizes, list(zip(bounds[:-1], bounds[1:], rngs, strict=True)))
+    except OptionError as error:  # a picture too small for the crop: name it (the pieces before it fit theirs)
+        local = np.empty_like(rows.local)
+        local[rows.order] = rows.local  # in the batch's order
+        raise _too_small(error, crop, [data[key][crop.field] for key in keys.tolist()], local.tolist(),
+                         sizes.tolist()) from None
     return _cut_of(recipe, boxes, flips, sizes)
+
+
+def _drawn_boxes(crop: Crop, flip: Flip | None, sizes: np.ndarray, runs: Sequence[tuple[int, int, np.random.Generator]]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Each run ``(low, high, rng)``'s boxes of its pictures of ``sizes[low:high]`` (`Crop.boxes`), then ``flip``'s
+    mirrors of them, drawn from its generator as on that piece alone: (n, 4) float64 and (n, 2) uint8."""
+    boxes = np.empty((len(sizes), 4), np.float64)
+    flips = np.zeros((len(sizes), 2), np.uint8)
+    for low, high, rng in runs:
+        boxes[low:high] = np.asarray(crop.boxes(sizes[low:high], rng), np.float64).reshape(-1, 4)
+        if flip is not None:
+            flips[low:high] = flip.draw(high - low, rng)
+    return boxes, flips
 
 
 def _cut_of(recipe: Recipe, boxes: np.ndarray, flips: np.ndarray, sizes: np.ndarray) -> Cut:
