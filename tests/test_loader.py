@@ -587,14 +587,17 @@ def test_a_consumer_waiting_on_a_closed_iteration_ends_within_a_second(store, cl
     outcome = {}
 
     def consume():
+        waiting.set()
         try:
             for _ in first:
                 pass
         except outcore.IterationClosedError as error:
             outcome["error"], outcome["at"] = error, time.perf_counter()
 
+    waiting = threading.Event()  # closed before its first next(), the iteration ends quietly: wait for the consumer
     consumer = threading.Thread(target=consume)
     consumer.start()
+    assert waiting.wait(10)
     time.sleep(0.3)
     closed_at = time.perf_counter()
     if closing == "close":
