@@ -182,6 +182,64 @@ def test_the_resize_is_pillows_antialiased_bilinear_one_axis_at_a_time():
         assert np.array_equal(out, expected), (pixels.shape, (top, left, box_h, box_w), size)
 
 
+def _float_planes(pixels: np.ndarray, edges, size, flip) -> np.ndarray:
+    """Pictures of more than 8 bits, or floats, as Pillow resizes a float32 picture (mode F), one axis at a time
+    (columns, then rows), channel by channel; integers rounded half to even and held to their range; mirrored. A box
+    of whole pixels at its own size is its samples as they are (float64 ones too)."""
+    top, left, bottom, right = edges
+    mirrored = (slice(None, None, -1 if flip[1] else 1), slice(None, None, -1 if flip[0] else 1))
+    if (bottom - top, right - left) == tuple(size) and float(top).is_integer() and float(left).is_integer():
+        return pixels[int(top) : int(bottom), int(left) : int(right)][mirrored]
+    planes = []
+    for channel in range(pixels.shape[2]):
+        image = Image.fromarray(pixels[..., channel].astype(np.float32))
+        columns = image.resize((size[1], image.height), Image.Resampling.BILINEAR, box=(left, 0, right, image.height))
+        planes.append(np.asarray(columns.resize(size[::-1], Image.Resampling.BILINEAR, box=(0, top, size[1], bottom))))
+    resized = np.stack(planes, axis=-1)
+    if pixels.dtype.kind in "ui":
+        info = np.iinfo(pixels.dtype)
+        resized = np.clip(np.rint(resized), info.min, info.max)
+    return resized.astype(pixels.dtype)[mirrored]
+
+
+@built
+@pytest.mark.parametrize("dtype", ["uint16", "int16", "float32", "float64"])
+def test_pictures_of_more_bits_resize_as_pillow_s_float_pictures_one_axis_at_a_time(dtype):
+    """In C, whatever the channels: each channel as a float32 picture, columns then rows, in Pillow's arithmetic
+    (double sums of its exact weights, float32 between and after the passes), bit for bit; never the order Pillow's
+    own two-axis resize may choose (rows first, where the height shrinks more, since Pillow 13)."""
+    rng = np.random.default_rng(11)
+    for trial in range(150):
+        height, width = (int(v) for v in rng.integers(1, 90, 2))
+        shape = (height, width, int(rng.integers(1, 5)))
+        if dtype.startswith("float"):
+            pixels = (rng.standard_normal(shape) * 300).astype(dtype)
+        else:
+            info = np.iinfo(dtype)
+            pixels = rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
+        box_h, box_w = rng.uniform(0.5, height), rng.uniform(0.5, width)
+        top, left = rng.uniform(0, height - box_h), rng.uniform(0, width - box_w)
+        if trial % 4 == 0:
+            top, left, box_h, box_w = int(top), int(left), max(1, int(box_h)), max(1, int(box_w))
+        size = (int(rng.integers(1, 120)), int(rng.integers(1, 120)))
+        if trial % 6 == 0:  # a plain crop: its samples as they are
+            size = (int(box_h), int(box_w)) if trial % 4 == 0 else size
+        flip = (bool(trial % 3 == 0), bool(trial % 5 == 0))
+        edges = (top, left, top + box_h, left + box_w)
+        out = np.empty((*size, shape[2]), dtype)
+        native.extension.resize(pixels, edges, out, *flip)
+        np.testing.assert_array_equal(out, _float_planes(pixels, edges, size, flip), err_msg=f"{shape} {edges} {size}")
+
+
+def test_integer_pictures_round_half_to_even_either_way(backend):
+    """A sum halfway between two integers goes to the even one, as numpy's rint: 1.5 and 2.5 both to 2."""
+    halves = {"uint16": ([[1, 2], [2, 3], [65534, 65535]], [2, 2, 65534]), "int16": ([[-3, -2], [-2, -1]], [-2, -2])}
+    for dtype, (pairs, expected) in halves.items():
+        for pair, value in zip(pairs, expected, strict=True):
+            out = resize_edges(np.array(pair, dtype).reshape(1, 2, 1), (0, 0, 1, 2), (1, 1))
+            assert out.dtype == dtype and out.item() == value, (dtype, pair)
+
+
 @pytest.fixture(params=["extension", "fallback"])
 def backend(request, monkeypatch):
     """Each test below runs with the C extension (where built) and with simplejpeg and Pillow."""
@@ -531,21 +589,22 @@ def test_resizes_give_the_same_pixels_either_way(backend):
     np.testing.assert_array_equal(out, expected)
 
 
-@pytest.mark.parametrize("channels", [3, 1, None])
-def test_boxes_of_chunks_of_pixels_resized_together_are_resize_part_s(channels, backend, monkeypatch):
+@pytest.mark.parametrize(("dtype", "channels"), [("uint8", 3), ("uint8", 1), ("uint8", None), ("uint16", 4),
+                                                 ("int16", None), ("float32", 3), ("float64", 2)])
+def test_boxes_of_chunks_of_pixels_resized_together_are_resize_part_s(dtype, channels, backend, monkeypatch):
     """resize_rows: a run's boxes in one C call (with the extension; none left to Python), by resize's filter,
     mirrored, zeros past the pictures' edges; without it one by one: each `resize_part`'s pixels."""
     from outcore.imaging import resize, resize_part, resize_rows
 
     rng = np.random.default_rng(5)
     shape = (40, 50) if channels is None else (40, 50, channels)
-    chunks = [rng.integers(0, 256, (3, *shape), dtype=np.uint8), rng.integers(0, 256, (2, *shape), dtype=np.uint8)]
+    chunks = [rng.integers(0, 256, (3, *shape)).astype(dtype), rng.integers(0, 256, (2, *shape)).astype(dtype)]
     boxes = np.array([[3.25, 1.5, 30.0, 40.25], [0, 0, 40, 50], [8, 9, 12, 16], [-2, 0, 20, 20], [10, 40, 20, 20],
                       [0.5, 0.25, 39.5, 49.75], [-5.5, -3.25, 61.5, 80.0], [40, 0, 5, 5]])
     which, local = np.array([1, 0, 0, 1, 0, 1, 0, 1]), np.array([1, 2, 0, 0, 1, 1, 2, 0])
     rows = np.array([5, 0, 2, 1, 4, 3, 7, 6])
     flips = np.array([[1, 0], [0, 1], [1, 1], [0, 0], [1, 0], [0, 0], [1, 1], [0, 0]], np.uint8)
-    out = np.full((8, 12, 16) if channels is None else (8, 12, 16, channels), 7, np.uint8)
+    out = np.full((8, 12, 16) if channels is None else (8, 12, 16, channels), 7, dtype)
     expected = np.full_like(out, 9)
     for k in range(8):
         resize_part(chunks[which[k]][local[k]], tuple(boxes[k]), (12, 16), expected[rows[k]],
@@ -561,11 +620,42 @@ def test_boxes_of_chunks_of_pixels_resized_together_are_resize_part_s(channels, 
             resize_rows(chunks, which[:1], local[:1], np.array([box]), out, rows[:1], flips[:1])
 
 
+def test_pictures_in_another_byte_order_are_resized_by_python_alike():
+    """Big-endian samples are not the C call's: left to `resize_part`, which gives the native pictures' pixels."""
+    from outcore.imaging import resize_rows
+
+    pictures = (np.random.default_rng(6).random((2, 30, 40, 3)) * 60000).astype(np.uint16)
+    boxes, flips = np.array([[2.5, 3.25, 20.0, 30.5], [-4, 1, 30, 30]]), np.array([[1, 0], [0, 1]], np.uint8)
+    native_out, swapped_out = np.zeros((2, 12, 16, 3), np.uint16), np.zeros((2, 12, 16, 3), ">u2")
+    for chunks, out in (([pictures], native_out), ([pictures.astype(">u2")], swapped_out)):
+        resize_rows(chunks, np.zeros(2, np.int64), np.arange(2), boxes, out, np.arange(2), flips)
+    np.testing.assert_array_equal(swapped_out, native_out)
+    assert native_out.any()
+
+
+def test_an_epoch_of_16_bit_pictures_is_the_same_without_the_extension(tmp_path, monkeypatch):
+    """RandomResizedCrop and a flip of uint16 pictures through `ds.batches` (made with the batch: one C call a run
+    with the extension), the same batches as Pillow's passes make without it."""
+    import outcore
+    from outcore.transforms import Compose, RandomFlip, RandomResizedCrop
+
+    pictures = (np.random.default_rng(7).random((24, 30, 40, 3)) * 65535).astype(np.uint16)
+    ds = outcore.from_arrays({"images": pictures, "labels": np.arange(24) % 3}, tmp_path / "deep.zarr", chunk_size=8,
+                             progress=False)
+    options = {"seed": 4, "transform": Compose([RandomResizedCrop((16, 20)), RandomFlip()])}
+    made = [batch["images"] for batch in ds.batches(8, **options)]
+    monkeypatch.setattr(native, "extension", None)
+    again = [batch["images"] for batch in ds.batches(8, **options)]
+    assert [batch.dtype for batch in made] == [np.uint16] * 3 and made[0].shape == (8, 16, 20, 3)
+    for one, other in zip(made, again, strict=True):
+        np.testing.assert_array_equal(one, other)
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "float32"])
 @pytest.mark.parametrize("channels", [3, None])
 def test_a_batch_s_boxes_resized_on_the_pool_are_resize_part_s(dtype, channels, backend):
-    """resize_boxes (a crop applied to a batch, not fused with its making): in runs on the pool, each a C call for uint8
-    pictures, one by one otherwise; every picture's box, inside or past its edges, mirrored or not, as `resize_part`
+    """resize_boxes (a crop applied to a batch, not fused with its making): in runs on the pool, each a C call with
+    the extension, one by one without; every picture's box, inside or past its edges, mirrored or not, as `resize_part`
     resizes it alone."""
     from outcore.imaging import resize_boxes, resize_part
 

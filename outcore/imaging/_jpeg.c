@@ -127,17 +127,21 @@ static void scratch_done(void *block) {
         free(block);
 }
 
-/* The taps of one axis of a resize: output pixel i is the weighted sum of input pixels first[i] .. first[i] + count[i]. */
+/* The taps of one axis of a resize: output pixel i is the weighted sum of input pixels first[i] .. first[i] + count[i],
+ * by fixed-point `weights` (8-bit samples) or by `exact` ones (samples of more bits, or floating point: taps_plan's
+ * `exact`), as Pillow weighs them for each. */
 typedef struct {
     int size, width; /* output pixels, taps kept per output pixel */
     int *first, *count;
     int32_t *weights;
+    double *exact;
 } Taps;
 
 static void taps_free(Taps *taps) {
     free(taps->first);
     free(taps->count);
     free(taps->weights);
+    free(taps->exact);
 }
 
 static double triangle(double x) {
@@ -145,8 +149,15 @@ static double triangle(double x) {
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
-/* The taps that resize [start, end) of an axis of `limit` pixels to `size` pixels; 0, or -1 out of memory. */
-static int taps_plan(Taps *taps, double start, double end, int limit, int size) {
+/* Whether tap j of output pixel i weighs nothing. */
+static int tap_zero(const Taps *taps, int i, int j) {
+    size_t at = (size_t)i * taps->width + j;
+    return taps->exact ? taps->exact[at] == 0.0 : taps->weights[at] == 0;
+}
+
+/* The taps that resize [start, end) of an axis of `limit` pixels to `size` pixels, their weights fixed-point or, with
+ * `exact`, doubles (Pillow's for 32-bit images); 0, or -1 out of memory. */
+static int taps_plan(Taps *taps, double start, double end, int limit, int size, int exact) {
     float first = (float)start, last = (float)end; /* a box's edges and their difference are single precision, as in Pillow */
     float span = last - first;
     start = first;
@@ -159,10 +170,14 @@ static int taps_plan(Taps *taps, double start, double end, int limit, int size) 
     taps->width = width;
     taps->first = malloc(size * sizeof(int));
     taps->count = malloc(size * sizeof(int));
-    taps->weights = calloc((size_t)size * width, sizeof(int32_t));
-    if (!raw || !taps->first || !taps->count || !taps->weights) {
+    if (exact)
+        taps->exact = calloc((size_t)size * width, sizeof(double));
+    else
+        taps->weights = calloc((size_t)size * width, sizeof(int32_t));
+    if (!raw || !taps->first || !taps->count || (!taps->weights && !taps->exact)) {
         free(raw);
         taps_free(taps);
+        memset(taps, 0, sizeof(*taps)); /* freed again by its caller's taps_free: nothing */
         return -1;
     }
     for (int i = 0; i < size; i++) {
@@ -182,17 +197,22 @@ static int taps_plan(Taps *taps, double start, double end, int limit, int size) 
         }
         for (int j = 0; j < count; j++) {
             double weight = total != 0.0 ? raw[j] / total : raw[j];
-            taps->weights[(size_t)i * width + j] =
-                (int32_t)(weight < 0 ? weight * (1 << PRECISION_BITS) - 0.5 : weight * (1 << PRECISION_BITS) + 0.5);
+            if (exact)
+                taps->exact[(size_t)i * width + j] = weight;
+            else
+                taps->weights[(size_t)i * width + j] =
+                    (int32_t)(weight < 0 ? weight * (1 << PRECISION_BITS) - 0.5 : weight * (1 << PRECISION_BITS) + 0.5);
         }
-        int32_t *weights = taps->weights + (size_t)i * width;
         int skip = 0;
-        while (count > 1 && weights[count - 1] == 0) /* taps of weight 0 add nothing: an identity keeps one */
+        while (count > 1 && tap_zero(taps, i, count - 1)) /* taps of weight 0 add nothing: an identity keeps one */
             count--;
-        while (skip < count - 1 && weights[skip] == 0)
+        while (skip < count - 1 && tap_zero(taps, i, skip))
             skip++;
-        if (skip > 0)
-            memmove(weights, weights + skip, (count - skip) * sizeof(int32_t));
+        if (skip > 0 && exact)
+            memmove(taps->exact + (size_t)i * width, taps->exact + (size_t)i * width + skip, (count - skip) * sizeof(double));
+        else if (skip > 0)
+            memmove(taps->weights + (size_t)i * width, taps->weights + (size_t)i * width + skip,
+                    (count - skip) * sizeof(int32_t));
         taps->first[i] = low + skip;
         taps->count[i] = count - skip;
     }
@@ -215,10 +235,12 @@ static void taps_span(const Taps *taps, int *low, int *high) {
 /* Whether the taps copy their input as it is: one tap of weight 1 per output pixel, on consecutive input
  * pixels (a box of whole pixels resized to its own size: a plain crop). */
 static int taps_copy(const Taps *taps) {
-    for (int i = 0; i < taps->size; i++)
-        if (taps->count[i] != 1 || taps->weights[(size_t)i * taps->width] != 1 << PRECISION_BITS ||
-            taps->first[i] != taps->first[0] + i)
+    for (int i = 0; i < taps->size; i++) {
+        size_t at = (size_t)i * taps->width;
+        if (taps->count[i] != 1 || taps->first[i] != taps->first[0] + i ||
+            (taps->exact ? taps->exact[at] != 1.0 : taps->weights[at] != 1 << PRECISION_BITS))
             return 0;
+    }
     return 1;
 }
 
@@ -433,6 +455,161 @@ RESIZE_CLONES static int resize(const uint8_t *source, size_t stride, int top, i
     return 0;
 }
 
+/* Samples of more than 8 bits, or floating point, by their buffer format: uint16 ('H'), int16 ('h'), float32 ('f')
+ * and float64 ('d'), resized as Pillow resizes a 32-bit float picture ("F"), channel by channel: read as float32
+ * (a float64 sample rounded to it), summed in double precision, each pass's result float32; then rounded half to
+ * even and held to an integer kind's range (resize.py's fallback does the same through Pillow). */
+static size_t sample_bytes(int kind) {
+    return kind == 'd' ? 8 : kind == 'f' ? 4 : kind == 'B' ? 1 : 2;
+}
+
+/* `count` samples of `kind` from `at` as float32 into `into` (a float64 sample rounded to it). */
+static inline void row_get(const uint8_t *at, int kind, size_t count, float *into) {
+    if (kind == 'H') {
+        for (size_t k = 0; k < count; k++) {
+            uint16_t value;
+            memcpy(&value, at + 2 * k, 2);
+            into[k] = (float)value;
+        }
+    } else if (kind == 'h') {
+        for (size_t k = 0; k < count; k++) {
+            int16_t value;
+            memcpy(&value, at + 2 * k, 2);
+            into[k] = (float)value;
+        }
+    } else if (kind == 'f') {
+        memcpy(into, at, count * sizeof(float));
+    } else {
+        for (size_t k = 0; k < count; k++) {
+            double value;
+            memcpy(&value, at + 8 * k, 8);
+            into[k] = (float)value;
+        }
+    }
+}
+
+/* A float32 held to [low, high] (integers of less than 2^22), then rounded half to even, as numpy's rint then clip
+ * give it (NaN: 0, as numpy casts it): adding and taking away 1.5 * 2^23 rounds in the default rounding mode. */
+static inline float held(float value, float low, float high) {
+    if (!(value >= low))
+        return value != value ? 0.0f : low;
+    if (value > high)
+        return high;
+    return (value + 12582912.0f) - 12582912.0f;
+}
+
+/* `count` sums as float32, then as samples of `kind` (integers rounded and held to their range) into `at`. */
+static inline void row_put(const double *sums, int kind, size_t count, uint8_t *at) {
+    for (size_t k = 0; k < count; k++) {
+        float value = (float)sums[k];
+        if (kind == 'H') {
+            uint16_t sample = (uint16_t)held(value, 0.0f, 65535.0f);
+            memcpy(at + 2 * k, &sample, 2);
+        } else if (kind == 'h') {
+            int16_t sample = (int16_t)held(value, -32768.0f, 32767.0f);
+            memcpy(at + 2 * k, &sample, 2);
+        } else if (kind == 'f') {
+            memcpy(at + 4 * k, &value, 4);
+        } else {
+            double sample = value;
+            memcpy(at + 8 * k, &sample, 8);
+        }
+    }
+}
+
+/* A row of `pixels` pixels of `pixel` bytes each mirrored left-right into `into`. */
+static void mirror_pixels(const uint8_t *row, int pixels, size_t pixel, uint8_t *into) {
+    for (int x = 0; x < pixels; x++)
+        memcpy(into + (size_t)x * pixel, row + (size_t)(pixels - 1 - x) * pixel, pixel);
+}
+
+/* resize for samples of `kind` (row_get) through exact taps (taps_plan's `exact`): `source` rows of `stride` bytes,
+ * `out` rows `out_stride` bytes apart. A plain crop is its samples copied as they are. */
+RESIZE_CLONES static int resize_exact(const uint8_t *source, size_t stride, int top, int left, int channels, int kind,
+                                      const Taps *rows, const Taps *columns, uint8_t *out, size_t out_stride, int flip_x,
+                                      int flip_y) {
+    size_t item = sample_bytes(kind), pixel = item * channels, across = (size_t)columns->size * channels;
+    if (taps_copy(rows) && taps_copy(columns)) {
+        for (int y = 0; y < rows->size; y++) {
+            const uint8_t *line = source + (size_t)(rows->first[y] - top) * stride + (columns->first[0] - left) * pixel;
+            uint8_t *into = out + (size_t)(flip_y ? rows->size - 1 - y : y) * out_stride;
+            if (flip_x)
+                mirror_pixels(line, columns->size, pixel, into);
+            else
+                memcpy(into, line, across * item);
+        }
+        return 0;
+    }
+    int row_low, row_high, column_low, column_high;
+    taps_span(rows, &row_low, &row_high);
+    taps_span(columns, &column_low, &column_high);
+    size_t middle_count = (size_t)(row_high - row_low) * across, line_count = (size_t)(column_high - column_low) * channels;
+    size_t floats = (middle_count + line_count + 1) / 2 * 2; /* the sums after them aligned for doubles */
+    float *middle = scratch_take(SCRATCH_MIDDLE, floats * sizeof(float) + across * sizeof(double));
+    if (middle == NULL)
+        return -1;
+    float *line = middle + middle_count; /* a source row's samples the taps read, as float32 */
+    double *sums = (double *)(middle + floats);
+    for (int y = row_low; y < row_high; y++) { /* columns first, only the rows the second pass reads */
+        row_get(source + (size_t)(y - top) * stride + (size_t)(column_low - left) * pixel, kind, line_count, line);
+        float *into = middle + (size_t)(y - row_low) * across;
+        for (int x = 0; x < columns->size; x++) {
+            const double *weights = columns->exact + (size_t)x * columns->width;
+            const float *first = line + (size_t)(columns->first[x] - column_low) * channels;
+            float *pixel_into = into + (size_t)(flip_x ? columns->size - 1 - x : x) * channels;
+            if (channels == 3) { /* a pixel's three sums side by side: each in the order of its taps, as alone */
+                double red = 0.0, green = 0.0, blue = 0.0;
+                for (int j = 0; j < columns->count[x]; j++) {
+                    red += (double)first[3 * j] * weights[j];
+                    green += (double)first[3 * j + 1] * weights[j];
+                    blue += (double)first[3 * j + 2] * weights[j];
+                }
+                pixel_into[0] = (float)red;
+                pixel_into[1] = (float)green;
+                pixel_into[2] = (float)blue;
+                continue;
+            }
+            for (int c = 0; c < channels; c++) {
+                double sum = 0.0;
+                for (int j = 0; j < columns->count[x]; j++)
+                    sum += (double)first[(size_t)j * channels + c] * weights[j];
+                pixel_into[c] = (float)sum;
+            }
+        }
+    }
+    for (int y = 0; y < rows->size; y++) { /* then rows, tap by tap over a whole row, which vectorises */
+        const double *weights = rows->exact + (size_t)y * rows->width;
+        for (size_t k = 0; k < across; k++)
+            sums[k] = 0.0;
+        for (int j = 0; j < rows->count[y]; j++) {
+            const float *taken = middle + (size_t)(rows->first[y] + j - row_low) * across;
+            double weight = weights[j];
+            for (size_t k = 0; k < across; k++)
+                sums[k] += (double)taken[k] * weight;
+        }
+        row_put(sums, kind, across, out + (size_t)(flip_y ? rows->size - 1 - y : y) * out_stride);
+    }
+    scratch_done(middle);
+    return 0;
+}
+
+/* A resize of samples of `kind` ('B': 8-bit, through fixed-point taps; the others: resize_exact), its taps planned
+ * here: box `edges` (top, left, bottom, right) of a `height` x `width` picture into out_height x out_width; 0, or -1
+ * out of memory. */
+static int resize_kind(const uint8_t *source, size_t stride, int height, int width, int channels, int kind,
+                       const double *edges, int out_height, int out_width, uint8_t *out, size_t out_stride, int flip_x,
+                       int flip_y) {
+    Taps rows = {0}, columns = {0};
+    int exact = kind != 'B';
+    int failed = taps_plan(&rows, edges[0], edges[2], height, out_height, exact) ||
+                 taps_plan(&columns, edges[1], edges[3], width, out_width, exact) ||
+                 (exact ? resize_exact(source, stride, 0, 0, channels, kind, &rows, &columns, out, out_stride, flip_x, flip_y)
+                        : resize(source, stride, 0, 0, channels, &rows, &columns, out, out_stride, flip_x, flip_y));
+    taps_free(&rows);
+    taps_free(&columns);
+    return failed ? -1 : 0;
+}
+
 typedef struct {
     const uint8_t *data;
     size_t size;
@@ -536,8 +713,8 @@ static int crop_resize(const Request *request, uint8_t *out, size_t out_stride, 
     jpeg_start_decompress(cinfo);
     if (!box_inside(box, cinfo->output_height, cinfo->output_width))
         fail(work, "the box lies outside the scaled picture");
-    if (taps_plan(&work->rows, box[0], box[2], cinfo->output_height, request->height) ||
-        taps_plan(&work->columns, box[1], box[3], cinfo->output_width, request->width))
+    if (taps_plan(&work->rows, box[0], box[2], cinfo->output_height, request->height, 0) ||
+        taps_plan(&work->columns, box[1], box[3], cinfo->output_width, request->width, 0))
         fail(work, "out of memory");
     int top, bottom, left, right;
     taps_span(&work->rows, &top, &bottom);
@@ -1119,6 +1296,23 @@ static PyObject *py_crop_each(PyObject *self, PyObject *args, PyObject *kwargs) 
     return run_each(regions, ranges, arrays, 1);
 }
 
+/* The kind of a buffer's samples that resize takes (sample_bytes): its format's letter, or 0 for another. */
+static int sample_kind(const Py_buffer *view) {
+    const char *format = view->format;
+    if (*format == '@' || *format == '=' || *format == (PY_LITTLE_ENDIAN ? '<' : '>'))
+        format++;
+    if (format[0] == '\0' || format[1] != '\0' || strchr("BHhfd", format[0]) == NULL ||
+        (size_t)view->itemsize != sample_bytes(format[0]))
+        return 0;
+    return format[0];
+}
+
+/* Whether resize takes pictures of `kind` with `channels`: 8-bit ones of 1 or 3 (RGBA is premultiplied by Pillow,
+ * resize.py's), the others of any. */
+static int resizable(int kind, Py_ssize_t channels) {
+    return kind == 'B' ? channels == 1 || channels == 3 : kind != 0 && channels >= 1;
+}
+
 static PyObject *py_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"source", "box", "out", "flip_x", "flip_y", NULL};
     Py_buffer source, out;
@@ -1135,24 +1329,21 @@ static PyObject *py_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     PyObject *result = NULL;
-    if (source.ndim != 3 || out.ndim != 3 || strcmp(source.format, "B") || strcmp(out.format, "B") ||
-        source.shape[2] != out.shape[2] || (out.shape[2] != 1 && out.shape[2] != 3)) {
-        PyErr_SetString(PyExc_ValueError, "source and out must be C-contiguous uint8 arrays (height, width, channels)");
+    const int kind = sample_kind(&source);
+    if (source.ndim != 3 || out.ndim != 3 || kind != sample_kind(&out) || source.shape[2] != out.shape[2] ||
+        !resizable(kind, source.shape[2])) {
+        PyErr_SetString(PyExc_ValueError, "source and out must be C-contiguous arrays (height, width, channels) of one "
+                                          "kind: uint8 of 1 or 3 channels, or uint16, int16, float32 or float64");
     } else if (!box_inside(box, (double)source.shape[0], (double)source.shape[1])) {
         PyErr_SetString(PyExc_ValueError, "the box lies outside the source");
     } else {
-        Taps rows = {0}, columns = {0};
         int channels = (int)source.shape[2], failed;
-        FREE_BEGIN failed = taps_plan(&rows, box[0], box[2], (int)source.shape[0], (int)out.shape[0]) ||
-                                        taps_plan(&columns, box[1], box[3], (int)source.shape[1], (int)out.shape[1]) ||
-                                        resize(source.buf, (size_t)source.shape[1] * channels, 0, 0, channels, &rows,
-                                               &columns, out.buf, (size_t)out.shape[1] * channels, flip_x, flip_y);
-        FREE_END taps_free(&rows);
-        taps_free(&columns);
-        if (failed)
-            PyErr_NoMemory();
-        else
-            result = Py_NewRef(Py_None);
+        size_t pixel = sample_bytes(kind) * channels;
+        FREE_BEGIN failed = resize_kind(source.buf, (size_t)source.shape[1] * pixel, (int)source.shape[0],
+                                        (int)source.shape[1], channels, kind, box, (int)out.shape[0], (int)out.shape[1],
+                                        out.buf, (size_t)out.shape[1] * pixel, flip_x, flip_y);
+        FREE_END if (failed) PyErr_NoMemory();
+        else result = Py_NewRef(Py_None);
     }
     PyBuffer_Release(&source);
     PyBuffer_Release(&out);
@@ -1168,7 +1359,7 @@ typedef struct {
     const double *boxes;
     const uint8_t *flips;
     Py_ssize_t count;
-    int height, width, channels; /* the pictures' */
+    int height, width, channels, kind; /* the pictures' (kind: sample_kind) */
     uint8_t *out;
     int out_height, out_width;
 } Resizes;
@@ -1178,8 +1369,8 @@ typedef struct {
  * (box_part); one within ROUNDING of them, but not inside in single precision, is left, as is a box of no pixels
  * or of numbers not finite. */
 static void resize_all(const Resizes *r, uint8_t *done) {
-    size_t picture = (size_t)r->height * r->width * r->channels, out_stride = (size_t)r->out_width * r->channels;
-    size_t row_bytes = out_stride * r->out_height;
+    size_t pixel = sample_bytes(r->kind) * r->channels, out_stride = (size_t)r->out_width * pixel;
+    size_t picture = (size_t)r->height * r->width * pixel, row_bytes = out_stride * r->out_height;
     for (Py_ssize_t k = 0; k < r->count; k++) {
         const double *box = r->boxes + 4 * k;
         double edges[4];
@@ -1190,15 +1381,10 @@ static void resize_all(const Resizes *r, uint8_t *done) {
         done[k] = cut == 0; /* nothing of the picture in it: zeros */
         if (cut < 1)
             continue;
-        Taps rows = {0}, columns = {0};
         done[k] = box_inside(edges, (double)r->height, (double)r->width) &&
-                  taps_plan(&rows, edges[0], edges[2], r->height, place[2]) == 0 &&
-                  taps_plan(&columns, edges[1], edges[3], r->width, place[3]) == 0 &&
-                  resize(r->chunks[r->which[k]] + picture * (size_t)r->local[k], (size_t)r->width * r->channels, 0, 0,
-                         r->channels, &rows, &columns, row + out_stride * place[0] + (size_t)r->channels * place[1],
-                         out_stride, flip_x, flip_y) == 0;
-        taps_free(&rows);
-        taps_free(&columns);
+                  resize_kind(r->chunks[r->which[k]] + picture * (size_t)r->local[k], (size_t)r->width * pixel,
+                              r->height, r->width, r->channels, r->kind, edges, place[2], place[3],
+                              row + out_stride * place[0] + pixel * place[1], out_stride, flip_x, flip_y) == 0;
     }
 }
 
@@ -1228,9 +1414,9 @@ static PyObject *py_resize_each(PyObject *self, PyObject *args) {
             break;
         }
         const Py_buffer *first = &chunk_views[0];
-        fine = view->ndim == 4 && !strcmp(view->format, "B") && (view->shape[3] == 1 || view->shape[3] == 3) &&
-               view->shape[1] == first->shape[1] && view->shape[2] == first->shape[2] &&
-               view->shape[3] == first->shape[3];
+        fine = view->ndim == 4 && resizable(sample_kind(view), view->shape[3]) &&
+               sample_kind(view) == sample_kind(first) && view->shape[1] == first->shape[1] &&
+               view->shape[2] == first->shape[2] && view->shape[3] == first->shape[3];
         r.chunks[taken] = view->buf;
         r.lengths[taken] = view->shape[0];
     }
@@ -1240,15 +1426,16 @@ static PyObject *py_resize_each(PyObject *self, PyObject *args) {
     Py_buffer *out = &views[3];
     fine = fine && count >= 0 && buffer_of(&views[0], "ql") && views[1].ndim == 1 && views[1].shape[0] == count &&
            buffer_of(&views[1], "ql") && table_of(&views[2], count, 4, "d") && out->ndim == 4 &&
-           !strcmp(out->format, "B") && out->shape[3] == chunk_views[0].shape[3] && views[4].ndim == 1 &&
+           sample_kind(out) == sample_kind(&chunk_views[0]) && out->shape[3] == chunk_views[0].shape[3] && views[4].ndim == 1 &&
            views[4].shape[0] == count && buffer_of(&views[4], "ql") && views[5].ndim == 2 &&
            views[5].shape[0] == count && views[5].shape[1] == 2 && !strcmp(views[5].format, "B");
     if (!fine) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError,
-                            "wanted: chunks (pictures, height, width, 1 or 3; uint8, of one shape), which, local and "
-                            "rows (int64), boxes (count, 4; float64), out (rows, height, width, the chunks' channels; "
-                            "uint8) and flips (count, 2; uint8), all C-contiguous");
+                            "wanted: chunks (pictures, height, width, channels; of one shape and kind: uint8 of 1 or 3 "
+                            "channels, or uint16, int16, float32 or float64), which, local and rows (int64), boxes "
+                            "(count, 4; float64), out (rows, height, width, the chunks' channels and kind) and flips "
+                            "(count, 2; uint8), all C-contiguous");
         goto done;
     }
     r.which = views[0].buf;
@@ -1261,6 +1448,7 @@ static PyObject *py_resize_each(PyObject *self, PyObject *args) {
     r.height = (int)chunk_views[0].shape[1];
     r.width = (int)chunk_views[0].shape[2];
     r.channels = (int)chunk_views[0].shape[3];
+    r.kind = sample_kind(&chunk_views[0]);
     r.out_height = (int)out->shape[1];
     r.out_width = (int)out->shape[2];
     for (Py_ssize_t k = 0; k < count; k++)
@@ -1326,14 +1514,16 @@ static PyMethodDef methods[] = {
      "opening with \"Exif\\0\\0\"), where an orientation could be."},
     {"resize_each", py_resize_each, METH_VARARGS,
      "resize_each(chunks, which, local, boxes, out, rows, flips)\n--\n\n"
-     "For every k: boxes[k] (top, left, height, width) of picture local[k] of chunks[which[k]] (uint8, (pictures,\n"
-     "height, width, 1 or 3)) resized into out[rows[k]] as resize does, mirrored as flips[k] (left-right, top-bottom)\n"
-     "says; the list of the k left (boxes not inside their picture) is returned. The GIL is released once for them\n"
-     "all."},
+     "For every k: boxes[k] (top, left, height, width) of picture local[k] of chunks[which[k]] ((pictures, height,\n"
+     "width, channels), as resize takes them) resized into out[rows[k]] as resize does, mirrored as flips[k]\n"
+     "(left-right, top-bottom) says; the list of the k left (boxes not inside their picture) is returned. The GIL is\n"
+     "released once for them all."},
     {"resize", (PyCFunction)(void (*)(void))py_resize, METH_VARARGS | METH_KEYWORDS,
      "resize(source, box, out, flip_x=False, flip_y=False)\n--\n\n"
-     "Resize `box` (top, left, bottom, right) of `source` (height, width, channels; uint8) into `out`,\n"
-     "antialiased bilinear, as Pillow's Image.resize(..., BILINEAR, box=...) does."},
+     "Resize `box` (top, left, bottom, right) of `source` (height, width, channels) into `out` (of its kind),\n"
+     "antialiased bilinear, as Pillow's Image.resize(..., BILINEAR, box=...) does: uint8 of 1 or 3 channels, columns\n"
+     "first then rows, rounded between; uint16, int16, float32 or float64 of any, each channel as a float32 picture\n"
+     "(mode F), then rounded half to even and held to an integer kind's range."},
     FREE_METHOD,
     {NULL, NULL, 0, NULL},
 };

@@ -93,10 +93,15 @@ def _resize(pixels: np.ndarray, height: int, width: int, box: Box | None = None,
 def resize_edges(pixels: np.ndarray, edges: tuple[float, float, float, float], size: tuple[int, int],
                  out: np.ndarray | None = None, flip: tuple[bool, bool] = (False, False)) -> np.ndarray:
     """The region of ``pixels`` (h, w, c) between ``edges`` (top, left, bottom, right) resized to ``size``,
-    antialiased bilinear, mirrored left-right and top-bottom as ``flip`` says, into ``out`` when given.
-    Other than 8-bit data is resized channel by channel in float. A region of whole pixels at its own size
-    (a plain crop) is its pixels as they are: what the filter gives them, and, for RGBA, what Pillow's
-    premultiplied alpha would not (it changes the colour of translucent pixels).
+    antialiased bilinear, columns first, then rows, mirrored left-right and top-bottom as ``flip`` says, into
+    ``out`` when given. 8-bit data is rounded to 8 bits between the two passes, as Pillow's 8-bit resize rounds;
+    other data is resized channel by channel as Pillow resizes a 32-bit float picture (float32 between and after the
+    passes; integers then rounded half to even and held to their type's range). By the C extension where it is
+    built (8-bit pictures of 1 or 3 channels; uint16, int16, float32 and float64 ones of any), else by Pillow one
+    axis at a time: Pillow's own two-axis resize may take the axes in either order, and which depends on its
+    version and the sizes; this order is outcore's, always. A region of whole pixels at its own size (a plain crop)
+    is its pixels as they are: what the filter gives them, and, for RGBA, what Pillow's premultiplied alpha would
+    not (it changes the colour of translucent pixels).
 
     >>> resize_edges(np.arange(16, dtype=np.uint8).reshape(4, 4, 1), (0, 0, 2, 4), (1, 2))[..., 0].tolist()
     [[4, 5]]
@@ -105,35 +110,40 @@ def resize_edges(pixels: np.ndarray, edges: tuple[float, float, float, float], s
     if (bottom - top, right - left) == tuple(size) and float(top).is_integer() and float(left).is_integer():
         region = pixels[int(top) : int(bottom), int(left) : int(right)]
         return _placed(region if out is not None else region.copy(), out, flip)
-    if pixels.dtype == np.uint8:
-        return _resize_uint8(pixels, size, edges, out, flip)
-    region = (edges[1], edges[0], edges[3], edges[2])  # Pillow's order
-    planes = np.stack([
-        np.asarray(Image.fromarray(pixels[..., c].astype(np.float32)).resize(
-            size[::-1], Image.Resampling.BILINEAR, box=region))
-        for c in range(pixels.shape[2])
-    ], axis=-1)
+    if native.extension is not None and resized_in_c(pixels.dtype, pixels.shape[2]):
+        with written_into(out, (*size, pixels.shape[2]), pixels.dtype) as target:
+            native.extension.resize(np.ascontiguousarray(pixels), edges, target, *flip)
+        return target if out is None else out
+    if pixels.dtype == np.uint8:  # RGBA too: Pillow premultiplies its alpha
+        image = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
+        return _placed(np.asarray(_columns_then_rows(image, size, edges)).reshape(*size, pixels.shape[2]), out, flip)
+    planes = np.stack([np.asarray(_columns_then_rows(Image.fromarray(pixels[..., c].astype(np.float32)), size, edges))
+                       for c in range(pixels.shape[2])], axis=-1)
     if pixels.dtype.kind in "ui":
         info = np.iinfo(pixels.dtype)
         planes = np.clip(np.rint(planes), info.min, info.max)
     return _placed(planes.astype(pixels.dtype), out, flip)
 
 
-def _resize_uint8(pixels: np.ndarray, size: tuple[int, int], edges: tuple[float, float, float, float],
-                  out: np.ndarray | None, flip: tuple[bool, bool]) -> np.ndarray:
-    """Pillow's antialiased bilinear filter, columns first, then rows (8-bit rounding between): by the C
-    extension where it is built, else by Pillow one axis at a time. Pillow's own two-axis resize may take
-    the axes in either order, and which depends on its version; this order is outcore's, always."""
+C_KINDS = tuple(np.dtype(kind) for kind in ("uint16", "int16", "float32", "float64"))  # any channels; uint8: 1 or 3
+
+
+def resized_in_c(dtype: np.dtype, channels: int) -> bool:
+    """Whether the C extension resizes pictures of ``dtype`` with ``channels`` (as `resize_edges` says): uint8 ones of
+    1 or 3 channels (Pillow premultiplies RGBA's alpha), uint16, int16, float32 and float64 ones of any, in the
+    machine's byte order."""
+    if dtype == np.uint8:
+        return channels in (1, 3)
+    return dtype in C_KINDS and dtype.isnative and channels >= 1
+
+
+def _columns_then_rows(image: Image.Image, size: tuple[int, int], edges: tuple[float, float, float, float]
+                       ) -> Image.Image:
+    """Region ``edges`` of ``image`` resized to ``size`` by Pillow's bilinear filter, columns first, then rows: two
+    resizes of one axis each."""
     height, width = size
-    channels = pixels.shape[2]
-    if native.extension is not None and channels in (1, 3):  # RGBA goes through Pillow: it premultiplies alpha
-        with written_into(out, (height, width, channels)) as target:
-            native.extension.resize(np.ascontiguousarray(pixels), edges, target, *flip)
-        return target if out is None else out
-    image = Image.fromarray(pixels[..., 0] if channels == 1 else pixels)
     columns = image.resize((width, image.height), Image.Resampling.BILINEAR, box=(edges[1], 0, edges[3], image.height))
-    rows = columns.resize((width, height), Image.Resampling.BILINEAR, box=(0, edges[0], width, edges[2]))
-    return _placed(np.asarray(rows).reshape(height, width, channels), out, flip)
+    return columns.resize((width, height), Image.Resampling.BILINEAR, box=(0, edges[0], width, edges[2]))
 
 
 PRECISION_BITS = 22  # the C extension's fixed-point weights (as Pillow's): 8-bit samples times weights fit 32 bits
@@ -179,11 +189,12 @@ def resize_taps(starts: Sequence[float], ends: Sequence[float], limits: Sequence
 
 
 @contextmanager
-def written_into(out: np.ndarray | None, shape: tuple[int, int, int]) -> Iterator[np.ndarray]:
-    """A C-contiguous uint8 array of ``shape`` for C code to write: ``out`` itself (reshaped) where it can
+def written_into(out: np.ndarray | None, shape: tuple[int, int, int], dtype: type | np.dtype = np.uint8
+                 ) -> Iterator[np.ndarray]:
+    """A C-contiguous array of ``shape`` and ``dtype`` for C code to write: ``out`` itself (reshaped) where it can
     be, else a new one, copied into ``out`` (when given) afterwards."""
-    direct = out is not None and out.flags.c_contiguous and out.dtype == np.uint8 and out.size == np.prod(shape)
-    target = out.reshape(shape) if direct else np.empty(shape, np.uint8)
+    direct = out is not None and out.flags.c_contiguous and out.dtype == dtype and out.size == np.prod(shape)
+    target = out.reshape(shape) if direct else np.empty(shape, dtype)
     yield target
     if out is not None and not direct:
         out[...] = target.reshape(out.shape)
@@ -213,7 +224,7 @@ def resize_boxes(images: np.ndarray, boxes: Sequence[Box] | np.ndarray, size: tu
                  flips: np.ndarray | None = None) -> np.ndarray:
     """``boxes[i]`` of ``images[i]`` (N, H, W[, C]) resized to ``size``, mirrored as ``flips[i]`` (left-right,
     top-bottom) says when given, into a new (N, *size[, C]) array; a box past its picture's edges is zeros there
-    (`resize_part`). In runs on the pool's threads, a run of uint8 pictures' boxes one C call (`resize_rows`).
+    (`resize_part`). In runs on the pool's threads, a run's boxes one C call where it takes them (`resize_rows`).
 
     >>> images = np.arange(2 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4)
     >>> resize_boxes(images, [(0, 0, 2, 2), (2, 2, 2, 2)], (2, 2))[1].tolist()
@@ -237,8 +248,8 @@ def resize_rows(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarr
     """Box ``boxes[k]`` (top, left, height, width) of picture ``local[k]`` of ``chunks[which[k]]`` resized into
     ``out[rows[k]]`` and mirrored as ``flips[k]`` (left-right, top-bottom) says, as `resize_part` does (zeros past
     the picture's edges), for every ``k``: in one C call outside the GIL for them all (``resize_each``), where the
-    extension is built and the pictures are uint8 of 1 or 3 channels (or none), the chunks and ``out``
-    C-contiguous; else one by one, as are boxes past the edges by no more than ``crops.ROUNDING`` that single
+    extension is built and takes the pictures (`resized_in_c`: uint8 of 1 or 3 channels, or none; uint16, int16, float32
+    or float64 of any), the chunks and ``out`` C-contiguous; else one by one, as are boxes past the edges by no more than ``crops.ROUNDING`` that single
     precision does not find inside.
 
     >>> chunks = [np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)]
@@ -261,8 +272,9 @@ def _resized_in_c(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.nda
     resize_each = getattr(native.extension, "resize_each", None)  # None: not built (or built before it was)
     pictures = [chunk[..., None] if chunk.ndim == 3 else chunk for chunk in chunks]
     into = out[..., None] if out.ndim == 3 else out
-    if resize_each is None or not pictures or pictures[0].dtype != np.uint8 or pictures[0].shape[3] not in (1, 3) \
-            or not into.flags.c_contiguous or not all(picture.flags.c_contiguous for picture in pictures):
+    if resize_each is None or not pictures or not resized_in_c(pictures[0].dtype, pictures[0].shape[3]) \
+            or into.dtype != pictures[0].dtype or not into.flags.c_contiguous \
+            or not all(picture.flags.c_contiguous for picture in pictures):
         return range(len(which))
     which, local, rows = (np.ascontiguousarray(values, np.int64) for values in (which, local, rows))
     return resize_each(pictures, which, local, np.ascontiguousarray(boxes, np.float64), into, rows,
