@@ -5,7 +5,7 @@
                                [--step-ms 5] [--held 0.5] [--feed-workers 0,torch,process,process2,2]
                                [--cases pixels,pixels-each,pixels+flip,pixels+crop,pixels+crop+norm,pixels+rrc,
                                         pixels+then-rrc,pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,
-                                        pixels+center,pixels+jitter,encoded+flip,pixels+crop-torch,encoded,
+                                        pixels+center,pixels+jitter,pixels16+rrc,encoded+flip,pixels+crop-torch,encoded,
                                         encoded+crop,encoded+jitter,encoded+crop-torch,rrc,dense,dense-own,dense-bc,ingest]
                                [--torch-workers 0,2] [--as-cpus 16]
 
@@ -23,7 +23,8 @@ after a user's Python step (`users_step`), so not fused with the batch's making:
 ``pixels+crop+bc``: crop + flip then ``BrightnessContrast()``; ``pixels+crop+half``: ``pixels+crop+norm`` then
 ``Cast("float16")``; ``pixels+crop+norm16``: the same by ``Normalize(..., dtype="float16")``; ``pixels+center``:
 ``CenterCrop(112)``; ``pixels+jitter``, ``encoded+jitter``: ``ScaleJitter(112, scale=(0.5, 1.5))`` + flip of the
-pixels, of the JPEGs; ``encoded+flip``: ``RandomFlip()`` alone of the JPEGs; ``pixels+crop-torch``,
+pixels, of the JPEGs; ``pixels16+rrc``: ``pixels+rrc`` of the same photos in 16 bits (uint16, each level times 257,
+as a 16-bit PNG of them holds them: a store written by ``outcore.from_arrays``); ``encoded+flip``: ``RandomFlip()`` alone of the JPEGs; ``pixels+crop-torch``,
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
 loop takes it, in tensors (with PyTorch installed); ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
 sizes, ``shape=None, images="encoded"``, files/s):
@@ -167,6 +168,7 @@ CASES = {  # name: (store, transform)
     "pixels+crop-torch": ("pixels", Compose([RandomCrop(112), RandomFlip()])),
     "pixels+center": ("pixels", CenterCrop(112)),
     "pixels+jitter": ("pixels", Compose([ScaleJitter(112, scale=(0.5, 1.5)), RandomFlip()])),
+    "pixels16+rrc": ("pixels16", Compose([RandomResizedCrop(112), RandomFlip()])),
     "encoded": ("encoded", None),
     "encoded+flip": ("encoded", RandomFlip()),
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
@@ -206,6 +208,7 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
     from imagenet import write_folder
 
     photos, own_size = workdir / "photos", workdir / "own-size-jpegs"
+    needed = needed | ({"pixels"} if "pixels16" in needed else set())  # made from the pixel store
     if not photos.exists() and needed & {"pixels", "encoded"}:
         write_image_folder(photos, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos", seed=0)
     if needed & {"own-size", "own-size-jpegs"}:
@@ -222,6 +225,11 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
         made[name] = location = workdir / f"{name}.zarr"
         if name in needed and not location.exists():
             outcore.ingest_images(source, location, progress=False, **options)
+    made["pixels16"] = location = workdir / "pixels16.zarr"
+    if "pixels16" in needed and not location.exists():  # the pixel store's photos in 16 bits: each level x 257
+        pixels = outcore.open_dataset(made["pixels"])
+        outcore.from_arrays({"images": np.asarray(pixels["images"][:]).astype(np.uint16) * 257,
+                             "labels": np.asarray(pixels["labels"][:])}, location, progress=False)
     return made
 
 
