@@ -7,7 +7,8 @@ in one call outside the GIL); all but the first need a C compiler only.
 It needs a C compiler and libjpeg-turbo 1.5 or later with its headers (Debian/Ubuntu ``libjpeg62-turbo-dev``
 or ``libjpeg-turbo8-dev``, Fedora ``libjpeg-turbo-devel``, Homebrew ``jpeg-turbo``, conda ``libjpeg-turbo``),
 found through ``pkg-config libjpeg``, the ``OUTCORE_JPEG_PREFIX`` environment variable (a folder with
-``include/`` and ``lib/``), an active conda environment or Homebrew. Without them the install goes on
+``include/`` and ``lib/``), an active conda environment or Homebrew. Where zlib's header is found too (``pkg-config
+zlib``, or beside them), it also decodes plain PNGs. Without them the install goes on
 without the extension, saying so, and outcore decodes with simplejpeg and Pillow instead (the same pixels,
 slower); ``outcore info --system`` shows which. ``OUTCORE_NATIVE=0`` skips the builds.
 """
@@ -35,6 +36,7 @@ BLAKE2B = "outcore/_blake2b.h"  # the survey's file digests, taken in check_file
 WHOLE_FILES = "outcore/_whole_files.h"  # whole picture files read at ingest, by _jpeg and _chunks alike
 MAPPED_FILES = "outcore/storage/_mapped_files.h"  # shard files mapped once, chunks in memory read in place
 STREAM_COPY = "outcore/_stream_copy.h"  # large copies written past the caches, by _windows and _chunks alike
+PNG = "outcore/imaging/_png.h"  # plain PNGs decoded by _jpeg's decode_each, where zlib is found
 
 
 def jpeg_paths() -> tuple[list[str], list[str]]:
@@ -51,6 +53,19 @@ def jpeg_paths() -> tuple[list[str], list[str]]:
     return [str(p / "include") for p in prefixes], [str(p / "lib") for p in prefixes]
 
 
+def zlib_paths(jpeg_includes: list[str]) -> tuple[list[str], list[str]] | None:
+    """(include folders, library folders) of zlib, which ``_jpeg`` decodes plain PNGs with (``OUTCORE_PNG``); None
+    where its header is not found: ``_jpeg`` is built without it."""
+    if shutil.which("pkg-config"):
+        found = subprocess.run(["pkg-config", "--cflags-only-I", "--libs-only-L", "zlib"], capture_output=True,
+                               text=True, check=False)
+        if found.returncode == 0:
+            words = found.stdout.split()
+            return [w[2:] for w in words if w.startswith("-I")], [w[2:] for w in words if w.startswith("-L")]
+    folders = [*jpeg_includes, "/usr/include", "/usr/local/include"]
+    return ([], []) if any((Path(folder) / "zlib.h").exists() for folder in folders) else None
+
+
 class OptionalBuildExt(build_ext):
     """build_ext that reports a failed build and goes on without that extension: it is optional."""
 
@@ -58,6 +73,13 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except (CCompilerError, CompileError, ExecError, LinkError, PlatformError, OSError) as error:
+            if ("OUTCORE_PNG", "1") in ext.define_macros:  # zlib's header without its library: without PNGs
+                print(f"outcore: {ext.name} was not built with zlib ({error}); building it without: its PNGs are "
+                      "decoded by Pillow", file=sys.stderr)
+                ext.define_macros.remove(("OUTCORE_PNG", "1"))
+                ext.libraries.remove("z")
+                self.build_extension(ext)
+                return
             self.extensions = [other for other in self.extensions if other is not ext]  # nothing to copy or install
             instead = {"outcore.imaging._jpeg": "decode JPEGs with simplejpeg and Pillow (same pixels, slower). Install "
                                                 "libjpeg-turbo's headers and a C compiler to build it.",
@@ -76,9 +98,15 @@ def extensions() -> list[Extension]:
     if os.environ.get("OUTCORE_NATIVE", "1") == "0":
         return []
     include_dirs, library_dirs = jpeg_paths()
+    libraries, macros = ["jpeg"], []
+    zlib = zlib_paths(include_dirs)
+    if zlib is not None:
+        include_dirs, library_dirs = include_dirs + zlib[0], library_dirs + zlib[1]
+        libraries, macros = [*libraries, "z"], [("OUTCORE_PNG", "1")]
     flags = ["-O3", "-ffp-contract=off"] if os.name != "nt" else []
     return [Extension("outcore.imaging._jpeg", [SOURCE], include_dirs=include_dirs, library_dirs=library_dirs,
-                      libraries=["jpeg"], extra_compile_args=flags, depends=[*FREE_TIME, BLAKE2B, WHOLE_FILES]),
+                      libraries=libraries, define_macros=macros, extra_compile_args=flags,
+                      depends=[*FREE_TIME, BLAKE2B, WHOLE_FILES, PNG]),
             Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags,
                       depends=[*FREE_TIME, STREAM_COPY]),
             Extension("outcore.seeds._state", [SEEDS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),

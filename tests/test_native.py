@@ -335,14 +335,15 @@ def _same_size_files(channels: int) -> dict[str, bytes]:
     return files
 
 
-PLAIN = {"4:2:0", "4:2:2", "4:4:4", "progressive", "restart markers", "greyscale progressive"}
+PLAIN = {"4:2:0", "4:2:2", "4:4:4", "progressive", "restart markers", "greyscale progressive",
+         *(("png",) if getattr(native.extension, "ZLIB", "") else ())}  # a plain PNG too, where built with zlib
 
 
 @built
 @pytest.mark.parametrize("channels", [3, 1])
 def test_plain_jpegs_decoded_together_are_decode_images_samples(channels):
-    """decode_each: each plain JPEG of the rows' size decoded into its row (rows in any order), the same pixels
-    as `decode_image`; every other file left, its row untouched."""
+    """decode_each: each plain JPEG (and PNG, tests/test_png.py) of the rows' size decoded into its row (rows in any
+    order), the same pixels as `decode_image`; every other file left, its row untouched."""
     files = _same_size_files(channels)
     names = [*files, *files]  # each file twice: samples are not rows
     region, ranges = pack_regions([files[name] for name in names], len(names), 1 << 20)

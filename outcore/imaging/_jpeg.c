@@ -12,7 +12,8 @@
  *
  * decode_each decodes the plain JPEGs of chunks' bytes that are of a batch's size whole, straight into the
  * batch's rows, one decoder for them all and the GIL released once: what decode.py's decode_image does for
- * each of them through simplejpeg, the same pixels, without the 5 us of Python a sample around it. crop_each
+ * each of them through simplejpeg, the same pixels, without the 5 us of Python a sample around it; and, built with
+ * zlib (OUTCORE_PNG), the plain PNGs among them (_png.h), the pixels Pillow gives, without its Python. crop_each
  * does the same for boxes of the files (decode_region's crop_resize calls, their DCT scale and scaled box
  * chosen here by decode_region's arithmetic: `plan`), without its 11 us of Python a sample. resize_each does the
  * resize alone for boxes of pictures already decoded (a pixel store's chunks: RandomResizedCrop, CenterCrop with a
@@ -40,6 +41,10 @@
 #include <string.h>
 
 #include <jpeglib.h>
+
+#ifdef OUTCORE_PNG
+#include "_png.h"
+#endif
 
 #define MARGIN 2          /* pixels decoded past a window's edges: fancy upsampling there sees the crop's edge */
 #define PRECISION_BITS 22 /* fixed-point weights: 8-bit samples times weights summing to 1 fit in 32 bits */
@@ -933,6 +938,9 @@ static int decode_all(const Each *each, uint8_t *done) {
                    .max_side = -1};
     size_t stride = (size_t)each->width * each->channels, bytes = stride * each->height;
     int64_t shape[2];
+#ifdef OUTCORE_PNG
+    PngDecoder png = {0};
+#endif
     for (Py_ssize_t k = 0; k < each->count; k++) {
         const uint8_t *data;
         size_t size;
@@ -941,22 +949,35 @@ static int decode_all(const Each *each, uint8_t *done) {
             continue;
         }
         uint8_t *out = each->out + bytes * each->rows[k];
+#ifdef OUTCORE_PNG
+        if (png_file(data, size)) {
+            done[k] = png_decode(&png, data, size, each->channels, each->height, each->width, out, stride);
+            continue;
+        }
+#endif
         for (int y = 0; y < each->height; y++)
             lines[y] = out + (size_t)y * stride;
         done[k] = decode_plain(decoder, data, size, &plain, lines, shape);
     }
+#ifdef OUTCORE_PNG
+    png_decoder_free(&png);
+#endif
     decoder_free(decoder);
     free(lines);
     return 0;
 }
 
 /* Crop every box of `each` of a plain JPEG of its stated size (no EXIF) into its row, as crop_resize does with the
- * scale and box decode_region would choose (plan); done[k] says which. A box past its picture's edges is zeros there,
+ * scale and box decode_region would choose (plan), and, built with zlib, of a plain PNG of its stated size (decoded
+ * whole, the box resized as resize.py's resize_edges resizes it); done[k] says which. A box past its picture's edges is zeros there,
  * the part inside cut as its own box into the output pixels it covers (box_part), as EncodedChunk.decode_region does;
  * one within ROUNDING of them, but not inside in single precision, is left to it, as is a box of no pixels or of
  * numbers not finite. */
 static void crop_all(const Each *each, uint8_t *done) {
     size_t out_stride = (size_t)each->width * each->channels, bytes = out_stride * each->height;
+#ifdef OUTCORE_PNG
+    PngDecoder png = {0};
+#endif
     for (Py_ssize_t k = 0; k < each->count; k++) {
         const double *box = each->boxes + 4 * k;
         const int file_height = (int)each->sizes[2 * k], file_width = (int)each->sizes[2 * k + 1];
@@ -973,11 +994,30 @@ static void crop_all(const Each *each, uint8_t *done) {
             continue;
         request.height = place[2];
         request.width = place[3];
+        uint8_t *into = row + out_stride * place[0] + (size_t)each->channels * place[1];
+        if (!file_of(each, k, &request.data, &request.size)) {
+            done[k] = 0;
+            continue;
+        }
+#ifdef OUTCORE_PNG
+        if (png_file(request.data, request.size)) { /* a plain PNG of its stated size: decoded whole, the box resized */
+            size_t stride = (size_t)file_width * each->channels;
+            uint8_t *pixels = png_pixels(&png, stride * file_height);
+            done[k] = pixels != NULL && box_inside(request.box, file_height, file_width) &&
+                      png_decode(&png, request.data, request.size, each->channels, file_height, file_width, pixels,
+                                 stride) &&
+                      resize_kind(pixels, stride, file_height, file_width, each->channels, 'B', request.box, place[2],
+                                  place[3], into, out_stride, flip_x, flip_y) == 0;
+            continue;
+        }
+#endif
         char message[MESSAGE_SIZE];
-        done[k] = file_of(each, k, &request.data, &request.size) && plain_jpeg(request.data, request.size) &&
-                  crop_resize(&request, row + out_stride * place[0] + (size_t)each->channels * place[1], out_stride,
-                              flip_x, flip_y, message) == 0;
+        done[k] = plain_jpeg(request.data, request.size) &&
+                  crop_resize(&request, into, out_stride, flip_x, flip_y, message) == 0;
     }
+#ifdef OUTCORE_PNG
+    png_decoder_free(&png);
+#endif
 }
 
 /* Whether a buffer holds items of `code` (a struct format letter) of 8 bytes in this machine's byte order
@@ -1487,14 +1527,16 @@ static PyMethodDef methods[] = {
      "decode_each(regions, ranges, which, samples, out, rows)\n--\n\n"
      "Decode file samples[k] of chunk which[k], regions[c][ranges[c][i, 0]:ranges[c][i, 1]] for file i of chunk\n"
      "c, whole into out[rows[k]], for every k, where it is a plain JPEG of out's height and width (YCbCr for 3\n"
-     "channels, greyscale for 1, no EXIF) that decodes cleanly; the list of the k left (other files, damaged\n"
-     "ones) is returned."},
+     "channels, greyscale for 1, no EXIF), or, built with zlib (ZLIB: its version), a plain PNG of that size (8-bit RGB for 3\n"
+     "channels, grey for 1, not interlaced, no eXIf), that decodes cleanly; the list of the k left (other files,\n"
+     "damaged ones) is returned."},
     {"crop_each", (PyCFunction)(void (*)(void))py_crop_each, METH_VARARGS | METH_KEYWORDS,
      "crop_each(regions, ranges, which, samples, out, rows, sizes, boxes, flips)\n--\n\n"
      "For every k: boxes[k] (top, left, height, width) of file samples[k] of chunk which[k] (as decode_each), a plain\n"
      "JPEG of sizes[k] (height, width), resized into out[rows[k]] and mirrored as flips[k] (left-right,\n"
-     "top-bottom) says, as decode.py's decode_region does, only the rows and columns the box needs decoded;\n"
-     "the list of the k left (other files, damaged ones, boxes not inside the picture) is returned."},
+     "top-bottom) says, as decode.py's decode_region does, only the rows and columns the box needs decoded (or a\n"
+     "plain PNG of that size, as decode_each takes it, decoded whole); the list of the k left (other files, damaged\n"
+     "ones, boxes not inside the picture) is returned."},
     {"check_each", (PyCFunction)(void (*)(void))py_check_each, METH_VARARGS | METH_KEYWORDS,
      "check_each(files, channels, max_pixels, max_side, out)\n--\n\n"
      "Decode each of `files` (bytes) that is a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF) of at\n"
@@ -1547,8 +1589,13 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
 #else
     const char *simd = "scalar";
 #endif
+#ifdef OUTCORE_PNG
+    const char *zlib = zlibVersion(); /* decode_each decodes plain PNGs with it */
+#else
+    const char *zlib = "";
+#endif
     if (PyModule_AddStringConstant(created, "LIBJPEG_TURBO_VERSION", version) < 0 ||
-        PyModule_AddStringConstant(created, "SIMD", simd) < 0) {
+        PyModule_AddStringConstant(created, "SIMD", simd) < 0 || PyModule_AddStringConstant(created, "ZLIB", zlib) < 0) {
         Py_DECREF(created);
         return NULL;
     }

@@ -1,0 +1,234 @@
+"""Plain PNGs decoded by the C extension (`_png.h`, through `decode_each`) against Pillow's decoding of the same files
+(`decode_image`): the same pixels, and every other PNG left to Pillow, which names what is wrong with a damaged one.
+
+The files are Pillow's own and PNGs written here chunk by chunk (`png_file`), so that every row filter, IDATs split
+anywhere and the chunks Pillow ignores or refuses are all met.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import outcore
+from outcore.errors import SampleDecodeError
+from outcore.format import ImageDecode
+from outcore.format.encoded import pack_regions
+from outcore.imaging import EncodedChunk, native
+from outcore.imaging.decode import crop_plain_jpegs, decode_image
+from outcore.imaging.synthetic import sample_photo
+from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
+
+with_zlib = pytest.mark.skipif(not getattr(native.extension, "ZLIB", ""),
+                               reason=f"the C extension is not here, or was built without zlib: {native.backend()}")
+
+
+def chunk(kind: bytes, body: bytes, crc: int | None = None) -> bytes:
+    """A PNG chunk: its length, its type, its body and the CRC of type and body (or ``crc``)."""
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) if crc is None else crc)
+
+
+def png_file(pixels: np.ndarray, filters: list[int] | None = None, *, idat_size: int = 1 << 20,
+             before: tuple[bytes, ...] = (), after: tuple[bytes, ...] = (), interlace: int = 0) -> bytes:
+    """An 8-bit RGB or grey PNG of ``pixels`` ((h, w, 3) or (h, w)), each row filtered by its entry of ``filters``
+    (0-4; cycling through them all by default), its zlib stream in IDATs of ``idat_size`` bytes, the chunks
+    ``before`` between IHDR and the IDATs and ``after`` between them and IEND."""
+    height, width = pixels.shape[:2]
+    depth = 1 if pixels.ndim == 2 else pixels.shape[2]
+    rows = pixels.reshape(height, width * depth).astype(np.int64)
+    filtered = bytearray()
+    for y in range(height):
+        kind = (filters or [0, 1, 2, 3, 4])[y % len(filters or [0, 1, 2, 3, 4])]
+        row, above = rows[y], rows[y - 1] if y else np.zeros_like(rows[y])
+        left = np.concatenate([np.zeros(depth, np.int64), row[:-depth]])
+        corner = np.concatenate([np.zeros(depth, np.int64), above[:-depth]])
+        if kind == 4:
+            p = left + above - corner
+            pa, pb, pc = abs(p - left), abs(p - above), abs(p - corner)
+            predicted = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, above, corner))
+        else:
+            predicted = [np.zeros_like(row), left, above, (left + above) // 2][kind]
+        filtered += bytes([kind]) + ((row - predicted) % 256).astype(np.uint8).tobytes()
+    stream = zlib.compress(bytes(filtered), 6)
+    header = struct.pack(">IIBBBBB", width, height, 8, 2 if depth == 3 else 0, 0, 0, interlace)
+    idats = [chunk(b"IDAT", stream[at : at + idat_size]) for at in range(0, len(stream), idat_size)]
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + b"".join(before) + b"".join(idats) + b"".join(after)
+            + chunk(b"IEND", b""))
+
+
+def pillow_png(pixels: np.ndarray, **options) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG", **options)
+    return buffer.getvalue()
+
+
+def decoded_together(files: list[bytes], shape: tuple[int, ...]) -> tuple[np.ndarray, list[int]]:
+    """The files decoded by one `decode_each` call into rows of ``shape`` (7s where a file was left), and the positions
+    it left."""
+    region, ranges = pack_regions(files, len(files), 1 << 22)
+    out = np.full((len(files), *shape), 7, np.uint8)
+    left = native.extension.decode_each([region], [ranges], np.zeros(len(files), np.int64), np.arange(len(files)),
+                                        out, np.arange(len(files)))
+    return out, list(left)
+
+
+def photo(channels: int, size: tuple[int, int] = (37, 53), at: int = 0) -> np.ndarray:
+    """A part of a photograph of ``size`` (h, w), from ``at`` pixels down and across: RGB, or grey for 1 channel."""
+    pixels = np.ascontiguousarray(sample_photo("astronaut")[at : at + 4 * size[0] : 4, at : at + 4 * size[1] : 4])
+    return pixels if channels == 3 else np.asarray(Image.fromarray(pixels).convert("L"))
+
+
+@with_zlib
+@pytest.mark.parametrize("channels", [3, 1])
+def test_plain_pngs_are_pillow_s_pixels_whatever_their_filters_and_idats(channels):
+    """Every row filter alone and mixed, IDATs of 1 byte to the whole stream, Pillow's own files (compressed or
+    not, optimised): decoded together in C, the pixels Pillow gives, which are the pictures'."""
+    pixels = photo(channels)
+    files = [png_file(pixels, [kind]) for kind in range(5)]
+    files += [png_file(pixels, idat_size=size) for size in (1, 7, 1000)]
+    files += [pillow_png(pixels, compress_level=level, optimize=optimize) for level in (0, 6, 9)
+              for optimize in (False, True)]
+    shape = pixels.shape if channels == 3 else (*pixels.shape, 1)
+    out, left = decoded_together(files, shape)
+    assert left == []
+    for k, data in enumerate(files):
+        np.testing.assert_array_equal(out[k], decode_image(data, shape, "crop", np.dtype("uint8")), err_msg=str(k))
+        np.testing.assert_array_equal(out[k].reshape(pixels.shape), pixels)
+
+
+@with_zlib
+def test_chunks_pillow_passes_over_are_passed_over():
+    """Text, gamma, colour profile, physical size, transparency and a private chunk, before or after the pixels, and
+    bytes after IEND: the pixels decoded as Pillow decodes them, whatever those chunks say."""
+    pixels = photo(3)
+    extra = (chunk(b"tEXt", b"Comment\x00made here"), chunk(b"gAMA", struct.pack(">I", 45455)),
+             chunk(b"pHYs", struct.pack(">IIB", 2835, 2835, 1)), chunk(b"tRNS", struct.pack(">HHH", 1, 2, 3)),
+             chunk(b"prVt", b"\x01\x02"), chunk(b"iCCP", b"none\x00\x00" + zlib.compress(b"not a profile")))
+    files = [png_file(pixels, before=extra), png_file(pixels, after=extra), png_file(pixels) + b"trailing bytes"]
+    out, left = decoded_together(files, pixels.shape)
+    assert left == []
+    for k, data in enumerate(files):
+        np.testing.assert_array_equal(out[k], decode_image(data, pixels.shape, "crop", np.dtype("uint8")))
+
+
+@with_zlib
+def test_every_other_png_is_left_to_pillow():
+    """Other sizes, colour types and depths, interlacing, an orientation (eXIf, before or after the pixels), an
+    animation, a chunk Pillow refuses (a wrong CRC before the pixels), a stream that ends or breaks before the last
+    row, a row of an unknown filter: left, their rows untouched."""
+    pixels = photo(3)
+    height, width = pixels.shape[:2]
+    stream = png_file(pixels)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    animated = io.BytesIO()
+    Image.fromarray(pixels).save(animated, format="PNG", save_all=True,
+                                 append_images=[Image.fromarray(pixels[::-1].copy())])
+    idat = stream.index(b"IDAT") - 4
+    files = {
+        "other size": png_file(pixels[:-1]),
+        "grey": png_file(photo(1)),
+        "rgba": pillow_png(np.dstack([pixels, np.full((height, width), 200, np.uint8)])),
+        "palette": _palette(pixels),
+        "16 bits": _sixteen_bits(height, width),
+        "interlaced": png_file(pixels, interlace=1),
+        "exif before": pillow_png(pixels, exif=exif.tobytes()),
+        "exif after": png_file(pixels, after=(chunk(b"eXIf", exif.tobytes()),)),
+        "animated": animated.getvalue(),
+        "wrong crc": png_file(pixels, before=(chunk(b"tEXt", b"a\x00b", crc=12345),)),
+        "truncated": stream[: len(stream) // 2],
+        "stream cut": stream[:idat] + chunk(b"IDAT", zlib.compress(b"\x00" * 40)) + chunk(b"IEND", b""),
+        "unknown filter": _unknown_filter(pixels),
+        "no pixels": stream[:idat] + chunk(b"IEND", b""),
+    }
+    out, left = decoded_together(list(files.values()), pixels.shape)
+    assert [list(files)[k] for k in left] == list(files)
+    assert (out == 7).all()
+
+
+def _palette(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).convert("P", palette=Image.Palette.ADAPTIVE).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _sixteen_bits(height: int, width: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.arange(height * width, dtype=np.uint16).reshape(height, width)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _unknown_filter(pixels: np.ndarray) -> bytes:
+    """A PNG whose second row says filter 5, which PNG does not have."""
+    height, width = pixels.shape[:2]
+    rows = b"".join(bytes([5 if y == 1 else 0]) + pixels[y].tobytes() for y in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+            + chunk(b"IEND", b""))
+
+
+@with_zlib
+@pytest.mark.parametrize("channels", [3, 1])
+def test_boxes_of_plain_pngs_are_cut_in_c_as_decode_region_cuts_them(channels, monkeypatch):
+    """crop_each: a box of a plain PNG, inside it or past its edges, resized or of whole pixels at its own size,
+    mirrored or not, in C (none left), the pixels `EncodedChunk.decode_region` gives without the extension."""
+    pixels = photo(channels)
+    files = [png_file(pixels, [k % 5]) for k in range(8)]
+    region, ranges = pack_regions(files, len(files), 1 << 20)
+    boxes = np.array([[3.25, 1.5, 30.0, 40.25], [0, 0, 37, 53], [8, 9, 20, 24], [-2, 0, 20, 20], [10, 40, 20, 20],
+                      [0.5, 0.25, 36.5, 52.75], [-5.5, -3.25, 50.5, 70.0], [4, 6, 20, 24]])
+    flips = np.array([[1, 0], [0, 1], [1, 1], [0, 0], [1, 0], [0, 0], [1, 1], [0, 0]], np.uint8)
+    sizes = np.tile([37, 53], (8, 1))
+    out = np.full((8, 20, 24, channels), 7, np.uint8)
+    left = crop_plain_jpegs([region], [ranges], np.zeros(8, np.int64), np.arange(8), sizes, boxes, out, np.arange(8),
+                            flips)
+    assert list(left) == []
+    monkeypatch.setattr(native, "extension", None)
+    decode = ImageDecode((37, 53, channels), "uint8", "crop")
+    chunk_ = EncodedChunk(region, ranges, decode, ("s.zarr", "images", 0, 0))
+    for k in range(8):
+        expected = np.full((20, 24, channels), 9, np.uint8)
+        chunk_.decode_region(k, tuple(boxes[k].tolist()), (20, 24), expected, tuple(flips[k].astype(bool).tolist()))
+        np.testing.assert_array_equal(out[k], expected, err_msg=f"box {boxes[k]}")
+
+
+@pytest.mark.parametrize("extension", [True, False])
+def test_a_damaged_png_among_plain_ones_is_named(extension, monkeypatch):
+    """A truncated PNG and one with a wrong CRC before its pixels (which Pillow will not open), between plain ones: the
+    error names the sample and says what is wrong, as Pillow finds it."""
+    if not extension:
+        monkeypatch.setattr(native, "extension", None)
+    good = png_file(photo(3))
+    files = [good, good[: len(good) // 2], good, png_file(photo(3), before=(chunk(b"tEXt", b"a\x00b", crc=1),))]
+    region, ranges = pack_regions(files, 4, 1 << 20)
+    chunk_ = EncodedChunk(region, ranges, ImageDecode((37, 53, 3), "uint8", "crop"), ("s.zarr", "images", 2, 40))
+    out = np.empty((4, 37, 53, 3), np.uint8)
+    for sample, reason in ((1, "truncated"), (3, "not an image file Pillow can read")):
+        with pytest.raises(SampleDecodeError, match=f"s.zarr: field 'images', sample {40 + sample} .chunk 2. cannot be "
+                                                    f"decoded: .*{reason}"):
+            chunk_.decode_samples(np.array([0, sample, 2]), out, np.array([0, 1, 2]))
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_an_epoch_of_a_png_store_is_the_same_without_the_extension(tmp_path, monkeypatch, channels):
+    """A folder of PNGs ingested as they are (``images="encoded"``): its batches, decoded (and cropped) in C, are those
+    Pillow decodes, with and without crops made with the batch."""
+    folder = tmp_path / "pngs"
+    for k in range(30):
+        (folder / "ab"[k % 2]).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(photo(channels, (24, 32), at=9 * k)).save(folder / "ab"[k % 2] / f"{k}.png")
+    ds = outcore.ingest_images(folder, tmp_path / "pngs.zarr", shape=(24, 32, channels), images="encoded",
+                               chunk_size=8, progress=False)
+    transforms = [None, Compose([RandomResizedCrop((16, 20)), RandomFlip()]), Compose([RandomCrop(20), RandomFlip()])]
+    made = [[batch["images"] for batch in ds.batches(8, seed=2, transform=transform)] for transform in transforms]
+    monkeypatch.setattr(native, "extension", None)
+    again = [[batch["images"] for batch in ds.batches(8, seed=2, transform=transform)] for transform in transforms]
+    assert [epoch[0].shape for epoch in made] == [(8, 24, 32, channels), (8, 16, 20, channels), (8, 20, 20, channels)]
+    for one, other in zip(itertools.chain(*made), itertools.chain(*again), strict=True):
+        np.testing.assert_array_equal(one, other)
