@@ -6,7 +6,8 @@
                                [--cases pixels,pixels-each,pixels+flip,pixels+crop,pixels+crop+norm,pixels+rrc,
                                         pixels+then-rrc,pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,
                                         pixels+center,pixels+jitter,pixels16+rrc,encoded+flip,pixels+crop-torch,encoded,
-                                        encoded+crop,encoded+jitter,encoded+crop-torch,rrc,dense,dense-own,dense-bc,ingest]
+                                        encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
+                                        dense-bc,ingest]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
@@ -26,7 +27,8 @@ after a user's Python step (`users_step`), so not fused with the batch's making:
 pixels, of the JPEGs; ``pixels16+rrc``: ``pixels+rrc`` of the same photos in 16 bits (uint16, each level times 257,
 as a 16-bit PNG of them holds them: a store written by ``outcore.from_arrays``); ``encoded+flip``: ``RandomFlip()`` alone of the JPEGs; ``pixels+crop-torch``,
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
-loop takes it, in tensors (with PyTorch installed); ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
+loop takes it, in tensors (with PyTorch installed); ``png``, ``png+crop``: ``encoded`` and ``encoded+crop`` of the same
+photos written as PNG files; ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
 sizes, ``shape=None, images="encoded"``, files/s):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
@@ -174,6 +176,8 @@ CASES = {  # name: (store, transform)
     "encoded+crop": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
     "encoded+jitter": ("encoded", Compose([ScaleJitter(112, scale=(0.5, 1.5)), RandomFlip()])),
     "encoded+crop-torch": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
+    "png": ("png", None),
+    "png+crop": ("png", Compose([RandomCrop(112), RandomFlip()])),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
     "dense": ("coco", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "dense-own": ("coco-own", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
@@ -207,10 +211,12 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
     """The stores (and folders) named in ``needed``, each built once."""
     from imagenet import write_folder
 
-    photos, own_size = workdir / "photos", workdir / "own-size-jpegs"
+    photos, own_size, pngs = workdir / "photos", workdir / "own-size-jpegs", workdir / "photos-png"
     needed = needed | ({"pixels"} if "pixels16" in needed else set())  # made from the pixel store
-    if not photos.exists() and needed & {"pixels", "encoded"}:
-        write_image_folder(photos, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos", seed=0)
+    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded"}), (pngs, ".png", {"png"})):
+        if not folder.exists() and needed & stores_of_it:
+            write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos",
+                               extension=extension, seed=0)
     if needed & {"own-size", "own-size-jpegs"}:
         write_folder(own_size, max(BATCH * 4, images // 6))
     made = {"own-size-jpegs": own_size, "coco": workdir / "coco.zarr", "coco-own": workdir / "coco-own.zarr"}
@@ -221,6 +227,7 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
                                 progress=False)
     for name, source, options in (("pixels", photos, {"shape": (128, 128, 3), "images": "pixels"}),
                                   ("encoded", photos, {"shape": (128, 128, 3), "images": "encoded"}),
+                                  ("png", pngs, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("own-size", own_size, {"shape": None, "images": "encoded"})):
         made[name] = location = workdir / f"{name}.zarr"
         if name in needed and not location.exists():

@@ -86,7 +86,7 @@ def system_report() -> str:
 
     >>> print(system_report())  # doctest: +SKIP
     outcore 0.1.0 on Python 3.11.9 (Linux x86_64)
-    JPEG boxes: C extension (libjpeg-turbo 2.1.5; cropped decoding, AVX2 resize)
+    JPEG boxes: C extension (libjpeg-turbo 2.1.5; cropped decoding, AVX2 resize; PNGs with zlib 1.2.13)
     batch copies: C extension (one call a run of samples, outside the GIL)
     chunk reads: C extension (a chunk read, checked and decoded in one call outside the GIL; a shard's chunks encoded in one)
     random draws: C extension (a generator of each key made and drawn from in one call: crops, flips, orders)

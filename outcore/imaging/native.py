@@ -44,14 +44,18 @@ if os.environ.get(ENVIRONMENT, "1") == "0":
 
 
 def backend() -> str:
-    """What decodes JPEG boxes and resizes them in this process, in words (``outcore info --system``).
+    """What decodes JPEG boxes (and plain PNGs) and resizes them in this process, in words (``outcore info
+    --system``).
 
     >>> backend().split(" (")[0] in ("C extension", "simplejpeg and Pillow")
     True
     """
     if extension is None:
         return f"simplejpeg and Pillow ({_why_not})"
-    return f"C extension (libjpeg-turbo {extension.LIBJPEG_TURBO_VERSION}; cropped decoding, {extension.SIMD} resize)"
+    zlib = getattr(extension, "ZLIB", "")  # empty: built without zlib, its PNGs decoded by Pillow
+    pngs = f"PNGs with zlib {zlib}" if zlib else "PNGs by Pillow (built without zlib)"
+    return (f"C extension (libjpeg-turbo {extension.LIBJPEG_TURBO_VERSION}; cropped decoding, {extension.SIMD} "
+            f"resize; {pngs})")
 
 
 def copies() -> str:
