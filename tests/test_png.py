@@ -17,11 +17,17 @@ import pytest
 from PIL import Image
 
 import outcore
-from outcore.errors import SampleDecodeError
+from outcore.errors import ImageError, SampleDecodeError
 from outcore.format import ImageDecode
 from outcore.format.encoded import pack_regions
 from outcore.imaging import EncodedChunk, native
-from outcore.imaging.decode import crop_plain_jpegs, decode_image
+from outcore.imaging.decode import (
+    crop_plain_jpegs,
+    decode_image,
+    decoded_size,
+    plain_jpeg_files,
+    plain_jpeg_sizes,
+)
 from outcore.imaging.synthetic import sample_photo
 from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
 
@@ -232,3 +238,57 @@ def test_an_epoch_of_a_png_store_is_the_same_without_the_extension(tmp_path, mon
     assert [epoch[0].shape for epoch in made] == [(8, 24, 32, channels), (8, 16, 20, channels), (8, 20, 20, channels)]
     for one, other in zip(itertools.chain(*made), itertools.chain(*again), strict=True):
         np.testing.assert_array_equal(one, other)
+
+
+@with_zlib
+def test_the_survey_checks_plain_pngs_in_c_refusing_what_pillow_refuses(tmp_path):
+    """`plain_jpeg_sizes` (a block of the survey's files) and `plain_jpeg_files` (files read from their paths, and
+    digested): a plain PNG decoded whole in C, its size the one Pillow's full decode gives; a damaged one, one past
+    the limits and any other PNG left, for `decoded_size` to decode or word the error."""
+    pixels = photo(3)
+    good = png_file(pixels)
+    idat = good.index(b"IDAT") - 4
+    files = {"plain": good, "pillow's": pillow_png(pixels, optimize=True), "grey": png_file(photo(1)),
+             "truncated": good[: len(good) // 2], "wrong crc": png_file(pixels, before=(chunk(b"tEXt", b"a", crc=9),)),
+             "broken stream": good[:idat] + chunk(b"IDAT", b"\x78\x9c" + bytes(40)) + chunk(b"IEND", b""),
+             "rgba": pillow_png(np.dstack([pixels, pixels[..., :1]]))}
+    sizes, left = plain_jpeg_sizes(list(files.values()), 3)
+    assert [list(files)[k] for k in left] == ["grey", "truncated", "wrong crc", "broken stream", "rgba"]
+    for k in (0, 1):
+        assert tuple(sizes[k]) == decode_image(list(files.values())[k], (None, None, 3), None, np.dtype("uint8")).shape[:2]
+    for name in ("truncated", "wrong crc", "broken stream"):
+        with pytest.raises(ImageError, match=f"^{name}: "):
+            decoded_size(files[name], 3, np.dtype("uint8"), name)
+    assert list(plain_jpeg_sizes([good], 3, max_pixels=37 * 53 - 1)[1]) == [0]
+    assert list(plain_jpeg_sizes([good], 3, max_side=52)[1]) == [0]
+    assert list(plain_jpeg_sizes([good], 3, max_side=53)[1]) == []
+    paths = []
+    for name, data in files.items():
+        (tmp_path / f"{name}.png").write_bytes(data)
+        paths.append(str(tmp_path / f"{name}.png"))
+    found = plain_jpeg_files(paths, 3)
+    assert found.left == list(left) and (found.sizes == sizes).all()
+    assert found.nbytes.tolist() == [len(data) for data in files.values()]
+
+
+def test_decode_image_decodes_a_plain_png_without_pillow_where_it_can(monkeypatch):
+    """`decode_image` of a plain PNG: with the extension (and zlib), in C, Pillow not called, into the sample at the
+    field's size, at its own size, or fitted to another; the pixels Pillow gives. Other PNGs through Pillow."""
+    from outcore.imaging import decode
+
+    pixels = photo(3)
+    cases = [((37, 53, 3), "crop"), ((None, None, 3), None), ((20, 30, 3), "fit"), ((37, 53), "crop")]
+    data = png_file(pixels)
+    grey = png_file(photo(1))
+    expected = [decode_image(data if len(shape) == 3 else grey, shape, resize, np.dtype("uint8"))
+                for shape, resize in cases]
+    if getattr(native.extension, "ZLIB", ""):
+        monkeypatch.setattr(decode, "_opened", lambda *arguments: pytest.fail("Pillow opened a plain PNG"))
+    for (shape, resize), wanted in zip(cases, expected, strict=True):
+        got = decode_image(data if len(shape) == 3 else grey, shape, resize, np.dtype("uint8"))
+        np.testing.assert_array_equal(got, wanted)
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "extension", None)
+    for (shape, resize), wanted in zip(cases, expected, strict=True):
+        np.testing.assert_array_equal(decode_image(data if len(shape) == 3 else grey, shape, resize,
+                                                   np.dtype("uint8")), wanted)

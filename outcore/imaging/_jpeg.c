@@ -819,6 +819,35 @@ static PyObject *py_has_exif(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(found);
 }
 
+#ifdef OUTCORE_PNG
+static PyObject *py_decode_png(PyObject *self, PyObject *args) {
+    PyObject *data_object, *out_array;
+    if (!PyArg_ParseTuple(args, "OO:decode_png", &data_object, &out_array))
+        return NULL;
+    Py_buffer data, out;
+    if (PyObject_GetBuffer(data_object, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (array_buffer(out_array, &out, 1) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    int decoded = 0, fine = (out.ndim == 2 || out.ndim == 3) && out.itemsize == 1 && strcmp(out.format, "B") == 0;
+    int channels = out.ndim == 3 ? (int)out.shape[2] : 1;
+    if (!fine) {
+        PyErr_SetString(PyExc_ValueError, "out must be a C-contiguous uint8 array (height, width[, channels])");
+    } else {
+        PngDecoder png = {0};
+        FREE_BEGIN decoded = png_decode(&png, data.buf, (size_t)data.len, channels, (int)out.shape[0],
+                                        (int)out.shape[1], out.buf, (size_t)out.shape[1] * channels);
+        png_decoder_free(&png);
+        FREE_END
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    return fine ? PyBool_FromLong(decoded) : NULL;
+}
+#endif
+
 /* Whether `data` opens as a JPEG and holds no EXIF (where an orientation could be): what decode_each and
  * crop_each take; anything else is left to decode.py. */
 static int plain_jpeg(const uint8_t *data, size_t size) {
@@ -1208,11 +1237,23 @@ static PyObject *py_check_each(PyObject *self, PyObject *args, PyObject *kwargs)
     Plain plain = {.channels = channels, .max_pixels = max_pixels, .max_side = max_side};
     JSAMPROW lines[1] = {row};
     FREE_BEGIN
+#ifdef OUTCORE_PNG
+    PngDecoder png = {0};
+#endif
     for (Py_ssize_t k = 0; k < count; k++) {
         int64_t *shape = (int64_t *)out.buf + 2 * k;
         shape[0] = shape[1] = 0;
+#ifdef OUTCORE_PNG
+        if (png_file(views[k].buf, (size_t)views[k].len)) {
+            done[k] = png_check(&png, views[k].buf, (size_t)views[k].len, channels, max_pixels, max_side, shape);
+            continue;
+        }
+#endif
         done[k] = decode_plain(decoder, views[k].buf, (size_t)views[k].len, &plain, lines, shape);
     }
+#ifdef OUTCORE_PNG
+    png_decoder_free(&png);
+#endif
     FREE_END
     left = positions_left(done, count);
 done:
@@ -1290,6 +1331,9 @@ static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs
     Plain plain = {.channels = channels, .max_pixels = max_pixels, .max_side = max_side};
     JSAMPROW lines[1] = {row};
     FREE_BEGIN
+#ifdef OUTCORE_PNG
+    PngDecoder png = {0};
+#endif
     for (Py_ssize_t k = 0; k < count; k++) {
         const char *path = PyBytes_AS_STRING(names[k]);
         int64_t *shape = (int64_t *)views[0].buf + 2 * k, *nbytes = (int64_t *)views[1].buf + k;
@@ -1300,8 +1344,17 @@ static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs
             continue;
         *nbytes = (int64_t)whole.size;
         blake2b(whole.data, whole.size, digest, digest_size);
+#ifdef OUTCORE_PNG
+        if (png_file(whole.data, whole.size)) {
+            done[k] = png_check(&png, whole.data, whole.size, channels, max_pixels, max_side, shape);
+            continue;
+        }
+#endif
         done[k] = decode_plain(decoder, whole.data, whole.size, &plain, lines, shape);
     }
+#ifdef OUTCORE_PNG
+    png_decoder_free(&png);
+#endif
     FREE_END
     left = positions_left(done, count);
 done:
@@ -1550,6 +1603,13 @@ static PyMethodDef methods[] = {
      "check it as check_each does, its height and width into sizes[k] (paths, 2; int64); the list of the k left\n"
      "(files not read: 0 in nbytes and digests; other files, damaged ones, those past the limits) is returned.\n"
      "The GIL is released once for them all."},
+#ifdef OUTCORE_PNG
+    {"decode_png", py_decode_png, METH_VARARGS,
+     "decode_png(data, out)\n--\n\n"
+     "Decode the PNG `data` into `out` (uint8, (height, width[, channels])) where it is a plain PNG of that size (8-bit\n"
+     "RGB for 3 channels, grey for 1, not interlaced, no eXIf or animation) that decodes cleanly: True; else False\n"
+     "and `out` left as it was (for Pillow, which words what is wrong). The GIL is released meanwhile."},
+#endif
     {"has_exif", py_has_exif, METH_O,
      "has_exif(data)\n--\n\n"
      "Whether the JPEG `data`'s header segments, up to its image data, hold EXIF metadata (an APP1 segment\n"

@@ -1,4 +1,5 @@
-/* Plain PNGs decoded in C, for _jpeg.c's decode_each and crop_each (built with zlib: OUTCORE_PNG).
+/* Plain PNGs decoded in C, for _jpeg.c's decode_each, crop_each, check_each and check_files (built with zlib:
+ * OUTCORE_PNG).
  *
  * A plain PNG is one decode.py's decode_image gives as Pillow decodes it, pixel for pixel, with nothing but its
  * pixels to apply: 8 bits a sample, RGB (colour type 2) for 3 channels or greyscale (type 0) for 1, not interlaced,
@@ -10,7 +11,10 @@
  * follows the last row is not read.
  */
 
+#include <limits.h>
 #include <zlib.h>
+
+#define PNG_LARGEST ((size_t)1 << 31) /* the most bytes of pixels a survey's check decodes: more are left to Pillow */
 
 static const uint8_t PNG_SIGNATURE[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 
@@ -170,5 +174,25 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
         if (!png_unfilter(line[0], line + 1, y > 0 ? row - stride : NULL, bytes, channels, row))
             return 0;
     }
+    return 1;
+}
+
+/* The survey's check of a file (check_each, check_files): 1 with its height and width in `shape` where it is a plain
+ * PNG (png_decode) of `channels`, of at most max_pixels pixels and max_side pixels a side (none: negative), decoded
+ * whole, as decode.py's decoded_size decodes it, to find it sound; else 0 (left to the caller). */
+static int png_check(PngDecoder *png, const uint8_t *data, size_t size, int channels, long long max_pixels,
+                     long long max_side, int64_t *shape) {
+    if (!png_file(data, size) || size < 24 || memcmp(data + 12, "IHDR", 4) != 0)
+        return 0;
+    const long long width = big_endian32(data + 16), height = big_endian32(data + 20);
+    if (width < 1 || height < 1 || width > INT_MAX || height > INT_MAX ||
+        (size_t)(width * height) > PNG_LARGEST / (size_t)channels ||
+        (max_pixels >= 0 && width * height > max_pixels) || (max_side >= 0 && (width > max_side || height > max_side)))
+        return 0;
+    uint8_t *pixels = png_pixels(png, (size_t)(width * height) * channels);
+    if (pixels == NULL || !png_decode(png, data, size, channels, (int)height, (int)width, pixels, (size_t)width * channels))
+        return 0;
+    shape[0] = height;
+    shape[1] = width;
     return 1;
 }

@@ -460,10 +460,13 @@ def _decode(
     decoder with about twice the per-file overhead. A plain JPEG of exactly the target size is decoded
     straight into ``out`` (and ``out`` returned) when given: one copy fewer. With ``finish`` (8-bit
     samples), a plain JPEG under the ``crop`` or ``fit`` policy is returned finished, at the target size
-    (into ``out`` when given), where the C extension decodes only the part the policy keeps.
+    (into ``out`` when given), where the C extension decodes only the part the policy keeps. A plain PNG is decoded
+    by the C extension where it is built with zlib (`_decode_plain_png`), the pixels Pillow gives.
     """
     with decode_errors(name):
         fast = _decode_plain_jpeg(data, channels, target, resize, out, name, max_pixels, finish)
+    if fast is None:
+        fast = _decode_plain_png(data, channels, target, out, name, max_pixels)
     if fast is not None:
         return fast
     with _opened(data, name, max_pixels) as image:
@@ -505,6 +508,23 @@ def _decode_plain_jpeg(
         native.extension.crop_resize(data, eighths, edges, finished.reshape(*target, channels))
         return finished
     return simplejpeg.decode_jpeg(data, colorspace=wanted[1], min_height=scaled[0], min_width=scaled[1])
+
+
+PNG_START = b"\x89PNG\r\n\x1a\n"
+
+
+def _decode_plain_png(data: bytes, channels: int, target: tuple[int, int] | None, out: np.ndarray | None, name: str,
+                      max_pixels: int | None) -> np.ndarray | None:
+    """A plain PNG (8-bit RGB for 3 channels, grey for 1, not interlaced, no orientation or animation) decoded by the
+    C extension outside the GIL (``decode_png``, built with zlib): into ``out`` where it is of the ``target`` size,
+    else at its own; the pixels Pillow gives. None for any other file (and a damaged one), or without it."""
+    decode_png = getattr(native.extension, "decode_png", None)  # None: not built, or built without zlib
+    if decode_png is None or not data.startswith(PNG_START) or data[12:16] != b"IHDR" or len(data) < 24:
+        return None
+    width, height = struct.unpack(">II", data[16:24])
+    _check_size(height, width, max_pixels, name)
+    pixels = out if out is not None and (height, width) == target else np.empty((height, width, channels), np.uint8)
+    return pixels if decode_png(data, pixels.reshape(height, width, channels)) else None
 
 
 def _check_size(height: int, width: int, max_pixels: int | None, name: str) -> None:
