@@ -7,7 +7,7 @@
                                         pixels+then-rrc,pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,
                                         pixels+center,pixels+jitter,pixels16+rrc,encoded+flip,pixels+crop-torch,encoded,
                                         encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
-                                        dense-bc,ingest]
+                                        dense-bc,ingest,ingest-png]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
@@ -28,7 +28,7 @@ pixels, of the JPEGs; ``pixels16+rrc``: ``pixels+rrc`` of the same photos in 16 
 as a 16-bit PNG of them holds them: a store written by ``outcore.from_arrays``); ``encoded+flip``: ``RandomFlip()`` alone of the JPEGs; ``pixels+crop-torch``,
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
 loop takes it, in tensors (with PyTorch installed); ``png``, ``png+crop``: ``encoded`` and ``encoded+crop`` of the same
-photos written as PNG files; ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
+photos written as PNG files; ``ingest-png``: ``ingest`` of those PNG files; ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
 sizes, ``shape=None, images="encoded"``, files/s):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
@@ -184,6 +184,7 @@ CASES = {  # name: (store, transform)
     "dense-bc": ("coco", Compose([BrightnessContrast(), RandomResizedCrop(224, targets=TARGETS),
                                   RandomFlip(targets=TARGETS)])),
     "ingest": ("own-size-jpegs", None),  # ingest_images of the JPEGs at their own sizes (shape=None, encoded)
+    "ingest-png": ("photos-png", None),  # the same of the PNGs of the png store
 }
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
@@ -213,13 +214,15 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
 
     photos, own_size, pngs = workdir / "photos", workdir / "own-size-jpegs", workdir / "photos-png"
     needed = needed | ({"pixels"} if "pixels16" in needed else set())  # made from the pixel store
-    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded"}), (pngs, ".png", {"png"})):
+    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded"}),
+                                            (pngs, ".png", {"png", "photos-png"})):
         if not folder.exists() and needed & stores_of_it:
             write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos",
                                extension=extension, seed=0)
     if needed & {"own-size", "own-size-jpegs"}:
         write_folder(own_size, max(BATCH * 4, images // 6))
-    made = {"own-size-jpegs": own_size, "coco": workdir / "coco.zarr", "coco-own": workdir / "coco-own.zarr"}
+    made = {"own-size-jpegs": own_size, "photos-png": pngs, "coco": workdir / "coco.zarr",
+            "coco-own": workdir / "coco-own.zarr"}
     for name, shape in (("coco", (240, 320, 3)), ("coco-own", None)):  # maps fitted, or rasters at the pictures' size
         if name in needed and not made[name].exists():
             annotations = make_set(workdir / "dense", images // 6)
@@ -254,7 +257,7 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
     outcore.set_threads(threads)
     if ready:  # py-spy takes a share of the cores while it samples: keep every thread busy, as unprofiled
         Gauge.LOW = 0.0
-    if case == "ingest":
+    if case.startswith("ingest"):
         return (*ingests(location, seconds, ready, gate), None)
     ds = outcore.open_dataset(location)
 
