@@ -39,14 +39,24 @@ STREAM_COPY = "outcore/_stream_copy.h"  # large copies written past the caches, 
 PNG = "outcore/imaging/_png.h"  # plain PNGs decoded by _jpeg's decode_each, where zlib is found
 
 
+def pkg_config(package: str) -> tuple[list[str], list[str]] | None:
+    """(include folders, library folders) of ``package`` as ``pkg-config`` gives them; None where it does not know it
+    (or is not installed)."""
+    if not shutil.which("pkg-config"):
+        return None
+    found = subprocess.run(["pkg-config", "--cflags-only-I", "--libs-only-L", package], capture_output=True, text=True,
+                           check=False)
+    if found.returncode != 0:
+        return None
+    words = found.stdout.split()
+    return [w[2:] for w in words if w.startswith("-I")], [w[2:] for w in words if w.startswith("-L")]
+
+
 def jpeg_paths() -> tuple[list[str], list[str]]:
     """(include folders, library folders) where libjpeg-turbo's headers and library may be."""
-    if shutil.which("pkg-config"):
-        found = subprocess.run(["pkg-config", "--cflags-only-I", "--libs-only-L", "libjpeg"], capture_output=True,
-                               text=True, check=False)
-        if found.returncode == 0:
-            words = found.stdout.split()
-            return [w[2:] for w in words if w.startswith("-I")], [w[2:] for w in words if w.startswith("-L")]
+    found = pkg_config("libjpeg")
+    if found is not None:
+        return found
     prefixes = [os.environ.get("OUTCORE_JPEG_PREFIX"), os.environ.get("CONDA_PREFIX"),
                 "/opt/homebrew/opt/jpeg-turbo", "/usr/local/opt/jpeg-turbo"]
     prefixes = [Path(p) for p in prefixes if p and (Path(p) / "include" / "jpeglib.h").exists()]
@@ -56,12 +66,9 @@ def jpeg_paths() -> tuple[list[str], list[str]]:
 def zlib_paths(jpeg_includes: list[str]) -> tuple[list[str], list[str]] | None:
     """(include folders, library folders) of zlib, which ``_jpeg`` decodes plain PNGs with (``OUTCORE_PNG``); None
     where its header is not found: ``_jpeg`` is built without it."""
-    if shutil.which("pkg-config"):
-        found = subprocess.run(["pkg-config", "--cflags-only-I", "--libs-only-L", "zlib"], capture_output=True,
-                               text=True, check=False)
-        if found.returncode == 0:
-            words = found.stdout.split()
-            return [w[2:] for w in words if w.startswith("-I")], [w[2:] for w in words if w.startswith("-L")]
+    found = pkg_config("zlib")
+    if found is not None:
+        return found
     folders = [*jpeg_includes, "/usr/include", "/usr/local/include"]
     return ([], []) if any((Path(folder) / "zlib.h").exists() for folder in folders) else None
 

@@ -377,14 +377,18 @@ def test_a_chunk_decodes_into_any_rows_as_decode_image_does(channels, backend):
 
 
 def test_a_damaged_file_among_plain_ones_is_named(backend):
-    """A truncated JPEG, junk and a byte range outside the chunk, between plain JPEGs: the error names the
-    sample and says what is wrong, as decoding it alone does."""
-    good = _jpeg(_photo(96, 128))
-    blobs = [good, good[: len(good) // 2], good, b"\xff\xd8\xff" + bytes(300)]
-    region, ranges = pack_regions(blobs, 4, 1 << 20)
+    """A truncated JPEG, junk, a truncated PNG, one whose header's CRC is wrong (which Pillow will not open) and a
+    byte range outside the chunk, between plain JPEGs and PNGs: the error names the sample and says what is wrong,
+    as decoding it alone does."""
+    good, png = _jpeg(_photo(96, 128)), _png(_photo(96, 128))
+    wrong_crc = png[:30] + bytes([png[30] ^ 1]) + png[31:]  # IHDR's CRC: bytes 29-32
+    blobs = [good, good[: len(good) // 2], png, b"\xff\xd8\xff" + bytes(300), png[: len(png) // 2], wrong_crc]
+    region, ranges = pack_regions(blobs, 6, 1 << 20)
     chunk = EncodedChunk(region, ranges, ImageDecode((96, 128, 3), "uint8", "crop"), ("s.zarr", "images", 2, 40))
     out = np.empty((4, 96, 128, 3), np.uint8)
-    for sample, reason in ((1, "cannot decode .ValueError: Premature end of JPEG file"), (3, "cannot decode")):
+    for sample, reason in ((1, "cannot decode .ValueError: Premature end of JPEG file"), (3, "cannot decode"),
+                           (4, "cannot decode .OSError: image file is truncated"),
+                           (5, "not an image file Pillow can read")):
         with pytest.raises(SampleDecodeError, match=f"s.zarr: field 'images', sample {40 + sample} .chunk 2. cannot be "
                                                     f"decoded: {reason}"):
             chunk.decode_samples(np.array([0, sample, 2]), out, np.array([0, 1, 2]))
