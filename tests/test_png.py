@@ -1,5 +1,6 @@
-"""Plain PNGs decoded by the C extension (`_png.h`, through `decode_each`) against Pillow's decoding of the same files
-(`decode_image`): the same pixels, and every other PNG left to Pillow, which names what is wrong with a damaged one.
+"""Plain PNGs decoded by the C extension (`_png.h`) against Pillow's decoding of the same files: the same pixels in a
+run's decodes and crops, the survey's check and `decode_image`, and every other PNG left to Pillow, which names what
+is wrong with a damaged one.
 
 The files are Pillow's own and PNGs written here chunk by chunk (`png_file`), so that every row filter, IDATs split
 anywhere and the chunks Pillow ignores or refuses are all met.
