@@ -7,7 +7,7 @@
                                         pixels+then-rrc,pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,
                                         pixels+center,pixels+jitter,pixels16+rrc,encoded+flip,pixels+crop-torch,encoded,
                                         encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
-                                        dense-bc,ingest,ingest-png]
+                                        dense-bc,depth-own,ingest,ingest-png]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
@@ -15,7 +15,9 @@ ImageNet-like encoded store of JPEGs at their own size (a sixth as many; `imagen
 encoded store of 320x240 photos with instance maps, boxes and keypoints (as many; `dense_targets.make_set`; the
 ``dense`` case crops and flips all of them; ``dense-own`` the same stored at the pictures' own size, its maps raster
 fields; ``dense-bc``: ``BrightnessContrast()`` first, as detection pipelines put their colours' jitter, so the crop
-and flip after it are not fused with decoding), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer
+and flip after it are not fused with decoding; ``depth-own``: the JPEGs of ``encoded`` each with a 16-bit depth map
+(its luminance times 257, a PNG) paired with it at its own size, a raster field, moved by ``RandomResizedCrop(112)``
++ flip), then, for each case (``ds.batches(256, shuffle=True)`` over the images and labels, flat out, no consumer
 work, each pass over it the next epoch, as Keras and a DataLoader do; ``pixels-each``: ``ds.batches(...)`` made anew
 each epoch, as a ``for epoch in range(n): for batch in ds.batches(...)`` loop does; ``pixels+flip``: a
 ``RandomFlip`` alone; ``pixels+crop+norm``: crop + flip then ``Normalize`` by ImageNet's means and deviations,
@@ -136,6 +138,7 @@ from outcore.transforms import (
     RandomFlip,
     RandomResizedCrop,
     ScaleJitter,
+    Targets,
 )
 
 BATCH = 256
@@ -154,6 +157,7 @@ def users_step(batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[s
     return batch
 
 
+DEPTH = Targets(pictures=("depth",))  # depth-own's paired pictures
 CASES = {  # name: (store, transform)
     "pixels": ("pixels", None),
     "pixels-each": ("pixels", None),  # ds.batches made anew each epoch
@@ -183,12 +187,14 @@ CASES = {  # name: (store, transform)
     "dense-own": ("coco-own", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "dense-bc": ("coco", Compose([BrightnessContrast(), RandomResizedCrop(224, targets=TARGETS),
                                   RandomFlip(targets=TARGETS)])),
+    "depth-own": ("depth-own", Compose([RandomResizedCrop(112, targets=DEPTH), RandomFlip(targets=DEPTH)])),
     "ingest": ("own-size-jpegs", None),  # ingest_images of the JPEGs at their own sizes (shape=None, encoded)
     "ingest-png": ("photos-png", None),  # the same of the PNGs of the png store
 }
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
-FIELDS = {"dense": DENSE_FIELDS, "dense-own": DENSE_FIELDS, "dense-bc": DENSE_FIELDS}  # the others: images and labels
+FIELDS = {"dense": DENSE_FIELDS, "dense-own": DENSE_FIELDS, "dense-bc": DENSE_FIELDS,  # the others: images, labels
+          "depth-own": ["images", "depth"]}
 NEW_EACH_EPOCH = {"pixels-each"}
 THROUGH_TORCH = {"pixels+crop-torch", "encoded+crop-torch"}  # ds.torch without DataLoader workers
 # The stage of a py-spy frame: the first of these found in its file's path, innermost frame first.
@@ -214,7 +220,7 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
 
     photos, own_size, pngs = workdir / "photos", workdir / "own-size-jpegs", workdir / "photos-png"
     needed = needed | ({"pixels"} if "pixels16" in needed else set())  # made from the pixel store
-    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded"}),
+    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded", "depth-own"}),
                                             (pngs, ".png", {"png", "photos-png"})):
         if not folder.exists() and needed & stores_of_it:
             write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos",
@@ -235,12 +241,33 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
         made[name] = location = workdir / f"{name}.zarr"
         if name in needed and not location.exists():
             outcore.ingest_images(source, location, progress=False, **options)
+    made["depth-own"] = location = workdir / "depth-own.zarr"
+    if "depth-own" in needed and not location.exists():
+        outcore.ingest_dataframe(depth_maps(photos, workdir / "depth"), location, root=workdir, pair_columns=["depth"],
+                                 shape=None, images="encoded", progress=False)
     made["pixels16"] = location = workdir / "pixels16.zarr"
     if "pixels16" in needed and not location.exists():  # the pixel store's photos in 16 bits: each level x 257
         pixels = outcore.open_dataset(made["pixels"])
         outcore.from_arrays({"images": np.asarray(pixels["images"][:]).astype(np.uint16) * 257,
                              "labels": np.asarray(pixels["labels"][:])}, location, progress=False)
     return made
+
+
+def depth_maps(photos: Path, folder: Path) -> object:
+    """A DataFrame of ``photos``' JPEGs (``path``, relative to their folder's parent) and, in ``depth``, a 16-bit PNG
+    of each (its luminance times 257, as a depth camera's map of the scene), written once into ``folder``."""
+    import pandas as pd
+    from PIL import Image
+
+    entries = []
+    for k, path in enumerate(sorted(photos.rglob("*.jpg"))):
+        depth = folder / f"{k}.png"
+        if not depth.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            grey = np.asarray(Image.open(path).convert("L"), np.uint16) * 257
+            Image.fromarray(grey).save(depth)
+        entries.append({"path": str(path.relative_to(folder.parent)), "depth": str(depth.relative_to(folder.parent))})
+    return pd.DataFrame(entries)
 
 
 def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool = False,

@@ -625,6 +625,40 @@ def test_boxes_of_chunks_of_pixels_resized_together_are_resize_part_s(dtype, cha
             resize_rows(chunks, which[:1], local[:1], np.array([box]), out, rows[:1], flips[:1])
 
 
+@pytest.mark.parametrize(("dtype", "channels"), [("uint16", None), ("uint8", 3), ("float32", 2)])
+def test_pictures_of_their_own_sizes_resized_together_are_resize_part_s(dtype, channels, backend, monkeypatch):
+    """resize_spans: pictures of their own sizes one after the other in their chunks' values (a raster field's rows),
+    a run's boxes in one C call (none left to Python with the extension), inside and past the edges, mirrored; each
+    `resize_part`'s pixels either way. A picture past its chunk's end is an IndexError, not a read past it."""
+    from outcore.imaging import resize, resize_part, resize_spans
+
+    rng = np.random.default_rng(12)
+    depth = () if channels is None else (channels,)
+    shapes = [[(30, 40), (17, 23), (40, 12)], [(25, 25), (9, 31)]]
+    chunks = [rng.integers(0, 250, (sum(h * w for h, w in pictures), *depth)).astype(dtype) for pictures in shapes]
+    which = np.array([0, 0, 0, 1, 1, 0, 1])
+    local = np.array([0, 1, 2, 0, 1, 1, 1])
+    starts = np.array([sum(h * w for h, w in shapes[c][:i]) for c, i in zip(which, local, strict=True)])
+    sizes = np.array([shapes[c][i] for c, i in zip(which, local, strict=True)])
+    boxes = np.array([[3.25, 1.5, 20.0, 30.25], [0, 0, 17, 23], [-4, 2, 30, 8], [5, 5, 10, 10], [0.5, 0.5, 8.0, 30.0],
+                      [-3.5, -2.25, 25.5, 30.0], [2, 40, 5, 5]])
+    flips = rng.integers(0, 2, (7, 2)).astype(np.uint8)
+    rows = np.array([6, 0, 3, 1, 5, 2, 4])
+    out = np.full((7, 12, 16, *depth), 7, dtype)
+    expected = np.full_like(out, 9)
+    for k in range(7):
+        picture = chunks[which[k]][starts[k] : starts[k] + sizes[k, 0] * sizes[k, 1]].reshape(*sizes[k], *depth)
+        resize_part(picture, tuple(boxes[k]), (12, 16), expected[rows[k]], tuple(flips[k].astype(bool).tolist()))
+    if backend != "fallback":
+        monkeypatch.setattr(resize, "resize_part", lambda *arguments: pytest.fail("a box left to Python"))
+    resize_spans(chunks, which, starts, sizes, boxes, out, rows, flips)
+    np.testing.assert_array_equal(out, expected)
+    assert (out[rows[6]] == 0).all()  # wholly past its picture's right edge
+    if backend != "fallback":
+        with pytest.raises(IndexError, match="out of range"):
+            resize_spans(chunks, which[:1], starts[:1] + 1100, sizes[:1], boxes[:1], out, rows[:1], flips[:1])
+
+
 def test_pictures_in_another_byte_order_are_resized_by_python_alike():
     """Big-endian samples are not the C call's: left to `resize_part`, which gives the native pictures' pixels."""
     from outcore.imaging import resize_rows

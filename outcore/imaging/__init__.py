@@ -42,6 +42,7 @@ from .resize import (
     resize_boxes,
     resize_part,
     resize_rows,
+    resize_spans,
     resize_taps,
 )
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
@@ -102,6 +103,7 @@ __all__ = [
     "resize_boxes",
     "resize_part",
     "resize_rows",
+    "resize_spans",
     "resize_taps",
     "rows_by_chunk",
     "shrink_image",

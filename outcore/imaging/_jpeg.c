@@ -32,6 +32,7 @@
 #include "../_free_time.h"
 #include "../_whole_files.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -1447,12 +1448,14 @@ static PyObject *py_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
  * of picture local[k] of chunks[which[k]] into out[rows[k]], mirrored as flips[k] says, where it lies inside. */
 typedef struct {
     const uint8_t **chunks;
-    Py_ssize_t *lengths; /* each chunk's pictures */
+    Py_ssize_t *lengths; /* each chunk's pictures (its pixels, with `sizes`) */
     const int64_t *which, *local, *rows;
+    const int64_t *sizes; /* or NULL: (count, 2) each picture's height and width, pictures of their own sizes, each
+                           * at pixel local[k] of its chunk (the rows of a raster field) */
     const double *boxes;
     const uint8_t *flips;
     Py_ssize_t count;
-    int height, width, channels, kind; /* the pictures' (kind: sample_kind) */
+    int height, width, channels, kind; /* the pictures' (kind: sample_kind; height and width without `sizes`) */
     uint8_t *out;
     int out_height, out_width;
 } Resizes;
@@ -1463,28 +1466,34 @@ typedef struct {
  * or of numbers not finite. */
 static void resize_all(const Resizes *r, uint8_t *done) {
     size_t pixel = sample_bytes(r->kind) * r->channels, out_stride = (size_t)r->out_width * pixel;
-    size_t picture = (size_t)r->height * r->width * pixel, row_bytes = out_stride * r->out_height;
+    size_t row_bytes = out_stride * r->out_height;
     for (Py_ssize_t k = 0; k < r->count; k++) {
+        const int height = r->sizes ? (int)r->sizes[2 * k] : r->height, width = r->sizes ? (int)r->sizes[2 * k + 1] : r->width;
+        const size_t first = r->sizes ? (size_t)r->local[k] : (size_t)r->local[k] * r->height * r->width; /* pixel */
         const double *box = r->boxes + 4 * k;
         double edges[4];
         int place[4], flip_x = r->flips[2 * k], flip_y = r->flips[2 * k + 1];
         uint8_t *row = r->out + row_bytes * (size_t)r->rows[k];
-        const int cut = box_cut(box, r->height, r->width, r->out_height, r->out_width, flip_x, flip_y, row, row_bytes,
-                                edges, place);
+        const int cut = box_cut(box, height, width, r->out_height, r->out_width, flip_x, flip_y, row, row_bytes, edges,
+                                place);
         done[k] = cut == 0; /* nothing of the picture in it: zeros */
         if (cut < 1)
             continue;
-        done[k] = box_inside(edges, (double)r->height, (double)r->width) &&
-                  resize_kind(r->chunks[r->which[k]] + picture * (size_t)r->local[k], (size_t)r->width * pixel,
-                              r->height, r->width, r->channels, r->kind, edges, place[2], place[3],
-                              row + out_stride * place[0] + pixel * place[1], out_stride, flip_x, flip_y) == 0;
+        done[k] = box_inside(edges, (double)height, (double)width) &&
+                  resize_kind(r->chunks[r->which[k]] + first * pixel, (size_t)width * pixel, height, width, r->channels,
+                              r->kind, edges, place[2], place[3], row + out_stride * place[0] + pixel * place[1],
+                              out_stride, flip_x, flip_y) == 0;
     }
 }
 
 static PyObject *py_resize_each(PyObject *self, PyObject *args) {
-    PyObject *chunk_list, *arrays[6]; /* which, local, boxes, out, rows, flips */
-    if (!PyArg_ParseTuple(args, "OOOOOOO:resize_each", &chunk_list, &arrays[0], &arrays[1], &arrays[2], &arrays[3],
-                          &arrays[4], &arrays[5]))
+    PyObject *chunk_list, *arrays[6], *sizes_array = Py_None; /* which, local, boxes, out, rows, flips; sizes */
+    if (!PyArg_ParseTuple(args, "OOOOOOO|O:resize_each", &chunk_list, &arrays[0], &arrays[1], &arrays[2], &arrays[3],
+                          &arrays[4], &arrays[5], &sizes_array))
+        return NULL;
+    const int ragged = sizes_array != Py_None, dims = ragged ? 2 : 4; /* chunks of (pixels, channels), or pictures */
+    Py_buffer sizes_view;
+    if (ragged && array_buffer(sizes_array, &sizes_view, 0) < 0)
         return NULL;
     PyObject *chunks = PySequence_Fast(chunk_list, "resize_each: chunks must be a sequence of arrays"), *left = NULL;
     Py_ssize_t count_chunks = chunks ? PySequence_Fast_GET_SIZE(chunks) : 0, taken = 0;
@@ -1507,9 +1516,9 @@ static PyObject *py_resize_each(PyObject *self, PyObject *args) {
             break;
         }
         const Py_buffer *first = &chunk_views[0];
-        fine = view->ndim == 4 && resizable(sample_kind(view), view->shape[3]) &&
-               sample_kind(view) == sample_kind(first) && view->shape[1] == first->shape[1] &&
-               view->shape[2] == first->shape[2] && view->shape[3] == first->shape[3];
+        fine = view->ndim == dims && resizable(sample_kind(view), view->shape[dims - 1]) &&
+               sample_kind(view) == sample_kind(first) && view->shape[dims - 1] == first->shape[dims - 1] &&
+               (ragged || (view->shape[1] == first->shape[1] && view->shape[2] == first->shape[2]));
         r.chunks[taken] = view->buf;
         r.lengths[taken] = view->shape[0];
     }
@@ -1519,18 +1528,20 @@ static PyObject *py_resize_each(PyObject *self, PyObject *args) {
     Py_buffer *out = &views[3];
     fine = fine && count >= 0 && buffer_of(&views[0], "ql") && views[1].ndim == 1 && views[1].shape[0] == count &&
            buffer_of(&views[1], "ql") && table_of(&views[2], count, 4, "d") && out->ndim == 4 &&
-           sample_kind(out) == sample_kind(&chunk_views[0]) && out->shape[3] == chunk_views[0].shape[3] && views[4].ndim == 1 &&
-           views[4].shape[0] == count && buffer_of(&views[4], "ql") && views[5].ndim == 2 &&
-           views[5].shape[0] == count && views[5].shape[1] == 2 && !strcmp(views[5].format, "B");
+           sample_kind(out) == sample_kind(&chunk_views[0]) && out->shape[3] == chunk_views[0].shape[dims - 1] &&
+           views[4].ndim == 1 && views[4].shape[0] == count && buffer_of(&views[4], "ql") && views[5].ndim == 2 &&
+           views[5].shape[0] == count && views[5].shape[1] == 2 && !strcmp(views[5].format, "B") &&
+           (!ragged || table_of(&sizes_view, count, 2, "ql"));
     if (!fine) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError,
-                            "wanted: chunks (pictures, height, width, channels; of one shape and kind: uint8 of 1 or 3 "
-                            "channels, or uint16, int16, float32 or float64), which, local and rows (int64), boxes "
-                            "(count, 4; float64), out (rows, height, width, the chunks' channels and kind) and flips "
-                            "(count, 2; uint8), all C-contiguous");
+                            "wanted: chunks (pictures, height, width, channels; or, with sizes, pixels, channels; of one "
+                            "shape and kind: uint8 of 1 or 3 channels, or uint16, int16, float32 or float64), which, "
+                            "local and rows (int64), boxes (count, 4; float64), out (rows, height, width, the chunks' "
+                            "channels and kind), flips (count, 2; uint8) and sizes (count, 2; int64), all C-contiguous");
         goto done;
     }
+    r.sizes = ragged ? sizes_view.buf : NULL;
     r.which = views[0].buf;
     r.local = views[1].buf;
     r.boxes = views[2].buf;
@@ -1538,19 +1549,23 @@ static PyObject *py_resize_each(PyObject *self, PyObject *args) {
     r.rows = views[4].buf;
     r.flips = views[5].buf;
     r.count = count;
-    r.height = (int)chunk_views[0].shape[1];
-    r.width = (int)chunk_views[0].shape[2];
-    r.channels = (int)chunk_views[0].shape[3];
+    r.height = ragged ? 0 : (int)chunk_views[0].shape[1];
+    r.width = ragged ? 0 : (int)chunk_views[0].shape[2];
+    r.channels = (int)chunk_views[0].shape[dims - 1];
     r.kind = sample_kind(&chunk_views[0]);
     r.out_height = (int)out->shape[1];
     r.out_width = (int)out->shape[2];
-    for (Py_ssize_t k = 0; k < count; k++)
-        if (r.which[k] < 0 || r.which[k] >= count_chunks || r.local[k] < 0 || r.local[k] >= r.lengths[r.which[k]] ||
-            r.rows[k] < 0 || r.rows[k] >= out->shape[0]) {
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const int64_t pixels = ragged ? r.sizes[2 * k] * r.sizes[2 * k + 1] : 1; /* a ragged picture's, in its chunk */
+        if (r.which[k] < 0 || r.which[k] >= count_chunks || r.local[k] < 0 || r.rows[k] < 0 ||
+            r.rows[k] >= out->shape[0] || (ragged && (r.sizes[2 * k] < 1 || r.sizes[2 * k + 1] < 1 ||
+                                                      r.sizes[2 * k] > INT_MAX || r.sizes[2 * k + 1] > INT_MAX)) ||
+            r.local[k] > r.lengths[r.which[k]] - pixels) {
             PyErr_Format(PyExc_IndexError, "picture %lld of chunk %lld or row %lld out of range", (long long)r.local[k],
                          (long long)r.which[k], (long long)r.rows[k]);
             goto done;
         }
+    }
     uint8_t *resized = calloc(count > 0 ? (size_t)count : 1, 1);
     if (resized == NULL) {
         PyErr_NoMemory();
@@ -1563,6 +1578,8 @@ static PyObject *py_resize_each(PyObject *self, PyObject *args) {
 done:
     release_buffers(views, got);
     release_buffers(chunk_views, taken);
+    if (ragged)
+        PyBuffer_Release(&sizes_view);
     free(chunk_views);
     free((void *)r.chunks);
     free(r.lengths);
@@ -1615,11 +1632,12 @@ static PyMethodDef methods[] = {
      "Whether the JPEG `data`'s header segments, up to its image data, hold EXIF metadata (an APP1 segment\n"
      "opening with \"Exif\\0\\0\"), where an orientation could be."},
     {"resize_each", py_resize_each, METH_VARARGS,
-     "resize_each(chunks, which, local, boxes, out, rows, flips)\n--\n\n"
+     "resize_each(chunks, which, local, boxes, out, rows, flips, sizes=None)\n--\n\n"
      "For every k: boxes[k] (top, left, height, width) of picture local[k] of chunks[which[k]] ((pictures, height,\n"
      "width, channels), as resize takes them) resized into out[rows[k]] as resize does, mirrored as flips[k]\n"
      "(left-right, top-bottom) says; the list of the k left (boxes not inside their picture) is returned. The GIL is\n"
-     "released once for them all."},
+     "released once for them all. With sizes ((count, 2) heights and widths), the chunks are (pixels, channels)\n"
+     "arrays of pictures of their own sizes (a raster field's rows), picture k of sizes[k] at pixel local[k]."},
     {"resize", (PyCFunction)(void (*)(void))py_resize, METH_VARARGS | METH_KEYWORDS,
      "resize(source, box, out, flip_x=False, flip_y=False)\n--\n\n"
      "Resize `box` (top, left, bottom, right) of `source` (height, width, channels) into `out` (of its kind),\n"

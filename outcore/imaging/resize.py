@@ -281,6 +281,37 @@ def _resized_in_c(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.nda
                        np.ascontiguousarray(flips, np.uint8))
 
 
+def resize_spans(chunks: Sequence[np.ndarray], which: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+                 boxes: np.ndarray, out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> None:
+    """`resize_rows` for pictures of their own sizes stored one after the other (a raster field's rows: each chunk's
+    values, (pixels[, channels])): picture ``k`` is ``sizes[k]`` (height, width) from pixel ``starts[k]`` of
+    ``chunks[which[k]]``. In one C call outside the GIL for them all where the extension takes them (`resized_in_c`),
+    else, and for the boxes it leaves, one by one (`resize_part`).
+
+    >>> values = np.arange(4 * 4 + 2 * 2, dtype=np.uint8)  # a 4x4 picture, then a 2x2 one
+    >>> out = np.zeros((1, 2, 2), np.uint8)
+    >>> resize_spans([values], np.array([0]), np.array([16]), np.array([[2, 2]]), np.array([[0.0, 0.0, 2.0, 2.0]]),
+    ...              out, np.array([0]), np.zeros((1, 2), np.uint8))
+    >>> out[0].tolist()
+    [[16, 17], [18, 19]]
+    """
+    resize_each = getattr(native.extension, "resize_each", None)  # None: not built (or built before it was)
+    values = [chunk.reshape(len(chunk), -1) for chunk in chunks]  # (pixels, channels)
+    into = out.reshape(*out.shape[:3], -1)
+    left: Sequence[int] = range(len(which))
+    if resize_each is not None and values and resized_in_c(values[0].dtype, values[0].shape[1]) \
+            and into.dtype == values[0].dtype and into.flags.c_contiguous and out.flags.c_contiguous \
+            and all(chunk.flags.c_contiguous for chunk in values):
+        left = resize_each(values, *(np.ascontiguousarray(a, np.int64) for a in (which, starts)),
+                           np.ascontiguousarray(boxes, np.float64), into, np.ascontiguousarray(rows, np.int64),
+                           np.ascontiguousarray(flips, np.uint8), np.ascontiguousarray(sizes, np.int64))
+    for k in left:
+        (height, width), first = sizes[k].tolist(), int(starts[k])
+        picture = chunks[which[k]][first : first + height * width].reshape(height, width, *out.shape[3:])
+        resize_part(picture, tuple(boxes[k].tolist()), out.shape[1:3], out[rows[k]],
+                    (bool(flips[k, 0]), bool(flips[k, 1])))
+
+
 def resize_part(picture: np.ndarray, box: Box, size: tuple[int, int], out: np.ndarray, flip: tuple[bool, bool]) -> None:
     """``box`` of ``picture`` (h, w[, c]) resized to ``size`` (bilinear, antialiased) and mirrored as ``flip`` says,
     into ``out``: where the box passes the picture's edges, the part inside it resized to the part of the output it

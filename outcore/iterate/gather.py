@@ -28,8 +28,8 @@ from ..imaging import (
     copy_samples,
     cut_maps,
     resize_boxes,
-    resize_part,
     resize_rows,
+    resize_spans,
     rows_by_chunk,
 )
 from ..storage import RaggedChunk, blocks
@@ -283,8 +283,8 @@ def _cuts(rows: Rows, data: Mapping[int, ChunkValues], cut: Cut, out: np.ndarray
 def _raster_cuts(rows: Rows, data: Mapping[int, ChunkValues], field: str, cut: Cut,
                  out: np.ndarray) -> Callable[[int, int], None]:
     """A raster field's maps cut by ``cut``'s boxes as they are copied out of their chunks: label maps in one C call a
-    run (`cut_maps`), paired pictures resized one by one (`resize_part`). A map not of its picture's size is an
-    `OptionError` naming it."""
+    run (`cut_maps`), paired pictures resized in one C call a run too (`resize_spans`). A map not of its picture's size
+    is an `OptionError` naming it."""
     sources: list[RaggedChunk] = rows.sources(data, field)
     starts, sizes = np.empty(len(rows), np.int64), np.empty((len(rows), 2), np.int64)
     for chunk, source in enumerate(sources):
@@ -305,11 +305,8 @@ def _raster_cuts(rows: Rows, data: Mapping[int, ChunkValues], field: str, cut: C
                  flips[start:stop], cut.fill, out, rows.order[start:stop])
 
     def pictures(start: int, stop: int) -> None:
-        for k in range(start, stop):
-            (height, width), first = sizes[k].tolist(), int(starts[k])
-            picture = chunks[rows.which[k]][first : first + height * width].reshape(height, width, *out.shape[3:])
-            resize_part(picture, tuple(boxes[k].tolist()), cut.size, out[rows.order[k]],
-                        (bool(flips[k, 0]), bool(flips[k, 1])))
+        resize_spans(chunks, rows.which[start:stop], starts[start:stop], sizes[start:stop], boxes[start:stop], out,
+                     rows.order[start:stop], flips[start:stop])
 
     return maps if field in cut.label_maps else pictures
 
