@@ -128,7 +128,8 @@ def test_chunks_pillow_passes_over_are_passed_over():
 def test_every_other_png_is_left_to_pillow():
     """Other sizes, colour types and depths, interlacing, an orientation (eXIf, before or after the pixels), an
     animation, a chunk Pillow refuses (a wrong CRC before the pixels), a stream that ends or breaks before the last
-    row, a row of an unknown filter: left, their rows untouched (a damaged one named as Pillow finds it: tests/test_native.py)."""
+    row, a row of an unknown filter: left, their rows untouched (a damaged one named as Pillow finds it:
+    tests/test_native.py)."""
     pixels = photo(3)
     height, width = pixels.shape[:2]
     stream = png_file(pixels)
@@ -239,7 +240,8 @@ def test_the_survey_checks_plain_pngs_in_c_refusing_what_pillow_refuses(tmp_path
     sizes, left = plain_jpeg_sizes(list(files.values()), 3)
     assert [list(files)[k] for k in left] == ["grey", "truncated", "wrong crc", "broken stream", "rgba"]
     for k in (0, 1):
-        assert tuple(sizes[k]) == decode_image(list(files.values())[k], (None, None, 3), None, np.dtype("uint8")).shape[:2]
+        full = decode_image(list(files.values())[k], (None, None, 3), None, np.dtype("uint8"))
+        assert tuple(sizes[k]) == full.shape[:2]
     for name in ("truncated", "wrong crc", "broken stream"):
         with pytest.raises(ImageError, match=f"^{name}: "):
             decoded_size(files[name], 3, np.dtype("uint8"), name)

@@ -190,7 +190,8 @@ static int png_check(PngDecoder *png, const uint8_t *data, size_t size, int chan
         (max_pixels >= 0 && width * height > max_pixels) || (max_side >= 0 && (width > max_side || height > max_side)))
         return 0;
     uint8_t *pixels = png_pixels(png, (size_t)(width * height) * channels);
-    if (pixels == NULL || !png_decode(png, data, size, channels, (int)height, (int)width, pixels, (size_t)width * channels))
+    if (pixels == NULL ||
+        !png_decode(png, data, size, channels, (int)height, (int)width, pixels, (size_t)width * channels))
         return 0;
     shape[0] = height;
     shape[1] = width;

@@ -248,9 +248,9 @@ def resize_rows(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarr
     """Box ``boxes[k]`` (top, left, height, width) of picture ``local[k]`` of ``chunks[which[k]]`` resized into
     ``out[rows[k]]`` and mirrored as ``flips[k]`` (left-right, top-bottom) says, as `resize_part` does (zeros past
     the picture's edges), for every ``k``: in one C call outside the GIL for them all (``resize_each``), where the
-    extension is built and takes the pictures (`resized_in_c`: uint8 of 1 or 3 channels, or none; uint16, int16, float32
-    or float64 of any), the chunks and ``out`` C-contiguous; else one by one, as are boxes past the edges by no more than ``crops.ROUNDING`` that single
-    precision does not find inside.
+    extension is built and takes the pictures (`resized_in_c`: uint8 of 1 or 3 channels, or none; uint16, int16,
+    float32 or float64 of any), the chunks and ``out`` C-contiguous; else one by one, as are boxes past the edges by
+    no more than ``crops.ROUNDING`` that single precision does not find inside.
 
     >>> chunks = [np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)]
     >>> out = np.zeros((1, 2, 2, 3), np.uint8)
