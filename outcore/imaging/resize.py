@@ -259,26 +259,11 @@ def resize_rows(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarr
     >>> bool((out[0] == resize_box(chunks[0][1], (0, 0, 4, 4), (2, 2))).all())
     True
     """
-    for k in _resized_in_c(chunks, which, local, boxes, out, rows, flips):
+    pictures = [chunk[..., None] if chunk.ndim == 3 else chunk for chunk in chunks]  # (pictures, h, w, channels)
+    for k in _resized_in_c(pictures, which, local, boxes, out, rows, flips):
         flip = flips[k].astype(bool).tolist()
         resize_part(chunks[which[k]][local[k]], tuple(boxes[k].tolist()), out.shape[1:3], out[rows[k]],
                     (flip[0], flip[1]))
-
-
-def _resized_in_c(chunks: Sequence[np.ndarray], which: np.ndarray, local: np.ndarray, boxes: np.ndarray,
-                  out: np.ndarray, rows: np.ndarray, flips: np.ndarray) -> Sequence[int]:
-    """`resize_rows` by the C extension's ``resize_each``: the positions ``k`` it left (all where it is not built, or
-    the arrays are not of its kinds)."""
-    resize_each = getattr(native.extension, "resize_each", None)  # None: not built (or built before it was)
-    pictures = [chunk[..., None] if chunk.ndim == 3 else chunk for chunk in chunks]
-    into = out[..., None] if out.ndim == 3 else out
-    if resize_each is None or not pictures or not resized_in_c(pictures[0].dtype, pictures[0].shape[3]) \
-            or into.dtype != pictures[0].dtype or not into.flags.c_contiguous \
-            or not all(picture.flags.c_contiguous for picture in pictures):
-        return range(len(which))
-    which, local, rows = (np.ascontiguousarray(values, np.int64) for values in (which, local, rows))
-    return resize_each(pictures, which, local, np.ascontiguousarray(boxes, np.float64), into, rows,
-                       np.ascontiguousarray(flips, np.uint8))
 
 
 def resize_spans(chunks: Sequence[np.ndarray], which: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
@@ -295,21 +280,31 @@ def resize_spans(chunks: Sequence[np.ndarray], which: np.ndarray, starts: np.nda
     >>> out[0].tolist()
     [[16, 17], [18, 19]]
     """
-    resize_each = getattr(native.extension, "resize_each", None)  # None: not built (or built before it was)
     values = [chunk.reshape(len(chunk), -1) for chunk in chunks]  # (pixels, channels)
-    into = out.reshape(*out.shape[:3], -1)
-    left: Sequence[int] = range(len(which))
-    if resize_each is not None and values and resized_in_c(values[0].dtype, values[0].shape[1]) \
-            and into.dtype == values[0].dtype and into.flags.c_contiguous and out.flags.c_contiguous \
-            and all(chunk.flags.c_contiguous for chunk in values):
-        left = resize_each(values, *(np.ascontiguousarray(a, np.int64) for a in (which, starts)),
-                           np.ascontiguousarray(boxes, np.float64), into, np.ascontiguousarray(rows, np.int64),
-                           np.ascontiguousarray(flips, np.uint8), np.ascontiguousarray(sizes, np.int64))
-    for k in left:
+    for k in _resized_in_c(values, which, starts, boxes, out, rows, flips, sizes):
         (height, width), first = sizes[k].tolist(), int(starts[k])
         picture = chunks[which[k]][first : first + height * width].reshape(height, width, *out.shape[3:])
         resize_part(picture, tuple(boxes[k].tolist()), out.shape[1:3], out[rows[k]],
                     (bool(flips[k, 0]), bool(flips[k, 1])))
+
+
+def _resized_in_c(pictures: Sequence[np.ndarray], which: np.ndarray, local: np.ndarray, boxes: np.ndarray,
+                  out: np.ndarray, rows: np.ndarray, flips: np.ndarray, sizes: np.ndarray | None = None
+                  ) -> Sequence[int]:
+    """`resize_rows` (``pictures``: each chunk's, (pictures, height, width, channels)) or `resize_spans` (with
+    ``sizes``; ``pictures``: each chunk's values, (pixels, channels), ``local`` each picture's first pixel) by the C
+    extension's ``resize_each``: the positions ``k`` it left (all where it is not built, or the arrays are not of its
+    kinds)."""
+    resize_each = getattr(native.extension, "resize_each", None)  # None: not built (or built before it was)
+    into = out[..., None] if out.ndim == 3 else out
+    if resize_each is None or not pictures or not resized_in_c(pictures[0].dtype, pictures[0].shape[-1]) \
+            or into.dtype != pictures[0].dtype or not into.flags.c_contiguous \
+            or not all(picture.flags.c_contiguous for picture in pictures):
+        return range(len(which))
+    which, local, rows = (np.ascontiguousarray(values, np.int64) for values in (which, local, rows))
+    spans = () if sizes is None else (np.ascontiguousarray(sizes, np.int64),)
+    return resize_each(pictures, which, local, np.ascontiguousarray(boxes, np.float64), into, rows,
+                       np.ascontiguousarray(flips, np.uint8), *spans)
 
 
 def resize_part(picture: np.ndarray, box: Box, size: tuple[int, int], out: np.ndarray, flip: tuple[bool, bool]) -> None:
