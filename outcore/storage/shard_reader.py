@@ -112,6 +112,7 @@ class ShardReader:
     ) -> None:
         self.array, self.field, self.where, self.num_samples = array, field, where, num_samples
         self.chunk_size = array.chunks[0]
+        self._chunk_shape, self._dtype = (self.chunk_size, *array.shape[1:]), array.dtype  # zarr's properties: slow
         self._samples = samples or (num_samples, self.chunk_size)
         self._layout = _direct_layout(array, pins)
         self._indexes: dict[int, _ShardIndex] = {} if indexes is None else indexes
@@ -124,7 +125,7 @@ class ShardReader:
 
     def empty(self) -> np.ndarray:
         """A buffer that `read` can fill: a whole chunk of this field (`blocks`: memory used again)."""
-        return blocks.empty((self.chunk_size, *self.array.shape[1:]), self.array.dtype)
+        return blocks.empty(self._chunk_shape, self._dtype)
 
     @property
     def remote(self) -> bool:
