@@ -7,7 +7,7 @@
                                         pixels+then-rrc,pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,
                                         pixels+center,pixels+jitter,pixels16+rrc,encoded+flip,pixels+crop-torch,encoded,
                                         encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
-                                        dense-bc,depth-own,ingest,ingest-png]
+                                        dense-bc,depth-own,ingest,ingest-png,ingest-depth]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
@@ -31,7 +31,8 @@ as a 16-bit PNG of them holds them: a store written by ``outcore.from_arrays``);
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
 loop takes it, in tensors (with PyTorch installed); ``png``, ``png+crop``: ``encoded`` and ``encoded+crop`` of the same
 photos written as PNG files; ``ingest-png``: ``ingest`` of those PNG files; ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
-sizes, ``shape=None, images="encoded"``, files/s):
+sizes, ``shape=None, images="encoded"``, files/s; ``ingest-depth``: ``outcore.ingest_dataframe`` of the photos' JPEGs,
+each with its 16-bit depth map (the ``depth-own`` store's files) paired, ``pair_columns=["depth"]``, pictures/s):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
   ``--seconds``), the ratio to ``n`` times the one-thread rate, and the GIL share timed: the share of the
@@ -190,6 +191,7 @@ CASES = {  # name: (store, transform)
     "depth-own": ("depth-own", Compose([RandomResizedCrop(112, targets=DEPTH), RandomFlip(targets=DEPTH)])),
     "ingest": ("own-size-jpegs", None),  # ingest_images of the JPEGs at their own sizes (shape=None, encoded)
     "ingest-png": ("photos-png", None),  # the same of the PNGs of the png store
+    "ingest-depth": ("photos", None),  # ingest_dataframe of the photos' JPEGs, each with its depth map (`depth_maps`)
 }
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
@@ -220,14 +222,14 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
 
     photos, own_size, pngs = workdir / "photos", workdir / "own-size-jpegs", workdir / "photos-png"
     needed = needed | ({"pixels"} if "pixels16" in needed else set())  # made from the pixel store
-    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded", "depth-own"}),
+    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded", "depth-own", "photos"}),
                                             (pngs, ".png", {"png", "photos-png"})):
         if not folder.exists() and needed & stores_of_it:
             write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos",
                                extension=extension, seed=0)
     if needed & {"own-size", "own-size-jpegs"}:
         write_folder(own_size, max(BATCH * 4, images // 6))
-    made = {"own-size-jpegs": own_size, "photos-png": pngs, "coco": workdir / "coco.zarr",
+    made = {"own-size-jpegs": own_size, "photos-png": pngs, "photos": photos, "coco": workdir / "coco.zarr",
             "coco-own": workdir / "coco-own.zarr"}
     for name, shape in (("coco", (240, 320, 3)), ("coco-own", None)):  # maps fitted, or rasters at the pictures' size
         if name in needed and not made[name].exists():
@@ -285,7 +287,7 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
     if ready:  # py-spy takes a share of the cores while it samples: keep every thread busy, as unprofiled
         Gauge.LOW = 0.0
     if case.startswith("ingest"):
-        return (*ingests(location, seconds, ready, gate), None)
+        return (*ingests(location, seconds, ready, gate, paired=case == "ingest-depth"), None)
     ds = outcore.open_dataset(location)
 
     def made() -> Iterable[dict]:
@@ -370,16 +372,24 @@ def held_by_thread(free: Callable[[], float] | None, cpu: float, clocks: dict[st
     return {name: seconds / used for name, seconds in parts.items()}
 
 
-def ingests(folder: Path, seconds: float, ready: bool, gate: bool = False) -> tuple[float, float | None]:
-    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")``: files/s, and no GIL share: its
-    compression and digests run outside the GIL in numcodecs' and hashlib's C, which `gil_free_clock` does not
-    count, so the rest would be no bound of the time holding it (py-spy's ``gil`` rows measure ingest)."""
+def ingests(folder: Path, seconds: float, ready: bool, gate: bool = False,
+            paired: bool = False) -> tuple[float, float | None]:
+    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")`` (with ``paired``, of
+    ``outcore.ingest_dataframe`` of the folder's JPEGs and their `depth_maps`, ``pair_columns=["depth"]``): files/s
+    (pictures), and no GIL share: its compression and digests run outside the GIL in numcodecs' and hashlib's C, which
+    `gil_free_clock` does not count, so the rest would be no bound of the time holding it (py-spy's ``gil`` rows
+    measure ingest)."""
+    frame = depth_maps(folder, folder.parent / "depth") if paired else None
     with tempfile.TemporaryDirectory() as scratch:
         rates, began, runs = [], time.perf_counter(), 0
         while ready or len(rates) < 2 or time.perf_counter() - began < seconds:
             start = time.perf_counter()
-            ds = outcore.ingest_images(folder, Path(scratch) / "ingested.zarr", shape=None, images="encoded",
-                                       overwrite=True, progress=False)
+            options = {"shape": None, "images": "encoded", "overwrite": True, "progress": False}
+            if paired:
+                ds = outcore.ingest_dataframe(frame, Path(scratch) / "ingested.zarr", root=folder.parent,
+                                              pair_columns=["depth"], **options)
+            else:
+                ds = outcore.ingest_images(folder, Path(scratch) / "ingested.zarr", **options)
             if runs:
                 rates.append(len(ds) / (time.perf_counter() - start))
             elif ready or gate:

@@ -28,7 +28,10 @@ from outcore.imaging.decode import (
     decoded_size,
     plain_jpeg_files,
     plain_jpeg_sizes,
+    png_header,
+    stored_frame,
 )
+from outcore.imaging.label_maps import Paired
 from outcore.imaging.synthetic import sample_photo
 from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
 
@@ -43,12 +46,16 @@ def chunk(kind: bytes, body: bytes, crc: int | None = None) -> bytes:
 
 def png_file(pixels: np.ndarray, filters: list[int] | None = None, *, idat_size: int = 1 << 20,
              before: tuple[bytes, ...] = (), after: tuple[bytes, ...] = (), interlace: int = 0) -> bytes:
-    """An 8-bit RGB or grey PNG of ``pixels`` ((h, w, 3) or (h, w)), each row filtered by its entry of ``filters``
-    (0-4; cycling through them all by default), its zlib stream in IDATs of ``idat_size`` bytes, the chunks
-    ``before`` between IHDR and the IDATs and ``after`` between them and IEND."""
+    """A PNG of ``pixels`` ((h, w) or (h, w, samples): grey, grey and alpha, RGB or RGBA; uint8, or uint16 for 16 bits
+    a sample), each row filtered by its entry of ``filters`` (0-4; cycling through them all by default), its zlib
+    stream in IDATs of ``idat_size`` bytes, the chunks ``before`` between IHDR and the IDATs and ``after`` between them
+    and IEND."""
     height, width = pixels.shape[:2]
-    depth = 1 if pixels.ndim == 2 else pixels.shape[2]
-    rows = pixels.reshape(height, width * depth).astype(np.int64)
+    samples = 1 if pixels.ndim == 2 else pixels.shape[2]
+    wide = pixels.dtype == np.uint16
+    depth = samples * (2 if wide else 1)  # bytes a pixel, as the filters count them
+    rows = np.frombuffer(pixels.astype(">u2" if wide else np.uint8).tobytes(), np.uint8)
+    rows = rows.reshape(height, width * depth).astype(np.int64)
     filtered = bytearray()
     for y in range(height):
         kind = (filters or [0, 1, 2, 3, 4])[y % len(filters or [0, 1, 2, 3, 4])]
@@ -63,7 +70,8 @@ def png_file(pixels: np.ndarray, filters: list[int] | None = None, *, idat_size:
             predicted = [np.zeros_like(row), left, above, (left + above) // 2][kind]
         filtered += bytes([kind]) + ((row - predicted) % 256).astype(np.uint8).tobytes()
     stream = zlib.compress(bytes(filtered), 6)
-    header = struct.pack(">IIBBBBB", width, height, 8, 2 if depth == 3 else 0, 0, 0, interlace)
+    colour = {1: 0, 2: 4, 3: 2, 4: 6}[samples]
+    header = struct.pack(">IIBBBBB", width, height, 16 if wide else 8, colour, 0, 0, interlace)
     idats = [chunk(b"IDAT", stream[at : at + idat_size]) for at in range(0, len(stream), idat_size)]
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + b"".join(before) + b"".join(idats) + b"".join(after)
             + chunk(b"IEND", b""))
@@ -124,9 +132,81 @@ def test_chunks_pillow_passes_over_are_passed_over():
         np.testing.assert_array_equal(out[k], decode_image(data, pixels.shape, "crop", np.dtype("uint8")))
 
 
+KINDS = {  # a plain PNG's samples a pixel and bits a sample -> the channels it is decoded to in C
+    "grey": (1, 8, (1, 3)), "grey and alpha": (2, 8, (1, 3)), "rgb": (3, 8, (3,)), "rgba": (4, 8, (3, 4)),
+    "16-bit grey": (1, 16, (1,)), "16-bit rgb": (3, 16, (3,)), "16-bit rgba": (4, 16, (3, 4)),
+}
+
+
+@with_zlib
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_pngs_of_16_bits_and_with_alpha_are_pillow_s_pixels(kind, monkeypatch):
+    """Each colour type and depth decoded in C, every row filter, to each number of channels Pillow converts it to
+    without arithmetic: the pixels `decode_image` gives through Pillow (alpha dropped, 16-bit samples cut to their
+    high byte for RGB, grey repeated for RGB; 16-bit grey kept in 16 bits, or rounded to 8 as a uint16 picture is),
+    for uint8 and uint16 samples, at their own size and fitted; in a run's rows (`decode_each`) too."""
+    samples, depth, channels = KINDS[kind]
+    rng = np.random.default_rng(samples * depth)
+    noise = rng.integers(0, 1 << depth, (19, 23, samples)).astype(np.uint16 if depth == 16 else np.uint8)
+    smooth = np.dstack([photo(3, (19, 23), at=8 * k)[..., k % 3] for k in range(samples)]).astype(noise.dtype)
+    pictures = [noise, smooth * (257 if depth == 16 else 1)]
+    files = [png_file(picture[..., 0] if samples == 1 else picture, [kind_]) for picture in pictures
+             for kind_ in range(5)] + [png_file(pictures[1], idat_size=9)]
+    cases = [((None, None, c), None, dtype) for c in channels for dtype in ("uint8", "uint16")]
+    cases += [((13, 17, c), "crop", dtype) for c in channels for dtype in ("uint8", "uint16")]
+    from outcore.imaging import decode
+
+    got = {}
+    monkeypatch.setattr(decode, "_opened", lambda *arguments: pytest.fail("Pillow opened a plain PNG"))
+    for k, data in enumerate(files):
+        for shape, resize, dtype in cases:
+            got[k, shape, dtype] = decode_image(data, shape, resize, np.dtype(dtype))
+    for c in (c for c in channels if c != 4):  # a run's rows are of 1 or 3 channels
+        out, left = decoded_together(files, (19, 23, c))
+        assert left == []
+        for k in range(len(files)):
+            np.testing.assert_array_equal(out[k], got[k, (None, None, c), "uint8"])
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "extension", None)
+    for (k, shape, dtype), pixels in got.items():
+        expected = decode_image(files[k], shape, "crop" if shape[0] else None, np.dtype(dtype))
+        assert pixels.dtype == expected.dtype and pixels.shape == expected.shape
+        np.testing.assert_array_equal(pixels, expected, err_msg=f"file {k}, {shape}, {dtype}")
+
+
+def test_a_png_s_size_and_kind_are_read_from_its_header_as_pillow_opens_it(monkeypatch):
+    """`png_header` (no Pillow): each colour type and depth's size, upright, and the kind of paired picture it makes
+    (`Paired.of`), as Pillow opening the file says; a file with an orientation (or what Pillow takes for one) or an
+    animation before its pixels, or that ends before them, left to Pillow."""
+    from outcore.imaging import label_maps
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    pixels = photo(3, (9, 13))
+    files, kinds = {}, {}
+    for name, (samples, depth, _) in KINDS.items():
+        picture = pixels[..., :1] if samples < 3 else np.dstack([pixels, pixels[..., :1]])[..., :samples]
+        picture = np.dstack([picture] * 2)[..., :samples] if samples == 2 else picture
+        picture = picture.astype(np.uint16 if depth == 16 else np.uint8)
+        data = png_file(picture[..., 0] if samples == 1 else picture)
+        assert png_header(data) == (9, 13, depth, [0, 4, 2, 6][samples - 1]), name
+        assert stored_frame(data) == ((9, 13), 1)
+        files[name], kinds[name] = data, Paired.of("p.png", data)
+    monkeypatch.setattr(label_maps, "png_header", lambda data: None)  # Pillow opens every file
+    assert {name: Paired.of("p.png", data) for name, data in files.items()} == kinds
+    turned = {"exif": png_file(pixels, before=(chunk(b"eXIf", exif.tobytes()),)),
+              "exif text": png_file(pixels, before=(chunk(b"iTXt", b"exif\x00\x00\x00\x00\x00abc"),)),
+              "animated": png_file(pixels, before=(chunk(b"acTL", struct.pack(">II", 1, 0)),)),
+              "cut": png_file(pixels)[:37], "jpeg": b"\xff\xd8\xff\xe0" + bytes(40)}
+    assert {name: png_header(data) for name, data in turned.items()} == dict.fromkeys(turned)
+    assert stored_frame(pillow_png(pixels, exif=exif.tobytes())) == ((13, 9), 6)  # Pillow's, turned
+
+
 @with_zlib
 def test_every_other_png_is_left_to_pillow():
-    """Other sizes, colour types and depths, interlacing, an orientation (eXIf, before or after the pixels), an
+    """Other sizes, colour types and depths (a palette's, 16-bit grey, which Pillow converts to RGB its own way),
+    interlacing, an orientation (eXIf, or a text chunk keyed "exif", which Pillow takes for one; before or after the
+    pixels), an
     animation, a chunk Pillow refuses (a wrong CRC before the pixels), a stream that ends or breaks before the last
     row, a row of an unknown filter: left, their rows untouched (a damaged one named as Pillow finds it:
     tests/test_native.py)."""
@@ -139,15 +219,17 @@ def test_every_other_png_is_left_to_pillow():
     Image.fromarray(pixels).save(animated, format="PNG", save_all=True,
                                  append_images=[Image.fromarray(pixels[::-1].copy())])
     idat = stream.index(b"IDAT") - 4
+    grey16 = photo(1).astype(np.uint16) * 257
     files = {
         "other size": png_file(pixels[:-1]),
-        "grey": png_file(photo(1)),
-        "rgba": pillow_png(np.dstack([pixels, np.full((height, width), 200, np.uint8)])),
         "palette": _palette(pixels),
-        "16 bits": _sixteen_bits(height, width),
+        "16-bit grey": _sixteen_bits(height, width),
+        "16-bit grey and alpha": png_file(np.dstack([grey16, grey16])),
         "interlaced": png_file(pixels, interlace=1),
         "exif before": pillow_png(pixels, exif=exif.tobytes()),
         "exif after": png_file(pixels, after=(chunk(b"eXIf", exif.tobytes()),)),
+        "exif text before": png_file(pixels, before=(chunk(b"tEXt", b"exif\x00" + exif.tobytes()),)),
+        "exif text after": png_file(pixels, after=(chunk(b"zTXt", b"exif\x00\x00" + zlib.compress(b"x")),)),
         "animated": animated.getvalue(),
         "wrong crc": png_file(pixels, before=(chunk(b"tEXt", b"a\x00b", crc=12345),)),
         "truncated": stream[: len(stream) // 2],
@@ -158,6 +240,10 @@ def test_every_other_png_is_left_to_pillow():
     out, left = decoded_together(list(files.values()), pixels.shape)
     assert [list(files)[k] for k in left] == list(files)
     assert (out == 7).all()
+    rgb = {"rgb": png_file(pixels), "rgba": png_file(np.dstack([pixels, pixels[..., :1]])),
+           "16-bit grey and alpha": png_file(np.dstack([grey16, grey16]))}
+    out, left = decoded_together(list(rgb.values()), (height, width, 1))  # no RGB into grey: Pillow's weighted sum
+    assert [list(rgb)[k] for k in left] == list(rgb)
 
 
 def _palette(pixels: np.ndarray) -> bytes:
@@ -236,10 +322,10 @@ def test_the_survey_checks_plain_pngs_in_c_refusing_what_pillow_refuses(tmp_path
     files = {"plain": good, "pillow's": pillow_png(pixels, optimize=True), "grey": png_file(photo(1)),
              "truncated": good[: len(good) // 2], "wrong crc": png_file(pixels, before=(chunk(b"tEXt", b"a", crc=9),)),
              "broken stream": good[:idat] + chunk(b"IDAT", b"\x78\x9c" + bytes(40)) + chunk(b"IEND", b""),
-             "rgba": pillow_png(np.dstack([pixels, pixels[..., :1]]))}
+             "rgba": pillow_png(np.dstack([pixels, pixels[..., :1]])), "palette": _palette(pixels)}
     sizes, left = plain_jpeg_sizes(list(files.values()), 3)
-    assert [list(files)[k] for k in left] == ["grey", "truncated", "wrong crc", "broken stream", "rgba"]
-    for k in (0, 1):
+    assert [list(files)[k] for k in left] == ["truncated", "wrong crc", "broken stream", "palette"]
+    for k in (0, 1, 2, 6):
         full = decode_image(list(files.values())[k], (None, None, 3), None, np.dtype("uint8"))
         assert tuple(sizes[k]) == full.shape[:2]
     for name in ("truncated", "wrong crc", "broken stream"):

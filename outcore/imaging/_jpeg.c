@@ -832,14 +832,18 @@ static PyObject *py_decode_png(PyObject *self, PyObject *args) {
         PyBuffer_Release(&data);
         return NULL;
     }
-    int decoded = 0, fine = (out.ndim == 2 || out.ndim == 3) && out.itemsize == 1 && strcmp(out.format, "B") == 0;
+    const int wide = out.itemsize == 2 && strcmp(out.format, "H") == 0;
+    const int bytes = wide || (out.itemsize == 1 && strcmp(out.format, "B") == 0);
+    int decoded = 0, fine = (out.ndim == 2 || out.ndim == 3) && bytes;
     int channels = out.ndim == 3 ? (int)out.shape[2] : 1;
     if (!fine) {
-        PyErr_SetString(PyExc_ValueError, "out must be a C-contiguous uint8 array (height, width[, channels])");
+        PyErr_SetString(PyExc_ValueError,
+                        "out must be a C-contiguous uint8 or uint16 array (height, width[, channels])");
     } else {
         PngDecoder png = {0};
         FREE_BEGIN decoded = png_decode(&png, data.buf, (size_t)data.len, channels, (int)out.shape[0],
-                                        (int)out.shape[1], out.buf, (size_t)out.shape[1] * channels);
+                                        (int)out.shape[1], out.buf, (size_t)out.shape[1] * channels * out.itemsize,
+                                        wide);
         png_decoder_free(&png);
         FREE_END
     }
@@ -981,7 +985,7 @@ static int decode_all(const Each *each, uint8_t *done) {
         uint8_t *out = each->out + bytes * each->rows[k];
 #ifdef OUTCORE_PNG
         if (png_file(data, size)) {
-            done[k] = png_decode(&png, data, size, each->channels, each->height, each->width, out, stride);
+            done[k] = png_decode(&png, data, size, each->channels, each->height, each->width, out, stride, 0);
             continue;
         }
 #endif
@@ -1035,7 +1039,7 @@ static void crop_all(const Each *each, uint8_t *done) {
             uint8_t *pixels = png_pixels(&png, stride * file_height);
             done[k] = pixels != NULL && box_inside(request.box, file_height, file_width) &&
                       png_decode(&png, request.data, request.size, each->channels, file_height, file_width, pixels,
-                                 stride) &&
+                                 stride, 0) &&
                       resize_kind(pixels, stride, file_height, file_width, each->channels, 'B', request.box, place[2],
                                   place[3], into, out_stride, flip_x, flip_y) == 0;
             continue;
@@ -1623,9 +1627,10 @@ static PyMethodDef methods[] = {
 #ifdef OUTCORE_PNG
     {"decode_png", py_decode_png, METH_VARARGS,
      "decode_png(data, out)\n--\n\n"
-     "Decode the PNG `data` into `out` (uint8, (height, width[, channels])) where it is a plain PNG of that size (8-bit\n"
-     "RGB for 3 channels, grey for 1, not interlaced, no eXIf or animation) that decodes cleanly: True; else False\n"
-     "and `out` left as it was (for Pillow, which words what is wrong). The GIL is released meanwhile."},
+     "Decode the PNG `data` into `out` (uint8, or uint16 for a 16-bit greyscale file: (height, width[, channels]))\n"
+     "where it is a plain PNG of that size (_png.h: 8 or 16 bits, grey, RGB, with or without alpha, as Pillow\n"
+     "converts it to those channels; not interlaced, no eXIf or animation) that decodes cleanly: True; else False and\n"
+     "`out` left as it was (for Pillow, which words what is wrong). The GIL is released meanwhile."},
 #endif
     {"has_exif", py_has_exif, METH_O,
      "has_exif(data)\n--\n\n"

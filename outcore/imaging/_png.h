@@ -2,13 +2,17 @@
  * OUTCORE_PNG).
  *
  * A plain PNG is one decode.py's decode_image gives as Pillow decodes it, pixel for pixel, with nothing but its
- * pixels to apply: 8 bits a sample, RGB (colour type 2) for 3 channels or greyscale (type 0) for 1, not interlaced,
- * with no orientation (no eXIf chunk) and no animation (no acTL: Pillow may show a frame other than the IDAT's). Its
- * IDAT chunks' zlib stream is inflated and each row's filter undone (None, Sub, Up, Average, Paeth) straight into
- * the caller's rows. Any other file, and any the decoder finds damaged, is left to the caller (decode_image words
- * the error): a chunk before the first IDAT whose CRC is wrong (Pillow refuses those), a zlib stream that ends or
- * breaks before the last row, a row of an unknown filter. As in Pillow, IDATs' CRCs are not checked, and what
- * follows the last row is not read.
+ * pixels to apply (png_kind says which): not interlaced, with no orientation (no eXIf chunk, nor a text chunk keyed
+ * "exif", which Pillow takes for one) and no animation (no acTL: Pillow may show a frame other than the IDAT's), of 8 or 16 bits a sample, greyscale (colour type 0), RGB (2),
+ * grey and alpha (4) or RGBA (6), asked for as Pillow converts it: 3 channels of RGB or RGBA, or of 8-bit grey (each
+ * repeated), 1 of grey, 4 of RGBA; alpha dropped where it is not asked for, 16-bit samples cut to their high byte
+ * (Pillow's RGB and RGBA modes), except 16-bit greyscale, which Pillow keeps in 16 bits (mode I;16): its 1 channel
+ * given as it is into uint16 rows (`wide`), or into uint8 rows as decode.py's _convert_depth rounds it. Its IDAT
+ * chunks' zlib stream is inflated and each row's filter undone (None, Sub, Up, Average, Paeth), straight into the
+ * caller's rows where they are the file's. Any other file, and any the decoder finds damaged, is left to the caller
+ * (decode_image words the error): a chunk before the first IDAT whose CRC is wrong (Pillow refuses those), a zlib
+ * stream that ends or breaks before the last row, a row of an unknown filter. As in Pillow, IDATs' CRCs are not
+ * checked, and what follows the last row is not read.
  */
 
 #include <limits.h>
@@ -63,12 +67,14 @@ static inline uint8_t paeth(uint8_t a, uint8_t b, uint8_t c) {
 }
 
 /* One row's filter undone: `row` (`bytes` long, `depth` bytes a pixel) from its filtered bytes and the row above
- * (`above`, NULL for the first: zeros); 0 for an unknown filter. */
+ * (`above`, NULL for the first: zeros); 0 for an unknown filter. `row` may be `filtered` itself: each byte is read
+ * before it is written. */
 static int png_unfilter(int filter, const uint8_t *filtered, const uint8_t *above, size_t bytes, int depth,
                         uint8_t *row) {
     switch (filter) {
     case 0:
-        memcpy(row, filtered, bytes);
+        if (row != filtered) /* undone in place (png_decode): nothing to do */
+            memcpy(row, filtered, bytes);
         return 1;
     case 1:
         for (size_t k = 0; k < bytes; k++)
@@ -96,13 +102,67 @@ static int png_unfilter(int filter, const uint8_t *filtered, const uint8_t *abov
     }
 }
 
-/* Decode `data` into `height` rows of `width` x `channels` bytes, each `stride` bytes after the one before, if it
- * is a plain PNG of that size (above): 1, else 0 (left to the caller). */
-static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int channels, int height, int width,
-                      uint8_t *out, size_t stride) {
-    if (!png_file(data, size) || (channels != 1 && channels != 3) || height <= 0 || width <= 0)
+/* Whether a chunk may turn the picture or show another: an orientation (eXIf, or a text chunk keyed "exif", which
+ * Pillow takes as one) or an animation (acTL). */
+static int png_turns(const uint8_t *type, const uint8_t *body, uint32_t length) {
+    if (memcmp(type, "eXIf", 4) == 0 || memcmp(type, "acTL", 4) == 0)
+        return 1;
+    const int text = memcmp(type, "tEXt", 4) == 0 || memcmp(type, "zTXt", 4) == 0 || memcmp(type, "iTXt", 4) == 0;
+    return text && length >= 5 && memcmp(body, "exif", 5) == 0;
+}
+
+/* The samples a pixel of a PNG of colour type `type` holds (1-4), where a plain PNG of that type and `depth` bits
+ * (IHDR's) gives `channels` as Pillow converts it (the header above; `wide`: into uint16 rows); 0 where it does not. */
+static int png_kind(int type, int depth, int channels, int wide) {
+    const int samples = type == 0 ? 1 : type == 4 ? 2 : type == 2 ? 3 : type == 6 ? 4 : 0;
+    if (samples == 0 || (depth != 8 && depth != 16))
         return 0;
-    const size_t bytes = (size_t)width * channels, filtered_bytes = (bytes + 1) * (size_t)height;
+    if (wide) /* Pillow's I;16, as it is */
+        return type == 0 && depth == 16 && channels == 1 ? samples : 0;
+    switch (channels) {
+    case 1: /* grey, alpha dropped (16-bit grey and alpha is RGBA to Pillow: left) */
+        return type == 0 || (type == 4 && depth == 8) ? samples : 0;
+    case 3: /* RGB, alpha dropped; 8-bit grey repeated */
+        return samples >= 3 || depth == 8 ? samples : 0;
+    case 4:
+        return type == 6 ? samples : 0;
+    default:
+        return 0;
+    }
+}
+
+/* One unfiltered row of `width` pixels of `samples` samples of `bytes` bytes each (big-endian) into `row`, of
+ * `channels` as png_kind says (`wide`: uint16). */
+static void png_convert(const uint8_t *line, int width, int samples, int bytes, int channels, int wide, uint8_t *row) {
+    const int step = samples * bytes;
+    if (wide) {
+        uint16_t *values = (uint16_t *)row;
+        for (int x = 0; x < width; x++)
+            values[x] = (uint16_t)(line[2 * x] << 8 | line[2 * x + 1]);
+    } else if (bytes == 2 && samples == 1) { /* as _convert_depth rounds 16 bits to 8 */
+        for (int x = 0; x < width; x++)
+            row[x] = (uint8_t)(((uint32_t)(line[2 * x] << 8 | line[2 * x + 1]) * 255 + 32767) / 65535);
+    } else {
+        const int grey = samples < 3; /* its one value in every channel asked for */
+        for (int x = 0; x < width; x++, line += step, row += channels)
+            for (int c = 0; c < channels; c++)
+                row[c] = line[(grey ? 0 : c) * bytes];
+    }
+}
+
+/* Decode `data` into `height` rows of `width` x `channels` samples (uint8; with `wide`, uint16), each `stride` bytes
+ * after the one before, if it is a plain PNG of that size (above) that gives them: 1, else 0 (left to the caller). */
+static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int channels, int height, int width,
+                      uint8_t *out, size_t stride, int wide) {
+    if (!png_file(data, size) || size < 33 || memcmp(data + 12, "IHDR", 4) != 0 || height <= 0 || width <= 0)
+        return 0;
+    const int depth = data[24], samples = png_kind(data[25], depth, channels, wide), sample_bytes = depth / 8;
+    if (samples == 0)
+        return 0;
+    const int pixel_bytes = samples * sample_bytes, in_place = sample_bytes == 1 && samples == channels && !wide;
+    const size_t bytes = (size_t)width * pixel_bytes, filtered_bytes = (bytes + 1) * (size_t)height;
+    if (filtered_bytes / (bytes + 1) != (size_t)height || filtered_bytes > UINT_MAX)
+        return 0; /* more than one zlib call inflates: left to Pillow */
     if (filtered_bytes > png->capacity) {
         free(png->filtered);
         png->filtered = malloc(filtered_bytes);
@@ -129,10 +189,10 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
         const uint8_t *type = data + at + 4, *body = data + at + 8;
         if (length > size - at - 12)
             return 0;
-        if (chunks++ == 0) { /* IHDR first: of this size, 8-bit RGB or grey, deflate, plain filters, no interlace */
+        if (chunks++ == 0) { /* IHDR first (its depth and colour type read above): of this size, deflate, plain
+                                filters, no interlace */
             if (memcmp(type, "IHDR", 4) != 0 || length != 13 || big_endian32(body) != (uint32_t)width ||
-                big_endian32(body + 4) != (uint32_t)height || body[8] != 8 || body[9] != (channels == 3 ? 2 : 0) ||
-                body[10] != 0 || body[11] != 0 || body[12] != 0)
+                big_endian32(body + 4) != (uint32_t)height || body[10] != 0 || body[11] != 0 || body[12] != 0)
                 return 0;
         }
         if (memcmp(type, "IDAT", 4) == 0) {
@@ -150,7 +210,7 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
         } else {
             if (in_idat || memcmp(type, "IEND", 4) == 0)
                 return 0; /* the IDATs ended, or none came, before the last row */
-            if (memcmp(type, "eXIf", 4) == 0 || memcmp(type, "acTL", 4) == 0)
+            if (png_turns(type, body, length))
                 return 0; /* an orientation, or an animation */
             if ((uint32_t)crc32(crc32(0L, type, 4), body, length) != big_endian32(body + length))
                 return 0; /* Pillow refuses a chunk before the IDATs whose CRC is wrong */
@@ -159,20 +219,25 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
     }
     for (size_t more = at; size - more >= 12;) { /* an orientation after the pixels: Pillow may read it; leave it */
         const uint32_t length = big_endian32(data + more);
-        if (memcmp(data + more + 4, "eXIf", 4) == 0 || memcmp(data + more + 4, "acTL", 4) == 0)
-            return 0;
         if (memcmp(data + more + 4, "IEND", 4) == 0 || length > size - more - 12)
             break;
+        if (png_turns(data + more + 4, data + more + 8, length))
+            return 0;
         more += 12 + (size_t)length;
     }
     for (int y = 0; y < height; y++) /* every row's filter known before a row is written */
         if (png->filtered[(bytes + 1) * (size_t)y] > 4)
             return 0;
     for (int y = 0; y < height; y++) {
-        const uint8_t *line = png->filtered + (bytes + 1) * (size_t)y;
-        uint8_t *row = out + stride * (size_t)y;
-        if (!png_unfilter(line[0], line + 1, y > 0 ? row - stride : NULL, bytes, channels, row))
+        uint8_t *line = png->filtered + (bytes + 1) * (size_t)y, *row = out + stride * (size_t)y;
+        if (in_place) { /* the file's rows are the caller's: undone straight into them */
+            if (!png_unfilter(line[0], line + 1, y > 0 ? row - stride : NULL, bytes, pixel_bytes, row))
+                return 0;
+            continue;
+        } /* else undone where they lie (the row above undone already), then converted */
+        if (!png_unfilter(line[0], line + 1, y > 0 ? line - bytes : NULL, bytes, pixel_bytes, line + 1))
             return 0;
+        png_convert(line + 1, width, samples, sample_bytes, channels, wide, row);
     }
     return 1;
 }
@@ -191,7 +256,7 @@ static int png_check(PngDecoder *png, const uint8_t *data, size_t size, int chan
         return 0;
     uint8_t *pixels = png_pixels(png, (size_t)(width * height) * channels);
     if (pixels == NULL ||
-        !png_decode(png, data, size, channels, (int)height, (int)width, pixels, (size_t)width * channels))
+        !png_decode(png, data, size, channels, (int)height, (int)width, pixels, (size_t)width * channels, 0))
         return 0;
     shape[0] = height;
     shape[1] = width;

@@ -398,7 +398,8 @@ def upright_size(data: bytes, name: str = "image", max_pixels: int | None = MAX_
 def stored_frame(data: bytes, name: str = "image", max_pixels: int | None = MAX_PIXELS) -> tuple[tuple[int, int], int]:
     """A file's upright ``(height, width)`` (`upright_size`) and EXIF orientation (1: stored upright; 2-8: mirrored or
     turned, as decoding undoes), from one read of its header: a plain JPEG's (`plain_jpeg`: upright) by
-    libjpeg-turbo, any other file's by Pillow (whose parse of a JPEG's segments holds the GIL: 19 us a file)."""
+    libjpeg-turbo, a PNG's by `png_header`, any other file's by Pillow (whose parse of a JPEG's segments holds the GIL:
+    19 us a file)."""
     if plain_jpeg(data):
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
@@ -407,6 +408,9 @@ def stored_frame(data: bytes, name: str = "image", max_pixels: int | None = MAX_
         else:
             _check_size(height, width, max_pixels, name)
             return (height, width), 1
+    if (header := png_header(data)) is not None:  # upright as stored: no orientation before its pixels
+        _check_size(*header[:2], max_pixels, name)
+        return header[:2], 1
     with _opened(data, name, max_pixels) as image:
         width, height = image.size
         orientation = int(image.getexif().get(ExifTags.Base.Orientation, 1)) if image.format == "TIFF" \
@@ -513,17 +517,44 @@ def _decode_plain_jpeg(
 PNG_START = b"\x89PNG\r\n\x1a\n"
 
 
+def png_header(data: bytes) -> tuple[int, int, int, int] | None:
+    """``(height, width, bits a sample, colour type)`` of a PNG file, from its IHDR, where none of the chunks before its
+    pixels may turn it or show another picture (what Pillow reads when it opens the file: an eXIf chunk, a text chunk
+    keyed ``exif``, an animation's acTL; `_png.h` leaves those files to Pillow too); None for any other file, and for
+    one that ends before its pixels (Pillow says what is wrong with those).
+
+    >>> png_header(open("depth.png", "rb").read())  # doctest: +SKIP
+    (480, 640, 16, 0)
+    """
+    if not data.startswith(PNG_START) or data[12:16] != b"IHDR" or len(data) < 33:
+        return None
+    at = 8
+    while at + 12 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, at)
+        if kind == b"IDAT":
+            width, height, depth, colour = struct.unpack_from(">IIBB", data, 16)
+            return height, width, depth, colour
+        if kind in (b"eXIf", b"acTL") or (kind in (b"tEXt", b"zTXt", b"iTXt") and data[at + 8 : at + 13] == b"exif\0"):
+            return None
+        at += 12 + length
+    return None
+
+
 def _decode_plain_png(data: bytes, channels: int, target: tuple[int, int] | None, out: np.ndarray | None, name: str,
                       max_pixels: int | None) -> np.ndarray | None:
-    """A plain PNG (8-bit RGB for 3 channels, grey for 1, not interlaced, no orientation or animation) decoded by the
-    C extension outside the GIL (``decode_png``, built with zlib): into ``out`` where it is of the ``target`` size,
-    else at its own; the pixels Pillow gives. None for any other file (and a damaged one), or without it."""
+    """A plain PNG decoded by the C extension outside the GIL (``decode_png``, built with zlib: `_png.h` says which
+    PNGs are plain: 8 or 16 bits, grey, RGB, with or without alpha, not interlaced, no orientation or animation) into
+    the pixels Pillow gives for ``channels``: uint16 for a 16-bit greyscale file of 1 channel (Pillow's I;16), else
+    uint8, into ``out`` where it is of the ``target`` size and of that type, else at its own size. None for any other
+    file (and a damaged one), or without it."""
     decode_png = getattr(native.extension, "decode_png", None)  # None: not built, or built without zlib
-    if decode_png is None or not data.startswith(PNG_START) or data[12:16] != b"IHDR" or len(data) < 24:
+    if decode_png is None or not data.startswith(PNG_START) or data[12:16] != b"IHDR" or len(data) < 26:
         return None
-    width, height = struct.unpack(">II", data[16:24])
+    width, height, depth, colour = struct.unpack(">IIBB", data[16:26])
     _check_size(height, width, max_pixels, name)
-    pixels = out if out is not None and (height, width) == target else np.empty((height, width, channels), np.uint8)
+    dtype = np.uint16 if (depth, colour, channels) == (16, 0, 1) else np.uint8
+    into = out is not None and (height, width) == target and out.dtype == dtype
+    pixels = out if into else np.empty((height, width, channels), dtype)
     return pixels if decode_png(data, pixels.reshape(height, width, channels)) else None
 
 

@@ -21,12 +21,15 @@ import numpy as np
 from PIL import Image
 
 from ..errors import ImageError, OptionError
-from .decode import decode_errors
+from .decode import decode_errors, png_header
 from .resize import ResizePolicy, cover_box, pad_placement
 from .targets import cut_label_maps
 
 LABEL_MAP_DTYPES = ("uint8", "uint16")
 LOSSY = ("JPEG", "MPO", "WEBP")  # WebP may be lossless, but nothing in its header says so for sure
+PNG_MODES = {  # (bits a sample, colour type) of a PNG -> the mode Pillow opens it in
+    (8, 0): "L", (16, 0): "I;16", (8, 2): "RGB", (16, 2): "RGB", (8, 4): "LA", (16, 4): "RGBA", (8, 6): "RGBA",
+    (16, 6): "RGBA"}
 ID_MODES = {"P": np.uint8, "L": np.uint8, "1": np.uint8, "I;16": np.uint16, "I;16B": np.uint16, "I;16L": np.uint16,
             "I": np.uint16}
 
@@ -58,9 +61,13 @@ class Paired:
     @classmethod
     def of(cls, path: str, data: bytes) -> Paired:
         """The file ``path`` (``data``, its bytes) as its own kind: 1 channel for a grey file, 4 with alpha, else 3;
-        uint16 for a 16-bit (or 32-bit) grey file, else uint8."""
-        with decode_errors(path), Image.open(io.BytesIO(data)) as image:
-            mode = image.mode
+        uint16 for a 16-bit (or 32-bit) grey file, else uint8. A PNG's kind is read from its header (`png_header`),
+        other files' by Pillow."""
+        header = png_header(data)
+        mode = None if header is None else PNG_MODES.get(header[2:])
+        if mode is None:
+            with decode_errors(path), Image.open(io.BytesIO(data)) as image:
+                mode = image.mode
         channels = 1 if mode in ("L", "1", "I", "I;16", "I;16B", "I;16L") else 4 if mode in ("RGBA", "LA", "PA") else 3
         return cls(path, channels, "uint16" if mode.startswith("I") else "uint8")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
@@ -53,6 +53,29 @@ def path_block(paths: Sequence[str], start: int, stop: int) -> np.ndarray:
     ['b.jpg', 'c.jpg']
     """
     return np.array(paths[start:stop], dtype=str)
+
+
+class Opaque:
+    """A task's argument that Dask passes as it is, as `path_block` passes paths: a block's frames or layers (label map
+    files, drawings, paired pictures) as a list would be walked item by item for collections and tokenized so, on
+    the one thread making all the tasks (half an ingest's GIL, with a paired picture a sample). Its token is a digest
+    of its ``repr``, made once.
+
+    >>> Opaque([((4, 6), 1)]).value
+    [((4, 6), 1)]
+    """
+
+    __slots__ = ("_token", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self._token = hashlib.blake2b(repr(value).encode(), digest_size=16).hexdigest()
+
+    def __dask_tokenize__(self) -> str:
+        return self._token
+
+    def __reduce__(self) -> tuple:
+        return Opaque, (self.value,)
 
 
 def image_array(
@@ -194,16 +217,18 @@ def raster_array(paths: Sequence[str], frames: Sequence[tuple[tuple[int, int], i
     rasters, errors = [], []
     for start in range(0, len(paths), block_size):
         count = len(paths[start : start + block_size])
-        task = load(path_block(paths, start, start + block_size), list(frames[start : start + block_size]),
-                    list(layers[start : start + block_size]), dtype, on_error, max_pixels, reader)
+        task = load(path_block(paths, start, start + block_size), Opaque(list(frames[start : start + block_size])),
+                    Opaque(list(layers[start : start + block_size])), dtype, on_error, max_pixels, reader)
         rasters.append(da.from_delayed(task[0], (count,), dtype=BLOB_DTYPE))
         errors.append(da.from_delayed(task[1], (count,), dtype=ERROR_DTYPE))
     return da.concatenate(rasters), da.concatenate(errors)
 
 
-def _load_rasters(block: np.ndarray, frames: list[tuple[tuple[int, int], int]], layers: list[Layer], dtype: np.dtype,
-                  on_error: str, max_pixels: int | None, reader: SampleReader) -> tuple[np.ndarray, np.ndarray]:
+def _load_rasters(block: np.ndarray, framed: Opaque, layered: Opaque, dtype: np.dtype, on_error: str,
+                  max_pixels: int | None, reader: SampleReader) -> tuple[np.ndarray, np.ndarray]:
     paths: list[str] = block.tolist()  # `path_block`
+    frames: list[tuple[tuple[int, int], int]] = framed.value
+    layers: list[Layer] = layered.value
     rasters, errors = np.empty(len(paths), BLOB_DTYPE), np.zeros(len(paths), ERROR_DTYPE)
     channels = _channels(layers)
     for i, path in enumerate(paths):
