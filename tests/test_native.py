@@ -231,6 +231,29 @@ def test_pictures_of_more_bits_resize_as_pillow_s_float_pictures_one_axis_at_a_t
         np.testing.assert_array_equal(out, _float_planes(pixels, edges, size, flip), err_msg=f"{shape} {edges} {size}")
 
 
+@built
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_infinities_and_nans_spread_as_in_pillow(dtype):
+    """A float picture holding inf, -inf and NaN (a depth map's holes, an overflow): every tap Pillow sums is summed,
+    those of weight 0 too (0 x inf is NaN), so the same pixels are NaN, inf or finite in C as in Pillow."""
+    rng = np.random.default_rng(13)
+    for trial in range(60):
+        shape = (int(rng.integers(2, 40)), int(rng.integers(2, 40)), int(rng.integers(1, 4)))
+        pixels = rng.standard_normal(shape).astype(dtype)
+        holes = rng.random(shape[:2]) < 0.05
+        pixels[holes] = rng.choice([np.inf, -np.inf, np.nan], int(holes.sum()))[:, None]
+        box_h, box_w = rng.uniform(0.5, shape[0]), rng.uniform(0.5, shape[1])
+        top, left = rng.uniform(0, shape[0] - box_h), rng.uniform(0, shape[1] - box_w)
+        size = (int(rng.integers(1, 50)), int(rng.integers(1, 50)))
+        if trial % 2:  # whole pixels, each made two or three (taps falling on a filter's ends: of weight 0)
+            top, left, box_h, box_w = 0, 0, shape[0], shape[1]
+            size = (shape[0] * (2 + trial % 4 // 2), shape[1] * 2)
+        edges = (top, left, top + box_h, left + box_w)
+        out = np.empty((*size, shape[2]), dtype)
+        native.extension.resize(pixels, edges, out)
+        np.testing.assert_array_equal(out, _float_planes(pixels, edges, size, (False, False)), err_msg=str(trial))
+
+
 def test_integer_pictures_round_half_to_even_either_way(backend):
     """A sum halfway between two integers goes to the even one, as numpy's rint: 1.5 and 2.5 both to 2."""
     halves = {"uint16": ([[1, 2], [2, 3], [65534, 65535]], [2, 2, 65534]), "int16": ([[-3, -2], [-2, -1]], [-2, -2])}
