@@ -99,6 +99,20 @@ def test_dataframe_and_csv_with_several_label_columns(image_folder, tmp_path):
     np.testing.assert_array_equal(from_frame["images"].compute(), ds["images"].compute())
 
 
+@pytest.mark.parametrize("base", ["/data/set", "/data/set/", "relative", "", ".", "a/./b//c", "/", "//", "//net",
+                                  "a/../b"])
+def test_a_table_s_paths_are_pathlib_s_whatever_their_form(base, monkeypatch, tmp_path):
+    """Paths joined to a table's root as text where they are already in pathlib's form, else by pathlib: the same
+    strings as ``str((Path(root) / name).absolute())`` either way, and URLs as they are."""
+    from outcore.ingest.sources import _joined
+
+    monkeypatch.chdir(tmp_path)
+    names = ["a.jpg", "a/b.jpg", "./a.jpg", "a//b.jpg", "a/./b.jpg", "a/.", "a/", ".", "..", "../a.jpg", "a/../b.jpg",
+             "/abs/a.jpg", "//net/a.jpg", "a b/ç.jpg", "~/a.jpg", ".hidden", "a/.b", "...", "s3://bucket/a.jpg"]
+    expected = [name if name.startswith("s3://") else str((Path(base) / name).absolute()) for name in names]
+    assert _joined(base, names) == expected
+
+
 def _csv_of(image_folder, column):
     names = sorted(p.relative_to(image_folder).as_posix() for p in image_folder.rglob("*.*"))[: len(column)]
     csv = image_folder / "labels.csv"

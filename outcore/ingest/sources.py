@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -236,7 +236,7 @@ def table_from_dataframe(
                       OutcoreWarning, stacklevel=3)
     dtypes = _label_dtypes(label_dtype, label_columns)
     names = [str(p) for p in frame[path_column]]
-    paths = [_joined(base, n) for n in names]
+    paths = _joined(base, names)
     labels, classes = {}, {}
     for column in label_columns:
         values = frame[column]
@@ -272,7 +272,7 @@ def _label_map_paths(cells: pd.Series, base: str, where: str) -> list[str]:
 
     if cells.isna().any():
         raise SourceError(f"{where} is empty in rows {_rows(cells.isna())}: every picture needs its own")
-    paths = [_joined(base, str(cell)) for cell in cells]
+    paths = _joined(base, [str(cell) for cell in cells])
     absent = pd.Series([not is_object_url(path) and not os.path.isfile(path) for path in paths], index=cells.index)
     if absent.any():
         raise SourceError(f"{where}: the files of rows {_rows(absent)} do not exist (e.g. "
@@ -280,13 +280,27 @@ def _label_map_paths(cells: pd.Series, base: str, where: str) -> list[str]:
     return paths
 
 
-def _joined(base: str, name: str) -> str:
-    """A table's path: a URL as it is, else under ``base`` (a folder, or an object store prefix)."""
-    if is_object_url(name):
-        return name
+def _joined(base: str, names: Iterable[str]) -> list[str]:
+    """A table's paths: a URL as it is, else under ``base`` (a folder, or an object store prefix), each as
+    ``str((Path(base) / name).absolute())`` gives it. A name already in that form (relative, no empty or ``.`` part,
+    no trailing slash) is joined to the folder's absolute path as text: pathlib's parse of each took 30 us a row
+    (half a second for 6,000 rows of two path columns, on the one thread before the ingest starts).
+
+    >>> _joined("/data", ["a/b.jpg", "./c.jpg", "s3://bucket/d.jpg"])
+    ['/data/a/b.jpg', '/data/c.jpg', 's3://bucket/d.jpg']
+    """
     if is_object_url(base):
-        return f"{base.rstrip('/')}/{name.lstrip('/')}"
-    return str((Path(base) / name).absolute())
+        return [name if is_object_url(name) else f"{base.rstrip('/')}/{name.lstrip('/')}" for name in names]
+    folder = Path(base).absolute()
+    prefix = str(folder) if str(folder).endswith("/") else f"{folder}/"  # a root ("/", "//") ends with one
+    return [name if is_object_url(name) else prefix + name if _plain(name) else str((folder / name).absolute())
+            for name in names]
+
+
+def _plain(name: str) -> bool:
+    """Whether ``name`` is a relative path as pathlib writes it (on a system whose separator is ``/``)."""
+    return (os.sep == "/" and name != "" and name[0] != "/" and name[-1] != "/" and "//" not in name
+            and name != "." and not name.startswith("./") and "/./" not in name and not name.endswith("/."))
 
 
 def _remote_files(table: SourceTable, storage_options: Mapping[str, Any] | None) -> SourceTable:
