@@ -31,7 +31,7 @@ from outcore.imaging.decode import (
     png_header,
     stored_frame,
 )
-from outcore.imaging.label_maps import Paired
+from outcore.imaging.label_maps import Paired, decode_label_map, label_map_dtype
 from outcore.imaging.synthetic import sample_photo
 from outcore.transforms import Compose, RandomCrop, RandomFlip, RandomResizedCrop
 
@@ -45,11 +45,12 @@ def chunk(kind: bytes, body: bytes, crc: int | None = None) -> bytes:
 
 
 def png_file(pixels: np.ndarray, filters: list[int] | None = None, *, idat_size: int = 1 << 20,
-             before: tuple[bytes, ...] = (), after: tuple[bytes, ...] = (), interlace: int = 0) -> bytes:
+             before: tuple[bytes, ...] = (), after: tuple[bytes, ...] = (), interlace: int = 0,
+             palette: np.ndarray | None = None) -> bytes:
     """A PNG of ``pixels`` ((h, w) or (h, w, samples): grey, grey and alpha, RGB or RGBA; uint8, or uint16 for 16 bits
-    a sample), each row filtered by its entry of ``filters`` (0-4; cycling through them all by default), its zlib
-    stream in IDATs of ``idat_size`` bytes, the chunks ``before`` between IHDR and the IDATs and ``after`` between them
-    and IEND."""
+    a sample; with a ``palette`` ((n, 3) uint8), (h, w) indices into it), each row filtered by its entry of ``filters``
+    (0-4; cycling through them all by default), its zlib stream in IDATs of ``idat_size`` bytes, the chunks ``before``
+    between IHDR and the IDATs and ``after`` between them and IEND."""
     height, width = pixels.shape[:2]
     samples = 1 if pixels.ndim == 2 else pixels.shape[2]
     wide = pixels.dtype == np.uint16
@@ -70,8 +71,9 @@ def png_file(pixels: np.ndarray, filters: list[int] | None = None, *, idat_size:
             predicted = [np.zeros_like(row), left, above, (left + above) // 2][kind]
         filtered += bytes([kind]) + ((row - predicted) % 256).astype(np.uint8).tobytes()
     stream = zlib.compress(bytes(filtered), 6)
-    colour = {1: 0, 2: 4, 3: 2, 4: 6}[samples]
+    colour = 3 if palette is not None else {1: 0, 2: 4, 3: 2, 4: 6}[samples]
     header = struct.pack(">IIBBBBB", width, height, 16 if wide else 8, colour, 0, 0, interlace)
+    before = before if palette is None else (chunk(b"PLTE", palette.astype(np.uint8).tobytes()), *before)
     idats = [chunk(b"IDAT", stream[at : at + idat_size]) for at in range(0, len(stream), idat_size)]
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + b"".join(before) + b"".join(idats) + b"".join(after)
             + chunk(b"IEND", b""))
@@ -200,6 +202,52 @@ def test_a_png_s_size_and_kind_are_read_from_its_header_as_pillow_opens_it(monke
               "cut": png_file(pixels)[:37], "jpeg": b"\xff\xd8\xff\xe0" + bytes(40)}
     assert {name: png_header(data) for name, data in turned.items()} == dict.fromkeys(turned)
     assert stored_frame(pillow_png(pixels, exif=exif.tobytes())) == ((13, 9), 6)  # Pillow's, turned
+
+
+def _pillow_palette(ids: np.ndarray, **options) -> bytes:
+    image = Image.fromarray(ids, mode="P")
+    image.putpalette(np.random.default_rng(1).integers(0, 256, 768).tolist())
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", **options)
+    return buffer.getvalue()
+
+
+@with_zlib
+def test_label_maps_of_plain_pngs_are_decoded_in_c_as_pillow_gives_their_ids(monkeypatch):
+    """A palette's indices (Pascal VOC), an 8-bit grey file's values (Cityscapes' labelIds), a 16-bit one's
+    (instanceIds): decoded in C without Pillow, every row filter, Pillow's files too (a palette with transparency),
+    the ids Pillow gives, of the dtype it gives; any other file, and a damaged one, left to Pillow, which words its
+    error as before."""
+    from outcore.imaging import label_maps
+
+    rng = np.random.default_rng(4)
+    ids8 = rng.integers(0, 22, (21, 27)).astype(np.uint8)
+    ids8[3:9, 4:12] = 255  # void
+    ids16 = (rng.integers(0, 40, (21, 27)) * 1000 + 7).astype(np.uint16)
+    palette = rng.integers(0, 256, (256, 3))
+    files = {f"palette {k}": png_file(ids8, [k], palette=palette) for k in range(5)}
+    files |= {f"grey {k}": png_file(ids8, [k]) for k in range(5)} | {f"16-bit {k}": png_file(ids16, [k]) for k in range(5)}
+    files |= {"pillow's palette": _pillow_palette(ids8), "with transparency": _pillow_palette(ids8, transparency=255),
+              "pillow's 16-bit": pillow_png(ids16), "pillow's grey": pillow_png(ids8, optimize=True)}
+    monkeypatch.setattr(label_maps, "_ids_image", lambda *arguments: pytest.fail("Pillow opened a plain PNG of ids"))
+    got = {name: (label_map_dtype(data, name), decode_label_map(data, name, np.dtype("uint16"))) for name, data in
+           files.items()}
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "extension", None)
+    for name, (dtype, ids) in got.items():
+        assert dtype == label_map_dtype(files[name], name), name
+        expected = decode_label_map(files[name], name, np.dtype("uint16"))
+        np.testing.assert_array_equal(ids, expected, err_msg=name)
+        np.testing.assert_array_equal(ids, ids16 if name.startswith(("16", "pillow's 16")) else ids8, err_msg=name)
+    monkeypatch.undo()
+    truncated = files["palette 0"][:60]
+    others = {"4-bit palette": _pillow_palette(ids8 % 16, bits=4), "rgb": png_file(photo(3)),
+              "interlaced": png_file(ids8, interlace=1, palette=palette), "truncated": truncated}
+    assert [name for name, data in others.items() if label_maps._decoded_ids(data) is None] == list(others)
+    assert decode_label_map(others["4-bit palette"], "m.png", np.dtype("uint8")).max() == 15
+    for data, error in ((others["rgb"], "colours"), (truncated, "m.png: ")):
+        with pytest.raises(ImageError, match=error):
+            decode_label_map(data, "m.png", np.dtype("uint8"))
 
 
 @with_zlib

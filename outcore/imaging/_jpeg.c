@@ -837,7 +837,8 @@ static PyObject *py_has_exif(PyObject *self, PyObject *arg) {
 #ifdef OUTCORE_PNG
 static PyObject *py_decode_png(PyObject *self, PyObject *args) {
     PyObject *data_object, *out_array;
-    if (!PyArg_ParseTuple(args, "OO:decode_png", &data_object, &out_array))
+    int ids = 0;
+    if (!PyArg_ParseTuple(args, "OO|p:decode_png", &data_object, &out_array, &ids))
         return NULL;
     Py_buffer data, out;
     if (PyObject_GetBuffer(data_object, &data, PyBUF_SIMPLE) < 0)
@@ -853,11 +854,12 @@ static PyObject *py_decode_png(PyObject *self, PyObject *args) {
     if (!fine) {
         PyErr_SetString(PyExc_ValueError,
                         "out must be a C-contiguous uint8 or uint16 array (height, width[, channels])");
-    } else {
+    } else if (!ids || (data.len > 24 && ((const uint8_t *)data.buf)[24] == 8 * out.itemsize)) { /* ids: rows of the
+                                                                                                    file's depth */
         PngDecoder png = {0};
         FREE_BEGIN decoded = png_decode(&png, data.buf, (size_t)data.len, channels, (int)out.shape[0],
                                         (int)out.shape[1], out.buf, (size_t)out.shape[1] * channels * out.itemsize,
-                                        wide);
+                                        ids ? PNG_IDS : wide ? PNG_WIDE : PNG_PIXELS);
         png_decoder_free(&png);
         FREE_END
     }
@@ -1640,11 +1642,13 @@ static PyMethodDef methods[] = {
      "The GIL is released once for them all."},
 #ifdef OUTCORE_PNG
     {"decode_png", py_decode_png, METH_VARARGS,
-     "decode_png(data, out)\n--\n\n"
+     "decode_png(data, out, ids=False)\n--\n\n"
      "Decode the PNG `data` into `out` (uint8, or uint16 for a 16-bit greyscale file: (height, width[, channels]))\n"
      "where it is a plain PNG of that size (_png.h: 8 or 16 bits, grey, RGB, with or without alpha, as Pillow\n"
      "converts it to those channels; not interlaced, no eXIf or animation) that decodes cleanly: True; else False and\n"
-     "`out` left as it was (for Pillow, which words what is wrong). The GIL is released meanwhile."},
+     "`out` left as it was (for Pillow, which words what is wrong). With `ids`, a label map's ids as Pillow gives\n"
+     "them: an 8-bit palette's indices, an 8- or 16-bit grey file's values, into (height, width) of its depth (uint8\n"
+     "or uint16). The GIL is released meanwhile."},
 #endif
     {"has_exif", py_has_exif, METH_O,
      "has_exif(data)\n--\n\n"

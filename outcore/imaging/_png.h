@@ -111,13 +111,19 @@ static int png_turns(const uint8_t *type, const uint8_t *body, uint32_t length) 
     return text && length >= 5 && memcmp(body, "exif", 5) == 0;
 }
 
+enum { PNG_PIXELS, PNG_WIDE, PNG_IDS }; /* what png_decode gives: uint8 pixels, Pillow's I;16, a label map's ids */
+
 /* The samples a pixel of a PNG of colour type `type` holds (1-4), where a plain PNG of that type and `depth` bits
- * (IHDR's) gives `channels` as Pillow converts it (the header above; `wide`: into uint16 rows); 0 where it does not. */
-static int png_kind(int type, int depth, int channels, int wide) {
+ * (IHDR's) gives `channels` as Pillow converts it (the header above; `as`: PNG_WIDE, into uint16 rows); 0 where it
+ * does not. As PNG_IDS, a label map's ids as Pillow gives them (label_maps.py): an 8-bit palette's indices, an 8- or
+ * 16-bit grey file's values, in rows of its depth. */
+static int png_kind(int type, int depth, int channels, int as) {
+    if (as == PNG_IDS)
+        return channels == 1 && ((type == 3 && depth == 8) || (type == 0 && (depth == 8 || depth == 16)));
     const int samples = type == 0 ? 1 : type == 4 ? 2 : type == 2 ? 3 : type == 6 ? 4 : 0;
     if (samples == 0 || (depth != 8 && depth != 16))
         return 0;
-    if (wide) /* Pillow's I;16, as it is */
+    if (as == PNG_WIDE) /* Pillow's I;16, as it is */
         return type == 0 && depth == 16 && channels == 1 ? samples : 0;
     switch (channels) {
     case 1: /* grey, alpha dropped (16-bit grey and alpha is RGBA to Pillow: left) */
@@ -150,13 +156,15 @@ static void png_convert(const uint8_t *line, int width, int samples, int bytes, 
     }
 }
 
-/* Decode `data` into `height` rows of `width` x `channels` samples (uint8; with `wide`, uint16), each `stride` bytes
- * after the one before, if it is a plain PNG of that size (above) that gives them: 1, else 0 (left to the caller). */
+/* Decode `data` into `height` rows of `width` x `channels` samples (`as`: uint8; PNG_WIDE, uint16; PNG_IDS, of the
+ * file's depth), each `stride` bytes after the one before, if it is a plain PNG of that size (above) that gives them: 1,
+ * else 0 (left to the caller). */
 static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int channels, int height, int width,
-                      uint8_t *out, size_t stride, int wide) {
+                      uint8_t *out, size_t stride, int as) {
     if (!png_file(data, size) || size < 33 || memcmp(data + 12, "IHDR", 4) != 0 || height <= 0 || width <= 0)
         return 0;
-    const int depth = data[24], samples = png_kind(data[25], depth, channels, wide), sample_bytes = depth / 8;
+    const int depth = data[24], samples = png_kind(data[25], depth, channels, as), sample_bytes = depth / 8;
+    const int wide = as == PNG_WIDE || (as == PNG_IDS && depth == 16);
     if (samples == 0)
         return 0;
     const int pixel_bytes = samples * sample_bytes, in_place = sample_bytes == 1 && samples == channels && !wide;

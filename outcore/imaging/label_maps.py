@@ -21,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import ImageError, OptionError
+from . import native
 from .decode import decode_errors, png_header
 from .resize import ResizePolicy, cover_box, pad_placement
 from .targets import cut_label_maps
@@ -30,6 +31,8 @@ LOSSY = ("JPEG", "MPO", "WEBP")  # WebP may be lossless, but nothing in its head
 PNG_MODES = {  # (bits a sample, colour type) of a PNG -> the mode Pillow opens it in
     (8, 0): "L", (16, 0): "I;16", (8, 2): "RGB", (16, 2): "RGB", (8, 4): "LA", (16, 4): "RGBA", (8, 6): "RGBA",
     (16, 6): "RGBA"}
+ID_PNGS = {(8, 3): np.uint8, (8, 0): np.uint8, (16, 0): np.uint16}  # (bits, colour type) of a PNG of ids -> their
+# dtype, as Pillow gives them (P, L, I;16): decoded in C (`_decoded_ids`)
 ID_MODES = {"P": np.uint8, "L": np.uint8, "1": np.uint8, "I;16": np.uint16, "I;16B": np.uint16, "I;16L": np.uint16,
             "I": np.uint16}
 
@@ -87,21 +90,43 @@ def label_map_dtype(data: bytes, name: str) -> np.dtype:
     >>> label_map_dtype(open("2007_000032.png", "rb").read(), "2007_000032.png")  # doctest: +SKIP
     dtype('uint8')
     """
+    header = png_header(data)
+    if header is not None and header[2:] in ID_PNGS:
+        return np.dtype(ID_PNGS[header[2:]])
     with _ids_image(data, name) as image:
         return np.dtype(ID_MODES[image.mode])
 
 
 def decode_label_map(data: bytes, name: str, dtype: np.dtype) -> np.ndarray:
     """A label map file's ids, (height, width) of ``dtype``; an `ImageError` naming ``name`` for a file that
-    is not a map of ids, or holds an id ``dtype`` cannot."""
-    with _ids_image(data, name) as image, decode_errors(name):
-        ids = np.asarray(image)
+    is not a map of ids, or holds an id ``dtype`` cannot. A plain PNG of ids is decoded by the C extension
+    (`_decoded_ids`), any other file by Pillow."""
+    ids = _decoded_ids(data)
+    if ids is None:
+        with _ids_image(data, name) as image, decode_errors(name):
+            ids = np.asarray(image)
     if ids.dtype == bool:
         ids = ids.astype(np.uint8)
     if ids.size and (int(ids.max()) > np.iinfo(dtype).max or int(ids.min()) < 0):
         raise ImageError(name, f"the label map holds ids up to {int(ids.max())}, more than {np.dtype(dtype).name} "
                                "holds: pass mask_dtype='uint16'")
     return ids.astype(dtype, copy=False)
+
+
+def _decoded_ids(data: bytes) -> np.ndarray | None:
+    """The ids of a plain PNG of ids (an 8-bit palette's indices, an 8- or 16-bit grey file's values: `ID_PNGS`; not
+    interlaced, no orientation or animation: `png_header`), decoded by the C extension outside the GIL (``decode_png``,
+    built with zlib), as Pillow gives them; None for any other file, a damaged one, one of more pixels than Pillow opens
+    (its error says so), or without the extension."""
+    decode_png = getattr(native.extension, "decode_png", None)
+    header = None if decode_png is None else png_header(data)
+    if header is None or header[2:] not in ID_PNGS:
+        return None
+    height, width = header[:2]
+    if Image.MAX_IMAGE_PIXELS is not None and height * width > 2 * Image.MAX_IMAGE_PIXELS:
+        return None
+    ids = np.empty((height, width), ID_PNGS[header[2:]])
+    return ids if decode_png(data, ids, True) else None
 
 
 @contextmanager
