@@ -7,7 +7,8 @@
                                         pixels+then-rrc,pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,
                                         pixels+center,pixels+jitter,pixels16+rrc,encoded+flip,pixels+crop-torch,encoded,
                                         encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
-                                        dense-bc,depth-own,ingest,ingest-png,ingest-depth]
+                                        dense-bc,depth-own,ingest,ingest-png,ingest-depth,
+                                        ingest-masks]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
@@ -32,7 +33,8 @@ as a 16-bit PNG of them holds them: a store written by ``outcore.from_arrays``);
 loop takes it, in tensors (with PyTorch installed); ``png``, ``png+crop``: ``encoded`` and ``encoded+crop`` of the same
 photos written as PNG files; ``ingest-png``: ``ingest`` of those PNG files; ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
 sizes, ``shape=None, images="encoded"``, files/s; ``ingest-depth``: ``outcore.ingest_dataframe`` of the photos' JPEGs,
-each with its 16-bit depth map (the ``depth-own`` store's files) paired, ``pair_columns=["depth"]``, pictures/s):
+each with its 16-bit depth map (the ``depth-own`` store's files) paired, ``pair_columns=["depth"]``, pictures/s;
+``ingest-masks``: the same with a palette PNG label map of each (`label_maps`), ``mask_columns=["mask"]``):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
   ``--seconds``), the ratio to ``n`` times the one-thread rate, and the GIL share timed: the share of the
@@ -122,6 +124,7 @@ from pathlib import Path
 
 import numpy as np
 from dense_targets import TARGETS, make_set
+from PIL import Image
 
 import outcore
 import outcore.threads
@@ -192,6 +195,7 @@ CASES = {  # name: (store, transform)
     "ingest": ("own-size-jpegs", None),  # ingest_images of the JPEGs at their own sizes (shape=None, encoded)
     "ingest-png": ("photos-png", None),  # the same of the PNGs of the png store
     "ingest-depth": ("photos", None),  # ingest_dataframe of the photos' JPEGs, each with its depth map (`depth_maps`)
+    "ingest-masks": ("photos", None),  # the same, each with its label map (`label_maps`)
 }
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
@@ -258,17 +262,34 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
 def depth_maps(photos: Path, folder: Path) -> object:
     """A DataFrame of ``photos``' JPEGs (``path``, relative to their folder's parent) and, in ``depth``, a 16-bit PNG
     of each (its luminance times 257, as a depth camera's map of the scene), written once into ``folder``."""
+    return _layers(photos, folder, "depth", lambda grey: Image.fromarray(grey.astype(np.uint16) * 257))
+
+
+def label_maps(photos: Path, folder: Path) -> object:
+    """`depth_maps`, the column ``mask`` holding a label map of each photo: a palette PNG of 21 classes (its luminance
+    in 21 bands) and 255 (void) on a border 4 pixels wide, as Pascal VOC's."""
+    def mask(grey: np.ndarray) -> Image.Image:
+        ids = (grey.astype(np.uint16) * 21 // 256).astype(np.uint8)
+        ids[:4], ids[-4:], ids[:, :4], ids[:, -4:] = 255, 255, 255, 255
+        image = Image.fromarray(ids, mode="P")
+        image.putpalette(np.random.default_rng(0).integers(0, 256, 768, dtype=np.uint8).tolist())
+        return image
+
+    return _layers(photos, folder, "mask", mask)
+
+
+def _layers(photos: Path, folder: Path, column: str, made: Callable[[np.ndarray], Image.Image]) -> object:
+    """A DataFrame of ``photos``' JPEGs (``path``, relative to their folder's parent) and, in ``column``, a PNG of each
+    made by ``made`` of its luminance, written once into ``folder``."""
     import pandas as pd
-    from PIL import Image
 
     entries = []
     for k, path in enumerate(sorted(photos.rglob("*.jpg"))):
-        depth = folder / f"{k}.png"
-        if not depth.exists():
+        layer = folder / f"{k}.png"
+        if not layer.exists():
             folder.mkdir(parents=True, exist_ok=True)
-            grey = np.asarray(Image.open(path).convert("L"), np.uint16) * 257
-            Image.fromarray(grey).save(depth)
-        entries.append({"path": str(path.relative_to(folder.parent)), "depth": str(depth.relative_to(folder.parent))})
+            made(np.asarray(Image.open(path).convert("L"))).save(layer)
+        entries.append({"path": str(path.relative_to(folder.parent)), column: str(layer.relative_to(folder.parent))})
     return pd.DataFrame(entries)
 
 
@@ -287,7 +308,7 @@ def epochs(location: Path, case: str, threads: int, seconds: float, ready: bool 
     if ready:  # py-spy takes a share of the cores while it samples: keep every thread busy, as unprofiled
         Gauge.LOW = 0.0
     if case.startswith("ingest"):
-        return (*ingests(location, seconds, ready, gate, paired=case == "ingest-depth"), None)
+        return (*ingests(location, seconds, ready, gate, layers=case.removeprefix("ingest-")), None)
     ds = outcore.open_dataset(location)
 
     def made() -> Iterable[dict]:
@@ -373,21 +394,22 @@ def held_by_thread(free: Callable[[], float] | None, cpu: float, clocks: dict[st
 
 
 def ingests(folder: Path, seconds: float, ready: bool, gate: bool = False,
-            paired: bool = False) -> tuple[float, float | None]:
-    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")`` (with ``paired``, of
-    ``outcore.ingest_dataframe`` of the folder's JPEGs and their `depth_maps`, ``pair_columns=["depth"]``): files/s
-    (pictures), and no GIL share: its compression and digests run outside the GIL in numcodecs' and hashlib's C, which
-    `gil_free_clock` does not count, so the rest would be no bound of the time holding it (py-spy's ``gil`` rows
-    measure ingest)."""
-    frame = depth_maps(folder, folder.parent / "depth") if paired else None
+            layers: str = "") -> tuple[float, float | None]:
+    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")`` (with ``layers`` ``"depth"`` or
+    ``"masks"``, of ``outcore.ingest_dataframe`` of the folder's JPEGs and their `depth_maps`, ``pair_columns``, or
+    `label_maps`, ``mask_columns``): files/s (pictures), and no GIL share: its compression and digests run outside
+    the GIL in numcodecs' and hashlib's C, which `gil_free_clock` does not count, so the rest would be no bound of
+    the time holding it (py-spy's ``gil`` rows measure ingest)."""
+    made = {"depth": (depth_maps, "depth", "pair_columns"), "masks": (label_maps, "masks", "mask_columns")}.get(layers)
+    frame = made[0](folder, folder.parent / made[1]) if made else None
     with tempfile.TemporaryDirectory() as scratch:
         rates, began, runs = [], time.perf_counter(), 0
         while ready or len(rates) < 2 or time.perf_counter() - began < seconds:
             start = time.perf_counter()
             options = {"shape": None, "images": "encoded", "overwrite": True, "progress": False}
-            if paired:
+            if made:
                 ds = outcore.ingest_dataframe(frame, Path(scratch) / "ingested.zarr", root=folder.parent,
-                                              pair_columns=["depth"], **options)
+                                              **{made[2]: [frame.columns[1]]}, **options)
             else:
                 ds = outcore.ingest_images(folder, Path(scratch) / "ingested.zarr", **options)
             if runs:
