@@ -107,7 +107,8 @@ def decode_label_map(data: bytes, name: str, dtype: np.dtype) -> np.ndarray:
             ids = np.asarray(image)
     if ids.dtype == bool:
         ids = ids.astype(np.uint8)
-    if ids.size and (int(ids.max()) > np.iinfo(dtype).max or int(ids.min()) < 0):
+    fits = np.can_cast(ids.dtype, dtype)  # every id of the file's kind fits: none to look for (two passes a map)
+    if not fits and ids.size and (int(ids.max()) > np.iinfo(dtype).max or int(ids.min()) < 0):
         raise ImageError(name, f"the label map holds ids up to {int(ids.max())}, more than {np.dtype(dtype).name} "
                                "holds: pass mask_dtype='uint16'")
     return ids.astype(dtype, copy=False)
