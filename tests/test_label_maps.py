@@ -143,6 +143,82 @@ def test_maps_that_cannot_lie_under_their_pictures_are_refused_by_name(tmp_path)
                                  shape=(20, 30, 3), images="pixels", progress=False)
 
 
+def test_a_block_s_label_maps_are_decoded_in_one_call_as_one_by_one(tmp_path, monkeypatch):
+    """Label maps at their picture's own size: a block's plain PNGs of ids read and decoded by one call of the C
+    extension (`decode_png_files`), the others (a 4-bit palette, a grey map among palettes) one by one: the stored ids
+    are those decoded one by one without the extension, row for row."""
+    from outcore.imaging import native
+
+    frame = _voc(tmp_path / "voc", count=12)
+    small = Image.fromarray((np.asarray(Image.open(tmp_path / "voc" / frame["mask"][3])) % 16).astype(np.uint8),
+                            mode="P")
+    small.putpalette(PALETTE[:16].reshape(-1).tolist())
+    small.save(tmp_path / "voc" / "SegmentationClass" / "0003.png", bits=4)
+    grey = np.asarray(Image.open(tmp_path / "voc" / frame["mask"][5]))
+    Image.fromarray(grey, mode="L").save(tmp_path / "voc" / "SegmentationClass" / "0005.png")
+    options = {"root": tmp_path / "voc", "mask_columns": ["mask"], "label_columns": ["label"], "shape": None, "images": "encoded",
+               "shuffle_on_write": False, "chunk_size": 4, "progress": False}
+    calls = []
+    if getattr(native.extension, "decode_png_files", None) is not None:
+        decode = native.extension.decode_png_files
+        monkeypatch.setattr(native, "extension", _Spy(native.extension, calls, decode))
+    ds = outcore.ingest_dataframe(frame, tmp_path / "c.zarr", **options)
+    if getattr(native.extension, "ZLIB", ""):
+        assert sum(len(paths) - len(left) for paths, left in calls) == 11  # all but the 4-bit one
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "extension", None)
+    one_by_one = outcore.ingest_dataframe(frame, tmp_path / "p.zarr", **options)
+    for row in range(12):
+        np.testing.assert_array_equal(ds["mask"][row].compute(), one_by_one["mask"][row].compute())
+        expected = np.asarray(Image.open(tmp_path / "voc" / frame["mask"][row]))
+        np.testing.assert_array_equal(ds["mask"][row].compute(), expected)
+
+
+def test_a_block_s_paired_pictures_are_decoded_in_one_call_as_one_by_one(tmp_path, monkeypatch):
+    """Paired pictures at their picture's own size (16-bit depth maps): a block's plain PNGs of the column's kind read
+    and decoded by one call of the C extension, the stored pixels those decoded one by one without it; a file of
+    another kind is still refused by name."""
+    from outcore.imaging import native
+
+    rng = np.random.default_rng(8)
+    rows = []
+    for i in range(10):
+        height, width = int(rng.integers(20, 40)), int(rng.integers(20, 40))
+        Image.fromarray(rng.integers(0, 256, (height, width, 3)).astype(np.uint8)).save(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 65536, (height, width)).astype(np.uint16)).save(tmp_path / f"{i}-depth.png")
+        rows.append({"path": f"{i}.png", "depth": f"{i}-depth.png"})
+    options = {"root": tmp_path, "pair_columns": ["depth"], "shape": None, "images": "encoded",
+               "shuffle_on_write": False, "chunk_size": 4, "progress": False}
+    calls = []
+    if getattr(native.extension, "decode_png_files", None) is not None:
+        monkeypatch.setattr(native, "extension", _Spy(native.extension, calls, native.extension.decode_png_files))
+    ds = outcore.ingest_dataframe(pd.DataFrame(rows), tmp_path / "c.zarr", **options)
+    if getattr(native.extension, "ZLIB", ""):
+        assert sum(len(paths) - len(left) for paths, left in calls) == 10
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "extension", None)
+    one_by_one = outcore.ingest_dataframe(pd.DataFrame(rows), tmp_path / "p.zarr", **options)
+    for row in range(10):
+        np.testing.assert_array_equal(ds["depth"][row].compute(), one_by_one["depth"][row].compute())
+        expected = np.asarray(Image.open(tmp_path / f"{row}-depth.png"))[..., None]
+        np.testing.assert_array_equal(ds["depth"][row].compute(), expected)
+
+
+class _Spy:
+    """The C extension, its ``decode_png_files`` calls recorded: ``(paths, positions left)`` each."""
+
+    def __init__(self, extension, calls, decode):
+        self._extension, self._calls, self._decode = extension, calls, decode
+
+    def __getattr__(self, name):
+        return getattr(self._extension, name)
+
+    def decode_png_files(self, paths, outs, ids=False, exact=False):
+        left = self._decode(paths, outs, ids, exact)
+        self._calls.append((list(paths), list(left)))
+        return left
+
+
 def test_a_bad_map_of_a_picture_kept_at_its_own_size_is_skipped_with_its_picture(tmp_path):
     rng = np.random.default_rng(3)
     rows = []

@@ -251,6 +251,44 @@ def test_label_maps_of_plain_pngs_are_decoded_in_c_as_pillow_gives_their_ids(mon
 
 
 @with_zlib
+def test_files_read_and_decoded_in_one_call_are_each_as_decoded_alone(tmp_path):
+    """`decode_png_files`: files read whole and decoded into their arrays in one call, as `decode_png` decodes each
+    (label maps' ids, or pixels); those it cannot decode left, by position: a missing file, a record's reference, a
+    map of another size, colours as ids, 8-bit ids into 16-bit rows, a file that is not a PNG."""
+    rng = np.random.default_rng(6)
+    ids8, ids16 = rng.integers(0, 256, (9, 11)).astype(np.uint8), rng.integers(0, 65536, (9, 11)).astype(np.uint16)
+    rgba = rng.integers(0, 256, (9, 11, 4)).astype(np.uint8)
+    files = {"palette": png_file(ids8, palette=rng.integers(0, 256, (256, 3))), "grey": png_file(ids8),
+             "deep": png_file(ids16), "rgba": png_file(rgba), "jpeg": b"\xff\xd8\xff" + bytes(60)}
+    for name, data in files.items():
+        (tmp_path / f"{name}.png").write_bytes(data)
+    path = {name: str(tmp_path / f"{name}.png") for name in files}
+    asked = [(path["palette"], np.uint8, (9, 11)), (path["grey"], np.uint8, (9, 11)), (path["deep"], np.uint16, (9, 11)),
+             (str(tmp_path / "gone.png"), np.uint8, (9, 11)), (path["palette"] + "::0", np.uint8, (9, 11)),
+             (path["grey"], np.uint8, (9, 12)), (path["rgba"], np.uint8, (9, 11)), (path["grey"], np.uint16, (9, 11)),
+             (path["jpeg"], np.uint8, (9, 11))]
+    outs = [np.zeros(shape, dtype) for _, dtype, shape in asked]
+    left = native.extension.decode_png_files([p for p, _, _ in asked], outs, True)
+    assert list(left) == [3, 4, 5, 6, 7, 8]
+    for k in (0, 1, 2):
+        np.testing.assert_array_equal(outs[k], decode_label_map(files[("palette", "grey", "deep")[k]], "m", outs[k].dtype))
+    pixels = [np.zeros((9, 11, 3), np.uint8), np.zeros((9, 11, 1), np.uint16), np.zeros((9, 11, 4), np.uint8)]
+    assert list(native.extension.decode_png_files([path["rgba"], path["deep"], path["palette"]], pixels)) == [2]
+    np.testing.assert_array_equal(pixels[0], rgba[..., :3])
+    np.testing.assert_array_equal(pixels[1][..., 0], ids16)
+    kinds = [np.zeros((9, 11, 1), np.uint16), np.zeros((9, 11, 3), np.uint8), np.zeros((9, 11, 1), np.uint16),
+             np.zeros((9, 11, 1), np.uint8), np.zeros((9, 11, 4), np.uint8)]
+    left = native.extension.decode_png_files([path["deep"], path["rgba"], path["grey"], path["grey"], path["rgba"]],
+                                             kinds, False, True)  # exact: only files of their rows' own kind
+    assert list(left) == [1, 2]
+    np.testing.assert_array_equal(kinds[0][..., 0], ids16)
+    np.testing.assert_array_equal(kinds[3][..., 0], ids8)
+    np.testing.assert_array_equal(kinds[4], rgba)
+    with pytest.raises(ValueError, match="one out array a path"):
+        native.extension.decode_png_files([path["grey"]], [])
+
+
+@with_zlib
 def test_every_other_png_is_left_to_pillow():
     """Other sizes, colour types and depths (a palette's, 16-bit grey, which Pillow converts to RGB its own way),
     interlacing, an orientation (eXIf, or a text chunk keyed "exif", which Pillow takes for one; before or after the

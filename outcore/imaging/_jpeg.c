@@ -1392,6 +1392,85 @@ done:
     return left;
 }
 
+#ifdef OUTCORE_PNG
+/* decode_png_files: each regular file of `paths` read whole and decoded into its `outs` array by png_decode (with
+ * `exact`, only a file whose own kind is its rows': grey of their depth, RGB, RGBA), the GIL released once for them
+ * all; the positions left are returned. */
+static PyObject *py_decode_png_files(PyObject *self, PyObject *args) {
+    PyObject *path_list, *out_list, *left = NULL;
+    int ids = 0, exact = 0;
+    if (!PyArg_ParseTuple(args, "OO|pp:decode_png_files", &path_list, &out_list, &ids, &exact))
+        return NULL;
+    PyObject *paths = PySequence_Fast(path_list, "paths must be a sequence of str");
+    if (paths == NULL)
+        return NULL;
+    PyObject *outs = PySequence_Fast(out_list, "outs must be a sequence of arrays");
+    if (outs == NULL) {
+        Py_DECREF(paths);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), converted = 0, viewed = 0;
+    PyObject **names = calloc(count > 0 ? (size_t)count : 1, sizeof(PyObject *));
+    Py_buffer *views = calloc(count > 0 ? (size_t)count : 1, sizeof(Py_buffer));
+    uint8_t *done = calloc(count > 0 ? (size_t)count : 1, 1);
+    Whole whole = {NULL, 0, 0};
+    if (names == NULL || views == NULL || done == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PySequence_Fast_GET_SIZE(outs) != count) {
+        PyErr_SetString(PyExc_ValueError, "one out array a path");
+        goto done;
+    }
+    for (; converted < count; converted++)
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(paths, converted), &names[converted]))
+            goto done;
+    for (; viewed < count; viewed++) {
+        if (array_buffer(PySequence_Fast_GET_ITEM(outs, viewed), &views[viewed], 1) < 0)
+            goto done;
+        Py_buffer *out = &views[viewed];
+        int wide = out->itemsize == 2 && strcmp(out->format, "H") == 0;
+        if (!(out->ndim == 2 || (out->ndim == 3 && !ids)) || !(wide || strcmp(out->format, "B") == 0)) {
+            viewed++;
+            PyErr_SetString(PyExc_ValueError, "each out: a C-contiguous uint8 or uint16 array (height, width[, "
+                                              "channels]; of 2 dimensions for ids)");
+            goto done;
+        }
+    }
+    FREE_BEGIN
+    PngDecoder png = {0};
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const char *path = PyBytes_AS_STRING(names[k]);
+        Py_buffer *out = &views[k];
+        int channels = out->ndim == 3 ? (int)out->shape[2] : 1, wide = out->itemsize == 2;
+        if (!local_path(path) || !read_whole(path, &whole) || whole.size < 26 ||
+            (ids && whole.data[24] != 8 * out->itemsize)) /* ids: rows of the file's depth */
+            continue;
+        if (exact && !ids && (whole.data[25] != (channels == 1 ? 0 : channels == 3 ? 2 : 6) ||
+                              (channels == 1 && (whole.data[24] == 16) != wide)))
+            continue; /* a file of another kind than its rows (label_maps.Paired.check_kind words it) */
+        done[k] = png_decode(&png, whole.data, whole.size, channels, (int)out->shape[0], (int)out->shape[1], out->buf,
+                             (size_t)out->shape[1] * channels * out->itemsize,
+                             ids ? PNG_IDS : wide ? PNG_WIDE : PNG_PIXELS);
+    }
+    png_decoder_free(&png);
+    FREE_END
+    left = positions_left(done, count);
+done:
+    for (Py_ssize_t i = 0; i < converted; i++)
+        Py_DECREF(names[i]);
+    for (Py_ssize_t i = 0; i < viewed; i++)
+        PyBuffer_Release(&views[i]);
+    free(names);
+    free(views);
+    free(done);
+    free(whole.data);
+    Py_DECREF(paths);
+    Py_DECREF(outs);
+    return left;
+}
+#endif
+
 static PyObject *py_decode_each(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"regions", "ranges", "which", "samples", "out", "rows", NULL};
     PyObject *regions, *ranges, *arrays[4];
@@ -1641,6 +1720,13 @@ static PyMethodDef methods[] = {
      "(files not read: 0 in nbytes and digests; other files, damaged ones, those past the limits) is returned.\n"
      "The GIL is released once for them all."},
 #ifdef OUTCORE_PNG
+    {"decode_png_files", py_decode_png_files, METH_VARARGS,
+     "decode_png_files(paths, outs, ids=False, exact=False)\n--\n\n"
+     "Read each regular file of `paths` whole (a path holding \"::\" or \"://\" is not read) and decode it into\n"
+     "outs[k] as decode_png(data, outs[k], ids) does (with `exact`, only a file whose own kind is its array's: grey\n"
+     "of its depth for 1 channel, RGB for 3, RGBA for 4); the list of the k left (files not read, other files,\n"
+     "damaged ones, those of another size; their arrays' contents undefined) is returned. The GIL is released once\n"
+     "for them all."},
     {"decode_png", py_decode_png, METH_VARARGS,
      "decode_png(data, out, ids=False)\n--\n\n"
      "Decode the PNG `data` into `out` (uint8, or uint16 for a 16-bit greyscale file: (height, width[, channels]))\n"

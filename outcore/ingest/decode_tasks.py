@@ -21,6 +21,7 @@ from ..imaging import (
     decode_image,
     decode_label_map,
     fit_label_map,
+    native,
     stored_frame,
     upright_size,
 )
@@ -231,8 +232,12 @@ def _load_rasters(block: np.ndarray, framed: Opaque, layered: Opaque, dtype: np.
     layers: list[Layer] = layered.value
     rasters, errors = np.empty(len(paths), BLOB_DTYPE), np.zeros(len(paths), ERROR_DTYPE)
     channels = _channels(layers)
+    decoded = _layers_at_once(paths, frames, layers, dtype, reader)
     for i, path in enumerate(paths):
         rasters[i] = np.zeros((0, *channels), dtype if not channels else layers[i].dtype)
+        if i in decoded:
+            rasters[i] = decoded[i].reshape(-1, *channels)
+            continue
         if not path:
             continue
         try:
@@ -242,6 +247,28 @@ def _load_rasters(block: np.ndarray, framed: Opaque, layered: Opaque, dtype: np.
                 raise bad_file(error) from None
             errors[i] = str(error)[: ERROR_DTYPE.itemsize // 4]
     return rasters, errors
+
+
+def _layers_at_once(paths: Sequence[str], frames: Sequence[tuple[tuple[int, int], int]], layers: Sequence[Layer],
+                    dtype: np.dtype, reader: SampleReader) -> dict[int, np.ndarray]:
+    """The label map files (ids of ``dtype``) or paired pictures of a block's pictures (local files, the pictures stored
+    upright) that are plain PNGs of their picture's size (`outcore.imaging.decode.png_header`), read and decoded by one
+    call of the C extension outside the GIL (``decode_png_files``): a map's ids as `decode_label_map` gives them, of
+    ``dtype``'s depth; a paired picture of its column's kind (`Paired.check_kind`) as `decode_image` gives it; by
+    position. The others are left to `load_layer`, which decodes them or words what is wrong (none at all without the
+    extension, or from a reader of its own: `SampleReader.paths_are_files`)."""
+    decode = getattr(native.extension, "decode_png_files", None)
+    if decode is None or not reader.paths_are_files() or not layers:
+        return {}
+    paired = isinstance(layers[0], Paired)
+    if not paired and dtype not in (np.uint8, np.uint16):
+        return {}
+    wanted = [i for i, (path, frame, layer) in enumerate(zip(paths, frames, layers, strict=True))
+              if path and frame[1] == 1 and (isinstance(layer, Paired) if paired else type(layer) is str)]
+    outs = [np.empty((*frames[i][0], layers[i].channels), layers[i].dtype) if paired else np.empty(frames[i][0], dtype)
+            for i in wanted]
+    left = set(decode([layers[i].path if paired else layers[i] for i in wanted], outs, not paired, paired))
+    return {i: out for k, (i, out) in enumerate(zip(wanted, outs, strict=True)) if k not in left}
 
 
 def _channels(layers: Sequence[Layer]) -> tuple[int, ...]:
