@@ -1314,6 +1314,27 @@ static int read_whole(const char *path, Whole *whole) {
     return fd >= 0 && read_to_end(fd, whole->data, size);
 }
 
+/* Let go of the first `count` of `names` (path_names), and of them. */
+static void path_names_free(PyObject **names, Py_ssize_t count) {
+    for (Py_ssize_t k = 0; names != NULL && k < count; k++)
+        Py_DECREF(names[k]);
+    free(names);
+}
+
+/* The names of `count` str `paths` (a PySequence_Fast) as the file system takes them (PyUnicode_FSConverter), for a
+ * call that reads the files with the GIL released: NULL, with the error set and none held, where one is not a path. */
+static PyObject **path_names(PyObject *paths, Py_ssize_t count) {
+    PyObject **names = calloc(count > 0 ? (size_t)count : 1, sizeof(PyObject *));
+    if (names == NULL)
+        return (PyObject **)PyErr_NoMemory();
+    for (Py_ssize_t k = 0; k < count; k++)
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(paths, k), &names[k])) {
+            path_names_free(names, k);
+            return NULL;
+        }
+    return names;
+}
+
 static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"paths", "channels", "max_pixels", "max_side", "sizes", "nbytes", "digests", NULL};
     PyObject *path_list, *arrays[3], *left = NULL;
@@ -1325,13 +1346,13 @@ static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs
     PyObject *paths = PySequence_Fast(path_list, "paths must be a sequence of str");
     if (paths == NULL)
         return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), converted = 0, viewed = 0;
-    PyObject **names = calloc(count > 0 ? (size_t)count : 1, sizeof(PyObject *));
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), viewed = 0;
+    PyObject **names = NULL;
     uint8_t *done = calloc(count > 0 ? (size_t)count : 1, 1), *row = malloc(WIDEST_ROW);
     Decoder *decoder = decoder_new();
     Whole whole = {NULL, 0, 0};
     Py_buffer views[3];
-    if (names == NULL || done == NULL || row == NULL || decoder == NULL) {
+    if (done == NULL || row == NULL || decoder == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1346,9 +1367,8 @@ static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs
                                           "digests (paths, 1 to 64; uint8), C-contiguous");
         goto done;
     }
-    for (; converted < count; converted++)
-        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(paths, converted), &names[converted]))
-            goto done;
+    if ((names = path_names(paths, count)) == NULL)
+        goto done;
     Plain plain = {.channels = channels, .max_pixels = max_pixels, .max_side = max_side};
     JSAMPROW lines[1] = {row};
     FREE_BEGIN
@@ -1378,16 +1398,13 @@ static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs
 #endif
     FREE_END
     left = positions_left(done, count);
-done:
-    for (Py_ssize_t i = 0; i < converted; i++)
-        Py_DECREF(names[i]);
-    for (Py_ssize_t i = 0; i < viewed; i++)
-        PyBuffer_Release(&views[i]);
-    free(names);
-    free(done);
-    free(row);
+done: /* freed in the reverse order of their making */
+    path_names_free(names, names != NULL ? count : 0);
+    release_buffers(views, viewed);
     free(whole.data);
     decoder_free(decoder);
+    free(row);
+    free(done);
     Py_DECREF(paths);
     return left;
 }
@@ -1409,12 +1426,12 @@ static PyObject *py_decode_png_files(PyObject *self, PyObject *args) {
         Py_DECREF(paths);
         return NULL;
     }
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), converted = 0, viewed = 0;
-    PyObject **names = calloc(count > 0 ? (size_t)count : 1, sizeof(PyObject *));
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), viewed = 0;
+    PyObject **names = NULL;
     Py_buffer *views = calloc(count > 0 ? (size_t)count : 1, sizeof(Py_buffer));
     uint8_t *done = calloc(count > 0 ? (size_t)count : 1, 1);
     Whole whole = {NULL, 0, 0};
-    if (names == NULL || views == NULL || done == NULL) {
+    if (views == NULL || done == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1422,9 +1439,8 @@ static PyObject *py_decode_png_files(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "one out array a path");
         goto done;
     }
-    for (; converted < count; converted++)
-        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(paths, converted), &names[converted]))
-            goto done;
+    if ((names = path_names(paths, count)) == NULL)
+        goto done;
     for (; viewed < count; viewed++) {
         if (array_buffer(PySequence_Fast_GET_ITEM(outs, viewed), &views[viewed], 1) < 0)
             goto done;
@@ -1456,17 +1472,14 @@ static PyObject *py_decode_png_files(PyObject *self, PyObject *args) {
     png_decoder_free(&png);
     FREE_END
     left = positions_left(done, count);
-done:
-    for (Py_ssize_t i = 0; i < converted; i++)
-        Py_DECREF(names[i]);
-    for (Py_ssize_t i = 0; i < viewed; i++)
-        PyBuffer_Release(&views[i]);
-    free(names);
-    free(views);
-    free(done);
+done: /* freed in the reverse order of their making */
+    path_names_free(names, names != NULL ? count : 0);
     free(whole.data);
-    Py_DECREF(paths);
+    free(done);
+    release_buffers(views, viewed);
+    free(views);
     Py_DECREF(outs);
+    Py_DECREF(paths);
     return left;
 }
 #endif
