@@ -854,12 +854,11 @@ static PyObject *py_decode_png(PyObject *self, PyObject *args) {
     if (!fine) {
         PyErr_SetString(PyExc_ValueError,
                         "out must be a C-contiguous uint8 or uint16 array (height, width[, channels])");
-    } else if (!ids || (data.len > 24 && ((const uint8_t *)data.buf)[24] == 8 * out.itemsize)) { /* ids: rows of the
-                                                                                                    file's depth */
+    } else {
         PngDecoder png = {0};
         FREE_BEGIN decoded = png_decode(&png, data.buf, (size_t)data.len, channels, (int)out.shape[0],
                                         (int)out.shape[1], out.buf, (size_t)out.shape[1] * channels * out.itemsize,
-                                        ids ? PNG_IDS : wide ? PNG_WIDE : PNG_PIXELS);
+                                        (ids ? PNG_IDS : 0) | (wide ? PNG_WIDE : 0));
         png_decoder_free(&png);
         FREE_END
     }
@@ -1459,15 +1458,11 @@ static PyObject *py_decode_png_files(PyObject *self, PyObject *args) {
         const char *path = PyBytes_AS_STRING(names[k]);
         Py_buffer *out = &views[k];
         int channels = out->ndim == 3 ? (int)out->shape[2] : 1, wide = out->itemsize == 2;
-        if (!local_path(path) || !read_whole(path, &whole) || whole.size < 26 ||
-            (ids && whole.data[24] != 8 * out->itemsize)) /* ids: rows of the file's depth */
+        if (!local_path(path) || !read_whole(path, &whole))
             continue;
-        if (exact && !ids && (whole.data[25] != (channels == 1 ? 0 : channels == 3 ? 2 : 6) ||
-                              (channels == 1 && (whole.data[24] == 16) != wide)))
-            continue; /* a file of another kind than its rows (label_maps.Paired.check_kind words it) */
         done[k] = png_decode(&png, whole.data, whole.size, channels, (int)out->shape[0], (int)out->shape[1], out->buf,
                              (size_t)out->shape[1] * channels * out->itemsize,
-                             ids ? PNG_IDS : wide ? PNG_WIDE : PNG_PIXELS);
+                             (ids ? PNG_IDS : 0) | (wide ? PNG_WIDE : 0) | (exact ? PNG_EXACT : 0));
     }
     png_decoder_free(&png);
     FREE_END

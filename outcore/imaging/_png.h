@@ -3,11 +3,12 @@
  *
  * A plain PNG is one decode.py's decode_image gives as Pillow decodes it, pixel for pixel, with nothing but its
  * pixels to apply (png_kind says which): not interlaced, with no orientation (no eXIf chunk, nor a text chunk keyed
- * "exif", which Pillow takes for one) and no animation (no acTL: Pillow may show a frame other than the IDAT's), of 8 or 16 bits a sample, greyscale (colour type 0), RGB (2),
- * grey and alpha (4) or RGBA (6), asked for as Pillow converts it: 3 channels of RGB or RGBA, or of 8-bit grey (each
- * repeated), 1 of grey, 4 of RGBA; alpha dropped where it is not asked for, 16-bit samples cut to their high byte
- * (Pillow's RGB and RGBA modes), except 16-bit greyscale, which Pillow keeps in 16 bits (mode I;16): its 1 channel
- * given as it is into uint16 rows (`wide`), or into uint8 rows as decode.py's _convert_depth rounds it. Its IDAT
+ * "exif", which Pillow takes for one) and no animation (no acTL: Pillow may show a frame other than the IDAT's), of 8
+ * or 16 bits a sample, greyscale (colour type 0), RGB (2), grey and alpha (4) or RGBA (6), asked for as Pillow
+ * converts it: 3 channels of RGB or RGBA, or of 8-bit grey (each repeated), 1 of grey, 4 of RGBA; alpha dropped where
+ * it is not asked for, 16-bit samples cut to their high byte (Pillow's RGB and RGBA modes), except 16-bit greyscale,
+ * which Pillow keeps in 16 bits (mode I;16): its 1 channel given as it is into uint16 rows (PNG_WIDE), or into uint8
+ * rows as decode.py's _convert_depth rounds it. Label maps' ids too (PNG_IDS: an 8-bit palette's indices). Its IDAT
  * chunks' zlib stream is inflated and each row's filter undone (None, Sub, Up, Average, Paeth), straight into the
  * caller's rows where they are the file's. Any other file, and any the decoder finds damaged, is left to the caller
  * (decode_image words the error): a chunk before the first IDAT whose CRC is wrong (Pillow refuses those), a zlib
@@ -111,19 +112,26 @@ static int png_turns(const uint8_t *type, const uint8_t *body, uint32_t length) 
     return text && length >= 5 && memcmp(body, "exif", 5) == 0;
 }
 
-enum { PNG_PIXELS, PNG_WIDE, PNG_IDS }; /* what png_decode gives: uint8 pixels, Pillow's I;16, a label map's ids */
+/* How png_decode gives a file, flags of `as` (0: uint8 pixels): into uint16 rows (Pillow's I;16, or 16-bit ids), as a
+ * label map's ids, only where the file's own kind is its rows' (a paired picture: label_maps.Paired.check_kind). */
+enum { PNG_WIDE = 1, PNG_IDS = 2, PNG_EXACT = 4 };
 
 /* The samples a pixel of a PNG of colour type `type` holds (1-4), where a plain PNG of that type and `depth` bits
- * (IHDR's) gives `channels` as Pillow converts it (the header above; `as`: PNG_WIDE, into uint16 rows); 0 where it
- * does not. As PNG_IDS, a label map's ids as Pillow gives them (label_maps.py): an 8-bit palette's indices, an 8- or
- * 16-bit grey file's values, in rows of its depth. */
+ * (IHDR's) gives `channels` as Pillow converts it (the header above), as `as` asks; 0 where it does not. As PNG_IDS, a
+ * label map's ids as Pillow gives them (label_maps.py): an 8-bit palette's indices, an 8- or 16-bit grey file's
+ * values, in rows of its depth (16 bits: PNG_WIDE). With PNG_EXACT, only grey of the rows' depth (1 channel), RGB
+ * (3) or RGBA (4). */
 static int png_kind(int type, int depth, int channels, int as) {
-    if (as == PNG_IDS)
-        return channels == 1 && ((type == 3 && depth == 8) || (type == 0 && (depth == 8 || depth == 16)));
+    const int wide = as & PNG_WIDE;
+    if (as & PNG_IDS)
+        return channels == 1 && depth == (wide ? 16 : 8) && (type == 0 || (type == 3 && !wide));
     const int samples = type == 0 ? 1 : type == 4 ? 2 : type == 2 ? 3 : type == 6 ? 4 : 0;
     if (samples == 0 || (depth != 8 && depth != 16))
         return 0;
-    if (as == PNG_WIDE) /* Pillow's I;16, as it is */
+    const int own = channels == 1 ? 0 : channels == 3 ? 2 : 6; /* the colour type of the rows' own kind */
+    if ((as & PNG_EXACT) && (type != own || (channels == 1 && !wide && depth != 8)))
+        return 0;
+    if (wide) /* Pillow's I;16, as it is */
         return type == 0 && depth == 16 && channels == 1 ? samples : 0;
     switch (channels) {
     case 1: /* grey, alpha dropped (16-bit grey and alpha is RGBA to Pillow: left) */
@@ -156,15 +164,15 @@ static void png_convert(const uint8_t *line, int width, int samples, int bytes, 
     }
 }
 
-/* Decode `data` into `height` rows of `width` x `channels` samples (`as`: uint8; PNG_WIDE, uint16; PNG_IDS, of the
- * file's depth), each `stride` bytes after the one before, if it is a plain PNG of that size (above) that gives them: 1,
- * else 0 (left to the caller). */
+/* Decode `data` into `height` rows of `width` x `channels` samples (uint8; uint16 with PNG_WIDE in `as`, png_kind's
+ * flags), each `stride` bytes after the one before, if it is a plain PNG of that size (above) that gives them: 1, else
+ * 0 (left to the caller). */
 static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int channels, int height, int width,
                       uint8_t *out, size_t stride, int as) {
     if (!png_file(data, size) || size < 33 || memcmp(data + 12, "IHDR", 4) != 0 || height <= 0 || width <= 0)
         return 0;
     const int depth = data[24], samples = png_kind(data[25], depth, channels, as), sample_bytes = depth / 8;
-    const int wide = as == PNG_WIDE || (as == PNG_IDS && depth == 16);
+    const int wide = as & PNG_WIDE;
     if (samples == 0)
         return 0;
     const int pixel_bytes = samples * sample_bytes, in_place = sample_bytes == 1 && samples == channels && !wide;
