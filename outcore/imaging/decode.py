@@ -517,6 +517,20 @@ def _decode_plain_jpeg(
 PNG_START = b"\x89PNG\r\n\x1a\n"
 
 
+def png_ihdr(data: bytes) -> tuple[int, int, int, int] | None:
+    """``(height, width, bits a sample, colour type)`` from a PNG file's IHDR, read as it is (`png_header` reads what
+    follows it too); None for a file that does not open as a PNG does.
+
+    >>> png_ihdr(b"\\x89PNG\\r\\n\\x1a\\n" + bytes(4) + b"IHDR" + (640).to_bytes(4, "big") + (480).to_bytes(4, "big")
+    ...          + bytes([16, 0]) + bytes(7))
+    (480, 640, 16, 0)
+    """
+    if not data.startswith(PNG_START) or data[12:16] != b"IHDR" or len(data) < 33:
+        return None
+    width, height, depth, colour = struct.unpack_from(">IIBB", data, 16)
+    return height, width, depth, colour
+
+
 def png_header(data: bytes) -> tuple[int, int, int, int] | None:
     """``(height, width, bits a sample, colour type)`` of a PNG file, from its IHDR, where none of the chunks before its
     pixels may turn it or show another picture (what Pillow reads when it opens the file: an eXIf chunk, a text chunk
@@ -526,14 +540,12 @@ def png_header(data: bytes) -> tuple[int, int, int, int] | None:
     >>> png_header(open("depth.png", "rb").read())  # doctest: +SKIP
     (480, 640, 16, 0)
     """
-    if not data.startswith(PNG_START) or data[12:16] != b"IHDR" or len(data) < 33:
-        return None
+    header = png_ihdr(data)
     at = 8
-    while at + 12 <= len(data):
+    while header is not None and at + 12 <= len(data):
         length, kind = struct.unpack_from(">I4s", data, at)
         if kind == b"IDAT":
-            width, height, depth, colour = struct.unpack_from(">IIBB", data, 16)
-            return height, width, depth, colour
+            return header
         if kind in (b"eXIf", b"acTL") or (kind in (b"tEXt", b"zTXt", b"iTXt") and data[at + 8 : at + 13] == b"exif\0"):
             return None
         at += 12 + length
@@ -548,9 +560,10 @@ def _decode_plain_png(data: bytes, channels: int, target: tuple[int, int] | None
     uint8, into ``out`` where it is of the ``target`` size and of that type, else at its own size. None for any other
     file (and a damaged one), or without it."""
     decode_png = getattr(native.extension, "decode_png", None)  # None: not built, or built without zlib
-    if decode_png is None or not data.startswith(PNG_START) or data[12:16] != b"IHDR" or len(data) < 26:
+    header = None if decode_png is None else png_ihdr(data)
+    if header is None:
         return None
-    width, height, depth, colour = struct.unpack(">IIBB", data[16:26])
+    height, width, depth, colour = header
     _check_size(height, width, max_pixels, name)
     dtype = np.uint16 if (depth, colour, channels) == (16, 0, 1) else np.uint8
     into = out is not None and (height, width) == target and out.dtype == dtype

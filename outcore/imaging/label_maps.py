@@ -22,7 +22,7 @@ from PIL import Image
 
 from ..errors import ImageError, OptionError
 from . import native
-from .decode import decode_errors, png_header
+from .decode import decode_errors, png_header, png_ihdr
 from .resize import ResizePolicy, cover_box, pad_placement
 from .targets import cut_label_maps
 
@@ -116,11 +116,11 @@ def decode_label_map(data: bytes, name: str, dtype: np.dtype) -> np.ndarray:
 
 def _decoded_ids(data: bytes) -> np.ndarray | None:
     """The ids of a plain PNG of ids (an 8-bit palette's indices, an 8- or 16-bit grey file's values: `ID_PNGS`; not
-    interlaced, no orientation or animation: `png_header`), decoded by the C extension outside the GIL (``decode_png``,
-    built with zlib), as Pillow gives them; None for any other file, a damaged one, one of more pixels than Pillow opens
-    (its error says so), or without the extension."""
+    interlaced), decoded by the C extension outside the GIL (``decode_png``, built with zlib: its size and kind read from
+    its IHDR, `png_ihdr`), as Pillow gives them; None for any other file, a damaged one, one of more pixels than Pillow
+    opens (its error says so), or without the extension."""
     decode_png = getattr(native.extension, "decode_png", None)
-    header = None if decode_png is None else png_header(data)
+    header = None if decode_png is None else png_ihdr(data)
     if header is None or header[2:] not in ID_PNGS:
         return None
     height, width = header[:2]
