@@ -113,6 +113,20 @@ def test_a_table_s_paths_are_pathlib_s_whatever_their_form(base, monkeypatch, tm
     assert _joined(base, names) == expected
 
 
+def test_a_task_s_opaque_argument_is_tokenized_by_all_of_its_contents():
+    """Two block arguments that differ only deep inside (the middle of a large array, which a ``repr`` elides) have
+    different Dask tokens, so their tasks are never taken for one; equal ones have equal tokens."""
+    from dask.base import tokenize
+
+    from outcore.ingest.decode_tasks import Opaque
+
+    values = np.arange(5000)
+    changed = values.copy()
+    changed[2500] = -1
+    assert tokenize(Opaque([values])) != tokenize(Opaque([changed]))
+    assert tokenize(Opaque([((4, 6), 1), "a.png"])) == tokenize(Opaque([((4, 6), 1), "a.png"]))
+
+
 def _csv_of(image_folder, column):
     names = sorted(p.relative_to(image_folder).as_posix() for p in image_folder.rglob("*.*"))[: len(column)]
     csv = image_folder / "labels.csv"

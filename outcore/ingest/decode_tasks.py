@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import pickle
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +61,7 @@ class Opaque:
     """A task's argument that Dask passes as it is, as `path_block` passes paths: a block's frames or layers (label map
     files, drawings, paired pictures) as a list would be walked item by item for collections and tokenized so, on
     the one thread making all the tasks (half an ingest's GIL, with a paired picture a sample). Its token is a digest
-    of its ``repr``, made once.
+    of its pickled bytes, made once: all of its contents (a ``repr`` elides a large array's middle), never unpickled.
 
     >>> Opaque([((4, 6), 1)]).value
     [((4, 6), 1)]
@@ -70,7 +71,7 @@ class Opaque:
 
     def __init__(self, value: Any) -> None:
         self.value = value
-        self._token = hashlib.blake2b(repr(value).encode(), digest_size=16).hexdigest()
+        self._token = hashlib.blake2b(pickle.dumps(value, protocol=5), digest_size=16).hexdigest()
 
     def __dask_tokenize__(self) -> str:
         return self._token
