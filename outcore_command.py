@@ -14,7 +14,9 @@ lands where Python only reports exceptions (a weakref callback, such as those of
 module locks, or a ``__del__``) would be lost there: it is delivered again, 10 ms later (and one lost so while
 this module was imported, before `main` could take Ctrl-C, stops `main` at once). One that lands where
 code replaces it with an error of its own (NumPy's C extension, imported, reports the ``KeyboardInterrupt`` of
-its own imports as an ``ImportError``) is still that Ctrl-C: one line and 130, not that error's traceback.
+its own imports as an ``ImportError``) is still that Ctrl-C: one line and 130, not that error's traceback. One
+that comes as `main` is called, which Python takes as `main` starts, before its first line, escapes it: it is
+still the command's (`_escaped_main`).
 
 The cleanup a first Ctrl-C starts has `CLEANUP_SECONDS` to end (`_watch_the_cleanup`): a ``KeyboardInterrupt`` that
 Python raises inside a ``with`` statement's ``__enter__``, once it has taken its lock (a ``threading.Condition``'s,
@@ -54,7 +56,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from types import FrameType
+from types import CodeType, FrameType, TracebackType
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 REDELIVERY_SECONDS = 0.01
@@ -188,6 +190,32 @@ def _exit_now(signum: int, frame: FrameType | None) -> None:
             pass
     os._exit(INTERRUPTED)
 
+
+def _escaped_main(report: Callable[..., object]) -> Callable[..., None]:
+    """``sys.excepthook`` for a Ctrl-C that came as `main` was called: Python checks for signals as a function
+    starts, before its first line, so that Python's own handler (still in place: `main` installs the command's
+    in its ``try``) raised its ``KeyboardInterrupt`` out of `main` (seen once in CI). It is the command's all the
+    same: one line and 130, not that traceback. Nothing else escapes `main` as a ``KeyboardInterrupt``: its
+    ``try`` takes those raised in it, and its handler ends the process at once past it."""
+
+    def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        if issubclass(kind, KeyboardInterrupt) and main.__code__ in _codes(trace):
+            _interrupted_at_exit(signal.SIGINT, None)
+        report(kind, error, trace)
+
+    return hook
+
+
+def _codes(trace: TracebackType | None) -> list[CodeType]:
+    """The code of each frame ``trace`` passes through, outermost first."""
+    codes = []
+    while trace is not None:
+        codes.append(trace.tb_frame.f_code)
+        trace = trace.tb_next
+    return codes
+
+
+sys.excepthook = _escaped_main(sys.excepthook)
 
 if __name__ == "__main__":
     sys.exit(main())

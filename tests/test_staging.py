@@ -421,6 +421,30 @@ def test_a_ctrl_c_as_the_command_installs_its_handler_is_one_line_and_130():
     assert (result.returncode, result.stdout, result.stderr) == (130, "", "outcore: interrupted\n")
 
 
+CALLED_COMMAND = """
+import signal, sys, types, outcore_command
+
+def profile(frame, event, arg):  # a Ctrl-C as main is called: Python takes it as main starts, before its first line
+    if event == "call" and frame.f_code is outcore_command.main.__code__:
+        sys.setprofile(None)
+        signal.raise_signal(signal.SIGINT)  # Python's own handler: main has not installed the command's
+
+sys.modules["outcore.cli.main"] = types.SimpleNamespace(main=lambda: print("the command ran") or 0)
+sys.setprofile(profile)
+sys.exit(outcore_command.main())
+"""
+
+
+def test_a_ctrl_c_as_main_is_called_is_one_line_and_130():
+    """A Ctrl-C that Python takes as ``main`` starts, before its ``try`` (Python checks for signals there), escapes
+    ``main`` as Python's own ``KeyboardInterrupt``: still the command's, one line and 130, not a traceback (seen
+    once in CI, on Python 3.11: the Ctrl-C at 0.01 of the command's time)."""
+    with as_from_a_terminal():
+        result = subprocess.run([sys.executable, "-c", CALLED_COMMAND], capture_output=True, text=True, timeout=60,
+                                check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "outcore: interrupted\n")
+
+
 ENDED_COMMAND = """
 import signal, sys, types, outcore_command
 
