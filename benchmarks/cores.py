@@ -7,8 +7,8 @@
                                         pixels+then-rrc,pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,
                                         pixels+center,pixels+jitter,pixels16+rrc,encoded+flip,pixels+crop-torch,encoded,
                                         encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
-                                        dense-bc,depth-own,ingest,ingest-png,ingest-depth,
-                                        ingest-masks]
+                                        palette,dense-bc,depth-own,ingest,ingest-png,ingest-depth,
+                                        ingest-masks,ingest-masks12]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
@@ -31,10 +31,12 @@ pixels, of the JPEGs; ``pixels16+rrc``: ``pixels+rrc`` of the same photos in 16 
 as a 16-bit PNG of them holds them: a store written by ``outcore.from_arrays``); ``encoded+flip``: ``RandomFlip()`` alone of the JPEGs; ``pixels+crop-torch``,
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
 loop takes it, in tensors (with PyTorch installed); ``png``, ``png+crop``: ``encoded`` and ``encoded+crop`` of the same
-photos written as PNG files; ``ingest-png``: ``ingest`` of those PNG files; ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
+photos written as PNG files; ``palette``: ``encoded`` of them as palette PNGs (Pillow's adaptive palette of 256
+colours); ``ingest-png``: ``ingest`` of those PNG files; ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
 sizes, ``shape=None, images="encoded"``, files/s; ``ingest-depth``: ``outcore.ingest_dataframe`` of the photos' JPEGs,
 each with its 16-bit depth map (the ``depth-own`` store's files) paired, ``pair_columns=["depth"]``, pictures/s;
-``ingest-masks``: the same with a palette PNG label map of each (`label_maps`), ``mask_columns=["mask"]``):
+``ingest-masks``: the same with a palette PNG label map of each (`label_maps`), ``mask_columns=["mask"]``;
+``ingest-masks12``: the same with label maps of 12 classes, 4-bit palette PNGs as Pillow saves them):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
   ``--seconds``), the ratio to ``n`` times the one-thread rate, and the GIL share timed: the share of the
@@ -186,6 +188,7 @@ CASES = {  # name: (store, transform)
     "encoded+crop-torch": ("encoded", Compose([RandomCrop(112), RandomFlip()])),
     "png": ("png", None),
     "png+crop": ("png", Compose([RandomCrop(112), RandomFlip()])),
+    "palette": ("palette", None),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
     "dense": ("coco", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "dense-own": ("coco-own", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
@@ -196,6 +199,7 @@ CASES = {  # name: (store, transform)
     "ingest-png": ("photos-png", None),  # the same of the PNGs of the png store
     "ingest-depth": ("photos", None),  # ingest_dataframe of the photos' JPEGs, each with its depth map (`depth_maps`)
     "ingest-masks": ("photos", None),  # the same, each with its label map (`label_maps`)
+    "ingest-masks12": ("photos", None),  # the same, label maps of 12 classes (4-bit palettes)
 }
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
@@ -226,11 +230,17 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
 
     photos, own_size, pngs = workdir / "photos", workdir / "own-size-jpegs", workdir / "photos-png"
     needed = needed | ({"pixels"} if "pixels16" in needed else set())  # made from the pixel store
-    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded", "depth-own", "photos"}),
+    palettes = workdir / "photos-palette"
+    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded", "depth-own", "photos", "palette"}),
                                             (pngs, ".png", {"png", "photos-png"})):
         if not folder.exists() and needed & stores_of_it:
             write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos",
                                extension=extension, seed=0)
+    if "palette" in needed and not palettes.exists():
+        for path in sorted(photos.rglob("*.jpg")):
+            (palettes / path.parent.name).mkdir(parents=True, exist_ok=True)
+            with Image.open(path) as image:
+                image.convert("P", palette=Image.Palette.ADAPTIVE).save(palettes / path.parent.name / f"{path.stem}.png")
     if needed & {"own-size", "own-size-jpegs"}:
         write_folder(own_size, max(BATCH * 4, images // 6))
     made = {"own-size-jpegs": own_size, "photos-png": pngs, "photos": photos, "coco": workdir / "coco.zarr",
@@ -243,6 +253,7 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
     for name, source, options in (("pixels", photos, {"shape": (128, 128, 3), "images": "pixels"}),
                                   ("encoded", photos, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("png", pngs, {"shape": (128, 128, 3), "images": "encoded"}),
+                                  ("palette", palettes, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("own-size", own_size, {"shape": None, "images": "encoded"})):
         made[name] = location = workdir / f"{name}.zarr"
         if name in needed and not location.exists():
@@ -265,14 +276,18 @@ def depth_maps(photos: Path, folder: Path) -> object:
     return _layers(photos, folder, "depth", lambda grey: Image.fromarray(grey.astype(np.uint16) * 257))
 
 
-def label_maps(photos: Path, folder: Path) -> object:
-    """`depth_maps`, the column ``mask`` holding a label map of each photo: a palette PNG of 21 classes (its luminance
-    in 21 bands) and 255 (void) on a border 4 pixels wide, as Pascal VOC's."""
+def label_maps(photos: Path, folder: Path, classes: int = 21) -> object:
+    """`depth_maps`, the column ``mask`` holding a label map of each photo: a palette PNG of ``classes`` classes (its
+    luminance in as many bands) and 255 (void) on a border 4 pixels wide, as Pascal VOC's; of 16 classes or fewer, no
+    void and a palette of as many colours, which Pillow saves in fewer bits (1, 2 or 4)."""
+    few = classes <= 16
+
     def mask(grey: np.ndarray) -> Image.Image:
-        ids = (grey.astype(np.uint16) * 21 // 256).astype(np.uint8)
-        ids[:4], ids[-4:], ids[:, :4], ids[:, -4:] = 255, 255, 255, 255
+        ids = (grey.astype(np.uint16) * classes // 256).astype(np.uint8)
+        if not few:
+            ids[:4], ids[-4:], ids[:, :4], ids[:, -4:] = 255, 255, 255, 255
         image = Image.fromarray(ids, mode="P")
-        image.putpalette(np.random.default_rng(0).integers(0, 256, 768, dtype=np.uint8).tolist())
+        image.putpalette(np.random.default_rng(0).integers(0, 256, 3 * classes if few else 768, dtype=np.uint8).tolist())
         return image
 
     return _layers(photos, folder, "mask", mask)
@@ -395,12 +410,13 @@ def held_by_thread(free: Callable[[], float] | None, cpu: float, clocks: dict[st
 
 def ingests(folder: Path, seconds: float, ready: bool, gate: bool = False,
             layers: str = "") -> tuple[float, float | None]:
-    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")`` (with ``layers`` ``"depth"`` or
-    ``"masks"``, of ``outcore.ingest_dataframe`` of the folder's JPEGs and their `depth_maps`, ``pair_columns``, or
-    `label_maps`, ``mask_columns``): files/s (pictures), and no GIL share: its compression and digests run outside
+    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")`` (with ``layers`` ``"depth"``,
+    ``"masks"`` or ``"masks12"``, of ``outcore.ingest_dataframe`` of the folder's JPEGs and their `depth_maps`,
+    ``pair_columns``, or `label_maps` (of 12 classes), ``mask_columns``): files/s (pictures), and no GIL share: its compression and digests run outside
     the GIL in numcodecs' and hashlib's C, which `gil_free_clock` does not count, so the rest would be no bound of
     the time holding it (py-spy's ``gil`` rows measure ingest)."""
-    made = {"depth": (depth_maps, "depth", "pair_columns"), "masks": (label_maps, "masks", "mask_columns")}.get(layers)
+    made = {"depth": (depth_maps, "depth", "pair_columns"), "masks": (label_maps, "masks", "mask_columns"),
+            "masks12": (lambda photos, to: label_maps(photos, to, classes=12), "masks12", "mask_columns")}.get(layers)
     frame = made[0](folder, folder.parent / made[1]) if made else None
     with tempfile.TemporaryDirectory() as scratch:
         rates, began, runs = [], time.perf_counter(), 0

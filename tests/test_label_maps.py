@@ -144,9 +144,9 @@ def test_maps_that_cannot_lie_under_their_pictures_are_refused_by_name(tmp_path)
 
 
 def test_a_block_s_label_maps_are_decoded_in_one_call_as_one_by_one(tmp_path, monkeypatch):
-    """Label maps at their picture's own size: a block's plain PNGs of ids read and decoded by one call of the C
-    extension (`decode_png_files`), the others (a 4-bit palette, a grey map among palettes) one by one: the stored ids
-    are those decoded one by one without the extension, row for row."""
+    """Label maps at their picture's own size: a block's plain PNGs of ids (a 4-bit palette and a grey map among 8-bit
+    palettes) read and decoded by one call of the C extension (`decode_png_files`): the stored ids are those decoded
+    one by one without the extension, row for row."""
     from outcore.imaging import native
 
     frame = _voc(tmp_path / "voc", count=12)
@@ -164,7 +164,7 @@ def test_a_block_s_label_maps_are_decoded_in_one_call_as_one_by_one(tmp_path, mo
         monkeypatch.setattr(native, "extension", _Spy(native.extension, calls, decode))
     ds = outcore.ingest_dataframe(frame, tmp_path / "c.zarr", **options)
     if getattr(native.extension, "ZLIB", ""):
-        assert sum(len(paths) - len(left) for paths, left in calls) == 11  # all but the 4-bit one
+        assert sum(len(paths) - len(left) for paths, left in calls) == 12
     monkeypatch.undo()
     monkeypatch.setattr(native, "extension", None)
     one_by_one = outcore.ingest_dataframe(frame, tmp_path / "p.zarr", **options)

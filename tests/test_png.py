@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import itertools
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -46,17 +47,21 @@ def chunk(kind: bytes, body: bytes, crc: int | None = None) -> bytes:
 
 def png_file(pixels: np.ndarray, filters: list[int] | None = None, *, idat_size: int = 1 << 20,
              before: tuple[bytes, ...] = (), after: tuple[bytes, ...] = (), interlace: int = 0,
-             palette: np.ndarray | None = None) -> bytes:
+             palette: np.ndarray | None = None, bits: int = 8) -> bytes:
     """A PNG of ``pixels`` ((h, w) or (h, w, samples): grey, grey and alpha, RGB or RGBA; uint8, or uint16 for 16 bits
-    a sample; with a ``palette`` ((n, 3) uint8), (h, w) indices into it), each row filtered by its entry of ``filters``
-    (0-4; cycling through them all by default), its zlib stream in IDATs of ``idat_size`` bytes, the chunks ``before``
-    between IHDR and the IDATs and ``after`` between them and IEND."""
+    a sample; with a ``palette`` ((n, 3) uint8), (h, w) indices into it; (h, w) of ``bits`` 1, 2 or 4, packed), each
+    row filtered by its entry of ``filters`` (0-4; cycling through them all by default), its zlib stream in IDATs of
+    ``idat_size`` bytes, the chunks ``before`` between IHDR and the IDATs and ``after`` between them and IEND."""
     height, width = pixels.shape[:2]
     samples = 1 if pixels.ndim == 2 else pixels.shape[2]
     wide = pixels.dtype == np.uint16
     depth = samples * (2 if wide else 1)  # bytes a pixel, as the filters count them
-    rows = np.frombuffer(pixels.astype(">u2" if wide else np.uint8).tobytes(), np.uint8)
-    rows = rows.reshape(height, width * depth).astype(np.int64)
+    if bits < 8:  # each row's values packed from the high bits, the last byte's rest zeros
+        rows = np.packbits(np.unpackbits(pixels.astype(np.uint8)[..., None], axis=-1)[..., 8 - bits:].reshape(height, -1),
+                           axis=1).astype(np.int64)
+    else:
+        rows = np.frombuffer(pixels.astype(">u2" if wide else np.uint8).tobytes(), np.uint8)
+        rows = rows.reshape(height, width * depth).astype(np.int64)
     filtered = bytearray()
     for y in range(height):
         kind = (filters or [0, 1, 2, 3, 4])[y % len(filters or [0, 1, 2, 3, 4])]
@@ -72,7 +77,7 @@ def png_file(pixels: np.ndarray, filters: list[int] | None = None, *, idat_size:
         filtered += bytes([kind]) + ((row - predicted) % 256).astype(np.uint8).tobytes()
     stream = zlib.compress(bytes(filtered), 6)
     colour = 3 if palette is not None else {1: 0, 2: 4, 3: 2, 4: 6}[samples]
-    header = struct.pack(">IIBBBBB", width, height, 16 if wide else 8, colour, 0, 0, interlace)
+    header = struct.pack(">IIBBBBB", width, height, 16 if wide else bits, colour, 0, 0, interlace)
     before = before if palette is None else (chunk(b"PLTE", palette.astype(np.uint8).tobytes()), *before)
     idats = [chunk(b"IDAT", stream[at : at + idat_size]) for at in range(0, len(stream), idat_size)]
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + b"".join(before) + b"".join(idats) + b"".join(after)
@@ -194,6 +199,11 @@ def test_a_png_s_size_and_kind_are_read_from_its_header_as_pillow_opens_it(monke
         assert png_header(data) == (9, 13, depth, [0, 4, 2, 6][samples - 1]), name
         assert stored_frame(data) == ((9, 13), 1)
         files[name], kinds[name] = data, Paired.of("p.png", data)
+    for bits in (1, 2, 4, 8):  # a palette's, and grey of fewer bits
+        for name, palette in ((f"{bits}-bit palette", np.zeros((1 << bits, 3))), (f"{bits}-bit grey", None)):
+            data = png_file(np.ones((9, 13), np.uint8), palette=palette, bits=bits)
+            assert png_header(data) == (9, 13, bits, 0 if palette is None else 3), name
+            files[name], kinds[name] = data, Paired.of("p.png", data)
     monkeypatch.setattr(label_maps, "png_header", lambda data: None)  # Pillow opens every file
     assert {name: Paired.of("p.png", data) for name, data in files.items()} == kinds
     turned = {"exif": png_file(pixels, before=(chunk(b"eXIf", exif.tobytes()),)),
@@ -241,13 +251,92 @@ def test_label_maps_of_plain_pngs_are_decoded_in_c_as_pillow_gives_their_ids(mon
         np.testing.assert_array_equal(ids, ids16 if name.startswith(("16", "pillow's 16")) else ids8, err_msg=name)
     monkeypatch.undo()
     truncated = files["palette 0"][:60]
-    others = {"4-bit palette": _pillow_palette(ids8 % 16, bits=4), "rgb": png_file(photo(3)),
-              "interlaced": png_file(ids8, interlace=1, palette=palette), "truncated": truncated}
+    others = {"rgb": png_file(photo(3)), "interlaced": png_file(ids8, interlace=1, palette=palette),
+              "truncated": truncated}
     assert [name for name, data in others.items() if label_maps._decoded_ids(data) is None] == list(others)
-    assert decode_label_map(others["4-bit palette"], "m.png", np.dtype("uint8")).max() == 15
     for data, error in ((others["rgb"], "colours"), (truncated, "m.png: ")):
         with pytest.raises(ImageError, match=error):
             decode_label_map(data, "m.png", np.dtype("uint8"))
+
+
+@with_zlib
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_label_maps_of_fewer_bits_are_decoded_in_c_as_pillow_gives_their_ids(bits, monkeypatch):
+    """A palette of 2, 4 or 16 entries, which Pillow saves in 1, 2 or 4 bits (the mask of a few classes), and grey of
+    1 bit (Pillow's mode 1: ids 0 and 1), 2 or 4 (its mode L: scaled to 0-255): decoded in C without Pillow, every row
+    filter, rows that end inside a byte, the ids Pillow gives, of the dtype it gives."""
+    from outcore.imaging import label_maps
+
+    rng = np.random.default_rng(bits)
+    ids = rng.integers(0, 1 << bits, (13, 21)).astype(np.uint8)
+    palette = rng.integers(0, 256, (1 << bits, 3))
+    files = {f"palette {k}": png_file(ids, [k], palette=palette, bits=bits) for k in range(5)}
+    files |= {f"grey {k}": png_file(ids, [k], bits=bits) for k in range(5)}
+    files["pillow's palette"] = _pillow_palette(ids, bits=bits)
+    if bits == 1:
+        files["pillow's mode 1"] = pillow_png(ids.astype(bool))
+    assert {png_header(data)[2] for data in files.values()} == {bits}
+    monkeypatch.setattr(label_maps, "_ids_image", lambda *arguments: pytest.fail("Pillow opened a plain PNG of ids"))
+    got = {name: (label_map_dtype(data, name), decode_label_map(data, name, np.dtype("uint8"))) for name, data in
+           files.items()}
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "extension", None)
+    scaled = ids * (1 if bits == 1 else 255 // ((1 << bits) - 1))  # Pillow's mode L of 2 or 4 bits
+    for name, (dtype, decoded) in got.items():
+        assert dtype == label_map_dtype(files[name], name) == np.uint8, name
+        np.testing.assert_array_equal(decoded, decode_label_map(files[name], name, np.dtype("uint8")), err_msg=name)
+        np.testing.assert_array_equal(decoded, scaled if name.startswith("grey") else ids, err_msg=name)
+
+
+def _pillow_colours(indices: np.ndarray, palette: np.ndarray, **options) -> bytes:
+    image = Image.fromarray(indices, mode="P")
+    image.putpalette(palette.astype(np.uint8).tobytes())
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", **options)
+    return buffer.getvalue()
+
+
+@with_zlib
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_palettes_and_grey_of_fewer_bits_are_pillow_s_pixels(bits, monkeypatch):
+    """A palette's colours of 1 to 8 bits (RGB; RGBA with its transparency, tRNS, of fewer entries than the palette or
+    as many) and grey of 1, 2 or 4 bits (scaled to 0-255 as Pillow's modes 1 and L give it; repeated for RGB), every row
+    filter, rows that end inside a byte, Pillow's own files: decoded in C without Pillow, the pixels `decode_image`
+    gives through Pillow, at their own size and fitted, for uint8 and uint16 samples; in a run's rows (`decode_each`)
+    too."""
+    from outcore.imaging import decode
+
+    rng = np.random.default_rng(bits)
+    indices = rng.integers(0, 1 << bits, (19, 23)).astype(np.uint8)
+    palette = rng.integers(0, 256, (1 << bits, 3))
+    alpha = rng.integers(0, 256, 1 << bits).astype(np.uint8).tobytes()
+    colours = [png_file(indices, [k], palette=palette, bits=bits) for k in range(5)]
+    colours += [png_file(indices, palette=palette, bits=bits, before=(chunk(b"tRNS", alpha[: len(alpha) // 2 or 1]),)),
+                png_file(indices, palette=palette, bits=bits, before=(chunk(b"tRNS", alpha),)),
+                _pillow_colours(indices, palette, bits=bits), _pillow_colours(indices, palette, transparency=0)]
+    greys = [png_file(indices, [k], bits=bits) for k in range(5)] if bits < 8 else []
+    greys += [pillow_png(indices.astype(bool))] if bits == 1 else []
+    files = [(data, (3, 4)) for data in colours] + [(data, (1, 3)) for data in greys]
+    cases = [((size, size2, c), resize, dtype) for size, size2, resize in ((None, None, None), (13, 17, "crop"))
+             for dtype in ("uint8", "uint16") for c in (1, 3, 4)]
+    monkeypatch.setattr(decode, "_opened", lambda *arguments: pytest.fail("Pillow opened a plain PNG"))
+    got = {(k, shape, dtype): decode_image(data, shape, resize, np.dtype(dtype)) for k, (data, channels) in
+           enumerate(files) for shape, resize, dtype in cases if shape[2] in channels}
+    for c in {1, 3} & {c for _, channels in files for c in channels}:  # a run's rows are of 1 or 3 channels
+        some = [k for k, (_, channels) in enumerate(files) if c in channels]
+        out, left = decoded_together([files[k][0] for k in some], (19, 23, c))
+        assert left == []
+        for row, k in enumerate(some):
+            np.testing.assert_array_equal(out[row], got[k, (None, None, c), "uint8"], err_msg=str(k))
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "extension", None)
+    with warnings.catch_warnings():  # Pillow's, converting a palette whose transparency is in bytes to RGB
+        warnings.simplefilter("ignore", UserWarning)
+        for (k, shape, dtype), pixels in got.items():
+            expected = decode_image(files[k][0], shape, "crop" if shape[0] else None, np.dtype(dtype))
+            assert pixels.dtype == expected.dtype and pixels.shape == expected.shape
+            np.testing.assert_array_equal(pixels, expected, err_msg=f"file {k}, {shape}, {dtype}")
+    np.testing.assert_array_equal(got[0, (None, None, 3), "uint8"], palette[indices])
 
 
 @with_zlib
@@ -258,7 +347,8 @@ def test_files_read_and_decoded_in_one_call_are_each_as_decoded_alone(tmp_path):
     rng = np.random.default_rng(6)
     ids8, ids16 = rng.integers(0, 256, (9, 11)).astype(np.uint8), rng.integers(0, 65536, (9, 11)).astype(np.uint16)
     rgba = rng.integers(0, 256, (9, 11, 4)).astype(np.uint8)
-    files = {"palette": png_file(ids8, palette=rng.integers(0, 256, (256, 3))), "grey": png_file(ids8),
+    palette = rng.integers(0, 256, (256, 3))
+    files = {"palette": png_file(ids8, palette=palette), "grey": png_file(ids8),
              "deep": png_file(ids16), "rgba": png_file(rgba), "jpeg": b"\xff\xd8\xff" + bytes(60)}
     for name, data in files.items():
         (tmp_path / f"{name}.png").write_bytes(data)
@@ -273,27 +363,31 @@ def test_files_read_and_decoded_in_one_call_are_each_as_decoded_alone(tmp_path):
     for k in (0, 1, 2):
         np.testing.assert_array_equal(outs[k], decode_label_map(files[("palette", "grey", "deep")[k]], "m", outs[k].dtype))
     pixels = [np.zeros((9, 11, 3), np.uint8), np.zeros((9, 11, 1), np.uint16), np.zeros((9, 11, 4), np.uint8)]
-    assert list(native.extension.decode_png_files([path["rgba"], path["deep"], path["palette"]], pixels)) == [2]
+    assert list(native.extension.decode_png_files([path["rgba"], path["deep"], path["palette"]], pixels)) == []
     np.testing.assert_array_equal(pixels[0], rgba[..., :3])
     np.testing.assert_array_equal(pixels[1][..., 0], ids16)
+    np.testing.assert_array_equal(pixels[2], np.dstack([palette[ids8], np.full(ids8.shape, 255)]))  # opaque: no tRNS
     kinds = [np.zeros((9, 11, 1), np.uint16), np.zeros((9, 11, 3), np.uint8), np.zeros((9, 11, 1), np.uint16),
-             np.zeros((9, 11, 1), np.uint8), np.zeros((9, 11, 4), np.uint8)]
-    left = native.extension.decode_png_files([path["deep"], path["rgba"], path["grey"], path["grey"], path["rgba"]],
+             np.zeros((9, 11, 1), np.uint8), np.zeros((9, 11, 4), np.uint8), np.zeros((9, 11, 3), np.uint8),
+             np.zeros((9, 11, 4), np.uint8), np.zeros((9, 11, 1), np.uint8)]
+    left = native.extension.decode_png_files([path["deep"], path["rgba"], path["grey"], path["grey"], path["rgba"],
+                                              path["palette"], path["palette"], path["palette"]],
                                              kinds, False, True)  # exact: only files of their rows' own kind
-    assert list(left) == [1, 2]
+    assert list(left) == [1, 2, 6, 7]  # a palette's own kind: its colours, RGB (`Paired.of`)
     np.testing.assert_array_equal(kinds[0][..., 0], ids16)
     np.testing.assert_array_equal(kinds[3][..., 0], ids8)
     np.testing.assert_array_equal(kinds[4], rgba)
+    np.testing.assert_array_equal(kinds[5], palette[ids8])
     with pytest.raises(ValueError, match="one out array a path"):
         native.extension.decode_png_files([path["grey"]], [])
 
 
 @with_zlib
 def test_every_other_png_is_left_to_pillow():
-    """Other sizes, colour types and depths (a palette's, 16-bit grey, which Pillow converts to RGB its own way),
+    """Other sizes, colour types and depths (16-bit grey, which Pillow converts to RGB its own way; colours into grey,
+    its weighted sum), a palette that lacks an index used (Pillow's versions colour it differently) or is not one,
     interlacing, an orientation (eXIf, or a text chunk keyed "exif", which Pillow takes for one; before or after the
-    pixels), an
-    animation, a chunk Pillow refuses (a wrong CRC before the pixels), a stream that ends or breaks before the last
+    pixels), an animation, a chunk Pillow refuses (a wrong CRC before the pixels), a stream that ends or breaks before the last
     row, a row of an unknown filter: left, their rows untouched (a damaged one named as Pillow finds it:
     tests/test_native.py)."""
     pixels = photo(3)
@@ -308,7 +402,9 @@ def test_every_other_png_is_left_to_pillow():
     grey16 = photo(1).astype(np.uint16) * 257
     files = {
         "other size": png_file(pixels[:-1]),
-        "palette": _palette(pixels),
+        "index past its palette": png_file(np.full((height, width), 3, np.uint8), palette=np.zeros((3, 3))),
+        "an empty palette": png_file(np.zeros((height, width), np.uint8), palette=np.zeros((0, 3))),
+        "a PLTE of part of an entry": png_file(np.zeros((height, width), np.uint8), palette=np.zeros((2, 2))),
         "16-bit grey": _sixteen_bits(height, width),
         "16-bit grey and alpha": png_file(np.dstack([grey16, grey16])),
         "interlaced": png_file(pixels, interlace=1),
@@ -327,8 +423,8 @@ def test_every_other_png_is_left_to_pillow():
     assert [list(files)[k] for k in left] == list(files)
     assert (out == 7).all()
     rgb = {"rgb": png_file(pixels), "rgba": png_file(np.dstack([pixels, pixels[..., :1]])),
-           "16-bit grey and alpha": png_file(np.dstack([grey16, grey16]))}
-    out, left = decoded_together(list(rgb.values()), (height, width, 1))  # no RGB into grey: Pillow's weighted sum
+           "16-bit grey and alpha": png_file(np.dstack([grey16, grey16])), "palette": _palette(pixels)}
+    out, left = decoded_together(list(rgb.values()), (height, width, 1))  # no colours into grey: Pillow's weighted sum
     assert [list(rgb)[k] for k in left] == list(rgb)
 
 
@@ -408,10 +504,11 @@ def test_the_survey_checks_plain_pngs_in_c_refusing_what_pillow_refuses(tmp_path
     files = {"plain": good, "pillow's": pillow_png(pixels, optimize=True), "grey": png_file(photo(1)),
              "truncated": good[: len(good) // 2], "wrong crc": png_file(pixels, before=(chunk(b"tEXt", b"a", crc=9),)),
              "broken stream": good[:idat] + chunk(b"IDAT", b"\x78\x9c" + bytes(40)) + chunk(b"IEND", b""),
-             "rgba": pillow_png(np.dstack([pixels, pixels[..., :1]])), "palette": _palette(pixels)}
+             "rgba": pillow_png(np.dstack([pixels, pixels[..., :1]])), "palette": _palette(pixels),
+             "interlaced": png_file(pixels, interlace=1)}
     sizes, left = plain_jpeg_sizes(list(files.values()), 3)
-    assert [list(files)[k] for k in left] == ["truncated", "wrong crc", "broken stream", "palette"]
-    for k in (0, 1, 2, 6):
+    assert [list(files)[k] for k in left] == ["truncated", "wrong crc", "broken stream", "interlaced"]
+    for k in (0, 1, 2, 6, 7):
         full = decode_image(list(files.values())[k], (None, None, 3), None, np.dtype("uint8"))
         assert tuple(sizes[k]) == full.shape[:2]
     for name in ("truncated", "wrong crc", "broken stream"):

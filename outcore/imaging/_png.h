@@ -3,18 +3,21 @@
  *
  * A plain PNG is one decode.py's decode_image gives as Pillow decodes it, pixel for pixel, with nothing but its
  * pixels to apply (png_kind says which): not interlaced, with no orientation (no eXIf chunk, nor a text chunk keyed
- * "exif", which Pillow takes for one) and no animation (no acTL: Pillow may show a frame other than the IDAT's), of 8
- * or 16 bits a sample, greyscale (colour type 0), RGB (2), grey and alpha (4) or RGBA (6), asked for as Pillow
- * converts it: 3 channels of RGB or RGBA, or of 8-bit grey (each repeated), 1 of grey, 4 of RGBA; alpha dropped where
- * it is not asked for, 16-bit samples cut to their high byte (Pillow's RGB and RGBA modes), except 16-bit greyscale,
- * which Pillow keeps in 16 bits (mode I;16): its 1 channel given as it is into uint16 rows (PNG_WIDE), or into uint8
- * rows as decode.py's _convert_depth rounds it. Label maps' ids too (PNG_IDS: an 8-bit palette's indices). Its IDAT
- * chunks' zlib stream is inflated and each row's filter undone (None, Sub, Up, Average, Paeth), straight into the
- * caller's rows where they are the file's. Any other file, and any the decoder finds damaged, is left to the caller
+ * "exif", which Pillow takes for one) and no animation (no acTL: Pillow may show a frame other than the IDAT's), asked
+ * for as Pillow converts it:
+ * - greyscale (colour type 0) of 1 to 16 bits, RGB (2), grey and alpha (4) or RGBA (6) of 8 or 16: 3 channels of RGB
+ *   or RGBA, or of grey (each repeated), 1 of grey, 4 of RGBA; alpha dropped where it is not asked for, 16-bit samples
+ *   cut to their high byte (Pillow's RGB and RGBA modes), grey of 1, 2 or 4 bits scaled to 0-255 (its modes 1 and L),
+ *   except 16-bit greyscale, which Pillow keeps in 16 bits (mode I;16): its 1 channel given as it is into uint16 rows
+ *   (PNG_WIDE), or into uint8 rows as decode.py's _convert_depth rounds it;
+ * - a palette (colour type 3) of 1 to 8 bits: its colours, 3 channels, or 4 with the palette's transparency (tRNS) as
+ *   alpha; a file with an index past its palette is left (Pillow's versions colour those differently);
+ * - label maps' ids (PNG_IDS): a palette's indices, a grey file's values as Pillow gives them.
+ * Its IDAT chunks' zlib stream is inflated and each row's filter undone (None, Sub, Up, Average, Paeth), straight into
+ * the caller's rows where they are the file's. Any other file, and any the decoder finds damaged, is left to the caller
  * (decode_image words the error): a chunk before the first IDAT whose CRC is wrong (Pillow refuses those), a zlib
  * stream that ends or breaks before the last row, a row of an unknown filter. As in Pillow, IDATs' CRCs are not
- * checked, and what follows the last row is not read.
- */
+ * checked, and what follows the last row is not read. */
 
 #include <limits.h>
 #include <zlib.h>
@@ -118,26 +121,32 @@ enum { PNG_WIDE = 1, PNG_IDS = 2, PNG_EXACT = 4 };
 
 /* The samples a pixel of a PNG of colour type `type` holds (1-4), where a plain PNG of that type and `depth` bits
  * (IHDR's) gives `channels` as Pillow converts it (the header above), as `as` asks; 0 where it does not. As PNG_IDS, a
- * label map's ids as Pillow gives them (label_maps.py): an 8-bit palette's indices, an 8- or 16-bit grey file's
- * values, in rows of its depth (16 bits: PNG_WIDE). With PNG_EXACT, only grey of the rows' depth (1 channel), RGB
- * (3) or RGBA (4). */
+ * label map's ids as Pillow gives them (label_maps.py): a palette's indices, a grey file's values (1 bit: 0 and 1,
+ * Pillow's mode 1; 2 and 4 bits scaled to 0-255, its mode L), in rows of its depth (16 bits: PNG_WIDE). With PNG_EXACT,
+ * only files of the rows' own kind, as Paired.of reads it: grey of the rows' depth (1 channel), RGB or a palette's
+ * colours (3), RGBA (4). */
 static int png_kind(int type, int depth, int channels, int as) {
-    const int wide = as & PNG_WIDE;
-    if (as & PNG_IDS)
-        return channels == 1 && depth == (wide ? 16 : 8) && (type == 0 || (type == 3 && !wide));
+    const int wide = as & PNG_WIDE, low = depth == 1 || depth == 2 || depth == 4;
+    if ((type == 0 && !low && depth != 8 && depth != 16) || (type == 3 && !low && depth != 8) ||
+        ((type == 2 || type == 4 || type == 6) && depth != 8 && depth != 16))
+        return 0; /* not a depth PNG allows for its colour type */
+    if (as & PNG_IDS) /* 16-bit grey into uint16 rows; a palette's, or grey of 8 bits or fewer, into uint8 rows */
+        return channels == 1 && (wide ? type == 0 && depth == 16 : (type == 0 || type == 3) && depth <= 8);
+    if (type == 3) /* a palette's colours: RGB, or RGBA with the palette's transparency (tRNS) */
+        return !wide && (channels == 3 || (channels == 4 && !(as & PNG_EXACT)));
     const int samples = type == 0 ? 1 : type == 4 ? 2 : type == 2 ? 3 : type == 6 ? 4 : 0;
-    if (samples == 0 || (depth != 8 && depth != 16))
+    if (samples == 0)
         return 0;
     const int own = channels == 1 ? 0 : channels == 3 ? 2 : 6; /* the colour type of the rows' own kind */
-    if ((as & PNG_EXACT) && (type != own || (channels == 1 && !wide && depth != 8)))
+    if ((as & PNG_EXACT) && (type != own || (channels == 1 && !wide && depth == 16)))
         return 0;
     if (wide) /* Pillow's I;16, as it is */
         return type == 0 && depth == 16 && channels == 1 ? samples : 0;
     switch (channels) {
     case 1: /* grey, alpha dropped (16-bit grey and alpha is RGBA to Pillow: left) */
         return type == 0 || (type == 4 && depth == 8) ? samples : 0;
-    case 3: /* RGB, alpha dropped; 8-bit grey repeated */
-        return samples >= 3 || depth == 8 ? samples : 0;
+    case 3: /* RGB, alpha dropped; grey of 8 bits or fewer repeated */
+        return samples >= 3 || depth <= 8 ? samples : 0;
     case 4:
         return type == 6 ? samples : 0;
     default:
@@ -145,10 +154,31 @@ static int png_kind(int type, int depth, int channels, int as) {
     }
 }
 
-/* One unfiltered row of `width` pixels of `samples` samples of `bytes` bytes each (big-endian) into `row`, of
- * `channels` as png_kind says (`wide`: uint16). */
-static void png_convert(const uint8_t *line, int width, int samples, int bytes, int channels, int wide, uint8_t *row) {
-    const int step = samples * bytes;
+/* The value of pixel `x` of a row of one sample of `depth` bits (1, 2, 4 or 8) a pixel, packed from the high bits. */
+static inline int png_value(const uint8_t *line, int x, int depth) {
+    if (depth == 8)
+        return line[x];
+    const int shift = depth == 1 ? 3 : depth == 2 ? 2 : 1; /* log2 of the pixels in a byte */
+    return line[x >> shift] >> (8 - depth * ((x & ((1 << shift) - 1)) + 1)) & ((1 << depth) - 1);
+}
+
+/* The largest value of `height` rows of `width` pixels of one `depth`-bit sample, `bytes` apart. */
+static int png_largest(const uint8_t *rows, size_t bytes, int height, int width, int depth) {
+    int largest = 0;
+    for (int y = 0; y < height; y++)
+        for (int x = 0; x < width; x++) {
+            const int value = png_value(rows + bytes * (size_t)y, x, depth);
+            largest = value > largest ? value : largest;
+        }
+    return largest;
+}
+
+/* One unfiltered row of `width` pixels of `samples` samples of `depth` bits each (big-endian) into `row`, of
+ * `channels` as png_kind says (`wide`: uint16); a sample of fewer than 8 bits times `scale`; `palette`: a palette
+ * file's colours (256 RGBA entries), NULL for its indices and every other file. */
+static void png_convert(const uint8_t *line, int width, int samples, int depth, int channels, int wide, int scale,
+                        const uint8_t *palette, uint8_t *row) {
+    const int bytes = depth == 16 ? 2 : 1, step = samples * bytes;
     if (wide) {
         uint16_t *values = (uint16_t *)row;
         for (int x = 0; x < width; x++)
@@ -156,6 +186,12 @@ static void png_convert(const uint8_t *line, int width, int samples, int bytes, 
     } else if (bytes == 2 && samples == 1) { /* as _convert_depth rounds 16 bits to 8 */
         for (int x = 0; x < width; x++)
             row[x] = (uint8_t)(((uint32_t)(line[2 * x] << 8 | line[2 * x + 1]) * 255 + 32767) / 65535);
+    } else if (palette) {
+        for (int x = 0; x < width; x++, row += channels)
+            memcpy(row, palette + 4 * png_value(line, x, depth), (size_t)channels);
+    } else if (depth < 8) {
+        for (int x = 0; x < width; x++, row += channels)
+            memset(row, png_value(line, x, depth) * scale, (size_t)channels);
     } else {
         const int grey = samples < 3; /* its one value in every channel asked for */
         for (int x = 0; x < width; x++, line += step, row += channels)
@@ -171,12 +207,15 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
                       uint8_t *out, size_t stride, int as) {
     if (!png_file(data, size) || size < 33 || memcmp(data + 12, "IHDR", 4) != 0 || height <= 0 || width <= 0)
         return 0;
-    const int depth = data[24], samples = png_kind(data[25], depth, channels, as), sample_bytes = depth / 8;
-    const int wide = as & PNG_WIDE;
+    const int depth = data[24], type = data[25], samples = png_kind(type, depth, channels, as);
+    const int wide = as & PNG_WIDE, colours = type == 3 && !(as & PNG_IDS); /* a palette's colours, looked up */
     if (samples == 0)
         return 0;
-    const int pixel_bytes = samples * sample_bytes, in_place = sample_bytes == 1 && samples == channels && !wide;
-    const size_t bytes = (size_t)width * pixel_bytes, filtered_bytes = (bytes + 1) * (size_t)height;
+    /* A low-bit sample's scale: indices and 1-bit ids as they are (Pillow's modes P and 1), grey to 0-255 (mode L). */
+    const int scale = depth >= 8 || type == 3 || ((as & PNG_IDS) && depth == 1) ? 1 : 255 / ((1 << depth) - 1);
+    const int pixel_bytes = depth < 8 ? 1 : samples * depth / 8; /* the filters' distance to the left */
+    const int in_place = depth == 8 && samples == channels && !wide && !colours;
+    const size_t bytes = ((size_t)width * samples * depth + 7) / 8, filtered_bytes = (bytes + 1) * (size_t)height;
     if (filtered_bytes / (bytes + 1) != (size_t)height || filtered_bytes > UINT_MAX)
         return 0; /* more than one zlib call inflates: left to Pillow */
     if (filtered_bytes > png->capacity) {
@@ -196,8 +235,10 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
     z_stream *stream = &png->stream;
     stream->next_out = png->filtered;
     stream->avail_out = (uInt)filtered_bytes;
+    uint8_t palette[256 * 4]; /* a palette file's colours, RGBA: opaque but where its tRNS says */
+    memset(palette, 255, sizeof(palette));
     size_t at = 8;
-    int chunks = 0, in_idat = 0, inflated = 0;
+    int chunks = 0, in_idat = 0, inflated = 0, entries = 0;
     while (!inflated) {
         if (size - at < 12)
             return 0; /* truncated */
@@ -230,6 +271,16 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
                 return 0; /* an orientation, or an animation */
             if ((uint32_t)crc32(crc32(0L, type, 4), body, length) != big_endian32(body + length))
                 return 0; /* Pillow refuses a chunk before the IDATs whose CRC is wrong */
+            if (colours && memcmp(type, "PLTE", 4) == 0) {
+                if (entries || length == 0 || length % 3 || length > 3 * 256)
+                    return 0;
+                entries = (int)length / 3;
+                for (int k = 0; k < entries; k++)
+                    memcpy(palette + 4 * k, body + 3 * k, 3);
+            } else if (colours && memcmp(type, "tRNS", 4) == 0) {
+                for (uint32_t k = 0; k < length && k < 256; k++)
+                    palette[4 * k + 3] = body[k];
+            }
         }
         at += 12 + (size_t)length;
     }
@@ -244,6 +295,8 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
     for (int y = 0; y < height; y++) /* every row's filter known before a row is written */
         if (png->filtered[(bytes + 1) * (size_t)y] > 4)
             return 0;
+    if (colours && entries == 0)
+        return 0; /* a palette file without its palette: Pillow's error */
     for (int y = 0; y < height; y++) {
         uint8_t *line = png->filtered + (bytes + 1) * (size_t)y, *row = out + stride * (size_t)y;
         if (in_place) { /* the file's rows are the caller's: undone straight into them */
@@ -253,7 +306,15 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
         } /* else undone where they lie (the row above undone already), then converted */
         if (!png_unfilter(line[0], line + 1, y > 0 ? line - bytes : NULL, bytes, pixel_bytes, line + 1))
             return 0;
-        png_convert(line + 1, width, samples, sample_bytes, channels, wide, row);
+        if (!colours)
+            png_convert(line + 1, width, samples, depth, channels, wide, scale, NULL, row);
+    }
+    if (colours) { /* an index past the palette is Pillow's to colour (its versions differ): every one checked first */
+        if (entries < 1 << depth && png_largest(png->filtered + 1, bytes + 1, height, width, depth) >= entries)
+            return 0;
+        for (int y = 0; y < height; y++)
+            png_convert(png->filtered + (bytes + 1) * (size_t)y + 1, width, 1, depth, channels, 0, 1, palette,
+                        out + stride * (size_t)y);
     }
     return 1;
 }

@@ -29,10 +29,10 @@ from .targets import cut_label_maps
 LABEL_MAP_DTYPES = ("uint8", "uint16")
 LOSSY = ("JPEG", "MPO", "WEBP")  # WebP may be lossless, but nothing in its header says so for sure
 PNG_MODES = {  # (bits a sample, colour type) of a PNG -> the mode Pillow opens it in
-    (8, 0): "L", (16, 0): "I;16", (8, 2): "RGB", (16, 2): "RGB", (8, 4): "LA", (16, 4): "RGBA", (8, 6): "RGBA",
-    (16, 6): "RGBA"}
-ID_PNGS = {(8, 3): np.uint8, (8, 0): np.uint8, (16, 0): np.uint16}  # (bits, colour type) of a PNG of ids -> their
-# dtype, as Pillow gives them (P, L, I;16): decoded in C (`_decoded_ids`)
+    (1, 0): "1", (2, 0): "L", (4, 0): "L", (8, 0): "L", (16, 0): "I;16", (8, 2): "RGB", (16, 2): "RGB", (8, 4): "LA",
+    (16, 4): "RGBA", (8, 6): "RGBA", (16, 6): "RGBA", **{(bits, 3): "P" for bits in (1, 2, 4, 8)}}
+ID_PNGS = {**{(bits, kind): np.uint8 for bits in (1, 2, 4, 8) for kind in (0, 3)}, (16, 0): np.uint16}  # (bits,
+# colour type) of a PNG of ids -> their dtype, as Pillow gives them (P, 1, L, I;16): decoded in C (`_decoded_ids`)
 ID_MODES = {"P": np.uint8, "L": np.uint8, "1": np.uint8, "I;16": np.uint16, "I;16B": np.uint16, "I;16L": np.uint16,
             "I": np.uint16}
 
@@ -115,9 +115,9 @@ def decode_label_map(data: bytes, name: str, dtype: np.dtype) -> np.ndarray:
 
 
 def _decoded_ids(data: bytes) -> np.ndarray | None:
-    """The ids of a plain PNG of ids (an 8-bit palette's indices, an 8- or 16-bit grey file's values: `ID_PNGS`; not
-    interlaced), decoded by the C extension outside the GIL (``decode_png``, built with zlib: its size and kind read from
-    its IHDR, `png_ihdr`), as Pillow gives them; None for any other file, a damaged one, one of more pixels than Pillow
+    """The ids of a plain PNG of ids (a palette's indices, a grey file's values: `ID_PNGS`; not interlaced), decoded by
+    the C extension outside the GIL (``decode_png``, built with zlib: its size and kind read from its IHDR,
+    `png_ihdr`), as Pillow gives them; None for any other file, a damaged one, one of more pixels than Pillow
     opens (its error says so), or without the extension."""
     decode_png = getattr(native.extension, "decode_png", None)
     header = None if decode_png is None else png_ihdr(data)
