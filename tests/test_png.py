@@ -45,14 +45,35 @@ def chunk(kind: bytes, body: bytes, crc: int | None = None) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) if crc is None else crc)
 
 
+ADAM7 = ((0, 0, 8, 8), (0, 4, 8, 8), (4, 0, 8, 4), (0, 2, 4, 4), (2, 0, 4, 2), (0, 1, 2, 2), (1, 0, 2, 1))  # top,
+# left, down, across: an interlaced PNG's passes
+
+
 def png_file(pixels: np.ndarray, filters: list[int] | None = None, *, idat_size: int = 1 << 20,
              before: tuple[bytes, ...] = (), after: tuple[bytes, ...] = (), interlace: int = 0,
              palette: np.ndarray | None = None, bits: int = 8) -> bytes:
     """A PNG of ``pixels`` ((h, w) or (h, w, samples): grey, grey and alpha, RGB or RGBA; uint8, or uint16 for 16 bits
     a sample; with a ``palette`` ((n, 3) uint8), (h, w) indices into it; (h, w) of ``bits`` 1, 2 or 4, packed), each
-    row filtered by its entry of ``filters`` (0-4; cycling through them all by default), its zlib stream in IDATs of
-    ``idat_size`` bytes, the chunks ``before`` between IHDR and the IDATs and ``after`` between them and IEND."""
+    row filtered by its entry of ``filters`` (0-4; cycling through them all by default), with ``interlace`` 1 in
+    Adam7's seven passes (each filtered as a picture of its own), its zlib stream in IDATs of ``idat_size`` bytes, the
+    chunks ``before`` between IHDR and the IDATs and ``after`` between them and IEND."""
     height, width = pixels.shape[:2]
+    samples = 1 if pixels.ndim == 2 else pixels.shape[2]
+    wide = pixels.dtype == np.uint16
+    passes = [pixels[top::down, left::across] for top, left, down, across in ADAM7] if interlace else [pixels]
+    stream = zlib.compress(b"".join(_filtered(part, filters, bits) for part in passes if part.size), 6)
+    colour = 3 if palette is not None else {1: 0, 2: 4, 3: 2, 4: 6}[samples]
+    header = struct.pack(">IIBBBBB", width, height, 16 if wide else bits, colour, 0, 0, interlace)
+    before = before if palette is None else (chunk(b"PLTE", palette.astype(np.uint8).tobytes()), *before)
+    idats = [chunk(b"IDAT", stream[at : at + idat_size]) for at in range(0, len(stream), idat_size)]
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + b"".join(before) + b"".join(idats) + b"".join(after)
+            + chunk(b"IEND", b""))
+
+
+def _filtered(pixels: np.ndarray, filters: list[int] | None, bits: int) -> bytes:
+    """``pixels``' rows as a PNG's zlib stream holds them (`png_file`): packed, each its filter's byte and its bytes
+    filtered."""
+    height = pixels.shape[0]
     samples = 1 if pixels.ndim == 2 else pixels.shape[2]
     wide = pixels.dtype == np.uint16
     depth = samples * (2 if wide else 1)  # bytes a pixel, as the filters count them
@@ -61,7 +82,7 @@ def png_file(pixels: np.ndarray, filters: list[int] | None = None, *, idat_size:
                            axis=1).astype(np.int64)
     else:
         rows = np.frombuffer(pixels.astype(">u2" if wide else np.uint8).tobytes(), np.uint8)
-        rows = rows.reshape(height, width * depth).astype(np.int64)
+        rows = rows.reshape(height, -1).astype(np.int64)
     filtered = bytearray()
     for y in range(height):
         kind = (filters or [0, 1, 2, 3, 4])[y % len(filters or [0, 1, 2, 3, 4])]
@@ -75,13 +96,7 @@ def png_file(pixels: np.ndarray, filters: list[int] | None = None, *, idat_size:
         else:
             predicted = [np.zeros_like(row), left, above, (left + above) // 2][kind]
         filtered += bytes([kind]) + ((row - predicted) % 256).astype(np.uint8).tobytes()
-    stream = zlib.compress(bytes(filtered), 6)
-    colour = 3 if palette is not None else {1: 0, 2: 4, 3: 2, 4: 6}[samples]
-    header = struct.pack(">IIBBBBB", width, height, 16 if wide else bits, colour, 0, 0, interlace)
-    before = before if palette is None else (chunk(b"PLTE", palette.astype(np.uint8).tobytes()), *before)
-    idats = [chunk(b"IDAT", stream[at : at + idat_size]) for at in range(0, len(stream), idat_size)]
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + b"".join(before) + b"".join(idats) + b"".join(after)
-            + chunk(b"IEND", b""))
+    return bytes(filtered)
 
 
 def pillow_png(pixels: np.ndarray, **options) -> bytes:
@@ -238,7 +253,9 @@ def test_label_maps_of_plain_pngs_are_decoded_in_c_as_pillow_gives_their_ids(mon
     files = {f"palette {k}": png_file(ids8, [k], palette=palette) for k in range(5)}
     files |= {f"grey {k}": png_file(ids8, [k]) for k in range(5)} | {f"16-bit {k}": png_file(ids16, [k]) for k in range(5)}
     files |= {"pillow's palette": _pillow_palette(ids8), "with transparency": _pillow_palette(ids8, transparency=255),
-              "pillow's 16-bit": pillow_png(ids16), "pillow's grey": pillow_png(ids8, optimize=True)}
+              "pillow's 16-bit": pillow_png(ids16), "pillow's grey": pillow_png(ids8, optimize=True),
+              "interlaced palette": png_file(ids8, interlace=1, palette=palette),
+              "16-bit interlaced": png_file(ids16, interlace=1)}
     monkeypatch.setattr(label_maps, "_ids_image", lambda *arguments: pytest.fail("Pillow opened a plain PNG of ids"))
     got = {name: (label_map_dtype(data, name), decode_label_map(data, name, np.dtype("uint16"))) for name, data in
            files.items()}
@@ -248,11 +265,10 @@ def test_label_maps_of_plain_pngs_are_decoded_in_c_as_pillow_gives_their_ids(mon
         assert dtype == label_map_dtype(files[name], name), name
         expected = decode_label_map(files[name], name, np.dtype("uint16"))
         np.testing.assert_array_equal(ids, expected, err_msg=name)
-        np.testing.assert_array_equal(ids, ids16 if name.startswith(("16", "pillow's 16")) else ids8, err_msg=name)
+        np.testing.assert_array_equal(ids, ids16 if "16" in name else ids8, err_msg=name)
     monkeypatch.undo()
     truncated = files["palette 0"][:60]
-    others = {"rgb": png_file(photo(3)), "interlaced": png_file(ids8, interlace=1, palette=palette),
-              "truncated": truncated}
+    others = {"rgb": png_file(photo(3)), "truncated": truncated}
     assert [name for name, data in others.items() if label_maps._decoded_ids(data) is None] == list(others)
     for data, error in ((others["rgb"], "colours"), (truncated, "m.png: ")):
         with pytest.raises(ImageError, match=error):
@@ -339,6 +355,59 @@ def test_palettes_and_grey_of_fewer_bits_are_pillow_s_pixels(bits, monkeypatch):
     np.testing.assert_array_equal(got[0, (None, None, 3), "uint8"], palette[indices])
 
 
+def _turned() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return exif.tobytes()
+
+
+@with_zlib
+@pytest.mark.parametrize("size", [(37, 53), (1, 1), (1, 9), (9, 1), (3, 2), (8, 8), (17, 6)])
+def test_interlaced_pngs_are_pillow_s_pixels(size, monkeypatch):
+    """Adam7's seven passes, each filtered as a picture of its own (every filter), some empty in pictures smaller
+    than 8 pixels a side: each kind decoded in C without Pillow (RGB, RGBA, grey, 16-bit grey, a palette's colours,
+    grey of 1 bit), the pixels `decode_image` gives through Pillow, which are the pictures'; in a run's rows
+    (`decode_each`) and boxes (`crop_each`) too; a label map's ids."""
+    from outcore.imaging import decode
+
+    rng = np.random.default_rng(size[0] * 100 + size[1])
+    rgb = rng.integers(0, 256, (*size, 3)).astype(np.uint8)
+    indices = rng.integers(0, 4, size).astype(np.uint8)
+    palette = rng.integers(0, 256, (4, 3))
+    kinds = {"rgb": (png_file(rgb, interlace=1), 3, rgb), "rgba": (png_file(np.dstack([rgb, rgb[..., :1]]), interlace=1),
+                                                                    3, rgb),
+             "grey": (png_file(rgb[..., 1], [4], interlace=1), 1, rgb[..., 1:2]),
+             "16-bit grey": (png_file(rgb[..., 2].astype(np.uint16) * 257 + 1, [1], interlace=1), 1, None),
+             "palette": (png_file(indices, [2], interlace=1, palette=palette), 3, palette[indices]),
+             "1-bit grey": (png_file(indices % 2, [3], interlace=1, bits=1), 1, (indices % 2 * 255)[..., None])}
+    monkeypatch.setattr(decode, "_opened", lambda *arguments: pytest.fail("Pillow opened a plain PNG"))
+    got = {name: decode_image(data, (None, None, channels), None, np.dtype("uint8")) for name, (data, channels, _)
+           in kinds.items()}
+    deep = decode_image(kinds["16-bit grey"][0], (None, None, 1), None, np.dtype("uint16"))
+    for channels in (1, 3):
+        names = [name for name, (_, c, _) in kinds.items() if c == channels]
+        out, left = decoded_together([kinds[name][0] for name in names], (*size, channels))
+        assert left == []
+        region, ranges = pack_regions([kinds[name][0] for name in names], len(names), 1 << 16)
+        every, cut = np.arange(len(names)), np.zeros((len(names), *size, channels), np.uint8)
+        assert list(crop_plain_jpegs([region], [ranges], np.zeros(len(names)), every, np.array([size] * len(names)),
+                                     np.array([[0, 0, *size]] * len(names)), cut, every,
+                                     np.zeros((len(names), 2), np.uint8))) == []  # boxes of the whole pictures
+        for row, name in enumerate(names):
+            np.testing.assert_array_equal(out[row], got[name], err_msg=name)
+            np.testing.assert_array_equal(cut[row], got[name], err_msg=name)
+    ids = decode_label_map(kinds["palette"][0], "m.png", np.dtype("uint8"))
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "extension", None)
+    for name, (data, channels, pixels) in kinds.items():
+        np.testing.assert_array_equal(got[name], decode_image(data, (None, None, channels), None, np.dtype("uint8")),
+                                      err_msg=name)
+        if pixels is not None:
+            np.testing.assert_array_equal(got[name], pixels, err_msg=name)
+    np.testing.assert_array_equal(deep[..., 0], rgb[..., 2].astype(np.uint16) * 257 + 1)
+    np.testing.assert_array_equal(ids, indices)
+
+
 @with_zlib
 def test_files_read_and_decoded_in_one_call_are_each_as_decoded_alone(tmp_path):
     """`decode_png_files`: files read whole and decoded into their arrays in one call, as `decode_png` decodes each
@@ -386,7 +455,7 @@ def test_files_read_and_decoded_in_one_call_are_each_as_decoded_alone(tmp_path):
 def test_every_other_png_is_left_to_pillow():
     """Other sizes, colour types and depths (16-bit grey, which Pillow converts to RGB its own way; colours into grey,
     its weighted sum), a palette that lacks an index used (Pillow's versions colour it differently) or is not one,
-    interlacing, an orientation (eXIf, or a text chunk keyed "exif", which Pillow takes for one; before or after the
+    an orientation (eXIf, or a text chunk keyed "exif", which Pillow takes for one; before or after the
     pixels), an animation, a chunk Pillow refuses (a wrong CRC before the pixels), a stream that ends or breaks before the last
     row, a row of an unknown filter: left, their rows untouched (a damaged one named as Pillow finds it:
     tests/test_native.py)."""
@@ -407,7 +476,6 @@ def test_every_other_png_is_left_to_pillow():
         "a PLTE of part of an entry": png_file(np.zeros((height, width), np.uint8), palette=np.zeros((2, 2))),
         "16-bit grey": _sixteen_bits(height, width),
         "16-bit grey and alpha": png_file(np.dstack([grey16, grey16])),
-        "interlaced": png_file(pixels, interlace=1),
         "exif before": pillow_png(pixels, exif=exif.tobytes()),
         "exif after": png_file(pixels, after=(chunk(b"eXIf", exif.tobytes()),)),
         "exif text before": png_file(pixels, before=(chunk(b"tEXt", b"exif\x00" + exif.tobytes()),)),
@@ -505,10 +573,10 @@ def test_the_survey_checks_plain_pngs_in_c_refusing_what_pillow_refuses(tmp_path
              "truncated": good[: len(good) // 2], "wrong crc": png_file(pixels, before=(chunk(b"tEXt", b"a", crc=9),)),
              "broken stream": good[:idat] + chunk(b"IDAT", b"\x78\x9c" + bytes(40)) + chunk(b"IEND", b""),
              "rgba": pillow_png(np.dstack([pixels, pixels[..., :1]])), "palette": _palette(pixels),
-             "interlaced": png_file(pixels, interlace=1)}
+             "interlaced": png_file(pixels, interlace=1), "exif": pillow_png(pixels, exif=_turned())}
     sizes, left = plain_jpeg_sizes(list(files.values()), 3)
-    assert [list(files)[k] for k in left] == ["truncated", "wrong crc", "broken stream", "interlaced"]
-    for k in (0, 1, 2, 6, 7):
+    assert [list(files)[k] for k in left] == ["truncated", "wrong crc", "broken stream", "exif"]
+    for k in (0, 1, 2, 6, 7, 8):
         full = decode_image(list(files.values())[k], (None, None, 3), None, np.dtype("uint8"))
         assert tuple(sizes[k]) == full.shape[:2]
     for name in ("truncated", "wrong crc", "broken stream"):

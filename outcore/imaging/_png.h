@@ -44,6 +44,8 @@ typedef struct {
     size_t capacity;
     uint8_t *pixels; /* png_pixels */
     size_t pixels_capacity;
+    uint8_t *row; /* an interlaced file's row, converted, before its pixels go to their columns */
+    size_t row_capacity;
 } PngDecoder;
 
 static void png_decoder_free(PngDecoder *png) {
@@ -51,6 +53,7 @@ static void png_decoder_free(PngDecoder *png) {
         inflateEnd(&png->stream);
     free(png->filtered);
     free(png->pixels);
+    free(png->row);
     memset(png, 0, sizeof(*png));
 }
 
@@ -200,6 +203,38 @@ static void png_convert(const uint8_t *line, int width, int samples, int depth, 
     }
 }
 
+/* The rows of a PNG's pixels as its zlib stream holds them: one pass of the whole picture, or an interlaced file's
+ * seven (Adam7), each its own picture of every `down`th row from `top` and every `across`th column from `left`. */
+typedef struct {
+    int top, left, down, across, height, width; /* height or width 0: the pass holds no row, not even a filter byte */
+    size_t bytes, at; /* a row's bytes, its filter's byte not counted; the first row's place in the stream */
+} PngPass;
+
+static const int ADAM7[7][4] = {{0, 0, 8, 8}, {0, 4, 8, 8}, {4, 0, 8, 4}, {0, 2, 4, 4},
+                                {2, 0, 4, 2}, {0, 1, 2, 2}, {1, 0, 2, 1}}; /* top, left, down, across */
+static const int WHOLE[4] = {0, 0, 1, 1};
+
+/* The passes of a picture of `height` x `width` pixels of `bits` bits each into `passes` (7 if `interlaced`, else 1):
+ * the bytes of the stream they fill, or 0 where more than one zlib call would inflate them (left to Pillow). */
+static size_t png_passes(int interlaced, int height, int width, int bits, PngPass *passes) {
+    size_t at = 0;
+    for (int k = 0; k < (interlaced ? 7 : 1); k++) {
+        PngPass *pass = &passes[k];
+        const int *step = interlaced ? ADAM7[k] : WHOLE;
+        pass->top = step[0], pass->left = step[1], pass->down = step[2], pass->across = step[3];
+        pass->height = height > pass->top ? (height - pass->top + pass->down - 1) / pass->down : 0;
+        pass->width = width > pass->left ? (width - pass->left + pass->across - 1) / pass->across : 0;
+        pass->bytes = ((size_t)pass->width * bits + 7) / 8;
+        pass->at = at;
+        if (pass->height && pass->width) {
+            if (pass->bytes + 1 > (UINT_MAX - at) / (size_t)pass->height)
+                return 0;
+            at += (pass->bytes + 1) * (size_t)pass->height;
+        }
+    }
+    return at;
+}
+
 /* Decode `data` into `height` rows of `width` x `channels` samples (uint8; uint16 with PNG_WIDE in `as`, png_kind's
  * flags), each `stride` bytes after the one before, if it is a plain PNG of that size (above) that gives them: 1, else
  * 0 (left to the caller). */
@@ -207,22 +242,33 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
                       uint8_t *out, size_t stride, int as) {
     if (!png_file(data, size) || size < 33 || memcmp(data + 12, "IHDR", 4) != 0 || height <= 0 || width <= 0)
         return 0;
-    const int depth = data[24], type = data[25], samples = png_kind(type, depth, channels, as);
-    const int wide = as & PNG_WIDE, colours = type == 3 && !(as & PNG_IDS); /* a palette's colours, looked up */
+    const int depth = data[24], colour = data[25], interlaced = data[28] == 1;
+    const int samples = png_kind(colour, depth, channels, as), wide = as & PNG_WIDE;
+    const int colours = colour == 3 && !(as & PNG_IDS); /* a palette's colours, looked up */
     if (samples == 0)
         return 0;
     /* A low-bit sample's scale: indices and 1-bit ids as they are (Pillow's modes P and 1), grey to 0-255 (mode L). */
-    const int scale = depth >= 8 || type == 3 || ((as & PNG_IDS) && depth == 1) ? 1 : 255 / ((1 << depth) - 1);
+    const int scale = depth >= 8 || colour == 3 || ((as & PNG_IDS) && depth == 1) ? 1 : 255 / ((1 << depth) - 1);
     const int pixel_bytes = depth < 8 ? 1 : samples * depth / 8; /* the filters' distance to the left */
-    const int in_place = depth == 8 && samples == channels && !wide && !colours;
-    const size_t bytes = ((size_t)width * samples * depth + 7) / 8, filtered_bytes = (bytes + 1) * (size_t)height;
-    if (filtered_bytes / (bytes + 1) != (size_t)height || filtered_bytes > UINT_MAX)
-        return 0; /* more than one zlib call inflates: left to Pillow */
+    const size_t pixel_out = (size_t)channels * (wide ? 2 : 1);
+    const int in_place = depth == 8 && samples == channels && !wide && !colours && !interlaced;
+    PngPass passes[7];
+    const int count = interlaced ? 7 : 1;
+    const size_t filtered_bytes = png_passes(interlaced, height, width, samples * depth, passes);
+    if (filtered_bytes == 0)
+        return 0;
     if (filtered_bytes > png->capacity) {
         free(png->filtered);
         png->filtered = malloc(filtered_bytes);
         png->capacity = png->filtered ? filtered_bytes : 0;
         if (png->filtered == NULL)
+            return 0;
+    }
+    if (interlaced && (size_t)width * pixel_out > png->row_capacity) {
+        free(png->row);
+        png->row = malloc((size_t)width * pixel_out);
+        png->row_capacity = png->row ? (size_t)width * pixel_out : 0;
+        if (png->row == NULL)
             return 0;
     }
     if (!png->ready) {
@@ -247,9 +293,9 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
         if (length > size - at - 12)
             return 0;
         if (chunks++ == 0) { /* IHDR first (its depth and colour type read above): of this size, deflate, plain
-                                filters, no interlace */
+                                filters, no interlace or Adam7 */
             if (memcmp(type, "IHDR", 4) != 0 || length != 13 || big_endian32(body) != (uint32_t)width ||
-                big_endian32(body + 4) != (uint32_t)height || body[10] != 0 || body[11] != 0 || body[12] != 0)
+                big_endian32(body + 4) != (uint32_t)height || body[10] != 0 || body[11] != 0 || body[12] > 1)
                 return 0;
         }
         if (memcmp(type, "IDAT", 4) == 0) {
@@ -292,30 +338,40 @@ static int png_decode(PngDecoder *png, const uint8_t *data, size_t size, int cha
             return 0;
         more += 12 + (size_t)length;
     }
-    for (int y = 0; y < height; y++) /* every row's filter known before a row is written */
-        if (png->filtered[(bytes + 1) * (size_t)y] > 4)
-            return 0;
     if (colours && entries == 0)
         return 0; /* a palette file without its palette: Pillow's error */
-    for (int y = 0; y < height; y++) {
-        uint8_t *line = png->filtered + (bytes + 1) * (size_t)y, *row = out + stride * (size_t)y;
-        if (in_place) { /* the file's rows are the caller's: undone straight into them */
-            if (!png_unfilter(line[0], line + 1, y > 0 ? row - stride : NULL, bytes, pixel_bytes, row))
+    for (int k = 0; k < count; k++) /* every row's filter known before a row is written */
+        for (int y = 0; y < (passes[k].width ? passes[k].height : 0); y++)
+            if (png->filtered[passes[k].at + (passes[k].bytes + 1) * (size_t)y] > 4)
                 return 0;
-            continue;
-        } /* else undone where they lie (the row above undone already), then converted */
-        if (!png_unfilter(line[0], line + 1, y > 0 ? line - bytes : NULL, bytes, pixel_bytes, line + 1))
-            return 0;
-        if (!colours)
-            png_convert(line + 1, width, samples, depth, channels, wide, scale, NULL, row);
+    if (in_place) { /* the file's rows are the caller's: undone straight into them (every filter known: above) */
+        for (int y = 0; y < height; y++) {
+            uint8_t *line = png->filtered + (passes[0].bytes + 1) * (size_t)y, *row = out + stride * (size_t)y;
+            png_unfilter(line[0], line + 1, y > 0 ? row - stride : NULL, passes[0].bytes, pixel_bytes, row);
+        }
+        return 1;
     }
-    if (colours) { /* an index past the palette is Pillow's to colour (its versions differ): every one checked first */
-        if (entries < 1 << depth && png_largest(png->filtered + 1, bytes + 1, height, width, depth) >= entries)
-            return 0;
-        for (int y = 0; y < height; y++)
-            png_convert(png->filtered + (bytes + 1) * (size_t)y + 1, width, 1, depth, channels, 0, 1, palette,
-                        out + stride * (size_t)y);
-    }
+    for (int converted = 0; converted < 1 + colours; converted++) /* a palette's colours once every index is checked */
+        for (int k = 0; k < count; k++) {
+            const PngPass *pass = &passes[k];
+            const int rows = pass->width ? pass->height : 0;
+            for (int y = 0; y < rows; y++) {
+                uint8_t *line = png->filtered + pass->at + (pass->bytes + 1) * (size_t)y;
+                uint8_t *row = out + stride * (size_t)(pass->top + pass->down * y), *into = interlaced ? png->row : row;
+                if (!converted) /* undone where it lies, the row above undone already */
+                    png_unfilter(line[0], line + 1, y > 0 ? line - pass->bytes : NULL, pass->bytes, pixel_bytes,
+                                 line + 1);
+                if (colours && !converted)
+                    continue;
+                png_convert(line + 1, pass->width, samples, depth, channels, wide, scale, colours ? palette : NULL,
+                            into);
+                for (int x = 0; interlaced && x < pass->width; x++) /* each pixel to its column */
+                    memcpy(row + pixel_out * (size_t)(pass->left + pass->across * x), into + pixel_out * x, pixel_out);
+            }
+            if (colours && !converted && entries < 1 << depth && /* an index past the palette is Pillow's to colour */
+                png_largest(png->filtered + pass->at + 1, pass->bytes + 1, rows, pass->width, depth) >= entries)
+                return 0; /* (its versions differ), every one checked before a row is written */
+        }
     return 1;
 }
 
