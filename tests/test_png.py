@@ -561,6 +561,46 @@ def test_an_epoch_of_a_png_store_is_the_same_without_the_extension(tmp_path, mon
         np.testing.assert_array_equal(one, other)
 
 
+class _Counted:
+    """The C extension, each `decode_each` call's rows' dtype and files left noted in ``calls``."""
+
+    def __init__(self, extension: object, calls: list) -> None:
+        self.extension, self.calls = extension, calls
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.extension, name)
+
+    def decode_each(self, regions, ranges, which, samples, out, rows):
+        left = self.extension.decode_each(regions, ranges, which, samples, out, rows)
+        self.calls.append((out.dtype, len(samples), len(left)))
+        return left
+
+
+@with_zlib
+def test_an_epoch_of_16_bit_grey_pngs_is_decoded_into_uint16_rows_in_c(tmp_path, monkeypatch):
+    """A folder of 16-bit grey PNGs (depth maps) ingested as they are into a uint16 field: a batch's files decoded into
+    its uint16 rows by the run's C calls (`decode_each`), the 8-bit ones among them left to `decode_image` (scaled by
+    257), the batches those Pillow decodes."""
+    folder = tmp_path / "depth"
+    rng = np.random.default_rng(3)
+    for k in range(30):
+        (folder / "ab"[k % 2]).mkdir(parents=True, exist_ok=True)
+        depth = rng.integers(0, 65536, (24, 32)).astype(np.uint16) if k % 10 else rng.integers(0, 256, (24, 32))
+        Image.fromarray(depth.astype(np.uint16 if k % 10 else np.uint8)).save(folder / "ab"[k % 2] / f"{k}.png")
+    ds = outcore.ingest_images(folder, tmp_path / "depth.zarr", shape=(24, 32, 1), dtype="uint16", images="encoded",
+                               chunk_size=8, progress=False)
+    calls = []
+    monkeypatch.setattr(native, "extension", _Counted(native.extension, calls))
+    made = [batch["images"] for batch in ds.batches(8, seed=2)]
+    assert {dtype for dtype, _, _ in calls} == {np.dtype("uint16")}
+    assert sum(count for _, count, _ in calls) == 30 and sum(left for _, _, left in calls) == 3  # the 8-bit files
+    monkeypatch.setattr(native, "extension", None)
+    again = [batch["images"] for batch in ds.batches(8, seed=2)]
+    assert made[0].dtype == np.uint16 and made[0].shape == (8, 24, 32, 1)
+    for one, other in zip(made, again, strict=True):
+        np.testing.assert_array_equal(one, other)
+
+
 @with_zlib
 def test_the_survey_checks_plain_pngs_in_c_refusing_what_pillow_refuses(tmp_path):
     """`plain_jpeg_sizes` (a block of the survey's files) and `plain_jpeg_files` (files read from their paths, and

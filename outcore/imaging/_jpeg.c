@@ -958,6 +958,7 @@ typedef struct {
     Py_ssize_t count;
     uint8_t *out;
     int height, width, channels;
+    int wide; /* decode_each's rows are uint16: 16-bit grey PNGs only (PNG_WIDE) */
     const int64_t *sizes; /* crop_each: (count, 2), each file's height and width */
     const double *boxes;  /* (count, 4), each box's top, left, height and width in the file's pixels */
     const uint8_t *flips; /* (count, 2), left-right, top-bottom */
@@ -985,7 +986,7 @@ static int decode_all(const Each *each, uint8_t *done) {
     }
     Plain plain = {.channels = each->channels, .height = each->height, .width = each->width, .max_pixels = -1,
                    .max_side = -1};
-    size_t stride = (size_t)each->width * each->channels, bytes = stride * each->height;
+    size_t stride = (size_t)each->width * each->channels * (each->wide ? 2 : 1), bytes = stride * each->height;
     int64_t shape[2];
 #ifdef OUTCORE_PNG
     PngDecoder png = {0};
@@ -1000,10 +1001,15 @@ static int decode_all(const Each *each, uint8_t *done) {
         uint8_t *out = each->out + bytes * each->rows[k];
 #ifdef OUTCORE_PNG
         if (png_file(data, size)) {
-            done[k] = png_decode(&png, data, size, each->channels, each->height, each->width, out, stride, 0);
+            done[k] = png_decode(&png, data, size, each->channels, each->height, each->width, out, stride,
+                                 each->wide ? PNG_WIDE : 0);
             continue;
         }
 #endif
+        if (each->wide) { /* no JPEG of 16 bits */
+            done[k] = 0;
+            continue;
+        }
         for (int y = 0; y < each->height; y++)
             lines[y] = out + (size_t)y * stride;
         done[k] = decode_plain(decoder, data, size, &plain, lines, shape);
@@ -1116,14 +1122,15 @@ static int each_from(Py_buffer *views, int crop, Py_ssize_t chunks, Each *each) 
     Py_ssize_t count = samples->ndim == 1 ? samples->shape[0] : -1;
     if (count < 0 || !buffer_of(samples, "ql") || which->ndim != 1 || which->shape[0] != count ||
         !buffer_of(which, "ql") || rows->ndim != 1 || rows->shape[0] != count || !buffer_of(rows, "ql") ||
-        out->ndim != 4 || strcmp(out->format, "B") || (out->shape[3] != 1 && out->shape[3] != 3) ||
+        out->ndim != 4 || (strcmp(out->format, "B") && (crop || strcmp(out->format, "H") || out->shape[3] != 1)) ||
+        (out->shape[3] != 1 && out->shape[3] != 3) ||
         (crop && (!table_of(&views[4], count, 2, "ql") || !table_of(&views[5], count, 4, "d") ||
                   views[6].ndim != 2 || views[6].shape[0] != count || views[6].shape[1] != 2 ||
                   strcmp(views[6].format, "B")))) {
         PyErr_SetString(PyExc_ValueError,
-                        "wanted: which, samples and rows (int64), out (rows, height, width, 1 or 3; uint8), and for "
-                        "crop_each sizes (int64), boxes (float64) and flips (uint8), (count, 2), (count, 4) and "
-                        "(count, 2); all C-contiguous");
+                        "wanted: which, samples and rows (int64), out (rows, height, width, 1 or 3; uint8, or for "
+                        "decode_each 1 of uint16), and for crop_each sizes (int64), boxes (float64) and flips (uint8), "
+                        "(count, 2), (count, 4) and (count, 2); all C-contiguous");
         return -1;
     }
     each->which = which->buf;
@@ -1134,6 +1141,7 @@ static int each_from(Py_buffer *views, int crop, Py_ssize_t chunks, Each *each) 
     each->height = (int)out->shape[1];
     each->width = (int)out->shape[2];
     each->channels = (int)out->shape[3];
+    each->wide = out->itemsize == 2;
     each->sizes = crop ? views[4].buf : NULL;
     each->boxes = crop ? views[5].buf : NULL;
     each->flips = crop ? views[6].buf : NULL;
@@ -1704,9 +1712,9 @@ static PyMethodDef methods[] = {
      "decode_each(regions, ranges, which, samples, out, rows)\n--\n\n"
      "Decode file samples[k] of chunk which[k], regions[c][ranges[c][i, 0]:ranges[c][i, 1]] for file i of chunk\n"
      "c, whole into out[rows[k]], for every k, where it is a plain JPEG of out's height and width (YCbCr for 3\n"
-     "channels, greyscale for 1, no EXIF), or, built with zlib (ZLIB: its version), a plain PNG of that size (8-bit RGB for 3\n"
-     "channels, grey for 1, not interlaced, no eXIf), that decodes cleanly; the list of the k left (other files,\n"
-     "damaged ones) is returned."},
+     "channels, greyscale for 1, no EXIF), or, built with zlib (ZLIB: its version), a plain PNG of that size (as\n"
+     "Pillow converts it to out's channels; no eXIf, no animation; into uint16 rows of 1 channel, 16-bit grey only),\n"
+     "that decodes cleanly; the list of the k left (other files, damaged ones) is returned."},
     {"crop_each", (PyCFunction)(void (*)(void))py_crop_each, METH_VARARGS | METH_KEYWORDS,
      "crop_each(regions, ranges, which, samples, out, rows, sizes, boxes, flips)\n--\n\n"
      "For every k: boxes[k] (top, left, height, width) of file samples[k] of chunk which[k] (as decode_each), a plain\n"

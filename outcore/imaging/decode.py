@@ -239,7 +239,7 @@ def plain_jpeg_decodes(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarra
     (``positions``: a slice of them, or some of them) is the call alone; None without the extension, or for rows
     C does not decode into (every file then left)."""
     decode_each = getattr(native.extension, "decode_each", None)  # None: not built (or built before it was)
-    pixels = _rows_for_c(out)
+    pixels = _rows_for_c(out, wide=True)
     if decode_each is None or pixels is None or pixels.shape[1] * pixels.shape[2] > MAX_PIXELS:
         return None
     tables, which, samples, rows = [_int64(table) for table in ranges], _int64(which), _int64(samples), _int64(rows)
@@ -281,13 +281,15 @@ def plain_jpeg_crops(regions: Sequence[np.ndarray], ranges: Sequence[np.ndarray]
                                        sizes[positions], boxes[positions], flips[positions])
 
 
-def _rows_for_c(out: np.ndarray) -> np.ndarray | None:
+def _rows_for_c(out: np.ndarray, wide: bool = False) -> np.ndarray | None:
     """``out`` as the C extension's calls take a batch's rows, (n, height, width, 1 or 3) uint8 C-contiguous
-    (a view); None where it is not such an array."""
-    if out.dtype != np.uint8 or not out.flags.c_contiguous or out.ndim not in (3, 4):
+    (a view), or with ``wide`` (`decode_each`: 16-bit grey PNGs) of 1 channel of uint16 too; None where it is not such
+    an array."""
+    if out.dtype not in ((np.uint8, np.uint16) if wide else (np.uint8,)) or not out.flags.c_contiguous or \
+            out.ndim not in (3, 4):
         return None
     pixels = out.reshape(*out.shape[:3], -1)
-    return pixels if pixels.shape[3] in (1, 3) else None
+    return pixels if pixels.shape[3] in ((1,) if out.dtype == np.uint16 else (1, 3)) else None
 
 
 def _int64(values: np.ndarray) -> np.ndarray:
