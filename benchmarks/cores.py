@@ -7,7 +7,7 @@
                                         pixels+then-rrc,pixels+crop+bc,pixels+crop+half,pixels+crop+norm16,
                                         pixels+center,pixels+jitter,pixels16+rrc,encoded+flip,pixels+crop-torch,encoded,
                                         encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
-                                        palette,dense-bc,depth-own,ingest,ingest-png,ingest-depth,
+                                        palette,depth16,dense-bc,depth-own,ingest,ingest-png,ingest-depth,
                                         ingest-masks,ingest-masks12]
                                [--torch-workers 0,2] [--as-cpus 16]
 
@@ -32,7 +32,8 @@ as a 16-bit PNG of them holds them: a store written by ``outcore.from_arrays``);
 ``encoded+crop-torch``: the same through ``ds.torch(256)`` without DataLoader workers, its default, as a training
 loop takes it, in tensors (with PyTorch installed); ``png``, ``png+crop``: ``encoded`` and ``encoded+crop`` of the same
 photos written as PNG files; ``palette``: ``encoded`` of them as palette PNGs (Pillow's adaptive palette of 256
-colours); ``ingest-png``: ``ingest`` of those PNG files; ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
+colours); ``depth16``: an encoded uint16 field of the 16-bit depth maps of ``depth-own`` (`depth_maps`) as they are,
+its batches of 1 channel of uint16; ``ingest-png``: ``ingest`` of those PNG files; ``ingest``: ``outcore.ingest_images`` of the JPEGs at their own
 sizes, ``shape=None, images="encoded"``, files/s; ``ingest-depth``: ``outcore.ingest_dataframe`` of the photos' JPEGs,
 each with its 16-bit depth map (the ``depth-own`` store's files) paired, ``pair_columns=["depth"]``, pictures/s;
 ``ingest-masks``: the same with a palette PNG label map of each (`label_maps`), ``mask_columns=["mask"]``;
@@ -189,6 +190,7 @@ CASES = {  # name: (store, transform)
     "png": ("png", None),
     "png+crop": ("png", Compose([RandomCrop(112), RandomFlip()])),
     "palette": ("palette", None),
+    "depth16": ("depth16", None),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
     "dense": ("coco", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "dense-own": ("coco-own", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
@@ -204,7 +206,7 @@ CASES = {  # name: (store, transform)
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
 FIELDS = {"dense": DENSE_FIELDS, "dense-own": DENSE_FIELDS, "dense-bc": DENSE_FIELDS,  # the others: images, labels
-          "depth-own": ["images", "depth"]}
+          "depth-own": ["images", "depth"], "depth16": ["images"]}
 NEW_EACH_EPOCH = {"pixels-each"}
 THROUGH_TORCH = {"pixels+crop-torch", "encoded+crop-torch"}  # ds.torch without DataLoader workers
 # The stage of a py-spy frame: the first of these found in its file's path, innermost frame first.
@@ -231,7 +233,8 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
     photos, own_size, pngs = workdir / "photos", workdir / "own-size-jpegs", workdir / "photos-png"
     needed = needed | ({"pixels"} if "pixels16" in needed else set())  # made from the pixel store
     palettes = workdir / "photos-palette"
-    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded", "depth-own", "photos", "palette"}),
+    for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded", "depth-own", "photos", "palette",
+                                                               "depth16"}),
                                             (pngs, ".png", {"png", "photos-png"})):
         if not folder.exists() and needed & stores_of_it:
             write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos",
@@ -262,6 +265,11 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
     if "depth-own" in needed and not location.exists():
         outcore.ingest_dataframe(depth_maps(photos, workdir / "depth"), location, root=workdir, pair_columns=["depth"],
                                  shape=None, images="encoded", progress=False)
+    made["depth16"] = location = workdir / "depth16.zarr"
+    if "depth16" in needed and not location.exists():  # the depth maps as they are, in a uint16 field
+        depth_maps(photos, workdir / "depth")
+        outcore.ingest_images(workdir / "depth", location, shape=(128, 128, 1), dtype="uint16", images="encoded",
+                              progress=False)
     made["pixels16"] = location = workdir / "pixels16.zarr"
     if "pixels16" in needed and not location.exists():  # the pixel store's photos in 16 bits: each level x 257
         pixels = outcore.open_dataset(made["pixels"])
