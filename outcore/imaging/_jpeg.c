@@ -1740,17 +1740,17 @@ static PyMethodDef methods[] = {
      "decode_png_files(paths, outs, ids=False, exact=False)\n--\n\n"
      "Read each regular file of `paths` whole (a path holding \"::\" or \"://\" is not read) and decode it into\n"
      "outs[k] as decode_png(data, outs[k], ids) does (with `exact`, only a file whose own kind is its array's: grey\n"
-     "of its depth for 1 channel, RGB for 3, RGBA for 4); the list of the k left (files not read, other files,\n"
+     "of its depth for 1 channel, RGB or a palette's colours for 3, RGBA for 4); the list of the k left (files not read, other files,\n"
      "damaged ones, those of another size; their arrays' contents undefined) is returned. The GIL is released once\n"
      "for them all."},
     {"decode_png", py_decode_png, METH_VARARGS,
      "decode_png(data, out, ids=False)\n--\n\n"
      "Decode the PNG `data` into `out` (uint8, or uint16 for a 16-bit greyscale file: (height, width[, channels]))\n"
-     "where it is a plain PNG of that size (_png.h: 8 or 16 bits, grey, RGB, with or without alpha, as Pillow\n"
-     "converts it to those channels; not interlaced, no eXIf or animation) that decodes cleanly: True; else False and\n"
-     "`out` left as it was (for Pillow, which words what is wrong). With `ids`, a label map's ids as Pillow gives\n"
-     "them: an 8-bit palette's indices, an 8- or 16-bit grey file's values, into (height, width) of its depth (uint8\n"
-     "or uint16). The GIL is released meanwhile."},
+     "where it is a plain PNG of that size (_png.h: grey of 1 to 16 bits, RGB, with or without alpha, a palette's\n"
+     "colours, interlaced or not, as Pillow converts it to those channels; no eXIf or animation) that decodes\n"
+     "cleanly: True; else False and `out` left as it was (for Pillow, which words what is wrong). With `ids`, a label\n"
+     "map's ids as Pillow gives them: a palette's indices, a grey file's values, into (height, width) of its depth\n"
+     "(uint8 or uint16). The GIL is released meanwhile."},
 #endif
     {"has_exif", py_has_exif, METH_O,
      "has_exif(data)\n--\n\n"

@@ -2,7 +2,7 @@
  * OUTCORE_PNG).
  *
  * A plain PNG is one decode.py's decode_image gives as Pillow decodes it, pixel for pixel, with nothing but its
- * pixels to apply (png_kind says which): not interlaced, with no orientation (no eXIf chunk, nor a text chunk keyed
+ * pixels to apply (png_kind says which): interlaced or not, with no orientation (no eXIf chunk, nor a text chunk keyed
  * "exif", which Pillow takes for one) and no animation (no acTL: Pillow may show a frame other than the IDAT's), asked
  * for as Pillow converts it:
  * - greyscale (colour type 0) of 1 to 16 bits, RGB (2), grey and alpha (4) or RGBA (6) of 8 or 16: 3 channels of RGB

@@ -557,7 +557,7 @@ def png_header(data: bytes) -> tuple[int, int, int, int] | None:
 def _decode_plain_png(data: bytes, channels: int, target: tuple[int, int] | None, out: np.ndarray | None, name: str,
                       max_pixels: int | None) -> np.ndarray | None:
     """A plain PNG decoded by the C extension outside the GIL (``decode_png``, built with zlib: `_png.h` says which
-    PNGs are plain: grey, RGB, with or without alpha, a palette's colours; not interlaced, no orientation or animation) into
+    PNGs are plain: grey, RGB, with or without alpha, a palette's colours; no orientation or animation) into
     the pixels Pillow gives for ``channels``: uint16 for a 16-bit greyscale file of 1 channel (Pillow's I;16), else
     uint8, into ``out`` where it is of the ``target`` size and of that type, else at its own size. None for any other
     file (and a damaged one), or without it."""

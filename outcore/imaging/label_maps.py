@@ -115,7 +115,7 @@ def decode_label_map(data: bytes, name: str, dtype: np.dtype) -> np.ndarray:
 
 
 def _decoded_ids(data: bytes) -> np.ndarray | None:
-    """The ids of a plain PNG of ids (a palette's indices, a grey file's values: `ID_PNGS`; not interlaced), decoded by
+    """The ids of a plain PNG of ids (a palette's indices, a grey file's values: `ID_PNGS`), decoded by
     the C extension outside the GIL (``decode_png``, built with zlib: its size and kind read from its IHDR,
     `png_ihdr`), as Pillow gives them; None for any other file, a damaged one, one of more pixels than Pillow
     opens (its error says so), or without the extension."""
