@@ -202,8 +202,6 @@ def test_a_png_s_size_and_kind_are_read_from_its_header_as_pillow_opens_it(monke
     animation before its pixels, or that ends before them, left to Pillow."""
     from outcore.imaging import label_maps
 
-    exif = Image.Exif()
-    exif[0x0112] = 6
     pixels = photo(3, (9, 13))
     files, kinds = {}, {}
     for name, (samples, depth, _) in KINDS.items():
@@ -221,20 +219,17 @@ def test_a_png_s_size_and_kind_are_read_from_its_header_as_pillow_opens_it(monke
             files[name], kinds[name] = data, Paired.of("p.png", data)
     monkeypatch.setattr(label_maps, "png_header", lambda data: None)  # Pillow opens every file
     assert {name: Paired.of("p.png", data) for name, data in files.items()} == kinds
-    turned = {"exif": png_file(pixels, before=(chunk(b"eXIf", exif.tobytes()),)),
+    turned = {"exif": png_file(pixels, before=(chunk(b"eXIf", _turned()),)),
               "exif text": png_file(pixels, before=(chunk(b"iTXt", b"exif\x00\x00\x00\x00\x00abc"),)),
               "animated": png_file(pixels, before=(chunk(b"acTL", struct.pack(">II", 1, 0)),)),
               "cut": png_file(pixels)[:37], "jpeg": b"\xff\xd8\xff\xe0" + bytes(40)}
     assert {name: png_header(data) for name, data in turned.items()} == dict.fromkeys(turned)
-    assert stored_frame(pillow_png(pixels, exif=exif.tobytes())) == ((13, 9), 6)  # Pillow's, turned
+    assert stored_frame(pillow_png(pixels, exif=_turned())) == ((13, 9), 6)  # Pillow's, turned
 
 
 def _pillow_palette(ids: np.ndarray, **options) -> bytes:
-    image = Image.fromarray(ids, mode="P")
-    image.putpalette(np.random.default_rng(1).integers(0, 256, 768).tolist())
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG", **options)
-    return buffer.getvalue()
+    """Pillow's palette PNG of ``ids`` (a palette of 256 random colours)."""
+    return _pillow_colours(ids, np.random.default_rng(1).integers(0, 256, (256, 3)), **options)
 
 
 @with_zlib
@@ -305,6 +300,7 @@ def test_label_maps_of_fewer_bits_are_decoded_in_c_as_pillow_gives_their_ids(bit
 
 
 def _pillow_colours(indices: np.ndarray, palette: np.ndarray, **options) -> bytes:
+    """Pillow's palette PNG of ``indices`` into ``palette`` ((n, 3))."""
     image = Image.fromarray(indices, mode="P")
     image.putpalette(palette.astype(np.uint8).tobytes())
     buffer = io.BytesIO()
@@ -356,6 +352,7 @@ def test_palettes_and_grey_of_fewer_bits_are_pillow_s_pixels(bits, monkeypatch):
 
 
 def _turned() -> bytes:
+    """EXIF holding orientation 6 (stored turned a quarter)."""
     exif = Image.Exif()
     exif[0x0112] = 6
     return exif.tobytes()
@@ -462,8 +459,6 @@ def test_every_other_png_is_left_to_pillow():
     pixels = photo(3)
     height, width = pixels.shape[:2]
     stream = png_file(pixels)
-    exif = Image.Exif()
-    exif[0x0112] = 6
     animated = io.BytesIO()
     Image.fromarray(pixels).save(animated, format="PNG", save_all=True,
                                  append_images=[Image.fromarray(pixels[::-1].copy())])
@@ -476,9 +471,9 @@ def test_every_other_png_is_left_to_pillow():
         "a PLTE of part of an entry": png_file(np.zeros((height, width), np.uint8), palette=np.zeros((2, 2))),
         "16-bit grey": _sixteen_bits(height, width),
         "16-bit grey and alpha": png_file(np.dstack([grey16, grey16])),
-        "exif before": pillow_png(pixels, exif=exif.tobytes()),
-        "exif after": png_file(pixels, after=(chunk(b"eXIf", exif.tobytes()),)),
-        "exif text before": png_file(pixels, before=(chunk(b"tEXt", b"exif\x00" + exif.tobytes()),)),
+        "exif before": pillow_png(pixels, exif=_turned()),
+        "exif after": png_file(pixels, after=(chunk(b"eXIf", _turned()),)),
+        "exif text before": png_file(pixels, before=(chunk(b"tEXt", b"exif\x00" + _turned()),)),
         "exif text after": png_file(pixels, after=(chunk(b"zTXt", b"exif\x00\x00" + zlib.compress(b"x")),)),
         "animated": animated.getvalue(),
         "wrong crc": png_file(pixels, before=(chunk(b"tEXt", b"a\x00b", crc=12345),)),
