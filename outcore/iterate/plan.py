@@ -289,6 +289,7 @@ class EpochPlan:
         self._pad = self._repeat(selection, order) if part[0] == part[1] - 1 else None  # the last part's
         self._number_slots()
         self._planned: deque[tuple[int, int, np.ndarray, np.ndarray, list[int]]] = deque(maxlen=self.PLANNED)
+        self._full_pieces: tuple[tuple[int, int], ...] | None = None  # `pieces` of a full step (all alike)
 
     def _repeat(self, selection: Selection, order: np.ndarray) -> tuple[int, int, int] | None:
         """``(chunk, sample, position)`` of the sample this rank repeats in the last step, if it is short of
@@ -412,6 +413,13 @@ class EpochPlan:
         >>> [EpochPlan(9, 4, batch_size=2, streams=2, rank=r, world_size=2).pieces(2) for r in (0, 1)]  # 1 sample left
         [((2, 1),), ((1, 1),)]
         """
+        if step < self.steps - 1:  # every full step's pieces are alike: found once
+            if self._full_pieces is None:
+                self._full_pieces = self._made_pieces(step)
+            return self._full_pieces
+        return self._made_pieces(step)
+
+    def _made_pieces(self, step: int) -> tuple[tuple[int, int], ...]:
         starts, stops = self._pieces(step)
         pieces = [(number, int(stop - start)) for number, start, stop in zip(self.stream_numbers, starts, stops,
                                                                                strict=True)]
