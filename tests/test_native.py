@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ import pytest
 import simplejpeg
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from outcore.errors import ImageError, OptionError, OutcoreWarning, SampleDecodeError
 from outcore.format import ImageDecode
@@ -30,6 +31,7 @@ from outcore.format.encoded import pack_regions
 from outcore.imaging import EncodedChunk, cut_rows, native
 from outcore.imaging.decode import (
     _exif_in_segments,
+    _orientation,
     crop_plain_jpegs,
     dct_scale,
     decode_image,
@@ -143,22 +145,66 @@ def _segment(marker: int, body: bytes) -> bytes:
     return bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body
 
 
+def _tiff(big: bool, entries: list[tuple[int, int, int, int]], directory: int = 8) -> bytes:
+    """An EXIF block's TIFF header and first directory at ``directory``: ``(tag, type, count, value)`` each."""
+    order = "big" if big else "little"
+    head = (b"MM\x00*" if big else b"II*\x00") + directory.to_bytes(4, order) + bytes(max(0, directory - 8))
+    body = len(entries).to_bytes(2, order) + b"".join(
+        tag.to_bytes(2, order) + kind.to_bytes(2, order) + count.to_bytes(4, order)
+        + (value.to_bytes(2, order) + bytes(2) if kind == 3 else value.to_bytes(4, order))
+        for tag, kind, count, value in entries)
+    return head + body + bytes(4)
+
+
+_ENTRIES = st.lists(st.tuples(st.sampled_from([0x0112, 0x010F, 0x0110, 0x0131]), st.sampled_from([3, 3, 3, 4]),
+                              st.sampled_from([1, 1, 1, 2]), st.integers(0, 10)), max_size=4)
+_SEGMENTS = st.lists(st.one_of(
+    st.builds(lambda big, entries, directory, cut: _segment(0xE1, b"Exif\x00\x00" + _tiff(big, entries, directory)[cut:]),
+              st.booleans(), _ENTRIES, st.sampled_from([8, 8, 8, 12, 400]), st.sampled_from([0, 0, 0, 1, 8])),
+    st.builds(lambda value: _segment(0xE1, b"http://ns.adobe.com/xap/1.0/\x00<x tiff:Orientation=\"%d\"/>" % value),
+              st.integers(1, 8)),
+    st.builds(_segment, st.sampled_from([0xE0, 0xE2, 0xFE]), st.sampled_from([b"JFIF\x00", b"", b"Exif\x00\x00MM"]))),
+    max_size=4)
+
+
 @built
-@settings(max_examples=500, deadline=None)
-@given(segments=st.lists(st.tuples(st.sampled_from([0xE0, 0xE1, 0xE2, 0xDB, 0xC0, 0xDA, 0xFE]),
-                                   st.sampled_from([b"Exif\x00\x00MM", b"Exif\x00", b"JFIF\x00", b"", b"xx"])),
-                         max_size=5),
-       cut=st.integers(0, 40), noise=st.binary(max_size=12))
-def test_the_extension_finds_exif_segments_as_the_python_walk_does(segments, cut, noise):
-    """Files with and without EXIF, before and after the image data, cut short anywhere, and junk."""
-    data = b"\xff\xd8" + b"".join(_segment(marker, body) for marker, body in segments)
-    for blob in (data, data[: len(data) - cut], data + noise, noise):
-        assert native.extension.has_exif(blob) == _exif_in_segments(blob), blob
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    for name, kept in (("plain", {}), ("exif", {"exif": exif})):
-        photo = _jpeg(_photo(40, 30), **kept)
-        assert native.extension.has_exif(photo) == _exif_in_segments(photo) == (name == "exif")
+@settings(max_examples=400, deadline=None)
+@given(segments=_SEGMENTS, fill=st.booleans())
+def test_the_extension_reads_an_exif_orientation_as_pillow_does_or_leaves_it_to_pillow(segments, fill):
+    """Photos with EXIF blocks (either byte order, the orientation tag or not, of other types, twice, blocks cut
+    short or pointing past their end), XMP packets and other segments: `jpeg_orientation` says what `_orientation`
+    reads with Pillow, or 0 (Pillow then reads it); 1 also where Pillow opens no EXIF."""
+    photo = _jpeg(_photo(24, 16))
+    data = photo[:2] + (b"\xff" if fill else b"") + b"".join(segments) + photo[2:]
+    found = native.extension.jpeg_orientation(data)
+    try:
+        with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as image:
+            warnings.simplefilter("ignore")  # Pillow's of a tag of more values than it expects
+            read = _orientation(image)
+    except (TypeError, ValueError):  # a value of another type than Pillow's int
+        read = None
+    except UnidentifiedImageError:  # a JFIF segment too short for Pillow: decoding it says so
+        return
+    assert found == 0 or found == read, (found, read)
+    if not _exif_in_segments(data) and not fill:
+        assert found == 1
+
+
+@built
+def test_a_jpegs_exif_orientation_is_read_or_left_to_pillow_where_it_could_mislead():
+    photo = _jpeg(_photo(24, 16))
+    with_exif = {orientation: _exif_rotated(_photo(24, 16), orientation) for orientation in range(1, 9)}
+    assert [native.extension.jpeg_orientation(data) for data in with_exif.values()] == list(range(1, 9))
+    camera = Image.Exif()
+    camera[0x010F] = "Maker"  # EXIF without an orientation: upright, unless an XMP packet may say otherwise
+    untold = _jpeg(_photo(24, 16), exif=camera)
+    xmp = _segment(0xE1, b"http://ns.adobe.com/xap/1.0/\x00<x tiff:Orientation=\"6\"/>")
+    assert native.extension.jpeg_orientation(untold) == 1
+    assert native.extension.jpeg_orientation(untold[:2] + xmp + untold[2:]) == 0
+    twice = with_exif[1][:2] + _segment(0xE1, b"Exif\x00\x00" + _tiff(True, [(0x0112, 3, 1, 6)])) + with_exif[1][2:]
+    assert native.extension.jpeg_orientation(twice) == 0  # Pillow joins two blocks
+    assert native.extension.jpeg_orientation(photo) == 1
+    assert [native.extension.jpeg_orientation(data) for data in (photo[:40], b"\x89PNG", b"")] == [0, 0, 0]
 
 
 @built
@@ -344,11 +390,12 @@ def test_both_paths_give_the_same_samples(name, resize, monkeypatch):
 
 def _same_size_files(channels: int) -> dict[str, bytes]:
     """Files for a chunk of 96x128 samples: plain JPEGs of that size of every kind (decoded together in C),
-    and others `decode_image` decodes (other sizes, colour spaces, formats, an EXIF orientation)."""
+    and others `decode_image` decodes (other sizes, colour spaces, formats, an EXIF orientation); a camera's EXIF
+    saying the picture is upright is plain."""
     photo = _photo(96, 128) if channels == 3 else np.asarray(Image.fromarray(_photo(96, 128)).convert("L"))
     files = {"4:2:0": _jpeg(photo, subsampling=2), "other size": _jpeg(_photo(60, 90) if channels == 3 else photo[:60]),
              "png": _png(photo), "exif rotated": _exif_rotated(np.ascontiguousarray(photo.swapaxes(0, 1))),
-             "exif upside down": _exif_rotated(photo, 3)}
+             "exif upside down": _exif_rotated(photo, 3), "exif upright": _exif_rotated(photo, 1)}
     if channels == 3:
         files |= {"4:2:2": _jpeg(photo, subsampling=1), "4:4:4": _jpeg(photo, subsampling=0), "cmyk": _cmyk(photo),
                   "progressive": _jpeg(photo, subsampling=2, progressive=True),
@@ -358,7 +405,7 @@ def _same_size_files(channels: int) -> dict[str, bytes]:
     return files
 
 
-PLAIN = {"4:2:0", "4:2:2", "4:4:4", "progressive", "restart markers", "greyscale progressive",
+PLAIN = {"4:2:0", "4:2:2", "4:4:4", "progressive", "restart markers", "greyscale progressive", "exif upright",
          *(("png",) if getattr(native.extension, "ZLIB", "") else ())}  # a plain PNG too, where built with zlib
 
 

@@ -810,28 +810,89 @@ static PyObject *py_crop_resize(PyObject *self, PyObject *args, PyObject *kwargs
     return result;
 }
 
-/* Whether a JPEG's header segments, up to the start of its image data, hold EXIF metadata (an APP1 segment
- * opening with "Exif\0\0"): decode.py's `_exif_in_segments`, without a Python call per segment. */
-static int has_exif(const uint8_t *data, size_t size) {
-    size_t position = 2;
-    while (position + 4 <= size && data[position] == 0xFF) {
-        uint8_t marker = data[position + 1];
-        if (marker == 0xDA)
-            return 0;
-        if (marker == 0xE1 && position + 10 <= size && memcmp(data + position + 4, "Exif\0\0", 6) == 0)
-            return 1;
-        position += 2 + ((size_t)data[position + 2] << 8 | data[position + 3]);
-    }
-    return 0;
+/* A 16- or 32-bit number of a TIFF header, in its byte order (`big`: "MM"). */
+static uint32_t tiff_number(const uint8_t *at, int bytes, int big) {
+    uint32_t value = 0;
+    for (int i = 0; i < bytes; i++)
+        value |= (uint32_t)at[big ? i : bytes - 1 - i] << (8 * (bytes - 1 - i));
+    return value;
 }
 
-static PyObject *py_has_exif(PyObject *self, PyObject *arg) {
+/* The orientation tag (0x0112) of the first directory of an EXIF block's TIFF header (`tiff`, `size` bytes): its
+ * value, -1 where the directory has none, 0 where the block is not one this reads as Pillow does (an odd header, a
+ * directory past the block, the tag twice, or not one SHORT). */
+static int tiff_orientation(const uint8_t *tiff, size_t size) {
+    if (size < 8)
+        return 0;
+    const int big = memcmp(tiff, "MM\0*", 4) == 0;
+    if (!big && memcmp(tiff, "II*\0", 4) != 0)
+        return 0;
+    const size_t directory = tiff_number(tiff + 4, 4, big);
+    if (directory < 8 || directory + 2 > size)
+        return 0;
+    const size_t entries = tiff_number(tiff + directory, 2, big);
+    if (directory + 2 + 12 * entries > size)
+        return 0;
+    int found = -1;
+    for (size_t k = 0; k < entries; k++) {
+        const uint8_t *entry = tiff + directory + 2 + 12 * k;
+        if (tiff_number(entry, 2, big) != 0x0112)
+            continue;
+        if (found != -1 || tiff_number(entry + 2, 2, big) != 3 || tiff_number(entry + 4, 4, big) != 1)
+            return 0;
+        found = (int)tiff_number(entry + 8, 2, big);
+    }
+    return found;
+}
+
+/* A JPEG's EXIF orientation as decode.py's `_orientation` reads it with Pillow, from its header segments (up to its
+ * image data): 1 (upright as stored) where it has no EXIF block, or one whose orientation is 1; 2-8 as its block says
+ * (mirrored or turned); 0 where this cannot tell as Pillow would (segments that do not walk to the image data, two EXIF
+ * blocks, which Pillow joins, an odd block, a value past 1-8, or no orientation in the block beside an XMP packet,
+ * where Pillow looks for one): Pillow then reads the file. */
+static int jpeg_orientation(const uint8_t *data, size_t size) {
+    if (size < 4 || data[0] != 0xFF || data[1] != 0xD8)
+        return 0;
+    const uint8_t *exif = NULL;
+    size_t position = 2, exif_size = 0;
+    int blocks = 0, xmp = 0;
+    for (;;) {
+        if (position + 4 > size || data[position] != 0xFF)
+            return 0;
+        if (data[position + 1] == 0xFF) { /* a fill byte before a marker */
+            position++;
+            continue;
+        }
+        if (data[position + 1] == 0xDA)
+            break;
+        const size_t length = (size_t)data[position + 2] << 8 | data[position + 3];
+        if (length < 2 || position + 2 + length > size)
+            return 0;
+        const uint8_t *body = data + position + 4;
+        if (data[position + 1] == 0xE1 && length - 2 >= 6 && memcmp(body, "Exif\0\0", 6) == 0) {
+            blocks++;
+            exif = body + 6;
+            exif_size = length - 2 - 6;
+        } else if (data[position + 1] == 0xE1 && length - 2 >= 29 && memcmp(body, "http://ns.adobe.com/xap/1.0/", 29) == 0) {
+            xmp = 1;
+        }
+        position += 2 + length;
+    }
+    if (blocks != 1)
+        return blocks ? 0 : 1;
+    const int found = tiff_orientation(exif, exif_size);
+    if (found == -1)
+        return xmp ? 0 : 1;
+    return found >= 1 && found <= 8 ? found : 0;
+}
+
+static PyObject *py_jpeg_orientation(PyObject *self, PyObject *arg) {
     Py_buffer data;
     if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
         return NULL;
-    int found = has_exif(data.buf, (size_t)data.len);
+    int found = jpeg_orientation(data.buf, (size_t)data.len);
     PyBuffer_Release(&data);
-    return PyBool_FromLong(found);
+    return PyLong_FromLong(found);
 }
 
 #ifdef OUTCORE_PNG
@@ -868,10 +929,10 @@ static PyObject *py_decode_png(PyObject *self, PyObject *args) {
 }
 #endif
 
-/* Whether `data` opens as a JPEG and holds no EXIF (where an orientation could be): what decode_each and
- * crop_each take; anything else is left to decode.py. */
+/* Whether `data` opens as a JPEG and decodes upright as stored (no EXIF orientation but 1: `jpeg_orientation`): what
+ * decode_each and crop_each take; anything else is left to decode.py. */
 static int plain_jpeg(const uint8_t *data, size_t size) {
-    return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF && !has_exif(data, size);
+    return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF && jpeg_orientation(data, size) == 1;
 }
 
 /* One decoder kept for a whole decode_each or check_each call: each file read into it and let go of again. */
@@ -1752,10 +1813,11 @@ static PyMethodDef methods[] = {
      "map's ids as Pillow gives them: a palette's indices, a grey file's values, into (height, width) of its depth\n"
      "(uint8 or uint16). The GIL is released meanwhile."},
 #endif
-    {"has_exif", py_has_exif, METH_O,
-     "has_exif(data)\n--\n\n"
-     "Whether the JPEG `data`'s header segments, up to its image data, hold EXIF metadata (an APP1 segment\n"
-     "opening with \"Exif\\0\\0\"), where an orientation could be."},
+    {"jpeg_orientation", py_jpeg_orientation, METH_O,
+     "jpeg_orientation(data)\n--\n\n"
+     "The EXIF orientation of the JPEG `data`, read from its header segments as Pillow reads it: 1 (upright as\n"
+     "stored: no EXIF, or EXIF saying 1), 2-8 as its EXIF says, 0 where that cannot be told without Pillow (two EXIF\n"
+     "blocks, an odd one, no orientation beside an XMP packet, segments that do not reach the image data)."},
     {"resize_each", py_resize_each, METH_VARARGS,
      "resize_each(chunks, which, local, boxes, out, rows, flips, sizes=None)\n--\n\n"
      "For every k: boxes[k] (top, left, height, width) of picture local[k] of chunks[which[k]] ((pictures, height,\n"

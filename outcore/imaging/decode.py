@@ -436,10 +436,8 @@ def _file_region(data: bytes, decode: ImageDecode, box: Box) -> tuple | None:
     height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     if colorspace != wanted[0] or height * width > MAX_PIXELS:
         return None
-    if _has_exif(data):
-        with Image.open(io.BytesIO(data)) as image:
-            if _orientation(image) != 1:
-                return None
+    if not upright(data):
+        return None
     y, x, box_h, box_w = box
     if decode.variable:
         return (height, width), (y, x, y + box_h, x + box_w), wanted[1]
@@ -496,10 +494,8 @@ def _decode_plain_jpeg(
         return None
     height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     _check_size(height, width, max_pixels, name)
-    if _has_exif(data):
-        with Image.open(io.BytesIO(data)) as image:
-            if _orientation(image) != 1:
-                return None
+    if not upright(data):
+        return None
     wanted = {"YCbCr": (3, "RGB"), "Gray": (1, "GRAY")}.get(colorspace)
     if wanted is None or wanted[0] != channels:
         return None
@@ -596,24 +592,41 @@ def _reduced_size(
 
 
 def plain_jpeg(data: bytes) -> bool:
-    """Whether ``data`` opens as a JPEG and holds no EXIF metadata (where an orientation could be): a file that
-    any JPEG decoder (a GPU's too) decodes to the pixels `decode_image` gives, upright as stored.
+    """Whether ``data`` opens as a JPEG and decodes upright as stored (`upright`: no EXIF orientation but 1): a file
+    that any JPEG decoder (a GPU's too) decodes to the pixels `decode_image` gives.
 
     >>> plain_jpeg(b"\\xff\\xd8\\xff\\xdb"), plain_jpeg(b"\\x89PNG")
     (True, False)
     """
-    return bytes(data[:3]) == b"\xff\xd8\xff" and not _has_exif(data)
+    return bytes(data[:3]) == b"\xff\xd8\xff" and upright(data)
 
 
-def _has_exif(data: bytes) -> bool:
-    """Whether a JPEG's header segments hold EXIF metadata (where an orientation could be): asked once per
-    file read, by the C extension where it is built (a Python loop over the segments otherwise)."""
-    native_has_exif = getattr(native.extension, "has_exif", None)  # None: not built (or built before it was)
-    return _exif_in_segments(data) if native_has_exif is None else native_has_exif(data)
+def upright(data: bytes) -> bool:
+    """Whether a JPEG decodes upright as stored: it holds no EXIF metadata, or EXIF whose orientation is 1 (what
+    cameras write), as Pillow reads it (`_orientation`). Read from its header segments by the C extension where it is
+    built (`jpeg_orientation`, about a microsecond); by Pillow where that cannot tell, or without it, where a Python walk
+    of the segments finds EXIF. A file Pillow cannot open is not upright here: decoding it says what is wrong.
+
+    >>> upright(b"\\xff\\xd8\\xff\\xdb\\x00\\x02\\xff\\xda")
+    True
+    """
+    read = getattr(native.extension, "jpeg_orientation", None)  # None: not built (or built before it was)
+    if read is not None:
+        found = read(data)
+        if found:
+            return found == 1
+    elif not _exif_in_segments(data):
+        return True
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return _orientation(image) == 1
+    except (OSError, ValueError, TypeError, SyntaxError, Image.DecompressionBombError):
+        return False
 
 
 def _exif_in_segments(data: bytes) -> bool:
-    """`_has_exif`, segment by segment in Python."""
+    """Whether a JPEG's header segments hold EXIF metadata (where an orientation could be), walked in Python:
+    `upright` without the C extension."""
     position = 2
     while position + 4 <= len(data) and data[position] == 0xFF:
         marker = data[position + 1]
