@@ -395,7 +395,9 @@ def _same_size_files(channels: int) -> dict[str, bytes]:
     photo = _photo(96, 128) if channels == 3 else np.asarray(Image.fromarray(_photo(96, 128)).convert("L"))
     files = {"4:2:0": _jpeg(photo, subsampling=2), "other size": _jpeg(_photo(60, 90) if channels == 3 else photo[:60]),
              "png": _png(photo), "exif rotated": _exif_rotated(np.ascontiguousarray(photo.swapaxes(0, 1))),
-             "exif upside down": _exif_rotated(photo, 3), "exif upright": _exif_rotated(photo, 1)}
+             "exif upside down": _exif_rotated(photo, 3), "exif upright": _exif_rotated(photo, 1),
+             **{f"exif {turn}": _exif_rotated(np.ascontiguousarray(photo.swapaxes(0, 1)) if turn >= 5 else photo, turn)
+                for turn in (2, 4, 5, 7, 8)}}
     if channels == 3:
         files |= {"4:2:2": _jpeg(photo, subsampling=1), "4:4:4": _jpeg(photo, subsampling=0), "cmyk": _cmyk(photo),
                   "progressive": _jpeg(photo, subsampling=2, progressive=True),
@@ -407,6 +409,8 @@ def _same_size_files(channels: int) -> dict[str, bytes]:
 
 PLAIN = {"4:2:0", "4:2:2", "4:4:4", "progressive", "restart markers", "greyscale progressive", "exif upright",
          *(("png",) if getattr(native.extension, "ZLIB", "") else ())}  # a plain PNG too, where built with zlib
+TURNED = {"exif rotated", "exif upside down", *(f"exif {turn}" for turn in (2, 4, 5, 7, 8))}  # EXIF turns or
+# mirrors them: decoded whole, turned upright, in C
 
 
 @built
@@ -421,7 +425,7 @@ def test_plain_jpegs_decoded_together_are_decode_images_samples(channels):
     rows = np.roll(np.arange(len(names)), 3)
     out = np.full((len(names), 96, 128, channels), 7, np.uint8)
     left = native.extension.decode_each([region], [ranges], np.zeros_like(samples), samples, out, rows)
-    assert sorted(names[samples[k]] for k in left) == sorted(name for name in names if name not in PLAIN)
+    assert sorted(names[samples[k]] for k in left) == sorted(name for name in names if name not in PLAIN | TURNED)
     for k, (sample, row) in enumerate(zip(samples, rows, strict=True)):
         expected = decode_image(files[names[sample]], (96, 128, channels), "crop", np.dtype("uint8"))
         if k in left:
@@ -525,6 +529,26 @@ def test_decode_each_refuses_samples_and_rows_it_has_not(arguments, error, messa
 
 
 @built
+@pytest.mark.parametrize("channels", [3, 1])
+def test_decode_each_turns_and_mirrors_each_exif_orientation_as_pillow_does(channels):
+    """Files stored turned or mirrored, each of the eight EXIF orientations, of a picture 96x128 upright (stored
+    128x96 where the orientation transposes it): decoded in C into their rows, the pixels `decode_image` gives
+    (Pillow's exif_transpose); a file whose upright size is not the rows' left."""
+    photo = _photo(96, 128) if channels == 3 else np.asarray(Image.fromarray(_photo(96, 128)).convert("L"))
+    files = [_exif_rotated(np.ascontiguousarray(photo.swapaxes(0, 1)) if orientation >= 5 else photo, orientation)
+             for orientation in range(1, 9)]
+    files.append(_exif_rotated(photo, 6))  # 128x96 upright: not the rows' size
+    region, ranges = pack_regions(files, len(files), 1 << 20)
+    samples = np.arange(len(files))
+    out = np.full((len(files), 96, 128, channels), 7, np.uint8)
+    left = native.extension.decode_each([region], [ranges], samples * 0, samples, out, samples[::-1].copy())
+    assert left == [len(files) - 1]
+    for orientation, data in enumerate(files[:-1], start=1):
+        expected = decode_image(data, (96, 128, channels), "crop", np.dtype("uint8"))
+        np.testing.assert_array_equal(out[len(files) - orientation], expected, err_msg=f"orientation {orientation}")
+
+
+@built
 def test_decode_each_takes_the_files_of_several_chunks_in_one_call():
     """Row k's file is file samples[k] of chunk which[k]: each chunk's ranges index its own region."""
     files = _same_size_files(3)
@@ -602,7 +626,7 @@ def test_crop_each_leaves_what_decode_region_must_do_itself():
     out = np.full((len(names), 32, 32, 3), 7, np.uint8)
     left = crop_plain_jpegs([region], [ranges], samples * 0, samples, sizes, boxes, out, samples,
                             np.zeros((len(names), 2), np.uint8))
-    assert sorted(names[k] for k in left) == sorted(name for name in names if name not in PLAIN)
+    assert sorted(names[k] for k in left) == sorted(name for name in names if name not in PLAIN | TURNED)
     assert all((out[k] == 7).all() for k in left) and not any((out[k] == 7).all() for k in samples if k not in left)
     plain = names.index("4:2:0")
     out[0] = 7

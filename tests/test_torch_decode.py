@@ -196,7 +196,7 @@ def test_a_decoder_of_a_field_leaves_the_others_as_they_are():
     decoder = outcore.adapters.torch_decode.DeviceDecoder(
         {"x": outcore.adapters.torch_decode.Undecoded((2, 2), ImageDecode((4, 4, 3)))}, "cpu",
         decoder=lambda files, channels: [torch.arange(48, dtype=torch.uint8).reshape(3, 4, 4) for _ in files])
-    files = b"\xff\xd8\xff\xdb" + b"\0" * 8 + b"\xff\xd9"
+    files = b"\xff\xd8\xff\xdb\x00\x02\xff\xda" + b"\0" * 8 + b"\xff\xd9"  # segments that walk to the image data
     batch = {"x": torch.frombuffer(bytearray(files), dtype=torch.uint8), "x_offsets": torch.tensor([0, len(files)]),
              "x_boxes": torch.tensor([[1.0, 2.0, 2.0, 2.0]], dtype=torch.float64),
              "x_flips": torch.tensor([[1, 0]], dtype=torch.uint8), "x_sizes": torch.tensor([[4, 4]]),

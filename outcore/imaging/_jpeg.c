@@ -929,16 +929,13 @@ static PyObject *py_decode_png(PyObject *self, PyObject *args) {
 }
 #endif
 
-/* Whether `data` opens as a JPEG and decodes upright as stored (no EXIF orientation but 1: `jpeg_orientation`): what
- * decode_each and crop_each take; anything else is left to decode.py. */
-static int plain_jpeg(const uint8_t *data, size_t size) {
-    return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF && jpeg_orientation(data, size) == 1;
-}
-
-/* One decoder kept for a whole decode_each or check_each call: each file read into it and let go of again. */
+/* One decoder kept for a whole decode_each or check_each call: each file read into it and let go of again; its
+ * scratch holds a turned or mirrored file's pixels as stored (decode_plain). */
 typedef struct {
     struct jpeg_decompress_struct cinfo;
     Errors errors;
+    uint8_t *scratch;
+    size_t scratch_size;
 } Decoder;
 
 /* A new Decoder whose errors and warnings escape to the call's setjmp (NULL: no memory). */
@@ -954,13 +951,47 @@ static Decoder *decoder_new(void) {
 }
 
 static void decoder_free(Decoder *decoder) {
-    if (decoder != NULL)
+    if (decoder != NULL) {
         jpeg_destroy_decompress(&decoder->cinfo);
+        free(decoder->scratch);
+    }
     free(decoder);
 }
 
-/* What decode_plain takes: a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF) of exactly height x
- * width, decoded whole into its rows `lines` (decode_each); or, height 0, of any size up to max_pixels pixels
+/* The pixels of a file stored `height` x `width` (`channels` bytes a pixel, rows back to back in `stored`) into
+ * `lines`, the rows of the upright picture, as Pillow's exif_transpose turns and mirrors it for EXIF orientation
+ * `orientation` (2-8): 2-4 mirrored (left-right, both ways, top-bottom), 5-8 transposed (upright rows are stored
+ * columns): 5 as it is, 6 turned a quarter clockwise, 7 transverse, 8 a quarter counter-clockwise. */
+static void orient(const uint8_t *stored, long height, long width, int channels, int orientation, JSAMPROW *lines) {
+    const ptrdiff_t stride = (ptrdiff_t)width * channels;
+    const int turned = orientation >= 5;
+    const long rows = turned ? width : height, columns = turned ? height : width;
+    for (long y = 0; y < rows; y++) {
+        const uint8_t *from;
+        ptrdiff_t step; /* bytes from a pixel of the upright row to the next, in `stored` */
+        if (!turned) {
+            const int up = orientation == 3 || orientation == 4, back = orientation == 2 || orientation == 3;
+            from = stored + (up ? height - 1 - y : y) * stride + (back ? (width - 1) * channels : 0);
+            step = back ? -channels : channels;
+        } else {
+            const int up = orientation == 6 || orientation == 7, back = orientation == 7 || orientation == 8;
+            from = stored + (up ? (height - 1) * stride : 0) + (back ? width - 1 - y : y) * channels;
+            step = up ? -stride : stride;
+        }
+        uint8_t *into = lines[y];
+        if (channels == 3) {
+            for (long x = 0; x < columns; x++, from += step, into += 3)
+                memcpy(into, from, 3);
+        } else {
+            for (long x = 0; x < columns; x++, from += step)
+                into[x] = *from;
+        }
+    }
+}
+
+/* What decode_plain takes: a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF orientation but 1), or one
+ * that EXIF turns or mirrors (jpeg_orientation 2-8), of exactly height x width upright, decoded whole into its rows
+ * `lines`, upright (decode_each); or, height 0, a plain JPEG of any size up to max_pixels pixels
  * and max_side pixels a side (none: negative), decoded at the DCT scale decode.py's decoded_size uses (1/8, or
  * whole below 8 pixels a side) a row at a time into lines[0], the scaled width times the channels at least
  * (check_each). */
@@ -974,7 +1005,10 @@ typedef struct {
 static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, const Plain *plain, JSAMPROW *lines,
                         int64_t *shape) {
     struct jpeg_decompress_struct *cinfo = &decoder->cinfo;
-    if (!plain_jpeg(data, size))
+    const int whole = plain->height > 0;
+    const int orientation = size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF
+                                ? jpeg_orientation(data, size) : 0;
+    if (orientation == 0 || (orientation != 1 && !whole))
         return 0;
     if (setjmp(decoder->errors.escape)) {
         jpeg_abort_decompress(cinfo);
@@ -983,9 +1017,9 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
     jpeg_mem_src(cinfo, data, (unsigned long)size);
     jpeg_read_header(cinfo, TRUE);
     long height = (long)cinfo->image_height, width = (long)cinfo->image_width;
-    int whole = plain->height > 0;
+    const int turned = orientation >= 5;
     if (!decode_as(cinfo, plain->channels) ||
-        (whole ? height != plain->height || width != plain->width
+        (whole ? (turned ? width : height) != plain->height || (turned ? height : width) != plain->width
                : (plain->max_pixels >= 0 && (long long)height * width > plain->max_pixels) ||
                      (plain->max_side >= 0 && (height > plain->max_side || width > plain->max_side)))) {
         jpeg_abort_decompress(cinfo);
@@ -995,14 +1029,30 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
         cinfo->scale_num = (unsigned int)dct_scale(height, width, 1, 1);
         cinfo->scale_denom = 8;
     }
+    const size_t stored = (size_t)width * plain->channels; /* a stored row's bytes */
+    if (orientation != 1 && decoder->scratch_size < stored * height) {
+        uint8_t *more = realloc(decoder->scratch, stored * height);
+        if (more == NULL) {
+            jpeg_abort_decompress(cinfo);
+            return 0;
+        }
+        decoder->scratch = more;
+        decoder->scratch_size = stored * height;
+    }
     jpeg_start_decompress(cinfo);
     while (cinfo->output_scanline < cinfo->output_height) {
-        if (whole)
+        if (orientation != 1) {
+            JSAMPROW row = decoder->scratch + cinfo->output_scanline * stored;
+            jpeg_read_scanlines(cinfo, &row, 1);
+        } else if (whole) {
             jpeg_read_scanlines(cinfo, lines + cinfo->output_scanline, cinfo->output_height - cinfo->output_scanline);
-        else
+        } else {
             jpeg_read_scanlines(cinfo, lines, 1);
+        }
     }
     jpeg_finish_decompress(cinfo);
+    if (orientation != 1)
+        orient(decoder->scratch, height, width, plain->channels, orientation, lines);
     shape[0] = height;
     shape[1] = width;
     return 1;
@@ -1083,14 +1133,56 @@ static int decode_all(const Each *each, uint8_t *done) {
     return 0;
 }
 
-/* Crop every box of `each` of a plain JPEG of its stated size (no EXIF) into its row, as crop_resize does with the
+/* The pixels of a JPEG that its EXIF orientation turns or mirrors, upright (`height` x `width` there), decoded whole
+ * into `turned`'s buffer (kept from file to file, as its decoder), as decode_plain decodes it for decode_each:
+ * the buffer, or NULL for another file, one that does not decode cleanly, or no memory. */
+typedef struct {
+    Decoder *decoder;
+    uint8_t *pixels;
+    JSAMPROW *lines;
+    size_t capacity;
+    int rows;
+} Turned;
+
+static const uint8_t *turned_pixels(Turned *turned, const uint8_t *data, size_t size, int height, int width,
+                                    int channels) {
+    const size_t stride = (size_t)width * channels, bytes = stride * height;
+    if (turned->decoder == NULL && (turned->decoder = decoder_new()) == NULL)
+        return NULL;
+    if (bytes > turned->capacity) {
+        free(turned->pixels);
+        turned->capacity = (turned->pixels = malloc(bytes)) != NULL ? bytes : 0;
+    }
+    if (height > turned->rows) {
+        free(turned->lines);
+        turned->rows = (turned->lines = malloc((size_t)height * sizeof(JSAMPROW))) != NULL ? height : 0;
+    }
+    if (turned->pixels == NULL || turned->lines == NULL)
+        return NULL;
+    for (int y = 0; y < height; y++)
+        turned->lines[y] = turned->pixels + (size_t)y * stride;
+    Plain plain = {.channels = channels, .height = height, .width = width, .max_pixels = -1, .max_side = -1};
+    int64_t shape[2];
+    return decode_plain(turned->decoder, data, size, &plain, turned->lines, shape) ? turned->pixels : NULL;
+}
+
+static void turned_free(Turned *turned) {
+    decoder_free(turned->decoder);
+    free(turned->pixels);
+    free(turned->lines);
+}
+
+/* Crop every box of `each` of a plain JPEG of its stated size (no EXIF orientation but 1) into its row, as crop_resize does with the
  * scale and box decode_region would choose (plan), and, built with zlib, of a plain PNG of its stated size (decoded
- * whole, the box resized as resize.py's resize_edges resizes it); done[k] says which. A box past its picture's edges is zeros there,
+ * whole, the box resized as resize.py's resize_edges resizes it), as of a JPEG its EXIF turns or mirrors, of its
+ * stated size upright (decoded whole and turned upright, as decode_region decodes every file but a plain one, the
+ * box resized so too); done[k] says which. A box past its picture's edges is zeros there,
  * the part inside cut as its own box into the output pixels it covers (box_part), as EncodedChunk.decode_region does;
  * one within ROUNDING of them, but not inside in single precision, is left to it, as is a box of no pixels or of
  * numbers not finite. */
 static void crop_all(const Each *each, uint8_t *done) {
     size_t out_stride = (size_t)each->width * each->channels, bytes = out_stride * each->height;
+    Turned turned = {0};
 #ifdef OUTCORE_PNG
     PngDecoder png = {0};
 #endif
@@ -1127,10 +1219,22 @@ static void crop_all(const Each *each, uint8_t *done) {
             continue;
         }
 #endif
+        const int orientation = request.size >= 3 && request.data[0] == 0xFF && request.data[1] == 0xD8 &&
+                                        request.data[2] == 0xFF ? jpeg_orientation(request.data, request.size) : 0;
+        if (orientation >= 2) { /* turned or mirrored: decoded whole, upright, the box resized */
+            const uint8_t *pixels = box_inside(request.box, file_height, file_width)
+                                        ? turned_pixels(&turned, request.data, request.size, file_height, file_width,
+                                                        each->channels)
+                                        : NULL;
+            done[k] = pixels != NULL &&
+                      resize_kind(pixels, (size_t)file_width * each->channels, file_height, file_width, each->channels,
+                                  'B', request.box, place[2], place[3], into, out_stride, flip_x, flip_y) == 0;
+            continue;
+        }
         char message[MESSAGE_SIZE];
-        done[k] = plain_jpeg(request.data, request.size) &&
-                  crop_resize(&request, into, out_stride, flip_x, flip_y, message) == 0;
+        done[k] = orientation == 1 && crop_resize(&request, into, out_stride, flip_x, flip_y, message) == 0;
     }
+    turned_free(&turned);
 #ifdef OUTCORE_PNG
     png_decoder_free(&png);
 #endif
@@ -1773,7 +1877,8 @@ static PyMethodDef methods[] = {
      "decode_each(regions, ranges, which, samples, out, rows)\n--\n\n"
      "Decode file samples[k] of chunk which[k], regions[c][ranges[c][i, 0]:ranges[c][i, 1]] for file i of chunk\n"
      "c, whole into out[rows[k]], for every k, where it is a plain JPEG of out's height and width (YCbCr for 3\n"
-     "channels, greyscale for 1, no EXIF), or, built with zlib (ZLIB: its version), a plain PNG of that size (as\n"
+     "channels, greyscale for 1; one its EXIF orientation turns or mirrors, upright, as Pillow's exif_transpose\n"
+     "turns it), or, built with zlib (ZLIB: its version), a plain PNG of that size (as\n"
      "Pillow converts it to out's channels; no eXIf, no animation; into uint16 rows of 1 channel, 16-bit grey only),\n"
      "that decodes cleanly; the list of the k left (other files, damaged ones) is returned."},
     {"crop_each", (PyCFunction)(void (*)(void))py_crop_each, METH_VARARGS | METH_KEYWORDS,
@@ -1781,11 +1886,13 @@ static PyMethodDef methods[] = {
      "For every k: boxes[k] (top, left, height, width) of file samples[k] of chunk which[k] (as decode_each), a plain\n"
      "JPEG of sizes[k] (height, width), resized into out[rows[k]] and mirrored as flips[k] (left-right,\n"
      "top-bottom) says, as decode.py's decode_region does, only the rows and columns the box needs decoded (or a\n"
-     "plain PNG of that size, as decode_each takes it, decoded whole); the list of the k left (other files, damaged\n"
-     "ones, boxes not inside the picture) is returned."},
+     "plain PNG of that size, as decode_each takes it, or a JPEG its EXIF orientation turns or mirrors, of that size\n"
+     "upright, decoded whole); the list of the k left (other files, damaged ones, boxes not inside the picture) is\n"
+     "returned."},
     {"check_each", (PyCFunction)(void (*)(void))py_check_each, METH_VARARGS | METH_KEYWORDS,
      "check_each(files, channels, max_pixels, max_side, out)\n--\n\n"
-     "Decode each of `files` (bytes) that is a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF) of at\n"
+     "Decode each of `files` (bytes) that is a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF\n"
+     "orientation but 1) of at\n"
      "most max_pixels pixels and max_side a side (none: negative) at 1/8 of its size, as decode.py's decoded_size\n"
      "does, and write its height and width into out[k] (files, 2; int64); the list of the k left (other files,\n"
      "damaged ones, those past the limits: (0, 0) in out) is returned. The GIL is released once for them all."},
