@@ -38,7 +38,9 @@ from outcore.imaging.decode import (
     decode_plain_jpegs,
     decode_region,
     plain_jpeg_files,
+    plain_jpeg_sizes,
     read_image_file,
+    stored_frame,
     upright_size,
 )
 from outcore.imaging.resize import resize_edges
@@ -513,6 +515,29 @@ def test_check_files_reads_and_digests_each_file_as_hashlib_and_read_image_file_
     with pytest.raises(ValueError, match="digests"):
         native.extension.check_files(paths, 3, -1, -1, np.zeros((len(paths), 2), np.int64),
                                      np.zeros(len(paths), np.int64), np.zeros((len(paths), 65), np.uint8))
+
+
+@built
+def test_the_survey_checks_jpegs_that_exif_turns_and_says_their_upright_size_and_orientation(tmp_path):
+    """`plain_jpeg_files` and `plain_jpeg_sizes` (with ``orientations``) check the files of every EXIF orientation in
+    C: each one's upright size and orientation as `stored_frame` reads them with Pillow; one cut short is left, for
+    Pillow to say what is wrong; without ``orientations``, the turned ones are left, as before."""
+    photo = _photo(48, 80)
+    files = [_exif_rotated(photo, orientation) for orientation in range(1, 9)]
+    files.append(files[5][: len(files[5]) // 2])  # orientation 6, cut short
+    paths = [str(tmp_path / f"{k}.jpg") for k in range(len(files))]
+    for path, data in zip(paths, files, strict=True):
+        Path(path).write_bytes(data)
+    found = plain_jpeg_files(paths, 3)
+    turns = np.zeros(len(files), np.uint8)
+    sizes, left = plain_jpeg_sizes(files, 3, orientations=turns)
+    assert found.left == list(left) == [len(files) - 1]
+    for k, data in enumerate(files[:-1]):
+        upright, orientation = stored_frame(data)
+        assert found.sizes[k].tolist() == sizes[k].tolist() == list(upright), k
+        assert found.orientations[k] == turns[k] == orientation == k + 1
+    assert found.orientations[-1] == turns[-1] == 0
+    assert list(plain_jpeg_sizes(files, 3)[1]) == [*range(1, len(files))]  # without orientations: plain ones only
 
 
 @built

@@ -998,17 +998,19 @@ static void orient(const uint8_t *stored, long height, long width, int channels,
 typedef struct {
     int channels, height, width;
     long long max_pixels, max_side;
+    int turned; /* check_each: JPEGs that EXIF turns or mirrors are checked too */
 } Plain;
 
-/* Decode `data` as `plain` asks: 1 with the file's height and width in `shape`, or 0 where it is another file or
- * cannot be decoded cleanly (left to the caller, which says what is wrong). */
+/* Decode `data` as `plain` asks: its EXIF orientation (1 for a plain JPEG) with its upright height and width in
+ * `shape`, or 0 where it is another file or cannot be decoded cleanly (left to the caller, which says what is
+ * wrong). */
 static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, const Plain *plain, JSAMPROW *lines,
                         int64_t *shape) {
     struct jpeg_decompress_struct *cinfo = &decoder->cinfo;
     const int whole = plain->height > 0;
     const int orientation = size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF
                                 ? jpeg_orientation(data, size) : 0;
-    if (orientation == 0 || (orientation != 1 && !whole))
+    if (orientation == 0 || (orientation != 1 && !whole && !plain->turned))
         return 0;
     if (setjmp(decoder->errors.escape)) {
         jpeg_abort_decompress(cinfo);
@@ -1030,7 +1032,8 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
         cinfo->scale_denom = 8;
     }
     const size_t stored = (size_t)width * plain->channels; /* a stored row's bytes */
-    if (orientation != 1 && decoder->scratch_size < stored * height) {
+    const int turn = whole && orientation != 1; /* decoded into the scratch, then turned upright into `lines` */
+    if (turn && decoder->scratch_size < stored * height) {
         uint8_t *more = realloc(decoder->scratch, stored * height);
         if (more == NULL) {
             jpeg_abort_decompress(cinfo);
@@ -1041,7 +1044,7 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
     }
     jpeg_start_decompress(cinfo);
     while (cinfo->output_scanline < cinfo->output_height) {
-        if (orientation != 1) {
+        if (turn) {
             JSAMPROW row = decoder->scratch + cinfo->output_scanline * stored;
             jpeg_read_scanlines(cinfo, &row, 1);
         } else if (whole) {
@@ -1051,10 +1054,26 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
         }
     }
     jpeg_finish_decompress(cinfo);
-    if (orientation != 1)
+    if (turn)
         orient(decoder->scratch, height, width, plain->channels, orientation, lines);
-    shape[0] = height;
-    shape[1] = width;
+    shape[0] = turned ? width : height;
+    shape[1] = turned ? height : width;
+    return orientation;
+}
+
+/* The optional `orientations` of check_each and check_files: where given (not None), a C-contiguous uint8 array of
+ * `count` items into `view` (1 then, JPEGs that EXIF turns or mirrors checked too); 0 where not; -1 with an
+ * exception set. */
+static int orientations_buffer(PyObject *array, Py_ssize_t count, Py_buffer *view) {
+    if (array == NULL || array == Py_None)
+        return 0;
+    if (array_buffer(array, view, 1) < 0)
+        return -1;
+    if (view->ndim != 1 || view->shape[0] != count || view->itemsize != 1 || strcmp(view->format, "B") != 0) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "wanted: orientations (files,; uint8), C-contiguous");
+        return -1;
+    }
     return 1;
 }
 
@@ -1398,12 +1417,12 @@ done:
 #define WIDEST_ROW (65535 * 3) /* a JPEG is 65,535 pixels wide at most */
 
 static PyObject *py_check_each(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"files", "channels", "max_pixels", "max_side", "out", NULL};
-    PyObject *file_list, *array, *left = NULL;
+    static char *keywords[] = {"files", "channels", "max_pixels", "max_side", "out", "orientations", NULL};
+    PyObject *file_list, *array, *turns = NULL, *left = NULL;
     int channels;
     long long max_pixels, max_side;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiLLO:check_each", keywords, &file_list, &channels, &max_pixels,
-                                     &max_side, &array))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiLLO|O:check_each", keywords, &file_list, &channels, &max_pixels,
+                                     &max_side, &array, &turns))
         return NULL;
     PyObject *files = PySequence_Fast(file_list, "files must be a sequence of bytes");
     if (files == NULL)
@@ -1412,11 +1431,14 @@ static PyObject *py_check_each(PyObject *self, PyObject *args, PyObject *kwargs)
     Py_buffer out, *views = calloc(count > 0 ? (size_t)count : 1, sizeof(Py_buffer));
     uint8_t *done = calloc(count > 0 ? (size_t)count : 1, 1), *row = malloc(WIDEST_ROW);
     Decoder *decoder = decoder_new();
-    int have_out = 0;
+    Py_buffer orientations;
+    int have_out = 0, turned = 0;
     if (views == NULL || done == NULL || row == NULL || decoder == NULL) {
         PyErr_NoMemory();
         goto done;
     }
+    if ((turned = orientations_buffer(turns, count, &orientations)) < 0)
+        goto done;
     if (array_buffer(array, &out, 1) < 0)
         goto done;
     have_out = 1;
@@ -1427,7 +1449,7 @@ static PyObject *py_check_each(PyObject *self, PyObject *args, PyObject *kwargs)
     for (; taken < count; taken++)
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(files, taken), &views[taken], PyBUF_SIMPLE) < 0)
             goto done;
-    Plain plain = {.channels = channels, .max_pixels = max_pixels, .max_side = max_side};
+    Plain plain = {.channels = channels, .max_pixels = max_pixels, .max_side = max_side, .turned = turned};
     JSAMPROW lines[1] = {row};
     FREE_BEGIN
 #ifdef OUTCORE_PNG
@@ -1438,22 +1460,26 @@ static PyObject *py_check_each(PyObject *self, PyObject *args, PyObject *kwargs)
         shape[0] = shape[1] = 0;
 #ifdef OUTCORE_PNG
         if (png_file(views[k].buf, (size_t)views[k].len)) {
-            done[k] = png_check(&png, views[k].buf, (size_t)views[k].len, channels, max_pixels, max_side, shape);
+            done[k] = png_check(&png, views[k].buf, (size_t)views[k].len, channels, max_pixels, max_side, shape) != 0;
             continue;
         }
 #endif
-        done[k] = decode_plain(decoder, views[k].buf, (size_t)views[k].len, &plain, lines, shape);
+        done[k] = (uint8_t)decode_plain(decoder, views[k].buf, (size_t)views[k].len, &plain, lines, shape);
     }
 #ifdef OUTCORE_PNG
     png_decoder_free(&png);
 #endif
     FREE_END
+    if (turned)
+        memcpy(orientations.buf, done, (size_t)count);
     left = positions_left(done, count);
 done:
     for (Py_ssize_t i = 0; i < taken; i++)
         PyBuffer_Release(&views[i]);
     if (have_out)
         PyBuffer_Release(&out);
+    if (turned > 0)
+        PyBuffer_Release(&orientations);
     free(views);
     free(done);
     free(row);
@@ -1508,12 +1534,13 @@ static PyObject **path_names(PyObject *paths, Py_ssize_t count) {
 }
 
 static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"paths", "channels", "max_pixels", "max_side", "sizes", "nbytes", "digests", NULL};
-    PyObject *path_list, *arrays[3], *left = NULL;
+    static char *keywords[] = {"paths", "channels", "max_pixels", "max_side", "sizes", "nbytes", "digests",
+                               "orientations", NULL};
+    PyObject *path_list, *arrays[3], *turns = NULL, *left = NULL;
     int channels;
     long long max_pixels, max_side;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiLLOOO:check_files", keywords, &path_list, &channels,
-                                     &max_pixels, &max_side, &arrays[0], &arrays[1], &arrays[2]))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiLLOOO|O:check_files", keywords, &path_list, &channels,
+                                     &max_pixels, &max_side, &arrays[0], &arrays[1], &arrays[2], &turns))
         return NULL;
     PyObject *paths = PySequence_Fast(path_list, "paths must be a sequence of str");
     if (paths == NULL)
@@ -1523,11 +1550,14 @@ static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs
     uint8_t *done = calloc(count > 0 ? (size_t)count : 1, 1), *row = malloc(WIDEST_ROW);
     Decoder *decoder = decoder_new();
     Whole whole = {NULL, 0, 0};
-    Py_buffer views[3];
+    Py_buffer views[3], orientations;
+    int turned = 0;
     if (done == NULL || row == NULL || decoder == NULL) {
         PyErr_NoMemory();
         goto done;
     }
+    if ((turned = orientations_buffer(turns, count, &orientations)) < 0)
+        goto done;
     for (; viewed < 3; viewed++)
         if (array_buffer(arrays[viewed], &views[viewed], 1) < 0)
             goto done;
@@ -1541,7 +1571,7 @@ static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs
     }
     if ((names = path_names(paths, count)) == NULL)
         goto done;
-    Plain plain = {.channels = channels, .max_pixels = max_pixels, .max_side = max_side};
+    Plain plain = {.channels = channels, .max_pixels = max_pixels, .max_side = max_side, .turned = turned};
     JSAMPROW lines[1] = {row};
     FREE_BEGIN
 #ifdef OUTCORE_PNG
@@ -1559,20 +1589,24 @@ static PyObject *py_check_files(PyObject *self, PyObject *args, PyObject *kwargs
         blake2b(whole.data, whole.size, digest, digest_size);
 #ifdef OUTCORE_PNG
         if (png_file(whole.data, whole.size)) {
-            done[k] = png_check(&png, whole.data, whole.size, channels, max_pixels, max_side, shape);
+            done[k] = png_check(&png, whole.data, whole.size, channels, max_pixels, max_side, shape) != 0;
             continue;
         }
 #endif
-        done[k] = decode_plain(decoder, whole.data, whole.size, &plain, lines, shape);
+        done[k] = (uint8_t)decode_plain(decoder, whole.data, whole.size, &plain, lines, shape);
     }
 #ifdef OUTCORE_PNG
     png_decoder_free(&png);
 #endif
     FREE_END
+    if (turned)
+        memcpy(orientations.buf, done, (size_t)count);
     left = positions_left(done, count);
 done: /* freed in the reverse order of their making */
     path_names_free(names, names != NULL ? count : 0);
     release_buffers(views, viewed);
+    if (turned > 0)
+        PyBuffer_Release(&orientations);
     free(whole.data);
     decoder_free(decoder);
     free(row);
@@ -1890,17 +1924,20 @@ static PyMethodDef methods[] = {
      "upright, decoded whole); the list of the k left (other files, damaged ones, boxes not inside the picture) is\n"
      "returned."},
     {"check_each", (PyCFunction)(void (*)(void))py_check_each, METH_VARARGS | METH_KEYWORDS,
-     "check_each(files, channels, max_pixels, max_side, out)\n--\n\n"
+     "check_each(files, channels, max_pixels, max_side, out, orientations=None)\n--\n\n"
      "Decode each of `files` (bytes) that is a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF\n"
      "orientation but 1) of at\n"
      "most max_pixels pixels and max_side a side (none: negative) at 1/8 of its size, as decode.py's decoded_size\n"
      "does, and write its height and width into out[k] (files, 2; int64); the list of the k left (other files,\n"
-     "damaged ones, those past the limits: (0, 0) in out) is returned. The GIL is released once for them all."},
+     "damaged ones, those past the limits: (0, 0) in out) is returned. With `orientations` (files,; uint8), JPEGs\n"
+     "that EXIF turns or mirrors are checked too, their upright height and width written: each file's EXIF\n"
+     "orientation goes there (1 for a plain one, 0 for one left). The GIL is released once for them all."},
     {"check_files", (PyCFunction)(void (*)(void))py_check_files, METH_VARARGS | METH_KEYWORDS,
-     "check_files(paths, channels, max_pixels, max_side, sizes, nbytes, digests)\n--\n\n"
+     "check_files(paths, channels, max_pixels, max_side, sizes, nbytes, digests, orientations=None)\n--\n\n"
      "Read each regular file of `paths` whole (a path holding \"::\" or \"://\" is not read), write its size into\n"
      "nbytes[k] (paths,; int64) and its BLAKE2b digest of digests' width (1 to 64 bytes) into digests[k], then\n"
-     "check it as check_each does, its height and width into sizes[k] (paths, 2; int64); the list of the k left\n"
+     "check it as check_each does (with `orientations` as it takes them), its height and width into sizes[k] (paths,\n"
+     "2; int64); the list of the k left\n"
      "(files not read: 0 in nbytes and digests; other files, damaged ones, those past the limits) is returned.\n"
      "The GIL is released once for them all."},
 #ifdef OUTCORE_PNG

@@ -160,11 +160,14 @@ def decoded_size(data: bytes, channels: int, dtype: np.dtype, name: str = "image
 
 
 def plain_jpeg_sizes(files: Sequence[bytes], channels: int, max_pixels: int | None = MAX_PIXELS,
-                     max_side: int | None = None) -> tuple[np.ndarray, Sequence[int]]:
+                     max_side: int | None = None, orientations: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, Sequence[int]]:
     """`decoded_size` of each of ``files`` that is a plain JPEG (YCbCr for 3 ``channels``, greyscale for 1, no
-    EXIF: upright as stored) of at most ``max_pixels`` pixels and ``max_side`` a side, all at once in the C
-    extension (`native`), outside the GIL: each decoded at 1/8 of its size as `decoded_size` decodes it. Returns
-    ``(sizes, left)``: ``sizes`` (files, 2) the heights and widths, ``left`` the positions for `decoded_size`, or
+    EXIF orientation but 1: upright as stored) of at most ``max_pixels`` pixels and ``max_side`` a side, all at
+    once in the C extension (`native`), outside the GIL: each decoded at 1/8 of its size as `decoded_size` decodes
+    it. With ``orientations`` ((files,) uint8), JPEGs that EXIF turns or mirrors too, each file's orientation
+    written there (`stored_frame`'s; 0 for those left). Returns ``(sizes, left)``: ``sizes`` (files, 2) the upright
+    heights and widths, ``left`` the positions for `decoded_size`, or
     `shrink_image` past ``max_side`` (other files, damaged ones, those past the limits, whose errors it words;
     every one without the extension).
 
@@ -177,12 +180,13 @@ def plain_jpeg_sizes(files: Sequence[bytes], channels: int, max_pixels: int | No
     if check_each is None or channels not in (1, 3) or not files:
         return sizes, range(len(files))
     return sizes, check_each(files, channels, -1 if max_pixels is None else max_pixels,
-                             -1 if max_side is None else max_side, sizes)
+                             -1 if max_side is None else max_side, sizes, orientations)
 
 
 def plain_jpeg_files(paths: Sequence[str], channels: int, max_pixels: int | None = MAX_PIXELS,
                      max_side: int | None = None, digest_size: int = 16) -> PlainFiles | None:
-    """`plain_jpeg_sizes` of the regular files at ``paths``, each read whole (as `read_image_file` reads it) and its
+    """`plain_jpeg_sizes` of the regular files at ``paths`` (JPEGs that EXIF turns or mirrors too), each read whole
+    (as `read_image_file` reads it) and its
     BLAKE2b digest of ``digest_size`` bytes (``hashlib.blake2b(data, digest_size=...)``) taken in the same call of
     the C extension, which releases the GIL once for them all. A path holding ``"::"`` (a record's reference) or
     ``"://"`` (a URL) is not read. Returns `PlainFiles`, or ``None`` without the extension.
@@ -195,21 +199,23 @@ def plain_jpeg_files(paths: Sequence[str], channels: int, max_pixels: int | None
     if check_files is None or channels not in (1, 3):
         return None
     sizes, nbytes = np.zeros((len(paths), 2), np.int64), np.zeros(len(paths), np.int64)
-    digests = np.zeros((len(paths), digest_size), np.uint8)
+    digests, orientations = np.zeros((len(paths), digest_size), np.uint8), np.zeros(len(paths), np.uint8)
     left = check_files(paths, channels, -1 if max_pixels is None else max_pixels, -1 if max_side is None else max_side,
-                       sizes, nbytes, digests)
-    return PlainFiles(sizes, nbytes, digests, left)
+                       sizes, nbytes, digests, orientations)
+    return PlainFiles(sizes, nbytes, digests, left, orientations)
 
 
 class PlainFiles(NamedTuple):
-    """What `plain_jpeg_files` found: ``sizes`` (files, 2) the heights and widths of the plain JPEGs checked,
-    ``nbytes`` each file's size and ``digests`` (files, digest size) its digest (0 for a file not read), and
-    ``left`` the positions of the files not checked (not read, other files, damaged ones, past the limits)."""
+    """What `plain_jpeg_files` found: ``sizes`` (files, 2) the upright heights and widths of the JPEGs checked,
+    ``nbytes`` each file's size and ``digests`` (files, digest size) its digest (0 for a file not read), ``left``
+    the positions of the files not checked (not read, other files, damaged ones, past the limits) and
+    ``orientations`` each file's EXIF orientation (`stored_frame`'s: 1 upright as stored; 0 for those left)."""
 
     sizes: np.ndarray
     nbytes: np.ndarray
     digests: np.ndarray
     left: list[int]
+    orientations: np.ndarray
 
 
 Positions = slice | np.ndarray  # the rows of a batch's arrays a call of a prepared C decode takes: a run, or some

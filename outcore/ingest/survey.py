@@ -129,9 +129,10 @@ def _paths_of(saved: np.ndarray) -> list[str]:
 def _survey_block(block: np.ndarray, start: int, options: SurveyOptions, scratch: str,
                   reader: SampleReader) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The survey of the files of ``block`` (`path_block`), the first ``start``. Files on this machine are read,
-    digested and, plain JPEGs, checked by one call outside the GIL (`plain_jpeg_files`); the files it leaves (and
-    every file of another reader) are read a group at a time (`_groups`), each group's plain JPEGs checked by one
-    call (`plain_jpeg_sizes`), each other file (and each to shrink) in Python, which words their errors."""
+    digested and, JPEGs (plain, or turned or mirrored by their EXIF), checked by one call outside the GIL
+    (`plain_jpeg_files`); the files it leaves (and every file of another reader) are read a group at a time
+    (`_groups`), each group's JPEGs checked by one call (`plain_jpeg_sizes`), each other file (and each to shrink) in
+    Python, which words their errors."""
     paths: list[str] = block.tolist()
     stored, shapes = list(paths), np.zeros((len(paths), 3), np.int32)
     nbytes, errors = np.zeros(len(paths), np.int64), [""] * len(paths)
@@ -139,12 +140,13 @@ def _survey_block(block: np.ndarray, start: int, options: SurveyOptions, scratch
     found = plain_jpeg_files(paths, options.channels, options.max_pixels, options.max_side, DIGEST_SIZE) \
         if reader.paths_are_files() else None
     todo = list(range(len(paths))) if found is None else found.left
-    if found is not None:  # a plain JPEG: upright as stored, kept as it is
+    if found is not None:  # a JPEG checked: kept as it is, its upright size and orientation found
         shapes[:, :2], shapes[:, 2], nbytes[:], digests[:], orientations[:] = found.sizes, options.channels, \
-            found.nbytes, found.digests, 1
+            found.nbytes, found.digests, found.orientations
     for first, files in _groups([paths[i] for i in todo], reader):
+        turns = np.zeros(len(files), np.uint8)
         sizes, left = plain_jpeg_sizes([b"" if isinstance(data, ImageError) else data for data in files],
-                                       options.channels, options.max_pixels, options.max_side)  # past it: shrunk
+                                       options.channels, options.max_pixels, options.max_side, turns)  # past: shrunk
         checked = np.ones(len(files), bool)
         checked[list(left)] = False
         for k, data in enumerate(files):
@@ -154,7 +156,7 @@ def _survey_block(block: np.ndarray, start: int, options: SurveyOptions, scratch
                 if isinstance(data, ImageError):
                     raise data
                 if checked[k]:
-                    shape, smaller, orientations[i] = (*sizes[k].tolist(), options.channels), None, 1
+                    shape, smaller, orientations[i] = (*sizes[k].tolist(), options.channels), None, turns[k]
                 else:
                     upright, orientations[i] = stored_frame(data, path, options.max_pixels)  # its header, read once
                     shape, smaller = shrink_image(data, options.channels, options.dtype, options.max_side,
