@@ -8,7 +8,7 @@
                                         pixels+center,pixels+jitter,pixels16+rrc,encoded+flip,pixels+crop-torch,encoded,
                                         encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
                                         palette,depth16,dense-bc,depth-own,ingest,ingest-png,ingest-depth,
-                                        ingest-masks,ingest-masks12]
+                                        ingest-masks,ingest-masks12,exif,exif+crop,ingest-exif]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
@@ -37,7 +37,11 @@ its batches of 1 channel of uint16; ``ingest-png``: ``ingest`` of those PNG file
 sizes, ``shape=None, images="encoded"``, files/s; ``ingest-depth``: ``outcore.ingest_dataframe`` of the photos' JPEGs,
 each with its 16-bit depth map (the ``depth-own`` store's files) paired, ``pair_columns=["depth"]``, pictures/s;
 ``ingest-masks``: the same with a palette PNG label map of each (`label_maps`), ``mask_columns=["mask"]``;
-``ingest-masks12``: the same with label maps of 12 classes, 4-bit palette PNGs as Pillow saves them):
+``ingest-masks12``: the same with label maps of 12 classes, 4-bit palette PNGs as Pillow saves them; ``exif``,
+``exif+crop``: ``encoded`` and ``encoded+crop`` of the photos' JPEGs each with the EXIF block a camera or phone writes
+(its make, model and orientation; the pixels as they were), a quarter of them saying 1 (upright, a camera's), the
+others turned a quarter either way or upside down (6, 8, 3: a phone held so; stored turned, decoded upright, as
+Pillow's ``exif_transpose``); ``ingest-exif``: ``ingest`` of those files (`exif_photos`)):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
   ``--seconds``), the ratio to ``n`` times the one-thread rate, and the GIL share timed: the share of the
@@ -202,6 +206,9 @@ CASES = {  # name: (store, transform)
     "ingest-depth": ("photos", None),  # ingest_dataframe of the photos' JPEGs, each with its depth map (`depth_maps`)
     "ingest-masks": ("photos", None),  # the same, each with its label map (`label_maps`)
     "ingest-masks12": ("photos", None),  # the same, label maps of 12 classes (4-bit palettes)
+    "exif": ("exif", None),  # encoded, of the photos with a camera's or a phone's EXIF (`exif_photos`)
+    "exif+crop": ("exif", Compose([RandomCrop(112), RandomFlip()])),
+    "ingest-exif": ("photos-exif", None),  # ingest_images of those files
 }
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
@@ -232,9 +239,9 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
 
     photos, own_size, pngs = workdir / "photos", workdir / "own-size-jpegs", workdir / "photos-png"
     needed = needed | ({"pixels"} if "pixels16" in needed else set())  # made from the pixel store
-    palettes = workdir / "photos-palette"
+    palettes, turned = workdir / "photos-palette", workdir / "photos-exif"
     for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded", "depth-own", "photos", "palette",
-                                                               "depth16"}),
+                                                               "depth16", "exif", "photos-exif"}),
                                             (pngs, ".png", {"png", "photos-png"})):
         if not folder.exists() and needed & stores_of_it:
             write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos",
@@ -244,10 +251,12 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
             (palettes / path.parent.name).mkdir(parents=True, exist_ok=True)
             with Image.open(path) as image:
                 image.convert("P", palette=Image.Palette.ADAPTIVE).save(palettes / path.parent.name / f"{path.stem}.png")
+    if needed & {"exif", "photos-exif"}:
+        exif_photos(photos, turned)
     if needed & {"own-size", "own-size-jpegs"}:
         write_folder(own_size, max(BATCH * 4, images // 6))
     made = {"own-size-jpegs": own_size, "photos-png": pngs, "photos": photos, "coco": workdir / "coco.zarr",
-            "coco-own": workdir / "coco-own.zarr"}
+            "coco-own": workdir / "coco-own.zarr", "photos-exif": turned}
     for name, shape in (("coco", (240, 320, 3)), ("coco-own", None)):  # maps fitted, or rasters at the pictures' size
         if name in needed and not made[name].exists():
             annotations = make_set(workdir / "dense", images // 6)
@@ -257,6 +266,7 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
                                   ("encoded", photos, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("png", pngs, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("palette", palettes, {"shape": (128, 128, 3), "images": "encoded"}),
+                                  ("exif", turned, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("own-size", own_size, {"shape": None, "images": "encoded"})):
         made[name] = location = workdir / f"{name}.zarr"
         if name in needed and not location.exists():
@@ -276,6 +286,22 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
         outcore.from_arrays({"images": np.asarray(pixels["images"][:]).astype(np.uint16) * 257,
                              "labels": np.asarray(pixels["labels"][:])}, location, progress=False)
     return made
+
+
+def exif_photos(photos: Path, folder: Path) -> None:
+    """Copies of ``photos``' JPEGs in ``folder`` (once), each with an EXIF block inserted as a camera or phone writes one
+    (make, model, orientation; the pixels as they were): orientation 1, 6, 8, 3 in turn (upright, turned a quarter
+    clockwise or counter-clockwise, upside down: a phone held so), so every square photo decodes to its size."""
+    if folder.exists():
+        return
+    for k, path in enumerate(sorted(photos.rglob("*.jpg"))):
+        exif = Image.Exif()
+        exif[0x010F], exif[0x0110], exif[0x0112] = "outcore", "benchmark", (1, 6, 8, 3)[k % 4]
+        block = exif.tobytes()  # "Exif\0\0" and the TIFF header and directory: an APP1 segment's body
+        data = path.read_bytes()
+        target = folder / path.relative_to(photos)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data[:2] + b"\xff\xe1" + (len(block) + 2).to_bytes(2, "big") + block + data[2:])
 
 
 def depth_maps(photos: Path, folder: Path) -> object:
@@ -676,7 +702,7 @@ def gil(made: dict[str, Path], cases: list[str], threads: int, seconds: float,
         total_cpu, total_held = sum(cpu.values()), sum(held.values())
         share = total_held / RATE / used
         measured = (f"; measured here {rates[case][threads] / rates[case][1]:.2f}x at {threads} threads, "
-                    f"{gil_bound(share, threads):.2f}x allowed" if 1 in rates.get(case, {}) else "")
+                    f"{gil_bound(share, threads):.2f}x allowed" if {1, threads} <= set(rates.get(case, {})) else "")
         print(f"\n{case}: {used / seconds:.2f} cores busy, GIL share {share:.1%}: at most "
               f"{gil_bound(share, 16):.1f}x one core's rate on 16 cores{measured}")
         print(f"  {'stage':20s} {'CPU':>6s} {'GIL':>6s}")
