@@ -18,7 +18,7 @@
 #               to its own rate, and the CPU a batch costs the loop's thread
 #   cores       benchmarks/cores.py: ds.batches on 1-16 threads (pixels, crop + flip, with Normalize, RandomResizedCrop
 #               of 8- and 16-bit pictures;
-#               encoded, crop + flip, ScaleJitter + flip; PNGs; the fused RRC), the GIL share timed (at 16 threads, split by thread: the consumer's, the pool's, the planning thread's),
+#               encoded, crop + flip, ScaleJitter + flip; JPEGs with a phone's EXIF, crop + flip; PNGs; the fused RRC), the GIL share timed (at 16 threads, split by thread: the consumer's, the pool's, the planning thread's),
 #               against its ceiling (as many one-thread copies side by side, each a process of its own: what the
 #               machine's cores, memory and hardware threads give), ds.torch with 0-16 workers
 #   pread       the cores step's pixel rows with every chunk read by pread (OUTCORE_MAP_FILES=0), not in place through
@@ -83,7 +83,7 @@ step feed 75 python3 cores.py --images 6000 --only feed --cases pixels,encoded -
     --feed-workers 0,process,process4,1,4 --workdir $work/cores
 step cores 420 python3 cores.py --images 6000 --threads 1,4,8,16 --seconds 2 --torch-workers 0,4,8,16 \
     --only scaling,apart,torch \
-    --cases pixels,pixels+crop,pixels+crop+norm,pixels+rrc,pixels16+rrc,pixels+crop+bc,pixels+crop+norm16,encoded,encoded+crop,encoded+jitter,png,rrc \
+    --cases pixels,pixels+crop,pixels+crop+norm,pixels+rrc,pixels16+rrc,pixels+crop+bc,pixels+crop+norm16,encoded,encoded+crop,encoded+jitter,exif+crop,png,rrc \
     --workdir $work/cores
 step pread 45 env OUTCORE_MAP_FILES=0 python3 cores.py --images 6000 --threads 1,8,16 --seconds 2 --only scaling \
     --cases pixels,pixels+crop --workdir $work/cores
