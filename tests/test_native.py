@@ -33,6 +33,7 @@ from outcore.imaging.decode import (
     _exif_in_segments,
     _orientation,
     crop_plain_jpegs,
+    cut_from_file,
     dct_scale,
     decode_image,
     decode_plain_jpegs,
@@ -46,6 +47,7 @@ from outcore.imaging.decode import (
 from outcore.imaging.resize import resize_edges
 from outcore.imaging.synthetic import sample_photo
 
+U8 = np.dtype("uint8")
 built = pytest.mark.skipif(native.extension is None, reason=f"the C extension is not here: {native.backend()}")
 
 
@@ -402,6 +404,7 @@ def _same_size_files(channels: int) -> dict[str, bytes]:
                 for turn in (2, 4, 5, 7, 8)}}
     if channels == 3:
         files |= {"4:2:2": _jpeg(photo, subsampling=1), "4:4:4": _jpeg(photo, subsampling=0), "cmyk": _cmyk(photo),
+                  "greyscale": _jpeg(np.asarray(Image.fromarray(photo).convert("L"))),
                   "progressive": _jpeg(photo, subsampling=2, progressive=True),
                   "restart markers": _jpeg(photo, subsampling=2, restart_marker_blocks=3)}
     else:
@@ -409,7 +412,7 @@ def _same_size_files(channels: int) -> dict[str, bytes]:
     return files
 
 
-PLAIN = {"4:2:0", "4:2:2", "4:4:4", "progressive", "restart markers", "greyscale progressive", "exif upright",
+PLAIN = {"4:2:0", "4:2:2", "4:4:4", "progressive", "restart markers", "greyscale progressive", "exif upright", "greyscale",
          *(("png",) if getattr(native.extension, "ZLIB", "") else ())}  # a plain PNG too, where built with zlib
 TURNED = {"exif rotated", "exif upside down", *(f"exif {turn}" for turn in (2, 4, 5, 7, 8))}  # EXIF turns or
 # mirrors them: decoded whole, turned upright, in C
@@ -551,6 +554,28 @@ def test_decode_each_refuses_samples_and_rows_it_has_not(arguments, error, messa
     region, ranges = pack_regions([_jpeg(_photo(8, 8))], 1, 4096)
     with pytest.raises(error, match=message):
         native.extension.decode_each([region], [ranges], *arguments[:2], np.empty((2, 8, 8, 3), np.uint8), *arguments[2:])
+
+
+@pytest.mark.parametrize("resize", ["crop", "fit"])
+def test_a_greyscale_jpeg_asked_in_colour_is_its_grey_repeated_as_pillow_converts_it(resize, backend):
+    """A greyscale JPEG in a store of RGB pictures (ImageNet and COCO hold some): every path gives its grey levels in
+    each channel (Pillow's ``convert("RGB")``), whole or cut, at any size, with the extension or without, and the C
+    paths take it (the survey's check, a run's rows and boxes)."""
+    grey = _jpeg(np.asarray(Image.fromarray(_photo(96, 128)).convert("L")))
+    with Image.open(io.BytesIO(grey)) as image:
+        assert np.array_equal(np.asarray(image.convert("RGB")), decode_image(grey, (None, None, 3), None, U8))
+    for shape in [(96, 128), (64, 64), (37, 90), (200, 150)]:
+        one = decode_image(grey, (*shape, 1), resize, U8)
+        np.testing.assert_array_equal(decode_image(grey, (*shape, 3), resize, U8), np.repeat(one, 3, axis=2))
+    for box, size in [((10.0, 20.0, 50.0, 70.0), (32, 32)), ((0.5, 3.25, 90.0, 100.5), (24, 40))]:
+        for decode in (ImageDecode((96, 128, 3), "uint8", resize), ImageDecode((None, None, 3), "uint8", None)):
+            one = ImageDecode((*decode.shape[:2], 1), "uint8", decode.resize)
+            cut = decode_region(grey, decode, box, size, np.empty((*size, 3), np.uint8), flip=(True, False))
+            alone = decode_region(grey, one, box, size, np.empty((*size, 1), np.uint8), flip=(True, False))
+            np.testing.assert_array_equal(cut, np.repeat(alone, 3, axis=2))
+    if backend == "extension":
+        assert list(plain_jpeg_sizes([grey], 3)[1]) == []
+        assert cut_from_file(grey, ImageDecode((96, 128, 3), "uint8", resize))
 
 
 @built
@@ -696,7 +721,7 @@ def test_only_the_rows_a_box_needs_are_decoded():
     ((FILES["4:2:0"][0], 8, (0, 0, 400, 10), np.empty((4, 4, 3), np.uint8)), "outside"),
     ((FILES["4:2:0"][0], 8, (0, 0, 10, 10), np.empty((4, 4, 3), np.float32)), "uint8"),
     ((FILES["4:2:0"][0], 8, (0, 0, 10, 10), np.empty((4, 4, 1), np.uint8)), "not a greyscale JPEG"),
-    ((FILES["greyscale"][0], 8, (0, 0, 10, 10), np.empty((4, 4, 3), np.uint8)), "not a YCbCr JPEG"),
+    ((_cmyk(_photo(16, 16)), 8, (0, 0, 10, 10), np.empty((4, 4, 3), np.uint8)), "not a YCbCr or greyscale JPEG"),
 ])
 def test_wrong_arguments_are_value_errors(arguments, message):
     with pytest.raises(ValueError, match=message):

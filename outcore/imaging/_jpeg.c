@@ -639,11 +639,11 @@ typedef struct {
     int file_height, file_width; /* > 0: box is in the pixels of a file of this size, scale chosen here (plan) */
 } Request;
 
-/* Whether a JPEG's colour space is the one decoded to `channels` (YCbCr to RGB, greyscale to grey), and the
+/* Whether a JPEG's colour space is one decoded to `channels` (YCbCr to RGB, greyscale to grey or to RGB), and the
  * decoder set to decode it as simplejpeg does (accurate integer IDCT, fancy upsampling). */
 static int decode_as(struct jpeg_decompress_struct *cinfo, int channels) {
-    if (cinfo->jpeg_color_space != (channels == 1 ? JCS_GRAYSCALE : JCS_YCbCr))
-        return 0;
+    if (cinfo->jpeg_color_space != JCS_GRAYSCALE && (channels == 1 || cinfo->jpeg_color_space != JCS_YCbCr))
+        return 0; /* greyscale as grey, or as RGB (each level repeated: Pillow's convert("RGB")); YCbCr as RGB */
     cinfo->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
     cinfo->dct_method = JDCT_ISLOW;
     cinfo->do_fancy_upsampling = TRUE;
@@ -719,7 +719,7 @@ static int crop_resize(const Request *request, uint8_t *out, size_t out_stride, 
     jpeg_mem_src(cinfo, request->data, (unsigned long)request->size);
     jpeg_read_header(cinfo, TRUE);
     if (!decode_as(cinfo, request->channels))
-        fail(work, request->channels == 1 ? "not a greyscale JPEG" : "not a YCbCr JPEG");
+        fail(work, request->channels == 1 ? "not a greyscale JPEG" : "not a YCbCr or greyscale JPEG");
     int scale = request->scale;
     double box[4] = {request->box[0], request->box[1], request->box[2], request->box[3]};
     if (request->file_height > 0) {

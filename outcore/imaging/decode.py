@@ -435,12 +435,12 @@ def _file_region(data: bytes, decode: ImageDecode, box: Box) -> tuple | None:
     """``((height, width), (y0, x0, y1, x1), colorspace)``: the file's size and ``box`` in its pixels,
     for a plain uint8 JPEG kept at its size or under the crop or fit policy; None where the fused path
     does not apply."""
-    wanted = {3: ("YCbCr", "RGB"), 1: ("Gray", "GRAY")}.get(decode.channels)
+    wanted = {3: (("YCbCr", "Gray"), "RGB"), 1: (("Gray",), "GRAY")}.get(decode.channels)
     plain_jpeg = data[:3] == b"\xff\xd8\xff" and wanted is not None
     if decode.dtype != "uint8" or not (decode.variable or decode.resize in ("crop", "fit")) or not plain_jpeg:
         return None
     height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    if colorspace != wanted[0] or height * width > MAX_PIXELS:
+    if colorspace not in wanted[0] or height * width > MAX_PIXELS:
         return None
     if not upright(data):
         return None
@@ -495,18 +495,19 @@ def _decode_plain_jpeg(
     data: bytes, channels: int, target: tuple[int, int] | None, resize: ResizePolicy, out: np.ndarray | None, name: str,
     max_pixels: int | None, finish: bool = False,
 ) -> np.ndarray | None:
-    """A YCbCr JPEG as RGB, or a greyscale JPEG as grey, through libjpeg-turbo; None for anything else."""
+    """A YCbCr JPEG as RGB, or a greyscale JPEG as grey or as RGB (each level repeated, as Pillow converts it), through
+    libjpeg-turbo; None for anything else."""
     if data[:3] != b"\xff\xd8\xff":
         return None
     height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     _check_size(height, width, max_pixels, name)
     if not upright(data):
         return None
-    wanted = {"YCbCr": (3, "RGB"), "Gray": (1, "GRAY")}.get(colorspace)
-    if wanted is None or wanted[0] != channels:
+    wanted = {("YCbCr", 3): "RGB", ("Gray", 3): "RGB", ("Gray", 1): "GRAY"}.get((colorspace, channels))
+    if wanted is None:
         return None
     if out is not None and (height, width) == target:
-        simplejpeg.decode_jpeg(data, colorspace=wanted[1], buffer=out)
+        simplejpeg.decode_jpeg(data, colorspace=wanted, buffer=out)
         return out
     eighths = dct_scale((height, width), _reduced_size((height, width), target, resize, 1))
     scaled = (math.ceil(height * eighths / 8), math.ceil(width * eighths / 8))
@@ -515,7 +516,7 @@ def _decode_plain_jpeg(
         finished = out if out is not None else np.empty((*target, channels), np.uint8)
         native.extension.crop_resize(data, eighths, edges, finished.reshape(*target, channels))
         return finished
-    return simplejpeg.decode_jpeg(data, colorspace=wanted[1], min_height=scaled[0], min_width=scaled[1])
+    return simplejpeg.decode_jpeg(data, colorspace=wanted, min_height=scaled[0], min_width=scaled[1])
 
 
 PNG_START = b"\x89PNG\r\n\x1a\n"
