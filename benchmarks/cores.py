@@ -8,7 +8,7 @@
                                         pixels+center,pixels+jitter,pixels16+rrc,encoded+flip,pixels+crop-torch,encoded,
                                         encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
                                         palette,depth16,dense-bc,depth-own,ingest,ingest-png,ingest-depth,
-                                        ingest-masks,ingest-masks12,exif,exif+crop,ingest-exif]
+                                        ingest-masks,ingest-masks12,exif,exif+crop,ingest-exif,grey]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
@@ -41,7 +41,8 @@ each with its 16-bit depth map (the ``depth-own`` store's files) paired, ``pair_
 ``exif+crop``: ``encoded`` and ``encoded+crop`` of the photos' JPEGs each with the EXIF block a camera or phone writes
 (its make, model and orientation; the pixels as they were), a quarter of them saying 1 (upright, a camera's), the
 others turned a quarter either way or upside down (6, 8, 3: a phone held so; stored turned, decoded upright, as
-Pillow's ``exif_transpose``); ``ingest-exif``: ``ingest`` of those files (`exif_photos`)):
+Pillow's ``exif_transpose``); ``ingest-exif``: ``ingest`` of those files (`exif_photos`); ``grey``: ``encoded`` of the
+photos as greyscale JPEGs in a store of RGB pictures, as ImageNet and COCO hold some, each level repeated):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
   ``--seconds``), the ratio to ``n`` times the one-thread rate, and the GIL share timed: the share of the
@@ -209,6 +210,7 @@ CASES = {  # name: (store, transform)
     "exif": ("exif", None),  # encoded, of the photos with a camera's or a phone's EXIF (`exif_photos`)
     "exif+crop": ("exif", Compose([RandomCrop(112), RandomFlip()])),
     "ingest-exif": ("photos-exif", None),  # ingest_images of those files
+    "grey": ("grey", None),  # encoded, greyscale JPEGs in a store of RGB pictures
 }
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
@@ -239,18 +241,21 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
 
     photos, own_size, pngs = workdir / "photos", workdir / "own-size-jpegs", workdir / "photos-png"
     needed = needed | ({"pixels"} if "pixels16" in needed else set())  # made from the pixel store
-    palettes, turned = workdir / "photos-palette", workdir / "photos-exif"
+    palettes, turned, greys = workdir / "photos-palette", workdir / "photos-exif", workdir / "photos-grey"
     for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded", "depth-own", "photos", "palette",
-                                                               "depth16", "exif", "photos-exif"}),
+                                                               "depth16", "exif", "photos-exif", "grey"}),
                                             (pngs, ".png", {"png", "photos-png"})):
         if not folder.exists() and needed & stores_of_it:
             write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos",
                                extension=extension, seed=0)
-    if "palette" in needed and not palettes.exists():
-        for path in sorted(photos.rglob("*.jpg")):
-            (palettes / path.parent.name).mkdir(parents=True, exist_ok=True)
-            with Image.open(path) as image:
-                image.convert("P", palette=Image.Palette.ADAPTIVE).save(palettes / path.parent.name / f"{path.stem}.png")
+    for name, folder, suffix, made_of in (("palette", palettes, ".png",
+                                           lambda image: image.convert("P", palette=Image.Palette.ADAPTIVE)),
+                                          ("grey", greys, ".jpg", lambda image: image.convert("L"))):
+        if name in needed and not folder.exists():
+            for path in sorted(photos.rglob("*.jpg")):
+                (folder / path.parent.name).mkdir(parents=True, exist_ok=True)
+                with Image.open(path) as image:
+                    made_of(image).save(folder / path.parent.name / f"{path.stem}{suffix}")
     if needed & {"exif", "photos-exif"}:
         exif_photos(photos, turned)
     if needed & {"own-size", "own-size-jpegs"}:
@@ -267,6 +272,7 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
                                   ("png", pngs, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("palette", palettes, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("exif", turned, {"shape": (128, 128, 3), "images": "encoded"}),
+                                  ("grey", greys, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("own-size", own_size, {"shape": None, "images": "encoded"})):
         made[name] = location = workdir / f"{name}.zarr"
         if name in needed and not location.exists():
