@@ -208,6 +208,7 @@ def test_a_jpegs_exif_orientation_is_read_or_left_to_pillow_where_it_could_misle
     twice = with_exif[1][:2] + _segment(0xE1, b"Exif\x00\x00" + _tiff(True, [(0x0112, 3, 1, 6)])) + with_exif[1][2:]
     assert native.extension.jpeg_orientation(twice) == 0  # Pillow joins two blocks
     assert native.extension.jpeg_orientation(photo) == 1
+    assert native.extension.jpeg_orientation(b"\xff\xd8\xff\xdb\x00\x02\xff\xda") == 1  # the image data at the end
     assert [native.extension.jpeg_orientation(data) for data in (photo[:40], b"\x89PNG", b"")] == [0, 0, 0]
 
 

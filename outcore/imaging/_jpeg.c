@@ -857,7 +857,7 @@ static int jpeg_orientation(const uint8_t *data, size_t size) {
     size_t position = 2, exif_size = 0;
     int blocks = 0, xmp = 0;
     for (;;) {
-        if (position + 4 > size || data[position] != 0xFF)
+        if (position + 2 > size || data[position] != 0xFF)
             return 0;
         if (data[position + 1] == 0xFF) { /* a fill byte before a marker */
             position++;
@@ -865,6 +865,8 @@ static int jpeg_orientation(const uint8_t *data, size_t size) {
         }
         if (data[position + 1] == 0xDA)
             break;
+        if (position + 4 > size)
+            return 0;
         const size_t length = (size_t)data[position + 2] << 8 | data[position + 3];
         if (length < 2 || position + 2 + length > size)
             return 0;

@@ -602,7 +602,7 @@ def plain_jpeg(data: bytes) -> bool:
     """Whether ``data`` opens as a JPEG and decodes upright as stored (`upright`: no EXIF orientation but 1): a file
     that any JPEG decoder (a GPU's too) decodes to the pixels `decode_image` gives.
 
-    >>> plain_jpeg(b"\\xff\\xd8\\xff\\xdb"), plain_jpeg(b"\\x89PNG")
+    >>> plain_jpeg(b"\\xff\\xd8\\xff\\xdb\\x00\\x02\\xff\\xda"), plain_jpeg(b"\\x89PNG")
     (True, False)
     """
     return bytes(data[:3]) == b"\xff\xd8\xff" and upright(data)
