@@ -849,7 +849,7 @@ static int tiff_orientation(const uint8_t *tiff, size_t size) {
  * image data): 1 (upright as stored) where it has no EXIF block, or one whose orientation is 1; 2-8 as its block says
  * (mirrored or turned); 0 where this cannot tell as Pillow would (segments that do not walk to the image data, two EXIF
  * blocks, which Pillow joins, an odd block, a value past 1-8, or no orientation in the block beside an XMP packet,
- * where Pillow looks for one): Pillow then reads the file. */
+ * where Pillow looks for one): Pillow then reads the file; 0 too for a file that does not open as a JPEG (FF D8 FF). */
 static int jpeg_orientation(const uint8_t *data, size_t size) {
     if (size < 4 || data[0] != 0xFF || data[1] != 0xD8)
         return 0;
@@ -1010,8 +1010,7 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
                         int64_t *shape) {
     struct jpeg_decompress_struct *cinfo = &decoder->cinfo;
     const int whole = plain->height > 0;
-    const int orientation = size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF
-                                ? jpeg_orientation(data, size) : 0;
+    const int orientation = jpeg_orientation(data, size); /* 0: no JPEG, or one left to Pillow */
     if (orientation == 0 || (orientation != 1 && !whole && !plain->turned))
         return 0;
     if (setjmp(decoder->errors.escape)) {
@@ -1240,8 +1239,7 @@ static void crop_all(const Each *each, uint8_t *done) {
             continue;
         }
 #endif
-        const int orientation = request.size >= 3 && request.data[0] == 0xFF && request.data[1] == 0xD8 &&
-                                        request.data[2] == 0xFF ? jpeg_orientation(request.data, request.size) : 0;
+        const int orientation = jpeg_orientation(request.data, request.size); /* 0: no JPEG, or left to Pillow */
         if (orientation >= 2) { /* turned or mirrored: decoded whole, upright, the box resized */
             const uint8_t *pixels = box_inside(request.box, file_height, file_width)
                                         ? turned_pixels(&turned, request.data, request.size, file_height, file_width,

@@ -501,10 +501,8 @@ def _decode_plain_jpeg(
         return None
     height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     _check_size(height, width, max_pixels, name)
-    if not upright(data):
-        return None
     wanted = {("YCbCr", 3): "RGB", ("Gray", 3): "RGB", ("Gray", 1): "GRAY"}.get((colorspace, channels))
-    if wanted is None:
+    if wanted is None or not upright(data):  # the colour space first: Pillow may be asked for the orientation
         return None
     if out is not None and (height, width) == target:
         simplejpeg.decode_jpeg(data, colorspace=wanted, buffer=out)
