@@ -992,13 +992,14 @@ static void orient(const uint8_t *stored, long height, long width, int channels,
 }
 
 /* What decode_plain takes: a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF orientation but 1), or one
- * that EXIF turns or mirrors (jpeg_orientation 2-8), of exactly height x width upright, decoded whole into its rows
- * `lines`, upright (decode_each); or, height 0, a plain JPEG of any size up to max_pixels pixels
+ * that EXIF turns or mirrors (jpeg_orientation 2-8), of exactly height x width upright once decoded at `eighths`/8
+ * of its size (0: whole), decoded into its rows `lines`, upright (decode_each, decode_upright); or, height 0, a
+ * plain JPEG of any size up to max_pixels pixels
  * and max_side pixels a side (none: negative), decoded at the DCT scale decode.py's decoded_size uses (1/8, or
  * whole below 8 pixels a side) a row at a time into lines[0], the scaled width times the channels at least
  * (check_each). */
 typedef struct {
-    int channels, height, width;
+    int channels, height, width, eighths;
     long long max_pixels, max_side;
     int turned; /* check_each: JPEGs that EXIF turns or mirrors are checked too */
 } Plain;
@@ -1019,29 +1020,29 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
     }
     jpeg_mem_src(cinfo, data, (unsigned long)size);
     jpeg_read_header(cinfo, TRUE);
-    long height = (long)cinfo->image_height, width = (long)cinfo->image_width;
+    const long height = (long)cinfo->image_height, width = (long)cinfo->image_width;
+    const int eighths = !whole ? dct_scale(height, width, 1, 1) : plain->eighths ? plain->eighths : 8;
+    const long tall = (height * eighths + 7) / 8, wide = (width * eighths + 7) / 8; /* as libjpeg scales it */
     const int turned = orientation >= 5;
     if (!decode_as(cinfo, plain->channels) ||
-        (whole ? (turned ? width : height) != plain->height || (turned ? height : width) != plain->width
+        (whole ? (turned ? wide : tall) != plain->height || (turned ? tall : wide) != plain->width
                : (plain->max_pixels >= 0 && (long long)height * width > plain->max_pixels) ||
                      (plain->max_side >= 0 && (height > plain->max_side || width > plain->max_side)))) {
         jpeg_abort_decompress(cinfo);
         return 0;
     }
-    if (!whole) {
-        cinfo->scale_num = (unsigned int)dct_scale(height, width, 1, 1);
-        cinfo->scale_denom = 8;
-    }
-    const size_t stored = (size_t)width * plain->channels; /* a stored row's bytes */
+    cinfo->scale_num = (unsigned int)eighths;
+    cinfo->scale_denom = 8;
+    const size_t stored = (size_t)wide * plain->channels; /* a stored row's bytes, as decoded */
     const int turn = whole && orientation != 1; /* decoded into the scratch, then turned upright into `lines` */
-    if (turn && decoder->scratch_size < stored * height) {
-        uint8_t *more = realloc(decoder->scratch, stored * height);
+    if (turn && decoder->scratch_size < stored * tall) {
+        uint8_t *more = realloc(decoder->scratch, stored * tall);
         if (more == NULL) {
             jpeg_abort_decompress(cinfo);
             return 0;
         }
         decoder->scratch = more;
-        decoder->scratch_size = stored * height;
+        decoder->scratch_size = stored * tall;
     }
     jpeg_start_decompress(cinfo);
     while (cinfo->output_scanline < cinfo->output_height) {
@@ -1056,7 +1057,7 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
     }
     jpeg_finish_decompress(cinfo);
     if (turn)
-        orient(decoder->scratch, height, width, plain->channels, orientation, lines);
+        orient(decoder->scratch, tall, wide, plain->channels, orientation, lines);
     shape[0] = turned ? width : height;
     shape[1] = turned ? height : width;
     return orientation;
@@ -1190,6 +1191,47 @@ static void turned_free(Turned *turned) {
     decoder_free(turned->decoder);
     free(turned->pixels);
     free(turned->lines);
+}
+
+/* decode_upright(data, eighths, out): decode_plain of one file at `eighths`/8 of its size, into `out` (its upright
+ * size then): the file's EXIF orientation (1-8), or 0 where it left the file (out's contents then undefined). */
+static PyObject *py_decode_upright(PyObject *self, PyObject *args) {
+    Py_buffer data, out;
+    int eighths;
+    PyObject *out_array;
+    if (!PyArg_ParseTuple(args, "y*iO:decode_upright", &data, &eighths, &out_array))
+        return NULL;
+    if (array_buffer(out_array, &out, 1) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (eighths < 1 || eighths > 8) {
+        PyErr_Format(PyExc_ValueError, "eighths=%d is not a DCT scale in 1..8", eighths);
+    } else if (out.ndim != 3 || strcmp(out.format, "B") || (out.shape[2] != 1 && out.shape[2] != 3) ||
+               out.shape[0] < 1 || out.shape[1] < 1) {
+        PyErr_SetString(PyExc_ValueError, "out must be a C-contiguous uint8 array of shape (height, width, 1 or 3)");
+    } else {
+        Plain plain = {.channels = (int)out.shape[2], .height = (int)out.shape[0], .width = (int)out.shape[1],
+                       .eighths = eighths, .max_pixels = -1, .max_side = -1};
+        int orientation = -1;
+        FREE_BEGIN
+        Decoder *decoder = decoder_new();
+        JSAMPROW *lines = malloc((size_t)plain.height * sizeof(JSAMPROW));
+        if (decoder != NULL && lines != NULL) {
+            for (int y = 0; y < plain.height; y++)
+                lines[y] = (uint8_t *)out.buf + (size_t)y * plain.width * plain.channels;
+            int64_t shape[2];
+            orientation = decode_plain(decoder, data.buf, (size_t)data.len, &plain, lines, shape);
+        }
+        decoder_free(decoder);
+        free(lines);
+        FREE_END
+        result = orientation < 0 ? PyErr_NoMemory() : PyLong_FromLong(orientation);
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    return result;
 }
 
 /* Crop every box of `each` of a plain JPEG of its stated size (no EXIF orientation but 1) into its row, as crop_resize does with the
@@ -1957,6 +1999,13 @@ static PyMethodDef methods[] = {
      "map's ids as Pillow gives them: a palette's indices, a grey file's values, into (height, width) of its depth\n"
      "(uint8 or uint16). The GIL is released meanwhile."},
 #endif
+    {"decode_upright", py_decode_upright, METH_VARARGS,
+     "decode_upright(data, eighths, out)\n--\n\n"
+     "Decode the JPEG `data` whole at `eighths`/8 of its size into `out` (height, width, 1 or 3; uint8), upright as\n"
+     "Pillow's exif_transpose turns it, where it is a plain JPEG (YCbCr for 3 channels, greyscale for 1 or 3) or one\n"
+     "its EXIF orientation turns or mirrors (jpeg_orientation 2-8), of out's height and width upright once scaled\n"
+     "(libjpeg's: each side times eighths/8, rounded up), that decodes cleanly: its orientation (1-8); else 0, out's\n"
+     "contents undefined (for Pillow, which words what is wrong). The GIL is released meanwhile."},
     {"jpeg_orientation", py_jpeg_orientation, METH_O,
      "jpeg_orientation(data)\n--\n\n"
      "The EXIF orientation of the JPEG `data`, read from its header segments as Pillow reads it: 1 (upright as\n"

@@ -145,7 +145,8 @@ def decoded_size(data: bytes, channels: int, dtype: np.dtype, name: str = "image
                  max_pixels: int | None = MAX_PIXELS) -> tuple[int, int]:
     """The ``(height, width)`` ``data`` decodes to at its own size (`decode_image` with ``(None, None,
     channels)``), found by decoding all of it: a file that does not decode is an `ImageError` naming ``name``,
-    as `decode_image` words it. A plain JPEG is decoded at 1/8 of its size: every coefficient is read and
+    as `decode_image` words it. A JPEG libjpeg-turbo decodes (`_decode_plain_jpeg`) is decoded at 1/8 of its size
+    (upright, where its EXIF turns it): every coefficient is read and
     checked as at full size, only the inverse DCT is smaller, so a damaged file is refused alike (tested on
     thousands of damaged ones); any other file in full.
 
@@ -154,8 +155,8 @@ def decoded_size(data: bytes, channels: int, dtype: np.dtype, name: str = "image
     """
     with decode_errors(name):
         checked = _decode_plain_jpeg(data, channels, (1, 1), "fit", None, name, max_pixels)
-        if checked is not None:  # plain: upright as stored, of its header's size
-            return tuple(simplejpeg.decode_jpeg_header(data)[:2])
+        if checked is not None:  # its header's size, upright
+            return stored_frame(data, name, max_pixels)[0]
     return decode_image(data, (None, None, channels), None, dtype, name, max_pixels=max_pixels).shape[:2]
 
 
@@ -405,17 +406,17 @@ def upright_size(data: bytes, name: str = "image", max_pixels: int | None = MAX_
 
 def stored_frame(data: bytes, name: str = "image", max_pixels: int | None = MAX_PIXELS) -> tuple[tuple[int, int], int]:
     """A file's upright ``(height, width)`` (`upright_size`) and EXIF orientation (1: stored upright; 2-8: mirrored or
-    turned, as decoding undoes), from one read of its header: a plain JPEG's (`plain_jpeg`: upright) by
-    libjpeg-turbo, a PNG's by `png_header`, any other file's by Pillow (whose parse of a JPEG's segments holds the GIL:
+    turned, as decoding undoes), from one read of its header: a JPEG's by libjpeg-turbo where its orientation is known
+    without Pillow (`known_orientation`), a PNG's by `png_header`, any other file's by Pillow (whose parse of a JPEG's segments holds the GIL:
     19 us a file)."""
-    if plain_jpeg(data):
+    if bytes(data[:3]) == b"\xff\xd8\xff" and (orientation := known_orientation(data)):
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
         except _DECODE_ERRORS:
             pass  # Pillow reads it, or says what is wrong with it
         else:
             _check_size(height, width, max_pixels, name)
-            return (height, width), 1
+            return ((width, height) if orientation in (5, 6, 7, 8) else (height, width)), orientation
     if (header := png_header(data)) is not None:  # upright as stored: no orientation before its pixels
         _check_size(*header[:2], max_pixels, name)
         return header[:2], 1
@@ -496,14 +497,17 @@ def _decode_plain_jpeg(
     max_pixels: int | None, finish: bool = False,
 ) -> np.ndarray | None:
     """A YCbCr JPEG as RGB, or a greyscale JPEG as grey or as RGB (each level repeated, as Pillow converts it), through
-    libjpeg-turbo; None for anything else."""
+    libjpeg-turbo (one its EXIF orientation turns or mirrors by `_decode_turned_jpeg`, not finished); None for anything
+    else."""
     if data[:3] != b"\xff\xd8\xff":
         return None
     height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     _check_size(height, width, max_pixels, name)
     wanted = {("YCbCr", 3): "RGB", ("Gray", 3): "RGB", ("Gray", 1): "GRAY"}.get((colorspace, channels))
-    if wanted is None or not upright(data):  # the colour space first: Pillow may be asked for the orientation
+    if wanted is None:
         return None
+    if not upright(data):  # after the colour space: Pillow may be asked for the orientation
+        return _decode_turned_jpeg(data, (height, width), channels, target, resize)
     if out is not None and (height, width) == target:
         simplejpeg.decode_jpeg(data, colorspace=wanted, buffer=out)
         return out
@@ -515,6 +519,34 @@ def _decode_plain_jpeg(
         native.extension.crop_resize(data, eighths, edges, finished.reshape(*target, channels))
         return finished
     return simplejpeg.decode_jpeg(data, colorspace=wanted, min_height=scaled[0], min_width=scaled[1])
+
+
+def _decode_turned_jpeg(data: bytes, size: tuple[int, int], channels: int, target: tuple[int, int] | None,
+                        resize: ResizePolicy) -> np.ndarray | None:
+    """A JPEG of ``size`` (stored) of a colour space `_decode_plain_jpeg` takes that its EXIF orientation turns or
+    mirrors, decoded upright by the C extension at the DCT scale Pillow's ``draft`` picks for it in `_decode`: the
+    pixels Pillow gives there (its decoder's settings, `exif_transpose`'s turn), without its parse of the EXIF and its
+    copies; None where the extension is not built, or cannot tell or decode the file (Pillow then reads it)."""
+    decode = getattr(native.extension, "decode_upright", None)
+    orientation = known_orientation(data) if decode is not None else 0
+    if orientation < 2:
+        return None
+    eighths = 8 if resize is None else draft_eighths(size, _reduced_size(size, target, resize, orientation))
+    height, width = (-(-side * eighths // 8) for side in size)
+    pixels = np.empty((width, height, channels) if orientation >= 5 else (height, width, channels), np.uint8)
+    return pixels if decode(data, eighths, pixels) else None
+
+
+def draft_eighths(size: tuple[int, int], need: tuple[int, int]) -> int:
+    """The scale, in eighths, at which Pillow's ``JpegImageFile.draft`` decodes a JPEG of ``size`` (h, w) asked for
+    at least ``need``: 1/s for the largest s of 8, 4, 2 and 1 that divides both sides wholly at least that often (at
+    times larger than `dct_scale`'s, which rounds up).
+
+    >>> draft_eighths((375, 500), (90, 100)), draft_eighths((100, 100), (13, 13)), dct_scale((100, 100), (13, 13))
+    (2, 2, 1)
+    """
+    times = min(size[0] // need[0], size[1] // need[1])
+    return 8 // next(divisor for divisor in (8, 4, 2, 1) if times >= divisor or divisor == 1)
 
 
 PNG_START = b"\x89PNG\r\n\x1a\n"
@@ -615,18 +647,28 @@ def upright(data: bytes) -> bool:
     >>> upright(b"\\xff\\xd8\\xff\\xdb\\x00\\x02\\xff\\xda")
     True
     """
-    read = getattr(native.extension, "jpeg_orientation", None)  # None: not built (or built before it was)
-    if read is not None:
-        found = read(data)
-        if found:
-            return found == 1
-    elif not _exif_in_segments(data):
-        return True
+    found = known_orientation(data)
+    if found:
+        return found == 1
     try:
         with Image.open(io.BytesIO(data)) as image:
             return _orientation(image) == 1
     except (OSError, ValueError, TypeError, SyntaxError, Image.DecompressionBombError):
         return False
+
+
+def known_orientation(data: bytes) -> int:
+    """A JPEG's EXIF orientation as Pillow reads it (1 upright as stored, 2-8 turned or mirrored), where it is known
+    without Pillow: read by the C extension (`jpeg_orientation`); without it, 1 where the header holds no EXIF. 0 where
+    only Pillow can tell (or ``data`` is no JPEG).
+
+    >>> known_orientation(b"\\xff\\xd8\\xff\\xdb\\x00\\x02\\xff\\xda"), known_orientation(b"\\x89PNG")
+    (1, 0)
+    """
+    read = getattr(native.extension, "jpeg_orientation", None)  # None: not built (or built before it was)
+    if read is not None:
+        return read(data)
+    return int(bytes(data[:3]) == b"\xff\xd8\xff" and not _exif_in_segments(data))
 
 
 def _exif_in_segments(data: bytes) -> bool:
