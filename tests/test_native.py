@@ -23,7 +23,7 @@ import pytest
 import simplejpeg
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from outcore.errors import ImageError, OptionError, OutcoreWarning, SampleDecodeError
 from outcore.format import ImageDecode
@@ -38,6 +38,7 @@ from outcore.imaging.decode import (
     decode_image,
     decode_plain_jpegs,
     decode_region,
+    decoded_size,
     plain_jpeg_files,
     plain_jpeg_sizes,
     read_image_file,
@@ -595,8 +596,82 @@ def test_decode_each_turns_and_mirrors_each_exif_orientation_as_pillow_does(chan
     left = native.extension.decode_each([region], [ranges], samples * 0, samples, out, samples[::-1].copy())
     assert left == [len(files) - 1]
     for orientation, data in enumerate(files[:-1], start=1):
-        expected = decode_image(data, (96, 128, channels), "crop", np.dtype("uint8"))
+        expected = _through_pillow(data, (96, 128, channels), "crop")
         np.testing.assert_array_equal(out[len(files) - orientation], expected, err_msg=f"orientation {orientation}")
+
+
+def _through_pillow(data: bytes, shape: tuple, resize: str | None) -> np.ndarray:
+    """`decode_image`'s pixels of ``data`` as Pillow gives them: the extension's decode of turned files hidden, Pillow
+    opens a turned one (checked; a plain one is libjpeg-turbo's)."""
+    opened = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delattr(native.extension, "decode_upright")
+        patch.setattr(Image, "open", lambda *args, **kwargs: opened.append(1) or _open(*args, **kwargs))
+        pixels = decode_image(data, shape, resize, U8)
+    assert opened or stored_frame(data)[1] == 1
+    return pixels
+
+
+_open = Image.open
+
+
+def _turned_files(height: int, width: int, channels: int) -> dict[int, bytes]:
+    """A photo ``height`` x ``width`` upright in each of the eight EXIF orientations (stored transposed where the
+    orientation transposes it), colour or grey."""
+    photo = _photo(height, width) if channels == 3 else np.asarray(Image.fromarray(_photo(height, width)).convert("L"))
+    return {orientation: _exif_rotated(np.ascontiguousarray(photo.swapaxes(0, 1)) if orientation >= 5 else photo,
+                                       orientation) for orientation in range(1, 9)}
+
+
+@built
+@pytest.mark.parametrize("channels", [3, 1])
+def test_decode_image_turns_each_exif_orientation_in_c_as_pillow_does(channels, monkeypatch):
+    """A JPEG that its EXIF orientation turns or mirrors is decoded upright in C, whatever the policy and the size
+    asked (every DCT scale Pillow's draft picks, its pad and crop), into the pixels Pillow gives, and Pillow never
+    opens it: a greyscale one asked in colour too; its upright size read from its header alike."""
+    asked = [((None, None), None), ((301, 203), "crop"), ((150, 100), "fit"), ((96, 96), "crop"), ((64, 40), "pad"),
+             ((37, 29), "crop"), ((12, 90), "fit"), ((400, 400), "crop")]
+    files = _turned_files(301, 203, channels)
+    opened = []
+    monkeypatch.setattr(Image, "open", lambda *args, **kwargs: opened.append(1) or _open(*args, **kwargs))
+    for orientation, data in files.items():
+        assert stored_frame(data) == ((301, 203), orientation)
+        assert upright_size(data) == decoded_size(data, channels, U8) == (301, 203)
+        for wanted in {channels, 3}:
+            for size, resize in asked:
+                with monkeypatch.context() as patch:
+                    patch.setattr(Image, "open", _open)
+                    expected = _through_pillow(data, (*size, wanted), resize)
+                np.testing.assert_array_equal(decode_image(data, (*size, wanted), resize, U8), expected,
+                                              err_msg=f"orientation {orientation}, {size} {resize}, {wanted}")
+    assert not opened
+
+
+@built
+def test_a_turned_jpeg_the_extension_does_not_decode_is_left_to_pillow():
+    """decode_upright decodes only a file of its array's size that decodes cleanly, at a DCT scale: 0 for the
+    others (a damaged file is then Pillow's to word, named), and a CMYK one (another colour space) goes to Pillow."""
+    data = _turned_files(96, 64, 3)[6]
+    out = np.empty((96, 64, 3), np.uint8)
+    assert native.extension.decode_upright(data, 8, out) == 6
+    assert native.extension.decode_upright(data, 8, np.empty((64, 96, 3), np.uint8)) == 0
+    assert native.extension.decode_upright(data, 4, np.empty((48, 32, 3), np.uint8)) == 6
+    assert native.extension.decode_upright(data[: len(data) // 2], 8, out) == 0
+    with pytest.raises(ImageError, match="turned.jpg"):
+        decode_image(data[: len(data) // 2], (32, 32, 3), "crop", U8, "turned.jpg")
+    with pytest.raises(ValueError, match="eighths=0"):
+        native.extension.decode_upright(data, 0, out)
+    with pytest.raises(ValueError, match="out must be"):
+        native.extension.decode_upright(data, 8, np.empty((96, 64, 2), np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    Image.fromarray(_photo(64, 96)).convert("CMYK").save(buffer, format="JPEG", quality=90, exif=exif)
+    cmyk = buffer.getvalue()
+    assert native.extension.decode_upright(cmyk, 8, out) == 0
+    with Image.open(io.BytesIO(cmyk)) as image:
+        expected = np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
+    np.testing.assert_array_equal(decode_image(cmyk, (None, None, 3), None, U8), expected)
 
 
 @built
