@@ -1154,8 +1154,8 @@ static int decode_all(const Each *each, uint8_t *done) {
     return 0;
 }
 
-/* The pixels of a JPEG that its EXIF orientation turns or mirrors, upright (`height` x `width` there), decoded whole
- * into `turned`'s buffer (kept from file to file, as its decoder), as decode_plain decodes it for decode_each:
+/* The pixels of a JPEG that its EXIF orientation turns or mirrors, upright (`height` x `width` there once decoded at
+ * `eighths`/8 of its size), decoded whole into `turned`'s buffer (kept from file to file, as its decoder), as decode_plain decodes it for decode_each:
  * the buffer, or NULL for another file, one that does not decode cleanly, or no memory. */
 typedef struct {
     Decoder *decoder;
@@ -1166,7 +1166,7 @@ typedef struct {
 } Turned;
 
 static const uint8_t *turned_pixels(Turned *turned, const uint8_t *data, size_t size, int height, int width,
-                                    int channels) {
+                                    int channels, int eighths) {
     const size_t stride = (size_t)width * channels, bytes = stride * height;
     if (turned->decoder == NULL && (turned->decoder = decoder_new()) == NULL)
         return NULL;
@@ -1182,7 +1182,8 @@ static const uint8_t *turned_pixels(Turned *turned, const uint8_t *data, size_t 
         return NULL;
     for (int y = 0; y < height; y++)
         turned->lines[y] = turned->pixels + (size_t)y * stride;
-    Plain plain = {.channels = channels, .height = height, .width = width, .max_pixels = -1, .max_side = -1};
+    Plain plain = {.channels = channels, .height = height, .width = width, .eighths = eighths, .max_pixels = -1,
+                   .max_side = -1};
     int64_t shape[2];
     return decode_plain(turned->decoder, data, size, &plain, turned->lines, shape) ? turned->pixels : NULL;
 }
@@ -1285,7 +1286,7 @@ static void crop_all(const Each *each, uint8_t *done) {
         if (orientation >= 2) { /* turned or mirrored: decoded whole, upright, the box resized */
             const uint8_t *pixels = box_inside(request.box, file_height, file_width)
                                         ? turned_pixels(&turned, request.data, request.size, file_height, file_width,
-                                                        each->channels)
+                                                        each->channels, 8)
                                         : NULL;
             done[k] = pixels != NULL &&
                       resize_kind(pixels, (size_t)file_width * each->channels, file_height, file_width, each->channels,
@@ -1657,6 +1658,202 @@ done: /* freed in the reverse order of their making */
     return left;
 }
 
+/* resize.py's cover_box: the edges (top, left, bottom, right) of a picture height x width that the crop policy keeps
+ * for out_height x out_width (the same arithmetic, in the same order, in double precision; round half to even). */
+static void cover_box(long height, long width, int out_height, int out_width, double *box) {
+    const double scale = fmax((double)out_height / (double)height, (double)out_width / (double)width);
+    const double scaled_height = fmax(out_height, nearbyint((double)height * scale));
+    const double scaled_width = fmax(out_width, nearbyint((double)width * scale));
+    const double sy = scaled_height / (double)height, sx = scaled_width / (double)width;
+    const long top = ((long)scaled_height - out_height) / 2, left = ((long)scaled_width - out_width) / 2;
+    box[0] = (double)top / sy;
+    box[1] = (double)left / sx;
+    box[2] = (double)(top + out_height) / sy;
+    box[3] = (double)(left + out_width) / sx;
+}
+
+enum { FIT_EXACT, FIT_CROP, FIT_STRETCH }; /* the resize policies fit_files takes: None, "crop", "fit" */
+
+/* decode.py's decode_image of a JPEG of a colour space decode_as takes, stored file_height x file_width, that its EXIF
+ * `orientation` (2-8) turns or mirrors: decoded whole at the DCT scale Pillow's draft picks for the policy
+ * (_reduced_size of the stored picture, draft_eighths) into `turned`'s buffer, upright (_decode_turned_jpeg), then
+ * fitted to height x width (resize.py's fit: as it is at that size, else, under FIT_CROP, cover_box's edges, a region of
+ * whole pixels at that size copied as resize_edges copies it, or, under FIT_STRETCH, the whole picture resized) into
+ * `out`. 1 when done; 0 for a file of another size under FIT_EXACT, one that does not decode cleanly, or no memory. */
+static int fit_turned(Turned *turned, const uint8_t *data, size_t size, int orientation, long file_height,
+                      long file_width, int policy, int height, int width, int channels, uint8_t *out) {
+    const int sideways = orientation >= 5;
+    int eighths = 8;
+    if (policy != FIT_EXACT) {
+        const long target_height = sideways ? width : height, target_width = sideways ? height : width;
+        long need_height = target_height, need_width = target_width;
+        if (policy == FIT_CROP) {
+            const double scale = fmax((double)target_height / (double)file_height,
+                                      (double)target_width / (double)file_width);
+            need_height = (long)ceil((double)file_height * scale);
+            need_width = (long)ceil((double)file_width * scale);
+        }
+        const long down = file_height / need_height, across = file_width / need_width; /* whole times each side */
+        const long times = down < across ? down : across;
+        eighths = times >= 8 ? 1 : times >= 4 ? 2 : times >= 2 ? 4 : 8;
+    }
+    const long tall = (file_height * eighths + 7) / 8, wide = (file_width * eighths + 7) / 8;
+    const int upright_height = (int)(sideways ? wide : tall), upright_width = (int)(sideways ? tall : wide);
+    const int same = upright_height == height && upright_width == width;
+    if (policy == FIT_EXACT && !same)
+        return 0;
+    const uint8_t *pixels = turned_pixels(turned, data, size, upright_height, upright_width, channels, eighths);
+    if (pixels == NULL)
+        return 0;
+    const size_t stride = (size_t)upright_width * channels, out_stride = (size_t)width * channels;
+    double edges[4] = {0, 0, upright_height, upright_width};
+    if (policy == FIT_CROP && !same)
+        cover_box(upright_height, upright_width, height, width, edges);
+    if (edges[2] - edges[0] == height && edges[3] - edges[1] == width && edges[0] == floor(edges[0]) &&
+        edges[1] == floor(edges[1])) { /* whole pixels at their own size: as they are */
+        for (int y = 0; y < height; y++)
+            memcpy(out + y * out_stride, pixels + (size_t)(y + (long)edges[0]) * stride + (size_t)edges[1] * channels,
+                   out_stride);
+        return 1;
+    }
+    return resize_kind(pixels, stride, upright_height, upright_width, channels, 'B', edges, height, width, out,
+                       out_stride, 0, 0) == 0;
+}
+
+/* decode.py's decode_image of a JPEG (YCbCr for 3 channels, greyscale for 1 or 3) of at most max_pixels pixels (none:
+ * negative) into `out` (height x width x channels, rows back to back, `lines` pointing at them) under `policy`: a plain
+ * one (no EXIF orientation but 1) as _decode_plain_jpeg with `finish` decodes it (of that size, decoded whole; another,
+ * under FIT_CROP or FIT_STRETCH, decoded at the DCT scale the policy needs, _reduced_size and dct_scale, and the part
+ * it keeps resized: crop_resize), one its EXIF orientation turns or mirrors by fit_turned. 1 when done; 0 for another
+ * file, one of another size under FIT_EXACT, or one that does not decode cleanly. */
+static int fit_file(Decoder *decoder, Turned *turned, const uint8_t *data, size_t size, int policy,
+                    long long max_pixels, int height, int width, int channels, uint8_t *out, JSAMPROW *lines) {
+    struct jpeg_decompress_struct *cinfo = &decoder->cinfo;
+    const int orientation = jpeg_orientation(data, size); /* 0: no JPEG, or one left to Pillow */
+    if (orientation == 0)
+        return 0;
+    if (setjmp(decoder->errors.escape)) {
+        jpeg_abort_decompress(cinfo);
+        return 0;
+    }
+    jpeg_mem_src(cinfo, data, (unsigned long)size);
+    jpeg_read_header(cinfo, TRUE);
+    const long file_height = (long)cinfo->image_height, file_width = (long)cinfo->image_width;
+    if ((max_pixels >= 0 && (long long)file_height * file_width > max_pixels) || !decode_as(cinfo, channels)) {
+        jpeg_abort_decompress(cinfo);
+        return 0;
+    }
+    if (orientation == 1 && file_height == height && file_width == width) {
+        jpeg_start_decompress(cinfo);
+        while (cinfo->output_scanline < cinfo->output_height)
+            jpeg_read_scanlines(cinfo, lines + cinfo->output_scanline, cinfo->output_height - cinfo->output_scanline);
+        jpeg_finish_decompress(cinfo);
+        return 1;
+    }
+    jpeg_abort_decompress(cinfo);
+    if (orientation != 1)
+        return fit_turned(turned, data, size, orientation, file_height, file_width, policy, height, width, channels,
+                          out);
+    if (policy == FIT_EXACT)
+        return 0;
+    double need_height = height, need_width = width;
+    if (policy == FIT_CROP) {
+        const double scale = fmax((double)height / (double)file_height, (double)width / (double)file_width);
+        need_height = ceil((double)file_height * scale);
+        need_width = ceil((double)file_width * scale);
+    }
+    Request request = {.data = data, .size = size, .channels = channels, .height = height, .width = width};
+    request.scale = dct_scale(file_height, file_width, need_height, need_width);
+    const long scaled_height = (file_height * request.scale + 7) / 8, scaled_width = (file_width * request.scale + 7) / 8;
+    if (policy == FIT_CROP) {
+        cover_box(scaled_height, scaled_width, height, width, request.box);
+    } else {
+        request.box[2] = (double)scaled_height;
+        request.box[3] = (double)scaled_width;
+    }
+    char message[MESSAGE_SIZE];
+    return crop_resize(&request, out, (size_t)width * channels, 0, 0, message) == 0;
+}
+
+/* fit_files(paths, policy, max_pixels, out, digests): each regular file of `paths` read whole, and where it is a JPEG
+ * fit_file takes, decoded into out[k] and its BLAKE2b digest of digests' width written into digests[k]; the GIL
+ * released once for them all; the positions left are returned. */
+static PyObject *py_fit_files(PyObject *self, PyObject *args) {
+    PyObject *path_list, *arrays[2], *left = NULL;
+    const char *policy_name;
+    long long max_pixels;
+    if (!PyArg_ParseTuple(args, "OzLOO:fit_files", &path_list, &policy_name, &max_pixels, &arrays[0], &arrays[1]))
+        return NULL;
+    PyObject *paths = PySequence_Fast(path_list, "paths must be a sequence of str");
+    if (paths == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths), viewed = 0;
+    PyObject **names = NULL;
+    uint8_t *done = calloc(count > 0 ? (size_t)count : 1, 1);
+    Decoder *decoder = decoder_new();
+    JSAMPROW *lines = NULL;
+    Whole whole = {NULL, 0, 0};
+    Turned turned = {0};
+    Py_buffer views[2];
+    if (done == NULL || decoder == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int policy = policy_name == NULL               ? FIT_EXACT
+                       : strcmp(policy_name, "crop") == 0 ? FIT_CROP
+                       : strcmp(policy_name, "fit") == 0  ? FIT_STRETCH
+                                                          : -1;
+    if (policy < 0) {
+        PyErr_Format(PyExc_ValueError, "policy=%s is not None, 'crop' or 'fit'", policy_name);
+        goto done;
+    }
+    for (; viewed < 2; viewed++)
+        if (array_buffer(arrays[viewed], &views[viewed], 1) < 0)
+            goto done;
+    const Py_buffer *out = &views[0];
+    const int digest_size = views[1].ndim == 2 ? (int)views[1].shape[1] : 0;
+    if (out->ndim != 4 || out->shape[0] != count || strcmp(out->format, "B") != 0 || out->shape[1] < 1 ||
+        out->shape[2] < 1 || (out->shape[3] != 1 && out->shape[3] != 3) || digest_size < 1 || digest_size > 64 ||
+        views[1].shape[0] != count || views[1].itemsize != 1 || strcmp(views[1].format, "B") != 0) {
+        PyErr_SetString(PyExc_ValueError, "wanted: out (paths, height, width, 1 or 3; uint8), digests (paths, 1 to 64; "
+                                          "uint8), C-contiguous");
+        goto done;
+    }
+    const int height = (int)out->shape[1], width = (int)out->shape[2], channels = (int)out->shape[3];
+    const size_t stride = (size_t)width * channels, bytes = stride * height;
+    if ((lines = malloc((size_t)height * sizeof(JSAMPROW))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if ((names = path_names(paths, count)) == NULL)
+        goto done;
+    FREE_BEGIN
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const char *path = PyBytes_AS_STRING(names[k]);
+        uint8_t *pixels = (uint8_t *)out->buf + bytes * k;
+        if (!local_path(path) || !read_whole(path, &whole))
+            continue;
+        for (int y = 0; y < height; y++)
+            lines[y] = pixels + (size_t)y * stride;
+        done[k] = (uint8_t)fit_file(decoder, &turned, whole.data, whole.size, policy, max_pixels, height, width,
+                                    channels, pixels, lines);
+        if (done[k])
+            blake2b(whole.data, whole.size, (uint8_t *)views[1].buf + (size_t)digest_size * k, digest_size);
+    }
+    FREE_END
+    left = positions_left(done, count);
+done: /* freed in the reverse order of their making */
+    path_names_free(names, names != NULL ? count : 0);
+    release_buffers(views, viewed);
+    free(whole.data);
+    free(lines);
+    turned_free(&turned);
+    decoder_free(decoder);
+    free(done);
+    Py_DECREF(paths);
+    return left;
+}
+
 #ifdef OUTCORE_PNG
 /* decode_png_files: each regular file of `paths` read whole and decoded into its `outs` array by png_decode (with
  * `exact`, only a file whose own kind is its rows': grey of their depth, RGB, RGBA), the GIL released once for them
@@ -1982,6 +2179,15 @@ static PyMethodDef methods[] = {
      "2; int64); the list of the k left\n"
      "(files not read: 0 in nbytes and digests; other files, damaged ones, those past the limits) is returned.\n"
      "The GIL is released once for them all."},
+    {"fit_files", py_fit_files, METH_VARARGS,
+     "fit_files(paths, policy, max_pixels, out, digests)\n--\n\n"
+     "Read each regular file of `paths` whole (a path holding \"::\" or \"://\" is not read) and, where it is a JPEG\n"
+     "(YCbCr for 3 channels, greyscale for 1 or 3; upright, or turned or mirrored by its EXIF orientation) of at most\n"
+     "max_pixels pixels (none: negative) that decodes cleanly, decode it into out[k] (paths, height, width, 1 or 3;\n"
+     "uint8) as decode.py's decode_image does under `policy` (None: a file of out's size only; 'crop' or 'fit': any\n"
+     "size, decoded at the DCT scale the policy needs, upright, and fitted) and write its BLAKE2b digest of digests'\n"
+     "width (1 to 64 bytes) into digests[k]; the list of the k left (files not read, other files, damaged ones; their\n"
+     "rows and digests as they were, or partly written) is returned. The GIL is released once for them all."},
 #ifdef OUTCORE_PNG
     {"decode_png_files", py_decode_png_files, METH_VARARGS,
      "decode_png_files(paths, outs, ids=False, exact=False)\n--\n\n"

@@ -21,6 +21,7 @@ from ..imaging import (
     check_placement,
     decode_image,
     decode_label_map,
+    fit_jpeg_files,
     fit_label_map,
     native,
     stored_frame,
@@ -154,7 +155,13 @@ def _load_block(
     digests = np.zeros((len(paths), DIGEST_SIZE), dtype=np.uint8)
     maps = {name: np.zeros((len(paths), *shape[:2], *_channels(files)), map_dtype)
             for name, (files, map_dtype) in layers.items()}
-    for i, path in enumerate(paths):
+    left = range(len(paths))
+    if reader.paths_are_files() and pixels is not None and files is None and not layers and sizes is None and \
+            dtype == np.uint8 and len(shape) == 3 and shape[2] in (1, 3):  # the plain JPEGs in one C call
+        fitted = fit_jpeg_files(paths, resize, pixels, digests, max_pixels)
+        left = left if fitted is None else fitted
+    for i in left:
+        path = paths[i]
         try:
             data = reader.read(path)
             decode_image(data, shape, resize, dtype, path, out=pixels[i] if pixels is not None else None,
