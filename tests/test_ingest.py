@@ -3,6 +3,7 @@ round trips, shuffle on write, label columns and their types, malformed CSVs, ba
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -18,6 +19,8 @@ from support.rules import write_order
 import outcore
 from outcore.cli import describe, main
 from outcore.errors import ImageError, OutcoreWarning, SourceError, StoreExistsError
+from outcore.imaging import decode_image
+from outcore.imaging.synthetic import sample_photo
 from outcore.ingest import build
 from outcore.testing import write_image_folder
 
@@ -331,6 +334,38 @@ def test_an_image_past_the_pixel_limit_is_a_bad_file(tmp_path):
                                progress=False)
     assert len(ds) == 3 and "more than the limit" in ds.attrs.skipped["examples"][0]
     assert len(outcore.ingest_images(root, tmp_path / "t.zarr", shape=(16, 16, 3), progress=False)) == 4  # default
+
+
+def test_a_pixel_ingest_of_camera_and_phone_jpegs_holds_decode_images_pixels(tmp_path):
+    """A folder of JPEGs in each EXIF orientation (a phone's, turned upright), greyscale and CMYK ones, a PNG, a
+    damaged JPEG and one past the pixel limit, ingested as pixels (the JPEGs in outcore's C a block at a time where it
+    is built): each sample the pixels `decode_image` gives its file and the file's digest hashlib's; the two bad files
+    skipped and named."""
+    root = tmp_path / "photos"
+    (root / "cat").mkdir(parents=True)
+    photo = Image.fromarray(sample_photo("astronaut")).resize((150, 100))
+    for orientation in range(1, 9):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        turned = photo.transpose(Image.Transpose.TRANSPOSE) if orientation >= 5 else photo
+        turned.save(root / "cat" / f"exif{orientation}.jpg", quality=90, exif=exif)
+    photo.convert("L").save(root / "cat" / "grey.jpg")
+    photo.convert("CMYK").save(root / "cat" / "cmyk.jpg")
+    photo.save(root / "cat" / "photo.png")
+    (root / "cat" / "damaged.jpg").write_bytes((root / "cat" / "exif6.jpg").read_bytes()[:1500])
+    photo.resize((1100, 1000)).save(root / "cat" / "huge.jpg")
+    ds = outcore.ingest_images(root, tmp_path / "s.zarr", shape=(48, 64, 3), images="pixels", on_error="skip",
+                               max_pixels=1_000_000, progress=False)
+    assert {Path(line.split(":")[0]).name for line in
+            (tmp_path / "s.zarr.skipped.txt").read_text().splitlines()} == {"damaged.jpg", "huge.jpg"}
+    paths, images, digests = ds["path"].compute(), ds["images"].compute(), ds["file_digest"].compute()
+    assert sorted(Path(path).name for path in paths) == sorted(
+        [*(f"exif{k}.jpg" for k in range(1, 9)), "grey.jpg", "cmyk.jpg", "photo.png"])
+    for path, pixels, digest in zip(paths, images, digests, strict=True):
+        data = (root / path).read_bytes()
+        np.testing.assert_array_equal(pixels, decode_image(data, (48, 64, 3), "crop", np.dtype("uint8")), err_msg=path)
+        assert digest.tobytes() == hashlib.blake2b(data, digest_size=16).digest()
+    assert outcore.verify(tmp_path / "s.zarr", progress=False).ok
 
 
 def test_class_folders_named_like_splits_are_refused(tmp_path):
