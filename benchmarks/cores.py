@@ -9,7 +9,7 @@
                                         encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
                                         palette,depth16,dense-bc,depth-own,ingest,ingest-png,ingest-depth,
                                         ingest-masks,ingest-masks12,exif,exif+crop,ingest-exif,ingest-pixels,
-                                        ingest-pixels-exif,ingest-pixels-own,grey]
+                                        ingest-pixels-exif,ingest-pixels-own,ingest-pixels-png,grey]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
@@ -44,8 +44,9 @@ each with its 16-bit depth map (the ``depth-own`` store's files) paired, ``pair_
 others turned a quarter either way or upside down (6, 8, 3: a phone held so; stored turned, decoded upright, as
 Pillow's ``exif_transpose``); ``ingest-exif``: ``ingest`` of those files (`exif_photos`); ``ingest-pixels``,
 ``ingest-pixels-exif``: ``ingest_images`` of the photos' JPEGs, of those with EXIF, into a pixel store,
-``shape=(96, 96, 3)`` (each file decoded and cut to it, as ``resize="crop"`` does); ``ingest-pixels-own``: the
-ImageNet-like JPEGs of ``rrc`` ingested so, ``shape=(224, 224, 3)``; ``grey``: ``encoded`` of the
+``shape=(96, 96, 3)`` (each file decoded and cut to it, as ``resize="crop"`` does); ``ingest-pixels-png``: the PNGs
+of ``png`` ingested so; ``ingest-pixels-own``: the ImageNet-like JPEGs of ``rrc`` ingested so, ``shape=(224, 224,
+3)``; ``grey``: ``encoded`` of the
 photos as greyscale JPEGs in a store of RGB pictures, as ImageNet and COCO hold some, each level repeated):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
@@ -217,6 +218,7 @@ CASES = {  # name: (store, transform)
     "ingest-pixels": ("photos", None),  # ingest_images of the photos' JPEGs as pixels, cut to 96x96
     "ingest-pixels-exif": ("photos-exif", None),  # the same of the EXIF photos
     "ingest-pixels-own": ("own-size-jpegs", None),  # the ImageNet-like JPEGs as pixels, cut to 224x224
+    "ingest-pixels-png": ("photos-png", None),  # the PNGs of png as pixels, cut to 96x96
     "grey": ("grey", None),  # encoded, greyscale JPEGs in a store of RGB pictures
 }
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
@@ -457,8 +459,8 @@ def held_by_thread(free: Callable[[], float] | None, cpu: float, clocks: dict[st
 
 def ingests(folder: Path, seconds: float, ready: bool, gate: bool = False,
             layers: str = "") -> tuple[float, float | None]:
-    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")`` (with ``layers`` ``"pixels"`` or
-    ``"pixels-exif"``, ``shape=(96, 96, 3), images="pixels"``: each file decoded and cut, ``"pixels-own"`` to
+    """`epochs` of ``outcore.ingest_images(folder, shape=None, images="encoded")`` (with ``layers`` ``"pixels"``,
+    ``"pixels-exif"`` or ``"pixels-png"``, ``shape=(96, 96, 3), images="pixels"``: each file decoded and cut, ``"pixels-own"`` to
     ``(224, 224, 3)``; with ``"depth"``,
     ``"masks"`` or ``"masks12"``, of ``outcore.ingest_dataframe`` of the folder's JPEGs and their `depth_maps`,
     ``pair_columns``, or `label_maps` (of 12 classes), ``mask_columns``): files/s (pictures), and no GIL share: its compression and digests run outside

@@ -39,7 +39,7 @@ from outcore.imaging.decode import (
     decode_plain_jpegs,
     decode_region,
     decoded_size,
-    fit_jpeg_files,
+    fit_image_files,
     plain_jpeg_files,
     plain_jpeg_sizes,
     read_image_file,
@@ -524,18 +524,29 @@ def test_check_files_reads_and_digests_each_file_as_hashlib_and_read_image_file_
 
 
 @built
-def test_fit_files_decodes_a_pixel_ingests_jpegs_as_decode_image_does(tmp_path):
-    """`fit_jpeg_files` (a pixel ingest's block): each JPEG, plain or turned by its EXIF, colour or grey, of any size,
-    decoded and fitted to the rows under each policy (every DCT scale, upscaled too), the pixels `decode_image` gives
-    and hashlib's digest; left for `decode_image` (which decodes them or says what is wrong): other files (CMYK, PNG),
-    colours asked as grey, a damaged file, one past max_pixels, one of another size without a policy, and paths not
-    read (missing, a folder, a record's reference, a URL), their rows and digests as they were."""
-    files = {}
+def test_fit_files_decodes_a_pixel_ingests_jpegs_and_pngs_as_decode_image_does(tmp_path):
+    """`fit_image_files` (a pixel ingest's block): each JPEG, plain or turned by its EXIF, colour or grey, and each plain
+    PNG (built with zlib: RGB, RGBA, grey, a palette, interlaced), of any size, decoded and fitted to the rows under each
+    policy (every DCT scale, upscaled too), the pixels `decode_image` gives and hashlib's digest; left for
+    `decode_image` (which decodes them or says what is wrong): other files (CMYK), colours asked as grey, a 16-bit grey
+    PNG (decoded to 16 bits then rounded, or by Pillow to RGB), a damaged file, one past max_pixels, one of another
+    size without a policy, and paths not read (missing, a folder, a record's reference, a URL), their rows and digests
+    as they were."""
+    files, pngs = {}, hasattr(native.extension, "decode_png")  # built with zlib
     for (height, width), channels in [((301, 203), 3), ((96, 128), 1), ((40, 24), 3), ((7, 300), 3)]:
         for orientation, data in _turned_files(height, width, channels).items():
             files[f"{height}x{width} {channels} exif {orientation}"] = data
-    files["cmyk"], files["png"] = _cmyk(_photo(120, 160)), _png(_photo(120, 160))
-    files["damaged"], files["big"] = files["301x203 3 exif 1"][:3000], _jpeg(_photo(400, 400))
+    photo = Image.fromarray(_photo(96, 128))
+    for mode, options in [("RGB", {}), ("RGBA", {}), ("L", {}), ("P", {}), ("RGB", {"interlace": 1})]:
+        buffer = io.BytesIO()
+        (photo.convert("P", palette=Image.Palette.ADAPTIVE) if mode == "P" else photo.convert(mode)).save(
+            buffer, format="PNG", **options)
+        files[f"96x128 {1 if mode == 'L' else 3} png {mode} {options}"] = buffer.getvalue()
+    buffer = io.BytesIO()
+    Image.fromarray(np.asarray(photo.convert("L")).astype(np.uint16) * 257).save(buffer, format="PNG")
+    files["16-bit grey"] = buffer.getvalue()
+    files["cmyk"], files["damaged"] = _cmyk(_photo(120, 160)), files["301x203 3 exif 1"][:3000]
+    files["big"] = _jpeg(_photo(400, 400))
     for name, data in files.items():
         (tmp_path / f"{name}.jpg").write_bytes(data)
     unread = [str(tmp_path / "missing.jpg"), str(tmp_path), f"{tmp_path / 'png.jpg'}::record 3 @0+10", "s3://b/c.jpg"]
@@ -545,10 +556,11 @@ def test_fit_files_decodes_a_pixel_ingests_jpegs_as_decode_image_does(tmp_path):
         for channels in (3, 1):
             out = np.full((len(paths), *size, channels), 7, np.uint8)
             digests = np.full((len(paths), 16), 7, np.uint8)
-            left = fit_jpeg_files(paths, resize, out, digests, max_pixels=399 * 400)
+            left = fit_image_files(paths, resize, out, digests, max_pixels=399 * 400)
             for k, (name, data) in enumerate(files.items()):
-                kept = name not in ("cmyk", "png", "damaged", "big") and \
-                    (resize is not None or name.startswith(f"{size[0]}x{size[1]}")) and (channels == 3 or " 1 " in name)
+                kept = name not in ("cmyk", "damaged", "big", "16-bit grey") and (pngs or " png " not in name) and \
+                    (resize is not None or name.startswith(f"{size[0]}x{size[1]}")) and \
+                    (channels == 3 or " 1 " in name)
                 assert (k not in left) == kept, (name, size, resize, channels)
                 if kept:
                     expected = decode_image(data, (*size, channels), resize, U8)
@@ -556,7 +568,7 @@ def test_fit_files_decodes_a_pixel_ingests_jpegs_as_decode_image_does(tmp_path):
                     assert digests[k].tobytes() == hashlib.blake2b(data, digest_size=16).digest()
             assert left[-len(unread):] == list(range(len(files), len(paths)))
             assert (out[len(files):] == 7).all() and (digests[len(files):] == 7).all()
-    assert fit_jpeg_files(paths, "pad", out, digests) is None  # the pad policy: decode_image's
+    assert fit_image_files(paths, "pad", out, digests) is None  # the pad policy: decode_image's
     with pytest.raises(ValueError, match="policy='stretch'|policy=stretch"):
         native.extension.fit_files(paths, "stretch", -1, out, digests)
     with pytest.raises(ValueError, match="digests"):

@@ -1674,12 +1674,32 @@ static void cover_box(long height, long width, int out_height, int out_width, do
 
 enum { FIT_EXACT, FIT_CROP, FIT_STRETCH }; /* the resize policies fit_files takes: None, "crop", "fit" */
 
+/* resize.py's fit of an upright picture (`pixels`, picture_height x picture_width x channels, rows back to back) to
+ * height x width into `out` under `policy`: as it is at that size; else, under FIT_CROP, cover_box's edges, a region
+ * of whole pixels at that size copied as resize_edges copies it, or, under FIT_STRETCH, the whole picture resized.
+ * 1 when done; 0 out of memory. */
+static int fit_pixels(const uint8_t *pixels, int picture_height, int picture_width, int channels, int policy,
+                      int height, int width, uint8_t *out) {
+    const size_t stride = (size_t)picture_width * channels, out_stride = (size_t)width * channels;
+    double edges[4] = {0, 0, picture_height, picture_width};
+    if (policy == FIT_CROP && (picture_height != height || picture_width != width))
+        cover_box(picture_height, picture_width, height, width, edges);
+    if (edges[2] - edges[0] == height && edges[3] - edges[1] == width && edges[0] == floor(edges[0]) &&
+        edges[1] == floor(edges[1])) { /* whole pixels at their own size: as they are */
+        for (int y = 0; y < height; y++)
+            memcpy(out + y * out_stride, pixels + (size_t)(y + (long)edges[0]) * stride + (size_t)edges[1] * channels,
+                   out_stride);
+        return 1;
+    }
+    return resize_kind(pixels, stride, picture_height, picture_width, channels, 'B', edges, height, width, out,
+                       out_stride, 0, 0) == 0;
+}
+
 /* decode.py's decode_image of a JPEG of a colour space decode_as takes, stored file_height x file_width, that its EXIF
  * `orientation` (2-8) turns or mirrors: decoded whole at the DCT scale Pillow's draft picks for the policy
  * (_reduced_size of the stored picture, draft_eighths) into `turned`'s buffer, upright (_decode_turned_jpeg), then
- * fitted to height x width (resize.py's fit: as it is at that size, else, under FIT_CROP, cover_box's edges, a region of
- * whole pixels at that size copied as resize_edges copies it, or, under FIT_STRETCH, the whole picture resized) into
- * `out`. 1 when done; 0 for a file of another size under FIT_EXACT, one that does not decode cleanly, or no memory. */
+ * fitted to height x width into `out` (fit_pixels). 1 when done; 0 for a file of another size under FIT_EXACT, one
+ * that does not decode cleanly, or no memory. */
 static int fit_turned(Turned *turned, const uint8_t *data, size_t size, int orientation, long file_height,
                       long file_width, int policy, int height, int width, int channels, uint8_t *out) {
     const int sideways = orientation >= 5;
@@ -1699,26 +1719,39 @@ static int fit_turned(Turned *turned, const uint8_t *data, size_t size, int orie
     }
     const long tall = (file_height * eighths + 7) / 8, wide = (file_width * eighths + 7) / 8;
     const int upright_height = (int)(sideways ? wide : tall), upright_width = (int)(sideways ? tall : wide);
-    const int same = upright_height == height && upright_width == width;
-    if (policy == FIT_EXACT && !same)
+    if (policy == FIT_EXACT && (upright_height != height || upright_width != width))
         return 0;
     const uint8_t *pixels = turned_pixels(turned, data, size, upright_height, upright_width, channels, eighths);
-    if (pixels == NULL)
-        return 0;
-    const size_t stride = (size_t)upright_width * channels, out_stride = (size_t)width * channels;
-    double edges[4] = {0, 0, upright_height, upright_width};
-    if (policy == FIT_CROP && !same)
-        cover_box(upright_height, upright_width, height, width, edges);
-    if (edges[2] - edges[0] == height && edges[3] - edges[1] == width && edges[0] == floor(edges[0]) &&
-        edges[1] == floor(edges[1])) { /* whole pixels at their own size: as they are */
-        for (int y = 0; y < height; y++)
-            memcpy(out + y * out_stride, pixels + (size_t)(y + (long)edges[0]) * stride + (size_t)edges[1] * channels,
-                   out_stride);
-        return 1;
-    }
-    return resize_kind(pixels, stride, upright_height, upright_width, channels, 'B', edges, height, width, out,
-                       out_stride, 0, 0) == 0;
+    return pixels != NULL && fit_pixels(pixels, upright_height, upright_width, channels, policy, height, width, out);
 }
+
+#ifdef OUTCORE_PNG
+/* decode.py's decode_image of a plain PNG (png_decode) of at most max_pixels pixels (none: negative) into `out`
+ * (height x width x channels, uint8, rows back to back) under `policy`: one of that size decoded into it, another,
+ * under FIT_CROP or FIT_STRETCH, decoded whole into the decoder's pixels and fitted (fit_pixels). 1 when done; 0 for
+ * another file (a 16-bit grey one asked for 1 channel too: decode.py decodes it to 16 bits, then rounds), one of
+ * another size under FIT_EXACT, or one that does not decode cleanly. */
+static int fit_png(PngDecoder *png, const uint8_t *data, size_t size, int policy, long long max_pixels, int height,
+                   int width, int channels, uint8_t *out) {
+    if (size < 29 || memcmp(data + 12, "IHDR", 4) != 0)
+        return 0;
+    const long long file_width = big_endian32(data + 16), file_height = big_endian32(data + 20);
+    if (file_width < 1 || file_height < 1 || file_width > INT_MAX || file_height > INT_MAX ||
+        (size_t)(file_width * file_height) > PNG_LARGEST / (size_t)channels ||
+        (max_pixels >= 0 && file_width * file_height > max_pixels) ||
+        (channels == 1 && data[24] == 16 && data[25] == 0))
+        return 0;
+    if (file_height == height && file_width == width)
+        return png_decode(png, data, size, channels, height, width, out, (size_t)width * channels, 0);
+    if (policy == FIT_EXACT)
+        return 0;
+    uint8_t *pixels = png_pixels(png, (size_t)(file_width * file_height) * channels);
+    return pixels != NULL &&
+           png_decode(png, data, size, channels, (int)file_height, (int)file_width, pixels,
+                      (size_t)file_width * channels, 0) &&
+           fit_pixels(pixels, (int)file_height, (int)file_width, channels, policy, height, width, out);
+}
+#endif
 
 /* decode.py's decode_image of a JPEG (YCbCr for 3 channels, greyscale for 1 or 3) of at most max_pixels pixels (none:
  * negative) into `out` (height x width x channels, rows back to back, `lines` pointing at them) under `policy`: a plain
@@ -1776,7 +1809,7 @@ static int fit_file(Decoder *decoder, Turned *turned, const uint8_t *data, size_
 }
 
 /* fit_files(paths, policy, max_pixels, out, digests): each regular file of `paths` read whole, and where it is a JPEG
- * fit_file takes, decoded into out[k] and its BLAKE2b digest of digests' width written into digests[k]; the GIL
+ * fit_file takes (or, built with zlib, a PNG fit_png takes), decoded into out[k] and its BLAKE2b digest of digests' width written into digests[k]; the GIL
  * released once for them all; the positions left are returned. */
 static PyObject *py_fit_files(PyObject *self, PyObject *args) {
     PyObject *path_list, *arrays[2], *left = NULL;
@@ -1828,18 +1861,32 @@ static PyObject *py_fit_files(PyObject *self, PyObject *args) {
     if ((names = path_names(paths, count)) == NULL)
         goto done;
     FREE_BEGIN
+#ifdef OUTCORE_PNG
+    PngDecoder png = {0};
+#endif
     for (Py_ssize_t k = 0; k < count; k++) {
         const char *path = PyBytes_AS_STRING(names[k]);
         uint8_t *pixels = (uint8_t *)out->buf + bytes * k;
         if (!local_path(path) || !read_whole(path, &whole))
             continue;
-        for (int y = 0; y < height; y++)
-            lines[y] = pixels + (size_t)y * stride;
-        done[k] = (uint8_t)fit_file(decoder, &turned, whole.data, whole.size, policy, max_pixels, height, width,
-                                    channels, pixels, lines);
+#ifdef OUTCORE_PNG
+        if (png_file(whole.data, whole.size)) {
+            done[k] = (uint8_t)fit_png(&png, whole.data, whole.size, policy, max_pixels, height, width, channels,
+                                       pixels);
+        } else
+#endif
+        {
+            for (int y = 0; y < height; y++)
+                lines[y] = pixels + (size_t)y * stride;
+            done[k] = (uint8_t)fit_file(decoder, &turned, whole.data, whole.size, policy, max_pixels, height, width,
+                                        channels, pixels, lines);
+        }
         if (done[k])
             blake2b(whole.data, whole.size, (uint8_t *)views[1].buf + (size_t)digest_size * k, digest_size);
     }
+#ifdef OUTCORE_PNG
+    png_decoder_free(&png);
+#endif
     FREE_END
     left = positions_left(done, count);
 done: /* freed in the reverse order of their making */
@@ -2182,12 +2229,13 @@ static PyMethodDef methods[] = {
     {"fit_files", py_fit_files, METH_VARARGS,
      "fit_files(paths, policy, max_pixels, out, digests)\n--\n\n"
      "Read each regular file of `paths` whole (a path holding \"::\" or \"://\" is not read) and, where it is a JPEG\n"
-     "(YCbCr for 3 channels, greyscale for 1 or 3; upright, or turned or mirrored by its EXIF orientation) of at most\n"
-     "max_pixels pixels (none: negative) that decodes cleanly, decode it into out[k] (paths, height, width, 1 or 3;\n"
-     "uint8) as decode.py's decode_image does under `policy` (None: a file of out's size only; 'crop' or 'fit': any\n"
-     "size, decoded at the DCT scale the policy needs, upright, and fitted) and write its BLAKE2b digest of digests'\n"
-     "width (1 to 64 bytes) into digests[k]; the list of the k left (files not read, other files, damaged ones; their\n"
-     "rows and digests as they were, or partly written) is returned. The GIL is released once for them all."},
+     "(YCbCr for 3 channels, greyscale for 1 or 3; upright, or turned or mirrored by its EXIF orientation) or, built\n"
+     "with zlib, a plain PNG (as decode_png takes it, as 8-bit samples) of at most max_pixels pixels (none: negative)\n"
+     "that decodes cleanly, decode it into out[k] (paths, height, width, 1 or 3; uint8) as decode.py's decode_image\n"
+     "does under `policy` (None: a file of out's size only; 'crop' or 'fit': any size, a JPEG decoded at the DCT scale\n"
+     "the policy needs, upright, then fitted) and write its BLAKE2b digest of digests' width (1 to 64 bytes) into\n"
+     "digests[k]; the list of the k left (files not read, other files, damaged ones; their rows and digests as they\n"
+     "were, or partly written) is returned. The GIL is released once for them all."},
 #ifdef OUTCORE_PNG
     {"decode_png_files", py_decode_png_files, METH_VARARGS,
      "decode_png_files(paths, outs, ids=False, exact=False)\n--\n\n"

@@ -223,16 +223,16 @@ Positions = slice | np.ndarray  # the rows of a batch's arrays a call of a prepa
 PlainCall = Callable[[Positions], Sequence[int]]  # a prepared C decode: the positions (among those given) it left
 
 
-def fit_jpeg_files(paths: Sequence[str], resize: ResizePolicy, out: np.ndarray, digests: np.ndarray,
-                   max_pixels: int | None = MAX_PIXELS) -> list[int] | None:
+def fit_image_files(paths: Sequence[str], resize: ResizePolicy, out: np.ndarray, digests: np.ndarray,
+                    max_pixels: int | None = MAX_PIXELS) -> list[int] | None:
     """`decode_image` of the files at ``paths`` into ``out`` (files, height, width, 1 or 3; uint8) under ``resize``,
-    the plain JPEGs among them read, decoded, cut and resized in one C call (the extension's ``fit_files``, the GIL
-    released once for them all), the BLAKE2b digest of each of those, of ``digests``' width, into ``digests``: the
-    positions left (other files, damaged ones, those past ``max_pixels``: `decode_image`'s to decode or to word what is
-    wrong), or None without the extension (or for the ``pad`` policy).
+    the JPEGs (upright or turned by their EXIF) and plain PNGs among them read, decoded and fitted in one C call (the
+    extension's ``fit_files``, the GIL released once for them all), the BLAKE2b digest of each of those, of
+    ``digests``' width, into ``digests``: the positions left (other files, damaged ones, those past ``max_pixels``:
+    `decode_image`'s to decode or to word what is wrong), or None without the extension (or for the ``pad`` policy).
 
     >>> out, digests = np.empty((2, 64, 64, 3), np.uint8), np.empty((2, 16), np.uint8)
-    >>> fit_jpeg_files(["cat.jpg", "notes.txt"], "crop", out, digests)  # doctest: +SKIP
+    >>> fit_image_files(["cat.jpg", "notes.txt"], "crop", out, digests)  # doctest: +SKIP
     [1]
     """
     fit = getattr(native.extension, "fit_files", None)

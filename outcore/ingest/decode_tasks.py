@@ -21,7 +21,7 @@ from ..imaging import (
     check_placement,
     decode_image,
     decode_label_map,
-    fit_jpeg_files,
+    fit_image_files,
     fit_label_map,
     native,
     stored_frame,
@@ -157,8 +157,8 @@ def _load_block(
             for name, (files, map_dtype) in layers.items()}
     left = range(len(paths))
     if reader.paths_are_files() and pixels is not None and files is None and not layers and sizes is None and \
-            dtype == np.uint8 and len(shape) == 3 and shape[2] in (1, 3):  # the plain JPEGs in one C call
-        fitted = fit_jpeg_files(paths, resize, pixels, digests, max_pixels)
+            dtype == np.uint8 and len(shape) == 3 and shape[2] in (1, 3):  # JPEGs and PNGs in one C call
+        fitted = fit_image_files(paths, resize, pixels, digests, max_pixels)
         left = left if fitted is None else fitted
     for i in left:
         path = paths[i]
