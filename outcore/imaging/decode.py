@@ -425,8 +425,8 @@ def upright_size(data: bytes, name: str = "image", max_pixels: int | None = MAX_
 def stored_frame(data: bytes, name: str = "image", max_pixels: int | None = MAX_PIXELS) -> tuple[tuple[int, int], int]:
     """A file's upright ``(height, width)`` (`upright_size`) and EXIF orientation (1: stored upright; 2-8: mirrored or
     turned, as decoding undoes), from one read of its header: a JPEG's by libjpeg-turbo where its orientation is known
-    without Pillow (`known_orientation`), a PNG's by `png_header`, any other file's by Pillow (whose parse of a JPEG's segments holds the GIL:
-    19 us a file)."""
+    without Pillow (`known_orientation`), a PNG's by `png_header`, any other file's by Pillow (whose parse of a JPEG's
+    segments holds the GIL: 19 us a file)."""
     if bytes(data[:3]) == b"\xff\xd8\xff" and (orientation := known_orientation(data)):
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
@@ -557,14 +557,17 @@ def _decode_turned_jpeg(data: bytes, size: tuple[int, int], channels: int, targe
 
 def draft_eighths(size: tuple[int, int], need: tuple[int, int]) -> int:
     """The scale, in eighths, at which Pillow's ``JpegImageFile.draft`` decodes a JPEG of ``size`` (h, w) asked for
-    at least ``need``: 1/s for the largest s of 8, 4, 2 and 1 that divides both sides wholly at least that often (at
-    times larger than `dct_scale`'s, which rounds up).
+    at least ``need``: 1/s for the largest s of 8, 4 and 2 that each side holds its need s whole times (else whole).
+    Pillow counts whole times where `dct_scale` rounds the scaled sides up: its scale can be the larger.
 
     >>> draft_eighths((375, 500), (90, 100)), draft_eighths((100, 100), (13, 13)), dct_scale((100, 100), (13, 13))
     (2, 2, 1)
     """
     times = min(size[0] // need[0], size[1] // need[1])
-    return 8 // next(divisor for divisor in (8, 4, 2, 1) if times >= divisor or divisor == 1)
+    for divisor in (8, 4, 2):
+        if times >= divisor:
+            return 8 // divisor
+    return 8
 
 
 PNG_START = b"\x89PNG\r\n\x1a\n"
