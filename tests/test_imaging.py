@@ -158,9 +158,9 @@ def test_a_picture_kept_at_its_size_is_decoded_at_an_eighth_refusing_what_a_full
     """The ingest's survey decodes each plain JPEG at 1/8 of its size (`decoded_size`; a block of them in one call
     of the C extension, `plain_jpeg_sizes`): the sizes `decode_image` gives at full size, and, of a thousand
     damaged photos (cut short, bits flipped, runs zeroed), exactly the ones a full decode refuses are refused
-    (left by the C extension, for `decoded_size` to say why); other files are left to it too (a colour JPEG asked in
-    grey, which Pillow weighs), but a plain PNG (decoded whole in the same call, where the extension has zlib:
-    tests/test_png.py) and a greyscale JPEG asked in colour (its levels repeated)."""
+    (left by the C extension, for `decoded_size` to say why); other files are left to it too, but a plain PNG (decoded
+    whole in the same call, where the extension has zlib: tests/test_png.py), a greyscale JPEG asked in colour (its
+    levels repeated) and a colour one asked in grey (decoded as RGB: checked alike)."""
     rng = np.random.default_rng(7)
     photo = sample_photo("astronaut")[:300, :400]
     files = {**_kinds_of_file(tmp_path, photo), "tiny.jpg": simplejpeg.encode_jpeg(photo[:5, :7].copy())}
@@ -169,7 +169,7 @@ def test_a_picture_kept_at_its_size_is_decoded_at_an_eighth_refusing_what_a_full
         for channels in (1, 3):
             full = decode_image(data, (None, None, channels), None, U8, name).shape[:2]
             assert decoded_size(data, channels, U8, name) == full, (name, channels)
-            plain = name.endswith(".jpg") and name != "turned.jpg" and (channels == 3 or name == "grey.jpg")
+            plain = name.endswith(".jpg") and name != "turned.jpg"  # a colour one asked for as grey too
             plain |= name == "picture.png" and channels == 3 and bool(getattr(native.extension, "ZLIB", ""))  # RGB
             tried[channels].append((data, full if plain else None))  # the others: left to decoded_size
     refused = 0

@@ -419,6 +419,7 @@ PLAIN = {"4:2:0", "4:2:2", "4:4:4", "progressive", "restart markers", "greyscale
          *(("png",) if getattr(native.extension, "ZLIB", "") else ())}  # a plain PNG too, where built with zlib
 TURNED = {"exif rotated", "exif upside down", *(f"exif {turn}" for turn in (2, 4, 5, 7, 8))}  # EXIF turns or
 # mirrors them: decoded whole, turned upright, in C
+WEIGHED = {"rgb"}  # colours asked for as grey: decoded whole in C, weighed as Pillow's convert("L") weighs them
 
 
 @built
@@ -433,7 +434,7 @@ def test_plain_jpegs_decoded_together_are_decode_images_samples(channels):
     rows = np.roll(np.arange(len(names)), 3)
     out = np.full((len(names), 96, 128, channels), 7, np.uint8)
     left = native.extension.decode_each([region], [ranges], np.zeros_like(samples), samples, out, rows)
-    assert sorted(names[samples[k]] for k in left) == sorted(name for name in names if name not in PLAIN | TURNED)
+    assert sorted(names[samples[k]] for k in left) == sorted(name for name in names if name not in PLAIN | TURNED | WEIGHED)
     for k, (sample, row) in enumerate(zip(samples, rows, strict=True)):
         expected = decode_image(files[names[sample]], (96, 128, channels), "crop", np.dtype("uint8"))
         if k in left:
@@ -525,10 +526,11 @@ def test_check_files_reads_and_digests_each_file_as_hashlib_and_read_image_file_
 
 @built
 def test_fit_files_decodes_a_pixel_ingests_jpegs_and_pngs_as_decode_image_does(tmp_path):
-    """`fit_image_files` (a pixel ingest's block): each JPEG, plain or turned by its EXIF, colour or grey, and each plain
-    PNG (built with zlib: RGB, RGBA, grey, a palette, interlaced), of any size, decoded and fitted to the rows under each
-    policy (every DCT scale, upscaled too), the pixels `decode_image` gives and hashlib's digest; left for
-    `decode_image` (which decodes them or says what is wrong): other files (CMYK), colours asked as grey, a 16-bit grey
+    """`fit_image_files` (a pixel ingest's block): each JPEG, plain or turned by its EXIF, colour or grey (colour asked
+    as grey too), and each plain PNG (built with zlib: RGB, RGBA, grey, a palette, interlaced), of any size, decoded and
+    fitted to the rows under each policy (every DCT scale, upscaled too), the pixels `decode_image` gives and hashlib's
+    digest; left for `decode_image` (which decodes them or says what is wrong): other files (CMYK), a colour PNG asked
+    as grey, a 16-bit grey
     PNG (decoded to 16 bits then rounded, or by Pillow to RGB), a damaged file, one past max_pixels, one of another
     size without a policy, and paths not read (missing, a folder, a record's reference, a URL), their rows and digests
     as they were."""
@@ -560,7 +562,7 @@ def test_fit_files_decodes_a_pixel_ingests_jpegs_and_pngs_as_decode_image_does(t
             for k, (name, data) in enumerate(files.items()):
                 kept = name not in ("cmyk", "damaged", "big", "16-bit grey") and (pngs or " png " not in name) and \
                     (resize is not None or name.startswith(f"{size[0]}x{size[1]}")) and \
-                    (channels == 3 or " 1 " in name)
+                    (channels == 3 or " 1 " in name or " png " not in name)  # colour PNGs asked as grey: left
                 assert (k not in left) == kept, (name, size, resize, channels)
                 if kept:
                     expected = decode_image(data, (*size, channels), resize, U8)
@@ -681,7 +683,8 @@ def _turned_files(height: int, width: int, channels: int) -> dict[int, bytes]:
 def test_decode_image_turns_each_exif_orientation_in_c_as_pillow_does(channels, monkeypatch):
     """A JPEG that its EXIF orientation turns or mirrors is decoded upright in C, whatever the policy and the size
     asked (every DCT scale Pillow's draft picks, its pad and crop), into the pixels Pillow gives, and Pillow never
-    opens it: a greyscale one asked in colour too; its upright size read from its header alike."""
+    opens it: a greyscale one asked in colour too, and a colour one asked as grey (plain, orientation 1, too: weighed
+    as ``convert("L")`` weighs it); its upright size read from its header alike."""
     asked = [((None, None), None), ((301, 203), "crop"), ((150, 100), "fit"), ((96, 96), "crop"), ((64, 40), "pad"),
              ((37, 29), "crop"), ((12, 90), "fit"), ((400, 400), "crop")]
     files = _turned_files(301, 203, channels)
@@ -689,8 +692,8 @@ def test_decode_image_turns_each_exif_orientation_in_c_as_pillow_does(channels, 
     monkeypatch.setattr(Image, "open", lambda *args, **kwargs: opened.append(1) or _open(*args, **kwargs))
     for orientation, data in files.items():
         assert stored_frame(data) == ((301, 203), orientation)
-        assert upright_size(data) == decoded_size(data, channels, U8) == (301, 203)
-        for wanted in {channels, 3}:
+        assert upright_size(data) == decoded_size(data, channels, U8) == decoded_size(data, 1, U8) == (301, 203)
+        for wanted in (1, 3):  # a colour file asked for as grey too: weighed as Pillow's convert("L") weighs it
             for size, resize in asked:
                 with monkeypatch.context() as patch:
                     patch.setattr(Image, "open", _open)
@@ -805,7 +808,7 @@ def test_crop_each_leaves_what_decode_region_must_do_itself():
     out = np.full((len(names), 32, 32, 3), 7, np.uint8)
     left = crop_plain_jpegs([region], [ranges], samples * 0, samples, sizes, boxes, out, samples,
                             np.zeros((len(names), 2), np.uint8))
-    assert sorted(names[k] for k in left) == sorted(name for name in names if name not in PLAIN | TURNED)
+    assert sorted(names[k] for k in left) == sorted(name for name in names if name not in PLAIN | TURNED | WEIGHED)
     assert all((out[k] == 7).all() for k in left) and not any((out[k] == 7).all() for k in samples if k not in left)
     plain = names.index("4:2:0")
     out[0] = 7
@@ -849,7 +852,8 @@ def test_only_the_rows_a_box_needs_are_decoded():
     ((FILES["4:2:0"][0], 9, (0, 0, 10, 10), np.empty((4, 4, 3), np.uint8)), "scale=9"),
     ((FILES["4:2:0"][0], 8, (0, 0, 400, 10), np.empty((4, 4, 3), np.uint8)), "outside"),
     ((FILES["4:2:0"][0], 8, (0, 0, 10, 10), np.empty((4, 4, 3), np.float32)), "uint8"),
-    ((FILES["4:2:0"][0], 8, (0, 0, 10, 10), np.empty((4, 4, 1), np.uint8)), "not a greyscale JPEG"),
+    ((FILES["4:2:0"][0], 8, (0, 0, 10, 10), np.empty((4, 4, 1), np.uint8)), "a colour JPEG asked for as grey"),
+    ((_cmyk(_photo(16, 16)), 8, (0, 0, 10, 10), np.empty((4, 4, 1), np.uint8)), "not a greyscale or YCbCr JPEG"),
     ((_cmyk(_photo(16, 16)), 8, (0, 0, 10, 10), np.empty((4, 4, 3), np.uint8)), "not a YCbCr or greyscale JPEG"),
 ])
 def test_wrong_arguments_are_value_errors(arguments, message):

@@ -639,15 +639,30 @@ typedef struct {
     int file_height, file_width; /* > 0: box is in the pixels of a file of this size, scale chosen here (plan) */
 } Request;
 
-/* Whether a JPEG's colour space is one decoded to `channels` (YCbCr to RGB, greyscale to grey or to RGB), and the
- * decoder set to decode it as simplejpeg does (accurate integer IDCT, fancy upsampling). */
+/* How a JPEG's colour space is decoded to `channels`, the decoder set to decode it as simplejpeg does (accurate
+ * integer IDCT, fancy upsampling): DECODED_AS_ASKED for greyscale as grey or as RGB (each level repeated: Pillow's
+ * convert("RGB")) and YCbCr as RGB; DECODED_TO_WEIGH for YCbCr asked as grey (decoded as RGB, its rows then weighed:
+ * weigh_rows); 0 for any other. */
+enum { DECODED_AS_ASKED = 1, DECODED_TO_WEIGH = 2 };
+
 static int decode_as(struct jpeg_decompress_struct *cinfo, int channels) {
-    if (cinfo->jpeg_color_space != JCS_GRAYSCALE && (channels == 1 || cinfo->jpeg_color_space != JCS_YCbCr))
-        return 0; /* greyscale as grey, or as RGB (each level repeated: Pillow's convert("RGB")); YCbCr as RGB */
-    cinfo->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    const int grey = cinfo->jpeg_color_space == JCS_GRAYSCALE;
+    if (!grey && cinfo->jpeg_color_space != JCS_YCbCr)
+        return 0;
+    cinfo->out_color_space = grey && channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
     cinfo->dct_method = JDCT_ISLOW;
     cinfo->do_fancy_upsampling = TRUE;
-    return 1;
+    return !grey && channels == 1 ? DECODED_TO_WEIGH : DECODED_AS_ASKED;
+}
+
+/* `rows` rows of `width` RGB pixels, back to back, made grey in place (rows of `width` bytes, back to back) as Pillow's
+ * convert("L") weighs them (ITU-R 601-2 luma, in 16-bit fixed point, rounded). */
+static void weigh_rows(uint8_t *pixels, long rows, long width) {
+    const size_t count = (size_t)rows * width;
+    for (size_t k = 0; k < count; k++) {
+        const uint8_t *rgb = pixels + 3 * k;
+        pixels[k] = (uint8_t)((rgb[0] * 19595u + rgb[1] * 38470u + rgb[2] * 7471u + 0x8000u) >> 16);
+    }
 }
 
 /* decode.py's dct_scale: the smallest of 1/8, 1/4, 1/2 and 1 (in eighths) at which a picture of height x
@@ -699,7 +714,7 @@ static void fail(Work *work, const char *message) {
 }
 
 /* Decode what the resize of `request` reads, then resize it into `out` (rows `out_stride` bytes apart); 0, or -1 with
- * `message` set. */
+ * `message` set, or 1 (`message` set, nothing decoded) for a colour JPEG asked for as grey: one to decode whole. */
 static int crop_resize(const Request *request, uint8_t *out, size_t out_stride, int flip_x, int flip_y, char *message) {
     Work *const work = calloc(1, sizeof(Work));
     if (work == NULL) {
@@ -718,8 +733,14 @@ static int crop_resize(const Request *request, uint8_t *out, size_t out_stride, 
     jpeg_create_decompress(cinfo);
     jpeg_mem_src(cinfo, request->data, (unsigned long)request->size);
     jpeg_read_header(cinfo, TRUE);
-    if (!decode_as(cinfo, request->channels))
-        fail(work, request->channels == 1 ? "not a greyscale JPEG" : "not a YCbCr or greyscale JPEG");
+    const int decoded = decode_as(cinfo, request->channels);
+    if (decoded == DECODED_TO_WEIGH) { /* decoded whole by the caller (decode_plain), as Pillow's path decodes it */
+        snprintf(message, MESSAGE_SIZE, "a colour JPEG asked for as grey");
+        work_free(work);
+        return 1;
+    }
+    if (!decoded)
+        fail(work, request->channels == 1 ? "not a greyscale or YCbCr JPEG" : "not a YCbCr or greyscale JPEG");
     int scale = request->scale;
     double box[4] = {request->box[0], request->box[1], request->box[2], request->box[3]};
     if (request->file_height > 0) {
@@ -991,13 +1012,12 @@ static void orient(const uint8_t *stored, long height, long width, int channels,
     }
 }
 
-/* What decode_plain takes: a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF orientation but 1), or one
- * that EXIF turns or mirrors (jpeg_orientation 2-8), of exactly height x width upright once decoded at `eighths`/8
- * of its size (0: whole), decoded into its rows `lines`, upright (decode_each, decode_upright); or, height 0, a
- * plain JPEG of any size up to max_pixels pixels
- * and max_side pixels a side (none: negative), decoded at the DCT scale decode.py's decoded_size uses (1/8, or
- * whole below 8 pixels a side) a row at a time into lines[0], the scaled width times the channels at least
- * (check_each). */
+/* What decode_plain takes: a plain JPEG (YCbCr for 3 channels, greyscale for 1 or 3, no EXIF orientation but 1; YCbCr
+ * for 1 too, its rows weighed as Pillow's convert("L") weighs them), or one that EXIF turns or mirrors (jpeg_orientation
+ * 2-8), of exactly height x width upright once decoded at `eighths`/8 of its size (0: whole), decoded into its rows
+ * `lines`, upright (decode_each, decode_upright); or, height 0, a plain JPEG of any size up to max_pixels pixels and
+ * max_side pixels a side (none: negative), decoded at the DCT scale decode.py's decoded_size uses (1/8, or whole below
+ * 8 pixels a side) a row at a time into lines[0], the scaled width times 3 bytes at least (check_each). */
 typedef struct {
     int channels, height, width, eighths;
     long long max_pixels, max_side;
@@ -1023,8 +1043,8 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
     const long height = (long)cinfo->image_height, width = (long)cinfo->image_width;
     const int eighths = !whole ? dct_scale(height, width, 1, 1) : plain->eighths ? plain->eighths : 8;
     const long tall = (height * eighths + 7) / 8, wide = (width * eighths + 7) / 8; /* as libjpeg scales it */
-    const int turned = orientation >= 5;
-    if (!decode_as(cinfo, plain->channels) ||
+    const int turned = orientation >= 5, decoded = decode_as(cinfo, plain->channels);
+    if (!decoded ||
         (whole ? (turned ? wide : tall) != plain->height || (turned ? tall : wide) != plain->width
                : (plain->max_pixels >= 0 && (long long)height * width > plain->max_pixels) ||
                      (plain->max_side >= 0 && (height > plain->max_side || width > plain->max_side)))) {
@@ -1033,8 +1053,9 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
     }
     cinfo->scale_num = (unsigned int)eighths;
     cinfo->scale_denom = 8;
-    const size_t stored = (size_t)wide * plain->channels; /* a stored row's bytes, as decoded */
-    const int turn = whole && orientation != 1; /* decoded into the scratch, then turned upright into `lines` */
+    const int weigh = decoded == DECODED_TO_WEIGH;
+    const size_t stored = (size_t)wide * (weigh ? 3 : plain->channels); /* a stored row's bytes, as decoded */
+    const int turn = whole && (orientation != 1 || weigh); /* into the scratch, then weighed, turned into `lines` */
     if (turn && decoder->scratch_size < stored * tall) {
         uint8_t *more = realloc(decoder->scratch, stored * tall);
         if (more == NULL) {
@@ -1056,8 +1077,13 @@ static int decode_plain(Decoder *decoder, const uint8_t *data, size_t size, cons
         }
     }
     jpeg_finish_decompress(cinfo);
-    if (turn)
+    if (weigh && turn)
+        weigh_rows(decoder->scratch, tall, wide);
+    if (turn && orientation != 1)
         orient(decoder->scratch, tall, wide, plain->channels, orientation, lines);
+    else if (turn)
+        for (long y = 0; y < tall; y++)
+            memcpy(lines[y], decoder->scratch + y * wide, (size_t)wide);
     shape[0] = turned ? width : height;
     shape[1] = turned ? height : width;
     return orientation;
@@ -1283,7 +1309,9 @@ static void crop_all(const Each *each, uint8_t *done) {
         }
 #endif
         const int orientation = jpeg_orientation(request.data, request.size); /* 0: no JPEG, or left to Pillow */
-        if (orientation >= 2) { /* turned or mirrored: decoded whole, upright, the box resized */
+        char message[MESSAGE_SIZE];
+        const int cropped = orientation == 1 ? crop_resize(&request, into, out_stride, flip_x, flip_y, message) : -1;
+        if (orientation >= 2 || cropped == 1) { /* turned, mirrored or weighed: decoded whole, upright, box resized */
             const uint8_t *pixels = box_inside(request.box, file_height, file_width)
                                         ? turned_pixels(&turned, request.data, request.size, file_height, file_width,
                                                         each->channels, 8)
@@ -1293,8 +1321,7 @@ static void crop_all(const Each *each, uint8_t *done) {
                                   'B', request.box, place[2], place[3], into, out_stride, flip_x, flip_y) == 0;
             continue;
         }
-        char message[MESSAGE_SIZE];
-        done[k] = orientation == 1 && crop_resize(&request, into, out_stride, flip_x, flip_y, message) == 0;
+        done[k] = cropped == 0;
     }
     turned_free(&turned);
 #ifdef OUTCORE_PNG
@@ -1696,11 +1723,11 @@ static int fit_pixels(const uint8_t *pixels, int picture_height, int picture_wid
 }
 
 /* decode.py's decode_image of a JPEG of a colour space decode_as takes, stored file_height x file_width, that its EXIF
- * `orientation` (2-8) turns or mirrors: decoded whole at the DCT scale Pillow's draft picks for the policy
- * (_reduced_size of the stored picture, draft_eighths) into `turned`'s buffer, upright (_decode_turned_jpeg), then
- * fitted to height x width into `out` (fit_pixels). 1 when done; 0 for a file of another size under FIT_EXACT, one
- * that does not decode cleanly, or no memory. */
-static int fit_turned(Turned *turned, const uint8_t *data, size_t size, int orientation, long file_height,
+ * `orientation` (2-8) turns or mirrors, or that is to be weighed (a colour one asked for as grey): decoded whole at the
+ * DCT scale Pillow's draft picks for the policy (_reduced_size of the stored picture, draft_eighths) into `turned`'s
+ * buffer, upright (_decode_whole_jpeg), then fitted to height x width into `out` (fit_pixels). 1 when done; 0 for a
+ * file of another size under FIT_EXACT, one that does not decode cleanly, or no memory. */
+static int fit_whole(Turned *turned, const uint8_t *data, size_t size, int orientation, long file_height,
                       long file_width, int policy, int height, int width, int channels, uint8_t *out) {
     const int sideways = orientation >= 5;
     int eighths = 8;
@@ -1753,12 +1780,13 @@ static int fit_png(PngDecoder *png, const uint8_t *data, size_t size, int policy
 }
 #endif
 
-/* decode.py's decode_image of a JPEG (YCbCr for 3 channels, greyscale for 1 or 3) of at most max_pixels pixels (none:
- * negative) into `out` (height x width x channels, rows back to back, `lines` pointing at them) under `policy`: a plain
- * one (no EXIF orientation but 1) as _decode_plain_jpeg with `finish` decodes it (of that size, decoded whole; another,
- * under FIT_CROP or FIT_STRETCH, decoded at the DCT scale the policy needs, _reduced_size and dct_scale, and the part
- * it keeps resized: crop_resize), one its EXIF orientation turns or mirrors by fit_turned. 1 when done; 0 for another
- * file, one of another size under FIT_EXACT, or one that does not decode cleanly. */
+/* decode.py's decode_image of a JPEG (YCbCr or greyscale) of at most max_pixels pixels (none: negative) into `out`
+ * (height x width x channels, rows back to back, `lines` pointing at them) under `policy`: a plain one (no EXIF
+ * orientation but 1, of a colour space decoded as asked) as _decode_plain_jpeg with `finish` decodes it (of that size,
+ * decoded whole; another, under FIT_CROP or FIT_STRETCH, decoded at the DCT scale the policy needs, _reduced_size and
+ * dct_scale, and the part it keeps resized: crop_resize); one its EXIF orientation turns or mirrors, or a colour one
+ * asked for as grey, by fit_whole. 1 when done; 0 for another file, one of another size under FIT_EXACT, or one that
+ * does not decode cleanly. */
 static int fit_file(Decoder *decoder, Turned *turned, const uint8_t *data, size_t size, int policy,
                     long long max_pixels, int height, int width, int channels, uint8_t *out, JSAMPROW *lines) {
     struct jpeg_decompress_struct *cinfo = &decoder->cinfo;
@@ -1772,11 +1800,13 @@ static int fit_file(Decoder *decoder, Turned *turned, const uint8_t *data, size_
     jpeg_mem_src(cinfo, data, (unsigned long)size);
     jpeg_read_header(cinfo, TRUE);
     const long file_height = (long)cinfo->image_height, file_width = (long)cinfo->image_width;
-    if ((max_pixels >= 0 && (long long)file_height * file_width > max_pixels) || !decode_as(cinfo, channels)) {
+    const int decoded = decode_as(cinfo, channels);
+    if ((max_pixels >= 0 && (long long)file_height * file_width > max_pixels) || !decoded) {
         jpeg_abort_decompress(cinfo);
         return 0;
     }
-    if (orientation == 1 && file_height == height && file_width == width) {
+    const int whole = orientation != 1 || decoded == DECODED_TO_WEIGH; /* as Pillow's path decodes it */
+    if (!whole && file_height == height && file_width == width) {
         jpeg_start_decompress(cinfo);
         while (cinfo->output_scanline < cinfo->output_height)
             jpeg_read_scanlines(cinfo, lines + cinfo->output_scanline, cinfo->output_height - cinfo->output_scanline);
@@ -1784,9 +1814,9 @@ static int fit_file(Decoder *decoder, Turned *turned, const uint8_t *data, size_
         return 1;
     }
     jpeg_abort_decompress(cinfo);
-    if (orientation != 1)
-        return fit_turned(turned, data, size, orientation, file_height, file_width, policy, height, width, channels,
-                          out);
+    if (whole)
+        return fit_whole(turned, data, size, orientation, file_height, file_width, policy, height, width, channels,
+                         out);
     if (policy == FIT_EXACT)
         return 0;
     double need_height = height, need_width = width;

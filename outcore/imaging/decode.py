@@ -515,17 +515,18 @@ def _decode_plain_jpeg(
     max_pixels: int | None, finish: bool = False,
 ) -> np.ndarray | None:
     """A YCbCr JPEG as RGB, or a greyscale JPEG as grey or as RGB (each level repeated, as Pillow converts it), through
-    libjpeg-turbo (one its EXIF orientation turns or mirrors by `_decode_turned_jpeg`, not finished); None for anything
-    else."""
+    libjpeg-turbo (one its EXIF orientation turns or mirrors, and a YCbCr one asked for as grey, by `_decode_whole_jpeg`,
+    not finished); None for anything else."""
     if data[:3] != b"\xff\xd8\xff":
         return None
     height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     _check_size(height, width, max_pixels, name)
     wanted = {("YCbCr", 3): "RGB", ("Gray", 3): "RGB", ("Gray", 1): "GRAY"}.get((colorspace, channels))
-    if wanted is None:
+    weighed = (colorspace, channels) == ("YCbCr", 1)  # colours asked for as grey: Pillow's path, in C
+    if wanted is None and not weighed:
         return None
-    if not upright(data):  # after the colour space: Pillow may be asked for the orientation
-        return _decode_turned_jpeg(data, (height, width), channels, target, resize)
+    if weighed or not upright(data):  # after the colour space: Pillow may be asked for the orientation
+        return _decode_whole_jpeg(data, (height, width), channels, target, resize, weighed)
     if out is not None and (height, width) == target:
         simplejpeg.decode_jpeg(data, colorspace=wanted, buffer=out)
         return out
@@ -539,15 +540,16 @@ def _decode_plain_jpeg(
     return simplejpeg.decode_jpeg(data, colorspace=wanted, min_height=scaled[0], min_width=scaled[1])
 
 
-def _decode_turned_jpeg(data: bytes, size: tuple[int, int], channels: int, target: tuple[int, int] | None,
-                        resize: ResizePolicy) -> np.ndarray | None:
+def _decode_whole_jpeg(data: bytes, size: tuple[int, int], channels: int, target: tuple[int, int] | None,
+                       resize: ResizePolicy, weighed: bool) -> np.ndarray | None:
     """A JPEG of ``size`` (stored) of a colour space `_decode_plain_jpeg` takes that its EXIF orientation turns or
-    mirrors, decoded upright by the C extension at the DCT scale Pillow's ``draft`` picks for it in `_decode`: the
-    pixels Pillow gives there (its decoder's settings, `exif_transpose`'s turn), without its parse of the EXIF and its
-    copies; None where the extension is not built, or cannot tell or decode the file (Pillow then reads it)."""
+    mirrors, or (``weighed``) a YCbCr one asked for as grey, decoded upright by the C extension at the DCT scale
+    Pillow's ``draft`` picks for it in `_decode`: the pixels Pillow gives there (its decoder's settings,
+    `exif_transpose`'s turn, ``convert("L")``'s weights), without its parse of the EXIF and its copies; None where the
+    extension is not built, or cannot tell or decode the file (Pillow then reads it)."""
     decode = getattr(native.extension, "decode_upright", None)
     orientation = known_orientation(data) if decode is not None else 0
-    if orientation < 2:
+    if orientation == 0 or (orientation == 1 and not weighed):
         return None
     eighths = 8 if resize is None else draft_eighths(size, _reduced_size(size, target, resize, orientation))
     height, width = (-(-side * eighths // 8) for side in size)
