@@ -9,7 +9,7 @@
                                         encoded+crop,encoded+jitter,encoded+crop-torch,png,png+crop,rrc,dense,dense-own,
                                         palette,depth16,dense-bc,depth-own,ingest,ingest-png,ingest-depth,
                                         ingest-masks,ingest-masks12,exif,exif+crop,ingest-exif,ingest-pixels,
-                                        ingest-pixels-exif,ingest-pixels-own,ingest-pixels-png,grey]
+                                        ingest-pixels-exif,ingest-pixels-own,ingest-pixels-png,grey,weighed]
                                [--torch-workers 0,2] [--as-cpus 16]
 
 Builds (once, in ``--workdir``) a pixel store and an encoded store of the same ``--images`` 128x128 photo crops, an
@@ -47,7 +47,9 @@ Pillow's ``exif_transpose``); ``ingest-exif``: ``ingest`` of those files (`exif_
 ``shape=(96, 96, 3)`` (each file decoded and cut to it, as ``resize="crop"`` does); ``ingest-pixels-png``: the PNGs
 of ``png`` ingested so; ``ingest-pixels-own``: the ImageNet-like JPEGs of ``rrc`` ingested so, ``shape=(224, 224,
 3)``; ``grey``: ``encoded`` of the
-photos as greyscale JPEGs in a store of RGB pictures, as ImageNet and COCO hold some, each level repeated):
+photos as greyscale JPEGs in a store of RGB pictures, as ImageNet and COCO hold some, each level repeated;
+``weighed``: ``encoded`` of the photos' colour JPEGs in a store of grey pictures, ``shape=(128, 128, 1)``, each
+weighed as Pillow's ``convert("L")`` weighs it):
 
 - **scaling**: samples/s with ``outcore.set_threads(n)`` for each ``--threads`` (median of the epochs run in
   ``--seconds``), the ratio to ``n`` times the one-thread rate, and the GIL share timed: the share of the
@@ -220,6 +222,7 @@ CASES = {  # name: (store, transform)
     "ingest-pixels-own": ("own-size-jpegs", None),  # the ImageNet-like JPEGs as pixels, cut to 224x224
     "ingest-pixels-png": ("photos-png", None),  # the PNGs of png as pixels, cut to 96x96
     "grey": ("grey", None),  # encoded, greyscale JPEGs in a store of RGB pictures
+    "weighed": ("weighed", None),  # encoded, the colour JPEGs in a store of grey pictures
 }
 NAME_WIDTH = max(map(len, CASES))  # of the tables' first column
 DENSE_FIELDS = ["images", "masks", "boxes", "labels", "keypoints"]
@@ -252,7 +255,7 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
     needed = needed | ({"pixels"} if "pixels16" in needed else set())  # made from the pixel store
     palettes, turned, greys = workdir / "photos-palette", workdir / "photos-exif", workdir / "photos-grey"
     for folder, extension, stores_of_it in ((photos, ".jpg", {"pixels", "encoded", "depth-own", "photos", "palette",
-                                                               "depth16", "exif", "photos-exif", "grey"}),
+                                                               "depth16", "exif", "photos-exif", "grey", "weighed"}),
                                             (pngs, ".png", {"png", "photos-png"})):
         if not folder.exists() and needed & stores_of_it:
             write_image_folder(folder, images // 4, classes=("a", "b", "c", "d"), size=(128, 128), kind="photos",
@@ -282,6 +285,7 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
                                   ("palette", palettes, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("exif", turned, {"shape": (128, 128, 3), "images": "encoded"}),
                                   ("grey", greys, {"shape": (128, 128, 3), "images": "encoded"}),
+                                  ("weighed", photos, {"shape": (128, 128, 1), "images": "encoded"}),
                                   ("own-size", own_size, {"shape": None, "images": "encoded"})):
         made[name] = location = workdir / f"{name}.zarr"
         if name in needed and not location.exists():
