@@ -1701,6 +1701,28 @@ static void cover_box(long height, long width, int out_height, int out_width, do
 
 enum { FIT_EXACT, FIT_CROP, FIT_STRETCH }; /* the resize policies fit_files takes: None, "crop", "fit" */
 
+/* The header of the JPEG `data`: its EXIF orientation (jpeg_orientation), with its stored height and width and how
+ * decode_as decodes it to `channels` (DECODED_AS_ASKED or DECODED_TO_WEIGH) where the decoder reads it and decodes its
+ * colour space; else 0. */
+static int jpeg_header(Decoder *decoder, const uint8_t *data, size_t size, int channels, long *height, long *width,
+                       int *decoded) {
+    struct jpeg_decompress_struct *cinfo = &decoder->cinfo;
+    const int orientation = jpeg_orientation(data, size); /* 0: no JPEG, or one left to Pillow */
+    if (orientation == 0)
+        return 0;
+    if (setjmp(decoder->errors.escape)) {
+        jpeg_abort_decompress(cinfo);
+        return 0;
+    }
+    jpeg_mem_src(cinfo, data, (unsigned long)size);
+    jpeg_read_header(cinfo, TRUE);
+    *height = (long)cinfo->image_height;
+    *width = (long)cinfo->image_width;
+    *decoded = decode_as(cinfo, channels);
+    jpeg_abort_decompress(cinfo);
+    return *decoded ? orientation : 0;
+}
+
 /* resize.py's fit of an upright picture (`pixels`, picture_height x picture_width x channels, rows back to back) to
  * height x width into `out` under `policy`: as it is at that size; else, under FIT_CROP, cover_box's edges, a region
  * of whole pixels at that size copied as resize_edges copies it, or, under FIT_STRETCH, the whole picture resized.
@@ -1789,34 +1811,19 @@ static int fit_png(PngDecoder *png, const uint8_t *data, size_t size, int policy
  * does not decode cleanly. */
 static int fit_file(Decoder *decoder, Turned *turned, const uint8_t *data, size_t size, int policy,
                     long long max_pixels, int height, int width, int channels, uint8_t *out, JSAMPROW *lines) {
-    struct jpeg_decompress_struct *cinfo = &decoder->cinfo;
-    const int orientation = jpeg_orientation(data, size); /* 0: no JPEG, or one left to Pillow */
-    if (orientation == 0)
+    long file_height, file_width;
+    int decoded;
+    const int orientation = jpeg_header(decoder, data, size, channels, &file_height, &file_width, &decoded);
+    if (orientation == 0 || (max_pixels >= 0 && (long long)file_height * file_width > max_pixels))
         return 0;
-    if (setjmp(decoder->errors.escape)) {
-        jpeg_abort_decompress(cinfo);
-        return 0;
-    }
-    jpeg_mem_src(cinfo, data, (unsigned long)size);
-    jpeg_read_header(cinfo, TRUE);
-    const long file_height = (long)cinfo->image_height, file_width = (long)cinfo->image_width;
-    const int decoded = decode_as(cinfo, channels);
-    if ((max_pixels >= 0 && (long long)file_height * file_width > max_pixels) || !decoded) {
-        jpeg_abort_decompress(cinfo);
-        return 0;
-    }
-    const int whole = orientation != 1 || decoded == DECODED_TO_WEIGH; /* as Pillow's path decodes it */
-    if (!whole && file_height == height && file_width == width) {
-        jpeg_start_decompress(cinfo);
-        while (cinfo->output_scanline < cinfo->output_height)
-            jpeg_read_scanlines(cinfo, lines + cinfo->output_scanline, cinfo->output_height - cinfo->output_scanline);
-        jpeg_finish_decompress(cinfo);
-        return 1;
-    }
-    jpeg_abort_decompress(cinfo);
-    if (whole)
+    if (orientation != 1 || decoded == DECODED_TO_WEIGH) /* as Pillow's path decodes it */
         return fit_whole(turned, data, size, orientation, file_height, file_width, policy, height, width, channels,
                          out);
+    if (file_height == height && file_width == width) {
+        Plain plain = {.channels = channels, .height = height, .width = width, .max_pixels = -1, .max_side = -1};
+        int64_t shape[2];
+        return decode_plain(decoder, data, size, &plain, lines, shape) != 0;
+    }
     if (policy == FIT_EXACT)
         return 0;
     double need_height = height, need_width = width;
@@ -1839,8 +1846,8 @@ static int fit_file(Decoder *decoder, Turned *turned, const uint8_t *data, size_
 }
 
 /* fit_files(paths, policy, max_pixels, out, digests): each regular file of `paths` read whole, and where it is a JPEG
- * fit_file takes (or, built with zlib, a PNG fit_png takes), decoded into out[k] and its BLAKE2b digest of digests' width written into digests[k]; the GIL
- * released once for them all; the positions left are returned. */
+ * fit_file takes (or, built with zlib, a PNG fit_png takes), decoded into out[k] and its BLAKE2b digest of digests'
+ * width written into digests[k]; the GIL released once for them all; the positions left are returned. */
 static PyObject *py_fit_files(PyObject *self, PyObject *args) {
     PyObject *path_list, *arrays[2], *left = NULL;
     const char *policy_name;
