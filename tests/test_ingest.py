@@ -339,8 +339,8 @@ def test_an_image_past_the_pixel_limit_is_a_bad_file(tmp_path):
 def test_a_pixel_ingest_of_camera_and_phone_jpegs_holds_decode_images_pixels(tmp_path):
     """A folder of JPEGs in each EXIF orientation (a phone's, turned upright), greyscale and CMYK ones, a PNG, a
     damaged JPEG and one past the pixel limit, ingested as pixels (the JPEGs in outcore's C a block at a time where it
-    is built): each sample the pixels `decode_image` gives its file and the file's digest hashlib's; the two bad files
-    skipped and named."""
+    is built): each sample the pixels `decode_image` gives its file and the file's digest hashlib's, in colour and in
+    grey; the two bad files skipped and named."""
     root = tmp_path / "photos"
     (root / "cat").mkdir(parents=True)
     photo = Image.fromarray(sample_photo("astronaut")).resize((150, 100))
@@ -354,18 +354,21 @@ def test_a_pixel_ingest_of_camera_and_phone_jpegs_holds_decode_images_pixels(tmp
     photo.save(root / "cat" / "photo.png")
     (root / "cat" / "damaged.jpg").write_bytes((root / "cat" / "exif6.jpg").read_bytes()[:1500])
     photo.resize((1100, 1000)).save(root / "cat" / "huge.jpg")
-    ds = outcore.ingest_images(root, tmp_path / "s.zarr", shape=(48, 64, 3), images="pixels", on_error="skip",
-                               max_pixels=1_000_000, progress=False)
-    assert {Path(line.split(":")[0]).name for line in
-            (tmp_path / "s.zarr.skipped.txt").read_text().splitlines()} == {"damaged.jpg", "huge.jpg"}
-    paths, images, digests = ds["path"].compute(), ds["images"].compute(), ds["file_digest"].compute()
-    assert sorted(Path(path).name for path in paths) == sorted(
-        [*(f"exif{k}.jpg" for k in range(1, 9)), "grey.jpg", "cmyk.jpg", "photo.png"])
-    for path, pixels, digest in zip(paths, images, digests, strict=True):
-        data = (root / path).read_bytes()
-        np.testing.assert_array_equal(pixels, decode_image(data, (48, 64, 3), "crop", np.dtype("uint8")), err_msg=path)
-        assert digest.tobytes() == hashlib.blake2b(data, digest_size=16).digest()
-    assert outcore.verify(tmp_path / "s.zarr", progress=False).ok
+    for channels in (3, 1):  # colours asked for as grey too
+        store = tmp_path / f"s{channels}.zarr"
+        ds = outcore.ingest_images(root, store, shape=(48, 64, channels), images="pixels", on_error="skip",
+                                   max_pixels=1_000_000, progress=False)
+        assert {Path(line.split(":")[0]).name for line in
+                Path(f"{store}.skipped.txt").read_text().splitlines()} == {"damaged.jpg", "huge.jpg"}
+        paths, images, digests = ds["path"].compute(), ds["images"].compute(), ds["file_digest"].compute()
+        assert sorted(Path(path).name for path in paths) == sorted(
+            [*(f"exif{k}.jpg" for k in range(1, 9)), "grey.jpg", "cmyk.jpg", "photo.png"])
+        for path, pixels, digest in zip(paths, images, digests, strict=True):
+            data = (root / path).read_bytes()
+            expected = decode_image(data, (48, 64, channels), "crop", np.dtype("uint8"))
+            np.testing.assert_array_equal(pixels, expected, err_msg=path)
+            assert digest.tobytes() == hashlib.blake2b(data, digest_size=16).digest()
+        assert outcore.verify(store, progress=False).ok
 
 
 def test_class_folders_named_like_splits_are_refused(tmp_path):
