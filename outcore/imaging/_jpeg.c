@@ -2234,8 +2234,8 @@ static PyMethodDef methods[] = {
      "decode_each(regions, ranges, which, samples, out, rows)\n--\n\n"
      "Decode file samples[k] of chunk which[k], regions[c][ranges[c][i, 0]:ranges[c][i, 1]] for file i of chunk\n"
      "c, whole into out[rows[k]], for every k, where it is a plain JPEG of out's height and width (YCbCr for 3\n"
-     "channels, greyscale for 1; one its EXIF orientation turns or mirrors, upright, as Pillow's exif_transpose\n"
-     "turns it), or, built with zlib (ZLIB: its version), a plain PNG of that size (as\n"
+     "channels, greyscale for 1 or 3, YCbCr for 1 too, weighed as Pillow's convert(\"L\") weighs it; one its EXIF\n"
+     "orientation turns or mirrors, upright, as Pillow's exif_transpose turns it), or, built with zlib (ZLIB: its version), a plain PNG of that size (as\n"
      "Pillow converts it to out's channels; no eXIf, no animation; into uint16 rows of 1 channel, 16-bit grey only),\n"
      "that decodes cleanly; the list of the k left (other files, damaged ones) is returned."},
     {"crop_each", (PyCFunction)(void (*)(void))py_crop_each, METH_VARARGS | METH_KEYWORDS,
@@ -2248,8 +2248,7 @@ static PyMethodDef methods[] = {
      "returned."},
     {"check_each", (PyCFunction)(void (*)(void))py_check_each, METH_VARARGS | METH_KEYWORDS,
      "check_each(files, channels, max_pixels, max_side, out, orientations=None)\n--\n\n"
-     "Decode each of `files` (bytes) that is a plain JPEG (YCbCr for 3 channels, greyscale for 1, no EXIF\n"
-     "orientation but 1) of at\n"
+     "Decode each of `files` (bytes) that is a plain JPEG (YCbCr or greyscale, no EXIF orientation but 1) of at\n"
      "most max_pixels pixels and max_side a side (none: negative) at 1/8 of its size, as decode.py's decoded_size\n"
      "does, and write its height and width into out[k] (files, 2; int64); the list of the k left (other files,\n"
      "damaged ones, those past the limits: (0, 0) in out) is returned. With `orientations` (files,; uint8), JPEGs\n"
@@ -2266,8 +2265,8 @@ static PyMethodDef methods[] = {
     {"fit_files", py_fit_files, METH_VARARGS,
      "fit_files(paths, policy, max_pixels, out, digests)\n--\n\n"
      "Read each regular file of `paths` whole (a path holding \"::\" or \"://\" is not read) and, where it is a JPEG\n"
-     "(YCbCr for 3 channels, greyscale for 1 or 3; upright, or turned or mirrored by its EXIF orientation) or, built\n"
-     "with zlib, a plain PNG (as decode_png takes it, as 8-bit samples) of at most max_pixels pixels (none: negative)\n"
+     "(YCbCr or greyscale, a colour one asked for as grey weighed as decode_upright weighs it; upright, or turned or\n"
+     "mirrored by its EXIF orientation) or, built with zlib, a plain PNG (as decode_png takes it, as 8-bit samples) of at most max_pixels pixels (none: negative)\n"
      "that decodes cleanly, decode it into out[k] (paths, height, width, 1 or 3; uint8) as decode.py's decode_image\n"
      "does under `policy` (None: a file of out's size only; 'crop' or 'fit': any size, a JPEG decoded at the DCT scale\n"
      "the policy needs, upright, then fitted) and write its BLAKE2b digest of digests' width (1 to 64 bytes) into\n"
@@ -2293,8 +2292,8 @@ static PyMethodDef methods[] = {
     {"decode_upright", py_decode_upright, METH_VARARGS,
      "decode_upright(data, eighths, out)\n--\n\n"
      "Decode the JPEG `data` whole at `eighths`/8 of its size into `out` (height, width, 1 or 3; uint8), upright as\n"
-     "Pillow's exif_transpose turns it, where it is a plain JPEG (YCbCr for 3 channels, greyscale for 1 or 3) or one\n"
-     "its EXIF orientation turns or mirrors (jpeg_orientation 2-8), of out's height and width upright once scaled\n"
+     "Pillow's exif_transpose turns it, where it is a plain JPEG (YCbCr for 3 channels, greyscale for 1 or 3, YCbCr\n"
+     "for 1 too, its rows weighed as Pillow's convert(\"L\") weighs them) or one its EXIF orientation turns or mirrors (jpeg_orientation 2-8), of out's height and width upright once scaled\n"
      "(libjpeg's: each side times eighths/8, rounded up), that decodes cleanly: its orientation (1-8); else 0, out's\n"
      "contents undefined (for Pillow, which words what is wrong). The GIL is released meanwhile."},
     {"jpeg_orientation", py_jpeg_orientation, METH_O,
