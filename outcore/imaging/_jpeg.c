@@ -2266,12 +2266,13 @@ static PyMethodDef methods[] = {
      "fit_files(paths, policy, max_pixels, out, digests)\n--\n\n"
      "Read each regular file of `paths` whole (a path holding \"::\" or \"://\" is not read) and, where it is a JPEG\n"
      "(YCbCr or greyscale, a colour one asked for as grey weighed as decode_upright weighs it; upright, or turned or\n"
-     "mirrored by its EXIF orientation) or, built with zlib, a plain PNG (as decode_png takes it, as 8-bit samples) of at most max_pixels pixels (none: negative)\n"
-     "that decodes cleanly, decode it into out[k] (paths, height, width, 1 or 3; uint8) as decode.py's decode_image\n"
-     "does under `policy` (None: a file of out's size only; 'crop' or 'fit': any size, a JPEG decoded at the DCT scale\n"
-     "the policy needs, upright, then fitted) and write its BLAKE2b digest of digests' width (1 to 64 bytes) into\n"
-     "digests[k]; the list of the k left (files not read, other files, damaged ones; their rows and digests as they\n"
-     "were, or partly written) is returned. The GIL is released once for them all."},
+     "mirrored by its EXIF orientation) or, built with zlib, a plain PNG (as decode_png takes it, as 8-bit samples)\n"
+     "of at most max_pixels pixels (none: negative) that decodes cleanly, decode it into out[k] (paths, height,\n"
+     "width, 1 or 3; uint8) as decode.py's decode_image does under `policy` (None: a file of out's size only; 'crop'\n"
+     "or 'fit': any size, a JPEG decoded at the DCT scale the policy needs, upright, then fitted) and write its\n"
+     "BLAKE2b digest of digests' width (1 to 64 bytes) into digests[k]; the list of the k left (files not read, other\n"
+     "files, damaged ones; their rows and digests as they were, or partly written) is returned. The GIL is released\n"
+     "once for them all."},
 #ifdef OUTCORE_PNG
     {"decode_png_files", py_decode_png_files, METH_VARARGS,
      "decode_png_files(paths, outs, ids=False, exact=False)\n--\n\n"
