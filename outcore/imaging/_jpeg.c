@@ -2235,9 +2235,10 @@ static PyMethodDef methods[] = {
      "Decode file samples[k] of chunk which[k], regions[c][ranges[c][i, 0]:ranges[c][i, 1]] for file i of chunk\n"
      "c, whole into out[rows[k]], for every k, where it is a plain JPEG of out's height and width (YCbCr for 3\n"
      "channels, greyscale for 1 or 3, YCbCr for 1 too, weighed as Pillow's convert(\"L\") weighs it; one its EXIF\n"
-     "orientation turns or mirrors, upright, as Pillow's exif_transpose turns it), or, built with zlib (ZLIB: its version), a plain PNG of that size (as\n"
-     "Pillow converts it to out's channels; no eXIf, no animation; into uint16 rows of 1 channel, 16-bit grey only),\n"
-     "that decodes cleanly; the list of the k left (other files, damaged ones) is returned."},
+     "orientation turns or mirrors, upright, as Pillow's exif_transpose turns it), or, built with zlib (ZLIB: its\n"
+     "version), a plain PNG of that size (as Pillow converts it to out's channels; no eXIf, no animation; into uint16\n"
+     "rows of 1 channel, 16-bit grey only), that decodes cleanly; the list of the k left (other files, damaged ones)\n"
+     "is returned."},
     {"crop_each", (PyCFunction)(void (*)(void))py_crop_each, METH_VARARGS | METH_KEYWORDS,
      "crop_each(regions, ranges, which, samples, out, rows, sizes, boxes, flips)\n--\n\n"
      "For every k: boxes[k] (top, left, height, width) of file samples[k] of chunk which[k] (as decode_each), a plain\n"
