@@ -2295,9 +2295,10 @@ static PyMethodDef methods[] = {
      "decode_upright(data, eighths, out)\n--\n\n"
      "Decode the JPEG `data` whole at `eighths`/8 of its size into `out` (height, width, 1 or 3; uint8), upright as\n"
      "Pillow's exif_transpose turns it, where it is a plain JPEG (YCbCr for 3 channels, greyscale for 1 or 3, YCbCr\n"
-     "for 1 too, its rows weighed as Pillow's convert(\"L\") weighs them) or one its EXIF orientation turns or mirrors (jpeg_orientation 2-8), of out's height and width upright once scaled\n"
-     "(libjpeg's: each side times eighths/8, rounded up), that decodes cleanly: its orientation (1-8); else 0, out's\n"
-     "contents undefined (for Pillow, which words what is wrong). The GIL is released meanwhile."},
+     "for 1 too, its rows weighed as Pillow's convert(\"L\") weighs them) or one its EXIF orientation turns or\n"
+     "mirrors (jpeg_orientation 2-8), of out's height and width upright once scaled (libjpeg's: each side times\n"
+     "eighths/8, rounded up), that decodes cleanly: its orientation (1-8); else 0, out's contents undefined (for\n"
+     "Pillow, which words what is wrong). The GIL is released meanwhile."},
     {"jpeg_orientation", py_jpeg_orientation, METH_O,
      "jpeg_orientation(data)\n--\n\n"
      "The EXIF orientation of the JPEG `data`, read from its header segments as Pillow reads it: 1 (upright as\n"
