@@ -1,12 +1,14 @@
 """Does an ingest of a large folder scale with its cores? Whole ingests, timed by phase and sampled holding the GIL.
 
     python benchmarks/ingest_scale.py [--files 100000] [--threads 1,2] [--repeats 2] [--workdir bench-data] [--no-gil]
+                                      [--pixels H,W]
 
 Writes (once, in ``--workdir``) ``--files`` ImageNet-like JPEGs (`imagenet.write_folder`: 300-500 pixels on the
 short side, about 52 KiB each), then, each run in a fresh process, ingests them at their own size with the
 command, as the console script runs it (``outcore ingest FOLDER STORE --shape any --images encoded --no-progress``,
 which calls ``outcore.ingest_images(folder, store, shape=None, images="encoded")``: a survey that checks every
-file, then the writes), from its imports to the process's end:
+file, then the writes), or, with ``--pixels H,W``, into a pixel store of that size (``--shape H,W,3 --images
+pixels``: each file decoded and cut in the writes, no survey), from its imports to the process's end:
 
 - **scaling**: seconds, files/s and CPU seconds of whole ingests at each ``--threads`` (``--repeats`` each,
   in turns), and the ratio to n times the one-thread rate;
@@ -76,10 +78,12 @@ def timed(module, name):
 timed(images, "survey_images")
 timed(build, "_write_fields")
 timed(build, "_gather_small")
-sys.argv = ["outcore", "ingest", sys.argv[1], sys.argv[2], "--shape", "any", "--images", "encoded", "--no-progress"]
+sys.argv = ["outcore", "ingest", sys.argv[1], sys.argv[2], "--shape", sys.argv[4], "--images", sys.argv[5],
+            "--no-progress"]
 status = outcore_command.main()  # as the console script runs it, to its end
 end = time.perf_counter()
-(survey, surveyed), (writes, written) = spans["survey_images"], spans["_write_fields"]
+(survey, surveyed) = spans.get("survey_images", (imported, imported))  # a pixel ingest of one shape: no survey
+(writes, written) = spans["_write_fields"]
 gather, gathered = spans["_gather_small"]
 print(json.dumps({"seconds": end - start, "ended": time.time(), "phases": [
     imported - start, survey - imported, surveyed - survey, writes - surveyed, gather - writes, gathered - gather,
@@ -102,12 +106,15 @@ def compiled(workdir: Path) -> dict[str, str]:
     return environment
 
 
-def ingest(folder: Path, threads: int, environment: dict[str, str],
-           gil_samples: Path | None = None) -> tuple[float, float, list[float]]:
+def ingest(folder: Path, threads: int, environment: dict[str, str], gil_samples: Path | None = None,
+           pixels: str | None = None) -> tuple[float, float, list[float]]:
     """One whole ingest of ``folder`` in a fresh process with ``environment``: ``(seconds, CPU seconds, seconds per
-    phase)``; with ``gil_samples``, run under ``py-spy record --gil``, its raw samples written there."""
+    phase)``; with ``gil_samples``, run under ``py-spy record --gil``, its raw samples written there; with ``pixels``
+    (``"H,W"``), into a pixel store of that size (``--shape H,W,3 --images pixels``)."""
+    shape, images = ("any", "encoded") if pixels is None else (f"{pixels},3", "pixels")
     with tempfile.TemporaryDirectory(dir=folder.parent) as scratch:
-        command = [sys.executable, "-c", INGEST, str(folder), str(Path(scratch) / "ingested.zarr"), str(threads)]
+        command = [sys.executable, "-c", INGEST, str(folder), str(Path(scratch) / "ingested.zarr"), str(threads), shape,
+                   images]
         if gil_samples is not None:
             command = ["py-spy", "record", "--rate", str(RATE), "--nonblocking", "--format", "raw", "--gil",
                        "--output", str(gil_samples), "--", *command]
@@ -138,6 +145,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=Path("bench-data"))
     parser.add_argument("--no-gil", action="store_true", help="leave out the ingest sampled holding the GIL")
+    parser.add_argument("--pixels", help="H,W: ingest into a pixel store of that size (--shape H,W,3 --images pixels)")
     args = parser.parse_args()
     folder = args.workdir / f"imagenet-like-{args.files}"
     files = len(write_folder(folder, args.files))
@@ -146,10 +154,12 @@ def main() -> None:
     environment = compiled(args.workdir)
     for _ in range(args.repeats):  # in turns: a slow spell of the machine falls on every thread count alike
         for n in threads:
-            runs[n].append(ingest(folder, n, environment))
+            runs[n].append(ingest(folder, n, environment, pixels=args.pixels))
     one = min(seconds for seconds, _, _ in runs[1]) if 1 in runs else None
-    print(f"\noutcore.ingest_images of {files:,} JPEGs at their own size (shape=None, images='encoded'), whole "
-          f"ingests, fresh processes, best of {args.repeats} (the ratio: to n x the 1-thread rate)")
+    kept = "at their own size (shape=None, images='encoded')" if args.pixels is None else \
+        f"as {args.pixels} pixels (shape=({args.pixels}, 3), images='pixels')"
+    print(f"\noutcore.ingest_images of {files:,} JPEGs {kept}, whole ingests, fresh processes, best of {args.repeats} "
+          "(the ratio: to n x the 1-thread rate)")
     print(f"{'threads':>7s} {'seconds':>15s} {'files/s':>8s} {'CPU s':>7s} {'ratio':>6s}")
     for n in threads:
         best, cpu, _ = min(runs[n])
@@ -167,7 +177,7 @@ def main() -> None:
         return
     n = threads[-1]
     raw_path = args.workdir / "ingest-gil-samples.txt"
-    ingest(folder, n, environment, raw_path)
+    ingest(folder, n, environment, raw_path, args.pixels)
     raw = raw_path.read_text()
     raw_path.unlink()
     held, holders = phases(raw), functions(raw)
