@@ -1701,6 +1701,20 @@ static void cover_box(long height, long width, int out_height, int out_width, do
 
 enum { FIT_EXACT, FIT_CROP, FIT_STRETCH }; /* the resize policies fit_files takes: None, "crop", "fit" */
 
+/* decode.py's _reduced_size of a stored picture (its orientation's swap of the target made by the caller): the least
+ * height and width a picture file_height x file_width may be decoded at for `policy` to reach target_height x
+ * target_width (FIT_CROP: scaled to cover it, each side rounded up; else the target). */
+static void reduced_size(long file_height, long file_width, long target_height, long target_width, int policy,
+                         long *need_height, long *need_width) {
+    *need_height = target_height;
+    *need_width = target_width;
+    if (policy == FIT_CROP) {
+        const double scale = fmax((double)target_height / (double)file_height, (double)target_width / (double)file_width);
+        *need_height = (long)ceil((double)file_height * scale);
+        *need_width = (long)ceil((double)file_width * scale);
+    }
+}
+
 /* The header of the JPEG `data`: its EXIF orientation (jpeg_orientation), with its stored height and width and how
  * decode_as decodes it to `channels` (DECODED_AS_ASKED or DECODED_TO_WEIGH) where the decoder reads it and decodes its
  * colour space; else 0. */
@@ -1755,13 +1769,8 @@ static int fit_whole(Turned *turned, const uint8_t *data, size_t size, int orien
     int eighths = 8;
     if (policy != FIT_EXACT) {
         const long target_height = sideways ? width : height, target_width = sideways ? height : width;
-        long need_height = target_height, need_width = target_width;
-        if (policy == FIT_CROP) {
-            const double scale = fmax((double)target_height / (double)file_height,
-                                      (double)target_width / (double)file_width);
-            need_height = (long)ceil((double)file_height * scale);
-            need_width = (long)ceil((double)file_width * scale);
-        }
+        long need_height, need_width;
+        reduced_size(file_height, file_width, target_height, target_width, policy, &need_height, &need_width);
         const long down = file_height / need_height, across = file_width / need_width; /* whole times each side */
         const long times = down < across ? down : across;
         eighths = times >= 8 ? 1 : times >= 4 ? 2 : times >= 2 ? 4 : 8;
@@ -1826,14 +1835,10 @@ static int fit_file(Decoder *decoder, Turned *turned, const uint8_t *data, size_
     }
     if (policy == FIT_EXACT)
         return 0;
-    double need_height = height, need_width = width;
-    if (policy == FIT_CROP) {
-        const double scale = fmax((double)height / (double)file_height, (double)width / (double)file_width);
-        need_height = ceil((double)file_height * scale);
-        need_width = ceil((double)file_width * scale);
-    }
+    long need_height, need_width;
+    reduced_size(file_height, file_width, height, width, policy, &need_height, &need_width);
     Request request = {.data = data, .size = size, .channels = channels, .height = height, .width = width};
-    request.scale = dct_scale(file_height, file_width, need_height, need_width);
+    request.scale = dct_scale(file_height, file_width, (double)need_height, (double)need_width);
     const long scaled_height = (file_height * request.scale + 7) / 8, scaled_width = (file_width * request.scale + 7) / 8;
     if (policy == FIT_CROP) {
         cover_box(scaled_height, scaled_width, height, width, request.box);
