@@ -21,7 +21,7 @@ from support.calls import python_calls
 
 import outcore
 from outcore.imaging import center_crop_box, native
-from outcore.imaging.windows import copy_samples
+from outcore.imaging.windows import copy_samples, gather_ragged
 from outcore.iterate import batch as batch_module
 from outcore.iterate import gather, readers
 from outcore.iterate.batch import Recipe, WholePictures, make_batch, steps, transform_generator
@@ -373,6 +373,63 @@ def test_a_batchs_rows_by_chunk_follow_the_rule_in_c_and_numpy(backend, keys, ch
     assert rows.which.tolist() == [chunks.index(keys[k]) for k in order]
     assert rows.local.tolist() == [samples[k] % chunk_size for k in order]
     assert {part.dtype for part in (rows.order, rows.chunks, rows.which, rows.local)} == {np.dtype(np.int64)}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # no state
+@given(counts=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=6), min_size=1, max_size=5),
+       row_shape=st.sampled_from([(), (4,), (4, 3)]), dtype=st.sampled_from([np.uint8, np.float32, np.int64]),
+       data=st.data())
+def test_a_ragged_fields_rows_are_gathered_in_the_batchs_order_in_c_and_numpy(backend, counts, row_shape, dtype, data):
+    """`gather_ragged`: each batch row gets exactly its sample's rows (any count, none too), back to back in the batch's
+    order, whichever chunk holds it and wherever its rows lie there (the chunks' spans in any order, with gaps)."""
+    values, ranges, samples = [], [], []
+    for chunk, sizes in enumerate(counts):
+        order = data.draw(st.permutations(range(len(sizes))))  # where each sample's rows lie in the chunk
+        starts, at = [0] * len(sizes), 0
+        for sample in order:
+            at += data.draw(st.integers(0, 2))  # a gap, as a chunk's bytes past a shorter rewrite
+            starts[sample], at = at, at + sizes[sample]
+        values.append((np.arange(at * int(np.prod(row_shape)), dtype=np.int64) + 1000 * chunk)
+                      .reshape(at, *row_shape).astype(dtype))
+        ranges.append(np.array([[start, start + size] for start, size in zip(starts, sizes, strict=True)], np.int64)
+                      .reshape(-1, 2))
+        samples += [(chunk, sample) for sample in range(len(sizes))]
+    taken = data.draw(st.lists(st.sampled_from(samples), min_size=1, max_size=12))
+    rows = np.array(data.draw(st.permutations(range(len(taken)))), np.int64)
+    which, local = np.array([c for c, _ in taken], np.int64), np.array([s for _, s in taken], np.int64)
+    out, offsets = gather_ragged(values, ranges, which, local, rows)
+    expected = [None] * len(taken)
+    for (chunk, sample), row in zip(taken, rows.tolist(), strict=True):
+        start, stop = ranges[chunk][sample]
+        expected[row] = values[chunk][start:stop]
+    assert offsets.tolist() == [0, *np.cumsum([len(rows_of) for rows_of in expected]).tolist()]
+    assert out.dtype == dtype and out.shape[1:] == row_shape
+    np.testing.assert_array_equal(out, np.concatenate(expected))
+
+
+def test_a_ragged_gather_out_of_range_is_refused_naming_the_copy_before_any_row_moves():
+    if getattr(native.windows, "ragged_rows", None) is None:
+        pytest.skip(f"outcore's _windows extension is not in use here: {native.copies()}")
+    values, ranges, one = [np.zeros((3, 4), np.float32)], [np.array([[0, 2], [2, 3]])], np.array([0])
+    for which, local, rows, said in ((np.array([1]), one, one, "copy 0: sample 0 of chunk 1"),
+                                     (one, np.array([2]), one, "copy 0: sample 2 of chunk 0"),
+                                     (one, one, np.array([1]), "into row 1")):
+        with pytest.raises(IndexError, match=said):
+            native.windows.ragged_offsets(ranges, which, local, rows, np.zeros(2, np.int64))
+    backwards = [np.array([[2, 1]])]
+    with pytest.raises(IndexError, match="runs backwards"):
+        native.windows.ragged_offsets(backwards, one, one, one, np.zeros(2, np.int64))
+    out = np.full((1, 4), 7, np.float32)
+    for spans, offsets, error in (([np.array([[2, 4]])], np.array([0, 2]), "does not fit"),  # past the chunk's rows
+                                  (ranges, np.array([0, 1]), "does not fit"),  # two rows into one row's place
+                                  (ranges, np.array([0, 2]), "does not fit")):  # past out
+        with pytest.raises(IndexError, match=error):
+            native.windows.ragged_rows(values, spans, one, one, one, offsets, out)
+    with pytest.raises(ValueError, match="format and row shape"):
+        native.windows.ragged_rows(values, ranges, one, one, one, np.array([0, 2]), np.zeros((2, 4), np.float64))
+    with pytest.raises(ValueError, match="int64 \\(n, 2\\)"):
+        native.windows.ragged_offsets([np.zeros((1, 3), np.int64)], one, one, one, np.zeros(2, np.int64))
+    assert (out == 7).all()
 
 
 def test_a_copy_of_a_few_bytes_keeps_the_gil_and_a_large_one_lets_it_go():

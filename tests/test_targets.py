@@ -295,9 +295,11 @@ def test_the_c_cut_gives_the_bytes_of_numpys(monkeypatch, dtype, channels):
     if native.windows is None:
         pytest.skip(f"outcore's C copies are not built here: {native.copies()}")
     rng = np.random.default_rng(1)
-    maps = rng.integers(0, 100, (6, 11, 17, *channels)).astype(dtype)
-    crops = np.array([[-3, -4, 20, 25], [0, 0, 11, 17], [2.5, 3.5, 4, 6], [5, 9, 30, 30], [0, 0, 1, 1], [10, 16, 1, 1]])
-    flips = rng.random((6, 2)) < 0.5
+    drawn = np.concatenate([rng.uniform(-6, 16, (58, 2)), rng.uniform(0.01, 30, (58, 2))], axis=1)  # C finds the lines
+    crops = np.array([[-3, -4, 20, 25], [0, 0, 11, 17], [2.5, 3.5, 4, 6], [5, 9, 30, 30], [0, 0, 1, 1], [10, 16, 1, 1],
+                      *drawn, [1 / 3, 2 / 3, 9 * (1 + 2**-52), 13 * (1 - 2**-53)]])
+    maps = rng.integers(0, 100, (len(crops), 11, 17, *channels)).astype(dtype)
+    flips = rng.random((len(crops), 2)) < 0.5
     made = cut_label_maps(maps, crops, (9, 13), flips, fill=7)
     monkeypatch.setattr(native, "windows", None)
     np.testing.assert_array_equal(made, cut_label_maps(maps, crops, (9, 13), flips, fill=7))

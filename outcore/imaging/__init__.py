@@ -48,7 +48,7 @@ from .resize import (
 )
 from .shrink import DEFAULT_QUALITY, check_max_side, encode_image, shrink_image
 from .targets import BoxPolicy, cut_label_maps, cut_maps, move_boxes, move_keypoints, move_points, owners
-from .windows import copy_samples, rows_by_chunk
+from .windows import copy_samples, gather_ragged, rows_by_chunk
 
 __all__ = [
     "DEFAULT_QUALITY",
@@ -86,6 +86,7 @@ __all__ = [
     "fit",
     "fit_image_files",
     "fit_label_map",
+    "gather_ragged",
     "label_map_dtype",
     "load_image",
     "move_boxes",

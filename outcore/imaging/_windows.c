@@ -11,11 +11,16 @@
  * Every array is C-contiguous; the chunks and out have the same item format and, past the picture's height and
  * width, the same sample shape. Indices are checked before the copies start: nothing is written out of bounds.
  *
- * lines(chunks, which, starts, sizes, rows, columns, out, targets, fill): for every k, map k is the sizes[k]
+ * lines(chunks, which, starts, sizes, crops, flips, out, targets, fill): for every k, map k is the sizes[k]
  * (height, width) pixels stored from pixel starts[k] of chunks[which[k]] (maps of one size in one array, or maps of
- * their pictures' own sizes back to back in chunks), and out[targets[k], y, x] = map[rows[k, y], columns[k, x]] (a
- * label map cut and resized nearest-neighbour, mirrored by reversed lines), or the pixel `fill` where a line lies
- * outside the map (past the picture's edges). rows and columns are int64 (k, height) and (k, width).
+ * their pictures' own sizes back to back in chunks), and out[targets[k], y, x] = map[row y, column x] of its crop
+ * crops[k] (top, left, height, width, float64), the line under the centre of each of out's (a label map cut and
+ * resized nearest-neighbour), reversed where flips[k] (left-right, top-bottom) mirrors it, or the pixel `fill` where
+ * a line lies outside the map (past the picture's edges).
+ *
+ * ragged_offsets(ranges, which, local, rows, offsets) and ragged_rows(values, ranges, which, local, rows, offsets,
+ * out): a ragged field's samples (boxes, keypoints: rows of a few numbers each) gathered out of their chunks back to
+ * back in the batch's order, their offsets first (for the caller to make out), then their rows, one call each.
  *
  * rows(keys, samples, chunk_size, order, which, local, chunks): a batch's rows sorted by chunk (a stable counting
  * sort of the keys, with the GIL kept: microseconds of work, which numpy's calls would spread over several
@@ -338,12 +343,25 @@ done:
 }
 
 typedef struct {
-    const uint8_t **chunks;                                         /* each chunk's first byte */
-    const int64_t *which, *starts, *sizes, *rows, *columns, *targets; /* a map's chunk, first pixel, height, width */
-    const uint8_t *fill;
-    Py_ssize_t count, height, width, pixel;                           /* maps to cut; out's height, width, bytes a pixel */
+    const uint8_t **chunks;                         /* each chunk's first byte */
+    const int64_t *which, *starts, *sizes, *targets; /* a map's chunk, first pixel, height and width, out row */
+    const double *crops;                            /* a map's crop: top, left, height, width */
+    const uint8_t *flips, *fill;                    /* a map's mirrors: left-right, top-bottom */
+    Py_ssize_t count, height, width, pixel;         /* maps to cut; out's height, width, bytes a pixel */
+    int64_t *rows, *columns;                        /* scratch: the map's line under each of out's (height + width) */
     uint8_t *out;
 } Lines;
+
+/* The map's line (row or column) under the centre of each of `count` output lines of a crop from `start`, `length`
+ * long: floor(start + ((i + 0.5) / count) * length), as outcore.imaging.targets.source_lines computes it (the same
+ * operations, in double, in the same order), reversed where `mirrored`; -1 for a line before the map (or not a
+ * number), `limit` for one past it. */
+static void crop_lines(double start, double length, Py_ssize_t count, int mirrored, int64_t limit, int64_t *into) {
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const double line = floor(start + (((double)i + 0.5) / (double)count) * length);
+        into[mirrored ? count - 1 - i : i] = !(line >= 0.0) ? -1 : line >= (double)limit ? limit : (int64_t)line;
+    }
+}
 
 /* Each output pixel from the map's pixel at its line's row and column (or `fill`), typed copies for 1, 2 and 4 bytes. */
 #define GATHER_ROW(TYPE)                                                                                              \
@@ -359,10 +377,13 @@ typedef struct {
 
 static void gather_lines(const Lines *l) {
     Py_ssize_t out_row = l->width * l->pixel;
+    int64_t *rows = l->rows, *columns = l->columns;
     for (Py_ssize_t k = 0; k < l->count; k++) {
         int64_t map_rows = l->sizes[2 * k], map_columns = l->sizes[2 * k + 1];
         const uint8_t *map = l->chunks[l->which[k]] + (size_t)l->starts[k] * l->pixel;
-        const int64_t *rows = l->rows + (size_t)k * l->height, *columns = l->columns + (size_t)k * l->width;
+        const double *crop = l->crops + 4 * k;
+        crop_lines(crop[0], crop[2], l->height, l->flips[2 * k + 1], map_rows, rows);
+        crop_lines(crop[1], crop[3], l->width, l->flips[2 * k], map_columns, columns);
         for (Py_ssize_t y = 0; y < l->height; y++) {
             uint8_t *target = l->out + ((size_t)l->targets[k] * l->height + y) * out_row;
             if (rows[y] < 0 || rows[y] >= map_rows) {
@@ -432,21 +453,21 @@ static PyObject *py_lines(PyObject *self, PyObject *args) {
     Py_ssize_t count = views[0].ndim == 1 ? views[0].shape[0] : -1;
     Py_ssize_t pixel = out->ndim >= 3 ? bytes_from(out, 3) : 0;
     int ok = pixel > 0 && count >= 0 && int64s(&views[0], count) && int64s(&views[1], count) &&
-             int64_table(&views[2], count, 2) && int64_table(&views[3], count, out->shape[1]) &&
-             int64_table(&views[4], count, out->shape[2]) && int64s(&views[6], count) && fill.len == pixel;
+             int64_table(&views[2], count, 2) && table_of(&views[3], count, 4, "d") &&
+             table_of(&views[4], count, 2, "B") && int64s(&views[6], count) && fill.len == pixel;
     for (Py_ssize_t i = 0; ok && i < chunk_count; i++) {
         Py_buffer *chunk = &chunk_views[i];
         ok = strcmp(chunk->format, out->format) == 0 && chunk->itemsize == out->itemsize && chunk->len % pixel == 0;
     }
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "lines: wanted chunks of out's format (whole pixels), out (n, height, width, "
-                                          "...), which, starts and targets int64 (k,), sizes int64 (k, 2), rows int64 "
-                                          "(k, height), columns int64 (k, width) and one pixel's bytes as fill; all "
+                                          "...), which, starts and targets int64 (k,), sizes int64 (k, 2), crops "
+                                          "float64 (k, 4), flips uint8 (k, 2) and one pixel's bytes as fill; all "
                                           "C-contiguous");
         goto done;
     }
-    Lines lines = {chunks, views[0].buf, views[1].buf, views[2].buf, views[3].buf, views[4].buf, views[6].buf, fill.buf,
-                   count, out->shape[1], out->shape[2], pixel, out->buf};
+    Lines lines = {chunks, views[0].buf, views[1].buf, views[2].buf, views[6].buf, views[3].buf, views[4].buf, fill.buf,
+                   count, out->shape[1], out->shape[2], pixel, NULL, NULL, out->buf};
     for (Py_ssize_t k = 0; k < count; k++) {
         int64_t chunk = lines.which[k], start = lines.starts[k], map_rows = lines.sizes[2 * k];
         int64_t map_columns = lines.sizes[2 * k + 1], target = lines.targets[k];
@@ -458,8 +479,15 @@ static PyObject *py_lines(PyObject *self, PyObject *args) {
             goto done;
         }
     }
+    lines.rows = PyMem_Calloc((size_t)(lines.height + lines.width) + 1, sizeof(int64_t));
+    if (lines.rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    lines.columns = lines.rows + lines.height;
     FREE_BEGIN gather_lines(&lines);
     FREE_END result = Py_NewRef(Py_None);
+    PyMem_Free(lines.rows);
 done:
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
@@ -470,6 +498,220 @@ done:
     free(chunk_views);
     free(chunks);
     Py_DECREF(sequence);
+    return result;
+}
+
+/* A ragged field's samples in a batch (outcore.format.ragged): sample k of the batch's copies is row span
+ * ranges[which[k]][local[k]] ([start, stop) of its chunk's rows), put at batch row rows[k]. */
+typedef struct {
+    const int64_t **ranges;  /* each chunk's (samples, 2) spans */
+    const Py_ssize_t *spans; /* each chunk's samples */
+    const int64_t *which, *local, *rows;
+    Py_ssize_t count;
+} Spans;
+
+/* The ranges of a sequence (from PySequence_Fast) as int64 tables (n, 2) into `views`, their spans into `ranges` and
+ * their counts into `spans`: how many were got (fewer with an exception set; those got are the caller's to release). */
+static Py_ssize_t span_tables(PyObject *sequence, Py_ssize_t count, Py_buffer *views, const int64_t **ranges,
+                              Py_ssize_t *spans) {
+    Py_ssize_t got = 0;
+    while (got < count && array_buffer(PySequence_Fast_GET_ITEM(sequence, got), &views[got], 0) == 0) {
+        ranges[got] = views[got].buf;
+        spans[got] = views[got].ndim == 2 ? views[got].shape[0] : -1;
+        if (!int64_table(&views[got], spans[got], 2)) {
+            PyErr_Format(PyExc_ValueError, "ranges %zd: wanted C-contiguous int64 (n, 2)", got);
+            return got + 1;
+        }
+        got++;
+    }
+    return got;
+}
+
+/* Whether copy k's span is one of its chunk's, in order (0 <= start <= stop), and its row one of `count`; else an
+ * IndexError naming it. */
+static int span_fits(const Spans *s, Py_ssize_t chunk_count, Py_ssize_t k) {
+    const int64_t chunk = s->which[k], sample = s->local[k], row = s->rows[k];
+    if (chunk >= 0 && chunk < chunk_count && sample >= 0 && sample < s->spans[chunk] && row >= 0 && row < s->count) {
+        const int64_t *span = s->ranges[chunk] + 2 * sample;
+        if (span[0] >= 0 && span[1] >= span[0])
+            return 1;
+    }
+    PyErr_Format(PyExc_IndexError, "copy %zd: sample %lld of chunk %lld into row %lld lies out of range, or its span "
+                 "runs backwards", k, (long long)sample, (long long)chunk, (long long)row);
+    return 0;
+}
+
+/* The parts every ragged call parses: the ranges, which, local and rows (their buffers from `views`, released by
+ * `release_spans`). 0, or -1 with an exception set. */
+typedef struct {
+    PyObject *sequence;
+    Py_buffer *views, indices[3];
+    Py_ssize_t got, got_indices;
+    Spans spans;
+} SpanArgs;
+
+static void release_spans(SpanArgs *a) {
+    for (Py_ssize_t i = 0; i < a->got; i++)
+        PyBuffer_Release(&a->views[i]);
+    for (Py_ssize_t i = 0; i < a->got_indices; i++)
+        PyBuffer_Release(&a->indices[i]);
+    free(a->views);
+    free((void *)a->spans.ranges);
+    free((void *)a->spans.spans);
+    Py_XDECREF(a->sequence);
+}
+
+static int parse_spans(SpanArgs *a, PyObject *range_list, PyObject *which, PyObject *local, PyObject *rows) {
+    memset(a, 0, sizeof(*a));
+    a->sequence = PySequence_Fast(range_list, "ranges must be a sequence of arrays");
+    if (a->sequence == NULL)
+        return -1;
+    Py_ssize_t chunks = PySequence_Fast_GET_SIZE(a->sequence);
+    if (chunks > MAX_CHUNKS) {
+        PyErr_Format(PyExc_ValueError, "%zd chunks; %d at most", chunks, MAX_CHUNKS);
+        return -1;
+    }
+    a->views = calloc(chunks > 0 ? chunks : 1, sizeof(Py_buffer));
+    a->spans.ranges = calloc(chunks > 0 ? chunks : 1, sizeof(int64_t *));
+    a->spans.spans = calloc(chunks > 0 ? chunks : 1, sizeof(Py_ssize_t));
+    if (a->views == NULL || a->spans.ranges == NULL || a->spans.spans == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    a->got = span_tables(a->sequence, chunks, a->views, (const int64_t **)a->spans.ranges, (Py_ssize_t *)a->spans.spans);
+    if (a->got < chunks || PyErr_Occurred())
+        return -1;
+    PyObject *arrays[3] = {which, local, rows};
+    while (a->got_indices < 3 && array_buffer(arrays[a->got_indices], &a->indices[a->got_indices], 0) == 0)
+        a->got_indices++;
+    if (a->got_indices < 3)
+        return -1;
+    Py_ssize_t count = a->indices[0].ndim == 1 ? a->indices[0].shape[0] : -1;
+    if (count < 0 || !int64s(&a->indices[0], count) || !int64s(&a->indices[1], count) || !int64s(&a->indices[2], count)) {
+        PyErr_SetString(PyExc_ValueError, "which, local and rows: wanted C-contiguous int64 (k,) each");
+        return -1;
+    }
+    a->spans.which = a->indices[0].buf;
+    a->spans.local = a->indices[1].buf;
+    a->spans.rows = a->indices[2].buf;
+    a->spans.count = count;
+    for (Py_ssize_t k = 0; k < count; k++)
+        if (!span_fits(&a->spans, chunks, k))
+            return -1;
+    return 0;
+}
+
+static PyObject *py_ragged_offsets(PyObject *self, PyObject *args) {
+    PyObject *range_list, *which, *local, *rows;
+    Py_buffer offsets;
+    if (!PyArg_ParseTuple(args, "OOOOw*:ragged_offsets", &range_list, &which, &local, &rows, &offsets))
+        return NULL;
+    SpanArgs a;
+    PyObject *result = NULL;
+    if (parse_spans(&a, range_list, which, local, rows) == 0) {
+        const Spans *s = &a.spans;
+        if (offsets.len != (s->count + 1) * (Py_ssize_t)sizeof(int64_t)) {
+            PyErr_SetString(PyExc_ValueError, "ragged_offsets: offsets must hold len(rows) + 1 int64");
+        } else {
+            int64_t *into = offsets.buf, total = 0;
+            memset(into, 0, (size_t)offsets.len);
+            for (Py_ssize_t k = 0; k < s->count; k++) {
+                const int64_t *span = s->ranges[s->which[k]] + 2 * s->local[k];
+                into[s->rows[k] + 1] = span[1] - span[0];
+            }
+            for (Py_ssize_t i = 1; i <= s->count; i++)
+                into[i] = total += into[i];
+            result = PyLong_FromLongLong(total);
+        }
+    }
+    release_spans(&a);
+    PyBuffer_Release(&offsets);
+    return result;
+}
+
+/* Each copy's rows (`row` bytes each) from its chunk's `values` into `out` at its batch row's offset. */
+static void copy_spans(const Spans *s, const uint8_t **values, const int64_t *offsets, Py_ssize_t row, uint8_t *out) {
+    for (Py_ssize_t k = 0; k < s->count; k++) {
+        const int64_t *span = s->ranges[s->which[k]] + 2 * s->local[k];
+        memcpy(out + (size_t)offsets[s->rows[k]] * row, values[s->which[k]] + (size_t)span[0] * row,
+               (size_t)(span[1] - span[0]) * row);
+    }
+}
+
+static PyObject *py_ragged_rows(PyObject *self, PyObject *args) {
+    PyObject *value_list, *range_list, *which, *local, *rows, *offset_array, *out_array;
+    if (!PyArg_ParseTuple(args, "OOOOOOO:ragged_rows", &value_list, &range_list, &which, &local, &rows, &offset_array,
+                          &out_array))
+        return NULL;
+    SpanArgs a;
+    Py_buffer offsets, out, *value_views = NULL;
+    const uint8_t **values = NULL;
+    int got_offsets = 0, got_out = 0;
+    Py_ssize_t got_values = 0;
+    PyObject *result = NULL, *sequence = PySequence_Fast(value_list, "values must be a sequence of arrays");
+    if (sequence == NULL || parse_spans(&a, range_list, which, local, rows) != 0)
+        goto done;
+    const Spans *s = &a.spans;
+    Py_ssize_t chunks = PySequence_Fast_GET_SIZE(sequence);
+    value_views = calloc(chunks > 0 ? chunks : 1, sizeof(Py_buffer));
+    values = calloc(chunks > 0 ? chunks : 1, sizeof(uint8_t *));
+    if (value_views == NULL || values == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (chunks != a.got) {
+        PyErr_Format(PyExc_ValueError, "ragged_rows: %zd values for %zd ranges", chunks, a.got);
+        goto done;
+    }
+    got_values = sequence_buffers(sequence, chunks, value_views, values);
+    if (got_values < chunks || array_buffer(offset_array, &offsets, 0) != 0)
+        goto done;
+    got_offsets = 1;
+    if (array_buffer(out_array, &out, 1) != 0)
+        goto done;
+    got_out = 1;
+    const Py_ssize_t row = out.ndim >= 1 ? bytes_from(&out, 1) : 0, out_rows = out.ndim >= 1 ? out.shape[0] : -1;
+    int ok = int64s(&offsets, s->count + 1);
+    for (Py_ssize_t i = 0; ok && i < chunks; i++) {
+        const Py_buffer *chunk = &value_views[i];
+        ok = strcmp(chunk->format, out.format) == 0 && chunk->itemsize == out.itemsize && chunk->ndim >= 1 &&
+             chunk->ndim == out.ndim && bytes_from(chunk, 1) == row;
+    }
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "ragged_rows: wanted values of out's format and row shape, and offsets int64 "
+                                          "(len(rows) + 1,); all C-contiguous");
+        goto done;
+    }
+    const int64_t *at = offsets.buf;
+    for (Py_ssize_t k = 0; k < s->count; k++) {
+        const int64_t *span = s->ranges[s->which[k]] + 2 * s->local[k], target = s->rows[k];
+        if (span[1] > value_views[s->which[k]].shape[0] || at[target] < 0 || at[target + 1] > out_rows ||
+            at[target + 1] - at[target] != span[1] - span[0]) {
+            PyErr_Format(PyExc_IndexError, "ragged_rows: copy %zd (rows %lld..%lld of chunk %lld into row %lld) does "
+                         "not fit its chunk's rows or its place in out", k, (long long)span[0], (long long)span[1],
+                         (long long)s->which[k], (long long)target);
+            goto done;
+        }
+    }
+    if (out.len < HOLD_BELOW) {
+        copy_spans(s, values, at, row, out.buf);
+    } else {
+        FREE_BEGIN copy_spans(s, values, at, row, out.buf);
+        FREE_END
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (sequence != NULL)
+        release_spans(&a);
+    for (Py_ssize_t i = 0; i < got_values; i++)
+        PyBuffer_Release(&value_views[i]);
+    if (got_offsets)
+        PyBuffer_Release(&offsets);
+    if (got_out)
+        PyBuffer_Release(&out);
+    free(value_views);
+    free(values);
+    Py_XDECREF(sequence);
     return result;
 }
 
@@ -782,10 +1024,22 @@ static PyMethodDef methods[] = {
      "of out's size, any other a ValueError), at boxes[rows[k]]'s top and left, mirrored as flips[rows[k]] says.\n"
      "The GIL is released while the bytes are copied."},
     {"lines", py_lines, METH_VARARGS,
-     "lines(chunks, which, starts, sizes, rows, columns, out, targets, fill)\n--\n\n"
+     "lines(chunks, which, starts, sizes, crops, flips, out, targets, fill)\n--\n\n"
      "For every k, map k is the sizes[k] (height, width) pixels from pixel starts[k] of chunks[which[k]], and\n"
-     "out[targets[k], y, x] = map[rows[k, y], columns[k, x]], or the pixel fill (bytes) where the row or column\n"
-     "lies outside the map. The GIL is released while the pixels are copied."},
+     "out[targets[k], y, x] = map[row y, column x], the map's line under the centre of each of out's in the crop\n"
+     "crops[k] (top, left, height, width; floor(top + (y + 0.5) / height * crop height)), reversed where flips[k]\n"
+     "(left-right, top-bottom) says, or the pixel fill (bytes) where the row or column lies outside the map. The\n"
+     "GIL is released while the pixels are copied."},
+    {"ragged_offsets", py_ragged_offsets, METH_VARARGS,
+     "ragged_offsets(ranges, which, local, rows, offsets)\n--\n\n"
+     "A ragged field's batch: copy k is the span ranges[which[k]][local[k]] ([start, stop) of its chunk's rows) put\n"
+     "at batch row rows[k]; offsets (int64, len(rows) + 1) gets where each batch row's rows begin, back to back,\n"
+     "and the total. Every index is checked: an IndexError names the first out of range. The GIL is kept."},
+    {"ragged_rows", py_ragged_rows, METH_VARARGS,
+     "ragged_rows(values, ranges, which, local, rows, offsets, out)\n--\n\n"
+     "The spans of ragged_offsets copied out of values[which[k]] (each chunk's rows, of out's format and row\n"
+     "shape) into out at offsets[rows[k]]. Every span is checked against its chunk and its place first. The GIL is\n"
+     "released for 64 KiB or more."},
     {"rows", py_rows, METH_VARARGS,
      "rows(keys, samples, chunk_size, order, which, local, chunks)\n--\n\n"
      "A batch's rows by chunk (outcore.iterate.gather.Rows): order the rows' stable sort by keys, chunks the keys\n"

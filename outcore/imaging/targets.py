@@ -190,17 +190,17 @@ def cut_maps(chunks: Sequence[np.ndarray], which: np.ndarray, starts: np.ndarray
     >>> out.tolist()
     [[[6, 5], [9, 8]], [[0, 1], [2, 3]]]
     """
-    crops = np.asarray(crops, np.float64).reshape(-1, 4)
-    flips = np.asarray(flips, bool).reshape(-1, 2)
+    crops = np.ascontiguousarray(crops, np.float64).reshape(-1, 4)
     sizes = np.ascontiguousarray(sizes, np.int64).reshape(-1, 2)
+    pixel = out.shape[3:]
+    if native.windows is not None:  # one C call, outside the GIL, each map's lines found there (`source_lines`)
+        native.windows.lines(list(chunks), np.ascontiguousarray(which, np.int64), np.ascontiguousarray(starts, np.int64),
+                             sizes, crops, np.ascontiguousarray(flips, np.uint8).reshape(-1, 2), out,
+                             np.ascontiguousarray(targets, np.int64), np.full(pixel, fill, out.dtype).tobytes())
+        return
+    flips = np.asarray(flips, bool).reshape(-1, 2)
     rows = source_lines(crops[:, 0], crops[:, 2], size[0], flips[:, 1])
     columns = source_lines(crops[:, 1], crops[:, 3], size[1], flips[:, 0])
-    pixel = out.shape[3:]
-    if native.windows is not None:  # one C call, outside the GIL
-        native.windows.lines(list(chunks), np.ascontiguousarray(which, np.int64), np.ascontiguousarray(starts, np.int64),
-                             sizes, rows, columns, out, np.ascontiguousarray(targets, np.int64),
-                             np.full(pixel, fill, out.dtype).tobytes())
-        return
     for k, (chunk, start, (height, width)) in enumerate(zip(np.asarray(which).tolist(), np.asarray(starts).tolist(),
                                                             sizes.tolist(), strict=True)):
         values = chunks[chunk].reshape(-1, *pixel)

@@ -27,6 +27,7 @@ from ..imaging import (
     RowDecodes,
     copy_samples,
     cut_maps,
+    gather_ragged,
     resize_boxes,
     resize_rows,
     resize_spans,
@@ -198,24 +199,12 @@ def decode_run(pixels: float) -> int:
 
 def _gather_rows(rows: Rows, data: Mapping[int, ChunkValues], field: str) -> tuple[np.ndarray, np.ndarray]:
     """A ragged field's rows of the batch's samples, back to back in the batch's order, and their offsets (n + 1,):
-    one gather per chunk, never a Python call per sample. In plain memory: not an `Empty`'s, which makes a
-    DataLoader worker's part of a batch in rows of the batch's files (one per sample, not per row)."""
+    two C calls for the batch (`gather_ragged`), never a Python call per sample. In plain memory: not an `Empty`'s,
+    which makes a DataLoader worker's part of a batch in rows of the batch's files (one per sample, not per row)."""
     sources = [source.files() if isinstance(source, EncodedChunk) else (source.values, source.ranges)
                for source in rows.sources(data, field)]  # (rows, ranges) of each chunk: an encoded one's bytes
-    starts, counts = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.int64)
-    for chunk, (_, ranges) in enumerate(sources):
-        mine = rows.which == chunk
-        spans = ranges[rows.local[mine]]
-        starts[rows.order[mine]], counts[rows.order[mine]] = spans[:, 0], spans[:, 1] - spans[:, 0]
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    first = sources[0][0]
-    values = np.empty((int(offsets[-1]), *first.shape[1:]), first.dtype)
-    for chunk, (chunk_rows, _) in enumerate(sources):
-        samples = rows.order[rows.which == chunk]
-        taken = counts[samples]
-        within = np.arange(int(taken.sum())) - np.repeat(np.cumsum(taken) - taken, taken)
-        values[np.repeat(offsets[samples], taken) + within] = chunk_rows[np.repeat(starts[samples], taken) + within]
-    return values, offsets
+    return gather_ragged([values for values, _ in sources], [ranges for _, ranges in sources], rows.which,
+                         rows.local, rows.order)
 
 
 def undecoded(rows: Rows, data: Mapping[int, ChunkValues], field: str, cut: Cut | None) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptChunkError, IterationClosedError, OutcoreWarning, StorageError
-from ..storage import ShardReader, Store
+from ..storage import RaggedRows, ShardReader, Store
 from ..threads import submit, thread_count
 from ..threads.handoff import Handoff
 from ..threads.task import Task
@@ -349,8 +349,8 @@ class ChunkBuffers:
 
     def read_many(self, chunks: Sequence[int]) -> list[Loaded | Exception]:
         """Chunks ``chunks`` of every field, each read into buffers taken here, the stored values' fields of them all
-        in one C call where they can be (`ShardReader.read_vouched`; an encoded field's ranges, bytes and shapes too:
-        `EncodedChunks.parts`), the others by their readers: for each chunk
+        in one C call where they can be (`ShardReader.read_vouched`; an encoded field's ranges, bytes and shapes too,
+        `EncodedChunks.parts`, and a ragged or raster field's, `RaggedRows.parts`), the others by their readers: for each chunk
         ``(values, buffers)``, or the error its read raised (a damaged chunk, named: the others are read all the
         same); `give` the buffers back once no batch needs the values."""
         taken = [self.take() for _ in chunks]
@@ -372,7 +372,7 @@ class ChunkBuffers:
         reader = self.readers[name]
         if isinstance(reader, ShardReader):
             return [(reader, chunk, buffer)]
-        return reader.parts(chunk, buffer) if isinstance(reader, EncodedChunks) else []
+        return reader.parts(chunk, buffer) if isinstance(reader, EncodedChunks | RaggedRows) else []
 
     def _value(self, name: str, chunk: int, buffer: np.ndarray, read: list[np.ndarray | None]) -> Any:
         """Field ``name``'s chunk from its `_parts` as read, or read by its reader where one was not."""

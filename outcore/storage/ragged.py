@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +83,16 @@ class RaggedRows(EncodedBytes):
 
     def read(self, chunk: int, out: np.ndarray | None = None) -> RaggedChunk:
         values, ranges = super().read(chunk, out)
-        shapes = self.read_shapes(chunk)
+        return self._checked(chunk, values, ranges, self.read_shapes(chunk))
+
+    def of_parts(self, chunk: int, read: Sequence[np.ndarray]) -> RaggedChunk:
+        """`read`'s chunk from its `parts` (its ranges, rows and shapes) as `ShardReader.read_vouched` read them with
+        other fields' in one call."""
+        return self._checked(chunk, *super().of_parts(chunk, read))
+
+    def _checked(self, chunk: int, values: np.ndarray, ranges: np.ndarray, shapes: np.ndarray | None) -> RaggedChunk:
+        """The chunk's rows, ranges and shapes as a `RaggedChunk`, once each raster sample's shape is found to fill its
+        rows."""
         if shapes is not None:
             wrong = np.flatnonzero(ranges[:, 1] - ranges[:, 0] != shapes[:, 0].astype(np.int64) * shapes[:, 1])
             if len(wrong):
