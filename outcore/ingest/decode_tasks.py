@@ -241,11 +241,12 @@ def _load_rasters(block: np.ndarray, framed: Opaque, layered: Opaque, dtype: np.
     rasters, errors = np.empty(len(paths), BLOB_DTYPE), np.zeros(len(paths), ERROR_DTYPE)
     channels = _channels(layers)
     decoded = _layers_at_once(paths, frames, layers, dtype, reader)
+    for i, out in decoded.items():
+        rasters[i] = out.reshape(-1, *channels)
     for i, path in enumerate(paths):
-        rasters[i] = np.zeros((0, *channels), dtype if not channels else layers[i].dtype)
         if i in decoded:
-            rasters[i] = decoded[i].reshape(-1, *channels)
             continue
+        rasters[i] = np.zeros((0, *channels), dtype if not channels else layers[i].dtype)
         if not path:
             continue
         try:
