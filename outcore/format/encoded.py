@@ -79,7 +79,7 @@ def pack_regions(blobs: Sequence[bytes] | Sequence[np.ndarray], chunk_size: int,
     """Samples' bytes (or rows of ``dtype`` and ``row_shape``: a ragged field's, `outcore.format.ragged`) packed
     into consecutive chunk regions of ``capacity`` entries: ``(regions, ranges)``, ranges relative to the first
     region. Raise ``OverflowError`` naming the chunk (counted from 0) whose entries do not fit. A chunk's samples
-    are copied into its region by one call (`_join_into`), not one by one.
+    are joined by one call (bytes by ``bytes.join``, which copies them outside the GIL), not one by one.
 
     >>> regions, ranges = pack_regions([b"ab", b"c", b"def"], 2, 4)
     >>> regions.tobytes(), ranges.tolist()
@@ -96,31 +96,20 @@ def pack_regions(blobs: Sequence[bytes] | Sequence[np.ndarray], chunk_size: int,
             raise OverflowError(k)
         ranges[part, 1] = k * capacity + stops
         ranges[part, 0] = ranges[part, 1] - lengths[part]
-        _join_into(blobs[part], regions[k * capacity : k * capacity + stops[-1]], row_shape)
+        regions[k * capacity : k * capacity + stops[-1]] = _joined(blobs[part], int(stops[-1]), dtype, row_shape)
     return regions, ranges
 
 
-def _join_into(blobs: Sequence[bytes] | Sequence[np.ndarray], out: np.ndarray, row_shape: tuple[int, ...]) -> None:
-    """The entries of ``blobs`` back to back into ``out`` (as many as they hold): bytes joined as they are
-    (``bytes.join`` copies a megabyte or more outside the GIL), arrays (a raster's pixels, a ragged field's rows) copied
-    straight into ``out`` by ``np.concatenate``, cast to its dtype, outside the GIL past a few hundred items each, where
-    ``bytes.join`` of arrays copied them holding it, into bytes copied once more.
-
-    >>> out = np.zeros(5, np.uint8)
-    >>> _join_into([b"ab", b"cde"], out, ()); out.tolist()
-    [97, 98, 99, 100, 101]
-    >>> rows = np.zeros((3, 2), np.float32)
-    >>> _join_into([np.array([[1, 2]], np.uint16), np.array([[3, 4], [5, 6]], np.uint16)], rows, (2,)); rows.tolist()
-    [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
-    """
-    if not len(blobs):
-        return
-    if out.dtype == np.uint8 and not row_shape and isinstance(blobs[0], bytes):
+def _joined(blobs: Sequence[bytes] | Sequence[np.ndarray], count: int, dtype: np.dtype,
+            row_shape: tuple[int, ...]) -> np.ndarray:
+    """The ``count`` entries of ``blobs`` back to back: bytes (and single bytes) joined as they are, rows of other
+    types cast to ``dtype``."""
+    if dtype == np.uint8 and not row_shape:
         try:
             joined = np.frombuffer(b"".join(blobs), np.uint8)
-        except (TypeError, BufferError):  # not all bytes-like, or not contiguous
+        except (TypeError, BufferError):  # not bytes-like, or not contiguous
             joined = None
-        if joined is not None and len(joined) == len(out):  # else rows of wider items: cast below
-            out[:] = joined
-            return
-    np.concatenate([np.asarray(blob).reshape(-1, *row_shape) for blob in blobs], out=out, casting="unsafe")
+        if joined is not None and len(joined) == count:  # else rows of wider items: cast below
+            return joined
+    rows = [np.asarray(blob).reshape(-1, *row_shape) for blob in blobs]
+    return np.concatenate(rows).astype(dtype, copy=False) if rows else np.zeros((0, *row_shape), dtype)
