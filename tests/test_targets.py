@@ -305,6 +305,21 @@ def test_the_c_cut_gives_the_bytes_of_numpys(monkeypatch, dtype, channels):
     np.testing.assert_array_equal(made, cut_label_maps(maps, crops, (9, 13), flips, fill=7))
 
 
+@pytest.mark.parametrize("built", [True, False])
+def test_a_cut_into_maps_of_another_size_than_asked_is_refused_with_either_backend(monkeypatch, built):
+    from outcore.imaging import cut_maps, native
+
+    if built and native.windows is None:
+        pytest.skip(f"outcore's C copies are not built here: {native.copies()}")
+    if not built:
+        monkeypatch.setattr(native, "windows", None)
+    out = np.full((1, 4, 5), 3, np.uint8)
+    with pytest.raises(ValueError, match=r"out's maps are \(4, 5\), not the size \(5, 4\)"):
+        cut_maps([np.zeros(16, np.uint8)], np.zeros(1), np.zeros(1), np.array([[4, 4]]), np.array([[0, 0, 4, 4]]),
+                 (5, 4), np.zeros((1, 2)), 0, out, np.zeros(1))
+    assert (out == 3).all()
+
+
 def test_moving_a_batchs_targets_makes_no_python_call_per_sample(photos):
     """The crop done as the batch is made, with masks and boxes moved by it: a handful more calls for 8x the samples."""
     from outcore.imaging import native

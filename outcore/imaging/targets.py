@@ -190,6 +190,8 @@ def cut_maps(chunks: Sequence[np.ndarray], which: np.ndarray, starts: np.ndarray
     >>> out.tolist()
     [[[6, 5], [9, 8]], [[0, 1], [2, 3]]]
     """
+    if out.ndim < 3 or out.shape[1:3] != tuple(size):  # the C call cuts to out's size: the two must agree
+        raise ValueError(f"cut_maps: out's maps are {out.shape[1:3]}, not the size {tuple(size)} asked for")
     crops = np.ascontiguousarray(crops, np.float64).reshape(-1, 4)
     sizes = np.ascontiguousarray(sizes, np.int64).reshape(-1, 2)
     pixel = out.shape[3:]
