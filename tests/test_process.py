@@ -257,7 +257,7 @@ def test_the_memory_of_the_first_batches_made_here_goes_back_once_the_processes_
     assert blocks.BLOCKS.keep_from > first  # blocks were made here, then let go
     alive = [number for _, _, number in blocks.BLOCKS.watched.values() if first <= number < blocks.BLOCKS.keep_from]
     assert alive == [] and blocks.BLOCKS.free == []
-    assert iterator.buffers.free == {"x": [], "id": []}
+    assert iterator.buffers.free == []
     assert local.queue.qsize() == 0 and not local.made and not local.loading
     iterator.close()
 

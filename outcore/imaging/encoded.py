@@ -228,7 +228,7 @@ class DecodedChunks:
         return self._encoded(chunk, data, ranges, shapes)
 
     def encoded_of_parts(self, chunk: int, read: Sequence[np.ndarray]) -> EncodedChunk:
-        """`read_encoded`'s chunk from its shard reads (`EncodedBytes.parts`), read by another call."""
+        """`read_encoded`'s chunk from its shard reads (`EncodedBytes.sources`), read by another call."""
         return self._encoded(chunk, *self.bytes.of_parts(chunk, read))
 
     def _encoded(self, chunk: int, data: np.ndarray, ranges: np.ndarray, shapes: np.ndarray | None) -> EncodedChunk:

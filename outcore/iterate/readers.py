@@ -39,16 +39,18 @@ class EncodedChunks:
     def read(self, chunk: int, out: np.ndarray | None = None) -> EncodedChunk:
         return self.decoded.read_encoded(chunk, out)
 
-    def parts(self, chunk: int, out: np.ndarray) -> list[tuple[ShardReader, int, np.ndarray]]:
-        """The shard reads `read` makes of the chunk (`EncodedBytes.parts`), to read with other fields' in one call."""
-        return self.decoded.bytes.parts(chunk, out)
+    @property
+    def sources(self) -> tuple[ShardReader, ...]:
+        """The shard readers `read` reads a chunk with (`EncodedBytes.sources`), to read with other fields' in one call."""
+        return self.decoded.bytes.sources
 
     def of_parts(self, chunk: int, read: Sequence[np.ndarray]) -> EncodedChunk:
-        """`read`'s chunk from its `parts` as read."""
+        """`read`'s chunk from its `sources`' reads."""
         return self.decoded.encoded_of_parts(chunk, read)
 
 
 ChunkReader = ShardReader | DecodedChunks | EncodedChunks | RaggedRows
+BatchReader = ShardReader | EncodedChunks | RaggedRows  # a field's reader as batches read it (`chunk_readers`)
 
 
 def chunk_reader(store: Store, field: str) -> ChunkReader:
@@ -130,13 +132,13 @@ def check_undecoded(made: Recipe, location: str) -> None:
                 "rest (Normalize, ...) on the decoded batch")
 
 
-def chunk_readers(store: Store, fields: Sequence[str]) -> dict[str, ChunkReader]:
+def chunk_readers(store: Store, fields: Sequence[str]) -> dict[str, BatchReader]:
     """The readers of ``fields`` as batches read them; encoded image fields are read encoded (`EncodedChunks`),
     ragged and raster fields as their rows and ranges (`RaggedRows`)."""
     return {name: EncodedChunks(store, name) if store.info(name).is_image else
             RaggedRows(store.array, name, store.location, len(store), raster=store.info(name).is_raster,
                        pins=store.pins, indexes=store.shard_indexes) if store.info(name).is_ragged or store.info(name).is_raster
-            else chunk_reader(store, name) for name in fields}
+            else store.shard_reader(name) for name in fields}
 
 
 def sample_spec(store: Store, field: str) -> tuple[tuple[int, ...], np.dtype]:

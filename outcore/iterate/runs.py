@@ -20,23 +20,23 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import CorruptChunkError, IterationClosedError, OutcoreWarning, StorageError
-from ..storage import RaggedRows, ShardReader, Store
+from ..storage import ShardReader, Store
 from ..threads import submit, thread_count
 from ..threads.handoff import Handoff
 from ..threads.task import Task
 from .batch import Batch, Draws, Empty, Recipe, batch_draws, make_batch, plain
 from .options import BatchOptions
 from .plan import EpochPlan, next_use
-from .readers import ChunkReader, EncodedChunks, sample_bytes, sample_spec
+from .readers import BatchReader, sample_bytes, sample_spec
 from .schedule import BatchStep, schedule
 from .stats import LoaderStats
 
-Loaded = tuple[dict[str, Any], dict[str, np.ndarray]]  # a chunk's values by field, and the buffers they are in
+Loaded = tuple[dict[str, Any], list[np.ndarray]]  # a chunk's values by field, and the buffers they are in (`ChunkBuffers`)
 WAKE_SECONDS = 0.05  # how often a blocked consumer or producer looks whether its run was closed
 EXIT_SECONDS = 2.0  # the longest the interpreter's exit waits for the producers to stop
 UNTAKEN_SECONDS = 60.0  # a run started ahead (`NextEpoch`) of which no batch is taken lets go of it all then
@@ -312,32 +312,57 @@ def _cancel(timers: list[threading.Timer]) -> None:
         timers.pop().cancel()
 
 
-class ChunkBuffers:
-    """Chunk buffers of the fields ``readers`` read, one list of free ones per field: a buffer is taken to read a
-    chunk into and given back when the schedule releases that chunk. Batches never share memory with them. An
-    iterator keeps its buffers as long as itself, for each run (an epoch, or what is left of one) to read into
-    those the runs before freed: it holds as many as a run held at most."""
+class _Field(NamedTuple):
+    """How a read task reads a field's chunk (`ChunkBuffers.read_many`): its ``reader``'s shard reads, which one C
+    call may make with the other fields' (`ShardReader.read_vouched`), into buffers ``low:high`` of a chunk's, made
+    into its value by ``value``; where that call did not vouch for them, its reader reads the chunk into its own
+    buffer, the first."""
 
-    def __init__(self, readers: dict[str, ChunkReader]) -> None:
+    name: str
+    reader: BatchReader
+    low: int
+    high: int
+    value: Callable[[int, Sequence[np.ndarray]], Any]
+
+
+def _stored(chunk: int, read: Sequence[np.ndarray]) -> np.ndarray:
+    """A field of stored values: its chunk is its one read's samples."""
+    return read[0]
+
+
+class ChunkBuffers:
+    """The buffers chunks of the fields ``readers`` read are read into: a chunk's (`take`) one for each shard read
+    of its fields (a stored field's values; an encoded or ragged field's bytes, ranges and shapes), taken to read a
+    chunk into and given back when the schedule releases that chunk. Batches never share memory with
+    them. An iterator keeps its buffers as long as itself, for each run (an epoch, or what is left of one) to read
+    into those the runs before freed: it holds as many as a run held at most."""
+
+    def __init__(self, readers: dict[str, BatchReader]) -> None:
         self.readers = readers
-        self.free: dict[str, list[np.ndarray]] = {name: [] for name in readers}
+        self.sources: list[ShardReader] = []  # the shard reads of a chunk, each making its buffer (`empty`)
+        self.fields: list[_Field] = []
+        for name, reader in readers.items():
+            sources, value = ((reader,), _stored) if isinstance(reader, ShardReader) else (reader.sources, reader.of_parts)
+            self.fields.append(_Field(name, reader, len(self.sources), len(self.sources) + len(sources), value))
+            self.sources.extend(sources)
+        self.free: list[list[np.ndarray]] = []
         self.lock = threading.Lock()
 
-    def take(self) -> dict[str, np.ndarray]:
-        """A buffer of each field: one freed, or a new one."""
+    def take(self) -> list[np.ndarray]:
+        """A chunk's buffers: freed ones, or new ones."""
         with self.lock:
-            taken = {name: free.pop() if free else None for name, free in self.free.items()}
-        return {name: self.readers[name].empty() if buffer is None else buffer for name, buffer in taken.items()}
+            if self.free:
+                return self.free.pop()
+        return [source.empty() for source in self.sources]
 
-    def give(self, buffers: dict[str, np.ndarray]) -> None:
+    def give(self, buffers: list[np.ndarray]) -> None:
         with self.lock:
-            for field, buffer in buffers.items():
-                self.free[field].append(buffer)
+            self.free.append(buffers)
 
     def let_go(self) -> None:
         """Keep no free buffer (the batches are made elsewhere from now on); new ones are made when needed."""
         with self.lock:
-            self.free = {name: [] for name in self.readers}
+            self.free = []
 
     def read(self, chunk: int) -> Loaded:
         """Chunk ``chunk`` of every field, read into buffers taken here: ``(values, buffers)`` (`read_many`); `give`
@@ -348,38 +373,34 @@ class ChunkBuffers:
         return got
 
     def read_many(self, chunks: Sequence[int]) -> list[Loaded | Exception]:
-        """Chunks ``chunks`` of every field, each read into buffers taken here, the stored values' fields of them all
-        in one C call where they can be (`ShardReader.read_vouched`; an encoded field's ranges, bytes and shapes too,
-        `EncodedChunks.parts`, and a ragged or raster field's, `RaggedRows.parts`), the others by their readers: for each chunk
+        """Chunks ``chunks`` of every field, each read into buffers taken here, the shard reads of them all in one C
+        call where they can be (`ShardReader.read_vouched`: a stored field's, an encoded field's bytes, ranges and
+        shapes, a ragged or raster field's rows, ranges and shapes), a field's others by its reader: for each chunk
         ``(values, buffers)``, or the error its read raised (a damaged chunk, named: the others are read all the
         same); `give` the buffers back once no batch needs the values."""
         taken = [self.take() for _ in chunks]
-        parts = [[self._parts(name, chunk, buffer) for name, buffer in buffers.items()]
-                 for chunk, buffers in zip(chunks, taken, strict=True)]
-        vouched = iter(ShardReader.read_vouched([part for asked in parts for some in asked for part in some]))
+        sources = self.sources
+        vouched = ShardReader.read_vouched([(source, chunk, buffer) for chunk, buffers in zip(chunks, taken, strict=True)
+                                            for source, buffer in zip(sources, buffers, strict=True)])
+        width = len(sources)
+        unread = {k // width for k, part in enumerate(vouched) if part is None}  # chunks with a read not vouched for
+        fields = self.fields
         read: list[Loaded | Exception] = []
-        for chunk, buffers, asked in zip(chunks, taken, parts, strict=True):
-            known = [[next(vouched) for _ in some] for some in asked]  # all of this chunk's, whatever fails below
+        for k, (chunk, buffers) in enumerate(zip(chunks, taken, strict=True)):
+            got = vouched[k * width : (k + 1) * width]
             try:
-                read.append(({name: self._value(name, chunk, buffer, got)
-                              for (name, buffer), got in zip(buffers.items(), known, strict=True)}, buffers))
+                read.append(({field.name: field.value(chunk, got[field.low : field.high]) for field in fields}
+                             if k not in unread else self._read_each(chunk, buffers, got), buffers))
             except Exception as error:  # noqa: BLE001 - raised by whoever takes this chunk's values
                 read.append(error)
         return read
 
-    def _parts(self, name: str, chunk: int, buffer: np.ndarray) -> list[tuple[ShardReader, int, np.ndarray]]:
-        """The shard reads of field ``name``'s chunk that one C call may make with the others' (`read_many`)."""
-        reader = self.readers[name]
-        if isinstance(reader, ShardReader):
-            return [(reader, chunk, buffer)]
-        return reader.parts(chunk, buffer) if isinstance(reader, EncodedChunks | RaggedRows) else []
-
-    def _value(self, name: str, chunk: int, buffer: np.ndarray, read: list[np.ndarray | None]) -> Any:
-        """Field ``name``'s chunk from its `_parts` as read, or read by its reader where one was not."""
-        reader = self.readers[name]
-        if not read or any(part is None for part in read):
-            return reader.read(chunk, out=buffer)
-        return read[0] if isinstance(reader, ShardReader) else reader.of_parts(chunk, read)
+    def _read_each(self, chunk: int, buffers: list[np.ndarray], got: list[np.ndarray | None]) -> dict[str, Any]:
+        """The chunk's values where one of its shard reads was not vouched for (``got``: None): each field's made from
+        its reads as read, or read by its reader into its own buffer where one was not."""
+        return {field.name: field.reader.read(chunk, out=buffers[field.low])
+                if any(part is None for part in got[field.low : field.high])
+                else field.value(chunk, got[field.low : field.high]) for field in self.fields}
 
 
 class Loading:

@@ -132,15 +132,16 @@ class EncodedBytes:
         """The chunk's bytes (into ``region``, from `empty`, when given) and its samples' ranges in them."""
         return self._cut(chunk, self.ranges.read(chunk), self.bytes.read(chunk, out=region))
 
-    def parts(self, chunk: int, region: np.ndarray) -> list[tuple[ShardReader, int, np.ndarray]]:
-        """The shard reads that `read` and `read_shapes` make of the chunk, ``(reader, chunk, out)`` each (its ranges,
-        its bytes into ``region``, its shapes), for `ShardReader.read_vouched` to read in one C call with others."""
-        readers = (self.ranges, self.bytes) if self.shapes is None else (self.ranges, self.bytes, self.shapes)
-        return [(reader, chunk, region if reader is self.bytes else reader.empty()) for reader in readers]
+    @property
+    def sources(self) -> tuple[ShardReader, ...]:
+        """The shard readers `read` and `read_shapes` read a chunk with: its bytes' (into the buffer `empty` makes), its
+        ranges' and its shapes' (each into a buffer of its own ``empty``), for `ShardReader.read_vouched` to read with
+        other fields' in one C call; `of_parts` makes the chunk of them as read."""
+        return (self.bytes, self.ranges) if self.shapes is None else (self.bytes, self.ranges, self.shapes)
 
     def of_parts(self, chunk: int, read: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """What `read` and `read_shapes` give of the chunk, from its `parts` as read: ``(bytes, ranges, shapes)``."""
-        return *self._cut(chunk, read[0], read[1]), (read[2] if self.shapes is not None else None)
+        """What `read` and `read_shapes` give of the chunk, from its `sources`' reads: ``(bytes, ranges, shapes)``."""
+        return *self._cut(chunk, read[1], read[0]), (read[2] if self.shapes is not None else None)
 
     def _cut(self, chunk: int, ranges: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The chunk's bytes as far as its samples' ranges reach, and the ranges counted from the chunk's start."""

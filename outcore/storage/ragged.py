@@ -86,7 +86,7 @@ class RaggedRows(EncodedBytes):
         return self._checked(chunk, values, ranges, self.read_shapes(chunk))
 
     def of_parts(self, chunk: int, read: Sequence[np.ndarray]) -> RaggedChunk:
-        """`read`'s chunk from its `parts` (its ranges, rows and shapes) as `ShardReader.read_vouched` read them with
+        """`read`'s chunk from its `sources`' reads (its rows, ranges and shapes), made by `ShardReader.read_vouched` with
         other fields' in one call."""
         return self._checked(chunk, *super().of_parts(chunk, read))
 
