@@ -21,6 +21,7 @@ from numcodecs import blosc
 
 import outcore
 from outcore.errors import CorruptChunkError, ImageError
+from outcore.format import pack_regions
 from outcore.imaging import read_image_file
 from outcore.ingest import fields
 from outcore.ingest.fields import file_stats
@@ -595,3 +596,53 @@ def test_a_file_shrinking_as_its_chunk_is_read_in_place_fails_the_read_and_nothi
     assert done.returncode == 0, done.stderr[-2000:]
     _, wrong, cut_short = map(int, done.stdout.split())
     assert wrong == 0 and cut_short >= 3
+
+
+def _rows(kind: str, count: int, seed: int) -> list[Any]:
+    """``count`` samples of a field written by `write_encoded_shard`: files (bytes), flat uint8 label maps, or rows of
+    four float32 (boxes)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 9, count)
+    if kind == "files":
+        return [rng.integers(0, 256, size, np.uint8).tobytes() for size in sizes]
+    if kind == "maps":
+        return [rng.integers(0, 21, size, np.uint8) for size in sizes]
+    return [rng.random((size, 4)).astype(np.float32) for size in sizes]
+
+
+@needs_extension
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(["files", "maps", "boxes"]), count=st.integers(1, 20), chunk_size=st.integers(1, 6),
+       seed=st.integers(0, 2**16))
+def test_a_chunk_s_samples_are_joined_in_one_copy_as_python_joins_them(kind, count, chunk_size, seed):
+    """`join_at_once` packs a chunk's files, label maps or ragged rows into its region as `pack_regions` does without
+    it, byte for byte (the region's tail still zero)."""
+    blobs = _rows(kind, count, seed)
+    dtype, row_shape = (np.float32, (4,)) if kind == "boxes" else (np.uint8, ())
+    capacity = max(1, sum(len(blob) for blob in blobs))
+    joined = pack_regions(blobs, chunk_size, capacity, dtype, row_shape, join=chunk_reads.join_at_once)
+    plain = pack_regions(blobs, chunk_size, capacity, dtype, row_shape)
+    np.testing.assert_array_equal(joined[0], plain[0])
+    np.testing.assert_array_equal(joined[1], plain[1])
+
+
+@needs_extension
+@pytest.mark.parametrize(("blobs", "why"), [
+    ([np.ones((2, 4), np.float64)], "another dtype"),
+    ([np.ones((4, 2), np.float32)], "rows of another shape"),
+    ([np.ones((4, 8), np.float32)[:, ::2]], "not contiguous"),
+    ([np.ones((1, 4), np.float32)], "too few rows"),
+    ([np.ones((3, 4), np.float32)], "too many rows"),
+    ([np.ones((2, 4), np.float32), "text"], "not a buffer"),
+])
+def test_a_join_that_cannot_copy_as_it_is_leaves_the_region_untouched(blobs, why):
+    """Blobs that are not of the region's dtype and rows, contiguous and filling it exactly are refused (False), the
+    region untouched, for `pack_regions` to join its own way; `pack_regions` then casts as before."""
+    region = np.full((2, 4), 7, np.float32)
+    assert chunk_reads.join_at_once(blobs, region) is False, why
+    assert (region == 7).all()
+    with pytest.raises(BufferError):  # the region must be writable
+        chunk_reads.join_at_once([b"ab"], b"xy")
+    cast = [np.arange(8, dtype=np.int64).reshape(2, 4)]  # int64 rows in a float32 field: cast by pack_regions
+    regions, _ = pack_regions(cast, 1, 2, np.float32, (4,), join=chunk_reads.join_at_once)
+    np.testing.assert_array_equal(regions, cast[0].astype(np.float32))

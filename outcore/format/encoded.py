@@ -28,7 +28,8 @@ writing from the sizes of the source files.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -75,11 +76,14 @@ def chunk_capacity(nbytes: np.ndarray, chunk_size: int) -> int:
 
 
 def pack_regions(blobs: Sequence[bytes] | Sequence[np.ndarray], chunk_size: int, capacity: int,
-                 dtype: np.typing.DTypeLike = np.uint8, row_shape: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+                 dtype: np.typing.DTypeLike = np.uint8, row_shape: tuple[int, ...] = (),
+                 join: Callable[[Sequence[Any], np.ndarray], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Samples' bytes (or rows of ``dtype`` and ``row_shape``: a ragged field's, `outcore.format.ragged`) packed
     into consecutive chunk regions of ``capacity`` entries: ``(regions, ranges)``, ranges relative to the first
     region. Raise ``OverflowError`` naming the chunk (counted from 0) whose entries do not fit. A chunk's samples
-    are joined by one call (bytes by ``bytes.join``, which copies them outside the GIL), not one by one.
+    are joined by one call, not one by one: ``join(samples, region)`` where given and it can (True: the storage layer's
+    copy outside the GIL, `outcore.storage.chunk_reads.join_at_once`), else bytes by ``bytes.join`` (which copies
+    exact bytes outside the GIL), other rows cast to ``dtype``.
 
     >>> regions, ranges = pack_regions([b"ab", b"c", b"def"], 2, 4)
     >>> regions.tobytes(), ranges.tolist()
@@ -96,7 +100,9 @@ def pack_regions(blobs: Sequence[bytes] | Sequence[np.ndarray], chunk_size: int,
             raise OverflowError(k)
         ranges[part, 1] = k * capacity + stops
         ranges[part, 0] = ranges[part, 1] - lengths[part]
-        regions[k * capacity : k * capacity + stops[-1]] = _joined(blobs[part], int(stops[-1]), dtype, row_shape)
+        region = regions[k * capacity : k * capacity + stops[-1]]
+        if join is None or not join(blobs[part], region):
+            region[...] = _joined(blobs[part], int(stops[-1]), dtype, row_shape)
     return regions, ranges
 
 

@@ -23,6 +23,9 @@
  *
  * crc32c(buffer[, value]): the CRC-32C of the buffer's bytes (as the crc32c package gives it), for the tests.
  *
+ * join(blobs, out): a chunk's samples (files, label maps, ragged rows) back to back in its region, in one copy outside
+ * the GIL (outcore.storage.encoded writes an encoded or ragged field so).
+ *
  * Blosc is numcodecs' own (the library it holds, which zarr uses): `bind(path)` finds blosc_decompress_ctx (and
  * blosc_compress_ctx) in numcodecs' module at `path`. `read` needs the CRC32 instruction of x86-64 (SSE 4.2) or ARMv8; HARDWARE says
  * whether this machine has it. Where it does not, or where the module is not built, the chunks are read by
@@ -686,6 +689,61 @@ static PyObject *py_mapped(PyObject *self, PyObject *args) {
 }
 #endif
 
+/* join(blobs, out): the bytes of each of `blobs` (a sequence of buffers) back to back in `out` (a writable, C-contiguous
+ * buffer of rows along its first axis), in one copy outside the GIL: True. False, and out untouched, unless every blob
+ * is C-contiguous, of out's item format and of whole rows of out's, and together they fill out exactly: the caller
+ * joins them its own way then (casting, say). bytes.join copies outside the GIL only what is exactly bytes (a label
+ * map, an array, is copied holding it), and its result is copied once more into the region. */
+static PyObject *py_join(PyObject *self, PyObject *args) {
+    PyObject *blobs, *target;
+    if (!PyArg_ParseTuple(args, "OO:join", &blobs, &target))
+        return NULL;
+    PyObject *items = PySequence_Fast(blobs, "join: blobs must be a sequence");
+    if (items == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(items), held = 0;
+    Py_buffer out, *views = PyMem_Calloc((size_t)(count > 0 ? count : 1), sizeof(Py_buffer));
+    if (views == NULL) {
+        Py_DECREF(items);
+        return PyErr_NoMemory();
+    }
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(target, &out, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    const char *format = out.format ? out.format : "B";
+    size_t row = out.ndim >= 1 && out.shape[0] > 0 ? (size_t)out.len / (size_t)out.shape[0] : 0, total = 0;
+    int fits = out.ndim >= 1;
+    for (; fits && held < count; held++) {
+        Py_buffer *view = &views[held];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(items, held), view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear(); /* not a contiguous buffer: the caller's way */
+            fits = 0;
+            break;
+        }
+        fits = view->ndim >= 1 && strcmp(view->format ? view->format : "B", format) == 0 &&
+               (size_t)view->len == (size_t)view->shape[0] * row;
+        total += (size_t)view->len;
+    }
+    fits = fits && total == (size_t)out.len;
+    if (fits) {
+        char *place = out.buf;
+        FREE_BEGIN;
+        for (Py_ssize_t k = 0; k < count; k++) {
+            memcpy(place, views[k].buf, (size_t)views[k].len);
+            place += views[k].len;
+        }
+        FREE_END;
+    }
+    result = PyBool_FromLong(fits);
+    PyBuffer_Release(&out);
+done:
+    for (Py_ssize_t k = 0; k < held; k++)
+        PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    Py_DECREF(items);
+    return result;
+}
+
 static PyMethodDef methods[] = {
 #if defined(OUTCORE_POSIX) && defined(OUTCORE_CRC)
     {"read", py_read, METH_VARARGS,
@@ -724,6 +782,9 @@ static PyMethodDef methods[] = {
      "counts since the module was loaded."},
 #endif
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buffer, value=0)\n--\n\nThe CRC-32C of the buffer's bytes."},
+    {"join", py_join, METH_VARARGS,
+     "join(blobs, out)\n--\n\nThe blobs' bytes back to back in out, in one copy outside the GIL: True; False, out\n"
+     "untouched, unless each is C-contiguous, of out's item format and whole rows of it, and together they fill out."},
     FREE_METHOD,
     {NULL, NULL, 0, NULL},
 };

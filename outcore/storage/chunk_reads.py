@@ -2,7 +2,7 @@
 extension ``_chunks``, which holds the GIL only to start and to return: `read_at_once` (several chunks, a chunk's
 fields, in one call: `read_many_at_once`); and whole files (picture files at ingest) by others: `read_file_at_once`,
 `read_files_at_once`; files' sizes and times: `stat_files_at_once`; a shard's chunks compressed and checksummed for
-writing: `encode_at_once`.
+writing: `encode_at_once`; a chunk's samples joined in its region to write it: `join_at_once`.
 
 Where a chunk's pages are all in the page cache (a store that fits in memory, after its first epoch), the call reads
 it in place through its file's mapping, made at the file's first read and kept (`map_files`): the kernel neither
@@ -84,6 +84,14 @@ read_files_at_once = getattr(_chunks, "read_files", None) if read_at_once is not
 ingest's write tasks know them from its survey), read by one call that releases the GIL once for them all; None
 for each that cannot be read so (another size, a record's reference, a URL: the caller reads it its own way, which
 names what is wrong). None where it cannot run here."""
+
+
+join_at_once: Callable[[Sequence[Any], np.ndarray], bool] | None
+join_at_once = getattr(_chunks, "join", None) if read_at_once is not None else None  # None: built before it
+"""``join_at_once(blobs, out)``: the bytes of ``blobs`` (a chunk's files, label maps or ragged rows) back to back in
+``out`` (C-contiguous rows: a chunk's region, as far as they reach) by one copy outside the GIL: True; False, and
+``out`` untouched, unless each blob is C-contiguous, of ``out``'s dtype and of whole rows of it, and together they
+fill ``out`` exactly (the caller joins them its own way). None where it cannot run here."""
 
 
 stat_files_at_once: Callable[[Sequence[str], np.ndarray], None] | None

@@ -10,6 +10,7 @@ import zarr
 
 from ..errors import SourceError
 from ..format import SAMPLE_DIM, Compression, Layout, pack_regions, ranges_name, shapes_name
+from .chunk_reads import join_at_once
 from .groups import create_field
 from .pins import Pins
 from .shard_reader import ShardReader
@@ -49,7 +50,7 @@ def write_encoded_shard(group: zarr.Group | Mapping[str, zarr.Array], name: str,
     capacity = array.chunks[0]
     first_chunk = start // chunk_size
     try:
-        regions, ranges = pack_regions(blobs, chunk_size, capacity, array.dtype, array.shape[1:])
+        regions, ranges = pack_regions(blobs, chunk_size, capacity, array.dtype, array.shape[1:], join=join_at_once)
     except OverflowError as overflow:
         raise SourceError(
             f"field {name!r}: the files of chunk {first_chunk + overflow.args[0]} hold more bytes than their sizes "
