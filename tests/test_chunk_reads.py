@@ -24,7 +24,7 @@ from outcore.errors import CorruptChunkError, ImageError
 from outcore.format import pack_regions
 from outcore.imaging import read_image_file
 from outcore.ingest import fields
-from outcore.ingest.fields import file_stats
+from outcore.ingest.fields import file_stats, missing_files, regular_files
 from outcore.iterate.readers import chunk_readers
 from outcore.iterate.runs import ChunkBuffers
 from outcore.storage import chunk_reads, page_cache, shard_reader
@@ -416,7 +416,8 @@ def test_files_read_at_once_are_their_bytes_or_none_where_they_are_not_as_said(t
 @needs_extension
 def test_files_stated_at_once_are_what_os_stat_says(tmp_path, monkeypatch):
     """`stat_files_at_once` and `file_stats` with and without it: each path's ``st_size`` and ``st_mtime_ns``
-    (a file, an empty one, a folder, a link followed), (0, 0) for a path that cannot be stat'ed."""
+    (a file, an empty one, a folder, a link followed), (0, 0) for a path that cannot be stat'ed; with a third column its
+    ``st_mode``, which `regular_files` reads as `os.path.isfile` says (a folder is not one)."""
     (tmp_path / "photo.jpg").write_bytes(b"x" * 5000)
     (tmp_path / "empty.jpg").write_bytes(b"")
     os.utime(tmp_path / "empty.jpg", ns=(1, 1_234_567_891_234_567_891))
@@ -427,10 +428,20 @@ def test_files_stated_at_once_are_what_os_stat_says(tmp_path, monkeypatch):
     chunk_reads.stat_files_at_once(paths, out)
     assert [tuple(row) for row in out.tolist()] == said and said[1] == (0, 1_234_567_891_234_567_891)
     assert [tuple(row) for row in file_stats(paths).tolist()] == said
+    modes = np.full((len(paths), 3), -1, np.int64)  # a third column: each one's st_mode
+    chunk_reads.stat_files_at_once(paths, modes)
+    assert modes[:, :2].tolist() == out.tolist()
+    assert modes[:, 2].tolist() == [os.stat(path).st_mode if os.path.exists(path) else 0 for path in paths]
+    regular = [os.path.isfile(path) for path in paths]
+    assert regular == [True, True, True, False, False, False]
+    assert regular_files(paths).tolist() == regular and missing_files(paths) == paths[3:]
     monkeypatch.setattr(fields, "stat_files_at_once", None)
     assert [tuple(row) for row in file_stats(paths).tolist()] == said
+    assert regular_files(paths).tolist() == regular and missing_files(paths) == paths[3:]
     with pytest.raises(ValueError, match="int64"):
         chunk_reads.stat_files_at_once(paths, np.zeros((len(paths), 2), np.int32))
+    with pytest.raises(ValueError, match="int64"):
+        chunk_reads.stat_files_at_once(paths, np.zeros((len(paths), 4), np.int64))
 
 
 @needs_extension

@@ -41,6 +41,7 @@ from ..dataset import Dataset
 from ..errors import OutcoreError, SourceError
 from ..imaging import Drawing
 from ..storage import check_target
+from .fields import missing_files
 from .images import ingest_table
 from .options import IngestKeywords, IngestOptions
 from .placement import Placement, instance_fields
@@ -113,7 +114,7 @@ def _table(document: Mapping[str, Any], annotations: Path, root: Path, shape: tu
                   if len(category.get("keypoints") or ()) == points), None) if points else None
     table = SourceTable(paths, [image["file_name"] for image in images], {},
                         {"labels": tuple(str(category["name"]) for category in categories)},
-                        [path for path in paths if not os.path.isfile(path)],
+                        missing_files(paths),
                         f"COCO annotations {str(annotations)!r} (pictures under {root.absolute()})",
                         instances=instances, sizes=sizes, points={"keypoints": named} if named else {})
     if masks:

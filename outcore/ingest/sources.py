@@ -16,6 +16,7 @@ from ..errors import OptionError, OutcoreWarning, SourceError
 from ..format import Ragged
 from ..imaging import IMAGE_EXTENSIONS, LABEL_MAP_DTYPES, Drawing, Paired, Renumbered, label_map_dtype
 from ..storage.remote import is_object_url, redact
+from .fields import missing_files, regular_files
 from .records.locations import list_objects, read_file
 from .records.reader import SampleReader
 
@@ -261,8 +262,7 @@ def table_from_dataframe(
     if any(is_object_url(p) for p in paths):
         return _remote_files(SourceTable(paths, names, labels, classes, description=description, layers=maps),
                              storage_options)
-    missing = [p for p in paths if not os.path.isfile(p)]
-    return SourceTable(paths, names, labels, classes, missing, description=description, layers=maps)
+    return SourceTable(paths, names, labels, classes, missing_files(paths), description=description, layers=maps)
 
 
 def _label_map_paths(cells: pd.Series, base: str, where: str) -> list[str]:
@@ -273,7 +273,9 @@ def _label_map_paths(cells: pd.Series, base: str, where: str) -> list[str]:
     if cells.isna().any():
         raise SourceError(f"{where} is empty in rows {_rows(cells.isna())}: every picture needs its own")
     paths = _joined(base, [str(cell) for cell in cells])
-    absent = pd.Series([not is_object_url(path) and not os.path.isfile(path) for path in paths], index=cells.index)
+    absent = ~regular_files(paths)
+    absent[absent] = [not is_object_url(paths[k]) for k in np.flatnonzero(absent).tolist()]  # a URL is not local
+    absent = pd.Series(absent, index=cells.index)
     if absent.any():
         raise SourceError(f"{where}: the files of rows {_rows(absent)} do not exist (e.g. "
                           f"{paths[int(np.argmax(absent.to_numpy()))]!r}); correct the paths or root=")

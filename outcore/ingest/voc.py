@@ -31,6 +31,7 @@ from ..dataset import Dataset
 from ..errors import SourceError
 from ..imaging import Renumbered
 from ..storage import check_target
+from .fields import missing_files
 from .images import ingest_table
 from .options import IngestKeywords, IngestOptions
 from .placement import Placement, instance_fields
@@ -83,14 +84,14 @@ def voc_table(root: Path, split: str, masks: bool, shape: tuple[int | None, ...]
             "truncated": np.array([item["truncated"] for item in flat], np.uint8)}
     paths = [str(root / "JPEGImages" / f"{name}.jpg") for name in names]
     table = SourceTable(paths, [f"JPEGImages/{name}.jpg" for name in names], {}, {"labels": classes},
-                        [path for path in paths if not os.path.isfile(path)],
+                        missing_files(paths),
                         f"Pascal VOC {str(root)!r}, split {split!r}",
                         instances=instance_fields(rows, owners, kept, len(names)), sizes=sizes)
     if masks:
         class_maps = [str(root / "SegmentationClass" / f"{name}.png") for name in names]
         object_maps = [Renumbered(str(root / "SegmentationObject" / f"{name}.png"), _numbering(kept[owners == i]))
                        for i, name in enumerate(names)]
-        absent = [path for path in [*class_maps, *(m.path for m in object_maps)] if not os.path.isfile(path)]
+        absent = missing_files([*class_maps, *(m.path for m in object_maps)])
         if absent:
             raise SourceError(f"{len(absent)} segmentation PNGs of split {split!r} do not exist (e.g. {absent[0]!r}): "
                               "masks=True reads SegmentationClass/ and SegmentationObject/")

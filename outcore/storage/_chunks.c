@@ -542,19 +542,23 @@ static PyObject *py_stat_files(PyObject *self, PyObject *args) {
         paths_free(&paths);
         return NULL;
     }
-    if (int64_rows(&out, paths.count, 2)) {
+    Py_ssize_t columns = out.ndim == 2 && out.shape[1] == 3 ? 3 : 2; /* the third: st_mode */
+    if (int64_rows(&out, paths.count, columns)) {
         int64_t *stats = out.buf;
         FREE_BEGIN;
         for (Py_ssize_t k = 0; k < paths.count; k++) {
             struct stat status;
             int found = stat(PyBytes_AS_STRING(paths.names[k]), &status) == 0;
-            stats[2 * k] = found ? (int64_t)status.st_size : 0;
-            stats[2 * k + 1] = found ? mtime_ns(&status) : 0;
+            int64_t *row = stats + columns * k;
+            row[0] = found ? (int64_t)status.st_size : 0;
+            row[1] = found ? mtime_ns(&status) : 0;
+            if (columns == 3)
+                row[2] = found ? (int64_t)status.st_mode : 0;
         }
         FREE_END;
         result = Py_NewRef(Py_None);
     } else {
-        PyErr_SetString(PyExc_ValueError, "wanted: out of (paths, 2) int64, C-contiguous and writable");
+        PyErr_SetString(PyExc_ValueError, "wanted: out of (paths, 2) or (paths, 3) int64, C-contiguous and writable");
     }
     PyBuffer_Release(&out);
     paths_free(&paths);
@@ -751,8 +755,8 @@ static PyMethodDef methods[] = {
      "Chunk bytes [offset, offset + nbytes) of the file read, checked (crc32c) and decoded into out; the file's\n"
      "(inode, mtime_ns, size), or None when anything failed."},
     {"stat_files", py_stat_files, METH_VARARGS,
-     "stat_files(paths, out)\n--\n\nEach path's size and modification time in ns into out[k] ((paths, 2) int64), (0, 0)\n"
-     "for one that cannot be stat'ed, in one call outside the GIL."},
+     "stat_files(paths, out)\n--\n\nEach path's size and modification time in ns into out[k] ((paths, 2) int64; with a\n"
+     "third column, its st_mode), zeros for one that cannot be stat'ed, in one call outside the GIL."},
     {"bind", py_bind, METH_VARARGS,
      "bind(path)\n--\n\nFind blosc_decompress_ctx in the shared library at path: whether it was found."},
     {"read_many", py_read_many, METH_VARARGS,

@@ -97,8 +97,9 @@ fill ``out`` exactly (the caller joins them its own way). None where it cannot r
 stat_files_at_once: Callable[[Sequence[str], np.ndarray], None] | None
 stat_files_at_once = getattr(_chunks, "stat_files", None) if read_at_once is not None else None
 """``stat_files_at_once(paths, out)``: each path's size and modification time in ns (``os.stat``'s ``st_size``
-and ``st_mtime_ns``) written into ``out[k]`` ((paths, 2) int64; (0, 0) for one that cannot be stat'ed) by one call
-that releases the GIL once for them all. None where it cannot run here."""
+and ``st_mtime_ns``; with a third column, its ``st_mode`` too) written into ``out[k]`` ((paths, 2) or (paths, 3) int64;
+zeros for one that cannot be stat'ed) by one call that releases the GIL once for them all. None where it cannot run
+here."""
 
 
 def _mapping() -> Callable[..., bool] | None:
