@@ -162,3 +162,19 @@ def test_the_device_is_asked_for_whole_2_mib_pages(tmp_path):
     with throttled(tmp_path, bandwidth=2 * 10**9, requests=100_000, memory=1024 * MiB) as cgroup:
         nbytes, requests = json.loads(cgroup.run(RANDOM_READS, str(path), str(cgroup.blkio), cgroup.disk))
     assert (nbytes, requests) == (60 * MiB, min(requests, 30)), (nbytes, requests)
+
+
+def test_a_store_opened_once_finds_whether_the_page_cache_holds_it_once(tmp_path, monkeypatch):
+    """Whether a store is read in huge pages is found by its first reader (`Pins.uncached`): iterators made each epoch
+    do not read the machine's memory and cgroups again for each of their readers; a store opened anew finds it anew."""
+    asked = []
+    monkeypatch.setattr(shard_reader, "memory", lambda: asked.append(1) or Memory(available=1024, limit=None))
+    images = np.random.default_rng(2).integers(0, 256, (64, 8, 8, 3), dtype=np.uint8)
+    ds = outcore.from_arrays({"images": images, "labels": np.arange(64)}, tmp_path / "t.zarr", chunk_size=16,
+                             shuffle_on_write=False, progress=False)
+    for epoch in range(3):
+        got = np.concatenate([batch["labels"] for batch in ds.batches(16, shuffle=True, seed=epoch)])
+        assert sorted(got.tolist()) == list(range(64))
+    assert len(asked) == 1 and ds.pins.uncached  # 1 KiB of room: the store's files are more than that
+    again = outcore.open_dataset(tmp_path / "t.zarr")
+    assert [len(batch["labels"]) for batch in again.batches(32, shuffle=False)] == [32, 32] and len(asked) == 2

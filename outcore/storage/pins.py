@@ -47,7 +47,8 @@ class Pins:
 
     ``growing`` holds the files that may be replaced by a growing store of the same generation (each
     array's last shard), with the shard index each had, so that a new version is checked to keep the
-    chunks that were there; ``grown``, the versions found to.
+    chunks that were there; ``grown``, the versions found to; ``uncached``, whether the page cache could hold
+    the files when the store's first reader was made (`outcore.storage.shard_reader`: read in huge pages if not).
     """
 
     root: Path
@@ -56,6 +57,7 @@ class Pins:
     growing: dict[str, np.ndarray | None] = field(default_factory=dict)
     layouts: dict[str, str] = field(default_factory=dict)  # a growing file's array's chunking, as JSON
     grown: set[Stamp] = field(default_factory=set)  # new versions of growing files, checked
+    uncached: bool | None = None  # whether the page cache could not hold its files: found by its first shard reader
 
     @classmethod
     def take(cls, root: Path, generation: str | None, shards: Mapping[str, int]) -> Pins:

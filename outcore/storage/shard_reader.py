@@ -545,8 +545,16 @@ class _LocalFiles:
 
     def __init__(self, root: Path, pins: Pins | None) -> None:
         self.root, self.pins = root, pins
-        stored = sum(stamp[2] for stamp in pins.files.values()) if pins else 0
-        self.huge_pages = pins is not None and not memory().holds(stored)
+        self.huge_pages = pins is not None and _uncached(pins)
+
+
+def _uncached(pins: Pins) -> bool:
+    """Whether the page cache cannot hold the store's files (`Pins.uncached`), found once for a store opened: by its
+    first reader, not by each reader of each iterator (an iterator made each epoch makes a few; the machine's memory
+    and cgroups read again took about a quarter of a millisecond each, holding the GIL)."""
+    if pins.uncached is None:
+        pins.uncached = not memory().holds(sum(stamp[2] for stamp in pins.files.values()))
+    return pins.uncached
 
 
 class _ZipFiles:
