@@ -375,9 +375,9 @@ class ChunkBuffers:
     def read_many(self, chunks: Sequence[int]) -> list[Loaded | Exception]:
         """Chunks ``chunks`` of every field, each read into buffers taken here, the shard reads of them all in one C
         call where they can be (`ShardReader.read_vouched`: a stored field's, an encoded field's bytes, ranges and
-        shapes, a ragged or raster field's rows, ranges and shapes), a field's others by its reader: for each chunk
-        ``(values, buffers)``, or the error its read raised (a damaged chunk, named: the others are read all the
-        same); `give` the buffers back once no batch needs the values."""
+        shapes, a ragged or raster field's rows, ranges and shapes), a chunk the call did not vouch for by each field's
+        reader: for each chunk ``(values, buffers)``, or the error its read raised (a damaged chunk, named: the others
+        are read all the same); `give` the buffers back once no batch needs the values."""
         taken = [self.take() for _ in chunks]
         sources = self.sources
         vouched = ShardReader.read_vouched([(source, chunk, buffer) for chunk, buffers in zip(chunks, taken, strict=True)
