@@ -47,8 +47,8 @@ class Pins:
 
     ``growing`` holds the files that may be replaced by a growing store of the same generation (each
     array's last shard), with the shard index each had, so that a new version is checked to keep the
-    chunks that were there; ``grown``, the versions found to; ``uncached``, whether the page cache could hold
-    the files when the store's first reader was made (`outcore.storage.shard_reader`: read in huge pages if not).
+    chunks that were there; ``grown``, the versions found to; ``uncached``, whether the page cache could not hold
+    the files when the store's first reader was made (`outcore.storage.shard_reader`: then read in huge pages).
     """
 
     root: Path
