@@ -4,6 +4,7 @@ tests), and memory that does not grow with the samples."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -20,7 +21,7 @@ from outcore.iterate import plan as plan_module
 from outcore.iterate.options import Subset
 from outcore.iterate.plan import Consumer, EpochPlan, EpochSteps, default_streams
 from outcore.iterate.schedule import max_held
-from outcore.iterate.stream import Selection, StreamPlan
+from outcore.iterate.stream import Selection, StreamPlan, span_slots, streams_slots
 
 layouts = st.tuples(st.integers(0, 3000), st.integers(1, 300)).filter(lambda t: t[0] < 60 * t[1])
 
@@ -428,6 +429,40 @@ def test_the_lazy_plan_follows_the_plain_rule(layout, batch_size, buffer_chunks,
     assert np.array_equal(np.bincount(slots[:start], minlength=len(plan.chunks)), plan.emitted_before(start))
 
 
+def plain_slots(selection: Selection, order: np.ndarray, start: int, stop: int) -> list[tuple[int, int, int]]:
+    """The slots of span ``[start, stop)`` of the chunk stream ``order``, chunk after chunk, lap after lap: each
+    ``(chunk, first local index, size)``."""
+    slots, position = [], 0
+    while position < stop:
+        for chunk in order.tolist():
+            size = int(selection.sizes[chunk])
+            low, high = max(start, position), min(stop, position + size)
+            if low < high:
+                slots.append((chunk, low - position, high - low))
+            position += size
+    return slots
+
+
+@settings(max_examples=200, deadline=None)
+@given(layout=layouts.filter(lambda t: t[0] >= 1), subset=st.booleans(), seed=st.integers(0, 1000), data=st.data())
+def test_the_streams_slots_found_together_are_each_span_s_cut_alone(layout, subset, seed, data):
+    """`streams_slots` cuts the chunk stream once for all of an epoch's consecutive spans (empty ones, spans past the
+    stream's end and subsets with chunks of no sample included): each span's slots are the ones it has alone."""
+    num_samples, chunk_size = layout
+    rng = np.random.default_rng(seed)
+    indices = np.sort(rng.integers(0, num_samples, rng.integers(1, num_samples + 1))) if subset else None
+    selection = Selection(num_samples, chunk_size, indices)
+    order = rng.permutation(-(-num_samples // chunk_size))
+    edges = np.array(sorted(data.draw(st.lists(st.integers(0, 2 * len(selection) + 3), min_size=2, max_size=12))))
+    found = streams_slots(selection, order, edges)
+    assert len(found) == len(edges) - 1
+    for (start, stop), slots in zip(itertools.pairwise(edges.tolist()), found, strict=True):
+        expected = plain_slots(selection, order, start, stop)
+        assert list(zip(*(part.tolist() for part in slots))) == expected
+        assert list(zip(*(part.tolist() for part in span_slots(selection, order, (start, stop))))) == expected
+        assert all(part.dtype == np.int64 for part in slots)
+
+
 @settings(max_examples=150, deadline=None)
 @given(layout=layouts, window=st.integers(1, 6), mixed=st.booleans(), key=st.lists(st.integers(0, 2**40), min_size=4,
        max_size=4), data=st.data())
@@ -444,10 +479,11 @@ def test_a_stream_s_windows_made_in_one_c_call_are_those_numpy_makes(layout, win
     start = data.draw(st.integers(0, max(0, len(selection))))
     bounds = (start, data.draw(st.integers(start, 2 * len(selection) + 1)))
     options = {"window": window if mixed else 1, "mixed": mixed, "key": tuple(key)}
-    ours = StreamPlan(selection, order, bounds, **options)
+    slots = span_slots(selection, order, bounds)
+    ours = StreamPlan(selection, slots, **options)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(stream, "window_draws", lambda *args: None)
-        numpys = StreamPlan(selection, order, bounds, **options)
+        numpys = StreamPlan(selection, slots, **options)
         expected = [numpys.window_contents(w) for w in range(len(numpys.window_ends))]
     for w, (samples, slots) in enumerate(expected):
         made = ours.window_contents(w)

@@ -56,7 +56,7 @@ import numpy as np
 from ..errors import OptionError
 from ..imaging.windows import interleave
 from ..seeds import Domain, permutation
-from .stream import Selection, StreamPlan, span_slots
+from .stream import Selection, StreamPlan, span_slots, streams_slots
 
 DEFAULT_STREAMS = 8  # global steps the same on 1, 2, 4 and 8 ranks
 
@@ -163,7 +163,7 @@ def _even(total: int, parts: int) -> np.ndarray:
 class EpochSteps:
     """How an epoch of ``num_samples`` is cut into global steps of ``global_batch`` samples and shared among
     ``streams`` (see the module docstring): ``steps`` steps; stream ``s`` gives ``takes[s]`` samples to
-    each full step, ``last[s]`` to the last one, and reads span ``[starts[s], starts[s] + lengths[s])``.
+    each full step, ``last[s]`` to the last one, and reads span ``[edges[s], edges[s + 1])`` of ``lengths[s]``.
 
     >>> steps = EpochSteps(1000, 256, 8)
     >>> steps.steps, steps.takes.tolist(), steps.last.tolist()
@@ -205,8 +205,9 @@ class EpochSteps:
         return _frozen(np.maximum(self.steps - 1, 0) * self.takes + self.last)
 
     @cached_property
-    def starts(self) -> np.ndarray:
-        return _frozen(np.concatenate([[0], np.cumsum(self.lengths)[:-1]]))
+    def edges(self) -> np.ndarray:
+        """Where each stream's span of the chunk stream starts, and the last one's end."""
+        return _frozen(np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64))
 
     def rank_streams(self, rank: int, world_size: int) -> range:
         check_streams(self.streams, world_size)
@@ -277,8 +278,9 @@ class EpochPlan:
         self.window = -(-buffer_chunks // streams) if mixed else 1
         order = chunk_order(math.ceil(num_samples / chunk_size), shuffle=shuffle, seed=seed, epoch=epoch)
         layout, owned = self.layout, part_streams(self.layout.rank_streams(rank, world_size), *part)
-        self.streams = [StreamPlan(selection, order, (int(layout.starts[s]), int(layout.starts[s] + layout.lengths[s])),
-                                   window=self.window, mixed=mixed, key=(seed, epoch, s, streams)) for s in owned]
+        slots = streams_slots(selection, order, layout.edges[owned.start : owned.stop + 1])
+        self.streams = [StreamPlan(selection, made, window=self.window, mixed=mixed, key=(seed, epoch, s, streams))
+                        for s, made in zip(owned, slots, strict=True)]
         self.stream_numbers = tuple(owned)
         self.takes, self.last = layout.takes[owned], layout.last[owned]
         self.steps = layout.steps
@@ -308,20 +310,18 @@ class EpochPlan:
 
     def _number_slots(self) -> None:
         """Rank slots: every stream's slots (and the repeat's), numbered by the step they are first read at."""
-        keys, chunks, sizes = [], [], []
-        for i, stream in enumerate(self.streams):
-            take = int(self.takes[i])
+        steps, chunks, sizes = [], [], []  # each stream's: the step each slot is first read at, its chunk, its size
+        last = self.steps - 1
+        for stream, take in zip(self.streams, self.takes.tolist(), strict=True):
             first = stream.first_emitted()
-            step = np.minimum(first // take, self.steps - 1) if take else np.full(len(first), self.steps - 1)
-            keys.append(np.stack([step, np.full(len(step), i), np.arange(len(step))], axis=1))
+            steps.append(np.minimum(first // take, last) if take else np.full(len(first), last))
             chunks.append(stream.chunks)
             sizes.append(stream.slot_sizes)
         if self._pad is not None:
-            keys.append(np.array([[self.steps - 1, len(self.streams), 0]]))
+            steps.append(np.array([last]))
             chunks.append(np.array([self._pad[0]]))
             sizes.append(np.array([1]))
-        keys_all = np.concatenate(keys) if keys else np.empty((0, 3), np.int64)
-        rank_order = np.lexsort(keys_all.T[::-1])  # by step, then stream, then slot
+        rank_order = np.argsort(np.concatenate(steps), kind="stable")  # by step, then stream, then slot: as listed
         self.chunks = np.concatenate(chunks)[rank_order].astype(np.int64)
         self.slot_sizes = np.concatenate(sizes)[rank_order].astype(np.int64)
         number = np.empty(len(rank_order), np.int64)
@@ -473,6 +473,8 @@ class EpochPlan:
     def emitted_before(self, position: int) -> np.ndarray:
         """How many samples of each slot are emitted before ``position``."""
         done = np.zeros(len(self.chunks), dtype=np.int64)
+        if position <= 0:  # a run from the epoch's start (`schedule`)
+            return done
         if position >= len(self):
             return self.slot_sizes.copy()
         step, offset = divmod(position, self.batch_size)

@@ -17,12 +17,15 @@ Window sizes are known from the draws alone, so finding the samples of emission 
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from functools import cached_property
 
 import numpy as np
 
 from ..seeds import Domain, generator, permutation, window_draws
+
+Slots = tuple[np.ndarray, np.ndarray, np.ndarray]  # a span's slots: each one's store chunk, first local index, size
 
 
 class Selection:
@@ -64,20 +67,20 @@ class Selection:
 
 
 class StreamPlan:
-    """The samples of span ``bounds`` of the chunk stream ``order`` (chunk indices) of the ``selection`` in
+    """The samples of a span of an epoch's chunk stream, its ``slots`` (`span_slots`, `streams_slots`), in
     emission order, made on demand by `take`; ``chunks[j]`` is the store chunk of slot ``j`` and
     ``slot_sizes[j]`` how many of its samples the stream reads. ``key`` seeds the draws (each stream its
     own); ``mixed`` turns the buffer shuffle on, over ``window`` windows.
 
-    >>> stream = StreamPlan(Selection(10, 4), np.arange(3), (2, 9), window=1, mixed=False, key=(0,))
+    >>> selection = Selection(10, 4)
+    >>> stream = StreamPlan(selection, span_slots(selection, np.arange(3), (2, 9)), window=1, mixed=False, key=(0,))
     >>> stream.take(0, len(stream))[0].tolist(), stream.chunks.tolist()
     ([2, 3, 4, 5, 6, 7, 8], [0, 1, 2])
     """
 
-    def __init__(self, selection: Selection, order: np.ndarray, bounds: tuple[int, int], *,
-                 window: int, mixed: bool, key: tuple[int, ...]) -> None:
+    def __init__(self, selection: Selection, slots: Slots, *, window: int, mixed: bool, key: tuple[int, ...]) -> None:
         self.selection, self.mixed, self.window, self._key = selection, mixed, window, key
-        self.chunks, self._first, self.slot_sizes = span_slots(selection, order, bounds)
+        self.chunks, self._first, self.slot_sizes = slots
         if mixed and window > 1:  # how many samples of slot j go to window j + d: (slots, window)
             self.deals = generator(Domain.BUFFER_SHUFFLE, *key).multinomial(
                 self.slot_sizes, np.full(window, 1 / window)).astype(np.int64)
@@ -179,23 +182,38 @@ class StreamPlan:
         return done
 
 
-def span_slots(selection: Selection, order: np.ndarray, bounds: tuple[int, int]
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def span_slots(selection: Selection, order: np.ndarray, bounds: tuple[int, int]) -> Slots:
     """The slots of stream span ``bounds`` of the chunk stream ``order``: each one's store chunk, first
     local index (among the chunk's selected samples) and size; positions from ``len(selection)`` on repeat
-    the stream from its start. Chunks with no sample selected make no slot."""
-    start, stop = bounds
+    the stream from its start. Chunks with no sample selected make no slot.
+
+    >>> [part.tolist() for part in span_slots(Selection(10, 4), np.array([2, 0, 1]), (1, 7))]
+    [[2, 0, 1], [1, 0, 0], [1, 4, 1]]
+    """
+    return streams_slots(selection, order, np.array(bounds, np.int64))[0]
+
+
+def streams_slots(selection: Selection, order: np.ndarray, edges: np.ndarray) -> list[Slots]:
+    """`span_slots` of each of the consecutive spans ``[edges[k], edges[k + 1])`` of the chunk stream ``order`` (the
+    streams of an epoch), found together: the chunk stream cut once at every chunk's end and every span's edge (a
+    dozen numpy calls for all the spans, not for each).
+
+    >>> [[part.tolist() for part in slots] for slots in streams_slots(Selection(10, 4), np.arange(3), np.array([0, 6, 10]))]
+    [[[0, 1], [0, 0], [4, 2]], [[1, 2], [2, 0], [2, 2]]]
+    """
+    start, stop = int(edges[0]), int(edges[-1])
     num_samples = len(selection)
     if start >= stop or num_samples == 0:
-        return (np.empty(0, np.int64),) * 3
+        return [(np.empty(0, np.int64),) * 3 for _ in range(len(edges) - 1)]
     sizes = selection.sizes[order]
     ends = np.cumsum(sizes)
-    laps = range(start // num_samples, (stop - 1) // num_samples + 1)
-    cuts = np.concatenate([lap * num_samples + np.concatenate([[0], ends]) for lap in laps])
-    cuts = np.unique(np.clip(cuts, start, stop))
-    begins = cuts[:-1]
-    _lap, position = np.divmod(begins, num_samples)
+    laps = np.arange(start // num_samples, (stop - 1) // num_samples + 1, dtype=np.int64)
+    chunk_ends = (laps[:, None] * num_samples + np.concatenate([[0], ends])).ravel()
+    cuts = np.unique(np.concatenate([np.clip(chunk_ends, start, stop), edges]))
+    position = cuts[:-1] % num_samples
     stretch = np.searchsorted(ends, position, side="right")
-    chunks = order[stretch]
-    first = position - (ends[stretch] - sizes[stretch])
-    return chunks.astype(np.int64), first.astype(np.int64), np.diff(cuts).astype(np.int64)
+    chunks = order[stretch].astype(np.int64)
+    first = (position - (ends[stretch] - sizes[stretch])).astype(np.int64)
+    slot_sizes = np.diff(cuts).astype(np.int64)
+    at = np.searchsorted(cuts, edges).tolist()  # each span's first slot: its edges are cuts
+    return [(chunks[low:high], first[low:high], slot_sizes[low:high]) for low, high in itertools.pairwise(at)]
