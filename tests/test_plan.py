@@ -467,8 +467,8 @@ def test_the_streams_slots_found_together_are_each_span_s_cut_alone(layout, subs
 @given(layout=layouts, window=st.integers(1, 6), mixed=st.booleans(), key=st.lists(st.integers(0, 2**40), min_size=4,
        max_size=4), data=st.data())
 def test_a_stream_s_windows_made_in_one_c_call_are_those_numpy_makes(layout, window, mixed, key, data):
-    """`seeds.window_draws` makes a window in one C call that keeps the GIL: the very samples and slots, in the very
-    order, that numpy's calls make (subsets with repeats, spans past the stream's end)."""
+    """`seeds.window_draws` makes a run of windows in one C call that keeps the GIL: the very samples and slots, in the
+    very order, that numpy's calls make window by window (subsets with repeats, spans past the stream's end)."""
     if getattr(seeds._draws, "window", None) is None:
         pytest.skip(f"outcore's seeds._draws extension is not in use here: {seeds.how()}")
     num_samples, chunk_size = layout
@@ -479,15 +479,24 @@ def test_a_stream_s_windows_made_in_one_c_call_are_those_numpy_makes(layout, win
     start = data.draw(st.integers(0, max(0, len(selection))))
     bounds = (start, data.draw(st.integers(start, 2 * len(selection) + 1)))
     options = {"window": window if mixed else 1, "mixed": mixed, "key": tuple(key)}
-    slots = span_slots(selection, order, bounds)
-    ours = StreamPlan(selection, slots, **options)
+    span = span_slots(selection, order, bounds)
+    ours = StreamPlan(selection, span, **options)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(stream, "window_draws", lambda *args: None)
-        numpys = StreamPlan(selection, slots, **options)
+        numpys = StreamPlan(selection, span, **options)
         expected = [numpys.window_contents(w) for w in range(len(numpys.window_ends))]
     for w, (samples, slots) in enumerate(expected):
         made = ours.window_contents(w)
         assert made[0].tolist() == samples.tolist() and made[1].tolist() == slots.tolist()
+    every = (np.concatenate([part[0] for part in expected]), np.concatenate([part[1] for part in expected])) \
+        if expected else (np.empty(0, np.int64),) * 2
+    for _ in range(3):  # runs of windows made in one call each, from a new stream (none kept) and from one with some
+        fresh = StreamPlan(selection, span, **options)
+        low = data.draw(st.integers(0, len(fresh)))
+        high = data.draw(st.integers(low, len(fresh)))
+        for stream_plan in (fresh, ours):
+            taken = stream_plan.take(low, high)
+            assert taken[0].tolist() == every[0][low:high].tolist() and taken[1].tolist() == every[1][low:high].tolist()
 
 
 @settings(max_examples=100, deadline=None)

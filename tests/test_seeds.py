@@ -219,3 +219,21 @@ def test_a_permutation_is_numpy_s_from_the_generator_of_its_key(domain, key, cou
 def test_a_permutation_of_a_negative_key_is_refused():
     with pytest.raises(OptionError, match="0 or more"):
         seeds.permutation(Domain.WINDOW_ORDER, (0, -1), 5)
+
+
+def test_windows_the_stream_s_slots_do_not_make_are_refused():
+    """`WindowDraws` asks the ``_draws`` extension for a run of windows: a run past the stream's last window, counts
+    that are not the windows' samples, or deals that do not fit the slots are a ValueError, nothing written."""
+    made = seeds.window_draws((0, 1), np.array([0, 4]), np.array([4, 2]), np.array([[4], [2]]), np.array([[4], [2]]),
+                              True)
+    if made is None:
+        pytest.skip(f"outcore's seeds._draws extension is not in use here: {seeds.how()}")
+    local, owner = made(0, 2, 6)  # both windows of the stream's two slots, back to back
+    assert sorted(local[:4].tolist()) == [0, 1, 2, 3] and owner.tolist() == [0, 0, 0, 0, 1, 1]
+    assert made(1, 1, 0)[0].tolist() == []  # no window
+    for stop, count in ((3, 6), (2, 5), (2, 7)):
+        with pytest.raises(ValueError, match="windows w .. stop - 1"):
+            made(0, stop, count)
+    made.deals = np.array([[5], [2]])  # more samples dealt than the slot has
+    with pytest.raises(ValueError, match="deals fit the slots"):
+        made(0, 1, 5)

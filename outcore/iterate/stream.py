@@ -120,10 +120,9 @@ class StreamPlan:
         ends = self._ends
         first, last = bisect.bisect_right(ends, start), bisect.bisect_right(ends, stop - 1)
         samples, slots = [], []
-        for w in range(first, last + 1):
+        for w, (window_samples, window_slots) in enumerate(self._windows_made(first, last + 1), start=first):
             begin = ends[w - 1] if w else 0
             low, high = max(start, begin) - begin, min(stop, ends[w]) - begin
-            window_samples, window_slots = self.window_contents(w)
             samples.append(window_samples[low:high])
             slots.append(window_slots[low:high])
         if len(samples) == 1:
@@ -131,21 +130,34 @@ class StreamPlan:
         return np.concatenate(samples), np.concatenate(slots)
 
     def window_contents(self, w: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(samples, slots)`` of window ``w``, in emission order (the last few are kept: consecutive
-        batches draw on the same window)."""
-        made = self._windows.get(w)  # a dict read is atomic: the lock guards the replacements
-        if made is None:
-            made = self._make_window(w)
-            with self._lock:
-                self._windows = {v: m for v, m in self._windows.items() if abs(v - w) <= 2}
-                self._windows[w] = made
-        return made
+        """``(samples, slots)`` of window ``w``, in emission order."""
+        return self._windows_made(w, w + 1)[0]
+
+    def _windows_made(self, first: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`window_contents` of windows ``first`` to ``stop - 1``: those not kept made together, from the first of them
+        on (the last few are kept: consecutive batches draw on the same window)."""
+        kept = self._windows  # a dict read is atomic: the lock guards the replacements
+        missing = next((w for w in range(first, stop) if w not in kept), stop)
+        if missing == stop:
+            return [kept[w] for w in range(first, stop)]
+        made = dict(zip(range(missing, stop), self._make_windows(missing, stop), strict=True))
+        with self._lock:
+            self._windows = {v: m for v, m in {**self._windows, **made}.items() if abs(v - (stop - 1)) <= 2}
+        return [made[w] if w in made else kept[w] for w in range(first, stop)]
+
+    def _make_windows(self, first: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self._draws is None:
+            return [self._make_window(w) for w in range(first, stop)]
+        ends = self._ends  # one C call, the GIL kept: numpy's calls in `_make_window` give it up (to other threads) often
+        before = ends[first - 1] if first else 0
+        local, owner = self._draws(first, stop, ends[stop - 1] - before)
+        samples = self.selection.sample(self.chunks[owner], local)
+        bounds = [0, *(ends[w] - before for w in range(first, stop))]
+        return [(samples[low:high], owner[low:high]) for low, high in itertools.pairwise(bounds)]
 
     def _make_window(self, w: int) -> tuple[np.ndarray, np.ndarray]:
+        """Window ``w`` made by numpy's calls (`_make_windows` without the ``_draws`` extension)."""
         low = max(0, w - self.window + 1)
-        if self._draws is not None:  # one C call, the GIL kept: numpy's calls below give it up (to other threads) often
-            local, owner = self._draws(w, low, self._ends[w] - (self._ends[w - 1] if w else 0))
-            return self.selection.sample(self.chunks[owner], local), owner
         slots = np.arange(low, min(w + 1, len(self.chunks)))
         groups = [self._dealt(int(j), w - int(j)) for j in slots]
         local = np.concatenate(groups) if groups else np.empty(0, np.int64)

@@ -115,14 +115,14 @@ def permutation(domain: Domain, key: Sequence[int], count: int) -> np.ndarray:
 def window_draws(key: Sequence[int], first: np.ndarray, sizes: np.ndarray, deals: np.ndarray, ends: np.ndarray,
                  mixed: bool) -> WindowDraws | None:
     """The maker of an epoch stream's windows (`outcore.iterate.stream.StreamPlan`) by the ``_draws`` extension, one
-    call a window (`WindowDraws`), its arrays made ready once for all the stream's windows: slot ``j`` starts at local
-    index ``first[j]`` and has ``sizes[j]`` samples, in the order `permutation` gives for ``(*key, j)`` in
-    `Domain.BUFFER_SHUFFLE` (with ``mixed``), of which ``deals[j, d]`` go to window ``j + d`` (``ends``: their running
-    sums). None where the extension is not built (or the key is no int64 one): the caller makes the windows with
+    call for a run of consecutive windows (`WindowDraws`), its arrays made ready once for all the stream's windows:
+    slot ``j`` starts at local index ``first[j]`` and has ``sizes[j]`` samples, in the order `permutation` gives for
+    ``(*key, j)`` in `Domain.BUFFER_SHUFFLE` (with ``mixed``), of which ``deals[j, d]`` go to window ``j + d``
+    (``ends``: their running sums). None where the extension is not built (or the key is no int64 one): the caller makes the windows with
     numpy (the same numbers).
 
     >>> made = window_draws((0, 1), np.array([0]), np.array([4]), np.array([[4]]), np.array([[4]]), True)
-    >>> made is None or sorted(made(0, 0, 4)[0].tolist()) == [0, 1, 2, 3]
+    >>> made is None or sorted(made(0, 1, 4)[0].tolist()) == [0, 1, 2, 3]
     True
     """
     values = [int(value) for value in key]
@@ -133,10 +133,11 @@ def window_draws(key: Sequence[int], first: np.ndarray, sizes: np.ndarray, deals
 
 
 class WindowDraws:
-    """Window ``w`` of a stream (`window_draws` made this from its slots): ``(local, owner)``, the local index and slot
-    of each of its ``count`` samples, made in one C call that keeps the GIL (a few microseconds of work: a GIL given
-    up would be taken by another thread, which costs more): slots ``low .. w``, each one's stretch for this window
-    back to back, then put in `permutation`'s order for ``(*key, w)`` in `Domain.WINDOW_ORDER` (with ``mixed``)."""
+    """Windows ``w`` to ``stop - 1`` of a stream (`window_draws` made this from its slots), back to back: ``(local,
+    owner)``, the local index and slot of each of their ``count`` samples, made in one C call that keeps the GIL (a
+    few microseconds of work a window: a GIL given up would be taken by another thread, which costs more): for each
+    window ``v``, slots ``max(0, v - window + 1) .. v``, each one's stretch for this window back to back, then put in
+    `permutation`'s order for ``(*key, v)`` in `Domain.WINDOW_ORDER` (with ``mixed``)."""
 
     __slots__ = ("deals", "ends", "first", "key", "mixed", "sizes")
 
@@ -144,9 +145,9 @@ class WindowDraws:
                  mixed: bool) -> None:
         self.key, self.first, self.sizes, self.deals, self.ends, self.mixed = key, first, sizes, deals, ends, mixed
 
-    def __call__(self, w: int, low: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, w: int, stop: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         local, owner = np.empty(count, np.int64), np.empty(count, np.int64)
-        _draws.window(self.key, _BUFFER_SHUFFLE, _WINDOW_ORDER, w, low, self.first, self.sizes, self.deals, self.ends,
+        _draws.window(self.key, _BUFFER_SHUFFLE, _WINDOW_ORDER, w, stop, self.first, self.sizes, self.deals, self.ends,
                       self.mixed, local, owner)
         return local, owner
 

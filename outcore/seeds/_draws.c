@@ -516,38 +516,68 @@ static int make_window(const window_t *made, int64_t *scratch) {
     return 0;
 }
 
-/* outcore.seeds.window_draws (see there): an epoch stream's window w. The GIL is kept for a window of fewer than
- * FREE_FROM samples: given up and taken back, it would go to another thread, which costs more than the window. */
+/* The windows w .. stop - 1 of made's stream (each from slot max(0, v - window + 1) to min(v, slots - 1)), made
+ * back to back into made's local and owner: each window's count, the largest and their sum found, and their deals
+ * checked against the slots, first; 0, or -1 for deals that do not fit the slots. */
+static int window_counts(window_t *made, Py_ssize_t slots, int64_t w, int64_t stop, int64_t *largest, int64_t *most,
+                         int64_t *total) {
+    *largest = *most = *total = 0;
+    for (int64_t v = w; v < stop; v++) {
+        int64_t taken = 0;
+        for (int64_t j = v - made->window + 1 > 0 ? v - made->window + 1 : 0; j <= v && j < slots; j++) {
+            const int64_t d = v - j, end = made->ends[j * made->window + d], number = made->deals[j * made->window + d];
+            if (made->sizes[j] < 0 || number < 0 || end > made->sizes[j] || end - number < 0)
+                return -1;
+            *most = made->sizes[j] > *most ? made->sizes[j] : *most;
+            taken += number;
+        }
+        *largest = taken > *largest ? taken : *largest;
+        *total += taken;
+    }
+    return 0;
+}
+
+/* outcore.seeds.window_draws (see there): an epoch stream's windows w .. stop - 1, back to back. The GIL is kept
+ * for fewer than FREE_FROM samples: given up and taken back, it would go to another thread, which costs more than
+ * the windows. */
 static PyObject *py_window(PyObject *self, PyObject *args) {
     Py_buffer key, first, sizes, deals, ends, local, owner;
     unsigned long long slot_domain, window_domain;
-    long long w, low;
+    long long w, stop;
     int mixed;
-    if (!PyArg_ParseTuple(args, "y*KKLLy*y*y*y*pw*w*:window", &key, &slot_domain, &window_domain, &w, &low, &first,
+    if (!PyArg_ParseTuple(args, "y*KKLLy*y*y*y*pw*w*:window", &key, &slot_domain, &window_domain, &w, &stop, &first,
                           &sizes, &deals, &ends, &mixed, &local, &owner))
         return NULL;
     const Py_ssize_t item = (Py_ssize_t)sizeof(int64_t), slots = first.len / item;
     window_t made = {key.buf, first.buf, sizes.buf, deals.buf, ends.buf, key.len / item,
-                     slots ? deals.len / item / slots : 0, slot_domain, window_domain, w, low,
-                     w < (long long)slots - 1 ? w : (long long)slots - 1, local.len / item, mixed, local.buf, owner.buf};
+                     slots ? deals.len / item / slots : 0, slot_domain, window_domain, 0, 0, 0, 0, mixed, local.buf,
+                     owner.buf};
     int fine = key.len % item == 0 && first.len % item == 0 && sizes.len == first.len && local.len % item == 0 &&
-               owner.len == local.len && deals.len == ends.len && 0 <= low && low <= w &&
-               (slots ? made.window >= 1 && deals.len == slots * made.window * item && w - low < made.window
-                      : made.count == 0); /* a stream of no slots: windows of no samples */
+               owner.len == local.len && deals.len == ends.len && 0 <= w && w <= stop &&
+               (slots ? made.window >= 1 && deals.len == slots * made.window * item && stop <= slots + made.window - 1
+                      : local.len == 0); /* a stream of no slots: windows of no samples */
     for (Py_ssize_t i = 0; fine && i < made.length; i++)
         fine = made.key[i] >= 0;
-    int64_t most = 0, taken = 0;
-    for (int64_t j = low; fine && j <= made.last; j++) {
-        const int64_t d = w - j, end = made.ends[j * made.window + d], number = made.deals[j * made.window + d];
-        fine = made.sizes[j] >= 0 && number >= 0 && end <= made.sizes[j] && end - number >= 0;
-        most = made.sizes[j] > most ? made.sizes[j] : most;
-        taken += number;
-    }
-    fine = fine && taken == made.count;
-    int64_t *scratch = fine ? PyMem_RawMalloc((size_t)(3 * taken + most + 1) * sizeof(int64_t)) : NULL;
+    int64_t largest = 0, most = 0, total = 0;
+    fine = fine && (!slots || window_counts(&made, slots, w, stop, &largest, &most, &total) == 0) &&
+           total == local.len / item;
+    int64_t *scratch = fine ? PyMem_RawMalloc((size_t)(3 * largest + most + 1) * sizeof(int64_t)) : NULL;
     if (scratch != NULL) {
-        PyThreadState *saved = made.count >= FREE_FROM ? PyEval_SaveThread() : NULL;
-        fine = make_window(&made, scratch) == 0;
+        PyThreadState *saved = total >= FREE_FROM ? PyEval_SaveThread() : NULL;
+        int64_t *local_at = made.local, *owner_at = made.owner;
+        for (int64_t v = w; fine && slots && v < stop; v++) {
+            made.w = v;
+            made.low = v - made.window + 1 > 0 ? v - made.window + 1 : 0;
+            made.last = v < (int64_t)slots - 1 ? v : (int64_t)slots - 1;
+            made.count = 0;
+            for (int64_t j = made.low; j <= made.last; j++)
+                made.count += made.deals[j * made.window + v - j];
+            made.local = local_at;
+            made.owner = owner_at;
+            fine = make_window(&made, scratch) == 0;
+            local_at += made.count;
+            owner_at += made.count;
+        }
         if (saved != NULL)
             PyEval_RestoreThread(saved);
         PyMem_RawFree(scratch);
@@ -563,9 +593,9 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     if (!fine) {
         PyErr_SetString(PyExc_ValueError, "need an int64 key of a few numbers of 0 or more, int64 first and sizes "
-                                          "(slots), int64 deals and ends (slots, window) whose deals to window w fit "
-                                          "the slots, 0 <= low <= w < low + window, int64 local and owner as long as "
-                                          "the window");
+                                          "(slots), int64 deals and ends (slots, window) whose deals fit the slots, "
+                                          "0 <= w <= stop <= slots + window - 1, int64 local and owner as long as "
+                                          "the windows w .. stop - 1 together");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -596,9 +626,9 @@ static PyMethodDef methods[] = {
      "ScaleJitter\nwindows of the output size in its pictures' pixels into the float64 boxes, then its mirrors, as\n"
      "crops_and_flips."},
     {"window", py_window, METH_VARARGS,
-     "window(key, slot_domain, window_domain, w, low, first, sizes, deals, ends, mixed, local, owner)\n--\n\n"
-     "StreamPlan's window w: its "
-     "samples' local\nindices and slots into the int64 local and owner, made as outcore.iterate.stream makes them."},
+     "window(key, slot_domain, window_domain, w, stop, first, sizes, deals, ends, mixed, local, owner)\n--\n\n"
+     "StreamPlan's windows w .. stop - 1, back to back: their samples' local\nindices and slots into the int64 local "
+     "and owner, made as outcore.iterate.stream makes them."},
 #endif
     {NULL, NULL, 0, NULL},
 };
