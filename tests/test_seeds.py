@@ -222,18 +222,25 @@ def test_a_permutation_of_a_negative_key_is_refused():
 
 
 def test_windows_the_stream_s_slots_do_not_make_are_refused():
-    """`WindowDraws` asks the ``_draws`` extension for a run of windows: a run past the stream's last window, counts
-    that are not the windows' samples, or deals that do not fit the slots are a ValueError, nothing written."""
-    made = seeds.window_draws((0, 1), np.array([0, 4]), np.array([4, 2]), np.array([[4], [2]]), np.array([[4], [2]]),
-                              True)
+    """`WindowDraws` asks the ``_draws`` extension for a run of windows, each sample as its index in the store (or in a
+    subset's indices): a run past the stream's last window, counts that are not the windows' samples, deals that do
+    not fit the slots or a subset's index that is not there are a ValueError."""
+    arrays = (np.array([0, 4]), np.array([4, 2]), np.array([[4], [2]]), np.array([[4], [2]]))
+    made = seeds.window_draws((0, 1), *arrays, True, np.array([100, 10]), None)
     if made is None:
         pytest.skip(f"outcore's seeds._draws extension is not in use here: {seeds.how()}")
-    local, owner = made(0, 2, 6)  # both windows of the stream's two slots, back to back
-    assert sorted(local[:4].tolist()) == [0, 1, 2, 3] and owner.tolist() == [0, 0, 0, 0, 1, 1]
+    samples, owner = made(0, 2, 6)  # both windows of the stream's two slots, back to back
+    assert sorted(samples[:4].tolist()) == [100, 101, 102, 103] and sorted(samples[4:].tolist()) == [14, 15]
+    assert owner.tolist() == [0, 0, 0, 0, 1, 1]
     assert made(1, 1, 0)[0].tolist() == []  # no window
+    subset = seeds.window_draws((0, 1), *arrays, True, np.array([0, 0]), np.arange(6) * 10)
+    assert sorted(subset(0, 2, 6)[0].tolist()) == [0, 10, 20, 30, 40, 50]
     for stop, count in ((3, 6), (2, 5), (2, 7)):
         with pytest.raises(ValueError, match="windows w .. stop - 1"):
             made(0, stop, count)
     made.deals = np.array([[5], [2]])  # more samples dealt than the slot has
-    with pytest.raises(ValueError, match="deals fit the slots"):
+    with pytest.raises(ValueError, match="deals fit the"):
         made(0, 1, 5)
+    short = seeds.window_draws((0, 1), *arrays, True, np.array([0, 0]), np.arange(5))  # index 5 is not there
+    with pytest.raises(ValueError, match="indices holding every sample asked"):
+        short(0, 2, 6)

@@ -58,12 +58,15 @@ class Selection:
     def _offsets(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
 
+    def starts(self, chunks: np.ndarray) -> np.ndarray:
+        """Where the selected samples of each of ``chunks`` start: in the store, or in ``indices`` (a subset's)."""
+        return chunks * self.chunk_size if self.indices is None else self._offsets[chunks]
+
     def sample(self, chunks: np.ndarray, local: np.ndarray) -> np.ndarray:
         """The store's index of selected sample ``local`` (counted among the chunk's selected ones) of each
         of ``chunks``."""
-        if self.indices is None:
-            return chunks * self.chunk_size + local
-        return self.indices[self._offsets[chunks] + local]
+        at = self.starts(chunks) + local
+        return at if self.indices is None else self.indices[at]
 
 
 class StreamPlan:
@@ -87,7 +90,8 @@ class StreamPlan:
         else:  # each slot's samples all go to one window (a multinomial of one outcome draws nothing else)
             self.deals = self.slot_sizes[:, None].copy()
         self._deal_ends = np.cumsum(self.deals, axis=1)
-        self._draws = window_draws(key, self._first, self.slot_sizes, self.deals, self._deal_ends, mixed)
+        self._draws = window_draws(key, self._first, self.slot_sizes, self.deals, self._deal_ends, mixed,
+                                   selection.starts(self.chunks), selection.indices)
         window_sizes = np.zeros(len(self.chunks) + self.deals.shape[1] - 1, dtype=np.int64)
         for d in range(self.deals.shape[1]):
             window_sizes[d : d + len(self.chunks)] += self.deals[:, d]
@@ -108,8 +112,10 @@ class StreamPlan:
         """The emission position of the window where each slot's first sample is emitted."""
         if not len(self.chunks):
             return np.empty(0, np.int64)
-        first_window = np.arange(len(self.chunks)) + np.argmax(self.deals > 0, axis=1)
-        return np.concatenate([[0], self.window_ends])[first_window]
+        starts = np.concatenate([[0], self.window_ends])  # where each window starts
+        if self.deals.shape[1] == 1:  # slot j's samples all in window j
+            return starts[: len(self.chunks)]
+        return starts[np.arange(len(self.chunks)) + np.argmax(self.deals > 0, axis=1)]  # the first window dealt any
 
     def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(samples, slots)`` of emission positions ``[start, stop)``: the store's sample index and the
@@ -150,8 +156,7 @@ class StreamPlan:
             return [self._make_window(w) for w in range(first, stop)]
         ends = self._ends  # one C call, the GIL kept: numpy's calls in `_make_window` give it up (to other threads) often
         before = ends[first - 1] if first else 0
-        local, owner = self._draws(first, stop, ends[stop - 1] - before)
-        samples = self.selection.sample(self.chunks[owner], local)
+        samples, owner = self._draws(first, stop, ends[stop - 1] - before)
         bounds = [0, *(ends[w] - before for w in range(first, stop))]
         return [(samples[low:high], owner[low:high]) for low, high in itertools.pairwise(bounds)]
 

@@ -113,43 +113,46 @@ def permutation(domain: Domain, key: Sequence[int], count: int) -> np.ndarray:
 
 
 def window_draws(key: Sequence[int], first: np.ndarray, sizes: np.ndarray, deals: np.ndarray, ends: np.ndarray,
-                 mixed: bool) -> WindowDraws | None:
+                 mixed: bool, starts: np.ndarray, indices: np.ndarray | None) -> WindowDraws | None:
     """The maker of an epoch stream's windows (`outcore.iterate.stream.StreamPlan`) by the ``_draws`` extension, one
     call for a run of consecutive windows (`WindowDraws`), its arrays made ready once for all the stream's windows:
     slot ``j`` starts at local index ``first[j]`` and has ``sizes[j]`` samples, in the order `permutation` gives for
     ``(*key, j)`` in `Domain.BUFFER_SHUFFLE` (with ``mixed``), of which ``deals[j, d]`` go to window ``j + d``
-    (``ends``: their running sums). None where the extension is not built (or the key is no int64 one): the caller makes the windows with
-    numpy (the same numbers).
+    (``ends``: their running sums); its sample of local index ``i`` is the store's ``starts[j] + i``, or, with a
+    subset's ``indices``, ``indices[starts[j] + i]`` (`outcore.iterate.stream.Selection.sample`). None where the
+    extension is not built (or the key is no int64 one): the caller makes the windows with numpy (the same numbers).
 
-    >>> made = window_draws((0, 1), np.array([0]), np.array([4]), np.array([[4]]), np.array([[4]]), True)
-    >>> made is None or sorted(made(0, 1, 4)[0].tolist()) == [0, 1, 2, 3]
+    >>> made = window_draws((0, 1), np.array([0]), np.array([4]), np.array([[4]]), np.array([[4]]), True,
+    ...                     np.array([8]), None)
+    >>> made is None or sorted(made(0, 1, 4)[0].tolist()) == [8, 9, 10, 11]
     True
     """
     values = [int(value) for value in key]
     if getattr(_draws, "window", None) is None or not _int64_key(values):
         return None
-    return WindowDraws(np.array(values, np.int64), *(np.ascontiguousarray(array, np.int64)
-                                                     for array in (first, sizes, deals, ends)), bool(mixed))
+    return WindowDraws(np.array(values, np.int64), *(np.ascontiguousarray(array, np.int64) for array in (
+        first, sizes, deals, ends, starts, np.empty(0, np.int64) if indices is None else indices)), bool(mixed))
 
 
 class WindowDraws:
-    """Windows ``w`` to ``stop - 1`` of a stream (`window_draws` made this from its slots), back to back: ``(local,
-    owner)``, the local index and slot of each of their ``count`` samples, made in one C call that keeps the GIL (a
-    few microseconds of work a window: a GIL given up would be taken by another thread, which costs more): for each
-    window ``v``, slots ``max(0, v - window + 1) .. v``, each one's stretch for this window back to back, then put in
-    `permutation`'s order for ``(*key, v)`` in `Domain.WINDOW_ORDER` (with ``mixed``)."""
+    """Windows ``w`` to ``stop - 1`` of a stream (`window_draws` made this from its slots), back to back: ``(samples,
+    owner)``, the store's index and the slot of each of their ``count`` samples, made in one C call that keeps the GIL
+    (a few microseconds of work a window: a GIL given up would be taken by another thread, which costs more): for
+    each window ``v``, slots ``max(0, v - window + 1) .. v``, each one's stretch for this window back to back, then
+    put in `permutation`'s order for ``(*key, v)`` in `Domain.WINDOW_ORDER` (with ``mixed``)."""
 
-    __slots__ = ("deals", "ends", "first", "key", "mixed", "sizes")
+    __slots__ = ("deals", "ends", "first", "indices", "key", "mixed", "sizes", "starts")
 
     def __init__(self, key: np.ndarray, first: np.ndarray, sizes: np.ndarray, deals: np.ndarray, ends: np.ndarray,
-                 mixed: bool) -> None:
+                 starts: np.ndarray, indices: np.ndarray, mixed: bool) -> None:
         self.key, self.first, self.sizes, self.deals, self.ends, self.mixed = key, first, sizes, deals, ends, mixed
+        self.starts, self.indices = starts, indices
 
     def __call__(self, w: int, stop: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        local, owner = np.empty(count, np.int64), np.empty(count, np.int64)
+        samples, owner = np.empty(count, np.int64), np.empty(count, np.int64)
         _draws.window(self.key, _BUFFER_SHUFFLE, _WINDOW_ORDER, w, stop, self.first, self.sizes, self.deals, self.ends,
-                      self.mixed, local, owner)
-        return local, owner
+                      self.starts, self.indices, self.mixed, samples, owner)
+        return samples, owner
 
 
 _BUFFER_SHUFFLE, _WINDOW_ORDER = int(Domain.BUFFER_SHUFFLE), int(Domain.WINDOW_ORDER)

@@ -537,23 +537,38 @@ static int window_counts(window_t *made, Py_ssize_t slots, int64_t w, int64_t st
     return 0;
 }
 
-/* outcore.seeds.window_draws (see there): an epoch stream's windows w .. stop - 1, back to back. The GIL is kept
- * for fewer than FREE_FROM samples: given up and taken back, it would go to another thread, which costs more than
- * the windows. */
+/* Each of count samples' local index (among its slot's chunk's selected ones) into its index in the store, in place:
+ * its slot's start plus it, and, with indices (a subset's, `length` of them), the index it points at there: 0, or -1
+ * for one outside indices. */
+static int store_indices(int64_t *local, const int64_t *owner, int64_t count, const int64_t *starts,
+                         const int64_t *indices, Py_ssize_t length) {
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t at = starts[owner[i]] + local[i];
+        if (length > 0 && (at < 0 || at >= length))
+            return -1;
+        local[i] = length > 0 ? indices[at] : at;
+    }
+    return 0;
+}
+
+/* outcore.seeds.window_draws (see there): an epoch stream's windows w .. stop - 1, back to back, each sample as its
+ * index in the store (`store_indices`). The GIL is kept for fewer than FREE_FROM samples: given up and taken back,
+ * it would go to another thread, which costs more than the windows. */
 static PyObject *py_window(PyObject *self, PyObject *args) {
-    Py_buffer key, first, sizes, deals, ends, local, owner;
+    Py_buffer key, first, sizes, deals, ends, starts, indices, local, owner;
     unsigned long long slot_domain, window_domain;
     long long w, stop;
     int mixed;
-    if (!PyArg_ParseTuple(args, "y*KKLLy*y*y*y*pw*w*:window", &key, &slot_domain, &window_domain, &w, &stop, &first,
-                          &sizes, &deals, &ends, &mixed, &local, &owner))
+    if (!PyArg_ParseTuple(args, "y*KKLLy*y*y*y*y*y*pw*w*:window", &key, &slot_domain, &window_domain, &w, &stop, &first,
+                          &sizes, &deals, &ends, &starts, &indices, &mixed, &local, &owner))
         return NULL;
     const Py_ssize_t item = (Py_ssize_t)sizeof(int64_t), slots = first.len / item;
     window_t made = {key.buf, first.buf, sizes.buf, deals.buf, ends.buf, key.len / item,
                      slots ? deals.len / item / slots : 0, slot_domain, window_domain, 0, 0, 0, 0, mixed, local.buf,
                      owner.buf};
     int fine = key.len % item == 0 && first.len % item == 0 && sizes.len == first.len && local.len % item == 0 &&
-               owner.len == local.len && deals.len == ends.len && 0 <= w && w <= stop &&
+               owner.len == local.len && deals.len == ends.len && starts.len == first.len && indices.len % item == 0 &&
+               0 <= w && w <= stop &&
                (slots ? made.window >= 1 && deals.len == slots * made.window * item && stop <= slots + made.window - 1
                       : local.len == 0); /* a stream of no slots: windows of no samples */
     for (Py_ssize_t i = 0; fine && i < made.length; i++)
@@ -578,6 +593,7 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
             local_at += made.count;
             owner_at += made.count;
         }
+        fine = fine && store_indices(local.buf, owner.buf, total, starts.buf, indices.buf, indices.len / item) == 0;
         if (saved != NULL)
             PyEval_RestoreThread(saved);
         PyMem_RawFree(scratch);
@@ -587,15 +603,18 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
     PyBuffer_Release(&sizes);
     PyBuffer_Release(&deals);
     PyBuffer_Release(&ends);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&indices);
     PyBuffer_Release(&local);
     PyBuffer_Release(&owner);
     if (fine && scratch == NULL)
         return PyErr_NoMemory();
     if (!fine) {
-        PyErr_SetString(PyExc_ValueError, "need an int64 key of a few numbers of 0 or more, int64 first and sizes "
-                                          "(slots), int64 deals and ends (slots, window) whose deals fit the slots, "
-                                          "0 <= w <= stop <= slots + window - 1, int64 local and owner as long as "
-                                          "the windows w .. stop - 1 together");
+        PyErr_SetString(PyExc_ValueError, "need an int64 key of a few numbers of 0 or more, int64 first, sizes and "
+                                          "starts (slots), int64 deals and ends (slots, window) whose deals fit the "
+                                          "slots, int64 indices holding every sample asked, 0 <= w <= stop <= slots + "
+                                          "window - 1, int64 samples and owner as long as the windows w .. stop - 1 "
+                                          "together");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -626,9 +645,9 @@ static PyMethodDef methods[] = {
      "ScaleJitter\nwindows of the output size in its pictures' pixels into the float64 boxes, then its mirrors, as\n"
      "crops_and_flips."},
     {"window", py_window, METH_VARARGS,
-     "window(key, slot_domain, window_domain, w, stop, first, sizes, deals, ends, mixed, local, owner)\n--\n\n"
-     "StreamPlan's windows w .. stop - 1, back to back: their samples' local\nindices and slots into the int64 local "
-     "and owner, made as outcore.iterate.stream makes them."},
+     "window(key, slot_domain, window_domain, w, stop, first, sizes, deals, ends, starts, indices, mixed, samples, "
+     "owner)\n--\n\nStreamPlan's windows w .. stop - 1, back to back: their samples' indices in the store and their "
+     "slots\ninto the int64 samples and owner, made as outcore.iterate.stream makes them."},
 #endif
     {NULL, NULL, 0, NULL},
 };
