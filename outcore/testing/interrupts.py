@@ -24,6 +24,9 @@ COMMAND = "import sys, outcore_command; sys.exit(outcore_command.main())"  # wha
 PACKAGE = os.path.dirname(os.path.dirname(__file__)) + os.sep  # outcore's own files (a checkout's folder may be named so)
 OUTCOMES = ("one line, 130", "ended by the signal", "the interpreter's start-up", "finished")
 ONE_LINE = re.compile(r"outcore( [a-z]+)?: interrupted( \(.+\))?")  # "outcore ingest: interrupted (the shards ...)"
+MODULE_LOCK_CALLBACKS = tuple(f"Exception ignored in: <function {name}" for name in (  # the import system's weakref
+    "_get_module_lock.<locals>.cb",  # callbacks of its module locks: Python 3.11's,
+    "_WeakValueDictionary.__init__.<locals>.KeyedRef.remove"))  # and 3.12's on
 
 
 @contextlib.contextmanager
@@ -98,8 +101,16 @@ def _in_the_interpreters_start_up(returncode: int, err: str) -> bool:
     (status 1: its standard streams, or its ``site`` module running the environment's ``.pth`` files; or, with
     no heading, a traceback of its frozen import system's frames alone, importing before any file's code ran), or a
     ``KeyboardInterrupt`` it reported and went past, the command then run to its end (status 0): raised in a module
-    lock's callback ("Exception ignored in"), or turned into another error by a ``.pth`` file's line, which
-    ``site`` skips ("Remainder of file ignored"). Never a frame of outcore's."""
+    lock's callback ("Exception ignored in", `MODULE_LOCK_CALLBACKS`), or turned into another error by a ``.pth``
+    file's line, which ``site`` skips ("Remainder of file ignored"). Never a frame of outcore's.
+
+    >>> ignored = ("Exception ignored in: <function _WeakValueDictionary.__init__.<locals>.KeyedRef.remove at 0x7f>\\n"
+    ...            'Traceback (most recent call last):\\n  File "<frozen importlib._bootstrap>", line 82, in remove\\n'
+    ...            "KeyboardInterrupt: \\n")
+    >>> _in_the_interpreters_start_up(0, ignored), _in_the_interpreters_start_up(0, ignored.replace(
+    ...     "_WeakValueDictionary.__init__.<locals>.KeyedRef.remove", "_get_module_lock.<locals>.cb"))
+    (True, True)
+    """
     lines = [line.strip() for line in err.splitlines()]
     interrupted = any(line.split(":")[0] == "KeyboardInterrupt" for line in lines) and PACKAGE not in err
     if returncode == 1:
@@ -107,5 +118,5 @@ def _in_the_interpreters_start_up(returncode: int, err: str) -> bool:
         return interrupted and (err.startswith("Fatal Python error: init_") or (
             err.startswith("Traceback (most recent call last):") and all(f.startswith('File "<frozen ') for f in frames)))
     return returncode == 0 and interrupted and (
-        err.startswith("Exception ignored in: <function _get_module_lock.<locals>.cb")
+        err.startswith(MODULE_LOCK_CALLBACKS)
         or (err.startswith("Error processing line ") and "Remainder of file ignored" in lines))
