@@ -23,6 +23,7 @@ from typing import Any
 COMMAND = "import sys, outcore_command; sys.exit(outcore_command.main())"  # what the console script runs
 PACKAGE = os.path.dirname(os.path.dirname(__file__)) + os.sep  # outcore's own files (a checkout's folder may be named so)
 OUTCOMES = ("one line, 130", "ended by the signal", "the interpreter's start-up", "finished")
+CHAINED = "During handling of the above exception, another exception occurred:"  # between a chain's tracebacks
 ONE_LINE = re.compile(r"outcore( [a-z]+)?: interrupted( \(.+\))?")  # "outcore ingest: interrupted (the shards ...)"
 MODULE_LOCK_CALLBACKS = tuple(f"Exception ignored in: <function {name}" for name in (  # the import system's weakref
     "_get_module_lock.<locals>.cb",  # callbacks of its module locks: Python 3.11's,
@@ -85,7 +86,22 @@ def _before_the_command(err: str) -> bool:
     start-up until ``outcore_command.main`` installs its handler, Ctrl-C is the interpreter's own): a
     ``KeyboardInterrupt`` raised in the line that imports it (or as the interpreter begins it: "line 0"), in that
     module's own imports (the standard library's ``signal`` and ``collections.abc``) or in what its first lines run
-    (the ``__init__`` of the hook they install), never in its ``main`` nor in outcore."""
+    (the ``__init__`` of the hook they install), never in its ``main`` nor in outcore. Where it came as the import
+    system handled an exception of its own (a path not in its cache yet), that exception's traceback comes first,
+    of the import system's frames alone.
+
+    >>> cut = 'Traceback (most recent call last):\\n  File "<string>", line 1, in <module>\\n  File "/x/outcore_command.py"'
+    >>> _before_the_command(cut + ', line 58, in <module>\\n  File "<frozen importlib._bootstrap>"\\nKeyboardInterrupt')
+    True
+    >>> own = 'Traceback (most recent call last):\\n  File "<frozen importlib._bootstrap_external>"\\nKeyError: 1\\n\\n'
+    >>> _before_the_command(own + CHAINED + "\\n\\n" + cut + ', line 58, in <module>\\nKeyboardInterrupt')
+    True
+    >>> _before_the_command(cut + ', line 60, in main\\nKeyboardInterrupt')
+    False
+    """
+    *handled, err = err.split(CHAINED)
+    if not all(_import_system_s_own(part) for part in handled):
+        return False
     lines = err.strip().splitlines()
     frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
     command = [frame for frame in frames if 'outcore_command.py"' in frame]
@@ -93,6 +109,15 @@ def _before_the_command(err: str) -> bool:
             and frames[:1] in (['File "<string>", line 0, in <module>'], ['File "<string>", line 1, in <module>'])
             and all(frame.endswith(("in <module>", "in __init__")) for frame in command)
             and not any(PACKAGE in frame for frame in frames))
+
+
+def _import_system_s_own(err: str) -> bool:
+    """Whether ``err`` is the traceback of an exception raised and handled by the import system alone: its frames all
+    CPython's frozen import system's."""
+    lines = err.strip().splitlines()
+    frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
+    return lines[:1] == ["Traceback (most recent call last):"] and bool(frames) and all(
+        frame.startswith('File "<frozen importlib.') for frame in frames)
 
 
 def _in_the_interpreters_start_up(returncode: int, err: str) -> bool:
