@@ -516,9 +516,9 @@ static int make_window(const window_t *made, int64_t *scratch) {
     return 0;
 }
 
-/* The windows w .. stop - 1 of made's stream (each from slot max(0, v - window + 1) to min(v, slots - 1)), made
- * back to back into made's local and owner: each window's count, the largest and their sum found, and their deals
- * checked against the slots, first; 0, or -1 for deals that do not fit the slots. */
+/* For the windows w .. stop - 1 of made's stream (window v of slots max(0, v - window + 1) to min(v, slots - 1)), before
+ * any is made: their deals checked against the slots, and the most samples a window holds (largest), the largest slot
+ * (most) and the samples of them all (total); 0, or -1 for deals that do not fit the slots. */
 static int window_counts(window_t *made, Py_ssize_t slots, int64_t w, int64_t stop, int64_t *largest, int64_t *most,
                          int64_t *total) {
     *largest = *most = *total = 0;

@@ -103,7 +103,7 @@ def _before_the_command(err: str) -> bool:
     if not all(_import_system_s_own(part) for part in handled):
         return False
     lines = err.strip().splitlines()
-    frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
+    frames = _frames(err)
     command = [frame for frame in frames if 'outcore_command.py"' in frame]
     return (lines[:1] == ["Traceback (most recent call last):"] and lines[-1] == "KeyboardInterrupt"
             and frames[:1] in (['File "<string>", line 0, in <module>'], ['File "<string>", line 1, in <module>'])
@@ -114,10 +114,14 @@ def _before_the_command(err: str) -> bool:
 def _import_system_s_own(err: str) -> bool:
     """Whether ``err`` is the traceback of an exception raised and handled by the import system alone: its frames all
     CPython's frozen import system's."""
-    lines = err.strip().splitlines()
-    frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
-    return lines[:1] == ["Traceback (most recent call last):"] and bool(frames) and all(
+    frames = _frames(err)
+    return err.strip().splitlines()[:1] == ["Traceback (most recent call last):"] and bool(frames) and all(
         frame.startswith('File "<frozen importlib.') for frame in frames)
+
+
+def _frames(err: str) -> list[str]:
+    """The frame lines (``File "...", line n, in f``) of the tracebacks in ``err``, stripped."""
+    return [line.strip() for line in err.splitlines() if line.lstrip().startswith("File ")]
 
 
 def _in_the_interpreters_start_up(returncode: int, err: str) -> bool:
@@ -139,9 +143,9 @@ def _in_the_interpreters_start_up(returncode: int, err: str) -> bool:
     lines = [line.strip() for line in err.splitlines()]
     interrupted = any(line.split(":")[0] == "KeyboardInterrupt" for line in lines) and PACKAGE not in err
     if returncode == 1:
-        frames = [line for line in lines if line.startswith("File ")]
         return interrupted and (err.startswith("Fatal Python error: init_") or (
-            err.startswith("Traceback (most recent call last):") and all(f.startswith('File "<frozen ') for f in frames)))
+            err.startswith("Traceback (most recent call last):") and all(
+                frame.startswith('File "<frozen ') for frame in _frames(err))))
     return returncode == 0 and interrupted and (
         err.startswith(MODULE_LOCK_CALLBACKS)
         or (err.startswith("Error processing line ") and "Remainder of file ignored" in lines))
