@@ -27,7 +27,7 @@ from outcore.ingest import fields
 from outcore.ingest.fields import file_stats, missing_files, regular_files
 from outcore.iterate.readers import chunk_readers
 from outcore.iterate.runs import ChunkBuffers
-from outcore.storage import chunk_reads, page_cache, shard_reader
+from outcore.storage import ShardReader, chunk_reads, page_cache, shard_reader
 from outcore.storage.pins import stamp_of
 from outcore.testing import chunk_location, corrupt_chunk, write_image_folder
 
@@ -259,7 +259,7 @@ def test_a_read_task_s_chunks_are_read_in_one_call_and_one_that_fails_is_named(t
             reader.read(chunk)
     calls = []
     read_many = chunk_reads.read_many_at_once
-    monkeypatch.setattr(buffers.readers["x"]._layout, "read_many_at_once",
+    monkeypatch.setattr(shard_reader, "read_many_at_once",
                         lambda requests, scratch: calls.append(len(requests)) or read_many(requests, scratch))
 
     def same(got, chunk):
@@ -286,6 +286,37 @@ def test_a_read_task_s_chunks_are_read_in_one_call_and_one_that_fails_is_named(t
 
 
 @needs_extension
+def test_a_chunk_s_read_kept_from_a_replaced_shard_file_is_not_vouched_for_and_made_anew(tmp_path):
+    """A read task's C call reads each chunk as its reader last found it in its shard's index (`ShardReader._ask`,
+    kept). A Writer replaces its last shard file as it grows: the kept reads of that file's chunks no longer match
+    its version, the call vouches for none of them, the reader reads them from the new file, and the reads made anew
+    from its index are vouched for after that."""
+    writer = outcore.Writer(tmp_path / "g.zarr", chunk_size=16)
+    writer.append({"x": np.arange(37), "y": np.arange(37) * 2})
+    writer.flush()
+    ds = outcore.open_dataset(tmp_path / "g.zarr")
+    readers = [ds.shard_reader("x"), ds.shard_reader("y")]
+
+    def vouched():
+        reads = [(reader, chunk, reader.empty()) for chunk in (0, 2) for reader in readers]
+        got = ShardReader.read_vouched(reads)
+        return [None if values is None else values.tolist() for values in got], reads
+
+    assert vouched()[0] == [None] * 4  # no index read yet: each chunk is read by `read`
+    for reader in readers:
+        reader.read(0)
+    expected = [list(range(16)), list(range(0, 32, 2)), list(range(32, 37)), list(range(64, 74, 2))]
+    assert vouched()[0] == expected
+    writer.append({"x": np.arange(37, 74), "y": np.arange(37, 74) * 2})
+    writer.flush()  # its one shard file replaced, in one rename
+    got, reads = vouched()
+    assert got == [None] * 4
+    assert [reader.read(chunk, out).tolist() for reader, chunk, out in reads] == expected  # the store's 37 samples
+    assert vouched()[0] == expected
+    writer.close()
+
+
+@needs_extension
 @pytest.mark.parametrize("own_sizes", [False, True])
 def test_an_encoded_field_s_ranges_bytes_and_shapes_are_read_with_the_other_fields(tmp_path, own_sizes, monkeypatch):
     """A read task reads an encoded picture field's ranges, bytes and (pictures of their own sizes) shapes in the
@@ -300,9 +331,8 @@ def test_an_encoded_field_s_ranges_bytes_and_shapes_are_read_with_the_other_fiel
     readers = chunk_readers(ds, ["images", "labels"])
     expected = {chunk: (readers["images"].read(chunk), readers["labels"].read(chunk).copy()) for chunk in range(6)}
     buffers = ChunkBuffers(readers)  # every shard's index read above: the call vouches for every part
-    first = buffers.sources[0]  # the first of a read task's reads, whose layout makes the call: the images' bytes
     calls, read_many = [], chunk_reads.read_many_at_once
-    monkeypatch.setattr(first._layout, "read_many_at_once",
+    monkeypatch.setattr(shard_reader, "read_many_at_once",
                         lambda requests, scratch: calls.append(len(requests)) or read_many(requests, scratch))
     for first in (0, 2, 4):
         for chunk, (values, taken) in zip((first, first + 1), buffers.read_many([first, first + 1]), strict=True):

@@ -315,19 +315,14 @@ def _cancel(timers: list[threading.Timer]) -> None:
 class _Field(NamedTuple):
     """How a read task reads a field's chunk (`ChunkBuffers.read_many`): its ``reader``'s shard reads, which one C
     call may make with the other fields' (`ShardReader.read_vouched`), into buffers ``low:high`` of a chunk's, made
-    into its value by ``value``; where that call did not vouch for them, its reader reads the chunk into its own
-    buffer, the first."""
+    into its value by ``value`` (None: a field of stored values, whose chunk is its one read's samples); where that
+    call did not vouch for them, its reader reads the chunk into its own buffer, the first."""
 
     name: str
     reader: BatchReader
     low: int
     high: int
-    value: Callable[[int, Sequence[np.ndarray]], Any]
-
-
-def _stored(chunk: int, read: Sequence[np.ndarray]) -> np.ndarray:
-    """A field of stored values: its chunk is its one read's samples."""
-    return read[0]
+    value: Callable[[int, Sequence[np.ndarray]], Any] | None
 
 
 class ChunkBuffers:
@@ -342,18 +337,20 @@ class ChunkBuffers:
         self.sources: list[ShardReader] = []  # the shard reads of a chunk, each making its buffer (`empty`)
         self.fields: list[_Field] = []
         for name, reader in readers.items():
-            sources, value = ((reader,), _stored) if isinstance(reader, ShardReader) else (reader.sources, reader.of_parts)
+            sources, value = ((reader,), None) if isinstance(reader, ShardReader) else (reader.sources, reader.of_parts)
             self.fields.append(_Field(name, reader, len(self.sources), len(self.sources) + len(sources), value))
             self.sources.extend(sources)
         self.free: list[list[np.ndarray]] = []
         self.lock = threading.Lock()
 
-    def take(self) -> list[np.ndarray]:
-        """A chunk's buffers: freed ones, or new ones."""
+    def take(self, count: int) -> list[list[np.ndarray]]:
+        """``count`` chunks' buffers: freed ones, the last freed first, then new ones."""
         with self.lock:
-            if self.free:
-                return self.free.pop()
-        return [source.empty() for source in self.sources]
+            free = self.free
+            kept = min(count, len(free))
+            taken = free[len(free) - kept :][::-1]
+            del free[len(free) - kept :]
+        return taken + [[source.empty() for source in self.sources] for _ in range(count - kept)]
 
     def give(self, buffers: list[np.ndarray]) -> None:
         with self.lock:
@@ -378,29 +375,33 @@ class ChunkBuffers:
         shapes, a ragged or raster field's rows, ranges and shapes), a chunk the call did not vouch for by each field's
         reader: for each chunk ``(values, buffers)``, or the error its read raised (a damaged chunk, named: the others
         are read all the same); `give` the buffers back once no batch needs the values."""
-        taken = [self.take() for _ in chunks]
+        taken = self.take(len(chunks))
         sources = self.sources
         vouched = ShardReader.read_vouched([(source, chunk, buffer) for chunk, buffers in zip(chunks, taken, strict=True)
                                             for source, buffer in zip(sources, buffers, strict=True)])
         width = len(sources)
         unread = {k // width for k, part in enumerate(vouched) if part is None}  # chunks with a read not vouched for
-        fields = self.fields
         read: list[Loaded | Exception] = []
         for k, (chunk, buffers) in enumerate(zip(chunks, taken, strict=True)):
             got = vouched[k * width : (k + 1) * width]
             try:
-                read.append(({field.name: field.value(chunk, got[field.low : field.high]) for field in fields}
-                             if k not in unread else self._read_each(chunk, buffers, got), buffers))
+                read.append((self._values(chunk, got) if k not in unread else self._read_each(chunk, buffers, got),
+                             buffers))
             except Exception as error:  # noqa: BLE001 - raised by whoever takes this chunk's values
                 read.append(error)
         return read
 
+    def _values(self, chunk: int, got: list[np.ndarray]) -> dict[str, Any]:
+        """The chunk's values from its shard reads ``got``, all read."""
+        return {name: got[low] if value is None else value(chunk, got[low:high])
+                for name, _, low, high, value in self.fields}
+
     def _read_each(self, chunk: int, buffers: list[np.ndarray], got: list[np.ndarray | None]) -> dict[str, Any]:
         """The chunk's values where one of its shard reads was not vouched for (``got``: None): each field's made from
         its reads as read, or read by its reader into its own buffer where one was not."""
-        return {field.name: field.reader.read(chunk, out=buffers[field.low])
-                if any(part is None for part in got[field.low : field.high])
-                else field.value(chunk, got[field.low : field.high]) for field in self.fields}
+        return {name: reader.read(chunk, out=buffers[low]) if any(part is None for part in got[low:high])
+                else got[low] if value is None else value(chunk, got[low:high])
+                for name, reader, low, high, value in self.fields}
 
 
 class Loading:
@@ -527,7 +528,7 @@ class LocalRun(Run):
         """Have the batches of ``steps`` made once the chunks they draw on are read, and release the chunks of the
         batches made `making` tasks before."""
         chunk_of = self.chunk_of
-        used = [(slot, chunk_of[slot]) for slot in dict.fromkeys(slot for step in steps for slot in step.used)]
+        used = [(slot, chunk_of[slot]) for slot in dict.fromkeys(itertools.chain.from_iterable(step.used for step in steps))]
         if self.work.options.skip_damaged:  # which chunks are left out is decided here, in the schedule's order, and
             for _, chunk in used:  # said on this thread (a loader process sends each run's thread's warnings with
                 self._values(chunk)  # that run's batches); without, a damaged chunk is an error wherever it is met
@@ -549,7 +550,7 @@ class LocalRun(Run):
     def _release_steps(self, steps: list[BatchStep], making: Task[list[Batch]]) -> None:
         """Release the chunks the batches of ``steps`` were the last to use, once they are made."""
         making.wait()
-        for slot in (slot for step in steps for slot in step.release):
+        for slot in itertools.chain.from_iterable(step.release for step in steps):
             chunk = self.chunk_of[slot]
             self.slots_held[chunk] -= 1
             if not self.slots_held[chunk]:
@@ -558,6 +559,18 @@ class LocalRun(Run):
                 loaded = self.loading.pop(chunk)
                 if chunk not in self.damaged:
                     self.buffers.give(loaded.result()[1])
+
+    def _data(self, used: list[tuple[int, int]]) -> dict[int, dict[str, Any]]:
+        """The values of the chunks ``used`` (``(slot, chunk)`` each) by slot, once read (`_values`; not the damaged
+        chunks left out): those found already taken without a call each."""
+        data, values = {}, self.values
+        for slot, chunk in used:
+            found = values.get(chunk, self)  # a dict's read holds no lock
+            if found is self:
+                found = self._values(chunk)
+            if found is not None:
+                data[slot] = found
+        return data
 
     def _values(self, chunk: int) -> dict[str, Any] | None:
         """The chunk's values once read, or None for a damaged chunk left out (``skip_damaged``: named in a
@@ -591,12 +604,12 @@ class LocalRun(Run):
     def _make(self, steps: list[BatchStep], used: list[tuple[int, int]]) -> list[Batch]:
         """The batches of ``steps`` from the values of the chunks they use (``(slot, chunk)`` each), once read: one
         alone, or several made as one and cut apart (`together`)."""
-        data = {slot: values for slot, chunk in used if (values := self._values(chunk)) is not None}
+        data = self._data(used)
         began = time.perf_counter()
         try:
             if len(steps) == 1:
                 return [self._made(steps[0], data)]
-            draws = tuple(draw for step in steps for draw in self.work.draws(step))  # each batch's pieces, in order
+            draws = tuple([draw for step in steps for draw in self.work.draws(step)])  # each batch's pieces, in order
             batch = self._batch(np.concatenate([step.samples for step in steps]),
                                 np.concatenate([step.slots for step in steps]), draws, self.work.empty, data)
             bounds = itertools.pairwise(itertools.accumulate((len(step.samples) for step in steps), initial=0))

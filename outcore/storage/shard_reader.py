@@ -78,6 +78,19 @@ class _Failed(Exception):
         self.error = error
 
 
+class _Ask(NamedTuple):
+    """A chunk's read by one C call (`chunk_reads`): its shard file's ``path``, its bytes ``offset`` and ``nbytes`` there,
+    whether they are a Blosc frame, the ``stamp`` of the file's version they are of (the call returns the file's: a
+    match vouches for the read), and the chunk's samples when fewer than a chunk's (the last; None: a whole chunk)."""
+
+    path: str
+    offset: int
+    nbytes: int
+    blosc: bool
+    stamp: Hashable
+    count: int | None
+
+
 class _ShardIndex(NamedTuple):
     """A shard file's index, ``(offset, nbytes)`` per chunk (``spans``: the same as Python's numbers), and the
     `_ShardFile.stamp` of the file it was read from."""
@@ -116,6 +129,7 @@ class ShardReader:
         self._samples = samples or (num_samples, self.chunk_size)
         self._layout = _direct_layout(array, pins)
         self._indexes: dict[int, _ShardIndex] = {} if indexes is None else indexes
+        self._asks: dict[int, _Ask] = {}  # chunk -> its one C call's read, as its shard's index last said (`_ask`)
         self._reading: dict[int, _IndexRead] = {}  # the shards whose index a thread is reading
         self._lock = threading.Lock()
 
@@ -210,19 +224,28 @@ class ShardReader:
         """Each ``(reader, chunk, out)``'s chunk read into ``out`` (its samples, as `read` returns them) where one C
         call that releases the GIL once for them all can vouch for it: the chunks of local shard files whose index is
         known (`chunk_reads.read_many_at_once`: a chunk's fields, the chunks of a read task); None for the others, and
-        for any the call did not vouch for, which the caller reads by `read`."""
+        for any the call did not vouch for, which the caller reads by `read`. Each chunk's read is the one its reader
+        made for it before (`_ask`), kept as long as the call vouches for it: a lookup a chunk, no Python call."""
         got: list[np.ndarray | None] = [None] * len(reads)
-        asked = [(k, request) for k, (reader, chunk, out) in enumerate(reads)
-                 if reader._layout is not None and reader._layout.read_many_at_once is not None
-                 and (request := reader._request(chunk, out)) is not None]
-        if len(asked) > 1:
-            requests = [request for _, (request, _) in asked]
-            read_many = reads[asked[0][0]][0]._layout.read_many_at_once
-            stamps = read_many(requests, _scratch(max(request[2] for request in requests)))
-            for (k, (_, stamp)), read in zip(asked, stamps, strict=True):
+        if read_many_at_once is None:
+            return got
+        requests, asked, most = [], [], 0
+        for k, (reader, chunk, out) in enumerate(reads):
+            ask = reader._asks.get(chunk)
+            if ask is None and (ask := reader._ask(chunk)) is None:
+                continue
+            path, offset, nbytes, blosc, _, _ = ask
+            requests.append((path, offset, nbytes, out, blosc))
+            asked.append((k, ask))
+            most = max(most, nbytes)
+        if len(requests) > 1:  # one alone is read by `read`, as any other
+            for (k, (_, _, _, _, stamp, count)), read in zip(asked, read_many_at_once(requests, _scratch(most)),
+                                                                strict=True):
+                reader, chunk, out = reads[k]
                 if read == stamp:
-                    reader, chunk, out = reads[k]
-                    got[k] = reader._samples_of(chunk, out)
+                    got[k] = out if count is None else out[:count]
+                else:  # the file was replaced since its index was read: `read` reads the new one's
+                    reader._asks.pop(chunk, None)
         return got
 
     def _samples_of(self, chunk: int, out: np.ndarray) -> np.ndarray:
@@ -230,11 +253,12 @@ class ShardReader:
         start = chunk * self.chunk_size
         return out[: min(self.num_samples, start + self.chunk_size) - start]
 
-    def _request(self, chunk: int, out: np.ndarray) -> tuple[tuple[str, int, int, np.ndarray, bool], Hashable] | None:
-        """The arguments of the chunk's read into ``out`` by one C call, ``(path, offset, nbytes, out, blosc)``, and
-        the stamp of the version of its shard file whose index was read; None where its shard's index is not known
-        yet, or the chunk was never written."""
+    def _ask(self, chunk: int) -> _Ask | None:
+        """The chunk's read by one C call (`_Ask`), from its shard's index as known now (and kept for `read_vouched`);
+        None where its shard file is not local, its index is not known yet, or the chunk was never written."""
         layout = self._layout
+        if layout is None or layout.read_at_once is None:
+            return None
         shard, inner = divmod(chunk, layout.chunks_per_shard)
         known = self._indexes.get(shard)
         if known is None:
@@ -242,18 +266,22 @@ class ShardReader:
         offset, nbytes = known.spans[inner]
         if offset == _EMPTY:
             return None
-        return (layout.path(shard), offset, nbytes, out, layout.blosc), known.stamp
+        start = chunk * self.chunk_size
+        count = min(self.num_samples, start + self.chunk_size) - start
+        ask = self._asks[chunk] = _Ask(layout.path(shard), offset, nbytes, layout.blosc, known.stamp,
+                                       None if count == self.chunk_size else count)
+        return ask
 
     def _read_at_once(self, chunk: int, out: np.ndarray) -> bool:
         """Whether the chunk was read, checked and decoded into ``out`` by one C call outside the GIL
         (`chunk_reads.read_at_once`), from the version of its shard file whose index was read. A chunk of a shard
         whose index is not known yet, and any failure, are left to `_read_retried`: it reads the chunk again
         (in that call, once it has the index), and names what is wrong."""
-        asked = self._request(chunk, out)
-        if asked is None:
+        ask = self._ask(chunk)
+        if ask is None:
             return False
-        (path, offset, nbytes, out, blosc), stamp = asked
-        return self._layout.read_at_once(path, offset, nbytes, _scratch(nbytes), out, blosc) == stamp
+        return self._layout.read_at_once(ask.path, ask.offset, ask.nbytes, _scratch(ask.nbytes), out,
+                                         ask.blosc) == ask.stamp
 
     def _read_direct(self, chunk: int, out: np.ndarray) -> np.ndarray:
         shard, inner = divmod(chunk, self._layout.chunks_per_shard)
@@ -412,10 +440,10 @@ class _DirectLayout:
         self.index_bytes = 16 * self.chunks_per_shard + _CHECKSUM_BYTES
         self._keys: dict[int, str] = {}  # shard -> its file's key, made once
         self._paths: dict[int, str] = {}  # shard -> its local file's path
-        # a chunk of a local file read with pread in one C call (`ShardReader._read_at_once`), where it can be
+        # a chunk of a local file read with pread in one C call (`ShardReader._read_at_once`, `read_vouched`), where it
+        # can be
         local = isinstance(files, _LocalFiles) and not files.huge_pages
         self.read_at_once = read_at_once if local else None
-        self.read_many_at_once = read_many_at_once if local else None
 
     def key(self, shard: int) -> str:
         key = self._keys.get(shard)

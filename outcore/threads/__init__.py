@@ -21,23 +21,26 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..errors import OptionError
-from .cpus import available_cpus
+from .cpus import QUOTA_SECONDS, available_cpus
 from .pool import Gauge, Pool, Runs
 from .task import Task
 
 ENVIRONMENT = "OUTCORE_THREADS"
 IO_ENVIRONMENT = "OUTCORE_IO_THREADS"
 IO_THREADS = 64  # the most requests to object stores in flight at once, by default: see `io_thread_count`
+RECOUNT_SECONDS = QUOTA_SECONDS  # the pool's thread count is found again after this long (`shared_pool`)
 BLOCKS_PER_THREAD = 4  # for_each: runs of items per thread, enough to even out uneven items
 
 _lock = threading.Lock()
 _pool: Pool | None = None
 _pool_pid = 0
+_pool_counted = 0.0  # when its thread count was last found (`shared_pool`)
 _chosen: int | None = None  # set_threads
 _shares = 1  # share_cpus: the processes this one shares its CPUs with (itself included)
 _cap: int | None = None  # cap_threads: a worker of a Dask cluster uses at most its own threads
@@ -113,8 +116,15 @@ def _replace_pool() -> None:
 def shared_pool() -> Pool:
     """The process's pool of `thread_count` threads (made now if this process has none yet, e.g. in a forked
     child, or when the count changed), which runs at most as many tasks at once as its `Gauge` says run well,
-    and no more than the CPUs this process may use (more threads than those may wait on object stores)."""
-    global _pool, _pool_pid
+    and no more than the CPUs this process may use (more threads than those may wait on object stores).
+    `set_threads`, `share_cpus` and `cap_threads` change it at once; a count that changed otherwise (the CPU
+    affinity or quota, ``OUTCORE_THREADS`` set in the process) is found within `RECOUNT_SECONDS`: the pool is
+    asked for at every task, and counting the CPUs (a system call, the environment's Python) costs more than
+    the rest of it."""
+    global _pool, _pool_pid, _pool_counted
+    pool = _pool
+    if pool is not None and _pool_pid == os.getpid() and time.monotonic() < _pool_counted + RECOUNT_SECONDS:
+        return pool
     threads = thread_count()
     with _lock:
         if _pool is None or _pool_pid != os.getpid() or _pool.threads != threads:
@@ -122,6 +132,7 @@ def shared_pool() -> Pool:
                 _pool.shutdown()
             _pool = Pool(threads, "outcore-pool", Gauge(min(threads, available_cpus())))  # no more busy than CPUs
             _pool_pid = os.getpid()
+        _pool_counted = time.monotonic()
         return _pool
 
 
