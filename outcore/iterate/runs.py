@@ -352,9 +352,10 @@ class ChunkBuffers:
             del free[len(free) - kept :]
         return taken + [[source.empty() for source in self.sources] for _ in range(count - kept)]
 
-    def give(self, buffers: list[np.ndarray]) -> None:
+    def give(self, *buffers: list[np.ndarray]) -> None:
+        """Take back chunks' buffers (`take`'s), once no batch needs what was read into them."""
         with self.lock:
-            self.free.append(buffers)
+            self.free.extend(buffers)
 
     def let_go(self) -> None:
         """Keep no free buffer (the batches are made elsewhere from now on); new ones are made when needed."""
@@ -550,15 +551,18 @@ class LocalRun(Run):
     def _release_steps(self, steps: list[BatchStep], making: Task[list[Batch]]) -> None:
         """Release the chunks the batches of ``steps`` were the last to use, once they are made."""
         making.wait()
+        held, freed = self.slots_held, []
         for slot in itertools.chain.from_iterable(step.release for step in steps):
             chunk = self.chunk_of[slot]
-            self.slots_held[chunk] -= 1
-            if not self.slots_held[chunk]:
-                del self.slots_held[chunk]
+            held[chunk] -= 1
+            if not held[chunk]:
+                del held[chunk]
                 self.values.pop(chunk, None)
                 loaded = self.loading.pop(chunk)
                 if chunk not in self.damaged:
-                    self.buffers.give(loaded.result()[1])
+                    freed.append(loaded.result()[1])
+        if freed:
+            self.buffers.give(*freed)
 
     def _data(self, used: list[tuple[int, int]]) -> dict[int, dict[str, Any]]:
         """The values of the chunks ``used`` (``(slot, chunk)`` each) by slot, once read (`_values`; not the damaged

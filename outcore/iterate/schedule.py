@@ -94,14 +94,14 @@ def schedule(plan: EpochPlan, steps: Sequence[int], *, read_ahead: int = 2, fetc
         highest, released = _uses(slots, bounds, remaining)
         for k, index in enumerate(block):
             horizon = min(len(plan.chunks), highest[k] + 1 + read_ahead)
-            load = tuple(j for j in range(next_slot, horizon) if wanted[j])
+            load = tuple(itertools.compress(range(next_slot, horizon), wanted[next_slot:horizon]))
             next_slot = max(next_slot, horizon)
             fetch: tuple[int, ...] = ()
             if fetch_ahead is not None:
                 depth = fetch_ahead()
                 grain = max(1, min(fetch_grain, depth))
                 reach = min(len(plan.chunks), -(-(horizon + depth) // grain) * grain)
-                fetch = tuple(j for j in range(next_fetch, reach) if wanted[j])
+                fetch = tuple(itertools.compress(range(next_fetch, reach), wanted[next_fetch:reach]))
                 next_fetch = max(next_fetch, reach)
             held.update(dict.fromkeys(load))
             release = tuple(held) if index == steps[-1] else released[k]
