@@ -286,11 +286,11 @@ def test_a_read_task_s_chunks_are_read_in_one_call_and_one_that_fails_is_named(t
 
 
 @needs_extension
-def test_a_chunk_s_read_kept_from_a_replaced_shard_file_is_not_vouched_for_and_made_anew(tmp_path):
-    """A read task's C call reads each chunk as its reader last found it in its shard's index (`ShardReader._ask`,
-    kept). A Writer replaces its last shard file as it grows: the kept reads of that file's chunks no longer match
-    its version, the call vouches for none of them, the reader reads them from the new file, and the reads made anew
-    from its index are vouched for after that."""
+def test_a_replaced_shard_file_s_chunks_are_read_anew_then_vouched_for_from_its_new_index(tmp_path):
+    """A read task's C call reads each chunk as its shard's index, once read, says (`_ShardIndex.asks`). A Writer
+    replaces its last shard file as it grows: the reads of that file's chunks no longer match its version, the call
+    vouches for none of them, the reader reads them from the new file (and its index), and the call vouches for the
+    reads of that index after that."""
     writer = outcore.Writer(tmp_path / "g.zarr", chunk_size=16)
     writer.append({"x": np.arange(37), "y": np.arange(37) * 2})
     writer.flush()

@@ -80,24 +80,23 @@ class _Failed(Exception):
 
 class _Ask(NamedTuple):
     """A chunk's read by one C call (`chunk_reads`): its shard file's ``path``, its bytes ``offset`` and ``nbytes`` there,
-    whether they are a Blosc frame, the ``stamp`` of the file's version they are of (the call returns the file's: a
-    match vouches for the read), and the chunk's samples when fewer than a chunk's (the last; None: a whole chunk)."""
+    whether they are a Blosc frame, and the ``stamp`` of the file's version they are of (the call returns the file's: a
+    match vouches for the read)."""
 
     path: str
     offset: int
     nbytes: int
     blosc: bool
     stamp: Hashable
-    count: int | None
 
 
 class _ShardIndex(NamedTuple):
-    """A shard file's index, ``(offset, nbytes)`` per chunk (``spans``: the same as Python's numbers), and the
-    `_ShardFile.stamp` of the file it was read from."""
+    """A shard file's index, ``(offset, nbytes)`` per chunk, the `_ShardFile.stamp` of the file it was read from, and
+    each chunk's read by one C call from that file (``asks``; None for a chunk never written), made once."""
 
     entries: np.ndarray
     stamp: Hashable
-    spans: list[list[int]]
+    asks: list[_Ask | None]
 
 
 @dataclass
@@ -129,7 +128,8 @@ class ShardReader:
         self._samples = samples or (num_samples, self.chunk_size)
         self._layout = _direct_layout(array, pins)
         self._indexes: dict[int, _ShardIndex] = {} if indexes is None else indexes
-        self._asks: dict[int, _Ask] = {}  # chunk -> its one C call's read, as its shard's index last said (`_ask`)
+        last = max(0, num_samples - 1) // self.chunk_size  # the last chunk, which may hold fewer samples
+        self._last = (last, num_samples - last * self.chunk_size)
         self._reading: dict[int, _IndexRead] = {}  # the shards whose index a thread is reading
         self._lock = threading.Lock()
 
@@ -224,28 +224,29 @@ class ShardReader:
         """Each ``(reader, chunk, out)``'s chunk read into ``out`` (its samples, as `read` returns them) where one C
         call that releases the GIL once for them all can vouch for it: the chunks of local shard files whose index is
         known (`chunk_reads.read_many_at_once`: a chunk's fields, the chunks of a read task); None for the others, and
-        for any the call did not vouch for, which the caller reads by `read`. Each chunk's read is the one its reader
-        made for it before (`_ask`), kept as long as the call vouches for it: a lookup a chunk, no Python call."""
+        for any the call did not vouch for, which the caller reads by `read`. Each chunk's read is its shard index's
+        (`_ShardIndex.asks`), found here without a Python call."""
         got: list[np.ndarray | None] = [None] * len(reads)
         if read_many_at_once is None:
             return got
         requests, asked, most = [], [], 0
         for k, (reader, chunk, out) in enumerate(reads):
-            ask = reader._asks.get(chunk)
-            if ask is None and (ask := reader._ask(chunk)) is None:
+            layout = reader._layout
+            if layout is None or layout.read_at_once is None:
                 continue
-            path, offset, nbytes, blosc, _, _ = ask
-            requests.append((path, offset, nbytes, out, blosc))
-            asked.append((k, ask))
-            most = max(most, nbytes)
+            shard, inner = divmod(chunk, layout.chunks_per_shard)
+            known = reader._indexes.get(shard)
+            if known is None or (ask := known.asks[inner]) is None:
+                continue
+            requests.append((ask.path, ask.offset, ask.nbytes, out, ask.blosc))
+            asked.append((k, ask.stamp))
+            most = max(most, ask.nbytes)
         if len(requests) > 1:  # one alone is read by `read`, as any other
-            for (k, (_, _, _, _, stamp, count)), read in zip(asked, read_many_at_once(requests, _scratch(most)),
-                                                                strict=True):
-                reader, chunk, out = reads[k]
-                if read == stamp:
-                    got[k] = out if count is None else out[:count]
-                else:  # the file was replaced since its index was read: `read` reads the new one's
-                    reader._asks.pop(chunk, None)
+            for (k, stamp), read in zip(asked, read_many_at_once(requests, _scratch(most)), strict=True):
+                if read == stamp:  # else the file was replaced since its index was read: `read` reads the new one's
+                    reader, chunk, out = reads[k]
+                    last, count = reader._last
+                    got[k] = out if chunk != last else out[:count]
         return got
 
     def _samples_of(self, chunk: int, out: np.ndarray) -> np.ndarray:
@@ -253,31 +254,14 @@ class ShardReader:
         start = chunk * self.chunk_size
         return out[: min(self.num_samples, start + self.chunk_size) - start]
 
-    def _ask(self, chunk: int) -> _Ask | None:
-        """The chunk's read by one C call (`_Ask`), from its shard's index as known now (and kept for `read_vouched`);
-        None where its shard file is not local, its index is not known yet, or the chunk was never written."""
-        layout = self._layout
-        if layout is None or layout.read_at_once is None:
-            return None
-        shard, inner = divmod(chunk, layout.chunks_per_shard)
-        known = self._indexes.get(shard)
-        if known is None:
-            return None
-        offset, nbytes = known.spans[inner]
-        if offset == _EMPTY:
-            return None
-        start = chunk * self.chunk_size
-        count = min(self.num_samples, start + self.chunk_size) - start
-        ask = self._asks[chunk] = _Ask(layout.path(shard), offset, nbytes, layout.blosc, known.stamp,
-                                       None if count == self.chunk_size else count)
-        return ask
-
     def _read_at_once(self, chunk: int, out: np.ndarray) -> bool:
         """Whether the chunk was read, checked and decoded into ``out`` by one C call outside the GIL
         (`chunk_reads.read_at_once`), from the version of its shard file whose index was read. A chunk of a shard
         whose index is not known yet, and any failure, are left to `_read_retried`: it reads the chunk again
         (in that call, once it has the index), and names what is wrong."""
-        ask = self._ask(chunk)
+        shard, inner = divmod(chunk, self._layout.chunks_per_shard)
+        known = self._indexes.get(shard)
+        ask = None if known is None else known.asks[inner]
         if ask is None:
             return False
         return self._layout.read_at_once(ask.path, ask.offset, ask.nbytes, _scratch(ask.nbytes), out,
@@ -368,11 +352,20 @@ class ShardReader:
             raise _Unreadable("the shard index fails its checksum")
         index = np.frombuffer(raw[:-_CHECKSUM_BYTES], dtype="<u8").reshape(-1, 2)
         _check_index(index, size - index_bytes, self._max_chunk_bytes())
-        known = _ShardIndex(index, file.stamp(), index.tolist())
+        stamp = file.stamp()
+        known = _ShardIndex(index, stamp, self._asks(shard, index, stamp))
         file.check_growth(index)
         with self._lock:
             self._indexes[shard] = known
         return known
+
+    def _asks(self, shard: int, index: np.ndarray, stamp: Hashable) -> list[_Ask | None]:
+        """Each chunk's read by one C call from the shard's local file of version ``stamp``, whose ``index`` was read
+        (None for a chunk never written, and for every chunk of a file that is not local)."""
+        if self._layout.read_at_once is None:
+            return [None] * len(index)
+        path, blosc = self._layout.path(shard), self._layout.blosc
+        return [None if offset == _EMPTY else _Ask(path, offset, nbytes, blosc, stamp) for offset, nbytes in index.tolist()]
 
     def _max_chunk_bytes(self) -> int:
         raw = self.chunk_size * math.prod(self.array.shape[1:]) * self.array.dtype.itemsize
