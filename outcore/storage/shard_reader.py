@@ -79,11 +79,11 @@ class _Failed(Exception):
 
 
 class _Ask(NamedTuple):
-    """A chunk's read by one C call (`chunk_reads`): its shard file's ``path``, its bytes ``offset`` and ``nbytes`` there,
+    """A chunk's read by one C call (`chunk_reads`): its shard file's ``path`` (encoded), its bytes ``offset`` and ``nbytes`` there,
     whether they are a Blosc frame, and the ``stamp`` of the file's version they are of (the call returns the file's: a
     match vouches for the read)."""
 
-    path: str
+    path: bytes
     offset: int
     nbytes: int
     blosc: bool
@@ -364,7 +364,7 @@ class ShardReader:
         (None for a chunk never written, and for every chunk of a file that is not local)."""
         if self._layout.read_at_once is None:
             return [None] * len(index)
-        path, blosc = self._layout.path(shard), self._layout.blosc
+        path, blosc = os.fsencode(self._layout.path(shard)), self._layout.blosc  # bytes: not encoded again at each read
         return [None if offset == _EMPTY else _Ask(path, offset, nbytes, blosc, stamp) for offset, nbytes in index.tolist()]
 
     def _max_chunk_bytes(self) -> int:
