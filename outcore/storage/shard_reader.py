@@ -245,14 +245,14 @@ class ShardReader:
             for (k, stamp), read in zip(asked, read_many_at_once(requests, _scratch(most)), strict=True):
                 if read == stamp:  # else the file was replaced since its index was read: `read` reads the new one's
                     reader, chunk, out = reads[k]
-                    last, count = reader._last
+                    last, count = reader._last  # `_samples_of`, without its call
                     got[k] = out if chunk != last else out[:count]
         return got
 
     def _samples_of(self, chunk: int, out: np.ndarray) -> np.ndarray:
-        """The chunk's samples in ``out``, a whole chunk's buffer (the last chunk holds fewer)."""
-        start = chunk * self.chunk_size
-        return out[: min(self.num_samples, start + self.chunk_size) - start]
+        """The chunk's samples in ``out``, a whole chunk's buffer (the last chunk holds fewer: `_last`)."""
+        last, count = self._last
+        return out if chunk != last else out[:count]
 
     def _read_at_once(self, chunk: int, out: np.ndarray) -> bool:
         """Whether the chunk was read, checked and decoded into ``out`` by one C call outside the GIL
@@ -433,8 +433,7 @@ class _DirectLayout:
         self.index_bytes = 16 * self.chunks_per_shard + _CHECKSUM_BYTES
         self._keys: dict[int, str] = {}  # shard -> its file's key, made once
         self._paths: dict[int, str] = {}  # shard -> its local file's path
-        # a chunk of a local file read with pread in one C call (`ShardReader._read_at_once`, `read_vouched`), where it
-        # can be
+        # a local file's chunks read with pread in C calls (`ShardReader._read_at_once`, `read_vouched`), where they can be
         local = isinstance(files, _LocalFiles) and not files.huge_pages
         self.read_at_once = read_at_once if local else None
 
