@@ -20,7 +20,7 @@ from support.optional import need
 
 import outcore
 from outcore.errors import CorruptChunkError, OptionError
-from outcore.iterate import EpochPlan, max_held, runs
+from outcore.iterate import EpochPlan, max_held, native_run, runs
 from outcore.iterate.mixture import epoch_samples_of
 from outcore.testing import corrupt_chunk
 from outcore.transforms import (
@@ -142,13 +142,13 @@ def test_from_the_second_epoch_on_the_next_epochs_run_starts_as_this_one_drains(
     iterator."""
     ds, _ = store
     started = []  # (the epoch of each run made, the consumer's batches of its epoch handed out by then)
-    made = runs.LocalRun.__init__
+    made = runs.Run.__init__  # a local run's, or a C run's (`outcore.iterate.native_run`)
 
     def recorded(self, work, *args):
         started.append((work.epoch, it.epoch, it.batches_done))
         made(self, work, *args)
 
-    monkeypatch.setattr(runs.LocalRun, "__init__", recorded)
+    monkeypatch.setattr(runs.Run, "__init__", recorded)
     it = ds.batches(64, shuffle=True, seed=5, fields=["id"])
     epochs = [_ids(it) for _ in range(4)]
     for epoch, ids in enumerate(epochs):  # each as a single pass of its own makes it
@@ -414,6 +414,7 @@ def test_the_batches_tasks_take_their_chunks_values_the_thread_planning_them_wai
     Where damaged chunks may be left out (``skip_damaged``), that thread finds them, in the schedule's order, and
     says them itself (a loader process sends each run's thread's warnings with that run's batches)."""
     ds, _ = store
+    monkeypatch.setattr(native_run, "Engine", None)  # local runs' tasks: not a C run's threads
     found, values = [], runs.LocalRun._found  # each chunk's values found once, by the thread recorded
     monkeypatch.setattr(runs.LocalRun, "_found", lambda run, chunk: found.append(
         threading.current_thread().name) or values(run, chunk))
@@ -427,12 +428,13 @@ def test_the_batches_tasks_take_their_chunks_values_the_thread_planning_them_wai
     assert len(found) >= 32 and (planning == found if skip_damaged else not planning), found
 
 
-def test_each_epoch_reads_into_the_chunk_buffers_the_ones_before_freed(store):
+def test_each_epoch_reads_into_the_chunk_buffers_the_ones_before_freed(store, monkeypatch):
     """An iterator's runs (an epoch each) share its chunk buffers, and a run gives back those of its last batches
     too: after the first epoch, the iterator takes no more memory for chunks than the next epoch's run reads into
     while this one's last batches hold theirs (it starts as this one drains): at most a run's again, once, where
     buffers taken anew each epoch would be four runs' more."""
     ds, _ = store
+    monkeypatch.setattr(native_run, "Engine", None)  # local runs' buffers (a C run's: tests/test_native_run.py)
     it = ds.batches(64, seed=0, fields=["images", "id"])
     made = []
     for reader in it.readers.values():
@@ -544,10 +546,11 @@ def test_batches_made_together_are_those_made_alone(store, monkeypatch, transfor
     the user's) makes them one by one."""
     ds, _ = store
     outcore.set_threads(4)  # 4 batches made at once: up to 4 together
+    monkeypatch.setattr(native_run, "Engine", None)  # made by local runs (a C run makes each batch alone)
     try:
-        monkeypatch.setattr(runs.LocalRun, "MOST_TOGETHER", 1)
-        alone = list(ds.batches(40, seed=5, buffer_chunks=3, transform=transform, drop_last=False))
-        monkeypatch.undo()
+        with monkeypatch.context() as alone_each:
+            alone_each.setattr(runs.LocalRun, "MOST_TOGETHER", 1)
+            alone = list(ds.batches(40, seed=5, buffer_chunks=3, transform=transform, drop_last=False))
         together = list(ds.batches(40, seed=5, buffer_chunks=3, transform=transform, drop_last=False))
     finally:
         outcore.set_threads(None)
@@ -700,12 +703,24 @@ def test_a_subset_epoch_is_its_samples_once_and_resumes_exactly(in_order):
     assert [i for b in in_order_run for i in b["id"].tolist()] == sorted(subset.tolist())  # store order
 
 
-def test_a_subset_reads_only_the_chunks_that_hold_its_samples(in_order):
+@pytest.mark.parametrize("native", [True, False])
+def test_a_subset_reads_only_the_chunks_that_hold_its_samples(in_order, monkeypatch, native):
+    """By a C run (`outcore.iterate.native_run`: the chunks it plans, each read once by its engine) or local runs."""
+    if not native:
+        monkeypatch.setattr(native_run, "Engine", None)
     it = in_order.batches(16, indices=[*range(100, 130), 777, 990, 999], seed=1, fields=["id"])
-    read, original = [], it.buffers.read_many  # every chunk a run reads, in one C call or by its reader
+    read, original = [], it.buffers.read_many  # every chunk a local run reads, in one C call or by its reader
     it.buffers.read_many = lambda chunks: read.extend(chunks) or original(chunks)
-    assert sorted(i for b in it for i in b["id"].tolist()) == [*range(100, 130), 777, 990, 999]
-    assert sorted(read) == [2, 15, 19]  # each once
+    ids = []
+    for batch in it:
+        ids += batch["id"].tolist()
+        if isinstance(it._active, native_run.NativeRun):
+            run = it._active
+    assert sorted(ids) == [*range(100, 130), 777, 990, 999]
+    if native and native_run.Engine is not None:
+        assert not read and sorted(run.chunks.tolist()) == [2, 15, 19] and run.engine.reads == 3  # each once
+    else:
+        assert sorted(read) == [2, 15, 19]  # each once
 
 
 def test_a_subset_outside_the_store_or_repeating_a_sample_is_refused(in_order):

@@ -20,6 +20,7 @@ from .options import BatchOptions, check_state
 from .plan import EpochPlan
 from .process import LoaderProcess, LoaderProcesses, PartsRun, ProcessRun, StartingRun, kept_loader
 from .readers import ChunkReader, chunk_readers, recipe
+from .native_run import native_run
 from .runs import ChunkBuffers, LocalRun, NextEpoch, Run, Work
 from .stats import LoaderStats
 
@@ -151,7 +152,7 @@ class BatchIterator:
             if self._process.ready() or self.options.skip_damaged:  # a chunk left out is said by one run only
                 return self._process.run(work, self._stats)
             return StartingRun(self._process, work, self._stats, LocalRun(work, self._stats, self.buffers))
-        return LocalRun(work, self._stats, self.buffers)
+        return native_run(work, self._stats, self.buffers) or LocalRun(work, self._stats, self.buffers)
 
     @property
     def buffers(self) -> ChunkBuffers:

@@ -98,6 +98,8 @@ class Run:
     ``prefetch`` finished batches that the consumer takes them from. Closing the run stops the
     producer; a consumer waiting for a batch of a closed run gets `IterationClosedError` at once."""
 
+    threads_here = False  # whether its batches are made on this process's threads (stopped before a fork, untaken)
+
     def __init__(self, work: Work, stats: LoaderStats) -> None:
         self.work, self.stats = work, stats
         self.queue = Handoff(work.options.prefetch)
@@ -274,7 +276,7 @@ def _close_untaken_before_fork() -> None:
     the locks they hold: the local runs no one has taken are stopped first (the epoch, when asked for, starts
     anew)."""
     for run in list(_started_ahead):
-        if isinstance(run, LocalRun) and run._stop_untaken():
+        if isinstance(run, Run) and run.threads_here and run._stop_untaken():
             run._stopped()
 
 
@@ -341,6 +343,8 @@ class ChunkBuffers:
             self.fields.append(_Field(name, reader, len(self.sources), len(self.sources) + len(sources), value))
             self.sources.extend(sources)
         self.free: list[list[np.ndarray]] = []
+        self.blocks: list[np.ndarray] = []  # lent to C runs (`lend`) and taken back
+        self.most_held = 0  # the most blocks a C run held
         self.lock = threading.Lock()
 
     def take(self, count: int) -> list[list[np.ndarray]]:
@@ -361,6 +365,24 @@ class ChunkBuffers:
         """Keep no free buffer (the batches are made elsewhere from now on); new ones are made when needed."""
         with self.lock:
             self.free = []
+            self.blocks, self.most_held = [], 0
+
+    def lend(self, nbytes: int) -> list[np.ndarray]:
+        """Blocks of ``nbytes`` for a C run's slots (`outcore.iterate.native_run`): as many as a run held at most
+        (`take_back`), freed ones first (their pages faulted in once), none before the first run (which makes its
+        own); `take_back` them once it has stopped."""
+        with self.lock:
+            count = self.most_held
+            kept = [block for block in self.blocks if len(block) == nbytes]
+            self.blocks = [block for block in self.blocks if len(block) != nbytes]
+        return kept[:count] + [np.empty(nbytes, np.uint8) for _ in range(count - len(kept))]
+
+    def take_back(self, lent: list[np.ndarray], most_held: int) -> None:
+        """Take back the blocks `lend` lent to a run that held ``most_held`` at most, once no thread reads or writes
+        them: the next run is lent as many as a run held."""
+        with self.lock:
+            self.blocks.extend(lent)
+            self.most_held = max(self.most_held, most_held)
 
     def read(self, chunk: int) -> Loaded:
         """Chunk ``chunk`` of every field, read into buffers taken here: ``(values, buffers)`` (`read_many`); `give`
@@ -455,6 +477,7 @@ class LocalRun(Run):
     call) is then paid once for them all, and as many batches are held as when each is made alone. Each
     batch is a view of its part of the arrays made together, which stay in memory while any of them is held."""
 
+    threads_here = True
     MAX_READ_AHEAD = 8
     READ_TOGETHER = 2  # chunks a read task reads, in one C call where it can: a batch's, mostly (its task's GIL
     # hand-overs paid once for them); no more, so that the many chunks of a run's first steps are read in parallel

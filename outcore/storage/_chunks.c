@@ -302,6 +302,8 @@ static int read_one(const char *path, off_t offset, size_t nbytes, uint8_t *scra
     return fine;
 }
 
+#include "_batch_engine.h" /* Engine: a run of plain batches made on C threads, its chunks read by read_one */
+
 /* The file's stamp (inode, mtime_ns, size) as a tuple, or None when the read failed. */
 static PyObject *stamp_of(int fine, const struct stat *opened) {
     if (!fine)
@@ -806,5 +808,11 @@ PyMODINIT_FUNC PyInit__chunks(void) {
         Py_DECREF(made);
         return NULL;
     }
+#if defined(OUTCORE_POSIX) && defined(OUTCORE_CRC)
+    if (made != NULL && (PyType_Ready(&EngineType) < 0 || PyModule_AddObjectRef(made, "Engine", (PyObject *)&EngineType) < 0)) {
+        Py_DECREF(made);
+        return NULL;
+    }
+#endif
     return made;
 }

@@ -63,6 +63,12 @@ are read, checked and decoded into ``out`` (Blosc frames through ``scratch``, a 
 or more); None when anything failed or the file changed while it was read. None where it cannot run here."""
 
 
+Engine: type | None = getattr(_chunks, "Engine", None) if read_at_once is not None else None
+"""``Engine(paths, stamps, asks, row_bytes, chunk_bytes, bounds, row_slot, row_local, reach, used_bounds, used,
+threads, read_ahead, window)``: a run of plain batches (stored fields' rows copied out of their chunks) made on C
+threads that never hold the GIL, their chunks read as `read_at_once` reads one (``_batch_engine.h``;
+`outcore.iterate.native_run`); None where chunks are not read so here."""
+
 read_many_at_once: Callable[[Sequence[tuple[Any, ...]], bytearray], list[Any]] | None
 read_many_at_once = getattr(_chunks, "read_many", None) if read_at_once is not None else None  # None: built before it
 """``read_many_at_once(requests, scratch)``: each request ``(path, offset, nbytes, out, blosc)`` read, checked and

@@ -142,6 +142,35 @@ class ShardReader:
         return blocks.empty(self._chunk_shape, self._dtype)
 
     @property
+    def chunk_nbytes(self) -> int:
+        """A whole chunk's bytes, as `empty` holds them."""
+        return self.chunk_size * math.prod(self._chunk_shape[1:]) * self._dtype.itemsize
+
+    def local_reads(self, chunks: np.ndarray) -> tuple[list[tuple[bytes, Hashable]], np.ndarray] | None:
+        """How one C call reads each of ``chunks`` (`_Ask`'s, as arrays): the shard files ``(path, stamp)`` (encoded, and
+        the version whose index was read, now where it was not), and for each chunk its file's number among them, its
+        offset and bytes there and whether they are a Blosc frame (int64, one row a chunk). None unless every chunk is
+        of a local shard file whose index can be read and gives it (what is wrong is then named by `read`)."""
+        layout = self._layout
+        if layout is None or layout.read_at_once is None:
+            return None
+        shards, inner = np.divmod(np.asarray(chunks, np.int64), layout.chunks_per_shard)
+        files, reads = [], np.empty((len(shards), 4), np.int64)
+        reads[:, 3] = layout.blosc
+        for number, shard in enumerate(np.unique(shards).tolist()):
+            try:
+                known = self._index(shard)
+            except (_Unreadable, _Failed, OutcoreError, OSError):
+                return None
+            where = shards == shard
+            entries = known.entries[inner[where]]
+            if (entries[:, 0] == _EMPTY).any():  # a chunk never written
+                return None
+            reads[where, 0], reads[where, 1:3] = number, entries
+            files.append((os.fsencode(layout.path(shard)), known.stamp))
+        return files, reads
+
+    @property
     def remote(self) -> bool:
         """Whether the chunks come from an object store (where `prefetch` pays)."""
         return self._layout is not None and hasattr(self._layout.files, "ask")

@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from ..iterate import runs
+from ..iterate import native_run, runs
 
 _reads = [0]  # by cluster spans (and anything else that reads into chunk buffers outside a run)
-_by_run: dict[runs.LocalRun, int] = {}  # by each local run: counted once its first batch is taken
+_by_run: dict[runs.Run, int] = {}  # by each local or C run: counted once its first batch is taken
 _lock = threading.Lock()  # reads run on several threads
 _in_run = threading.local()  # set while a local run's read is under way on this thread
 
@@ -26,7 +26,7 @@ def count_chunk_reads() -> None:
     with _lock:
         _reads[0] = 0
         _by_run.clear()
-    read_many, read = runs.ChunkBuffers.read_many, runs.LocalRun._read
+    read_many, read, release = runs.ChunkBuffers.read_many, runs.LocalRun._read, native_run.NativeRun._release
     if getattr(read_many, "counted", False):
         return
 
@@ -45,14 +45,21 @@ def count_chunk_reads() -> None:
         finally:
             _in_run.reading = False
 
+    def counted_at_release(self: native_run.NativeRun) -> None:  # the chunks its engine read (its threads' reads)
+        with _lock:
+            _by_run[self] = _by_run.get(self, 0) + self.engine.reads
+        release(self)
+
     counted.counted = True  # type: ignore[attr-defined]
     runs.ChunkBuffers.read_many = counted  # type: ignore[method-assign]
     runs.LocalRun._read = counted_by_run  # type: ignore[method-assign]
+    native_run.NativeRun._release = counted_at_release  # type: ignore[method-assign]
 
 
 def chunk_reads() -> int:
     """Chunks read in this process since `count_chunk_reads`: by cluster spans, and by the local runs whose
     batches were taken (not by a run started ahead for an epoch never asked for: `outcore.iterate.runs.NextEpoch`;
-    the runs counted are kept until the next `count_chunk_reads`)."""
+    the runs counted are kept until the next `count_chunk_reads`); a C run's (`outcore.iterate.native_run`) once it
+    is closed (an iterator closes its run at the end of each epoch)."""
     with _lock:
         return _reads[0] + sum(count for run, count in _by_run.items() if run.delivered)

@@ -1,0 +1,568 @@
+/* Engine: a run of plain batches (stored fields' rows copied out of their chunks, nothing decoded or transformed) made
+ * start to end on C threads of its own, none of them ever holding the GIL (outcore.iterate.native_run).
+ *
+ * Made by Python for a run: the slots it reads (a stretch of the chunk stream; each slot one chunk of every field, read
+ * as `read_one` reads one: its file, offset, bytes, whether a Blosc frame, and the stamp of the file's version whose
+ * index gave them), the run's rows in batch order (each row's slot and its sample in that slot's chunk), each batch's
+ * bounds in them, the highest slot each batch reads and the slots each reads (each once). Its threads then read slots
+ * in order, up to `read_ahead` slots past the highest the batches allowed ahead need, and copy each batch's rows
+ * into the arrays Python `give`s it (a batch's arrays, one a field, given in batch order, `window` batches ahead of
+ * the one taken at most: the batches made and not yet taken), a whole batch a task. A slot's chunk buffers go back to
+ * the engine's free list once every batch reading it is made: as many are held as the schedule's reads ahead hold.
+ *
+ * `take(timeout)` waits (the GIL released) for the next batch in order: True once it is made (its arrays, given,
+ * hold it), None when it is not within timeout seconds, or the slot (an int) whose read was not vouched for (the
+ * file cannot be read, is damaged, or is not of the version indexed): the caller makes that batch and the rest its own
+ * way, which names what is wrong (`close` first). `close()` stops the threads and waits for them.
+ *
+ * The threads' CPU time counts as time outside the GIL (_free_time.h). A forked child inherits an engine without its
+ * threads: it is left as it is there, never joined nor freed.
+ *
+ * Included by _chunks.c after read_one. */
+#ifndef OUTCORE_BATCH_ENGINE_H
+#define OUTCORE_BATCH_ENGINE_H
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { SLOT_UNREAD, SLOT_READING, SLOT_READ, SLOT_FAILED };
+enum { BATCH_WAITING, BATCH_MAKING, BATCH_MADE, BATCH_FAILED };
+#define ASK_WIDTH 4 /* per slot and field: the file's number, offset, bytes, Blosc */
+#define STAMP_WIDTH 3 /* per file: inode, mtime_ns, size */
+
+typedef struct Engine Engine;
+
+typedef struct {
+    Engine *engine;
+    uint8_t *scratch; /* the thread's, for Blosc frames */
+} Worker;
+
+struct Engine {
+    PyObject_HEAD
+    /* fixed at making */
+    int fields, thread_count;
+    Py_ssize_t slots, batches;
+    Py_ssize_t *row_bytes;        /* fields: a sample's bytes */
+    Py_ssize_t *field_at;         /* fields: where its chunk lies in a slot's buffer */
+    Py_ssize_t slot_bytes;        /* a slot's buffer: every field's chunk */
+    size_t scratch_bytes;         /* the largest read: a Blosc frame is read through a thread's scratch */
+    char **paths;
+    Py_ssize_t path_count;
+    long long *stamps;            /* path_count x STAMP_WIDTH */
+    long long *asks;              /* slots x fields x ASK_WIDTH */
+    long long *bounds;            /* batches + 1, into the rows */
+    int *row_slot, *row_local;    /* rows */
+    long long *reach;             /* batches: the highest slot it or a batch before it reads */
+    long long *used_bounds;       /* batches + 1, into used */
+    long long *used;              /* each batch's slots, each once */
+    long long *users;             /* slots: the batches reading it not yet made */
+    Py_ssize_t read_ahead, window;
+    /* the run, under lock */
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_t *threads;
+    int started, stopping, closed;
+    pid_t pid;
+    unsigned char *slot_state, *batch_state;
+    uint8_t **slot_buffer;
+    uint8_t **free_buffers;       /* the buffers no slot holds: lent ones, then those made here */
+    uint8_t **made_buffers;       /* those made here (malloc), when every one lent was held */
+    Py_ssize_t made_count;
+    Py_buffer *lent;              /* the buffers Python lent (kept from run to run: their pages faulted in once) */
+    Py_ssize_t lent_count;
+    Py_ssize_t free_count;
+    Worker *workers;
+    Py_ssize_t next_read, read_prefix, next_make, taken, given;
+    long long *failed_slot;       /* batches */
+    Py_buffer *outs;              /* batches x fields, given */
+    Py_ssize_t reads;             /* slots read (for the tests' counts) */
+    Py_ssize_t held, most_held;   /* slots' buffers held now, and at most (what the next run may be lent) */
+    int taking;                   /* threads in `take` (counted holding the GIL): `close` waits for them */
+};
+
+static void engine_count(long long began) {
+#if (defined(__GNUC__) || defined(__clang__)) && defined(CLOCK_THREAD_CPUTIME_ID)
+    if (began >= 0)
+        __atomic_fetch_add(&free_nanoseconds, thread_nanoseconds() - began, __ATOMIC_RELAXED);
+#else
+    (void)began;
+#endif
+}
+
+static long long engine_clock(void) {
+#if (defined(__GNUC__) || defined(__clang__)) && defined(CLOCK_THREAD_CPUTIME_ID)
+    return __atomic_load_n(&free_counting, __ATOMIC_RELAXED) ? thread_nanoseconds() : -1;
+#else
+    return -1;
+#endif
+}
+
+/* Slot s's chunks read into `buffer`, each vouched for by its file's stamp: 1 when all were. */
+static int engine_read(Engine *e, Py_ssize_t s, uint8_t *buffer, uint8_t *scratch) {
+    for (int f = 0; f < e->fields; f++) {
+        const long long *ask = e->asks + (s * e->fields + f) * ASK_WIDTH;
+        const long long *stamp = e->stamps + ask[0] * STAMP_WIDTH;
+        struct stat opened;
+        Py_ssize_t chunk_bytes = (f + 1 < e->fields ? e->field_at[f + 1] : e->slot_bytes) - e->field_at[f];
+        if (!read_one(e->paths[ask[0]], (off_t)ask[1], (size_t)ask[2], scratch, buffer + e->field_at[f],
+                      (size_t)chunk_bytes, (int)ask[3], &opened))
+            return 0;
+        if ((unsigned long long)opened.st_ino != (unsigned long long)stamp[0] || mtime_ns(&opened) != stamp[1] ||
+            (long long)opened.st_size != stamp[2])
+            return 0;
+    }
+    return 1;
+}
+
+/* Batch b's rows copied out of its slots' chunks into its arrays: -1, or the first slot of it that failed. */
+static long long engine_gather(Engine *e, Py_ssize_t b) {
+    for (long long k = e->used_bounds[b]; k < e->used_bounds[b + 1]; k++)
+        if (e->slot_state[e->used[k]] == SLOT_FAILED) /* read before b was started: stable */
+            return e->used[k];
+    long long low = e->bounds[b], high = e->bounds[b + 1];
+    for (int f = 0; f < e->fields; f++) {
+        uint8_t *out = e->outs[b * e->fields + f].buf;
+        Py_ssize_t size = e->row_bytes[f], at = e->field_at[f];
+        for (long long r = low; r < high; r++) /* past the caches: the batch is read next by another thread */
+            stream_copy(out + (r - low) * size, e->slot_buffer[e->row_slot[r]] + at + (Py_ssize_t)e->row_local[r] * size,
+                        (size_t)size);
+    }
+    stream_fence();
+    return -1;
+}
+
+/* Whether batch b may be made now (holding the lock). */
+static int engine_makeable(Engine *e, Py_ssize_t b) {
+    return b < e->batches && b < e->given && b < e->taken + e->window && e->read_prefix > e->reach[b];
+}
+
+/* Whether slot s may be read now (holding the lock): within `read_ahead` of the batches allowed ahead. */
+static int engine_readable(Engine *e, Py_ssize_t s) {
+    Py_ssize_t ahead = e->taken + e->window - 1;
+    if (ahead >= e->batches)
+        ahead = e->batches - 1;
+    return s < e->slots && s <= e->reach[ahead] + e->read_ahead;
+}
+
+static void *engine_work(void *arg) {
+    Engine *e = ((Worker *)arg)->engine;
+    uint8_t *scratch = ((Worker *)arg)->scratch;
+    pthread_mutex_lock(&e->lock);
+    while (!e->stopping) {
+        Py_ssize_t b = e->next_make, s = e->next_read;
+        if (engine_makeable(e, b)) {
+            e->next_make++;
+            e->batch_state[b] = BATCH_MAKING;
+            pthread_mutex_unlock(&e->lock);
+            long long began = engine_clock();
+            long long failed = engine_gather(e, b);
+            engine_count(began);
+            pthread_mutex_lock(&e->lock);
+            e->failed_slot[b] = failed;
+            e->batch_state[b] = failed < 0 ? BATCH_MADE : BATCH_FAILED;
+            for (long long k = e->used_bounds[b]; k < e->used_bounds[b + 1]; k++) {
+                long long slot = e->used[k];
+                if (--e->users[slot] == 0) { /* no batch reads it again: its buffer for the next read */
+                    e->free_buffers[e->free_count++] = e->slot_buffer[slot];
+                    e->slot_buffer[slot] = NULL;
+                    e->held--;
+                }
+            }
+            pthread_cond_broadcast(&e->wake);
+        } else if (engine_readable(e, s)) {
+            e->next_read++;
+            uint8_t *buffer = e->free_count ? e->free_buffers[--e->free_count] : NULL;
+            e->slot_state[s] = SLOT_READING;
+            if (++e->held > e->most_held)
+                e->most_held = e->held;
+            pthread_mutex_unlock(&e->lock);
+            long long began = engine_clock();
+            if (buffer == NULL && (buffer = malloc((size_t)e->slot_bytes)) != NULL) {
+                pthread_mutex_lock(&e->lock);
+                e->made_buffers[e->made_count++] = buffer;
+                pthread_mutex_unlock(&e->lock);
+            }
+            int fine = buffer != NULL && engine_read(e, s, buffer, scratch);
+            engine_count(began);
+            pthread_mutex_lock(&e->lock);
+            e->slot_buffer[s] = buffer;
+            e->slot_state[s] = fine ? SLOT_READ : SLOT_FAILED;
+            e->reads++;
+            while (e->read_prefix < e->slots && e->slot_state[e->read_prefix] >= SLOT_READ)
+                e->read_prefix++;
+            pthread_cond_broadcast(&e->wake);
+        } else {
+            pthread_cond_wait(&e->wake, &e->lock);
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return NULL;
+}
+
+/* An int64 (or, with `four`, int32) C-contiguous array's values copied into new memory: NULL with an error set when
+ * it is not one, or does not hold `count` values (count < 0: any number, put in *count_out). */
+static void *engine_copy(PyObject *array, int four, Py_ssize_t count, Py_ssize_t *count_out, const char *name) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(array, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    Py_ssize_t item = four ? 4 : 8, got = view.len / item;
+    void *copy = NULL;
+    if (view.itemsize != item || view.format == NULL || strchr(four ? "il" : "lq", view.format[0]) == NULL ||
+        (view.format[0] == 'l' && (Py_ssize_t)sizeof(long) != item) || (count >= 0 && got != count))
+        PyErr_Format(PyExc_ValueError, "Engine: %s must be %s of %zd values", name, four ? "int32" : "int64", count);
+    else if ((copy = PyMem_RawMalloc(view.len ? (size_t)view.len : 1)) == NULL)
+        PyErr_NoMemory();
+    else
+        memcpy(copy, view.buf, (size_t)view.len);
+    if (count_out != NULL)
+        *count_out = got;
+    PyBuffer_Release(&view);
+    return copy;
+}
+
+static void engine_free(Engine *e) {
+    for (Py_ssize_t k = 0; e->paths != NULL && k < e->path_count; k++)
+        PyMem_RawFree(e->paths[k]);
+    for (Py_ssize_t k = 0; e->made_buffers != NULL && k < e->made_count; k++)
+        free(e->made_buffers[k]);
+    for (Py_ssize_t k = 0; e->lent != NULL && k < e->lent_count; k++)
+        PyBuffer_Release(&e->lent[k]);
+    for (int t = 0; e->workers != NULL && t < e->thread_count; t++)
+        free(e->workers[t].scratch);
+    void *held[] = {e->paths, e->row_bytes, e->field_at, e->stamps, e->asks, e->bounds, e->row_slot, e->row_local,
+                    e->reach, e->used_bounds, e->used, e->users, e->threads, e->slot_state, e->batch_state,
+                    e->slot_buffer, e->free_buffers, e->made_buffers, e->lent, e->failed_slot, e->outs, e->workers};
+    for (size_t k = 0; k < sizeof held / sizeof held[0]; k++)
+        PyMem_RawFree(held[k]);
+    e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL;
+}
+
+/* Stop the threads and wait for them, then free what the run held (the arrays given and not taken let go). */
+static void engine_close(Engine *e) {
+    if (e->closed)
+        return;
+    e->closed = 1;
+    if (e->started) {
+        pthread_mutex_lock(&e->lock);
+        e->stopping = 1;
+        pthread_cond_broadcast(&e->wake);
+        pthread_mutex_unlock(&e->lock);
+        Py_BEGIN_ALLOW_THREADS;
+        for (int t = 0; t < e->started; t++)
+            pthread_join(e->threads[t], NULL);
+        Py_END_ALLOW_THREADS;
+        while (e->taking) { /* another thread waiting in take, woken by stopping: it leaves before the lock goes */
+            Py_BEGIN_ALLOW_THREADS;
+            usleep(1000);
+            Py_END_ALLOW_THREADS;
+        }
+    }
+    for (Py_ssize_t b = e->taken; e->outs != NULL && b < e->given; b++)
+        for (int f = 0; f < e->fields; f++)
+            PyBuffer_Release(&e->outs[b * e->fields + f]);
+    if (e->started || e->threads != NULL) {
+        pthread_cond_destroy(&e->wake);
+        pthread_mutex_destroy(&e->lock);
+    }
+    engine_free(e);
+}
+
+static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"paths", "stamps", "asks", "row_bytes", "chunk_bytes", "bounds", "row_slot", "row_local",
+                            "reach", "used_bounds", "used", "threads", "read_ahead", "window", "lent", NULL};
+    PyObject *paths, *stamps, *asks, *row_bytes, *chunk_bytes, *bounds, *row_slot, *row_local, *reach, *used_bounds,
+        *used, *lent;
+    int threads;
+    Py_ssize_t read_ahead, window, rows, used_count, fields;
+    if (e->threads != NULL || e->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine: made once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!:Engine", names, &PyList_Type, &paths, &stamps,
+                                     &asks, &row_bytes, &chunk_bytes, &bounds, &row_slot, &row_local, &reach,
+                                     &used_bounds, &used, &threads, &read_ahead, &window, &PyList_Type, &lent))
+        return -1;
+    if (threads < 1 || read_ahead < 0 || window < 1) {
+        PyErr_SetString(PyExc_ValueError, "Engine: threads and window must be 1 or more, read_ahead 0 or more");
+        return -1;
+    }
+    e->pid = getpid();
+    e->path_count = PyList_GET_SIZE(paths);
+    long long *chunk_sizes = NULL;
+    if ((e->row_bytes = engine_copy(row_bytes, 0, -1, &fields, "row_bytes")) == NULL ||
+        (chunk_sizes = engine_copy(chunk_bytes, 0, fields, NULL, "chunk_bytes")) == NULL ||
+        (e->stamps = engine_copy(stamps, 0, e->path_count * STAMP_WIDTH, NULL, "stamps")) == NULL)
+        goto failed;
+    e->fields = (int)fields;
+    Py_ssize_t asked;
+    if (fields < 1 || (e->asks = engine_copy(asks, 0, -1, &asked, "asks")) == NULL ||
+        asked % (fields * ASK_WIDTH) != 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "Engine: asks must be (slots, fields, 4) int64, fields 1 or more");
+        goto failed;
+    }
+    e->slots = asked / (fields * ASK_WIDTH);
+    if ((e->bounds = engine_copy(bounds, 0, -1, &e->batches, "bounds")) == NULL)
+        goto failed;
+    e->batches -= 1;
+    if (e->batches < 1 || (e->row_slot = engine_copy(row_slot, 1, -1, &rows, "row_slot")) == NULL ||
+        (e->row_local = engine_copy(row_local, 1, rows, NULL, "row_local")) == NULL ||
+        (e->reach = engine_copy(reach, 0, e->batches, NULL, "reach")) == NULL ||
+        (e->used_bounds = engine_copy(used_bounds, 0, e->batches + 1, NULL, "used_bounds")) == NULL ||
+        (e->used = engine_copy(used, 0, -1, &used_count, "used")) == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "Engine: a run of 1 batch or more");
+        goto failed;
+    }
+    /* Everything the threads will index is checked here: a wrong plan is an error, never a read out of bounds. */
+    const char *wrong = NULL;
+    e->field_at = PyMem_RawMalloc((size_t)fields * sizeof(Py_ssize_t));
+    e->slot_bytes = 0;
+    for (Py_ssize_t f = 0; e->field_at != NULL && f < fields; f++) {
+        if (e->row_bytes[f] < 1 || chunk_sizes[f] < e->row_bytes[f])
+            wrong = "a field's row or chunk bytes";
+        e->field_at[f] = e->slot_bytes;
+        e->slot_bytes += (Py_ssize_t)chunk_sizes[f];
+    }
+    for (Py_ssize_t k = 0; k < e->slots * fields && wrong == NULL; k++) {
+        const long long *ask = e->asks + k * ASK_WIDTH;
+        if (ask[0] < 0 || ask[0] >= e->path_count || ask[1] < 0 || ask[2] < 4)
+            wrong = "a slot's read";
+        else if ((size_t)ask[2] > e->scratch_bytes)
+            e->scratch_bytes = (size_t)ask[2];
+    }
+    if (e->bounds[0] != 0 || e->bounds[e->batches] != rows || e->used_bounds[0] != 0 ||
+        e->used_bounds[e->batches] != used_count)
+        wrong = wrong ? wrong : "the bounds";
+    for (Py_ssize_t b = 0; b < e->batches && wrong == NULL; b++)
+        if (e->bounds[b + 1] < e->bounds[b] || e->used_bounds[b + 1] < e->used_bounds[b] || e->reach[b] < 0 ||
+            e->reach[b] >= e->slots || (b && e->reach[b] < e->reach[b - 1]))
+            wrong = "a batch's bounds or reach";
+    for (Py_ssize_t r = 0; r < rows && wrong == NULL; r++) {
+        int slot = e->row_slot[r], local = e->row_local[r];
+        if (slot < 0 || slot >= e->slots || local < 0)
+            wrong = "a row's slot or sample";
+        for (Py_ssize_t f = 0; f < fields && wrong == NULL; f++)
+            if (((long long)local + 1) * e->row_bytes[f] > chunk_sizes[f])
+                wrong = "a row's sample (past its chunk)";
+    }
+    e->users = PyMem_RawCalloc((size_t)e->slots, sizeof(long long));
+    for (Py_ssize_t k = 0; e->users != NULL && k < used_count && wrong == NULL; k++) {
+        if (e->used[k] < 0 || e->used[k] >= e->slots)
+            wrong = "a batch's slots";
+        else
+            e->users[e->used[k]]++;
+    }
+    for (Py_ssize_t b = 0; b < e->batches && wrong == NULL; b++) /* each row's slot among its batch's, up to its reach */
+        for (long long r = e->bounds[b]; r < e->bounds[b + 1] && wrong == NULL; r++)
+            if (e->row_slot[r] > e->reach[b])
+                wrong = "a row's slot past its batch's reach";
+    PyMem_RawFree(chunk_sizes);
+    chunk_sizes = NULL;
+    if (wrong != NULL) {
+        PyErr_Format(PyExc_ValueError, "Engine: %s out of range", wrong);
+        goto failed;
+    }
+    e->paths = PyMem_RawCalloc((size_t)(e->path_count ? e->path_count : 1), sizeof(char *));
+    for (Py_ssize_t k = 0; e->paths != NULL && k < e->path_count; k++) {
+        PyObject *path = PyList_GET_ITEM(paths, k);
+        if (!PyBytes_Check(path)) {
+            PyErr_SetString(PyExc_TypeError, "Engine: paths must be a list of bytes");
+            goto failed;
+        }
+        Py_ssize_t size = PyBytes_GET_SIZE(path);
+        if ((e->paths[k] = PyMem_RawMalloc((size_t)size + 1)) == NULL)
+            break;
+        memcpy(e->paths[k], PyBytes_AS_STRING(path), (size_t)size + 1);
+    }
+    e->thread_count = threads, e->read_ahead = read_ahead, e->window = window;
+    e->threads = PyMem_RawCalloc((size_t)threads, sizeof(pthread_t));
+    e->workers = PyMem_RawCalloc((size_t)threads, sizeof(Worker));
+    e->slot_state = PyMem_RawCalloc((size_t)e->slots, 1);
+    e->batch_state = PyMem_RawCalloc((size_t)e->batches, 1);
+    e->slot_buffer = PyMem_RawCalloc((size_t)e->slots, sizeof(uint8_t *));
+    e->lent_count = PyList_GET_SIZE(lent);
+    e->free_buffers = PyMem_RawCalloc((size_t)(e->slots + e->lent_count), sizeof(uint8_t *));
+    e->made_buffers = PyMem_RawCalloc((size_t)e->slots, sizeof(uint8_t *));
+    e->lent = PyMem_RawCalloc((size_t)(e->lent_count ? e->lent_count : 1), sizeof(Py_buffer));
+    e->failed_slot = PyMem_RawCalloc((size_t)e->batches, sizeof(long long));
+    e->outs = PyMem_RawCalloc((size_t)(e->batches * fields), sizeof(Py_buffer));
+    int made = e->paths && e->threads && e->workers && e->slot_state && e->batch_state && e->slot_buffer &&
+               e->free_buffers && e->made_buffers && e->lent && e->failed_slot && e->outs && e->users && e->field_at;
+    for (Py_ssize_t k = 0; made && k < e->path_count; k++)
+        made = e->paths[k] != NULL;
+    for (int t = 0; made && t < threads; t++) {
+        e->workers[t].engine = e;
+        made = (e->workers[t].scratch = malloc(e->scratch_bytes)) != NULL;
+    }
+    if (!made) {
+        PyErr_NoMemory();
+        goto failed;
+    }
+    for (Py_ssize_t k = 0; k < e->lent_count; k++) { /* lent_count counts those held, released at the end */
+        Py_buffer *view = &e->lent[k];
+        if (PyObject_GetBuffer(PyList_GET_ITEM(lent, k), view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            e->lent_count = k;
+            goto failed;
+        }
+        if (view->len < e->slot_bytes) {
+            PyErr_Format(PyExc_ValueError, "Engine: a lent buffer holds %zd bytes, fewer than a slot's %zd", view->len,
+                         e->slot_bytes);
+            e->lent_count = k + 1;
+            goto failed;
+        }
+        e->free_buffers[e->free_count++] = view->buf;
+    }
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    for (int t = 0; t < threads; t++) {
+        if (pthread_create(&e->threads[t], NULL, engine_work, &e->workers[t]) != 0)
+            break;
+        e->started++;
+    }
+    if (e->started == 0) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine: no thread could be started");
+        engine_close(e);
+        return -1;
+    }
+    return 0;
+failed:
+    PyMem_RawFree(chunk_sizes);
+    engine_free(e);
+    e->closed = 1;
+    return -1;
+}
+
+static PyObject *engine_give(Engine *e, PyObject *arrays) {
+    PyObject *sequence = PySequence_Fast(arrays, "give: a sequence of one array a field");
+    if (sequence == NULL)
+        return NULL;
+    Py_ssize_t b = e->given;
+    if (e->closed || b >= e->batches || PySequence_Fast_GET_SIZE(sequence) != e->fields) {
+        PyErr_SetString(PyExc_ValueError, e->closed ? "give: the engine was closed"
+                                                    : b >= e->batches ? "give: every batch's arrays were given"
+                                                                      : "give: one array a field");
+        Py_DECREF(sequence);
+        return NULL;
+    }
+    Py_ssize_t rows = (Py_ssize_t)(e->bounds[b + 1] - e->bounds[b]);
+    int f = 0;
+    for (; f < e->fields; f++) {
+        Py_buffer *out = &e->outs[b * e->fields + f];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, f), out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            break;
+        if (out->len != rows * e->row_bytes[f]) {
+            PyErr_Format(PyExc_ValueError, "give: batch %zd's array of field %d holds %zd bytes, not %zd", b, f,
+                         out->len, rows * e->row_bytes[f]);
+            PyBuffer_Release(out);
+            break;
+        }
+    }
+    Py_DECREF(sequence);
+    if (f < e->fields) {
+        while (f-- > 0)
+            PyBuffer_Release(&e->outs[b * e->fields + f]);
+        return NULL;
+    }
+    pthread_mutex_lock(&e->lock);
+    e->given++;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *engine_take(Engine *e, PyObject *args) {
+    double timeout;
+    if (!PyArg_ParseTuple(args, "d:take", &timeout))
+        return NULL;
+    Py_ssize_t b = e->taken;
+    if (e->closed || b >= e->given) {
+        PyErr_SetString(PyExc_ValueError, e->closed ? "take: the engine was closed" : "take: its arrays were not given");
+        return NULL;
+    }
+    int state;
+    e->taking++;
+    Py_BEGIN_ALLOW_THREADS;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    long long nanoseconds = until.tv_nsec + (long long)(timeout * 1e9);
+    until.tv_sec += (time_t)(nanoseconds / 1000000000LL);
+    until.tv_nsec = (long)(nanoseconds % 1000000000LL);
+    pthread_mutex_lock(&e->lock);
+    while (e->batch_state[b] < BATCH_MADE && !e->stopping && pthread_cond_timedwait(&e->wake, &e->lock, &until) == 0) {
+    }
+    state = e->batch_state[b];
+    if (state == BATCH_MADE) {
+        e->taken++;
+        pthread_cond_broadcast(&e->wake);
+    }
+    pthread_mutex_unlock(&e->lock);
+    Py_END_ALLOW_THREADS;
+    e->taking--;
+    if (state == BATCH_FAILED)
+        return PyLong_FromLongLong(e->failed_slot[b]);
+    if (state != BATCH_MADE)
+        Py_RETURN_NONE;
+    for (int f = 0; f < e->fields; f++)
+        PyBuffer_Release(&e->outs[b * e->fields + f]);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *engine_close_method(Engine *e, PyObject *unused) {
+    engine_close(e);
+    Py_RETURN_NONE;
+}
+
+/* A count kept under the lock (read as it is once the threads are stopped). */
+static PyObject *engine_count_of(Engine *e, const Py_ssize_t *count) {
+    if (e->closed || !e->started)
+        return PyLong_FromSsize_t(*count);
+    pthread_mutex_lock(&e->lock);
+    Py_ssize_t value = *count;
+    pthread_mutex_unlock(&e->lock);
+    return PyLong_FromSsize_t(value);
+}
+
+static PyObject *engine_reads(Engine *e, void *unused) { return engine_count_of(e, &e->reads); }
+
+static PyObject *engine_most_held(Engine *e, void *unused) { return engine_count_of(e, &e->most_held); }
+
+static void engine_dealloc(Engine *e) {
+    if (e->pid == getpid())
+        engine_close(e); /* a forked child's copy has no threads to stop: left as it is */
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static PyMethodDef engine_methods[] = {
+    {"give", (PyCFunction)engine_give, METH_O,
+     "give(arrays)\n--\n\nThe next batch's arrays, one a field (writable, C-contiguous, its rows' bytes), to copy it into."},
+    {"take", (PyCFunction)engine_take, METH_VARARGS,
+     "take(timeout)\n--\n\nWait (the GIL released) for the next batch: True once made into its arrays, None when not\n"
+     "within timeout seconds, or the slot (an int) whose read was not vouched for."},
+    {"close", (PyCFunction)engine_close_method, METH_NOARGS,
+     "close()\n--\n\nStop the threads, wait for them and free what the run held."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef engine_getset[] = {
+    {"reads", (getter)engine_reads, NULL, "Slots read so far.", NULL},
+    {"most_held", (getter)engine_most_held, NULL, "The most slots' buffers held at once so far.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "outcore.storage._chunks.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Engine(paths, stamps, asks, row_bytes, chunk_bytes, bounds, row_slot, row_local, reach, used_bounds, "
+              "used, threads, read_ahead, window)\n--\n\nA run of plain batches made on C threads (_batch_engine.h).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)engine_init,
+    .tp_dealloc = (destructor)engine_dealloc,
+    .tp_methods = engine_methods,
+    .tp_getset = engine_getset,
+};
+
+#endif

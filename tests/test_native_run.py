@@ -1,0 +1,186 @@
+"""A run of plain batches made by the C engine (`outcore.iterate.native_run`): the batches a `LocalRun` makes, byte for
+byte, whatever the plan; a chunk the engine cannot vouch for read again and named by a `LocalRun`; stopped at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import crc32c
+import numpy as np
+import pytest
+
+import outcore
+from outcore.errors import CorruptChunkError
+from outcore.iterate import native_run, runs
+from outcore.storage.chunk_reads import Engine
+from outcore.testing import corrupt_chunk
+
+pytestmark = pytest.mark.skipif(Engine is None, reason="the C extension _chunks is not built here: no C runs")
+
+
+@pytest.fixture
+def store(tmp_path, rng):
+    arrays = {"images": rng.integers(0, 256, (1000, 8, 8, 3), dtype=np.uint8), "labels": np.arange(1000) % 7,
+              "id": np.arange(1000), "scores": rng.random((1000, 5), dtype=np.float32)}
+    location = tmp_path / "s.zarr"
+    return outcore.from_arrays(arrays, location, chunk_size=32, progress=False), location
+
+
+def epoch(iterator, native: bool, monkeypatch) -> tuple[list[dict[str, np.ndarray]], set[str]]:
+    """One epoch of ``iterator``'s batches (copied) and the kinds of run that made them: by C runs where they can be,
+    or with ``native`` False by `LocalRun` only."""
+    with monkeypatch.context() as patched:
+        if not native:
+            patched.setattr(native_run, "Engine", None)
+        batches, kinds = [], set()
+        for batch in iterator:
+            kinds.add(type(iterator._active).__name__)
+            batches.append({name: values.copy() for name, values in batch.items()})
+    return batches, kinds
+
+
+def assert_same(made: list[dict[str, np.ndarray]], expected: list[dict[str, np.ndarray]]) -> None:
+    assert len(made) == len(expected)
+    for batch, other in zip(made, expected, strict=True):
+        assert batch.keys() == other.keys()
+        for name in batch:
+            assert batch[name].dtype == other[name].dtype and batch[name].shape == other[name].shape
+            np.testing.assert_array_equal(batch[name], other[name])
+
+
+@pytest.mark.parametrize("options", [
+    {"shuffle": True, "seed": 3},
+    {"shuffle": False},
+    {"shuffle": True, "seed": 5, "rank": 1, "world_size": 3},
+    {"shuffle": True, "seed": 1, "drop_last": True},
+    {"shuffle": True, "seed": 2, "buffer_chunks": 1},
+    {"shuffle": True, "seed": 4, "buffer_chunks": 12, "fields": ["scores", "id"]},
+])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_c_run_makes_the_batches_a_local_run_makes(store, monkeypatch, options, threads):
+    """Every field, every plan (shuffled or not, a rank's share, the last batch short or dropped, buffers of one chunk
+    or many): the same batches, in the same order, on one thread or several."""
+    ds, _ = store
+    outcore.set_threads(threads)
+    try:
+        made, kinds = epoch(ds.batches(100, **options), True, monkeypatch)
+        expected, local_kinds = epoch(ds.batches(100, **options), False, monkeypatch)
+    finally:
+        outcore.set_threads(None)
+    assert kinds == {"NativeRun"} and local_kinds == {"LocalRun"}
+    assert_same(made, expected)
+
+
+def test_epochs_resumed_and_started_ahead_are_the_same_batches(store, monkeypatch):
+    """Epoch after epoch (the next epoch's C run started as this one drains), and an epoch resumed mid-way from a
+    state: the batches of local runs."""
+    ds, _ = store
+    iterator, local = ds.batches(64, seed=9), ds.batches(64, seed=9)
+    for _ in range(3):
+        made, kinds = epoch(iterator, True, monkeypatch)
+        assert kinds == {"NativeRun"}
+        assert_same(made, epoch(local, False, monkeypatch)[0])
+    for taken, _ in zip(range(5), iterator, strict=False):
+        pass
+    state = iterator.state_dict()
+    iterator.close()
+    resumed = ds.batches(64, seed=9)
+    resumed.load_state_dict(state)
+    local.load_state_dict(state)
+    assert_same(epoch(resumed, True, monkeypatch)[0], epoch(local, False, monkeypatch)[0])
+
+
+def test_what_needs_python_is_made_by_a_local_run(store, monkeypatch):
+    """A transform, a single batch, batches taken in turns: not a C run's."""
+    ds, _ = store
+    assert epoch(ds.batches(100, transform=outcore.transforms.RandomFlip()), True, monkeypatch)[1] == {"LocalRun"}
+    iterator = ds.batches(100, seed=1)
+    np.testing.assert_array_equal(iterator.batch(3)["id"], epoch(ds.batches(100, seed=1), True, monkeypatch)[0][3]["id"])
+
+
+def test_a_damaged_chunk_is_named_at_its_batch_the_batches_before_it_delivered(store, monkeypatch):
+    """The engine cannot vouch for a chunk whose checksum fails: that batch and the rest are made by a local run,
+    which names the chunk, after every batch before it (the same ones)."""
+    ds, location = store
+    expected, _ = epoch(ds.batches(100, shuffle=False), False, monkeypatch)
+    corrupt_chunk(location, "images", 12)  # samples 384..415: batch 3 (300..399) is the first to need it
+    iterator = ds.batches(100, shuffle=False)
+    delivered = []
+    with pytest.raises(CorruptChunkError, match=r"field 'images', chunk 12 \(samples 384..415"):
+        for batch in iterator:
+            assert type(iterator._active).__name__ == "NativeRun"
+            delivered.append({name: values.copy() for name, values in batch.items()})
+    assert_same(delivered, expected[:3])
+
+
+def test_a_run_closed_mid_epoch_stops_its_threads_and_the_next_iteration_goes_on(store, monkeypatch):
+    """Breaking out of an epoch closes its C run (its threads stopped, its buffers back with the iterator); iterating
+    again goes on from the next batch, as with local runs."""
+    ds, _ = store
+    iterator = ds.batches(50, seed=2)
+    batches = iter(iterator)
+    taken = [next(batches)["id"].copy()]
+    run = iterator._active
+    assert isinstance(run, native_run.NativeRun)
+    batches.close()  # a training loop's break
+    assert run.stop.is_set() and not run.thread.is_alive()
+    assert iterator.buffers.most_held > 0  # the next run is lent as many blocks as this one held
+    assert not [thread for thread in threading.enumerate() if thread.name == "outcore-batches"]
+    taken += [batch["id"].copy() for batch in iterator]
+    local = ds.batches(50, seed=2)
+    assert_same([{"id": ids} for ids in taken], [{"id": batch["id"]} for batch in epoch(local, False, monkeypatch)[0]])
+
+
+def test_a_consumer_waiting_on_a_closed_run_is_told_at_once(store):
+    """`close` from another thread while the run's thread waits in the engine: both return within a wake."""
+    ds, _ = store
+    iterator = ds.batches(50, seed=2, prefetch=1)
+    batches = iter(iterator)
+    next(batches)
+    began = time.perf_counter()
+    iterator.close()
+    assert time.perf_counter() - began < 1.0
+
+
+def test_the_engine_refuses_a_plan_that_would_read_out_of_bounds():
+    """Every index the engine's threads will follow is checked as it is made: a wrong plan is a ValueError."""
+    plan = {"paths": [b"/nonexistent"], "stamps": np.zeros((1, 3), np.int64),
+            "asks": np.array([[[0, 0, 100, 0]]], np.int64), "row_bytes": np.array([4], np.int64),
+            "chunk_bytes": np.array([16], np.int64), "bounds": np.array([0, 2], np.int64),
+            "row_slot": np.array([0, 0], np.int32), "row_local": np.array([0, 3], np.int32),
+            "reach": np.array([0], np.int64), "used_bounds": np.array([0, 1], np.int64),
+            "used": np.array([0], np.int64), "threads": 1, "read_ahead": 0, "window": 1, "lent": []}
+    Engine(**plan).close()
+    for name, wrong in [("row_local", np.array([0, 4], np.int32)), ("row_slot", np.array([0, 1], np.int32)),
+                        ("used", np.array([1], np.int64)), ("bounds", np.array([0, 3], np.int64)),
+                        ("asks", np.array([[[1, 0, 100, 0]]], np.int64)), ("row_local", np.array([0, 3], np.int64)),
+                        ("lent", [np.empty(8, np.uint8)])]:
+        with pytest.raises(ValueError, match="Engine"):
+            Engine(**{**plan, name: wrong})
+
+
+def test_a_read_the_engine_cannot_vouch_for_ends_its_batch(tmp_path):
+    """A file that is not the version its index was read from (its stamp differs): the batch is not made, and take
+    says which slot failed."""
+    data = np.arange(16, dtype=np.uint8)
+    path = tmp_path / "chunk"
+    path.write_bytes(data.tobytes() + crc32c.crc32c(data.tobytes()).to_bytes(4, "little"))
+    status = path.stat()
+    plan = {"paths": [bytes(path)], "asks": np.array([[[0, 0, 20, 0]]], np.int64), "row_bytes": np.array([4], np.int64),
+            "chunk_bytes": np.array([16], np.int64), "bounds": np.array([0, 2], np.int64),
+            "row_slot": np.array([0, 0], np.int32), "row_local": np.array([3, 1], np.int32),
+            "reach": np.array([0], np.int64), "used_bounds": np.array([0, 1], np.int64),
+            "used": np.array([0], np.int64), "threads": 2, "read_ahead": 0, "window": 1, "lent": []}
+    for stamp, made in [((status.st_ino, status.st_mtime_ns, status.st_size), True),
+                        ((status.st_ino, status.st_mtime_ns + 1, status.st_size), 0)]:  # 0: slot 0 failed
+        engine = Engine(stamps=np.array([stamp], np.int64), **plan)
+        out = np.zeros(8, np.uint8)
+        engine.give([out])
+        got = None
+        while got is None:
+            got = engine.take(0.05)
+        engine.close()
+        assert type(got) is type(made) and got == made
+        if made is True:
+            assert out.tolist() == [12, 13, 14, 15, 4, 5, 6, 7]
