@@ -21,6 +21,7 @@ from support.optional import need
 import outcore
 from outcore.errors import CorruptChunkError, OptionError
 from outcore.iterate import EpochPlan, max_held, native_run, runs
+from outcore.iterate import iterator as iterator_module
 from outcore.iterate.mixture import epoch_samples_of
 from outcore.testing import corrupt_chunk
 from outcore.transforms import (
@@ -414,7 +415,7 @@ def test_the_batches_tasks_take_their_chunks_values_the_thread_planning_them_wai
     Where damaged chunks may be left out (``skip_damaged``), that thread finds them, in the schedule's order, and
     says them itself (a loader process sends each run's thread's warnings with that run's batches)."""
     ds, _ = store
-    monkeypatch.setattr(native_run, "Engine", None)  # local runs' tasks: not a C run's threads
+    monkeypatch.setattr(iterator_module, "native_run", lambda *args: None)  # local runs' tasks, not a C run's
     found, values = [], runs.LocalRun._found  # each chunk's values found once, by the thread recorded
     monkeypatch.setattr(runs.LocalRun, "_found", lambda run, chunk: found.append(
         threading.current_thread().name) or values(run, chunk))
@@ -434,7 +435,7 @@ def test_each_epoch_reads_into_the_chunk_buffers_the_ones_before_freed(store, mo
     while this one's last batches hold theirs (it starts as this one drains): at most a run's again, once, where
     buffers taken anew each epoch would be four runs' more."""
     ds, _ = store
-    monkeypatch.setattr(native_run, "Engine", None)  # local runs' buffers (a C run's: tests/test_native_run.py)
+    monkeypatch.setattr(iterator_module, "native_run", lambda *args: None)  # local runs' (C runs': test_native_run.py)
     it = ds.batches(64, seed=0, fields=["images", "id"])
     made = []
     for reader in it.readers.values():
@@ -546,7 +547,7 @@ def test_batches_made_together_are_those_made_alone(store, monkeypatch, transfor
     the user's) makes them one by one."""
     ds, _ = store
     outcore.set_threads(4)  # 4 batches made at once: up to 4 together
-    monkeypatch.setattr(native_run, "Engine", None)  # made by local runs (a C run makes each batch alone)
+    monkeypatch.setattr(iterator_module, "native_run", lambda *args: None)  # local runs (a C run makes each alone)
     try:
         with monkeypatch.context() as alone_each:
             alone_each.setattr(runs.LocalRun, "MOST_TOGETHER", 1)
@@ -707,7 +708,7 @@ def test_a_subset_epoch_is_its_samples_once_and_resumes_exactly(in_order):
 def test_a_subset_reads_only_the_chunks_that_hold_its_samples(in_order, monkeypatch, native):
     """By a C run (`outcore.iterate.native_run`: the chunks it plans, each read once by its engine) or local runs."""
     if not native:
-        monkeypatch.setattr(native_run, "Engine", None)
+        monkeypatch.setattr(iterator_module, "native_run", lambda *args: None)
     it = in_order.batches(16, indices=[*range(100, 130), 777, 990, 999], seed=1, fields=["id"])
     read, original = [], it.buffers.read_many  # every chunk a local run reads, in one C call or by its reader
     it.buffers.read_many = lambda chunks: read.extend(chunks) or original(chunks)

@@ -3,7 +3,7 @@ byte, whatever the plan; a chunk the engine cannot vouch for read again and name
 
 from __future__ import annotations
 
-import threading
+import os
 import time
 
 import crc32c
@@ -12,7 +12,8 @@ import pytest
 
 import outcore
 from outcore.errors import CorruptChunkError
-from outcore.iterate import native_run, runs
+from outcore.iterate import iterator as iterator_module
+from outcore.iterate import native_run
 from outcore.storage.chunk_reads import Engine
 from outcore.testing import corrupt_chunk
 
@@ -32,7 +33,7 @@ def epoch(iterator, native: bool, monkeypatch) -> tuple[list[dict[str, np.ndarra
     or with ``native`` False by `LocalRun` only."""
     with monkeypatch.context() as patched:
         if not native:
-            patched.setattr(native_run, "Engine", None)
+            patched.setattr(iterator_module, "native_run", lambda *args: None)
         batches, kinds = [], set()
         for batch in iterator:
             kinds.add(type(iterator._active).__name__)
@@ -92,11 +93,12 @@ def test_epochs_resumed_and_started_ahead_are_the_same_batches(store, monkeypatc
 
 
 def test_what_needs_python_is_made_by_a_local_run(store, monkeypatch):
-    """A transform, a single batch, batches taken in turns: not a C run's."""
+    """A transform, a single batch: not a C run's (the same batch either way)."""
     ds, _ = store
     assert epoch(ds.batches(100, transform=outcore.transforms.RandomFlip()), True, monkeypatch)[1] == {"LocalRun"}
     iterator = ds.batches(100, seed=1)
-    np.testing.assert_array_equal(iterator.batch(3)["id"], epoch(ds.batches(100, seed=1), True, monkeypatch)[0][3]["id"])
+    whole = epoch(ds.batches(100, seed=1), True, monkeypatch)[0]
+    np.testing.assert_array_equal(iterator.batch(3)["id"], whole[3]["id"])
 
 
 def test_a_damaged_chunk_is_named_at_its_batch_the_batches_before_it_delivered(store, monkeypatch):
@@ -114,6 +116,28 @@ def test_a_damaged_chunk_is_named_at_its_batch_the_batches_before_it_delivered(s
     assert_same(delivered, expected[:3])
 
 
+def test_a_run_whose_shard_index_cannot_be_read_is_made_by_a_local_run_which_names_it(store, monkeypatch):
+    """The engine's reads are planned from the shards' indexes: one that fails its checksum leaves the whole run to
+    a local run, which raises what it raises alone."""
+    ds, location = store
+    shard = next((location / "images" / "c").rglob("*"))
+    while shard.is_dir():
+        shard = next(shard.iterdir())
+    status = shard.stat()
+    with open(shard, "r+b") as file:  # in place, its time kept: a flipped bit, not another version of the file
+        file.seek(-6, os.SEEK_END)  # in the index, before its checksum
+        value = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([value[0] ^ 0xFF]))
+    os.utime(shard, ns=(status.st_atime_ns, status.st_mtime_ns))
+    errors = []
+    for native in (True, False):
+        with pytest.raises(CorruptChunkError) as raised:
+            epoch(ds.batches(100, shuffle=False), native, monkeypatch)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1] and "shard index fails its checksum" in errors[0]
+
+
 def test_a_run_closed_mid_epoch_stops_its_threads_and_the_next_iteration_goes_on(store, monkeypatch):
     """Breaking out of an epoch closes its C run (its threads stopped, its buffers back with the iterator); iterating
     again goes on from the next batch, as with local runs."""
@@ -126,7 +150,6 @@ def test_a_run_closed_mid_epoch_stops_its_threads_and_the_next_iteration_goes_on
     batches.close()  # a training loop's break
     assert run.stop.is_set() and not run.thread.is_alive()
     assert iterator.buffers.most_held > 0  # the next run is lent as many blocks as this one held
-    assert not [thread for thread in threading.enumerate() if thread.name == "outcore-batches"]
     taken += [batch["id"].copy() for batch in iterator]
     local = ds.batches(50, seed=2)
     assert_same([{"id": ids} for ids in taken], [{"id": batch["id"]} for batch in epoch(local, False, monkeypatch)[0]])

@@ -16,11 +16,11 @@ from typing import Any
 from ..storage import Store
 from .batch import Batch, Empty, check_fields, plain
 from .cluster import ClusterRun
+from .native_run import native_run
 from .options import BatchOptions, check_state
 from .plan import EpochPlan
 from .process import LoaderProcess, LoaderProcesses, PartsRun, ProcessRun, StartingRun, kept_loader
 from .readers import ChunkReader, chunk_readers, recipe
-from .native_run import native_run
 from .runs import ChunkBuffers, LocalRun, NextEpoch, Run, Work
 from .stats import LoaderStats
 

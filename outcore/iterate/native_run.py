@@ -24,8 +24,10 @@ True
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,24 +42,33 @@ from .stats import LoaderStats
 
 
 class NativeRun(Run):
-    """Batches ``work.batches`` made by ``engine`` (`native_run` makes it), reading ``chunks`` (each once, in the
-    plan's order); the rest by a `LocalRun` of ``buffers`` from the first batch whose chunks the engine could not vouch
-    for."""
+    """Batches ``work.batches`` made by a C engine that its thread plans first (`_engine`), each field's batch arrays of
+    ``specs`` (name, a sample's shape and dtype); the rest by a `LocalRun` of ``buffers`` from the first batch whose
+    chunks the engine could not vouch for (all of them where the run's chunks cannot be planned so: a shard index
+    that cannot be read, say). ``chunks``: those the engine reads, each once, in the plan's order."""
 
     threads_here = True
 
-    def __init__(self, work: Work, stats: LoaderStats, buffers: ChunkBuffers, engine: Any, window: int,
-                 specs: list[tuple[str, tuple[int, ...], np.dtype]], bounds: np.ndarray, lent: list[np.ndarray],
-                 chunks: np.ndarray) -> None:
-        self.buffers, self.engine, self.window, self.specs = buffers, engine, window, specs
-        self.bounds, self.lent, self.chunks = bounds.tolist(), lent, chunks
+    def __init__(self, work: Work, stats: LoaderStats, buffers: ChunkBuffers,
+                 specs: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
+        self.buffers, self.specs = buffers, specs
+        self.engine: Any = None  # made by the run's thread (`_engine`)
+        self.chunks = np.empty(0, np.int64)
+        self.bounds: list[int] = []  # each batch's rows, in all the run's
+        self.lent: list[np.ndarray] = []  # the buffers lent to the engine, taken back once it is closed
+        self.window = 0  # the batches the engine makes at once
         self.rest: LocalRun | None = None  # making the batches from the first the engine could not
+        self.closing = threading.Lock()  # held to make the engine, or to close it
         super().__init__(work, stats)
 
     def _produce_batches(self) -> None:
-        engine, steps = self.engine, self.work.batches
+        steps = self.work.batches
+        engine = self._engine()
+        if engine is None:  # its chunks cannot all be read by the engine: the batches made by a LocalRun
+            self._make_rest(steps)
+            return
         given = min(len(steps), self.window)
-        window = deque(self._give(k) for k in range(given))  # the arrays of the batches given, not yet taken
+        arrays = deque(self._give(k) for k in range(given))  # of the batches given to the engine, not yet taken
         for k in range(len(steps)):
             if given == len(steps):
                 self.under_way.set()  # every batch's arrays given: the next epoch's run may start (`NextEpoch`)
@@ -70,10 +81,52 @@ class NativeRun(Run):
                 return
             self.stats.made(time.perf_counter() - began)
             if given < len(steps):
-                window.append(self._give(given))
+                arrays.append(self._give(given))
                 given += 1
-            if not self._put(window.popleft()):
+            if not self._put(arrays.popleft()):
                 return
+
+    def _engine(self) -> Any:
+        """The engine making the run's batches, started (as the module docstring says), or None where a chunk's read
+        cannot be planned so (the file's index cannot be read, a chunk was never written, a file of two versions)."""
+        work = self.work
+        plan, chunk_size, steps = work.plan, work.store.chunk_size, work.batches
+        samples, slots, bounds = plan.span(steps.start, steps.stop)
+        slots_read, slot_of_row = np.unique(slots, return_inverse=True)  # the slots the run reads, in the plan's order
+        unique, first, of_slot = np.unique(plan.chunks[slots_read], return_index=True, return_inverse=True)
+        order = np.argsort(first)  # each chunk read once, where its first slot is (two streams may share one)
+        place = np.empty(len(unique), np.int64)
+        place[order] = np.arange(len(unique))
+        row_slot, chunks = place[of_slot[slot_of_row]], unique[order]
+        readers = [self.buffers.readers[name] for name, _, _ in self.specs]
+        files: list[tuple[bytes, Any]] = []  # every field's shard files: (path, the version whose index was read)
+        asks = np.empty((len(chunks), len(readers), 4), np.int64)
+        for f, reader in enumerate(readers):
+            reads = reader.local_reads(chunks)
+            if reads is None:
+                return None
+            asks[:, f] = reads[1]
+            asks[:, f, 0] += len(files)
+            files.extend(reads[0])
+        stamps = np.array([stamp for _, stamp in files], np.int64).reshape(-1, 3)
+        bounds = np.asarray(bounds, np.int64)
+        batch = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+        used = np.unique(batch * len(chunks) + row_slot)  # each batch's slots, each once, batch after batch
+        used_bounds = np.searchsorted(used // len(chunks), np.arange(len(bounds)))
+        reach = np.maximum.accumulate(np.maximum.reduceat(row_slot, bounds[:-1]))
+        threads = thread_count()
+        self.window = engine_window(work, threads)
+        chunk_bytes = np.array([reader.chunk_nbytes for reader in readers], np.int64)
+        with self.closing:
+            if self.stop.is_set():
+                return None
+            self.lent = self.buffers.lend(int(chunk_bytes.sum()))
+            self.engine = Engine(
+                [path for path, _ in files], stamps, asks, chunk_bytes // chunk_size, chunk_bytes, bounds,
+                row_slot.astype(np.int32), (samples % chunk_size).astype(np.int32), reach, used_bounds,
+                used % len(chunks), threads, min(LocalRun.MAX_READ_AHEAD, max(2, threads)), self.window, self.lent)
+        self.chunks, self.bounds = chunks, bounds.tolist()
+        return self.engine
 
     def _give(self, k: int) -> dict[str, np.ndarray]:
         """Batch ``k``'s arrays (of the run's), given to the engine to make it into."""
@@ -82,9 +135,9 @@ class NativeRun(Run):
         self.engine.give(list(batch.values()))
         return batch
 
-    def _make_rest(self, steps: Any) -> None:
+    def _make_rest(self, steps: Sequence[int]) -> None:
         """Batches ``steps`` made by a `LocalRun`, handed over as they come (a failure too, raised at its batch)."""
-        self.engine.close()
+        self._close_engine()
         self.rest = rest = LocalRun(dataclasses.replace(self.work, batches=steps), self.stats, self.buffers)
         self.under_way.set()
         while True:
@@ -95,70 +148,37 @@ class NativeRun(Run):
             if not self._put(item) or isinstance(item, _Failure):
                 return
 
+    def _close_engine(self) -> None:
+        """Stop the engine's threads, and take back the buffers lent to it."""
+        with self.closing:
+            if self.engine is not None:
+                self.engine.close()
+                self.buffers.take_back(self.lent, self.engine.most_held)
+                self.lent = []
+
     def _release(self) -> None:
-        self.engine.close()  # its threads stopped: the blocks it read into are free
-        lent, self.lent = self.lent, []
-        self.buffers.take_back(lent, self.engine.most_held)
+        self._close_engine()
         if self.rest is not None:
             self.rest.close()
 
 
 def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeRun | None:
     """A `NativeRun` of ``work`` where its batches need no Python (as the module docstring says), else None: made by a
-    `LocalRun` then. Every shard index its chunks are in is read here (none again: the readers keep them)."""
-    recipe, options = work.recipe, work.options
-    steps = work.batches
+    `LocalRun` then."""
+    recipe, options, steps = work.recipe, work.options, work.batches
     if (Engine is None or recipe.transform is not None or recipe.text_fields or recipe.ragged_fields
             or work.allocator is not None or work.empty is not plain or options.skip_damaged
-            or not isinstance(steps, range) or steps.step != 1 or len(steps) < 2
-            or not all(isinstance(buffers.readers.get(name), ShardReader) for name in recipe.fields)):
+            or not isinstance(steps, range) or steps.step != 1 or len(steps) < 2 or steps.stop > work.plan.steps):
         return None
-    plan, chunk_size = work.plan, work.store.chunk_size
-    samples, slots, bounds = plan.span(steps.start, steps.stop)
-    bounds = np.asarray(bounds, np.int64)
-    if len(bounds) != len(steps) + 1 or not np.diff(bounds).all():
-        return None
-    slots_read, slot_of_row = np.unique(slots, return_inverse=True)  # the slots the run reads, in the plan's order
-    unique, first, of_slot = np.unique(plan.chunks[slots_read], return_index=True, return_inverse=True)
-    order = np.argsort(first)  # each chunk read once, where its first slot is (two streams may share one)
-    place = np.empty(len(unique), np.int64)
-    place[order] = np.arange(len(unique))
-    row_slot, chunks = place[of_slot[slot_of_row]], unique[order]
-    readers = [buffers.readers[name] for name in recipe.fields]
-    files: list[tuple[bytes, Any]] = []  # every field's shard files, (path, stamp) each
-    asks = np.empty((len(chunks), len(readers), 4), np.int64)
-    for f, reader in enumerate(readers):
-        reads = reader.local_reads(chunks)
-        if reads is None:
-            return None
-        asks[:, f] = reads[1]
-        asks[:, f, 0] += len(files)
-        files.extend(reads[0])
-    specs, row_bytes, chunk_bytes = [], [], []
-    for name, reader in zip(recipe.fields, readers, strict=True):
+    specs = []
+    for name in recipe.fields:
+        reader = buffers.readers.get(name)
         shape, dtype = sample_spec(work.store, name)
-        sample = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if reader.chunk_nbytes != sample * chunk_size:  # not a stored field's rows as they are batched
-            return None
+        if not isinstance(reader, ShardReader) or reader.chunk_nbytes != \
+                int(np.prod(shape, dtype=np.int64)) * dtype.itemsize * work.store.chunk_size:
+            return None  # not a stored field's rows as they are batched
         specs.append((name, shape, dtype))
-        row_bytes.append(sample)
-        chunk_bytes.append(reader.chunk_nbytes)
-    batch = np.repeat(np.arange(len(steps)), np.diff(bounds))
-    used = np.unique(batch * len(chunks) + row_slot)  # each batch's slots, each once, batch after batch
-    used_bounds = np.searchsorted(used // len(chunks), np.arange(len(steps) + 1))
-    reach = np.maximum.accumulate(np.maximum.reduceat(row_slot, bounds[:-1]))
-    threads = thread_count()
-    window, read_ahead = engine_window(work, threads), min(LocalRun.MAX_READ_AHEAD, max(2, threads))
-    lent = buffers.lend(sum(chunk_bytes))
-    try:
-        engine = Engine([path for path, _ in files], np.array([stamp for _, stamp in files], np.int64).reshape(-1, 3), asks, np.array(row_bytes, np.int64),
-                        np.array(chunk_bytes, np.int64), bounds, row_slot.astype(np.int32),
-                        (samples % chunk_size).astype(np.int32), reach, used_bounds.astype(np.int64),
-                        used % len(chunks), threads, read_ahead, window, lent)
-    except BaseException:
-        buffers.take_back(lent, 0)
-        raise
-    return NativeRun(work, stats, buffers, engine, window, specs, bounds, lent, chunks)
+    return NativeRun(work, stats, buffers, specs)
 
 
 def engine_window(work: Work, threads: int) -> int:

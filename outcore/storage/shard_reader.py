@@ -147,10 +147,10 @@ class ShardReader:
         return self.chunk_size * math.prod(self._chunk_shape[1:]) * self._dtype.itemsize
 
     def local_reads(self, chunks: np.ndarray) -> tuple[list[tuple[bytes, Hashable]], np.ndarray] | None:
-        """How one C call reads each of ``chunks`` (`_Ask`'s, as arrays): the shard files ``(path, stamp)`` (encoded, and
-        the version whose index was read, now where it was not), and for each chunk its file's number among them, its
-        offset and bytes there and whether they are a Blosc frame (int64, one row a chunk). None unless every chunk is
-        of a local shard file whose index can be read and gives it (what is wrong is then named by `read`)."""
+        """How one C call reads each of ``chunks`` (`_Ask`'s, as arrays): the shard files ``(path, stamp)`` (encoded,
+        and the version whose index was read, now where it was not), and for each chunk its file's number among them,
+        its offset and bytes there and whether they are a Blosc frame (int64, one row a chunk). None unless every
+        chunk is of a local shard file whose index can be read and gives it (what is wrong is then named by `read`)."""
         layout = self._layout
         if layout is None or layout.read_at_once is None:
             return None
