@@ -43,14 +43,14 @@ from .stats import LoaderStats
 
 class NativeRun(Run):
     """Batches ``work.batches`` made by a C engine that its thread plans first (`_engine`), each field's batch arrays of
-    ``specs`` (name, a sample's shape and dtype); the rest by a `LocalRun` of ``buffers`` from the first batch whose
+    ``specs`` (name, a sample's shape, dtype and bytes); the rest by a `LocalRun` of ``buffers`` from the first batch whose
     chunks the engine could not vouch for (all of them where the run's chunks cannot be planned so: a shard index
     that cannot be read, say). ``chunks``: those the engine reads, each once, in the plan's order."""
 
     threads_here = True
 
     def __init__(self, work: Work, stats: LoaderStats, buffers: ChunkBuffers,
-                 specs: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
+                 specs: list[tuple[str, tuple[int, ...], np.dtype, int]]) -> None:
         self.buffers, self.specs = buffers, specs
         self.engine: Any = None  # made by the run's thread (`_engine`)
         self.chunks = np.empty(0, np.int64)
@@ -63,7 +63,9 @@ class NativeRun(Run):
 
     def _produce_batches(self) -> None:
         steps = self.work.batches
+        began = time.perf_counter()
         engine = self._engine()
+        self.stats.made(time.perf_counter() - began)  # its planning: the engine's threads make the batches
         if engine is None:  # its chunks cannot all be read by the engine: the batches made by a LocalRun
             self._make_rest(steps)
             return
@@ -72,14 +74,12 @@ class NativeRun(Run):
         for k in range(len(steps)):
             if given == len(steps):
                 self.under_way.set()  # every batch's arrays given: the next epoch's run may start (`NextEpoch`)
-            began = time.perf_counter()
             while (made := engine.take(WAKE_SECONDS)) is None:
                 if self.stop.is_set():
                     return
             if made is not True:  # a slot's read was not vouched for: this batch and the rest made by a LocalRun
                 self._make_rest(steps[k:])
                 return
-            self.stats.made(time.perf_counter() - began)
             if given < len(steps):
                 arrays.append(self._give(given))
                 given += 1
@@ -98,7 +98,7 @@ class NativeRun(Run):
         place = np.empty(len(unique), np.int64)
         place[order] = np.arange(len(unique))
         row_slot, chunks = place[of_slot[slot_of_row]], unique[order]
-        readers = [self.buffers.readers[name] for name, _, _ in self.specs]
+        readers = [self.buffers.readers[name] for name, _, _, _ in self.specs]
         files: list[tuple[bytes, Any]] = []  # every field's shard files: (path, the version whose index was read)
         asks = np.empty((len(chunks), len(readers), 4), np.int64)
         for f, reader in enumerate(readers):
@@ -131,7 +131,8 @@ class NativeRun(Run):
     def _give(self, k: int) -> dict[str, np.ndarray]:
         """Batch ``k``'s arrays (of the run's), given to the engine to make it into."""
         rows = self.bounds[k + 1] - self.bounds[k]
-        batch = {name: blocks.empty((rows, *shape), dtype) for name, shape, dtype in self.specs}
+        batch = {name: (np.empty if rows * nbytes < blocks.SMALLEST else blocks.empty)((rows, *shape), dtype)
+                 for name, shape, dtype, nbytes in self.specs}  # small ones from the heap as they are
         self.engine.give(list(batch.values()))
         return batch
 
@@ -177,7 +178,7 @@ def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeR
         if not isinstance(reader, ShardReader) or reader.chunk_nbytes != \
                 int(np.prod(shape, dtype=np.int64)) * dtype.itemsize * work.store.chunk_size:
             return None  # not a stored field's rows as they are batched
-        specs.append((name, shape, dtype))
+        specs.append((name, shape, dtype, reader.chunk_nbytes // work.store.chunk_size))
     return NativeRun(work, stats, buffers, specs)
 
 

@@ -374,7 +374,7 @@ class ChunkBuffers:
         with self.lock:
             count = self.most_held
             kept = [block for block in self.blocks if len(block) == nbytes]
-            self.blocks = [block for block in self.blocks if len(block) != nbytes]
+            self.blocks = [block for block in self.blocks if len(block) != nbytes] + kept[count:]
         return kept[:count] + [np.empty(nbytes, np.uint8) for _ in range(count - len(kept))]
 
     def take_back(self, lent: list[np.ndarray], most_held: int) -> None:
