@@ -16,6 +16,7 @@ from outcore.iterate import iterator as iterator_module
 from outcore.iterate import native_run
 from outcore.storage.chunk_reads import Engine
 from outcore.testing import corrupt_chunk
+from outcore.transforms import Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
 
 pytestmark = pytest.mark.skipif(Engine is None, reason="the C extension _chunks is not built here: no C runs")
 
@@ -73,6 +74,35 @@ def test_a_c_run_makes_the_batches_a_local_run_makes(store, monkeypatch, options
     assert_same(made, expected)
 
 
+@pytest.mark.parametrize("transform", [
+    Compose([RandomCrop(6), RandomFlip()]),
+    Compose([RandomCrop((5, 3)), RandomFlip(horizontal=True, vertical=True, p=0.7)]),
+    RandomCrop(7),
+    RandomFlip(vertical=True, horizontal=False),
+])
+@pytest.mark.parametrize("pictures", [(np.uint8, 3), (np.uint8, 1), (np.uint16, 3), (np.float32, 4)])
+def test_a_c_run_cuts_and_mirrors_the_windows_a_local_run_cuts(tmp_path, monkeypatch, transform, pictures):
+    """A crop of whole pixels (a `RandomCrop` without padding, or the whole picture), mirrored or not, of pictures of
+    any pixel (1 to 16 bytes): each piece's windows and mirrors drawn as a local run draws them, cut alike."""
+    dtype, channels = pictures
+    values = np.random.default_rng(1).integers(0, 250, (300, 9, 8, channels)).astype(dtype)
+    ds = outcore.from_arrays({"images": values, "labels": np.arange(300)}, tmp_path / "p.zarr", chunk_size=16,
+                             progress=False)
+    made, kinds = epoch(ds.batches(40, seed=6, transform=transform), True, monkeypatch)
+    expected, _ = epoch(ds.batches(40, seed=6, transform=transform), False, monkeypatch)
+    assert kinds == {"NativeRun"}
+    assert_same(made, expected)
+
+
+@pytest.mark.parametrize("transform", [RandomCrop(6, padding=2), Compose([RandomCrop(6), Normalize(0.5, 0.2)]),
+                                       Compose([RandomFlip(), RandomCrop(6)]), RandomResizedCrop(5)])
+def test_other_transforms_are_made_by_a_local_run(store, monkeypatch, transform):
+    """A crop past the pictures' edges (padding), a step after the crop and flip, a flip before a crop, a resize: the
+    pool's tasks make them."""
+    ds, _ = store
+    assert epoch(ds.batches(100, transform=transform, fields=["images", "id"]), True, monkeypatch)[1] == {"LocalRun"}
+
+
 def test_epochs_resumed_and_started_ahead_are_the_same_batches(store, monkeypatch):
     """Epoch after epoch (the next epoch's C run started as this one drains), and an epoch resumed mid-way from a
     state: the batches of local runs."""
@@ -93,9 +123,9 @@ def test_epochs_resumed_and_started_ahead_are_the_same_batches(store, monkeypatc
 
 
 def test_what_needs_python_is_made_by_a_local_run(store, monkeypatch):
-    """A transform, a single batch: not a C run's (the same batch either way)."""
+    """A transform of its own, a single batch: not a C run's (the same batch either way)."""
     ds, _ = store
-    assert epoch(ds.batches(100, transform=outcore.transforms.RandomFlip()), True, monkeypatch)[1] == {"LocalRun"}
+    assert epoch(ds.batches(100, transform=lambda batch, rng: batch), True, monkeypatch)[1] == {"LocalRun"}
     iterator = ds.batches(100, seed=1)
     whole = epoch(ds.batches(100, seed=1), True, monkeypatch)[0]
     np.testing.assert_array_equal(iterator.batch(3)["id"], whole[3]["id"])

@@ -35,7 +35,7 @@ import numpy as np
 from ..storage import ShardReader, blocks
 from ..storage.chunk_reads import Engine
 from ..threads import thread_count
-from .batch import plain
+from .batch import Recipe, batch_draws, plain
 from .readers import sample_bytes, sample_spec
 from .runs import _DONE, WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, _Failure
 from .stats import LoaderStats
@@ -57,6 +57,7 @@ class NativeRun(Run):
         self.bounds: list[int] = []  # each batch's rows, in all the run's
         self.lent: list[np.ndarray] = []  # the buffers lent to the engine, taken back once it is closed
         self.window = 0  # the batches the engine makes at once
+        self.sizes = np.empty((0, 2), np.int64)  # each row's picture's size, where pictures are cut: all one
         self.rest: LocalRun | None = None  # making the batches from the first the engine could not
         self.closing = threading.Lock()  # held to make the engine, or to close it
         super().__init__(work, stats)
@@ -114,6 +115,9 @@ class NativeRun(Run):
         used = np.unique(batch * len(chunks) + row_slot)  # each batch's slots, each once, batch after batch
         used_bounds = np.searchsorted(used // len(chunks), np.arange(len(bounds)))
         reach = np.maximum.accumulate(np.maximum.reduceat(row_slot, bounds[:-1]))
+        picture = self._picture()
+        if picture is not None and not self._windows(0, int(bounds[1])):  # the crop's windows drawn some other way
+            return None
         threads = thread_count()
         self.window = engine_window(work, threads)
         chunk_bytes = np.array([reader.chunk_nbytes for reader in readers], np.int64)
@@ -124,17 +128,44 @@ class NativeRun(Run):
             self.engine = Engine(
                 [path for path, _ in files], stamps, asks, chunk_bytes // chunk_size, chunk_bytes, bounds,
                 row_slot.astype(np.int32), (samples % chunk_size).astype(np.int32), reach, used_bounds,
-                used % len(chunks), threads, min(LocalRun.MAX_READ_AHEAD, max(2, threads)), self.window, self.lent)
+                used % len(chunks), threads, min(LocalRun.MAX_READ_AHEAD, max(2, threads)), self.window, self.lent,
+                picture)
         self.chunks, self.bounds = chunks, bounds.tolist()
         return self.engine
 
+    def _picture(self) -> tuple[int, ...] | None:
+        """How the engine cuts the crop's field: ``(its number among the fields, its pictures' height, width and
+        pixel's bytes, the windows' height and width)``; None where nothing is cut. Each picture's size (all one)
+        kept for the windows' draws (`sizes`)."""
+        crop, store = self.work.recipe.crop, self.work.store
+        if crop is None:
+            return None
+        names = [name for name, _, _, _ in self.specs]
+        (height, width, channels), dtype = sample_spec(store, crop.field)
+        self.sizes = np.tile(np.array([height, width], np.int64), (self.work.options.batch_size, 1))
+        return (names.index(crop.field), height, width, channels * dtype.itemsize, *crop.output_size)
+
     def _give(self, k: int) -> dict[str, np.ndarray]:
-        """Batch ``k``'s arrays (of the run's), given to the engine to make it into."""
+        """Batch ``k``'s arrays (of the run's), given to the engine to make it into, with its pictures' windows and
+        mirrors where they are cut (`_windows`)."""
         rows = self.bounds[k + 1] - self.bounds[k]
         batch = {name: (np.empty if rows * nbytes < blocks.SMALLEST else blocks.empty)((rows, *shape), dtype)
                  for name, shape, dtype, nbytes in self.specs}  # small ones from the heap as they are
-        self.engine.give(list(batch.values()))
+        self.engine.give(list(batch.values()), *self._windows(k, rows))
         return batch
+
+    def _windows(self, k: int, rows: int) -> tuple[np.ndarray, np.ndarray] | tuple[()]:
+        """Batch ``k``'s windows and mirrors, each piece's drawn as its generator draws them where the batch is made
+        by the pool's tasks (`Crop.boxes_of_pieces`, `outcore.iterate.batch.make_batch`); none where nothing is cut."""
+        recipe, work = self.work.recipe, self.work
+        if recipe.crop is None:
+            return ()
+        index = work.batches[k]
+        draws = batch_draws(work.options.seed, work.epoch, index, work.plan.pieces(index))
+        drawn = recipe.crop.boxes_of_pieces(self.sizes[:rows], draws, recipe.flip)
+        if drawn is None:  # found drawable when the run was planned: the same crop, flip and pictures
+            raise RuntimeError(f"the windows of batch {index} could not be drawn in one call")
+        return drawn
 
     def _make_rest(self, steps: Sequence[int]) -> None:
         """Batches ``steps`` made by a `LocalRun`, handed over as they come (a failure too, raised at its batch)."""
@@ -167,8 +198,8 @@ def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeR
     """A `NativeRun` of ``work`` where its batches need no Python (as the module docstring says), else None: made by a
     `LocalRun` then."""
     recipe, options, steps = work.recipe, work.options, work.batches
-    if (Engine is None or recipe.transform is not None or recipe.text_fields or recipe.ragged_fields
-            or work.allocator is not None or work.empty is not plain or options.skip_damaged
+    if (Engine is None or (recipe.transform is not None and not _windows_only(recipe)) or recipe.text_fields
+            or recipe.ragged_fields or work.allocator is not None or work.empty is not plain or options.skip_damaged
             or not isinstance(steps, range) or steps.step != 1 or len(steps) < 2 or steps.stop > work.plan.steps):
         return None
     specs = []
@@ -178,8 +209,21 @@ def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeR
         if not isinstance(reader, ShardReader) or reader.chunk_nbytes != \
                 int(np.prod(shape, dtype=np.int64)) * dtype.itemsize * work.store.chunk_size:
             return None  # not a stored field's rows as they are batched
-        specs.append((name, shape, dtype, reader.chunk_nbytes // work.store.chunk_size))
+        if name == recipe.crop_field:
+            if len(shape) != 3:
+                return None
+            shape = (*recipe.crop.output_size, shape[2])
+        specs.append((name, shape, dtype, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize))
     return NativeRun(work, stats, buffers, specs)
+
+
+def _windows_only(recipe: Recipe) -> bool:
+    """Whether the recipe's transform is a window of whole pixels of each picture (a `RandomCrop` without padding, or
+    the whole picture), mirrored or not (a plain `RandomFlip`), and nothing else: the engine cuts those."""
+    crop = recipe.crop
+    return (crop is not None and recipe.per_piece is None and recipe.after is None and not recipe.later
+            and vars(type(crop)).get("windows", False) and not getattr(crop, "padding", 0)
+            and getattr(crop, "targets", None) is None and hasattr(crop, "boxes_of_pieces"))
 
 
 def engine_window(work: Work, threads: int) -> int:

@@ -44,7 +44,9 @@ struct Engine {
     /* fixed at making */
     int fields, thread_count;
     Py_ssize_t slots, batches;
-    Py_ssize_t *row_bytes;        /* fields: a sample's bytes */
+    Py_ssize_t *row_bytes;        /* fields: a sample's bytes in its chunk */
+    int picture;                  /* the field whose pictures are cut (a window each, mirrored or not), or -1 */
+    Py_ssize_t height, width, pixel, cut_height, cut_width; /* its pictures', a pixel's bytes, its windows' */
     Py_ssize_t *field_at;         /* fields: where its chunk lies in a slot's buffer */
     Py_ssize_t slot_bytes;        /* a slot's buffer: every field's chunk */
     size_t scratch_bytes;         /* the largest read: a Blosc frame is read through a thread's scratch */
@@ -77,18 +79,30 @@ struct Engine {
     Py_ssize_t next_read, read_prefix, next_make, taken, given;
     long long *failed_slot;       /* batches */
     Py_buffer *outs;              /* batches x fields, given */
+    Py_buffer *cuts;              /* batches x 2: each row's window (top, left, height, width: float64) and mirrors
+                                     (left-right, top-bottom: uint8), given with its arrays where pictures are cut */
     Py_ssize_t reads;             /* slots read (for the tests' counts) */
     Py_ssize_t held, most_held;   /* slots' buffers held now, and at most (what the next run may be lent) */
     int taking;                   /* threads in `take` (counted holding the GIL): `close` waits for them */
 };
 
+static long long engine_nanoseconds = 0; /* the part of free_nanoseconds counted on the engines' threads */
+
 static void engine_count(long long began) {
 #if (defined(__GNUC__) || defined(__clang__)) && defined(CLOCK_THREAD_CPUTIME_ID)
-    if (began >= 0)
-        __atomic_fetch_add(&free_nanoseconds, thread_nanoseconds() - began, __ATOMIC_RELAXED);
+    if (began >= 0) {
+        long long spent = thread_nanoseconds() - began;
+        __atomic_fetch_add(&free_nanoseconds, spent, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&engine_nanoseconds, spent, __ATOMIC_RELAXED);
+    }
 #else
     (void)began;
 #endif
+}
+
+/* engine_seconds(): the CPU seconds counted (count_free) on engines' threads: outside any Python thread. */
+static PyObject *py_engine_seconds(PyObject *self, PyObject *unused) {
+    return PyFloat_FromDouble((double)__atomic_load_n(&engine_nanoseconds, __ATOMIC_RELAXED) / 1e9);
 }
 
 static long long engine_clock(void) {
@@ -116,6 +130,48 @@ static int engine_read(Engine *e, Py_ssize_t s, uint8_t *buffer, uint8_t *scratc
     return 1;
 }
 
+/* Pixel `from` (of `pixel` bytes) into `into`. */
+static inline void engine_pixel(uint8_t *into, const uint8_t *from, Py_ssize_t pixel) {
+    switch (pixel) {
+    case 1:
+        *into = *from;
+        break;
+    case 3:
+        into[0] = from[0], into[1] = from[1], into[2] = from[2];
+        break;
+    case 4:
+        memcpy(into, from, 4);
+        break;
+    default:
+        memcpy(into, from, (size_t)pixel);
+    }
+}
+
+/* Batch b's pictures cut: each row's window of its picture (checked by `give`), mirrored as its flips say, into out
+ * (the batch's array of windows). */
+static void engine_cut(Engine *e, Py_ssize_t b, uint8_t *out) {
+    const double *boxes = e->cuts[b * 2].buf;
+    const uint8_t *flips = e->cuts[b * 2 + 1].buf;
+    Py_ssize_t pixel = e->pixel, line = e->width * pixel, cut_line = e->cut_width * pixel;
+    long long low = e->bounds[b], high = e->bounds[b + 1];
+    for (long long r = low; r < high; r++) {
+        long long k = r - low;
+        const uint8_t *picture = e->slot_buffer[e->row_slot[r]] + e->field_at[e->picture] +
+                                 (Py_ssize_t)e->row_local[r] * e->row_bytes[e->picture];
+        const uint8_t *window = picture + (Py_ssize_t)boxes[k * 4] * line + (Py_ssize_t)boxes[k * 4 + 1] * pixel;
+        uint8_t *into = out + k * e->cut_height * cut_line;
+        for (Py_ssize_t y = 0; y < e->cut_height; y++) {
+            const uint8_t *from = window + (flips[k * 2 + 1] ? e->cut_height - 1 - y : y) * line;
+            uint8_t *to = into + y * cut_line;
+            if (!flips[k * 2])
+                memcpy(to, from, (size_t)cut_line);
+            else
+                for (Py_ssize_t x = 0; x < e->cut_width; x++)
+                    engine_pixel(to + x * pixel, from + (e->cut_width - 1 - x) * pixel, pixel);
+        }
+    }
+}
+
 /* Batch b's rows copied out of its slots' chunks into its arrays: -1, or the first slot of it that failed. */
 static long long engine_gather(Engine *e, Py_ssize_t b) {
     for (long long k = e->used_bounds[b]; k < e->used_bounds[b + 1]; k++)
@@ -125,6 +181,10 @@ static long long engine_gather(Engine *e, Py_ssize_t b) {
     for (int f = 0; f < e->fields; f++) {
         uint8_t *out = e->outs[b * e->fields + f].buf;
         Py_ssize_t size = e->row_bytes[f], at = e->field_at[f];
+        if (f == e->picture) {
+            engine_cut(e, b, out);
+            continue;
+        }
         for (long long r = low; r < high; r++) /* past the caches: the batch is read next by another thread */
             stream_copy(out + (r - low) * size, e->slot_buffer[e->row_slot[r]] + at + (Py_ssize_t)e->row_local[r] * size,
                         (size_t)size);
@@ -233,10 +293,21 @@ static void engine_free(Engine *e) {
         free(e->workers[t].scratch);
     void *held[] = {e->paths, e->row_bytes, e->field_at, e->stamps, e->asks, e->bounds, e->row_slot, e->row_local,
                     e->reach, e->used_bounds, e->used, e->users, e->threads, e->slot_state, e->batch_state,
-                    e->slot_buffer, e->free_buffers, e->made_buffers, e->lent, e->failed_slot, e->outs, e->workers};
+                    e->slot_buffer, e->free_buffers, e->made_buffers, e->lent, e->failed_slot, e->outs, e->cuts,
+                    e->workers};
     for (size_t k = 0; k < sizeof held / sizeof held[0]; k++)
         PyMem_RawFree(held[k]);
-    e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL;
+    e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL, e->cuts = NULL;
+}
+
+/* Let go of batch b's arrays (and its windows and mirrors) given (holding the GIL). */
+static void engine_let_go(Engine *e, Py_ssize_t b) {
+    for (int f = 0; f < e->fields; f++)
+        PyBuffer_Release(&e->outs[b * e->fields + f]);
+    if (e->picture >= 0) {
+        PyBuffer_Release(&e->cuts[b * 2]);
+        PyBuffer_Release(&e->cuts[b * 2 + 1]);
+    }
 }
 
 /* Stop the threads and wait for them, then free what the run held (the arrays given and not taken let go). */
@@ -260,8 +331,7 @@ static void engine_close(Engine *e) {
         }
     }
     for (Py_ssize_t b = e->taken; e->outs != NULL && b < e->given; b++)
-        for (int f = 0; f < e->fields; f++)
-            PyBuffer_Release(&e->outs[b * e->fields + f]);
+        engine_let_go(e, b);
     if (e->started || e->threads != NULL) {
         pthread_cond_destroy(&e->wake);
         pthread_mutex_destroy(&e->lock);
@@ -271,24 +341,30 @@ static void engine_close(Engine *e) {
 
 static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"paths", "stamps", "asks", "row_bytes", "chunk_bytes", "bounds", "row_slot", "row_local",
-                            "reach", "used_bounds", "used", "threads", "read_ahead", "window", "lent", NULL};
+                            "reach", "used_bounds", "used", "threads", "read_ahead", "window", "lent", "picture", NULL};
     PyObject *paths, *stamps, *asks, *row_bytes, *chunk_bytes, *bounds, *row_slot, *row_local, *reach, *used_bounds,
-        *used, *lent;
+        *used, *lent, *picture = Py_None;
     int threads;
     Py_ssize_t read_ahead, window, rows, used_count, fields;
     if (e->threads != NULL || e->closed) {
         PyErr_SetString(PyExc_RuntimeError, "Engine: made once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!:Engine", names, &PyList_Type, &paths, &stamps,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|O:Engine", names, &PyList_Type, &paths, &stamps,
                                      &asks, &row_bytes, &chunk_bytes, &bounds, &row_slot, &row_local, &reach,
-                                     &used_bounds, &used, &threads, &read_ahead, &window, &PyList_Type, &lent))
+                                     &used_bounds, &used, &threads, &read_ahead, &window, &PyList_Type, &lent,
+                                     &picture))
         return -1;
     if (threads < 1 || read_ahead < 0 || window < 1) {
         PyErr_SetString(PyExc_ValueError, "Engine: threads and window must be 1 or more, read_ahead 0 or more");
         return -1;
     }
     e->pid = getpid();
+    e->picture = -1;
+    if (picture != Py_None &&
+        !PyArg_ParseTuple(picture, "innnnn:picture", &e->picture, &e->height, &e->width, &e->pixel, &e->cut_height,
+                          &e->cut_width))
+        return -1;
     e->path_count = PyList_GET_SIZE(paths);
     long long *chunk_sizes = NULL;
     if ((e->row_bytes = engine_copy(row_bytes, 0, -1, &fields, "row_bytes")) == NULL ||
@@ -320,6 +396,10 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     const char *wrong = NULL;
     e->field_at = PyMem_RawMalloc((size_t)fields * sizeof(Py_ssize_t));
     e->slot_bytes = 0;
+    if (e->picture >= fields || (e->picture >= 0 && (e->pixel < 1 || e->cut_height < 1 || e->cut_width < 1 ||
+                                                     e->cut_height > e->height || e->cut_width > e->width ||
+                                                     e->row_bytes[e->picture] != e->height * e->width * e->pixel)))
+        wrong = "the pictures cut";
     for (Py_ssize_t f = 0; e->field_at != NULL && f < fields; f++) {
         if (e->row_bytes[f] < 1 || chunk_sizes[f] < e->row_bytes[f])
             wrong = "a field's row or chunk bytes";
@@ -389,8 +469,10 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     e->lent = PyMem_RawCalloc((size_t)(e->lent_count ? e->lent_count : 1), sizeof(Py_buffer));
     e->failed_slot = PyMem_RawCalloc((size_t)e->batches, sizeof(long long));
     e->outs = PyMem_RawCalloc((size_t)(e->batches * fields), sizeof(Py_buffer));
+    e->cuts = PyMem_RawCalloc((size_t)(e->picture >= 0 ? e->batches * 2 : 1), sizeof(Py_buffer));
     int made = e->paths && e->threads && e->workers && e->slot_state && e->batch_state && e->slot_buffer &&
-               e->free_buffers && e->made_buffers && e->lent && e->failed_slot && e->outs && e->users && e->field_at;
+               e->free_buffers && e->made_buffers && e->lent && e->failed_slot && e->outs && e->cuts && e->users &&
+               e->field_at;
     for (Py_ssize_t k = 0; made && k < e->path_count; k++)
         made = e->paths[k] != NULL;
     for (int t = 0; made && t < threads; t++) {
@@ -435,34 +517,76 @@ failed:
     return -1;
 }
 
-static PyObject *engine_give(Engine *e, PyObject *arrays) {
+/* Whether the windows given for batch b (its cuts, held) lie within their pictures, as whole pixels of the windows'
+ * size; a ValueError set where one does not. */
+static int engine_windows_fit(Engine *e, Py_ssize_t b, Py_ssize_t rows) {
+    const Py_buffer *boxes = &e->cuts[b * 2], *flips = &e->cuts[b * 2 + 1];
+    if (boxes->len != rows * 4 * (Py_ssize_t)sizeof(double) || flips->len != rows * 2) {
+        PyErr_Format(PyExc_ValueError, "give: batch %zd needs (%zd, 4) float64 windows and (%zd, 2) uint8 mirrors", b,
+                     rows, rows);
+        return 0;
+    }
+    const double *box = boxes->buf;
+    for (Py_ssize_t k = 0; k < rows; k++, box += 4) {
+        if (!(box[0] >= 0 && box[1] >= 0 && box[0] + e->cut_height <= e->height && box[1] + e->cut_width <= e->width &&
+              box[0] == (double)(Py_ssize_t)box[0] && box[1] == (double)(Py_ssize_t)box[1] &&
+              box[2] == (double)e->cut_height && box[3] == (double)e->cut_width)) {
+            PyErr_Format(PyExc_ValueError, "give: batch %zd's window %zd is not of whole pixels within its picture", b,
+                         k);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* give(arrays[, windows, mirrors]): the next batch's arrays, one a field, and where pictures are cut, each row's window
+ * and mirrors (`engine_cut`). */
+static PyObject *engine_give(Engine *e, PyObject *args) {
+    PyObject *arrays, *boxes = NULL, *flips = NULL;
+    if (!PyArg_ParseTuple(args, "O|OO:give", &arrays, &boxes, &flips))
+        return NULL;
+    Py_ssize_t b = e->given;
+    if (e->closed || b >= e->batches || (e->picture >= 0) != (flips != NULL)) {
+        PyErr_SetString(PyExc_ValueError, e->closed ? "give: the engine was closed"
+                                                    : b >= e->batches ? "give: every batch's arrays were given"
+                                                                      : "give: windows and mirrors where pictures are cut, "
+                                                                        "and only there");
+        return NULL;
+    }
     PyObject *sequence = PySequence_Fast(arrays, "give: a sequence of one array a field");
     if (sequence == NULL)
         return NULL;
-    Py_ssize_t b = e->given;
-    if (e->closed || b >= e->batches || PySequence_Fast_GET_SIZE(sequence) != e->fields) {
-        PyErr_SetString(PyExc_ValueError, e->closed ? "give: the engine was closed"
-                                                    : b >= e->batches ? "give: every batch's arrays were given"
-                                                                      : "give: one array a field");
+    if (PySequence_Fast_GET_SIZE(sequence) != e->fields) {
+        PyErr_SetString(PyExc_ValueError, "give: one array a field");
         Py_DECREF(sequence);
         return NULL;
     }
     Py_ssize_t rows = (Py_ssize_t)(e->bounds[b + 1] - e->bounds[b]);
-    int f = 0;
+    int f = 0, cut = 0;
     for (; f < e->fields; f++) {
         Py_buffer *out = &e->outs[b * e->fields + f];
+        Py_ssize_t wanted = rows * (f == e->picture ? e->cut_height * e->cut_width * e->pixel : e->row_bytes[f]);
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, f), out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
             break;
-        if (out->len != rows * e->row_bytes[f]) {
+        if (out->len != wanted) {
             PyErr_Format(PyExc_ValueError, "give: batch %zd's array of field %d holds %zd bytes, not %zd", b, f,
-                         out->len, rows * e->row_bytes[f]);
+                         out->len, wanted);
             PyBuffer_Release(out);
             break;
         }
     }
     Py_DECREF(sequence);
+    if (f == e->fields && e->picture >= 0) {
+        cut = PyObject_GetBuffer(boxes, &e->cuts[b * 2], PyBUF_C_CONTIGUOUS) == 0;
+        cut += cut && PyObject_GetBuffer(flips, &e->cuts[b * 2 + 1], PyBUF_C_CONTIGUOUS) == 0;
+        if (cut < 2 || !engine_windows_fit(e, b, rows)) {
+            for (int k = 0; k < cut; k++)
+                PyBuffer_Release(&e->cuts[b * 2 + k]);
+            f = -f - 1; /* every array held: let go below */
+        }
+    }
     if (f < e->fields) {
-        while (f-- > 0)
+        for (f = f < 0 ? -f - 1 : f; f-- > 0;)
             PyBuffer_Release(&e->outs[b * e->fields + f]);
         return NULL;
     }
@@ -505,8 +629,7 @@ static PyObject *engine_take(Engine *e, PyObject *args) {
         return PyLong_FromLongLong(e->failed_slot[b]);
     if (state != BATCH_MADE)
         Py_RETURN_NONE;
-    for (int f = 0; f < e->fields; f++)
-        PyBuffer_Release(&e->outs[b * e->fields + f]);
+    engine_let_go(e, b);
     Py_RETURN_TRUE;
 }
 
@@ -536,8 +659,10 @@ static void engine_dealloc(Engine *e) {
 }
 
 static PyMethodDef engine_methods[] = {
-    {"give", (PyCFunction)engine_give, METH_O,
-     "give(arrays)\n--\n\nThe next batch's arrays, one a field (writable, C-contiguous, its rows' bytes), to copy it into."},
+    {"give", (PyCFunction)engine_give, METH_VARARGS,
+     "give(arrays, windows=None, mirrors=None)\n--\n\nThe next batch's arrays, one a field (writable, C-contiguous, its "
+     "rows' bytes),\nto copy it into; where pictures are cut, each row's window (top, left, height, width: (rows, 4) "
+     "float64)\nand mirrors (left-right, top-bottom: (rows, 2) uint8)."},
     {"take", (PyCFunction)engine_take, METH_VARARGS,
      "take(timeout)\n--\n\nWait (the GIL released) for the next batch: True once made into its arrays, None when not\n"
      "within timeout seconds, or the slot (an int) whose read was not vouched for."},

@@ -771,6 +771,9 @@ static PyMethodDef methods[] = {
      "encode(chunks, count, typesize, clevel, shuffle, cname, blocksize, out, index)\n--\n\n"
      "The count chunks each compressed by Blosc and followed by its crc32c, back to back into out, their offsets and\n"
      "bytes into index: the bytes written, in one call outside the GIL; None when Blosc fails."},
+    {"engine_seconds", py_engine_seconds, METH_NOARGS,
+     "engine_seconds()\n--\n\nThe CPU seconds count_free counted on the threads of engines (Engine), which no Python\n"
+     "thread runs."},
     {"read_files", py_read_files, METH_VARARGS,
      "read_files(paths, sizes)\n--\n\nEach regular file's bytes, of sizes[k] (int64), in one call outside the GIL; None\n"
      "for each that cannot be read so, and for a path holding \"::\" or \"://\", which is not opened."},
