@@ -27,6 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../_window_copy.h"
+
 enum { SLOT_UNREAD, SLOT_READING, SLOT_READ, SLOT_FAILED };
 enum { BATCH_WAITING, BATCH_MAKING, BATCH_MADE, BATCH_FAILED };
 #define ASK_WIDTH 4 /* per slot and field: the file's number, offset, bytes, Blosc */
@@ -130,45 +132,19 @@ static int engine_read(Engine *e, Py_ssize_t s, uint8_t *buffer, uint8_t *scratc
     return 1;
 }
 
-/* Pixel `from` (of `pixel` bytes) into `into`. */
-static inline void engine_pixel(uint8_t *into, const uint8_t *from, Py_ssize_t pixel) {
-    switch (pixel) {
-    case 1:
-        *into = *from;
-        break;
-    case 3:
-        into[0] = from[0], into[1] = from[1], into[2] = from[2];
-        break;
-    case 4:
-        memcpy(into, from, 4);
-        break;
-    default:
-        memcpy(into, from, (size_t)pixel);
-    }
-}
-
 /* Batch b's pictures cut: each row's window of its picture (checked by `give`), mirrored as its flips say, into out
- * (the batch's array of windows). */
+ * (the batch's array of windows: `copy_window`, as outcore.imaging._windows cuts them). */
 static void engine_cut(Engine *e, Py_ssize_t b, uint8_t *out) {
     const double *boxes = e->cuts[b * 2].buf;
     const uint8_t *flips = e->cuts[b * 2 + 1].buf;
-    Py_ssize_t pixel = e->pixel, line = e->width * pixel, cut_line = e->cut_width * pixel;
+    Py_ssize_t window = e->cut_height * e->cut_width * e->pixel;
     long long low = e->bounds[b], high = e->bounds[b + 1];
     for (long long r = low; r < high; r++) {
         long long k = r - low;
         const uint8_t *picture = e->slot_buffer[e->row_slot[r]] + e->field_at[e->picture] +
                                  (Py_ssize_t)e->row_local[r] * e->row_bytes[e->picture];
-        const uint8_t *window = picture + (Py_ssize_t)boxes[k * 4] * line + (Py_ssize_t)boxes[k * 4 + 1] * pixel;
-        uint8_t *into = out + k * e->cut_height * cut_line;
-        for (Py_ssize_t y = 0; y < e->cut_height; y++) {
-            const uint8_t *from = window + (flips[k * 2 + 1] ? e->cut_height - 1 - y : y) * line;
-            uint8_t *to = into + y * cut_line;
-            if (!flips[k * 2])
-                memcpy(to, from, (size_t)cut_line);
-            else
-                for (Py_ssize_t x = 0; x < e->cut_width; x++)
-                    engine_pixel(to + x * pixel, from + (e->cut_width - 1 - x) * pixel, pixel);
-        }
+        copy_window(picture, e->height, e->width, e->pixel, out + k * window, e->cut_height, e->cut_width,
+                    (Py_ssize_t)boxes[k * 4], (Py_ssize_t)boxes[k * 4 + 1], flips[k * 2], flips[k * 2 + 1]);
     }
 }
 

@@ -803,6 +803,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_chunks", "Chunks of
 
 PyMODINIT_FUNC PyInit__chunks(void) {
     check_hardware();
+#if defined(OUTCORE_POSIX) && defined(OUTCORE_CRC)
+    window_copy_setup();
+#endif
 #ifdef OUTCORE_MAPPED
     mapped_setup();
 #endif
