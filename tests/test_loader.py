@@ -180,6 +180,9 @@ def test_a_run_started_ahead_that_no_one_takes_lets_go_of_what_it_made(store, mo
     it = ds.batches(64, shuffle=True, seed=5, fields=["id"])
     _ids(it), _ids(it)
     ahead = it._next._held[0]
+    deadline = time.monotonic() + 5  # a local run's thread stops itself; a C run (which has none waiting) is closed
+    while not ahead.stop.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
     ahead.thread.join(5)
     assert ahead.work.epoch == 2 and ahead.stop.is_set() and not ahead.thread.is_alive() and ahead.queue.qsize() == 0
     np.testing.assert_array_equal(_ids(it), epochs_alone(ds, 2))  # made anew

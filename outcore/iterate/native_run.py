@@ -27,7 +27,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,9 +35,9 @@ import numpy as np
 from ..storage import ShardReader, blocks
 from ..storage.chunk_reads import Engine
 from ..threads import thread_count
-from .batch import Recipe, batch_draws, plain
+from .batch import Batch, Recipe, batch_draws, plain
 from .readers import sample_bytes, sample_spec
-from .runs import _DONE, WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, _Failure
+from .runs import WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, closed
 from .stats import LoaderStats
 
 
@@ -48,6 +48,7 @@ class NativeRun(Run):
     that cannot be read, say). ``chunks``: those the engine reads, each once, in the plan's order."""
 
     threads_here = True
+    hands_over = False  # the consumer takes its batches from the engine: no thread of its own waits for a taker
 
     def __init__(self, work: Work, stats: LoaderStats, buffers: ChunkBuffers,
                  specs: list[tuple[str, tuple[int, ...], np.dtype, int]]) -> None:
@@ -60,32 +61,67 @@ class NativeRun(Run):
         self.sizes = np.empty((0, 2), np.int64)  # each row's picture's size, where pictures are cut: all one
         self.rest: LocalRun | None = None  # making the batches from the first the engine could not
         self.closing = threading.Lock()  # held to make the engine, or to close it
+        self.planned = threading.Event()  # set once the run's thread has planned it (`_produce`)
+        self.failure: BaseException | None = None  # what planning it raised, for the consumer
+        self.arrays: deque[dict[str, np.ndarray]] = deque()  # of the batches given to the engine and not taken
         super().__init__(work, stats)
 
-    def _produce_batches(self) -> None:
-        steps = self.work.batches
+    def _produce(self) -> None:
+        """On the run's thread: plan the run and give the engine its first batches' arrays, so that it makes them
+        before the consumer asks (a run started ahead, `NextEpoch`); the consumer takes them (`__iter__`)."""
         began = time.perf_counter()
-        engine = self._engine()
-        self.stats.made(time.perf_counter() - began)  # its planning: the engine's threads make the batches
-        if engine is None:  # its chunks cannot all be read by the engine: the batches made by a LocalRun
-            self._make_rest(steps)
-            return
-        given = min(len(steps), self.window)
-        arrays = deque(self._give(k) for k in range(given))  # of the batches given to the engine, not yet taken
-        for k in range(len(steps)):
+        try:
+            if self._engine() is not None:
+                self.arrays.extend(self._give(k) for k in range(min(len(self.work.batches), self.window)))
+        except BaseException as error:  # noqa: BLE001 - raised by the consumer, which waits for the plan
+            self.failure = error
+        finally:
+            self.stats.made(time.perf_counter() - began)  # its planning: the engine's threads make the batches
+            self.planned.set()
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The run's batches, each taken from the engine by the consumer's thread (waiting outside the GIL), then the
+        arrays of the batch `window` batches later given to it; from the first batch the engine could not make (or
+        all of them, where the run could not be planned so), a `LocalRun`'s."""
+        while not self.planned.wait(WAKE_SECONDS):
+            if self.stop.is_set():
+                raise closed(self.work, self.delivered)
+        if self.failure is not None:
+            raise self.failure
+        engine, steps, arrays = self.engine, self.work.batches, self.arrays
+        while engine is not None and self.delivered < len(steps):
+            given = self.delivered + len(arrays)
             if given == len(steps):
                 self.under_way.set()  # every batch's arrays given: the next epoch's run may start (`NextEpoch`)
-            while (made := engine.take(WAKE_SECONDS)) is None:
+            began, ready = time.perf_counter(), engine.made - self.delivered
+            try:
+                while (made := engine.take(WAKE_SECONDS)) is None:
+                    if self.stop.is_set():
+                        raise closed(self.work, self.delivered)
+                if made is not True:  # a slot's read was not vouched for: this batch and the rest made by a LocalRun
+                    break
+                if given < len(steps):
+                    arrays.append(self._give(given))
+            except ValueError:  # the engine closed meanwhile (`close`, on another thread)
                 if self.stop.is_set():
-                    return
-            if made is not True:  # a slot's read was not vouched for: this batch and the rest made by a LocalRun
-                self._make_rest(steps[k:])
-                return
-            if given < len(steps):
-                arrays.append(self._give(given))
-                given += 1
-            if not self._put(arrays.popleft()):
-                return
+                    raise closed(self.work, self.delivered) from None
+                raise
+            batch = arrays.popleft()
+            self.delivered += 1
+            rows = self.bounds[self.delivered] - self.bounds[self.delivered - 1]
+            self.stats.record(time.perf_counter() - began, ready, rows)
+            yield batch
+        if self.delivered < len(steps):
+            yield from self._rest(steps[self.delivered :])
+
+    def _rest(self, steps: Sequence[int]) -> Iterator[Batch]:
+        """Batches ``steps`` made by a `LocalRun` (which names what it cannot read)."""
+        self._close_engine()
+        self.rest = rest = LocalRun(dataclasses.replace(self.work, batches=steps), self.stats, self.buffers)
+        self.under_way.set()
+        for batch in rest:
+            self.delivered += 1
+            yield batch
 
     def _engine(self) -> Any:
         """The engine making the run's batches, started (as the module docstring says), or None where a chunk's read
@@ -166,19 +202,6 @@ class NativeRun(Run):
         if drawn is None:  # found drawable when the run was planned: the same crop, flip and pictures
             raise RuntimeError(f"the windows of batch {index} could not be drawn in one call")
         return drawn
-
-    def _make_rest(self, steps: Sequence[int]) -> None:
-        """Batches ``steps`` made by a `LocalRun`, handed over as they come (a failure too, raised at its batch)."""
-        self._close_engine()
-        self.rest = rest = LocalRun(dataclasses.replace(self.work, batches=steps), self.stats, self.buffers)
-        self.under_way.set()
-        while True:
-            item = rest._take()
-            if item is _DONE:
-                return
-            rest.delivered += 1
-            if not self._put(item) or isinstance(item, _Failure):
-                return
 
     def _close_engine(self) -> None:
         """Stop the engine's threads, and take back the buffers lent to it."""

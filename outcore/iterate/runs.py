@@ -99,6 +99,7 @@ class Run:
     producer; a consumer waiting for a batch of a closed run gets `IterationClosedError` at once."""
 
     threads_here = False  # whether its batches are made on this process's threads (stopped before a fork, untaken)
+    hands_over = True  # whether its thread hands each batch over (`_put`): it lets go of them when none is taken
 
     def __init__(self, work: Work, stats: LoaderStats) -> None:
         self.work, self.stats = work, stats
@@ -244,7 +245,7 @@ class NextEpoch:
             with self._lock:
                 self._held.append(run)
             _started_ahead.add(run)
-            if not isinstance(run, Run):  # no thread of its own here waits for its taker
+            if not isinstance(run, Run) or not run.hands_over:  # no thread of its own here waits for its taker
                 timer = threading.Timer(UNTAKEN_SECONDS, _close_untaken, (self._held, self._lock, run))
                 timer.daemon = True
                 self._timers.append(timer)

@@ -85,6 +85,7 @@ struct Engine {
                                      (left-right, top-bottom: uint8), given with its arrays where pictures are cut */
     Py_ssize_t reads;             /* slots read (for the tests' counts) */
     Py_ssize_t held, most_held;   /* slots' buffers held now, and at most (what the next run may be lent) */
+    Py_ssize_t made;              /* batches made (in any order) */
     int taking;                   /* threads in `take` (counted holding the GIL): `close` waits for them */
 };
 
@@ -198,6 +199,7 @@ static void *engine_work(void *arg) {
             pthread_mutex_lock(&e->lock);
             e->failed_slot[b] = failed;
             e->batch_state[b] = failed < 0 ? BATCH_MADE : BATCH_FAILED;
+            e->made++;
             for (long long k = e->used_bounds[b]; k < e->used_bounds[b + 1]; k++) {
                 long long slot = e->used[k];
                 if (--e->users[slot] == 0) { /* no batch reads it again: its buffer for the next read */
@@ -628,6 +630,8 @@ static PyObject *engine_reads(Engine *e, void *unused) { return engine_count_of(
 
 static PyObject *engine_most_held(Engine *e, void *unused) { return engine_count_of(e, &e->most_held); }
 
+static PyObject *engine_made(Engine *e, void *unused) { return engine_count_of(e, &e->made); }
+
 static void engine_dealloc(Engine *e) {
     if (e->pid == getpid())
         engine_close(e); /* a forked child's copy has no threads to stop: left as it is */
@@ -650,6 +654,7 @@ static PyMethodDef engine_methods[] = {
 static PyGetSetDef engine_getset[] = {
     {"reads", (getter)engine_reads, NULL, "Slots read so far.", NULL},
     {"most_held", (getter)engine_most_held, NULL, "The most slots' buffers held at once so far.", NULL},
+    {"made", (getter)engine_made, NULL, "The batches made so far (taken or not).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
