@@ -1,5 +1,8 @@
-"""A run of plain batches made by the C engine (`outcore.iterate.native_run`): the batches a `LocalRun` makes, byte for
-byte, whatever the plan; a chunk the engine cannot vouch for read again and named by a `LocalRun`; stopped at once."""
+"""A run of plain batches made start to end by the C engine (`outcore.iterate.native_run`): the batches the pool's
+tasks make, byte for byte, for every plan, field and pixel (crops of whole pixels and flips cut and mirrored alike),
+epochs started ahead and resumed; a damaged chunk or an unreadable shard index named by a local run at its batch, the
+batches before it delivered; a closed run stopped at once; the engine refusing a plan that would read out of bounds,
+and a file of another version."""
 
 from __future__ import annotations
 
