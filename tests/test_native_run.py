@@ -208,6 +208,15 @@ def test_the_engine_refuses_a_plan_that_would_read_out_of_bounds():
             "reach": np.array([0], np.int64), "used_bounds": np.array([0, 1], np.int64),
             "used": np.array([0], np.int64), "threads": 1, "read_ahead": 0, "window": 1, "lent": []}
     Engine(**plan).close()
+    cut = {"picture": (0, 2, 2, 1, 1, 1), "windows": np.array([[0, 0, 1, 1], [1, 1, 1, 1]], np.float64),
+           "mirrors": np.zeros((2, 2), np.uint8)}  # each row's 2x2 picture of 1-byte pixels: windows of one pixel
+    Engine(**plan, **cut).close()
+    for name, wrong in [("windows", np.array([[0, 0, 1, 1], [1, 2, 1, 1]], np.float64)),  # past the picture
+                        ("windows", np.array([[0, 0, 1, 1], [0.5, 0, 1, 1]], np.float64)),  # not whole pixels
+                        ("windows", np.array([[0, 0, 1, 1], [0, 0, 2, 1]], np.float64)),  # not the windows' size
+                        ("mirrors", np.zeros((1, 2), np.uint8)), ("picture", (0, 2, 3, 1, 1, 1))]:
+        with pytest.raises(ValueError, match="Engine"):
+            Engine(**plan, **{**cut, name: wrong})
     for name, wrong in [("row_local", np.array([0, 4], np.int32)), ("row_slot", np.array([0, 1], np.int32)),
                         ("used", np.array([1], np.int64)), ("bounds", np.array([0, 3], np.int64)),
                         ("asks", np.array([[[1, 0, 100, 0]]], np.int64)), ("row_local", np.array([0, 3], np.int64)),

@@ -58,7 +58,7 @@ class NativeRun(Run):
         self.bounds: list[int] = []  # each batch's rows, in all the run's
         self.lent: list[np.ndarray] = []  # the buffers lent to the engine, taken back once it is closed
         self.window = 0  # the batches the engine makes at once
-        self.sizes = np.empty((0, 2), np.int64)  # each row's picture's size, where pictures are cut: all one
+        self.size = np.zeros(2, np.int64)  # the pictures' size, where they are cut: all one
         self.rest: LocalRun | None = None  # making the batches from the first the engine could not
         self.closing = threading.Lock()  # held to make the engine, or to close it
         self.planned = threading.Event()  # set once the run's thread has planned it (`_produce`)
@@ -152,7 +152,8 @@ class NativeRun(Run):
         used_bounds = np.searchsorted(used // len(chunks), np.arange(len(bounds)))
         reach = np.maximum.accumulate(np.maximum.reduceat(row_slot, bounds[:-1]))
         picture = self._picture()
-        if picture is not None and not self._windows(0, int(bounds[1])):  # the crop's windows drawn some other way
+        windows = {} if picture is None else self._windows(len(samples))
+        if windows is None:  # the crop's windows drawn some other way: by the pool's tasks
             return None
         threads = thread_count()
         self.window = engine_window(work, threads)
@@ -165,20 +166,20 @@ class NativeRun(Run):
                 [path for path, _ in files], stamps, asks, chunk_bytes // chunk_size, chunk_bytes, bounds,
                 row_slot.astype(np.int32), (samples % chunk_size).astype(np.int32), reach, used_bounds,
                 used % len(chunks), threads, min(LocalRun.MAX_READ_AHEAD, max(2, threads)), self.window, self.lent,
-                picture)
+                picture, **windows)
         self.chunks, self.bounds = chunks, bounds.tolist()
         return self.engine
 
     def _picture(self) -> tuple[int, ...] | None:
         """How the engine cuts the crop's field: ``(its number among the fields, its pictures' height, width and
-        pixel's bytes, the windows' height and width)``; None where nothing is cut. Each picture's size (all one)
-        kept for the windows' draws (`sizes`)."""
+        pixel's bytes, the windows' height and width)``; None where nothing is cut. The pictures' size (all one) kept
+        for the windows' draws (`size`)."""
         crop, store = self.work.recipe.crop, self.work.store
         if crop is None:
             return None
         names = [name for name, _, _, _ in self.specs]
         (height, width, channels), dtype = sample_spec(store, crop.field)
-        self.sizes = np.tile(np.array([height, width], np.int64), (self.work.options.batch_size, 1))
+        self.size = np.array([height, width], np.int64)
         return (names.index(crop.field), height, width, channels * dtype.itemsize, *crop.output_size)
 
     def _give(self, k: int) -> dict[str, np.ndarray]:
@@ -187,21 +188,18 @@ class NativeRun(Run):
         rows = self.bounds[k + 1] - self.bounds[k]
         batch = {name: (np.empty if rows * nbytes < blocks.SMALLEST else blocks.empty)((rows, *shape), dtype)
                  for name, shape, dtype, nbytes in self.specs}  # small ones from the heap as they are
-        self.engine.give(list(batch.values()), *self._windows(k, rows))
+        self.engine.give(list(batch.values()))
         return batch
 
-    def _windows(self, k: int, rows: int) -> tuple[np.ndarray, np.ndarray] | tuple[()]:
-        """Batch ``k``'s windows and mirrors, each piece's drawn as its generator draws them where the batch is made
-        by the pool's tasks (`Crop.boxes_of_pieces`, `outcore.iterate.batch.make_batch`); none where nothing is cut."""
-        recipe, work = self.work.recipe, self.work
-        if recipe.crop is None:
-            return ()
-        index = work.batches[k]
-        draws = batch_draws(work.options.seed, work.epoch, index, work.plan.pieces(index))
-        drawn = recipe.crop.boxes_of_pieces(self.sizes[:rows], draws, recipe.flip)
-        if drawn is None:  # found drawable when the run was planned: the same crop, flip and pictures
-            raise RuntimeError(f"the windows of batch {index} could not be drawn in one call")
-        return drawn
+    def _windows(self, rows: int) -> dict[str, np.ndarray] | None:
+        """The ``windows`` and ``mirrors`` of the run's ``rows`` rows, batch after batch, each piece's drawn as its
+        generator draws them where a batch is made by the pool's tasks (`Crop.boxes_of_pieces`, `make_batch`), all in
+        one call; None where they are not drawn so (no C extension, a flip of another kind)."""
+        work, recipe = self.work, self.work.recipe
+        seed, epoch, plan = work.options.seed, work.epoch, work.plan
+        pieces = [piece for index in work.batches for piece in batch_draws(seed, epoch, index, plan.pieces(index))]
+        drawn = recipe.crop.boxes_of_pieces(np.tile(self.size, (rows, 1)), pieces, recipe.flip)
+        return None if drawn is None else {"windows": drawn[0], "mirrors": drawn[1]}
 
     def _close_engine(self) -> None:
         """Stop the engine's threads, and take back the buffers lent to it."""

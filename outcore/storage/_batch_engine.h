@@ -81,8 +81,8 @@ struct Engine {
     Py_ssize_t next_read, read_prefix, next_make, taken, given;
     long long *failed_slot;       /* batches */
     Py_buffer *outs;              /* batches x fields, given */
-    Py_buffer *cuts;              /* batches x 2: each row's window (top, left, height, width: float64) and mirrors
-                                     (left-right, top-bottom: uint8), given with its arrays where pictures are cut */
+    int *corners;                 /* rows x 2: each row's window's top and left, where pictures are cut */
+    uint8_t *mirrors;             /* rows x 2: whether it is mirrored left-right, top-bottom */
     Py_ssize_t reads;             /* slots read (for the tests' counts) */
     Py_ssize_t held, most_held;   /* slots' buffers held now, and at most (what the next run may be lent) */
     Py_ssize_t made;              /* batches made (in any order) */
@@ -133,11 +133,9 @@ static int engine_read(Engine *e, Py_ssize_t s, uint8_t *buffer, uint8_t *scratc
     return 1;
 }
 
-/* Batch b's pictures cut: each row's window of its picture (checked by `give`), mirrored as its flips say, into out
- * (the batch's array of windows: `copy_window`, as outcore.imaging._windows cuts them). */
+/* Batch b's pictures cut: each row's window of its picture (checked when the engine was made), mirrored as asked,
+ * into out (the batch's array of windows: `copy_window`, as outcore.imaging._windows cuts them). */
 static void engine_cut(Engine *e, Py_ssize_t b, uint8_t *out) {
-    const double *boxes = e->cuts[b * 2].buf;
-    const uint8_t *flips = e->cuts[b * 2 + 1].buf;
     Py_ssize_t window = e->cut_height * e->cut_width * e->pixel;
     long long low = e->bounds[b], high = e->bounds[b + 1];
     for (long long r = low; r < high; r++) {
@@ -145,7 +143,7 @@ static void engine_cut(Engine *e, Py_ssize_t b, uint8_t *out) {
         const uint8_t *picture = e->slot_buffer[e->row_slot[r]] + e->field_at[e->picture] +
                                  (Py_ssize_t)e->row_local[r] * e->row_bytes[e->picture];
         copy_window(picture, e->height, e->width, e->pixel, out + k * window, e->cut_height, e->cut_width,
-                    (Py_ssize_t)boxes[k * 4], (Py_ssize_t)boxes[k * 4 + 1], flips[k * 2], flips[k * 2 + 1]);
+                    e->corners[r * 2], e->corners[r * 2 + 1], e->mirrors[r * 2], e->mirrors[r * 2 + 1]);
     }
 }
 
@@ -271,21 +269,17 @@ static void engine_free(Engine *e) {
         free(e->workers[t].scratch);
     void *held[] = {e->paths, e->row_bytes, e->field_at, e->stamps, e->asks, e->bounds, e->row_slot, e->row_local,
                     e->reach, e->used_bounds, e->used, e->users, e->threads, e->slot_state, e->batch_state,
-                    e->slot_buffer, e->free_buffers, e->made_buffers, e->lent, e->failed_slot, e->outs, e->cuts,
-                    e->workers};
+                    e->slot_buffer, e->free_buffers, e->made_buffers, e->lent, e->failed_slot, e->outs, e->corners,
+                    e->mirrors, e->workers};
     for (size_t k = 0; k < sizeof held / sizeof held[0]; k++)
         PyMem_RawFree(held[k]);
-    e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL, e->cuts = NULL;
+    e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL;
 }
 
 /* Let go of batch b's arrays (and its windows and mirrors) given (holding the GIL). */
 static void engine_let_go(Engine *e, Py_ssize_t b) {
     for (int f = 0; f < e->fields; f++)
         PyBuffer_Release(&e->outs[b * e->fields + f]);
-    if (e->picture >= 0) {
-        PyBuffer_Release(&e->cuts[b * 2]);
-        PyBuffer_Release(&e->cuts[b * 2 + 1]);
-    }
 }
 
 /* Stop the threads and wait for them, then free what the run held (the arrays given and not taken let go). */
@@ -317,21 +311,57 @@ static void engine_close(Engine *e) {
     engine_free(e);
 }
 
+/* Each row's window (top, left, height, width: (rows, 4) float64) and mirrors (left-right, top-bottom: (rows, 2)
+ * uint8) kept as corners and mirrors: 0 with an error set where they cannot be read, or *wrong set where a window is
+ * not of whole pixels of the windows' size within its picture. */
+static int engine_windows(Engine *e, PyObject *windows, PyObject *mirrors, Py_ssize_t rows, const char **wrong) {
+    Py_buffer boxes, flips;
+    if (PyObject_GetBuffer(windows, &boxes, PyBUF_C_CONTIGUOUS) < 0)
+        return 0;
+    if (PyObject_GetBuffer(mirrors, &flips, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&boxes);
+        return 0;
+    }
+    e->corners = PyMem_RawMalloc((size_t)(rows ? rows : 1) * 2 * sizeof(int));
+    e->mirrors = PyMem_RawMalloc((size_t)(rows ? rows : 1) * 2);
+    int fine = e->corners != NULL && e->mirrors != NULL;
+    if (!fine)
+        PyErr_NoMemory();
+    else if (boxes.len != rows * 4 * (Py_ssize_t)sizeof(double) || flips.len != rows * 2)
+        *wrong = "the windows' or mirrors' count";
+    for (Py_ssize_t r = 0; fine && *wrong == NULL && r < rows; r++) {
+        const double *box = (const double *)boxes.buf + r * 4;
+        if (!(box[0] >= 0 && box[1] >= 0 && box[0] + e->cut_height <= e->height && box[1] + e->cut_width <= e->width &&
+              box[0] == (double)(int)box[0] && box[1] == (double)(int)box[1] && box[2] == (double)e->cut_height &&
+              box[3] == (double)e->cut_width))
+            *wrong = "a window (not of whole pixels within its picture)";
+        else {
+            e->corners[r * 2] = (int)box[0], e->corners[r * 2 + 1] = (int)box[1];
+            e->mirrors[r * 2] = ((const uint8_t *)flips.buf)[r * 2] != 0;
+            e->mirrors[r * 2 + 1] = ((const uint8_t *)flips.buf)[r * 2 + 1] != 0;
+        }
+    }
+    PyBuffer_Release(&boxes);
+    PyBuffer_Release(&flips);
+    return fine;
+}
+
 static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"paths", "stamps", "asks", "row_bytes", "chunk_bytes", "bounds", "row_slot", "row_local",
-                            "reach", "used_bounds", "used", "threads", "read_ahead", "window", "lent", "picture", NULL};
+                            "reach", "used_bounds", "used", "threads", "read_ahead", "window", "lent", "picture",
+                            "windows", "mirrors", NULL};
     PyObject *paths, *stamps, *asks, *row_bytes, *chunk_bytes, *bounds, *row_slot, *row_local, *reach, *used_bounds,
-        *used, *lent, *picture = Py_None;
+        *used, *lent, *picture = Py_None, *windows = Py_None, *mirrors = Py_None;
     int threads;
     Py_ssize_t read_ahead, window, rows, used_count, fields;
     if (e->threads != NULL || e->closed) {
         PyErr_SetString(PyExc_RuntimeError, "Engine: made once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|O:Engine", names, &PyList_Type, &paths, &stamps,
-                                     &asks, &row_bytes, &chunk_bytes, &bounds, &row_slot, &row_local, &reach,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|OOO:Engine", names, &PyList_Type, &paths,
+                                     &stamps, &asks, &row_bytes, &chunk_bytes, &bounds, &row_slot, &row_local, &reach,
                                      &used_bounds, &used, &threads, &read_ahead, &window, &PyList_Type, &lent,
-                                     &picture))
+                                     &picture, &windows, &mirrors))
         return -1;
     if (threads < 1 || read_ahead < 0 || window < 1) {
         PyErr_SetString(PyExc_ValueError, "Engine: threads and window must be 1 or more, read_ahead 0 or more");
@@ -419,6 +449,8 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
                 wrong = "a row's slot past its batch's reach";
     PyMem_RawFree(chunk_sizes);
     chunk_sizes = NULL;
+    if (wrong == NULL && e->picture >= 0 && !engine_windows(e, windows, mirrors, rows, &wrong))
+        goto failed;
     if (wrong != NULL) {
         PyErr_Format(PyExc_ValueError, "Engine: %s out of range", wrong);
         goto failed;
@@ -447,10 +479,8 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     e->lent = PyMem_RawCalloc((size_t)(e->lent_count ? e->lent_count : 1), sizeof(Py_buffer));
     e->failed_slot = PyMem_RawCalloc((size_t)e->batches, sizeof(long long));
     e->outs = PyMem_RawCalloc((size_t)(e->batches * fields), sizeof(Py_buffer));
-    e->cuts = PyMem_RawCalloc((size_t)(e->picture >= 0 ? e->batches * 2 : 1), sizeof(Py_buffer));
     int made = e->paths && e->threads && e->workers && e->slot_state && e->batch_state && e->slot_buffer &&
-               e->free_buffers && e->made_buffers && e->lent && e->failed_slot && e->outs && e->cuts && e->users &&
-               e->field_at;
+               e->free_buffers && e->made_buffers && e->lent && e->failed_slot && e->outs && e->users && e->field_at;
     for (Py_ssize_t k = 0; made && k < e->path_count; k++)
         made = e->paths[k] != NULL;
     for (int t = 0; made && t < threads; t++) {
@@ -495,40 +525,10 @@ failed:
     return -1;
 }
 
-/* Whether the windows given for batch b (its cuts, held) lie within their pictures, as whole pixels of the windows'
- * size; a ValueError set where one does not. */
-static int engine_windows_fit(Engine *e, Py_ssize_t b, Py_ssize_t rows) {
-    const Py_buffer *boxes = &e->cuts[b * 2], *flips = &e->cuts[b * 2 + 1];
-    if (boxes->len != rows * 4 * (Py_ssize_t)sizeof(double) || flips->len != rows * 2) {
-        PyErr_Format(PyExc_ValueError, "give: batch %zd needs (%zd, 4) float64 windows and (%zd, 2) uint8 mirrors", b,
-                     rows, rows);
-        return 0;
-    }
-    const double *box = boxes->buf;
-    for (Py_ssize_t k = 0; k < rows; k++, box += 4) {
-        if (!(box[0] >= 0 && box[1] >= 0 && box[0] + e->cut_height <= e->height && box[1] + e->cut_width <= e->width &&
-              box[0] == (double)(Py_ssize_t)box[0] && box[1] == (double)(Py_ssize_t)box[1] &&
-              box[2] == (double)e->cut_height && box[3] == (double)e->cut_width)) {
-            PyErr_Format(PyExc_ValueError, "give: batch %zd's window %zd is not of whole pixels within its picture", b,
-                         k);
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* give(arrays[, windows, mirrors]): the next batch's arrays, one a field, and where pictures are cut, each row's window
- * and mirrors (`engine_cut`). */
-static PyObject *engine_give(Engine *e, PyObject *args) {
-    PyObject *arrays, *boxes = NULL, *flips = NULL;
-    if (!PyArg_ParseTuple(args, "O|OO:give", &arrays, &boxes, &flips))
-        return NULL;
+static PyObject *engine_give(Engine *e, PyObject *arrays) {
     Py_ssize_t b = e->given;
-    if (e->closed || b >= e->batches || (e->picture >= 0) != (flips != NULL)) {
-        PyErr_SetString(PyExc_ValueError, e->closed ? "give: the engine was closed"
-                                                    : b >= e->batches ? "give: every batch's arrays were given"
-                                                                      : "give: windows and mirrors where pictures are cut, "
-                                                                        "and only there");
+    if (e->closed || b >= e->batches) {
+        PyErr_SetString(PyExc_ValueError, e->closed ? "give: the engine was closed" : "give: every batch's arrays were given");
         return NULL;
     }
     PyObject *sequence = PySequence_Fast(arrays, "give: a sequence of one array a field");
@@ -540,7 +540,7 @@ static PyObject *engine_give(Engine *e, PyObject *args) {
         return NULL;
     }
     Py_ssize_t rows = (Py_ssize_t)(e->bounds[b + 1] - e->bounds[b]);
-    int f = 0, cut = 0;
+    int f = 0;
     for (; f < e->fields; f++) {
         Py_buffer *out = &e->outs[b * e->fields + f];
         Py_ssize_t wanted = rows * (f == e->picture ? e->cut_height * e->cut_width * e->pixel : e->row_bytes[f]);
@@ -554,17 +554,8 @@ static PyObject *engine_give(Engine *e, PyObject *args) {
         }
     }
     Py_DECREF(sequence);
-    if (f == e->fields && e->picture >= 0) {
-        cut = PyObject_GetBuffer(boxes, &e->cuts[b * 2], PyBUF_C_CONTIGUOUS) == 0;
-        cut += cut && PyObject_GetBuffer(flips, &e->cuts[b * 2 + 1], PyBUF_C_CONTIGUOUS) == 0;
-        if (cut < 2 || !engine_windows_fit(e, b, rows)) {
-            for (int k = 0; k < cut; k++)
-                PyBuffer_Release(&e->cuts[b * 2 + k]);
-            f = -f - 1; /* every array held: let go below */
-        }
-    }
     if (f < e->fields) {
-        for (f = f < 0 ? -f - 1 : f; f-- > 0;)
+        while (f-- > 0)
             PyBuffer_Release(&e->outs[b * e->fields + f]);
         return NULL;
     }
@@ -639,10 +630,9 @@ static void engine_dealloc(Engine *e) {
 }
 
 static PyMethodDef engine_methods[] = {
-    {"give", (PyCFunction)engine_give, METH_VARARGS,
-     "give(arrays, windows=None, mirrors=None)\n--\n\nThe next batch's arrays, one a field (writable, C-contiguous, its "
-     "rows' bytes),\nto copy it into; where pictures are cut, each row's window (top, left, height, width: (rows, 4) "
-     "float64)\nand mirrors (left-right, top-bottom: (rows, 2) uint8)."},
+    {"give", (PyCFunction)engine_give, METH_O,
+     "give(arrays)\n--\n\nThe next batch's arrays, one a field (writable, C-contiguous, its rows' bytes; the windows' "
+     "where\npictures are cut), to make it into."},
     {"take", (PyCFunction)engine_take, METH_VARARGS,
      "take(timeout)\n--\n\nWait (the GIL released) for the next batch: True once made into its arrays, None when not\n"
      "within timeout seconds, or the slot (an int) whose read was not vouched for."},
