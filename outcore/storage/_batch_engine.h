@@ -184,16 +184,17 @@ static int engine_readable(Engine *e, Py_ssize_t s) {
 static void *engine_work(void *arg) {
     Engine *e = ((Worker *)arg)->engine;
     uint8_t *scratch = ((Worker *)arg)->scratch;
+    long long began = engine_clock(); /* all its CPU time counts outside the GIL: it never holds it */
     pthread_mutex_lock(&e->lock);
     while (!e->stopping) {
+        engine_count(began); /* each turn's, its waits' included (counting may have begun meanwhile) */
+        began = engine_clock();
         Py_ssize_t b = e->next_make, s = e->next_read;
         if (engine_makeable(e, b)) {
             e->next_make++;
             e->batch_state[b] = BATCH_MAKING;
             pthread_mutex_unlock(&e->lock);
-            long long began = engine_clock();
             long long failed = engine_gather(e, b);
-            engine_count(began);
             pthread_mutex_lock(&e->lock);
             e->failed_slot[b] = failed;
             e->batch_state[b] = failed < 0 ? BATCH_MADE : BATCH_FAILED;
@@ -214,14 +215,12 @@ static void *engine_work(void *arg) {
             if (++e->held > e->most_held)
                 e->most_held = e->held;
             pthread_mutex_unlock(&e->lock);
-            long long began = engine_clock();
             if (buffer == NULL && (buffer = malloc((size_t)e->slot_bytes)) != NULL) {
                 pthread_mutex_lock(&e->lock);
                 e->made_buffers[e->made_count++] = buffer;
                 pthread_mutex_unlock(&e->lock);
             }
             int fine = buffer != NULL && engine_read(e, s, buffer, scratch);
-            engine_count(began);
             pthread_mutex_lock(&e->lock);
             e->slot_buffer[s] = buffer;
             e->slot_state[s] = fine ? SLOT_READ : SLOT_FAILED;
@@ -234,6 +233,7 @@ static void *engine_work(void *arg) {
         }
     }
     pthread_mutex_unlock(&e->lock);
+    engine_count(began);
     return NULL;
 }
 
