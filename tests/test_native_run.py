@@ -106,6 +106,45 @@ def test_other_transforms_are_made_by_a_local_run(store, monkeypatch, transform)
     assert epoch(ds.batches(100, transform=transform, fields=["images", "id"]), True, monkeypatch)[1] == {"LocalRun"}
 
 
+def test_a_torch_loader_without_workers_is_fed_by_c_runs(store, monkeypatch):
+    """`ds.torch` without DataLoader workers: C runs, the tensors of local runs."""
+    pytest.importorskip("torch")
+    ds, _ = store
+    made = []
+    monkeypatch.setattr(native_run.NativeRun, "__init__", lambda run, *args, init=native_run.NativeRun.__init__:
+                        made.append(run) or init(run, *args))
+
+    def tensors(loader):
+        return [{name: batch[name].numpy().copy() for name in ("images", "id")} for batch in loader]
+
+    transform = Compose([RandomCrop(6), RandomFlip()])
+    with_c = tensors(ds.torch(100, seed=3, transform=transform, fields=["images", "id"]))
+    assert made
+    monkeypatch.setattr(iterator_module, "native_run", lambda *args: None)
+    assert_same(with_c, tensors(ds.torch(100, seed=3, transform=transform, fields=["images", "id"])))
+
+
+def test_a_c_run_makes_its_batches_in_the_memory_it_is_given(store, monkeypatch):
+    """A run's `empty` (pinned memory, `ds.torch` with a GPU) makes every batch's arrays, each field's, as for a local
+    run."""
+    ds, _ = store
+    iterator = ds.batches(100, seed=8, fields=["images", "id"])
+    asked = []
+
+    def empty(shape, dtype, field=""):
+        asked.append(field)
+        return np.full(shape, 77, dtype)
+
+    run = iterator.run(0, range(len(iterator)), empty=empty)
+    try:
+        assert isinstance(run, native_run.NativeRun)
+        made = [{name: values.copy() for name, values in batch.items()} for batch in run]
+    finally:
+        run.close()
+    assert asked == ["images", "id"] * len(iterator)
+    assert_same(made, epoch(ds.batches(100, seed=8, fields=["images", "id"]), False, monkeypatch)[0])
+
+
 def test_epochs_resumed_and_started_ahead_are_the_same_batches(store, monkeypatch):
     """Epoch after epoch (the next epoch's C run started as this one drains), and an epoch resumed mid-way from a
     state: the batches of local runs."""

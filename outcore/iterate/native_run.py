@@ -128,7 +128,7 @@ class NativeRun(Run):
         cannot be planned so (the file's index cannot be read, a chunk was never written, a file of two versions)."""
         work = self.work
         plan, chunk_size, steps = work.plan, work.store.chunk_size, work.batches
-        samples, slots, bounds = plan.span(steps.start, steps.stop)
+        samples, slots, bounds = plan.span(steps[0], steps[-1] + 1)  # consecutive steps: a run's, or a loader's
         slots_read, slot_of_row = np.unique(slots, return_inverse=True)  # the slots the run reads, in the plan's order
         unique, first, of_slot = np.unique(plan.chunks[slots_read], return_index=True, return_inverse=True)
         order = np.argsort(first)  # each chunk read once, where its first slot is (two streams may share one)
@@ -185,9 +185,13 @@ class NativeRun(Run):
     def _give(self, k: int) -> dict[str, np.ndarray]:
         """Batch ``k``'s arrays (of the run's), given to the engine to make it into, with its pictures' windows and
         mirrors where they are cut (`_windows`)."""
-        rows = self.bounds[k + 1] - self.bounds[k]
-        batch = {name: (np.empty if rows * nbytes < blocks.SMALLEST else blocks.empty)((rows, *shape), dtype)
-                 for name, shape, dtype, nbytes in self.specs}  # small ones from the heap as they are
+        rows, work = self.bounds[k + 1] - self.bounds[k], self.work
+        if work.allocator is None and work.empty is plain:  # small ones from the heap as they are
+            batch = {name: (np.empty if rows * nbytes < blocks.SMALLEST else blocks.empty)((rows, *shape), dtype)
+                     for name, shape, dtype, nbytes in self.specs}
+        else:  # pinned memory (`ds.torch`), or the step's own (`Work.allocator`)
+            empty = work.empty if work.allocator is None else work.allocator(work.batches[k])
+            batch = {name: empty((rows, *shape), dtype, field=name) for name, shape, dtype, _ in self.specs}
         self.engine.give(list(batch.values()))
         return batch
 
@@ -220,8 +224,8 @@ def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeR
     `LocalRun` then."""
     recipe, options, steps = work.recipe, work.options, work.batches
     if (Engine is None or (recipe.transform is not None and not _windows_only(recipe)) or recipe.text_fields
-            or recipe.ragged_fields or work.allocator is not None or work.empty is not plain or options.skip_damaged
-            or not isinstance(steps, range) or steps.step != 1 or len(steps) < 2 or steps.stop > work.plan.steps):
+            or recipe.ragged_fields or options.skip_damaged
+            or len(steps) < 2 or steps[-1] - steps[0] + 1 != len(steps) or steps[-1] >= work.plan.steps):
         return None
     specs = []
     for name in recipe.fields:
