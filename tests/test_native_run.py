@@ -16,7 +16,7 @@ import pytest
 import outcore
 from outcore.errors import CorruptChunkError
 from outcore.iterate import iterator as iterator_module
-from outcore.iterate import native_run
+from outcore.iterate import native_run, runs
 from outcore.storage.chunk_reads import Engine
 from outcore.testing import corrupt_chunk
 from outcore.transforms import Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
@@ -143,6 +143,22 @@ def test_a_c_run_makes_its_batches_in_the_memory_it_is_given(store, monkeypatch)
         run.close()
     assert asked == ["images", "id"] * len(iterator)
     assert_same(made, epoch(ds.batches(100, seed=8, fields=["images", "id"]), False, monkeypatch)[0])
+
+
+def test_each_epoch_s_engine_reads_into_the_blocks_the_ones_before_gave_back(store, monkeypatch):
+    """An iterator lends each run's engine the blocks the runs before gave back (as many as a run held), so that an
+    epoch faults in few new pages: six epochs read into about two runs' blocks (the next epoch's run starts as one
+    drains, each holding its own; a few more where a run held more than those before), not six."""
+    ds, _ = store
+    lent, lend = [], runs.ChunkBuffers.lend
+    monkeypatch.setattr(runs.ChunkBuffers, "lend",
+                        lambda buffers, nbytes: lent.append(lend(buffers, nbytes)) or lent[-1])
+    iterator = ds.batches(64, seed=0, fields=["images", "id"])
+    for _ in range(6):
+        assert epoch(iterator, True, monkeypatch)[1] == {"NativeRun"}
+    blocks = [{id(block) for block in run} for run in lent]  # kept by the iterator: an id is never another's
+    most = iterator.buffers.most_held
+    assert not blocks[0] and most > 0 and len(set().union(*blocks)) <= 2 * most + 4, ([len(run) for run in blocks], most)
 
 
 def test_epochs_resumed_and_started_ahead_are_the_same_batches(store, monkeypatch):

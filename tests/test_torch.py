@@ -436,8 +436,10 @@ def test_a_loader_without_workers_reads_each_epoch_into_the_chunk_buffers_the_on
     """``ds.torch`` keeps its iterator from one pass to the next, and with it the chunk buffers each pass reads
     into (as ``ds.batches``' epochs share theirs, a run's more at most for the next epoch's, started as a pass
     drains: tests/test_loader.py)."""
+    from outcore.iterate import iterator
     from outcore.storage.shard_reader import ShardReader
 
+    monkeypatch.setattr(iterator, "native_run", lambda *args: None)  # local runs' (C runs': test_native_run.py)
     made, empty = [], ShardReader.empty
     monkeypatch.setattr(ShardReader, "empty", lambda self: made.append(1) or empty(self))
     loader = ids_store.torch(100, shuffle=True, seed=4)
