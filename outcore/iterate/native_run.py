@@ -2,19 +2,23 @@
 
 A `LocalRun` makes each batch in tasks of the process's pool, planned and handed over by Python: a few hundred Python
 calls a batch, one thread at a time whatever the cores (`benchmarks/python_calls.py`). Where nothing in a batch needs
-Python (every field stored as it is batched, read from local shard files, no transform: ``ds.batches(256)`` over
-a pixel store), the whole run is handed to the C engine of `outcore.storage.chunk_reads` at once: the rows of its
-batches, by slot (`EpochPlan.span`), the slots each batch reads, and each slot's chunk reads, as its shard's index
-gives them (`ShardReader.local_reads`). Its threads (as many as the pool's) read the slots in the schedule's order
-(a chunk's crc32c checked and its Blosc frame decoded, `read_at_once`'s reads), up to ``read_ahead`` slots past the
-batches being made, copy each batch's rows into arrays given to it a few batches ahead (`outcore.storage.blocks`,
-as any batch's), and give a slot's buffers back once the last batch reading it is made. The run's thread takes the
-batches in order and hands them over as any run's: a dozen Python calls a batch.
+Python (every field stored as it is batched, read from local shard files, and at most a window of whole pixels of each
+picture, mirrored or not: ``ds.batches(256, transform=Compose([RandomCrop(112), RandomFlip()]))`` over a pixel
+store), the whole run is handed to the C engine of `outcore.storage.chunk_reads` at once. The run's thread plans it:
+the rows of its batches by chunk (`EpochPlan.span`, each chunk read once, in the plan's order), the chunks each batch
+reads, each chunk's reads as its shard's index gives them (`ShardReader.local_reads`), every window and mirror of the
+run drawn in one call as the pool's tasks draw them piece by piece. The engine's threads (as many as the pool's) read
+the chunks in the schedule's order (each checked and its Blosc frame decoded, as `read_at_once` reads one), up to
+``read_ahead`` chunks past the batches being made, copy each batch's rows (or cut and mirror its pictures' windows)
+into the arrays given to it a few batches ahead (`outcore.storage.blocks`, or the run's own memory: pinned, for
+`ds.torch`), and give a chunk's buffer back once the last batch reading it is made. The consumer's thread takes each
+batch from the engine and gives it the arrays of one a few batches on: a few dozen Python calls a batch, on no other
+thread.
 
 The batches are those a `LocalRun` makes, byte for byte (`tests/test_native_run.py`). A read the engine cannot
 vouch for (a file damaged, unreadable, or replaced since its index was read) ends it: that batch and the rest are
 made by a `LocalRun`, which reads the chunks again and names what is wrong. The run's plan is held as arrays, 8
-bytes a sample.
+bytes a sample (18 where pictures are cut).
 
 >>> run = native_run(work, stats, buffers)  # doctest: +SKIP
 >>> run is None or isinstance(run, NativeRun)  # doctest: +SKIP
@@ -43,9 +47,9 @@ from .stats import LoaderStats
 
 class NativeRun(Run):
     """Batches ``work.batches`` made by a C engine that its thread plans first (`_engine`), each field's batch arrays of
-    ``specs`` (name, a sample's shape, dtype and bytes); the rest by a `LocalRun` of ``buffers`` from the first batch whose
-    chunks the engine could not vouch for (all of them where the run's chunks cannot be planned so: a shard index
-    that cannot be read, say). ``chunks``: those the engine reads, each once, in the plan's order."""
+    ``specs`` (name, a sample's shape, dtype and bytes); the rest by a `LocalRun` of ``buffers`` from the first batch
+    whose chunks the engine could not vouch for (all of them where the run cannot be planned so: a shard index that
+    cannot be read, say). ``chunks``: those the engine reads, each once, in the plan's order."""
 
     threads_here = True
     hands_over = False  # the consumer takes its batches from the engine: no thread of its own waits for a taker
@@ -125,7 +129,8 @@ class NativeRun(Run):
 
     def _engine(self) -> Any:
         """The engine making the run's batches, started (as the module docstring says), or None where a chunk's read
-        cannot be planned so (the file's index cannot be read, a chunk was never written, a file of two versions)."""
+        cannot be planned so (its shard's index cannot be read, a chunk was never written) or the windows cannot be
+        drawn in one call (no C extension)."""
         work = self.work
         plan, chunk_size, steps = work.plan, work.store.chunk_size, work.batches
         samples, slots, bounds = plan.span(steps[0], steps[-1] + 1)  # consecutive steps: a run's, or a loader's
@@ -226,6 +231,8 @@ def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeR
     if (Engine is None or (recipe.transform is not None and not _windows_only(recipe)) or recipe.text_fields
             or recipe.ragged_fields or options.skip_damaged
             or len(steps) < 2 or steps[-1] - steps[0] + 1 != len(steps) or steps[-1] >= work.plan.steps):
+        return None
+    if recipe.crop is not None and recipe.crop_field not in recipe.fields:
         return None
     specs = []
     for name in recipe.fields:

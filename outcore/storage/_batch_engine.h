@@ -1,22 +1,26 @@
-/* Engine: a run of plain batches (stored fields' rows copied out of their chunks, nothing decoded or transformed) made
- * start to end on C threads of its own, none of them ever holding the GIL (outcore.iterate.native_run).
+/* Engine: a run of plain batches (stored fields' rows copied out of their chunks; a picture field's windows of whole
+ * pixels cut and mirrored at most) made start to end on C threads of its own, none of them ever holding the GIL
+ * (outcore.iterate.native_run).
  *
- * Made by Python for a run: the slots it reads (a stretch of the chunk stream; each slot one chunk of every field, read
- * as `read_one` reads one: its file, offset, bytes, whether a Blosc frame, and the stamp of the file's version whose
- * index gave them), the run's rows in batch order (each row's slot and its sample in that slot's chunk), each batch's
- * bounds in them, the highest slot each batch reads and the slots each reads (each once). Its threads then read slots
- * in order, up to `read_ahead` slots past the highest the batches allowed ahead need, and copy each batch's rows
- * into the arrays Python `give`s it (a batch's arrays, one a field, given in batch order, `window` batches ahead of
- * the one taken at most: the batches made and not yet taken), a whole batch a task. A slot's chunk buffers go back to
- * the engine's free list once every batch reading it is made: as many are held as the schedule's reads ahead hold.
+ * Made by Python for a run: the slots it reads (each one chunk of every field, read as `read_one` reads one: its
+ * file, offset, bytes, whether a Blosc frame, and the stamp of the file's version whose index gave them), the run's
+ * rows in batch order (each row's slot and its sample in that slot's chunk), each batch's bounds in them, the highest
+ * slot each batch or one before it reads (`reach`) and the slots each reads (each once); where pictures are cut, their
+ * geometry (`picture`) and each row's window and mirrors; the buffers Python lends it for slots (kept by the iterator
+ * from run to run). Everything the threads will index is checked then. Its threads read slots in order, up to
+ * `read_ahead` slots past those the batches allowed ahead need, and copy each batch's rows (or cut its windows:
+ * `copy_window`, _window_copy.h) into the arrays Python `give`s it (one a field, in batch order, at most `window`
+ * batches ahead of the one taken), a whole batch a task. A slot's buffer goes back to the free list once every batch
+ * reading it is made: as many are held as the schedule's reads ahead hold.
  *
  * `take(timeout)` waits (the GIL released) for the next batch in order: True once it is made (its arrays, given,
- * hold it), None when it is not within timeout seconds, or the slot (an int) whose read was not vouched for (the
- * file cannot be read, is damaged, or is not of the version indexed): the caller makes that batch and the rest its own
- * way, which names what is wrong (`close` first). `close()` stops the threads and waits for them.
+ * hold it), None when it is not within timeout seconds or the engine is being closed, or the slot (an int) whose read
+ * was not vouched for (the file cannot be read, is damaged, or is not of the version indexed): the caller makes that
+ * batch and the rest its own way, which names what is wrong. `close()` stops the threads, waits for them (and for a
+ * thread in `take`) and frees what the run held.
  *
- * The threads' CPU time counts as time outside the GIL (_free_time.h). A forked child inherits an engine without its
- * threads: it is left as it is there, never joined nor freed.
+ * The threads' CPU time counts as time outside the GIL (_free_time.h; `engine_seconds` says how much of it was
+ * theirs). A forked child inherits an engine without its threads: it is left as it is there, never joined nor freed.
  *
  * Included by _chunks.c after read_one. */
 #ifndef OUTCORE_BATCH_ENGINE_H
