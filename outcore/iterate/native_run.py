@@ -18,7 +18,8 @@ thread.
 The batches are those a `LocalRun` makes, byte for byte (`tests/test_native_run.py`). A read the engine cannot
 vouch for (a file damaged, unreadable, or replaced since its index was read) ends it: that batch and the rest are
 made by a `LocalRun`, which reads the chunks again and names what is wrong. The run's plan is held as arrays, 8
-bytes a sample (18 where pictures are cut).
+bytes a sample (18 where pictures are cut), made at its start in arrays of the run's samples (some 60 bytes a sample
+for a moment, where a `LocalRun` plans a few batches at a time).
 
 >>> run = native_run(work, stats, buffers)  # doctest: +SKIP
 >>> run is None or isinstance(run, NativeRun)  # doctest: +SKIP
@@ -134,12 +135,17 @@ class NativeRun(Run):
         work = self.work
         plan, chunk_size, steps = work.plan, work.store.chunk_size, work.batches
         samples, slots, bounds = plan.span(steps[0], steps[-1] + 1)  # consecutive steps: a run's, or a loader's
-        slots_read, slot_of_row = np.unique(slots, return_inverse=True)  # the slots the run reads, in the plan's order
+        read = np.zeros(len(plan.chunks), bool)  # the slots the run reads, in the plan's order (a table: no sort of
+        read[slots] = True  # the rows, which are many; the slots are few)
+        slots_read = np.flatnonzero(read)
         unique, first, of_slot = np.unique(plan.chunks[slots_read], return_index=True, return_inverse=True)
         order = np.argsort(first)  # each chunk read once, where its first slot is (two streams may share one)
-        place = np.empty(len(unique), np.int64)
+        place = np.empty(len(unique), np.int32)
         place[order] = np.arange(len(unique))
-        row_slot, chunks = place[of_slot[slot_of_row]], unique[order]
+        at = np.empty(len(plan.chunks), np.int32)  # each slot's place among the chunks read
+        at[slots_read] = place[of_slot]
+        row_slot, chunks = at[slots], unique[order]
+        del read, slots
         readers = [self.buffers.readers[name] for name, _, _, _ in self.specs]
         files: list[tuple[bytes, Any]] = []  # every field's shard files: (path, the version whose index was read)
         asks = np.empty((len(chunks), len(readers), 4), np.int64)
@@ -152,12 +158,13 @@ class NativeRun(Run):
             files.extend(reads[0])
         stamps = np.array([stamp for _, stamp in files], np.int64).reshape(-1, 3)
         bounds = np.asarray(bounds, np.int64)
-        batch = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
-        used = np.unique(batch * len(chunks) + row_slot)  # each batch's slots, each once, batch after batch
+        used = np.repeat(np.arange(len(bounds) - 1) * len(chunks), np.diff(bounds))  # each row's batch, then
+        used += row_slot  # its slot: each batch's slots, each once, batch after batch
+        used = np.unique(used)
         used_bounds = np.searchsorted(used // len(chunks), np.arange(len(bounds)))
-        reach = np.maximum.accumulate(np.maximum.reduceat(row_slot, bounds[:-1]))
+        reach = np.maximum.accumulate(np.maximum.reduceat(row_slot, bounds[:-1])).astype(np.int64)
         picture = self._picture()
-        windows = {} if picture is None else self._windows(len(samples))
+        windows = {} if picture is None else self._windows()
         if windows is None:  # the crop's windows drawn some other way: by the pool's tasks
             return None
         threads = thread_count()
@@ -169,8 +176,7 @@ class NativeRun(Run):
             self.lent = self.buffers.lend(int(chunk_bytes.sum()))
             self.engine = Engine(
                 [path for path, _ in files], stamps, asks, chunk_bytes // chunk_size, chunk_bytes, bounds,
-                row_slot.astype(np.int32), (samples % chunk_size).astype(np.int32), reach, used_bounds,
-                used % len(chunks), threads, min(LocalRun.MAX_READ_AHEAD, max(2, threads)), self.window, self.lent,
+                row_slot, (samples % chunk_size).astype(np.int32), reach, used_bounds, used % len(chunks), threads, min(LocalRun.MAX_READ_AHEAD, max(2, threads)), self.window, self.lent,
                 picture, **windows)
         self.chunks, self.bounds = chunks, bounds.tolist()
         return self.engine
@@ -200,14 +206,14 @@ class NativeRun(Run):
         self.engine.give(list(batch.values()))
         return batch
 
-    def _windows(self, rows: int) -> dict[str, np.ndarray] | None:
-        """The ``windows`` and ``mirrors`` of the run's ``rows`` rows, batch after batch, each piece's drawn as its
+    def _windows(self) -> dict[str, np.ndarray] | None:
+        """The ``windows`` and ``mirrors`` of the run's rows, batch after batch, each piece's drawn as its
         generator draws them where a batch is made by the pool's tasks (`Crop.boxes_of_pieces`, `make_batch`), all in
         one call; None where they are not drawn so (no C extension, a flip of another kind)."""
         work, recipe = self.work, self.work.recipe
         seed, epoch, plan = work.options.seed, work.epoch, work.plan
         pieces = [piece for index in work.batches for piece in batch_draws(seed, epoch, index, plan.pieces(index))]
-        drawn = recipe.crop.boxes_of_pieces(np.tile(self.size, (rows, 1)), pieces, recipe.flip)
+        drawn = recipe.crop.boxes_of_pieces(self.size[None], pieces, recipe.flip)  # one size: one row says it
         return None if drawn is None else {"windows": drawn[0], "mirrors": drawn[1]}
 
     def _close_engine(self) -> None:
