@@ -41,7 +41,7 @@ from ..storage import ShardReader, blocks
 from ..storage.chunk_reads import Engine
 from ..threads import thread_count
 from .batch import Batch, Recipe, batch_draws, plain
-from .readers import sample_bytes, sample_spec
+from .readers import sample_spec
 from .runs import WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, closed
 from .stats import LoaderStats
 
@@ -168,7 +168,7 @@ class NativeRun(Run):
         if windows is None:  # the crop's windows drawn some other way: by the pool's tasks
             return None
         threads = thread_count()
-        self.window = engine_window(work, threads)
+        self.window = LocalRun.made_at_once(work, threads)  # as many as a local run makes
         chunk_bytes = np.array([reader.chunk_nbytes for reader in readers], np.int64)
         with self.closing:
             if self.stop.is_set():
@@ -176,7 +176,7 @@ class NativeRun(Run):
             self.lent = self.buffers.lend(int(chunk_bytes.sum()))
             self.engine = Engine(
                 [path for path, _ in files], stamps, asks, chunk_bytes // chunk_size, chunk_bytes, bounds,
-                row_slot, (samples % chunk_size).astype(np.int32), reach, used_bounds, used % len(chunks), threads, min(LocalRun.MAX_READ_AHEAD, max(2, threads)), self.window, self.lent,
+                row_slot, (samples % chunk_size).astype(np.int32), reach, used_bounds, used % len(chunks), threads, LocalRun.local_read_ahead(threads), self.window, self.lent,
                 picture, **windows)
         self.chunks, self.bounds = chunks, bounds.tolist()
         return self.engine
@@ -263,9 +263,3 @@ def _windows_only(recipe: Recipe) -> bool:
             and vars(type(crop)).get("windows", False) and not getattr(crop, "padding", 0)
             and getattr(crop, "targets", None) is None and hasattr(crop, "boxes_of_pieces"))
 
-
-def engine_window(work: Work, threads: int) -> int:
-    """The batches made at once (and not yet taken): as a `LocalRun` makes, two at least, one a thread, about
-    `LocalRun.MAKING_BYTES` in all."""
-    batch_bytes = max(1, sample_bytes(work.store, work.recipe) * work.options.batch_size)
-    return max(2, min(threads, LocalRun.MAKING_BYTES // batch_bytes))

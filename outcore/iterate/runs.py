@@ -499,10 +499,9 @@ class LocalRun(Run):
         self.remote = any(reader.remote for reader in self.readers.values())
         one_batch = len(work.batches) == 1
         threads = thread_count()
-        local_ahead = min(self.MAX_READ_AHEAD, max(2, threads))
-        self.read_ahead = 0 if one_batch else self.REMOTE_READ_AHEAD if self.remote else local_ahead
+        self.read_ahead = 0 if one_batch else self.REMOTE_READ_AHEAD if self.remote else self.local_read_ahead(threads)
         batch_bytes = max(1, sample_bytes(work.store, work.recipe) * work.options.batch_size)
-        making = max(2, min(threads, self.MAKING_BYTES // batch_bytes))  # batches made at once
+        making = self.made_at_once(work, threads)
         joinable = work.recipe.joinable and work.allocator is None and not work.options.skip_damaged
         self.together = max(1, min(making, self.MOST_TOGETHER, self.TOGETHER_BYTES // batch_bytes)) \
             if joinable and not one_batch else 1
@@ -515,6 +514,18 @@ class LocalRun(Run):
             self.next_use = next_use(work.store.num_chunks, shuffle=options.shuffle, seed=options.seed,
                                      epoch=work.epoch, consumers=work.plan.layout.streams)
         super().__init__(work, stats)
+
+    @classmethod
+    def local_read_ahead(cls, threads: int) -> int:
+        """The slots read ahead from local files on ``threads`` threads: one a thread, from 2 to `MAX_READ_AHEAD`."""
+        return min(cls.MAX_READ_AHEAD, max(2, threads))
+
+    @classmethod
+    def made_at_once(cls, work: Work, threads: int) -> int:
+        """The batches of ``work`` made at once on ``threads`` threads: one a thread, two at least, about
+        `MAKING_BYTES` in all."""
+        batch_bytes = max(1, sample_bytes(work.store, work.recipe) * work.options.batch_size)
+        return max(2, min(threads, cls.MAKING_BYTES // batch_bytes))
 
     def _release(self) -> None:
         for future in [*self.loading.values(), *self.made]:  # those not started yet

@@ -65,8 +65,8 @@ or more); None when anything failed or the file changed while it was read. None 
 
 Engine: type | None = getattr(_chunks, "Engine", None) if read_at_once is not None else None
 """``Engine(paths, stamps, asks, row_bytes, chunk_bytes, bounds, row_slot, row_local, reach, used_bounds, used,
-threads, read_ahead, window)``: a run of plain batches (stored fields' rows copied out of their chunks) made on C
-threads that never hold the GIL, their chunks read as `read_at_once` reads one (``_batch_engine.h``;
+threads, read_ahead, window, lent, picture=None, windows=None, mirrors=None)``: a run of plain batches (stored fields'
+rows copied out of their chunks, a picture field's windows cut and mirrored) made on C threads that never hold the GIL, their chunks read as `read_at_once` reads one (``_batch_engine.h``;
 `outcore.iterate.native_run`); None where chunks are not read so here."""
 
 read_many_at_once: Callable[[Sequence[tuple[Any, ...]], bytearray], list[Any]] | None

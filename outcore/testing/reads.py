@@ -47,7 +47,7 @@ def count_chunk_reads() -> None:
 
     def counted_at_release(self: native_run.NativeRun) -> None:  # the chunks its engine read (its threads' reads)
         with _lock:
-            _by_run[self] = _by_run.get(self, 0) + (self.engine.reads if self.engine is not None else 0)
+            _by_run[self] = self.engine.reads if self.engine is not None else 0  # all so far: closed twice, once
         release(self)
 
     counted.counted = True  # type: ignore[attr-defined]
