@@ -145,7 +145,7 @@ import outcore
 import outcore.threads
 from outcore.imaging.synthetic import write_image_folder
 from outcore.iterate.batch import plain
-from outcore.measure import gil_bound, gil_free_clock
+from outcore.measure import gil_bound, gil_free_clock, thread_free_seconds
 from outcore.storage import chunk_reads
 from outcore.threads.pool import Gauge
 from outcore.transforms import (
@@ -440,8 +440,9 @@ def held_share(free: Callable[[], float] | None, cpu: float) -> float | None:
 
 
 def thread_clocks() -> dict[str, float]:
-    """The CPU seconds so far of this thread (the consumer's), of the pool's threads (``outcore-pool-N``) and of the
-    C runs' engines' threads (`outcore.iterate.native_run`: counted by the extension, as they come and go)."""
+    """The CPU seconds so far of this thread (the consumer's) and its part in outcore's C calls outside the GIL (a C
+    run's `take`), of the pool's threads (``outcore-pool-N``) and of the C runs' engines' threads
+    (`outcore.iterate.native_run`: counted by the extension, as they come and go)."""
     pool = 0.0
     for thread in threading.enumerate():
         if thread.name.startswith("outcore-pool") and thread.ident is not None:
@@ -449,20 +450,21 @@ def thread_clocks() -> dict[str, float]:
                 pool += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
     chunks = chunk_reads.extension()
     engines = chunks.engine_seconds() if chunks is not None and hasattr(chunks, "engine_seconds") else 0.0
-    return {"consumer": time.thread_time(), "pool": pool, "engines": engines}
+    return {"consumer": time.thread_time(), "consumer_free": thread_free_seconds(), "pool": pool, "engines": engines}
 
 
 def held_by_thread(free: Callable[[], float] | None, cpu: float, clocks: dict[str, float]) -> dict[str, float] | None:
     """The GIL share timed since ``cpu`` (`held_share`) in its parts, each a share of the process's CPU time: the
-    consumer's thread (it takes the batches; it calls none of outcore's GIL-free C), the pool's threads outside
-    those C calls (outcore's C calls run there, and on C runs' engines' threads, which never hold the GIL) and the
-    others (the thread that plans a run's batches and hands them over, one a run, and any thread of another library).
-    None where nothing is counted."""
+    consumer's thread outside outcore's GIL-free C (it takes the batches: a C run's waits are such a call), the
+    pool's threads outside those C calls (outcore's C calls run there, and on C runs' engines' threads, which never
+    hold the GIL) and the others (the thread that plans a run's batches and hands them over, one a run, and any
+    thread of another library). None where nothing is counted."""
     used, now = time.process_time() - cpu, thread_clocks()
     if free is None or used <= 0:
         return None
-    consumer, pool, engines = (now[name] - clocks[name] for name in ("consumer", "pool", "engines"))
-    parts = {"consumer": consumer, "pool": max(0.0, pool - (free() - engines)),
+    consumer, consumer_free, pool, engines = (now[name] - clocks[name]
+                                              for name in ("consumer", "consumer_free", "pool", "engines"))
+    parts = {"consumer": consumer - consumer_free, "pool": max(0.0, pool - (free() - engines - consumer_free)),
              "others": max(0.0, used - consumer - pool - engines)}
     return {name: seconds / used for name, seconds in parts.items()}
 

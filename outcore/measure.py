@@ -13,6 +13,7 @@ import io
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from concurrent.futures import ThreadPoolExecutor
 
 from PIL import Image
@@ -88,13 +89,29 @@ def gil_free_clock() -> Callable[[], float] | None:
     >>> clock = gil_free_clock()  # doctest: +SKIP
     >>> cpu = time.process_time(); ...; held = 1 - clock() / (time.process_time() - cpu)  # doctest: +SKIP
     """
-    counters = [module.count_free for module in (native.extension, native.windows, chunk_reads.extension())
-                if module is not None and hasattr(module, "count_free")]
+    counters = [module.count_free for module in _counting()]
     counted = [(count, count(True)) for count in counters]
     counted = [(count, start) for count, start in counted if start is not None]
     if not counted:
         return None
     return lambda: sum(count(True) - start for count, start in counted)
+
+
+def thread_free_seconds() -> float:
+    """The part of `gil_free_clock`'s seconds counted on the calling thread so far (while a clock counted): 0 where
+    nothing is counted. Beside ``time.thread_time()``, what the thread spent holding the GIL, at most.
+
+    >>> clock = gil_free_clock()  # doctest: +SKIP
+    >>> began = time.thread_time() - thread_free_seconds(); ...  # doctest: +SKIP
+    >>> held = time.thread_time() - thread_free_seconds() - began  # doctest: +SKIP
+    """
+    return sum(module.thread_free() or 0.0 for module in _counting() if hasattr(module, "thread_free"))
+
+
+def _counting() -> list[ModuleType]:
+    """outcore's C extensions that count their time outside the GIL (loaded here)."""
+    return [module for module in (native.extension, native.windows, chunk_reads.extension())
+            if module is not None and hasattr(module, "count_free")]
 
 
 def gil_bound(held: float, cores: int) -> float:

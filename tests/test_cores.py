@@ -27,7 +27,7 @@ from outcore.iterate import gather, readers
 from outcore.iterate.batch import Recipe, WholePictures, make_batch, steps, transform_generator
 from outcore.iterate.readers import chunk_readers
 from outcore.iterate.targets import Targets
-from outcore.measure import gil_free_clock
+from outcore.measure import gil_free_clock, thread_free_seconds
 from outcore.testing import write_image_folder
 from outcore.threads import for_each_run, gauge, shared_pool, submit, wait_all
 from outcore.threads.handoff import Handoff
@@ -446,6 +446,29 @@ def test_a_copy_of_a_few_bytes_keeps_the_gil_and_a_large_one_lets_it_go():
         for _ in range(20_000 if not copied else 20):
             copy_samples([source], np.zeros(len(source), np.int64), every, out, every[::-1])
         assert (clock() > before) == copied and (out == source[::-1]).all()
+
+
+def test_the_time_outside_the_gil_is_told_by_thread():
+    """`thread_free_seconds` is the calling thread's part of `gil_free_clock`'s count: a copy that lets the GIL go
+    counts there on the thread that made it, and not on another (`cores.py` takes a C run's waits out of its
+    consumer's share so)."""
+    if native.windows is None or gil_free_clock() is None:
+        pytest.skip(f"the copies' C extension is not here ({native.copies()}): nothing to count")
+    clock = gil_free_clock()
+    pictures = np.zeros((64, 128, 128, 3), np.uint8)
+    every, out = np.arange(len(pictures)), np.empty_like(pictures)
+
+    def copies() -> None:
+        for _ in range(20):
+            copy_samples([pictures], np.zeros(len(pictures), np.int64), every, out, every)
+
+    here, counted = thread_free_seconds(), clock()
+    elsewhere = threading.Thread(target=copies)
+    elsewhere.start()
+    elsewhere.join()
+    assert thread_free_seconds() == here and clock() > counted
+    copies()
+    assert thread_free_seconds() > here
 
 
 def test_runs_cover_every_item_once_from_pool_threads_busy_or_free():

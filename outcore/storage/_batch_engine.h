@@ -69,7 +69,9 @@ struct Engine {
     Py_ssize_t read_ahead, window;
     /* the run, under lock */
     pthread_mutex_t lock;
-    pthread_cond_t wake;
+    pthread_cond_t wake;          /* the threads': a slot read, a batch made, given or taken, or stopping */
+    pthread_cond_t ready;         /* the taker's: the batch it awaits made, or stopping */
+    Py_ssize_t awaited;           /* the batch a thread in `take` waits for, or -1 */
     pthread_t *threads;
     int started, stopping, closed;
     pid_t pid;
@@ -90,7 +92,7 @@ struct Engine {
     Py_ssize_t reads;             /* slots read (for the tests' counts) */
     Py_ssize_t held, most_held;   /* slots' buffers held now, and at most (what the next run may be lent) */
     Py_ssize_t made;              /* batches made (in any order) */
-    int taking;                   /* threads in `take` (counted holding the GIL): `close` waits for them */
+    int taking;                   /* threads in `take`: `close` waits for them */
 };
 
 static long long engine_nanoseconds = 0; /* the part of free_nanoseconds counted on the engines' threads */
@@ -214,6 +216,8 @@ static void *engine_work(void *arg) {
                     e->held--;
                 }
             }
+            if (b == e->awaited) /* the taker is woken by its batch only, not by every read */
+                pthread_cond_signal(&e->ready);
             pthread_cond_broadcast(&e->wake);
         } else if (engine_readable(e, s)) {
             e->next_read++;
@@ -298,6 +302,7 @@ static void engine_close(Engine *e) {
         pthread_mutex_lock(&e->lock);
         e->stopping = 1;
         pthread_cond_broadcast(&e->wake);
+        pthread_cond_broadcast(&e->ready);
         pthread_mutex_unlock(&e->lock);
         Py_BEGIN_ALLOW_THREADS;
         for (int t = 0; t < e->started; t++)
@@ -313,6 +318,7 @@ static void engine_close(Engine *e) {
         engine_let_go(e, b);
     if (e->started || e->threads != NULL) {
         pthread_cond_destroy(&e->wake);
+        pthread_cond_destroy(&e->ready);
         pthread_mutex_destroy(&e->lock);
     }
     engine_free(e);
@@ -514,11 +520,14 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     }
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
-    for (int t = 0; t < threads; t++) {
-        if (pthread_create(&e->threads[t], NULL, engine_work, &e->workers[t]) != 0)
-            break;
-        e->started++;
-    }
+    pthread_cond_init(&e->ready, NULL);
+    e->awaited = -1;
+    int started = 0;
+    Py_BEGIN_ALLOW_THREADS; /* a thread's start is a system call or two: no other thread waits for the GIL meanwhile */
+    while (started < threads && pthread_create(&e->threads[started], NULL, engine_work, &e->workers[started]) == 0)
+        started++;
+    Py_END_ALLOW_THREADS;
+    e->started = started;
     if (e->started == 0) {
         PyErr_SetString(PyExc_RuntimeError, "Engine: no thread could be started");
         engine_close(e);
@@ -584,22 +593,24 @@ static PyObject *engine_take(Engine *e, PyObject *args) {
     }
     int state;
     e->taking++;
-    Py_BEGIN_ALLOW_THREADS;
+    FREE_BEGIN; /* its CPU time (the wait's wake-up) is outside the GIL */
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     long long nanoseconds = until.tv_nsec + (long long)(timeout * 1e9);
     until.tv_sec += (time_t)(nanoseconds / 1000000000LL);
     until.tv_nsec = (long)(nanoseconds % 1000000000LL);
     pthread_mutex_lock(&e->lock);
-    while (e->batch_state[b] < BATCH_MADE && !e->stopping && pthread_cond_timedwait(&e->wake, &e->lock, &until) == 0) {
+    e->awaited = b;
+    while (e->batch_state[b] < BATCH_MADE && !e->stopping && pthread_cond_timedwait(&e->ready, &e->lock, &until) == 0) {
     }
+    e->awaited = -1;
     state = e->batch_state[b];
     if (state == BATCH_MADE) {
         e->taken++;
         pthread_cond_broadcast(&e->wake);
     }
     pthread_mutex_unlock(&e->lock);
-    Py_END_ALLOW_THREADS;
+    FREE_END;
     e->taking--;
     if (state == BATCH_FAILED)
         return PyLong_FromLongLong(e->failed_slot[b]);

@@ -155,19 +155,23 @@ class ShardReader:
         if layout is None or layout.read_at_once is None:
             return None
         shards, inner = np.divmod(np.asarray(chunks, np.int64), layout.chunks_per_shard)
-        files, reads = [], np.empty((len(shards), 4), np.int64)
-        reads[:, 3] = layout.blosc
-        for number, shard in enumerate(np.unique(shards).tolist()):
+        numbers, number = np.unique(shards, return_inverse=True)  # each chunk's file's number among them
+        files, indexes = [], []
+        for shard in numbers.tolist():
             try:
                 known = self._index(shard)
             except (_Unreadable, _Failed, OutcoreError, OSError):
                 return None
-            where = shards == shard
-            entries = known.entries[inner[where]]
-            if (entries[:, 0] == _EMPTY).any():  # a chunk never written
+            if len(known.entries) != layout.chunks_per_shard:  # not an index of this layout's: `read` says so
                 return None
-            reads[where, 0], reads[where, 1:3] = number, entries
+            indexes.append(known.entries)
             files.append((os.fsencode(layout.path(shard)), known.stamp))
+        entries = np.concatenate(indexes)[number * layout.chunks_per_shard + inner] if indexes else \
+            np.empty((0, 2), np.uint64)
+        if (entries[:, 0] == _EMPTY).any():  # a chunk never written
+            return None
+        reads = np.empty((len(shards), 4), np.int64)
+        reads[:, 0], reads[:, 1:3], reads[:, 3] = number, entries, layout.blosc
         return files, reads
 
     @property
