@@ -13,8 +13,8 @@ import io
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
 
 from PIL import Image
 
