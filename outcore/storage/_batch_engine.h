@@ -13,7 +13,8 @@
  * batches ahead of the one taken), a whole batch a task. A slot's buffer goes back to the free list once every batch
  * reading it is made: as many are held as the schedule's reads ahead hold.
  *
- * `take(timeout)` waits (the GIL released) for the next batch in order: True once it is made (its arrays, given,
+ * `take(timeout)` waits (the GIL released, counted so) for the next batch in order, woken when that batch is made
+ * (a condition of its own: not by every read): True once it is made (its arrays, given,
  * hold it), None when it is not within timeout seconds or the engine is being closed, or the slot (an int) whose read
  * was not vouched for (the file cannot be read, is damaged, or is not of the version indexed): the caller makes that
  * batch and the rest its own way, which names what is wrong. `close()` stops the threads, waits for them (and for a
