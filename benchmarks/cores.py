@@ -143,9 +143,10 @@ from PIL import Image
 
 import outcore
 import outcore.threads
+from outcore import measure
 from outcore.imaging.synthetic import write_image_folder
 from outcore.iterate.batch import plain
-from outcore.measure import gil_bound, gil_free_clock, thread_free_seconds
+from outcore.measure import gil_bound, gil_free_clock
 from outcore.storage import chunk_reads
 from outcore.threads.pool import Gauge
 from outcore.transforms import (
@@ -450,7 +451,14 @@ def thread_clocks() -> dict[str, float]:
                 pool += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
     chunks = chunk_reads.extension()
     engines = chunks.engine_seconds() if chunks is not None and hasattr(chunks, "engine_seconds") else 0.0
-    return {"consumer": time.thread_time(), "consumer_free": thread_free_seconds(), "pool": pool, "engines": engines}
+    return {"consumer": time.thread_time(), "consumer_free": thread_free(), "pool": pool, "engines": engines}
+
+
+def thread_free() -> float:
+    """This thread's CPU seconds in outcore's C calls outside the GIL (`outcore.measure.thread_free_seconds`; 0 with
+    an outcore that does not tell them: ``--against`` an older checkout, whose consumer calls none)."""
+    told = getattr(measure, "thread_free_seconds", None)
+    return 0.0 if told is None else told()
 
 
 def held_by_thread(free: Callable[[], float] | None, cpu: float, clocks: dict[str, float]) -> dict[str, float] | None:

@@ -303,27 +303,59 @@ def test_the_engine_refuses_a_plan_that_would_read_out_of_bounds():
             Engine(**{**plan, name: wrong})
 
 
-def test_a_read_the_engine_cannot_vouch_for_ends_its_batch(tmp_path):
-    """A file that is not the version its index was read from (its stamp differs): the batch is not made, and take
-    says which slot failed."""
+def _one_chunk_plan(tmp_path, batches: int) -> dict:
+    """An engine's plan of ``batches`` batches of one row each from one chunk of 4 samples of 4 bytes (0, 1, ..., 15),
+    samples 3, 1, 2, ... in turn, its file's stamp right."""
     data = np.arange(16, dtype=np.uint8)
     path = tmp_path / "chunk"
     path.write_bytes(data.tobytes() + crc32c.crc32c(data.tobytes()).to_bytes(4, "little"))
     status = path.stat()
-    plan = {"paths": [bytes(path)], "asks": np.array([[[0, 0, 20, 0]]], np.int64), "row_bytes": np.array([4], np.int64),
-            "chunk_bytes": np.array([16], np.int64), "bounds": np.array([0, 2], np.int64),
-            "row_slot": np.array([0, 0], np.int32), "row_local": np.array([3, 1], np.int32),
-            "reach": np.array([0], np.int64), "used_bounds": np.array([0, 1], np.int64),
-            "used": np.array([0], np.int64), "threads": 2, "read_ahead": 0, "window": 1, "lent": []}
-    for stamp, made in [((status.st_ino, status.st_mtime_ns, status.st_size), True),
-                        ((status.st_ino, status.st_mtime_ns + 1, status.st_size), 0)]:  # 0: slot 0 failed
-        engine = Engine(stamps=np.array([stamp], np.int64), **plan)
-        out = np.zeros(8, np.uint8)
-        engine.give([out])
-        got = None
-        while got is None:
-            got = engine.take(0.05)
+    return {"paths": [bytes(path)], "stamps": np.array([(status.st_ino, status.st_mtime_ns, status.st_size)], np.int64),
+            "asks": np.array([[[0, 0, 20, 0]]], np.int64), "row_bytes": np.array([4], np.int64),
+            "chunk_bytes": np.array([16], np.int64), "bounds": np.arange(batches + 1, dtype=np.int64),
+            "row_slot": np.zeros(batches, np.int32), "row_local": np.array([3, 1, 2, 0] * batches, np.int32)[:batches],
+            "reach": np.zeros(batches, np.int64), "used_bounds": np.arange(batches + 1, dtype=np.int64),
+            "used": np.zeros(batches, np.int64), "threads": 2, "read_ahead": 0, "window": 1, "lent": []}
+
+
+def _taken(engine: Engine, spares: list | None = None) -> object:
+    got = None
+    while got is None:
+        got = engine.take(0.05, spares)
+    return got
+
+
+def test_a_read_the_engine_cannot_vouch_for_ends_its_batch(tmp_path):
+    """A file that is not the version its index was read from (its stamp differs): the batch is not made, and take
+    says which slot failed; where it is, take gives back the arrays given for the batch, made."""
+    plan = _one_chunk_plan(tmp_path, 1)
+    for moved, vouched in [(0, True), (1, False)]:
+        engine = Engine(**{**plan, "stamps": plan["stamps"] + [0, moved, 0]})
+        arrays = [np.zeros(4, np.uint8)]
+        engine.give(arrays)
+        got = _taken(engine)
         engine.close()
-        assert type(got) is type(made) and got == made
-        if made is True:
-            assert out.tolist() == [12, 13, 14, 15, 4, 5, 6, 7]
+        if vouched:
+            assert got is arrays and arrays[0].tolist() == [12, 13, 14, 15]
+        else:
+            assert type(got) is int and got == 0  # slot 0 failed
+            assert arrays[0].tolist() == [0, 0, 0, 0]
+
+
+def test_a_spare_set_is_given_only_when_nothing_refers_to_it_nor_to_its_arrays(tmp_path):
+    """`take(timeout, spares)` gives the next batch a set of arrays from ``spares`` that nothing else refers to: never
+    one whose array (or a view of it) a consumer holds, nor one of another size; ``given`` says whether one was."""
+    engine = Engine(**_one_chunk_plan(tmp_path, 3))
+    first = (np.zeros(4, np.uint8),)
+    engine.give(first)
+    holder, viewed = np.zeros(4, np.uint8), np.zeros(4, np.uint8)
+    view = viewed[1:]
+    spares = [(np.zeros(4, np.uint8),), (holder,), (viewed,), (np.zeros(2, np.uint8),)]  # free; held; viewed; small
+    del viewed
+    free = id(spares[0])
+    assert _taken(engine, spares) is first and engine.given == 2  # batch 1 given the free one, the only one that fits
+    assert first[0].tolist() == [12, 13, 14, 15]
+    got = _taken(engine, spares)
+    assert id(got) == free and got[0].tolist() == [4, 5, 6, 7] and engine.given == 2  # none free now: the free is got
+    engine.close()
+    assert holder.tolist() == [0, 0, 0, 0] and view.tolist() == [0, 0, 0] and spares[3][0].tolist() == [0, 0]

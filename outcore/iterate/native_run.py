@@ -12,8 +12,10 @@ the chunks in the schedule's order (each checked and its Blosc frame decoded, as
 ``read_ahead`` chunks past the batches being made, copy each batch's rows (or cut and mirror its pictures' windows)
 into the arrays given to it a few batches ahead (`outcore.storage.blocks`, or the run's own memory: pinned, for
 `ds.torch`), and give a chunk's buffer back once the last batch reading it is made. The consumer's thread takes each
-batch from the engine and gives it the arrays of one a few batches on: a few dozen Python calls a batch, on no other
-thread.
+batch from the engine (woken when that batch is made), and the same C call gives the batch a few on the arrays of one
+taken before that nothing refers to any more (the iterator's sets of them, `ChunkBuffers.batch_sets`: never a batch
+the consumer holds, nor one a view, a memoryview or a tensor of it refers to); new ones are made only where none is
+free (the first batches, batches held): some fifteen Python calls a batch, on no other thread.
 
 The batches are those a `LocalRun` makes, byte for byte (`tests/test_native_run.py`). A read the engine cannot
 vouch for (a file damaged, unreadable, or replaced since its index was read) ends it: that batch and the rest are
@@ -31,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -44,6 +45,9 @@ from .batch import Batch, Recipe, batch_draws, plain
 from .readers import sample_spec
 from .runs import WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, closed
 from .stats import LoaderStats
+
+SPARE_SETS = 3  # sets of a batch's arrays kept to use again, for each batch made at once (those given ahead, those the
+# consumer holds, and the next epoch's run's, started as this one drains)
 
 
 class NativeRun(Run):
@@ -68,7 +72,9 @@ class NativeRun(Run):
         self.closing = threading.Lock()  # held to make the engine, or to close it
         self.planned = threading.Event()  # set once the run's thread has planned it (`_produce`)
         self.failure: BaseException | None = None  # what planning it raised, for the consumer
-        self.arrays: deque[dict[str, np.ndarray]] = deque()  # of the batches given to the engine and not taken
+        self.rows = 0  # a whole batch's
+        # sets of a whole batch's arrays used again (`_arrays`): the iterator's, for plain arrays (not pinned ones)
+        self.spares: list[tuple[np.ndarray, ...]] | None = None
         super().__init__(work, stats)
 
     def _produce(self) -> None:
@@ -77,7 +83,8 @@ class NativeRun(Run):
         began = time.perf_counter()
         try:
             if self._engine() is not None:
-                self.arrays.extend(self._give(k) for k in range(min(len(self.work.batches), self.window)))
+                for k in range(min(len(self.work.batches), self.window)):
+                    self.engine.give(self._arrays(k))
         except BaseException as error:  # noqa: BLE001 - raised by the consumer, which waits for the plan
             self.failure = error
         finally:
@@ -85,37 +92,38 @@ class NativeRun(Run):
             self.planned.set()
 
     def __iter__(self) -> Iterator[Batch]:
-        """The run's batches, each taken from the engine by the consumer's thread (waiting outside the GIL), then the
-        arrays of the batch `window` batches later given to it; from the first batch the engine could not make (or
-        all of them, where the run could not be planned so), a `LocalRun`'s."""
+        """The run's batches, each taken from the engine by the consumer's thread (waiting outside the GIL), which in
+        the same call gives the batch `window` batches later a set of arrays that nothing refers to any more (a
+        `spares` set), or new ones made here; from the first batch the engine could not make (or all of them, where
+        the run could not be planned so), a `LocalRun`'s."""
         while not self.planned.wait(WAKE_SECONDS):
             if self.stop.is_set():
                 raise closed(self.work, self.delivered)
         if self.failure is not None:
             raise self.failure
-        engine, steps, arrays = self.engine, self.work.batches, self.arrays
+        engine, steps, spares, window = self.engine, self.work.batches, self.spares, self.window
+        names = [name for name, _, _, _ in self.specs]
         while engine is not None and self.delivered < len(steps):
-            given = self.delivered + len(arrays)
-            if given == len(steps):
-                self.under_way.set()  # every batch's arrays given: the next epoch's run may start (`NextEpoch`)
             began, ready = time.perf_counter(), engine.made - self.delivered
             try:
-                while (made := engine.take(WAKE_SECONDS)) is None:
+                while (made := engine.take(WAKE_SECONDS, spares)) is None:
                     if self.stop.is_set():
                         raise closed(self.work, self.delivered)
-                if made is not True:  # a slot's read was not vouched for: this batch and the rest made by a LocalRun
+                if isinstance(made, int):  # a slot's read was not vouched for: this batch and the rest by a LocalRun
                     break
-                if given < len(steps):
-                    arrays.append(self._give(given))
+                if (given := engine.given) < min(len(steps), self.delivered + 1 + window):  # no spare set was free
+                    engine.give(self._arrays(given))
+                    given += 1
             except ValueError:  # the engine closed meanwhile (`close`, on another thread)
                 if self.stop.is_set():
                     raise closed(self.work, self.delivered) from None
                 raise
-            batch = arrays.popleft()
+            if given == len(steps):
+                self.under_way.set()  # every batch's arrays given: the next epoch's run may start (`NextEpoch`)
             self.delivered += 1
             rows = self.bounds[self.delivered] - self.bounds[self.delivered - 1]
             self.stats.record(time.perf_counter() - began, ready, rows)
-            yield batch
+            yield dict(zip(names, made, strict=True))
         if self.delivered < len(steps):
             yield from self._rest(steps[self.delivered :])
 
@@ -178,7 +186,9 @@ class NativeRun(Run):
                 [path for path, _ in files], stamps, asks, chunk_bytes // chunk_size, chunk_bytes, bounds,
                 row_slot, (samples % chunk_size).astype(np.int32), reach, used_bounds, used % len(chunks), threads, LocalRun.local_read_ahead(threads), self.window, self.lent,
                 picture, **windows)
-        self.chunks, self.bounds = chunks, bounds.tolist()
+        self.chunks, self.bounds, self.rows = chunks, bounds.tolist(), int(np.diff(bounds).max())
+        if work.allocator is None and work.empty is plain:
+            self.spares = self.buffers.batch_sets(tuple((*spec[1:3], self.rows) for spec in self.specs))
         return self.engine
 
     def _picture(self) -> tuple[int, ...] | None:
@@ -193,18 +203,19 @@ class NativeRun(Run):
         self.size = np.array([height, width], np.int64)
         return (names.index(crop.field), height, width, channels * dtype.itemsize, *crop.output_size)
 
-    def _give(self, k: int) -> dict[str, np.ndarray]:
-        """Batch ``k``'s arrays (of the run's), given to the engine to make it into, with its pictures' windows and
-        mirrors where they are cut (`_windows`)."""
+    def _arrays(self, k: int) -> tuple[np.ndarray, ...]:
+        """Batch ``k``'s arrays made anew, one a field (the windows' where pictures are cut): plain ones kept among the
+        `spares` where they are a whole batch's (the oldest let go past `SPARE_SETS` a batch made at once)."""
         rows, work = self.bounds[k + 1] - self.bounds[k], self.work
-        if work.allocator is None and work.empty is plain:  # small ones from the heap as they are
-            batch = {name: (np.empty if rows * nbytes < blocks.SMALLEST else blocks.empty)((rows, *shape), dtype)
-                     for name, shape, dtype, nbytes in self.specs}
-        else:  # pinned memory (`ds.torch`), or the step's own (`Work.allocator`)
+        if self.spares is None:  # pinned memory (`ds.torch`), or the step's own (`Work.allocator`)
             empty = work.empty if work.allocator is None else work.allocator(work.batches[k])
-            batch = {name: empty((rows, *shape), dtype, field=name) for name, shape, dtype, _ in self.specs}
-        self.engine.give(list(batch.values()))
-        return batch
+            return tuple(empty((rows, *shape), dtype, field=name) for name, shape, dtype, _ in self.specs)
+        arrays = tuple((np.empty if rows * nbytes < blocks.SMALLEST else blocks.empty)((rows, *shape), dtype)
+                       for _, shape, dtype, nbytes in self.specs)  # small ones from the heap as they are
+        if rows == self.rows:
+            self.spares.append(arrays)
+            del self.spares[: -SPARE_SETS * (self.window + 1)]
+        return arrays
 
     def _windows(self) -> dict[str, np.ndarray] | None:
         """The ``windows`` and ``mirrors`` of the run's rows, batch after batch, each piece's drawn as its

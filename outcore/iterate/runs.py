@@ -18,7 +18,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -346,6 +346,7 @@ class ChunkBuffers:
         self.free: list[list[np.ndarray]] = []
         self.blocks: list[np.ndarray] = []  # lent to C runs (`lend`) and taken back
         self.most_held = 0  # the most blocks a C run held
+        self.sets: dict[Hashable, list[tuple[np.ndarray, ...]]] = {}  # C runs' batch arrays used again (`batch_sets`)
         self.lock = threading.Lock()
 
     def take(self, count: int) -> list[list[np.ndarray]]:
@@ -366,7 +367,7 @@ class ChunkBuffers:
         """Keep no free buffer (the batches are made elsewhere from now on); new ones are made when needed."""
         with self.lock:
             self.free = []
-            self.blocks, self.most_held = [], 0
+            self.blocks, self.most_held, self.sets = [], 0, {}
 
     def lend(self, nbytes: int) -> list[np.ndarray]:
         """Blocks of ``nbytes`` for a C run's slots (`outcore.iterate.native_run`): as many as a run held at most
@@ -384,6 +385,13 @@ class ChunkBuffers:
         with self.lock:
             self.blocks.extend(lent)
             self.most_held = max(self.most_held, most_held)
+
+    def batch_sets(self, kind: Hashable) -> list[tuple[np.ndarray, ...]]:
+        """The sets of a batch's arrays of ``kind`` (each field's shape and dtype, a batch's rows) that C runs use again
+        (`outcore.iterate.native_run`): a set nothing else refers to, nor to its arrays, is given to the next batch
+        (never one held by the consumer, or a view of it). One list a kind, kept as long as the iterator."""
+        with self.lock:
+            return self.sets.setdefault(kind, [])
 
     def read(self, chunk: int) -> Loaded:
         """Chunk ``chunk`` of every field, read into buffers taken here: ``(values, buffers)`` (`read_many`); `give`

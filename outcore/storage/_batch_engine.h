@@ -13,11 +13,12 @@
  * batches ahead of the one taken), a whole batch a task. A slot's buffer goes back to the free list once every batch
  * reading it is made: as many are held as the schedule's reads ahead hold.
  *
- * `take(timeout)` waits (the GIL released, counted so) for the next batch in order, woken when that batch is made
- * (a condition of its own: not by every read): True once it is made (its arrays, given,
- * hold it), None when it is not within timeout seconds or the engine is being closed, or the slot (an int) whose read
- * was not vouched for (the file cannot be read, is damaged, or is not of the version indexed): the caller makes that
- * batch and the rest its own way, which names what is wrong. `close()` stops the threads, waits for them (and for a
+ * `take(timeout, spares)` waits (the GIL released, counted so) for the next batch in order, woken when that batch is
+ * made (a condition of its own: not by every read): the arrays given for it once it is made (and, with `spares`, the
+ * next batch not given yet is given a set of arrays of them that nothing else refers to: no Python a batch), None
+ * when it is not within timeout seconds or the engine is being closed, or the slot (an int) whose read was not
+ * vouched for (the file cannot be read, is damaged, or is not of the version indexed): the caller makes that batch
+ * and the rest its own way, which names what is wrong. `close()` stops the threads, waits for them (and for a
  * thread in `take`) and frees what the run held.
  *
  * The threads' CPU time counts as time outside the GIL (_free_time.h; `engine_seconds` says how much of it was
@@ -88,6 +89,7 @@ struct Engine {
     Py_ssize_t next_read, read_prefix, next_make, taken, given;
     long long *failed_slot;       /* batches */
     Py_buffer *outs;              /* batches x fields, given */
+    PyObject **sets;              /* batches: the sequence of arrays given for each, until `take` returns it */
     int *corners;                 /* rows x 2: each row's window's top and left, where pictures are cut */
     uint8_t *mirrors;             /* rows x 2: whether it is mirrored left-right, top-bottom */
     Py_ssize_t reads;             /* slots read (for the tests' counts) */
@@ -282,16 +284,17 @@ static void engine_free(Engine *e) {
     void *held[] = {e->paths, e->row_bytes, e->field_at, e->stamps, e->asks, e->bounds, e->row_slot, e->row_local,
                     e->reach, e->used_bounds, e->used, e->users, e->threads, e->slot_state, e->batch_state,
                     e->slot_buffer, e->free_buffers, e->made_buffers, e->lent, e->failed_slot, e->outs, e->corners,
-                    e->mirrors, e->workers};
+                    e->mirrors, e->workers, e->sets};
     for (size_t k = 0; k < sizeof held / sizeof held[0]; k++)
         PyMem_RawFree(held[k]);
-    e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL;
+    e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL, e->sets = NULL;
 }
 
-/* Let go of batch b's arrays (and its windows and mirrors) given (holding the GIL). */
+/* Let go of batch b's arrays given (holding the GIL): their buffers, and its sequence of them unless returned. */
 static void engine_let_go(Engine *e, Py_ssize_t b) {
     for (int f = 0; f < e->fields; f++)
         PyBuffer_Release(&e->outs[b * e->fields + f]);
+    Py_CLEAR(e->sets[b]);
 }
 
 /* Stop the threads and wait for them, then free what the run held (the arrays given and not taken let go). */
@@ -315,7 +318,7 @@ static void engine_close(Engine *e) {
             Py_END_ALLOW_THREADS;
         }
     }
-    for (Py_ssize_t b = e->taken; e->outs != NULL && b < e->given; b++)
+    for (Py_ssize_t b = e->taken; e->outs != NULL && e->sets != NULL && b < e->given; b++)
         engine_let_go(e, b);
     if (e->started || e->threads != NULL) {
         pthread_cond_destroy(&e->wake);
@@ -493,8 +496,9 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     e->lent = PyMem_RawCalloc((size_t)(e->lent_count ? e->lent_count : 1), sizeof(Py_buffer));
     e->failed_slot = PyMem_RawCalloc((size_t)e->batches, sizeof(long long));
     e->outs = PyMem_RawCalloc((size_t)(e->batches * fields), sizeof(Py_buffer));
+    e->sets = PyMem_RawCalloc((size_t)(e->batches ? e->batches : 1), sizeof(PyObject *));
     int made = e->paths && e->threads && e->workers && e->slot_state && e->batch_state && e->slot_buffer &&
-               e->free_buffers && e->made_buffers && e->lent && e->failed_slot && e->outs && e->users && e->field_at;
+               e->free_buffers && e->made_buffers && e->lent && e->failed_slot && e->outs && e->sets && e->users && e->field_at;
     for (Py_ssize_t k = 0; made && k < e->path_count; k++)
         made = e->paths[k] != NULL;
     for (int t = 0; made && t < threads; t++) {
@@ -542,51 +546,85 @@ failed:
     return -1;
 }
 
-static PyObject *engine_give(Engine *e, PyObject *arrays) {
+/* The next batch's arrays `sequence` (a list or tuple, one a field) given to make it into (holding the GIL): 1, or 0
+ * where `quiet` and they do not fit it (nothing kept), or -1 with an error set. */
+static int engine_give_set(Engine *e, PyObject *sequence, int quiet) {
     Py_ssize_t b = e->given;
-    if (e->closed || b >= e->batches) {
+    Py_ssize_t rows = (Py_ssize_t)(e->bounds[b + 1] - e->bounds[b]);
+    int f = 0;
+    for (; f < e->fields; f++) {
+        Py_buffer *out = &e->outs[b * e->fields + f];
+        Py_ssize_t wanted = rows * (f == e->picture ? e->cut_height * e->cut_width * e->pixel : e->row_bytes[f]);
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, f), out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            if (quiet)
+                PyErr_Clear();
+            break;
+        }
+        if (out->len != wanted) {
+            if (!quiet)
+                PyErr_Format(PyExc_ValueError, "give: batch %zd's array of field %d holds %zd bytes, not %zd", b, f,
+                             out->len, wanted);
+            PyBuffer_Release(out);
+            break;
+        }
+    }
+    if (f < e->fields) {
+        while (f-- > 0)
+            PyBuffer_Release(&e->outs[b * e->fields + f]);
+        return quiet ? 0 : -1;
+    }
+    Py_INCREF(sequence);
+    e->sets[b] = sequence;
+    pthread_mutex_lock(&e->lock);
+    e->given++;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->lock);
+    return 1;
+}
+
+static PyObject *engine_give(Engine *e, PyObject *arrays) {
+    if (e->closed || e->given >= e->batches) {
         PyErr_SetString(PyExc_ValueError, e->closed ? "give: the engine was closed" : "give: every batch's arrays were given");
         return NULL;
     }
     PyObject *sequence = PySequence_Fast(arrays, "give: a sequence of one array a field");
     if (sequence == NULL)
         return NULL;
-    if (PySequence_Fast_GET_SIZE(sequence) != e->fields) {
+    int given = -1;
+    if (PySequence_Fast_GET_SIZE(sequence) != e->fields)
         PyErr_SetString(PyExc_ValueError, "give: one array a field");
-        Py_DECREF(sequence);
-        return NULL;
-    }
-    Py_ssize_t rows = (Py_ssize_t)(e->bounds[b + 1] - e->bounds[b]);
-    int f = 0;
-    for (; f < e->fields; f++) {
-        Py_buffer *out = &e->outs[b * e->fields + f];
-        Py_ssize_t wanted = rows * (f == e->picture ? e->cut_height * e->cut_width * e->pixel : e->row_bytes[f]);
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, f), out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
-            break;
-        if (out->len != wanted) {
-            PyErr_Format(PyExc_ValueError, "give: batch %zd's array of field %d holds %zd bytes, not %zd", b, f,
-                         out->len, wanted);
-            PyBuffer_Release(out);
-            break;
-        }
-    }
+    else
+        given = engine_give_set(e, sequence, 0);
     Py_DECREF(sequence);
-    if (f < e->fields) {
-        while (f-- > 0)
-            PyBuffer_Release(&e->outs[b * e->fields + f]);
+    if (given < 0)
         return NULL;
-    }
-    pthread_mutex_lock(&e->lock);
-    e->given++;
-    pthread_cond_broadcast(&e->wake);
-    pthread_mutex_unlock(&e->lock);
     Py_RETURN_NONE;
+}
+
+/* A tuple of `spares` (a list) that nothing but the list refers to, nor to any of its arrays, given for the next
+ * batch where its arrays fit it: none is written while anything else refers to it (a batch held, a view of it). */
+static void engine_give_spare(Engine *e, PyObject *spares) {
+    for (Py_ssize_t k = PyList_GET_SIZE(spares) - 1; k >= 0 && e->given < e->batches; k--) {
+        PyObject *set = PyList_GET_ITEM(spares, k);
+        if (!PyTuple_CheckExact(set) || Py_REFCNT(set) != 1 || PyTuple_GET_SIZE(set) != e->fields)
+            continue;
+        int free = 1;
+        for (int f = 0; f < e->fields && free; f++)
+            free = Py_REFCNT(PyTuple_GET_ITEM(set, f)) == 1;
+        if (free && engine_give_set(e, set, 1))
+            return;
+    }
 }
 
 static PyObject *engine_take(Engine *e, PyObject *args) {
     double timeout;
-    if (!PyArg_ParseTuple(args, "d:take", &timeout))
+    PyObject *spares = Py_None;
+    if (!PyArg_ParseTuple(args, "d|O:take", &timeout, &spares))
         return NULL;
+    if (spares != Py_None && !PyList_Check(spares)) {
+        PyErr_SetString(PyExc_TypeError, "take: spares must be a list of tuples of arrays, or None");
+        return NULL;
+    }
     Py_ssize_t b = e->taken;
     if (e->closed || b >= e->given) {
         PyErr_SetString(PyExc_ValueError, e->closed ? "take: the engine was closed" : "take: its arrays were not given");
@@ -617,8 +655,12 @@ static PyObject *engine_take(Engine *e, PyObject *args) {
         return PyLong_FromLongLong(e->failed_slot[b]);
     if (state != BATCH_MADE)
         Py_RETURN_NONE;
+    PyObject *made = e->sets[b];
+    e->sets[b] = NULL;
     engine_let_go(e, b);
-    Py_RETURN_TRUE;
+    if (spares != Py_None && !e->closed)
+        engine_give_spare(e, spares);
+    return made;
 }
 
 static PyObject *engine_close_method(Engine *e, PyObject *unused) {
@@ -642,6 +684,9 @@ static PyObject *engine_most_held(Engine *e, void *unused) { return engine_count
 
 static PyObject *engine_made(Engine *e, void *unused) { return engine_count_of(e, &e->made); }
 
+/* Changed only by threads holding the GIL (give, take): read without the lock. */
+static PyObject *engine_given(Engine *e, void *unused) { return PyLong_FromSsize_t(e->given); }
+
 static void engine_dealloc(Engine *e) {
     if (e->pid == getpid())
         engine_close(e); /* a forked child's copy has no threads to stop: left as it is */
@@ -653,8 +698,10 @@ static PyMethodDef engine_methods[] = {
      "give(arrays)\n--\n\nThe next batch's arrays, one a field (writable, C-contiguous, its rows' bytes; the windows' "
      "where\npictures are cut), to make it into."},
     {"take", (PyCFunction)engine_take, METH_VARARGS,
-     "take(timeout)\n--\n\nWait (the GIL released) for the next batch: True once made into its arrays, None when not\n"
-     "within timeout seconds, or the slot (an int) whose read was not vouched for."},
+     "take(timeout, spares=None)\n--\n\nWait (the GIL released) for the next batch: the sequence of arrays given for it\n"
+     "once made into them, None when not within timeout seconds, or the slot (an int) whose read was not vouched\n"
+     "for. With `spares` (a list of tuples of arrays, one a field), the next batch not given yet is given a tuple\n"
+     "of it that nothing else refers to, nor to its arrays, where one fits it (`given` says whether one did)."},
     {"close", (PyCFunction)engine_close_method, METH_NOARGS,
      "close()\n--\n\nStop the threads, wait for them and free what the run held."},
     {NULL, NULL, 0, NULL},
@@ -664,6 +711,7 @@ static PyGetSetDef engine_getset[] = {
     {"reads", (getter)engine_reads, NULL, "Slots read so far.", NULL},
     {"most_held", (getter)engine_most_held, NULL, "The most slots' buffers held at once so far.", NULL},
     {"made", (getter)engine_made, NULL, "The batches made so far (taken or not).", NULL},
+    {"given", (getter)engine_given, NULL, "The batches whose arrays were given so far.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
