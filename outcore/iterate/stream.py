@@ -25,6 +25,9 @@ import numpy as np
 
 from ..seeds import Domain, generator, permutation, window_draws
 
+KEPT_WINDOWS = 2  # a stream keeps its windows this close to the last one made: consecutive batches draw on the same;
+# a take of more than this many windows (a C run's whole span) makes them in one call and keeps none
+
 Slots = tuple[np.ndarray, np.ndarray, np.ndarray]  # a span's slots: each one's store chunk, first local index, size
 
 
@@ -125,6 +128,10 @@ class StreamPlan:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         ends = self._ends
         first, last = bisect.bisect_right(ends, start), bisect.bisect_right(ends, stop - 1)
+        if self._draws is not None and last - first > KEPT_WINDOWS:  # a whole run's: its windows made in one call,
+            before = ends[first - 1] if first else 0  # back to back, none kept
+            samples, owner = self._draws(first, last + 1, ends[last] - before)
+            return samples[start - before : stop - before], owner[start - before : stop - before]
         samples, slots = [], []
         for w, (window_samples, window_slots) in enumerate(self._windows_made(first, last + 1), start=first):
             begin = ends[w - 1] if w else 0
@@ -148,7 +155,7 @@ class StreamPlan:
             return [kept[w] for w in range(first, stop)]
         made = dict(zip(range(missing, stop), self._make_windows(missing, stop), strict=True))
         with self._lock:
-            self._windows = {v: m for v, m in {**self._windows, **made}.items() if abs(v - (stop - 1)) <= 2}
+            self._windows = {v: m for v, m in {**self._windows, **made}.items() if abs(v - (stop - 1)) <= KEPT_WINDOWS}
         return [made[w] if w in made else kept[w] for w in range(first, stop)]
 
     def _make_windows(self, first: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
