@@ -343,8 +343,9 @@ def test_a_read_the_engine_cannot_vouch_for_ends_its_batch(tmp_path):
 
 
 def test_a_spare_set_is_given_only_when_nothing_refers_to_it_nor_to_its_arrays(tmp_path):
-    """`take(timeout, spares)` gives the next batch a set of arrays from ``spares`` that nothing else refers to: never
-    one whose array (or a view of it) a consumer holds, nor one of another size; ``given`` says whether one was."""
+    """`take(timeout, spares)` (and `give_spare`) gives the next batch a set of arrays from ``spares`` that nothing else
+    refers to: never one whose array (or a view of it) a consumer holds, nor one of another size; ``given`` says
+    whether one was."""
     engine = Engine(**_one_chunk_plan(tmp_path, 3))
     first = (np.zeros(4, np.uint8),)
     engine.give(first)
@@ -357,5 +358,8 @@ def test_a_spare_set_is_given_only_when_nothing_refers_to_it_nor_to_its_arrays(t
     assert first[0].tolist() == [12, 13, 14, 15]
     got = _taken(engine, spares)
     assert id(got) == free and got[0].tolist() == [4, 5, 6, 7] and engine.given == 2  # none free now: the free is got
+    assert engine.give_spare(spares) is False
+    del got  # free again: `give_spare` gives it (as a run's first batches are given the sets the last run's came back to)
+    assert engine.give_spare(spares) is True and engine.given == 3 and id(_taken(engine)) == free
     engine.close()
     assert holder.tolist() == [0, 0, 0, 0] and view.tolist() == [0, 0, 0] and spares[3][0].tolist() == [0, 0]

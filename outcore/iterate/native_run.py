@@ -83,8 +83,10 @@ class NativeRun(Run):
         began = time.perf_counter()
         try:
             if self._engine() is not None:
-                for k in range(min(len(self.work.batches), self.window)):
-                    self.engine.give(self._arrays(k))
+                spares = self.spares
+                for k in range(min(len(self.work.batches), self.window)):  # sets the last run's batches came back to
+                    if spares is None or not self.engine.give_spare(spares):
+                        self.engine.give(self._arrays(k))
         except BaseException as error:  # noqa: BLE001 - raised by the consumer, which waits for the plan
             self.failure = error
         finally:

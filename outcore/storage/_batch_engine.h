@@ -602,9 +602,10 @@ static PyObject *engine_give(Engine *e, PyObject *arrays) {
 }
 
 /* A tuple of `spares` (a list) that nothing but the list refers to, nor to any of its arrays, given for the next
- * batch where its arrays fit it: none is written while anything else refers to it (a batch held, a view of it). */
-static void engine_give_spare(Engine *e, PyObject *spares) {
-    for (Py_ssize_t k = PyList_GET_SIZE(spares) - 1; k >= 0 && e->given < e->batches; k--) {
+ * batch where its arrays fit it (holding the GIL throughout: no other thread gives it meanwhile): whether one was.
+ * None is written while anything else refers to it (a batch held, a view of it). */
+static int engine_give_spare(Engine *e, PyObject *spares) {
+    for (Py_ssize_t k = PyList_GET_SIZE(spares) - 1; k >= 0 && e->given < e->batches && !e->closed; k--) {
         PyObject *set = PyList_GET_ITEM(spares, k);
         if (!PyTuple_CheckExact(set) || Py_REFCNT(set) != 1 || PyTuple_GET_SIZE(set) != e->fields)
             continue;
@@ -612,8 +613,17 @@ static void engine_give_spare(Engine *e, PyObject *spares) {
         for (int f = 0; f < e->fields && free; f++)
             free = Py_REFCNT(PyTuple_GET_ITEM(set, f)) == 1;
         if (free && engine_give_set(e, set, 1))
-            return;
+            return 1;
     }
+    return 0;
+}
+
+static PyObject *engine_give_spare_method(Engine *e, PyObject *spares) {
+    if (!PyList_Check(spares)) {
+        PyErr_SetString(PyExc_TypeError, "give_spare: spares must be a list of tuples of arrays");
+        return NULL;
+    }
+    return PyBool_FromLong(engine_give_spare(e, spares));
 }
 
 static PyObject *engine_take(Engine *e, PyObject *args) {
@@ -658,7 +668,7 @@ static PyObject *engine_take(Engine *e, PyObject *args) {
     PyObject *made = e->sets[b];
     e->sets[b] = NULL;
     engine_let_go(e, b);
-    if (spares != Py_None && !e->closed)
+    if (spares != Py_None)
         engine_give_spare(e, spares);
     return made;
 }
@@ -697,6 +707,9 @@ static PyMethodDef engine_methods[] = {
     {"give", (PyCFunction)engine_give, METH_O,
      "give(arrays)\n--\n\nThe next batch's arrays, one a field (writable, C-contiguous, its rows' bytes; the windows' "
      "where\npictures are cut), to make it into."},
+    {"give_spare", (PyCFunction)engine_give_spare_method, METH_O,
+     "give_spare(spares)\n--\n\nGive the next batch a tuple of `spares` (a list of tuples of arrays, one a field) that\n"
+     "nothing else refers to, nor to its arrays, where one fits it: whether one did."},
     {"take", (PyCFunction)engine_take, METH_VARARGS,
      "take(timeout, spares=None)\n--\n\nWait (the GIL released) for the next batch: the sequence of arrays given for it\n"
      "once made into them, None when not within timeout seconds, or the slot (an int) whose read was not vouched\n"
