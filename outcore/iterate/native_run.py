@@ -190,7 +190,7 @@ class NativeRun(Run):
                 picture, **windows)
         self.chunks, self.bounds, self.rows = chunks, bounds.tolist(), int(np.diff(bounds).max())
         if work.allocator is None and work.empty is plain:
-            self.spares = self.buffers.batch_sets(tuple((*spec[1:3], self.rows) for spec in self.specs))
+            self.spares = self.buffers.batch_sets(tuple((shape, dtype, self.rows) for _, shape, dtype, _ in self.specs))
         return self.engine
 
     def _picture(self) -> tuple[int, ...] | None:
