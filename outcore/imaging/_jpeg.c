@@ -30,6 +30,7 @@
 
 #include "../_blake2b.h"
 #include "../_free_time.h"
+#include "../_picture_decoder.h"
 #include "../_whole_files.h"
 
 #include <limits.h>
@@ -1133,53 +1134,6 @@ static int file_of(const Each *each, Py_ssize_t k, const uint8_t **data, size_t 
     return 1;
 }
 
-/* Decode every file of `each` that decode_plain takes whole into its row, with one decoder; done[k] says which. */
-static int decode_all(const Each *each, uint8_t *done) {
-    Decoder *decoder = decoder_new();
-    JSAMPROW *lines = malloc((size_t)(each->height > 0 ? each->height : 1) * sizeof(JSAMPROW));
-    if (decoder == NULL || lines == NULL) {
-        decoder_free(decoder);
-        free(lines);
-        return -1;
-    }
-    Plain plain = {.channels = each->channels, .height = each->height, .width = each->width, .max_pixels = -1,
-                   .max_side = -1};
-    size_t stride = (size_t)each->width * each->channels * (each->wide ? 2 : 1), bytes = stride * each->height;
-    int64_t shape[2];
-#ifdef OUTCORE_PNG
-    PngDecoder png = {0};
-#endif
-    for (Py_ssize_t k = 0; k < each->count; k++) {
-        const uint8_t *data;
-        size_t size;
-        if (!file_of(each, k, &data, &size)) {
-            done[k] = 0;
-            continue;
-        }
-        uint8_t *out = each->out + bytes * each->rows[k];
-#ifdef OUTCORE_PNG
-        if (png_file(data, size)) {
-            done[k] = png_decode(&png, data, size, each->channels, each->height, each->width, out, stride,
-                                 each->wide ? PNG_WIDE : 0);
-            continue;
-        }
-#endif
-        if (each->wide) { /* no JPEG of 16 bits */
-            done[k] = 0;
-            continue;
-        }
-        for (int y = 0; y < each->height; y++)
-            lines[y] = out + (size_t)y * stride;
-        done[k] = decode_plain(decoder, data, size, &plain, lines, shape);
-    }
-#ifdef OUTCORE_PNG
-    png_decoder_free(&png);
-#endif
-    decoder_free(decoder);
-    free(lines);
-    return 0;
-}
-
 /* The pixels of a JPEG that its EXIF orientation turns or mirrors, upright (`height` x `width` there once decoded at
  * `eighths`/8 of its size), decoded whole into `turned`'s buffer (kept from file to file, as its decoder), as decode_plain decodes it for decode_each:
  * the buffer, or NULL for another file, one that does not decode cleanly, or no memory. */
@@ -1261,72 +1215,157 @@ static PyObject *py_decode_upright(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* Crop every box of `each` of a plain JPEG of its stated size (no EXIF orientation but 1) into its row, as crop_resize does with the
- * scale and box decode_region would choose (plan), and, built with zlib, of a plain PNG of its stated size (decoded
- * whole, the box resized as resize.py's resize_edges resizes it), as of a JPEG its EXIF turns or mirrors, of its
- * stated size upright (decoded whole and turned upright, as decode_region decodes every file but a plain one, the
- * box resized so too); done[k] says which. A box past its picture's edges is zeros there,
- * the part inside cut as its own box into the output pixels it covers (box_part), as EncodedChunk.decode_region does;
- * one within ROUNDING of them, but not inside in single precision, is left to it, as is a box of no pixels or of
- * numbers not finite. */
-static void crop_all(const Each *each, uint8_t *done) {
-    size_t out_stride = (size_t)each->width * each->channels, bytes = out_stride * each->height;
-    Turned turned = {0};
+/* A thread's decoding of whole files into rows, kept from file to file: its decoder, its rows' pointers, and its PNG
+ * decoder where built with zlib (decode_all; the engine's threads, through PictureDecoder). */
+typedef struct {
+    Decoder *decoder; /* made at its first JPEG */
+    JSAMPROW *lines;
+    int line_count;
+    Turned turned; /* decoding_crop's JPEGs that EXIF turns or mirrors, or whose colours are weighed */
 #ifdef OUTCORE_PNG
-    PngDecoder png = {0};
+    PngDecoder png;
 #endif
-    for (Py_ssize_t k = 0; k < each->count; k++) {
-        const double *box = each->boxes + 4 * k;
-        const int file_height = (int)each->sizes[2 * k], file_width = (int)each->sizes[2 * k + 1];
-        const int flip_x = each->flips[2 * k], flip_y = each->flips[2 * k + 1];
-        Request request = {.channels = each->channels, .file_height = file_height, .file_width = file_width};
-        int place[4];
-        uint8_t *row = each->out + bytes * each->rows[k];
-        const int cut = file_height > 0 && file_width > 0
-                            ? box_cut(box, file_height, file_width, each->height, each->width, flip_x, flip_y, row,
-                                      bytes, request.box, place)
-                            : -1;
-        done[k] = cut == 0; /* nothing of the picture in it: zeros, the file not read */
-        if (cut < 1)
-            continue;
-        request.height = place[2];
-        request.width = place[3];
-        uint8_t *into = row + out_stride * place[0] + (size_t)each->channels * place[1];
-        if (!file_of(each, k, &request.data, &request.size)) {
-            done[k] = 0;
-            continue;
-        }
+} Decoding;
+
+static void decoding_close(void *state) {
+    Decoding *decoding = state;
+    if (decoding == NULL)
+        return;
+    decoder_free(decoding->decoder);
+    free(decoding->lines);
+    turned_free(&decoding->turned);
 #ifdef OUTCORE_PNG
-        if (png_file(request.data, request.size)) { /* a plain PNG of its stated size: decoded whole, the box resized */
-            size_t stride = (size_t)file_width * each->channels;
-            uint8_t *pixels = png_pixels(&png, stride * file_height);
-            done[k] = pixels != NULL && box_inside(request.box, file_height, file_width) &&
-                      png_decode(&png, request.data, request.size, each->channels, file_height, file_width, pixels,
-                                 stride, 0) &&
-                      resize_kind(pixels, stride, file_height, file_width, each->channels, 'B', request.box, place[2],
-                                  place[3], into, out_stride, flip_x, flip_y) == 0;
-            continue;
-        }
+    png_decoder_free(&decoding->png);
 #endif
-        const int orientation = jpeg_orientation(request.data, request.size); /* 0: no JPEG, or left to Pillow */
-        char message[MESSAGE_SIZE];
-        const int cropped = orientation == 1 ? crop_resize(&request, into, out_stride, flip_x, flip_y, message) : -1;
-        if (orientation >= 2 || cropped == 1) { /* turned, mirrored or weighed: decoded whole, upright, box resized */
-            const uint8_t *pixels = box_inside(request.box, file_height, file_width)
-                                        ? turned_pixels(&turned, request.data, request.size, file_height, file_width,
-                                                        each->channels, 8)
-                                        : NULL;
-            done[k] = pixels != NULL &&
-                      resize_kind(pixels, (size_t)file_width * each->channels, file_height, file_width, each->channels,
-                                  'B', request.box, place[2], place[3], into, out_stride, flip_x, flip_y) == 0;
-            continue;
-        }
-        done[k] = cropped == 0;
+    free(decoding);
+}
+
+static void *decoding_open(void) { return calloc(1, sizeof(Decoding)); }
+
+/* `data` decoded into `out` (height x width x channels, of uint16 where `wide`: 16-bit grey PNGs only) where
+ * decode_plain (or, built with zlib, png_decode) takes it whole: 1, else 0. */
+static int decoding_decode(Decoding *decoding, const uint8_t *data, size_t size, uint8_t *out, int height, int width,
+                           int channels, int wide) {
+    const size_t stride = (size_t)width * channels * (wide ? 2 : 1);
+#ifdef OUTCORE_PNG
+    if (png_file(data, size))
+        return png_decode(&decoding->png, data, size, channels, height, width, out, stride, wide ? PNG_WIDE : 0) != 0;
+#endif
+    if (wide || height < 1 || (decoding->decoder == NULL && (decoding->decoder = decoder_new()) == NULL))
+        return 0; /* no JPEG of 16 bits */
+    if (decoding->line_count < height) {
+        JSAMPROW *more = realloc(decoding->lines, (size_t)height * sizeof(JSAMPROW));
+        if (more == NULL)
+            return 0;
+        decoding->lines = more;
+        decoding->line_count = height;
     }
-    turned_free(&turned);
+    for (int y = 0; y < height; y++)
+        decoding->lines[y] = out + (size_t)y * stride;
+    const Plain plain = {.channels = channels, .height = height, .width = width, .max_pixels = -1, .max_side = -1};
+    int64_t shape[2];
+    return decode_plain(decoding->decoder, data, size, &plain, decoding->lines, shape) != 0;
+}
+
+static int picture_decode(void *state, const uint8_t *data, size_t size, uint8_t *out, int height, int width,
+                          int channels) {
+    return decoding_decode(state, data, size, out, height, width, channels, 0);
+}
+
+/* Decode every file of `each` that decode_plain (or png_decode) takes whole into its row, with one Decoding; done[k]
+ * says which. */
+static int decode_all(const Each *each, uint8_t *done) {
+    Decoding *decoding = decoding_open();
+    if (decoding == NULL)
+        return -1;
+    size_t bytes = (size_t)each->width * each->channels * (each->wide ? 2 : 1) * each->height;
+    for (Py_ssize_t k = 0; k < each->count; k++) {
+        const uint8_t *data;
+        size_t size;
+        done[k] = file_of(each, k, &data, &size) &&
+                  decoding_decode(decoding, data, size, each->out + bytes * each->rows[k], each->height, each->width,
+                                  each->channels, each->wide);
+    }
+    decoding_close(decoding);
+    return 0;
+}
+
+/* Box `box` (top, left, height, width in the file's pixels) of the file `data` (found: 0 where its range was wrong),
+ * of file_height x file_width, into `row` (height x width x channels), mirrored as flip_x and flip_y say: of a plain
+ * JPEG of its stated size (no EXIF orientation but 1), as crop_resize does with the scale and box decode_region
+ * would choose (plan), and, built with zlib, of a plain PNG of its stated size (decoded whole, the box resized as
+ * resize.py's resize_edges resizes it), as of a JPEG its EXIF turns or mirrors, of its stated size upright (decoded
+ * whole and turned upright, as decode_region decodes every file but a plain one, the box resized so too): 1, else 0
+ * (left to the caller). A box past its picture's edges is zeros there, the part inside cut as its own box into the
+ * output pixels it covers (box_part), as EncodedChunk.decode_region does; one within ROUNDING of them, but not inside
+ * in single precision, is left to it, as is a box of no pixels or of numbers not finite. A box with nothing of the
+ * picture in it is zeros, the file not read. */
+static int decoding_crop(Decoding *decoding, const uint8_t *data, size_t size, int found, int file_height,
+                         int file_width, const double *box, int flip_x, int flip_y, uint8_t *row, int height, int width,
+                         int channels) {
+    size_t out_stride = (size_t)width * channels, bytes = out_stride * height;
+    Request request = {.channels = channels, .file_height = file_height, .file_width = file_width, .data = data,
+                       .size = size};
+    int place[4];
+    const int cut = file_height > 0 && file_width > 0
+                        ? box_cut(box, file_height, file_width, height, width, flip_x, flip_y, row, bytes, request.box,
+                                  place)
+                        : -1;
+    if (cut < 1)
+        return cut == 0;
+    if (!found)
+        return 0;
+    request.height = place[2];
+    request.width = place[3];
+    uint8_t *into = row + out_stride * place[0] + (size_t)channels * place[1];
 #ifdef OUTCORE_PNG
-    png_decoder_free(&png);
+    if (png_file(data, size)) { /* a plain PNG of its stated size: decoded whole, the box resized */
+        size_t stride = (size_t)file_width * channels;
+        uint8_t *pixels = png_pixels(&decoding->png, stride * file_height);
+        return pixels != NULL && box_inside(request.box, file_height, file_width) &&
+               png_decode(&decoding->png, data, size, channels, file_height, file_width, pixels, stride, 0) &&
+               resize_kind(pixels, stride, file_height, file_width, channels, 'B', request.box, place[2], place[3],
+                           into, out_stride, flip_x, flip_y) == 0;
+    }
 #endif
+    const int orientation = jpeg_orientation(data, size); /* 0: no JPEG, or left to Pillow */
+    char message[MESSAGE_SIZE];
+    const int cropped = orientation == 1 ? crop_resize(&request, into, out_stride, flip_x, flip_y, message) : -1;
+    if (orientation >= 2 || cropped == 1) { /* turned, mirrored or weighed: decoded whole, upright, box resized */
+        const uint8_t *pixels = box_inside(request.box, file_height, file_width)
+                                    ? turned_pixels(&decoding->turned, data, size, file_height, file_width, channels, 8)
+                                    : NULL;
+        return pixels != NULL && resize_kind(pixels, (size_t)file_width * channels, file_height, file_width, channels,
+                                             'B', request.box, place[2], place[3], into, out_stride, flip_x,
+                                             flip_y) == 0;
+    }
+    return cropped == 0;
+}
+
+static int picture_crop(void *state, const uint8_t *data, size_t size, int file_height, int file_width,
+                        const double *box, int flip_x, int flip_y, uint8_t *out, int height, int width, int channels) {
+    return decoding_crop(state, data, size, 1, file_height, file_width, box, flip_x, flip_y, out, height, width,
+                         channels);
+}
+
+static const PictureDecoder picture_decoder = {decoding_open, decoding_close, picture_decode, picture_crop};
+
+/* Cut every box of `each` that decoding_crop cuts, with one Decoding; done[k] says which. */
+static int crop_all(const Each *each, uint8_t *done) {
+    Decoding *decoding = decoding_open();
+    if (decoding == NULL)
+        return -1;
+    size_t bytes = (size_t)each->width * each->channels * each->height;
+    for (Py_ssize_t k = 0; k < each->count; k++) {
+        const uint8_t *data = NULL;
+        size_t size = 0;
+        int found = file_of(each, k, &data, &size);
+        done[k] = decoding_crop(decoding, data, size, found, (int)each->sizes[2 * k], (int)each->sizes[2 * k + 1],
+                                each->boxes + 4 * k, each->flips[2 * k], each->flips[2 * k + 1],
+                                each->out + bytes * each->rows[k], each->height, each->width, each->channels);
+    }
+    decoding_close(decoding);
+    return 0;
 }
 
 /* Whether a buffer holds items of `code` (a struct format letter) of 8 bytes in this machine's byte order
@@ -1463,7 +1502,7 @@ static PyObject *run_each(PyObject *region_list, PyObject *range_list, PyObject 
         if (!failed) {
             FREE_BEGIN
             if (crop)
-                crop_all(&each, done);
+                failed = crop_all(&each, done);
             else
                 failed = decode_all(&each, done);
             FREE_END
@@ -2350,6 +2389,12 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
 #else
     const char *zlib = "";
 #endif
+    PyObject *decoder = PyCapsule_New((void *)&picture_decoder, PICTURE_DECODER_CAPSULE, NULL);
+    if (decoder == NULL || PyModule_AddObject(created, "picture_decoder", decoder) < 0) {
+        Py_XDECREF(decoder);
+        Py_DECREF(created);
+        return NULL;
+    }
     if (PyModule_AddStringConstant(created, "LIBJPEG_TURBO_VERSION", version) < 0 ||
         PyModule_AddStringConstant(created, "SIMD", simd) < 0 || PyModule_AddStringConstant(created, "ZLIB", zlib) < 0) {
         Py_DECREF(created);

@@ -38,16 +38,20 @@ from typing import Any
 
 import numpy as np
 
+from ..imaging import EncodedChunk, native
+from ..imaging.decode import MAX_PIXELS
 from ..storage import ShardReader, blocks
 from ..storage.chunk_reads import Engine
 from ..threads import thread_count
 from .batch import Batch, Recipe, batch_draws, plain
-from .readers import sample_spec
+from .readers import EncodedChunks, sample_spec
 from .runs import WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, closed
 from .stats import LoaderStats
 
 SPARE_SETS = 3  # sets of a batch's arrays kept to use again, for each batch made at once (those given ahead, those the
 # consumer holds, and the next epoch's run's, started as this one drains)
+UNDONE_SHARE = 1 / 16  # a batch with more of its files left by the engine's decoder than this (files of other sizes,
+# to be resized; other formats) hands the rest of the run to a `LocalRun`, whose pool decodes them on every thread
 
 
 class NativeRun(Run):
@@ -60,8 +64,8 @@ class NativeRun(Run):
     hands_over = False  # the consumer takes its batches from the engine: no thread of its own waits for a taker
 
     def __init__(self, work: Work, stats: LoaderStats, buffers: ChunkBuffers,
-                 specs: list[tuple[str, tuple[int, ...], np.dtype, int]]) -> None:
-        self.buffers, self.specs = buffers, specs
+                 specs: list[tuple[str, tuple[int, ...], np.dtype, int]], decoded: str | None = None) -> None:
+        self.buffers, self.specs, self.decoded = buffers, specs, decoded  # decoded: the encoded field, if any
         self.engine: Any = None  # made by the run's thread (`_engine`)
         self.chunks = np.empty(0, np.int64)
         self.bounds: list[int] = []  # each batch's rows, in all the run's
@@ -73,6 +77,9 @@ class NativeRun(Run):
         self.planned = threading.Event()  # set once the run's thread has planned it (`_produce`)
         self.failure: BaseException | None = None  # what planning it raised, for the consumer
         self.rows = 0  # a whole batch's
+        self.row_slot = self.row_local = np.empty(0, np.int32)  # each row's chunk (among `chunks`) and sample there,
+        # kept where files are decoded: those the engine's decoder leaves are decoded here (`_decode_undone`)
+        self.cuts: dict[str, np.ndarray] = {}  # the rows' windows and mirrors, kept where the decoded field is cut
         # sets of a whole batch's arrays used again (`_arrays`): the iterator's, for plain arrays (not pinned ones)
         self.spares: list[tuple[np.ndarray, ...]] | None = None
         super().__init__(work, stats)
@@ -105,7 +112,8 @@ class NativeRun(Run):
             raise self.failure
         engine, steps, spares, window = self.engine, self.work.batches, self.spares, self.window
         names = [name for name, _, _, _ in self.specs]
-        while engine is not None and self.delivered < len(steps):
+        last = len(steps)  # the batches the engine makes: fewer once its decoder leaves most of a batch's files
+        while engine is not None and self.delivered < last:
             began, ready = time.perf_counter(), engine.made - self.delivered
             try:
                 while (made := engine.take(WAKE_SECONDS, spares)) is None:
@@ -113,6 +121,8 @@ class NativeRun(Run):
                         raise closed(self.work, self.delivered)
                 if isinstance(made, int):  # a slot's read was not vouched for: this batch and the rest by a LocalRun
                     break
+                if (undone := engine.undone) is not None and self._decode_undone(made, undone):
+                    last = self.delivered + 1  # most of its files left: the batches after it by a LocalRun
                 if (given := engine.given) < min(len(steps), self.delivered + 1 + window):  # no spare set was free
                     engine.give(self._arrays(given))
                     given += 1
@@ -128,6 +138,26 @@ class NativeRun(Run):
             yield dict(zip(names, made, strict=True))
         if self.delivered < len(steps):
             yield from self._rest(steps[self.delivered :])
+
+    def _decode_undone(self, made: Sequence[np.ndarray], undone: list[int]) -> bool:
+        """Rows ``undone`` of the batch just taken (``made``), whose files the engine's decoder left (of another size,
+        kind or format, or damaged), decoded here as a `LocalRun` decodes them, which names what is wrong: whether
+        they were more than `UNDONE_SHARE` of it."""
+        name, out = self.decoded, made[[name for name, _, _, _ in self.specs].index(self.decoded)]
+        reader, first = self.buffers.readers[name], self.bounds[self.delivered]
+        chunks: dict[int, EncodedChunk] = {}
+        for k in undone:
+            r = first + k
+            chunk = int(self.chunks[self.row_slot[r]])
+            if chunk not in chunks:
+                chunks[chunk] = reader.read(chunk)
+            if self.cuts:  # as `BoxCuts` cuts it
+                flips = self.cuts["mirrors"][r]
+                chunks[chunk].decode_region(int(self.row_local[r]), tuple(self.cuts["windows"][r].tolist()),
+                                            self.work.recipe.crop.output_size, out[k], (bool(flips[0]), bool(flips[1])))
+            else:
+                chunks[chunk].decode_sample(int(self.row_local[r]), out[k])
+        return len(undone) > UNDONE_SHARE * len(out)
 
     def _rest(self, steps: Sequence[int]) -> Iterator[Batch]:
         """Batches ``steps`` made by a `LocalRun` (which names what it cannot read)."""
@@ -157,6 +187,19 @@ class NativeRun(Run):
         row_slot, chunks = at[slots], unique[order]
         del read, slots
         readers = [self.buffers.readers[name] for name, _, _, _ in self.specs]
+        row_bytes = np.array([nbytes for _, _, _, nbytes in self.specs] + [16], np.int64)  # a decoded field's ranges'
+        decoded: dict[str, Any] = {}
+        if self.decoded is not None:  # its files' chunks read as a field's, their ranges as one more after the others
+            at = [name for name, _, _, _ in self.specs].index(self.decoded)
+            encoded: EncodedChunks = readers[at]
+            readers[at:at + 1] = encoded.sources[:1]
+            readers.append(encoded.sources[1])
+            height, width, *channels = sample_spec(work.store, self.decoded)[0]
+            row_bytes[at] = height * width * (channels[0] if channels else 1)  # its pictures' (where cut, too)
+            decoded = {"decoded": (at, height, width, channels[0] if channels else 1, native.extension.picture_decoder),
+                       "starts": chunks * encoded.decoded.bytes.capacity}
+        else:
+            row_bytes = row_bytes[:-1]
         files: list[tuple[bytes, Any]] = []  # every field's shard files: (path, the version whose index was read)
         asks = np.empty((len(chunks), len(readers), 4), np.int64)
         for f, reader in enumerate(readers):
@@ -180,15 +223,21 @@ class NativeRun(Run):
         threads = thread_count()
         self.window = LocalRun.made_at_once(work, threads)  # as many as a local run makes
         chunk_bytes = np.array([reader.chunk_nbytes for reader in readers], np.int64)
+        if picture is not None and not (decoded and decoded["decoded"][0] == picture[0]):
+            row_bytes[picture[0]] = chunk_bytes[picture[0]] // chunk_size  # the cut field's rows: its stored pictures'
         with self.closing:
             if self.stop.is_set():
                 return None
             self.lent = self.buffers.lend(int(chunk_bytes.sum()))
+            row_local = (samples % chunk_size).astype(np.int32)
             self.engine = Engine(
-                [path for path, _ in files], stamps, asks, chunk_bytes // chunk_size, chunk_bytes, bounds,
-                row_slot, (samples % chunk_size).astype(np.int32), reach, used_bounds, used % len(chunks), threads, LocalRun.local_read_ahead(threads), self.window, self.lent,
-                picture, **windows)
+                [path for path, _ in files], stamps, asks, row_bytes, chunk_bytes, bounds, row_slot, row_local, reach,
+                used_bounds, used % len(chunks), threads, LocalRun.local_read_ahead(threads), self.window, self.lent,
+                picture, **windows, **decoded)
         self.chunks, self.bounds, self.rows = chunks, bounds.tolist(), int(np.diff(bounds).max())
+        if decoded:
+            self.row_slot, self.row_local = row_slot, row_local
+            self.cuts = windows if picture is not None and picture[0] == decoded["decoded"][0] else {}
         if work.allocator is None and work.empty is plain:
             self.spares = self.buffers.batch_sets(tuple((shape, dtype, self.rows) for _, shape, dtype, _ in self.specs))
         return self.engine
@@ -248,15 +297,22 @@ def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeR
     `LocalRun` then."""
     recipe, options, steps = work.recipe, work.options, work.batches
     if (Engine is None or (recipe.transform is not None and not _windows_only(recipe)) or recipe.text_fields
-            or recipe.ragged_fields or options.skip_damaged
+            or recipe.ragged_fields or recipe.later or options.skip_damaged
             or len(steps) < 2 or steps[-1] - steps[0] + 1 != len(steps) or steps[-1] >= work.plan.steps):
         return None
     if recipe.crop is not None and recipe.crop_field not in recipe.fields:
         return None
-    specs = []
+    specs, decoded = [], None
     for name in recipe.fields:
         reader = buffers.readers.get(name)
         shape, dtype = sample_spec(work.store, name)
+        if isinstance(reader, EncodedChunks):
+            cut = name == recipe.crop_field
+            if decoded is not None or not _decodable(reader, shape, dtype, cut):
+                return None
+            decoded, shape = name, (*recipe.crop.output_size, shape[2]) if cut else shape
+            specs.append((name, shape, dtype, int(np.prod(shape, dtype=np.int64))))
+            continue
         if not isinstance(reader, ShardReader) or reader.chunk_nbytes != \
                 int(np.prod(shape, dtype=np.int64)) * dtype.itemsize * work.store.chunk_size:
             return None  # not a stored field's rows as they are batched
@@ -265,7 +321,22 @@ def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeR
                 return None
             shape = (*recipe.crop.output_size, shape[2])
         specs.append((name, shape, dtype, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize))
-    return NativeRun(work, stats, buffers, specs)
+    return NativeRun(work, stats, buffers, specs, decoded)
+
+
+def _decodable(reader: EncodedChunks, shape: tuple[int, ...], dtype: np.dtype, cut: bool) -> bool:
+    """Whether the engine decodes the files ``reader`` reads (an encoded field of ``shape`` and ``dtype``; with ``cut``,
+    the crop's windows of them) as a `LocalRun` decodes them (`RowDecodes`, `BoxCuts`): pictures of one size, 8-bit,
+    grey or RGB (of 3 dimensions where cut, fitted by a resize that `BoxCuts` cuts in C), their chunks and their
+    ranges' read from local shard files, and the C extension's decoder lent."""
+    sources, chunk_size = reader.sources, reader.decoded.chunk_size
+    if cut and (len(shape) != 3 or reader.decoded.decode.resize not in ("crop", "fit")):
+        return False
+    return (getattr(native.extension, "picture_decoder", None) is not None and dtype == np.uint8
+            and None not in shape and len(shape) in (2, 3) and (len(shape) == 2 or shape[2] in (1, 3))
+            and shape[0] * shape[1] <= MAX_PIXELS and len(sources) == 2
+            and all(isinstance(source, ShardReader) for source in sources)
+            and sources[1].chunk_nbytes == 16 * chunk_size)
 
 
 def _windows_only(recipe: Recipe) -> bool:

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../_picture_decoder.h"
 #include "../_window_copy.h"
 
 enum { SLOT_UNREAD, SLOT_READING, SLOT_READ, SLOT_FAILED };
@@ -45,16 +46,25 @@ typedef struct Engine Engine;
 typedef struct {
     Engine *engine;
     uint8_t *scratch; /* the thread's, for Blosc frames */
+    void *decoding;   /* the thread's PictureDecoder state, where pictures are decoded (opened at its first) */
 } Worker;
 
 struct Engine {
     PyObject_HEAD
     /* fixed at making */
-    int fields, thread_count;
+    int fields, thread_count;     /* fields: the parts of a slot read (the batch's fields, then a decoded one's ranges) */
+    int outputs;                  /* the batch's fields: all the parts but a decoded field's ranges */
     Py_ssize_t slots, batches;
     Py_ssize_t *row_bytes;        /* fields: a sample's bytes in its chunk */
     int picture;                  /* the field whose pictures are cut (a window each, mirrored or not), or -1 */
     Py_ssize_t height, width, pixel, cut_height, cut_width; /* its pictures', a pixel's bytes, its windows' */
+    int decoded;                  /* the field whose files are decoded (its ranges the last part), or -1 */
+    int decoded_height, decoded_width, decoded_channels;
+    const PictureDecoder *decoder; /* lent by outcore.imaging._jpeg, whose capsule is held */
+    PyObject *decoder_capsule;
+    long long *starts;            /* slots: where the decoded field's chunk starts in its array (its ranges count so) */
+    uint8_t *undone;              /* rows: those whose file the decoder left (another kind, damaged), for Python */
+    Py_ssize_t *undone_count;     /* batches: their rows left */
     Py_ssize_t *field_at;         /* fields: where its chunk lies in a slot's buffer */
     Py_ssize_t slot_bytes;        /* a slot's buffer: every field's chunk */
     size_t scratch_bytes;         /* the largest read: a Blosc frame is read through a thread's scratch */
@@ -125,13 +135,18 @@ static long long engine_clock(void) {
 #endif
 }
 
+/* The bytes of part f of a slot's buffer: its field's chunk. */
+static Py_ssize_t engine_part_bytes(const Engine *e, int f) {
+    return (f + 1 < e->fields ? e->field_at[f + 1] : e->slot_bytes) - e->field_at[f];
+}
+
 /* Slot s's chunks read into `buffer`, each vouched for by its file's stamp: 1 when all were. */
 static int engine_read(Engine *e, Py_ssize_t s, uint8_t *buffer, uint8_t *scratch) {
     for (int f = 0; f < e->fields; f++) {
         const long long *ask = e->asks + (s * e->fields + f) * ASK_WIDTH;
         const long long *stamp = e->stamps + ask[0] * STAMP_WIDTH;
         struct stat opened;
-        Py_ssize_t chunk_bytes = (f + 1 < e->fields ? e->field_at[f + 1] : e->slot_bytes) - e->field_at[f];
+        Py_ssize_t chunk_bytes = engine_part_bytes(e, f);
         if (!read_one(e->paths[ask[0]], (off_t)ask[1], (size_t)ask[2], scratch, buffer + e->field_at[f],
                       (size_t)chunk_bytes, (int)ask[3], &opened))
             return 0;
@@ -140,6 +155,42 @@ static int engine_read(Engine *e, Py_ssize_t s, uint8_t *buffer, uint8_t *scratc
             return 0;
     }
     return 1;
+}
+
+/* Batch b's encoded pictures decoded into out (the batch's array of them) by the decoder outcore.imaging._jpeg lends,
+ * each row's file found in its slot's chunk by its range (where they are cut, only each row's window decoded, mirrored
+ * as asked: crop_each's cut); the rows it leaves (another kind of file, a damaged one, no memory) marked undone, for
+ * Python to decode or to name. */
+static void engine_decode(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker) {
+    if (worker->decoding == NULL)
+        worker->decoding = e->decoder->open();
+    const int cut = e->picture == e->decoded;
+    const Py_ssize_t size = cut ? e->cut_height * e->cut_width * e->pixel : e->row_bytes[e->decoded];
+    const Py_ssize_t region = engine_part_bytes(e, e->decoded);
+    long long low = e->bounds[b], high = e->bounds[b + 1];
+    Py_ssize_t undone = 0;
+    for (long long r = low; r < high; r++) {
+        int slot = e->row_slot[r];
+        const uint8_t *buffer = e->slot_buffer[slot];
+        int64_t range[2]; /* the ranges' chunk follows the region's, of any length: read unaligned */
+        memcpy(range, buffer + e->field_at[e->fields - 1] + (size_t)e->row_local[r] * sizeof range, sizeof range);
+        long long start = range[0] - e->starts[slot], stop = range[1] - e->starts[slot];
+        const uint8_t *file = buffer + e->field_at[e->decoded] + start;
+        uint8_t *row = out + (r - low) * size;
+        int fine = worker->decoding != NULL && start >= 0 && start < stop && stop <= region;
+        if (fine && cut) {
+            const double box[4] = {e->corners[r * 2], e->corners[r * 2 + 1], (double)e->cut_height, (double)e->cut_width};
+            fine = e->decoder->crop(worker->decoding, file, (size_t)(stop - start), e->decoded_height, e->decoded_width,
+                                    box, e->mirrors[r * 2], e->mirrors[r * 2 + 1], row, (int)e->cut_height,
+                                    (int)e->cut_width, e->decoded_channels);
+        } else if (fine) {
+            fine = e->decoder->decode(worker->decoding, file, (size_t)(stop - start), row, e->decoded_height,
+                                      e->decoded_width, e->decoded_channels);
+        }
+        e->undone[r] = !fine;
+        undone += !fine;
+    }
+    e->undone_count[b] = undone;
 }
 
 /* Batch b's pictures cut: each row's window of its picture (checked when the engine was made), mirrored as asked,
@@ -156,15 +207,20 @@ static void engine_cut(Engine *e, Py_ssize_t b, uint8_t *out) {
     }
 }
 
-/* Batch b's rows copied out of its slots' chunks into its arrays: -1, or the first slot of it that failed. */
-static long long engine_gather(Engine *e, Py_ssize_t b) {
+/* Batch b's rows copied out of its slots' chunks into its arrays (pictures cut or decoded as they are): -1, or the
+ * first slot of it that failed. */
+static long long engine_gather(Engine *e, Py_ssize_t b, Worker *worker) {
     for (long long k = e->used_bounds[b]; k < e->used_bounds[b + 1]; k++)
         if (e->slot_state[e->used[k]] == SLOT_FAILED) /* read before b was started: stable */
             return e->used[k];
     long long low = e->bounds[b], high = e->bounds[b + 1];
-    for (int f = 0; f < e->fields; f++) {
-        uint8_t *out = e->outs[b * e->fields + f].buf;
+    for (int f = 0; f < e->outputs; f++) {
+        uint8_t *out = e->outs[b * e->outputs + f].buf;
         Py_ssize_t size = e->row_bytes[f], at = e->field_at[f];
+        if (f == e->decoded) {
+            engine_decode(e, b, out, worker);
+            continue;
+        }
         if (f == e->picture) {
             engine_cut(e, b, out);
             continue;
@@ -191,8 +247,9 @@ static int engine_readable(Engine *e, Py_ssize_t s) {
 }
 
 static void *engine_work(void *arg) {
-    Engine *e = ((Worker *)arg)->engine;
-    uint8_t *scratch = ((Worker *)arg)->scratch;
+    Worker *worker = arg;
+    Engine *e = worker->engine;
+    uint8_t *scratch = worker->scratch;
 #if defined(__linux__)
     pthread_setname_np(pthread_self(), "outcore-engine"); /* as top, perf and py-spy show it */
 #endif
@@ -206,7 +263,7 @@ static void *engine_work(void *arg) {
             e->next_make++;
             e->batch_state[b] = BATCH_MAKING;
             pthread_mutex_unlock(&e->lock);
-            long long failed = engine_gather(e, b);
+            long long failed = engine_gather(e, b, worker);
             pthread_mutex_lock(&e->lock);
             e->failed_slot[b] = failed;
             e->batch_state[b] = failed < 0 ? BATCH_MADE : BATCH_FAILED;
@@ -279,21 +336,26 @@ static void engine_free(Engine *e) {
         free(e->made_buffers[k]);
     for (Py_ssize_t k = 0; e->lent != NULL && k < e->lent_count; k++)
         PyBuffer_Release(&e->lent[k]);
-    for (int t = 0; e->workers != NULL && t < e->thread_count; t++)
+    for (int t = 0; e->workers != NULL && t < e->thread_count; t++) {
         free(e->workers[t].scratch);
+        if (e->workers[t].decoding != NULL)
+            e->decoder->close(e->workers[t].decoding);
+    }
+    Py_CLEAR(e->decoder_capsule);
     void *held[] = {e->paths, e->row_bytes, e->field_at, e->stamps, e->asks, e->bounds, e->row_slot, e->row_local,
                     e->reach, e->used_bounds, e->used, e->users, e->threads, e->slot_state, e->batch_state,
                     e->slot_buffer, e->free_buffers, e->made_buffers, e->lent, e->failed_slot, e->outs, e->corners,
-                    e->mirrors, e->workers, e->sets};
+                    e->mirrors, e->workers, e->sets, e->starts, e->undone, e->undone_count};
     for (size_t k = 0; k < sizeof held / sizeof held[0]; k++)
         PyMem_RawFree(held[k]);
     e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL, e->sets = NULL;
+    e->starts = NULL, e->undone = NULL, e->undone_count = NULL;
 }
 
 /* Let go of batch b's arrays given (holding the GIL): their buffers, and its sequence of them unless returned. */
 static void engine_let_go(Engine *e, Py_ssize_t b) {
-    for (int f = 0; f < e->fields; f++)
-        PyBuffer_Release(&e->outs[b * e->fields + f]);
+    for (int f = 0; f < e->outputs; f++)
+        PyBuffer_Release(&e->outs[b * e->outputs + f]);
     Py_CLEAR(e->sets[b]);
 }
 
@@ -366,19 +428,19 @@ static int engine_windows(Engine *e, PyObject *windows, PyObject *mirrors, Py_ss
 static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"paths", "stamps", "asks", "row_bytes", "chunk_bytes", "bounds", "row_slot", "row_local",
                             "reach", "used_bounds", "used", "threads", "read_ahead", "window", "lent", "picture",
-                            "windows", "mirrors", NULL};
+                            "windows", "mirrors", "decoded", "starts", NULL};
     PyObject *paths, *stamps, *asks, *row_bytes, *chunk_bytes, *bounds, *row_slot, *row_local, *reach, *used_bounds,
-        *used, *lent, *picture = Py_None, *windows = Py_None, *mirrors = Py_None;
+        *used, *lent, *picture = Py_None, *windows = Py_None, *mirrors = Py_None, *decoded = Py_None, *starts = Py_None;
     int threads;
     Py_ssize_t read_ahead, window, rows, used_count, fields;
     if (e->threads != NULL || e->closed) {
         PyErr_SetString(PyExc_RuntimeError, "Engine: made once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|OOO:Engine", names, &PyList_Type, &paths,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|OOOOO:Engine", names, &PyList_Type, &paths,
                                      &stamps, &asks, &row_bytes, &chunk_bytes, &bounds, &row_slot, &row_local, &reach,
                                      &used_bounds, &used, &threads, &read_ahead, &window, &PyList_Type, &lent,
-                                     &picture, &windows, &mirrors))
+                                     &picture, &windows, &mirrors, &decoded, &starts))
         return -1;
     if (threads < 1 || read_ahead < 0 || window < 1) {
         PyErr_SetString(PyExc_ValueError, "Engine: threads and window must be 1 or more, read_ahead 0 or more");
@@ -390,6 +452,16 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
         !PyArg_ParseTuple(picture, "innnnn:picture", &e->picture, &e->height, &e->width, &e->pixel, &e->cut_height,
                           &e->cut_width))
         return -1;
+    e->decoded = -1;
+    if (decoded != Py_None) {
+        PyObject *capsule;
+        if (!PyArg_ParseTuple(decoded, "iiiiO!:decoded", &e->decoded, &e->decoded_height, &e->decoded_width,
+                              &e->decoded_channels, &PyCapsule_Type, &capsule) ||
+            (e->decoder = PyCapsule_GetPointer(capsule, PICTURE_DECODER_CAPSULE)) == NULL)
+            return -1;
+        Py_INCREF(capsule);
+        e->decoder_capsule = capsule;
+    }
     e->path_count = PyList_GET_SIZE(paths);
     long long *chunk_sizes = NULL;
     if ((e->row_bytes = engine_copy(row_bytes, 0, -1, &fields, "row_bytes")) == NULL ||
@@ -397,6 +469,7 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
         (e->stamps = engine_copy(stamps, 0, e->path_count * STAMP_WIDTH, NULL, "stamps")) == NULL)
         goto failed;
     e->fields = (int)fields;
+    e->outputs = e->fields - (e->decoded >= 0);
     Py_ssize_t asked;
     if (fields < 1 || (e->asks = engine_copy(asks, 0, -1, &asked, "asks")) == NULL ||
         asked % (fields * ASK_WIDTH) != 0) {
@@ -408,6 +481,8 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     if ((e->bounds = engine_copy(bounds, 0, -1, &e->batches, "bounds")) == NULL)
         goto failed;
     e->batches -= 1;
+    if (e->decoded >= 0 && (e->starts = engine_copy(starts, 0, e->slots, NULL, "starts")) == NULL)
+        goto failed;
     if (e->batches < 1 || (e->row_slot = engine_copy(row_slot, 1, -1, &rows, "row_slot")) == NULL ||
         (e->row_local = engine_copy(row_local, 1, rows, NULL, "row_local")) == NULL ||
         (e->reach = engine_copy(reach, 0, e->batches, NULL, "reach")) == NULL ||
@@ -425,6 +500,15 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
                                                      e->cut_height > e->height || e->cut_width > e->width ||
                                                      e->row_bytes[e->picture] != e->height * e->width * e->pixel)))
         wrong = "the pictures cut";
+    if (e->decoded >= 0 && (e->decoded >= e->outputs || e->decoded_height < 1 ||
+                            e->decoded_width < 1 || (e->decoded_channels != 1 && e->decoded_channels != 3) ||
+                            e->row_bytes[e->decoded] != (Py_ssize_t)e->decoded_height * e->decoded_width *
+                                                            e->decoded_channels ||
+                            e->row_bytes[e->fields - 1] != 2 * (Py_ssize_t)sizeof(int64_t) ||
+                            (e->decoded == e->picture && (e->height != e->decoded_height ||
+                                                          e->width != e->decoded_width ||
+                                                          e->pixel != e->decoded_channels))))
+        wrong = "the pictures decoded";
     for (Py_ssize_t f = 0; e->field_at != NULL && f < fields; f++) {
         if (e->row_bytes[f] < 1 || chunk_sizes[f] < e->row_bytes[f])
             wrong = "a field's row or chunk bytes";
@@ -450,7 +534,7 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
         if (slot < 0 || slot >= e->slots || local < 0)
             wrong = "a row's slot or sample";
         for (Py_ssize_t f = 0; f < fields && wrong == NULL; f++)
-            if (((long long)local + 1) * e->row_bytes[f] > chunk_sizes[f])
+            if (f != e->decoded && ((long long)local + 1) * e->row_bytes[f] > chunk_sizes[f]) /* a region: any bytes */
                 wrong = "a row's sample (past its chunk)";
     }
     e->users = PyMem_RawCalloc((size_t)e->slots, sizeof(long long));
@@ -495,10 +579,13 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     e->made_buffers = PyMem_RawCalloc((size_t)e->slots, sizeof(uint8_t *));
     e->lent = PyMem_RawCalloc((size_t)(e->lent_count ? e->lent_count : 1), sizeof(Py_buffer));
     e->failed_slot = PyMem_RawCalloc((size_t)e->batches, sizeof(long long));
-    e->outs = PyMem_RawCalloc((size_t)(e->batches * fields), sizeof(Py_buffer));
+    e->outs = PyMem_RawCalloc((size_t)(e->batches * e->outputs), sizeof(Py_buffer));
     e->sets = PyMem_RawCalloc((size_t)(e->batches ? e->batches : 1), sizeof(PyObject *));
+    e->undone = PyMem_RawCalloc((size_t)(rows ? rows : 1), 1);
+    e->undone_count = PyMem_RawCalloc((size_t)e->batches, sizeof(Py_ssize_t));
     int made = e->paths && e->threads && e->workers && e->slot_state && e->batch_state && e->slot_buffer &&
-               e->free_buffers && e->made_buffers && e->lent && e->failed_slot && e->outs && e->sets && e->users && e->field_at;
+               e->free_buffers && e->made_buffers && e->lent && e->failed_slot && e->outs && e->sets && e->users &&
+               e->field_at && e->undone && e->undone_count;
     for (Py_ssize_t k = 0; made && k < e->path_count; k++)
         made = e->paths[k] != NULL;
     for (int t = 0; made && t < threads; t++) {
@@ -552,8 +639,8 @@ static int engine_give_set(Engine *e, PyObject *sequence, int quiet) {
     Py_ssize_t b = e->given;
     Py_ssize_t rows = (Py_ssize_t)(e->bounds[b + 1] - e->bounds[b]);
     int f = 0;
-    for (; f < e->fields; f++) {
-        Py_buffer *out = &e->outs[b * e->fields + f];
+    for (; f < e->outputs; f++) {
+        Py_buffer *out = &e->outs[b * e->outputs + f];
         Py_ssize_t wanted = rows * (f == e->picture ? e->cut_height * e->cut_width * e->pixel : e->row_bytes[f]);
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, f), out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
             if (quiet)
@@ -568,9 +655,9 @@ static int engine_give_set(Engine *e, PyObject *sequence, int quiet) {
             break;
         }
     }
-    if (f < e->fields) {
+    if (f < e->outputs) {
         while (f-- > 0)
-            PyBuffer_Release(&e->outs[b * e->fields + f]);
+            PyBuffer_Release(&e->outs[b * e->outputs + f]);
         return quiet ? 0 : -1;
     }
     Py_INCREF(sequence);
@@ -591,7 +678,7 @@ static PyObject *engine_give(Engine *e, PyObject *arrays) {
     if (sequence == NULL)
         return NULL;
     int given = -1;
-    if (PySequence_Fast_GET_SIZE(sequence) != e->fields)
+    if (PySequence_Fast_GET_SIZE(sequence) != e->outputs)
         PyErr_SetString(PyExc_ValueError, "give: one array a field");
     else
         given = engine_give_set(e, sequence, 0);
@@ -607,10 +694,10 @@ static PyObject *engine_give(Engine *e, PyObject *arrays) {
 static int engine_give_spare(Engine *e, PyObject *spares) {
     for (Py_ssize_t k = PyList_GET_SIZE(spares) - 1; k >= 0 && e->given < e->batches && !e->closed; k--) {
         PyObject *set = PyList_GET_ITEM(spares, k);
-        if (!PyTuple_CheckExact(set) || Py_REFCNT(set) != 1 || PyTuple_GET_SIZE(set) != e->fields)
+        if (!PyTuple_CheckExact(set) || Py_REFCNT(set) != 1 || PyTuple_GET_SIZE(set) != e->outputs)
             continue;
         int free = 1;
-        for (int f = 0; f < e->fields && free; f++)
+        for (int f = 0; f < e->outputs && free; f++)
             free = Py_REFCNT(PyTuple_GET_ITEM(set, f)) == 1;
         if (free && engine_give_set(e, set, 1))
             return 1;
@@ -694,6 +781,24 @@ static PyObject *engine_most_held(Engine *e, void *unused) { return engine_count
 
 static PyObject *engine_made(Engine *e, void *unused) { return engine_count_of(e, &e->made); }
 
+/* The rows of the batch last taken whose files the engine's decoder left (positions in the batch, a list), for Python
+ * to decode or to name; None where it left none. Read once the batch is taken: made before, under the lock. */
+static PyObject *engine_undone(Engine *e, void *unused) {
+    Py_ssize_t b = e->taken - 1;
+    if (e->closed || b < 0 || e->undone_count == NULL || e->undone_count[b] == 0)
+        Py_RETURN_NONE;
+    PyObject *left = PyList_New(0);
+    for (long long r = e->bounds[b]; left != NULL && r < e->bounds[b + 1]; r++) {
+        if (!e->undone[r])
+            continue;
+        PyObject *position = PyLong_FromLongLong(r - e->bounds[b]);
+        if (position == NULL || PyList_Append(left, position) < 0)
+            Py_CLEAR(left);
+        Py_XDECREF(position);
+    }
+    return left;
+}
+
 /* Changed only by threads holding the GIL (give, take): read without the lock. */
 static PyObject *engine_given(Engine *e, void *unused) { return PyLong_FromSsize_t(e->given); }
 
@@ -725,6 +830,8 @@ static PyGetSetDef engine_getset[] = {
     {"most_held", (getter)engine_most_held, NULL, "The most slots' buffers held at once so far.", NULL},
     {"made", (getter)engine_made, NULL, "The batches made so far (taken or not).", NULL},
     {"given", (getter)engine_given, NULL, "The batches whose arrays were given so far.", NULL},
+    {"undone", (getter)engine_undone, NULL,
+     "The positions in the batch last taken of the rows whose files the decoder left, or None.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
