@@ -2,7 +2,8 @@
 tasks make, byte for byte, for every plan, field and pixel (crops of whole pixels and flips cut and mirrored alike),
 epochs started ahead and resumed; a damaged chunk or an unreadable shard index named by a local run at its batch, the
 batches before it delivered; a closed run stopped at once; the engine refusing a plan that would read out of bounds,
-and a file of another version."""
+and a file of another version; an encoded field's files decoded by the engine's threads, those its decoder leaves
+decoded (or named) by Python as a local run decodes (or names) them."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ import time
 import tracemalloc
 
 import crc32c
+import imageio.v3 as iio
 import numpy as np
 import pytest
+import zarr
 
 import outcore
-from outcore.errors import CorruptChunkError
+from outcore.errors import CorruptChunkError, SampleDecodeError
 from outcore.iterate import iterator as iterator_module
 from outcore.iterate import native_run, runs
 from outcore.storage.chunk_reads import Engine
-from outcore.testing import corrupt_chunk
+from outcore.imaging import native
+from outcore.testing import corrupt_chunk, write_image_folder
 from outcore.transforms import Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
 
 pytestmark = pytest.mark.skipif(Engine is None, reason="the C extension _chunks is not built here: no C runs")
@@ -96,6 +100,100 @@ def test_a_c_run_cuts_and_mirrors_the_windows_a_local_run_cuts(tmp_path, monkeyp
     expected, _ = epoch(ds.batches(40, seed=6, transform=transform), False, monkeypatch)
     assert kinds == {"NativeRun"}
     assert_same(made, expected)
+
+
+@pytest.fixture(params=[3, 1], ids=["rgb", "grey"])
+def photos(tmp_path, request):
+    """An encoded store of 32x32 pictures (RGB, or grey): JPEGs, RGB and grey PNGs, an RGBA PNG, a grey JPEG, and one
+    JPEG of another size (resized as it is decoded: a file the engine's decoder leaves)."""
+    root = tmp_path / "photos"
+    write_image_folder(root, 60, classes=("cat", "dog"), size=(32, 32), extension=".jpg", seed=1)
+    write_image_folder(root, 10, classes=("dog", "owl"), size=(32, 32), extension=".png", seed=2)
+    rng = np.random.default_rng(3)
+    iio.imwrite(root / "owl" / "grey.png", rng.integers(0, 256, (32, 32), dtype=np.uint8))
+    iio.imwrite(root / "cat" / "alpha.png", rng.integers(0, 256, (32, 32, 4), dtype=np.uint8))
+    iio.imwrite(root / "cat" / "grey.jpg", rng.integers(0, 256, (32, 32), dtype=np.uint8))
+    iio.imwrite(root / "cat" / "wide.jpg", rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    return outcore.ingest_images(root, tmp_path / "e.zarr", shape=(32, 32, request.param), chunk_size=8,
+                                 images="encoded", progress=False)
+
+
+def left_by_the_decoder(monkeypatch) -> list[int]:
+    """The batch rows whose files the engine's decoder leaves to Python from now on, as they are decoded there."""
+    left: list[int] = []
+    decode = native_run.NativeRun._decode_undone
+
+    def counted(run, made, undone):
+        left.extend(undone)
+        return decode(run, made, undone)
+
+    monkeypatch.setattr(native_run.NativeRun, "_decode_undone", counted)
+    return left
+
+
+needs_decoder = pytest.mark.skipif(getattr(native.extension, "picture_decoder", None) is None,
+                                   reason="the C extension _jpeg is not built here: an encoded field's batches are "
+                                          "made by local runs")
+
+
+@needs_decoder
+@pytest.mark.parametrize("transform", [None, RandomFlip(), Compose([RandomCrop(20), RandomFlip()]),
+                                       RandomCrop((31, 9))])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_c_run_decodes_the_files_a_local_run_decodes(photos, monkeypatch, transform, threads):
+    """JPEGs and PNGs of every kind, whole or cut into windows, mirrored or not: the engine's threads decode them as a
+    local run's tasks do, byte for byte; the files its decoder leaves (those `decode_each` leaves too: PNGs of colours
+    converted as Pillow converts them) are decoded by Python."""
+    left = left_by_the_decoder(monkeypatch)
+    outcore.set_threads(threads)
+    try:
+        options = {"seed": 2, "fields": ["images", "labels"], "transform": transform}
+        made, kinds = epoch(photos.batches(16, **options), True, monkeypatch)
+        expected, _ = epoch(photos.batches(16, **options), False, monkeypatch)
+    finally:
+        outcore.set_threads(None)
+    assert kinds == {"NativeRun"}
+    assert_same(made, expected)
+    assert left
+
+
+@needs_decoder
+def test_a_run_whose_decoder_leaves_most_files_hands_the_rest_to_a_local_run(tmp_path, monkeypatch):
+    """Files all of another size than the store's (each resized as it is decoded): the first batch's are decoded by
+    Python, the rest of the run made by a local run, whose pool decodes them on every thread: the same batches."""
+    write_image_folder(tmp_path / "big", 40, classes=("a",), size=(40, 48), extension=".jpg", seed=5)
+    ds = outcore.ingest_images(tmp_path / "big", tmp_path / "e.zarr", shape=(32, 32, 3), chunk_size=8,
+                               images="encoded", progress=False)
+    left, handed = left_by_the_decoder(monkeypatch), []
+    rest = native_run.NativeRun._rest
+    monkeypatch.setattr(native_run.NativeRun, "_rest", lambda run, steps: handed.append(list(steps)) or rest(run, steps))
+    made, kinds = epoch(ds.batches(16, shuffle=False, fields=["images", "labels"]), True, monkeypatch)
+    assert kinds == {"NativeRun"} and left == list(range(16)) and handed == [[1, 2]]
+    assert_same(made, epoch(ds.batches(16, shuffle=False, fields=["images", "labels"]), False, monkeypatch)[0])
+
+
+@needs_decoder
+@pytest.mark.parametrize("photos", [3], indirect=True)  # RGB: no batch before it with most of its files left
+@pytest.mark.parametrize("transform", [None, RandomCrop(20)])
+def test_a_damaged_file_is_named_at_its_batch_as_a_local_run_names_it(photos, monkeypatch, transform):
+    """A file whose bytes were damaged (in a chunk whose checksum holds): the engine's decoder leaves it, and Python
+    names the sample and its chunk, as a local run does, after the batches before it."""
+    group = zarr.open_group(photos.location, mode="r+")
+    start, stop = group["images_ranges"][41]
+    group["images"][start + 2 : stop] = np.frombuffer(b"garbage!" * ((stop - start - 2) // 8 + 1), np.uint8)[
+        : stop - start - 2]
+    damaged = outcore.open_dataset(photos.location)
+    options = {"shuffle": False, "fields": ["images", "labels"], "transform": transform}
+    for native in (True, False):
+        iterator, delivered = damaged.batches(16, **options), 0
+        with pytest.raises(SampleDecodeError, match=r"field 'images', sample 41 \(chunk 5\) cannot be decoded"):
+            with monkeypatch.context() as patched:
+                if not native:
+                    patched.setattr(iterator_module, "native_run", lambda *args: None)
+                for _ in iterator:
+                    assert type(iterator._active).__name__ == ("NativeRun" if native else "LocalRun")
+                    delivered += 1
+        assert delivered == 2  # batches 0 and 1; sample 41 is in batch 2
 
 
 @pytest.mark.parametrize("transform", [RandomCrop(6, padding=2), Compose([RandomCrop(6), Normalize(0.5, 0.2)]),
@@ -295,6 +393,19 @@ def test_the_engine_refuses_a_plan_that_would_read_out_of_bounds():
                         ("mirrors", np.zeros((1, 2), np.uint8)), ("picture", (0, 2, 3, 1, 1, 1))]:
         with pytest.raises(ValueError, match="Engine"):
             Engine(**plan, **{**cut, name: wrong})
+    decoder = getattr(native.extension, "picture_decoder", None)
+    if decoder is not None:  # files of 2x2 grey pictures in the chunk's 16 bytes, their ranges (4 samples) read after
+        decoded = {**plan, "asks": np.array([[[0, 0, 100, 0], [0, 0, 100, 0]]], np.int64),
+                   "row_bytes": np.array([4, 16], np.int64), "chunk_bytes": np.array([16, 64], np.int64),
+                   "decoded": (0, 2, 2, 1, decoder), "starts": np.zeros(1, np.int64)}
+        Engine(**decoded).close()
+        for name, wrong in [("decoded", (0, 2, 3, 1, decoder)), ("decoded", (0, 2, 2, 2, decoder)),
+                            ("decoded", (1, 2, 2, 1, decoder)), ("starts", np.zeros(2, np.int64)),
+                            ("row_bytes", np.array([4, 8], np.int64))]:
+            with pytest.raises(ValueError, match="Engine|starts"):
+                Engine(**{**decoded, name: wrong})
+        with pytest.raises(ValueError, match="PyCapsule"):  # another capsule: not the decoder's
+            Engine(**{**decoded, "decoded": (0, 2, 2, 1, np.random.PCG64().capsule)})
     for name, wrong in [("row_local", np.array([0, 4], np.int32)), ("row_slot", np.array([0, 1], np.int32)),
                         ("used", np.array([1], np.int64)), ("bounds", np.array([0, 3], np.int64)),
                         ("asks", np.array([[[1, 0, 100, 0]]], np.int64)), ("row_local", np.array([0, 3], np.int64)),
