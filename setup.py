@@ -39,6 +39,7 @@ BATCH_ENGINE = "outcore/storage/_batch_engine.h"  # a run of plain batches made 
 WINDOW_COPY = "outcore/_window_copy.h"  # a picture's window copied and mirrored, by _windows and _chunks alike
 STREAM_COPY = "outcore/_stream_copy.h"  # large copies written past the caches, by _windows and _chunks alike
 PNG = "outcore/imaging/_png.h"  # plain PNGs decoded by _jpeg's decode_each, where zlib is found
+PICTURE_DECODER = "outcore/_picture_decoder.h"  # _jpeg's decoding lent to _chunks's batch engine, through a capsule
 
 
 def pkg_config(package: str) -> tuple[list[str], list[str]] | None:
@@ -115,13 +116,14 @@ def extensions() -> list[Extension]:
     flags = ["-O3", "-ffp-contract=off"] if os.name != "nt" else []
     return [Extension("outcore.imaging._jpeg", [SOURCE], include_dirs=include_dirs, library_dirs=library_dirs,
                       libraries=libraries, define_macros=macros, extra_compile_args=flags,
-                      depends=[*FREE_TIME, BLAKE2B, WHOLE_FILES, PNG]),
+                      depends=[*FREE_TIME, BLAKE2B, WHOLE_FILES, PNG, PICTURE_DECODER]),
             Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags,
                       depends=[*FREE_TIME, STREAM_COPY, WINDOW_COPY]),
             Extension("outcore.seeds._state", [SEEDS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),
             Extension("outcore.seeds._draws", [DRAWS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),
             Extension("outcore.storage._chunks", [CHUNKS_SOURCE], extra_compile_args=flags,
-                      depends=[*FREE_TIME, WHOLE_FILES, MAPPED_FILES, STREAM_COPY, BATCH_ENGINE, WINDOW_COPY])]
+                      depends=[*FREE_TIME, WHOLE_FILES, MAPPED_FILES, STREAM_COPY, BATCH_ENGINE, WINDOW_COPY,
+                               PICTURE_DECODER])]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -19,10 +19,10 @@ import zarr
 
 import outcore
 from outcore.errors import CorruptChunkError, SampleDecodeError
+from outcore.imaging import native as native_imaging
 from outcore.iterate import iterator as iterator_module
 from outcore.iterate import native_run, runs
 from outcore.storage.chunk_reads import Engine
-from outcore.imaging import native
 from outcore.testing import corrupt_chunk, write_image_folder
 from outcore.transforms import Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
 
@@ -131,7 +131,7 @@ def left_by_the_decoder(monkeypatch) -> list[int]:
     return left
 
 
-needs_decoder = pytest.mark.skipif(getattr(native.extension, "picture_decoder", None) is None,
+needs_decoder = pytest.mark.skipif(getattr(native_imaging.extension, "picture_decoder", None) is None,
                                    reason="the C extension _jpeg is not built here: an encoded field's batches are "
                                           "made by local runs")
 
@@ -186,13 +186,13 @@ def test_a_damaged_file_is_named_at_its_batch_as_a_local_run_names_it(photos, mo
     options = {"shuffle": False, "fields": ["images", "labels"], "transform": transform}
     for native in (True, False):
         iterator, delivered = damaged.batches(16, **options), 0
-        with pytest.raises(SampleDecodeError, match=r"field 'images', sample 41 \(chunk 5\) cannot be decoded"):
-            with monkeypatch.context() as patched:
-                if not native:
-                    patched.setattr(iterator_module, "native_run", lambda *args: None)
-                for _ in iterator:
-                    assert type(iterator._active).__name__ == ("NativeRun" if native else "LocalRun")
-                    delivered += 1
+        with (pytest.raises(SampleDecodeError, match=r"field 'images', sample 41 \(chunk 5\) cannot be decoded"),
+              monkeypatch.context() as patched):
+            if not native:
+                patched.setattr(iterator_module, "native_run", lambda *args: None)
+            for _ in iterator:
+                assert type(iterator._active).__name__ == ("NativeRun" if native else "LocalRun")
+                delivered += 1
         assert delivered == 2  # batches 0 and 1; sample 41 is in batch 2
 
 
@@ -393,7 +393,7 @@ def test_the_engine_refuses_a_plan_that_would_read_out_of_bounds():
                         ("mirrors", np.zeros((1, 2), np.uint8)), ("picture", (0, 2, 3, 1, 1, 1))]:
         with pytest.raises(ValueError, match="Engine"):
             Engine(**plan, **{**cut, name: wrong})
-    decoder = getattr(native.extension, "picture_decoder", None)
+    decoder = getattr(native_imaging.extension, "picture_decoder", None)
     if decoder is not None:  # files of 2x2 grey pictures in the chunk's 16 bytes, their ranges (4 samples) read after
         decoded = {**plan, "asks": np.array([[[0, 0, 100, 0], [0, 0, 100, 0]]], np.int64),
                    "row_bytes": np.array([4, 16], np.int64), "chunk_bytes": np.array([16, 64], np.int64),

@@ -22,6 +22,9 @@
  * size), for a block of files at once, without the Python around each file; check_files does the same for files
  * named by their paths, each read and digested (BLAKE2b, _blake2b.h) in the same call.
  *
+ * The same decoding (decode_each's of a file whole, crop_each's of a box) is lent to outcore.storage._chunks's batch
+ * engine, whose threads hold no Python: `picture_decoder`, a capsule of a PictureDecoder (../_picture_decoder.h).
+ *
  * Built by setup.py when a libjpeg-turbo (1.5 or later) and its headers are found; outcore.imaging.native
  * falls back to simplejpeg and Pillow without it.
  */
