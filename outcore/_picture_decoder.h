@@ -1,4 +1,4 @@
-/* PictureDecoder: the decoding of outcore.imaging._jpeg, lent to another extension (outcore.storage._chunks's batch
+/* PictureDecoder: the decoding and resizing of outcore.imaging._jpeg, lent to another extension (outcore.storage._chunks's batch
  * engine) through a capsule, `_jpeg.picture_decoder`, so that threads with no Python decode what decode_each decodes:
  * the same pixels, by the same code, without linking libjpeg twice.
  *
@@ -24,6 +24,11 @@ typedef struct {
      * cuts it: 1; else 0, as decode. */
     int (*crop)(void *state, const uint8_t *data, size_t size, int file_height, int file_width, const double *box,
                 int flip_x, int flip_y, uint8_t *out, int height, int width, int channels);
+    /* Box `box` of `picture` (height x width x channels samples of `kind`: 'B', 'H', 'h', 'f' or 'd', as a struct
+     * format says them; 8-bit ones of 1 or 3 channels) resized into `out` (out_height x out_width of them) and
+     * mirrored as resize_each resizes it, zeros past the picture's edges: 1; else 0, as decode. No state. */
+    int (*resize)(const uint8_t *picture, int height, int width, int channels, int kind, const double *box, int flip_x,
+                  int flip_y, uint8_t *out, int out_height, int out_width);
 } PictureDecoder;
 
 #endif

@@ -24,9 +24,22 @@ from outcore.iterate import iterator as iterator_module
 from outcore.iterate import native_run, runs
 from outcore.storage.chunk_reads import Engine
 from outcore.testing import corrupt_chunk, write_image_folder
-from outcore.transforms import Compose, Normalize, RandomCrop, RandomFlip, RandomResizedCrop
+from outcore.transforms import (
+    CenterCrop,
+    Compose,
+    Normalize,
+    RandomCrop,
+    RandomFlip,
+    RandomResizedCrop,
+    ScaleJitter,
+)
 
 pytestmark = pytest.mark.skipif(Engine is None, reason="the C extension _chunks is not built here: no C runs")
+needs_decoder = pytest.mark.skipif(getattr(native_imaging.extension, "picture_decoder", None) is None,
+                                   reason="the C extension _jpeg is not built here: an encoded field's batches are "
+                                          "made by local runs")
+needs_c_resize = pytest.mark.skipif(getattr(native_imaging.extension, "picture_decoder", None) is None,
+                                    reason="the C extension _jpeg is not built here: boxes resized by local runs")
 
 
 @pytest.fixture
@@ -102,6 +115,44 @@ def test_a_c_run_cuts_and_mirrors_the_windows_a_local_run_cuts(tmp_path, monkeyp
     assert_same(made, expected)
 
 
+RESIZED_CROPS = [
+    RandomResizedCrop(5),
+    Compose([RandomResizedCrop((6, 4), scale=(0.3, 1.0)), RandomFlip(horizontal=True, vertical=True)]),
+    Compose([ScaleJitter(6, scale=(0.5, 1.5)), RandomFlip()]),  # boxes past the pictures' edges too: zeros there
+    CenterCrop(6, resize=7),
+    CenterCrop(5),  # a window of whole pixels in each: copied
+]
+
+
+@needs_c_resize
+@pytest.mark.parametrize("transform", RESIZED_CROPS)
+@pytest.mark.parametrize("pictures", [(np.uint8, 3), (np.uint8, 1), (np.uint16, 3), (np.float32, 4), (np.int16, 2)])
+def test_a_c_run_resizes_the_boxes_a_local_run_resizes(tmp_path, monkeypatch, transform, pictures):
+    """Boxes resized (`RandomResizedCrop`, `ScaleJitter`, `CenterCrop`), mirrored or not, of pictures of every kind the
+    C extension resizes: each piece's boxes and mirrors drawn as a local run draws them, resized alike, byte for
+    byte, on the engine's threads."""
+    dtype, channels = pictures
+    values = np.random.default_rng(1).integers(0, 250, (300, 9, 8, channels)).astype(dtype)
+    ds = outcore.from_arrays({"images": values, "labels": np.arange(300)}, tmp_path / "p.zarr", chunk_size=16,
+                             progress=False)
+    made, kinds = epoch(ds.batches(40, seed=6, transform=transform), True, monkeypatch)
+    expected, _ = epoch(ds.batches(40, seed=6, transform=transform), False, monkeypatch)
+    assert kinds == {"NativeRun"}
+    assert_same(made, expected)
+
+
+def test_boxes_of_pictures_the_c_extension_does_not_resize_are_made_by_a_local_run(tmp_path, monkeypatch):
+    """RGBA pictures of 8 bits (resized premultiplied, as Pillow does, by resize.py) and int8 ones: a local run's."""
+    for dtype, channels in [(np.uint8, 4), (np.int8, 3)]:
+        values = np.random.default_rng(1).integers(0, 100, (100, 9, 8, channels)).astype(dtype)
+        ds = outcore.from_arrays({"images": values}, tmp_path / f"{np.dtype(dtype)}.zarr", chunk_size=16,
+                                 progress=False)
+        transform = Compose([RandomResizedCrop(5), RandomFlip()])
+        made, kinds = epoch(ds.batches(40, seed=6, transform=transform), True, monkeypatch)
+        assert kinds == {"NativeRun"}  # its run falls back to a local run's batches, the same
+        assert_same(made, epoch(ds.batches(40, seed=6, transform=transform), False, monkeypatch)[0])
+
+
 @pytest.fixture(params=[3, 1], ids=["rgb", "grey"])
 def photos(tmp_path, request):
     """An encoded store of 32x32 pictures (RGB, or grey): JPEGs, RGB and grey PNGs, an RGBA PNG, a grey JPEG, and one
@@ -131,14 +182,12 @@ def left_by_the_decoder(monkeypatch) -> list[int]:
     return left
 
 
-needs_decoder = pytest.mark.skipif(getattr(native_imaging.extension, "picture_decoder", None) is None,
-                                   reason="the C extension _jpeg is not built here: an encoded field's batches are "
-                                          "made by local runs")
 
 
 @needs_decoder
 @pytest.mark.parametrize("transform", [None, RandomFlip(), Compose([RandomCrop(20), RandomFlip()]),
-                                       RandomCrop((31, 9))])
+                                       RandomCrop((31, 9)), Compose([RandomResizedCrop(20), RandomFlip()]),
+                                       CenterCrop(24, resize=28)])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_a_c_run_decodes_the_files_a_local_run_decodes(photos, monkeypatch, transform, threads):
     """JPEGs and PNGs of every kind, whole or cut into windows, mirrored or not: the engine's threads decode them as a
@@ -197,10 +246,10 @@ def test_a_damaged_file_is_named_at_its_batch_as_a_local_run_names_it(photos, mo
 
 
 @pytest.mark.parametrize("transform", [RandomCrop(6, padding=2), Compose([RandomCrop(6), Normalize(0.5, 0.2)]),
-                                       Compose([RandomFlip(), RandomCrop(6)]), RandomResizedCrop(5)])
+                                       Compose([RandomFlip(), RandomCrop(6)])])
 def test_other_transforms_are_made_by_a_local_run(store, monkeypatch, transform):
-    """A crop past the pictures' edges (padding), a step after the crop and flip, a flip before a crop, a resize: the
-    pool's tasks make them."""
+    """A crop past the pictures' edges (padding), a step after the crop and flip, a flip before a crop: the pool's
+    tasks make them."""
     ds, _ = store
     assert epoch(ds.batches(100, transform=transform, fields=["images", "id"]), True, monkeypatch)[1] == {"LocalRun"}
 
@@ -397,15 +446,19 @@ def test_the_engine_refuses_a_plan_that_would_read_out_of_bounds():
     if decoder is not None:  # files of 2x2 grey pictures in the chunk's 16 bytes, their ranges (4 samples) read after
         decoded = {**plan, "asks": np.array([[[0, 0, 100, 0], [0, 0, 100, 0]]], np.int64),
                    "row_bytes": np.array([4, 16], np.int64), "chunk_bytes": np.array([16, 64], np.int64),
-                   "decoded": (0, 2, 2, 1, decoder), "starts": np.zeros(1, np.int64)}
+                   "decoded": (0, 2, 2, 1), "starts": np.zeros(1, np.int64), "decoder": decoder}
         Engine(**decoded).close()
-        for name, wrong in [("decoded", (0, 2, 3, 1, decoder)), ("decoded", (0, 2, 2, 2, decoder)),
-                            ("decoded", (1, 2, 2, 1, decoder)), ("starts", np.zeros(2, np.int64)),
-                            ("row_bytes", np.array([4, 8], np.int64))]:
+        resized = {**plan, **cut, "picture": (0, 2, 2, 1, 1, 1, 1, ord("B")), "decoder": decoder}
+        Engine(**resized).close()
+        for made, name, wrong in [(decoded, "decoded", (0, 2, 3, 1)), (decoded, "decoded", (0, 2, 2, 2)),
+                                  (decoded, "decoded", (1, 2, 2, 1)), (decoded, "starts", np.zeros(2, np.int64)),
+                                  (decoded, "row_bytes", np.array([4, 8], np.int64)), (decoded, "decoder", None),
+                                  (resized, "decoder", None), (resized, "picture", (0, 2, 2, 1, 1, 1, 1, ord("x"))),
+                                  (resized, "picture", (0, 2, 2, 1, 1, 1, 2, ord("B")))]:
             with pytest.raises(ValueError, match="Engine|starts"):
-                Engine(**{**decoded, name: wrong})
+                Engine(**{**made, name: wrong})
         with pytest.raises(ValueError, match="PyCapsule"):  # another capsule: not the decoder's
-            Engine(**{**decoded, "decoded": (0, 2, 2, 1, np.random.PCG64().capsule)})
+            Engine(**{**decoded, "decoder": np.random.PCG64().capsule})
     for name, wrong in [("row_local", np.array([0, 4], np.int32)), ("row_slot", np.array([0, 1], np.int32)),
                         ("used", np.array([1], np.int64)), ("bounds", np.array([0, 3], np.int64)),
                         ("asks", np.array([[[1, 0, 100, 0]]], np.int64)), ("row_local", np.array([0, 3], np.int64)),
@@ -451,6 +504,23 @@ def test_a_read_the_engine_cannot_vouch_for_ends_its_batch(tmp_path):
         else:
             assert type(got) is int and got == 0  # slot 0 failed
             assert arrays[0].tolist() == [0, 0, 0, 0]
+
+
+@needs_c_resize
+def test_a_box_the_engine_cannot_resize_is_left_undone_for_python(tmp_path):
+    """A box of numbers that are not finite: the resize leaves it, and `undone` names its row in the batch taken (None
+    where every row was made)."""
+    plan = {**_one_chunk_plan(tmp_path, 2), "picture": (0, 2, 2, 1, 1, 1, 1, ord("B")),
+            "windows": np.array([[0, 0, 2, 2], [np.nan, 0, 1, 1]], np.float64), "mirrors": np.zeros((2, 2), np.uint8),
+            "decoder": native_imaging.extension.picture_decoder}
+    engine = Engine(**plan)
+    made = []
+    for _ in range(2):
+        engine.give([np.full(1, 99, np.uint8)])
+        made.append((_taken(engine)[0].tolist(), engine.undone))
+    engine.close()
+    # row 0: sample 3's 2x2 picture (12, 13, 14, 15) resized to one pixel: their mean, rounded
+    assert made == [([14], None), ([99], [0])]
 
 
 def test_a_spare_set_is_given_only_when_nothing_refers_to_it_nor_to_its_arrays(tmp_path):

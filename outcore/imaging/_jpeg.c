@@ -1351,8 +1351,6 @@ static int picture_crop(void *state, const uint8_t *data, size_t size, int file_
                          channels);
 }
 
-static const PictureDecoder picture_decoder = {decoding_open, decoding_close, picture_decode, picture_crop};
-
 /* Cut every box of `each` that decoding_crop cuts, with one Decoding; done[k] says which. */
 static int crop_all(const Each *each, uint8_t *done) {
     Decoding *decoding = decoding_open();
@@ -2144,29 +2142,37 @@ typedef struct {
     int out_height, out_width;
 } Resizes;
 
-/* Every box of `resizes` resized into its row; done[k] says which (0: left to resize.py, which says what is wrong, or
- * no memory). A box past its picture's edges is zeros there: the part inside resized to the output pixels it covers
- * (box_part); one within ROUNDING of them, but not inside in single precision, is left, as is a box of no pixels
- * or of numbers not finite. */
+/* Box `box` (top, left, height, width) of `picture` (height x width x channels samples of `kind`, rows back to back)
+ * resized into `row` (out_height x out_width of them) and mirrored as flip_x and flip_y say: 1, else 0 (left to
+ * resize.py, which says what is wrong, or no memory). A box past its picture's edges is zeros there: the part inside
+ * resized to the output pixels it covers (box_part); one within ROUNDING of them, but not inside in single precision,
+ * is left, as is a box of no pixels or of numbers not finite. */
+static int resize_one(const uint8_t *picture, int height, int width, int channels, int kind, const double *box,
+                      int flip_x, int flip_y, uint8_t *row, int out_height, int out_width) {
+    size_t pixel = sample_bytes(kind) * channels, out_stride = (size_t)out_width * pixel;
+    double edges[4];
+    int place[4];
+    const int cut = box_cut(box, height, width, out_height, out_width, flip_x, flip_y, row, out_stride * out_height,
+                            edges, place);
+    if (cut < 1)
+        return cut == 0; /* nothing of the picture in it: zeros */
+    return box_inside(edges, (double)height, (double)width) &&
+           resize_kind(picture, (size_t)width * pixel, height, width, channels, kind, edges, place[2], place[3],
+                       row + out_stride * place[0] + pixel * place[1], out_stride, flip_x, flip_y) == 0;
+}
+
+static const PictureDecoder picture_decoder = {decoding_open, decoding_close, picture_decode, picture_crop,
+                                               resize_one};
+
+/* Every box of `resizes` resized into its row (resize_one); done[k] says which. */
 static void resize_all(const Resizes *r, uint8_t *done) {
-    size_t pixel = sample_bytes(r->kind) * r->channels, out_stride = (size_t)r->out_width * pixel;
-    size_t row_bytes = out_stride * r->out_height;
+    size_t pixel = sample_bytes(r->kind) * r->channels, row_bytes = (size_t)r->out_width * pixel * r->out_height;
     for (Py_ssize_t k = 0; k < r->count; k++) {
         const int height = r->sizes ? (int)r->sizes[2 * k] : r->height, width = r->sizes ? (int)r->sizes[2 * k + 1] : r->width;
         const size_t first = r->sizes ? (size_t)r->local[k] : (size_t)r->local[k] * r->height * r->width; /* pixel */
-        const double *box = r->boxes + 4 * k;
-        double edges[4];
-        int place[4], flip_x = r->flips[2 * k], flip_y = r->flips[2 * k + 1];
-        uint8_t *row = r->out + row_bytes * (size_t)r->rows[k];
-        const int cut = box_cut(box, height, width, r->out_height, r->out_width, flip_x, flip_y, row, row_bytes, edges,
-                                place);
-        done[k] = cut == 0; /* nothing of the picture in it: zeros */
-        if (cut < 1)
-            continue;
-        done[k] = box_inside(edges, (double)height, (double)width) &&
-                  resize_kind(r->chunks[r->which[k]] + first * pixel, (size_t)width * pixel, height, width, r->channels,
-                              r->kind, edges, place[2], place[3], row + out_stride * place[0] + pixel * place[1],
-                              out_stride, flip_x, flip_y) == 0;
+        done[k] = resize_one(r->chunks[r->which[k]] + first * pixel, height, width, r->channels, r->kind,
+                             r->boxes + 4 * k, r->flips[2 * k], r->flips[2 * k + 1],
+                             r->out + row_bytes * (size_t)r->rows[k], r->out_height, r->out_width);
     }
 }
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ..imaging import EncodedChunk, native
+from ..imaging import EncodedChunk, native, resize_part
 from ..imaging.decode import MAX_PIXELS
 from ..storage import ShardReader, blocks
 from ..storage.chunk_reads import Engine
@@ -55,6 +55,8 @@ from .stats import LoaderStats
 
 SPARE_SETS = 3  # sets of a batch's arrays kept to use again, for each batch made at once (those given ahead, those the
 # consumer holds, and the next epoch's run's, started as this one drains)
+RESIZED = {np.dtype(np.uint8): "B", np.dtype(np.uint16): "H", np.dtype(np.int16): "h", np.dtype(np.float32): "f",
+           np.dtype(np.float64): "d"}  # the pictures whose boxes the engine resizes (as `resize_each` does), by dtype
 UNDONE_SHARE = 1 / 16  # a batch with more of its files left by the engine's decoder than this (files of other sizes,
 # to be resized; other formats) hands the rest of the run to a `LocalRun`, whose pool decodes them on every thread
 
@@ -84,7 +86,8 @@ class NativeRun(Run):
         self.rows = 0  # a whole batch's
         self.row_slot = self.row_local = np.empty(0, np.int32)  # each row's chunk (among `chunks`) and sample there,
         # kept where files are decoded: those the engine's decoder leaves are decoded here (`_decode_undone`)
-        self.cuts: dict[str, np.ndarray] = {}  # the rows' windows and mirrors, kept where the decoded field is cut
+        self.cuts: dict[str, np.ndarray] = {}  # the rows' boxes and mirrors, kept where the engine may leave some rows
+        # (a decoded field's, boxes resized)
         # sets of a whole batch's arrays used again (`_arrays`): the iterator's, for plain arrays (not pinned ones)
         self.spares: list[tuple[np.ndarray, ...]] | None = None
         super().__init__(work, stats)
@@ -145,23 +148,27 @@ class NativeRun(Run):
             yield from self._rest(steps[self.delivered :])
 
     def _decode_undone(self, made: Sequence[np.ndarray], undone: list[int]) -> bool:
-        """Rows ``undone`` of the batch just taken (``made``), whose files the engine's decoder left (of another size,
-        kind or format, or damaged), decoded here as a `LocalRun` decodes them, which names what is wrong: whether
-        they were more than `UNDONE_SHARE` of it."""
-        name, out = self.decoded, made[[name for name, _, _, _ in self.specs].index(self.decoded)]
-        reader, first = self.buffers.readers[name], self.bounds[self.delivered]
-        chunks: dict[int, EncodedChunk] = {}
+        """Rows ``undone`` of the batch just taken (``made``), which the engine left (files of another size, kind or
+        format, or damaged; boxes its resize leaves), made here as a `LocalRun` makes them (`RowDecodes`, `BoxCuts`,
+        `resize_rows`), which names what is wrong: whether they were more than `UNDONE_SHARE` of it."""
+        name = self.decoded or self.work.recipe.crop_field
+        out = made[[name for name, _, _, _ in self.specs].index(name)]
+        reader, first, size = self.buffers.readers[name], self.bounds[self.delivered], self.work.recipe.crop.output_size \
+            if self.cuts else None
+        chunks: dict[int, EncodedChunk | np.ndarray] = {}
         for k in undone:
             r = first + k
-            chunk = int(self.chunks[self.row_slot[r]])
+            chunk, local = int(self.chunks[self.row_slot[r]]), int(self.row_local[r])
             if chunk not in chunks:
                 chunks[chunk] = reader.read(chunk)
-            if self.cuts:  # as `BoxCuts` cuts it
-                flips = self.cuts["mirrors"][r]
-                chunks[chunk].decode_region(int(self.row_local[r]), tuple(self.cuts["windows"][r].tolist()),
-                                            self.work.recipe.crop.output_size, out[k], (bool(flips[0]), bool(flips[1])))
+            if not self.cuts:
+                chunks[chunk].decode_sample(local, out[k])
+                continue
+            box, flips = tuple(self.cuts["windows"][r].tolist()), self.cuts["mirrors"][r].astype(bool).tolist()
+            if self.decoded:
+                chunks[chunk].decode_region(local, box, size, out[k], (flips[0], flips[1]))
             else:
-                chunks[chunk].decode_sample(int(self.row_local[r]), out[k])
+                resize_part(chunks[chunk][local], box, size, out[k], (flips[0], flips[1]))
         return len(undone) > UNDONE_SHARE * len(out)
 
     def _rest(self, steps: Sequence[int]) -> Iterator[Batch]:
@@ -201,7 +208,7 @@ class NativeRun(Run):
             readers.append(encoded.sources[1])
             height, width, *channels = sample_spec(work.store, self.decoded)[0]
             row_bytes[at] = height * width * (channels[0] if channels else 1)  # its pictures' (where cut, too)
-            decoded = {"decoded": (at, height, width, channels[0] if channels else 1, native.extension.picture_decoder),
+            decoded = {"decoded": (at, height, width, channels[0] if channels else 1),
                        "starts": chunks * encoded.decoded.bytes.capacity}
         else:
             row_bytes = row_bytes[:-1]
@@ -221,14 +228,16 @@ class NativeRun(Run):
         used = np.unique(used)
         used_bounds = np.searchsorted(used // len(chunks), np.arange(len(bounds)))
         reach = np.maximum.accumulate(np.maximum.reduceat(row_slot, bounds[:-1])).astype(np.int64)
-        picture = self._picture()
-        windows = {} if picture is None else self._windows()
-        if windows is None:  # the crop's windows drawn some other way: by the pool's tasks
+        windows = {} if work.recipe.crop is None else self._windows()
+        picture = None if windows is None or work.recipe.crop is None else self._picture(windows["windows"])
+        if windows is None or picture == ():  # boxes drawn some other way, or not resized in C: by the pool's tasks
             return None
+        if decoded or (picture is not None and picture[-1]):  # files decoded, boxes resized: by _jpeg's code
+            decoded["decoder"] = native.extension.picture_decoder
         threads = thread_count()
         self.window = LocalRun.made_at_once(work, threads)  # as many as a local run makes
         chunk_bytes = np.array([reader.chunk_nbytes for reader in readers], np.int64)
-        if picture is not None and not (decoded and decoded["decoded"][0] == picture[0]):
+        if picture is not None and not ("decoded" in decoded and decoded["decoded"][0] == picture[0]):
             row_bytes[picture[0]] = chunk_bytes[picture[0]] // chunk_size  # the cut field's rows: its stored pictures'
         with self.closing:
             if self.stop.is_set():
@@ -240,24 +249,32 @@ class NativeRun(Run):
                 used_bounds, used % len(chunks), threads, LocalRun.local_read_ahead(threads), self.window, self.lent,
                 picture, **windows, **decoded)
         self.chunks, self.bounds, self.rows = chunks, bounds.tolist(), int(np.diff(bounds).max())
-        if decoded:
-            self.row_slot, self.row_local = row_slot, row_local
-            self.cuts = windows if picture is not None and picture[0] == decoded["decoded"][0] else {}
+        if "decoder" in decoded:  # rows the engine may leave (of one field: the decoded one, or the one resized)
+            self.row_slot, self.row_local = row_slot, row_local  # made again here (`_decode_undone`)
+            left = decoded["decoded"][0] if "decoded" in decoded else picture[0]
+            self.cuts = windows if picture is not None and picture[0] == left else {}
         if work.allocator is None and work.empty is plain:
             self.spares = self.buffers.batch_sets(tuple((shape, dtype, self.rows) for _, shape, dtype, _ in self.specs))
         return self.engine
 
-    def _picture(self) -> tuple[int, ...] | None:
-        """How the engine cuts the crop's field: ``(its number among the fields, its pictures' height, width and
-        pixel's bytes, the windows' height and width)``; None where nothing is cut. The pictures' size (all one) kept
-        for the windows' draws (`size`)."""
-        crop, store = self.work.recipe.crop, self.work.store
-        if crop is None:
-            return None
+    def _picture(self, boxes: np.ndarray) -> tuple[int, ...]:
+        """How the engine cuts the crop's field by ``boxes`` (its rows'): ``(its number among the fields, its pictures'
+        height, width and pixel's bytes, the output's height and width, its channels, and the struct letter of its
+        samples where the boxes are resized, 0 where each is a window of whole pixels at the output's size within its
+        picture, copied)``; ``()`` where they would be resized and the C extension does not resize such pictures."""
+        crop, (height, width) = self.work.recipe.crop, self.size.tolist()
+        (cut_height, cut_width), (_, _, channels), dtype = crop.output_size, *sample_spec(self.work.store, crop.field)
+        copied = vars(type(crop)).get("windows", False) or bool(
+            np.array_equal(boxes, np.round(boxes)) and (boxes[:, 2:] == (cut_height, cut_width)).all()
+            and (boxes[:, :2] >= 0).all() and (boxes[:, 0] <= height - cut_height).all()
+            and (boxes[:, 1] <= width - cut_width).all())
+        kind = RESIZED.get(dtype, "")
+        if not copied and (not kind or (kind == "B" and channels not in (1, 3))
+                           or getattr(native.extension, "picture_decoder", None) is None):
+            return ()
         names = [name for name, _, _, _ in self.specs]
-        (height, width, channels), dtype = sample_spec(store, crop.field)
-        self.size = np.array([height, width], np.int64)
-        return (names.index(crop.field), height, width, channels * dtype.itemsize, *crop.output_size)
+        return (names.index(crop.field), height, width, channels * dtype.itemsize, cut_height, cut_width, channels,
+                0 if copied else ord(kind))
 
     def _arrays(self, k: int) -> tuple[np.ndarray, ...]:
         """Batch ``k``'s arrays made anew, one a field (the windows' where pictures are cut): plain ones kept among the
@@ -274,13 +291,16 @@ class NativeRun(Run):
         return arrays
 
     def _windows(self) -> dict[str, np.ndarray] | None:
-        """The ``windows`` and ``mirrors`` of the run's rows, batch after batch, each piece's drawn as its
+        """The boxes (``windows``) and ``mirrors`` of the run's rows, batch after batch, each piece's drawn as its
         generator draws them where a batch is made by the pool's tasks (`Crop.boxes_of_pieces`, `make_batch`), all in
-        one call; None where they are not drawn so (no C extension, a flip of another kind)."""
+        one call; None where they are not drawn so (no C extension, a flip of another kind). The pictures' size (all
+        one) kept (`size`)."""
         work, recipe = self.work, self.work.recipe
         seed, epoch, plan = work.options.seed, work.epoch, work.plan
+        self.size = np.array(sample_spec(work.store, recipe.crop.field)[0][:2], np.int64)
         pieces = [piece for index in work.batches for piece in batch_draws(seed, epoch, index, plan.pieces(index))]
-        drawn = recipe.crop.boxes_of_pieces(self.size[None], pieces, recipe.flip)  # one size: one row says it
+        sizes = np.broadcast_to(self.size, (sum(count for count, _ in pieces), 2))
+        drawn = recipe.crop.boxes_of_pieces(sizes, pieces, recipe.flip)
         return None if drawn is None else {"windows": drawn[0], "mirrors": drawn[1]}
 
     def _close_engine(self) -> None:
@@ -301,7 +321,7 @@ def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeR
     """A `NativeRun` of ``work`` where its batches need no Python (as the module docstring says), else None: made by a
     `LocalRun` then."""
     recipe, options, steps = work.recipe, work.options, work.batches
-    if (Engine is None or (recipe.transform is not None and not _windows_only(recipe)) or recipe.text_fields
+    if (Engine is None or (recipe.transform is not None and not _cut_only(recipe)) or recipe.text_fields
             or recipe.ragged_fields or recipe.later or options.skip_damaged
             or len(steps) < 2 or steps[-1] - steps[0] + 1 != len(steps) or steps[-1] >= work.plan.steps):
         return None
@@ -344,11 +364,12 @@ def _decodable(reader: EncodedChunks, shape: tuple[int, ...], dtype: np.dtype, c
             and sources[1].chunk_nbytes == 16 * chunk_size)
 
 
-def _windows_only(recipe: Recipe) -> bool:
-    """Whether the recipe's transform is a window of whole pixels of each picture (a `RandomCrop` without padding, or
-    the whole picture), mirrored or not (a plain `RandomFlip`), and nothing else: the engine cuts those."""
+def _cut_only(recipe: Recipe) -> bool:
+    """Whether the recipe's transform is a box of each picture drawn in one call for the run (`boxes_of_pieces`: a
+    `RandomCrop` without padding, the whole picture, a `RandomResizedCrop`, a `CenterCrop`, a `ScaleJitter`) mirrored
+    or not (a plain `RandomFlip`), moving no targets, and nothing else: the engine cuts or resizes those."""
     crop = recipe.crop
     return (crop is not None and recipe.per_piece is None and recipe.after is None and not recipe.later
-            and vars(type(crop)).get("windows", False) and not getattr(crop, "padding", 0)
-            and getattr(crop, "targets", None) is None and hasattr(crop, "boxes_of_pieces"))
+            and not getattr(crop, "padding", 0) and getattr(crop, "targets", None) is None
+            and hasattr(crop, "boxes_of_pieces"))
 

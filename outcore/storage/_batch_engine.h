@@ -61,9 +61,10 @@ struct Engine {
     Py_ssize_t *row_bytes;        /* fields: a sample's bytes in its chunk */
     int picture;                  /* the field whose pictures are cut (a window each, mirrored or not), or -1 */
     Py_ssize_t height, width, pixel, cut_height, cut_width; /* its pictures', a pixel's bytes, its windows' */
+    int channels, kind;           /* where its boxes are resized (kind: their samples' struct letter), else kind 0 */
     int decoded;                  /* the field whose files are decoded (its ranges the last part), or -1 */
     int decoded_height, decoded_width, decoded_channels;
-    const PictureDecoder *decoder; /* lent by outcore.imaging._jpeg, whose capsule is held */
+    const PictureDecoder *decoder; /* lent by outcore.imaging._jpeg (whose capsule is held): decoding, resizing */
     PyObject *decoder_capsule;
     long long *starts;            /* slots: where the decoded field's chunk starts in its array (its ranges count so) */
     uint8_t *undone;              /* rows: those whose file the decoder left (another kind, damaged), for Python */
@@ -103,7 +104,8 @@ struct Engine {
     long long *failed_slot;       /* batches */
     Py_buffer *outs;              /* batches x fields, given */
     PyObject **sets;              /* batches: the sequence of arrays given for each, until `take` returns it */
-    int *corners;                 /* rows x 2: each row's window's top and left, where pictures are cut */
+    int *corners;                 /* rows x 2: each row's window's top and left, where windows are cut */
+    double *boxes;                /* rows x 4: each row's box (top, left, height, width), where boxes are resized */
     uint8_t *mirrors;             /* rows x 2: whether it is mirrored left-right, top-bottom */
     Py_ssize_t reads;             /* slots read (for the tests' counts) */
     Py_ssize_t held, most_held;   /* slots' buffers held now, and at most (what the next run may be lent) */
@@ -160,6 +162,16 @@ static int engine_read(Engine *e, Py_ssize_t s, uint8_t *buffer, uint8_t *scratc
     return 1;
 }
 
+/* Row r's box in its picture (top, left, height, width): its window's, or the box resized. */
+static void engine_box(const Engine *e, long long r, double *box) {
+    if (e->kind) {
+        memcpy(box, e->boxes + r * 4, 4 * sizeof(double));
+        return;
+    }
+    box[0] = e->corners[r * 2], box[1] = e->corners[r * 2 + 1], box[2] = (double)e->cut_height;
+    box[3] = (double)e->cut_width;
+}
+
 /* Batch b's encoded pictures decoded into out (the batch's array of them) by the decoder outcore.imaging._jpeg lends,
  * each row's file found in its slot's chunk by its range (where they are cut, only each row's window decoded, mirrored
  * as asked: crop_each's cut); the rows it leaves (another kind of file, a damaged one, no memory) marked undone, for
@@ -182,7 +194,8 @@ static void engine_decode(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker)
         uint8_t *row = out + (r - low) * size;
         int fine = worker->decoding != NULL && start >= 0 && start < stop && stop <= region;
         if (fine && cut) {
-            const double box[4] = {e->corners[r * 2], e->corners[r * 2 + 1], (double)e->cut_height, (double)e->cut_width};
+            double box[4];
+            engine_box(e, r, box);
             fine = e->decoder->crop(worker->decoding, file, (size_t)(stop - start), e->decoded_height, e->decoded_width,
                                     box, e->mirrors[r * 2], e->mirrors[r * 2 + 1], row, (int)e->cut_height,
                                     (int)e->cut_width, e->decoded_channels);
@@ -197,17 +210,28 @@ static void engine_decode(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker)
 }
 
 /* Batch b's pictures cut: each row's window of its picture (checked when the engine was made), mirrored as asked,
- * into out (the batch's array of windows: `copy_window`, as outcore.imaging._windows cuts them). */
+ * into out (the batch's array of windows: `copy_window`, as outcore.imaging._windows cuts them); or each row's box
+ * resized into it by the resizing outcore.imaging._jpeg lends (resize_each's), the rows it leaves marked undone. */
 static void engine_cut(Engine *e, Py_ssize_t b, uint8_t *out) {
-    Py_ssize_t window = e->cut_height * e->cut_width * e->pixel;
+    Py_ssize_t window = e->cut_height * e->cut_width * e->pixel, undone = 0;
     long long low = e->bounds[b], high = e->bounds[b + 1];
     for (long long r = low; r < high; r++) {
         long long k = r - low;
         const uint8_t *picture = e->slot_buffer[e->row_slot[r]] + e->field_at[e->picture] +
                                  (Py_ssize_t)e->row_local[r] * e->row_bytes[e->picture];
-        copy_window(picture, e->height, e->width, e->pixel, out + k * window, e->cut_height, e->cut_width,
-                    e->corners[r * 2], e->corners[r * 2 + 1], e->mirrors[r * 2], e->mirrors[r * 2 + 1]);
+        if (!e->kind) {
+            copy_window(picture, e->height, e->width, e->pixel, out + k * window, e->cut_height, e->cut_width,
+                        e->corners[r * 2], e->corners[r * 2 + 1], e->mirrors[r * 2], e->mirrors[r * 2 + 1]);
+            continue;
+        }
+        int fine = e->decoder->resize(picture, (int)e->height, (int)e->width, e->channels, e->kind, e->boxes + r * 4,
+                                      e->mirrors[r * 2], e->mirrors[r * 2 + 1], out + k * window, (int)e->cut_height,
+                                      (int)e->cut_width);
+        e->undone[r] = !fine;
+        undone += !fine;
     }
+    if (e->kind)
+        e->undone_count[b] = undone;
 }
 
 /* Batch b's rows copied out of its slots' chunks into its arrays (pictures cut or decoded as they are): -1, or the
@@ -348,11 +372,11 @@ static void engine_free(Engine *e) {
     void *held[] = {e->paths, e->row_bytes, e->field_at, e->stamps, e->asks, e->bounds, e->row_slot, e->row_local,
                     e->reach, e->used_bounds, e->used, e->users, e->threads, e->slot_state, e->batch_state,
                     e->slot_buffer, e->free_buffers, e->made_buffers, e->lent, e->failed_slot, e->outs, e->corners,
-                    e->mirrors, e->workers, e->sets, e->starts, e->undone, e->undone_count};
+                    e->mirrors, e->workers, e->sets, e->starts, e->undone, e->undone_count, e->boxes};
     for (size_t k = 0; k < sizeof held / sizeof held[0]; k++)
         PyMem_RawFree(held[k]);
     e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL, e->sets = NULL;
-    e->starts = NULL, e->undone = NULL, e->undone_count = NULL;
+    e->starts = NULL, e->undone = NULL, e->undone_count = NULL, e->boxes = NULL;
 }
 
 /* Let go of batch b's arrays given (holding the GIL): their buffers, and its sequence of them unless returned. */
@@ -394,8 +418,8 @@ static void engine_close(Engine *e) {
 }
 
 /* Each row's window (top, left, height, width: (rows, 4) float64) and mirrors (left-right, top-bottom: (rows, 2)
- * uint8) kept as corners and mirrors: 0 with an error set where they cannot be read, or *wrong set where a window is
- * not of whole pixels of the windows' size within its picture. */
+ * uint8) kept as corners and mirrors (or, where boxes are resized, as they are): 0 with an error set where they cannot
+ * be read, or *wrong set where a window is not of whole pixels of the windows' size within its picture. */
 static int engine_windows(Engine *e, PyObject *windows, PyObject *mirrors, Py_ssize_t rows, const char **wrong) {
     Py_buffer boxes, flips;
     if (PyObject_GetBuffer(windows, &boxes, PyBUF_C_CONTIGUOUS) < 0)
@@ -404,14 +428,22 @@ static int engine_windows(Engine *e, PyObject *windows, PyObject *mirrors, Py_ss
         PyBuffer_Release(&boxes);
         return 0;
     }
-    e->corners = PyMem_RawMalloc((size_t)(rows ? rows : 1) * 2 * sizeof(int));
     e->mirrors = PyMem_RawMalloc((size_t)(rows ? rows : 1) * 2);
-    int fine = e->corners != NULL && e->mirrors != NULL;
+    if (e->kind)
+        e->boxes = PyMem_RawMalloc((size_t)(rows ? rows : 1) * 4 * sizeof(double));
+    else
+        e->corners = PyMem_RawMalloc((size_t)(rows ? rows : 1) * 2 * sizeof(int));
+    int fine = (e->corners != NULL || e->boxes != NULL) && e->mirrors != NULL;
     if (!fine)
         PyErr_NoMemory();
     else if (boxes.len != rows * 4 * (Py_ssize_t)sizeof(double) || flips.len != rows * 2)
         *wrong = "the windows' or mirrors' count";
-    for (Py_ssize_t r = 0; fine && *wrong == NULL && r < rows; r++) {
+    else if (e->kind) { /* resized as resize_each resizes them: a box of no pixels, or past the edges, is its to judge */
+        memcpy(e->boxes, boxes.buf, (size_t)boxes.len);
+        for (Py_ssize_t k = 0; k < rows * 2; k++)
+            e->mirrors[k] = ((const uint8_t *)flips.buf)[k] != 0;
+    }
+    for (Py_ssize_t r = 0; fine && !e->kind && *wrong == NULL && r < rows; r++) {
         const double *box = (const double *)boxes.buf + r * 4;
         if (!(box[0] >= 0 && box[1] >= 0 && box[0] + e->cut_height <= e->height && box[1] + e->cut_width <= e->width &&
               box[0] == (double)(int)box[0] && box[1] == (double)(int)box[1] && box[2] == (double)e->cut_height &&
@@ -431,19 +463,20 @@ static int engine_windows(Engine *e, PyObject *windows, PyObject *mirrors, Py_ss
 static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"paths", "stamps", "asks", "row_bytes", "chunk_bytes", "bounds", "row_slot", "row_local",
                             "reach", "used_bounds", "used", "threads", "read_ahead", "window", "lent", "picture",
-                            "windows", "mirrors", "decoded", "starts", NULL};
+                            "windows", "mirrors", "decoded", "starts", "decoder", NULL};
     PyObject *paths, *stamps, *asks, *row_bytes, *chunk_bytes, *bounds, *row_slot, *row_local, *reach, *used_bounds,
-        *used, *lent, *picture = Py_None, *windows = Py_None, *mirrors = Py_None, *decoded = Py_None, *starts = Py_None;
+        *used, *lent, *picture = Py_None, *windows = Py_None, *mirrors = Py_None, *decoded = Py_None, *starts = Py_None,
+             *decoder = Py_None;
     int threads;
     Py_ssize_t read_ahead, window, rows, used_count, fields;
     if (e->threads != NULL || e->closed) {
         PyErr_SetString(PyExc_RuntimeError, "Engine: made once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|OOOOO:Engine", names, &PyList_Type, &paths,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|OOOOOO:Engine", names, &PyList_Type, &paths,
                                      &stamps, &asks, &row_bytes, &chunk_bytes, &bounds, &row_slot, &row_local, &reach,
                                      &used_bounds, &used, &threads, &read_ahead, &window, &PyList_Type, &lent,
-                                     &picture, &windows, &mirrors, &decoded, &starts))
+                                     &picture, &windows, &mirrors, &decoded, &starts, &decoder))
         return -1;
     if (threads < 1 || read_ahead < 0 || window < 1) {
         PyErr_SetString(PyExc_ValueError, "Engine: threads and window must be 1 or more, read_ahead 0 or more");
@@ -452,18 +485,22 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     e->pid = getpid();
     e->picture = -1;
     if (picture != Py_None &&
-        !PyArg_ParseTuple(picture, "innnnn:picture", &e->picture, &e->height, &e->width, &e->pixel, &e->cut_height,
-                          &e->cut_width))
+        !PyArg_ParseTuple(picture, "innnnn|ii:picture", &e->picture, &e->height, &e->width, &e->pixel, &e->cut_height,
+                          &e->cut_width, &e->channels, &e->kind))
         return -1;
     e->decoded = -1;
-    if (decoded != Py_None) {
-        PyObject *capsule;
-        if (!PyArg_ParseTuple(decoded, "iiiiO!:decoded", &e->decoded, &e->decoded_height, &e->decoded_width,
-                              &e->decoded_channels, &PyCapsule_Type, &capsule) ||
-            (e->decoder = PyCapsule_GetPointer(capsule, PICTURE_DECODER_CAPSULE)) == NULL)
+    if (decoded != Py_None && !PyArg_ParseTuple(decoded, "iiii:decoded", &e->decoded, &e->decoded_height,
+                                                &e->decoded_width, &e->decoded_channels))
+        return -1;
+    if (decoder != Py_None) {
+        if ((e->decoder = PyCapsule_GetPointer(decoder, PICTURE_DECODER_CAPSULE)) == NULL)
             return -1;
-        Py_INCREF(capsule);
-        e->decoder_capsule = capsule;
+        Py_INCREF(decoder);
+        e->decoder_capsule = decoder;
+    }
+    if ((e->decoded >= 0 || e->kind) && e->decoder == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Engine: pictures decoded or resized need the decoder _jpeg lends");
+        return -1;
     }
     e->path_count = PyList_GET_SIZE(paths);
     long long *chunk_sizes = NULL;
@@ -501,13 +538,16 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     e->slot_bytes = 0;
     if (e->picture >= fields || (e->picture >= 0 && (e->pixel < 1 || e->cut_height < 1 || e->cut_width < 1 ||
                                                      e->cut_height > e->height || e->cut_width > e->width ||
-                                                     e->row_bytes[e->picture] != e->height * e->width * e->pixel)))
+                                                     e->row_bytes[e->picture] != e->height * e->width * e->pixel ||
+                                                     (e->kind && (e->channels < 1 || e->pixel % e->channels ||
+                                                                  !strchr("BHhfd", e->kind))))))
         wrong = "the pictures cut";
     if (e->decoded >= 0 && (e->decoded >= e->outputs || e->decoded_height < 1 ||
                             e->decoded_width < 1 || (e->decoded_channels != 1 && e->decoded_channels != 3) ||
                             e->row_bytes[e->decoded] != (Py_ssize_t)e->decoded_height * e->decoded_width *
                                                             e->decoded_channels ||
                             e->row_bytes[e->fields - 1] != 2 * (Py_ssize_t)sizeof(int64_t) ||
+                            (e->kind && e->decoded != e->picture) || /* one field's rows left undone */
                             (e->decoded == e->picture && (e->height != e->decoded_height ||
                                                           e->width != e->decoded_width ||
                                                           e->pixel != e->decoded_channels))))
