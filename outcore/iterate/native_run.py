@@ -3,30 +3,32 @@
 A `LocalRun` makes each batch in tasks of the process's pool, planned and handed over by Python: a few hundred Python
 calls a batch, one thread at a time whatever the cores (`benchmarks/python_calls.py`). Where nothing in a batch needs
 Python (every field stored as it is batched or an encoded field of pictures of one size, read from local shard files,
-and at most a window of whole pixels of each picture, mirrored or not: ``ds.batches(256,
-transform=Compose([RandomCrop(112), RandomFlip()]))`` over a pixel store or a store of JPEGs), the whole run is handed
-to the C engine of `outcore.storage.chunk_reads` at once. The run's thread plans it:
-the rows of its batches by chunk (`EpochPlan.span`, each chunk read once, in the plan's order), the chunks each batch
-reads, each chunk's reads as its shard's index gives them (`ShardReader.local_reads`), every window and mirror of the
-run drawn in one call as the pool's tasks draw them piece by piece. The engine's threads (as many as the pool's) read
-the chunks in the schedule's order (each checked and its Blosc frame decoded, as `read_at_once` reads one), up to
-``read_ahead`` chunks past the batches being made, copy each batch's rows (or cut and mirror its pictures' windows;
-an encoded field's files decoded, or only their windows, by the decoder of `outcore.imaging.native` lent to them:
-`decode_each`'s and `crop_each`'s code, the same pixels) into the arrays given to it a few batches ahead (`outcore.storage.blocks`, or the run's own memory: pinned, for
-`ds.torch`), and give a chunk's buffer back once the last batch reading it is made. The consumer's thread takes each
-batch from the engine (woken when that batch is made), and the same C call gives the batch a few on the arrays of one
-taken before that nothing refers to any more (the iterator's sets of them, `ChunkBuffers.batch_sets`: never a batch
-the consumer holds, nor one a view, a memoryview or a tensor of it refers to); new ones are made only where none is
-free (the first batches, batches held): some fifteen Python calls a batch, on no other thread.
+and at most a box of each picture drawn for the whole run at once, mirrored or not: ``ds.batches(256,
+transform=Compose([RandomResizedCrop(112), RandomFlip()]))`` over a pixel store or a store of JPEGs), the whole run is
+handed to the C engine of `outcore.storage.chunk_reads` at once. The run's thread plans it: the rows of its batches
+by chunk (`EpochPlan.span`, each chunk read once, in the plan's order), the chunks each batch reads, each chunk's
+reads as its shard's index gives them (`ShardReader.local_reads`), every box and mirror of the run drawn in one call
+as the pool's tasks draw them piece by piece. The engine's threads (as many as the pool's) read the chunks in the
+schedule's order (each checked and its Blosc frame decoded, as `read_at_once` reads one), up to ``read_ahead`` chunks
+past the batches being made, copy each batch's rows (or cut and mirror its pictures' windows, or resize their boxes;
+an encoded field's files decoded, or only their boxes, by the code of `outcore.imaging.native` lent to them:
+`decode_each`'s, `crop_each`'s and `resize_each`'s, the same pixels) into the arrays given to it a few batches ahead
+(`outcore.storage.blocks`, or the run's own memory: pinned, for `ds.torch`), and give a chunk's buffer back once the
+last batch reading it is made. The consumer's thread takes each batch from the engine (woken when that batch is
+made), and the same C call gives the batch a few on the arrays of one taken before that nothing refers to any more
+(the iterator's sets of them, `ChunkBuffers.batch_sets`: never a batch the consumer holds, nor one a view, a
+memoryview or a tensor of it refers to); new ones are made only where none is free (the first batches, batches held):
+some fifteen Python calls a batch, on no other thread.
 
 The batches are those a `LocalRun` makes, byte for byte (`tests/test_native_run.py`). A read the engine cannot
 vouch for (a file damaged, unreadable, or replaced since its index was read) ends it: that batch and the rest are
 made by a `LocalRun`, which reads the chunks again and names what is wrong. A file the decoder leaves (of another
-size, to be resized; a PNG of other colours; a damaged one) is decoded by the consumer's thread as a `LocalRun` decodes
-it, which names what is wrong; a batch with more than `UNDONE_SHARE` of its files so hands the rest of the run to a
-`LocalRun`, whose pool decodes them on every thread. The run's plan is held as arrays, 8
-bytes a sample (18 where pictures are cut; kept where files are decoded), made at its start in arrays of the run's samples (some 60 bytes a sample
-for a moment, where a `LocalRun` plans a few batches at a time).
+size, to be resized; a PNG of other colours; a damaged one), or a box its resize leaves, is made by the consumer's
+thread as a `LocalRun` makes it, which names what is wrong; a batch with more than `UNDONE_SHARE` of its rows so left
+hands the rest of the run to a `LocalRun`, whose pool makes them on every thread. The run's plan is held as arrays, 8
+bytes a sample (18 where windows are cut, 42 where boxes are resized; kept where rows may be left), made at its start
+in arrays of the run's samples (some 60 bytes a sample for a moment, where a `LocalRun` plans a few batches at a
+time).
 
 >>> run = native_run(work, stats, buffers)  # doctest: +SKIP
 >>> run is None or isinstance(run, NativeRun)  # doctest: +SKIP
