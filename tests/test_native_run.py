@@ -141,6 +141,29 @@ def test_a_c_run_resizes_the_boxes_a_local_run_resizes(tmp_path, monkeypatch, tr
     assert_same(made, expected)
 
 
+@needs_c_resize
+def test_boxes_the_engine_s_resize_leaves_are_resized_by_python(tmp_path, monkeypatch):
+    """Boxes past their pictures' edges by less than rounding, which single precision does not find inside: the
+    engine's resize leaves them, and the consumer resizes them as a local run's `resize_rows` does."""
+    values = np.random.default_rng(1).integers(0, 250, (200, 9, 8, 3)).astype(np.uint8)
+    ds = outcore.from_arrays({"images": values}, tmp_path / "p.zarr", chunk_size=16, progress=False)
+    drawn = RandomResizedCrop.boxes_of_pieces
+
+    def past_the_edge(crop, sizes, pieces, flip):
+        made = drawn(crop, sizes, pieces, flip)
+        if made is not None:
+            made[0][::20] = (0.0, 0.0, 9 + 8e-7, 8.0)  # 9.00000095 in single precision; 2 a batch
+        return made
+
+    monkeypatch.setattr(RandomResizedCrop, "boxes_of_pieces", past_the_edge)
+    left = left_by_the_decoder(monkeypatch)
+    transform = Compose([RandomResizedCrop(5), RandomFlip()])
+    made, kinds = epoch(ds.batches(40, seed=6, transform=transform), True, monkeypatch)
+    expected, _ = epoch(ds.batches(40, seed=6, transform=transform), False, monkeypatch)
+    assert kinds == {"NativeRun"} and len(left) == 10
+    assert_same(made, expected)
+
+
 def test_boxes_of_pictures_the_c_extension_does_not_resize_are_made_by_a_local_run(tmp_path, monkeypatch):
     """RGBA pictures of 8 bits (resized premultiplied, as Pillow does, by resize.py) and int8 ones: a local run's."""
     for dtype, channels in [(np.uint8, 4), (np.int8, 3)]:

@@ -321,8 +321,10 @@ def resize_part(picture: np.ndarray, box: Box, size: tuple[int, int], out: np.nd
         raise OptionError(f"a crop drew the box {tuple(box)} (top, left, height, width): a crop's boxes are of "
                           "finite numbers, of a positive height and width")
     pixels = picture.reshape(*picture.shape[:2], -1)
-    if within(box, pixels.shape[:2]):
-        resize_box(pixels, box, size, out.reshape(*size, -1), flip)
+    if within(box, pixels.shape[:2]):  # past the edges by rounding at most: held to them
+        top, left, bottom, right = box_edges(box)
+        edges = (max(top, 0), max(left, 0), min(bottom, pixels.shape[0]), min(right, pixels.shape[1]))
+        resize_edges(pixels, edges, size, out.reshape(*size, -1), flip)
         return
     out[...] = 0
     part = box_part(box, pixels.shape[:2], size, flip)

@@ -230,10 +230,11 @@ class NativeRun(Run):
         used = np.unique(used)
         used_bounds = np.searchsorted(used // len(chunks), np.arange(len(bounds)))
         reach = np.maximum.accumulate(np.maximum.reduceat(row_slot, bounds[:-1])).astype(np.int64)
-        windows = {} if work.recipe.crop is None else self._windows()
-        picture = None if windows is None or work.recipe.crop is None else self._picture(windows["windows"])
-        if windows is None or picture == ():  # boxes drawn some other way, or not resized in C: by the pool's tasks
-            return None
+        recipe = work.recipe
+        windows = {} if recipe.crop is None else self._windows()
+        picture = None if windows is None or recipe.crop is None else self._picture(windows["windows"])
+        if windows is None or picture == () or (picture and picture[-1] and self.decoded not in (None, recipe.crop_field)):
+            return None  # boxes drawn some other way, not resized in C, or rows of two fields left: by the pool's tasks
         if decoded or (picture is not None and picture[-1]):  # files decoded, boxes resized: by _jpeg's code
             decoded["decoder"] = native.extension.picture_decoder
         threads = thread_count()
