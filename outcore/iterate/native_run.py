@@ -155,8 +155,8 @@ class NativeRun(Run):
         `resize_rows`), which names what is wrong: whether they were more than `UNDONE_SHARE` of it."""
         name = self.decoded or self.work.recipe.crop_field
         out = made[[name for name, _, _, _ in self.specs].index(name)]
-        reader, first, size = self.buffers.readers[name], self.bounds[self.delivered], self.work.recipe.crop.output_size \
-            if self.cuts else None
+        reader, first = self.buffers.readers[name], self.bounds[self.delivered]
+        size = self.work.recipe.crop.output_size if self.cuts else None
         chunks: dict[int, EncodedChunk | np.ndarray] = {}
         for k in undone:
             r = first + k
