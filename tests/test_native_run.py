@@ -95,26 +95,12 @@ def test_a_c_run_makes_the_batches_a_local_run_makes(store, monkeypatch, options
     assert_same(made, expected)
 
 
-@pytest.mark.parametrize("transform", [
+WINDOWS = [
     Compose([RandomCrop(6), RandomFlip()]),
     Compose([RandomCrop((5, 3)), RandomFlip(horizontal=True, vertical=True, p=0.7)]),
     RandomCrop(7),
     RandomFlip(vertical=True, horizontal=False),
-])
-@pytest.mark.parametrize("pictures", [(np.uint8, 3), (np.uint8, 1), (np.uint16, 3), (np.float32, 4)])
-def test_a_c_run_cuts_and_mirrors_the_windows_a_local_run_cuts(tmp_path, monkeypatch, transform, pictures):
-    """A crop of whole pixels (a `RandomCrop` without padding, or the whole picture), mirrored or not, of pictures of
-    any pixel (1 to 16 bytes): each piece's windows and mirrors drawn as a local run draws them, cut alike."""
-    dtype, channels = pictures
-    values = np.random.default_rng(1).integers(0, 250, (300, 9, 8, channels)).astype(dtype)
-    ds = outcore.from_arrays({"images": values, "labels": np.arange(300)}, tmp_path / "p.zarr", chunk_size=16,
-                             progress=False)
-    made, kinds = epoch(ds.batches(40, seed=6, transform=transform), True, monkeypatch)
-    expected, _ = epoch(ds.batches(40, seed=6, transform=transform), False, monkeypatch)
-    assert kinds == {"NativeRun"}
-    assert_same(made, expected)
-
-
+]
 RESIZED_CROPS = [
     RandomResizedCrop(5),
     Compose([RandomResizedCrop((6, 4), scale=(0.3, 1.0)), RandomFlip(horizontal=True, vertical=True)]),
@@ -124,13 +110,13 @@ RESIZED_CROPS = [
 ]
 
 
-@needs_c_resize
-@pytest.mark.parametrize("transform", RESIZED_CROPS)
+@pytest.mark.parametrize("transform", [*WINDOWS, *(pytest.param(crop, marks=needs_c_resize) for crop in RESIZED_CROPS)])
 @pytest.mark.parametrize("pictures", [(np.uint8, 3), (np.uint8, 1), (np.uint16, 3), (np.float32, 4), (np.int16, 2)])
-def test_a_c_run_resizes_the_boxes_a_local_run_resizes(tmp_path, monkeypatch, transform, pictures):
-    """Boxes resized (`RandomResizedCrop`, `ScaleJitter`, `CenterCrop`), mirrored or not, of pictures of every kind the
-    C extension resizes: each piece's boxes and mirrors drawn as a local run draws them, resized alike, byte for
-    byte, on the engine's threads."""
+def test_a_c_run_cuts_and_resizes_the_boxes_a_local_run_cuts(tmp_path, monkeypatch, transform, pictures):
+    """A crop of whole pixels (a `RandomCrop` without padding, or the whole picture), or of boxes resized
+    (`RandomResizedCrop`, `ScaleJitter`, `CenterCrop`: the C extension's resize), mirrored or not, of pictures of any
+    pixel (1 to 16 bytes) and every kind the C extension resizes: each piece's boxes and mirrors drawn as a local run
+    draws them, cut or resized alike, byte for byte, on the engine's threads."""
     dtype, channels = pictures
     values = np.random.default_rng(1).integers(0, 250, (300, 9, 8, channels)).astype(dtype)
     ds = outcore.from_arrays({"images": values, "labels": np.arange(300)}, tmp_path / "p.zarr", chunk_size=16,

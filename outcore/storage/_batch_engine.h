@@ -1,28 +1,30 @@
 /* Engine: a run of plain batches (stored fields' rows copied out of their chunks; a picture field's windows of whole
- * pixels cut and mirrored at most; an encoded field's files decoded, or their windows) made start to end on C threads of its own, none of them ever holding the GIL
- * (outcore.iterate.native_run).
+ * pixels cut and mirrored, or its boxes resized, at most; an encoded field's files decoded, or their boxes) made start
+ * to end on C threads of its own, none of them ever holding the GIL (outcore.iterate.native_run).
  *
- * Made by Python for a run: the slots it reads (each one chunk of every field, read as `read_one` reads one: its
- * file, offset, bytes, whether a Blosc frame, and the stamp of the file's version whose index gave them), the run's
- * rows in batch order (each row's slot and its sample in that slot's chunk), each batch's bounds in them, the highest
- * slot each batch or one before it reads (`reach`) and the slots each reads (each once); where pictures are cut, their
- * geometry (`picture`) and each row's window and mirrors; where an encoded field's files are decoded (`decoded`), its
- * pictures' size, the decoder outcore.imaging._jpeg lends (a PictureDecoder capsule), each slot's first byte in the
- * field's array (`starts`: its ranges count from there), its chunk read as a field's and its ranges' chunk as one more
- * part after the batch's fields; the buffers Python lends it for slots (kept by the iterator from run to run). Everything the threads will index is checked then. Its threads read slots in order, up to
- * `read_ahead` slots past those the batches allowed ahead need, and copy each batch's rows (or cut its windows:
- * `copy_window`, _window_copy.h; or decode its files, or their windows, a decoding state a thread) into the arrays Python `give`s it (one a field, in batch order, at most `window`
- * batches ahead of the one taken), a whole batch a task. A slot's buffer goes back to the free list once every batch
- * reading it is made: as many are held as the schedule's reads ahead hold.
+ * Made by Python for a run: the slots it reads (each one chunk of every field, read as `read_one` reads one: its file,
+ * offset, bytes, whether a Blosc frame, and the stamp of the file's version whose index gave them), the run's rows in
+ * batch order (each row's slot and its sample in that slot's chunk), each batch's bounds in them, the highest slot each
+ * batch or one before it reads (`reach`) and the slots each reads (each once); where pictures are cut, their geometry
+ * (`picture`: with a sample kind where the boxes are resized) and each row's box and mirrors; where an encoded field's
+ * files are decoded (`decoded`), its pictures' size, each slot's first byte in the field's array (`starts`: its ranges
+ * count from there), its chunk read as a field's and its ranges' chunk as one more part after the batch's fields; where
+ * files are decoded or boxes resized, the decoder outcore.imaging._jpeg lends (`decoder`, a PictureDecoder capsule);
+ * the buffers Python lends it for slots (kept by the iterator from run to run). Everything the threads will index is
+ * checked then. Its threads read slots in order, up to `read_ahead` slots past those the batches allowed ahead need,
+ * and copy each batch's rows (or cut its windows: `copy_window`, _window_copy.h; or resize its boxes, or decode its
+ * files or their boxes, a decoding state a thread) into the arrays Python `give`s it (one a field, in batch order, at
+ * most `window` batches ahead of the one taken), a whole batch a task. A slot's buffer goes back to the free list once
+ * every batch reading it is made: as many are held as the schedule's reads ahead hold.
  *
  * `take(timeout, spares)` waits (the GIL released, counted so) for the next batch in order, woken when that batch is
  * made (a condition of its own: not by every read): the arrays given for it once it is made (and, with `spares`, the
- * next batch not given yet is given a set of arrays of them that nothing else refers to: no Python a batch), None
- * when it is not within timeout seconds or the engine is being closed, or the slot (an int) whose read was not
- * vouched for (the file cannot be read, is damaged, or is not of the version indexed): the caller makes that batch
- * and the rest its own way, which names what is wrong. `undone` then says which of its rows' files the decoder left
- * (another kind, a damaged one): Python decodes them, or names what is wrong. `close()` stops the threads, waits for them (and for a
- * thread in `take`) and frees what the run held.
+ * next batch not given yet is given a set of arrays of them that nothing else refers to: no Python a batch), None when
+ * it is not within timeout seconds or the engine is being closed, or the slot (an int) whose read was not vouched for
+ * (the file cannot be read, is damaged, or is not of the version indexed): the caller makes that batch and the rest its
+ * own way, which names what is wrong. `undone` then says which of its rows the decoder or the resize left (a file of
+ * another kind, a damaged one; a box within rounding of its picture's edges): Python makes them, or names what is
+ * wrong. `close()` stops the threads, waits for them (and for a thread in `take`) and frees what the run held.
  *
  * The threads' CPU time counts as time outside the GIL (_free_time.h; `engine_seconds` says how much of it was
  * theirs). A forked child inherits an engine without its threads: it is left as it is there, never joined nor freed.
