@@ -16,9 +16,10 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import zarr
+from support.pictures import write_mixed_pictures
 
 import outcore
-from outcore.errors import CorruptChunkError, SampleDecodeError
+from outcore.errors import CorruptChunkError, OptionError, SampleDecodeError
 from outcore.imaging import native as native_imaging
 from outcore.iterate import iterator as iterator_module
 from outcore.iterate import native_run, runs
@@ -107,6 +108,7 @@ RESIZED_CROPS = [
     Compose([ScaleJitter(6, scale=(0.5, 1.5)), RandomFlip()]),  # boxes past the pictures' edges too: zeros there
     CenterCrop(6, resize=7),
     CenterCrop(5),  # a window of whole pixels in each: copied
+    Compose([RandomResizedCrop(12), RandomFlip()]),  # larger than the pictures: each box resized up
 ]
 
 
@@ -213,6 +215,79 @@ def test_a_c_run_decodes_the_files_a_local_run_decodes(photos, monkeypatch, tran
     assert kinds == {"NativeRun"}
     assert_same(made, expected)
     assert left
+
+
+@pytest.fixture
+def own_sizes(tmp_path):
+    """An encoded store of pictures kept at their own sizes (37x90 to 120x70): JPEGs, a PNG, a grey JPEG and one that
+    EXIF turns upright."""
+    write_mixed_pictures(tmp_path / "mixed", per_class=12)
+    return outcore.ingest_images(tmp_path / "mixed", tmp_path / "own.zarr", shape=None, images="encoded", chunk_size=4,
+                                 progress=False)
+
+
+@needs_decoder
+@pytest.mark.parametrize("transform", [Compose([RandomResizedCrop(24), RandomFlip()]), RandomResizedCrop((150, 40)),
+                                       CenterCrop(32, resize=40), Compose([ScaleJitter(48, (0.5, 1.5)), RandomFlip()])])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_c_run_cuts_the_boxes_of_pictures_of_their_own_sizes_as_a_local_run(own_sizes, monkeypatch, transform,
+                                                                              threads):
+    """Pictures of several sizes (each drawn its box by its own size, read from the field's shapes at the run's start):
+    the engine's threads cut and resize their boxes (up or down, past their edges) as a local run's tasks do, byte for
+    byte, the files its decoder leaves (the PNG, in C the pool's tasks leave it too) by Python."""
+    left = left_by_the_decoder(monkeypatch)
+    outcore.set_threads(threads)
+    try:
+        options = {"seed": 4, "fields": ["images", "labels"], "transform": transform}
+        made, kinds = epoch(own_sizes.batches(5, **options), True, monkeypatch)
+        expected, _ = epoch(own_sizes.batches(5, **options), False, monkeypatch)
+    finally:
+        outcore.set_threads(None)
+    assert kinds == {"NativeRun"}
+    assert_same(made, expected)
+    assert len(left) <= 2  # the PNG at most (a ScaleJitter box may miss it)
+
+
+@needs_decoder
+def test_a_random_crop_of_pictures_of_their_own_sizes_is_a_local_run_s(own_sizes, monkeypatch):
+    """A `RandomCrop` of pictures of several sizes (its windows drawn piece by piece, each picture's checked): the run
+    is made by a local run, which names the picture too small for it."""
+    made, _ = epoch(own_sizes.batches(5, seed=4, transform=RandomCrop(30), fields=["images"]), True, monkeypatch)
+    assert_same(made, epoch(own_sizes.batches(5, seed=4, transform=RandomCrop(30), fields=["images"]), False,
+                            monkeypatch)[0])
+    with pytest.raises(OptionError, match=r"field 'images', sample \d+ \(chunk \d+\).*40"):
+        epoch(own_sizes.batches(5, seed=4, transform=RandomCrop(40), fields=["images"]), True, monkeypatch)
+
+
+@needs_decoder
+def test_a_damaged_chunk_of_the_pictures_sizes_is_named_at_its_batch(own_sizes, monkeypatch):
+    """The sizes of pictures of their own sizes are read at the run's start: one chunk of them that fails its checksum
+    leaves the run to a local run, which names it at the first batch that needs it, after the batches before it."""
+    options = {"shuffle": False, "fields": ["images", "labels"], "transform": Compose([RandomResizedCrop(24), RandomFlip()])}
+    expected, _ = epoch(own_sizes.batches(5, **options), False, monkeypatch)
+    corrupt_chunk(own_sizes.location, "images_shapes", 3)  # samples 12..15: batch 2 (10..14) is the first to need it
+    iterator, delivered = own_sizes.batches(5, **options), []
+    with pytest.raises(CorruptChunkError, match=r"field 'images_shapes', chunk 3 \(samples 12..15"):
+        for batch in iterator:
+            assert type(iterator._active).__name__ == "NativeRun"
+            delivered.append({name: values.copy() for name, values in batch.items()})
+    assert_same(delivered, expected[:2])
+
+
+@needs_decoder
+def test_files_smaller_than_their_pictures_are_decoded_by_a_c_run(tmp_path, monkeypatch):
+    """JPEGs of one colour, a chunk of them fewer bytes than one decoded picture: decoded by the engine's threads as
+    a local run decodes them."""
+    for label in ("a", "b"):
+        (tmp_path / "plain" / label).mkdir(parents=True)
+        for k in range(6):
+            iio.imwrite(tmp_path / "plain" / label / f"{k}.jpg", np.full((64, 64, 3), 40 * k, np.uint8))
+    ds = outcore.ingest_images(tmp_path / "plain", tmp_path / "e.zarr", shape=(64, 64, 3), chunk_size=2,
+                               images="encoded", progress=False)
+    assert int(np.diff(zarr.open_group(ds.location, mode="r")["images_ranges"][:2], axis=1).sum()) < 64 * 64 * 3
+    made, kinds = epoch(ds.batches(4, seed=1, fields=["images", "labels"]), True, monkeypatch)
+    assert kinds == {"NativeRun"}
+    assert_same(made, epoch(ds.batches(4, seed=1, fields=["images", "labels"]), False, monkeypatch)[0])
 
 
 @needs_decoder
@@ -459,11 +534,18 @@ def test_the_engine_refuses_a_plan_that_would_read_out_of_bounds():
         Engine(**decoded).close()
         resized = {**plan, **cut, "picture": (0, 2, 2, 1, 1, 1, 1, ord("B")), "decoder": decoder}
         Engine(**resized).close()
+        own = {**decoded, **cut, "row_bytes": np.array([1, 16], np.int64), "decoded": (0, 0, 0, 1),
+               "picture": (0, 0, 0, 1, 1, 1, 1, ord("B")), "sizes": np.full((2, 2), 2, np.int32)}  # each row's size
+        Engine(**own).close()
         for made, name, wrong in [(decoded, "decoded", (0, 2, 3, 1)), (decoded, "decoded", (0, 2, 2, 2)),
                                   (decoded, "decoded", (1, 2, 2, 1)), (decoded, "starts", np.zeros(2, np.int64)),
                                   (decoded, "row_bytes", np.array([4, 8], np.int64)), (decoded, "decoder", None),
                                   (resized, "decoder", None), (resized, "picture", (0, 2, 2, 1, 1, 1, 1, ord("x"))),
-                                  (resized, "picture", (0, 2, 2, 1, 1, 1, 2, ord("B")))]:
+                                  (resized, "picture", (0, 2, 2, 1, 1, 1, 2, ord("B"))),
+                                  (own, "sizes", None), (decoded, "sizes", own["sizes"]),
+                                  (own, "sizes", np.full((3, 2), 2, np.int32)), (own, "sizes", np.full((2, 2), 2)),
+                                  (own, "sizes", np.array([[2, 2], [-1, 2]], np.int32)), (own, "picture", None),
+                                  (own, "picture", (0, 0, 0, 1, 1, 1)), (own, "row_bytes", np.array([4, 16], np.int64))]:
             with pytest.raises(ValueError, match="Engine|starts"):
                 Engine(**{**made, name: wrong})
         with pytest.raises(ValueError, match="PyCapsule"):  # another capsule: not the decoder's

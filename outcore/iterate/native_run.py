@@ -2,13 +2,14 @@
 
 A `LocalRun` makes each batch in tasks of the process's pool, planned and handed over by Python: a few hundred Python
 calls a batch, one thread at a time whatever the cores (`benchmarks/python_calls.py`). Where nothing in a batch needs
-Python (every field stored as it is batched or an encoded field of pictures of one size, read from local shard files,
-and at most a box of each picture drawn for the whole run at once, mirrored or not: ``ds.batches(256,
-transform=Compose([RandomResizedCrop(112), RandomFlip()]))`` over a pixel store or a store of JPEGs), the whole run is
-handed to the C engine of `outcore.storage.chunk_reads` at once. The run's thread plans it: the rows of its batches
-by chunk (`EpochPlan.span`, each chunk read once, in the plan's order), the chunks each batch reads, each chunk's
-reads as its shard's index gives them (`ShardReader.local_reads`), every box and mirror of the run drawn in one call
-as the pool's tasks draw them piece by piece. The engine's threads (as many as the pool's) read the chunks in the
+Python (every field stored as it is batched or an encoded field of pictures of one size, or of their own sizes cut by
+a box each, read from local shard files, and at most a box of each picture drawn for the whole run at once, mirrored or
+not: ``ds.batches(256, transform=Compose([RandomResizedCrop(224), RandomFlip()]))`` over a pixel store or a store of
+JPEGs), the whole run is handed to the C engine of `outcore.storage.chunk_reads` at once. The run's thread plans it:
+the rows of its batches by chunk (`EpochPlan.span`, each chunk read once, in the plan's order), the chunks each batch
+reads, each chunk's reads as its shard's index gives them (`ShardReader.local_reads`), every box and mirror of the run
+drawn in one call as the pool's tasks draw them piece by piece (from each picture's size, where they vary: their
+shapes' chunks read in one call, `ShardReader.read_many`). The engine's threads (as many as the pool's) read the chunks in the
 schedule's order (each checked and its Blosc frame decoded, as `read_at_once` reads one), up to ``read_ahead`` chunks
 past the batches being made, copy each batch's rows (or cut and mirror its pictures' windows, or resize their boxes;
 an encoded field's files decoded, or only their boxes, by the code of `outcore.imaging.native` lent to them:
@@ -26,9 +27,9 @@ made by a `LocalRun`, which reads the chunks again and names what is wrong. A fi
 size, to be resized; a PNG of other colours; a damaged one), or a box its resize leaves, is made by the consumer's
 thread as a `LocalRun` makes it, which names what is wrong; a batch with more than `UNDONE_SHARE` of its rows so left
 hands the rest of the run to a `LocalRun`, whose pool makes them on every thread. The run's plan is held as arrays, 8
-bytes a sample (18 where windows are cut, 42 where boxes are resized; kept where rows may be left), made at its start
-in arrays of the run's samples (some 60 bytes a sample for a moment, where a `LocalRun` plans a few batches at a
-time).
+bytes a sample (18 where windows are cut, 42 where boxes are resized, 50 where pictures of their own sizes are; kept
+where rows may be left), made at its start in arrays of the run's samples (some 60 bytes a sample for a moment, where
+a `LocalRun` plans a few batches at a time).
 
 >>> run = native_run(work, stats, buffers)  # doctest: +SKIP
 >>> run is None or isinstance(run, NativeRun)  # doctest: +SKIP
@@ -45,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import OutcoreError
 from ..imaging import EncodedChunk, native, resize_part
 from ..imaging.decode import MAX_PIXELS
 from ..storage import ShardReader, blocks
@@ -203,15 +205,21 @@ class NativeRun(Run):
         readers = [self.buffers.readers[name] for name, _, _, _ in self.specs]
         row_bytes = np.array([nbytes for _, _, _, nbytes in self.specs] + [16], np.int64)  # a decoded field's ranges'
         decoded: dict[str, Any] = {}
+        sizes = None  # each row's picture's size, where they are of their own sizes
         if self.decoded is not None:  # its files' chunks read as a field's, their ranges as one more after the others
             at = [name for name, _, _, _ in self.specs].index(self.decoded)
             encoded: EncodedChunks = readers[at]
             readers[at:at + 1] = encoded.sources[:1]
             readers.append(encoded.sources[1])
             height, width, *channels = sample_spec(work.store, self.decoded)[0]
-            row_bytes[at] = height * width * (channels[0] if channels else 1)  # its pictures' (where cut, too)
-            decoded = {"decoded": (at, height, width, channels[0] if channels else 1),
-                       "starts": chunks * encoded.decoded.bytes.capacity}
+            channels = channels[0] if channels else 1
+            if height is None:  # of their own sizes: each row's (the run's shapes read now), its box resized
+                if (sizes := _own_sizes(encoded, chunks, row_slot, samples % chunk_size)) is None:
+                    return None
+                height = width = 0
+                decoded["sizes"] = np.where(_left(sizes)[:, None], 0, sizes).astype(np.int32)
+            row_bytes[at] = (height * width or int(np.prod(work.recipe.crop.output_size))) * channels  # its pictures'
+            decoded |= {"decoded": (at, height, width, channels), "starts": chunks * encoded.decoded.bytes.capacity}
         else:
             row_bytes = row_bytes[:-1]
         files: list[tuple[bytes, Any]] = []  # every field's shard files: (path, the version whose index was read)
@@ -231,7 +239,7 @@ class NativeRun(Run):
         used_bounds = np.searchsorted(used // len(chunks), np.arange(len(bounds)))
         reach = np.maximum.accumulate(np.maximum.reduceat(row_slot, bounds[:-1])).astype(np.int64)
         recipe = work.recipe
-        windows = {} if recipe.crop is None else self._windows()
+        windows = {} if recipe.crop is None else self._windows(sizes)
         picture = None if windows is None or recipe.crop is None else self._picture(windows["windows"])
         if windows is None or picture == () or (picture and picture[-1] and self.decoded not in (None, recipe.crop_field)):
             return None  # boxes drawn some other way, not resized in C, or rows of two fields left: by the pool's tasks
@@ -265,9 +273,9 @@ class NativeRun(Run):
         height, width and pixel's bytes, the output's height and width, its channels, and the struct letter of its
         samples where the boxes are resized, 0 where each is a window of whole pixels at the output's size within its
         picture, copied)``; ``()`` where they would be resized and the C extension does not resize such pictures."""
-        crop, (height, width) = self.work.recipe.crop, self.size.tolist()
+        crop, (height, width) = self.work.recipe.crop, self.size.tolist()  # 0 x 0: pictures of their own sizes
         (cut_height, cut_width), (_, _, channels), dtype = crop.output_size, *sample_spec(self.work.store, crop.field)
-        copied = vars(type(crop)).get("windows", False) or bool(
+        copied = height > 0 and vars(type(crop)).get("windows", False) or bool(
             np.array_equal(boxes, np.round(boxes)) and (boxes[:, 2:] == (cut_height, cut_width)).all()
             and (boxes[:, :2] >= 0).all() and (boxes[:, 0] <= height - cut_height).all()
             and (boxes[:, 1] <= width - cut_width).all())
@@ -293,16 +301,17 @@ class NativeRun(Run):
             del self.spares[: -SPARE_SETS * (self.window + 1)]
         return arrays
 
-    def _windows(self) -> dict[str, np.ndarray] | None:
+    def _windows(self, sizes: np.ndarray | None) -> dict[str, np.ndarray] | None:
         """The boxes (``windows``) and ``mirrors`` of the run's rows, batch after batch, each piece's drawn as its
         generator draws them where a batch is made by the pool's tasks (`Crop.boxes_of_pieces`, `make_batch`), all in
-        one call; None where they are not drawn so (no C extension, a flip of another kind). The pictures' size (all
-        one) kept (`size`)."""
+        one call, from the rows' pictures' ``sizes`` (none: all one, kept: `size`); None where they are not drawn so
+        (no C extension, a flip of another kind, pictures too small or of several sizes for the crop)."""
         work, recipe = self.work, self.work.recipe
         seed, epoch, plan = work.options.seed, work.epoch, work.plan
-        self.size = np.array(sample_spec(work.store, recipe.crop.field)[0][:2], np.int64)
         pieces = [piece for index in work.batches for piece in batch_draws(seed, epoch, index, plan.pieces(index))]
-        sizes = np.broadcast_to(self.size, (sum(count for count, _ in pieces), 2))
+        if sizes is None:
+            self.size = np.array(sample_spec(work.store, recipe.crop.field)[0][:2], np.int64)
+            sizes = np.broadcast_to(self.size, (sum(count for count, _ in pieces), 2))
         drawn = recipe.crop.boxes_of_pieces(sizes, pieces, recipe.flip)
         return None if drawn is None else {"windows": drawn[0], "mirrors": drawn[1]}
 
@@ -354,17 +363,38 @@ def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeR
 
 def _decodable(reader: EncodedChunks, shape: tuple[int, ...], dtype: np.dtype, cut: bool) -> bool:
     """Whether the engine decodes the files ``reader`` reads (an encoded field of ``shape`` and ``dtype``; with ``cut``,
-    the crop's windows of them) as a `LocalRun` decodes them (`RowDecodes`, `BoxCuts`): pictures of one size, 8-bit,
-    grey or RGB (of 3 dimensions where cut, fitted by a resize that `BoxCuts` cuts in C), their chunks and their
-    ranges' read from local shard files, and the C extension's decoder lent."""
-    sources, chunk_size = reader.sources, reader.decoded.chunk_size
-    if cut and (len(shape) != 3 or reader.decoded.decode.resize not in ("crop", "fit")):
+    the crop's boxes of them) as a `LocalRun` decodes them (`RowDecodes`, `BoxCuts`): 8-bit pictures, grey or RGB, of
+    one size (of 3 dimensions where cut, fitted by a resize that `BoxCuts` cuts in C) or, where cut, of their own sizes
+    (`own_sizes`), their chunks, their ranges' (and their shapes') read from local shard files, and the C extension's
+    decoder lent."""
+    sources, decode, chunk_size = reader.sources, reader.decoded.decode, reader.decoded.chunk_size
+    if cut and (len(shape) != 3 or not (decode.variable or decode.resize in ("crop", "fit"))):
         return False
     return (getattr(native.extension, "picture_decoder", None) is not None and dtype == np.uint8
-            and None not in shape and len(shape) in (2, 3) and (len(shape) == 2 or shape[2] in (1, 3))
-            and shape[0] * shape[1] <= MAX_PIXELS and len(sources) == 2
-            and all(isinstance(source, ShardReader) for source in sources)
-            and sources[1].chunk_nbytes == 16 * chunk_size)
+            and len(shape) in (2, 3) and (len(shape) == 2 or shape[2] in (1, 3))
+            and (decode.variable or shape[0] * shape[1] <= MAX_PIXELS)
+            and len(sources) == 2 + decode.variable and all(isinstance(source, ShardReader) for source in sources)
+            and sources[1].chunk_nbytes == 16 * chunk_size
+            and (not decode.variable or sources[2].chunk_nbytes == 12 * chunk_size))
+
+
+def _own_sizes(encoded: EncodedChunks, chunks: np.ndarray, row_slot: np.ndarray, row_local: np.ndarray
+               ) -> np.ndarray | None:
+    """The (height, width) of each row's picture (its chunk ``chunks[row_slot]``, sample ``row_local`` there) of the
+    encoded field of pictures of their own sizes that ``encoded`` reads, as its shapes' chunks give them (read now,
+    in one C call where they are local: 12 bytes a sample); None where one cannot be read, for a `LocalRun` to name
+    at its batch."""
+    try:
+        shapes = encoded.sources[2].read_many(chunks.tolist())
+    except OutcoreError:
+        return None
+    return shapes[row_slot, row_local, :2].astype(np.int64)
+
+
+def _left(sizes: np.ndarray) -> np.ndarray:
+    """Which of pictures of ``sizes`` the engine leaves to `decode_region` (as `crop_each` leaves them): of no pixels
+    (a shape not recorded as it should be, which it names) or of more than `MAX_PIXELS`."""
+    return (sizes < 1).any(axis=1) | (np.prod(sizes, axis=1) > MAX_PIXELS)
 
 
 def _cut_only(recipe: Recipe) -> bool:

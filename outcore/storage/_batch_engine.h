@@ -7,15 +7,16 @@
  * batch order (each row's slot and its sample in that slot's chunk), each batch's bounds in them, the highest slot each
  * batch or one before it reads (`reach`) and the slots each reads (each once); where pictures are cut, their geometry
  * (`picture`: with a sample kind where the boxes are resized) and each row's box and mirrors; where an encoded field's
- * files are decoded (`decoded`), its pictures' size, each slot's first byte in the field's array (`starts`: its ranges
- * count from there), its chunk read as a field's and its ranges' chunk as one more part after the batch's fields; where
- * files are decoded or boxes resized, the decoder outcore.imaging._jpeg lends (`decoder`, a PictureDecoder capsule);
- * the buffers Python lends it for slots (kept by the iterator from run to run). Everything the threads will index is
- * checked then. Its threads read slots in order, up to `read_ahead` slots past those the batches allowed ahead need,
- * and copy each batch's rows (or cut its windows: `copy_window`, _window_copy.h; or resize its boxes, or decode its
- * files or their boxes, a decoding state a thread) into the arrays Python `give`s it (one a field, in batch order, at
- * most `window` batches ahead of the one taken), a whole batch a task. A slot's buffer goes back to the free list once
- * every batch reading it is made: as many are held as the schedule's reads ahead hold.
+ * files are decoded (`decoded`), its pictures' size (or each row's, `sizes`, for pictures of their own sizes, whose
+ * boxes are resized), each slot's first byte in the field's array (`starts`: its ranges count from there), its chunk
+ * read as a field's and its ranges' chunk as one more part after the batch's fields; where files are decoded or boxes
+ * resized, the decoder outcore.imaging._jpeg lends (`decoder`, a PictureDecoder capsule); the buffers Python lends it
+ * for slots (kept by the iterator from run to run). Everything the threads will index is checked then. Its threads
+ * read slots in order, up to `read_ahead` slots past those the batches allowed ahead need, and copy each batch's rows
+ * (or cut its windows: `copy_window`, _window_copy.h; or resize its boxes, or decode its files or their boxes, a
+ * decoding state a thread) into the arrays Python `give`s it (one a field, in batch order, at most `window` batches
+ * ahead of the one taken), a whole batch a task. A slot's buffer goes back to the free list once every batch reading
+ * it is made: as many are held as the schedule's reads ahead hold.
  *
  * `take(timeout, spares)` waits (the GIL released, counted so) for the next batch in order, woken when that batch is
  * made (a condition of its own: not by every read): the arrays given for it once it is made (and, with `spares`, the
@@ -69,6 +70,8 @@ struct Engine {
     const PictureDecoder *decoder; /* lent by outcore.imaging._jpeg (whose capsule is held): decoding, resizing */
     PyObject *decoder_capsule;
     long long *starts;            /* slots: where the decoded field's chunk starts in its array (its ranges count so) */
+    int *sizes;                   /* rows x 2: each row's picture's height and width, where the decoded pictures are
+                                   * of their own sizes (decoded_height and decoded_width 0): 0 x 0 for one left */
     uint8_t *undone;              /* rows: those whose file the decoder left (another kind, damaged), for Python */
     Py_ssize_t *undone_count;     /* batches: their rows left */
     Py_ssize_t *field_at;         /* fields: where its chunk lies in a slot's buffer */
@@ -198,8 +201,10 @@ static void engine_decode(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker)
         if (fine && cut) {
             double box[4];
             engine_box(e, r, box);
-            fine = e->decoder->crop(worker->decoding, file, (size_t)(stop - start), e->decoded_height, e->decoded_width,
-                                    box, e->mirrors[r * 2], e->mirrors[r * 2 + 1], row, (int)e->cut_height,
+            const int height = e->sizes != NULL ? e->sizes[r * 2] : e->decoded_height; /* the file's picture's */
+            const int width = e->sizes != NULL ? e->sizes[r * 2 + 1] : e->decoded_width;
+            fine = e->decoder->crop(worker->decoding, file, (size_t)(stop - start), height, width, box,
+                                    e->mirrors[r * 2], e->mirrors[r * 2 + 1], row, (int)e->cut_height,
                                     (int)e->cut_width, e->decoded_channels);
         } else if (fine) {
             fine = e->decoder->decode(worker->decoding, file, (size_t)(stop - start), row, e->decoded_height,
@@ -374,11 +379,11 @@ static void engine_free(Engine *e) {
     void *held[] = {e->paths, e->row_bytes, e->field_at, e->stamps, e->asks, e->bounds, e->row_slot, e->row_local,
                     e->reach, e->used_bounds, e->used, e->users, e->threads, e->slot_state, e->batch_state,
                     e->slot_buffer, e->free_buffers, e->made_buffers, e->lent, e->failed_slot, e->outs, e->corners,
-                    e->mirrors, e->workers, e->sets, e->starts, e->undone, e->undone_count, e->boxes};
+                    e->mirrors, e->workers, e->sets, e->starts, e->undone, e->undone_count, e->boxes, e->sizes};
     for (size_t k = 0; k < sizeof held / sizeof held[0]; k++)
         PyMem_RawFree(held[k]);
     e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL, e->sets = NULL;
-    e->starts = NULL, e->undone = NULL, e->undone_count = NULL, e->boxes = NULL;
+    e->starts = NULL, e->undone = NULL, e->undone_count = NULL, e->boxes = NULL, e->sizes = NULL;
 }
 
 /* Let go of batch b's arrays given (holding the GIL): their buffers, and its sequence of them unless returned. */
@@ -465,20 +470,20 @@ static int engine_windows(Engine *e, PyObject *windows, PyObject *mirrors, Py_ss
 static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"paths", "stamps", "asks", "row_bytes", "chunk_bytes", "bounds", "row_slot", "row_local",
                             "reach", "used_bounds", "used", "threads", "read_ahead", "window", "lent", "picture",
-                            "windows", "mirrors", "decoded", "starts", "decoder", NULL};
+                            "windows", "mirrors", "decoded", "starts", "decoder", "sizes", NULL};
     PyObject *paths, *stamps, *asks, *row_bytes, *chunk_bytes, *bounds, *row_slot, *row_local, *reach, *used_bounds,
         *used, *lent, *picture = Py_None, *windows = Py_None, *mirrors = Py_None, *decoded = Py_None, *starts = Py_None,
-             *decoder = Py_None;
+             *decoder = Py_None, *sizes = Py_None;
     int threads;
     Py_ssize_t read_ahead, window, rows, used_count, fields;
     if (e->threads != NULL || e->closed) {
         PyErr_SetString(PyExc_RuntimeError, "Engine: made once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|OOOOOO:Engine", names, &PyList_Type, &paths,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|OOOOOOO:Engine", names, &PyList_Type, &paths,
                                      &stamps, &asks, &row_bytes, &chunk_bytes, &bounds, &row_slot, &row_local, &reach,
                                      &used_bounds, &used, &threads, &read_ahead, &window, &PyList_Type, &lent,
-                                     &picture, &windows, &mirrors, &decoded, &starts, &decoder))
+                                     &picture, &windows, &mirrors, &decoded, &starts, &decoder, &sizes))
         return -1;
     if (threads < 1 || read_ahead < 0 || window < 1) {
         PyErr_SetString(PyExc_ValueError, "Engine: threads and window must be 1 or more, read_ahead 0 or more");
@@ -538,24 +543,36 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     const char *wrong = NULL;
     e->field_at = PyMem_RawMalloc((size_t)fields * sizeof(Py_ssize_t));
     e->slot_bytes = 0;
-    if (e->picture >= fields || (e->picture >= 0 && (e->pixel < 1 || e->cut_height < 1 || e->cut_width < 1 ||
-                                                     e->cut_height > e->height || e->cut_width > e->width ||
-                                                     e->row_bytes[e->picture] != e->height * e->width * e->pixel ||
-                                                     (e->kind && (e->channels < 1 || e->pixel % e->channels ||
-                                                                  !strchr("BHhfd", e->kind))))))
+    /* Pictures of their own sizes (0 x 0: each row's in `sizes`) are files decoded, their boxes resized. */
+    const int own_sizes = e->decoded >= 0 && e->decoded_height == 0 && e->decoded_width == 0;
+    if (e->picture >= fields ||
+        (e->picture >= 0 &&
+         (e->pixel < 1 || e->cut_height < 1 || e->cut_width < 1 || e->height < 0 || e->width < 0 ||
+          (!e->kind && (e->cut_height > e->height || e->cut_width > e->width)) || /* a window within its picture */
+          e->row_bytes[e->picture] != (own_sizes && e->picture == e->decoded ? e->cut_height * e->cut_width
+                                                                             : e->height * e->width) * e->pixel ||
+          (e->kind && (e->channels < 1 || e->pixel % e->channels || !strchr("BHhfd", e->kind))))))
         wrong = "the pictures cut";
-    if (e->decoded >= 0 && (e->decoded >= e->outputs || e->decoded_height < 1 ||
-                            e->decoded_width < 1 || (e->decoded_channels != 1 && e->decoded_channels != 3) ||
-                            e->row_bytes[e->decoded] != (Py_ssize_t)e->decoded_height * e->decoded_width *
-                                                            e->decoded_channels ||
-                            e->row_bytes[e->fields - 1] != 2 * (Py_ssize_t)sizeof(int64_t) ||
-                            (e->kind && e->decoded != e->picture) || /* one field's rows left undone */
-                            (e->decoded == e->picture && (e->height != e->decoded_height ||
-                                                          e->width != e->decoded_width ||
-                                                          e->pixel != e->decoded_channels))))
+    if (e->decoded >= 0 &&
+        (e->decoded >= e->outputs || (!own_sizes && (e->decoded_height < 1 || e->decoded_width < 1)) ||
+         (e->decoded_channels != 1 && e->decoded_channels != 3) ||
+         (!own_sizes && e->row_bytes[e->decoded] != (Py_ssize_t)e->decoded_height * e->decoded_width *
+                                                        e->decoded_channels) ||
+         e->row_bytes[e->fields - 1] != 2 * (Py_ssize_t)sizeof(int64_t) ||
+         (e->kind && e->decoded != e->picture) ||                        /* one field's rows left undone */
+         (own_sizes && (e->decoded != e->picture || !e->kind)) ||          /* each picture's box resized */
+         (e->decoded == e->picture && (e->height != e->decoded_height || e->width != e->decoded_width ||
+                                       e->pixel != e->decoded_channels))))
         wrong = "the pictures decoded";
+    if (own_sizes != (sizes != Py_None))
+        wrong = wrong ? wrong : "the pictures' sizes (given for decoded pictures of their own sizes only)";
+    else if (own_sizes && (e->sizes = engine_copy(sizes, 1, rows * 2, NULL, "sizes")) == NULL)
+        goto failed;
+    for (Py_ssize_t k = 0; e->sizes != NULL && k < rows * 2 && wrong == NULL; k++)
+        if (e->sizes[k] < 0)
+            wrong = "a picture's size";
     for (Py_ssize_t f = 0; e->field_at != NULL && f < fields; f++) {
-        if (e->row_bytes[f] < 1 || chunk_sizes[f] < e->row_bytes[f])
+        if (e->row_bytes[f] < 1 || (f != e->decoded && chunk_sizes[f] < e->row_bytes[f])) /* a region: any bytes */
             wrong = "a field's row or chunk bytes";
         e->field_at[f] = e->slot_bytes;
         e->slot_bytes += (Py_ssize_t)chunk_sizes[f];
@@ -886,7 +903,7 @@ static PyTypeObject EngineType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Engine(paths, stamps, asks, row_bytes, chunk_bytes, bounds, row_slot, row_local, reach, used_bounds, "
               "used, threads, read_ahead, window, lent, picture=None, windows=None, mirrors=None, decoded=None, "
-              "starts=None)\n--\n\nA run of plain batches made on C threads (_batch_engine.h).",
+              "starts=None, decoder=None, sizes=None)\n--\n\nA run of plain batches made on C threads (_batch_engine.h).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)engine_init,
     .tp_dealloc = (destructor)engine_dealloc,
