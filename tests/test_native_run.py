@@ -497,6 +497,30 @@ def test_a_run_closed_mid_epoch_stops_its_threads_and_the_next_iteration_goes_on
     assert_same([{"id": ids} for ids in taken], [{"id": batch["id"]} for batch in epoch(local, False, monkeypatch)[0]])
 
 
+@needs_decoder
+def test_the_engines_of_a_process_share_its_threads(tmp_path):
+    """Each epoch's run started ahead of the last one's end, and two loaders iterated at once: their engines together
+    keep as many threads busy as `set_threads` says (each thread's CPU time counted: one core's worth of it, not one
+    an engine)."""
+    write_image_folder(tmp_path / "photos", 100, classes=("a", "b"), size=(96, 96), kind="photos", seed=1)
+    ds = outcore.ingest_images(tmp_path / "photos", tmp_path / "e.zarr", shape=(96, 96, 3), chunk_size=8,
+                               images="encoded", progress=False)
+    options = {"fields": ["images"], "transform": Compose([RandomResizedCrop(64), RandomFlip()])}
+    outcore.set_threads(1)
+    try:
+        loaders, runs_seen = [ds.batches(40, seed=1, **options), ds.batches(40, seed=2, **options)], set()
+        began, cpu = time.perf_counter(), time.process_time()
+        for _ in range(8):  # epochs of 5 batches, each next one started ahead
+            for pair in zip(*loaders, strict=True):
+                runs_seen.update(type(loader._active).__name__ for loader in loaders)
+                assert len(pair) == 2
+        busy = (time.process_time() - cpu) / (time.perf_counter() - began)
+    finally:
+        outcore.set_threads(None)
+    assert runs_seen == {"NativeRun"}
+    assert busy < 1.4, f"{busy:.2f} cores busy on 1 thread"
+
+
 def test_a_consumer_waiting_on_a_closed_run_is_told_at_once(store):
     """`close` from another thread while the run's thread waits in the engine: both return within a wake."""
     ds, _ = store

@@ -16,7 +16,9 @@
  * (or cut its windows: `copy_window`, _window_copy.h; or resize its boxes, or decode its files or their boxes, a
  * decoding state a thread) into the arrays Python `give`s it (one a field, in batch order, at most `window` batches
  * ahead of the one taken), a whole batch a task. A slot's buffer goes back to the free list once every batch reading
- * it is made: as many are held as the schedule's reads ahead hold.
+ * it is made: as many are held as the schedule's reads ahead hold. Every read and batch is a turn of the process's
+ * engines' threads (`engine_turns`): as many at work at once as the latest engine's `threads`, however many engines
+ * run (the next epoch's, started ahead; two loaders').
  *
  * `take(timeout, spares)` waits (the GIL released, counted so) for the next batch in order, woken when that batch is
  * made (a condition of its own: not by every read): the arrays given for it once it is made (and, with `spares`, the
@@ -143,6 +145,40 @@ static long long engine_clock(void) {
 #else
     return -1;
 #endif
+}
+
+/* The engines' threads at work at once, in all the process: as many as the latest engine was made with (the
+ * pool's count, `thread_count`), each taking a turn for each read or batch. The next epoch's engine, started ahead
+ * while this one's last batches are made, shares its threads as the pool's tasks share the pool's; so do two loaders
+ * iterated at once. A forked child's count starts again at none busy (`engine_turns_forked`). */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t freed;
+    int busy, limit;
+} engine_turns = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 1};
+
+static void engine_turns_forked(void) {
+    pthread_mutex_init(&engine_turns.lock, NULL);
+    pthread_cond_init(&engine_turns.freed, NULL);
+    engine_turns.busy = 0;
+}
+
+/* Wait for a turn (not holding e->lock): 1 once taken, 0 where the engine is stopping meanwhile (none taken). */
+static int engine_turn(Engine *e) {
+    pthread_mutex_lock(&engine_turns.lock);
+    while (engine_turns.busy >= engine_turns.limit && !__atomic_load_n(&e->stopping, __ATOMIC_ACQUIRE))
+        pthread_cond_wait(&engine_turns.freed, &engine_turns.lock);
+    int taken = !__atomic_load_n(&e->stopping, __ATOMIC_ACQUIRE);
+    engine_turns.busy += taken;
+    pthread_mutex_unlock(&engine_turns.lock);
+    return taken;
+}
+
+static void engine_turn_over(void) {
+    pthread_mutex_lock(&engine_turns.lock);
+    engine_turns.busy--;
+    pthread_cond_signal(&engine_turns.freed);
+    pthread_mutex_unlock(&engine_turns.lock);
 }
 
 /* The bytes of part f of a slot's buffer: its field's chunk. */
@@ -297,7 +333,12 @@ static void *engine_work(void *arg) {
             e->next_make++;
             e->batch_state[b] = BATCH_MAKING;
             pthread_mutex_unlock(&e->lock);
+            if (!engine_turn(e)) { /* stopping: the batch is not made */
+                pthread_mutex_lock(&e->lock);
+                continue;
+            }
             long long failed = engine_gather(e, b, worker);
+            engine_turn_over();
             pthread_mutex_lock(&e->lock);
             e->failed_slot[b] = failed;
             e->batch_state[b] = failed < 0 ? BATCH_MADE : BATCH_FAILED;
@@ -325,7 +366,12 @@ static void *engine_work(void *arg) {
                 e->made_buffers[e->made_count++] = buffer;
                 pthread_mutex_unlock(&e->lock);
             }
+            if (!engine_turn(e)) { /* stopping: the slot is not read */
+                pthread_mutex_lock(&e->lock);
+                continue;
+            }
             int fine = buffer != NULL && engine_read(e, s, buffer, scratch);
+            engine_turn_over();
             pthread_mutex_lock(&e->lock);
             e->slot_buffer[s] = buffer;
             e->slot_state[s] = fine ? SLOT_READ : SLOT_FAILED;
@@ -400,10 +446,13 @@ static void engine_close(Engine *e) {
     e->closed = 1;
     if (e->started) {
         pthread_mutex_lock(&e->lock);
-        e->stopping = 1;
+        __atomic_store_n(&e->stopping, 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&e->wake);
         pthread_cond_broadcast(&e->ready);
         pthread_mutex_unlock(&e->lock);
+        pthread_mutex_lock(&engine_turns.lock); /* its threads waiting for a turn, too */
+        pthread_cond_broadcast(&engine_turns.freed);
+        pthread_mutex_unlock(&engine_turns.lock);
         Py_BEGIN_ALLOW_THREADS;
         for (int t = 0; t < e->started; t++)
             pthread_join(e->threads[t], NULL);
@@ -676,6 +725,10 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->ready, NULL);
     e->awaited = -1;
+    pthread_mutex_lock(&engine_turns.lock);
+    engine_turns.limit = threads;
+    pthread_cond_broadcast(&engine_turns.freed); /* more turns, maybe */
+    pthread_mutex_unlock(&engine_turns.lock);
     int started = 0;
     Py_BEGIN_ALLOW_THREADS; /* a thread's start is a system call or two: no other thread waits for the GIL meanwhile */
     while (started < threads && pthread_create(&e->threads[started], NULL, engine_work, &e->workers[started]) == 0)

@@ -815,7 +815,8 @@ PyMODINIT_FUNC PyInit__chunks(void) {
         return NULL;
     }
 #if defined(OUTCORE_POSIX) && defined(OUTCORE_CRC)
-    if (made != NULL && (PyType_Ready(&EngineType) < 0 || PyModule_AddObjectRef(made, "Engine", (PyObject *)&EngineType) < 0)) {
+    if (made != NULL && (PyType_Ready(&EngineType) < 0 || PyModule_AddObjectRef(made, "Engine", (PyObject *)&EngineType) < 0 ||
+                         pthread_atfork(NULL, NULL, engine_turns_forked) != 0)) {
         Py_DECREF(made);
         return NULL;
     }
