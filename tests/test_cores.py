@@ -23,11 +23,12 @@ import outcore
 from outcore.imaging import center_crop_box, native
 from outcore.imaging.windows import copy_samples, gather_ragged
 from outcore.iterate import batch as batch_module
-from outcore.iterate import gather, readers
+from outcore.iterate import gather, native_run, readers
 from outcore.iterate.batch import Recipe, WholePictures, make_batch, steps, transform_generator
 from outcore.iterate.readers import chunk_readers
 from outcore.iterate.targets import Targets
 from outcore.measure import gil_free_clock, thread_free_seconds
+from outcore.storage.chunk_reads import set_engine_turns
 from outcore.testing import write_image_folder
 from outcore.threads import for_each_run, gauge, shared_pool, submit, wait_all
 from outcore.threads.handoff import Handoff
@@ -778,6 +779,44 @@ def test_threads_that_share_their_cores_with_other_work_are_not_all_kept_busy(ph
         for hog in hogs:
             hog.kill()
             hog.wait()
+        outcore.set_threads(None)
+
+
+@pytest.mark.skipif(native_run.Engine is None or native_run.engine_clocks is None,
+                    reason="the C extension _chunks is not built here: no C runs")
+def test_an_engine_s_batches_feed_the_pool_s_gauge_whose_limit_its_threads_keep(photos, monkeypatch):
+    """The engines sum the CPU and wall time of the batches they make (in C); a C run feeds them to the pool's gauge:
+    batches that waited for cores three quarters of their time lower its limit, and the engines' threads keep to it
+    (`set_engine_turns`), as the pool's tasks do. (On this VM, processes keeping every core busy do not lower it: the
+    engine's threads, asleep between batches, are given the cores as they wake; a thread waiting on the GIL is what
+    lowers the pool's.)"""
+    cpus = outcore.available_cpus()
+    if cpus < 2:
+        pytest.skip("one CPU: the limit cannot fall")
+    outcore.set_threads(4 * cpus)
+    turns = []
+    monkeypatch.setattr(native_run, "set_engine_turns", lambda limit: turns.append(limit) or set_engine_turns(limit))
+    options = {"fields": ["images"], "transform": Compose([RandomCrop(24), RandomFlip()])}
+    try:
+        clocks = native_run.engine_clocks
+        clocks(0.0)  # counted from now
+        with monkeypatch.context() as patched:
+            patched.setattr(native_run, "engine_clocks", lambda least: None)
+            it, kinds, count = photos["encoded"].batches(64, **options), set(), 0
+            for batch in it:
+                kinds.add(type(it._active))
+                count += len(batch["images"])
+            assert count == 512 and kinds == {native_run.NativeRun}
+        cpu, wall = clocks(0.0)
+        assert 0 < cpu <= wall + 0.02  # the thread clocks tick in steps of a few ms
+        monkeypatch.setattr(native_run, "engine_clocks", lambda least: (0.25, 1.0))
+        for _ in range(Gauge.EVERY * 4):  # a judgement every 8 batches (the one after a change skipped)
+            for _ in it:
+                pass
+            if gauge().limit < cpus:
+                break
+        assert gauge().limit < cpus and turns[0] == cpus and turns[-1] == gauge().limit, (turns, gauge().last)
+    finally:
         outcore.set_threads(None)
 
 

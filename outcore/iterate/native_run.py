@@ -9,9 +9,10 @@ JPEGs), the whole run is handed to the C engine of `outcore.storage.chunk_reads`
 the rows of its batches by chunk (`EpochPlan.span`, each chunk read once, in the plan's order), the chunks each batch
 reads, each chunk's reads as its shard's index gives them (`ShardReader.local_reads`), every box and mirror of the run
 drawn in one call as the pool's tasks draw them piece by piece (from each picture's size, where they vary: their
-shapes' chunks read in one call, `ShardReader.read_many`). The engine's threads (as many as the pool's) read the chunks in the
-schedule's order (each checked and its Blosc frame decoded, as `read_at_once` reads one), up to ``read_ahead`` chunks
-past the batches being made, copy each batch's rows (or cut and mirror its pictures' windows, or resize their boxes;
+shapes' chunks read in one call, `ShardReader.read_many`). The engine's threads (as many as the pool's; of all the
+process's engines, as many at work at once as the pool's `Gauge` allows, which the clocks of their batches feed) read
+the chunks in the schedule's order (each checked and its Blosc frame decoded, as `read_at_once` reads one), up to
+``read_ahead`` chunks past the batches being made, copy each batch's rows (or cut and mirror its pictures' windows, or resize their boxes;
 an encoded field's files decoded, or only their boxes, by the code of `outcore.imaging.native` lent to them:
 `decode_each`'s, `crop_each`'s and `resize_each`'s, the same pixels) into the arrays given to it a few batches ahead
 (`outcore.storage.blocks`, or the run's own memory: pinned, for `ds.torch`), and give a chunk's buffer back once the
@@ -50,8 +51,8 @@ from ..errors import OutcoreError
 from ..imaging import EncodedChunk, native, resize_part
 from ..imaging.decode import MAX_PIXELS
 from ..storage import ShardReader, blocks
-from ..storage.chunk_reads import Engine
-from ..threads import thread_count
+from ..storage.chunk_reads import Engine, engine_clocks, set_engine_turns
+from ..threads import Gauge, gauge, thread_count
 from .batch import Batch, Recipe, batch_draws, plain
 from .readers import EncodedChunks, sample_spec
 from .runs import WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, closed
@@ -135,6 +136,8 @@ class NativeRun(Run):
                     break
                 if (undone := engine.undone) is not None and self._decode_undone(made, undone):
                     last = self.delivered + 1  # most of its files left: the batches after it by a LocalRun
+                if (clocks := engine_clocks(Gauge.INTERVAL)) is not None:
+                    _gauged(clocks)
                 if (given := engine.given) < min(len(steps), self.delivered + 1 + window):  # no spare set was free
                     engine.give(self._arrays(given))
                     given += 1
@@ -247,6 +250,7 @@ class NativeRun(Run):
             decoded["decoder"] = native.extension.picture_decoder
         threads = thread_count()
         self.window = LocalRun.made_at_once(work, threads)  # as many as a local run makes
+        set_engine_turns(gauge().limit)  # of its threads, as many at work at once as the pool's tasks
         chunk_bytes = np.array([reader.chunk_nbytes for reader in readers], np.int64)
         if picture is not None and not ("decoded" in decoded and decoded["decoded"][0] == picture[0]):
             row_bytes[picture[0]] = chunk_bytes[picture[0]] // chunk_size  # the cut field's rows: its stored pictures'
@@ -376,6 +380,16 @@ def _decodable(reader: EncodedChunks, shape: tuple[int, ...], dtype: np.dtype, c
             and len(sources) == 2 + decode.variable and all(isinstance(source, ShardReader) for source in sources)
             and sources[1].chunk_nbytes == 16 * chunk_size
             and (not decode.variable or sources[2].chunk_nbytes == 12 * chunk_size))
+
+
+def _gauged(clocks: tuple[float, float]) -> None:
+    """The engines' batches' ``clocks`` (CPU and wall seconds) fed to the pool's `Gauge`, whose limit their threads
+    keep to (`set_engine_turns`): fewer at work at once where they wait for cores that other work holds."""
+    measured = gauge()
+    limit = measured.limit
+    measured.record(*clocks)
+    if measured.limit != limit:
+        set_engine_turns(measured.limit)
 
 
 def _own_sizes(encoded: EncodedChunks, chunks: np.ndarray, row_slot: np.ndarray, row_local: np.ndarray

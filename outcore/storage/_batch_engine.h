@@ -17,8 +17,9 @@
  * decoding state a thread) into the arrays Python `give`s it (one a field, in batch order, at most `window` batches
  * ahead of the one taken), a whole batch a task. A slot's buffer goes back to the free list once every batch reading
  * it is made: as many are held as the schedule's reads ahead hold. Every read and batch is a turn of the process's
- * engines' threads (`engine_turns`): as many at work at once as the latest engine's `threads`, however many engines
- * run (the next epoch's, started ahead; two loaders').
+ * engines' threads (`engine_turns`): as many at work at once as Python says (`set_engine_turns`: the pool's gauge's
+ * limit, fed the batches' clocks, `engine_clocks`), however many engines run (the next epoch's, started ahead; two
+ * loaders').
  *
  * `take(timeout, spares)` waits (the GIL released, counted so) for the next batch in order, woken when that batch is
  * made (a condition of its own: not by every read): the arrays given for it once it is made (and, with `spares`, the
@@ -147,20 +148,70 @@ static long long engine_clock(void) {
 #endif
 }
 
-/* The engines' threads at work at once, in all the process: as many as the latest engine was made with (the
- * pool's count, `thread_count`), each taking a turn for each read or batch. The next epoch's engine, started ahead
- * while this one's last batches are made, shares its threads as the pool's tasks share the pool's; so do two loaders
- * iterated at once. A forked child's count starts again at none busy (`engine_turns_forked`). */
+/* The engines' threads at work at once, in all the process: at most `limit` (Python's: the pool's gauge's, no more
+ * than its threads nor the CPUs; `set_engine_turns`), each taking a turn for each read or batch. The next epoch's
+ * engine, started ahead while this one's last batches are made, shares its threads as the pool's tasks share the
+ * pool's; so do two loaders iterated at once. The batches' CPU and wall time are summed for the gauge
+ * (`engine_clocks`): a thread that waits for a core (other work on the machine) spends wall time without CPU time.
+ * A forked child's count starts again at none busy (`engine_turns_forked`). */
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t freed;
     int busy, limit;
-} engine_turns = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 1};
+    long long cpu, wall; /* nanoseconds, of the batches made since `engine_clocks` gave them */
+} engine_turns = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 1, 0, 0};
 
 static void engine_turns_forked(void) {
     pthread_mutex_init(&engine_turns.lock, NULL);
     pthread_cond_init(&engine_turns.freed, NULL);
     engine_turns.busy = 0;
+    engine_turns.cpu = engine_turns.wall = 0;
+}
+
+/* A batch's clocks, read around its making: the thread's CPU time and the wall time (-1 where not read here). */
+static void engine_clocks_now(long long *cpu, long long *wall) {
+#if (defined(__GNUC__) || defined(__clang__)) && defined(CLOCK_THREAD_CPUTIME_ID)
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    *cpu = thread_nanoseconds();
+    *wall = (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+#else
+    *cpu = *wall = -1;
+#endif
+}
+
+/* set_engine_turns(limit): the most engines' threads at work at once, in all the process. */
+static PyObject *py_set_engine_turns(PyObject *self, PyObject *args) {
+    int limit;
+    if (!PyArg_ParseTuple(args, "i:set_engine_turns", &limit))
+        return NULL;
+    if (limit < 1) {
+        PyErr_SetString(PyExc_ValueError, "set_engine_turns: the limit must be 1 or more");
+        return NULL;
+    }
+    pthread_mutex_lock(&engine_turns.lock);
+    engine_turns.limit = limit;
+    pthread_cond_broadcast(&engine_turns.freed); /* more turns, maybe */
+    pthread_mutex_unlock(&engine_turns.lock);
+    Py_RETURN_NONE;
+}
+
+/* engine_clocks(least): (cpu, wall) seconds of the batches made since it last gave them, once their wall time sums
+ * to `least` seconds or more (then counted again from none); else None. */
+static PyObject *py_engine_clocks(PyObject *self, PyObject *args) {
+    double least;
+    if (!PyArg_ParseTuple(args, "d:engine_clocks", &least))
+        return NULL;
+    long long cpu = 0, wall = 0;
+    pthread_mutex_lock(&engine_turns.lock);
+    if (engine_turns.wall > 0 && (double)engine_turns.wall >= least * 1e9) {
+        cpu = engine_turns.cpu, wall = engine_turns.wall;
+        engine_turns.cpu = engine_turns.wall = 0;
+    }
+    pthread_mutex_unlock(&engine_turns.lock);
+    if (wall == 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("dd", (double)cpu / 1e9, (double)wall / 1e9);
 }
 
 /* Wait for a turn (not holding e->lock): 1 once taken, 0 where the engine is stopping meanwhile (none taken). */
@@ -174,9 +225,14 @@ static int engine_turn(Engine *e) {
     return taken;
 }
 
-static void engine_turn_over(void) {
+/* A turn over: a batch's, with the CPU and wall nanoseconds it took (a read's: 0, 0, not gauged). */
+static void engine_turn_over(long long cpu, long long wall) {
     pthread_mutex_lock(&engine_turns.lock);
     engine_turns.busy--;
+    if (cpu >= 0 && wall > 0) {
+        engine_turns.cpu += cpu;
+        engine_turns.wall += wall;
+    }
     pthread_cond_signal(&engine_turns.freed);
     pthread_mutex_unlock(&engine_turns.lock);
 }
@@ -337,8 +393,11 @@ static void *engine_work(void *arg) {
                 pthread_mutex_lock(&e->lock);
                 continue;
             }
+            long long cpu, wall, cpu_after, wall_after;
+            engine_clocks_now(&cpu, &wall);
             long long failed = engine_gather(e, b, worker);
-            engine_turn_over();
+            engine_clocks_now(&cpu_after, &wall_after);
+            engine_turn_over(cpu < 0 ? -1 : cpu_after - cpu, wall_after - wall);
             pthread_mutex_lock(&e->lock);
             e->failed_slot[b] = failed;
             e->batch_state[b] = failed < 0 ? BATCH_MADE : BATCH_FAILED;
@@ -371,7 +430,7 @@ static void *engine_work(void *arg) {
                 continue;
             }
             int fine = buffer != NULL && engine_read(e, s, buffer, scratch);
-            engine_turn_over();
+            engine_turn_over(0, 0);
             pthread_mutex_lock(&e->lock);
             e->slot_buffer[s] = buffer;
             e->slot_state[s] = fine ? SLOT_READ : SLOT_FAILED;
@@ -725,10 +784,6 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->ready, NULL);
     e->awaited = -1;
-    pthread_mutex_lock(&engine_turns.lock);
-    engine_turns.limit = threads;
-    pthread_cond_broadcast(&engine_turns.freed); /* more turns, maybe */
-    pthread_mutex_unlock(&engine_turns.lock);
     int started = 0;
     Py_BEGIN_ALLOW_THREADS; /* a thread's start is a system call or two: no other thread waits for the GIL meanwhile */
     while (started < threads && pthread_create(&e->threads[started], NULL, engine_work, &e->workers[started]) == 0)

@@ -771,6 +771,11 @@ static PyMethodDef methods[] = {
      "encode(chunks, count, typesize, clevel, shuffle, cname, blocksize, out, index)\n--\n\n"
      "The count chunks each compressed by Blosc and followed by its crc32c, back to back into out, their offsets and\n"
      "bytes into index: the bytes written, in one call outside the GIL; None when Blosc fails."},
+    {"set_engine_turns", py_set_engine_turns, METH_VARARGS,
+     "set_engine_turns(limit)\n--\n\nThe most threads of the process's engines (Engine) at work at once (1 until set)."},
+    {"engine_clocks", py_engine_clocks, METH_VARARGS,
+     "engine_clocks(least)\n--\n\n(cpu, wall): the seconds of the batches the engines made since it last gave them,\n"
+     "once their wall time sums to least seconds or more; else None."},
     {"engine_seconds", py_engine_seconds, METH_NOARGS,
      "engine_seconds()\n--\n\nThe CPU seconds count_free counted on the threads of engines (Engine), which no Python\n"
      "thread runs."},

@@ -69,6 +69,16 @@ threads, read_ahead, window, lent, picture=None, windows=None, mirrors=None)``: 
 rows copied out of their chunks, a picture field's windows cut and mirrored) made on C threads that never hold the GIL, their chunks read as `read_at_once` reads one (``_batch_engine.h``;
 `outcore.iterate.native_run`); None where chunks are not read so here."""
 
+set_engine_turns: Callable[[int], None] | None = getattr(_chunks, "set_engine_turns", None) if Engine else None
+"""``set_engine_turns(limit)``: the most threads of the process's engines at work at once (a read or a batch each),
+however many engines run (the pool's gauge's limit, `outcore.iterate.native_run`). None where there is no `Engine`."""
+
+engine_clocks: Callable[[float], tuple[float, float] | None] | None
+engine_clocks = getattr(_chunks, "engine_clocks", None) if Engine else None
+"""``engine_clocks(least)``: ``(cpu, wall)``, the seconds the batches the engines made since it last gave them took,
+summed over them, once their wall time sums to ``least`` seconds or more; else None (the pool's `Gauge` is fed them:
+a thread that waits for a core spends wall time without CPU time). None where there is no `Engine`."""
+
 read_many_at_once: Callable[[Sequence[tuple[Any, ...]], bytearray], list[Any]] | None
 read_many_at_once = getattr(_chunks, "read_many", None) if read_at_once is not None else None  # None: built before it
 """``read_many_at_once(requests, scratch)``: each request ``(path, offset, nbytes, out, blosc)`` read, checked and
