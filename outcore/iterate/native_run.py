@@ -208,21 +208,17 @@ class NativeRun(Run):
         readers = [self.buffers.readers[name] for name, _, _, _ in self.specs]
         row_bytes = np.array([nbytes for _, _, _, nbytes in self.specs] + [16], np.int64)  # a decoded field's ranges'
         decoded: dict[str, Any] = {}
-        sizes = None  # each row's picture's size, where they are of their own sizes
+        encoded: EncodedChunks | None = None
         if self.decoded is not None:  # its files' chunks read as a field's, their ranges as one more after the others
             at = [name for name, _, _, _ in self.specs].index(self.decoded)
-            encoded: EncodedChunks = readers[at]
+            encoded = readers[at]
             readers[at:at + 1] = encoded.sources[:1]
             readers.append(encoded.sources[1])
             height, width, *channels = sample_spec(work.store, self.decoded)[0]
             channels = channels[0] if channels else 1
-            if height is None:  # of their own sizes: each row's (the run's shapes read now), its box resized
-                if (sizes := _own_sizes(encoded, chunks, row_slot, samples % chunk_size)) is None:
-                    return None
-                height = width = 0
-                decoded["sizes"] = np.where(_left(sizes)[:, None], 0, sizes).astype(np.int32)
+            height, width = height or 0, width or 0  # 0 x 0: of their own sizes, each row's box resized
             row_bytes[at] = (height * width or int(np.prod(work.recipe.crop.output_size))) * channels  # its pictures'
-            decoded |= {"decoded": (at, height, width, channels), "starts": chunks * encoded.decoded.bytes.capacity}
+            decoded = {"decoded": (at, height, width, channels), "starts": chunks * encoded.decoded.bytes.capacity}
         else:
             row_bytes = row_bytes[:-1]
         files: list[tuple[bytes, Any]] = []  # every field's shard files: (path, the version whose index was read)
@@ -235,6 +231,11 @@ class NativeRun(Run):
             asks[:, f, 0] += len(files)
             files.extend(reads[0])
         stamps = np.array([stamp for _, stamp in files], np.int64).reshape(-1, 3)
+        sizes = None  # each row's picture's size, where they are of their own sizes: their shapes read now
+        if encoded is not None and decoded["decoded"][1] == 0:
+            if (sizes := _own_sizes(encoded, chunks, row_slot, samples % chunk_size)) is None:
+                return None
+            decoded["sizes"] = np.where(_left(sizes)[:, None], 0, sizes).astype(np.int32)
         bounds = np.asarray(bounds, np.int64)
         used = np.repeat(np.arange(len(bounds) - 1) * len(chunks), np.diff(bounds))  # each row's batch, then
         used += row_slot  # its slot: each batch's slots, each once, batch after batch
