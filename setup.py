@@ -37,6 +37,7 @@ WHOLE_FILES = "outcore/_whole_files.h"  # whole picture files read at ingest, by
 MAPPED_FILES = "outcore/storage/_mapped_files.h"  # shard files mapped once, chunks in memory read in place
 BATCH_ENGINE = "outcore/storage/_batch_engine.h"  # a run of plain batches made on C threads, in _chunks
 WINDOW_COPY = "outcore/_window_copy.h"  # a picture's window copied and mirrored, by _windows and _chunks alike
+TABLE_LOOKUP = "outcore/_table_lookup.h"  # uint8 pixels through a table of their results (Normalize), by both too
 STREAM_COPY = "outcore/_stream_copy.h"  # large copies written past the caches, by _windows and _chunks alike
 PNG = "outcore/imaging/_png.h"  # plain PNGs decoded by _jpeg's decode_each, where zlib is found
 PICTURE_DECODER = "outcore/_picture_decoder.h"  # _jpeg's decoding lent to _chunks's batch engine, through a capsule
@@ -118,12 +119,12 @@ def extensions() -> list[Extension]:
                       libraries=libraries, define_macros=macros, extra_compile_args=flags,
                       depends=[*FREE_TIME, BLAKE2B, WHOLE_FILES, PNG, PICTURE_DECODER]),
             Extension("outcore.imaging._windows", [WINDOWS_SOURCE], extra_compile_args=flags,
-                      depends=[*FREE_TIME, STREAM_COPY, WINDOW_COPY]),
+                      depends=[*FREE_TIME, STREAM_COPY, WINDOW_COPY, TABLE_LOOKUP]),
             Extension("outcore.seeds._state", [SEEDS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),
             Extension("outcore.seeds._draws", [DRAWS_SOURCE], extra_compile_args=flags, depends=[SEED_SEQUENCE]),
             Extension("outcore.storage._chunks", [CHUNKS_SOURCE], extra_compile_args=flags,
                       depends=[*FREE_TIME, WHOLE_FILES, MAPPED_FILES, STREAM_COPY, BATCH_ENGINE, WINDOW_COPY,
-                               PICTURE_DECODER])]
+                               PICTURE_DECODER, TABLE_LOOKUP])]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -27,6 +27,8 @@ from outcore.iterate import native_run, runs
 from outcore.storage.chunk_reads import Engine
 from outcore.testing import corrupt_chunk, write_image_folder
 from outcore.transforms import (
+    BrightnessContrast,
+    Cast,
     CenterCrop,
     Compose,
     Normalize,
@@ -249,6 +251,32 @@ def test_a_c_run_cuts_the_boxes_of_pictures_of_their_own_sizes_as_a_local_run(ow
     assert len(left) <= 2  # the PNG at most (a ScaleJitter box may miss it)
 
 
+M, S = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+NORMALIZED = [
+    Compose([RandomCrop(20), RandomFlip(), Normalize(M, S)]),
+    Compose([RandomResizedCrop(24), RandomFlip(), Normalize(0.5, 0.25, dtype="float16")]),
+    Compose([CenterCrop(24, resize=28), Normalize(M, S), Cast("float16")]),  # one step, `Normalize.then`
+    Compose([ScaleJitter(28, (0.5, 1.5)), RandomFlip(), Normalize(0.2, (0.5, 0.4, 0.3), scale=0.01)]),
+]
+
+
+@needs_decoder
+@pytest.mark.parametrize("transform", NORMALIZED)
+@pytest.mark.parametrize("kind", ["pixels", "encoded", "own sizes"])
+def test_a_c_run_normalizes_the_pictures_it_cuts_as_a_local_run(tmp_path, monkeypatch, transform, kind):
+    """A `Normalize` after the crop and flip (a mean and std each one value or one a channel; float32 or float16): the
+    engine's threads look each cut picture's pixels up in its table (`Normalize.table`), the same floats as a local
+    run's, byte for byte; the files its decoder leaves are decoded, then looked up, by Python."""
+    write_mixed_pictures(tmp_path / "mixed", per_class=12)
+    options = {"shape": None if kind == "own sizes" else (40, 40, 3), "chunk_size": 4, "progress": False,
+               "images": "pixels" if kind == "pixels" else "encoded"}
+    ds = outcore.ingest_images(tmp_path / "mixed", tmp_path / "s.zarr", **options)
+    made, kinds = epoch(ds.batches(5, seed=2, fields=["images", "labels"], transform=transform), True, monkeypatch)
+    expected, _ = epoch(ds.batches(5, seed=2, fields=["images", "labels"], transform=transform), False, monkeypatch)
+    assert kinds == {"NativeRun"} and made[0]["images"].dtype in (np.float32, np.float16)
+    assert_same(made, expected)
+
+
 @needs_decoder
 def test_a_random_crop_of_pictures_of_their_own_sizes_is_a_local_run_s(own_sizes, monkeypatch):
     """A `RandomCrop` of pictures of several sizes (its windows drawn piece by piece, each picture's checked): the run
@@ -330,11 +358,17 @@ def test_a_damaged_file_is_named_at_its_batch_as_a_local_run_names_it(photos, mo
         assert delivered == 2  # batches 0 and 1; sample 41 is in batch 2
 
 
-@pytest.mark.parametrize("transform", [RandomCrop(6, padding=2), Compose([RandomCrop(6), Normalize(0.5, 0.2)]),
-                                       Compose([RandomFlip(), RandomCrop(6)])])
+class OwnNormalize(Normalize):
+    """A `Normalize` of the user's own: it may compute otherwise."""
+
+
+@pytest.mark.parametrize("transform", [RandomCrop(6, padding=2), Compose([RandomCrop(6), BrightnessContrast()]),
+                                       Compose([RandomFlip(), RandomCrop(6)]), Compose([RandomCrop(6), OwnNormalize()]),
+                                       Compose([RandomCrop(6), Normalize(np.zeros((6, 1, 3)), 0.5)])])
 def test_other_transforms_are_made_by_a_local_run(store, monkeypatch, transform):
-    """A crop past the pictures' edges (padding), a step after the crop and flip, a flip before a crop: the pool's
-    tasks make them."""
+    """A crop past the pictures' edges (padding), a step after the crop and flip other than a `Normalize` (or one of
+    the user's own class, or whose mean is not one value nor one a channel), a flip before a crop: the pool's tasks
+    make them."""
     ds, _ = store
     assert epoch(ds.batches(100, transform=transform, fields=["images", "id"]), True, monkeypatch)[1] == {"LocalRun"}
 

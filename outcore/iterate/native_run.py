@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OutcoreError
-from ..imaging import EncodedChunk, native, resize_part
+from ..imaging import EncodedChunk, native, resize_part, table_lookup
 from ..imaging.decode import MAX_PIXELS
 from ..storage import ShardReader, blocks
 from ..storage.chunk_reads import Engine, engine_clocks, set_engine_turns
@@ -57,6 +57,7 @@ from .batch import Batch, Recipe, batch_draws, plain
 from .readers import EncodedChunks, sample_spec
 from .runs import WAKE_SECONDS, ChunkBuffers, LocalRun, Run, Work, closed
 from .stats import LoaderStats
+from .transforms import Normalize
 
 SPARE_SETS = 3  # sets of a batch's arrays kept to use again, for each batch made at once (those given ahead, those the
 # consumer holds, and the next epoch's run's, started as this one drains)
@@ -76,8 +77,10 @@ class NativeRun(Run):
     hands_over = False  # the consumer takes its batches from the engine: no thread of its own waits for a taker
 
     def __init__(self, work: Work, stats: LoaderStats, buffers: ChunkBuffers,
-                 specs: list[tuple[str, tuple[int, ...], np.dtype, int]], decoded: str | None = None) -> None:
+                 specs: list[tuple[str, tuple[int, ...], np.dtype, int]], decoded: str | None = None,
+                 table: np.ndarray | None = None) -> None:
         self.buffers, self.specs, self.decoded = buffers, specs, decoded  # decoded: the encoded field, if any
+        self.table = table  # the cut pictures' pixels' results, where they are normalized (`Normalize.table`)
         self.engine: Any = None  # made by the run's thread (`_engine`)
         self.chunks = np.empty(0, np.int64)
         self.bounds: list[int] = []  # each batch's rows, in all the run's
@@ -168,14 +171,17 @@ class NativeRun(Run):
             chunk, local = int(self.chunks[self.row_slot[r]]), int(self.row_local[r])
             if chunk not in chunks:
                 chunks[chunk] = reader.read(chunk)
+            row = out[k] if self.table is None else np.empty(out.shape[1:], np.uint8)  # normalized into out[k] then
             if not self.cuts:
-                chunks[chunk].decode_sample(local, out[k])
-                continue
-            box, flips = tuple(self.cuts["windows"][r].tolist()), self.cuts["mirrors"][r].astype(bool).tolist()
-            if self.decoded:
-                chunks[chunk].decode_region(local, box, size, out[k], (flips[0], flips[1]))
+                chunks[chunk].decode_sample(local, row)
             else:
-                resize_part(chunks[chunk][local], box, size, out[k], (flips[0], flips[1]))
+                box, flips = tuple(self.cuts["windows"][r].tolist()), self.cuts["mirrors"][r].astype(bool).tolist()
+                if self.decoded:
+                    chunks[chunk].decode_region(local, box, size, row, (flips[0], flips[1]))
+                else:
+                    resize_part(chunks[chunk][local], box, size, row, (flips[0], flips[1]))
+            if self.table is not None:
+                table_lookup(row, self.table, out[k])
         return len(undone) > UNDONE_SHARE * len(out)
 
     def _rest(self, steps: Sequence[int]) -> Iterator[Batch]:
@@ -249,6 +255,8 @@ class NativeRun(Run):
             return None  # boxes drawn some other way, not resized in C, or rows of two fields left: by the pool's tasks
         if decoded or (picture is not None and picture[-1]):  # files decoded, boxes resized: by _jpeg's code
             decoded["decoder"] = native.extension.picture_decoder
+        if self.table is not None:
+            decoded["table"] = self.table
         threads = thread_count()
         self.window = LocalRun.made_at_once(work, threads)  # as many as a local run makes
         set_engine_turns(gauge().limit)  # of its threads, as many at work at once as the pool's tasks
@@ -363,7 +371,14 @@ def native_run(work: Work, stats: LoaderStats, buffers: ChunkBuffers) -> NativeR
                 return None
             shape = (*recipe.crop.output_size, shape[2])
         specs.append((name, shape, dtype, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize))
-    return NativeRun(work, stats, buffers, specs, decoded)
+    table = None
+    if (normalize := _normalize(recipe)) is not None:  # the cut pictures' uint8 pixels looked up in its table
+        at = recipe.fields.index(recipe.crop_field)
+        name, shape, dtype, _ = specs[at]
+        if dtype != np.uint8 or (table := normalize.table(shape[-1])) is None:
+            return None
+        specs[at] = (name, shape, table.dtype, int(np.prod(shape, dtype=np.int64)) * table.dtype.itemsize)
+    return NativeRun(work, stats, buffers, specs, decoded, table)
 
 
 def _decodable(reader: EncodedChunks, shape: tuple[int, ...], dtype: np.dtype, cut: bool) -> bool:
@@ -415,9 +430,17 @@ def _left(sizes: np.ndarray) -> np.ndarray:
 def _cut_only(recipe: Recipe) -> bool:
     """Whether the recipe's transform is a box of each picture drawn in one call for the run (`boxes_of_pieces`: a
     `RandomCrop` without padding, the whole picture, a `RandomResizedCrop`, a `CenterCrop`, a `ScaleJitter`) mirrored
-    or not (a plain `RandomFlip`), moving no targets, and nothing else: the engine cuts or resizes those."""
+    or not (a plain `RandomFlip`), moving no targets, then at most a `Normalize` of those pictures (`_normalize`), and
+    nothing else: the engine cuts or resizes those, and looks their pixels up in the normalization's table."""
     crop = recipe.crop
-    return (crop is not None and recipe.per_piece is None and recipe.after is None and not recipe.later
-            and not getattr(crop, "padding", 0) and getattr(crop, "targets", None) is None
+    return (crop is not None and recipe.per_piece is None and (recipe.after is None or _normalize(recipe) is not None)
+            and not recipe.later and not getattr(crop, "padding", 0) and getattr(crop, "targets", None) is None
             and hasattr(crop, "boxes_of_pieces"))
+
+
+def _normalize(recipe: Recipe) -> Normalize | None:
+    """The recipe's `Normalize` of the pictures it cuts, where it is all that comes after the crop and flip (its own
+    class: a subclass may compute otherwise; a `Cast` after it made one with it, `Normalize.then`)."""
+    after = recipe.after
+    return after if type(after) is Normalize and after.field == recipe.crop_field else None
 

@@ -449,17 +449,31 @@ class Normalize:
             return None
         return dataclasses.replace(self, dtype=np.dtype(step.dtype).name)
 
+    def table(self, channels: int) -> np.ndarray | None:
+        """What each of the 256 values of a uint8 picture of ``channels`` channels becomes ((256, 1), or (256,
+        ``channels``) where the mean or std is one a channel, of ``dtype``): the same floats as computed one by one;
+        None where the mean or std is neither one value nor one a channel.
+
+        >>> Normalize(0.5, 0.5).table(3)[[0, 255]].tolist()
+        [[-1.0], [1.0]]
+        """
+        mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
+        if not {mean.size, std.size} <= {1, channels} or max(mean.ndim, std.ndim) > 1:
+            return None
+        scale = np.float32(self.scale if self.scale is not None else 1 / np.iinfo(np.uint8).max)
+        table = (np.arange(256, dtype=np.float32)[:, None] * scale - mean.reshape(-1)) / std.reshape(-1)
+        return table.astype(np.dtype(self.dtype))
+
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         images = _field(batch, self.field)
         scale = np.float32(self.scale if self.scale is not None else (
             1 / np.iinfo(images.dtype).max if images.dtype.kind in "ui" else 1.0))
         mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
         out = blocks.empty(np.broadcast_shapes(images.shape, mean.shape, std.shape), np.dtype(self.dtype))
-        channels = images.shape[-1] if images.ndim > 1 else 1
-        if images.dtype == np.uint8 and out.shape == images.shape and {mean.size, std.size} <= {1, channels} \
-                and max(mean.ndim, std.ndim) <= 1:  # a table of the 256 values' floats (the same floats), per channel
-            table = ((np.arange(256, dtype=np.float32)[:, None] * scale - mean.reshape(-1)) / std.reshape(-1))
-            table = table.astype(out.dtype)
+        table = None
+        if images.dtype == np.uint8 and out.shape == images.shape:  # a table of the 256 values' floats, per channel
+            table = self.table(images.shape[-1] if images.ndim > 1 else 1)
+        if table is not None:
 
             def run(start: int, stop: int) -> None:
                 table_lookup(images[start:stop], table, out[start:stop])

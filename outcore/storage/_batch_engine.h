@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "../_picture_decoder.h"
+#include "../_table_lookup.h"
 #include "../_window_copy.h"
 
 enum { SLOT_UNREAD, SLOT_READING, SLOT_READ, SLOT_FAILED };
@@ -56,6 +57,7 @@ typedef struct {
     Engine *engine;
     uint8_t *scratch; /* the thread's, for Blosc frames */
     void *decoding;   /* the thread's PictureDecoder state, where pictures are decoded (opened at its first) */
+    uint8_t *row;     /* a picture cut, before its pixels are looked up in the table (where there is one) */
 } Worker;
 
 struct Engine {
@@ -68,6 +70,9 @@ struct Engine {
     int picture;                  /* the field whose pictures are cut (a window each, mirrored or not), or -1 */
     Py_ssize_t height, width, pixel, cut_height, cut_width; /* its pictures', a pixel's bytes, its windows' */
     int channels, kind;           /* where its boxes are resized (kind: their samples' struct letter), else kind 0 */
+    uint8_t *table;               /* where its uint8 pixels are normalized: the 256 values' results, table_k columns
+                                   * of table_item bytes (outcore.transforms.Normalize's), else NULL */
+    Py_ssize_t table_k, table_item, out_pixel; /* out_pixel: a pixel's bytes in the batch (a cut one's, looked up) */
     int decoded;                  /* the field whose files are decoded (its ranges the last part), or -1 */
     int decoded_height, decoded_width, decoded_channels;
     const PictureDecoder *decoder; /* lent by outcore.imaging._jpeg (whose capsule is held): decoding, resizing */
@@ -269,6 +274,11 @@ static void engine_box(const Engine *e, long long r, double *box) {
     box[3] = (double)e->cut_width;
 }
 
+/* A picture cut (`row`, uint8) through the table into `out`: Normalize's floats. */
+static void engine_look_up(const Engine *e, const uint8_t *row, uint8_t *out) {
+    lookup_all(row, e->cut_height * e->cut_width * e->channels, e->table, e->table_k, e->table_item, out);
+}
+
 /* Batch b's encoded pictures decoded into out (the batch's array of them) by the decoder outcore.imaging._jpeg lends,
  * each row's file found in its slot's chunk by its range (where they are cut, only each row's window decoded, mirrored
  * as asked: crop_each's cut); the rows it leaves (another kind of file, a damaged one, no memory) marked undone, for
@@ -277,7 +287,7 @@ static void engine_decode(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker)
     if (worker->decoding == NULL)
         worker->decoding = e->decoder->open();
     const int cut = e->picture == e->decoded;
-    const Py_ssize_t size = cut ? e->cut_height * e->cut_width * e->pixel : e->row_bytes[e->decoded];
+    const Py_ssize_t size = cut ? e->cut_height * e->cut_width * e->out_pixel : e->row_bytes[e->decoded];
     const Py_ssize_t region = engine_part_bytes(e, e->decoded);
     long long low = e->bounds[b], high = e->bounds[b + 1];
     Py_ssize_t undone = 0;
@@ -288,7 +298,7 @@ static void engine_decode(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker)
         memcpy(range, buffer + e->field_at[e->fields - 1] + (size_t)e->row_local[r] * sizeof range, sizeof range);
         long long start = range[0] - e->starts[slot], stop = range[1] - e->starts[slot];
         const uint8_t *file = buffer + e->field_at[e->decoded] + start;
-        uint8_t *row = out + (r - low) * size;
+        uint8_t *row = cut && e->table != NULL ? worker->row : out + (r - low) * size; /* looked up into out */
         int fine = worker->decoding != NULL && start >= 0 && start < stop && stop <= region;
         if (fine && cut) {
             double box[4];
@@ -302,6 +312,8 @@ static void engine_decode(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker)
             fine = e->decoder->decode(worker->decoding, file, (size_t)(stop - start), row, e->decoded_height,
                                       e->decoded_width, e->decoded_channels);
         }
+        if (fine && row == worker->row)
+            engine_look_up(e, row, out + (r - low) * size);
         e->undone[r] = !fine;
         undone += !fine;
     }
@@ -311,21 +323,26 @@ static void engine_decode(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker)
 /* Batch b's pictures cut: each row's window of its picture (checked when the engine was made), mirrored as asked,
  * into out (the batch's array of windows: `copy_window`, as outcore.imaging._windows cuts them); or each row's box
  * resized into it by the resizing outcore.imaging._jpeg lends (resize_each's), the rows it leaves marked undone. */
-static void engine_cut(Engine *e, Py_ssize_t b, uint8_t *out) {
-    Py_ssize_t window = e->cut_height * e->cut_width * e->pixel, undone = 0;
+static void engine_cut(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker) {
+    Py_ssize_t window = e->cut_height * e->cut_width * e->out_pixel, undone = 0;
     long long low = e->bounds[b], high = e->bounds[b + 1];
     for (long long r = low; r < high; r++) {
         long long k = r - low;
         const uint8_t *picture = e->slot_buffer[e->row_slot[r]] + e->field_at[e->picture] +
                                  (Py_ssize_t)e->row_local[r] * e->row_bytes[e->picture];
-        if (!e->kind) {
-            copy_window(picture, e->height, e->width, e->pixel, out + k * window, e->cut_height, e->cut_width,
-                        e->corners[r * 2], e->corners[r * 2 + 1], e->mirrors[r * 2], e->mirrors[r * 2 + 1]);
-            continue;
-        }
-        int fine = e->decoder->resize(picture, (int)e->height, (int)e->width, e->channels, e->kind, e->boxes + r * 4,
-                                      e->mirrors[r * 2], e->mirrors[r * 2 + 1], out + k * window, (int)e->cut_height,
+        uint8_t *row = e->table != NULL ? worker->row : out + k * window; /* looked up into out */
+        int fine = 1;
+        if (!e->kind)
+            copy_window(picture, e->height, e->width, e->pixel, row, e->cut_height, e->cut_width, e->corners[r * 2],
+                        e->corners[r * 2 + 1], e->mirrors[r * 2], e->mirrors[r * 2 + 1]);
+        else
+            fine = e->decoder->resize(picture, (int)e->height, (int)e->width, e->channels, e->kind, e->boxes + r * 4,
+                                      e->mirrors[r * 2], e->mirrors[r * 2 + 1], row, (int)e->cut_height,
                                       (int)e->cut_width);
+        if (fine && row == worker->row)
+            engine_look_up(e, row, out + k * window);
+        if (!e->kind)
+            continue;
         e->undone[r] = !fine;
         undone += !fine;
     }
@@ -348,7 +365,7 @@ static long long engine_gather(Engine *e, Py_ssize_t b, Worker *worker) {
             continue;
         }
         if (f == e->picture) {
-            engine_cut(e, b, out);
+            engine_cut(e, b, out, worker);
             continue;
         }
         for (long long r = low; r < high; r++) /* past the caches: the batch is read next by another thread */
@@ -477,6 +494,7 @@ static void engine_free(Engine *e) {
         PyBuffer_Release(&e->lent[k]);
     for (int t = 0; e->workers != NULL && t < e->thread_count; t++) {
         free(e->workers[t].scratch);
+        free(e->workers[t].row);
         if (e->workers[t].decoding != NULL)
             e->decoder->close(e->workers[t].decoding);
     }
@@ -484,11 +502,12 @@ static void engine_free(Engine *e) {
     void *held[] = {e->paths, e->row_bytes, e->field_at, e->stamps, e->asks, e->bounds, e->row_slot, e->row_local,
                     e->reach, e->used_bounds, e->used, e->users, e->threads, e->slot_state, e->batch_state,
                     e->slot_buffer, e->free_buffers, e->made_buffers, e->lent, e->failed_slot, e->outs, e->corners,
-                    e->mirrors, e->workers, e->sets, e->starts, e->undone, e->undone_count, e->boxes, e->sizes};
+                    e->mirrors, e->workers, e->sets, e->starts, e->undone, e->undone_count, e->boxes, e->sizes,
+                    e->table};
     for (size_t k = 0; k < sizeof held / sizeof held[0]; k++)
         PyMem_RawFree(held[k]);
     e->paths = NULL, e->made_buffers = NULL, e->lent = NULL, e->workers = NULL, e->outs = NULL, e->sets = NULL;
-    e->starts = NULL, e->undone = NULL, e->undone_count = NULL, e->boxes = NULL, e->sizes = NULL;
+    e->starts = NULL, e->undone = NULL, e->undone_count = NULL, e->boxes = NULL, e->sizes = NULL, e->table = NULL;
 }
 
 /* Let go of batch b's arrays given (holding the GIL): their buffers, and its sequence of them unless returned. */
@@ -575,23 +594,49 @@ static int engine_windows(Engine *e, PyObject *windows, PyObject *mirrors, Py_ss
     return fine;
 }
 
+/* The table the picture field's uint8 pixels are looked up in (256 rows of 1 or `channels` items of 4 or 2 bytes),
+ * copied: 1, or 0 with an error set. */
+static int engine_table(Engine *e, PyObject *table) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(table, &view, PyBUF_C_CONTIGUOUS) < 0)
+        return 0;
+    const Py_ssize_t channels = e->kind ? e->channels : e->pixel; /* uint8 pictures: a pixel's bytes, its channels */
+    e->table_item = view.itemsize;
+    e->table_k = view.itemsize ? view.len / (256 * view.itemsize) : 0;
+    int fine = e->picture >= 0 && (e->kind == 0 || e->kind == 'B') && (view.itemsize == 4 || view.itemsize == 2) &&
+               channels >= 1 && (e->table_k == 1 || e->table_k == channels) &&
+               view.len == 256 * e->table_k * view.itemsize;
+    if (!fine)
+        PyErr_SetString(PyExc_ValueError, "Engine: a table of 256 rows of 1 or the channels' items of 4 or 2 bytes, "
+                                          "for the uint8 pictures cut");
+    else if ((e->table = PyMem_RawMalloc((size_t)view.len)) == NULL)
+        fine = PyErr_NoMemory() != NULL;
+    else {
+        memcpy(e->table, view.buf, (size_t)view.len);
+        e->channels = (int)channels;
+        e->out_pixel = channels * view.itemsize;
+    }
+    PyBuffer_Release(&view);
+    return fine;
+}
+
 static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"paths", "stamps", "asks", "row_bytes", "chunk_bytes", "bounds", "row_slot", "row_local",
                             "reach", "used_bounds", "used", "threads", "read_ahead", "window", "lent", "picture",
-                            "windows", "mirrors", "decoded", "starts", "decoder", "sizes", NULL};
+                            "windows", "mirrors", "decoded", "starts", "decoder", "sizes", "table", NULL};
     PyObject *paths, *stamps, *asks, *row_bytes, *chunk_bytes, *bounds, *row_slot, *row_local, *reach, *used_bounds,
         *used, *lent, *picture = Py_None, *windows = Py_None, *mirrors = Py_None, *decoded = Py_None, *starts = Py_None,
-             *decoder = Py_None, *sizes = Py_None;
+             *decoder = Py_None, *sizes = Py_None, *table = Py_None;
     int threads;
     Py_ssize_t read_ahead, window, rows, used_count, fields;
     if (e->threads != NULL || e->closed) {
         PyErr_SetString(PyExc_RuntimeError, "Engine: made once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|OOOOOOO:Engine", names, &PyList_Type, &paths,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOOOOinnO!|OOOOOOOO:Engine", names, &PyList_Type, &paths,
                                      &stamps, &asks, &row_bytes, &chunk_bytes, &bounds, &row_slot, &row_local, &reach,
                                      &used_bounds, &used, &threads, &read_ahead, &window, &PyList_Type, &lent,
-                                     &picture, &windows, &mirrors, &decoded, &starts, &decoder, &sizes))
+                                     &picture, &windows, &mirrors, &decoded, &starts, &decoder, &sizes, &table))
         return -1;
     if (threads < 1 || read_ahead < 0 || window < 1) {
         PyErr_SetString(PyExc_ValueError, "Engine: threads and window must be 1 or more, read_ahead 0 or more");
@@ -617,6 +662,9 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, "Engine: pictures decoded or resized need the decoder _jpeg lends");
         return -1;
     }
+    e->out_pixel = e->pixel;
+    if (table != Py_None && !engine_table(e, table))
+        return -1;
     e->path_count = PyList_GET_SIZE(paths);
     long long *chunk_sizes = NULL;
     if ((e->row_bytes = engine_copy(row_bytes, 0, -1, &fields, "row_bytes")) == NULL ||
@@ -760,7 +808,9 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
         made = e->paths[k] != NULL;
     for (int t = 0; made && t < threads; t++) {
         e->workers[t].engine = e;
-        made = (e->workers[t].scratch = malloc(e->scratch_bytes)) != NULL;
+        made = (e->workers[t].scratch = malloc(e->scratch_bytes)) != NULL &&
+               (e->table == NULL ||
+                (e->workers[t].row = malloc((size_t)(e->cut_height * e->cut_width * e->channels))) != NULL);
     }
     if (!made) {
         PyErr_NoMemory();
@@ -811,7 +861,7 @@ static int engine_give_set(Engine *e, PyObject *sequence, int quiet) {
     int f = 0;
     for (; f < e->outputs; f++) {
         Py_buffer *out = &e->outs[b * e->outputs + f];
-        Py_ssize_t wanted = rows * (f == e->picture ? e->cut_height * e->cut_width * e->pixel : e->row_bytes[f]);
+        Py_ssize_t wanted = rows * (f == e->picture ? e->cut_height * e->cut_width * e->out_pixel : e->row_bytes[f]);
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, f), out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
             if (quiet)
                 PyErr_Clear();
@@ -1011,7 +1061,7 @@ static PyTypeObject EngineType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Engine(paths, stamps, asks, row_bytes, chunk_bytes, bounds, row_slot, row_local, reach, used_bounds, "
               "used, threads, read_ahead, window, lent, picture=None, windows=None, mirrors=None, decoded=None, "
-              "starts=None, decoder=None, sizes=None)\n--\n\nA run of plain batches made on C threads (_batch_engine.h).",
+              "starts=None, decoder=None, sizes=None, table=None)\n--\n\nA run of plain batches made on C threads (_batch_engine.h).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)engine_init,
     .tp_dealloc = (destructor)engine_dealloc,
