@@ -579,6 +579,12 @@ def test_the_engine_refuses_a_plan_that_would_read_out_of_bounds():
     cut = {"picture": (0, 2, 2, 1, 1, 1), "windows": np.array([[0, 0, 1, 1], [1, 1, 1, 1]], np.float64),
            "mirrors": np.zeros((2, 2), np.uint8)}  # each row's 2x2 picture of 1-byte pixels: windows of one pixel
     Engine(**plan, **cut).close()
+    Engine(**plan, **cut, table=np.zeros((256, 1), np.float32)).close()  # the windows' pixels looked up: floats
+    for table in [np.zeros((256, 1), np.float64), np.zeros((256, 2), np.float32), np.zeros((255, 1), np.float32)]:
+        with pytest.raises(ValueError, match="Engine: a table"):  # items of 8 bytes, a column a channel too many, short
+            Engine(**plan, **cut, table=table)
+    with pytest.raises(ValueError, match="Engine: a table"):  # no pictures cut
+        Engine(**plan, table=np.zeros((256, 1), np.float32))
     for name, wrong in [("windows", np.array([[0, 0, 1, 1], [1, 2, 1, 1]], np.float64)),  # past the picture
                         ("windows", np.array([[0, 0, 1, 1], [0.5, 0, 1, 1]], np.float64)),  # not whole pixels
                         ("windows", np.array([[0, 0, 1, 1], [0, 0, 2, 1]], np.float64)),  # not the windows' size
