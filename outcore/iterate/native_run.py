@@ -4,17 +4,18 @@ A `LocalRun` makes each batch in tasks of the process's pool, planned and handed
 calls a batch, one thread at a time whatever the cores (`benchmarks/python_calls.py`). Where nothing in a batch needs
 Python (every field stored as it is batched or an encoded field of pictures of one size, or of their own sizes cut by
 a box each, read from local shard files, and at most a box of each picture drawn for the whole run at once, mirrored or
-not: ``ds.batches(256, transform=Compose([RandomResizedCrop(224), RandomFlip()]))`` over a pixel store or a store of
-JPEGs), the whole run is handed to the C engine of `outcore.storage.chunk_reads` at once. The run's thread plans it:
+not, then normalized: ``ds.batches(256, transform=Compose([RandomResizedCrop(224), RandomFlip(), Normalize(mean,
+std)]))`` over a pixel store or a store of JPEGs), the whole run is handed to the C engine of `outcore.storage.chunk_reads` at once. The run's thread plans it:
 the rows of its batches by chunk (`EpochPlan.span`, each chunk read once, in the plan's order), the chunks each batch
 reads, each chunk's reads as its shard's index gives them (`ShardReader.local_reads`), every box and mirror of the run
 drawn in one call as the pool's tasks draw them piece by piece (from each picture's size, where they vary: their
 shapes' chunks read in one call, `ShardReader.read_many`). The engine's threads (as many as the pool's; of all the
 process's engines, as many at work at once as the pool's `Gauge` allows, which the clocks of their batches feed) read
 the chunks in the schedule's order (each checked and its Blosc frame decoded, as `read_at_once` reads one), up to
-``read_ahead`` chunks past the batches being made, copy each batch's rows (or cut and mirror its pictures' windows, or resize their boxes;
-an encoded field's files decoded, or only their boxes, by the code of `outcore.imaging.native` lent to them:
-`decode_each`'s, `crop_each`'s and `resize_each`'s, the same pixels) into the arrays given to it a few batches ahead
+``read_ahead`` chunks past the batches being made, copy each batch's rows (or cut and mirror its pictures' windows, or
+resize their boxes; an encoded field's files decoded, or only their boxes, by the code of `outcore.imaging.native`
+lent to them: `decode_each`'s, `crop_each`'s and `resize_each`'s, the same pixels; then looked up in the `Normalize`'s
+table, as `table_lookup` looks them up) into the arrays given to it a few batches ahead
 (`outcore.storage.blocks`, or the run's own memory: pinned, for `ds.torch`), and give a chunk's buffer back once the
 last batch reading it is made. The consumer's thread takes each batch from the engine (woken when that batch is
 made), and the same C call gives the batch a few on the arrays of one taken before that nothing refers to any more
