@@ -1,10 +1,10 @@
 """A run of plain batches made start to end by the C engine (`outcore.iterate.native_run`): the batches the pool's tasks
-make, byte for byte, for every plan, field and pixel (windows of whole pixels cut, boxes resized, flips mirrored alike),
-epochs started ahead and resumed; a damaged chunk or an unreadable shard index named by a local run at its batch, the
-batches before it delivered; a closed run stopped at once; the engine refusing a plan that would read out of bounds, and
-a file of another version; an encoded field's files decoded by the engine's threads (or the boxes of pictures of their
-own sizes), those its decoder leaves (and boxes its resize leaves) made (or named) by Python as a local run makes (or
-names) them; the engines of a process sharing its threads."""
+make, byte for byte, for every plan, field and pixel (windows of whole pixels cut, boxes resized, flips mirrored, pixels
+normalized alike), epochs started ahead and resumed; a damaged chunk or an unreadable shard index named by a local run
+at its batch, the batches before it delivered; a closed run stopped at once; the engine refusing a plan that would read
+out of bounds, and a file of another version; an encoded field's files decoded by the engine's threads (or the boxes of
+pictures of their own sizes), those its decoder leaves (and boxes its resize leaves) made (or named) by Python as a
+local run makes (or names) them; the engines of a process sharing its threads."""
 
 from __future__ import annotations
 
