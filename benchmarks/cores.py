@@ -206,6 +206,7 @@ CASES = {  # name: (store, transform)
     "palette": ("palette", None),
     "depth16": ("depth16", None),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
+    "rrc+norm": ("own-size", Compose([RandomResizedCrop(224), RandomFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)])),
     "dense": ("coco", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "dense-own": ("coco-own", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "dense-bc": ("coco", Compose([BrightnessContrast(), RandomResizedCrop(224, targets=TARGETS),
