@@ -101,6 +101,8 @@ def test_a_c_run_makes_the_batches_a_local_run_makes(store, monkeypatch, options
 
 WINDOWS = [
     Compose([RandomCrop(6), RandomFlip()]),
+    Compose([RandomCrop(6, padding=2), RandomFlip(vertical=True)]),  # past the pictures' edges: zeros there
+    RandomCrop((10, 7), padding=3),  # taller than the pictures
     Compose([RandomCrop((5, 3)), RandomFlip(horizontal=True, vertical=True, p=0.7)]),
     RandomCrop(7),
     RandomFlip(vertical=True, horizontal=False),
@@ -118,7 +120,7 @@ RESIZED_CROPS = [
 @pytest.mark.parametrize("transform", [*WINDOWS, *(pytest.param(crop, marks=needs_c_resize) for crop in RESIZED_CROPS)])
 @pytest.mark.parametrize("pictures", [(np.uint8, 3), (np.uint8, 1), (np.uint16, 3), (np.float32, 4), (np.int16, 2)])
 def test_a_c_run_cuts_and_resizes_the_boxes_a_local_run_cuts(tmp_path, monkeypatch, transform, pictures):
-    """A crop of whole pixels (a `RandomCrop` without padding, or the whole picture), or of boxes resized
+    """A crop of whole pixels (a `RandomCrop`, padded or not, or the whole picture), or of boxes resized
     (`RandomResizedCrop`, `ScaleJitter`, `CenterCrop`: the C extension's resize), mirrored or not, of pictures of any
     pixel (1 to 16 bytes) and every kind the C extension resizes: each piece's boxes and mirrors drawn as a local run
     draws them, cut or resized alike, byte for byte, on the engine's threads."""
@@ -200,7 +202,7 @@ def left_by_the_decoder(monkeypatch) -> list[int]:
 
 @needs_decoder
 @pytest.mark.parametrize("transform", [None, RandomFlip(), Compose([RandomCrop(20), RandomFlip()]),
-                                       RandomCrop((31, 9)), Compose([RandomResizedCrop(20), RandomFlip()]),
+                                       RandomCrop((31, 9)), Compose([RandomCrop(32, padding=4), RandomFlip()]), Compose([RandomResizedCrop(20), RandomFlip()]),
                                        CenterCrop(24, resize=28)])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_a_c_run_decodes_the_files_a_local_run_decodes(photos, monkeypatch, transform, threads):
@@ -362,13 +364,12 @@ class OwnNormalize(Normalize):
     """A `Normalize` of the user's own: it may compute otherwise."""
 
 
-@pytest.mark.parametrize("transform", [RandomCrop(6, padding=2), Compose([RandomCrop(6), BrightnessContrast()]),
+@pytest.mark.parametrize("transform", [Compose([RandomCrop(6), BrightnessContrast()]),
                                        Compose([RandomFlip(), RandomCrop(6)]), Compose([RandomCrop(6), OwnNormalize()]),
                                        Compose([RandomCrop(6), Normalize(np.zeros((6, 1, 3)), 0.5)])])
 def test_other_transforms_are_made_by_a_local_run(store, monkeypatch, transform):
-    """A crop past the pictures' edges (padding), a step after the crop and flip other than a `Normalize` (or one of
-    the user's own class, or whose mean is not one value nor one a channel), a flip before a crop: the pool's tasks
-    make them."""
+    """A step after the crop and flip other than a `Normalize` (or one of the user's own class, or whose mean is not
+    one value nor one a channel), a flip before a crop: the pool's tasks make them."""
     ds, _ = store
     assert epoch(ds.batches(100, transform=transform, fields=["images", "id"]), True, monkeypatch)[1] == {"LocalRun"}
 
@@ -585,7 +586,8 @@ def test_the_engine_refuses_a_plan_that_would_read_out_of_bounds():
             Engine(**plan, **cut, table=table)
     with pytest.raises(ValueError, match="Engine: a table"):  # no pictures cut
         Engine(**plan, table=np.zeros((256, 1), np.float32))
-    for name, wrong in [("windows", np.array([[0, 0, 1, 1], [1, 2, 1, 1]], np.float64)),  # past the picture
+    Engine(**{**plan, **cut, "windows": np.array([[0, 0, 1, 1], [1, -3, 1, 1]], np.float64)}).close()  # zeros there
+    for name, wrong in [("windows", np.array([[0, 0, 1, 1], [1, 3e9, 1, 1]], np.float64)),  # past an int's reach
                         ("windows", np.array([[0, 0, 1, 1], [0.5, 0, 1, 1]], np.float64)),  # not whole pixels
                         ("windows", np.array([[0, 0, 1, 1], [0, 0, 2, 1]], np.float64)),  # not the windows' size
                         ("mirrors", np.zeros((1, 2), np.uint8)), ("picture", (0, 2, 3, 1, 1, 1))]:

@@ -430,13 +430,12 @@ def _left(sizes: np.ndarray) -> np.ndarray:
 
 def _cut_only(recipe: Recipe) -> bool:
     """Whether the recipe's transform is a box of each picture drawn in one call for the run (`boxes_of_pieces`: a
-    `RandomCrop` without padding, the whole picture, a `RandomResizedCrop`, a `CenterCrop`, a `ScaleJitter`) mirrored
+    `RandomCrop`, padded or not, the whole picture, a `RandomResizedCrop`, a `CenterCrop`, a `ScaleJitter`) mirrored
     or not (a plain `RandomFlip`), moving no targets, then at most a `Normalize` of those pictures (`_normalize`), and
     nothing else: the engine cuts or resizes those, and looks their pixels up in the normalization's table."""
     crop = recipe.crop
     return (crop is not None and recipe.per_piece is None and (recipe.after is None or _normalize(recipe) is not None)
-            and not recipe.later and not getattr(crop, "padding", 0) and getattr(crop, "targets", None) is None
-            and hasattr(crop, "boxes_of_pieces"))
+            and not recipe.later and getattr(crop, "targets", None) is None and hasattr(crop, "boxes_of_pieces"))
 
 
 def _normalize(recipe: Recipe) -> Normalize | None:

@@ -37,6 +37,7 @@
 #ifndef OUTCORE_BATCH_ENGINE_H
 #define OUTCORE_BATCH_ENGINE_H
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@
 #include "../_window_copy.h"
 
 enum { SLOT_UNREAD, SLOT_READING, SLOT_READ, SLOT_FAILED };
+#define WINDOW_REACH 1073741824.0 /* how far a window's corner may lie from its picture's: an int's, and more */
 enum { BATCH_WAITING, BATCH_MAKING, BATCH_MADE, BATCH_FAILED };
 #define ASK_WIDTH 4 /* per slot and field: the file's number, offset, bytes, Blosc */
 #define STAMP_WIDTH 3 /* per file: inode, mtime_ns, size */
@@ -320,7 +322,7 @@ static void engine_decode(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker)
     e->undone_count[b] = undone;
 }
 
-/* Batch b's pictures cut: each row's window of its picture (checked when the engine was made), mirrored as asked,
+/* Batch b's pictures cut: each row's window of its picture (zeros past its edges), mirrored as asked,
  * into out (the batch's array of windows: `copy_window`, as outcore.imaging._windows cuts them); or each row's box
  * resized into it by the resizing outcore.imaging._jpeg lends (resize_each's), the rows it leaves marked undone. */
 static void engine_cut(Engine *e, Py_ssize_t b, uint8_t *out, Worker *worker) {
@@ -553,7 +555,7 @@ static void engine_close(Engine *e) {
 
 /* Each row's window (top, left, height, width: (rows, 4) float64) and mirrors (left-right, top-bottom: (rows, 2)
  * uint8) kept as corners and mirrors (or, where boxes are resized, as they are): 0 with an error set where they cannot
- * be read, or *wrong set where a window is not of whole pixels of the windows' size within its picture. */
+ * be read, or *wrong set where a window is not of whole pixels of the windows' size. */
 static int engine_windows(Engine *e, PyObject *windows, PyObject *mirrors, Py_ssize_t rows, const char **wrong) {
     Py_buffer boxes, flips;
     if (PyObject_GetBuffer(windows, &boxes, PyBUF_C_CONTIGUOUS) < 0)
@@ -578,11 +580,10 @@ static int engine_windows(Engine *e, PyObject *windows, PyObject *mirrors, Py_ss
             e->mirrors[k] = ((const uint8_t *)flips.buf)[k] != 0;
     }
     for (Py_ssize_t r = 0; fine && !e->kind && *wrong == NULL && r < rows; r++) {
-        const double *box = (const double *)boxes.buf + r * 4;
-        if (!(box[0] >= 0 && box[1] >= 0 && box[0] + e->cut_height <= e->height && box[1] + e->cut_width <= e->width &&
-              box[0] == (double)(int)box[0] && box[1] == (double)(int)box[1] && box[2] == (double)e->cut_height &&
-              box[3] == (double)e->cut_width))
-            *wrong = "a window (not of whole pixels within its picture)";
+        const double *box = (const double *)boxes.buf + r * 4; /* past the edges too (a RandomCrop's padding): zeros */
+        if (!(fabs(box[0]) <= WINDOW_REACH && fabs(box[1]) <= WINDOW_REACH && box[0] == (double)(int)box[0] &&
+              box[1] == (double)(int)box[1] && box[2] == (double)e->cut_height && box[3] == (double)e->cut_width))
+            *wrong = "a window (not of whole pixels at the windows' size)";
         else {
             e->corners[r * 2] = (int)box[0], e->corners[r * 2 + 1] = (int)box[1];
             e->mirrors[r * 2] = ((const uint8_t *)flips.buf)[r * 2] != 0;
@@ -704,7 +705,6 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs) {
     if (e->picture >= fields ||
         (e->picture >= 0 &&
          (e->pixel < 1 || e->cut_height < 1 || e->cut_width < 1 || e->height < 0 || e->width < 0 ||
-          (!e->kind && (e->cut_height > e->height || e->cut_width > e->width)) || /* a window within its picture */
           e->row_bytes[e->picture] != (own_sizes && e->picture == e->decoded ? e->cut_height * e->cut_width
                                                                              : e->height * e->width) * e->pixel ||
           (e->kind && (e->channels < 1 || e->pixel % e->channels || !strchr("BHhfd", e->kind))))))
