@@ -170,6 +170,7 @@ TAKEN = [0]  # batches taken by a process running a case (``--run``), for `relea
 RELEASERS = 12  # the C functions giving up the GIL most, printed per case
 PERF_ATTEMPTS = 4  # perf's attempts at recording a running process (`perf_record`)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
 def users_step(batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -207,6 +208,7 @@ CASES = {  # name: (store, transform)
     "depth16": ("depth16", None),
     "rrc": ("own-size", Compose([RandomResizedCrop(224), RandomFlip()])),
     "rrc+norm": ("own-size", Compose([RandomResizedCrop(224), RandomFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)])),
+    "cifar": ("cifar", Compose([RandomCrop(32, padding=4), RandomFlip(), Normalize(CIFAR_MEAN, CIFAR_STD)])),
     "dense": ("coco", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "dense-own": ("coco-own", Compose([RandomResizedCrop(224, targets=TARGETS), RandomFlip(targets=TARGETS)])),
     "dense-bc": ("coco", Compose([BrightnessContrast(), RandomResizedCrop(224, targets=TARGETS),
@@ -302,6 +304,11 @@ def stores(workdir: Path, images: int, needed: set[str]) -> dict[str, Path]:
         depth_maps(photos, workdir / "depth")
         outcore.ingest_images(workdir / "depth", location, shape=(128, 128, 1), dtype="uint16", images="encoded",
                               progress=False)
+    made["cifar"] = location = workdir / "cifar.zarr"
+    if "cifar" in needed and not location.exists():  # CIFAR's shapes: 50,000 pictures of 32x32 (random pixels)
+        rng = np.random.default_rng(0)
+        outcore.from_arrays({"images": rng.integers(0, 256, (50_000, 32, 32, 3), dtype=np.uint8),
+                             "labels": rng.integers(0, 10, 50_000)}, location, progress=False)
     made["pixels16"] = location = workdir / "pixels16.zarr"
     if "pixels16" in needed and not location.exists():  # the pixel store's photos in 16 bits: each level x 257
         pixels = outcore.open_dataset(made["pixels"])
