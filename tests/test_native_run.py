@@ -67,6 +67,20 @@ def epoch(iterator, native: bool, monkeypatch) -> tuple[list[dict[str, np.ndarra
     return batches, kinds
 
 
+def both_ways(batches, monkeypatch, threads: int | None = None
+              ) -> tuple[list[dict[str, np.ndarray]], set[str], list[dict[str, np.ndarray]]]:
+    """An epoch of ``batches()`` made by C runs where they can be, and one by `LocalRun` only (`epoch`), on ``threads``
+    threads (the default's without): ``(made, the kinds of run that made them, expected)``."""
+    outcore.set_threads(threads)
+    try:
+        made, kinds = epoch(batches(), True, monkeypatch)
+        expected, local_kinds = epoch(batches(), False, monkeypatch)
+    finally:
+        outcore.set_threads(None)
+    assert local_kinds == {"LocalRun"}
+    return made, kinds, expected
+
+
 def assert_same(made: list[dict[str, np.ndarray]], expected: list[dict[str, np.ndarray]]) -> None:
     assert len(made) == len(expected)
     for batch, other in zip(made, expected, strict=True):
@@ -89,13 +103,8 @@ def test_a_c_run_makes_the_batches_a_local_run_makes(store, monkeypatch, options
     """Every field, every plan (shuffled or not, a rank's share, the last batch short or dropped, buffers of one chunk
     or many): the same batches, in the same order, on one thread or several."""
     ds, _ = store
-    outcore.set_threads(threads)
-    try:
-        made, kinds = epoch(ds.batches(100, **options), True, monkeypatch)
-        expected, local_kinds = epoch(ds.batches(100, **options), False, monkeypatch)
-    finally:
-        outcore.set_threads(None)
-    assert kinds == {"NativeRun"} and local_kinds == {"LocalRun"}
+    made, kinds, expected = both_ways(lambda: ds.batches(100, **options), monkeypatch, threads)
+    assert kinds == {"NativeRun"}
     assert_same(made, expected)
 
 
@@ -128,8 +137,7 @@ def test_a_c_run_cuts_and_resizes_the_boxes_a_local_run_cuts(tmp_path, monkeypat
     values = np.random.default_rng(1).integers(0, 250, (300, 9, 8, channels)).astype(dtype)
     ds = outcore.from_arrays({"images": values, "labels": np.arange(300)}, tmp_path / "p.zarr", chunk_size=16,
                              progress=False)
-    made, kinds = epoch(ds.batches(40, seed=6, transform=transform), True, monkeypatch)
-    expected, _ = epoch(ds.batches(40, seed=6, transform=transform), False, monkeypatch)
+    made, kinds, expected = both_ways(lambda: ds.batches(40, seed=6, transform=transform), monkeypatch)
     assert kinds == {"NativeRun"}
     assert_same(made, expected)
 
@@ -202,21 +210,16 @@ def left_by_the_decoder(monkeypatch) -> list[int]:
 
 @needs_decoder
 @pytest.mark.parametrize("transform", [None, RandomFlip(), Compose([RandomCrop(20), RandomFlip()]),
-                                       RandomCrop((31, 9)), Compose([RandomCrop(32, padding=4), RandomFlip()]), Compose([RandomResizedCrop(20), RandomFlip()]),
-                                       CenterCrop(24, resize=28)])
+                                       RandomCrop((31, 9)), Compose([RandomCrop(32, padding=4), RandomFlip()]),
+                                       Compose([RandomResizedCrop(20), RandomFlip()]), CenterCrop(24, resize=28)])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_a_c_run_decodes_the_files_a_local_run_decodes(photos, monkeypatch, transform, threads):
     """JPEGs and PNGs of every kind, whole or cut into windows, mirrored or not: the engine's threads decode them as a
     local run's tasks do, byte for byte; the files its decoder leaves (those `decode_each` leaves too: PNGs of colours
     converted as Pillow converts them) are decoded by Python."""
     left = left_by_the_decoder(monkeypatch)
-    outcore.set_threads(threads)
-    try:
-        options = {"seed": 2, "fields": ["images", "labels"], "transform": transform}
-        made, kinds = epoch(photos.batches(16, **options), True, monkeypatch)
-        expected, _ = epoch(photos.batches(16, **options), False, monkeypatch)
-    finally:
-        outcore.set_threads(None)
+    options = {"seed": 2, "fields": ["images", "labels"], "transform": transform}
+    made, kinds, expected = both_ways(lambda: photos.batches(16, **options), monkeypatch, threads)
     assert kinds == {"NativeRun"}
     assert_same(made, expected)
     assert left
@@ -241,13 +244,8 @@ def test_a_c_run_cuts_the_boxes_of_pictures_of_their_own_sizes_as_a_local_run(ow
     the engine's threads cut and resize their boxes (up or down, past their edges) as a local run's tasks do, byte for
     byte, the files its decoder leaves (the PNG, in C the pool's tasks leave it too) by Python."""
     left = left_by_the_decoder(monkeypatch)
-    outcore.set_threads(threads)
-    try:
-        options = {"seed": 4, "fields": ["images", "labels"], "transform": transform}
-        made, kinds = epoch(own_sizes.batches(5, **options), True, monkeypatch)
-        expected, _ = epoch(own_sizes.batches(5, **options), False, monkeypatch)
-    finally:
-        outcore.set_threads(None)
+    options = {"seed": 4, "fields": ["images", "labels"], "transform": transform}
+    made, kinds, expected = both_ways(lambda: own_sizes.batches(5, **options), monkeypatch, threads)
     assert kinds == {"NativeRun"}
     assert_same(made, expected)
     assert len(left) <= 2  # the PNG at most (a ScaleJitter box may miss it)
@@ -273,8 +271,8 @@ def test_a_c_run_normalizes_the_pictures_it_cuts_as_a_local_run(tmp_path, monkey
     options = {"shape": None if kind == "own sizes" else (40, 40, 3), "chunk_size": 4, "progress": False,
                "images": "pixels" if kind == "pixels" else "encoded"}
     ds = outcore.ingest_images(tmp_path / "mixed", tmp_path / "s.zarr", **options)
-    made, kinds = epoch(ds.batches(5, seed=2, fields=["images", "labels"], transform=transform), True, monkeypatch)
-    expected, _ = epoch(ds.batches(5, seed=2, fields=["images", "labels"], transform=transform), False, monkeypatch)
+    made, kinds, expected = both_ways(lambda: ds.batches(5, seed=2, fields=["images", "labels"], transform=transform),
+                                      monkeypatch)
     assert kinds == {"NativeRun"} and made[0]["images"].dtype in (np.float32, np.float16)
     assert_same(made, expected)
 
@@ -283,9 +281,9 @@ def test_a_c_run_normalizes_the_pictures_it_cuts_as_a_local_run(tmp_path, monkey
 def test_a_random_crop_of_pictures_of_their_own_sizes_is_a_local_run_s(own_sizes, monkeypatch):
     """A `RandomCrop` of pictures of several sizes (its windows drawn piece by piece, each picture's checked): the run
     is made by a local run, which names the picture too small for it."""
-    made, _ = epoch(own_sizes.batches(5, seed=4, transform=RandomCrop(30), fields=["images"]), True, monkeypatch)
-    assert_same(made, epoch(own_sizes.batches(5, seed=4, transform=RandomCrop(30), fields=["images"]), False,
-                            monkeypatch)[0])
+    made, _, expected = both_ways(lambda: own_sizes.batches(5, seed=4, transform=RandomCrop(30), fields=["images"]),
+                                  monkeypatch)
+    assert_same(made, expected)
     with pytest.raises(OptionError, match=r"field 'images', sample \d+ \(chunk \d+\).*40"):
         epoch(own_sizes.batches(5, seed=4, transform=RandomCrop(40), fields=["images"]), True, monkeypatch)
 
@@ -294,7 +292,8 @@ def test_a_random_crop_of_pictures_of_their_own_sizes_is_a_local_run_s(own_sizes
 def test_a_damaged_chunk_of_the_pictures_sizes_is_named_at_its_batch(own_sizes, monkeypatch):
     """The sizes of pictures of their own sizes are read at the run's start: one chunk of them that fails its checksum
     leaves the run to a local run, which names it at the first batch that needs it, after the batches before it."""
-    options = {"shuffle": False, "fields": ["images", "labels"], "transform": Compose([RandomResizedCrop(24), RandomFlip()])}
+    options = {"shuffle": False, "fields": ["images", "labels"],
+               "transform": Compose([RandomResizedCrop(24), RandomFlip()])}
     expected, _ = epoch(own_sizes.batches(5, **options), False, monkeypatch)
     corrupt_chunk(own_sizes.location, "images_shapes", 3)  # samples 12..15: batch 2 (10..14) is the first to need it
     iterator, delivered = own_sizes.batches(5, **options), []
@@ -316,9 +315,9 @@ def test_files_smaller_than_their_pictures_are_decoded_by_a_c_run(tmp_path, monk
     ds = outcore.ingest_images(tmp_path / "plain", tmp_path / "e.zarr", shape=(64, 64, 3), chunk_size=2,
                                images="encoded", progress=False)
     assert int(np.diff(zarr.open_group(ds.location, mode="r")["images_ranges"][:2], axis=1).sum()) < 64 * 64 * 3
-    made, kinds = epoch(ds.batches(4, seed=1, fields=["images", "labels"]), True, monkeypatch)
+    made, kinds, expected = both_ways(lambda: ds.batches(4, seed=1, fields=["images", "labels"]), monkeypatch)
     assert kinds == {"NativeRun"}
-    assert_same(made, epoch(ds.batches(4, seed=1, fields=["images", "labels"]), False, monkeypatch)[0])
+    assert_same(made, expected)
 
 
 @needs_decoder
@@ -612,7 +611,8 @@ def test_the_engine_refuses_a_plan_that_would_read_out_of_bounds():
                                   (own, "sizes", None), (decoded, "sizes", own["sizes"]),
                                   (own, "sizes", np.full((3, 2), 2, np.int32)), (own, "sizes", np.full((2, 2), 2)),
                                   (own, "sizes", np.array([[2, 2], [-1, 2]], np.int32)), (own, "picture", None),
-                                  (own, "picture", (0, 0, 0, 1, 1, 1)), (own, "row_bytes", np.array([4, 16], np.int64))]:
+                                  (own, "picture", (0, 0, 0, 1, 1, 1)),
+                                  (own, "row_bytes", np.array([4, 16], np.int64))]:
             with pytest.raises(ValueError, match="Engine|starts"):
                 Engine(**{**made, name: wrong})
         with pytest.raises(ValueError, match="PyCapsule"):  # another capsule: not the decoder's

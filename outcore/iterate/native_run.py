@@ -5,19 +5,19 @@ calls a batch, one thread at a time whatever the cores (`benchmarks/python_calls
 Python (every field stored as it is batched or an encoded field of pictures of one size, or of their own sizes cut by
 a box each, read from local shard files, and at most a box of each picture drawn for the whole run at once, mirrored or
 not, then normalized: ``ds.batches(256, transform=Compose([RandomResizedCrop(224), RandomFlip(), Normalize(mean,
-std)]))`` over a pixel store or a store of JPEGs), the whole run is handed to the C engine of `outcore.storage.chunk_reads` at once. The run's thread plans it:
-the rows of its batches by chunk (`EpochPlan.span`, each chunk read once, in the plan's order), the chunks each batch
-reads, each chunk's reads as its shard's index gives them (`ShardReader.local_reads`), every box and mirror of the run
-drawn in one call as the pool's tasks draw them piece by piece (from each picture's size, where they vary: their
-shapes' chunks read in one call, `ShardReader.read_many`). The engine's threads (as many as the pool's; of all the
-process's engines, as many at work at once as the pool's `Gauge` allows, which the clocks of their batches feed) read
-the chunks in the schedule's order (each checked and its Blosc frame decoded, as `read_at_once` reads one), up to
-``read_ahead`` chunks past the batches being made, copy each batch's rows (or cut and mirror its pictures' windows, or
-resize their boxes; an encoded field's files decoded, or only their boxes, by the code of `outcore.imaging.native`
-lent to them: `decode_each`'s, `crop_each`'s and `resize_each`'s, the same pixels; then looked up in the `Normalize`'s
-table, as `table_lookup` looks them up) into the arrays given to it a few batches ahead
-(`outcore.storage.blocks`, or the run's own memory: pinned, for `ds.torch`), and give a chunk's buffer back once the
-last batch reading it is made. The consumer's thread takes each batch from the engine (woken when that batch is
+std)]))`` over a pixel store or a store of JPEGs), the whole run is handed to the C engine of
+`outcore.storage.chunk_reads` at once. The run's thread plans it: the rows of its batches by chunk (`EpochPlan.span`,
+each chunk read once, in the plan's order), the chunks each batch reads, each chunk's reads as its shard's index gives
+them (`ShardReader.local_reads`), every box and mirror of the run drawn in one call as the pool's tasks draw them piece
+by piece (from each picture's size, where they vary: their shapes' chunks read in one call, `ShardReader.read_many`).
+The engine's threads (as many as the pool's; of all the process's engines, as many at work at once as the pool's
+`Gauge` allows, which the clocks of their batches feed) read the chunks in the schedule's order (each checked and its
+Blosc frame decoded, as `read_at_once` reads one), up to ``read_ahead`` chunks past the batches being made, copy each
+batch's rows (or cut and mirror its pictures' windows, or resize their boxes; an encoded field's files decoded, or
+only their boxes, by the code of `outcore.imaging.native` lent to them: `decode_each`'s, `crop_each`'s and
+`resize_each`'s, the same pixels; then looked up in the `Normalize`'s table, as `table_lookup` looks them up) into
+the arrays given to it a few batches ahead (`outcore.storage.blocks`, or the run's own memory: pinned, for
+`ds.torch`), and give a chunk's buffer back once the last batch reading it is made. The consumer's thread takes each batch from the engine (woken when that batch is
 made), and the same C call gives the batch a few on the arrays of one taken before that nothing refers to any more
 (the iterator's sets of them, `ChunkBuffers.batch_sets`: never a batch the consumer holds, nor one a view, a
 memoryview or a tensor of it refers to); new ones are made only where none is free (the first batches, batches held):
@@ -211,7 +211,8 @@ class NativeRun(Run):
         at = np.empty(len(plan.chunks), np.int32)  # each slot's place among the chunks read
         at[slots_read] = place[of_slot]
         row_slot, chunks = at[slots], unique[order]
-        del read, slots
+        row_local = (samples % chunk_size).astype(np.int32)  # each row's sample in its chunk
+        del read, slots, samples
         readers = [self.buffers.readers[name] for name, _, _, _ in self.specs]
         row_bytes = np.array([nbytes for _, _, _, nbytes in self.specs] + [16], np.int64)  # a decoded field's ranges'
         decoded: dict[str, Any] = {}
@@ -240,7 +241,7 @@ class NativeRun(Run):
         stamps = np.array([stamp for _, stamp in files], np.int64).reshape(-1, 3)
         sizes = None  # each row's picture's size, where they are of their own sizes: their shapes read now
         if encoded is not None and decoded["decoded"][1] == 0:
-            if (sizes := _own_sizes(encoded, chunks, row_slot, samples % chunk_size)) is None:
+            if (sizes := _own_sizes(encoded, chunks, row_slot, row_local)) is None:
                 return None
             decoded["sizes"] = np.where(_left(sizes)[:, None], 0, sizes).astype(np.int32)
         bounds = np.asarray(bounds, np.int64)
@@ -268,7 +269,6 @@ class NativeRun(Run):
             if self.stop.is_set():
                 return None
             self.lent = self.buffers.lend(int(chunk_bytes.sum()))
-            row_local = (samples % chunk_size).astype(np.int32)
             self.engine = Engine(
                 [path for path, _ in files], stamps, asks, row_bytes, chunk_bytes, bounds, row_slot, row_local, reach,
                 used_bounds, used % len(chunks), threads, LocalRun.local_read_ahead(threads), self.window, self.lent,
